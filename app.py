@@ -1,0 +1,11 @@
+"""The WSGI entry point: `flask --app app ...` and `gunicorn app:app`."""
+import sys
+
+from shop import SettingsError, create_app
+
+try:
+    app = create_app()
+except SettingsError as exc:
+    # One clear line naming the variable, never a traceback (CONTRACT section 2).
+    sys.stderr.write(f"backstop: configuration error: {exc}\n")
+    raise SystemExit(2)

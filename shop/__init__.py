@@ -1,0 +1,134 @@
+"""Backstop: a storefront whose checkout stays correct across a database and Stripe."""
+from __future__ import annotations
+
+import logging
+import os
+
+from flask import Flask
+
+from .settings import Settings, SettingsError, load_settings
+
+__all__ = ["create_app", "SettingsError"]
+
+
+def create_app(test_config: dict | None = None, env: dict | None = None) -> Flask:
+    """Build the app. Settings are read and validated here, never at import time."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    app = Flask(
+        __name__,
+        template_folder=os.path.join(root, "templates"),
+        static_folder=os.path.join(root, "static"),
+        instance_path=os.environ.get("BACKSTOP_INSTANCE_PATH") or os.path.join(root, "instance"),
+    )
+    os.makedirs(app.instance_path, exist_ok=True)
+
+    settings = load_settings(env, app.instance_path)
+    if test_config:
+        overrides = {k.lower(): v for k, v in test_config.items() if k.lower() in Settings.__dataclass_fields__}
+        if overrides:
+            settings = Settings(**{**settings.__dict__, **overrides})
+    app.config.update(settings.as_config())
+    app.config.update(
+        SETTINGS=settings,
+        SQLALCHEMY_DATABASE_URI=settings.database_url,
+        SQLALCHEMY_ENGINE_OPTIONS=_engine_options(settings.database_url),
+        MAX_CONTENT_LENGTH=1_000_000,
+        WTF_CSRF_TIME_LIMIT=None,
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        # Internal tunables, not part of the public contract.
+        OUTBOX_LEASE_SECONDS=60,
+        OUTBOX_RETRY_BASE_SECONDS=2.0,
+        OUTBOX_RETRY_CAP_SECONDS=300.0,
+        RELAY_INTERVAL_SECONDS=5,
+        RELAY_GRACE_SECONDS=10,
+        RELAY_BATCH_SIZE=500,
+        STRIPE_TIMEOUT_SECONDS=10,
+        STRIPE_MAX_NETWORK_RETRIES=2,
+        QUEUE_PREFIX="backstop",
+    )
+    if test_config:
+        app.config.update(test_config)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    from .extensions import csrf, db, login_manager, migrate
+
+    db.init_app(app)
+    migrate.init_app(app, db, directory=os.path.join(root, "migrations"), render_as_batch=True)
+    csrf.init_app(app)
+    login_manager.init_app(app)
+    _configure_login(app)
+
+    from . import models  # noqa: F401  (register tables)
+    from . import errors
+
+    errors.init_app(app)
+    _configure_sqlite(app)
+    from .storefront import bp as storefront_bp
+    from .ops import bp as ops_bp
+
+    app.register_blueprint(storefront_bp)
+    app.register_blueprint(ops_bp)
+    for name in ("webhooks", "console"):
+        try:
+            module = __import__(f"shop.{name}", fromlist=["bp", "init_app"])
+        except ModuleNotFoundError as exc:  # pragma: no cover - areas land one issue at a time
+            if exc.name != f"shop.{name}":
+                raise
+            continue
+        if hasattr(module, "init_app"):
+            module.init_app(app)
+        else:
+            app.register_blueprint(module.bp)
+
+    from .cli import shop_cli
+
+    app.cli.add_command(shop_cli)
+    return app
+
+
+def _engine_options(url: str) -> dict:
+    if url.startswith("sqlite"):
+        # Many threads and processes share one file: wait for the write lock instead of failing.
+        return {"connect_args": {"timeout": 30, "check_same_thread": False}}
+    return {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 20}
+
+
+def _configure_sqlite(app) -> None:
+    """SQLite as a multi-process demo database: WAL so readers do not block the writer, and
+    BEGIN IMMEDIATE so a transaction takes the write lock up front and waits for it (busy
+    timeout) instead of failing halfway when two writers meet."""
+    from sqlalchemy import event
+
+    from .extensions import db
+
+    if not app.config["SQLALCHEMY_DATABASE_URI"].startswith("sqlite"):
+        return
+    with app.app_context():
+        engine = db.engine
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None  # let SQLAlchemy's begin event issue BEGIN itself
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _configure_login(app) -> None:
+    from .extensions import db, login_manager
+    from .models import Operator
+
+    @login_manager.user_loader
+    def load_operator(operator_id):
+        try:
+            return db.session.get(Operator, int(operator_id))
+        except (TypeError, ValueError):
+            return None

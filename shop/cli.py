@@ -1,0 +1,114 @@
+"""`flask shop ...`: the operational commands of CONTRACT section 1."""
+from __future__ import annotations
+
+import sys
+
+import click
+from flask import current_app
+from flask.cli import AppGroup
+
+shop_cli = AppGroup("shop", help="Backstop operations.")
+
+
+@shop_cli.command("seed")
+def seed_command():
+    """Load the demo catalog (idempotent)."""
+    from .seed import seed_catalog
+
+    created = seed_catalog()
+    click.echo(f"Demo catalog ready ({created['products']} products and {created['variants']} variants added).")
+
+
+@shop_cli.command("create-operator")
+@click.argument("email")
+@click.option("--password", help="The operator's password (prompted for when omitted).")
+def create_operator_command(email, password):
+    """Create or reset an operator account."""
+    from .seed import upsert_operator
+
+    if "@" not in email:
+        raise click.BadParameter("must be an email address", param_hint="EMAIL")
+    if not password:
+        password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+    if len(password) < 8:
+        raise click.BadParameter("must be at least 8 characters", param_hint="--password")
+    created = upsert_operator(email, password)
+    click.echo(f"Operator {email} {'created' if created else 'password reset'}.")
+
+
+@shop_cli.command("worker")
+@click.option("--burst", is_flag=True, help="Drain the queues and exit.")
+def worker_command(burst):
+    """Run an RQ worker on the app's queues."""
+    from . import queue
+
+    queue.run_worker(burst=burst)
+
+
+@shop_cli.command("scheduler")
+@click.option("--burst", is_flag=True, help="Move due jobs once and exit.")
+def scheduler_command(burst):
+    """Run rq-scheduler: register periodic jobs, re-arm deadlines from the database, then poll."""
+    from . import queue
+    from .outbox.relay import rearm_future_commands, relay_once
+    from .domain.deadlines import utcnow
+
+    cfg = current_app.config
+    sweep = cfg["RECONCILIATION_INTERVAL_SECONDS"] if cfg["RECONCILIATION_ENABLED"] or cfg["UNPAID_ORDER_EXPIRY_ENABLED"] else None
+    for line in queue.register_periodic_jobs(cfg["RELAY_INTERVAL_SECONDS"], sweep):
+        click.echo(f"periodic job {line}")
+    counts = relay_once(horizon_seconds=0)
+    rearmed = rearm_future_commands(utcnow())
+    click.echo(f"re-armed from the database: {counts['deliveries']} deliveries, {counts['commands']} due commands, "
+               f"{rearmed + counts['rearmed']} future deadlines")
+    click.echo(f"scheduler polling every {cfg['SCHEDULER_POLL_SECONDS']}s")
+    queue.run_scheduler(burst=burst)
+
+
+@shop_cli.command("relay")
+def relay_command():
+    """Re-announce due deliveries and commands to Redis now."""
+    from .outbox.relay import relay_once
+
+    click.echo(relay_once())
+
+
+@shop_cli.command("sweep")
+def sweep_command():
+    """Run one reconciliation cycle now, in-process, and print what each pass did."""
+    from .scheduling.sweep import run_cycle
+
+    result = run_cycle()
+    for line in result.report_lines():
+        click.echo(line)
+    if result.status == "failed":
+        sys.exit(1)
+
+
+@shop_cli.command("stripe-sandbox")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=12111, show_default=True, type=int)
+@click.option("--min-session-seconds", default=1800, show_default=True, type=click.IntRange(0, 86400))
+def stripe_sandbox_command(host, port, min_session_seconds):
+    """Run the Stripe-compatible sandbox (CONTRACT section 6)."""
+    from .stripe_sandbox.server import run
+
+    run(host=host, port=port, min_session_seconds=min_session_seconds)
+
+
+@shop_cli.command("stripe-register-webhook")
+def register_webhook_command():
+    """Create this shop's webhook endpoint at the provider and store its signing secret."""
+    from .payments.registration import register_webhook
+
+    for line in register_webhook():
+        click.echo(line)
+
+
+@shop_cli.command("up")
+@click.option("--port", default=5000, show_default=True, type=int)
+def up_command(port):
+    """The one-command demo: database, seed, operator, Redis, sandbox, web + worker + scheduler."""
+    from .devserver import up
+
+    up(port=port)

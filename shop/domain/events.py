@@ -1,0 +1,55 @@
+"""Domain events recorded by the order's transitions. Handlers receive them from the outbox."""
+from __future__ import annotations
+
+from dataclasses import dataclass, asdict, fields
+
+
+@dataclass(frozen=True)
+class DomainEvent:
+    order_id: int
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def payload(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class OrderPlaced(DomainEvent):
+    reference: str
+    total: int
+    currency: str
+
+
+@dataclass(frozen=True)
+class PaymentInitiated(DomainEvent):
+    session_id: str
+
+
+@dataclass(frozen=True)
+class OrderPaid(DomainEvent):
+    session_id: str
+    amount: int
+    currency: str
+
+
+@dataclass(frozen=True)
+class OrderPaymentFailed(DomainEvent):
+    session_id: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class OrderCancelled(DomainEvent):
+    reason: str
+
+
+EVENT_TYPES = {cls.__name__: cls for cls in (OrderPlaced, PaymentInitiated, OrderPaid, OrderPaymentFailed, OrderCancelled)}
+
+
+def event_from_payload(name: str, payload: dict) -> DomainEvent:
+    cls = EVENT_TYPES[name]
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in payload.items() if k in names})

@@ -1,0 +1,43 @@
+"""Errors in words, as HTML or JSON, never a stack trace."""
+from flask import jsonify, render_template_string
+from flask_wtf.csrf import CSRFError
+from werkzeug.exceptions import HTTPException
+
+from .web import wants_json
+
+PAGE = """{% extends "base.html" %}{% block content %}<h1>{{ title }}</h1><p>{{ message }}</p>
+<p><a href="{{ url_for('storefront.catalog') }}">Back to the shop</a></p>{% endblock %}"""
+
+MESSAGES = {
+    400: "The request could not be understood.",
+    401: "Please log in.",
+    404: "There is nothing here (or it is not yours to see).",
+    405: "That action is not allowed here.",
+    413: "That request is too large.",
+    500: "Something went wrong on our side. Nothing was charged twice; please try again.",
+}
+
+
+def _render(status: int, title: str, message: str):
+    if wants_json():
+        return jsonify({"error": message, "status": status}), status
+    return render_template_string(PAGE, title=title, message=message), status
+
+
+def init_app(app):
+    @app.errorhandler(CSRFError)
+    def csrf_error(exc):
+        return _render(400, "Form expired", "Your form expired or was sent from another site. "
+                       "Please go back, reload the page and try again.")
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc):
+        return _render(exc.code or 500, exc.name, MESSAGES.get(exc.code, exc.description))
+
+    @app.errorhandler(Exception)
+    def unexpected(exc):
+        app.logger.exception("unhandled error")
+        from .extensions import db
+
+        db.session.rollback()
+        return _render(500, "Sorry", MESSAGES[500])

@@ -1,0 +1,26 @@
+"""Named failpoints for crash tests: `BACKSTOP_FAILPOINTS=name=kill` or `name=sleep:2`.
+
+Off unless the environment variable is set. A test uses it to SIGKILL a real worker process at
+an exact point (e.g. after the restore marker is flushed, before the commit) and then checks
+that nothing half-done survived.
+"""
+import os
+import signal
+import time
+
+
+def hit(name: str) -> None:
+    spec = os.environ.get("BACKSTOP_FAILPOINTS")
+    if not spec:
+        return
+    for item in spec.split(","):
+        point, _, action = item.partition("=")
+        if point.strip() != name:
+            continue
+        action = action.strip()
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif action.startswith("sleep:"):
+            time.sleep(float(action.split(":", 1)[1]))
+        elif action == "raise":
+            raise RuntimeError(f"failpoint {name}")

@@ -1,0 +1,57 @@
+"""RQ job entry points: thin, id-only, each runs inside the worker's app context.
+
+A worker started by `flask shop worker` already has an app context; anything else (a forking
+worker, a bare `rq worker`) gets one built here.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from flask import has_app_context
+
+
+@contextmanager
+def _app_context():
+    if has_app_context():
+        yield
+        return
+    from . import create_app
+
+    with create_app().app_context():
+        yield
+
+
+def run_delivery(delivery_id: int) -> str:
+    from .outbox.dispatch import run_delivery as run
+
+    with _app_context():
+        return run(delivery_id)
+
+
+def run_command(command_id: int) -> str:
+    from .outbox.dispatch import run_command as run
+
+    with _app_context():
+        return run(command_id)
+
+
+def relay() -> dict:
+    from .outbox.relay import relay_once
+    from .extensions import db
+
+    with _app_context():
+        try:
+            return relay_once()
+        finally:
+            db.session.remove()
+
+
+def reconcile() -> dict:
+    from .scheduling.sweep import run_cycle
+    from .extensions import db
+
+    with _app_context():
+        try:
+            return run_cycle().summary()
+        finally:
+            db.session.remove()

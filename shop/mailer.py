@@ -1,0 +1,46 @@
+"""The one way the shop sends email: SMTP when SMTP_URL is set (smtp://user:pass@host:port),
+otherwise an .eml file under instance/mail/ that a person can open."""
+from __future__ import annotations
+
+import logging
+import os
+import smtplib
+from email.message import EmailMessage
+from urllib.parse import urlparse
+
+from flask import current_app
+
+from .domain.deadlines import utcnow
+
+log = logging.getLogger("shop.mailer")
+SENDER = "Backstop shop <shop@backstop.invalid>"
+
+
+def send(to: str, subject: str, body: str, *, key: str) -> str:
+    """`key` names the message (e.g. "order-12-paid"); the file outbox uses it as the file name,
+    so a retried send overwrites instead of duplicating."""
+    msg = EmailMessage()
+    msg["From"], msg["To"], msg["Subject"] = SENDER, to, subject
+    msg["Date"] = utcnow().strftime("%a, %d %b %Y %H:%M:%S +0000")
+    msg["Message-ID"] = f"<{key}@backstop.invalid>"
+    msg.set_content(body)
+    url = current_app.config.get("SMTP_URL")
+    if url:
+        parts = urlparse(url)
+        with smtplib.SMTP(parts.hostname, parts.port or 25, timeout=10) as smtp:
+            if parts.scheme == "smtp+starttls":
+                smtp.starttls()
+            if parts.username:
+                smtp.login(parts.username, parts.password or "")
+            smtp.send_message(msg)
+        log.info("mail %s sent to %s via SMTP", key, to)
+        return f"smtp:{key}"
+    folder = os.path.join(current_app.instance_path, "mail")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{key}.eml")
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(bytes(msg))
+    os.replace(tmp, path)
+    log.info("mail %s to %s written to %s", key, to, path)
+    return path

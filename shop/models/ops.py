@@ -1,0 +1,52 @@
+from flask_login import UserMixin
+from sqlalchemy import Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from ..extensions import db
+from .types import JSONType, UTCDateTime, now_utc
+
+
+class RestoreWarning(db.Model):
+    """Stock a compensation could not give back (no inventory row, or an invariant refused it).
+    It stays open until an operator resolves it."""
+
+    __tablename__ = "restore_warnings"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    order_id: Mapped[int] = mapped_column(Integer, index=True)
+    variant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    quantity: Mapped[int] = mapped_column(Integer, default=0)
+    reason: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16), default="open", index=True)
+    resolution: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+    resolved_at = mapped_column(UTCDateTime, nullable=True)
+
+
+class ReconciliationCycle(db.Model):
+    __tablename__ = "reconciliation_cycles"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    started_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
+    finished_at = mapped_column(UTCDateTime, nullable=True)
+    cutoff = mapped_column(UTCDateTime, nullable=False)
+    status: Mapped[str] = mapped_column(String(20), default="running")  # running | ok | failed | skipped
+    expiry_counts = mapped_column(JSONType, nullable=False, default=dict)
+    provider_counts = mapped_column(JSONType, nullable=False, default=dict)
+    errors = mapped_column(JSONType, nullable=False, default=list)
+    holder: Mapped[str] = mapped_column(String(100), default="")
+
+
+class Lease(db.Model):
+    """A named, expiring lock held in the database, e.g. "only one sweep cycle at a time"."""
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(100))
+    expires_at = mapped_column(UTCDateTime, nullable=False)
+
+
+class Operator(UserMixin, db.Model):
+    __tablename__ = "operators"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    email: Mapped[str] = mapped_column(String(254), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)

@@ -1,0 +1,56 @@
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, CheckConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from ..domain.order import OrderRules
+from ..extensions import db
+from .types import UTCDateTime, now_utc
+
+
+class Order(OrderRules, db.Model):
+    """The order aggregate's row. `version` is the optimistic-concurrency token: every UPDATE
+    carries `WHERE version = <the version loaded>`, so two writers that loaded the same state
+    cannot both commit (the loser gets StaleDataError)."""
+
+    __tablename__ = "orders"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    reference: Mapped[str] = mapped_column(String(20), unique=True)
+    access_token: Mapped[str] = mapped_column(String(64))
+    browser_id: Mapped[str] = mapped_column(String(64), index=True)
+    email: Mapped[str] = mapped_column(String(254))
+    status: Mapped[str] = mapped_column(String(20))
+    total: Mapped[int] = mapped_column(Integer)
+    currency: Mapped[str] = mapped_column(String(3))
+    inventory_restored: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)
+    payment_session_id: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)
+    payment_session_url: Mapped[str | None] = mapped_column(String(2048), nullable=True)
+    payment_session_expires_at = mapped_column(UTCDateTime, nullable=True)
+    payment_attempts: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
+    last_payment_error: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    version: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+    # The last state change. The deadline and the sweep derive "how long has it been waiting"
+    # from this, never from a scheduled row's own idea of time.
+    updated_at = mapped_column(UTCDateTime, default=now_utc, onupdate=now_utc, nullable=False)
+
+    lines = relationship("OrderLine", order_by="OrderLine.id", lazy="selectin")
+    refunds = relationship("Refund", order_by="Refund.id", lazy="selectin", viewonly=True)
+
+    __mapper_args__ = {"version_id_col": version}
+    __table_args__ = (
+        # The sweep's query: status = X AND updated_at < cutoff ORDER BY updated_at LIMIT n.
+        Index("ix_orders_status_updated_at", "status", "updated_at", "id"),
+        CheckConstraint("total >= 0", name="total_not_negative"),
+    )
+
+
+class OrderLine(db.Model):
+    __tablename__ = "order_lines"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    order_id: Mapped[int] = mapped_column(ForeignKey("orders.id"), index=True)
+    variant_id: Mapped[int] = mapped_column(Integer)  # no FK: a line outlives its variant's row
+    sku: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(400))
+    quantity: Mapped[int] = mapped_column(Integer)
+    unit_price: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (CheckConstraint("quantity > 0", name="quantity_positive"),)

@@ -1,0 +1,72 @@
+from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, declared_attr, mapped_column, relationship
+
+from ..extensions import db
+from .types import JSONType, UTCDateTime, now_utc
+
+
+class OutboxEvent(db.Model):
+    """A domain event, written in the same transaction as the state change that raised it.
+    It is also the order's timeline of transitions."""
+
+    __tablename__ = "outbox_events"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    order_id: Mapped[int | None] = mapped_column(Integer, index=True, nullable=True)
+    name: Mapped[str] = mapped_column(String(64))
+    payload = mapped_column(JSONType, nullable=False)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+    deliveries = relationship("OutboxDelivery", back_populates="event", order_by="OutboxDelivery.id")
+
+
+class DurableWork:
+    """Columns shared by every unit of durable background work (a delivery of an event to one
+    handler, or a scheduled command): the database row, not Redis, is the source of truth.
+
+    status: pending -> processing (claimed, with a lease) -> done | pending (retry) | dead.
+    An operator may retry a dead row (fresh attempt budget) or discard it (with a reason).
+    """
+
+    status: Mapped[str] = mapped_column(String(16), default="pending", nullable=False)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
+    max_attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=5)
+    next_attempt_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+    # When it was last handed to Redis; the relay leaves a row alone for a grace period after.
+    enqueued_at = mapped_column(UTCDateTime, nullable=True)
+    claimed_by: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    claimed_until = mapped_column(UTCDateTime, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    last_traceback: Mapped[str | None] = mapped_column(Text, nullable=True)
+    discard_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+    updated_at = mapped_column(UTCDateTime, default=now_utc, onupdate=now_utc, nullable=False)
+    completed_at = mapped_column(UTCDateTime, nullable=True)
+
+    @declared_attr.directive
+    def __table_args__(cls):
+        return (Index(f"ix_{cls.__tablename__}_status_next", "status", "next_attempt_at"),) + tuple(
+            getattr(cls, "_extra_table_args", ())
+        )
+
+
+class OutboxDelivery(DurableWork, db.Model):
+    """One (event, handler) pair: a failing handler is retried alone, its siblings never re-run."""
+
+    __tablename__ = "outbox_deliveries"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    event_id: Mapped[int] = mapped_column(ForeignKey("outbox_events.id"), index=True)
+    handler: Mapped[str] = mapped_column(String(64))
+    order_id: Mapped[int | None] = mapped_column(Integer, index=True, nullable=True)
+    event = relationship("OutboxEvent", back_populates="deliveries")
+
+    _extra_table_args = (UniqueConstraint("event_id", "handler", name="uq_outbox_deliveries_event_handler"),)
+
+
+class ScheduledCommand(DurableWork, db.Model):
+    """Work that must happen at a time (an order's payment deadline, an email, a refund),
+    armed in the same transaction as the fact that makes it necessary."""
+
+    __tablename__ = "scheduled_commands"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(40))
+    order_id: Mapped[int | None] = mapped_column(Integer, index=True, nullable=True)
+    payload = mapped_column(JSONType, nullable=False, default=dict)

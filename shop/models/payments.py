@@ -1,0 +1,71 @@
+from sqlalchemy import ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from ..extensions import db
+from .types import UTCDateTime, now_utc
+
+
+class WebhookReceipt(db.Model):
+    """Every delivery the webhook received, accepted or rejected, for the console."""
+
+    __tablename__ = "webhook_receipts"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    event_id: Mapped[str | None] = mapped_column(String(255), index=True, nullable=True)
+    event_type: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    outcome: Mapped[str] = mapped_column(String(20))  # accepted | duplicate | ignored | rejected
+    reason: Mapped[str] = mapped_column(Text, default="")
+    order_id: Mapped[int | None] = mapped_column(Integer, index=True, nullable=True)
+    http_status: Mapped[int] = mapped_column(Integer)
+    received_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
+
+
+class ProcessedStripeEvent(db.Model):
+    """Dedup: inserted in the same transaction as the transition an event causes."""
+
+    __tablename__ = "processed_stripe_events"
+    event_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    processed_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+
+
+class PaymentProofRefusal(db.Model):
+    """A paid session that did not prove payment of its order (amount/currency mismatch)."""
+
+    __tablename__ = "payment_proof_refusals"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    order_id: Mapped[int] = mapped_column(Integer, index=True)
+    session_id: Mapped[str] = mapped_column(String(255))
+    source: Mapped[str] = mapped_column(String(20))
+    problems: Mapped[str] = mapped_column(Text)
+    amount_total: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    currency: Mapped[str | None] = mapped_column(String(3), nullable=True)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+
+
+class Refund(db.Model):
+    """Money that arrived for an order that cannot take it. One per (order, session): a second
+    notice of the same payment finds the row and refunds nothing more."""
+
+    __tablename__ = "refunds"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    order_id: Mapped[int] = mapped_column(ForeignKey("orders.id"), index=True)
+    session_id: Mapped[str] = mapped_column(String(255))
+    payment_intent_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    amount: Mapped[int] = mapped_column(Integer)
+    currency: Mapped[str] = mapped_column(String(3))
+    reason: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(20), default="pending")  # pending | succeeded | failed
+    provider_refund_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+    updated_at = mapped_column(UTCDateTime, default=now_utc, onupdate=now_utc, nullable=False)
+
+    __table_args__ = (UniqueConstraint("order_id", "session_id", name="uq_refunds_order_session"),)
+
+
+class KeyValue(db.Model):
+    """Small shared settings every process reads (the webhook signing secret lives here)."""
+
+    __tablename__ = "kv_store"
+    key: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    updated_at = mapped_column(UTCDateTime, default=now_utc, onupdate=now_utc, nullable=False)

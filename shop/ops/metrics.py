@@ -1,0 +1,90 @@
+"""Prometheus gauges read from the database at scrape time: the database is the truth, so
+every process (and every replica) reports the same numbers."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from flask import current_app
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from sqlalchemy import func, select
+
+from ..domain.deadlines import as_utc, utcnow
+from ..domain.order import LIVE
+from ..extensions import db
+from ..models import (OutboxDelivery, ReconciliationCycle, RestoreWarning, ScheduledCommand, WebhookReceipt,
+                      Order)
+
+
+def stuck_cutoff(now=None):
+    now = now or utcnow()
+    return now - timedelta(seconds=current_app.config["RECONCILIATION_STUCK_AGE_SECONDS"])
+
+
+class ShopCollector:
+    def __init__(self, app):
+        self.app = app
+
+    def collect(self):
+        with self.app.app_context():
+            try:
+                yield from self._collect()
+            finally:
+                db.session.remove()
+
+    def _collect(self):
+        now = utcnow()
+        cutoff = stuck_cutoff(now)
+        stuck = GaugeMetricFamily("shop_orders_stuck", "Live orders unchanged for longer than the stuck age",
+                                  labels=["status"])
+        oldest = GaugeMetricFamily("shop_orders_oldest_stuck_age_seconds", "Age of the oldest stuck order",
+                                   labels=["status"])
+        rows = dict((s, (c, m)) for s, c, m in db.session.execute(
+            select(Order.status, func.count(), func.min(Order.updated_at))
+            .where(Order.status.in_([s.value for s in LIVE]), Order.updated_at < cutoff).group_by(Order.status)).all())
+        for status in LIVE:
+            count, min_ts = rows.get(status.value, (0, None))
+            stuck.add_metric([status.value], count)
+            oldest.add_metric([status.value], (now - as_utc(min_ts)).total_seconds() if min_ts else 0)
+        yield stuck
+        yield oldest
+
+        deliveries = GaugeMetricFamily("shop_outbox_deliveries", "Outbox deliveries by status", labels=["status"])
+        counts = dict(db.session.execute(select(OutboxDelivery.status, func.count()).group_by(OutboxDelivery.status)).all())
+        for status in ("pending", "processing", "done", "dead", "discarded"):
+            deliveries.add_metric([status], counts.get(status, 0))
+        yield deliveries
+        commands = GaugeMetricFamily("shop_scheduled_commands", "Scheduled commands by status", labels=["status"])
+        counts = dict(db.session.execute(select(ScheduledCommand.status, func.count()).group_by(ScheduledCommand.status)).all())
+        for status in ("pending", "processing", "done", "dead", "discarded"):
+            commands.add_metric([status], counts.get(status, 0))
+        yield commands
+
+        oldest_pending = db.session.execute(select(func.min(OutboxDelivery.created_at))
+                                            .where(OutboxDelivery.status.in_(("pending", "processing")))).scalar()
+        yield GaugeMetricFamily("shop_outbox_oldest_pending_age_seconds", "Age of the oldest undelivered delivery",
+                                value=(now - as_utc(oldest_pending)).total_seconds() if oldest_pending else 0)
+        open_warnings = db.session.execute(select(func.count()).select_from(RestoreWarning)
+                                           .where(RestoreWarning.state == "open")).scalar()
+        yield GaugeMetricFamily("shop_restore_warnings_open", "Restore warnings awaiting an operator",
+                                value=open_warnings)
+        last_ok = db.session.execute(select(func.max(ReconciliationCycle.finished_at))
+                                     .where(ReconciliationCycle.status == "ok")).scalar()
+        yield GaugeMetricFamily("shop_reconciliation_last_success_timestamp_seconds",
+                                "When the last reconciliation cycle finished successfully",
+                                value=as_utc(last_ok).timestamp() if last_ok else 0)
+        webhooks = GaugeMetricFamily("shop_webhook_deliveries", "Webhook deliveries received, by outcome",
+                                     labels=["outcome"])
+        counts = dict(db.session.execute(select(WebhookReceipt.outcome, func.count()).group_by(WebhookReceipt.outcome)).all())
+        for outcome in sorted(set(counts) | {"accepted", "duplicate", "rejected", "ignored", "failed"}):
+            webhooks.add_metric([outcome], counts.get(outcome, 0))
+        yield webhooks
+
+
+def registry() -> CollectorRegistry:
+    ext = current_app.extensions.setdefault("backstop", {})
+    if "metrics_registry" not in ext:
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(ShopCollector(current_app._get_current_object()))
+        ext["metrics_registry"] = reg
+    return ext["metrics_registry"]

@@ -1,0 +1,99 @@
+"""Order use cases after checkout: the customer's cancel and the payment deadline.
+
+Each is one transaction through the aggregate's guarded transitions; the OrderCancelled event
+they record goes to the outbox in the same commit and the compensation handler restores stock.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from flask import current_app
+from sqlalchemy.orm.exc import StaleDataError
+
+from ..domain.deadlines import unpaid_deadline, utcnow
+from ..domain.order import OrderStatus, UNPAID
+from ..domain.results import Refused
+from ..extensions import db
+from ..models import Order
+from ..outbox import uow
+
+log = logging.getLogger("shop.orders")
+
+
+@dataclass
+class CancelOutcome:
+    status: str            # cancelled | conflict | refused | not_found
+    order: Order | None = None
+    code: str = ""
+    message: str = ""
+
+
+def cancel_order(order_id: int, expected_version: int | None, *, reason: str = "cancelled by customer") -> CancelOutcome:
+    """Cancel with the version the customer saw. A stale version changes nothing (409).
+
+    For an order waiting at the provider, the hosted payment page is retired first, inside this
+    command: a saga step after the commit could only discover money that already moved."""
+    session = db.session
+    order = session.get(Order, order_id)
+    if order is None:
+        return CancelOutcome("not_found")
+    if expected_version is not None and order.version != expected_version:
+        return CancelOutcome("conflict", order, "stale_version",
+                             f"This order changed since you loaded it (now {order.status}, version {order.version}).")
+    if not order.can("cancel"):
+        refusal = order.cancel(reason)
+        return CancelOutcome("refused", order, refusal.code, refusal.message)
+    if OrderStatus(order.status) is OrderStatus.PAYMENT_INITIATED and order.payment_session_id:
+        from ..payments.service import retire_session_before_cancel
+
+        verdict = retire_session_before_cancel(order)
+        if isinstance(verdict, Refused):
+            session.rollback()
+            return CancelOutcome("refused", session.get(Order, order_id), verdict.code, verdict.message)
+    result = order.cancel(reason)
+    if isinstance(result, Refused):
+        return CancelOutcome("refused", order, result.code, result.message)
+    try:
+        uow.commit(session)
+    except StaleDataError:
+        uow.rollback(session)
+        current = session.get(Order, order_id)
+        return CancelOutcome("conflict", current, "stale_version",
+                             f"This order changed while you were cancelling it (now {current.status}).")
+    uow.publish_after_commit(session)
+    log.info("order %s cancelled (%s)", order.reference, reason)
+    return CancelOutcome("cancelled", order)
+
+
+def expire_unpaid_order(order_id: int, now: datetime) -> str:
+    """The payment deadline, run by the scheduled-command runner inside its transaction.
+
+    What is stored decides, not the row that fired: the due instant is re-derived from the
+    order's last change, so an earlier deadline of an order whose payment failed (and got a
+    fresh window) is a no-op, and a deadline that fired a little early is re-armed."""
+    from ..outbox.runner import Reschedule
+
+    session = db.session
+    order = session.get(Order, order_id)
+    if order is None:
+        return "gone"
+    if OrderStatus(order.status) not in UNPAID:
+        return f"noop:{order.status}"
+    due = unpaid_deadline(order.updated_at, current_app.config["UNPAID_ORDER_EXPIRY_SECONDS"])
+    if due > now:
+        if (due - now).total_seconds() <= 5:
+            raise Reschedule(due)  # the scheduler fired early (1 s resolution)
+        return "noop:not_due"  # a later deadline row exists for the fresh window
+    order.cancel("payment window expired")
+    try:
+        session.flush()
+    except StaleDataError:
+        # A webhook moved the order between our load and our save: it won, and retrying would
+        # only hit the same conflict. The command is complete.
+        uow.rollback(session)
+        log.info("deadline for order %s lost a race to another writer; nothing to do", order_id)
+        return "lost_race"
+    log.info("order %s cancelled: payment window expired", order.reference)
+    return "cancelled"

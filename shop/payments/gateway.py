@@ -1,0 +1,215 @@
+"""The payment gateway: the only module that imports `stripe`.
+
+Everything the rest of the shop learns from the provider comes out of here as plain values
+(`SessionView`, `RefundView`), so no stripe object (which in stripe 16 is not a dict) leaks.
+Every creating call carries an Idempotency-Key derived from what the call is for, so a retried
+request (ours, or the SDK's own network retry) never creates a second object.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import stripe
+from flask import current_app
+
+log = logging.getLogger("shop.payments")
+
+SANDBOX_DEFAULT_BASE = "http://127.0.0.1:12111"
+SANDBOX_API_KEY = "sk_test_backstop_sandbox"
+EVENT_TYPES = [
+    "checkout.session.completed",
+    "checkout.session.async_payment_succeeded",
+    "checkout.session.async_payment_failed",
+    "checkout.session.expired",
+]
+_lock = threading.Lock()
+
+
+class ProviderUnavailable(Exception):
+    """The provider could not be reached or answered 5xx/429: try again later."""
+
+
+class ProviderRefused(Exception):
+    """The provider understood and said no (4xx)."""
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        self.code = code
+
+
+class SignatureProblem(Exception):
+    """The webhook's signature is missing, wrong or stale."""
+
+
+@dataclass(frozen=True)
+class SessionView:
+    id: str
+    status: str | None            # open | complete | expired
+    payment_status: str | None    # paid | unpaid | no_payment_required
+    amount_total: int | None
+    currency: str | None
+    url: str | None
+    payment_intent: str | None
+    expires_at: datetime | None
+    order_id: int | None          # from metadata.order_id
+    client_reference_id: str | None
+
+
+@dataclass(frozen=True)
+class RefundView:
+    id: str
+    status: str
+    amount: int
+
+
+def _get(obj, key):
+    try:
+        return obj[key]
+    except (KeyError, TypeError):
+        return None
+
+
+def session_view(obj) -> SessionView:
+    """Accepts a stripe object or a plain dict (an event's data.object)."""
+    if hasattr(obj, "to_dict"):
+        obj = obj.to_dict()
+    metadata = obj.get("metadata") or {}
+    raw_order = metadata.get("order_id")
+    try:
+        order_id = int(raw_order) if raw_order is not None else None
+    except (TypeError, ValueError):
+        order_id = None
+    intent = obj.get("payment_intent")
+    if isinstance(intent, dict):
+        intent = intent.get("id")
+    expires = obj.get("expires_at")
+    return SessionView(
+        id=obj.get("id"), status=obj.get("status"), payment_status=obj.get("payment_status"),
+        amount_total=obj.get("amount_total"), currency=obj.get("currency"), url=obj.get("url"),
+        payment_intent=intent,
+        expires_at=datetime.fromtimestamp(expires, timezone.utc) if isinstance(expires, (int, float)) else None,
+        order_id=order_id, client_reference_id=obj.get("client_reference_id"),
+    )
+
+
+def api_base() -> str | None:
+    cfg = current_app.config
+    if cfg.get("STRIPE_API_BASE"):
+        return cfg["STRIPE_API_BASE"]
+    return None if cfg.get("STRIPE_SECRET_KEY") else SANDBOX_DEFAULT_BASE
+
+
+def client() -> stripe.StripeClient:
+    ext = current_app.extensions.setdefault("backstop", {})
+    if ext.get("stripe") is None:
+        with _lock:
+            if ext.get("stripe") is None:
+                cfg = current_app.config
+                base = api_base()
+                ext["stripe"] = stripe.StripeClient(
+                    cfg.get("STRIPE_SECRET_KEY") or SANDBOX_API_KEY,
+                    base_addresses={"api": base} if base else None,
+                    max_network_retries=cfg["STRIPE_MAX_NETWORK_RETRIES"],
+                    http_client=stripe.RequestsClient(timeout=cfg["STRIPE_TIMEOUT_SECONDS"]),
+                )
+    return ext["stripe"]
+
+
+def _call(what: str, fn):
+    try:
+        return fn()
+    except (stripe.APIConnectionError, stripe.RateLimitError) as exc:
+        raise ProviderUnavailable(f"{what}: {exc.user_message or exc}") from exc
+    except stripe.StripeError as exc:
+        status = getattr(exc, "http_status", None) or 0
+        if status >= 500 or status == 0:
+            raise ProviderUnavailable(f"{what}: provider error {status}: {exc.user_message or exc}") from exc
+        raise ProviderRefused(f"{what}: {exc.user_message or exc}", getattr(exc, "code", None)) from exc
+
+
+def create_checkout_session(*, order_id: int, reference: str, attempt: int, lines, currency: str, email: str,
+                            success_url: str, cancel_url: str, expires_at: datetime) -> SessionView:
+    params = {
+        "mode": "payment",
+        "client_reference_id": reference,
+        "metadata": {"order_id": str(order_id), "reference": reference},
+        "customer_email": email,
+        "success_url": success_url,
+        "cancel_url": cancel_url,
+        "expires_at": int(expires_at.timestamp()),
+        "line_items": [
+            {"quantity": line.quantity,
+             "price_data": {"currency": currency, "unit_amount": line.unit_price,
+                            "product_data": {"name": f"{line.name} ({line.sku})"}}}
+            for line in lines
+        ],
+    }
+    key = f"backstop-order-{order_id}-session-attempt-{attempt}"
+    session = _call("create checkout session", lambda: client().v1.checkout.sessions.create(
+        params=params, options={"idempotency_key": key}))
+    return session_view(session)
+
+
+def retrieve_session(session_id: str) -> SessionView:
+    return session_view(_call("retrieve checkout session", lambda: client().v1.checkout.sessions.retrieve(session_id)))
+
+
+def expire_session(session_id: str) -> SessionView:
+    return session_view(_call("expire checkout session", lambda: client().v1.checkout.sessions.expire(session_id)))
+
+
+def create_refund(*, order_id: int, session_id: str, payment_intent: str, amount: int, reason: str) -> RefundView:
+    key = f"backstop-refund-order-{order_id}-session-{session_id}"
+    refund = _call("create refund", lambda: client().v1.refunds.create(
+        params={"payment_intent": payment_intent, "amount": amount,
+                "metadata": {"order_id": str(order_id), "session_id": session_id, "reason": reason}},
+        options={"idempotency_key": key}))
+    return RefundView(refund["id"], refund["status"], refund["amount"])
+
+
+def verify_webhook(payload: bytes, signature: str | None, secret: str) -> dict:
+    """Verify the signature on the raw body and return the event as a plain dict."""
+    try:
+        stripe.Webhook.construct_event(payload, signature, secret)
+    except stripe.SignatureVerificationError as exc:
+        raise SignatureProblem(str(exc)) from exc
+    return json.loads(payload)
+
+
+# Webhook endpoint registration -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EndpointView:
+    id: str
+    url: str
+    status: str
+    description: str | None
+    secret: str | None = None
+
+
+def _endpoint(obj) -> EndpointView:
+    data = obj.to_dict() if hasattr(obj, "to_dict") else obj
+    return EndpointView(data["id"], data.get("url"), data.get("status"), data.get("description"), data.get("secret"))
+
+
+def list_webhook_endpoints() -> list[EndpointView]:
+    page = _call("list webhook endpoints", lambda: client().v1.webhook_endpoints.list(params={"limit": 100}))
+    return [_endpoint(e) for e in page.auto_paging_iter()]
+
+
+def create_webhook_endpoint(url: str, description: str) -> EndpointView:
+    return _endpoint(_call("create webhook endpoint", lambda: client().v1.webhook_endpoints.create(
+        params={"url": url, "enabled_events": EVENT_TYPES, "description": description})))
+
+
+def delete_webhook_endpoint(endpoint_id: str) -> None:
+    _call("delete webhook endpoint", lambda: client().v1.webhook_endpoints.delete(endpoint_id))
+
+
+def payment_intent_failed(payment_intent_id: str) -> bool:
+    intent = _call("retrieve payment intent", lambda: client().v1.payment_intents.retrieve(payment_intent_id))
+    return intent["status"] in ("requires_payment_method", "canceled")

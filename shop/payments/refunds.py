@@ -1,0 +1,67 @@
+"""Late money goes back: a paid session for an order that cannot take it (Cancelled, or already
+paid through another session) becomes a Refund row plus a durable refund command, in the same
+transaction as the webhook/return/sweep notice. The (order, session) unique key makes a second
+notice of the same payment refund nothing more; the provider call carries an Idempotency-Key
+derived from (order, session), so a retried command never refunds twice."""
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from ..extensions import db
+from ..models import Order, Refund
+from ..outbox import schedule_command
+from . import gateway
+
+log = logging.getLogger("shop.payments")
+
+
+def record_late_payment(order: Order, view, reason: str, now: datetime) -> bool:
+    session = db.session
+    existing = session.execute(select(Refund.id).where(Refund.order_id == order.id,
+                                                       Refund.session_id == view.id)).first()
+    if existing:
+        return False
+    try:
+        with session.begin_nested():
+            refund = Refund(order_id=order.id, session_id=view.id, payment_intent_id=view.payment_intent,
+                            amount=view.amount_total, currency=(view.currency or order.currency), reason=reason,
+                            status="pending", created_at=now, updated_at=now)
+            session.add(refund)
+    except IntegrityError:  # a concurrent notice of the same payment won
+        return False
+    schedule_command(session, "refund_payment", now, order_id=order.id, payload={"refund_id": refund.id}, now=now)
+    log.warning("order %s: %s; refunding %s %s (session %s)", order.reference, reason, view.amount_total,
+                view.currency, view.id)
+    return True
+
+
+def execute_refund(refund_id: int, now: datetime) -> None:
+    """Runs as a scheduled command; raising lets the runner retry with backoff / dead-letter."""
+    from ..outbox.runner import PermanentFailure
+
+    refund = db.session.get(Refund, refund_id)
+    if refund is None or refund.status == "succeeded":
+        return
+    intent = refund.payment_intent_id
+    if not intent:
+        intent = gateway.retrieve_session(refund.session_id).payment_intent
+        refund.payment_intent_id = intent
+    try:
+        result = gateway.create_refund(order_id=refund.order_id, session_id=refund.session_id,
+                                       payment_intent=intent, amount=refund.amount, reason=refund.reason)
+    except gateway.ProviderRefused as exc:
+        refund.last_error = str(exc)
+        if exc.code == "charge_already_refunded":
+            refund.status = "succeeded"
+            return
+        raise PermanentFailure(f"provider refused refund {refund_id}: {exc}") from exc
+    refund.provider_refund_id = result.id
+    refund.status = "succeeded" if result.status in ("succeeded", "pending") else result.status
+    refund.updated_at = now
+    log.info("refund %s for order %s: %s at the provider (%s)", refund.id, refund.order_id, refund.status, result.id)
+    schedule_command(db.session, "send_email", now, order_id=refund.order_id,
+                     payload={"template": "refund_issued"}, now=now)

@@ -1,0 +1,252 @@
+"""Payment use cases: start a payment, apply what the provider says about a session (the one
+guarded path shared by the webhook, the return page, the sweep and the console), and retire a
+session before a cancel."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from flask import current_app
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm.exc import StaleDataError
+
+from ..domain.deadlines import session_expires_at, unpaid_deadline, utcnow
+from ..domain.order import OrderStatus
+from ..domain.payment import check_payment_proof
+from ..domain.results import Ok, Refused
+from ..extensions import db
+from ..models import Order, PaymentProofRefusal, ProcessedStripeEvent
+from ..outbox import uow
+from . import gateway
+from .refunds import record_late_payment
+
+log = logging.getLogger("shop.payments")
+S = OrderStatus
+
+
+@dataclass
+class StartOutcome:
+    status: str                 # started | unavailable | refused
+    url: str | None = None
+    message: str = ""
+
+
+def start_payment(order_id: int, now: datetime | None = None) -> StartOutcome:
+    """PendingPayment / PaymentFailed -> PaymentInitiated with a fresh hosted Checkout Session.
+
+    The provider call happens outside any transaction (no row lock is held across the
+    network); the transition then commits only if nobody moved the order meanwhile."""
+    now = now or utcnow()
+    session = db.session
+    order = session.get(Order, order_id)
+    if order is None:
+        return StartOutcome("refused", message="No such order.")
+    if not order.can("start_payment"):
+        return StartOutcome("refused", message=f"This order is {order.status}; it cannot be paid now.")
+    cfg = current_app.config
+    base = cfg["PUBLIC_BASE_URL"]
+    pay_by = unpaid_deadline(order.updated_at, cfg["UNPAID_ORDER_EXPIRY_SECONDS"])
+    expires = session_expires_at(pay_by, now, cfg["STRIPE_SESSION_MIN_SECONDS"])
+    attempt = order.payment_attempts + 1
+    seen_version = order.version
+    lines = list(order.lines)
+    session.rollback()
+    try:
+        view = gateway.create_checkout_session(
+            order_id=order.id, reference=order.reference, attempt=attempt, lines=lines, currency=order.currency,
+            email=order.email, expires_at=expires,
+            success_url=f"{base}/checkout/return?order={order.reference}&session_id={{CHECKOUT_SESSION_ID}}",
+            cancel_url=f"{base}/orders/{order.reference}?token={order.access_token}",
+        )
+    except gateway.ProviderUnavailable as exc:
+        log.warning("order %s: payment provider unreachable, order stays %s: %s", order.reference, order.status, exc)
+        return StartOutcome("unavailable", message="We could not reach the payment provider. Your order is saved "
+                                                   "and your items are held; please try “Pay now” again in a moment.")
+    except gateway.ProviderRefused as exc:
+        log.error("order %s: provider refused the checkout session: %s", order.reference, exc)
+        return StartOutcome("unavailable", message="The payment provider refused to start this payment. "
+                                                   "Please try again later or contact us.")
+    order = session.get(Order, order_id)
+    if order.version != seen_version or not order.can("start_payment"):
+        session.rollback()
+        _expire_quietly(view.id)
+        return StartOutcome("refused", message=f"This order changed meanwhile (now {order.status}).")
+    order.start_payment(view.id, view.url)
+    order.payment_attempts = attempt
+    order.payment_session_expires_at = view.expires_at
+    try:
+        uow.commit(session)
+    except StaleDataError:
+        uow.rollback(session)
+        _expire_quietly(view.id)
+        return StartOutcome("refused", message="This order changed meanwhile; please reload it.")
+    uow.publish_after_commit(session)
+    return StartOutcome("started", url=view.url)
+
+
+def _expire_quietly(session_id: str) -> None:
+    try:
+        gateway.expire_session(session_id)
+    except Exception as exc:
+        log.warning("could not expire unused session %s: %s", session_id, exc)
+
+
+def retire_session_before_cancel(order: Order):
+    """Read the session's status; paid -> refuse the cancel (the payment stands). Otherwise
+    expire it; if the expire fails, read again and refuse if it is now paid. Anything else
+    (already expired, gone, provider down) is a warning and the cancellation proceeds."""
+    sid = order.payment_session_id
+    paid = Refused("payment_already_completed",
+                   "This order has already been paid, so it can no longer be cancelled. "
+                   "Contact us if you want a refund.")
+    try:
+        view = gateway.retrieve_session(sid)
+    except (gateway.ProviderUnavailable, gateway.ProviderRefused) as exc:
+        log.warning("cancel of order %s: could not read session %s (%s); cancelling anyway",
+                    order.reference, sid, exc)
+        return Ok()
+    if view.payment_status == "paid":
+        return paid
+    if view.status != "open":
+        if view.status == "complete":
+            log.warning("cancel of order %s: session %s awaits an async payment; a late success will be refunded",
+                        order.reference, sid)
+        return Ok()
+    try:
+        gateway.expire_session(sid)
+        return Ok()
+    except (gateway.ProviderUnavailable, gateway.ProviderRefused) as exc:
+        try:
+            again = gateway.retrieve_session(sid)
+        except (gateway.ProviderUnavailable, gateway.ProviderRefused):
+            again = None
+        if again is not None and again.payment_status == "paid":
+            return paid
+        log.warning("cancel of order %s: could not expire session %s (%s); cancelling anyway",
+                    order.reference, sid, exc)
+        return Ok()
+
+
+@dataclass
+class Applied:
+    outcome: str          # paid | payment_failed | refund_created | already_refunded | noop | duplicate |
+                          # unknown_order | proof_refused | awaiting_async
+    order: Order | None = None
+    detail: str = ""
+
+
+def find_order(view: gateway.SessionView) -> Order | None:
+    if view.order_id is not None:
+        order = db.session.get(Order, view.order_id)
+        if order is not None:
+            return order
+    if view.client_reference_id:
+        return db.session.execute(select(Order).where(Order.reference == view.client_reference_id)).scalar_one_or_none()
+    return None
+
+
+def apply_session(view: gateway.SessionView, *, source: str, failed: bool = False, event_id: str | None = None,
+                  now: datetime | None = None) -> Applied:
+    """Apply the provider's facts about one session to its order, in one transaction, through
+    the guarded transitions. `failed` says the provider reported the (async) payment failed.
+    Idempotent: a repeat finds the order already moved and does nothing. Retries itself on a
+    version conflict, because the other writer may have made this notice a no-op."""
+    now = now or utcnow()
+    for attempt in range(4):
+        try:
+            result = _apply_once(view, source=source, failed=failed, event_id=event_id, now=now)
+            uow.commit(db.session)
+        except IntegrityError:
+            uow.rollback(db.session)
+            if event_id and db.session.get(ProcessedStripeEvent, event_id) is not None:
+                return Applied("duplicate")
+            if attempt == 3:
+                raise
+            continue
+        except StaleDataError:
+            uow.rollback(db.session)
+            if attempt == 3:
+                raise
+            continue
+        uow.publish_after_commit(db.session)
+        return result
+    raise AssertionError("unreachable")
+
+
+def _apply_once(view, *, source, failed, event_id, now) -> Applied:
+    session = db.session
+    if event_id:
+        if session.get(ProcessedStripeEvent, event_id) is not None:
+            session.rollback()
+            return Applied("duplicate")
+        session.add(ProcessedStripeEvent(event_id=event_id, processed_at=now))
+        session.flush()
+    order = find_order(view)
+    if order is None:
+        log.warning("provider session %s (via %s) names no order we know (metadata.order_id=%s, ref=%s)",
+                    view.id, source, view.order_id, view.client_reference_id)
+        return Applied("unknown_order", detail=f"session {view.id}")
+    state = S(order.status)
+
+    if view.payment_status == "paid":
+        verdict = check_payment_proof(order_total=order.total, order_currency=order.currency,
+                                      amount_total=view.amount_total, currency=view.currency,
+                                      payment_status=view.payment_status)
+        if not verdict.accepted:
+            session.add(PaymentProofRefusal(order_id=order.id, session_id=view.id, source=source,
+                                            problems=verdict.describe(), amount_total=view.amount_total,
+                                            currency=(view.currency or "")[:3] or None, created_at=now))
+            log.warning("payment proof refused for order %s, session %s (via %s): %s; order left %s. "
+                        "Check the payment at the provider and reconcile by hand.",
+                        order.reference, view.id, source, verdict.describe(), order.status)
+            return Applied("proof_refused", order, verdict.describe())
+        if state is S.PAID:
+            if order.payment_session_id == view.id:
+                return Applied("noop", order, "already paid")
+            return _late_money(order, view, "paid twice: order already paid through another session", now)
+        if state is S.CANCELLED:
+            return _late_money(order, view, "payment arrived after the order was cancelled", now)
+        if state in (S.PENDING_PAYMENT, S.PAYMENT_FAILED):
+            order.start_payment(view.id, view.url)  # the money is real: adopt its session first
+        order.mark_paid(view.id, view.amount_total, view.currency)
+        log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
+        return Applied("paid", order)
+
+    if state is not S.PAYMENT_INITIATED or order.payment_session_id != view.id:
+        return Applied("noop", order, f"order is {order.status}")
+    if view.status == "expired":
+        order.mark_payment_failed("checkout session expired")
+        order.last_payment_error = "The payment page expired before payment."
+        return Applied("payment_failed", order)
+    if failed:
+        order.mark_payment_failed("payment failed at the provider")
+        order.last_payment_error = "Your payment did not go through."
+        return Applied("payment_failed", order)
+    if view.status == "complete":
+        return Applied("awaiting_async", order)
+    return Applied("noop", order, f"session {view.status}")
+
+
+def _late_money(order: Order, view, reason: str, now: datetime) -> Applied:
+    created = record_late_payment(order, view, reason, now)
+    return Applied("refund_created" if created else "already_refunded", order, reason)
+
+
+def reconcile_order(order_id: int, source: str = "console", now: datetime | None = None) -> Applied:
+    """Ask the provider about the order's current session now and apply the answer."""
+    order = db.session.get(Order, order_id)
+    if order is None or not order.payment_session_id:
+        db.session.rollback()
+        return Applied("noop", order, "no payment session to ask about")
+    sid = order.payment_session_id
+    db.session.rollback()
+    view = gateway.retrieve_session(sid)
+    return apply_session(view, source=source, failed=_async_failed(view), now=now)
+
+
+def _async_failed(view) -> bool:
+    """A completed-but-unpaid session whose payment is no longer processing has failed."""
+    return view.status == "complete" and view.payment_status == "unpaid" and view.payment_intent is not None \
+        and gateway.payment_intent_failed(view.payment_intent)

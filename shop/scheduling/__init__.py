@@ -1,0 +1,1 @@
+"""Time: per-order payment deadlines (scheduled commands) and the reconciliation sweep."""

@@ -1,0 +1,1 @@
+"""Placeholder until the reconciliation sweep lands (issue 5)."""

@@ -1,0 +1,149 @@
+"""Settings: read from the environment once, when the app is created, and validated.
+
+A bad value stops the process with one line naming the variable (CONTRACT section 2): a shop
+that starts half-configured loses orders quietly, which is worse than not starting.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from dataclasses import dataclass, asdict
+
+
+class SettingsError(Exception):
+    """A configuration value is missing or wrong. The message names the variable."""
+
+    def __init__(self, variable: str, problem: str):
+        super().__init__(f"{variable}: {problem}")
+        self.variable = variable
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str
+    redis_url: str
+    secret_key: str
+    secret_key_ephemeral: bool
+    public_base_url: str
+    stripe_secret_key: str | None
+    stripe_webhook_secret: str | None
+    stripe_api_base: str | None
+    unpaid_order_expiry_seconds: int
+    stripe_session_min_seconds: int
+    reconciliation_interval_seconds: int
+    reconciliation_stuck_age_seconds: int
+    reconciliation_batch_size: int
+    reconciliation_enabled: bool
+    unpaid_order_expiry_enabled: bool
+    outbox_max_attempts: int
+    scheduler_poll_seconds: int
+    smtp_url: str | None
+
+    @property
+    def uses_sandbox(self) -> bool:
+        return not self.stripe_secret_key
+
+    def as_config(self) -> dict:
+        return {k.upper(): v for k, v in asdict(self).items()}
+
+
+def _int(env, name, default, lo, hi):
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise SettingsError(name, f"must be a whole number, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise SettingsError(name, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _bool(env, name, default):
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise SettingsError(name, f"must be true or false, got {raw!r}")
+
+
+def _url(env, name, default, schemes):
+    value = (env.get(name) or "").strip() or default
+    if value is None:
+        return None
+    if not any(value.startswith(s) for s in schemes):
+        raise SettingsError(name, f"must start with one of {', '.join(schemes)}, got {value!r}")
+    return value.rstrip("/") if schemes[0].startswith("http") else value
+
+
+def _serving_web(argv=None) -> bool:
+    """True when this process is a web server (gunicorn or `flask run`).
+
+    SECRET_KEY is required there: every web process must share it or sessions and CSRF tokens
+    break between workers. CLI commands (and `flask shop up`, which makes one per run and hands
+    it to its children) may run without one.
+    """
+    argv = sys.argv if argv is None else argv
+    prog = os.path.basename(argv[0]) if argv else ""
+    if "gunicorn" in prog:
+        return True
+    if prog == "flask" or prog.endswith("flask/__main__.py"):
+        return "run" in argv[1:]
+    return False
+
+
+def load_settings(env=None, instance_path: str = "instance", argv=None) -> Settings:
+    env = os.environ if env is None else env
+    default_db = "sqlite:///" + os.path.join(os.path.abspath(instance_path), "backstop.sqlite3")
+    database_url = _url(env, "DATABASE_URL", default_db, ["sqlite", "postgresql"])
+    if database_url.startswith("postgresql://") or database_url.startswith("postgres://"):
+        # psycopg 3 is the driver we ship and test; plain postgresql:// would pick psycopg2.
+        database_url = "postgresql+psycopg://" + database_url.split("://", 1)[1]
+
+    secret_key = (env.get("SECRET_KEY") or "").strip()
+    ephemeral = False
+    if not secret_key:
+        if _serving_web(argv):
+            raise SettingsError("SECRET_KEY", "is required to serve the web app (every web process must share it)")
+        secret_key = secrets.token_urlsafe(32)
+        ephemeral = True
+
+    expiry = _int(env, "UNPAID_ORDER_EXPIRY_SECONDS", 1800, 1, 7 * 24 * 3600)
+    stuck = _int(env, "RECONCILIATION_STUCK_AGE_SECONDS", 1800, 1, 7 * 24 * 3600)
+    if stuck != expiry:
+        raise SettingsError(
+            "RECONCILIATION_STUCK_AGE_SECONDS",
+            f"must equal UNPAID_ORDER_EXPIRY_SECONDS ({expiry}), got {stuck}: the sweep and the "
+            "per-order deadline must agree on one payment window",
+        )
+
+    return Settings(
+        database_url=database_url,
+        redis_url=_url(env, "REDIS_URL", "redis://127.0.0.1:6379/0", ["redis://", "rediss://", "unix://"]),
+        secret_key=secret_key,
+        secret_key_ephemeral=ephemeral,
+        public_base_url=_url(env, "PUBLIC_BASE_URL", "http://127.0.0.1:5000", ["http://", "https://"]),
+        stripe_secret_key=(env.get("STRIPE_SECRET_KEY") or "").strip() or None,
+        stripe_webhook_secret=(env.get("STRIPE_WEBHOOK_SECRET") or "").strip() or None,
+        stripe_api_base=_url(env, "STRIPE_API_BASE", None, ["http://", "https://"]),
+        unpaid_order_expiry_seconds=expiry,
+        stripe_session_min_seconds=_int(env, "STRIPE_SESSION_MIN_SECONDS", 1800, 0, 24 * 3600),
+        reconciliation_interval_seconds=_int(env, "RECONCILIATION_INTERVAL_SECONDS", 600, 1, 24 * 3600),
+        reconciliation_stuck_age_seconds=stuck,
+        reconciliation_batch_size=_int(env, "RECONCILIATION_BATCH_SIZE", 50, 1, 1000),
+        reconciliation_enabled=_bool(env, "RECONCILIATION_ENABLED", True),
+        unpaid_order_expiry_enabled=_bool(env, "UNPAID_ORDER_EXPIRY_ENABLED", True),
+        outbox_max_attempts=_int(env, "OUTBOX_MAX_ATTEMPTS", 5, 1, 100),
+        scheduler_poll_seconds=_int(env, "SCHEDULER_POLL_SECONDS", 1, 1, 3600),
+        smtp_url=(env.get("SMTP_URL") or "").strip() or None,
+    )

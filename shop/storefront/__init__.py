@@ -1,0 +1,6 @@
+"""The storefront: catalog, cart, checkout, order pages, payment return."""
+from flask import Blueprint
+
+bp = Blueprint("storefront", __name__)
+
+from . import routes  # noqa: E402,F401

@@ -1,0 +1,26 @@
+from flask_wtf import FlaskForm
+from wtforms import EmailField, HiddenField, IntegerField
+from wtforms.validators import DataRequired, Email, Length, NumberRange
+
+
+class AddToCartForm(FlaskForm):
+    variant_id = IntegerField("Variant", validators=[DataRequired(message="Choose an item.")])
+    quantity = IntegerField("Quantity", default=1, validators=[
+        DataRequired(message="Enter a quantity."), NumberRange(1, 99, message="Quantity must be between 1 and 99.")])
+
+
+class CheckoutForm(FlaskForm):
+    email = EmailField("Email", validators=[
+        DataRequired(message="Enter your email so we can send your receipt."),
+        Email(message="That does not look like an email address.", check_deliverability=False),
+        Length(max=254)])
+
+
+class CancelForm(FlaskForm):
+    version = IntegerField("Version", validators=[DataRequired(message="The order version is missing.")])
+    token = HiddenField()
+
+
+class ActionForm(FlaskForm):
+    """A bare POST with only the CSRF token (pay, remove from cart)."""
+    token = HiddenField()

@@ -1,0 +1,285 @@
+"""Storefront routes (CONTRACT section 4)."""
+from __future__ import annotations
+
+import hmac
+
+from flask import abort, flash, redirect, render_template, request, url_for
+from sqlalchemy import select
+from sqlalchemy.orm import selectinload
+
+from ..domain.order import OrderStatus
+from ..extensions import db
+from ..models import Cart, CartItem, InventoryItem, Order, Product, Variant
+from ..orders.checkout import place_order
+from ..orders.commands import cancel_order
+from ..orders.views import order_json, order_summary_json
+from ..payments import gateway
+from ..payments.service import apply_session, start_payment
+from ..web import browser_id, respond, wants_json
+from . import bp
+from .forms import ActionForm, AddToCartForm, CancelForm, CheckoutForm
+
+
+def _catalog() -> list[dict]:
+    products = db.session.execute(
+        select(Product).options(selectinload(Product.variants).selectinload(Variant.inventory)).order_by(Product.id)
+    ).scalars().all()
+    out = []
+    for p in products:
+        variants = [
+            {"id": v.id, "sku": v.sku, "name": v.name, "price": v.price, "currency": v.currency,
+             "available": (v.inventory.on_hand if v.inventory and v.inventory.deleted_at is None else 0)}
+            for v in p.variants if v.deleted_at is None
+        ]
+        if variants:
+            out.append({"id": p.id, "name": p.name, "description": p.description, "variants": variants})
+    return out
+
+
+@bp.get("/")
+def catalog():
+    """The catalog with prices and stock."""
+    products = _catalog()
+    data = {"products": [{k: p[k] for k in ("id", "name", "variants")} for p in products]}
+    return respond("storefront/catalog.html", data, products=products, form=AddToCartForm())
+
+
+def _open_cart(create: bool = False) -> Cart | None:
+    bid = browser_id(create=create)
+    if bid is None:
+        return None
+    cart = db.session.execute(
+        select(Cart).where(Cart.browser_id == bid, Cart.status == "open").order_by(Cart.id.desc()).limit(1)
+    ).scalar_one_or_none()
+    if cart is None and create:
+        cart = Cart(browser_id=bid, status="open")
+        db.session.add(cart)
+        db.session.flush()
+    return cart
+
+
+def _cart_data(cart: Cart | None) -> dict:
+    items, total, currency = [], 0, None
+    if cart is not None:
+        for item in cart.items:
+            v = item.variant
+            inv = db.session.get(InventoryItem, v.id)
+            available = inv.on_hand if inv is not None and inv.deleted_at is None and v.deleted_at is None else 0
+            line_total = v.price * item.quantity
+            total += line_total
+            currency = currency or v.currency
+            items.append({"variant_id": v.id, "sku": v.sku, "name": f"{v.product.name} – {v.name}",
+                          "quantity": item.quantity, "unit_price": v.price, "line_total": line_total,
+                          "currency": v.currency, "available": available})
+    return {"items": items, "total": total, "currency": currency}
+
+
+def _render_cart(status: int = 200, error: str | None = None, shortages=None, form=None):
+    cart = _open_cart()
+    data = _cart_data(cart)
+    if error:
+        data["error"] = error
+    if shortages:
+        data["shortages"] = shortages
+    return respond("storefront/cart.html", data, status, form=form or CheckoutForm(), action=ActionForm())
+
+
+@bp.get("/cart")
+def cart():
+    """This browser's cart."""
+    return _render_cart()
+
+
+@bp.post("/cart/items")
+def add_to_cart():
+    """Add a variant to the cart (form: variant_id, quantity)."""
+    form = AddToCartForm()
+    if not form.validate():
+        return _render_cart(400, _first_error(form))
+    variant = db.session.get(Variant, form.variant_id.data)
+    if variant is None or variant.deleted_at is not None:
+        return _render_cart(404, "That item is not for sale.")
+    cart = _open_cart(create=True)
+    item = db.session.execute(select(CartItem).where(CartItem.cart_id == cart.id,
+                                                     CartItem.variant_id == variant.id)).scalar_one_or_none()
+    wanted = form.quantity.data + (item.quantity if item else 0)
+    inv = db.session.get(InventoryItem, variant.id)
+    available = inv.on_hand if inv is not None and inv.deleted_at is None else 0
+    if wanted > available:
+        db.session.rollback()
+        return _render_cart(409, f"Only {available} of {variant.sku} left; you asked for {wanted}.")
+    if wanted > 99:
+        db.session.rollback()
+        return _render_cart(400, "At most 99 of one item per order.")
+    if item:
+        item.quantity = wanted
+    else:
+        db.session.add(CartItem(cart_id=cart.id, variant_id=variant.id, quantity=wanted))
+    db.session.commit()
+    if wants_json():
+        return _render_cart(201)
+    flash(f"Added {form.quantity.data} × {variant.sku} to your cart.")
+    return redirect(url_for("storefront.cart"), 303)
+
+
+@bp.post("/cart/items/<int:variant_id>/delete")
+def remove_from_cart(variant_id: int):
+    """Remove one item from the cart."""
+    form = ActionForm()
+    if not form.validate():
+        return _render_cart(400, _first_error(form))
+    cart = _open_cart()
+    if cart is not None:
+        for item in cart.items:
+            if item.variant_id == variant_id:
+                db.session.delete(item)
+        db.session.commit()
+    if wants_json():
+        return _render_cart()
+    return redirect(url_for("storefront.cart"), 303)
+
+
+@bp.post("/checkout")
+def checkout():
+    """Place the order from the cart, then send the customer to the hosted payment page."""
+    form = CheckoutForm()
+    if not form.validate():
+        return _render_cart(400, _first_error(form), form=form)
+    cart = _open_cart()
+    if cart is None or not cart.items:
+        return _render_cart(400, "Your cart is empty.", form=form)
+    result = place_order(cart_id=cart.id, browser_id=browser_id(), email=form.email.data.strip())
+    if not result.ok:
+        status = {"out_of_stock": 409, "cart_closed": 409}.get(result.code, 400)
+        detail = result.message
+        if result.shortages:
+            detail += " " + "; ".join(f"{s.get('sku', s['variant_id'])}: {s['available']} left"
+                                      + (f", you asked for {s['requested']}" if "requested" in s else "")
+                                      for s in result.shortages)
+        return _render_cart(status, detail, result.shortages, form=form)
+    started = start_payment(result.order_id)
+    order_url = url_for("storefront.order_page", reference=result.reference)
+    if started.status == "started":
+        if wants_json():
+            return {"reference": result.reference, "payment_url": started.url, "order_url": order_url}, 201
+        return redirect(started.url, 303)
+    flash(started.message, "warning")
+    if wants_json():
+        return {"reference": result.reference, "payment_url": None, "order_url": order_url,
+                "message": started.message}, 201
+    return redirect(order_url, 303)
+
+
+def _owned_order(reference: str) -> Order:
+    """The order, if this browser placed it or the request carries its access token; else 404
+    (not 403: another browser must not even learn that the reference exists)."""
+    order = db.session.execute(select(Order).where(Order.reference == reference)).scalar_one_or_none()
+    if order is None:
+        abort(404)
+    token = request.values.get("token") or ""
+    if order.browser_id == browser_id(create=False):
+        return order
+    if token and hmac.compare_digest(token, order.access_token):
+        return order
+    abort(404)
+
+
+@bp.get("/orders")
+def orders():
+    """This browser's orders, newest first."""
+    bid = browser_id(create=False)
+    rows = [] if bid is None else db.session.execute(
+        select(Order).where(Order.browser_id == bid).order_by(Order.created_at.desc(), Order.id.desc())
+    ).scalars().all()
+    return respond("storefront/orders.html", {"orders": [order_summary_json(o) for o in rows]})
+
+
+@bp.get("/orders/<reference>")
+def order_page(reference: str):
+    """One order's status, lines, payment and refunds."""
+    order = _owned_order(reference)
+    return _render_order(order)
+
+
+def _render_order(order: Order, status: int = 200, error: str | None = None):
+    data = order_json(order)
+    if error:
+        data["error"] = error
+    token = request.values.get("token")
+    return respond("storefront/order.html", data, status, order=order, cancel_form=CancelForm(),
+                   action=ActionForm(), token=token, OrderStatus=OrderStatus)
+
+
+@bp.post("/orders/<reference>/pay")
+def pay(reference: str):
+    """Start or retry payment (PendingPayment / PaymentFailed)."""
+    order = _owned_order(reference)
+    form = ActionForm()
+    if not form.validate():
+        return _render_order(order, 400, _first_error(form))
+    started = start_payment(order.id)
+    if started.status == "started":
+        if wants_json():
+            return {"reference": reference, "payment_url": started.url}, 200
+        return redirect(started.url, 303)
+    order = db.session.get(Order, order.id)
+    status = 503 if started.status == "unavailable" else 409
+    if wants_json():
+        return _render_order(order, status, started.message)
+    flash(started.message, "warning")
+    return _render_order(order, status, started.message)
+
+
+@bp.post("/orders/<reference>/cancel")
+def cancel(reference: str):
+    """Cancel with the version the customer saw; a stale version gets 409 and the current state."""
+    order = _owned_order(reference)
+    form = CancelForm()
+    if not form.validate():
+        return _render_order(order, 400, _first_error(form))
+    outcome = cancel_order(order.id, form.version.data)
+    current = outcome.order or order
+    if outcome.status == "cancelled":
+        if wants_json():
+            return _render_order(db.session.get(Order, order.id))
+        flash("Your order is cancelled. Nothing was charged, and the items are back on sale.")
+        return redirect(url_for("storefront.order_page", reference=reference, token=request.values.get("token") or None), 303)
+    return _render_order(current, 409, outcome.message)
+
+
+@bp.get("/checkout/return")
+def checkout_return():
+    """Stripe's success URL: ask the provider now and apply the same guarded transition as the
+    webhook, so a paid customer sees "Paid" even when the webhook is late or lost."""
+    reference = request.args.get("order", "")
+    session_id = request.args.get("session_id", "")
+    order = db.session.execute(select(Order).where(Order.reference == reference)).scalar_one_or_none()
+    if order is None or not session_id:
+        abort(404)
+    try:
+        view = gateway.retrieve_session(session_id)
+    except gateway.ProviderRefused:
+        abort(404)
+    except gateway.ProviderUnavailable:
+        flash("We could not confirm your payment with the provider yet; this page will update once it does.",
+              "warning")
+        view = None
+    if view is not None:
+        if view.order_id != order.id:
+            abort(404)
+        apply_session(view, source="return")
+        if view.payment_status != "paid" and view.status == "complete":
+            flash("Your payment is being processed; we will email you when it completes.")
+    if order.browser_id == browser_id(create=False):
+        return redirect(url_for("storefront.order_page", reference=reference), 303)
+    return redirect(url_for("storefront.order_page", reference=reference, token=order.access_token), 303)
+
+
+def _first_error(form) -> str:
+    for field, errors in form.errors.items():
+        if errors:
+            if field == "csrf_token":
+                return "Your form expired or was sent from another site; please reload the page and try again."
+            label = getattr(getattr(form, field, None), "label", None)
+            return f"{label.text if label else field}: {errors[0]}"
+    return "The form is not valid."

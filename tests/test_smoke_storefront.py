@@ -1,0 +1,49 @@
+"""A customer's path through the storefront, over HTTP via the test client."""
+from conftest import csrf_token
+
+from shop.extensions import db
+from shop.models import InventoryItem, Order, ScheduledCommand
+from shop.seed import seed_catalog
+
+
+def _seed(app):
+    with app.app_context():
+        seed_catalog()
+        return {v.sku: v.id for v in db.session.query(__import__("shop.models", fromlist=["Variant"]).Variant)}
+
+
+def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_deadline(app, client):
+    skus = _seed(app)
+    token = csrf_token(client, "/")
+    r = client.post("/cart/items", data={"csrf_token": token, "variant_id": skus["MUG-350-NVY"], "quantity": 2})
+    assert r.status_code == 303
+    r = client.post("/checkout", data={"csrf_token": token, "email": "ann@example.com"})
+    assert r.status_code == 303, r.get_data(as_text=True)
+    order_url = r.headers["Location"]
+    assert "/orders/BK-" in order_url
+    page = client.get(order_url, headers={"Accept": "application/json"})
+    data = page.get_json()
+    assert data["status"] == "PendingPayment"
+    assert data["total"] == 3600 and data["lines"][0]["quantity"] == 2
+    with app.app_context():
+        assert db.session.get(InventoryItem, skus["MUG-350-NVY"]).on_hand == 1
+        order = db.session.query(Order).one()
+        deadline = db.session.query(ScheduledCommand).filter_by(kind="expire_unpaid_order").one()
+        assert deadline.order_id == order.id
+    html = client.get(order_url).get_data(as_text=True)
+    assert "Pay now" in html
+
+
+def test_another_browser_gets_404_for_an_order_it_did_not_place(app, client):
+    skus = _seed(app)
+    token = csrf_token(client, "/")
+    client.post("/cart/items", data={"csrf_token": token, "variant_id": skus["NB-A5-DOT"], "quantity": 1})
+    r = client.post("/checkout", data={"csrf_token": token, "email": "ann@example.com"})
+    order_url = r.headers["Location"]
+    stranger = app.test_client()
+    assert stranger.get(order_url).status_code == 404
+    stranger_token = csrf_token(stranger, "/")
+    ref = order_url.rsplit("/", 1)[-1]
+    r = stranger.post(f"/orders/{ref}/cancel", data={"csrf_token": stranger_token, "version": 1})
+    assert r.status_code == 404
+    assert client.get(order_url, headers={"Accept": "application/json"}).get_json()["status"] == "PendingPayment"
