@@ -1,0 +1,173 @@
+"""The /_sandbox control routes: script payment outcomes, faults and the clock.
+
+These are the sandbox's own API, not Stripe's: JSON in, JSON out, no API key. A refusal is
+`{"error": {"message": ...}}` with 400 (bad input), 404 (unknown session) or 409 (the session
+is in the wrong state); never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from flask import Blueprint, Response, current_app, request
+
+from .objects import render_delivery, render_event, render_session
+from .state import ASYNC_RESULTS, OUTCOMES, ControlError, Sandbox
+
+bp = Blueprint("stripe_sandbox_control", __name__, url_prefix="/_sandbox")
+
+FAULT_TYPES = {
+    "drop_webhooks": "count",
+    "duplicate_webhooks": "bool",
+    "reorder_webhooks": "bool",
+    "webhook_delay_seconds": "seconds",
+    "api_unavailable": "bool",
+}
+
+
+def _sandbox() -> Sandbox:
+    return current_app.extensions["stripe_sandbox"]
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(json.dumps(body, indent=2), status=status, mimetype="application/json")
+
+
+@bp.errorhandler(ControlError)
+def _refused(error: ControlError) -> Response:
+    return _json({"error": {"type": "sandbox_error", "message": error.message}}, error.status)
+
+
+def _body(*, required: tuple[str, ...] = (), allowed: tuple[str, ...] = ()) -> dict:
+    raw = request.get_data(cache=True)
+    if not raw.strip():
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise ControlError(400, "The request body must be a JSON object.")
+    if not isinstance(data, dict):
+        raise ControlError(400, "The request body must be a JSON object.")
+    for key in required:
+        if key not in data:
+            raise ControlError(400, f"Missing field: {key}")
+    unknown = sorted(set(data) - set(allowed or required))
+    if unknown:
+        raise ControlError(
+            400,
+            f"Unknown field(s): {', '.join(unknown)}; "
+            f"expected {', '.join(allowed or required)}",
+        )
+    return data
+
+
+@bp.post("/sessions/<session_id>/outcome")
+def set_outcome(session_id: str) -> Response:
+    """Same effect as the hosted page's buttons: paid, declined or async_pending."""
+    outcome = _body(required=("outcome",))["outcome"]
+    if outcome not in OUTCOMES:
+        raise ControlError(400, f"outcome must be one of {', '.join(OUTCOMES)}; got {outcome!r}")
+    sandbox = _sandbox()
+    with sandbox.lock:
+        sandbox.tick()
+        return _json(render_session(sandbox.apply_outcome(session_id, outcome)))
+
+
+@bp.post("/sessions/<session_id>/async")
+def settle_async(session_id: str) -> Response:
+    """Settle an async_pending payment now: succeeded or failed."""
+    result = _body(required=("result",))["result"]
+    if result not in ASYNC_RESULTS:
+        raise ControlError(400, f"result must be one of {', '.join(ASYNC_RESULTS)}; got {result!r}")
+    sandbox = _sandbox()
+    with sandbox.lock:
+        sandbox.tick()
+        return _json(render_session(sandbox.settle_async(session_id, result)))
+
+
+@bp.get("/faults")
+def get_faults() -> Response:
+    return _json(_sandbox().faults.as_dict())
+
+
+@bp.post("/faults")
+def set_faults() -> Response:
+    """Change any subset of the faults; the rest keep their current values."""
+    data = _body(allowed=tuple(FAULT_TYPES))
+    changes = {key: _fault_value(key, value) for key, value in data.items()}
+    sandbox = _sandbox()
+    with sandbox.lock:
+        return _json(sandbox.set_faults(changes).as_dict())
+
+
+def _fault_value(key: str, value: Any) -> Any:
+    kind = FAULT_TYPES[key]
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ControlError(400, f"{key} must be true or false; got {value!r}")
+        return value
+    if kind == "count":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ControlError(400, f"{key} must be a whole number >= 0; got {value!r}")
+        return value
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ControlError(400, f"{key} must be a number of seconds >= 0; got {value!r}")
+    return float(value)
+
+
+@bp.post("/clock")
+def advance_clock() -> Response:
+    """Move the sandbox clock forward; sessions due to expire do so before this returns."""
+    seconds = _body(required=("advance_seconds",))["advance_seconds"]
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not math.isfinite(seconds)
+        or seconds < 0
+    ):
+        raise ControlError(400, f"advance_seconds must be a number >= 0; got {seconds!r}")
+    sandbox = _sandbox()
+    now = sandbox.advance_clock(seconds)
+    return _json({"now": now, "offset_seconds": sandbox.clock_offset})
+
+
+@bp.get("/clock")
+def read_clock() -> Response:
+    sandbox = _sandbox()
+    return _json({"now": sandbox.now(), "offset_seconds": sandbox.clock_offset})
+
+
+@bp.post("/reset")
+def reset() -> Response:
+    _body()
+    _sandbox().reset()
+    return _json({"reset": True})
+
+
+@bp.get("/events")
+def list_events() -> Response:
+    """Every event, oldest first, with each delivery and its attempts."""
+    sandbox = _sandbox()
+    with sandbox.lock:
+        sandbox.tick()
+        data = [
+            {
+                "id": event.id,
+                "type": event.type,
+                "created": event.created,
+                "session": event.session_id,
+                "dropped": event.dropped,
+                "event": render_event(event),
+                "deliveries": [render_delivery(d) for d in event.deliveries],
+            }
+            for event in sorted(sandbox.events.values(), key=lambda e: e.seq)
+        ]
+    return _json({"object": "list", "data": data})

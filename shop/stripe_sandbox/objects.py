@@ -1,0 +1,342 @@
+"""The sandbox's records and their Stripe JSON renderings.
+
+Records hold what the sandbox knows; `render_*` turn them into the JSON Stripe would send.
+Every top-level field rendered here exists in Stripe's own example object for the resource
+(shared/stripe-fixtures/fixtures3-subset.json) with the same JSON type or null, except
+`secret`, which Stripe returns on webhook-endpoint creation only and the fixture omits.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+from dataclasses import dataclass, field
+from typing import Any
+
+API_VERSION = "2026-10-28.endive"
+
+_ALPHABET = string.ascii_letters + string.digits
+
+
+def new_id(prefix: str, length: int = 24) -> str:
+    return prefix + "".join(secrets.choice(_ALPHABET) for _ in range(length))
+
+
+@dataclass
+class LineItem:
+    name: str
+    currency: str
+    unit_amount: int
+    quantity: int
+
+    @property
+    def amount(self) -> int:
+        return self.unit_amount * self.quantity
+
+
+@dataclass
+class Session:
+    id: str
+    seq: int
+    created: int
+    expires_at: int
+    currency: str
+    line_items: list[LineItem]
+    pay_url: str
+    success_url: str | None
+    cancel_url: str | None
+    client_reference_id: str | None
+    customer_email: str | None
+    metadata: dict[str, str]
+    payment_intent_metadata: dict[str, str]
+    locale: str | None = None
+    status: str = "open"  # open | complete | expired
+    payment_status: str = "unpaid"  # unpaid | paid
+    payment_intent_id: str | None = None
+    customer_details: dict | None = None
+
+    @property
+    def amount_subtotal(self) -> int:
+        return sum(line.amount for line in self.line_items)
+
+    @property
+    def amount_total(self) -> int:
+        return self.amount_subtotal
+
+
+@dataclass
+class PaymentIntent:
+    id: str
+    seq: int
+    created: int
+    amount: int
+    currency: str
+    metadata: dict[str, str]
+    session_id: str
+    status: str = "requires_payment_method"
+    amount_received: int = 0
+    latest_charge: str | None = None
+    payment_method: str | None = None
+    last_payment_error: dict | None = None
+    canceled_at: int | None = None
+    cancellation_reason: str | None = None
+    client_secret: str = ""
+
+
+@dataclass
+class Charge:
+    id: str
+    payment_intent_id: str
+    amount: int
+    currency: str
+    created: int
+    status: str  # pending | succeeded | failed
+    amount_refunded: int = 0
+
+
+@dataclass
+class Refund:
+    id: str
+    seq: int
+    created: int
+    amount: int
+    currency: str
+    charge_id: str
+    payment_intent_id: str
+    metadata: dict[str, str]
+    reason: str | None
+    status: str = "succeeded"
+
+
+@dataclass
+class WebhookEndpoint:
+    id: str
+    seq: int
+    created: int
+    url: str
+    enabled_events: list[str]
+    secret: str
+    description: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    api_version: str | None = None
+    status: str = "enabled"  # enabled | disabled
+
+    def wants(self, event_type: str) -> bool:
+        return self.status == "enabled" and (
+            "*" in self.enabled_events or event_type in self.enabled_events
+        )
+
+
+@dataclass
+class Attempt:
+    at: float  # wall-clock unix time of the attempt
+    status_code: int | None
+    error: str | None
+    duration_ms: int
+
+
+@dataclass
+class Delivery:
+    id: str
+    event_id: str
+    endpoint_id: str
+    url: str
+    duplicate: bool = False
+    # pending: queued or retrying; held: waiting for reorder release; succeeded: got a 2xx;
+    # dropped: the drop_webhooks fault swallowed it; abandoned: endpoint deleted/disabled,
+    # sandbox reset, or the retry window ran out.
+    status: str = "pending"
+    attempts: list[Attempt] = field(default_factory=list)
+    next_attempt_at: float | None = None  # wall-clock
+    abandoned_reason: str | None = None
+
+
+@dataclass
+class EventRecord:
+    id: str
+    seq: int
+    type: str
+    created: int
+    payload: dict[str, Any]
+    body: bytes  # the exact JSON bytes delivered (and signed) for this event
+    session_id: str | None
+    deliveries: list[Delivery] = field(default_factory=list)
+    dropped: bool = False
+
+    @property
+    def pending_webhooks(self) -> int:
+        return sum(1 for d in self.deliveries if d.status in ("pending", "held") and not d.duplicate)
+
+
+# ---------------------------------------------------------------------------------------
+# Renderings
+
+
+def render_session(s: Session) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "object": "checkout.session",
+        "after_expiration": None,
+        "allow_promotion_codes": None,
+        "amount_subtotal": s.amount_subtotal,
+        "amount_total": s.amount_total,
+        "automatic_tax": {"enabled": False, "liability": None, "provider": None, "status": None},
+        "billing_address_collection": None,
+        "cancel_url": s.cancel_url,
+        "client_reference_id": s.client_reference_id,
+        "client_secret": None,
+        "consent": None,
+        "consent_collection": None,
+        "created": s.created,
+        "currency": s.currency,
+        "custom_fields": [],
+        "custom_text": {
+            "after_submit": None,
+            "shipping_address": None,
+            "submit": None,
+            "terms_of_service_acceptance": None,
+        },
+        "customer": None,
+        "customer_creation": None,
+        "customer_details": dict(s.customer_details) if s.customer_details else None,
+        "customer_email": s.customer_email,
+        "discounts": None,
+        "expires_at": s.expires_at,
+        "invoice": None,
+        "invoice_creation": None,
+        "livemode": False,
+        "locale": s.locale,
+        "metadata": dict(s.metadata),
+        "mode": "payment",
+        "payment_intent": s.payment_intent_id,
+        "payment_link": None,
+        "payment_method_collection": None,
+        "payment_method_configuration_details": None,
+        "payment_method_options": {},
+        "payment_method_types": ["card"],
+        "payment_status": s.payment_status,
+        "phone_number_collection": {"enabled": False},
+        "recovered_from": None,
+        "saved_payment_method_options": None,
+        "setup_intent": None,
+        "shipping_address_collection": None,
+        "shipping_cost": None,
+        "shipping_options": [],
+        "status": s.status,
+        "submit_type": None,
+        "subscription": None,
+        "success_url": s.success_url,
+        "total_details": {"amount_discount": 0, "amount_shipping": 0, "amount_tax": 0},
+        "ui_mode": None,
+        # Stripe only shows the URL while the session can still be paid.
+        "url": s.pay_url if s.status == "open" else None,
+    }
+
+
+def render_payment_intent(pi: PaymentIntent) -> dict[str, Any]:
+    return {
+        "id": pi.id,
+        "object": "payment_intent",
+        "amount": pi.amount,
+        "amount_capturable": 0,
+        "amount_details": {"tip": {}},
+        "amount_received": pi.amount_received,
+        "application": None,
+        "application_fee_amount": None,
+        "automatic_payment_methods": None,
+        "canceled_at": pi.canceled_at,
+        "cancellation_reason": pi.cancellation_reason,
+        "capture_method": "automatic",
+        "client_secret": pi.client_secret,
+        "confirmation_method": "automatic",
+        "created": pi.created,
+        "currency": pi.currency,
+        "customer": None,
+        "description": None,
+        "last_payment_error": dict(pi.last_payment_error) if pi.last_payment_error else None,
+        "latest_charge": pi.latest_charge,
+        "livemode": False,
+        "metadata": dict(pi.metadata),
+        "next_action": None,
+        "on_behalf_of": None,
+        "payment_method": pi.payment_method,
+        "payment_method_configuration_details": None,
+        "payment_method_options": {},
+        "payment_method_types": ["card"],
+        "processing": None,
+        "receipt_email": None,
+        "review": None,
+        "setup_future_usage": None,
+        "shipping": None,
+        "source": None,
+        "statement_descriptor": None,
+        "statement_descriptor_suffix": None,
+        "status": pi.status,
+        "transfer_data": None,
+        "transfer_group": None,
+    }
+
+
+def render_refund(r: Refund) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "object": "refund",
+        "amount": r.amount,
+        "balance_transaction": None,
+        "charge": r.charge_id,
+        "created": r.created,
+        "currency": r.currency,
+        "destination_details": {"card": {"type": "refund"}, "type": "card"},
+        "metadata": dict(r.metadata),
+        "payment_intent": r.payment_intent_id,
+        "reason": r.reason,
+        "receipt_number": None,
+        "source_transfer_reversal": None,
+        "status": r.status,
+        "transfer_reversal": None,
+    }
+
+
+def render_webhook_endpoint(we: WebhookEndpoint, *, with_secret: bool = False) -> dict[str, Any]:
+    body = {
+        "id": we.id,
+        "object": "webhook_endpoint",
+        "api_version": we.api_version,
+        "application": None,
+        "created": we.created,
+        "description": we.description,
+        "enabled_events": list(we.enabled_events),
+        "livemode": False,
+        "metadata": dict(we.metadata),
+        "status": we.status,
+        "url": we.url,
+    }
+    if with_secret:
+        body["secret"] = we.secret
+    return body
+
+
+def render_event(ev: EventRecord) -> dict[str, Any]:
+    """The event as the API shows it now (pending_webhooks is live, the snapshot is not)."""
+    return {**ev.payload, "pending_webhooks": ev.pending_webhooks}
+
+
+def render_delivery(d: Delivery) -> dict[str, Any]:
+    return {
+        "id": d.id,
+        "endpoint": d.endpoint_id,
+        "url": d.url,
+        "status": d.status,
+        "duplicate": d.duplicate,
+        "abandoned_reason": d.abandoned_reason,
+        "next_attempt_at": d.next_attempt_at,
+        "attempts": [
+            {
+                "at": a.at,
+                "status_code": a.status_code,
+                "error": a.error,
+                "duration_ms": a.duration_ms,
+            }
+            for a in d.attempts
+        ],
+    }

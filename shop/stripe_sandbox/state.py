@@ -1,0 +1,632 @@
+"""The sandbox's world: sessions, payments, refunds, endpoints, events, its clock and faults.
+
+One `Sandbox` holds everything in memory behind one re-entrant lock. Its methods take typed
+arguments (the HTTP layer has already read and validated Stripe's params) and either change
+state or raise a `StripeError`. Callers hold `sandbox.lock` around a whole request so that a
+request, its idempotency record and the events it emits are one atomic step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Iterable
+
+from .errors import StripeError, invalid, no_such, state_conflict
+from .objects import (
+    API_VERSION,
+    Charge,
+    Delivery,
+    EventRecord,
+    LineItem,
+    PaymentIntent,
+    Refund,
+    Session,
+    WebhookEndpoint,
+    new_id,
+    render_session,
+)
+from .webhooks import WebhookDispatcher
+
+log = logging.getLogger(__name__)
+
+SESSION_MAX_SECONDS = 24 * 3600
+# The hosted page's "pay later" choices settle this long after the customer leaves.
+HOSTED_ASYNC_SETTLE_SECONDS = 2.0
+TICK_SECONDS = 0.2
+
+OUTCOMES = ("paid", "declined", "async_pending")
+ASYNC_RESULTS = ("succeeded", "failed")
+
+DECLINE_ERROR = {
+    "type": "card_error",
+    "code": "card_declined",
+    "decline_code": "generic_decline",
+    "message": "Your card was declined.",
+}
+ASYNC_FAILURE_ERROR = {
+    "type": "card_error",
+    "code": "payment_intent_payment_attempt_failed",
+    "message": "The payment failed.",
+}
+
+_ZERO_DECIMAL = {
+    "bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf",
+    "ugx", "vnd", "vuv", "xaf", "xof", "xpf",
+}  # fmt: skip
+_SYMBOLS = {"usd": "$", "eur": "€", "gbp": "£", "jpy": "¥"}
+
+
+def format_money(amount: int, currency: str) -> str:
+    """`2500, "usd"` -> `$25.00`, the way Stripe's refund messages show amounts."""
+    symbol = _SYMBOLS.get(currency, currency.upper() + " ")
+    if currency in _ZERO_DECIMAL:
+        return f"{symbol}{amount}"
+    return f"{symbol}{amount / 100:.2f}"
+
+
+class ControlError(Exception):
+    """A refusal of a /_sandbox control call (not a Stripe API error)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class Faults:
+    drop_webhooks: int = 0
+    duplicate_webhooks: bool = False
+    reorder_webhooks: bool = False
+    webhook_delay_seconds: float = 0.0
+    api_unavailable: bool = False
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class RequestRef:
+    """The API request that caused an event (Stripe's `event.request`)."""
+
+    id: str | None = None
+    idempotency_key: str | None = None
+
+
+@dataclass
+class StoredResponse:
+    method: str
+    path: str
+    fingerprint: str
+    status: int
+    body: bytes
+    request_id: str
+
+
+class Sandbox:
+    def __init__(self, min_session_seconds: int = 1800, *, start_threads: bool = True):
+        if min_session_seconds < 1 or min_session_seconds > SESSION_MAX_SECONDS:
+            raise ValueError("min_session_seconds must be between 1 and 86400")
+        self.min_session_seconds = int(min_session_seconds)
+        self.lock = threading.RLock()
+        self.dispatcher = WebhookDispatcher(self)
+        self._seq = 0
+        self._clear()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        if start_threads:
+            self.start()
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def _clear(self) -> None:
+        self.clock_offset = 0.0
+        self.faults = Faults()
+        self.sessions: dict[str, Session] = {}
+        self.payment_intents: dict[str, PaymentIntent] = {}
+        self.charges: dict[str, Charge] = {}
+        self.refunds: dict[str, Refund] = {}
+        self.endpoints: dict[str, WebhookEndpoint] = {}
+        self.events: dict[str, EventRecord] = {}
+        self.idempotency: dict[tuple[str, str], StoredResponse] = {}
+        self._open_sessions: set[str] = set()
+        self._settlements: dict[str, tuple[float, str]] = {}  # session -> (monotonic due, result)
+        self._held: list[EventRecord] = []
+
+    def start(self) -> None:
+        self.dispatcher.start()
+        self._ticker = threading.Thread(
+            target=self._tick_loop, name="stripe-sandbox-ticker", daemon=True
+        )
+        self._ticker.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.dispatcher.stop()
+        if self._ticker is not None and self._ticker is not threading.current_thread():
+            self._ticker.join(timeout=2)
+
+    def reset(self) -> None:
+        """Forget everything: objects, events, idempotency keys, faults, the clock offset.
+
+        Deliveries already queued or in flight belong to the old generation and are dropped.
+        """
+        with self.lock:
+            for event in self.events.values():
+                for delivery in event.deliveries:
+                    if delivery.status in ("pending", "held"):
+                        delivery.status = "abandoned"
+                        delivery.abandoned_reason = "sandbox reset"
+            self.dispatcher.clear()
+            self._clear()
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(TICK_SECONDS):
+            try:
+                with self.lock:
+                    self.tick()
+            except Exception:  # never let one bad tick stop expiry for good
+                log.exception("stripe sandbox tick failed")
+
+    # -- clock -----------------------------------------------------------------------
+
+    def now(self) -> int:
+        """The sandbox clock (real time plus every /_sandbox/clock advance), whole seconds."""
+        return int(time.time() + self.clock_offset)
+
+    def advance_clock(self, seconds: float) -> int:
+        with self.lock:
+            self.clock_offset += seconds
+            self.tick()
+            return self.now()
+
+    def tick(self) -> None:
+        """Expire sessions whose time has come and settle due hosted-page async payments."""
+        with self.lock:
+            now = self.now()
+            for session_id in sorted(self._open_sessions, key=lambda i: self.sessions[i].seq):
+                session = self.sessions[session_id]
+                if now >= session.expires_at:
+                    self._expire(session, RequestRef())
+            due = [
+                (session_id, result)
+                for session_id, (at, result) in self._settlements.items()
+                if at <= time.monotonic()
+            ]
+            for session_id, result in due:
+                self._settlements.pop(session_id, None)
+                session = self.sessions.get(session_id)
+                if session is not None and self.is_async_pending(session):
+                    self.settle_async(session_id, result)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    # -- checkout sessions -----------------------------------------------------------
+
+    def create_session(
+        self,
+        *,
+        line_items: list[LineItem],
+        base_url: str,
+        success_url: str | None,
+        cancel_url: str | None,
+        client_reference_id: str | None,
+        customer_email: str | None,
+        metadata: dict[str, str],
+        payment_intent_metadata: dict[str, str],
+        expires_at: int | None,
+        locale: str | None = None,
+    ) -> Session:
+        now = self.now()
+        if expires_at is None:
+            expires_at = now + SESSION_MAX_SECONDS
+        elif expires_at < now + self.min_session_seconds:
+            raise invalid(
+                "The `expires_at` timestamp must be at least "
+                f"{_duration(self.min_session_seconds)} from Checkout Session creation.",
+                "expires_at",
+            )
+        elif expires_at > now + SESSION_MAX_SECONDS:
+            raise invalid(
+                "The `expires_at` timestamp must be less than 24 hours from Checkout "
+                "Session creation.",
+                "expires_at",
+            )
+        session_id = new_id("cs_test_a1", 56)
+        session = Session(
+            id=session_id,
+            seq=self._next_seq(),
+            created=now,
+            expires_at=expires_at,
+            currency=line_items[0].currency,
+            line_items=line_items,
+            pay_url=f"{base_url.rstrip('/')}/pay/{session_id}",
+            success_url=success_url,
+            cancel_url=cancel_url,
+            client_reference_id=client_reference_id,
+            customer_email=customer_email,
+            metadata=metadata,
+            payment_intent_metadata=payment_intent_metadata,
+            locale=locale,
+        )
+        self.sessions[session.id] = session
+        self._open_sessions.add(session.id)
+        return session
+
+    def get_session(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise no_such("checkout.session", session_id)
+        return session
+
+    def expire_session(self, session_id: str, request: RequestRef) -> Session:
+        session = self.get_session(session_id)
+        if session.status != "open":
+            raise state_conflict(
+                'Only Checkout Sessions with a status in ["open"] can be expired. This '
+                f"Checkout Session has a status of `{session.status}`."
+            )
+        self._expire(session, request)
+        return session
+
+    def _expire(self, session: Session, request: RequestRef) -> None:
+        session.status = "expired"
+        self._open_sessions.discard(session.id)
+        self._settlements.pop(session.id, None)
+        pi = self.payment_intents.get(session.payment_intent_id or "")
+        if pi is not None and pi.status == "requires_payment_method":
+            pi.status = "canceled"
+            pi.canceled_at = self.now()
+            pi.cancellation_reason = "abandoned"
+        self.emit("checkout.session.expired", session, request)
+
+    # -- payment outcomes ------------------------------------------------------------
+
+    def apply_outcome(self, session_id: str, outcome: str) -> Session:
+        """What the customer did on the hosted page: pay, get declined, or pay later."""
+        if outcome not in OUTCOMES:
+            raise ControlError(400, f"outcome must be one of {', '.join(OUTCOMES)}")
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise ControlError(404, f"No such checkout.session: '{session_id}'")
+        if session.status != "open":
+            raise ControlError(
+                409,
+                f"Checkout Session {session_id} is {session.status}; only an open session "
+                "can take a payment outcome.",
+            )
+        pi = self._payment_intent_for(session)
+        charge = self._new_charge(pi)
+        if outcome == "declined":
+            charge.status = "failed"
+            pi.status = "requires_payment_method"
+            pi.last_payment_error = dict(DECLINE_ERROR)
+            return session  # still open: the customer may try again; Stripe sends no event
+        pi.last_payment_error = None
+        session.status = "complete"
+        session.customer_details = {
+            "address": None,
+            "email": session.customer_email or "customer@example.com",
+            "name": "Sandbox Customer",
+            "phone": None,
+            "tax_exempt": "none",
+            "tax_ids": [],
+        }
+        self._open_sessions.discard(session.id)
+        if outcome == "paid":
+            self._succeed(session, pi, charge)
+        else:
+            charge.status = "pending"
+            pi.status = "processing"
+        self.emit("checkout.session.completed", session, RequestRef())
+        return session
+
+    def schedule_async(self, session_id: str, result: str, delay: float) -> None:
+        """Settle an async payment later, as the hosted page's "pay later" buttons do."""
+        self._settlements[session_id] = (time.monotonic() + delay, result)
+
+    def settle_async(self, session_id: str, result: str) -> Session:
+        if result not in ASYNC_RESULTS:
+            raise ControlError(400, f"result must be one of {', '.join(ASYNC_RESULTS)}")
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise ControlError(404, f"No such checkout.session: '{session_id}'")
+        if not self.is_async_pending(session):
+            raise ControlError(
+                409,
+                f"Checkout Session {session_id} has no pending asynchronous payment "
+                f"(status {session.status}, payment_status {session.payment_status}).",
+            )
+        self._settlements.pop(session_id, None)
+        pi = self.payment_intents[session.payment_intent_id]
+        charge = self.charges[pi.latest_charge]
+        if result == "succeeded":
+            self._succeed(session, pi, charge)
+            self.emit("checkout.session.async_payment_succeeded", session, RequestRef())
+        else:
+            charge.status = "failed"
+            pi.status = "requires_payment_method"
+            pi.last_payment_error = dict(ASYNC_FAILURE_ERROR)
+            self.emit("checkout.session.async_payment_failed", session, RequestRef())
+        return session
+
+    def is_async_pending(self, session: Session) -> bool:
+        pi = self.payment_intents.get(session.payment_intent_id or "")
+        return session.status == "complete" and pi is not None and pi.status == "processing"
+
+    def _payment_intent_for(self, session: Session) -> PaymentIntent:
+        """Stripe creates a session's PaymentIntent when the customer first confirms."""
+        if session.payment_intent_id:
+            return self.payment_intents[session.payment_intent_id]
+        pi_id = new_id("pi_3")
+        pi = PaymentIntent(
+            id=pi_id,
+            seq=self._next_seq(),
+            created=self.now(),
+            amount=session.amount_total,
+            currency=session.currency,
+            metadata={**session.metadata, **session.payment_intent_metadata},
+            session_id=session.id,
+            client_secret=f"{pi_id}_secret_{new_id('', 25)}",
+        )
+        self.payment_intents[pi.id] = pi
+        session.payment_intent_id = pi.id
+        return pi
+
+    def _new_charge(self, pi: PaymentIntent) -> Charge:
+        charge = Charge(
+            id=new_id("ch_3"),
+            payment_intent_id=pi.id,
+            amount=pi.amount,
+            currency=pi.currency,
+            created=self.now(),
+            status="pending",
+        )
+        self.charges[charge.id] = charge
+        pi.latest_charge = charge.id
+        pi.payment_method = new_id("pm_1")
+        return charge
+
+    @staticmethod
+    def _succeed(session: Session, pi: PaymentIntent, charge: Charge) -> None:
+        charge.status = "succeeded"
+        pi.status = "succeeded"
+        pi.amount_received = pi.amount
+        pi.last_payment_error = None
+        session.payment_status = "paid"
+
+    def get_payment_intent(self, pi_id: str) -> PaymentIntent:
+        pi = self.payment_intents.get(pi_id)
+        if pi is None:
+            raise no_such("payment_intent", pi_id)
+        return pi
+
+    # -- refunds ---------------------------------------------------------------------
+
+    def create_refund(
+        self,
+        *,
+        payment_intent_id: str | None,
+        charge_id: str | None,
+        amount: int | None,
+        reason: str | None,
+        metadata: dict[str, str],
+    ) -> Refund:
+        pi = None
+        if payment_intent_id is not None:
+            pi = self.payment_intents.get(payment_intent_id)
+            if pi is None:
+                raise no_such("payment_intent", payment_intent_id, "payment_intent", 400)
+        if charge_id is not None:
+            charge = self.charges.get(charge_id)
+            if charge is None:
+                raise no_such("charge", charge_id, "charge", 400)
+            if pi is not None and charge.payment_intent_id != pi.id:
+                raise invalid(f"Charge {charge_id} does not belong to PaymentIntent {pi.id}.", "charge")
+            pi = self.payment_intents[charge.payment_intent_id]
+            if charge.status != "succeeded":
+                raise state_conflict(
+                    f"Charge {charge_id} has not succeeded and cannot be refunded.", "charge"
+                )
+        else:
+            assert pi is not None
+            charge = self.charges.get(pi.latest_charge or "")
+            if charge is None or charge.status != "succeeded":
+                raise state_conflict(
+                    f"This PaymentIntent ({pi.id}) does not have a successful charge to refund.",
+                    "payment_intent",
+                )
+        remaining = charge.amount - charge.amount_refunded
+        if remaining <= 0:
+            raise state_conflict(
+                f"Charge {charge.id} has already been refunded.", code="charge_already_refunded"
+            )
+        if amount is None:
+            amount = remaining
+        if amount > remaining:
+            raise state_conflict(
+                f"Refund amount ({format_money(amount, charge.currency)}) is greater than "
+                f"unrefunded amount on charge ({format_money(remaining, charge.currency)})",
+                "amount",
+                "amount_too_large",
+            )
+        charge.amount_refunded += amount
+        refund = Refund(
+            id=new_id("re_3"),
+            seq=self._next_seq(),
+            created=self.now(),
+            amount=amount,
+            currency=charge.currency,
+            charge_id=charge.id,
+            payment_intent_id=pi.id,
+            metadata=metadata,
+            reason=reason,
+        )
+        self.refunds[refund.id] = refund
+        return refund
+
+    def get_refund(self, refund_id: str) -> Refund:
+        refund = self.refunds.get(refund_id)
+        if refund is None:
+            raise no_such("refund", refund_id)
+        return refund
+
+    # -- webhook endpoints -----------------------------------------------------------
+
+    def create_endpoint(
+        self,
+        *,
+        url: str,
+        enabled_events: list[str],
+        description: str | None,
+        metadata: dict[str, str],
+        api_version: str | None,
+    ) -> WebhookEndpoint:
+        endpoint = WebhookEndpoint(
+            id=new_id("we_1"),
+            seq=self._next_seq(),
+            created=self.now(),
+            url=url,
+            enabled_events=enabled_events,
+            secret=new_id("whsec_", 32),
+            description=description,
+            metadata=metadata,
+            api_version=api_version,
+        )
+        self.endpoints[endpoint.id] = endpoint
+        return endpoint
+
+    def get_endpoint(self, endpoint_id: str) -> WebhookEndpoint:
+        endpoint = self.endpoints.get(endpoint_id)
+        if endpoint is None:
+            raise no_such("webhook_endpoint", endpoint_id)
+        return endpoint
+
+    def delete_endpoint(self, endpoint_id: str) -> WebhookEndpoint:
+        endpoint = self.get_endpoint(endpoint_id)
+        del self.endpoints[endpoint_id]
+        return endpoint
+
+    # -- events ----------------------------------------------------------------------
+
+    def get_event(self, event_id: str) -> EventRecord:
+        event = self.events.get(event_id)
+        if event is None:
+            raise no_such("event", event_id)
+        return event
+
+    def emit(self, event_type: str, session: Session, request: RequestRef) -> EventRecord:
+        """Record an event with a snapshot of the session and hand it to delivery.
+
+        Faults apply here, in this order: `drop_webhooks` swallows the whole event for every
+        endpoint; `duplicate_webhooks` adds a second delivery per endpoint; while
+        `reorder_webhooks` is on, deliveries are held until it is switched off.
+        """
+        recipients = [e for e in sorted(self.endpoints.values(), key=lambda e: e.seq) if e.wants(event_type)]
+        payload = {
+            "id": new_id("evt_1"),
+            "object": "event",
+            "api_version": API_VERSION,
+            "created": self.now(),
+            "data": {"object": render_session(session)},
+            "livemode": False,
+            "pending_webhooks": len(recipients),
+            "request": {"id": request.id, "idempotency_key": request.idempotency_key},
+            "type": event_type,
+        }
+        event = EventRecord(
+            id=payload["id"],
+            seq=self._next_seq(),
+            type=event_type,
+            created=payload["created"],
+            payload=payload,
+            body=json.dumps(payload, indent=2).encode("utf-8"),
+            session_id=session.id,
+        )
+        self.events[event.id] = event
+        if not recipients:
+            return event
+        copies = 2 if self.faults.duplicate_webhooks else 1
+        for endpoint in recipients:
+            for copy in range(copies):
+                event.deliveries.append(
+                    Delivery(
+                        id=new_id("whd_"),
+                        event_id=event.id,
+                        endpoint_id=endpoint.id,
+                        url=endpoint.url,
+                        duplicate=copy > 0,
+                    )
+                )
+        if self.faults.drop_webhooks > 0:
+            self.faults.drop_webhooks -= 1
+            event.dropped = True
+            for delivery in event.deliveries:
+                delivery.status = "dropped"
+        elif self.faults.reorder_webhooks:
+            for delivery in event.deliveries:
+                delivery.status = "held"
+            self._held.append(event)
+        else:
+            for delivery in event.deliveries:
+                self.dispatcher.schedule([delivery], self.faults.webhook_delay_seconds)
+        return event
+
+    # -- faults ----------------------------------------------------------------------
+
+    def set_faults(self, changes: dict) -> Faults:
+        """Apply a validated subset of fault settings. Switching reorder off releases the
+        held events newest-first, one delivery after another."""
+        was_reordering = self.faults.reorder_webhooks
+        for key, value in changes.items():
+            setattr(self.faults, key, value)
+        if was_reordering and not self.faults.reorder_webhooks:
+            self._release_held()
+        return self.faults
+
+    def _release_held(self) -> None:
+        chain: list[Delivery] = []
+        for event in reversed(self._held):
+            for delivery in event.deliveries:
+                if delivery.status == "held":
+                    delivery.status = "pending"
+                    chain.append(delivery)
+        self._held = []
+        if chain:
+            self.dispatcher.schedule(chain, self.faults.webhook_delay_seconds)
+
+    # -- listing helpers -------------------------------------------------------------
+
+    @staticmethod
+    def newest_first(records: Iterable) -> list:
+        return sorted(records, key=lambda r: r.seq, reverse=True)
+
+
+def _duration(seconds: int) -> str:
+    if seconds % 3600 == 0:
+        hours = seconds // 3600
+        return f"{hours} hour{'s' if hours != 1 else ''}"
+    if seconds % 60 == 0:
+        minutes = seconds // 60
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"
+
+
+__all__ = [
+    "ASYNC_RESULTS",
+    "ControlError",
+    "Faults",
+    "HOSTED_ASYNC_SETTLE_SECONDS",
+    "OUTCOMES",
+    "RequestRef",
+    "Sandbox",
+    "StoredResponse",
+    "StripeError",
+    "format_money",
+]

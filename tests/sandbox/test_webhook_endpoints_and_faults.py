@@ -1,0 +1,264 @@
+"""Webhook endpoint management and scripted faults (drop, duplicate, reorder, delay, outage)."""
+
+import http.client
+import time
+from urllib.parse import urlsplit
+
+import pytest
+import stripe
+
+from shop.stripe_sandbox.testing import SandboxControlError, WebhookReceiver, running_sandbox
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running_sandbox(min_session_seconds=60) as handle:
+        yield handle
+
+
+@pytest.fixture
+def sandbox(server):
+    server.reset()
+    return server
+
+
+@pytest.fixture
+def client(sandbox):
+    return stripe.StripeClient(
+        "sk_test_sandbox", base_addresses={"api": sandbox.base_url}, max_network_retries=0
+    )
+
+
+@pytest.fixture
+def receiver():
+    with WebhookReceiver() as r:
+        yield r
+
+
+@pytest.fixture
+def endpoint(client, receiver):
+    return client.v1.webhook_endpoints.create(params={"url": receiver.url, "enabled_events": ["*"]})
+
+
+def new_session(client):
+    return client.v1.checkout.sessions.create(
+        params={
+            "mode": "payment",
+            "success_url": "http://shop.test/ok",
+            "line_items": [
+                {
+                    "price_data": {"currency": "usd", "unit_amount": 700, "product_data": {"name": "Pen"}},
+                    "quantity": 3,
+                }
+            ],
+        }
+    )
+
+
+def event_ids(deliveries):
+    return [d.json()["id"] for d in deliveries]
+
+
+# -- webhook endpoints ---------------------------------------------------------------
+
+
+def test_the_secret_is_shown_only_when_the_endpoint_is_created(client, receiver):
+    created = client.v1.webhook_endpoints.create(
+        params={
+            "url": receiver.url,
+            "enabled_events": ["checkout.session.completed"],
+            "description": "shop",
+            "metadata": {"env": "test"},
+        }
+    )
+    assert created.secret.startswith("whsec_")
+    assert (created.status, created.url, created.description) == ("enabled", receiver.url, "shop")
+    assert created.enabled_events == ["checkout.session.completed"]
+
+    retrieved = client.v1.webhook_endpoints.retrieve(created.id)
+    listed = client.v1.webhook_endpoints.list().data
+    updated = client.v1.webhook_endpoints.update(created.id, params={"description": "renamed"})
+    assert "secret" not in retrieved and "secret" not in updated
+    assert [e.id for e in listed] == [created.id] and "secret" not in listed[0]
+    assert updated.description == "renamed" and updated.metadata.to_dict() == {"env": "test"}
+
+
+def test_an_endpoint_needs_a_url_and_events(client, receiver):
+    with pytest.raises(stripe.InvalidRequestError) as no_events:
+        client.v1.webhook_endpoints.create(params={"url": receiver.url})
+    assert no_events.value.param == "enabled_events"
+    with pytest.raises(stripe.InvalidRequestError) as bad_url:
+        client.v1.webhook_endpoints.create(params={"url": "not a url", "enabled_events": ["*"]})
+    assert bad_url.value.param == "url"
+
+
+def test_a_disabled_endpoint_gets_nothing_until_re_enabled(client, sandbox, receiver, endpoint):
+    disabled = client.v1.webhook_endpoints.update(endpoint.id, params={"disabled": True})
+    assert disabled.status == "disabled"
+    sandbox.set_outcome(new_session(client).id, "paid")
+    time.sleep(0.3)
+    assert receiver.received == []
+
+    assert client.v1.webhook_endpoints.update(endpoint.id, params={"disabled": False}).status == "enabled"
+    sandbox.set_outcome(new_session(client).id, "paid")
+    assert len(receiver.wait_for(1)) == 1
+
+
+def test_a_deleted_endpoint_is_gone(client, endpoint):
+    deleted = client.v1.webhook_endpoints.delete(endpoint.id)
+    assert (deleted.id, deleted.deleted) == (endpoint.id, True)
+    with pytest.raises(stripe.InvalidRequestError) as refused:
+        client.v1.webhook_endpoints.retrieve(endpoint.id)
+    assert refused.value.code == "resource_missing"
+    assert client.v1.webhook_endpoints.list().data == []
+
+
+def test_only_subscribed_event_types_are_delivered(client, sandbox, receiver):
+    client.v1.webhook_endpoints.create(
+        params={"url": receiver.url, "enabled_events": ["checkout.session.expired"]}
+    )
+    sandbox.set_outcome(new_session(client).id, "paid")
+    expiring = new_session(client)
+    client.v1.checkout.sessions.expire(expiring.id)
+
+    [delivery] = receiver.wait_for(1)
+    assert delivery.json()["type"] == "checkout.session.expired"
+    time.sleep(0.2)
+    assert len(receiver.received) == 1
+
+
+# -- faults --------------------------------------------------------------------------
+
+
+def test_drop_webhooks_swallows_the_next_n_events_only(client, sandbox, receiver, endpoint):
+    sandbox.faults(drop_webhooks=1)
+    first, second = new_session(client), new_session(client)
+    sandbox.set_outcome(first.id, "paid")
+    sandbox.set_outcome(second.id, "paid")
+
+    [delivery] = receiver.wait_for(1)
+    assert delivery.json()["data"]["object"]["id"] == second.id
+    records = sandbox.events()
+    assert [r["dropped"] for r in records] == [True, False]
+    assert records[0]["deliveries"][0]["status"] == "dropped"
+    # The dropped event is still there for anyone who reconciles through the API.
+    listed = client.v1.events.list(params={"type": "checkout.session.completed"}).data
+    assert {e.data.object.id for e in listed} == {first.id, second.id}
+    assert sandbox.faults()["drop_webhooks"] == 0
+
+
+def test_duplicate_webhooks_delivers_every_event_twice(client, sandbox, receiver, endpoint):
+    sandbox.faults(duplicate_webhooks=True)
+    sandbox.set_outcome(new_session(client).id, "paid")
+
+    deliveries = receiver.wait_for(2)
+    assert len(set(event_ids(deliveries))) == 1
+    for delivery in deliveries:
+        stripe.Webhook.construct_event(delivery.body, delivery.signature, endpoint.secret)
+    time.sleep(0.2)
+    assert len(receiver.received) == 2
+
+
+def test_reorder_holds_events_and_releases_them_newest_first(client, sandbox, receiver, endpoint):
+    sandbox.faults(reorder_webhooks=True)
+    paid, expiring = new_session(client), new_session(client)
+    sandbox.set_outcome(paid.id, "paid")
+    client.v1.checkout.sessions.expire(expiring.id)
+    time.sleep(0.3)
+    assert receiver.received == []
+    assert {d["status"] for r in sandbox.events() for d in r["deliveries"]} == {"held"}
+
+    sandbox.faults(reorder_webhooks=False)
+
+    deliveries = receiver.wait_for(2)
+    assert [d.json()["type"] for d in deliveries] == [
+        "checkout.session.expired",
+        "checkout.session.completed",
+    ]
+
+
+def test_webhook_delay_holds_the_first_attempt(client, sandbox, receiver, endpoint):
+    sandbox.faults(webhook_delay_seconds=0.6)
+    started = time.monotonic()
+    sandbox.set_outcome(new_session(client).id, "paid")
+    time.sleep(0.3)
+    assert receiver.received == []
+    receiver.wait_for(1)
+    assert time.monotonic() - started >= 0.55
+
+
+def test_api_unavailable_answers_every_call_with_a_503_api_error(client, sandbox):
+    session = new_session(client)
+    sandbox.faults(api_unavailable=True)
+
+    with pytest.raises(stripe.APIError) as outage:
+        client.v1.checkout.sessions.retrieve(session.id)
+    assert outage.value.http_status == 503
+    assert outage.value.json_body["error"]["type"] == "api_error"
+    with pytest.raises(stripe.APIError):
+        new_session(client)
+
+    sandbox.faults(api_unavailable=False)
+    assert client.v1.checkout.sessions.retrieve(session.id).status == "open"
+    assert len(client.v1.checkout.sessions.list().data) == 1
+
+
+def test_reset_forgets_objects_faults_and_the_clock(client, sandbox, endpoint):
+    new_session(client)
+    sandbox.faults(drop_webhooks=3, duplicate_webhooks=True)
+    sandbox.advance_clock(3600)
+
+    sandbox.reset()
+
+    assert client.v1.checkout.sessions.list().data == []
+    assert client.v1.webhook_endpoints.list().data == []
+    assert sandbox.faults() == {
+        "drop_webhooks": 0,
+        "duplicate_webhooks": False,
+        "reorder_webhooks": False,
+        "webhook_delay_seconds": 0.0,
+        "api_unavailable": False,
+    }
+    assert abs(sandbox.get("/_sandbox/clock")["now"] - time.time()) < 5
+
+
+# -- control route input -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path, body, status",
+    [
+        ("/_sandbox/faults", {"drop_webhooks": -1}, 400),
+        ("/_sandbox/faults", {"drop_webhooks": True}, 400),
+        ("/_sandbox/faults", {"duplicate_webhooks": "yes"}, 400),
+        ("/_sandbox/faults", {"explode": True}, 400),
+        ("/_sandbox/clock", {"advance_seconds": -5}, 400),
+        ("/_sandbox/clock", {}, 400),
+        ("/_sandbox/sessions/cs_test_nope/outcome", {"outcome": "paid"}, 404),
+        ("/_sandbox/sessions/cs_test_nope/outcome", {"outcome": "stolen"}, 400),
+        ("/_sandbox/sessions/cs_test_nope/async", {"result": "maybe"}, 400),
+    ],
+)
+def test_bad_control_input_is_a_clear_4xx(sandbox, path, body, status):
+    with pytest.raises(SandboxControlError) as refused:
+        sandbox.request("POST", path, body)
+    assert refused.value.status == status
+    assert refused.value.message
+
+
+def test_malformed_json_and_wrong_state_are_refused(client, sandbox):
+    parts = urlsplit(sandbox.base_url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=5)
+    conn.request("POST", "/_sandbox/faults", body=b"{not json", headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 400 and b"JSON object" in response.read()
+    conn.close()
+
+    session = new_session(client)
+    client.v1.checkout.sessions.expire(session.id)
+    with pytest.raises(SandboxControlError) as expired:
+        sandbox.set_outcome(session.id, "paid")
+    assert expired.value.status == 409
+    with pytest.raises(SandboxControlError) as not_pending:
+        sandbox.async_result(session.id, "succeeded")
+    assert not_pending.value.status == 409
