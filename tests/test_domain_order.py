@@ -1,0 +1,233 @@
+"""The pure domain, without Flask or a database: the order's state machine (CONTRACT section 3),
+the inventory_restored marker, PaymentProof and the deadline arithmetic."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from shop.domain.deadlines import (as_utc, is_unpaid_order_due, retry_delay_seconds, session_expires_at,
+                                   unpaid_deadline)
+from shop.domain.events import (OrderCancelled, OrderPaid, OrderPaymentFailed, OrderPlaced, PaymentInitiated,
+                                event_from_payload)
+from shop.domain.order import OrderRules, OrderStatus
+from shop.domain.payment import check_payment_proof
+from shop.domain.results import Ok, Refused
+
+S = OrderStatus
+ALL_STATES = list(OrderStatus)
+
+
+@dataclass(eq=False)
+class PlainOrder(OrderRules):
+    """The smallest thing that can carry the rules: plain attributes, no mapper."""
+
+    id: int = 7
+    status: str = S.PENDING_PAYMENT.value
+    inventory_restored: bool = False
+    payment_session_id: str | None = None
+    payment_session_url: str | None = None
+
+
+def order_in(state: OrderStatus, session_id: str | None = "cs_old") -> PlainOrder:
+    return PlainOrder(status=state.value, payment_session_id=session_id)
+
+
+# transition -> (call, {from-state: (to-state, event) | refusal code})
+TRANSITIONS = {
+    "start_payment": (lambda o: o.start_payment("cs_new", "https://pay/cs_new"), {
+        S.PENDING_PAYMENT: (S.PAYMENT_INITIATED, PaymentInitiated(7, "cs_new")),
+        S.PAYMENT_FAILED: (S.PAYMENT_INITIATED, PaymentInitiated(7, "cs_new")),
+        S.PAYMENT_INITIATED: "invalid_transition",
+        S.PAID: "order_already_paid",
+        S.CANCELLED: "order_already_cancelled",
+    }),
+    "mark_paid": (lambda o: o.mark_paid("cs_new", 3600, "usd"), {
+        S.PAYMENT_INITIATED: (S.PAID, OrderPaid(7, "cs_new", 3600, "usd")),
+        S.PENDING_PAYMENT: "invalid_transition",
+        S.PAYMENT_FAILED: "invalid_transition",
+        S.PAID: "order_already_paid",
+        S.CANCELLED: "order_already_cancelled",
+    }),
+    "mark_payment_failed": (lambda o: o.mark_payment_failed("card_declined"), {
+        S.PAYMENT_INITIATED: (S.PAYMENT_FAILED, OrderPaymentFailed(7, "cs_old", "card_declined")),
+        S.PENDING_PAYMENT: "invalid_transition",
+        S.PAYMENT_FAILED: "invalid_transition",
+        S.PAID: "order_already_paid",
+        S.CANCELLED: "order_already_cancelled",
+    }),
+    "cancel": (lambda o: o.cancel("customer asked"), {
+        S.PENDING_PAYMENT: (S.CANCELLED, OrderCancelled(7, "customer asked")),
+        S.PAYMENT_INITIATED: (S.CANCELLED, OrderCancelled(7, "customer asked")),
+        S.PAYMENT_FAILED: (S.CANCELLED, OrderCancelled(7, "customer asked")),
+        S.PAID: "order_already_paid",
+        S.CANCELLED: "order_already_cancelled",
+    }),
+}
+
+CASES = [(name, state) for name in TRANSITIONS for state in ALL_STATES]
+
+
+def test_the_table_covers_every_transition_from_every_state():
+    for name, (_, outcomes) in TRANSITIONS.items():
+        assert set(outcomes) == set(ALL_STATES), name
+
+
+@pytest.mark.parametrize("name,state", CASES, ids=[f"{n}-from-{s.value}" for n, s in CASES])
+def test_a_transition_moves_the_order_and_records_its_event_only_where_the_contract_allows(name, state):
+    call, outcomes = TRANSITIONS[name]
+    order = order_in(state)
+    expected = outcomes[state]
+    result = call(order)
+    if isinstance(expected, tuple):
+        to_state, event = expected
+        assert isinstance(result, Ok) and result.ok
+        assert result.events == (event,)
+        assert order.status == to_state.value
+        assert order.pending_events == [event]
+        assert order.can(name) is False  # no transition applies twice in a row
+        assert name == "start_payment" or order.payment_session_id == ("cs_new" if name == "mark_paid" else "cs_old")
+    else:
+        assert isinstance(result, Refused) and not result.ok
+        assert result.code == expected
+        assert result.details == {"transition": name, "status": state.value}
+        assert state.value in result.message
+        # A refusal is a value: nothing changed, nothing recorded.
+        assert order.status == state.value
+        assert order.payment_session_id == "cs_old"
+        assert order.pending_events == []
+        assert order.can(name) is False
+
+
+def test_start_payment_records_the_new_session_on_the_order():
+    order = order_in(S.PAYMENT_FAILED)
+    order.start_payment("cs_2", "https://pay/cs_2")
+    assert (order.payment_session_id, order.payment_session_url) == ("cs_2", "https://pay/cs_2")
+
+
+def test_a_failed_payment_can_be_retried_and_then_paid_recording_every_event_in_order():
+    order = order_in(S.PENDING_PAYMENT, None)
+    assert order.start_payment("cs_1").ok
+    assert order.mark_payment_failed("declined").ok
+    assert order.start_payment("cs_2").ok
+    assert order.mark_paid("cs_2", 100, "usd").ok
+    assert [e.name for e in order.pending_events] == [
+        "PaymentInitiated", "OrderPaymentFailed", "PaymentInitiated", "OrderPaid"]
+    assert order.pending_events[1] == OrderPaymentFailed(7, "cs_1", "declined")
+    assert order.status == "Paid"
+
+
+def test_an_order_is_never_both_paid_and_cancelled():
+    paid = order_in(S.PAYMENT_INITIATED)
+    assert paid.mark_paid("cs", 1, "usd").ok and paid.cancel("late").code == "order_already_paid"
+    cancelled = order_in(S.PAYMENT_INITIATED)
+    assert cancelled.cancel("x").ok and cancelled.mark_paid("cs", 1, "usd").code == "order_already_cancelled"
+
+
+@pytest.mark.parametrize("state", [s for s in ALL_STATES if s is not S.CANCELLED], ids=lambda s: s.value)
+def test_inventory_cannot_be_marked_restored_on_an_order_that_is_not_cancelled(state):
+    order = order_in(state)
+    result = order.mark_inventory_restored()
+    assert isinstance(result, Refused) and result.code == "order_not_cancelled"
+    assert result.details == {"status": state.value}
+    assert order.inventory_restored is False
+
+
+def test_inventory_is_marked_restored_once_and_a_second_call_is_refused():
+    order = order_in(S.PENDING_PAYMENT)
+    order.cancel("x")
+    first = order.mark_inventory_restored()
+    assert isinstance(first, Ok) and first.events == () and order.inventory_restored is True
+    second = order.mark_inventory_restored()
+    assert isinstance(second, Refused) and second.code == "inventory_already_restored"
+    assert order.inventory_restored is True
+    assert [e.name for e in order.pending_events] == ["OrderCancelled"]  # the marker records no event
+
+
+def test_the_status_accepts_the_enum_or_its_contract_spelling():
+    order = PlainOrder(status=S.PAYMENT_INITIATED)
+    assert order.mark_paid("cs", 1, "usd").ok
+    assert str(S.PAYMENT_FAILED) == "PaymentFailed"
+
+
+@pytest.mark.parametrize("event", [
+    OrderPlaced(1, "BK-ABCDEFGH", 3600, "usd"), PaymentInitiated(1, "cs_1"), OrderPaid(1, "cs_1", 3600, "usd"),
+    OrderPaymentFailed(1, None, "declined"), OrderCancelled(1, "expired")], ids=lambda e: e.name)
+def test_an_event_survives_its_outbox_payload(event):
+    assert event_from_payload(event.name, event.payload()) == event
+
+
+# -- PaymentProof ------------------------------------------------------------------------------
+
+PROOFS = [
+    # (amount_total, currency, payment_status, accepted, problem fragments)
+    (3600, "usd", "paid", True, []),
+    (3600, "USD", "paid", True, []),
+    (3599, "usd", "paid", False, ["amount_total 3599 != order total 3600"]),
+    (3600, "eur", "paid", False, ["currency 'eur'"]),
+    (3600, None, "paid", False, ["currency None"]),
+    (3600, "usd", "unpaid", False, ["payment_status is 'unpaid'"]),
+    (3600, "usd", "no_payment_required", False, ["'no_payment_required'"]),
+    (None, "usd", "paid", False, ["amount_total None"]),
+    (1, "gbp", "unpaid", False, ["payment_status", "amount_total 1", "currency 'gbp'"]),
+]
+
+
+@pytest.mark.parametrize("amount,currency,status,accepted,problems", PROOFS)
+def test_payment_proof_needs_paid_status_the_exact_amount_and_the_currency(amount, currency, status, accepted,
+                                                                           problems):
+    verdict = check_payment_proof(order_total=3600, order_currency="usd", amount_total=amount,
+                                  currency=currency, payment_status=status)
+    assert verdict.accepted is accepted
+    assert len(verdict.problems) == len(problems)
+    for fragment, problem in zip(problems, verdict.problems):
+        assert fragment in problem
+    assert verdict.describe() == ("accepted" if accepted else "; ".join(verdict.problems))
+
+
+# -- deadlines -----------------------------------------------------------------------------------
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("now,due", [
+    (T0 + timedelta(seconds=1799), False),
+    (T0 + timedelta(seconds=1800), True),
+    (T0 + timedelta(seconds=1801), True),
+    (T0 - timedelta(seconds=5), False),
+])
+def test_an_unpaid_order_is_due_exactly_at_the_end_of_its_window(now, due):
+    assert is_unpaid_order_due(now, T0, 1800) is due
+    assert unpaid_deadline(T0, 1800) == T0 + timedelta(seconds=1800)
+
+
+def test_naive_database_datetimes_are_read_as_utc():
+    naive = T0.replace(tzinfo=None)
+    assert unpaid_deadline(naive, 60) == T0 + timedelta(seconds=60)
+    other_zone = T0.astimezone(timezone(timedelta(hours=5)))
+    assert as_utc(other_zone) == T0 and as_utc(other_zone).utcoffset() == timedelta(0)
+    assert is_unpaid_order_due(naive + timedelta(seconds=60), T0, 60) is True
+
+
+@pytest.mark.parametrize("pay_by_offset,min_seconds,expected_offset", [
+    (1800, 1800, 1800),   # the pay-by time is exactly the provider's minimum
+    (3600, 1800, 3600),   # a long window: the session lives until pay-by
+    (600, 1800, 1800),    # a short remaining window: never shorter than the provider allows
+    (-30, 60, 60),        # already past pay-by: still the minimum
+    (90, 0, 90),
+])
+def test_a_session_expires_at_pay_by_but_never_before_the_providers_minimum(pay_by_offset, min_seconds,
+                                                                          expected_offset):
+    expires = session_expires_at(T0 + timedelta(seconds=pay_by_offset), T0, min_seconds)
+    assert expires == T0 + timedelta(seconds=expected_offset)
+
+
+@pytest.mark.parametrize("attempts,rng,expected", [
+    (1, 0.0, 1.0), (1, 1.0, 2.0), (2, 0.0, 2.0), (3, 0.0, 4.0), (4, 0.5, 12.0),
+    (0, 0.0, 1.0),            # before the first attempt: the base delay
+    (20, 0.0, 150.0),         # capped at 300 s, then jittered
+    (10_000, 0.999, 299.85),  # a huge count neither overflows nor passes the cap
+])
+def test_retry_delay_doubles_per_attempt_is_capped_and_jittered_into_the_upper_half(attempts, rng, expected):
+    assert retry_delay_seconds(attempts, base=2.0, cap=300.0, rng=lambda: rng) == pytest.approx(expected)
