@@ -54,13 +54,11 @@ def _body(*, required: tuple[str, ...] = (), allowed: tuple[str, ...] = ()) -> d
     for key in required:
         if key not in data:
             raise ControlError(400, f"Missing field: {key}")
-    unknown = sorted(set(data) - set(allowed or required))
+    expected = allowed or required
+    unknown = sorted(set(data) - set(expected))
     if unknown:
-        raise ControlError(
-            400,
-            f"Unknown field(s): {', '.join(unknown)}; "
-            f"expected {', '.join(allowed or required)}",
-        )
+        hint = f"expected any of {', '.join(expected)}" if expected else "this route takes none"
+        raise ControlError(400, f"Unknown field(s): {', '.join(unknown)}; {hint}")
     return data
 
 

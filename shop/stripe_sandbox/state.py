@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
-from .errors import StripeError, invalid, no_such, state_conflict
+from .errors import invalid, no_such, state_conflict
 from .objects import (
     API_VERSION,
     Charge,
@@ -109,8 +109,8 @@ class StoredResponse:
 
 class Sandbox:
     def __init__(self, min_session_seconds: int = 1800, *, start_threads: bool = True):
-        if min_session_seconds < 1 or min_session_seconds > SESSION_MAX_SECONDS:
-            raise ValueError("min_session_seconds must be between 1 and 86400")
+        if not 0 <= min_session_seconds <= SESSION_MAX_SECONDS:
+            raise ValueError("min_session_seconds must be between 0 and 86400")
         self.min_session_seconds = int(min_session_seconds)
         self.lock = threading.RLock()
         self.dispatcher = WebhookDispatcher(self)
@@ -609,6 +609,8 @@ class Sandbox:
 
 
 def _duration(seconds: int) -> str:
+    if seconds == 0:
+        return "0 seconds"
     if seconds % 3600 == 0:
         hours = seconds // 3600
         return f"{hours} hour{'s' if hours != 1 else ''}"
@@ -627,6 +629,5 @@ __all__ = [
     "RequestRef",
     "Sandbox",
     "StoredResponse",
-    "StripeError",
     "format_money",
 ]
