@@ -37,7 +37,8 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
         # Internal tunables, not part of the public contract.
-        OUTBOX_LEASE_SECONDS=60,
+        # Env overrides let a test or bench start a real worker process on its own queues.
+        OUTBOX_LEASE_SECONDS=int(os.environ.get("BACKSTOP_OUTBOX_LEASE_SECONDS", "60")),
         OUTBOX_RETRY_BASE_SECONDS=2.0,
         OUTBOX_RETRY_CAP_SECONDS=300.0,
         RELAY_INTERVAL_SECONDS=5,
@@ -45,7 +46,7 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
         RELAY_BATCH_SIZE=500,
         STRIPE_TIMEOUT_SECONDS=10,
         STRIPE_MAX_NETWORK_RETRIES=2,
-        QUEUE_PREFIX="backstop",
+        QUEUE_PREFIX=os.environ.get("BACKSTOP_QUEUE_PREFIX", "backstop"),
     )
     if test_config:
         app.config.update(test_config)
