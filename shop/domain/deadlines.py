@@ -23,10 +23,15 @@ def is_unpaid_order_due(now: datetime, last_change: datetime, window_seconds: in
     return as_utc(now) >= unpaid_deadline(last_change, window_seconds)
 
 
+# The provider checks its minimum against its own clock when the request arrives: a little
+# slack keeps a request that takes a second or two from being refused at the boundary.
+SESSION_SLACK_SECONDS = 15
+
+
 def session_expires_at(pay_by: datetime, now: datetime, min_seconds: int) -> datetime:
     """A checkout session lives until the order's pay-by time, but the provider refuses a
     lifetime shorter than its minimum, so it is never earlier than now + min_seconds."""
-    earliest = as_utc(now) + timedelta(seconds=min_seconds)
+    earliest = as_utc(now) + timedelta(seconds=min_seconds + SESSION_SLACK_SECONDS)
     return max(as_utc(pay_by), earliest)
 
 
