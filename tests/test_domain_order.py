@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from shop.domain.deadlines import SESSION_SLACK_SECONDS as SLACK
 from shop.domain.deadlines import (as_utc, is_unpaid_order_due, retry_delay_seconds, session_expires_at,
                                    unpaid_deadline)
 from shop.domain.events import (OrderCancelled, OrderPaid, OrderPaymentFailed, OrderPlaced, PaymentInitiated,
@@ -211,10 +212,10 @@ def test_naive_database_datetimes_are_read_as_utc():
 
 
 @pytest.mark.parametrize("pay_by_offset,min_seconds,expected_offset", [
-    (1800, 1800, 1800),   # the pay-by time is exactly the provider's minimum
-    (3600, 1800, 3600),   # a long window: the session lives until pay-by
-    (600, 1800, 1800),    # a short remaining window: never shorter than the provider allows
-    (-30, 60, 60),        # already past pay-by: still the minimum
+    (1800, 1800, 1800 + SLACK),  # pay-by exactly at the provider's minimum: the minimum plus slack
+    (3600, 1800, 3600),          # a long window: the session lives until pay-by
+    (600, 1800, 1800 + SLACK),   # a short remaining window: never shorter than the provider allows
+    (-30, 60, 60 + SLACK),       # already past pay-by: still the minimum
     (90, 0, 90),
 ])
 def test_a_session_expires_at_pay_by_but_never_before_the_providers_minimum(pay_by_offset, min_seconds,
