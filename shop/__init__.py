@@ -52,6 +52,7 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
         app.config.update(test_config)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
     from .extensions import csrf, db, login_manager, migrate
 
