@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 from flask import current_app
 from sqlalchemy import insert, select, update
 
+from .. import failpoints
 from ..domain.deadlines import utcnow
 from ..domain.events import OrderPlaced
 from ..domain.order import OrderStatus
@@ -121,6 +122,7 @@ def place_order(*, cart_id: int, browser_id: str, email: str, now: datetime | No
                 .execution_options(synchronize_session=False))
             if taken.rowcount != 1:
                 raise _Shortfall()
+            failpoints.hit("place_order.after_decrement")  # lets a test widen the lock window
         session.commit()
     except _Shortfall:
         rollback(session)

@@ -1,0 +1,273 @@
+"""place_order, the one checkout transaction, against the real database: no oversell under
+concurrency, all-or-nothing on a shortfall, no lock-order deadlock, and stock conservation."""
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import func, select
+
+from shop.domain.order import LIVE, OrderStatus
+from shop.extensions import db
+from shop.models import (Cart, CartItem, InventoryItem, Order, OrderLine, OutboxDelivery, OutboxEvent, Product,
+                         ScheduledCommand, Variant)
+from shop.orders.checkout import place_order
+from shop.orders.commands import cancel_order
+from shop.outbox import uow
+from shop.outbox.dispatch import run_delivery
+
+_counter = itertools.count(1)
+
+
+def make_variants(*stocks: int, price: int = 500) -> list[int]:
+    """A product with one variant per stock figure; returns the variant ids (ascending)."""
+    n = next(_counter)
+    product = Product(slug=f"p-{uuid.uuid4().hex[:10]}", name=f"Product {n}", description="")
+    db.session.add(product)
+    db.session.flush()
+    ids = []
+    for i, stock in enumerate(stocks):
+        variant = Variant(product_id=product.id, sku=f"SKU-{uuid.uuid4().hex[:8]}-{i}", name=f"V{i}",
+                          price=price + i, currency="usd")
+        db.session.add(variant)
+        db.session.flush()
+        db.session.add(InventoryItem(variant_id=variant.id, on_hand=stock))
+        ids.append(variant.id)
+    db.session.commit()
+    return ids
+
+
+def make_cart(items: list[tuple[int, int]], browser: str | None = None) -> tuple[int, str]:
+    """An open cart whose items are inserted in the given order; returns (cart id, browser id)."""
+    browser = browser or uuid.uuid4().hex
+    cart = Cart(browser_id=browser, status="open")
+    db.session.add(cart)
+    db.session.flush()
+    for variant_id, quantity in items:
+        db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id, quantity=quantity))
+        db.session.flush()  # ids follow the given order
+    db.session.commit()
+    return cart.id, browser
+
+
+def on_hand(variant_id: int) -> int:
+    return db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).scalar_one()
+
+
+def count(model) -> int:
+    return db.session.execute(select(func.count()).select_from(model)).scalar_one()
+
+
+def run_threads(app, jobs, worker):
+    """Start one thread per job, released together by a barrier, each in its own app context
+    (its own session and connection). Returns (results, errors) in job order."""
+    barrier = threading.Barrier(len(jobs))
+    results, errors = [None] * len(jobs), [None] * len(jobs)
+
+    def body(i, job):
+        with app.app_context():
+            try:
+                barrier.wait(timeout=30)
+                results[i] = worker(job)
+            except BaseException as exc:  # noqa: BLE001 - the test reports every failure
+                errors[i] = exc
+            finally:
+                db.session.remove()
+
+    threads = [threading.Thread(target=body, args=(i, job)) for i, job in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a checkout thread hung"
+    return results, errors
+
+
+def test_fifty_concurrent_checkouts_of_ten_in_stock_make_exactly_ten_orders(app):
+    with app.app_context():
+        (variant,) = make_variants(10)
+        carts = [make_cart([(variant, 1)]) for _ in range(50)]
+
+    results, errors = run_threads(
+        app, carts, lambda c: place_order(cart_id=c[0], browser_id=c[1], email="buyer@example.com"))
+
+    assert errors == [None] * 50, [repr(e) for e in errors if e]
+    outcomes = Counter("placed" if r.ok else r.code for r in results)
+    assert outcomes == {"placed": 10, "out_of_stock": 40}
+    for refused in (r for r in results if not r.ok):
+        assert refused.shortages == [{"variant_id": variant, "sku": refused.shortages[0]["sku"],
+                                      "name": "V0", "requested": 1, "available": 0}]
+    with app.app_context():
+        assert on_hand(variant) == 0
+        assert count(Order) == 10
+        assert db.session.execute(select(func.sum(OrderLine.quantity))).scalar_one() == 10
+        assert count(OutboxEvent) == 10  # one OrderPlaced per order, none from the refused forty
+        assert count(ScheduledCommand) == 10
+        closed = db.session.execute(select(func.count()).where(Cart.status == "ordered")).scalar_one()
+        assert closed == 10
+
+
+def test_an_order_with_one_short_line_leaves_nothing_behind_and_names_the_short_item(app):
+    with app.app_context():
+        plenty, scarce = make_variants(20, 2)
+        cart_id, browser = make_cart([(plenty, 5), (scarce, 3)])
+        sku = db.session.get(Variant, scarce).sku
+
+        result = place_order(cart_id=cart_id, browser_id=browser, email="ann@example.com")
+
+        assert not result.ok and result.code == "out_of_stock"
+        assert result.shortages == [{"variant_id": scarce, "sku": sku, "name": "V1", "requested": 3,
+                                     "available": 2}]
+        db.session.remove()
+        # The plenty line was decremented before the short one was found: it must be rolled back too.
+        assert (on_hand(plenty), on_hand(scarce)) == (20, 2)
+        assert count(Order) == count(OrderLine) == count(OutboxEvent) == count(OutboxDelivery) == 0
+        assert count(ScheduledCommand) == 0
+        assert db.session.get(Cart, cart_id).status == "open"  # the customer can fix the cart and retry
+
+
+def test_a_placed_order_takes_prices_from_the_database_and_arms_its_deadline_in_the_same_commit(app):
+    with app.app_context():
+        a, b = make_variants(5, 5, price=1000)
+        cart_id, browser = make_cart([(b, 2), (a, 1)])
+        placed = place_order(cart_id=cart_id, browser_id=browser, email="ann@example.com")
+        assert placed.ok
+        db.session.remove()
+        order = db.session.get(Order, placed.order_id)
+        assert (order.status, order.total, order.version) == ("PendingPayment", 1000 + 2 * 1001, 1)
+        assert [(l.variant_id, l.quantity, l.unit_price) for l in order.lines] == [(a, 1, 1000), (b, 2, 1001)]
+        assert (on_hand(a), on_hand(b)) == (4, 3)
+        event = db.session.execute(select(OutboxEvent)).scalar_one()
+        assert event.name == "OrderPlaced" and event.payload["reference"] == placed.reference
+        deadline = db.session.execute(select(ScheduledCommand)).scalar_one()
+        assert (deadline.kind, deadline.order_id) == ("expire_unpaid_order", order.id)
+        assert db.session.get(Cart, cart_id).status == "ordered"
+        again = place_order(cart_id=cart_id, browser_id=browser, email="ann@example.com")
+        assert not again.ok and again.code in {"cart_closed", "empty_cart"} or again.code == "cart_closed"
+        assert count(Order) == 1 and (on_hand(a), on_hand(b)) == (4, 3)
+
+
+def test_checkouts_of_the_same_two_variants_in_opposite_cart_order_never_deadlock(app, monkeypatch):
+    # Each checkout holds its first stock row lock while it takes the second (widened here by a
+    # failpoint): only the fixed variant order keeps two such checkouts from waiting on each other.
+    monkeypatch.setenv("BACKSTOP_FAILPOINTS", "place_order.after_decrement=sleep:0.004")
+    rounds, clients = 6, 12
+    with app.app_context():
+        a, b = make_variants(1000, 1000)
+        jobs = [[make_cart([(a, 1), (b, 2)] if i % 2 else [(b, 2), (a, 1)]) for i in range(clients)]
+                for _ in range(rounds)]
+
+    placed = 0
+    for carts in jobs:  # every round releases all clients at once
+        results, errors = run_threads(
+            app, carts, lambda c: place_order(cart_id=c[0], browser_id=c[1], email="x@example.com"))
+        assert errors == [None] * clients, [repr(e) for e in errors if e]
+        assert all(r.ok for r in results), [r for r in results if not r.ok]
+        placed += len(results)
+
+    with app.app_context():
+        assert count(Order) == placed == rounds * clients
+        assert (on_hand(a), on_hand(b)) == (1000 - placed, 1000 - 2 * placed)
+
+
+# -- stock conservation, as a property ---------------------------------------------------------
+
+def _conservation(variant_ids, initial):
+    """initial = on hand + held by live orders + sold to paid orders (+ cancelled but not yet
+    restored, which must be nothing once compensation has run)."""
+    held = Counter()
+    rows = db.session.execute(
+        select(OrderLine.variant_id, OrderLine.quantity, Order.status, Order.inventory_restored)
+        .join(Order, Order.id == OrderLine.order_id).where(OrderLine.variant_id.in_(variant_ids))).all()
+    for variant_id, quantity, status, restored in rows:
+        if status in {s.value for s in LIVE} or status == OrderStatus.PAID.value:
+            held[variant_id] += quantity
+        else:
+            assert status == OrderStatus.CANCELLED.value and restored, "a cancelled order kept its stock"
+    for variant_id in variant_ids:
+        assert on_hand(variant_id) >= 0
+        assert initial[variant_id] == on_hand(variant_id) + held[variant_id], variant_id
+
+
+def _restore_deliveries(order_id):
+    return db.session.execute(select(OutboxDelivery.id).where(
+        OutboxDelivery.order_id == order_id, OutboxDelivery.handler == "restore_inventory")).scalars().all()
+
+
+_quantity = st.integers(1, 4)
+_step = st.one_of(
+    st.tuples(st.just("checkout"), st.lists(st.tuples(st.integers(0, 2), _quantity), min_size=1, max_size=3)),
+    st.tuples(st.just("cancel"), st.integers(0, 20)),
+    st.tuples(st.just("cancel_stale"), st.integers(0, 20)),
+    st.tuples(st.just("pay"), st.integers(0, 20)),
+    st.tuples(st.just("fail_payment"), st.integers(0, 20)),
+    st.tuples(st.just("compensate"), st.integers(0, 20)),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stocks=st.lists(st.integers(0, 6), min_size=3, max_size=3), steps=st.lists(_step, max_size=14))
+def test_any_sequence_of_checkouts_payments_and_cancels_conserves_stock(ctx, stocks, steps):
+    variants = make_variants(*stocks)  # fresh rows per example: examples never see each other
+    initial = dict(zip(variants, stocks))
+    orders: list[int] = []
+
+    def pick(i):
+        return orders[i % len(orders)] if orders else None
+
+    for kind, arg in steps:
+        if kind == "checkout":
+            merged = Counter()
+            for index, quantity in arg:
+                merged[variants[index]] += quantity
+            cart_id, browser = make_cart(sorted(merged.items(), reverse=True))
+            before = {v: on_hand(v) for v in variants}
+            result = place_order(cart_id=cart_id, browser_id=browser, email="p@example.com")
+            if result.ok:
+                orders.append(result.order_id)
+            else:
+                assert result.code == "out_of_stock"
+                assert any(before[v] < q for v, q in merged.items())
+                assert {v: on_hand(v) for v in variants} == before
+        elif (order_id := pick(arg)) is None:
+            continue
+        elif kind in ("cancel", "cancel_stale"):
+            order = db.session.get(Order, order_id)
+            status, version = order.status, order.version
+            outcome = cancel_order(order_id, version - 1 if kind == "cancel_stale" else version)
+            db.session.remove()
+            if kind == "cancel_stale":
+                assert outcome.status == "conflict"
+                assert db.session.get(Order, order_id).status == status
+            else:
+                assert outcome.status == ("cancelled" if status in {s.value for s in LIVE} else "refused")
+        elif kind in ("pay", "fail_payment"):
+            with uow.transaction():
+                order = db.session.get(Order, order_id)
+                if order.can("start_payment"):
+                    order.start_payment(f"cs_{order_id}_{order.version}")
+                if kind == "pay":
+                    order.mark_paid(order.payment_session_id or "cs_x", order.total, order.currency)
+                else:
+                    order.mark_payment_failed("card_declined")
+            db.session.remove()
+        elif kind == "compensate":  # redeliver every restore for one order: stock comes back once
+            for delivery_id in _restore_deliveries(order_id):
+                run_delivery(delivery_id)
+                db.session.execute(
+                    OutboxDelivery.__table__.update().where(OutboxDelivery.id == delivery_id)
+                    .values(status="pending", attempts=0, claimed_by=None, claimed_until=None))
+                db.session.commit()
+                run_delivery(delivery_id)
+
+    # Quiet system: every outstanding compensation has run.
+    for order_id in orders:
+        for delivery_id in _restore_deliveries(order_id):
+            run_delivery(delivery_id)
+    db.session.remove()
+    _conservation(variants, initial)
