@@ -177,6 +177,8 @@ def verify_webhook(payload: bytes, signature: str | None, secret: str) -> dict:
         stripe.Webhook.construct_event(payload, signature, secret)
     except stripe.SignatureVerificationError as exc:
         raise SignatureProblem(str(exc)) from exc
+    except (AttributeError, TypeError) as exc:  # signed JSON that is not an object, e.g. `[1, 2]`
+        raise ValueError(f"not a JSON object: {exc}") from exc
     return json.loads(payload)
 
 
