@@ -1,0 +1,136 @@
+"""Helpers shared by the payment tests (test_payments, test_webhook, test_refunds,
+test_registration): a customer driving the storefront over the test client, Stripe-signed
+webhook posts, and the app served over real HTTP so the sandbox can deliver to it."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import threading
+import time
+from typing import Iterator
+
+from werkzeug.serving import make_server
+
+from conftest import csrf_token
+from shop.extensions import db
+from shop.models import Order, Variant
+from shop.seed import seed_catalog
+from shop.stripe_sandbox.server import QuietRequestHandler
+from shop.stripe_sandbox.testing import wait_until  # noqa: F401  (re-exported for the tests)
+
+WEBHOOK_SECRET = "whsec_test_secret"
+JSON = {"Accept": "application/json"}
+
+
+def seed(app) -> dict[str, int]:
+    """The demo catalog (usd); returns sku -> variant id."""
+    with app.app_context():
+        seed_catalog()
+        skus = {v.sku: v.id for v in db.session.query(Variant)}
+        db.session.remove()
+        return skus
+
+
+class Shopper:
+    """One browser on the storefront."""
+
+    def __init__(self, app, skus: dict[str, int]):
+        self.app = app
+        self.client = app.test_client()
+        self.skus = skus
+        self.token = csrf_token(self.client, "/")
+
+    def checkout(self, sku: str = "NB-A5-DOT", quantity: int = 1, email: str = "ann@example.com"):
+        r = self.client.post("/cart/items", data={"csrf_token": self.token, "variant_id": self.skus[sku],
+                                                  "quantity": quantity})
+        assert r.status_code == 303, r.get_data(as_text=True)
+        return self.client.post("/checkout", data={"csrf_token": self.token, "email": email})
+
+    def place(self, sku: str = "NB-A5-DOT", quantity: int = 1) -> dict:
+        """Check out and return the order's JSON (its payment session started)."""
+        r = self.checkout(sku, quantity)
+        assert r.status_code == 303, r.get_data(as_text=True)
+        order = self.latest()
+        assert order["status"] == "PaymentInitiated", order
+        assert r.headers["Location"] == order["payment"]["url"]
+        return order
+
+    def latest(self) -> dict:
+        refs = self.client.get("/orders", headers=JSON).get_json()["orders"]
+        return self.order(refs[0]["reference"])
+
+    def order(self, ref: str) -> dict:
+        r = self.client.get(f"/orders/{ref}", headers=JSON)
+        assert r.status_code == 200, r.status_code
+        return r.get_json()
+
+    def pay(self, ref: str):
+        return self.client.post(f"/orders/{ref}/pay", data={"csrf_token": self.token}, headers=JSON)
+
+    def cancel(self, ref: str, version: int):
+        return self.client.post(f"/orders/{ref}/cancel", data={"csrf_token": self.token, "version": version},
+                                headers=JSON)
+
+    def come_back(self, ref: str, session_id: str):
+        """The browser returning from the hosted page to the success URL."""
+        return self.client.get(f"/checkout/return?order={ref}&session_id={session_id}")
+
+
+def order_id(app, ref: str) -> int:
+    with app.app_context():
+        oid = db.session.query(Order.id).filter(Order.reference == ref).scalar()
+        db.session.remove()
+        return oid
+
+
+# -- webhooks ------------------------------------------------------------------------------
+
+def signature(body: bytes, secret: str = WEBHOOK_SECRET, timestamp: int | None = None) -> str:
+    """Exactly what Stripe sends: t=<unix time>,v1=<HMAC-SHA256 of "t.body">."""
+    t = int(time.time()) if timestamp is None else timestamp
+    digest = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={t},v1={digest}"
+
+
+def post_webhook(client, event, *, secret: str = WEBHOOK_SECRET, timestamp: int | None = None, headers=None):
+    body = event if isinstance(event, bytes) else json.dumps(event).encode()
+    sent = {"Stripe-Signature": signature(body, secret, timestamp), "Content-Type": "application/json"}
+    sent.update(headers or {})
+    return client.post("/webhooks/stripe", data=body, headers=sent)
+
+
+def sandbox_event(sandbox, type: str, session_id: str) -> dict:
+    """The event the sandbox emitted for that session (as Stripe would have sent it)."""
+    found = [r["event"] for r in sandbox.events(type) if r["event"]["data"]["object"]["id"] == session_id]
+    assert found, f"the sandbox emitted no {type} for {session_id}"
+    return found[-1]
+
+
+def stripe_event(type: str, session: dict, event_id: str = "evt_test_1") -> dict:
+    """A hand-built event shaped like Stripe's, for sessions the sandbox never saw."""
+    return {"id": event_id, "object": "event", "api_version": "2024-06-20", "created": int(time.time()),
+            "livemode": False, "pending_webhooks": 1, "request": {"id": None, "idempotency_key": None},
+            "type": type, "data": {"object": session}}
+
+
+# -- the app over real HTTP ------------------------------------------------------------------
+
+@contextlib.contextmanager
+def served(build_app) -> Iterator[tuple]:
+    """Serve the app `build_app(base_url)` returns on a free 127.0.0.1 port in a thread, so its
+    PUBLIC_BASE_URL can be its real address; yields (app, base_url)."""
+    holder = []
+    server = make_server("127.0.0.1", 0, lambda environ, start: holder[0](environ, start), threaded=True,
+                         request_handler=QuietRequestHandler)
+    base_url = f"http://127.0.0.1:{server.port}"
+    holder.append(build_app(base_url))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield holder[0], base_url
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

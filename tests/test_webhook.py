@@ -1,0 +1,241 @@
+"""POST /webhooks/stripe as a delivery contract: what it rejects (and how loudly), what it
+accepts, and that redelivery and disorder change an order at most once.
+
+Events are the sandbox's own (a real session paid through the real SDK), posted through the
+test client with a Stripe signature; hand-built events only where the sandbox cannot produce
+the case (a lying amount, an unknown order)."""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+
+import pytest
+
+from payment_helpers import JSON, WEBHOOK_SECRET, Shopper, order_id, post_webhook, sandbox_event, seed, \
+    signature, stripe_event
+from shop.extensions import db
+from shop.models import OutboxEvent, PaymentProofRefusal, ProcessedStripeEvent, WebhookReceipt
+from shop.webhooks import _secret_cache
+
+LOST = "every payment update is being lost"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_secret_cache():
+    # The stored-secret cache is per database URL and every test empties the same database.
+    _secret_cache.clear()
+    yield
+    _secret_cache.clear()
+
+
+@pytest.fixture
+def shopper(paying_app):
+    return Shopper(paying_app, seed(paying_app))
+
+
+def _paid_at_provider(shopper, sandbox) -> tuple[dict, dict]:
+    """An order whose session was just paid at the sandbox; returns (order JSON, completed event)."""
+    order = shopper.place()
+    sid = order["payment"]["session_id"]
+    sandbox.set_outcome(sid, "paid")
+    return order, sandbox_event(sandbox, "checkout.session.completed", sid)
+
+
+def _receipts(app) -> list[tuple]:
+    with app.app_context():
+        rows = db.session.query(WebhookReceipt).order_by(WebhookReceipt.id).all()
+        out = [(r.event_id, r.outcome, r.http_status, r.reason) for r in rows]
+        db.session.remove()
+        return out
+
+
+def _order_events(app, ref) -> list[str]:
+    oid = order_id(app, ref)
+    with app.app_context():
+        names = [e.name for e in db.session.query(OutboxEvent).filter_by(order_id=oid).order_by(OutboxEvent.id)]
+        db.session.remove()
+        return names
+
+
+# -- accepted deliveries ---------------------------------------------------------------------
+
+def test_the_same_completed_event_delivered_five_times_pays_the_order_once(paying_app, shopper, sandbox):
+    order, event = _paid_at_provider(shopper, sandbox)
+    answers = [post_webhook(shopper.client, event) for _ in range(5)]
+    assert [r.status_code for r in answers] == [200] * 5
+    assert [r.get_json()["outcome"] for r in answers] == ["paid"] + ["duplicate"] * 4
+
+    now = shopper.order(order["reference"])
+    assert now["status"] == "Paid"
+    assert now["version"] == order["version"] + 1  # one transition
+    assert _order_events(paying_app, order["reference"]).count("OrderPaid") == 1
+    receipts = _receipts(paying_app)
+    assert [(r[0], r[1]) for r in receipts] == [(event["id"], "accepted")] + [(event["id"], "duplicate")] * 4
+    with paying_app.app_context():
+        assert db.session.query(ProcessedStripeEvent).filter_by(event_id=event["id"]).count() == 1
+
+
+def test_an_expired_event_after_completed_changes_nothing(paying_app, shopper, sandbox):
+    order, completed = _paid_at_provider(shopper, sandbox)
+    assert post_webhook(shopper.client, completed).status_code == 200
+    paid = shopper.order(order["reference"])
+    assert paid["status"] == "Paid"
+
+    # Stripe does not order deliveries: an expiry notice for this session arriving late (here a
+    # stale snapshot of it, as an out-of-order delivery would carry) must not undo the payment.
+    stale = copy.deepcopy(completed["data"]["object"])
+    stale.update(status="expired", payment_status="unpaid")
+    expired = stripe_event("checkout.session.expired", stale, event_id="evt_late_expired")
+    r = post_webhook(shopper.client, expired)
+    assert r.status_code == 200, r.get_data(as_text=True)
+
+    after = shopper.order(order["reference"])
+    assert after["status"] == "Paid"
+    assert after["version"] == paid["version"]
+    events = _order_events(paying_app, order["reference"])
+    assert events.count("OrderPaid") == 1 and "OrderPaymentFailed" not in events
+    assert [r[1] for r in _receipts(paying_app)] == ["accepted", "accepted"]
+
+
+def test_an_expired_event_whose_session_was_paid_meanwhile_pays_the_order(paying_app, shopper, sandbox):
+    """The expired snapshot is stale and the completed event never came: what the provider says
+    now (paid) wins over what the event carried."""
+    order, completed = _paid_at_provider(shopper, sandbox)
+    stale = copy.deepcopy(completed["data"]["object"])
+    stale.update(status="expired", payment_status="unpaid")
+    r = post_webhook(shopper.client, stripe_event("checkout.session.expired", stale, event_id="evt_stale"))
+    assert r.status_code == 200
+    assert shopper.order(order["reference"])["status"] == "Paid"
+
+
+@pytest.mark.parametrize("lie", [{"amount_total": 100}, {"currency": "eur"}], ids=["amount", "currency"])
+def test_a_session_that_does_not_prove_the_order_total_is_refused_and_recorded(paying_app, shopper, sandbox,
+                                                                                caplog, lie):
+    order, completed = _paid_at_provider(shopper, sandbox)
+    forged = copy.deepcopy(completed)
+    forged["id"] = "evt_mismatch"
+    forged["data"]["object"].update(lie)
+    with caplog.at_level(logging.WARNING):
+        r = post_webhook(shopper.client, forged)
+    assert r.status_code == 200
+    assert r.get_json()["outcome"] == "proof_refused"
+
+    after = shopper.order(order["reference"])
+    assert after["status"] == "PaymentInitiated"
+    assert after["version"] == order["version"]
+    oid = order_id(paying_app, order["reference"])
+    with paying_app.app_context():
+        refusal = db.session.query(PaymentProofRefusal).one()
+        assert refusal.order_id == oid
+        assert refusal.session_id == order["payment"]["session_id"]
+        assert refusal.source == "webhook"
+        field = next(iter(lie))
+        assert field in refusal.problems
+    warned = [rec for rec in caplog.records if rec.levelno == logging.WARNING and "payment proof refused" in
+              rec.getMessage()]
+    assert warned and order["reference"] in warned[0].getMessage()
+
+
+def test_an_event_for_an_order_we_do_not_know_is_accepted_with_a_warning(paying_app, shopper, sandbox, caplog):
+    _, completed = _paid_at_provider(shopper, sandbox)
+    foreign = copy.deepcopy(completed)
+    foreign["id"] = "evt_foreign"
+    foreign["data"]["object"].update(metadata={"order_id": "987654"}, client_reference_id="BK-NOSUCH",
+                                     id="cs_test_someone_elses")
+    with caplog.at_level(logging.WARNING):
+        r = post_webhook(shopper.client, foreign)
+    assert r.status_code == 200
+    assert r.get_json()["outcome"] == "unknown_order"
+    assert any(rec.levelno == logging.WARNING and "unknown order" in rec.getMessage() for rec in caplog.records)
+    [receipt] = _receipts(paying_app)
+    assert receipt[:3] == ("evt_foreign", "accepted", 200) and "unknown_order" in receipt[3]
+
+
+def test_an_event_type_the_shop_does_not_use_is_acknowledged(paying_app, shopper):
+    event = stripe_event("payment_intent.created", {"id": "pi_1", "object": "payment_intent"}, "evt_other")
+    r = post_webhook(shopper.client, event)
+    assert r.status_code == 200
+    assert _receipts(paying_app)[0][:3] == ("evt_other", "ignored", 200)
+
+
+# -- rejected deliveries ---------------------------------------------------------------------
+
+def _event_body() -> bytes:
+    session = {"id": "cs_test_x", "object": "checkout.session", "status": "complete", "payment_status": "paid",
+               "amount_total": 1400, "currency": "usd", "metadata": {"order_id": "1"}}
+    return json.dumps(stripe_event("checkout.session.completed", session, "evt_rejected")).encode()
+
+
+REJECTIONS = {
+    "no signature": lambda: (_event_body(), {}),
+    "bad signature": lambda: (_event_body(), {"Stripe-Signature": signature(_event_body(), "whsec_someone_else")}),
+    "malformed signature header": lambda: (_event_body(), {"Stripe-Signature": "nonsense"}),
+    "stale timestamp": lambda: (_event_body(),
+                                {"Stripe-Signature": signature(_event_body(), timestamp=int(time.time()) - 3600)}),
+    "empty body": lambda: (b"", {"Stripe-Signature": signature(b"")}),
+    "unparseable body": lambda: (b"{not json", {"Stripe-Signature": signature(b"{not json")}),
+    "not utf-8": lambda: (b"\xff\xfe{}", {"Stripe-Signature": signature(b"\xff\xfe{}")}),
+    "json but not an event": lambda: (b"[1, 2]", {"Stripe-Signature": signature(b"[1, 2]")}),
+}
+
+
+@pytest.mark.parametrize("case", list(REJECTIONS))
+def test_an_unverifiable_delivery_is_rejected_with_400_loudly_and_recorded(paying_app, case, caplog):
+    body, headers = REJECTIONS[case]()
+    client = paying_app.test_client()
+    with caplog.at_level(logging.WARNING):
+        r = client.post("/webhooks/stripe", data=body, headers={"Content-Type": "application/json", **headers})
+    assert r.status_code == 400, r.get_data(as_text=True)
+    critical = [rec for rec in caplog.records if rec.levelno == logging.CRITICAL]
+    assert len(critical) == 1 and LOST in critical[0].getMessage()
+    [receipt] = _receipts(paying_app)
+    assert receipt[1:3] == ("rejected", 400)
+    with paying_app.app_context():
+        assert db.session.query(ProcessedStripeEvent).count() == 0
+
+
+def test_without_a_signing_secret_every_delivery_is_rejected_loudly(make_app, caplog):
+    app = make_app(STRIPE_WEBHOOK_SECRET=None)  # and none stored by registration
+    body = _event_body()
+    with caplog.at_level(logging.WARNING):
+        r = post_webhook(app.test_client(), body)
+    assert r.status_code == 400
+    critical = [rec for rec in caplog.records if rec.levelno == logging.CRITICAL]
+    assert len(critical) == 1 and LOST in critical[0].getMessage()
+    assert "no signing secret" in critical[0].getMessage()
+    [receipt] = _receipts(app)
+    assert receipt[1:3] == ("rejected", 400) and "no signing secret" in receipt[3]
+
+
+def test_a_body_over_a_million_bytes_gets_413_before_any_verification(paying_app, caplog):
+    body = b'{"pad": "' + b"x" * 1_000_000 + b'"}'
+    client = paying_app.test_client()
+    with caplog.at_level(logging.WARNING):
+        # No signature at all: a 400 would mean the signature was looked at first.
+        r = client.post("/webhooks/stripe", data=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    assert any(rec.levelno == logging.CRITICAL for rec in caplog.records)
+    [receipt] = _receipts(paying_app)
+    assert receipt[1:3] == ("rejected", 413)
+
+
+def test_a_body_of_exactly_a_million_bytes_is_read_and_verified(paying_app):
+    body = b'{"pad": "' + b"x" * (1_000_000 - 11) + b'"}'
+    assert len(body) == 1_000_000
+    r = post_webhook(paying_app.test_client(), body)
+    assert r.status_code == 400  # read in full, verified, then found not to be an event
+    assert _receipts(paying_app)[0][3].startswith("unparseable body")
+
+
+def test_the_secret_stored_by_registration_verifies_deliveries(make_app, sandbox):
+    from shop.models import KeyValue
+
+    app = make_app(STRIPE_WEBHOOK_SECRET=None, STRIPE_API_BASE=sandbox.base_url)
+    with app.app_context():
+        db.session.add(KeyValue(key="stripe_webhook_secret", value="whsec_stored"))
+        db.session.commit()
+    event = stripe_event("payment_intent.created", {"id": "pi_1"}, "evt_stored")
+    assert post_webhook(app.test_client(), event, secret="whsec_stored").status_code == 200
+    assert post_webhook(app.test_client(), event, secret=WEBHOOK_SECRET).status_code == 400
