@@ -8,4 +8,6 @@ try:
 except SettingsError as exc:
     # One clear line naming the variable, never a traceback (CONTRACT section 2).
     sys.stderr.write(f"backstop: configuration error: {exc}\n")
-    raise SystemExit(2)
+    # 4 is gunicorn's "App failed to load": its master then halts instead of respawning the
+    # worker forever (any other code, e.g. 2, is treated as a worker crash and retried).
+    raise SystemExit(4)
