@@ -1,0 +1,260 @@
+"""`flask shop up` end to end: the real command as a subprocess, with its bundled Redis, the
+Stripe sandbox, gunicorn, a worker and a scheduler, driven over HTTP like a person would."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+import requests
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+import shop
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(shop.__file__)))
+CSRF = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def processes_carrying(marker: str) -> list[tuple[int, str]]:
+    """Every live process whose environment holds `marker` (each child `up` starts inherits it)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() not in f.read():
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            with open(f"/proc/{pid}/stat") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if not zombie:
+            found.append((int(pid), cmdline))
+    return found
+
+
+@pytest.fixture
+def up_database():
+    """The database `up` should use: the default SQLite file under the instance folder, or a
+    fresh PostgreSQL database when the suite runs on PostgreSQL."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith("postgres"):
+        yield None
+        return
+    server = make_url("postgresql+psycopg://" + url.split("://", 1)[1])
+    name = f"backstop_up_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield server.set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+class Up:
+    """`flask --app app shop up` in its own process group, its output collected line by line."""
+
+    def __init__(self, tmp_path, database_url, *extra_args, port=None):
+        self.port = port or free_port()
+        self.redis_port = free_port()  # nothing listens there, so `up` must start redis-server
+        self.marker = f"up-test-{uuid.uuid4().hex}"
+        self.instance = tmp_path / "instance"
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("DATABASE_URL", "SECRET_KEY", "PUBLIC_BASE_URL", "FLASK_APP") and not k.startswith("STRIPE_")}
+        env.update(BACKSTOP_INSTANCE_PATH=str(self.instance), REDIS_URL=f"redis://127.0.0.1:{self.redis_port}/0",
+                   BACKSTOP_UP_TEST_MARKER=self.marker, PYTHONUNBUFFERED="1")
+        if database_url:
+            env["DATABASE_URL"] = database_url
+        self.database_url = database_url or f"sqlite:///{self.instance}/backstop.sqlite3"
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flask", "--app", "app", "shop", "up", "--port", str(self.port), *extra_args],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for raw in iter(self.proc.stdout.readline, b""):
+            self.lines.append(raw.decode(errors="replace").rstrip())
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for_line(self, pattern: str, timeout: float = 30) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                match = re.search(pattern, line)
+                if match:
+                    return match
+            assert self.proc.poll() is None, f"`up` exited ({self.proc.returncode}):\n{self.output}"
+            time.sleep(0.1)
+        raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n{self.output}")
+
+    def wait_until_up(self) -> dict:
+        self.wait_for_line(r"^Backstop is up\.")
+        return {
+            "storefront": self.wait_for_line(r"^\s+Storefront\s+(\S+)").group(1).rstrip("/"),
+            "sandbox": self.wait_for_line(r"^\s+Stripe\s+(http://\S+)").group(1).rstrip("/"),
+            "password": self.wait_for_line(r"^\s+login\s+operator@example\.com / (\S+)").group(1),
+        }
+
+    def stop(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+        # The children live in their own sessions; up's SIGKILL reaches them as SIGTERM (Linux
+        # parent-death signal). Give them a moment, then make sure nothing is left behind.
+        deadline = time.monotonic() + 10
+        while processes_carrying(self.marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid, _ in processes_carrying(self.marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def run_up(tmp_path, up_database):
+    started = []
+
+    def start(*args, **kwargs):
+        handle = Up(tmp_path, up_database, *args, **kwargs)
+        started.append(handle)
+        return handle
+
+    yield start
+    for handle in started:
+        handle.stop()
+
+
+def _wait_for_status(session, url, wanted, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    status = None
+    while time.monotonic() < deadline:
+        status = session.get(url, headers={"Accept": "application/json"}).json()["status"]
+        if status == wanted:
+            return status
+        time.sleep(0.2)
+    return status
+
+
+def _assert_all_children_gone(up: Up, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and processes_carrying(up.marker):
+        time.sleep(0.1)
+    assert processes_carrying(up.marker) == [], up.output
+    for port in (up.port, up.redis_port):
+        assert not answers(port), f"something still answers on port {port}"
+
+
+def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
+    up = run_up()
+    urls = up.wait_until_up()
+    base, sandbox = urls["storefront"], urls["sandbox"]
+    assert base == f"http://127.0.0.1:{up.port}"
+    assert "Starting Redis (bundled redis-server) on port" in up.output
+
+    browser = requests.Session()
+    catalog = browser.get(base + "/", headers={"Accept": "application/json"}).json()
+    variants = [v for p in catalog["products"] for v in p["variants"] if v["available"] > 0]
+    assert len(catalog["products"]) == 3 and variants
+    health = browser.get(base + "/healthz")
+    assert health.status_code == 200 and health.json()["redis"] == "ok"
+    assert requests.get(sandbox + "/_sandbox/faults").status_code == 200
+
+    engine = create_engine(up.database_url)
+    try:
+        with engine.connect() as conn:
+            secret = conn.execute(text("SELECT value FROM kv_store WHERE key = 'stripe_webhook_secret'")).scalar()
+        assert secret and secret.startswith("whsec_")
+    finally:
+        engine.dispose()
+
+    login = browser.get(base + "/console/login", headers={"Accept": "text/html"})
+    token = CSRF.search(login.text).group(1)
+    r = browser.post(base + "/console/login", allow_redirects=False, data={
+        "csrf_token": token, "email": "operator@example.com", "password": urls["password"]})
+    assert r.status_code in (302, 303) and "/console/login" not in r.headers["Location"]
+
+    token = CSRF.search(browser.get(base + "/", headers={"Accept": "text/html"}).text).group(1)
+    r = browser.post(base + "/cart/items", allow_redirects=False,
+                     data={"csrf_token": token, "variant_id": variants[0]["id"], "quantity": 1})
+    assert r.status_code == 303
+    r = browser.post(base + "/checkout", allow_redirects=False,
+                     data={"csrf_token": token, "email": "ann@example.com"})
+    assert r.status_code == 303, r.text
+    pay_url = r.headers["Location"]
+    assert pay_url.startswith(sandbox + "/pay/")
+    session_id = pay_url.rsplit("/", 1)[1]
+    reference = browser.get(base + "/orders", headers={"Accept": "application/json"}).json()["orders"][0]["reference"]
+
+    r = requests.post(f"{sandbox}/_sandbox/sessions/{session_id}/outcome", json={"outcome": "paid"})
+    assert r.status_code == 200, r.text
+    # Only the sandbox's signed webhook, received by the running web process, can make it Paid.
+    assert _wait_for_status(browser, f"{base}/orders/{reference}", "Paid") == "Paid", up.output
+
+    assert processes_carrying(up.marker), "the children should be running before Ctrl-C"
+    os.killpg(up.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group
+    up.proc.wait(timeout=10)
+    assert up.proc.returncode == 0, up.output
+    _assert_all_children_gone(up)
+    assert not answers(int(sandbox.rsplit(":", 1)[1]))
+    assert "Traceback" not in up.output
+
+
+def test_a_child_that_dies_stops_the_others_and_up_exits_non_zero_naming_it(run_up):
+    up = run_up()
+    up.wait_until_up()
+    workers = [pid for pid, cmd in processes_carrying(up.marker) if cmd.endswith("shop worker")]
+    assert len(workers) == 1, processes_carrying(up.marker)
+    os.kill(workers[0], signal.SIGKILL)
+
+    up.proc.wait(timeout=15)
+    assert up.proc.returncode != 0
+    assert re.search(r"backstop up: worker exited unexpectedly", up.output), up.output
+    _assert_all_children_gone(up)
+
+
+def test_up_on_a_port_in_use_says_so_in_one_line_and_starts_nothing(run_up):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        up = run_up(port=taken.getsockname()[1])
+        up.proc.wait(timeout=20)
+        up._reader.join(timeout=5)
+    assert up.proc.returncode == 1
+    assert f"port {up.port} is already in use" in up.output and "--port" in up.output, up.output
+    assert "Traceback" not in up.output
+    assert processes_carrying(up.marker) == []
