@@ -1,0 +1,113 @@
+"""Settings are validated when the app is created (CONTRACT section 2): a bad value stops the
+process with one line naming the variable, and a web server never starts without SECRET_KEY."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shop import create_app
+from shop.settings import SettingsError, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+CLI = ["some-script"]  # not a web server: SECRET_KEY may be generated
+
+BAD = [
+    ("UNPAID_ORDER_EXPIRY_SECONDS", "soon", "whole number"),
+    ("UNPAID_ORDER_EXPIRY_SECONDS", "0", "between"),
+    ("UNPAID_ORDER_EXPIRY_SECONDS", "1.5", "whole number"),
+    ("STRIPE_SESSION_MIN_SECONDS", "-1", "between"),
+    ("STRIPE_SESSION_MIN_SECONDS", "86401", "between"),
+    ("RECONCILIATION_INTERVAL_SECONDS", "ten", "whole number"),
+    ("RECONCILIATION_INTERVAL_SECONDS", "0", "between"),
+    ("RECONCILIATION_STUCK_AGE_SECONDS", "60", "must equal UNPAID_ORDER_EXPIRY_SECONDS"),
+    ("RECONCILIATION_STUCK_AGE_SECONDS", "x", "whole number"),
+    ("RECONCILIATION_BATCH_SIZE", "0", "between 1 and 1000"),
+    ("RECONCILIATION_BATCH_SIZE", "1001", "between 1 and 1000"),
+    ("RECONCILIATION_ENABLED", "maybe", "true or false"),
+    ("UNPAID_ORDER_EXPIRY_ENABLED", "2", "true or false"),
+    ("OUTBOX_MAX_ATTEMPTS", "0", "between"),
+    ("OUTBOX_MAX_ATTEMPTS", "five", "whole number"),
+    ("SCHEDULER_POLL_SECONDS", "0", "between"),
+    ("DATABASE_URL", "mysql://root@localhost/shop", "must start with"),
+    ("REDIS_URL", "http://127.0.0.1:6379", "must start with"),
+    ("PUBLIC_BASE_URL", "ftp://shop.example", "must start with"),
+    ("PUBLIC_BASE_URL", "shop.example", "must start with"),
+    ("STRIPE_API_BASE", "127.0.0.1:12111", "must start with"),
+]
+
+
+@pytest.mark.parametrize("variable,value,problem", BAD, ids=[f"{v}={x}" for v, x, _ in BAD])
+def test_a_bad_value_is_refused_naming_the_variable(variable, value, problem, tmp_path):
+    with pytest.raises(SettingsError) as caught:
+        load_settings({variable: value}, str(tmp_path), argv=CLI)
+    assert caught.value.variable == variable
+    message = str(caught.value)
+    assert message.startswith(f"{variable}: ") and problem in message and "\n" not in message
+
+
+def test_a_bad_value_stops_create_app_too(tmp_path):
+    with pytest.raises(SettingsError, match="^OUTBOX_MAX_ATTEMPTS: "):
+        create_app(env={"OUTBOX_MAX_ATTEMPTS": "lots"})
+
+
+def test_defaults_and_good_values_are_read_and_typed(tmp_path):
+    defaults = load_settings({}, str(tmp_path), argv=CLI)
+    assert (defaults.unpaid_order_expiry_seconds, defaults.reconciliation_stuck_age_seconds) == (1800, 1800)
+    assert (defaults.reconciliation_batch_size, defaults.outbox_max_attempts) == (50, 5)
+    assert defaults.reconciliation_enabled is defaults.unpaid_order_expiry_enabled is True
+    assert defaults.database_url == f"sqlite:///{tmp_path}/backstop.sqlite3"
+    assert defaults.secret_key and defaults.secret_key_ephemeral and defaults.uses_sandbox
+
+    s = load_settings({"UNPAID_ORDER_EXPIRY_SECONDS": " 60 ", "RECONCILIATION_STUCK_AGE_SECONDS": "60",
+                       "RECONCILIATION_ENABLED": "off", "UNPAID_ORDER_EXPIRY_ENABLED": "Yes",
+                       "DATABASE_URL": "postgresql://u@db/shop", "PUBLIC_BASE_URL": "https://shop.example/",
+                       "SECRET_KEY": "k", "RECONCILIATION_BATCH_SIZE": "1000"}, str(tmp_path), argv=CLI)
+    assert (s.unpaid_order_expiry_seconds, s.reconciliation_stuck_age_seconds) == (60, 60)
+    assert s.reconciliation_enabled is False and s.unpaid_order_expiry_enabled is True
+    assert s.database_url == "postgresql+psycopg://u@db/shop"  # the driver we ship, not psycopg2
+    assert s.public_base_url == "https://shop.example"
+    assert (s.secret_key, s.secret_key_ephemeral, s.reconciliation_batch_size) == ("k", False, 1000)
+
+
+@pytest.mark.parametrize("argv", [["/usr/bin/gunicorn", "app:app"], ["/venv/bin/flask", "--app", "app", "run"]])
+def test_a_web_server_needs_a_shared_secret_key(argv, tmp_path):
+    with pytest.raises(SettingsError) as caught:
+        load_settings({}, str(tmp_path), argv=argv)
+    assert caught.value.variable == "SECRET_KEY"
+    assert load_settings({"SECRET_KEY": "shared"}, str(tmp_path), argv=argv).secret_key == "shared"
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in {
+        "SECRET_KEY", "DATABASE_URL", "UNPAID_ORDER_EXPIRY_SECONDS", "RECONCILIATION_STUCK_AGE_SECONDS",
+        "FLASK_APP"}}
+    env.update(extra)
+    return env
+
+
+def test_flask_cli_with_a_stuck_age_unlike_the_expiry_window_exits_with_one_line(tmp_path):
+    proc = subprocess.run(
+        [str(BIN / "flask"), "--app", "app", "routes"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env=_env(UNPAID_ORDER_EXPIRY_SECONDS="900", RECONCILIATION_STUCK_AGE_SECONDS="1800",
+                 BACKSTOP_INSTANCE_PATH=str(tmp_path)))
+    assert proc.returncode != 0
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stdout + proc.stderr
+    assert "RECONCILIATION_STUCK_AGE_SECONDS" in lines[0] and "Traceback" not in lines[0]
+
+
+def test_gunicorn_without_a_secret_key_refuses_to_start(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run(
+        [str(BIN / "gunicorn"), "app:app", "-b", f"127.0.0.1:{port}", "-w", "1"], cwd=ROOT, capture_output=True,
+        text=True, timeout=30, env=_env(BACKSTOP_INSTANCE_PATH=str(tmp_path)))
+    assert proc.returncode != 0  # the master halts; it does not respawn a worker that cannot start
+    assert "SECRET_KEY" in proc.stderr and "Traceback" not in proc.stderr
