@@ -1,0 +1,360 @@
+"""The outbox machinery: one delivery per (event, handler), claimed with a lease, retried alone
+with exponential backoff, dead-lettered after the configured attempts, retried by an operator
+with a fresh budget, and re-announced from the database when Redis forgets. Plus the follow-up
+handlers (payment failed, paid) that turn their work into durable scheduled commands."""
+from __future__ import annotations
+
+import email
+import logging
+import os
+import threading
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select, update
+
+from compensation_support import cancel, on_hand, order, place, restore_delivery, seed
+from shop import queue
+from shop.domain.deadlines import as_utc, retry_delay_seconds, utcnow
+from shop.extensions import db
+from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand
+from shop.outbox import runner, uow
+from shop.outbox.dispatch import run_command, run_delivery
+from shop.outbox.relay import relay_once
+from shop.outbox.subscriptions import SUBSCRIPTIONS
+import shop.saga
+
+ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
+
+
+class Followups:
+    """Two handlers on one event: one fails while `failing` is set, one only counts its runs."""
+
+    def __init__(self):
+        self.failing = True
+        self.flaky_runs = 0
+        self.counting_runs = 0
+
+    def flaky(self, event, now):
+        self.flaky_runs += 1
+        if self.failing:
+            raise RuntimeError(f"mail relay refused order {event.order_id}")
+
+    def counting(self, event, now):
+        self.counting_runs += 1
+
+
+@pytest.fixture
+def followups(monkeypatch):
+    """Subscribe both to OrderPlaced (which has no handlers of its own): registration, not a mock."""
+    handlers = Followups()
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderPlaced", ["flaky_followup", "counting_followup"])
+    monkeypatch.setitem(shop.saga.HANDLERS, "flaky_followup", handlers.flaky)
+    monkeypatch.setitem(shop.saga.HANDLERS, "counting_followup", handlers.counting)
+    return handlers
+
+
+def _delivery(order_id: int, handler: str) -> OutboxDelivery:
+    db.session.expire_all()
+    row = db.session.execute(select(OutboxDelivery).where(
+        OutboxDelivery.order_id == order_id, OutboxDelivery.handler == handler)).scalar_one()
+    return row
+
+
+def test_each_handler_of_an_event_gets_its_own_delivery(make_app, followups):
+    app = make_app()
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        order_id = place({a5: 1})
+        rows = db.session.execute(select(OutboxDelivery.handler, OutboxDelivery.status, OutboxEvent.name)
+                                  .join(OutboxEvent).where(OutboxDelivery.order_id == order_id)).all()
+        assert sorted(rows) == [("counting_followup", "pending", "OrderPlaced"),
+                                ("flaky_followup", "pending", "OrderPlaced")]
+        db.session.remove()
+
+
+def test_an_always_failing_handler_is_dead_lettered_with_backoff_and_its_sibling_runs_once(
+        make_app, followups, caplog):
+    app = make_app(OUTBOX_MAX_ATTEMPTS=5, OUTBOX_RETRY_BASE_SECONDS=1.0, OUTBOX_RETRY_CAP_SECONDS=300.0)
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        t0 = utcnow()
+        order_id = place({a5: 1}, now=t0)
+        flaky, counting = _delivery(order_id, "flaky_followup").id, _delivery(order_id, "counting_followup").id
+
+        assert run_delivery(counting, now=t0) == "done"
+        now, delays = t0, []
+        with caplog.at_level(logging.WARNING, logger="shop.outbox"):
+            for attempt in range(1, 6):
+                if attempt > 1:  # a worker that turns up before the backoff has passed is refused
+                    assert run_delivery(flaky, now=now - timedelta(milliseconds=5)) == "skipped"
+                outcome = run_delivery(flaky, now=now)
+                row = _delivery(order_id, "flaky_followup")
+                assert row.attempts == attempt
+                if attempt < 5:
+                    assert (outcome, row.status) == ("retry", "pending")
+                    delays.append((as_utc(row.next_attempt_at) - now).total_seconds())
+                    now = as_utc(row.next_attempt_at)
+                else:
+                    assert (outcome, row.status) == ("dead", "dead")
+
+        # Exponential with jitter: attempt n waits in [base * 2^(n-1) / 2, base * 2^(n-1)).
+        assert all(2 ** (n - 1) / 2 <= d < 2 ** (n - 1) + 0.01 for n, d in enumerate(delays, start=1)), delays
+        assert delays == sorted(delays) and len(set(delays)) == 4
+        assert "RuntimeError: mail relay refused order" in row.last_error
+        assert "Traceback" in row.last_traceback and row.claimed_until is None
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1
+        assert "dead letter" in errors[0].getMessage() and "OrderPlaced" in errors[0].getMessage()
+        assert f"order {order_id}" in errors[0].getMessage()
+
+        # Dead stays dead: neither a late job nor the relay brings it back.
+        later = now + timedelta(days=1)
+        assert run_delivery(flaky, now=later) == "skipped"
+        assert relay_once(now=later)["deliveries"] == 0
+        assert (followups.flaky_runs, followups.counting_runs) == (5, 1)
+        assert _delivery(order_id, "counting_followup").status == "done"
+        db.session.remove()
+
+
+def test_a_retried_dead_letter_runs_again_with_a_fresh_budget_and_can_succeed(make_app, followups):
+    app = make_app(OUTBOX_MAX_ATTEMPTS=2)
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        t0 = utcnow()
+        order_id = place({a5: 1}, now=t0)
+        flaky = _delivery(order_id, "flaky_followup").id
+        assert run_delivery(flaky, now=t0) == "retry"
+        assert run_delivery(flaky, now=t0 + timedelta(seconds=5)) == "dead"
+        # Only a dead letter can be retried; a pending row is not one.
+        assert runner.retry_dead(OutboxDelivery, _delivery(order_id, "counting_followup").id) is False
+
+        t1 = t0 + timedelta(minutes=10)
+        assert runner.retry_dead(OutboxDelivery, flaky, now=t1) is True
+        row = _delivery(order_id, "flaky_followup")
+        assert (row.status, row.attempts, row.max_attempts) == ("pending", 0, 2)
+        # The fresh budget: one more failure is a retry, not an instant dead letter.
+        assert run_delivery(flaky, now=t1) == "retry"
+        followups.failing = False
+        assert run_delivery(flaky, now=t1 + timedelta(seconds=5)) == "done"
+        row = _delivery(order_id, "flaky_followup")
+        assert (row.status, row.attempts, row.last_error) == ("done", 2, None)
+        assert followups.flaky_runs == 4
+        db.session.remove()
+
+
+def test_two_workers_never_hold_one_delivery_at_once(app):
+    """The claim is a lease: of many concurrent claims exactly one wins, nobody else can claim
+    while the lease holds, and exactly one can take over once it lapses."""
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        order_id = place({a5: 1})
+        cancel(order_id)
+        delivery_id = restore_delivery(order_id).id
+        db.session.remove()
+    now = utcnow()
+    barrier = threading.Barrier(20)
+    wins, lock = [], threading.Lock()
+
+    def claim(worker):
+        with app.app_context():
+            try:
+                barrier.wait()
+                won = runner.claim(OutboxDelivery, delivery_id, now, worker)
+            finally:
+                db.session.remove()
+            with lock:
+                wins.append((won, worker))
+
+    threads = [threading.Thread(target=claim, args=(f"worker-{i}",)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    winners = [w for won, w in wins if won]
+    assert len(wins) == 20 and len(winners) == 1
+
+    lease = app.config["OUTBOX_LEASE_SECONDS"]
+    with app.app_context():
+        row = restore_delivery(order_id)
+        assert (row.status, row.attempts, row.claimed_by) == ("processing", 1, winners[0])
+        assert not runner.claim(OutboxDelivery, delivery_id, now + timedelta(seconds=lease - 1), "late")
+        assert runner.claim(OutboxDelivery, delivery_id, now + timedelta(seconds=lease + 1), "rescuer")
+        assert not runner.claim(OutboxDelivery, delivery_id, now + timedelta(seconds=lease + 2), "another")
+        row = restore_delivery(order_id)
+        assert (row.claimed_by, row.attempts) == ("rescuer", 2)
+        db.session.remove()
+
+
+@pytest.mark.skipif(not ON_POSTGRES, reason="needs two open write transactions at once (PostgreSQL)")
+def test_a_worker_that_lost_its_lease_commits_none_of_its_writes(make_app, monkeypatch):
+    """A worker so slow that its lease lapsed and another worker took the row must not commit:
+    its writes and "done" are one transaction guarded by its claim."""
+    app = make_app()
+    taken_over = []
+
+    def slow_handler(event, now):
+        db.session.execute(update(InventoryItem).where(InventoryItem.variant_id == a5)
+                           .values(on_hand=InventoryItem.on_hand + 100))
+
+        def rescuer():
+            with app.app_context():
+                later = now + timedelta(seconds=app.config["OUTBOX_LEASE_SECONDS"] + 1)
+                taken_over.append(runner.claim(OutboxDelivery, delivery_id, later, "rescuer"))
+                db.session.remove()
+
+        t = threading.Thread(target=rescuer)
+        t.start()
+        t.join(30)
+
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderPlaced", ["slow_handler"])
+    monkeypatch.setitem(shop.saga.HANDLERS, "slow_handler", slow_handler)
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        order_id = place({a5: 1})
+        delivery_id = _delivery(order_id, "slow_handler").id
+        before = on_hand(a5)
+        assert run_delivery(delivery_id) == "skipped"
+        assert taken_over == [True]
+        assert on_hand(a5) == before
+        row = _delivery(order_id, "slow_handler")
+        assert (row.status, row.claimed_by) == ("processing", "rescuer")
+        db.session.remove()
+
+
+def test_every_delivery_completes_after_redis_loses_everything(app, redis_conn):
+    with app.app_context():
+        skus = seed()
+        a5, sand = skus["NB-A5-DOT"], skus["MUG-350-SND"]
+        orders = [place({a5: 2, sand: 1}) for _ in range(4)]
+        assert (on_hand(a5), on_hand(sand)) == (32, 8)
+        for order_id in orders:
+            cancel(order_id)  # committed, and announced to Redis after the commit
+        assert redis_conn.llen(f"rq:queue:{app.config['QUEUE_PREFIX']}-work") == 4
+
+        redis_conn.flushdb()  # Redis loses everything between the commit and the worker
+        queue.run_worker(burst=True)
+        assert [restore_delivery(o).status for o in orders] == ["pending"] * 4
+        assert (on_hand(a5), on_hand(sand)) == (32, 8)
+
+        # Inside the grace period the relay leaves the rows to the post-commit announcement...
+        assert relay_once()["deliveries"] == 0
+        # ...after it, the database tells Redis again, and a worker finishes the job.
+        later = utcnow() + timedelta(seconds=app.config["RELAY_GRACE_SECONDS"] + 1)
+        assert relay_once(now=later)["deliveries"] == 4
+        queue.run_worker(burst=True)
+
+        assert [restore_delivery(o).status for o in orders] == ["done"] * 4
+        assert all(order(o).inventory_restored for o in orders)
+        assert (on_hand(a5), on_hand(sand)) == (40, 12)
+        db.session.remove()
+
+
+# --- the follow-ups and the mailer ------------------------------------------------------------
+
+@pytest.fixture
+def mail_app(make_app, monkeypatch, tmp_path):
+    """An app whose instance folder (where mail is written without SMTP) is this test's own."""
+    monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
+    monkeypatch.delenv("SMTP_URL", raising=False)
+    app = make_app()
+    assert app.instance_path == str(tmp_path / "instance")
+    return app
+
+
+def _commands(order_id: int, kind: str) -> list[ScheduledCommand]:
+    db.session.expire_all()
+    return list(db.session.execute(select(ScheduledCommand).where(
+        ScheduledCommand.order_id == order_id, ScheduledCommand.kind == kind).order_by(ScheduledCommand.id)).scalars())
+
+
+def _read_mail(app, command_id: int):
+    folder = os.path.join(app.instance_path, "mail")
+    [name] = [n for n in os.listdir(folder) if n.endswith(f"-{command_id}.eml")]
+    with open(os.path.join(folder, name), "rb") as fh:
+        return email.message_from_binary_file(fh)
+
+
+def test_a_failed_payment_schedules_the_email_and_rearms_the_deadline_as_commands(mail_app):
+    app = mail_app
+    window = app.config["UNPAID_ORDER_EXPIRY_SECONDS"]
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        order_id = place({a5: 1}, email="bob@example.com")
+        # Through the aggregate's own transitions and the unit of work, as the payment service does.
+        row = db.session.get(Order, order_id)
+        assert row.start_payment("cs_test_1").ok
+        uow.commit(db.session)
+        assert row.mark_payment_failed("card_declined").ok
+        uow.commit(db.session)
+        reference = row.reference
+        db.session.remove()
+
+        delivery = _delivery(order_id, "payment_failed_followups")
+        now = utcnow() + timedelta(seconds=1)
+        assert run_delivery(delivery.id, now=now) == "done"
+        assert _delivery(order_id, "payment_failed_followups").attempts == 1
+
+        [mail] = _commands(order_id, "send_email")
+        assert mail.payload["template"] == "payment_failed" and mail.status == "pending"
+        assert as_utc(mail.next_attempt_at) == now
+        deadlines = _commands(order_id, "expire_unpaid_order")
+        assert len(deadlines) == 2  # the checkout's, and the fresh window from the failure
+        assert as_utc(deadlines[-1].next_attempt_at) == now + timedelta(seconds=window)
+        assert as_utc(deadlines[-1].next_attempt_at) > as_utc(deadlines[0].next_attempt_at)
+
+        mail_id = mail.id
+        assert run_command(mail_id, now=now) == "done"
+        message = _read_mail(app, mail_id)
+        assert message["To"] == "bob@example.com"
+        assert "did not go through" in message["Subject"] and reference in message["Subject"]
+        body = message.get_payload(decode=True).decode()
+        assert f"/orders/{reference}?token=" in body
+        db.session.remove()
+
+
+def test_a_paid_order_schedules_its_confirmation_email(mail_app):
+    app = mail_app
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        order_id = place({a5: 2}, email="cy@example.com")
+        row = db.session.get(Order, order_id)
+        assert row.start_payment("cs_test_2").ok
+        uow.commit(db.session)
+        assert row.mark_paid("cs_test_2", row.total, row.currency).ok
+        uow.commit(db.session)
+        reference = row.reference
+        db.session.remove()
+
+        now = utcnow()
+        assert run_delivery(_delivery(order_id, "send_order_confirmation").id, now=now) == "done"
+        [mail] = _commands(order_id, "send_email")
+        assert mail.payload["template"] == "order_paid"
+        mail_id = mail.id
+        assert run_command(mail_id, now=now) == "done"
+        message = _read_mail(app, mail_id)
+        assert message["To"] == "cy@example.com" and reference in message["Subject"]
+        assert "28.00 USD" in message.get_payload(decode=True).decode()
+        # A duplicate job for the same command is refused by its claim: one message, not two.
+        assert run_command(mail_id, now=now) == "skipped"
+        assert len(os.listdir(os.path.join(app.instance_path, "mail"))) == 1
+        db.session.remove()
+
+
+# --- the pure backoff arithmetic ------------------------------------------------------------
+
+@pytest.mark.parametrize("attempts", [1, 2, 3, 5, 8, 12, 40])
+@pytest.mark.parametrize("rng", [0.0, 0.5, 0.999999])
+def test_retry_delay_is_exponential_jittered_and_capped(attempts, rng):
+    delay = retry_delay_seconds(attempts, base=2.0, cap=300.0, rng=lambda: rng)
+    full = min(300.0, 2.0 * 2 ** (attempts - 1))
+    assert full / 2 <= delay < full
+    assert delay <= 300.0
+
+
+def test_retry_delay_grows_until_the_cap():
+    lows = [retry_delay_seconds(n, 2.0, 300.0, rng=lambda: 0.0) for n in range(1, 12)]
+    highs = [retry_delay_seconds(n, 2.0, 300.0, rng=lambda: 0.999) for n in range(1, 12)]
+    assert lows[:8] == sorted(lows[:8]) and len(set(lows[:8])) == 8
+    assert all(h < lows[i + 1] for i, h in enumerate(highs[:7]))  # no overlap: backoff really grows
+    assert max(highs) < 300.0 and lows[-1] == 150.0
