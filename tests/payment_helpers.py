@@ -134,3 +134,31 @@ def served(build_app) -> Iterator[tuple]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def live_shop(make_app, sandbox, **config):
+    """The shop served over real HTTP and registered as the sandbox's webhook endpoint, exactly
+    as `flask shop stripe-register-webhook` does it: no STRIPE_WEBHOOK_SECRET, so deliveries are
+    verified with the secret registration stored. Yields the app."""
+    from shop.payments.registration import register_webhook
+    from shop.webhooks import _secret_cache
+
+    def build(base_url):
+        settings = dict(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+                        STRIPE_WEBHOOK_SECRET=None, PUBLIC_BASE_URL=base_url)
+        settings.update(config)
+        return make_app(**settings)
+
+    _secret_cache.clear()
+    with served(build) as (app, _base_url):
+        with app.app_context():
+            register_webhook()
+            db.session.remove()
+        yield app
+    _secret_cache.clear()
+
+
+def wait_for_status(shopper: Shopper, ref: str, status: str, timeout: float = 5.0) -> dict:
+    return wait_until(lambda: (lambda o: o if o["status"] == status else None)(shopper.order(ref)),
+                      timeout=timeout, what=f"order {ref} to be {status}")
