@@ -1,0 +1,134 @@
+"""Late money goes back, once: a payment that completes for an order already Cancelled becomes
+one refund record, one refund command and one refund at the provider, however many times the
+payment is reported and however often the refund command runs."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, seed, wait_until
+from shop.domain.deadlines import utcnow
+from shop.extensions import db
+from shop.models import Refund, ScheduledCommand, WebhookReceipt
+from shop.outbox.dispatch import run_command
+from shop.payments import gateway
+from shop.payments.refunds import execute_refund
+from shop.payments.service import apply_session, reconcile_order
+from shop.webhooks import _secret_cache
+
+
+@pytest.fixture(autouse=True)
+def _fresh_secret_cache():
+    _secret_cache.clear()
+    yield
+    _secret_cache.clear()
+
+
+def _rows(app, model, **filters) -> list:
+    with app.app_context():
+        rows = db.session.query(model).filter_by(**filters).order_by(model.id).all()
+        db.session.expunge_all()
+        db.session.remove()
+        return rows
+
+
+def _provider_refunds(app, payment_intent: str) -> list[dict]:
+    """What the provider holds, read back through the real SDK (GET /v1/refunds)."""
+    with app.app_context():
+        page = gateway.client().v1.refunds.list(params={"payment_intent": payment_intent, "limit": 100})
+        return [r.to_dict() for r in page.auto_paging_iter()]
+
+
+def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_is_reported(make_app, sandbox):
+    with live_shop(make_app, sandbox) as app:
+        shopper = Shopper(app, seed(app))
+        order = shopper.place("SOCK-M", 2)
+        ref, sid = order["reference"], order["payment"]["session_id"]
+        oid = order_id(app, ref)
+
+        # Cancel while the provider is down: the page cannot be retired, the cancel proceeds...
+        sandbox.faults(api_unavailable=True)
+        assert shopper.cancel(ref, order["version"]).get_json()["status"] == "Cancelled"
+        # ...and the customer, still on the open page, pays. Stripe reports it twice.
+        sandbox.faults(api_unavailable=False, duplicate_webhooks=True)
+        sandbox.set_outcome(sid, "paid")
+        wait_until(lambda: len(_rows(app, WebhookReceipt)) >= 2, what="both deliveries")
+        # The customer's return and the sweep/console reconcile report it again.
+        assert shopper.come_back(ref, sid).status_code == 303
+        with app.app_context():
+            assert reconcile_order(oid, source="sweep").outcome == "already_refunded"
+            db.session.remove()
+
+        assert sorted(r.outcome for r in _rows(app, WebhookReceipt)) == ["accepted", "duplicate"]
+        [refund] = _rows(app, Refund, order_id=oid)
+        assert (refund.session_id, refund.amount, refund.status) == (sid, order["total"], "pending")
+        [command] = [c for c in _rows(app, ScheduledCommand, order_id=oid) if c.kind == "refund_payment"]
+        assert command.payload == {"refund_id": refund.id}
+
+        # The refund command meets a provider outage first, then goes through.
+        sandbox.faults(api_unavailable=True)
+        with app.app_context():
+            assert run_command(command.id) == "retry"
+        assert _rows(app, Refund, order_id=oid)[0].status == "pending"
+        sandbox.faults(api_unavailable=False)
+        with app.app_context():
+            assert run_command(command.id, now=utcnow() + timedelta(seconds=5)) == "done"
+            assert run_command(command.id, now=utcnow() + timedelta(seconds=10)) == "skipped"
+        [done] = _rows(app, Refund, order_id=oid)
+        assert done.status == "succeeded" and done.provider_refund_id
+        emails = [c.payload.get("template") for c in _rows(app, ScheduledCommand, order_id=oid)
+                  if c.kind == "send_email"]
+        assert emails == ["refund_issued"]
+
+        # A worker that died after the provider call but before its commit runs the command
+        # again from a pending row: the idempotency key makes the provider answer with the
+        # same refund instead of a second one.
+        with app.app_context():
+            db.session.execute(update(Refund).where(Refund.id == done.id)
+                               .values(status="pending", provider_refund_id=None))
+            db.session.commit()
+            execute_refund(done.id, utcnow())
+            db.session.commit()
+            again = db.session.get(Refund, done.id)
+            assert (again.status, again.provider_refund_id) == ("succeeded", done.provider_refund_id)
+            db.session.remove()
+
+        at_provider = _provider_refunds(app, done.payment_intent_id)
+        assert [(r["id"], r["amount"], r["status"]) for r in at_provider] == \
+            [(done.provider_refund_id, order["total"], "succeeded")]
+        final = shopper.order(ref)
+        assert final["status"] == "Cancelled"
+        assert final["refunds"] == [{"id": done.id, "amount": order["total"], "status": "succeeded"}]
+
+
+def test_a_second_paid_session_for_an_already_paid_order_is_refunded(paying_app, sandbox):
+    shopper = Shopper(paying_app, seed(paying_app))
+    order = shopper.place()
+    ref, first = order["reference"], order["payment"]["session_id"]
+    sandbox.set_outcome(first, "paid")
+    post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", first))
+    assert shopper.order(ref)["status"] == "Paid"
+
+    # Another session for the same order (say, a second tab from an earlier attempt) is paid too.
+    oid = order_id(paying_app, ref)
+    with paying_app.app_context():
+        from shop.models import Order
+
+        o = db.session.get(Order, oid)
+        other = gateway.create_checkout_session(
+            order_id=oid, reference=ref, attempt=9, lines=list(o.lines), currency=o.currency, email=o.email,
+            success_url="http://shop.test/ok", cancel_url="http://shop.test/no",
+            expires_at=utcnow() + timedelta(hours=1))
+        db.session.remove()
+    sandbox.set_outcome(other.id, "paid")
+    r = post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", other.id))
+    assert r.get_json()["outcome"] == "refund_created"
+    with paying_app.app_context():  # the same notice through another path refunds nothing more
+        assert apply_session(gateway.retrieve_session(other.id), source="console").outcome == "already_refunded"
+        db.session.remove()
+
+    assert shopper.order(ref)["status"] == "Paid"
+    [refund] = _rows(paying_app, Refund, order_id=oid)
+    assert refund.session_id == other.id and "paid twice" in refund.reason
