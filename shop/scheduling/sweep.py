@@ -1,1 +1,430 @@
-"""Placeholder until the reconciliation sweep lands (issue 5)."""
+"""The reconciliation sweep: the backstop for orders nothing else will speak for.
+
+A webhook that never arrives produces no event to compensate, and a deadline row can be missing
+(written before the mechanism existed, dead-lettered, deleted by hand). One cycle covers both:
+
+  * one cutoff per cycle (now - RECONCILIATION_STUCK_AGE_SECONDS), two passes against it;
+  * the expiry pass FIRST: PendingPayment / PaymentFailed orders last changed before the cutoff
+    are cancelled through the guarded transition, whose OrderCancelled event restores the stock
+    through the compensation handler. No provider call: there is nothing to ask about.
+  * then the provider pass: PaymentInitiated orders with a session, last changed before the
+    cutoff, are asked about at the provider and the answer goes through `apply_session`, the
+    same guarded path as the webhook (PaymentProof, paid -> Paid, expired -> PaymentFailed).
+    Expiry runs first because this pass can move an order into PaymentFailed: an expiry pass
+    running afterwards against the same cutoff would cancel it at once and erase the retry
+    window the failed payment just opened.
+
+Both passes select oldest first, bounded and projected to ids in SQL over
+`ix_orders_status_updated_at` (one range scan per status), so a cycle costs the batch, not the
+table. Each order is then reloaded and re-checked in its own transaction: one order's failure
+never poisons the batch, and a webhook or a customer that moved the order first wins (the
+version check turns our late save into a StaleDataError, logged and not retried).
+
+Only one cycle runs anywhere at a time: a row in `leases` taken with a conditional UPDATE (or
+an INSERT when absent; the primary key settles a tie), so two scheduler replicas never spend
+the same provider call twice. The lease is renewed before each order, conditionally on still
+holding it; a cycle that outlived it (a hung provider call, a paused VM) stops before the next
+order, because another replica may already be working the same ids.
+
+Gates, one per consequence: UNPAID_ORDER_EXPIRY_ENABLED decides whether unpaid orders are ever
+cancelled automatically (it also gates the per-order deadline at checkout), RECONCILIATION_ENABLED
+decides whether we ask the provider. Either can be off while the other runs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from flask import current_app
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm.exc import StaleDataError
+
+from .. import failpoints
+from ..domain.deadlines import as_utc, utcnow
+from ..domain.order import UNPAID, OrderStatus
+from ..domain.results import Refused
+from ..extensions import db
+from ..models import Lease, Order, ReconciliationCycle
+from ..outbox import uow
+from ..payments import gateway
+from ..payments import service as payments
+
+log = logging.getLogger("shop.sweep")
+
+LEASE_NAME = "reconciliation-sweep"
+# Internal tunable (config RECONCILIATION_LEASE_SECONDS): long enough for a batch of slow
+# provider calls between two renewals, short enough that a crashed holder blocks the next
+# cycle for minutes, not hours.
+DEFAULT_LEASE_SECONDS = 300
+# After this many provider-unreachable answers in a row the provider pass stops asking: each
+# costs a timeout plus retries, and a down provider would otherwise eat the whole lease.
+UNAVAILABLE_STREAK_LIMIT = 3
+S = OrderStatus
+
+EXPIRY_OUTCOMES = ("cancelled", "lost_race", "changed", "errors")
+PROVIDER_OUTCOMES = ("paid", "payment_failed", "proof_refused", "open", "awaiting_async", "refund_created",
+                     "changed", "unavailable", "errors")
+
+
+# -- time ----------------------------------------------------------------------------------
+
+class _Clock:
+    """The cycle's clock: the wall clock, or an injected `now` that advances with real elapsed
+    time (so a test can put a cycle anywhere in time and the lease still runs out)."""
+
+    def __init__(self, now: datetime | None):
+        self._base = as_utc(now) if now is not None else None
+        self._t0 = time.monotonic()
+
+    def __call__(self) -> datetime:
+        if self._base is None:
+            return utcnow()
+        return self._base + timedelta(seconds=time.monotonic() - self._t0)
+
+
+# -- the lease -----------------------------------------------------------------------------
+
+def acquire_lease(name: str, holder: str, now: datetime, seconds: float) -> bool:
+    """Take the named lease if nobody holds a live one. Commits its own transaction.
+
+    Taking over a lapsed lease is a conditional UPDATE (on PostgreSQL a concurrent second UPDATE
+    re-reads the row after the first commits and no longer matches); creating it is an INSERT
+    whose primary key lets exactly one of two concurrent creators win."""
+    session = db.session
+    expires = now + timedelta(seconds=seconds)
+    try:
+        taken = session.execute(
+            update(Lease).where(Lease.name == name, Lease.expires_at < now)
+            .values(holder=holder, expires_at=expires).execution_options(synchronize_session=False))
+        if taken.rowcount == 1:
+            session.commit()
+            return True
+        if session.execute(select(Lease.name).where(Lease.name == name)).first() is not None:
+            session.rollback()
+            return False  # someone holds it and it has not lapsed
+        session.execute(insert(Lease).values(name=name, holder=holder, expires_at=expires))
+        session.commit()
+        return True
+    except IntegrityError:
+        session.rollback()
+        return False
+    except BaseException:
+        session.rollback()
+        raise
+
+
+def renew_lease(name: str, holder: str, now: datetime, seconds: float) -> bool:
+    """Extend our lease, only if it is still ours and has not lapsed. Commits."""
+    session = db.session
+    try:
+        renewed = session.execute(
+            update(Lease).where(Lease.name == name, Lease.holder == holder, Lease.expires_at >= now)
+            .values(expires_at=now + timedelta(seconds=seconds)).execution_options(synchronize_session=False))
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    return renewed.rowcount == 1
+
+
+def release_lease(name: str, holder: str) -> None:
+    session = db.session
+    try:
+        session.execute(delete(Lease).where(Lease.name == name, Lease.holder == holder)
+                        .execution_options(synchronize_session=False))
+        session.commit()
+    except Exception as exc:  # it lapses by itself; the next cycle only waits for it
+        session.rollback()
+        log.warning("could not release the sweep lease (%s); it lapses by itself", exc)
+
+
+def _holder() -> str:
+    return f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+# -- the result ----------------------------------------------------------------------------
+
+def _zeros(keys) -> dict:
+    return {k: 0 for k in keys}
+
+
+@dataclass
+class CycleResult:
+    status: str                        # ok | failed | skipped
+    cutoff: datetime
+    started_at: datetime
+    finished_at: datetime | None = None
+    cycle_id: int | None = None
+    expiry: dict | None = None         # counts by outcome; None when the pass is turned off
+    provider: dict | None = None
+    errors: list = field(default_factory=list)
+    reason: str = ""
+
+    def summary(self) -> dict:
+        return {
+            "cycle_id": self.cycle_id, "status": self.status, "reason": self.reason,
+            "started_at": self.started_at.isoformat(),
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            "cutoff": self.cutoff.isoformat(),
+            "expiry": dict(self.expiry) if self.expiry is not None else None,
+            "provider": dict(self.provider) if self.provider is not None else None,
+            "errors": list(self.errors),
+        }
+
+    def report_lines(self) -> list[str]:
+        head = f"cycle {self.cycle_id if self.cycle_id is not None else '-'}: {self.status}"
+        head += f" (cutoff {self.cutoff.isoformat(timespec='seconds')})"
+        if self.reason:
+            head += f": {self.reason}"
+        lines = [head]
+        if self.status == "skipped":
+            return lines
+        lines.append(expiry_line(self.expiry))
+        lines.append(provider_line(self.provider))
+        for error in self.errors:
+            where = f"order {error['order_id']} " if error.get("order_id") is not None else ""
+            lines.append(f"error: {where}({error.get('pass', 'cycle')} pass): {error['error']}")
+        return lines
+
+
+def _extras(counts: dict, shown: tuple, labels: dict) -> list[str]:
+    return [f"{n} {labels.get(k, k.replace('_', ' '))}" for k, n in counts.items() if k not in shown and n]
+
+
+def expiry_line(counts: dict | None) -> str:
+    if counts is None:
+        return "expiry pass: off (UNPAID_ORDER_EXPIRY_ENABLED=false)"
+    parts = [f"{counts.get('cancelled', 0)} cancelled", f"{counts.get('lost_race', 0)} lost races"]
+    parts += _extras(counts, ("cancelled", "lost_race"), {"changed": "changed meanwhile"})
+    return "expiry pass: " + ", ".join(parts)
+
+
+def provider_line(counts: dict | None) -> str:
+    if counts is None:
+        return "provider pass: off (RECONCILIATION_ENABLED=false)"
+    shown = ("paid", "payment_failed", "unavailable")
+    parts = [f"{counts.get('paid', 0)} paid", f"{counts.get('payment_failed', 0)} payment failed",
+             f"{counts.get('unavailable', 0)} unavailable"]
+    parts += _extras(counts, shown, {"open": "still open", "changed": "changed meanwhile",
+                                     "awaiting_async": "awaiting an async payment"})
+    return "provider pass: " + ", ".join(parts)
+
+
+# -- selection -----------------------------------------------------------------------------
+
+def stuck_order_ids(statuses, cutoff: datetime, limit: int, *, with_session: bool = False) -> list[int]:
+    """The `limit` oldest orders in `statuses` last changed before `cutoff`, as ids.
+
+    One bounded range scan of (status, updated_at, id) per status, merged here: an IN list over
+    two statuses would make PostgreSQL sort every stuck row before the LIMIT, so a large backlog
+    would cost the backlog instead of the batch."""
+    rows = []
+    for status in statuses:
+        query = (select(Order.updated_at, Order.id)
+                 .where(Order.status == OrderStatus(status).value, Order.updated_at < cutoff)
+                 .order_by(Order.updated_at, Order.id).limit(limit))
+        if with_session:
+            query = query.where(Order.payment_session_id.is_not(None))
+        rows.extend((as_utc(updated), order_id) for updated, order_id in db.session.execute(query).all())
+    db.session.rollback()  # the selection holds nothing while the orders are worked
+    return [order_id for _, order_id in sorted(rows)[:limit]]
+
+
+# -- one order -----------------------------------------------------------------------------
+
+def expire_stranded_order(order_id: int, cutoff: datetime) -> str:
+    """Cancel one unpaid order the selection found, in its own transaction, if it still is
+    unpaid and past the cutoff after a fresh load. Returns cancelled | lost_race | changed."""
+    session = db.session
+    order = session.get(Order, order_id, populate_existing=True)
+    if order is None or S(order.status) not in UNPAID or as_utc(order.updated_at) >= cutoff:
+        session.rollback()
+        log.info("sweep: order %s changed since it was selected; the expiry pass leaves it", order_id)
+        return "changed"
+    reference = order.reference
+    if isinstance(order.cancel("payment window expired (sweep)"), Refused):
+        uow.rollback(session)
+        return "changed"
+    try:
+        uow.commit(session)
+    except StaleDataError:
+        # A webhook or the customer moved the order between our load and our save. They won;
+        # retrying would only meet the same conflict, and the next cycle sees the final state.
+        uow.rollback(session)
+        log.info("sweep: order %s lost a race to another writer while being expired; left as the other writer "
+                 "set it", reference)
+        return "lost_race"
+    uow.publish_after_commit(session)
+    log.info("sweep: order %s cancelled, its payment window expired", reference)
+    return "cancelled"
+
+
+def reconcile_stuck_payment(order_id: int, cutoff: datetime, now: datetime) -> str:
+    """Ask the provider about one PaymentInitiated order and apply the answer through the
+    shared guarded path. No transaction is open during the provider call."""
+    session = db.session
+    order = session.get(Order, order_id, populate_existing=True)
+    if order is None or S(order.status) is not S.PAYMENT_INITIATED or not order.payment_session_id \
+            or as_utc(order.updated_at) >= cutoff:
+        session.rollback()
+        log.info("sweep: order %s changed since it was selected; the provider pass leaves it", order_id)
+        return "changed"
+    session_id, reference = order.payment_session_id, order.reference
+    session.rollback()
+    failpoints.hit("sweep.before_provider_call")
+    try:
+        view = gateway.retrieve_session(session_id)
+        failed = payments._async_failed(view)
+    except gateway.ProviderUnavailable as exc:
+        log.info("sweep: provider unreachable for order %s (session %s): %s; retried next cycle",
+                 reference, session_id, exc)
+        return "unavailable"
+    applied = payments.apply_session(view, source="sweep", failed=failed, now=now)
+    outcome = applied.outcome
+    if outcome == "noop":
+        status = session.execute(select(Order.status).where(Order.id == order_id)).scalar()
+        session.rollback()
+        if status == S.PAYMENT_INITIATED.value and view.status == "open":
+            return "open"
+        return "changed"
+    if outcome == "already_refunded":
+        return "changed"
+    return outcome
+
+
+# -- the cycle -----------------------------------------------------------------------------
+
+class _LeaseLost(Exception):
+    pass
+
+
+def _run_pass(name: str, ids: list[int], work, counts: dict, errors: list, keep_lease) -> None:
+    unavailable_streak = 0
+    for position, order_id in enumerate(ids):
+        if not keep_lease():
+            raise _LeaseLost(f"the sweep lease lapsed or was taken over before order {order_id} "
+                             f"({name} pass); stopped with {len(ids) - position} order(s) left")
+        if name == "provider" and unavailable_streak >= UNAVAILABLE_STREAK_LIMIT:
+            left = len(ids) - position
+            counts["unavailable"] += left
+            log.warning("sweep: the payment provider did not answer %d times in a row; %d more order(s) wait "
+                        "for the next cycle", unavailable_streak, left)
+            return
+        try:
+            outcome = work(order_id)
+        except Exception as exc:
+            uow.rollback(db.session)
+            log.exception("sweep: %s pass failed on order %s; continuing with the next", name, order_id)
+            counts["errors"] += 1
+            errors.append({"pass": name, "order_id": order_id, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            continue
+        counts[outcome] = counts.get(outcome, 0) + 1
+        unavailable_streak = unavailable_streak + 1 if outcome == "unavailable" else 0
+        failpoints.hit("sweep.after_order")
+    if name == "provider" and counts.get("unavailable"):
+        log.warning("sweep: the payment provider was unreachable for %d order(s); they are retried next cycle",
+                    counts["unavailable"])
+
+
+def run_cycle(now: datetime | None = None) -> CycleResult:
+    """Run one reconciliation cycle under the sweep lease; record it; return what it did."""
+    cfg = current_app.config
+    clock = _Clock(now)
+    started = clock()
+    cutoff = started - timedelta(seconds=cfg["RECONCILIATION_STUCK_AGE_SECONDS"])
+    batch = cfg["RECONCILIATION_BATCH_SIZE"]
+    expiry_on, provider_on = cfg["UNPAID_ORDER_EXPIRY_ENABLED"], cfg["RECONCILIATION_ENABLED"]
+    lease_seconds = float(cfg.get("RECONCILIATION_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
+    holder = _holder()
+    session = db.session
+    session.rollback()  # start from a clean transaction whatever the caller left behind
+
+    if not (expiry_on or provider_on):
+        return _record_skip(CycleResult("skipped", cutoff, started, reason="both passes are turned off"), holder, clock)
+    if not acquire_lease(LEASE_NAME, holder, started, lease_seconds):
+        current = session.execute(select(Lease.holder, Lease.expires_at).where(Lease.name == LEASE_NAME)).first()
+        session.rollback()
+        reason = "another cycle holds the sweep lease"
+        if current is not None:
+            reason += f" ({current.holder}, until {as_utc(current.expires_at).isoformat(timespec='seconds')})"
+        log.info("sweep: skipped, %s", reason)
+        return _record_skip(CycleResult("skipped", cutoff, started, reason=reason), holder, clock)
+
+    result = CycleResult("ok", cutoff, started,
+                         expiry=_zeros(EXPIRY_OUTCOMES) if expiry_on else None,
+                         provider=_zeros(PROVIDER_OUTCOMES) if provider_on else None)
+    try:
+        row = ReconciliationCycle(started_at=started, cutoff=cutoff, status="running", holder=holder,
+                                  expiry_counts={}, provider_counts={}, errors=[])
+        session.add(row)
+        session.commit()
+        result.cycle_id = row.id
+
+        def keep_lease() -> bool:
+            return renew_lease(LEASE_NAME, holder, clock(), lease_seconds)
+
+        # Expiry first, so an order the provider pass moves to PaymentFailed keeps its window.
+        if expiry_on:
+            ids = stuck_order_ids(UNPAID, cutoff, batch)
+            _run_pass("expiry", ids, lambda oid: expire_stranded_order(oid, cutoff), result.expiry,
+                      result.errors, keep_lease)
+        if provider_on:
+            ids = stuck_order_ids((S.PAYMENT_INITIATED,), cutoff, batch, with_session=True)
+            _run_pass("provider", ids, lambda oid: reconcile_stuck_payment(oid, cutoff, clock()), result.provider,
+                      result.errors, keep_lease)
+    except _LeaseLost as exc:
+        uow.rollback(session)
+        log.warning("sweep: %s", exc)
+        result.status, result.reason = "failed", "lost the lease"
+        result.errors.append({"pass": "cycle", "order_id": None, "error": str(exc)})
+    except Exception as exc:
+        uow.rollback(session)
+        log.exception("sweep: the cycle failed")
+        result.status, result.reason = "failed", f"{type(exc).__name__}"
+        result.errors.append({"pass": "cycle", "order_id": None, "error": f"{type(exc).__name__}: {exc}"[:500]})
+    finally:
+        result.finished_at = clock()
+        try:
+            _record_finish(result)
+        finally:
+            release_lease(LEASE_NAME, holder)
+    log.info("sweep: cycle %s %s; %s; %s", result.cycle_id, result.status, expiry_line(result.expiry),
+             provider_line(result.provider))
+    return result
+
+
+def _record_finish(result: CycleResult) -> None:
+    session = db.session
+    if result.cycle_id is None:
+        return
+    try:
+        session.execute(
+            update(ReconciliationCycle).where(ReconciliationCycle.id == result.cycle_id)
+            .values(status=result.status, finished_at=result.finished_at, expiry_counts=result.expiry or {},
+                    provider_counts=result.provider or {}, errors=result.errors)
+            .execution_options(synchronize_session=False))
+        session.commit()
+    except Exception:
+        session.rollback()
+        log.exception("sweep: could not record the end of cycle %s", result.cycle_id)
+
+
+def _record_skip(result: CycleResult, holder: str, clock) -> CycleResult:
+    session = db.session
+    result.finished_at = clock()
+    try:
+        row = ReconciliationCycle(started_at=result.started_at, finished_at=result.finished_at, cutoff=result.cutoff,
+                                  status="skipped", holder=holder, expiry_counts={}, provider_counts={}, errors=[])
+        session.add(row)
+        session.commit()
+        result.cycle_id = row.id
+    except Exception:
+        session.rollback()
+        log.exception("sweep: could not record a skipped cycle")
+    return result

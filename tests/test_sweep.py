@@ -1,0 +1,509 @@
+"""The reconciliation sweep (issue 5): one leased cycle, expiry pass first, then the provider
+pass, each order reloaded and re-checked in its own transaction.
+
+Real database, Redis and the Stripe sandbox. Time is injected with `run_cycle(now=...)`: a cycle
+run "window + a minute from now" sees every order placed during the test as stuck."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import event, select, update
+
+from shop.domain.deadlines import utcnow
+from shop.extensions import db
+from shop.models import (Cart, CartItem, InventoryItem, Lease, Order, OutboxDelivery, OutboxEvent,
+                         PaymentProofRefusal, ReconciliationCycle, ScheduledCommand, Variant)
+from shop.orders.checkout import place_order
+from shop.outbox.dispatch import run_delivery
+from shop.payments import gateway
+from shop.payments.service import reconcile_order, start_payment
+from shop.scheduling import sweep
+from shop.scheduling.sweep import run_cycle
+from shop.seed import seed_catalog
+
+WEBHOOK_SECRET = "whsec_test_secret"
+ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def build_app(make_app, sandbox):
+    """An app wired to the sandbox, with extra config per test."""
+
+    def build(**overrides):
+        config = dict(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+                      STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
+        config.update(overrides)
+        app = make_app(**config)
+        with app.app_context():
+            seed_catalog()
+        return app
+
+    return build
+
+
+def later(app, extra: int = 60):
+    """An instant at which everything changed during this test is past the stuck age."""
+    return utcnow() + timedelta(seconds=app.config["RECONCILIATION_STUCK_AGE_SECONDS"] + extra)
+
+
+def variant_id(sku: str) -> int:
+    return db.session.execute(select(Variant.id).where(Variant.sku == sku)).scalar_one()
+
+
+def on_hand(sku: str) -> int:
+    value = db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id(sku))).scalar_one()
+    db.session.rollback()
+    return value
+
+
+def place(sku: str = "NB-A5-DOT", quantity: int = 1) -> int:
+    """A real checkout: a cart for a fresh browser, then place_order."""
+    browser = uuid.uuid4().hex
+    cart = Cart(browser_id=browser, status="open")
+    db.session.add(cart)
+    db.session.flush()
+    db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id(sku), quantity=quantity))
+    db.session.commit()
+    placed = place_order(cart_id=cart.id, browser_id=browser, email="ann@example.com")
+    assert placed.ok, placed
+    return placed.order_id
+
+
+def order_state(order_id: int) -> str:
+    status = db.session.execute(select(Order.status).where(Order.id == order_id)).scalar_one()
+    db.session.rollback()
+    return status
+
+
+def session_of(order_id: int) -> str:
+    sid = db.session.execute(select(Order.payment_session_id).where(Order.id == order_id)).scalar_one()
+    db.session.rollback()
+    return sid
+
+
+def awaiting_provider(**kw) -> tuple[int, str]:
+    """A PaymentInitiated order with its hosted session at the sandbox."""
+    order_id = place(**kw)
+    assert start_payment(order_id).status == "started"
+    return order_id, session_of(order_id)
+
+
+def backdate(order_id: int, when) -> None:
+    db.session.execute(update(Order).where(Order.id == order_id).values(updated_at=when)
+                       .execution_options(synchronize_session=False))
+    db.session.commit()
+
+
+def session_reads(sandbox, session_id: str | None = None) -> int:
+    """How many times the app asked the sandbox for a checkout session."""
+    rows = sandbox.get("/_sandbox/requests")["data"]
+    return sum(r["count"] for r in rows
+               if r["method"] == "GET" and r["path"].startswith("/v1/checkout/sessions/")
+               and (session_id is None or r["path"] == f"/v1/checkout/sessions/{session_id}"))
+
+
+def cancellations(order_id: int) -> int:
+    count = db.session.query(OutboxEvent).filter_by(order_id=order_id, name="OrderCancelled").count()
+    db.session.rollback()
+    return count
+
+
+def signed_post(app, body: bytes):
+    """POST a webhook exactly as the provider signs it (`t=...,v1=HMAC(secret, "t.body")`)."""
+    stamp = int(time.time())
+    digest = hmac.new(WEBHOOK_SECRET.encode(), f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return app.test_client().post("/webhooks/stripe", data=body, content_type="application/json",
+                                  headers={"Stripe-Signature": f"t={stamp},v1={digest}"})
+
+
+def paid_behind_our_back(sandbox) -> tuple[int, str, bytes]:
+    """A PendingPayment order whose session was created and then paid, while our side never
+    recorded the session (start_payment's commit was lost). Returns the paid event's body."""
+    order_id = place()
+    order = db.session.get(Order, order_id)
+    view = gateway.create_checkout_session(
+        order_id=order.id, reference=order.reference, attempt=1, lines=list(order.lines), currency=order.currency,
+        email=order.email, expires_at=utcnow() + timedelta(hours=1),
+        success_url="http://127.0.0.1:5000/checkout/return", cancel_url="http://127.0.0.1:5000/")
+    db.session.rollback()
+    sandbox.set_outcome(view.id, "paid")
+    completed = sandbox.events("checkout.session.completed")
+    assert len(completed) == 1
+    return order_id, view.id, json.dumps(completed[0]["event"]).encode()
+
+
+# -- the expiry pass -------------------------------------------------------------------------
+
+def test_expiry_pass_cancels_a_stranded_order_whose_deadline_row_is_gone_and_its_stock_comes_back(build_app):
+    app = build_app()
+    with app.app_context():
+        before = on_hand("MUG-350-SND")
+        order_id = place("MUG-350-SND", 3)
+        assert on_hand("MUG-350-SND") == before - 3
+        db.session.query(ScheduledCommand).filter_by(order_id=order_id).delete()
+        db.session.commit()
+
+        young = run_cycle()  # nothing is past the cutoff yet
+        assert young.status == "ok" and young.expiry["cancelled"] == 0
+        assert order_state(order_id) == "PendingPayment"
+
+        result = run_cycle(now=later(app))
+        assert result.status == "ok"
+        assert result.expiry["cancelled"] == 1 and result.expiry["lost_race"] == 0
+        assert order_state(order_id) == "Cancelled"
+        assert on_hand("MUG-350-SND") == before - 3  # compensation has not run yet
+
+        deliveries = [d.id for d in db.session.query(OutboxDelivery).filter_by(order_id=order_id,
+                                                                                handler="restore_inventory")]
+        db.session.rollback()
+        assert len(deliveries) == 1
+        assert run_delivery(deliveries[0]) == "done"
+        assert on_hand("MUG-350-SND") == before
+        assert db.session.get(Order, order_id).inventory_restored is True
+
+
+def test_an_order_the_provider_pass_moves_to_payment_failed_is_not_cancelled_in_the_same_cycle(build_app):
+    app = build_app()
+    with app.app_context():
+        order_id, sid = awaiting_provider()
+        gateway.expire_session(sid)  # the customer walked away; the expired webhook never came
+
+        result = run_cycle(now=later(app))
+
+        assert result.provider["payment_failed"] == 1
+        assert result.expiry["cancelled"] == 0
+        assert order_state(order_id) == "PaymentFailed"  # its retry window starts now
+        assert cancellations(order_id) == 0
+
+
+# -- the provider pass -----------------------------------------------------------------------
+
+def test_a_paid_session_whose_webhook_was_dropped_marks_the_order_paid(build_app, sandbox):
+    app = build_app()
+    with app.app_context():
+        order_id, sid = awaiting_provider()
+        sandbox.faults(drop_webhooks=1)
+        sandbox.set_outcome(sid, "paid")
+        assert order_state(order_id) == "PaymentInitiated"
+
+        result = run_cycle(now=later(app))
+
+        assert result.provider["paid"] == 1
+        assert order_state(order_id) == "Paid"
+        assert session_reads(sandbox, sid) == 1
+        again = run_cycle(now=later(app))  # a paid order is no longer anyone's business here
+        assert again.provider["paid"] == 0 and session_reads(sandbox, sid) == 1
+
+
+def test_an_expired_session_moves_the_order_to_payment_failed(build_app, sandbox):
+    app = build_app()
+    with app.app_context():
+        order_id, sid = awaiting_provider()
+        sandbox.advance_clock(app.config["UNPAID_ORDER_EXPIRY_SECONDS"] + 120)  # past the session's expires_at
+
+        result = run_cycle(now=later(app))
+
+        assert result.provider["payment_failed"] == 1
+        assert order_state(order_id) == "PaymentFailed"
+
+
+def test_an_open_session_is_left_alone(build_app, sandbox):
+    app = build_app()
+    with app.app_context():
+        order_id, sid = awaiting_provider()
+        result = run_cycle(now=later(app))
+        assert result.provider["open"] == 1
+        assert order_state(order_id) == "PaymentInitiated"
+
+
+def test_a_paid_session_that_fails_the_payment_proof_leaves_the_order_and_records_the_refusal(build_app, sandbox,
+                                                                                              caplog):
+    app = build_app()
+    with app.app_context():
+        order_id, sid = awaiting_provider()
+        sandbox.set_outcome(sid, "paid")
+        db.session.execute(update(Order).where(Order.id == order_id).values(total=Order.total + 100)
+                           .execution_options(synchronize_session=False))
+        db.session.commit()
+
+        with caplog.at_level(logging.WARNING, logger="shop.payments"):
+            result = run_cycle(now=later(app))
+
+        assert result.provider["proof_refused"] == 1 and result.provider["paid"] == 0
+        assert order_state(order_id) == "PaymentInitiated"
+        refusal = db.session.query(PaymentProofRefusal).filter_by(order_id=order_id).one()
+        assert refusal.source == "sweep" and refusal.session_id == sid
+        assert any(r.levelno == logging.WARNING and "payment proof refused" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unreachable_provider_is_counted_and_the_orders_wait_for_the_next_cycle(build_app, sandbox):
+    app = build_app()
+    with app.app_context():
+        orders = [awaiting_provider() for _ in range(4)]
+        for _, sid in orders:
+            sandbox.set_outcome(sid, "paid")
+        sandbox.faults(api_unavailable=True)
+        reads_before = session_reads(sandbox)
+
+        down = run_cycle(now=later(app))
+
+        assert down.status == "ok" and down.provider["unavailable"] == 4
+        # after UNAVAILABLE_STREAK_LIMIT silent answers in a row it stops spending calls
+        assert session_reads(sandbox) - reads_before == sweep.UNAVAILABLE_STREAK_LIMIT
+        assert {order_state(o) for o, _ in orders} == {"PaymentInitiated"}
+
+        sandbox.faults(api_unavailable=False)
+        up = run_cycle(now=later(app))
+        assert up.provider["paid"] == 4
+        assert {order_state(o) for o, _ in orders} == {"Paid"}
+
+
+def test_one_orders_failure_does_not_poison_the_batch(build_app, sandbox):
+    app = build_app()
+    with app.app_context():
+        lost, _ = awaiting_provider()
+        sandbox.reset()  # the provider forgot that session: asking about it is refused (404)
+        paid, sid = awaiting_provider()
+        sandbox.set_outcome(sid, "paid")
+        backdate(lost, utcnow() - timedelta(seconds=5))  # the broken one comes first
+
+        result = run_cycle(now=later(app))
+
+        assert result.status == "ok"
+        assert result.provider["errors"] == 1 and result.provider["paid"] == 1
+        assert [e["order_id"] for e in result.errors] == [lost]
+        assert order_state(lost) == "PaymentInitiated" and order_state(paid) == "Paid"
+        recorded = db.session.get(ReconciliationCycle, result.cycle_id)
+        assert recorded.errors[0]["order_id"] == lost and recorded.provider_counts["paid"] == 1
+
+
+# -- races -----------------------------------------------------------------------------------
+
+def _webhook_in_another_thread(app, body: bytes) -> dict:
+    """Deliver the webhook from its own thread (own app context, own session and connection),
+    and wait for it: from the sweep's point of view it lands at exactly this instant."""
+    answer = {}
+
+    def deliver():
+        response = signed_post(app, body)
+        answer["status"], answer["json"] = response.status_code, response.get_json()
+
+    worker = threading.Thread(target=deliver)
+    worker.start()
+    worker.join(timeout=30)
+    return answer
+
+
+@pytest.mark.skipif(not ON_POSTGRES, reason="SQLite takes the write lock at BEGIN, so no writer can land between a load and its save")
+def test_a_webhook_landing_between_the_sweeps_load_and_save_wins(build_app, sandbox, caplog):
+    app = build_app(RECONCILIATION_ENABLED=False)
+    with app.app_context():
+        order_id, _, body = paid_behind_our_back(sandbox)
+        answers = []
+
+        def webhook_first(session, _flush_context, _instances):
+            cancelling = [o for o in session.dirty if isinstance(o, Order) and o.status == "Cancelled"]
+            if cancelling and not answers:
+                answers.append(_webhook_in_another_thread(app, body))
+
+        event.listen(db.session, "before_flush", webhook_first)
+        try:
+            with caplog.at_level(logging.INFO, logger="shop.sweep"):
+                result = run_cycle(now=later(app))
+        finally:
+            event.remove(db.session, "before_flush", webhook_first)
+
+        assert answers and answers[0]["status"] == 200 and answers[0]["json"]["outcome"] == "paid"
+        assert result.expiry["lost_race"] == 1 and result.expiry["cancelled"] == 0
+        assert order_state(order_id) == "Paid"
+        assert cancellations(order_id) == 0
+        assert any(r.levelno == logging.INFO and "lost a race" in r.getMessage() for r in caplog.records)
+
+
+def test_a_webhook_landing_between_the_sweeps_select_and_reload_wins(build_app, sandbox):
+    app = build_app(RECONCILIATION_ENABLED=False)
+    with app.app_context():
+        order_id, _, body = paid_behind_our_back(sandbox)
+        sweeper = threading.get_ident()
+        answers = []
+
+        def webhook_first(state):
+            # the sweep's first load of a whole Order (the per-order reload, after the id query)
+            if threading.get_ident() != sweeper or answers or not state.is_select:
+                return
+            if [d.get("type") for d in state.statement.column_descriptions] == [Order]:
+                answers.append(_webhook_in_another_thread(app, body))
+
+        event.listen(db.session, "do_orm_execute", webhook_first)
+        try:
+            result = run_cycle(now=later(app))
+        finally:
+            event.remove(db.session, "do_orm_execute", webhook_first)
+
+        assert answers and answers[0]["json"]["outcome"] == "paid"
+        assert result.expiry["changed"] == 1 and result.expiry["cancelled"] == 0
+        assert order_state(order_id) == "Paid"
+        assert cancellations(order_id) == 0
+
+
+def test_two_cycles_started_at_once_make_one_provider_call_per_order(build_app, sandbox, monkeypatch):
+    app = build_app()
+    with app.app_context():
+        orders = [awaiting_provider() for _ in range(3)]
+        for _, sid in orders:
+            sandbox.set_outcome(sid, "paid")
+        when = later(app)
+    # Both cycles have loaded an order and let go of the database before either asks the
+    # provider, so without the lease both would ask about every order.
+    monkeypatch.setenv("BACKSTOP_FAILPOINTS", "sweep.before_provider_call=sleep:0.3")
+    start = threading.Barrier(2)
+    results, failures = [], []
+
+    def cycle():
+        try:
+            with app.app_context():
+                start.wait(timeout=10)
+                results.append(run_cycle(now=when))
+                db.session.remove()
+        except Exception as exc:  # pragma: no cover - surfaced by the assertion below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=cycle) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+
+    assert not failures
+    assert sorted(r.status for r in results) == ["ok", "skipped"]
+    assert [session_reads(sandbox, sid) for _, sid in orders] == [1, 1, 1]
+    with app.app_context():
+        assert {order_state(o) for o, _ in orders} == {"Paid"}
+        recorded = sorted(c.status for c in db.session.query(ReconciliationCycle))
+        assert recorded == ["ok", "skipped"]
+        assert db.session.query(Lease).count() == 0  # released at the end
+
+
+def test_a_cycle_that_outlives_its_lease_stops_before_the_next_order(build_app, monkeypatch):
+    app = build_app(RECONCILIATION_LEASE_SECONDS=0.3)
+    with app.app_context():
+        first, second = place(), place()
+        backdate(first, utcnow() - timedelta(seconds=10))
+        monkeypatch.setenv("BACKSTOP_FAILPOINTS", "sweep.after_order=sleep:0.6")  # one order outlasts the lease
+
+        result = run_cycle(now=later(app))
+
+        assert result.status == "failed" and result.reason == "lost the lease"
+        assert result.expiry["cancelled"] == 1
+        assert order_state(first) == "Cancelled" and order_state(second) == "PendingPayment"
+        recorded = db.session.get(ReconciliationCycle, result.cycle_id)
+        assert recorded.status == "failed" and "lease" in recorded.errors[-1]["error"]
+
+
+def test_a_lease_held_by_another_live_cycle_skips_the_cycle(build_app, sandbox):
+    app = build_app()
+    with app.app_context():
+        order_id = place()
+        when = later(app)
+        db.session.add(Lease(name=sweep.LEASE_NAME, holder="other-replica", expires_at=when + timedelta(seconds=60)))
+        db.session.commit()
+
+        skipped = run_cycle(now=when)
+        assert skipped.status == "skipped" and "other-replica" in skipped.reason
+        assert order_state(order_id) == "PendingPayment"
+
+        taken_over = run_cycle(now=when + timedelta(seconds=61))  # its holder died: the lease lapsed
+        assert taken_over.status == "ok" and taken_over.expiry["cancelled"] == 1
+
+
+# -- bounds and gates ------------------------------------------------------------------------
+
+def test_one_cycle_handles_exactly_one_batch_oldest_first(build_app):
+    app = build_app(RECONCILIATION_BATCH_SIZE=3)
+    with app.app_context():
+        orders = [place() for _ in range(5)]
+        for failed in orders[1::2]:  # two of them had a payment fail: PaymentFailed is unpaid too
+            assert start_payment(failed).status == "started"
+            gateway.expire_session(session_of(failed))
+            assert reconcile_order(failed).outcome == "payment_failed"
+        base = utcnow() - timedelta(hours=2)
+        ages = {orders[0]: 50, orders[1]: 10, orders[2]: 40, orders[3]: 20, orders[4]: 30}  # minutes later than base
+        for order_id, minutes in ages.items():
+            backdate(order_id, base + timedelta(minutes=minutes))
+        young = place()
+
+        result = run_cycle()  # real time: only the backdated ones are past the cutoff
+
+        assert result.expiry["cancelled"] == 3
+        oldest_three = sorted(ages, key=ages.get)[:3]
+        assert sorted(o for o in orders if order_state(o) == "Cancelled") == sorted(oldest_three)
+        assert order_state(young) == "PendingPayment"
+        assert run_cycle().expiry["cancelled"] == 2
+
+
+def test_with_reconciliation_off_the_expiry_pass_still_cancels_and_nobody_asks_the_provider(build_app, sandbox):
+    app = build_app(RECONCILIATION_ENABLED=False)
+    with app.app_context():
+        stranded = place()
+        waiting, sid = awaiting_provider()
+        sandbox.set_outcome(sid, "paid")
+
+        result = run_cycle(now=later(app))
+
+        assert result.status == "ok" and result.provider is None
+        assert order_state(stranded) == "Cancelled"
+        assert order_state(waiting) == "PaymentInitiated"
+        assert session_reads(sandbox) == 0
+        assert "provider pass: off" in "\n".join(result.report_lines())
+
+
+def test_with_expiry_off_the_provider_pass_still_applies_payments(build_app, sandbox):
+    app = build_app(UNPAID_ORDER_EXPIRY_ENABLED=False)
+    with app.app_context():
+        stranded = place()
+        waiting, sid = awaiting_provider()
+        sandbox.set_outcome(sid, "paid")
+
+        result = run_cycle(now=later(app))
+
+        assert result.status == "ok" and result.expiry is None
+        assert order_state(stranded) == "PendingPayment"
+        assert order_state(waiting) == "Paid"
+
+
+# -- what the operator sees ------------------------------------------------------------------
+
+def test_each_cycle_is_recorded_and_the_command_prints_one_line_per_pass(build_app, sandbox):
+    app = build_app()
+    with app.app_context():
+        place()
+        order_id, sid = awaiting_provider()
+        sandbox.set_outcome(sid, "paid")
+        for (oid,) in db.session.execute(select(Order.id)).all():
+            backdate(oid, utcnow() - timedelta(hours=1))
+
+    out = app.test_cli_runner().invoke(args=["shop", "sweep"])
+
+    assert out.exit_code == 0, out.output
+    assert "expiry pass: 1 cancelled, 0 lost races" in out.output
+    assert "provider pass: 1 paid, 0 payment failed, 0 unavailable" in out.output
+    with app.app_context():
+        cycle = db.session.query(ReconciliationCycle).one()
+        assert cycle.status == "ok" and cycle.finished_at is not None
+        assert cycle.expiry_counts["cancelled"] == 1 and cycle.provider_counts["paid"] == 1
+        finished = cycle.finished_at.timestamp()
+        db.session.rollback()
+    metrics = app.test_client().get("/metrics").get_data(as_text=True)
+    line = next(l for l in metrics.splitlines() if l.startswith("shop_reconciliation_last_success_timestamp_seconds"))
+    assert float(line.split()[-1]) == pytest.approx(finished)
