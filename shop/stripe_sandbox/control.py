@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from typing import Any
 
 from flask import Blueprint, Response, current_app, request
@@ -25,6 +26,17 @@ FAULT_TYPES = {
     "webhook_delay_seconds": "seconds",
     "api_unavailable": "bool",
 }
+
+
+REQUEST_COUNTS = "stripe_sandbox_requests"
+
+
+def count_api_request() -> None:
+    """before_request hook: count every /v1 call by method and path, so a test can assert how
+    many provider calls a client made (GET /_sandbox/requests)."""
+    if request.path.startswith("/v1"):
+        with _sandbox().lock:
+            current_app.extensions[REQUEST_COUNTS][(request.method, request.path)] += 1
 
 
 def _sandbox() -> Sandbox:
@@ -146,8 +158,21 @@ def read_clock() -> Response:
 @bp.post("/reset")
 def reset() -> Response:
     _body()
-    _sandbox().reset()
+    sandbox = _sandbox()
+    sandbox.reset()
+    with sandbox.lock:
+        current_app.extensions[REQUEST_COUNTS].clear()
     return _json({"reset": True})
+
+
+@bp.get("/requests")
+def list_requests() -> Response:
+    """How many times each /v1 method + path was called since the last reset."""
+    sandbox = _sandbox()
+    with sandbox.lock:
+        counts: Counter = current_app.extensions[REQUEST_COUNTS]
+        data = [{"method": m, "path": p, "count": n} for (m, p), n in sorted(counts.items())]
+    return _json({"object": "list", "data": data})
 
 
 @bp.get("/events")

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
@@ -71,6 +72,8 @@ def create_sandbox_app(min_session_seconds: int = 1800, *, start_threads: bool =
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = 1_000_000
     app.extensions["stripe_sandbox"] = Sandbox(min_session_seconds, start_threads=start_threads)
+    app.extensions[control.REQUEST_COUNTS] = Counter()
+    app.before_request(control.count_api_request)
     app.register_blueprint(api.bp)
     app.register_blueprint(control.bp)
     app.register_blueprint(hosted.bp)
