@@ -1,12 +1,13 @@
 from flask_wtf import FlaskForm
 from wtforms import EmailField, HiddenField, IntegerField
-from wtforms.validators import DataRequired, Email, Length, NumberRange
+from wtforms.validators import DataRequired, Email, InputRequired, Length, NumberRange
 
 
 class AddToCartForm(FlaskForm):
     variant_id = IntegerField("Variant", validators=[DataRequired(message="Choose an item.")])
     quantity = IntegerField("Quantity", default=1, validators=[
-        DataRequired(message="Enter a quantity."), NumberRange(1, 99, message="Quantity must be between 1 and 99.")])
+        # InputRequired, not DataRequired: a 0 is data, and deserves the range message, not "enter a quantity".
+        InputRequired(message="Enter a quantity."), NumberRange(1, 99, message="Quantity must be between 1 and 99.")])
 
 
 class CheckoutForm(FlaskForm):

@@ -1,0 +1,299 @@
+"""The storefront over HTTP (CONTRACT section 4), as a browser uses it: JSON shapes, the cart's
+refusals in words, CSRF, checkout refusals, double submits, cancellation with the version the
+customer saw, and who may see an order."""
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+from sqlalchemy import func, select, update
+
+from conftest import csrf_token
+from shop.extensions import db
+from shop.models import Cart, InventoryItem, Order, OutboxDelivery, OutboxEvent, Variant
+from shop.seed import seed_catalog
+
+JSON = {"Accept": "application/json"}
+HTML = {"Accept": "text/html"}
+ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+
+
+@pytest.fixture
+def shop(make_app):
+    """The app with the demo catalog; the provider is unreachable (connection refused at once),
+    so checkout leaves the order PendingPayment with "Pay now" until payment lands."""
+    app = make_app(STRIPE_API_BASE="http://127.0.0.1:9")
+    with app.app_context():
+        seed_catalog()
+        app.skus = {v.sku: v.id for v in db.session.execute(select(Variant)).scalars()}
+        db.session.remove()
+    return app
+
+
+@pytest.fixture
+def browser(shop):
+    return Browser(shop)
+
+
+class Browser:
+    """One browser: a test client with its cookie jar and the CSRF token its pages render."""
+
+    def __init__(self, app):
+        self.app = app
+        self.client = app.test_client()
+        self.token = csrf_token(self.client, "/")
+
+    def add(self, sku, quantity=1, headers=None):
+        return self.client.post("/cart/items", headers=headers or HTML, data={
+            "csrf_token": self.token, "variant_id": self.app.skus[sku], "quantity": quantity})
+
+    def checkout(self, email="ann@example.com", headers=None):
+        return self.client.post("/checkout", headers=headers or HTML,
+                                data={"csrf_token": self.token, "email": email})
+
+    def buy(self, sku="NB-A5-DOT", quantity=1) -> str:
+        assert self.add(sku, quantity).status_code == 303
+        placed = self.checkout()
+        assert placed.status_code == 303, placed.get_data(as_text=True)
+        return placed.headers["Location"].rsplit("/", 1)[-1]
+
+    def order(self, reference, **query):
+        return self.client.get(f"/orders/{reference}", headers=JSON, query_string=query)
+
+    def cancel(self, reference, version, headers=None, **extra):
+        return self.client.post(f"/orders/{reference}/cancel", headers=headers or HTML,
+                                data={"csrf_token": self.token, "version": version, **extra})
+
+
+def stock(app, sku):
+    with app.app_context():
+        try:
+            return db.session.get(InventoryItem, app.skus[sku]).on_hand
+        finally:
+            db.session.remove()
+
+
+def rows(app, model, *where):
+    with app.app_context():
+        try:
+            return db.session.execute(select(func.count()).select_from(model).where(*where)).scalar_one()
+        finally:
+            db.session.remove()
+
+
+# -- catalog and cart ----------------------------------------------------------------------------
+
+def test_the_catalog_json_has_exactly_the_contract_shape_with_live_stock(shop, browser):
+    data = browser.client.get("/", headers=JSON).get_json()
+    assert list(data) == ["products"]
+    variants = {}
+    for product in data["products"]:
+        assert set(product) == {"id", "name", "variants"}
+        assert isinstance(product["id"], int) and isinstance(product["name"], str)
+        for v in product["variants"]:
+            assert set(v) == {"id", "sku", "name", "price", "currency", "available"}
+            assert isinstance(v["price"], int) and isinstance(v["available"], int)
+            variants[v["sku"]] = v
+    assert variants["MUG-350-NVY"] == {"id": shop.skus["MUG-350-NVY"], "sku": "MUG-350-NVY", "name": "Navy",
+                                       "price": 1800, "currency": "usd", "available": 3}
+    assert variants["SOCK-L"]["available"] == 0
+    browser.buy("MUG-350-NVY", 2)
+    again = browser.client.get("/", headers=JSON).get_json()
+    assert {v["sku"]: v["available"] for p in again["products"] for v in p["variants"]}["MUG-350-NVY"] == 1
+    html = browser.client.get("/", headers=HTML).get_data(as_text=True)
+    assert "Enamel Camp Mug" in html and "18.00" in html
+
+
+def test_adding_a_bad_quantity_is_a_400_in_words(browser):
+    for quantity, words in [("0", "between 1 and 99"), ("100", "between 1 and 99"),
+                            ("lots", "Quantity: Not a valid integer"), ("", "Quantity: Enter a quantity.")]:
+        r = browser.add("NB-A5-DOT", quantity, headers=JSON)
+        assert r.status_code == 400, quantity
+        assert words in r.get_json()["error"], (quantity, r.get_json())
+    assert browser.client.get("/cart", headers=JSON).get_json()["items"] == []
+
+
+def test_adding_an_unknown_variant_is_a_404(browser):
+    r = browser.client.post("/cart/items", headers=JSON,
+                            data={"csrf_token": browser.token, "variant_id": 999999, "quantity": 1})
+    assert r.status_code == 404 and "not for sale" in r.get_json()["error"]
+
+
+def test_adding_more_than_is_available_is_a_409_saying_how_many_are_left(shop, browser):
+    assert browser.add("MUG-350-NVY", 2).status_code == 303
+    r = browser.add("MUG-350-NVY", 2, headers=JSON)
+    assert r.status_code == 409
+    assert r.get_json()["error"] == "Only 3 of MUG-350-NVY left; you asked for 4."
+    cart = browser.client.get("/cart", headers=JSON).get_json()
+    assert [(i["sku"], i["quantity"], i["available"]) for i in cart["items"]] == [("MUG-350-NVY", 2, 3)]
+    assert cart["total"] == 3600 and cart["currency"] == "usd"
+
+
+def test_a_post_without_its_csrf_token_is_a_400_with_a_clear_message_and_changes_nothing(shop, browser):
+    r = browser.client.post("/cart/items", headers=HTML,
+                            data={"variant_id": shop.skus["NB-A5-DOT"], "quantity": 1})
+    assert r.status_code == 400 and "form expired" in r.get_data(as_text=True).lower()
+    browser.add("NB-A5-DOT")
+    r = browser.client.post("/checkout", headers=JSON, data={"email": "ann@example.com", "csrf_token": "forged"})
+    assert r.status_code == 400 and "reload the page" in r.get_json()["error"]
+    assert rows(shop, Order) == 0 and stock(shop, "NB-A5-DOT") == 40
+
+
+# -- checkout --------------------------------------------------------------------------------------
+
+def test_checking_out_an_empty_cart_is_a_400(shop, browser):
+    r = browser.checkout(headers=JSON)
+    assert r.status_code == 400 and r.get_json()["error"] == "Your cart is empty."
+    assert rows(shop, Order) == 0
+
+
+def test_checking_out_with_a_bad_email_is_a_400_that_keeps_the_cart(shop, browser):
+    browser.add("NB-A5-DOT")
+    r = browser.checkout("not-an-email")
+    assert r.status_code == 400
+    html = r.get_data(as_text=True)
+    assert "does not look like an email address" in html and "NB-A5-DOT" in html
+    assert rows(shop, Order) == 0 and stock(shop, "NB-A5-DOT") == 40
+
+
+def test_checking_out_more_than_is_left_is_a_409_that_re_renders_the_cart_with_the_reason(shop, browser):
+    browser.add("MUG-350-NVY", 3)
+    browser.add("NB-A6-DOT", 1)
+    other = Browser(shop)
+    other.buy("MUG-350-NVY", 2)  # someone else bought two meanwhile
+    r = browser.checkout()
+    assert r.status_code == 409
+    html = r.get_data(as_text=True)
+    assert "MUG-350-NVY" in html and "only 1 left" in html and "you asked for 3" in html
+    assert "Check out and pay" in html  # the cart is still there to fix
+    data = browser.checkout(headers=JSON).get_json()
+    assert data["shortages"] == [{"variant_id": shop.skus["MUG-350-NVY"], "sku": "MUG-350-NVY", "name": "Navy",
+                                  "requested": 3, "available": 1}]
+    assert rows(shop, Order) == 1
+    assert (stock(shop, "MUG-350-NVY"), stock(shop, "NB-A6-DOT")) == (1, 25)
+
+
+def test_a_double_submitted_checkout_of_one_cart_creates_one_order(shop, browser):
+    browser.add("NB-A5-DOT", 2)
+    twin = shop.test_client()  # the same browser, a second tab: same session cookie
+    twin.set_cookie("session", browser.client.get_cookie("session").value)
+    barrier = threading.Barrier(2)
+    answers = []
+
+    def submit(client):
+        barrier.wait()
+        answers.append(client.post("/checkout", headers=JSON,
+                                   data={"csrf_token": browser.token, "email": "ann@example.com"}))
+
+    threads = [threading.Thread(target=submit, args=(c,)) for c in (browser.client, twin)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(a.status_code for a in answers) in ([201, 400], [201, 409]), [a.get_json() for a in answers]
+    assert rows(shop, Order) == 1 and stock(shop, "NB-A5-DOT") == 38
+    assert rows(shop, Cart, Cart.status == "ordered") == 1
+    assert browser.checkout(headers=JSON).status_code == 400  # and a later resubmit finds no cart
+    assert rows(shop, Order) == 1
+
+
+# -- orders ------------------------------------------------------------------------------------------
+
+def test_the_orders_list_and_the_order_page_have_the_contract_json_shape(shop, browser):
+    first = browser.buy("NB-A5-DOT", 2)
+    second = browser.buy("MUG-350-SND", 1)
+    listing = browser.client.get("/orders", headers=JSON).get_json()
+    assert list(listing) == ["orders"]
+    assert [o["reference"] for o in listing["orders"]] == [second, first]  # newest first
+    for o in listing["orders"]:
+        assert set(o) == {"reference", "status", "total", "currency", "created_at"}
+        assert o["status"] == "PendingPayment" and ISO.match(o["created_at"])
+    assert listing["orders"][1]["total"] == 2800
+
+    data = browser.order(first).get_json()
+    assert set(data) == {"reference", "status", "version", "total", "currency", "inventory_restored", "lines",
+                         "payment", "refunds", "created_at", "updated_at", "pay_by"}
+    assert (data["reference"], data["status"], data["version"]) == (first, "PendingPayment", 1)
+    assert (data["total"], data["currency"], data["inventory_restored"]) == (2800, "usd", False)
+    assert data["payment"] is None and data["refunds"] == []
+    (line,) = data["lines"]
+    assert set(line) >= {"variant_id", "sku", "quantity", "unit_price"}
+    assert (line["variant_id"], line["sku"], line["quantity"], line["unit_price"]) == (
+        shop.skus["NB-A5-DOT"], "NB-A5-DOT", 2, 1400)
+    for key in ("created_at", "updated_at", "pay_by"):
+        assert ISO.match(data[key]), (key, data[key])
+    assert data["pay_by"] > data["updated_at"]
+    html = browser.client.get(f"/orders/{first}").get_data(as_text=True)
+    assert first in html and "28.00 USD" in html and "Pay now" in html
+
+
+def _version(app, reference):
+    with app.app_context():
+        try:
+            order = db.session.execute(select(Order).where(Order.reference == reference)).scalar_one()
+            return order.status, order.version, order.id
+        finally:
+            db.session.remove()
+
+
+@pytest.mark.parametrize("accept", ["json", "html"])
+def test_a_stale_version_cancel_gets_409_with_the_current_state_and_changes_nothing(shop, browser, accept):
+    reference = browser.buy("MUG-350-NVY", 2)
+    status, version, order_id = _version(shop, reference)
+    with shop.app_context():  # the order moved on after the customer loaded the page
+        db.session.execute(update(Order).where(Order.id == order_id).values(version=Order.version + 1))
+        db.session.commit()
+    r = browser.cancel(reference, version, headers=JSON if accept == "json" else HTML)
+    assert r.status_code == 409
+    if accept == "json":
+        body = r.get_json()
+        assert (body["status"], body["version"]) == ("PendingPayment", version + 1)
+        assert "changed since you loaded it" in body["error"]
+    else:
+        html = r.get_data(as_text=True)
+        assert "changed since you loaded it" in html and "PendingPayment" in html
+        assert f'name="version" value="{version + 1}"' in html  # the form now carries the current version
+    assert _version(shop, reference) == ("PendingPayment", version + 1, order_id)
+    assert rows(shop, OutboxEvent, OutboxEvent.name == "OrderCancelled") == 0
+    assert rows(shop, OutboxDelivery) == 0
+    assert stock(shop, "MUG-350-NVY") == 1
+
+
+def test_a_current_version_cancel_cancels_and_queues_the_stock_restore(shop, browser):
+    reference = browser.buy("MUG-350-NVY", 2)
+    _, version, order_id = _version(shop, reference)
+    r = browser.cancel(reference, version)
+    assert r.status_code == 303 and r.headers["Location"].endswith(f"/orders/{reference}")
+    data = browser.order(reference).get_json()
+    assert (data["status"], data["version"], data["pay_by"]) == ("Cancelled", version + 1, None)
+    assert rows(shop, OutboxEvent, OutboxEvent.name == "OrderCancelled", OutboxEvent.order_id == order_id) == 1
+    assert rows(shop, OutboxDelivery, OutboxDelivery.handler == "restore_inventory",
+                OutboxDelivery.order_id == order_id, OutboxDelivery.status == "pending") == 1
+    again = browser.cancel(reference, version + 1, headers=JSON)
+    assert again.status_code == 409 and again.get_json()["status"] == "Cancelled"
+    assert rows(shop, OutboxEvent, OutboxEvent.name == "OrderCancelled") == 1
+
+
+def test_a_browser_that_did_not_place_an_order_cannot_see_or_cancel_it(shop, browser):
+    reference = browser.buy("NB-A6-DOT", 1)
+    _, version, _ = _version(shop, reference)
+    stranger = Browser(shop)
+    assert stranger.order(reference).status_code == 404
+    assert stranger.client.get(f"/orders/{reference}", headers=HTML).status_code == 404
+    assert stranger.cancel(reference, version).status_code == 404
+    assert stranger.cancel(reference, version, token="wrong-token").status_code == 404
+    assert stranger.client.get("/orders", headers=JSON).get_json() == {"orders": []}
+    assert stranger.order("BK-NOSUCH00").status_code == 404  # indistinguishable from a real one
+    assert _version(shop, reference)[:2] == ("PendingPayment", version)
+
+
+def test_a_url_carrying_the_access_token_shows_the_order_to_any_browser(shop, browser):
+    reference = browser.buy("NB-A6-DOT", 1)
+    with shop.app_context():
+        token = db.session.execute(select(Order.access_token).where(Order.reference == reference)).scalar_one()
+        db.session.remove()
+    stranger = Browser(shop)
+    r = stranger.order(reference, token=token)
+    assert r.status_code == 200 and r.get_json()["reference"] == reference
+    assert stranger.order(reference, token=token[:-1] + ("A" if token[-1] != "A" else "B")).status_code == 404
