@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
 from ..extensions import db
 from ..domain.order import OrderRules
 from .writer import after_commit, write_events
@@ -12,10 +15,37 @@ from .writer import after_commit, write_events
 log = logging.getLogger("shop.outbox")
 
 
+@event.listens_for(Session, "before_flush")
+def _hold_recording_aggregates(session, _flush_context, _instances) -> None:
+    # Once flushed, an aggregate is clean and the session holds it only weakly: a handler that
+    # flushes (to meet a version conflict inside its own code) and returns would let the garbage
+    # collector take the order together with the events it recorded. Hold it until the end of
+    # the transaction.
+    held = session.info.setdefault("recording", [])
+    for obj in list(session.dirty) + list(session.new):
+        if isinstance(obj, OrderRules) and obj.pending_events and not any(h is obj for h in held):
+            held.append(obj)
+
+
+@event.listens_for(Session, "after_commit")
+@event.listens_for(Session, "after_rollback")
+def _release_recording_aggregates(session, *_args) -> None:
+    session.info.pop("recording", None)
+
+
+def _aggregates(session) -> list:
+    seen, found = set(), []
+    for obj in list(session.info.get("recording", ())) + list(session.identity_map.values()) + list(session.new):
+        if isinstance(obj, OrderRules) and id(obj) not in seen:
+            seen.add(id(obj))
+            found.append(obj)
+    return found
+
+
 def _recorded_events(session) -> list:
     events = []
-    for obj in list(session.identity_map.values()) + list(session.new):
-        if isinstance(obj, OrderRules) and obj.pending_events:
+    for obj in _aggregates(session):
+        if obj.pending_events:
             events.extend(obj.pending_events)
             obj.pending_events.clear()
     return events
@@ -23,9 +53,9 @@ def _recorded_events(session) -> list:
 
 def _forget(session) -> None:
     session.info.pop("after_commit", None)
-    for obj in list(session.identity_map.values()):
-        if isinstance(obj, OrderRules):
-            obj.pending_events.clear()
+    for obj in _aggregates(session):
+        obj.pending_events.clear()
+    session.info.pop("recording", None)
 
 
 def commit(session) -> None:
@@ -38,8 +68,8 @@ def commit(session) -> None:
 def rollback(session) -> None:
     """Roll back and forget what the aggregates recorded, so no event of an undone change
     can reach a later commit."""
+    _forget(session)  # first: the rollback itself lets go of the aggregates held for this transaction
     session.rollback()
-    _forget(session)
 
 
 @contextmanager
