@@ -52,13 +52,19 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
 
 
+# rq-scheduler stores whole seconds and moves a job up to a second before its time. Refusing
+# such a run would drop the job and leave the row to the relay (seconds late); claiming it lets
+# the handler decide: a deadline that is not due yet raises Reschedule.
+EARLY_CLAIM_SECONDS = 2
+
+
 def claim(model, work_id: int, now: datetime, worker: str) -> bool:
     lease = timedelta(seconds=current_app.config["OUTBOX_LEASE_SECONDS"])
     claimable = and_(
         model.id == work_id,
         model.attempts < model.max_attempts,
         or_(
-            and_(model.status == "pending", model.next_attempt_at <= now),
+            and_(model.status == "pending", model.next_attempt_at <= now + timedelta(seconds=EARLY_CLAIM_SECONDS)),
             and_(model.status == "processing", model.claimed_until < now),
         ),
     )
