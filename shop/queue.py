@@ -10,11 +10,12 @@ import logging
 import os
 import socket
 import threading
+import uuid
 from datetime import datetime, timezone
 
 from flask import current_app
 from redis import Redis
-from rq import Queue, SimpleWorker
+from rq import Queue, SimpleWorker, get_current_job
 from rq_scheduler import Scheduler
 
 log = logging.getLogger("shop.queue")
@@ -84,10 +85,16 @@ def announce(delivery_ids, commands, now: datetime | None = None) -> None:
         if jobs:
             queue.enqueue_many(jobs, pipeline=pipe)
         pipe.execute()
+    running = get_current_job()
     for cid, due in commands:
         if _aware(due) > now:
-            sched.enqueue_at(_aware(due), COMMAND_JOB, cid, job_id=command_job_id(cid),
-                             job_result_ttl=0, timeout=300)
+            job_id = command_job_id(cid)
+            if running is not None and running.id == job_id:
+                # Re-armed from inside its own job (a retry, or a deadline that fired early): RQ
+                # deletes the running job's key when it finishes (result_ttl=0), which would take
+                # this schedule with it. A distinct id keeps it.
+                job_id = f"{job_id}-{uuid.uuid4().hex[:8]}"
+            sched.enqueue_at(_aware(due), COMMAND_JOB, cid, job_id=job_id, job_result_ttl=0, timeout=300)
 
 
 def command_is_scheduled(command_id: int) -> bool:
