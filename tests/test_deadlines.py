@@ -1,0 +1,315 @@
+"""The per-order payment deadline: armed with the order, re-derived from what is stored when it
+fires, re-armed after a failed payment, a lost race to a webhook, and recovery after Redis lost
+everything. Real database, real Redis, real sandbox; time is injected through `now=`."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import event, select
+
+from shop import SettingsError, create_app
+from shop import queue
+from shop.domain.deadlines import as_utc, utcnow
+from shop.extensions import db
+from shop.models import (Cart, CartItem, InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand,
+                         Variant)
+from shop.orders.checkout import place_order
+from shop.outbox import uow
+from shop.outbox.dispatch import run_command, run_delivery
+from shop.outbox.relay import rearm_future_commands, relay_once
+from shop.payments import gateway
+from shop.payments.service import reconcile_order, start_payment
+from shop.seed import seed_catalog
+
+WINDOW = 1800  # the default payment window
+SKU = "MUG-350-SND"  # 12 in stock after seeding
+
+
+def _checkout(quantity: int = 2, now: datetime | None = None) -> tuple[int, int, int]:
+    """Place a real order for `quantity` of SKU; returns (order id, variant id, deadline id)."""
+    seed_catalog()
+    variant_id = db.session.execute(select(Variant.id).where(Variant.sku == SKU)).scalar_one()
+    cart = Cart(browser_id=f"b-{uuid.uuid4().hex[:12]}", status="open")
+    db.session.add(cart)
+    db.session.flush()
+    db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id, quantity=quantity))
+    db.session.commit()
+    placed = place_order(cart_id=cart.id, browser_id=cart.browser_id, email="ann@example.com", now=now)
+    assert placed.ok, placed
+    deadline_id = db.session.execute(
+        select(ScheduledCommand.id).where(ScheduledCommand.kind == "expire_unpaid_order",
+                                          ScheduledCommand.order_id == placed.order_id)).scalar_one()
+    db.session.rollback()
+    return placed.order_id, variant_id, deadline_id
+
+
+def _on_hand(variant_id: int) -> int:
+    value = db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).scalar_one()
+    db.session.rollback()
+    return value
+
+
+def _order(order_id: int) -> Order:
+    db.session.expire_all()
+    return db.session.get(Order, order_id)
+
+
+def _command(command_id: int) -> ScheduledCommand:
+    db.session.expire_all()
+    return db.session.get(ScheduledCommand, command_id)
+
+
+def _deadlines(order_id: int) -> list[ScheduledCommand]:
+    db.session.expire_all()
+    return list(db.session.execute(
+        select(ScheduledCommand).where(ScheduledCommand.kind == "expire_unpaid_order",
+                                       ScheduledCommand.order_id == order_id)
+        .order_by(ScheduledCommand.id)).scalars())
+
+
+def _deliveries(order_id: int, event_name: str) -> list[OutboxDelivery]:
+    db.session.expire_all()
+    return list(db.session.execute(
+        select(OutboxDelivery).join(OutboxEvent, OutboxDelivery.event_id == OutboxEvent.id)
+        .where(OutboxEvent.order_id == order_id, OutboxEvent.name == event_name)
+        .order_by(OutboxDelivery.id)).scalars())
+
+
+def _scheduled_at(command_id: int) -> datetime | None:
+    """When rq-scheduler will move this command's job to the work queue (None: not scheduled)."""
+    wanted = queue.command_job_id(command_id)
+    for job, at in queue.scheduler().get_jobs(with_times=True):
+        if job.id == wanted:
+            return at.replace(tzinfo=timezone.utc) if at.tzinfo is None else at
+    return None
+
+
+def _restore(order_id: int, now: datetime) -> None:
+    [delivery] = _deliveries(order_id, "OrderCancelled")
+    assert delivery.handler == "restore_inventory"
+    assert run_delivery(delivery.id, now=now) == "done"
+
+
+@pytest.fixture
+def app_ctx(app):
+    with app.app_context():
+        yield app
+        db.session.remove()
+
+
+@pytest.fixture
+def paying_ctx(paying_app):
+    with paying_app.app_context():
+        yield paying_app
+        db.session.remove()
+
+
+def test_an_unpaid_order_is_cancelled_at_its_deadline_and_its_stock_comes_back(app_ctx):
+    placed_at = utcnow()
+    order_id, variant_id, deadline_id = _checkout(quantity=2, now=placed_at)
+    assert _on_hand(variant_id) == 10
+    due = as_utc(_command(deadline_id).next_attempt_at)
+    assert due == placed_at + timedelta(seconds=WINDOW)
+
+    assert run_command(deadline_id, now=due) == "done"
+
+    order = _order(order_id)
+    assert order.status == "Cancelled"
+    assert _command(deadline_id).status == "done"
+    _restore(order_id, now=due)
+    assert _on_hand(variant_id) == 12
+    assert _order(order_id).inventory_restored is True
+
+
+def test_a_deadline_that_fires_a_second_early_is_rescheduled_to_its_due_time_and_then_cancels(app_ctx):
+    placed_at = utcnow()
+    order_id, variant_id, deadline_id = _checkout(now=placed_at)
+    due = placed_at + timedelta(seconds=WINDOW)
+
+    # rq-scheduler keeps whole seconds and may fire up to a second early.
+    assert run_command(deadline_id, now=due - timedelta(seconds=1.5)) == "rescheduled"
+
+    assert _order(order_id).status == "PendingPayment"
+    row = _command(deadline_id)
+    assert (row.status, row.attempts, as_utc(row.next_attempt_at)) == ("pending", 0, due)
+    assert _scheduled_at(deadline_id) == due.replace(microsecond=0)  # handed back to rq-scheduler
+    assert _deliveries(order_id, "OrderCancelled") == []
+
+    assert run_command(deadline_id, now=due) == "done"
+    assert _order(order_id).status == "Cancelled"
+    _restore(order_id, now=due)
+    assert _on_hand(variant_id) == 12
+
+
+def test_a_deadline_run_long_before_its_time_changes_nothing(app_ctx):
+    placed_at = utcnow()
+    order_id, variant_id, deadline_id = _checkout(now=placed_at)
+
+    assert run_command(deadline_id, now=placed_at + timedelta(minutes=10)) == "skipped"
+
+    order = _order(order_id)
+    assert (order.status, order.version) == ("PendingPayment", 1)
+    assert _command(deadline_id).status == "pending"
+    assert _on_hand(variant_id) == 10
+
+
+def test_a_payment_that_failed_at_minute_20_gets_a_fresh_full_window_and_the_old_deadline_is_a_noop(paying_ctx):
+    # The order was placed 20 minutes ago; its payment fails now ("minute 20").
+    minute_20 = utcnow()
+    placed_at = minute_20 - timedelta(minutes=20)
+    order_id, variant_id, old_id = _checkout(now=placed_at)
+    assert start_payment(order_id, now=minute_20).status == "started"
+    session_id = _order(order_id).payment_session_id
+    gateway.expire_session(session_id)
+    assert reconcile_order(order_id, source="test", now=minute_20).outcome == "payment_failed"
+    [followups] = _deliveries(order_id, "OrderPaymentFailed")
+    assert run_delivery(followups.id, now=minute_20) == "done"
+
+    failed = _order(order_id)
+    failed_version, failed_at = failed.version, as_utc(failed.updated_at)
+    assert failed.status == "PaymentFailed"
+    old, new = _deadlines(order_id)
+    old_due, new_id, new_due = as_utc(old.next_attempt_at), new.id, as_utc(new.next_attempt_at)
+    assert old.id == old_id
+    assert old_due == placed_at + timedelta(seconds=WINDOW)  # minute 30
+    assert new_due == failed_at + timedelta(seconds=WINDOW)  # a full window from the failure
+    assert abs((new_due - (minute_20 + timedelta(seconds=WINDOW))).total_seconds()) < 5
+
+    # Minute 30: the first deadline fires and does nothing.
+    assert run_command(old_id, now=old_due) == "done"
+    still = _order(order_id)
+    assert (still.status, still.version) == ("PaymentFailed", failed_version)
+    assert _deliveries(order_id, "OrderCancelled") == []
+    assert _on_hand(variant_id) == 10
+
+    # Minute 50: the fresh deadline cancels and the stock comes back.
+    assert run_command(new_id, now=new_due) == "done"
+    assert _order(order_id).status == "Cancelled"
+    _restore(order_id, now=new_due)
+    assert _on_hand(variant_id) == 12
+
+
+def test_a_deadline_for_an_order_paid_meanwhile_is_a_noop(paying_ctx, sandbox):
+    placed_at = utcnow()
+    order_id, variant_id, deadline_id = _checkout(now=placed_at)
+    assert start_payment(order_id, now=placed_at).status == "started"
+    sandbox.set_outcome(_order(order_id).payment_session_id, "paid")
+    assert reconcile_order(order_id, source="test").outcome == "paid"
+    paid_version = _order(order_id).version
+
+    assert run_command(deadline_id, now=placed_at + timedelta(seconds=WINDOW)) == "done"
+
+    order = _order(order_id)
+    assert (order.status, order.version) == ("Paid", paid_version)
+    assert _deliveries(order_id, "OrderCancelled") == []
+    assert _on_hand(variant_id) == 10
+
+
+def test_a_deadline_that_loses_a_race_to_a_webhook_completes_without_retrying(app_ctx, is_postgres):
+    if not is_postgres:
+        pytest.skip("SQLite serialises writers (BEGIN IMMEDIATE): the interleaving cannot happen there")
+    placed_at = utcnow()
+    order_id, variant_id, deadline_id = _checkout(now=placed_at)
+    app = app_ctx
+    raced = []
+
+    def webhook_pays_right_after_the_deadline_loaded_the_order(target, _context):
+        # Another writer (a webhook, in its own session and transaction) pays the order between
+        # the deadline's load and its save.
+        if target.id != order_id or raced:
+            return
+        raced.append(True)
+        with app.app_context():
+            order = db.session.get(Order, order_id)
+            order.start_payment("cs_race", None)
+            order.mark_paid("cs_race", order.total, order.currency)
+            uow.commit(db.session)
+            db.session.remove()
+
+    event.listen(Order, "load", webhook_pays_right_after_the_deadline_loaded_the_order)
+    try:
+        result = run_command(deadline_id, now=placed_at + timedelta(seconds=WINDOW))
+    finally:
+        event.remove(Order, "load", webhook_pays_right_after_the_deadline_loaded_the_order)
+
+    assert raced, "the other writer never ran"
+    assert result == "done"
+    row = _command(deadline_id)
+    assert (row.status, row.attempts, row.last_error) == ("done", 1, None)  # completed, not retried
+    order = _order(order_id)
+    assert (order.status, order.payment_session_id) == ("Paid", "cs_race")
+    assert _deliveries(order_id, "OrderCancelled") == []
+    assert _on_hand(variant_id) == 10
+
+
+def test_a_future_deadline_lost_in_a_redis_wipe_is_scheduled_again_when_the_scheduler_starts(app_ctx, redis_conn):
+    placed_at = utcnow()
+    order_id, _variant, deadline_id = _checkout(now=placed_at)
+    due = placed_at + timedelta(seconds=WINDOW)
+    assert _scheduled_at(deadline_id) == due.replace(microsecond=0)
+
+    redis_conn.flushdb()  # Redis loses everything
+    assert not queue.command_is_scheduled(deadline_id)
+
+    # What `flask shop scheduler` does at start, before it polls.
+    relay_once(horizon_seconds=0)
+    rearm_future_commands(utcnow())
+
+    assert queue.command_is_scheduled(deadline_id)
+    assert _scheduled_at(deadline_id) == due.replace(microsecond=0)
+    rearm_future_commands(utcnow())  # a second start does not add a second job
+    ours = [j for j in queue.scheduler().get_jobs() if j.id == queue.command_job_id(deadline_id)]
+    assert len(ours) == 1
+
+
+def test_a_due_deadline_lost_in_a_redis_wipe_runs_late_but_runs(app_ctx, redis_conn):
+    # Placed 31 minutes ago: the deadline came due a minute ago while Redis had lost it.
+    placed_at = utcnow() - timedelta(minutes=31)
+    order_id, variant_id, deadline_id = _checkout(now=placed_at)
+    redis_conn.flushdb()
+    assert queue.work_queue().count == 0
+
+    counts = relay_once(horizon_seconds=0)  # the scheduler's start-up re-arm
+    assert counts["commands"] == 1
+    queue.run_worker(burst=True)  # drains the command, then the OrderCancelled delivery it raised
+
+    order = _order(order_id)
+    assert (order.status, order.inventory_restored) == ("Cancelled", True)
+    assert _command(deadline_id).status == "done"
+    assert _on_hand(variant_id) == 12
+
+
+def _periodic(prefix: str) -> dict[str, int]:
+    return {job.id: job.meta.get("interval") for job in queue.scheduler().get_jobs()
+            if job.id.startswith(f"{prefix}-periodic-")}
+
+
+def test_registering_periodic_jobs_again_is_idempotent_and_a_new_interval_replaces_the_old(app_ctx):
+    prefix = app_ctx.config["QUEUE_PREFIX"]
+    relay_id, sweep_id = f"{prefix}-periodic-relay", f"{prefix}-periodic-reconcile"
+
+    queue.register_periodic_jobs(5, 600)
+    assert _periodic(prefix) == {relay_id: 5, sweep_id: 600}
+
+    lines = queue.register_periodic_jobs(5, 600)  # a scheduler restart
+    assert _periodic(prefix) == {relay_id: 5, sweep_id: 600}
+    assert all("kept" in line for line in lines)
+
+    queue.register_periodic_jobs(5, 300)  # the interval changed between deployments
+    assert _periodic(prefix) == {relay_id: 5, sweep_id: 300}
+
+    queue.register_periodic_jobs(5, None)  # both sweep gates off
+    assert _periodic(prefix) == {relay_id: 5}
+
+
+def test_the_app_refuses_to_start_when_the_stuck_age_differs_from_the_window(database_url):
+    env = {"DATABASE_URL": database_url, "SECRET_KEY": "x", "UNPAID_ORDER_EXPIRY_SECONDS": "1800",
+           "RECONCILIATION_STUCK_AGE_SECONDS": "600"}
+    with pytest.raises(SettingsError) as refused:
+        create_app(env=env)
+    assert refused.value.variable == "RECONCILIATION_STUCK_AGE_SECONDS"
+    assert "RECONCILIATION_STUCK_AGE_SECONDS" in str(refused.value)
+    assert create_app(env={**env, "RECONCILIATION_STUCK_AGE_SECONDS": "1800"}).config[
+        "RECONCILIATION_STUCK_AGE_SECONDS"] == 1800
