@@ -1,0 +1,18 @@
+"""The operator console: what is stuck, what died, what needs a human, and the buttons that
+fix it through the same use cases the rest of the shop runs (it is not a back door)."""
+from flask import Blueprint
+
+bp = Blueprint("console", __name__, url_prefix="/console")
+
+from . import routes  # noqa: E402,F401
+
+
+def init_app(app) -> None:
+    from ..extensions import login_manager
+    from .auth import require_operator
+
+    app.register_blueprint(bp)
+    login_manager.login_view = "console.login"
+    # Ahead of CSRFProtect's own check: a caller who is not logged in learns only "log in",
+    # whatever the form carried (a 302 for a browser, a 401 for JSON), never "form expired".
+    app.before_request_funcs.setdefault(None, []).insert(0, require_operator)

@@ -1,0 +1,45 @@
+"""Words for a tired operator: "12 min" rather than 720, "18.00 USD" rather than 1800."""
+from __future__ import annotations
+
+from datetime import datetime
+
+# Currencies whose minor unit is the unit itself (Stripe's list of zero-decimal currencies).
+ZERO_DECIMAL = {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "ugx", "vnd", "vuv",
+                "xaf", "xof", "xpf"}
+
+
+def human_age(seconds: float | int | None) -> str:
+    if seconds is None:
+        return "–"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        h, m = divmod(s // 60, 60)
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(s // 3600, 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+def human_money(amount: int | None, currency: str | None) -> str:
+    if amount is None:
+        return "–"
+    code = (currency or "").lower()
+    if code in ZERO_DECIMAL:
+        return f"{amount:,} {code.upper()}"
+    sign = "-" if amount < 0 else ""
+    return f"{sign}{abs(amount) / 100:,.2f} {code.upper()}".strip()
+
+
+def human_time(value: str | datetime | None) -> str:
+    """An ISO timestamp (as in the JSON) shown as `2026-11-30 14:05:09 UTC`."""
+    if not value:
+        return "–"
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return value
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -1,0 +1,37 @@
+from flask_wtf import FlaskForm
+from wtforms import EmailField, HiddenField, PasswordField, StringField, TextAreaField
+from wtforms.validators import DataRequired, Length, Optional
+
+
+class ConsoleForm(FlaskForm):
+    """CSRFProtect already checked the token (form field or X-CSRFToken header) for every POST
+    before the view runs; checking it again here would refuse a header-only JSON client."""
+
+    class Meta:
+        csrf = False
+
+
+class LoginForm(ConsoleForm):
+    email = EmailField("Email", validators=[DataRequired(message="Enter your email."), Length(max=254)])
+    password = PasswordField("Password", validators=[DataRequired(message="Enter your password."),
+                                                     Length(max=1024)])
+    next = HiddenField()
+
+
+class ActionForm(ConsoleForm):
+    """A bare POST carrying only the CSRF token (and where to go back to)."""
+    next = HiddenField()
+
+
+class DiscardForm(ConsoleForm):
+    reason = TextAreaField("Why discard it", validators=[
+        DataRequired(message="Say why this is discarded: the reason is the only record of the decision."),
+        Length(max=2000, message="Keep the reason under 2000 characters.")])
+    next = HiddenField()
+
+
+class ResolveForm(ConsoleForm):
+    # Checked in the view, so a wrong value gets words that name the two choices.
+    action = StringField("Action")
+    note = StringField("Note", validators=[Optional(), Length(max=2000)])
+    next = HiddenField()

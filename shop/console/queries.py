@@ -1,0 +1,277 @@
+"""What the console shows, read straight from the tables (the database is the truth). Each
+function returns plain dicts: the JSON answer, and what the HTML page renders."""
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import func, select
+
+from ..domain.deadlines import as_utc
+from ..domain.order import LIVE
+from ..extensions import db
+from ..models import (Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, ReconciliationCycle, Refund,
+                      RestoreWarning, ScheduledCommand, WebhookReceipt)
+from ..ops.metrics import stuck_cutoff
+from ..orders.views import iso, order_json
+
+PER_PAGE = 100
+WORK_STATUSES = ("pending", "processing", "done", "dead", "discarded")
+WARNING_STATES = ("open", "resolved", "duplicate")
+LIVE_STATUSES = tuple(s.value for s in LIVE)
+
+
+def age_seconds(now: datetime, then: datetime | None) -> int | None:
+    if then is None:
+        return None
+    return max(0, int((now - as_utc(then)).total_seconds()))
+
+
+def paging(query, page: int, per_page: int = PER_PAGE):
+    """(rows, meta) for one page of a select; `page` counts from 1."""
+    total = db.session.execute(select(func.count()).select_from(query.order_by(None).subquery())).scalar_one()
+    rows = db.session.execute(query.limit(per_page).offset((page - 1) * per_page)).all()
+    meta = {"page": page, "per_page": per_page, "total": total,
+            "next_page": page + 1 if page * per_page < total else None}
+    return rows, meta
+
+
+# -- dashboard ------------------------------------------------------------------------------
+
+def _count_and_oldest(query_from, where, column, now):
+    count, oldest = db.session.execute(select(func.count(), func.min(column)).select_from(query_from)
+                                       .where(*where)).one()
+    return {"count": count, "oldest_age_seconds": age_seconds(now, oldest)}
+
+
+def dashboard(now: datetime) -> dict:
+    cutoff = stuck_cutoff(now)
+    per_status = {status: (count, oldest) for status, count, oldest in db.session.execute(
+        select(Order.status, func.count(), func.min(Order.updated_at))
+        .where(Order.status.in_(LIVE_STATUSES), Order.updated_at < cutoff).group_by(Order.status)).all()}
+    by_status = {s: {"count": per_status.get(s, (0, None))[0],
+                     "oldest_age_seconds": age_seconds(now, per_status.get(s, (0, None))[1])}
+                 for s in LIVE_STATUSES}
+    oldest_stuck = min((o for _, o in per_status.values() if o is not None), default=None, key=as_utc)
+    stuck = {"count": sum(v["count"] for v in by_status.values()),
+             "oldest_age_seconds": age_seconds(now, oldest_stuck),
+             "stuck_after_seconds": int((now - cutoff).total_seconds()), "by_status": by_status}
+
+    # A dead letter's age counts from when its work was created: how long it has gone undone.
+    deliveries = _count_and_oldest(OutboxDelivery, [OutboxDelivery.status == "dead"], OutboxDelivery.created_at, now)
+    commands = _count_and_oldest(ScheduledCommand, [ScheduledCommand.status == "dead"], ScheduledCommand.created_at,
+                                 now)
+    ages = [a for a in (deliveries["oldest_age_seconds"], commands["oldest_age_seconds"]) if a is not None]
+    dead = {"count": deliveries["count"] + commands["count"], "oldest_age_seconds": max(ages) if ages else None,
+            "deliveries": deliveries, "commands": commands}
+
+    warnings = _count_and_oldest(RestoreWarning, [RestoreWarning.state == "open"], RestoreWarning.created_at, now)
+
+    cycle = db.session.execute(select(ReconciliationCycle)
+                               .order_by(ReconciliationCycle.started_at.desc(), ReconciliationCycle.id.desc())
+                               .limit(1)).scalar_one_or_none()
+    last_ok = db.session.execute(select(func.max(ReconciliationCycle.finished_at))
+                                 .where(ReconciliationCycle.status == "ok")).scalar()
+    return {
+        "now": iso(now),
+        "stuck_orders": stuck,
+        "dead_letters": dead,
+        "restore_warnings": warnings,
+        "last_sweep": sweep_json(cycle, now) if cycle else None,
+        "last_successful_sweep_at": iso(as_utc(last_ok)) if last_ok else None,
+    }
+
+
+# -- orders ---------------------------------------------------------------------------------
+
+def order_row(order: Order, now: datetime, cutoff: datetime) -> dict:
+    return {
+        "reference": order.reference,
+        "status": order.status,
+        "total": order.total,
+        "currency": order.currency,
+        "email": order.email,
+        "payment_attempts": order.payment_attempts,
+        "inventory_restored": bool(order.inventory_restored),
+        "stuck": order.status in LIVE_STATUSES and as_utc(order.updated_at) < cutoff,
+        "age_seconds": age_seconds(now, order.updated_at),
+        "created_at": iso(order.created_at),
+        "updated_at": iso(order.updated_at),
+    }
+
+
+def orders(now: datetime, *, stuck: bool, statuses: list[str], page: int) -> dict:
+    """Oldest first: by last change when looking for stuck orders (longest waiting on top),
+    by placement otherwise."""
+    cutoff = stuck_cutoff(now)
+    query = select(Order)
+    if statuses:
+        query = query.where(Order.status.in_(statuses))
+    if stuck:
+        query = query.where(Order.status.in_(LIVE_STATUSES), Order.updated_at < cutoff)
+        query = query.order_by(Order.updated_at, Order.id)
+    else:
+        query = query.order_by(Order.created_at, Order.id)
+    rows, meta = paging(query, page)
+    return {"orders": [order_row(o, now, cutoff) for (o,) in rows], "filters": {"stuck": stuck, "status": statuses},
+            **meta}
+
+
+def delivery_json(delivery: OutboxDelivery, event_name: str | None, reference: str | None) -> dict:
+    """CONTRACT section 4: exactly these keys."""
+    return {"id": delivery.id, "event": event_name, "handler": delivery.handler, "status": delivery.status,
+            "attempts": delivery.attempts, "last_error": delivery.last_error, "order_reference": reference}
+
+
+def delivery_detail(delivery: OutboxDelivery, event_name, reference, now) -> dict:
+    return {**delivery_json(delivery, event_name, reference), "max_attempts": delivery.max_attempts,
+            "traceback": delivery.last_traceback, "discard_reason": delivery.discard_reason,
+            "created_at": iso(delivery.created_at), "updated_at": iso(delivery.updated_at),
+            "next_attempt_at": iso(delivery.next_attempt_at), "completed_at": iso(delivery.completed_at),
+            "age_seconds": age_seconds(now, delivery.created_at)}
+
+
+def command_json(command: ScheduledCommand, reference: str | None, now: datetime) -> dict:
+    return {"id": command.id, "kind": command.kind, "status": command.status, "attempts": command.attempts,
+            "max_attempts": command.max_attempts, "last_error": command.last_error, "order_reference": reference,
+            "due_at": iso(command.next_attempt_at), "completed_at": iso(command.completed_at),
+            "discard_reason": command.discard_reason, "created_at": iso(command.created_at),
+            "age_seconds": age_seconds(now, command.created_at)}
+
+
+def warning_json(warning: RestoreWarning, reference: str | None) -> dict:
+    """CONTRACT section 4: exactly these keys."""
+    return {"id": warning.id, "order_reference": reference, "variant_id": warning.variant_id,
+            "quantity": warning.quantity, "reason": warning.reason, "state": warning.state}
+
+
+def warning_detail(warning: RestoreWarning, reference, now) -> dict:
+    return {**warning_json(warning, reference), "resolution": warning.resolution,
+            "created_at": iso(warning.created_at), "resolved_at": iso(warning.resolved_at),
+            "age_seconds": age_seconds(now, warning.created_at)}
+
+
+def receipt_json(receipt: WebhookReceipt, reference: str | None) -> dict:
+    return {"id": receipt.id, "event_id": receipt.event_id, "event_type": receipt.event_type,
+            "outcome": receipt.outcome, "reason": receipt.reason, "http_status": receipt.http_status,
+            "order_reference": reference, "received_at": iso(receipt.received_at)}
+
+
+def order_timeline(order: Order, now: datetime) -> dict:
+    """Everything that happened to one order, each kind in its own list, plus one merged,
+    time-ordered list for reading top to bottom."""
+    ref = order.reference
+    session = db.session
+    events = session.execute(select(OutboxEvent).where(OutboxEvent.order_id == order.id)
+                             .order_by(OutboxEvent.created_at, OutboxEvent.id)).scalars().all()
+    names = {e.id: e.name for e in events}
+    transitions = [{"id": e.id, "event": e.name, "at": iso(e.created_at), "payload": e.payload} for e in events]
+    receipts = session.execute(select(WebhookReceipt).where(WebhookReceipt.order_id == order.id)
+                               .order_by(WebhookReceipt.received_at, WebhookReceipt.id)).scalars().all()
+    deliveries = session.execute(select(OutboxDelivery).where(OutboxDelivery.order_id == order.id)
+                                 .order_by(OutboxDelivery.id)).scalars().all()
+    commands = session.execute(select(ScheduledCommand).where(ScheduledCommand.order_id == order.id)
+                               .order_by(ScheduledCommand.id)).scalars().all()
+    warnings = session.execute(select(RestoreWarning).where(RestoreWarning.order_id == order.id)
+                               .order_by(RestoreWarning.id)).scalars().all()
+    refunds = session.execute(select(Refund).where(Refund.order_id == order.id).order_by(Refund.id)).scalars().all()
+    refusals = session.execute(select(PaymentProofRefusal).where(PaymentProofRefusal.order_id == order.id)
+                               .order_by(PaymentProofRefusal.id)).scalars().all()
+
+    data = {
+        "order": {**order_json(order), "email": order.email, "payment_attempts": order.payment_attempts,
+                  "last_payment_error": order.last_payment_error,
+                  "age_seconds": age_seconds(now, order.updated_at),
+                  "stuck": order.status in LIVE_STATUSES and as_utc(order.updated_at) < stuck_cutoff(now)},
+        "transitions": transitions,
+        "webhooks": [receipt_json(r, ref) for r in receipts],
+        "deliveries": [delivery_detail(d, names.get(d.event_id), ref, now) for d in deliveries],
+        "commands": [command_json(c, ref, now) for c in commands],
+        "restore_warnings": [warning_detail(w, ref, now) for w in warnings],
+        "refunds": [{"id": r.id, "amount": r.amount, "currency": r.currency, "status": r.status, "reason": r.reason,
+                     "session_id": r.session_id, "provider_refund_id": r.provider_refund_id,
+                     "last_error": r.last_error, "created_at": iso(r.created_at)} for r in refunds],
+        "proof_refusals": [{"id": p.id, "session_id": p.session_id, "source": p.source, "problems": p.problems,
+                            "amount_total": p.amount_total, "currency": p.currency, "created_at": iso(p.created_at)}
+                           for p in refusals],
+    }
+    merged = (
+        [(e.created_at, "transition", e.name, _payload_words(e.payload)) for e in events]
+        + [(r.received_at, "webhook", f"{r.event_type or 'webhook'}: {r.outcome}", r.reason or "") for r in receipts]
+        + [(c.created_at, "command", f"{c.kind} armed", f"due {iso(c.next_attempt_at)}, now {c.status}")
+           for c in commands]
+        + [(w.created_at, "restore_warning", "restore warning", w.reason) for w in warnings]
+        + [(r.created_at, "refund", f"refund {r.status}", r.reason) for r in refunds]
+        + [(p.created_at, "proof_refused", "payment proof refused", p.problems) for p in refusals]
+    )
+    merged.sort(key=lambda item: as_utc(item[0]))
+    data["timeline"] = [{"at": iso(at), "kind": kind, "what": what, "detail": detail}
+                        for at, kind, what, detail in merged]
+    return data
+
+
+def _payload_words(payload: dict) -> str:
+    skip = {"order_id", "reference"}
+    return ", ".join(f"{k}: {v}" for k, v in (payload or {}).items() if k not in skip and v not in (None, ""))
+
+
+# -- outbox, warnings, webhooks, sweeps -------------------------------------------------------
+
+def outbox(now: datetime, *, status: str | None, page: int) -> dict:
+    """Deliveries and scheduled commands, oldest first."""
+    query = (select(OutboxDelivery, OutboxEvent.name, Order.reference)
+             .join(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id)
+             .outerjoin(Order, Order.id == OutboxDelivery.order_id)
+             .order_by(OutboxDelivery.created_at, OutboxDelivery.id))
+    cquery = (select(ScheduledCommand, Order.reference).outerjoin(Order, Order.id == ScheduledCommand.order_id)
+              .order_by(ScheduledCommand.created_at, ScheduledCommand.id))
+    if status:
+        query = query.where(OutboxDelivery.status == status)
+        cquery = cquery.where(ScheduledCommand.status == status)
+    rows, meta = paging(query, page)
+    crow, cmeta = paging(cquery, page)
+    details = [delivery_detail(d, name, ref, now) for d, name, ref in rows]
+    keys = ("id", "event", "handler", "status", "attempts", "last_error", "order_reference")
+    return {
+        "status": status,
+        "deliveries": [{k: d[k] for k in keys} for d in details],
+        "commands": [command_json(c, ref, now) for c, ref in crow],
+        "deliveries_page": meta, "commands_page": cmeta,
+    }, details
+
+
+def restore_warnings(now: datetime, *, state: str | None, page: int):
+    query = (select(RestoreWarning, Order.reference).outerjoin(Order, Order.id == RestoreWarning.order_id)
+             .order_by(RestoreWarning.created_at, RestoreWarning.id))
+    if state:
+        query = query.where(RestoreWarning.state == state)
+    rows, meta = paging(query, page)
+    details = [warning_detail(w, ref, now) for w, ref in rows]
+    keys = ("id", "order_reference", "variant_id", "quantity", "reason", "state")
+    return {"state": state, "warnings": [{k: d[k] for k in keys} for d in details], **meta}, details
+
+
+def webhooks(*, outcome: str | None, page: int) -> dict:
+    query = (select(WebhookReceipt, Order.reference).outerjoin(Order, Order.id == WebhookReceipt.order_id)
+             .order_by(WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc()))
+    if outcome:
+        query = query.where(WebhookReceipt.outcome == outcome)
+    rows, meta = paging(query, page)
+    counts = dict(db.session.execute(select(WebhookReceipt.outcome, func.count())
+                                     .group_by(WebhookReceipt.outcome)).all())
+    return {"outcome": outcome, "counts": counts, "webhooks": [receipt_json(r, ref) for r, ref in rows], **meta}
+
+
+def sweep_json(cycle: ReconciliationCycle, now: datetime) -> dict:
+    duration = None
+    if cycle.finished_at is not None:
+        duration = round((as_utc(cycle.finished_at) - as_utc(cycle.started_at)).total_seconds(), 3)
+    return {"id": cycle.id, "status": cycle.status, "started_at": iso(cycle.started_at),
+            "finished_at": iso(cycle.finished_at), "duration_seconds": duration, "cutoff": iso(cycle.cutoff),
+            "expiry_counts": cycle.expiry_counts or {}, "provider_counts": cycle.provider_counts or {},
+            "errors": cycle.errors or [], "holder": cycle.holder, "age_seconds": age_seconds(now, cycle.started_at)}
+
+
+def sweeps(now: datetime, *, page: int) -> dict:
+    query = select(ReconciliationCycle).order_by(ReconciliationCycle.started_at.desc(), ReconciliationCycle.id.desc())
+    rows, meta = paging(query, page, per_page=50)
+    return {"cycles": [sweep_json(c, now) for (c,) in rows], **meta}

@@ -1,0 +1,367 @@
+"""Console pages and operator actions (CONTRACT section 4, "Operator console").
+
+Every page answers JSON too (same URL, `Accept: application/json`). Every action is a POST,
+checked for CSRF by CSRFProtect before the view runs, and goes through the same use case the
+rest of the shop uses: the reconcile button is the sweep's `reconcile_order`, a retried dead
+letter is the runner's `retry_dead`, a retried restore is the saga's own handler.
+"""
+from __future__ import annotations
+
+import logging
+
+from flask import current_app, flash, jsonify, redirect, render_template, request, url_for
+from flask_login import current_user
+from sqlalchemy import select, update
+
+from .. import queue
+from ..domain.deadlines import utcnow
+from ..extensions import db
+from ..models import Order, OutboxDelivery, RestoreWarning, ScheduledCommand
+from ..outbox import runner
+from ..payments import gateway
+from ..payments.service import reconcile_order
+from ..saga.inventory import restore_inventory_now
+from ..web import respond, wants_json
+from . import auth, bp, queries  # noqa: F401  (auth registers the login routes)
+from .auth import safe_next
+from .forms import ActionForm, DiscardForm, ResolveForm
+from .format import human_age, human_money, human_time
+
+log = logging.getLogger("shop.console")
+
+
+@bp.context_processor
+def _helpers():
+    return {"age": human_age, "money": human_money, "when": human_time, "action_form": ActionForm()}
+
+
+# -- small helpers ---------------------------------------------------------------------------
+
+def _page() -> int:
+    try:
+        return max(1, min(int(request.args.get("page", 1)), 100_000))
+    except ValueError:
+        return 1
+
+
+def problem(status: int, message: str, *, title: str = "Cannot do that", back: str | None = None, **extra):
+    """An error in words: JSON `{"error", "status", ...}` or a console page with a way back."""
+    db.session.rollback()
+    if wants_json():
+        return jsonify({"error": message, "status": status, **extra}), status
+    back = safe_next(request.form.get("next") or back, url_for("console.dashboard"))
+    return render_template("console/problem.html", data={"error": message}, title=title, back=back), status
+
+
+def done(message: str, payload: dict, default_url: str, category: str = "ok"):
+    """An action went through: JSON with what changed, or back to the page the button was on."""
+    if wants_json():
+        return jsonify({**payload, "message": message}), 200
+    flash(message, category)
+    return redirect(safe_next(request.form.get("next"), default_url), 303)
+
+
+def _operator() -> str:
+    return getattr(current_user, "email", "?")
+
+
+def _order_by_reference(reference: str) -> Order | None:
+    return db.session.execute(select(Order).where(Order.reference == reference.strip().upper()[:20])
+                              ).scalar_one_or_none()
+
+
+# -- pages -----------------------------------------------------------------------------------
+
+@bp.get("/")
+def dashboard():
+    """Counts and oldest ages of what needs a human: stuck orders, dead letters, open restore
+    warnings, and when the reconciliation sweep last ran."""
+    data = queries.dashboard(utcnow())
+    return respond("console/dashboard.html", data)
+
+
+@bp.get("/orders")
+def orders():
+    """Orders, oldest first; `stuck=1` keeps live orders unchanged for longer than the stuck age;
+    `status=` (repeatable) filters by state."""
+    statuses = [s for s in request.args.getlist("status") if s]
+    known = {"PendingPayment", "PaymentInitiated", "PaymentFailed", "Paid", "Cancelled"}
+    unknown = [s for s in statuses if s not in known]
+    if unknown:
+        return problem(400, f"Unknown order status {unknown[0]!r}; use one of {', '.join(sorted(known))}.",
+                       back=url_for("console.orders"))
+    stuck = request.args.get("stuck", "") in ("1", "true", "yes", "on")
+    data = queries.orders(utcnow(), stuck=stuck, statuses=statuses, page=_page())
+    return respond("console/orders.html", data, statuses=sorted(known))
+
+
+@bp.get("/orders/<reference>")
+def order_detail(reference):
+    """One order's timeline: transitions, webhooks, deliveries, deadlines, warnings, refunds."""
+    order = _order_by_reference(reference)
+    if order is None:
+        return problem(404, f"There is no order {reference}.", title="No such order",
+                       back=url_for("console.orders"))
+    return respond("console/order.html", queries.order_timeline(order, utcnow()))
+
+
+@bp.get("/outbox")
+def outbox():
+    """Deliveries of events to handlers, and scheduled commands; `status=dead` for dead letters."""
+    status = request.args.get("status") or None
+    if status is not None and status not in queries.WORK_STATUSES:
+        return problem(400, f"Unknown status {status!r}; use one of {', '.join(queries.WORK_STATUSES)}.",
+                       back=url_for("console.outbox"))
+    data, details = queries.outbox(utcnow(), status=status, page=_page())
+    return respond("console/outbox.html", data, details=details, statuses=queries.WORK_STATUSES,
+                   discard_form=DiscardForm())
+
+
+@bp.get("/restore-warnings")
+def restore_warnings():
+    """Stock a compensation could not give back; `state=open` for those awaiting an operator."""
+    state = request.args.get("state") or None
+    if state is not None and state not in queries.WARNING_STATES:
+        return problem(400, f"Unknown state {state!r}; use one of {', '.join(queries.WARNING_STATES)}.",
+                       back=url_for("console.restore_warnings"))
+    data, details = queries.restore_warnings(utcnow(), state=state, page=_page())
+    return respond("console/restore_warnings.html", data, details=details, states=queries.WARNING_STATES)
+
+
+@bp.get("/webhooks")
+def webhooks():
+    """Every webhook delivery received, accepted or rejected, with the reason, newest first."""
+    outcome = request.args.get("outcome") or None
+    return respond("console/webhooks.html", queries.webhooks(outcome=outcome, page=_page()))
+
+
+@bp.get("/sweeps")
+def sweeps():
+    """Reconciliation cycles with what each pass did, newest first."""
+    return respond("console/sweeps.html", queries.sweeps(utcnow(), page=_page()))
+
+
+# -- actions ---------------------------------------------------------------------------------
+
+RECONCILE_WORDS = {
+    "paid": "The provider confirms the payment: the order is now Paid.",
+    "payment_failed": "The provider says the payment did not go through: the order is now PaymentFailed "
+                      "(its items stay held for a fresh payment window).",
+    "refund_created": "The provider holds money this order cannot take ({detail}); a refund is queued.",
+    "already_refunded": "The provider holds money this order cannot take ({detail}); the refund was already "
+                        "on record, nothing more was queued.",
+    "awaiting_async": "The customer finished checkout but the payment is still processing at the provider. "
+                      "Nothing to change yet; the webhook or the sweep will settle it.",
+    "proof_refused": "The provider's payment does not match this order ({detail}); the order was left as it "
+                     "was. Check the payment at the provider.",
+    "noop": "Nothing to change: {detail}.",
+    "duplicate": "Already applied; nothing to change.",
+    "unknown_order": "The provider's session does not name this order ({detail}); nothing changed.",
+}
+
+
+@bp.post("/orders/<reference>/reconcile")
+def reconcile(reference):
+    """Ask the provider about the order's payment now and apply the answer through the same
+    guarded transition as the webhook and the sweep."""
+    order = _order_by_reference(reference)
+    back = url_for("console.order_detail", reference=reference)
+    if order is None:
+        return problem(404, f"There is no order {reference}.", title="No such order", back=back)
+    order_id, ref, before = order.id, order.reference, order.status
+    try:
+        applied = reconcile_order(order_id, source="console")
+    except gateway.ProviderUnavailable as exc:
+        log.warning("operator %s: reconcile of %s: provider unreachable: %s", _operator(), ref, exc)
+        return problem(503, f"The payment provider could not be reached, so nothing changed: order {ref} is still "
+                            f"{before}. Try again in a minute; the reconciliation sweep keeps asking too.",
+                       title="Payment provider unreachable", back=back, reference=ref, order_status=before)
+    except gateway.ProviderRefused as exc:
+        log.warning("operator %s: reconcile of %s: provider refused: %s", _operator(), ref, exc)
+        return problem(502, f"The payment provider refused to answer about order {ref}'s payment session "
+                            f"({exc}). Nothing changed.", title="Payment provider refused", back=back,
+                       reference=ref, order_status=before)
+    db.session.rollback()
+    now_status = db.session.get(Order, order_id).status
+    message = f"Order {ref}: " + RECONCILE_WORDS.get(applied.outcome, "{detail}").format(detail=applied.detail)
+    log.info("operator %s reconciled order %s: %s (%s -> %s)", _operator(), ref, applied.outcome, before, now_status)
+    return done(message, {"reference": ref, "outcome": applied.outcome, "detail": applied.detail,
+                          "status_before": before, "status": now_status}, back,
+                "ok" if applied.outcome in ("paid", "noop", "duplicate", "awaiting_async") else "warning")
+
+
+WORK = {
+    "delivery": (OutboxDelivery, lambda work_id: queue.enqueue_delivery(work_id)),
+    "command": (ScheduledCommand, lambda work_id: queue.enqueue_command(work_id)),
+}
+
+
+def _retry(kind: str, work_id: int):
+    model, announce = WORK[kind]
+    back = url_for("console.outbox", status="dead")
+    row = db.session.get(model, work_id)
+    if row is None:
+        return problem(404, f"There is no {kind} {work_id}.", title=f"No such {kind}", back=back)
+    if row.status != "dead":
+        return problem(409, f"{kind.capitalize()} {work_id} is {row.status}, not dead: only a dead letter can be "
+                            "retried.", back=back, id=work_id, current_status=row.status)
+    db.session.rollback()
+    if not runner.retry_dead(model, work_id):
+        current = db.session.get(model, work_id)
+        return problem(409, f"{kind.capitalize()} {work_id} changed meanwhile (now {current.status}); nothing done.",
+                       back=back, id=work_id, current_status=current.status)
+    try:
+        announce(work_id)
+    except Exception as exc:  # Redis down: the row is pending and due, the relay hands it over
+        log.warning("retry of %s %s: could not tell Redis (%s); the relay will pick it up", kind, work_id, exc)
+    budget = current_app.config["OUTBOX_MAX_ATTEMPTS"]
+    log.info("operator %s retried dead %s %s", _operator(), kind, work_id)
+    return done(f"{kind.capitalize()} {work_id} will run again now, with a fresh budget of {budget} attempts.",
+                {"id": work_id, "kind": kind, "status": "pending"}, back)
+
+
+def _discard(kind: str, work_id: int):
+    model, _ = WORK[kind]
+    back = url_for("console.outbox", status="dead")
+    row = db.session.get(model, work_id)
+    if row is None:
+        return problem(404, f"There is no {kind} {work_id}.", title=f"No such {kind}", back=back)
+    form = DiscardForm()
+    if not form.validate():
+        return problem(400, form.reason.errors[0] if form.reason.errors else "Say why this is discarded.",
+                       title="A reason is needed", back=back, id=work_id)
+    if row.status != "dead":
+        return problem(409, f"{kind.capitalize()} {work_id} is {row.status}, not dead: only a dead letter can be "
+                            "discarded.", back=back, id=work_id, current_status=row.status)
+    reason = form.reason.data.strip()
+    db.session.rollback()
+    if not runner.discard(model, work_id, reason):
+        current = db.session.get(model, work_id)
+        return problem(409, f"{kind.capitalize()} {work_id} changed meanwhile (now {current.status}); nothing done.",
+                       back=back, id=work_id, current_status=current.status)
+    log.warning("operator %s discarded %s %s: %s", _operator(), kind, work_id, reason)
+    return done(f"{kind.capitalize()} {work_id} discarded: it will not run again.",
+                {"id": work_id, "kind": kind, "status": "discarded", "reason": reason}, back)
+
+
+@bp.post("/outbox/<int:delivery_id>/retry")
+def retry_delivery(delivery_id):
+    """Run a dead delivery again with a fresh attempt budget."""
+    return _retry("delivery", delivery_id)
+
+
+@bp.post("/outbox/<int:delivery_id>/discard")
+def discard_delivery(delivery_id):
+    """Give up on a dead delivery for good; the form's `reason` is required."""
+    return _discard("delivery", delivery_id)
+
+
+@bp.post("/commands/<int:command_id>/retry")
+def retry_command(command_id):
+    """Run a dead scheduled command again with a fresh attempt budget."""
+    return _retry("command", command_id)
+
+
+@bp.post("/commands/<int:command_id>/discard")
+def discard_command(command_id):
+    """Give up on a dead scheduled command for good; the form's `reason` is required."""
+    return _discard("command", command_id)
+
+
+def _settle_warning(warning_id: int, state: str, resolution: str, now) -> bool:
+    """Conditional on the warning still being open: two operators cannot both settle it."""
+    values = {"state": state, "resolution": resolution[:4000]}
+    if state != "open":
+        values["resolved_at"] = now
+    result = db.session.execute(update(RestoreWarning)
+                                .where(RestoreWarning.id == warning_id, RestoreWarning.state == "open")
+                                .values(**values).execution_options(synchronize_session=False))
+    db.session.commit()
+    return result.rowcount == 1
+
+
+@bp.post("/restore-warnings/<int:warning_id>/resolve")
+def resolve_warning(warning_id):
+    """`action=fixed`: the operator fixed the stock by hand; the warning closes with a note.
+    `action=retry`: run the compensation again; the warning closes only if the order's stock
+    is now restored, otherwise it stays open with what happened."""
+    back = url_for("console.restore_warnings", state="open")
+    warning = db.session.get(RestoreWarning, warning_id)
+    if warning is None:
+        return problem(404, f"There is no restore warning {warning_id}.", title="No such warning", back=back)
+    form = ResolveForm()
+    action = (form.action.data or "").strip()
+    if action not in ("fixed", "retry") or not form.validate():
+        return problem(400, "Choose action “fixed” (you corrected the stock by hand) or “retry” (run the "
+                            "restore again); keep the note under 2000 characters.", back=back, id=warning_id)
+    if warning.state != "open":
+        return problem(409, f"Restore warning {warning_id} is already {warning.state}: {warning.resolution or ''}",
+                       back=back, id=warning_id, state=warning.state)
+    order_id, variant_id = warning.order_id, warning.variant_id
+    note = (form.note.data or "").strip()
+    now = utcnow()
+    stamp = f"{now:%Y-%m-%d %H:%M} UTC, {_operator()}"
+
+    if action == "fixed":
+        db.session.rollback()
+        if not _settle_warning(warning_id, "resolved", f"fixed by hand ({stamp})" + (f": {note}" if note else ""),
+                               now):
+            return problem(409, f"Restore warning {warning_id} was settled meanwhile.", back=back, id=warning_id)
+        log.info("operator %s resolved restore warning %s as fixed by hand", _operator(), warning_id)
+        return done(f"Restore warning {warning_id} resolved: stock fixed by hand.",
+                    {"id": warning_id, "state": "resolved", "outcome": "fixed"}, back)
+
+    db.session.rollback()
+    newest_before = db.session.execute(select(RestoreWarning.id).order_by(RestoreWarning.id.desc()).limit(1)).scalar()
+    db.session.rollback()
+    try:
+        outcome = restore_inventory_now(order_id)
+    except Exception as exc:  # e.g. a worker restored the same order at the same moment
+        db.session.rollback()
+        log.warning("operator retry of restore for warning %s failed: %s", warning_id, exc)
+        outcome = f"error ({type(exc).__name__}: {exc})"
+    db.session.rollback()
+    order = db.session.get(Order, order_id)
+    restored = order is not None and bool(order.inventory_restored)
+    # Warnings the retry itself wrote for this order: the same problem again, or what is left.
+    fresh = db.session.execute(select(RestoreWarning).where(RestoreWarning.order_id == order_id,
+                                                            RestoreWarning.id > (newest_before or 0))
+                               .order_by(RestoreWarning.id)).scalars().all()
+    # An "unmatched variant" warning names a variant whose stock a retry can never bring back:
+    # the order's marker was committed with the other lines.
+    cause_remains = variant_id is not None and outcome == "already_restored"
+    if restored and not cause_remains:
+        words = {"restored": "stock restored", "already_restored": "the stock had already been restored"}.get(
+            outcome, outcome)
+        extra = "".join(f"; still missing: {w.quantity} unit(s) of variant {w.variant_id} (warning {w.id})"
+                        for w in fresh)
+        resolution = f"retried ({stamp}): {words}{extra}"
+        if not _settle_warning(warning_id, "resolved", resolution, now):
+            return problem(409, f"Restore warning {warning_id} was settled meanwhile.", back=back, id=warning_id)
+        log.info("operator %s: restore retry resolved warning %s (%s)", _operator(), warning_id, outcome)
+        return done(f"Restore warning {warning_id} resolved: {words}{extra}.",
+                    {"id": warning_id, "state": "resolved", "outcome": outcome}, back,
+                    "warning" if fresh else "ok")
+
+    if cause_remains:
+        what = (f"the order's other lines were restored earlier; variant {variant_id} has no inventory row, so a "
+                "retry cannot bring these units back. Add the stock by hand, then choose “fixed”")
+    elif outcome == "refused":
+        what = "refused again by an inventory invariant; fix the cause first"
+    elif outcome == "not_cancelled":
+        what = f"the order is {order.status}, not Cancelled, so there is no stock to give back"
+    elif outcome == "gone":
+        what = "the order no longer exists"
+    else:
+        what = outcome
+    # The retry's own copy of the same problem would count it twice: it is folded into this one.
+    for w in fresh:
+        if w.variant_id == variant_id and w.state == "open":
+            db.session.execute(update(RestoreWarning).where(RestoreWarning.id == w.id, RestoreWarning.state == "open")
+                               .values(state="duplicate", resolution=f"same problem as warning {warning_id}",
+                                       resolved_at=now))
+    db.session.commit()
+    _settle_warning(warning_id, "open", f"retry ({stamp}): {what}", now)
+    log.warning("operator %s: restore retry left warning %s open: %s", _operator(), warning_id, what)
+    return done(f"Restore warning {warning_id} is still open: {what}.",
+                {"id": warning_id, "state": "open", "outcome": outcome, "detail": what}, back, "warning")

@@ -1,0 +1,608 @@
+"""The operator console over HTTP: the login gate, CSRF on every action, the JSON shapes of
+CONTRACT section 4, and that each button runs the same use case as the rest of the shop
+(asserted on rows and stock, not on messages)."""
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from conftest import csrf_token
+from sqlalchemy import select, update
+from werkzeug.security import generate_password_hash
+
+from shop.domain.deadlines import utcnow
+from shop.domain.restoration import MAX_ON_HAND
+from shop.extensions import db
+from shop.models import (Cart, CartItem, InventoryItem, Operator, Order, OutboxDelivery, OutboxEvent, ReconciliationCycle,
+                         RestoreWarning, ScheduledCommand, Variant, WebhookReceipt)
+from shop.orders.checkout import place_order
+from shop.orders.commands import cancel_order
+from shop.outbox import dispatch
+from shop.seed import seed_catalog, upsert_operator
+
+EMAIL, PASSWORD = "night-shift@example.com", "correct horse battery staple"
+JSON = {"Accept": "application/json"}
+HTML = {"Accept": "text/html"}
+
+GET_ROUTES = ["/console/", "/console/orders", "/console/orders?stuck=1&status=PendingPayment",
+              "/console/orders/BK-NOSUCH", "/console/outbox?status=dead", "/console/restore-warnings?state=open",
+              "/console/webhooks", "/console/sweeps", "/console/no-such-page"]
+POST_ROUTES = ["/console/logout", "/console/orders/BK-NOSUCH/reconcile", "/console/outbox/1/retry",
+               "/console/outbox/1/discard", "/console/commands/1/retry", "/console/commands/1/discard",
+               "/console/restore-warnings/1/resolve"]
+DELIVERY_KEYS = {"id", "event", "handler", "status", "attempts", "last_error", "order_reference"}
+WARNING_KEYS = {"id", "order_reference", "variant_id", "quantity", "reason", "state"}
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+def add_operator(app) -> None:
+    """As `flask shop create-operator` does, with a cheap hash so the tests stay fast (any
+    werkzeug method verifies the same way); one test goes through upsert_operator itself."""
+    with app.app_context():
+        db.session.add(Operator(email=EMAIL, password_hash=generate_password_hash(PASSWORD, "pbkdf2:sha256:1000")))
+        db.session.commit()
+
+
+def log_in(app, client) -> str:
+    """Create the operator, log in through the form; returns the session's CSRF token."""
+    add_operator(app)
+    token = csrf_token(client, "/console/login")
+    r = client.post("/console/login", data={"csrf_token": token, "email": EMAIL, "password": PASSWORD})
+    assert r.status_code == 303, r.get_data(as_text=True)
+    return token
+
+
+@pytest.fixture
+def token(app, client):
+    return log_in(app, client)
+
+
+def variant_id(sku: str) -> int:
+    return db.session.execute(select(Variant.id).where(Variant.sku == sku)).scalar_one()
+
+
+def place(app, sku="MUG-350-SND", quantity=1, now=None) -> tuple[int, str]:
+    """A real order through the checkout use case."""
+    with app.app_context():
+        seed_catalog()
+        cart = Cart(browser_id="browser-1", status="open")
+        db.session.add(cart)
+        db.session.flush()
+        db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id(sku), quantity=quantity))
+        db.session.commit()
+        placed = place_order(cart_id=cart.id, browser_id="browser-1", email="ann@example.com", now=now)
+        assert placed.ok, placed
+        return placed.order_id, placed.reference
+
+
+def run_delivery(app, delivery_id, now=None) -> str:
+    with app.app_context():
+        return dispatch.run_delivery(delivery_id, now=now)
+
+
+def on_hand(app, sku) -> int:
+    with app.app_context():
+        return db.session.get(InventoryItem, variant_id(sku)).on_hand
+
+
+def cancel(app, order_id) -> int:
+    """Cancel through the use case; returns the id of the restore_inventory delivery it wrote."""
+    with app.app_context():
+        assert cancel_order(order_id, None).status == "cancelled"
+        return db.session.execute(select(OutboxDelivery.id).where(OutboxDelivery.order_id == order_id,
+                                                                  OutboxDelivery.handler == "restore_inventory")
+                                  ).scalar_one()
+
+
+def kill(app, delivery_id, error="RuntimeError: handler crashed") -> None:
+    """Make a real delivery a dead letter with its attempt budget spent."""
+    with app.app_context():
+        db.session.execute(update(OutboxDelivery).where(OutboxDelivery.id == delivery_id).values(
+            status="dead", attempts=OutboxDelivery.max_attempts, last_error=error,
+            last_traceback="Traceback (most recent call last):\n  ...\nRuntimeError: handler crashed\n"))
+        db.session.commit()
+
+
+def make_overflow_warning(app, sku="MUG-350-SND"):
+    """A cancelled order whose restore was refused by the stock-overflow invariant (so nothing,
+    not even the marker, was saved). Returns (order_id, warning_id, variant_id)."""
+    order_id, _ = place(app, sku, 2)
+    with app.app_context():
+        vid = variant_id(sku)
+        db.session.execute(update(InventoryItem).where(InventoryItem.variant_id == vid).values(on_hand=MAX_ON_HAND))
+        db.session.commit()
+    assert run_delivery(app, cancel(app, order_id)) == "done"
+    with app.app_context():
+        warning = db.session.execute(select(RestoreWarning).where(RestoreWarning.order_id == order_id)).scalar_one()
+        assert warning.state == "open" and "stock_would_overflow" in warning.reason
+        assert db.session.get(Order, order_id).inventory_restored is False
+        return order_id, warning.id, vid
+
+
+# -- the login gate --------------------------------------------------------------------------
+
+def test_every_console_route_sends_a_browser_to_login_and_answers_401_to_json(app, client):
+    anonymous_token = csrf_token(client, "/console/login")
+    for url in GET_ROUTES:
+        r = client.get(url, headers=HTML)
+        assert r.status_code == 302, url
+        assert r.headers["Location"].startswith("/console/login"), url
+        r = client.get(url, headers=JSON)
+        assert r.status_code == 401, url
+        assert "log in" in r.get_json()["error"].lower()
+    for url in POST_ROUTES:
+        for data in ({"csrf_token": anonymous_token}, {}):  # the gate comes before the CSRF check
+            r = client.post(url, data=data, headers=HTML)
+            assert r.status_code == 302 and r.headers["Location"].startswith("/console/login"), url
+            assert client.post(url, data=data, headers=JSON).status_code == 401, url
+    assert client.get("/console/login").status_code == 200
+
+
+def test_login_sends_the_operator_back_to_the_page_they_asked_for(app, client):
+    add_operator(app)
+    r = client.get("/console/sweeps", headers=HTML)
+    login_url = r.headers["Location"]
+    page = client.get(login_url).get_data(as_text=True)
+    next_value = re.search(r'name="next"[^>]*value="([^"]*)"', page).group(1)
+    assert next_value == "/console/sweeps"
+    r = client.post("/console/login", data={"csrf_token": csrf_token(client, login_url), "email": EMAIL,
+                                             "password": PASSWORD, "next": next_value})
+    assert r.status_code == 303 and r.headers["Location"] == "/console/sweeps"
+    assert client.get("/console/sweeps").status_code == 200
+
+
+def test_a_login_never_redirects_off_the_console(app, client):
+    add_operator(app)
+    r = client.post("/console/login", data={"csrf_token": csrf_token(client, "/console/login"), "email": EMAIL,
+                                             "password": PASSWORD, "next": "//evil.example/steal"})
+    assert r.status_code == 303 and r.headers["Location"] == "/console/"
+
+
+def test_a_wrong_password_and_an_unknown_email_get_the_same_401(app, client):
+    with app.app_context():
+        upsert_operator(EMAIL, PASSWORD)
+    token = csrf_token(client, "/console/login")
+    wrong_password = client.post("/console/login", data={"csrf_token": token, "email": EMAIL, "password": "nope"},
+                                 headers=JSON)
+    unknown_email = client.post("/console/login", data={"csrf_token": token, "email": "who@example.com",
+                                                        "password": PASSWORD}, headers=JSON)
+    assert wrong_password.status_code == unknown_email.status_code == 401
+    assert wrong_password.get_json()["error"] == unknown_email.get_json()["error"]
+    assert "match" in wrong_password.get_json()["error"]
+    html = client.post("/console/login", data={"csrf_token": token, "email": EMAIL, "password": "nope"})
+    assert html.status_code == 401 and "do not match" in html.get_data(as_text=True)
+    assert client.get("/console/", headers=JSON).status_code == 401  # still not logged in
+
+
+def test_a_malformed_login_is_a_400_in_words_not_a_500(app, client):
+    token = csrf_token(client, "/console/login")
+    r = client.post("/console/login", data={"csrf_token": token, "email": "", "password": ""}, headers=JSON)
+    assert r.status_code == 400 and r.get_json()["error"]
+    r = client.post("/console/login", data={"csrf_token": token, "email": "a@b.c" * 100, "password": "x" * 5000},
+                    headers=JSON)
+    assert r.status_code == 400
+
+
+def test_logging_out_closes_the_console_again(app, client, token):
+    assert client.get("/console/", headers=JSON).status_code == 200
+    r = client.post("/console/logout", data={"csrf_token": token})
+    assert r.status_code == 303
+    assert client.get("/console/", headers=JSON).status_code == 401
+
+
+def test_every_console_post_refuses_a_missing_or_wrong_csrf_token(app, client, token):
+    order_id, ref = place(app)
+    delivery = cancel(app, order_id)
+    kill(app, delivery)
+    with app.app_context():
+        warning = RestoreWarning(order_id=order_id, variant_id=None, quantity=1, reason="test", state="open")
+        db.session.add(warning)
+        db.session.commit()
+        command = db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.order_id == order_id)).scalar()
+        db.session.execute(update(ScheduledCommand).where(ScheduledCommand.id == command).values(status="dead"))
+        db.session.commit()
+        warning_id = warning.id
+    posts = [
+        (f"/console/orders/{ref}/reconcile", {}),
+        (f"/console/outbox/{delivery}/retry", {}),
+        (f"/console/outbox/{delivery}/discard", {"reason": "duplicate"}),
+        (f"/console/commands/{command}/retry", {}),
+        (f"/console/commands/{command}/discard", {"reason": "duplicate"}),
+        (f"/console/restore-warnings/{warning_id}/resolve", {"action": "fixed"}),
+        ("/console/logout", {}),
+    ]
+    for url, data in posts:
+        for bad in ({}, {"csrf_token": "forged"}):
+            r = client.post(url, data={**data, **bad}, headers=JSON)
+            assert r.status_code == 400, url
+            assert "form" in r.get_json()["error"].lower()
+    with app.app_context():
+        assert db.session.get(OutboxDelivery, delivery).status == "dead"
+        assert db.session.get(ScheduledCommand, command).status == "dead"
+        assert db.session.get(RestoreWarning, warning_id).state == "open"
+    assert client.get("/console/", headers=JSON).status_code == 200  # the logout did not happen
+    fresh = app.test_client()
+    r = fresh.post("/console/login", data={"email": EMAIL, "password": PASSWORD}, headers=JSON)
+    assert r.status_code == 400  # the login form itself is CSRF-protected
+
+
+# -- dashboard and lists ---------------------------------------------------------------------
+
+def test_dashboard_counts_a_stuck_order_a_dead_letter_and_an_open_warning(app, client, token):
+    empty = client.get("/console/", headers=JSON).get_json()
+    assert empty["stuck_orders"]["count"] == 0 and empty["dead_letters"]["count"] == 0
+    assert empty["restore_warnings"]["count"] == 0 and empty["last_sweep"] is None
+
+    two_hours_ago = utcnow() - timedelta(hours=2)
+    stuck_id, _ = place(app, now=two_hours_ago)
+    place(app)  # fresh: not stuck
+    _, cancelled_ref = place(app, "NB-A5-DOT")
+    with app.app_context():
+        cancelled_id = db.session.execute(select(Order.id).where(Order.reference == cancelled_ref)).scalar_one()
+    delivery = cancel(app, cancelled_id)
+    kill(app, delivery)
+    with app.app_context():
+        db.session.add(RestoreWarning(order_id=cancelled_id, variant_id=None, quantity=1, reason="r", state="open",
+                                      created_at=utcnow() - timedelta(minutes=12)))
+        db.session.add(RestoreWarning(order_id=cancelled_id, variant_id=None, quantity=1, reason="r",
+                                      state="resolved"))
+        db.session.add(ReconciliationCycle(started_at=utcnow() - timedelta(minutes=3), finished_at=utcnow(),
+                                           cutoff=utcnow(), status="ok", expiry_counts={"cancelled": 1},
+                                           provider_counts={"paid": 2}))
+        db.session.commit()
+
+    data = client.get("/console/", headers=JSON).get_json()
+    stuck = data["stuck_orders"]
+    assert stuck["count"] == 1 and stuck["by_status"]["PendingPayment"]["count"] == 1
+    assert 2 * 3600 - 60 <= stuck["oldest_age_seconds"] <= 2 * 3600 + 60
+    assert data["dead_letters"]["count"] == 1 and data["dead_letters"]["deliveries"]["count"] == 1
+    assert data["restore_warnings"]["count"] == 1
+    assert 11 * 60 <= data["restore_warnings"]["oldest_age_seconds"] <= 13 * 60
+    assert data["last_sweep"]["status"] == "ok" and data["last_sweep"]["provider_counts"] == {"paid": 2}
+
+    html = client.get("/console/").get_data(as_text=True)
+    assert "2 h" in html and "12 min" in html
+    with app.app_context():
+        assert db.session.get(Order, stuck_id).status == "PendingPayment"  # looking changes nothing
+
+
+def test_stuck_orders_list_oldest_first_and_filters_by_status(app, client, token):
+    now = utcnow()
+    _, older = place(app, now=now - timedelta(hours=5))
+    _, old = place(app, now=now - timedelta(hours=1))
+    _, fresh = place(app, now=now)
+    data = client.get("/console/orders?stuck=1", headers=JSON).get_json()
+    assert [o["reference"] for o in data["orders"]] == [older, old]
+    assert all(o["stuck"] for o in data["orders"])
+    everything = client.get("/console/orders", headers=JSON).get_json()
+    assert [o["reference"] for o in everything["orders"]] == [older, old, fresh]
+    assert client.get("/console/orders?stuck=1&status=Paid", headers=JSON).get_json()["orders"] == []
+    r = client.get("/console/orders?status=Shipped", headers=JSON)
+    assert r.status_code == 400 and "Shipped" in r.get_json()["error"]
+    html = client.get("/console/orders?stuck=1").get_data(as_text=True)
+    assert older in html and "5 h" in html and "18.00 USD" in html
+
+
+def test_order_timeline_shows_transitions_deliveries_deadlines_and_warnings(app, client, token):
+    order_id, ref = place(app)
+    delivery = cancel(app, order_id)
+    with app.app_context():
+        db.session.add(RestoreWarning(order_id=order_id, variant_id=99, quantity=1, reason="no inventory row"))
+        db.session.add(WebhookReceipt(event_id="evt_1", event_type="checkout.session.expired", outcome="accepted",
+                                      reason="", order_id=order_id, http_status=200))
+        db.session.commit()
+    data = client.get(f"/console/orders/{ref}", headers=JSON).get_json()
+    assert data["order"]["reference"] == ref and data["order"]["status"] == "Cancelled"
+    assert [t["event"] for t in data["transitions"]] == ["OrderPlaced", "OrderCancelled"]
+    assert [d["id"] for d in data["deliveries"]] == [delivery]
+    assert DELIVERY_KEYS <= set(data["deliveries"][0])
+    assert [c["kind"] for c in data["commands"]] == ["expire_unpaid_order"]
+    assert [w["variant_id"] for w in data["restore_warnings"]] == [99]
+    assert [w["event_id"] for w in data["webhooks"]] == ["evt_1"]
+    assert data["refunds"] == [] and data["proof_refusals"] == []
+    kinds = [t["kind"] for t in data["timeline"]]
+    assert kinds.count("transition") == 2 and "webhook" in kinds and "restore_warning" in kinds
+    html = client.get(f"/console/orders/{ref.lower()}").get_data(as_text=True)
+    assert ref in html and "OrderCancelled" in html and "expire_unpaid_order" in html
+    r = client.get("/console/orders/BK-NOSUCH", headers=JSON)
+    assert r.status_code == 404 and "BK-NOSUCH" in r.get_json()["error"]
+
+
+def test_outbox_lists_dead_letters_in_the_contract_shape_with_the_traceback_on_demand(app, client, token,
+                                                                                      monkeypatch):
+    from shop.outbox.subscriptions import SUBSCRIPTIONS
+    from shop.saga import HANDLERS
+
+    def print_label(event, now):
+        raise RuntimeError("label printer on fire")
+
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderPlaced", ["print_label"])
+    monkeypatch.setitem(HANDLERS, "print_label", print_label)
+    order_id, ref = place(app)
+    with app.app_context():
+        delivery = db.session.execute(select(OutboxDelivery.id).where(OutboxDelivery.handler == "print_label")
+                                      ).scalar_one()
+    start = utcnow()
+    outcomes = [run_delivery(app, delivery, now=start + timedelta(minutes=i)) for i in range(5)]
+    assert outcomes[-1] == "dead"
+
+    data = client.get("/console/outbox?status=dead", headers=JSON).get_json()
+    assert data["deliveries"] == [{"id": delivery, "event": "OrderPlaced", "handler": "print_label",
+                                   "status": "dead", "attempts": 5,
+                                   "last_error": "RuntimeError: label printer on fire", "order_reference": ref}]
+    assert set(data["deliveries"][0]) == DELIVERY_KEYS
+    assert data["commands"] == []
+    assert client.get("/console/outbox?status=done", headers=JSON).get_json()["deliveries"] == []
+    assert len(client.get("/console/outbox", headers=JSON).get_json()["deliveries"]) == 1
+    assert client.get("/console/outbox?status=zombie", headers=JSON).status_code == 400
+    html = client.get("/console/outbox?status=dead").get_data(as_text=True)
+    assert "<details><summary>traceback</summary>" in html and "in print_label" in html
+
+
+def test_dead_scheduled_commands_are_listed_beside_deliveries_and_can_be_retried(app, client, token):
+    order_id, ref = place(app)
+    with app.app_context():
+        command = db.session.execute(select(ScheduledCommand).where(ScheduledCommand.order_id == order_id)
+                                     ).scalar_one()
+        command.status, command.attempts, command.last_error = "dead", 5, "SMTPError: relay refused"
+        db.session.commit()
+        command_id = command.id
+    data = client.get("/console/outbox?status=dead", headers=JSON).get_json()
+    assert [(c["id"], c["kind"], c["order_reference"]) for c in data["commands"]] == [
+        (command_id, "expire_unpaid_order", ref)]
+    r = client.post(f"/console/commands/{command_id}/retry", data={"csrf_token": token}, headers=JSON)
+    assert r.status_code == 200, r.get_json()
+    with app.app_context():
+        row = db.session.get(ScheduledCommand, command_id)
+        assert (row.status, row.attempts) == ("pending", 0)
+
+
+# -- operator actions on dead letters --------------------------------------------------------
+
+def test_retrying_a_dead_delivery_gives_it_a_fresh_budget_and_it_then_runs(app, client, token):
+    order_id, ref = place(app, "MUG-350-NVY", 2)
+    assert on_hand(app, "MUG-350-NVY") == 1
+    delivery = cancel(app, order_id)
+    kill(app, delivery)
+    assert run_delivery(app, delivery) == "skipped"  # dead, budget spent: nothing runs it
+    assert on_hand(app, "MUG-350-NVY") == 1
+
+    r = client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token}, headers=JSON)
+    assert r.status_code == 200, r.get_json()
+    assert r.get_json()["status"] == "pending"
+    with app.app_context():
+        row = db.session.get(OutboxDelivery, delivery)
+        assert (row.status, row.attempts, row.max_attempts) == ("pending", 0, app.config["OUTBOX_MAX_ATTEMPTS"])
+
+    assert run_delivery(app, delivery) == "done"
+    assert on_hand(app, "MUG-350-NVY") == 3
+    with app.app_context():
+        assert db.session.get(Order, order_id).inventory_restored is True
+
+
+def test_a_browser_retry_goes_back_to_the_page_with_a_message(app, client, token):
+    order_id, _ = place(app)
+    delivery = cancel(app, order_id)
+    kill(app, delivery)
+    r = client.post(f"/console/outbox/{delivery}/retry",
+                    data={"csrf_token": token, "next": "/console/outbox?status=dead"})
+    assert r.status_code == 303 and r.headers["Location"] == "/console/outbox?status=dead"
+    assert "fresh budget" in client.get(r.headers["Location"]).get_data(as_text=True)
+
+
+def test_retry_and_discard_answer_404_for_an_unknown_row_and_409_for_one_that_is_not_dead(app, client, token):
+    order_id, _ = place(app)
+    delivery = cancel(app, order_id)  # pending, not dead
+    for action, data in (("retry", {}), ("discard", {"reason": "not needed"})):
+        r = client.post(f"/console/outbox/987654/{action}", data={"csrf_token": token, **data}, headers=JSON)
+        assert r.status_code == 404
+        r = client.post(f"/console/outbox/{delivery}/{action}", data={"csrf_token": token, **data}, headers=JSON)
+        assert r.status_code == 409 and "pending" in r.get_json()["error"]
+    with app.app_context():
+        assert db.session.get(OutboxDelivery, delivery).status == "pending"
+
+
+def test_discarding_needs_a_reason_and_then_the_dead_letter_is_discarded(app, client, token):
+    order_id, _ = place(app)
+    delivery = cancel(app, order_id)
+    kill(app, delivery)
+    for reason in (None, "", "   "):
+        data = {"csrf_token": token} if reason is None else {"csrf_token": token, "reason": reason}
+        r = client.post(f"/console/outbox/{delivery}/discard", data=data, headers=JSON)
+        assert r.status_code == 400 and "why" in r.get_json()["error"].lower()
+    assert client.post(f"/console/outbox/{delivery}/discard", data={"csrf_token": token}).status_code == 400
+    with app.app_context():
+        assert db.session.get(OutboxDelivery, delivery).status == "dead"
+
+    r = client.post(f"/console/outbox/{delivery}/discard",
+                    data={"csrf_token": token, "reason": "stock recounted by hand"}, headers=JSON)
+    assert r.status_code == 200 and r.get_json()["status"] == "discarded"
+    with app.app_context():
+        row = db.session.get(OutboxDelivery, delivery)
+        assert (row.status, row.discard_reason) == ("discarded", "stock recounted by hand")
+    assert run_delivery(app, delivery) == "skipped"
+    assert client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token},
+                       headers=JSON).status_code == 409
+
+
+# -- restore warnings ------------------------------------------------------------------------
+
+def test_restore_warnings_list_in_the_contract_shape(app, client, token):
+    order_id, ref = place(app)
+    with app.app_context():
+        db.session.add(RestoreWarning(order_id=order_id, variant_id=7, quantity=2, reason="no inventory row"))
+        db.session.add(RestoreWarning(order_id=order_id, variant_id=8, quantity=1, reason="old", state="resolved"))
+        db.session.commit()
+    data = client.get("/console/restore-warnings?state=open", headers=JSON).get_json()
+    assert len(data["warnings"]) == 1
+    item = data["warnings"][0]
+    assert set(item) == WARNING_KEYS
+    assert {k: item[k] for k in ("order_reference", "variant_id", "quantity", "reason", "state")} == {
+        "order_reference": ref, "variant_id": 7, "quantity": 2, "reason": "no inventory row", "state": "open"}
+    assert len(client.get("/console/restore-warnings", headers=JSON).get_json()["warnings"]) == 2
+    html = client.get("/console/restore-warnings?state=open").get_data(as_text=True)
+    assert ref in html and "Retry the restore" in html and "Mark fixed" in html
+
+
+def test_resolving_with_retry_restores_stock_once_the_cause_is_fixed(app, client, token):
+    order_id, warning_id, vid = make_overflow_warning(app)
+    url = f"/console/restore-warnings/{warning_id}/resolve"
+
+    # The cause is still there: the retry is refused again, the warning stays open (and once).
+    r = client.post(url, data={"csrf_token": token, "action": "retry"}, headers=JSON)
+    assert r.status_code == 200 and r.get_json()["state"] == "open"
+    assert "refused" in r.get_json()["message"]
+    with app.app_context():
+        assert db.session.get(InventoryItem, vid).on_hand == MAX_ON_HAND
+        assert db.session.get(RestoreWarning, warning_id).state == "open"
+        assert "refused again" in db.session.get(RestoreWarning, warning_id).resolution
+    assert len(client.get("/console/restore-warnings?state=open", headers=JSON).get_json()["warnings"]) == 1
+
+    # The operator corrects the runaway count; now the retry gives the order's 2 units back.
+    with app.app_context():
+        db.session.execute(update(InventoryItem).where(InventoryItem.variant_id == vid).values(on_hand=10))
+        db.session.commit()
+    r = client.post(url, data={"csrf_token": token, "action": "retry"}, headers=JSON)
+    assert r.status_code == 200 and r.get_json()["state"] == "resolved"
+    with app.app_context():
+        assert db.session.get(InventoryItem, vid).on_hand == 12
+        assert db.session.get(Order, order_id).inventory_restored is True
+        assert db.session.get(RestoreWarning, warning_id).state == "resolved"
+    assert client.get("/console/restore-warnings?state=open", headers=JSON).get_json()["warnings"] == []
+    assert client.post(url, data={"csrf_token": token, "action": "retry"}, headers=JSON).status_code == 409
+    with app.app_context():
+        assert db.session.get(InventoryItem, vid).on_hand == 12  # never twice
+
+
+def test_retrying_an_unmatched_variant_warning_keeps_it_open_and_restores_nothing_twice(app, client, token):
+    order_id, _ = place(app, "SOCK-M", 3)
+    assert run_delivery(app, cancel(app, order_id)) == "done"
+    assert on_hand(app, "SOCK-M") == 30
+    with app.app_context():
+        warning = RestoreWarning(order_id=order_id, variant_id=424242, quantity=1,
+                                 reason="no inventory row for this variant; quantity not restored")
+        db.session.add(warning)
+        db.session.commit()
+        warning_id = warning.id
+    r = client.post(f"/console/restore-warnings/{warning_id}/resolve", data={"csrf_token": token, "action": "retry"},
+                    headers=JSON)
+    assert r.status_code == 200 and r.get_json()["state"] == "open"
+    assert "by hand" in r.get_json()["message"]
+    assert on_hand(app, "SOCK-M") == 30
+
+
+def test_resolving_as_fixed_closes_the_warning_with_the_operators_note(app, client, token):
+    order_id, warning_id, vid = make_overflow_warning(app)
+    url = f"/console/restore-warnings/{warning_id}/resolve"
+    r = client.post(url, data={"csrf_token": token, "action": "delete"}, headers=JSON)
+    assert r.status_code == 400 and "fixed" in r.get_json()["error"]
+    r = client.post(url, data={"csrf_token": token, "action": "fixed", "note": "recounted shelf B: 14"},
+                    headers=JSON)
+    assert r.status_code == 200 and r.get_json()["state"] == "resolved"
+    with app.app_context():
+        warning = db.session.get(RestoreWarning, warning_id)
+        assert warning.state == "resolved" and warning.resolved_at is not None
+        assert "recounted shelf B: 14" in warning.resolution and EMAIL in warning.resolution
+        assert db.session.get(InventoryItem, vid).on_hand == MAX_ON_HAND  # "fixed" touches no stock
+    assert client.post(url, data={"csrf_token": token, "action": "fixed"}, headers=JSON).status_code == 409
+    assert client.post("/console/restore-warnings/999999/resolve", data={"csrf_token": token, "action": "fixed"},
+                       headers=JSON).status_code == 404
+
+
+# -- reconcile against the provider ----------------------------------------------------------
+
+def _started_order(paying_app):
+    from shop.payments.service import start_payment
+
+    order_id, ref = place(paying_app)
+    with paying_app.app_context():
+        assert start_payment(order_id).status == "started"
+        return order_id, ref, db.session.get(Order, order_id).payment_session_id
+
+
+def test_reconcile_turns_an_order_paid_at_the_provider_paid(paying_app, sandbox):
+    client = paying_app.test_client()
+    token = log_in(paying_app, client)
+    order_id, ref, session_id = _started_order(paying_app)
+    sandbox.faults(drop_webhooks=10)  # the webhook never arrives: only the console can tell
+    sandbox.set_outcome(session_id, "paid")
+
+    r = client.post(f"/console/orders/{ref}/reconcile", data={"csrf_token": token}, headers=JSON)
+    assert r.status_code == 200, r.get_json()
+    assert r.get_json()["outcome"] == "paid" and r.get_json()["status"] == "Paid"
+    with paying_app.app_context():
+        assert db.session.get(Order, order_id).status == "Paid"
+        assert db.session.execute(select(OutboxEvent.name).where(OutboxEvent.order_id == order_id)
+                                  .order_by(OutboxEvent.id)).scalars().all()[-1] == "OrderPaid"
+    again = client.post(f"/console/orders/{ref}/reconcile", data={"csrf_token": token}, headers=JSON)
+    assert again.status_code == 200 and again.get_json()["outcome"] == "noop"
+
+
+def test_reconcile_with_the_provider_unreachable_is_a_503_in_words_and_changes_nothing(paying_app, sandbox):
+    client = paying_app.test_client()
+    token = log_in(paying_app, client)
+    order_id, ref, session_id = _started_order(paying_app)
+    sandbox.set_outcome(session_id, "paid")
+    sandbox.faults(api_unavailable=True, drop_webhooks=10)
+
+    r = client.post(f"/console/orders/{ref}/reconcile", data={"csrf_token": token}, headers=JSON)
+    assert r.status_code == 503
+    assert "could not be reached" in r.get_json()["error"]
+    html = client.post(f"/console/orders/{ref}/reconcile", data={"csrf_token": token})
+    assert html.status_code == 503 and "could not be reached" in html.get_data(as_text=True)
+    with paying_app.app_context():
+        assert db.session.get(Order, order_id).status == "PaymentInitiated"
+    assert client.post("/console/orders/BK-NOSUCH/reconcile", data={"csrf_token": token},
+                       headers=JSON).status_code == 404
+
+
+# -- webhooks and sweeps ---------------------------------------------------------------------
+
+def test_webhooks_page_lists_accepted_and_rejected_deliveries_newest_first(app, client, token):
+    order_id, ref = place(app)
+    with app.app_context():
+        db.session.add(WebhookReceipt(event_id="evt_ok", event_type="checkout.session.completed",
+                                      outcome="accepted", reason="", order_id=order_id, http_status=200,
+                                      received_at=utcnow() - timedelta(minutes=5)))
+        db.session.commit()
+    r = client.post("/webhooks/stripe", data=b'{"id": "evt_x"}', headers={"Content-Type": "application/json"})
+    assert r.status_code == 400  # no signature: rejected, and recorded
+    data = client.get("/console/webhooks", headers=JSON).get_json()
+    assert [w["outcome"] for w in data["webhooks"]] == ["rejected", "accepted"]
+    assert data["webhooks"][0]["reason"] and data["webhooks"][1]["order_reference"] == ref
+    assert [w["outcome"] for w in client.get("/console/webhooks?outcome=accepted",
+                                             headers=JSON).get_json()["webhooks"]] == ["accepted"]
+    html = client.get("/console/webhooks").get_data(as_text=True)
+    assert "rejected" in html and data["webhooks"][0]["reason"] in html
+
+
+def test_sweeps_page_lists_cycles_with_per_pass_counts_newest_first(app, client, token):
+    now = utcnow()
+    with app.app_context():
+        db.session.add(ReconciliationCycle(started_at=now - timedelta(minutes=20), finished_at=now - timedelta(minutes=19),
+                                           cutoff=now, status="ok", expiry_counts={"cancelled": 3},
+                                           provider_counts={"paid": 1, "failed": 0}))
+        db.session.add(ReconciliationCycle(started_at=now - timedelta(minutes=10), cutoff=now, status="failed",
+                                           errors=["provider unreachable"]))
+        db.session.commit()
+    data = client.get("/console/sweeps", headers=JSON).get_json()
+    assert [c["status"] for c in data["cycles"]] == ["failed", "ok"]
+    assert data["cycles"][1]["expiry_counts"] == {"cancelled": 3}
+    assert data["cycles"][1]["provider_counts"] == {"paid": 1, "failed": 0}
+    assert data["cycles"][1]["duration_seconds"] == 60.0
+    html = client.get("/console/sweeps").get_data(as_text=True)
+    assert "cancelled: 3" in html and "provider unreachable" in html and "10 min ago" in html
+
+
+def test_every_console_page_renders_for_a_logged_in_operator(app, client, token):
+    order_id, ref = place(app)
+    kill(app, cancel(app, order_id))
+    for url in ["/console/", "/console/orders", "/console/orders?stuck=1", f"/console/orders/{ref}",
+                "/console/outbox?status=dead", "/console/outbox", "/console/restore-warnings?state=open",
+                "/console/webhooks", "/console/sweeps"]:
+        r = client.get(url, headers=HTML)
+        assert r.status_code == 200, url
+        page = r.get_data(as_text=True)
+        assert "Log out" in page and 'name="csrf_token"' in page, url
