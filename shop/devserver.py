@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,6 +34,9 @@ OPERATOR_EMAIL = "operator@example.com"
 START_TIMEOUT = 30.0      # seconds a child may take to answer before `up` gives up
 APP_STOP_GRACE = 6.0      # web/worker/scheduler, after SIGTERM
 SERVICE_STOP_GRACE = 3.0  # sandbox and Redis, after SIGTERM
+# redis-server's start-up chatter; the overcommit warning is about background saves, which this
+# Redis never makes.
+REDIS_NOISE = ("oO0OoO0OoO0Oo", "Redis version=", "Configuration loaded", "Memory overcommit must be enabled")
 
 
 class UpError(Exception):
@@ -115,8 +119,8 @@ class Child:
     name: str
     proc: subprocess.Popen
     role: str                      # "app" (web/worker/scheduler) or "service" (redis/sandbox)
+    mute: tuple = ()               # substrings of lines not worth a person's attention
     reader: threading.Thread | None = None
-    tail: list = field(default_factory=list)
 
     @property
     def alive(self) -> bool:
@@ -133,10 +137,10 @@ class Supervisor:
         self.force = False
         self._preexec = _parent_death_signal()
 
-    def start(self, name: str, argv: list[str], env: dict, cwd: str, role: str) -> Child:
+    def start(self, name: str, argv: list[str], env: dict, cwd: str, role: str, mute: tuple = ()) -> Child:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=self._preexec)
-        child = Child(name, proc, role)
+        child = Child(name, proc, role, mute)
         self.children.append(child)
         child.reader = threading.Thread(target=self._pump, args=(child,), name=f"up-{name}", daemon=True)
         child.reader.start()
@@ -147,8 +151,8 @@ class Supervisor:
             text = raw.decode("utf-8", errors="replace").rstrip()
             if not text:
                 continue
-            child.tail = (child.tail + [text])[-5:]
-            self.console.child(child.name, text)
+            if not any(m in text for m in child.mute):
+                self.console.child(child.name, text)
         child.proc.stdout.close()
 
     def first_death(self) -> Child | None:
@@ -157,13 +161,18 @@ class Supervisor:
                 return child
         return None
 
-    def stop_all(self) -> None:
+    def stop_order(self) -> list[Child]:
+        """The apps, then the services they use, the last started first."""
+        apps = [c for c in self.children if c.role == "app"]
+        return apps + [c for c in reversed(self.children) if c.role == "service"]
+
+    def stop_all(self) -> tuple[list[str], list[str]]:
         """Apps first (they may still be talking to the services), then the services; SIGKILL
         whatever outlives its grace period. Signals go to each child's process group, so
         gunicorn's workers are covered too."""
         self.stopping = True
         for role, grace in (("app", APP_STOP_GRACE), ("service", SERVICE_STOP_GRACE)):
-            group = [c for c in self.children if c.role == role and c.alive]
+            group = [c for c in self.stop_order() if c.role == role and c.alive]
             for child in group:
                 _signal_group(child.proc, signal.SIGTERM)
             deadline = time.monotonic() + grace
@@ -173,13 +182,16 @@ class Supervisor:
                 if child.alive and not self.force:
                     self.console.step(f"{child.name} did not stop within {grace:.0f} s; killing it")
                 _signal_group(child.proc, signal.SIGKILL)  # also reaps stray grandchildren
-        for child in self.children:
+        stopped, stuck = [], []
+        for child in self.stop_order():
             try:
                 child.proc.wait(timeout=2)
+                stopped.append(child.name)
             except subprocess.TimeoutExpired:
-                pass
+                stuck.append(f"{child.name} (pid {child.proc.pid})")
             if child.reader is not None:
                 child.reader.join(timeout=1)
+        return stopped, stuck
 
 
 def _signal_group(proc: subprocess.Popen, signum: int) -> None:
@@ -308,6 +320,7 @@ class Plan:
     start_sandbox_on: int | None = None
     sandbox_url: str | None = None
     notes: list = field(default_factory=list)
+    cleanup: list = field(default_factory=list)   # directories to remove when `up` ends
 
     @property
     def base_url(self) -> str:
@@ -344,8 +357,9 @@ def make_plan(port: int, environ: dict) -> Plan:
         wanted = urlsplit(settings.redis_url).port if settings.redis_url.startswith("redis") else None
         plan.start_redis_on = wanted if wanted and port_is_free(wanted) else free_port()
         env["REDIS_URL"] = _redis_url_on(settings.redis_url, plan.start_redis_on)
-        plan.notes.append(f"Nothing answers at {settings.redis_url}; the bundled redis-server will serve "
-                          f"{env['REDIS_URL']} (in memory, gone when `up` stops)")
+        if env["REDIS_URL"] != settings.redis_url:
+            plan.notes.append(f"Nothing answers at REDIS_URL={settings.redis_url} and its port is not free "
+                              f"here; the bundled Redis will serve {env['REDIS_URL']} instead")
 
     if settings.stripe_secret_key:
         plan.notes.append("STRIPE_SECRET_KEY is set: using Stripe itself, no sandbox "
@@ -392,23 +406,24 @@ def prepare_database(plan: Plan, app, console: Console) -> None:
         db.engine.dispose()
 
 
-def start_redis(plan: Plan, sup: Supervisor, console: Console) -> None:
+def start_redis(plan: Plan, sup: Supervisor, console: Console) -> Child:
+    """No persistence and a throwaway directory: the database is the source of truth, and the
+    scheduler re-arms everything Redis should know when it starts."""
     port = plan.start_redis_on
     console.step(f"Starting Redis (bundled redis-server) on port {port}{_ellipsis()}")
     workdir = tempfile.mkdtemp(prefix="backstop-redis-")
-    child = sup.start("redis", [bundled_redis_server(), "--port", str(port), "--bind", LOCAL,
-                                "--save", "", "--appendonly", "no", "--dir", workdir,
-                                "--loglevel", "warning"], plan.env, workdir, role="service")
-    _wait_until(lambda: redis_answers(plan.env["REDIS_URL"], timeout=0.2), child, "redis-server")
+    plan.cleanup.append(workdir)
+    return sup.start("redis", [bundled_redis_server(), "--port", str(port), "--bind", LOCAL,
+                               "--save", "", "--appendonly", "no", "--dir", workdir,
+                               "--loglevel", "warning"], plan.env, workdir, role="service", mute=REDIS_NOISE)
 
 
-def start_sandbox(plan: Plan, sup: Supervisor, console: Console) -> None:
+def start_sandbox(plan: Plan, sup: Supervisor, console: Console) -> Child:
     port = plan.start_sandbox_on
     note = "" if port == SANDBOX_PORT else f" ({SANDBOX_PORT} is taken)"
     console.step(f"Starting the Stripe sandbox on port {port}{note}{_ellipsis()}")
-    child = sup.start("sandbox", [sys.executable, "-m", "shop.stripe_sandbox", "--host", LOCAL, "--port", str(port)],
-                      plan.env, plan.root, role="service")
-    _wait_until(lambda: http_status(plan.sandbox_url + "/_sandbox/faults") == 200, child, "the Stripe sandbox")
+    return sup.start("sandbox", [sys.executable, "-m", "shop.stripe_sandbox", "--host", LOCAL, "--port", str(port)],
+                     plan.env, plan.root, role="service")
 
 
 def register_webhook(plan: Plan, app, console: Console) -> None:
@@ -433,8 +448,10 @@ def register_webhook(plan: Plan, app, console: Console) -> None:
 def start_processes(plan: Plan, sup: Supervisor, console: Console) -> None:
     flask = [sys.executable, "-m", "flask", "--app", "app"]
     if importlib.util.find_spec("gunicorn") is not None:
+        # --preload: the app is imported once in the master and forked, not once per worker
+        # (create_app opens no connection, so nothing is shared across the fork).
         web = [sys.executable, "-m", "gunicorn", "app:app", "-b", f"{LOCAL}:{plan.port}", "-w", "2",
-               "--threads", "4", "--graceful-timeout", "5", "--access-logfile", "-",
+               "--threads", "4", "--preload", "--graceful-timeout", "5", "--access-logfile", "-",
                "--access-logformat", "%(m)s %(U)s%(q)s -> %(s)s in %(M)sms"]
         if _gunicorn_has_flag("--no-control-socket"):
             # gunicorn >= 25 opens ~/.gunicorn/gunicorn.ctl by default: two demos would share it.
@@ -507,8 +524,9 @@ def up(port: int = 5000) -> None:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     code = 0
+    plan_holder: list = []
     try:
-        code = _run(port, console, sup, state)
+        code = _run(port, console, sup, state, plan_holder)
     except UpError as exc:
         console.error(str(exc))
         code = 1
@@ -518,35 +536,44 @@ def up(port: int = 5000) -> None:
     finally:
         state["raise"] = False
         if sup.children:
-            order = [c.name for c in sup.children if c.role == "app"] + \
-                    [c.name for c in sup.children if c.role == "service"]
-            console.step(f"Stopping {', '.join(order)}{_ellipsis()}")
-            sup.stop_all()
-            console.step("Stopped.")
+            console.step(f"Stopping {', '.join(c.name for c in sup.stop_order())}{_ellipsis()}")
+            stopped, stuck = sup.stop_all()
+            console.step(f"Stopped {', '.join(stopped)}." if stopped else "Stopped.")
+            if stuck:
+                console.error(f"could not stop {', '.join(stuck)}")
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        for plan in plan_holder:
+            for folder in plan.cleanup:
+                shutil.rmtree(folder, ignore_errors=True)
     if code:
         raise SystemExit(code)
 
 
-def _run(port: int, console: Console, sup: Supervisor, state: dict) -> int:
+def _run(port: int, console: Console, sup: Supervisor, state: dict, plan_holder: list) -> int:
     from . import SettingsError, create_app
 
     try:
         plan = make_plan(port, os.environ)
+        plan_holder.append(plan)
         app = create_app(env=plan.env)
     except SettingsError as exc:
         raise UpError(f"configuration error: {exc}") from None
     for note in plan.notes:
         console.step(note)
+    # Redis and the sandbox boot while the migrations run; web, worker and scheduler start as
+    # soon as Redis answers, and the webhook is registered while they import the app.
+    redis = start_redis(plan, sup, console) if plan.start_redis_on else None
+    sandbox = start_sandbox(plan, sup, console) if plan.start_sandbox_on else None
     prepare_database(plan, app, console)
-    if plan.start_redis_on:
-        start_redis(plan, sup, console)
-    if plan.start_sandbox_on:
-        start_sandbox(plan, sup, console)
+    if redis is not None:
+        _wait_until(lambda: redis_answers(plan.env["REDIS_URL"], timeout=0.2), redis, "redis-server")
+    start_processes(plan, sup, console)
+    if sandbox is not None:
+        _wait_until(lambda: http_status(plan.sandbox_url + "/_sandbox/faults") == 200, sandbox,
+                    "the Stripe sandbox")
     if plan.sandbox_url:
         register_webhook(plan, app, console)
-    start_processes(plan, sup, console)
 
     # From here on a signal only sets the flag; the loop below notices it and stops cleanly.
     state["raise"] = False
@@ -561,7 +588,9 @@ def _run(port: int, console: Console, sup: Supervisor, state: dict) -> int:
                           "stopping the others")
             return 1
         if not ready:
-            if http_status(plan.base_url + "/healthz") == 200:
+            # A generous timeout: while gunicorn's workers still import the app the kernel
+            # queues the connection, and a short one would only pile up retries.
+            if http_status(plan.base_url + "/healthz", timeout=5) == 200:
                 ready = True
                 banner(plan, console)
             elif time.monotonic() > ready_by:

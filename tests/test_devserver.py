@@ -229,6 +229,8 @@ def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
     os.killpg(up.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group
     up.proc.wait(timeout=10)
     assert up.proc.returncode == 0, up.output
+    # up itself saw every child exit (not merely the parent-death signal after it was gone).
+    assert "==> Stopped web, worker, scheduler, sandbox, redis." in up.output
     _assert_all_children_gone(up)
     assert not answers(int(sandbox.rsplit(":", 1)[1]))
     assert "Traceback" not in up.output
