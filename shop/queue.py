@@ -119,8 +119,10 @@ def register_periodic_jobs(relay_seconds: int, sweep_seconds: int | None) -> lis
         if job_id in sched and job_id in existing and existing[job_id].meta.get("interval") == interval:
             done.append(f"{job_id} (kept, every {interval}s)")
             continue
+        # result_ttl=-1 keeps the job's key: with 0 the worker deletes it after the first run and
+        # rq-scheduler then drops the repeat as a job that no longer exists.
         sched.schedule(datetime.now(timezone.utc), func, interval=interval, repeat=None, id=job_id,
-                       queue_name=_names()[0], result_ttl=0, timeout=max(60, interval * 2))
+                       queue_name=_names()[0], result_ttl=-1, timeout=max(60, interval * 2))
         done.append(f"{job_id} (registered, every {interval}s)")
     return done
 
