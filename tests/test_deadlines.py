@@ -297,6 +297,10 @@ def test_registering_periodic_jobs_again_is_idempotent_and_a_new_interval_replac
     assert _periodic(prefix) == {relay_id: 5, sweep_id: 600}
     assert all("kept" in line for line in lines)
 
+    queue.run_scheduler(burst=True)  # both are due now: moved to the control queue...
+    queue.run_worker(burst=True)  # ...and run; a periodic job must outlive its own run
+    assert _periodic(prefix) == {relay_id: 5, sweep_id: 600}
+
     queue.register_periodic_jobs(5, 300)  # the interval changed between deployments
     assert _periodic(prefix) == {relay_id: 5, sweep_id: 300}
 

@@ -1,0 +1,199 @@
+"""End to end with real processes: `flask shop stripe-sandbox`, `flask shop scheduler` and
+`flask shop worker` as the deployment runs them (Procfile), against the test database and Redis.
+An unpaid order placed with a 3-second window must be cancelled, its stock back, within 3 s of
+its deadline, with nothing but those processes doing the work."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import timedelta, timezone
+
+import pytest
+from rq import Worker
+from sqlalchemy import select
+
+from shop import queue
+from shop.domain.deadlines import as_utc, utcnow
+from shop.extensions import db
+from shop.models import Cart, CartItem, InventoryItem, Order, OutboxEvent, ScheduledCommand, Variant
+from shop.orders.checkout import place_order
+from shop.seed import seed_catalog
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WINDOW = 3
+
+
+def _flask() -> list[str]:
+    script = os.path.join(os.path.dirname(sys.executable), "flask")
+    return [script] if os.path.exists(script) else [sys.executable, "-m", "flask"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(check, timeout: float, what: str, logs=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs() if logs else ''}")
+
+
+class Processes:
+    """Child processes with their output in files; always stopped, never left running."""
+
+    def __init__(self):
+        self.folder = tempfile.mkdtemp(prefix="backstop-procs-")
+        self.children: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
+        out = open(os.path.join(self.folder, f"{name}.log"), "wb")
+        proc = subprocess.Popen(_flask() + ["--app", "app"] + args, cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+        self.children.append((name, proc))
+        return proc
+
+    def logs(self) -> str:
+        parts = []
+        for name, _proc in self.children:
+            with open(os.path.join(self.folder, f"{name}.log"), errors="replace") as f:
+                parts.append(f"--- {name} ---\n{f.read()[-4000:]}")
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        for _name, proc in self.children:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _name, proc in self.children:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _env(app, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKSTOP_", "FLASK_"))}
+    env.update(
+        DATABASE_URL=app.config["SQLALCHEMY_DATABASE_URI"],
+        REDIS_URL=app.config["REDIS_URL"],
+        SECRET_KEY="process-test-secret",
+        BACKSTOP_QUEUE_PREFIX=app.config["QUEUE_PREFIX"],
+        UNPAID_ORDER_EXPIRY_SECONDS=str(WINDOW),
+        RECONCILIATION_STUCK_AGE_SECONDS=str(WINDOW),
+        RECONCILIATION_INTERVAL_SECONDS="3600",
+        SCHEDULER_POLL_SECONDS="1",
+        STRIPE_WEBHOOK_SECRET="whsec_x",
+        STRIPE_SESSION_MIN_SECONDS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def _checkout(quantity: int) -> tuple[int, int]:
+    seed_catalog()
+    variant_id = db.session.execute(select(Variant.id).where(Variant.sku == "NB-A5-DOT")).scalar_one()
+    cart = Cart(browser_id=f"b-{uuid.uuid4().hex[:12]}", status="open")
+    db.session.add(cart)
+    db.session.flush()
+    db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id, quantity=quantity))
+    db.session.commit()
+    placed = place_order(cart_id=cart.id, browser_id=cart.browser_id, email="ann@example.com")
+    assert placed.ok, placed
+    return placed.order_id, variant_id
+
+
+def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadline(make_app):
+    app = make_app(UNPAID_ORDER_EXPIRY_SECONDS=WINDOW, RECONCILIATION_STUCK_AGE_SECONDS=WINDOW)
+    procs = Processes()
+    try:
+        port = _free_port()
+        sandbox_url = f"http://127.0.0.1:{port}"
+        env = _env(app, STRIPE_API_BASE=sandbox_url)
+        procs.start("sandbox", ["shop", "stripe-sandbox", "--port", str(port), "--min-session-seconds", "1"], env)
+        procs.start("scheduler", ["shop", "scheduler"], env)
+        procs.start("worker", ["shop", "worker"], env)
+
+        with app.app_context():
+            def sandbox_up():
+                with socket.socket() as s:
+                    return s.connect_ex(("127.0.0.1", port)) == 0
+
+            _wait(sandbox_up, 20, "the sandbox", procs.logs)
+            _wait(lambda: Worker.all(queue=queue.work_queue()), 20, "the worker", procs.logs)
+            prefix = app.config["QUEUE_PREFIX"]
+
+            def start_up_sweep_done():
+                # The scheduler registers the sweep due now; wait until it ran once (the job is
+                # back in the schedule an interval ahead and the control queue is drained), so
+                # the cancellation below can only come from the order's own deadline.
+                for job, at in queue.scheduler().get_jobs(with_times=True):
+                    if job.id == f"{prefix}-periodic-reconcile":
+                        return (at.replace(tzinfo=timezone.utc).timestamp() - time.time() > 600 and queue.control_queue().count == 0
+                                and all(w.get_state() == "idle" for w in Worker.all(queue=queue.work_queue())))
+                return False
+
+            _wait(start_up_sweep_done, 20, "the scheduler's start", procs.logs)
+
+            order_id, variant_id = _checkout(quantity=3)
+            placed = db.session.get(Order, order_id)
+            due = as_utc(placed.created_at) + timedelta(seconds=WINDOW)
+            db.session.rollback()
+            assert db.session.execute(select(InventoryItem.on_hand)
+                                      .where(InventoryItem.variant_id == variant_id)).scalar_one() == 37
+            db.session.rollback()
+
+            def cancelled_and_restored():
+                db.session.expire_all()
+                order = db.session.get(Order, order_id)
+                done = order.status == "Cancelled" and order.inventory_restored
+                db.session.rollback()
+                return done
+
+            # Bounded: the deadline plus 3 s, polled every 100 ms.
+            bound = (due + timedelta(seconds=3) - utcnow()).total_seconds()
+            _wait(cancelled_and_restored, bound, "the deadline to cancel the order and restore its stock", procs.logs)
+
+            order = db.session.get(Order, order_id)
+            lateness = (as_utc(order.updated_at) - due).total_seconds()
+            assert lateness <= 3.0, procs.logs()
+            assert db.session.execute(select(InventoryItem.on_hand)
+                                      .where(InventoryItem.variant_id == variant_id)).scalar_one() == 40
+            deadline = db.session.execute(select(ScheduledCommand).where(
+                ScheduledCommand.kind == "expire_unpaid_order", ScheduledCommand.order_id == order_id)).scalar_one()
+            assert deadline.status == "done"
+            reason = db.session.execute(select(OutboxEvent.payload).where(
+                OutboxEvent.order_id == order_id, OutboxEvent.name == "OrderCancelled")).scalar_one()["reason"]
+            assert reason == "payment window expired"  # the order's own deadline did it, not the sweep
+            db.session.remove()
+            for name, proc in procs.children:
+                assert proc.poll() is None, f"{name} exited early\n{procs.logs()}"
+    finally:
+        procs.stop()
+
+
+def test_a_worker_refuses_to_start_when_the_stuck_age_differs_from_the_window(make_app):
+    app = make_app()
+    env = _env(app, RECONCILIATION_STUCK_AGE_SECONDS="600", UNPAID_ORDER_EXPIRY_SECONDS="1800")
+    done = subprocess.run(_flask() + ["--app", "app", "shop", "worker", "--burst"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    [line] = [text for text in done.stderr.splitlines() if text.strip()]  # one clear line, no traceback
+    assert "RECONCILIATION_STUCK_AGE_SECONDS" in line
