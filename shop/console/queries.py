@@ -13,6 +13,7 @@ from ..models import (Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, R
                       RestoreWarning, ScheduledCommand, WebhookReceipt)
 from ..ops.metrics import stuck_cutoff
 from ..orders.views import iso, order_json
+from .format import human_money, human_time
 
 PER_PAGE = 100
 WORK_STATUSES = ("pending", "processing", "done", "dead", "discarded")
@@ -197,8 +198,11 @@ def order_timeline(order: Order, now: datetime) -> dict:
     merged = (
         [(e.created_at, "transition", e.name, _payload_words(e.payload)) for e in events]
         + [(r.received_at, "webhook", f"{r.event_type or 'webhook'}: {r.outcome}", r.reason or "") for r in receipts]
-        + [(c.created_at, "command", f"{c.kind} armed", f"due {iso(c.next_attempt_at)}, now {c.status}")
+        + [(c.created_at, "command", f"{c.kind} armed", f"due {human_time(c.next_attempt_at)}, now {c.status}")
            for c in commands]
+        + [(d.completed_at or d.updated_at, "delivery", f"{d.handler}: {d.status}",
+            f"{names.get(d.event_id, '?')}, {d.attempts} attempt(s)" + (f", {d.last_error}" if d.last_error else ""))
+           for d in deliveries if d.status in ("done", "dead", "discarded")]
         + [(w.created_at, "restore_warning", "restore warning", w.reason) for w in warnings]
         + [(r.created_at, "refund", f"refund {r.status}", r.reason) for r in refunds]
         + [(p.created_at, "proof_refused", "payment proof refused", p.problems) for p in refusals]
@@ -210,8 +214,16 @@ def order_timeline(order: Order, now: datetime) -> dict:
 
 
 def _payload_words(payload: dict) -> str:
-    skip = {"order_id", "reference"}
-    return ", ".join(f"{k}: {v}" for k, v in (payload or {}).items() if k not in skip and v not in (None, ""))
+    payload = dict(payload or {})
+    currency = payload.pop("currency", None)
+    words = []
+    for key, value in payload.items():
+        if key in ("order_id", "reference") or value in (None, ""):
+            continue
+        if key in ("total", "amount") and isinstance(value, int) and currency:
+            value = human_money(value, currency)
+        words.append(f"{key}: {value}")
+    return ", ".join(words)
 
 
 # -- outbox, warnings, webhooks, sweeps -------------------------------------------------------
