@@ -22,9 +22,10 @@ version check turns our late save into a StaleDataError, logged and not retried)
 
 Only one cycle runs anywhere at a time: a row in `leases` taken with a conditional UPDATE (or
 an INSERT when absent; the primary key settles a tie), so two scheduler replicas never spend
-the same provider call twice. The lease is renewed before each order, conditionally on still
-holding it; a cycle that outlived it (a hung provider call, a paused VM) stops before the next
-order, because another replica may already be working the same ids.
+the same provider call twice. The lease is renewed as it runs down, conditionally on still
+holding it, and checked before each order; a cycle that outlived it (a hung provider call, a
+paused VM) stops before the next order, because another replica may already be working the same
+ids.
 
 Gates, one per consequence: UNPAID_ORDER_EXPIRY_ENABLED decides whether unpaid orders are ever
 cancelled automatically (it also gates the per-order deadline at checkout), RECONCILIATION_ENABLED
@@ -218,6 +219,17 @@ def provider_line(counts: dict | None) -> str:
 
 # -- selection -----------------------------------------------------------------------------
 
+def stuck_query(status, cutoff: datetime, limit: int, *, with_session: bool = False):
+    """One status's oldest stuck orders: a range scan of ix_orders_status_updated_at that stops
+    after `limit` rows."""
+    query = (select(Order.updated_at, Order.id)
+             .where(Order.status == OrderStatus(status).value, Order.updated_at < cutoff)
+             .order_by(Order.updated_at, Order.id).limit(limit))
+    if with_session:
+        query = query.where(Order.payment_session_id.is_not(None))
+    return query
+
+
 def stuck_order_ids(statuses, cutoff: datetime, limit: int, *, with_session: bool = False) -> list[int]:
     """The `limit` oldest orders in `statuses` last changed before `cutoff`, as ids.
 
@@ -226,11 +238,7 @@ def stuck_order_ids(statuses, cutoff: datetime, limit: int, *, with_session: boo
     would cost the backlog instead of the batch."""
     rows = []
     for status in statuses:
-        query = (select(Order.updated_at, Order.id)
-                 .where(Order.status == OrderStatus(status).value, Order.updated_at < cutoff)
-                 .order_by(Order.updated_at, Order.id).limit(limit))
-        if with_session:
-            query = query.where(Order.payment_session_id.is_not(None))
+        query = stuck_query(status, cutoff, limit, with_session=with_session)
         rows.extend((as_utc(updated), order_id) for updated, order_id in db.session.execute(query).all())
     db.session.rollback()  # the selection holds nothing while the orders are worked
     return [order_id for _, order_id in sorted(rows)[:limit]]
@@ -304,6 +312,26 @@ class _LeaseLost(Exception):
     pass
 
 
+class _LeaseKeeper:
+    """Called before each order: is the lease still ours? Nobody can take it before it lapses,
+    so while most of it is left the answer is local; once a third is used it is renewed in the
+    database (conditionally, so a lapsed or taken-over lease stays lost)."""
+
+    def __init__(self, holder: str, expires_at: datetime, seconds: float, clock):
+        self.holder, self.expires_at, self.seconds, self.clock = holder, expires_at, seconds, clock
+
+    def __call__(self) -> bool:
+        now = self.clock()
+        if now >= self.expires_at:
+            return False
+        if (self.expires_at - now).total_seconds() > self.seconds * 2 / 3:
+            return True
+        if not renew_lease(LEASE_NAME, self.holder, now, self.seconds):
+            return False
+        self.expires_at = now + timedelta(seconds=self.seconds)
+        return True
+
+
 def _run_pass(name: str, ids: list[int], work, counts: dict, errors: list, keep_lease) -> None:
     unavailable_streak = 0
     for position, order_id in enumerate(ids):
@@ -366,9 +394,7 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
         session.commit()
         result.cycle_id = row.id
 
-        def keep_lease() -> bool:
-            return renew_lease(LEASE_NAME, holder, clock(), lease_seconds)
-
+        keep_lease = _LeaseKeeper(holder, started + timedelta(seconds=lease_seconds), lease_seconds, clock)
         # Expiry first, so an order the provider pass moves to PaymentFailed keeps its window.
         if expiry_on:
             ids = stuck_order_ids(UNPAID, cutoff, batch)
