@@ -12,7 +12,10 @@ def _seed(app):
         return {v.sku: v.id for v in db.session.query(__import__("shop.models", fromlist=["Variant"]).Variant)}
 
 
-def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_deadline(app, client):
+def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_deadline(make_app):
+    # Port 9 (discard) on loopback: nothing answers, so the provider is unreachable.
+    app = make_app(STRIPE_API_BASE="http://127.0.0.1:9")
+    client = app.test_client()
     skus = _seed(app)
     token = csrf_token(client, "/")
     r = client.post("/cart/items", data={"csrf_token": token, "variant_id": skus["MUG-350-NVY"], "quantity": 2})
