@@ -168,13 +168,14 @@ class Supervisor:
 
     def stop_all(self) -> tuple[list[str], list[str]]:
         """Apps first (they may still be talking to the services), then the services; SIGKILL
-        whatever outlives its grace period. Signals go to each child's process group, so
-        gunicorn's workers are covered too."""
+        whatever outlives its grace period. SIGTERM goes to the child itself (gunicorn's master
+        stops its own workers); SIGKILL goes to its whole process group, strays included."""
         self.stopping = True
         for role, grace in (("app", APP_STOP_GRACE), ("service", SERVICE_STOP_GRACE)):
             group = [c for c in self.stop_order() if c.role == role and c.alive]
             for child in group:
-                _signal_group(child.proc, signal.SIGTERM)
+                if child.alive:
+                    child.proc.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + grace
             while any(c.alive for c in group) and time.monotonic() < deadline and not self.force:
                 time.sleep(0.05)
@@ -218,6 +219,13 @@ def free_port(host: str = LOCAL) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def _nearby_free_port(port: int) -> int:
+    for candidate in range(port + 1, min(port + 50, 65536)):
+        if port_is_free(candidate):
+            return candidate
+    return free_port()
 
 
 def redis_answers(url: str, timeout: float = 0.5) -> bool:
@@ -333,7 +341,7 @@ def make_plan(port: int, environ: dict) -> Plan:
         raise UpError(f"--port must be between 1 and 65535, got {port}")
     if not port_is_free(port):
         raise UpError(f"port {port} is already in use on {LOCAL} (another `flask shop up`?); "
-                      f"choose another with --port, e.g. `flask shop up --port {free_port()}`")
+                      f"choose another with --port, e.g. `flask shop up --port {_nearby_free_port(port)}`")
     from .settings import load_settings
 
     env = dict(environ)
