@@ -72,6 +72,10 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
 
     app.register_blueprint(storefront_bp)
     app.register_blueprint(ops_bp)
+    if os.environ.get("BACKSTOP_BENCH_ENDPOINTS") == "1":  # bench/checkout.py only, never in production
+        from . import benchsupport
+
+        benchsupport.init_app(app)
     for name in ("webhooks", "console"):
         try:
             module = __import__(f"shop.{name}", fromlist=["bp", "init_app"])

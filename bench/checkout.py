@@ -1,0 +1,378 @@
+"""Checkout throughput and latency over HTTP, against gunicorn on PostgreSQL (not a test).
+
+    /tmp/venv/bin/python bench/checkout.py [--clients 16] [--orders 800] [--workers 4]
+
+It creates and migrates a throwaway PostgreSQL database, seeds three variants with plenty of
+stock, starts the Stripe sandbox (`flask shop stripe-sandbox`) and `gunicorn app:app` on free
+ports (with BACKSTOP_BENCH_ENDPOINTS=1), then measures, each with N concurrent clients:
+
+  bare      POST /_bench/bare-order: only the SQL of an order (prices, order, 3 lines, 3 decrements)
+  checkout  POST /checkout of a prepared 3-item cart: the whole path (CSRF, session, cart, order,
+            outbox, deadline, Redis announce, Checkout Session at the sandbox, PaymentInitiated)
+  cycle     a browser's full loop: GET /, 3 x POST /cart/items, POST /checkout (informational)
+
+and prints orders/s, p50 and p99 for each, and checkout/bare ratios (target: >= 0.70 of the
+orders/s, p99 <= 1.5x). Everything it started is stopped and the database dropped at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import queue
+import re
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlencode
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+CSRF = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Browser:
+    """One browser: its own cookie jar and CSRF token, one short HTTP connection per request
+    (gunicorn's sync workers close after each response)."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.cookies: dict[str, str] = {}
+        self.token = ""
+
+    def request(self, method, path, form=None, accept="text/html"):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        headers = {"Accept": accept}
+        if self.cookies:
+            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        body = None
+        if form is not None:
+            body = urlencode(form)
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            for name, value in resp.getheaders():
+                if name.lower() == "set-cookie":
+                    key, _, rest = value.partition("=")
+                    self.cookies[key.strip()] = rest.split(";", 1)[0]
+            return resp.status, resp.getheader("Location") or "", data
+        finally:
+            conn.close()
+
+    def open_catalog(self):
+        status, _, body = self.request("GET", "/")
+        assert status == 200, status
+        self.token = CSRF.search(body.decode()).group(1)
+
+    def fill_cart(self, variant_ids):
+        for v in variant_ids:
+            status, _, body = self.request("POST", "/cart/items",
+                                           {"csrf_token": self.token, "variant_id": v, "quantity": 1})
+            assert status == 303, (status, body[:300])
+
+    def checkout(self):
+        status, location, body = self.request("POST", "/checkout",
+                                              {"csrf_token": self.token, "email": "bench@example.com"})
+        assert status == 303 and "/pay/" in location, (status, location, body[:300])
+
+
+def run_clients(clients: int, jobs: queue.Queue, work) -> tuple[float, list[float]]:
+    """`clients` threads take jobs until the queue is empty; returns (wall seconds, latencies)."""
+    latencies: list[float] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    start_gate = threading.Barrier(clients + 1)
+
+    def client():
+        start_gate.wait()
+        mine = []
+        while True:
+            try:
+                job = jobs.get_nowait()
+            except queue.Empty:
+                break
+            t0 = time.perf_counter()
+            try:
+                work(job)
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+                break
+            mine.append(time.perf_counter() - t0)
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    start_gate.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return wall, latencies
+
+
+def summarize(name: str, wall: float, lat: list[float]) -> dict:
+    lat = sorted(lat)
+    p = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000  # noqa: E731
+    row = {"name": name, "n": len(lat), "rate": len(lat) / wall, "p50": p(0.50), "p99": p(0.99),
+           "mean": statistics.fmean(lat) * 1000}
+    print(f"{name:<9} {row['n']:>6} orders  {row['rate']:8.1f} orders/s   p50 {row['p50']:7.1f} ms   "
+          f"p99 {row['p99']:7.1f} ms", flush=True)
+    return row
+
+
+def cpu_seconds(pids) -> float:
+    """utime + stime of these processes (all their threads), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / tick
+
+
+def children(pid: int) -> list[int]:
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return kids
+
+
+def wait_http(port: int, path: str, proc: subprocess.Popen, seconds: float = 30) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"process exited early ({proc.returncode}): {' '.join(proc.args)}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", path)
+            conn.getresponse().read()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"nothing answered on port {port}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--orders", type=int, default=800, help="orders per measured phase")
+    ap.add_argument("--workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY", "4")))
+    ap.add_argument("--server", default=os.environ.get("BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
+    ap.add_argument("--redis", default="redis://127.0.0.1:6379/11")
+    ap.add_argument("--rounds", type=int, default=4, help="alternating bare/checkout rounds")
+    ap.add_argument("--no-cycle", action="store_true", help="skip the full browser-loop phase")
+    args = ap.parse_args()
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    run_id = secrets.token_hex(4)
+    server = make_url(args.server)
+    dbname = f"backstop_bench_{run_id}"
+    admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{dbname}"'))
+    database_url = server.set(database=dbname).render_as_string(hide_password=False)
+    prefix = f"bench-{run_id}"
+    procs: list[subprocess.Popen] = []
+    try:
+        stock = 1_000_000_000
+        variant_ids = seed(database_url, stock)
+        sandbox_port, web_port = free_port(), free_port()
+        env = {**os.environ, "DATABASE_URL": database_url, "SECRET_KEY": secrets.token_urlsafe(24),
+               "REDIS_URL": args.redis, "BACKSTOP_QUEUE_PREFIX": prefix, "BACKSTOP_BENCH_ENDPOINTS": "1",
+               "STRIPE_API_BASE": f"http://127.0.0.1:{sandbox_port}", "STRIPE_SESSION_MIN_SECONDS": "60",
+               "PUBLIC_BASE_URL": f"http://127.0.0.1:{web_port}", "STRIPE_WEBHOOK_SECRET": "whsec_bench",
+               "BACKSTOP_INSTANCE_PATH": f"/tmp/backstop-bench-{run_id}"}
+        env.pop("STRIPE_SECRET_KEY", None)
+        quiet = subprocess.DEVNULL
+        procs.append(subprocess.Popen([str(BIN / "flask"), "--app", "app", "shop", "stripe-sandbox", "--port",
+                                       str(sandbox_port), "--min-session-seconds", "60"],
+                                      cwd=ROOT, env=env, stdout=quiet, stderr=quiet, start_new_session=True))
+        procs.append(subprocess.Popen([str(BIN / "gunicorn"), "app:app", "-b", f"127.0.0.1:{web_port}",
+                                       "-w", str(args.workers), "--log-level", "warning"],
+                                      cwd=ROOT, env=env, stdout=quiet, stderr=quiet, start_new_session=True))
+        wait_http(sandbox_port, "/_sandbox/events", procs[0])
+        wait_http(web_port, "/healthz", procs[1])
+        print(f"gunicorn -w {args.workers} on PostgreSQL, {args.clients} clients, {args.orders} orders per "
+              f"phase, 3 lines per order; sandbox on :{sandbox_port}", flush=True)
+
+        bare_path = "/_bench/bare-order?variants=" + ",".join(map(str, variant_ids))
+
+        def bare(_):
+            status, _, body = Browser(web_port).request("POST", bare_path)
+            assert status == 201, (status, body[:200])
+
+        def prepare(n):
+            ready = queue.Queue()
+            def make(_):
+                b = Browser(web_port)
+                b.open_catalog()
+                b.fill_cart(variant_ids)
+                ready.put(b)
+            run_clients(args.clients, _jobs(n), make)
+            return ready
+
+        # Warm every worker (imports, pools, templates) before measuring anything.
+        run_clients(args.clients, _jobs(4 * args.workers), bare)
+        warm = prepare(4 * args.workers)
+        run_clients(args.clients, warm, Browser.checkout)
+
+        # Interleave the phases in rounds: this machine is shared, so load that comes and goes
+        # hits both sides alike. Web CPU per order (gunicorn workers, from /proc) is the figure
+        # least disturbed by other load; throughput and latency are reported as measured.
+        workers = children(procs[1].pid)
+        web_cpu = lambda: cpu_seconds(workers)  # noqa: E731
+        sandbox_cpu = lambda: cpu_seconds([procs[0].pid])  # noqa: E731
+        per_round = max(1, args.orders // args.rounds)
+        carts = prepare(per_round * args.rounds)
+        totals = {"bare": [0.0, [], 0.0, 0.0], "checkout": [0.0, [], 0.0, 0.0]}
+        for _ in range(args.rounds):
+            for name, jobs, work in (("bare", _jobs(per_round), bare),
+                                     ("checkout", _take(carts, per_round), Browser.checkout)):
+                cpu0, sb0 = web_cpu(), sandbox_cpu()
+                wall, lat = run_clients(args.clients, jobs, work)
+                t = totals[name]
+                t[0] += wall
+                t[1] += lat
+                t[2] += web_cpu() - cpu0
+                t[3] += sandbox_cpu() - sb0
+        results = {}
+        for name, (wall, lat, cpu, sb) in totals.items():
+            results[name] = summarize(name, wall, lat)
+            results[name]["cpu"] = cpu / len(lat) * 1000
+            print(f"{'':<9} web CPU {results[name]['cpu']:.2f} ms/order, sandbox CPU {sb / len(lat) * 1000:.2f} ms/order")
+        if not args.no_cycle:
+            def cycle(_):
+                b = Browser(web_port)
+                b.open_catalog()
+                b.fill_cart(variant_ids)
+                b.checkout()
+            cpu0 = web_cpu()
+            results["cycle"] = summarize("cycle", *run_clients(args.clients, _jobs(per_round), cycle))
+            print(f"{'':<9} web CPU {(web_cpu() - cpu0) / per_round * 1000:.2f} ms/order")
+
+        b, c = results["bare"], results["checkout"]
+        rate_ratio, p99_ratio = c["rate"] / b["rate"], c["p99"] / b["p99"]
+        print(f"checkout/bare: web CPU per order x{c['cpu'] / b['cpu']:.2f} (so at most x{b['cpu'] / c['cpu']:.2f} "
+              "of the orders/s once the web processes are the bottleneck)")
+        print(f"checkout/bare: orders/s x{rate_ratio:.2f} (target >= 0.70), p99 x{p99_ratio:.2f} (target <= 1.5)"
+              f"  -> {'MET' if rate_ratio >= 0.70 and p99_ratio <= 1.5 else 'MISSED'}")
+        if "cycle" in results:
+            print(f"full browser loop/bare: orders/s x{results['cycle']['rate'] / b['rate']:.2f}, "
+                  f"p99 x{results['cycle']['p99'] / b['p99']:.2f} (5 requests per order)")
+        check_conservation(database_url, variant_ids, stock)
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)'))
+        admin.dispose()
+        forget_redis(args.redis, prefix)
+
+
+def _take(source: queue.Queue, n: int) -> queue.Queue:
+    q = queue.Queue()
+    for _ in range(n):
+        q.put(source.get_nowait())
+    return q
+
+
+def _jobs(n: int) -> queue.Queue:
+    q = queue.Queue()
+    for i in range(n):
+        q.put(i)
+    return q
+
+
+def seed(database_url: str, stock: int) -> list[int]:
+    from flask_migrate import upgrade
+
+    from shop import create_app
+    from shop.extensions import db
+    from shop.models import InventoryItem, Product, Variant
+
+    app = create_app({"DATABASE_URL": database_url, "SECRET_KEY": "bench"})
+    with app.app_context():
+        upgrade()
+        product = Product(slug="bench", name="Bench product", description="")
+        db.session.add(product)
+        db.session.flush()
+        ids = []
+        for i in range(3):
+            v = Variant(product_id=product.id, sku=f"BENCH-{i}", name=f"Bench {i}", price=1000 + i, currency="usd")
+            db.session.add(v)
+            db.session.flush()
+            db.session.add(InventoryItem(variant_id=v.id, on_hand=stock))
+            ids.append(v.id)
+        db.session.commit()
+        db.engine.dispose()
+    return ids
+
+
+def check_conservation(database_url, variant_ids, stock) -> None:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(database_url)
+    with engine.connect() as conn:
+        for v in variant_ids:
+            on_hand = conn.execute(text("SELECT on_hand FROM inventory WHERE variant_id = :v"), {"v": v}).scalar()
+            sold = conn.execute(text("SELECT coalesce(sum(quantity), 0) FROM order_lines WHERE variant_id = :v"),
+                                {"v": v}).scalar()
+            assert on_hand + sold == stock, (v, on_hand, sold)
+        orders = conn.execute(text("SELECT status, count(*) FROM orders GROUP BY status ORDER BY 1")).all()
+    engine.dispose()
+    print("stock conserved on every variant; orders by status:", dict(orders))
+
+
+def forget_redis(url: str, prefix: str) -> None:
+    try:
+        from redis import Redis
+
+        r = Redis.from_url(url)
+        for key in r.scan_iter(match=f"*{prefix}*", count=1000):
+            r.delete(key)
+        for zset in r.scan_iter(match="rq:scheduler*", count=100):
+            if r.type(zset) == b"zset":
+                stale = [m for m in r.zrange(zset, 0, -1) if m.decode().startswith(prefix)]
+                if stale:
+                    r.zrem(zset, *stale)
+        r.close()
+    except Exception as exc:  # noqa: BLE001 - cleanup is best effort
+        print(f"(could not clean Redis keys {prefix}*: {exc})")
+
+
+if __name__ == "__main__":
+    main()
