@@ -53,6 +53,7 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    logging.getLogger("stripe").setLevel(logging.WARNING)  # one INFO line per API request otherwise
 
     from .extensions import csrf, db, login_manager, migrate
 
