@@ -1,0 +1,331 @@
+"""Webhook throughput: POST /webhooks/stripe against the floor of a bare endpoint.
+
+    /tmp/venv/bin/python bench/webhook.py [--clients 16] [--orders 1000] [--rounds 2] [--workers 4]
+
+What it does
+  1. Creates a fresh PostgreSQL database (`--database-url` names the server; default
+     postgresql+psycopg://postgres@127.0.0.1:5432/postgres), migrates it, and builds real
+     orders with real payment sessions: each order is placed, its Checkout Session created
+     through the gateway (real SDK) at an in-process Stripe sandbox, and paid there; the
+     sandbox's `checkout.session.completed` event bodies are kept byte for byte.
+  2. Serves the app with gunicorn (sync workers, BACKSTOP_BENCH_ENDPOINTS=1) and, per round,
+     posts with N concurrent clients, each request Stripe-signed:
+       bare : POST /_bench/bare-webhook  - verify the signature, insert one row, commit
+       real : POST /webhooks/stripe      - the product path: verify, dedup by event id, load the
+              order, PaymentProof, Paid transition, outbox event + delivery, receipt, commit,
+              then enqueue the delivery to Redis
+     The real round sends every event of that round's orders twice in a shuffled order (half
+     the requests are redeliveries, some of them concurrent with their original).
+  3. Prints accepted/s, p50 and p99 per endpoint and the ratio real / bare (target >= 0.70),
+     and checks that every order of a round ended Paid exactly once.
+
+Everything it creates (database, gunicorn, Redis queue keys) is removed at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import http.client
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+SECRET = "whsec_bench_webhook"
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
+    p.add_argument("--orders", type=int, default=1000, help="orders (distinct events) per round")
+    p.add_argument("--rounds", type=int, default=2, help="bare/real pairs, interleaved")
+    p.add_argument("--workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY", 4)),
+                   help="gunicorn sync workers")
+    p.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL",
+                                                            "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
+    p.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"))
+    return p.parse_args()
+
+
+# -- database -------------------------------------------------------------------------------
+
+def create_database(server_url: str) -> tuple[str, callable]:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    server = make_url(server_url)
+    name = f"backstop_bench_webhook_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+
+    def drop():
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return server.set(database=name).render_as_string(hide_password=False), drop
+
+
+# -- fixtures: real orders, real sessions, real events ----------------------------------------
+
+def build_events(app, sandbox, count: int) -> list[bytes]:
+    """`count` orders paid at the sandbox; returns their completed events' exact bodies."""
+    import secrets
+
+    from sqlalchemy import insert
+
+    from shop.domain.deadlines import utcnow
+    from shop.extensions import db
+    from shop.models import Order, OrderLine
+    from shop.orders.checkout import new_reference
+    from shop.payments.service import start_payment
+
+    with app.app_context():
+        now = utcnow()
+        rows = [dict(reference=new_reference(), access_token=secrets.token_urlsafe(24), browser_id="bench",
+                     email="bench@example.com", status="PendingPayment", total=1400, currency="usd",
+                     inventory_restored=False, payment_attempts=0, version=1, created_at=now, updated_at=now)
+                for _ in range(count)]
+        ids = list(db.session.execute(insert(Order).returning(Order.id), rows).scalars())
+        db.session.execute(insert(OrderLine), [dict(order_id=i, variant_id=1, sku="NB-A5-DOT", name="A5, dot grid",
+                                                     quantity=1, unit_price=1400) for i in ids])
+        db.session.commit()
+        db.session.remove()
+
+    def pay(order_id: int) -> str:
+        with app.app_context():
+            started = start_payment(order_id)
+            assert started.status == "started", started
+            db.session.remove()
+        session_id = started.url.rsplit("/", 1)[-1]
+        sandbox.set_outcome(session_id, "paid")
+        return session_id
+
+    with ThreadPoolExecutor(8) as pool:
+        sessions = set(pool.map(pay, ids))
+    with sandbox.sandbox.lock:
+        bodies = [r.body for r in sandbox.sandbox.events.values()
+                  if r.type == "checkout.session.completed" and r.session_id in sessions]
+    assert len(bodies) == count, (len(bodies), count)
+    return bodies
+
+
+# -- gunicorn -------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_gunicorn(env: dict, workers: int, port: int, log_path: str) -> subprocess.Popen:
+    gunicorn = os.path.join(os.path.dirname(sys.executable), "gunicorn")
+    log = open(log_path, "w")
+    proc = subprocess.Popen([gunicorn, "app:app", "--workers", str(workers), "--bind", f"127.0.0.1:{port}",
+                             "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=log,
+                            start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"gunicorn exited with {proc.returncode}; see {log_path}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                return proc
+        except OSError:
+            pass
+        time.sleep(0.2)
+    proc.terminate()
+    raise SystemExit(f"gunicorn did not become healthy; see {log_path}")
+
+
+# -- load -----------------------------------------------------------------------------------
+
+def sign(body: bytes, t: int) -> str:
+    return f"t={t},v1=" + hmac.new(SECRET.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+
+
+def blast(port: int, path: str, bodies: list[bytes], clients: int) -> dict:
+    """Post every body once, `clients` at a time; returns rate and latency figures."""
+    t = int(time.time())
+    requests = [(b, sign(b, t)) for b in bodies]
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    lock = threading.Lock()
+    cursor = iter(range(len(requests)))
+
+    def client():
+        mine, codes = [], {}
+        while True:
+            with lock:
+                i = next(cursor, None)
+            if i is None:
+                break
+            body, sig = requests[i]
+            started = time.perf_counter()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            try:
+                conn.request("POST", path, body=body, headers={"Stripe-Signature": sig,
+                                                               "Content-Type": "application/json"})
+                response = conn.getresponse()
+                response.read()
+                code = response.status
+            except OSError:
+                code = 0
+            finally:
+                conn.close()
+            mine.append(time.perf_counter() - started)
+            codes[code] = codes.get(code, 0) + 1
+        with lock:
+            latencies.extend(mine)
+            for k, v in codes.items():
+                statuses[k] = statuses.get(k, 0) + v
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    began = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - began
+    latencies.sort()
+    accepted = statuses.get(200, 0)
+    return {"requests": len(requests), "accepted": accepted, "statuses": statuses, "wall": wall,
+            "rate": accepted / wall, "p50": latencies[len(latencies) // 2] * 1000,
+            "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000}
+
+
+def check_round(app, bodies: list[bytes]) -> str:
+    import json
+
+    from sqlalchemy import func, select
+
+    from shop.extensions import db
+    from shop.models import Order, OutboxEvent
+
+    ids = [int(json.loads(b)["data"]["object"]["metadata"]["order_id"]) for b in bodies]
+    with app.app_context():
+        paid = db.session.scalar(select(func.count()).select_from(Order)
+                                 .where(Order.id.in_(ids), Order.status == "Paid"))
+        events = db.session.scalar(select(func.count()).select_from(OutboxEvent)
+                                   .where(OutboxEvent.order_id.in_(ids), OutboxEvent.name == "OrderPaid"))
+        db.session.remove()
+    ok = paid == len(ids) and events == len(ids)
+    return f"{paid}/{len(ids)} orders Paid, {events} OrderPaid events ({'ok' if ok else 'WRONG'})"
+
+
+def main() -> int:
+    args = parse_args()
+    database_url, drop_database = create_database(args.database_url)
+    prefix = f"bench-webhook-{uuid.uuid4().hex[:6]}"
+    env = dict(os.environ, DATABASE_URL=database_url, SECRET_KEY="bench", STRIPE_WEBHOOK_SECRET=SECRET,
+               REDIS_URL=args.redis_url, BACKSTOP_QUEUE_PREFIX=prefix, BACKSTOP_BENCH_ENDPOINTS="1",
+               PUBLIC_BASE_URL="http://127.0.0.1:5000", STRIPE_SESSION_MIN_SECONDS="1800")
+    env.pop("STRIPE_SECRET_KEY", None)
+    os.environ.update({k: env[k] for k in ("DATABASE_URL", "SECRET_KEY", "REDIS_URL", "BACKSTOP_QUEUE_PREFIX",
+                                           "STRIPE_WEBHOOK_SECRET")})
+    import logging
+
+    from flask_migrate import upgrade
+
+    from shop import create_app
+    from shop.extensions import db
+    from shop.seed import seed_catalog
+    from shop.stripe_sandbox.testing import running_sandbox
+
+    proc = None
+    try:
+        with running_sandbox(min_session_seconds=60) as sandbox:
+            os.environ["STRIPE_API_BASE"] = sandbox.base_url
+            app = create_app()
+            logging.getLogger().setLevel(logging.WARNING)
+            with app.app_context():
+                upgrade()
+                seed_catalog()
+                db.session.remove()
+            print(f"building {args.orders * args.rounds} paid orders at the sandbox ...", flush=True)
+            started = time.perf_counter()
+            all_bodies = build_events(app, sandbox, args.orders * args.rounds)
+            print(f"  done in {time.perf_counter() - started:.1f}s", flush=True)
+        env["STRIPE_API_BASE"] = "http://127.0.0.1:9"  # the sandbox is gone; completed events never call it
+
+        port = free_port()
+        proc = start_gunicorn(env, args.workers, port, os.path.join("/tmp", f"{prefix}-gunicorn.log"))
+        rng = random.Random(7)
+        warm = all_bodies[:50]
+        blast(port, "/_bench/bare-webhook", warm, args.clients)
+        blast(port, "/webhooks/stripe", warm, args.clients)  # (these orders get paid here)
+
+        results = {"bare": [], "real": []}
+        for r in range(args.rounds):
+            bodies = all_bodies[r * args.orders:(r + 1) * args.orders]
+            bare = blast(port, "/_bench/bare-webhook", bodies * 2, args.clients)
+            deliveries = bodies * 2
+            rng.shuffle(deliveries)
+            real = blast(port, "/webhooks/stripe", deliveries, args.clients)
+            results["bare"].append(bare)
+            results["real"].append(real)
+            print(f"round {r + 1}: bare {bare['rate']:.0f}/s, real {real['rate']:.0f}/s; "
+                  f"{check_round(app, bodies)}", flush=True)
+            for name, res in (("bare", bare), ("real", real)):
+                if set(res["statuses"]) != {200}:
+                    print(f"  {name}: statuses {res['statuses']}")
+
+        print()
+        print(f"{args.clients} clients, gunicorn sync x{args.workers}, PostgreSQL, {args.orders} orders/round "
+              f"(real: each event twice, shuffled)")
+        print(f"{'endpoint':<30}{'requests':>9}{'accepted/s':>12}{'p50 ms':>9}{'p99 ms':>9}")
+        summary = {}
+        for name, label in (("bare", "bare (verify + insert 1 row)"), ("real", "POST /webhooks/stripe")):
+            runs = results[name]
+            rate = statistics.median(x["rate"] for x in runs)
+            p50 = statistics.median(x["p50"] for x in runs)
+            p99 = statistics.median(x["p99"] for x in runs)
+            summary[name] = rate
+            print(f"{label:<30}{sum(x['requests'] for x in runs):>9}{rate:>12.0f}{p50:>9.1f}{p99:>9.1f}")
+        ratio = summary["real"] / summary["bare"]
+        print(f"ratio real / bare: {ratio:.2f} (target >= 0.70: {'met' if ratio >= 0.70 else 'MISSED'})")
+        return 0
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            from redis import Redis
+
+            from rq import Queue
+
+            conn = Redis.from_url(args.redis_url)
+            for name in (f"{prefix}-work", f"{prefix}-control"):
+                Queue(name, connection=conn).empty()
+            for key in conn.scan_iter(f"*{prefix}*"):
+                conn.delete(key)
+            conn.close()
+        except Exception as exc:  # noqa: BLE001
+            print(f"(could not clean Redis: {exc})")
+        try:
+            with app.app_context():
+                db.engine.dispose()
+        except Exception:  # noqa: BLE001
+            pass
+        drop_database()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
