@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from flask import current_app
+from sqlalchemy.orm import lazyload
 from sqlalchemy.orm.exc import StaleDataError
 
 from ..domain.deadlines import unpaid_deadline, utcnow
@@ -76,7 +77,8 @@ def expire_unpaid_order(order_id: int, now: datetime) -> str:
     from ..outbox.runner import Reschedule
 
     session = db.session
-    order = session.get(Order, order_id)
+    # Lines and refunds play no part in the decision: do not pay two selectin queries per deadline.
+    order = session.get(Order, order_id, options=[lazyload(Order.lines), lazyload(Order.refunds)])
     if order is None:
         return "gone"
     if OrderStatus(order.status) not in UNPAID:
