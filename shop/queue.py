@@ -132,7 +132,8 @@ def enqueue_control(func_path: str, *args) -> None:
 
 
 def enqueue_delivery(delivery_id: int) -> None:
-    work_queue().enqueue(DELIVERY_JOB, delivery_id, result_ttl=0, failure_ttl=3600, timeout=300)
+    # job_timeout, not timeout: Queue.enqueue hands unknown keywords to the job function itself.
+    work_queue().enqueue(DELIVERY_JOB, delivery_id, result_ttl=0, failure_ttl=3600, job_timeout=300)
 
 
 def enqueue_command(command_id: int, due: datetime | None = None) -> None:
