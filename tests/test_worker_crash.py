@@ -1,0 +1,157 @@
+"""A real worker process SIGKILLed in the middle of the compensation: nothing half-done
+survives, and the delivery completes once its lease lapses. The database, not RQ, notices."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+
+from compensation_support import cancel, on_hand, order, place, restore_delivery, seed
+from shop import queue
+from shop.domain.deadlines import as_utc
+from shop.extensions import db
+from shop.models import OutboxDelivery
+from shop.outbox import runner
+from shop.outbox.dispatch import run_delivery
+from shop.outbox.relay import relay_once
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLASK = os.path.join(os.path.dirname(sys.executable), "flask")
+
+
+def _start_worker(app, tmp_path, failpoints: str | None = None) -> subprocess.Popen:
+    """`flask --app app shop worker` as its own process, on this test's database and queues."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKSTOP_")}
+    env.update(
+        DATABASE_URL=app.config["SQLALCHEMY_DATABASE_URI"],
+        REDIS_URL=app.config["REDIS_URL"],
+        SECRET_KEY=app.config["SECRET_KEY"],
+        BACKSTOP_QUEUE_PREFIX=app.config["QUEUE_PREFIX"],
+        BACKSTOP_INSTANCE_PATH=str(tmp_path / "worker-instance"),
+    )
+    if failpoints:
+        env["BACKSTOP_FAILPOINTS"] = failpoints
+    return subprocess.Popen([FLASK, "--app", "app", "shop", "worker"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _feed_until(app, proc, order_id, done, timeout=90.0):
+    """Hand the delivery to the worker until `done(row)` or the worker exits. Re-announcing is
+    harmless (a claim is needed to run) and keeps the test independent of whoever else shares
+    the Redis database and flushes it."""
+    deadline = time.monotonic() + timeout
+    with app.app_context():
+        while time.monotonic() < deadline and proc.poll() is None:
+            row = restore_delivery(order_id)
+            if done(row):
+                break
+            if row.status == "pending":
+                queue.enqueue_delivery(row.id)
+            db.session.remove()
+            time.sleep(0.3)
+        db.session.remove()
+
+
+def _stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # RQ's warm shutdown
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.stderr.read() if proc.stderr else ""
+
+
+def test_a_worker_killed_mid_restore_leaves_nothing_half_done_and_the_delivery_completes_after_its_lease(
+        app, tmp_path):
+    with app.app_context():
+        skus = seed()
+        a5, sand = skus["NB-A5-DOT"], skus["MUG-350-SND"]
+        order_id = place({a5: 3, sand: 2})
+        cancel(order_id)
+        delivery_id = restore_delivery(order_id).id
+        assert (on_hand(a5), on_hand(sand)) == (37, 10)
+        db.session.remove()
+
+    # Killed after the marker is flushed and before the commit.
+    proc = _start_worker(app, tmp_path, failpoints="restore_inventory.after_marker_flush=kill")
+    try:
+        _feed_until(app, proc, order_id, done=lambda row: False)
+        died_by_itself = proc.poll()  # before _stop, which might have to kill it
+    finally:
+        stderr = _stop(proc)
+    assert died_by_itself == -signal.SIGKILL, (died_by_itself, stderr[-3000:])
+
+    with app.app_context():
+        assert order(order_id).inventory_restored is False
+        assert (on_hand(a5), on_hand(sand)) == (37, 10)
+        row = restore_delivery(order_id)
+        assert (row.status, row.attempts) == ("processing", 1)
+        lease_end = as_utc(row.claimed_until)
+
+        # While the dead worker's lease holds, nobody runs the delivery a second time...
+        assert relay_once(now=lease_end - timedelta(seconds=1))["deliveries"] == 0
+        assert run_delivery(delivery_id, now=lease_end - timedelta(seconds=1)) == "skipped"
+        # ...once it lapses, the relay hands it to Redis again and a worker finishes it, once.
+        later = lease_end + timedelta(seconds=1)
+        assert relay_once(now=later)["deliveries"] == 1
+        assert run_delivery(delivery_id, now=later) == "done"
+        assert run_delivery(delivery_id, now=later + timedelta(minutes=5)) == "skipped"
+
+        assert (on_hand(a5), on_hand(sand)) == (40, 12)
+        assert order(order_id).inventory_restored is True
+        row = restore_delivery(order_id)
+        assert (row.status, row.attempts) == ("done", 2)
+        db.session.remove()
+
+
+def test_a_healthy_worker_process_completes_the_restore(app, tmp_path):
+    """The same path without the failpoint, so the test above fails for the crash, not the setup."""
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        order_id = place({a5: 3})
+        cancel(order_id)
+        db.session.remove()
+
+    proc = _start_worker(app, tmp_path)
+    try:
+        _feed_until(app, proc, order_id, done=lambda row: row.status == "done")
+    finally:
+        stderr = _stop(proc)
+    assert proc.returncode == 0, stderr[-3000:]
+
+    with app.app_context():
+        assert on_hand(a5) == 40
+        assert order(order_id).inventory_restored is True
+        row = restore_delivery(order_id)
+        assert (row.status, row.attempts) == ("done", 1)
+        db.session.remove()
+
+
+def test_a_worker_lost_on_the_final_attempt_is_dead_lettered_by_the_relay(make_app, caplog):
+    """A claim nobody finishes is exactly what a killed worker leaves behind."""
+    app = make_app(OUTBOX_MAX_ATTEMPTS=1)
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        order_id = place({a5: 3})
+        cancel(order_id)
+        delivery_id = restore_delivery(order_id).id
+        now = as_utc(restore_delivery(order_id).next_attempt_at)
+        assert runner.claim(OutboxDelivery, delivery_id, now, "worker-that-died")
+
+        later = now + timedelta(seconds=app.config["OUTBOX_LEASE_SECONDS"] + 1)
+        counts = relay_once(now=later)
+        assert (counts["dead"], counts["deliveries"]) == (1, 0)
+        row = restore_delivery(order_id)
+        assert row.status == "dead" and "lease lapsed" in row.last_error
+        assert any(r.levelname == "ERROR" and "dead letter" in r.getMessage() for r in caplog.records)
+        assert on_hand(a5) == 37
+        db.session.remove()
