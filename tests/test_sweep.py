@@ -507,3 +507,34 @@ def test_each_cycle_is_recorded_and_the_command_prints_one_line_per_pass(build_a
     metrics = app.test_client().get("/metrics").get_data(as_text=True)
     line = next(l for l in metrics.splitlines() if l.startswith("shop_reconciliation_last_success_timestamp_seconds"))
     assert float(line.split()[-1]) == pytest.approx(finished)
+
+
+
+def test_orders_whose_provider_answer_cannot_change_soon_do_not_starve_the_batch(build_app, sandbox):
+    """A refused payment proof waits for an operator: re-asking about it every cycle would keep
+    the oldest such orders at the head of every batch, and younger stuck orders would never be
+    reconciled. The sweep backs them off without touching their version or their age."""
+    app = build_app(RECONCILIATION_BATCH_SIZE=1)
+    with app.app_context():
+        refused, refused_sid = awaiting_provider()
+        younger, younger_sid = awaiting_provider()
+        sandbox.faults(drop_webhooks=10)
+        sandbox.set_outcome(refused_sid, "paid")
+        sandbox.set_outcome(younger_sid, "paid")
+        # The oldest order's total no longer matches what was paid: its proof is refused.
+        db.session.execute(update(Order).where(Order.id == refused).values(total=1).execution_options(
+            synchronize_session=False))
+        db.session.commit()
+        backdate(refused, utcnow() - timedelta(hours=2))
+        backdate(younger, utcnow() - timedelta(hours=1))
+        version_before = db.session.get(Order, refused).version
+        db.session.rollback()
+
+        first = run_cycle()
+        assert first.provider["proof_refused"] == 1
+        second = run_cycle()
+        assert second.provider["paid"] == 1, second.summary()
+        assert order_state(younger) == "Paid"
+        order = db.session.get(Order, refused)
+        assert order.status == "PaymentInitiated" and order.version == version_before
+        assert db.session.query(PaymentProofRefusal).filter_by(order_id=refused).count() == 1

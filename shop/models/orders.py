@@ -26,6 +26,11 @@ class Order(OrderRules, db.Model):
     payment_session_expires_at = mapped_column(UTCDateTime, nullable=True)
     payment_attempts: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
     last_payment_error: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    # The sweep's own bookkeeping, not a state change (no version bump): when asking the provider
+    # again is worth it for an order whose answer cannot change soon (a refused payment proof
+    # waits for an operator, an async payment for the bank). Without it such orders, being the
+    # oldest, would fill every cycle's batch and starve the rest.
+    provider_next_check_at = mapped_column(UTCDateTime, nullable=True)
     version: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     # The last state change. The deadline and the sweep derive "how long has it been waiting"

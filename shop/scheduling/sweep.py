@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from flask import current_app
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -219,18 +219,40 @@ def provider_line(counts: dict | None) -> str:
 
 # -- selection -----------------------------------------------------------------------------
 
-def stuck_query(status, cutoff: datetime, limit: int, *, with_session: bool = False):
+def stuck_query(status, cutoff: datetime, limit: int, *, with_session: bool = False, now: datetime | None = None):
     """One status's oldest stuck orders: a range scan of ix_orders_status_updated_at that stops
-    after `limit` rows."""
+    after `limit` rows. With a session (the provider pass), orders the sweep decided to leave
+    alone for a while (see `backoff_provider_checks`) are skipped until their time."""
     query = (select(Order.updated_at, Order.id)
              .where(Order.status == OrderStatus(status).value, Order.updated_at < cutoff)
              .order_by(Order.updated_at, Order.id).limit(limit))
     if with_session:
         query = query.where(Order.payment_session_id.is_not(None))
+        if now is not None:
+            query = query.where(or_(Order.provider_next_check_at.is_(None), Order.provider_next_check_at <= now))
     return query
 
 
-def stuck_order_ids(statuses, cutoff: datetime, limit: int, *, with_session: bool = False) -> list[int]:
+# Provider answers that cannot change by the next cycle: ask again later, not every cycle.
+PROVIDER_BACKOFF = {"proof_refused": 6 * 3600, "awaiting_async": 3600}
+
+
+def backoff_provider_checks(order_id: int, outcome: str, now: datetime) -> None:
+    """A Core UPDATE of the sweep's own column only: it is bookkeeping, not a state change, so it
+    neither bumps the version (a webhook's transition must not lose to it) nor touches
+    updated_at (the order's age is what the passes select by)."""
+    seconds = PROVIDER_BACKOFF.get(outcome)
+    if seconds is None:
+        return
+    seconds = max(seconds, current_app.config["RECONCILIATION_INTERVAL_SECONDS"])
+    db.session.execute(update(Order).where(Order.id == order_id)
+                       .values(provider_next_check_at=now + timedelta(seconds=seconds), updated_at=Order.updated_at)
+                       .execution_options(synchronize_session=False))
+    db.session.commit()
+
+
+def stuck_order_ids(statuses, cutoff: datetime, limit: int, *, with_session: bool = False,
+                    now: datetime | None = None) -> list[int]:
     """The `limit` oldest orders in `statuses` last changed before `cutoff`, as ids.
 
     One bounded range scan of (status, updated_at, id) per status, merged here: an IN list over
@@ -238,7 +260,7 @@ def stuck_order_ids(statuses, cutoff: datetime, limit: int, *, with_session: boo
     would cost the backlog instead of the batch."""
     rows = []
     for status in statuses:
-        query = stuck_query(status, cutoff, limit, with_session=with_session)
+        query = stuck_query(status, cutoff, limit, with_session=with_session, now=now)
         rows.extend((as_utc(updated), order_id) for updated, order_id in db.session.execute(query).all())
     db.session.rollback()  # the selection holds nothing while the orders are worked
     return [order_id for _, order_id in sorted(rows)[:limit]]
@@ -303,6 +325,7 @@ def reconcile_stuck_payment(order_id: int, cutoff: datetime, now: datetime) -> s
         return "changed"
     if outcome == "already_refunded":
         return "changed"
+    backoff_provider_checks(order_id, outcome, now)
     return outcome
 
 
@@ -401,7 +424,7 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
             _run_pass("expiry", ids, lambda oid: expire_stranded_order(oid, cutoff), result.expiry,
                       result.errors, keep_lease)
         if provider_on:
-            ids = stuck_order_ids((S.PAYMENT_INITIATED,), cutoff, batch, with_session=True)
+            ids = stuck_order_ids((S.PAYMENT_INITIATED,), cutoff, batch, with_session=True, now=clock())
             _run_pass("provider", ids, lambda oid: reconcile_stuck_payment(oid, cutoff, clock()), result.provider,
                       result.errors, keep_lease)
     except _LeaseLost as exc:
