@@ -5,29 +5,8 @@ import json
 import time
 from urllib.parse import urlencode, urlsplit
 
-import pytest
-import stripe
 
-from shop.stripe_sandbox.testing import WebhookReceiver, running_sandbox, wait_until
-
-
-@pytest.fixture(scope="module")
-def server():
-    with running_sandbox(min_session_seconds=60) as handle:
-        yield handle
-
-
-@pytest.fixture
-def sandbox(server):
-    server.reset()
-    return server
-
-
-@pytest.fixture
-def client(sandbox):
-    return stripe.StripeClient(
-        "sk_test_sandbox", base_addresses={"api": sandbox.base_url}, max_network_retries=0
-    )
+from shop.stripe_sandbox.testing import WebhookReceiver, wait_until
 
 
 def new_session(client, **overrides):

@@ -3,26 +3,6 @@
 import pytest
 import stripe
 
-from shop.stripe_sandbox.testing import running_sandbox
-
-
-@pytest.fixture(scope="module")
-def server():
-    with running_sandbox(min_session_seconds=60) as handle:
-        yield handle
-
-
-@pytest.fixture
-def sandbox(server):
-    server.reset()
-    return server
-
-
-@pytest.fixture
-def client(sandbox):
-    return stripe.StripeClient(
-        "sk_test_sandbox", base_addresses={"api": sandbox.base_url}, max_network_retries=0
-    )
 
 
 def session_params(amount=2500, reference="ORD-1"):

@@ -5,7 +5,7 @@ import time
 import pytest
 import stripe
 
-from shop.stripe_sandbox.testing import WebhookReceiver, running_sandbox, wait_until
+from shop.stripe_sandbox.testing import WebhookReceiver, wait_until
 
 CHECKOUT_EVENTS = [
     "checkout.session.completed",
@@ -13,25 +13,6 @@ CHECKOUT_EVENTS = [
     "checkout.session.async_payment_failed",
     "checkout.session.expired",
 ]
-
-
-@pytest.fixture(scope="module")
-def server():
-    with running_sandbox(min_session_seconds=60) as handle:
-        yield handle
-
-
-@pytest.fixture
-def sandbox(server):
-    server.reset()
-    return server
-
-
-@pytest.fixture
-def client(sandbox):
-    return stripe.StripeClient(
-        "sk_test_sandbox", base_addresses={"api": sandbox.base_url}, max_network_retries=0
-    )
 
 
 @pytest.fixture

@@ -7,26 +7,7 @@ from urllib.parse import urlsplit
 import pytest
 import stripe
 
-from shop.stripe_sandbox.testing import SandboxControlError, WebhookReceiver, running_sandbox
-
-
-@pytest.fixture(scope="module")
-def server():
-    with running_sandbox(min_session_seconds=60) as handle:
-        yield handle
-
-
-@pytest.fixture
-def sandbox(server):
-    server.reset()
-    return server
-
-
-@pytest.fixture
-def client(sandbox):
-    return stripe.StripeClient(
-        "sk_test_sandbox", base_addresses={"api": sandbox.base_url}, max_network_retries=0
-    )
+from shop.stripe_sandbox.testing import SandboxControlError, WebhookReceiver
 
 
 @pytest.fixture
