@@ -2,7 +2,7 @@
 the inventory_restored marker, PaymentProof and the deadline arithmetic."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import pytest

@@ -2,7 +2,6 @@
 run targets (PostgreSQL or SQLite), starting from nothing."""
 from __future__ import annotations
 
-import os
 import tempfile
 import uuid
 

@@ -13,7 +13,7 @@ from flask import current_app
 from sqlalchemy.orm import lazyload
 from sqlalchemy.orm.exc import StaleDataError
 
-from ..domain.deadlines import unpaid_deadline, utcnow
+from ..domain.deadlines import unpaid_deadline
 from ..domain.order import OrderStatus, UNPAID
 from ..domain.results import Refused
 from ..extensions import db

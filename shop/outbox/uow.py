@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from ..extensions import db
 from ..domain.order import OrderRules
-from .writer import after_commit, write_events
+from .writer import write_events
 
 log = logging.getLogger("shop.outbox")
 
