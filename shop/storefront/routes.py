@@ -242,7 +242,8 @@ def cancel(reference: str):
     if outcome.status == "cancelled":
         if wants_json():
             return _render_order(db.session.get(Order, order.id))
-        flash("Your order is cancelled. Nothing was charged, and the items are back on sale.")
+        # The stock comes back through the compensation, after this commit: say so, not that it is back.
+        flash("Your order is cancelled and nothing was charged. Its items go back on sale in a moment.")
         return redirect(url_for("storefront.order_page", reference=reference, token=request.values.get("token") or None), 303)
     return _render_order(current, 409, outcome.message)
 
