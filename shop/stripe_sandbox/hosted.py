@@ -47,7 +47,7 @@ PAGE = """<!doctype html>
            border: 1px solid #cfd7df; background: #fff; cursor: pointer; }
   button.primary { background: #635bff; border-color: #635bff; color: #fff; font-weight: 600; }
   button:hover { filter: brightness(.96); }
-  .small { font-size: .85rem; color: #697386; margin-top: 1.25rem; }
+  .small { font-size: .85rem; color: #697386; margin-top: 1.25rem; overflow-wrap: anywhere; }
   a { color: #635bff; }
 </style>
 </head>
