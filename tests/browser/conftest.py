@@ -21,8 +21,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 ACTION_TIMEOUT_MS = 15_000
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """One chromium per test module (it takes seconds to start), closed before other modules run."""
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium); browser tests need it")
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
