@@ -187,6 +187,9 @@ def main() -> None:
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/11")
     ap.add_argument("--rounds", type=int, default=4, help="alternating bare/checkout rounds")
     ap.add_argument("--no-cycle", action="store_true", help="skip the full browser-loop phase")
+    ap.add_argument("--probe-only", action="store_true", help="only count round trips per request (no load)")
+    ap.add_argument("--show-sql", action="store_true", help="print the statements the probe counts")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="also cProfile N in-process checkouts")
     args = ap.parse_args()
 
     from sqlalchemy import create_engine, text
@@ -222,6 +225,12 @@ def main() -> None:
         wait_http(web_port, "/healthz", procs[1])
         print(f"gunicorn -w {args.workers} on PostgreSQL, {args.clients} clients, {args.orders} orders per "
               f"phase, 3 lines per order; sandbox on :{sandbox_port}", flush=True)
+        trips = probe(env, variant_ids, args.profile, args.show_sql)
+        for name, c in trips.items():
+            print(f"{name:<9} per request: {c['sql']} SQL statements in {c['tx']} transactions, {c['redis']} Redis "
+                  f"round trips, {c['http']} provider requests ({c['connect']} new connections)", flush=True)
+        if args.probe_only:
+            return
 
         bare_path = "/_bench/bare-order?variants=" + ",".join(map(str, variant_ids))
 
@@ -301,6 +310,110 @@ def main() -> None:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)'))
         admin.dispose()
         forget_redis(args.redis, prefix)
+
+
+def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False) -> dict:
+    """One checkout in this process (Flask test client, same database, sandbox and Redis as the
+    served app), counting what it costs in round trips: SQL statements and transactions, Redis
+    round trips, provider HTTP requests and new TCP connections to the provider. With
+    `profile` > 0, also cProfile that many checkouts and print the top entries."""
+    import cProfile
+    import pstats
+
+    import redis.connection
+    import requests
+    import urllib3.connection
+    from sqlalchemy import event
+
+    from shop import create_app
+    from shop.extensions import db
+
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        app = create_app({"WTF_CSRF_ENABLED": True})
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    counts = {"sql": 0, "tx": 0, "redis": 0, "http": 0, "connect": 0}
+    found = {}
+    counting = [False]
+
+    def bump(key):
+        if counting[0]:
+            counts[key] += 1
+
+    with app.app_context():
+        engine = db.engine
+    def statement(_conn, _cursor, sql, *_rest):
+        bump("sql")
+        if counting[0] and show_sql:
+            print("   ", " ".join(sql.split())[:150])
+
+    event.listen(engine, "before_cursor_execute", statement)
+    event.listen(engine, "begin", lambda *a: bump("tx"))
+    patched = []
+
+    def wrap(owner, name, key):
+        original = getattr(owner, name)
+
+        def counted(*a, **k):
+            bump(key)
+            return original(*a, **k)
+        setattr(owner, name, counted)
+        patched.append((owner, name, original))
+
+    # A pipeline is one send of all its packed commands: one round trip.
+    wrap(redis.connection.AbstractConnection, "send_packed_command", "redis")
+    wrap(requests.Session, "send", "http")
+    wrap(urllib3.connection.HTTPConnection, "connect", "connect")
+    try:
+        def browser():
+            c = app.test_client()
+            page = c.get("/").get_data(as_text=True)
+            token = CSRF.search(page).group(1)
+            for v in variant_ids:
+                r = c.post("/cart/items", data={"csrf_token": token, "variant_id": v, "quantity": 1})
+                assert r.status_code == 303, r.status_code
+            return c, token
+
+        def checkout(c, token):
+            r = c.post("/checkout", data={"csrf_token": token, "email": "bench@example.com"})
+            assert r.status_code == 303, (r.status_code, r.get_data()[:300])
+
+        def bare():
+            r = app.test_client().post("/_bench/bare-order?variants=" + ",".join(map(str, variant_ids)))
+            assert r.status_code == 201, r.status_code
+
+        def count(fn, *a):
+            for key in counts:
+                counts[key] = 0
+            counting[0] = True
+            try:
+                fn(*a)
+            finally:
+                counting[0] = False
+            return dict(counts)
+
+        checkout(*browser())  # warm: imports, pools, the stripe client, templates
+        bare()
+        found = {"checkout": count(checkout, *browser()), "bare": count(bare)}
+        if profile:
+            carts = [browser() for _ in range(profile)]
+            prof = cProfile.Profile()
+            prof.enable()
+            for c, token in carts:
+                checkout(c, token)
+            prof.disable()
+            stats = pstats.Stats(prof)
+            stats.sort_stats("cumulative").print_stats(45)
+            stats.sort_stats("tottime").print_stats(25)
+    finally:
+        for owner, name, original in patched:
+            setattr(owner, name, original)
+        with app.app_context():
+            db.engine.dispose()
+    return found
 
 
 def _take(source: queue.Queue, n: int) -> queue.Queue:

@@ -17,6 +17,7 @@ from flask import current_app
 from redis import Redis
 from rq import Queue, SimpleWorker, get_current_job
 from rq_scheduler import Scheduler
+from rq_scheduler.utils import to_unix
 
 log = logging.getLogger("shop.queue")
 
@@ -70,12 +71,13 @@ def command_job_id(command_id: int) -> str:
 
 def announce(delivery_ids, commands, now: datetime | None = None) -> None:
     """Hand committed work to Redis: deliveries to the work queue now, commands at their time.
-    One pipeline, so a checkout pays one round trip."""
+    One pipeline (one round trip) for all of it: a checkout's deadline included."""
     if not delivery_ids and not commands:
         return
     now = now or datetime.now(timezone.utc)
     queue = work_queue()
     sched = scheduler()
+    running = get_current_job()
     with redis_conn().pipeline() as pipe:
         jobs = [Queue.prepare_data(DELIVERY_JOB, args=(i,), result_ttl=0, failure_ttl=3600, timeout=300)
                 for i in delivery_ids]
@@ -84,17 +86,21 @@ def announce(delivery_ids, commands, now: datetime | None = None) -> None:
                  for cid, _ in due_now]
         if jobs:
             queue.enqueue_many(jobs, pipeline=pipe)
+        for cid, due in commands:
+            if _aware(due) > now:
+                job_id = command_job_id(cid)
+                if running is not None and running.id == job_id:
+                    # Re-armed from inside its own job (a retry, or a deadline that fired early): RQ
+                    # deletes the running job's key when it finishes (result_ttl=0), which would take
+                    # this schedule with it. A distinct id keeps it.
+                    job_id = f"{job_id}-{uuid.uuid4().hex[:8]}"
+                # Scheduler.enqueue_at(), but into this pipeline: it is exactly _create_job (the
+                # job hash, saved here instead of on its own) plus the zadd to the schedule.
+                job = sched._create_job(COMMAND_JOB, args=(cid,), id=job_id, result_ttl=0, timeout=300,
+                                        commit=False)
+                job.save(pipeline=pipe)
+                pipe.zadd(sched.scheduled_jobs_key, {job.id: to_unix(_aware(due))})
         pipe.execute()
-    running = get_current_job()
-    for cid, due in commands:
-        if _aware(due) > now:
-            job_id = command_job_id(cid)
-            if running is not None and running.id == job_id:
-                # Re-armed from inside its own job (a retry, or a deadline that fired early): RQ
-                # deletes the running job's key when it finishes (result_ttl=0), which would take
-                # this schedule with it. A distinct id keeps it.
-                job_id = f"{job_id}-{uuid.uuid4().hex[:8]}"
-            sched.enqueue_at(_aware(due), COMMAND_JOB, cid, job_id=job_id, job_result_ttl=0, timeout=300)
 
 
 def command_is_scheduled(command_id: int) -> bool:

@@ -37,8 +37,10 @@ class Order(OrderRules, db.Model):
     # from this, never from a scheduled row's own idea of time.
     updated_at = mapped_column(UTCDateTime, default=now_utc, onupdate=now_utc, nullable=False)
 
-    lines = relationship("OrderLine", order_by="OrderLine.id", lazy="selectin")
-    refunds = relationship("Refund", order_by="Refund.id", lazy="selectin", viewonly=True)
+    # Loaded when read (one query each), not with every order: a transition, a deadline or a
+    # list of orders needs the row only, and eager selectins cost two queries per load.
+    lines = relationship("OrderLine", order_by="OrderLine.id", lazy="select")
+    refunds = relationship("Refund", order_by="Refund.id", lazy="select", viewonly=True)
 
     __mapper_args__ = {"version_id_col": version}
     __table_args__ = (

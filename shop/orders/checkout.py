@@ -45,6 +45,13 @@ class Placed:
     order_id: int
     reference: str
     access_token: str
+    # The order as committed (PendingPayment, version 1, no payment attempt yet), so the caller
+    # can start its payment without reading it back.
+    email: str = ""
+    total: int = 0
+    currency: str = ""
+    lines: list[dict] = field(default_factory=list)
+    placed_at: datetime | None = None
     ok = True
 
 
@@ -99,9 +106,9 @@ def place_order(*, cart_id: int, browser_id: str, email: str, now: datetime | No
                 inventory_restored=False, payment_attempts=0, version=1, created_at=now, updated_at=now,
             ).returning(Order.id)
         ).scalar_one()
-        session.execute(insert(OrderLine), [
-            dict(order_id=order_id, variant_id=v, sku=variants[v].sku, name=variants[v].name, quantity=q,
-                 unit_price=variants[v].price) for v, q in lines])
+        line_rows = [dict(order_id=order_id, variant_id=v, sku=variants[v].sku, name=variants[v].name, quantity=q,
+                          unit_price=variants[v].price) for v, q in lines]
+        session.execute(insert(OrderLine), line_rows)
         closed = session.execute(
             update(Cart).where(Cart.id == cart_id, Cart.browser_id == browser_id, Cart.status == "open")
             .values(status="ordered", order_id=order_id).execution_options(synchronize_session=False))
@@ -132,7 +139,7 @@ def place_order(*, cart_id: int, browser_id: str, email: str, now: datetime | No
         rollback(session)
         raise
     publish_after_commit(session)
-    return Placed(order_id, reference, token)
+    return Placed(order_id, reference, token, email, total, currency, line_rows, now)
 
 
 def shortages(lines, variants) -> list[dict]:

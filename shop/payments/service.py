@@ -6,20 +6,22 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from flask import current_app
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import lazyload
 from sqlalchemy.orm.exc import StaleDataError
 
 from ..domain.deadlines import session_expires_at, unpaid_deadline, utcnow
-from ..domain.order import OrderStatus
+from ..domain.order import ALLOWED, OrderRules, OrderStatus
 from ..domain.payment import check_payment_proof
 from ..domain.results import Ok, Refused
 from ..extensions import db
 from ..models import Order, PaymentProofRefusal, ProcessedStripeEvent
 from ..outbox import uow
+from ..outbox.writer import write_events
 from . import gateway
 from .refunds import record_late_payment
 
@@ -34,30 +36,80 @@ class StartOutcome:
     message: str = ""
 
 
-def start_payment(order_id: int, now: datetime | None = None) -> StartOutcome:
+class PaymentLine(NamedTuple):
+    sku: str
+    name: str
+    quantity: int
+    unit_price: int
+
+
+@dataclass
+class PayableOrder(OrderRules):
+    """What starting a payment needs to know about an order as of `version`: enough to call the
+    provider without holding or re-reading the row. Not mapped: the domain's guarded transition
+    runs on it, and start_payment writes the result with a conditional UPDATE."""
+    id: int
+    reference: str
+    access_token: str
+    email: str
+    currency: str
+    lines: tuple[PaymentLine, ...]
+    last_change: datetime            # updated_at at `version`: the pay-by time counts from it
+    version: int
+    status: str = S.PENDING_PAYMENT.value
+    payment_attempts: int = 0
+    payment_session_id: str | None = None
+    payment_session_url: str | None = None
+    inventory_restored: bool = False
+
+    @classmethod
+    def just_placed(cls, placed) -> PayableOrder:
+        """An order place_order has just committed: PendingPayment, version 1, no attempt yet."""
+        return cls(placed.order_id, placed.reference, placed.access_token, placed.email, placed.currency,
+                   tuple(PaymentLine(l["sku"], l["name"], l["quantity"], l["unit_price"]) for l in placed.lines),
+                   placed.placed_at, version=1)
+
+    @classmethod
+    def of(cls, order: Order) -> PayableOrder:
+        return cls(order.id, order.reference, order.access_token, order.email, order.currency,
+                   tuple(PaymentLine(l.sku, l.name, l.quantity, l.unit_price) for l in order.lines),
+                   order.updated_at, order.version, order.status, order.payment_attempts,
+                   order.payment_session_id, order.payment_session_url, order.inventory_restored)
+
+
+def start_payment(order_id: int, now: datetime | None = None, *, placed=None) -> StartOutcome:
     """PendingPayment / PaymentFailed -> PaymentInitiated with a fresh hosted Checkout Session.
 
     The provider call happens outside any transaction (no row lock is held across the
-    network); the transition then commits only if nobody moved the order meanwhile."""
+    network); the transition then commits only if nobody moved the order meanwhile: one
+    UPDATE guarded by the version seen and the transition's allowed states, the same
+    `WHERE version = seen` the ORM would issue, plus the PaymentInitiated event, in one commit.
+
+    `placed` (place_order's result, in the same request) says what the order is at version 1,
+    so a checkout does not read back what it has just written."""
     now = now or utcnow()
     session = db.session
-    order = session.get(Order, order_id)
-    if order is None:
-        return StartOutcome("refused", message="No such order.")
+    if placed is not None:
+        order = PayableOrder.just_placed(placed)
+    else:
+        row = session.get(Order, order_id)
+        if row is None:
+            session.rollback()
+            return StartOutcome("refused", message="No such order.")
+        order = PayableOrder.of(row)
+        session.rollback()  # no transaction open across the provider call
     if not order.can("start_payment"):
         return StartOutcome("refused", message=f"This order is {order.status}; it cannot be paid now.")
     cfg = current_app.config
     base = cfg["PUBLIC_BASE_URL"]
-    pay_by = unpaid_deadline(order.updated_at, cfg["UNPAID_ORDER_EXPIRY_SECONDS"])
+    pay_by = unpaid_deadline(order.last_change, cfg["UNPAID_ORDER_EXPIRY_SECONDS"])
     expires = session_expires_at(pay_by, now, cfg["STRIPE_SESSION_MIN_SECONDS"])
     attempt = order.payment_attempts + 1
     seen_version = order.version
-    lines = list(order.lines)
-    session.rollback()
     try:
         view = gateway.create_checkout_session(
-            order_id=order.id, reference=order.reference, attempt=attempt, lines=lines, currency=order.currency,
-            email=order.email, expires_at=expires,
+            order_id=order.id, reference=order.reference, attempt=attempt, lines=order.lines,
+            currency=order.currency, email=order.email, expires_at=expires,
             success_url=f"{base}/checkout/return?order={order.reference}&session_id={{CHECKOUT_SESSION_ID}}",
             cancel_url=f"{base}/orders/{order.reference}?token={order.access_token}",
         )
@@ -69,20 +121,30 @@ def start_payment(order_id: int, now: datetime | None = None) -> StartOutcome:
         log.error("order %s: provider refused the checkout session: %s", order.reference, exc)
         return StartOutcome("unavailable", message="The payment provider refused to start this payment. "
                                                    "Please try again later or contact us.")
-    order = session.get(Order, order_id)
-    if order.version != seen_version or not order.can("start_payment"):
-        session.rollback()
+    transition = order.start_payment(view.id, view.url)
+    if not transition.ok:  # checked above on the same snapshot; kept so the rule has one home
         _expire_quietly(view.id)
-        return StartOutcome("refused", message=f"This order changed meanwhile (now {order.status}).")
-    order.start_payment(view.id, view.url)
-    order.payment_attempts = attempt
-    order.payment_session_expires_at = view.expires_at
+        return StartOutcome("refused", message=transition.message)
     try:
+        moved = session.execute(
+            update(Order)
+            .where(Order.id == order.id, Order.version == seen_version,
+                   Order.status.in_([s.value for s in ALLOWED["start_payment"]]))
+            .values(status=order.status, payment_session_id=order.payment_session_id,
+                    payment_session_url=order.payment_session_url, payment_attempts=attempt,
+                    payment_session_expires_at=view.expires_at, version=Order.version + 1)
+            .execution_options(synchronize_session=False)).rowcount
+        if moved != 1:
+            now_status = session.scalar(select(Order.status).where(Order.id == order.id))
+            uow.rollback(session)
+            _expire_quietly(view.id)
+            return StartOutcome("refused", message=f"This order changed meanwhile (now {now_status}); "
+                                                   "please reload it.")
+        write_events(session, transition.events)
         uow.commit(session)
-    except StaleDataError:
+    except BaseException:
         uow.rollback(session)
-        _expire_quietly(view.id)
-        return StartOutcome("refused", message="This order changed meanwhile; please reload it.")
+        raise
     uow.publish_after_commit(session)
     return StartOutcome("started", url=view.url)
 

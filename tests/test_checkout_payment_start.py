@@ -1,0 +1,176 @@
+"""Starting the payment of a just-placed order without reading it back: the checkout hands
+start_payment what place_order committed, the provider call runs outside any transaction, and
+the PaymentInitiated transition is one UPDATE guarded by the version and the allowed states,
+committed with its outbox event. Also: a command's schedule and a re-armed command's distinct
+job id now travel in the announce pipeline. Real database, Redis and sandbox."""
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from sqlalchemy import select, update
+
+from shop import queue
+from shop.domain.deadlines import as_utc, utcnow
+from shop.extensions import db
+from shop.models import Cart, CartItem, Order, OutboxEvent, ScheduledCommand, Variant
+from shop.orders.checkout import place_order
+from shop.orders.commands import cancel_order
+from shop.outbox import schedule_command
+from shop.outbox.uow import publish_after_commit
+from shop.payments import gateway
+from shop.payments.service import start_payment
+from shop.seed import seed_catalog
+
+from payment_helpers import JSON, Shopper, seed
+
+SKU = "MUG-350-SND"
+
+
+def _place(quantity: int = 1):
+    """place_order on a fresh cart; returns its Placed result."""
+    seed_catalog()
+    variant_id = db.session.execute(select(Variant.id).where(Variant.sku == SKU)).scalar_one()
+    cart = Cart(browser_id=f"b-{uuid.uuid4().hex[:12]}", status="open")
+    db.session.add(cart)
+    db.session.flush()
+    db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id, quantity=quantity))
+    db.session.commit()
+    placed = place_order(cart_id=cart.id, browser_id=cart.browser_id, email="ann@example.com")
+    assert placed.ok, placed
+    return placed
+
+
+def _row(order_id: int) -> Order:
+    db.session.expire_all()
+    return db.session.get(Order, order_id)
+
+
+def _event_names(order_id: int) -> list[str]:
+    names = list(db.session.execute(select(OutboxEvent.name).where(OutboxEvent.order_id == order_id)
+                                    .order_by(OutboxEvent.id)).scalars())
+    db.session.rollback()
+    return names
+
+
+def _sessions_for(sandbox, reference: str) -> list[str]:
+    with sandbox.sandbox.lock:
+        return [s.id for s in sandbox.sandbox.sessions.values() if s.client_reference_id == reference]
+
+
+def test_a_checkout_commits_payment_initiated_with_its_event_from_what_it_placed(paying_app, sandbox):
+    shopper = Shopper(paying_app, seed(paying_app))
+    r = shopper.checkout(SKU, 2)
+    assert r.status_code == 303
+    order = shopper.latest()
+    assert r.headers["Location"] == order["payment"]["url"]
+
+    with paying_app.app_context():
+        row = db.session.execute(select(Order).where(Order.reference == order["reference"])).scalar_one()
+        assert (row.status, row.version, row.payment_attempts) == ("PaymentInitiated", 2, 1)
+        assert as_utc(row.updated_at) > as_utc(row.created_at)  # the transition is a state change
+        assert _event_names(row.id) == ["OrderPlaced", "PaymentInitiated"]
+        payload = db.session.execute(select(OutboxEvent.payload).where(OutboxEvent.order_id == row.id,
+                                                                      OutboxEvent.name == "PaymentInitiated")).scalar_one()
+        assert payload["session_id"] == row.payment_session_id
+        # The session at the provider was made from the lines and total place_order committed.
+        view = gateway.retrieve_session(row.payment_session_id)
+        assert (view.client_reference_id, view.order_id, view.amount_total, view.status) == \
+            (row.reference, row.id, row.total, "open")
+        assert row.total == 2 * db.session.execute(select(Variant.price).where(Variant.sku == SKU)).scalar_one()
+        assert as_utc(row.payment_session_expires_at) == view.expires_at
+        db.session.remove()
+
+
+def test_a_payment_start_that_loses_to_a_cancel_changes_nothing_and_expires_its_session(paying_app, sandbox):
+    with paying_app.app_context():
+        placed = _place()
+        assert cancel_order(placed.order_id, 1).status == "cancelled"  # version 1 -> 2, meanwhile
+
+        outcome = start_payment(placed.order_id, placed=placed)  # still believes version 1
+
+        assert outcome.status == "refused" and "Cancelled" in outcome.message
+        row = _row(placed.order_id)
+        assert (row.status, row.version, row.payment_session_id, row.payment_attempts) == ("Cancelled", 2, None, 0)
+        assert "PaymentInitiated" not in _event_names(placed.order_id)
+        [sid] = _sessions_for(sandbox, placed.reference)  # the provider was asked, then told to forget it
+        assert gateway.retrieve_session(sid).status == "expired"
+        db.session.remove()
+
+
+def test_a_payment_start_refuses_a_state_the_transition_forbids_even_at_the_version_it_saw(paying_app, sandbox):
+    with paying_app.app_context():
+        placed = _place()
+        # A row at version 1 that is no longer payable (only a writer that skipped the version
+        # could leave this; the status condition refuses it all the same).
+        db.session.execute(update(Order).where(Order.id == placed.order_id).values(status="Paid")
+                           .execution_options(synchronize_session=False))
+        db.session.commit()
+
+        assert start_payment(placed.order_id, placed=placed).status == "refused"
+
+        row = _row(placed.order_id)
+        assert (row.status, row.version, row.payment_session_id) == ("Paid", 1, None)
+        assert "PaymentInitiated" not in _event_names(placed.order_id)
+        db.session.remove()
+
+
+def test_paying_a_stored_order_again_reads_it_and_applies_the_same_guarded_transition(paying_app, sandbox):
+    shopper = Shopper(paying_app, seed(paying_app))
+    sandbox.faults(api_unavailable=True)
+    ref = shopper.checkout(SKU, 1).headers["Location"].rsplit("/", 1)[-1]
+    sandbox.faults(api_unavailable=False)
+    assert shopper.order(ref)["status"] == "PendingPayment"
+
+    r = shopper.client.post(f"/orders/{ref}/pay", data={"csrf_token": shopper.token}, headers=JSON)
+
+    assert r.status_code == 200
+    order = shopper.order(ref)
+    assert (order["status"], order["version"]) == ("PaymentInitiated", 2)
+    assert r.get_json()["payment_url"] == order["payment"]["url"]
+    with paying_app.app_context():
+        row = db.session.execute(select(Order).where(Order.reference == ref)).scalar_one()
+        assert row.payment_attempts == 1 and _event_names(row.id) == ["OrderPlaced", "PaymentInitiated"]
+        db.session.remove()
+
+
+def test_a_checkout_arms_its_deadline_in_rq_scheduler_under_the_commands_own_id(ctx):
+    placed = _place()
+    row = db.session.execute(select(ScheduledCommand).where(ScheduledCommand.order_id == placed.order_id)).scalar_one()
+    due = as_utc(row.next_attempt_at)
+    db.session.rollback()
+
+    [(job, at)] = [(j, at) for j, at in queue.scheduler().get_jobs(with_times=True)
+                   if j.id == queue.command_job_id(row.id)]
+    assert (job.func_name, job.args, job.origin) == (queue.COMMAND_JOB, (row.id,), queue.work_queue().name)
+    assert as_utc(at) == due.replace(microsecond=0)
+
+
+def test_a_command_rearmed_from_inside_its_own_scheduled_job_keeps_its_schedule(make_app):
+    app = make_app(OUTBOX_RETRY_BASE_SECONDS=60, OUTBOX_RETRY_CAP_SECONDS=60)
+    with app.app_context():
+        placed = _place()
+        # A command that fails (unknown template), due in a second: rq-scheduler holds it under
+        # the command's deterministic id.
+        command_id = schedule_command(db.session, "send_email", utcnow() + timedelta(seconds=1),
+                                      order_id=placed.order_id, payload={"template": "no-such-template"})
+        db.session.commit()
+        publish_after_commit(db.session)
+        sched = queue.scheduler()
+        [job] = [j for j in sched.get_jobs() if j.id == queue.command_job_id(command_id)]
+
+        sched.enqueue_job(job)  # what the scheduler does when it comes due
+        queue.run_worker(burst=True)  # the job fails its handler and re-arms the retry from inside
+
+        row = db.session.get(ScheduledCommand, command_id)
+        assert (row.status, row.attempts) == ("pending", 1)
+        retry_at = as_utc(row.next_attempt_at)
+        db.session.rollback()
+        # RQ deleted the finished job's key (result_ttl=0); the retry lives on under its own id.
+        rearmed = [(j, at) for j, at in sched.get_jobs(with_times=True)
+                   if j.func_name == queue.COMMAND_JOB and j.args == (command_id,)]
+        assert len(rearmed) == 1
+        [(job, at)] = rearmed
+        assert job.id.startswith(queue.command_job_id(command_id) + "-")
+        assert as_utc(at) == retry_at.replace(microsecond=0)
+        db.session.remove()
