@@ -16,8 +16,12 @@ What it does
               then enqueue the delivery to Redis
      The real round sends every event of that round's orders twice in a shuffled order (half
      the requests are redeliveries, some of them concurrent with their original).
-  3. Prints accepted/s, p50 and p99 per endpoint and the ratio real / bare (target >= 0.70),
-     and checks that every order of a round ended Paid exactly once.
+     A last phase takes its own orders and posts each event once (first deliveries only), then
+     each again (duplicates only), to split the cost of the two kinds.
+  3. Prints accepted/s, p50, p99 and the gunicorn workers' CPU ms per request (utime + stime
+     from /proc, so a loaded machine moves it less than the rates) per endpoint, the ratio
+     real / bare by rate and by CPU (target >= 0.70), and checks that every order of a round
+     ended Paid exactly once.
 
 Everything it creates (database, gunicorn, Redis queue keys) is removed at the end.
 """
@@ -50,6 +54,8 @@ def parse_args():
     p.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
     p.add_argument("--orders", type=int, default=1000, help="orders (distinct events) per round")
     p.add_argument("--rounds", type=int, default=2, help="bare/real pairs, interleaved")
+    p.add_argument("--split-orders", type=int, default=500,
+                   help="orders for the first-delivery / duplicate-only phase (0 skips it)")
     p.add_argument("--workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY", 4)),
                    help="gunicorn sync workers")
     p.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL",
@@ -152,14 +158,37 @@ def start_gunicorn(env: dict, workers: int, port: int, log_path: str) -> subproc
     raise SystemExit(f"gunicorn did not become healthy; see {log_path}")
 
 
+def _ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+
+
+def workers_cpu_seconds(master_pid: int) -> float:
+    """CPU used so far by the gunicorn master's worker processes."""
+    total = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == master_pid:
+                total += _ticks(int(name))
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended while we looked
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 # -- load -----------------------------------------------------------------------------------
 
 def sign(body: bytes, t: int) -> str:
     return f"t={t},v1=" + hmac.new(SECRET.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
 
 
-def blast(port: int, path: str, bodies: list[bytes], clients: int) -> dict:
-    """Post every body once, `clients` at a time; returns rate and latency figures."""
+def blast(port: int, path: str, bodies: list[bytes], clients: int, master_pid: int | None = None) -> dict:
+    """Post every body once, `clients` at a time; returns rate, latency and (given gunicorn's
+    master pid) its workers' CPU per request."""
     t = int(time.time())
     requests = [(b, sign(b, t)) for b in bodies]
     latencies: list[float] = []
@@ -195,17 +224,20 @@ def blast(port: int, path: str, bodies: list[bytes], clients: int) -> dict:
                 statuses[k] = statuses.get(k, 0) + v
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
+    cpu_before = workers_cpu_seconds(master_pid) if master_pid else 0.0
     began = time.perf_counter()
     for th in threads:
         th.start()
     for th in threads:
         th.join()
     wall = time.perf_counter() - began
+    cpu = workers_cpu_seconds(master_pid) - cpu_before if master_pid else float("nan")
     latencies.sort()
     accepted = statuses.get(200, 0)
     return {"requests": len(requests), "accepted": accepted, "statuses": statuses, "wall": wall,
             "rate": accepted / wall, "p50": latencies[len(latencies) // 2] * 1000,
-            "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000}
+            "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+            "cpu_ms": cpu * 1000 / max(1, len(requests))}
 
 
 def check_round(app, bodies: list[bytes]) -> str:
@@ -256,26 +288,30 @@ def main() -> int:
                 upgrade()
                 seed_catalog()
                 db.session.remove()
-            print(f"building {args.orders * args.rounds} paid orders at the sandbox ...", flush=True)
+            warm_count = 50
+            total = warm_count + args.orders * args.rounds + args.split_orders
+            print(f"building {total} paid orders at the sandbox ...", flush=True)
             started = time.perf_counter()
-            all_bodies = build_events(app, sandbox, args.orders * args.rounds)
+            all_bodies = build_events(app, sandbox, total)
             print(f"  done in {time.perf_counter() - started:.1f}s", flush=True)
         env["STRIPE_API_BASE"] = "http://127.0.0.1:9"  # the sandbox is gone; completed events never call it
 
         port = free_port()
         proc = start_gunicorn(env, args.workers, port, os.path.join("/tmp", f"{prefix}-gunicorn.log"))
         rng = random.Random(7)
-        warm = all_bodies[:50]
+        # Warm-up on orders of their own, so every round's first deliveries are really first.
+        warm, all_bodies = all_bodies[:warm_count], all_bodies[warm_count:]
         blast(port, "/_bench/bare-webhook", warm, args.clients)
-        blast(port, "/webhooks/stripe", warm, args.clients)  # (these orders get paid here)
+        blast(port, "/webhooks/stripe", warm, args.clients)
+        master = proc.pid
 
         results = {"bare": [], "real": []}
         for r in range(args.rounds):
             bodies = all_bodies[r * args.orders:(r + 1) * args.orders]
-            bare = blast(port, "/_bench/bare-webhook", bodies * 2, args.clients)
+            bare = blast(port, "/_bench/bare-webhook", bodies * 2, args.clients, master)
             deliveries = bodies * 2
             rng.shuffle(deliveries)
-            real = blast(port, "/webhooks/stripe", deliveries, args.clients)
+            real = blast(port, "/webhooks/stripe", deliveries, args.clients, master)
             results["bare"].append(bare)
             results["real"].append(real)
             print(f"round {r + 1}: bare {bare['rate']:.0f}/s, real {real['rate']:.0f}/s; "
@@ -284,20 +320,37 @@ def main() -> int:
                 if set(res["statuses"]) != {200}:
                     print(f"  {name}: statuses {res['statuses']}")
 
+        split = {}
+        if args.split_orders:
+            bodies = all_bodies[args.rounds * args.orders:]
+            split["first"] = blast(port, "/webhooks/stripe", bodies, args.clients, master)
+            split["duplicate"] = blast(port, "/webhooks/stripe", bodies, args.clients, master)
+            print(f"split: {check_round(app, bodies)}", flush=True)
+
         print()
         print(f"{args.clients} clients, gunicorn sync x{args.workers}, PostgreSQL, {args.orders} orders/round "
               f"(real: each event twice, shuffled)")
-        print(f"{'endpoint':<30}{'requests':>9}{'accepted/s':>12}{'p50 ms':>9}{'p99 ms':>9}")
-        summary = {}
-        for name, label in (("bare", "bare (verify + insert 1 row)"), ("real", "POST /webhooks/stripe")):
-            runs = results[name]
+        header = f"{'endpoint':<36}{'requests':>9}{'accepted/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'CPU ms/req':>12}"
+        print(header)
+        summary, cpu = {}, {}
+
+        def row(label, runs):
             rate = statistics.median(x["rate"] for x in runs)
-            p50 = statistics.median(x["p50"] for x in runs)
-            p99 = statistics.median(x["p99"] for x in runs)
-            summary[name] = rate
-            print(f"{label:<30}{sum(x['requests'] for x in runs):>9}{rate:>12.0f}{p50:>9.1f}{p99:>9.1f}")
+            cpu_ms = statistics.median(x["cpu_ms"] for x in runs)
+            print(f"{label:<36}{sum(x['requests'] for x in runs):>9}{rate:>12.0f}"
+                  f"{statistics.median(x['p50'] for x in runs):>9.1f}"
+                  f"{statistics.median(x['p99'] for x in runs):>9.1f}{cpu_ms:>12.2f}")
+            return rate, cpu_ms
+
+        for name, label in (("bare", "bare (verify + insert 1 row)"), ("real", "POST /webhooks/stripe (mixed)")):
+            summary[name], cpu[name] = row(label, results[name])
+        for name in ("first", "duplicate"):
+            if name in split:
+                row(f"  {name} deliveries only", [split[name]])
         ratio = summary["real"] / summary["bare"]
-        print(f"ratio real / bare: {ratio:.2f} (target >= 0.70: {'met' if ratio >= 0.70 else 'MISSED'})")
+        print(f"ratio real / bare by rate: {ratio:.2f} (target >= 0.70: {'met' if ratio >= 0.70 else 'MISSED'})")
+        print(f"ratio real / bare by CPU : {cpu['bare'] / cpu['real']:.2f} "
+              f"(bare CPU per request / real CPU per request; less sensitive to other load on the machine)")
         return 0
     finally:
         if proc is not None and proc.poll() is None:

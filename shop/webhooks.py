@@ -12,7 +12,9 @@ import logging
 import time
 
 from flask import Blueprint, current_app, jsonify, request
+from sqlalchemy import insert
 
+from .domain.deadlines import utcnow
 from .extensions import csrf, db
 from .models import KeyValue, WebhookReceipt
 from .payments import gateway
@@ -43,11 +45,29 @@ def webhook_secret() -> str | None:
     return value
 
 
+def _text(value, limit: int) -> str | None:
+    # PostgreSQL refuses NUL in text; a receipt must not fail over what a sender put in a field.
+    return str(value)[:limit].replace("\x00", "") if value else None
+
+
+def _write_receipt(outcome: str, reason: str, status: int, event_id=None, event_type=None, order_id=None) -> None:
+    """One Core INSERT into the caller's transaction (no ORM object: the webhook is hot)."""
+    if not isinstance(order_id, int) or not -2**31 <= order_id < 2**31:
+        order_id = None  # metadata.order_id is the sender's text; the column is a 32-bit integer
+    db.session.execute(_INSERT_RECEIPT, {
+        "event_id": _text(event_id, 255), "event_type": _text(event_type, 100), "outcome": outcome,
+        "reason": _text(reason, 2000) or "", "order_id": order_id, "http_status": status, "received_at": utcnow()})
+
+
+# Built once: building the statement on every delivery cost about as much CPU as running it.
+_INSERT_RECEIPT = insert(WebhookReceipt.__table__)
+
+
 def _record(outcome: str, reason: str, status: int, event_id=None, event_type=None, order_id=None) -> None:
+    """The receipt in a transaction of its own: for deliveries that change nothing else
+    (rejected, ignored) and for one whose own transaction could not commit."""
     try:
-        db.session.add(WebhookReceipt(event_id=(event_id or None) and str(event_id)[:255],
-                                      event_type=(event_type or None) and str(event_type)[:100],
-                                      outcome=outcome, reason=reason[:2000], order_id=order_id, http_status=status))
+        _write_receipt(outcome, reason, status, event_id, event_type, order_id)
         db.session.commit()
     except Exception:  # recording must never turn an accepted delivery into a retry storm
         db.session.rollback()
@@ -112,9 +132,30 @@ def _accept(event: dict):
         return jsonify({"received": True, "outcome": "ignored"}), 200
     view = gateway.session_view(event["data"]["object"])
     failed = event_type == "checkout.session.async_payment_failed"
+
+    def receipt(result) -> tuple:
+        outcome = "duplicate" if result.outcome == "duplicate" else "accepted"
+        return (outcome, result.outcome + (f": {result.detail}" if result.detail else ""), 200, event_id,
+                event_type, result.order.id if result.order is not None else view.order_id)
+
     try:
         if event_type == "checkout.session.expired":
             view = _trust_provider_now(view)
+        # The receipt rides in the transaction that dedups and applies the event: one commit.
+        result = apply_session(view, source="webhook", failed=failed, event_id=event_id,
+                               before_commit=lambda applied: _write_receipt(*receipt(applied)))
+    except Exception as exc:
+        log.warning("webhook event %s (%s) could not be applied together with its receipt (%s); "
+                    "trying once more without it", event_id, event_type, exc)
+        return _apply_then_record(event_id, event_type, view, failed, receipt)
+    _log_unknown(result, event_id, event_type, view)
+    return jsonify({"received": True, "outcome": result.outcome}), 200
+
+
+def _apply_then_record(event_id, event_type, view, failed, receipt):
+    """The fallback when the one-commit path failed: apply alone (so nothing about the receipt
+    can hold back a payment), then record the delivery in its own transaction either way."""
+    try:
         result = apply_session(view, source="webhook", failed=failed, event_id=event_id)
     except Exception as exc:
         # Accepted but not applied: 200 so Stripe does not disable us; the sweep and the
@@ -123,12 +164,14 @@ def _accept(event: dict):
         log.warning("webhook event %s (%s) accepted but not applied: %s", event_id, event_type, exc, exc_info=True)
         _record("failed", f"accepted, not applied: {exc}", 200, event_id, event_type, view.order_id)
         return jsonify({"received": True, "outcome": "failed"}), 200
-    outcome = "duplicate" if result.outcome == "duplicate" else "accepted"
+    _log_unknown(result, event_id, event_type, view)
+    _record(*receipt(result))
+    return jsonify({"received": True, "outcome": result.outcome}), 200
+
+
+def _log_unknown(result, event_id, event_type, view) -> None:
     if result.outcome == "unknown_order":
         log.warning("webhook event %s (%s) for an unknown order (session %s)", event_id, event_type, view.id)
-    _record(outcome, result.outcome + (f": {result.detail}" if result.detail else ""), 200, event_id, event_type,
-            result.order.id if result.order is not None else view.order_id)
-    return jsonify({"received": True, "outcome": result.outcome}), 200
 
 
 def _trust_provider_now(view):

@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from flask import current_app
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import lazyload
 from sqlalchemy.orm.exc import StaleDataError
@@ -206,7 +208,9 @@ _ROW_ONLY = (lazyload(Order.lines), lazyload(Order.refunds))
 
 
 def find_order(view: gateway.SessionView) -> Order | None:
-    if view.order_id is not None:
+    # metadata.order_id is the sender's text: beyond the 32-bit key PostgreSQL refuses the lookup
+    # ("integer out of range"), which would fail the notice instead of finding no order.
+    if view.order_id is not None and 0 < view.order_id < 2**31:
         order = db.session.get(Order, view.order_id, options=_ROW_ONLY)
         if order is not None:
             return order
@@ -217,41 +221,76 @@ def find_order(view: gateway.SessionView) -> Order | None:
 
 
 def apply_session(view: gateway.SessionView, *, source: str, failed: bool = False, event_id: str | None = None,
-                  now: datetime | None = None) -> Applied:
+                  now: datetime | None = None, before_commit: Callable[[Applied], None] | None = None) -> Applied:
     """Apply the provider's facts about one session to its order, in one transaction, through
     the guarded transitions. `failed` says the provider reported the (async) payment failed.
     Idempotent: a repeat finds the order already moved and does nothing. Retries itself on a
-    version conflict, because the other writer may have made this notice a no-op."""
+    version conflict, because the other writer may have made this notice a no-op.
+
+    `before_commit(result)`, when given, runs inside that same transaction just before it
+    commits, on every path that returns (duplicates included): the webhook writes its receipt
+    there, so a delivery costs one commit. Anything raised rolls the whole attempt back."""
     now = now or utcnow()
     for attempt in range(4):
         try:
             result = _apply_once(view, source=source, failed=failed, event_id=event_id, now=now)
+            if before_commit is not None:
+                before_commit(result)
             uow.commit(db.session)
-        except IntegrityError:
-            uow.rollback(db.session)
-            if event_id and db.session.get(ProcessedStripeEvent, event_id) is not None:
-                return Applied("duplicate")
-            if attempt == 3:
-                raise
-            continue
-        except StaleDataError:
+        except (IntegrityError, StaleDataError):
+            # Another writer got there first (moved the order, or claimed the event where the
+            # dialect has no ON CONFLICT): the next attempt sees what it did, which may make
+            # this notice a duplicate or a no-op.
             uow.rollback(db.session)
             if attempt == 3:
                 raise
             continue
+        except Exception:
+            uow.rollback(db.session)  # forget the recorded events too, or a later commit would write them
+            raise
         uow.publish_after_commit(db.session)
         return result
     raise AssertionError("unreachable")
 
 
+def _claim_event(session, event_id: str, now: datetime) -> bool:
+    """Insert the event's dedup row in the caller's transaction; False when it is already there.
+
+    One statement instead of a SELECT then an INSERT: `ON CONFLICT DO NOTHING` on PostgreSQL and
+    SQLite (a concurrent first delivery holding the same key makes PostgreSQL wait for its
+    outcome, so exactly one of them applies the event), a SAVEPOINT around a plain INSERT
+    elsewhere."""
+    values = {"event_id": event_id, "processed_at": now}
+    claim = _claim_statement(session.get_bind().dialect.name)
+    if claim is not None:
+        return session.execute(claim, values).first() is not None
+    try:
+        with session.begin_nested():
+            session.execute(insert(ProcessedStripeEvent.__table__), values)
+    except IntegrityError:
+        return False
+    return True
+
+
+_CLAIMS: dict = {}
+
+
+def _claim_statement(dialect: str):
+    """Built once per dialect and executed with parameters: building the statement on every
+    delivery cost about as much CPU as running it. RETURNING says whether a row went in
+    (SQLAlchemy does not keep an INSERT's rowcount; psycopg's reads -1)."""
+    if dialect not in _CLAIMS:
+        upsert = {"postgresql": postgresql_insert, "sqlite": sqlite_insert}.get(dialect)
+        table = ProcessedStripeEvent.__table__
+        _CLAIMS[dialect] = upsert and upsert(table).on_conflict_do_nothing(index_elements=["event_id"]) \
+            .returning(table.c.event_id)
+    return _CLAIMS[dialect]
+
+
 def _apply_once(view, *, source, failed, event_id, now) -> Applied:
     session = db.session
-    if event_id:
-        if session.get(ProcessedStripeEvent, event_id) is not None:
-            session.rollback()
-            return Applied("duplicate")
-        session.add(ProcessedStripeEvent(event_id=event_id, processed_at=now))
-        session.flush()
+    if event_id and not _claim_event(session, event_id, now):
+        return Applied("duplicate")
     order = find_order(view)
     if order is None:
         log.warning("provider session %s (via %s) names no order we know (metadata.order_id=%s, ref=%s)",

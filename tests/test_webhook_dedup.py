@@ -1,0 +1,135 @@
+"""The webhook's one-transaction path: the event's dedup row, the transition and the delivery's
+receipt commit together, so a delivery racing another one for the same event, or carrying
+fields the receipt table cannot hold, still changes the order at most once and is recorded."""
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from payment_helpers import Shopper, order_id, post_webhook, sandbox_event, seed, stripe_event
+from shop.extensions import db
+from shop.models import OutboxEvent, ProcessedStripeEvent, WebhookReceipt
+from shop.webhooks import _secret_cache
+
+ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_secret_cache():
+    _secret_cache.clear()
+    yield
+    _secret_cache.clear()
+
+
+@pytest.fixture
+def shopper(paying_app):
+    return Shopper(paying_app, seed(paying_app))
+
+
+def _paid_at_provider(shopper, sandbox) -> tuple[dict, dict]:
+    order = shopper.place()
+    sid = order["payment"]["session_id"]
+    sandbox.set_outcome(sid, "paid")
+    return order, sandbox_event(sandbox, "checkout.session.completed", sid)
+
+
+def _state(app, ref) -> tuple[list, list, int]:
+    """(receipts as (event id, outcome), the order's outbox event names, processed-event rows)."""
+    oid = order_id(app, ref)
+    with app.app_context():
+        receipts = [(r.event_id, r.outcome) for r in db.session.query(WebhookReceipt).order_by(WebhookReceipt.id)]
+        events = [e.name for e in db.session.query(OutboxEvent).filter_by(order_id=oid).order_by(OutboxEvent.id)]
+        processed = db.session.query(ProcessedStripeEvent).count()
+        db.session.remove()
+    return receipts, events, processed
+
+
+def _post_while_event_is_claimed(app, database_url, event, *, claim_commits: bool):
+    """Another transaction claims the event (its dedup row, uncommitted) and holds it while the
+    delivery arrives; it then commits or rolls back. Returns the delivery's response."""
+    engine = create_engine(database_url)
+    answer = {}
+    try:
+        with engine.connect() as other:
+            other.execute(text("INSERT INTO processed_stripe_events (event_id, processed_at) VALUES (:e, now())"),
+                          {"e": event["id"]})
+            poster = threading.Thread(target=lambda: answer.setdefault("r", post_webhook(app.test_client(), event)))
+            poster.start()
+            deadline = time.monotonic() + 10
+            waiting = 0
+            while time.monotonic() < deadline and not waiting:
+                waiting = other.execute(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")).scalar()
+                time.sleep(0.02)
+            assert waiting, "the delivery never waited for the other claim of its event"
+            assert poster.is_alive()
+            if claim_commits:
+                other.commit()
+            else:
+                other.rollback()
+            poster.join(timeout=10)
+            assert not poster.is_alive()
+    finally:
+        engine.dispose()
+    return answer["r"]
+
+
+@pytest.mark.skipif(not ON_POSTGRES, reason="needs two open write transactions at once (PostgreSQL)")
+def test_a_delivery_racing_a_committed_claim_of_its_event_is_a_duplicate_and_changes_nothing(
+        paying_app, shopper, sandbox, database_url):
+    order, event = _paid_at_provider(shopper, sandbox)
+    r = _post_while_event_is_claimed(paying_app, database_url, event, claim_commits=True)
+    assert r.status_code == 200 and r.get_json()["outcome"] == "duplicate"
+    after = shopper.order(order["reference"])
+    assert after["status"] == "PaymentInitiated" and after["version"] == order["version"]
+    receipts, events, processed = _state(paying_app, order["reference"])
+    assert receipts == [(event["id"], "duplicate")]
+    assert "OrderPaid" not in events and processed == 1
+
+
+@pytest.mark.skipif(not ON_POSTGRES, reason="needs two open write transactions at once (PostgreSQL)")
+def test_a_delivery_racing_a_claim_that_rolls_back_applies_the_event_once(paying_app, shopper, sandbox,
+                                                                          database_url):
+    order, event = _paid_at_provider(shopper, sandbox)
+    r = _post_while_event_is_claimed(paying_app, database_url, event, claim_commits=False)
+    assert r.status_code == 200 and r.get_json()["outcome"] == "paid"
+    after = shopper.order(order["reference"])
+    assert after["status"] == "Paid" and after["version"] == order["version"] + 1
+    receipts, events, processed = _state(paying_app, order["reference"])
+    assert receipts == [(event["id"], "accepted")]
+    assert events.count("OrderPaid") == 1 and processed == 1
+    assert post_webhook(shopper.client, event).get_json()["outcome"] == "duplicate"
+
+
+def test_an_event_naming_an_order_id_beyond_the_column_is_accepted_as_unknown_and_recorded(
+        paying_app, shopper, sandbox):
+    _, completed = _paid_at_provider(shopper, sandbox)
+    foreign = copy.deepcopy(completed)
+    foreign["id"] = "evt_huge_order_id"
+    foreign["data"]["object"].update(metadata={"order_id": str(2**40)}, client_reference_id="BK-NOSUCH",
+                                     id="cs_test_not_ours")
+    r = post_webhook(shopper.client, foreign)
+    assert r.status_code == 200 and r.get_json()["outcome"] == "unknown_order"
+    with paying_app.app_context():
+        [receipt] = db.session.query(WebhookReceipt).all()
+        assert (receipt.event_id, receipt.outcome, receipt.order_id) == ("evt_huge_order_id", "accepted", None)
+        assert db.session.get(ProcessedStripeEvent, "evt_huge_order_id") is not None
+        db.session.remove()
+    assert post_webhook(shopper.client, foreign).get_json()["outcome"] == "duplicate"
+
+
+def test_a_signed_thin_event_notification_is_rejected_as_unparseable(paying_app):
+    event = stripe_event("v1.billing.meter.error_report_triggered", {"id": "x"}, "evt_thin")
+    event["object"] = "v2.core.event"
+    r = post_webhook(paying_app.test_client(), event)
+    assert r.status_code == 400
+    with paying_app.app_context():
+        [receipt] = db.session.query(WebhookReceipt).all()
+        assert receipt.outcome == "rejected" and receipt.reason.startswith("unparseable body")
+        db.session.remove()
