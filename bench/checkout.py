@@ -9,10 +9,17 @@ ports (with BACKSTOP_BENCH_ENDPOINTS=1), then measures, each with N concurrent c
   bare      POST /_bench/bare-order: only the SQL of an order (prices, order, 3 lines, 3 decrements)
   checkout  POST /checkout of a prepared 3-item cart: the whole path (CSRF, session, cart, order,
             outbox, deadline, Redis announce, Checkout Session at the sandbox, PaymentInitiated)
+  offline   POST /checkout on a second gunicorn whose provider fails fast (a stub answering 503
+            with Stripe-Should-Retry: false): the order is placed, the session is not, the
+            customer lands on the order page with "Pay now". The order's own cost, without the
+            provider call; the same code path a customer meets during an outage
   cycle     a browser's full loop: GET /, 3 x POST /cart/items, POST /checkout (informational)
 
-and prints orders/s, p50 and p99 for each, and checkout/bare ratios (target: >= 0.70 of the
-orders/s, p99 <= 1.5x). Everything it started is stopped and the database dropped at the end.
+and prints orders/s, p50 and p99 for each, web CPU per order, and checkout/bare and
+offline/bare ratios (target for checkout: >= 0.70 of the orders/s, p99 <= 1.5x). Before the
+load it counts, in-process, what one request of each kind costs in round trips: SQL
+statements, transactions, Redis round trips and provider requests (--probe-only stops there).
+Everything it started is stopped and the database dropped at the end.
 """
 from __future__ import annotations
 
@@ -88,6 +95,36 @@ class Browser:
         status, location, body = self.request("POST", "/checkout",
                                               {"csrf_token": self.token, "email": "bench@example.com"})
         assert status == 303 and "/pay/" in location, (status, location, body[:300])
+
+    def checkout_offline(self, port: int):
+        """Check out on the app whose provider is down: placed, no session, sent to the order page."""
+        self.port = port  # same database and SECRET_KEY: this browser's cookie and cart are valid there
+        status, location, body = self.request("POST", "/checkout",
+                                              {"csrf_token": self.token, "email": "bench@example.com"})
+        assert status == 303 and "/orders/" in location, (status, location, body[:300])
+
+
+# A provider that is down but says so at once: Stripe's 503 error shape with
+# Stripe-Should-Retry: false, so the SDK does not sleep and retry (it would with a refused
+# connection or a plain 503: the outage would then be measured as the SDK's backoff).
+PROVIDER_DOWN = r'''
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+BODY = json.dumps({"error": {"type": "api_error", "message": "bench: provider unavailable"}}).encode()
+class Down(BaseHTTPRequestHandler):
+    def answer(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Stripe-Should-Retry", "false")
+        self.send_header("Content-Length", str(len(BODY)))
+        self.end_headers()
+        self.wfile.write(BODY)
+    do_GET = do_POST = do_DELETE = answer
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Down).serve_forever()
+'''
 
 
 def run_clients(clients: int, jobs: queue.Queue, work) -> tuple[float, list[float]]:
@@ -221,11 +258,21 @@ def main() -> None:
         procs.append(subprocess.Popen([str(BIN / "gunicorn"), "app:app", "-b", f"127.0.0.1:{web_port}",
                                        "-w", str(args.workers), "--log-level", "warning"],
                                       cwd=ROOT, env=env, stdout=quiet, stderr=quiet, start_new_session=True))
+        down_port, offline_port = free_port(), free_port()
+        env_down = {**env, "STRIPE_API_BASE": f"http://127.0.0.1:{down_port}"}
+        procs.append(subprocess.Popen([sys.executable, "-c", PROVIDER_DOWN, str(down_port)],
+                                      stdout=quiet, stderr=quiet, start_new_session=True))
+        procs.append(subprocess.Popen([str(BIN / "gunicorn"), "app:app", "-b", f"127.0.0.1:{offline_port}",
+                                       "-w", str(args.workers), "--log-level", "warning"],
+                                      cwd=ROOT, env=env_down, stdout=quiet, stderr=quiet, start_new_session=True))
         wait_http(sandbox_port, "/_sandbox/events", procs[0])
         wait_http(web_port, "/healthz", procs[1])
+        wait_http(down_port, "/", procs[2])
+        wait_http(offline_port, "/healthz", procs[3])
         print(f"gunicorn -w {args.workers} on PostgreSQL, {args.clients} clients, {args.orders} orders per "
               f"phase, 3 lines per order; sandbox on :{sandbox_port}", flush=True)
         trips = probe(env, variant_ids, args.profile, args.show_sql)
+        trips["offline"] = probe(env_down, variant_ids, 0, args.show_sql, bare=False)["checkout"]
         for name, c in trips.items():
             print(f"{name:<9} per request: {c['sql']} SQL statements in {c['tx']} transactions, {c['redis']} Redis "
                   f"round trips, {c['http']} provider requests ({c['connect']} new connections)", flush=True)
@@ -248,23 +295,27 @@ def main() -> None:
             run_clients(args.clients, _jobs(n), make)
             return ready
 
+        def offline(b):
+            b.checkout_offline(offline_port)
+
         # Warm every worker (imports, pools, templates) before measuring anything.
         run_clients(args.clients, _jobs(4 * args.workers), bare)
-        warm = prepare(4 * args.workers)
-        run_clients(args.clients, warm, Browser.checkout)
+        run_clients(args.clients, prepare(4 * args.workers), Browser.checkout)
+        run_clients(args.clients, prepare(4 * args.workers), offline)
 
         # Interleave the phases in rounds: this machine is shared, so load that comes and goes
         # hits both sides alike. Web CPU per order (gunicorn workers, from /proc) is the figure
         # least disturbed by other load; throughput and latency are reported as measured.
-        workers = children(procs[1].pid)
+        workers = children(procs[1].pid) + children(procs[3].pid)
         web_cpu = lambda: cpu_seconds(workers)  # noqa: E731
-        sandbox_cpu = lambda: cpu_seconds([procs[0].pid])  # noqa: E731
+        sandbox_cpu = lambda: cpu_seconds([procs[0].pid, procs[2].pid])  # noqa: E731
         per_round = max(1, args.orders // args.rounds)
-        carts = prepare(per_round * args.rounds)
-        totals = {"bare": [0.0, [], 0.0, 0.0], "checkout": [0.0, [], 0.0, 0.0]}
+        carts = prepare(2 * per_round * args.rounds)
+        totals = {name: [0.0, [], 0.0, 0.0] for name in ("bare", "checkout", "offline")}
         for _ in range(args.rounds):
             for name, jobs, work in (("bare", _jobs(per_round), bare),
-                                     ("checkout", _take(carts, per_round), Browser.checkout)):
+                                     ("checkout", _take(carts, per_round), Browser.checkout),
+                                     ("offline", _take(carts, per_round), offline)):
                 cpu0, sb0 = web_cpu(), sandbox_cpu()
                 wall, lat = run_clients(args.clients, jobs, work)
                 t = totals[name]
@@ -276,7 +327,7 @@ def main() -> None:
         for name, (wall, lat, cpu, sb) in totals.items():
             results[name] = summarize(name, wall, lat)
             results[name]["cpu"] = cpu / len(lat) * 1000
-            print(f"{'':<9} web CPU {results[name]['cpu']:.2f} ms/order, sandbox CPU {sb / len(lat) * 1000:.2f} ms/order")
+            print(f"{'':<9} web CPU {results[name]['cpu']:.2f} ms/order, provider CPU {sb / len(lat) * 1000:.2f} ms/order")
         if not args.no_cycle:
             def cycle(_):
                 b = Browser(web_port)
@@ -293,6 +344,9 @@ def main() -> None:
               "of the orders/s once the web processes are the bottleneck)")
         print(f"checkout/bare: orders/s x{rate_ratio:.2f} (target >= 0.70), p99 x{p99_ratio:.2f} (target <= 1.5)"
               f"  -> {'MET' if rate_ratio >= 0.70 and p99_ratio <= 1.5 else 'MISSED'}")
+        o = results["offline"]
+        print(f"offline/bare (the order without the provider call): orders/s x{o['rate'] / b['rate']:.2f}, "
+              f"p99 x{o['p99'] / b['p99']:.2f}, web CPU per order x{o['cpu'] / b['cpu']:.2f}")
         if "cycle" in results:
             print(f"full browser loop/bare: orders/s x{results['cycle']['rate'] / b['rate']:.2f}, "
                   f"p99 x{results['cycle']['p99'] / b['p99']:.2f} (5 requests per order)")
@@ -312,7 +366,7 @@ def main() -> None:
         forget_redis(args.redis, prefix)
 
 
-def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False) -> dict:
+def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False, bare: bool = True) -> dict:
     """One checkout in this process (Flask test client, same database, sandbox and Redis as the
     served app), counting what it costs in round trips: SQL statements and transactions, Redis
     round trips, provider HTTP requests and new TCP connections to the provider. With
@@ -328,6 +382,8 @@ def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False) -> d
     from shop import create_app
     from shop.extensions import db
 
+    import logging
+
     saved = dict(os.environ)
     os.environ.update(env)
     try:
@@ -335,6 +391,7 @@ def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False) -> d
     finally:
         os.environ.clear()
         os.environ.update(saved)
+    logging.getLogger("shop.payments").setLevel(logging.ERROR)  # the offline probe's expected warning
     counts = {"sql": 0, "tx": 0, "redis": 0, "http": 0, "connect": 0}
     found = {}
     counting = [False]
@@ -379,9 +436,9 @@ def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False) -> d
 
         def checkout(c, token):
             r = c.post("/checkout", data={"csrf_token": token, "email": "bench@example.com"})
-            assert r.status_code == 303, (r.status_code, r.get_data()[:300])
+            assert r.status_code == 303, (r.status_code, r.get_data()[:300])  # to /pay/ or, provider down, the order
 
-        def bare():
+        def bare_order():
             r = app.test_client().post("/_bench/bare-order?variants=" + ",".join(map(str, variant_ids)))
             assert r.status_code == 201, r.status_code
 
@@ -396,8 +453,10 @@ def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False) -> d
             return dict(counts)
 
         checkout(*browser())  # warm: imports, pools, the stripe client, templates
-        bare()
-        found = {"checkout": count(checkout, *browser()), "bare": count(bare)}
+        found["checkout"] = count(checkout, *browser())
+        if bare:
+            bare_order()
+            found["bare"] = count(bare_order)
         if profile:
             carts = [browser() for _ in range(profile)]
             prof = cProfile.Profile()
