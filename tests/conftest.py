@@ -15,8 +15,44 @@ from sqlalchemy.engine import make_url
 from shop import create_app
 from shop.extensions import db
 
-REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
 RUN_ID = uuid.uuid4().hex[:8]
+
+
+def _claim_redis_db() -> str:
+    """A Redis database of its own for this pytest run: tests flush it (Redis losing everything
+    is a case we test), so two runs on one machine must never share one. Databases 1-9 are
+    claimed with lock keys kept in database 15 (which no test flushes) that expire if a run
+    dies; TEST_REDIS_URL overrides the choice."""
+    if os.environ.get("TEST_REDIS_URL"):
+        return os.environ["TEST_REDIS_URL"]
+    from redis import Redis
+
+    locks = Redis.from_url("redis://127.0.0.1:6379/15")
+    try:
+        for index in range(1, 10):
+            if locks.set(f"backstop-test-run-lock:{index}", RUN_ID, nx=True, ex=3 * 3600):
+                return f"redis://127.0.0.1:6379/{index}"
+    finally:
+        locks.close()
+    raise RuntimeError("every Redis test database 1-9 is claimed by another test run")
+
+
+REDIS_URL = _claim_redis_db()
+
+
+def pytest_unconfigure(config):
+    from redis import Redis
+
+    if os.environ.get("TEST_REDIS_URL"):
+        return
+    index = REDIS_URL.rsplit("/", 1)[-1]
+    locks = Redis.from_url("redis://127.0.0.1:6379/15")
+    try:
+        if locks.get(f"backstop-test-run-lock:{index}") == RUN_ID.encode():
+            Redis.from_url(REDIS_URL).flushdb()
+            locks.delete(f"backstop-test-run-lock:{index}")
+    finally:
+        locks.close()
 
 
 def _make_database() -> tuple[str, callable]:
