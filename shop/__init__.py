@@ -36,6 +36,9 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
         WTF_CSRF_TIME_LIMIT=None,
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
+        # Behind https, cookies (the browser's orders and the operator's login) never travel in clear.
+        SESSION_COOKIE_SECURE=settings.public_base_url.startswith("https://"),
+        REMEMBER_COOKIE_SECURE=settings.public_base_url.startswith("https://"),
         # Internal tunables, not part of the public contract.
         # Env overrides let a test or bench start a real worker process on its own queues.
         OUTBOX_LEASE_SECONDS=int(os.environ.get("BACKSTOP_OUTBOX_LEASE_SECONDS", "60")),
