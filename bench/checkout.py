@@ -275,7 +275,8 @@ def main() -> None:
         trips["offline"] = probe(env_down, variant_ids, 0, args.show_sql, bare=False)["checkout"]
         for name, c in trips.items():
             print(f"{name:<9} per request: {c['sql']} SQL statements in {c['tx']} transactions, {c['redis']} Redis "
-                  f"round trips, {c['http']} provider requests ({c['connect']} new connections)", flush=True)
+                  f"round trips, {c['http']} provider requests ({c['connect']} new connections); "
+                  f"{c['cpu_ms']:.1f} ms CPU in-process", flush=True)
         if args.probe_only:
             return
 
@@ -369,7 +370,8 @@ def main() -> None:
 def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False, bare: bool = True) -> dict:
     """One checkout in this process (Flask test client, same database, sandbox and Redis as the
     served app), counting what it costs in round trips: SQL statements and transactions, Redis
-    round trips, provider HTTP requests and new TCP connections to the provider. With
+    round trips, provider HTTP requests and new TCP connections to the provider; then the
+    mean CPU of 40 more (this thread only: no HTTP server, no load from other clients). With
     `profile` > 0, also cProfile that many checkouts and print the top entries."""
     import cProfile
     import pstats
@@ -452,20 +454,29 @@ def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False, bare
                 counting[0] = False
             return dict(counts)
 
+        def cpu_ms(fn, calls) -> float:
+            """This thread's CPU per request (the sandbox, PostgreSQL and Redis are other processes)."""
+            t0 = time.thread_time()
+            for a in calls:
+                fn(*a)
+            return (time.thread_time() - t0) / len(calls) * 1000
+
         checkout(*browser())  # warm: imports, pools, the stripe client, templates
         found["checkout"] = count(checkout, *browser())
+        found["checkout"]["cpu_ms"] = cpu_ms(checkout, [browser() for _ in range(40)])
         if bare:
             bare_order()
             found["bare"] = count(bare_order)
+            found["bare"]["cpu_ms"] = cpu_ms(bare_order, [()] * 40)
         if profile:
             carts = [browser() for _ in range(profile)]
-            prof = cProfile.Profile()
+            prof = cProfile.Profile(time.thread_time)  # CPU, not waiting on the database or the provider
             prof.enable()
             for c, token in carts:
                 checkout(c, token)
             prof.disable()
             stats = pstats.Stats(prof)
-            stats.sort_stats("cumulative").print_stats(45)
+            stats.sort_stats("cumulative").print_stats(int(os.environ.get("BENCH_PROFILE_LINES", "45")))
             stats.sort_stats("tottime").print_stats(25)
     finally:
         for owner, name, original in patched:
