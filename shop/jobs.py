@@ -28,6 +28,21 @@ def run_delivery(delivery_id: int) -> str:
         return run(delivery_id)
 
 
+def drain(slot: int | None = None) -> dict:
+    """Run due deliveries in batches (see queue.DRAIN_SLOTS): free our slot FIRST, so work
+    announced while we run wakes another drain; hand the worker back to queued jobs between
+    batches; ask for another drain if rows may still be due when we stop."""
+    from . import queue
+    from .outbox.dispatch import drain_deliveries
+
+    with _app_context():
+        queue.drain_started(slot)
+        result = drain_deliveries(should_yield=queue.other_jobs_waiting)
+        if result["more"]:
+            queue.request_drain()
+        return result
+
+
 def run_command(command_id: int) -> str:
     from .outbox.dispatch import run_command as run
 

@@ -25,6 +25,21 @@ DELIVERY_JOB = "shop.jobs.run_delivery"
 COMMAND_JOB = "shop.jobs.run_command"
 RELAY_JOB = "shop.jobs.relay"
 SWEEP_JOB = "shop.jobs.reconcile"
+DRAIN_JOB = "shop.jobs.drain"
+
+# Deliveries are run by drain jobs, not one job each (RQ's own bookkeeping is ~28 round trips a
+# job). At most DRAIN_SLOTS drains wait in the queue at once: announcing takes a free slot (a
+# key, SET NX with a TTL so a lost drain cannot block the next for long) and enqueues a drain
+# only then. A drain frees its slot as its first action, so work committed while it runs
+# always finds a slot free and wakes another drain: no announcement is ever lost.
+DRAIN_SLOTS = 2
+DRAIN_SLOT_TTL_SECONDS = 30
+_TAKE_SLOT = """
+for i, key in ipairs(KEYS) do
+  if redis.call('SET', key, '1', 'NX', 'EX', tonumber(ARGV[1])) then return i end
+end
+return 0
+"""
 
 _conn_lock = threading.Lock()
 
@@ -70,8 +85,9 @@ def command_job_id(command_id: int) -> str:
 
 
 def announce(delivery_ids, commands, now: datetime | None = None) -> None:
-    """Hand committed work to Redis: deliveries to the work queue now, commands at their time.
-    One pipeline (one round trip) for all of it: a checkout's deadline included."""
+    """Hand committed work to Redis: deliveries by waking a drain (unless enough drains already
+    wait), commands at their time. One pipeline (one round trip) for the jobs: a checkout's
+    deadline included; deliveries add the round trip that takes a drain slot."""
     if not delivery_ids and not commands:
         return
     now = now or datetime.now(timezone.utc)
@@ -79,8 +95,7 @@ def announce(delivery_ids, commands, now: datetime | None = None) -> None:
     sched = scheduler()
     running = get_current_job()
     with redis_conn().pipeline() as pipe:
-        jobs = [Queue.prepare_data(DELIVERY_JOB, args=(i,), result_ttl=0, failure_ttl=3600, timeout=300)
-                for i in delivery_ids]
+        jobs = [_drain_job(slot)] if delivery_ids and (slot := _take_drain_slot()) is not None else []
         due_now = [(cid, due) for cid, due in commands if _aware(due) <= now]
         jobs += [Queue.prepare_data(COMMAND_JOB, args=(cid,), result_ttl=0, failure_ttl=3600, timeout=300)
                  for cid, _ in due_now]
@@ -101,6 +116,51 @@ def announce(delivery_ids, commands, now: datetime | None = None) -> None:
                 job.save(pipeline=pipe)
                 pipe.zadd(sched.scheduled_jobs_key, {job.id: to_unix(_aware(due))})
         pipe.execute()
+
+
+def _drain_key(slot: int) -> str:
+    return f"{current_app.config['QUEUE_PREFIX']}:drain-pending:{slot}"
+
+
+def _take_drain_slot() -> int | None:
+    """One round trip: the first free slot, now taken, or None when every slot has a drain
+    waiting (which will see the work that was just committed)."""
+    ext = current_app.extensions.setdefault("backstop", {})
+    script = ext.get("take_drain_slot")
+    if script is None:
+        script = ext["take_drain_slot"] = redis_conn().register_script(_TAKE_SLOT)
+    taken = script(keys=[_drain_key(i) for i in range(DRAIN_SLOTS)], args=[DRAIN_SLOT_TTL_SECONDS])
+    return int(taken) - 1 if taken else None
+
+
+def _drain_job(slot: int | None):
+    return Queue.prepare_data(DRAIN_JOB, args=(slot,), result_ttl=0, failure_ttl=3600, timeout=300)
+
+
+def request_drain(force: bool = False) -> bool:
+    """Ask for a drain of due deliveries: when a slot is free, or always with `force` (the relay,
+    which must not trust a slot whose drain Redis may have lost). Returns whether one was enqueued."""
+    slot = None if force else _take_drain_slot()
+    if slot is None and not force:
+        return False
+    work_queue().enqueue_many([_drain_job(slot)])
+    return True
+
+
+def drain_started(slot: int | None) -> None:
+    """A drain's first action: free its slot, so anything announced from now on wakes the next."""
+    if slot is not None:
+        redis_conn().delete(_drain_key(slot))
+
+
+def other_jobs_waiting() -> bool:
+    """Is anything queued for this worker (a command at its time, a retry, a relay)? A drain
+    then hands the worker back between batches."""
+    control, work = _names()
+    with redis_conn().pipeline(transaction=False) as pipe:
+        pipe.llen(f"{Queue.redis_queue_namespace_prefix}{control}")
+        pipe.llen(f"{Queue.redis_queue_namespace_prefix}{work}")
+        return any(pipe.execute())
 
 
 def command_is_scheduled(command_id: int) -> bool:

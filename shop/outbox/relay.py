@@ -1,10 +1,11 @@
 """The relay: the database tells Redis again about any work Redis may have lost.
 
-It runs as a periodic rq-scheduler job and at scheduler start. It re-enqueues deliveries and
+It runs as a periodic rq-scheduler job and at scheduler start. It looks for deliveries and
 commands that are due but were announced longer ago than a grace period (Redis lost them, or
-the post-commit announce failed), and rows whose worker died holding the lease. Rows selected
-with FOR UPDATE SKIP LOCKED on PostgreSQL, so concurrent relays split the work instead of
-doubling it; a duplicate announcement is harmless anyway, since a claim is needed to run.
+the post-commit announce failed), and rows whose worker died holding the lease: commands are
+enqueued again by id, deliveries by one drain job (which claims every due delivery). Rows
+selected with FOR UPDATE SKIP LOCKED on PostgreSQL, so concurrent relays split the work instead
+of doubling it; a duplicate announcement is harmless anyway, since a claim is needed to run.
 """
 from __future__ import annotations
 
@@ -70,7 +71,11 @@ def relay_once(now: datetime | None = None, horizon_seconds: float | None = None
     except Exception:
         db.session.rollback()
         raise
-    queue.announce(delivery_ids, [(cid, now) for cid in command_ids], now=now)
+    queue.announce([], [(cid, now) for cid in command_ids], now=now)
+    if delivery_ids:
+        # A drain runs every due delivery, these included. Forced: the drain slot may belong to
+        # a drain Redis lost, and the relay is what recovers from that.
+        queue.request_drain(force=True)
     horizon = horizon_seconds if horizon_seconds is not None else 3 * cfg["RELAY_INTERVAL_SECONDS"]
     rearmed = rearm_future_commands(now, now + timedelta(seconds=horizon))
     counts = {"deliveries": len(delivery_ids), "commands": len(command_ids), "rearmed": rearmed, "dead": dead}

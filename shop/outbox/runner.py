@@ -1,16 +1,21 @@
-"""Running one unit of durable work (a delivery or a scheduled command) at least once, with a
-lease, bounded retries, backoff with jitter and a dead-letter state.
+"""Running durable work (deliveries and scheduled commands) at least once, with a lease,
+bounded retries, backoff with jitter and a dead-letter state.
 
 The sequence for one row:
   1. claim: a conditional UPDATE (pending and due, or processing with a lapsed lease, and
      attempts left) that sets a lease and counts the attempt. Two workers never both win it:
      on PostgreSQL the second UPDATE re-reads the row after the first commits and no longer
-     matches; on SQLite writers are serialised.
+     matches; on SQLite writers are serialised. A drain claims a small batch the same way, in
+     one UPDATE over `... LIMIT n FOR UPDATE SKIP LOCKED` (PostgreSQL; SQLite serialises).
   2. run the handler and mark the row done in ONE transaction, guarded by our claim. A handler
      that writes to the database is therefore exactly-once in effect: its writes and "done"
      commit together, and a worker killed before the commit leaves neither.
   3. on an exception: roll back, then record the failure in its own transaction: back to
      pending with next_attempt_at = now + backoff, or dead after max_attempts (ERROR log).
+
+`run` claims one row by id and runs it (an RQ job per id: a command at its due time, a retry,
+an operator's retry); `drain` claims due rows in batches and runs each through the same
+`run_claimed`, so both paths share steps 2 and 3.
 """
 from __future__ import annotations
 
@@ -18,11 +23,15 @@ import logging
 import os
 import socket
 import threading
+import time
 import traceback
+from collections import Counter
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any, Callable
 
 from flask import current_app
-from sqlalchemy import and_, or_, update
+from sqlalchemy import and_, or_, select, update
 
 from ..domain.deadlines import retry_delay_seconds, utcnow
 from ..extensions import db
@@ -54,65 +63,169 @@ def worker_identity() -> str:
 
 # rq-scheduler stores whole seconds and moves a job up to a second before its time. Refusing
 # such a run would drop the job and leave the row to the relay (seconds late); claiming it lets
-# the handler decide: a deadline that is not due yet raises Reschedule.
+# the handler decide: a deadline that is not due yet raises Reschedule. Scheduled commands only:
+# a delivery's backoff is honoured exactly (its retry is scheduled a second late instead).
 EARLY_CLAIM_SECONDS = 2
 
 
-def claim(model, work_id: int, now: datetime, worker: str) -> bool:
-    lease = timedelta(seconds=current_app.config["OUTBOX_LEASE_SECONDS"])
-    claimable = and_(
-        model.id == work_id,
+@dataclass(frozen=True)
+class Work:
+    """One kind of durable work: its table, how to run a claimed row, how to name it in logs,
+    and the loader options its `execute` needs (so one query loads what it reads)."""
+
+    model: Any
+    execute: Callable[[Any, datetime], None]
+    describe: Callable[[Any], str]
+    load_options: tuple = field(default=())
+    early_claim_seconds: float = 0
+
+
+def _claimable(model, now: datetime, early_seconds: float = 0):
+    return and_(
         model.attempts < model.max_attempts,
         or_(
-            and_(model.status == "pending", model.next_attempt_at <= now + timedelta(seconds=EARLY_CLAIM_SECONDS)),
+            and_(model.status == "pending", model.next_attempt_at <= now + timedelta(seconds=early_seconds)),
             and_(model.status == "processing", model.claimed_until < now),
         ),
     )
+
+
+def _claim_values(model, now: datetime, worker: str) -> dict:
+    lease = timedelta(seconds=current_app.config["OUTBOX_LEASE_SECONDS"])
+    return dict(status="processing", claimed_by=worker, claimed_until=now + lease,
+                attempts=model.attempts + 1, updated_at=now)
+
+
+def claim(model, work_id: int, now: datetime, worker: str, early_seconds: float = 0) -> bool:
     result = db.session.execute(
-        update(model).where(claimable).values(
-            status="processing", claimed_by=worker, claimed_until=now + lease,
-            attempts=model.attempts + 1, updated_at=now,
-        ).execution_options(synchronize_session=False)
+        update(model).where(model.id == work_id, _claimable(model, now, early_seconds))
+        .values(**_claim_values(model, now, worker))
+        .execution_options(synchronize_session=False)
     )
     db.session.commit()
     return result.rowcount == 1
 
 
-def run(model, work_id: int, execute, describe, now: datetime | None = None) -> str:
-    """Claim `work_id` and run `execute(row, now)`. Returns done | skipped | retry | dead."""
+def claim_batch(model, now: datetime, worker: str, limit: int) -> list[int]:
+    """Claim up to `limit` due rows, oldest first, in one statement. Concurrent drains on
+    PostgreSQL skip each other's locked rows instead of waiting; the outer WHERE repeats the
+    condition so a row claimed and committed meanwhile is never taken twice."""
+    # A CTE, evaluated once: as `id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` PostgreSQL
+    # may run the subquery again per row and claim more than n.
+    due = (select(model.id).where(_claimable(model, now))
+           .order_by(model.next_attempt_at, model.id).limit(limit)
+           .with_for_update(skip_locked=True)
+           .cte("due").prefix_with("MATERIALIZED", dialect="postgresql"))
+    ids = db.session.execute(
+        update(model).where(model.id.in_(select(due.c.id)), _claimable(model, now))
+        .values(**_claim_values(model, now, worker))
+        .returning(model.id)
+        .execution_options(synchronize_session=False)
+    ).scalars().all()
+    db.session.commit()
+    return sorted(ids)
+
+
+def release(model, work_ids: list[int], worker: str, now: datetime) -> int:
+    """Hand back claimed rows we will not run now (a drain out of time), without spending the
+    attempt; the next drain takes them."""
+    if not work_ids:
+        return 0
+    result = db.session.execute(
+        update(model).where(model.id.in_(work_ids), model.claimed_by == worker, model.status == "processing")
+        .values(status="pending", attempts=model.attempts - 1, claimed_by=None, claimed_until=None, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    db.session.commit()
+    return result.rowcount
+
+
+def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) -> str:
+    """Run a row this worker has claimed: execute + mark done in one transaction, or record the
+    failure in its own. Returns done | rescheduled | skipped | retry | dead."""
+    model = work.model
+    try:
+        if row is None:
+            row = db.session.get(model, work_id, options=list(work.load_options))
+        work.execute(row, now)
+        marked = db.session.execute(
+            update(model).where(model.id == work_id, model.claimed_by == worker, model.status == "processing")
+            .values(status="done", completed_at=utcnow(), claimed_until=None, updated_at=utcnow(), last_error=None)
+            .execution_options(synchronize_session=False)
+        )
+        if marked.rowcount != 1:
+            raise LeaseLost(f"{work.describe(row)}: lease lapsed before commit")
+        uow.commit(db.session)
+        uow.publish_after_commit(db.session)
+        return "done"
+    except Reschedule as exc:
+        uow.rollback(db.session)
+        _reschedule(model, work_id, worker, exc.due, now)
+        return "rescheduled"
+    except LeaseLost as exc:
+        uow.rollback(db.session)
+        log.warning("%s; another worker owns it now, discarding this attempt's writes", exc)
+        return "skipped"
+    except Exception as exc:
+        uow.rollback(db.session)
+        return record_failure(model, work_id, worker, exc, now, work.describe)
+
+
+def run(work: Work, work_id: int, now: datetime | None = None) -> str:
+    """Claim `work_id` and run it. Returns done | skipped | rescheduled | retry | dead."""
     now = now or utcnow()
     worker = worker_identity()
     try:
-        if not claim(model, work_id, now, worker):
+        if not claim(work.model, work_id, now, worker, work.early_claim_seconds):
             return "skipped"
-        try:
-            row = db.session.get(model, work_id)
-            execute(row, now)
-            marked = db.session.execute(
-                update(model).where(model.id == work_id, model.claimed_by == worker,
-                                    model.status == "processing")
-                .values(status="done", completed_at=utcnow(), claimed_until=None, updated_at=utcnow(),
-                        last_error=None)
-                .execution_options(synchronize_session=False)
-            )
-            if marked.rowcount != 1:
-                raise LeaseLost(f"{describe(row)}: lease lapsed before commit")
-            uow.commit(db.session)
-            uow.publish_after_commit(db.session)
-            return "done"
-        except Reschedule as exc:
-            uow.rollback(db.session)
-            _reschedule(model, work_id, worker, exc.due, now)
-            return "rescheduled"
-        except LeaseLost as exc:
-            uow.rollback(db.session)
-            log.warning("%s; another worker owns it now, discarding this attempt's writes", exc)
-            return "skipped"
-        except Exception as exc:
-            uow.rollback(db.session)
-            return record_failure(model, work_id, worker, exc, now, describe)
+        return run_claimed(work, work_id, now, worker)
     finally:
         db.session.remove()
+
+
+def drain(work: Work, *, batch_size: int = 20, budget_seconds: float = 2.0, now: datetime | None = None,
+          should_yield: Callable[[], bool] | None = None) -> dict:
+    """Claim due rows `batch_size` at a time and run each, until none is due, `budget_seconds`
+    have passed, or `should_yield()` says other jobs are waiting (checked between batches).
+    Returns outcome counts and `more`: True when rows may still be due (the caller asks for
+    another drain). `now` pins the clock (tests); otherwise each row runs at its own utcnow()."""
+    worker = worker_identity()
+    lease = current_app.config["OUTBOX_LEASE_SECONDS"]
+    started = time.monotonic()
+    counts: Counter = Counter()
+    more = False
+    session = db.session
+    try:
+        while True:
+            claimed_at = now or utcnow()
+            claimed_mono = time.monotonic()
+            ids = claim_batch(work.model, claimed_at, worker, batch_size)
+            if not ids:
+                break
+            rows = session.execute(select(work.model).options(*work.load_options)
+                                   .where(work.model.id.in_(ids)).order_by(work.model.id)).unique().scalars().all()
+            # Detached with everything execute/describe read already loaded: the commit after
+            # each row expires what the session holds, and would reload these one by one.
+            # (Expunged before the rollback, which would expire them.)
+            session.expunge_all()
+            session.rollback()
+            for index, row in enumerate(rows):
+                # A batch never outlives half its lease: the rest goes back, unspent, for the
+                # next drain, instead of running with a lease someone else may be about to take.
+                if index and time.monotonic() - claimed_mono > lease / 2:
+                    counts["released"] += release(work.model, [r.id for r in rows[index:]], worker, now or utcnow())
+                    more = True
+                    break
+                counts[run_claimed(work, row.id, now or utcnow(), worker, row=row)] += 1
+                session.expunge_all()  # nothing one row loaded leaks into the next
+            if more or len(ids) < batch_size:
+                break
+            if time.monotonic() - started >= budget_seconds or (should_yield is not None and should_yield()):
+                more = True
+                break
+    finally:
+        db.session.remove()
+    return {**counts, "more": more}
 
 
 def _reschedule(model, work_id, worker, due, now) -> None:
@@ -162,7 +275,10 @@ def _announce_retry(model, work_id, due):
         if model is ScheduledCommand:
             queue.enqueue_command(work_id, due)
         else:
-            queue.scheduler().enqueue_at(due, queue.DELIVERY_JOB, work_id, job_result_ttl=0, timeout=300)
+            # rq-scheduler keeps whole seconds and may fire a second early; a delivery is never
+            # claimed before its time, so its retry job is scheduled a second late instead.
+            queue.scheduler().enqueue_at(due + timedelta(seconds=1), queue.DELIVERY_JOB, work_id,
+                                         job_result_ttl=0, timeout=300)
     except Exception as exc:  # the relay picks it up once it is due
         log.warning("could not schedule the retry in Redis (%s); the relay will", exc)
 

@@ -1,0 +1,267 @@
+"""Deliveries run by drains: one RQ job claims due deliveries in batches and runs each through
+the same code as a single delivery. What a drain must never do: run a delivery that is not due,
+run one twice, take a row whose lease holds, outlive its lease, or leave committed work without
+a drain to run it (a lost wake-up)."""
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select, update
+
+from compensation_support import cancel, on_hand, order, place, restore_delivery, seed
+from shop import jobs, queue
+from shop.domain.deadlines import as_utc, utcnow
+from shop.extensions import db
+from shop.models import OutboxDelivery
+from shop.outbox import runner
+from shop.outbox.dispatch import drain_deliveries
+from shop.outbox.relay import relay_once
+from shop.outbox.subscriptions import SUBSCRIPTIONS
+import shop.saga
+
+
+def _cancelled_orders(n: int, variant: int) -> list[int]:
+    orders = [place({variant: 1}) for _ in range(n)]
+    for order_id in orders:
+        cancel(order_id)
+    return orders
+
+
+def _statuses(order_ids) -> list[tuple[str, int]]:
+    return [(restore_delivery(o).status, restore_delivery(o).attempts) for o in order_ids]
+
+
+def test_a_drain_runs_every_due_delivery_once_in_batches_and_leaves_a_backed_off_one_alone(app):
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        orders = _cancelled_orders(5, a5)
+        backed_off = orders.pop()
+        later = utcnow() + timedelta(minutes=5)
+        db.session.execute(update(OutboxDelivery).where(OutboxDelivery.order_id == backed_off)
+                           .values(attempts=1, next_attempt_at=later))
+        db.session.commit()
+        now = utcnow() + timedelta(seconds=1)
+
+        result = drain_deliveries(now=now, batch_size=2)
+
+        assert (result["done"], result["more"]) == (4, False)
+        assert _statuses(orders) == [("done", 1)] * 4
+        assert all(order(o).inventory_restored for o in orders)
+        # Not due until `later`: untouched, not even an attempt spent.
+        row = restore_delivery(backed_off)
+        assert (row.status, row.attempts, row.claimed_by) == ("pending", 1, None)
+        assert on_hand(a5) == 40 - 1
+        # A drain one second before the backoff ends takes nothing; one at its end runs it.
+        assert drain_deliveries(now=later - timedelta(seconds=1)) == {"more": False}
+        assert drain_deliveries(now=later)["done"] == 1
+        assert on_hand(a5) == 40
+        db.session.remove()
+
+
+def test_a_drain_takes_a_lapsed_lease_but_never_one_that_still_holds(app):
+    lease = app.config["OUTBOX_LEASE_SECONDS"]
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        orders = _cancelled_orders(2, a5)
+        due = as_utc(restore_delivery(orders[1]).next_attempt_at)
+        assert runner.claim(OutboxDelivery, restore_delivery(orders[0]).id, due, "worker-that-died")
+        assert runner.claim(OutboxDelivery, restore_delivery(orders[1]).id, due + timedelta(seconds=lease),
+                            "busy-worker")
+        now = due + timedelta(seconds=lease + 1)  # the first lease lapsed a second ago, the second holds
+
+        assert drain_deliveries(now=now)["done"] == 1
+
+        assert _statuses(orders) == [("done", 2), ("processing", 1)]
+        assert restore_delivery(orders[1]).claimed_by == "busy-worker"
+        assert on_hand(a5) == 39
+        db.session.remove()
+
+
+def test_a_failing_delivery_in_a_batch_is_retried_alone_and_its_batch_mates_complete(app, monkeypatch):
+    runs = []
+
+    def flaky(event, now):
+        runs.append(event.order_id)
+        raise RuntimeError("mail relay down")
+
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory", "flaky_followup"])
+    monkeypatch.setitem(shop.saga.HANDLERS, "flaky_followup", flaky)
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        orders = _cancelled_orders(3, a5)
+        now = utcnow() + timedelta(seconds=1)
+
+        result = drain_deliveries(now=now)
+
+        assert (result["done"], result["retry"]) == (3, 3)
+        assert sorted(runs) == sorted(orders)
+        assert _statuses(orders) == [("done", 1)] * 3
+        failed = db.session.execute(select(OutboxDelivery).where(OutboxDelivery.handler == "flaky_followup")).scalars().all()
+        assert {(r.status, r.attempts) for r in failed} == {("pending", 1)}
+        assert all(as_utc(r.next_attempt_at) > now and "mail relay down" in r.last_error for r in failed)
+        assert on_hand(a5) == 40
+        # Backed off: the very next drain does not run them again.
+        assert drain_deliveries(now=now) == {"more": False}
+        assert len(runs) == 3
+        db.session.remove()
+
+
+def test_two_concurrent_drains_never_run_one_delivery_twice(app, monkeypatch):
+    runs, lock = [], threading.Lock()
+
+    def counting(event, now):
+        with lock:
+            runs.append(event.order_id)
+
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["counting_followup"])
+    monkeypatch.setitem(shop.saga.HANDLERS, "counting_followup", counting)
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        orders = _cancelled_orders(30, a5)
+        db.session.remove()
+    now = utcnow() + timedelta(seconds=1)
+    barrier = threading.Barrier(2)
+    results = []
+
+    def drain():
+        with app.app_context():
+            barrier.wait()
+            results.append(drain_deliveries(now=now, batch_size=4))
+
+    threads = [threading.Thread(target=drain) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+    assert sorted(runs) == sorted(orders)
+    assert sum(r.get("done", 0) for r in results) == 30
+    with app.app_context():
+        rows = db.session.execute(select(OutboxDelivery.status, OutboxDelivery.attempts)).all()
+        assert set(rows) == {("done", 1)} and len(rows) == 30
+        db.session.remove()
+
+
+def test_a_drain_gives_back_what_it_cannot_run_within_half_its_lease(make_app, monkeypatch):
+    app = make_app(OUTBOX_LEASE_SECONDS=1)
+    runs = []
+
+    def slow(event, now):
+        runs.append(event.order_id)
+        time.sleep(0.6)
+
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["slow_followup"])
+    monkeypatch.setitem(shop.saga.HANDLERS, "slow_followup", slow)
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        orders = _cancelled_orders(3, a5)
+        rows = lambda: db.session.execute(select(OutboxDelivery.order_id, OutboxDelivery.status,  # noqa: E731
+                                                 OutboxDelivery.attempts, OutboxDelivery.claimed_by)
+                                          .order_by(OutboxDelivery.order_id)).all()
+
+        result = drain_deliveries(now=utcnow() + timedelta(seconds=1))
+
+        assert (result["done"], result["released"], result["more"]) == (1, 2, True)
+        assert runs == orders[:1]
+        first, *rest = rows()
+        assert first[1:3] == ("done", 1)
+        # Back to pending with the attempt unspent, for the next drain.
+        assert [r[1:] for r in rest] == [("pending", 0, None), ("pending", 0, None)]
+        db.session.remove()
+
+
+def test_a_drain_hands_the_worker_back_when_other_jobs_wait_and_asks_for_another(app):
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        orders = _cancelled_orders(5, a5)
+
+        result = drain_deliveries(now=utcnow() + timedelta(seconds=1), batch_size=2, should_yield=lambda: True)
+
+        assert (result["done"], result["more"]) == (2, True)
+        assert sorted(s for s, _ in _statuses(orders)) == ["done", "done", "pending", "pending", "pending"]
+        db.session.remove()
+
+
+def test_announcing_enqueues_at_most_one_drain_per_slot_and_a_started_drain_frees_its_slot(app, redis_conn):
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        _cancelled_orders(6, a5)  # six announcements
+        work = queue.work_queue()
+        assert [j.func_name for j in work.jobs] == [queue.DRAIN_JOB] * queue.DRAIN_SLOTS
+
+        queue.drain_started(0)  # a drain's first action
+        _cancelled_orders(2, a5)
+        assert [j.func_name for j in work.jobs] == [queue.DRAIN_JOB] * (queue.DRAIN_SLOTS + 1)
+
+        queue.run_worker(burst=True)
+        assert on_hand(a5) == 40
+        assert {s for s, _ in _statuses(db.session.execute(select(OutboxDelivery.order_id)).scalars().all())} == {"done"}
+        db.session.remove()
+
+
+def test_work_committed_while_the_only_drain_runs_wakes_another(app, monkeypatch):
+    """The drain frees its slot FIRST. Were it freed at the end, the order cancelled by the
+    handler below (committed and announced while the drain runs, after its batch was claimed)
+    would find the one slot taken, and nothing would ever run its compensation."""
+    monkeypatch.setattr(queue, "DRAIN_SLOTS", 1)
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        first, second = place({a5: 1}), place({a5: 2})
+        db.session.remove()
+
+    def cancel_the_second(event, now):
+        if event.order_id != first:
+            return
+
+        def other_session():
+            with app.app_context():
+                cancel(second)  # commits, then announces
+
+        t = threading.Thread(target=other_session)
+        t.start()
+        t.join(30)
+
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory", "cancel_the_second"])
+    monkeypatch.setitem(shop.saga.HANDLERS, "cancel_the_second", cancel_the_second)
+    with app.app_context():
+        cancel(first)
+        assert [j.func_name for j in queue.work_queue().jobs] == [queue.DRAIN_JOB]
+
+        queue.run_worker(burst=True)
+
+        assert order(second).status == "Cancelled"
+        assert restore_delivery(second).status == "done"
+        assert on_hand(a5) == 40
+        db.session.remove()
+
+
+def test_the_relay_wakes_a_drain_even_when_the_slots_belong_to_drains_redis_lost(app, redis_conn):
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        orders = _cancelled_orders(2, a5)
+        # The drain jobs are gone but their slots are still marked taken.
+        redis_conn.delete(queue.work_queue().key)
+        assert queue.work_queue().count == 0
+        assert queue.request_drain() is False
+
+        later = utcnow() + timedelta(seconds=app.config["RELAY_GRACE_SECONDS"] + 1)
+        assert relay_once(now=later)["deliveries"] == 2
+        queue.run_worker(burst=True)
+
+        assert _statuses(orders) == [("done", 1)] * 2
+        assert on_hand(a5) == 40
+        db.session.remove()
+
+
+def test_the_drain_job_runs_everything_due_through_a_real_worker(app):
+    """jobs.drain as RQ runs it: frees its slot, drains, asks for more when it stopped early."""
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        orders = _cancelled_orders(3, a5)
+        result = jobs.drain(0)
+        assert result["done"] == 3 and not result["more"]
+        assert _statuses(orders) == [("done", 1)] * 3
+        db.session.remove()
