@@ -100,7 +100,7 @@ def test_fifty_concurrent_checkouts_of_ten_in_stock_make_exactly_ten_orders(app)
     assert outcomes == {"placed": 10, "out_of_stock": 40}
     for refused in (r for r in results if not r.ok):
         assert refused.shortages == [{"variant_id": variant, "sku": refused.shortages[0]["sku"],
-                                      "name": "V0", "requested": 1, "available": 0}]
+                                      "name": "Product 1 – V0", "requested": 1, "available": 0}]
     with app.app_context():
         assert on_hand(variant) == 0
         assert count(Order) == 10
@@ -120,7 +120,7 @@ def test_an_order_with_one_short_line_leaves_nothing_behind_and_names_the_short_
         result = place_order(cart_id=cart_id, browser_id=browser, email="ann@example.com")
 
         assert not result.ok and result.code == "out_of_stock"
-        assert result.shortages == [{"variant_id": scarce, "sku": sku, "name": "V1", "requested": 3,
+        assert result.shortages == [{"variant_id": scarce, "sku": sku, "name": "Product 2 – V1", "requested": 3,
                                      "available": 2}]
         db.session.remove()
         # The plenty line was decremented before the short one was found: it must be rolled back too.

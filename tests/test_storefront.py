@@ -168,7 +168,7 @@ def test_checking_out_more_than_is_left_is_a_409_that_re_renders_the_cart_with_t
     assert "MUG-350-NVY" in html and "only 1 left" in html and "you asked for 3" in html
     assert "Check out and pay" in html  # the cart is still there to fix
     data = browser.checkout(headers=JSON).get_json()
-    assert data["shortages"] == [{"variant_id": shop.skus["MUG-350-NVY"], "sku": "MUG-350-NVY", "name": "Navy",
+    assert data["shortages"] == [{"variant_id": shop.skus["MUG-350-NVY"], "sku": "MUG-350-NVY", "name": "Enamel Camp Mug – Navy",
                                   "requested": 3, "available": 1}]
     assert rows(shop, Order) == 1
     assert (stock(shop, "MUG-350-NVY"), stock(shop, "NB-A6-DOT")) == (1, 25)

@@ -29,7 +29,7 @@ from ..domain.deadlines import utcnow
 from ..domain.events import OrderPlaced
 from ..domain.order import OrderStatus
 from ..extensions import db
-from ..models import Cart, CartItem, InventoryItem, Order, OrderLine, Variant
+from ..models import Product, Cart, CartItem, InventoryItem, Order, OrderLine, Variant
 from ..outbox import schedule_command, write_events
 from ..outbox.uow import publish_after_commit, rollback
 
@@ -82,7 +82,9 @@ def place_order(*, cart_id: int, browser_id: str, email: str, now: datetime | No
         return CheckoutRefused("empty_cart", "Your cart is empty.")
     variant_ids = [v for v, _ in lines]
     variants = {v.id: v for v in session.execute(
-        select(Variant.id, Variant.sku, Variant.name, Variant.price, Variant.currency, Variant.deleted_at)
+        select(Variant.id, Variant.sku, (Product.name + " – " + Variant.name).label("name"), Variant.price,
+               Variant.currency, Variant.deleted_at)
+        .join(Product, Product.id == Variant.product_id)
         .where(Variant.id.in_(variant_ids))).all()}
     gone = [v for v in variant_ids if v not in variants or variants[v].deleted_at is not None]
     if gone:
