@@ -133,8 +133,13 @@ def _take_drain_slot() -> int | None:
     return int(taken) - 1 if taken else None
 
 
+def _drain_job_prefix() -> str:
+    return f"{current_app.config['QUEUE_PREFIX']}-drain-"
+
+
 def _drain_job(slot: int | None):
-    return Queue.prepare_data(DRAIN_JOB, args=(slot,), result_ttl=0, failure_ttl=3600, timeout=300)
+    return Queue.prepare_data(DRAIN_JOB, args=(slot,), result_ttl=0, failure_ttl=3600, timeout=300,
+                              job_id=f"{_drain_job_prefix()}{uuid.uuid4().hex}")
 
 
 def request_drain(force: bool = False) -> bool:
@@ -154,13 +159,16 @@ def drain_started(slot: int | None) -> None:
 
 
 def other_jobs_waiting() -> bool:
-    """Is anything queued for this worker (a command at its time, a retry, a relay)? A drain
-    then hands the worker back between batches."""
+    """Is anything but another drain queued for this worker (a command at its time, a retry, a
+    relay)? A drain then hands the worker back between batches. (Yielding to a waiting drain
+    would only pass the same work around.) One round trip."""
     control, work = _names()
     with redis_conn().pipeline(transaction=False) as pipe:
         pipe.llen(f"{Queue.redis_queue_namespace_prefix}{control}")
-        pipe.llen(f"{Queue.redis_queue_namespace_prefix}{work}")
-        return any(pipe.execute())
+        pipe.lrange(f"{Queue.redis_queue_namespace_prefix}{work}", 0, DRAIN_SLOTS)
+        control_waiting, head = pipe.execute()
+    drain = _drain_job_prefix().encode()
+    return bool(control_waiting) or any(not job_id.startswith(drain) for job_id in head)
 
 
 def command_is_scheduled(command_id: int) -> bool:

@@ -265,3 +265,15 @@ def test_the_drain_job_runs_everything_due_through_a_real_worker(app):
         assert result["done"] == 3 and not result["more"]
         assert _statuses(orders) == [("done", 1)] * 3
         db.session.remove()
+
+
+def test_a_drain_yields_to_a_waiting_command_but_not_to_another_drain(app):
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        _cancelled_orders(2, a5)  # two drains wait
+        assert queue.work_queue().count == 2
+        assert queue.other_jobs_waiting() is False
+
+        queue.enqueue_command(12345)  # a scheduled command fell due
+        assert queue.other_jobs_waiting() is True
+        db.session.remove()

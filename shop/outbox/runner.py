@@ -80,27 +80,30 @@ class Work:
     early_claim_seconds: float = 0
 
 
-def _claimable(model, now: datetime, early_seconds: float = 0):
+# The runner's own statements go to the tables (Core), not through the ORM's bulk UPDATE
+# machinery: they touch no loaded object, and the ORM path costs more CPU than the SQL itself.
+
+def _claimable(t, now: datetime, early_seconds: float = 0):
     return and_(
-        model.attempts < model.max_attempts,
+        t.c.attempts < t.c.max_attempts,
         or_(
-            and_(model.status == "pending", model.next_attempt_at <= now + timedelta(seconds=early_seconds)),
-            and_(model.status == "processing", model.claimed_until < now),
+            and_(t.c.status == "pending", t.c.next_attempt_at <= now + timedelta(seconds=early_seconds)),
+            and_(t.c.status == "processing", t.c.claimed_until < now),
         ),
     )
 
 
-def _claim_values(model, now: datetime, worker: str) -> dict:
+def _claim_values(t, now: datetime, worker: str) -> dict:
     lease = timedelta(seconds=current_app.config["OUTBOX_LEASE_SECONDS"])
     return dict(status="processing", claimed_by=worker, claimed_until=now + lease,
-                attempts=model.attempts + 1, updated_at=now)
+                attempts=t.c.attempts + 1, updated_at=now)
 
 
 def claim(model, work_id: int, now: datetime, worker: str, early_seconds: float = 0) -> bool:
+    t = model.__table__
     result = db.session.execute(
-        update(model).where(model.id == work_id, _claimable(model, now, early_seconds))
-        .values(**_claim_values(model, now, worker))
-        .execution_options(synchronize_session=False)
+        update(t).where(t.c.id == work_id, _claimable(t, now, early_seconds))
+        .values(**_claim_values(t, now, worker))
     )
     db.session.commit()
     return result.rowcount == 1
@@ -112,15 +115,15 @@ def claim_batch(model, now: datetime, worker: str, limit: int) -> list[int]:
     condition so a row claimed and committed meanwhile is never taken twice."""
     # A CTE, evaluated once: as `id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` PostgreSQL
     # may run the subquery again per row and claim more than n.
-    due = (select(model.id).where(_claimable(model, now))
-           .order_by(model.next_attempt_at, model.id).limit(limit)
+    t = model.__table__
+    due = (select(t.c.id).where(_claimable(t, now))
+           .order_by(t.c.next_attempt_at, t.c.id).limit(limit)
            .with_for_update(skip_locked=True)
            .cte("due").prefix_with("MATERIALIZED", dialect="postgresql"))
     ids = db.session.execute(
-        update(model).where(model.id.in_(select(due.c.id)), _claimable(model, now))
-        .values(**_claim_values(model, now, worker))
-        .returning(model.id)
-        .execution_options(synchronize_session=False)
+        update(t).where(t.c.id.in_(select(due.c.id)), _claimable(t, now))
+        .values(**_claim_values(t, now, worker))
+        .returning(t.c.id)
     ).scalars().all()
     db.session.commit()
     return sorted(ids)
@@ -131,10 +134,10 @@ def release(model, work_ids: list[int], worker: str, now: datetime) -> int:
     attempt; the next drain takes them."""
     if not work_ids:
         return 0
+    t = model.__table__
     result = db.session.execute(
-        update(model).where(model.id.in_(work_ids), model.claimed_by == worker, model.status == "processing")
-        .values(status="pending", attempts=model.attempts - 1, claimed_by=None, claimed_until=None, updated_at=now)
-        .execution_options(synchronize_session=False)
+        update(t).where(t.c.id.in_(work_ids), t.c.claimed_by == worker, t.c.status == "processing")
+        .values(status="pending", attempts=t.c.attempts - 1, claimed_by=None, claimed_until=None, updated_at=now)
     )
     db.session.commit()
     return result.rowcount
@@ -148,10 +151,11 @@ def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) 
         if row is None:
             row = db.session.get(model, work_id, options=list(work.load_options))
         work.execute(row, now)
+        t = model.__table__
+        done_at = utcnow()
         marked = db.session.execute(
-            update(model).where(model.id == work_id, model.claimed_by == worker, model.status == "processing")
-            .values(status="done", completed_at=utcnow(), claimed_until=None, updated_at=utcnow(), last_error=None)
-            .execution_options(synchronize_session=False)
+            update(t).where(t.c.id == work_id, t.c.claimed_by == worker, t.c.status == "processing")
+            .values(status="done", completed_at=done_at, claimed_until=None, updated_at=done_at, last_error=None)
         )
         if marked.rowcount != 1:
             raise LeaseLost(f"{work.describe(row)}: lease lapsed before commit")
