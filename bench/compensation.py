@@ -133,6 +133,14 @@ class Bench:
             total += (int(fields[11]) + int(fields[12])) / tick
         return total
 
+    def jobs_run(self) -> int:
+        """RQ jobs the running workers have finished (drains run many deliveries per job)."""
+        from rq import Worker
+
+        from shop import queue
+
+        return sum(w.successful_job_count + w.failed_job_count for w in Worker.all(queue=queue.work_queue()))
+
     def stop_workers(self) -> None:
         for p in self.workers:
             p.send_signal(signal.SIGTERM)
@@ -275,12 +283,14 @@ def main() -> None:
             ids = [o for o, _ in backlog]
             bench.wait_done(ids)
             cpu = bench.workers_cpu_seconds() - cpu_before
+            jobs = bench.jobs_run()
             span = bench.completion_span(ids)
             rates[workers] = (len(ids) - 1) / span
             print(f"throughput, {workers} worker process(es): {len(ids)} restore deliveries in {span:.2f} s = "
                   f"{rates[workers]:.0f} deliveries/s" + (" (target >= 250)" if workers == 1 else "")
                   + f"; worker CPU {cpu * 1000 / len(ids):.1f} ms per delivery = "
-                  f"{len(ids) / cpu:.0f} deliveries per worker-CPU-second", flush=True)
+                  f"{len(ids) / cpu:.0f} deliveries per worker-CPU-second; {jobs} RQ jobs "
+                  f"({len(ids) / max(jobs, 1):.1f} deliveries per job)", flush=True)
             bench.stop_workers()
         print(f"two workers / one worker: {rates[2] / rates[1]:.2f}x (2 cores shared with PostgreSQL and Redis)")
         bench.check_stock()

@@ -19,6 +19,7 @@ an operator's retry); `drain` claims due rows in batches and runs each through t
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -31,7 +32,7 @@ from datetime import datetime, timedelta
 from typing import Any, Callable
 
 from flask import current_app
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 
 from ..domain.deadlines import retry_delay_seconds, utcnow
 from ..extensions import db
@@ -81,30 +82,59 @@ class Work:
 
 
 # The runner's own statements go to the tables (Core), not through the ORM's bulk UPDATE
-# machinery: they touch no loaded object, and the ORM path costs more CPU than the SQL itself.
+# machinery (they touch no loaded object), and are built once per table with bound parameters:
+# building a statement costs more CPU than executing its cached compiled form.
 
-def _claimable(t, now: datetime, early_seconds: float = 0):
+def _claimable(t):
     return and_(
         t.c.attempts < t.c.max_attempts,
         or_(
-            and_(t.c.status == "pending", t.c.next_attempt_at <= now + timedelta(seconds=early_seconds)),
-            and_(t.c.status == "processing", t.c.claimed_until < now),
+            and_(t.c.status == "pending", t.c.next_attempt_at <= bindparam("due_by", type_=t.c.next_attempt_at.type)),
+            and_(t.c.status == "processing", t.c.claimed_until < bindparam("at", type_=t.c.claimed_until.type)),
         ),
     )
 
 
-def _claim_values(t, now: datetime, worker: str) -> dict:
+def _claim_values(t) -> dict:
+    return dict(status="processing", claimed_by=bindparam("worker"),
+                claimed_until=bindparam("lease_until", type_=t.c.claimed_until.type),
+                attempts=t.c.attempts + 1, updated_at=bindparam("at", type_=t.c.updated_at.type))
+
+
+@functools.cache
+def _claim_one(t):
+    return update(t).where(t.c.id == bindparam("work_id"), _claimable(t)).values(**_claim_values(t))
+
+
+@functools.cache
+def _claim_many(t):
+    # A CTE, evaluated once: as `id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` PostgreSQL
+    # may run the subquery again per row and claim more than n.
+    due = (select(t.c.id).where(_claimable(t))
+           .order_by(t.c.next_attempt_at, t.c.id).limit(bindparam("batch"))
+           .with_for_update(skip_locked=True)
+           .cte("due").prefix_with("MATERIALIZED", dialect="postgresql"))
+    return (update(t).where(t.c.id.in_(select(due.c.id)), _claimable(t)).values(**_claim_values(t))
+            .returning(t.c.id))
+
+
+@functools.cache
+def _mark_done(t):
+    return (update(t).where(t.c.id == bindparam("work_id"), t.c.claimed_by == bindparam("worker"),
+                            t.c.status == "processing")
+            .values(status="done", completed_at=bindparam("done_at", type_=t.c.completed_at.type),
+                    claimed_until=None, updated_at=bindparam("done_at", type_=t.c.updated_at.type),
+                    last_error=None))
+
+
+def _claim_params(now: datetime, worker: str, early_seconds: float = 0) -> dict:
     lease = timedelta(seconds=current_app.config["OUTBOX_LEASE_SECONDS"])
-    return dict(status="processing", claimed_by=worker, claimed_until=now + lease,
-                attempts=t.c.attempts + 1, updated_at=now)
+    return dict(due_by=now + timedelta(seconds=early_seconds), at=now, worker=worker, lease_until=now + lease)
 
 
 def claim(model, work_id: int, now: datetime, worker: str, early_seconds: float = 0) -> bool:
-    t = model.__table__
-    result = db.session.execute(
-        update(t).where(t.c.id == work_id, _claimable(t, now, early_seconds))
-        .values(**_claim_values(t, now, worker))
-    )
+    result = db.session.execute(_claim_one(model.__table__),
+                                dict(_claim_params(now, worker, early_seconds), work_id=work_id))
     db.session.commit()
     return result.rowcount == 1
 
@@ -113,18 +143,8 @@ def claim_batch(model, now: datetime, worker: str, limit: int) -> list[int]:
     """Claim up to `limit` due rows, oldest first, in one statement. Concurrent drains on
     PostgreSQL skip each other's locked rows instead of waiting; the outer WHERE repeats the
     condition so a row claimed and committed meanwhile is never taken twice."""
-    # A CTE, evaluated once: as `id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` PostgreSQL
-    # may run the subquery again per row and claim more than n.
-    t = model.__table__
-    due = (select(t.c.id).where(_claimable(t, now))
-           .order_by(t.c.next_attempt_at, t.c.id).limit(limit)
-           .with_for_update(skip_locked=True)
-           .cte("due").prefix_with("MATERIALIZED", dialect="postgresql"))
-    ids = db.session.execute(
-        update(t).where(t.c.id.in_(select(due.c.id)), _claimable(t, now))
-        .values(**_claim_values(t, now, worker))
-        .returning(t.c.id)
-    ).scalars().all()
+    ids = db.session.execute(_claim_many(model.__table__),
+                             dict(_claim_params(now, worker), batch=limit)).scalars().all()
     db.session.commit()
     return sorted(ids)
 
@@ -151,12 +171,8 @@ def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) 
         if row is None:
             row = db.session.get(model, work_id, options=list(work.load_options))
         work.execute(row, now)
-        t = model.__table__
-        done_at = utcnow()
-        marked = db.session.execute(
-            update(t).where(t.c.id == work_id, t.c.claimed_by == worker, t.c.status == "processing")
-            .values(status="done", completed_at=done_at, claimed_until=None, updated_at=done_at, last_error=None)
-        )
+        marked = db.session.execute(_mark_done(model.__table__),
+                                    dict(work_id=work_id, worker=worker, done_at=utcnow()))
         if marked.rowcount != 1:
             raise LeaseLost(f"{work.describe(row)}: lease lapsed before commit")
         uow.commit(db.session)
