@@ -57,6 +57,17 @@ def make_database(url: str):
     return server.set(database=name).render_as_string(hide_password=False), drop
 
 
+def workers_cpu_seconds(procs) -> float:
+    """User + system CPU of the given processes (Linux /proc), whatever else competes for the cores."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in procs:
+        with open(f"/proc/{p.pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def pct(values, p):
     ordered = sorted(values)
     k = max(0, min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1)))))
@@ -178,6 +189,7 @@ def main() -> int:
                 armed.append((command_id, due))
             db.session.commit()
             queue.announce([], armed)
+            cpu_before = workers_cpu_seconds(children[1:])
             ahead = (base - utcnow()).total_seconds()
             print(f"armed {len(armed)} deadlines due over {args.spread}s starting in {ahead:.1f}s "
                   f"({len(armed) / max(args.spread, 1e-9):.0f}/s), window {args.window}s, {args.workers} worker(s), "
@@ -227,6 +239,10 @@ def main() -> int:
             print(describe("cancelled", cancelled))
             print(describe("completed", completed))
             print(describe("restored", restored))
+            cpu = workers_cpu_seconds(children[1:]) - cpu_before
+            jobs = sum(w.successful_job_count + w.failed_job_count for w in Worker.all(queue=queue.work_queue()))
+            print(f"worker CPU {cpu * 1000 / max(len(rows), 1):.1f} ms per deadline (command + its restore delivery); "
+                  f"{jobs} RQ jobs in all ({jobs / max(len(rows), 1):.2f} per deadline)")
             if cancelled:
                 verdict = "OK" if pct(cancelled, 99) <= 1.5 else "MISSED"
                 print(f"target p99(cancelled) <= 1.5s: {verdict} ({pct(cancelled, 99):.3f}s)")

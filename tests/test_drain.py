@@ -8,7 +8,6 @@ import threading
 import time
 from datetime import timedelta
 
-import pytest
 from sqlalchemy import select, update
 
 from compensation_support import cancel, on_hand, order, place, restore_delivery, seed
