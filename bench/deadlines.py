@@ -21,6 +21,7 @@ a temporary file. Redis keys carry a per-run prefix.
 """
 from __future__ import annotations
 
+from scratchdb import make_database  # bench/scratchdb.py
 import argparse
 import os
 import signal
@@ -35,26 +36,7 @@ from datetime import timedelta
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sqlalchemy import create_engine, func, insert, select, text, update  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
-
-
-def make_database(url: str):
-    if url.startswith("sqlite"):
-        folder = tempfile.mkdtemp(prefix="backstop-bench-")
-        return f"sqlite:///{folder}/bench.sqlite3", (lambda: None)
-    server = make_url(url)
-    name = f"backstop_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop():
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return server.set(database=name).render_as_string(hide_password=False), drop
+from sqlalchemy import func, insert, select, update  # noqa: E402
 
 
 def workers_cpu_seconds(procs) -> float:

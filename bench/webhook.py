@@ -67,21 +67,9 @@ def parse_args():
 # -- database -------------------------------------------------------------------------------
 
 def create_database(server_url: str) -> tuple[str, callable]:
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
+    from scratchdb import make_database  # bench/scratchdb.py
 
-    server = make_url(server_url)
-    name = f"backstop_bench_webhook_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop():
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return server.set(database=name).render_as_string(hide_password=False), drop
+    return make_database(server_url, "bench_webhook")
 
 
 # -- fixtures: real orders, real sessions, real events ----------------------------------------
