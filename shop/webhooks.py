@@ -25,7 +25,6 @@ bp = Blueprint("webhooks", __name__)
 
 MAX_BODY = 1_000_000
 SECRET_KEY_NAME = "stripe_webhook_secret"  # written by payments.registration
-_secret_cache: dict = {}
 
 
 def webhook_secret() -> str | None:
@@ -34,15 +33,21 @@ def webhook_secret() -> str | None:
     configured = current_app.config.get("STRIPE_WEBHOOK_SECRET")
     if configured:
         return configured
-    key = (current_app.config["SQLALCHEMY_DATABASE_URI"], SECRET_KEY_NAME)
-    cached = _secret_cache.get(key)
+    # Per app, not per process: an app (and its tests) never sees another app's secret.
+    ext = current_app.extensions.setdefault("backstop", {})
+    cached = ext.get("webhook_secret")
     if cached and cached[1] > time.monotonic():
         return cached[0]
     row = db.session.get(KeyValue, SECRET_KEY_NAME)
     value = row.value if row else None
     db.session.rollback()
-    _secret_cache[key] = (value, time.monotonic() + (5 if value else 1))
+    ext["webhook_secret"] = (value, time.monotonic() + (5 if value else 1))
     return value
+
+
+def forget_webhook_secret() -> None:
+    """Registration just stored a new secret: this process reads it on the next delivery."""
+    current_app.extensions.setdefault("backstop", {}).pop("webhook_secret", None)
 
 
 def _text(value, limit: int) -> str | None:

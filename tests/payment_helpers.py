@@ -108,6 +108,14 @@ def sandbox_event(sandbox, type: str, session_id: str) -> dict:
     return found[-1]
 
 
+def paid_at_provider(shopper, sandbox) -> tuple[dict, dict]:
+    """An order whose session was just paid at the sandbox; returns (order JSON, completed event)."""
+    order = shopper.place()
+    sid = order["payment"]["session_id"]
+    sandbox.set_outcome(sid, "paid")
+    return order, sandbox_event(sandbox, "checkout.session.completed", sid)
+
+
 def stripe_event(type: str, session: dict, event_id: str = "evt_test_1") -> dict:
     """A hand-built event shaped like Stripe's, for sessions the sandbox never saw."""
     return {"id": event_id, "object": "event", "api_version": "2024-06-20", "created": int(time.time()),
@@ -142,7 +150,6 @@ def live_shop(make_app, sandbox, **config):
     as `flask shop stripe-register-webhook` does it: no STRIPE_WEBHOOK_SECRET, so deliveries are
     verified with the secret registration stored. Yields the app."""
     from shop.payments.registration import register_webhook
-    from shop.webhooks import _secret_cache
 
     def build(base_url):
         settings = dict(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
@@ -150,13 +157,11 @@ def live_shop(make_app, sandbox, **config):
         settings.update(config)
         return make_app(**settings)
 
-    _secret_cache.clear()
     with served(build) as (app, _base_url):
         with app.app_context():
             register_webhook()
             db.session.remove()
         yield app
-    _secret_cache.clear()
 
 
 def wait_for_status(shopper: Shopper, ref: str, status: str, timeout: float = 5.0) -> dict:

@@ -9,21 +9,14 @@ import logging
 import pytest
 import stripe
 
-from payment_helpers import JSON, Shopper, live_shop, order_id, post_webhook, sandbox_event, seed, \
-    wait_for_status, wait_until
+from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, seed, \
+    wait_for_status
 from shop.extensions import db
 from shop.models import InventoryItem, OutboxDelivery, OutboxEvent, ScheduledCommand, WebhookReceipt
 from shop.outbox.dispatch import run_delivery
 from shop.payments import gateway
 from shop.payments.service import reconcile_order
-from shop.webhooks import _secret_cache
 
-
-@pytest.fixture(autouse=True)
-def _fresh_secret_cache():
-    _secret_cache.clear()
-    yield
-    _secret_cache.clear()
 
 
 @pytest.fixture

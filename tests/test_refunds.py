@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
 from sqlalchemy import update
 
 from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, seed, wait_until
@@ -16,14 +15,7 @@ from shop.outbox.dispatch import run_command
 from shop.payments import gateway
 from shop.payments.refunds import execute_refund
 from shop.payments.service import apply_session, reconcile_order
-from shop.webhooks import _secret_cache
 
-
-@pytest.fixture(autouse=True)
-def _fresh_secret_cache():
-    _secret_cache.clear()
-    yield
-    _secret_cache.clear()
 
 
 def _rows(app, model, **filters) -> list:

@@ -13,34 +13,18 @@ import time
 
 import pytest
 
-from payment_helpers import JSON, WEBHOOK_SECRET, Shopper, order_id, post_webhook, sandbox_event, seed, \
+from payment_helpers import paid_at_provider, WEBHOOK_SECRET, Shopper, order_id, post_webhook, seed, \
     signature, stripe_event
 from shop.extensions import db
 from shop.models import OutboxEvent, PaymentProofRefusal, ProcessedStripeEvent, WebhookReceipt
-from shop.webhooks import _secret_cache
 
 LOST = "every payment update is being lost"
 
-
-@pytest.fixture(autouse=True)
-def _fresh_secret_cache():
-    # The stored-secret cache is per database URL and every test empties the same database.
-    _secret_cache.clear()
-    yield
-    _secret_cache.clear()
 
 
 @pytest.fixture
 def shopper(paying_app):
     return Shopper(paying_app, seed(paying_app))
-
-
-def _paid_at_provider(shopper, sandbox) -> tuple[dict, dict]:
-    """An order whose session was just paid at the sandbox; returns (order JSON, completed event)."""
-    order = shopper.place()
-    sid = order["payment"]["session_id"]
-    sandbox.set_outcome(sid, "paid")
-    return order, sandbox_event(sandbox, "checkout.session.completed", sid)
 
 
 def _receipts(app) -> list[tuple]:
@@ -62,7 +46,7 @@ def _order_events(app, ref) -> list[str]:
 # -- accepted deliveries ---------------------------------------------------------------------
 
 def test_the_same_completed_event_delivered_five_times_pays_the_order_once(paying_app, shopper, sandbox):
-    order, event = _paid_at_provider(shopper, sandbox)
+    order, event = paid_at_provider(shopper, sandbox)
     answers = [post_webhook(shopper.client, event) for _ in range(5)]
     assert [r.status_code for r in answers] == [200] * 5
     assert [r.get_json()["outcome"] for r in answers] == ["paid"] + ["duplicate"] * 4
@@ -78,7 +62,7 @@ def test_the_same_completed_event_delivered_five_times_pays_the_order_once(payin
 
 
 def test_an_expired_event_after_completed_changes_nothing(paying_app, shopper, sandbox):
-    order, completed = _paid_at_provider(shopper, sandbox)
+    order, completed = paid_at_provider(shopper, sandbox)
     assert post_webhook(shopper.client, completed).status_code == 200
     paid = shopper.order(order["reference"])
     assert paid["status"] == "Paid"
@@ -102,7 +86,7 @@ def test_an_expired_event_after_completed_changes_nothing(paying_app, shopper, s
 def test_an_expired_event_whose_session_was_paid_meanwhile_pays_the_order(paying_app, shopper, sandbox):
     """The expired snapshot is stale and the completed event never came: what the provider says
     now (paid) wins over what the event carried."""
-    order, completed = _paid_at_provider(shopper, sandbox)
+    order, completed = paid_at_provider(shopper, sandbox)
     stale = copy.deepcopy(completed["data"]["object"])
     stale.update(status="expired", payment_status="unpaid")
     r = post_webhook(shopper.client, stripe_event("checkout.session.expired", stale, event_id="evt_stale"))
@@ -113,7 +97,7 @@ def test_an_expired_event_whose_session_was_paid_meanwhile_pays_the_order(paying
 @pytest.mark.parametrize("lie", [{"amount_total": 100}, {"currency": "eur"}], ids=["amount", "currency"])
 def test_a_session_that_does_not_prove_the_order_total_is_refused_and_recorded(paying_app, shopper, sandbox,
                                                                                 caplog, lie):
-    order, completed = _paid_at_provider(shopper, sandbox)
+    order, completed = paid_at_provider(shopper, sandbox)
     forged = copy.deepcopy(completed)
     forged["id"] = "evt_mismatch"
     forged["data"]["object"].update(lie)
@@ -139,7 +123,7 @@ def test_a_session_that_does_not_prove_the_order_total_is_refused_and_recorded(p
 
 
 def test_an_event_for_an_order_we_do_not_know_is_accepted_with_a_warning(paying_app, shopper, sandbox, caplog):
-    _, completed = _paid_at_provider(shopper, sandbox)
+    _, completed = paid_at_provider(shopper, sandbox)
     foreign = copy.deepcopy(completed)
     foreign["id"] = "evt_foreign"
     foreign["data"]["object"].update(metadata={"order_id": "987654"}, client_reference_id="BK-NOSUCH",

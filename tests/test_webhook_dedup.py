@@ -11,31 +11,17 @@ import time
 import pytest
 from sqlalchemy import create_engine, text
 
-from payment_helpers import Shopper, order_id, post_webhook, sandbox_event, seed, stripe_event
+from payment_helpers import paid_at_provider, Shopper, order_id, post_webhook, seed, stripe_event
 from shop.extensions import db
 from shop.models import OutboxEvent, ProcessedStripeEvent, WebhookReceipt
-from shop.webhooks import _secret_cache
 
 ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 
-
-@pytest.fixture(autouse=True)
-def _fresh_secret_cache():
-    _secret_cache.clear()
-    yield
-    _secret_cache.clear()
 
 
 @pytest.fixture
 def shopper(paying_app):
     return Shopper(paying_app, seed(paying_app))
-
-
-def _paid_at_provider(shopper, sandbox) -> tuple[dict, dict]:
-    order = shopper.place()
-    sid = order["payment"]["session_id"]
-    sandbox.set_outcome(sid, "paid")
-    return order, sandbox_event(sandbox, "checkout.session.completed", sid)
 
 
 def _state(app, ref) -> tuple[list, list, int]:
@@ -83,7 +69,7 @@ def _post_while_event_is_claimed(app, database_url, event, *, claim_commits: boo
 @pytest.mark.skipif(not ON_POSTGRES, reason="needs two open write transactions at once (PostgreSQL)")
 def test_a_delivery_racing_a_committed_claim_of_its_event_is_a_duplicate_and_changes_nothing(
         paying_app, shopper, sandbox, database_url):
-    order, event = _paid_at_provider(shopper, sandbox)
+    order, event = paid_at_provider(shopper, sandbox)
     r = _post_while_event_is_claimed(paying_app, database_url, event, claim_commits=True)
     assert r.status_code == 200 and r.get_json()["outcome"] == "duplicate"
     after = shopper.order(order["reference"])
@@ -96,7 +82,7 @@ def test_a_delivery_racing_a_committed_claim_of_its_event_is_a_duplicate_and_cha
 @pytest.mark.skipif(not ON_POSTGRES, reason="needs two open write transactions at once (PostgreSQL)")
 def test_a_delivery_racing_a_claim_that_rolls_back_applies_the_event_once(paying_app, shopper, sandbox,
                                                                           database_url):
-    order, event = _paid_at_provider(shopper, sandbox)
+    order, event = paid_at_provider(shopper, sandbox)
     r = _post_while_event_is_claimed(paying_app, database_url, event, claim_commits=False)
     assert r.status_code == 200 and r.get_json()["outcome"] == "paid"
     after = shopper.order(order["reference"])
@@ -109,7 +95,7 @@ def test_a_delivery_racing_a_claim_that_rolls_back_applies_the_event_once(paying
 
 def test_an_event_naming_an_order_id_beyond_the_column_is_accepted_as_unknown_and_recorded(
         paying_app, shopper, sandbox):
-    _, completed = _paid_at_provider(shopper, sandbox)
+    _, completed = paid_at_provider(shopper, sandbox)
     foreign = copy.deepcopy(completed)
     foreign["id"] = "evt_huge_order_id"
     foreign["data"]["object"].update(metadata={"order_id": str(2**40)}, client_reference_id="BK-NOSUCH",

@@ -55,6 +55,9 @@ def register_webhook() -> list[str]:
         lines.append(f"deleted endpoint {ep.id} whose secret this shop does not hold")
     created = gateway.create_webhook_endpoint(target, f"{MARKER} Backstop shop at {current_app.config['PUBLIC_BASE_URL']}")
     _store(SECRET_KEY, created.secret)
+    from ..webhooks import forget_webhook_secret
+
+    forget_webhook_secret()
     _store(ENDPOINT_KEY, created.id)
     lines.append(f"registered endpoint {created.id} for {target}; signing secret stored for every process")
     return lines
