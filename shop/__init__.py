@@ -71,6 +71,7 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
 
     errors.init_app(app)
     _configure_sqlite(app)
+    _configure_idle_ping(app)
     from .storefront import bp as storefront_bp
     from .ops import bp as ops_bp
 
@@ -102,7 +103,48 @@ def _engine_options(url: str) -> dict:
     if url.startswith("sqlite"):
         # Many threads and processes share one file: wait for the write lock instead of failing.
         return {"connect_args": {"timeout": 30, "check_same_thread": False}}
-    return {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 20}
+    # No pool_pre_ping: it costs a round trip on every checkout, i.e. every transaction.
+    # `_configure_idle_ping` pings only connections that sat idle long enough to have died.
+    return {"pool_size": 10, "max_overflow": 20}
+
+
+# A pooled connection used this recently is alive (PostgreSQL restarts and idle timeouts act
+# on connections that sat unused); one idle longer is pinged before it is handed out.
+IDLE_PING_SECONDS = 5.0
+
+
+def _configure_idle_ping(app) -> None:
+    """Pessimistic disconnect handling at the price of a round trip per idle connection, not
+    per transaction: SQLAlchemy's `pool_pre_ping` pings on every checkout, and a worker's drain
+    or a checkout request checks a connection out once per transaction. A failed ping raises
+    DisconnectionError, on which the pool discards that connection and hands out another."""
+    import time
+
+    from sqlalchemy import event, exc
+
+    from .extensions import db
+
+    if app.config["SQLALCHEMY_DATABASE_URI"].startswith("sqlite"):
+        return
+    with app.app_context():
+        engine = db.engine
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_conn, record):
+        if record is not None:
+            record.info["checked_in_at"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn, record, _proxy):
+        last = record.info.get("checked_in_at")
+        if last is not None and time.monotonic() - last < IDLE_PING_SECONDS:
+            return
+        try:
+            alive = engine.dialect.do_ping(dbapi_conn)
+        except Exception as error:
+            raise exc.DisconnectionError(f"pooled connection failed its ping: {error}") from error
+        if not alive:
+            raise exc.DisconnectionError("pooled connection failed its ping")
 
 
 def _configure_sqlite(app) -> None:
