@@ -33,11 +33,11 @@ def drain(slot: int | None = None) -> dict:
     announced while we run wakes another drain; hand the worker back to queued jobs between
     batches; ask for another drain if rows may still be due when we stop."""
     from . import queue
-    from .outbox.dispatch import drain_deliveries
+    from .outbox.dispatch import drain_deliveries_concurrently, drain_threads
 
     with _app_context():
         queue.drain_started(slot)
-        result = drain_deliveries(should_yield=queue.other_jobs_waiting)
+        result = drain_deliveries_concurrently(drain_threads(), should_yield=queue.other_jobs_waiting)
         if result["more"]:
             queue.request_drain()
         return result

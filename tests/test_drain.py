@@ -16,7 +16,7 @@ from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
 from shop.models import OutboxDelivery
 from shop.outbox import runner
-from shop.outbox.dispatch import drain_deliveries
+from shop.outbox.dispatch import drain_deliveries, drain_deliveries_concurrently, drain_threads
 from shop.outbox.relay import relay_once
 from shop.outbox.subscriptions import SUBSCRIPTIONS
 import shop.saga
@@ -141,6 +141,30 @@ def test_two_concurrent_drains_never_run_one_delivery_twice(app, monkeypatch):
     with app.app_context():
         rows = db.session.execute(select(OutboxDelivery.status, OutboxDelivery.attempts)).all()
         assert set(rows) == {("done", 1)} and len(rows) == 30
+        db.session.remove()
+
+
+def test_a_drain_jobs_threads_split_one_backlog_and_restore_every_order_exactly_once(app):
+    """The drain job runs several threads in one worker process (drain_threads): each claims its
+    own batches, and orders sharing the same two inventory rows are restored by both threads at
+    once without one unit too many or too few."""
+    with app.app_context():
+        skus = seed()
+        a5, other = skus["NB-A5-DOT"], sorted(v for s, v in skus.items() if s != "NB-A5-DOT")[0]
+        before = on_hand(a5), on_hand(other)
+        orders = [place({a5: 1, other: 1}) for _ in range(24)]
+        for order_id in orders:
+            cancel(order_id)
+        db.session.remove()
+
+        result = drain_deliveries_concurrently(3, batch_size=2, now=utcnow() + timedelta(seconds=1))
+
+        assert result == {"done": 24, "more": False}
+        assert _statuses(orders) == [("done", 1)] * 24
+        assert all(order(o).inventory_restored for o in orders)
+        assert (on_hand(a5), on_hand(other)) == before
+        # PostgreSQL overlaps the threads' waits; SQLite serialises writers, so one thread.
+        assert drain_threads() == (1 if db.engine.dialect.name == "sqlite" else 2)
         db.session.remove()
 
 
