@@ -1,10 +1,11 @@
 """Writing events and commands inside the caller's transaction (Core inserts: checkout is hot)."""
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 
 from flask import current_app
-from sqlalchemy import insert
+from sqlalchemy import bindparam, insert, literal, select, union_all
 
 from ..domain.deadlines import utcnow
 from ..models import OutboxDelivery, OutboxEvent, ScheduledCommand
@@ -12,15 +13,44 @@ from .subscriptions import SUBSCRIPTIONS
 
 
 # Built once: constructing a Core statement costs more than executing its cached compiled form,
-# and these run in every transition (measured: ~30% of a webhook delivery's writer time).
-_INSERT_EVENT = insert(OutboxEvent).returning(OutboxEvent.id)
-_INSERT_DELIVERY = insert(OutboxDelivery).returning(OutboxDelivery.id)
-_INSERT_COMMAND = insert(ScheduledCommand).returning(ScheduledCommand.id)
+# and these run in every transition (measured: ~30% of a webhook delivery's writer time). On the
+# tables, not the mapped classes: an INSERT of a mapped class goes through the ORM's bulk-insert
+# machinery, which cost more than the round trip itself (webhook first delivery 7.0 -> ~6 ms).
+_events, _deliveries, _commands = OutboxEvent.__table__, OutboxDelivery.__table__, ScheduledCommand.__table__
+_INSERT_EVENT = insert(_events).returning(_events.c.id)
+_INSERT_DELIVERY = insert(_deliveries).returning(_deliveries.c.id)
+_INSERT_COMMAND = insert(_commands).returning(_commands.c.id)
 
 
 def after_commit(session) -> dict:
     """What to tell Redis once this session's transaction has committed."""
     return session.info.setdefault("after_commit", {"deliveries": [], "commands": []})
+
+
+@functools.cache
+def _insert_event_with_deliveries(handlers: tuple[str, ...]):
+    """PostgreSQL: the event and its deliveries in ONE statement, the event's INSERT as a
+    data-modifying CTE whose new id feeds the deliveries' INSERT ... SELECT. Same rows as the
+    two-statement path, one round trip (and one statement's client CPU) fewer per event."""
+    event = (insert(_events).values(order_id=bindparam("order_id", type_=_events.c.order_id.type),
+                                    name=bindparam("name", type_=_events.c.name.type),
+                                    payload=bindparam("payload", type_=_events.c.payload.type),
+                                    created_at=bindparam("now", type_=_events.c.created_at.type))
+             .returning(_events.c.id).cte("new_event"))
+    now = bindparam("now", type_=_deliveries.c.created_at.type)
+
+    def row(handler: str):
+        return select(event.c.id, literal(handler, _deliveries.c.handler.type),
+                      bindparam("order_id", type_=_deliveries.c.order_id.type),
+                      literal("pending", _deliveries.c.status.type), literal(0), bindparam("max_attempts"),
+                      now, now, now, now)
+
+    # One SELECT per handler (not a VALUES list: SQLAlchemy cannot cache a statement holding
+    # one, and compiling it on every call cost four times the round trip it saves).
+    rows = row(handlers[0]) if len(handlers) == 1 else union_all(*(row(h) for h in handlers))
+    return (insert(_deliveries).from_select(
+        ["event_id", "handler", "order_id", "status", "attempts", "max_attempts", "next_attempt_at", "enqueued_at",
+         "created_at", "updated_at"], rows).returning(_deliveries.c.id))
 
 
 def write_events(session, events, now: datetime | None = None) -> list[int]:
@@ -30,7 +60,14 @@ def write_events(session, events, now: datetime | None = None) -> list[int]:
     now = now or utcnow()
     max_attempts = current_app.config["OUTBOX_MAX_ATTEMPTS"]
     delivery_ids: list[int] = []
+    one_statement = session.get_bind().dialect.name == "postgresql"
     for event in events:
+        handlers = tuple(SUBSCRIPTIONS.get(event.name, ()))
+        if handlers and one_statement:
+            delivery_ids.extend(session.execute(_insert_event_with_deliveries(handlers), dict(
+                order_id=event.order_id, name=event.name, payload=event.payload(), now=now,
+                max_attempts=max_attempts)).scalars())
+            continue
         event_id = session.execute(
             _INSERT_EVENT, dict(order_id=event.order_id, name=event.name, payload=event.payload(), created_at=now)
         ).scalar_one()
