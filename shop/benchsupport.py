@@ -14,38 +14,41 @@ from __future__ import annotations
 import secrets
 
 from flask import Blueprint, request
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select
 
 from .domain.deadlines import utcnow
 from .domain.order import OrderStatus
 from .extensions import csrf, db
-from .models import InventoryItem, Order, OrderLine, Variant
+from .models import Variant
+from .orders import checkout
 from .orders.checkout import new_reference
 
 bp = Blueprint("benchsupport", __name__, url_prefix="/_bench")
 
 
+_variants = Variant.__table__
+_READ_PRICES = (select(_variants.c.id, _variants.c.sku, _variants.c.name, _variants.c.price, _variants.c.currency)
+                .where(_variants.c.id.in_(bindparam("ids", expanding=True))))
+
+
 @bp.post("/bare-order")
 def bare_order():
+    """The same prebuilt statements place_order executes, nothing else."""
     ids = sorted({int(v) for v in request.args.get("variants", "").split(",") if v.strip()})
     now = utcnow()
     session = db.session
-    variants = {v.id: v for v in session.execute(
-        select(Variant.id, Variant.sku, Variant.name, Variant.price, Variant.currency).where(Variant.id.in_(ids)))}
+    variants = {v.id: v for v in session.execute(_READ_PRICES, {"ids": ids})}
     total = sum(v.price for v in variants.values())
-    order_id = session.execute(insert(Order).values(
+    order_id = session.execute(checkout._INSERT_ORDER, dict(
         reference=new_reference(), access_token=secrets.token_urlsafe(24), browser_id="bench",
         email="bench@example.com", status=OrderStatus.PENDING_PAYMENT.value, total=total, currency="usd",
         inventory_restored=False, payment_attempts=0, version=1, created_at=now, updated_at=now,
-    ).returning(Order.id)).scalar_one()
-    session.execute(insert(OrderLine), [
+    )).scalar_one()
+    session.execute(checkout._INSERT_LINES, [
         dict(order_id=order_id, variant_id=v.id, sku=v.sku, name=v.name, quantity=1, unit_price=v.price)
         for v in variants.values()])
     for variant_id in ids:
-        taken = session.execute(
-            update(InventoryItem).where(InventoryItem.variant_id == variant_id, InventoryItem.on_hand >= 1)
-            .values(on_hand=InventoryItem.on_hand - 1, updated_at=now).execution_options(synchronize_session=False))
-        if taken.rowcount != 1:
+        if session.execute(checkout._DECREMENT, dict(variant=variant_id, quantity=1, now=now)).rowcount != 1:
             session.rollback()
             return {"error": "out of stock"}, 409
     session.commit()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hmac
 
-from flask import abort, flash, redirect, render_template, request, url_for
+from flask import abort, flash, redirect, request, url_for
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
