@@ -475,6 +475,8 @@ def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False, bare
             for c, token in carts:
                 checkout(c, token)
             prof.disable()
+            if os.environ.get("BENCH_PROFILE_DUMP"):
+                prof.dump_stats(os.environ["BENCH_PROFILE_DUMP"])
             stats = pstats.Stats(prof)
             stats.sort_stats("cumulative").print_stats(int(os.environ.get("BENCH_PROFILE_LINES", "45")))
             stats.sort_stats("tottime").print_stats(25)
