@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from shop.models import OutboxDelivery, ScheduledCommand
-from shop.outbox import runner, writer
+from shop.outbox import dispatch, runner, writer
 from shop.payments import service
 from shop.saga import inventory
 from shop import webhooks
@@ -28,6 +28,8 @@ def _hot_statements():
         yield f"{table.name}: claim one", runner._claim_one(table)
         yield f"{table.name}: claim batch", runner._claim_many(table)
         yield f"{table.name}: mark done", runner._mark_done(table)
+    yield "commands: claim one, returning the row", runner._claim_one_returning(
+        ScheduledCommand.__table__, dispatch.COMMANDS.claim_returns)
     yield "webhook: receipt", webhooks._INSERT_RECEIPT
     for dialect in ("postgresql", "sqlite"):
         yield f"webhook: claim event ({dialect})", service._claim_statement(dialect)

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from flask import current_app
-from sqlalchemy.orm import lazyload
 from sqlalchemy.orm.exc import StaleDataError
 
 from ..domain.deadlines import unpaid_deadline
@@ -77,8 +76,9 @@ def expire_unpaid_order(order_id: int, now: datetime) -> str:
     from ..outbox.runner import Reschedule
 
     session = db.session
-    # Lines and refunds play no part in the decision: do not pay two selectin queries per deadline.
-    order = session.get(Order, order_id, options=[lazyload(Order.lines), lazyload(Order.refunds)])
+    # The row only (Order's lines and refunds are lazy); no loader options, which would cost a
+    # cache key per get.
+    order = session.get(Order, order_id)
     if order is None:
         return "gone"
     if OrderStatus(order.status) not in UNPAID:

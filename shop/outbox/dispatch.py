@@ -65,8 +65,10 @@ def _execute_command(row: ScheduledCommand, now: datetime) -> None:
 
 DELIVERIES = runner.Work(OutboxDelivery, _execute_delivery, _describe_delivery,
                          load_options=(joinedload(OutboxDelivery.event),))
+# A command reads only these (commands/handlers load what else they need themselves).
 COMMANDS = runner.Work(ScheduledCommand, _execute_command, _describe_command,
-                       early_claim_seconds=runner.EARLY_CLAIM_SECONDS)
+                       early_claim_seconds=runner.EARLY_CLAIM_SECONDS,
+                       claim_returns=("id", "kind", "order_id", "payload"))
 
 
 def run_delivery(delivery_id: int, now: datetime | None = None) -> str:

@@ -79,6 +79,9 @@ class Work:
     describe: Callable[[Any], str]
     load_options: tuple = field(default=())
     early_claim_seconds: float = 0
+    # Columns `execute` and `describe` read, when they read nothing else: then the claim's
+    # UPDATE returns them and a row claimed by id needs no second query to load it.
+    claim_returns: tuple[str, ...] = field(default=())
 
 
 # The runner's own statements go to the tables (Core), not through the ORM's bulk UPDATE
@@ -104,6 +107,11 @@ def _claim_values(t) -> dict:
 @functools.cache
 def _claim_one(t):
     return update(t).where(t.c.id == bindparam("work_id"), _claimable(t)).values(**_claim_values(t))
+
+
+@functools.cache
+def _claim_one_returning(t, columns: tuple[str, ...]):
+    return _claim_one(t).returning(*(t.c[name] for name in columns))
 
 
 @functools.cache
@@ -137,6 +145,14 @@ def claim(model, work_id: int, now: datetime, worker: str, early_seconds: float 
                                 dict(_claim_params(now, worker, early_seconds), work_id=work_id))
     db.session.commit()
     return result.rowcount == 1
+
+
+def claim_row(work: Work, work_id: int, now: datetime, worker: str):
+    """`claim`, returning the claimed row's `work.claim_returns` columns (None when not claimed)."""
+    row = db.session.execute(_claim_one_returning(work.model.__table__, work.claim_returns),
+                             dict(_claim_params(now, worker, work.early_claim_seconds), work_id=work_id)).first()
+    db.session.commit()
+    return row
 
 
 def claim_batch(model, now: datetime, worker: str, limit: int) -> list[int]:
@@ -196,6 +212,11 @@ def run(work: Work, work_id: int, now: datetime | None = None) -> str:
     now = now or utcnow()
     worker = worker_identity()
     try:
+        if work.claim_returns:
+            row = claim_row(work, work_id, now, worker)
+            if row is None:
+                return "skipped"
+            return run_claimed(work, work_id, now, worker, row=row)
         if not claim(work.model, work_id, now, worker, work.early_claim_seconds):
             return "skipped"
         return run_claimed(work, work_id, now, worker)
