@@ -31,6 +31,9 @@ def _hot_statements():
     yield "commands: claim one, returning the row", runner._claim_one_returning(
         ScheduledCommand.__table__, dispatch.COMMANDS.claim_returns)
     yield "webhook: receipt", webhooks._INSERT_RECEIPT
+    yield "payment: read the order", service._PAYMENT_READ
+    yield "payment: mark paid", service._MARK_PAID
+    yield "payment: start", service._START_PAYMENT
     for dialect in ("postgresql", "sqlite"):
         yield f"webhook: claim event ({dialect})", service._claim_statement(dialect)
 

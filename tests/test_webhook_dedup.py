@@ -119,3 +119,54 @@ def test_a_signed_thin_event_notification_is_rejected_as_unparseable(paying_app)
         [receipt] = db.session.query(WebhookReceipt).all()
         assert receipt.outcome == "rejected" and receipt.reason.startswith("unparseable body")
         db.session.remove()
+
+
+@pytest.mark.skipif(not ON_POSTGRES, reason="needs a writer to commit between another's read and write (PostgreSQL)")
+def test_a_payment_applied_by_another_writer_between_the_notices_read_and_write_is_applied_once(
+        paying_app, shopper, sandbox):
+    """The usual payment notice reads the order, then writes Paid with `WHERE version = <read>`.
+    Here the customer's return page applies the same payment in between (its own transaction,
+    committed): the webhook's write must miss, re-read, and find the order already paid. Without
+    the version guard both would write Paid and the order would get two OrderPaid events (two
+    confirmation emails)."""
+    from sqlalchemy import event as sa_event
+
+    from shop.payments import gateway
+    from shop.payments.service import apply_session
+
+    order, completed = paid_at_provider(shopper, sandbox)
+    ref, sid = order["reference"], order["payment"]["session_id"]
+    with paying_app.app_context():
+        engine = db.engine
+        view = gateway.retrieve_session(sid)
+        db.session.remove()
+    raced = []
+
+    def the_return_page_pays_first(_conn, _cursor, statement, *_rest):
+        if raced or not statement.startswith("UPDATE orders SET status"):
+            return
+        raced.append(True)
+
+        def other_writer():
+            with paying_app.app_context():
+                assert apply_session(view, source="return").outcome == "paid"
+                db.session.remove()
+
+        t = threading.Thread(target=other_writer)
+        t.start()
+        t.join(30)
+        assert not t.is_alive()
+
+    sa_event.listen(engine, "before_cursor_execute", the_return_page_pays_first)
+    try:
+        r = post_webhook(shopper.client, completed)
+    finally:
+        sa_event.remove(engine, "before_cursor_execute", the_return_page_pays_first)
+
+    assert raced, "the other writer never ran"
+    assert r.status_code == 200 and r.get_json()["outcome"] == "noop"
+    after = shopper.order(ref)
+    assert after["status"] == "Paid" and after["version"] == order["version"] + 1
+    receipts, events, processed = _state(paying_app, ref)
+    assert events.count("OrderPaid") == 1
+    assert receipts == [(completed["id"], "accepted")] and processed == 1

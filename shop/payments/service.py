@@ -207,7 +207,7 @@ def retire_session_before_cancel(order: Order):
 class Applied:
     outcome: str          # paid | payment_failed | refund_created | already_refunded | noop | duplicate |
                           # unknown_order | proof_refused | awaiting_async
-    order: Order | None = None
+    order: Order | _PaymentSnapshot | None = None  # a snapshot when the usual-payment path applied it
     detail: str = ""
 
 
@@ -296,10 +296,69 @@ def _claim_statement(dialect: str):
     return _CLAIMS[dialect]
 
 
+@dataclass
+class _PaymentSnapshot(OrderRules):
+    """What the usual payment notice needs of an order: its state at `version`. Not mapped: the
+    domain's guarded transition runs on it and `_MARK_PAID` writes the result."""
+
+    id: int
+    reference: str
+    status: str
+    total: int
+    currency: str
+    version: int
+    payment_session_id: str | None
+    inventory_restored: bool
+
+
+_PAYMENT_READ = select(_orders.c.id, _orders.c.reference, _orders.c.status, _orders.c.total, _orders.c.currency,
+                       _orders.c.version, _orders.c.payment_session_id, _orders.c.inventory_restored) \
+    .where(_orders.c.id == bindparam("order"))
+_MARK_PAID = (
+    update(_orders)
+    .where(_orders.c.id == bindparam("order"), _orders.c.version == bindparam("seen"),
+           _orders.c.status.in_([s.value for s in ALLOWED["mark_paid"]]))
+    .values(status=bindparam("new_status"), payment_session_id=bindparam("session_id"),
+            updated_at=bindparam("now", type_=_orders.c.updated_at.type), version=_orders.c.version + 1)
+)
+
+
+def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
+    """The notice nearly every paid order gets: its own session, paid, proof accepted, the order
+    waiting in PaymentInitiated. Applied with two statements on the table (read, then the
+    version-guarded UPDATE) and the events written explicitly, instead of loading and flushing
+    the mapped Order (~20% of a webhook delivery's CPU). Returns None for anything else, which
+    takes the general path below; a concurrent writer makes the UPDATE miss, and the caller's
+    retry re-reads what it did."""
+    if view.payment_status != "paid" or view.order_id is None or not 0 < view.order_id < 2**31:
+        return None
+    session = db.session
+    row = session.execute(_PAYMENT_READ, {"order": view.order_id}).first()
+    if row is None or row.status != S.PAYMENT_INITIATED.value or row.payment_session_id != view.id:
+        return None
+    if not check_payment_proof(order_total=row.total, order_currency=row.currency, amount_total=view.amount_total,
+                               currency=view.currency, payment_status=view.payment_status).accepted:
+        return None  # the general path records the refusal
+    order = _PaymentSnapshot(*row)
+    transition = order.mark_paid(view.id, view.amount_total, view.currency)
+    if not transition.ok:
+        return None
+    moved = session.execute(_MARK_PAID, dict(order=order.id, seen=row.version, new_status=order.status,
+                                             session_id=order.payment_session_id, now=now)).rowcount
+    if moved != 1:
+        raise StaleDataError(f"order {order.reference} changed while its payment was being applied")
+    write_events(session, transition.events, now)
+    log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
+    return Applied("paid", order)
+
+
 def _apply_once(view, *, source, failed, event_id, now) -> Applied:
     session = db.session
     if event_id and not _claim_event(session, event_id, now):
         return Applied("duplicate")
+    usual = _apply_usual_payment(view, source=source, now=now)
+    if usual is not None:
+        return usual
     order = find_order(view)
     if order is None:
         log.warning("provider session %s (via %s) names no order we know (metadata.order_id=%s, ref=%s)",
