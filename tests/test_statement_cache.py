@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from shop.models import OutboxDelivery, ScheduledCommand
+from shop.orders import checkout
 from shop.outbox import dispatch, runner, writer
 from shop.payments import service
 from shop.saga import inventory
@@ -14,6 +15,11 @@ from shop import webhooks
 
 
 def _hot_statements():
+    yield "checkout: read the cart", checkout._READ_CART
+    yield "checkout: order", checkout._INSERT_ORDER
+    yield "checkout: lines", checkout._INSERT_LINES
+    yield "checkout: close the cart", checkout._CLOSE_CART
+    yield "checkout: decrement", checkout._DECREMENT
     yield "restore: read", inventory._READ
     yield "restore: marker", inventory._MARK
     yield "restore: increment", inventory._INCREMENT
