@@ -129,8 +129,10 @@ def _configure_idle_ping(app) -> None:
     with app.app_context():
         engine = db.engine
 
+    # A connection just opened, or just handed back, needs no ping on its next checkout.
+    @event.listens_for(engine, "connect")
     @event.listens_for(engine, "checkin")
-    def _on_checkin(_dbapi_conn, record):
+    def _mark_alive(_dbapi_conn, record):
         if record is not None:
             record.info["checked_in_at"] = time.monotonic()
 

@@ -71,7 +71,7 @@ def write_events(session, events, now: datetime | None = None) -> list[int]:
         event_id = session.execute(
             _INSERT_EVENT, dict(order_id=event.order_id, name=event.name, payload=event.payload(), created_at=now)
         ).scalar_one()
-        for handler in SUBSCRIPTIONS.get(event.name, []):
+        for handler in handlers:
             delivery_ids.append(session.execute(_INSERT_DELIVERY, dict(
                 event_id=event_id, handler=handler, order_id=event.order_id, status="pending", attempts=0,
                 max_attempts=max_attempts, next_attempt_at=now, enqueued_at=now, created_at=now, updated_at=now,

@@ -211,12 +211,9 @@ class Applied:
     detail: str = ""
 
 
-# A payment notice needs the order row only, which is all a plain get loads (Order's lines and
-# refunds are lazy). No loader options: with them, each get builds a cache key and skips the
-# identity-map shortcut.
-
-
 def find_order(view: gateway.SessionView) -> Order | None:
+    # The row only, which is all a plain get loads (Order's lines and refunds are lazy); no loader
+    # options, with which each get builds a cache key.
     # metadata.order_id is the sender's text: beyond the 32-bit key PostgreSQL refuses the lookup
     # ("integer out of range"), which would fail the notice instead of finding no order.
     if view.order_id is not None and 0 < view.order_id < 2**31:
