@@ -272,23 +272,19 @@ def main() -> None:
         backlog1 = bench.place_orders(args.backlog)
         backlog2 = bench.place_orders(args.backlog)
 
-        bench.start_workers(1)
-        # Idle: one cancellation at a time, 20 per second, one worker.
-        bench.paced_cancels(idle, rate=20)
-        ids = [o for o, _ in idle]
-        bench.wait_done(ids)
-        lat = bench.latencies_ms(ids)
-        print(f"idle ({len(lat)} cancels at 20/s, 1 worker): commit -> stock restored "
-              f"p50 {percentile(lat, 50):.1f} ms, p99 {percentile(lat, 99):.1f} ms, max {max(lat):.1f} ms "
-              f"(target p99 <= 250 ms)", flush=True)
+        def latency(label: str, orders, rate: float, target_ms: int) -> None:
+            """Cancel `orders` at `rate` per second with one worker running; print commit -> restored."""
+            achieved = bench.paced_cancels(orders, rate=rate)
+            ids = [o for o, _ in orders]
+            bench.wait_done(ids)
+            lat = bench.latencies_ms(ids)
+            print(f"{label} ({len(lat)} cancels at {achieved:.0f}/s, 1 worker): commit -> stock restored "
+                  f"p50 {percentile(lat, 50):.1f} ms, p99 {percentile(lat, 99):.1f} ms, max {max(lat):.1f} ms "
+                  f"(target p99 <= {target_ms} ms)", flush=True)
 
-        achieved = bench.paced_cancels(loaded, rate=args.rate)
-        ids = [o for o, _ in loaded]
-        bench.wait_done(ids)
-        lat = bench.latencies_ms(ids)
-        print(f"loaded ({len(lat)} cancels at {achieved:.0f}/s, 1 worker): commit -> stock restored "
-              f"p50 {percentile(lat, 50):.1f} ms, p99 {percentile(lat, 99):.1f} ms, max {max(lat):.1f} ms "
-              f"(target p99 <= 1000 ms)", flush=True)
+        bench.start_workers(1)
+        latency("idle", idle, 20, 250)  # one cancellation at a time
+        latency("loaded", loaded, args.rate, 1000)
         bench.stop_workers()
 
         rates = {}
