@@ -7,21 +7,21 @@ import re
 from datetime import timedelta
 
 import pytest
-from conftest import csrf_token
+from conftest import OPERATOR_EMAIL as EMAIL
+from conftest import OPERATOR_PASSWORD as PASSWORD
+from conftest import add_operator, csrf_token, log_in
 from sqlalchemy import select, update
-from werkzeug.security import generate_password_hash
 
 from shop.domain.deadlines import utcnow
 from shop.domain.restoration import MAX_ON_HAND
 from shop.extensions import db
-from shop.models import (Cart, CartItem, InventoryItem, Operator, Order, OutboxDelivery, OutboxEvent, ReconciliationCycle,
+from shop.models import (Cart, CartItem, InventoryItem, Order, OutboxDelivery, OutboxEvent, ReconciliationCycle,
                          RestoreWarning, ScheduledCommand, Variant, WebhookReceipt)
 from shop.orders.checkout import place_order
 from shop.orders.commands import cancel_order
 from shop.outbox import dispatch
 from shop.seed import seed_catalog, upsert_operator
 
-EMAIL, PASSWORD = "night-shift@example.com", "correct horse battery staple"
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
 
@@ -36,23 +36,6 @@ WARNING_KEYS = {"id", "order_reference", "variant_id", "quantity", "reason", "st
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-def add_operator(app) -> None:
-    """As `flask shop create-operator` does, with a cheap hash so the tests stay fast (any
-    werkzeug method verifies the same way); one test goes through upsert_operator itself."""
-    with app.app_context():
-        db.session.add(Operator(email=EMAIL, password_hash=generate_password_hash(PASSWORD, "pbkdf2:sha256:1000")))
-        db.session.commit()
-
-
-def log_in(app, client) -> str:
-    """Create the operator, log in through the form; returns the session's CSRF token."""
-    add_operator(app)
-    token = csrf_token(client, "/console/login")
-    r = client.post("/console/login", data={"csrf_token": token, "email": EMAIL, "password": PASSWORD})
-    assert r.status_code == 303, r.get_data(as_text=True)
-    return token
-
 
 @pytest.fixture
 def token(app, client):

@@ -182,7 +182,10 @@ def order_timeline(order: Order, now: datetime) -> dict:
         "order": {**order_json(order), "email": order.email, "payment_attempts": order.payment_attempts,
                   "last_payment_error": order.last_payment_error,
                   "age_seconds": age_seconds(now, order.updated_at),
-                  "stuck": order.status in LIVE_STATUSES and as_utc(order.updated_at) < stuck_cutoff(now)},
+                  "stuck": order.status in LIVE_STATUSES and as_utc(order.updated_at) < stuck_cutoff(now),
+                  # Set when the sweep's provider pass backs off an order whose answer cannot
+                  # change soon: until then the sweep does not ask the provider about it.
+                  "provider_next_check_at": _future_iso(order.provider_next_check_at, now)},
         "transitions": transitions,
         "webhooks": [receipt_json(r, ref) for r in receipts],
         "deliveries": [delivery_detail(d, names.get(d.event_id), ref, now) for d in deliveries],
@@ -211,6 +214,11 @@ def order_timeline(order: Order, now: datetime) -> dict:
     data["timeline"] = [{"at": iso(at), "kind": kind, "what": what, "detail": detail}
                         for at, kind, what, detail in merged]
     return data
+
+
+def _future_iso(at: datetime | None, now: datetime) -> str | None:
+    """A time still ahead, as ISO; a past one says nothing any more (the sweep may ask again)."""
+    return iso(at) if at is not None and as_utc(at) > now else None
 
 
 def _payload_words(payload: dict) -> str:
