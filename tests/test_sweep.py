@@ -541,14 +541,14 @@ def test_orders_whose_provider_answer_cannot_change_soon_do_not_starve_the_batch
         assert db.session.query(PaymentProofRefusal).filter_by(order_id=refused).count() == 1
 
         # The operator sees why the sweep skips it and until when, and can still ask by hand.
+        reference, younger_ref = (db.session.get(Order, i).reference for i in (refused, younger))
+        db.session.rollback()  # nothing held open while the console's requests write (SQLite)
         client = app.test_client()
         log_in(app, client)
-        reference = db.session.get(Order, refused).reference
         shown = client.get(f"/console/orders/{reference}", headers={"Accept": "application/json"}).get_json()
         next_check = datetime.fromisoformat(shown["order"]["provider_next_check_at"])
         assert utcnow() + timedelta(hours=5) < next_check <= utcnow() + timedelta(hours=6)
         page = client.get(f"/console/orders/{reference}").get_data(as_text=True)
         assert "the sweep leaves this order alone until" in page
-        younger_ref = db.session.get(Order, younger).reference
         assert client.get(f"/console/orders/{younger_ref}", headers={"Accept": "application/json"}
                           ).get_json()["order"]["provider_next_check_at"] is None
