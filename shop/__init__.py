@@ -22,6 +22,9 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
     )
     os.makedirs(app.instance_path, exist_ok=True)
 
+    if test_config and test_config.get("SECRET_KEY"):
+        # A key given by the caller (tests, bench scripts) counts as the environment's.
+        env = {**(os.environ if env is None else env), "SECRET_KEY": test_config["SECRET_KEY"]}
     settings = load_settings(env, app.instance_path)
     if test_config:
         overrides = {k.lower(): v for k, v in test_config.items() if k.lower() in Settings.__dataclass_fields__}
@@ -72,6 +75,9 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
     errors.init_app(app)
     _configure_sqlite(app)
     _configure_idle_ping(app)
+    from .web import IdConverter, WorkConverter
+
+    app.url_map.converters.update(id=IdConverter, work=WorkConverter)
     from .storefront import bp as storefront_bp
     from .ops import bp as ops_bp
 

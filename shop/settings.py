@@ -86,20 +86,18 @@ def _url(env, name, default, schemes):
     return value.rstrip("/") if schemes[0].startswith("http") else value
 
 
-def _serving_web(argv=None) -> bool:
-    """True when this process is a web server (gunicorn or `flask run`).
+def _may_run_without_secret_key(argv=None) -> bool:
+    """True only for a Flask CLI command other than `flask run` (db upgrade, shop worker, shop
+    up, which makes a key per run and hands it to its children, ...): nothing there serves pages.
 
-    SECRET_KEY is required there: every web process must share it or sessions and CSRF tokens
-    break between workers. CLI commands (and `flask shop up`, which makes one per run and hands
-    it to its children) may run without one.
-    """
+    Everywhere else SECRET_KEY is required: gunicorn, `flask run`, and any other host that imports
+    app.py (uwsgi, mod_wsgi, waitress, a REPL), since each process inventing its own key would
+    break sessions and CSRF tokens between workers without a word."""
     argv = sys.argv if argv is None else argv
-    prog = os.path.basename(argv[0]) if argv else ""
-    if "gunicorn" in prog:
-        return True
-    if prog == "flask" or prog.endswith("flask/__main__.py"):
-        return "run" in argv[1:]
-    return False
+    if not argv:
+        return False
+    flask_cli = os.path.basename(argv[0]) == "flask" or argv[0].endswith(os.path.join("flask", "__main__.py"))
+    return flask_cli and "run" not in argv[1:]
 
 
 def load_settings(env=None, instance_path: str = "instance", argv=None) -> Settings:
@@ -113,7 +111,7 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
     secret_key = (env.get("SECRET_KEY") or "").strip()
     ephemeral = False
     if not secret_key:
-        if _serving_web(argv):
+        if not _may_run_without_secret_key(argv):
             raise SettingsError("SECRET_KEY", "is required to serve the web app (every web process must share it)")
         secret_key = secrets.token_urlsafe(32)
         ephemeral = True

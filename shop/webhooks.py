@@ -87,11 +87,24 @@ def _reject(reason: str, status: int = 400):
 
 
 def _read_body() -> bytes | None:
-    """At most MAX_BODY bytes, before anything is verified; None when the body is larger."""
+    """At most MAX_BODY bytes, before anything is verified; None when the body is larger.
+
+    Read until the end: one read() of a chunked body (no Content-Length) may return a single
+    chunk, which would cut a large body short and check the signature of a fragment."""
     if request.content_length is not None and request.content_length > MAX_BODY:
         return None
-    body = request.stream.read(MAX_BODY + 1)
-    return None if len(body) > MAX_BODY else body
+    # The app-wide MAX_CONTENT_LENGTH caps a chunked body's stream at exactly MAX_BODY, so a body
+    # of MAX_BODY + 1000 bytes would read as MAX_BODY and pass for complete: allow one byte more
+    # here, which is how a body over the limit shows itself.
+    request.max_content_length = MAX_BODY + 1
+    stream, parts, size = request.stream, [], 0
+    while size <= MAX_BODY:
+        part = stream.read(MAX_BODY + 1 - size)
+        if not part:
+            break
+        parts.append(part)
+        size += len(part)
+    return None if size > MAX_BODY else b"".join(parts)
 
 
 @bp.post("/webhooks/stripe")

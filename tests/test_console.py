@@ -29,7 +29,7 @@ GET_ROUTES = ["/console/", "/console/orders", "/console/orders?stuck=1&status=Pe
               "/console/orders/BK-NOSUCH", "/console/outbox?status=dead", "/console/restore-warnings?state=open",
               "/console/webhooks", "/console/sweeps", "/console/no-such-page"]
 POST_ROUTES = ["/console/logout", "/console/orders/BK-NOSUCH/reconcile", "/console/outbox/1/retry",
-               "/console/outbox/1/discard", "/console/commands/1/retry", "/console/commands/1/discard",
+               "/console/outbox/1/discard", "/console/outbox/cmd-1/retry", "/console/outbox/cmd-1/discard",
                "/console/restore-warnings/1/resolve"]
 DELIVERY_KEYS = {"id", "event", "handler", "status", "attempts", "last_error", "order_reference"}
 WARNING_KEYS = {"id", "order_reference", "variant_id", "quantity", "reason", "state"}
@@ -191,8 +191,8 @@ def test_every_console_post_refuses_a_missing_or_wrong_csrf_token(app, client, t
         (f"/console/orders/{ref}/reconcile", {}),
         (f"/console/outbox/{delivery}/retry", {}),
         (f"/console/outbox/{delivery}/discard", {"reason": "duplicate"}),
-        (f"/console/commands/{command}/retry", {}),
-        (f"/console/commands/{command}/discard", {"reason": "duplicate"}),
+        (f"/console/outbox/cmd-{command}/retry", {}),
+        (f"/console/outbox/cmd-{command}/discard", {"reason": "duplicate"}),
         (f"/console/restore-warnings/{warning_id}/resolve", {"action": "fixed"}),
         ("/console/logout", {}),
     ]
@@ -316,15 +316,22 @@ def test_outbox_lists_dead_letters_in_the_contract_shape_with_the_traceback_on_d
                                    "status": "dead", "attempts": 5,
                                    "last_error": "RuntimeError: label printer on fire", "order_reference": ref}]
     assert set(data["deliveries"][0]) == DELIVERY_KEYS
-    assert data["commands"] == []
     assert client.get("/console/outbox?status=done", headers=JSON).get_json()["deliveries"] == []
-    assert len(client.get("/console/outbox", headers=JSON).get_json()["deliveries"]) == 1
+    with app.app_context():
+        deadline = db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.order_id == order_id)
+                                      ).scalar_one()
+    everything = client.get("/console/outbox", headers=JSON).get_json()["deliveries"]
+    assert [d["id"] for d in everything] == [delivery, f"cmd-{deadline}"]  # the order's pending deadline
+    assert all(set(d) == DELIVERY_KEYS for d in everything)
     assert client.get("/console/outbox?status=zombie", headers=JSON).status_code == 400
     html = client.get("/console/outbox?status=dead").get_data(as_text=True)
     assert "<details><summary>traceback</summary>" in html and "in print_label" in html
 
 
-def test_dead_scheduled_commands_are_listed_beside_deliveries_and_can_be_retried(app, client, token):
+def test_dead_scheduled_commands_are_dead_letters_of_the_outbox_in_its_shape_and_routes(app, client, token):
+    """A dead refund or email is a dead letter too: listed in /console/outbox with the contract's
+    keys (id "cmd-<n>": commands and deliveries are numbered apart), acted on through the
+    outbox's own retry and discard routes, and counted by shop_outbox_deliveries{status="dead"}."""
     order_id, ref = place(app)
     with app.app_context():
         command = db.session.execute(select(ScheduledCommand).where(ScheduledCommand.order_id == order_id)
@@ -333,13 +340,34 @@ def test_dead_scheduled_commands_are_listed_beside_deliveries_and_can_be_retried
         db.session.commit()
         command_id = command.id
     data = client.get("/console/outbox?status=dead", headers=JSON).get_json()
-    assert [(c["id"], c["kind"], c["order_reference"]) for c in data["commands"]] == [
-        (command_id, "expire_unpaid_order", ref)]
-    r = client.post(f"/console/commands/{command_id}/retry", data={"csrf_token": token}, headers=JSON)
+    assert data["deliveries"] == [{"id": f"cmd-{command_id}", "event": None, "handler": "expire_unpaid_order",
+                                   "status": "dead", "attempts": 5, "last_error": "SMTPError: relay refused",
+                                   "order_reference": ref}]
+    assert 'shop_outbox_deliveries{status="dead"} 1.0' in client.get("/metrics").get_data(as_text=True)
+    html = client.get("/console/outbox?status=dead").get_data(as_text=True)
+    assert f'action="/console/outbox/cmd-{command_id}/retry"' in html
+
+    r = client.post(f"/console/outbox/cmd-{command_id}/retry", data={"csrf_token": token}, headers=JSON)
     assert r.status_code == 200, r.get_json()
     with app.app_context():
         row = db.session.get(ScheduledCommand, command_id)
         assert (row.status, row.attempts) == ("pending", 0)
+    assert 'shop_outbox_deliveries{status="dead"} 0.0' in client.get("/metrics").get_data(as_text=True)
+
+
+@pytest.mark.parametrize("url", ["/console/outbox/99999999999/retry", "/console/outbox/cmd-99999999999/discard",
+                                 "/console/outbox/2147483648/retry", "/console/outbox/0/retry",
+                                 "/console/outbox/cmd-x/retry", "/console/restore-warnings/2147483648/resolve"])
+def test_an_id_that_cannot_exist_is_a_404_not_a_database_error(app, client, token, url):
+    r = client.post(url, data={"csrf_token": token, "reason": "x", "action": "fixed"}, headers=JSON)
+    assert r.status_code == 404
+
+
+@pytest.mark.parametrize("url", ["/console/orders/BK-%00", "/console/orders/" + "X" * 300,
+                                 "/console/webhooks?outcome=%00", "/console/webhooks?outcome=nope"])
+def test_text_that_cannot_be_a_reference_or_filter_is_answered_in_words(app, client, token, url):
+    r = client.get(url, headers=JSON)
+    assert r.status_code in (400, 404) and r.get_json()["error"]
 
 
 # -- operator actions on dead letters --------------------------------------------------------

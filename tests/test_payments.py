@@ -304,3 +304,18 @@ def test_provider_errors_arrive_as_stripes_own_exceptions_and_are_classified(pay
         assert down.value.http_status == 503 and down.value.error.type == "api_error"
         with pytest.raises(gateway.ProviderUnavailable):
             gateway.retrieve_session("cs_test_nope")
+
+
+def test_a_second_device_returning_with_the_orders_own_session_gets_its_page_even_with_the_provider_down(
+        paying_app, shopper, sandbox):
+    """The customer paid on their phone: the success URL carries the session the order recorded,
+    which proves as much as the provider's answer would. A different session id proves nothing."""
+    order = shopper.place()
+    sid = order["payment"]["session_id"]
+    sandbox.faults(api_unavailable=True)
+    phone = paying_app.test_client()
+    assert phone.get(f"/checkout/return?order={order['reference']}&session_id=cs_test_other").status_code == 404
+    back = phone.get(f"/checkout/return?order={order['reference']}&session_id={sid}")
+    assert back.status_code == 303 and "token=" in back.headers["Location"]
+    seen = phone.get(back.headers["Location"], headers={"Accept": "application/json"})
+    assert seen.status_code == 200 and seen.get_json()["reference"] == order["reference"]

@@ -15,7 +15,7 @@ from shop.settings import SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-CLI = ["some-script"]  # not a web server: SECRET_KEY may be generated
+CLI = ["/venv/bin/flask", "--app", "app", "shop", "worker"]  # a CLI command: SECRET_KEY may be generated
 
 BAD = [
     ("UNPAID_ORDER_EXPIRY_SECONDS", "soon", "whole number"),
@@ -53,7 +53,7 @@ def test_a_bad_value_is_refused_naming_the_variable(variable, value, problem, tm
 
 def test_a_bad_value_stops_create_app_too(tmp_path):
     with pytest.raises(SettingsError, match="^OUTBOX_MAX_ATTEMPTS: "):
-        create_app(env={"OUTBOX_MAX_ATTEMPTS": "lots"})
+        create_app(env={"OUTBOX_MAX_ATTEMPTS": "lots", "SECRET_KEY": "k"})
 
 
 def test_defaults_and_good_values_are_read_and_typed(tmp_path):
@@ -75,12 +75,23 @@ def test_defaults_and_good_values_are_read_and_typed(tmp_path):
     assert (s.secret_key, s.secret_key_ephemeral, s.reconciliation_batch_size) == ("k", False, 1000)
 
 
-@pytest.mark.parametrize("argv", [["/usr/bin/gunicorn", "app:app"], ["/venv/bin/flask", "--app", "app", "run"]])
+@pytest.mark.parametrize("argv", [["/usr/bin/gunicorn", "app:app"], ["/venv/bin/flask", "--app", "app", "run"],
+                                  ["/usr/bin/uwsgi", "--module", "app:app"], ["-c"], [],
+                                  ["/venv/lib/python3.11/site-packages/flask/__main__.py", "run"]])
 def test_a_web_server_needs_a_shared_secret_key(argv, tmp_path):
+    """Anything that may serve pages: gunicorn, `flask run`, and any other host importing app.py."""
     with pytest.raises(SettingsError) as caught:
         load_settings({}, str(tmp_path), argv=argv)
     assert caught.value.variable == "SECRET_KEY"
     assert load_settings({"SECRET_KEY": "shared"}, str(tmp_path), argv=argv).secret_key == "shared"
+
+
+@pytest.mark.parametrize("argv", [["/venv/bin/flask", "--app", "app", "db", "upgrade"],
+                                  ["/venv/bin/flask", "shop", "up"],
+                                  ["/venv/lib/python3.11/site-packages/flask/__main__.py", "shop", "sweep"]])
+def test_cli_commands_that_serve_no_pages_run_without_a_secret_key(argv, tmp_path):
+    settings = load_settings({}, str(tmp_path), argv=argv)
+    assert settings.secret_key and settings.secret_key_ephemeral
 
 
 def _env(**extra) -> dict:
@@ -100,6 +111,15 @@ def test_flask_cli_with_a_stuck_age_unlike_the_expiry_window_exits_with_one_line
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(lines) == 1, proc.stdout + proc.stderr
     assert "RECONCILIATION_STUCK_AGE_SECONDS" in lines[0] and "Traceback" not in lines[0]
+
+
+def test_importing_the_app_without_a_secret_key_stops_with_one_line(tmp_path):
+    """uwsgi, mod_wsgi, waitress or a REPL import app.py the way this does."""
+    proc = subprocess.run([sys.executable, "-c", "import app"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=_env(BACKSTOP_INSTANCE_PATH=str(tmp_path)))
+    assert proc.returncode != 0
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and "SECRET_KEY" in lines[0], proc.stdout + proc.stderr
 
 
 def test_gunicorn_without_a_secret_key_refuses_to_start(tmp_path):

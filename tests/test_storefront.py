@@ -297,3 +297,42 @@ def test_a_url_carrying_the_access_token_shows_the_order_to_any_browser(shop, br
     r = stranger.order(reference, token=token)
     assert r.status_code == 200 and r.get_json()["reference"] == reference
     assert stranger.order(reference, token=token[:-1] + ("A" if token[-1] != "A" else "B")).status_code == 404
+
+
+# -- hostile input: answered in words, never a 500, never another browser's order ---------------
+
+def test_the_return_page_does_not_hand_a_stranger_the_access_token_while_the_provider_is_down(shop, browser):
+    """The success URL sends a second device on with the order's token once the session is
+    proven to be the order's. With the provider unreachable nothing is proven: a stranger who
+    knows only the reference gets a 404, the browser that placed it its own page."""
+    reference = browser.buy("NB-A6-DOT", 1)
+    stranger = Browser(shop)
+    r = stranger.client.get(f"/checkout/return?order={reference}&session_id=cs_test_guessed")
+    assert r.status_code == 404 and "token=" not in r.headers.get("Location", "")
+    assert stranger.order(reference).status_code == 404
+    mine = browser.client.get(f"/checkout/return?order={reference}&session_id=cs_test_guessed")
+    assert mine.status_code == 303 and mine.headers["Location"].endswith(f"/orders/{reference}")
+
+
+@pytest.mark.parametrize("variant_id", ["2147483648", "99999999999999999999", "-1", "0"])
+def test_adding_a_variant_id_that_cannot_exist_is_a_404_or_400_in_words(browser, variant_id):
+    r = browser.client.post("/cart/items", headers=JSON,
+                            data={"csrf_token": browser.token, "variant_id": variant_id, "quantity": 1})
+    assert r.status_code in (400, 404) and r.get_json()["error"]
+
+
+@pytest.mark.parametrize("reference", ["BK-%00", "BK-%00AAAA", "X" * 300, "BK-ABC%20DEF"])
+def test_a_reference_that_cannot_exist_is_a_404_on_every_order_route(browser, reference):
+    c, token = browser.client, browser.token
+    assert c.get(f"/orders/{reference}", headers=JSON).status_code == 404
+    assert c.post(f"/orders/{reference}/cancel", headers=JSON, data={"csrf_token": token, "version": 1}
+                  ).status_code == 404
+    assert c.post(f"/orders/{reference}/pay", headers=JSON, data={"csrf_token": token}).status_code == 404
+    assert c.get(f"/checkout/return?order={reference}&session_id=cs_x").status_code == 404
+
+
+def test_cancelling_with_a_version_that_is_not_a_number_says_so(shop, browser):
+    reference = browser.buy("NB-A6-DOT", 1)
+    r = browser.cancel(reference, "seven", headers=JSON)
+    assert r.status_code == 400 and "Not a valid integer" in r.get_json()["error"]
+    assert _version(shop, reference)[0] == "PendingPayment"

@@ -223,3 +223,84 @@ def test_the_secret_stored_by_registration_verifies_deliveries(make_app, sandbox
     event = stripe_event("payment_intent.created", {"id": "pi_1"}, "evt_stored")
     assert post_webhook(app.test_client(), event, secret="whsec_stored").status_code == 200
     assert post_webhook(app.test_client(), event, secret=WEBHOOK_SECRET).status_code == 400
+
+
+# -- hostile but signed, and bodies without a Content-Length ----------------------------------
+
+def _post_chunked(base_url: str, body: bytes, headers: dict, chunk: int = 64 * 1024):
+    """A POST with Transfer-Encoding: chunked (no Content-Length), as a proxy may forward it."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(base_url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+    try:
+        conn.putrequest("POST", "/webhooks/stripe")
+        for name, value in {**headers, "Transfer-Encoding": "chunked", "Content-Type": "application/json"}.items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        try:
+            for start in range(0, len(body), chunk):
+                piece = body[start:start + chunk]
+                conn.send(b"%x\r\n" % len(piece) + piece + b"\r\n")
+            conn.send(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered (413) and closed without reading the rest
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def test_a_chunked_body_is_measured_whole_413_over_the_limit_and_verified_whole_under_it(make_app):
+    """Without a Content-Length the size is only known by reading: a body over the limit must not
+    be cut at the limit and then judged by its first million bytes (a 400 for a bad signature)."""
+    from payment_helpers import served
+
+    with served(lambda base: make_app(STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET, PUBLIC_BASE_URL=base)) as (app, base):
+        big = b'{"pad": "' + b"x" * 1_500_000 + b'"}'
+        status, _ = _post_chunked(base, big, {"Stripe-Signature": signature(big)})
+        assert status == 413
+        just_over = b'{"pad": "' + b"x" * (1_000_001 - 11) + b'"}'
+        assert _post_chunked(base, just_over, {"Stripe-Signature": signature(just_over)})[0] == 413
+
+        # Under the limit and in many chunks: read to the end, so its signature verifies.
+        event = stripe_event("checkout.session.completed",
+                             {"id": "cs_test_chunked", "object": "checkout.session", "status": "complete",
+                              "payment_status": "paid", "amount_total": 100, "currency": "usd",
+                              "client_reference_id": "BK-NOSUCH", "metadata": {"pad": "y" * 300_000}},
+                             event_id="evt_chunked")
+        body = json.dumps(event).encode()
+        status, answer = _post_chunked(base, body, {"Stripe-Signature": signature(body)}, chunk=4096)
+        assert status == 200 and json.loads(answer)["outcome"] == "unknown_order"
+    assert [(r[0], r[1], r[2]) for r in _receipts(app)] == [
+        (None, "rejected", 413), (None, "rejected", 413), ("evt_chunked", "accepted", 200)]
+
+
+@pytest.mark.parametrize("shape", ["deep_array", "deep_object", "metadata_list", "fields_of_every_wrong_type"])
+def test_a_signed_body_of_any_shape_is_answered_400_or_200_never_500(paying_app, shape):
+    """Only Stripe can sign, but a 500 would make it retry forever: nesting past the parser's
+    depth is unparseable (400), a session object with fields of the wrong types is a notice
+    about no order we know (200)."""
+    session = {"id": "cs_test_odd", "object": "checkout.session", "status": "complete", "payment_status": "paid",
+               "amount_total": 100, "currency": "usd", "client_reference_id": "BK-NOSUCH"}
+    if shape == "deep_array":
+        body = b"[" * 5000 + b"]" * 5000
+    elif shape == "deep_object":
+        nested = '{"a": ' * 5000 + "1" + "}" * 5000
+        body = ('{"id": "evt_deep", "type": "checkout.session.completed", "data": {"object": ' + nested
+                + "}}").encode()
+    elif shape == "metadata_list":
+        body = json.dumps(stripe_event("checkout.session.completed", {**session, "metadata": [1]},
+                                       event_id="evt_list")).encode()
+    else:
+        odd = {"id": ["cs"], "status": 1, "payment_status": {"x": 1}, "amount_total": "100", "currency": 5,
+               "client_reference_id": "BK-\u0000", "metadata": {"order_id": {"x": 1}}, "expires_at": 10**30,
+               "payment_intent": {"id": 7}, "url": False}
+        body = json.dumps(stripe_event("checkout.session.completed", odd, event_id="evt_odd")).encode()
+    r = post_webhook(paying_app.test_client(), body)
+    assert r.status_code in (200, 400), r.get_data(as_text=True)[:300]
+    if shape.startswith("deep"):
+        assert r.status_code == 400
+    else:
+        assert r.status_code == 200 and r.get_json()["outcome"] == "unknown_order"

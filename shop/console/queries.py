@@ -13,11 +13,13 @@ from ..models import (Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, R
                       RestoreWarning, ScheduledCommand, WebhookReceipt)
 from ..ops.metrics import stuck_cutoff
 from ..orders.views import iso, order_json
+from ..web import work_ref
 from .format import human_money, human_time
 
 PER_PAGE = 100
 WORK_STATUSES = ("pending", "processing", "done", "dead", "discarded")
 WARNING_STATES = ("open", "resolved", "duplicate")
+WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected", "failed")  # see shop.webhooks
 LIVE_STATUSES = tuple(s.value for s in LIVE)
 
 
@@ -236,8 +238,19 @@ def _payload_words(payload: dict) -> str:
 
 # -- outbox, warnings, webhooks, sweeps -------------------------------------------------------
 
-def outbox(now: datetime, *, status: str | None, page: int) -> dict:
-    """Deliveries and scheduled commands, oldest first."""
+def command_item(command: ScheduledCommand, reference: str | None) -> dict:
+    """A scheduled command (a deadline, a refund, an email) in the outbox list's contract shape:
+    its handler is its kind, it delivers no event, and its id is "cmd-<n>" because commands and
+    deliveries are numbered apart; `/console/outbox/cmd-<n>/retry` acts on it."""
+    return {"id": work_ref("command", command.id), "event": None, "handler": command.kind,
+            "status": command.status, "attempts": command.attempts, "last_error": command.last_error,
+            "order_reference": reference}
+
+
+def outbox(now: datetime, *, status: str | None, page: int):
+    """Deliveries and scheduled commands, oldest first, each paged on its own. The JSON lists
+    both under "deliveries" in the contract's item shape: a dead refund or email is as much a
+    dead letter for the operator as a dead delivery."""
     query = (select(OutboxDelivery, OutboxEvent.name, Order.reference)
              .join(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id)
              .outerjoin(Order, Order.id == OutboxDelivery.order_id)
@@ -248,15 +261,16 @@ def outbox(now: datetime, *, status: str | None, page: int) -> dict:
         query = query.where(OutboxDelivery.status == status)
         cquery = cquery.where(ScheduledCommand.status == status)
     rows, meta = paging(query, page)
-    crow, cmeta = paging(cquery, page)
+    crows, cmeta = paging(cquery, page)
     details = [delivery_detail(d, name, ref, now) for d, name, ref in rows]
+    commands = [command_json(c, ref, now) for c, ref in crows]
     keys = ("id", "event", "handler", "status", "attempts", "last_error", "order_reference")
-    return {
+    data = {
         "status": status,
-        "deliveries": [{k: d[k] for k in keys} for d in details],
-        "commands": [command_json(c, ref, now) for c, ref in crow],
+        "deliveries": [{k: d[k] for k in keys} for d in details] + [command_item(c, ref) for c, ref in crows],
         "deliveries_page": meta, "commands_page": cmeta,
-    }, details
+    }
+    return data, details, commands
 
 
 def restore_warnings(now: datetime, *, state: str | None, page: int):

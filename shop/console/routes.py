@@ -17,6 +17,7 @@ from .. import queue
 from ..domain.deadlines import utcnow
 from ..extensions import db
 from ..models import Order, OutboxDelivery, RestoreWarning, ScheduledCommand
+from ..orders.lookup import order_by_reference
 from ..outbox import runner
 from ..payments import gateway
 from ..payments.service import reconcile_order
@@ -66,8 +67,7 @@ def _operator() -> str:
 
 
 def _order_by_reference(reference: str) -> Order | None:
-    return db.session.execute(select(Order).where(Order.reference == reference.strip().upper()[:20])
-                              ).scalar_one_or_none()
+    return order_by_reference(reference.strip().upper())
 
 
 # -- pages -----------------------------------------------------------------------------------
@@ -112,9 +112,9 @@ def outbox():
     if status is not None and status not in queries.WORK_STATUSES:
         return problem(400, f"Unknown status {status!r}; use one of {', '.join(queries.WORK_STATUSES)}.",
                        back=url_for("console.outbox"))
-    data, details = queries.outbox(utcnow(), status=status, page=_page())
-    return respond("console/outbox.html", data, details=details, statuses=queries.WORK_STATUSES,
-                   discard_form=DiscardForm())
+    data, details, commands = queries.outbox(utcnow(), status=status, page=_page())
+    return respond("console/outbox.html", data, details=details, commands=commands,
+                   statuses=queries.WORK_STATUSES, discard_form=DiscardForm())
 
 
 @bp.get("/restore-warnings")
@@ -132,6 +132,9 @@ def restore_warnings():
 def webhooks():
     """Every webhook delivery received, accepted or rejected, with the reason, newest first."""
     outcome = request.args.get("outcome") or None
+    if outcome is not None and outcome not in queries.WEBHOOK_OUTCOMES:
+        return problem(400, f"Unknown outcome {outcome!r}; use one of {', '.join(queries.WEBHOOK_OUTCOMES)}.",
+                       back=url_for("console.webhooks"))
     return respond("console/webhooks.html", queries.webhooks(outcome=outcome, page=_page()))
 
 
@@ -244,28 +247,16 @@ def _discard(kind: str, work_id: int):
                 {"id": work_id, "kind": kind, "status": "discarded", "reason": reason}, back)
 
 
-@bp.post("/outbox/<int:delivery_id>/retry")
-def retry_delivery(delivery_id):
-    """Run a dead delivery again with a fresh attempt budget."""
-    return _retry("delivery", delivery_id)
+@bp.post("/outbox/<work:work>/retry")
+def retry_work(work):
+    """Run a dead delivery (`42`) or scheduled command (`cmd-42`) again with a fresh attempt budget."""
+    return _retry(*work)
 
 
-@bp.post("/outbox/<int:delivery_id>/discard")
-def discard_delivery(delivery_id):
-    """Give up on a dead delivery for good; the form's `reason` is required."""
-    return _discard("delivery", delivery_id)
-
-
-@bp.post("/commands/<int:command_id>/retry")
-def retry_command(command_id):
-    """Run a dead scheduled command again with a fresh attempt budget."""
-    return _retry("command", command_id)
-
-
-@bp.post("/commands/<int:command_id>/discard")
-def discard_command(command_id):
-    """Give up on a dead scheduled command for good; the form's `reason` is required."""
-    return _discard("command", command_id)
+@bp.post("/outbox/<work:work>/discard")
+def discard_work(work):
+    """Give up on a dead delivery or command for good; the form's `reason` is required."""
+    return _discard(*work)
 
 
 def _settle_warning(warning_id: int, state: str, resolution: str, now) -> bool:
@@ -280,7 +271,7 @@ def _settle_warning(warning_id: int, state: str, resolution: str, now) -> bool:
     return result.rowcount == 1
 
 
-@bp.post("/restore-warnings/<int:warning_id>/resolve")
+@bp.post("/restore-warnings/<id:warning_id>/resolve")
 def resolve_warning(warning_id):
     """`action=fixed`: the operator fixed the stock by hand; the warning closes with a note.
     `action=retry`: run the compensation again; the warning closes only if the order's stock

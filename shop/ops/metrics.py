@@ -49,15 +49,23 @@ class ShopCollector:
         yield stuck
         yield oldest
 
-        deliveries = GaugeMetricFamily("shop_outbox_deliveries", "Outbox deliveries by status", labels=["status"])
+        # Dead letters are what an operator acts on, wherever the work came from: dead and
+        # discarded count scheduled commands (refunds, emails, deadlines) as well, as the console's
+        # outbox list does. pending/processing/done are event deliveries only: a pending command
+        # is usually a deadline that is simply not due yet, which is not a backlog.
+        deliveries = GaugeMetricFamily(
+            "shop_outbox_deliveries", "Outbox deliveries by status; dead and discarded include scheduled commands",
+            labels=["status"])
         counts = dict(db.session.execute(select(OutboxDelivery.status, func.count()).group_by(OutboxDelivery.status)).all())
+        command_counts = dict(db.session.execute(select(ScheduledCommand.status, func.count())
+                                                 .group_by(ScheduledCommand.status)).all())
         for status in ("pending", "processing", "done", "dead", "discarded"):
-            deliveries.add_metric([status], counts.get(status, 0))
+            extra = command_counts.get(status, 0) if status in ("dead", "discarded") else 0
+            deliveries.add_metric([status], counts.get(status, 0) + extra)
         yield deliveries
         commands = GaugeMetricFamily("shop_scheduled_commands", "Scheduled commands by status", labels=["status"])
-        counts = dict(db.session.execute(select(ScheduledCommand.status, func.count()).group_by(ScheduledCommand.status)).all())
         for status in ("pending", "processing", "done", "dead", "discarded"):
-            commands.add_metric([status], counts.get(status, 0))
+            commands.add_metric([status], command_counts.get(status, 0))
         yield commands
 
         oldest_pending = db.session.execute(select(func.min(OutboxDelivery.created_at))

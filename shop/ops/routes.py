@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import logging
+
 from flask import Response, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
 
 from ..extensions import csrf, db
 from . import bp
 from .metrics import registry
+
+log = logging.getLogger("shop.ops")
 
 
 @bp.get("/healthz")
@@ -34,5 +39,14 @@ def healthz():
 @bp.get("/metrics")
 @csrf.exempt
 def metrics():
-    """Prometheus text, computed from the database at scrape time."""
-    return Response(generate_latest(registry()), mimetype=CONTENT_TYPE_LATEST)
+    """Prometheus text, computed from the database at scrape time. With the database down the
+    scrape fails with a 503 in words (Prometheus records the target as down), not a 500."""
+    try:
+        body = generate_latest(registry())
+    except SQLAlchemyError as exc:
+        db.session.rollback()
+        log.warning("metrics: database unreachable: %s", exc)
+        return Response(f"database unreachable: {type(exc).__name__}\n", status=503, mimetype="text/plain")
+    # content_type, not mimetype: the constant already names its charset, and mimetype= would
+    # append a second one, which strict scrapers refuse to parse.
+    return Response(body, content_type=CONTENT_TYPE_LATEST)

@@ -67,33 +67,36 @@ class RefundView:
     amount: int
 
 
-def _get(obj, key):
-    try:
-        return obj[key]
-    except (KeyError, TypeError):
-        return None
-
-
 def session_view(obj) -> SessionView:
-    """Accepts a stripe object or a plain dict (an event's data.object)."""
+    """Accepts a stripe object or a plain dict (an event's data.object).
+
+    An event's object is the sender's JSON, checked only for its signature: a field of the wrong
+    type reads as absent here (the order is then not found, or the proof check refuses it), so
+    a malformed notice is answered, never a crash."""
     if hasattr(obj, "to_dict"):
         obj = obj.to_dict()
-    metadata = obj.get("metadata") or {}
-    raw_order = metadata.get("order_id")
-    try:
-        order_id = int(raw_order) if raw_order is not None else None
-    except (TypeError, ValueError):
-        order_id = None
+    if not isinstance(obj, dict):
+        obj = {}
+    metadata = obj.get("metadata")
+    raw_order = metadata.get("order_id") if isinstance(metadata, dict) else None
+    order_id = int(raw_order) if isinstance(raw_order, str) and raw_order.isdigit() and len(raw_order) < 12 \
+        else raw_order if isinstance(raw_order, int) and not isinstance(raw_order, bool) else None
     intent = obj.get("payment_intent")
     if isinstance(intent, dict):
         intent = intent.get("id")
     expires = obj.get("expires_at")
+    amount = obj.get("amount_total")
+
+    def text(value):
+        return value if isinstance(value, str) else None
+
     return SessionView(
-        id=obj.get("id"), status=obj.get("status"), payment_status=obj.get("payment_status"),
-        amount_total=obj.get("amount_total"), currency=obj.get("currency"), url=obj.get("url"),
-        payment_intent=intent,
-        expires_at=datetime.fromtimestamp(expires, timezone.utc) if isinstance(expires, (int, float)) else None,
-        order_id=order_id, client_reference_id=obj.get("client_reference_id"),
+        id=text(obj.get("id")), status=text(obj.get("status")), payment_status=text(obj.get("payment_status")),
+        amount_total=amount if isinstance(amount, int) and not isinstance(amount, bool) else None,
+        currency=text(obj.get("currency")), url=text(obj.get("url")), payment_intent=text(intent),
+        expires_at=(datetime.fromtimestamp(expires, timezone.utc)
+                    if isinstance(expires, int) and not isinstance(expires, bool) and 0 <= expires < 2**37 else None),
+        order_id=order_id, client_reference_id=text(obj.get("client_reference_id")),
     )
 
 
@@ -204,7 +207,10 @@ def verify_webhook(payload: bytes, signature: str | None, secret: str) -> dict:
         stripe.WebhookSignature.verify_header(text, signature, secret, stripe.Webhook.DEFAULT_TOLERANCE)
     except stripe.SignatureVerificationError as exc:
         raise SignatureProblem(str(exc)) from exc
-    event = json.loads(text)
+    try:
+        event = json.loads(text)
+    except RecursionError as exc:  # signed, but nested deeper than the parser goes
+        raise ValueError("nested too deeply") from exc
     # construct_event refuses these too: signed JSON that is not an object (`[1, 2]`), and a
     # thin v2 notification sent to an endpoint that expects snapshot events.
     if not isinstance(event, dict):

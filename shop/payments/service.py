@@ -21,6 +21,7 @@ from ..domain.payment import check_payment_proof
 from ..domain.results import Ok, Refused
 from ..extensions import db
 from ..models import Order, PaymentProofRefusal, ProcessedStripeEvent
+from ..orders.lookup import order_by_reference
 from ..outbox import uow
 from ..outbox.writer import write_events
 from . import gateway
@@ -221,8 +222,7 @@ def find_order(view: gateway.SessionView) -> Order | None:
         if order is not None:
             return order
     if view.client_reference_id:
-        return db.session.execute(select(Order)
-                                  .where(Order.reference == view.client_reference_id)).scalar_one_or_none()
+        return order_by_reference(view.client_reference_id)
     return None
 
 

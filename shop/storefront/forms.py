@@ -18,7 +18,8 @@ class CheckoutForm(FlaskForm):
 
 
 class CancelForm(FlaskForm):
-    version = IntegerField("Version", validators=[DataRequired(message="The order version is missing.")])
+    # InputRequired, not DataRequired: "abc" should read "not a valid integer", not "missing".
+    version = IntegerField("Version", validators=[InputRequired(message="The order version is missing.")])
     token = HiddenField()
 
 

@@ -13,9 +13,10 @@ from ..models import Cart, CartItem, InventoryItem, Order, Product, Variant
 from ..orders.checkout import place_order
 from ..orders.commands import cancel_order
 from ..orders.views import order_json, order_summary_json
+from ..orders.lookup import order_by_reference
 from ..payments import gateway
 from ..payments.service import apply_session, start_payment
-from ..web import browser_id, respond, wants_json
+from ..web import MAX_ID, browser_id, respond, wants_json
 from . import bp
 from .forms import ActionForm, AddToCartForm, CancelForm, CheckoutForm
 
@@ -96,7 +97,9 @@ def add_to_cart():
     form = AddToCartForm()
     if not form.validate():
         return _render_cart(400, _first_error(form))
-    variant = db.session.get(Variant, form.variant_id.data)
+    wanted_id = form.variant_id.data
+    # Ids are 32-bit keys: a larger number names no item (and PostgreSQL would refuse to compare).
+    variant = db.session.get(Variant, wanted_id) if 0 < wanted_id <= MAX_ID else None
     if variant is None or variant.deleted_at is not None:
         return _render_cart(404, "That item is not for sale.")
     cart = _open_cart(create=True)
@@ -122,7 +125,7 @@ def add_to_cart():
     return redirect(url_for("storefront.cart"), 303)
 
 
-@bp.post("/cart/items/<int:variant_id>/delete")
+@bp.post("/cart/items/<id:variant_id>/delete")
 def remove_from_cart(variant_id: int):
     """Remove one item from the cart."""
     form = ActionForm()
@@ -177,7 +180,7 @@ def checkout():
 def _owned_order(reference: str) -> Order:
     """The order, if this browser placed it or the request carries its access token; else 404
     (not 403: another browser must not even learn that the reference exists)."""
-    order = db.session.execute(select(Order).where(Order.reference == reference)).scalar_one_or_none()
+    order = order_by_reference(reference)
     if order is None:
         abort(404)
     token = request.values.get("token") or ""
@@ -258,24 +261,34 @@ def checkout_return():
     webhook, so a paid customer sees "Paid" even when the webhook is late or lost."""
     reference = request.args.get("order", "")
     session_id = request.args.get("session_id", "")
-    order = db.session.execute(select(Order).where(Order.reference == reference)).scalar_one_or_none()
+    order = order_by_reference(reference)
     if order is None or not session_id:
         abort(404)
+    owner = order.browser_id == browser_id(create=False)
     try:
         view = gateway.retrieve_session(session_id)
     except gateway.ProviderRefused:
         abort(404)
     except gateway.ProviderUnavailable:
+        view = None
+    if view is not None and view.order_id != order.id:
+        abort(404)
+    # Another browser (the customer paid on a second device) is sent on with the order's access
+    # token only if the session is proven to be this order's: by the provider just now or, when
+    # the provider cannot be asked, by being the session the order itself recorded. A guessed
+    # session id while the provider is down must not hand out the token.
+    if not owner and view is None and not (
+            order.payment_session_id
+            and hmac.compare_digest(session_id.encode(), order.payment_session_id.encode())):
+        abort(404)
+    if view is None:
         flash("We could not confirm your payment with the provider yet; this page will update once it does.",
               "warning")
-        view = None
-    if view is not None:
-        if view.order_id != order.id:
-            abort(404)
+    else:
         apply_session(view, source="return")
         if view.payment_status != "paid" and view.status == "complete":
             flash("Your payment is being processed; we will email you when it completes.")
-    if order.browser_id == browser_id(create=False):
+    if owner:
         return redirect(url_for("storefront.order_page", reference=reference), 303)
     return redirect(url_for("storefront.order_page", reference=reference, token=order.access_token), 303)
 

@@ -1,0 +1,79 @@
+"""GET /healthz and GET /metrics (CONTRACT section 4, Operations): the names and labels a
+Prometheus server scrapes, a Content-Type it can parse, values read from the database, and a
+clear 503 rather than a 500 when a dependency is down."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import update
+
+from shop.domain.deadlines import utcnow
+from shop.extensions import db
+from shop.models import Cart, CartItem, Order, RestoreWarning, Variant, WebhookReceipt
+from shop.orders.checkout import place_order
+from shop.seed import seed_catalog
+
+CONTRACT_METRICS = {
+    "shop_orders_stuck": {"status"}, "shop_orders_oldest_stuck_age_seconds": {"status"},
+    "shop_outbox_deliveries": {"status"}, "shop_outbox_oldest_pending_age_seconds": set(),
+    "shop_restore_warnings_open": set(), "shop_reconciliation_last_success_timestamp_seconds": set(),
+    "shop_webhook_deliveries": {"outcome"},
+}
+UNREACHABLE_DB = "postgresql+psycopg://postgres@127.0.0.1:9/nothing"
+
+
+def scrape(app) -> dict:
+    r = app.test_client().get("/metrics")
+    assert r.status_code == 200
+    # One charset, once: a second parameter of the same name makes strict scrapers refuse the page.
+    assert r.headers["Content-Type"].lower().count("charset") == 1, r.headers["Content-Type"]
+    assert r.headers["Content-Type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(r.get_data(as_text=True)) for s in family.samples}
+
+
+def test_metrics_carry_every_contract_name_and_label_and_count_from_the_database(app):
+    with app.app_context():
+        seed_catalog()
+        cart = Cart(browser_id="b-1", status="open")
+        db.session.add(cart)
+        db.session.flush()
+        db.session.add(CartItem(cart_id=cart.id, variant_id=db.session.query(Variant.id).first()[0], quantity=1))
+        db.session.commit()
+        placed = place_order(cart_id=cart.id, browser_id="b-1", email="a@example.com")
+        # Unchanged for two hours: stuck (the stuck age is the 30-minute expiry window).
+        db.session.execute(update(Order).where(Order.id == placed.order_id)
+                           .values(updated_at=utcnow() - timedelta(hours=2)))
+        db.session.add(RestoreWarning(order_id=placed.order_id, variant_id=1, quantity=1, reason="test"))
+        db.session.add(WebhookReceipt(event_id=None, event_type=None, outcome="rejected", reason="bad signature",
+                                      http_status=400))
+        db.session.commit()
+        db.session.remove()
+    samples = scrape(app)
+    for name, labels in CONTRACT_METRICS.items():
+        found = [key for key in samples if key[0] == name]
+        assert found, name
+        assert all({k for k, _ in key[1]} == labels for key in found), (name, found)
+    assert samples[("shop_orders_stuck", (("status", "PendingPayment"),))] == 1
+    assert 7000 < samples[("shop_orders_oldest_stuck_age_seconds", (("status", "PendingPayment"),))] < 7300
+    assert samples[("shop_restore_warnings_open", ())] == 1
+    assert samples[("shop_webhook_deliveries", (("outcome", "rejected"),))] == 1
+    assert {dict(key[1])["status"] for key in samples if key[0] == "shop_outbox_deliveries"} == {
+        "pending", "processing", "done", "dead", "discarded"}
+    assert samples[("shop_outbox_deliveries", (("status", "dead"),))] == 0
+
+
+def test_healthz_is_200_when_both_answer_and_503_naming_the_one_that_is_down(make_app):
+    up = make_app().test_client().get("/healthz")
+    assert up.status_code == 200 and up.get_json() == {"status": "ok", "database": "ok", "redis": "ok"}
+    no_redis = make_app(REDIS_URL="redis://127.0.0.1:9/0").test_client().get("/healthz")
+    assert no_redis.status_code == 503 and no_redis.get_json()["redis"].startswith("down")
+    assert no_redis.get_json()["database"] == "ok"
+    no_db = make_app(DATABASE_URL=UNREACHABLE_DB).test_client().get("/healthz")
+    assert no_db.status_code == 503 and no_db.get_json()["database"].startswith("down")
+
+
+def test_metrics_with_the_database_down_is_a_503_in_words_not_a_500(make_app):
+    r = make_app(DATABASE_URL=UNREACHABLE_DB).test_client().get("/metrics")
+    assert r.status_code == 503 and "database unreachable" in r.get_data(as_text=True)
