@@ -1,11 +1,14 @@
 """`flask shop ...`: the operational commands of CONTRACT section 1."""
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
 from flask import current_app
 from flask.cli import AppGroup
+
+log = logging.getLogger("shop.scheduler")
 
 shop_cli = AppGroup("shop", help="Backstop operations.")
 
@@ -55,14 +58,26 @@ def scheduler_command(burst):
 
     cfg = current_app.config
     sweep = cfg["RECONCILIATION_INTERVAL_SECONDS"] if cfg["RECONCILIATION_ENABLED"] or cfg["UNPAID_ORDER_EXPIRY_ENABLED"] else None
-    for line in queue.register_periodic_jobs(cfg["RELAY_INTERVAL_SECONDS"], sweep):
-        click.echo(f"periodic job {line}")
-    counts = relay_once(horizon_seconds=0)
-    rearmed = rearm_future_commands(utcnow())
-    click.echo(f"re-armed from the database: {counts['deliveries']} deliveries, {counts['commands']} due commands, "
-               f"{rearmed + counts['rearmed']} future deadlines")
+
+    def rebuild() -> list[str]:
+        """Redis's part, from the database: the periodic jobs, then every due and future row."""
+        lines = [f"periodic job {line}" for line in queue.register_periodic_jobs(cfg["RELAY_INTERVAL_SECONDS"], sweep)]
+        counts = relay_once(horizon_seconds=0)
+        rearmed = rearm_future_commands(utcnow())
+        lines.append(f"re-armed from the database: {counts['deliveries']} deliveries, {counts['commands']} due "
+                     f"commands, {rearmed + counts['rearmed']} future deadlines")
+        return lines
+
+    def on_loss() -> None:
+        log.warning("Redis lost the scheduler's jobs (restarted without persistence, flushed or evicted); "
+                    "rebuilding them from the database")
+        for line in rebuild():
+            log.warning(line)
+
+    for line in rebuild():
+        click.echo(line)
     click.echo(f"scheduler polling every {cfg['SCHEDULER_POLL_SECONDS']}s")
-    queue.run_scheduler(burst=burst)
+    queue.run_scheduler(burst=burst, watch=queue.periodic_job_ids(sweep is not None), on_loss=on_loss)
 
 
 @shop_cli.command("relay")

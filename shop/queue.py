@@ -180,9 +180,10 @@ def register_periodic_jobs(relay_seconds: int, sweep_seconds: int | None) -> lis
     changed interval replaces the old registration."""
     sched = scheduler()
     prefix = current_app.config["QUEUE_PREFIX"]
-    wanted = {f"{prefix}-periodic-relay": (RELAY_JOB, relay_seconds)}
+    ids = periodic_job_ids(bool(sweep_seconds))
+    wanted = {ids[0]: (RELAY_JOB, relay_seconds)}
     if sweep_seconds:
-        wanted[f"{prefix}-periodic-reconcile"] = (SWEEP_JOB, sweep_seconds)
+        wanted[ids[1]] = (SWEEP_JOB, sweep_seconds)
     existing = {job.id: job for job in sched.get_jobs() if job.id.startswith(f"{prefix}-periodic-")}
     done = []
     for job_id, job in existing.items():
@@ -224,8 +225,39 @@ def run_worker(burst: bool = False, name: str | None = None) -> None:
     worker.work(burst=burst, with_scheduler=False, logging_level="WARNING")
 
 
-def run_scheduler(burst: bool = False) -> None:
-    scheduler().run(burst=burst)
+class _WatchfulScheduler(Scheduler):
+    """rq-scheduler that notices Redis losing its data while it runs (a restart without
+    persistence, a FLUSHDB, an eviction). The periodic jobs live in Redis and are what would
+    otherwise notice, so their absence is the sign: on a poll where one is missing, `on_loss`
+    rebuilds Redis's part from the database before due jobs are moved. One ZSCORE per periodic
+    job per poll; only the scheduler holding rq-scheduler's lock does it."""
+
+    def __init__(self, *args, watch=(), on_loss=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._watch = tuple(watch)
+        self._on_loss = on_loss
+
+    def enqueue_jobs(self):
+        if self._on_loss is not None and self._watch:
+            pipe = self.connection.pipeline(transaction=False)
+            for job_id in self._watch:
+                pipe.zscore(self.scheduled_jobs_key, job_id)
+            if any(score is None for score in pipe.execute()):
+                self._on_loss()
+        return super().enqueue_jobs()
+
+
+def periodic_job_ids(with_sweep: bool) -> list[str]:
+    prefix = current_app.config["QUEUE_PREFIX"]
+    return [f"{prefix}-periodic-relay"] + ([f"{prefix}-periodic-reconcile"] if with_sweep else [])
+
+
+def run_scheduler(burst: bool = False, watch=(), on_loss=None) -> None:
+    """Poll until stopped. `watch`: periodic job ids whose disappearance means Redis lost its
+    data; `on_loss` is then called to rebuild from the database."""
+    _WatchfulScheduler(queue=work_queue(), connection=redis_conn(),
+                       interval=current_app.config["SCHEDULER_POLL_SECONDS"],
+                       watch=watch, on_loss=on_loss).run(burst=burst)
 
 
 def ping() -> bool:

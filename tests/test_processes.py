@@ -189,6 +189,59 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
         procs.stop()
 
 
+def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_everything(make_app, redis_conn):
+    """Redis restarted empty (or flushed) under a running scheduler: the deadline armed for an
+    order placed before is gone, and so are the periodic relay and sweep that would have found
+    it. The scheduler notices on its next poll and re-arms both from the database, without
+    being restarted: the order is still cancelled about on time and its stock comes back."""
+    app = make_app(UNPAID_ORDER_EXPIRY_SECONDS=WINDOW, RECONCILIATION_STUCK_AGE_SECONDS=WINDOW)
+    procs = Processes()
+    try:
+        env = _env(app, STRIPE_API_BASE="http://127.0.0.1:9")
+        procs.start("scheduler", ["shop", "scheduler"], env)
+        procs.start("worker", ["shop", "worker"], env)
+        with app.app_context():
+            prefix = app.config["QUEUE_PREFIX"]
+            periodic = {f"{prefix}-periodic-relay", f"{prefix}-periodic-reconcile"}
+
+            def registered():
+                return periodic <= {job.id for job in queue.scheduler().get_jobs()}
+
+            _wait(registered, 20, "the scheduler's periodic jobs", procs.logs)
+            _wait(lambda: Worker.all(queue=queue.work_queue()), 20, "the worker", procs.logs)
+            order_id, variant_id = _checkout(quantity=2)
+            placed = db.session.get(Order, order_id)
+            due = as_utc(placed.created_at) + timedelta(seconds=WINDOW)
+            db.session.rollback()
+            _wait(lambda: any(j.id == queue.command_job_id(c) for j in queue.scheduler().get_jobs()
+                              for c in db.session.scalars(select(ScheduledCommand.id)
+                                                          .where(ScheduledCommand.order_id == order_id))),
+                  5, "the order's deadline in rq-scheduler", procs.logs)
+            db.session.rollback()
+
+            redis_conn.flushdb()  # everything Redis held is gone: deadline, relay, sweep, workers' keys
+
+            _wait(registered, 10, "the scheduler to register its periodic jobs again", procs.logs)
+
+            def cancelled_and_restored():
+                db.session.expire_all()
+                order = db.session.get(Order, order_id)
+                done = order.status == "Cancelled" and order.inventory_restored
+                db.session.rollback()
+                return done
+
+            bound = (due + timedelta(seconds=5) - utcnow()).total_seconds()
+            _wait(cancelled_and_restored, max(bound, 1), "the lost deadline to cancel the order", procs.logs)
+            assert db.session.execute(select(InventoryItem.on_hand)
+                                      .where(InventoryItem.variant_id == variant_id)).scalar_one() == 40
+            db.session.remove()
+            assert "rebuilding them from the database" in procs.logs()
+            for name, proc in procs.children:
+                assert proc.poll() is None, f"{name} exited early\n{procs.logs()}"
+    finally:
+        procs.stop()
+
+
 def test_a_worker_refuses_to_start_when_the_stuck_age_differs_from_the_window(make_app):
     app = make_app()
     env = _env(app, RECONCILIATION_STUCK_AGE_SECONDS="600", UNPAID_ORDER_EXPIRY_SECONDS="1800")
