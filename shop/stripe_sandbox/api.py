@@ -48,6 +48,8 @@ bp = Blueprint("stripe_sandbox_v1", __name__, url_prefix="/v1")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _EVENT_TYPE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)+$")
 _CURRENCY = re.compile(r"^[a-z]{3}$")
+# Stripe refuses a unit_amount above eight digits ($999,999.99 in a two-decimal currency).
+MAX_UNIT_AMOUNT = 99_999_999
 LIST_PARAMS = ("limit", "starting_after", "ending_before", "created", "expand")
 REFUND_REASONS = ("duplicate", "fraudulent", "requested_by_customer")
 
@@ -385,7 +387,8 @@ def _read_line_items(value: Any) -> list[LineItem]:
                 f"Invalid currency: {currency}.", param_name(*where, "price_data", "currency")
             )
         unit_amount = read_int(
-            price.get("unit_amount"), param_name(*where, "price_data", "unit_amount"), minimum=0
+            price.get("unit_amount"), param_name(*where, "price_data", "unit_amount"), minimum=0,
+            maximum=MAX_UNIT_AMOUNT,
         )
         if unit_amount is None:
             raise missing_param(param_name(*where, "price_data", "unit_amount"))

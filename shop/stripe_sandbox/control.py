@@ -28,6 +28,11 @@ FAULT_TYPES = {
 }
 
 
+# Past these, a clock or a delay stops meaning anything (and 1e308 seconds overflows every date):
+# a year of clock in one step, a day of webhook delay (Stripe retries for about three).
+MAX_CLOCK_ADVANCE_SECONDS = 366 * 24 * 3600
+MAX_DELAY_SECONDS = 24 * 3600
+
 REQUEST_COUNTS = "stripe_sandbox_requests"
 
 
@@ -127,9 +132,9 @@ def _fault_value(key: str, value: Any) -> Any:
         isinstance(value, bool)
         or not isinstance(value, (int, float))
         or not math.isfinite(value)
-        or value < 0
+        or not 0 <= value <= MAX_DELAY_SECONDS
     ):
-        raise ControlError(400, f"{key} must be a number of seconds >= 0; got {value!r}")
+        raise ControlError(400, f"{key} must be a number of seconds from 0 to {MAX_DELAY_SECONDS}; got {value!r}")
     return float(value)
 
 
@@ -141,9 +146,10 @@ def advance_clock() -> Response:
         isinstance(seconds, bool)
         or not isinstance(seconds, (int, float))
         or not math.isfinite(seconds)
-        or seconds < 0
+        or not 0 <= seconds <= MAX_CLOCK_ADVANCE_SECONDS
     ):
-        raise ControlError(400, f"advance_seconds must be a number >= 0; got {seconds!r}")
+        raise ControlError(400, f"advance_seconds must be a number from 0 to {MAX_CLOCK_ADVANCE_SECONDS}; "
+                                f"got {seconds!r}")
     sandbox = _sandbox()
     now = sandbox.advance_clock(seconds)
     return _json({"now": now, "offset_seconds": sandbox.clock_offset})

@@ -89,7 +89,7 @@ def read_str(value: Any, param: str, *, max_length: int | None = None) -> str | 
     return value
 
 
-def read_int(value: Any, param: str, *, minimum: int | None = None) -> int | None:
+def read_int(value: Any, param: str, *, minimum: int | None = None, maximum: int | None = None) -> int | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str) or not re.fullmatch(r"-?\d+", value.strip()):
@@ -98,6 +98,12 @@ def read_int(value: Any, param: str, *, minimum: int | None = None) -> int | Non
     if minimum is not None and number < minimum:
         raise invalid(
             f"This value must be greater than or equal to {minimum}.",
+            param,
+            "parameter_invalid_integer",
+        )
+    if maximum is not None and number > maximum:
+        raise invalid(
+            f"This value must be less than or equal to {maximum}.",
             param,
             "parameter_invalid_integer",
         )

@@ -170,3 +170,14 @@ def test_no_authorization_header_is_a_stripe_401(sandbox):
 def test_an_unknown_route_is_stripe_unrecognized_url(client):
     with pytest.raises(stripe.InvalidRequestError, match="Unrecognized request URL"):
         client.raw_request("get", "/v1/checkout/nothing")
+
+
+def test_a_unit_amount_over_eight_digits_is_refused_like_stripe(client):
+    params = session_params()
+    params["line_items"][0]["price_data"]["unit_amount"] = 100_000_000
+    with pytest.raises(stripe.InvalidRequestError) as refused:
+        client.v1.checkout.sessions.create(params=params)
+    assert refused.value.code == "parameter_invalid_integer"
+    assert refused.value.param == "line_items[0][price_data][unit_amount]"
+    params["line_items"][0]["price_data"]["unit_amount"] = 99_999_999
+    assert client.v1.checkout.sessions.create(params=params).amount_total == 99_999_999 * 2 + 500

@@ -243,3 +243,14 @@ def test_malformed_json_and_wrong_state_are_refused(client, sandbox):
     with pytest.raises(SandboxControlError) as not_pending:
         sandbox.async_result(session.id, "succeeded")
     assert not_pending.value.status == 409
+
+
+@pytest.mark.parametrize("path, body", [("/_sandbox/clock", {"advance_seconds": 1e308}),
+                                        ("/_sandbox/clock", {"advance_seconds": -1}),
+                                        ("/_sandbox/faults", {"webhook_delay_seconds": 1e308})])
+def test_a_clock_step_or_delay_past_any_meaning_is_refused_and_changes_nothing(sandbox, path, body):
+    before = sandbox.get("/_sandbox/clock")
+    with pytest.raises(SandboxControlError) as refused:
+        sandbox.request("POST", path, body)
+    assert refused.value.status == 400
+    assert sandbox.get("/_sandbox/clock")["offset_seconds"] == before["offset_seconds"]
