@@ -210,6 +210,67 @@ def test_a_deadline_for_an_order_paid_meanwhile_is_a_noop(paying_ctx, sandbox):
     assert _on_hand(variant_id) == 10
 
 
+def _at_the_payment_page(placed_at):
+    """An order placed at `placed_at` whose customer went to the hosted page at once; returns
+    (order id, variant id, deadline id, session id, the session's expires_at)."""
+    order_id, variant_id, deadline_id = _checkout(now=placed_at)
+    assert start_payment(order_id, now=placed_at).status == "started"
+    order = _order(order_id)
+    sid, expires = order.payment_session_id, as_utc(order.payment_session_expires_at)
+    db.session.rollback()
+    return order_id, variant_id, deadline_id, sid, expires
+
+
+def test_the_deadline_of_an_order_at_the_payment_page_waits_for_its_session_then_cancels_it(paying_ctx, sandbox):
+    """The expired webhook never came (this app has no endpoint at the sandbox): the order's own
+    deadline waits for the session's expires_at, asks the provider, and cancels."""
+    placed_at = utcnow()
+    order_id, variant_id, deadline_id, sid, expires = _at_the_payment_page(placed_at)
+    assert abs((expires - (placed_at + timedelta(seconds=WINDOW))).total_seconds()) <= 1  # pay-by = session end
+
+    assert run_command(deadline_id, now=placed_at + timedelta(seconds=WINDOW)) == "rescheduled"
+    row = _command(deadline_id)
+    assert (row.status, row.attempts, as_utc(row.next_attempt_at)) == ("pending", 0, expires + timedelta(seconds=2))
+    assert _order(order_id).status == "PaymentInitiated"
+
+    sandbox.advance_clock((expires - utcnow()).total_seconds() + 1)  # the provider expires it at its time
+    assert gateway.retrieve_session(sid).status == "expired"
+    at = expires + timedelta(seconds=2)
+    assert run_command(deadline_id, now=at) == "done"
+    cancelled = _order(order_id)
+    assert cancelled.status == "Cancelled"
+    [event] = [e for e in db.session.scalars(select(OutboxEvent).where(OutboxEvent.order_id == order_id))
+               if e.name == "OrderCancelled"]
+    assert event.payload["reason"] == "payment window expired"
+    db.session.rollback()
+    _restore(order_id, now=at)
+    assert _on_hand(variant_id) == 12
+
+
+def test_a_payment_made_just_before_the_session_expired_wins_over_the_deadline(paying_ctx, sandbox):
+    placed_at = utcnow()
+    order_id, variant_id, deadline_id, sid, expires = _at_the_payment_page(placed_at)
+    sandbox.set_outcome(sid, "paid")  # its webhook never reaches this app
+
+    assert run_command(deadline_id, now=expires + timedelta(seconds=2)) == "done"
+
+    assert _order(order_id).status == "Paid"
+    assert _deliveries(order_id, "OrderCancelled") == []
+    assert _on_hand(variant_id) == 10
+
+
+def test_a_deadline_finding_the_session_still_open_at_the_provider_asks_again_shortly(paying_ctx, sandbox):
+    placed_at = utcnow()
+    order_id, _variant_id, deadline_id, _sid, expires = _at_the_payment_page(placed_at)
+    at = expires + timedelta(seconds=2)  # the sandbox's clock has not reached expires_at: still open there
+
+    assert run_command(deadline_id, now=at) == "rescheduled"
+
+    row = _command(deadline_id)
+    assert (row.status, as_utc(row.next_attempt_at)) == ("pending", at + timedelta(seconds=15))
+    assert _order(order_id).status == "PaymentInitiated"
+
+
 def test_a_deadline_that_loses_a_race_to_a_webhook_completes_without_retrying(app_ctx, is_postgres):
     if not is_postgres:
         pytest.skip("SQLite serialises writers (BEGIN IMMEDIATE): the interleaving cannot happen there")

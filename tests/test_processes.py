@@ -24,6 +24,8 @@ from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
 from shop.models import Cart, CartItem, InventoryItem, Order, OutboxEvent, ScheduledCommand, Variant
 from shop.orders.checkout import place_order
+from shop.orders.commands import PROVIDER_EXPIRY_GRACE
+from shop.payments.service import start_payment
 from shop.seed import seed_catalog
 
 pytestmark = pytest.mark.slow
@@ -120,12 +122,17 @@ def _checkout(quantity: int) -> tuple[int, int]:
     return placed.order_id, variant_id
 
 
-def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadline(make_app):
-    app = make_app(UNPAID_ORDER_EXPIRY_SECONDS=WINDOW, RECONCILIATION_STUCK_AGE_SECONDS=WINDOW)
+@pytest.mark.parametrize("at_payment_page", [False, True], ids=["pending", "at_the_payment_page"])
+def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadline(make_app, at_payment_page):
+    """pending: the order never reached the provider. at_the_payment_page: the customer left the
+    hosted page open; its session lives until the order's pay-by, no web server takes the
+    expired webhook, and the deadline itself asks the provider."""
+    port = _free_port()
+    sandbox_url = f"http://127.0.0.1:{port}"
+    app = make_app(UNPAID_ORDER_EXPIRY_SECONDS=WINDOW, RECONCILIATION_STUCK_AGE_SECONDS=WINDOW,
+                   STRIPE_API_BASE=sandbox_url, STRIPE_SESSION_MIN_SECONDS=1)
     procs = Processes()
     try:
-        port = _free_port()
-        sandbox_url = f"http://127.0.0.1:{port}"
         env = _env(app, STRIPE_API_BASE=sandbox_url)
         procs.start("sandbox", ["shop", "stripe-sandbox", "--port", str(port), "--min-session-seconds", "1"], env)
         procs.start("scheduler", ["shop", "scheduler"], env)
@@ -156,6 +163,13 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
             placed = db.session.get(Order, order_id)
             due = as_utc(placed.created_at) + timedelta(seconds=WINDOW)
             db.session.rollback()
+            if at_payment_page:
+                assert start_payment(order_id).status == "started"
+                # Its pay-by is now the session's expires_at (the provider's shortest lifetime
+                # plus slack may put it past the window): the deadline waits for it, and gives
+                # the provider a moment to expire the session by its own clock.
+                due = as_utc(db.session.get(Order, order_id).payment_session_expires_at) + PROVIDER_EXPIRY_GRACE
+                db.session.rollback()
             assert db.session.execute(select(InventoryItem.on_hand)
                                       .where(InventoryItem.variant_id == variant_id)).scalar_one() == 37
             db.session.rollback()
@@ -179,6 +193,8 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
             deadline = db.session.execute(select(ScheduledCommand).where(
                 ScheduledCommand.kind == "expire_unpaid_order", ScheduledCommand.order_id == order_id)).scalar_one()
             assert deadline.status == "done"
+            if at_payment_page:
+                assert deadline.attempts == 1  # rescheduled to the session's end, not retried
             reason = db.session.execute(select(OutboxEvent.payload).where(
                 OutboxEvent.order_id == order_id, OutboxEvent.name == "OrderCancelled")).scalar_one()["reason"]
             assert reason == "payment window expired"  # the order's own deadline did it, not the sweep

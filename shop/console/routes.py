@@ -150,6 +150,8 @@ RECONCILE_WORDS = {
     "paid": "The provider confirms the payment: the order is now Paid.",
     "payment_failed": "The provider says the payment did not go through: the order is now PaymentFailed "
                       "(its items stay held for a fresh payment window).",
+    "cancelled": "The payment page expired at the end of the payment window: the order is now Cancelled and "
+                 "its stock is being given back.",
     "refund_created": "The provider holds money this order cannot take ({detail}); a refund is queued.",
     "already_refunded": "The provider holds money this order cannot take ({detail}); the refund was already "
                         "on record, nothing more was queued.",

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from flask import current_app
 from sqlalchemy.orm.exc import StaleDataError
 
-from ..domain.deadlines import unpaid_deadline
+from ..domain.deadlines import as_utc, unpaid_deadline
 from ..domain.order import OrderStatus, UNPAID
 from ..domain.results import Refused
 from ..extensions import db
@@ -81,6 +81,8 @@ def expire_unpaid_order(order_id: int, now: datetime) -> str:
     order = session.get(Order, order_id)
     if order is None:
         return "gone"
+    if OrderStatus(order.status) is OrderStatus.PAYMENT_INITIATED:
+        return _expire_at_the_provider(order, now)
     if OrderStatus(order.status) not in UNPAID:
         return f"noop:{order.status}"
     due = unpaid_deadline(order.updated_at, current_app.config["UNPAID_ORDER_EXPIRY_SECONDS"])
@@ -99,3 +101,33 @@ def expire_unpaid_order(order_id: int, now: datetime) -> str:
         return "lost_race"
     log.info("order %s cancelled: payment window expired", order.reference)
     return "cancelled"
+
+
+# After its session's expires_at: how long the provider gets to expire it (the sandbox ticks every
+# second; Stripe takes longer) before the deadline asks, and how long it keeps asking.
+PROVIDER_EXPIRY_GRACE = timedelta(seconds=2)
+PROVIDER_EXPIRY_PATIENCE = timedelta(minutes=10)
+PROVIDER_EXPIRY_RECHECK = timedelta(seconds=15)
+
+
+def _expire_at_the_provider(order: Order, now: datetime) -> str:
+    """The deadline of an order waiting at the hosted payment page. Its session lives until the
+    order's pay-by time, so the deadline waits for the session's own expires_at, then asks the
+    provider and applies the answer in this transaction through the webhook's guarded path:
+    expired -> cancelled (stock back), paid -> Paid (a payment made just in time wins). The
+    webhook usually got there first and this is a no-op; this is what keeps the deadline
+    punctual when that webhook is lost (the sweep would only find the order a cycle later)."""
+    from ..outbox.runner import Reschedule
+    from ..payments import gateway
+    from ..payments.service import apply_in_transaction
+
+    expires = order.payment_session_expires_at
+    if expires is not None and now < as_utc(expires) + PROVIDER_EXPIRY_GRACE:
+        raise Reschedule(as_utc(expires) + PROVIDER_EXPIRY_GRACE)
+    view = gateway.retrieve_session(order.payment_session_id)  # unreachable -> retried with backoff
+    applied = apply_in_transaction(view, source="deadline", now=now)
+    if applied.outcome == "noop" and view.status == "open" and expires is not None \
+            and now < as_utc(expires) + PROVIDER_EXPIRY_PATIENCE:
+        raise Reschedule(now + PROVIDER_EXPIRY_RECHECK)  # the provider has not expired it yet
+    log.info("deadline for order %s at the provider: %s", order.reference, applied.outcome)
+    return applied.outcome

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Callable, NamedTuple
 
 from flask import current_app
@@ -15,7 +15,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
-from ..domain.deadlines import session_expires_at, unpaid_deadline, utcnow
+from ..domain.deadlines import as_utc, session_expires_at, unpaid_deadline, utcnow
 from ..domain.order import ALLOWED, OrderRules, OrderStatus
 from ..domain.payment import check_payment_proof
 from ..domain.results import Ok, Refused
@@ -390,6 +390,17 @@ def _apply_once(view, *, source, failed, event_id, now) -> Applied:
     if state is not S.PAYMENT_INITIATED or order.payment_session_id != view.id:
         return Applied("noop", order, f"order is {order.status}")
     if view.status == "expired":
+        if _window_ran_out(order, view, now):
+            # The session lived until the order's pay-by time (CONTRACT section 2): it expiring
+            # then is the payment window ending, so the order is cancelled and its stock given
+            # back, as the deadline would for an unpaid order. Not a failed payment with a fresh
+            # window, which would hold the stock for a second window after the customer left.
+            result = order.cancel("payment window expired")
+            if isinstance(result, Refused):
+                return Applied("noop", order, result.message)
+            log.info("order %s cancelled: its payment session expired at the end of the window (via %s)",
+                     order.reference, source)
+            return Applied("cancelled", order)
         order.mark_payment_failed("checkout session expired")
         order.last_payment_error = "The payment page expired before payment."
         return Applied("payment_failed", order)
@@ -400,6 +411,23 @@ def _apply_once(view, *, source, failed, event_id, now) -> Applied:
     if view.status == "complete":
         return Applied("awaiting_async", order)
     return Applied("noop", order, f"session {view.status}")
+
+
+# The provider expires a session by its own clock; ours may run a little behind.
+EXPIRY_CLOCK_SLACK = timedelta(seconds=60)
+
+
+def _window_ran_out(order: Order, view, now: datetime) -> bool:
+    """Did the session expire because its time was up (as opposed to being expired early, by
+    hand at the provider)? Its expires_at, the order's pay-by, has passed."""
+    expires = view.expires_at or order.payment_session_expires_at
+    return expires is not None and as_utc(now) >= as_utc(expires) - EXPIRY_CLOCK_SLACK
+
+
+def apply_in_transaction(view: gateway.SessionView, *, source: str, now: datetime) -> Applied:
+    """apply_session's guarded transitions inside the caller's transaction, without committing:
+    for a caller that commits together with its own bookkeeping (the deadline command)."""
+    return _apply_once(view, source=source, failed=_async_failed(view), event_id=None, now=now)
 
 
 def _late_money(order: Order, view, reason: str, now: datetime) -> Applied:

@@ -69,8 +69,8 @@ UNAVAILABLE_STREAK_LIMIT = 3
 S = OrderStatus
 
 EXPIRY_OUTCOMES = ("cancelled", "lost_race", "changed", "errors")
-PROVIDER_OUTCOMES = ("paid", "payment_failed", "proof_refused", "open", "awaiting_async", "refund_created",
-                     "changed", "unavailable", "errors")
+PROVIDER_OUTCOMES = ("paid", "payment_failed", "cancelled", "proof_refused", "open", "awaiting_async",
+                     "refund_created", "changed", "unavailable", "errors")
 
 
 # -- time ----------------------------------------------------------------------------------
@@ -213,7 +213,8 @@ def provider_line(counts: dict | None) -> str:
     parts = [f"{counts.get('paid', 0)} paid", f"{counts.get('payment_failed', 0)} payment failed",
              f"{counts.get('unavailable', 0)} unavailable"]
     parts += _extras(counts, shown, {"open": "still open", "changed": "changed meanwhile",
-                                     "awaiting_async": "awaiting an async payment"})
+                                     "awaiting_async": "awaiting an async payment",
+                                     "cancelled": "cancelled (session expired at the end of the window)"})
     return "provider pass: " + ", ".join(parts)
 
 
