@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import select, update
 
 from shop import queue
@@ -174,3 +175,22 @@ def test_a_command_rearmed_from_inside_its_own_scheduled_job_keeps_its_schedule(
         assert job.id.startswith(queue.command_job_id(command_id) + "-")
         assert as_utc(at) == retry_at.replace(microsecond=0)
         db.session.remove()
+
+
+@pytest.mark.parametrize("provider_up", [True, False])
+def test_a_json_client_checking_out_gets_the_contracts_303_and_the_same_facts_in_the_body(
+        paying_app, sandbox, provider_up):
+    """CONTRACT section 4 names a 303 for a placed order, to the hosted page or, with the
+    provider down, to the order page: the status does not depend on what the client accepts."""
+    shopper = Shopper(paying_app, seed(paying_app))
+    sandbox.faults(api_unavailable=not provider_up)
+    shopper.client.post("/cart/items", data={"csrf_token": shopper.token, "variant_id": shopper.skus[SKU],
+                                             "quantity": 1})
+    r = shopper.client.post("/checkout", data={"csrf_token": shopper.token, "email": "ann@example.com"},
+                            headers=JSON)
+    assert r.status_code == 303 and r.is_json
+    body = r.get_json()
+    assert r.headers["Location"] == (body["payment_url"] if provider_up else body["order_url"])
+    assert body["order_url"].endswith(f"/orders/{body['reference']}")
+    assert (body["payment_url"] is None) is (not provider_up)
+    assert shopper.order(body["reference"])["status"] == ("PaymentInitiated" if provider_up else "PendingPayment")

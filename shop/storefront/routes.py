@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hmac
+import json
 
 from flask import abort, flash, redirect, request, url_for
 from sqlalchemy import select
@@ -166,15 +167,22 @@ def checkout():
         return _render_cart(status, detail, result.shortages, form=form)
     started = start_payment(result.order_id, placed=result)
     order_url = url_for("storefront.order_page", reference=result.reference)
+    # CONTRACT section 4: success is a 303 whatever the client accepts; a JSON client also gets
+    # the same facts in the body, so it need not follow the redirect to learn them.
     if started.status == "started":
-        if wants_json():
-            return {"reference": result.reference, "payment_url": started.url, "order_url": order_url}, 201
-        return redirect(started.url, 303)
+        return _see_other(started.url, {"reference": result.reference, "payment_url": started.url,
+                                        "order_url": order_url})
     flash(started.message, "warning")
+    return _see_other(order_url, {"reference": result.reference, "payment_url": None, "order_url": order_url,
+                                  "message": started.message})
+
+
+def _see_other(location: str, data: dict):
+    response = redirect(location, 303)
     if wants_json():
-        return {"reference": result.reference, "payment_url": None, "order_url": order_url,
-                "message": started.message}, 201
-    return redirect(order_url, 303)
+        response.set_data(json.dumps(data))
+        response.mimetype = "application/json"
+    return response
 
 
 def _owned_order(reference: str) -> Order:
