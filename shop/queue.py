@@ -10,11 +10,14 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from datetime import datetime, timezone
 
 from flask import current_app
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker, get_current_job
 from rq_scheduler import Scheduler
 from rq_scheduler.utils import to_unix
@@ -236,6 +239,31 @@ class _WatchfulScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self._watch = tuple(watch)
         self._on_loss = on_loss
+
+    def run(self, burst: bool = False):
+        """rq-scheduler's loop, kept alive through a Redis outage: a restart or a network blip
+        is waited out (the next poll then finds whatever Redis lost) instead of ending the
+        process with a traceback."""
+        while True:
+            try:
+                return super().run(burst=burst)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if burst:
+                    raise
+                log.warning("scheduler: Redis unreachable (%s); waiting for it", exc)
+                self._wait_for_redis()
+                # Our birth record may have outlived a blip (Redis kept its data): it is ours,
+                # and run() refuses to start while a live-looking scheduler of our name exists.
+                self.connection.delete(self.key)
+                log.warning("scheduler: Redis answers again; resuming")
+
+    def _wait_for_redis(self, pause: float = 1.0) -> None:
+        while True:
+            try:
+                self.connection.ping()
+                return
+            except (RedisConnectionError, RedisTimeoutError):
+                time.sleep(pause)
 
     def enqueue_jobs(self):
         if self._on_loss is not None and self._watch:

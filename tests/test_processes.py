@@ -258,6 +258,50 @@ def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_e
         procs.stop()
 
 
+def test_the_scheduler_waits_out_a_redis_restart_and_then_rebuilds_what_redis_lost(make_app, tmp_path):
+    """Redis goes away and comes back empty (a restart without persistence): the scheduler
+    neither dies with a traceback nor carries on without its periodic jobs."""
+    from shop.devserver import bundled_redis_server
+
+    binary = shutil.which("redis-server") or bundled_redis_server()
+    port = _free_port()
+
+    def start_redis() -> subprocess.Popen:
+        return subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                 "--appendonly", "no", "--dir", str(tmp_path)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    redis_server = start_redis()
+    app = make_app(REDIS_URL=f"redis://127.0.0.1:{port}/0")
+    procs = Processes()
+    try:
+        scheduler = procs.start("scheduler", ["shop", "scheduler"], _env(app))
+        with app.app_context():
+            prefix = app.config["QUEUE_PREFIX"]
+
+            def registered():
+                try:
+                    return f"{prefix}-periodic-relay" in {job.id for job in queue.scheduler().get_jobs()}
+                except Exception:  # Redis is down for part of this test
+                    return False
+
+            _wait(registered, 20, "the scheduler's periodic jobs", procs.logs)
+            redis_server.terminate()
+            redis_server.wait(timeout=10)
+            time.sleep(3)  # a few polls against nothing
+            assert scheduler.poll() is None, procs.logs()
+            redis_server = start_redis()
+            _wait(registered, 20, "the periodic jobs to be registered again", procs.logs)
+            assert scheduler.poll() is None, procs.logs()
+            logs = procs.logs()
+            assert "waiting for it" in logs and "rebuilding them from the database" in logs
+            assert "Traceback" not in logs
+    finally:
+        procs.stop()
+        redis_server.terminate()
+        redis_server.wait(timeout=10)
+
+
 def test_a_worker_refuses_to_start_when_the_stuck_age_differs_from_the_window(make_app):
     app = make_app()
     env = _env(app, RECONCILIATION_STUCK_AGE_SECONDS="600", UNPAID_ORDER_EXPIRY_SECONDS="1800")
