@@ -75,9 +75,11 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
     errors.init_app(app)
     _configure_sqlite(app)
     _configure_idle_ping(app)
-    from .web import IdConverter, WorkConverter
+    from .web import IdConverter, LimitChunkedBodies, WorkConverter, refuse_nul_text
 
     app.url_map.converters.update(id=IdConverter, work=WorkConverter)
+    app.before_request(refuse_nul_text)
+    app.wsgi_app = LimitChunkedBodies(app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",))
     from .storefront import bp as storefront_bp
     from .ops import bp as ops_bp
 
@@ -185,10 +187,12 @@ def _configure_sqlite(app) -> None:
 def _configure_login(app) -> None:
     from .extensions import db, login_manager
     from .models import Operator
+    from .web import MAX_ID
 
     @login_manager.user_loader
     def load_operator(operator_id):
         try:
-            return db.session.get(Operator, int(operator_id))
+            number = int(operator_id)
         except (TypeError, ValueError):
             return None
+        return db.session.get(Operator, number) if 0 < number <= MAX_ID else None

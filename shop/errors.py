@@ -1,6 +1,7 @@
 """Errors in words, as HTML or JSON, never a stack trace."""
 from flask import jsonify, render_template_string
 from flask_wtf.csrf import CSRFError
+from sqlalchemy.exc import InterfaceError, OperationalError
 from werkzeug.exceptions import HTTPException
 
 from .web import wants_json
@@ -15,6 +16,7 @@ MESSAGES = {
     405: "That action is not allowed here.",
     413: "That request is too large.",
     500: "Something went wrong on our side. Nothing was charged twice; please try again.",
+    503: "The shop's database is busy or unreachable right now. Nothing was lost; please try again in a minute.",
 }
 
 
@@ -32,12 +34,21 @@ def init_app(app):
 
     @app.errorhandler(HTTPException)
     def http_error(exc):
-        return _render(exc.code or 500, exc.name, MESSAGES.get(exc.code, exc.description))
+        message = exc.description if getattr(exc, "in_words", False) else MESSAGES.get(exc.code, exc.description)
+        return _render(exc.code or 500, exc.name, message)
 
     @app.errorhandler(Exception)
     def unexpected(exc):
-        app.logger.exception("unhandled error")
         from .extensions import db
 
-        db.session.rollback()
+        try:
+            db.session.rollback()
+        except Exception:  # the connection is gone too
+            pass
+        if isinstance(exc, (OperationalError, InterfaceError)):
+            # The database is unreachable (down, restarting, out of connections): not a bug in
+            # this request, and saying so tells the customer to come back rather than give up.
+            app.logger.error("database unavailable: %s", exc)
+            return _render(503, "Back in a moment", MESSAGES[503])
+        app.logger.exception("unhandled error")
         return _render(500, "Sorry", MESSAGES[500])

@@ -1,9 +1,11 @@
 """Small helpers shared by the blueprints: content negotiation and the browser's identity."""
 from __future__ import annotations
 
+import io
 import secrets
 
 from flask import jsonify, render_template, request, session
+from werkzeug.exceptions import BadRequest
 from werkzeug.routing import BaseConverter, IntegerConverter, ValidationError
 
 # Row ids are 32-bit keys. A larger number in a URL or form names nothing: answer "not found"
@@ -42,6 +44,58 @@ class WorkConverter(BaseConverter):
         return str(value)
 
 
+class NulInText(BadRequest):
+    """A NUL character in a query or form value: no field of this shop can hold one (PostgreSQL
+    refuses it in text), so the request is refused in words before any use of it."""
+
+    in_words = True
+    description = "The request contains a NUL character, which no field here accepts."
+
+
+def refuse_nul_text() -> None:
+    """before_request: query and form values only (the webhook reads its raw body itself)."""
+    if request.endpoint == "webhooks.stripe_webhook":
+        return
+    values = list(request.args.values())
+    if request.method in ("POST", "PUT", "PATCH") and request.mimetype in (
+            "application/x-www-form-urlencoded", "multipart/form-data"):
+        values += request.form.values()
+    if any("\x00" in value for value in values):
+        raise NulInText()
+
+
+class LimitChunkedBodies:
+    """WSGI middleware: a body sent without a Content-Length (Transfer-Encoding: chunked) is read
+    here, up to the app's limit, and handed on with its length; one over the limit is a 413.
+    Without it werkzeug parses such a form only up to the limit and takes the cut-off rest as
+    the whole (a 2 MB chunked form was accepted, truncated). The webhook keeps its own reading,
+    which records what it rejects."""
+
+    def __init__(self, wsgi_app, limit: int, skip_paths=()):
+        self.wsgi_app, self.limit, self.skip_paths = wsgi_app, limit, tuple(skip_paths)
+
+    def __call__(self, environ, start_response):
+        chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+        if chunked and not environ.get("CONTENT_LENGTH") and environ.get("PATH_INFO") not in self.skip_paths:
+            stream, parts, size = environ["wsgi.input"], [], 0
+            while size <= self.limit:
+                part = stream.read(self.limit + 1 - size)
+                if not part:
+                    break
+                parts.append(part)
+                size += len(part)
+            if size > self.limit:
+                body = b"Request body over the size limit.\n"
+                start_response("413 Request Entity Too Large", [("Content-Type", "text/plain; charset=utf-8"),
+                                                                 ("Content-Length", str(len(body))),
+                                                                 ("Connection", "close")])
+                return [body]
+            environ["wsgi.input"] = io.BytesIO(b"".join(parts))
+            environ["CONTENT_LENGTH"] = str(size)
+            environ.pop("HTTP_TRANSFER_ENCODING", None)
+        return self.wsgi_app(environ, start_response)
+
+
 def work_ref(kind: str, number: int) -> int | str:
     """How the console names a delivery (its id) or a command ("cmd-<id>") in lists and URLs."""
     return f"{COMMAND_PREFIX}{number}" if kind == "command" else number
@@ -63,6 +117,9 @@ def browser_id(create: bool = True) -> str | None:
     """An opaque id for this browser, kept in the signed session cookie. Orders and carts
     belong to it; another browser sees them only with the order's access token."""
     bid = session.get("bid")
+    if bid is not None and not (isinstance(bid, str) and 0 < len(bid) <= 64 and bid.isprintable()):
+        bid = None  # not one we made (the cookie is signed, so only with the key): a new browser
+        session.pop("bid", None)
     if bid is None and create:
         bid = secrets.token_urlsafe(18)
         session["bid"] = bid

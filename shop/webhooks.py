@@ -135,7 +135,8 @@ def stripe_webhook():
     except (ValueError, UnicodeDecodeError):
         return _reject("unparseable body")
     if not isinstance(event, dict) or not isinstance(event.get("data"), dict) or \
-            not isinstance(event["data"].get("object"), dict):
+            not isinstance(event["data"].get("object"), dict) or not isinstance(event.get("type"), str) or \
+            not isinstance(event.get("id"), (str, type(None))):
         return _reject("unparseable body: not a Stripe event")
     return _accept(event)
 
@@ -180,11 +181,19 @@ def _apply_then_record(event_id, event_type, view, failed, receipt):
         # return page will apply it, and the receipt + log make it visible.
         db.session.rollback()
         log.warning("webhook event %s (%s) accepted but not applied: %s", event_id, event_type, exc, exc_info=True)
-        _record("failed", f"accepted, not applied: {exc}", 200, event_id, event_type, view.order_id)
+        _record("failed", f"accepted, not applied: {_in_words(exc)}", 200, event_id, event_type, view.order_id)
         return jsonify({"received": True, "outcome": "failed"}), 200
     _log_unknown(result, event_id, event_type, view)
     _record(*receipt(result))
     return jsonify({"received": True, "outcome": result.outcome}), 200
+
+
+def _in_words(exc: Exception) -> str:
+    """What went wrong, for the console: the driver's first line, never the SQL statement and its
+    parameters that SQLAlchemy's own message carries (the log has the whole traceback)."""
+    cause = getattr(exc, "orig", None) or exc
+    first = (str(cause).strip().splitlines() or [""])[0]
+    return f"{type(cause).__name__}: {first}"[:300]
 
 
 def _log_unknown(result, event_id, event_type, view) -> None:

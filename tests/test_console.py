@@ -349,6 +349,8 @@ def test_dead_scheduled_commands_are_dead_letters_of_the_outbox_in_its_shape_and
 
     r = client.post(f"/console/outbox/cmd-{command_id}/retry", data={"csrf_token": token}, headers=JSON)
     assert r.status_code == 200, r.get_json()
+    assert r.get_json()["id"] == f"cmd-{command_id}"  # the list's id, not delivery {command_id}
+    assert ref in r.get_json()["message"] and "expire_unpaid_order" in r.get_json()["message"]
     with app.app_context():
         row = db.session.get(ScheduledCommand, command_id)
         assert (row.status, row.attempts) == ("pending", 0)

@@ -328,7 +328,8 @@ def test_a_reference_that_cannot_exist_is_a_404_on_every_order_route(browser, re
     assert c.post(f"/orders/{reference}/cancel", headers=JSON, data={"csrf_token": token, "version": 1}
                   ).status_code == 404
     assert c.post(f"/orders/{reference}/pay", headers=JSON, data={"csrf_token": token}).status_code == 404
-    assert c.get(f"/checkout/return?order={reference}&session_id=cs_x").status_code == 404
+    # In a query string a NUL is refused as such (400) before any route looks at it.
+    assert c.get(f"/checkout/return?order={reference}&session_id=cs_x").status_code in (400, 404)
 
 
 def test_cancelling_with_a_version_that_is_not_a_number_says_so(shop, browser):

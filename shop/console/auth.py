@@ -42,7 +42,8 @@ def require_operator():
 
 def safe_next(value: str | None, default: str) -> str:
     """Only a path inside the console: never another host (an open redirect)."""
-    if value and value.startswith("/console") and "\\" not in value and not value.startswith("//"):
+    if value and value.startswith("/console") and "\\" not in value and not value.startswith("//") \
+            and value.isprintable():  # CR/LF would be a header injection (werkzeug refuses it: a 500)
         return value
     return default
 
@@ -51,7 +52,7 @@ def safe_next(value: str | None, default: str) -> str:
 def login():
     """The operator login form. Bad credentials get 401 without saying which part was wrong."""
     form = LoginForm()
-    if request.method == "GET":
+    if request.method in ("GET", "HEAD"):
         if current_user.is_authenticated:
             return redirect(safe_next(request.args.get("next"), url_for("console.dashboard")))
         form.next.data = request.args.get("next", "")

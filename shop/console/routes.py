@@ -22,7 +22,7 @@ from ..outbox import runner
 from ..payments import gateway
 from ..payments.service import reconcile_order
 from ..saga.inventory import restore_inventory_now
-from ..web import respond, wants_json
+from ..web import respond, wants_json, work_ref
 from . import auth, bp, queries  # noqa: F401  (auth registers the login routes)
 from .auth import safe_next
 from .forms import ActionForm, DiscardForm, ResolveForm
@@ -33,7 +33,9 @@ log = logging.getLogger("shop.console")
 
 @bp.context_processor
 def _helpers():
-    return {"age": human_age, "money": human_money, "when": human_time, "action_form": ActionForm()}
+    # formdata=None: a button's form needs only its CSRF token, and reading the request here
+    # would fail again inside the error page of a request that failed for its body (a 413).
+    return {"age": human_age, "money": human_money, "when": human_time, "action_form": ActionForm(formdata=None)}
 
 
 # -- small helpers ---------------------------------------------------------------------------
@@ -201,52 +203,65 @@ WORK = {
 }
 
 
+def _named(kind: str, work_id: int, row=None) -> tuple[int | str, str]:
+    """The row's id as the outbox list shows it ("cmd-3" for a command), and words for it that
+    say what it is and whose: "send_email cmd-3 (order BK-…)"."""
+    ref = work_ref(kind, work_id)
+    if row is None:
+        return ref, f"{kind} {ref}"
+    what = row.handler if kind == "delivery" else row.kind
+    order = db.session.get(Order, row.order_id) if row.order_id is not None else None
+    return ref, f"{what} {kind} {ref}" + (f" (order {order.reference})" if order is not None else "")
+
+
 def _retry(kind: str, work_id: int):
     model, announce = WORK[kind]
     back = url_for("console.outbox", status="dead")
     row = db.session.get(model, work_id)
+    ref, name = _named(kind, work_id, row)
     if row is None:
-        return problem(404, f"There is no {kind} {work_id}.", title=f"No such {kind}", back=back)
+        return problem(404, f"There is no {name}.", title=f"No such {kind}", back=back)
     if row.status != "dead":
-        return problem(409, f"{kind.capitalize()} {work_id} is {row.status}, not dead: only a dead letter can be "
-                            "retried.", back=back, id=work_id, current_status=row.status)
+        return problem(409, f"The {name} is {row.status}, not dead: only a dead letter can be retried.",
+                       back=back, id=ref, current_status=row.status)
     db.session.rollback()
     if not runner.retry_dead(model, work_id):
         current = db.session.get(model, work_id)
-        return problem(409, f"{kind.capitalize()} {work_id} changed meanwhile (now {current.status}); nothing done.",
-                       back=back, id=work_id, current_status=current.status)
+        return problem(409, f"The {name} changed meanwhile (now {current.status}); nothing done.",
+                       back=back, id=ref, current_status=current.status)
     try:
         announce(work_id)
     except Exception as exc:  # Redis down: the row is pending and due, the relay hands it over
-        log.warning("retry of %s %s: could not tell Redis (%s); the relay will pick it up", kind, work_id, exc)
+        log.warning("retry of %s: could not tell Redis (%s); the relay will pick it up", name, exc)
     budget = current_app.config["OUTBOX_MAX_ATTEMPTS"]
-    log.info("operator %s retried dead %s %s", _operator(), kind, work_id)
-    return done(f"{kind.capitalize()} {work_id} will run again now, with a fresh budget of {budget} attempts.",
-                {"id": work_id, "kind": kind, "status": "pending"}, back)
+    log.info("operator %s retried dead %s", _operator(), name)
+    return done(f"The {name} will run again now, with a fresh budget of {budget} attempts; this list shows "
+                "how it went.", {"id": ref, "kind": kind, "status": "pending"}, back)
 
 
 def _discard(kind: str, work_id: int):
     model, _ = WORK[kind]
     back = url_for("console.outbox", status="dead")
     row = db.session.get(model, work_id)
+    ref, name = _named(kind, work_id, row)
     if row is None:
-        return problem(404, f"There is no {kind} {work_id}.", title=f"No such {kind}", back=back)
+        return problem(404, f"There is no {name}.", title=f"No such {kind}", back=back)
     form = DiscardForm()
     if not form.validate():
         return problem(400, form.reason.errors[0] if form.reason.errors else "Say why this is discarded.",
-                       title="A reason is needed", back=back, id=work_id)
+                       title="A reason is needed", back=back, id=ref)
     if row.status != "dead":
-        return problem(409, f"{kind.capitalize()} {work_id} is {row.status}, not dead: only a dead letter can be "
-                            "discarded.", back=back, id=work_id, current_status=row.status)
+        return problem(409, f"The {name} is {row.status}, not dead: only a dead letter can be discarded.",
+                       back=back, id=ref, current_status=row.status)
     reason = form.reason.data.strip()
     db.session.rollback()
     if not runner.discard(model, work_id, reason):
         current = db.session.get(model, work_id)
-        return problem(409, f"{kind.capitalize()} {work_id} changed meanwhile (now {current.status}); nothing done.",
-                       back=back, id=work_id, current_status=current.status)
-    log.warning("operator %s discarded %s %s: %s", _operator(), kind, work_id, reason)
-    return done(f"{kind.capitalize()} {work_id} discarded: it will not run again.",
-                {"id": work_id, "kind": kind, "status": "discarded", "reason": reason}, back)
+        return problem(409, f"The {name} changed meanwhile (now {current.status}); nothing done.",
+                       back=back, id=ref, current_status=current.status)
+    log.warning("operator %s discarded %s: %s", _operator(), name, reason)
+    return done(f"The {name} is discarded: it will not run again.",
+                {"id": ref, "kind": kind, "status": "discarded", "reason": reason}, back)
 
 
 @bp.post("/outbox/<work:work>/retry")

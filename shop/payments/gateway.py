@@ -92,7 +92,9 @@ def session_view(obj) -> SessionView:
 
     return SessionView(
         id=text(obj.get("id")), status=text(obj.get("status")), payment_status=text(obj.get("payment_status")),
-        amount_total=amount if isinstance(amount, int) and not isinstance(amount, bool) else None,
+        # Beyond a 32-bit amount no order could match it (and no column could hold it).
+        amount_total=amount if isinstance(amount, int) and not isinstance(amount, bool) and 0 <= amount < 2**31
+        else None,
         currency=text(obj.get("currency")), url=text(obj.get("url")), payment_intent=text(intent),
         expires_at=(datetime.fromtimestamp(expires, timezone.utc)
                     if isinstance(expires, int) and not isinstance(expires, bool) and 0 <= expires < 2**37 else None),

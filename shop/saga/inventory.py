@@ -53,6 +53,18 @@ _INCREMENT = (update(_inventory).where(_inventory.c.variant_id == bindparam("var
                       updated_at=bindparam("now", type_=_inventory.c.updated_at.type)))
 _WARN = insert(_warnings)
 
+_REFUSAL_WORDS = {
+    "stock_would_overflow": "variant {variant}'s stock would go over the maximum an inventory row holds",
+    "non_positive_quantity": "variant {variant} has an order line with a quantity of zero or less",
+}
+
+
+def _refusal_words(code: str) -> str:
+    """`stock_would_overflow:variant=2` -> words an operator can act on (the code stays in them)."""
+    name, _, rest = code.partition(":")
+    variant = rest.partition("=")[2] or "?"
+    return _REFUSAL_WORDS.get(name, name).format(variant=variant) + f" ({code})"
+
 
 @dataclass
 class _OrderSnapshot(OrderRules):
@@ -87,7 +99,8 @@ def restore_inventory(event: OrderCancelled, now: datetime) -> str:
     if plan.refused:
         # Nothing is saved (no marker, no stock); the warning is the record, and an operator
         # retries after fixing the cause. Not retried automatically: it would refuse again.
-        reason = "restore refused by an inventory invariant: " + ", ".join(plan.refusals)
+        reason = ("nothing given back for this order, because " + "; ".join(_refusal_words(r) for r in plan.refusals)
+                  + ". Fix the stock by hand and resolve, or fix the cause and retry the restore.")
         session.execute(_WARN, dict(order_id=order.id, variant_id=None, quantity=sum(q for _, q in lines),
                                     reason=reason, created_at=now))
         log.warning("restore_inventory: order %s (OrderCancelled): %s", reference, reason)

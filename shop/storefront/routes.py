@@ -172,7 +172,8 @@ def checkout():
     if started.status == "started":
         return _see_other(started.url, {"reference": result.reference, "payment_url": started.url,
                                         "order_url": order_url})
-    flash(started.message, "warning")
+    if not wants_json():  # a JSON client reads the message in the body; a flash would wait for its next page
+        flash(started.message, "warning")
     return _see_other(order_url, {"reference": result.reference, "payment_url": None, "order_url": order_url,
                                   "message": started.message})
 
@@ -194,7 +195,8 @@ def _owned_order(reference: str) -> Order:
     token = request.values.get("token") or ""
     if order.browser_id == browser_id(create=False):
         return order
-    if token and hmac.compare_digest(token, order.access_token):
+    # Bytes: compare_digest refuses str with non-ASCII characters, and the token is the sender's text.
+    if token and hmac.compare_digest(token.encode(), order.access_token.encode()):
         return order
     abort(404)
 
@@ -239,9 +241,7 @@ def pay(reference: str):
         return redirect(started.url, 303)
     order = db.session.get(Order, order.id)
     status = 503 if started.status == "unavailable" else 409
-    if wants_json():
-        return _render_order(order, status, started.message)
-    flash(started.message, "warning")
+    # The page itself shows the message (no flash too: it would show twice, and again later).
     return _render_order(order, status, started.message)
 
 
