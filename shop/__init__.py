@@ -78,6 +78,9 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
     from .web import IdConverter, LimitChunkedBodies, WorkConverter, refuse_nul_text
 
     app.url_map.converters.update(id=IdConverter, work=WorkConverter)
+    from .orders.views import status_words
+
+    app.jinja_env.filters["status_words"] = status_words
     app.before_request(refuse_nul_text)
     app.wsgi_app = LimitChunkedBodies(app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",))
     from .storefront import bp as storefront_bp

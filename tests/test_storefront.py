@@ -124,7 +124,7 @@ def test_adding_more_than_is_available_is_a_409_saying_how_many_are_left(shop, b
     assert browser.add("MUG-350-NVY", 2).status_code == 303
     r = browser.add("MUG-350-NVY", 2, headers=JSON)
     assert r.status_code == 409
-    assert r.get_json()["error"] == "Only 3 of MUG-350-NVY left; you asked for 4."
+    assert r.get_json()["error"] == "Only 3 of Enamel Camp Mug – Navy left; you asked for 4."
     cart = browser.client.get("/cart", headers=JSON).get_json()
     assert [(i["sku"], i["quantity"], i["available"]) for i in cart["items"]] == [("MUG-350-NVY", 2, 3)]
     assert cart["total"] == 3600 and cart["currency"] == "usd"
@@ -252,7 +252,7 @@ def test_a_stale_version_cancel_gets_409_with_the_current_state_and_changes_noth
         assert "changed since you loaded it" in body["error"]
     else:
         html = r.get_data(as_text=True)
-        assert "changed since you loaded it" in html and "PendingPayment" in html
+        assert "changed since you loaded it" in html and "Awaiting payment" in html
         assert f'name="version" value="{version + 1}"' in html  # the form now carries the current version
     assert _version(shop, reference) == ("PendingPayment", version + 1, order_id)
     assert rows(shop, OutboxEvent, OutboxEvent.name == "OrderCancelled") == 0

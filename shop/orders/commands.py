@@ -18,6 +18,7 @@ from ..domain.results import Refused
 from ..extensions import db
 from ..models import Order
 from ..outbox import uow
+from .views import status_words
 
 log = logging.getLogger("shop.orders")
 
@@ -41,7 +42,8 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = "
         return CancelOutcome("not_found")
     if expected_version is not None and order.version != expected_version:
         return CancelOutcome("conflict", order, "stale_version",
-                             f"This order changed since you loaded it (now {order.status}, version {order.version}).")
+                             f"This order changed since you loaded it (it is now: {status_words(order.status)}, "
+                             "perhaps in another tab). Look at it again before cancelling.")
     if not order.can("cancel"):
         refusal = order.cancel(reason)
         return CancelOutcome("refused", order, refusal.code, refusal.message)
@@ -61,7 +63,8 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = "
         uow.rollback(session)
         current = session.get(Order, order_id)
         return CancelOutcome("conflict", current, "stale_version",
-                             f"This order changed while you were cancelling it (now {current.status}).")
+                             f"This order changed while you were cancelling it (it is now: "
+                             f"{status_words(current.status)}). Look at it again.")
     uow.publish_after_commit(session)
     log.info("order %s cancelled (%s)", order.reference, reason)
     return CancelOutcome("cancelled", order)

@@ -22,6 +22,20 @@ def pay_by(order) -> datetime | None:
     return None
 
 
+# What a customer reads for each state (the JSON keeps CONTRACT section 3's names).
+STATUS_WORDS = {
+    OrderStatus.PENDING_PAYMENT.value: "Awaiting payment",
+    OrderStatus.PAYMENT_INITIATED.value: "At the payment page",
+    OrderStatus.PAYMENT_FAILED.value: "Payment failed",
+    OrderStatus.PAID.value: "Paid",
+    OrderStatus.CANCELLED.value: "Cancelled",
+}
+
+
+def status_words(status: str) -> str:
+    return STATUS_WORDS.get(str(status), str(status))
+
+
 PAYMENT_STATUS = {
     OrderStatus.PENDING_PAYMENT: "not_started",
     OrderStatus.PAYMENT_INITIATED: "open",

@@ -86,6 +86,11 @@ def _render_cart(status: int = 200, error: str | None = None, shortages=None, fo
     return respond("storefront/cart.html", data, status, form=form or CheckoutForm(), action=ActionForm())
 
 
+def _item_name(variant: Variant) -> str:
+    """What a customer calls it: the product and the variant ("Enamel Camp Mug – Navy"), not the SKU."""
+    return f"{variant.product.name} – {variant.name}"
+
+
 @bp.get("/cart")
 def cart():
     """This browser's cart."""
@@ -111,7 +116,7 @@ def add_to_cart():
     available = inv.on_hand if inv is not None and inv.deleted_at is None else 0
     if wanted > available:
         db.session.rollback()
-        return _render_cart(409, f"Only {available} of {variant.sku} left; you asked for {wanted}.")
+        return _render_cart(409, f"Only {available} of {_item_name(variant)} left; you asked for {wanted}.")
     if wanted > 99:
         db.session.rollback()
         return _render_cart(400, "At most 99 of one item per order.")
@@ -122,7 +127,7 @@ def add_to_cart():
     db.session.commit()
     if wants_json():
         return _render_cart(201)
-    flash(f"Added {form.quantity.data} × {variant.sku} to your cart.")
+    flash(f"Added {form.quantity.data} × {_item_name(variant)} to your cart.")
     return redirect(url_for("storefront.cart"), 303)
 
 
@@ -161,7 +166,7 @@ def checkout():
         status = {"out_of_stock": 409, "cart_closed": 409}.get(result.code, 400)
         detail = result.message
         if result.shortages:
-            detail += " " + "; ".join(f"{s.get('sku', s['variant_id'])}: {s['available']} left"
+            detail += " " + "; ".join(f"{s.get('name') or s.get('sku', s['variant_id'])}: {s['available']} left"
                                       + (f", you asked for {s['requested']}" if "requested" in s else "")
                                       for s in result.shortages)
         return _render_cart(status, detail, result.shortages, form=form)
