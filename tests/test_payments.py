@@ -114,7 +114,14 @@ def test_an_async_payment_that_succeeds_later_pays_the_order(paying_app, shopper
 
     r = post_webhook(shopper.client, completed)
     assert r.get_json()["outcome"] == "awaiting_async"
-    assert shopper.order(order["reference"])["status"] == "PaymentInitiated"
+    waiting = shopper.order(order["reference"])
+    # Checkout is finished; the bank settles later. Not a state change (same version), but the
+    # customer is told so and not sent back to the payment page.
+    assert (waiting["status"], waiting["version"]) == ("PaymentInitiated", order["version"])
+    assert waiting["payment"]["status"] == "processing"
+    page = shopper.client.get(f"/orders/{order['reference']}").get_data(as_text=True)
+    assert "being processed" in page and "Continue to payment" not in page
+    assert post_webhook(shopper.client, completed).get_json()["outcome"] == "duplicate"
 
     sandbox.async_result(sid, "succeeded")
     r = post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.async_payment_succeeded", sid))
@@ -145,6 +152,7 @@ def test_an_async_payment_that_fails_notifies_the_customer_and_rearms_the_deadli
 
     again = shopper.pay(ref)  # the failed order is payable again
     assert again.status_code == 200 and again.get_json()["payment_url"]
+    assert shopper.order(ref)["payment"]["status"] == "open"  # a new session: nothing is processing now
 
 
 def test_an_expired_session_fails_the_payment_and_the_customer_can_pay_again(make_app, sandbox):

@@ -31,6 +31,10 @@ class Order(OrderRules, db.Model):
     # waits for an operator, an async payment for the bank). Without it such orders, being the
     # oldest, would fill every cycle's batch and starve the rest.
     provider_next_check_at = mapped_column(UTCDateTime, nullable=True)
+    # When the provider said the customer finished checkout with a payment that settles later
+    # (a bank debit): the order page says "being processed" instead of offering the payment page
+    # again. Bookkeeping too: no version bump, no new updated_at. Cleared by a new session.
+    payment_processing_at = mapped_column(UTCDateTime, nullable=True)
     version: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     # The last state change. The deadline and the sweep derive "how long has it been waiting"

@@ -48,8 +48,10 @@ PAYMENT_STATUS = {
 def order_json(order) -> dict:
     payment = None
     if order.payment_session_id:
-        payment = {"session_id": order.payment_session_id, "url": order.payment_session_url,
-                   "status": PAYMENT_STATUS[OrderStatus(order.status)]}
+        status = PAYMENT_STATUS[OrderStatus(order.status)]
+        if status == "open" and order.payment_processing_at is not None:
+            status = "processing"  # checkout finished; the provider settles the payment later
+        payment = {"session_id": order.payment_session_id, "url": order.payment_session_url, "status": status}
     return {
         "reference": order.reference,
         "status": order.status,

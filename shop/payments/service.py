@@ -90,7 +90,7 @@ _START_PAYMENT = (
     .values(status=bindparam("new_status"), payment_session_id=bindparam("session_id"),
             payment_session_url=bindparam("session_url"), payment_attempts=bindparam("attempts"),
             payment_session_expires_at=bindparam("session_expires", type_=_orders.c.payment_session_expires_at.type),
-            version=_orders.c.version + 1)
+            payment_processing_at=None, version=_orders.c.version + 1)
 )
 
 
@@ -409,6 +409,8 @@ def _apply_once(view, *, source, failed, event_id, now) -> Applied:
         order.last_payment_error = "Your payment did not go through."
         return Applied("payment_failed", order)
     if view.status == "complete":
+        if order.payment_processing_at is None:
+            _note_processing(order.id, now)
         return Applied("awaiting_async", order)
     return Applied("noop", order, f"session {view.status}")
 
@@ -430,6 +432,16 @@ def apply_in_transaction(view: gateway.SessionView, *, source: str, now: datetim
     """apply_session's guarded transitions inside the caller's transaction, without committing:
     for a caller that commits together with its own bookkeeping (the deadline command)."""
     return _apply_once(view, source=source, failed=_async_failed(view), event_id=None, now=now)
+
+
+_NOTE_PROCESSING = (update(_orders).where(_orders.c.id == bindparam("order"))
+                    .values(payment_processing_at=bindparam("now", type_=_orders.c.payment_processing_at.type),
+                            updated_at=_orders.c.updated_at))
+
+
+def _note_processing(order_id: int, now: datetime) -> None:
+    """In the caller's transaction, on the table: not a state change (see Order.payment_processing_at)."""
+    db.session.execute(_NOTE_PROCESSING, {"order": order_id, "now": now})
 
 
 def _late_money(order: Order, view, reason: str, now: datetime) -> Applied:
