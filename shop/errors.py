@@ -12,7 +12,8 @@ PAGE = """{% extends "base.html" %}{% block content %}<h1>{{ title }}</h1><p>{{ 
 MESSAGES = {
     400: "The request could not be understood.",
     401: "Please log in.",
-    404: "There is nothing here (or it is not yours to see).",
+    404: "There is nothing here, or it is not yours to see. If it is your order, open the private link "
+         "from your confirmation email, or this shop's \u201cYour orders\u201d page in the browser you ordered with.",
     405: "That action is not allowed here.",
     413: "That request is too large.",
     500: "Something went wrong on our side. Nothing was charged twice; please try again.",

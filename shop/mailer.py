@@ -16,6 +16,10 @@ log = logging.getLogger("shop.mailer")
 SENDER = "Backstop shop <shop@backstop.invalid>"
 
 
+class MailNotSent(Exception):
+    pass
+
+
 def send(to: str, subject: str, body: str, *, key: str) -> str:
     """`key` names the message (e.g. "order-12-paid"); the file outbox uses it as the file name,
     so a retried send overwrites instead of duplicating."""
@@ -27,12 +31,18 @@ def send(to: str, subject: str, body: str, *, key: str) -> str:
     url = current_app.config.get("SMTP_URL")
     if url:
         parts = urlparse(url)
-        with smtplib.SMTP(parts.hostname, parts.port or 25, timeout=10) as smtp:
-            if parts.scheme == "smtp+starttls":
-                smtp.starttls()
-            if parts.username:
-                smtp.login(parts.username, parts.password or "")
-            smtp.send_message(msg)
+        server = f"{parts.hostname}:{parts.port or 25}"
+        try:
+            with smtplib.SMTP(parts.hostname, parts.port or 25, timeout=10) as smtp:
+                if parts.scheme == "smtp+starttls":
+                    smtp.starttls()
+                if parts.username:
+                    smtp.login(parts.username, parts.password or "")
+                smtp.send_message(msg)
+        except (OSError, smtplib.SMTPException) as exc:
+            # What an operator reading the dead letter needs: which server, and where it is set.
+            raise MailNotSent(f"the mail server {server} (SMTP_URL) did not take the message: "
+                              f"{type(exc).__name__}: {exc}") from exc
         log.info("mail %s sent to %s via SMTP", key, to)
         return f"smtp:{key}"
     folder = os.path.join(current_app.instance_path, "mail")

@@ -606,7 +606,9 @@ def test_sweeps_page_lists_cycles_with_per_pass_counts_newest_first(app, client,
     assert data["cycles"][1]["provider_counts"] == {"paid": 1, "failed": 0}
     assert data["cycles"][1]["duration_seconds"] == 60.0
     html = client.get("/console/sweeps").get_data(as_text=True)
-    assert "cancelled: 3" in html and "provider unreachable" in html and "10 min ago" in html
+    assert "<strong>3</strong> cancelled" in html and "<strong>1</strong> paid" in html
+    assert "provider unreachable" in html and "10 min ago" in html
+    assert "failed" not in html.split("<strong>1</strong> paid", 1)[1].split("</td>", 1)[0]  # zeros are not listed
 
 
 def test_every_console_page_renders_for_a_logged_in_operator(app, client, token):

@@ -369,3 +369,24 @@ def test_retry_delay_grows_until_the_cap():
     assert lows[:8] == sorted(lows[:8]) and len(set(lows[:8])) == 8
     assert all(h < lows[i + 1] for i, h in enumerate(highs[:7]))  # no overlap: backoff really grows
     assert max(highs) < 300.0 and lows[-1] == 150.0
+
+
+def test_an_unreachable_mail_server_is_retried_and_its_dead_letter_names_the_server(make_app):
+    """The operator reading the dead letter learns which server refused and where it is set,
+    not just 'Connection refused'."""
+    app = make_app(SMTP_URL="smtp://127.0.0.1:9", OUTBOX_MAX_ATTEMPTS=2)
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        order_id = place({a5: 1}, email="bob@example.com")
+        db.session.remove()
+        from shop.outbox import schedule_command
+
+        now = utcnow()
+        schedule_command(db.session, "send_email", now, order_id=order_id, payload={"template": "order_paid"}, now=now)
+        db.session.commit()
+        [mail] = _commands(order_id, "send_email")
+        outcomes = [run_command(mail.id, now=now + timedelta(minutes=minute)) for minute in (0, 10)]
+        assert outcomes == ["retry", "dead"]
+        [mail] = _commands(order_id, "send_email")
+        assert "mail server 127.0.0.1:9 (SMTP_URL)" in mail.last_error
+        db.session.remove()

@@ -143,7 +143,13 @@ def webhooks():
 @bp.get("/sweeps")
 def sweeps():
     """Reconciliation cycles with what each pass did, newest first."""
-    return respond("console/sweeps.html", queries.sweeps(utcnow(), page=_page()))
+    return respond("console/sweeps.html", queries.sweeps(utcnow(), page=_page()), outcome_words=SWEEP_WORDS)
+
+
+SWEEP_WORDS = {"lost_race": "lost races (someone else moved the order first)", "changed": "changed meanwhile",
+               "open": "still open at the provider", "awaiting_async": "awaiting an async payment",
+               "unavailable": "provider unreachable", "cancelled": "cancelled", "payment_failed": "payment failed",
+               "proof_refused": "payment proof refused", "refund_created": "refunds queued", "errors": "errors"}
 
 
 # -- actions ---------------------------------------------------------------------------------
