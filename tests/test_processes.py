@@ -122,6 +122,17 @@ def _checkout(quantity: int) -> tuple[int, int]:
     return placed.order_id, variant_id
 
 
+def _cancelled_and_restored(order_id: int):
+    """A check for _wait: the order is Cancelled and its stock is back (read fresh each time)."""
+    def check() -> bool:
+        db.session.expire_all()
+        order = db.session.get(Order, order_id)
+        done = order.status == "Cancelled" and order.inventory_restored
+        db.session.rollback()
+        return done
+    return check
+
+
 @pytest.mark.parametrize("at_payment_page", [False, True], ids=["pending", "at_the_payment_page"])
 def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadline(make_app, at_payment_page):
     """pending: the order never reached the provider. at_the_payment_page: the customer left the
@@ -174,16 +185,9 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
                                       .where(InventoryItem.variant_id == variant_id)).scalar_one() == 37
             db.session.rollback()
 
-            def cancelled_and_restored():
-                db.session.expire_all()
-                order = db.session.get(Order, order_id)
-                done = order.status == "Cancelled" and order.inventory_restored
-                db.session.rollback()
-                return done
-
             # Bounded: the deadline plus 3 s, polled every 100 ms.
             bound = (due + timedelta(seconds=3) - utcnow()).total_seconds()
-            _wait(cancelled_and_restored, bound, "the deadline to cancel the order and restore its stock", procs.logs)
+            _wait(_cancelled_and_restored(order_id), bound, "the deadline to cancel the order and restore its stock", procs.logs)
 
             order = db.session.get(Order, order_id)
             lateness = (as_utc(order.updated_at) - due).total_seconds()
@@ -239,15 +243,8 @@ def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_e
 
             _wait(registered, 10, "the scheduler to register its periodic jobs again", procs.logs)
 
-            def cancelled_and_restored():
-                db.session.expire_all()
-                order = db.session.get(Order, order_id)
-                done = order.status == "Cancelled" and order.inventory_restored
-                db.session.rollback()
-                return done
-
             bound = (due + timedelta(seconds=5) - utcnow()).total_seconds()
-            _wait(cancelled_and_restored, max(bound, 1), "the lost deadline to cancel the order", procs.logs)
+            _wait(_cancelled_and_restored(order_id), max(bound, 1), "the lost deadline to cancel the order", procs.logs)
             assert db.session.execute(select(InventoryItem.on_hand)
                                       .where(InventoryItem.variant_id == variant_id)).scalar_one() == 40
             db.session.remove()
