@@ -337,3 +337,23 @@ def test_cancelling_with_a_version_that_is_not_a_number_says_so(shop, browser):
     r = browser.cancel(reference, "seven", headers=JSON)
     assert r.status_code == 400 and "Not a valid integer" in r.get_json()["error"]
     assert _version(shop, reference)[0] == "PendingPayment"
+
+
+def test_setting_a_cart_lines_quantity_is_checked_like_an_add(shop, browser):
+    assert browser.add("MUG-350-NVY", 1).status_code == 303
+    variant = shop.skus["MUG-350-NVY"]  # 3 in stock
+
+    def set_to(quantity):
+        return browser.client.post(f"/cart/items/{variant}/quantity", headers=JSON,
+                                   data={"csrf_token": browser.token, "quantity": quantity})
+
+    r = set_to(3)
+    assert r.status_code == 200 and [i["quantity"] for i in r.get_json()["items"]] == [3]
+    r = set_to(4)
+    assert r.status_code == 409 and "Only 3 of Enamel Camp Mug – Navy left" in r.get_json()["error"]
+    assert set_to("lots").status_code == 400 and set_to(0).status_code == 400
+    other = shop.skus["NB-A6-DOT"]  # not in this cart
+    assert browser.client.post(f"/cart/items/{other}/quantity", headers=JSON,
+                               data={"csrf_token": browser.token, "quantity": 1}).status_code == 404
+    assert [i["quantity"] for i in browser.client.get("/cart", headers=JSON).get_json()["items"]] == [3]
+    assert stock(shop, "MUG-350-NVY") == 3  # a cart holds nothing: only checkout takes stock

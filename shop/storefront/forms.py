@@ -10,6 +10,12 @@ class AddToCartForm(FlaskForm):
         InputRequired(message="Enter a quantity."), NumberRange(1, 99, message="Quantity must be between 1 and 99.")])
 
 
+class QuantityForm(FlaskForm):
+    """Set one cart line's quantity (the cart page's stepper)."""
+    quantity = IntegerField("Quantity", validators=[
+        InputRequired(message="Enter a quantity."), NumberRange(1, 99, message="Quantity must be between 1 and 99.")])
+
+
 class CheckoutForm(FlaskForm):
     email = EmailField("Email", validators=[
         DataRequired(message="Enter your email so we can send your receipt."),

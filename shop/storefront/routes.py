@@ -19,7 +19,7 @@ from ..payments import gateway
 from ..payments.service import apply_session, start_payment
 from ..web import MAX_ID, browser_id, respond, wants_json
 from . import bp
-from .forms import ActionForm, AddToCartForm, CancelForm, CheckoutForm
+from .forms import ActionForm, AddToCartForm, CancelForm, CheckoutForm, QuantityForm
 
 
 def _catalog() -> list[dict]:
@@ -128,6 +128,31 @@ def add_to_cart():
     if wants_json():
         return _render_cart(201)
     flash(f"Added {form.quantity.data} × {_item_name(variant)} to your cart.")
+    return redirect(url_for("storefront.cart"), 303)
+
+
+@bp.post("/cart/items/<id:variant_id>/quantity")
+def set_quantity(variant_id: int):
+    """Set one line's quantity (form: quantity, 1..99), checked against the stock like an add."""
+    form = QuantityForm()
+    if not form.validate():
+        return _render_cart(400, _first_error(form))
+    cart = _open_cart()
+    item = None if cart is None else db.session.execute(
+        select(CartItem).where(CartItem.cart_id == cart.id, CartItem.variant_id == variant_id)).scalar_one_or_none()
+    if item is None:
+        return _render_cart(404, "That item is not in your cart.")
+    variant = db.session.get(Variant, variant_id)
+    inv = db.session.get(InventoryItem, variant_id)
+    available = inv.on_hand if inv is not None and inv.deleted_at is None else 0
+    wanted = form.quantity.data
+    if wanted > available:
+        db.session.rollback()
+        return _render_cart(409, f"Only {available} of {_item_name(variant)} left; you asked for {wanted}.")
+    item.quantity = wanted
+    db.session.commit()
+    if wants_json():
+        return _render_cart()
     return redirect(url_for("storefront.cart"), 303)
 
 

@@ -57,8 +57,13 @@ def test_a_customer_pays_at_the_hosted_page_and_comes_back_to_a_paid_order(page,
     add_to_cart(page, "NB-A5-DOT", 2)
     expect(page.locator(".flash")).to_contain_text("Added 2 × Field Notebook – A5, dot grid")
     cart_line = page.locator("table.lines tbody tr", has_text="NB-A5-DOT")
-    expect(cart_line.locator("td").nth(2)).to_have_text("2")
+    expect(cart_line.locator("input[name=quantity]")).to_have_value("2")
     expect(page.locator("table.lines tfoot")).to_contain_text("28.00 USD")
+    # The stepper: three, then back to two.
+    for quantity, total in (("3", "42.00 USD"), ("2", "28.00 USD")):
+        cart_line.locator("input[name=quantity]").fill(quantity)
+        cart_line.get_by_role("button", name="Update").click()
+        expect(page.locator("table.lines tfoot")).to_contain_text(total)
 
     check_out(page, "ann@example.com")
     expect(page).to_have_url(re.compile(re.escape(sandbox.base_url) + r"/pay/cs_"))
