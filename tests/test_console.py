@@ -28,7 +28,7 @@ HTML = {"Accept": "text/html"}
 GET_ROUTES = ["/console/", "/console/orders", "/console/orders?stuck=1&status=PendingPayment",
               "/console/orders/BK-NOSUCH", "/console/outbox?status=dead", "/console/restore-warnings?state=open",
               "/console/webhooks", "/console/sweeps", "/console/no-such-page"]
-POST_ROUTES = ["/console/logout", "/console/orders/BK-NOSUCH/reconcile", "/console/outbox/1/retry",
+POST_ROUTES = ["/console/logout", "/console/outbox/retry-dead", "/console/orders/BK-NOSUCH/reconcile", "/console/outbox/1/retry",
                "/console/outbox/1/discard", "/console/outbox/cmd-1/retry", "/console/outbox/cmd-1/discard",
                "/console/restore-warnings/1/resolve"]
 DELIVERY_KEYS = {"id", "event", "handler", "status", "attempts", "last_error", "order_reference"}
@@ -194,6 +194,7 @@ def test_every_console_post_refuses_a_missing_or_wrong_csrf_token(app, client, t
         (f"/console/outbox/cmd-{command}/retry", {}),
         (f"/console/outbox/cmd-{command}/discard", {"reason": "duplicate"}),
         (f"/console/restore-warnings/{warning_id}/resolve", {"action": "fixed"}),
+        ("/console/outbox/retry-dead", {"what": "command:expire_unpaid_order"}),
         ("/console/logout", {}),
     ]
     for url, data in posts:
@@ -621,3 +622,32 @@ def test_every_console_page_renders_for_a_logged_in_operator(app, client, token)
         assert r.status_code == 200, url
         page = r.get_data(as_text=True)
         assert "Log out" in page and 'name="csrf_token"' in page, url
+
+
+def test_retry_all_dead_of_one_kind_after_an_outage_moves_exactly_those(app, client, token):
+    """After the mail server came back: one click retries every dead send_email, and nothing else."""
+    order_id, ref = place(app)
+    with app.app_context():
+        from shop.outbox import schedule_command
+
+        now = utcnow()
+        for _ in range(3):
+            schedule_command(db.session, "send_email", now, order_id=order_id, payload={"template": "order_paid"},
+                             now=now)
+        db.session.commit()
+        db.session.execute(update(ScheduledCommand).where(ScheduledCommand.order_id == order_id)
+                           .values(status="dead", attempts=5, last_error="MailNotSent: the mail server ..."))
+        db.session.commit()
+        mails = sorted(db.session.scalars(select(ScheduledCommand.id).where(ScheduledCommand.kind == "send_email")))
+        deadline = db.session.scalar(select(ScheduledCommand.id).where(ScheduledCommand.kind == "expire_unpaid_order"))
+    page = client.get("/console/outbox?status=dead").get_data(as_text=True)
+    assert "Retry all 3 dead send_email" in page and "Retry all 1 dead expire_unpaid_order" in page
+
+    r = client.post("/console/outbox/retry-dead", data={"csrf_token": token, "what": "command:send_email"},
+                    headers=JSON)
+    assert r.status_code == 200 and r.get_json()["retried"] == [f"cmd-{i}" for i in mails]
+    with app.app_context():
+        states = dict(db.session.execute(select(ScheduledCommand.id, ScheduledCommand.status)).all())
+    assert [states[i] for i in mails] == ["pending"] * 3 and states[deadline] == "dead"
+    assert client.post("/console/outbox/retry-dead", data={"csrf_token": token, "what": "nonsense"},
+                       headers=JSON).status_code == 400

@@ -273,6 +273,17 @@ def outbox(now: datetime, *, status: str | None, page: int):
     return data, details, commands
 
 
+def dead_groups() -> list[dict]:
+    """Dead letters by handler / command kind, most first: what the 'retry all' buttons offer."""
+    groups = [{"kind": "delivery", "name": name, "count": n} for name, n in db.session.execute(
+        select(OutboxDelivery.handler, func.count()).where(OutboxDelivery.status == "dead")
+        .group_by(OutboxDelivery.handler)).all()]
+    groups += [{"kind": "command", "name": name, "count": n} for name, n in db.session.execute(
+        select(ScheduledCommand.kind, func.count()).where(ScheduledCommand.status == "dead")
+        .group_by(ScheduledCommand.kind)).all()]
+    return sorted(groups, key=lambda g: (-g["count"], g["kind"], g["name"]))
+
+
 def restore_warnings(now: datetime, *, state: str | None, page: int):
     query = (select(RestoreWarning, Order.reference).outerjoin(Order, Order.id == RestoreWarning.order_id)
              .order_by(RestoreWarning.created_at, RestoreWarning.id))

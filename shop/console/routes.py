@@ -116,7 +116,7 @@ def outbox():
                        back=url_for("console.outbox"))
     data, details, commands = queries.outbox(utcnow(), status=status, page=_page())
     return respond("console/outbox.html", data, details=details, commands=commands,
-                   statuses=queries.WORK_STATUSES, discard_form=DiscardForm())
+                   statuses=queries.WORK_STATUSES, discard_form=DiscardForm(), dead_groups=queries.dead_groups())
 
 
 @bp.get("/restore-warnings")
@@ -268,6 +268,36 @@ def _discard(kind: str, work_id: int):
     log.warning("operator %s discarded %s: %s", _operator(), name, reason)
     return done(f"The {name} is discarded: it will not run again.",
                 {"id": ref, "kind": kind, "status": "discarded", "reason": reason}, back)
+
+
+@bp.post("/outbox/retry-dead")
+def retry_all_dead():
+    """Every dead row of one handler or command kind runs again (form `what`: "delivery:<handler>"
+    or "command:<kind>"): after an outage (the mail server, the provider) one click, not fifty."""
+    back = url_for("console.outbox", status="dead")
+    form = ActionForm()
+    if not form.validate():
+        return problem(400, "Your form expired; reload the page and try again.", back=back)
+    kind, _, name = (request.form.get("what") or "").partition(":")
+    if kind not in WORK or not name:
+        return problem(400, "Say which dead letters to retry (what=delivery:<handler> or command:<kind>).",
+                       back=back)
+    model, announce = WORK[kind]
+    column = model.__table__.c.handler if kind == "delivery" else model.__table__.c.kind
+    ids = runner.retry_all_dead(model, column, name)
+    announced = 0
+    for work_id in ids:
+        try:
+            announce(work_id)
+            announced += 1
+        except Exception as exc:  # Redis down: the rows are pending and due; the relay hands them over
+            log.warning("retry of dead %s %s: could not tell Redis (%s); the relay will pick it up", kind, work_id, exc)
+            break
+    log.info("operator %s retried %d dead %s rows of %s", _operator(), len(ids), kind, name)
+    budget = current_app.config["OUTBOX_MAX_ATTEMPTS"]
+    return done(f"{len(ids)} dead {name} {kind}{'s' if len(ids) != 1 else ''} will run again now, each with a "
+                f"fresh budget of {budget} attempts.",
+                {"what": f"{kind}:{name}", "retried": [work_ref(kind, i) for i in ids]}, back)
 
 
 @bp.post("/outbox/<work:work>/retry")

@@ -337,6 +337,21 @@ def retry_dead(model, work_id: int, now: datetime | None = None) -> bool:
     return result.rowcount == 1
 
 
+def retry_all_dead(model, name_column, name: str, now: datetime | None = None) -> list[int]:
+    """Operator action after an outage: every dead row of one handler (or command kind) runs
+    again with a fresh budget, in one conditional UPDATE. Returns the ids it moved."""
+    now = now or utcnow()
+    table = model.__table__
+    ids = db.session.execute(
+        update(table).where(table.c.status == "dead", name_column == name).values(
+            status="pending", attempts=0, max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
+            next_attempt_at=now, enqueued_at=now, claimed_by=None, claimed_until=None, updated_at=now,
+        ).returning(table.c.id)
+    ).scalars().all()
+    db.session.commit()
+    return sorted(ids)
+
+
 def discard(model, work_id: int, reason: str, now: datetime | None = None) -> bool:
     now = now or utcnow()
     result = db.session.execute(
