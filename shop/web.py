@@ -52,16 +52,43 @@ class NulInText(BadRequest):
     description = "The request contains a NUL character, which no field here accepts."
 
 
+class JsonTooDeep(BadRequest):
+    in_words = True
+    description = "The JSON body is nested too deeply to read."
+
+
 def refuse_nul_text() -> None:
-    """before_request: query and form values only (the webhook reads its raw body itself)."""
+    """before_request: query values, and form or JSON bodies (forms accept either: Flask-WTF reads
+    a JSON body as the form). The webhook reads its raw body itself."""
     if request.endpoint == "webhooks.stripe_webhook":
         return
     values = list(request.args.values())
-    if request.method in ("POST", "PUT", "PATCH") and request.mimetype in (
-            "application/x-www-form-urlencoded", "multipart/form-data"):
-        values += request.form.values()
+    if request.method in ("POST", "PUT", "PATCH"):
+        if request.mimetype in ("application/x-www-form-urlencoded", "multipart/form-data"):
+            values += request.form.values()
+        elif request.is_json:
+            try:
+                body = request.get_json(silent=True)
+            except RecursionError:  # deeper than the parser goes: not a form anyone sends
+                raise JsonTooDeep() from None
+            values += _strings(body)
     if any("\x00" in value for value in values):
         raise NulInText()
+
+
+def _strings(value) -> list[str]:
+    """Every string in a parsed JSON value, keys included (iterative: depth costs no stack)."""
+    found, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
 
 
 class LimitChunkedBodies:

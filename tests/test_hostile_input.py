@@ -171,3 +171,17 @@ def test_a_chunked_form_is_measured_whole_413_over_the_limit_and_read_whole_unde
         items = json.loads(conn.getresponse().read())["items"]
         conn.close()
         assert [(i["variant_id"], i["quantity"]) for i in items] == [(variant, 2)]
+
+
+def test_a_json_body_is_held_to_the_same_rules_as_a_form(shop):
+    """Flask-WTF reads a JSON body as the form: a NUL inside it, or nesting past the parser's
+    depth, is a 400 in words like in a form, not a database error or a RecursionError."""
+    client = shop.test_client()
+    token = csrf_token(client, "/console/login")
+    r = client.post("/console/login", headers=JSON,
+                    json={"csrf_token": token, "email": "a\x00b@example.com", "password": "x"})
+    assert r.status_code == 400 and "NUL" in r.get_json()["error"]
+    deep = "[" * 100_000 + "]" * 100_000
+    for path in ("/console/login", "/cart/items", "/checkout"):
+        r = client.post(path, data=deep, content_type="application/json", headers=JSON)
+        assert r.status_code == 400 and "nested too deeply" in r.get_json()["error"], path
