@@ -124,3 +124,62 @@ def test_a_second_paid_session_for_an_already_paid_order_is_refunded(paying_app,
     assert shopper.order(ref)["status"] == "Paid"
     [refund] = _rows(paying_app, Refund, order_id=oid)
     assert refund.session_id == other.id and "paid twice" in refund.reason
+
+
+def _cancel_while_settling(shopper, sandbox):
+    """A customer pays by a method that settles later, then cancels before it settles: the cancel
+    goes through (nothing is paid yet) and the order is marked as one money may still come for."""
+    order = shopper.place("SOCK-M", 1)
+    ref, sid = order["reference"], order["payment"]["session_id"]
+    sandbox.set_outcome(sid, "async_pending")
+    r = shopper.cancel(ref, order["version"])
+    assert r.status_code == 200 and r.get_json()["status"] == "Cancelled", r.get_json()
+    return order, ref, sid
+
+
+def test_money_that_settles_after_a_cancel_is_refunded_by_the_sweep_when_its_webhook_is_lost(paying_app, sandbox):
+    """No webhook reaches this app (no endpoint is registered): only the sweep can notice the
+    money. Without its watch on cancelled orders the payment is kept and nothing flags it."""
+    from shop.scheduling.sweep import run_cycle
+
+    shopper = Shopper(paying_app, seed(paying_app))
+    order, ref, sid = _cancel_while_settling(shopper, sandbox)
+    oid = order_id(paying_app, ref)
+    sandbox.async_result(sid, "succeeded")  # the bank settles; the webhook is lost
+
+    with paying_app.app_context():
+        first = run_cycle()
+        assert first.provider["late_refund"] == 1, first.summary()
+        again = run_cycle()
+        assert again.provider["late_refund"] == 0 and again.provider["watch_closed"] == 0  # no longer watched
+        db.session.remove()
+    [refund] = _rows(paying_app, Refund, order_id=oid)
+    assert (refund.session_id, refund.amount) == (sid, order["total"])
+    [command] = [c for c in _rows(paying_app, ScheduledCommand, order_id=oid) if c.kind == "refund_payment"]
+    with paying_app.app_context():
+        assert run_command(command.id) == "done"
+    [done] = _rows(paying_app, Refund, order_id=oid)
+    assert [(r["amount"], r["status"]) for r in _provider_refunds(paying_app, done.payment_intent_id)] == \
+        [(order["total"], "succeeded")]
+    assert shopper.order(ref)["status"] == "Cancelled"
+
+
+def test_a_settling_payment_that_fails_after_a_cancel_ends_the_watch_without_a_refund(paying_app, sandbox):
+    from shop.scheduling.sweep import run_cycle
+
+    shopper = Shopper(paying_app, seed(paying_app))
+    order, ref, sid = _cancel_while_settling(shopper, sandbox)
+    oid = order_id(paying_app, ref)
+    with paying_app.app_context():
+        assert run_cycle().provider["awaiting_async"] == 1  # still settling: asked again after a backoff
+        db.session.remove()
+    sandbox.async_result(sid, "failed")
+    with paying_app.app_context():
+        from shop.models import Order
+
+        db.session.execute(update(Order).where(Order.id == oid).values(provider_next_check_at=None))
+        db.session.commit()  # as if the backoff had passed
+        assert run_cycle().provider["watch_closed"] == 1
+        assert db.session.get(Order, oid).payment_processing_at is None
+        db.session.remove()
+    assert _rows(paying_app, Refund, order_id=oid) == []

@@ -1,4 +1,4 @@
-"""orders.payment_processing_at: the customer finished checkout with a payment that settles later
+"""orders.payment_processing_at: money may still come for the order's session (an async payment, or a cancelled order the sweep watches)
 
 Revision ID: b3d5e7f9a1c2
 Revises: 7a1f0c2d9e4b
@@ -20,8 +20,10 @@ def upgrade():
     with op.batch_alter_table('orders', schema=None) as batch_op:
         batch_op.add_column(sa.Column('payment_processing_at', shop.models.types.UTCDateTime(timezone=True),
                                       nullable=True))
+        batch_op.create_index(batch_op.f('ix_orders_payment_processing_at'), ['payment_processing_at'], unique=False)
 
 
 def downgrade():
     with op.batch_alter_table('orders', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_orders_payment_processing_at'))
         batch_op.drop_column('payment_processing_at')

@@ -31,10 +31,13 @@ class Order(OrderRules, db.Model):
     # waits for an operator, an async payment for the bank). Without it such orders, being the
     # oldest, would fill every cycle's batch and starve the rest.
     provider_next_check_at = mapped_column(UTCDateTime, nullable=True)
-    # When the provider said the customer finished checkout with a payment that settles later
-    # (a bank debit): the order page says "being processed" instead of offering the payment page
-    # again. Bookkeeping too: no version bump, no new updated_at. Cleared by a new session.
-    payment_processing_at = mapped_column(UTCDateTime, nullable=True)
+    # Money may still come for this order's session: the customer finished checkout with a payment
+    # that settles later (a bank debit), or the order was cancelled while its session could still
+    # take money. The order page then says "being processed" instead of offering the payment page;
+    # on a cancelled order the sweep watches it so a lost late-payment webhook cannot leave money
+    # unrefunded. Bookkeeping: no version bump, no new updated_at. Cleared by a new session or
+    # once nothing more can come. Indexed: few rows carry it, and the sweep looks for exactly those.
+    payment_processing_at = mapped_column(UTCDateTime, nullable=True, index=True)
     version: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     # The last state change. The deadline and the sweep derive "how long has it been waiting"

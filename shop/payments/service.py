@@ -181,6 +181,7 @@ def retire_session_before_cancel(order: Order):
     except (gateway.ProviderUnavailable, gateway.ProviderRefused) as exc:
         log.warning("cancel of order %s: could not read session %s (%s); cancelling anyway",
                     order.reference, sid, exc)
+        _money_may_still_come(order)
         return Ok()
     if view.payment_status == "paid":
         return paid
@@ -188,6 +189,7 @@ def retire_session_before_cancel(order: Order):
         if view.status == "complete":
             log.warning("cancel of order %s: session %s awaits an async payment; a late success will be refunded",
                         order.reference, sid)
+            _money_may_still_come(order)
         return Ok()
     try:
         gateway.expire_session(sid)
@@ -201,7 +203,17 @@ def retire_session_before_cancel(order: Order):
             return paid
         log.warning("cancel of order %s: could not expire session %s (%s); cancelling anyway",
                     order.reference, sid, exc)
+        _money_may_still_come(order)
         return Ok()
+
+
+def _money_may_still_come(order: Order) -> None:
+    """The order is being cancelled while its session could still take money (an async payment
+    pending, or a session we could not read or expire). The late-money refund hangs on a webhook;
+    this mark has the sweep ask the provider too (`sweep.watch_cancelled_payments`), so a lost
+    webhook cannot leave the money kept. Written with the cancel, in its transaction."""
+    if order.payment_processing_at is None:
+        order.payment_processing_at = utcnow()
 
 
 @dataclass
@@ -387,6 +399,9 @@ def _apply_once(view, *, source, failed, event_id, now) -> Applied:
         log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
         return Applied("paid", order)
 
+    if state is S.CANCELLED and order.payment_session_id == view.id and view.status == "complete" \
+            and order.payment_processing_at is None:
+        _note_processing(order.id, now)  # money may still come for a cancelled order: the sweep watches it
     if state is not S.PAYMENT_INITIATED or order.payment_session_id != view.id:
         return Applied("noop", order, f"order is {order.status}")
     if view.status == "expired":
@@ -437,6 +452,13 @@ def apply_in_transaction(view: gateway.SessionView, *, source: str, now: datetim
 _NOTE_PROCESSING = (update(_orders).where(_orders.c.id == bindparam("order"))
                     .values(payment_processing_at=bindparam("now", type_=_orders.c.payment_processing_at.type),
                             updated_at=_orders.c.updated_at))
+_STOP_WATCHING = (update(_orders).where(_orders.c.id == bindparam("order"))
+                  .values(payment_processing_at=None, provider_next_check_at=None, updated_at=_orders.c.updated_at))
+
+
+def stop_watching(order_id: int) -> None:
+    """No more money can come for this order's session (refunded, failed, expired): clear the mark."""
+    db.session.execute(_STOP_WATCHING, {"order": order_id})
 
 
 def _note_processing(order_id: int, now: datetime) -> None:

@@ -70,7 +70,7 @@ S = OrderStatus
 
 EXPIRY_OUTCOMES = ("cancelled", "lost_race", "changed", "errors")
 PROVIDER_OUTCOMES = ("paid", "payment_failed", "cancelled", "proof_refused", "open", "awaiting_async",
-                     "refund_created", "changed", "unavailable", "errors")
+                     "refund_created", "late_refund", "watch_closed", "changed", "unavailable", "errors")
 
 
 # -- time ----------------------------------------------------------------------------------
@@ -214,7 +214,9 @@ def provider_line(counts: dict | None) -> str:
              f"{counts.get('unavailable', 0)} unavailable"]
     parts += _extras(counts, shown, {"open": "still open", "changed": "changed meanwhile",
                                      "awaiting_async": "awaiting an async payment",
-                                     "cancelled": "cancelled (session expired at the end of the window)"})
+                                     "cancelled": "cancelled (session expired at the end of the window)",
+                                     "late_refund": "refunds for money that reached a cancelled order",
+                                     "watch_closed": "cancelled orders no longer watched for late money"})
     return "provider pass: " + ", ".join(parts)
 
 
@@ -330,6 +332,59 @@ def reconcile_stuck_payment(order_id: int, cutoff: datetime, now: datetime) -> s
     return outcome
 
 
+def watched_cancelled_ids(now: datetime, limit: int) -> list[int]:
+    """Cancelled orders whose session could still take money (see payments.service
+    `_money_may_still_come`), oldest mark first, skipping those backed off until later. The mark
+    is rare and indexed (ix_orders_payment_processing_at), so this reads only marked rows."""
+    rows = db.session.execute(
+        select(Order.id).where(Order.payment_processing_at.is_not(None), Order.status == S.CANCELLED.value,
+                               or_(Order.provider_next_check_at.is_(None), Order.provider_next_check_at <= now))
+        .order_by(Order.payment_processing_at, Order.id).limit(limit)).scalars().all()
+    db.session.rollback()
+    return list(rows)
+
+
+def check_cancelled_payment(order_id: int, now: datetime) -> str:
+    """Ask the provider about a cancelled order's session that could still take money: paid ->
+    the same late-money path as the webhook (one refund, however often asked); failed, expired or
+    gone -> stop watching; still pending (or still open) -> ask again later. The webhook usually
+    did this first; this is what makes a lost one harmless."""
+    session = db.session
+    order = session.get(Order, order_id, populate_existing=True)
+    if order is None or S(order.status) is not S.CANCELLED or order.payment_processing_at is None \
+            or not order.payment_session_id:
+        session.rollback()
+        return "changed"
+    session_id, reference = order.payment_session_id, order.reference
+    session.rollback()
+    try:
+        view = gateway.retrieve_session(session_id)
+        failed = payments._async_failed(view)
+    except gateway.ProviderUnavailable as exc:
+        log.info("sweep: provider unreachable about cancelled order %s (session %s): %s", reference, session_id, exc)
+        return "unavailable"
+    except gateway.ProviderRefused as exc:  # the session is gone at the provider: nothing can come
+        log.info("sweep: session %s of cancelled order %s is gone (%s); no longer watched", session_id, reference, exc)
+        payments.stop_watching(order_id)
+        session.commit()
+        return "watch_closed"
+    if view.payment_status == "paid":
+        applied = payments.apply_session(view, source="sweep", now=now)
+        payments.stop_watching(order_id)
+        session.commit()
+        if applied.outcome == "refund_created":
+            log.warning("sweep: money arrived for cancelled order %s with no webhook; refund queued", reference)
+            return "late_refund"
+        return "watch_closed"
+    if failed or view.status == "expired":
+        payments.stop_watching(order_id)
+        session.commit()
+        return "watch_closed"
+    # Still payable (open) or still settling (complete, unpaid): ask again after the backoff.
+    backoff_provider_checks(order_id, "awaiting_async", now)
+    return "awaiting_async"
+
+
 # -- the cycle -----------------------------------------------------------------------------
 
 class _LeaseLost(Exception):
@@ -427,6 +482,10 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
         if provider_on:
             ids = stuck_order_ids((S.PAYMENT_INITIATED,), cutoff, batch, with_session=True, now=clock())
             _run_pass("provider", ids, lambda oid: reconcile_stuck_payment(oid, cutoff, clock()), result.provider,
+                      result.errors, keep_lease)
+            # Then cancelled orders whose money may still come (a lost late-payment webhook).
+            ids = watched_cancelled_ids(clock(), batch)
+            _run_pass("provider", ids, lambda oid: check_cancelled_payment(oid, clock()), result.provider,
                       result.errors, keep_lease)
     except _LeaseLost as exc:
         uow.rollback(session)
