@@ -12,7 +12,7 @@ import stripe
 from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, seed, \
     wait_for_status
 from shop.extensions import db
-from shop.models import InventoryItem, OutboxDelivery, OutboxEvent, ScheduledCommand, WebhookReceipt
+from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WebhookReceipt
 from shop.outbox.dispatch import run_delivery
 from shop.payments import gateway
 from shop.payments.service import reconcile_order
@@ -127,6 +127,8 @@ def test_an_async_payment_that_succeeds_later_pays_the_order(paying_app, shopper
     r = post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.async_payment_succeeded", sid))
     assert (r.status_code, r.get_json()["outcome"]) == (200, "paid")
     assert shopper.order(order["reference"])["status"] == "Paid"
+    [paid] = _rows(paying_app, Order, reference=order["reference"])
+    assert paid.payment_processing_at is None  # settled: the "money may still come" mark is gone
 
 
 def test_an_async_payment_that_fails_notifies_the_customer_and_rearms_the_deadline(paying_app, shopper, sandbox):

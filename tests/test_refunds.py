@@ -10,7 +10,7 @@ from sqlalchemy import update
 from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, seed, wait_until
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import Refund, ScheduledCommand, WebhookReceipt
+from shop.models import Order, Refund, ScheduledCommand, WebhookReceipt
 from shop.outbox.dispatch import run_command
 from shop.payments import gateway
 from shop.payments.refunds import execute_refund
@@ -54,6 +54,10 @@ def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_
             db.session.remove()
 
         assert sorted(r.outcome for r in _rows(app, WebhookReceipt)) == ["accepted", "duplicate"]
+        # The cancel could not read the session, so the order was watched for late money; the
+        # webhook's refund ends the watch (the sweep will not ask about it again).
+        [cancelled] = _rows(app, Order, id=oid)
+        assert cancelled.payment_processing_at is None
         [refund] = _rows(app, Refund, order_id=oid)
         assert (refund.session_id, refund.amount, refund.status) == (sid, order["total"], "pending")
         [command] = [c for c in _rows(app, ScheduledCommand, order_id=oid) if c.kind == "refund_payment"]
@@ -106,7 +110,6 @@ def test_a_second_paid_session_for_an_already_paid_order_is_refunded(paying_app,
     # Another session for the same order (say, a second tab from an earlier attempt) is paid too.
     oid = order_id(paying_app, ref)
     with paying_app.app_context():
-        from shop.models import Order
 
         o = db.session.get(Order, oid)
         other = gateway.create_checkout_session(
@@ -175,7 +178,6 @@ def test_a_settling_payment_that_fails_after_a_cancel_ends_the_watch_without_a_r
         db.session.remove()
     sandbox.async_result(sid, "failed")
     with paying_app.app_context():
-        from shop.models import Order
 
         db.session.execute(update(Order).where(Order.id == oid).values(provider_next_check_at=None))
         db.session.commit()  # as if the backoff had passed

@@ -327,7 +327,7 @@ _MARK_PAID = (
     update(_orders)
     .where(_orders.c.id == bindparam("order"), _orders.c.version == bindparam("seen"),
            _orders.c.status.in_([s.value for s in ALLOWED["mark_paid"]]))
-    .values(status=bindparam("new_status"), payment_session_id=bindparam("session_id"),
+    .values(status=bindparam("new_status"), payment_session_id=bindparam("session_id"), payment_processing_at=None,
             updated_at=bindparam("now", type_=_orders.c.updated_at.type), version=_orders.c.version + 1)
 )
 
@@ -396,6 +396,7 @@ def _apply_once(view, *, source, failed, event_id, now) -> Applied:
         if state in (S.PENDING_PAYMENT, S.PAYMENT_FAILED):
             order.start_payment(view.id, view.url)  # the money is real: adopt its session first
         order.mark_paid(view.id, view.amount_total, view.currency)
+        order.payment_processing_at = None  # settled: nothing more is coming
         log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
         return Applied("paid", order)
 
@@ -418,10 +419,12 @@ def _apply_once(view, *, source, failed, event_id, now) -> Applied:
             return Applied("cancelled", order)
         order.mark_payment_failed("checkout session expired")
         order.last_payment_error = "The payment page expired before payment."
+        order.payment_processing_at = None
         return Applied("payment_failed", order)
     if failed:
         order.mark_payment_failed("payment failed at the provider")
         order.last_payment_error = "Your payment did not go through."
+        order.payment_processing_at = None
         return Applied("payment_failed", order)
     if view.status == "complete":
         if order.payment_processing_at is None:
@@ -468,6 +471,8 @@ def _note_processing(order_id: int, now: datetime) -> None:
 
 def _late_money(order: Order, view, reason: str, now: datetime) -> Applied:
     created = record_late_payment(order, view, reason, now)
+    if order.payment_processing_at is not None and order.payment_session_id == view.id:
+        stop_watching(order.id)  # the session's money is in and being refunded: nothing more can come
     return Applied("refund_created" if created else "already_refunded", order, reason)
 
 

@@ -237,7 +237,10 @@ def stuck_query(status, cutoff: datetime, limit: int, *, with_session: bool = Fa
 
 
 # Provider answers that cannot change by the next cycle: ask again later, not every cycle.
-PROVIDER_BACKOFF = {"proof_refused": 6 * 3600, "awaiting_async": 3600}
+PROVIDER_BACKOFF = {"proof_refused": 6 * 3600, "awaiting_async": 3600,
+                    # A cancelled order whose money may still come: a lost webhook should cost
+                    # minutes of waiting for the refund, not an hour.
+                    "watching": 300}
 
 
 def backoff_provider_checks(order_id: int, outcome: str, now: datetime) -> None:
@@ -381,7 +384,7 @@ def check_cancelled_payment(order_id: int, now: datetime) -> str:
         session.commit()
         return "watch_closed"
     # Still payable (open) or still settling (complete, unpaid): ask again after the backoff.
-    backoff_provider_checks(order_id, "awaiting_async", now)
+    backoff_provider_checks(order_id, "watching", now)
     return "awaiting_async"
 
 
