@@ -97,6 +97,17 @@ def cart():
     return _render_cart()
 
 
+def _short_of_stock(variant: Variant, wanted: int):
+    """The 409 cart page when fewer than `wanted` are on hand (a soft-deleted row holds none);
+    None when there are enough. A cart holds nothing: this only warns early, checkout decides."""
+    inv = db.session.get(InventoryItem, variant.id)
+    available = inv.on_hand if inv is not None and inv.deleted_at is None else 0
+    if wanted <= available:
+        return None
+    db.session.rollback()
+    return _render_cart(409, f"Only {available} of {_item_name(variant)} left; you asked for {wanted}.")
+
+
 @bp.post("/cart/items")
 def add_to_cart():
     """Add a variant to the cart (form: variant_id, quantity)."""
@@ -112,11 +123,9 @@ def add_to_cart():
     item = db.session.execute(select(CartItem).where(CartItem.cart_id == cart.id,
                                                      CartItem.variant_id == variant.id)).scalar_one_or_none()
     wanted = form.quantity.data + (item.quantity if item else 0)
-    inv = db.session.get(InventoryItem, variant.id)
-    available = inv.on_hand if inv is not None and inv.deleted_at is None else 0
-    if wanted > available:
-        db.session.rollback()
-        return _render_cart(409, f"Only {available} of {_item_name(variant)} left; you asked for {wanted}.")
+    short = _short_of_stock(variant, wanted)
+    if short is not None:
+        return short
     if wanted > 99:
         db.session.rollback()
         return _render_cart(400, "At most 99 of one item per order.")
@@ -142,13 +151,10 @@ def set_quantity(variant_id: int):
         select(CartItem).where(CartItem.cart_id == cart.id, CartItem.variant_id == variant_id)).scalar_one_or_none()
     if item is None:
         return _render_cart(404, "That item is not in your cart.")
-    variant = db.session.get(Variant, variant_id)
-    inv = db.session.get(InventoryItem, variant_id)
-    available = inv.on_hand if inv is not None and inv.deleted_at is None else 0
     wanted = form.quantity.data
-    if wanted > available:
-        db.session.rollback()
-        return _render_cart(409, f"Only {available} of {_item_name(variant)} left; you asked for {wanted}.")
+    short = _short_of_stock(db.session.get(Variant, variant_id), wanted)
+    if short is not None:
+        return short
     item.quantity = wanted
     db.session.commit()
     if wants_json():
