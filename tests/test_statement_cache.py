@@ -40,6 +40,8 @@ def _hot_statements():
     yield "payment: read the order", service._PAYMENT_READ
     yield "payment: mark paid", service._MARK_PAID
     yield "payment: start", service._START_PAYMENT
+    yield "payment: note a settling payment", service._NOTE_PROCESSING
+    yield "payment: stop watching for late money", service._STOP_WATCHING
     for dialect in ("postgresql", "sqlite"):
         yield f"webhook: claim event ({dialect})", service._claim_statement(dialect)
 
