@@ -185,3 +185,29 @@ def test_a_settling_payment_that_fails_after_a_cancel_ends_the_watch_without_a_r
         assert db.session.get(Order, oid).payment_processing_at is None
         db.session.remove()
     assert _rows(paying_app, Refund, order_id=oid) == []
+
+
+def test_with_a_short_payment_window_the_late_money_watch_asks_again_within_that_window(make_app, sandbox):
+    """Between questions about a cancelled order whose payment is still settling, the watch backs
+    off. Five minutes suits the default 30-minute window; with a short one (a demo, the chaos
+    run) the refund for a lost late-payment webhook must not wait longer than the window."""
+    from shop.scheduling.sweep import run_cycle
+
+    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+                   STRIPE_WEBHOOK_SECRET="whsec_test_secret", UNPAID_ORDER_EXPIRY_SECONDS=60,
+                   RECONCILIATION_STUCK_AGE_SECONDS=60, RECONCILIATION_INTERVAL_SECONDS=5)
+    shopper = Shopper(app, seed(app))
+    order, ref, sid = _cancel_while_settling(shopper, sandbox)
+    oid = order_id(app, ref)
+    start = utcnow()
+    with app.app_context():
+        assert run_cycle(now=start).provider["awaiting_async"] == 1  # still settling: ask again later
+        db.session.remove()
+    sandbox.async_result(sid, "succeeded")  # the bank settles; the webhook is lost
+
+    with app.app_context():
+        assert run_cycle(now=start + timedelta(seconds=30)).provider["late_refund"] == 0  # backed off
+        assert run_cycle(now=start + timedelta(seconds=61)).provider["late_refund"] == 1
+        db.session.remove()
+    [refund] = _rows(app, Refund, order_id=oid)
+    assert (refund.session_id, refund.amount) == (sid, order["total"])

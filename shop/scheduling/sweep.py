@@ -250,7 +250,12 @@ def backoff_provider_checks(order_id: int, outcome: str, now: datetime) -> None:
     seconds = PROVIDER_BACKOFF.get(outcome)
     if seconds is None:
         return
-    seconds = max(seconds, current_app.config["RECONCILIATION_INTERVAL_SECONDS"])
+    config = current_app.config
+    if outcome == "watching":
+        # Owed money should come back within about one payment window: a shop configured with a
+        # short window (a demo, the chaos run) must not wait five minutes for a lost webhook.
+        seconds = min(seconds, config["RECONCILIATION_STUCK_AGE_SECONDS"])
+    seconds = max(seconds, config["RECONCILIATION_INTERVAL_SECONDS"])
     db.session.execute(update(Order).where(Order.id == order_id)
                        .values(provider_next_check_at=now + timedelta(seconds=seconds), updated_at=Order.updated_at)
                        .execution_options(synchronize_session=False))
