@@ -1,4 +1,4 @@
-"""Storefront routes (CONTRACT section 4)."""
+"""Storefront routes (docs/REFERENCE.md, Storefront)."""
 from __future__ import annotations
 
 import hmac
@@ -203,7 +203,7 @@ def checkout():
         return _render_cart(status, detail, result.shortages, form=form)
     started = start_payment(result.order_id, placed=result)
     order_url = url_for("storefront.order_page", reference=result.reference)
-    # CONTRACT section 4: success is a 303 whatever the client accepts; a JSON client also gets
+    # docs/REFERENCE.md, Storefront: success is a 303 whatever the client accepts; a JSON client also gets
     # the same facts in the body, so it need not follow the redirect to learn them.
     if started.status == "started":
         return _see_other(started.url, {"reference": result.reference, "payment_url": started.url,
