@@ -413,7 +413,7 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
                      order.reference, source)
             return Applied("cancelled", order)
         if _window_ran_out(order, view, now):
-            # The session lived until the order's pay-by time (CONTRACT section 2): it expiring
+            # The session lived until the order's pay-by time (docs/REFERENCE.md, Settings): it expiring
             # then is the payment window ending, so the order is cancelled and its stock given
             # back, as the deadline would for an unpaid order. Not a failed payment with a fresh
             # window, which would hold the stock for a second window after the customer left.

@@ -1,4 +1,4 @@
-"""Storefront routes (CONTRACT section 4)."""
+"""Storefront routes (docs/REFERENCE.md, Storefront)."""
 from __future__ import annotations
 
 import hmac
@@ -206,7 +206,7 @@ def checkout():
     # under the payment's start), the customer is sent to the order, which offers "Pay now".
     answer_if_later_fails(lambda: _placed_but_payment_not_started(result.reference, order_url))
     started = start_payment(result.order_id, placed=result)
-    # CONTRACT section 4: success is a 303 whatever the client accepts; a JSON client also gets
+    # docs/REFERENCE.md, Storefront: success is a 303 whatever the client accepts; a JSON client also gets
     # the same facts in the body, so it need not follow the redirect to learn them.
     if started.status == "started":
         return _see_other(started.url, {"reference": result.reference, "payment_url": started.url,
