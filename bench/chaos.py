@@ -812,8 +812,28 @@ def console_pages(op: Browser, path: str, key: str) -> list:
     return items
 
 
+def read_stock(sql) -> dict:
+    with sql.connect() as conn:
+        return {sku: n for sku, n in conn.execute(text(
+            "SELECT v.sku, i.on_hand FROM inventory i JOIN variants v ON v.id = i.variant_id"))}
+
+
 def check(run: Run, sql, password: str, checks: Checks) -> dict:
     op = console_login(run, password)
+    # Stock is read before and after the orders: if it moved meanwhile (a deadline fired after
+    # a run that did not converge), the orders are read again rather than compared with the
+    # wrong stock.
+    for _ in range(3):
+        on_hand = read_stock(sql)
+        found = read_orders(run, op)
+        if read_stock(sql) == on_hand:
+            break
+        run.stats.note("checks: stock moved while the orders were read; read again")
+    refs, views = found
+    return _check_all(run, sql, op, checks, refs, views, on_hand)
+
+
+def read_orders(run: Run, op: Browser):
     refs = [o["reference"] for o in console_pages(op, "/console/orders", "orders")]
 
     def both_views(ref):
@@ -823,7 +843,10 @@ def check(run: Run, sql, password: str, checks: Checks) -> dict:
         return ref, shop, (r.json() if r is not None and r.status_code == 200 else None)
 
     with ThreadPoolExecutor(max_workers=6) as pool:
-        views = list(pool.map(both_views, refs))
+        return refs, list(pool.map(both_views, refs))
+
+
+def _check_all(run: Run, sql, op: Browser, checks: Checks, refs: list, views: list, on_hand: dict) -> dict:
     shop_view = {ref: s for ref, s, _ in views}
     timeline = {ref: c for ref, _, c in views}
     orders = {ref: (c["order"] if c else s) for ref, s, c in views}
@@ -835,9 +858,6 @@ def check(run: Run, sql, password: str, checks: Checks) -> dict:
                f"{len(disagree)} disagree", disagree)
 
     # Stock.
-    with sql.connect() as conn:
-        on_hand = {sku: n for sku, n in conn.execute(text(
-            "SELECT v.sku, i.on_hand FROM inventory i JOIN variants v ON v.id = i.variant_id"))}
     low = min([run.min_stock_seen if run.min_stock_seen is not None else 0] + list(on_hand.values()))
     checks.add("no oversell (stock never negative)", low >= 0,
                f"{run.stock_samples} samples during the run + final; lowest on hand {low}")
@@ -1041,7 +1061,9 @@ def parse_args(argv=None):
         args.outage_every, args.outage_seconds, args.latency_every, args.latency_stretch = 13, 3, 16, 4
         args.reorder_every, args.delay_every = 9, 11
     if args.converge_timeout is None:
-        args.converge_timeout = max(45, 2 * args.window + 20)
+        # An order whose async failure was only learnt at its deadline gets a fresh window:
+        # two windows, plus a deadline made late by the faults, plus a lapsed lease.
+        args.converge_timeout = max(60, 3 * args.window + 20)
     if args.seed is None:
         args.seed = random.randrange(1_000_000)
     return args
