@@ -685,7 +685,8 @@ class Faults:
             if not self.run.latency_supported:
                 stats.add("fault_skips", "api_latency_seconds (the sandbox does not know it)")
                 return
-            r = self.run.sb("POST", "/_sandbox/faults", {"api_latency_seconds": a.latency_seconds})
+            r = self.run.sb("POST", "/_sandbox/faults", {"api_latency_seconds": a.latency_seconds,
+                                                          "api_latency_jitter_seconds": a.latency_seconds / 2})
             if r is not None and r.status_code == 400:
                 self.run.latency_supported = False
                 stats.add("fault_skips", "api_latency_seconds (the sandbox does not know it)")
@@ -702,9 +703,10 @@ class Faults:
         stats.add("faults", kind)
 
     def switch_off(self, kind: str) -> None:
-        value = {"api_unavailable": False, "reorder_webhooks": False, "webhook_delay_seconds": 0,
-                 "api_latency_seconds": 0}[kind]
-        if self.run.faults(**{kind: value}):
+        changes = {"api_unavailable": {"api_unavailable": False}, "reorder_webhooks": {"reorder_webhooks": False},
+                   "webhook_delay_seconds": {"webhook_delay_seconds": 0},
+                   "api_latency_seconds": {"api_latency_seconds": 0, "api_latency_jitter_seconds": 0}}[kind]
+        if self.run.faults(**changes):
             del self.off_at[kind]
 
     def all_off(self) -> None:
@@ -712,7 +714,7 @@ class Faults:
                        api_unavailable=False)
         ok = self.run.faults(**changes)
         if self.run.latency_supported:
-            self.run.faults(api_latency_seconds=0)
+            self.run.faults(api_latency_seconds=0, api_latency_jitter_seconds=0)
         if not ok:
             raise StackError("could not switch the sandbox's faults off")
 
