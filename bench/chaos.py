@@ -276,11 +276,17 @@ class Browser:
         if json_accept:
             headers["Accept"] = "application/json"
         route = f"{method} {route_of(url.replace(self.run.base, ''))}"
-        try:
-            r = self.http.request(method, url, headers=headers, timeout=HTTP_TIMEOUT, allow_redirects=False, **kw)
-        except requests.RequestException as exc:
-            stats.add("http", (route, type(exc).__name__))
-            return None
+        for attempt in (1, 2):
+            try:
+                r = self.http.request(method, url, headers=headers, timeout=HTTP_TIMEOUT, allow_redirects=False,
+                                      **kw)
+                break
+            except requests.RequestException as exc:
+                stats.add("http", (route, type(exc).__name__))
+                # A kept-alive connection the server closed just then: a browser sends a GET
+                # again on a fresh connection; a POST it cannot know the fate of, it does not.
+                if method != "GET" or attempt == 2 or not isinstance(exc, requests.ConnectionError):
+                    return None
         stats.add("http", (route, r.status_code))
         if r.status_code >= 500:
             with stats.lock:
@@ -416,7 +422,9 @@ class Run:
 
 def shop_and_checkout(run: Run, b: Browser, rng: random.Random):
     """Fill the cart and check out. Returns (reference, session id or None) or None when refused."""
-    picks = rng.sample(run.variants, k=rng.choice((1, 1, 2)))
+    # Mostly the plentiful items; now and then a scarce one, so that checkouts compete for it.
+    weights = [1 if STOCK.get(sku, 0) >= 1000 else 0.15 for _, sku in run.variants]
+    picks = {vid for vid, _ in rng.choices(run.variants, weights, k=rng.choice((1, 1, 2)))}
     added = 0
     for variant_id in picks:
         r = b.post_form("/cart/items", {"variant_id": str(variant_id), "quantity": str(rng.randint(1, 2))})
@@ -840,9 +848,16 @@ def read_orders(run: Run, op: Browser):
 
     def both_views(ref):
         owner = run.stats.owners.get(ref)
-        shop = owner.order(ref) if owner is not None else None
-        r = op.request("GET", f"/console/orders/{ref}")
-        return ref, shop, (r.json() if r is not None and r.status_code == 200 else None)
+        shop = console = None
+        for _ in range(3):  # the run is over: a failed read is retried, and counted in the statuses
+            shop = owner.order(ref) if owner is not None and shop is None else shop
+            if console is None:
+                r = op.request("GET", f"/console/orders/{ref}")
+                console = r.json() if r is not None and r.status_code == 200 else None
+            if console is not None and (shop is not None or owner is None):
+                break
+            time.sleep(1)
+        return ref, shop, console
 
     with ThreadPoolExecutor(max_workers=6) as pool:
         return refs, list(pool.map(both_views, refs))
@@ -979,7 +994,9 @@ def report(run: Run, checks: Checks, found: dict | None, stack: Stack, events: l
         for key, n in sorted(counter.items(), key=lambda kv: (-kv[1], str(kv[0]))):
             line(f"  {n:>7}  {key}")
 
-    table(f"Journeys by kind ({sum(s.journeys.values())} completed)", s.journeys)
+    refused = s.journeys.get("refused_at_checkout", 0)
+    table(f"Journeys by kind ({sum(s.journeys.values()) - refused} completed, {refused} refused at checkout)",
+          s.journeys)
     if s.journey_errors:
         table("Journeys that raised in the harness", s.journey_errors)
     table("What the journeys saw", s.notes)
@@ -1193,7 +1210,7 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
         rows = conn.execute(text("SELECT v.id, v.sku, i.on_hand FROM variants v JOIN inventory i "
                                  "ON i.variant_id = v.id")).all()
     run.initial = {sku: n for _, sku, n in rows}
-    run.variants = [vid for vid, _, n in rows if n > 0]
+    run.variants = [(vid, sku) for vid, sku, n in rows if n > 0]
     wait_for("the sandbox", lambda: requests.get(run.sandbox + "/_sandbox/faults", timeout=1).ok, stack, "sandbox")
     with app.app_context():
         register_webhook()
