@@ -495,7 +495,7 @@ def steps(run: Run, b: Browser, kind: str, rng: random.Random, ref: str, sid: st
         return
     sid = ensure_session(run, b, ref, sid)
     if sid is None:
-        run.stats.note("provider_never_answered")
+        run.stats.note("pay_now_never_started_a_payment")
         return
     if kind == "pay":
         run.outcome(sid, "paid")
@@ -944,8 +944,12 @@ def _check_all(run: Run, sql, op: Browser, checks: Checks, refs: list, views: li
     # HTTP and stale cancels.
     kinds = collections.Counter(classify_5xx(e, run.stats.pg_kills) for e in run.stats.server_errors)
     unexpected = sum(n for k, n in kinds.items() if not k.startswith("designed"))
+    unexplained_refs = sorted({m.group(1) for e in run.stats.server_errors
+                               if not classify_5xx(e, run.stats.pg_kills).startswith(("designed", "known"))
+                               for m in [re.search(r"/orders/([^/?]+)", e[2])] if m})
     checks.add("no 5xx from the shop", not unexpected,
-               f"{len(run.stats.server_errors)} 5xx" + "".join(f"; {n} {k}" for k, n in kinds.items()))
+               f"{len(run.stats.server_errors)} 5xx" + "".join(f"; {n} {k}" for k, n in kinds.items()),
+               unexplained_refs)
     checks.add("stale cancels refused (409)", not run.stats.stale_accepted,
                f"{len(run.stats.stale_accepted)} accepted", run.stats.stale_accepted)
 
@@ -973,12 +977,14 @@ def _check_all(run: Run, sql, op: Browser, checks: Checks, refs: list, views: li
 
 def classify_5xx(error, pg_kills) -> str:
     at, method, url, status, body = error
-    if status == 503 and url.endswith("/pay") and "payment provider" in body:
+    if status == 503 and url.endswith("/pay") and "could not reach the payment provider" in body:
         return "designed: 503 from Pay now while the provider is down (order kept)"
     if status == 503 and "database is busy or unreachable" in " ".join(body.split()):
         return "known issue c: 503 when a database connection was killed"
     if status == 500 and any(0 <= at - t < 3 for t in pg_kills):
         return "known issue c: 500 within 3 s of killing the database connections"
+    if status == 503 and url.endswith("/pay") and "refused to start this payment" in body:
+        return "503 from Pay now: the provider refused to start the payment"
     return f"unexplained {status} on {method} {route_of(url.split('//', 1)[-1].split('/', 1)[-1])}"
 
 
