@@ -328,7 +328,11 @@ class Browser:
 
     def cancel(self, ref: str, version: int, token: str | None = None):
         path = f"/orders/{ref}/cancel" + (f"?token={token}" if token else "")
-        return self.post_form(path, {"version": str(version)})
+        r = self.post_form(path, {"version": str(version)})
+        if r is not None and r.status_code == 200:  # the open session is expired: one more webhook
+            with self.run.stats.lock:
+                self.run.stats.webhook_actions += 1
+        return r
 
     def cancel_current(self, ref: str) -> str:
         """Cancel with the version this browser sees now; one more try if the order moved on
