@@ -82,6 +82,9 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
     from .orders.views import status_words
 
     app.jinja_env.filters["status_words"] = status_words
+    from .money import format_money
+
+    app.jinja_env.filters["money"] = format_money
     app.before_request(refuse_nul_text)
     app.wsgi_app = LimitChunkedBodies(app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",))
     from .storefront import bp as storefront_bp

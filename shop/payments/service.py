@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
 from ..domain.deadlines import as_utc, session_expires_at, unpaid_deadline, utcnow
-from ..domain.order import ALLOWED, OrderRules, OrderStatus
+from ..domain.order import ALLOWED, CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderRules, OrderStatus
 from ..domain.payment import check_payment_proof
 from ..domain.results import Refused
 from ..extensions import db
@@ -29,7 +29,6 @@ from .refunds import record_late_payment
 
 log = logging.getLogger("shop.payments")
 S = OrderStatus
-CUSTOMER_CANCEL_REASON = "cancelled by customer"
 
 
 @dataclass
@@ -406,7 +405,7 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
             # (or never will: the process died after the provider call). The expiry is the
             # cancel's, not a failed attempt: cancel here, and the cancel, finding the order
             # Cancelled when its version check misses, answers that it is.
-            result = order.cancel(CUSTOMER_CANCEL_REASON)
+            result = order.cancel(CANCELLED_BY_CUSTOMER)
             if isinstance(result, Refused):
                 return Applied("noop", order, result.message)
             log.info("order %s cancelled: its session was expired by the customer's cancel (via %s)",
@@ -417,7 +416,7 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
             # then is the payment window ending, so the order is cancelled and its stock given
             # back, as the deadline would for an unpaid order. Not a failed payment with a fresh
             # window, which would hold the stock for a second window after the customer left.
-            result = order.cancel("payment window expired")
+            result = order.cancel(PAYMENT_WINDOW_EXPIRED)
             if isinstance(result, Refused):
                 return Applied("noop", order, result.message)
             log.info("order %s cancelled: its payment session expired at the end of the window (via %s)",
