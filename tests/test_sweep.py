@@ -611,5 +611,5 @@ def test_a_payment_that_keeps_settling_is_asked_about_less_and_less_often_up_to_
             if result.provider["awaiting_async"]:
                 asked.append(cycle)
         gaps = [b - a for a, b in zip(asked, asked[1:])]
-        assert asked[:2] == [1, 2] and max(gaps) == sweep.PROVIDER_RECHECK_CAP_INTERVALS, asked
+        assert asked[:2] == [1, 2] and max(gaps) == sweep.RECHECK_CAP_INTERVALS["awaiting_async"], asked
         assert gaps == sorted(gaps)

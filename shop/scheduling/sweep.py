@@ -243,21 +243,18 @@ def stuck_query(status, cutoff: datetime, limit: int, *, with_session: bool = Fa
 
 # A refused payment proof cannot change without an operator: ask again after hours, not cycles.
 PROOF_REFUSED_BACKOFF_SECONDS = 6 * 3600
-# Answers that may change at any moment but usually do not (an async payment settling, a
-# cancelled order's session that could still take money) are asked about again at growing
+# Answers that may change at any moment but usually do not are asked about again at growing
 # intervals (domain.deadlines.next_provider_check), never more than this many sweep intervals
-# apart: a lost webhook costs at most about that long.
-PROVIDER_RECHECK_CAP_INTERVALS = 3
-
-
-def recheck_cap_seconds() -> float:
-    return PROVIDER_RECHECK_CAP_INTERVALS * current_app.config["RECONCILIATION_INTERVAL_SECONDS"]
+# apart, so a lost webhook costs at most about that long: an async payment still settling (the
+# order not Paid, or its stock held), and a cancelled order whose session could still take money
+# or whose refund has not gone through (a customer's money kept: tighter).
+RECHECK_CAP_INTERVALS = {"awaiting_async": 3, "watching": 2}
 
 
 def backoff_provider_checks(order_id: int, outcome: str, now: datetime, since: datetime | None = None) -> None:
     """Leave the order out of the provider pass for a while after an answer that will not change
     by the next cycle: a refused proof for hours; a payment still settling (or, with `since`, any
-    answer worth watching) progressively, from one interval after `since` up to the cap.
+    watched cancelled order) progressively, from one interval after `since` up to its cap.
 
     A Core UPDATE of the sweep's own column only: it is bookkeeping, not a state change, so it
     neither bumps the version (a webhook's transition must not lose to it) nor touches
@@ -265,8 +262,8 @@ def backoff_provider_checks(order_id: int, outcome: str, now: datetime, since: d
     interval = current_app.config["RECONCILIATION_INTERVAL_SECONDS"]
     if outcome == "proof_refused":
         due = now + timedelta(seconds=max(PROOF_REFUSED_BACKOFF_SECONDS, interval))
-    elif since is not None:
-        due = next_provider_check(now, since, interval, recheck_cap_seconds())
+    elif since is not None and outcome in RECHECK_CAP_INTERVALS:
+        due = next_provider_check(now, since, interval, RECHECK_CAP_INTERVALS[outcome] * interval)
     else:
         return
     db.session.execute(update(Order).where(Order.id == order_id)
