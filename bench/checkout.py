@@ -19,7 +19,7 @@ and prints orders/s, p50 and p99 for each, web CPU per order, and checkout/bare 
 offline/bare ratios (target for checkout: >= 0.70 of the orders/s, p99 <= 1.5x). Before the
 load it counts, in-process, what one request of each kind costs in round trips: SQL
 statements, transactions, Redis round trips and provider requests, and what one Checkout Session
-costs on its own (the SDK call here, the sandbox's CPU there): CONTRACT section 4 makes every
+costs on its own (the SDK call here, the sandbox's CPU there): docs/REFERENCE.md, Storefront, makes every
 checkout pay that, so bare / (bare + that) is the best checkout/bare ratio any code could reach
 while the provider shares the machine's cores (--probe-only stops there).
 Everything it started is stopped and the database dropped at the end.
@@ -504,7 +504,7 @@ def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False, bare
 
 
 def provider_call_cpu(app, provider_pid: int, calls: int = 40) -> dict:
-    """What CONTRACT section 4 adds to every checkout whatever the code around it does: one
+    """What docs/REFERENCE.md, Storefront, adds to every checkout whatever the code around it does: one
     Checkout Session created through the real SDK (CPU in this thread) and served by the
     provider (CPU of the sandbox process, which shares this machine's cores in the bench)."""
     from datetime import timedelta

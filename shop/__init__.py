@@ -77,6 +77,7 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
     from . import errors
 
     errors.init_app(app)
+    errors.init_teardown(app, db)
     _configure_sqlite(app)
     _configure_idle_ping(app)
     from .web import IdConverter, LimitChunkedBodies, WorkConverter, refuse_nul_text

@@ -1,4 +1,4 @@
-"""`flask shop ...`: the operational commands of CONTRACT section 1."""
+"""`flask shop ...`: the operational commands (docs/REFERENCE.md, Commands)."""
 from __future__ import annotations
 
 import logging
@@ -105,7 +105,7 @@ def sweep_command():
 @click.option("--port", default=12111, show_default=True, type=int)
 @click.option("--min-session-seconds", default=1800, show_default=True, type=click.IntRange(0, 86400))
 def stripe_sandbox_command(host, port, min_session_seconds):
-    """Run the Stripe-compatible sandbox (CONTRACT section 6)."""
+    """Run the Stripe-compatible sandbox (docs/REFERENCE.md, Sandbox)."""
     from .stripe_sandbox.server import run
 
     run(host=host, port=port, min_session_seconds=min_session_seconds)

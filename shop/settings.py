@@ -1,6 +1,6 @@
 """Settings: read from the environment once, when the app is created, and validated.
 
-A bad value stops the process with one line naming the variable (CONTRACT section 2): a shop
+A bad value stops the process with one line naming the variable (docs/REFERENCE.md, Settings): a shop
 that starts half-configured loses orders quietly, which is worse than not starting.
 """
 from __future__ import annotations

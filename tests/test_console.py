@@ -1,5 +1,5 @@
 """The operator console over HTTP: the login gate, CSRF on every action, the JSON shapes of
-CONTRACT section 4, and that each button runs the same use case as the rest of the shop
+docs/REFERENCE.md, Console, and that each button runs the same use case as the rest of the shop
 (asserted on rows and stock, not on messages)."""
 from __future__ import annotations
 

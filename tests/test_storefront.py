@@ -1,4 +1,4 @@
-"""The storefront over HTTP (CONTRACT section 4), as a browser uses it: JSON shapes, the cart's
+"""The storefront over HTTP (docs/REFERENCE.md, Storefront), as a browser uses it: JSON shapes, the cart's
 refusals in words, CSRF, checkout refusals, double submits, cancellation with the version the
 customer saw, and who may see an order."""
 from __future__ import annotations

@@ -128,7 +128,7 @@ def orders(now: datetime, *, stuck: bool, statuses: list[str], page: int) -> dic
 
 
 def delivery_json(delivery: OutboxDelivery, event_name: str | None, reference: str | None) -> dict:
-    """The outbox item of docs/REFERENCE.md (Console): the contract's keys, plus whether the row is
+    """The outbox item of docs/REFERENCE.md, Console: the contract's keys, plus whether the row is
     waiting for the provider (its status then stays "pending")."""
     return {"id": delivery.id, "event": event_name, "handler": delivery.handler, "status": delivery.status,
             "attempts": delivery.attempts, "last_error": delivery.last_error, "order_reference": reference,
@@ -153,7 +153,7 @@ def command_json(command: ScheduledCommand, reference: str | None, now: datetime
 
 
 def warning_json(warning: RestoreWarning, reference: str | None) -> dict:
-    """CONTRACT section 4: exactly these keys."""
+    """docs/REFERENCE.md, Console: exactly these keys."""
     return {"id": warning.id, "order_reference": reference, "variant_id": warning.variant_id,
             "quantity": warning.quantity, "reason": warning.reason, "state": warning.state}
 
@@ -269,7 +269,7 @@ def _payload_words(payload: dict) -> str:
 # -- outbox, warnings, webhooks, sweeps -------------------------------------------------------
 
 def command_item(command: ScheduledCommand, reference: str | None) -> dict:
-    """A scheduled command (a deadline, a refund, an email) in the outbox list's contract shape:
+    """A scheduled command (a deadline, a refund, an email) in the outbox list's documented shape:
     its handler is its kind, it delivers no event, and its id is "cmd-<n>" because commands and
     deliveries are numbered apart; `/console/outbox/cmd-<n>/retry` acts on it."""
     return {"id": work_ref("command", command.id), "event": None, "handler": command.kind,
@@ -279,7 +279,7 @@ def command_item(command: ScheduledCommand, reference: str | None) -> dict:
 
 def outbox(now: datetime, *, status: str | None, page: int):
     """Deliveries and scheduled commands, oldest first, each paged on its own. The JSON lists
-    both under "deliveries" in the contract's item shape: a dead refund or email is as much a
+    both under "deliveries" in one item shape (docs/REFERENCE.md, Console): a dead refund or email is as much a
     dead letter for the operator as a dead delivery."""
     query = (select(OutboxDelivery, OutboxEvent.name, Order.reference)
              .join(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id)

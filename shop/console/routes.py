@@ -1,4 +1,4 @@
-"""Console pages and operator actions (CONTRACT section 4, "Operator console").
+"""Console pages and operator actions (docs/REFERENCE.md, Console).
 
 Every page answers JSON too (same URL, `Accept: application/json`). Every action is a POST,
 checked for CSRF by CSRFProtect before the view runs, and goes through the same use case the

@@ -21,13 +21,13 @@ class OrderStatus(str, Enum):
     PAYMENT_FAILED = "PaymentFailed"
     CANCELLED = "Cancelled"
 
-    def __str__(self) -> str:  # so templates and JSON show the contract's spelling
+    def __str__(self) -> str:  # so templates and JSON show the documented spelling (docs/REFERENCE.md, Order states)
         return self.value
 
 
 S = OrderStatus
 
-# CONTRACT section 3, as data: (transition, from-state) pairs that are allowed.
+# docs/REFERENCE.md, Order states, as data: (transition, from-state) pairs that are allowed.
 ALLOWED = {
     "start_payment": {S.PENDING_PAYMENT, S.PAYMENT_FAILED},
     "mark_paid": {S.PAYMENT_INITIATED},

@@ -32,6 +32,10 @@ def _send_email(row: ScheduledCommand, now: datetime) -> None:
     if order is None:
         return
     template = row.payload.get("template")
+    if template == "payment_failed" and order.status != "PaymentFailed":
+        # "Your items are held, try again" is no longer true once the order moved on (the
+        # customer cancelled just after, or paid): an email that would mislead is not sent.
+        return
     subject, body = TEMPLATES[template]
     base = current_app.config["PUBLIC_BASE_URL"]
     link = f"{base}/orders/{order.reference}?token={order.access_token}"
