@@ -43,7 +43,8 @@ class DurableWork:
     # "refused" for a dead letter retrying cannot help.
     failure_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)
     # Provider failures in a row: the exponent of the wait for the provider.
-    provider_waits: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
+    # Left to the database default: the writer inserts deliveries with INSERT ... SELECT.
+    provider_waits: Mapped[int] = mapped_column(Integer, server_default="0", nullable=False)
     discard_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     updated_at = mapped_column(UTCDateTime, default=now_utc, onupdate=now_utc, nullable=False)
