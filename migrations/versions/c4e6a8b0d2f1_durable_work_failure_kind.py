@@ -1,7 +1,7 @@
 """durable work: failure_kind and provider_waits (a row waiting for an unavailable provider is retried without spending its attempt budget)
 
 Revision ID: c4e6a8b0d2f1
-Revises: b3d5e7f9a1c2
+Revises: c4e6a8b0d2f3
 Create Date: 2026-12-02 10:00:00
 
 """
@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 
 revision = 'c4e6a8b0d2f1'
-down_revision = 'b3d5e7f9a1c2'
+down_revision = 'c4e6a8b0d2f3'
 branch_labels = None
 depends_on = None
 
