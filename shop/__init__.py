@@ -47,6 +47,10 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
         OUTBOX_LEASE_SECONDS=int(os.environ.get("BACKSTOP_OUTBOX_LEASE_SECONDS", "60")),
         OUTBOX_RETRY_BASE_SECONDS=2.0,
         OUTBOX_RETRY_CAP_SECONDS=300.0,
+        # Work waiting for an unavailable provider retries for as long as it takes, at most this
+        # far apart (domain.deadlines.retry_decision).
+        OUTBOX_PROVIDER_RETRY_BASE_SECONDS=2.0,
+        OUTBOX_PROVIDER_RETRY_CAP_SECONDS=300.0,
         RELAY_INTERVAL_SECONDS=5,
         RELAY_GRACE_SECONDS=10,
         RELAY_BATCH_SIZE=500,

@@ -98,6 +98,8 @@ def base_config(database_url: str, **overrides) -> dict:
         "PUBLIC_BASE_URL": "http://127.0.0.1:5000",
         "OUTBOX_RETRY_BASE_SECONDS": 0.05,
         "OUTBOX_RETRY_CAP_SECONDS": 0.2,
+        "OUTBOX_PROVIDER_RETRY_BASE_SECONDS": 0.05,
+        "OUTBOX_PROVIDER_RETRY_CAP_SECONDS": 0.2,
         "STRIPE_MAX_NETWORK_RETRIES": 0,
         "STRIPE_TIMEOUT_SECONDS": 5,
     }

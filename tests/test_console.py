@@ -32,7 +32,9 @@ GET_ROUTES = ["/console/", "/console/orders", "/console/orders?stuck=1&status=Pe
 POST_ROUTES = ["/console/logout", "/console/outbox/retry-dead", "/console/orders/BK-NOSUCH/reconcile", "/console/outbox/1/retry",
                "/console/outbox/1/discard", "/console/outbox/cmd-1/retry", "/console/outbox/cmd-1/discard",
                "/console/restore-warnings/1/resolve"]
-DELIVERY_KEYS = {"id", "event", "handler", "status", "attempts", "last_error", "order_reference"}
+# The contract's outbox item, plus whether the row is waiting for an unavailable provider.
+DELIVERY_KEYS = {"id", "event", "handler", "status", "attempts", "last_error", "order_reference",
+                 "waiting_for_provider"}
 WARNING_KEYS = {"id", "order_reference", "variant_id", "quantity", "reason", "state"}
 
 
@@ -316,7 +318,8 @@ def test_outbox_lists_dead_letters_in_the_contract_shape_with_the_traceback_on_d
     data = client.get("/console/outbox?status=dead", headers=JSON).get_json()
     assert data["deliveries"] == [{"id": delivery, "event": "OrderPlaced", "handler": "print_label",
                                    "status": "dead", "attempts": 5,
-                                   "last_error": "RuntimeError: label printer on fire", "order_reference": ref}]
+                                   "last_error": "RuntimeError: label printer on fire", "order_reference": ref,
+                                   "waiting_for_provider": False}]
     assert set(data["deliveries"][0]) == DELIVERY_KEYS
     assert client.get("/console/outbox?status=done", headers=JSON).get_json()["deliveries"] == []
     with app.app_context():
@@ -344,7 +347,7 @@ def test_dead_scheduled_commands_are_dead_letters_of_the_outbox_in_its_shape_and
     data = client.get("/console/outbox?status=dead", headers=JSON).get_json()
     assert data["deliveries"] == [{"id": f"cmd-{command_id}", "event": None, "handler": "expire_unpaid_order",
                                    "status": "dead", "attempts": 5, "last_error": "SMTPError: relay refused",
-                                   "order_reference": ref}]
+                                   "order_reference": ref, "waiting_for_provider": False}]
     assert 'shop_outbox_deliveries{status="dead"} 1.0' in client.get("/metrics").get_data(as_text=True)
     html = client.get("/console/outbox?status=dead").get_data(as_text=True)
     assert f'action="/console/outbox/cmd-{command_id}/retry"' in html

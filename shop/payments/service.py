@@ -476,8 +476,11 @@ def _note_processing(order_id: int, now: datetime) -> None:
 
 def _late_money(order: Order, view, reason: str, now: datetime) -> Applied:
     created = record_late_payment(order, view, reason, now)
-    if order.payment_processing_at is not None and order.payment_session_id == view.id:
-        stop_watching(order.id)  # the session's money is in and being refunded: nothing more can come
+    if created and S(order.status) is S.CANCELLED and order.payment_session_id == view.id \
+            and order.payment_processing_at is None:
+        # The sweep's watch follows the refund until the provider has it (a refund that dies
+        # runs again), not just until the refund is recorded; the refund's success ends it.
+        _note_processing(order.id, now)
     return Applied("refund_created" if created else "already_refunded", order, reason)
 
 
