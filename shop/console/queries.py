@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from ..domain.deadlines import as_utc
 from ..domain.order import LIVE
 from ..extensions import db
-from ..models import (Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, ReconciliationCycle, Refund,
+from ..models import (Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, ProviderRefusal, ReconciliationCycle, Refund,
                       RestoreWarning, ScheduledCommand, WebhookReceipt)
 from ..ops.metrics import stuck_cutoff
 from ..orders.views import iso, order_json
@@ -179,6 +179,8 @@ def order_timeline(order: Order, now: datetime) -> dict:
     refunds = session.execute(select(Refund).where(Refund.order_id == order.id).order_by(Refund.id)).scalars().all()
     refusals = session.execute(select(PaymentProofRefusal).where(PaymentProofRefusal.order_id == order.id)
                                .order_by(PaymentProofRefusal.id)).scalars().all()
+    provider_refusals = session.execute(select(ProviderRefusal).where(ProviderRefusal.order_id == order.id)
+                                        .order_by(ProviderRefusal.id)).scalars().all()
 
     data = {
         "order": {**order_json(order), "email": order.email, "payment_attempts": order.payment_attempts,
@@ -199,6 +201,8 @@ def order_timeline(order: Order, now: datetime) -> dict:
         "proof_refusals": [{"id": p.id, "session_id": p.session_id, "source": p.source, "problems": p.problems,
                             "amount_total": p.amount_total, "currency": p.currency, "created_at": iso(p.created_at)}
                            for p in refusals],
+        "provider_refusals": [{"id": p.id, "attempt": p.attempt, "code": p.code, "reason": p.reason,
+                               "created_at": iso(p.created_at)} for p in provider_refusals],
     }
     merged = (
         [(e.created_at, "transition", e.name, _payload_words(e.payload)) for e in events]
@@ -211,6 +215,8 @@ def order_timeline(order: Order, now: datetime) -> dict:
         + [(w.created_at, "restore_warning", "restore warning", w.reason) for w in warnings]
         + [(r.created_at, "refund", f"refund {r.status}", r.reason) for r in refunds]
         + [(p.created_at, "proof_refused", "payment proof refused", p.problems) for p in refusals]
+        + [(p.created_at, "provider_refused", f"provider refused payment attempt {p.attempt}",
+            p.reason + (f" (code {p.code})" if p.code else "")) for p in provider_refusals]
     )
     merged.sort(key=lambda item: as_utc(item[0]))
     data["timeline"] = [{"at": iso(at), "kind": kind, "what": what, "detail": detail}
