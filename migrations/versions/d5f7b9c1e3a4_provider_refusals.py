@@ -1,7 +1,7 @@
 """provider_refusals: why the provider would not start a payment, for the order's timeline
 
-Revision ID: c4e6a8b0d2f3
-Revises: b3d5e7f9a1c2
+Revision ID: d5f7b9c1e3a4
+Revises: c4e6a8b0d2f3
 Create Date: 2026-12-01 12:00:00
 
 """
@@ -10,8 +10,8 @@ import sqlalchemy as sa
 import shop.models.types
 
 
-revision = 'c4e6a8b0d2f3'
-down_revision = 'b3d5e7f9a1c2'
+revision = 'd5f7b9c1e3a4'
+down_revision = 'c4e6a8b0d2f3'
 branch_labels = None
 depends_on = None
 
