@@ -387,12 +387,11 @@ def make_plan(port: int, environ: dict) -> Plan:
     if not port_is_free(port):
         raise UpError(f"port {port} is already in use on {LOCAL} (another `flask shop up`?); "
                       f"choose another with --port, e.g. `flask shop up --port {_nearby_free_port(port)}`")
-    from .settings import load_settings
+    from .settings import instance_path, load_settings
 
     env = dict(environ)
     root = repo_root()
-    instance = env.get("BACKSTOP_INSTANCE_PATH") or os.path.join(root, "instance")
-    env["BACKSTOP_INSTANCE_PATH"] = os.path.abspath(instance)
+    env["BACKSTOP_INSTANCE_PATH"] = os.path.abspath(instance_path(env, root))
     os.makedirs(env["BACKSTOP_INSTANCE_PATH"], exist_ok=True)
     env["FLASK_APP"] = "app"
     env["PYTHONUNBUFFERED"] = "1"
