@@ -9,8 +9,8 @@ from sqlalchemy import func, or_, select
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc
 from ..domain.order import LIVE
 from ..extensions import db
-from ..models import (OperatorAction, Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, ReconciliationCycle,
-                      Refund, RestoreWarning, ScheduledCommand, WebhookReceipt)
+from ..models import (OperatorAction, Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, ProviderRefusal,
+                      ReconciliationCycle, Refund, RestoreWarning, ScheduledCommand, WebhookReceipt)
 from ..ops.metrics import stuck_cutoff
 from ..orders.views import iso, order_json
 from ..web import work_ref
@@ -207,6 +207,8 @@ def order_timeline(order: Order, now: datetime) -> dict:
     refunds = session.execute(select(Refund).where(Refund.order_id == order.id).order_by(Refund.id)).scalars().all()
     refusals = session.execute(select(PaymentProofRefusal).where(PaymentProofRefusal.order_id == order.id)
                                .order_by(PaymentProofRefusal.id)).scalars().all()
+    provider_refusals = session.execute(select(ProviderRefusal).where(ProviderRefusal.order_id == order.id)
+                                        .order_by(ProviderRefusal.id)).scalars().all()
     actions = session.execute(select(OperatorAction).where(OperatorAction.order_id == order.id)
                               .order_by(OperatorAction.id)).scalars().all()
 
@@ -235,6 +237,8 @@ def order_timeline(order: Order, now: datetime) -> dict:
         "proof_refusals": [{"id": p.id, "session_id": p.session_id, "source": p.source, "problems": p.problems,
                             "amount_total": p.amount_total, "currency": p.currency, "created_at": iso(p.created_at)}
                            for p in refusals],
+        "provider_refusals": [{"id": p.id, "attempt": p.attempt, "code": p.code, "reason": p.reason,
+                               "created_at": iso(p.created_at)} for p in provider_refusals],
         "operator_actions": [action_json(a, ref) for a in actions],
     }
     merged = (
@@ -249,6 +253,8 @@ def order_timeline(order: Order, now: datetime) -> dict:
         + [(w.created_at, "restore_warning", "restore warning", w.reason) for w in warnings]
         + [(r.created_at, "refund", f"refund {r.status}", r.reason) for r in refunds]
         + [(p.created_at, "proof_refused", "payment proof refused", p.problems) for p in refusals]
+        + [(p.created_at, "provider_refused", f"provider refused payment attempt {p.attempt}",
+            p.reason + (f" (code {p.code})" if p.code else "")) for p in provider_refusals]
         + [(a.created_at, "operator", f"{a.action} by {a.operator}",
             a.outcome + (f" Reason: {a.reason}" if a.reason else "")) for a in actions]
     )

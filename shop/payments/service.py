@@ -20,7 +20,7 @@ from ..domain.order import ALLOWED, CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRE
 from ..domain.payment import check_payment_proof
 from ..domain.results import Refused
 from ..extensions import db
-from ..models import Order, PaymentProofRefusal, ProcessedStripeEvent
+from ..models import Order, PaymentProofRefusal, ProcessedStripeEvent, ProviderRefusal
 from ..orders.lookup import order_by_reference
 from ..outbox import uow
 from ..outbox.writer import write_events
@@ -136,8 +136,11 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None) ->
                                                    "and your items are held; please try “Pay now” again in a moment.")
     except gateway.ProviderRefused as exc:
         log.error("order %s: provider refused the checkout session: %s", order.reference, exc)
-        return StartOutcome("unavailable", message="The payment provider refused to start this payment. "
-                                                   "Please try again later or contact us.")
+        _note_refusal(order.id, attempt, exc)
+        return StartOutcome("unavailable", message="We could not start the payment: the payment provider turned "
+                                                   "the request down. Nothing was charged, and your order and its "
+                                                   "items are held until its payment window closes; our team can "
+                                                   "see why. Please try “Pay now” again later or contact us.")
     transition = order.start_payment(view.id, view.url)
     if not transition.ok:  # checked above on the same snapshot; kept so the rule has one home
         _expire_quietly(view.id)
@@ -159,6 +162,19 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None) ->
         raise
     uow.publish_after_commit(session)
     return StartOutcome("started", url=view.url)
+
+
+def _note_refusal(order_id: int, attempt: int, exc: gateway.ProviderRefused) -> None:
+    """Keep the provider's reason for the order's console timeline, in its own small commit.
+    Bookkeeping only: failing to write it must not change what the customer is told."""
+    session = db.session
+    try:
+        session.add(ProviderRefusal(order_id=order_id, attempt=attempt, code=(exc.code or None) and str(exc.code)[:100],
+                                    reason=str(exc)))
+        session.commit()
+    except Exception:  # noqa: BLE001 - logged; the refusal itself is already in the log above
+        session.rollback()
+        log.exception("order %s: could not record the provider's refusal", order_id)
 
 
 def _expire_quietly(session_id: str) -> None:
