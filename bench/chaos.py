@@ -987,7 +987,8 @@ def classify_5xx(error, pg_kills) -> str:
         return "known issue c: 503 when a database connection was killed"
     if status == 500 and any(0 <= at - t < 3 for t in pg_kills):
         return "known issue c: 500 within 3 s of killing the database connections"
-    if status == 503 and url.endswith("/pay") and "refused to start this payment" in body:
+    if status == 503 and url.endswith("/pay") and ("refused to start this payment" in body
+                                                   or "turned the request down" in body):
         return "503 from Pay now: the provider refused to start the payment"
     return f"unexplained {status} on {method} {route_of(url.split('//', 1)[-1].split('/', 1)[-1])}"
 
@@ -1039,9 +1040,6 @@ def report(run: Run, checks: Checks, found: dict | None, stack: Stack, events: l
              f"e.g. {', '.join(s.hosted_cancel_409[:5])}")
     line(f"Time to converge after the faults stopped: "
          + (f"{run.converge_seconds:.1f} s" if run.converge_seconds is not None else "did NOT converge"))
-    line("\nInvariants")
-    for name, ok, detail in checks.results:
-        line(f"  {'PASS' if ok else 'FAIL'}  {name}: {detail}")
     if found and checks.violating_orders:
         line("\nTimelines of the first violating orders (console JSON):")
         for ref, name in list(checks.violating_orders.items())[:3]:
@@ -1050,6 +1048,9 @@ def report(run: Run, checks: Checks, found: dict | None, stack: Stack, events: l
             line(json.dumps(t, indent=1, default=str)[:6000] if t else "  (unreadable)")
     for err in s.errors[:3]:
         line("\nHarness error:\n" + err)
+    line("\nInvariants")
+    for name, ok, detail in checks.results:
+        line(f"  {'PASS' if ok else 'FAIL'}  {name}: {detail}")
     print("\n".join(out), flush=True)
 
 
