@@ -19,6 +19,7 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker, get_current_job
+from rq.job import Job
 from rq_scheduler import Scheduler
 from rq_scheduler.utils import to_unix
 
@@ -87,11 +88,12 @@ def command_job_id(command_id: int) -> str:
     return f"{current_app.config['QUEUE_PREFIX']}-command-{command_id}"
 
 
-def announce(delivery_ids, commands, now: datetime | None = None) -> None:
+def announce(delivery_ids, commands, now: datetime | None = None, retired=()) -> None:
     """Hand committed work to Redis: deliveries by waking a drain (unless enough drains already
-    wait), commands at their time. One pipeline (one round trip) for the jobs: a checkout's
-    deadline included; deliveries add the round trip that takes a drain slot."""
-    if not delivery_ids and not commands:
+    wait), commands at their time, and take `retired` commands (deadlines of an order that
+    reached a final state) off rq-scheduler's schedule. One pipeline (one round trip) for the
+    jobs: a checkout's deadline included; deliveries add the round trip that takes a drain slot."""
+    if not delivery_ids and not commands and not retired:
         return
     now = now or datetime.now(timezone.utc)
     queue = work_queue()
@@ -118,6 +120,11 @@ def announce(delivery_ids, commands, now: datetime | None = None) -> None:
                                         commit=False)
                 job.save(pipeline=pipe)
                 pipe.zadd(sched.scheduled_jobs_key, {job.id: to_unix(_aware(due))})
+        for cid in retired:
+            # A copy re-armed under a suffixed id (see above) stays; it finds its row obsolete and
+            # does nothing, as does one already moved to the queue.
+            pipe.zrem(sched.scheduled_jobs_key, command_job_id(cid))
+            pipe.delete(Job.key_for(command_job_id(cid)))
         pipe.execute()
 
 

@@ -17,7 +17,8 @@ from ..web import work_ref
 from .format import human_money, human_time
 
 PER_PAGE = 100
-WORK_STATUSES = ("pending", "processing", "done", "dead", "discarded")
+# obsolete: a deadline retired because its order reached a final state first (scheduled commands only).
+WORK_STATUSES = ("pending", "processing", "done", "dead", "discarded", "obsolete")
 WARNING_STATES = ("open", "resolved", "duplicate")
 WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected", "failed")  # see shop.webhooks
 LIVE_STATUSES = tuple(s.value for s in LIVE)
@@ -182,7 +183,8 @@ def order_timeline(order: Order, now: datetime) -> dict:
 
     data = {
         "order": {**order_json(order), "email": order.email, "payment_attempts": order.payment_attempts,
-                  "last_payment_error": order.last_payment_error,
+                  # A paid order's earlier failure is history (the timeline keeps it), not a problem.
+                  "last_payment_error": None if order.status == "Paid" else order.last_payment_error,
                   "age_seconds": age_seconds(now, order.updated_at),
                   "stuck": order.status in LIVE_STATUSES and as_utc(order.updated_at) < stuck_cutoff(now),
                   # Set when the sweep's provider pass backs off an order whose answer cannot
@@ -205,6 +207,8 @@ def order_timeline(order: Order, now: datetime) -> dict:
         + [(r.received_at, "webhook", f"{r.event_type or 'webhook'}: {r.outcome}", r.reason or "") for r in receipts]
         + [(c.created_at, "command", f"{c.kind} armed", f"due {human_time(c.next_attempt_at)}, now {c.status}")
            for c in commands]
+        + [(c.completed_at or c.updated_at, "command", f"{c.kind} retired", c.discard_reason or "obsolete")
+           for c in commands if c.status == "obsolete"]
         + [(d.completed_at or d.updated_at, "delivery", f"{d.handler}: {d.status}",
             f"{names.get(d.event_id, '?')}, {d.attempts} attempt(s)" + (f", {d.last_error}" if d.last_error else ""))
            for d in deliveries if d.status in ("done", "dead", "discarded")]

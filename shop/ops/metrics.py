@@ -64,7 +64,7 @@ class ShopCollector:
             deliveries.add_metric([status], counts.get(status, 0) + extra)
         yield deliveries
         commands = GaugeMetricFamily("shop_scheduled_commands", "Scheduled commands by status", labels=["status"])
-        for status in ("pending", "processing", "done", "dead", "discarded"):
+        for status in ("pending", "processing", "done", "dead", "discarded", "obsolete"):
             commands.add_metric([status], command_counts.get(status, 0))
         yield commands
 
