@@ -85,6 +85,34 @@ def dashboard(now: datetime) -> dict:
     }
 
 
+def liveness(now: datetime) -> dict:
+    """Processes with their heartbeat ages, queues with depth and the age of their oldest due
+    item, the next sweep, and the same verdict /healthz gives (shop.ops.health)."""
+    from ..ops.health import snapshot
+
+    found = snapshot(now, with_queues=True)
+    processes = [{"role": p["role"], "name": p["name"], "host": p["host"], "pid": p["pid"], "runs": p["runs"],
+                  "state": "stalled" if p["stalled"] else p["state"], "stalled": p["stalled"],
+                  "beat_age_seconds": p["beat_age_seconds"], "last_beat_at": iso(p["last_beat"]),
+                  "since": iso(p["since"]), "job": p["job"], "job_since": iso(p["job_since"]),
+                  "last_job": p["last_job"], "last_job_at": iso(p["last_job_at"]), "in_redis": p["in_redis"]}
+                 for p in sorted(found["processes"], key=lambda p: (p["role"] != "worker", p["name"]))]
+    queues = [{**q, "oldest_age_seconds": _whole(q["oldest_age_seconds"])} for q in found["queues"] or ()]
+    for kind, model in (("outbox deliveries", OutboxDelivery), ("scheduled commands", ScheduledCommand)):
+        count, oldest = db.session.execute(select(func.count(), func.min(model.next_attempt_at)).where(
+            model.status == "pending", model.next_attempt_at <= now)).one()
+        queues.append({"name": kind, "kind": "database", "depth": count, "due": count,
+                       "oldest_age_seconds": age_seconds(now, oldest)})
+    return {"health": {"healthy": found["healthy"], "checks": found["checks"], "problems": found["problems"],
+                       "stale_after_seconds": found["stale_seconds"],
+                       "outbox_lag_limit_seconds": found["outbox_lag_limit_seconds"]},
+            "processes": processes, "queues": queues, "next_sweep_at": iso(found["next_sweep_at"])}
+
+
+def _whole(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds)
+
+
 # -- orders ---------------------------------------------------------------------------------
 
 def order_row(order: Order, now: datetime, cutoff: datetime) -> dict:
