@@ -602,8 +602,8 @@ def _run(port: int, console: Console, sup: Supervisor, state: dict, plan_holder:
                 ready = True
                 banner(plan, console)
             elif time.monotonic() > ready_by:
-                console.error(f"the web process did not answer {plan.base_url}/healthz within "
-                              f"{START_TIMEOUT:.0f} s; stopping")
+                console.error(f"{plan.base_url}/healthz did not answer 200 within {START_TIMEOUT:.0f} s "
+                              "(it waits for web, worker and scheduler; its JSON says what is missing); stopping")
                 return 1
         time.sleep(0.2)
     name = signal.Signals(state["signal"]).name
