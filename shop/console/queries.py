@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 
 from ..domain.deadlines import as_utc
 from ..domain.order import LIVE
 from ..extensions import db
-from ..models import (Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, ReconciliationCycle, Refund,
-                      RestoreWarning, ScheduledCommand, WebhookReceipt)
+from ..models import (OperatorAction, Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, ReconciliationCycle,
+                      Refund, RestoreWarning, ScheduledCommand, WebhookReceipt)
 from ..ops.metrics import stuck_cutoff
 from ..orders.views import iso, order_json
 from ..web import work_ref
+from .audit import action_json
 from .format import human_money, human_time
 
 PER_PAGE = 100
@@ -131,21 +132,37 @@ def order_row(order: Order, now: datetime, cutoff: datetime) -> dict:
     }
 
 
-def orders(now: datetime, *, stuck: bool, statuses: list[str], page: int) -> dict:
-    """Oldest first: by last change when looking for stuck orders (longest waiting on top),
-    by placement otherwise."""
+def orders(now: datetime, *, stuck: bool, statuses: list[str], page: int, q: str = "") -> dict:
+    """Newest first (new orders on the first page); with `stuck`, the longest waiting first.
+    `q` finds an order by its reference, its customer's email (any case) or its provider
+    session id: each an exact match on an index, so a search costs the same at a million orders."""
     cutoff = stuck_cutoff(now)
     query = select(Order)
     if statuses:
         query = query.where(Order.status.in_(statuses))
+    if q:
+        query = query.where(or_(Order.reference == q.upper(), func.lower(Order.email) == q.lower(),
+                                Order.payment_session_id == q))
     if stuck:
         query = query.where(Order.status.in_(LIVE_STATUSES), Order.updated_at < cutoff)
         query = query.order_by(Order.updated_at, Order.id)
     else:
-        query = query.order_by(Order.created_at, Order.id)
+        query = query.order_by(Order.id.desc())
     rows, meta = paging(query, page)
-    return {"orders": [order_row(o, now, cutoff) for (o,) in rows], "filters": {"stuck": stuck, "status": statuses},
-            **meta}
+    return {"orders": [order_row(o, now, cutoff) for (o,) in rows],
+            "filters": {"stuck": stuck, "status": statuses, "q": q}, **meta}
+
+
+def audit(*, page: int, operator: str = "", order: Order | None = None) -> dict:
+    """Operator actions, newest first."""
+    query = select(OperatorAction, Order.reference).outerjoin(Order, Order.id == OperatorAction.order_id)
+    if operator:
+        query = query.where(func.lower(OperatorAction.operator) == operator.lower())
+    if order is not None:
+        query = query.where(OperatorAction.order_id == order.id)
+    query = query.order_by(OperatorAction.id.desc())
+    rows, meta = paging(query, page)
+    return {"actions": [action_json(a, ref) for a, ref in rows], "filters": {"operator": operator}, **meta}
 
 
 def delivery_json(delivery: OutboxDelivery, event_name: str | None, reference: str | None) -> dict:
@@ -208,6 +225,8 @@ def order_timeline(order: Order, now: datetime) -> dict:
     refunds = session.execute(select(Refund).where(Refund.order_id == order.id).order_by(Refund.id)).scalars().all()
     refusals = session.execute(select(PaymentProofRefusal).where(PaymentProofRefusal.order_id == order.id)
                                .order_by(PaymentProofRefusal.id)).scalars().all()
+    actions = session.execute(select(OperatorAction).where(OperatorAction.order_id == order.id)
+                              .order_by(OperatorAction.id)).scalars().all()
 
     data = {
         "order": {**order_json(order), "email": order.email, "payment_attempts": order.payment_attempts,
@@ -229,6 +248,7 @@ def order_timeline(order: Order, now: datetime) -> dict:
         "proof_refusals": [{"id": p.id, "session_id": p.session_id, "source": p.source, "problems": p.problems,
                             "amount_total": p.amount_total, "currency": p.currency, "created_at": iso(p.created_at)}
                            for p in refusals],
+        "operator_actions": [action_json(a, ref) for a in actions],
     }
     merged = (
         [(e.created_at, "transition", e.name, _payload_words(e.payload)) for e in events]
@@ -243,6 +263,8 @@ def order_timeline(order: Order, now: datetime) -> dict:
         + [(w.created_at, "restore_warning", "restore warning", w.reason) for w in warnings]
         + [(r.created_at, "refund", f"refund {r.status}", r.reason) for r in refunds]
         + [(p.created_at, "proof_refused", "payment proof refused", p.problems) for p in refusals]
+        + [(a.created_at, "operator", f"{a.action} by {a.operator}",
+            a.outcome + (f" Reason: {a.reason}" if a.reason else "")) for a in actions]
     )
     merged.sort(key=lambda item: as_utc(item[0]))
     data["timeline"] = [{"at": iso(at), "kind": kind, "what": what, "detail": detail}
