@@ -983,10 +983,13 @@ def classify_5xx(error, pg_kills) -> str:
     at, method, url, status, body = error
     if status == 503 and url.endswith("/pay") and "could not reach the payment provider" in body:
         return "designed: 503 from Pay now while the provider is down (order kept)"
+    if status == 503 and "database is busy or unreachable" in " ".join(body.split()) \
+            and any(0 <= at - t < 10 for t in pg_kills):
+        # A request whose transaction died with its connection: nothing it did was committed, and
+        # it says so in words (an action that had committed answers with what was done instead).
+        return "designed: 503 in words, its database connection killed under it (nothing committed)"
     if status == 503 and "database is busy or unreachable" in " ".join(body.split()):
-        return "known issue c: 503 when a database connection was killed"
-    if status == 500 and any(0 <= at - t < 3 for t in pg_kills):
-        return "known issue c: 500 within 3 s of killing the database connections"
+        return "503 'database unreachable' with no connection killed in the 10 s before"
     if status == 503 and url.endswith("/pay") and ("refused to start this payment" in body
                                                    or "turned the request down" in body):
         return "503 from Pay now: the provider refused to start the payment"
