@@ -185,3 +185,20 @@ def test_a_json_body_is_held_to_the_same_rules_as_a_form(shop):
     for path in ("/console/login", "/cart/items", "/checkout"):
         r = client.post(path, data=deep, content_type="application/json", headers={**JSON, "X-CSRFToken": token})
         assert r.status_code == 400 and "nested too deeply" in r.get_json()["error"], path
+
+
+def test_a_signed_event_with_a_lone_surrogate_in_its_text_still_leaves_a_receipt(shop):
+    """"\\ud800" is valid JSON but no driver can store it: the delivery must still be on record."""
+    from shop.models import WebhookReceipt
+
+    session = {"id": "cs_test_s", "object": "checkout.session", "status": "complete", "payment_status": "paid",
+               "amount_total": 100, "currency": "usd"}
+    odd = [stripe_event("\ud800.created", session, "evt_ignored"),
+           stripe_event("checkout.session.completed", session, "evt_\ud800")]
+    for event in odd:
+        r = post_webhook(shop.test_client(), json.dumps(event).encode())
+        assert r.status_code == 200, r.get_data(as_text=True)
+    with shop.app_context():
+        receipts = db.session.execute(select(WebhookReceipt.event_id, WebhookReceipt.event_type)).all()
+        db.session.remove()
+    assert sorted(receipts) == [("evt_\\ud800", "checkout.session.completed"), ("evt_ignored", "\\ud800.created")]
