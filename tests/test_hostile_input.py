@@ -202,3 +202,24 @@ def test_a_signed_event_with_a_lone_surrogate_in_its_text_still_leaves_a_receipt
         receipts = db.session.execute(select(WebhookReceipt.event_id, WebhookReceipt.event_type)).all()
         db.session.remove()
     assert sorted(receipts) == [("evt_\\ud800", "checkout.session.completed"), ("evt_ignored", "\\ud800.created")]
+
+
+def test_a_json_body_that_is_not_shaped_like_a_form_is_a_400_in_words(shop):
+    """Flask-WTF hands a JSON body to the form as it parsed it: a list, a `true` or a nested object
+    was a TypeError in the form or a validator (a 500). Numbers still read as their text."""
+    with shop.app_context():
+        seed_catalog()
+        variant = db.session.execute(select(Variant.id).where(Variant.sku == "NB-A5-DOT")).scalar_one()
+        db.session.remove()
+    client = shop.test_client()
+    token = csrf_token(client, "/")
+    headers = {**JSON, "X-CSRFToken": token}
+    for body in ([1], True, 5, "x", {"variant_id": {"a": 1}}, {"quantity": True}, {"variant_id": [[1]]}):
+        r = client.post("/cart/items", json=body, headers=headers)
+        assert r.status_code == 400 and "JSON body" in r.get_json()["error"], (body, r.status_code)
+    r = client.post("/checkout", json={"email": 5}, headers=headers)
+    assert r.status_code == 400, r.get_data(as_text=True)[:300]
+    r = client.post("/console/login", json={"email": None, "password": 1.5}, headers=headers)
+    assert r.status_code == 400, r.get_data(as_text=True)[:300]
+    r = client.post("/cart/items", json={"variant_id": variant, "quantity": 2, "note": None}, headers=headers)
+    assert r.status_code == 201 and [i["quantity"] for i in r.get_json()["items"]] == [2]
