@@ -54,6 +54,11 @@ class NulInText(BadRequest):
     description = "The request contains a NUL character, which no field here accepts."
 
 
+class NotUnicodeText(BadRequest):
+    in_words = True
+    description = "The request contains text that is not valid Unicode (a lone surrogate), which no field here accepts."
+
+
 class JsonTooDeep(BadRequest):
     in_words = True
     description = "The JSON body is nested too deeply to read."
@@ -109,9 +114,22 @@ def refuse_nul_text() -> None:
                 body = request.get_json(silent=True)
             except RecursionError:  # deeper than the parser goes: not a form anyone sends
                 raise JsonTooDeep() from None
-            values += _strings(body)
+            body_strings = _strings(body)
+            # JSON may spell a lone surrogate ("\ud800"), which no database driver can encode; a
+            # form or a query cannot (werkzeug decodes their bytes with replacement).
+            if any(not _encodable(value) for value in body_strings):
+                raise NotUnicodeText()
+            values += body_strings
     if any("\x00" in value for value in values):
         raise NulInText()
+
+
+def _encodable(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _strings(value) -> list[str]:

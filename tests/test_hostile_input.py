@@ -223,3 +223,13 @@ def test_a_json_body_that_is_not_shaped_like_a_form_is_a_400_in_words(shop):
     assert r.status_code == 400, r.get_data(as_text=True)[:300]
     r = client.post("/cart/items", json={"variant_id": variant, "quantity": 2, "note": None}, headers=headers)
     assert r.status_code == 201 and [i["quantity"] for i in r.get_json()["items"]] == [2]
+
+
+def test_a_lone_surrogate_in_a_json_form_is_refused_in_words_before_the_database(shop):
+    """JSON can spell "\\ud800" and no database driver can encode it: the login's lookup was a 500."""
+    client = shop.test_client()
+    token = csrf_token(client, "/console/login")
+    for body in ({"email": "\ud800@example.com", "password": "x"}, {"email": "a@example.com", "password": "\udfff"}):
+        r = client.post("/console/login", data=json.dumps(body), content_type="application/json",
+                        headers={**JSON, "X-CSRFToken": token})
+        assert r.status_code == 400 and "not valid Unicode" in r.get_json()["error"], r.get_data(as_text=True)[:300]
