@@ -12,7 +12,7 @@ How to run:
 What must hold for every input:
 - never a 5xx (the app's error handler turns a crash into a 500: that is what is caught);
 - the webhook answers 413 for a body over 1,000,000 bytes, 400 only for the reasons in
-  docs/REFERENCE.md (Webhooks: no or bad signature, stale timestamp, empty or unparseable body,
+  docs/REFERENCE.md (Routes, Webhook: no or bad signature, stale timestamp, empty or unparseable body,
   not an event), 200 for everything else; every delivery, accepted or rejected, leaves exactly
   one receipt that the console's webhook list shows first;
 - a refused input (any 4xx) changes no row in any table (orders, stock, carts, outbox, commands,
