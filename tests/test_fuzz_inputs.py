@@ -129,8 +129,19 @@ def _snapshot(app) -> dict:
         return {name: sorted(rows) for name, rows in out.items()}
 
 
+# The console's audit trail records every POST of a logged-in operator, refused ones too, as the
+# webhook's receipts record every delivery: checked on their own, not as a change of state.
+RECORDS = ("operator_actions",)
+
+
 def _changed(before: dict, after: dict) -> list[str]:
-    return [name for name in before if before[name] != after[name]]
+    return [name for name in before if name not in RECORDS and before[name] != after[name]]
+
+
+def _new_audit_rows(before: dict, after: dict) -> list[dict]:
+    old, new = before.get("operator_actions", []), after.get("operator_actions", [])
+    assert all(row in new for row in old), "an audit row was changed or removed"
+    return [json.loads(row) for row in new if row not in old]
 
 
 # -- the world the inputs are sent to ---------------------------------------------------------
@@ -584,9 +595,14 @@ def test_every_post_route_with_generated_forms_and_json(make_app, sandbox, tally
         said = (r.get_json(silent=True) or {}).get("error", "") if r.status_code == 400 else ""
         tally["answers"][(rule.endpoint, r.status_code, said[:40])] += 1
         assert r.status_code < 500, answer[:800]
+        after = _snapshot(world.app)
         if r.status_code >= 400:
-            changed = _changed(before, _snapshot(world.app))
+            changed = _changed(before, after)
             assert not changed, f"a refused input ({r.status_code}) changed {changed}: {answer[:300]}"
+        audited = _new_audit_rows(before, after)
+        assert len(audited) <= 1 and all(a["status"] == r.status_code for a in audited), audited
+        if audited:
+            assert who == "operator" and rule.endpoint.startswith("console."), audited
         if rule.endpoint.startswith("storefront.") and who != "ann" and path.startswith(f"/orders/{ann_ref}/"):
             assert r.status_code in (400, 404, 413), f"another browser acted on ann's order: {r.status_code}"
             assert not any(s in answer for s in ann_secrets), "another browser was shown ann's order"
