@@ -5,6 +5,8 @@ import io
 import secrets
 
 from flask import g, jsonify, render_template, request, session
+from flask_wtf import FlaskForm
+from werkzeug.datastructures import ImmutableMultiDict
 from werkzeug.exceptions import BadRequest
 from werkzeug.routing import BaseConverter, IntegerConverter, ValidationError
 
@@ -52,9 +54,50 @@ class NulInText(BadRequest):
     description = "The request contains a NUL character, which no field here accepts."
 
 
+class NotUnicodeText(BadRequest):
+    in_words = True
+    description = "The request contains text that is not valid Unicode (a lone surrogate), which no field here accepts."
+
+
 class JsonTooDeep(BadRequest):
     in_words = True
     description = "The JSON body is nested too deeply to read."
+
+
+class JsonNotAForm(BadRequest):
+    in_words = True
+    description = ("A JSON body here must be one object whose fields are text or numbers (or lists of them), "
+                   "as a form would send.")
+
+
+def json_formdata(body) -> ImmutableMultiDict:
+    """A JSON body read as a form: each field as the text a browser would have sent for it, so every
+    validator sees text (a number in a text field was `len(5)`, a null `int(None)`: a 500)."""
+    if not isinstance(body, dict):
+        raise JsonNotAForm()
+    pairs = []
+    for key, value in body.items():
+        for item in value if isinstance(value, list) else [value]:
+            if item is None:
+                continue  # an absent field, as in a form
+            if isinstance(item, (bool, dict, list)):
+                raise JsonNotAForm()
+            pairs.append((key, item if isinstance(item, str) else str(item)))
+    return ImmutableMultiDict(pairs)
+
+
+class Form(FlaskForm):
+    """The base of every form here. Flask-WTF reads a JSON body as the form, and hands whatever it
+    parsed to the form unchecked (`[1]` or `true` was a TypeError, a 500)."""
+
+    class Meta:
+        def wrap_formdata(self, form, formdata):
+            # formdata not given (Flask-WTF's own sentinel, not None and not a MultiDict): the request's.
+            automatic = formdata is not None and not hasattr(formdata, "getlist")
+            if automatic and request.method in ("POST", "PUT", "PATCH", "DELETE") and not request.files \
+                    and not request.form and request.is_json:
+                return json_formdata(request.get_json())
+            return super().wrap_formdata(form, formdata)
 
 
 def refuse_nul_text() -> None:
@@ -71,9 +114,22 @@ def refuse_nul_text() -> None:
                 body = request.get_json(silent=True)
             except RecursionError:  # deeper than the parser goes: not a form anyone sends
                 raise JsonTooDeep() from None
-            values += _strings(body)
+            body_strings = _strings(body)
+            # JSON may spell a lone surrogate ("\ud800"), which no database driver can encode; a
+            # form or a query cannot (werkzeug decodes their bytes with replacement).
+            if any(not _encodable(value) for value in body_strings):
+                raise NotUnicodeText()
+            values += body_strings
     if any("\x00" in value for value in values):
         raise NulInText()
+
+
+def _encodable(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _strings(value) -> list[str]:
