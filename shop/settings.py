@@ -42,6 +42,7 @@ class Settings:
     unpaid_order_expiry_enabled: bool
     outbox_max_attempts: int
     scheduler_poll_seconds: int
+    health_stale_seconds: int
     smtp_url: str | None
     # The console's door (docs/REFERENCE.md, Settings): failed logins before a 429, and idleness.
     login_max_failures_per_account: int
@@ -139,6 +140,15 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
             "per-order deadline must agree on one payment window",
         )
 
+    poll = _int(env, "SCHEDULER_POLL_SECONDS", 1, 1, 3600)
+    stale = _int(env, "HEALTH_STALE_SECONDS", 60, 2, 24 * 3600)
+    if stale <= poll:
+        raise SettingsError(
+            "HEALTH_STALE_SECONDS",
+            f"must be greater than SCHEDULER_POLL_SECONDS ({poll}), got {stale}: the scheduler beats once "
+            "per poll, so a healthy one would look stalled between polls",
+        )
+
     return Settings(
         database_url=database_url,
         redis_url=_url(env, "REDIS_URL", "redis://127.0.0.1:6379/0", ["redis://", "rediss://", "unix://"]),
@@ -156,7 +166,8 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         reconciliation_enabled=_bool(env, "RECONCILIATION_ENABLED", True),
         unpaid_order_expiry_enabled=_bool(env, "UNPAID_ORDER_EXPIRY_ENABLED", True),
         outbox_max_attempts=_int(env, "OUTBOX_MAX_ATTEMPTS", 5, 1, 100),
-        scheduler_poll_seconds=_int(env, "SCHEDULER_POLL_SECONDS", 1, 1, 3600),
+        scheduler_poll_seconds=poll,
+        health_stale_seconds=stale,
         smtp_url=(env.get("SMTP_URL") or "").strip() or None,
         login_max_failures_per_account=_int(env, "LOGIN_MAX_FAILURES_PER_ACCOUNT", 5, 1, 1000),
         login_max_failures_per_address=_int(env, "LOGIN_MAX_FAILURES_PER_ADDRESS", 20, 1, 100_000),
