@@ -154,8 +154,9 @@ class LimitChunkedBodies:
     the whole (a 2 MB chunked form was accepted, truncated). The webhook keeps its own reading,
     which records what it rejects."""
 
-    def __init__(self, wsgi_app, limit: int, skip_paths=()):
+    def __init__(self, wsgi_app, limit: int, skip_paths=(), headers=None):
         self.wsgi_app, self.limit, self.skip_paths = wsgi_app, limit, tuple(skip_paths)
+        self.headers = list((headers or {}).items())  # the app's security headers: it answers without it
 
     def __call__(self, environ, start_response):
         chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
@@ -171,7 +172,7 @@ class LimitChunkedBodies:
                 body = b"Request body over the size limit.\n"
                 start_response("413 Request Entity Too Large", [("Content-Type", "text/plain; charset=utf-8"),
                                                                  ("Content-Length", str(len(body))),
-                                                                 ("Connection", "close")])
+                                                                 ("Connection", "close"), *self.headers])
                 return [body]
             environ["wsgi.input"] = io.BytesIO(b"".join(parts))
             environ["CONTENT_LENGTH"] = str(size)
@@ -224,10 +225,35 @@ def answer_after_commit():
     return g.pop("answer_after_commit", None)
 
 
+def security_headers(config) -> dict[str, str]:
+    """The headers every answer carries (docs/REFERENCE.md, Routes, Conventions). No inline script
+    or style anywhere: the pages' only script is static/shop.js and their only style shop.css,
+    so an injected `<script>` or `onclick=` does not run. Forms may post here and be redirected
+    to the provider's hosted payment page (checkout, "Pay now"); nothing may frame a page (the
+    console's buttons cannot be clicked through an invisible frame)."""
+    from .payments.gateway import hosted_page_origins
+
+    form_targets = " ".join(["'self'", *hosted_page_origins(config)])
+    headers = {
+        "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+                                   "img-src 'self' data:; object-src 'none'; frame-ancestors 'none'; "
+                                   f"base-uri 'none'; form-action {form_targets}",
+        "X-Frame-Options": "DENY",
+        "X-Content-Type-Options": "nosniff",
+        # An order page's URL may carry its access token: it must not leave in a Referer.
+        "Referrer-Policy": "same-origin",
+    }
+    if config["PUBLIC_BASE_URL"].startswith("https://"):
+        # Only when the shop is served over https: over http the header would be ignored anyway,
+        # and pinning https on a host that cannot serve it locks browsers out for a year.
+        headers["Strict-Transport-Security"] = "max-age=31536000"
+    return headers
+
+
 def init_app(app) -> None:
     """What every request meets before a view: the URL converters, the refusal of NUL bytes in
     text, the cap on chunked bodies (the webhook reads its own, capped, raw body) and the
-    template filters."""
+    template filters; and what every answer leaves with: the security headers."""
     from .money import format_money
     from .orders.views import status_words
 
@@ -235,4 +261,14 @@ def init_app(app) -> None:
     app.jinja_env.filters["status_words"] = status_words
     app.jinja_env.filters["money"] = format_money
     app.before_request(refuse_nul_text)
-    app.wsgi_app = LimitChunkedBodies(app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",))
+    headers = security_headers(app.config)
+
+    @app.after_request
+    def _send_security_headers(response):
+        # after_request also runs for error handlers' answers (404, 429, 500 in words).
+        for name, value in headers.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    app.wsgi_app = LimitChunkedBodies(app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",),
+                                      headers=headers)

@@ -6,7 +6,8 @@
 
    <main data-poll="URL" data-state="S">: while the page waits on something (a payment being
    processed, the provider unreachable), ask URL for its JSON every few seconds; when the order's
-   state differs from S, fetch the page again and swap in its <main>: no full reload. */
+   state differs from S, fetch the page again and swap in its <main>: no full reload. Polls say
+   so (X-Backstop-Poll), so that in the console they do not count as the operator's activity. */
 (function () {
   "use strict";
 
@@ -30,11 +31,11 @@
     var url = main.getAttribute("data-poll");
     var every = parseInt(main.getAttribute("data-poll-seconds") || "3", 10) * 1000;
     function tick() {
-      fetch(url, {headers: {"Accept": "application/json"}, credentials: "same-origin"})
+      fetch(url, {headers: {"Accept": "application/json", "X-Backstop-Poll": "1"}, credentials: "same-origin"})
         .then(function (r) { return r.ok ? r.json() : null; })
         .then(function (json) {
           if (json && stateOf(json) !== main.getAttribute("data-state")) {
-            return fetch(url, {headers: {"Accept": "text/html"}, credentials: "same-origin"})
+            return fetch(url, {headers: {"Accept": "text/html", "X-Backstop-Poll": "1"}, credentials: "same-origin"})
               .then(function (r) { return r.text(); })
               .then(function (html) {
                 var fresh = new DOMParser().parseFromString(html, "text/html").querySelector("main");

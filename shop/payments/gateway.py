@@ -12,6 +12,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from urllib.parse import urlsplit
 
 import requests
 import stripe
@@ -112,6 +113,22 @@ def api_base() -> str | None:
     if cfg.get("STRIPE_API_BASE"):
         return cfg["STRIPE_API_BASE"]
     return None if cfg.get("STRIPE_SECRET_KEY") else SANDBOX_DEFAULT_BASE
+
+
+# Stripe's hosted Checkout pages live here; the sandbox serves its own at its API address.
+STRIPE_CHECKOUT_ORIGIN = "https://checkout.stripe.com"
+
+
+def hosted_page_origins(config) -> list[str]:
+    """Where a checkout's redirect can send the customer: the pages' Content-Security-Policy must
+    let a form's redirect go there (browsers apply `form-action` to the redirects a form leads
+    to). Stripe's Checkout with a real key; the sandbox serves its page at its API address."""
+    origins = [STRIPE_CHECKOUT_ORIGIN] if config.get("STRIPE_SECRET_KEY") else []
+    base = config.get("STRIPE_API_BASE") or (None if origins else SANDBOX_DEFAULT_BASE)
+    if base:
+        parts = urlsplit(base)
+        origins.append(f"{parts.scheme}://{parts.netloc}")
+    return origins
 
 
 def client() -> stripe.StripeClient:
