@@ -75,7 +75,7 @@
     }
     function tick() {
       if (document.hidden || busy(main)) { setTimeout(tick, every); return; }
-      fetch(window.location.href, {headers: {"Accept": "text/html"}, credentials: "same-origin"})
+      fetch(window.location.href, {headers: {"Accept": "text/html", "X-Backstop-Poll": "1"}, credentials: "same-origin"})
         .then(function (r) { return r.ok ? r.text() : null; })
         .then(function (html) {
           if (html === null || busy(main)) { return; }
