@@ -466,13 +466,18 @@ class SagaModel(RuleBasedStateMachine):
             elif how == "crash_mid_transaction":
                 # The compensation raises after writing its marker, before its commit: as if the
                 # worker died there. Nothing it wrote may survive; the row is retried.
-                os.environ["BACKSTOP_FAILPOINTS"] = CRASH
-                try:
-                    with self.ctx():
-                        result = run_delivery(row["id"], now=self.now())
-                finally:
-                    os.environ.pop("BACKSTOP_FAILPOINTS", None)
-                assert result in ("retry", "dead"), result
+                # Up to five times in a row: the fifth spends the last attempt (a dead letter).
+                for _ in range(1 + pick % 5):
+                    os.environ["BACKSTOP_FAILPOINTS"] = CRASH
+                    try:
+                        with self.ctx():
+                            result = run_delivery(row["id"], now=self.now())
+                    finally:
+                        os.environ.pop("BACKSTOP_FAILPOINTS", None)
+                    assert result in ("retry", "dead"), result
+                    if result == "dead":
+                        break
+                    self.advance(1)  # past the retry's backoff
             else:  # claimed by a worker that is then SIGKILLed: its lease must lapse
                 with self.ctx():
                     runner.claim(OutboxDelivery, row["id"], self.now(), "worker-killed-after-claim")
@@ -486,6 +491,58 @@ class SagaModel(RuleBasedStateMachine):
             relay_once(now=self.now())
             db.session.remove()
         self.note("redis flushed + relay")
+
+    # -- races ---------------------------------------------------------------------------
+
+    RACERS = ("webhook", "cancel", "pay", "deadline", "sweep", "return", "reconcile", "drain")
+
+    def racer(self, what: str, oid: int, pick: int):
+        """One actor of a race, as a call to run in its own thread (None when it has nothing to do)."""
+        if what == "webhook":
+            if not self.pool:
+                return None
+            _, _, body = self.pool[pick % len(self.pool)]
+            client = self.world.app.test_client()
+            return lambda: client.post("/webhooks/stripe", data=body, headers={
+                "Stripe-Signature": signature(body), "Content-Type": "application/json"}).status_code
+        if what == "cancel":
+            version = self.shop()["orders"][oid]["version"]
+            return lambda: cancel_order(oid, version).status
+        if what == "pay":
+            return lambda: start_payment(oid, now=self.now()).status
+        if what == "deadline":
+            rows = [c for c in self.deadline_rows() if c["order_id"] == oid]
+            return (lambda: run_command(rows[-1]["id"], now=self.now())) if rows else None
+        if what == "sweep":
+            return lambda: run_cycle(now=self.now()).status
+        if what == "return":
+            sessions = self.sessions_where(lambda s: s["order_id"] == oid)
+            if not sessions:
+                return None
+            client, ref = self.world.app.test_client(), self.orders[oid].reference
+            return lambda: client.get(f"/checkout/return?order={ref}&session_id={sessions[-1]}").status_code
+        if what == "reconcile":
+            return lambda: reconcile_order(oid, source="console", now=self.now()).outcome
+        return lambda: drain_deliveries(now=self.now())
+
+    @rule(pick=st.integers(0, 99), first=st.sampled_from(RACERS), second=st.sampled_from(RACERS))
+    def two_things_at_once(self, pick, first, second):
+        """Two actors on one order at the same moment (webhook, customer, deadline, sweep, return
+        page, operator, a drain): whoever wins, the other must lose cleanly."""
+        oid = self.pick(self.orders, pick)
+        if oid is None:
+            return
+        calls = [self.racer(first, oid, pick), self.racer(second, oid, pick + 1)]
+        if None in calls:
+            return
+        results = self.concurrently(*calls)
+        for name, result in zip((first, second), results):
+            if name in ("webhook",):
+                assert result == 200, result
+            if name == "return":
+                assert result in (303, 404), result
+        self.note(f"race {first}/{second}")
+        self.collect_events()
 
     # -- the operator ----------------------------------------------------------------------
 
