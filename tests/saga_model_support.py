@@ -200,6 +200,8 @@ class SagaModel(RuleBasedStateMachine):
     def reset(self, stock, carts):
         """A fresh world, and a few checkouts so every interleaving has orders to work on."""
         self.world.examples += 1
+        if self.world.examples % 100 == 0:  # a sign of life in the long profile (shown with -s)
+            print(f"saga model: {self.world.examples} interleavings so far", flush=True)
         self.initial = self.world.reset(dict(zip(SKUS, stock)))
         self.variants = sorted(self.initial)
         with self.ctx():
@@ -291,7 +293,11 @@ class SagaModel(RuleBasedStateMachine):
         sid = self.pick(self.sessions_where(lambda s: s["status"] == "open"), pick)
         if sid is None:
             return
-        self.world.sandbox.set_outcome(sid, outcome)
+        try:
+            self.world.sandbox.set_outcome(sid, outcome)
+        except SandboxControlError as exc:  # expired between the look and the click
+            assert exc.status == 409, exc
+            return
         self.note(f"hosted page: {outcome}")
         self.collect_events()
 
@@ -310,7 +316,10 @@ class SagaModel(RuleBasedStateMachine):
         if sid is None:
             return
         with self.ctx():
-            gateway.expire_session(sid)
+            try:
+                gateway.expire_session(sid)
+            except gateway.ProviderRefused:
+                return  # its time ran out between the look and the call (the clock does not stop)
         self.note("expired early")
         self.collect_events()
 
