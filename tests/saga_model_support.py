@@ -71,6 +71,7 @@ class World:
     examples: int = 0
     steps: int = 0
     counts: Counter = field(default_factory=Counter)
+    started: float = field(default_factory=time.monotonic)
 
     CONFIG = dict(STRIPE_SESSION_MIN_SECONDS=60, STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET,
                   UNPAID_ORDER_EXPIRY_SECONDS=WINDOW, RECONCILIATION_STUCK_AGE_SECONDS=WINDOW,
@@ -200,8 +201,9 @@ class SagaModel(RuleBasedStateMachine):
     def reset(self, stock, carts):
         """A fresh world, and a few checkouts so every interleaving has orders to work on."""
         self.world.examples += 1
-        if self.world.examples % 100 == 0:  # a sign of life in the long profile (shown with -s)
-            print(f"saga model: {self.world.examples} interleavings so far", flush=True)
+        if self.world.examples % 50 == 0:  # a sign of life in the long profile (shown with -s)
+            print(f"saga model: {self.world.examples} interleavings so far, "
+                  f"{time.monotonic() - self.world.started:.0f} s", flush=True)
         self.initial = self.world.reset(dict(zip(SKUS, stock)))
         self.variants = sorted(self.initial)
         with self.ctx():
