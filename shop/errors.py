@@ -4,7 +4,7 @@ from flask_wtf.csrf import CSRFError
 from sqlalchemy.exc import InterfaceError, OperationalError
 from werkzeug.exceptions import HTTPException
 
-from .web import wants_json
+from .web import answer_after_commit, wants_json
 
 PAGE = """{% extends "base.html" %}{% block content %}<h1>{{ title }}</h1><p>{{ message }}</p>
 <p><a href="{{ url_for('storefront.catalog') }}">Back to the shop</a></p>{% endblock %}"""
@@ -46,6 +46,14 @@ def init_app(app):
             db.session.rollback()
         except Exception:  # the connection is gone too
             pass
+        answer = answer_after_commit()
+        if answer is not None:
+            # The request's use case had committed: say what was done, not that it failed.
+            app.logger.error("error after this request's commit, answered with what was done: %r", exc)
+            try:
+                return answer()
+            except Exception:
+                app.logger.exception("the after-commit answer failed too")
         if isinstance(exc, (OperationalError, InterfaceError)):
             # The database is unreachable (down, restarting, out of connections): not a bug in
             # this request, and saying so tells the customer to come back rather than give up.
@@ -53,3 +61,20 @@ def init_app(app):
             return _render(503, "Back in a moment", MESSAGES[503])
         app.logger.exception("unhandled error")
         return _render(500, "Sorry", MESSAGES[500])
+
+
+def init_teardown(app, db) -> None:
+    """Registered after Flask-SQLAlchemy, so it runs before its teardown: end the request's
+    session here, where a failure can be contained. Closing a session rolls back its connection;
+    when that connection was killed under the request, the rollback raises after the response
+    was made, outside every error handler, and the server sent its bare "Internal Server Error"
+    in place of the page. The connection is invalidated by that failure (the pool replaces it),
+    so nothing is lost by logging and forgetting the session."""
+
+    @app.teardown_appcontext
+    def _end_session(_exc):
+        try:
+            db.session.remove()
+        except Exception as exc:
+            app.logger.warning("could not end the request's database session cleanly (%s); dropped it", exc)
+            db.session.registry.clear()

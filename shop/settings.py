@@ -1,6 +1,6 @@
 """Settings: read from the environment once, when the app is created, and validated.
 
-A bad value stops the process with one line naming the variable (CONTRACT section 2): a shop
+A bad value stops the process with one line naming the variable (docs/REFERENCE.md, Settings): a shop
 that starts half-configured loses orders quietly, which is worse than not starting.
 """
 from __future__ import annotations
@@ -43,6 +43,9 @@ class Settings:
     outbox_max_attempts: int
     scheduler_poll_seconds: int
     smtp_url: str | None
+    # Process environment (docs/REFERENCE.md, Settings): for running shops or test runs side by side.
+    queue_prefix: str
+    outbox_lease_seconds: int
 
     @property
     def uses_sandbox(self) -> bool:
@@ -100,6 +103,12 @@ def _may_run_without_secret_key(argv=None) -> bool:
     return flask_cli and "run" not in argv[1:]
 
 
+def instance_path(env, root: str) -> str:
+    """The instance folder (default SQLite file, mail, the demo's key): BACKSTOP_INSTANCE_PATH or
+    `instance/` next to app.py. Read before the other settings, whose defaults live in it."""
+    return (env.get("BACKSTOP_INSTANCE_PATH") or "").strip() or os.path.join(root, "instance")
+
+
 def load_settings(env=None, instance_path: str = "instance", argv=None) -> Settings:
     env = os.environ if env is None else env
     default_db = "sqlite:///" + os.path.join(os.path.abspath(instance_path), "backstop.sqlite3")
@@ -144,4 +153,6 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         outbox_max_attempts=_int(env, "OUTBOX_MAX_ATTEMPTS", 5, 1, 100),
         scheduler_poll_seconds=_int(env, "SCHEDULER_POLL_SECONDS", 1, 1, 3600),
         smtp_url=(env.get("SMTP_URL") or "").strip() or None,
+        queue_prefix=(env.get("BACKSTOP_QUEUE_PREFIX") or "").strip() or "backstop",
+        outbox_lease_seconds=_int(env, "BACKSTOP_OUTBOX_LEASE_SECONDS", 60, 1, 3600),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 import secrets
 
-from flask import jsonify, render_template, request, session
+from flask import g, jsonify, render_template, request, session
 from werkzeug.exceptions import BadRequest
 from werkzeug.routing import BaseConverter, IntegerConverter, ValidationError
 
@@ -152,3 +152,31 @@ def browser_id(create: bool = True) -> str | None:
         session["bid"] = bid
         session.permanent = True
     return bid
+
+
+def answer_if_later_fails(answer) -> None:
+    """Say what to answer if this request fails from here on: called by a route right after its
+    use case committed, with a function that builds the response from what the route already
+    knows (it must not touch the database). An error after the commit (a connection killed
+    under the request, the database gone while the page is rendered) then answers with what was
+    done, not an error page: the customer whose order was placed learns its reference."""
+    g.answer_after_commit = answer
+
+
+def answer_after_commit():
+    """The answer a route registered with `answer_if_later_fails`, or None."""
+    return g.pop("answer_after_commit", None)
+
+
+def init_app(app) -> None:
+    """What every request meets before a view: the URL converters, the refusal of NUL bytes in
+    text, the cap on chunked bodies (the webhook reads its own, capped, raw body) and the
+    template filters."""
+    from .money import format_money
+    from .orders.views import status_words
+
+    app.url_map.converters.update(id=IdConverter, work=WorkConverter)
+    app.jinja_env.filters["status_words"] = status_words
+    app.jinja_env.filters["money"] = format_money
+    app.before_request(refuse_nul_text)
+    app.wsgi_app = LimitChunkedBodies(app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",))

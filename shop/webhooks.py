@@ -151,6 +151,7 @@ def _accept(event: dict):
         return jsonify({"received": True, "outcome": "ignored"}), 200
     view = gateway.session_view(event["data"]["object"])
     failed = event_type == "checkout.session.async_payment_failed"
+    by_cancel = event_type == "checkout.session.expired" and gateway.expired_by_a_cancel(event)
 
     def receipt(result) -> tuple:
         outcome = "duplicate" if result.outcome == "duplicate" else "accepted"
@@ -161,21 +162,21 @@ def _accept(event: dict):
         if event_type == "checkout.session.expired":
             view = _trust_provider_now(view)
         # The receipt rides in the transaction that dedups and applies the event: one commit.
-        result = apply_session(view, source="webhook", failed=failed, event_id=event_id,
+        result = apply_session(view, source="webhook", failed=failed, event_id=event_id, expired_by_cancel=by_cancel,
                                before_commit=lambda applied: _write_receipt(*receipt(applied)))
     except Exception as exc:
         log.warning("webhook event %s (%s) could not be applied together with its receipt (%s); "
                     "trying once more without it", event_id, event_type, exc)
-        return _apply_then_record(event_id, event_type, view, failed, receipt)
+        return _apply_then_record(event_id, event_type, view, failed, receipt, by_cancel)
     _log_unknown(result, event_id, event_type, view)
     return jsonify({"received": True, "outcome": result.outcome}), 200
 
 
-def _apply_then_record(event_id, event_type, view, failed, receipt):
+def _apply_then_record(event_id, event_type, view, failed, receipt, by_cancel):
     """The fallback when the one-commit path failed: apply alone (so nothing about the receipt
     can hold back a payment), then record the delivery in its own transaction either way."""
     try:
-        result = apply_session(view, source="webhook", failed=failed, event_id=event_id)
+        result = apply_session(view, source="webhook", failed=failed, event_id=event_id, expired_by_cancel=by_cancel)
     except Exception as exc:
         # Accepted but not applied: 200 so Stripe does not disable us; the sweep and the
         # return page will apply it, and the receipt + log make it visible.

@@ -180,7 +180,7 @@ def test_a_command_rearmed_from_inside_its_own_scheduled_job_keeps_its_schedule(
 @pytest.mark.parametrize("provider_up", [True, False])
 def test_a_json_client_checking_out_gets_the_contracts_303_and_the_same_facts_in_the_body(
         paying_app, sandbox, provider_up):
-    """CONTRACT section 4 names a 303 for a placed order, to the hosted page or, with the
+    """docs/REFERENCE.md, Storefront, names a 303 for a placed order, to the hosted page or, with the
     provider down, to the order page: the status does not depend on what the client accepts."""
     shopper = Shopper(paying_app, seed(paying_app))
     sandbox.faults(api_unavailable=not provider_up)

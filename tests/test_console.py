@@ -1,5 +1,5 @@
 """The operator console over HTTP: the login gate, CSRF on every action, the JSON shapes of
-CONTRACT section 4, and that each button runs the same use case as the rest of the shop
+docs/REFERENCE.md, Console, and that each button runs the same use case as the rest of the shop
 (asserted on rows and stock, not on messages)."""
 from __future__ import annotations
 
@@ -27,11 +27,14 @@ HTML = {"Accept": "text/html"}
 
 GET_ROUTES = ["/console/", "/console/orders", "/console/orders?stuck=1&status=PendingPayment",
               "/console/orders/BK-NOSUCH", "/console/outbox?status=dead", "/console/restore-warnings?state=open",
-              "/console/webhooks", "/console/sweeps", "/console/no-such-page"]
+              "/console/webhooks", "/console/sweeps", "/console/audit", "/console/orders?q=ann@example.com",
+              "/console/no-such-page"]
 POST_ROUTES = ["/console/logout", "/console/outbox/retry-dead", "/console/orders/BK-NOSUCH/reconcile", "/console/outbox/1/retry",
                "/console/outbox/1/discard", "/console/outbox/cmd-1/retry", "/console/outbox/cmd-1/discard",
                "/console/restore-warnings/1/resolve"]
-DELIVERY_KEYS = {"id", "event", "handler", "status", "attempts", "last_error", "order_reference"}
+# The contract's outbox item, plus whether the row is waiting for an unavailable provider.
+DELIVERY_KEYS = {"id", "event", "handler", "status", "attempts", "last_error", "order_reference",
+                 "waiting_for_provider"}
 WARNING_KEYS = {"id", "order_reference", "variant_id", "quantity", "reason", "state"}
 
 
@@ -252,7 +255,7 @@ def test_dashboard_counts_a_stuck_order_a_dead_letter_and_an_open_warning(app, c
         assert db.session.get(Order, stuck_id).status == "PendingPayment"  # looking changes nothing
 
 
-def test_stuck_orders_list_oldest_first_and_filters_by_status(app, client, token):
+def test_stuck_orders_list_longest_waiting_first_all_orders_newest_first(app, client, token):
     now = utcnow()
     _, older = place(app, now=now - timedelta(hours=5))
     _, old = place(app, now=now - timedelta(hours=1))
@@ -261,12 +264,12 @@ def test_stuck_orders_list_oldest_first_and_filters_by_status(app, client, token
     assert [o["reference"] for o in data["orders"]] == [older, old]
     assert all(o["stuck"] for o in data["orders"])
     everything = client.get("/console/orders", headers=JSON).get_json()
-    assert [o["reference"] for o in everything["orders"]] == [older, old, fresh]
+    assert [o["reference"] for o in everything["orders"]] == [fresh, old, older]
     assert client.get("/console/orders?stuck=1&status=Paid", headers=JSON).get_json()["orders"] == []
     r = client.get("/console/orders?status=Shipped", headers=JSON)
     assert r.status_code == 400 and "Shipped" in r.get_json()["error"]
     html = client.get("/console/orders?stuck=1").get_data(as_text=True)
-    assert older in html and "5 h" in html and "18.00 USD" in html
+    assert older in html and "5 h" in html and "$18.00" in html
 
 
 def test_order_timeline_shows_transitions_deliveries_deadlines_and_warnings(app, client, token):
@@ -280,7 +283,7 @@ def test_order_timeline_shows_transitions_deliveries_deadlines_and_warnings(app,
     data = client.get(f"/console/orders/{ref}", headers=JSON).get_json()
     assert data["order"]["reference"] == ref and data["order"]["status"] == "Cancelled"
     assert [t["event"] for t in data["transitions"]] == ["OrderPlaced", "OrderCancelled"]
-    assert [d["id"] for d in data["deliveries"]] == [delivery]
+    assert [d["id"] for d in data["deliveries"] if d["handler"] == "restore_inventory"] == [delivery]
     assert DELIVERY_KEYS <= set(data["deliveries"][0])
     assert [c["kind"] for c in data["commands"]] == ["expire_unpaid_order"]
     assert [w["variant_id"] for w in data["restore_warnings"]] == [99]
@@ -315,7 +318,8 @@ def test_outbox_lists_dead_letters_in_the_contract_shape_with_the_traceback_on_d
     data = client.get("/console/outbox?status=dead", headers=JSON).get_json()
     assert data["deliveries"] == [{"id": delivery, "event": "OrderPlaced", "handler": "print_label",
                                    "status": "dead", "attempts": 5,
-                                   "last_error": "RuntimeError: label printer on fire", "order_reference": ref}]
+                                   "last_error": "RuntimeError: label printer on fire", "order_reference": ref,
+                                   "waiting_for_provider": False}]
     assert set(data["deliveries"][0]) == DELIVERY_KEYS
     assert client.get("/console/outbox?status=done", headers=JSON).get_json()["deliveries"] == []
     with app.app_context():
@@ -343,7 +347,7 @@ def test_dead_scheduled_commands_are_dead_letters_of_the_outbox_in_its_shape_and
     data = client.get("/console/outbox?status=dead", headers=JSON).get_json()
     assert data["deliveries"] == [{"id": f"cmd-{command_id}", "event": None, "handler": "expire_unpaid_order",
                                    "status": "dead", "attempts": 5, "last_error": "SMTPError: relay refused",
-                                   "order_reference": ref}]
+                                   "order_reference": ref, "waiting_for_provider": False}]
     assert 'shop_outbox_deliveries{status="dead"} 1.0' in client.get("/metrics").get_data(as_text=True)
     html = client.get("/console/outbox?status=dead").get_data(as_text=True)
     assert f'action="/console/outbox/cmd-{command_id}/retry"' in html
@@ -651,3 +655,63 @@ def test_retry_all_dead_of_one_kind_after_an_outage_moves_exactly_those(app, cli
     assert [states[i] for i in mails] == ["pending"] * 3 and states[deadline] == "dead"
     assert client.post("/console/outbox/retry-dead", data={"csrf_token": token, "what": "nonsense"},
                        headers=JSON).status_code == 400
+
+
+# -- search and audit --------------------------------------------------------------------------
+
+def test_orders_are_found_by_reference_email_in_any_case_or_provider_session(app, client, token):
+    first, ref = place(app)
+    _, other = place(app)
+    with app.app_context():
+        db.session.execute(update(Order).where(Order.id == first).values(email="Ann.Lee@Example.com",
+                                                                          payment_session_id="cs_test_find_me"))
+        db.session.commit()
+
+    def found(q):
+        return [o["reference"] for o in client.get("/console/orders", query_string={"q": q},
+                                                   headers=JSON).get_json()["orders"]]
+
+    assert found(ref.lower()) == [ref]
+    assert found("  ann.lee@example.COM ") == [ref]
+    assert found("cs_test_find_me") == [ref]
+    assert found("ann@example.com") == [other]
+    assert found("nobody@example.com") == []
+    assert "nobody@example.com" in client.get("/console/orders?q=nobody@example.com").get_data(as_text=True)
+
+
+def test_every_console_action_leaves_an_audit_row_with_who_what_why_and_outcome(app, client, token):
+    order_id, ref = place(app)
+    delivery = cancel(app, order_id)
+    kill(app, delivery)
+    assert client.post(f"/console/outbox/{delivery}/discard", data={"csrf_token": token, "reason": "recounted"},
+                       headers=JSON).status_code == 200
+    assert client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token},
+                       headers=JSON).status_code == 409  # refused actions are audited too
+    assert client.post("/console/outbox/retry-dead", data={"csrf_token": token, "what": "command:send_email"},
+                       headers=JSON).status_code == 200
+
+    actions = client.get("/console/audit", headers=JSON).get_json()["actions"]
+    assert [(a["operator"], a["action"], a["status"]) for a in actions] == [
+        (EMAIL, "retry_all_dead", 200), (EMAIL, "retry_work", 409), (EMAIL, "discard_work", 200)]
+    discard = actions[-1]
+    assert discard["reason"] == "recounted" and discard["order_reference"] == ref
+    assert "discarded" in discard["outcome"] and discard["at"]
+    assert "not dead" in actions[1]["outcome"]
+    timeline = client.get(f"/console/orders/{ref}", headers=JSON).get_json()
+    assert [a["action"] for a in timeline["operator_actions"]] == ["discard_work", "retry_work"]
+    assert any(t["kind"] == "operator" and EMAIL in t["what"] for t in timeline["timeline"])
+    page = client.get("/console/audit").get_data(as_text=True)
+    assert "recounted" in page and EMAIL in page
+    assert [a["action"] for a in client.get(f"/console/audit?operator={EMAIL.upper()}",
+                                            headers=JSON).get_json()["actions"]] == \
+        ["retry_all_dead", "retry_work", "discard_work"]
+
+
+def test_logging_in_and_out_and_anonymous_posts_are_not_operator_actions(app, client, token):
+    client.post("/console/logout", data={"csrf_token": token})
+    anonymous = app.test_client()
+    anonymous.post("/console/outbox/1/retry", data={})
+    with app.app_context():
+        from shop.models import OperatorAction
+
+        assert db.session.query(OperatorAction).count() == 0

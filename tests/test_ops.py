@@ -1,4 +1,4 @@
-"""GET /healthz and GET /metrics (CONTRACT section 4, Operations): the names and labels a
+"""GET /healthz and GET /metrics (docs/REFERENCE.md, Operations): the names and labels a
 Prometheus server scrapes, a Content-Type it can parse, values read from the database, and a
 clear 503 rather than a 500 when a dependency is down."""
 from __future__ import annotations

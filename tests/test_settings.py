@@ -1,4 +1,4 @@
-"""Settings are validated when the app is created (CONTRACT section 2): a bad value stops the
+"""Settings are validated when the app is created (docs/REFERENCE.md, Settings): a bad value stops the
 process with one line naming the variable, and a web server never starts without SECRET_KEY."""
 from __future__ import annotations
 

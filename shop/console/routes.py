@@ -1,4 +1,4 @@
-"""Console pages and operator actions (CONTRACT section 4, "Operator console").
+"""Console pages and operator actions (docs/REFERENCE.md, Console).
 
 Every page answers JSON too (same URL, `Accept: application/json`). Every action is a POST,
 checked for CSRF by CSRFProtect before the view runs, and goes through the same use case the
@@ -23,12 +23,15 @@ from ..payments import gateway
 from ..payments.service import reconcile_order
 from ..saga.inventory import restore_inventory_now
 from ..web import respond, wants_json, work_ref
-from . import auth, bp, queries  # noqa: F401  (auth registers the login routes)
+from . import audit, auth, bp, queries  # noqa: F401  (auth registers the login routes)
 from .auth import safe_next
 from .forms import ActionForm, DiscardForm, ResolveForm
 from .format import human_age, human_money, human_time
 
 log = logging.getLogger("shop.console")
+
+
+bp.after_request(audit.record_action)
 
 
 @bp.context_processor
@@ -50,6 +53,7 @@ def _page() -> int:
 def problem(status: int, message: str, *, title: str = "Cannot do that", back: str | None = None, **extra):
     """An error in words: JSON `{"error", "status", ...}` or a console page with a way back."""
     db.session.rollback()
+    audit.outcome(message)
     if wants_json():
         return jsonify({"error": message, "status": status, **extra}), status
     back = safe_next(request.form.get("next") or back, url_for("console.dashboard"))
@@ -58,6 +62,7 @@ def problem(status: int, message: str, *, title: str = "Cannot do that", back: s
 
 def done(message: str, payload: dict, default_url: str, category: str = "ok"):
     """An action went through: JSON with what changed, or back to the page the button was on."""
+    audit.outcome(message)
     if wants_json():
         return jsonify({**payload, "message": message}), 200
     flash(message, category)
@@ -84,8 +89,9 @@ def dashboard():
 
 @bp.get("/orders")
 def orders():
-    """Orders, oldest first; `stuck=1` keeps live orders unchanged for longer than the stuck age;
-    `status=` (repeatable) filters by state."""
+    """Orders, newest first; `stuck=1` keeps live orders unchanged for longer than the stuck age
+    (longest waiting first); `status=` (repeatable) filters by state; `q` finds an order by
+    reference, customer email or provider session id."""
     statuses = [s for s in request.args.getlist("status") if s]
     known = {"PendingPayment", "PaymentInitiated", "PaymentFailed", "Paid", "Cancelled"}
     unknown = [s for s in statuses if s not in known]
@@ -93,8 +99,17 @@ def orders():
         return problem(400, f"Unknown order status {unknown[0]!r}; use one of {', '.join(sorted(known))}.",
                        back=url_for("console.orders"))
     stuck = request.args.get("stuck", "") in ("1", "true", "yes", "on")
-    data = queries.orders(utcnow(), stuck=stuck, statuses=statuses, page=_page())
+    q = (request.args.get("q") or "").strip()[:254]
+    data = queries.orders(utcnow(), stuck=stuck, statuses=statuses, page=_page(), q=q)
     return respond("console/orders.html", data, statuses=sorted(known))
+
+
+@bp.get("/audit")
+def audit_trail():
+    """Every operator action, newest first: who, when, what, the reason and how it went;
+    `operator=` keeps one operator's."""
+    operator = (request.args.get("operator") or "").strip()[:254]
+    return respond("console/audit.html", queries.audit(page=_page(), operator=operator))
 
 
 @bp.get("/orders/<reference>")
@@ -109,14 +124,15 @@ def order_detail(reference):
 
 @bp.get("/outbox")
 def outbox():
-    """Deliveries of events to handlers, and scheduled commands; `status=dead` for dead letters."""
+    """Deliveries of events to handlers, and scheduled commands; `status=dead` for dead letters,
+    `status=waiting` for pending work waiting for an unavailable provider."""
     status = request.args.get("status") or None
-    if status is not None and status not in queries.WORK_STATUSES:
-        return problem(400, f"Unknown status {status!r}; use one of {', '.join(queries.WORK_STATUSES)}.",
+    if status is not None and status not in queries.WORK_FILTERS:
+        return problem(400, f"Unknown status {status!r}; use one of {', '.join(queries.WORK_FILTERS)}.",
                        back=url_for("console.outbox"))
     data, details, commands = queries.outbox(utcnow(), status=status, page=_page())
     return respond("console/outbox.html", data, details=details, commands=commands,
-                   statuses=queries.WORK_STATUSES, discard_form=DiscardForm(), dead_groups=queries.dead_groups())
+                   statuses=queries.WORK_FILTERS, discard_form=DiscardForm(), dead_groups=queries.dead_groups())
 
 
 @bp.get("/restore-warnings")
@@ -182,6 +198,7 @@ def reconcile(reference):
     if order is None:
         return problem(404, f"There is no order {reference}.", title="No such order", back=back)
     order_id, ref, before = order.id, order.reference, order.status
+    audit.about(f"order {ref}", order_id=order_id)
     try:
         applied = reconcile_order(order_id, source="console")
     except gateway.ProviderUnavailable as exc:
@@ -225,6 +242,7 @@ def _retry(kind: str, work_id: int):
     back = url_for("console.outbox", status="dead")
     row = db.session.get(model, work_id)
     ref, name = _named(kind, work_id, row)
+    audit.about(name, order_id=row.order_id if row is not None else None)
     if row is None:
         return problem(404, f"There is no {name}.", title=f"No such {kind}", back=back)
     if row.status != "dead":
@@ -253,6 +271,7 @@ def _discard(kind: str, work_id: int):
     if row is None:
         return problem(404, f"There is no {name}.", title=f"No such {kind}", back=back)
     form = DiscardForm()
+    audit.about(name, order_id=row.order_id, reason=(form.reason.data or "").strip() or None)
     if not form.validate():
         return problem(400, form.reason.errors[0] if form.reason.errors else "Say why this is discarded.",
                        title="A reason is needed", back=back, id=ref)
@@ -283,6 +302,7 @@ def retry_all_dead():
         return problem(400, "Say which dead letters to retry (what=delivery:<handler> or command:<kind>).",
                        back=back)
     model, announce = WORK[kind]
+    audit.about(f"every dead {name} {kind}")
     column = model.__table__.c.handler if kind == "delivery" else model.__table__.c.kind
     ids = runner.retry_all_dead(model, column, name)
     announced = 0
@@ -335,6 +355,8 @@ def resolve_warning(warning_id):
         return problem(404, f"There is no restore warning {warning_id}.", title="No such warning", back=back)
     form = ResolveForm()
     action = (form.action.data or "").strip()
+    audit.about(f"restore warning {warning_id} ({action or 'no action'})", order_id=warning.order_id,
+                reason=(form.note.data or "").strip() or None)
     if action not in ("fixed", "retry") or not form.validate():
         return problem(400, "Choose action “fixed” (you corrected the stock by hand) or “retry” (run the "
                             "restore again); keep the note under 2000 characters.", back=back, id=warning_id)

@@ -21,13 +21,13 @@ class OrderStatus(str, Enum):
     PAYMENT_FAILED = "PaymentFailed"
     CANCELLED = "Cancelled"
 
-    def __str__(self) -> str:  # so templates and JSON show the contract's spelling
+    def __str__(self) -> str:  # so templates and JSON show the documented spelling (docs/REFERENCE.md, Order states)
         return self.value
 
 
 S = OrderStatus
 
-# CONTRACT section 3, as data: (transition, from-state) pairs that are allowed.
+# docs/REFERENCE.md, Order states, as data: (transition, from-state) pairs that are allowed.
 ALLOWED = {
     "start_payment": {S.PENDING_PAYMENT, S.PAYMENT_FAILED},
     "mark_paid": {S.PAYMENT_INITIATED},
@@ -38,6 +38,21 @@ ALLOWED = {
 # States in which an order still holds stock and waits for money.
 UNPAID = (S.PENDING_PAYMENT, S.PAYMENT_FAILED)
 LIVE = (S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED)
+
+# Why an order was cancelled, as its OrderCancelled event says it. The customer reads these
+# apart: they asked for one, the other happened to them (the payment window ran out).
+CANCELLED_BY_CUSTOMER = "cancelled by customer"
+PAYMENT_WINDOW_EXPIRED = "payment window expired"
+
+
+def cancelled_because(reason: str) -> str:
+    """"customer", "expired" or "other" for an OrderCancelled reason."""
+    if reason.startswith(CANCELLED_BY_CUSTOMER):
+        return "customer"
+    if reason.startswith(PAYMENT_WINDOW_EXPIRED):
+        return "expired"
+    return "other"
+
 
 REFUSAL_BY_STATE = {
     S.PAID: "order_already_paid",

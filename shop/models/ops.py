@@ -50,3 +50,20 @@ class Operator(UserMixin, db.Model):
     email: Mapped[str] = mapped_column(String(254), unique=True)
     password_hash: Mapped[str] = mapped_column(String(255))
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+
+
+class OperatorAction(db.Model):
+    """The audit trail: one row per operator action under /console (retry, retry all, discard,
+    reconcile, resolve a warning, and any action added later), whatever its outcome. Written by
+    the console blueprint's after-request hook (shop/console/audit.py), so no action can forget it."""
+
+    __tablename__ = "operator_actions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    operator: Mapped[str] = mapped_column(String(254))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(200))
+    order_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    status: Mapped[int] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(Text)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)

@@ -1,4 +1,4 @@
-from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, CheckConstraint
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, CheckConstraint, func
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from ..domain.order import OrderRules
@@ -53,6 +53,8 @@ class Order(OrderRules, db.Model):
     __table_args__ = (
         # The sweep's query: status = X AND updated_at < cutoff ORDER BY updated_at LIMIT n.
         Index("ix_orders_status_updated_at", "status", "updated_at", "id"),
+        # The console's search by customer email, whatever its case.
+        Index("ix_orders_email_lower", func.lower(email)),
         CheckConstraint("total >= 0", name="total_not_negative"),
     )
 

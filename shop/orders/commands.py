@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 from flask import current_app
 from sqlalchemy.orm.exc import StaleDataError
 
-from ..domain.deadlines import as_utc, unpaid_deadline
-from ..domain.order import OrderStatus, UNPAID
+from ..domain.deadlines import as_utc, unpaid_deadline, utcnow
+from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderStatus, UNPAID
 from ..domain.results import Refused
 from ..extensions import db
 from ..models import Order
@@ -31,11 +31,14 @@ class CancelOutcome:
     message: str = ""
 
 
-def cancel_order(order_id: int, expected_version: int | None, *, reason: str = "cancelled by customer") -> CancelOutcome:
+def cancel_order(order_id: int, expected_version: int | None, *, reason: str = CANCELLED_BY_CUSTOMER) -> CancelOutcome:
     """Cancel with the version the customer saw. A stale version changes nothing (409).
 
     For an order waiting at the provider, the hosted payment page is retired first, inside this
-    command: a saga step after the commit could only discover money that already moved."""
+    command: a saga step after the commit could only discover money that already moved. No
+    transaction is open across that provider call (on SQLite one would hold the write lock for
+    the provider's whole answer); the cancel then commits only if the order is still at the
+    version checked, or moved only because of the expiry this cancel caused."""
     session = db.session
     order = session.get(Order, order_id)
     if order is None:
@@ -47,27 +50,61 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = "
     if not order.can("cancel"):
         refusal = order.cancel(reason)
         return CancelOutcome("refused", order, refusal.code, refusal.message)
+    seen, retired, money_may_come, reference = order.version, None, False, order.reference
     if OrderStatus(order.status) is OrderStatus.PAYMENT_INITIATED and order.payment_session_id:
         from ..payments.service import retire_session_before_cancel
 
-        verdict = retire_session_before_cancel(order)
+        retired = order.payment_session_id
+        session.rollback()  # no transaction open across the provider call
+        verdict = retire_session_before_cancel(order_id, reference, retired)
         if isinstance(verdict, Refused):
-            session.rollback()
             return CancelOutcome("refused", session.get(Order, order_id), verdict.code, verdict.message)
-    result = order.cancel(reason)
-    if isinstance(result, Refused):
-        return CancelOutcome("refused", order, result.code, result.message)
-    try:
-        uow.commit(session)
-    except StaleDataError:
-        uow.rollback(session)
-        current = session.get(Order, order_id)
-        return CancelOutcome("conflict", current, "stale_version",
-                             f"This order changed while you were cancelling it (it is now: "
-                             f"{status_words(current.status)}). Look at it again.")
-    uow.publish_after_commit(session)
-    log.info("order %s cancelled (%s)", order.reference, reason)
-    return CancelOutcome("cancelled", order)
+        money_may_come = verdict
+        order = session.get(Order, order_id)
+    for attempt in range(2):
+        if order.version != seen:
+            moved = _moved_by_this_cancel(order, retired)
+            if moved == "done":
+                return CancelOutcome("cancelled", order)
+            if moved != "retry" or attempt:
+                return CancelOutcome("conflict", order, "stale_version",
+                                     f"This order changed while you were cancelling it (it is now: "
+                                     f"{status_words(order.status)}). Look at it again.")
+            seen = order.version
+        result = order.cancel(reason)
+        if isinstance(result, Refused):
+            return CancelOutcome("refused", order, result.code, result.message)
+        if money_may_come and order.payment_processing_at is None:
+            # The session could still take money (an async payment settling, or a session the
+            # cancel could not read or expire): the sweep watches marked cancelled orders, so a
+            # lost late-payment webhook cannot leave that money kept. Bookkeeping, same commit.
+            order.payment_processing_at = utcnow()
+        try:
+            uow.commit(session)
+        except StaleDataError:
+            uow.rollback(session)
+            order = session.get(Order, order_id)
+            continue
+        uow.publish_after_commit(session)
+        log.info("order %s cancelled (%s)", reference, reason)  # not order.reference: a read after the commit
+        return CancelOutcome("cancelled", order)
+    raise AssertionError("unreachable")
+
+
+def _moved_by_this_cancel(order: Order, retired: str | None) -> str:
+    """The order moved between the customer's look and the cancel's commit. "done" when it is
+    already Cancelled (the notice of the expiry this cancel caused at the provider got there first
+    and cancelled it, or the deadline did: what the customer asked for is true); "retry" when the
+    only change is the session this cancel retired reported as a failed payment by a path that
+    could not tell who expired it (the version the customer saw was current when they asked);
+    otherwise "conflict"."""
+    if order.status == OrderStatus.CANCELLED.value:
+        log.info("order %s: the cancel found it already cancelled", order.reference)
+        return "done"
+    if retired is not None and order.payment_session_id == retired \
+            and order.status == OrderStatus.PAYMENT_FAILED.value:
+        return "retry"
+    return "conflict"
 
 
 def expire_unpaid_order(order_id: int, now: datetime) -> str:
@@ -93,7 +130,7 @@ def expire_unpaid_order(order_id: int, now: datetime) -> str:
         if (due - now).total_seconds() <= 5:
             raise Reschedule(due)  # the scheduler fired early (1 s resolution)
         return "noop:not_due"  # a later deadline row exists for the fresh window
-    order.cancel("payment window expired")
+    order.cancel(PAYMENT_WINDOW_EXPIRED)
     try:
         session.flush()
     except StaleDataError:

@@ -1,4 +1,4 @@
-"""How an order is shown: the CONTRACT section 4 JSON shape, shared by HTML and JSON views."""
+"""How an order is shown: the JSON shape of docs/REFERENCE.md, Storefront, shared by HTML and JSON views."""
 from __future__ import annotations
 
 from datetime import datetime
@@ -22,7 +22,7 @@ def pay_by(order) -> datetime | None:
     return None
 
 
-# What a customer reads for each state (the JSON keeps CONTRACT section 3's names).
+# What a customer reads for each state (the JSON keeps the state names of docs/REFERENCE.md, Order states).
 STATUS_WORDS = {
     OrderStatus.PENDING_PAYMENT.value: "Awaiting payment",
     OrderStatus.PAYMENT_INITIATED.value: "At the payment page",

@@ -31,7 +31,12 @@ _lock = threading.Lock()
 
 
 class ProviderUnavailable(Exception):
-    """The provider could not be reached or answered 5xx/429: try again later."""
+    """The provider could not be reached, timed out, or answered 5xx/429: try again later.
+
+    Durable work that meets it waits for the provider instead of spending its attempt budget
+    (the runner reads `failure_kind`; see domain.deadlines.retry_decision)."""
+
+    failure_kind = "provider"
 
 
 class ProviderRefused(Exception):
@@ -183,8 +188,25 @@ def retrieve_session(session_id: str) -> SessionView:
     return session_view(_call("retrieve checkout session", lambda: client().v1.checkout.sessions.retrieve(session_id)))
 
 
-def expire_session(session_id: str) -> SessionView:
-    return session_view(_call("expire checkout session", lambda: client().v1.checkout.sessions.expire(session_id)))
+# The Idempotency-Key of the expire call a customer's cancel makes. Stripe copies a request's key
+# into the events it causes (`event.request.idempotency_key`), so the `checkout.session.expired`
+# notice of that expiry says it was the cancel's own doing, whichever of the two commits first.
+CANCEL_EXPIRY_KEY_PREFIX = "backstop-cancel-"
+
+
+def expire_session(session_id: str, *, cancelling_order: int | None = None) -> SessionView:
+    options = {}
+    if cancelling_order is not None:
+        options["idempotency_key"] = f"{CANCEL_EXPIRY_KEY_PREFIX}order-{cancelling_order}-session-{session_id}"
+    return session_view(_call("expire checkout session",
+                              lambda: client().v1.checkout.sessions.expire(session_id, options=options)))
+
+
+def expired_by_a_cancel(event: dict) -> bool:
+    """Was this event caused by the expire call of a customer's cancel (see CANCEL_EXPIRY_KEY_PREFIX)?"""
+    request = event.get("request")
+    key = request.get("idempotency_key") if isinstance(request, dict) else None
+    return isinstance(key, str) and key.startswith(CANCEL_EXPIRY_KEY_PREFIX)
 
 
 def create_refund(*, order_id: int, session_id: str, payment_intent: str, amount: int, reason: str) -> RefundView:

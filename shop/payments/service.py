@@ -16,11 +16,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
 from ..domain.deadlines import as_utc, session_expires_at, unpaid_deadline, utcnow
-from ..domain.order import ALLOWED, OrderRules, OrderStatus
+from ..domain.order import ALLOWED, CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderRules, OrderStatus
 from ..domain.payment import check_payment_proof
-from ..domain.results import Ok, Refused
+from ..domain.results import Refused
 from ..extensions import db
-from ..models import Order, PaymentProofRefusal, ProcessedStripeEvent
+from ..models import Order, PaymentProofRefusal, ProcessedStripeEvent, ProviderRefusal
 from ..orders.lookup import order_by_reference
 from ..outbox import uow
 from ..outbox.writer import write_events
@@ -136,8 +136,11 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None) ->
                                                    "and your items are held; please try “Pay now” again in a moment.")
     except gateway.ProviderRefused as exc:
         log.error("order %s: provider refused the checkout session: %s", order.reference, exc)
-        return StartOutcome("unavailable", message="The payment provider refused to start this payment. "
-                                                   "Please try again later or contact us.")
+        _note_refusal(order.id, attempt, exc)
+        return StartOutcome("unavailable", message="We could not start the payment: the payment provider turned "
+                                                   "the request down. Nothing was charged, and your order and its "
+                                                   "items are held until its payment window closes; our team can "
+                                                   "see why. Please try “Pay now” again later or contact us.")
     transition = order.start_payment(view.id, view.url)
     if not transition.ok:  # checked above on the same snapshot; kept so the rule has one home
         _expire_quietly(view.id)
@@ -168,6 +171,19 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None) ->
     return StartOutcome("started", url=view.url)
 
 
+def _note_refusal(order_id: int, attempt: int, exc: gateway.ProviderRefused) -> None:
+    """Keep the provider's reason for the order's console timeline, in its own small commit.
+    Bookkeeping only: failing to write it must not change what the customer is told."""
+    session = db.session
+    try:
+        session.add(ProviderRefusal(order_id=order_id, attempt=attempt, code=(exc.code or None) and str(exc.code)[:100],
+                                    reason=str(exc)))
+        session.commit()
+    except Exception:  # noqa: BLE001 - logged; the refusal itself is already in the log above
+        session.rollback()
+        log.exception("order %s: could not record the provider's refusal", order_id)
+
+
 def _expire_quietly(session_id: str) -> None:
     try:
         gateway.expire_session(session_id)
@@ -175,32 +191,34 @@ def _expire_quietly(session_id: str) -> None:
         log.warning("could not expire unused session %s: %s", session_id, exc)
 
 
-def retire_session_before_cancel(order: Order):
+def retire_session_before_cancel(order_id: int, reference: str, sid: str) -> Refused | bool:
     """Read the session's status; paid -> refuse the cancel (the payment stands). Otherwise
     expire it; if the expire fails, read again and refuse if it is now paid. Anything else
-    (already expired, gone, provider down) is a warning and the cancellation proceeds."""
-    sid = order.payment_session_id
+    (already expired, gone, provider down) is a warning and the cancellation proceeds.
+
+    Called outside any transaction. True says the session could still take money (an async
+    payment settling, or a session that could not be read or expired): the cancel marks the
+    order so the sweep watches it (`sweep.watch_cancelled_payments`) and a lost late-payment
+    webhook cannot leave the money kept."""
     paid = Refused("payment_already_completed",
                    "This order has already been paid, so it can no longer be cancelled. "
                    "Contact us if you want a refund.")
     try:
         view = gateway.retrieve_session(sid)
     except (gateway.ProviderUnavailable, gateway.ProviderRefused) as exc:
-        log.warning("cancel of order %s: could not read session %s (%s); cancelling anyway",
-                    order.reference, sid, exc)
-        _money_may_still_come(order)
-        return Ok()
+        log.warning("cancel of order %s: could not read session %s (%s); cancelling anyway", reference, sid, exc)
+        return True
     if view.payment_status == "paid":
         return paid
     if view.status != "open":
         if view.status == "complete":
             log.warning("cancel of order %s: session %s awaits an async payment; a late success will be refunded",
-                        order.reference, sid)
-            _money_may_still_come(order)
-        return Ok()
+                        reference, sid)
+            return True
+        return False
     try:
-        gateway.expire_session(sid)
-        return Ok()
+        gateway.expire_session(sid, cancelling_order=order_id)
+        return False
     except (gateway.ProviderUnavailable, gateway.ProviderRefused) as exc:
         try:
             again = gateway.retrieve_session(sid)
@@ -208,19 +226,8 @@ def retire_session_before_cancel(order: Order):
             again = None
         if again is not None and again.payment_status == "paid":
             return paid
-        log.warning("cancel of order %s: could not expire session %s (%s); cancelling anyway",
-                    order.reference, sid, exc)
-        _money_may_still_come(order)
-        return Ok()
-
-
-def _money_may_still_come(order: Order) -> None:
-    """The order is being cancelled while its session could still take money (an async payment
-    pending, or a session we could not read or expire). The late-money refund hangs on a webhook;
-    this mark has the sweep ask the provider too (`sweep.watch_cancelled_payments`), so a lost
-    webhook cannot leave the money kept. Written with the cancel, in its transaction."""
-    if order.payment_processing_at is None:
-        order.payment_processing_at = utcnow()
+        log.warning("cancel of order %s: could not expire session %s (%s); cancelling anyway", reference, sid, exc)
+        return True
 
 
 @dataclass
@@ -246,9 +253,11 @@ def find_order(view: gateway.SessionView) -> Order | None:
 
 
 def apply_session(view: gateway.SessionView, *, source: str, failed: bool = False, event_id: str | None = None,
-                  now: datetime | None = None, before_commit: Callable[[Applied], None] | None = None) -> Applied:
+                  now: datetime | None = None, before_commit: Callable[[Applied], None] | None = None,
+                  expired_by_cancel: bool = False) -> Applied:
     """Apply the provider's facts about one session to its order, in one transaction, through
-    the guarded transitions. `failed` says the provider reported the (async) payment failed.
+    the guarded transitions. `failed` says the provider reported the (async) payment failed;
+    `expired_by_cancel` that the session's expiry was a customer's cancel retiring it.
     Idempotent: a repeat finds the order already moved and does nothing. Retries itself on a
     version conflict, because the other writer may have made this notice a no-op.
 
@@ -258,7 +267,8 @@ def apply_session(view: gateway.SessionView, *, source: str, failed: bool = Fals
     now = now or utcnow()
     for attempt in range(4):
         try:
-            result = _apply_once(view, source=source, failed=failed, event_id=event_id, now=now)
+            result = _apply_once(view, source=source, failed=failed, event_id=event_id, now=now,
+                                 expired_by_cancel=expired_by_cancel)
             if before_commit is not None:
                 before_commit(result)
             uow.commit(db.session)
@@ -368,7 +378,7 @@ def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
     return Applied("paid", order)
 
 
-def _apply_once(view, *, source, failed, event_id, now) -> Applied:
+def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool = False) -> Applied:
     session = db.session
     if event_id and not _claim_event(session, event_id, now):
         return Applied("duplicate")
@@ -413,12 +423,23 @@ def _apply_once(view, *, source, failed, event_id, now) -> Applied:
     if state is not S.PAYMENT_INITIATED or order.payment_session_id != view.id:
         return Applied("noop", order, f"order is {order.status}")
     if view.status == "expired":
+        if expired_by_cancel:
+            # The customer's cancel expired this session and its own commit has not landed yet
+            # (or never will: the process died after the provider call). The expiry is the
+            # cancel's, not a failed attempt: cancel here, and the cancel, finding the order
+            # Cancelled when its version check misses, answers that it is.
+            result = order.cancel(CANCELLED_BY_CUSTOMER)
+            if isinstance(result, Refused):
+                return Applied("noop", order, result.message)
+            log.info("order %s cancelled: its session was expired by the customer's cancel (via %s)",
+                     order.reference, source)
+            return Applied("cancelled", order)
         if _window_ran_out(order, view, now):
-            # The session lived until the order's pay-by time (CONTRACT section 2): it expiring
+            # The session lived until the order's pay-by time (docs/REFERENCE.md, Settings): it expiring
             # then is the payment window ending, so the order is cancelled and its stock given
             # back, as the deadline would for an unpaid order. Not a failed payment with a fresh
             # window, which would hold the stock for a second window after the customer left.
-            result = order.cancel("payment window expired")
+            result = order.cancel(PAYMENT_WINDOW_EXPIRED)
             if isinstance(result, Refused):
                 return Applied("noop", order, result.message)
             log.info("order %s cancelled: its payment session expired at the end of the window (via %s)",
@@ -478,8 +499,11 @@ def _note_processing(order_id: int, now: datetime) -> None:
 
 def _late_money(order: Order, view, reason: str, now: datetime) -> Applied:
     created = record_late_payment(order, view, reason, now)
-    if order.payment_processing_at is not None and order.payment_session_id == view.id:
-        stop_watching(order.id)  # the session's money is in and being refunded: nothing more can come
+    if created and S(order.status) is S.CANCELLED and order.payment_session_id == view.id \
+            and order.payment_processing_at is None:
+        # The sweep's watch follows the refund until the provider has it (a refund that dies
+        # runs again), not just until the refund is recorded; the refund's success ends it.
+        _note_processing(order.id, now)
     return Applied("refund_created" if created else "already_refunded", order, reason)
 
 

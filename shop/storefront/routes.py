@@ -1,10 +1,10 @@
-"""Storefront routes (CONTRACT section 4)."""
+"""Storefront routes (docs/REFERENCE.md, Storefront)."""
 from __future__ import annotations
 
 import hmac
 import json
 
-from flask import abort, flash, redirect, request, url_for
+from flask import abort, flash, jsonify, redirect, request, url_for
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
@@ -13,11 +13,12 @@ from ..extensions import db
 from ..models import Cart, CartItem, InventoryItem, Order, Product, Variant
 from ..orders.checkout import place_order
 from ..orders.commands import cancel_order
-from ..orders.views import order_json, order_summary_json
+from .. import emails
+from ..orders.views import iso, order_json, order_summary_json
 from ..orders.lookup import order_by_reference
 from ..payments import gateway
 from ..payments.service import apply_session, start_payment
-from ..web import MAX_ID, browser_id, respond, wants_json
+from ..web import MAX_ID, answer_if_later_fails, browser_id, respond, wants_json
 from . import bp
 from .forms import ActionForm, AddToCartForm, CancelForm, CheckoutForm, QuantityForm
 
@@ -201,9 +202,12 @@ def checkout():
                                       + (f", you asked for {s['requested']}" if "requested" in s else "")
                                       for s in result.shortages)
         return _render_cart(status, detail, result.shortages, form=form)
-    started = start_payment(result.order_id, placed=result)
     order_url = url_for("storefront.order_page", reference=result.reference)
-    # CONTRACT section 4: success is a 303 whatever the client accepts; a JSON client also gets
+    # The order is placed and this browser owns it: whatever fails from here (the database lost
+    # under the payment's start), the customer is sent to the order, which offers "Pay now".
+    answer_if_later_fails(lambda: _placed_but_payment_not_started(result.reference, order_url))
+    started = start_payment(result.order_id, placed=result)
+    # docs/REFERENCE.md, Storefront: success is a 303 whatever the client accepts; a JSON client also gets
     # the same facts in the body, so it need not follow the redirect to learn them.
     if started.status == "started":
         return _see_other(started.url, {"reference": result.reference, "payment_url": started.url,
@@ -212,6 +216,15 @@ def checkout():
         flash(started.message, "warning")
     return _see_other(order_url, {"reference": result.reference, "payment_url": None, "order_url": order_url,
                                   "message": started.message})
+
+
+def _placed_but_payment_not_started(reference: str, order_url: str):
+    message = (f"Your order {reference} is placed and its items are held for you, but the payment could not be "
+               "started just now. Open the order and use “Pay now” in a moment.")
+    if not wants_json():
+        flash(message, "warning")
+    return _see_other(order_url, {"reference": reference, "payment_url": None, "order_url": order_url,
+                                  "message": message})
 
 
 def _see_other(location: str, data: dict):
@@ -256,6 +269,9 @@ def order_page(reference: str):
 
 def _render_order(order: Order, status: int = 200, error: str | None = None):
     data = order_json(order)
+    if order.status == OrderStatus.CANCELLED.value:
+        why, at = emails.cancellation(order)
+        data["cancelled_because"], data["cancelled_at"] = why, iso(at)
     if error:
         data["error"] = error
     token = request.values.get("token")
@@ -291,12 +307,23 @@ def cancel(reference: str):
     outcome = cancel_order(order.id, form.version.data)
     current = outcome.order or order
     if outcome.status == "cancelled":
+        # The stock comes back through the compensation, after this commit: say so, not that it is back.
+        done = "Your order is cancelled and nothing was charged. Its items go back on sale in a moment."
+        page = url_for("storefront.order_page", reference=reference, token=request.values.get("token") or None)
+        answer_if_later_fails(lambda: _cancelled_answer(reference, page, done))
         if wants_json():
             return _render_order(db.session.get(Order, order.id))
-        # The stock comes back through the compensation, after this commit: say so, not that it is back.
-        flash("Your order is cancelled and nothing was charged. Its items go back on sale in a moment.")
-        return redirect(url_for("storefront.order_page", reference=reference, token=request.values.get("token") or None), 303)
+        flash(done)
+        return redirect(page, 303)
     return _render_order(current, 409, outcome.message)
+
+
+def _cancelled_answer(reference: str, page: str, done: str):
+    """The cancel committed but the order could not be read back to show it."""
+    if wants_json():
+        return jsonify({"reference": reference, "status": OrderStatus.CANCELLED.value, "message": done}), 200
+    flash(done)
+    return redirect(page, 303)
 
 
 @bp.get("/checkout/return")

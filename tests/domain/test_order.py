@@ -1,4 +1,4 @@
-"""The pure domain, without Flask or a database: the order's state machine (CONTRACT section 3),
+"""The pure domain, without Flask or a database: the order's state machine (docs/REFERENCE.md, Order states),
 the inventory_restored marker, PaymentProof and the deadline arithmetic."""
 from __future__ import annotations
 
