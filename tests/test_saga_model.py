@@ -34,7 +34,7 @@ LONG_EXAMPLES = int(os.environ.get("BACKSTOP_MODEL_EXAMPLES", "0") or 0)
 # whole instead, with every step's arguments.
 COMMON = dict(derandomize=False, database=None, deadline=None, phases=[Phase.explicit, Phase.generate],
               suppress_health_check=list(HealthCheck))
-CI = settings(**{**COMMON, "derandomize": True}, max_examples=60, stateful_step_count=30)
+CI = settings(**{**COMMON, "derandomize": True}, max_examples=40, stateful_step_count=30)
 LONG = settings(**COMMON, max_examples=LONG_EXAMPLES or 1, stateful_step_count=40)
 
 
