@@ -178,7 +178,12 @@ def create_checkout_session(*, order_id: int, reference: str, attempt: int, line
             for line in lines
         ],
     }
-    key = f"backstop-order-{order_id}-session-attempt-{attempt}"
+    # The key names the attempt AND the session's end: a network retry of this very call is
+    # replayed (same key, same parameters), while a later "Pay now" for an attempt whose save was
+    # lost (the session was created, the order's update was not) asks for a later expires_at and
+    # must get a new session: the provider refuses a key reused with other parameters, which
+    # refused every "Pay now" until the deadline cancelled the order.
+    key = f"backstop-order-{order_id}-session-attempt-{attempt}-until-{int(expires_at.timestamp())}"
     session = _call("create checkout session", lambda: client().v1.checkout.sessions.create(
         params=params, options={"idempotency_key": key}))
     return session_view(session)

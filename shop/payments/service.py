@@ -150,9 +150,11 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None) ->
             order=order.id, seen=seen_version, new_status=order.status, session_id=order.payment_session_id,
             session_url=order.payment_session_url, attempts=attempt, session_expires=view.expires_at)).rowcount
         if moved != 1:
-            now_status = session.scalar(select(Order.status).where(Order.id == order.id))
+            now_status, now_session = session.execute(
+                select(Order.status, Order.payment_session_id).where(Order.id == order.id)).one()
             uow.rollback(session)
-            _expire_quietly(view.id)
+            if now_session != view.id:  # a concurrent start of the same attempt got this very session
+                _expire_quietly(view.id)
             return StartOutcome("refused", message=f"This order changed meanwhile (now {now_status}); "
                                                    "please reload it.")
         write_events(session, transition.events)
