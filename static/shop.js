@@ -6,8 +6,13 @@
 
    <main data-poll="URL" data-state="S">: while the page waits on something (a payment being
    processed, the provider unreachable), ask URL for its JSON every few seconds; when the order's
-   state differs from S, fetch the page again and swap in its <main>: no full reload. Polls say
-   so (X-Backstop-Poll), so that in the console they do not count as the operator's activity. */
+   state differs from S, fetch the page again and swap in its <main>: no full reload. The wait
+   between asks grows while nothing changes, up to half a minute.
+
+   <body data-address="URL">: a refused form is answered at its POST address with the page it
+   concerns; the address bar is set to that page's own GET address, so a reload or a copied
+   link is the page, not the form's action. Polls say so (X-Backstop-Poll), so that in the
+   console they do not count as the operator's activity. */
 (function () {
   "use strict";
 
@@ -23,19 +28,26 @@
     });
   }
 
+  /* The same string as shop/orders/views.py, watch_state. */
   function stateOf(json) {
-    return json.status + (json.payment ? "/" + json.payment.status : "");
+    return [json.status, json.payment ? json.payment.status : "-", json.inventory_restored ? "restored" : "-",
+            (json.refunds || []).map(function (r) { return r.status; }).join(",")].join("/");
   }
 
   function poll(main) {
     var url = main.getAttribute("data-poll");
-    var every = parseInt(main.getAttribute("data-poll-seconds") || "3", 10) * 1000;
+    var first = parseInt(main.getAttribute("data-poll-seconds") || "3", 10) * 1000;
+    var every = first;
     function tick() {
       fetch(url, {headers: {"Accept": "application/json", "X-Backstop-Poll": "1"}, credentials: "same-origin"})
         .then(function (r) { return r.ok ? r.json() : null; })
         .then(function (json) {
-          if (json && stateOf(json) !== main.getAttribute("data-state")) {
-            return fetch(url, {headers: {"Accept": "text/html", "X-Backstop-Poll": "1"}, credentials: "same-origin"})
+          if (!json || stateOf(json) === main.getAttribute("data-state")) {
+            every = Math.min(every * 1.5, 30000);
+            return null;
+          }
+          every = first;
+          return fetch(url, {headers: {"Accept": "text/html", "X-Backstop-Poll": "1"}, credentials: "same-origin"})
               .then(function (r) { return r.text(); })
               .then(function (html) {
                 var fresh = new DOMParser().parseFromString(html, "text/html").querySelector("main");
@@ -47,7 +59,6 @@
                 });
                 localise(main);
               });
-          }
         })
         .catch(function () { /* offline for a moment: the next tick tries again */ })
         .then(function () { if (main.hasAttribute("data-poll")) { setTimeout(tick, every); } });
@@ -97,6 +108,10 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
+    var address = document.body.getAttribute("data-address");
+    if (address && window.history && window.history.replaceState) {
+      window.history.replaceState(null, "", address);
+    }
     localise(document);
     var main = document.querySelector("main[data-poll]");
     if (main) { poll(main); }

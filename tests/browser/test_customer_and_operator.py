@@ -127,7 +127,7 @@ def test_a_customer_who_leaves_the_hosted_page_cancels_and_the_stock_comes_back(
     order_url = page.url
 
     # Held, not yet given back: the compensation runs in a worker, after the cancel commits.
-    assert stock_shown(page, base_url, "MUG-350-NVY") == "sold out"
+    assert stock_shown(page, base_url, "MUG-350-NVY") == "Sold out"
     assert "done" in run_pending_deliveries(app)
     assert stock_shown(page, base_url, "MUG-350-NVY") == "3 in stock"
 
