@@ -167,3 +167,35 @@ def live_shop(make_app, sandbox, **config):
 def wait_for_status(shopper: Shopper, ref: str, status: str, timeout: float = 5.0) -> dict:
     return wait_until(lambda: (lambda o: o if o["status"] == status else None)(shopper.order(ref)),
                       timeout=timeout, what=f"order {ref} to be {status}")
+
+
+# -- the worker's day, in-process ------------------------------------------------------------
+
+def run_due_commands(app, now) -> None:
+    """What the worker does by `now` with scheduled commands (the payment deadline included)."""
+    from sqlalchemy import select
+
+    from shop.models import ScheduledCommand
+    from shop.outbox.dispatch import run_command
+
+    with app.app_context():
+        due = db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.status == "pending",
+                                                                   ScheduledCommand.next_attempt_at <= now)
+                                 ).scalars().all()
+        db.session.rollback()
+        for command_id in due:
+            run_command(command_id, now=now)
+        db.session.remove()
+
+
+def run_everything(app, now=None) -> None:
+    """Deliveries, then every command due by `now`, a few rounds (what one leads to, the next runs)."""
+    from shop.domain.deadlines import utcnow
+    from shop.outbox.dispatch import drain_deliveries
+
+    now = now or utcnow()
+    for _ in range(3):
+        with app.app_context():
+            drain_deliveries(now=now)
+            db.session.remove()
+        run_due_commands(app, now)

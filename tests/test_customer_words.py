@@ -8,14 +8,11 @@ import os
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
 
-from payment_helpers import JSON, Shopper, order_id, post_webhook, sandbox_event, seed
+from payment_helpers import JSON, Shopper, order_id, post_webhook, run_everything, sandbox_event, seed
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import ScheduledCommand
 from shop.money import format_money
-from shop.outbox.dispatch import drain_deliveries, run_command
 
 
 @pytest.fixture
@@ -23,21 +20,6 @@ def paying_app(paying_app, tmp_path):
     """The mail this test's orders get, in a folder of its own (order ids restart every test)."""
     paying_app.instance_path = str(tmp_path)
     return paying_app
-
-
-def _run_everything(app, now=None) -> None:
-    """Deliveries, then every due command (deadlines included), then deliveries again: a worker's day."""
-    now = now or utcnow()
-    with app.app_context():
-        for _ in range(3):
-            drain_deliveries(now=now)
-            due = db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.status == "pending",
-                                                                       ScheduledCommand.next_attempt_at <= now)
-                                     ).scalars().all()
-            db.session.rollback()
-            for command_id in due:
-                run_command(command_id, now=now)
-        db.session.remove()
 
 
 def _mail(app, oid: int, template: str) -> email.message.Message:
@@ -61,7 +43,7 @@ def test_an_order_whose_window_ran_out_says_so_on_its_page_and_in_an_email(payin
     ref = shopper.latest()["reference"]
     oid = order_id(app, ref)
 
-    _run_everything(app, now=utcnow() + timedelta(seconds=app.config["UNPAID_ORDER_EXPIRY_SECONDS"] + 5))
+    run_everything(app, now=utcnow() + timedelta(seconds=app.config["UNPAID_ORDER_EXPIRY_SECONDS"] + 5))
 
     order = shopper.order(ref)
     assert (order["status"], order["cancelled_because"]) == ("Cancelled", "expired")
@@ -83,7 +65,7 @@ def test_a_customer_cancel_is_confirmed_in_words_and_by_email(paying_app, sandbo
     ref, oid = order["reference"], order_id(app, order["reference"])
     assert shopper.cancel(ref, order["version"]).status_code == 200
 
-    _run_everything(app)
+    run_everything(app)
 
     assert shopper.order(ref)["cancelled_because"] == "customer"
     page = shopper.client.get(f"/orders/{ref}").get_data(as_text=True)
@@ -102,7 +84,7 @@ def test_a_refund_email_says_how_much_when_and_to_what(paying_app, sandbox):
     sandbox.async_result(sid, "succeeded")
     post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.async_payment_succeeded", sid))
 
-    _run_everything(app)
+    run_everything(app)
 
     body = _body(_mail(app, oid, "refund_issued"))
     assert format_money(order["total"], order["currency"]) in body
@@ -122,7 +104,7 @@ def test_a_failed_payment_email_is_not_sent_once_the_order_has_moved_on(paying_a
     assert shopper.order(ref)["status"] == "PaymentFailed"
     assert shopper.cancel(ref, shopper.order(ref)["version"]).status_code == 200  # before the email went
 
-    _run_everything(app)
+    run_everything(app)
 
     folder = os.path.join(app.instance_path, "mail")
     sent = [f for f in os.listdir(folder) if f.startswith(f"order-{oid}-")]

@@ -11,11 +11,10 @@ import pytest
 from sqlalchemy import select, update
 
 from conftest import csrf_token
-from payment_helpers import JSON
+from payment_helpers import JSON, run_due_commands
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import InventoryItem, ScheduledCommand, Variant
-from shop.outbox.dispatch import run_command
+from shop.models import InventoryItem, Variant
 from shop.seed import seed_catalog
 
 HTML = {"Accept": "text/html"}
@@ -176,18 +175,6 @@ def test_a_404_page_fits_the_address(shop, path, words):
 
 
 # -- one badge per state ------------------------------------------------------------------------
-
-def run_due_commands(app, now) -> None:
-    """What the worker does by `now`: the payment deadline included."""
-    with app.app_context():
-        due = db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.status == "pending",
-                                                                   ScheduledCommand.next_attempt_at <= now)
-                                 ).scalars().all()
-        db.session.rollback()
-        for command_id in due:
-            run_command(command_id, now=now)
-        db.session.remove()
-
 
 def _badges(html: str) -> list[str]:
     return re.findall(r'<span class="badge [\w-]+">([^<]+)</span>', html)

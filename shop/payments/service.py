@@ -423,27 +423,20 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
     if state is not S.PAYMENT_INITIATED or order.payment_session_id != view.id:
         return Applied("noop", order, f"order is {order.status}")
     if view.status == "expired":
-        if expired_by_cancel:
-            # The customer's cancel expired this session and its own commit has not landed yet
-            # (or never will: the process died after the provider call). The expiry is the
-            # cancel's, not a failed attempt: cancel here, and the cancel, finding the order
-            # Cancelled when its version check misses, answers that it is.
-            result = order.cancel(CANCELLED_BY_CUSTOMER)
+        if expired_by_cancel or _window_ran_out(order, view, now):
+            # Either the customer's cancel expired this session and its own commit has not landed
+            # yet (or never will: the process died after the provider call): the expiry is the
+            # cancel's, not a failed attempt, and the cancel, finding the order Cancelled when its
+            # version check misses, answers that it is. Or the session lived until the order's
+            # pay-by time (docs/REFERENCE.md, Settings): it expiring then is the payment window
+            # ending, so the order is cancelled and its stock given back, as the deadline would
+            # for an unpaid order; not a failed payment with a fresh window, which would hold the
+            # stock for a second window after the customer left.
+            why = CANCELLED_BY_CUSTOMER if expired_by_cancel else PAYMENT_WINDOW_EXPIRED
+            result = order.cancel(why)
             if isinstance(result, Refused):
                 return Applied("noop", order, result.message)
-            log.info("order %s cancelled: its session was expired by the customer's cancel (via %s)",
-                     order.reference, source)
-            return Applied("cancelled", order)
-        if _window_ran_out(order, view, now):
-            # The session lived until the order's pay-by time (docs/REFERENCE.md, Settings): it expiring
-            # then is the payment window ending, so the order is cancelled and its stock given
-            # back, as the deadline would for an unpaid order. Not a failed payment with a fresh
-            # window, which would hold the stock for a second window after the customer left.
-            result = order.cancel(PAYMENT_WINDOW_EXPIRED)
-            if isinstance(result, Refused):
-                return Applied("noop", order, result.message)
-            log.info("order %s cancelled: its payment session expired at the end of the window (via %s)",
-                     order.reference, source)
+            log.info("order %s cancelled: its payment session expired (%s, via %s)", order.reference, why, source)
             return Applied("cancelled", order)
         order.mark_payment_failed("checkout session expired")
         order.last_payment_error = "The payment page expired before payment."

@@ -10,11 +10,10 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
-from payment_helpers import wait_until
+from payment_helpers import run_due_commands, wait_until
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import InventoryItem, Order, ScheduledCommand, Variant
-from shop.outbox.dispatch import run_command
+from shop.models import InventoryItem, Order, Variant
 
 expect = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed").expect
 
@@ -44,18 +43,6 @@ def order_row(app, **where) -> Order:
             return order
         finally:
             db.session.remove()
-
-
-def run_due_commands(app, now) -> None:
-    """What the worker does by `now` (the payment deadline included), in-process."""
-    with app.app_context():
-        due = db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.status == "pending",
-                                                                   ScheduledCommand.next_attempt_at <= now)
-                                 ).scalars().all()
-        db.session.rollback()
-        for command_id in due:
-            run_command(command_id, now=now)
-        db.session.remove()
 
 
 def set_stock(app, sku: str, on_hand: int) -> None:
