@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, or_, select
+from flask import current_app
+from sqlalchemy import and_, func, or_, select
 
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc
 from ..domain.order import LIVE
@@ -14,6 +15,7 @@ from ..models import (OperatorAction, Order, OutboxDelivery, OutboxEvent, Paymen
 from ..ops.metrics import stuck_cutoff
 from ..orders.views import iso, order_json
 from ..web import work_ref
+from . import sweep_words
 from .audit import action_json
 from .format import human_money, human_time
 
@@ -367,17 +369,52 @@ def webhooks(*, outcome: str | None, page: int) -> dict:
     return {"outcome": outcome, "counts": counts, "webhooks": [receipt_json(r, ref) for r, ref in rows], **meta}
 
 
-def sweep_json(cycle: ReconciliationCycle, now: datetime) -> dict:
+def sweep_json(cycle: ReconciliationCycle, now: datetime, problems: list | None = None) -> dict:
+    """docs/REFERENCE.md, Console: the recorded cycle, plus its outcome in words ("ok" only when
+    nothing went wrong) and its errors as `problems` an operator can act on."""
     duration = None
     if cycle.finished_at is not None:
         duration = round((as_utc(cycle.finished_at) - as_utc(cycle.started_at)).total_seconds(), 3)
+    if problems is None:
+        problems = _sweep_problems([cycle], now).get(cycle.id, [])
+    code, words = sweep_words.outcome(cycle.status, len(cycle.errors or []))
     return {"id": cycle.id, "status": cycle.status, "started_at": iso(cycle.started_at),
             "finished_at": iso(cycle.finished_at), "duration_seconds": duration, "cutoff": iso(cycle.cutoff),
             "expiry_counts": cycle.expiry_counts or {}, "provider_counts": cycle.provider_counts or {},
-            "errors": cycle.errors or [], "holder": cycle.holder, "age_seconds": age_seconds(now, cycle.started_at)}
+            "errors": cycle.errors or [], "holder": cycle.holder, "age_seconds": age_seconds(now, cycle.started_at),
+            "outcome": code, "outcome_words": words, "problems": problems}
+
+
+# How many cycles past the page are read to tell for how long an error has repeated.
+REPEAT_LOOKBACK = 100
+
+
+def _sweep_problems(cycles: list, now: datetime) -> dict:
+    """The cycles' errors in words, with the orders they name read in one query."""
+    ids = {e.get("order_id") for c in cycles for e in (c.errors or []) if isinstance(e, dict)}
+    ids = [i for i in ids if isinstance(i, int)]
+    orders = {}
+    if ids:
+        orders = {o.id: o for o in db.session.execute(
+            select(Order.id, Order.reference, Order.status, Order.provider_next_check_at,
+                   Order.payment_processing_at).where(Order.id.in_(ids))).all()}
+    latest = db.session.execute(select(func.max(ReconciliationCycle.started_at))).scalar()
+    interval = current_app.config["RECONCILIATION_INTERVAL_SECONDS"]
+    return sweep_words.problems_by_cycle(cycles, orders, now, sweep_words.next_cycle(latest, interval))
 
 
 def sweeps(now: datetime, *, page: int) -> dict:
-    query = select(ReconciliationCycle).order_by(ReconciliationCycle.started_at.desc(), ReconciliationCycle.id.desc())
+    order = (ReconciliationCycle.started_at.desc(), ReconciliationCycle.id.desc())
+    query = select(ReconciliationCycle).order_by(*order)
     rows, meta = paging(query, page, per_page=50)
-    return {"cycles": [sweep_json(c, now) for (c,) in rows], **meta}
+    cycles = [c for (c,) in rows]
+    history = list(cycles)
+    if cycles:  # the cycles just past the page, only to count how long an error has repeated
+        last = cycles[-1]
+        history += db.session.execute(
+            select(ReconciliationCycle)
+            .where(or_(ReconciliationCycle.started_at < last.started_at,
+                       and_(ReconciliationCycle.started_at == last.started_at, ReconciliationCycle.id < last.id)))
+            .order_by(*order).limit(REPEAT_LOOKBACK)).scalars().all()
+    problems = _sweep_problems(history, now)
+    return {"cycles": [sweep_json(c, now, problems.get(c.id, [])) for c in cycles], **meta}
