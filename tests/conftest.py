@@ -265,3 +265,16 @@ def paying_app(make_app, sandbox):
     app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
                    STRIPE_WEBHOOK_SECRET="whsec_test_secret")
     return app
+
+
+def leave_heartbeats(app) -> None:
+    """The heartbeats a running worker and scheduler leave, written by the same code their
+    processes run (a real RQ worker registration, the scheduler's own beat), without running
+    them: for tests of /healthz and the dashboard that are not about liveness."""
+    from shop import queue
+
+    with app.app_context():
+        worker = queue.make_worker(name=f"test-worker-{uuid.uuid4().hex[:8]}")
+        worker.register_birth()
+        worker.heartbeat()
+        queue.make_scheduler().heartbeat()
