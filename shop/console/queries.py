@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from flask import current_app
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, func, or_, select, union_all
 
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc
 from ..domain.order import LIVE
@@ -47,12 +47,13 @@ def age_seconds(now: datetime, then: datetime | None) -> int | None:
 COUNT_CAP = 10_000
 
 
-def paging(query, page: int, per_page: int = PER_PAGE):
+def paging(query, page: int, per_page: int = PER_PAGE, count_query=None):
     """(rows, meta) for one page of a select; `page` counts from 1. `total` is exact unless
-    `total_capped`, when there are at least that many (and a next page whenever there is one)."""
+    `total_capped`, when there are at least that many (and a next page whenever there is one).
+    `count_query` counts the rows when `query` only holds enough of them for this page."""
     limit = page * per_page + COUNT_CAP
     counted = db.session.execute(select(func.count()).select_from(
-        query.order_by(None).limit(limit + 1).subquery())).scalar_one()
+        (count_query if count_query is not None else query).order_by(None).limit(limit + 1).subquery())).scalar_one()
     rows = db.session.execute(query.limit(per_page).offset((page - 1) * per_page)).all()
     meta = {"page": page, "per_page": per_page, "total": min(counted, limit), "total_capped": counted > limit,
             "next_page": page + 1 if page * per_page < counted else None}
@@ -163,13 +164,30 @@ def orders(now: datetime, *, stuck: bool, statuses: list[str], page: int, q: str
         query = query.where(or_(Order.reference == q.upper(), func.lower(Order.email) == q.lower(),
                                 Order.payment_session_id == q))
     if stuck:
-        query = query.where(Order.status.in_(LIVE_STATUSES), Order.updated_at < cutoff)
-        query = query.order_by(Order.updated_at, Order.id)
+        counted = query.where(Order.status.in_(LIVE_STATUSES), Order.updated_at < cutoff)
+        wanted = [s for s in LIVE_STATUSES if not statuses or s in statuses]
+        if wanted:
+            rows, meta = paging(_longest_waiting(query, wanted, cutoff, page * PER_PAGE), page, count_query=counted)
+        else:  # only final states asked for: none of them is ever stuck
+            rows, meta = paging(counted.order_by(Order.id), page)
     else:
-        query = query.order_by(Order.id.desc())
-    rows, meta = paging(query, page)
+        rows, meta = paging(query.order_by(Order.id.desc()), page)
     return {"orders": [order_row(o, now, cutoff) for (o,) in rows],
             "filters": {"stuck": stuck, "status": statuses, "q": q}, **meta}
+
+
+def _longest_waiting(query, statuses, cutoff: datetime, n: int):
+    """The first `n` stuck orders, longest waiting first, as one range scan of
+    ix_orders_status_updated_at per status merged (as the sweep selects): over an IN list
+    PostgreSQL fetched and sorted every stuck row, in parallel workers, for each page."""
+    parts = []
+    for status in statuses:
+        inner = (query.with_only_columns(Order.id, Order.updated_at)
+                 .where(Order.status == status, Order.updated_at < cutoff)
+                 .order_by(Order.updated_at, Order.id).limit(n).subquery())
+        parts.append(select(inner.c.id, inner.c.updated_at))
+    first = union_all(*parts).subquery() if len(parts) > 1 else parts[0].subquery()
+    return select(Order).join(first, first.c.id == Order.id).order_by(first.c.updated_at, first.c.id)
 
 
 def audit(*, page: int, operator: str = "", order: Order | None = None) -> dict:
