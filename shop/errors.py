@@ -2,7 +2,8 @@
 from flask import jsonify, render_template_string
 from flask_wtf.csrf import CSRFError
 from sqlalchemy.exc import InterfaceError, OperationalError
-from werkzeug.exceptions import HTTPException
+from flask import request
+from werkzeug.exceptions import HTTPException, NotFound
 
 from .web import answer_after_commit, wants_json
 
@@ -12,13 +13,43 @@ PAGE = """{% extends "base.html" %}{% block content %}<h1>{{ title }}</h1><p>{{ 
 MESSAGES = {
     400: "The request could not be understood.",
     401: "Please log in.",
-    404: "There is nothing here, or it is not yours to see. If it is your order, open the private link "
-         "from your confirmation email, or this shop's \u201cYour orders\u201d page in the browser you ordered with.",
+    404: "There is no page at this address. The link may be mistyped or out of date.",
     405: "That action is not allowed here.",
     413: "That request is too large.",
+    429: "Too many requests; please wait a moment and try again.",
     500: "Something went wrong on our side. Nothing was charged twice; please try again.",
     503: "The shop's database is busy or unreachable right now. Nothing was lost; please try again in a minute.",
 }
+
+
+ORDER_NOT_FOUND = ("We cannot show this order: there is none with this reference, or this browser did not "
+                   "place it. If it is yours, open the private link from your confirmation email, or "
+                   "\u201cYour orders\u201d in the browser you ordered with.")
+
+
+class OrderNotFound(NotFound):
+    """An order this request may not see, or that does not exist: one answer for both, so that
+    another browser cannot learn that a reference exists."""
+
+    in_words = True
+    title = "Order not found"
+    description = ORDER_NOT_FOUND
+
+
+# A 404 that fits the address: what was looked for, where the address says it.
+NOT_FOUND_BY_PATH = (
+    ("/orders/", "Order not found", ORDER_NOT_FOUND),
+    ("/cart/items/", "Not in your cart", "That item is not in your cart, or not for sale."),
+)
+
+
+def _not_found_words(exc) -> tuple[str, str]:
+    if getattr(exc, "in_words", False):
+        return getattr(exc, "title", "Not found"), exc.description
+    for prefix, title, message in NOT_FOUND_BY_PATH:
+        if request.path.startswith(prefix):
+            return title, message
+    return "Page not found", MESSAGES[404]
 
 
 def _render(status: int, title: str, message: str):
@@ -35,6 +66,10 @@ def init_app(app):
 
     @app.errorhandler(HTTPException)
     def http_error(exc):
+        if exc.response is not None:  # an answer made by whoever raised it (the login throttle's 429)
+            return exc.response
+        if exc.code == 404:
+            return _render(404, *_not_found_words(exc))
         message = exc.description if getattr(exc, "in_words", False) else MESSAGES.get(exc.code, exc.description)
         return _render(exc.code or 500, exc.name, message)
 

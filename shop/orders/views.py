@@ -69,6 +69,69 @@ def order_json(order) -> dict:
     }
 
 
+# The badge a customer sees for an order, in the words of the page's own text: the state alone
+# does not say enough ("At the payment page" for a payment the provider is settling, "Cancelled"
+# for an order whose window ran out), so the payment and the cancellation's reason count too.
+BADGES = {
+    "awaiting": "Awaiting payment",
+    "at-payment-page": "At the payment page",
+    "processing": "Payment processing",
+    "failed": "Payment failed",
+    "paid": "Paid",
+    "expired": "Expired",
+    "cancelled": "Cancelled",
+    "refund-pending": "Cancelled, refund on its way",
+    "refunded": "Cancelled, refunded",
+}
+
+
+def badge(data: dict) -> tuple[str, str]:
+    """(key, words) for an order's JSON as `order_json` makes it, with `cancelled_because` added
+    for a cancelled order. The key is also the badge's CSS class."""
+    status = data["status"]
+    payment = (data.get("payment") or {}).get("status")
+    if status == OrderStatus.PENDING_PAYMENT.value:
+        key = "awaiting"
+    elif status == OrderStatus.PAYMENT_INITIATED.value:
+        key = "processing" if payment == "processing" else "at-payment-page"
+    elif status == OrderStatus.PAYMENT_FAILED.value:
+        key = "failed"
+    elif status == OrderStatus.PAID.value:
+        key = "paid"
+    else:
+        refunds = [r["status"] for r in data.get("refunds") or []]
+        if "succeeded" in refunds:
+            key = "refunded"
+        elif refunds:
+            key = "refund-pending"
+        else:
+            key = "expired" if data.get("cancelled_because") == "expired" else "cancelled"
+    return key, BADGES[key]
+
+
+def watch_state(data: dict) -> str:
+    """What the order page's script compares to notice a change worth showing (static/shop.js
+    computes the same string from the JSON): the state, the payment's, the stock's return and
+    the refunds."""
+    payment = data.get("payment")
+    return "/".join([data["status"], payment["status"] if payment else "-",
+                     "restored" if data.get("inventory_restored") else "-",
+                     ",".join(r["status"] for r in data.get("refunds") or [])])
+
+
+def keeps_changing(data: dict) -> bool:
+    """Whether something other than the customer can still change what the order page says: a
+    payment to make or settling, the deadline, the stock coming back, a refund on its way."""
+    if data["status"] in UNPAID or data["status"] == OrderStatus.PAYMENT_INITIATED.value:
+        return True
+    if data["status"] == OrderStatus.CANCELLED.value:
+        refunds = [r["status"] for r in data.get("refunds") or []]
+        payment = (data.get("payment") or {}).get("status")
+        return (not data.get("inventory_restored") or payment == "processing"
+                or "pending" in refunds)
+    return False
+
+
 def order_summary_json(order) -> dict:
     return {"reference": order.reference, "status": order.status, "total": order.total,
             "currency": order.currency, "created_at": iso(order.created_at)}

@@ -4,20 +4,21 @@ from __future__ import annotations
 import hmac
 import json
 
-from flask import abort, flash, jsonify, redirect, request, url_for
+from flask import abort, flash, jsonify, make_response, redirect, request, url_for
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
-from ..domain.order import OrderStatus
+from ..domain.order import LIVE, OrderStatus
 from ..extensions import db
 from ..models import Cart, CartItem, InventoryItem, Order, Product, Variant
 from ..orders.checkout import place_order
 from ..orders.commands import cancel_order
 from .. import emails
-from ..orders.views import iso, order_json, order_summary_json
+from ..orders.views import badge, iso, keeps_changing, order_json, order_summary_json, watch_state
 from ..orders.lookup import order_by_reference
 from ..payments import gateway
 from ..payments.service import apply_session, start_payment
+from ..errors import OrderNotFound
 from ..web import MAX_ID, answer_if_later_fails, browser_id, respond, wants_json
 from . import bp
 from .forms import ActionForm, AddToCartForm, CancelForm, CheckoutForm, QuantityForm
@@ -77,14 +78,32 @@ def _cart_data(cart: Cart | None) -> dict:
     return {"items": items, "total": total, "currency": currency}
 
 
-def _render_cart(status: int = 200, error: str | None = None, shortages=None, form=None):
+def _render_cart(status: int = 200, error: str | None = None, shortages=None, form=None, field: str | None = None):
+    """The cart page. `field` names the input an error concerns ("email", "quantity-<variant id>"):
+    the page shows the error beside it instead of in the banner."""
     cart = _open_cart()
     data = _cart_data(cart)
     if error:
         data["error"] = error
     if shortages:
         data["shortages"] = shortages
-    return respond("storefront/cart.html", data, status, form=form or CheckoutForm(), action=ActionForm())
+    # A line asking for more than is left blocks checkout until it is reduced or removed.
+    short = {item["variant_id"] for item in data["items"] if item["quantity"] > item["available"]}
+    if field == "stock" and not short:
+        field = None  # the stock moved since: the refusal's own words, in the banner
+    response = respond("storefront/cart.html", data, status, form=form or CheckoutForm(), action=ActionForm(),
+                       error_field=field, short=short, address=url_for("storefront.cart"))
+    return _at_address(response, url_for("storefront.cart"))
+
+
+def _at_address(response, address: str):
+    """A refused POST answers with its 4xx and the page it concerns, as docs/REFERENCE.md,
+    Storefront, says; the page's own address goes with it (Content-Location, and static/shop.js
+    puts it in the address bar) so that a reload or a shared link is the GET page, not the POST."""
+    response = make_response(response)
+    if response.status_code >= 400:
+        response.headers["Content-Location"] = address
+    return response
 
 
 def _item_name(variant: Variant) -> str:
@@ -98,7 +117,7 @@ def cart():
     return _render_cart()
 
 
-def _short_of_stock(variant: Variant, wanted: int):
+def _short_of_stock(variant: Variant, wanted: int, field: str | None = None):
     """The 409 cart page when fewer than `wanted` are on hand (a soft-deleted row holds none);
     None when there are enough. A cart holds nothing: this only warns early, checkout decides."""
     inv = db.session.get(InventoryItem, variant.id)
@@ -106,7 +125,10 @@ def _short_of_stock(variant: Variant, wanted: int):
     if wanted <= available:
         return None
     db.session.rollback()
-    return _render_cart(409, f"Only {available} of {_item_name(variant)} left; you asked for {wanted}.")
+    if available == 0:
+        return _render_cart(409, f"Sold out: {_item_name(variant)} cannot be added until it is back in stock.",
+                            field=field)
+    return _render_cart(409, f"Only {available} of {_item_name(variant)} left; you asked for {wanted}.", field=field)
 
 
 @bp.post("/cart/items")
@@ -145,15 +167,16 @@ def add_to_cart():
 def set_quantity(variant_id: int):
     """Set one line's quantity (form: quantity, 1..99), checked against the stock like an add."""
     form = QuantityForm()
+    field = f"quantity-{variant_id}"
     if not form.validate():
-        return _render_cart(400, _first_error(form))
+        return _render_cart(400, _first_error(form), field=None if "csrf_token" in form.errors else field)
     cart = _open_cart()
     item = None if cart is None else db.session.execute(
         select(CartItem).where(CartItem.cart_id == cart.id, CartItem.variant_id == variant_id)).scalar_one_or_none()
     if item is None:
         return _render_cart(404, "That item is not in your cart.")
     wanted = form.quantity.data
-    short = _short_of_stock(db.session.get(Variant, variant_id), wanted)
+    short = _short_of_stock(db.session.get(Variant, variant_id), wanted, field)
     if short is not None:
         return short
     item.quantity = wanted
@@ -185,14 +208,14 @@ def checkout():
     """Place the order from the cart, then send the customer to the hosted payment page."""
     form = CheckoutForm()
     if not form.validate():
-        return _render_cart(400, _first_error(form), form=form)
+        return _render_cart(400, _first_error(form), form=form, field="email" if form.email.errors and "csrf_token" not in form.errors else None)
     # The cart's id only: place_order reads the lines itself and refuses an empty cart.
     bid = browser_id(create=False)
     cart_id = None if bid is None else db.session.execute(
         select(Cart.id).where(Cart.browser_id == bid, Cart.status == "open").order_by(Cart.id.desc()).limit(1)
     ).scalar()
     if cart_id is None:
-        return _render_cart(400, "Your cart is empty.", form=form)
+        return _render_cart(400, "Your cart is empty.", form=form, field="empty")
     result = place_order(cart_id=cart_id, browser_id=bid, email=form.email.data.strip())
     if not result.ok:
         status = {"out_of_stock": 409, "cart_closed": 409}.get(result.code, 400)
@@ -201,7 +224,8 @@ def checkout():
             detail += " " + "; ".join(f"{s.get('name') or s.get('sku', s['variant_id'])}: {s['available']} left"
                                       + (f", you asked for {s['requested']}" if "requested" in s else "")
                                       for s in result.shortages)
-        return _render_cart(status, detail, result.shortages, form=form)
+        field = {"out_of_stock": "stock", "unavailable": "stock", "empty_cart": "empty"}.get(result.code)
+        return _render_cart(status, detail, result.shortages, form=form, field=field)
     order_url = url_for("storefront.order_page", reference=result.reference)
     # The order is placed and this browser owns it: whatever fails from here (the database lost
     # under the payment's start), the customer is sent to the order, which offers "Pay now".
@@ -240,14 +264,14 @@ def _owned_order(reference: str) -> Order:
     (not 403: another browser must not even learn that the reference exists)."""
     order = order_by_reference(reference)
     if order is None:
-        abort(404)
+        raise OrderNotFound()
     token = request.values.get("token") or ""
     if order.browser_id == browser_id(create=False):
         return order
     # Bytes: compare_digest refuses str with non-ASCII characters, and the token is the sender's text.
     if token and hmac.compare_digest(token.encode(), order.access_token.encode()):
         return order
-    abort(404)
+    raise OrderNotFound()
 
 
 @bp.get("/orders")
@@ -257,7 +281,11 @@ def orders():
     rows = [] if bid is None else db.session.execute(
         select(Order).where(Order.browser_id == bid).order_by(Order.created_at.desc(), Order.id.desc())
     ).scalars().all()
-    return respond("storefront/orders.html", {"orders": [order_summary_json(o) for o in rows]})
+    if wants_json():
+        return respond("storefront/orders.html", {"orders": [order_summary_json(o) for o in rows]})
+    # The same badge as each order's own page says (a settling payment, an expired order).
+    shown = [dict(order_summary_json(o), badge=badge(_shown_order_json(o))) for o in rows]
+    return respond("storefront/orders.html", {"orders": shown})
 
 
 @bp.get("/orders/<reference>")
@@ -267,16 +295,25 @@ def order_page(reference: str):
     return _render_order(order)
 
 
-def _render_order(order: Order, status: int = 200, error: str | None = None):
+def _shown_order_json(order: Order) -> dict:
+    """The order's JSON, with why and when it was cancelled for a cancelled one."""
     data = order_json(order)
     if order.status == OrderStatus.CANCELLED.value:
         why, at = emails.cancellation(order)
         data["cancelled_because"], data["cancelled_at"] = why, iso(at)
+    return data
+
+
+def _render_order(order: Order, status: int = 200, error: str | None = None):
+    data = _shown_order_json(order)
     if error:
         data["error"] = error
     token = request.values.get("token")
-    return respond("storefront/order.html", data, status, order=order, cancel_form=CancelForm(),
-                   action=ActionForm(), token=token, OrderStatus=OrderStatus)
+    address = url_for("storefront.order_page", reference=order.reference, token=token or None)
+    response = respond("storefront/order.html", data, status, order=order, cancel_form=CancelForm(),
+                       action=ActionForm(), token=token, OrderStatus=OrderStatus, badge=badge(data),
+                       watch_state=watch_state(data) if keeps_changing(data) else None, address=address)
+    return _at_address(response, address)
 
 
 @bp.post("/orders/<reference>/pay")
@@ -295,6 +332,24 @@ def pay(reference: str):
     status = 503 if started.status == "unavailable" else 409
     # The page itself shows the message (no flash too: it would show twice, and again later).
     return _render_order(order, status, started.message)
+
+
+CANCELLABLE = {s.value for s in LIVE}
+
+
+@bp.get("/orders/<reference>/cancel")
+def confirm_cancel(reference: str):
+    """Are you sure? The order page's Cancel button leads here and this page's form makes the
+    POST, so a stray click cancels nothing (a script posts to the same URL directly). `version`
+    is the one the order page showed: if the order changed since, the POST says so (409)."""
+    order = _owned_order(reference)
+    token = request.args.get("token") or None
+    if order.status not in CANCELLABLE:
+        return redirect(url_for("storefront.order_page", reference=order.reference, token=token), 303)
+    version = request.args.get("version", type=int)
+    data = order_json(order)
+    return respond("storefront/cancel.html", data, order=order, token=token,
+                   version=version if version is not None else order.version)
 
 
 @bp.post("/orders/<reference>/cancel")
@@ -334,16 +389,16 @@ def checkout_return():
     session_id = request.args.get("session_id", "")
     order = order_by_reference(reference)
     if order is None or not session_id:
-        abort(404)
+        raise OrderNotFound()
     owner = order.browser_id == browser_id(create=False)
     try:
         view = gateway.retrieve_session(session_id)
     except gateway.ProviderRefused:
-        abort(404)
+        raise OrderNotFound()
     except gateway.ProviderUnavailable:
         view = None
     if view is not None and view.order_id != order.id:
-        abort(404)
+        raise OrderNotFound()
     # Another browser (the customer paid on a second device) is sent on with the order's access
     # token only if the session is proven to be this order's: by the provider just now or, when
     # the provider cannot be asked, by being the session the order itself recorded. A guessed
@@ -351,7 +406,7 @@ def checkout_return():
     if not owner and view is None and not (
             order.payment_session_id
             and hmac.compare_digest(session_id.encode(), order.payment_session_id.encode())):
-        abort(404)
+        raise OrderNotFound()
     if view is None:
         flash("We could not confirm your payment with the provider yet; this page will update once it does.",
               "warning")
