@@ -29,7 +29,7 @@ RUN = uuid.uuid4().hex[:8]
 BACKGROUND_SQL = """
 INSERT INTO orders (reference, access_token, browser_id, email, status, total, currency, inventory_restored,
                     payment_session_id, payment_attempts, version, created_at, updated_at)
-SELECT 'BN-' || g, 'tok', 'browser-' || (g % 5000), 'bench@example.com', s.status, 1400, 'usd', s.status = 'Cancelled',
+SELECT 'BN-' || g, 'tok', 'browser-' || (g % 5000), 'customer-' || (g % 200000) || '@example.com', s.status, 1400, 'usd', s.status = 'Cancelled',
        CASE WHEN s.status IN ('Paid', 'PaymentInitiated', 'PaymentFailed') THEN 'cs_bench_' || g END,
        1, 1, s.at, s.at
 FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS g

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, or_, select
+from flask import current_app
+from sqlalchemy import and_, func, or_, select, union_all
 
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc
 from ..domain.order import LIVE
@@ -14,6 +15,7 @@ from ..models import (OperatorAction, Order, OutboxDelivery, OutboxEvent, Paymen
 from ..ops.metrics import stuck_cutoff
 from ..orders.views import iso, order_json
 from ..web import work_ref
+from . import sweep_words
 from .audit import action_json
 from .format import human_money, human_time
 
@@ -39,12 +41,22 @@ def age_seconds(now: datetime, then: datetime | None) -> int | None:
     return max(0, int((now - as_utc(then)).total_seconds()))
 
 
-def paging(query, page: int, per_page: int = PER_PAGE):
-    """(rows, meta) for one page of a select; `page` counts from 1."""
-    total = db.session.execute(select(func.count()).select_from(query.order_by(None).subquery())).scalar_one()
+# A list counts its rows up to this many past the current page: exact below it, "10,000+" above. An exact
+# COUNT(*) of an unfiltered list reads every row (a second or more at a million orders) for a
+# number nobody pages through.
+COUNT_CAP = 10_000
+
+
+def paging(query, page: int, per_page: int = PER_PAGE, count_query=None):
+    """(rows, meta) for one page of a select; `page` counts from 1. `total` is exact unless
+    `total_capped`, when there are at least that many (and a next page whenever there is one).
+    `count_query` counts the rows when `query` only holds enough of them for this page."""
+    limit = page * per_page + COUNT_CAP
+    counted = db.session.execute(select(func.count()).select_from(
+        (count_query if count_query is not None else query).order_by(None).limit(limit + 1).subquery())).scalar_one()
     rows = db.session.execute(query.limit(per_page).offset((page - 1) * per_page)).all()
-    meta = {"page": page, "per_page": per_page, "total": total,
-            "next_page": page + 1 if page * per_page < total else None}
+    meta = {"page": page, "per_page": per_page, "total": min(counted, limit), "total_capped": counted > limit,
+            "next_page": page + 1 if page * per_page < counted else None}
     return rows, meta
 
 
@@ -152,13 +164,30 @@ def orders(now: datetime, *, stuck: bool, statuses: list[str], page: int, q: str
         query = query.where(or_(Order.reference == q.upper(), func.lower(Order.email) == q.lower(),
                                 Order.payment_session_id == q))
     if stuck:
-        query = query.where(Order.status.in_(LIVE_STATUSES), Order.updated_at < cutoff)
-        query = query.order_by(Order.updated_at, Order.id)
+        counted = query.where(Order.status.in_(LIVE_STATUSES), Order.updated_at < cutoff)
+        wanted = [s for s in LIVE_STATUSES if not statuses or s in statuses]
+        if wanted:
+            rows, meta = paging(_longest_waiting(query, wanted, cutoff, page * PER_PAGE), page, count_query=counted)
+        else:  # only final states asked for: none of them is ever stuck
+            rows, meta = paging(counted.order_by(Order.id), page)
     else:
-        query = query.order_by(Order.id.desc())
-    rows, meta = paging(query, page)
+        rows, meta = paging(query.order_by(Order.id.desc()), page)
     return {"orders": [order_row(o, now, cutoff) for (o,) in rows],
             "filters": {"stuck": stuck, "status": statuses, "q": q}, **meta}
+
+
+def _longest_waiting(query, statuses, cutoff: datetime, n: int):
+    """The first `n` stuck orders, longest waiting first, as one range scan of
+    ix_orders_status_updated_at per status merged (as the sweep selects): over an IN list
+    PostgreSQL fetched and sorted every stuck row, in parallel workers, for each page."""
+    parts = []
+    for status in statuses:
+        inner = (query.with_only_columns(Order.id, Order.updated_at)
+                 .where(Order.status == status, Order.updated_at < cutoff)
+                 .order_by(Order.updated_at, Order.id).limit(n).subquery())
+        parts.append(select(inner.c.id, inner.c.updated_at))
+    first = union_all(*parts).subquery() if len(parts) > 1 else parts[0].subquery()
+    return select(Order).join(first, first.c.id == Order.id).order_by(first.c.updated_at, first.c.id)
 
 
 def audit(*, page: int, operator: str = "", order: Order | None = None) -> dict:
@@ -233,7 +262,7 @@ def order_timeline(order: Order, now: datetime) -> dict:
                                .order_by(ScheduledCommand.id)).scalars().all()
     warnings = session.execute(select(RestoreWarning).where(RestoreWarning.order_id == order.id)
                                .order_by(RestoreWarning.id)).scalars().all()
-    refunds = session.execute(select(Refund).where(Refund.order_id == order.id).order_by(Refund.id)).scalars().all()
+    refunds = list(order.refunds)  # the relationship order_json reads too (ordered by id): one query for both
     refusals = session.execute(select(PaymentProofRefusal).where(PaymentProofRefusal.order_id == order.id)
                                .order_by(PaymentProofRefusal.id)).scalars().all()
     provider_refusals = session.execute(select(ProviderRefusal).where(ProviderRefusal.order_id == order.id)
@@ -399,17 +428,52 @@ def webhooks(*, outcome: str | None, page: int) -> dict:
     return {"outcome": outcome, "counts": counts, "webhooks": [receipt_json(r, ref) for r, ref in rows], **meta}
 
 
-def sweep_json(cycle: ReconciliationCycle, now: datetime) -> dict:
+def sweep_json(cycle: ReconciliationCycle, now: datetime, problems: list | None = None) -> dict:
+    """docs/REFERENCE.md, Console: the recorded cycle, plus its outcome in words ("ok" only when
+    nothing went wrong) and its errors as `problems` an operator can act on."""
     duration = None
     if cycle.finished_at is not None:
         duration = round((as_utc(cycle.finished_at) - as_utc(cycle.started_at)).total_seconds(), 3)
+    if problems is None:
+        problems = _sweep_problems([cycle], now).get(cycle.id, [])
+    code, words = sweep_words.outcome(cycle.status, len(cycle.errors or []))
     return {"id": cycle.id, "status": cycle.status, "started_at": iso(cycle.started_at),
             "finished_at": iso(cycle.finished_at), "duration_seconds": duration, "cutoff": iso(cycle.cutoff),
             "expiry_counts": cycle.expiry_counts or {}, "provider_counts": cycle.provider_counts or {},
-            "errors": cycle.errors or [], "holder": cycle.holder, "age_seconds": age_seconds(now, cycle.started_at)}
+            "errors": cycle.errors or [], "holder": cycle.holder, "age_seconds": age_seconds(now, cycle.started_at),
+            "outcome": code, "outcome_words": words, "problems": problems}
+
+
+# How many cycles past the page are read to tell for how long an error has repeated.
+REPEAT_LOOKBACK = 100
+
+
+def _sweep_problems(cycles: list, now: datetime) -> dict:
+    """The cycles' errors in words, with the orders they name read in one query."""
+    ids = {e.get("order_id") for c in cycles for e in (c.errors or []) if isinstance(e, dict)}
+    ids = [i for i in ids if isinstance(i, int)]
+    orders = {}
+    if ids:
+        orders = {o.id: o for o in db.session.execute(
+            select(Order.id, Order.reference, Order.status, Order.provider_next_check_at,
+                   Order.payment_processing_at).where(Order.id.in_(ids))).all()}
+    latest = db.session.execute(select(func.max(ReconciliationCycle.started_at))).scalar()
+    interval = current_app.config["RECONCILIATION_INTERVAL_SECONDS"]
+    return sweep_words.problems_by_cycle(cycles, orders, now, sweep_words.next_cycle(latest, interval))
 
 
 def sweeps(now: datetime, *, page: int) -> dict:
-    query = select(ReconciliationCycle).order_by(ReconciliationCycle.started_at.desc(), ReconciliationCycle.id.desc())
+    order = (ReconciliationCycle.started_at.desc(), ReconciliationCycle.id.desc())
+    query = select(ReconciliationCycle).order_by(*order)
     rows, meta = paging(query, page, per_page=50)
-    return {"cycles": [sweep_json(c, now) for (c,) in rows], **meta}
+    cycles = [c for (c,) in rows]
+    history = list(cycles)
+    if cycles:  # the cycles just past the page, only to count how long an error has repeated
+        last = cycles[-1]
+        history += db.session.execute(
+            select(ReconciliationCycle)
+            .where(or_(ReconciliationCycle.started_at < last.started_at,
+                       and_(ReconciliationCycle.started_at == last.started_at, ReconciliationCycle.id < last.id)))
+            .order_by(*order).limit(REPEAT_LOOKBACK)).scalars().all()
+    problems = _sweep_problems(history, now)
+    return {"cycles": [sweep_json(c, now, problems.get(c.id, [])) for c in cycles], **meta}

@@ -167,7 +167,8 @@ def sweeps():
 SWEEP_WORDS = {"lost_race": "lost races (someone else moved the order first)", "changed": "changed meanwhile",
                "open": "still open at the provider", "awaiting_async": "awaiting an async payment",
                "unavailable": "provider unreachable", "cancelled": "cancelled", "payment_failed": "payment failed",
-               "proof_refused": "payment proof refused", "refund_created": "refunds queued", "errors": "errors"}
+               "proof_refused": "payment proof refused", "refund_created": "refunds queued",
+               "errors": "not settled (see the problems)"}
 
 
 # -- actions ---------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from datetime import datetime, timedelta
 
 from flask import current_app
 from sqlalchemy import delete, insert, or_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm.exc import StaleDataError
 
 from .. import failpoints
@@ -190,7 +190,7 @@ class CycleResult:
         lines.append(expiry_line(self.expiry))
         lines.append(provider_line(self.provider))
         for error in self.errors:
-            where = f"order {error['order_id']} " if error.get("order_id") is not None else ""
+            where = f"order {error.get('reference') or error['order_id']} " if error.get("order_id") is not None else ""
             lines.append(f"error: {where}({error.get('pass', 'cycle')} pass): {error['error']}")
         return lines
 
@@ -480,6 +480,34 @@ class _LeaseKeeper:
         return True
 
 
+def error_kind(exc: BaseException) -> str:
+    """A stable code for what went wrong, so the console can say it in words and group repeats
+    without parsing exception text."""
+    if isinstance(exc, gateway.ProviderRefused):
+        return "provider_refused"
+    if isinstance(exc, gateway.ProviderUnavailable):
+        return "provider_unavailable"
+    if isinstance(exc, StaleDataError):
+        return "conflict"
+    if isinstance(exc, SQLAlchemyError):
+        return "database"
+    return "unexpected"
+
+
+def order_error(name: str, order_id: int, exc: BaseException) -> dict:
+    """One order's failure as recorded in ReconciliationCycle.errors: the pass, the order (its id
+    and, for the operator, its reference), a kind code and the exception's text. Reading the
+    reference is best effort: a failure of the database itself must not stop the cycle here."""
+    reference = None
+    try:
+        reference = db.session.execute(select(Order.reference).where(Order.id == order_id)).scalar()
+        db.session.rollback()
+    except Exception:
+        uow.rollback(db.session)
+    return {"pass": name, "order_id": order_id, "reference": reference, "kind": error_kind(exc),
+            "error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
 def _run_pass(name: str, ids: list[int], work, counts: dict, errors: list, keep_lease) -> None:
     unavailable_streak = 0
     for position, order_id in enumerate(ids):
@@ -498,7 +526,7 @@ def _run_pass(name: str, ids: list[int], work, counts: dict, errors: list, keep_
             uow.rollback(db.session)
             log.exception("sweep: %s pass failed on order %s; continuing with the next", name, order_id)
             counts["errors"] += 1
-            errors.append({"pass": name, "order_id": order_id, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            errors.append(order_error(name, order_id, exc))
             continue
         counts[outcome] = counts.get(outcome, 0) + 1
         unavailable_streak = unavailable_streak + 1 if outcome == "unavailable" else 0
@@ -560,12 +588,13 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
         uow.rollback(session)
         log.warning("sweep: %s", exc)
         result.status, result.reason = "failed", "lost the lease"
-        result.errors.append({"pass": "cycle", "order_id": None, "error": str(exc)})
+        result.errors.append({"pass": "cycle", "order_id": None, "kind": "lease_lost", "error": str(exc)})
     except Exception as exc:
         uow.rollback(session)
         log.exception("sweep: the cycle failed")
         result.status, result.reason = "failed", f"{type(exc).__name__}"
-        result.errors.append({"pass": "cycle", "order_id": None, "error": f"{type(exc).__name__}: {exc}"[:500]})
+        result.errors.append({"pass": "cycle", "order_id": None, "kind": error_kind(exc),
+                              "error": f"{type(exc).__name__}: {exc}"[:500]})
     finally:
         result.finished_at = clock()
         try:
