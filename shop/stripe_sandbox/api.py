@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -94,9 +95,12 @@ def _dump(body: Any) -> bytes:
 
 @bp.before_request
 def _gate():
-    """Faults first (an outage answers everything), then the API key."""
+    """Faults first (latency and hang hold the call, then an outage or the rate limit answer
+    it), then the API key. Nothing here holds `Sandbox.lock`."""
     g.request_id = new_id("req_", 14)
-    if _sandbox().faults.api_unavailable:
+    sandbox = _sandbox()
+    sandbox.api_gate.hold()
+    if sandbox.faults.api_unavailable:
         return error_response(
             StripeError(
                 503,
@@ -105,6 +109,10 @@ def _gate():
                 type="api_error",
             )
         )
+    limit = sandbox.faults.api_rate_limit_per_second
+    retry_after = sandbox.api_gate.admit(limit)
+    if retry_after is not None:
+        return _rate_limited(limit, retry_after)
     key = _api_key()
     if key is None:
         return error_response(
@@ -119,6 +127,26 @@ def _gate():
         return error_response(StripeError(401, f"Invalid API Key provided: {_redact(key)}"))
     g.api_key = key
     return None
+
+
+def _rate_limited(limit: int, retry_after: float) -> Response:
+    """Stripe's answer to too many requests: a 429 `rate_limit` error the SDK raises as
+    `RateLimitError`. `Stripe-Should-Retry: true` because nothing was done, so a retry is
+    always safe; `Retry-After` says when a slot frees (whole seconds, as HTTP requires)."""
+    error = StripeError(
+        429,
+        f"Too many requests hit the API too quickly: the Stripe sandbox is limiting this "
+        f"account to {limit} request{'s' if limit != 1 else ''} per second "
+        "(api_rate_limit_per_second). Back off and retry.",
+        code="rate_limit",
+        saved=False,
+        extra={"doc_url": "https://stripe.com/docs/error-codes/rate-limit"},
+    )
+    return json_response(
+        429,
+        _dump(error.body()),
+        {"Stripe-Should-Retry": "true", "Retry-After": str(max(1, math.ceil(retry_after)))},
+    )
 
 
 def _api_key() -> str | None:

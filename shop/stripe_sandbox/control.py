@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from typing import Any
 
-from flask import Blueprint, Response, current_app, request
+from flask import Blueprint, Response, current_app, g, request
 
 from .objects import render_delivery, render_event, render_session
-from .state import ASYNC_RESULTS, OUTCOMES, ControlError, Sandbox
+from .state import ASYNC_RESULTS, OUTCOMES, ControlError, Faults, Sandbox
+from .traffic import MAX_API_HOLD_SECONDS
 
 bp = Blueprint("stripe_sandbox_control", __name__, url_prefix="/_sandbox")
 
@@ -25,6 +25,10 @@ FAULT_TYPES = {
     "reorder_webhooks": "bool",
     "webhook_delay_seconds": "seconds",
     "api_unavailable": "bool",
+    "api_latency_seconds": "api_seconds",
+    "api_latency_jitter_seconds": "api_seconds",
+    "api_hang": "bool",
+    "api_rate_limit_per_second": "rate",
 }
 
 
@@ -32,16 +36,30 @@ FAULT_TYPES = {
 # a year of clock in one step, a day of webhook delay (Stripe retries for about three).
 MAX_CLOCK_ADVANCE_SECONDS = 366 * 24 * 3600
 MAX_DELAY_SECONDS = 24 * 3600
+# No /v1 call is held longer than this in any case (traffic.py), so a larger latency would lie.
+MAX_API_LATENCY_SECONDS = int(MAX_API_HOLD_SECONDS)
+# Far above any real provider's limit; beyond it the limit could never be reached on loopback.
+MAX_RATE_LIMIT_PER_SECOND = 100_000
 
-REQUEST_COUNTS = "stripe_sandbox_requests"
+_LOG_ENTRY = "stripe_sandbox_log_entry"
 
 
-def count_api_request() -> None:
-    """before_request hook: count every /v1 call by method and path, so a test can assert how
-    many provider calls a client made (GET /_sandbox/requests)."""
+def log_api_request() -> None:
+    """before_request hook: log every /v1 call on arrival (before any fault holds or refuses
+    it), so a test can count and time the provider calls a client made (GET /_sandbox/requests)."""
     if request.path.startswith("/v1"):
-        with _sandbox().lock:
-            current_app.extensions[REQUEST_COUNTS][(request.method, request.path)] += 1
+        entry = _sandbox().request_log.record(
+            request.method, request.path, request.headers.get("Idempotency-Key")
+        )
+        setattr(g, _LOG_ENTRY, entry)
+
+
+def log_api_answer(response: Response) -> Response:
+    """after_request hook: the status each logged /v1 call was answered with."""
+    entry = g.get(_LOG_ENTRY)
+    if entry is not None:
+        _sandbox().request_log.finish(entry, response.status_code)
+    return response
 
 
 def _sandbox() -> Sandbox:
@@ -120,21 +138,31 @@ def set_faults() -> Response:
 
 def _fault_value(key: str, value: Any) -> Any:
     kind = FAULT_TYPES[key]
+    if value is None:  # null switches a fault off, like 0 or false
+        return getattr(Faults(), key)
     if kind == "bool":
         if not isinstance(value, bool):
             raise ControlError(400, f"{key} must be true or false; got {value!r}")
         return value
-    if kind == "count":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ControlError(400, f"{key} must be a whole number >= 0; got {value!r}")
+    if kind in ("count", "rate"):
+        top = MAX_RATE_LIMIT_PER_SECOND if kind == "rate" else None
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < 0
+            or (top is not None and value > top)
+        ):
+            bounds = f"from 0 to {top}" if top is not None else ">= 0"
+            raise ControlError(400, f"{key} must be a whole number {bounds}; got {value!r}")
         return value
+    top = MAX_API_LATENCY_SECONDS if kind == "api_seconds" else MAX_DELAY_SECONDS
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
         or not math.isfinite(value)
-        or not 0 <= value <= MAX_DELAY_SECONDS
+        or not 0 <= value <= top
     ):
-        raise ControlError(400, f"{key} must be a number of seconds from 0 to {MAX_DELAY_SECONDS}; got {value!r}")
+        raise ControlError(400, f"{key} must be a number of seconds from 0 to {top}; got {value!r}")
     return float(value)
 
 
@@ -164,21 +192,24 @@ def read_clock() -> Response:
 @bp.post("/reset")
 def reset() -> Response:
     _body()
-    sandbox = _sandbox()
-    sandbox.reset()
-    with sandbox.lock:
-        current_app.extensions[REQUEST_COUNTS].clear()
+    _sandbox().reset()
     return _json({"reset": True})
 
 
 @bp.get("/requests")
 def list_requests() -> Response:
-    """How many times each /v1 method + path was called since the last reset."""
-    sandbox = _sandbox()
-    with sandbox.lock:
-        counts: Counter = current_app.extensions[REQUEST_COUNTS]
-        data = [{"method": m, "path": p, "count": n} for (m, p), n in sorted(counts.items())]
-    return _json({"object": "list", "data": data})
+    """The /v1 calls since the last reset: `data` counts every method + path exactly, `calls`
+    lists the most recent ones (oldest first) with arrival time, Idempotency-Key and status.
+    `?since=<epoch seconds>` keeps only the calls that arrived at or after that time."""
+    since = request.args.get("since")
+    try:
+        since_value = None if since is None else float(since)
+    except ValueError:
+        since_value = math.nan
+    if since_value is not None and not math.isfinite(since_value):
+        raise ControlError(400, f"since must be a time in epoch seconds; got {since!r}")
+    log = _sandbox().request_log
+    return _json({"object": "list", "data": log.counts(), "calls": log.calls(since_value)})
 
 
 @bp.get("/events")

@@ -41,13 +41,24 @@ Faults (`POST /_sandbox/faults`) and how they compose
     receiver sees e.g. `expired` then `completed`. Retries of a release then run on their own.
   * `webhook_delay_seconds: x` - each delivery's first attempt waits x seconds.
   * `api_unavailable: true` - every /v1 call answers 503 with a Stripe `api_error`.
+  * `api_latency_seconds: x`, `api_latency_jitter_seconds: y` - every /v1 call waits x plus a
+    uniform 0..y seconds before anything else happens to it.
+  * `api_hang: true` - /v1 calls are read and then not answered until the fault is switched
+    off (or the sandbox is reset or closed); they then proceed normally.
+  * `api_rate_limit_per_second: N` - beyond N /v1 calls admitted within the last second, a
+    call answers 429 `rate_limit` with `Stripe-Should-Retry: true` and `Retry-After`.
+  These three act on /v1 only, never on the hosted page or /_sandbox, and compose in that
+  order: a call first waits out its latency and any hang (together never more than 120 s),
+  then `api_unavailable` or the rate limit may refuse it. 0, false or null switch a fault off.
+
+Request log (`GET /_sandbox/requests`): exact counts per /v1 method and path, and the last
+10,000 /v1 calls with their arrival time (epoch float), Idempotency-Key and answered status.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
@@ -72,8 +83,8 @@ def create_sandbox_app(min_session_seconds: int = 1800, *, start_threads: bool =
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = 1_000_000
     app.extensions["stripe_sandbox"] = Sandbox(min_session_seconds, start_threads=start_threads)
-    app.extensions[control.REQUEST_COUNTS] = Counter()
-    app.before_request(control.count_api_request)
+    app.before_request(control.log_api_request)
+    app.after_request(control.log_api_answer)
     app.register_blueprint(api.bp)
     app.register_blueprint(control.bp)
     app.register_blueprint(hosted.bp)

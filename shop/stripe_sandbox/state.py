@@ -29,6 +29,7 @@ from .objects import (
     new_id,
     render_session,
 )
+from .traffic import ApiGate, RequestLog
 from .webhooks import WebhookDispatcher
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,10 @@ class Faults:
     reorder_webhooks: bool = False
     webhook_delay_seconds: float = 0.0
     api_unavailable: bool = False
+    api_latency_seconds: float = 0.0
+    api_latency_jitter_seconds: float = 0.0
+    api_hang: bool = False
+    api_rate_limit_per_second: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -114,6 +119,9 @@ class Sandbox:
         self.min_session_seconds = int(min_session_seconds)
         self.lock = threading.RLock()
         self.dispatcher = WebhookDispatcher(self)
+        # Own locks, not `self.lock`: see traffic.py for why.
+        self.api_gate = ApiGate(lambda: self.faults)
+        self.request_log = RequestLog()
         self._seq = 0
         self._clear()
         self._stop = threading.Event()
@@ -146,12 +154,14 @@ class Sandbox:
 
     def close(self) -> None:
         self._stop.set()
+        self.api_gate.close()
         self.dispatcher.stop()
         if self._ticker is not None and self._ticker is not threading.current_thread():
             self._ticker.join(timeout=2)
 
     def reset(self) -> None:
-        """Forget everything: objects, events, idempotency keys, faults, the clock offset.
+        """Forget everything: objects, events, idempotency keys, faults, the clock offset,
+        the request log. /v1 calls held by latency or a hang are released.
 
         Deliveries already queued or in flight belong to the old generation and are dropped.
         """
@@ -163,6 +173,8 @@ class Sandbox:
                         delivery.abandoned_reason = "sandbox reset"
             self.dispatcher.clear()
             self._clear()
+            self.request_log.clear()
+        self.api_gate.clear()
 
     def _tick_loop(self) -> None:
         while not self._stop.wait(TICK_SECONDS):
@@ -588,6 +600,7 @@ class Sandbox:
             setattr(self.faults, key, value)
         if was_reordering and not self.faults.reorder_webhooks:
             self._release_held()
+        self.api_gate.wake()
         return self.faults
 
     def _release_held(self) -> None:

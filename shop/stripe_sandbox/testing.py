@@ -81,8 +81,50 @@ class SandboxHandle:
 
     def faults(self, **changes: Any) -> dict:
         """Set any of drop_webhooks, duplicate_webhooks, reorder_webhooks,
-        webhook_delay_seconds, api_unavailable; returns all current faults."""
+        webhook_delay_seconds, api_unavailable, api_latency_seconds,
+        api_latency_jitter_seconds, api_hang, api_rate_limit_per_second (0, False or None
+        switches one off); returns all current faults. With no arguments, just reads them."""
+        if not changes:
+            return self.request("GET", "/_sandbox/faults")
         return self.request("POST", "/_sandbox/faults", changes)
+
+    @contextlib.contextmanager
+    def api_hanging(self) -> Iterator[None]:
+        """`api_hang` on for the block, and off again however the block ends, so no call
+        the block started stays held for the sandbox's 120 s maximum."""
+        self.faults(api_hang=True)
+        try:
+            yield
+        finally:
+            self.faults(api_hang=False)
+
+    # -- request log -----------------------------------------------------------------
+
+    def requests(self, *, since: float | None = None, method: str | None = None,
+                 path_prefix: str = "/v1") -> list[dict]:
+        """The /v1 calls the sandbox received (the last 10,000), oldest first: dicts with
+        `method`, `path`, `at` (epoch seconds on arrival), `idempotency_key` and `status`
+        (None while the call is still held by a fault)."""
+        calls = self.get("/_sandbox/requests", {"since": repr(since)} if since is not None else None)["calls"]
+        return [c for c in calls
+                if c["path"].startswith(path_prefix) and (method is None or c["method"] == method)]
+
+    def request_count(self, *, method: str | None = None, path_prefix: str = "/v1") -> int:
+        """How many /v1 calls matching `method` and `path_prefix` arrived since the last reset
+        (exact, however many there were)."""
+        rows = self.get("/_sandbox/requests")["data"]
+        return sum(r["count"] for r in rows
+                   if r["path"].startswith(path_prefix) and (method is None or r["method"] == method))
+
+    def request_times(self, *, since: float | None = None, method: str | None = None,
+                      path_prefix: str = "/v1") -> list[float]:
+        """Arrival times (epoch seconds, ascending) of the matching calls."""
+        return sorted(c["at"] for c in self.requests(since=since, method=method, path_prefix=path_prefix))
+
+    def peak_requests_per_second(self, *, since: float | None = None, method: str | None = None,
+                                 path_prefix: str = "/v1", window: float = 1.0) -> int:
+        """The most matching calls that arrived within any `window` seconds."""
+        return peak_in_window(self.request_times(since=since, method=method, path_prefix=path_prefix), window)
 
     def advance_clock(self, seconds: float) -> dict:
         return self.request("POST", "/_sandbox/clock", {"advance_seconds": seconds})
@@ -136,6 +178,17 @@ def wait_until(check: Callable[[], Any], *, timeout: float = 5.0, interval: floa
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def peak_in_window(times: list[float], window: float = 1.0) -> int:
+    """The largest number of `times` (ascending) that fall within any half-open span of
+    `window` seconds."""
+    peak, start = 0, 0
+    for end, at in enumerate(times):
+        while at - times[start] >= window:
+            start += 1
+        peak = max(peak, end - start + 1)
+    return peak
 
 
 @contextlib.contextmanager

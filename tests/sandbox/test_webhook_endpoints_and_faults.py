@@ -199,6 +199,10 @@ def test_reset_forgets_objects_faults_and_the_clock(client, sandbox, endpoint):
         "reorder_webhooks": False,
         "webhook_delay_seconds": 0.0,
         "api_unavailable": False,
+        "api_latency_seconds": 0.0,
+        "api_latency_jitter_seconds": 0.0,
+        "api_hang": False,
+        "api_rate_limit_per_second": 0,
     }
     assert abs(sandbox.get("/_sandbox/clock")["now"] - time.time()) < 5
 

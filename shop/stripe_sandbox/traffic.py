@@ -1,0 +1,127 @@
+"""The /v1 traffic faults that act on time (latency, hang, rate limit) and the request log.
+
+Both live outside `Sandbox.lock` on purpose: a call held back by latency or a hang must not
+stop the hosted page, the control routes or other /v1 calls from being served, and counting a
+request must not wait behind whatever /v1 call currently holds the state lock.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter, deque
+from typing import Any, Callable
+
+# However the faults are set, no /v1 call is held longer than this: a test that forgets to
+# switch `api_hang` off (or crashes first) leaves no server thread waiting forever.
+MAX_API_HOLD_SECONDS = 120.0
+RATE_WINDOW_SECONDS = 1.0
+# The log keeps the most recent calls only; the per-route counts stay exact.
+REQUEST_LOG_SIZE = 10_000
+
+
+class ApiGate:
+    """Holds /v1 calls back (latency, hang) and admits them under a sliding 1-s rate limit.
+
+    `faults` is read afresh each time a held call wakes, so switching a fault off, changing the
+    latency, a reset (which replaces the faults) or closing the sandbox releases waiting calls
+    at once; `wake()` must be called after any such change.
+    """
+
+    def __init__(self, faults: Callable[[], Any]):
+        self._faults = faults
+        self._changed = threading.Condition(threading.Lock())
+        self._closed = False
+        self._window_lock = threading.Lock()
+        self._admitted: deque[float] = deque()  # monotonic times of admitted calls, last 1 s
+
+    def wake(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        self._closed = True
+        self.wake()
+
+    def clear(self) -> None:
+        with self._window_lock:
+            self._admitted.clear()
+        self.wake()
+
+    def hold(self) -> None:
+        """Wait out this call's latency (measured from its arrival) and any hang, capped."""
+        arrived = time.monotonic()
+        jitter_share = random.random()  # drawn once, so a changed jitter setting scales it
+        latest = arrived + MAX_API_HOLD_SECONDS
+        with self._changed:
+            while not self._closed:
+                faults = self._faults()
+                if faults.api_hang:
+                    until = latest
+                else:
+                    delay = faults.api_latency_seconds + jitter_share * faults.api_latency_jitter_seconds
+                    until = min(latest, arrived + delay)
+                remaining = until - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._changed.wait(remaining)
+
+    def admit(self, limit: int) -> float | None:
+        """Count a call against the window: None if it may proceed, else the seconds until it
+        would have been admitted (for Retry-After).
+
+        Only admitted calls occupy the window, so at most `limit` calls are served in any one
+        second however hard a client hammers; a refused call costs nothing. The window is kept
+        while the limit is off, so switching it on mid-traffic counts the last second honestly.
+        """
+        with self._window_lock:
+            now = time.monotonic()
+            while self._admitted and self._admitted[0] <= now - RATE_WINDOW_SECONDS:
+                self._admitted.popleft()
+            if not limit or len(self._admitted) < limit:
+                self._admitted.append(now)
+                return None
+            # A slot frees when enough of the oldest admissions leave the window.
+            return self._admitted[len(self._admitted) - limit] + RATE_WINDOW_SECONDS - now
+
+
+class RequestLog:
+    """Every /v1 call since the last reset: exact counts per method and path, and the most
+    recent calls with their arrival time, Idempotency-Key and final status."""
+
+    def __init__(self, size: int = REQUEST_LOG_SIZE):
+        self._lock = threading.Lock()
+        self._size = size
+        self.clear()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._calls: deque[dict] = deque(maxlen=self._size)
+            self._counts: Counter = Counter()
+
+    def record(self, method: str, path: str, idempotency_key: str | None) -> dict:
+        entry = {
+            "method": method,
+            "path": path,
+            "at": time.time(),
+            "idempotency_key": idempotency_key,
+            "status": None,  # set when the answer is sent; None while the call is held
+        }
+        with self._lock:
+            self._calls.append(entry)
+            self._counts[(method, path)] += 1
+        return entry
+
+    def finish(self, entry: dict, status: int) -> None:
+        with self._lock:
+            entry["status"] = status
+
+    def counts(self) -> list[dict]:
+        with self._lock:
+            return [{"method": m, "path": p, "count": n} for (m, p), n in sorted(self._counts.items())]
+
+    def calls(self, since: float | None = None) -> list[dict]:
+        """Oldest first; `since` keeps only calls that arrived at or after that epoch time."""
+        with self._lock:
+            return [dict(e) for e in self._calls if since is None or e["at"] >= since]
