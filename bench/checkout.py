@@ -3,8 +3,8 @@
     /tmp/venv/bin/python bench/checkout.py [--clients 16] [--orders 800] [--workers 4]
 
 It creates and migrates a throwaway PostgreSQL database, seeds three variants with plenty of
-stock, starts the Stripe sandbox (`flask shop stripe-sandbox`) and `gunicorn app:app` on free
-ports (with BACKSTOP_BENCH_ENDPOINTS=1), then measures, each with N concurrent clients:
+stock, starts the Stripe sandbox (`flask shop stripe-sandbox`) and gunicorn serving the bench's own app
+(bench/benchapp.py: the shop plus its bench-only routes) on free ports, then measures, each with N concurrent clients:
 
   bare      POST /_bench/bare-order: only the SQL of an order (prices, order, 3 lines, 3 decrements)
   checkout  POST /checkout of a prepared 3-item cart: the whole path (CSRF, session, cart, order,
@@ -44,6 +44,7 @@ from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+BENCH_APP = ["--pythonpath", str(ROOT / "bench"), "benchapp:create_bench_app()"]
 CSRF = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')
 
 
@@ -249,7 +250,7 @@ def main() -> None:
         variant_ids = seed(database_url, stock)
         sandbox_port, web_port = free_port(), free_port()
         env = {**os.environ, "DATABASE_URL": database_url, "SECRET_KEY": secrets.token_urlsafe(24),
-               "REDIS_URL": args.redis, "BACKSTOP_QUEUE_PREFIX": prefix, "BACKSTOP_BENCH_ENDPOINTS": "1",
+               "REDIS_URL": args.redis, "BACKSTOP_QUEUE_PREFIX": prefix,
                "STRIPE_API_BASE": f"http://127.0.0.1:{sandbox_port}", "STRIPE_SESSION_MIN_SECONDS": "60",
                "PUBLIC_BASE_URL": f"http://127.0.0.1:{web_port}", "STRIPE_WEBHOOK_SECRET": "whsec_bench",
                "BACKSTOP_INSTANCE_PATH": f"/tmp/backstop-bench-{run_id}"}
@@ -258,14 +259,14 @@ def main() -> None:
         procs.append(subprocess.Popen([str(BIN / "flask"), "--app", "app", "shop", "stripe-sandbox", "--port",
                                        str(sandbox_port), "--min-session-seconds", "60"],
                                       cwd=ROOT, env=env, stdout=quiet, stderr=quiet, start_new_session=True))
-        procs.append(subprocess.Popen([str(BIN / "gunicorn"), "app:app", "-b", f"127.0.0.1:{web_port}",
+        procs.append(subprocess.Popen([str(BIN / "gunicorn"), *BENCH_APP, "-b", f"127.0.0.1:{web_port}",
                                        "-w", str(args.workers), "--log-level", "warning"],
                                       cwd=ROOT, env=env, stdout=quiet, stderr=quiet, start_new_session=True))
         down_port, offline_port = free_port(), free_port()
         env_down = {**env, "STRIPE_API_BASE": f"http://127.0.0.1:{down_port}"}
         procs.append(subprocess.Popen([sys.executable, "-c", PROVIDER_DOWN, str(down_port)],
                                       stdout=quiet, stderr=quiet, start_new_session=True))
-        procs.append(subprocess.Popen([str(BIN / "gunicorn"), "app:app", "-b", f"127.0.0.1:{offline_port}",
+        procs.append(subprocess.Popen([str(BIN / "gunicorn"), *BENCH_APP, "-b", f"127.0.0.1:{offline_port}",
                                        "-w", str(args.workers), "--log-level", "warning"],
                                       cwd=ROOT, env=env_down, stdout=quiet, stderr=quiet, start_new_session=True))
         wait_http(sandbox_port, "/_sandbox/events", procs[0])
@@ -394,7 +395,7 @@ def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False, bare
     import urllib3.connection
     from sqlalchemy import event
 
-    from shop import create_app
+    from benchapp import create_bench_app
     from shop.extensions import db
 
     import logging
@@ -402,7 +403,7 @@ def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False, bare
     saved = dict(os.environ)
     os.environ.update(env)
     try:
-        app = create_app({"WTF_CSRF_ENABLED": True})
+        app = create_bench_app({"WTF_CSRF_ENABLED": True})
     finally:
         os.environ.clear()
         os.environ.update(saved)

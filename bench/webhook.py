@@ -8,7 +8,7 @@ What it does
      orders with real payment sessions: each order is placed, its Checkout Session created
      through the gateway (real SDK) at an in-process Stripe sandbox, and paid there; the
      sandbox's `checkout.session.completed` event bodies are kept byte for byte.
-  2. Serves the app with gunicorn (sync workers, BACKSTOP_BENCH_ENDPOINTS=1) and, per round,
+  2. Serves the bench's own app (bench/benchapp.py) with gunicorn (sync workers) and, per round,
      posts with N concurrent clients, each request Stripe-signed:
        bare : POST /_bench/bare-webhook  - verify the signature, insert one row, commit
        real : POST /webhooks/stripe      - the product path: verify, dedup by event id, load the
@@ -127,7 +127,8 @@ def free_port() -> int:
 def start_gunicorn(env: dict, workers: int, port: int, log_path: str) -> subprocess.Popen:
     gunicorn = os.path.join(os.path.dirname(sys.executable), "gunicorn")
     log = open(log_path, "w")
-    proc = subprocess.Popen([gunicorn, "app:app", "--workers", str(workers), "--bind", f"127.0.0.1:{port}",
+    proc = subprocess.Popen([gunicorn, "--pythonpath", os.path.join(ROOT, "bench"), "benchapp:create_bench_app()",
+                             "--workers", str(workers), "--bind", f"127.0.0.1:{port}",
                              "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=log,
                             start_new_session=True)
     deadline = time.monotonic() + 30
@@ -252,7 +253,7 @@ def main() -> int:
     database_url, drop_database = create_database(args.database_url)
     prefix = f"bench-webhook-{uuid.uuid4().hex[:6]}"
     env = dict(os.environ, DATABASE_URL=database_url, SECRET_KEY="bench", STRIPE_WEBHOOK_SECRET=SECRET,
-               REDIS_URL=args.redis_url, BACKSTOP_QUEUE_PREFIX=prefix, BACKSTOP_BENCH_ENDPOINTS="1",
+               REDIS_URL=args.redis_url, BACKSTOP_QUEUE_PREFIX=prefix,
                PUBLIC_BASE_URL="http://127.0.0.1:5000", STRIPE_SESSION_MIN_SECONDS="1800")
     env.pop("STRIPE_SECRET_KEY", None)
     os.environ.update({k: env[k] for k in ("DATABASE_URL", "SECRET_KEY", "REDIS_URL", "BACKSTOP_QUEUE_PREFIX",

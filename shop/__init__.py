@@ -6,33 +6,52 @@ import os
 
 from flask import Flask
 
-from .settings import Settings, SettingsError, load_settings
+from .settings import Settings, SettingsError, instance_path, load_settings
 
 __all__ = ["create_app", "SettingsError"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def create_app(test_config: dict | None = None, env: dict | None = None) -> Flask:
     """Build the app. Settings are read and validated here, never at import time."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    app = Flask(
-        __name__,
-        template_folder=os.path.join(root, "templates"),
-        static_folder=os.path.join(root, "static"),
-        instance_path=os.environ.get("BACKSTOP_INSTANCE_PATH") or os.path.join(root, "instance"),
-    )
+    env = os.environ if env is None else env
+    app = Flask(__name__, template_folder=os.path.join(ROOT, "templates"),
+                static_folder=os.path.join(ROOT, "static"), instance_path=instance_path(env, ROOT))
     os.makedirs(app.instance_path, exist_ok=True)
+    settings = _settings(env, app.instance_path, test_config)
+    app.config.update(settings.as_config(), SETTINGS=settings, **_flask_config(settings))
+    if test_config:
+        app.config.update(test_config)
+    _configure_logging()
 
+    from . import errors, web
+    from .extensions import db
+
+    _init_database(app)
+    _init_auth(app)
+    errors.init_app(app)
+    errors.init_teardown(app, db)
+    web.init_app(app)
+    from .payments import guard
+
+    guard.init_app(app)
+    _register_areas(app)
+    return app
+
+
+def _settings(env, instance: str, test_config: dict | None) -> Settings:
     if test_config and test_config.get("SECRET_KEY"):
         # A key given by the caller (tests, bench scripts) counts as the environment's.
-        env = {**(os.environ if env is None else env), "SECRET_KEY": test_config["SECRET_KEY"]}
-    settings = load_settings(env, app.instance_path)
-    if test_config:
-        overrides = {k.lower(): v for k, v in test_config.items() if k.lower() in Settings.__dataclass_fields__}
-        if overrides:
-            settings = Settings(**{**settings.__dict__, **overrides})
-    app.config.update(settings.as_config())
-    app.config.update(
-        SETTINGS=settings,
+        env = {**env, "SECRET_KEY": test_config["SECRET_KEY"]}
+    settings = load_settings(env, instance)
+    overrides = {k.lower(): v for k, v in (test_config or {}).items() if k.lower() in Settings.__dataclass_fields__}
+    return Settings(**{**settings.__dict__, **overrides}) if overrides else settings
+
+
+def _flask_config(settings: Settings) -> dict:
+    https = settings.public_base_url.startswith("https://")
+    return dict(
         SQLALCHEMY_DATABASE_URI=settings.database_url,
         SQLALCHEMY_ENGINE_OPTIONS=_engine_options(settings.database_url, settings.web_threads),
         MAX_CONTENT_LENGTH=1_000_000,
@@ -40,13 +59,15 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
         # Behind https, cookies (the browser's orders and the operator's login) never travel in clear.
-        SESSION_COOKIE_SECURE=settings.public_base_url.startswith("https://"),
-        REMEMBER_COOKIE_SECURE=settings.public_base_url.startswith("https://"),
+        SESSION_COOKIE_SECURE=https,
+        REMEMBER_COOKIE_SECURE=https,
         # Internal tunables, not part of the public contract.
-        # Env overrides let a test or bench start a real worker process on its own queues.
-        OUTBOX_LEASE_SECONDS=int(os.environ.get("BACKSTOP_OUTBOX_LEASE_SECONDS", "60")),
         OUTBOX_RETRY_BASE_SECONDS=2.0,
         OUTBOX_RETRY_CAP_SECONDS=300.0,
+        # Work waiting for an unavailable provider retries for as long as it takes, at most this
+        # far apart (domain.deadlines.retry_decision).
+        OUTBOX_PROVIDER_RETRY_BASE_SECONDS=2.0,
+        OUTBOX_PROVIDER_RETRY_CAP_SECONDS=300.0,
         RELAY_INTERVAL_SECONDS=5,
         RELAY_GRACE_SECONDS=10,
         RELAY_BATCH_SIZE=500,
@@ -60,69 +81,45 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
         STRIPE_REQUEST_BUDGET_SECONDS=9.0,
         STRIPE_CUSTOMER_WAIT_SECONDS=0.2,     # for a bulkhead slot or a budget token, then "Pay now"
         STRIPE_BACKGROUND_WAIT_SECONDS=2.0,   # then the background work is retried later
-        STRIPE_BREAKER_THRESHOLD=int(os.environ.get("BACKSTOP_STRIPE_BREAKER_THRESHOLD", "5")),
-        STRIPE_BREAKER_COOLDOWN_SECONDS=float(os.environ.get("BACKSTOP_STRIPE_BREAKER_COOLDOWN_SECONDS", "30")),
         STRIPE_BREAKER_PROBE_SECONDS=15.0,    # a half-open probe not heard from by then is replaced
-        QUEUE_PREFIX=os.environ.get("BACKSTOP_QUEUE_PREFIX", "backstop"),
     )
-    if test_config:
-        app.config.update(test_config)
 
+
+def _configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     logging.getLogger("stripe").setLevel(logging.WARNING)  # one INFO line per API request otherwise
 
-    from .extensions import csrf, db, login_manager, migrate
+
+def _init_database(app) -> None:
+    from . import models  # noqa: F401  (register tables)
+    from .extensions import db, migrate
 
     db.init_app(app)
-    migrate.init_app(app, db, directory=os.path.join(root, "migrations"), render_as_batch=True)
+    migrate.init_app(app, db, directory=os.path.join(ROOT, "migrations"), render_as_batch=True)
+    _configure_sqlite(app)
+    _configure_idle_ping(app)
+
+
+def _init_auth(app) -> None:
+    from .extensions import csrf, login_manager
+
     csrf.init_app(app)
     login_manager.init_app(app)
     _configure_login(app)
 
-    from . import models  # noqa: F401  (register tables)
-    from . import errors
 
-    errors.init_app(app)
-    from .payments import guard
-
-    guard.init_app(app)
-    errors.init_teardown(app, db)
-    _configure_sqlite(app)
-    _configure_idle_ping(app)
-    from .web import IdConverter, LimitChunkedBodies, WorkConverter, refuse_nul_text
-
-    app.url_map.converters.update(id=IdConverter, work=WorkConverter)
-    from .orders.views import status_words
-
-    app.jinja_env.filters["status_words"] = status_words
-    app.before_request(refuse_nul_text)
-    app.wsgi_app = LimitChunkedBodies(app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",))
-    from .storefront import bp as storefront_bp
+def _register_areas(app) -> None:
+    from . import console, webhooks
+    from .cli import shop_cli
     from .ops import bp as ops_bp
+    from .storefront import bp as storefront_bp
 
     app.register_blueprint(storefront_bp)
     app.register_blueprint(ops_bp)
-    if os.environ.get("BACKSTOP_BENCH_ENDPOINTS") == "1":  # bench/checkout.py only, never in production
-        from . import benchsupport
-
-        benchsupport.init_app(app)
-    for name in ("webhooks", "console"):
-        try:
-            module = __import__(f"shop.{name}", fromlist=["bp", "init_app"])
-        except ModuleNotFoundError as exc:  # pragma: no cover - areas land one issue at a time
-            if exc.name != f"shop.{name}":
-                raise
-            continue
-        if hasattr(module, "init_app"):
-            module.init_app(app)
-        else:
-            app.register_blueprint(module.bp)
-
-    from .cli import shop_cli
-
+    webhooks.init_app(app)
+    console.init_app(app)
     app.cli.add_command(shop_cli)
-    return app
 
 
 def _engine_options(url: str, web_threads: int) -> dict:

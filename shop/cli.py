@@ -104,11 +104,13 @@ def sweep_command():
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=12111, show_default=True, type=int)
 @click.option("--min-session-seconds", default=1800, show_default=True, type=click.IntRange(0, 86400))
-def stripe_sandbox_command(host, port, min_session_seconds):
+@click.option("--state-file", type=click.Path(dir_okay=False),
+              help="Keep sessions, events and endpoints in this file across restarts.")
+def stripe_sandbox_command(host, port, min_session_seconds, state_file):
     """Run the Stripe-compatible sandbox (docs/REFERENCE.md, Sandbox)."""
     from .stripe_sandbox.server import run
 
-    run(host=host, port=port, min_session_seconds=min_session_seconds)
+    run(host=host, port=port, min_session_seconds=min_session_seconds, state_file=state_file)
 
 
 @shop_cli.command("stripe-register-webhook")

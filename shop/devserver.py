@@ -1,8 +1,10 @@
 """`flask shop up`: the whole shop on one machine, in the foreground, from one command.
 
-It prepares what the processes share (database schema, demo catalog, an operator, a SECRET_KEY
-for this run, Redis, the Stripe sandbox and its webhook secret) and then supervises web, worker
-and scheduler. Every child runs in its own session, so a Ctrl-C in the terminal reaches only
+It prepares what the processes share (database schema, demo catalog, an operator, the demo's
+SECRET_KEY, Redis, the Stripe sandbox and its webhook secret) and then supervises web, worker
+and scheduler. What a demo user made survives a restart: the key (so the browser's cookie still
+names its orders), the operator's password and the sandbox's sessions live under the instance
+folder. Every child runs in its own session, so a Ctrl-C in the terminal reaches only
 this supervisor, which then stops the children in order (web, worker and scheduler first;
 the sandbox and Redis they talk to last) instead of letting them all die at once mid-request.
 On Linux each child is also asked to receive SIGTERM if the supervisor itself dies (SIGKILL,
@@ -33,6 +35,9 @@ from .settings import DEFAULT_WEB_CONCURRENCY, DEFAULT_WEB_THREADS
 LOCAL = "127.0.0.1"
 SANDBOX_PORT = 12111
 OPERATOR_EMAIL = "operator@example.com"
+SECRET_KEY_FILE = "secret_key"
+SANDBOX_STATE_FILE = "stripe-sandbox.json"
+SANDBOX_PORT_FILE = "stripe-sandbox.port"
 START_TIMEOUT = 30.0      # seconds a child may take to answer before `up` gives up
 APP_STOP_GRACE = 6.0      # web/worker/scheduler, after SIGTERM
 SERVICE_STOP_GRACE = 3.0  # sandbox and Redis, after SIGTERM
@@ -325,16 +330,56 @@ class Plan:
     port: int
     env: dict
     root: str
-    password: str
+    password: str | None = None   # set only when this run created the operator
     start_redis_on: int | None = None
     start_sandbox_on: int | None = None
     sandbox_url: str | None = None
+    session_min_seconds: int = 1800
     notes: list = field(default_factory=list)
     cleanup: list = field(default_factory=list)   # directories to remove when `up` ends
 
     @property
     def base_url(self) -> str:
         return f"http://{LOCAL}:{self.port}"
+
+
+def demo_secret_key(instance: str) -> str:
+    """The demo's SECRET_KEY: made once, kept in the instance folder and reused, so a restart
+    keeps the browser's session (its cart and "Your orders") and every signed link valid.
+    Readable by its owner only: whoever reads it can sign a session cookie."""
+    path = os.path.join(instance, SECRET_KEY_FILE)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        try:
+            with open(path, encoding="utf-8") as f:
+                key = f.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UpError(f"could not read the demo's secret key from {path} ({exc}); "
+                          "fix its permissions, or delete it to make a new one") from None
+        if not key:
+            raise UpError(f"{path} is empty; delete it to make a new secret key (earlier sessions end)")
+        return key
+    key = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(key + "\n")
+    return key
+
+
+def sandbox_port(instance: str) -> int:
+    """12111, or when that is taken the port the sandbox had last time: its sessions' payment
+    links name their port, so a restart on another one would break the links the demo user has."""
+    path = os.path.join(instance, SANDBOX_PORT_FILE)
+    try:
+        with open(path, encoding="ascii") as f:
+            last = int(f.read().strip())
+    except (OSError, ValueError):
+        last = None
+    port = next((p for p in (SANDBOX_PORT, last) if p and 0 < p < 65536 and port_is_free(p)), None) or free_port()
+    if port != SANDBOX_PORT:
+        with open(path, "w", encoding="ascii") as f:
+            f.write(f"{port}\n")
+    return port
 
 
 def make_plan(port: int, environ: dict) -> Plan:
@@ -344,23 +389,23 @@ def make_plan(port: int, environ: dict) -> Plan:
     if not port_is_free(port):
         raise UpError(f"port {port} is already in use on {LOCAL} (another `flask shop up`?); "
                       f"choose another with --port, e.g. `flask shop up --port {_nearby_free_port(port)}`")
-    from .settings import load_settings
+    from .settings import instance_path, load_settings
 
     env = dict(environ)
     root = repo_root()
-    instance = env.get("BACKSTOP_INSTANCE_PATH") or os.path.join(root, "instance")
-    env["BACKSTOP_INSTANCE_PATH"] = os.path.abspath(instance)
+    env["BACKSTOP_INSTANCE_PATH"] = os.path.abspath(instance_path(env, root))
+    os.makedirs(env["BACKSTOP_INSTANCE_PATH"], exist_ok=True)
     env["FLASK_APP"] = "app"
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("SCHEDULER_POLL_SECONDS", "1")
     if not (env.get("SECRET_KEY") or "").strip():
-        env["SECRET_KEY"] = secrets.token_urlsafe(32)  # one per run, shared by every web process
+        env["SECRET_KEY"] = demo_secret_key(env["BACKSTOP_INSTANCE_PATH"])
     if not (env.get("PUBLIC_BASE_URL") or "").strip():
         env["PUBLIC_BASE_URL"] = f"http://{LOCAL}:{port}"
 
     settings = load_settings(env, env["BACKSTOP_INSTANCE_PATH"], argv=["flask", "shop", "up"])
     env["DATABASE_URL"] = absolute_database_url(settings.database_url)
-    plan = Plan(port=port, env=env, root=root, password=secrets.token_urlsafe(9))
+    plan = Plan(port=port, env=env, root=root, session_min_seconds=settings.stripe_session_min_seconds)
 
     env["REDIS_URL"] = settings.redis_url
     if not redis_answers(settings.redis_url):
@@ -381,7 +426,7 @@ def make_plan(port: int, environ: dict) -> Plan:
         if settings.stripe_api_base:
             plan.sandbox_url = settings.stripe_api_base
         else:
-            plan.start_sandbox_on = SANDBOX_PORT if port_is_free(SANDBOX_PORT) else free_port()
+            plan.start_sandbox_on = sandbox_port(env["BACKSTOP_INSTANCE_PATH"])
             plan.sandbox_url = f"http://{LOCAL}:{plan.start_sandbox_on}"
             env["STRIPE_API_BASE"] = plan.sandbox_url
     return plan
@@ -393,7 +438,7 @@ def prepare_database(plan: Plan, app, console: Console) -> None:
     from flask_migrate import upgrade
 
     from .extensions import db
-    from .seed import seed_catalog, upsert_operator
+    from .seed import create_operator_if_missing, seed_catalog
 
     dots = _ellipsis()
     with app.app_context():
@@ -409,9 +454,14 @@ def prepare_database(plan: Plan, app, console: Console) -> None:
             console.line(f"    added {created['products']} products and {created['variants']} variants")
         else:
             console.line("    already there")
-        was_new = upsert_operator(OPERATOR_EMAIL, plan.password)
-        console.step(f"Operator {OPERATOR_EMAIL} {'created' if was_new else 'password reset for this run'}: "
-                     f"log in at {plan.base_url}/console/login with password {plan.password}")
+        password = secrets.token_urlsafe(9)
+        if create_operator_if_missing(OPERATOR_EMAIL, password):
+            plan.password = password
+            console.step(f"Operator {OPERATOR_EMAIL} created: log in at {plan.base_url}/console/login "
+                         f"with password {password} (kept across restarts)")
+        else:
+            console.step(f"Operator {OPERATOR_EMAIL} exists; its password is the one printed when it was "
+                         f"created (reset it with `flask shop create-operator {OPERATOR_EMAIL}`)")
         db.session.remove()
         db.engine.dispose()
 
@@ -432,7 +482,11 @@ def start_sandbox(plan: Plan, sup: Supervisor, console: Console) -> Child:
     port = plan.start_sandbox_on
     note = "" if port == SANDBOX_PORT else f" ({SANDBOX_PORT} is taken)"
     console.step(f"Starting the Stripe sandbox on port {port}{note}{_ellipsis()}")
-    return sup.start("sandbox", [sys.executable, "-m", "shop.stripe_sandbox", "--host", LOCAL, "--port", str(port)],
+    # The shop's own session minimum goes to its sandbox: a shop that asks for shorter
+    # sessions than its provider accepts has every checkout refused.
+    state_file = os.path.join(plan.env["BACKSTOP_INSTANCE_PATH"], SANDBOX_STATE_FILE)
+    return sup.start("sandbox", [sys.executable, "-m", "shop.stripe_sandbox", "--host", LOCAL, "--port", str(port),
+                                 "--min-session-seconds", str(plan.session_min_seconds), "--state-file", state_file],
                      plan.env, plan.root, role="service")
 
 
@@ -498,7 +552,8 @@ def banner(plan: Plan, console: Console) -> None:
     rows = [
         ("Storefront", f"{plan.base_url}/"),
         ("Console", f"{plan.base_url}/console/"),
-        ("  login", f"{OPERATOR_EMAIL} / {plan.password}"),
+        ("  login", f"{OPERATOR_EMAIL} / {plan.password}" if plan.password else
+         f"{OPERATOR_EMAIL} (password as first printed; reset: flask shop create-operator {OPERATOR_EMAIL})"),
         ("Stripe", stripe_line),
         ("Redis", f"{plan.env['REDIS_URL']}  ({redis_note})"),
         ("Database", shown_url(plan.env["DATABASE_URL"])),

@@ -55,3 +55,15 @@ def upsert_operator(email: str, password: str) -> bool:
     op.password_hash = generate_password_hash(password)
     db.session.commit()
     return created
+
+
+def create_operator_if_missing(email: str, password: str) -> bool:
+    """Create the operator unless one exists; an existing password is never touched (a demo's
+    restart keeps the login its user wrote down). Returns True when created."""
+    email = email.strip().lower()
+    if db.session.execute(select(Operator.id).where(Operator.email == email)).first() is not None:
+        db.session.rollback()
+        return False
+    db.session.add(Operator(email=email, password_hash=generate_password_hash(password)))
+    db.session.commit()
+    return True

@@ -46,10 +46,15 @@ class Settings:
     outbox_max_attempts: int
     scheduler_poll_seconds: int
     smtp_url: str | None
+    # Process environment (docs/REFERENCE.md, Settings): for running shops or test runs side by side.
+    queue_prefix: str
+    outbox_lease_seconds: int
     web_concurrency: int = 2
     web_threads: int = 32
     stripe_max_concurrent_calls: int = 16
     stripe_rate_limit_per_second: int = 80
+    stripe_breaker_threshold: int = 5
+    stripe_breaker_cooldown_seconds: int = 30
 
     @property
     def uses_sandbox(self) -> bool:
@@ -107,6 +112,12 @@ def _may_run_without_secret_key(argv=None) -> bool:
     return flask_cli and "run" not in argv[1:]
 
 
+def instance_path(env, root: str) -> str:
+    """The instance folder (default SQLite file, mail, the demo's key): BACKSTOP_INSTANCE_PATH or
+    `instance/` next to app.py. Read before the other settings, whose defaults live in it."""
+    return (env.get("BACKSTOP_INSTANCE_PATH") or "").strip() or os.path.join(root, "instance")
+
+
 def load_settings(env=None, instance_path: str = "instance", argv=None) -> Settings:
     env = os.environ if env is None else env
     default_db = "sqlite:///" + os.path.join(os.path.abspath(instance_path), "backstop.sqlite3")
@@ -148,6 +159,8 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         stripe_max_concurrent_calls=max_calls,
         # Stripe allows 100/s in live mode: stay below it with room for the dashboard and other tools.
         stripe_rate_limit_per_second=_int(env, "STRIPE_RATE_LIMIT_PER_SECOND", 80, 2, 10_000),
+        stripe_breaker_threshold=_int(env, "BACKSTOP_STRIPE_BREAKER_THRESHOLD", 5, 1, 1_000_000),
+        stripe_breaker_cooldown_seconds=_int(env, "BACKSTOP_STRIPE_BREAKER_COOLDOWN_SECONDS", 30, 1, 3600),
         database_url=database_url,
         redis_url=_url(env, "REDIS_URL", "redis://127.0.0.1:6379/0", ["redis://", "rediss://", "unix://"]),
         secret_key=secret_key,
@@ -166,4 +179,6 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         outbox_max_attempts=_int(env, "OUTBOX_MAX_ATTEMPTS", 5, 1, 100),
         scheduler_poll_seconds=_int(env, "SCHEDULER_POLL_SECONDS", 1, 1, 3600),
         smtp_url=(env.get("SMTP_URL") or "").strip() or None,
+        queue_prefix=(env.get("BACKSTOP_QUEUE_PREFIX") or "").strip() or "backstop",
+        outbox_lease_seconds=_int(env, "BACKSTOP_OUTBOX_LEASE_SECONDS", 60, 1, 3600),
     )

@@ -166,3 +166,17 @@ def answer_if_later_fails(answer) -> None:
 def answer_after_commit():
     """The answer a route registered with `answer_if_later_fails`, or None."""
     return g.pop("answer_after_commit", None)
+
+
+def init_app(app) -> None:
+    """What every request meets before a view: the URL converters, the refusal of NUL bytes in
+    text, the cap on chunked bodies (the webhook reads its own, capped, raw body) and the
+    template filters."""
+    from .money import format_money
+    from .orders.views import status_words
+
+    app.url_map.converters.update(id=IdConverter, work=WorkConverter)
+    app.jinja_env.filters["status_words"] = status_words
+    app.jinja_env.filters["money"] = format_money
+    app.before_request(refuse_nul_text)
+    app.wsgi_app = LimitChunkedBodies(app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",))

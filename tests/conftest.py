@@ -18,38 +18,55 @@ from shop.extensions import db
 RUN_ID = uuid.uuid4().hex[:8]
 
 
+LOCKS_URL = os.environ.get("TEST_REDIS_LOCKS_URL", "redis://127.0.0.1:6379/15")
+
+
 def _claim_redis_db() -> str:
     """A Redis database of its own for this pytest run: tests flush it (Redis losing everything
     is a case we test), so two runs on one machine must never share one. Databases 1-9 are
     claimed with lock keys kept in database 15 (which no test flushes) that expire if a run
-    dies; TEST_REDIS_URL overrides the choice."""
+    dies; TEST_REDIS_URL overrides the choice. Claimed on first use, not at import: the pure
+    domain's tests (tests/domain) run with no Redis and no database at all."""
     if os.environ.get("TEST_REDIS_URL"):
         return os.environ["TEST_REDIS_URL"]
     from redis import Redis
 
-    locks = Redis.from_url("redis://127.0.0.1:6379/15")
+    locks = Redis.from_url(LOCKS_URL)
     try:
         for index in range(1, 10):
             if locks.set(f"backstop-test-run-lock:{index}", RUN_ID, nx=True, ex=3 * 3600):
-                return f"redis://127.0.0.1:6379/{index}"
+                return LOCKS_URL.rsplit("/", 1)[0] + f"/{index}"
     finally:
         locks.close()
     raise RuntimeError("every Redis test database 1-9 is claimed by another test run")
 
 
-REDIS_URL = _claim_redis_db()
+_claimed: list[str] = []
+
+
+def redis_url() -> str:
+    if not _claimed:
+        _claimed.append(_claim_redis_db())
+    return _claimed[0]
+
+
+def __getattr__(name: str):
+    # `from conftest import REDIS_URL` keeps working, and claims the database only then.
+    if name == "REDIS_URL":
+        return redis_url()
+    raise AttributeError(name)
 
 
 def pytest_unconfigure(config):
     from redis import Redis
 
-    if os.environ.get("TEST_REDIS_URL"):
+    if os.environ.get("TEST_REDIS_URL") or not _claimed:
         return
-    index = REDIS_URL.rsplit("/", 1)[-1]
-    locks = Redis.from_url("redis://127.0.0.1:6379/15")
+    index = _claimed[0].rsplit("/", 1)[-1]
+    locks = Redis.from_url(LOCKS_URL)
     try:
         if locks.get(f"backstop-test-run-lock:{index}") == RUN_ID.encode():
-            Redis.from_url(REDIS_URL).flushdb()
+            Redis.from_url(_claimed[0]).flushdb()
             locks.delete(f"backstop-test-run-lock:{index}")
     finally:
         locks.close()
@@ -93,11 +110,13 @@ def base_config(database_url: str, **overrides) -> dict:
         "TESTING": True,
         "SECRET_KEY": "test-secret",
         "DATABASE_URL": database_url,
-        "REDIS_URL": REDIS_URL,
+        "REDIS_URL": redis_url(),
         "QUEUE_PREFIX": f"bt-{RUN_ID}",
         "PUBLIC_BASE_URL": "http://127.0.0.1:5000",
         "OUTBOX_RETRY_BASE_SECONDS": 0.05,
         "OUTBOX_RETRY_CAP_SECONDS": 0.2,
+        "OUTBOX_PROVIDER_RETRY_BASE_SECONDS": 0.05,
+        "OUTBOX_PROVIDER_RETRY_CAP_SECONDS": 0.2,
         "STRIPE_MAX_NETWORK_RETRIES": 0,
         "STRIPE_TIMEOUT_SECONDS": 5,
     }
@@ -132,7 +151,7 @@ def _truncate(app):
 def redis_conn():
     from redis import Redis
 
-    conn = Redis.from_url(REDIS_URL)
+    conn = Redis.from_url(redis_url())
     yield conn
     conn.close()
 

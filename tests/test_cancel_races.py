@@ -79,7 +79,8 @@ def test_a_cancel_whose_own_expiry_notice_lands_first_still_cancels_the_order(ma
         assert _on_hand(app, variant) == stock
         with app.app_context():
             assert db.session.query(Order).filter_by(reference=ref).one().inventory_restored
-            assert not db.session.query(ScheduledCommand).filter_by(kind="send_email").all()
+            emails = db.session.query(ScheduledCommand).filter_by(kind="send_email").all()
+            assert [c.payload["template"] for c in emails] == ["order_cancelled"]  # never "payment failed"
             db.session.remove()
 
 
@@ -113,12 +114,14 @@ def test_a_cancel_survives_its_expiry_being_applied_as_a_failed_payment_by_anoth
     _settle(paying_app)
     assert _on_hand(paying_app, variant) == stock
     with paying_app.app_context():
-        emails = db.session.query(ScheduledCommand).filter_by(kind="send_email").all()
+        emails = db.session.query(ScheduledCommand).filter_by(kind="send_email").order_by(ScheduledCommand.id).all()
         # The failed-payment email was queued by the follow-up but not sent: the order had moved on.
-        assert [(c.payload["template"], c.status) for c in emails] == [("payment_failed", "done")]
+        assert [(c.payload["template"], c.status) for c in emails] == [("payment_failed", "done"),
+                                                                        ("order_cancelled", "done")]
         db.session.remove()
     mail = os.path.join(paying_app.instance_path, "mail")
-    assert not [f for f in (os.listdir(mail) if os.path.isdir(mail) else []) if f.startswith(f"order-{oid}-")]
+    assert not [f for f in (os.listdir(mail) if os.path.isdir(mail) else [])
+                if f.startswith(f"order-{oid}-payment_failed")]
 
 
 def test_a_stale_cancel_is_still_refused_without_touching_the_provider(paying_app, sandbox):

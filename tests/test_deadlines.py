@@ -87,8 +87,7 @@ def _scheduled_at(command_id: int) -> datetime | None:
 
 
 def _restore(order_id: int, now: datetime) -> None:
-    [delivery] = _deliveries(order_id, "OrderCancelled")
-    assert delivery.handler == "restore_inventory"
+    [delivery] = [d for d in _deliveries(order_id, "OrderCancelled") if d.handler == "restore_inventory"]
     assert run_delivery(delivery.id, now=now) == "done"
 
 

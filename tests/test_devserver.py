@@ -80,7 +80,7 @@ def up_database():
 class Up:
     """`flask --app app shop up` in its own process group, its output collected line by line."""
 
-    def __init__(self, tmp_path, database_url, *extra_args, port=None):
+    def __init__(self, tmp_path, database_url, *extra_args, port=None, env_extra=None):
         self.port = port or free_port()
         self.redis_port = free_port()  # nothing listens there, so `up` must start redis-server
         self.marker = f"up-test-{uuid.uuid4().hex}"
@@ -91,6 +91,7 @@ class Up:
                    BACKSTOP_UP_TEST_MARKER=self.marker, PYTHONUNBUFFERED="1")
         if database_url:
             env["DATABASE_URL"] = database_url
+        env.update(env_extra or {})
         self.database_url = database_url or f"sqlite:///{self.instance}/backstop.sqlite3"
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
@@ -121,11 +122,19 @@ class Up:
 
     def wait_until_up(self) -> dict:
         self.wait_for_line(r"^Backstop is up\.")
+        password = re.search(r"^\s+login\s+operator@example\.com / (\S+)$", self.output, re.M)
         return {
             "storefront": self.wait_for_line(r"^\s+Storefront\s+(\S+)").group(1).rstrip("/"),
             "sandbox": self.wait_for_line(r"^\s+Stripe\s+(http://\S+)").group(1).rstrip("/"),
-            "password": self.wait_for_line(r"^\s+login\s+operator@example\.com / (\S+)").group(1),
+            "password": password.group(1) if password else None,
         }
+
+    def interrupt(self):
+        """Ctrl-C, as a terminal sends it to the foreground group, and wait for `up` to finish."""
+        os.killpg(self.proc.pid, signal.SIGINT)
+        self.proc.wait(timeout=15)
+        self._reader.join(timeout=5)
+        assert self.proc.returncode == 0, self.output
 
     def stop(self):
         try:
@@ -177,6 +186,69 @@ def _assert_all_children_gone(up: Up, timeout: float = 10.0):
     assert processes_carrying(up.marker) == [], up.output
     for port in (up.port, up.redis_port):
         assert not answers(port), f"something still answers on port {port}"
+
+
+def _log_in(browser, base, password) -> bool:
+    token = CSRF.search(browser.get(base + "/console/login", headers={"Accept": "text/html"}).text).group(1)
+    r = browser.post(base + "/console/login", allow_redirects=False, data={
+        "csrf_token": token, "email": "operator@example.com", "password": password})
+    return r.status_code in (302, 303) and "/console/login" not in r.headers["Location"]
+
+
+def _check_out(browser, base) -> requests.Response:
+    """Put one item in the cart and check out; the response is the checkout's own (303)."""
+    catalog = browser.get(base + "/", headers={"Accept": "application/json"}).json()
+    variant = next(v for p in catalog["products"] for v in p["variants"] if v["available"] > 0)
+    token = CSRF.search(browser.get(base + "/", headers={"Accept": "text/html"}).text).group(1)
+    r = browser.post(base + "/cart/items", allow_redirects=False,
+                     data={"csrf_token": token, "variant_id": variant["id"], "quantity": 1})
+    assert r.status_code == 303
+    return browser.post(base + "/checkout", allow_redirects=False, data={"csrf_token": token, "email": "ann@example.com"})
+
+
+def test_a_restarted_up_keeps_the_browsers_orders_the_payment_link_and_the_operator_password(run_up):
+    first = run_up()
+    urls = first.wait_until_up()
+    base, sandbox, password = urls["storefront"], urls["sandbox"], urls["password"]
+    assert password, first.output
+    key_file = first.instance / "secret_key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    key = key_file.read_text()
+
+    browser = requests.Session()
+    r = _check_out(browser, base)
+    assert r.status_code == 303 and r.headers["Location"].startswith(sandbox + "/pay/"), r.text
+    pay_url = r.headers["Location"]
+    orders = browser.get(base + "/orders", headers={"Accept": "application/json"}).json()["orders"]
+    assert len(orders) == 1
+    first.interrupt()
+
+    second = run_up(port=first.port)
+    urls = second.wait_until_up()
+    assert urls["storefront"] == base and urls["sandbox"] == sandbox
+    assert urls["password"] is None, "a restart must not print (or set) a new password"
+    assert "flask shop create-operator operator@example.com" in second.output
+    assert key_file.read_text() == key and key_file.stat().st_mode & 0o777 == 0o600
+
+    # The same browser (same cookie) still finds its order, and the order page opens.
+    again = browser.get(base + "/orders", headers={"Accept": "application/json"}).json()["orders"]
+    assert [o["reference"] for o in again] == [orders[0]["reference"]]
+    assert browser.get(f"{base}/orders/{orders[0]['reference']}", headers={"Accept": "text/html"}).status_code == 200
+    # The sandbox remembers the session: its payment page still opens.
+    page = requests.get(pay_url)
+    assert page.status_code == 200 and "not found" not in page.text.lower(), page.text[:500]
+    assert _log_in(requests.Session(), base, password)
+    second.interrupt()
+
+
+def test_up_hands_its_session_minimum_to_the_sandbox_so_a_short_minimum_is_not_refused(run_up):
+    up = run_up(env_extra={"STRIPE_SESSION_MIN_SECONDS": "90", "UNPAID_ORDER_EXPIRY_SECONDS": "120",
+                           "RECONCILIATION_STUCK_AGE_SECONDS": "120"})
+    urls = up.wait_until_up()
+    r = _check_out(requests.Session(), urls["storefront"])
+    assert r.status_code == 303, r.text
+    assert r.headers["Location"].startswith(urls["sandbox"] + "/pay/"), (r.headers["Location"], up.output)
+    assert "min session 90s" in up.output
 
 
 def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):

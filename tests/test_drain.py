@@ -4,6 +4,8 @@ run one twice, take a row whose lease holds, outlive its lease, or leave committ
 a drain to run it (a lost wake-up)."""
 from __future__ import annotations
 
+import pytest
+
 import threading
 import time
 from datetime import timedelta
@@ -21,6 +23,13 @@ from shop.outbox.relay import relay_once
 from shop.outbox.subscriptions import SUBSCRIPTIONS
 import shop.saga
 
+
+
+@pytest.fixture(autouse=True)
+def _only_the_restore_listens_to_cancellations(monkeypatch):
+    """These tests use cancelled orders' restores as the sample work; the customer's cancellation
+    email (a second handler of OrderCancelled) would double every count without adding a case."""
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory"])
 
 def _cancelled_orders(n: int, variant: int) -> list[int]:
     orders = [place({variant: 1}) for _ in range(n)]

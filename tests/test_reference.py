@@ -94,9 +94,7 @@ def reference() -> str:
 
 
 @pytest.fixture
-def shop_app(monkeypatch, tmp_path):
-    # Bench routes are registered only with this variable; they are documented too.
-    monkeypatch.setenv("BACKSTOP_BENCH_ENDPOINTS", "1")
+def shop_app(tmp_path):
     return create_app({"SECRET_KEY": "reference-test",
                        "DATABASE_URL": f"sqlite:///{tmp_path}/reference.sqlite3"})
 

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, seed, wait_until
+from payment_helpers import JSON, Shopper, live_shop, order_id, post_webhook, sandbox_event, seed, wait_until
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, Refund, ScheduledCommand, WebhookReceipt
@@ -55,18 +55,19 @@ def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_
 
         assert sorted(r.outcome for r in _rows(app, WebhookReceipt)) == ["accepted", "duplicate"]
         # The cancel could not read the session, so the order was watched for late money; the
-        # webhook's refund ends the watch (the sweep will not ask about it again).
+        # watch goes on until the refund has gone through, not merely been recorded.
         [cancelled] = _rows(app, Order, id=oid)
-        assert cancelled.payment_processing_at is None
+        assert cancelled.payment_processing_at is not None
         [refund] = _rows(app, Refund, order_id=oid)
         assert (refund.session_id, refund.amount, refund.status) == (sid, order["total"], "pending")
         [command] = [c for c in _rows(app, ScheduledCommand, order_id=oid) if c.kind == "refund_payment"]
         assert command.payload == {"refund_id": refund.id}
 
-        # The refund command meets a provider outage first, then goes through.
+        # The refund command meets a provider outage first (it waits, its attempt given back),
+        # then goes through.
         sandbox.faults(api_unavailable=True)
         with app.app_context():
-            assert run_command(command.id) == "retry"
+            assert run_command(command.id) == "waiting"
         assert _rows(app, Refund, order_id=oid)[0].status == "pending"
         sandbox.faults(api_unavailable=False)
         with app.app_context():
@@ -74,6 +75,7 @@ def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_
             assert run_command(command.id, now=utcnow() + timedelta(seconds=10)) == "skipped"
         [done] = _rows(app, Refund, order_id=oid)
         assert done.status == "succeeded" and done.provider_refund_id
+        assert _rows(app, Order, id=oid)[0].payment_processing_at is None  # refunded: the watch ends
         emails = [c.payload.get("template") for c in _rows(app, ScheduledCommand, order_id=oid)
                   if c.kind == "send_email"]
         assert emails == ["refund_issued"]
@@ -185,3 +187,117 @@ def test_a_settling_payment_that_fails_after_a_cancel_ends_the_watch_without_a_r
         assert db.session.get(Order, oid).payment_processing_at is None
         db.session.remove()
     assert _rows(paying_app, Refund, order_id=oid) == []
+
+
+def _refund_command(app, oid: int) -> ScheduledCommand:
+    [command] = [c for c in _rows(app, ScheduledCommand, order_id=oid) if c.kind == "refund_payment"]
+    return command
+
+
+def test_a_late_money_refund_rides_out_a_provider_outage_longer_than_the_old_backoff_and_goes_through_once(
+        make_app, sandbox):
+    """Issue 10, defect 2. Money settles after a cancel, its webhook is lost, and the provider is
+    down for longer than the whole old retry budget (5 attempts in ~23 s). The refund must not be
+    dead-lettered: it waits for the provider, says so in the console, keeps the order watched, and
+    goes through exactly once when the provider is back."""
+    from conftest import log_in
+
+    from shop.scheduling.sweep import run_cycle
+
+    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+                   STRIPE_WEBHOOK_SECRET="whsec_test_secret", OUTBOX_MAX_ATTEMPTS=5,
+                   OUTBOX_PROVIDER_RETRY_BASE_SECONDS=1.0, OUTBOX_PROVIDER_RETRY_CAP_SECONDS=30.0)
+    shopper = Shopper(app, seed(app))
+    order, ref, sid = _cancel_while_settling(shopper, sandbox)
+    oid = order_id(app, ref)
+    sandbox.async_result(sid, "succeeded")  # no endpoint is registered: the webhook is lost
+    with app.app_context():
+        assert run_cycle().provider["late_refund"] == 1
+        db.session.remove()
+    command = _refund_command(app, oid)
+
+    sandbox.faults(api_unavailable=True)
+    start = utcnow()
+    # Twelve tries over six minutes of (injected) outage, each as soon as the last one's wait is over.
+    outcomes, waits = [], []
+    for i in range(12):
+        now = start + timedelta(seconds=31 * i)
+        with app.app_context():
+            outcomes.append(run_command(command.id, now=now))
+        row = _refund_command(app, oid)
+        waits.append((row.next_attempt_at - now).total_seconds())
+    assert outcomes == ["waiting"] * 12
+    row = _refund_command(app, oid)
+    assert (row.status, row.attempts, row.provider_waits) == ("pending", 0, 12)  # no attempt spent
+    assert waits[0] < 1.0 and 15.0 <= waits[-1] < 30.0  # backing off, jittered, up to the cap
+
+    client = app.test_client()
+    log_in(app, client)
+    listed = client.get("/console/outbox?status=waiting", headers=JSON).get_json()["deliveries"]
+    assert [(d["id"], d["status"], d["waiting_for_provider"]) for d in listed] == \
+        [(f"cmd-{command.id}", "pending", True)]
+    assert listed[0]["last_error"].startswith("waiting for the provider: ProviderUnavailable")
+    assert client.get("/console/outbox?status=dead", headers=JSON).get_json()["deliveries"] == []
+    assert "waiting for the provider" in client.get("/console/outbox").get_data(as_text=True)
+    assert "shop_outbox_waiting_for_provider 1.0" in client.get("/metrics").get_data(as_text=True)
+    page = client.get(f"/console/orders/{ref}", headers=JSON).get_json()
+    assert [(r["status"], r["waiting_for_provider"]) for r in page["refunds"]] == [("pending", True)]
+    assert page["order"]["watched_for_late_money"] is True
+    assert "waiting for the provider" in client.get(f"/console/orders/{ref}").get_data(as_text=True)
+
+    # The sweep's watch does not end on a refund that has not gone through (and asks nothing of
+    # the provider to know it).
+    with app.app_context():
+        cycle = run_cycle(now=utcnow() + timedelta(hours=1))
+        assert cycle.provider["refund_under_way"] == 1, cycle.summary()
+        db.session.remove()
+    assert _rows(app, Order, id=oid)[0].payment_processing_at is not None
+
+    sandbox.faults(api_unavailable=False)
+    with app.app_context():
+        assert run_command(command.id, now=start + timedelta(minutes=10)) == "done"
+    [refund] = _rows(app, Refund, order_id=oid)
+    assert refund.status == "succeeded"
+    assert [(r["amount"], r["status"]) for r in _provider_refunds(app, refund.payment_intent_id)] == \
+        [(order["total"], "succeeded")]
+    assert shopper.order(ref)["refunds"] == [{"id": refund.id, "amount": order["total"], "status": "succeeded"}]
+    assert _rows(app, Order, id=oid)[0].payment_processing_at is None  # refunded: the watch ends
+
+
+def test_the_watch_runs_a_dead_late_money_refund_again_but_leaves_a_refused_one_to_an_operator(paying_app, sandbox):
+    """A refund dead-lettered by something retrying can fix (here as the old code left it after
+    an outage) must not keep the money: the sweep's watch runs it again. One the provider refused
+    stays a visible dead letter, and the order stays watched."""
+    from shop.scheduling.sweep import run_cycle
+
+    shopper = Shopper(paying_app, seed(paying_app))
+    order, ref, sid = _cancel_while_settling(shopper, sandbox)
+    oid = order_id(paying_app, ref)
+    sandbox.async_result(sid, "succeeded")
+    with paying_app.app_context():
+        assert run_cycle().provider["late_refund"] == 1
+        command_id = _refund_command(paying_app, oid).id
+
+        def bury(kind):
+            db.session.execute(update(ScheduledCommand).where(ScheduledCommand.id == command_id).values(
+                status="dead", attempts=5, failure_kind=kind, last_error="ProviderUnavailable: create refund: 503"))
+            db.session.commit()
+
+        bury("refused")
+        refused = run_cycle(now=utcnow() + timedelta(hours=1))
+        assert refused.provider["refund_refused"] == 1, refused.summary()
+        assert db.session.get(ScheduledCommand, command_id).status == "dead"
+        assert db.session.get(Order, oid).payment_processing_at is not None
+        db.session.rollback()
+
+        bury(None)
+        revived = run_cycle(now=utcnow() + timedelta(hours=3))
+        assert revived.provider["refund_retried"] == 1, revived.summary()
+        row = db.session.get(ScheduledCommand, command_id)
+        assert (row.status, row.attempts) == ("pending", 0)
+        db.session.remove()
+        assert run_command(command_id, now=utcnow() + timedelta(hours=3, minutes=1)) == "done"
+    [refund] = _rows(paying_app, Refund, order_id=oid)
+    assert refund.status == "succeeded"
+    assert len(_provider_refunds(paying_app, refund.payment_intent_id)) == 1
+    assert _rows(paying_app, Order, id=oid)[0].payment_processing_at is None

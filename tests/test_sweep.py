@@ -557,3 +557,59 @@ def test_orders_whose_provider_answer_cannot_change_soon_do_not_starve_the_batch
         assert "the sweep leaves this order alone until" in page
         assert client.get(f"/console/orders/{younger_ref}", headers={"Accept": "application/json"}
                           ).get_json()["order"]["provider_next_check_at"] is None
+
+
+def test_an_async_payment_settling_with_its_webhook_lost_is_found_within_the_first_backoff_steps(build_app, sandbox):
+    """Issue 10, defect 3. The sweep found the order awaiting its async payment; the bank then
+    settled and that one webhook was dropped. The next check comes one sweep interval later (not
+    an hour), and the console says when in words."""
+    import re
+
+    app = build_app()
+    interval = app.config["RECONCILIATION_INTERVAL_SECONDS"]
+    with app.app_context():
+        order_id, sid = awaiting_provider()
+        sandbox.faults(drop_webhooks=10)
+        sandbox.set_outcome(sid, "async_pending")
+        # The payment window closed a minute ago.
+        backdate(order_id, utcnow() - timedelta(seconds=app.config["RECONCILIATION_STUCK_AGE_SECONDS"] + 60))
+        assert run_cycle().provider["awaiting_async"] == 1
+        reference = db.session.get(Order, order_id).reference
+        db.session.rollback()
+
+        client = app.test_client()
+        log_in(app, client)
+        shown = client.get(f"/console/orders/{reference}", headers={"Accept": "application/json"}).get_json()
+        next_check = datetime.fromisoformat(shown["order"]["provider_next_check_at"])
+        assert utcnow() < next_check <= utcnow() + timedelta(seconds=interval)
+        page = client.get(f"/console/orders/{reference}").get_data(as_text=True)
+        assert re.search(r"the sweep leaves this order alone until [-0-9: ]+UTC \(in [45] min\)", page), page
+
+        sandbox.async_result(sid, "succeeded")  # dropped: only the sweep can notice
+        # A cycle that comes before the check is due leaves the order alone...
+        assert run_cycle().provider["paid"] == 0
+        # ...and the next cycle, one interval later, asks and applies the payment.
+        later_cycle = run_cycle(now=utcnow() + timedelta(seconds=interval + 5))
+        assert later_cycle.provider["paid"] == 1, later_cycle.summary()
+        assert order_state(order_id) == "Paid"
+
+
+def test_a_payment_that_keeps_settling_is_asked_about_less_and_less_often_up_to_the_cap(build_app, sandbox):
+    """Checks spread out with the time the order has been stuck, never beyond the cap: a payment
+    that settles in days costs a few provider calls an hour, and a lost webhook at most the cap."""
+    app = build_app()
+    interval = app.config["RECONCILIATION_INTERVAL_SECONDS"]
+    with app.app_context():
+        order_id, sid = awaiting_provider()
+        sandbox.faults(drop_webhooks=10)
+        sandbox.set_outcome(sid, "async_pending")
+        closed = utcnow() - timedelta(seconds=10)
+        backdate(order_id, closed - timedelta(seconds=app.config["RECONCILIATION_STUCK_AGE_SECONDS"]))
+        asked = []
+        for cycle in range(1, 12):
+            result = run_cycle(now=closed + timedelta(seconds=cycle * interval))
+            if result.provider["awaiting_async"]:
+                asked.append(cycle)
+        gaps = [b - a for a, b in zip(asked, asked[1:])]
+        assert asked[:2] == [1, 2] and max(gaps) == sweep.RECHECK_CAP_INTERVALS["awaiting_async"], asked
+        assert gaps == sorted(gaps)

@@ -19,12 +19,20 @@ from shop.models import OutboxDelivery
 from shop.outbox import runner
 from shop.outbox.dispatch import run_delivery
 from shop.outbox.relay import relay_once
+from shop.outbox.subscriptions import SUBSCRIPTIONS
 
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLASK = os.path.join(os.path.dirname(sys.executable), "flask")
 
+
+
+@pytest.fixture(autouse=True)
+def _only_the_restore_listens_to_cancellations(monkeypatch):
+    """These tests use cancelled orders' restores as the sample work; the customer's cancellation
+    email (a second handler of OrderCancelled) would double every count without adding a case."""
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory"])
 
 def _start_worker(app, tmp_path, failpoints: str | None = None) -> subprocess.Popen:
     """`flask --app app shop worker` as its own process, on this test's database and queues."""

@@ -3,10 +3,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-# Currencies whose minor unit is the unit itself (Stripe's list of zero-decimal currencies).
-ZERO_DECIMAL = {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "ugx", "vnd", "vuv",
-                "xaf", "xof", "xpf"}
-
+from ..money import format_money
 
 def human_age(seconds: float | int | None) -> str:
     if seconds is None:
@@ -24,13 +21,7 @@ def human_age(seconds: float | int | None) -> str:
 
 
 def human_money(amount: int | None, currency: str | None) -> str:
-    if amount is None:
-        return "–"
-    code = (currency or "").lower()
-    if code in ZERO_DECIMAL:
-        return f"{amount:,} {code.upper()}"
-    sign = "-" if amount < 0 else ""
-    return f"{sign}{abs(amount) / 100:,.2f} {code.upper()}".strip()
+    return format_money(amount, currency)
 
 
 def human_time(value: str | datetime | None) -> str:

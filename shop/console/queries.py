@@ -6,11 +6,11 @@ from datetime import datetime
 
 from sqlalchemy import func, or_, select
 
-from ..domain.deadlines import as_utc
+from ..domain.deadlines import FAILURE_PROVIDER, as_utc
 from ..domain.order import LIVE
 from ..extensions import db
-from ..models import (OperatorAction, Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, ReconciliationCycle,
-                      Refund, RestoreWarning, ScheduledCommand, WebhookReceipt)
+from ..models import (OperatorAction, Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, ProviderRefusal,
+                      ReconciliationCycle, Refund, RestoreWarning, ScheduledCommand, WebhookReceipt)
 from ..ops.metrics import stuck_cutoff
 from ..orders.views import iso, order_json
 from ..web import work_ref
@@ -19,6 +19,14 @@ from .format import human_money, human_time
 
 PER_PAGE = 100
 WORK_STATUSES = ("pending", "processing", "done", "dead", "discarded")
+# The outbox list's filters: the statuses, plus the pending rows that are waiting for an
+# unavailable provider (retried for as long as it takes, never dead-lettered for it).
+WAITING = "waiting"
+WORK_FILTERS = WORK_STATUSES + (WAITING,)
+
+
+def waiting_for_provider(row) -> bool:
+    return row.status == "pending" and row.failure_kind == FAILURE_PROVIDER
 WARNING_STATES = ("open", "resolved", "duplicate")
 WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected", "failed")  # see shop.webhooks
 LIVE_STATUSES = tuple(s.value for s in LIVE)
@@ -150,9 +158,11 @@ def audit(*, page: int, operator: str = "", order: Order | None = None) -> dict:
 
 
 def delivery_json(delivery: OutboxDelivery, event_name: str | None, reference: str | None) -> dict:
-    """docs/REFERENCE.md, Console: exactly these keys."""
+    """The outbox item of docs/REFERENCE.md, Console: the contract's keys, plus whether the row is
+    waiting for the provider (its status then stays "pending")."""
     return {"id": delivery.id, "event": event_name, "handler": delivery.handler, "status": delivery.status,
-            "attempts": delivery.attempts, "last_error": delivery.last_error, "order_reference": reference}
+            "attempts": delivery.attempts, "last_error": delivery.last_error, "order_reference": reference,
+            "waiting_for_provider": waiting_for_provider(delivery)}
 
 
 def delivery_detail(delivery: OutboxDelivery, event_name, reference, now) -> dict:
@@ -166,6 +176,7 @@ def delivery_detail(delivery: OutboxDelivery, event_name, reference, now) -> dic
 def command_json(command: ScheduledCommand, reference: str | None, now: datetime) -> dict:
     return {"id": command.id, "kind": command.kind, "status": command.status, "attempts": command.attempts,
             "max_attempts": command.max_attempts, "last_error": command.last_error, "order_reference": reference,
+            "waiting_for_provider": waiting_for_provider(command), "provider_waits": command.provider_waits,
             "due_at": iso(command.next_attempt_at), "completed_at": iso(command.completed_at),
             "discard_reason": command.discard_reason, "created_at": iso(command.created_at),
             "age_seconds": age_seconds(now, command.created_at)}
@@ -209,6 +220,8 @@ def order_timeline(order: Order, now: datetime) -> dict:
     refunds = session.execute(select(Refund).where(Refund.order_id == order.id).order_by(Refund.id)).scalars().all()
     refusals = session.execute(select(PaymentProofRefusal).where(PaymentProofRefusal.order_id == order.id)
                                .order_by(PaymentProofRefusal.id)).scalars().all()
+    provider_refusals = session.execute(select(ProviderRefusal).where(ProviderRefusal.order_id == order.id)
+                                        .order_by(ProviderRefusal.id)).scalars().all()
     actions = session.execute(select(OperatorAction).where(OperatorAction.order_id == order.id)
                               .order_by(OperatorAction.id)).scalars().all()
 
@@ -219,7 +232,11 @@ def order_timeline(order: Order, now: datetime) -> dict:
                   "stuck": order.status in LIVE_STATUSES and as_utc(order.updated_at) < stuck_cutoff(now),
                   # Set when the sweep's provider pass backs off an order whose answer cannot
                   # change soon: until then the sweep does not ask the provider about it.
-                  "provider_next_check_at": _future_iso(order.provider_next_check_at, now)},
+                  "provider_next_check_at": _future_iso(order.provider_next_check_at, now),
+                  "provider_next_check_in_seconds": _seconds_until(order.provider_next_check_at, now),
+                  # Money may still come for this cancelled order's session, or its refund has not
+                  # gone through yet: the sweep keeps asking (sweep.check_cancelled_payment).
+                  "watched_for_late_money": order.status == "Cancelled" and order.payment_processing_at is not None},
         "transitions": transitions,
         "webhooks": [receipt_json(r, ref) for r in receipts],
         "deliveries": [delivery_detail(d, names.get(d.event_id), ref, now) for d in deliveries],
@@ -227,16 +244,21 @@ def order_timeline(order: Order, now: datetime) -> dict:
         "restore_warnings": [warning_detail(w, ref, now) for w in warnings],
         "refunds": [{"id": r.id, "amount": r.amount, "currency": r.currency, "status": r.status, "reason": r.reason,
                      "session_id": r.session_id, "provider_refund_id": r.provider_refund_id,
-                     "last_error": r.last_error, "created_at": iso(r.created_at)} for r in refunds],
+                     "last_error": r.last_error, "created_at": iso(r.created_at),
+                     "command_status": _refund_command(r, commands),
+                     "waiting_for_provider": _refund_command(r, commands) == WAITING} for r in refunds],
         "proof_refusals": [{"id": p.id, "session_id": p.session_id, "source": p.source, "problems": p.problems,
                             "amount_total": p.amount_total, "currency": p.currency, "created_at": iso(p.created_at)}
                            for p in refusals],
+        "provider_refusals": [{"id": p.id, "attempt": p.attempt, "code": p.code, "reason": p.reason,
+                               "created_at": iso(p.created_at)} for p in provider_refusals],
         "operator_actions": [action_json(a, ref) for a in actions],
     }
     merged = (
         [(e.created_at, "transition", e.name, _payload_words(e.payload)) for e in events]
         + [(r.received_at, "webhook", f"{r.event_type or 'webhook'}: {r.outcome}", r.reason or "") for r in receipts]
-        + [(c.created_at, "command", f"{c.kind} armed", f"due {human_time(c.next_attempt_at)}, now {c.status}")
+        + [(c.created_at, "command", f"{c.kind} armed", f"due {human_time(c.next_attempt_at)}, now "
+            + ("waiting for the provider" if waiting_for_provider(c) else c.status))
            for c in commands]
         + [(d.completed_at or d.updated_at, "delivery", f"{d.handler}: {d.status}",
             f"{names.get(d.event_id, '?')}, {d.attempts} attempt(s)" + (f", {d.last_error}" if d.last_error else ""))
@@ -244,6 +266,8 @@ def order_timeline(order: Order, now: datetime) -> dict:
         + [(w.created_at, "restore_warning", "restore warning", w.reason) for w in warnings]
         + [(r.created_at, "refund", f"refund {r.status}", r.reason) for r in refunds]
         + [(p.created_at, "proof_refused", "payment proof refused", p.problems) for p in refusals]
+        + [(p.created_at, "provider_refused", f"provider refused payment attempt {p.attempt}",
+            p.reason + (f" (code {p.code})" if p.code else "")) for p in provider_refusals]
         + [(a.created_at, "operator", f"{a.action} by {a.operator}",
             a.outcome + (f" Reason: {a.reason}" if a.reason else "")) for a in actions]
     )
@@ -251,6 +275,18 @@ def order_timeline(order: Order, now: datetime) -> dict:
     data["timeline"] = [{"at": iso(at), "kind": kind, "what": what, "detail": detail}
                         for at, kind, what, detail in merged]
     return data
+
+
+def _refund_command(refund: Refund, commands) -> str | None:
+    """Where the refund's command stands: pending, waiting (for the provider), dead, done..."""
+    for command in commands:
+        if command.kind == "refund_payment" and (command.payload or {}).get("refund_id") == refund.id:
+            return WAITING if waiting_for_provider(command) else command.status
+    return None
+
+
+def _seconds_until(at: datetime | None, now: datetime) -> int | None:
+    return int((as_utc(at) - now).total_seconds()) if at is not None and as_utc(at) > now else None
 
 
 def _future_iso(at: datetime | None, now: datetime) -> str | None:
@@ -279,7 +315,7 @@ def command_item(command: ScheduledCommand, reference: str | None) -> dict:
     deliveries are numbered apart; `/console/outbox/cmd-<n>/retry` acts on it."""
     return {"id": work_ref("command", command.id), "event": None, "handler": command.kind,
             "status": command.status, "attempts": command.attempts, "last_error": command.last_error,
-            "order_reference": reference}
+            "order_reference": reference, "waiting_for_provider": waiting_for_provider(command)}
 
 
 def outbox(now: datetime, *, status: str | None, page: int):
@@ -292,14 +328,17 @@ def outbox(now: datetime, *, status: str | None, page: int):
              .order_by(OutboxDelivery.created_at, OutboxDelivery.id))
     cquery = (select(ScheduledCommand, Order.reference).outerjoin(Order, Order.id == ScheduledCommand.order_id)
               .order_by(ScheduledCommand.created_at, ScheduledCommand.id))
-    if status:
+    if status == WAITING:
+        query = query.where(OutboxDelivery.status == "pending", OutboxDelivery.failure_kind == FAILURE_PROVIDER)
+        cquery = cquery.where(ScheduledCommand.status == "pending", ScheduledCommand.failure_kind == FAILURE_PROVIDER)
+    elif status:
         query = query.where(OutboxDelivery.status == status)
         cquery = cquery.where(ScheduledCommand.status == status)
     rows, meta = paging(query, page)
     crows, cmeta = paging(cquery, page)
     details = [delivery_detail(d, name, ref, now) for d, name, ref in rows]
     commands = [command_json(c, ref, now) for c, ref in crows]
-    keys = ("id", "event", "handler", "status", "attempts", "last_error", "order_reference")
+    keys = ("id", "event", "handler", "status", "attempts", "last_error", "order_reference", "waiting_for_provider")
     data = {
         "status": status,
         "deliveries": [{k: d[k] for k in keys} for d in details] + [command_item(c, ref) for c, ref in crows],

@@ -124,14 +124,15 @@ def order_detail(reference):
 
 @bp.get("/outbox")
 def outbox():
-    """Deliveries of events to handlers, and scheduled commands; `status=dead` for dead letters."""
+    """Deliveries of events to handlers, and scheduled commands; `status=dead` for dead letters,
+    `status=waiting` for pending work waiting for an unavailable provider."""
     status = request.args.get("status") or None
-    if status is not None and status not in queries.WORK_STATUSES:
-        return problem(400, f"Unknown status {status!r}; use one of {', '.join(queries.WORK_STATUSES)}.",
+    if status is not None and status not in queries.WORK_FILTERS:
+        return problem(400, f"Unknown status {status!r}; use one of {', '.join(queries.WORK_FILTERS)}.",
                        back=url_for("console.outbox"))
     data, details, commands = queries.outbox(utcnow(), status=status, page=_page())
     return respond("console/outbox.html", data, details=details, commands=commands,
-                   statuses=queries.WORK_STATUSES, discard_form=DiscardForm(), dead_groups=queries.dead_groups())
+                   statuses=queries.WORK_FILTERS, discard_form=DiscardForm(), dead_groups=queries.dead_groups())
 
 
 @bp.get("/restore-warnings")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 
@@ -40,3 +41,57 @@ def retry_delay_seconds(attempts: int, base: float = 2.0, cap: float = 300.0, rn
     exponent = max(0, attempts - 1)
     delay = min(cap, base * (2 ** min(exponent, 30)))
     return delay * (0.5 + rng() / 2)
+
+
+# -- what a failed attempt at durable work leads to -------------------------------------------
+
+# Why an attempt failed, as the runner classifies the exception:
+FAILURE_ERROR = "error"          # anything else: counts against the attempt budget
+FAILURE_REFUSED = "refused"      # retrying cannot help (the provider said no for good): dead now
+FAILURE_PROVIDER = "provider"    # the provider is down, slow or rate-limiting: wait for it
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    dead: bool
+    delay_seconds: float = 0.0
+    spends_attempt: bool = True
+
+
+def retry_decision(kind: str, attempts: int, max_attempts: int, provider_waits: int, *,
+                   base: float, cap: float, provider_base: float, provider_cap: float,
+                   rng=random.random) -> RetryDecision:
+    """What the runner does after a failed attempt.
+
+    `attempts` counts this attempt; `provider_waits` counts the provider failures in a row
+    before this one. A provider that does not answer is not a reason to give up: Stripe's
+    outages and rate limits last minutes to hours (its own webhook retries run for days), and
+    giving up on a refund keeps a customer's money. Such a failure gives its attempt back and
+    waits, backing off up to `provider_cap`, for as long as it takes; only a refusal or errors
+    of our own use up the budget and dead-letter the row."""
+    if kind == FAILURE_REFUSED:
+        return RetryDecision(dead=True)
+    if kind == FAILURE_PROVIDER:
+        return RetryDecision(dead=False, spends_attempt=False,
+                             delay_seconds=retry_delay_seconds(provider_waits + 1, provider_base, provider_cap, rng))
+    if attempts >= max_attempts:
+        return RetryDecision(dead=True)
+    return RetryDecision(dead=False, delay_seconds=retry_delay_seconds(attempts, base, cap, rng))
+
+
+# -- when the sweep asks the provider again ---------------------------------------------------
+
+def next_provider_check(now: datetime, since: datetime, interval_seconds: float, cap_seconds: float) -> datetime:
+    """When the sweep should ask the provider again about an answer that may change at any
+    moment but usually does not (an async payment settling, a cancelled order's session that
+    could still take money). The wait grows with the time already waited since `since`, so the
+    checks double in spacing (one sweep interval, two, four...) up to `cap_seconds`: a settlement
+    whose webhook is lost is found within the cap plus a cycle, however long it took the bank,
+    and a payment that takes days costs a few provider calls an hour, not one per cycle.
+
+    The due time is half an interval early: the sweep runs once per interval and asks late in
+    its own cycle, so a check due exactly one interval later would just miss the next cycle."""
+    interval = float(interval_seconds)
+    waited = max(0.0, (as_utc(now) - as_utc(since)).total_seconds())
+    delay = min(max(cap_seconds, interval), max(interval, waited))
+    return as_utc(now) + timedelta(seconds=delay - interval / 2)

@@ -39,6 +39,21 @@ ALLOWED = {
 UNPAID = (S.PENDING_PAYMENT, S.PAYMENT_FAILED)
 LIVE = (S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED)
 
+# Why an order was cancelled, as its OrderCancelled event says it. The customer reads these
+# apart: they asked for one, the other happened to them (the payment window ran out).
+CANCELLED_BY_CUSTOMER = "cancelled by customer"
+PAYMENT_WINDOW_EXPIRED = "payment window expired"
+
+
+def cancelled_because(reason: str) -> str:
+    """"customer", "expired" or "other" for an OrderCancelled reason."""
+    if reason.startswith(CANCELLED_BY_CUSTOMER):
+        return "customer"
+    if reason.startswith(PAYMENT_WINDOW_EXPIRED):
+        return "expired"
+    return "other"
+
+
 REFUSAL_BY_STATE = {
     S.PAID: "order_already_paid",
     S.CANCELLED: "order_already_cancelled",

@@ -4,12 +4,12 @@ from .catalog import Product, Variant, InventoryItem
 from .cart import Cart, CartItem
 from .orders import Order, OrderLine
 from .outbox import OutboxEvent, OutboxDelivery, ScheduledCommand
-from .payments import WebhookReceipt, ProcessedStripeEvent, PaymentProofRefusal, Refund, KeyValue
+from .payments import WebhookReceipt, ProcessedStripeEvent, PaymentProofRefusal, ProviderRefusal, Refund, KeyValue
 from .ops import RestoreWarning, ReconciliationCycle, Lease, Operator, OperatorAction
 
 __all__ = [
     "Product", "Variant", "InventoryItem", "Cart", "CartItem", "Order", "OrderLine",
     "OutboxEvent", "OutboxDelivery", "ScheduledCommand", "WebhookReceipt", "ProcessedStripeEvent",
-    "PaymentProofRefusal", "Refund", "KeyValue", "RestoreWarning", "ReconciliationCycle", "Lease",
+    "PaymentProofRefusal", "ProviderRefusal", "Refund", "KeyValue", "RestoreWarning", "ReconciliationCycle", "Lease",
     "Operator", "OperatorAction",
 ]

@@ -23,6 +23,8 @@ class DurableWork:
     handler, or a scheduled command): the database row, not Redis, is the source of truth.
 
     status: pending -> processing (claimed, with a lease) -> done | pending (retry) | dead.
+    A row whose provider is unavailable stays pending (failure_kind "provider"): it is waiting
+    for the provider, not failing, and is never dead-lettered for it.
     An operator may retry a dead row (fresh attempt budget) or discard it (with a reason).
     """
 
@@ -36,6 +38,13 @@ class DurableWork:
     claimed_until = mapped_column(UTCDateTime, nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     last_traceback: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Why the last attempt failed (domain.deadlines FAILURE_*): "provider" while the row waits
+    # for an unavailable provider, which is retried without spending the attempt budget, and
+    # "refused" for a dead letter retrying cannot help.
+    failure_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # Provider failures in a row: the exponent of the wait for the provider.
+    # Left to the database default: the writer inserts deliveries with INSERT ... SELECT.
+    provider_waits: Mapped[int] = mapped_column(Integer, server_default="0", nullable=False)
     discard_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     updated_at = mapped_column(UTCDateTime, default=now_utc, onupdate=now_utc, nullable=False)

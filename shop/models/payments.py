@@ -41,6 +41,19 @@ class PaymentProofRefusal(db.Model):
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
 
 
+class ProviderRefusal(db.Model):
+    """The provider said no to starting a payment (a 4xx on session creation): the reason an
+    operator sees on the order's timeline, since the customer is only told that it failed."""
+
+    __tablename__ = "provider_refusals"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    order_id: Mapped[int] = mapped_column(ForeignKey("orders.id"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    code: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    reason: Mapped[str] = mapped_column(Text)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+
+
 class Refund(db.Model):
     """Money that arrived for an order that cannot take it. One per (order, session): a second
     notice of the same payment finds the row and refunds nothing more."""

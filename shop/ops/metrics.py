@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 
-from ..domain.deadlines import as_utc, utcnow
+from ..domain.deadlines import FAILURE_PROVIDER, as_utc, utcnow
 from ..domain.order import LIVE
 from ..extensions import db
 from ..models import (OutboxDelivery, ReconciliationCycle, RestoreWarning, ScheduledCommand, WebhookReceipt,
@@ -63,6 +63,14 @@ class ShopCollector:
             extra = command_counts.get(status, 0) if status in ("dead", "discarded") else 0
             deliveries.add_metric([status], counts.get(status, 0) + extra)
         yield deliveries
+        # Pending work that failed only because the provider did not answer: not a dead letter
+        # (it retries by itself, without spending attempts), but an outage an operator wants to see.
+        waiting = sum(db.session.execute(select(func.count()).select_from(model)
+                                         .where(model.status == "pending", model.failure_kind == FAILURE_PROVIDER)
+                                         ).scalar() for model in (OutboxDelivery, ScheduledCommand))
+        yield GaugeMetricFamily("shop_outbox_waiting_for_provider",
+                                "Pending deliveries and scheduled commands waiting for an unavailable provider",
+                                value=waiting)
         commands = GaugeMetricFamily("shop_scheduled_commands", "Scheduled commands by status", labels=["status"])
         for status in ("pending", "processing", "done", "dead", "discarded"):
             commands.add_metric([status], command_counts.get(status, 0))

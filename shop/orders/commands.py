@@ -13,7 +13,7 @@ from flask import current_app
 from sqlalchemy.orm.exc import StaleDataError
 
 from ..domain.deadlines import as_utc, unpaid_deadline, utcnow
-from ..domain.order import OrderStatus, UNPAID
+from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderStatus, UNPAID
 from ..domain.results import Refused
 from ..extensions import db
 from ..models import Order
@@ -31,7 +31,7 @@ class CancelOutcome:
     message: str = ""
 
 
-def cancel_order(order_id: int, expected_version: int | None, *, reason: str = "cancelled by customer") -> CancelOutcome:
+def cancel_order(order_id: int, expected_version: int | None, *, reason: str = CANCELLED_BY_CUSTOMER) -> CancelOutcome:
     """Cancel with the version the customer saw. A stale version changes nothing (409).
 
     For an order waiting at the provider, the hosted payment page is retired first, inside this
@@ -130,7 +130,7 @@ def expire_unpaid_order(order_id: int, now: datetime) -> str:
         if (due - now).total_seconds() <= 5:
             raise Reschedule(due)  # the scheduler fired early (1 s resolution)
         return "noop:not_due"  # a later deadline row exists for the fresh window
-    order.cancel("payment window expired")
+    order.cancel(PAYMENT_WINDOW_EXPIRED)
     try:
         session.flush()
     except StaleDataError:

@@ -12,6 +12,10 @@ The sequence for one row:
      commit together, and a worker killed before the commit leaves neither.
   3. on an exception: roll back, then record the failure in its own transaction: back to
      pending with next_attempt_at = now + backoff, or dead after max_attempts (ERROR log).
+     A provider that is unavailable (down, timing out, rate-limiting) is not the row's failure:
+     the attempt is given back and the row waits for the provider, backing off up to a cap, for
+     as long as it takes; a refusal (PermanentFailure) is dead at once
+     (domain.deadlines.retry_decision).
 
 `run` claims one row by id and runs it (an RQ job per id: a command at its due time, a retry,
 an operator's retry); `drain` claims due rows in batches and runs each through the same
@@ -34,7 +38,7 @@ from typing import Any, Callable
 from flask import current_app
 from sqlalchemy import and_, bindparam, or_, select, update
 
-from ..domain.deadlines import retry_delay_seconds, utcnow
+from ..domain.deadlines import FAILURE_ERROR, FAILURE_PROVIDER, FAILURE_REFUSED, retry_decision, utcnow
 from ..extensions import db
 from . import uow
 
@@ -44,6 +48,22 @@ log = logging.getLogger("shop.outbox")
 class PermanentFailure(Exception):
     """A handler's way to say "retrying cannot help": the row goes straight to dead."""
 
+    failure_kind = FAILURE_REFUSED
+
+
+def failure_kind(exc: BaseException) -> str:
+    """How a failed attempt counts (domain.deadlines.retry_decision): an exception declares it
+    with a `failure_kind` attribute (PermanentFailure, gateway.ProviderUnavailable), directly or
+    as the cause it was raised from; anything else is an ordinary error."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        kind = getattr(exc, "failure_kind", None)
+        if kind in (FAILURE_REFUSED, FAILURE_PROVIDER):
+            return kind
+        exc = exc.__cause__
+    return FAILURE_ERROR
+
 
 class Reschedule(Exception):
     """Not due yet (a scheduler may fire up to a second early): run again at `due`, without
@@ -52,6 +72,10 @@ class Reschedule(Exception):
     def __init__(self, due: datetime):
         super().__init__(f"not due until {due.isoformat()}")
         self.due = due
+
+
+# How the console and last_error name a row that failed only because the provider did not answer.
+WAITING_FOR_PROVIDER = "waiting for the provider"
 
 
 class LeaseLost(Exception):
@@ -181,7 +205,7 @@ def release(model, work_ids: list[int], worker: str, now: datetime) -> int:
 
 def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) -> str:
     """Run a row this worker has claimed: execute + mark done in one transaction, or record the
-    failure in its own. Returns done | rescheduled | skipped | retry | dead."""
+    failure in its own. Returns done | rescheduled | skipped | retry | waiting (for the provider) | dead."""
     model = work.model
     try:
         if row is None:
@@ -208,7 +232,7 @@ def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) 
 
 
 def run(work: Work, work_id: int, now: datetime | None = None) -> str:
-    """Claim `work_id` and run it. Returns done | skipped | rescheduled | retry | dead."""
+    """Claim `work_id` and run it. Returns done | skipped | rescheduled | retry | waiting | dead."""
     now = now or utcnow()
     worker = worker_identity()
     try:
@@ -285,25 +309,42 @@ def record_failure(model, work_id, worker, exc, now, describe) -> str:
     if row is None or row.claimed_by != worker or row.status != "processing":
         db.session.rollback()
         return "skipped"
-    permanent = isinstance(exc, PermanentFailure)
-    row.last_error = f"{type(exc).__name__}: {exc}"[:4000]
+    kind = failure_kind(exc)
+    cfg = current_app.config
+    decision = retry_decision(kind, row.attempts, row.max_attempts, row.provider_waits,
+                              base=cfg["OUTBOX_RETRY_BASE_SECONDS"], cap=cfg["OUTBOX_RETRY_CAP_SECONDS"],
+                              provider_base=cfg["OUTBOX_PROVIDER_RETRY_BASE_SECONDS"],
+                              provider_cap=cfg["OUTBOX_PROVIDER_RETRY_CAP_SECONDS"])
+    error = f"{type(exc).__name__}: {exc}"
+    if kind == FAILURE_PROVIDER:
+        # Said in the contract's last_error too, for a reader that knows only those fields.
+        error = f"{WAITING_FOR_PROVIDER}: {error}"
+    row.last_error = error[:4000]
     row.last_traceback = traceback.format_exc()[-20000:]
+    row.failure_kind = kind
+    row.provider_waits = row.provider_waits + 1 if kind == FAILURE_PROVIDER else 0
     row.claimed_until = None
     label = describe(row)
-    if permanent or row.attempts >= row.max_attempts:
+    if decision.dead:
         row.status = "dead"
         db.session.commit()
         log.error("dead letter: %s failed %d time(s), last error: %s", label, row.attempts, row.last_error)
         return "dead"
-    delay = retry_delay_seconds(row.attempts, current_app.config["OUTBOX_RETRY_BASE_SECONDS"],
-                                current_app.config["OUTBOX_RETRY_CAP_SECONDS"])
+    if not decision.spends_attempt:
+        row.attempts -= 1  # the claim counted it; a provider outage is not this row's failure
     row.status = "pending"
-    row.next_attempt_at = now + timedelta(seconds=delay)
+    row.next_attempt_at = now + timedelta(seconds=decision.delay_seconds)
     row.enqueued_at = row.next_attempt_at
     due = row.next_attempt_at
+    attempts, waits = row.attempts, row.provider_waits
     db.session.commit()
-    log.warning("%s failed (attempt %d of %d), retrying in %.1fs: %s", label, row.attempts, row.max_attempts,
-                delay, row.last_error)
+    if kind == FAILURE_PROVIDER:
+        log.warning("%s is waiting for the provider (%d failure(s) in a row, attempts kept at %d of %d), retrying "
+                    "in %.1fs: %s", label, waits, attempts, row.max_attempts, decision.delay_seconds, error)
+        _announce_retry(model, work_id, due)
+        return "waiting"
+    log.warning("%s failed (attempt %d of %d), retrying in %.1fs: %s", label, attempts, row.max_attempts,
+                decision.delay_seconds, row.last_error)
     _announce_retry(model, work_id, due)
     return "retry"
 
@@ -330,7 +371,7 @@ def retry_dead(model, work_id: int, now: datetime | None = None) -> bool:
     result = db.session.execute(
         update(model).where(model.id == work_id, model.status == "dead").values(
             status="pending", attempts=0, max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
-            next_attempt_at=now, enqueued_at=now, claimed_by=None, claimed_until=None, updated_at=now,
+            failure_kind=None, provider_waits=0, next_attempt_at=now, enqueued_at=now, claimed_by=None, claimed_until=None, updated_at=now,
         ).execution_options(synchronize_session=False)
     )
     db.session.commit()
@@ -345,7 +386,7 @@ def retry_all_dead(model, name_column, name: str, now: datetime | None = None) -
     ids = db.session.execute(
         update(table).where(table.c.status == "dead", name_column == name).values(
             status="pending", attempts=0, max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
-            next_attempt_at=now, enqueued_at=now, claimed_by=None, claimed_until=None, updated_at=now,
+            failure_kind=None, provider_waits=0, next_attempt_at=now, enqueued_at=now, claimed_by=None, claimed_until=None, updated_at=now,
         ).returning(table.c.id)
     ).scalars().all()
     db.session.commit()

@@ -34,7 +34,12 @@ _lock = threading.Lock()
 
 
 class ProviderUnavailable(Exception):
-    """The provider could not be reached or answered 5xx/429: try again later."""
+    """The provider could not be reached, timed out, or answered 5xx/429: try again later.
+
+    Durable work that meets it waits for the provider instead of spending its attempt budget
+    (the runner reads `failure_kind`; see domain.deadlines.retry_decision)."""
+
+    failure_kind = "provider"
 
 
 class ProviderRefused(Exception):

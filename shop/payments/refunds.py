@@ -57,11 +57,32 @@ def execute_refund(refund_id: int, now: datetime) -> None:
         refund.last_error = str(exc)
         if exc.code == "charge_already_refunded":
             refund.status = "succeeded"
+            _end_watch_when_all_refunded(refund)
             return
         raise PermanentFailure(f"provider refused refund {refund_id}: {exc}") from exc
     refund.provider_refund_id = result.id
     refund.status = "succeeded" if result.status in ("succeeded", "pending") else result.status
     refund.updated_at = now
     log.info("refund %s for order %s: %s at the provider (%s)", refund.id, refund.order_id, refund.status, result.id)
+    if refund.status == "succeeded":
+        _end_watch_when_all_refunded(refund)
     schedule_command(db.session, "send_email", now, order_id=refund.order_id,
                      payload={"template": "refund_issued"}, now=now)
+
+
+def _end_watch_when_all_refunded(refund: Refund) -> None:
+    """The sweep watches a cancelled order with late money until its refunds have succeeded
+    (sweep.check_cancelled_payment); the last one to succeed ends the watch here, in the same
+    transaction, rather than a sweep cycle later."""
+    from .service import stop_watching
+
+    db.session.flush()
+    others = db.session.execute(select(Refund.id).where(Refund.order_id == refund.order_id, Refund.id != refund.id,
+                                                        Refund.status != "succeeded")).first()
+    order = db.session.execute(select(Order.status, Order.payment_session_id)
+                               .where(Order.id == refund.order_id)).first()
+    # Only the watched session's own refund: a refund of some older session says nothing about
+    # whether the current one can still take money.
+    if others is None and order is not None and order.status == "Cancelled" \
+            and order.payment_session_id == refund.session_id:
+        stop_watching(refund.order_id)

@@ -16,11 +16,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
 from ..domain.deadlines import as_utc, session_expires_at, unpaid_deadline, utcnow
-from ..domain.order import ALLOWED, OrderRules, OrderStatus
+from ..domain.order import ALLOWED, CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderRules, OrderStatus
 from ..domain.payment import check_payment_proof
 from ..domain.results import Refused
 from ..extensions import db
-from ..models import Order, PaymentProofRefusal, ProcessedStripeEvent
+from ..models import Order, PaymentProofRefusal, ProcessedStripeEvent, ProviderRefusal
 from ..orders.lookup import order_by_reference
 from ..outbox import uow
 from ..outbox.writer import write_events
@@ -29,7 +29,6 @@ from .refunds import record_late_payment
 
 log = logging.getLogger("shop.payments")
 S = OrderStatus
-CUSTOMER_CANCEL_REASON = "cancelled by customer"
 
 
 @dataclass
@@ -137,8 +136,11 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None) ->
                                                    "and your items are held; please try “Pay now” again in a moment.")
     except gateway.ProviderRefused as exc:
         log.error("order %s: provider refused the checkout session: %s", order.reference, exc)
-        return StartOutcome("unavailable", message="The payment provider refused to start this payment. "
-                                                   "Please try again later or contact us.")
+        _note_refusal(order.id, attempt, exc)
+        return StartOutcome("unavailable", message="We could not start the payment: the payment provider turned "
+                                                   "the request down. Nothing was charged, and your order and its "
+                                                   "items are held until its payment window closes; our team can "
+                                                   "see why. Please try “Pay now” again later or contact us.")
     transition = order.start_payment(view.id, view.url)
     if not transition.ok:  # checked above on the same snapshot; kept so the rule has one home
         _expire_quietly(view.id)
@@ -160,6 +162,19 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None) ->
         raise
     uow.publish_after_commit(session)
     return StartOutcome("started", url=view.url)
+
+
+def _note_refusal(order_id: int, attempt: int, exc: gateway.ProviderRefused) -> None:
+    """Keep the provider's reason for the order's console timeline, in its own small commit.
+    Bookkeeping only: failing to write it must not change what the customer is told."""
+    session = db.session
+    try:
+        session.add(ProviderRefusal(order_id=order_id, attempt=attempt, code=(exc.code or None) and str(exc.code)[:100],
+                                    reason=str(exc)))
+        session.commit()
+    except Exception:  # noqa: BLE001 - logged; the refusal itself is already in the log above
+        session.rollback()
+        log.exception("order %s: could not record the provider's refusal", order_id)
 
 
 def _expire_quietly(session_id: str) -> None:
@@ -406,7 +421,7 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
             # (or never will: the process died after the provider call). The expiry is the
             # cancel's, not a failed attempt: cancel here, and the cancel, finding the order
             # Cancelled when its version check misses, answers that it is.
-            result = order.cancel(CUSTOMER_CANCEL_REASON)
+            result = order.cancel(CANCELLED_BY_CUSTOMER)
             if isinstance(result, Refused):
                 return Applied("noop", order, result.message)
             log.info("order %s cancelled: its session was expired by the customer's cancel (via %s)",
@@ -417,7 +432,7 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
             # then is the payment window ending, so the order is cancelled and its stock given
             # back, as the deadline would for an unpaid order. Not a failed payment with a fresh
             # window, which would hold the stock for a second window after the customer left.
-            result = order.cancel("payment window expired")
+            result = order.cancel(PAYMENT_WINDOW_EXPIRED)
             if isinstance(result, Refused):
                 return Applied("noop", order, result.message)
             log.info("order %s cancelled: its payment session expired at the end of the window (via %s)",
@@ -477,8 +492,11 @@ def _note_processing(order_id: int, now: datetime) -> None:
 
 def _late_money(order: Order, view, reason: str, now: datetime) -> Applied:
     created = record_late_payment(order, view, reason, now)
-    if order.payment_processing_at is not None and order.payment_session_id == view.id:
-        stop_watching(order.id)  # the session's money is in and being refunded: nothing more can come
+    if created and S(order.status) is S.CANCELLED and order.payment_session_id == view.id \
+            and order.payment_processing_at is None:
+        # The sweep's watch follows the refund until the provider has it (a refund that dies
+        # runs again), not just until the refund is recorded; the refund's success ends it.
+        _note_processing(order.id, now)
     return Applied("refund_created" if created else "already_refunded", order, reason)
 
 

@@ -9,7 +9,8 @@ from datetime import datetime, timedelta
 from flask import current_app
 
 from ..domain.deadlines import as_utc
-from ..domain.events import OrderPaid, OrderPaymentFailed
+from ..domain.events import OrderCancelled, OrderPaid, OrderPaymentFailed
+from ..domain.order import cancelled_because
 from ..extensions import db
 from ..models import Order
 from ..outbox import schedule_command
@@ -37,3 +38,15 @@ def payment_failed_followups(event: OrderPaymentFailed, now: datetime) -> None:
 def send_order_confirmation(event: OrderPaid, now: datetime) -> None:
     schedule_command(db.session, "send_email", now, order_id=event.order_id,
                      payload={"template": "order_paid"}, now=now)
+
+
+CANCELLATION_EMAILS = {"customer": "order_cancelled", "expired": "order_expired"}
+
+
+def send_cancellation_email(event: OrderCancelled, now: datetime) -> None:
+    """The customer hears why their order ended: they cancelled it, or its payment window ran out
+    (they did not cancel, and may not know). Other cancellations send nothing."""
+    template = CANCELLATION_EMAILS.get(cancelled_because(event.reason))
+    if template is not None:
+        schedule_command(db.session, "send_email", now, order_id=event.order_id, payload={"template": template},
+                         now=now)

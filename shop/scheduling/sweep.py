@@ -47,11 +47,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
 from .. import failpoints
-from ..domain.deadlines import as_utc, utcnow
+from ..domain.deadlines import FAILURE_REFUSED, as_utc, next_provider_check, utcnow
 from ..domain.order import UNPAID, OrderStatus
 from ..domain.results import Refused
 from ..extensions import db
-from ..models import Lease, Order, ReconciliationCycle
+from ..models import Lease, Order, ReconciliationCycle, Refund, ScheduledCommand
 from ..outbox import uow
 from ..payments import gateway
 from ..payments import service as payments
@@ -70,7 +70,8 @@ S = OrderStatus
 
 EXPIRY_OUTCOMES = ("cancelled", "lost_race", "changed", "errors")
 PROVIDER_OUTCOMES = ("paid", "payment_failed", "cancelled", "proof_refused", "open", "awaiting_async",
-                     "refund_created", "late_refund", "watch_closed", "changed", "unavailable", "errors")
+                     "refund_created", "late_refund", "refund_under_way", "refund_retried", "refund_refused",
+                     "watch_closed", "changed", "unavailable", "errors")
 
 
 # -- time ----------------------------------------------------------------------------------
@@ -216,6 +217,10 @@ def provider_line(counts: dict | None) -> str:
                                      "awaiting_async": "awaiting an async payment",
                                      "cancelled": "cancelled (session expired at the end of the window)",
                                      "late_refund": "refunds for money that reached a cancelled order",
+                                     "refund_under_way": "late-money refunds still under way (watched)",
+                                     "refund_retried": "dead late-money refunds run again",
+                                     "refund_refused": "late-money refunds refused by the provider (for an "
+                                                       "operator)",
                                      "watch_closed": "cancelled orders no longer watched for late money"})
     return "provider pass: " + ", ".join(parts)
 
@@ -236,23 +241,33 @@ def stuck_query(status, cutoff: datetime, limit: int, *, with_session: bool = Fa
     return query
 
 
-# Provider answers that cannot change by the next cycle: ask again later, not every cycle.
-PROVIDER_BACKOFF = {"proof_refused": 6 * 3600, "awaiting_async": 3600,
-                    # A cancelled order whose money may still come: a lost webhook should cost
-                    # minutes of waiting for the refund, not an hour.
-                    "watching": 300}
+# A refused payment proof cannot change without an operator: ask again after hours, not cycles.
+PROOF_REFUSED_BACKOFF_SECONDS = 6 * 3600
+# Answers that may change at any moment but usually do not are asked about again at growing
+# intervals (domain.deadlines.next_provider_check), never more than this many sweep intervals
+# apart, so a lost webhook costs at most about that long: an async payment still settling (the
+# order not Paid, or its stock held), and a cancelled order whose session could still take money
+# or whose refund has not gone through (a customer's money kept: tighter).
+RECHECK_CAP_INTERVALS = {"awaiting_async": 3, "watching": 2}
 
 
-def backoff_provider_checks(order_id: int, outcome: str, now: datetime) -> None:
-    """A Core UPDATE of the sweep's own column only: it is bookkeeping, not a state change, so it
+def backoff_provider_checks(order_id: int, outcome: str, now: datetime, since: datetime | None = None) -> None:
+    """Leave the order out of the provider pass for a while after an answer that will not change
+    by the next cycle: a refused proof for hours; a payment still settling (or, with `since`, any
+    watched cancelled order) progressively, from one interval after `since` up to its cap.
+
+    A Core UPDATE of the sweep's own column only: it is bookkeeping, not a state change, so it
     neither bumps the version (a webhook's transition must not lose to it) nor touches
     updated_at (the order's age is what the passes select by)."""
-    seconds = PROVIDER_BACKOFF.get(outcome)
-    if seconds is None:
+    interval = current_app.config["RECONCILIATION_INTERVAL_SECONDS"]
+    if outcome == "proof_refused":
+        due = now + timedelta(seconds=max(PROOF_REFUSED_BACKOFF_SECONDS, interval))
+    elif since is not None and outcome in RECHECK_CAP_INTERVALS:
+        due = next_provider_check(now, since, interval, RECHECK_CAP_INTERVALS[outcome] * interval)
+    else:
         return
-    seconds = max(seconds, current_app.config["RECONCILIATION_INTERVAL_SECONDS"])
     db.session.execute(update(Order).where(Order.id == order_id)
-                       .values(provider_next_check_at=now + timedelta(seconds=seconds), updated_at=Order.updated_at)
+                       .values(provider_next_check_at=due, updated_at=Order.updated_at)
                        .execution_options(synchronize_session=False))
     db.session.commit()
 
@@ -312,6 +327,9 @@ def reconcile_stuck_payment(order_id: int, cutoff: datetime, now: datetime) -> s
         log.info("sweep: order %s changed since it was selected; the provider pass leaves it", order_id)
         return "changed"
     session_id, reference = order.payment_session_id, order.reference
+    # The order has been stuck since its window closed: a payment still settling is asked about
+    # again soon after that, then less and less often.
+    stuck_since = as_utc(order.updated_at) + timedelta(seconds=current_app.config["RECONCILIATION_STUCK_AGE_SECONDS"])
     session.rollback()
     failpoints.hit("sweep.before_provider_call")
     try:
@@ -331,7 +349,7 @@ def reconcile_stuck_payment(order_id: int, cutoff: datetime, now: datetime) -> s
         return "changed"
     if outcome == "already_refunded":
         return "changed"
-    backoff_provider_checks(order_id, outcome, now)
+    backoff_provider_checks(order_id, outcome, now, since=stuck_since if outcome == "awaiting_async" else None)
     return outcome
 
 
@@ -351,15 +369,23 @@ def check_cancelled_payment(order_id: int, now: datetime) -> str:
     """Ask the provider about a cancelled order's session that could still take money: paid ->
     the same late-money path as the webhook (one refund, however often asked); failed, expired or
     gone -> stop watching; still pending (or still open) -> ask again later. The webhook usually
-    did this first; this is what makes a lost one harmless."""
+    did this first; this is what makes a lost one harmless.
+
+    Once the money is in, the watch follows its refund until the provider has it: a refund still
+    waiting for the provider keeps the order watched, and one that died of anything but a refusal
+    runs again (the watch ends only when every refund of the order has succeeded)."""
     session = db.session
     order = session.get(Order, order_id, populate_existing=True)
     if order is None or S(order.status) is not S.CANCELLED or order.payment_processing_at is None \
             or not order.payment_session_id:
         session.rollback()
         return "changed"
-    session_id, reference = order.payment_session_id, order.reference
+    session_id, reference, since = order.payment_session_id, order.reference, as_utc(order.payment_processing_at)
+    refunds = session.execute(select(Refund.id, Refund.session_id, Refund.status)
+                              .where(Refund.order_id == order_id)).all()
     session.rollback()
+    if any(r.session_id == session_id for r in refunds):
+        return _follow_refunds(order_id, reference, [r.id for r in refunds if r.status != "succeeded"], since, now)
     try:
         view = gateway.retrieve_session(session_id)
         failed = payments._async_failed(view)
@@ -373,19 +399,59 @@ def check_cancelled_payment(order_id: int, now: datetime) -> str:
         return "watch_closed"
     if view.payment_status == "paid":
         applied = payments.apply_session(view, source="sweep", now=now)
-        payments.stop_watching(order_id)
-        session.commit()
+        backoff_provider_checks(order_id, "watching", now, since=since)  # until its refund has gone through
         if applied.outcome == "refund_created":
             log.warning("sweep: money arrived for cancelled order %s with no webhook; refund queued", reference)
             return "late_refund"
-        return "watch_closed"
+        return "refund_under_way"
     if failed or view.status == "expired":
         payments.stop_watching(order_id)
         session.commit()
         return "watch_closed"
     # Still payable (open) or still settling (complete, unpaid): ask again after the backoff.
-    backoff_provider_checks(order_id, "watching", now)
+    backoff_provider_checks(order_id, "watching", now, since=since)
     return "awaiting_async"
+
+
+def _follow_refunds(order_id: int, reference: str, open_refund_ids: list[int], since: datetime,
+                    now: datetime) -> str:
+    """The late money is in and has a refund: no need to ask about the session any more, only
+    whether the money went back. All refunds succeeded -> the watch ends. A refund command that
+    died of anything but the provider's refusal (an outage dead-lettered before waiting for the
+    provider existed, a bug since fixed) runs again with a fresh budget; a refused one stays a
+    dead letter for an operator, and the order stays watched either way."""
+    from .. import queue
+    from ..outbox import runner
+
+    session = db.session
+    if not open_refund_ids:
+        payments.stop_watching(order_id)
+        session.commit()
+        log.info("sweep: the late money of cancelled order %s is refunded; no longer watched", reference)
+        return "watch_closed"
+    commands = session.execute(select(ScheduledCommand.id, ScheduledCommand.status, ScheduledCommand.failure_kind,
+                                      ScheduledCommand.payload)
+                               .where(ScheduledCommand.order_id == order_id,
+                                      ScheduledCommand.kind == "refund_payment")).all()
+    session.rollback()
+    dead = [c for c in commands if c.status == "dead" and (c.payload or {}).get("refund_id") in open_refund_ids]
+    outcome = "refund_under_way"
+    for command in dead:
+        if command.failure_kind == FAILURE_REFUSED:
+            log.warning("sweep: the refund for cancelled order %s was refused by the provider (cmd-%s); it waits "
+                        "for an operator in the dead letters", reference, command.id)
+            outcome = "refund_refused"
+            continue
+        if runner.retry_dead(ScheduledCommand, command.id, now):
+            log.warning("sweep: the refund for cancelled order %s was dead (cmd-%s); running it again", reference,
+                        command.id)
+            outcome = "refund_retried" if outcome != "refund_refused" else outcome
+            try:
+                queue.enqueue_command(command.id, now)
+            except Exception as exc:  # it is pending and due: the relay hands it over
+                log.warning("sweep: could not tell Redis about cmd-%s (%s); the relay will", command.id, exc)
+    backoff_provider_checks(order_id, "watching", now, since=since)
+    return outcome
 
 
 # -- the cycle -----------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from ..extensions import db
 from ..models import Cart, CartItem, InventoryItem, Order, Product, Variant
 from ..orders.checkout import place_order
 from ..orders.commands import cancel_order
-from ..orders.views import order_json, order_summary_json
+from .. import emails
+from ..orders.views import iso, order_json, order_summary_json
 from ..orders.lookup import order_by_reference
 from ..payments import gateway
 from ..payments.service import apply_session, start_payment
@@ -268,6 +269,9 @@ def order_page(reference: str):
 
 def _render_order(order: Order, status: int = 200, error: str | None = None):
     data = order_json(order)
+    if order.status == OrderStatus.CANCELLED.value:
+        why, at = emails.cancellation(order)
+        data["cancelled_because"], data["cancelled_at"] = why, iso(at)
     if error:
         data["error"] = error
     token = request.values.get("token")

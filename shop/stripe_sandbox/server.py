@@ -28,7 +28,9 @@ What it deliberately does not model
   * Events other than the four checkout.session ones (no payment_intent.*, charge.*,
     refund.*); refunds are instantly `succeeded`.
   * `/v1/charges` and the line-items endpoint (charges exist only as ids to refund).
-  * Persistence: everything lives in memory and is lost on restart.
+  * Persistence, unless started with a state file (`--state-file`, as `flask shop up` does;
+    see persist.py): otherwise everything lives in memory and is lost on restart. Faults are
+    never kept.
 
 Faults (`POST /_sandbox/faults`) and how they compose
   * `drop_webhooks: N` - the next N events that have at least one subscribed endpoint are
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
@@ -128,22 +131,41 @@ class QuietRequestHandler(WSGIRequestHandler):
         pass
 
 
-def run(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, min_session_seconds: int = 1800) -> None:
-    """Serve the sandbox until interrupted (threaded werkzeug server)."""
+def run(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, min_session_seconds: int = 1800,
+        state_file: str | None = None) -> None:
+    """Serve the sandbox until interrupted (threaded werkzeug server). With `state_file`, the
+    sandbox starts from it and keeps it up to date, a last time when it stops (SIGTERM too)."""
     app = create_sandbox_app(min_session_seconds)
+    sandbox = app.extensions["stripe_sandbox"]
+    persisted = None
+    if state_file:
+        from .persist import StateFile
+
+        persisted = StateFile(sandbox, state_file)
+        print(f"Stripe sandbox: {persisted.load()}", flush=True)
+        persisted.start()
     server = make_server(host, port, app, threaded=True, request_handler=QuietRequestHandler)
     print(
         f"Stripe sandbox listening on http://{host}:{server.port} "
         f"(STRIPE_API_BASE=http://{host}:{server.port}, min session {min_session_seconds}s)",
         flush=True,
     )
+    # SIGTERM (how a supervisor stops it) ends the loop like Ctrl-C, so the state is saved.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, previous)
         server.server_close()
-        app.extensions["stripe_sandbox"].close()
+        sandbox.close()
+        if persisted is not None:
+            persisted.close()
+
+
+def _interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":  # python -m shop.stripe_sandbox.server

@@ -58,9 +58,9 @@ def test_a_customer_pays_at_the_hosted_page_and_comes_back_to_a_paid_order(page,
     expect(page.locator(".flash")).to_contain_text("Added 2 × Field Notebook – A5, dot grid")
     cart_line = page.locator("table.lines tbody tr", has_text="NB-A5-DOT")
     expect(cart_line.locator("input[name=quantity]")).to_have_value("2")
-    expect(page.locator("table.lines tfoot")).to_contain_text("28.00 USD")
+    expect(page.locator("table.lines tfoot")).to_contain_text("$28.00")
     # The stepper: three, then back to two.
-    for quantity, total in (("3", "42.00 USD"), ("2", "28.00 USD")):
+    for quantity, total in (("3", "$42.00"), ("2", "$28.00")):
         cart_line.locator("input[name=quantity]").fill(quantity)
         cart_line.get_by_role("button", name="Update").click()
         expect(page.locator("table.lines tfoot")).to_contain_text(total)

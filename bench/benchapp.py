@@ -1,4 +1,6 @@
-"""Bench-only routes, registered only when BACKSTOP_BENCH_ENDPOINTS=1 (never in production).
+"""The bench's own app: the shop plus bench-only routes, which the shop itself never has.
+
+    gunicorn --pythonpath bench 'benchapp:create_bench_app()'   (bench/checkout.py, bench/webhook.py)
 
 `POST /_bench/bare-order?variants=1,2,3` runs only the SQL of an order, the way place_order
 issues it: read the prices, insert the order and its lines, then decrement each variant last,
@@ -16,12 +18,13 @@ import secrets
 from flask import Blueprint, request
 from sqlalchemy import bindparam, insert, select
 
-from .domain.deadlines import utcnow
-from .domain.order import OrderStatus
-from .extensions import csrf, db
-from .models import Variant
-from .orders import checkout
-from .orders.checkout import new_reference
+from shop import create_app
+from shop.domain.deadlines import utcnow
+from shop.domain.order import OrderStatus
+from shop.extensions import csrf, db
+from shop.models import Variant
+from shop.orders import checkout
+from shop.orders.checkout import new_reference
 
 bp = Blueprint("benchsupport", __name__, url_prefix="/_bench")
 
@@ -57,9 +60,9 @@ def bare_order():
 
 @bp.post("/bare-webhook")
 def bare_webhook():
-    from .models import WebhookReceipt
-    from .payments import gateway
-    from .webhooks import webhook_secret
+    from shop.models import WebhookReceipt
+    from shop.payments import gateway
+    from shop.webhooks import webhook_secret
 
     body = request.get_data()
     try:
@@ -73,6 +76,9 @@ def bare_webhook():
     return {"received": True}, 200
 
 
-def init_app(app) -> None:
+def create_bench_app(test_config: dict | None = None):
+    """`create_app` with the bench routes (CSRF-exempt: they are called without a form)."""
+    app = create_app(test_config)
     csrf.exempt(bp)
     app.register_blueprint(bp)
+    return app

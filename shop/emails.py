@@ -1,0 +1,65 @@
+"""What each customer email says, rendered from Jinja templates under templates/email/.
+
+A template's first line is `Subject: ...`; the rest, after one blank line, is the body. Every
+email is a `send_email` scheduled command (its own retries and dead letter), rendered when it is
+sent from what the database says then, so it never states something the order has moved past.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from flask import current_app, render_template
+from sqlalchemy import select
+
+from .domain.order import OrderStatus, cancelled_because
+from .extensions import db
+from .models import Order, OutboxEvent, Refund
+
+# An email about a state the order can leave: once it has, the email would mislead and is not
+# sent ("your items are held, try again" after the customer cancelled). The others are about
+# final states.
+STILL_TRUE_WHILE = {"payment_failed": OrderStatus.PAYMENT_FAILED.value}
+
+
+@dataclass
+class Email:
+    subject: str
+    body: str
+
+
+def utc_words(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else ""
+
+
+def cancellation(order: Order) -> tuple[str, datetime | None]:
+    """Why and when the order was cancelled: ("customer" | "expired" | "other", at)."""
+    row = db.session.execute(select(OutboxEvent.payload, OutboxEvent.created_at)
+                             .where(OutboxEvent.order_id == order.id, OutboxEvent.name == "OrderCancelled")
+                             .order_by(OutboxEvent.id.desc()).limit(1)).first()
+    if row is None:
+        return "other", None
+    return cancelled_because((row.payload or {}).get("reason", "")), row.created_at
+
+
+def render(template: str, order: Order) -> Email | None:
+    """The email `template` for `order` as things stand now, or None when it is no longer true."""
+    wanted = STILL_TRUE_WHILE.get(template)
+    if wanted is not None and order.status != wanted:
+        return None
+    from .orders.views import pay_by
+
+    base = current_app.config["PUBLIC_BASE_URL"]
+    context = dict(order=order, link=f"{base}/orders/{order.reference}?token={order.access_token}", shop=f"{base}/",
+                   deadline=utc_words(pay_by(order)), when=utc_words)
+    if template in ("order_expired", "order_cancelled"):
+        _why, context["cancelled_at"] = cancellation(order)
+    if template == "refund_issued":
+        refunds = db.session.execute(select(Refund).where(Refund.order_id == order.id, Refund.status == "succeeded")
+                                     .order_by(Refund.id)).scalars().all()
+        if not refunds:
+            return None
+        context["refund"] = refunds[-1]
+    text = render_template(f"email/{template}.txt", **context)
+    head, _, body = text.partition("\n\n")
+    return Email(head.removeprefix("Subject:").strip(), body.strip() + "\n")

@@ -1,0 +1,150 @@
+"""What a customer reads when an order ends: the order page and an email for each final state,
+each stating its facts (when the window closed, that nothing was charged, how much was refunded,
+when and to what); money in the payment page's format, zero-decimal currencies included."""
+from __future__ import annotations
+
+import email
+import os
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from payment_helpers import JSON, Shopper, order_id, post_webhook, sandbox_event, seed
+from shop.domain.deadlines import utcnow
+from shop.extensions import db
+from shop.models import ScheduledCommand
+from shop.money import format_money
+from shop.outbox.dispatch import drain_deliveries, run_command
+
+
+@pytest.fixture
+def paying_app(paying_app, tmp_path):
+    """The mail this test's orders get, in a folder of its own (order ids restart every test)."""
+    paying_app.instance_path = str(tmp_path)
+    return paying_app
+
+
+def _run_everything(app, now=None) -> None:
+    """Deliveries, then every due command (deadlines included), then deliveries again: a worker's day."""
+    now = now or utcnow()
+    with app.app_context():
+        for _ in range(3):
+            drain_deliveries(now=now)
+            due = db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.status == "pending",
+                                                                       ScheduledCommand.next_attempt_at <= now)
+                                     ).scalars().all()
+            db.session.rollback()
+            for command_id in due:
+                run_command(command_id, now=now)
+        db.session.remove()
+
+
+def _mail(app, oid: int, template: str) -> email.message.Message:
+    folder = os.path.join(app.instance_path, "mail")
+    found = [f for f in os.listdir(folder) if f.startswith(f"order-{oid}-{template}-")] if os.path.isdir(folder) else []
+    assert len(found) == 1, (template, found)
+    with open(os.path.join(folder, found[0]), "rb") as fh:
+        return email.message_from_bytes(fh.read())
+
+
+def _body(message) -> str:
+    return message.get_payload(decode=True).decode()
+
+
+def test_an_order_whose_window_ran_out_says_so_on_its_page_and_in_an_email(paying_app, sandbox):
+    app = paying_app
+    shopper = Shopper(app, seed(app))
+    sandbox.faults(api_unavailable=True)  # the order stays PendingPayment: the customer never pays
+    shopper.checkout("NB-A5-DOT", 2)
+    sandbox.faults(api_unavailable=False)
+    ref = shopper.latest()["reference"]
+    oid = order_id(app, ref)
+
+    _run_everything(app, now=utcnow() + timedelta(seconds=app.config["UNPAID_ORDER_EXPIRY_SECONDS"] + 5))
+
+    order = shopper.order(ref)
+    assert (order["status"], order["cancelled_because"]) == ("Cancelled", "expired")
+    page = shopper.client.get(f"/orders/{ref}").get_data(as_text=True)
+    assert "Expired" in page and "no payment arrived" in page and "Nothing was charged" in page
+    assert "Order again" in page
+    message = _mail(app, oid, "order_expired")
+    assert ref in message["Subject"] and "no payment arrived in time" in message["Subject"]
+    body = _body(message)
+    assert "Nothing was charged" in body and "back on sale" in body and "UTC" in body
+    assert app.config["PUBLIC_BASE_URL"] + "/" in body  # how to order again
+    assert not [f for f in os.listdir(os.path.join(app.instance_path, "mail")) if "order_cancelled" in f]
+
+
+def test_a_customer_cancel_is_confirmed_in_words_and_by_email(paying_app, sandbox):
+    app = paying_app
+    shopper = Shopper(app, seed(app))
+    order = shopper.place()
+    ref, oid = order["reference"], order_id(app, order["reference"])
+    assert shopper.cancel(ref, order["version"]).status_code == 200
+
+    _run_everything(app)
+
+    assert shopper.order(ref)["cancelled_because"] == "customer"
+    page = shopper.client.get(f"/orders/{ref}").get_data(as_text=True)
+    assert "You cancelled this order" in page and "back on sale" in page
+    body = _body(_mail(app, oid, "order_cancelled"))
+    assert "As you asked" in body and "Nothing was charged" in body
+
+
+def test_a_refund_email_says_how_much_when_and_to_what(paying_app, sandbox):
+    app = paying_app
+    shopper = Shopper(app, seed(app))
+    order = shopper.place()
+    ref, sid, oid = order["reference"], order["payment"]["session_id"], order_id(app, order["reference"])
+    sandbox.set_outcome(sid, "async_pending")
+    assert shopper.cancel(ref, shopper.order(ref)["version"]).status_code == 200
+    sandbox.async_result(sid, "succeeded")
+    post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.async_payment_succeeded", sid))
+
+    _run_everything(app)
+
+    body = _body(_mail(app, oid, "refund_issued"))
+    assert format_money(order["total"], order["currency"]) in body
+    assert "to the card or account you paid with" in body and "UTC" in body
+    page = shopper.client.get(f"/orders/{ref}").get_data(as_text=True)
+    assert "We refunded " + format_money(order["total"], order["currency"]) in page
+
+
+def test_a_failed_payment_email_is_not_sent_once_the_order_has_moved_on(paying_app, sandbox):
+    app = paying_app
+    shopper = Shopper(app, seed(app))
+    order = shopper.place()
+    ref, sid, oid = order["reference"], order["payment"]["session_id"], order_id(app, order["reference"])
+    sandbox.set_outcome(sid, "async_pending")
+    sandbox.async_result(sid, "failed")
+    post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.async_payment_failed", sid))
+    assert shopper.order(ref)["status"] == "PaymentFailed"
+    assert shopper.cancel(ref, shopper.order(ref)["version"]).status_code == 200  # before the email went
+
+    _run_everything(app)
+
+    folder = os.path.join(app.instance_path, "mail")
+    sent = [f for f in os.listdir(folder) if f.startswith(f"order-{oid}-")]
+    assert [f.split("-")[2] for f in sent] == ["order_cancelled"]
+
+
+def test_money_reads_as_on_the_payment_page_in_every_currency():
+    assert format_money(2800, "usd") == "$28.00"
+    assert format_money(1500, "jpy") == "¥1,500"  # zero-decimal: 1500 is ¥1,500, not ¥15.00
+    assert format_money(-250, "EUR") == "-€2.50"
+    assert format_money(12345, "kwd").endswith("12.345")  # three-decimal
+    assert format_money(None, "usd") == "–"
+
+
+def test_a_shop_in_yen_shows_whole_yen(make_app):
+    from shop.seed import seed_catalog
+
+    app = make_app()
+    with app.app_context():
+        seed_catalog(currency="jpy")
+        db.session.remove()
+    page = app.test_client().get("/").get_data(as_text=True)
+    assert "¥1,400" in page and "¥1,400.00" not in page and "14.00" not in page
+    variants = [v for p in app.test_client().get("/", headers=JSON).get_json()["products"] for v in p["variants"]]
+    assert {v["currency"] for v in variants} == {"jpy"}

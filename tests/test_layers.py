@@ -1,0 +1,30 @@
+"""The code's shape, checked: the import rules of pyproject.toml's [tool.importlinter] hold
+(the pure domain imports neither Flask nor SQLAlchemy nor anything else of the shop; the sandbox
+stands alone; only the gateway imports stripe and only shop.queue knows RQ), and the domain's
+tests run with neither Redis nor a database, as a newcomer's first layer."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_import_contracts_in_pyproject_hold():
+    result = subprocess.run([str(Path(sys.executable).parent / "lint-imports")], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_the_domain_tests_need_neither_redis_nor_a_database():
+    # Nothing listens on port 9: a test (or conftest) that reached for Redis or the database fails.
+    nowhere = {"TEST_REDIS_LOCKS_URL": "redis://127.0.0.1:9/15",
+               "DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:9/nothing"}
+    env = {k: v for k, v in os.environ.items() if k != "TEST_REDIS_URL"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/domain"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300, env={**env, **nowhere})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "error" not in result.stdout.splitlines()[-1]
