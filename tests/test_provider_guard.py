@@ -37,7 +37,7 @@ def _pay_later_page(shopper: Shopper, response) -> dict:
     location = response.headers["Location"]
     assert "/orders/" in location, location
     page = shopper.client.get(location, headers={"Accept": "text/html"}).get_data(as_text=True)
-    assert "your items are held until" in page and "Pay now" in page, page
+    assert "its items are held for you until" in page and "Pay now" in page, page
     return shopper.latest()
 
 
