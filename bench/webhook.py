@@ -138,7 +138,8 @@ def start_gunicorn(env: dict, workers: int, port: int, log_path: str) -> subproc
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             conn.request("GET", "/healthz")
-            if conn.getresponse().status == 200:
+            # 503 is an answer too: this bench runs no worker or scheduler, so /healthz says so.
+            if conn.getresponse().status in (200, 503):
                 return proc
         except OSError:
             pass

@@ -13,6 +13,7 @@ a crash), so nothing is left holding a port.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -257,6 +258,23 @@ def http_status(url: str, timeout: float = 1.0) -> int | None:
         return exc.code
     except (OSError, ValueError):
         return None
+
+
+def web_serves(url: str, timeout: float = 1.0) -> bool:
+    """The web process serves with its database and Redis: /healthz answers 200, or a 503 whose
+    database and Redis are fine (the worker and the scheduler, started alongside, may not have
+    left their first heartbeats yet; `up` watches those children itself)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status == 200
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read() or b"{}")
+        except ValueError:
+            return False
+        return exc.code == 503 and body.get("database") == "ok" and body.get("redis") == "ok"
+    except (OSError, ValueError):
+        return False
 
 
 def _wait_until(ready, child: Child, what: str, timeout: float = START_TIMEOUT) -> None:
@@ -657,7 +675,7 @@ def _run(port: int, console: Console, sup: Supervisor, state: dict, plan_holder:
         if not ready:
             # A generous timeout: while gunicorn's workers still import the app the kernel
             # queues the connection, and a short one would only pile up retries.
-            if http_status(plan.base_url + "/healthz", timeout=5) == 200:
+            if web_serves(plan.base_url + "/healthz", timeout=5):
                 ready = True
                 banner(plan, console)
             elif time.monotonic() > ready_by:

@@ -18,7 +18,8 @@ from flask import current_app
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from rq import Queue, SimpleWorker, get_current_job
+from rq import Queue, SimpleWorker, Worker, get_current_job, worker_registration
+from rq.job import Job
 from rq_scheduler import Scheduler
 from rq_scheduler.utils import to_unix
 
@@ -87,11 +88,12 @@ def command_job_id(command_id: int) -> str:
     return f"{current_app.config['QUEUE_PREFIX']}-command-{command_id}"
 
 
-def announce(delivery_ids, commands, now: datetime | None = None) -> None:
+def announce(delivery_ids, commands, now: datetime | None = None, retired=()) -> None:
     """Hand committed work to Redis: deliveries by waking a drain (unless enough drains already
-    wait), commands at their time. One pipeline (one round trip) for the jobs: a checkout's
-    deadline included; deliveries add the round trip that takes a drain slot."""
-    if not delivery_ids and not commands:
+    wait), commands at their time, and take `retired` commands (deadlines of an order that
+    reached a final state) off rq-scheduler's schedule. One pipeline (one round trip) for the
+    jobs: a checkout's deadline included; deliveries add the round trip that takes a drain slot."""
+    if not delivery_ids and not commands and not retired:
         return
     now = now or datetime.now(timezone.utc)
     queue = work_queue()
@@ -118,6 +120,11 @@ def announce(delivery_ids, commands, now: datetime | None = None) -> None:
                                         commit=False)
                 job.save(pipeline=pipe)
                 pipe.zadd(sched.scheduled_jobs_key, {job.id: to_unix(_aware(due))})
+        for cid in retired:
+            # A copy re-armed under a suffixed id (see above) stays; it finds its row obsolete and
+            # does nothing, as does one already moved to the queue.
+            pipe.zrem(sched.scheduled_jobs_key, command_job_id(cid))
+            pipe.delete(Job.key_for(command_job_id(cid)))
         pipe.execute()
 
 
@@ -218,14 +225,113 @@ def enqueue_command(command_id: int, due: datetime | None = None) -> None:
     announce([], [(command_id, due or datetime.now(timezone.utc))])
 
 
+def heartbeat_seconds() -> int:
+    """How often a worker or the scheduler leaves a heartbeat: four beats per HEALTH_STALE_SECONDS
+    (every 15 s at the default of 60, every second at the smallest), so one late beat never
+    makes a healthy process look stalled."""
+    return max(1, min(15, current_app.config["HEALTH_STALE_SECONDS"] // 4))
+
+
+def _iso(ts: datetime | None) -> str:
+    return ts.astimezone(timezone.utc).isoformat() if ts is not None else ""
+
+
+def _describe_job(job: Job) -> str:
+    return f"{job.func_name.rsplit('.', 1)[-1]}({', '.join(map(str, job.args or ()))})"
+
+
+class ShopWorker(SimpleWorker):
+    """RQ's non-forking worker, with a heartbeat HEALTH_STALE_SECONDS can rely on.
+
+    RQ beats once per blocking dequeue, whose timeout is `worker_ttl - 15` (420 s by default):
+    far too rarely. Here `worker_ttl` is chosen so the idle loop beats every heartbeat_seconds().
+    A non-forking worker does not beat at all while a job runs (RQ's forking worker beats from
+    the parent); a sweep asking the provider about 50 orders can run for a minute, so a thread
+    beats for it, but only until the job's own timeout: a job stuck past that is no longer
+    vouched for. SIGSTOP stops that thread with the rest, which is what a stalled worker is.
+
+    Each beat also rewrites the worker's record and its registration (one pipeline, one round
+    trip, as RQ's own beat): RQ registers a worker only at birth, so after Redis lost its data
+    the worker would work on, invisible, for good. Our fields: what it runs now and since when,
+    and its last job."""
+
+    def __init__(self, *args, beat_seconds: int = 15, **kwargs):
+        kwargs.setdefault("worker_ttl", beat_seconds + 15)  # dequeue_timeout = worker_ttl - 15
+        super().__init__(*args, **kwargs)
+        self.beat_seconds = beat_seconds
+        self._beat_lock = threading.Lock()
+        self._job: tuple[str, datetime, float] | None = None  # what, since, vouched for until (monotonic)
+        self._last_job: tuple[str, datetime] | None = None
+        self._beater: threading.Thread | None = None
+
+    def _record(self) -> dict:
+        record = {"state": self.get_state(), "shop_job": "", "shop_job_since": "",
+                  "shop_last_job": "", "shop_last_job_at": ""}
+        if self.birth_date is not None and self.last_heartbeat is not None:
+            record.update(self.serialize())
+        if self._job is not None:
+            record.update(shop_job=self._job[0], shop_job_since=_iso(self._job[1]))
+        if self._last_job is not None:
+            record.update(shop_last_job=self._last_job[0], shop_last_job_at=_iso(self._last_job[1]))
+        return record
+
+    def heartbeat(self, timeout: int | None = None, pipeline=None):
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline=pipeline)
+            return
+        with self._beat_lock, self.connection.pipeline() as pipe:
+            # The whole record first, then RQ's beat (which sets the key's expiry: an EXPIRE before
+            # the key exists again would leave it without one).
+            pipe.hset(self.key, mapping=self._record())
+            super().heartbeat(timeout, pipeline=pipe)
+            worker_registration.register(self, pipe)
+            pipe.execute()
+
+    def execute_job(self, job: Job, queue: Queue):
+        ttl = int(job.timeout) if job.timeout and job.timeout > 0 else 300
+        self._job = (_describe_job(job), datetime.now(timezone.utc), time.monotonic() + ttl)
+        if self._beater is None:
+            self._beater = threading.Thread(target=self._beat_during_jobs, name="heartbeat", daemon=True)
+            self._beater.start()
+        try:
+            super().execute_job(job, queue)
+        finally:
+            self._last_job, self._job = (self._job[0], datetime.now(timezone.utc)), None
+
+    def _beat_during_jobs(self) -> None:
+        while True:
+            time.sleep(self.beat_seconds)
+            job = self._job
+            if job is None or time.monotonic() > job[2] or \
+                    (datetime.now(timezone.utc) - job[1]).total_seconds() < self.beat_seconds:
+                continue  # idle (the main loop beats), past its timeout, or too short to need it
+            try:
+                self.heartbeat()
+            except Exception as exc:  # Redis away: the main loop will report it
+                log.debug("worker heartbeat during a job failed: %s", exc)
+
+
+class _WorkerRecord(ShopWorker):
+    """A worker as read from RQ's registry by another process (the web's /healthz, the console).
+    RQ's constructor raises the connection's socket timeout to outlast a blocking dequeue; a
+    reader never blocks, and /healthz must answer fast when Redis hangs: keep the app's timeout."""
+
+    def _set_connection(self, connection):
+        return connection
+
+
+def make_worker(name: str | None = None) -> ShopWorker:
+    control, work = _names()
+    conn = redis_conn()
+    return ShopWorker([Queue(control, connection=conn), Queue(work, connection=conn)], connection=conn,
+                      name=name or f"backstop-{socket.gethostname()}-{os.getpid()}",
+                      beat_seconds=heartbeat_seconds())
+
+
 def run_worker(burst: bool = False, name: str | None = None) -> None:
     """A non-forking worker: the fork per job costs ~12 ms here, which caps a forking worker
     near 70 jobs/s; the jobs are short, id-only and clean up their own session."""
-    control, work = _names()
-    conn = redis_conn()
-    worker = SimpleWorker([Queue(control, connection=conn), Queue(work, connection=conn)], connection=conn,
-                          name=name or f"backstop-{socket.gethostname()}-{os.getpid()}")
-    worker.work(burst=burst, with_scheduler=False, logging_level="WARNING")
+    make_worker(name).work(burst=burst, with_scheduler=False, logging_level="WARNING")
 
 
 class _WatchfulScheduler(Scheduler):
@@ -235,10 +341,50 @@ class _WatchfulScheduler(Scheduler):
     rebuilds Redis's part from the database before due jobs are moved. One ZSCORE per periodic
     job per poll; only the scheduler holding rq-scheduler's lock does it."""
 
-    def __init__(self, *args, watch=(), on_loss=None, **kwargs):
+    def __init__(self, *args, watch=(), on_loss=None, beat_key: str = "", beat_index: str = "",
+                 beat_ttl: int = 180, **kwargs):
         super().__init__(*args, **kwargs)
         self._watch = tuple(watch)
         self._on_loss = on_loss
+        self.beat_name = f"scheduler-{socket.gethostname()}-{os.getpid()}"
+        self._beat_key, self._beat_index, self._beat_ttl = beat_key, beat_index, beat_ttl
+        self._born = datetime.now(timezone.utc)
+        self._last_moved: tuple[str, datetime] | None = None
+        self._last_lock_at: datetime | None = None
+
+    def heartbeat(self):
+        """rq-scheduler's own beat only extends its key's expiry (no time, nothing to read): ours
+        writes who and what, and when, each poll, in the same round trip. The record is written
+        whole each time, so after Redis lost its data it is back at the next poll."""
+        now = datetime.now(timezone.utc)
+        if self._lock_acquired:
+            self._last_lock_at = now
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.expire(self.key, int(self._interval) + 10)
+            if self._beat_key:
+                pipe.hset(self._beat_key, mapping={
+                    "name": self.beat_name, "host": socket.gethostname(), "pid": os.getpid(),
+                    "runs": f"rq-scheduler for {self.queue_name}, polling every {self._interval} s",
+                    "since": _iso(self._born), "last_beat": _iso(now),
+                    "last_job": self._last_moved[0] if self._last_moved else "",
+                    "last_job_at": _iso(self._last_moved[1]) if self._last_moved else "",
+                    "last_lock_at": _iso(self._last_lock_at)})
+                pipe.expire(self._beat_key, self._beat_ttl)
+                pipe.zadd(self._beat_index, {self.beat_name: now.timestamp()})
+            pipe.execute()
+
+    def enqueue_job(self, job):
+        self._last_moved = (_describe_job(job), datetime.now(timezone.utc))
+        return super().enqueue_job(job)
+
+    def register_death(self):
+        """A clean stop is not a stall: the heartbeat goes with the process."""
+        super().register_death()
+        if self._beat_key:
+            with self.connection.pipeline(transaction=False) as pipe:
+                pipe.delete(self._beat_key)
+                pipe.zrem(self._beat_index, self.beat_name)
+                pipe.execute()
 
     def run(self, burst: bool = False):
         """rq-scheduler's loop, kept alive through a Redis outage: a restart or a network blip
@@ -280,12 +426,129 @@ def periodic_job_ids(with_sweep: bool) -> list[str]:
     return [f"{prefix}-periodic-relay"] + ([f"{prefix}-periodic-reconcile"] if with_sweep else [])
 
 
+def _scheduler_beats_key() -> str:
+    return f"{current_app.config['QUEUE_PREFIX']}:heartbeats:scheduler"
+
+
+def make_scheduler(watch=(), on_loss=None) -> _WatchfulScheduler:
+    sched = _WatchfulScheduler(queue=work_queue(), connection=redis_conn(),
+                               interval=current_app.config["SCHEDULER_POLL_SECONDS"], watch=watch, on_loss=on_loss)
+    # The record outlives a stall for a while (so the console can name the stalled scheduler);
+    # the index keeps its last beat time for a day after that.
+    sched._beat_key = f"{_scheduler_beats_key()}:{sched.beat_name}"
+    sched._beat_index = _scheduler_beats_key()
+    sched._beat_ttl = 3 * current_app.config["HEALTH_STALE_SECONDS"]
+    return sched
+
+
 def run_scheduler(burst: bool = False, watch=(), on_loss=None) -> None:
     """Poll until stopped. `watch`: periodic job ids whose disappearance means Redis lost its
     data; `on_loss` is then called to rebuild from the database."""
-    _WatchfulScheduler(queue=work_queue(), connection=redis_conn(),
-                       interval=current_app.config["SCHEDULER_POLL_SECONDS"],
-                       watch=watch, on_loss=on_loss).run(burst=burst)
+    make_scheduler(watch, on_loss).run(burst=burst)
+
+
+# -- what Redis knows of the processes and queues (docs/REFERENCE.md, Operations) ---------------
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")
+
+
+def _parse(value) -> datetime | None:
+    text = _text(value)
+    if not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def processes() -> list[dict]:
+    """Every worker on this app's queues (RQ's own worker registry: name, host, pid, state, last
+    beat, birth) and every scheduler that has beaten in the last day, each with `last_beat` (a
+    datetime, None when unknown). Three round trips plus one per worker."""
+    conn = redis_conn()
+    found: dict[str, dict] = {}
+    for queue in (work_queue(), control_queue()):
+        for worker in _WorkerRecord.all(queue=queue):
+            found.setdefault(worker.name, {
+                "role": "worker", "name": worker.name, "host": worker.hostname, "pid": worker.pid,
+                "runs": "RQ worker on " + ", ".join(worker.queue_names()), "state": worker.get_state(),
+                "since": worker.birth_date and worker.birth_date.replace(tzinfo=timezone.utc),
+                "last_beat": worker.last_heartbeat and worker.last_heartbeat.replace(tzinfo=timezone.utc),
+                "jobs_done": worker.successful_job_count, "jobs_failed": worker.failed_job_count,
+                "key": worker.key})
+    workers = list(found.values())
+    with conn.pipeline(transaction=False) as pipe:
+        for w in workers:
+            pipe.hmget(w.pop("key"), "shop_job", "shop_job_since", "shop_last_job", "shop_last_job_at")
+        extras = pipe.execute()
+    for w, (job, job_since, last_job, last_job_at) in zip(workers, extras):
+        w.update(job=_text(job) or None, job_since=_parse(job_since), last_job=_text(last_job) or None,
+                 last_job_at=_parse(last_job_at))
+
+    index = _scheduler_beats_key()
+    day_ago = time.time() - 86400
+    with conn.pipeline(transaction=False) as pipe:
+        pipe.zremrangebyscore(index, "-inf", day_ago)
+        pipe.zrange(index, 0, -1, withscores=True)
+        _, beats = pipe.execute()
+    with conn.pipeline(transaction=False) as pipe:
+        for name, _ in beats:
+            pipe.hgetall(f"{index}:{_text(name)}")
+        records = pipe.execute() if beats else []
+    schedulers = []
+    for (name, score), record in zip(beats, records):
+        record = {_text(k): _text(v) for k, v in record.items()}
+        schedulers.append({
+            "role": "scheduler", "name": _text(name), "host": record.get("host"),
+            "pid": int(record["pid"]) if record.get("pid") else None, "runs": record.get("runs") or "rq-scheduler",
+            "state": "polling" if record else "record expired",
+            "since": _parse(record.get("since")), "last_beat": datetime.fromtimestamp(score, timezone.utc),
+            "job": None, "job_since": None, "last_job": record.get("last_job") or None,
+            "last_job_at": _parse(record.get("last_job_at")), "moved_jobs_at": _parse(record.get("last_lock_at"))})
+    return workers + schedulers
+
+
+def queue_depths(now: datetime) -> list[dict]:
+    """Each RQ queue's depth and the age of its oldest job, and rq-scheduler's schedule: how
+    many jobs it holds, how many are due (should have been moved already) and the oldest due
+    one's age. Two round trips."""
+    queues = [control_queue(), work_queue()]
+    conn = redis_conn()
+    sched_key = Scheduler.scheduled_jobs_key
+    with conn.pipeline(transaction=False) as pipe:
+        for q in queues:
+            pipe.llen(q.key)
+            pipe.lindex(q.key, 0)
+        pipe.zcard(sched_key)
+        pipe.zcount(sched_key, "-inf", now.timestamp())
+        pipe.zrange(sched_key, 0, 0, withscores=True)
+        answers = pipe.execute()
+    heads = [_text(answers[2 * i + 1]) for i in range(len(queues))]
+    with conn.pipeline(transaction=False) as pipe:
+        for head in heads:
+            pipe.hget(Job.key_for(head), "enqueued_at") if head else pipe.echo("")
+        enqueued = pipe.execute()
+    result = []
+    for i, q in enumerate(queues):
+        at = _parse(enqueued[i])
+        result.append({"name": q.name, "kind": "rq queue", "depth": int(answers[2 * i]),
+                       "oldest_age_seconds": max(0.0, (now - at).total_seconds()) if at else None})
+    scheduled, due, first = answers[-3], answers[-2], answers[-1]
+    oldest_due = None
+    if due and first:
+        oldest_due = max(0.0, now.timestamp() - first[0][1])
+    result.append({"name": "rq-scheduler", "kind": "schedule", "depth": int(scheduled), "due": int(due),
+                   "oldest_age_seconds": oldest_due})
+    return result
+
+
+def next_run_at(job_id: str) -> datetime | None:
+    """When rq-scheduler will next move a (periodic) job: the sweep's next cycle."""
+    score = redis_conn().zscore(Scheduler.scheduled_jobs_key, job_id)
+    return datetime.fromtimestamp(score, timezone.utc) if score is not None else None
 
 
 def ping() -> bool:

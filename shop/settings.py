@@ -45,6 +45,7 @@ class Settings:
     unpaid_order_expiry_enabled: bool
     outbox_max_attempts: int
     scheduler_poll_seconds: int
+    health_stale_seconds: int
     smtp_url: str | None
     # Process environment (docs/REFERENCE.md, Settings): for running shops or test runs side by side.
     queue_prefix: str
@@ -152,6 +153,14 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         raise SettingsError("STRIPE_MAX_CONCURRENT_CALLS",
                             f"must be between 1 and {most_calls} (WEB_THREADS - 1, so a thread is always "
                             f"free for pages that do not wait on the provider), got {max_calls}")
+    poll = _int(env, "SCHEDULER_POLL_SECONDS", 1, 1, 3600)
+    stale = _int(env, "HEALTH_STALE_SECONDS", 60, 2, 24 * 3600)
+    if stale <= poll:
+        raise SettingsError(
+            "HEALTH_STALE_SECONDS",
+            f"must be greater than SCHEDULER_POLL_SECONDS ({poll}), got {stale}: the scheduler beats once "
+            "per poll, so a healthy one would look stalled between polls",
+        )
 
     return Settings(
         web_concurrency=_int(env, "WEB_CONCURRENCY", DEFAULT_WEB_CONCURRENCY, 1, 64),
@@ -177,7 +186,8 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         reconciliation_enabled=_bool(env, "RECONCILIATION_ENABLED", True),
         unpaid_order_expiry_enabled=_bool(env, "UNPAID_ORDER_EXPIRY_ENABLED", True),
         outbox_max_attempts=_int(env, "OUTBOX_MAX_ATTEMPTS", 5, 1, 100),
-        scheduler_poll_seconds=_int(env, "SCHEDULER_POLL_SECONDS", 1, 1, 3600),
+        scheduler_poll_seconds=poll,
+        health_stale_seconds=stale,
         smtp_url=(env.get("SMTP_URL") or "").strip() or None,
         queue_prefix=(env.get("BACKSTOP_QUEUE_PREFIX") or "").strip() or "backstop",
         outbox_lease_seconds=_int(env, "BACKSTOP_OUTBOX_LEASE_SECONDS", 60, 1, 3600),

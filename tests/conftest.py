@@ -19,11 +19,15 @@ RUN_ID = uuid.uuid4().hex[:8]
 
 
 LOCKS_URL = os.environ.get("TEST_REDIS_LOCKS_URL", "redis://127.0.0.1:6379/15")
+TEST_DBS = range(1, 15)  # 0 is the shop's default, 15 holds the locks
+# A run renews its lock as it goes (pytest_runtest_logstart), so a run that was killed frees its
+# database within this long instead of holding it for hours.
+LOCK_SECONDS = 900
 
 
 def _claim_redis_db() -> str:
     """A Redis database of its own for this pytest run: tests flush it (Redis losing everything
-    is a case we test), so two runs on one machine must never share one. Databases 1-9 are
+    is a case we test), so two runs on one machine must never share one. Databases 1-14 are
     claimed with lock keys kept in database 15 (which no test flushes) that expire if a run
     dies; TEST_REDIS_URL overrides the choice. Claimed on first use, not at import: the pure
     domain's tests (tests/domain) run with no Redis and no database at all."""
@@ -33,12 +37,12 @@ def _claim_redis_db() -> str:
 
     locks = Redis.from_url(LOCKS_URL)
     try:
-        for index in range(1, 10):
-            if locks.set(f"backstop-test-run-lock:{index}", RUN_ID, nx=True, ex=3 * 3600):
+        for index in TEST_DBS:
+            if locks.set(f"backstop-test-run-lock:{index}", RUN_ID, nx=True, ex=LOCK_SECONDS):
                 return LOCKS_URL.rsplit("/", 1)[0] + f"/{index}"
     finally:
         locks.close()
-    raise RuntimeError("every Redis test database 1-9 is claimed by another test run")
+    raise RuntimeError(f"every Redis test database {TEST_DBS[0]}-{TEST_DBS[-1]} is claimed by another test run")
 
 
 _claimed: list[str] = []
@@ -55,6 +59,14 @@ def __getattr__(name: str):
     if name == "REDIS_URL":
         return redis_url()
     raise AttributeError(name)
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _claimed and not os.environ.get("TEST_REDIS_URL"):
+        from redis import Redis
+
+        with Redis.from_url(LOCKS_URL) as locks:
+            locks.expire(f"backstop-test-run-lock:{_claimed[0].rsplit('/', 1)[-1]}", LOCK_SECONDS)
 
 
 def pytest_unconfigure(config):
@@ -253,3 +265,16 @@ def paying_app(make_app, sandbox):
     app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
                    STRIPE_WEBHOOK_SECRET="whsec_test_secret")
     return app
+
+
+def leave_heartbeats(app) -> None:
+    """The heartbeats a running worker and scheduler leave, written by the same code their
+    processes run (a real RQ worker registration, the scheduler's own beat), without running
+    them: for tests of /healthz and the dashboard that are not about liveness."""
+    from shop import queue
+
+    with app.app_context():
+        worker = queue.make_worker(name=f"test-worker-{uuid.uuid4().hex[:8]}")
+        worker.register_birth()
+        worker.heartbeat()
+        queue.make_scheduler().heartbeat()

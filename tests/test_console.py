@@ -715,3 +715,35 @@ def test_logging_in_and_out_and_anonymous_posts_are_not_operator_actions(app, cl
         from shop.models import OperatorAction
 
         assert db.session.query(OperatorAction).count() == 0
+
+
+def test_a_paid_order_shows_no_stale_error_no_reconcile_button_and_no_pending_deadline(paying_app, sandbox):
+    from shop.payments import gateway
+    from shop.payments.service import reconcile_order, start_payment
+
+    app, client = paying_app, paying_app.test_client()
+    token = log_in(app, client)
+    order_id, ref = place(app)
+    with app.app_context():
+        # A first attempt fails (the order gets a last error and a fresh deadline), the second pays.
+        assert start_payment(order_id).status == "started"
+        gateway.expire_session(db.session.get(Order, order_id).payment_session_id)
+        assert reconcile_order(order_id, source="test").outcome == "payment_failed"
+        assert db.session.get(Order, order_id).last_payment_error
+        db.session.rollback()
+        assert start_payment(order_id).status == "started"
+        sandbox.set_outcome(db.session.get(Order, order_id).payment_session_id, "paid")
+        assert reconcile_order(order_id, source="test").outcome == "paid"
+        db.session.remove()
+
+    data = client.get(f"/console/orders/{ref}", headers=JSON).get_json()
+    assert data["order"]["status"] == "Paid" and data["order"]["last_payment_error"] is None
+    deadlines = [c for c in data["commands"] if c["kind"] == "expire_unpaid_order"]
+    assert deadlines and {c["status"] for c in deadlines} == {"obsolete"}
+    assert any(t["what"] == "expire_unpaid_order retired" and "paid before its deadline" in t["detail"]
+               for t in data["timeline"])
+    html = client.get(f"/console/orders/{ref}").get_data(as_text=True)
+    assert "last error" not in html and "/reconcile" not in html and "Ask the provider now" not in html
+    pending = client.get("/console/outbox?status=pending", headers=JSON).get_json()["deliveries"]
+    assert not [d for d in pending if d["handler"] == "expire_unpaid_order"]
+    assert token

@@ -201,12 +201,57 @@ def test_a_deadline_for_an_order_paid_meanwhile_is_a_noop(paying_ctx, sandbox):
     assert reconcile_order(order_id, source="test").outcome == "paid"
     paid_version = _order(order_id).version
 
-    assert run_command(deadline_id, now=placed_at + timedelta(seconds=WINDOW)) == "done"
+    # Retired when the order was paid (see the tests below): not even claimable any more.
+    assert run_command(deadline_id, now=placed_at + timedelta(seconds=WINDOW)) == "skipped"
+    assert _command(deadline_id).status == "obsolete"
 
     order = _order(order_id)
     assert (order.status, order.version) == ("Paid", paid_version)
     assert _deliveries(order_id, "OrderCancelled") == []
     assert _on_hand(variant_id) == 10
+
+
+def _job_key_exists(redis_conn, command_id: int) -> bool:
+    return bool(redis_conn.exists(f"rq:job:{queue.command_job_id(command_id)}"))
+
+
+def test_an_order_paid_before_its_deadline_retires_it_at_once_and_it_is_never_enqueued(paying_ctx, sandbox,
+                                                                                      redis_conn):
+    placed_at = utcnow()
+    order_id, _, deadline_id = _checkout(now=placed_at)
+    assert _scheduled_at(deadline_id) is not None  # handed to rq-scheduler with the order
+    assert start_payment(order_id, now=placed_at).status == "started"
+    sandbox.set_outcome(_order(order_id).payment_session_id, "paid")
+
+    # The payment's own path (the webhook's fast path: prebuilt statements, events written directly).
+    assert reconcile_order(order_id, source="test").outcome == "paid"
+
+    [row] = _deadlines(order_id)
+    assert (row.status, row.completed_at is not None) == ("obsolete", True)
+    assert "paid before its deadline" in row.discard_reason
+    assert _scheduled_at(deadline_id) is None and not _job_key_exists(redis_conn, deadline_id)
+    # Nothing can bring it back: the relay and the scheduler's re-arm look for pending rows only.
+    due = placed_at + timedelta(seconds=WINDOW + 1)
+    assert relay_once(now=due)["commands"] == 0 and rearm_future_commands(placed_at) == 0
+    assert _scheduled_at(deadline_id) is None
+    assert queue.work_queue().count == 0 or queue.command_job_id(deadline_id) not in queue.work_queue().job_ids
+    db.session.rollback()
+
+
+def test_a_cancelled_order_retires_its_pending_deadline_with_its_cancellation(app_ctx, redis_conn):
+    from shop.orders.commands import cancel_order
+
+    order_id, _, deadline_id = _checkout()
+    assert cancel_order(order_id, None).status == "cancelled"
+
+    [row] = _deadlines(order_id)
+    assert row.status == "obsolete" and "cancelled before its deadline" in row.discard_reason
+    # Written by the same commit as the cancellation's event (one `now` for both).
+    [cancelled] = db.session.scalars(select(OutboxEvent).where(OutboxEvent.order_id == order_id,
+                                                               OutboxEvent.name == "OrderCancelled")).all()
+    assert as_utc(row.completed_at) == as_utc(cancelled.created_at)
+    assert _scheduled_at(deadline_id) is None and not _job_key_exists(redis_conn, deadline_id)
+    db.session.rollback()
 
 
 def _at_the_payment_page(placed_at):

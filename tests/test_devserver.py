@@ -262,8 +262,11 @@ def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
     catalog = browser.get(base + "/", headers={"Accept": "application/json"}).json()
     variants = [v for p in catalog["products"] for v in p["variants"] if v["available"] > 0]
     assert len(catalog["products"]) == 3 and variants
-    health = browser.get(base + "/healthz")
-    assert health.status_code == 200 and health.json()["redis"] == "ok"
+    # 200 once the worker and the scheduler have left their first heartbeats.
+    deadline = time.monotonic() + 30
+    while (health := browser.get(base + "/healthz")).status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert health.status_code == 200 and health.json()["redis"] == "ok", health.json()
     assert requests.get(sandbox + "/_sandbox/faults").status_code == 200
 
     engine = create_engine(up.database_url)

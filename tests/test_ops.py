@@ -14,6 +14,8 @@ from shop.models import Cart, CartItem, Order, RestoreWarning, Variant, WebhookR
 from shop.orders.checkout import place_order
 from shop.seed import seed_catalog
 
+from conftest import leave_heartbeats
+
 CONTRACT_METRICS = {
     "shop_orders_stuck": {"status"}, "shop_orders_oldest_stuck_age_seconds": {"status"},
     "shop_outbox_deliveries": {"status"}, "shop_outbox_oldest_pending_age_seconds": set(),
@@ -65,8 +67,13 @@ def test_metrics_carry_every_contract_name_and_label_and_count_from_the_database
 
 
 def test_healthz_is_200_when_both_answer_and_503_naming_the_one_that_is_down(make_app):
-    up = make_app().test_client().get("/healthz")
-    assert up.status_code == 200 and up.get_json() == {"status": "ok", "database": "ok", "redis": "ok"}
+    app = make_app()
+    leave_heartbeats(app)
+    up = app.test_client().get("/healthz")
+    assert up.status_code == 200, up.get_json()
+    body = up.get_json()
+    assert (body["status"], body["database"], body["redis"], body["problems"]) == ("ok", "ok", "ok", [])
+    assert body["workers"].startswith("ok") and body["scheduler"].startswith("ok") and body["outbox"].startswith("ok")
     no_redis = make_app(REDIS_URL="redis://127.0.0.1:9/0").test_client().get("/healthz")
     assert no_redis.status_code == 503 and no_redis.get_json()["redis"].startswith("down")
     assert no_redis.get_json()["database"] == "ok"

@@ -34,6 +34,8 @@ BAD = [
     ("OUTBOX_MAX_ATTEMPTS", "0", "between"),
     ("OUTBOX_MAX_ATTEMPTS", "five", "whole number"),
     ("SCHEDULER_POLL_SECONDS", "0", "between"),
+    ("HEALTH_STALE_SECONDS", "a minute", "whole number"),
+    ("HEALTH_STALE_SECONDS", "1", "between 2 and"),
     ("DATABASE_URL", "mysql://root@localhost/shop", "must start with"),
     ("REDIS_URL", "http://127.0.0.1:6379", "must start with"),
     ("PUBLIC_BASE_URL", "ftp://shop.example", "must start with"),
@@ -76,6 +78,7 @@ def test_defaults_and_good_values_are_read_and_typed(tmp_path):
     assert load_settings({"WEB_THREADS": "1"}, str(tmp_path), argv=CLI).stripe_max_concurrent_calls == 1
     assert load_settings({"WEB_THREADS": "4", "STRIPE_MAX_CONCURRENT_CALLS": "3"}, str(tmp_path),
                          argv=CLI).stripe_max_concurrent_calls == 3
+    assert defaults.health_stale_seconds == 60
 
     s = load_settings({"UNPAID_ORDER_EXPIRY_SECONDS": " 60 ", "RECONCILIATION_STUCK_AGE_SECONDS": "60",
                        "RECONCILIATION_ENABLED": "off", "UNPAID_ORDER_EXPIRY_ENABLED": "Yes",
@@ -86,6 +89,14 @@ def test_defaults_and_good_values_are_read_and_typed(tmp_path):
     assert s.database_url == "postgresql+psycopg://u@db/shop"  # the driver we ship, not psycopg2
     assert s.public_base_url == "https://shop.example"
     assert (s.secret_key, s.secret_key_ephemeral, s.reconciliation_batch_size) == ("k", False, 1000)
+
+
+def test_a_staleness_limit_a_healthy_scheduler_would_exceed_between_polls_is_refused(tmp_path):
+    with pytest.raises(SettingsError) as caught:
+        load_settings({"SCHEDULER_POLL_SECONDS": "30", "HEALTH_STALE_SECONDS": "30"}, str(tmp_path), argv=CLI)
+    assert caught.value.variable == "HEALTH_STALE_SECONDS" and "SCHEDULER_POLL_SECONDS (30)" in str(caught.value)
+    ok = load_settings({"SCHEDULER_POLL_SECONDS": "30", "HEALTH_STALE_SECONDS": "31"}, str(tmp_path), argv=CLI)
+    assert ok.health_stale_seconds == 31
 
 
 @pytest.mark.parametrize("argv", [["/usr/bin/gunicorn", "app:app"], ["/venv/bin/flask", "--app", "app", "run"],

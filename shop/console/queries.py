@@ -18,7 +18,8 @@ from .audit import action_json
 from .format import human_money, human_time
 
 PER_PAGE = 100
-WORK_STATUSES = ("pending", "processing", "done", "dead", "discarded")
+# obsolete: a deadline retired because its order reached a final state first (scheduled commands only).
+WORK_STATUSES = ("pending", "processing", "done", "dead", "discarded", "obsolete")
 # The outbox list's filters: the statuses, plus the pending rows that are waiting for an
 # unavailable provider (retried for as long as it takes, never dead-lettered for it).
 WAITING = "waiting"
@@ -104,6 +105,34 @@ def provider_state(now: datetime) -> dict:
     return {"state": state, "words": guard.STATE_WORDS.get(state, state),
             "since_seconds": max(0, int(now.timestamp() - opened)) if opened else None,
             "shared": view["shared"]}
+
+
+def liveness(now: datetime) -> dict:
+    """Processes with their heartbeat ages, queues with depth and the age of their oldest due
+    item, the next sweep, and the same verdict /healthz gives (shop.ops.health)."""
+    from ..ops.health import snapshot
+
+    found = snapshot(now, with_queues=True)
+    processes = [{"role": p["role"], "name": p["name"], "host": p["host"], "pid": p["pid"], "runs": p["runs"],
+                  "state": "stalled" if p["stalled"] else p["state"], "stalled": p["stalled"],
+                  "beat_age_seconds": p["beat_age_seconds"], "last_beat_at": iso(p["last_beat"]),
+                  "since": iso(p["since"]), "job": p["job"], "job_since": iso(p["job_since"]),
+                  "last_job": p["last_job"], "last_job_at": iso(p["last_job_at"]), "in_redis": p["in_redis"]}
+                 for p in sorted(found["processes"], key=lambda p: (p["role"] != "worker", p["name"]))]
+    queues = [{**q, "oldest_age_seconds": _whole(q["oldest_age_seconds"])} for q in found["queues"] or ()]
+    for kind, model in (("outbox deliveries", OutboxDelivery), ("scheduled commands", ScheduledCommand)):
+        count, oldest = db.session.execute(select(func.count(), func.min(model.next_attempt_at)).where(
+            model.status == "pending", model.next_attempt_at <= now)).one()
+        queues.append({"name": kind, "kind": "database", "depth": count, "due": count,
+                       "oldest_age_seconds": age_seconds(now, oldest)})
+    return {"health": {"healthy": found["healthy"], "checks": found["checks"], "problems": found["problems"],
+                       "stale_after_seconds": found["stale_seconds"],
+                       "outbox_lag_limit_seconds": found["outbox_lag_limit_seconds"]},
+            "processes": processes, "queues": queues, "next_sweep_at": iso(found["next_sweep_at"])}
+
+
+def _whole(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds)
 
 
 # -- orders ---------------------------------------------------------------------------------
@@ -227,7 +256,8 @@ def order_timeline(order: Order, now: datetime) -> dict:
 
     data = {
         "order": {**order_json(order), "email": order.email, "payment_attempts": order.payment_attempts,
-                  "last_payment_error": order.last_payment_error,
+                  # A paid order's earlier failure is history (the timeline keeps it), not a problem.
+                  "last_payment_error": None if order.status == "Paid" else order.last_payment_error,
                   "age_seconds": age_seconds(now, order.updated_at),
                   "stuck": order.status in LIVE_STATUSES and as_utc(order.updated_at) < stuck_cutoff(now),
                   # Set when the sweep's provider pass backs off an order whose answer cannot
@@ -260,6 +290,8 @@ def order_timeline(order: Order, now: datetime) -> dict:
         + [(c.created_at, "command", f"{c.kind} armed", f"due {human_time(c.next_attempt_at)}, now "
             + ("waiting for the provider" if waiting_for_provider(c) else c.status))
            for c in commands]
+        + [(c.completed_at or c.updated_at, "command", f"{c.kind} retired", c.discard_reason or "obsolete")
+           for c in commands if c.status == "obsolete"]
         + [(d.completed_at or d.updated_at, "delivery", f"{d.handler}: {d.status}",
             f"{names.get(d.event_id, '?')}, {d.attempts} attempt(s)" + (f", {d.last_error}" if d.last_error else ""))
            for d in deliveries if d.status in ("done", "dead", "discarded")]

@@ -82,8 +82,10 @@ def _order_by_reference(reference: str) -> Order | None:
 @bp.get("/")
 def dashboard():
     """Counts and oldest ages of what needs a human: stuck orders, dead letters, open restore
-    warnings, and when the reconciliation sweep last ran."""
-    data = queries.dashboard(utcnow())
+    warnings, and when the reconciliation sweep last ran; every process with its heartbeat's
+    age, every queue with its depth, and the next sweep."""
+    now = utcnow()
+    data = {**queries.dashboard(now), **queries.liveness(now)}
     return respond("console/dashboard.html", data)
 
 

@@ -2,6 +2,7 @@
 every process (and every replica) reports the same numbers."""
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from flask import current_app
@@ -14,6 +15,8 @@ from ..domain.order import LIVE
 from ..extensions import db
 from ..models import (OutboxDelivery, ReconciliationCycle, RestoreWarning, ScheduledCommand, WebhookReceipt,
                       Order)
+
+log = logging.getLogger("shop.ops")
 
 
 def stuck_cutoff(now=None):
@@ -72,7 +75,7 @@ class ShopCollector:
                                 "Pending deliveries and scheduled commands waiting for an unavailable provider",
                                 value=waiting)
         commands = GaugeMetricFamily("shop_scheduled_commands", "Scheduled commands by status", labels=["status"])
-        for status in ("pending", "processing", "done", "dead", "discarded"):
+        for status in ("pending", "processing", "done", "dead", "discarded", "obsolete"):
             commands.add_metric([status], command_counts.get(status, 0))
         yield commands
 
@@ -96,6 +99,51 @@ class ShopCollector:
             webhooks.add_metric([outcome], counts.get(outcome, 0))
         yield webhooks
         yield from provider_breaker_metrics()
+        yield from self._liveness(now)
+
+    def _liveness(self, now):
+        """Lag from the database (always); heartbeats and queue depths from Redis, left out of the
+        scrape (with a log line) while Redis does not answer: the other families still count."""
+        from .. import queue
+        from .health import oldest_due
+
+        lag = GaugeMetricFamily("shop_outbox_lag_seconds",
+                                "How long the oldest due pending item has waited (0: nothing due)", labels=["kind"])
+        for kind, at in oldest_due(now).items():
+            lag.add_metric([kind], (now - as_utc(at)).total_seconds() if at else 0)
+        yield lag
+        try:
+            processes = queue.processes()
+            queues = queue.queue_depths(now)
+        except Exception as exc:
+            log.warning("metrics: Redis unreachable, heartbeats and queue depths left out: %s", exc)
+            return
+        stale = current_app.config["HEALTH_STALE_SECONDS"]
+        ages = GaugeMetricFamily("shop_process_heartbeat_age_seconds", "Seconds since each process's last heartbeat",
+                                 labels=["role", "name"])
+        beating = GaugeMetricFamily("shop_processes_beating",
+                                    "Processes that beat within HEALTH_STALE_SECONDS", labels=["role"])
+        counts = {"worker": 0, "scheduler": 0}
+        for p in processes:
+            if p["last_beat"] is None:
+                continue
+            age = max(0.0, (now - p["last_beat"]).total_seconds())
+            ages.add_metric([p["role"], p["name"]], age)
+            counts[p["role"]] += age <= stale
+        for role, count in counts.items():
+            beating.add_metric([role], count)
+        yield ages
+        yield beating
+        depth = GaugeMetricFamily("shop_queue_depth", "Jobs waiting in each RQ queue, and held by rq-scheduler",
+                                  labels=["queue"])
+        oldest = GaugeMetricFamily("shop_queue_oldest_age_seconds",
+                                   "Age of the oldest waiting job (rq-scheduler: of the oldest one already due)",
+                                   labels=["queue"])
+        for q in queues:
+            depth.add_metric([q["name"]], q["depth"])
+            oldest.add_metric([q["name"]], q["oldest_age_seconds"] or 0)
+        yield depth
+        yield oldest
 
 
 def provider_breaker_metrics():

@@ -86,12 +86,12 @@ def transaction():
 
 def publish_after_commit(session) -> None:
     pending = session.info.pop("after_commit", None)
-    if not pending or not (pending["deliveries"] or pending["commands"]):
+    if not pending or not (pending["deliveries"] or pending["commands"] or pending.get("retired")):
         return
     from .. import queue
 
     try:
-        queue.announce(pending["deliveries"], pending["commands"])
+        queue.announce(pending["deliveries"], pending["commands"], retired=pending.get("retired", ()))
     except Exception as exc:  # Redis down: the rows are committed, the relay will announce them.
         log.warning("could not announce %d deliveries / %d commands to Redis (%s); the relay will",
                     len(pending["deliveries"]), len(pending["commands"]), exc)

@@ -5,7 +5,7 @@ import functools
 from datetime import datetime
 
 from flask import current_app
-from sqlalchemy import bindparam, insert, literal, select, union_all
+from sqlalchemy import bindparam, insert, literal, select, union_all, update
 
 from ..domain.deadlines import utcnow
 from ..models import OutboxDelivery, OutboxEvent, ScheduledCommand
@@ -21,10 +21,27 @@ _INSERT_EVENT = insert(_events).returning(_events.c.id)
 _INSERT_DELIVERY = insert(_deliveries).returning(_deliveries.c.id)
 _INSERT_COMMAND = insert(_commands).returning(_commands.c.id)
 
+# An order that reached a final state has nothing left to expire: its pending deadlines are
+# retired in the transaction that finished it, so they are never enqueued, never run, and never
+# listed as pending work. Here, because every transition's events pass through write_events (the
+# unit of work's commit and the payment fast path alike), so no path to Paid/Cancelled can forget.
+DEADLINE_KIND = "expire_unpaid_order"
+OBSOLETE = "obsolete"
+_FINAL_EVENTS = {"OrderPaid": "obsolete: the order was paid before its deadline",
+                 "OrderCancelled": "obsolete: the order was cancelled before its deadline"}
+_RETIRE_DEADLINES = (
+    update(_commands)
+    .where(_commands.c.order_id == bindparam("order"), _commands.c.kind == DEADLINE_KIND,
+           _commands.c.status == "pending")
+    .values(status=OBSOLETE, discard_reason=bindparam("reason"), completed_at=bindparam("now"),
+            updated_at=bindparam("now"), claimed_by=None, claimed_until=None)
+    .returning(_commands.c.id)
+)
+
 
 def after_commit(session) -> dict:
     """What to tell Redis once this session's transaction has committed."""
-    return session.info.setdefault("after_commit", {"deliveries": [], "commands": []})
+    return session.info.setdefault("after_commit", {"deliveries": [], "commands": [], "retired": []})
 
 
 @functools.cache
@@ -76,7 +93,18 @@ def write_events(session, events, now: datetime | None = None) -> list[int]:
                 event_id=event_id, handler=handler, order_id=event.order_id, status="pending", attempts=0,
                 max_attempts=max_attempts, next_attempt_at=now, enqueued_at=now, created_at=now, updated_at=now,
             )).scalar_one())
-    after_commit(session)["deliveries"].extend(delivery_ids)
+    pending = after_commit(session)
+    pending["deliveries"].extend(delivery_ids)
+    for event in events:
+        reason = _FINAL_EVENTS.get(event.name)
+        if reason and event.order_id is not None:
+            retired = set(session.execute(_RETIRE_DEADLINES, dict(order=event.order_id, reason=reason, now=now))
+                          .scalars())
+            if retired:
+                # Armed in this very transaction: never announce it. Already with rq-scheduler:
+                # taken off its schedule after the commit (see queue.announce).
+                pending["commands"] = [c for c in pending["commands"] if c[0] not in retired]
+                pending["retired"].extend(sorted(retired))
     return delivery_ids
 
 
