@@ -176,3 +176,14 @@ def test_a_429_storm_sends_checkouts_to_pay_later_and_the_sweep_waits_out_retry_
     for limited in (c for c in calls if c["status"] == 429):
         too_soon = [c for c in calls if limited["at"] < c["at"] < limited["at"] + 0.95]
         assert not too_soon, f"a call went out before the 429's Retry-After: {too_soon}"
+
+
+def test_a_process_that_cannot_reach_redis_spends_only_its_share_of_the_rate_budget(make_app):
+    app = make_app(STRIPE_RATE_LIMIT_PER_SECOND=20, WEB_CONCURRENCY=2, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
+    with app.app_context():
+        provider_guard = guard.get()
+        provider_guard._redis_url = "redis://127.0.0.1:1/0"  # nothing listens there
+        with guard.customer_call():
+            provider_guard.take_token()  # half of the burst of 2: the other process may spend the rest
+            with pytest.raises(guard.Shed, match="rate budget"):
+                provider_guard.take_token()

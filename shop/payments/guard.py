@@ -194,6 +194,7 @@ class Limits:
     customer_wait_seconds: float
     background_wait_seconds: float
     probe_seconds: float
+    processes: int = 1                # web processes sharing the budget (WEB_CONCURRENCY)
 
     @property
     def bucket_capacity(self) -> float:
@@ -256,7 +257,10 @@ class _LocalState:
 
     def take(self, now, limits: Limits, floor: float) -> float:
         with self.lock:
-            cap, rate = limits.bucket_capacity, limits.refill_per_second
+            # Without Redis this process cannot see what the others spend: it keeps to its share.
+            share = limits.processes
+            cap, rate = max(1.0, limits.bucket_capacity / share), limits.refill_per_second / share
+            floor = floor / share
             tokens = cap if self.tokens is None else min(cap, self.tokens + max(0.0, now - self.at) * rate)
             self.tokens, self.at = tokens, now
             if self.paused_until > now:
@@ -297,13 +301,11 @@ class ProviderGuard:
         """Run one of the scripts; None when Redis is unreachable (the caller uses its own view)."""
         if self._redis_url is None or time.monotonic() < self._redis_down_until:
             return None
-        from redis import Redis
         from redis.exceptions import RedisError
 
         try:
             if self._redis is None:
-                # Short timeouts: this sits in front of a customer's checkout.
-                self._redis = Redis.from_url(self._redis_url, socket_connect_timeout=0.25, socket_timeout=0.25)
+                self._redis = _connect(self._redis_url)
             script = self._scripts.get(name)
             if script is None:
                 script = self._scripts[name] = self._redis.register_script(source)
@@ -347,9 +349,7 @@ class ProviderGuard:
 
             try:
                 if self._redis is None:
-                    from redis import Redis
-
-                    self._redis = Redis.from_url(self._redis_url, socket_connect_timeout=0.25, socket_timeout=0.25)
+                    self._redis = _connect(self._redis_url)
                 raw = {_text(k): _text(v) for k, v in self._redis.hgetall(self.breaker_key).items()}
                 return {"state": raw.get("state", CLOSED), "failures": int(raw.get("failures", 0)),
                         "opened_at": float(raw.get("opened_at", 0)), "shared": True,
@@ -406,6 +406,16 @@ class ProviderGuard:
         self._run("pause", _BUCKET_PAUSE, [self.bucket_key], [repr(until)])
 
 
+def _connect(url: str):
+    """Redis for the guard. A short connect timeout (a Redis that is down costs a customer 0.25 s
+    once, then this process uses its own view for REDIS_RETRY_SECONDS); a longer read timeout,
+    because in a web process busy with dozens of threads the answer can wait that long for the
+    GIL, and falling back then would let every process spend the whole budget on its own."""
+    from redis import Redis
+
+    return Redis.from_url(url, socket_connect_timeout=0.25, socket_timeout=1.0)
+
+
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -419,6 +429,7 @@ def limits_from(cfg) -> Limits:
         customer_wait_seconds=cfg["STRIPE_CUSTOMER_WAIT_SECONDS"],
         background_wait_seconds=cfg["STRIPE_BACKGROUND_WAIT_SECONDS"],
         probe_seconds=cfg["STRIPE_BREAKER_PROBE_SECONDS"],
+        processes=max(1, cfg["WEB_CONCURRENCY"]),
     )
 
 
