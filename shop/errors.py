@@ -16,6 +16,7 @@ MESSAGES = {
          "from your confirmation email, or this shop's \u201cYour orders\u201d page in the browser you ordered with.",
     405: "That action is not allowed here.",
     413: "That request is too large.",
+    429: "Too many requests; please wait a moment and try again.",
     500: "Something went wrong on our side. Nothing was charged twice; please try again.",
     503: "The shop's database is busy or unreachable right now. Nothing was lost; please try again in a minute.",
 }
@@ -35,6 +36,8 @@ def init_app(app):
 
     @app.errorhandler(HTTPException)
     def http_error(exc):
+        if exc.response is not None:  # an answer made by whoever raised it (the login throttle's 429)
+            return exc.response
         message = exc.description if getattr(exc, "in_words", False) else MESSAGES.get(exc.code, exc.description)
         return _render(exc.code or 500, exc.name, message)
 

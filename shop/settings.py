@@ -47,6 +47,11 @@ class Settings:
     scheduler_poll_seconds: int
     health_stale_seconds: int
     smtp_url: str | None
+    # The console's door (docs/REFERENCE.md, Settings): failed logins before a 429, and idleness.
+    login_max_failures_per_account: int
+    login_max_failures_per_address: int
+    login_failure_window_seconds: int
+    console_idle_timeout_seconds: int
     # Process environment (docs/REFERENCE.md, Settings): for running shops or test runs side by side.
     queue_prefix: str
     outbox_lease_seconds: int
@@ -189,6 +194,10 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         scheduler_poll_seconds=poll,
         health_stale_seconds=stale,
         smtp_url=(env.get("SMTP_URL") or "").strip() or None,
+        login_max_failures_per_account=_int(env, "LOGIN_MAX_FAILURES_PER_ACCOUNT", 5, 1, 1000),
+        login_max_failures_per_address=_int(env, "LOGIN_MAX_FAILURES_PER_ADDRESS", 20, 1, 100_000),
+        login_failure_window_seconds=_int(env, "LOGIN_FAILURE_WINDOW_SECONDS", 900, 1, 24 * 3600),
+        console_idle_timeout_seconds=_int(env, "CONSOLE_IDLE_TIMEOUT_SECONDS", 1800, 60, 7 * 24 * 3600),
         queue_prefix=(env.get("BACKSTOP_QUEUE_PREFIX") or "").strip() or "backstop",
         outbox_lease_seconds=_int(env, "BACKSTOP_OUTBOX_LEASE_SECONDS", 60, 1, 3600),
     )

@@ -5,6 +5,8 @@ import io
 import secrets
 
 from flask import g, jsonify, render_template, request, session
+from flask_wtf import FlaskForm
+from werkzeug.datastructures import ImmutableMultiDict
 from werkzeug.exceptions import BadRequest
 from werkzeug.routing import BaseConverter, IntegerConverter, ValidationError
 
@@ -52,9 +54,50 @@ class NulInText(BadRequest):
     description = "The request contains a NUL character, which no field here accepts."
 
 
+class NotUnicodeText(BadRequest):
+    in_words = True
+    description = "The request contains text that is not valid Unicode (a lone surrogate), which no field here accepts."
+
+
 class JsonTooDeep(BadRequest):
     in_words = True
     description = "The JSON body is nested too deeply to read."
+
+
+class JsonNotAForm(BadRequest):
+    in_words = True
+    description = ("A JSON body here must be one object whose fields are text or numbers (or lists of them), "
+                   "as a form would send.")
+
+
+def json_formdata(body) -> ImmutableMultiDict:
+    """A JSON body read as a form: each field as the text a browser would have sent for it, so every
+    validator sees text (a number in a text field was `len(5)`, a null `int(None)`: a 500)."""
+    if not isinstance(body, dict):
+        raise JsonNotAForm()
+    pairs = []
+    for key, value in body.items():
+        for item in value if isinstance(value, list) else [value]:
+            if item is None:
+                continue  # an absent field, as in a form
+            if isinstance(item, (bool, dict, list)):
+                raise JsonNotAForm()
+            pairs.append((key, item if isinstance(item, str) else str(item)))
+    return ImmutableMultiDict(pairs)
+
+
+class Form(FlaskForm):
+    """The base of every form here. Flask-WTF reads a JSON body as the form, and hands whatever it
+    parsed to the form unchecked (`[1]` or `true` was a TypeError, a 500)."""
+
+    class Meta:
+        def wrap_formdata(self, form, formdata):
+            # formdata not given (Flask-WTF's own sentinel, not None and not a MultiDict): the request's.
+            automatic = formdata is not None and not hasattr(formdata, "getlist")
+            if automatic and request.method in ("POST", "PUT", "PATCH", "DELETE") and not request.files \
+                    and not request.form and request.is_json:
+                return json_formdata(request.get_json())
+            return super().wrap_formdata(form, formdata)
 
 
 def refuse_nul_text() -> None:
@@ -71,9 +114,22 @@ def refuse_nul_text() -> None:
                 body = request.get_json(silent=True)
             except RecursionError:  # deeper than the parser goes: not a form anyone sends
                 raise JsonTooDeep() from None
-            values += _strings(body)
+            body_strings = _strings(body)
+            # JSON may spell a lone surrogate ("\ud800"), which no database driver can encode; a
+            # form or a query cannot (werkzeug decodes their bytes with replacement).
+            if any(not _encodable(value) for value in body_strings):
+                raise NotUnicodeText()
+            values += body_strings
     if any("\x00" in value for value in values):
         raise NulInText()
+
+
+def _encodable(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _strings(value) -> list[str]:
@@ -98,8 +154,9 @@ class LimitChunkedBodies:
     the whole (a 2 MB chunked form was accepted, truncated). The webhook keeps its own reading,
     which records what it rejects."""
 
-    def __init__(self, wsgi_app, limit: int, skip_paths=()):
+    def __init__(self, wsgi_app, limit: int, skip_paths=(), headers=None):
         self.wsgi_app, self.limit, self.skip_paths = wsgi_app, limit, tuple(skip_paths)
+        self.headers = list((headers or {}).items())  # the app's security headers: it answers without it
 
     def __call__(self, environ, start_response):
         chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
@@ -115,7 +172,7 @@ class LimitChunkedBodies:
                 body = b"Request body over the size limit.\n"
                 start_response("413 Request Entity Too Large", [("Content-Type", "text/plain; charset=utf-8"),
                                                                  ("Content-Length", str(len(body))),
-                                                                 ("Connection", "close")])
+                                                                 ("Connection", "close"), *self.headers])
                 return [body]
             environ["wsgi.input"] = io.BytesIO(b"".join(parts))
             environ["CONTENT_LENGTH"] = str(size)
@@ -168,10 +225,35 @@ def answer_after_commit():
     return g.pop("answer_after_commit", None)
 
 
+def security_headers(config) -> dict[str, str]:
+    """The headers every answer carries (docs/REFERENCE.md, Routes, Conventions). No inline script
+    or style anywhere: the pages' only script is static/shop.js and their only style shop.css,
+    so an injected `<script>` or `onclick=` does not run. Forms may post here and be redirected
+    to the provider's hosted payment page (checkout, "Pay now"); nothing may frame a page (the
+    console's buttons cannot be clicked through an invisible frame)."""
+    from .payments.gateway import hosted_page_origins
+
+    form_targets = " ".join(["'self'", *hosted_page_origins(config)])
+    headers = {
+        "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+                                   "img-src 'self' data:; object-src 'none'; frame-ancestors 'none'; "
+                                   f"base-uri 'none'; form-action {form_targets}",
+        "X-Frame-Options": "DENY",
+        "X-Content-Type-Options": "nosniff",
+        # An order page's URL may carry its access token: it must not leave in a Referer.
+        "Referrer-Policy": "same-origin",
+    }
+    if config["PUBLIC_BASE_URL"].startswith("https://"):
+        # Only when the shop is served over https: over http the header would be ignored anyway,
+        # and pinning https on a host that cannot serve it locks browsers out for a year.
+        headers["Strict-Transport-Security"] = "max-age=31536000"
+    return headers
+
+
 def init_app(app) -> None:
     """What every request meets before a view: the URL converters, the refusal of NUL bytes in
     text, the cap on chunked bodies (the webhook reads its own, capped, raw body) and the
-    template filters."""
+    template filters; and what every answer leaves with: the security headers."""
     from .money import format_money
     from .orders.views import status_words
 
@@ -179,4 +261,14 @@ def init_app(app) -> None:
     app.jinja_env.filters["status_words"] = status_words
     app.jinja_env.filters["money"] = format_money
     app.before_request(refuse_nul_text)
-    app.wsgi_app = LimitChunkedBodies(app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",))
+    headers = security_headers(app.config)
+
+    @app.after_request
+    def _send_security_headers(response):
+        # after_request also runs for error handlers' answers (404, 429, 500 in words).
+        for name, value in headers.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    app.wsgi_app = LimitChunkedBodies(app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",),
+                                      headers=headers)

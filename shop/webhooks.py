@@ -51,8 +51,12 @@ def forget_webhook_secret() -> None:
 
 
 def _text(value, limit: int) -> str | None:
-    # PostgreSQL refuses NUL in text; a receipt must not fail over what a sender put in a field.
-    return str(value)[:limit].replace("\x00", "") if value else None
+    # A receipt must not fail over what a sender put in a field: PostgreSQL refuses NUL in text,
+    # and no database driver can encode a lone surrogate (valid JSON: "\ud800"), so that one is
+    # kept as its escape.
+    if not value:
+        return None
+    return str(value).replace("\x00", "").encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
 
 
 def _write_receipt(outcome: str, reason: str, status: int, event_id=None, event_type=None, order_id=None) -> None:

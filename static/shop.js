@@ -6,7 +6,8 @@
 
    <main data-poll="URL" data-state="S">: while the page waits on something (a payment being
    processed, the provider unreachable), ask URL for its JSON every few seconds; when the order's
-   state differs from S, fetch the page again and swap in its <main>: no full reload. */
+   state differs from S, fetch the page again and swap in its <main>: no full reload. Polls say
+   so (X-Backstop-Poll), so that in the console they do not count as the operator's activity. */
 (function () {
   "use strict";
 
@@ -30,11 +31,11 @@
     var url = main.getAttribute("data-poll");
     var every = parseInt(main.getAttribute("data-poll-seconds") || "3", 10) * 1000;
     function tick() {
-      fetch(url, {headers: {"Accept": "application/json"}, credentials: "same-origin"})
+      fetch(url, {headers: {"Accept": "application/json", "X-Backstop-Poll": "1"}, credentials: "same-origin"})
         .then(function (r) { return r.ok ? r.json() : null; })
         .then(function (json) {
           if (json && stateOf(json) !== main.getAttribute("data-state")) {
-            return fetch(url, {headers: {"Accept": "text/html"}, credentials: "same-origin"})
+            return fetch(url, {headers: {"Accept": "text/html", "X-Backstop-Poll": "1"}, credentials: "same-origin"})
               .then(function (r) { return r.text(); })
               .then(function (html) {
                 var fresh = new DOMParser().parseFromString(html, "text/html").querySelector("main");
@@ -54,9 +55,52 @@
     setTimeout(tick, every);
   }
 
+  /* <main data-refresh="N">: the page fetches itself every N seconds and swaps in its <main>,
+     so a console page stays current without a reload; "[data-updated]" says how long ago that
+     was. Never while the operator is typing in a form on the page (their words would be lost),
+     nor while the tab is hidden. */
+  function busy(main) {
+    var el = document.activeElement;
+    return el && main.contains(el) && /^(INPUT|TEXTAREA|SELECT)$/.test(el.tagName) && el.type !== "submit";
+  }
+
+  function refresh(main) {
+    var every = Math.max(2, parseInt(main.getAttribute("data-refresh"), 10) || 5) * 1000;
+    var last = Date.now();
+    function label() {
+      var seconds = Math.round((Date.now() - last) / 1000);
+      main.querySelectorAll("[data-updated]").forEach(function (el) {
+        el.textContent = "Updated " + (seconds < 2 ? "just now" : seconds + " s ago") + "; refreshes by itself.";
+      });
+    }
+    function tick() {
+      if (document.hidden || busy(main)) { setTimeout(tick, every); return; }
+      fetch(window.location.href, {headers: {"Accept": "text/html", "X-Backstop-Poll": "1"}, credentials: "same-origin"})
+        .then(function (r) { return r.ok ? r.text() : null; })
+        .then(function (html) {
+          if (html === null || busy(main)) { return; }
+          var fresh = new DOMParser().parseFromString(html, "text/html").querySelector("main");
+          if (!fresh) { return; }
+          var flashes = Array.prototype.slice.call(main.querySelectorAll(".flash"));  // shown once, kept
+          main.innerHTML = fresh.innerHTML;
+          flashes.reverse().forEach(function (el) { main.insertBefore(el, main.firstChild); });
+          last = Date.now();
+          localise(main);
+          label();
+        })
+        .catch(function () { /* the next tick tries again; the label shows how stale the page is */ })
+        .then(function () { setTimeout(tick, every); });
+    }
+    label();
+    setInterval(label, 1000);
+    setTimeout(tick, every);
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     localise(document);
     var main = document.querySelector("main[data-poll]");
     if (main) { poll(main); }
+    var refreshing = document.querySelector("main[data-refresh]");
+    if (refreshing) { refresh(refreshing); }
   });
 }());

@@ -194,3 +194,22 @@ def test_a_json_client_checking_out_gets_the_contracts_303_and_the_same_facts_in
     assert body["order_url"].endswith(f"/orders/{body['reference']}")
     assert (body["payment_url"] is None) is (not provider_up)
     assert shopper.order(body["reference"])["status"] == ("PaymentInitiated" if provider_up else "PendingPayment")
+
+
+def test_a_payment_start_that_loses_to_the_same_attempt_keeps_the_session_both_were_given(paying_app, sandbox):
+    """A double click on "Pay now": both requests read the order at the same version and ask for
+    the same attempt, so the provider (same Idempotency-Key) hands both the same session. The
+    loser of the write must not expire it: it is the payment page the winner just committed."""
+    with paying_app.app_context():
+        placed = _place()
+        now = utcnow()
+        first = start_payment(placed.order_id, now=now, placed=placed)
+        second = start_payment(placed.order_id, now=now, placed=placed)  # read version 1 too
+
+        assert first.status == "started" and second.status == "started"
+        assert second.url == first.url
+        row = _row(placed.order_id)
+        assert (row.status, row.version, row.payment_attempts) == ("PaymentInitiated", 2, 1)
+        assert _sessions_for(sandbox, placed.reference) == [row.payment_session_id]
+        assert gateway.retrieve_session(row.payment_session_id).status == "open"
+        db.session.remove()

@@ -185,3 +185,51 @@ def test_a_json_body_is_held_to_the_same_rules_as_a_form(shop):
     for path in ("/console/login", "/cart/items", "/checkout"):
         r = client.post(path, data=deep, content_type="application/json", headers={**JSON, "X-CSRFToken": token})
         assert r.status_code == 400 and "nested too deeply" in r.get_json()["error"], path
+
+
+def test_a_signed_event_with_a_lone_surrogate_in_its_text_still_leaves_a_receipt(shop):
+    """"\\ud800" is valid JSON but no driver can store it: the delivery must still be on record."""
+    from shop.models import WebhookReceipt
+
+    session = {"id": "cs_test_s", "object": "checkout.session", "status": "complete", "payment_status": "paid",
+               "amount_total": 100, "currency": "usd"}
+    odd = [stripe_event("\ud800.created", session, "evt_ignored"),
+           stripe_event("checkout.session.completed", session, "evt_\ud800")]
+    for event in odd:
+        r = post_webhook(shop.test_client(), json.dumps(event).encode())
+        assert r.status_code == 200, r.get_data(as_text=True)
+    with shop.app_context():
+        receipts = db.session.execute(select(WebhookReceipt.event_id, WebhookReceipt.event_type)).all()
+        db.session.remove()
+    assert sorted(receipts) == [("evt_\\ud800", "checkout.session.completed"), ("evt_ignored", "\\ud800.created")]
+
+
+def test_a_json_body_that_is_not_shaped_like_a_form_is_a_400_in_words(shop):
+    """Flask-WTF hands a JSON body to the form as it parsed it: a list, a `true` or a nested object
+    was a TypeError in the form or a validator (a 500). Numbers still read as their text."""
+    with shop.app_context():
+        seed_catalog()
+        variant = db.session.execute(select(Variant.id).where(Variant.sku == "NB-A5-DOT")).scalar_one()
+        db.session.remove()
+    client = shop.test_client()
+    token = csrf_token(client, "/")
+    headers = {**JSON, "X-CSRFToken": token}
+    for body in ([1], True, 5, "x", {"variant_id": {"a": 1}}, {"quantity": True}, {"variant_id": [[1]]}):
+        r = client.post("/cart/items", json=body, headers=headers)
+        assert r.status_code == 400 and "JSON body" in r.get_json()["error"], (body, r.status_code)
+    r = client.post("/checkout", json={"email": 5}, headers=headers)
+    assert r.status_code == 400, r.get_data(as_text=True)[:300]
+    r = client.post("/console/login", json={"email": None, "password": 1.5}, headers=headers)
+    assert r.status_code == 400, r.get_data(as_text=True)[:300]
+    r = client.post("/cart/items", json={"variant_id": variant, "quantity": 2, "note": None}, headers=headers)
+    assert r.status_code == 201 and [i["quantity"] for i in r.get_json()["items"]] == [2]
+
+
+def test_a_lone_surrogate_in_a_json_form_is_refused_in_words_before_the_database(shop):
+    """JSON can spell "\\ud800" and no database driver can encode it: the login's lookup was a 500."""
+    client = shop.test_client()
+    token = csrf_token(client, "/console/login")
+    for body in ({"email": "\ud800@example.com", "password": "x"}, {"email": "a@example.com", "password": "\udfff"}):
+        r = client.post("/console/login", data=json.dumps(body), content_type="application/json",
+                        headers={**JSON, "X-CSRFToken": token})
+        assert r.status_code == 400 and "not valid Unicode" in r.get_json()["error"], r.get_data(as_text=True)[:300]

@@ -5,6 +5,7 @@ hosted page, and the gateway's idempotency and error handling."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import stripe
@@ -183,7 +184,8 @@ def test_an_expired_session_fails_the_payment_and_the_customer_can_pay_again(mak
     oid = order_id(app, ref)
     with sandbox.sandbox.lock:
         keys = sorted(k for (_api_key, k) in sandbox.sandbox.idempotency if k.startswith(f"backstop-order-{oid}-"))
-    assert keys == [f"backstop-order-{oid}-session-attempt-1", f"backstop-order-{oid}-session-attempt-2"]
+    assert [k.split("-until-")[0] for k in keys] == [f"backstop-order-{oid}-session-attempt-1",
+                                                     f"backstop-order-{oid}-session-attempt-2"]
 
     sandbox.set_outcome(second, "paid")
     post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", second))
@@ -329,3 +331,78 @@ def test_a_second_device_returning_with_the_orders_own_session_gets_its_page_eve
     assert back.status_code == 303 and "token=" in back.headers["Location"]
     seen = phone.get(back.headers["Location"], headers={"Accept": "application/json"})
     assert seen.status_code == 200 and seen.get_json()["reference"] == order["reference"]
+
+
+def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(make_app, sandbox, monkeypatch):
+    """The session was created at the provider but the order's update was lost (its database
+    connection died): the order stays PendingPayment with no attempt counted. "Pay now" asks for
+    the same attempt with a later expires_at; under a key naming the attempt alone the provider
+    refused it as a reused key with other parameters, every time, until the deadline."""
+    from sqlalchemy.exc import OperationalError
+
+    from shop.payments import service
+
+    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+                   STRIPE_WEBHOOK_SECRET="whsec_test_secret", UNPAID_ORDER_EXPIRY_SECONDS=60,
+                   RECONCILIATION_STUCK_AGE_SECONDS=60)
+    shopper = Shopper(app, seed(app))
+    real_commit, lost = service.uow.commit, []
+
+    def commit_lost_once(session):
+        if not lost:
+            lost.append(True)
+            raise OperationalError("UPDATE orders ...", {}, Exception("server closed the connection unexpectedly"))
+        real_commit(session)
+
+    monkeypatch.setattr(service.uow, "commit", commit_lost_once)
+    r = shopper.checkout()
+    assert r.status_code == 303 and "/orders/" in r.headers["Location"]  # the order stands; "Pay now"
+    ref = r.headers["Location"].rsplit("/", 1)[-1]
+    assert shopper.order(ref)["status"] == "PendingPayment"
+    assert len(sandbox.sandbox.sessions) == 1  # created, never recorded
+
+    time.sleep(1.1)  # the session's end, now + minimum, moves on by a second
+    r = shopper.pay(ref)
+
+    assert r.status_code == 200, r.get_data(as_text=True)
+    order = shopper.order(ref)
+    assert order["status"] == "PaymentInitiated" and order["payment"]["url"] == r.get_json()["payment_url"]
+
+
+def test_two_clicks_on_pay_now_at_once_leave_the_winners_session_open(paying_app, shopper, sandbox, monkeypatch):
+    """Both starts of the same attempt get the same session from the provider (one key); the one
+    that loses the version check must not expire it, since it is the session the winner recorded."""
+    import threading
+
+    from shop.payments import service
+
+    sandbox.faults(api_unavailable=True)
+    ref = shopper.checkout().headers["Location"].rsplit("/", 1)[-1]
+    sandbox.faults(api_unavailable=False)
+    oid = order_id(paying_app, ref)
+    real, nested = gateway.create_checkout_session, []
+
+    def create_then_let_the_other_click_win(**kwargs):
+        view = real(**kwargs)
+        if not nested:
+            nested.append(True)
+
+            def other_click():
+                with paying_app.app_context():
+                    assert service.start_payment(oid).status == "started"
+                    db.session.remove()
+
+            thread = threading.Thread(target=other_click)
+            thread.start()
+            thread.join(timeout=30)
+        return view
+
+    monkeypatch.setattr(gateway, "create_checkout_session", create_then_let_the_other_click_win)
+    with paying_app.app_context():
+        lost = service.start_payment(oid)  # lost the race, to a start of the very same session
+        assert (lost.status, lost.url) == ("started", shopper.order(ref)["payment"]["url"])
+        db.session.remove()
+
+    order = shopper.order(ref)
+    assert order["status"] == "PaymentInitiated"
+    assert _provider_session(paying_app, order["payment"]["session_id"]).status == "open"

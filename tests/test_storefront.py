@@ -253,7 +253,8 @@ def test_a_stale_version_cancel_gets_409_with_the_current_state_and_changes_noth
     else:
         html = r.get_data(as_text=True)
         assert "changed since you loaded it" in html and "Awaiting payment" in html
-        assert f'name="version" value="{version + 1}"' in html  # the form now carries the current version
+        # Cancelling again (through the confirm page) now carries the current version.
+        assert f'/orders/{reference}/cancel?version={version + 1}"' in html
     assert _version(shop, reference) == ("PendingPayment", version + 1, order_id)
     assert rows(shop, OutboxEvent, OutboxEvent.name == "OrderCancelled") == 0
     assert rows(shop, OutboxDelivery) == 0

@@ -9,9 +9,11 @@ from . import routes  # noqa: E402,F401
 
 def init_app(app) -> None:
     from ..extensions import login_manager
+    from . import throttle
     from .auth import require_operator
 
     app.register_blueprint(bp)
+    throttle.init_app(app)
     login_manager.login_view = "console.login"
     # Ahead of CSRFProtect's own check: a caller who is not logged in learns only "log in",
     # whatever the form carried (a 302 for a browser, a 401 for JSON), never "form expired".

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import logging
+import time
 
-from flask import jsonify, redirect, request, url_for
+from flask import current_app, flash, jsonify, redirect, request, session, url_for
 from flask_login import current_user, login_user, logout_user
 from flask_wtf.csrf import generate_csrf
 from sqlalchemy import select
@@ -24,20 +25,59 @@ BAD_CREDENTIALS = "That email and password do not match an operator account."
 _DUMMY_HASH = generate_password_hash("not-a-real-password")
 
 
+# The session key holding when the operator last did something, in Unix seconds.
+LAST_SEEN = "operator_seen_at"
+# A page that polls its own JSON (the refresh of a list or the dashboard) sends this header, so
+# an open tab nobody looks at does not keep the session alive.
+POLL_HEADER = "X-Backstop-Poll"
+
+
+def _idle_for(now: float) -> float | None:
+    """Seconds since the operator's last request, or None when the session carries no stamp."""
+    seen = session.get(LAST_SEEN)
+    if isinstance(seen, (int, float)) and not isinstance(seen, bool):
+        return now - seen
+    return None
+
+
 def require_operator():
-    """Registered first among the app's before_request hooks (see init_app)."""
+    """Registered first among the app's before_request hooks (see init_app): the login gate, and
+    the idle timeout, which ends an operator session after CONSOLE_IDLE_TIMEOUT_SECONDS without a
+    request under /console (docs/REFERENCE.md, Console)."""
     path = request.path
     if path != "/console" and not path.startswith("/console/"):
         return None
-    if request.endpoint in PUBLIC_ENDPOINTS or current_user.is_authenticated:
+    message = "Log in as an operator first."
+    if current_user.is_authenticated:
+        now = time.time()
+        idle = _idle_for(now)
+        limit = current_app.config["CONSOLE_IDLE_TIMEOUT_SECONDS"]
+        # A session without a stamp predates the timeout (or was made outside the login): it
+        # gets one now rather than being ended on the spot.
+        if idle is None or idle <= limit:
+            if not request.headers.get(POLL_HEADER):
+                session[LAST_SEEN] = now
+            return None
+        log.info("operator %s logged out after %d s without a request", current_user.email, idle)
+        logout_user()
+        session.pop(LAST_SEEN, None)
+        message = (f"You were logged out after {_minutes(limit)} without activity in the console; "
+                   "log in again.")
+        if not wants_json():
+            flash(message, "error")
+    if request.endpoint in PUBLIC_ENDPOINTS:
         return None
     if wants_json():
-        return jsonify({"error": "Log in as an operator first.", "status": 401,
-                        "login": url_for("console.login")}), 401
+        return jsonify({"error": message, "status": 401, "login": url_for("console.login")}), 401
     target = None
     if request.method == "GET":
         target = request.full_path.rstrip("?")
     return redirect(url_for("console.login", next=target) if target else url_for("console.login"))
+
+
+def _minutes(seconds: int) -> str:
+    minutes = max(1, round(seconds / 60))
+    return f"{minutes} minute{'s' if minutes != 1 else ''}"
 
 
 def safe_next(value: str | None, default: str) -> str:
@@ -70,6 +110,7 @@ def login():
         return respond("console/login.html", {"error": BAD_CREDENTIALS, "csrf_token": generate_csrf()}, 401,
                        form=form)
     login_user(operator)
+    session[LAST_SEEN] = time.time()
     log.info("operator %s logged in from %s", operator.email, request.remote_addr)
     if wants_json():
         return jsonify({"logged_in": True, "operator": operator.email, "csrf_token": generate_csrf()})

@@ -1,9 +1,10 @@
-from flask_wtf import FlaskForm
 from wtforms import EmailField, HiddenField, PasswordField, StringField, TextAreaField
 from wtforms.validators import DataRequired, Length, Optional
 
+from ..web import Form
 
-class ConsoleForm(FlaskForm):
+
+class ConsoleForm(Form):
     """CSRFProtect already checked the token (form field or X-CSRFToken header) for every POST
     before the view runs; checking it again here would refuse a header-only JSON client."""
 

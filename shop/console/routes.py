@@ -328,6 +328,25 @@ def retry_work(work):
     return _retry(*work)
 
 
+@bp.get("/outbox/<work:work>/discard")
+def confirm_discard(work):
+    """Are you sure? The outbox's Discard button leads here: what the row is, what it died of,
+    and the form that asks for the reason and makes the POST (a script posts directly)."""
+    kind, work_id = work
+    model, _ = WORK[kind]
+    back = safe_next(request.args.get("next"), url_for("console.outbox", status="dead"))
+    row = db.session.get(model, work_id)
+    ref, name = _named(kind, work_id, row)
+    if row is None:
+        return problem(404, f"There is no {name}.", title=f"No such {kind}", back=back)
+    if row.status != "dead":
+        return problem(409, f"The {name} is {row.status}, not dead: only a dead letter can be discarded.",
+                       back=back, id=ref, current_status=row.status)
+    data = {"id": ref, "kind": kind, "what": name, "status": row.status, "attempts": row.attempts,
+            "last_error": row.last_error}
+    return respond("console/discard.html", data, back=back, work=work, discard_form=DiscardForm(formdata=None))
+
+
 @bp.post("/outbox/<work:work>/discard")
 def discard_work(work):
     """Give up on a dead delivery or command for good; the form's `reason` is required."""

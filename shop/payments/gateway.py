@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from urllib.parse import urlsplit
 
 import requests
 import stripe
@@ -115,6 +116,22 @@ def api_base() -> str | None:
     if cfg.get("STRIPE_API_BASE"):
         return cfg["STRIPE_API_BASE"]
     return None if cfg.get("STRIPE_SECRET_KEY") else SANDBOX_DEFAULT_BASE
+
+
+# Stripe's hosted Checkout pages live here; the sandbox serves its own at its API address.
+STRIPE_CHECKOUT_ORIGIN = "https://checkout.stripe.com"
+
+
+def hosted_page_origins(config) -> list[str]:
+    """Where a checkout's redirect can send the customer: the pages' Content-Security-Policy must
+    let a form's redirect go there (browsers apply `form-action` to the redirects a form leads
+    to). Stripe's Checkout with a real key; the sandbox serves its page at its API address."""
+    origins = [STRIPE_CHECKOUT_ORIGIN] if config.get("STRIPE_SECRET_KEY") else []
+    base = config.get("STRIPE_API_BASE") or (None if origins else SANDBOX_DEFAULT_BASE)
+    if base:
+        parts = urlsplit(base)
+        origins.append(f"{parts.scheme}://{parts.netloc}")
+    return origins
 
 
 def client() -> stripe.StripeClient:
@@ -279,7 +296,12 @@ def create_checkout_session(*, order_id: int, reference: str, attempt: int, line
             for line in lines
         ],
     }
-    key = f"backstop-order-{order_id}-session-attempt-{attempt}"
+    # The key names the attempt AND the session's end: a network retry of this very call is
+    # replayed (same key, same parameters), while a later "Pay now" for an attempt whose save was
+    # lost (the session was created, the order's update was not) asks for a later expires_at and
+    # must get a new session: the provider refuses a key reused with other parameters, which
+    # refused every "Pay now" until the deadline cancelled the order.
+    key = f"backstop-order-{order_id}-session-attempt-{attempt}-until-{int(expires_at.timestamp())}"
     session = _call("create checkout session", lambda: client().v1.checkout.sessions.create(
         params=params, options={"idempotency_key": key}))
     return session_view(session)

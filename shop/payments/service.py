@@ -150,11 +150,18 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None) ->
             order=order.id, seen=seen_version, new_status=order.status, session_id=order.payment_session_id,
             session_url=order.payment_session_url, attempts=attempt, session_expires=view.expires_at)).rowcount
         if moved != 1:
-            now_status = session.scalar(select(Order.status).where(Order.id == order.id))
+            current = session.execute(select(Order.status, Order.payment_session_id)
+                                      .where(Order.id == order.id)).first()
             uow.rollback(session)
-            _expire_quietly(view.id)
-            return StartOutcome("refused", message=f"This order changed meanwhile (now {now_status}); "
-                                                   "please reload it.")
+            # A concurrent start of the same attempt (a double click on "Pay now") may have won
+            # with the same Idempotency-Key, so the provider handed both the same session: that
+            # one is the order's payment page now, not an unused one to expire.
+            if current is None or current.payment_session_id != view.id:
+                _expire_quietly(view.id)
+            elif current.status == S.PAYMENT_INITIATED.value:
+                return StartOutcome("started", url=view.url)
+            status = current.status if current is not None else "gone"
+            return StartOutcome("refused", message=f"This order changed meanwhile (now {status}); please reload it.")
         write_events(session, transition.events)
         uow.commit(session)
     except BaseException:

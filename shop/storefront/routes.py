@@ -8,7 +8,7 @@ from flask import abort, flash, jsonify, redirect, request, url_for
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
-from ..domain.order import OrderStatus
+from ..domain.order import LIVE, OrderStatus
 from ..extensions import db
 from ..models import Cart, CartItem, InventoryItem, Order, Product, Variant
 from ..orders.checkout import place_order
@@ -295,6 +295,24 @@ def pay(reference: str):
     status = 503 if started.status == "unavailable" else 409
     # The page itself shows the message (no flash too: it would show twice, and again later).
     return _render_order(order, status, started.message)
+
+
+CANCELLABLE = {s.value for s in LIVE}
+
+
+@bp.get("/orders/<reference>/cancel")
+def confirm_cancel(reference: str):
+    """Are you sure? The order page's Cancel button leads here and this page's form makes the
+    POST, so a stray click cancels nothing (a script posts to the same URL directly). `version`
+    is the one the order page showed: if the order changed since, the POST says so (409)."""
+    order = _owned_order(reference)
+    token = request.args.get("token") or None
+    if order.status not in CANCELLABLE:
+        return redirect(url_for("storefront.order_page", reference=order.reference, token=token), 303)
+    version = request.args.get("version", type=int)
+    data = order_json(order)
+    return respond("storefront/cancel.html", data, order=order, token=token,
+                   version=version if version is not None else order.version)
 
 
 @bp.post("/orders/<reference>/cancel")

@@ -1,0 +1,105 @@
+"""Login throttling (docs/REFERENCE.md, Console): failed logins are counted per account and per
+client address in Redis with Flask-Limiter; past either limit the login answers 429 in words,
+without checking the password, until the window that began with the first failure ends.
+
+Only failures count (`deduct_when`): an operator who logs in correctly is never locked out by
+their own successes, and a refusal (429) does not extend the window. The per-address limit is
+wider because one address can be many people (an office behind one NAT, a proxy in front of the
+shop: `request.remote_addr` is whatever connected to the app).
+
+Redis unreachable: the login still works. Flask-Limiter logs a WARNING ("Rate limit storage
+unreachable - falling back to in-memory storage") and counts in this process's memory until
+Redis answers again; any other storage error is logged and swallowed. Locking every operator out
+of the console during an outage, when it is needed most, would be worse than a per-process count.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+from flask import current_app, render_template, request
+from flask_limiter import Limiter, RequestLimit
+from flask_wtf.csrf import generate_csrf
+
+from ..web import wants_json
+
+LOGIN_ENDPOINT = "console.login"
+
+
+def _account() -> str:
+    """The account a login names, as the view reads it (Flask-WTF takes a JSON body as the form)."""
+    email = request.form.get("email")
+    if email is None and request.is_json:
+        body = request.get_json(silent=True)
+        email = body.get("email") if isinstance(body, dict) else None
+    return "account:" + (str(email or "").strip().lower()[:254] or "-")
+
+
+def _address() -> str:
+    return "address:" + (request.remote_addr or "-")
+
+
+def _failed(response) -> bool:
+    return response.status_code == 401
+
+
+def _limit(setting: str):
+    return lambda: (f"{current_app.config[setting]} per "
+                    f"{current_app.config['LOGIN_FAILURE_WINDOW_SECONDS']} second")
+
+
+def _in_words(seconds: float) -> str:
+    if seconds < 60:
+        n = max(1, math.ceil(seconds))
+        return f"{n} second{'s' if n != 1 else ''}"
+    n = math.ceil(seconds / 60)
+    return f"{n} minute{'s' if n != 1 else ''}"
+
+
+def _refusal(whose: str):
+    def on_breach(limit: RequestLimit):
+        wait = max(1.0, limit.reset_at - time.time())
+        message = f"Too many failed logins {whose}; try again in {_in_words(wait)}."
+        current_app.logger.warning("console login throttled (%s) from %s", whose, request.remote_addr)
+        if wants_json():
+            response = current_app.json.response({"error": message, "status": 429,
+                                                  "retry_after_seconds": math.ceil(wait)})
+        else:
+            from .forms import LoginForm
+
+            form = LoginForm()
+            form.password.data = ""
+            response = current_app.make_response(render_template(
+                "console/login.html", data={"error": message, "csrf_token": generate_csrf()}, form=form))
+        response.status_code = 429
+        response.headers["Retry-After"] = str(math.ceil(wait))
+        return response
+    return on_breach
+
+
+def _storage_uri(redis_url: str) -> str:
+    # limits names a Unix socket `redis+unix://`; the shop's REDIS_URL accepts `unix://`.
+    return "redis+unix://" + redis_url.removeprefix("unix://") if redis_url.startswith("unix://") else redis_url
+
+
+def init_app(app) -> None:
+    """One limiter per app (its Redis and key prefix are the app's), wrapped around the login view."""
+    limiter = Limiter(
+        key_func=_address,
+        storage_uri=_storage_uri(app.config["REDIS_URL"]),
+        # A dead Redis should cost a login a fraction of a second, not the client's default wait.
+        storage_options={"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+        strategy="fixed-window",  # the window starts at the first failure (the key's expiry)
+        key_prefix=f"{app.config['QUEUE_PREFIX']}:login",
+        swallow_errors=True,
+        in_memory_fallback_enabled=True,
+    )
+    limiter.init_app(app)
+    # Every other request skips the limiter at once: only the login is throttled.
+    limiter.request_filter(lambda: request.endpoint != LOGIN_ENDPOINT)
+    view = app.view_functions[LOGIN_ENDPOINT]
+    by_address = limiter.limit(_limit("LOGIN_MAX_FAILURES_PER_ADDRESS"), key_func=_address, methods=["POST"],
+                               deduct_when=_failed, on_breach=_refusal("from your address"))
+    by_account = limiter.limit(_limit("LOGIN_MAX_FAILURES_PER_ACCOUNT"), key_func=_account, methods=["POST"],
+                               deduct_when=_failed, on_breach=_refusal("for this account"))
+    app.view_functions[LOGIN_ENDPOINT] = by_address(by_account(view))
