@@ -33,6 +33,9 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
     errors.init_app(app)
     errors.init_teardown(app, db)
     web.init_app(app)
+    from .payments import guard
+
+    guard.init_app(app)
     _register_areas(app)
     return app
 
@@ -50,7 +53,7 @@ def _flask_config(settings: Settings) -> dict:
     https = settings.public_base_url.startswith("https://")
     return dict(
         SQLALCHEMY_DATABASE_URI=settings.database_url,
-        SQLALCHEMY_ENGINE_OPTIONS=_engine_options(settings.database_url),
+        SQLALCHEMY_ENGINE_OPTIONS=_engine_options(settings.database_url, settings.web_threads),
         MAX_CONTENT_LENGTH=1_000_000,
         WTF_CSRF_TIME_LIMIT=None,
         SESSION_COOKIE_HTTPONLY=True,
@@ -70,6 +73,15 @@ def _flask_config(settings: Settings) -> dict:
         RELAY_BATCH_SIZE=500,
         STRIPE_TIMEOUT_SECONDS=10,
         STRIPE_MAX_NETWORK_RETRIES=2,
+        # A customer's request (payments.guard): short timeouts, one retry, and an overall budget
+        # so the page answers within about 10 s however the provider behaves.
+        STRIPE_REQUEST_CONNECT_TIMEOUT_SECONDS=2.0,
+        STRIPE_REQUEST_READ_TIMEOUT_SECONDS=4.0,
+        STRIPE_REQUEST_MAX_NETWORK_RETRIES=1,
+        STRIPE_REQUEST_BUDGET_SECONDS=9.0,
+        STRIPE_CUSTOMER_WAIT_SECONDS=0.2,     # for a bulkhead slot or a budget token, then "Pay now"
+        STRIPE_BACKGROUND_WAIT_SECONDS=2.0,   # then the background work is retried later
+        STRIPE_BREAKER_PROBE_SECONDS=15.0,    # a half-open probe not heard from by then is replaced
     )
 
 
@@ -110,13 +122,16 @@ def _register_areas(app) -> None:
     app.cli.add_command(shop_cli)
 
 
-def _engine_options(url: str) -> dict:
+def _engine_options(url: str, web_threads: int) -> dict:
     if url.startswith("sqlite"):
         # Many threads and processes share one file: wait for the write lock instead of failing.
         return {"connect_args": {"timeout": 30, "check_same_thread": False}}
     # No pool_pre_ping: it costs a round trip on every checkout, i.e. every transaction.
     # `_configure_idle_ping` pings only connections that sat idle long enough to have died.
-    return {"pool_size": 10, "max_overflow": 20}
+    # A connection for every web thread, so no request waits for one (connections are opened on
+    # demand: a thread waiting on the provider holds none, see payments.service.start_payment),
+    # and overflow for the few threads a process runs besides them (a worker's drain threads).
+    return {"pool_size": max(10, web_threads), "max_overflow": 10}
 
 
 # A pooled connection used this recently is alive (PostgreSQL restarts and idle timeouts act

@@ -31,6 +31,8 @@ from urllib.parse import urlsplit
 
 import click
 
+from .settings import DEFAULT_WEB_CONCURRENCY, DEFAULT_WEB_THREADS
+
 LOCAL = "127.0.0.1"
 SANDBOX_PORT = 12111
 OPERATOR_EMAIL = "operator@example.com"
@@ -530,13 +532,15 @@ def start_processes(plan: Plan, sup: Supervisor, console: Console) -> None:
     if importlib.util.find_spec("gunicorn") is not None:
         # --preload: the app is imported once in the master and forked, not once per worker
         # (create_app opens no connection, so nothing is shared across the fork).
-        web = [sys.executable, "-m", "gunicorn", "app:app", "-b", f"{LOCAL}:{plan.port}", "-w", "2",
-               "--threads", "4", "--preload", "--graceful-timeout", "5", "--access-logfile", "-",
+        # The threaded worker, sized like the Procfile's web line (create_app has validated both).
+        web = [sys.executable, "-m", "gunicorn", "app:app", "-b", f"{LOCAL}:{plan.port}", "--worker-class", "gthread",
+               "--workers", plan.env.get("WEB_CONCURRENCY") or str(DEFAULT_WEB_CONCURRENCY),
+               "--threads", plan.env.get("WEB_THREADS") or str(DEFAULT_WEB_THREADS), "--preload", "--graceful-timeout", "5", "--access-logfile", "-",
                "--access-logformat", "%(m)s %(U)s%(q)s -> %(s)s in %(M)sms"]
         if _gunicorn_has_flag("--no-control-socket"):
             # gunicorn >= 25 opens ~/.gunicorn/gunicorn.ctl by default: two demos would share it.
             web.append("--no-control-socket")
-        how = "gunicorn, 2 workers"
+        how = "gunicorn, threaded workers"
     else:
         web = flask + ["run", "--host", LOCAL, "--port", str(plan.port), "--no-reload", "--no-debugger",
                        "--with-threads"]

@@ -19,6 +19,9 @@ class SettingsError(Exception):
         self.variable = variable
 
 
+DEFAULT_WEB_CONCURRENCY = 2
+DEFAULT_WEB_THREADS = 32
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -52,6 +55,12 @@ class Settings:
     # Process environment (docs/REFERENCE.md, Settings): for running shops or test runs side by side.
     queue_prefix: str
     outbox_lease_seconds: int
+    web_concurrency: int = 2
+    web_threads: int = 32
+    stripe_max_concurrent_calls: int = 16
+    stripe_rate_limit_per_second: int = 80
+    stripe_breaker_threshold: int = 5
+    stripe_breaker_cooldown_seconds: int = 30
 
     @property
     def uses_sandbox(self) -> bool:
@@ -140,6 +149,15 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
             "per-order deadline must agree on one payment window",
         )
 
+    # Web concurrency (docs/REFERENCE.md, Settings; measured by bench/provider.py): threads hide
+    # the provider's latency, and the bulkhead keeps half of them for everything else.
+    web_threads = _int(env, "WEB_THREADS", DEFAULT_WEB_THREADS, 1, 256)
+    most_calls = max(1, web_threads - 1)
+    max_calls = _int(env, "STRIPE_MAX_CONCURRENT_CALLS", max(1, web_threads // 2), 1, 256)
+    if max_calls > most_calls:
+        raise SettingsError("STRIPE_MAX_CONCURRENT_CALLS",
+                            f"must be between 1 and {most_calls} (WEB_THREADS - 1, so a thread is always "
+                            f"free for pages that do not wait on the provider), got {max_calls}")
     poll = _int(env, "SCHEDULER_POLL_SECONDS", 1, 1, 3600)
     stale = _int(env, "HEALTH_STALE_SECONDS", 60, 2, 24 * 3600)
     if stale <= poll:
@@ -150,6 +168,13 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         )
 
     return Settings(
+        web_concurrency=_int(env, "WEB_CONCURRENCY", DEFAULT_WEB_CONCURRENCY, 1, 64),
+        web_threads=web_threads,
+        stripe_max_concurrent_calls=max_calls,
+        # Stripe allows 100/s in live mode: stay below it with room for the dashboard and other tools.
+        stripe_rate_limit_per_second=_int(env, "STRIPE_RATE_LIMIT_PER_SECOND", 80, 2, 10_000),
+        stripe_breaker_threshold=_int(env, "BACKSTOP_STRIPE_BREAKER_THRESHOLD", 5, 1, 1_000_000),
+        stripe_breaker_cooldown_seconds=_int(env, "BACKSTOP_STRIPE_BREAKER_COOLDOWN_SECONDS", 30, 1, 3600),
         database_url=database_url,
         redis_url=_url(env, "REDIS_URL", "redis://127.0.0.1:6379/0", ["redis://", "rediss://", "unix://"]),
         secret_key=secret_key,

@@ -41,6 +41,12 @@ BAD = [
     ("PUBLIC_BASE_URL", "ftp://shop.example", "must start with"),
     ("PUBLIC_BASE_URL", "shop.example", "must start with"),
     ("STRIPE_API_BASE", "127.0.0.1:12111", "must start with"),
+    ("WEB_CONCURRENCY", "0", "between 1 and 64"),
+    ("WEB_THREADS", "many", "whole number"),
+    ("WEB_THREADS", "257", "between 1 and 256"),
+    ("STRIPE_MAX_CONCURRENT_CALLS", "32", "WEB_THREADS - 1"),  # all 32 default threads: none left for pages
+    ("STRIPE_MAX_CONCURRENT_CALLS", "0", "between"),
+    ("STRIPE_RATE_LIMIT_PER_SECOND", "1", "between 2 and 10000"),
 ]
 
 
@@ -65,6 +71,13 @@ def test_defaults_and_good_values_are_read_and_typed(tmp_path):
     assert defaults.reconciliation_enabled is defaults.unpaid_order_expiry_enabled is True
     assert defaults.database_url == f"sqlite:///{tmp_path}/backstop.sqlite3"
     assert defaults.secret_key and defaults.secret_key_ephemeral and defaults.uses_sandbox
+    assert (defaults.web_concurrency, defaults.web_threads, defaults.stripe_max_concurrent_calls,
+            defaults.stripe_rate_limit_per_second) == (2, 32, 16, 80)
+    # The bulkhead follows the threads unless set, and always leaves one free.
+    assert load_settings({"WEB_THREADS": "9"}, str(tmp_path), argv=CLI).stripe_max_concurrent_calls == 4
+    assert load_settings({"WEB_THREADS": "1"}, str(tmp_path), argv=CLI).stripe_max_concurrent_calls == 1
+    assert load_settings({"WEB_THREADS": "4", "STRIPE_MAX_CONCURRENT_CALLS": "3"}, str(tmp_path),
+                         argv=CLI).stripe_max_concurrent_calls == 3
     assert defaults.health_stale_seconds == 60
 
     s = load_settings({"UNPAID_ORDER_EXPIRY_SECONDS": " 60 ", "RECONCILIATION_STUCK_AGE_SECONDS": "60",

@@ -103,7 +103,20 @@ def dashboard(now: datetime) -> dict:
         "restore_warnings": warnings,
         "last_sweep": sweep_json(cycle, now) if cycle else None,
         "last_successful_sweep_at": iso(as_utc(last_ok)) if last_ok else None,
+        "provider": provider_state(now),
     }
+
+
+def provider_state(now: datetime) -> dict:
+    """The payment provider as the circuit breaker sees it (payments.guard), in words."""
+    from ..payments import guard
+
+    view = guard.get().breaker_view()
+    state = view["state"]
+    opened = view["opened_at"] if state != guard.CLOSED and view["opened_at"] else None
+    return {"state": state, "words": guard.STATE_WORDS.get(state, state),
+            "since_seconds": max(0, int(now.timestamp() - opened)) if opened else None,
+            "shared": view["shared"]}
 
 
 def liveness(now: datetime) -> dict:

@@ -98,6 +98,7 @@ class ShopCollector:
         for outcome in sorted(set(counts) | {"accepted", "duplicate", "rejected", "ignored", "failed"}):
             webhooks.add_metric([outcome], counts.get(outcome, 0))
         yield webhooks
+        yield from provider_breaker_metrics()
         yield from self._liveness(now)
 
     def _liveness(self, now):
@@ -143,6 +144,26 @@ class ShopCollector:
             oldest.add_metric([q["name"]], q["oldest_age_seconds"] or 0)
         yield depth
         yield oldest
+
+
+def provider_breaker_metrics():
+    """The provider's circuit breaker (payments.guard) as every process sees it: its state, and
+    its transitions counted in the shared state, so any process answers the same."""
+    from prometheus_client.core import CounterMetricFamily
+
+    from ..payments import guard
+
+    view = guard.get().breaker_view()
+    state = GaugeMetricFamily("shop_provider_breaker_state",
+                              "The payment provider's circuit breaker: 1 for its current state", labels=["state"])
+    for name in (guard.CLOSED, guard.OPEN, guard.HALF_OPEN):
+        state.add_metric([name], 1 if view["state"] == name else 0)
+    yield state
+    moves = CounterMetricFamily("shop_provider_breaker_transitions", "Transitions of the provider's circuit breaker "
+                                "into each state", labels=["to"])
+    for name, count in view["transitions"].items():
+        moves.add_metric([name], count)
+    yield moves
 
 
 def registry() -> CollectorRegistry:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from urllib.parse import urlsplit
@@ -17,6 +18,8 @@ from urllib.parse import urlsplit
 import requests
 import stripe
 from flask import current_app
+
+from . import guard
 
 log = logging.getLogger("shop.payments")
 
@@ -132,25 +135,92 @@ def hosted_page_origins(config) -> list[str]:
 
 
 def client() -> stripe.StripeClient:
+    """The SDK client for whoever is calling (guard.current()): a customer's request gets at most
+    one network retry, each attempt bounded by the request's time budget; background work keeps
+    the SDK's retries and STRIPE_TIMEOUT_SECONDS. Both share one transport."""
     ext = current_app.extensions.setdefault("backstop", {})
-    if ext.get("stripe") is None:
+    name = "stripe_customer" if guard.current().priority == guard.CUSTOMER else "stripe"
+    if ext.get(name) is None:
         with _lock:
-            if ext.get("stripe") is None:
+            if ext.get(name) is None:
                 cfg = current_app.config
                 base = api_base()
-                ext["stripe"] = stripe.StripeClient(
+                if ext.get("stripe_http") is None:
+                    ext["stripe_http"] = _http_client(base or STRIPE_API, cfg["STRIPE_TIMEOUT_SECONDS"])
+                retries = cfg["STRIPE_REQUEST_MAX_NETWORK_RETRIES"] if name == "stripe_customer" \
+                    else cfg["STRIPE_MAX_NETWORK_RETRIES"]
+                ext[name] = stripe.StripeClient(
                     cfg.get("STRIPE_SECRET_KEY") or SANDBOX_API_KEY,
                     base_addresses={"api": base} if base else None,
-                    max_network_retries=cfg["STRIPE_MAX_NETWORK_RETRIES"],
-                    http_client=_http_client(base or STRIPE_API, cfg["STRIPE_TIMEOUT_SECONDS"]),
+                    max_network_retries=retries,
+                    http_client=ext["stripe_http"],
                 )
-    return ext["stripe"]
+    return ext[name]
 
 
 STRIPE_API = "https://api.stripe.com"
 
 
-def _http_client(base: str, timeout: float) -> stripe.RequestsClient:
+class GuardedHttpClient(stripe.RequestsClient):
+    """The SDK's requests transport, with the guard at every attempt (the SDK's own retries
+    included): each one spends a unit of the shared rate budget and, inside a customer's
+    request, fits in what is left of its time budget. A 429 is not retried here: it pauses
+    every process until its Retry-After and reaches the caller as ProviderUnavailable (background
+    work is retried later; checkout offers "Pay now")."""
+
+    def __init__(self, *, app, background_timeout: float, **kwargs):
+        self._app = app
+        self._background_timeout = background_timeout
+        super().__init__(timeout=background_timeout, **kwargs)
+
+    @property
+    def _timeout(self):
+        ctx = guard.current()
+        if ctx.priority != guard.CUSTOMER:
+            return self._background_timeout
+        cfg = self._app.config
+        read = cfg["STRIPE_REQUEST_READ_TIMEOUT_SECONDS"]
+        if ctx.deadline is not None:
+            read = min(read, max(0.05, ctx.deadline - time.monotonic()))
+        return (min(cfg["STRIPE_REQUEST_CONNECT_TIMEOUT_SECONDS"], read), read)
+
+    @_timeout.setter
+    def _timeout(self, value):  # the SDK's constructor assigns it; the property above decides
+        pass
+
+    def request(self, method, url, headers, post_data=None):
+        ctx = guard.current()
+        if ctx.deadline is not None and ctx.deadline - time.monotonic() < MIN_ATTEMPT_SECONDS:
+            raise guard.Shed("no time left in this request's budget for another provider call")
+        provider_guard = guard.get()  # the SDK runs inside gateway._call, in the app's context
+        provider_guard.take_token()
+        content, status, rheaders = super().request(method, url, headers, post_data)
+        if status == 429:
+            provider_guard.pause(_retry_after(rheaders))
+        return content, status, rheaders
+
+    def _should_retry(self, response, api_connection_error, num_retries, max_network_retries):
+        if response is not None and response[1] == 429:
+            return False  # waiting out Retry-After belongs to the caller, not to a thread here
+        return super()._should_retry(response, api_connection_error, num_retries, max_network_retries)
+
+
+# An attempt with less time than this left in the request's budget could not get an answer.
+MIN_ATTEMPT_SECONDS = 0.3
+# A 429 without Retry-After: Stripe's advice is to back off about a second.
+DEFAULT_RETRY_AFTER_SECONDS = 1.0
+MAX_RETRY_AFTER_SECONDS = 60.0
+
+
+def _retry_after(headers) -> float:
+    try:
+        seconds = float((headers or {}).get("Retry-After"))
+    except (TypeError, ValueError):
+        return DEFAULT_RETRY_AFTER_SECONDS
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS) or DEFAULT_RETRY_AFTER_SECONDS
+
+
+def _http_client(base: str, timeout: float) -> GuardedHttpClient:
     """The SDK's requests transport with the environment read once, not on every call.
 
     A requests.Session that trusts the environment re-reads every environment variable on each
@@ -161,21 +231,52 @@ def _http_client(base: str, timeout: float) -> stripe.RequestsClient:
     nothing here uses the session's cookies."""
     session = requests.Session()
     session.trust_env = False
+    # Enough pooled connections for every web thread (urllib3 keeps 10 by default and drops the rest).
+    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=max(10, current_app.config["WEB_THREADS"]))
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
     proxies = {scheme: url for scheme, url in requests.utils.get_environ_proxies(base).items()
                if scheme in ("http", "https")}
-    return stripe.RequestsClient(timeout=timeout, session=session, proxy=proxies or None)
+    return GuardedHttpClient(app=current_app._get_current_object(), background_timeout=timeout, session=session,
+                             proxy=proxies or None)
 
 
 def _call(what: str, fn):
+    """Every SDK call goes through here: the bulkhead, the breaker, then the call (whose attempts
+    meet the rate budget in GuardedHttpClient). A refusal by the guard is ProviderUnavailable
+    with no call made; a failure or timeout of the provider counts toward the breaker."""
+    provider_guard = guard.get()
     try:
-        return fn()
+        with provider_guard.slot():
+            provider_guard.admit()
+            try:
+                result = fn()
+            except stripe.StripeError as exc:
+                status = getattr(exc, "http_status", None) or 0
+                provider_guard.record(ok=not (isinstance(exc, (stripe.APIConnectionError, stripe.RateLimitError))
+                                              or status >= 500 or status == 0 or status == 429))
+                raise
+            provider_guard.record(ok=True)
+            return result
+    except guard.Shed as exc:
+        raise _unavailable(f"{what}: not called: {exc}", exc.retry_after) from exc
     except (stripe.APIConnectionError, stripe.RateLimitError) as exc:
-        raise ProviderUnavailable(f"{what}: {exc.user_message or exc}") from exc
+        raise _unavailable(f"{what}: {exc.user_message or exc}", _retry_after(exc.headers)
+                           if isinstance(exc, stripe.RateLimitError) else None) from exc
     except stripe.StripeError as exc:
         status = getattr(exc, "http_status", None) or 0
-        if status >= 500 or status == 0:
-            raise ProviderUnavailable(f"{what}: provider error {status}: {exc.user_message or exc}") from exc
+        if status >= 500 or status == 0 or status == 429:
+            raise _unavailable(f"{what}: provider error {status}: {exc.user_message or exc}",
+                               _retry_after(exc.headers) if status == 429 else None) from exc
         raise ProviderRefused(f"{what}: {exc.user_message or exc}", getattr(exc, "code", None)) from exc
+
+
+def _unavailable(message: str, retry_after: float | None) -> ProviderUnavailable:
+    """ProviderUnavailable, saying when to try again if the guard or the provider said (a 429's
+    Retry-After, the breaker's cool-down, the rate budget's next token)."""
+    exc = ProviderUnavailable(message)
+    exc.retry_after = retry_after
+    return exc
 
 
 def create_checkout_session(*, order_id: int, reference: str, attempt: int, lines, currency: str, email: str,

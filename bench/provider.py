@@ -1,0 +1,289 @@
+"""The storefront against a slow, failing and overloaded provider (not a test).
+
+    /work/main/.venv/bin/python bench/provider.py [--orders 300] [--clients 32] [--brownout-seconds 12]
+
+Runs the Procfile's web line (gunicorn, threaded workers, WEB_CONCURRENCY x WEB_THREADS from
+the environment or their defaults) on a throwaway PostgreSQL database, with the Stripe sandbox
+(`flask shop stripe-sandbox`) as the provider and its `api_latency_seconds` fault as the delay,
+and prints in one run:
+
+  latency 0 / 0.3   checkout orders/s and p99 at 0 s and 0.3 s per provider call, 32 clients,
+                    counting only checkouts that reached the hosted payment page (target: the
+                    0.3 s rate >= 0.90 of the 0 s rate), in alternating rounds
+  brownout          catalog p50/p99 (4 browsing clients) while 5 s per provider call holds
+                    twice as many checkout clients as the web has threads (target p99 <= 100 ms,
+                    no 5xx). The breaker is held off here (BACKSTOP_STRIPE_BREAKER_THRESHOLD),
+                    so the checkouts keep waiting on the provider for the whole phase; a client
+                    sent to "Pay now" waits 5 s (what the provider call would have taken), then
+                    checks out again
+  breaker open      checkout p99 (8 clients) once the provider has failed past the breaker's
+                    threshold (target <= 200 ms); the web is restarted with the default threshold
+  overload          the peak provider calls in any one second at the sandbox while 64 clients
+                    check out as fast as they can against STRIPE_RATE_LIMIT_PER_SECOND=30
+                    (target <= 30)
+  CPU               web CPU per order with the provider call (latency 0) and without it
+                    (breaker open: the order is placed, no call is made)
+
+Everything it started is stopped and the database dropped at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.request import Request, urlopen
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from checkout import (ROOT, Browser, _jobs, children, cpu_seconds, forget_redis, free_port, run_clients,  # noqa: E402
+                      seed, wait_http)
+from scratchdb import make_database  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+from shop.settings import DEFAULT_WEB_CONCURRENCY, DEFAULT_WEB_THREADS  # noqa: E402
+from shop.stripe_sandbox.testing import peak_in_window  # noqa: E402
+
+BIN = Path(sys.executable).parent
+
+
+def procfile_web() -> str:
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        if line.startswith("web:"):
+            return line.split(":", 1)[1].strip()
+    raise SystemExit("no web line in the Procfile")
+
+
+class Shop:
+    def __init__(self, args):
+        self.args = args
+        self.run_id = secrets.token_hex(4)
+        self.prefix = f"bench-provider-{self.run_id}"
+        self.procs: list[subprocess.Popen] = []
+        self.web: subprocess.Popen | None = None
+
+    def sandbox(self, path: str, body: dict | None = None):
+        data = None if body is None else json.dumps(body).encode()
+        req = Request(f"http://127.0.0.1:{self.sandbox_port}{path}", data=data,
+                      headers={"Content-Type": "application/json"}, method="POST" if body is not None else "GET")
+        with urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def faults(self, **faults):
+        self.sandbox("/_sandbox/faults", faults)
+
+    def call_times(self, since: float) -> list[float]:
+        calls = self.sandbox(f"/_sandbox/requests?since={since!r}")["calls"]
+        return sorted(c["at"] for c in calls if c["path"].startswith("/v1"))
+
+    def start_web(self, **extra):
+        if self.web is not None:
+            os.killpg(self.web.pid, signal.SIGTERM)
+            self.web.wait(timeout=30)
+        env = {**self.env, **extra, "PORT": str(self.web_port),
+               "PATH": str(BIN) + os.pathsep + os.environ.get("PATH", "")}
+        self.web = subprocess.Popen(["sh", "-c", f"exec {procfile_web()} --log-level warning"], cwd=ROOT, env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(self.web)
+        wait_http(self.web_port, "/", self.web)
+
+    def web_cpu(self) -> float:
+        return cpu_seconds(children(self.web.pid))
+
+
+def summarize(name: str, wall: float, lat: list[float]) -> dict:
+    lat = sorted(lat)
+    pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else float("nan")  # noqa: E731
+    row = {"n": len(lat), "rate": len(lat) / wall if wall else 0.0, "p50": pct(0.5), "p99": pct(0.99)}
+    print(f"{name:<14} {row['n']:>5} in {wall:5.1f} s  {row['rate']:7.1f}/s   p50 {row['p50']:7.1f} ms   "
+          f"p99 {row['p99']:7.1f} ms", flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--orders", type=int, default=300, help="orders per checkout phase")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--brownout-seconds", type=float, default=12)
+    ap.add_argument("--server", default=os.environ.get("BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
+    ap.add_argument("--redis", default="redis://127.0.0.1:6379/11")
+    ap.add_argument("--latency-only", action="store_true", help="only the 0 s / 0.3 s checkout phases")
+    args = ap.parse_args()
+
+    shop = Shop(args)
+    database_url, drop = make_database(args.server, "provider")
+    try:
+        stock = 1_000_000_000
+        variant = seed(database_url, stock)[0]
+        shop.sandbox_port, shop.web_port = free_port(), free_port()
+        shop.env = {**os.environ, "DATABASE_URL": database_url, "SECRET_KEY": secrets.token_urlsafe(24),
+                    "REDIS_URL": args.redis, "BACKSTOP_QUEUE_PREFIX": shop.prefix,
+                    "STRIPE_API_BASE": f"http://127.0.0.1:{shop.sandbox_port}", "STRIPE_SESSION_MIN_SECONDS": "60",
+                    "PUBLIC_BASE_URL": f"http://127.0.0.1:{shop.web_port}", "STRIPE_WEBHOOK_SECRET": "whsec_bench",
+                    "BACKSTOP_INSTANCE_PATH": f"/tmp/backstop-bench-{shop.run_id}"}
+        shop.env.pop("STRIPE_SECRET_KEY", None)
+        sandbox = subprocess.Popen([str(BIN / "flask"), "--app", "app", "shop", "stripe-sandbox", "--port",
+                                    str(shop.sandbox_port), "--min-session-seconds", "60"], cwd=ROOT, env=shop.env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        shop.procs.append(sandbox)
+        wait_http(shop.sandbox_port, "/_sandbox/events", sandbox)
+        processes = int(os.environ.get("WEB_CONCURRENCY") or DEFAULT_WEB_CONCURRENCY)
+        threads = int(os.environ.get("WEB_THREADS") or DEFAULT_WEB_THREADS)
+        print(f"web: {procfile_web()}\n     = {processes} processes x {threads} threads on PostgreSQL; "
+              f"{args.clients} clients, {args.orders} orders per checkout phase", flush=True)
+        shop.start_web(BACKSTOP_STRIPE_BREAKER_THRESHOLD="1000000")
+
+        def prepared(n: int) -> queue.Queue:
+            ready: queue.Queue = queue.Queue()
+
+            def make(_):
+                b = Browser(shop.web_port)
+                b.open_catalog()
+                b.fill_cart([variant])
+                ready.put(b)
+            run_clients(args.clients, _jobs(n), make)
+            return ready
+
+        outcomes = {"pay": 0, "later": 0, "5xx": 0}
+        lock = threading.Lock()
+
+        def checkout(b: Browser) -> str:
+            status, location, _ = b.request("POST", "/checkout", {"csrf_token": b.token, "email": "b@example.com"})
+            kind = "5xx" if status >= 500 else "pay" if "/pay/" in location else "later"
+            with lock:
+                outcomes[kind] += 1
+            return kind
+
+        def checkout_phase(name: str, latency: float, rounds: int) -> dict:
+            """Alternating rounds (the machine is shared: load that comes and goes hits both sides)."""
+            totals = {"wall": 0.0, "lat": [], "cpu": 0.0, "pay": 0, "later": 0}
+            for _ in range(rounds):
+                yield
+                shop.faults(api_latency_seconds=latency)
+                carts = prepared(args.orders // rounds)
+                outcomes.update(pay=0, later=0)
+                cpu0 = shop.web_cpu()
+                wall, lat = run_clients(args.clients, carts, checkout)
+                totals["wall"] += wall
+                totals["lat"] += lat
+                totals["cpu"] += shop.web_cpu() - cpu0
+                totals["pay"] += outcomes["pay"]
+                totals["later"] += outcomes["later"]
+            row = summarize(name, totals["wall"], totals["lat"])
+            row["cpu_ms"] = totals["cpu"] / len(totals["lat"]) * 1000
+            row["rate"] = totals["pay"] / totals["wall"]  # orders that reached the payment page
+            print(f"{'':<14} {totals['pay']} to the payment page ({row['rate']:.1f}/s), {totals['later']} "
+                  f"pay-later; web CPU {row['cpu_ms']:.2f} ms/order", flush=True)
+            yield row
+
+        run_clients(args.clients, prepared(2 * args.clients), checkout)  # warm every thread and pool
+        rounds = 3
+        phases = [checkout_phase("latency 0 s", 0.0, rounds), checkout_phase("latency 0.3 s", 0.3, rounds)]
+        for phase in phases:
+            next(phase)
+        rows = [None, None]
+        for _ in range(rounds):
+            for i, phase in enumerate(phases):
+                rows[i] = next(phase)  # the row, after the last round
+        fast, slow = rows
+        ratio = slow["rate"] / fast["rate"]
+        print(f"checkout at 0.3 s / at 0 s: x{ratio:.2f} of the orders/s (target >= 0.90) -> "
+              f"{'MET' if ratio >= 0.90 else 'MISSED'}; p99 {fast['p99']:.0f} -> {slow['p99']:.0f} ms", flush=True)
+        if args.latency_only:
+            return
+
+        # Brownout: twice as many checkouts as threads, each waiting 5 s on the provider.
+        shop.faults(api_latency_seconds=5.0)
+        holders = 2 * processes * threads
+        stop = threading.Event()
+        catalog_lat: list[float] = []
+        catalog_5xx = [0]
+
+        def hold_checkouts():
+            while not stop.is_set():
+                b = Browser(shop.web_port)
+                b.open_catalog()
+                b.fill_cart([variant])
+                if checkout(b) != "pay":
+                    stop.wait(5.0)  # sent to "Pay now": as long as the provider call would have taken
+
+        def browse():
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                status, _, _ = Browser(shop.web_port).request("GET", "/", accept="application/json")
+                with lock:
+                    catalog_lat.append(time.perf_counter() - t0)
+                    catalog_5xx[0] += status >= 500
+                stop.wait(0.05)
+
+        outcomes.update({"pay": 0, "later": 0, "5xx": 0})
+        workers = [threading.Thread(target=hold_checkouts, daemon=True) for _ in range(holders)]
+        for w in workers:
+            w.start()
+        time.sleep(3)  # let them reach the provider
+        browsers = [threading.Thread(target=browse, daemon=True) for _ in range(4)]
+        for w in browsers:
+            w.start()
+        time.sleep(args.brownout_seconds)
+        stop.set()
+        for w in browsers:
+            w.join()
+        cat = summarize("catalog", args.brownout_seconds, catalog_lat)
+        print(f"{'':<14} during the brownout with {holders} checkout clients: {catalog_5xx[0]} catalog 5xx, "
+              f"checkouts {outcomes} (target p99 <= 100 ms, no 5xx) -> "
+              f"{'MET' if cat['p99'] <= 100 and catalog_5xx[0] == 0 and outcomes['5xx'] == 0 else 'MISSED'}",
+              flush=True)
+        shop.faults(api_latency_seconds=0)
+        for w in workers:
+            w.join(timeout=30)
+
+        # Breaker open: the default threshold, the provider failing.
+        shop.start_web(BACKSTOP_STRIPE_BREAKER_COOLDOWN_SECONDS="5", STRIPE_RATE_LIMIT_PER_SECOND="30")
+        shop.faults(api_unavailable=True)
+        run_clients(4, prepared(12), checkout)  # past the threshold
+        outcomes.update({"pay": 0, "later": 0, "5xx": 0})
+        calls0 = len(shop.call_times(0))
+        carts = prepared(args.orders)
+        cpu0 = shop.web_cpu()
+        wall, lat = run_clients(8, carts, checkout)
+        open_row = summarize("breaker open", wall, lat)
+        open_cpu = (shop.web_cpu() - cpu0) / len(lat) * 1000
+        made = len(shop.call_times(0)) - calls0
+        print(f"{'':<14} {outcomes['later']} pay-later, {made} provider calls (target p99 <= 200 ms) -> "
+              f"{'MET' if open_row['p99'] <= 200 else 'MISSED'}; web CPU {open_cpu:.2f} ms/order", flush=True)
+
+        # Overload: a budget of 30/s and 64 clients checking out as fast as they can.
+        shop.faults(api_unavailable=False)
+        time.sleep(5.5)  # the breaker's cool-down; the first checkout probes and closes it
+        outcomes.update({"pay": 0, "later": 0, "5xx": 0})
+        carts = prepared(args.orders)
+        since = time.time()
+        wall, lat = run_clients(64, carts, checkout)
+        peak = peak_in_window(shop.call_times(since), 1.0)
+        summarize("overload", wall, lat)
+        print(f"{'':<14} peak {peak} provider calls in one second at the sandbox, budget 30 (target <= budget) -> "
+              f"{'MET' if peak <= 30 else 'MISSED'}; checkouts {outcomes}", flush=True)
+        print(f"web CPU per order: {fast['cpu_ms']:.2f} ms with the provider call, {open_cpu:.2f} ms without "
+              f"(x{fast['cpu_ms'] / open_cpu:.2f})", flush=True)
+    finally:
+        for proc in reversed(shop.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in shop.procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        drop()
+        forget_redis(args.redis, shop.prefix)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""The provider guard in one process (payments.guard, applied in gateway._call): the breaker
+shared through Redis, the time budget of a customer's request, the priority of customer calls in
+the rate budget, and a 429 storm. Real database, Redis and sandbox (its request log says which
+calls reached the provider). The process-and-thread behaviour (bulkhead, budget across
+processes) is in test_provider_processes.py."""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from conftest import log_in
+from shop.domain.deadlines import utcnow
+from shop.extensions import db
+from shop.models import Order
+from shop.payments import gateway, guard
+from shop.scheduling.sweep import run_cycle
+
+from payment_helpers import JSON, Shopper, seed
+
+STALE = "PendingPayment"
+
+
+@pytest.fixture
+def shop(make_app, sandbox):
+    def build(**config):
+        app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+                       STRIPE_WEBHOOK_SECRET="whsec_test_secret", **config)
+        return app, seed(app)
+    return build
+
+
+def _pay_later_page(shopper: Shopper, response) -> dict:
+    """The customer was sent to the order page, which holds the order and offers "Pay now"."""
+    assert response.status_code == 303, response.get_data(as_text=True)
+    location = response.headers["Location"]
+    assert "/orders/" in location, location
+    page = shopper.client.get(location, headers={"Accept": "text/html"}).get_data(as_text=True)
+    assert "its items are held for you until" in page and "Pay now" in page, page
+    return shopper.latest()
+
+
+def test_with_30s_of_provider_latency_checkout_answers_within_the_request_budget_with_the_order_placed(shop,
+                                                                                                      sandbox):
+    # Background calls keep the production defaults (10 s x 3 attempts): only the request's own
+    # budget can bring the answer under ~10 s.
+    app, skus = shop(STRIPE_TIMEOUT_SECONDS=10, STRIPE_MAX_NETWORK_RETRIES=2)
+    shopper = Shopper(app, skus)
+    sandbox.faults(api_latency_seconds=30)
+    try:
+        started = time.monotonic()
+        response = shopper.checkout()
+        took = time.monotonic() - started
+    finally:
+        sandbox.faults(api_latency_seconds=0)
+    assert took < 11, f"checkout took {took:.1f} s"
+    order = _pay_later_page(shopper, response)
+    assert order["status"] == STALE and order["pay_by"]
+
+
+def test_after_the_threshold_the_breaker_opens_for_every_process_and_one_probe_closes_it(shop, sandbox):
+    app, skus = shop(STRIPE_BREAKER_THRESHOLD=3, STRIPE_BREAKER_COOLDOWN_SECONDS=1.5)
+    other_process, _ = shop(STRIPE_BREAKER_THRESHOLD=3, STRIPE_BREAKER_COOLDOWN_SECONDS=1.5)
+    sandbox.faults(api_unavailable=True)
+    for _ in range(3):
+        _pay_later_page(shopper := Shopper(app, skus), shopper.checkout())
+    with app.app_context():
+        assert guard.get().breaker_view()["state"] == guard.OPEN
+
+    calls = sandbox.request_count()
+    for instance in (app, other_process):  # the other app has its own guard: the state is in Redis
+        shopper = Shopper(instance, skus)
+        started = time.monotonic()
+        response = shopper.checkout()
+        assert time.monotonic() - started < 1.0
+        assert _pay_later_page(shopper, response)["status"] == STALE
+    assert sandbox.request_count() == calls, "a checkout called the provider while the breaker was open"
+
+    sandbox.faults(api_unavailable=False)
+    time.sleep(1.6)
+    shopper = Shopper(other_process, skus)
+    response = shopper.checkout()
+    assert response.status_code == 303 and "/pay/" in response.headers["Location"]
+    assert sandbox.request_count() == calls + 1, "one probe, then closed"
+    with app.app_context():
+        view = guard.get().breaker_view()
+    assert view["state"] == guard.CLOSED and view["shared"]
+    assert view["transitions"] == {guard.OPEN: 1, guard.HALF_OPEN: 1, guard.CLOSED: 1}
+
+    metrics = app.test_client().get("/metrics").get_data(as_text=True)
+    assert 'shop_provider_breaker_state{state="closed"} 1.0' in metrics
+    assert 'shop_provider_breaker_transitions_total{to="open"} 1.0' in metrics
+
+
+def test_the_console_dashboard_says_the_providers_state_in_words(shop, sandbox):
+    app, skus = shop(STRIPE_BREAKER_THRESHOLD=1, STRIPE_BREAKER_COOLDOWN_SECONDS=60)
+    console = app.test_client()
+    log_in(app, console)
+    assert console.get("/console/", headers=JSON).get_json()["provider"]["state"] == guard.CLOSED
+    sandbox.faults(api_unavailable=True)
+    Shopper(app, skus).checkout()
+    provider = console.get("/console/", headers=JSON).get_json()["provider"]
+    assert provider["state"] == guard.OPEN and provider["words"] == guard.STATE_WORDS[guard.OPEN]
+    page = console.get("/console/", headers={"Accept": "text/html"}).get_data(as_text=True)
+    assert "Unavailable: checkout takes orders and holds their stock" in page
+
+
+def test_a_process_that_cannot_reach_redis_keeps_its_own_breaker(make_app, sandbox):
+    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_BREAKER_THRESHOLD=2, STRIPE_BREAKER_COOLDOWN_SECONDS=60)
+    sandbox.faults(api_unavailable=True)
+    with app.app_context():
+        provider_guard = guard.get()
+        provider_guard._redis_url = "redis://127.0.0.1:1/0"  # nothing listens there
+        for _ in range(2):
+            with pytest.raises(gateway.ProviderUnavailable):
+                gateway.retrieve_session("cs_test_nothing")
+        calls = sandbox.request_count()
+        with pytest.raises(gateway.ProviderUnavailable, match="circuit breaker open"):
+            gateway.retrieve_session("cs_test_nothing")
+        assert sandbox.request_count() == calls
+        assert provider_guard.breaker_view() == {**provider_guard.local.view(), "shared": False}
+
+
+def test_background_calls_leave_the_last_of_the_rate_budget_to_customers(make_app, sandbox):
+    # 20/s: a burst of 2 tokens, of which background callers may not take the last one.
+    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=20,
+                   STRIPE_BACKGROUND_WAIT_SECONDS=0.0, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
+    with app.app_context():
+        provider_guard = guard.get()
+        with guard.customer_call():
+            provider_guard.take_token()  # the burst is 2 tokens: one left, at the reserve
+        with pytest.raises(guard.Shed, match="for background work"):
+            provider_guard.take_token()  # the sweep or a refund: backs off
+        with guard.customer_call():
+            provider_guard.take_token()  # a checkout still gets the last one
+
+
+def test_a_429_storm_sends_checkouts_to_pay_later_and_the_sweep_waits_out_retry_after_until_every_order_is_paid(
+        shop, sandbox):
+    app, skus = shop(STRIPE_BREAKER_COOLDOWN_SECONDS=1.0)
+    sandbox.faults(api_rate_limit_per_second=1)
+    shoppers = [Shopper(app, skus) for _ in range(5)]
+    answers = [s.checkout() for s in shoppers]
+    assert all(a.status_code == 303 for a in answers)
+    later = [s for s, a in zip(shoppers, answers) if "/pay/" not in a.headers["Location"]]
+    assert later, "the provider limited us, so some checkouts went pay-later"
+    for shopper in later:
+        assert shopper.latest()["status"] == STALE
+    calls = sandbox.requests()
+    assert [c["status"] for c in calls].count(429) == 1, \
+        f"after one 429 nobody called the provider again before its Retry-After: {calls}"
+
+    # Customers press "Pay now" after a moment, until their payment starts.
+    for shopper in later:
+        deadline = time.monotonic() + 20
+        while shopper.pay(shopper.latest()["reference"]).status_code != 200:
+            assert time.monotonic() < deadline, "Pay now never started the payment"
+            time.sleep(1.1)
+    orders = [s.latest() for s in shoppers]
+    assert {o["status"] for o in orders} == {"PaymentInitiated"}
+    for order in orders:
+        sandbox.set_outcome(order["payment"]["session_id"], "paid")  # no webhook endpoint: only the sweep learns
+
+    since = time.time()
+    with app.app_context():
+        for _ in range(10):
+            run_cycle(now=utcnow() + timedelta(seconds=app.config["RECONCILIATION_STUCK_AGE_SECONDS"] + 60))
+            db.session.expire_all()
+            if {o.status for o in db.session.query(Order)} == {"Paid"}:
+                break
+        else:
+            raise AssertionError("the sweep never brought every order to Paid")
+        db.session.remove()
+    calls = sandbox.requests(since=since)
+    for limited in (c for c in calls if c["status"] == 429):
+        too_soon = [c for c in calls if limited["at"] < c["at"] < limited["at"] + 0.95]
+        assert not too_soon, f"a call went out before the 429's Retry-After: {too_soon}"
+
+
+def test_a_process_that_cannot_reach_redis_spends_only_its_share_of_the_rate_budget(make_app):
+    app = make_app(STRIPE_RATE_LIMIT_PER_SECOND=20, WEB_CONCURRENCY=2, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
+    with app.app_context():
+        provider_guard = guard.get()
+        provider_guard._redis_url = "redis://127.0.0.1:1/0"  # nothing listens there
+        with guard.customer_call():
+            provider_guard.take_token()  # half of the burst of 2: the other process may spend the rest
+            with pytest.raises(guard.Shed, match="rate budget"):
+                provider_guard.take_token()

@@ -1,0 +1,192 @@
+"""The provider guard where it is about processes and threads (payments.guard): the Procfile's
+web command (gunicorn, threaded workers) with the provider hanging, and three processes sharing
+one rate budget. Real processes against the test database, Redis and a real sandbox, whose
+request log says what reached the provider and when."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+from sqlalchemy import select
+
+from shop.extensions import db
+from shop.models import Order, Variant
+from shop.seed import seed_catalog
+from shop.stripe_sandbox.testing import peak_in_window
+
+from test_processes import ROOT, Processes, _env, _free_port, _wait
+
+pytestmark = pytest.mark.slow
+
+JSON = {"Accept": "application/json"}
+CSRF = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')
+WEBHOOK_SECRET = "whsec_x"  # test_processes._env's
+
+
+def start_web(procs: Processes, env: dict) -> None:
+    """The Procfile's web line, run by a shell as a deployment runs it."""
+    with open(os.path.join(ROOT, "Procfile")) as f:
+        line = next(l.split(":", 1)[1].strip() for l in f if l.startswith("web:"))
+    env = {**env, "PATH": os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")}
+    out = open(os.path.join(procs.folder, "web.log"), "wb")
+    proc = subprocess.Popen(["sh", "-c", f"exec {line}"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    out.close()
+    procs.children.append(("web", proc))
+
+
+class Browser:
+    """One customer over HTTP, with its own cookies."""
+
+    def __init__(self, base: str, variant_id: int):
+        self.base, self.http = base, requests.Session()
+        self.token = CSRF.search(self.http.get(base + "/", headers={"Accept": "text/html"}, timeout=10).text)[1]
+        r = self.http.post(base + "/cart/items", data={"csrf_token": self.token, "variant_id": variant_id,
+                                                       "quantity": 1}, allow_redirects=False, timeout=10)
+        assert r.status_code == 303, r.text
+
+    def checkout(self) -> requests.Response:
+        return self.http.post(self.base + "/checkout", data={"csrf_token": self.token, "email": "ann@example.com"},
+                              headers=JSON, allow_redirects=False, timeout=30)
+
+
+def _signed_webhook(base: str) -> requests.Response:
+    body = json.dumps({"id": "evt_unknown_1", "object": "event", "type": "checkout.session.completed",
+                       "created": int(time.time()), "data": {"object": {"id": "cs_test_unknown", "object":
+                                                                        "checkout.session"}}}).encode()
+    stamp = int(time.time())
+    digest = hmac.new(WEBHOOK_SECRET.encode(), f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return requests.post(base + "/webhooks/stripe", data=body, timeout=10,
+                         headers={"Stripe-Signature": f"t={stamp},v1={digest}", "Content-Type": "application/json"})
+
+
+def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the_webhook_answer_within_1s(
+        make_app, sandbox):
+    app = make_app(STRIPE_API_BASE=sandbox.base_url)
+    with app.app_context():
+        seed_catalog()
+        variant_id = db.session.execute(select(Variant.id).where(Variant.sku == "NB-A5-DOT")).scalar_one()
+        db.session.remove()
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    procs = Processes()
+    try:
+        # One process of 4 threads: the bulkhead lets 2 of them wait on the provider.
+        start_web(procs, _env(app, PORT=str(port), WEB_CONCURRENCY="1", WEB_THREADS="4",
+                              STRIPE_API_BASE=sandbox.base_url, UNPAID_ORDER_EXPIRY_SECONDS="1800",
+                              RECONCILIATION_STUCK_AGE_SECONDS="1800"))
+        _wait(lambda: _answers(base + "/"), 30, "the web process", procs.logs)
+        owner = Browser(base, variant_id)
+        placed = owner.checkout()
+        assert placed.status_code == 303 and "/pay/" in placed.headers["Location"], placed.text
+        order_page = base + placed.json()["order_url"]
+        shoppers = [Browser(base, variant_id) for _ in range(8)]
+
+        answers: dict[int, requests.Response] = {}
+        with sandbox.api_hanging():
+            since = time.time()
+            threads = [threading.Thread(target=lambda i=i, s=s: answers.__setitem__(i, s.checkout()))
+                       for i, s in enumerate(shoppers)]
+            for t in threads:
+                t.start()
+            _wait(lambda: len(sandbox.requests(since=since)) >= 2, 10, "checkouts to reach the hung provider",
+                  procs.logs)
+            time.sleep(0.5)
+            for what, ask in (("catalog", lambda: requests.get(base + "/", headers=JSON, timeout=10)),
+                              ("order page", lambda: owner.http.get(order_page, headers=JSON, timeout=10)),
+                              ("webhook", lambda: _signed_webhook(base))):
+                started = time.monotonic()
+                answer = ask()
+                took = time.monotonic() - started
+                assert answer.status_code == 200, (what, answer.status_code, answer.text)
+                assert took < 1.0, f"the {what} took {took:.2f} s while the provider hung\n{procs.logs()}"
+            held = len(sandbox.requests(since=since))
+        for t in threads:
+            t.join(timeout=30)
+        assert held == 2, f"{held} provider calls in flight; the bulkhead allows 2"
+        assert sorted(answers) == list(range(8)) and all(a.status_code == 303 for a in answers.values())
+        with app.app_context():
+            statuses = [s for s, in db.session.execute(select(Order.status)).all()]
+            db.session.remove()
+        assert len(statuses) == 9  # every checkout placed its order, paid or to pay later
+    finally:
+        procs.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2).status_code < 500
+    except requests.RequestException:
+        return False
+
+
+CALLER = r"""
+import contextlib, sys, threading, time
+from shop import create_app
+from shop.payments import gateway, guard
+
+app = create_app()
+print("ready", flush=True)
+start_at, seconds = float(sys.stdin.readline()), float(sys.argv[1])
+
+def work(kind):
+    with app.app_context(), (guard.customer_call() if kind == "customer" else contextlib.nullcontext()):
+        time.sleep(max(0.0, start_at - time.time()))
+        while time.time() < start_at + seconds:
+            try:
+                gateway.retrieve_session(f"cs_test_{kind}")
+            except (gateway.ProviderRefused, gateway.ProviderUnavailable):  # no such session / not called
+                pass
+            time.sleep(0.05)
+
+threads = [threading.Thread(target=work, args=(kind,)) for kind in ["customer"] * 3 + ["background"] * 2]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+def test_three_processes_asking_for_200_calls_a_second_stay_within_the_shared_budget_and_customers_come_first(
+        make_app, sandbox):
+    budget = 20
+    app = make_app(STRIPE_API_BASE=sandbox.base_url)
+    env = _env(app, STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=str(budget),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    seconds = 3.0
+    # 3 processes x 5 threads, each asking again 50 ms after every answer: over 200 calls a second wanted
+    children = [subprocess.Popen([sys.executable, "-c", CALLER, repr(seconds)], cwd=ROOT, env=env, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                for _ in range(3)]
+    try:
+        for child in children:
+            assert child.stdout.readline().strip() == "ready", child.stderr.read()
+        start_at = time.time() + 0.5
+        for child in children:
+            child.stdin.write(f"{start_at!r}\n")
+            child.stdin.flush()
+        for child in children:
+            _out, err = child.communicate(timeout=120)
+            assert child.returncode == 0, err
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+    everything = sandbox.requests(since=start_at - 1)
+    calls = [c for c in everything if c["at"] < start_at + seconds]
+    made = {kind: sum(1 for c in calls if c["path"].endswith(kind)) for kind in ("customer", "background")}
+    times = sorted(c["at"] for c in calls)
+    assert len(times) >= budget, f"only {len(times)} calls made: the budget went unused"
+    assert peak_in_window(times, 1.0) <= budget, f"{peak_in_window(times, 1.0)} calls in one second at the provider"
+    assert made["customer"] > 2 * made["background"], f"the background callers did not yield: {made}"
