@@ -84,7 +84,7 @@ def build_events(app, sandbox, count: int) -> list[bytes]:
     from shop.extensions import db
     from shop.models import Order, OrderLine
     from shop.orders.checkout import new_reference
-    from shop.payments.service import start_payment
+    from shop.payments.start import start_payment
 
     with app.app_context():
         now = utcnow()

@@ -129,7 +129,7 @@ def _engine_options(url: str, web_threads: int) -> dict:
     # No pool_pre_ping: it costs a round trip on every checkout, i.e. every transaction.
     # `_configure_idle_ping` pings only connections that sat idle long enough to have died.
     # A connection for every web thread, so no request waits for one (connections are opened on
-    # demand: a thread waiting on the provider holds none, see payments.service.start_payment),
+    # demand: a thread waiting on the provider holds none, see payments.start.start_payment),
     # and overflow for the few threads a process runs besides them (a worker's drain threads).
     return {"pool_size": max(10, web_threads), "max_overflow": 10}
 

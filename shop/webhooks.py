@@ -18,7 +18,7 @@ from .domain.deadlines import utcnow
 from .extensions import csrf, db
 from .models import KeyValue, WebhookReceipt
 from .payments import gateway
-from .payments.service import apply_session
+from .payments.apply import apply_session
 
 log = logging.getLogger("shop.webhooks")
 bp = Blueprint("webhooks", __name__)

@@ -33,7 +33,8 @@ from shop.outbox import runner
 from shop.outbox.dispatch import drain_deliveries, run_command, run_delivery
 from shop.outbox.relay import relay_once
 from shop.payments import gateway
-from shop.payments.service import reconcile_order, start_payment
+from shop.payments.apply import reconcile_order
+from shop.payments.start import start_payment
 from shop.scheduling.sweep import run_cycle
 from shop.stripe_sandbox.testing import SandboxControlError
 

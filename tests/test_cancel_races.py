@@ -15,7 +15,7 @@ from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxEvent, ScheduledCommand
 from shop.outbox.dispatch import drain_deliveries, run_command
 from shop.payments import gateway
-from shop.payments.service import reconcile_order
+from shop.payments.apply import reconcile_order
 
 
 def _names(app, ref) -> list[str]:

@@ -20,7 +20,7 @@ from shop.orders.commands import cancel_order
 from shop.outbox import schedule_command
 from shop.outbox.uow import publish_after_commit
 from shop.payments import gateway
-from shop.payments.service import start_payment
+from shop.payments.start import start_payment
 from shop.seed import seed_catalog
 
 from payment_helpers import JSON, Shopper, seed

@@ -532,7 +532,7 @@ def test_resolving_as_fixed_closes_the_warning_with_the_operators_note(app, clie
 # -- reconcile against the provider ----------------------------------------------------------
 
 def _started_order(paying_app):
-    from shop.payments.service import start_payment
+    from shop.payments.start import start_payment
 
     order_id, ref = place(paying_app)
     with paying_app.app_context():
@@ -719,7 +719,8 @@ def test_logging_in_and_out_and_anonymous_posts_are_not_operator_actions(app, cl
 
 def test_a_paid_order_shows_no_stale_error_no_reconcile_button_and_no_pending_deadline(paying_app, sandbox):
     from shop.payments import gateway
-    from shop.payments.service import reconcile_order, start_payment
+    from shop.payments.apply import reconcile_order
+    from shop.payments.start import start_payment
 
     app, client = paying_app, paying_app.test_client()
     token = log_in(app, client)

@@ -18,7 +18,7 @@ from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Cart, CartItem, Order, ReconciliationCycle, Variant
 from shop.orders.checkout import place_order
-from shop.payments.service import start_payment
+from shop.payments.start import start_payment
 from shop.scheduling.sweep import run_cycle
 from shop.seed import seed_catalog
 

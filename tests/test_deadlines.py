@@ -20,7 +20,8 @@ from shop.outbox import uow
 from shop.outbox.dispatch import run_command, run_delivery
 from shop.outbox.relay import rearm_future_commands, relay_once
 from shop.payments import gateway
-from shop.payments.service import reconcile_order, start_payment
+from shop.payments.apply import reconcile_order
+from shop.payments.start import start_payment
 from shop.seed import seed_catalog
 
 WINDOW = 1800  # the default payment window

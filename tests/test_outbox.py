@@ -262,6 +262,71 @@ def test_every_delivery_completes_after_redis_loses_everything(app, redis_conn):
         db.session.remove()
 
 
+def test_a_commit_that_fails_announces_nothing_and_keeps_nothing(app, monkeypatch):
+    """The one commit path announces only after the commit: a cancel whose commit fails leaves the
+    order as it was, writes no outbox rows, and tells Redis nothing (a worker would otherwise be
+    sent for a delivery that does not exist)."""
+    from sqlalchemy import event
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm import Session
+
+    from shop.orders.commands import cancel_order
+
+    announced = []
+    monkeypatch.setattr(queue, "announce", lambda *a, **k: announced.append(a))
+    with app.app_context():
+        skus = seed()
+        order_id = place({skus["NB-A5-DOT"]: 2})
+        announced.clear()  # the checkout's own announcement
+        version = db.session.get(Order, order_id).version
+
+        def the_database_goes_away(session):
+            raise OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+
+        event.listen(Session, "before_commit", the_database_goes_away)
+        try:
+            with pytest.raises(OperationalError):
+                cancel_order(order_id, version)
+        finally:
+            event.remove(Session, "before_commit", the_database_goes_away)
+
+        assert announced == []
+        assert order(order_id).status == "PendingPayment"
+        assert db.session.execute(select(OutboxDelivery).where(OutboxDelivery.order_id == order_id,
+                                                               OutboxDelivery.handler == "restore_inventory")
+                                  ).first() is None
+        db.session.remove()
+
+
+def test_an_announce_that_fails_loses_nothing_the_relay_announces_it(app, monkeypatch):
+    """Redis down at the moment of the announcement: the cancel still stands (its rows are
+    committed), and the relay announces the delivery later, so the stock comes back."""
+    import redis
+
+    real_announce = queue.announce
+
+    def redis_is_down(*args, **kwargs):
+        raise redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    with app.app_context():
+        skus = seed()
+        a5 = skus["NB-A5-DOT"]
+        order_id = place({a5: 2})
+        assert on_hand(a5) == 38
+        monkeypatch.setattr(queue, "announce", redis_is_down)
+        cancel(order_id)  # asserts the outcome is "cancelled": the announce failure is not the cancel's
+
+        assert order(order_id).status == "Cancelled" and restore_delivery(order_id).status == "pending"
+        monkeypatch.setattr(queue, "announce", real_announce)
+        queue.run_worker(burst=True)
+        assert on_hand(a5) == 38  # nobody told a worker
+        later = utcnow() + timedelta(seconds=app.config["RELAY_GRACE_SECONDS"] + 1)
+        assert relay_once(now=later)["deliveries"] >= 1
+        queue.run_worker(burst=True)
+        assert restore_delivery(order_id).status == "done" and on_hand(a5) == 40
+        db.session.remove()
+
+
 # --- the follow-ups and the mailer ------------------------------------------------------------
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WebhookReceipt
 from shop.outbox.dispatch import run_delivery
 from shop.payments import gateway
-from shop.payments.service import reconcile_order
+from shop.payments.apply import reconcile_order
 
 
 
@@ -340,21 +340,26 @@ def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(make_ap
     refused it as a reused key with other parameters, every time, until the deadline."""
     from sqlalchemy.exc import OperationalError
 
-    from shop.payments import service
+    from shop.outbox import uow
 
     app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
                    STRIPE_WEBHOOK_SECRET="whsec_test_secret", UNPAID_ORDER_EXPIRY_SECONDS=60,
                    RECONCILIATION_STUCK_AGE_SECONDS=60)
     shopper = Shopper(app, seed(app))
-    real_commit, lost = service.uow.commit, []
+    real_commit, real_create, lost = uow.commit, gateway.create_checkout_session, []
+
+    def create_then_lose_the_save(**kwargs):
+        lost.append("armed")  # the commit after the first session's creation is the one lost
+        return real_create(**kwargs)
 
     def commit_lost_once(session):
-        if not lost:
+        if lost == ["armed"]:
             lost.append(True)
             raise OperationalError("UPDATE orders ...", {}, Exception("server closed the connection unexpectedly"))
         real_commit(session)
 
-    monkeypatch.setattr(service.uow, "commit", commit_lost_once)
+    monkeypatch.setattr(uow, "commit", commit_lost_once)
+    monkeypatch.setattr(gateway, "create_checkout_session", create_then_lose_the_save)
     r = shopper.checkout()
     assert r.status_code == 303 and "/orders/" in r.headers["Location"]  # the order stands; "Pay now"
     ref = r.headers["Location"].rsplit("/", 1)[-1]
@@ -374,7 +379,7 @@ def test_two_clicks_on_pay_now_at_once_leave_the_winners_session_open(paying_app
     that loses the version check must not expire it, since it is the session the winner recorded."""
     import threading
 
-    from shop.payments import service
+    from shop.payments.start import start_payment
 
     sandbox.faults(api_unavailable=True)
     ref = shopper.checkout().headers["Location"].rsplit("/", 1)[-1]
@@ -389,7 +394,7 @@ def test_two_clicks_on_pay_now_at_once_leave_the_winners_session_open(paying_app
 
             def other_click():
                 with paying_app.app_context():
-                    assert service.start_payment(oid).status == "started"
+                    assert start_payment(oid).status == "started"
                     db.session.remove()
 
             thread = threading.Thread(target=other_click)
@@ -399,7 +404,7 @@ def test_two_clicks_on_pay_now_at_once_leave_the_winners_session_open(paying_app
 
     monkeypatch.setattr(gateway, "create_checkout_session", create_then_let_the_other_click_win)
     with paying_app.app_context():
-        lost = service.start_payment(oid)  # lost the race, to a start of the very same session
+        lost = start_payment(oid)  # lost the race, to a start of the very same session
         assert (lost.status, lost.url) == ("started", shopper.order(ref)["payment"]["url"])
         db.session.remove()
 

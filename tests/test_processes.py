@@ -25,7 +25,7 @@ from shop.extensions import db
 from shop.models import Cart, CartItem, InventoryItem, Order, OutboxEvent, ScheduledCommand, Variant
 from shop.orders.checkout import place_order
 from shop.orders.commands import PROVIDER_EXPIRY_GRACE
-from shop.payments.service import start_payment
+from shop.payments.start import start_payment
 from shop.seed import seed_catalog
 
 pytestmark = pytest.mark.slow

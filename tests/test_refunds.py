@@ -14,7 +14,7 @@ from shop.models import Order, Refund, ScheduledCommand, WebhookReceipt
 from shop.outbox.dispatch import run_command
 from shop.payments import gateway
 from shop.payments.refunds import execute_refund
-from shop.payments.service import apply_session, reconcile_order
+from shop.payments.apply import apply_session, reconcile_order
 
 
 

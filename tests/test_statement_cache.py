@@ -9,7 +9,7 @@ import pytest
 from shop.models import OutboxDelivery, ScheduledCommand
 from shop.orders import checkout
 from shop.outbox import dispatch, runner, writer
-from shop.payments import service
+from shop.payments import apply, start
 from shop.saga import inventory
 from shop import webhooks
 
@@ -37,13 +37,13 @@ def _hot_statements():
     yield "commands: claim one, returning the row", runner._claim_one_returning(
         ScheduledCommand.__table__, dispatch.COMMANDS.claim_returns)
     yield "webhook: receipt", webhooks._INSERT_RECEIPT
-    yield "payment: read the order", service._PAYMENT_READ
-    yield "payment: mark paid", service._MARK_PAID
-    yield "payment: start", service._START_PAYMENT
-    yield "payment: note a settling payment", service._NOTE_PROCESSING
-    yield "payment: stop watching for late money", service._STOP_WATCHING
+    yield "payment: read the order", apply._PAYMENT_READ
+    yield "payment: mark paid", apply._MARK_PAID
+    yield "payment: start", start._START_PAYMENT
+    yield "payment: note a settling payment", apply._NOTE_PROCESSING
+    yield "payment: stop watching for late money", apply._STOP_WATCHING
     for dialect in ("postgresql", "sqlite"):
-        yield f"webhook: claim event ({dialect})", service._claim_statement(dialect)
+        yield f"webhook: claim event ({dialect})", apply._claim_statement(dialect)
 
 
 @pytest.mark.parametrize("name,statement", list(_hot_statements()), ids=lambda v: v if isinstance(v, str) else "")

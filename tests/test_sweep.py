@@ -26,7 +26,8 @@ from shop.models import (Cart, CartItem, InventoryItem, Lease, Order, OutboxDeli
 from shop.orders.checkout import place_order
 from shop.outbox.dispatch import run_delivery
 from shop.payments import gateway
-from shop.payments.service import reconcile_order, start_payment
+from shop.payments.apply import reconcile_order
+from shop.payments.start import start_payment
 from shop.scheduling import sweep
 from shop.scheduling.sweep import run_cycle
 from shop.seed import seed_catalog

@@ -132,7 +132,7 @@ def test_a_payment_applied_by_another_writer_between_the_notices_read_and_write_
     from sqlalchemy import event as sa_event
 
     from shop.payments import gateway
-    from shop.payments.service import apply_session
+    from shop.payments.apply import apply_session
 
     order, completed = paid_at_provider(shopper, sandbox)
     ref, sid = order["reference"], order["payment"]["session_id"]

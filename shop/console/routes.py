@@ -20,7 +20,7 @@ from ..models import Order, OutboxDelivery, RestoreWarning, ScheduledCommand
 from ..orders.lookup import order_by_reference
 from ..outbox import runner
 from ..payments import gateway
-from ..payments.service import reconcile_order
+from ..payments.apply import reconcile_order
 from ..saga.inventory import restore_inventory_now
 from ..web import respond, wants_json, work_ref
 from . import audit, auth, bp, queries  # noqa: F401  (auth registers the login routes)

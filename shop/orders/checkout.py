@@ -31,7 +31,7 @@ from ..domain.order import OrderStatus
 from ..extensions import db
 from ..models import Product, Cart, CartItem, InventoryItem, Order, OrderLine, Variant
 from ..outbox import schedule_command, write_events
-from ..outbox.uow import publish_after_commit, rollback
+from ..outbox.uow import transaction
 
 _REF_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: references are read aloud
 
@@ -64,7 +64,11 @@ class CheckoutRefused:
 
 
 class _Shortfall(Exception):
-    pass
+    """A line's stock ran short: raised inside the transaction so all of the checkout rolls back."""
+
+
+class _CartClosed(Exception):
+    """Another checkout of this cart committed first."""
 
 
 # The statements, built once with bound parameters and executed on the tables: building a
@@ -120,37 +124,33 @@ def place_order(*, cart_id: int, browser_id: str, email: str, now: datetime | No
     reference, token = new_reference(), secrets.token_urlsafe(24)
     cfg = current_app.config
     try:
-        order_id = session.execute(_INSERT_ORDER, dict(
-            reference=reference, access_token=token, browser_id=browser_id, email=email,
-            status=OrderStatus.PENDING_PAYMENT.value, total=total, currency=currency,
-            inventory_restored=False, payment_attempts=0, version=1, created_at=now, updated_at=now,
-        )).scalar_one()
-        line_rows = [dict(order_id=order_id, variant_id=v, sku=variants[v].sku, name=variants[v].name, quantity=q,
-                          unit_price=variants[v].price) for v, q in lines]
-        session.execute(_INSERT_LINES, line_rows)
-        closed = session.execute(_CLOSE_CART, dict(cart_id=cart_id, browser=browser_id, order=order_id))
-        if closed.rowcount != 1:
-            rollback(session)
-            return CheckoutRefused("cart_closed", "This cart was already checked out.")
-        write_events(session, [OrderPlaced(order_id, reference, total, currency)], now=now)
-        if cfg["UNPAID_ORDER_EXPIRY_ENABLED"]:
-            schedule_command(session, "expire_unpaid_order",
-                             now + timedelta(seconds=cfg["UNPAID_ORDER_EXPIRY_SECONDS"]),
-                             order_id=order_id, now=now)
-        for variant_id, quantity in lines:  # ascending variant id: no lock-order cycles
-            taken = session.execute(_DECREMENT, dict(variant=variant_id, quantity=quantity, now=now))
-            if taken.rowcount != 1:
-                raise _Shortfall()
-            failpoints.hit("place_order.after_decrement")  # lets a test widen the lock window
-        session.commit()
+        with transaction():
+            order_id = session.execute(_INSERT_ORDER, dict(
+                reference=reference, access_token=token, browser_id=browser_id, email=email,
+                status=OrderStatus.PENDING_PAYMENT.value, total=total, currency=currency,
+                inventory_restored=False, payment_attempts=0, version=1, created_at=now, updated_at=now,
+            )).scalar_one()
+            line_rows = [dict(order_id=order_id, variant_id=v, sku=variants[v].sku, name=variants[v].name,
+                              quantity=q, unit_price=variants[v].price) for v, q in lines]
+            session.execute(_INSERT_LINES, line_rows)
+            closed = session.execute(_CLOSE_CART, dict(cart_id=cart_id, browser=browser_id, order=order_id))
+            if closed.rowcount != 1:
+                raise _CartClosed()
+            write_events(session, [OrderPlaced(order_id, reference, total, currency)], now=now)
+            if cfg["UNPAID_ORDER_EXPIRY_ENABLED"]:
+                schedule_command(session, "expire_unpaid_order",
+                                 now + timedelta(seconds=cfg["UNPAID_ORDER_EXPIRY_SECONDS"]),
+                                 order_id=order_id, now=now)
+            for variant_id, quantity in lines:  # ascending variant id: no lock-order cycles
+                taken = session.execute(_DECREMENT, dict(variant=variant_id, quantity=quantity, now=now))
+                if taken.rowcount != 1:
+                    raise _Shortfall()
+                failpoints.hit("place_order.after_decrement")  # lets a test widen the lock window
+    except _CartClosed:
+        return CheckoutRefused("cart_closed", "This cart was already checked out.")
     except _Shortfall:
-        rollback(session)
         return CheckoutRefused("out_of_stock", "Some items do not have enough stock left.",
                                shortages(lines, variants))
-    except BaseException:
-        rollback(session)
-        raise
-    publish_after_commit(session)
     return Placed(order_id, reference, token, email, total, currency, line_rows, now)
 
 

@@ -52,7 +52,7 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
         return CancelOutcome("refused", order, refusal.code, refusal.message)
     seen, retired, money_may_come, reference = order.version, None, False, order.reference
     if OrderStatus(order.status) is OrderStatus.PAYMENT_INITIATED and order.payment_session_id:
-        from ..payments.service import retire_session_before_cancel
+        from ..payments.start import retire_session_before_cancel
 
         retired = order.payment_session_id
         session.rollback()  # no transaction open across the provider call
@@ -80,12 +80,11 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
             # lost late-payment webhook cannot leave that money kept. Bookkeeping, same commit.
             order.payment_processing_at = utcnow()
         try:
-            uow.commit(session)
+            with uow.transaction():
+                pass  # commits the cancel the aggregate just recorded, then announces it
         except StaleDataError:
-            uow.rollback(session)
             order = session.get(Order, order_id)
             continue
-        uow.publish_after_commit(session)
         log.info("order %s cancelled (%s)", reference, reason)  # not order.reference: a read after the commit
         return CancelOutcome("cancelled", order)
     raise AssertionError("unreachable")
@@ -130,16 +129,28 @@ def expire_unpaid_order(order_id: int, now: datetime) -> str:
         if (due - now).total_seconds() <= 5:
             raise Reschedule(due)  # the scheduler fired early (1 s resolution)
         return "noop:not_due"  # a later deadline row exists for the fresh window
-    order.cancel(PAYMENT_WINDOW_EXPIRED)
+    outcome = cancel_unpaid(order, source="deadline")
+    return f"noop:{order.status}" if outcome == "changed" else outcome
+
+
+def cancel_unpaid(order: Order, *, source: str) -> str:
+    """The one unpaid-order expiry, shared by the deadline and the sweep's expiry pass: cancel an
+    order still unpaid (PendingPayment / PaymentFailed) whose payment window the caller has found
+    over, through the guarded transition, in the caller's transaction (flushed here, so the
+    version check runs now; the caller commits). Returns cancelled | lost_race | changed."""
+    session = db.session
+    if OrderStatus(order.status) not in UNPAID or isinstance(order.cancel(PAYMENT_WINDOW_EXPIRED), Refused):
+        return "changed"
+    reference = order.reference
     try:
         session.flush()
     except StaleDataError:
-        # A webhook moved the order between our load and our save: it won, and retrying would
-        # only hit the same conflict. The command is complete.
+        # Another writer (a webhook, the customer) moved the order between our load and our save:
+        # it won, and retrying would only meet the same conflict.
         uow.rollback(session)
-        log.info("deadline for order %s lost a race to another writer; nothing to do", order_id)
+        log.info("%s: order %s lost a race to another writer; left as the other writer set it", source, order.id)
         return "lost_race"
-    log.info("order %s cancelled: payment window expired", order.reference)
+    log.info("order %s cancelled: payment window expired (%s)", reference, source)
     return "cancelled"
 
 
@@ -158,14 +169,15 @@ def _expire_at_the_provider(order: Order, now: datetime) -> str:
     webhook usually got there first and this is a no-op; this is what keeps the deadline
     punctual when that webhook is lost (the sweep would only find the order a cycle later)."""
     from ..outbox.runner import Reschedule
-    from ..payments import gateway
-    from ..payments.service import apply_in_transaction
+    from ..payments.apply import ask_and_apply
 
     expires = order.payment_session_expires_at
     if expires is not None and now < as_utc(expires) + PROVIDER_EXPIRY_GRACE:
         raise Reschedule(as_utc(expires) + PROVIDER_EXPIRY_GRACE)
-    view = gateway.retrieve_session(order.payment_session_id)  # unreachable -> retried with backoff
-    applied = apply_in_transaction(view, source="deadline", now=now)
+    # The runner's transaction stays open across this call: it holds the command's claim, which the
+    # answer commits with. Unreachable -> raised, and the command is retried with backoff.
+    answer = ask_and_apply(order.payment_session_id, source="deadline", now=now, in_transaction=True)
+    view, applied = answer.view, answer.applied
     if applied.outcome == "noop" and view.status == "open" and expires is not None \
             and now < as_utc(expires) + PROVIDER_EXPIRY_PATIENCE:
         raise Reschedule(now + PROVIDER_EXPIRY_RECHECK)  # the provider has not expired it yet

@@ -208,26 +208,22 @@ def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) 
     failure in its own. Returns done | rescheduled | skipped | retry | waiting (for the provider) | dead."""
     model = work.model
     try:
-        if row is None:
-            row = db.session.get(model, work_id, options=list(work.load_options))
-        work.execute(row, now)
-        marked = db.session.execute(_mark_done(model.__table__),
-                                    dict(work_id=work_id, worker=worker, done_at=utcnow()))
-        if marked.rowcount != 1:
-            raise LeaseLost(f"{work.describe(row)}: lease lapsed before commit")
-        uow.commit(db.session)
-        uow.publish_after_commit(db.session)
+        with uow.transaction():
+            if row is None:
+                row = db.session.get(model, work_id, options=list(work.load_options))
+            work.execute(row, now)
+            marked = db.session.execute(_mark_done(model.__table__),
+                                        dict(work_id=work_id, worker=worker, done_at=utcnow()))
+            if marked.rowcount != 1:
+                raise LeaseLost(f"{work.describe(row)}: lease lapsed before commit")
         return "done"
-    except Reschedule as exc:
-        uow.rollback(db.session)
+    except Reschedule as exc:  # the transaction has rolled back, as for every exception below
         _reschedule(model, work_id, worker, exc.due, now)
         return "rescheduled"
     except LeaseLost as exc:
-        uow.rollback(db.session)
         log.warning("%s; another worker owns it now, discarding this attempt's writes", exc)
         return "skipped"
     except Exception as exc:
-        uow.rollback(db.session)
         return record_failure(model, work_id, worker, exc, now, work.describe)
 
 

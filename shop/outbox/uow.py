@@ -1,5 +1,6 @@
 """One use case = one transaction. `transaction()` commits the session, writes the events the
-aggregates recorded to the outbox in that same commit, and only then tells Redis."""
+aggregates recorded to the outbox in that same commit, and only then tells Redis. Every use case
+commits through it; `commit` and `rollback` are its parts."""
 from __future__ import annotations
 
 import logging
@@ -74,6 +75,12 @@ def rollback(session) -> None:
 
 @contextmanager
 def transaction():
+    """The one commit path of every use case: `with uow.transaction() as session:` ... on leaving
+    the block the recorded events go to the outbox and everything commits together; only then is
+    Redis told. Anything raised rolls it all back (events included), announces nothing, and is
+    re-raised: a caller that retries (a lost version check) catches it outside the block and
+    enters a fresh one. An announce that fails is only logged: the rows are committed and the
+    relay announces them after its grace period."""
     session = db.session
     try:
         yield session

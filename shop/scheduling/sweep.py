@@ -49,12 +49,12 @@ from sqlalchemy.orm.exc import StaleDataError
 from .. import failpoints
 from ..domain.deadlines import FAILURE_REFUSED, as_utc, next_provider_check, utcnow
 from ..domain.order import UNPAID, OrderStatus
-from ..domain.results import Refused
 from ..extensions import db
 from ..models import Lease, Order, ReconciliationCycle, Refund, ScheduledCommand
+from ..orders.commands import cancel_unpaid
 from ..outbox import uow
+from ..payments import apply as payments
 from ..payments import gateway
-from ..payments import service as payments
 
 log = logging.getLogger("shop.sweep")
 
@@ -298,22 +298,8 @@ def expire_stranded_order(order_id: int, cutoff: datetime) -> str:
         session.rollback()
         log.info("sweep: order %s changed since it was selected; the expiry pass leaves it", order_id)
         return "changed"
-    reference = order.reference
-    if isinstance(order.cancel("payment window expired (sweep)"), Refused):
-        uow.rollback(session)
-        return "changed"
-    try:
-        uow.commit(session)
-    except StaleDataError:
-        # A webhook or the customer moved the order between our load and our save. They won;
-        # retrying would only meet the same conflict, and the next cycle sees the final state.
-        uow.rollback(session)
-        log.info("sweep: order %s lost a race to another writer while being expired; left as the other writer "
-                 "set it", reference)
-        return "lost_race"
-    uow.publish_after_commit(session)
-    log.info("sweep: order %s cancelled, its payment window expired", reference)
-    return "cancelled"
+    with uow.transaction():
+        return cancel_unpaid(order, source="sweep")
 
 
 def reconcile_stuck_payment(order_id: int, cutoff: datetime, now: datetime) -> str:
@@ -333,14 +319,12 @@ def reconcile_stuck_payment(order_id: int, cutoff: datetime, now: datetime) -> s
     session.rollback()
     failpoints.hit("sweep.before_provider_call")
     try:
-        view = gateway.retrieve_session(session_id)
-        failed = payments._async_failed(view)
+        answer = payments.ask_and_apply(session_id, source="sweep", now=now)
     except gateway.ProviderUnavailable as exc:
         log.info("sweep: provider unreachable for order %s (session %s): %s; retried next cycle",
                  reference, session_id, exc)
         return "unavailable"
-    applied = payments.apply_session(view, source="sweep", failed=failed, now=now)
-    outcome = applied.outcome
+    view, outcome = answer.view, answer.applied.outcome
     if outcome == "noop":
         status = session.execute(select(Order.status).where(Order.id == order_id)).scalar()
         session.rollback()
@@ -354,8 +338,8 @@ def reconcile_stuck_payment(order_id: int, cutoff: datetime, now: datetime) -> s
 
 
 def watched_cancelled_ids(now: datetime, limit: int) -> list[int]:
-    """Cancelled orders whose session could still take money (see payments.service
-    `_money_may_still_come`), oldest mark first, skipping those backed off until later. The mark
+    """Cancelled orders whose session could still take money (see payments.start
+    `retire_session_before_cancel`), oldest mark first, skipping those backed off until later. The mark
     is rare and indexed (ix_orders_payment_processing_at), so this reads only marked rows."""
     rows = db.session.execute(
         select(Order.id).where(Order.payment_processing_at.is_not(None), Order.status == S.CANCELLED.value,
@@ -388,7 +372,7 @@ def check_cancelled_payment(order_id: int, now: datetime) -> str:
         return _follow_refunds(order_id, reference, [r.id for r in refunds if r.status != "succeeded"], since, now)
     try:
         view = gateway.retrieve_session(session_id)
-        failed = payments._async_failed(view)
+        failed = payments.async_failed(view)
     except gateway.ProviderUnavailable as exc:
         log.info("sweep: provider unreachable about cancelled order %s (session %s): %s", reference, session_id, exc)
         return "unavailable"

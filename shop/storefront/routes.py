@@ -17,7 +17,8 @@ from .. import emails
 from ..orders.views import badge, iso, keeps_changing, order_json, order_summary_json, watch_state
 from ..orders.lookup import order_by_reference
 from ..payments import gateway
-from ..payments.service import apply_session, start_payment
+from ..payments.apply import ask_and_apply
+from ..payments.start import start_payment
 from ..errors import OrderNotFound
 from ..web import MAX_ID, answer_if_later_fails, browser_id, respond, wants_json
 from . import bp
@@ -392,13 +393,14 @@ def checkout_return():
         raise OrderNotFound()
     owner = order.browser_id == browser_id(create=False)
     try:
-        view = gateway.retrieve_session(session_id)
+        answer = ask_and_apply(session_id, source="return", for_order=order.id)
     except gateway.ProviderRefused:
         raise OrderNotFound()
     except gateway.ProviderUnavailable:
-        view = None
-    if view is not None and view.order_id != order.id:
+        answer = None
+    if answer is not None and answer.applied is None:  # the provider says it is another order's session
         raise OrderNotFound()
+    view = answer.view if answer is not None else None
     # Another browser (the customer paid on a second device) is sent on with the order's access
     # token only if the session is proven to be this order's: by the provider just now or, when
     # the provider cannot be asked, by being the session the order itself recorded. A guessed
@@ -410,10 +412,8 @@ def checkout_return():
     if view is None:
         flash("We could not confirm your payment with the provider yet; this page will update once it does.",
               "warning")
-    else:
-        apply_session(view, source="return")
-        if view.payment_status != "paid" and view.status == "complete":
-            flash("Your payment is being processed; we will email you when it completes.")
+    elif view.payment_status != "paid" and view.status == "complete" and answer.applied.outcome != "payment_failed":
+        flash("Your payment is being processed; we will email you when it completes.")
     if owner:
         return redirect(url_for("storefront.order_page", reference=reference), 303)
     return redirect(url_for("storefront.order_page", reference=reference, token=order.access_token), 303)

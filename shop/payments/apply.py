@@ -1,26 +1,26 @@
-"""Payment use cases: start a payment, apply what the provider says about a session (the one
-guarded path shared by the webhook, the return page, the sweep and the console), and retire a
-session before a cancel."""
+"""Applying what the provider says about a Checkout Session: the one guarded path shared by the
+webhook, the return page, the deadline, the sweep and the console (`apply_session`, and
+`ask_and_apply` for those that ask the provider first), including the usual-payment fast path
+and money that arrives for an order that can no longer take it."""
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Callable, NamedTuple
+from typing import Callable
 
-from flask import current_app
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
-from ..domain.deadlines import as_utc, session_expires_at, unpaid_deadline, utcnow
+from ..domain.deadlines import as_utc, utcnow
 from ..domain.order import ALLOWED, CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderRules, OrderStatus
 from ..domain.payment import check_payment_proof
 from ..domain.results import Refused
 from ..extensions import db
-from ..models import Order, PaymentProofRefusal, ProcessedStripeEvent, ProviderRefusal
+from ..models import Order, PaymentProofRefusal, ProcessedStripeEvent
 from ..orders.lookup import order_by_reference
 from ..outbox import uow
 from ..outbox.writer import write_events
@@ -29,205 +29,7 @@ from .refunds import record_late_payment
 
 log = logging.getLogger("shop.payments")
 S = OrderStatus
-
-
-@dataclass
-class StartOutcome:
-    status: str                 # started | unavailable | refused
-    url: str | None = None
-    message: str = ""
-
-
-class PaymentLine(NamedTuple):
-    sku: str
-    name: str
-    quantity: int
-    unit_price: int
-
-
-@dataclass
-class PayableOrder(OrderRules):
-    """What starting a payment needs to know about an order as of `version`: enough to call the
-    provider without holding or re-reading the row. Not mapped: the domain's guarded transition
-    runs on it, and start_payment writes the result with a conditional UPDATE."""
-    id: int
-    reference: str
-    access_token: str
-    email: str
-    currency: str
-    lines: tuple[PaymentLine, ...]
-    last_change: datetime            # updated_at at `version`: the pay-by time counts from it
-    version: int
-    status: str = S.PENDING_PAYMENT.value
-    payment_attempts: int = 0
-    payment_session_id: str | None = None
-    payment_session_url: str | None = None
-    inventory_restored: bool = False
-
-    @classmethod
-    def just_placed(cls, placed) -> PayableOrder:
-        """An order place_order has just committed: PendingPayment, version 1, no attempt yet."""
-        return cls(placed.order_id, placed.reference, placed.access_token, placed.email, placed.currency,
-                   tuple(PaymentLine(l["sku"], l["name"], l["quantity"], l["unit_price"]) for l in placed.lines),
-                   placed.placed_at, version=1)
-
-    @classmethod
-    def of(cls, order: Order) -> PayableOrder:
-        return cls(order.id, order.reference, order.access_token, order.email, order.currency,
-                   tuple(PaymentLine(l.sku, l.name, l.quantity, l.unit_price) for l in order.lines),
-                   order.updated_at, order.version, order.status, order.payment_attempts,
-                   order.payment_session_id, order.payment_session_url, order.inventory_restored)
-
-
-# The PaymentInitiated write: one UPDATE guarded by the version seen and the transition's allowed
-# states (what an ORM flush would check), built once, on the table (nothing in the session to
-# synchronise). updated_at takes the column's onupdate, as a flush would.
 _orders = Order.__table__
-_START_PAYMENT = (
-    update(_orders)
-    .where(_orders.c.id == bindparam("order"), _orders.c.version == bindparam("seen"),
-           _orders.c.status.in_([s.value for s in ALLOWED["start_payment"]]))
-    .values(status=bindparam("new_status"), payment_session_id=bindparam("session_id"),
-            payment_session_url=bindparam("session_url"), payment_attempts=bindparam("attempts"),
-            payment_session_expires_at=bindparam("session_expires", type_=_orders.c.payment_session_expires_at.type),
-            payment_processing_at=None, version=_orders.c.version + 1)
-)
-
-
-def start_payment(order_id: int, now: datetime | None = None, *, placed=None) -> StartOutcome:
-    """PendingPayment / PaymentFailed -> PaymentInitiated with a fresh hosted Checkout Session.
-
-    The provider call happens outside any transaction (no row lock is held across the
-    network); the transition then commits only if nobody moved the order meanwhile: one
-    UPDATE guarded by the version seen and the transition's allowed states, the same
-    `WHERE version = seen` the ORM would issue, plus the PaymentInitiated event, in one commit.
-
-    `placed` (place_order's result, in the same request) says what the order is at version 1,
-    so a checkout does not read back what it has just written."""
-    now = now or utcnow()
-    session = db.session
-    if placed is not None:
-        order = PayableOrder.just_placed(placed)
-    else:
-        row = session.get(Order, order_id)
-        if row is None:
-            session.rollback()
-            return StartOutcome("refused", message="No such order.")
-        order = PayableOrder.of(row)
-        session.rollback()  # no transaction open across the provider call
-    if not order.can("start_payment"):
-        return StartOutcome("refused", message=f"This order is {order.status}; it cannot be paid now.")
-    cfg = current_app.config
-    base = cfg["PUBLIC_BASE_URL"]
-    pay_by = unpaid_deadline(order.last_change, cfg["UNPAID_ORDER_EXPIRY_SECONDS"])
-    expires = session_expires_at(pay_by, now, cfg["STRIPE_SESSION_MIN_SECONDS"])
-    attempt = order.payment_attempts + 1
-    seen_version = order.version
-    try:
-        view = gateway.create_checkout_session(
-            order_id=order.id, reference=order.reference, attempt=attempt, lines=order.lines,
-            currency=order.currency, email=order.email, expires_at=expires,
-            success_url=f"{base}/checkout/return?order={order.reference}&session_id={{CHECKOUT_SESSION_ID}}",
-            cancel_url=f"{base}/orders/{order.reference}?token={order.access_token}",
-        )
-    except gateway.ProviderUnavailable as exc:
-        log.warning("order %s: payment provider unreachable, order stays %s: %s", order.reference, order.status, exc)
-        return StartOutcome("unavailable", message="We could not reach the payment provider. Your order is saved "
-                                                   "and your items are held; please try “Pay now” again in a moment.")
-    except gateway.ProviderRefused as exc:
-        log.error("order %s: provider refused the checkout session: %s", order.reference, exc)
-        _note_refusal(order.id, attempt, exc)
-        return StartOutcome("unavailable", message="We could not start the payment: the payment provider turned "
-                                                   "the request down. Nothing was charged, and your order and its "
-                                                   "items are held until its payment window closes; our team can "
-                                                   "see why. Please try “Pay now” again later or contact us.")
-    transition = order.start_payment(view.id, view.url)
-    if not transition.ok:  # checked above on the same snapshot; kept so the rule has one home
-        _expire_quietly(view.id)
-        return StartOutcome("refused", message=transition.message)
-    try:
-        moved = session.execute(_START_PAYMENT, dict(
-            order=order.id, seen=seen_version, new_status=order.status, session_id=order.payment_session_id,
-            session_url=order.payment_session_url, attempts=attempt, session_expires=view.expires_at)).rowcount
-        if moved != 1:
-            current = session.execute(select(Order.status, Order.payment_session_id)
-                                      .where(Order.id == order.id)).first()
-            uow.rollback(session)
-            # A concurrent start of the same attempt (a double click on "Pay now") may have won
-            # with the same Idempotency-Key, so the provider handed both the same session: that
-            # one is the order's payment page now, not an unused one to expire.
-            if current is None or current.payment_session_id != view.id:
-                _expire_quietly(view.id)
-            elif current.status == S.PAYMENT_INITIATED.value:
-                return StartOutcome("started", url=view.url)
-            status = current.status if current is not None else "gone"
-            return StartOutcome("refused", message=f"This order changed meanwhile (now {status}); please reload it.")
-        write_events(session, transition.events)
-        uow.commit(session)
-    except BaseException:
-        uow.rollback(session)
-        raise
-    uow.publish_after_commit(session)
-    return StartOutcome("started", url=view.url)
-
-
-def _note_refusal(order_id: int, attempt: int, exc: gateway.ProviderRefused) -> None:
-    """Keep the provider's reason for the order's console timeline, in its own small commit.
-    Bookkeeping only: failing to write it must not change what the customer is told."""
-    session = db.session
-    try:
-        session.add(ProviderRefusal(order_id=order_id, attempt=attempt, code=(exc.code or None) and str(exc.code)[:100],
-                                    reason=str(exc)))
-        session.commit()
-    except Exception:  # noqa: BLE001 - logged; the refusal itself is already in the log above
-        session.rollback()
-        log.exception("order %s: could not record the provider's refusal", order_id)
-
-
-def _expire_quietly(session_id: str) -> None:
-    try:
-        gateway.expire_session(session_id)
-    except Exception as exc:
-        log.warning("could not expire unused session %s: %s", session_id, exc)
-
-
-def retire_session_before_cancel(order_id: int, reference: str, sid: str) -> Refused | bool:
-    """Read the session's status; paid -> refuse the cancel (the payment stands). Otherwise
-    expire it; if the expire fails, read again and refuse if it is now paid. Anything else
-    (already expired, gone, provider down) is a warning and the cancellation proceeds.
-
-    Called outside any transaction. True says the session could still take money (an async
-    payment settling, or a session that could not be read or expired): the cancel marks the
-    order so the sweep watches it (`sweep.watch_cancelled_payments`) and a lost late-payment
-    webhook cannot leave the money kept."""
-    paid = Refused("payment_already_completed",
-                   "This order has already been paid, so it can no longer be cancelled. "
-                   "Contact us if you want a refund.")
-    try:
-        view = gateway.retrieve_session(sid)
-    except (gateway.ProviderUnavailable, gateway.ProviderRefused) as exc:
-        log.warning("cancel of order %s: could not read session %s (%s); cancelling anyway", reference, sid, exc)
-        return True
-    if view.payment_status == "paid":
-        return paid
-    if view.status != "open":
-        if view.status == "complete":
-            log.warning("cancel of order %s: session %s awaits an async payment; a late success will be refunded",
-                        reference, sid)
-            return True
-        return False
-    try:
-        gateway.expire_session(sid, cancelling_order=order_id)
-        return False
-    except (gateway.ProviderUnavailable, gateway.ProviderRefused) as exc:
-        try:
-            again = gateway.retrieve_session(sid)
-        except (gateway.ProviderUnavailable, gateway.ProviderRefused):
-            again = None
-        if again is not None and again.payment_status == "paid":
-            return paid
-        log.warning("cancel of order %s: could not expire session %s (%s); cancelling anyway", reference, sid, exc)
-        return True
 
 
 @dataclass
@@ -267,23 +69,18 @@ def apply_session(view: gateway.SessionView, *, source: str, failed: bool = Fals
     now = now or utcnow()
     for attempt in range(4):
         try:
-            result = _apply_once(view, source=source, failed=failed, event_id=event_id, now=now,
-                                 expired_by_cancel=expired_by_cancel)
-            if before_commit is not None:
-                before_commit(result)
-            uow.commit(db.session)
+            with uow.transaction():
+                result = _apply_once(view, source=source, failed=failed, event_id=event_id, now=now,
+                                     expired_by_cancel=expired_by_cancel)
+                if before_commit is not None:
+                    before_commit(result)
         except (IntegrityError, StaleDataError):
             # Another writer got there first (moved the order, or claimed the event where the
             # dialect has no ON CONFLICT): the next attempt sees what it did, which may make
-            # this notice a duplicate or a no-op.
-            uow.rollback(db.session)
+            # this notice a duplicate or a no-op. The transaction has rolled back.
             if attempt == 3:
                 raise
             continue
-        except Exception:
-            uow.rollback(db.session)  # forget the recorded events too, or a later commit would write them
-            raise
-        uow.publish_after_commit(db.session)
         return result
     raise AssertionError("unreachable")
 
@@ -467,12 +264,6 @@ def _window_ran_out(order: Order, view, now: datetime) -> bool:
     return expires is not None and as_utc(now) >= as_utc(expires) - EXPIRY_CLOCK_SLACK
 
 
-def apply_in_transaction(view: gateway.SessionView, *, source: str, now: datetime) -> Applied:
-    """apply_session's guarded transitions inside the caller's transaction, without committing:
-    for a caller that commits together with its own bookkeeping (the deadline command)."""
-    return _apply_once(view, source=source, failed=_async_failed(view), event_id=None, now=now)
-
-
 _NOTE_PROCESSING = (update(_orders).where(_orders.c.id == bindparam("order"))
                     .values(payment_processing_at=bindparam("now", type_=_orders.c.payment_processing_at.type),
                             updated_at=_orders.c.updated_at))
@@ -508,11 +299,38 @@ def reconcile_order(order_id: int, source: str = "console", now: datetime | None
         return Applied("noop", order, "no payment session to ask about")
     sid = order.payment_session_id
     db.session.rollback()
-    view = gateway.retrieve_session(sid)
-    return apply_session(view, source=source, failed=_async_failed(view), now=now)
+    return ask_and_apply(sid, source=source, now=now).applied
 
 
-def _async_failed(view) -> bool:
-    """A completed-but-unpaid session whose payment is no longer processing has failed."""
+def async_failed(view: gateway.SessionView) -> bool:
+    """A completed-but-unpaid session whose payment is no longer processing has failed. Asks the
+    provider about the payment only for such a session."""
     return view.status == "complete" and view.payment_status == "unpaid" and view.payment_intent is not None \
         and gateway.payment_intent_failed(view.payment_intent)
+
+
+@dataclass
+class Answer:
+    view: gateway.SessionView   # what the provider said
+    applied: Applied | None     # None when the session is not `for_order`'s: nothing was applied
+
+
+def ask_and_apply(session_id: str, *, source: str, now: datetime | None = None, in_transaction: bool = False,
+                  for_order: int | None = None) -> Answer:
+    """Ask the provider about a session now and apply its answer through the guarded path: the
+    one way the return page, the deadline, the sweep and the console's reconcile learn what the
+    provider knows. Provider errors (ProviderUnavailable, ProviderRefused) reach the caller, which
+    decides what an unanswered question means for it; nothing was applied then.
+
+    No transaction may be open across the provider call, except with `in_transaction`: the
+    answer is then applied inside the caller's transaction, uncommitted, for a caller that commits
+    it together with its own bookkeeping (the deadline command). `for_order` applies the answer
+    only if the provider names that order as the session's (the return page's link is the
+    customer's text)."""
+    view = gateway.retrieve_session(session_id)
+    if for_order is not None and view.order_id != for_order:
+        return Answer(view, None)
+    failed = async_failed(view)
+    if in_transaction:
+        return Answer(view, _apply_once(view, source=source, failed=failed, event_id=None, now=now or utcnow()))
+    return Answer(view, apply_session(view, source=source, failed=failed, now=now))
