@@ -5,11 +5,12 @@ A webhook that never arrives produces no event to compensate, and a deadline row
 
   * one cutoff per cycle (now - RECONCILIATION_STUCK_AGE_SECONDS), two passes against it;
   * the expiry pass FIRST: PendingPayment / PaymentFailed orders last changed before the cutoff
-    are cancelled through the guarded transition, whose OrderCancelled event restores the stock
-    through the compensation handler. No provider call: there is nothing to ask about.
+    are cancelled through `orders.commands.cancel_unpaid`, the deadline's own expiry, whose
+    OrderCancelled event restores the stock through the compensation handler. No provider call:
+    there is nothing to ask about.
   * then the provider pass: PaymentInitiated orders with a session, last changed before the
-    cutoff, are asked about at the provider and the answer goes through `apply_session`, the
-    same guarded path as the webhook (PaymentProof, paid -> Paid, expired -> PaymentFailed).
+    cutoff, are asked about at the provider and the answer applied (`payments.apply.ask_and_apply`),
+    the same guarded path as the webhook (PaymentProof, paid -> Paid, expired -> PaymentFailed).
     Expiry runs first because this pass can move an order into PaymentFailed: an expiry pass
     running afterwards against the same cutoff would cancel it at once and erase the retry
     window the failed payment just opened.
