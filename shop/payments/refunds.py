@@ -74,7 +74,7 @@ def _end_watch_when_all_refunded(refund: Refund) -> None:
     """The sweep watches a cancelled order with late money until its refunds have succeeded
     (sweep.check_cancelled_payment); the last one to succeed ends the watch here, in the same
     transaction, rather than a sweep cycle later."""
-    from .service import stop_watching
+    from .apply import stop_watching
 
     db.session.flush()
     others = db.session.execute(select(Refund.id).where(Refund.order_id == refund.order_id, Refund.id != refund.id,
