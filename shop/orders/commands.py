@@ -129,11 +129,13 @@ def expire_unpaid_order(order_id: int, now: datetime) -> str:
         if (due - now).total_seconds() <= 5:
             raise Reschedule(due)  # the scheduler fired early (1 s resolution)
         return "noop:not_due"  # a later deadline row exists for the fresh window
-    outcome = cancel_unpaid(order, source="deadline")
+    outcome = cancel_unpaid(order)
+    if outcome == "lost_race":
+        log.info("deadline for order %s lost a race to another writer; nothing to do", order_id)
     return f"noop:{order.status}" if outcome == "changed" else outcome
 
 
-def cancel_unpaid(order: Order, *, source: str) -> str:
+def cancel_unpaid(order: Order) -> str:
     """The one unpaid-order expiry, shared by the deadline and the sweep's expiry pass: cancel an
     order still unpaid (PendingPayment / PaymentFailed) whose payment window the caller has found
     over, through the guarded transition, in the caller's transaction (flushed here, so the
@@ -146,11 +148,10 @@ def cancel_unpaid(order: Order, *, source: str) -> str:
         session.flush()
     except StaleDataError:
         # Another writer (a webhook, the customer) moved the order between our load and our save:
-        # it won, and retrying would only meet the same conflict.
+        # it won, and retrying would only meet the same conflict. The caller says so in its log.
         uow.rollback(session)
-        log.info("%s: order %s lost a race to another writer; left as the other writer set it", source, order.id)
         return "lost_race"
-    log.info("order %s cancelled: payment window expired (%s)", reference, source)
+    log.info("order %s cancelled: payment window expired", reference)
     return "cancelled"
 
 

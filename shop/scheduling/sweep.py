@@ -300,7 +300,11 @@ def expire_stranded_order(order_id: int, cutoff: datetime) -> str:
         log.info("sweep: order %s changed since it was selected; the expiry pass leaves it", order_id)
         return "changed"
     with uow.transaction():
-        return cancel_unpaid(order, source="sweep")
+        outcome = cancel_unpaid(order)
+    if outcome == "lost_race":  # a webhook or the customer won; the next cycle sees the final state
+        log.info("sweep: order %s lost a race to another writer while being expired; left as the other writer "
+                 "set it", order_id)
+    return outcome
 
 
 def reconcile_stuck_payment(order_id: int, cutoff: datetime, now: datetime) -> str:
