@@ -23,7 +23,7 @@ from ..payments import gateway
 from ..payments.service import reconcile_order
 from ..saga.inventory import restore_inventory_now
 from ..web import respond, wants_json, work_ref
-from . import audit, auth, bp, queries  # noqa: F401  (auth registers the login routes)
+from . import audit, auth, board, bp, queries  # noqa: F401  (auth registers the login routes)
 from .auth import safe_next
 from .forms import ActionForm, DiscardForm, ResolveForm
 from .format import human_age, human_money, human_time
@@ -86,7 +86,9 @@ def dashboard():
     age, every queue with its depth, and the next sweep."""
     now = utcnow()
     data = {**queries.dashboard(now), **queries.liveness(now)}
-    return respond("console/dashboard.html", data)
+    data["cards"] = board.cards(data, now)
+    data["charts"] = board.charts(now)
+    return respond("console/dashboard.html", data, svg=board.svg)
 
 
 @bp.get("/orders")
