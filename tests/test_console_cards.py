@@ -9,7 +9,9 @@ from test_console import HTML, JSON, cancel, kill, place, token  # noqa: F401  (
 
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import OutboxEvent, ReconciliationCycle, WebhookReceipt
+from sqlalchemy import select, update
+
+from shop.models import OutboxEvent, ReconciliationCycle, ScheduledCommand, WebhookReceipt
 
 
 def card(data, key):
@@ -94,3 +96,37 @@ def test_the_dashboard_charts_count_the_orders_placed_paid_and_cancelled_in_the_
     assert "1 order paid in the last 60 minutes" in html and "1 order cancelled in the last 60 minutes" in html
     assert re.search(r'id="chart-lag"', html)
     assert "style=" not in html.split("<main", 1)[1]  # the CSP forbids inline style attributes
+
+
+def test_a_retried_or_discarded_dead_letter_stays_on_the_dead_list_with_its_new_state(app, client, token):
+    order_id, _ = place(app)
+    delivery = cancel(app, order_id)
+    kill(app, delivery)
+    with app.app_context():
+        command = db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.order_id == order_id)).scalars().first()
+        db.session.execute(update(ScheduledCommand).where(ScheduledCommand.id == command).values(
+            status="dead", last_error="RuntimeError: boom"))
+        db.session.commit()
+
+    r = client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token, "next": "/console/outbox?status=dead"},
+                    headers=HTML)
+    assert r.status_code == 303
+    assert r.headers["Location"] == f"/console/outbox?status=dead&keep={delivery}"
+    html = client.get(r.headers["Location"], headers=HTML).get_data(as_text=True)
+    row = re.search(rf'<tr class="kept">\s*<td><strong>restore_inventory</strong> <span class="muted small">#{delivery}</span>.*?</tr>',
+                    html, re.S)
+    assert row and "just retried" in row.group(0) and "badge pending" in row.group(0)
+    # Without keep= the list is the filter's own: the retried row is no longer dead.
+    assert f"restore_inventory</strong> <span class=\"muted small\">#{delivery}</span>" not in client.get(
+        "/console/outbox?status=dead", headers=HTML).get_data(as_text=True)
+
+    r = client.post(f"/console/outbox/cmd-{command}/discard",
+                    data={"csrf_token": token, "reason": "a duplicate", "next": "/console/outbox?status=dead"},
+                    headers=HTML)
+    assert r.headers["Location"] == f"/console/outbox?status=dead&keep=cmd-{command}"
+    html = client.get(r.headers["Location"], headers=HTML).get_data(as_text=True)
+    assert re.search(rf'<tr class="kept">\s*<td><strong>\w+</strong> <span class="muted small">#{command}</span>'
+                     r' <span class="badge kept">just discarded</span>', html)
+    data = client.get(r.headers["Location"], headers=JSON).get_json()
+    assert data["kept"]["id"] == f"cmd-{command}" and data["kept"]["status"] == "discarded"
+    assert client.get("/console/outbox?status=dead&keep=nonsense", headers=HTML).status_code == 200
