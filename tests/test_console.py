@@ -406,7 +406,7 @@ def test_a_browser_retry_goes_back_to_the_page_with_a_message(app, client, token
     kill(app, delivery)
     r = client.post(f"/console/outbox/{delivery}/retry",
                     data={"csrf_token": token, "next": "/console/outbox?status=dead"})
-    assert r.status_code == 303 and r.headers["Location"] == "/console/outbox?status=dead"
+    assert r.status_code == 303 and r.headers["Location"] == f"/console/outbox?status=dead&keep={delivery}"  # the row stays in view
     assert "fresh budget" in client.get(r.headers["Location"]).get_data(as_text=True)
 
 

@@ -256,7 +256,7 @@ def test_discard_asks_on_a_page_of_its_own_whose_form_discards(app):
     nxt = re.search(r'name="next" value="([^"]+)"', html).group(1)
     r = client.post(f"/console/outbox/{delivery}/discard", data={"csrf_token": token, "next": nxt,
                                                                   "reason": "restocked by hand"})
-    assert r.status_code == 303 and r.headers["Location"] == "/console/outbox?status=dead"
+    assert r.status_code == 303 and r.headers["Location"] == f"/console/outbox?status=dead&keep={delivery}"
     with app.app_context():
         assert db.session.get(OutboxDelivery, delivery).status == "discarded"
     assert client.get(f"/console/outbox/{delivery}/discard", headers=JSON).status_code == 409

@@ -379,10 +379,12 @@ def command_item(command: ScheduledCommand, reference: str | None) -> dict:
             "order_reference": reference, "waiting_for_provider": waiting_for_provider(command)}
 
 
-def outbox(now: datetime, *, status: str | None, page: int):
+def outbox(now: datetime, *, status: str | None, page: int, keep: tuple[str, int] | None = None):
     """Deliveries and scheduled commands, oldest first, each paged on its own. The JSON lists
     both under "deliveries" in one item shape (docs/REFERENCE.md, Console): a dead refund or email is as much a
-    dead letter for the operator as a dead delivery."""
+    dead letter for the operator as a dead delivery. `keep` ("delivery" | "command", id): the row an
+    operator just acted on, shown first with its current state whether or not it matches the filter,
+    so a retried or discarded row does not vanish from under the operator; JSON `kept`."""
     query = (select(OutboxDelivery, OutboxEvent.name, Order.reference)
              .join(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id)
              .outerjoin(Order, Order.id == OutboxDelivery.order_id)
@@ -403,9 +405,31 @@ def outbox(now: datetime, *, status: str | None, page: int):
     data = {
         "status": status,
         "deliveries": [{k: d[k] for k in keys} for d in details] + [command_item(c, ref) for c, ref in crows],
-        "deliveries_page": meta, "commands_page": cmeta,
+        "deliveries_page": meta, "commands_page": cmeta, "kept": None,
     }
+    if keep is not None:
+        kind, work_id = keep
+        if kind == "delivery":
+            row = db.session.execute(_one_delivery(work_id)).first()
+            if row is not None:
+                kept = {**delivery_detail(row[0], row[1], row[2], now), "kept": True}
+                details = [kept] + [d for d in details if d["id"] != work_id]
+                data["kept"] = {k: kept[k] for k in keys}
+        else:
+            row = db.session.execute(select(ScheduledCommand, Order.reference)
+                                     .outerjoin(Order, Order.id == ScheduledCommand.order_id)
+                                     .where(ScheduledCommand.id == work_id)).first()
+            if row is not None:
+                kept = {**command_json(row[0], row[1], now), "kept": True}
+                commands = [kept] + [c for c in commands if c["id"] != work_id]
+                data["kept"] = command_item(row[0], row[1])
     return data, details, commands
+
+
+def _one_delivery(work_id: int):
+    return (select(OutboxDelivery, OutboxEvent.name, Order.reference)
+            .join(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id)
+            .outerjoin(Order, Order.id == OutboxDelivery.order_id).where(OutboxDelivery.id == work_id))
 
 
 def dead_groups() -> list[dict]:

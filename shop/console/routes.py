@@ -8,6 +8,8 @@ letter is the runner's `retry_dead`, a retried restore is the saga's own handler
 from __future__ import annotations
 
 import logging
+import re
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from flask import current_app, flash, jsonify, redirect, render_template, request, url_for
 from flask_login import current_user
@@ -23,7 +25,7 @@ from ..payments import gateway
 from ..payments.apply import reconcile_order
 from ..saga.inventory import restore_inventory_now
 from ..web import respond, wants_json, work_ref
-from . import audit, auth, bp, queries  # noqa: F401  (auth registers the login routes)
+from . import audit, auth, board, bp, queries  # noqa: F401  (auth registers the login routes)
 from .auth import safe_next
 from .forms import ActionForm, DiscardForm, ResolveForm
 from .format import human_age, human_money, human_time
@@ -60,13 +62,26 @@ def problem(status: int, message: str, *, title: str = "Cannot do that", back: s
     return render_template("console/problem.html", data={"error": message}, title=title, back=back), status
 
 
-def done(message: str, payload: dict, default_url: str, category: str = "ok"):
-    """An action went through: JSON with what changed, or back to the page the button was on."""
+def done(message: str, payload: dict, default_url: str, category: str = "ok", keep=None):
+    """An action went through: JSON with what changed, or back to the page the button was on.
+    `keep`: the outbox row acted on, which the list back there keeps showing with its new state
+    although it no longer matches the list's filter (a retried dead letter is not dead)."""
     audit.outcome(message)
     if wants_json():
         return jsonify({**payload, "message": message}), 200
     flash(message, category)
-    return redirect(safe_next(request.form.get("next"), default_url), 303)
+    target = safe_next(request.form.get("next"), default_url)
+    if keep is not None:
+        target = _keeping(target, keep)
+    return redirect(target, 303)
+
+
+def _keeping(url: str, ref) -> str:
+    parts = urlsplit(url)
+    if parts.path != url_for("console.outbox"):
+        return url
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "keep"] + [("keep", str(ref))]
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 def _operator() -> str:
@@ -86,7 +101,9 @@ def dashboard():
     age, every queue with its depth, and the next sweep."""
     now = utcnow()
     data = {**queries.dashboard(now), **queries.liveness(now)}
-    return respond("console/dashboard.html", data)
+    data["cards"] = board.cards(data, now)
+    data["charts"] = board.charts(now)
+    return respond("console/dashboard.html", data, svg=board.svg)
 
 
 @bp.get("/orders")
@@ -132,7 +149,9 @@ def outbox():
     if status is not None and status not in queries.WORK_FILTERS:
         return problem(400, f"Unknown status {status!r}; use one of {', '.join(queries.WORK_FILTERS)}.",
                        back=url_for("console.outbox"))
-    data, details, commands = queries.outbox(utcnow(), status=status, page=_page())
+    keep = re.fullmatch(r"(cmd-)?([1-9]\d{0,9})", request.args.get("keep") or "")
+    keep = ("command" if keep.group(1) else "delivery", int(keep.group(2))) if keep else None
+    data, details, commands = queries.outbox(utcnow(), status=status, page=_page(), keep=keep)
     return respond("console/outbox.html", data, details=details, commands=commands,
                    statuses=queries.WORK_FILTERS, discard_form=DiscardForm(), dead_groups=queries.dead_groups())
 
@@ -263,7 +282,7 @@ def _retry(kind: str, work_id: int):
     budget = current_app.config["OUTBOX_MAX_ATTEMPTS"]
     log.info("operator %s retried dead %s", _operator(), name)
     return done(f"The {name} will run again now, with a fresh budget of {budget} attempts; this list shows "
-                "how it went.", {"id": ref, "kind": kind, "status": "pending"}, back)
+                "how it went.", {"id": ref, "kind": kind, "status": "pending"}, back, keep=ref)
 
 
 def _discard(kind: str, work_id: int):
@@ -289,7 +308,7 @@ def _discard(kind: str, work_id: int):
                        back=back, id=ref, current_status=current.status)
     log.warning("operator %s discarded %s: %s", _operator(), name, reason)
     return done(f"The {name} is discarded: it will not run again.",
-                {"id": ref, "kind": kind, "status": "discarded", "reason": reason}, back)
+                {"id": ref, "kind": kind, "status": "discarded", "reason": reason}, back, keep=ref)
 
 
 @bp.post("/outbox/retry-dead")

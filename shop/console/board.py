@@ -1,0 +1,198 @@
+"""The dashboard's cards (everything that needs a human, each with its own check) and its small
+charts (orders per minute and outbox lag over the last hour, drawn as SVG on the server)."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from flask import current_app, url_for
+from sqlalchemy import Integer, cast, func, select
+
+from ..domain.deadlines import as_utc
+from ..extensions import db
+from ..models import OutboxDelivery, OutboxEvent, WebhookReceipt
+from ..orders.views import iso
+from .format import human_age
+
+REJECTED_WINDOW = timedelta(hours=24)
+WEBHOOK_CHECK = ("Check the signing secret: STRIPE_WEBHOOK_SECRET must be the secret of the endpoint the provider "
+                 "sends to. Re-register the endpoint with `flask shop stripe-register-webhook` if it changed.")
+
+
+def _card(key, title, ok, count, words, check, url, *, stale=False) -> dict:
+    return {"key": key, "title": title, "ok": bool(ok), "stale": stale, "count": count, "words": words,
+            "check": check, "url": url}
+
+
+def cards(data: dict, now: datetime) -> list[dict]:
+    """One card per thing that can need a human. `ok` (green) only when that card's own check
+    passed recently: a card whose check has not run for too long is `stale` and not green."""
+    interval = current_app.config["RECONCILIATION_INTERVAL_SECONDS"]
+    health = data["health"]
+    out = []
+
+    procs = data["processes"]
+    stalled = [p for p in procs if p["stalled"]]
+    roles = {p["role"] for p in procs if not p["stalled"]}
+    missing = [r for r in ("worker", "scheduler") if r not in roles]
+    redis_ok = health["checks"].get("redis") == "ok"
+    if not redis_ok:
+        words = "Redis does not answer: no heartbeat can be read."
+    elif stalled:
+        words = (f"{len(stalled)} stalled: " + ", ".join(
+            f"{p['role']} {p['name']} (last beat {human_age(p['beat_age_seconds'])} ago)" for p in stalled) + ".")
+    elif missing:
+        words = "No " + " and no ".join(missing) + " has beaten within " + human_age(health["stale_after_seconds"]) + "."
+    else:
+        words = f"{len(procs)} running, each beat within {human_age(health['stale_after_seconds'])}."
+    out.append(_card("processes", "Processes", redis_ok and not stalled and not missing, len(stalled) + len(missing),
+                     words, "Start or restart the stalled process (`flask shop up` runs them all); "
+                     "a stopped worker leaves payments and emails waiting.", url_for("console.dashboard") + "#processes",
+                     stale=redis_ok and bool(stalled)))
+
+    since = now - REJECTED_WINDOW
+    count, = db.session.execute(select(func.count()).select_from(WebhookReceipt).where(
+        WebhookReceipt.outcome == "rejected", WebhookReceipt.received_at >= since)).one()
+    latest = None
+    if count:
+        latest = db.session.execute(select(WebhookReceipt).where(
+            WebhookReceipt.outcome == "rejected", WebhookReceipt.received_at >= since)
+            .order_by(WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc()).limit(1)).scalar_one()
+    words = (f"{count} rejected in the last 24 h; the latest {human_age(_age(now, latest.received_at))} ago: "
+             f"{latest.reason or 'no reason recorded'}" if latest else "None rejected in the last 24 h.")
+    card = _card("rejected_webhooks", "Rejected webhooks", count == 0, count, words,
+                 WEBHOOK_CHECK, url_for("console.webhooks", outcome="rejected"))
+    card["latest_reason"] = latest.reason if latest else None
+    card["latest_at"] = iso(as_utc(latest.received_at)) if latest else None
+    out.append(card)
+
+    sweep = data["last_sweep"]
+    last_ok = data["last_successful_sweep_at"]
+    fresh_limit = 2 * interval
+    ok_age = _age(now, datetime.fromisoformat(last_ok)) if last_ok else None
+    fresh = ok_age is not None and ok_age <= fresh_limit
+    problems = sweep["problems"] if sweep else []
+    errors = len(sweep["errors"]) if sweep else 0
+    if not fresh:
+        words = (f"No sweep has finished ok in the last {human_age(fresh_limit)} (it runs every "
+                 f"{human_age(interval)}): " + (f"the last good one finished {human_age(ok_age)} ago."
+                                                if ok_age is not None else "none ever has."))
+    elif errors:
+        words = f"The latest sweep could not settle {errors} order(s): " + "; ".join(
+            (f"{p['order_reference']}: " if p.get("order_reference") else "") + p["what"] for p in problems[:3])
+    else:
+        words = f"The latest sweep finished ok {human_age(ok_age)} ago, with no errors."
+    out.append(_card("sweep", "Sweep", fresh and not errors, errors, words,
+                     "A sweep that stopped running means the scheduler or the workers are down (see Processes); "
+                     "errors name the orders to look at.", url_for("console.sweeps"), stale=not fresh))
+
+    dead = data["dead_letters"]
+    out.append(_card("dead_letters", "Dead letters", dead["count"] == 0, dead["count"],
+                     f"{dead['count']} dead, the oldest {human_age(dead['oldest_age_seconds'])} old."
+                     if dead["count"] else "None.",
+                     "Fix what they died of (the error says), then Retry; Discard with a reason what must not run.",
+                     url_for("console.outbox", status="dead")))
+
+    warn = data["restore_warnings"]
+    out.append(_card("restore_warnings", "Restore warnings", warn["count"] == 0, warn["count"],
+                     f"{warn['count']} open, the oldest {human_age(warn['oldest_age_seconds'])} old: stock that "
+                     "did not come back." if warn["count"] else "None open.",
+                     "Count the shelf, correct the stock, then mark the warning fixed (or retry the restore).",
+                     url_for("console.restore_warnings", state="open")))
+
+    stuck = data["stuck_orders"]
+    out.append(_card("stuck_orders", "Stuck orders", stuck["count"] == 0, stuck["count"],
+                     f"{stuck['count']} live and unchanged for over {human_age(stuck['stuck_after_seconds'])}, "
+                     f"the oldest {human_age(stuck['oldest_age_seconds'])}." if stuck["count"] else "None.",
+                     "Open the order: its timeline says what it waits for; Reconcile asks the provider now.",
+                     url_for("console.orders", stuck=1)))
+
+    provider = data["provider"]
+    out.append(_card("provider", "Payment provider", provider["state"] == "closed",
+                     0 if provider["state"] == "closed" else 1, provider["words"],
+                     "Look at the provider's status page; work waiting for it retries by itself.",
+                     url_for("console.outbox", status="waiting")))
+    return out
+
+
+def _age(now: datetime, then: datetime) -> int:
+    return max(0, int((now - as_utc(then)).total_seconds()))
+
+
+# -- charts ----------------------------------------------------------------------------------
+
+CHART_MINUTES = 60
+SERIES = (("placed", "OrderPlaced"), ("paid", "OrderPaid"), ("cancelled", "OrderCancelled"))
+WIDTH, HEIGHT = 300, 60
+
+
+def _minute_of(column, start: datetime):
+    """Whole minutes from `start` to `column`, in SQL: the grouping happens in the database, so
+    a busy hour is 60 rows per series, not one per order."""
+    if db.session.get_bind().dialect.name == "sqlite":
+        naive = start.replace(tzinfo=None).isoformat(sep=" ")
+        return cast((func.julianday(column) - func.julianday(naive)) * 1440, Integer)
+    return cast(func.floor(func.extract("epoch", column - start) / 60), Integer)
+
+
+def _seconds_between(later, earlier):
+    if db.session.get_bind().dialect.name == "sqlite":
+        return (func.julianday(later) - func.julianday(earlier)) * 86400
+    return func.extract("epoch", later - earlier)
+
+
+def charts(now: datetime) -> dict:
+    """Per minute of the last hour (the last minute is the current, partial one): orders placed,
+    paid and cancelled (their events, ix_outbox_events_name_created_at), and the outbox's lag: the
+    longest a delivery finished in that minute had waited since its event (ix_outbox_deliveries_completed_at)."""
+    start = now.replace(second=0, microsecond=0) - timedelta(minutes=CHART_MINUTES - 1)
+    minute = _minute_of(OutboxEvent.created_at, start)
+    series = {key: [0] * CHART_MINUTES for key, _ in SERIES}
+    names = {name: key for key, name in SERIES}
+    for name, m, n in db.session.execute(
+            select(OutboxEvent.name, minute, func.count())
+            .where(OutboxEvent.name.in_(list(names)), OutboxEvent.created_at >= start)
+            .group_by(OutboxEvent.name, minute)).all():
+        if m is not None and 0 <= m < CHART_MINUTES:
+            series[names[name]][m] += n
+    dminute = _minute_of(OutboxDelivery.completed_at, start)
+    lag = [None] * CHART_MINUTES
+    for m, worst in db.session.execute(
+            select(dminute, func.max(_seconds_between(OutboxDelivery.completed_at, OutboxDelivery.created_at)))
+            .where(OutboxDelivery.completed_at >= start, OutboxDelivery.status == "done")
+            .group_by(dminute)).all():
+        if m is not None and 0 <= m < CHART_MINUTES and worst is not None:
+            lag[m] = max(0, round(float(worst), 1))
+    return {"start": iso(start), "minutes": CHART_MINUTES, "orders": series,
+            "totals": {k: sum(v) for k, v in series.items()}, "outbox_lag_seconds": lag}
+
+
+def svg(values: list, start: datetime | str, what: str, unit: str) -> dict:
+    """Bars for one series, in a WIDTH x HEIGHT viewBox, and its numbers in words."""
+    if isinstance(start, str):
+        start = datetime.fromisoformat(start)
+    known = [v for v in values if v is not None]
+    top = max(known, default=0)
+    step = WIDTH / len(values)
+    bars = []
+    for i, v in enumerate(values):
+        if not v:
+            continue
+        h = max(1.0, round(v / top * (HEIGHT - 2), 1))
+        at = (start + timedelta(minutes=i)).strftime("%H:%M")
+        bars.append({"x": round(i * step, 2), "y": round(HEIGHT - h, 1), "w": round(step * 0.8, 2), "h": h,
+                     "label": f"{at} UTC: {_fmt(v)} {unit}"})
+    if what == "lag":
+        words = (f"Outbox lag: deliveries finished in {len(known)} of the last {len(values)} minutes; the longest "
+                 f"wait was {_fmt(top)} seconds." if known else
+                 f"Outbox lag: no delivery finished in the last {len(values)} minutes.")
+    else:
+        total = sum(known)
+        busiest = values.index(top) if top else None
+        words = (f"{total} order{'' if total == 1 else 's'} {what} in the last {len(values)} minutes"
+                 + (f"; at most {top} in one minute, at {(start + timedelta(minutes=busiest)).strftime('%H:%M')} UTC."
+                    if busiest is not None else "."))
+    return {"bars": bars, "words": words, "width": WIDTH, "height": HEIGHT, "top": top}
+
+
+def _fmt(v) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:.1f}"

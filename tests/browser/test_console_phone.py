@@ -1,0 +1,88 @@
+"""The console on a phone (390 px wide): no page is wider than the screen. A table may be wider,
+but then it scrolls inside itself; nothing else pokes out, and no word is broken letter by letter."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import select, update
+
+from payment_helpers import Shopper
+from shop.domain.deadlines import utcnow
+from shop.extensions import db
+from shop.models import Order, OutboxDelivery, ReconciliationCycle, Variant, WebhookReceipt
+from shop.seed import upsert_operator
+
+WIDTH = 390
+# Every element sticking out of the viewport that is not inside an element that scrolls sideways,
+# and every text cell narrower than a short word (the sign of letter-by-letter wrapping).
+OVERFLOW = """(width) => {
+  const scrolls = (el) => {
+    for (let p = el.parentElement; p; p = p.parentElement) {
+      const s = getComputedStyle(p);
+      if ((s.overflowX === 'auto' || s.overflowX === 'scroll') && p.scrollWidth > p.clientWidth - 1) return true;
+      if (s.overflowX === 'auto' || s.overflowX === 'scroll' || s.overflowX === 'hidden') return true;
+    }
+    return false;
+  };
+  const out = [];
+  for (const el of document.querySelectorAll('body *')) {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0) continue;
+    if ((r.right > width + 1 || r.left < -1) && !scrolls(el)) out.push(el.tagName + '.' + el.className + ': ' + Math.round(r.left) + '..' + Math.round(r.right));
+  }
+  const narrow = [];
+  for (const td of document.querySelectorAll('main td, main th')) {
+    const r = td.getBoundingClientRect();
+    if (td.textContent.trim().length > 3 && r.width > 0 && r.width < 40) narrow.push(td.textContent.trim().slice(0, 30));
+  }
+  return {doc: [document.documentElement.scrollWidth, document.documentElement.clientWidth], out, narrow};
+}"""
+
+
+def test_the_dashboard_an_order_and_the_outbox_fit_a_390px_phone(browser, shop, sandbox, screenshot_dir):
+    app, base_url = shop
+    with app.app_context():
+        upsert_operator("ops@example.com", "correct horse battery")
+        skus = {v.sku: v.id for v in db.session.query(Variant)}
+        db.session.remove()
+    sandbox.faults(api_unavailable=True)
+    Shopper(app, skus).checkout("SOCK-M", 1)  # stays PendingPayment: stuck once it is old
+    sandbox.faults(api_unavailable=False)
+    long_error = ("ProviderRefused: the payment provider answered 402 card_declined for "
+                  "cs_test_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8s9T0u1V2w3X4y5Z6 after 5 attempts, see logs")
+    with app.app_context():
+        order = db.session.execute(select(Order)).scalars().first()
+        db.session.execute(update(Order).values(updated_at=utcnow() - timedelta(hours=2)))
+        db.session.execute(update(OutboxDelivery).values(status="dead", last_error=long_error,
+                                                         last_traceback="Traceback ...\n" + long_error))
+        db.session.add(WebhookReceipt(outcome="rejected", reason="signature does not match: " + "x" * 80,
+                                      http_status=400))
+        now = utcnow()
+        db.session.add(ReconciliationCycle(started_at=now, finished_at=now, cutoff=now, status="ok",
+                                           expiry_counts={}, provider_counts={},
+                                           errors=[{"pass": "provider", "order_id": order.id, "error": long_error}]))
+        reference = order.reference
+        db.session.commit()
+        db.session.remove()
+
+    context = browser.new_context(viewport={"width": WIDTH, "height": 844}, is_mobile=True, device_scale_factor=1)
+    page = context.new_page()
+    try:
+        page.goto(f"{base_url}/console/login")
+        page.get_by_label("Email").fill("ops@example.com")
+        page.get_by_label("Password").fill("correct horse battery")
+        page.get_by_role("button", name="Log in").click()
+        page.wait_for_url(f"{base_url}/console/")
+        for name, path in (("dashboard", "/console/"), ("order", f"/console/orders/{reference}"),
+                           ("outbox", "/console/outbox"), ("dead", "/console/outbox?status=dead")):
+            page.goto(base_url + path)
+            page.screenshot(path=str(screenshot_dir / f"phone-{name}.png"), full_page=True)
+            found = page.evaluate(OVERFLOW, WIDTH)
+            scroll_width, client_width = found["doc"]
+            assert scroll_width <= client_width, (path, found)
+            assert not found["out"], (path, found["out"][:10])
+            assert not found["narrow"], (path, found["narrow"][:10])
+        page.goto(base_url + "/console/")
+        assert page.locator("#chart-placed svg").count() == 1
+    finally:
+        context.close()
