@@ -1,4 +1,8 @@
 """Extensions, created unbound here and bound to the app in `create_app`."""
+import threading
+from typing import Callable, TypeVar
+
+from flask import current_app
 from flask_login import LoginManager
 from flask_migrate import Migrate
 from flask_sqlalchemy import SQLAlchemy
@@ -24,3 +28,20 @@ db = SQLAlchemy(model_class=Base)
 migrate = Migrate()
 csrf = CSRFProtect()
 login_manager = LoginManager()
+
+
+T = TypeVar("T")
+_per_app_lock = threading.RLock()  # re-entrant: a builder may ask for another per-app object
+
+
+def per_app(name: str, build: Callable[[], T]) -> T:
+    """The app's one `name`, built by `build()` on first use and kept with the app (per app, not
+    per process: a test's apps never share a Redis client, a breaker or a metrics registry)."""
+    ext = current_app.extensions.setdefault("backstop", {})
+    value = ext.get(name)
+    if value is None:
+        with _per_app_lock:
+            value = ext.get(name)
+            if value is None:
+                value = ext[name] = build()
+    return value

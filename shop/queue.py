@@ -22,6 +22,7 @@ from rq import Queue, SimpleWorker, Worker, get_current_job, worker_registration
 from rq.job import Job
 from rq_scheduler import Scheduler
 from rq_scheduler.utils import to_unix
+from .extensions import per_app
 
 log = logging.getLogger("shop.queue")
 
@@ -45,20 +46,9 @@ end
 return 0
 """
 
-_conn_lock = threading.Lock()
-
-
 def redis_conn() -> Redis:
-    ext = current_app.extensions.setdefault("backstop", {})
-    conn = ext.get("redis")
-    if conn is None:
-        with _conn_lock:
-            conn = ext.get("redis")
-            if conn is None:
-                conn = Redis.from_url(current_app.config["REDIS_URL"], socket_connect_timeout=2,
-                                      socket_timeout=5, health_check_interval=30)
-                ext["redis"] = conn
-    return conn
+    return per_app("redis", lambda: Redis.from_url(current_app.config["REDIS_URL"], socket_connect_timeout=2,
+                                                   socket_timeout=5, health_check_interval=30))
 
 
 def _names():
@@ -135,10 +125,7 @@ def _drain_key(slot: int) -> str:
 def _take_drain_slot() -> int | None:
     """One round trip: the first free slot, now taken, or None when every slot has a drain
     waiting (which will see the work that was just committed)."""
-    ext = current_app.extensions.setdefault("backstop", {})
-    script = ext.get("take_drain_slot")
-    if script is None:
-        script = ext["take_drain_slot"] = redis_conn().register_script(_TAKE_SLOT)
+    script = per_app("take_drain_slot", lambda: redis_conn().register_script(_TAKE_SLOT))
     taken = script(keys=[_drain_key(i) for i in range(DRAIN_SLOTS)], args=[DRAIN_SLOT_TTL_SECONDS])
     return int(taken) - 1 if taken else None
 

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc, utcnow
 from ..domain.order import LIVE
-from ..extensions import db
+from ..extensions import db, per_app
 from ..models import (OutboxDelivery, ReconciliationCycle, RestoreWarning, ScheduledCommand, WebhookReceipt,
                       Order)
 
@@ -167,9 +167,9 @@ def provider_breaker_metrics():
 
 
 def registry() -> CollectorRegistry:
-    ext = current_app.extensions.setdefault("backstop", {})
-    if "metrics_registry" not in ext:
+    def build() -> CollectorRegistry:
         reg = CollectorRegistry(auto_describe=False)
         reg.register(ShopCollector(current_app._get_current_object()))
-        ext["metrics_registry"] = reg
-    return ext["metrics_registry"]
+        return reg
+
+    return per_app("metrics_registry", build)

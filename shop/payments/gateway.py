@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -19,6 +18,7 @@ import requests
 import stripe
 from flask import current_app
 
+from ..extensions import per_app
 from . import guard
 
 log = logging.getLogger("shop.payments")
@@ -31,7 +31,6 @@ EVENT_TYPES = [
     "checkout.session.async_payment_failed",
     "checkout.session.expired",
 ]
-_lock = threading.Lock()
 
 
 class ProviderUnavailable(Exception):
@@ -138,24 +137,20 @@ def client() -> stripe.StripeClient:
     """The SDK client for whoever is calling (guard.current()): a customer's request gets at most
     one network retry, each attempt bounded by the request's time budget; background work keeps
     the SDK's retries and STRIPE_TIMEOUT_SECONDS. Both share one transport."""
-    ext = current_app.extensions.setdefault("backstop", {})
-    name = "stripe_customer" if guard.current().priority == guard.CUSTOMER else "stripe"
-    if ext.get(name) is None:
-        with _lock:
-            if ext.get(name) is None:
-                cfg = current_app.config
-                base = api_base()
-                if ext.get("stripe_http") is None:
-                    ext["stripe_http"] = _http_client(base or STRIPE_API, cfg["STRIPE_TIMEOUT_SECONDS"])
-                retries = cfg["STRIPE_REQUEST_MAX_NETWORK_RETRIES"] if name == "stripe_customer" \
-                    else cfg["STRIPE_MAX_NETWORK_RETRIES"]
-                ext[name] = stripe.StripeClient(
-                    cfg.get("STRIPE_SECRET_KEY") or SANDBOX_API_KEY,
-                    base_addresses={"api": base} if base else None,
-                    max_network_retries=retries,
-                    http_client=ext["stripe_http"],
-                )
-    return ext[name]
+    customer = guard.current().priority == guard.CUSTOMER
+    cfg = current_app.config
+
+    def build() -> stripe.StripeClient:
+        base = api_base()
+        transport = per_app("stripe_http", lambda: _http_client(base or STRIPE_API, cfg["STRIPE_TIMEOUT_SECONDS"]))
+        return stripe.StripeClient(
+            cfg.get("STRIPE_SECRET_KEY") or SANDBOX_API_KEY,
+            base_addresses={"api": base} if base else None,
+            max_network_retries=cfg["STRIPE_REQUEST_MAX_NETWORK_RETRIES" if customer else "STRIPE_MAX_NETWORK_RETRIES"],
+            http_client=transport,
+        )
+
+    return per_app("stripe_customer" if customer else "stripe", build)
 
 
 STRIPE_API = "https://api.stripe.com"

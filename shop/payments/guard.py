@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from flask import current_app, g, request
+from ..extensions import per_app
 
 log = logging.getLogger("shop.payments.guard")
 
@@ -433,17 +434,7 @@ def limits_from(cfg) -> Limits:
     )
 
 
-_create_lock = threading.Lock()
-
-
 def get() -> ProviderGuard:
-    ext = current_app.extensions.setdefault("backstop", {})
-    guard = ext.get("provider_guard")
-    if guard is None:
-        with _create_lock:
-            guard = ext.get("provider_guard")
-            if guard is None:
-                cfg = current_app.config
-                guard = ext["provider_guard"] = ProviderGuard(limits_from(cfg), cfg.get("REDIS_URL"),
-                                                              cfg["QUEUE_PREFIX"])
-    return guard
+    cfg = current_app.config
+    return per_app("provider_guard",
+                   lambda: ProviderGuard(limits_from(cfg), cfg.get("REDIS_URL"), cfg["QUEUE_PREFIX"]))
