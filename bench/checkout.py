@@ -253,7 +253,11 @@ def main() -> None:
                "REDIS_URL": args.redis, "BACKSTOP_QUEUE_PREFIX": prefix,
                "STRIPE_API_BASE": f"http://127.0.0.1:{sandbox_port}", "STRIPE_SESSION_MIN_SECONDS": "60",
                "PUBLIC_BASE_URL": f"http://127.0.0.1:{web_port}", "STRIPE_WEBHOOK_SECRET": "whsec_bench",
-               "BACKSTOP_INSTANCE_PATH": f"/tmp/backstop-bench-{run_id}"}
+               "BACKSTOP_INSTANCE_PATH": f"/tmp/backstop-bench-{run_id}",
+               # The sandbox has no rate limit and this bench measures the order's path, not the
+               # shared provider budget (bench/provider.py does): a budget below the checkout rate
+               # would send orders down the pay-later path and measure that instead.
+               "STRIPE_RATE_LIMIT_PER_SECOND": "10000"}
         env.pop("STRIPE_SECRET_KEY", None)
         quiet = subprocess.DEVNULL
         procs.append(subprocess.Popen([str(BIN / "flask"), "--app", "app", "shop", "stripe-sandbox", "--port",
@@ -263,7 +267,10 @@ def main() -> None:
                                        "-w", str(args.workers), "--log-level", "warning"],
                                       cwd=ROOT, env=env, stdout=quiet, stderr=quiet, start_new_session=True))
         down_port, offline_port = free_port(), free_port()
-        env_down = {**env, "STRIPE_API_BASE": f"http://127.0.0.1:{down_port}"}
+        # Its own prefix: the failing provider opens the circuit breaker kept under the prefix in
+        # Redis, which must not send the real checkout phase down the pay-later path.
+        env_down = {**env, "STRIPE_API_BASE": f"http://127.0.0.1:{down_port}",
+                    "BACKSTOP_QUEUE_PREFIX": f"{prefix}-offline"}
         procs.append(subprocess.Popen([sys.executable, "-c", PROVIDER_DOWN, str(down_port)],
                                       stdout=quiet, stderr=quiet, start_new_session=True))
         procs.append(subprocess.Popen([str(BIN / "gunicorn"), *BENCH_APP, "-b", f"127.0.0.1:{offline_port}",
