@@ -136,6 +136,36 @@ def test_background_calls_leave_the_last_of_the_rate_budget_to_customers(make_ap
             provider_guard.take_token()  # a checkout still gets the last one
 
 
+def test_callers_whose_clocks_read_late_share_one_budget_and_get_no_extra_refill(make_app, monkeypatch):
+    # In a busy process a thread reads the clock, then waits for the GIL before its request
+    # reaches Redis; another process's clock may be behind. Half the callers here read 50 ms
+    # late. The bucket keeps its own time: with a clock per caller, each late caller rewound it
+    # and the next one was refilled for the same 50 ms again.
+    budget = 20
+    app = make_app(STRIPE_RATE_LIMIT_PER_SECOND=budget, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
+    real_time, reads = time.time, [0]
+
+    def clock():
+        reads[0] += 1
+        return real_time() - (0.05 if reads[0] % 2 else 0.0)
+
+    with app.app_context():
+        provider_guard, limits = guard.get(), guard.get().limits
+        monkeypatch.setattr(guard.time, "time", clock)
+        granted, started = 0, time.monotonic()
+        with guard.customer_call():
+            while time.monotonic() - started < 1.0:
+                try:
+                    provider_guard.take_token()
+                    granted += 1
+                except guard.Shed:
+                    pass
+                time.sleep(0.002)
+        elapsed = time.monotonic() - started
+    most = limits.bucket_capacity + limits.refill_per_second * elapsed
+    assert granted <= most + 1, f"{granted} tokens granted in {elapsed:.2f} s; the bucket holds {most:.1f}"
+
+
 def test_a_429_storm_sends_checkouts_to_pay_later_and_the_sweep_waits_out_retry_after_until_every_order_is_paid(
         shop, sandbox):
     app, skus = shop(STRIPE_BREAKER_COOLDOWN_SECONDS=1.0)

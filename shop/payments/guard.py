@@ -156,15 +156,26 @@ return state
 # Token bucket: refills at `rate` per second up to `capacity`. A call takes a token if that
 # leaves at least `floor` (0 for customers, the reserve for background callers); otherwise the
 # reply says how many milliseconds until it could. `paused_until` (a 429's Retry-After) stops
-# everyone until then.
-_BUCKET_TAKE = """
+# everyone until then. The clock is Redis's own (TIME), never the caller's: a caller's clock
+# read before it waited for the GIL, its socket or the script lock is late, and writing a late
+# `at` rewound the bucket, so the next caller was refilled for the same interval again (with
+# dozens of busy threads polling, that let 23 calls a second through a budget of 20).
+_REDIS_NOW = """
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+"""
+_BUCKET_TAKE = _REDIS_NOW + """
 local k = KEYS[1]
-local now, rate, capacity, floor = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local rate, capacity, floor = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local v = redis.call('HMGET', k, 'tokens', 'at', 'paused_until')
 local tokens, at, paused = tonumber(v[1]), tonumber(v[2]), tonumber(v[3] or '0')
-if tokens == nil then tokens = capacity; at = now end
-tokens = math.min(capacity, tokens + math.max(0, now - at) * rate)
-redis.call('HSET', k, 'tokens', tostring(tokens), 'at', tostring(now))
+if tokens == nil or at == nil then tokens = capacity; at = now end
+if now > at then
+  tokens = math.min(capacity, tokens + (now - at) * rate)
+  at = now
+end
+redis.call('HSET', k, 'tokens', tostring(tokens), 'at', tostring(at))
 redis.call('EXPIRE', k, 3600)
 if paused > now then return {0, math.ceil((paused - now) * 1000)} end
 if tokens - 1 >= floor then
@@ -173,13 +184,20 @@ if tokens - 1 >= floor then
 end
 return {0, math.ceil((floor + 1 - tokens) / rate * 1000)}
 """
-_BUCKET_PAUSE = """
+_BUCKET_PAUSE = _REDIS_NOW + """
 local k = KEYS[1]
+local until_ = now + tonumber(ARGV[1])
 local paused = tonumber(redis.call('HGET', k, 'paused_until') or '0')
-if tonumber(ARGV[1]) > paused then redis.call('HSET', k, 'paused_until', ARGV[1]) end
+if until_ > paused then redis.call('HSET', k, 'paused_until', tostring(until_)) end
 redis.call('EXPIRE', k, 3600)
 return 1
 """
+
+# A token granted longer ago than this (the caller's thread was held up: the GIL, the scheduler)
+# is left unused and another is taken: a late call would arrive at the provider together with
+# calls granted after it, and the bucket's margin (Limits.bucket_capacity) covers only this much
+# lateness plus the way from here to the provider.
+GRANT_FRESH_SECONDS = 0.2
 
 # After Redis fails, this process uses its own view for a while instead of paying a connect
 # timeout on every provider call.
@@ -199,11 +217,12 @@ class Limits:
 
     @property
     def bucket_capacity(self) -> float:
-        # A bucket lets `capacity + refill` calls through in any one second of its own clock.
-        # Burst 10% and refill 70% of the rate: 80% by the time calls are granted, and the rest
-        # absorbs the time between a grant and the call's arrival at the provider (threads and
-        # processes are scheduled late under load, which bunches arrivals), so the provider
-        # never counts more than STRIPE_RATE_LIMIT_PER_SECOND in a second.
+        # A bucket lets `capacity + refill * L` calls through in any L seconds of its clock
+        # (Redis's). Burst 10% and refill 70% of the rate: 80% in any one second by the time
+        # calls are granted, and the rest absorbs up to 0.28 s between a grant and the call's
+        # arrival at the provider (threads and processes are scheduled late under load, which
+        # bunches arrivals; a grant older than GRANT_FRESH_SECONDS is not used), so the provider
+        # never counts more than STRIPE_RATE_LIMIT_PER_SECOND in any sliding second.
         return max(1, self.rate_per_second // 10)
 
     @property
@@ -212,8 +231,9 @@ class Limits:
 
     @property
     def background_reserve(self) -> float:
-        # Background calls leave half the burst to customers.
-        return self.bucket_capacity / 2
+        # Background calls leave half the burst to customers (with a burst of 1, below 20/s,
+        # a reserve would keep them out for good: they compete then).
+        return min(self.bucket_capacity / 2, self.bucket_capacity - 1)
 
 
 class _LocalState:
@@ -261,7 +281,7 @@ class _LocalState:
             # Without Redis this process cannot see what the others spend: it keeps to its share.
             share = limits.processes
             cap, rate = max(1.0, limits.bucket_capacity / share), limits.refill_per_second / share
-            floor = floor / share
+            floor = min(floor / share, cap - 1)
             tokens = cap if self.tokens is None else min(cap, self.tokens + max(0.0, now - self.at) * rate)
             self.tokens, self.at = tokens, now
             if self.paused_until > now:
@@ -375,7 +395,8 @@ class ProviderGuard:
             self.bulkhead.release()
 
     def take_token(self) -> None:
-        """Spend one unit of the shared rate budget, waiting briefly if one comes soon; else Shed."""
+        """Spend one unit of the shared rate budget, waiting briefly if one comes soon; else Shed.
+        Call it right before the request goes out (gateway's transport does, for every attempt)."""
         lim = self.limits
         ctx = current()
         customer = ctx.priority == CUSTOMER
@@ -385,26 +406,29 @@ class ProviderGuard:
         if ctx.deadline is not None:
             give_up = min(give_up, ctx.deadline)
         while True:
-            now = time.time()
+            asked = time.monotonic()
             reply = self._run("take", _BUCKET_TAKE, [self.bucket_key],
-                              [repr(now), lim.refill_per_second, lim.bucket_capacity, floor])
-            wait = int(reply[1]) / 1000 if reply is not None else self.local.take(now, lim, floor)
-            if reply is not None and int(reply[0]) == 1:
-                return
-            if reply is None and wait == 0.0:
-                return
+                              [lim.refill_per_second, lim.bucket_capacity, floor])
+            wait = int(reply[1]) / 1000 if reply is not None else self.local.take(time.time(), lim, floor)
+            granted = (int(reply[0]) == 1) if reply is not None else wait == 0.0
+            if granted:
+                if time.monotonic() - asked <= GRANT_FRESH_SECONDS:
+                    return
+                # Granted somewhere in [asked, now], too long ago: spent, but not used (see
+                # GRANT_FRESH_SECONDS). Ask again at once, within the same patience.
+                wait = 0.0
             if time.monotonic() + wait > give_up:
                 raise Shed(f"the provider rate budget ({lim.rate_per_second}/s, STRIPE_RATE_LIMIT_PER_SECOND) "
                            f"is spent{'' if customer else ' for background work'}; next call in {wait:.2f} s",
                            retry_after=max(wait, 0.1))
-            # Spread the wake-ups: every waiting thread was told the same time.
-            time.sleep(max(wait, 0.005) * random.uniform(1.0, 1.5))
+            if wait > 0:
+                # Spread the wake-ups: every waiting thread was told the same time.
+                time.sleep(max(wait, 0.005) * random.uniform(1.0, 1.5))
 
     def pause(self, seconds: float) -> None:
         """The provider said 429: nobody calls it again until Retry-After has passed."""
-        until = time.time() + seconds
-        self.local.pause(until)
-        self._run("pause", _BUCKET_PAUSE, [self.bucket_key], [repr(until)])
+        self.local.pause(time.time() + seconds)
+        self._run("pause", _BUCKET_PAUSE, [self.bucket_key], [repr(seconds)])
 
 
 def _connect(url: str):
