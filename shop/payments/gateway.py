@@ -172,13 +172,16 @@ class GuardedHttpClient(stripe.RequestsClient):
     @property
     def _timeout(self):
         ctx = guard.current()
-        if ctx.priority != guard.CUSTOMER:
+        if ctx.priority == guard.CUSTOMER:
+            cfg = self._app.config
+            connect, read = cfg["STRIPE_REQUEST_CONNECT_TIMEOUT_SECONDS"], cfg["STRIPE_REQUEST_READ_TIMEOUT_SECONDS"]
+        elif ctx.deadline is None:
             return self._background_timeout
-        cfg = self._app.config
-        read = cfg["STRIPE_REQUEST_READ_TIMEOUT_SECONDS"]
+        else:  # a web request that is not a customer's (the console): background timeouts, its deadline
+            connect = read = self._background_timeout
         if ctx.deadline is not None:
             read = min(read, max(0.05, ctx.deadline - time.monotonic()))
-        return (min(cfg["STRIPE_REQUEST_CONNECT_TIMEOUT_SECONDS"], read), read)
+        return (min(connect, read), read)
 
     @_timeout.setter
     def _timeout(self, value):  # the SDK's constructor assigns it; the property above decides

@@ -17,7 +17,8 @@ every process together could spend more than the account's API rate.
   reserve, so the sweep and refunds take what checkout leaves. A 429 pauses everyone until its
   Retry-After.
 - Time budget: a customer's request gets short timeouts, one SDK retry and an overall deadline
-  (gateway.GuardedHttpClient reads it for every attempt).
+  (gateway.GuardedHttpClient reads it for every attempt); any other web request (the console)
+  keeps the background timeouts and retries but the same deadline.
 
 Who is calling is a context variable, set by the request path (`init_app`) and defaulting to
 background, so no call site passes a priority around. Every refusal is `Shed`, which the
@@ -86,18 +87,21 @@ def customer_call(budget_seconds: float | None = None):
 
 
 def init_app(app) -> None:
-    """Mark the customer-facing requests; everything else (workers, scheduler, CLI, console)
-    stays background. The console's reconcile is an operator asking deliberately: it keeps the
-    SDK's retries and longer timeouts."""
+    """Give every web request the in-request time budget: someone is waiting on the page. The
+    storefront's and the webhook's calls are also customer calls (priority in the rate budget,
+    short timeouts, one retry). Everything else over HTTP (the console's "Ask the provider
+    now") stays background (the SDK's retries, no priority) but within the same deadline, so
+    an operator is told "the provider did not answer" in about 10 s and the sweep asks again
+    later. Workers, the scheduler and the CLI have no deadline."""
 
     @app.before_request
-    def _enter_customer_context():
-        if request.blueprint in IN_REQUEST_BLUEPRINTS:
-            g._provider_context_token = _context.set(
-                CallContext(CUSTOMER, time.monotonic() + app.config["STRIPE_REQUEST_BUDGET_SECONDS"]))
+    def _enter_request_context():
+        deadline = time.monotonic() + app.config["STRIPE_REQUEST_BUDGET_SECONDS"]
+        priority = CUSTOMER if request.blueprint in IN_REQUEST_BLUEPRINTS else BACKGROUND
+        g._provider_context_token = _context.set(CallContext(priority, deadline))
 
     @app.teardown_request
-    def _leave_customer_context(_exc):
+    def _leave_request_context(_exc):
         token = g.pop("_provider_context_token", None)
         if token is not None:
             try:
