@@ -5,6 +5,7 @@ calls reached the provider). The process-and-thread behaviour (bulkhead, budget 
 processes) is in test_provider_processes.py."""
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 
@@ -217,3 +218,31 @@ def test_a_process_that_cannot_reach_redis_spends_only_its_share_of_the_rate_bud
             provider_guard.take_token()  # half of the burst of 2: the other process may spend the rest
             with pytest.raises(guard.Shed, match="rate budget"):
                 provider_guard.take_token()
+
+
+def test_past_the_bulkhead_only_an_eighth_of_the_threads_wait_for_a_slot_and_the_rest_are_refused_at_once():
+    # 16 threads, 1 slot: 2 may wait. In a brownout no slot frees for seconds, and every
+    # waiting checkout is a thread the catalog cannot have.
+    limits = guard.Limits(max_concurrent=1, rate_per_second=80, breaker_threshold=5, breaker_cooldown_seconds=30,
+                          customer_wait_seconds=0.5, background_wait_seconds=0.5, probe_seconds=15, threads=16)
+    assert limits.max_waiting == 2
+    provider_guard = guard.ProviderGuard(limits, None, "test")
+    took: list[float] = []
+    lock = threading.Lock()
+
+    def ask():
+        started = time.monotonic()
+        with pytest.raises(guard.Shed, match="already in flight"):
+            with provider_guard.slot():
+                pass
+        with lock:
+            took.append(time.monotonic() - started)
+
+    with provider_guard.slot():
+        askers = [threading.Thread(target=ask) for _ in range(5)]
+        for t in askers:
+            t.start()
+        for t in askers:
+            t.join()
+    took.sort()
+    assert all(t < 0.2 for t in took[:3]) and all(t >= 0.45 for t in took[3:]), took

@@ -16,7 +16,7 @@ import time
 
 import pytest
 import requests
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from shop.extensions import db
 from shop.models import Order, Variant
@@ -80,7 +80,8 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
     base = f"http://127.0.0.1:{port}"
     procs = Processes()
     try:
-        # One process of 4 threads: the bulkhead lets 2 of them wait on the provider.
+        # One process of 4 threads: the bulkhead lets 2 of them wait on the provider (5/8) and 1
+        # more wait for a slot; one is always free.
         start_web(procs, _env(app, PORT=str(port), WEB_CONCURRENCY="1", WEB_THREADS="4",
                               STRIPE_API_BASE=sandbox.base_url, UNPAID_ORDER_EXPIRY_SECONDS="1800",
                               RECONCILIATION_STUCK_AGE_SECONDS="1800"))
@@ -110,6 +111,16 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
                 assert answer.status_code == 200, (what, answer.status_code, answer.text)
                 assert took < 1.0, f"the {what} took {took:.2f} s while the provider hung\n{procs.logs()}"
             held = len(sandbox.requests(since=since))
+            # A thread waiting on the provider holds no database connection: a transaction left
+            # open across the call would keep a pooled connection per waiting checkout, and the
+            # pages above would wait for one (the pool is sized for the threads, not for more).
+            with app.app_context():
+                if db.engine.dialect.name == "postgresql":
+                    holding = db.session.execute(text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()")).scalar_one()
+                    assert holding == 0, f"{holding} connection(s) held in a transaction while the provider hung"
+                db.session.remove()
         for t in threads:
             t.join(timeout=30)
         assert held == 2, f"{held} provider calls in flight; the bulkhead allows 2"

@@ -8,7 +8,8 @@ answering), a dead one would make each customer wait out the SDK's timeouts and 
 every process together could spend more than the account's API rate.
 
 - Bulkhead (per process): at most STRIPE_MAX_CONCURRENT_CALLS calls in flight; a customer's
-  call that gets no slot within a short wait is refused at once, so the other threads stay free.
+  call that gets no slot within a short wait is refused, and only a few threads may wait at
+  once (Limits.max_waiting; the rest are refused at once), so the other threads stay free.
 - Breaker (shared in Redis, in-memory fallback): after BREAKER_THRESHOLD failures in a row it
   opens for a cool-down during which no call is made; then one caller probes and its outcome
   closes or re-opens it.
@@ -218,6 +219,18 @@ class Limits:
     background_wait_seconds: float
     probe_seconds: float
     processes: int = 1                # web processes sharing the budget (WEB_CONCURRENCY)
+    threads: int = 0                  # this process's threads (WEB_THREADS); 0: no limit on waiters
+
+    @property
+    def max_waiting(self) -> int:
+        """How many threads may wait for a bulkhead slot at once; beyond them a call is refused
+        without waiting. Waiting threads are threads too: in a brownout, when no slot frees for
+        seconds, every checkout past the bulkhead would otherwise hold a thread for its whole
+        wait, and the catalog would queue behind them. An eighth of the threads, never the last
+        free one."""
+        if self.threads <= 0:
+            return 1 << 30
+        return max(0, min(max(1, self.threads // 8), self.threads - self.max_concurrent - 1))
 
     @property
     def bucket_capacity(self) -> float:
@@ -311,6 +324,8 @@ class ProviderGuard:
     def __init__(self, limits: Limits, redis_url: str | None, prefix: str):
         self.limits = limits
         self.bulkhead = threading.BoundedSemaphore(limits.max_concurrent)
+        self._waiting_lock = threading.Lock()
+        self._waiting = 0
         self.local = _LocalState()
         self._redis_url = redis_url
         self._redis = None
@@ -390,9 +405,19 @@ class ProviderGuard:
         """A place among this process's provider calls in flight, or Shed."""
         wait = self.limits.customer_wait_seconds if current().priority == CUSTOMER \
             else self.limits.background_wait_seconds
-        if not self.bulkhead.acquire(timeout=wait):
-            raise Shed(f"{self.limits.max_concurrent} provider call(s) already in flight in this process "
-                       "(STRIPE_MAX_CONCURRENT_CALLS)")
+        if not self.bulkhead.acquire(blocking=False):
+            with self._waiting_lock:
+                may_wait = self._waiting < self.limits.max_waiting
+                self._waiting += may_wait
+            try:
+                got = may_wait and self.bulkhead.acquire(timeout=wait)
+            finally:
+                if may_wait:
+                    with self._waiting_lock:
+                        self._waiting -= 1
+            if not got:
+                raise Shed(f"{self.limits.max_concurrent} provider call(s) already in flight in this process "
+                           "(STRIPE_MAX_CONCURRENT_CALLS)")
         try:
             yield
         finally:
@@ -459,6 +484,7 @@ def limits_from(cfg) -> Limits:
         background_wait_seconds=cfg["STRIPE_BACKGROUND_WAIT_SECONDS"],
         probe_seconds=cfg["STRIPE_BREAKER_PROBE_SECONDS"],
         processes=max(1, cfg["WEB_CONCURRENCY"]),
+        threads=cfg["WEB_THREADS"],
     )
 
 
