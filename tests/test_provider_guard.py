@@ -137,6 +137,19 @@ def test_background_calls_leave_the_last_of_the_rate_budget_to_customers(make_ap
             provider_guard.take_token()  # a checkout still gets the last one
 
 
+def test_each_of_the_sdks_own_retries_takes_a_token_of_the_rate_budget(make_app, sandbox):
+    # 2/s: a burst of 1 token, refilled at 1.4/s. The SDK's retry comes about 0.4 s after the
+    # first attempt, when no whole token is back: it must not go out (with the SDK's retries
+    # outside the budget, the provider would have seen 3 requests).
+    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=2, STRIPE_MAX_NETWORK_RETRIES=2,
+                   STRIPE_BACKGROUND_WAIT_SECONDS=0.0)
+    sandbox.faults(api_unavailable=True)
+    with app.app_context():
+        with pytest.raises(gateway.ProviderUnavailable, match="rate budget"):
+            gateway.retrieve_session("cs_test_nothing")
+    assert sandbox.request_count() == 1
+
+
 def test_callers_whose_clocks_read_late_share_one_budget_and_get_no_extra_refill(make_app, monkeypatch):
     # In a busy process a thread reads the clock, then waits for the GIL before its request
     # reaches Redis; another process's clock may be behind. Half the callers here read 50 ms
