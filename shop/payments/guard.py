@@ -299,7 +299,10 @@ class _LocalState:
             share = limits.processes
             cap, rate = max(1.0, limits.bucket_capacity / share), limits.refill_per_second / share
             floor = min(floor / share, cap - 1)
-            tokens = cap if self.tokens is None else min(cap, self.tokens + max(0.0, now - self.at) * rate)
+            # Never back in time: a thread that read the clock before waiting for this lock
+            # would rewind `at`, and the next caller would be refilled twice (see _BUCKET_TAKE).
+            now = max(now, self.at)
+            tokens = cap if self.tokens is None else min(cap, self.tokens + (now - self.at) * rate)
             self.tokens, self.at = tokens, now
             if self.paused_until > now:
                 return self.paused_until - now
