@@ -22,6 +22,11 @@ class SettingsError(Exception):
 DEFAULT_WEB_CONCURRENCY = 2
 DEFAULT_WEB_THREADS = 32
 
+
+def default_max_concurrent_calls(web_threads: int) -> int:
+    """STRIPE_MAX_CONCURRENT_CALLS unless set: 5/8 of the threads (docs/REFERENCE.md, Settings)."""
+    return max(1, web_threads * 5 // 8)
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -150,10 +155,12 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         )
 
     # Web concurrency (docs/REFERENCE.md, Settings; measured by bench/provider.py): threads hide
-    # the provider's latency, and the bulkhead keeps half of them for everything else.
+    # the provider's latency. The bulkhead lets 5/8 of them call it (20 of 32: two processes
+    # hold 32 clients' calls even when one process accepted 20 of them), at most 1/8 more wait
+    # briefly for a slot (payments.guard), and at least a quarter always serve everything else.
     web_threads = _int(env, "WEB_THREADS", DEFAULT_WEB_THREADS, 1, 256)
     most_calls = max(1, web_threads - 1)
-    max_calls = _int(env, "STRIPE_MAX_CONCURRENT_CALLS", max(1, web_threads // 2), 1, 256)
+    max_calls = _int(env, "STRIPE_MAX_CONCURRENT_CALLS", default_max_concurrent_calls(web_threads), 1, 256)
     if max_calls > most_calls:
         raise SettingsError("STRIPE_MAX_CONCURRENT_CALLS",
                             f"must be between 1 and {most_calls} (WEB_THREADS - 1, so a thread is always "

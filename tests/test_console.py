@@ -4,6 +4,7 @@ docs/REFERENCE.md, Console, and that each button runs the same use case as the r
 from __future__ import annotations
 
 import re
+import time
 from datetime import timedelta
 
 import pytest
@@ -20,6 +21,7 @@ from shop.models import (Cart, CartItem, InventoryItem, Order, OutboxDelivery, O
 from shop.orders.checkout import place_order
 from shop.orders.commands import cancel_order
 from shop.outbox import dispatch
+from shop.payments import guard
 from shop.seed import seed_catalog, upsert_operator
 
 JSON = {"Accept": "application/json"}
@@ -574,6 +576,28 @@ def test_reconcile_with_the_provider_unreachable_is_a_503_in_words_and_changes_n
         assert db.session.get(Order, order_id).status == "PaymentInitiated"
     assert client.post("/console/orders/BK-NOSUCH/reconcile", data={"csrf_token": token},
                        headers=JSON).status_code == 404
+
+
+def test_reconcile_with_the_provider_hanging_answers_within_the_request_budget_and_changes_nothing(make_app,
+                                                                                                   sandbox):
+    # Background timeouts of 30 s and two SDK retries: only the request's own budget (2 s
+    # here, 9 s by default) can bring the operator an answer in time.
+    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+                   STRIPE_WEBHOOK_SECRET="whsec_test_secret", STRIPE_TIMEOUT_SECONDS=30,
+                   STRIPE_MAX_NETWORK_RETRIES=2, STRIPE_REQUEST_BUDGET_SECONDS=2.0)
+    client = app.test_client()
+    token = log_in(app, client)
+    order_id, ref, session_id = _started_order(app)
+    sandbox.set_outcome(session_id, "paid")
+    with sandbox.api_hanging():
+        started = time.monotonic()
+        r = client.post(f"/console/orders/{ref}/reconcile", data={"csrf_token": token}, headers=JSON)
+        took = time.monotonic() - started
+    assert took < 3.5, f"the operator waited {took:.1f} s"
+    assert r.status_code == 503 and "could not be reached" in r.get_json()["error"], r.get_json()
+    with app.app_context():
+        assert db.session.get(Order, order_id).status == "PaymentInitiated"
+        assert guard.current().deadline is None  # outside a request: the sweep's own timeouts
 
 
 # -- webhooks and sweeps ---------------------------------------------------------------------

@@ -5,6 +5,7 @@ calls reached the provider). The process-and-thread behaviour (bulkhead, budget 
 processes) is in test_provider_processes.py."""
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 
@@ -136,6 +137,54 @@ def test_background_calls_leave_the_last_of_the_rate_budget_to_customers(make_ap
             provider_guard.take_token()  # a checkout still gets the last one
 
 
+def test_each_of_the_sdks_own_retries_takes_a_token_of_the_rate_budget(make_app, sandbox):
+    # 2/s: a burst of 1 token, refilled at 1.4/s. The SDK's retry comes about 0.4 s after the
+    # first attempt, when no whole token is back: it must not go out (with the SDK's retries
+    # outside the budget, the provider would have seen 3 requests).
+    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=2, STRIPE_MAX_NETWORK_RETRIES=2,
+                   STRIPE_BACKGROUND_WAIT_SECONDS=0.0)
+    sandbox.faults(api_unavailable=True)
+    with app.app_context():
+        with pytest.raises(gateway.ProviderUnavailable, match="rate budget"):
+            gateway.retrieve_session("cs_test_nothing")
+    assert sandbox.request_count() == 1
+
+
+@pytest.mark.parametrize("redis", ["shared", "unreachable"])
+def test_callers_whose_clocks_read_late_share_one_budget_and_get_no_extra_refill(make_app, monkeypatch, redis):
+    # In a busy process a thread reads the clock, then waits for the GIL before its request
+    # reaches Redis; another process's clock may be behind. Half the callers here read 50 ms
+    # late. The bucket keeps its own time: with a clock per caller, each late caller rewound it
+    # and the next one was refilled for the same 50 ms again.
+    budget = 20
+    app = make_app(STRIPE_RATE_LIMIT_PER_SECOND=budget, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
+    real_time, reads = time.time, [0]
+
+    def clock():
+        reads[0] += 1
+        return real_time() - (0.05 if reads[0] % 2 else 0.0)
+
+    with app.app_context():
+        provider_guard, limits = guard.get(), guard.get().limits
+        if redis == "unreachable":  # this process's own view: its share of the budget
+            provider_guard._redis_url = "redis://127.0.0.1:1/0"  # nothing listens there
+            provider_guard._run("take", guard._BUCKET_TAKE, [provider_guard.bucket_key], [1, 1, 0])
+        monkeypatch.setattr(guard.time, "time", clock)
+        granted, started = 0, time.monotonic()
+        with guard.customer_call():
+            while time.monotonic() - started < 1.0:
+                try:
+                    provider_guard.take_token()
+                    granted += 1
+                except guard.Shed:
+                    pass
+                time.sleep(0.002)
+        elapsed = time.monotonic() - started
+    share = 1 if redis == "shared" else limits.processes
+    most = max(1.0, limits.bucket_capacity / share) + limits.refill_per_second / share * elapsed
+    assert granted <= most + 1, f"{granted} tokens granted in {elapsed:.2f} s; the bucket holds {most:.1f}"
+
+
 def test_a_429_storm_sends_checkouts_to_pay_later_and_the_sweep_waits_out_retry_after_until_every_order_is_paid(
         shop, sandbox):
     app, skus = shop(STRIPE_BREAKER_COOLDOWN_SECONDS=1.0)
@@ -187,3 +236,31 @@ def test_a_process_that_cannot_reach_redis_spends_only_its_share_of_the_rate_bud
             provider_guard.take_token()  # half of the burst of 2: the other process may spend the rest
             with pytest.raises(guard.Shed, match="rate budget"):
                 provider_guard.take_token()
+
+
+def test_past_the_bulkhead_only_an_eighth_of_the_threads_wait_for_a_slot_and_the_rest_are_refused_at_once():
+    # 16 threads, 1 slot: 2 may wait. In a brownout no slot frees for seconds, and every
+    # waiting checkout is a thread the catalog cannot have.
+    limits = guard.Limits(max_concurrent=1, rate_per_second=80, breaker_threshold=5, breaker_cooldown_seconds=30,
+                          customer_wait_seconds=0.5, background_wait_seconds=0.5, probe_seconds=15, threads=16)
+    assert limits.max_waiting == 2
+    provider_guard = guard.ProviderGuard(limits, None, "test")
+    took: list[float] = []
+    lock = threading.Lock()
+
+    def ask():
+        started = time.monotonic()
+        with pytest.raises(guard.Shed, match="already in flight"):
+            with provider_guard.slot():
+                pass
+        with lock:
+            took.append(time.monotonic() - started)
+
+    with provider_guard.slot():
+        askers = [threading.Thread(target=ask) for _ in range(5)]
+        for t in askers:
+            t.start()
+        for t in askers:
+            t.join()
+    took.sort()
+    assert all(t < 0.2 for t in took[:3]) and all(t >= 0.45 for t in took[3:]), took

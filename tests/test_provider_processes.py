@@ -16,7 +16,7 @@ import time
 
 import pytest
 import requests
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from shop.extensions import db
 from shop.models import Order, Variant
@@ -80,7 +80,8 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
     base = f"http://127.0.0.1:{port}"
     procs = Processes()
     try:
-        # One process of 4 threads: the bulkhead lets 2 of them wait on the provider.
+        # One process of 4 threads: the bulkhead lets 2 of them wait on the provider (5/8) and 1
+        # more wait for a slot; one is always free.
         start_web(procs, _env(app, PORT=str(port), WEB_CONCURRENCY="1", WEB_THREADS="4",
                               STRIPE_API_BASE=sandbox.base_url, UNPAID_ORDER_EXPIRY_SECONDS="1800",
                               RECONCILIATION_STUCK_AGE_SECONDS="1800"))
@@ -110,6 +111,16 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
                 assert answer.status_code == 200, (what, answer.status_code, answer.text)
                 assert took < 1.0, f"the {what} took {took:.2f} s while the provider hung\n{procs.logs()}"
             held = len(sandbox.requests(since=since))
+            # A thread waiting on the provider holds no database connection: a transaction left
+            # open across the call would keep a pooled connection per waiting checkout, and the
+            # pages above would wait for one (the pool is sized for the threads, not for more).
+            with app.app_context():
+                if db.engine.dialect.name == "postgresql":
+                    holding = db.session.execute(text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()")).scalar_one()
+                    assert holding == 0, f"{holding} connection(s) held in a transaction while the provider hung"
+                db.session.remove()
         for t in threads:
             t.join(timeout=30)
         assert held == 2, f"{held} provider calls in flight; the bulkhead allows 2"
@@ -137,6 +148,7 @@ from shop.payments import gateway, guard
 app = create_app()
 print("ready", flush=True)
 start_at, seconds = float(sys.stdin.readline()), float(sys.argv[1])
+customers, background = int(sys.argv[2]), int(sys.argv[3])
 
 def work(kind):
     with app.app_context(), (guard.customer_call() if kind == "customer" else contextlib.nullcontext()):
@@ -146,9 +158,15 @@ def work(kind):
                 gateway.retrieve_session(f"cs_test_{kind}")
             except (gateway.ProviderRefused, gateway.ProviderUnavailable):  # no such session / not called
                 pass
-            time.sleep(0.05)
+            time.sleep(0.01)
 
-threads = [threading.Thread(target=work, args=(kind,)) for kind in ["customer"] * 3 + ["background"] * 2]
+def busy():  # the rest of a web process: pages rendering, holding the GIL between provider calls
+    time.sleep(max(0.0, start_at - time.time()))
+    while time.time() < start_at + seconds:
+        sum(i * i for i in range(2000))
+
+threads = [threading.Thread(target=work, args=(kind,)) for kind in ["customer"] * customers + ["background"] * background]
+threads += [threading.Thread(target=busy) for _ in range(int(sys.argv[4]))]
 for t in threads:
     t.start()
 for t in threads:
@@ -163,8 +181,11 @@ def test_three_processes_asking_for_200_calls_a_second_stay_within_the_shared_bu
     env = _env(app, STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=str(budget),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     seconds = 3.0
-    # 3 processes x 5 threads, each asking again 50 ms after every answer: over 200 calls a second wanted
-    children = [subprocess.Popen([sys.executable, "-c", CALLER, repr(seconds)], cwd=ROOT, env=env, text=True,
+    # 3 processes x 16 threads, each asking again 10 ms after every answer (far over 200 calls a
+    # second wanted), beside 2 threads keeping each process busy as pages do, so that threads
+    # wait their turn for the GIL between reading the clock and reaching Redis. Every sliding
+    # second of the sandbox's request timestamps counts, not calendar seconds.
+    children = [subprocess.Popen([sys.executable, "-c", CALLER, repr(seconds), "12", "4", "2"], cwd=ROOT, env=env, text=True,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                 for _ in range(3)]
     try:

@@ -72,9 +72,9 @@ def test_defaults_and_good_values_are_read_and_typed(tmp_path):
     assert defaults.database_url == f"sqlite:///{tmp_path}/backstop.sqlite3"
     assert defaults.secret_key and defaults.secret_key_ephemeral and defaults.uses_sandbox
     assert (defaults.web_concurrency, defaults.web_threads, defaults.stripe_max_concurrent_calls,
-            defaults.stripe_rate_limit_per_second) == (2, 32, 16, 80)
-    # The bulkhead follows the threads unless set, and always leaves one free.
-    assert load_settings({"WEB_THREADS": "9"}, str(tmp_path), argv=CLI).stripe_max_concurrent_calls == 4
+            defaults.stripe_rate_limit_per_second) == (2, 32, 20, 80)
+    # The bulkhead follows the threads (5/8) unless set, and always leaves one free.
+    assert load_settings({"WEB_THREADS": "9"}, str(tmp_path), argv=CLI).stripe_max_concurrent_calls == 5
     assert load_settings({"WEB_THREADS": "1"}, str(tmp_path), argv=CLI).stripe_max_concurrent_calls == 1
     assert load_settings({"WEB_THREADS": "4", "STRIPE_MAX_CONCURRENT_CALLS": "3"}, str(tmp_path),
                          argv=CLI).stripe_max_concurrent_calls == 3

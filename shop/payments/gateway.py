@@ -158,8 +158,9 @@ STRIPE_API = "https://api.stripe.com"
 
 class GuardedHttpClient(stripe.RequestsClient):
     """The SDK's requests transport, with the guard at every attempt (the SDK's own retries
-    included): each one spends a unit of the shared rate budget and, inside a customer's
-    request, fits in what is left of its time budget. A 429 is not retried here: it pauses
+    included): each one spends a unit of the shared rate budget (taken in _BudgetedAdapter, as
+    late as requests allows) and, inside a customer's request, fits in what is left of its time
+    budget. A 429 is not retried here: it pauses
     every process until its Retry-After and reaches the caller as ProviderUnavailable (background
     work is retried later; checkout offers "Pay now")."""
 
@@ -171,13 +172,16 @@ class GuardedHttpClient(stripe.RequestsClient):
     @property
     def _timeout(self):
         ctx = guard.current()
-        if ctx.priority != guard.CUSTOMER:
+        if ctx.priority == guard.CUSTOMER:
+            cfg = self._app.config
+            connect, read = cfg["STRIPE_REQUEST_CONNECT_TIMEOUT_SECONDS"], cfg["STRIPE_REQUEST_READ_TIMEOUT_SECONDS"]
+        elif ctx.deadline is None:
             return self._background_timeout
-        cfg = self._app.config
-        read = cfg["STRIPE_REQUEST_READ_TIMEOUT_SECONDS"]
+        else:  # a web request that is not a customer's (the console): background timeouts, its deadline
+            connect = read = self._background_timeout
         if ctx.deadline is not None:
             read = min(read, max(0.05, ctx.deadline - time.monotonic()))
-        return (min(cfg["STRIPE_REQUEST_CONNECT_TIMEOUT_SECONDS"], read), read)
+        return (min(connect, read), read)
 
     @_timeout.setter
     def _timeout(self, value):  # the SDK's constructor assigns it; the property above decides
@@ -187,12 +191,15 @@ class GuardedHttpClient(stripe.RequestsClient):
         ctx = guard.current()
         if ctx.deadline is not None and ctx.deadline - time.monotonic() < MIN_ATTEMPT_SECONDS:
             raise guard.Shed("no time left in this request's budget for another provider call")
-        provider_guard = guard.get()  # the SDK runs inside gateway._call, in the app's context
-        provider_guard.take_token()
         content, status, rheaders = super().request(method, url, headers, post_data)
         if status == 429:
-            provider_guard.pause(_retry_after(rheaders))
+            guard.get().pause(_retry_after(rheaders))
         return content, status, rheaders
+
+    def _handle_request_error(self, e):
+        if isinstance(e, guard.Shed):  # refused in _BudgetedAdapter: no request went out, nothing failed
+            raise e
+        super()._handle_request_error(e)
 
     def _should_retry(self, response, api_connection_error, num_retries, max_network_retries):
         if response is not None and response[1] == 429:
@@ -215,6 +222,17 @@ def _retry_after(headers) -> float:
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS) or DEFAULT_RETRY_AFTER_SECONDS
 
 
+class _BudgetedAdapter(requests.adapters.HTTPAdapter):
+    """Takes the rate budget's token for each request the SDK sends (its retries included), at
+    the last point before the connection is written to: the budget bounds calls as the provider
+    counts them, on arrival, so the time between the grant and the send must stay short
+    (guard.GRANT_FRESH_SECONDS)."""
+
+    def send(self, request, *args, **kwargs):
+        guard.get().take_token()  # the SDK runs inside gateway._call, in the app's context
+        return super().send(request, *args, **kwargs)
+
+
 def _http_client(base: str, timeout: float) -> GuardedHttpClient:
     """The SDK's requests transport with the environment read once, not on every call.
 
@@ -227,7 +245,7 @@ def _http_client(base: str, timeout: float) -> GuardedHttpClient:
     session = requests.Session()
     session.trust_env = False
     # Enough pooled connections for every web thread (urllib3 keeps 10 by default and drops the rest).
-    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=max(10, current_app.config["WEB_THREADS"]))
+    adapter = _BudgetedAdapter(pool_connections=4, pool_maxsize=max(10, current_app.config["WEB_THREADS"]))
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     proxies = {scheme: url for scheme, url in requests.utils.get_environ_proxies(base).items()

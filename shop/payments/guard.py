@@ -8,7 +8,8 @@ answering), a dead one would make each customer wait out the SDK's timeouts and 
 every process together could spend more than the account's API rate.
 
 - Bulkhead (per process): at most STRIPE_MAX_CONCURRENT_CALLS calls in flight; a customer's
-  call that gets no slot within a short wait is refused at once, so the other threads stay free.
+  call that gets no slot within a short wait is refused, and only a few threads may wait at
+  once (Limits.max_waiting; the rest are refused at once), so the other threads stay free.
 - Breaker (shared in Redis, in-memory fallback): after BREAKER_THRESHOLD failures in a row it
   opens for a cool-down during which no call is made; then one caller probes and its outcome
   closes or re-opens it.
@@ -17,7 +18,8 @@ every process together could spend more than the account's API rate.
   reserve, so the sweep and refunds take what checkout leaves. A 429 pauses everyone until its
   Retry-After.
 - Time budget: a customer's request gets short timeouts, one SDK retry and an overall deadline
-  (gateway.GuardedHttpClient reads it for every attempt).
+  (gateway.GuardedHttpClient reads it for every attempt); any other web request (the console)
+  keeps the background timeouts and retries but the same deadline.
 
 Who is calling is a context variable, set by the request path (`init_app`) and defaulting to
 background, so no call site passes a priority around. Every refusal is `Shed`, which the
@@ -86,18 +88,21 @@ def customer_call(budget_seconds: float | None = None):
 
 
 def init_app(app) -> None:
-    """Mark the customer-facing requests; everything else (workers, scheduler, CLI, console)
-    stays background. The console's reconcile is an operator asking deliberately: it keeps the
-    SDK's retries and longer timeouts."""
+    """Give every web request the in-request time budget: someone is waiting on the page. The
+    storefront's and the webhook's calls are also customer calls (priority in the rate budget,
+    short timeouts, one retry). Everything else over HTTP (the console's "Ask the provider
+    now") stays background (the SDK's retries, no priority) but within the same deadline, so
+    an operator is told "the provider did not answer" in about 10 s and the sweep asks again
+    later. Workers, the scheduler and the CLI have no deadline."""
 
     @app.before_request
-    def _enter_customer_context():
-        if request.blueprint in IN_REQUEST_BLUEPRINTS:
-            g._provider_context_token = _context.set(
-                CallContext(CUSTOMER, time.monotonic() + app.config["STRIPE_REQUEST_BUDGET_SECONDS"]))
+    def _enter_request_context():
+        deadline = time.monotonic() + app.config["STRIPE_REQUEST_BUDGET_SECONDS"]
+        priority = CUSTOMER if request.blueprint in IN_REQUEST_BLUEPRINTS else BACKGROUND
+        g._provider_context_token = _context.set(CallContext(priority, deadline))
 
     @app.teardown_request
-    def _leave_customer_context(_exc):
+    def _leave_request_context(_exc):
         token = g.pop("_provider_context_token", None)
         if token is not None:
             try:
@@ -156,15 +161,26 @@ return state
 # Token bucket: refills at `rate` per second up to `capacity`. A call takes a token if that
 # leaves at least `floor` (0 for customers, the reserve for background callers); otherwise the
 # reply says how many milliseconds until it could. `paused_until` (a 429's Retry-After) stops
-# everyone until then.
-_BUCKET_TAKE = """
+# everyone until then. The clock is Redis's own (TIME), never the caller's: a caller's clock
+# read before it waited for the GIL, its socket or the script lock is late, and writing a late
+# `at` rewound the bucket, so the next caller was refilled for the same interval again (with
+# dozens of busy threads polling, that let 23 calls a second through a budget of 20).
+_REDIS_NOW = """
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+"""
+_BUCKET_TAKE = _REDIS_NOW + """
 local k = KEYS[1]
-local now, rate, capacity, floor = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local rate, capacity, floor = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local v = redis.call('HMGET', k, 'tokens', 'at', 'paused_until')
 local tokens, at, paused = tonumber(v[1]), tonumber(v[2]), tonumber(v[3] or '0')
-if tokens == nil then tokens = capacity; at = now end
-tokens = math.min(capacity, tokens + math.max(0, now - at) * rate)
-redis.call('HSET', k, 'tokens', tostring(tokens), 'at', tostring(now))
+if tokens == nil or at == nil then tokens = capacity; at = now end
+if now > at then
+  tokens = math.min(capacity, tokens + (now - at) * rate)
+  at = now
+end
+redis.call('HSET', k, 'tokens', tostring(tokens), 'at', tostring(at))
 redis.call('EXPIRE', k, 3600)
 if paused > now then return {0, math.ceil((paused - now) * 1000)} end
 if tokens - 1 >= floor then
@@ -173,13 +189,20 @@ if tokens - 1 >= floor then
 end
 return {0, math.ceil((floor + 1 - tokens) / rate * 1000)}
 """
-_BUCKET_PAUSE = """
+_BUCKET_PAUSE = _REDIS_NOW + """
 local k = KEYS[1]
+local until_ = now + tonumber(ARGV[1])
 local paused = tonumber(redis.call('HGET', k, 'paused_until') or '0')
-if tonumber(ARGV[1]) > paused then redis.call('HSET', k, 'paused_until', ARGV[1]) end
+if until_ > paused then redis.call('HSET', k, 'paused_until', tostring(until_)) end
 redis.call('EXPIRE', k, 3600)
 return 1
 """
+
+# A token granted longer ago than this (the caller's thread was held up: the GIL, the scheduler)
+# is left unused and another is taken: a late call would arrive at the provider together with
+# calls granted after it, and the bucket's margin (Limits.bucket_capacity) covers only this much
+# lateness plus the way from here to the provider.
+GRANT_FRESH_SECONDS = 0.2
 
 # After Redis fails, this process uses its own view for a while instead of paying a connect
 # timeout on every provider call.
@@ -196,14 +219,27 @@ class Limits:
     background_wait_seconds: float
     probe_seconds: float
     processes: int = 1                # web processes sharing the budget (WEB_CONCURRENCY)
+    threads: int = 0                  # this process's threads (WEB_THREADS); 0: no limit on waiters
+
+    @property
+    def max_waiting(self) -> int:
+        """How many threads may wait for a bulkhead slot at once; beyond them a call is refused
+        without waiting. Waiting threads are threads too: in a brownout, when no slot frees for
+        seconds, every checkout past the bulkhead would otherwise hold a thread for its whole
+        wait, and the catalog would queue behind them. An eighth of the threads, never the last
+        free one."""
+        if self.threads <= 0:
+            return 1 << 30
+        return max(0, min(max(1, self.threads // 8), self.threads - self.max_concurrent - 1))
 
     @property
     def bucket_capacity(self) -> float:
-        # A bucket lets `capacity + refill` calls through in any one second of its own clock.
-        # Burst 10% and refill 70% of the rate: 80% by the time calls are granted, and the rest
-        # absorbs the time between a grant and the call's arrival at the provider (threads and
-        # processes are scheduled late under load, which bunches arrivals), so the provider
-        # never counts more than STRIPE_RATE_LIMIT_PER_SECOND in a second.
+        # A bucket lets `capacity + refill * L` calls through in any L seconds of its clock
+        # (Redis's). Burst 10% and refill 70% of the rate: 80% in any one second by the time
+        # calls are granted, and the rest absorbs up to 0.28 s between a grant and the call's
+        # arrival at the provider (threads and processes are scheduled late under load, which
+        # bunches arrivals; a grant older than GRANT_FRESH_SECONDS is not used), so the provider
+        # never counts more than STRIPE_RATE_LIMIT_PER_SECOND in any sliding second.
         return max(1, self.rate_per_second // 10)
 
     @property
@@ -212,8 +248,9 @@ class Limits:
 
     @property
     def background_reserve(self) -> float:
-        # Background calls leave half the burst to customers.
-        return self.bucket_capacity / 2
+        # Background calls leave half the burst to customers (with a burst of 1, below 20/s,
+        # a reserve would keep them out for good: they compete then).
+        return min(self.bucket_capacity / 2, self.bucket_capacity - 1)
 
 
 class _LocalState:
@@ -261,8 +298,11 @@ class _LocalState:
             # Without Redis this process cannot see what the others spend: it keeps to its share.
             share = limits.processes
             cap, rate = max(1.0, limits.bucket_capacity / share), limits.refill_per_second / share
-            floor = floor / share
-            tokens = cap if self.tokens is None else min(cap, self.tokens + max(0.0, now - self.at) * rate)
+            floor = min(floor / share, cap - 1)
+            # Never back in time: a thread that read the clock before waiting for this lock
+            # would rewind `at`, and the next caller would be refilled twice (see _BUCKET_TAKE).
+            now = max(now, self.at)
+            tokens = cap if self.tokens is None else min(cap, self.tokens + (now - self.at) * rate)
             self.tokens, self.at = tokens, now
             if self.paused_until > now:
                 return self.paused_until - now
@@ -287,6 +327,8 @@ class ProviderGuard:
     def __init__(self, limits: Limits, redis_url: str | None, prefix: str):
         self.limits = limits
         self.bulkhead = threading.BoundedSemaphore(limits.max_concurrent)
+        self._waiting_lock = threading.Lock()
+        self._waiting = 0
         self.local = _LocalState()
         self._redis_url = redis_url
         self._redis = None
@@ -366,16 +408,27 @@ class ProviderGuard:
         """A place among this process's provider calls in flight, or Shed."""
         wait = self.limits.customer_wait_seconds if current().priority == CUSTOMER \
             else self.limits.background_wait_seconds
-        if not self.bulkhead.acquire(timeout=wait):
-            raise Shed(f"{self.limits.max_concurrent} provider call(s) already in flight in this process "
-                       "(STRIPE_MAX_CONCURRENT_CALLS)")
+        if not self.bulkhead.acquire(blocking=False):
+            with self._waiting_lock:
+                may_wait = self._waiting < self.limits.max_waiting
+                self._waiting += may_wait
+            try:
+                got = may_wait and self.bulkhead.acquire(timeout=wait)
+            finally:
+                if may_wait:
+                    with self._waiting_lock:
+                        self._waiting -= 1
+            if not got:
+                raise Shed(f"{self.limits.max_concurrent} provider call(s) already in flight in this process "
+                           "(STRIPE_MAX_CONCURRENT_CALLS)")
         try:
             yield
         finally:
             self.bulkhead.release()
 
     def take_token(self) -> None:
-        """Spend one unit of the shared rate budget, waiting briefly if one comes soon; else Shed."""
+        """Spend one unit of the shared rate budget, waiting briefly if one comes soon; else Shed.
+        Call it right before the request goes out (gateway's transport does, for every attempt)."""
         lim = self.limits
         ctx = current()
         customer = ctx.priority == CUSTOMER
@@ -385,26 +438,29 @@ class ProviderGuard:
         if ctx.deadline is not None:
             give_up = min(give_up, ctx.deadline)
         while True:
-            now = time.time()
+            asked = time.monotonic()
             reply = self._run("take", _BUCKET_TAKE, [self.bucket_key],
-                              [repr(now), lim.refill_per_second, lim.bucket_capacity, floor])
-            wait = int(reply[1]) / 1000 if reply is not None else self.local.take(now, lim, floor)
-            if reply is not None and int(reply[0]) == 1:
-                return
-            if reply is None and wait == 0.0:
-                return
+                              [lim.refill_per_second, lim.bucket_capacity, floor])
+            wait = int(reply[1]) / 1000 if reply is not None else self.local.take(time.time(), lim, floor)
+            granted = (int(reply[0]) == 1) if reply is not None else wait == 0.0
+            if granted:
+                if time.monotonic() - asked <= GRANT_FRESH_SECONDS:
+                    return
+                # Granted somewhere in [asked, now], too long ago: spent, but not used (see
+                # GRANT_FRESH_SECONDS). Ask again at once, within the same patience.
+                wait = 0.0
             if time.monotonic() + wait > give_up:
                 raise Shed(f"the provider rate budget ({lim.rate_per_second}/s, STRIPE_RATE_LIMIT_PER_SECOND) "
                            f"is spent{'' if customer else ' for background work'}; next call in {wait:.2f} s",
                            retry_after=max(wait, 0.1))
-            # Spread the wake-ups: every waiting thread was told the same time.
-            time.sleep(max(wait, 0.005) * random.uniform(1.0, 1.5))
+            if wait > 0:
+                # Spread the wake-ups: every waiting thread was told the same time.
+                time.sleep(max(wait, 0.005) * random.uniform(1.0, 1.5))
 
     def pause(self, seconds: float) -> None:
         """The provider said 429: nobody calls it again until Retry-After has passed."""
-        until = time.time() + seconds
-        self.local.pause(until)
-        self._run("pause", _BUCKET_PAUSE, [self.bucket_key], [repr(until)])
+        self.local.pause(time.time() + seconds)
+        self._run("pause", _BUCKET_PAUSE, [self.bucket_key], [repr(seconds)])
 
 
 def _connect(url: str):
@@ -431,6 +487,7 @@ def limits_from(cfg) -> Limits:
         background_wait_seconds=cfg["STRIPE_BACKGROUND_WAIT_SECONDS"],
         probe_seconds=cfg["STRIPE_BREAKER_PROBE_SECONDS"],
         processes=max(1, cfg["WEB_CONCURRENCY"]),
+        threads=cfg["WEB_THREADS"],
     )
 
 
