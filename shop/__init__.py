@@ -25,17 +25,21 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
         app.config.update(test_config)
     _configure_logging()
 
+    # The app's parts are imported here, not at the top: this file runs first on ANY import of a
+    # shop module, and the domain's tests, the sandbox (`python -m shop.stripe_sandbox`) and the
+    # settings check must not load (or depend on) the whole app. This is the composition root:
+    # the one place that wires every layer together.
     from . import errors, web
     from .extensions import db
+    from .payments import guard
 
     _init_database(app)
     _init_auth(app)
     errors.init_app(app)
     errors.init_teardown(app, db)
     web.init_app(app)
-    from .payments import guard
-
     guard.init_app(app)
+    _register_work(app)
     _register_areas(app)
     return app
 
@@ -107,6 +111,16 @@ def _init_auth(app) -> None:
     csrf.init_app(app)
     login_manager.init_app(app)
     _configure_login(app)
+
+
+def _register_work(app) -> None:
+    """The use cases' handlers and scheduled commands, handed to the outbox that runs them (the
+    outbox sits below the use cases and imports none of them)."""
+    from .outbox import dispatch
+    from .saga import HANDLERS
+    from .scheduling.commands import COMMANDS
+
+    dispatch.init_app(app, handlers=HANDLERS, commands=COMMANDS)
 
 
 def _register_areas(app) -> None:

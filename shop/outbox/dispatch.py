@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from datetime import datetime
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from flask import current_app
 
@@ -13,6 +13,7 @@ from sqlalchemy.orm import joinedload
 from ..domain.events import event_from_payload
 from ..models import OutboxDelivery, ScheduledCommand
 from . import runner
+from .failures import PermanentFailure
 
 # A drain claims this many deliveries per statement and hands the worker back to other jobs
 # (scheduled commands keep their time) after this long.
@@ -30,16 +31,33 @@ def drain_threads() -> int:
     return current_app.config.get("DRAIN_THREADS", 3)
 
 
-def _handlers():
-    from ..saga import HANDLERS
+Handler = Callable[[Any, datetime], None]     # handler(event, now), named in subscriptions.py
+Command = Callable[[ScheduledCommand, datetime], None]  # command(row, now), named by the row's kind
+_REGISTRY = "shop.outbox.work"
 
-    return HANDLERS
+
+def init_app(app, *, handlers: Mapping[str, Handler], commands: Mapping[str, Command]) -> None:
+    """The app factory hands the outbox the use cases' work by name (saga.HANDLERS,
+    scheduling.commands.COMMANDS): the outbox runs them without importing the layers above it.
+    The mappings are kept as given, not copied, so what is added to them later is found."""
+    app.extensions[_REGISTRY] = (handlers, commands)
 
 
-def _commands():
-    from ..scheduling.commands import COMMANDS
+def _registered() -> tuple[Mapping[str, Handler], Mapping[str, Command]]:
+    try:
+        return current_app.extensions[_REGISTRY]
+    except KeyError:
+        # Not a PermanentFailure: the row is fine, this process is not. It is retried later.
+        raise RuntimeError("no handlers or commands registered with the outbox; build the app with "
+                           "shop.create_app, which registers them") from None
 
-    return COMMANDS
+
+def _handlers() -> Mapping[str, Handler]:
+    return _registered()[0]
+
+
+def _commands() -> Mapping[str, Command]:
+    return _registered()[1]
 
 
 def _describe_delivery(row) -> str:
@@ -53,14 +71,14 @@ def _describe_command(row) -> str:
 def _execute_delivery(row: OutboxDelivery, now: datetime) -> None:
     handler = _handlers().get(row.handler)
     if handler is None:
-        raise runner.PermanentFailure(f"no handler named {row.handler!r}")
+        raise PermanentFailure(f"no handler named {row.handler!r}")
     handler(event_from_payload(row.event.name, row.event.payload), now)
 
 
 def _execute_command(row: ScheduledCommand, now: datetime) -> None:
     command = _commands().get(row.kind)
     if command is None:
-        raise runner.PermanentFailure(f"no command named {row.kind!r}")
+        raise PermanentFailure(f"no command named {row.kind!r}")
     command(row, now)
 
 
