@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 from flask import Flask
 
@@ -158,8 +159,6 @@ def _configure_idle_ping(app) -> None:
     per transaction: SQLAlchemy's `pool_pre_ping` pings on every checkout, and a worker's drain
     or a checkout request checks a connection out once per transaction. A failed ping raises
     DisconnectionError, on which the pool discards that connection and hands out another."""
-    import time
-
     from sqlalchemy import event, exc
 
     from .extensions import db

@@ -12,8 +12,10 @@ from ..domain.order import LIVE
 from ..extensions import db
 from ..models import (OperatorAction, Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, ProviderRefusal,
                       ReconciliationCycle, Refund, RestoreWarning, ScheduledCommand, WebhookReceipt)
+from ..ops.health import snapshot
 from ..ops.metrics import stuck_cutoff
 from ..orders.views import iso, order_json
+from ..payments import guard
 from ..web import work_ref
 from . import sweep_words
 from .audit import action_json
@@ -109,8 +111,6 @@ def dashboard(now: datetime) -> dict:
 
 def provider_state(now: datetime) -> dict:
     """The payment provider as the circuit breaker sees it (payments.guard), in words."""
-    from ..payments import guard
-
     view = guard.get().breaker_view()
     state = view["state"]
     opened = view["opened_at"] if state != guard.CLOSED and view["opened_at"] else None
@@ -122,8 +122,6 @@ def provider_state(now: datetime) -> dict:
 def liveness(now: datetime) -> dict:
     """Processes with their heartbeat ages, queues with depth and the age of their oldest due
     item, the next sweep, and the same verdict /healthz gives (shop.ops.health)."""
-    from ..ops.health import snapshot
-
     found = snapshot(now, with_queues=True)
     processes = [{"role": p["role"], "name": p["name"], "host": p["host"], "pid": p["pid"], "runs": p["runs"],
                   "state": "stalled" if p["stalled"] else p["state"], "stalled": p["stalled"],

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from flask import current_app
 from sqlalchemy import func, select, text
 
+from .. import queue
 from ..domain.deadlines import as_utc
 from ..extensions import db
 from ..models import OutboxDelivery, ScheduledCommand
@@ -109,8 +110,6 @@ def _with_remembered(seen: list[dict], now: datetime, stale: int) -> list[dict]:
 def snapshot(now: datetime | None = None, *, with_queues: bool = False) -> dict:
     """Everything /healthz, the dashboard and /metrics show about liveness, judged. Redis or the
     database being down is a finding, not an exception."""
-    from .. import queue
-
     now = now or datetime.now(timezone.utc)
     stale = current_app.config["HEALTH_STALE_SECONDS"]
     checks: dict[str, str] = {}

@@ -7,14 +7,17 @@ from datetime import timedelta
 
 from flask import current_app
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import func, select
 
+from .. import queue
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc, utcnow
 from ..domain.order import LIVE
 from ..extensions import db, per_app
 from ..models import (OutboxDelivery, ReconciliationCycle, RestoreWarning, ScheduledCommand, WebhookReceipt,
                       Order)
+from ..payments import guard
+from .health import oldest_due
 
 log = logging.getLogger("shop.ops")
 
@@ -104,9 +107,6 @@ class ShopCollector:
     def _liveness(self, now):
         """Lag from the database (always); heartbeats and queue depths from Redis, left out of the
         scrape (with a log line) while Redis does not answer: the other families still count."""
-        from .. import queue
-        from .health import oldest_due
-
         lag = GaugeMetricFamily("shop_outbox_lag_seconds",
                                 "How long the oldest due pending item has waited (0: nothing due)", labels=["kind"])
         for kind, at in oldest_due(now).items():
@@ -149,10 +149,6 @@ class ShopCollector:
 def provider_breaker_metrics():
     """The provider's circuit breaker (payments.guard) as every process sees it: its state, and
     its transitions counted in the shared state, so any process answers the same."""
-    from prometheus_client.core import CounterMetricFamily
-
-    from ..payments import guard
-
     view = guard.get().breaker_view()
     state = GaugeMetricFamily("shop_provider_breaker_state",
                               "The payment provider's circuit breaker: 1 for its current state", labels=["state"])

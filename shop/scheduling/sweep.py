@@ -47,13 +47,13 @@ from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm.exc import StaleDataError
 
-from .. import failpoints
+from .. import failpoints, queue
 from ..domain.deadlines import FAILURE_REFUSED, as_utc, next_provider_check, utcnow
 from ..domain.order import UNPAID, OrderStatus
 from ..extensions import db
 from ..models import Lease, Order, ReconciliationCycle, Refund, ScheduledCommand
 from ..orders.commands import cancel_unpaid
-from ..outbox import uow
+from ..outbox import runner, uow
 from ..payments import apply as payments
 from ..payments import gateway
 
@@ -409,9 +409,6 @@ def _follow_refunds(order_id: int, reference: str, open_refund_ids: list[int], s
     died of anything but the provider's refusal (an outage dead-lettered before waiting for the
     provider existed, a bug since fixed) runs again with a fresh budget; a refused one stays a
     dead letter for an operator, and the order stays watched either way."""
-    from .. import queue
-    from ..outbox import runner
-
     session = db.session
     if not open_refund_ids:
         payments.stop_watching(order_id)
