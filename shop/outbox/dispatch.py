@@ -1,6 +1,7 @@
 """Entry points that run deliveries and scheduled commands: one by id, or deliveries in drains."""
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from datetime import datetime
@@ -10,10 +11,13 @@ from flask import current_app
 
 from sqlalchemy.orm import joinedload
 
+from .. import queue
 from ..domain.events import event_from_payload
 from ..models import OutboxDelivery, ScheduledCommand
 from . import runner
 from .failures import PermanentFailure
+
+log = logging.getLogger("shop.outbox")
 
 # A drain claims this many deliveries per statement and hands the worker back to other jobs
 # (scheduled commands keep their time) after this long.
@@ -143,3 +147,50 @@ def drain_deliveries_concurrently(threads: int, should_yield: Callable[[], bool]
         more = more or bool(result and result.get("more"))
         counts.update({k: v for k, v in (result or {}).items() if k != "more"})
     return {**counts, "more": more}
+
+
+# -- an operator's verbs on a row, by its kind as the console names it ----------------------
+
+TABLES = {"delivery": OutboxDelivery, "command": ScheduledCommand}
+
+
+def _announce(kind: str, work_id: int, due: datetime | None = None) -> bool:
+    """Hand a row that is pending and due to Redis now; False (logged) when Redis does not
+    answer, in which case the relay hands it over after its grace period."""
+    try:
+        if kind == "delivery":
+            queue.enqueue_delivery(work_id)
+        else:
+            queue.enqueue_command(work_id, due)
+        return True
+    except Exception as exc:
+        log.warning("%s %s is due again but Redis could not be told (%s); the relay will pick it up",
+                    kind, work_id, exc)
+        return False
+
+
+def retry_dead(kind: str, work_id: int, now: datetime | None = None) -> bool:
+    """A dead delivery or command runs again now, with a fresh attempt budget. False when it
+    was not dead (any more)."""
+    if not runner.retry_dead(TABLES[kind], work_id, now):
+        return False
+    _announce(kind, work_id, now)
+    return True
+
+
+def retry_all_dead(kind: str, name: str) -> list[int]:
+    """Every dead row of one handler (deliveries) or command kind runs again, each with a fresh
+    budget. Returns their ids."""
+    model = TABLES[kind]
+    column = model.__table__.c.handler if kind == "delivery" else model.__table__.c.kind
+    ids = runner.retry_all_dead(model, column, name)
+    for work_id in ids:
+        if not _announce(kind, work_id):
+            break  # Redis is down: the rest are pending and due too, and the relay hands them over
+    return ids
+
+
+def discard(kind: str, work_id: int, reason: str) -> bool:
+    """Give up on a dead row for good, with the operator's reason. False when it was not dead
+    or pending (any more)."""
+    return runner.discard(TABLES[kind], work_id, reason)

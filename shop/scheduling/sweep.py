@@ -47,13 +47,13 @@ from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm.exc import StaleDataError
 
-from .. import failpoints, queue
+from .. import failpoints
 from ..domain.deadlines import FAILURE_REFUSED, as_utc, next_provider_check, utcnow
 from ..domain.order import UNPAID, OrderStatus
 from ..extensions import db
 from ..models import Lease, Order, ReconciliationCycle, Refund, ScheduledCommand
 from ..orders.commands import cancel_unpaid
-from ..outbox import runner, uow
+from ..outbox import dispatch, uow
 from ..payments import apply as payments
 from ..payments import gateway
 
@@ -428,14 +428,10 @@ def _follow_refunds(order_id: int, reference: str, open_refund_ids: list[int], s
                         "for an operator in the dead letters", reference, command.id)
             outcome = "refund_refused"
             continue
-        if runner.retry_dead(ScheduledCommand, command.id, now):
+        if dispatch.retry_dead("command", command.id, now):
             log.warning("sweep: the refund for cancelled order %s was dead (cmd-%s); running it again", reference,
                         command.id)
             outcome = "refund_retried" if outcome != "refund_refused" else outcome
-            try:
-                queue.enqueue_command(command.id, now)
-            except Exception as exc:  # it is pending and due: the relay hands it over
-                log.warning("sweep: could not tell Redis about cmd-%s (%s); the relay will", command.id, exc)
     backoff_provider_checks(order_id, "watching", now, since=since)
     return outcome
 
