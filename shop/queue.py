@@ -206,10 +206,6 @@ def register_periodic_jobs(relay_seconds: int, sweep_seconds: int | None) -> lis
     return done
 
 
-def enqueue_control(func_path: str, *args) -> None:
-    control_queue().enqueue(func_path, *args, result_ttl=0, failure_ttl=3600)
-
-
 def enqueue_delivery(delivery_id: int) -> None:
     # job_timeout, not timeout: Queue.enqueue hands unknown keywords to the job function itself.
     work_queue().enqueue(DELIVERY_JOB, delivery_id, result_ttl=0, failure_ttl=3600, job_timeout=300)
