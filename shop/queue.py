@@ -51,17 +51,18 @@ def redis_conn() -> Redis:
                                                    socket_timeout=5, health_check_interval=30))
 
 
-def _names():
+def queue_names() -> tuple[str, str]:
+    """(the control queue, the work queue): the app's two RQ queues, by its QUEUE_PREFIX."""
     prefix = current_app.config["QUEUE_PREFIX"]
     return f"{prefix}-control", f"{prefix}-work"
 
 
 def work_queue() -> Queue:
-    return Queue(_names()[1], connection=redis_conn())
+    return Queue(queue_names()[1], connection=redis_conn())
 
 
 def control_queue() -> Queue:
-    return Queue(_names()[0], connection=redis_conn())
+    return Queue(queue_names()[0], connection=redis_conn())
 
 
 def scheduler() -> Scheduler:
@@ -166,7 +167,7 @@ def other_jobs_waiting() -> bool:
     """Is anything but another drain queued for this worker (a command at its time, a retry, a
     relay)? A drain then hands the worker back between batches. (Yielding to a waiting drain
     would only pass the same work around.) One round trip."""
-    control, work = _names()
+    control, work = queue_names()
     with redis_conn().pipeline(transaction=False) as pipe:
         pipe.llen(f"{Queue.redis_queue_namespace_prefix}{control}")
         pipe.lrange(f"{Queue.redis_queue_namespace_prefix}{work}", 0, DRAIN_SLOTS)
@@ -201,7 +202,7 @@ def register_periodic_jobs(relay_seconds: int, sweep_seconds: int | None) -> lis
         # result_ttl=-1 keeps the job's key: with 0 the worker deletes it after the first run and
         # rq-scheduler then drops the repeat as a job that no longer exists.
         sched.schedule(datetime.now(timezone.utc), func, interval=interval, repeat=None, id=job_id,
-                       queue_name=_names()[0], result_ttl=-1, timeout=max(60, interval * 2))
+                       queue_name=queue_names()[0], result_ttl=-1, timeout=max(60, interval * 2))
         done.append(f"{job_id} (registered, every {interval}s)")
     return done
 
@@ -318,7 +319,7 @@ class _WorkerRecord(ShopWorker):
 
 
 def make_worker(name: str | None = None) -> ShopWorker:
-    control, work = _names()
+    control, work = queue_names()
     conn = redis_conn()
     return ShopWorker([Queue(control, connection=conn), Queue(work, connection=conn)], connection=conn,
                       name=name or f"backstop-{socket.gethostname()}-{os.getpid()}",

@@ -1,4 +1,6 @@
-"""Entry points that run deliveries and scheduled commands: one by id, or deliveries in drains."""
+"""Entry points that run deliveries and scheduled commands: one by id, or deliveries in drains;
+the handlers and command kinds they run, as the app factory registered them (`init_app`); and an
+operator's verbs on a row (retry a dead one, retry every dead one of a kind, discard)."""
 from __future__ import annotations
 
 import logging
