@@ -18,7 +18,7 @@ from flask import current_app
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from rq import Queue, SimpleWorker, Worker, get_current_job, worker_registration
+from rq import Queue, SimpleWorker, get_current_job, worker_registration
 from rq.job import Job
 from rq_scheduler import Scheduler
 from rq_scheduler.utils import to_unix
