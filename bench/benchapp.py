@@ -62,7 +62,7 @@ def bare_order():
 def bare_webhook():
     from shop.models import WebhookReceipt
     from shop.payments import gateway
-    from shop.webhooks import webhook_secret
+    from shop.payments.registration import webhook_secret
 
     body = request.get_data()
     try:

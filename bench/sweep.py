@@ -197,7 +197,7 @@ def _clean_redis() -> None:
     from shop import queue
 
     try:
-        for name in queue._names():
+        for name in queue.queue_names():
             q = Queue(name, connection=queue.redis_conn())
             q.empty()
             q.delete(delete_jobs=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 from flask import Flask
 
@@ -25,17 +26,21 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
         app.config.update(test_config)
     _configure_logging()
 
+    # The app's parts are imported here, not at the top: this file runs first on ANY import of a
+    # shop module, and the domain's tests, the sandbox (`python -m shop.stripe_sandbox`) and the
+    # settings check must not load (or depend on) the whole app. This is the composition root:
+    # the one place that wires every layer together.
     from . import errors, web
     from .extensions import db
+    from .payments import guard
 
     _init_database(app)
     _init_auth(app)
     errors.init_app(app)
     errors.init_teardown(app, db)
     web.init_app(app)
-    from .payments import guard
-
     guard.init_app(app)
+    _register_work(app)
     _register_areas(app)
     return app
 
@@ -109,6 +114,16 @@ def _init_auth(app) -> None:
     _configure_login(app)
 
 
+def _register_work(app) -> None:
+    """The use cases' handlers and scheduled commands, handed to the outbox that runs them (the
+    outbox sits below the use cases and imports none of them)."""
+    from .outbox import dispatch
+    from .saga import HANDLERS
+    from .scheduling.commands import COMMANDS
+
+    dispatch.init_app(app, handlers=HANDLERS, commands=COMMANDS)
+
+
 def _register_areas(app) -> None:
     from . import console, webhooks
     from .cli import shop_cli
@@ -144,8 +159,6 @@ def _configure_idle_ping(app) -> None:
     per transaction: SQLAlchemy's `pool_pre_ping` pings on every checkout, and a worker's drain
     or a checkout request checks a connection out once per transaction. A failed ping raises
     DisconnectionError, on which the pool discards that connection and hands out another."""
-    import time
-
     from sqlalchemy import event, exc
 
     from .extensions import db

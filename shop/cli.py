@@ -8,6 +8,13 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
+from . import queue
+from .domain.deadlines import utcnow
+from .outbox.relay import rearm_future_commands, relay_once
+from .payments.registration import register_webhook
+from .scheduling.sweep import run_cycle
+from .seed import seed_catalog, upsert_operator
+
 log = logging.getLogger("shop.scheduler")
 
 shop_cli = AppGroup("shop", help="Backstop operations.")
@@ -16,8 +23,6 @@ shop_cli = AppGroup("shop", help="Backstop operations.")
 @shop_cli.command("seed")
 def seed_command():
     """Load the demo catalog (idempotent)."""
-    from .seed import seed_catalog
-
     created = seed_catalog()
     click.echo(f"Demo catalog ready ({created['products']} products and {created['variants']} variants added).")
 
@@ -27,8 +32,6 @@ def seed_command():
 @click.option("--password", help="The operator's password (prompted for when omitted).")
 def create_operator_command(email, password):
     """Create or reset an operator account."""
-    from .seed import upsert_operator
-
     if "@" not in email:
         raise click.BadParameter("must be an email address", param_hint="EMAIL")
     if not password:
@@ -43,8 +46,6 @@ def create_operator_command(email, password):
 @click.option("--burst", is_flag=True, help="Drain the queues and exit.")
 def worker_command(burst):
     """Run an RQ worker on the app's queues."""
-    from . import queue
-
     queue.run_worker(burst=burst)
 
 
@@ -52,10 +53,6 @@ def worker_command(burst):
 @click.option("--burst", is_flag=True, help="Move due jobs once and exit.")
 def scheduler_command(burst):
     """Run rq-scheduler: register periodic jobs, re-arm deadlines from the database, then poll."""
-    from . import queue
-    from .outbox.relay import rearm_future_commands, relay_once
-    from .domain.deadlines import utcnow
-
     cfg = current_app.config
     sweep = cfg["RECONCILIATION_INTERVAL_SECONDS"] if cfg["RECONCILIATION_ENABLED"] or cfg["UNPAID_ORDER_EXPIRY_ENABLED"] else None
 
@@ -83,16 +80,12 @@ def scheduler_command(burst):
 @shop_cli.command("relay")
 def relay_command():
     """Re-announce due deliveries and commands to Redis now."""
-    from .outbox.relay import relay_once
-
     click.echo(relay_once())
 
 
 @shop_cli.command("sweep")
 def sweep_command():
     """Run one reconciliation cycle now, in-process, and print what each pass did."""
-    from .scheduling.sweep import run_cycle
-
     result = run_cycle()
     for line in result.report_lines():
         click.echo(line)
@@ -108,6 +101,8 @@ def sweep_command():
               help="Keep sessions, events and endpoints in this file across restarts.")
 def stripe_sandbox_command(host, port, min_session_seconds, state_file):
     """Run the Stripe-compatible sandbox (docs/REFERENCE.md, Sandbox)."""
+    # Imported when run: the sandbox is its own program (it imports nothing of the shop), and
+    # every app, each web worker's included, loads this module to register the commands.
     from .stripe_sandbox.server import run
 
     run(host=host, port=port, min_session_seconds=min_session_seconds, state_file=state_file)
@@ -116,8 +111,6 @@ def stripe_sandbox_command(host, port, min_session_seconds, state_file):
 @shop_cli.command("stripe-register-webhook")
 def register_webhook_command():
     """Create this shop's webhook endpoint at the provider and store its signing secret."""
-    from .payments.registration import register_webhook
-
     for line in register_webhook():
         click.echo(line)
 
@@ -126,6 +119,7 @@ def register_webhook_command():
 @click.option("--port", default=5000, show_default=True, type=int)
 def up_command(port):
     """The one-command demo: database, seed, operator, Redis, sandbox, web + worker + scheduler."""
+    # Imported when run, for the same reason: the supervisor is needed by this command only.
     from .devserver import up
 
     up(port=port)

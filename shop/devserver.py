@@ -664,6 +664,12 @@ def _run(port: int, console: Console, sup: Supervisor, state: dict, plan_holder:
     state["raise"] = False
     if state["signal"] is not None:
         return 0
+    return _watch(plan, console, sup, state)
+
+
+def _watch(plan: Plan, console: Console, sup: Supervisor, state: dict) -> int:
+    """Until a signal: stop at the first child that dies, announce the shop once /healthz
+    answers, give up if it never does. Returns the exit code."""
     ready_by = time.monotonic() + START_TIMEOUT
     ready = False
     while state["signal"] is None:

@@ -15,6 +15,7 @@ from sqlalchemy import select
 from .domain.order import OrderStatus, cancelled_because
 from .extensions import db
 from .models import Order, OutboxEvent, Refund
+from .orders.views import pay_by
 
 # An email about a state the order can leave: once it has, the email would mislead and is not
 # sent ("your items are held, try again" after the customer cancelled). The others are about
@@ -47,8 +48,6 @@ def render(template: str, order: Order) -> Email | None:
     wanted = STILL_TRUE_WHILE.get(template)
     if wanted is not None and order.status != wanted:
         return None
-    from .orders.views import pay_by
-
     base = current_app.config["PUBLIC_BASE_URL"]
     context = dict(order=order, link=f"{base}/orders/{order.reference}?token={order.access_token}", shop=f"{base}/",
                    deadline=utc_words(pay_by(order)), when=utc_words)

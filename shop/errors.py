@@ -5,6 +5,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from flask import request
 from werkzeug.exceptions import HTTPException, NotFound
 
+from .extensions import db
 from .web import answer_after_commit, wants_json
 
 PAGE = """{% extends "base.html" %}{% block content %}<h1>{{ title }}</h1><p>{{ message }}</p>
@@ -75,8 +76,6 @@ def init_app(app):
 
     @app.errorhandler(Exception)
     def unexpected(exc):
-        from .extensions import db
-
         try:
             db.session.rollback()
         except Exception:  # the connection is gone too

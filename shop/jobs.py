@@ -9,51 +9,46 @@ from contextlib import contextmanager
 
 from flask import has_app_context
 
+from . import create_app, queue
+from .extensions import db
+from .outbox import dispatch
+from .outbox.relay import relay_once
+from .scheduling.sweep import run_cycle
+
 
 @contextmanager
 def _app_context():
     if has_app_context():
         yield
         return
-    from . import create_app
-
     with create_app().app_context():
         yield
 
 
 def run_delivery(delivery_id: int) -> str:
-    from .outbox.dispatch import run_delivery as run
-
     with _app_context():
-        return run(delivery_id)
+        return dispatch.run_delivery(delivery_id)
 
 
 def drain(slot: int | None = None) -> dict:
     """Run due deliveries in batches (see queue.DRAIN_SLOTS): free our slot FIRST, so work
     announced while we run wakes another drain; hand the worker back to queued jobs between
     batches; ask for another drain if rows may still be due when we stop."""
-    from . import queue
-    from .outbox.dispatch import drain_deliveries_concurrently, drain_threads
-
     with _app_context():
         queue.drain_started(slot)
-        result = drain_deliveries_concurrently(drain_threads(), should_yield=queue.other_jobs_waiting)
+        result = dispatch.drain_deliveries_concurrently(dispatch.drain_threads(),
+                                                        should_yield=queue.other_jobs_waiting)
         if result["more"]:
             queue.request_drain()
         return result
 
 
 def run_command(command_id: int) -> str:
-    from .outbox.dispatch import run_command as run
-
     with _app_context():
-        return run(command_id)
+        return dispatch.run_command(command_id)
 
 
 def relay() -> dict:
-    from .outbox.relay import relay_once
-    from .extensions import db
-
     with _app_context():
         try:
             return relay_once()
@@ -62,9 +57,6 @@ def relay() -> dict:
 
 
 def reconcile() -> dict:
-    from .scheduling.sweep import run_cycle
-    from .extensions import db
-
     with _app_context():
         try:
             return run_cycle().summary()

@@ -12,13 +12,13 @@ import socket
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from flask import current_app
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from rq import Queue, SimpleWorker, Worker, get_current_job, worker_registration
+from rq import Queue, SimpleWorker, get_current_job, worker_registration
 from rq.job import Job
 from rq_scheduler import Scheduler
 from rq_scheduler.utils import to_unix
@@ -51,17 +51,18 @@ def redis_conn() -> Redis:
                                                    socket_timeout=5, health_check_interval=30))
 
 
-def _names():
+def queue_names() -> tuple[str, str]:
+    """(the control queue, the work queue): the app's two RQ queues, by its QUEUE_PREFIX."""
     prefix = current_app.config["QUEUE_PREFIX"]
     return f"{prefix}-control", f"{prefix}-work"
 
 
 def work_queue() -> Queue:
-    return Queue(_names()[1], connection=redis_conn())
+    return Queue(queue_names()[1], connection=redis_conn())
 
 
 def control_queue() -> Queue:
-    return Queue(_names()[0], connection=redis_conn())
+    return Queue(queue_names()[0], connection=redis_conn())
 
 
 def scheduler() -> Scheduler:
@@ -104,18 +105,25 @@ def announce(delivery_ids, commands, now: datetime | None = None, retired=()) ->
                     # deletes the running job's key when it finishes (result_ttl=0), which would take
                     # this schedule with it. A distinct id keeps it.
                     job_id = f"{job_id}-{uuid.uuid4().hex[:8]}"
-                # Scheduler.enqueue_at(), but into this pipeline: it is exactly _create_job (the
-                # job hash, saved here instead of on its own) plus the zadd to the schedule.
-                job = sched._create_job(COMMAND_JOB, args=(cid,), id=job_id, result_ttl=0, timeout=300,
-                                        commit=False)
-                job.save(pipeline=pipe)
-                pipe.zadd(sched.scheduled_jobs_key, {job.id: to_unix(_aware(due))})
+                _schedule_in_pipeline(sched, pipe, COMMAND_JOB, (cid,), job_id, due)
         for cid in retired:
             # A copy re-armed under a suffixed id (see above) stays; it finds its row obsolete and
             # does nothing, as does one already moved to the queue.
             pipe.zrem(sched.scheduled_jobs_key, command_job_id(cid))
             pipe.delete(Job.key_for(command_job_id(cid)))
         pipe.execute()
+
+
+def _schedule_in_pipeline(sched: Scheduler, pipe, func: str, args: tuple, job_id: str, due: datetime) -> None:
+    """`Scheduler.enqueue_at()`, but into the caller's pipeline, so a commit's deadlines reach
+    Redis in one round trip. rq-scheduler 0.14 (its last release, pinned in pyproject.toml) has
+    no public way to build a scheduled job without saving it: `_create_job(commit=False)` is
+    exactly enqueue_at's first half (the job hash, with the scheduler's origin and queue class),
+    saved here into the pipeline, plus the zadd that is its second half. This is the one place
+    the shop reaches into rq-scheduler's private API; an upgrade that changes it fails here."""
+    job = sched._create_job(func, args=args, id=job_id, result_ttl=0, timeout=300, commit=False)
+    job.save(pipeline=pipe)
+    pipe.zadd(sched.scheduled_jobs_key, {job.id: to_unix(_aware(due))})
 
 
 def _drain_key(slot: int) -> str:
@@ -159,7 +167,7 @@ def other_jobs_waiting() -> bool:
     """Is anything but another drain queued for this worker (a command at its time, a retry, a
     relay)? A drain then hands the worker back between batches. (Yielding to a waiting drain
     would only pass the same work around.) One round trip."""
-    control, work = _names()
+    control, work = queue_names()
     with redis_conn().pipeline(transaction=False) as pipe:
         pipe.llen(f"{Queue.redis_queue_namespace_prefix}{control}")
         pipe.lrange(f"{Queue.redis_queue_namespace_prefix}{work}", 0, DRAIN_SLOTS)
@@ -194,18 +202,21 @@ def register_periodic_jobs(relay_seconds: int, sweep_seconds: int | None) -> lis
         # result_ttl=-1 keeps the job's key: with 0 the worker deletes it after the first run and
         # rq-scheduler then drops the repeat as a job that no longer exists.
         sched.schedule(datetime.now(timezone.utc), func, interval=interval, repeat=None, id=job_id,
-                       queue_name=_names()[0], result_ttl=-1, timeout=max(60, interval * 2))
+                       queue_name=queue_names()[0], result_ttl=-1, timeout=max(60, interval * 2))
         done.append(f"{job_id} (registered, every {interval}s)")
     return done
-
-
-def enqueue_control(func_path: str, *args) -> None:
-    control_queue().enqueue(func_path, *args, result_ttl=0, failure_ttl=3600)
 
 
 def enqueue_delivery(delivery_id: int) -> None:
     # job_timeout, not timeout: Queue.enqueue hands unknown keywords to the job function itself.
     work_queue().enqueue(DELIVERY_JOB, delivery_id, result_ttl=0, failure_ttl=3600, job_timeout=300)
+
+
+def schedule_delivery(delivery_id: int, due: datetime) -> None:
+    """A delivery's retry, run at `due`. rq-scheduler keeps whole seconds and may fire a second
+    early; a delivery is never claimed before its time, so the job is scheduled a second late."""
+    scheduler().enqueue_at(_aware(due) + timedelta(seconds=1), DELIVERY_JOB, delivery_id, job_result_ttl=0,
+                           timeout=300)
 
 
 def enqueue_command(command_id: int, due: datetime | None = None) -> None:
@@ -308,7 +319,7 @@ class _WorkerRecord(ShopWorker):
 
 
 def make_worker(name: str | None = None) -> ShopWorker:
-    control, work = _names()
+    control, work = queue_names()
     conn = redis_conn()
     return ShopWorker([Queue(control, connection=conn), Queue(work, connection=conn)], connection=conn,
                       name=name or f"backstop-{socket.gethostname()}-{os.getpid()}",
@@ -333,11 +344,16 @@ class _WatchfulScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self._watch = tuple(watch)
         self._on_loss = on_loss
-        self.beat_name = f"scheduler-{socket.gethostname()}-{os.getpid()}"
+        self.beat_name = self.name_here()
         self._beat_key, self._beat_index, self._beat_ttl = beat_key, beat_index, beat_ttl
         self._born = datetime.now(timezone.utc)
         self._last_moved: tuple[str, datetime] | None = None
         self._last_lock_at: datetime | None = None
+
+    @staticmethod
+    def name_here() -> str:
+        """This process's scheduler, as its heartbeat names it."""
+        return f"scheduler-{socket.gethostname()}-{os.getpid()}"
 
     def heartbeat(self):
         """rq-scheduler's own beat only extends its key's expiry (no time, nothing to read): ours
@@ -418,14 +434,13 @@ def _scheduler_beats_key() -> str:
 
 
 def make_scheduler(watch=(), on_loss=None) -> _WatchfulScheduler:
-    sched = _WatchfulScheduler(queue=work_queue(), connection=redis_conn(),
-                               interval=current_app.config["SCHEDULER_POLL_SECONDS"], watch=watch, on_loss=on_loss)
     # The record outlives a stall for a while (so the console can name the stalled scheduler);
     # the index keeps its last beat time for a day after that.
-    sched._beat_key = f"{_scheduler_beats_key()}:{sched.beat_name}"
-    sched._beat_index = _scheduler_beats_key()
-    sched._beat_ttl = 3 * current_app.config["HEALTH_STALE_SECONDS"]
-    return sched
+    return _WatchfulScheduler(queue=work_queue(), connection=redis_conn(),
+                              interval=current_app.config["SCHEDULER_POLL_SECONDS"], watch=watch, on_loss=on_loss,
+                              beat_key=f"{_scheduler_beats_key()}:{_WatchfulScheduler.name_here()}",
+                              beat_index=_scheduler_beats_key(),
+                              beat_ttl=3 * current_app.config["HEALTH_STALE_SECONDS"])
 
 
 def run_scheduler(burst: bool = False, watch=(), on_loss=None) -> None:

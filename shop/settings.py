@@ -129,22 +129,26 @@ def instance_path(env, root: str) -> str:
     return (env.get("BACKSTOP_INSTANCE_PATH") or "").strip() or os.path.join(root, "instance")
 
 
-def load_settings(env=None, instance_path: str = "instance", argv=None) -> Settings:
-    env = os.environ if env is None else env
+def _database_url(env, instance_path: str) -> str:
     default_db = "sqlite:///" + os.path.join(os.path.abspath(instance_path), "backstop.sqlite3")
     database_url = _url(env, "DATABASE_URL", default_db, ["sqlite", "postgresql"])
     if database_url.startswith("postgresql://") or database_url.startswith("postgres://"):
         # psycopg 3 is the driver we ship and test; plain postgresql:// would pick psycopg2.
         database_url = "postgresql+psycopg://" + database_url.split("://", 1)[1]
+    return database_url
 
+
+def _secret_key(env, argv) -> tuple[str, bool]:
+    """(the key, whether it was made up for this process only)."""
     secret_key = (env.get("SECRET_KEY") or "").strip()
-    ephemeral = False
-    if not secret_key:
-        if not _may_run_without_secret_key(argv):
-            raise SettingsError("SECRET_KEY", "is required to serve the web app (every web process must share it)")
-        secret_key = secrets.token_urlsafe(32)
-        ephemeral = True
+    if secret_key:
+        return secret_key, False
+    if not _may_run_without_secret_key(argv):
+        raise SettingsError("SECRET_KEY", "is required to serve the web app (every web process must share it)")
+    return secrets.token_urlsafe(32), True
 
+
+def _payment_window(env) -> tuple[int, int]:
     expiry = _int(env, "UNPAID_ORDER_EXPIRY_SECONDS", 1800, 1, 7 * 24 * 3600)
     stuck = _int(env, "RECONCILIATION_STUCK_AGE_SECONDS", 1800, 1, 7 * 24 * 3600)
     if stuck != expiry:
@@ -153,11 +157,15 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
             f"must equal UNPAID_ORDER_EXPIRY_SECONDS ({expiry}), got {stuck}: the sweep and the "
             "per-order deadline must agree on one payment window",
         )
+    return expiry, stuck
 
-    # Web concurrency (docs/REFERENCE.md, Settings; measured by bench/provider.py): threads hide
-    # the provider's latency. The bulkhead lets 5/8 of them call it (20 of 32: two processes
-    # hold 32 clients' calls even when one process accepted 20 of them), at most 1/8 more wait
-    # briefly for a slot (payments.guard), and at least a quarter always serve everything else.
+
+def _web_threads(env) -> tuple[int, int]:
+    """(WEB_THREADS, STRIPE_MAX_CONCURRENT_CALLS). Web concurrency (docs/REFERENCE.md, Settings;
+    measured by bench/provider.py): threads hide the provider's latency. The bulkhead lets 5/8 of
+    them call it (20 of 32: two processes hold 32 clients' calls even when one process accepted
+    20 of them), at most 1/8 more wait briefly for a slot (payments.guard), and at least a quarter
+    always serve everything else."""
     web_threads = _int(env, "WEB_THREADS", DEFAULT_WEB_THREADS, 1, 256)
     most_calls = max(1, web_threads - 1)
     max_calls = _int(env, "STRIPE_MAX_CONCURRENT_CALLS", default_max_concurrent_calls(web_threads), 1, 256)
@@ -165,6 +173,11 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         raise SettingsError("STRIPE_MAX_CONCURRENT_CALLS",
                             f"must be between 1 and {most_calls} (WEB_THREADS - 1, so a thread is always "
                             f"free for pages that do not wait on the provider), got {max_calls}")
+    return web_threads, max_calls
+
+
+def _liveness(env) -> tuple[int, int]:
+    """(SCHEDULER_POLL_SECONDS, HEALTH_STALE_SECONDS)."""
     poll = _int(env, "SCHEDULER_POLL_SECONDS", 1, 1, 3600)
     stale = _int(env, "HEALTH_STALE_SECONDS", 60, 2, 24 * 3600)
     if stale <= poll:
@@ -173,6 +186,17 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
             f"must be greater than SCHEDULER_POLL_SECONDS ({poll}), got {stale}: the scheduler beats once "
             "per poll, so a healthy one would look stalled between polls",
         )
+    return poll, stale
+
+
+def load_settings(env=None, instance_path: str = "instance", argv=None) -> Settings:
+    """Every setting read from `env` and checked, in the order a bad value is reported."""
+    env = os.environ if env is None else env
+    database_url = _database_url(env, instance_path)
+    secret_key, ephemeral = _secret_key(env, argv)
+    expiry, stuck = _payment_window(env)
+    web_threads, max_calls = _web_threads(env)
+    poll, stale = _liveness(env)
 
     return Settings(
         web_concurrency=_int(env, "WEB_CONCURRENCY", DEFAULT_WEB_CONCURRENCY, 1, 64),

@@ -10,6 +10,10 @@ from werkzeug.datastructures import ImmutableMultiDict
 from werkzeug.exceptions import BadRequest
 from werkzeug.routing import BaseConverter, IntegerConverter, ValidationError
 
+from .money import format_money
+from .orders.views import status_words
+from .payments.gateway import hosted_page_origins
+
 # Row ids are 32-bit keys. A larger number in a URL or form names nothing: answer "not found"
 # without asking the database (PostgreSQL refuses to compare an integer column with it).
 MAX_ID = 2**31 - 1
@@ -231,8 +235,6 @@ def security_headers(config) -> dict[str, str]:
     so an injected `<script>` or `onclick=` does not run. Forms may post here and be redirected
     to the provider's hosted payment page (checkout, "Pay now"); nothing may frame a page (the
     console's buttons cannot be clicked through an invisible frame)."""
-    from .payments.gateway import hosted_page_origins
-
     form_targets = " ".join(["'self'", *hosted_page_origins(config)])
     headers = {
         "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
@@ -254,9 +256,6 @@ def init_app(app) -> None:
     """What every request meets before a view: the URL converters, the refusal of NUL bytes in
     text, the cap on chunked bodies (the webhook reads its own, capped, raw body) and the
     template filters; and what every answer leaves with: the security headers."""
-    from .money import format_money
-    from .orders.views import status_words
-
     app.url_map.converters.update(id=IdConverter, work=WorkConverter)
     app.jinja_env.filters["status_words"] = status_words
     app.jinja_env.filters["money"] = format_money

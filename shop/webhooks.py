@@ -9,47 +9,21 @@ update for the whole shop. Rejections are logged at CRITICAL for the same reason
 from __future__ import annotations
 
 import logging
-import time
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, jsonify, request
 from sqlalchemy import insert
 
 from .domain.deadlines import utcnow
 from .extensions import csrf, db
-from .models import KeyValue, WebhookReceipt
+from .models import WebhookReceipt
 from .payments import gateway
 from .payments.apply import apply_session
+from .payments.registration import webhook_secret
 
 log = logging.getLogger("shop.webhooks")
 bp = Blueprint("webhooks", __name__)
 
 MAX_BODY = 1_000_000
-SECRET_KEY_NAME = "stripe_webhook_secret"  # written by payments.registration
-
-
-def webhook_secret() -> str | None:
-    """STRIPE_WEBHOOK_SECRET wins; otherwise the store written by webhook registration (cached
-    for a few seconds so a hot webhook does not read it on every delivery)."""
-    configured = current_app.config.get("STRIPE_WEBHOOK_SECRET")
-    if configured:
-        return configured
-    # Per app, not per process: an app (and its tests) never sees another app's secret.
-    ext = current_app.extensions.setdefault("backstop", {})
-    cached = ext.get("webhook_secret")
-    if cached and cached[1] > time.monotonic():
-        return cached[0]
-    row = db.session.get(KeyValue, SECRET_KEY_NAME)
-    value = row.value if row else None
-    db.session.rollback()
-    ext["webhook_secret"] = (value, time.monotonic() + (5 if value else 1))
-    return value
-
-
-def forget_webhook_secret() -> None:
-    """Registration just stored a new secret: this process reads it on the next delivery."""
-    current_app.extensions.setdefault("backstop", {}).pop("webhook_secret", None)
-
-
 def _text(value, limit: int) -> str | None:
     # A receipt must not fail over what a sender put in a field: PostgreSQL refuses NUL in text,
     # and no database driver can encode a lone surrogate (valid JSON: "\ud800"), so that one is

@@ -1,7 +1,9 @@
 """The code's shape, checked: the import rules of pyproject.toml's [tool.importlinter] hold
-(the pure domain imports neither Flask nor SQLAlchemy nor anything else of the shop; the sandbox
-stands alone; only the gateway imports stripe and only shop.queue knows RQ), and the domain's
-tests run with neither Redis nor a database, as a newcomer's first layer."""
+(the layers point one way, web -> use cases -> outbox -> infrastructure -> queue -> domain, as
+docs/ARCHITECTURE.md draws them; no use case imports presentation code; no two packages import
+each other; the pure domain imports neither Flask nor SQLAlchemy nor anything else of the shop;
+the sandbox stands alone; only the gateway imports stripe and only shop.queue knows RQ), and the
+domain's tests run with neither Redis nor a database, as a newcomer's first layer."""
 from __future__ import annotations
 
 import os
@@ -17,6 +19,9 @@ def test_the_import_contracts_in_pyproject_hold():
                             text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
+    for contract in ("Layers point one way", "No use case imports presentation code",
+                     "No package cycles between the shop's packages"):
+        assert contract in result.stdout, f"the contract {contract!r} did not run"
 
 
 def test_the_domain_tests_need_neither_redis_nor_a_database():

@@ -125,7 +125,7 @@ def test_dashboard_and_metrics_show_processes_queues_and_lag(app):
     log_in(app, client)
     leave_heartbeats(app)
     with app.app_context():
-        queue.enqueue_control("shop.jobs.relay")
+        queue.control_queue().enqueue("shop.jobs.relay", result_ttl=0)  # a job waiting in the control queue
         queue.register_periodic_jobs(60, 600)
     data = client.get("/console/", headers=JSON).get_json()
     assert data["health"]["healthy"] and data["health"]["problems"] == []

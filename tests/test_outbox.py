@@ -122,6 +122,30 @@ def test_an_always_failing_handler_is_dead_lettered_with_backoff_and_its_sibling
         db.session.remove()
 
 
+def test_the_outbox_runs_the_handlers_the_app_registered_and_never_dead_letters_for_a_missing_registry(
+        make_app, followups):
+    """The outbox imports no use case: create_app hands it the handlers by name. A process whose
+    app registered none (a bug there, not in the row) leaves the row to be retried, not dead."""
+    app = make_app(OUTBOX_MAX_ATTEMPTS=5)
+    with app.app_context():
+        a5 = seed()["NB-A5-DOT"]
+        t0 = utcnow()
+        order_id = place({a5: 1}, now=t0)
+        counting = _delivery(order_id, "counting_followup").id
+        handlers, commands = app.extensions["shop.outbox.work"]
+        assert handlers is shop.saga.HANDLERS and "restore_inventory" in handlers and "refund_payment" in commands
+        del app.extensions["shop.outbox.work"]
+        try:
+            assert run_delivery(counting, now=t0) == "retry"
+            row = _delivery(order_id, "counting_followup")
+            assert row.status == "pending" and "no handlers or commands registered" in row.last_error
+        finally:
+            app.extensions["shop.outbox.work"] = (handlers, commands)
+        assert run_delivery(counting, now=as_utc(row.next_attempt_at)) == "done"
+        assert followups.counting_runs == 1
+        db.session.remove()
+
+
 def test_a_retried_dead_letter_runs_again_with_a_fresh_budget_and_can_succeed(make_app, followups):
     app = make_app(OUTBOX_MAX_ATTEMPTS=2)
     with app.app_context():

@@ -4,14 +4,13 @@ from flask import Blueprint
 
 bp = Blueprint("console", __name__, url_prefix="/console")
 
-from . import routes  # noqa: E402,F401
+# After `bp`: the routes register on it.
+from ..extensions import login_manager  # noqa: E402
+from . import routes, throttle  # noqa: E402,F401
+from .auth import require_operator  # noqa: E402
 
 
 def init_app(app) -> None:
-    from ..extensions import login_manager
-    from . import throttle
-    from .auth import require_operator
-
     app.register_blueprint(bp)
     throttle.init_app(app)
     login_manager.login_view = "console.login"

@@ -26,10 +26,12 @@ def _card(key, title, ok, count, words, check, url, *, stale=False) -> dict:
 def cards(data: dict, now: datetime) -> list[dict]:
     """One card per thing that can need a human. `ok` (green) only when that card's own check
     passed recently: a card whose check has not run for too long is `stale` and not green."""
-    interval = current_app.config["RECONCILIATION_INTERVAL_SECONDS"]
-    health = data["health"]
-    out = []
+    return [_processes_card(data), _rejected_webhooks_card(now), _sweep_card(data, now), *_backlog_cards(data),
+            _provider_card(data["provider"])]
 
+
+def _processes_card(data: dict) -> dict:
+    health = data["health"]
     procs = data["processes"]
     stalled = [p for p in procs if p["stalled"]]
     roles = {p["role"] for p in procs if not p["stalled"]}
@@ -44,11 +46,13 @@ def cards(data: dict, now: datetime) -> list[dict]:
         words = "No " + " and no ".join(missing) + " has beaten within " + human_age(health["stale_after_seconds"]) + "."
     else:
         words = f"{len(procs)} running, each beat within {human_age(health['stale_after_seconds'])}."
-    out.append(_card("processes", "Processes", redis_ok and not stalled and not missing, len(stalled) + len(missing),
-                     words, "Start or restart the stalled process (`flask shop up` runs them all); "
-                     "a stopped worker leaves payments and emails waiting.", url_for("console.dashboard") + "#processes",
-                     stale=redis_ok and bool(stalled)))
+    return _card("processes", "Processes", redis_ok and not stalled and not missing, len(stalled) + len(missing),
+                 words, "Start or restart the stalled process (`flask shop up` runs them all); "
+                 "a stopped worker leaves payments and emails waiting.", url_for("console.dashboard") + "#processes",
+                 stale=redis_ok and bool(stalled))
 
+
+def _rejected_webhooks_card(now: datetime) -> dict:
     since = now - REJECTED_WINDOW
     count, = db.session.execute(select(func.count()).select_from(WebhookReceipt).where(
         WebhookReceipt.outcome == "rejected", WebhookReceipt.received_at >= since)).one()
@@ -63,8 +67,11 @@ def cards(data: dict, now: datetime) -> list[dict]:
                  WEBHOOK_CHECK, url_for("console.webhooks", outcome="rejected"))
     card["latest_reason"] = latest.reason if latest else None
     card["latest_at"] = iso(as_utc(latest.received_at)) if latest else None
-    out.append(card)
+    return card
 
+
+def _sweep_card(data: dict, now: datetime) -> dict:
+    interval = current_app.config["RECONCILIATION_INTERVAL_SECONDS"]
     sweep = data["last_sweep"]
     last_ok = data["last_successful_sweep_at"]
     fresh_limit = 2 * interval
@@ -81,37 +88,38 @@ def cards(data: dict, now: datetime) -> list[dict]:
             (f"{p['order_reference']}: " if p.get("order_reference") else "") + p["what"] for p in problems[:3])
     else:
         words = f"The latest sweep finished ok {human_age(ok_age)} ago, with no errors."
-    out.append(_card("sweep", "Sweep", fresh and not errors, errors, words,
-                     "A sweep that stopped running means the scheduler or the workers are down (see Processes); "
-                     "errors name the orders to look at.", url_for("console.sweeps"), stale=not fresh))
+    return _card("sweep", "Sweep", fresh and not errors, errors, words,
+                 "A sweep that stopped running means the scheduler or the workers are down (see Processes); "
+                 "errors name the orders to look at.", url_for("console.sweeps"), stale=not fresh)
 
-    dead = data["dead_letters"]
-    out.append(_card("dead_letters", "Dead letters", dead["count"] == 0, dead["count"],
-                     f"{dead['count']} dead, the oldest {human_age(dead['oldest_age_seconds'])} old."
-                     if dead["count"] else "None.",
-                     "Fix what they died of (the error says), then Retry; Discard with a reason what must not run.",
-                     url_for("console.outbox", status="dead")))
 
-    warn = data["restore_warnings"]
-    out.append(_card("restore_warnings", "Restore warnings", warn["count"] == 0, warn["count"],
-                     f"{warn['count']} open, the oldest {human_age(warn['oldest_age_seconds'])} old: stock that "
-                     "did not come back." if warn["count"] else "None open.",
-                     "Count the shelf, correct the stock, then mark the warning fixed (or retry the restore).",
-                     url_for("console.restore_warnings", state="open")))
+def _backlog_cards(data: dict) -> list[dict]:
+    """What waits for a person: dead letters, open restore warnings, stuck orders."""
+    dead, warn, stuck = data["dead_letters"], data["restore_warnings"], data["stuck_orders"]
+    return [
+        _card("dead_letters", "Dead letters", dead["count"] == 0, dead["count"],
+              f"{dead['count']} dead, the oldest {human_age(dead['oldest_age_seconds'])} old."
+              if dead["count"] else "None.",
+              "Fix what they died of (the error says), then Retry; Discard with a reason what must not run.",
+              url_for("console.outbox", status="dead")),
+        _card("restore_warnings", "Restore warnings", warn["count"] == 0, warn["count"],
+              f"{warn['count']} open, the oldest {human_age(warn['oldest_age_seconds'])} old: stock that "
+              "did not come back." if warn["count"] else "None open.",
+              "Count the shelf, correct the stock, then mark the warning fixed (or retry the restore).",
+              url_for("console.restore_warnings", state="open")),
+        _card("stuck_orders", "Stuck orders", stuck["count"] == 0, stuck["count"],
+              f"{stuck['count']} live and unchanged for over {human_age(stuck['stuck_after_seconds'])}, "
+              f"the oldest {human_age(stuck['oldest_age_seconds'])}." if stuck["count"] else "None.",
+              "Open the order: its timeline says what it waits for; Reconcile asks the provider now.",
+              url_for("console.orders", stuck=1)),
+    ]
 
-    stuck = data["stuck_orders"]
-    out.append(_card("stuck_orders", "Stuck orders", stuck["count"] == 0, stuck["count"],
-                     f"{stuck['count']} live and unchanged for over {human_age(stuck['stuck_after_seconds'])}, "
-                     f"the oldest {human_age(stuck['oldest_age_seconds'])}." if stuck["count"] else "None.",
-                     "Open the order: its timeline says what it waits for; Reconcile asks the provider now.",
-                     url_for("console.orders", stuck=1)))
 
-    provider = data["provider"]
-    out.append(_card("provider", "Payment provider", provider["state"] == "closed",
-                     0 if provider["state"] == "closed" else 1, provider["words"],
-                     "Look at the provider's status page; work waiting for it retries by itself.",
-                     url_for("console.outbox", status="waiting")))
-    return out
+def _provider_card(provider: dict) -> dict:
+    return _card("provider", "Payment provider", provider["state"] == "closed",
+                 0 if provider["state"] == "closed" else 1, provider["words"],
+                 "Look at the provider's status page; work waiting for it retries by itself.",
+                 url_for("console.outbox", status="waiting"))
 
 
 def _age(now: datetime, then: datetime) -> int:

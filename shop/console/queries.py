@@ -2,6 +2,7 @@
 function returns plain dicts: the JSON answer, and what the HTML page renders."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from flask import current_app
@@ -12,8 +13,10 @@ from ..domain.order import LIVE
 from ..extensions import db
 from ..models import (OperatorAction, Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, ProviderRefusal,
                       ReconciliationCycle, Refund, RestoreWarning, ScheduledCommand, WebhookReceipt)
+from ..ops.health import snapshot
 from ..ops.metrics import stuck_cutoff
 from ..orders.views import iso, order_json
+from ..payments import guard
 from ..web import work_ref
 from . import sweep_words
 from .audit import action_json
@@ -109,8 +112,6 @@ def dashboard(now: datetime) -> dict:
 
 def provider_state(now: datetime) -> dict:
     """The payment provider as the circuit breaker sees it (payments.guard), in words."""
-    from ..payments import guard
-
     view = guard.get().breaker_view()
     state = view["state"]
     opened = view["opened_at"] if state != guard.CLOSED and view["opened_at"] else None
@@ -122,8 +123,6 @@ def provider_state(now: datetime) -> dict:
 def liveness(now: datetime) -> dict:
     """Processes with their heartbeat ages, queues with depth and the age of their oldest due
     item, the next sweep, and the same verdict /healthz gives (shop.ops.health)."""
-    from ..ops.health import snapshot
-
     found = snapshot(now, with_queues=True)
     processes = [{"role": p["role"], "name": p["name"], "host": p["host"], "pid": p["pid"], "runs": p["runs"],
                   "state": "stalled" if p["stalled"] else p["state"], "stalled": p["stalled"],
@@ -258,84 +257,109 @@ def receipt_json(receipt: WebhookReceipt, reference: str | None) -> dict:
             "order_reference": reference, "received_at": iso(receipt.received_at)}
 
 
+@dataclass
+class _OrderRows:
+    """Every row that names one order, each kind oldest first (one query per kind)."""
+
+    events: list
+    receipts: list
+    deliveries: list
+    commands: list
+    warnings: list
+    refunds: list
+    refusals: list
+    provider_refusals: list
+    actions: list
+
+
+def _rows_of(order: Order) -> _OrderRows:
+    session = db.session
+
+    def of(model, *order_by):
+        return session.execute(select(model).where(model.order_id == order.id).order_by(*order_by)).scalars().all()
+
+    return _OrderRows(
+        events=of(OutboxEvent, OutboxEvent.created_at, OutboxEvent.id),
+        receipts=of(WebhookReceipt, WebhookReceipt.received_at, WebhookReceipt.id),
+        deliveries=of(OutboxDelivery, OutboxDelivery.id),
+        commands=of(ScheduledCommand, ScheduledCommand.id),
+        warnings=of(RestoreWarning, RestoreWarning.id),
+        refunds=list(order.refunds),  # the relationship order_json reads too (ordered by id): one query for both
+        refusals=of(PaymentProofRefusal, PaymentProofRefusal.id),
+        provider_refusals=of(ProviderRefusal, ProviderRefusal.id),
+        actions=of(OperatorAction, OperatorAction.id),
+    )
+
+
 def order_timeline(order: Order, now: datetime) -> dict:
     """Everything that happened to one order, each kind in its own list, plus one merged,
     time-ordered list for reading top to bottom."""
     ref = order.reference
-    session = db.session
-    events = session.execute(select(OutboxEvent).where(OutboxEvent.order_id == order.id)
-                             .order_by(OutboxEvent.created_at, OutboxEvent.id)).scalars().all()
-    names = {e.id: e.name for e in events}
-    transitions = [{"id": e.id, "event": e.name, "at": iso(e.created_at), "payload": e.payload} for e in events]
-    receipts = session.execute(select(WebhookReceipt).where(WebhookReceipt.order_id == order.id)
-                               .order_by(WebhookReceipt.received_at, WebhookReceipt.id)).scalars().all()
-    deliveries = session.execute(select(OutboxDelivery).where(OutboxDelivery.order_id == order.id)
-                                 .order_by(OutboxDelivery.id)).scalars().all()
-    commands = session.execute(select(ScheduledCommand).where(ScheduledCommand.order_id == order.id)
-                               .order_by(ScheduledCommand.id)).scalars().all()
-    warnings = session.execute(select(RestoreWarning).where(RestoreWarning.order_id == order.id)
-                               .order_by(RestoreWarning.id)).scalars().all()
-    refunds = list(order.refunds)  # the relationship order_json reads too (ordered by id): one query for both
-    refusals = session.execute(select(PaymentProofRefusal).where(PaymentProofRefusal.order_id == order.id)
-                               .order_by(PaymentProofRefusal.id)).scalars().all()
-    provider_refusals = session.execute(select(ProviderRefusal).where(ProviderRefusal.order_id == order.id)
-                                        .order_by(ProviderRefusal.id)).scalars().all()
-    actions = session.execute(select(OperatorAction).where(OperatorAction.order_id == order.id)
-                              .order_by(OperatorAction.id)).scalars().all()
-
+    rows = _rows_of(order)
+    names = {e.id: e.name for e in rows.events}
     data = {
-        "order": {**order_json(order), "email": order.email, "payment_attempts": order.payment_attempts,
-                  # A paid order's earlier failure is history (the timeline keeps it), not a problem.
-                  "last_payment_error": None if order.status == "Paid" else order.last_payment_error,
-                  "age_seconds": age_seconds(now, order.updated_at),
-                  "stuck": order.status in LIVE_STATUSES and as_utc(order.updated_at) < stuck_cutoff(now),
-                  # Set when the sweep's provider pass backs off an order whose answer cannot
-                  # change soon: until then the sweep does not ask the provider about it.
-                  "provider_next_check_at": _future_iso(order.provider_next_check_at, now),
-                  "provider_next_check_in_seconds": _seconds_until(order.provider_next_check_at, now),
-                  # Money may still come for this cancelled order's session, or its refund has not
-                  # gone through yet: the sweep keeps asking (sweep.check_cancelled_payment).
-                  "watched_for_late_money": order.status == "Cancelled" and order.payment_processing_at is not None},
-        "transitions": transitions,
-        "webhooks": [receipt_json(r, ref) for r in receipts],
-        "deliveries": [delivery_detail(d, names.get(d.event_id), ref, now) for d in deliveries],
-        "commands": [command_json(c, ref, now) for c in commands],
-        "restore_warnings": [warning_detail(w, ref, now) for w in warnings],
+        "order": _order_summary(order, now),
+        "transitions": [{"id": e.id, "event": e.name, "at": iso(e.created_at), "payload": e.payload}
+                        for e in rows.events],
+        "webhooks": [receipt_json(r, ref) for r in rows.receipts],
+        "deliveries": [delivery_detail(d, names.get(d.event_id), ref, now) for d in rows.deliveries],
+        "commands": [command_json(c, ref, now) for c in rows.commands],
+        "restore_warnings": [warning_detail(w, ref, now) for w in rows.warnings],
         "refunds": [{"id": r.id, "amount": r.amount, "currency": r.currency, "status": r.status, "reason": r.reason,
                      "session_id": r.session_id, "provider_refund_id": r.provider_refund_id,
                      "last_error": r.last_error, "created_at": iso(r.created_at),
-                     "command_status": _refund_command(r, commands),
-                     "waiting_for_provider": _refund_command(r, commands) == WAITING} for r in refunds],
+                     "command_status": _refund_command(r, rows.commands),
+                     "waiting_for_provider": _refund_command(r, rows.commands) == WAITING} for r in rows.refunds],
         "proof_refusals": [{"id": p.id, "session_id": p.session_id, "source": p.source, "problems": p.problems,
                             "amount_total": p.amount_total, "currency": p.currency, "created_at": iso(p.created_at)}
-                           for p in refusals],
+                           for p in rows.refusals],
         "provider_refusals": [{"id": p.id, "attempt": p.attempt, "code": p.code, "reason": p.reason,
-                               "created_at": iso(p.created_at)} for p in provider_refusals],
-        "operator_actions": [action_json(a, ref) for a in actions],
+                               "created_at": iso(p.created_at)} for p in rows.provider_refusals],
+        "operator_actions": [action_json(a, ref) for a in rows.actions],
     }
+    data["timeline"] = _merged(rows, names)
+    return data
+
+
+def _order_summary(order: Order, now: datetime) -> dict:
+    return {**order_json(order), "email": order.email, "payment_attempts": order.payment_attempts,
+            # A paid order's earlier failure is history (the timeline keeps it), not a problem.
+            "last_payment_error": None if order.status == "Paid" else order.last_payment_error,
+            "age_seconds": age_seconds(now, order.updated_at),
+            "stuck": order.status in LIVE_STATUSES and as_utc(order.updated_at) < stuck_cutoff(now),
+            # Set when the sweep's provider pass backs off an order whose answer cannot
+            # change soon: until then the sweep does not ask the provider about it.
+            "provider_next_check_at": _future_iso(order.provider_next_check_at, now),
+            "provider_next_check_in_seconds": _seconds_until(order.provider_next_check_at, now),
+            # Money may still come for this cancelled order's session, or its refund has not
+            # gone through yet: the sweep keeps asking (sweep.check_cancelled_payment).
+            "watched_for_late_money": order.status == "Cancelled" and order.payment_processing_at is not None}
+
+
+def _merged(rows: _OrderRows, names: dict) -> list[dict]:
+    """All of it in one list, oldest first: (at, kind, what, detail)."""
     merged = (
-        [(e.created_at, "transition", e.name, _payload_words(e.payload)) for e in events]
-        + [(r.received_at, "webhook", f"{r.event_type or 'webhook'}: {r.outcome}", r.reason or "") for r in receipts]
+        [(e.created_at, "transition", e.name, _payload_words(e.payload)) for e in rows.events]
+        + [(r.received_at, "webhook", f"{r.event_type or 'webhook'}: {r.outcome}", r.reason or "")
+           for r in rows.receipts]
         + [(c.created_at, "command", f"{c.kind} armed", f"due {human_time(c.next_attempt_at)}, now "
             + ("waiting for the provider" if waiting_for_provider(c) else c.status))
-           for c in commands]
+           for c in rows.commands]
         + [(c.completed_at or c.updated_at, "command", f"{c.kind} retired", c.discard_reason or "obsolete")
-           for c in commands if c.status == "obsolete"]
+           for c in rows.commands if c.status == "obsolete"]
         + [(d.completed_at or d.updated_at, "delivery", f"{d.handler}: {d.status}",
             f"{names.get(d.event_id, '?')}, {d.attempts} attempt(s)" + (f", {d.last_error}" if d.last_error else ""))
-           for d in deliveries if d.status in ("done", "dead", "discarded")]
-        + [(w.created_at, "restore_warning", "restore warning", w.reason) for w in warnings]
-        + [(r.created_at, "refund", f"refund {r.status}", r.reason) for r in refunds]
-        + [(p.created_at, "proof_refused", "payment proof refused", p.problems) for p in refusals]
+           for d in rows.deliveries if d.status in ("done", "dead", "discarded")]
+        + [(w.created_at, "restore_warning", "restore warning", w.reason) for w in rows.warnings]
+        + [(r.created_at, "refund", f"refund {r.status}", r.reason) for r in rows.refunds]
+        + [(p.created_at, "proof_refused", "payment proof refused", p.problems) for p in rows.refusals]
         + [(p.created_at, "provider_refused", f"provider refused payment attempt {p.attempt}",
-            p.reason + (f" (code {p.code})" if p.code else "")) for p in provider_refusals]
+            p.reason + (f" (code {p.code})" if p.code else "")) for p in rows.provider_refusals]
         + [(a.created_at, "operator", f"{a.action} by {a.operator}",
-            a.outcome + (f" Reason: {a.reason}" if a.reason else "")) for a in actions]
+            a.outcome + (f" Reason: {a.reason}" if a.reason else "")) for a in rows.actions]
     )
     merged.sort(key=lambda item: as_utc(item[0]))
-    data["timeline"] = [{"at": iso(at), "kind": kind, "what": what, "detail": detail}
-                        for at, kind, what, detail in merged]
-    return data
+    return [{"at": iso(at), "kind": kind, "what": what, "detail": detail} for at, kind, what, detail in merged]
 
 
 def _refund_command(refund: Refund, commands) -> str | None:

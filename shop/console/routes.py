@@ -3,7 +3,8 @@
 Every page answers JSON too (same URL, `Accept: application/json`). Every action is a POST,
 checked for CSRF by CSRFProtect before the view runs, and goes through the same use case the
 rest of the shop uses: the reconcile button is the sweep's `reconcile_order`, a retried dead
-letter is the runner's `retry_dead`, a retried restore is the saga's own handler.
+letter is the outbox's `dispatch.retry_dead`, a retried restore is the saga's own handler
+(`saga.warnings`). Routes read what they answer with; every write is a use case's.
 """
 from __future__ import annotations
 
@@ -13,17 +14,15 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from flask import current_app, flash, jsonify, redirect, render_template, request, url_for
 from flask_login import current_user
-from sqlalchemy import select, update
 
-from .. import queue
 from ..domain.deadlines import utcnow
 from ..extensions import db
-from ..models import Order, OutboxDelivery, RestoreWarning, ScheduledCommand
+from ..models import Order, RestoreWarning
 from ..orders.lookup import order_by_reference
-from ..outbox import runner
+from ..outbox import dispatch
 from ..payments import gateway
 from ..payments.apply import reconcile_order
-from ..saga.inventory import restore_inventory_now
+from ..saga import warnings
 from ..web import respond, wants_json, work_ref
 from . import audit, auth, board, bp, queries  # noqa: F401  (auth registers the login routes)
 from .auth import safe_next
@@ -242,12 +241,6 @@ def reconcile(reference):
                 "ok" if applied.outcome in ("paid", "noop", "duplicate", "awaiting_async") else "warning")
 
 
-WORK = {
-    "delivery": (OutboxDelivery, lambda work_id: queue.enqueue_delivery(work_id)),
-    "command": (ScheduledCommand, lambda work_id: queue.enqueue_command(work_id)),
-}
-
-
 def _named(kind: str, work_id: int, row=None) -> tuple[int | str, str]:
     """The row's id as the outbox list shows it ("cmd-3" for a command), and words for it that
     say what it is and whose: "send_email cmd-3 (order BK-…)"."""
@@ -260,7 +253,7 @@ def _named(kind: str, work_id: int, row=None) -> tuple[int | str, str]:
 
 
 def _retry(kind: str, work_id: int):
-    model, announce = WORK[kind]
+    model = dispatch.TABLES[kind]
     back = url_for("console.outbox", status="dead")
     row = db.session.get(model, work_id)
     ref, name = _named(kind, work_id, row)
@@ -271,14 +264,10 @@ def _retry(kind: str, work_id: int):
         return problem(409, f"The {name} is {row.status}, not dead: only a dead letter can be retried.",
                        back=back, id=ref, current_status=row.status)
     db.session.rollback()
-    if not runner.retry_dead(model, work_id):
+    if not dispatch.retry_dead(kind, work_id):
         current = db.session.get(model, work_id)
         return problem(409, f"The {name} changed meanwhile (now {current.status}); nothing done.",
                        back=back, id=ref, current_status=current.status)
-    try:
-        announce(work_id)
-    except Exception as exc:  # Redis down: the row is pending and due, the relay hands it over
-        log.warning("retry of %s: could not tell Redis (%s); the relay will pick it up", name, exc)
     budget = current_app.config["OUTBOX_MAX_ATTEMPTS"]
     log.info("operator %s retried dead %s", _operator(), name)
     return done(f"The {name} will run again now, with a fresh budget of {budget} attempts; this list shows "
@@ -286,7 +275,7 @@ def _retry(kind: str, work_id: int):
 
 
 def _discard(kind: str, work_id: int):
-    model, _ = WORK[kind]
+    model = dispatch.TABLES[kind]
     back = url_for("console.outbox", status="dead")
     row = db.session.get(model, work_id)
     ref, name = _named(kind, work_id, row)
@@ -302,7 +291,7 @@ def _discard(kind: str, work_id: int):
                        back=back, id=ref, current_status=row.status)
     reason = form.reason.data.strip()
     db.session.rollback()
-    if not runner.discard(model, work_id, reason):
+    if not dispatch.discard(kind, work_id, reason):
         current = db.session.get(model, work_id)
         return problem(409, f"The {name} changed meanwhile (now {current.status}); nothing done.",
                        back=back, id=ref, current_status=current.status)
@@ -320,21 +309,11 @@ def retry_all_dead():
     if not form.validate():
         return problem(400, "Your form expired; reload the page and try again.", back=back)
     kind, _, name = (request.form.get("what") or "").partition(":")
-    if kind not in WORK or not name:
+    if kind not in dispatch.TABLES or not name:
         return problem(400, "Say which dead letters to retry (what=delivery:<handler> or command:<kind>).",
                        back=back)
-    model, announce = WORK[kind]
     audit.about(f"every dead {name} {kind}")
-    column = model.__table__.c.handler if kind == "delivery" else model.__table__.c.kind
-    ids = runner.retry_all_dead(model, column, name)
-    announced = 0
-    for work_id in ids:
-        try:
-            announce(work_id)
-            announced += 1
-        except Exception as exc:  # Redis down: the rows are pending and due; the relay hands them over
-            log.warning("retry of dead %s %s: could not tell Redis (%s); the relay will pick it up", kind, work_id, exc)
-            break
+    ids = dispatch.retry_all_dead(kind, name)
     log.info("operator %s retried %d dead %s rows of %s", _operator(), len(ids), kind, name)
     budget = current_app.config["OUTBOX_MAX_ATTEMPTS"]
     return done(f"{len(ids)} dead {name} {kind}{'s' if len(ids) != 1 else ''} will run again now, each with a "
@@ -353,7 +332,7 @@ def confirm_discard(work):
     """Are you sure? The outbox's Discard button leads here: what the row is, what it died of,
     and the form that asks for the reason and makes the POST (a script posts directly)."""
     kind, work_id = work
-    model, _ = WORK[kind]
+    model = dispatch.TABLES[kind]
     back = safe_next(request.args.get("next"), url_for("console.outbox", status="dead"))
     row = db.session.get(model, work_id)
     ref, name = _named(kind, work_id, row)
@@ -373,23 +352,11 @@ def discard_work(work):
     return _discard(*work)
 
 
-def _settle_warning(warning_id: int, state: str, resolution: str, now) -> bool:
-    """Conditional on the warning still being open: two operators cannot both settle it."""
-    values = {"state": state, "resolution": resolution[:4000]}
-    if state != "open":
-        values["resolved_at"] = now
-    result = db.session.execute(update(RestoreWarning)
-                                .where(RestoreWarning.id == warning_id, RestoreWarning.state == "open")
-                                .values(**values).execution_options(synchronize_session=False))
-    db.session.commit()
-    return result.rowcount == 1
-
-
 @bp.post("/restore-warnings/<id:warning_id>/resolve")
 def resolve_warning(warning_id):
     """`action=fixed`: the operator fixed the stock by hand; the warning closes with a note.
     `action=retry`: run the compensation again; the warning closes only if the order's stock
-    is now restored, otherwise it stays open with what happened."""
+    is now restored, otherwise it stays open with what happened (saga.warnings)."""
     back = url_for("console.restore_warnings", state="open")
     warning = db.session.get(RestoreWarning, warning_id)
     if warning is None:
@@ -404,71 +371,32 @@ def resolve_warning(warning_id):
     if warning.state != "open":
         return problem(409, f"Restore warning {warning_id} is already {warning.state}: {warning.resolution or ''}",
                        back=back, id=warning_id, state=warning.state)
-    order_id, variant_id = warning.order_id, warning.variant_id
-    note = (form.note.data or "").strip()
     now = utcnow()
     stamp = f"{now:%Y-%m-%d %H:%M} UTC, {_operator()}"
-
     if action == "fixed":
-        db.session.rollback()
-        if not _settle_warning(warning_id, "resolved", f"fixed by hand ({stamp})" + (f": {note}" if note else ""),
-                               now):
-            return problem(409, f"Restore warning {warning_id} was settled meanwhile.", back=back, id=warning_id)
-        log.info("operator %s resolved restore warning %s as fixed by hand", _operator(), warning_id)
-        return done(f"Restore warning {warning_id} resolved: stock fixed by hand.",
-                    {"id": warning_id, "state": "resolved", "outcome": "fixed"}, back)
+        return _fixed_by_hand(warning_id, stamp, (form.note.data or "").strip(), now, back)
+    return _retry_restore(warning_id, stamp, now, back)
 
-    db.session.rollback()
-    newest_before = db.session.execute(select(RestoreWarning.id).order_by(RestoreWarning.id.desc()).limit(1)).scalar()
-    db.session.rollback()
-    try:
-        outcome = restore_inventory_now(order_id)
-    except Exception as exc:  # e.g. a worker restored the same order at the same moment
-        db.session.rollback()
-        log.warning("operator retry of restore for warning %s failed: %s", warning_id, exc)
-        outcome = f"error ({type(exc).__name__}: {exc})"
-    db.session.rollback()
-    order = db.session.get(Order, order_id)
-    restored = order is not None and bool(order.inventory_restored)
-    # Warnings the retry itself wrote for this order: the same problem again, or what is left.
-    fresh = db.session.execute(select(RestoreWarning).where(RestoreWarning.order_id == order_id,
-                                                            RestoreWarning.id > (newest_before or 0))
-                               .order_by(RestoreWarning.id)).scalars().all()
-    # An "unmatched variant" warning names a variant whose stock a retry can never bring back:
-    # the order's marker was committed with the other lines.
-    cause_remains = variant_id is not None and outcome == "already_restored"
-    if restored and not cause_remains:
-        words = {"restored": "stock restored", "already_restored": "the stock had already been restored"}.get(
-            outcome, outcome)
-        extra = "".join(f"; still missing: {w.quantity} unit(s) of variant {w.variant_id} (warning {w.id})"
-                        for w in fresh)
-        resolution = f"retried ({stamp}): {words}{extra}"
-        if not _settle_warning(warning_id, "resolved", resolution, now):
-            return problem(409, f"Restore warning {warning_id} was settled meanwhile.", back=back, id=warning_id)
-        log.info("operator %s: restore retry resolved warning %s (%s)", _operator(), warning_id, outcome)
-        return done(f"Restore warning {warning_id} resolved: {words}{extra}.",
-                    {"id": warning_id, "state": "resolved", "outcome": outcome}, back,
-                    "warning" if fresh else "ok")
 
-    if cause_remains:
-        what = (f"the order's other lines were restored earlier; variant {variant_id} has no inventory row, so a "
-                "retry cannot bring these units back. Add the stock by hand, then choose “fixed”")
-    elif outcome == "refused":
-        what = "refused again by an inventory invariant; fix the cause first"
-    elif outcome == "not_cancelled":
-        what = f"the order is {order.status}, not Cancelled, so there is no stock to give back"
-    elif outcome == "gone":
-        what = "the order no longer exists"
-    else:
-        what = outcome
-    # The retry's own copy of the same problem would count it twice: it is folded into this one.
-    for w in fresh:
-        if w.variant_id == variant_id and w.state == "open":
-            db.session.execute(update(RestoreWarning).where(RestoreWarning.id == w.id, RestoreWarning.state == "open")
-                               .values(state="duplicate", resolution=f"same problem as warning {warning_id}",
-                                       resolved_at=now))
-    db.session.commit()
-    _settle_warning(warning_id, "open", f"retry ({stamp}): {what}", now)
-    log.warning("operator %s: restore retry left warning %s open: %s", _operator(), warning_id, what)
-    return done(f"Restore warning {warning_id} is still open: {what}.",
-                {"id": warning_id, "state": "open", "outcome": outcome, "detail": what}, back, "warning")
+def _fixed_by_hand(warning_id: int, stamp: str, note: str, now, back: str):
+    db.session.rollback()
+    if not warnings.resolve_fixed_by_hand(warning_id, stamp, note, now):
+        return problem(409, f"Restore warning {warning_id} was settled meanwhile.", back=back, id=warning_id)
+    log.info("operator %s resolved restore warning %s as fixed by hand", _operator(), warning_id)
+    return done(f"Restore warning {warning_id} resolved: stock fixed by hand.",
+                {"id": warning_id, "state": "resolved", "outcome": "fixed"}, back)
+
+
+def _retry_restore(warning_id: int, stamp: str, now, back: str):
+    result = warnings.retry_restore(warning_id, stamp, now)
+    if result.lost:
+        return problem(409, f"Restore warning {warning_id} was settled meanwhile.", back=back, id=warning_id)
+    if result.resolved:
+        log.info("operator %s: restore retry resolved warning %s (%s)", _operator(), warning_id, result.outcome)
+        return done(f"Restore warning {warning_id} resolved: {result.words}.",
+                    {"id": warning_id, "state": "resolved", "outcome": result.outcome}, back,
+                    "warning" if result.fresh else "ok")
+    log.warning("operator %s: restore retry left warning %s open: %s", _operator(), warning_id, result.words)
+    return done(f"Restore warning {warning_id} is still open: {result.words}.",
+                {"id": warning_id, "state": "open", "outcome": result.outcome, "detail": result.words}, back,
+                "warning")

@@ -22,6 +22,7 @@ from flask_limiter import Limiter, RequestLimit
 from flask_wtf.csrf import generate_csrf
 
 from ..web import wants_json
+from .forms import LoginForm
 
 LOGIN_ENDPOINT = "console.login"
 
@@ -65,8 +66,6 @@ def _refusal(whose: str):
             response = current_app.json.response({"error": message, "status": 429,
                                                   "retry_after_seconds": math.ceil(wait)})
         else:
-            from .forms import LoginForm
-
             form = LoginForm()
             form.password.data = ""
             response = current_app.make_response(render_template(

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from flask import current_app
 from sqlalchemy import func, select, text
 
+from .. import queue
 from ..domain.deadlines import as_utc
 from ..extensions import db
 from ..models import OutboxDelivery, ScheduledCommand
@@ -109,49 +110,16 @@ def _with_remembered(seen: list[dict], now: datetime, stale: int) -> list[dict]:
 def snapshot(now: datetime | None = None, *, with_queues: bool = False) -> dict:
     """Everything /healthz, the dashboard and /metrics show about liveness, judged. Redis or the
     database being down is a finding, not an exception."""
-    from .. import queue
-
     now = now or datetime.now(timezone.utc)
     stale = current_app.config["HEALTH_STALE_SECONDS"]
     checks: dict[str, str] = {}
     problems: list[str] = []
-
-    try:
-        db.session.execute(text("SELECT 1"))
-        due = oldest_due(now)
-        db.session.rollback()
-        checks["database"] = "ok"
-    except Exception as exc:
-        db.session.rollback()
-        checks["database"] = f"down: {type(exc).__name__}"
-        due = None
-        problems.append(f"the database does not answer ({type(exc).__name__})")
-
-    procs: list[dict] | None = None
-    queues = None
-    next_sweep = None
-    try:
-        queue.ping()
-        procs = queue.processes()
-        if with_queues:
-            queues = queue.queue_depths(now)
-            ids = queue.periodic_job_ids(True)
-            next_sweep = queue.next_run_at(ids[1])
-        checks["redis"] = "ok"
-    except Exception as exc:
-        checks["redis"] = f"down: {type(exc).__name__}"
-        problems.append(f"Redis does not answer ({type(exc).__name__}): no job runs and no heartbeat can be read")
-
+    due = _ask_database(now, checks, problems)
+    procs, queues, next_sweep = _ask_redis(now, with_queues, checks, problems)
     stalled: set[str] = set()
     if procs is not None:
         procs = _with_remembered(procs, now, stale)
-        for role, _ in ROLES:
-            ok, words, role_stalled = judge_role(role, [p for p in procs if p["role"] == role], now, stale)
-            key = "workers" if role == "worker" else "scheduler"
-            checks[key] = words
-            stalled.update(role_stalled)
-            if not ok:
-                problems.append(words)
+        stalled = _judge_processes(procs, now, stale, checks, problems)
     else:
         checks["workers"] = checks["scheduler"] = "unknown: Redis does not answer"
     if due is not None:
@@ -169,3 +137,47 @@ def snapshot(now: datetime | None = None, *, with_queues: bool = False) -> dict:
     return {"healthy": not problems, "checks": checks, "problems": problems, "processes": procs or [],
             "queues": queues, "next_sweep_at": next_sweep, "oldest_due": due, "stale_seconds": stale,
             "outbox_lag_limit_seconds": OUTBOX_LAG_FACTOR * stale}
+
+
+def _ask_database(now: datetime, checks: dict, problems: list) -> dict | None:
+    """The oldest due rows, or None (with the finding) when the database does not answer."""
+    try:
+        db.session.execute(text("SELECT 1"))
+        due = oldest_due(now)
+        db.session.rollback()
+        checks["database"] = "ok"
+        return due
+    except Exception as exc:
+        db.session.rollback()
+        checks["database"] = f"down: {type(exc).__name__}"
+        problems.append(f"the database does not answer ({type(exc).__name__})")
+        return None
+
+
+def _ask_redis(now: datetime, with_queues: bool, checks: dict, problems: list) -> tuple:
+    """(processes, queues, next sweep) as Redis lists them; processes None when it does not answer."""
+    procs = queues = next_sweep = None
+    try:
+        queue.ping()
+        procs = queue.processes()
+        if with_queues:
+            queues = queue.queue_depths(now)
+            ids = queue.periodic_job_ids(True)
+            next_sweep = queue.next_run_at(ids[1])
+        checks["redis"] = "ok"
+    except Exception as exc:
+        checks["redis"] = f"down: {type(exc).__name__}"
+        problems.append(f"Redis does not answer ({type(exc).__name__}): no job runs and no heartbeat can be read")
+    return procs, queues, next_sweep
+
+
+def _judge_processes(procs: list[dict], now: datetime, stale: int, checks: dict, problems: list) -> set[str]:
+    """Each role judged from its processes' beats; returns the names of the stalled ones."""
+    stalled: set[str] = set()
+    for role, _ in ROLES:
+        ok, words, role_stalled = judge_role(role, [p for p in procs if p["role"] == role], now, stale)
+        checks["workers" if role == "worker" else "scheduler"] = words
+        stalled.update(role_stalled)
+        if not ok:
+            problems.append(words)
+    return stalled

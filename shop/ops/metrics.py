@@ -7,14 +7,17 @@ from datetime import timedelta
 
 from flask import current_app
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import func, select
 
+from .. import queue
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc, utcnow
 from ..domain.order import LIVE
 from ..extensions import db, per_app
 from ..models import (OutboxDelivery, ReconciliationCycle, RestoreWarning, ScheduledCommand, WebhookReceipt,
                       Order)
+from ..payments import guard
+from .health import oldest_due
 
 log = logging.getLogger("shop.ops")
 
@@ -37,76 +40,15 @@ class ShopCollector:
 
     def _collect(self):
         now = utcnow()
-        cutoff = stuck_cutoff(now)
-        stuck = GaugeMetricFamily("shop_orders_stuck", "Live orders unchanged for longer than the stuck age",
-                                  labels=["status"])
-        oldest = GaugeMetricFamily("shop_orders_oldest_stuck_age_seconds", "Age of the oldest stuck order",
-                                   labels=["status"])
-        rows = dict((s, (c, m)) for s, c, m in db.session.execute(
-            select(Order.status, func.count(), func.min(Order.updated_at))
-            .where(Order.status.in_([s.value for s in LIVE]), Order.updated_at < cutoff).group_by(Order.status)).all())
-        for status in LIVE:
-            count, min_ts = rows.get(status.value, (0, None))
-            stuck.add_metric([status.value], count)
-            oldest.add_metric([status.value], (now - as_utc(min_ts)).total_seconds() if min_ts else 0)
-        yield stuck
-        yield oldest
-
-        # Dead letters are what an operator acts on, wherever the work came from: dead and
-        # discarded count scheduled commands (refunds, emails, deadlines) as well, as the console's
-        # outbox list does. pending/processing/done are event deliveries only: a pending command
-        # is usually a deadline that is simply not due yet, which is not a backlog.
-        deliveries = GaugeMetricFamily(
-            "shop_outbox_deliveries", "Outbox deliveries by status; dead and discarded include scheduled commands",
-            labels=["status"])
-        counts = dict(db.session.execute(select(OutboxDelivery.status, func.count()).group_by(OutboxDelivery.status)).all())
-        command_counts = dict(db.session.execute(select(ScheduledCommand.status, func.count())
-                                                 .group_by(ScheduledCommand.status)).all())
-        for status in ("pending", "processing", "done", "dead", "discarded"):
-            extra = command_counts.get(status, 0) if status in ("dead", "discarded") else 0
-            deliveries.add_metric([status], counts.get(status, 0) + extra)
-        yield deliveries
-        # Pending work that failed only because the provider did not answer: not a dead letter
-        # (it retries by itself, without spending attempts), but an outage an operator wants to see.
-        waiting = sum(db.session.execute(select(func.count()).select_from(model)
-                                         .where(model.status == "pending", model.failure_kind == FAILURE_PROVIDER)
-                                         ).scalar() for model in (OutboxDelivery, ScheduledCommand))
-        yield GaugeMetricFamily("shop_outbox_waiting_for_provider",
-                                "Pending deliveries and scheduled commands waiting for an unavailable provider",
-                                value=waiting)
-        commands = GaugeMetricFamily("shop_scheduled_commands", "Scheduled commands by status", labels=["status"])
-        for status in ("pending", "processing", "done", "dead", "discarded", "obsolete"):
-            commands.add_metric([status], command_counts.get(status, 0))
-        yield commands
-
-        oldest_pending = db.session.execute(select(func.min(OutboxDelivery.created_at))
-                                            .where(OutboxDelivery.status.in_(("pending", "processing")))).scalar()
-        yield GaugeMetricFamily("shop_outbox_oldest_pending_age_seconds", "Age of the oldest undelivered delivery",
-                                value=(now - as_utc(oldest_pending)).total_seconds() if oldest_pending else 0)
-        open_warnings = db.session.execute(select(func.count()).select_from(RestoreWarning)
-                                           .where(RestoreWarning.state == "open")).scalar()
-        yield GaugeMetricFamily("shop_restore_warnings_open", "Restore warnings awaiting an operator",
-                                value=open_warnings)
-        last_ok = db.session.execute(select(func.max(ReconciliationCycle.finished_at))
-                                     .where(ReconciliationCycle.status == "ok")).scalar()
-        yield GaugeMetricFamily("shop_reconciliation_last_success_timestamp_seconds",
-                                "When the last reconciliation cycle finished successfully",
-                                value=as_utc(last_ok).timestamp() if last_ok else 0)
-        webhooks = GaugeMetricFamily("shop_webhook_deliveries", "Webhook deliveries received, by outcome",
-                                     labels=["outcome"])
-        counts = dict(db.session.execute(select(WebhookReceipt.outcome, func.count()).group_by(WebhookReceipt.outcome)).all())
-        for outcome in sorted(set(counts) | {"accepted", "duplicate", "rejected", "ignored", "failed"}):
-            webhooks.add_metric([outcome], counts.get(outcome, 0))
-        yield webhooks
+        yield from _stuck_orders(now)
+        yield from _outbox(now)
+        yield from _bookkeeping()
         yield from provider_breaker_metrics()
         yield from self._liveness(now)
 
     def _liveness(self, now):
         """Lag from the database (always); heartbeats and queue depths from Redis, left out of the
         scrape (with a log line) while Redis does not answer: the other families still count."""
-        from .. import queue
-        from .health import oldest_due
-
         lag = GaugeMetricFamily("shop_outbox_lag_seconds",
                                 "How long the oldest due pending item has waited (0: nothing due)", labels=["kind"])
         for kind, at in oldest_due(now).items():
@@ -146,13 +88,81 @@ class ShopCollector:
         yield oldest
 
 
+def _stuck_orders(now):
+    """Live orders unchanged for longer than the stuck age, by status."""
+    cutoff = stuck_cutoff(now)
+    stuck = GaugeMetricFamily("shop_orders_stuck", "Live orders unchanged for longer than the stuck age",
+                              labels=["status"])
+    oldest = GaugeMetricFamily("shop_orders_oldest_stuck_age_seconds", "Age of the oldest stuck order",
+                               labels=["status"])
+    rows = dict((s, (c, m)) for s, c, m in db.session.execute(
+        select(Order.status, func.count(), func.min(Order.updated_at))
+        .where(Order.status.in_([s.value for s in LIVE]), Order.updated_at < cutoff).group_by(Order.status)).all())
+    for status in LIVE:
+        count, min_ts = rows.get(status.value, (0, None))
+        stuck.add_metric([status.value], count)
+        oldest.add_metric([status.value], (now - as_utc(min_ts)).total_seconds() if min_ts else 0)
+    yield stuck
+    yield oldest
+
+
+def _outbox(now):
+    """Deliveries and scheduled commands by status, what waits for the provider, the oldest backlog."""
+    # Dead letters are what an operator acts on, wherever the work came from: dead and
+    # discarded count scheduled commands (refunds, emails, deadlines) as well, as the console's
+    # outbox list does. pending/processing/done are event deliveries only: a pending command
+    # is usually a deadline that is simply not due yet, which is not a backlog.
+    deliveries = GaugeMetricFamily(
+        "shop_outbox_deliveries", "Outbox deliveries by status; dead and discarded include scheduled commands",
+        labels=["status"])
+    counts = dict(db.session.execute(select(OutboxDelivery.status, func.count()).group_by(OutboxDelivery.status)).all())
+    command_counts = dict(db.session.execute(select(ScheduledCommand.status, func.count())
+                                             .group_by(ScheduledCommand.status)).all())
+    for status in ("pending", "processing", "done", "dead", "discarded"):
+        extra = command_counts.get(status, 0) if status in ("dead", "discarded") else 0
+        deliveries.add_metric([status], counts.get(status, 0) + extra)
+    yield deliveries
+    # Pending work that failed only because the provider did not answer: not a dead letter
+    # (it retries by itself, without spending attempts), but an outage an operator wants to see.
+    waiting = sum(db.session.execute(select(func.count()).select_from(model)
+                                     .where(model.status == "pending", model.failure_kind == FAILURE_PROVIDER)
+                                     ).scalar() for model in (OutboxDelivery, ScheduledCommand))
+    yield GaugeMetricFamily("shop_outbox_waiting_for_provider",
+                            "Pending deliveries and scheduled commands waiting for an unavailable provider",
+                            value=waiting)
+    commands = GaugeMetricFamily("shop_scheduled_commands", "Scheduled commands by status", labels=["status"])
+    for status in ("pending", "processing", "done", "dead", "discarded", "obsolete"):
+        commands.add_metric([status], command_counts.get(status, 0))
+    yield commands
+
+    oldest_pending = db.session.execute(select(func.min(OutboxDelivery.created_at))
+                                        .where(OutboxDelivery.status.in_(("pending", "processing")))).scalar()
+    yield GaugeMetricFamily("shop_outbox_oldest_pending_age_seconds", "Age of the oldest undelivered delivery",
+                            value=(now - as_utc(oldest_pending)).total_seconds() if oldest_pending else 0)
+
+
+def _bookkeeping():
+    """Restore warnings, the last good sweep and webhook receipts."""
+    open_warnings = db.session.execute(select(func.count()).select_from(RestoreWarning)
+                                       .where(RestoreWarning.state == "open")).scalar()
+    yield GaugeMetricFamily("shop_restore_warnings_open", "Restore warnings awaiting an operator",
+                            value=open_warnings)
+    last_ok = db.session.execute(select(func.max(ReconciliationCycle.finished_at))
+                                 .where(ReconciliationCycle.status == "ok")).scalar()
+    yield GaugeMetricFamily("shop_reconciliation_last_success_timestamp_seconds",
+                            "When the last reconciliation cycle finished successfully",
+                            value=as_utc(last_ok).timestamp() if last_ok else 0)
+    webhooks = GaugeMetricFamily("shop_webhook_deliveries", "Webhook deliveries received, by outcome",
+                                 labels=["outcome"])
+    counts = dict(db.session.execute(select(WebhookReceipt.outcome, func.count()).group_by(WebhookReceipt.outcome)).all())
+    for outcome in sorted(set(counts) | {"accepted", "duplicate", "rejected", "ignored", "failed"}):
+        webhooks.add_metric([outcome], counts.get(outcome, 0))
+    yield webhooks
+
+
 def provider_breaker_metrics():
     """The provider's circuit breaker (payments.guard) as every process sees it: its state, and
     its transitions counted in the shared state, so any process answers the same."""
-    from prometheus_client.core import CounterMetricFamily
-
-    from ..payments import guard
-
     view = guard.get().breaker_view()
     state = GaugeMetricFamily("shop_provider_breaker_state",
                               "The payment provider's circuit breaker: 1 for its current state", labels=["state"])

@@ -8,6 +8,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..extensions import csrf, db
 from . import bp
+from .health import snapshot
 from .metrics import registry
 
 log = logging.getLogger("shop.ops")
@@ -18,8 +19,6 @@ def healthz():
     """200 when the database and Redis answer, a worker and the scheduler beat within
     HEALTH_STALE_SECONDS and no due outbox item waits too long; otherwise 503 with each reason in
     words. Never asks the provider."""
-    from .health import snapshot
-
     found = snapshot()
     body = {"status": "ok" if found["healthy"] else "degraded", **found["checks"], "problems": found["problems"]}
     return jsonify(body), 200 if found["healthy"] else 503

@@ -1,18 +1,25 @@
-"""Entry points that run deliveries and scheduled commands: one by id, or deliveries in drains."""
+"""Entry points that run deliveries and scheduled commands: one by id, or deliveries in drains;
+the handlers and command kinds they run, as the app factory registered them (`init_app`); and an
+operator's verbs on a row (retry a dead one, retry every dead one of a kind, discard)."""
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from datetime import datetime
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from flask import current_app
 
 from sqlalchemy.orm import joinedload
 
+from .. import queue
 from ..domain.events import event_from_payload
 from ..models import OutboxDelivery, ScheduledCommand
 from . import runner
+from .failures import PermanentFailure
+
+log = logging.getLogger("shop.outbox")
 
 # A drain claims this many deliveries per statement and hands the worker back to other jobs
 # (scheduled commands keep their time) after this long.
@@ -30,16 +37,33 @@ def drain_threads() -> int:
     return current_app.config.get("DRAIN_THREADS", 3)
 
 
-def _handlers():
-    from ..saga import HANDLERS
+Handler = Callable[[Any, datetime], None]     # handler(event, now), named in subscriptions.py
+Command = Callable[[ScheduledCommand, datetime], None]  # command(row, now), named by the row's kind
+_REGISTRY = "shop.outbox.work"
 
-    return HANDLERS
+
+def init_app(app, *, handlers: Mapping[str, Handler], commands: Mapping[str, Command]) -> None:
+    """The app factory hands the outbox the use cases' work by name (saga.HANDLERS,
+    scheduling.commands.COMMANDS): the outbox runs them without importing the layers above it.
+    The mappings are kept as given, not copied, so what is added to them later is found."""
+    app.extensions[_REGISTRY] = (handlers, commands)
 
 
-def _commands():
-    from ..scheduling.commands import COMMANDS
+def _registered() -> tuple[Mapping[str, Handler], Mapping[str, Command]]:
+    try:
+        return current_app.extensions[_REGISTRY]
+    except KeyError:
+        # Not a PermanentFailure: the row is fine, this process is not. It is retried later.
+        raise RuntimeError("no handlers or commands registered with the outbox; build the app with "
+                           "shop.create_app, which registers them") from None
 
-    return COMMANDS
+
+def _handlers() -> Mapping[str, Handler]:
+    return _registered()[0]
+
+
+def _commands() -> Mapping[str, Command]:
+    return _registered()[1]
 
 
 def _describe_delivery(row) -> str:
@@ -53,14 +77,14 @@ def _describe_command(row) -> str:
 def _execute_delivery(row: OutboxDelivery, now: datetime) -> None:
     handler = _handlers().get(row.handler)
     if handler is None:
-        raise runner.PermanentFailure(f"no handler named {row.handler!r}")
+        raise PermanentFailure(f"no handler named {row.handler!r}")
     handler(event_from_payload(row.event.name, row.event.payload), now)
 
 
 def _execute_command(row: ScheduledCommand, now: datetime) -> None:
     command = _commands().get(row.kind)
     if command is None:
-        raise runner.PermanentFailure(f"no command named {row.kind!r}")
+        raise PermanentFailure(f"no command named {row.kind!r}")
     command(row, now)
 
 
@@ -125,3 +149,50 @@ def drain_deliveries_concurrently(threads: int, should_yield: Callable[[], bool]
         more = more or bool(result and result.get("more"))
         counts.update({k: v for k, v in (result or {}).items() if k != "more"})
     return {**counts, "more": more}
+
+
+# -- an operator's verbs on a row, by its kind as the console names it ----------------------
+
+TABLES = {"delivery": OutboxDelivery, "command": ScheduledCommand}
+
+
+def _announce(kind: str, work_id: int, due: datetime | None = None) -> bool:
+    """Hand a row that is pending and due to Redis now; False (logged) when Redis does not
+    answer, in which case the relay hands it over after its grace period."""
+    try:
+        if kind == "delivery":
+            queue.enqueue_delivery(work_id)
+        else:
+            queue.enqueue_command(work_id, due)
+        return True
+    except Exception as exc:
+        log.warning("%s %s is due again but Redis could not be told (%s); the relay will pick it up",
+                    kind, work_id, exc)
+        return False
+
+
+def retry_dead(kind: str, work_id: int, now: datetime | None = None) -> bool:
+    """A dead delivery or command runs again now, with a fresh attempt budget. False when it
+    was not dead (any more)."""
+    if not runner.retry_dead(TABLES[kind], work_id, now):
+        return False
+    _announce(kind, work_id, now)
+    return True
+
+
+def retry_all_dead(kind: str, name: str) -> list[int]:
+    """Every dead row of one handler (deliveries) or command kind runs again, each with a fresh
+    budget. Returns their ids."""
+    model = TABLES[kind]
+    column = model.__table__.c.handler if kind == "delivery" else model.__table__.c.kind
+    ids = runner.retry_all_dead(model, column, name)
+    for work_id in ids:
+        if not _announce(kind, work_id):
+            break  # Redis is down: the rest are pending and due too, and the relay hands them over
+    return ids
+
+
+def discard(kind: str, work_id: int, reason: str) -> bool:
+    """Give up on a dead row for good, with the operator's reason. False when it was not dead
+    or pending (any more)."""
+    return runner.discard(TABLES[kind], work_id, reason)

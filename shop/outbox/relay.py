@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from flask import current_app
 from sqlalchemy import and_, or_, select, update
 
+from .. import queue
 from ..domain.deadlines import utcnow
 from ..extensions import db
 from ..models import OutboxDelivery, ScheduledCommand
@@ -57,8 +58,6 @@ def _due_ids(model, now, grace, limit) -> list[int]:
 
 
 def relay_once(now: datetime | None = None, horizon_seconds: float | None = None) -> dict:
-    from .. import queue
-
     now = now or utcnow()
     cfg = current_app.config
     grace = timedelta(seconds=cfg["RELAY_GRACE_SECONDS"])
@@ -87,8 +86,6 @@ def relay_once(now: datetime | None = None, horizon_seconds: float | None = None
 def rearm_future_commands(now: datetime, until: datetime | None = None, chunk: int = 500) -> int:
     """Hand pending commands due after `now` (up to `until`, or all) to rq-scheduler when it no
     longer has them, e.g. after a Redis wipe. A deadline then runs late, never not at all."""
-    from .. import queue
-
     rearmed = 0
     after_id = 0
     while True:

@@ -38,44 +38,15 @@ from typing import Any, Callable
 from flask import current_app
 from sqlalchemy import and_, bindparam, or_, select, update
 
-from ..domain.deadlines import FAILURE_ERROR, FAILURE_PROVIDER, FAILURE_REFUSED, retry_decision, utcnow
+from .. import queue
+from ..domain.deadlines import FAILURE_PROVIDER, retry_decision, utcnow
 from ..extensions import db
+from ..models import ScheduledCommand
 from . import uow
+# Raised by handlers and commands; named here too for the callers that catch them.
+from .failures import PermanentFailure, Reschedule, WAITING_FOR_PROVIDER, failure_kind  # noqa: F401
 
 log = logging.getLogger("shop.outbox")
-
-
-class PermanentFailure(Exception):
-    """A handler's way to say "retrying cannot help": the row goes straight to dead."""
-
-    failure_kind = FAILURE_REFUSED
-
-
-def failure_kind(exc: BaseException) -> str:
-    """How a failed attempt counts (domain.deadlines.retry_decision): an exception declares it
-    with a `failure_kind` attribute (PermanentFailure, gateway.ProviderUnavailable), directly or
-    as the cause it was raised from; anything else is an ordinary error."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        kind = getattr(exc, "failure_kind", None)
-        if kind in (FAILURE_REFUSED, FAILURE_PROVIDER):
-            return kind
-        exc = exc.__cause__
-    return FAILURE_ERROR
-
-
-class Reschedule(Exception):
-    """Not due yet (a scheduler may fire up to a second early): run again at `due`, without
-    spending an attempt."""
-
-    def __init__(self, due: datetime):
-        super().__init__(f"not due until {due.isoformat()}")
-        self.due = due
-
-
-# How the console and last_error name a row that failed only because the provider did not answer.
-WAITING_FOR_PROVIDER = "waiting for the provider"
 
 
 class LeaseLost(Exception):
@@ -346,17 +317,11 @@ def record_failure(model, work_id, worker, exc, now, describe) -> str:
 
 
 def _announce_retry(model, work_id, due):
-    from .. import queue
-    from ..models import ScheduledCommand
-
     try:
         if model is ScheduledCommand:
             queue.enqueue_command(work_id, due)
         else:
-            # rq-scheduler keeps whole seconds and may fire a second early; a delivery is never
-            # claimed before its time, so its retry job is scheduled a second late instead.
-            queue.scheduler().enqueue_at(due + timedelta(seconds=1), queue.DELIVERY_JOB, work_id,
-                                         job_result_ttl=0, timeout=300)
+            queue.schedule_delivery(work_id, due)
     except Exception as exc:  # the relay picks it up once it is due
         log.warning("could not schedule the retry in Redis (%s); the relay will", exc)
 

@@ -9,8 +9,9 @@ from contextlib import contextmanager
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from ..extensions import db
+from .. import queue
 from ..domain.order import OrderRules
+from ..extensions import db
 from .writer import write_events
 
 log = logging.getLogger("shop.outbox")
@@ -95,8 +96,6 @@ def publish_after_commit(session) -> None:
     pending = session.info.pop("after_commit", None)
     if not pending or not (pending["deliveries"] or pending["commands"] or pending.get("retired")):
         return
-    from .. import queue
-
     try:
         queue.announce(pending["deliveries"], pending["commands"], retired=pending.get("retired", ()))
     except Exception as exc:  # Redis down: the rows are committed, the relay will announce them.

@@ -3,9 +3,12 @@
 The provider reveals a signing secret only when an endpoint is created, so the new secret is
 stored at once in the shared store (kv_store) that every process reads. Only endpoints whose
 description carries our marker are ever deleted, and only when they point elsewhere or are
-disabled: an endpoint a person created is never touched.
+disabled: an endpoint a person created is never touched. It also owns reading that secret
+(`webhook_secret`), so the webhook depends on payments and never the other way round.
 """
 from __future__ import annotations
+
+import time
 
 from flask import current_app
 
@@ -16,6 +19,30 @@ from . import gateway
 MARKER = "[backstop:auto-registered]"
 SECRET_KEY = "stripe_webhook_secret"
 ENDPOINT_KEY = "stripe_webhook_endpoint_id"
+
+
+def webhook_secret() -> str | None:
+    """The secret the webhook verifies signatures with: STRIPE_WEBHOOK_SECRET wins; otherwise the
+    one registration stored (cached for a few seconds so a hot webhook does not read it on every
+    delivery)."""
+    configured = current_app.config.get("STRIPE_WEBHOOK_SECRET")
+    if configured:
+        return configured
+    # Per app, not per process: an app (and its tests) never sees another app's secret.
+    ext = current_app.extensions.setdefault("backstop", {})
+    cached = ext.get("webhook_secret")
+    if cached and cached[1] > time.monotonic():
+        return cached[0]
+    row = db.session.get(KeyValue, SECRET_KEY)
+    value = row.value if row else None
+    db.session.rollback()
+    ext["webhook_secret"] = (value, time.monotonic() + (5 if value else 1))
+    return value
+
+
+def forget_webhook_secret() -> None:
+    """Registration just stored a new secret: this process reads it on the next delivery."""
+    current_app.extensions.setdefault("backstop", {}).pop("webhook_secret", None)
 
 
 def is_stale_own_endpoint(endpoint: gateway.EndpointView, target_url: str) -> bool:
@@ -55,8 +82,6 @@ def register_webhook() -> list[str]:
         lines.append(f"deleted endpoint {ep.id} whose secret this shop does not hold")
     created = gateway.create_webhook_endpoint(target, f"{MARKER} Backstop shop at {current_app.config['PUBLIC_BASE_URL']}")
     _store(SECRET_KEY, created.secret)
-    from ..webhooks import forget_webhook_secret
-
     forget_webhook_secret()
     _store(ENDPOINT_KEY, created.id)
     lines.append(f"registered endpoint {created.id} for {target}; signing secret stored for every process")

@@ -7,6 +7,7 @@ from .. import emails, mailer
 from ..extensions import db
 from ..models import Order, ScheduledCommand
 from ..orders.commands import expire_unpaid_order
+from ..payments.refunds import execute_refund
 
 
 def _expire(row: ScheduledCommand, now: datetime) -> None:
@@ -27,8 +28,6 @@ def _send_email(row: ScheduledCommand, now: datetime) -> None:
 
 
 def _refund(row: ScheduledCommand, now: datetime) -> None:
-    from ..payments.refunds import execute_refund
-
     execute_refund(row.payload["refund_id"], now)
 
 

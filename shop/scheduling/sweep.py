@@ -53,7 +53,7 @@ from ..domain.order import UNPAID, OrderStatus
 from ..extensions import db
 from ..models import Lease, Order, ReconciliationCycle, Refund, ScheduledCommand
 from ..orders.commands import cancel_unpaid
-from ..outbox import uow
+from ..outbox import dispatch, uow
 from ..payments import apply as payments
 from ..payments import gateway
 
@@ -409,9 +409,6 @@ def _follow_refunds(order_id: int, reference: str, open_refund_ids: list[int], s
     died of anything but the provider's refusal (an outage dead-lettered before waiting for the
     provider existed, a bug since fixed) runs again with a fresh budget; a refused one stays a
     dead letter for an operator, and the order stays watched either way."""
-    from .. import queue
-    from ..outbox import runner
-
     session = db.session
     if not open_refund_ids:
         payments.stop_watching(order_id)
@@ -431,14 +428,10 @@ def _follow_refunds(order_id: int, reference: str, open_refund_ids: list[int], s
                         "for an operator in the dead letters", reference, command.id)
             outcome = "refund_refused"
             continue
-        if runner.retry_dead(ScheduledCommand, command.id, now):
+        if dispatch.retry_dead("command", command.id, now):
             log.warning("sweep: the refund for cancelled order %s was dead (cmd-%s); running it again", reference,
                         command.id)
             outcome = "refund_retried" if outcome != "refund_refused" else outcome
-            try:
-                queue.enqueue_command(command.id, now)
-            except Exception as exc:  # it is pending and due: the relay hands it over
-                log.warning("sweep: could not tell Redis about cmd-%s (%s); the relay will", command.id, exc)
     backoff_provider_checks(order_id, "watching", now, since=since)
     return outcome
 
@@ -531,21 +524,15 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
     clock = _Clock(now)
     started = clock()
     cutoff = started - timedelta(seconds=cfg["RECONCILIATION_STUCK_AGE_SECONDS"])
-    batch = cfg["RECONCILIATION_BATCH_SIZE"]
     expiry_on, provider_on = cfg["UNPAID_ORDER_EXPIRY_ENABLED"], cfg["RECONCILIATION_ENABLED"]
     lease_seconds = float(cfg.get("RECONCILIATION_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
     holder = _holder()
-    session = db.session
-    session.rollback()  # start from a clean transaction whatever the caller left behind
+    db.session.rollback()  # start from a clean transaction whatever the caller left behind
 
     if not (expiry_on or provider_on):
         return _record_skip(CycleResult("skipped", cutoff, started, reason="both passes are turned off"), holder, clock)
     if not acquire_lease(LEASE_NAME, holder, started, lease_seconds):
-        current = session.execute(select(Lease.holder, Lease.expires_at).where(Lease.name == LEASE_NAME)).first()
-        session.rollback()
-        reason = "another cycle holds the sweep lease"
-        if current is not None:
-            reason += f" ({current.holder}, until {as_utc(current.expires_at).isoformat(timespec='seconds')})"
+        reason = _lease_held_by_another()
         log.info("sweep: skipped, %s", reason)
         return _record_skip(CycleResult("skipped", cutoff, started, reason=reason), holder, clock)
 
@@ -553,33 +540,16 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
                          expiry=_zeros(EXPIRY_OUTCOMES) if expiry_on else None,
                          provider=_zeros(PROVIDER_OUTCOMES) if provider_on else None)
     try:
-        row = ReconciliationCycle(started_at=started, cutoff=cutoff, status="running", holder=holder,
-                                  expiry_counts={}, provider_counts={}, errors=[])
-        session.add(row)
-        session.commit()
-        result.cycle_id = row.id
-
+        result.cycle_id = _record_start(result, holder)
         keep_lease = _LeaseKeeper(holder, started + timedelta(seconds=lease_seconds), lease_seconds, clock)
-        # Expiry first, so an order the provider pass moves to PaymentFailed keeps its window.
-        if expiry_on:
-            ids = stuck_order_ids(UNPAID, cutoff, batch)
-            _run_pass("expiry", ids, lambda oid: expire_stranded_order(oid, cutoff), result.expiry,
-                      result.errors, keep_lease)
-        if provider_on:
-            ids = stuck_order_ids((S.PAYMENT_INITIATED,), cutoff, batch, with_session=True, now=clock())
-            _run_pass("provider", ids, lambda oid: reconcile_stuck_payment(oid, cutoff, clock()), result.provider,
-                      result.errors, keep_lease)
-            # Then cancelled orders whose money may still come (a lost late-payment webhook).
-            ids = watched_cancelled_ids(clock(), batch)
-            _run_pass("provider", ids, lambda oid: check_cancelled_payment(oid, clock()), result.provider,
-                      result.errors, keep_lease)
+        _run_passes(result, cfg["RECONCILIATION_BATCH_SIZE"], clock, keep_lease)
     except _LeaseLost as exc:
-        uow.rollback(session)
+        uow.rollback(db.session)
         log.warning("sweep: %s", exc)
         result.status, result.reason = "failed", "lost the lease"
         result.errors.append({"pass": "cycle", "order_id": None, "kind": "lease_lost", "error": str(exc)})
     except Exception as exc:
-        uow.rollback(session)
+        uow.rollback(db.session)
         log.exception("sweep: the cycle failed")
         result.status, result.reason = "failed", f"{type(exc).__name__}"
         result.errors.append({"pass": "cycle", "order_id": None, "kind": error_kind(exc),
@@ -593,6 +563,42 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
     log.info("sweep: cycle %s %s; %s; %s", result.cycle_id, result.status, expiry_line(result.expiry),
              provider_line(result.provider))
     return result
+
+
+def _run_passes(result: CycleResult, batch: int, clock, keep_lease) -> None:
+    """The passes that are on (a pass is on when its counts exist), oldest orders first."""
+    cutoff = result.cutoff
+    # Expiry first, so an order the provider pass moves to PaymentFailed keeps its window.
+    if result.expiry is not None:
+        ids = stuck_order_ids(UNPAID, cutoff, batch)
+        _run_pass("expiry", ids, lambda oid: expire_stranded_order(oid, cutoff), result.expiry,
+                  result.errors, keep_lease)
+    if result.provider is not None:
+        ids = stuck_order_ids((S.PAYMENT_INITIATED,), cutoff, batch, with_session=True, now=clock())
+        _run_pass("provider", ids, lambda oid: reconcile_stuck_payment(oid, cutoff, clock()), result.provider,
+                  result.errors, keep_lease)
+        # Then cancelled orders whose money may still come (a lost late-payment webhook).
+        ids = watched_cancelled_ids(clock(), batch)
+        _run_pass("provider", ids, lambda oid: check_cancelled_payment(oid, clock()), result.provider,
+                  result.errors, keep_lease)
+
+
+def _lease_held_by_another() -> str:
+    session = db.session
+    current = session.execute(select(Lease.holder, Lease.expires_at).where(Lease.name == LEASE_NAME)).first()
+    session.rollback()
+    reason = "another cycle holds the sweep lease"
+    if current is not None:
+        reason += f" ({current.holder}, until {as_utc(current.expires_at).isoformat(timespec='seconds')})"
+    return reason
+
+
+def _record_start(result: CycleResult, holder: str) -> int:
+    row = ReconciliationCycle(started_at=result.started_at, cutoff=result.cutoff, status="running", holder=holder,
+                              expiry_counts={}, provider_counts={}, errors=[])
+    db.session.add(row)
+    db.session.commit()
+    return row.id
 
 
 def _record_finish(result: CycleResult) -> None:
