@@ -41,14 +41,9 @@ from sqlalchemy import and_, bindparam, or_, select, update
 from ..domain.deadlines import FAILURE_ERROR, FAILURE_PROVIDER, FAILURE_REFUSED, retry_decision, utcnow
 from ..extensions import db
 from . import uow
+from .errors import PermanentFailure, Reschedule  # noqa: F401 - raised by handlers, caught here
 
 log = logging.getLogger("shop.outbox")
-
-
-class PermanentFailure(Exception):
-    """A handler's way to say "retrying cannot help": the row goes straight to dead."""
-
-    failure_kind = FAILURE_REFUSED
 
 
 def failure_kind(exc: BaseException) -> str:
@@ -63,15 +58,6 @@ def failure_kind(exc: BaseException) -> str:
             return kind
         exc = exc.__cause__
     return FAILURE_ERROR
-
-
-class Reschedule(Exception):
-    """Not due yet (a scheduler may fire up to a second early): run again at `due`, without
-    spending an attempt."""
-
-    def __init__(self, due: datetime):
-        super().__init__(f"not due until {due.isoformat()}")
-        self.due = due
 
 
 # How the console and last_error name a row that failed only because the provider did not answer.
