@@ -224,7 +224,7 @@ def _fail(order: OrderSnapshot, reason: str, words: str) -> Applied:
     result = order.mark_payment_failed(reason)
     if isinstance(result, Refused):
         return Applied("noop", order, result.message)
-    order.last_payment_error = words
+    order.failed_because(words)
     orders.save(order, "mark_payment_failed", result.events)
     return Applied("payment_failed", order)
 

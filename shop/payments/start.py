@@ -86,7 +86,7 @@ def _save_started(order: OrderSnapshot, view: gateway.SessionView, attempt: int)
     if not transition.ok:  # checked before the provider call on the same snapshot; kept so the rule has one home
         _expire_quietly(view.id)
         return StartOutcome("refused", message=transition.message)
-    order.payment_attempts, order.payment_session_expires_at = attempt, view.expires_at
+    order.attempt(attempt, view.expires_at)
     try:
         with uow.transaction():
             orders.save(order, "start_payment", transition.events)

@@ -83,6 +83,14 @@ class OrderSnapshot(OrderRules):
                    placed.email, placed.access_token, updated_at=placed.placed_at,
                    lines=tuple(Line(l["sku"], l["name"], l["quantity"], l["unit_price"]) for l in placed.lines))
 
+    def attempt(self, number: int, session_expires_at: datetime | None) -> None:
+        """The payment attempt a start_payment transition opens, for `save` to write with it."""
+        self.payment_attempts, self.payment_session_expires_at = number, session_expires_at
+
+    def failed_because(self, words: str) -> None:
+        """What the customer's order page says about a failed payment, saved with the transition."""
+        self.last_payment_error = words
+
 
 class LostRace(StaleDataError):
     """A transition's guarded UPDATE missed: the order is no longer at the version seen (or no
