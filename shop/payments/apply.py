@@ -115,12 +115,11 @@ def _claim_statement(dialect: str):
 
 def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
     """The notice nearly every paid order gets: its own session, paid, proof accepted, the order
-    waiting in PaymentInitiated. Applied with two statements on the table (read, then the
-    version-guarded UPDATE) and the events written explicitly, instead of loading and flushing
-    the mapped Order (~20% of a webhook delivery's CPU). Returns None for anything else, which
-    takes the general path below; a concurrent writer makes the UPDATE miss, and the caller's
-    retry re-reads what it did."""
-    if view.payment_status != "paid" or view.order_id is None or not 0 < view.order_id < 2**31:
+    waiting in PaymentInitiated. Applied with two statements (the store's narrow read, then its
+    version-guarded save with the events), without building the mapped Order (~20% of a webhook
+    delivery's CPU). Returns None for anything else, which takes the general path below; a
+    concurrent writer makes the save miss (LostRace), and the caller's retry re-reads what it did."""
+    if view.payment_status != "paid" or not orders.usable_id(view.order_id):
         return None
     order = orders.read_for_payment(view.order_id)
     if order is None or order.status != S.PAYMENT_INITIATED.value or order.payment_session_id != view.id:
