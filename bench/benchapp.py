@@ -3,7 +3,7 @@
     gunicorn --pythonpath bench 'benchapp:create_bench_app()'   (bench/checkout.py, bench/webhook.py)
 
 `POST /_bench/bare-order?variants=1,2,3` runs only the SQL of an order, the way place_order
-issues it: read the prices, insert the order and its lines, then decrement each variant last,
+issues it: read the prices, insert the order and its lines (the order store's insert_order), then decrement each variant last,
 in ascending id order, and commit. No session, cart, CSRF, outbox, deadline, Redis or provider:
 bench/checkout.py divides the real checkout's throughput by this one's to show the overhead.
 
@@ -20,11 +20,11 @@ from sqlalchemy import bindparam, insert, select
 
 from shop import create_app
 from shop.domain.deadlines import utcnow
-from shop.domain.order import OrderStatus
 from shop.extensions import csrf, db
 from shop.models import Variant
 from shop.orders import checkout
 from shop.orders.checkout import new_reference
+from shop.store import orders
 
 bp = Blueprint("benchsupport", __name__, url_prefix="/_bench")
 
@@ -42,14 +42,11 @@ def bare_order():
     session = db.session
     variants = {v.id: v for v in session.execute(_READ_PRICES, {"ids": ids})}
     total = sum(v.price for v in variants.values())
-    order_id = session.execute(checkout._INSERT_ORDER, dict(
-        reference=new_reference(), access_token=secrets.token_urlsafe(24), browser_id="bench",
-        email="bench@example.com", status=OrderStatus.PENDING_PAYMENT.value, total=total, currency="usd",
-        inventory_restored=False, payment_attempts=0, version=1, created_at=now, updated_at=now,
-    )).scalar_one()
-    session.execute(checkout._INSERT_LINES, [
-        dict(order_id=order_id, variant_id=v.id, sku=v.sku, name=v.name, quantity=1, unit_price=v.price)
-        for v in variants.values()])
+    order_id = orders.insert_order(
+        session, reference=new_reference(), access_token=secrets.token_urlsafe(24), browser_id="bench",
+        email="bench@example.com", total=total, currency="usd", now=now,
+        lines=[dict(variant_id=v.id, sku=v.sku, name=v.name, quantity=1, unit_price=v.price)
+               for v in variants.values()])
     for variant_id in ids:
         if session.execute(checkout._DECREMENT, dict(variant=variant_id, quantity=1, now=now)).rowcount != 1:
             session.rollback()

@@ -30,6 +30,7 @@ from shop.payments.apply import reconcile_order
 from shop.payments.start import start_payment
 from shop.scheduling import sweep
 from shop.scheduling.sweep import run_cycle
+from shop.store import orders as store
 from shop.seed import seed_catalog
 
 WEBHOOK_SECRET = "whsec_test_secret"
@@ -319,17 +320,17 @@ def test_a_webhook_landing_between_the_sweeps_load_and_save_wins(build_app, sand
         order_id, _, body = paid_behind_our_back(sandbox)
         answers = []
 
-        def webhook_first(session, _flush_context, _instances):
-            cancelling = [o for o in session.dirty if isinstance(o, Order) and o.status == "Cancelled"]
-            if cancelling and not answers:
+        def webhook_first(state):
+            # the sweep's save of the cancel (the order store's guarded UPDATE), after its load
+            if state.statement is store.TRANSITIONS["cancel"][0] and not answers:
                 answers.append(_webhook_in_another_thread(app, body))
 
-        event.listen(db.session, "before_flush", webhook_first)
+        event.listen(db.session, "do_orm_execute", webhook_first)
         try:
             with caplog.at_level(logging.INFO, logger="shop.sweep"):
                 result = run_cycle(now=later(app))
         finally:
-            event.remove(db.session, "before_flush", webhook_first)
+            event.remove(db.session, "do_orm_execute", webhook_first)
 
         assert answers and answers[0]["status"] == 200 and answers[0]["json"]["outcome"] == "paid"
         assert result.expiry["lost_race"] == 1 and result.expiry["cancelled"] == 0

@@ -1,7 +1,8 @@
 """place_order: the one local transaction that turns a cart into an order.
 
 Inside ONE transaction, in this order:
-  1. insert the order and its lines, with prices read from the database (never from a form);
+  1. insert the order and its lines (the order store's `insert_order`), with prices read from
+     the database (never from a form);
   2. close the cart with a conditional update (open -> ordered), so a double submit cannot
      turn one cart into two orders;
   3. write the OrderPlaced event to the outbox and arm the order's payment deadline (a
@@ -22,16 +23,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from flask import current_app
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, select, update
 
 from .. import failpoints
 from ..domain.deadlines import utcnow
 from ..domain.events import OrderPlaced
-from ..domain.order import OrderStatus
 from ..extensions import db
-from ..models import Product, Cart, CartItem, InventoryItem, Order, OrderLine, Variant
+from ..models import Product, Cart, CartItem, InventoryItem, Variant
 from ..outbox import schedule_command, write_events
 from ..outbox.uow import transaction
+from ..store import orders
 
 _REF_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: references are read aloud
 
@@ -74,7 +75,7 @@ class _CartClosed(Exception):
 # The statements, built once with bound parameters and executed on the tables: building a
 # statement, or sending an INSERT of a mapped class through the ORM's bulk machinery, cost more
 # CPU than running its cached compiled form (checkout is the shop's hottest write).
-_orders, _lines, _carts, _inventory = Order.__table__, OrderLine.__table__, Cart.__table__, InventoryItem.__table__
+_carts, _inventory = Cart.__table__, InventoryItem.__table__
 
 # The cart's lines with their current prices, in the order the stock will be taken. An outer
 # join: a line whose variant row is gone still shows up, and is refused as unavailable.
@@ -87,8 +88,6 @@ _READ_CART = (
                  .outerjoin(_products, _products.c.id == _variants.c.product_id))
     .where(_items.c.cart_id == bindparam("cart_id")).order_by(_items.c.variant_id)
 )
-_INSERT_ORDER = insert(_orders).returning(_orders.c.id)
-_INSERT_LINES = insert(_lines)
 _CLOSE_CART = (update(_carts)
                .where(_carts.c.id == bindparam("cart_id"), _carts.c.browser_id == bindparam("browser"),
                       _carts.c.status == "open")
@@ -104,54 +103,64 @@ def place_order(*, cart_id: int, browser_id: str, email: str, now: datetime | No
     now = now or utcnow()
     session = db.session
     rows = session.execute(_READ_CART, {"cart_id": cart_id}).all()
-    if not rows:
-        session.rollback()
-        return CheckoutRefused("empty_cart", "Your cart is empty.")
     lines = [(r.variant_id, r.quantity) for r in rows]
     variants = {r.variant_id: r for r in rows if r.known is not None}
-    gone = [v for v, _ in lines if v not in variants or variants[v].deleted_at is not None]
-    if gone:
+    refused = _refuse_cart(rows, lines, variants)
+    if refused is not None:
         session.rollback()
-        return CheckoutRefused("unavailable", "Some items are no longer sold; remove them from your cart.",
-                               [{"variant_id": v, "available": 0} for v in gone])
-    currencies = {r.currency for r in rows}
-    if len(currencies) != 1:
-        session.rollback()
-        return CheckoutRefused("mixed_currency", "Items priced in different currencies cannot be bought together.")
-    currency = currencies.pop()
+        return refused
+    currency = rows[0].currency
     total = sum(variants[v].price * q for v, q in lines)
-
     reference, token = new_reference(), secrets.token_urlsafe(24)
-    cfg = current_app.config
+    line_rows = [dict(variant_id=v, sku=variants[v].sku, name=variants[v].name, quantity=q,
+                      unit_price=variants[v].price) for v, q in lines]
     try:
         with transaction():
-            order_id = session.execute(_INSERT_ORDER, dict(
-                reference=reference, access_token=token, browser_id=browser_id, email=email,
-                status=OrderStatus.PENDING_PAYMENT.value, total=total, currency=currency,
-                inventory_restored=False, payment_attempts=0, version=1, created_at=now, updated_at=now,
-            )).scalar_one()
-            line_rows = [dict(order_id=order_id, variant_id=v, sku=variants[v].sku, name=variants[v].name,
-                              quantity=q, unit_price=variants[v].price) for v, q in lines]
-            session.execute(_INSERT_LINES, line_rows)
+            order_id = orders.insert_order(session, reference=reference, access_token=token, browser_id=browser_id,
+                                           email=email, total=total, currency=currency, now=now, lines=line_rows)
             closed = session.execute(_CLOSE_CART, dict(cart_id=cart_id, browser=browser_id, order=order_id))
             if closed.rowcount != 1:
                 raise _CartClosed()
             write_events(session, [OrderPlaced(order_id, reference, total, currency)], now=now)
-            if cfg["UNPAID_ORDER_EXPIRY_ENABLED"]:
-                schedule_command(session, "expire_unpaid_order",
-                                 now + timedelta(seconds=cfg["UNPAID_ORDER_EXPIRY_SECONDS"]),
-                                 order_id=order_id, now=now)
-            for variant_id, quantity in lines:  # ascending variant id: no lock-order cycles
-                taken = session.execute(_DECREMENT, dict(variant=variant_id, quantity=quantity, now=now))
-                if taken.rowcount != 1:
-                    raise _Shortfall()
-                failpoints.hit("place_order.after_decrement")  # lets a test widen the lock window
+            _arm_deadline(session, order_id, now)
+            _take_stock(session, lines, now)
     except _CartClosed:
         return CheckoutRefused("cart_closed", "This cart was already checked out.")
     except _Shortfall:
         return CheckoutRefused("out_of_stock", "Some items do not have enough stock left.",
                                shortages(lines, variants))
     return Placed(order_id, reference, token, email, total, currency, line_rows, now)
+
+
+def _refuse_cart(rows, lines, variants) -> CheckoutRefused | None:
+    """Why this cart cannot become an order, read before any write: empty, a variant no longer
+    sold, or prices in more than one currency."""
+    if not rows:
+        return CheckoutRefused("empty_cart", "Your cart is empty.")
+    gone = [v for v, _ in lines if v not in variants or variants[v].deleted_at is not None]
+    if gone:
+        return CheckoutRefused("unavailable", "Some items are no longer sold; remove them from your cart.",
+                               [{"variant_id": v, "available": 0} for v in gone])
+    if len({r.currency for r in rows}) != 1:
+        return CheckoutRefused("mixed_currency", "Items priced in different currencies cannot be bought together.")
+    return None
+
+
+def _arm_deadline(session, order_id: int, now: datetime) -> None:
+    cfg = current_app.config
+    if cfg["UNPAID_ORDER_EXPIRY_ENABLED"]:
+        schedule_command(session, "expire_unpaid_order", now + timedelta(seconds=cfg["UNPAID_ORDER_EXPIRY_SECONDS"]),
+                         order_id=order_id, now=now)
+
+
+def _take_stock(session, lines, now: datetime) -> None:
+    """LAST before the commit: the conditional decrements, in ascending variant id (no lock-order
+    cycles). A line short of stock raises _Shortfall, which rolls the whole checkout back."""
+    for variant_id, quantity in lines:
+        taken = session.execute(_DECREMENT, dict(variant=variant_id, quantity=quantity, now=now))
+        if taken.rowcount != 1:
+            raise _Shortfall()
+        failpoints.hit("place_order.after_decrement")  # lets a test widen the lock window
 
 
 def shortages(lines, variants) -> list[dict]:

@@ -10,14 +10,17 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from flask import current_app
-from sqlalchemy.orm.exc import StaleDataError
 
 from ..domain.deadlines import as_utc, unpaid_deadline, utcnow
 from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderStatus, UNPAID
 from ..domain.results import Refused
 from ..extensions import db
-from ..models import Order
 from ..outbox import uow
+from ..outbox.failures import Reschedule
+from ..payments.apply import ask_and_apply
+from ..payments.start import retire_session_before_cancel
+from ..store import orders
+from ..store.orders import OrderSnapshot
 from .views import status_words
 
 log = logging.getLogger("shop.orders")
@@ -26,7 +29,7 @@ log = logging.getLogger("shop.orders")
 @dataclass
 class CancelOutcome:
     status: str            # cancelled | conflict | refused | not_found
-    order: Order | None = None
+    order: OrderSnapshot | None = None
     code: str = ""
     message: str = ""
 
@@ -39,8 +42,7 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
     transaction is open across that provider call (on SQLite one would hold the write lock for
     the provider's whole answer); the cancel then commits only if the order is still at the
     version checked, or moved only because of the expiry this cancel caused."""
-    session = db.session
-    order = session.get(Order, order_id)
+    order = orders.read(order_id)
     if order is None:
         return CancelOutcome("not_found")
     if expected_version is not None and order.version != expected_version:
@@ -50,17 +52,22 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
     if not order.can("cancel"):
         refusal = order.cancel(reason)
         return CancelOutcome("refused", order, refusal.code, refusal.message)
-    seen, retired, money_may_come, reference = order.version, None, False, order.reference
+    seen, retired, money_may_come = order.version, None, False
     if OrderStatus(order.status) is OrderStatus.PAYMENT_INITIATED and order.payment_session_id:
-        from ..payments.start import retire_session_before_cancel
-
         retired = order.payment_session_id
-        session.rollback()  # no transaction open across the provider call
-        verdict = retire_session_before_cancel(order_id, reference, retired)
+        db.session.rollback()  # no transaction open across the provider call
+        verdict = retire_session_before_cancel(order_id, order.reference, retired)
         if isinstance(verdict, Refused):
-            return CancelOutcome("refused", session.get(Order, order_id), verdict.code, verdict.message)
+            return CancelOutcome("refused", orders.read(order_id), verdict.code, verdict.message)
         money_may_come = verdict
-        order = session.get(Order, order_id)
+        order = orders.read(order_id)
+    return _save_cancel(order, seen, reason, retired, money_may_come)
+
+
+def _save_cancel(order: OrderSnapshot, seen: int, reason: str, retired: str | None,
+                 money_may_come: bool) -> CancelOutcome:
+    """The cancel's guarded save, once more after a lost race that only this cancel's own expiry
+    caused (see `_moved_by_this_cancel`)."""
     for attempt in range(2):
         if order.version != seen:
             moved = _moved_by_this_cancel(order, retired)
@@ -74,23 +81,22 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
         result = order.cancel(reason)
         if isinstance(result, Refused):
             return CancelOutcome("refused", order, result.code, result.message)
-        if money_may_come and order.payment_processing_at is None:
-            # The session could still take money (an async payment settling, or a session the
-            # cancel could not read or expire): the sweep watches marked cancelled orders, so a
-            # lost late-payment webhook cannot leave that money kept. Bookkeeping, same commit.
-            order.payment_processing_at = utcnow()
+        # The session could still take money (an async payment settling, or a session the cancel
+        # could not read or expire): the sweep watches marked cancelled orders, so a lost
+        # late-payment webhook cannot leave that money kept. Bookkeeping, same commit.
+        watch_from = utcnow() if money_may_come else None
         try:
             with uow.transaction():
-                pass  # commits the cancel the aggregate just recorded, then announces it
-        except StaleDataError:
-            order = session.get(Order, order_id)
+                orders.save(order, "cancel", result.events, watch_from=watch_from)
+        except orders.LostRace:
+            order = orders.read(order.id)
             continue
-        log.info("order %s cancelled (%s)", reference, reason)  # not order.reference: a read after the commit
+        log.info("order %s cancelled (%s)", order.reference, reason)
         return CancelOutcome("cancelled", order)
     raise AssertionError("unreachable")
 
 
-def _moved_by_this_cancel(order: Order, retired: str | None) -> str:
+def _moved_by_this_cancel(order: OrderSnapshot, retired: str | None) -> str:
     """The order moved between the customer's look and the cancel's commit. "done" when it is
     already Cancelled (the notice of the expiry this cancel caused at the provider got there first
     and cancelled it, or the deadline did: what the customer asked for is true); "retry" when the
@@ -112,12 +118,7 @@ def expire_unpaid_order(order_id: int, now: datetime) -> str:
     What is stored decides, not the row that fired: the due instant is re-derived from the
     order's last change, so an earlier deadline of an order whose payment failed (and got a
     fresh window) is a no-op, and a deadline that fired a little early is re-armed."""
-    from ..outbox.runner import Reschedule
-
-    session = db.session
-    # The row only (Order's lines and refunds are lazy); no loader options, which would cost a
-    # cache key per get.
-    order = session.get(Order, order_id)
+    order = orders.read(order_id)
     if order is None:
         return "gone"
     if OrderStatus(order.status) is OrderStatus.PAYMENT_INITIATED:
@@ -135,23 +136,24 @@ def expire_unpaid_order(order_id: int, now: datetime) -> str:
     return f"noop:{order.status}" if outcome == "changed" else outcome
 
 
-def cancel_unpaid(order: Order) -> str:
+def cancel_unpaid(order: OrderSnapshot) -> str:
     """The one unpaid-order expiry, shared by the deadline and the sweep's expiry pass: cancel an
     order still unpaid (PendingPayment / PaymentFailed) whose payment window the caller has found
-    over, through the guarded transition, in the caller's transaction (flushed here, so the
-    version check runs now; the caller commits). Returns cancelled | lost_race | changed."""
-    session = db.session
-    if OrderStatus(order.status) not in UNPAID or isinstance(order.cancel(PAYMENT_WINDOW_EXPIRED), Refused):
+    over, through the guarded transition, saved by the order store in the caller's transaction
+    (the caller commits). Returns cancelled | lost_race | changed."""
+    if OrderStatus(order.status) not in UNPAID:
         return "changed"
-    reference = order.reference
+    result = order.cancel(PAYMENT_WINDOW_EXPIRED)
+    if isinstance(result, Refused):
+        return "changed"
     try:
-        session.flush()
-    except StaleDataError:
-        # Another writer (a webhook, the customer) moved the order between our load and our save:
+        orders.save(order, "cancel", result.events)
+    except orders.LostRace:
+        # Another writer (a webhook, the customer) moved the order between our read and our save:
         # it won, and retrying would only meet the same conflict. The caller says so in its log.
-        uow.rollback(session)
+        uow.rollback(db.session)
         return "lost_race"
-    log.info("order %s cancelled: payment window expired", reference)
+    log.info("order %s cancelled: payment window expired", order.reference)
     return "cancelled"
 
 
@@ -162,16 +164,13 @@ PROVIDER_EXPIRY_PATIENCE = timedelta(minutes=10)
 PROVIDER_EXPIRY_RECHECK = timedelta(seconds=15)
 
 
-def _expire_at_the_provider(order: Order, now: datetime) -> str:
+def _expire_at_the_provider(order: OrderSnapshot, now: datetime) -> str:
     """The deadline of an order waiting at the hosted payment page. Its session lives until the
     order's pay-by time, so the deadline waits for the session's own expires_at, then asks the
     provider and applies the answer in this transaction through the webhook's guarded path:
     expired -> cancelled (stock back), paid -> Paid (a payment made just in time wins). The
     webhook usually got there first and this is a no-op; this is what keeps the deadline
     punctual when that webhook is lost (the sweep would only find the order a cycle later)."""
-    from ..outbox.runner import Reschedule
-    from ..payments.apply import ask_and_apply
-
     expires = order.payment_session_expires_at
     if expires is not None and now < as_utc(expires) + PROVIDER_EXPIRY_GRACE:
         raise Reschedule(as_utc(expires) + PROVIDER_EXPIRY_GRACE)

@@ -9,49 +9,43 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Callable
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import insert
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
 from ..domain.deadlines import as_utc, utcnow
-from ..domain.order import ALLOWED, CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderRules, OrderStatus
+from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderStatus
 from ..domain.payment import check_payment_proof
 from ..domain.results import Refused
 from ..extensions import db
-from ..models import Order, PaymentProofRefusal, ProcessedStripeEvent
-from ..orders.lookup import order_by_reference
+from ..models import PaymentProofRefusal, ProcessedStripeEvent
 from ..outbox import uow
-from ..outbox.writer import write_events
+from ..store import orders
+from ..store.orders import OrderSnapshot
 from . import gateway
 from .refunds import record_late_payment
 
 log = logging.getLogger("shop.payments")
 S = OrderStatus
-_orders = Order.__table__
 
 
 @dataclass
 class Applied:
     outcome: str          # paid | payment_failed | refund_created | already_refunded | noop | duplicate |
                           # unknown_order | proof_refused | awaiting_async
-    order: Order | _PaymentSnapshot | None = None  # a snapshot when the usual-payment path applied it
+    order: OrderSnapshot | None = None  # the order as this notice left it
     detail: str = ""
 
 
-def find_order(view: gateway.SessionView) -> Order | None:
-    # The row only, which is all a plain get loads (Order's lines and refunds are lazy); no loader
-    # options, with which each get builds a cache key.
-    # metadata.order_id is the sender's text: beyond the 32-bit key PostgreSQL refuses the lookup
-    # ("integer out of range"), which would fail the notice instead of finding no order.
-    if view.order_id is not None and 0 < view.order_id < 2**31:
-        order = db.session.get(Order, view.order_id)
-        if order is not None:
-            return order
-    if view.client_reference_id:
-        return order_by_reference(view.client_reference_id)
-    return None
+def find_order(view: gateway.SessionView) -> OrderSnapshot | None:
+    """The order a session names: by metadata.order_id (the sender's text, so an id the column
+    cannot hold is no order, not a failed lookup), else by client_reference_id."""
+    order = orders.read(view.order_id) if view.order_id is not None else None
+    if order is None and view.client_reference_id:
+        order = orders.read_by_reference(view.client_reference_id)
+    return order
 
 
 def apply_session(view: gateway.SessionView, *, source: str, failed: bool = False, event_id: str | None = None,
@@ -119,65 +113,31 @@ def _claim_statement(dialect: str):
     return _CLAIMS[dialect]
 
 
-@dataclass
-class _PaymentSnapshot(OrderRules):
-    """What the usual payment notice needs of an order: its state at `version`. Not mapped: the
-    domain's guarded transition runs on it and `_MARK_PAID` writes the result."""
-
-    id: int
-    reference: str
-    status: str
-    total: int
-    currency: str
-    version: int
-    payment_session_id: str | None
-    inventory_restored: bool
-
-
-_PAYMENT_READ = select(_orders.c.id, _orders.c.reference, _orders.c.status, _orders.c.total, _orders.c.currency,
-                       _orders.c.version, _orders.c.payment_session_id, _orders.c.inventory_restored) \
-    .where(_orders.c.id == bindparam("order"))
-_MARK_PAID = (
-    update(_orders)
-    .where(_orders.c.id == bindparam("order"), _orders.c.version == bindparam("seen"),
-           _orders.c.status.in_([s.value for s in ALLOWED["mark_paid"]]))
-    .values(status=bindparam("new_status"), payment_session_id=bindparam("session_id"), payment_processing_at=None,
-            updated_at=bindparam("now", type_=_orders.c.updated_at.type), version=_orders.c.version + 1)
-)
-
-
 def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
     """The notice nearly every paid order gets: its own session, paid, proof accepted, the order
-    waiting in PaymentInitiated. Applied with two statements on the table (read, then the
-    version-guarded UPDATE) and the events written explicitly, instead of loading and flushing
-    the mapped Order (~20% of a webhook delivery's CPU). Returns None for anything else, which
-    takes the general path below; a concurrent writer makes the UPDATE miss, and the caller's
-    retry re-reads what it did."""
-    if view.payment_status != "paid" or view.order_id is None or not 0 < view.order_id < 2**31:
+    waiting in PaymentInitiated. Applied with two statements (the store's narrow read, then its
+    version-guarded save with the events), without building the mapped Order (~20% of a webhook
+    delivery's CPU). Returns None for anything else, which takes the general path below; a
+    concurrent writer makes the save miss (LostRace), and the caller's retry re-reads what it did."""
+    if view.payment_status != "paid" or not orders.usable_id(view.order_id):
         return None
-    session = db.session
-    row = session.execute(_PAYMENT_READ, {"order": view.order_id}).first()
-    if row is None or row.status != S.PAYMENT_INITIATED.value or row.payment_session_id != view.id:
+    order = orders.read_for_payment(view.order_id)
+    if order is None or order.status != S.PAYMENT_INITIATED.value or order.payment_session_id != view.id:
         return None
-    if not check_payment_proof(order_total=row.total, order_currency=row.currency, amount_total=view.amount_total,
-                               currency=view.currency, payment_status=view.payment_status).accepted:
+    if not check_payment_proof(order_total=order.total, order_currency=order.currency,
+                               amount_total=view.amount_total, currency=view.currency,
+                               payment_status=view.payment_status).accepted:
         return None  # the general path records the refusal
-    order = _PaymentSnapshot(*row)
     transition = order.mark_paid(view.id, view.amount_total, view.currency)
     if not transition.ok:
         return None
-    moved = session.execute(_MARK_PAID, dict(order=order.id, seen=row.version, new_status=order.status,
-                                             session_id=order.payment_session_id, now=now)).rowcount
-    if moved != 1:
-        raise StaleDataError(f"order {order.reference} changed while its payment was being applied")
-    write_events(session, transition.events, now)
+    orders.save(order, "mark_paid", transition.events, now=now)
     log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
     return Applied("paid", order)
 
 
 def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool = False) -> Applied:
-    session = db.session
-    if event_id and not _claim_event(session, event_id, now):
+    if event_id and not _claim_event(db.session, event_id, now):
         return Applied("duplicate")
     usual = _apply_usual_payment(view, source=source, now=now)
     if usual is not None:
@@ -187,68 +147,85 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
         log.warning("provider session %s (via %s) names no order we know (metadata.order_id=%s, ref=%s)",
                     view.id, source, view.order_id, view.client_reference_id)
         return Applied("unknown_order", detail=f"session {view.id}")
-    state = S(order.status)
-
     if view.payment_status == "paid":
-        verdict = check_payment_proof(order_total=order.total, order_currency=order.currency,
-                                      amount_total=view.amount_total, currency=view.currency,
-                                      payment_status=view.payment_status)
-        if not verdict.accepted:
-            session.add(PaymentProofRefusal(order_id=order.id, session_id=view.id, source=source,
-                                            problems=verdict.describe(), amount_total=view.amount_total,
-                                            currency=(view.currency or "")[:3] or None, created_at=now))
-            log.warning("payment proof refused for order %s, session %s (via %s): %s; order left %s. "
-                        "Check the payment at the provider and reconcile by hand.",
-                        order.reference, view.id, source, verdict.describe(), order.status)
-            return Applied("proof_refused", order, verdict.describe())
-        if state is S.PAID:
-            if order.payment_session_id == view.id:
-                return Applied("noop", order, "already paid")
-            return _late_money(order, view, "paid twice: order already paid through another session", now)
-        if state is S.CANCELLED:
-            return _late_money(order, view, "payment arrived after the order was cancelled", now)
-        if state in (S.PENDING_PAYMENT, S.PAYMENT_FAILED):
-            order.start_payment(view.id, view.url)  # the money is real: adopt its session first
-        order.mark_paid(view.id, view.amount_total, view.currency)
-        order.payment_processing_at = None  # settled: nothing more is coming
-        log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
-        return Applied("paid", order)
-
-    if state is S.CANCELLED and order.payment_session_id == view.id and view.status == "complete" \
+        return _apply_paid(order, view, source=source, now=now)
+    if S(order.status) is S.CANCELLED and order.payment_session_id == view.id and view.status == "complete" \
             and order.payment_processing_at is None:
-        _note_processing(order.id, now)  # money may still come for a cancelled order: the sweep watches it
-    if state is not S.PAYMENT_INITIATED or order.payment_session_id != view.id:
+        orders.note(order.id, "processing", now)  # money may still come for a cancelled order: the sweep watches it
+    if S(order.status) is not S.PAYMENT_INITIATED or order.payment_session_id != view.id:
         return Applied("noop", order, f"order is {order.status}")
     if view.status == "expired":
-        if expired_by_cancel or _window_ran_out(order, view, now):
-            # Either the customer's cancel expired this session and its own commit has not landed
-            # yet (or never will: the process died after the provider call): the expiry is the
-            # cancel's, not a failed attempt, and the cancel, finding the order Cancelled when its
-            # version check misses, answers that it is. Or the session lived until the order's
-            # pay-by time (docs/REFERENCE.md, Settings): it expiring then is the payment window
-            # ending, so the order is cancelled and its stock given back, as the deadline would
-            # for an unpaid order; not a failed payment with a fresh window, which would hold the
-            # stock for a second window after the customer left.
-            why = CANCELLED_BY_CUSTOMER if expired_by_cancel else PAYMENT_WINDOW_EXPIRED
-            result = order.cancel(why)
-            if isinstance(result, Refused):
-                return Applied("noop", order, result.message)
-            log.info("order %s cancelled: its payment session expired (%s, via %s)", order.reference, why, source)
-            return Applied("cancelled", order)
-        order.mark_payment_failed("checkout session expired")
-        order.last_payment_error = "The payment page expired before payment."
-        order.payment_processing_at = None
-        return Applied("payment_failed", order)
+        return _apply_expired(order, view, source=source, now=now, expired_by_cancel=expired_by_cancel)
     if failed:
-        order.mark_payment_failed("payment failed at the provider")
-        order.last_payment_error = "Your payment did not go through."
-        order.payment_processing_at = None
-        return Applied("payment_failed", order)
+        return _fail(order, "payment failed at the provider", "Your payment did not go through.")
     if view.status == "complete":
         if order.payment_processing_at is None:
-            _note_processing(order.id, now)
+            orders.note(order.id, "processing", now)
         return Applied("awaiting_async", order)
     return Applied("noop", order, f"session {view.status}")
+
+
+def _apply_paid(order: OrderSnapshot, view, *, source: str, now: datetime) -> Applied:
+    """The provider says the session is paid: check the proof, then pay the order, or refund money
+    it can no longer take."""
+    verdict = check_payment_proof(order_total=order.total, order_currency=order.currency,
+                                  amount_total=view.amount_total, currency=view.currency,
+                                  payment_status=view.payment_status)
+    if not verdict.accepted:
+        db.session.add(PaymentProofRefusal(order_id=order.id, session_id=view.id, source=source,
+                                           problems=verdict.describe(), amount_total=view.amount_total,
+                                           currency=(view.currency or "")[:3] or None, created_at=now))
+        log.warning("payment proof refused for order %s, session %s (via %s): %s; order left %s. "
+                    "Check the payment at the provider and reconcile by hand.",
+                    order.reference, view.id, source, verdict.describe(), order.status)
+        return Applied("proof_refused", order, verdict.describe())
+    state = S(order.status)
+    if state is S.PAID:
+        if order.payment_session_id == view.id:
+            return Applied("noop", order, "already paid")
+        return _late_money(order, view, "paid twice: order already paid through another session", now)
+    if state is S.CANCELLED:
+        return _late_money(order, view, "payment arrived after the order was cancelled", now)
+    transition = "mark_paid"
+    if state in (S.PENDING_PAYMENT, S.PAYMENT_FAILED):
+        order.start_payment(view.id, view.url)  # the money is real: adopt its session first
+        transition = "adopt_and_pay"
+    order.mark_paid(view.id, view.amount_total, view.currency)
+    # The write's own time, as for every other transition of the general path (`now` may be the caller's).
+    orders.save(order, transition, tuple(order.pending_events), now=utcnow())
+    log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
+    return Applied("paid", order)
+
+
+def _apply_expired(order: OrderSnapshot, view, *, source: str, now: datetime, expired_by_cancel: bool) -> Applied:
+    """The order's own session expired while the order waited at the provider."""
+    if expired_by_cancel or _window_ran_out(order, view, now):
+        # Either the customer's cancel expired this session and its own commit has not landed
+        # yet (or never will: the process died after the provider call): the expiry is the
+        # cancel's, not a failed attempt, and the cancel, finding the order Cancelled when its
+        # version check misses, answers that it is. Or the session lived until the order's
+        # pay-by time (docs/REFERENCE.md, Settings): it expiring then is the payment window
+        # ending, so the order is cancelled and its stock given back, as the deadline would
+        # for an unpaid order; not a failed payment with a fresh window, which would hold the
+        # stock for a second window after the customer left.
+        why = CANCELLED_BY_CUSTOMER if expired_by_cancel else PAYMENT_WINDOW_EXPIRED
+        result = order.cancel(why)
+        if isinstance(result, Refused):
+            return Applied("noop", order, result.message)
+        orders.save(order, "cancel", result.events)
+        log.info("order %s cancelled: its payment session expired (%s, via %s)", order.reference, why, source)
+        return Applied("cancelled", order)
+    return _fail(order, "checkout session expired", "The payment page expired before payment.")
+
+
+def _fail(order: OrderSnapshot, reason: str, words: str) -> Applied:
+    """PaymentInitiated -> PaymentFailed, with the words the customer's order page shows."""
+    result = order.mark_payment_failed(reason)
+    if isinstance(result, Refused):
+        return Applied("noop", order, result.message)
+    order.failed_because(words)
+    orders.save(order, "mark_payment_failed", result.events)
+    return Applied("payment_failed", order)
 
 
 # The provider expires a session by its own clock (Stripe never early, often late); ours may run
@@ -257,43 +234,26 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
 EXPIRY_CLOCK_SLACK = timedelta(seconds=5)
 
 
-def _window_ran_out(order: Order, view, now: datetime) -> bool:
+def _window_ran_out(order: OrderSnapshot, view, now: datetime) -> bool:
     """Did the session expire because its time was up (as opposed to being expired early)? Its
     expires_at, the order's pay-by, has passed."""
     expires = view.expires_at or order.payment_session_expires_at
     return expires is not None and as_utc(now) >= as_utc(expires) - EXPIRY_CLOCK_SLACK
 
 
-_NOTE_PROCESSING = (update(_orders).where(_orders.c.id == bindparam("order"))
-                    .values(payment_processing_at=bindparam("now", type_=_orders.c.payment_processing_at.type),
-                            updated_at=_orders.c.updated_at))
-_STOP_WATCHING = (update(_orders).where(_orders.c.id == bindparam("order"))
-                  .values(payment_processing_at=None, provider_next_check_at=None, updated_at=_orders.c.updated_at))
-
-
-def stop_watching(order_id: int) -> None:
-    """No more money can come for this order's session (refunded, failed, expired): clear the mark."""
-    db.session.execute(_STOP_WATCHING, {"order": order_id})
-
-
-def _note_processing(order_id: int, now: datetime) -> None:
-    """In the caller's transaction, on the table: not a state change (see Order.payment_processing_at)."""
-    db.session.execute(_NOTE_PROCESSING, {"order": order_id, "now": now})
-
-
-def _late_money(order: Order, view, reason: str, now: datetime) -> Applied:
+def _late_money(order: OrderSnapshot, view, reason: str, now: datetime) -> Applied:
     created = record_late_payment(order, view, reason, now)
     if created and S(order.status) is S.CANCELLED and order.payment_session_id == view.id \
             and order.payment_processing_at is None:
         # The sweep's watch follows the refund until the provider has it (a refund that dies
         # runs again), not just until the refund is recorded; the refund's success ends it.
-        _note_processing(order.id, now)
+        orders.note(order.id, "processing", now)
     return Applied("refund_created" if created else "already_refunded", order, reason)
 
 
 def reconcile_order(order_id: int, source: str = "console", now: datetime | None = None) -> Applied:
     """Ask the provider about the order's current session now and apply the answer."""
-    order = db.session.get(Order, order_id)
+    order = orders.read(order_id)
     if order is None or not order.payment_session_id:
         db.session.rollback()
         return Applied("noop", order, "no payment session to ask about")

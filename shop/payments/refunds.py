@@ -12,14 +12,17 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from ..extensions import db
-from ..models import Order, Refund
+from ..models import Refund
 from ..outbox import schedule_command
+from ..outbox.failures import PermanentFailure
+from ..store import orders
+from ..store.orders import OrderSnapshot
 from . import gateway
 
 log = logging.getLogger("shop.payments")
 
 
-def record_late_payment(order: Order, view, reason: str, now: datetime) -> bool:
+def record_late_payment(order: OrderSnapshot, view, reason: str, now: datetime) -> bool:
     session = db.session
     existing = session.execute(select(Refund.id).where(Refund.order_id == order.id,
                                                        Refund.session_id == view.id)).first()
@@ -41,8 +44,6 @@ def record_late_payment(order: Order, view, reason: str, now: datetime) -> bool:
 
 def execute_refund(refund_id: int, now: datetime) -> None:
     """Runs as a scheduled command; raising lets the runner retry with backoff / dead-letter."""
-    from ..outbox.runner import PermanentFailure
-
     refund = db.session.get(Refund, refund_id)
     if refund is None or refund.status == "succeeded":
         return
@@ -74,15 +75,12 @@ def _end_watch_when_all_refunded(refund: Refund) -> None:
     """The sweep watches a cancelled order with late money until its refunds have succeeded
     (sweep.check_cancelled_payment); the last one to succeed ends the watch here, in the same
     transaction, rather than a sweep cycle later."""
-    from .apply import stop_watching
-
     db.session.flush()
     others = db.session.execute(select(Refund.id).where(Refund.order_id == refund.order_id, Refund.id != refund.id,
                                                         Refund.status != "succeeded")).first()
-    order = db.session.execute(select(Order.status, Order.payment_session_id)
-                               .where(Order.id == refund.order_id)).first()
+    order = orders.current_state(refund.order_id)
     # Only the watched session's own refund: a refund of some older session says nothing about
     # whether the current one can still take money.
     if others is None and order is not None and order.status == "Cancelled" \
             and order.payment_session_id == refund.session_id:
-        stop_watching(refund.order_id)
+        orders.note(refund.order_id, "stop_watching")

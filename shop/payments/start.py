@@ -6,18 +6,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NamedTuple
 
 from flask import current_app
-from sqlalchemy import bindparam, select, update
 
 from ..domain.deadlines import session_expires_at, unpaid_deadline, utcnow
-from ..domain.order import ALLOWED, OrderRules, OrderStatus
+from ..domain.order import OrderStatus
 from ..domain.results import Refused
 from ..extensions import db
-from ..models import Order, ProviderRefusal
+from ..models import ProviderRefusal
 from ..outbox import uow
-from ..outbox.writer import write_events
+from ..store import orders
+from ..store.orders import OrderSnapshot
 from . import gateway
 
 log = logging.getLogger("shop.payments")
@@ -31,98 +30,28 @@ class StartOutcome:
     message: str = ""
 
 
-class PaymentLine(NamedTuple):
-    sku: str
-    name: str
-    quantity: int
-    unit_price: int
-
-
-@dataclass
-class PayableOrder(OrderRules):
-    """What starting a payment needs to know about an order as of `version`: enough to call the
-    provider without holding or re-reading the row. Not mapped: the domain's guarded transition
-    runs on it, and start_payment writes the result with a conditional UPDATE."""
-    id: int
-    reference: str
-    access_token: str
-    email: str
-    currency: str
-    lines: tuple[PaymentLine, ...]
-    last_change: datetime            # updated_at at `version`: the pay-by time counts from it
-    version: int
-    status: str = S.PENDING_PAYMENT.value
-    payment_attempts: int = 0
-    payment_session_id: str | None = None
-    payment_session_url: str | None = None
-    inventory_restored: bool = False
-
-    @classmethod
-    def just_placed(cls, placed) -> PayableOrder:
-        """An order place_order has just committed: PendingPayment, version 1, no attempt yet."""
-        return cls(placed.order_id, placed.reference, placed.access_token, placed.email, placed.currency,
-                   tuple(PaymentLine(l["sku"], l["name"], l["quantity"], l["unit_price"]) for l in placed.lines),
-                   placed.placed_at, version=1)
-
-    @classmethod
-    def of(cls, order: Order) -> PayableOrder:
-        return cls(order.id, order.reference, order.access_token, order.email, order.currency,
-                   tuple(PaymentLine(l.sku, l.name, l.quantity, l.unit_price) for l in order.lines),
-                   order.updated_at, order.version, order.status, order.payment_attempts,
-                   order.payment_session_id, order.payment_session_url, order.inventory_restored)
-
-
-# The PaymentInitiated write: one UPDATE guarded by the version seen and the transition's allowed
-# states (what an ORM flush would check), built once, on the table (nothing in the session to
-# synchronise). updated_at takes the column's onupdate, as a flush would.
-_orders = Order.__table__
-_START_PAYMENT = (
-    update(_orders)
-    .where(_orders.c.id == bindparam("order"), _orders.c.version == bindparam("seen"),
-           _orders.c.status.in_([s.value for s in ALLOWED["start_payment"]]))
-    .values(status=bindparam("new_status"), payment_session_id=bindparam("session_id"),
-            payment_session_url=bindparam("session_url"), payment_attempts=bindparam("attempts"),
-            payment_session_expires_at=bindparam("session_expires", type_=_orders.c.payment_session_expires_at.type),
-            payment_processing_at=None, version=_orders.c.version + 1)
-)
-
-
 def start_payment(order_id: int, now: datetime | None = None, *, placed=None) -> StartOutcome:
     """PendingPayment / PaymentFailed -> PaymentInitiated with a fresh hosted Checkout Session.
 
     The provider call happens outside any transaction (no row lock is held across the
-    network); the transition then commits only if nobody moved the order meanwhile: one
-    UPDATE guarded by the version seen and the transition's allowed states, the same
-    `WHERE version = seen` the ORM would issue, plus the PaymentInitiated event, in one commit.
+    network); the transition then commits only if nobody moved the order meanwhile: the store's
+    version-guarded save (`store.orders.save`) plus the PaymentInitiated event, in one commit.
 
     `placed` (place_order's result, in the same request) says what the order is at version 1,
     so a checkout does not read back what it has just written."""
     now = now or utcnow()
-    session = db.session
     if placed is not None:
-        order = PayableOrder.just_placed(placed)
+        order = OrderSnapshot.just_placed(placed)
     else:
-        row = session.get(Order, order_id)
-        if row is None:
-            session.rollback()
+        order = orders.read(order_id, lines=True)
+        db.session.rollback()  # no transaction open across the provider call
+        if order is None:
             return StartOutcome("refused", message="No such order.")
-        order = PayableOrder.of(row)
-        session.rollback()  # no transaction open across the provider call
     if not order.can("start_payment"):
         return StartOutcome("refused", message=f"This order is {order.status}; it cannot be paid now.")
-    cfg = current_app.config
-    base = cfg["PUBLIC_BASE_URL"]
-    pay_by = unpaid_deadline(order.last_change, cfg["UNPAID_ORDER_EXPIRY_SECONDS"])
-    expires = session_expires_at(pay_by, now, cfg["STRIPE_SESSION_MIN_SECONDS"])
     attempt = order.payment_attempts + 1
-    seen_version = order.version
     try:
-        view = gateway.create_checkout_session(
-            order_id=order.id, reference=order.reference, attempt=attempt, lines=order.lines,
-            currency=order.currency, email=order.email, expires_at=expires,
-            success_url=f"{base}/checkout/return?order={order.reference}&session_id={{CHECKOUT_SESSION_ID}}",
-            cancel_url=f"{base}/orders/{order.reference}?token={order.access_token}",
-        )
+        view = _create_session(order, attempt, now)
     except gateway.ProviderUnavailable as exc:
         log.warning("order %s: payment provider unreachable, order stays %s: %s", order.reference, order.status, exc)
         return StartOutcome("unavailable", message="We could not reach the payment provider. Your order is saved "
@@ -134,24 +63,39 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None) ->
                                                    "the request down. Nothing was charged, and your order and its "
                                                    "items are held until its payment window closes; our team can "
                                                    "see why. Please try “Pay now” again later or contact us.")
+    return _save_started(order, view, attempt)
+
+
+def _create_session(order: OrderSnapshot, attempt: int, now: datetime) -> gateway.SessionView:
+    """The hosted Checkout Session for this attempt; it lives until the order's pay-by time."""
+    cfg = current_app.config
+    base = cfg["PUBLIC_BASE_URL"]
+    pay_by = unpaid_deadline(order.updated_at, cfg["UNPAID_ORDER_EXPIRY_SECONDS"])
+    return gateway.create_checkout_session(
+        order_id=order.id, reference=order.reference, attempt=attempt, lines=order.lines,
+        currency=order.currency, email=order.email,
+        expires_at=session_expires_at(pay_by, now, cfg["STRIPE_SESSION_MIN_SECONDS"]),
+        success_url=f"{base}/checkout/return?order={order.reference}&session_id={{CHECKOUT_SESSION_ID}}",
+        cancel_url=f"{base}/orders/{order.reference}?token={order.access_token}",
+    )
+
+
+def _save_started(order: OrderSnapshot, view: gateway.SessionView, attempt: int) -> StartOutcome:
+    """Record the started attempt unless the order moved while the provider was asked."""
     transition = order.start_payment(view.id, view.url)
-    if not transition.ok:  # checked above on the same snapshot; kept so the rule has one home
+    if not transition.ok:  # checked before the provider call on the same snapshot; kept so the rule has one home
         _expire_quietly(view.id)
         return StartOutcome("refused", message=transition.message)
+    order.attempt(attempt, view.expires_at)
     try:
         with uow.transaction():
-            moved = session.execute(_START_PAYMENT, dict(
-                order=order.id, seen=seen_version, new_status=order.status, session_id=order.payment_session_id,
-                session_url=order.payment_session_url, attempts=attempt, session_expires=view.expires_at)).rowcount
-            if moved != 1:
-                raise _Moved(session.execute(select(Order.status, Order.payment_session_id)
-                                             .where(Order.id == order.id)).first())
-            write_events(session, transition.events)
-    except _Moved as lost:
+            orders.save(order, "start_payment", transition.events)
+    except orders.LostRace:
         # A concurrent start of the same attempt (a double click on "Pay now") may have won
         # with the same Idempotency-Key, so the provider handed both the same session: that
         # one is the order's payment page now, not an unused one to expire.
-        current = lost.current
+        current = orders.current_state(order.id)
+        db.session.rollback()
         if current is None or current.payment_session_id != view.id:
             _expire_quietly(view.id)
         elif current.status == S.PAYMENT_INITIATED.value:
@@ -159,15 +103,6 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None) ->
         status = current.status if current is not None else "gone"
         return StartOutcome("refused", message=f"This order changed meanwhile (now {status}); please reload it.")
     return StartOutcome("started", url=view.url)
-
-
-class _Moved(Exception):
-    """The start's guarded UPDATE missed: the order is no longer at the version seen. Raised
-    inside the transaction so it rolls back; carries what the order is now."""
-
-    def __init__(self, current):
-        super().__init__("the order moved")
-        self.current = current
 
 
 def _note_refusal(order_id: int, attempt: int, exc: gateway.ProviderRefused) -> None:

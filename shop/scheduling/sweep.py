@@ -56,6 +56,7 @@ from ..orders.commands import cancel_unpaid
 from ..outbox import dispatch, uow
 from ..payments import apply as payments
 from ..payments import gateway
+from ..store import orders
 
 log = logging.getLogger("shop.sweep")
 
@@ -257,7 +258,7 @@ def backoff_provider_checks(order_id: int, outcome: str, now: datetime, since: d
     by the next cycle: a refused proof for hours; a payment still settling (or, with `since`, any
     watched cancelled order) progressively, from one interval after `since` up to its cap.
 
-    A Core UPDATE of the sweep's own column only: it is bookkeeping, not a state change, so it
+    The order store's `note` of the sweep's own column: bookkeeping, not a state change, so it
     neither bumps the version (a webhook's transition must not lose to it) nor touches
     updated_at (the order's age is what the passes select by)."""
     interval = current_app.config["RECONCILIATION_INTERVAL_SECONDS"]
@@ -267,9 +268,7 @@ def backoff_provider_checks(order_id: int, outcome: str, now: datetime, since: d
         due = next_provider_check(now, since, interval, RECHECK_CAP_INTERVALS[outcome] * interval)
     else:
         return
-    db.session.execute(update(Order).where(Order.id == order_id)
-                       .values(provider_next_check_at=due, updated_at=Order.updated_at)
-                       .execution_options(synchronize_session=False))
+    orders.note(order_id, "next_check", due)
     db.session.commit()
 
 
@@ -294,7 +293,7 @@ def expire_stranded_order(order_id: int, cutoff: datetime) -> str:
     """Cancel one unpaid order the selection found, in its own transaction, if it still is
     unpaid and past the cutoff after a fresh load. Returns cancelled | lost_race | changed."""
     session = db.session
-    order = session.get(Order, order_id, populate_existing=True)
+    order = orders.read(order_id, fresh=True)
     if order is None or S(order.status) not in UNPAID or as_utc(order.updated_at) >= cutoff:
         session.rollback()
         log.info("sweep: order %s changed since it was selected; the expiry pass leaves it", order_id)
@@ -383,7 +382,7 @@ def check_cancelled_payment(order_id: int, now: datetime) -> str:
         return "unavailable"
     except gateway.ProviderRefused as exc:  # the session is gone at the provider: nothing can come
         log.info("sweep: session %s of cancelled order %s is gone (%s); no longer watched", session_id, reference, exc)
-        payments.stop_watching(order_id)
+        orders.note(order_id, "stop_watching")
         session.commit()
         return "watch_closed"
     if view.payment_status == "paid":
@@ -394,7 +393,7 @@ def check_cancelled_payment(order_id: int, now: datetime) -> str:
             return "late_refund"
         return "refund_under_way"
     if failed or view.status == "expired":
-        payments.stop_watching(order_id)
+        orders.note(order_id, "stop_watching")
         session.commit()
         return "watch_closed"
     # Still payable (open) or still settling (complete, unpaid): ask again after the backoff.
@@ -411,7 +410,7 @@ def _follow_refunds(order_id: int, reference: str, open_refund_ids: list[int], s
     dead letter for an operator, and the order stays watched either way."""
     session = db.session
     if not open_refund_ids:
-        payments.stop_watching(order_id)
+        orders.note(order_id, "stop_watching")
         session.commit()
         log.info("sweep: the late money of cancelled order %s is refunded; no longer watched", reference)
         return "watch_closed"

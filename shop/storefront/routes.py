@@ -361,7 +361,8 @@ def cancel(reference: str):
     if not form.validate():
         return _render_order(order, 400, _first_error(form))
     outcome = cancel_order(order.id, form.version.data)
-    current = outcome.order or order
+    # `order` is the mapped row: a cancel that rolled back (or saved) expired it, so it reads the
+    # order as it is now.
     if outcome.status == "cancelled":
         # The stock comes back through the compensation, after this commit: say so, not that it is back.
         done = "Your order is cancelled and nothing was charged. Its items go back on sale in a moment."
@@ -371,7 +372,7 @@ def cancel(reference: str):
             return _render_order(db.session.get(Order, order.id))
         flash(done)
         return redirect(page, 303)
-    return _render_order(current, 409, outcome.message)
+    return _render_order(order, 409, outcome.message)
 
 
 def _cancelled_answer(reference: str, page: str, done: str):

@@ -1,0 +1,297 @@
+"""The order store: the one owner of the `orders` row (and its lines).
+
+Everything that writes an order goes through here, with three verbs:
+
+* `read` an order for a decision: an `OrderSnapshot`, the domain's rules (`OrderRules`) on a plain
+  dataclass, detached from the session, so a caller can call the provider with no transaction
+  open and decide later on what it saw;
+* `save` a transition: the version-guarded UPDATE (`WHERE id AND version = seen AND status IN
+  <the transition's allowed from-states>`, version + 1) plus its events to the outbox, in the
+  caller's transaction. A lost race is refused the same way for every transition: `LostRace`
+  (a `StaleDataError`, like the ORM's own version check), raised so that the transaction rolls
+  back;
+* `note` bookkeeping that is not a state change (`payment_processing_at`,
+  `provider_next_check_at`): no version bump, `updated_at` untouched, so a transition never loses
+  a race to it and the order's age (what the sweep selects by) does not move.
+
+Every statement is built once with bound parameters and executed on the table (Python CPU, not
+the database, is the ceiling on the hot paths); `STATEMENTS` names them all, for the
+statement-cache test. Commits stay with the caller, through `outbox.uow.transaction()`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import NamedTuple
+
+from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy.orm.exc import StaleDataError
+
+from ..domain.order import ALLOWED, OrderRules, OrderStatus
+from ..extensions import db
+from ..models import InventoryItem, Order, OrderLine
+from ..outbox.writer import write_events
+
+S = OrderStatus
+_orders, _lines, _inventory = Order.__table__, OrderLine.__table__, InventoryItem.__table__
+
+
+class Line(NamedTuple):
+    sku: str
+    name: str
+    quantity: int
+    unit_price: int
+
+
+@dataclass
+class OrderSnapshot(OrderRules):
+    """An order as of `version`, with the domain's guarded transitions. Not mapped: a transition
+    changes the snapshot, and `save` writes the change with one guarded UPDATE. Each read fills
+    what its decision needs; the rest keeps its default."""
+
+    id: int
+    reference: str
+    status: str
+    version: int
+    total: int = 0
+    currency: str = ""
+    email: str = ""
+    access_token: str = ""
+    payment_session_id: str | None = None
+    payment_session_url: str | None = None
+    payment_session_expires_at: datetime | None = None
+    payment_attempts: int = 0
+    inventory_restored: bool = False
+    payment_processing_at: datetime | None = None
+    last_payment_error: str | None = None
+    updated_at: datetime | None = None     # the last state change: the pay-by time counts from it
+    lines: tuple[Line, ...] = field(default=())
+
+    @classmethod
+    def of(cls, row: Order, *, lines: bool = False) -> OrderSnapshot:
+        return cls(row.id, row.reference, row.status, row.version, row.total, row.currency, row.email,
+                   row.access_token, row.payment_session_id, row.payment_session_url,
+                   row.payment_session_expires_at, row.payment_attempts, row.inventory_restored,
+                   row.payment_processing_at, row.last_payment_error, row.updated_at,
+                   tuple(Line(l.sku, l.name, l.quantity, l.unit_price) for l in row.lines) if lines else ())
+
+    @classmethod
+    def just_placed(cls, placed) -> OrderSnapshot:
+        """An order place_order has just committed: PendingPayment, version 1, no attempt yet."""
+        return cls(placed.order_id, placed.reference, S.PENDING_PAYMENT.value, 1, placed.total, placed.currency,
+                   placed.email, placed.access_token, updated_at=placed.placed_at,
+                   lines=tuple(Line(l["sku"], l["name"], l["quantity"], l["unit_price"]) for l in placed.lines))
+
+    def attempt(self, number: int, session_expires_at: datetime | None) -> None:
+        """The payment attempt a start_payment transition opens, for `save` to write with it."""
+        self.payment_attempts, self.payment_session_expires_at = number, session_expires_at
+
+    def failed_because(self, words: str) -> None:
+        """What the customer's order page says about a failed payment, saved with the transition."""
+        self.last_payment_error = words
+
+
+class LostRace(StaleDataError):
+    """A transition's guarded UPDATE missed: the order is no longer at the version seen (or no
+    longer in a state the transition leaves from). Raised inside the caller's transaction so it
+    rolls back; the same for every transition, and a StaleDataError like the ORM's own check."""
+
+    def __init__(self, order: OrderSnapshot, transition: str):
+        super().__init__(f"order {order.reference} changed while it was being saved ({transition} "
+                         f"from version {order.version})")
+        self.order_id = order.id
+        self.transition = transition
+
+
+# -- reads ---------------------------------------------------------------------------------------
+
+# The usual payment notice's read: the order's state at its version, nothing more.
+PAYMENT_READ = select(_orders.c.id, _orders.c.reference, _orders.c.status, _orders.c.version, _orders.c.total,
+                      _orders.c.currency, _orders.c.payment_session_id, _orders.c.inventory_restored) \
+    .where(_orders.c.id == bindparam("order"))
+# The compensation's read: the order's state, its lines and their inventory rows, in one consistent
+# read. Soft-deleted inventory rows included on purpose: a retired variant's stock still belongs to it.
+RESTORE_READ = (
+    select(_orders.c.reference, _orders.c.status, _orders.c.inventory_restored, _orders.c.version,
+           _lines.c.variant_id, _lines.c.quantity, _inventory.c.on_hand)
+    .select_from(_orders.outerjoin(_lines, _lines.c.order_id == _orders.c.id)
+                 .outerjoin(_inventory, _inventory.c.variant_id == _lines.c.variant_id))
+    .where(_orders.c.id == bindparam("order_id")).order_by(_lines.c.id)
+)
+
+# Wider than what new_reference() makes, so an order created any other way is still found; narrow
+# enough that text which cannot be a reference never reaches the database (PostgreSQL answers a
+# NUL byte in a text parameter with an error, which would turn a typo into a 500).
+_REFERENCE = re.compile(r"[A-Za-z0-9_-]{1,20}")
+
+
+def usable_id(order_id) -> bool:
+    """An id the column can hold: beyond the 32-bit key PostgreSQL refuses the lookup ("integer out
+    of range"), which would fail a request instead of finding no order."""
+    return isinstance(order_id, int) and 0 < order_id < 2**31
+
+
+def read(order_id: int, *, lines: bool = False, fresh: bool = False) -> OrderSnapshot | None:
+    """The order for a decision, or None. A plain get of the row (no SQL when this transaction has
+    already loaded it; `fresh` re-reads it), `lines` loads its lines too. The caller decides
+    whether a transaction stays open afterwards."""
+    row = db.session.get(Order, order_id, populate_existing=fresh) if usable_id(order_id) else None
+    return None if row is None else OrderSnapshot.of(row, lines=lines)
+
+
+def by_reference(reference: str | None) -> Order | None:
+    """The mapped order named by text from outside (a URL, a form, a provider's event), for display."""
+    if not reference or not _REFERENCE.fullmatch(reference):
+        return None
+    return db.session.execute(select(Order).where(Order.reference == reference)).scalar_one_or_none()
+
+
+def read_by_reference(reference: str | None) -> OrderSnapshot | None:
+    row = by_reference(reference)
+    return None if row is None else OrderSnapshot.of(row)
+
+
+def read_for_payment(order_id: int) -> OrderSnapshot | None:
+    """The usual payment notice's read, on the table (no mapped object to build)."""
+    row = db.session.execute(PAYMENT_READ, {"order": order_id}).first()
+    return None if row is None else OrderSnapshot(**row._mapping)
+
+
+def current_state(order_id: int):
+    """(status, payment_session_id) as committed now, or None: what a lost race lost to."""
+    return db.session.execute(select(Order.status, Order.payment_session_id).where(Order.id == order_id)).first()
+
+
+# -- new orders ----------------------------------------------------------------------------------
+
+INSERT_ORDER = insert(_orders).returning(_orders.c.id)
+INSERT_LINES = insert(_lines)
+
+
+def insert_order(session, *, reference: str, access_token: str, browser_id: str, email: str, total: int,
+                 currency: str, now: datetime, lines: list[dict]) -> int:
+    """A new order (PendingPayment, version 1) and its lines, in the caller's transaction; its id.
+    `lines` are dicts of variant_id, sku, name, quantity and unit_price; each gets the order's id."""
+    order_id = session.execute(INSERT_ORDER, dict(
+        reference=reference, access_token=access_token, browser_id=browser_id, email=email,
+        status=S.PENDING_PAYMENT.value, total=total, currency=currency, inventory_restored=False,
+        payment_attempts=0, version=1, created_at=now, updated_at=now)).scalar_one()
+    for line in lines:
+        line["order_id"] = order_id
+    session.execute(INSERT_LINES, lines)
+    return order_id
+
+
+# -- transitions ---------------------------------------------------------------------------------
+
+def _guarded(transition: str, from_states) -> update:
+    """UPDATE orders ... WHERE id = :order AND version = :seen AND status IN (<from_states>), bumping
+    the version: what an ORM flush of the versioned row checks, plus the transition's own rule."""
+    return (update(_orders)
+            .where(_orders.c.id == bindparam("order"), _orders.c.version == bindparam("seen"),
+                   _orders.c.status.in_(sorted(s.value for s in from_states)))
+            .values(version=_orders.c.version + 1))
+
+
+def _v(column: str):
+    return bindparam(f"v_{column}", type_=_orders.c[column].type)
+
+
+_NOW = bindparam("now", type_=_orders.c.updated_at.type)
+
+# Each transition's statement and the snapshot attributes it writes (bound as v_<column>).
+# updated_at: the row's onupdate (the time of the write) unless the statement binds `now`.
+TRANSITIONS = {
+    "start_payment": (
+        _guarded("start_payment", ALLOWED["start_payment"]).values(
+            status=_v("status"), payment_session_id=_v("payment_session_id"),
+            payment_session_url=_v("payment_session_url"), payment_attempts=_v("payment_attempts"),
+            payment_session_expires_at=_v("payment_session_expires_at"), payment_processing_at=None),
+        ("status", "payment_session_id", "payment_session_url", "payment_attempts", "payment_session_expires_at")),
+    "mark_paid": (
+        _guarded("mark_paid", ALLOWED["mark_paid"]).values(
+            status=_v("status"), payment_session_id=_v("payment_session_id"), payment_processing_at=None,
+            updated_at=_NOW),
+        ("status", "payment_session_id")),
+    # Money that is real for an order that had not started (or had failed) its payment: the session
+    # is adopted and paid in one transition.
+    "adopt_and_pay": (
+        _guarded("adopt_and_pay", ALLOWED["start_payment"]).values(
+            status=_v("status"), payment_session_id=_v("payment_session_id"),
+            payment_session_url=_v("payment_session_url"), payment_processing_at=None, updated_at=_NOW),
+        ("status", "payment_session_id", "payment_session_url")),
+    "mark_payment_failed": (
+        _guarded("mark_payment_failed", ALLOWED["mark_payment_failed"]).values(
+            status=_v("status"), last_payment_error=_v("last_payment_error"), payment_processing_at=None),
+        ("status", "last_payment_error")),
+    # `watch_from` marks the order for the sweep's late-money watch (None leaves the mark as it is).
+    "cancel": (
+        _guarded("cancel", ALLOWED["cancel"]).values(
+            status=_v("status"),
+            payment_processing_at=func.coalesce(_orders.c.payment_processing_at,
+                                                bindparam("watch_from", type_=_orders.c.payment_processing_at.type))),
+        ("status",)),
+    "mark_inventory_restored": (
+        _guarded("mark_inventory_restored", {S.CANCELLED}).values(inventory_restored=True, updated_at=_NOW),
+        ()),
+}
+
+
+def save(order: OrderSnapshot, transition: str, events=(), *, now: datetime | None = None,
+         watch_from: datetime | None = None) -> None:
+    """Write the transition the snapshot has just made, guarded by the version it was read at, and
+    its events to the outbox, in the caller's transaction. Raises LostRace when the order moved
+    meanwhile; on success the snapshot is at the new version and its recorded events are spent."""
+    statement, columns = TRANSITIONS[transition]
+    session = db.session
+    params = {"order": order.id, "seen": order.version, "now": now, "watch_from": watch_from}
+    params.update((f"v_{c}", getattr(order, c)) for c in columns)
+    if session.execute(statement, params).rowcount != 1:
+        raise LostRace(order, transition)
+    _forget_loaded(session, order.id)
+    order.version += 1
+    order.pending_events.clear()
+    if events:
+        write_events(session, list(events), now)
+
+
+def _forget_loaded(session, order_id: int) -> None:
+    """A mapped Order this session loaded is stale once the table moved under it: expire it, so
+    the next look reads the row (no SQL now)."""
+    loaded = session.identity_map.get(session.identity_key(Order, order_id))
+    if loaded is not None:
+        session.expire(loaded)
+
+
+# -- bookkeeping ---------------------------------------------------------------------------------
+
+_KEEP_AGE = {"updated_at": _orders.c.updated_at}  # no onupdate: the order's age is not bookkeeping's
+NOTES = {
+    # Money may still come for the order's session (see Order.payment_processing_at).
+    "processing": update(_orders).where(_orders.c.id == bindparam("order"))
+    .values(payment_processing_at=bindparam("at", type_=_orders.c.payment_processing_at.type), **_KEEP_AGE),
+    # No more money can come for the session: the sweep stops watching it.
+    "stop_watching": update(_orders).where(_orders.c.id == bindparam("order"))
+    .values(payment_processing_at=None, provider_next_check_at=None, **_KEEP_AGE),
+    # The sweep leaves the order out of its provider pass until then.
+    "next_check": update(_orders).where(_orders.c.id == bindparam("order"))
+    .values(provider_next_check_at=bindparam("at", type_=_orders.c.provider_next_check_at.type), **_KEEP_AGE),
+}
+
+
+def note(order_id: int, what: str, at: datetime | None = None) -> None:
+    """Bookkeeping on the row, in the caller's transaction: not a state change, so no version bump
+    (a transition must not lose a race to it) and updated_at unchanged."""
+    db.session.execute(NOTES[what], {"order": order_id, "at": at})
+    _forget_loaded(db.session, order_id)
+
+
+STATEMENTS = {
+    "orders: read for a payment": PAYMENT_READ,
+    "orders: read for a restore": RESTORE_READ,
+    "orders: insert": INSERT_ORDER,
+    "orders: insert lines": INSERT_LINES,
+    **{f"orders: {name}": statement for name, (statement, _) in TRANSITIONS.items()},
+    **{f"orders: note {name}": statement for name, statement in NOTES.items()},
+}
