@@ -93,7 +93,7 @@ class Bench:
         return out
 
     def cancel(self, order_id: int, version: int) -> None:
-        from shop.orders.commands import cancel_order
+        from shop.orders.cancel import cancel_order
 
         outcome = cancel_order(order_id, version)
         assert outcome.status == "cancelled", outcome

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from .domain.order import OrderStatus, cancelled_because
 from .extensions import db
 from .models import Order, OutboxEvent, Refund
-from .orders.views import pay_by
+from .orders.serialize import pay_by
 
 # An email about a state the order can leave: once it has, the email would mislead and is not
 # sent ("your items are held, try again" after the customer cancelled). The others are about

@@ -11,7 +11,7 @@ from werkzeug.exceptions import BadRequest
 from werkzeug.routing import BaseConverter, IntegerConverter, ValidationError
 
 from .money import format_money
-from .orders.views import status_words
+from .orders.serialize import status_words
 from .payments.gateway import hosted_page_origins
 
 # Row ids are 32-bit keys. A larger number in a URL or form names nothing: answer "not found"

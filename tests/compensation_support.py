@@ -9,7 +9,7 @@ from sqlalchemy import select
 from shop.extensions import db
 from shop.models import Cart, CartItem, InventoryItem, Order, OutboxDelivery, RestoreWarning, Variant
 from shop.orders.checkout import place_order
-from shop.orders.commands import cancel_order
+from shop.orders.cancel import cancel_order
 from shop.seed import seed_catalog
 
 

@@ -28,7 +28,7 @@ from shop.extensions import db
 from shop.models import (Cart, CartItem, InventoryItem, Order, OrderLine, OutboxDelivery, Refund, ScheduledCommand,
                          Variant)
 from shop.orders.checkout import place_order
-from shop.orders.commands import PROVIDER_EXPIRY_GRACE, cancel_order
+from shop.orders.cancel import PROVIDER_EXPIRY_GRACE, cancel_order
 from shop.outbox import runner
 from shop.outbox.dispatch import drain_deliveries, run_command, run_delivery
 from shop.outbox.relay import relay_once

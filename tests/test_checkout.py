@@ -16,7 +16,7 @@ from shop.extensions import db
 from shop.models import (Cart, CartItem, InventoryItem, Order, OrderLine, OutboxDelivery, OutboxEvent, Product,
                          ScheduledCommand, Variant)
 from shop.orders.checkout import place_order
-from shop.orders.commands import cancel_order
+from shop.orders.cancel import cancel_order
 from shop.outbox import uow
 from shop.outbox.dispatch import run_delivery
 

@@ -16,7 +16,7 @@ from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
 from shop.models import Cart, CartItem, Order, OutboxEvent, ScheduledCommand, Variant
 from shop.orders.checkout import place_order
-from shop.orders.commands import cancel_order
+from shop.orders.cancel import cancel_order
 from shop.outbox import schedule_command
 from shop.outbox.uow import publish_after_commit
 from shop.payments import gateway

@@ -19,7 +19,7 @@ from shop.extensions import db
 from shop.models import (Cart, CartItem, InventoryItem, Order, OutboxDelivery, OutboxEvent, ReconciliationCycle,
                          RestoreWarning, ScheduledCommand, Variant, WebhookReceipt)
 from shop.orders.checkout import place_order
-from shop.orders.commands import cancel_order
+from shop.orders.cancel import cancel_order
 from shop.outbox import dispatch
 from shop.payments import guard
 from shop.seed import seed_catalog, upsert_operator

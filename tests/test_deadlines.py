@@ -240,7 +240,7 @@ def test_an_order_paid_before_its_deadline_retires_it_at_once_and_it_is_never_en
 
 
 def test_a_cancelled_order_retires_its_pending_deadline_with_its_cancellation(app_ctx, redis_conn):
-    from shop.orders.commands import cancel_order
+    from shop.orders.cancel import cancel_order
 
     order_id, _, deadline_id = _checkout()
     assert cancel_order(order_id, None).status == "cancelled"

@@ -294,7 +294,7 @@ def test_a_commit_that_fails_announces_nothing_and_keeps_nothing(app, monkeypatc
     from sqlalchemy.exc import OperationalError
     from sqlalchemy.orm import Session
 
-    from shop.orders.commands import cancel_order
+    from shop.orders.cancel import cancel_order
 
     announced = []
     monkeypatch.setattr(queue, "announce", lambda *a, **k: announced.append(a))

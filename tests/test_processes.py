@@ -24,7 +24,7 @@ from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
 from shop.models import Cart, CartItem, InventoryItem, Order, OutboxEvent, ScheduledCommand, Variant
 from shop.orders.checkout import place_order
-from shop.orders.commands import PROVIDER_EXPIRY_GRACE
+from shop.orders.cancel import PROVIDER_EXPIRY_GRACE
 from shop.payments.start import start_payment
 from shop.seed import seed_catalog
 

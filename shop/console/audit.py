@@ -17,7 +17,7 @@ from flask_login import current_user
 from ..domain.deadlines import utcnow
 from ..extensions import db
 from ..models import OperatorAction
-from ..orders.views import iso
+from ..orders.serialize import iso
 
 log = logging.getLogger("shop.console")
 

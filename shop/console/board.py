@@ -10,7 +10,7 @@ from sqlalchemy import Integer, cast, func, select
 from ..domain.deadlines import as_utc
 from ..extensions import db
 from ..models import OutboxDelivery, OutboxEvent, WebhookReceipt
-from ..orders.views import iso
+from ..orders.serialize import iso
 from .format import human_age
 
 REJECTED_WINDOW = timedelta(hours=24)

@@ -15,7 +15,7 @@ from ..models import (OperatorAction, Order, OutboxDelivery, OutboxEvent, Paymen
                       ReconciliationCycle, Refund, RestoreWarning, ScheduledCommand, WebhookReceipt)
 from ..ops.health import snapshot
 from ..ops.metrics import stuck_cutoff
-from ..orders.views import iso, order_json
+from ..orders.serialize import iso, order_json
 from ..payments import guard
 from ..web import work_ref
 from . import sweep_words

@@ -15,7 +15,7 @@ from flask import url_for
 
 from ..domain.deadlines import as_utc
 from ..domain.order import UNPAID
-from ..orders.views import iso
+from ..orders.serialize import iso
 from .format import human_age
 
 UNPAID_STATUSES = {s.value for s in UNPAID}

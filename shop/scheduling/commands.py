@@ -6,7 +6,7 @@ from datetime import datetime
 from .. import emails, mailer
 from ..extensions import db
 from ..models import Order, ScheduledCommand
-from ..orders.commands import expire_unpaid_order
+from ..orders.cancel import expire_unpaid_order
 from ..payments.refunds import execute_refund
 
 

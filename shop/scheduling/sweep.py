@@ -5,7 +5,7 @@ A webhook that never arrives produces no event to compensate, and a deadline row
 
   * one cutoff per cycle (now - RECONCILIATION_STUCK_AGE_SECONDS), two passes against it;
   * the expiry pass FIRST: PendingPayment / PaymentFailed orders last changed before the cutoff
-    are cancelled through `orders.commands.cancel_unpaid`, the deadline's own expiry, whose
+    are cancelled through `orders.cancel.cancel_unpaid`, the deadline's own expiry, whose
     OrderCancelled event restores the stock through the compensation handler. No provider call:
     there is nothing to ask about.
   * then the provider pass: PaymentInitiated orders with a session, last changed before the
@@ -52,7 +52,7 @@ from ..domain.deadlines import FAILURE_REFUSED, as_utc, next_provider_check, utc
 from ..domain.order import UNPAID, OrderStatus
 from ..extensions import db
 from ..models import Lease, Order, ReconciliationCycle, Refund, ScheduledCommand
-from ..orders.commands import cancel_unpaid
+from ..orders.cancel import cancel_unpaid
 from ..outbox import dispatch, uow
 from ..payments import apply as payments
 from ..payments import gateway

@@ -12,9 +12,9 @@ from ..domain.order import LIVE, OrderStatus
 from ..extensions import db
 from ..models import Cart, CartItem, InventoryItem, Order, Product, Variant
 from ..orders.checkout import place_order
-from ..orders.commands import cancel_order
+from ..orders.cancel import cancel_order
 from .. import emails
-from ..orders.views import badge, iso, keeps_changing, order_json, order_summary_json, watch_state
+from ..orders.serialize import badge, iso, keeps_changing, order_json, order_summary_json, watch_state
 from ..orders.lookup import order_by_reference
 from ..payments import gateway
 from ..payments.apply import ask_and_apply

@@ -21,7 +21,7 @@ from ..payments.apply import ask_and_apply
 from ..payments.start import retire_session_before_cancel
 from ..store import orders
 from ..store.orders import OrderSnapshot
-from .views import status_words
+from .serialize import status_words
 
 log = logging.getLogger("shop.orders")
 
