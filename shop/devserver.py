@@ -31,7 +31,16 @@ from urllib.parse import urlsplit
 
 import click
 
-from .settings import DEFAULT_WEB_CONCURRENCY, DEFAULT_WEB_THREADS
+from flask_migrate import upgrade
+
+# `flask shop up` is imported by the CLI once the app factory has run, so the shop's modules are
+# loaded already: importing them here costs nothing and keeps no cycle.
+from . import SettingsError, create_app
+from .extensions import db
+from .payments.gateway import ProviderRefused, ProviderUnavailable
+from .payments.registration import register_webhook as register
+from .seed import create_operator_if_missing, seed_catalog
+from .settings import DEFAULT_WEB_CONCURRENCY, DEFAULT_WEB_THREADS, instance_path, load_settings
 
 LOCAL = "127.0.0.1"
 SANDBOX_PORT = 12111
@@ -291,9 +300,7 @@ def _wait_until(ready, child: Child, what: str, timeout: float = START_TIMEOUT) 
 
 def repo_root() -> str:
     """Where app.py lives: next to the `shop` package in a checkout (`pip install -e .`)."""
-    import shop
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(shop.__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # shop/devserver.py -> the checkout
     if os.path.exists(os.path.join(root, "app.py")):
         return root
     if os.path.exists(os.path.join(os.getcwd(), "app.py")):
@@ -407,8 +414,6 @@ def make_plan(port: int, environ: dict) -> Plan:
     if not port_is_free(port):
         raise UpError(f"port {port} is already in use on {LOCAL} (another `flask shop up`?); "
                       f"choose another with --port, e.g. `flask shop up --port {_nearby_free_port(port)}`")
-    from .settings import instance_path, load_settings
-
     env = dict(environ)
     root = repo_root()
     env["BACKSTOP_INSTANCE_PATH"] = os.path.abspath(instance_path(env, root))
@@ -453,10 +458,6 @@ def make_plan(port: int, environ: dict) -> Plan:
 # Steps -----------------------------------------------------------------------------------------
 
 def prepare_database(plan: Plan, app, console: Console) -> None:
-    from flask_migrate import upgrade
-
-    from .extensions import db
-    from .seed import create_operator_if_missing, seed_catalog
 
     dots = _ellipsis()
     with app.app_context():
@@ -509,9 +510,6 @@ def start_sandbox(plan: Plan, sup: Supervisor, console: Console) -> Child:
 
 
 def register_webhook(plan: Plan, app, console: Console) -> None:
-    from .extensions import db
-    from .payments.gateway import ProviderRefused, ProviderUnavailable
-    from .payments.registration import register_webhook as register
 
     console.step(f"Registering {plan.env['PUBLIC_BASE_URL']}/webhooks/stripe with the sandbox{_ellipsis()}")
     if http_status(plan.sandbox_url + "/_sandbox/faults") is None:
@@ -636,8 +634,6 @@ def up(port: int = 5000) -> None:
 
 
 def _run(port: int, console: Console, sup: Supervisor, state: dict, plan_holder: list) -> int:
-    from . import SettingsError, create_app
-
     try:
         plan = make_plan(port, os.environ)
         plan_holder.append(plan)
