@@ -10,7 +10,8 @@ from sqlalchemy.orm import selectinload
 
 from ..domain.order import LIVE, OrderStatus
 from ..extensions import db
-from ..models import Cart, CartItem, InventoryItem, Order, Product, Variant
+from ..models import Cart, InventoryItem, Order, Product, Variant
+from ..orders import cart as carts
 from ..orders.checkout import place_order
 from ..orders.cancel import cancel_order
 from .. import emails
@@ -50,17 +51,7 @@ def catalog():
 
 
 def _open_cart(create: bool = False) -> Cart | None:
-    bid = browser_id(create=create)
-    if bid is None:
-        return None
-    cart = db.session.execute(
-        select(Cart).where(Cart.browser_id == bid, Cart.status == "open").order_by(Cart.id.desc()).limit(1)
-    ).scalar_one_or_none()
-    if cart is None and create:
-        cart = Cart(browser_id=bid, status="open")
-        db.session.add(cart)
-        db.session.flush()
-    return cart
+    return carts.open_cart(browser_id(create=create), create=create)
 
 
 def _cart_data(cart: Cart | None) -> dict:
@@ -107,29 +98,13 @@ def _at_address(response, address: str):
     return response
 
 
-def _item_name(variant: Variant) -> str:
-    """What a customer calls it: the product and the variant ("Enamel Camp Mug – Navy"), not the SKU."""
-    return f"{variant.product.name} – {variant.name}"
-
-
 @bp.get("/cart")
 def cart():
     """This browser's cart."""
     return _render_cart()
 
 
-def _short_of_stock(variant: Variant, wanted: int, field: str | None = None):
-    """The 409 cart page when fewer than `wanted` are on hand (a soft-deleted row holds none);
-    None when there are enough. A cart holds nothing: this only warns early, checkout decides."""
-    inv = db.session.get(InventoryItem, variant.id)
-    available = inv.on_hand if inv is not None and inv.deleted_at is None else 0
-    if wanted <= available:
-        return None
-    db.session.rollback()
-    if available == 0:
-        return _render_cart(409, f"Sold out: {_item_name(variant)} cannot be added until it is back in stock.",
-                            field=field)
-    return _render_cart(409, f"Only {available} of {_item_name(variant)} left; you asked for {wanted}.", field=field)
+_CART_STATUS = {"not_for_sale": 404, "not_in_cart": 404, "short": 409, "too_many": 400}
 
 
 @bp.post("/cart/items")
@@ -141,26 +116,12 @@ def add_to_cart():
     wanted_id = form.variant_id.data
     # Ids are 32-bit keys: a larger number names no item (and PostgreSQL would refuse to compare).
     variant = db.session.get(Variant, wanted_id) if 0 < wanted_id <= MAX_ID else None
-    if variant is None or variant.deleted_at is not None:
-        return _render_cart(404, "That item is not for sale.")
-    cart = _open_cart(create=True)
-    item = db.session.execute(select(CartItem).where(CartItem.cart_id == cart.id,
-                                                     CartItem.variant_id == variant.id)).scalar_one_or_none()
-    wanted = form.quantity.data + (item.quantity if item else 0)
-    short = _short_of_stock(variant, wanted)
-    if short is not None:
-        return short
-    if wanted > 99:
-        db.session.rollback()
-        return _render_cart(400, "At most 99 of one item per order.")
-    if item:
-        item.quantity = wanted
-    else:
-        db.session.add(CartItem(cart_id=cart.id, variant_id=variant.id, quantity=wanted))
-    db.session.commit()
+    change = carts.add_item(browser_id(create=True), variant, form.quantity.data)
+    if not change.ok:
+        return _render_cart(_CART_STATUS[change.status], change.message)
     if wants_json():
         return _render_cart(201)
-    flash(f"Added {form.quantity.data} × {_item_name(variant)} to your cart.")
+    flash(change.message)
     return redirect(url_for("storefront.cart"), 303)
 
 
@@ -171,17 +132,10 @@ def set_quantity(variant_id: int):
     field = f"quantity-{variant_id}"
     if not form.validate():
         return _render_cart(400, _first_error(form), field=None if "csrf_token" in form.errors else field)
-    cart = _open_cart()
-    item = None if cart is None else db.session.execute(
-        select(CartItem).where(CartItem.cart_id == cart.id, CartItem.variant_id == variant_id)).scalar_one_or_none()
-    if item is None:
-        return _render_cart(404, "That item is not in your cart.")
-    wanted = form.quantity.data
-    short = _short_of_stock(db.session.get(Variant, variant_id), wanted, field)
-    if short is not None:
-        return short
-    item.quantity = wanted
-    db.session.commit()
+    change = carts.set_quantity(browser_id(), variant_id, form.quantity.data)
+    if not change.ok:
+        return _render_cart(_CART_STATUS[change.status], change.message,
+                            field=field if change.status == "short" else None)
     if wants_json():
         return _render_cart()
     return redirect(url_for("storefront.cart"), 303)
@@ -193,12 +147,7 @@ def remove_from_cart(variant_id: int):
     form = ActionForm()
     if not form.validate():
         return _render_cart(400, _first_error(form))
-    cart = _open_cart()
-    if cart is not None:
-        for item in cart.items:
-            if item.variant_id == variant_id:
-                db.session.delete(item)
-        db.session.commit()
+    carts.remove_item(browser_id(), variant_id)
     if wants_json():
         return _render_cart()
     return redirect(url_for("storefront.cart"), 303)

@@ -1,0 +1,126 @@
+"""The cart's use cases: add an item, set a line's quantity, remove a line. A cart holds no stock:
+the stock check here only warns early (checkout decides, with its conditional decrements), so
+these write only `carts` and `cart_items` and commit through the one commit path with no event.
+
+Each answers a `CartChange`: the storefront turns it into the page or JSON of docs/REFERENCE.md,
+Storefront, and writes nothing itself."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from ..extensions import db
+from ..models import Cart, CartItem, InventoryItem, Variant
+from ..outbox import uow
+
+MOST_OF_ONE_ITEM = 99
+
+
+@dataclass(frozen=True)
+class CartChange:
+    status: str                  # done | not_for_sale | not_in_cart | short | too_many
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "done"
+
+
+def item_name(variant: Variant) -> str:
+    """What a customer calls it: the product and the variant ("Enamel Camp Mug – Navy"), not the SKU."""
+    return f"{variant.product.name} – {variant.name}"
+
+
+def open_cart(browser: str | None, *, create: bool = False) -> Cart | None:
+    """This browser's open cart; with `create`, a new one (flushed, not committed) when it has none."""
+    if browser is None:
+        return None
+    cart = db.session.execute(
+        select(Cart).where(Cart.browser_id == browser, Cart.status == "open").order_by(Cart.id.desc()).limit(1)
+    ).scalar_one_or_none()
+    if cart is None and create:
+        cart = Cart(browser_id=browser, status="open")
+        db.session.add(cart)
+        db.session.flush()
+    return cart
+
+
+def _line(cart: Cart, variant_id: int) -> CartItem | None:
+    return db.session.execute(select(CartItem).where(CartItem.cart_id == cart.id,
+                                                     CartItem.variant_id == variant_id)).scalar_one_or_none()
+
+
+def _short_of_stock(variant: Variant | None, wanted: int) -> CartChange | None:
+    """A refusal when fewer than `wanted` are on hand (a soft-deleted row holds none)."""
+    inv = db.session.get(InventoryItem, variant.id) if variant is not None else None
+    available = inv.on_hand if inv is not None and inv.deleted_at is None else 0
+    if wanted <= available:
+        return None
+    if available == 0 or variant is None:
+        name = item_name(variant) if variant is not None else "this item"
+        return CartChange("short", f"Sold out: {name} cannot be added until it is back in stock.")
+    return CartChange("short", f"Only {available} of {item_name(variant)} left; you asked for {wanted}.")
+
+
+def _refuse(change: CartChange) -> CartChange:
+    db.session.rollback()  # nothing of a refused change stays, not even a cart created for it
+    return change
+
+
+def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange:
+    """Add `quantity` of `variant` to the browser's cart (opening one), within the stock on hand
+    and at most MOST_OF_ONE_ITEM of one item."""
+    if variant is None or variant.deleted_at is not None:
+        return _refuse(CartChange("not_for_sale", "That item is not for sale."))
+    try:
+        with uow.transaction():  # a refusal raised inside rolls back the cart it may have opened
+            cart = open_cart(browser, create=True)
+            item = _line(cart, variant.id)
+            wanted = quantity + (item.quantity if item else 0)
+            short = _short_of_stock(variant, wanted)
+            if short is None and wanted > MOST_OF_ONE_ITEM:
+                short = CartChange("too_many", f"At most {MOST_OF_ONE_ITEM} of one item per order.")
+            if short is not None:
+                raise _Refused(short)
+            if item:
+                item.quantity = wanted
+            else:
+                db.session.add(CartItem(cart_id=cart.id, variant_id=variant.id, quantity=wanted))
+    except _Refused as refusal:
+        return refusal.change
+    return CartChange("done", f"Added {quantity} × {item_name(variant)} to your cart.")
+
+
+def set_quantity(browser: str | None, variant_id: int, quantity: int) -> CartChange:
+    """Set one line's quantity, checked against the stock like an add."""
+    cart = open_cart(browser)
+    item = None if cart is None else _line(cart, variant_id)
+    if item is None:
+        return _refuse(CartChange("not_in_cart", "That item is not in your cart."))
+    short = _short_of_stock(db.session.get(Variant, variant_id), quantity)
+    if short is not None:
+        return _refuse(short)
+    with uow.transaction():
+        item.quantity = quantity
+    return CartChange("done")
+
+
+def remove_item(browser: str | None, variant_id: int) -> CartChange:
+    """Remove one line; removing what is not there changes nothing and is not an error."""
+    cart = open_cart(browser)
+    if cart is None:
+        return CartChange("done")
+    with uow.transaction():
+        for item in cart.items:
+            if item.variant_id == variant_id:
+                db.session.delete(item)
+    return CartChange("done")
+
+
+class _Refused(Exception):
+    """Leaves add_item's transaction with the refusal it rolled back for."""
+
+    def __init__(self, change: CartChange):
+        super().__init__(change.message)
+        self.change = change
