@@ -13,24 +13,14 @@ from typing import Iterator
 
 from werkzeug.serving import make_server
 
-from conftest import csrf_token
+from support import csrf_token
 from shop.extensions import db
-from shop.models import Order, Variant
-from shop.seed import seed_catalog
+from shop.models import Order
 from shop.stripe_sandbox.server import QuietRequestHandler
 from shop.stripe_sandbox.testing import wait_until  # noqa: F401  (re-exported for the tests)
 
 WEBHOOK_SECRET = "whsec_test_secret"
 JSON = {"Accept": "application/json"}
-
-
-def seed(app) -> dict[str, int]:
-    """The demo catalog (usd); returns sku -> variant id."""
-    with app.app_context():
-        seed_catalog()
-        skus = {v.sku: v.id for v in db.session.query(Variant)}
-        db.session.remove()
-        return skus
 
 
 class Shopper:

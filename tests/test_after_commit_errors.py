@@ -10,7 +10,8 @@ import os
 import pytest
 from sqlalchemy import create_engine, text
 
-from payment_helpers import JSON, Shopper, seed
+from payment_helpers import JSON, Shopper
+from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import Order
 from shop.storefront import routes
@@ -57,7 +58,7 @@ def test_a_rollback_that_fails_at_teardown_leaves_the_answer_standing(app, datab
 
 def test_a_checkout_that_committed_answers_with_its_order_when_the_database_goes_after(
         paying_app, sandbox, database_url, monkeypatch):
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(paying_app, seed_catalog_rows(paying_app))
     real = routes.start_payment
 
     def lose_the_database_then_start(order_id, **kwargs):
@@ -87,7 +88,7 @@ def test_a_checkout_that_committed_answers_with_its_order_when_the_database_goes
 
 def test_a_cancel_that_committed_says_so_when_the_database_goes_before_the_page(
         paying_app, sandbox, database_url, monkeypatch):
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(paying_app, seed_catalog_rows(paying_app))
     order = shopper.place()
     real = routes.cancel_order
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import threading
 
-from payment_helpers import Shopper, live_shop, order_id, seed
+from payment_helpers import Shopper, live_shop, order_id
+from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxEvent, ScheduledCommand
 from shop.outbox.dispatch import drain_deliveries, run_command
@@ -58,7 +59,7 @@ def _expire_then(monkeypatch, after) -> None:
 
 def test_a_cancel_whose_own_expiry_notice_lands_first_still_cancels_the_order(make_app, sandbox, monkeypatch):
     with live_shop(make_app, sandbox) as app:
-        shopper = Shopper(app, seed(app))
+        shopper = Shopper(app, seed_catalog_rows(app))
         variant = shopper.skus["NB-A6-DOT"]
         stock = _on_hand(app, variant)
         order = shopper.place("NB-A6-DOT", 2)
@@ -86,7 +87,7 @@ def test_a_cancel_whose_own_expiry_notice_lands_first_still_cancels_the_order(ma
 
 def test_a_cancel_survives_its_expiry_being_applied_as_a_failed_payment_by_another_path(
         paying_app, sandbox, monkeypatch):
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(paying_app, seed_catalog_rows(paying_app))
     variant = shopper.skus["NB-A6-DOT"]
     stock = _on_hand(paying_app, variant)
     order = shopper.place("NB-A6-DOT", 1)
@@ -125,7 +126,7 @@ def test_a_cancel_survives_its_expiry_being_applied_as_a_failed_payment_by_anoth
 
 
 def test_a_stale_cancel_is_still_refused_without_touching_the_provider(paying_app, sandbox):
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(paying_app, seed_catalog_rows(paying_app))
     order = shopper.place("NB-A6-DOT", 1)
     r = shopper.cancel(order["reference"], order["version"] - 1)
     assert r.status_code == 409

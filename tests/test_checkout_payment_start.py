@@ -23,7 +23,8 @@ from shop.payments import gateway
 from shop.payments.start import start_payment
 from shop.seed import seed_catalog
 
-from payment_helpers import JSON, Shopper, seed
+from payment_helpers import JSON, Shopper
+from factories import seed_catalog_rows
 
 SKU = "MUG-350-SND"
 
@@ -60,7 +61,7 @@ def _sessions_for(sandbox, reference: str) -> list[str]:
 
 
 def test_a_checkout_commits_payment_initiated_with_its_event_from_what_it_placed(paying_app, sandbox):
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(paying_app, seed_catalog_rows(paying_app))
     r = shopper.checkout(SKU, 2)
     assert r.status_code == 303
     order = shopper.latest()
@@ -117,7 +118,7 @@ def test_a_payment_start_refuses_a_state_the_transition_forbids_even_at_the_vers
 
 
 def test_paying_a_stored_order_again_reads_it_and_applies_the_same_guarded_transition(paying_app, sandbox):
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(paying_app, seed_catalog_rows(paying_app))
     sandbox.faults(api_unavailable=True)
     ref = shopper.checkout(SKU, 1).headers["Location"].rsplit("/", 1)[-1]
     sandbox.faults(api_unavailable=False)
@@ -182,7 +183,7 @@ def test_a_json_client_checking_out_gets_the_contracts_303_and_the_same_facts_in
         paying_app, sandbox, provider_up):
     """docs/REFERENCE.md, Storefront, names a 303 for a placed order, to the hosted page or, with the
     provider down, to the order page: the status does not depend on what the client accepts."""
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(paying_app, seed_catalog_rows(paying_app))
     sandbox.faults(api_unavailable=not provider_up)
     shopper.client.post("/cart/items", data={"csrf_token": shopper.token, "variant_id": shopper.skus[SKU],
                                              "quantity": 1})

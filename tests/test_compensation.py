@@ -13,7 +13,8 @@ from hypothesis import given, settings, strategies as st
 from sqlalchemy import delete, insert, update
 from sqlalchemy.orm.exc import StaleDataError
 
-from compensation_support import cancel, on_hand, order, place, placed_and_cancelled, restore_delivery, seed, warnings
+from compensation_support import cancel, on_hand, order, placed_and_cancelled, restore_delivery, warnings
+from factories import place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.domain.restoration import MAX_ON_HAND, plan_restoration
 from shop.extensions import db
@@ -26,7 +27,7 @@ ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 
 @pytest.fixture
 def catalog(ctx):
-    return seed()
+    return seed_catalog_rows()
 
 
 def test_a_cancelled_order_gets_its_stock_back_through_its_delivery(catalog):
@@ -77,7 +78,7 @@ def test_a_redelivered_cancellation_restores_stock_once(catalog):
 
 def test_restore_inventory_called_twice_restores_once(catalog):
     a5 = catalog["NB-A5-DOT"]
-    order_id = place({a5: 4})
+    order_id = place_order_for({a5: 4}).order_id
     cancel(order_id)
     assert restore_inventory_now(order_id) == "restored"
     assert restore_inventory_now(order_id) == "already_restored"
@@ -87,7 +88,7 @@ def test_restore_inventory_called_twice_restores_once(catalog):
 
 def test_restore_of_an_order_that_is_not_cancelled_changes_nothing(catalog):
     a5 = catalog["NB-A5-DOT"]
-    order_id = place({a5: 4})
+    order_id = place_order_for({a5: 4}).order_id
     assert restore_inventory_now(order_id) == "not_cancelled"
     assert on_hand(a5) == 36
     assert order(order_id).inventory_restored is False
@@ -96,8 +97,8 @@ def test_restore_of_an_order_that_is_not_cancelled_changes_nothing(catalog):
 @pytest.mark.skipif(not ON_POSTGRES, reason="row locks and concurrent transactions need PostgreSQL")
 def test_twenty_concurrent_deliveries_of_one_cancellation_restore_once(app, monkeypatch):
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 3})
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 3}).order_id
         cancel(order_id)
         before = on_hand(a5)
         db.session.remove()

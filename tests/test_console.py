@@ -7,9 +7,9 @@ import re
 from datetime import timedelta
 
 import pytest
-from conftest import OPERATOR_EMAIL as EMAIL
-from conftest import OPERATOR_PASSWORD as PASSWORD
-from conftest import add_operator, csrf_token, log_in
+from support import OPERATOR_EMAIL as EMAIL
+from support import OPERATOR_PASSWORD as PASSWORD
+from support import add_operator, csrf_token, log_in
 from sqlalchemy import select, update
 
 from shop.domain.deadlines import utcnow

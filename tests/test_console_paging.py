@@ -3,7 +3,7 @@ unfiltered list read every row at a million orders. Past the cap the total says 
 the next page is still offered."""
 from __future__ import annotations
 
-from conftest import log_in
+from support import log_in
 
 from shop.console import queries
 from shop.extensions import db

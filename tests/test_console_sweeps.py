@@ -11,7 +11,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from conftest import log_in
+from support import log_in
 from sqlalchemy import select, update
 
 from shop.domain.deadlines import utcnow

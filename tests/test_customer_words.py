@@ -9,7 +9,8 @@ from datetime import timedelta
 
 import pytest
 
-from payment_helpers import JSON, Shopper, order_id, post_webhook, run_everything, sandbox_event, seed
+from payment_helpers import JSON, Shopper, order_id, post_webhook, run_everything, sandbox_event
+from factories import seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.money import format_money
@@ -36,7 +37,7 @@ def _body(message) -> str:
 
 def test_an_order_whose_window_ran_out_says_so_on_its_page_and_in_an_email(paying_app, sandbox):
     app = paying_app
-    shopper = Shopper(app, seed(app))
+    shopper = Shopper(app, seed_catalog_rows(app))
     sandbox.faults(api_unavailable=True)  # the order stays PendingPayment: the customer never pays
     shopper.checkout("NB-A5-DOT", 2)
     sandbox.faults(api_unavailable=False)
@@ -60,7 +61,7 @@ def test_an_order_whose_window_ran_out_says_so_on_its_page_and_in_an_email(payin
 
 def test_a_customer_cancel_is_confirmed_in_words_and_by_email(paying_app, sandbox):
     app = paying_app
-    shopper = Shopper(app, seed(app))
+    shopper = Shopper(app, seed_catalog_rows(app))
     order = shopper.place()
     ref, oid = order["reference"], order_id(app, order["reference"])
     assert shopper.cancel(ref, order["version"]).status_code == 200
@@ -76,7 +77,7 @@ def test_a_customer_cancel_is_confirmed_in_words_and_by_email(paying_app, sandbo
 
 def test_a_refund_email_says_how_much_when_and_to_what(paying_app, sandbox):
     app = paying_app
-    shopper = Shopper(app, seed(app))
+    shopper = Shopper(app, seed_catalog_rows(app))
     order = shopper.place()
     ref, sid, oid = order["reference"], order["payment"]["session_id"], order_id(app, order["reference"])
     sandbox.set_outcome(sid, "async_pending")
@@ -95,7 +96,7 @@ def test_a_refund_email_says_how_much_when_and_to_what(paying_app, sandbox):
 
 def test_a_failed_payment_email_is_not_sent_once_the_order_has_moved_on(paying_app, sandbox):
     app = paying_app
-    shopper = Shopper(app, seed(app))
+    shopper = Shopper(app, seed_catalog_rows(app))
     order = shopper.place()
     ref, sid, oid = order["reference"], order["payment"]["session_id"], order_id(app, order["reference"])
     sandbox.set_outcome(sid, "async_pending")

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import OPERATOR_EMAIL as EMAIL
-from conftest import OPERATOR_PASSWORD as PASSWORD
-from conftest import add_operator, csrf_token, log_in
+from support import OPERATOR_EMAIL as EMAIL
+from support import OPERATOR_PASSWORD as PASSWORD
+from support import add_operator, csrf_token, log_in
 from sqlalchemy import select, update
 
 from shop.console.auth import LAST_SEEN, POLL_HEADER

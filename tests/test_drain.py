@@ -12,7 +12,8 @@ from datetime import timedelta
 
 from sqlalchemy import select, update
 
-from compensation_support import cancel, on_hand, order, place, restore_delivery, seed
+from compensation_support import cancel, on_hand, order, restore_delivery
+from factories import place_order_for, seed_catalog_rows
 from shop import jobs, queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
@@ -32,7 +33,7 @@ def _only_the_restore_listens_to_cancellations(monkeypatch):
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory"])
 
 def _cancelled_orders(n: int, variant: int) -> list[int]:
-    orders = [place({variant: 1}) for _ in range(n)]
+    orders = [place_order_for({variant: 1}).order_id for _ in range(n)]
     for order_id in orders:
         cancel(order_id)
     return orders
@@ -44,7 +45,7 @@ def _statuses(order_ids) -> list[tuple[str, int]]:
 
 def test_a_drain_runs_every_due_delivery_once_in_batches_and_leaves_a_backed_off_one_alone(app):
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(5, a5)
         backed_off = orders.pop()
         later = utcnow() + timedelta(minutes=5)
@@ -72,7 +73,7 @@ def test_a_drain_runs_every_due_delivery_once_in_batches_and_leaves_a_backed_off
 def test_a_drain_takes_a_lapsed_lease_but_never_one_that_still_holds(app):
     lease = app.config["OUTBOX_LEASE_SECONDS"]
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(2, a5)
         due = as_utc(restore_delivery(orders[1]).next_attempt_at)
         assert runner.claim(OutboxDelivery, restore_delivery(orders[0]).id, due, "worker-that-died")
@@ -98,7 +99,7 @@ def test_a_failing_delivery_in_a_batch_is_retried_alone_and_its_batch_mates_comp
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory", "flaky_followup"])
     monkeypatch.setitem(shop.saga.HANDLERS, "flaky_followup", flaky)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(3, a5)
         now = utcnow() + timedelta(seconds=1)
 
@@ -127,7 +128,7 @@ def test_two_concurrent_drains_never_run_one_delivery_twice(app, monkeypatch):
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["counting_followup"])
     monkeypatch.setitem(shop.saga.HANDLERS, "counting_followup", counting)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(30, a5)
         db.session.remove()
     now = utcnow() + timedelta(seconds=1)
@@ -158,10 +159,10 @@ def test_a_drain_jobs_threads_split_one_backlog_and_restore_every_order_exactly_
     own batches, and orders sharing the same two inventory rows are restored by both threads at
     once without one unit too many or too few."""
     with app.app_context():
-        skus = seed()
+        skus = seed_catalog_rows()
         a5, other = skus["NB-A5-DOT"], sorted(v for s, v in skus.items() if s != "NB-A5-DOT")[0]
         before = on_hand(a5), on_hand(other)
-        orders = [place({a5: 1, other: 1}) for _ in range(24)]
+        orders = [place_order_for({a5: 1, other: 1}).order_id for _ in range(24)]
         for order_id in orders:
             cancel(order_id)
         db.session.remove()
@@ -188,7 +189,7 @@ def test_a_drain_gives_back_what_it_cannot_run_within_half_its_lease(make_app, m
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["slow_followup"])
     monkeypatch.setitem(shop.saga.HANDLERS, "slow_followup", slow)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(3, a5)
         rows = lambda: db.session.execute(select(OutboxDelivery.order_id, OutboxDelivery.status,  # noqa: E731
                                                  OutboxDelivery.attempts, OutboxDelivery.claimed_by)
@@ -207,7 +208,7 @@ def test_a_drain_gives_back_what_it_cannot_run_within_half_its_lease(make_app, m
 
 def test_a_drain_hands_the_worker_back_when_other_jobs_wait_and_asks_for_another(app):
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(5, a5)
 
         result = drain_deliveries(now=utcnow() + timedelta(seconds=1), batch_size=2, should_yield=lambda: True)
@@ -219,7 +220,7 @@ def test_a_drain_hands_the_worker_back_when_other_jobs_wait_and_asks_for_another
 
 def test_announcing_enqueues_at_most_one_drain_per_slot_and_a_started_drain_frees_its_slot(app, redis_conn):
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         _cancelled_orders(6, a5)  # six announcements
         work = queue.work_queue()
         assert [j.func_name for j in work.jobs] == [queue.DRAIN_JOB] * queue.DRAIN_SLOTS
@@ -240,8 +241,8 @@ def test_work_committed_while_the_only_drain_runs_wakes_another(app, monkeypatch
     would find the one slot taken, and nothing would ever run its compensation."""
     monkeypatch.setattr(queue, "DRAIN_SLOTS", 1)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        first, second = place({a5: 1}), place({a5: 2})
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        first, second = place_order_for({a5: 1}).order_id, place_order_for({a5: 2}).order_id
         db.session.remove()
 
     def cancel_the_second(event, now):
@@ -272,7 +273,7 @@ def test_work_committed_while_the_only_drain_runs_wakes_another(app, monkeypatch
 
 def test_the_relay_wakes_a_drain_even_when_the_slots_belong_to_drains_redis_lost(app, redis_conn):
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(2, a5)
         # The drain jobs are gone but their slots are still marked taken.
         redis_conn.delete(queue.work_queue().key)
@@ -291,7 +292,7 @@ def test_the_relay_wakes_a_drain_even_when_the_slots_belong_to_drains_redis_lost
 def test_the_drain_job_runs_everything_due_through_a_real_worker(app):
     """jobs.drain as RQ runs it: frees its slot, drains, asks for more when it stopped early."""
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(3, a5)
         result = jobs.drain(0)
         assert result["done"] == 3 and not result["more"]
@@ -301,7 +302,7 @@ def test_the_drain_job_runs_everything_due_through_a_real_worker(app):
 
 def test_a_drain_yields_to_a_waiting_command_but_not_to_another_drain(app):
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         _cancelled_orders(2, a5)  # two drains wait
         assert queue.work_queue().count == 2
         assert queue.other_jobs_waiting() is False

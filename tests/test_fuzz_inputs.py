@@ -32,12 +32,13 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, urlencode
 
 import pytest
-from conftest import log_in
+from support import log_in
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from sqlalchemy import select, text
 
-from payment_helpers import WEBHOOK_SECRET, Shopper, order_id, seed, signature
+from payment_helpers import WEBHOOK_SECRET, Shopper, order_id, signature
+from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery, OutboxEvent, RestoreWarning, ScheduledCommand, WebhookReceipt
 from shop.payments.gateway import EVENT_TYPES
@@ -170,7 +171,7 @@ def _world(make_app, sandbox) -> World:
     app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
                    STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET, LOGIN_MAX_FAILURES_PER_ACCOUNT=1000,
                    LOGIN_MAX_FAILURES_PER_ADDRESS=100_000)
-    skus = seed(app)
+    skus = seed_catalog_rows(app)
     ann = Shopper(app, skus)
     ann_order = ann.place()
     bob = Shopper(app, skus)
@@ -573,7 +574,7 @@ def _send(world: World, request):
 
 
 def log_in_again(world: World) -> str:
-    from conftest import OPERATOR_EMAIL, OPERATOR_PASSWORD, csrf_token
+    from support import OPERATOR_EMAIL, OPERATOR_PASSWORD, csrf_token
 
     token = csrf_token(world.operator, "/console/login")
     r = world.operator.post("/console/login", data={"csrf_token": token, "email": OPERATOR_EMAIL,

@@ -9,7 +9,7 @@ import re
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import csrf_token, log_in
+from support import csrf_token, log_in
 from sqlalchemy import select
 
 from payment_helpers import WEBHOOK_SECRET, post_webhook, served, stripe_event

@@ -11,7 +11,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from conftest import leave_heartbeats, log_in
+from support import leave_heartbeats, log_in
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 

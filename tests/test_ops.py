@@ -14,7 +14,7 @@ from shop.models import Cart, CartItem, Order, RestoreWarning, Variant, WebhookR
 from shop.orders.checkout import place_order
 from shop.seed import seed_catalog
 
-from conftest import leave_heartbeats
+from support import leave_heartbeats
 
 CONTRACT_METRICS = {
     "shop_orders_stuck": {"status"}, "shop_orders_oldest_stuck_age_seconds": {"status"},

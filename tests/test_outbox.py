@@ -13,7 +13,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
-from compensation_support import cancel, on_hand, order, place, restore_delivery, seed
+from compensation_support import cancel, on_hand, order, restore_delivery
+from factories import place_order_for, seed_catalog_rows
 from shop import queue
 from shop.domain.deadlines import as_utc, retry_delay_seconds, utcnow
 from shop.extensions import db
@@ -64,8 +65,8 @@ def _delivery(order_id: int, handler: str) -> OutboxDelivery:
 def test_each_handler_of_an_event_gets_its_own_delivery(make_app, followups):
     app = make_app()
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 1})
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 1}).order_id
         rows = db.session.execute(select(OutboxDelivery.handler, OutboxDelivery.status, OutboxEvent.name)
                                   .join(OutboxEvent).where(OutboxDelivery.order_id == order_id)).all()
         assert sorted(rows) == [("counting_followup", "pending", "OrderPlaced"),
@@ -81,9 +82,9 @@ def test_an_always_failing_handler_is_dead_lettered_with_backoff_and_its_sibling
     # early, for rq-scheduler's sake): half a second before it is too early.
     too_early = timedelta(seconds=0.5)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         t0 = utcnow()
-        order_id = place({a5: 1}, now=t0)
+        order_id = place_order_for({a5: 1}, now=t0).order_id
         flaky, counting = _delivery(order_id, "flaky_followup").id, _delivery(order_id, "counting_followup").id
 
         assert run_delivery(counting, now=t0) == "done"
@@ -125,9 +126,9 @@ def test_an_always_failing_handler_is_dead_lettered_with_backoff_and_its_sibling
 def test_a_retried_dead_letter_runs_again_with_a_fresh_budget_and_can_succeed(make_app, followups):
     app = make_app(OUTBOX_MAX_ATTEMPTS=2)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         t0 = utcnow()
-        order_id = place({a5: 1}, now=t0)
+        order_id = place_order_for({a5: 1}, now=t0).order_id
         flaky = _delivery(order_id, "flaky_followup").id
         assert run_delivery(flaky, now=t0) == "retry"
         assert run_delivery(flaky, now=t0 + timedelta(seconds=5)) == "dead"
@@ -152,8 +153,8 @@ def test_two_workers_never_hold_one_delivery_at_once(app):
     """The claim is a lease: of many concurrent claims exactly one wins, nobody else can claim
     while the lease holds, and exactly one can take over once it lapses."""
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 1})
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 1}).order_id
         cancel(order_id)
         delivery_id = restore_delivery(order_id).id
         db.session.remove()
@@ -215,8 +216,8 @@ def test_a_worker_that_lost_its_lease_commits_none_of_its_writes(make_app, monke
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderPlaced", ["slow_handler"])
     monkeypatch.setitem(shop.saga.HANDLERS, "slow_handler", slow_handler)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 1})
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 1}).order_id
         delivery_id = _delivery(order_id, "slow_handler").id
         before = on_hand(a5)
         assert run_delivery(delivery_id) == "skipped"
@@ -229,9 +230,9 @@ def test_a_worker_that_lost_its_lease_commits_none_of_its_writes(make_app, monke
 
 def test_every_delivery_completes_after_redis_loses_everything(app, redis_conn):
     with app.app_context():
-        skus = seed()
+        skus = seed_catalog_rows()
         a5, sand = skus["NB-A5-DOT"], skus["MUG-350-SND"]
-        orders = [place({a5: 2, sand: 1}) for _ in range(4)]
+        orders = [place_order_for({a5: 2, sand: 1}).order_id for _ in range(4)]
         assert (on_hand(a5), on_hand(sand)) == (32, 8)
         for order_id in orders:
             cancel(order_id)  # committed, and announced to Redis after the commit
@@ -275,8 +276,8 @@ def test_a_commit_that_fails_announces_nothing_and_keeps_nothing(app, monkeypatc
     announced = []
     monkeypatch.setattr(queue, "announce", lambda *a, **k: announced.append(a))
     with app.app_context():
-        skus = seed()
-        order_id = place({skus["NB-A5-DOT"]: 2})
+        skus = seed_catalog_rows()
+        order_id = place_order_for({skus["NB-A5-DOT"]: 2}).order_id
         announced.clear()  # the checkout's own announcement
         version = db.session.get(Order, order_id).version
 
@@ -309,9 +310,9 @@ def test_an_announce_that_fails_loses_nothing_the_relay_announces_it(app, monkey
         raise redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
     with app.app_context():
-        skus = seed()
+        skus = seed_catalog_rows()
         a5 = skus["NB-A5-DOT"]
-        order_id = place({a5: 2})
+        order_id = place_order_for({a5: 2}).order_id
         assert on_hand(a5) == 38
         monkeypatch.setattr(queue, "announce", redis_is_down)
         cancel(order_id)  # asserts the outcome is "cancelled": the announce failure is not the cancel's
@@ -356,8 +357,8 @@ def test_a_failed_payment_schedules_the_email_and_rearms_the_deadline_as_command
     app = mail_app
     window = app.config["UNPAID_ORDER_EXPIRY_SECONDS"]
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 1}, email="bob@example.com")
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 1}, email="bob@example.com").order_id
         # Through the aggregate's own transitions and the unit of work, as the payment service does.
         row = db.session.get(Order, order_id)
         assert row.start_payment("cs_test_1").ok
@@ -393,8 +394,8 @@ def test_a_failed_payment_schedules_the_email_and_rearms_the_deadline_as_command
 def test_a_paid_order_schedules_its_confirmation_email(mail_app):
     app = mail_app
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 2}, email="cy@example.com")
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 2}, email="cy@example.com").order_id
         row = db.session.get(Order, order_id)
         assert row.start_payment("cs_test_2").ok
         uow.commit(db.session)
@@ -442,8 +443,8 @@ def test_an_unreachable_mail_server_is_retried_and_its_dead_letter_names_the_ser
     not just 'Connection refused'."""
     app = make_app(SMTP_URL="smtp://127.0.0.1:9", OUTBOX_MAX_ATTEMPTS=2)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 1}, email="bob@example.com")
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 1}, email="bob@example.com").order_id
         db.session.remove()
         from shop.outbox import schedule_command
 

@@ -10,8 +10,9 @@ import time
 import pytest
 import stripe
 
-from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, seed, \
+from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, \
     wait_for_status
+from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WebhookReceipt
 from shop.outbox.dispatch import run_delivery
@@ -22,7 +23,7 @@ from shop.payments.apply import reconcile_order
 
 @pytest.fixture
 def shopper(paying_app):
-    return Shopper(paying_app, seed(paying_app))
+    return Shopper(paying_app, seed_catalog_rows(paying_app))
 
 
 def _rows(app, model, **filters) -> list:
@@ -53,7 +54,7 @@ def _provider_session(app, session_id) -> gateway.SessionView:
 
 def test_paying_on_the_hosted_page_makes_the_order_paid_through_the_registered_webhook(make_app, sandbox):
     with live_shop(make_app, sandbox) as app:
-        shopper = Shopper(app, seed(app))
+        shopper = Shopper(app, seed_catalog_rows(app))
         order = shopper.place()
         sandbox.set_outcome(order["payment"]["session_id"], "paid")
 
@@ -69,7 +70,7 @@ def test_paying_on_the_hosted_page_makes_the_order_paid_through_the_registered_w
 
 def test_a_dropped_webhook_is_made_good_by_the_customers_return(make_app, sandbox):
     with live_shop(make_app, sandbox) as app:
-        shopper = Shopper(app, seed(app))
+        shopper = Shopper(app, seed_catalog_rows(app))
         order = shopper.place()
         sid = order["payment"]["session_id"]
         sandbox.faults(drop_webhooks=1)
@@ -162,7 +163,7 @@ def test_an_expired_session_fails_the_payment_and_the_customer_can_pay_again(mak
     app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_WEBHOOK_SECRET="whsec_test_secret",
                    UNPAID_ORDER_EXPIRY_SECONDS=60, RECONCILIATION_STUCK_AGE_SECONDS=60,
                    STRIPE_SESSION_MIN_SECONDS=60)
-    shopper = Shopper(app, seed(app))
+    shopper = Shopper(app, seed_catalog_rows(app))
     order = shopper.place()
     ref, first = order["reference"], order["payment"]["session_id"]
 
@@ -345,7 +346,7 @@ def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(make_ap
     app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
                    STRIPE_WEBHOOK_SECRET="whsec_test_secret", UNPAID_ORDER_EXPIRY_SECONDS=60,
                    RECONCILIATION_STUCK_AGE_SECONDS=60)
-    shopper = Shopper(app, seed(app))
+    shopper = Shopper(app, seed_catalog_rows(app))
     real_commit, real_create, lost = uow.commit, gateway.create_checkout_session, []
 
     def create_then_lose_the_save(**kwargs):

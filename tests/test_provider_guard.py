@@ -10,14 +10,15 @@ from datetime import timedelta
 
 import pytest
 
-from conftest import log_in
+from support import log_in
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order
 from shop.payments import gateway, guard
 from shop.scheduling.sweep import run_cycle
 
-from payment_helpers import JSON, Shopper, seed
+from payment_helpers import JSON, Shopper
+from factories import seed_catalog_rows
 
 STALE = "PendingPayment"
 
@@ -27,7 +28,7 @@ def shop(make_app, sandbox):
     def build(**config):
         app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
                        STRIPE_WEBHOOK_SECRET="whsec_test_secret", **config)
-        return app, seed(app)
+        return app, seed_catalog_rows(app)
     return build
 
 

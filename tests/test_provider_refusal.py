@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import log_in
-from payment_helpers import JSON, Shopper, seed
+from support import log_in
+from payment_helpers import JSON, Shopper
+from factories import seed_catalog_rows
 
 
 @pytest.fixture
@@ -19,7 +20,7 @@ def strict_provider(sandbox):
 
 
 def test_a_refused_payment_start_tells_the_customer_in_words_and_the_operator_why(paying_app, strict_provider):
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(paying_app, seed_catalog_rows(paying_app))
     r = shopper.checkout(email="ann@example.com")
     assert r.status_code == 303
     reference = shopper.client.get("/orders", headers=JSON).get_json()["orders"][0]["reference"]

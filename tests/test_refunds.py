@@ -7,7 +7,8 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from payment_helpers import JSON, Shopper, live_shop, order_id, post_webhook, sandbox_event, seed, wait_until
+from payment_helpers import JSON, Shopper, live_shop, order_id, post_webhook, sandbox_event, wait_until
+from factories import seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, Refund, ScheduledCommand, WebhookReceipt
@@ -35,7 +36,7 @@ def _provider_refunds(app, payment_intent: str) -> list[dict]:
 
 def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_is_reported(make_app, sandbox):
     with live_shop(make_app, sandbox) as app:
-        shopper = Shopper(app, seed(app))
+        shopper = Shopper(app, seed_catalog_rows(app))
         order = shopper.place("SOCK-M", 2)
         ref, sid = order["reference"], order["payment"]["session_id"]
         oid = order_id(app, ref)
@@ -102,7 +103,7 @@ def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_
 
 
 def test_a_second_paid_session_for_an_already_paid_order_is_refunded(paying_app, sandbox):
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(paying_app, seed_catalog_rows(paying_app))
     order = shopper.place()
     ref, first = order["reference"], order["payment"]["session_id"]
     sandbox.set_outcome(first, "paid")
@@ -147,7 +148,7 @@ def test_money_that_settles_after_a_cancel_is_refunded_by_the_sweep_when_its_web
     money. Without its watch on cancelled orders the payment is kept and nothing flags it."""
     from shop.scheduling.sweep import run_cycle
 
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(paying_app, seed_catalog_rows(paying_app))
     order, ref, sid = _cancel_while_settling(shopper, sandbox)
     oid = order_id(paying_app, ref)
     sandbox.async_result(sid, "succeeded")  # the bank settles; the webhook is lost
@@ -172,7 +173,7 @@ def test_money_that_settles_after_a_cancel_is_refunded_by_the_sweep_when_its_web
 def test_a_settling_payment_that_fails_after_a_cancel_ends_the_watch_without_a_refund(paying_app, sandbox):
     from shop.scheduling.sweep import run_cycle
 
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(paying_app, seed_catalog_rows(paying_app))
     order, ref, sid = _cancel_while_settling(shopper, sandbox)
     oid = order_id(paying_app, ref)
     with paying_app.app_context():
@@ -200,7 +201,7 @@ def test_a_late_money_refund_rides_out_a_provider_outage_longer_than_the_old_bac
     down for longer than the whole old retry budget (5 attempts in ~23 s). The refund must not be
     dead-lettered: it waits for the provider, says so in the console, keeps the order watched, and
     goes through exactly once when the provider is back."""
-    from conftest import log_in
+    from support import log_in
 
     from shop.scheduling.sweep import run_cycle
 
@@ -210,7 +211,7 @@ def test_a_late_money_refund_rides_out_a_provider_outage_longer_than_the_old_bac
                    # The outage's minutes are injected time; the provider's circuit breaker counts
                    # real seconds and would still be cooling down when the provider comes back.
                    STRIPE_BREAKER_THRESHOLD=1_000_000)
-    shopper = Shopper(app, seed(app))
+    shopper = Shopper(app, seed_catalog_rows(app))
     order, ref, sid = _cancel_while_settling(shopper, sandbox)
     oid = order_id(app, ref)
     sandbox.async_result(sid, "succeeded")  # no endpoint is registered: the webhook is lost
@@ -273,7 +274,7 @@ def test_the_watch_runs_a_dead_late_money_refund_again_but_leaves_a_refused_one_
     stays a visible dead letter, and the order stays watched."""
     from shop.scheduling.sweep import run_cycle
 
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(paying_app, seed_catalog_rows(paying_app))
     order, ref, sid = _cancel_while_settling(shopper, sandbox)
     oid = order_id(paying_app, ref)
     sandbox.async_result(sid, "succeeded")

@@ -1,5 +1,5 @@
 """A customer's path through the storefront, over HTTP via the test client."""
-from conftest import csrf_token
+from support import csrf_token
 
 from shop.extensions import db
 from shop.models import InventoryItem, Order, ScheduledCommand

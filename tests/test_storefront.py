@@ -9,7 +9,7 @@ import threading
 import pytest
 from sqlalchemy import func, select, update
 
-from conftest import csrf_token
+from support import csrf_token
 from shop.extensions import db
 from shop.models import Cart, InventoryItem, Order, OutboxDelivery, OutboxEvent, Variant
 from shop.seed import seed_catalog

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
-from conftest import csrf_token
+from support import csrf_token
 from payment_helpers import JSON, run_due_commands
 from shop.domain.deadlines import utcnow
 from shop.extensions import db

@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from payment_helpers import paid_at_provider, WEBHOOK_SECRET, Shopper, order_id, post_webhook, seed, \
+from payment_helpers import paid_at_provider, WEBHOOK_SECRET, Shopper, order_id, post_webhook, \
     signature, stripe_event
+from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import OutboxEvent, PaymentProofRefusal, ProcessedStripeEvent, WebhookReceipt
 
@@ -24,7 +25,7 @@ LOST = "every payment update is being lost"
 
 @pytest.fixture
 def shopper(paying_app):
-    return Shopper(paying_app, seed(paying_app))
+    return Shopper(paying_app, seed_catalog_rows(paying_app))
 
 
 def _receipts(app) -> list[tuple]:

@@ -11,7 +11,8 @@ import time
 import pytest
 from sqlalchemy import create_engine, text
 
-from payment_helpers import paid_at_provider, Shopper, order_id, post_webhook, seed, stripe_event
+from payment_helpers import paid_at_provider, Shopper, order_id, post_webhook, stripe_event
+from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import OutboxEvent, ProcessedStripeEvent, WebhookReceipt
 
@@ -21,7 +22,7 @@ ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 
 @pytest.fixture
 def shopper(paying_app):
-    return Shopper(paying_app, seed(paying_app))
+    return Shopper(paying_app, seed_catalog_rows(paying_app))
 
 
 def _state(app, ref) -> tuple[list, list, int]:

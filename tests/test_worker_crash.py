@@ -11,7 +11,8 @@ from datetime import timedelta
 
 import pytest
 
-from compensation_support import cancel, on_hand, order, place, restore_delivery, seed
+from compensation_support import cancel, on_hand, order, restore_delivery
+from factories import place_order_for, seed_catalog_rows
 from shop import queue
 from shop.domain.deadlines import as_utc
 from shop.extensions import db
@@ -81,9 +82,9 @@ def _stop(proc):
 def test_a_worker_killed_mid_restore_leaves_nothing_half_done_and_the_delivery_completes_after_its_lease(
         app, tmp_path):
     with app.app_context():
-        skus = seed()
+        skus = seed_catalog_rows()
         a5, sand = skus["NB-A5-DOT"], skus["MUG-350-SND"]
-        order_id = place({a5: 3, sand: 2})
+        order_id = place_order_for({a5: 3, sand: 2}).order_id
         cancel(order_id)
         delivery_id = restore_delivery(order_id).id
         assert (on_hand(a5), on_hand(sand)) == (37, 10)
@@ -124,8 +125,8 @@ def test_a_worker_killed_mid_restore_leaves_nothing_half_done_and_the_delivery_c
 def test_a_healthy_worker_process_completes_the_restore(app, tmp_path):
     """The same path without the failpoint, so the test above fails for the crash, not the setup."""
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 3})
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 3}).order_id
         cancel(order_id)
         db.session.remove()
 
@@ -148,8 +149,8 @@ def test_a_worker_lost_on_the_final_attempt_is_dead_lettered_by_the_relay(make_a
     """A claim nobody finishes is exactly what a killed worker leaves behind."""
     app = make_app(OUTBOX_MAX_ATTEMPTS=1)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 3})
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 3}).order_id
         cancel(order_id)
         delivery_id = restore_delivery(order_id).id
         now = as_utc(restore_delivery(order_id).next_attempt_at)

@@ -63,8 +63,9 @@ def screenshot_dir():
 def shop(make_app, sandbox):
     """The shop on a free port, registered with the sandbox exactly as
     `flask shop stripe-register-webhook` does, with the demo catalog. Yields (app, base_url)."""
-    from payment_helpers import live_shop, seed
+    from factories import seed_catalog_rows
+    from payment_helpers import live_shop
 
     with live_shop(make_app, sandbox) as app:
-        seed(app)
+        seed_catalog_rows(app)
         yield app, app.config["PUBLIC_BASE_URL"]
