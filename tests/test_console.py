@@ -7,20 +7,20 @@ import re
 from datetime import timedelta
 
 import pytest
-from support import OPERATOR_EMAIL as EMAIL
-from support import OPERATOR_PASSWORD as PASSWORD
-from support import add_operator, csrf_token, log_in
 from sqlalchemy import select, update
 
+from factories import placed_order_in, variant_id
 from shop.domain.deadlines import utcnow
 from shop.domain.restoration import MAX_ON_HAND
 from shop.extensions import db
-from shop.models import (Cart, CartItem, InventoryItem, Order, OutboxDelivery, OutboxEvent, ReconciliationCycle,
-                         RestoreWarning, ScheduledCommand, Variant, WebhookReceipt)
-from shop.orders.checkout import place_order
+from shop.models import (InventoryItem, Order, OutboxDelivery, OutboxEvent, ReconciliationCycle, RestoreWarning,
+                         ScheduledCommand, WebhookReceipt)
 from shop.orders.commands import cancel_order
 from shop.outbox import dispatch
-from shop.seed import seed_catalog, upsert_operator
+from shop.seed import upsert_operator
+from support import OPERATOR_EMAIL as EMAIL
+from support import OPERATOR_PASSWORD as PASSWORD
+from support import add_operator, csrf_token, log_in
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
@@ -43,24 +43,6 @@ WARNING_KEYS = {"id", "order_reference", "variant_id", "quantity", "reason", "st
 @pytest.fixture
 def token(app, client):
     return log_in(app, client)
-
-
-def variant_id(sku: str) -> int:
-    return db.session.execute(select(Variant.id).where(Variant.sku == sku)).scalar_one()
-
-
-def place(app, sku="MUG-350-SND", quantity=1, now=None) -> tuple[int, str]:
-    """A real order through the checkout use case."""
-    with app.app_context():
-        seed_catalog()
-        cart = Cart(browser_id="browser-1", status="open")
-        db.session.add(cart)
-        db.session.flush()
-        db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id(sku), quantity=quantity))
-        db.session.commit()
-        placed = place_order(cart_id=cart.id, browser_id="browser-1", email="ann@example.com", now=now)
-        assert placed.ok, placed
-        return placed.order_id, placed.reference
 
 
 def run_delivery(app, delivery_id, now=None) -> str:
@@ -94,7 +76,7 @@ def kill(app, delivery_id, error="RuntimeError: handler crashed") -> None:
 def make_overflow_warning(app, sku="MUG-350-SND"):
     """A cancelled order whose restore was refused by the stock-overflow invariant (so nothing,
     not even the marker, was saved). Returns (order_id, warning_id, variant_id)."""
-    order_id, _ = place(app, sku, 2)
+    order_id, _ = placed_order_in(app, sku, 2)
     with app.app_context():
         vid = variant_id(sku)
         db.session.execute(update(InventoryItem).where(InventoryItem.variant_id == vid).values(on_hand=MAX_ON_HAND))
@@ -179,7 +161,7 @@ def test_logging_out_closes_the_console_again(app, client, token):
 
 
 def test_every_console_post_refuses_a_missing_or_wrong_csrf_token(app, client, token):
-    order_id, ref = place(app)
+    order_id, ref = placed_order_in(app)
     delivery = cancel(app, order_id)
     kill(app, delivery)
     with app.app_context():
@@ -223,9 +205,9 @@ def test_dashboard_counts_a_stuck_order_a_dead_letter_and_an_open_warning(app, c
     assert empty["restore_warnings"]["count"] == 0 and empty["last_sweep"] is None
 
     two_hours_ago = utcnow() - timedelta(hours=2)
-    stuck_id, _ = place(app, now=two_hours_ago)
-    place(app)  # fresh: not stuck
-    _, cancelled_ref = place(app, "NB-A5-DOT")
+    stuck_id, _ = placed_order_in(app, now=two_hours_ago)
+    placed_order_in(app)  # fresh: not stuck
+    _, cancelled_ref = placed_order_in(app, "NB-A5-DOT")
     with app.app_context():
         cancelled_id = db.session.execute(select(Order.id).where(Order.reference == cancelled_ref)).scalar_one()
     delivery = cancel(app, cancelled_id)
@@ -257,9 +239,9 @@ def test_dashboard_counts_a_stuck_order_a_dead_letter_and_an_open_warning(app, c
 
 def test_stuck_orders_list_longest_waiting_first_all_orders_newest_first(app, client, token):
     now = utcnow()
-    _, older = place(app, now=now - timedelta(hours=5))
-    _, old = place(app, now=now - timedelta(hours=1))
-    _, fresh = place(app, now=now)
+    _, older = placed_order_in(app, now=now - timedelta(hours=5))
+    _, old = placed_order_in(app, now=now - timedelta(hours=1))
+    _, fresh = placed_order_in(app, now=now)
     data = client.get("/console/orders?stuck=1", headers=JSON).get_json()
     assert [o["reference"] for o in data["orders"]] == [older, old]
     assert all(o["stuck"] for o in data["orders"])
@@ -273,7 +255,7 @@ def test_stuck_orders_list_longest_waiting_first_all_orders_newest_first(app, cl
 
 
 def test_order_timeline_shows_transitions_deliveries_deadlines_and_warnings(app, client, token):
-    order_id, ref = place(app)
+    order_id, ref = placed_order_in(app)
     delivery = cancel(app, order_id)
     with app.app_context():
         db.session.add(RestoreWarning(order_id=order_id, variant_id=99, quantity=1, reason="no inventory row"))
@@ -307,7 +289,7 @@ def test_outbox_lists_dead_letters_in_the_contract_shape_with_the_traceback_on_d
 
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderPlaced", ["print_label"])
     monkeypatch.setitem(HANDLERS, "print_label", print_label)
-    order_id, ref = place(app)
+    order_id, ref = placed_order_in(app)
     with app.app_context():
         delivery = db.session.execute(select(OutboxDelivery.id).where(OutboxDelivery.handler == "print_label")
                                       ).scalar_one()
@@ -337,7 +319,7 @@ def test_dead_scheduled_commands_are_dead_letters_of_the_outbox_in_its_shape_and
     """A dead refund or email is a dead letter too: listed in /console/outbox with the contract's
     keys (id "cmd-<n>": commands and deliveries are numbered apart), acted on through the
     outbox's own retry and discard routes, and counted by shop_outbox_deliveries{status="dead"}."""
-    order_id, ref = place(app)
+    order_id, ref = placed_order_in(app)
     with app.app_context():
         command = db.session.execute(select(ScheduledCommand).where(ScheduledCommand.order_id == order_id)
                                      ).scalar_one()
@@ -380,7 +362,7 @@ def test_text_that_cannot_be_a_reference_or_filter_is_answered_in_words(app, cli
 # -- operator actions on dead letters --------------------------------------------------------
 
 def test_retrying_a_dead_delivery_gives_it_a_fresh_budget_and_it_then_runs(app, client, token):
-    order_id, ref = place(app, "MUG-350-NVY", 2)
+    order_id, ref = placed_order_in(app, "MUG-350-NVY", 2)
     assert on_hand(app, "MUG-350-NVY") == 1
     delivery = cancel(app, order_id)
     kill(app, delivery)
@@ -401,7 +383,7 @@ def test_retrying_a_dead_delivery_gives_it_a_fresh_budget_and_it_then_runs(app, 
 
 
 def test_a_browser_retry_goes_back_to_the_page_with_a_message(app, client, token):
-    order_id, _ = place(app)
+    order_id, _ = placed_order_in(app)
     delivery = cancel(app, order_id)
     kill(app, delivery)
     r = client.post(f"/console/outbox/{delivery}/retry",
@@ -411,7 +393,7 @@ def test_a_browser_retry_goes_back_to_the_page_with_a_message(app, client, token
 
 
 def test_retry_and_discard_answer_404_for_an_unknown_row_and_409_for_one_that_is_not_dead(app, client, token):
-    order_id, _ = place(app)
+    order_id, _ = placed_order_in(app)
     delivery = cancel(app, order_id)  # pending, not dead
     for action, data in (("retry", {}), ("discard", {"reason": "not needed"})):
         r = client.post(f"/console/outbox/987654/{action}", data={"csrf_token": token, **data}, headers=JSON)
@@ -423,7 +405,7 @@ def test_retry_and_discard_answer_404_for_an_unknown_row_and_409_for_one_that_is
 
 
 def test_discarding_needs_a_reason_and_then_the_dead_letter_is_discarded(app, client, token):
-    order_id, _ = place(app)
+    order_id, _ = placed_order_in(app)
     delivery = cancel(app, order_id)
     kill(app, delivery)
     for reason in (None, "", "   "):
@@ -448,7 +430,7 @@ def test_discarding_needs_a_reason_and_then_the_dead_letter_is_discarded(app, cl
 # -- restore warnings ------------------------------------------------------------------------
 
 def test_restore_warnings_list_in_the_contract_shape(app, client, token):
-    order_id, ref = place(app)
+    order_id, ref = placed_order_in(app)
     with app.app_context():
         db.session.add(RestoreWarning(order_id=order_id, variant_id=7, quantity=2, reason="no inventory row"))
         db.session.add(RestoreWarning(order_id=order_id, variant_id=8, quantity=1, reason="old", state="resolved"))
@@ -495,7 +477,7 @@ def test_resolving_with_retry_restores_stock_once_the_cause_is_fixed(app, client
 
 
 def test_retrying_an_unmatched_variant_warning_keeps_it_open_and_restores_nothing_twice(app, client, token):
-    order_id, _ = place(app, "SOCK-M", 3)
+    order_id, _ = placed_order_in(app, "SOCK-M", 3)
     assert run_delivery(app, cancel(app, order_id)) == "done"
     assert on_hand(app, "SOCK-M") == 30
     with app.app_context():
@@ -534,7 +516,7 @@ def test_resolving_as_fixed_closes_the_warning_with_the_operators_note(app, clie
 def _started_order(paying_app):
     from shop.payments.start import start_payment
 
-    order_id, ref = place(paying_app)
+    order_id, ref = placed_order_in(paying_app)
     with paying_app.app_context():
         assert start_payment(order_id).status == "started"
         return order_id, ref, db.session.get(Order, order_id).payment_session_id
@@ -579,7 +561,7 @@ def test_reconcile_with_the_provider_unreachable_is_a_503_in_words_and_changes_n
 # -- webhooks and sweeps ---------------------------------------------------------------------
 
 def test_webhooks_page_lists_accepted_and_rejected_deliveries_newest_first(app, client, token):
-    order_id, ref = place(app)
+    order_id, ref = placed_order_in(app)
     with app.app_context():
         db.session.add(WebhookReceipt(event_id="evt_ok", event_type="checkout.session.completed",
                                       outcome="accepted", reason="", order_id=order_id, http_status=200,
@@ -617,7 +599,7 @@ def test_sweeps_page_lists_cycles_with_per_pass_counts_newest_first(app, client,
 
 
 def test_every_console_page_renders_for_a_logged_in_operator(app, client, token):
-    order_id, ref = place(app)
+    order_id, ref = placed_order_in(app)
     kill(app, cancel(app, order_id))
     for url in ["/console/", "/console/orders", "/console/orders?stuck=1", f"/console/orders/{ref}",
                 "/console/outbox?status=dead", "/console/outbox", "/console/restore-warnings?state=open",
@@ -630,7 +612,7 @@ def test_every_console_page_renders_for_a_logged_in_operator(app, client, token)
 
 def test_retry_all_dead_of_one_kind_after_an_outage_moves_exactly_those(app, client, token):
     """After the mail server came back: one click retries every dead send_email, and nothing else."""
-    order_id, ref = place(app)
+    order_id, ref = placed_order_in(app)
     with app.app_context():
         from shop.outbox import schedule_command
 
@@ -660,8 +642,8 @@ def test_retry_all_dead_of_one_kind_after_an_outage_moves_exactly_those(app, cli
 # -- search and audit --------------------------------------------------------------------------
 
 def test_orders_are_found_by_reference_email_in_any_case_or_provider_session(app, client, token):
-    first, ref = place(app)
-    _, other = place(app)
+    first, ref = placed_order_in(app)
+    _, other = placed_order_in(app)
     with app.app_context():
         db.session.execute(update(Order).where(Order.id == first).values(email="Ann.Lee@Example.com",
                                                                           payment_session_id="cs_test_find_me"))
@@ -680,7 +662,7 @@ def test_orders_are_found_by_reference_email_in_any_case_or_provider_session(app
 
 
 def test_every_console_action_leaves_an_audit_row_with_who_what_why_and_outcome(app, client, token):
-    order_id, ref = place(app)
+    order_id, ref = placed_order_in(app)
     delivery = cancel(app, order_id)
     kill(app, delivery)
     assert client.post(f"/console/outbox/{delivery}/discard", data={"csrf_token": token, "reason": "recounted"},
@@ -724,7 +706,7 @@ def test_a_paid_order_shows_no_stale_error_no_reconcile_button_and_no_pending_de
 
     app, client = paying_app, paying_app.test_client()
     token = log_in(app, client)
-    order_id, ref = place(app)
+    order_id, ref = placed_order_in(app)
     with app.app_context():
         # A first attempt fails (the order gets a last error and a fresh deadline), the second pays.
         assert start_payment(order_id).status == "started"

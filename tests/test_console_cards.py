@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from test_console import HTML, JSON, cancel, kill, place, token  # noqa: F401  (token is a fixture)
+from test_console import HTML, JSON, cancel, kill, token  # noqa: F401  (token is a fixture)
 
+from factories import placed_order_in
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from sqlalchemy import select, update
@@ -72,9 +73,9 @@ def test_the_processes_card_is_not_green_without_a_beating_worker_and_scheduler(
 
 
 def test_the_dashboard_charts_count_the_orders_placed_paid_and_cancelled_in_the_last_hour(app, client, token):
-    first, _ = place(app)
-    place(app)
-    place(app)
+    first, _ = placed_order_in(app)
+    placed_order_in(app)
+    placed_order_in(app)
     cancel(app, first)
     with app.app_context():  # outside the hour: not counted
         db.session.add(OutboxEvent(order_id=None, name="OrderPaid", payload={},
@@ -99,7 +100,7 @@ def test_the_dashboard_charts_count_the_orders_placed_paid_and_cancelled_in_the_
 
 
 def test_a_retried_or_discarded_dead_letter_stays_on_the_dead_list_with_its_new_state(app, client, token):
-    order_id, _ = place(app)
+    order_id, _ = placed_order_in(app)
     delivery = cancel(app, order_id)
     kill(app, delivery)
     with app.app_context():

@@ -7,20 +7,18 @@ recorded before the reference and the kind were, from rows in the old shape."""
 from __future__ import annotations
 
 import re
-import uuid
 from datetime import timedelta
 
 import pytest
-from support import log_in
-from sqlalchemy import select, update
+from sqlalchemy import update
 
+from factories import place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import Cart, CartItem, Order, ReconciliationCycle, Variant
-from shop.orders.checkout import place_order
+from shop.models import Order, ReconciliationCycle
 from shop.payments.start import start_payment
 from shop.scheduling.sweep import run_cycle
-from shop.seed import seed_catalog
+from support import log_in
 
 JSON = {"Accept": "application/json"}
 
@@ -28,8 +26,7 @@ JSON = {"Accept": "application/json"}
 @pytest.fixture
 def sweep_app(make_app, sandbox):
     app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
-    with app.app_context():
-        seed_catalog()
+    seed_catalog_rows(app)
     return app
 
 
@@ -37,25 +34,11 @@ def later(app, minutes: int = 1):
     return utcnow() + timedelta(seconds=app.config["RECONCILIATION_STUCK_AGE_SECONDS"] + 60 * minutes)
 
 
-def place() -> tuple[int, str]:
-    browser = uuid.uuid4().hex
-    cart = Cart(browser_id=browser, status="open")
-    db.session.add(cart)
-    db.session.flush()
-    variant = db.session.execute(select(Variant.id).where(Variant.sku == "NB-A5-DOT")).scalar_one()
-    db.session.add(CartItem(cart_id=cart.id, variant_id=variant, quantity=1))
-    db.session.commit()
-    placed = place_order(cart_id=cart.id, browser_id=browser, email="ann@example.com")
-    assert placed.ok, placed
-    reference = db.session.execute(select(Order.reference).where(Order.id == placed.order_id)).scalar_one()
-    db.session.rollback()
-    return placed.order_id, reference
-
-
 def forgotten_session_order(sandbox) -> tuple[int, str]:
     """A PaymentInitiated order whose session the provider no longer knows: asking about it is
     refused (404) every time, so every provider pass records the same error."""
-    order_id, reference = place()
+    placed = place_order_for()
+    order_id, reference = placed.order_id, placed.reference
     assert start_payment(order_id).status == "started"
     sandbox.reset()
     return order_id, reference
@@ -118,7 +101,8 @@ def test_old_rows_render_in_words_and_identical_errors_collapse_with_a_count(swe
     the exception's name; the sweep's own back-off time is what it does next."""
     now = utcnow()
     with sweep_app.app_context():
-        order_id, reference = place()
+        placed = place_order_for()
+        order_id, reference = placed.order_id, placed.reference
         db.session.execute(update(Order).where(Order.id == order_id).values(
             status="PaymentInitiated", provider_next_check_at=now + timedelta(minutes=10, seconds=30)))
         old = {"pass": "provider", "order_id": order_id, "error": "ProviderRefused: No such checkout session"}

@@ -10,15 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
-from support import OPERATOR_EMAIL as EMAIL
-from support import OPERATOR_PASSWORD as PASSWORD
-from support import add_operator, csrf_token, log_in
 from sqlalchemy import select, update
 
+from factories import placed_order_in, seed_catalog_rows
 from shop.console.auth import LAST_SEEN, POLL_HEADER
 from shop.extensions import db
-from shop.models import Order, OutboxDelivery, Variant
-from shop.seed import seed_catalog
+from shop.models import Order, OutboxDelivery
+from support import OPERATOR_EMAIL as EMAIL
+from support import OPERATOR_PASSWORD as PASSWORD
+from support import add_operator, checkout_over_http, csrf_token, log_in
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
@@ -227,9 +227,9 @@ def test_a_page_polling_its_own_json_does_not_keep_the_session_alive(app):
 
 def dead_letter(app) -> int:
     """A real restore_inventory delivery of a cancelled order, made dead."""
-    from test_console import cancel, kill, place
+    from test_console import cancel, kill
 
-    order_id, _ = place(app)
+    order_id, _ = placed_order_in(app)
     delivery = cancel(app, order_id)
     kill(app, delivery)
     return delivery
@@ -275,25 +275,13 @@ def test_the_direct_discard_post_of_a_script_still_works(app):
 @pytest.fixture
 def shop(make_app):
     app = make_app(STRIPE_API_BASE="http://127.0.0.1:9")  # refused at once: the order stays PendingPayment
-    with app.app_context():
-        seed_catalog()
-        app.skus = {v.sku: v.id for v in db.session.execute(select(Variant)).scalars()}
-        db.session.remove()
+    app.skus = seed_catalog_rows(app)
     return app
-
-
-def place_order(app, client) -> str:
-    token = csrf_token(client, "/")
-    assert client.post("/cart/items", data={"csrf_token": token, "variant_id": app.skus["NB-A5-DOT"],
-                                            "quantity": 1}).status_code == 303
-    placed = client.post("/checkout", data={"csrf_token": token, "email": "ann@example.com"})
-    assert placed.status_code == 303
-    return placed.headers["Location"].rsplit("/", 1)[-1]
 
 
 def test_cancel_asks_on_a_page_of_its_own_whose_form_cancels_with_the_version_seen(shop):
     client = shop.test_client()
-    reference = place_order(shop, client)
+    reference = checkout_over_http(client, shop.skus["NB-A5-DOT"])
     order_page = client.get(f"/orders/{reference}").get_data(as_text=True)
     assert f'href="/orders/{reference}/cancel?version=1"' in order_page
     assert f'action="/orders/{reference}/cancel"' not in order_page  # no one-click cancel
@@ -317,7 +305,7 @@ def test_cancel_asks_on_a_page_of_its_own_whose_form_cancels_with_the_version_se
 
 def test_the_confirm_page_keeps_another_browsers_token_and_refuses_a_stranger(shop):
     owner = shop.test_client()
-    reference = place_order(shop, owner)
+    reference = checkout_over_http(owner, shop.skus["NB-A5-DOT"])
     with shop.app_context():
         access = db.session.execute(select(Order.access_token).where(Order.reference == reference)).scalar()
     stranger = shop.test_client()
@@ -328,7 +316,7 @@ def test_the_confirm_page_keeps_another_browsers_token_and_refuses_a_stranger(sh
 
 def test_a_stale_confirm_page_cancels_nothing(shop):
     client = shop.test_client()
-    reference = place_order(shop, client)
+    reference = checkout_over_http(client, shop.skus["NB-A5-DOT"])
     html = client.get(f"/orders/{reference}/cancel?version=1").get_data(as_text=True)
     with shop.app_context():
         db.session.execute(update(Order).where(Order.reference == reference).values(version=Order.version + 1))

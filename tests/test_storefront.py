@@ -9,10 +9,10 @@ import threading
 import pytest
 from sqlalchemy import func, select, update
 
-from support import csrf_token
+from factories import seed_catalog_rows
 from shop.extensions import db
-from shop.models import Cart, InventoryItem, Order, OutboxDelivery, OutboxEvent, Variant
-from shop.seed import seed_catalog
+from shop.models import Cart, InventoryItem, Order, OutboxDelivery, OutboxEvent
+from support import csrf_token
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
@@ -24,10 +24,7 @@ def shop(make_app):
     """The app with the demo catalog; the provider is unreachable (connection refused at once),
     so checkout leaves the order PendingPayment with "Pay now" until payment lands."""
     app = make_app(STRIPE_API_BASE="http://127.0.0.1:9")
-    with app.app_context():
-        seed_catalog()
-        app.skus = {v.sku: v.id for v in db.session.execute(select(Variant)).scalars()}
-        db.session.remove()
+    app.skus = seed_catalog_rows(app)
     return app
 
 
