@@ -26,15 +26,15 @@ _product_numbers = itertools.count(1)
 
 # -- catalog rows ------------------------------------------------------------------------------
 
-def seed_catalog_rows(app=None) -> dict[str, int]:
-    """The demo catalog of shop.seed (idempotent), committed; returns sku -> variant id. Given the
-    app, in an app context of its own; without, in the current one."""
+def seed_catalog_rows(app=None, currency: str = "usd") -> dict[str, int]:
+    """The demo catalog of shop.seed (idempotent) priced in `currency`, committed; returns sku ->
+    variant id. Given the app, in an app context of its own; without, in the current one."""
     if app is not None:
         with app.app_context():
-            skus = seed_catalog_rows()
+            skus = seed_catalog_rows(currency=currency)
             db.session.remove()
             return skus
-    seed_catalog()
+    seed_catalog(currency)
     skus = {v.sku: v.id for v in db.session.execute(select(Variant)).scalars()}
     db.session.rollback()
     return skus

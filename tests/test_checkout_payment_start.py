@@ -5,42 +5,31 @@ committed with its outbox event. Also: a command's schedule and a re-armed comma
 job id now travel in the announce pipeline. Real database, Redis and sandbox."""
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import select, update
 
+from factories import place_order_for, seed_catalog_rows
 from shop import queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
-from shop.models import Cart, CartItem, Order, OutboxEvent, ScheduledCommand, Variant
-from shop.orders.checkout import place_order
+from shop.models import Order, OutboxEvent, ScheduledCommand, Variant
 from shop.orders.commands import cancel_order
 from shop.outbox import schedule_command
 from shop.outbox.uow import publish_after_commit
 from shop.payments import gateway
 from shop.payments.start import start_payment
-from shop.seed import seed_catalog
 
 from payment_helpers import JSON, Shopper
-from factories import seed_catalog_rows
 
 SKU = "MUG-350-SND"
 
 
 def _place(quantity: int = 1):
     """place_order on a fresh cart; returns its Placed result."""
-    seed_catalog()
-    variant_id = db.session.execute(select(Variant.id).where(Variant.sku == SKU)).scalar_one()
-    cart = Cart(browser_id=f"b-{uuid.uuid4().hex[:12]}", status="open")
-    db.session.add(cart)
-    db.session.flush()
-    db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id, quantity=quantity))
-    db.session.commit()
-    placed = place_order(cart_id=cart.id, browser_id=cart.browser_id, email="ann@example.com")
-    assert placed.ok, placed
-    return placed
+    seed_catalog_rows()
+    return place_order_for({SKU: quantity})
 
 
 def _row(order_id: int) -> Order:

@@ -121,12 +121,8 @@ def test_money_reads_as_on_the_payment_page_in_every_currency():
 
 
 def test_a_shop_in_yen_shows_whole_yen(make_app):
-    from shop.seed import seed_catalog
-
     app = make_app()
-    with app.app_context():
-        seed_catalog(currency="jpy")
-        db.session.remove()
+    seed_catalog_rows(app, currency="jpy")
     page = app.test_client().get("/").get_data(as_text=True)
     assert "¥1,400" in page and "¥1,400.00" not in page and "14.00" not in page
     variants = [v for p in app.test_client().get("/", headers=JSON).get_json()["products"] for v in p["variants"]]

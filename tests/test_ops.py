@@ -8,12 +8,10 @@ from datetime import timedelta
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
+from factories import place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import Cart, CartItem, Order, RestoreWarning, Variant, WebhookReceipt
-from shop.orders.checkout import place_order
-from shop.seed import seed_catalog
-
+from shop.models import Order, RestoreWarning, Variant, WebhookReceipt
 from support import leave_heartbeats
 
 CONTRACT_METRICS = {
@@ -37,13 +35,8 @@ def scrape(app) -> dict:
 
 def test_metrics_carry_every_contract_name_and_label_and_count_from_the_database(app):
     with app.app_context():
-        seed_catalog()
-        cart = Cart(browser_id="b-1", status="open")
-        db.session.add(cart)
-        db.session.flush()
-        db.session.add(CartItem(cart_id=cart.id, variant_id=db.session.query(Variant.id).first()[0], quantity=1))
-        db.session.commit()
-        placed = place_order(cart_id=cart.id, browser_id="b-1", email="a@example.com")
+        seed_catalog_rows()
+        placed = place_order_for({db.session.query(Variant.id).first()[0]: 1}, email="a@example.com", browser="b-1")
         # Unchanged for two hours: stuck (the stuck age is the 30-minute expiry window).
         db.session.execute(update(Order).where(Order.id == placed.order_id)
                            .values(updated_at=utcnow() - timedelta(hours=2)))

@@ -12,21 +12,19 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from datetime import timedelta, timezone
 
 import pytest
 from rq import Worker
 from sqlalchemy import select
 
+from factories import place_order_for, seed_catalog_rows, variant_id
 from shop import queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
-from shop.models import Cart, CartItem, InventoryItem, Order, OutboxEvent, ScheduledCommand, Variant
-from shop.orders.checkout import place_order
+from shop.models import InventoryItem, Order, OutboxEvent, ScheduledCommand
 from shop.orders.commands import PROVIDER_EXPIRY_GRACE
 from shop.payments.start import start_payment
-from shop.seed import seed_catalog
 
 pytestmark = pytest.mark.slow
 
@@ -110,16 +108,8 @@ def _env(app, **extra) -> dict:
 
 
 def _checkout(quantity: int) -> tuple[int, int]:
-    seed_catalog()
-    variant_id = db.session.execute(select(Variant.id).where(Variant.sku == "NB-A5-DOT")).scalar_one()
-    cart = Cart(browser_id=f"b-{uuid.uuid4().hex[:12]}", status="open")
-    db.session.add(cart)
-    db.session.flush()
-    db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id, quantity=quantity))
-    db.session.commit()
-    placed = place_order(cart_id=cart.id, browser_id=cart.browser_id, email="ann@example.com")
-    assert placed.ok, placed
-    return placed.order_id, variant_id
+    seed_catalog_rows()
+    return place_order_for({"NB-A5-DOT": quantity}).order_id, variant_id("NB-A5-DOT")
 
 
 def _cancelled_and_restored(order_id: int):

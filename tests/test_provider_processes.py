@@ -18,9 +18,9 @@ import pytest
 import requests
 from sqlalchemy import select
 
+from factories import seed_catalog_rows
 from shop.extensions import db
-from shop.models import Order, Variant
-from shop.seed import seed_catalog
+from shop.models import Order
 from shop.stripe_sandbox.testing import peak_in_window
 
 from test_processes import ROOT, Processes, _env, _free_port, _wait
@@ -72,10 +72,7 @@ def _signed_webhook(base: str) -> requests.Response:
 def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the_webhook_answer_within_1s(
         make_app, sandbox):
     app = make_app(STRIPE_API_BASE=sandbox.base_url)
-    with app.app_context():
-        seed_catalog()
-        variant_id = db.session.execute(select(Variant.id).where(Variant.sku == "NB-A5-DOT")).scalar_one()
-        db.session.remove()
+    variant_id = seed_catalog_rows(app)["NB-A5-DOT"]
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     procs = Processes()
