@@ -135,7 +135,7 @@ def served(build_app) -> Iterator[tuple]:
 
 
 @contextlib.contextmanager
-def live_shop(make_app, sandbox, **config):
+def live_shop(make_fresh_app, sandbox, **config):
     """The shop served over real HTTP and registered as the sandbox's webhook endpoint, exactly
     as `flask shop stripe-register-webhook` does it: no STRIPE_WEBHOOK_SECRET, so deliveries are
     verified with the secret registration stored. Yields the app."""
@@ -145,7 +145,7 @@ def live_shop(make_app, sandbox, **config):
         settings = dict(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
                         STRIPE_WEBHOOK_SECRET=None, PUBLIC_BASE_URL=base_url)
         settings.update(config)
-        return make_app(**settings)
+        return make_fresh_app(**settings)
 
     with served(build) as (app, _base_url):
         with app.app_context():

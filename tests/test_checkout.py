@@ -51,13 +51,13 @@ def run_threads(app, jobs, worker):
     return results, errors
 
 
-def test_fifty_concurrent_checkouts_of_ten_in_stock_make_exactly_ten_orders(app):
-    with app.app_context():
+def test_fifty_concurrent_checkouts_of_ten_in_stock_make_exactly_ten_orders(fresh_app):
+    with fresh_app.app_context():
         (variant,) = catalog_rows(10)
         carts = [cart_with([(variant, 1)]) for _ in range(50)]
 
     results, errors = run_threads(
-        app, carts, lambda c: place_order(cart_id=c[0], browser_id=c[1], email="buyer@example.com"))
+        fresh_app, carts, lambda c: place_order(cart_id=c[0], browser_id=c[1], email="buyer@example.com"))
 
     assert errors == [None] * 50, [repr(e) for e in errors if e]
     outcomes = Counter("placed" if r.ok else r.code for r in results)
@@ -65,7 +65,7 @@ def test_fifty_concurrent_checkouts_of_ten_in_stock_make_exactly_ten_orders(app)
     for refused in (r for r in results if not r.ok):
         assert refused.shortages == [{"variant_id": variant, "sku": refused.shortages[0]["sku"],
                                       "name": "Product 1 – V0", "requested": 1, "available": 0}]
-    with app.app_context():
+    with fresh_app.app_context():
         assert on_hand(variant) == 0
         assert count(Order) == 10
         assert db.session.execute(select(func.sum(OrderLine.quantity))).scalar_one() == 10
@@ -75,8 +75,8 @@ def test_fifty_concurrent_checkouts_of_ten_in_stock_make_exactly_ten_orders(app)
         assert closed == 10
 
 
-def test_an_order_with_one_short_line_leaves_nothing_behind_and_names_the_short_item(app):
-    with app.app_context():
+def test_an_order_with_one_short_line_leaves_nothing_behind_and_names_the_short_item(fresh_app):
+    with fresh_app.app_context():
         plenty, scarce = catalog_rows(20, 2)
         cart_id, browser = cart_with([(plenty, 5), (scarce, 3)])
         sku = db.session.get(Variant, scarce).sku
@@ -94,8 +94,8 @@ def test_an_order_with_one_short_line_leaves_nothing_behind_and_names_the_short_
         assert db.session.get(Cart, cart_id).status == "open"  # the customer can fix the cart and retry
 
 
-def test_a_placed_order_takes_prices_from_the_database_and_arms_its_deadline_in_the_same_commit(app):
-    with app.app_context():
+def test_a_placed_order_takes_prices_from_the_database_and_arms_its_deadline_in_the_same_commit(fresh_app):
+    with fresh_app.app_context():
         a, b = catalog_rows(5, 5, price=1000)
         cart_id, browser = cart_with([(b, 2), (a, 1)])
         placed = place_order(cart_id=cart_id, browser_id=browser, email="ann@example.com")
@@ -115,12 +115,12 @@ def test_a_placed_order_takes_prices_from_the_database_and_arms_its_deadline_in_
         assert count(Order) == 1 and (on_hand(a), on_hand(b)) == (4, 3)
 
 
-def test_checkouts_of_the_same_two_variants_in_opposite_cart_order_never_deadlock(app, monkeypatch):
+def test_checkouts_of_the_same_two_variants_in_opposite_cart_order_never_deadlock(fresh_app, monkeypatch):
     # Each checkout holds its first stock row lock while it takes the second (widened here by a
     # failpoint): only the fixed variant order keeps two such checkouts from waiting on each other.
     monkeypatch.setenv("BACKSTOP_FAILPOINTS", "place_order.after_decrement=sleep:0.004")
     rounds, clients = 6, 12
-    with app.app_context():
+    with fresh_app.app_context():
         a, b = catalog_rows(1000, 1000)
         jobs = [[cart_with([(a, 1), (b, 2)] if i % 2 else [(b, 2), (a, 1)]) for i in range(clients)]
                 for _ in range(rounds)]
@@ -128,12 +128,12 @@ def test_checkouts_of_the_same_two_variants_in_opposite_cart_order_never_deadloc
     placed = 0
     for carts in jobs:  # every round releases all clients at once
         results, errors = run_threads(
-            app, carts, lambda c: place_order(cart_id=c[0], browser_id=c[1], email="x@example.com"))
+            fresh_app, carts, lambda c: place_order(cart_id=c[0], browser_id=c[1], email="x@example.com"))
         assert errors == [None] * clients, [repr(e) for e in errors if e]
         assert all(r.ok for r in results), [r for r in results if not r.ok]
         placed += len(results)
 
-    with app.app_context():
+    with fresh_app.app_context():
         assert count(Order) == placed == rounds * clients
         assert (on_hand(a), on_hand(b)) == (1000 - placed, 1000 - 2 * placed)
 
@@ -175,7 +175,7 @@ _step = st.one_of(
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(stocks=st.lists(st.integers(0, 6), min_size=3, max_size=3), steps=st.lists(_step, max_size=14))
-def test_any_sequence_of_checkouts_payments_and_cancels_conserves_stock(ctx, stocks, steps):
+def test_any_sequence_of_checkouts_payments_and_cancels_conserves_stock(fresh_ctx, stocks, steps):
     variants = catalog_rows(*stocks)  # fresh rows per example: examples never see each other
     initial = dict(zip(variants, stocks))
     orders: list[int] = []

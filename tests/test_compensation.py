@@ -26,7 +26,7 @@ ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 
 
 @pytest.fixture
-def catalog(ctx):
+def catalog(fresh_ctx):
     return seed_catalog_rows()
 
 
@@ -95,8 +95,8 @@ def test_restore_of_an_order_that_is_not_cancelled_changes_nothing(catalog):
 
 
 @pytest.mark.skipif(not ON_POSTGRES, reason="row locks and concurrent transactions need PostgreSQL")
-def test_twenty_concurrent_deliveries_of_one_cancellation_restore_once(app, monkeypatch):
-    with app.app_context():
+def test_twenty_concurrent_deliveries_of_one_cancellation_restore_once(fresh_app, monkeypatch):
+    with fresh_app.app_context():
         a5 = seed_catalog_rows()["NB-A5-DOT"]
         order_id = place_order_for({a5: 3}).order_id
         cancel(order_id)
@@ -110,7 +110,7 @@ def test_twenty_concurrent_deliveries_of_one_cancellation_restore_once(app, monk
     results, lock = [], threading.Lock()
 
     def deliver():
-        with app.app_context():
+        with fresh_app.app_context():
             try:
                 barrier.wait()
                 outcome = restore_inventory_now(order_id)
@@ -133,7 +133,7 @@ def test_twenty_concurrent_deliveries_of_one_cancellation_restore_once(app, monk
     losers = [r for r in results if r != "restored"]
     assert all(isinstance(r, StaleDataError) or r == "already_restored" for r in losers), losers
     assert sum(isinstance(r, StaleDataError) for r in losers) >= 10, losers  # the race really happened
-    with app.app_context():
+    with fresh_app.app_context():
         assert on_hand(a5) == before + 3
         assert order(order_id).inventory_restored is True
         # A loser's retry is an ordinary redelivery: it finds the marker and does nothing.

@@ -24,8 +24,8 @@ JSON = {"Accept": "application/json"}
 
 
 @pytest.fixture
-def sweep_app(make_app, sandbox):
-    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
+def sweep_app(make_fresh_app, sandbox):
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
     seed_catalog_rows(app)
     return app
 
@@ -44,14 +44,14 @@ def forgotten_session_order(sandbox) -> tuple[int, str]:
     return order_id, reference
 
 
-def test_a_sweep_error_names_the_order_by_reference_with_a_link_and_says_what_next(sweep_app, client, sandbox):
+def test_a_sweep_error_names_the_order_by_reference_with_a_link_and_says_what_next(sweep_app, fresh_client, sandbox):
     with sweep_app.app_context():
         order_id, reference = forgotten_session_order(sandbox)
         result = run_cycle(now=later(sweep_app))
         assert result.status == "ok" and result.provider["errors"] == 1
-    log_in(sweep_app, client)
+    log_in(sweep_app, fresh_client)
 
-    cycle = client.get("/console/sweeps", headers=JSON).get_json()["cycles"][0]
+    cycle = fresh_client.get("/console/sweeps", headers=JSON).get_json()["cycles"][0]
     assert cycle["errors"][0]["order_id"] == order_id  # the recorded shape keeps its old keys
     assert cycle["errors"][0]["reference"] == reference and cycle["errors"][0]["kind"] == "provider_refused"
     [problem] = cycle["problems"]
@@ -60,43 +60,43 @@ def test_a_sweep_error_names_the_order_by_reference_with_a_link_and_says_what_ne
     assert "{" not in problem["what"] and "ProviderRefused" not in problem["what"]
     assert problem["next"].startswith("The sweep retries at the next cycle")
 
-    html = client.get("/console/sweeps").get_data(as_text=True)
+    html = fresh_client.get("/console/sweeps").get_data(as_text=True)
     assert f'<a href="/console/orders/{reference}"><strong>{reference}</strong></a>' in html
     assert "'order_id'" not in html and "{&#39;pass&#39;" not in html  # no raw dict any more
     assert "Next: The sweep retries at the next cycle" in html
 
 
-def test_a_cycle_with_errors_is_not_shown_as_plain_ok(sweep_app, client, sandbox):
+def test_a_cycle_with_errors_is_not_shown_as_plain_ok(sweep_app, fresh_client, sandbox):
     with sweep_app.app_context():
         forgotten_session_order(sandbox)
         run_cycle(now=later(sweep_app))
-    log_in(sweep_app, client)
+    log_in(sweep_app, fresh_client)
 
-    cycle = client.get("/console/sweeps", headers=JSON).get_json()["cycles"][0]
+    cycle = fresh_client.get("/console/sweeps", headers=JSON).get_json()["cycles"][0]
     assert cycle["status"] == "ok"  # the recorded status is unchanged for old readers
     assert cycle["outcome"] == "ok_with_problems" and cycle["outcome_words"] == "ok with 1 problem"
-    html = client.get("/console/sweeps").get_data(as_text=True)
+    html = fresh_client.get("/console/sweeps").get_data(as_text=True)
     assert '<span class="badge problems">ok with 1 problem</span>' in html
     assert '<span class="badge ok">ok</span>' not in html
 
 
-def test_the_same_error_every_cycle_is_shown_once_with_how_many_cycles(sweep_app, client, sandbox):
+def test_the_same_error_every_cycle_is_shown_once_with_how_many_cycles(sweep_app, fresh_client, sandbox):
     with sweep_app.app_context():
         _, reference = forgotten_session_order(sandbox)
         for minutes in (1, 2, 3):
             assert run_cycle(now=later(sweep_app, minutes)).provider["errors"] == 1
-    log_in(sweep_app, client)
+    log_in(sweep_app, fresh_client)
 
-    cycles = client.get("/console/sweeps", headers=JSON).get_json()["cycles"]
+    cycles = fresh_client.get("/console/sweeps", headers=JSON).get_json()["cycles"]
     assert [c["problems"][0]["cycles"] for c in cycles] == [3, 2, 1]
     assert [c["problems"][0]["repeats_newer"] for c in cycles] == [False, True, True]
-    html = client.get("/console/sweeps").get_data(as_text=True)
+    html = fresh_client.get("/console/sweeps").get_data(as_text=True)
     assert "The same for the last 3 cycles." in html
     assert html.count(f'<a href="/console/orders/{reference}">') == 1
     assert html.count("the same as the newer cycle above") == 2
 
 
-def test_old_rows_render_in_words_and_identical_errors_collapse_with_a_count(sweep_app, client):
+def test_old_rows_render_in_words_and_identical_errors_collapse_with_a_count(sweep_app, fresh_client):
     """Rows recorded before the reference and the kind: the order is found by its id, the kind by
     the exception's name; the sweep's own back-off time is what it does next."""
     now = utcnow()
@@ -111,9 +111,9 @@ def test_old_rows_render_in_words_and_identical_errors_collapse_with_a_count(swe
         db.session.add(ReconciliationCycle(started_at=now - timedelta(minutes=20), cutoff=now, status="failed",
                                            errors=["provider unreachable"]))
         db.session.commit()
-    log_in(sweep_app, client)
+    log_in(sweep_app, fresh_client)
 
-    cycles = client.get("/console/sweeps", headers=JSON).get_json()["cycles"]
+    cycles = fresh_client.get("/console/sweeps", headers=JSON).get_json()["cycles"]
     [problem] = cycles[0]["problems"]
     assert problem["count"] == 2 and problem["order_reference"] == reference
     assert problem["kind"] == "provider_refused" and "No such checkout session" in problem["what"]
@@ -121,6 +121,6 @@ def test_old_rows_render_in_words_and_identical_errors_collapse_with_a_count(swe
     assert cycles[0]["outcome_words"] == "ok with 2 problems"
     assert cycles[1]["outcome"] == "failed" and "provider unreachable" in cycles[1]["problems"][0]["what"]
 
-    html = client.get("/console/sweeps").get_data(as_text=True)
+    html = fresh_client.get("/console/sweeps").get_data(as_text=True)
     assert f'<a href="/console/orders/{reference}">' in html and "2 times" in html
     assert html.count("No such checkout session") == 1

@@ -83,16 +83,16 @@ def _restore(order_id: int, now: datetime) -> None:
 
 
 @pytest.fixture
-def app_ctx(app):
-    with app.app_context():
-        yield app
+def app_ctx(fresh_app):
+    with fresh_app.app_context():
+        yield fresh_app
         db.session.remove()
 
 
 @pytest.fixture
-def paying_ctx(paying_app):
-    with paying_app.app_context():
-        yield paying_app
+def paying_ctx(fresh_paying_app):
+    with fresh_paying_app.app_context():
+        yield fresh_paying_app
         db.session.remove()
 
 

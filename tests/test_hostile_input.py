@@ -28,8 +28,8 @@ def _placed(app) -> tuple:
 
 
 @pytest.fixture
-def shop(make_app):
-    return make_app(STRIPE_API_BASE="http://127.0.0.1:9", STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
+def shop(make_fresh_app):
+    return make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9", STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
 
 
 def test_a_non_ascii_access_token_is_a_404_like_any_wrong_token(shop):
@@ -104,8 +104,8 @@ def test_a_forged_session_of_the_wrong_shape_is_a_new_browser_not_a_500(shop):
     assert client.get("/console/", headers=JSON).status_code == 401
 
 
-def test_the_storefront_with_its_database_down_says_so_with_a_503(make_app):
-    app = make_app(DATABASE_URL="postgresql+psycopg://postgres@127.0.0.1:9/nothing")
+def test_the_storefront_with_its_database_down_says_so_with_a_503(make_fresh_app):
+    app = make_fresh_app(DATABASE_URL="postgresql+psycopg://postgres@127.0.0.1:9/nothing")
     r = app.test_client().get("/", headers=JSON)
     assert r.status_code == 503 and "database" in r.get_json()["error"]
     page = app.test_client().get("/", headers=HTML)
@@ -135,10 +135,10 @@ def _post_chunked(base_url: str, path: str, body: bytes, headers: dict) -> tuple
         conn.close()
 
 
-def test_a_chunked_form_is_measured_whole_413_over_the_limit_and_read_whole_under_it(make_app):
+def test_a_chunked_form_is_measured_whole_413_over_the_limit_and_read_whole_under_it(make_fresh_app):
     """Without a Content-Length werkzeug would parse the form up to the limit and take that as all
     of it: a 2 MB form was accepted, cut short."""
-    with served(lambda base: make_app(STRIPE_API_BASE="http://127.0.0.1:9", PUBLIC_BASE_URL=base)) as (app, base):
+    with served(lambda base: make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9", PUBLIC_BASE_URL=base)) as (app, base):
         variant = seed_catalog_rows(app)["NB-A5-DOT"]
         form = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
         big = f"variant_id={variant}&quantity=1&pad=".encode() + b"x" * 2_000_000

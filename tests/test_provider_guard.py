@@ -24,10 +24,10 @@ STALE = "PendingPayment"
 
 
 @pytest.fixture
-def shop(make_app, sandbox):
+def shop(make_fresh_app, sandbox):
     def build(**config):
-        app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
-                       STRIPE_WEBHOOK_SECRET="whsec_test_secret", **config)
+        app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+                             STRIPE_WEBHOOK_SECRET="whsec_test_secret", **config)
         return app, seed_catalog_rows(app)
     return build
 
@@ -107,8 +107,9 @@ def test_the_console_dashboard_says_the_providers_state_in_words(shop, sandbox):
     assert "Unavailable: checkout takes orders and holds their stock" in page
 
 
-def test_a_process_that_cannot_reach_redis_keeps_its_own_breaker(make_app, sandbox):
-    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_BREAKER_THRESHOLD=2, STRIPE_BREAKER_COOLDOWN_SECONDS=60)
+def test_a_process_that_cannot_reach_redis_keeps_its_own_breaker(make_fresh_app, sandbox):
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_BREAKER_THRESHOLD=2,
+                         STRIPE_BREAKER_COOLDOWN_SECONDS=60)
     sandbox.faults(api_unavailable=True)
     with app.app_context():
         provider_guard = guard.get()
@@ -123,10 +124,10 @@ def test_a_process_that_cannot_reach_redis_keeps_its_own_breaker(make_app, sandb
         assert provider_guard.breaker_view() == {**provider_guard.local.view(), "shared": False}
 
 
-def test_background_calls_leave_the_last_of_the_rate_budget_to_customers(make_app, sandbox):
+def test_background_calls_leave_the_last_of_the_rate_budget_to_customers(make_fresh_app, sandbox):
     # 20/s: a burst of 2 tokens, of which background callers may not take the last one.
-    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=20,
-                   STRIPE_BACKGROUND_WAIT_SECONDS=0.0, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=20,
+                         STRIPE_BACKGROUND_WAIT_SECONDS=0.0, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
     with app.app_context():
         provider_guard = guard.get()
         with guard.customer_call():
@@ -179,8 +180,8 @@ def test_a_429_storm_sends_checkouts_to_pay_later_and_the_sweep_waits_out_retry_
         assert not too_soon, f"a call went out before the 429's Retry-After: {too_soon}"
 
 
-def test_a_process_that_cannot_reach_redis_spends_only_its_share_of_the_rate_budget(make_app):
-    app = make_app(STRIPE_RATE_LIMIT_PER_SECOND=20, WEB_CONCURRENCY=2, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
+def test_a_process_that_cannot_reach_redis_spends_only_its_share_of_the_rate_budget(make_fresh_app):
+    app = make_fresh_app(STRIPE_RATE_LIMIT_PER_SECOND=20, WEB_CONCURRENCY=2, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
     with app.app_context():
         provider_guard = guard.get()
         provider_guard._redis_url = "redis://127.0.0.1:1/0"  # nothing listens there

@@ -37,9 +37,9 @@ CI = settings(**{**COMMON, "derandomize": True}, max_examples=40, stateful_step_
 LONG = settings(**COMMON, max_examples=LONG_EXAMPLES or 1, stateful_step_count=40)
 
 
-def test_random_interleavings_keep_stock_and_money_right(make_app, sandbox, redis_conn, is_postgres, monkeypatch,
+def test_random_interleavings_keep_stock_and_money_right(make_fresh_app, sandbox, redis_conn, is_postgres, monkeypatch,
                                                          tmp_path):
-    app = make_app(**World.CONFIG, STRIPE_API_BASE=sandbox.base_url)
+    app = make_fresh_app(**World.CONFIG, STRIPE_API_BASE=sandbox.base_url)
     # Its emails (thousands of order-1-... files) go to a folder of its own, not instance/mail,
     # where tests that run after it look for the mail of their own order 1.
     app.instance_path = str(tmp_path)

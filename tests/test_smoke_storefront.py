@@ -5,9 +5,9 @@ from shop.models import InventoryItem, Order, ScheduledCommand
 from support import csrf_token
 
 
-def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_deadline(make_app):
+def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_deadline(make_fresh_app):
     # Port 9 (discard) on loopback: nothing answers, so the provider is unreachable.
-    app = make_app(STRIPE_API_BASE="http://127.0.0.1:9")
+    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
     client = app.test_client()
     skus = seed_catalog_rows(app)
     token = csrf_token(client, "/")
@@ -30,16 +30,16 @@ def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_d
     assert "Pay now" in html
 
 
-def test_another_browser_gets_404_for_an_order_it_did_not_place(app, client):
-    skus = seed_catalog_rows(app)
-    token = csrf_token(client, "/")
-    client.post("/cart/items", data={"csrf_token": token, "variant_id": skus["NB-A5-DOT"], "quantity": 1})
-    r = client.post("/checkout", data={"csrf_token": token, "email": "ann@example.com"})
+def test_another_browser_gets_404_for_an_order_it_did_not_place(fresh_app, fresh_client):
+    skus = seed_catalog_rows(fresh_app)
+    token = csrf_token(fresh_client, "/")
+    fresh_client.post("/cart/items", data={"csrf_token": token, "variant_id": skus["NB-A5-DOT"], "quantity": 1})
+    r = fresh_client.post("/checkout", data={"csrf_token": token, "email": "ann@example.com"})
     order_url = r.headers["Location"]
-    stranger = app.test_client()
+    stranger = fresh_app.test_client()
     assert stranger.get(order_url).status_code == 404
     stranger_token = csrf_token(stranger, "/")
     ref = order_url.rsplit("/", 1)[-1]
     r = stranger.post(f"/orders/{ref}/cancel", data={"csrf_token": stranger_token, "version": 1})
     assert r.status_code == 404
-    assert client.get(order_url, headers={"Accept": "application/json"}).get_json()["status"] == "PendingPayment"
+    assert fresh_client.get(order_url, headers={"Accept": "application/json"}).get_json()["status"] == "PendingPayment"

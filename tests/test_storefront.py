@@ -20,10 +20,10 @@ ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 
 
 @pytest.fixture
-def shop(make_app):
+def shop(make_fresh_app):
     """The app with the demo catalog; the provider is unreachable (connection refused at once),
     so checkout leaves the order PendingPayment with "Pay now" until payment lands."""
-    app = make_app(STRIPE_API_BASE="http://127.0.0.1:9")
+    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
     app.skus = seed_catalog_rows(app)
     return app
 

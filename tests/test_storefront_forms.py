@@ -21,9 +21,9 @@ HTML = {"Accept": "text/html"}
 
 
 @pytest.fixture
-def shop(make_app):
+def shop(make_fresh_app):
     """The demo catalog; the provider is unreachable, so a placed order stays PendingPayment."""
-    app = make_app(STRIPE_API_BASE="http://127.0.0.1:9")
+    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
     app.skus = seed_catalog_rows(app)
     return app
 

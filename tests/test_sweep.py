@@ -37,14 +37,14 @@ ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 # -- helpers ---------------------------------------------------------------------------------
 
 @pytest.fixture
-def build_app(make_app, sandbox):
+def build_app(make_fresh_app, sandbox):
     """An app wired to the sandbox, with extra config per test."""
 
     def build(**overrides):
         config = dict(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
                       STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
         config.update(overrides)
-        app = make_app(**config)
+        app = make_fresh_app(**config)
         seed_catalog_rows(app)
         return app
 
