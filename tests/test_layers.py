@@ -1,10 +1,12 @@
 """The code's shape, checked: the import rules of pyproject.toml's [tool.importlinter] hold
 (the pure domain imports neither Flask nor SQLAlchemy nor anything else of the shop; the sandbox
-stands alone; only the gateway imports stripe and only shop.queue knows RQ), and the domain's
-tests run with neither Redis nor a database, as a newcomer's first layer."""
+stands alone; only the gateway imports stripe and only shop.queue knows RQ), the domain's
+tests run with neither Redis nor a database, as a newcomer's first layer, and the tests keep
+their own shape: fixtures in conftest, helpers in support.py, rows built in factories.py."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,3 +30,19 @@ def test_the_domain_tests_need_neither_redis_nor_a_database():
                             cwd=ROOT, capture_output=True, text=True, timeout=300, env={**env, **nowhere})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "error" not in result.stdout.splitlines()[-1]
+
+
+def test_no_test_module_imports_conftest_and_only_the_factories_build_carts():
+    # conftest holds fixtures only (helpers are in support.py); a cart, and so an order, is built
+    # in one place (factories.py), so a change to how orders are made is made once.
+    imports_conftest = re.compile(r"^\s*(from\s+(tests\.)?conftest\s+import|import\s+(tests\.)?conftest)", re.M)
+    builds_cart = re.compile(r"\b(Cart|CartItem)\(")
+    offenders = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        text = path.read_text()
+        name = path.relative_to(ROOT)
+        if imports_conftest.search(text):
+            offenders.append(f"{name} imports conftest")
+        if path.name != "factories.py" and builds_cart.search(text):
+            offenders.append(f"{name} builds a cart itself (use factories.cart_with / place_order_for)")
+    assert not offenders, offenders
