@@ -30,16 +30,21 @@ def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_d
     assert "Pay now" in html
 
 
-def test_another_browser_gets_404_for_an_order_it_did_not_place(fresh_app, fresh_client):
-    skus = seed_catalog_rows(fresh_app)
-    token = csrf_token(fresh_client, "/")
-    fresh_client.post("/cart/items", data={"csrf_token": token, "variant_id": skus["NB-A5-DOT"], "quantity": 1})
-    r = fresh_client.post("/checkout", data={"csrf_token": token, "email": "ann@example.com"})
+def test_another_browser_gets_404_for_an_order_it_did_not_place(make_fresh_app):
+    # The provider unreachable, as the test above: with the default STRIPE_API_BASE a sandbox
+    # that happened to listen on 127.0.0.1:12111 started the payment, and the checkout went to
+    # its hosted page instead of the order.
+    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
+    client = app.test_client()
+    skus = seed_catalog_rows(app)
+    token = csrf_token(client, "/")
+    client.post("/cart/items", data={"csrf_token": token, "variant_id": skus["NB-A5-DOT"], "quantity": 1})
+    r = client.post("/checkout", data={"csrf_token": token, "email": "ann@example.com"})
     order_url = r.headers["Location"]
-    stranger = fresh_app.test_client()
+    stranger = app.test_client()
     assert stranger.get(order_url).status_code == 404
     stranger_token = csrf_token(stranger, "/")
     ref = order_url.rsplit("/", 1)[-1]
     r = stranger.post(f"/orders/{ref}/cancel", data={"csrf_token": stranger_token, "version": 1})
     assert r.status_code == 404
-    assert fresh_client.get(order_url, headers={"Accept": "application/json"}).get_json()["status"] == "PendingPayment"
+    assert client.get(order_url, headers={"Accept": "application/json"}).get_json()["status"] == "PendingPayment"
