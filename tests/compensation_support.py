@@ -1,38 +1,14 @@
-"""Helpers shared by the outbox, compensation and worker-crash tests: real orders made through
-the real use cases (seed, cart, place_order, cancel_order), and fresh reads of the rows."""
+"""Helpers shared by the outbox, compensation and worker-crash tests: the customer's cancel
+through the real use case (orders come from factories.place_order_for), and fresh reads of
+the rows."""
 from __future__ import annotations
-
-import uuid
 
 from sqlalchemy import select
 
+from factories import place_order_for
 from shop.extensions import db
-from shop.models import Cart, CartItem, InventoryItem, Order, OutboxDelivery, RestoreWarning, Variant
-from shop.orders.checkout import place_order
+from shop.models import InventoryItem, Order, OutboxDelivery, RestoreWarning
 from shop.orders.cancel import cancel_order
-from shop.seed import seed_catalog
-
-
-def seed() -> dict[str, int]:
-    """The demo catalog; returns sku -> variant id."""
-    seed_catalog()
-    skus = {v.sku: v.id for v in db.session.execute(select(Variant)).scalars()}
-    db.session.rollback()
-    return skus
-
-
-def place(items: dict[int, int], email: str = "ann@example.com", now=None) -> int:
-    """Place an order for {variant_id: quantity} from a fresh browser's cart; returns its id."""
-    browser = uuid.uuid4().hex
-    cart = Cart(browser_id=browser, status="open")
-    db.session.add(cart)
-    db.session.flush()
-    for variant_id, quantity in sorted(items.items()):
-        db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id, quantity=quantity))
-    db.session.commit()
-    placed = place_order(cart_id=cart.id, browser_id=browser, email=email, now=now)
-    assert placed.ok, placed
-    return placed.order_id
 
 
 def cancel(order_id: int) -> None:
@@ -45,7 +21,7 @@ def cancel(order_id: int) -> None:
 
 def placed_and_cancelled(items: dict[int, int]) -> tuple[int, int]:
     """An order that is cancelled, with its pending restore_inventory delivery: (order, delivery)."""
-    order_id = place(items)
+    order_id = place_order_for(items).order_id
     cancel(order_id)
     return order_id, restore_delivery(order_id).id
 

@@ -1,12 +1,15 @@
-"""Shared fixtures. Real PostgreSQL (when DATABASE_URL names one) or SQLite, real Redis, and the
-Stripe sandbox as a real HTTP server. Each pytest session gets its own database and its own
-Redis key prefix, so runs never see each other's rows or jobs."""
+"""Shared fixtures (and the run's hooks) only: helpers live in support.py, row builders in
+factories.py, and no test module imports from here. Real PostgreSQL (when DATABASE_URL names
+one) or SQLite, real Redis, and the Stripe sandbox as a real HTTP server. Each pytest session
+gets its own database and its own Redis database, so runs never see each other's rows or jobs.
+
+A fixture that wipes a store says so in its name: `truncated_db` empties every table,
+`flushed_redis` flushes the run's Redis database, and everything built on both is `fresh_`
+(`make_fresh_app`, `fresh_app`, `fresh_client`, `fresh_ctx`, `fresh_paying_app`)."""
 from __future__ import annotations
 
 import os
-import re
 import tempfile
-import uuid
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -14,51 +17,7 @@ from sqlalchemy.engine import make_url
 
 from shop import create_app
 from shop.extensions import db
-
-RUN_ID = uuid.uuid4().hex[:8]
-
-
-LOCKS_URL = os.environ.get("TEST_REDIS_LOCKS_URL", "redis://127.0.0.1:6379/15")
-TEST_DBS = range(1, 15)  # 0 is the shop's default, 15 holds the locks
-# A run renews its lock as it goes (pytest_runtest_logstart), so a run that was killed frees its
-# database within this long instead of holding it for hours.
-LOCK_SECONDS = 900
-
-
-def _claim_redis_db() -> str:
-    """A Redis database of its own for this pytest run: tests flush it (Redis losing everything
-    is a case we test), so two runs on one machine must never share one. Databases 1-14 are
-    claimed with lock keys kept in database 15 (which no test flushes) that expire if a run
-    dies; TEST_REDIS_URL overrides the choice. Claimed on first use, not at import: the pure
-    domain's tests (tests/domain) run with no Redis and no database at all."""
-    if os.environ.get("TEST_REDIS_URL"):
-        return os.environ["TEST_REDIS_URL"]
-    from redis import Redis
-
-    locks = Redis.from_url(LOCKS_URL)
-    try:
-        for index in TEST_DBS:
-            if locks.set(f"backstop-test-run-lock:{index}", RUN_ID, nx=True, ex=LOCK_SECONDS):
-                return LOCKS_URL.rsplit("/", 1)[0] + f"/{index}"
-    finally:
-        locks.close()
-    raise RuntimeError(f"every Redis test database {TEST_DBS[0]}-{TEST_DBS[-1]} is claimed by another test run")
-
-
-_claimed: list[str] = []
-
-
-def redis_url() -> str:
-    if not _claimed:
-        _claimed.append(_claim_redis_db())
-    return _claimed[0]
-
-
-def __getattr__(name: str):
-    # `from conftest import REDIS_URL` keeps working, and claims the database only then.
-    if name == "REDIS_URL":
-        return redis_url()
-    raise AttributeError(name)
+from support import LOCK_SECONDS, LOCKS_URL, RUN_ID, _claimed, base_config, redis_url
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -117,25 +76,6 @@ def is_postgres(database_url):
     return database_url.startswith("postgresql")
 
 
-def base_config(database_url: str, **overrides) -> dict:
-    config = {
-        "TESTING": True,
-        "SECRET_KEY": "test-secret",
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url(),
-        "QUEUE_PREFIX": f"bt-{RUN_ID}",
-        "PUBLIC_BASE_URL": "http://127.0.0.1:5000",
-        "OUTBOX_RETRY_BASE_SECONDS": 0.05,
-        "OUTBOX_RETRY_CAP_SECONDS": 0.2,
-        "OUTBOX_PROVIDER_RETRY_BASE_SECONDS": 0.05,
-        "OUTBOX_PROVIDER_RETRY_CAP_SECONDS": 0.2,
-        "STRIPE_MAX_NETWORK_RETRIES": 0,
-        "STRIPE_TIMEOUT_SECONDS": 5,
-    }
-    config.update(overrides)
-    return config
-
-
 @pytest.fixture(scope="session")
 def _schema(database_url):
     """Build the schema once per session through the committed migrations."""
@@ -161,6 +101,7 @@ def _truncate(app):
 
 @pytest.fixture
 def redis_conn():
+    """A connection to this run's Redis database, as it is (nothing flushed)."""
     from redis import Redis
 
     conn = Redis.from_url(redis_url())
@@ -169,20 +110,35 @@ def redis_conn():
 
 
 @pytest.fixture
-def make_app(database_url, _schema, redis_conn):
-    """Build an app with extra config; the database is emptied and Redis flushed first."""
-    apps = []
-
-    def factory(**overrides):
-        app = create_app(base_config(database_url, **overrides))
-        apps.append(app)
-        return app
-
+def flushed_redis(redis_conn):
+    """Wipes Redis: FLUSHDB of this run's Redis database (queues, scheduler, limiter counters),
+    then yields the connection."""
     redis_conn.flushdb()
+    return redis_conn
+
+
+@pytest.fixture
+def truncated_db(database_url, _schema):
+    """Wipes the database: every table emptied (TRUNCATE ... RESTART IDENTITY on PostgreSQL,
+    DELETE on SQLite; the schema stays), then yields its URL."""
     first = create_app(base_config(database_url))
     _truncate(first)
     with first.app_context():
         db.engine.dispose()
+    return database_url
+
+
+@pytest.fixture
+def make_fresh_app(flushed_redis, truncated_db):
+    """Wipes both stores first (flushed_redis, truncated_db), then builds apps on them, each with
+    extra config: `make_fresh_app(STRIPE_API_BASE=...)`."""
+    apps = []
+
+    def factory(**overrides):
+        app = create_app(base_config(truncated_db, **overrides))
+        apps.append(app)
+        return app
+
     yield factory
     for app in apps:
         with app.app_context():
@@ -191,57 +147,23 @@ def make_app(database_url, _schema, redis_conn):
 
 
 @pytest.fixture
-def app(make_app):
-    return make_app()
+def fresh_app(make_fresh_app):
+    """The app with the default test config, on an emptied database and a flushed Redis."""
+    return make_fresh_app()
 
 
 @pytest.fixture
-def client(app):
-    return app.test_client()
+def fresh_client(fresh_app):
+    """A test client of fresh_app (so: emptied database, flushed Redis)."""
+    return fresh_app.test_client()
 
 
 @pytest.fixture
-def ctx(app):
-    with app.app_context():
-        yield app
+def fresh_ctx(fresh_app):
+    """An app context of fresh_app (emptied database, flushed Redis), for calling use cases."""
+    with fresh_app.app_context():
+        yield fresh_app
         db.session.remove()
-
-
-_CSRF = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')
-
-
-def csrf_token(client, url: str = "/cart") -> str:
-    """The token a browser would read from a rendered form."""
-    page = client.get(url, headers={"Accept": "text/html"})
-    match = _CSRF.search(page.get_data(as_text=True))
-    assert match, f"no csrf_token in {url}"
-    return match.group(1)
-
-
-OPERATOR_EMAIL, OPERATOR_PASSWORD = "night-shift@example.com", "correct horse battery staple"
-
-
-def add_operator(app) -> None:
-    """As `flask shop create-operator` does, with a cheap hash so the tests stay fast (any
-    werkzeug method verifies the same way); one test goes through upsert_operator itself."""
-    from werkzeug.security import generate_password_hash
-
-    from shop.models import Operator
-
-    with app.app_context():
-        db.session.add(Operator(email=OPERATOR_EMAIL,
-                                password_hash=generate_password_hash(OPERATOR_PASSWORD, "pbkdf2:sha256:1000")))
-        db.session.commit()
-
-
-def log_in(app, client) -> str:
-    """Create the operator, log in through the form; returns the session's CSRF token."""
-    add_operator(app)
-    token = csrf_token(client, "/console/login")
-    r = client.post("/console/login", data={"csrf_token": token, "email": OPERATOR_EMAIL,
-                                            "password": OPERATOR_PASSWORD})
-    assert r.status_code == 303, r.get_data(as_text=True)
-    return token
 
 
 @pytest.fixture(scope="session")
@@ -260,21 +182,8 @@ def sandbox(sandbox_server):
 
 
 @pytest.fixture
-def paying_app(make_app, sandbox):
-    """An app wired to the sandbox, with its webhook signing secret known."""
-    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
-                   STRIPE_WEBHOOK_SECRET="whsec_test_secret")
-    return app
-
-
-def leave_heartbeats(app) -> None:
-    """The heartbeats a running worker and scheduler leave, written by the same code their
-    processes run (a real RQ worker registration, the scheduler's own beat), without running
-    them: for tests of /healthz and the dashboard that are not about liveness."""
-    from shop import queue
-
-    with app.app_context():
-        worker = queue.make_worker(name=f"test-worker-{uuid.uuid4().hex[:8]}")
-        worker.register_birth()
-        worker.heartbeat()
-        queue.make_scheduler().heartbeat()
+def fresh_paying_app(make_fresh_app, sandbox):
+    """An app wired to the sandbox, with its webhook signing secret known, on an emptied database
+    and a flushed Redis."""
+    return make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+                          STRIPE_WEBHOOK_SECRET="whsec_test_secret")

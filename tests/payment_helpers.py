@@ -13,24 +13,14 @@ from typing import Iterator
 
 from werkzeug.serving import make_server
 
-from conftest import csrf_token
+from support import csrf_token
 from shop.extensions import db
-from shop.models import Order, Variant
-from shop.seed import seed_catalog
+from shop.models import Order
 from shop.stripe_sandbox.server import QuietRequestHandler
 from shop.stripe_sandbox.testing import wait_until  # noqa: F401  (re-exported for the tests)
 
 WEBHOOK_SECRET = "whsec_test_secret"
 JSON = {"Accept": "application/json"}
-
-
-def seed(app) -> dict[str, int]:
-    """The demo catalog (usd); returns sku -> variant id."""
-    with app.app_context():
-        seed_catalog()
-        skus = {v.sku: v.id for v in db.session.query(Variant)}
-        db.session.remove()
-        return skus
 
 
 class Shopper:
@@ -145,7 +135,7 @@ def served(build_app) -> Iterator[tuple]:
 
 
 @contextlib.contextmanager
-def live_shop(make_app, sandbox, **config):
+def live_shop(make_fresh_app, sandbox, **config):
     """The shop served over real HTTP and registered as the sandbox's webhook endpoint, exactly
     as `flask shop stripe-register-webhook` does it: no STRIPE_WEBHOOK_SECRET, so deliveries are
     verified with the secret registration stored. Yields the app."""
@@ -155,7 +145,7 @@ def live_shop(make_app, sandbox, **config):
         settings = dict(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
                         STRIPE_WEBHOOK_SECRET=None, PUBLIC_BASE_URL=base_url)
         settings.update(config)
-        return make_app(**settings)
+        return make_fresh_app(**settings)
 
     with served(build) as (app, _base_url):
         with app.app_context():

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -22,11 +21,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from sqlalchemy import select, text, update
 
 from payment_helpers import WEBHOOK_SECRET, signature
+from factories import cart_with
 from shop import failpoints  # noqa: F401  (the failpoint below is read from the environment)
 from shop.domain.deadlines import as_utc, unpaid_deadline
 from shop.extensions import db
-from shop.models import (Cart, CartItem, InventoryItem, Order, OrderLine, OutboxDelivery, Refund, ScheduledCommand,
-                         Variant)
+from shop.models import InventoryItem, Order, OutboxDelivery, Refund, ScheduledCommand, Variant
 from shop.orders.checkout import place_order
 from shop.orders.cancel import PROVIDER_EXPIRY_GRACE, cancel_order
 from shop.outbox import runner
@@ -246,14 +245,8 @@ class SagaModel(RuleBasedStateMachine):
         available = self.expected_stock(before["orders"])
         fits = all(q <= available[v] for v, q in lines.items())
         with self.ctx():
-            browser = uuid.uuid4().hex
-            cart_row = Cart(browser_id=browser, status="open")
-            db.session.add(cart_row)
-            db.session.flush()
-            for vid, q in sorted(lines.items()):
-                db.session.add(CartItem(cart_id=cart_row.id, variant_id=vid, quantity=q))
-            db.session.commit()
-            placed = place_order(cart_id=cart_row.id, browser_id=browser, email="ann@example.com", now=self.now())
+            cart_id, browser = cart_with(sorted(lines.items()))
+            placed = place_order(cart_id=cart_id, browser_id=browser, email="ann@example.com", now=self.now())
             assert placed.ok == fits, (f"cart {lines} against {available}: the model expected "
                                        f"{'success' if fits else 'out_of_stock'}, the shop said {placed}")
             if not placed.ok:

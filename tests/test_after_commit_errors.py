@@ -10,7 +10,8 @@ import os
 import pytest
 from sqlalchemy import create_engine, text
 
-from payment_helpers import JSON, Shopper, seed
+from payment_helpers import JSON, Shopper
+from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import Order
 from shop.storefront import routes
@@ -40,24 +41,24 @@ def _orders(app) -> list[tuple[str, str]]:
         return rows
 
 
-def test_a_rollback_that_fails_at_teardown_leaves_the_answer_standing(app, database_url):
-    @app.get("/_test/read-then-lose-the-connection")
+def test_a_rollback_that_fails_at_teardown_leaves_the_answer_standing(fresh_app, database_url):
+    @fresh_app.get("/_test/read-then-lose-the-connection")
     def read_then_lose_the_connection():
         pid = db.session.execute(text("SELECT pg_backend_pid()")).scalar_one()  # a transaction is open
         _kill(database_url, pid)
         return "read"
 
-    r = app.test_client().get("/_test/read-then-lose-the-connection")
+    r = fresh_app.test_client().get("/_test/read-then-lose-the-connection")
 
     assert (r.status_code, r.get_data(as_text=True)) == (200, "read")
-    with app.app_context():  # the pool replaced the dead connection
+    with fresh_app.app_context():  # the pool replaced the dead connection
         assert db.session.execute(text("SELECT 1")).scalar_one() == 1
         db.session.remove()
 
 
 def test_a_checkout_that_committed_answers_with_its_order_when_the_database_goes_after(
-        paying_app, sandbox, database_url, monkeypatch):
-    shopper = Shopper(paying_app, seed(paying_app))
+        fresh_paying_app, sandbox, database_url, monkeypatch):
+    shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     real = routes.start_payment
 
     def lose_the_database_then_start(order_id, **kwargs):
@@ -72,7 +73,7 @@ def test_a_checkout_that_committed_answers_with_its_order_when_the_database_goes
     r = shopper.client.post("/checkout", data={"csrf_token": shopper.token, "email": "ann@example.com"},
                             headers=JSON)
 
-    [(reference, status)] = _orders(paying_app)
+    [(reference, status)] = _orders(fresh_paying_app)
     assert status == "PendingPayment"  # placed; its payment never started
     assert r.status_code == 303, r.get_data(as_text=True)
     assert r.headers["Location"].endswith(f"/orders/{reference}")
@@ -86,8 +87,8 @@ def test_a_checkout_that_committed_answers_with_its_order_when_the_database_goes
 
 
 def test_a_cancel_that_committed_says_so_when_the_database_goes_before_the_page(
-        paying_app, sandbox, database_url, monkeypatch):
-    shopper = Shopper(paying_app, seed(paying_app))
+        fresh_paying_app, sandbox, database_url, monkeypatch):
+    shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     order = shopper.place()
     real = routes.cancel_order
 
@@ -103,4 +104,4 @@ def test_a_cancel_that_committed_says_so_when_the_database_goes_before_the_page(
 
     assert r.status_code == 200, r.get_data(as_text=True)
     assert r.get_json()["status"] == "Cancelled"
-    assert _orders(paying_app) == [(order["reference"], "Cancelled")]
+    assert _orders(fresh_paying_app) == [(order["reference"], "Cancelled")]

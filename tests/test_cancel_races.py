@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import threading
 
-from payment_helpers import Shopper, live_shop, order_id, seed
+from payment_helpers import Shopper, live_shop, order_id
+from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxEvent, ScheduledCommand
 from shop.outbox.dispatch import drain_deliveries, run_command
@@ -56,9 +57,9 @@ def _expire_then(monkeypatch, after) -> None:
     monkeypatch.setattr(gateway, "expire_session", expire_then_notice)
 
 
-def test_a_cancel_whose_own_expiry_notice_lands_first_still_cancels_the_order(make_app, sandbox, monkeypatch):
-    with live_shop(make_app, sandbox) as app:
-        shopper = Shopper(app, seed(app))
+def test_a_cancel_whose_own_expiry_notice_lands_first_still_cancels_the_order(make_fresh_app, sandbox, monkeypatch):
+    with live_shop(make_fresh_app, sandbox) as app:
+        shopper = Shopper(app, seed_catalog_rows(app))
         variant = shopper.skus["NB-A6-DOT"]
         stock = _on_hand(app, variant)
         order = shopper.place("NB-A6-DOT", 2)
@@ -85,18 +86,18 @@ def test_a_cancel_whose_own_expiry_notice_lands_first_still_cancels_the_order(ma
 
 
 def test_a_cancel_survives_its_expiry_being_applied_as_a_failed_payment_by_another_path(
-        paying_app, sandbox, monkeypatch):
-    shopper = Shopper(paying_app, seed(paying_app))
+        fresh_paying_app, sandbox, monkeypatch):
+    shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     variant = shopper.skus["NB-A6-DOT"]
-    stock = _on_hand(paying_app, variant)
+    stock = _on_hand(fresh_paying_app, variant)
     order = shopper.place("NB-A6-DOT", 1)
-    ref, oid = order["reference"], order_id(paying_app, order["reference"])
+    ref, oid = order["reference"], order_id(fresh_paying_app, order["reference"])
 
     def operator_reconciles(_sid):
         # An operator's "ask the provider now" (or the sweep) reads the session the cancel just
         # expired; nothing in that answer says who expired it, so it is an early expiry there.
         def reconcile():
-            with paying_app.app_context():
+            with fresh_paying_app.app_context():
                 assert reconcile_order(oid, source="console").outcome == "payment_failed"
                 db.session.remove()
 
@@ -110,22 +111,22 @@ def test_a_cancel_survives_its_expiry_being_applied_as_a_failed_payment_by_anoth
 
     assert r.status_code == 200, r.get_data(as_text=True)
     assert r.get_json()["status"] == "Cancelled"
-    assert _names(paying_app, ref) == ["OrderPlaced", "PaymentInitiated", "OrderPaymentFailed", "OrderCancelled"]
-    _settle(paying_app)
-    assert _on_hand(paying_app, variant) == stock
-    with paying_app.app_context():
+    assert _names(fresh_paying_app, ref) == ["OrderPlaced", "PaymentInitiated", "OrderPaymentFailed", "OrderCancelled"]
+    _settle(fresh_paying_app)
+    assert _on_hand(fresh_paying_app, variant) == stock
+    with fresh_paying_app.app_context():
         emails = db.session.query(ScheduledCommand).filter_by(kind="send_email").order_by(ScheduledCommand.id).all()
         # The failed-payment email was queued by the follow-up but not sent: the order had moved on.
         assert [(c.payload["template"], c.status) for c in emails] == [("payment_failed", "done"),
                                                                         ("order_cancelled", "done")]
         db.session.remove()
-    mail = os.path.join(paying_app.instance_path, "mail")
+    mail = os.path.join(fresh_paying_app.instance_path, "mail")
     assert not [f for f in (os.listdir(mail) if os.path.isdir(mail) else [])
                 if f.startswith(f"order-{oid}-payment_failed")]
 
 
-def test_a_stale_cancel_is_still_refused_without_touching_the_provider(paying_app, sandbox):
-    shopper = Shopper(paying_app, seed(paying_app))
+def test_a_stale_cancel_is_still_refused_without_touching_the_provider(fresh_paying_app, sandbox):
+    shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     order = shopper.place("NB-A6-DOT", 1)
     r = shopper.cancel(order["reference"], order["version"] - 1)
     assert r.status_code == 409

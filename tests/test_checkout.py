@@ -2,57 +2,21 @@
 concurrency, all-or-nothing on a shortfall, no lock-order deadlock, and stock conservation."""
 from __future__ import annotations
 
-import itertools
 import threading
-import uuid
 from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
+from factories import cart_with, catalog_rows
 from shop.domain.order import LIVE, OrderStatus
 from shop.extensions import db
-from shop.models import (Cart, CartItem, InventoryItem, Order, OrderLine, OutboxDelivery, OutboxEvent, Product,
-                         ScheduledCommand, Variant)
+from shop.models import Cart, InventoryItem, Order, OrderLine, OutboxDelivery, OutboxEvent, ScheduledCommand, Variant
 from shop.orders.checkout import place_order
 from shop.orders.cancel import cancel_order
 from shop.outbox import uow
 from shop.outbox.dispatch import run_delivery
-
-_counter = itertools.count(1)
-
-
-def make_variants(*stocks: int, price: int = 500) -> list[int]:
-    """A product with one variant per stock figure; returns the variant ids (ascending)."""
-    n = next(_counter)
-    product = Product(slug=f"p-{uuid.uuid4().hex[:10]}", name=f"Product {n}", description="")
-    db.session.add(product)
-    db.session.flush()
-    ids = []
-    for i, stock in enumerate(stocks):
-        variant = Variant(product_id=product.id, sku=f"SKU-{uuid.uuid4().hex[:8]}-{i}", name=f"V{i}",
-                          price=price + i, currency="usd")
-        db.session.add(variant)
-        db.session.flush()
-        db.session.add(InventoryItem(variant_id=variant.id, on_hand=stock))
-        ids.append(variant.id)
-    db.session.commit()
-    return ids
-
-
-def make_cart(items: list[tuple[int, int]], browser: str | None = None) -> tuple[int, str]:
-    """An open cart whose items are inserted in the given order; returns (cart id, browser id)."""
-    browser = browser or uuid.uuid4().hex
-    cart = Cart(browser_id=browser, status="open")
-    db.session.add(cart)
-    db.session.flush()
-    for variant_id, quantity in items:
-        db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id, quantity=quantity))
-        db.session.flush()  # ids follow the given order
-    db.session.commit()
-    return cart.id, browser
-
 
 def on_hand(variant_id: int) -> int:
     return db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).scalar_one()
@@ -87,13 +51,13 @@ def run_threads(app, jobs, worker):
     return results, errors
 
 
-def test_fifty_concurrent_checkouts_of_ten_in_stock_make_exactly_ten_orders(app):
-    with app.app_context():
-        (variant,) = make_variants(10)
-        carts = [make_cart([(variant, 1)]) for _ in range(50)]
+def test_fifty_concurrent_checkouts_of_ten_in_stock_make_exactly_ten_orders(fresh_app):
+    with fresh_app.app_context():
+        (variant,) = catalog_rows(10)
+        carts = [cart_with([(variant, 1)]) for _ in range(50)]
 
     results, errors = run_threads(
-        app, carts, lambda c: place_order(cart_id=c[0], browser_id=c[1], email="buyer@example.com"))
+        fresh_app, carts, lambda c: place_order(cart_id=c[0], browser_id=c[1], email="buyer@example.com"))
 
     assert errors == [None] * 50, [repr(e) for e in errors if e]
     outcomes = Counter("placed" if r.ok else r.code for r in results)
@@ -101,7 +65,7 @@ def test_fifty_concurrent_checkouts_of_ten_in_stock_make_exactly_ten_orders(app)
     for refused in (r for r in results if not r.ok):
         assert refused.shortages == [{"variant_id": variant, "sku": refused.shortages[0]["sku"],
                                       "name": "Product 1 – V0", "requested": 1, "available": 0}]
-    with app.app_context():
+    with fresh_app.app_context():
         assert on_hand(variant) == 0
         assert count(Order) == 10
         assert db.session.execute(select(func.sum(OrderLine.quantity))).scalar_one() == 10
@@ -111,10 +75,10 @@ def test_fifty_concurrent_checkouts_of_ten_in_stock_make_exactly_ten_orders(app)
         assert closed == 10
 
 
-def test_an_order_with_one_short_line_leaves_nothing_behind_and_names_the_short_item(app):
-    with app.app_context():
-        plenty, scarce = make_variants(20, 2)
-        cart_id, browser = make_cart([(plenty, 5), (scarce, 3)])
+def test_an_order_with_one_short_line_leaves_nothing_behind_and_names_the_short_item(fresh_app):
+    with fresh_app.app_context():
+        plenty, scarce = catalog_rows(20, 2)
+        cart_id, browser = cart_with([(plenty, 5), (scarce, 3)])
         sku = db.session.get(Variant, scarce).sku
 
         result = place_order(cart_id=cart_id, browser_id=browser, email="ann@example.com")
@@ -130,10 +94,10 @@ def test_an_order_with_one_short_line_leaves_nothing_behind_and_names_the_short_
         assert db.session.get(Cart, cart_id).status == "open"  # the customer can fix the cart and retry
 
 
-def test_a_placed_order_takes_prices_from_the_database_and_arms_its_deadline_in_the_same_commit(app):
-    with app.app_context():
-        a, b = make_variants(5, 5, price=1000)
-        cart_id, browser = make_cart([(b, 2), (a, 1)])
+def test_a_placed_order_takes_prices_from_the_database_and_arms_its_deadline_in_the_same_commit(fresh_app):
+    with fresh_app.app_context():
+        a, b = catalog_rows(5, 5, price=1000)
+        cart_id, browser = cart_with([(b, 2), (a, 1)])
         placed = place_order(cart_id=cart_id, browser_id=browser, email="ann@example.com")
         assert placed.ok
         db.session.remove()
@@ -151,25 +115,25 @@ def test_a_placed_order_takes_prices_from_the_database_and_arms_its_deadline_in_
         assert count(Order) == 1 and (on_hand(a), on_hand(b)) == (4, 3)
 
 
-def test_checkouts_of_the_same_two_variants_in_opposite_cart_order_never_deadlock(app, monkeypatch):
+def test_checkouts_of_the_same_two_variants_in_opposite_cart_order_never_deadlock(fresh_app, monkeypatch):
     # Each checkout holds its first stock row lock while it takes the second (widened here by a
     # failpoint): only the fixed variant order keeps two such checkouts from waiting on each other.
     monkeypatch.setenv("BACKSTOP_FAILPOINTS", "place_order.after_decrement=sleep:0.004")
     rounds, clients = 6, 12
-    with app.app_context():
-        a, b = make_variants(1000, 1000)
-        jobs = [[make_cart([(a, 1), (b, 2)] if i % 2 else [(b, 2), (a, 1)]) for i in range(clients)]
+    with fresh_app.app_context():
+        a, b = catalog_rows(1000, 1000)
+        jobs = [[cart_with([(a, 1), (b, 2)] if i % 2 else [(b, 2), (a, 1)]) for i in range(clients)]
                 for _ in range(rounds)]
 
     placed = 0
     for carts in jobs:  # every round releases all clients at once
         results, errors = run_threads(
-            app, carts, lambda c: place_order(cart_id=c[0], browser_id=c[1], email="x@example.com"))
+            fresh_app, carts, lambda c: place_order(cart_id=c[0], browser_id=c[1], email="x@example.com"))
         assert errors == [None] * clients, [repr(e) for e in errors if e]
         assert all(r.ok for r in results), [r for r in results if not r.ok]
         placed += len(results)
 
-    with app.app_context():
+    with fresh_app.app_context():
         assert count(Order) == placed == rounds * clients
         assert (on_hand(a), on_hand(b)) == (1000 - placed, 1000 - 2 * placed)
 
@@ -211,8 +175,8 @@ _step = st.one_of(
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(stocks=st.lists(st.integers(0, 6), min_size=3, max_size=3), steps=st.lists(_step, max_size=14))
-def test_any_sequence_of_checkouts_payments_and_cancels_conserves_stock(ctx, stocks, steps):
-    variants = make_variants(*stocks)  # fresh rows per example: examples never see each other
+def test_any_sequence_of_checkouts_payments_and_cancels_conserves_stock(fresh_ctx, stocks, steps):
+    variants = catalog_rows(*stocks)  # fresh rows per example: examples never see each other
     initial = dict(zip(variants, stocks))
     orders: list[int] = []
 
@@ -224,7 +188,7 @@ def test_any_sequence_of_checkouts_payments_and_cancels_conserves_stock(ctx, sto
             merged = Counter()
             for index, quantity in arg:
                 merged[variants[index]] += quantity
-            cart_id, browser = make_cart(sorted(merged.items(), reverse=True))
+            cart_id, browser = cart_with(sorted(merged.items(), reverse=True))
             before = {v: on_hand(v) for v in variants}
             result = place_order(cart_id=cart_id, browser_id=browser, email="p@example.com")
             if result.ok:

@@ -5,41 +5,31 @@ committed with its outbox event. Also: a command's schedule and a re-armed comma
 job id now travel in the announce pipeline. Real database, Redis and sandbox."""
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import select, update
 
+from factories import place_order_for, seed_catalog_rows
 from shop import queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
-from shop.models import Cart, CartItem, Order, OutboxEvent, ScheduledCommand, Variant
-from shop.orders.checkout import place_order
+from shop.models import Order, OutboxEvent, ScheduledCommand, Variant
 from shop.orders.cancel import cancel_order
 from shop.outbox import schedule_command
 from shop.outbox.uow import publish_after_commit
 from shop.payments import gateway
 from shop.payments.start import start_payment
-from shop.seed import seed_catalog
 
-from payment_helpers import JSON, Shopper, seed
+from payment_helpers import JSON, Shopper
 
 SKU = "MUG-350-SND"
 
 
 def _place(quantity: int = 1):
     """place_order on a fresh cart; returns its Placed result."""
-    seed_catalog()
-    variant_id = db.session.execute(select(Variant.id).where(Variant.sku == SKU)).scalar_one()
-    cart = Cart(browser_id=f"b-{uuid.uuid4().hex[:12]}", status="open")
-    db.session.add(cart)
-    db.session.flush()
-    db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id, quantity=quantity))
-    db.session.commit()
-    placed = place_order(cart_id=cart.id, browser_id=cart.browser_id, email="ann@example.com")
-    assert placed.ok, placed
-    return placed
+    seed_catalog_rows()
+    return place_order_for({SKU: quantity})
 
 
 def _row(order_id: int) -> Order:
@@ -59,14 +49,14 @@ def _sessions_for(sandbox, reference: str) -> list[str]:
         return [s.id for s in sandbox.sandbox.sessions.values() if s.client_reference_id == reference]
 
 
-def test_a_checkout_commits_payment_initiated_with_its_event_from_what_it_placed(paying_app, sandbox):
-    shopper = Shopper(paying_app, seed(paying_app))
+def test_a_checkout_commits_payment_initiated_with_its_event_from_what_it_placed(fresh_paying_app, sandbox):
+    shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     r = shopper.checkout(SKU, 2)
     assert r.status_code == 303
     order = shopper.latest()
     assert r.headers["Location"] == order["payment"]["url"]
 
-    with paying_app.app_context():
+    with fresh_paying_app.app_context():
         row = db.session.execute(select(Order).where(Order.reference == order["reference"])).scalar_one()
         assert (row.status, row.version, row.payment_attempts) == ("PaymentInitiated", 2, 1)
         assert as_utc(row.updated_at) > as_utc(row.created_at)  # the transition is a state change
@@ -83,8 +73,8 @@ def test_a_checkout_commits_payment_initiated_with_its_event_from_what_it_placed
         db.session.remove()
 
 
-def test_a_payment_start_that_loses_to_a_cancel_changes_nothing_and_expires_its_session(paying_app, sandbox):
-    with paying_app.app_context():
+def test_a_payment_start_that_loses_to_a_cancel_changes_nothing_and_expires_its_session(fresh_paying_app, sandbox):
+    with fresh_paying_app.app_context():
         placed = _place()
         assert cancel_order(placed.order_id, 1).status == "cancelled"  # version 1 -> 2, meanwhile
 
@@ -99,8 +89,8 @@ def test_a_payment_start_that_loses_to_a_cancel_changes_nothing_and_expires_its_
         db.session.remove()
 
 
-def test_a_payment_start_refuses_a_state_the_transition_forbids_even_at_the_version_it_saw(paying_app, sandbox):
-    with paying_app.app_context():
+def test_a_payment_start_refuses_a_state_the_transition_forbids_even_at_the_version_it_saw(fresh_paying_app, sandbox):
+    with fresh_paying_app.app_context():
         placed = _place()
         # A row at version 1 that is no longer payable (only a writer that skipped the version
         # could leave this; the status condition refuses it all the same).
@@ -116,8 +106,8 @@ def test_a_payment_start_refuses_a_state_the_transition_forbids_even_at_the_vers
         db.session.remove()
 
 
-def test_paying_a_stored_order_again_reads_it_and_applies_the_same_guarded_transition(paying_app, sandbox):
-    shopper = Shopper(paying_app, seed(paying_app))
+def test_paying_a_stored_order_again_reads_it_and_applies_the_same_guarded_transition(fresh_paying_app, sandbox):
+    shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     sandbox.faults(api_unavailable=True)
     ref = shopper.checkout(SKU, 1).headers["Location"].rsplit("/", 1)[-1]
     sandbox.faults(api_unavailable=False)
@@ -129,13 +119,13 @@ def test_paying_a_stored_order_again_reads_it_and_applies_the_same_guarded_trans
     order = shopper.order(ref)
     assert (order["status"], order["version"]) == ("PaymentInitiated", 2)
     assert r.get_json()["payment_url"] == order["payment"]["url"]
-    with paying_app.app_context():
+    with fresh_paying_app.app_context():
         row = db.session.execute(select(Order).where(Order.reference == ref)).scalar_one()
         assert row.payment_attempts == 1 and _event_names(row.id) == ["OrderPlaced", "PaymentInitiated"]
         db.session.remove()
 
 
-def test_a_checkout_arms_its_deadline_in_rq_scheduler_under_the_commands_own_id(ctx):
+def test_a_checkout_arms_its_deadline_in_rq_scheduler_under_the_commands_own_id(fresh_ctx):
     placed = _place()
     row = db.session.execute(select(ScheduledCommand).where(ScheduledCommand.order_id == placed.order_id)).scalar_one()
     due = as_utc(row.next_attempt_at)
@@ -147,8 +137,8 @@ def test_a_checkout_arms_its_deadline_in_rq_scheduler_under_the_commands_own_id(
     assert as_utc(at) == due.replace(microsecond=0)
 
 
-def test_a_command_rearmed_from_inside_its_own_scheduled_job_keeps_its_schedule(make_app):
-    app = make_app(OUTBOX_RETRY_BASE_SECONDS=60, OUTBOX_RETRY_CAP_SECONDS=60)
+def test_a_command_rearmed_from_inside_its_own_scheduled_job_keeps_its_schedule(make_fresh_app):
+    app = make_fresh_app(OUTBOX_RETRY_BASE_SECONDS=60, OUTBOX_RETRY_CAP_SECONDS=60)
     with app.app_context():
         placed = _place()
         # A command that fails (unknown template), due in a second: rq-scheduler holds it under
@@ -179,10 +169,10 @@ def test_a_command_rearmed_from_inside_its_own_scheduled_job_keeps_its_schedule(
 
 @pytest.mark.parametrize("provider_up", [True, False])
 def test_a_json_client_checking_out_gets_the_contracts_303_and_the_same_facts_in_the_body(
-        paying_app, sandbox, provider_up):
+        fresh_paying_app, sandbox, provider_up):
     """docs/REFERENCE.md, Storefront, names a 303 for a placed order, to the hosted page or, with the
     provider down, to the order page: the status does not depend on what the client accepts."""
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     sandbox.faults(api_unavailable=not provider_up)
     shopper.client.post("/cart/items", data={"csrf_token": shopper.token, "variant_id": shopper.skus[SKU],
                                              "quantity": 1})
@@ -196,11 +186,11 @@ def test_a_json_client_checking_out_gets_the_contracts_303_and_the_same_facts_in
     assert shopper.order(body["reference"])["status"] == ("PaymentInitiated" if provider_up else "PendingPayment")
 
 
-def test_a_payment_start_that_loses_to_the_same_attempt_keeps_the_session_both_were_given(paying_app, sandbox):
+def test_a_payment_start_that_loses_to_the_same_attempt_keeps_the_session_both_were_given(fresh_paying_app, sandbox):
     """A double click on "Pay now": both requests read the order at the same version and ask for
     the same attempt, so the provider (same Idempotency-Key) hands both the same session. The
     loser of the write must not expire it: it is the payment page the winner just committed."""
-    with paying_app.app_context():
+    with fresh_paying_app.app_context():
         placed = _place()
         now = utcnow()
         first = start_payment(placed.order_id, now=now, placed=placed)

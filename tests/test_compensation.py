@@ -13,7 +13,8 @@ from hypothesis import given, settings, strategies as st
 from sqlalchemy import delete, insert, update
 from sqlalchemy.orm.exc import StaleDataError
 
-from compensation_support import cancel, on_hand, order, place, placed_and_cancelled, restore_delivery, seed, warnings
+from compensation_support import cancel, on_hand, order, placed_and_cancelled, restore_delivery, warnings
+from factories import place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.domain.restoration import MAX_ON_HAND, plan_restoration
 from shop.extensions import db
@@ -25,8 +26,8 @@ ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 
 
 @pytest.fixture
-def catalog(ctx):
-    return seed()
+def catalog(fresh_ctx):
+    return seed_catalog_rows()
 
 
 def test_a_cancelled_order_gets_its_stock_back_through_its_delivery(catalog):
@@ -77,7 +78,7 @@ def test_a_redelivered_cancellation_restores_stock_once(catalog):
 
 def test_restore_inventory_called_twice_restores_once(catalog):
     a5 = catalog["NB-A5-DOT"]
-    order_id = place({a5: 4})
+    order_id = place_order_for({a5: 4}).order_id
     cancel(order_id)
     assert restore_inventory_now(order_id) == "restored"
     assert restore_inventory_now(order_id) == "already_restored"
@@ -87,17 +88,17 @@ def test_restore_inventory_called_twice_restores_once(catalog):
 
 def test_restore_of_an_order_that_is_not_cancelled_changes_nothing(catalog):
     a5 = catalog["NB-A5-DOT"]
-    order_id = place({a5: 4})
+    order_id = place_order_for({a5: 4}).order_id
     assert restore_inventory_now(order_id) == "not_cancelled"
     assert on_hand(a5) == 36
     assert order(order_id).inventory_restored is False
 
 
 @pytest.mark.skipif(not ON_POSTGRES, reason="row locks and concurrent transactions need PostgreSQL")
-def test_twenty_concurrent_deliveries_of_one_cancellation_restore_once(app, monkeypatch):
-    with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 3})
+def test_twenty_concurrent_deliveries_of_one_cancellation_restore_once(fresh_app, monkeypatch):
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 3}).order_id
         cancel(order_id)
         before = on_hand(a5)
         db.session.remove()
@@ -109,7 +110,7 @@ def test_twenty_concurrent_deliveries_of_one_cancellation_restore_once(app, monk
     results, lock = [], threading.Lock()
 
     def deliver():
-        with app.app_context():
+        with fresh_app.app_context():
             try:
                 barrier.wait()
                 outcome = restore_inventory_now(order_id)
@@ -132,7 +133,7 @@ def test_twenty_concurrent_deliveries_of_one_cancellation_restore_once(app, monk
     losers = [r for r in results if r != "restored"]
     assert all(isinstance(r, StaleDataError) or r == "already_restored" for r in losers), losers
     assert sum(isinstance(r, StaleDataError) for r in losers) >= 10, losers  # the race really happened
-    with app.app_context():
+    with fresh_app.app_context():
         assert on_hand(a5) == before + 3
         assert order(order_id).inventory_restored is True
         # A loser's retry is an ordinary redelivery: it finds the marker and does nothing.

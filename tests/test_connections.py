@@ -28,8 +28,8 @@ def _kill(database_url: str, pid: int) -> None:
     admin.dispose()
 
 
-def test_a_pooled_connection_killed_while_idle_is_replaced_before_use(app, database_url, monkeypatch):
-    with app.app_context():
+def test_a_pooled_connection_killed_while_idle_is_replaced_before_use(fresh_app, database_url, monkeypatch):
+    with fresh_app.app_context():
         killed = _backend_pid()
         _kill(database_url, killed)
         monkeypatch.setattr(shop, "IDLE_PING_SECONDS", 0.0)  # it has sat idle long enough to be checked
@@ -38,13 +38,13 @@ def test_a_pooled_connection_killed_while_idle_is_replaced_before_use(app, datab
         db.session.remove()
 
 
-def test_a_connection_used_a_moment_ago_is_handed_out_unchecked(app, database_url, monkeypatch):
+def test_a_connection_used_a_moment_ago_is_handed_out_unchecked(fresh_app, database_url, monkeypatch):
     """The price of skipping the per-transaction ping: within IDLE_PING_SECONDS of its last use a
     dead connection is found by the statement itself (one failed statement, then the pool is
     renewed). Deliveries and commands retry such a failure; this pins that the ping is skipped."""
     from sqlalchemy.exc import OperationalError
 
-    with app.app_context():
+    with fresh_app.app_context():
         killed = _backend_pid()
         _kill(database_url, killed)
         monkeypatch.setattr(shop, "IDLE_PING_SECONDS", 3600.0)

@@ -8,21 +8,21 @@ import time
 from datetime import timedelta
 
 import pytest
-from conftest import OPERATOR_EMAIL as EMAIL
-from conftest import OPERATOR_PASSWORD as PASSWORD
-from conftest import add_operator, csrf_token, log_in
 from sqlalchemy import select, update
 
+from factories import placed_order_in, variant_id
 from shop.domain.deadlines import utcnow
 from shop.domain.restoration import MAX_ON_HAND
 from shop.extensions import db
-from shop.models import (Cart, CartItem, InventoryItem, Order, OutboxDelivery, OutboxEvent, ReconciliationCycle,
-                         RestoreWarning, ScheduledCommand, Variant, WebhookReceipt)
-from shop.orders.checkout import place_order
+from shop.models import (InventoryItem, Order, OutboxDelivery, OutboxEvent, ReconciliationCycle, RestoreWarning,
+                         ScheduledCommand, WebhookReceipt)
 from shop.orders.cancel import cancel_order
 from shop.outbox import dispatch
 from shop.payments import guard
-from shop.seed import seed_catalog, upsert_operator
+from shop.seed import upsert_operator
+from support import OPERATOR_EMAIL as EMAIL
+from support import OPERATOR_PASSWORD as PASSWORD
+from support import add_operator, csrf_token, log_in
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
@@ -43,26 +43,8 @@ WARNING_KEYS = {"id", "order_reference", "variant_id", "quantity", "reason", "st
 # -- helpers ---------------------------------------------------------------------------------
 
 @pytest.fixture
-def token(app, client):
-    return log_in(app, client)
-
-
-def variant_id(sku: str) -> int:
-    return db.session.execute(select(Variant.id).where(Variant.sku == sku)).scalar_one()
-
-
-def place(app, sku="MUG-350-SND", quantity=1, now=None) -> tuple[int, str]:
-    """A real order through the checkout use case."""
-    with app.app_context():
-        seed_catalog()
-        cart = Cart(browser_id="browser-1", status="open")
-        db.session.add(cart)
-        db.session.flush()
-        db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id(sku), quantity=quantity))
-        db.session.commit()
-        placed = place_order(cart_id=cart.id, browser_id="browser-1", email="ann@example.com", now=now)
-        assert placed.ok, placed
-        return placed.order_id, placed.reference
+def token(fresh_app, fresh_client):
+    return log_in(fresh_app, fresh_client)
 
 
 def run_delivery(app, delivery_id, now=None) -> str:
@@ -96,7 +78,7 @@ def kill(app, delivery_id, error="RuntimeError: handler crashed") -> None:
 def make_overflow_warning(app, sku="MUG-350-SND"):
     """A cancelled order whose restore was refused by the stock-overflow invariant (so nothing,
     not even the marker, was saved). Returns (order_id, warning_id, variant_id)."""
-    order_id, _ = place(app, sku, 2)
+    order_id, _ = placed_order_in(app, sku, 2)
     with app.app_context():
         vid = variant_id(sku)
         db.session.execute(update(InventoryItem).where(InventoryItem.variant_id == vid).values(on_hand=MAX_ON_HAND))
@@ -111,80 +93,81 @@ def make_overflow_warning(app, sku="MUG-350-SND"):
 
 # -- the login gate --------------------------------------------------------------------------
 
-def test_every_console_route_sends_a_browser_to_login_and_answers_401_to_json(app, client):
-    anonymous_token = csrf_token(client, "/console/login")
+def test_every_console_route_sends_a_browser_to_login_and_answers_401_to_json(fresh_app, fresh_client):
+    anonymous_token = csrf_token(fresh_client, "/console/login")
     for url in GET_ROUTES:
-        r = client.get(url, headers=HTML)
+        r = fresh_client.get(url, headers=HTML)
         assert r.status_code == 302, url
         assert r.headers["Location"].startswith("/console/login"), url
-        r = client.get(url, headers=JSON)
+        r = fresh_client.get(url, headers=JSON)
         assert r.status_code == 401, url
         assert "log in" in r.get_json()["error"].lower()
     for url in POST_ROUTES:
         for data in ({"csrf_token": anonymous_token}, {}):  # the gate comes before the CSRF check
-            r = client.post(url, data=data, headers=HTML)
+            r = fresh_client.post(url, data=data, headers=HTML)
             assert r.status_code == 302 and r.headers["Location"].startswith("/console/login"), url
-            assert client.post(url, data=data, headers=JSON).status_code == 401, url
-    assert client.get("/console/login").status_code == 200
+            assert fresh_client.post(url, data=data, headers=JSON).status_code == 401, url
+    assert fresh_client.get("/console/login").status_code == 200
 
 
-def test_login_sends_the_operator_back_to_the_page_they_asked_for(app, client):
-    add_operator(app)
-    r = client.get("/console/sweeps", headers=HTML)
+def test_login_sends_the_operator_back_to_the_page_they_asked_for(fresh_app, fresh_client):
+    add_operator(fresh_app)
+    r = fresh_client.get("/console/sweeps", headers=HTML)
     login_url = r.headers["Location"]
-    page = client.get(login_url).get_data(as_text=True)
+    page = fresh_client.get(login_url).get_data(as_text=True)
     next_value = re.search(r'name="next"[^>]*value="([^"]*)"', page).group(1)
     assert next_value == "/console/sweeps"
-    r = client.post("/console/login", data={"csrf_token": csrf_token(client, login_url), "email": EMAIL,
-                                             "password": PASSWORD, "next": next_value})
+    r = fresh_client.post("/console/login", data={"csrf_token": csrf_token(fresh_client, login_url),
+                                                  "email": EMAIL, "password": PASSWORD, "next": next_value})
     assert r.status_code == 303 and r.headers["Location"] == "/console/sweeps"
-    assert client.get("/console/sweeps").status_code == 200
+    assert fresh_client.get("/console/sweeps").status_code == 200
 
 
-def test_a_login_never_redirects_off_the_console(app, client):
-    add_operator(app)
-    r = client.post("/console/login", data={"csrf_token": csrf_token(client, "/console/login"), "email": EMAIL,
-                                             "password": PASSWORD, "next": "//evil.example/steal"})
+def test_a_login_never_redirects_off_the_console(fresh_app, fresh_client):
+    add_operator(fresh_app)
+    r = fresh_client.post("/console/login", data={"csrf_token": csrf_token(fresh_client, "/console/login"),
+                                                  "email": EMAIL, "password": PASSWORD,
+                                                  "next": "//evil.example/steal"})
     assert r.status_code == 303 and r.headers["Location"] == "/console/"
 
 
-def test_a_wrong_password_and_an_unknown_email_get_the_same_401(app, client):
-    with app.app_context():
+def test_a_wrong_password_and_an_unknown_email_get_the_same_401(fresh_app, fresh_client):
+    with fresh_app.app_context():
         upsert_operator(EMAIL, PASSWORD)
-    token = csrf_token(client, "/console/login")
-    wrong_password = client.post("/console/login", data={"csrf_token": token, "email": EMAIL, "password": "nope"},
-                                 headers=JSON)
-    unknown_email = client.post("/console/login", data={"csrf_token": token, "email": "who@example.com",
-                                                        "password": PASSWORD}, headers=JSON)
+    token = csrf_token(fresh_client, "/console/login")
+    wrong_password = fresh_client.post("/console/login", data={"csrf_token": token, "email": EMAIL, "password": "nope"},
+                                       headers=JSON)
+    unknown_email = fresh_client.post("/console/login", data={"csrf_token": token, "email": "who@example.com",
+                                                              "password": PASSWORD}, headers=JSON)
     assert wrong_password.status_code == unknown_email.status_code == 401
     assert wrong_password.get_json()["error"] == unknown_email.get_json()["error"]
     assert "match" in wrong_password.get_json()["error"]
-    html = client.post("/console/login", data={"csrf_token": token, "email": EMAIL, "password": "nope"})
+    html = fresh_client.post("/console/login", data={"csrf_token": token, "email": EMAIL, "password": "nope"})
     assert html.status_code == 401 and "do not match" in html.get_data(as_text=True)
-    assert client.get("/console/", headers=JSON).status_code == 401  # still not logged in
+    assert fresh_client.get("/console/", headers=JSON).status_code == 401  # still not logged in
 
 
-def test_a_malformed_login_is_a_400_in_words_not_a_500(app, client):
-    token = csrf_token(client, "/console/login")
-    r = client.post("/console/login", data={"csrf_token": token, "email": "", "password": ""}, headers=JSON)
+def test_a_malformed_login_is_a_400_in_words_not_a_500(fresh_app, fresh_client):
+    token = csrf_token(fresh_client, "/console/login")
+    r = fresh_client.post("/console/login", data={"csrf_token": token, "email": "", "password": ""}, headers=JSON)
     assert r.status_code == 400 and r.get_json()["error"]
-    r = client.post("/console/login", data={"csrf_token": token, "email": "a@b.c" * 100, "password": "x" * 5000},
-                    headers=JSON)
+    r = fresh_client.post("/console/login", data={"csrf_token": token, "email": "a@b.c" * 100, "password": "x" * 5000},
+                          headers=JSON)
     assert r.status_code == 400
 
 
-def test_logging_out_closes_the_console_again(app, client, token):
-    assert client.get("/console/", headers=JSON).status_code == 200
-    r = client.post("/console/logout", data={"csrf_token": token})
+def test_logging_out_closes_the_console_again(fresh_app, fresh_client, token):
+    assert fresh_client.get("/console/", headers=JSON).status_code == 200
+    r = fresh_client.post("/console/logout", data={"csrf_token": token})
     assert r.status_code == 303
-    assert client.get("/console/", headers=JSON).status_code == 401
+    assert fresh_client.get("/console/", headers=JSON).status_code == 401
 
 
-def test_every_console_post_refuses_a_missing_or_wrong_csrf_token(app, client, token):
-    order_id, ref = place(app)
-    delivery = cancel(app, order_id)
-    kill(app, delivery)
-    with app.app_context():
+def test_every_console_post_refuses_a_missing_or_wrong_csrf_token(fresh_app, fresh_client, token):
+    order_id, ref = placed_order_in(fresh_app)
+    delivery = cancel(fresh_app, order_id)
+    kill(fresh_app, delivery)
+    with fresh_app.app_context():
         warning = RestoreWarning(order_id=order_id, variant_id=None, quantity=1, reason="test", state="open")
         db.session.add(warning)
         db.session.commit()
@@ -204,35 +187,35 @@ def test_every_console_post_refuses_a_missing_or_wrong_csrf_token(app, client, t
     ]
     for url, data in posts:
         for bad in ({}, {"csrf_token": "forged"}):
-            r = client.post(url, data={**data, **bad}, headers=JSON)
+            r = fresh_client.post(url, data={**data, **bad}, headers=JSON)
             assert r.status_code == 400, url
             assert "form" in r.get_json()["error"].lower()
-    with app.app_context():
+    with fresh_app.app_context():
         assert db.session.get(OutboxDelivery, delivery).status == "dead"
         assert db.session.get(ScheduledCommand, command).status == "dead"
         assert db.session.get(RestoreWarning, warning_id).state == "open"
-    assert client.get("/console/", headers=JSON).status_code == 200  # the logout did not happen
-    fresh = app.test_client()
+    assert fresh_client.get("/console/", headers=JSON).status_code == 200  # the logout did not happen
+    fresh = fresh_app.test_client()
     r = fresh.post("/console/login", data={"email": EMAIL, "password": PASSWORD}, headers=JSON)
     assert r.status_code == 400  # the login form itself is CSRF-protected
 
 
 # -- dashboard and lists ---------------------------------------------------------------------
 
-def test_dashboard_counts_a_stuck_order_a_dead_letter_and_an_open_warning(app, client, token):
-    empty = client.get("/console/", headers=JSON).get_json()
+def test_dashboard_counts_a_stuck_order_a_dead_letter_and_an_open_warning(fresh_app, fresh_client, token):
+    empty = fresh_client.get("/console/", headers=JSON).get_json()
     assert empty["stuck_orders"]["count"] == 0 and empty["dead_letters"]["count"] == 0
     assert empty["restore_warnings"]["count"] == 0 and empty["last_sweep"] is None
 
     two_hours_ago = utcnow() - timedelta(hours=2)
-    stuck_id, _ = place(app, now=two_hours_ago)
-    place(app)  # fresh: not stuck
-    _, cancelled_ref = place(app, "NB-A5-DOT")
-    with app.app_context():
+    stuck_id, _ = placed_order_in(fresh_app, now=two_hours_ago)
+    placed_order_in(fresh_app)  # fresh: not stuck
+    _, cancelled_ref = placed_order_in(fresh_app, "NB-A5-DOT")
+    with fresh_app.app_context():
         cancelled_id = db.session.execute(select(Order.id).where(Order.reference == cancelled_ref)).scalar_one()
-    delivery = cancel(app, cancelled_id)
-    kill(app, delivery)
-    with app.app_context():
+    delivery = cancel(fresh_app, cancelled_id)
+    kill(fresh_app, delivery)
+    with fresh_app.app_context():
         db.session.add(RestoreWarning(order_id=cancelled_id, variant_id=None, quantity=1, reason="r", state="open",
                                       created_at=utcnow() - timedelta(minutes=12)))
         db.session.add(RestoreWarning(order_id=cancelled_id, variant_id=None, quantity=1, reason="r",
@@ -242,7 +225,7 @@ def test_dashboard_counts_a_stuck_order_a_dead_letter_and_an_open_warning(app, c
                                            provider_counts={"paid": 2}))
         db.session.commit()
 
-    data = client.get("/console/", headers=JSON).get_json()
+    data = fresh_client.get("/console/", headers=JSON).get_json()
     stuck = data["stuck_orders"]
     assert stuck["count"] == 1 and stuck["by_status"]["PendingPayment"]["count"] == 1
     assert 2 * 3600 - 60 <= stuck["oldest_age_seconds"] <= 2 * 3600 + 60
@@ -251,38 +234,38 @@ def test_dashboard_counts_a_stuck_order_a_dead_letter_and_an_open_warning(app, c
     assert 11 * 60 <= data["restore_warnings"]["oldest_age_seconds"] <= 13 * 60
     assert data["last_sweep"]["status"] == "ok" and data["last_sweep"]["provider_counts"] == {"paid": 2}
 
-    html = client.get("/console/").get_data(as_text=True)
+    html = fresh_client.get("/console/").get_data(as_text=True)
     assert "2 h" in html and "12 min" in html
-    with app.app_context():
+    with fresh_app.app_context():
         assert db.session.get(Order, stuck_id).status == "PendingPayment"  # looking changes nothing
 
 
-def test_stuck_orders_list_longest_waiting_first_all_orders_newest_first(app, client, token):
+def test_stuck_orders_list_longest_waiting_first_all_orders_newest_first(fresh_app, fresh_client, token):
     now = utcnow()
-    _, older = place(app, now=now - timedelta(hours=5))
-    _, old = place(app, now=now - timedelta(hours=1))
-    _, fresh = place(app, now=now)
-    data = client.get("/console/orders?stuck=1", headers=JSON).get_json()
+    _, older = placed_order_in(fresh_app, now=now - timedelta(hours=5))
+    _, old = placed_order_in(fresh_app, now=now - timedelta(hours=1))
+    _, fresh = placed_order_in(fresh_app, now=now)
+    data = fresh_client.get("/console/orders?stuck=1", headers=JSON).get_json()
     assert [o["reference"] for o in data["orders"]] == [older, old]
     assert all(o["stuck"] for o in data["orders"])
-    everything = client.get("/console/orders", headers=JSON).get_json()
+    everything = fresh_client.get("/console/orders", headers=JSON).get_json()
     assert [o["reference"] for o in everything["orders"]] == [fresh, old, older]
-    assert client.get("/console/orders?stuck=1&status=Paid", headers=JSON).get_json()["orders"] == []
-    r = client.get("/console/orders?status=Shipped", headers=JSON)
+    assert fresh_client.get("/console/orders?stuck=1&status=Paid", headers=JSON).get_json()["orders"] == []
+    r = fresh_client.get("/console/orders?status=Shipped", headers=JSON)
     assert r.status_code == 400 and "Shipped" in r.get_json()["error"]
-    html = client.get("/console/orders?stuck=1").get_data(as_text=True)
+    html = fresh_client.get("/console/orders?stuck=1").get_data(as_text=True)
     assert older in html and "5 h" in html and "$18.00" in html
 
 
-def test_order_timeline_shows_transitions_deliveries_deadlines_and_warnings(app, client, token):
-    order_id, ref = place(app)
-    delivery = cancel(app, order_id)
-    with app.app_context():
+def test_order_timeline_shows_transitions_deliveries_deadlines_and_warnings(fresh_app, fresh_client, token):
+    order_id, ref = placed_order_in(fresh_app)
+    delivery = cancel(fresh_app, order_id)
+    with fresh_app.app_context():
         db.session.add(RestoreWarning(order_id=order_id, variant_id=99, quantity=1, reason="no inventory row"))
         db.session.add(WebhookReceipt(event_id="evt_1", event_type="checkout.session.expired", outcome="accepted",
                                       reason="", order_id=order_id, http_status=200))
         db.session.commit()
-    data = client.get(f"/console/orders/{ref}", headers=JSON).get_json()
+    data = fresh_client.get(f"/console/orders/{ref}", headers=JSON).get_json()
     assert data["order"]["reference"] == ref and data["order"]["status"] == "Cancelled"
     assert [t["event"] for t in data["transitions"]] == ["OrderPlaced", "OrderCancelled"]
     assert [d["id"] for d in data["deliveries"] if d["handler"] == "restore_inventory"] == [delivery]
@@ -293,13 +276,13 @@ def test_order_timeline_shows_transitions_deliveries_deadlines_and_warnings(app,
     assert data["refunds"] == [] and data["proof_refusals"] == []
     kinds = [t["kind"] for t in data["timeline"]]
     assert kinds.count("transition") == 2 and "webhook" in kinds and "restore_warning" in kinds
-    html = client.get(f"/console/orders/{ref.lower()}").get_data(as_text=True)
+    html = fresh_client.get(f"/console/orders/{ref.lower()}").get_data(as_text=True)
     assert ref in html and "OrderCancelled" in html and "expire_unpaid_order" in html
-    r = client.get("/console/orders/BK-NOSUCH", headers=JSON)
+    r = fresh_client.get("/console/orders/BK-NOSUCH", headers=JSON)
     assert r.status_code == 404 and "BK-NOSUCH" in r.get_json()["error"]
 
 
-def test_outbox_lists_dead_letters_in_the_contract_shape_with_the_traceback_on_demand(app, client, token,
+def test_outbox_lists_dead_letters_in_the_contract_shape_with_the_traceback_on_demand(fresh_app, fresh_client, token,
                                                                                       monkeypatch):
     from shop.outbox.subscriptions import SUBSCRIPTIONS
     from shop.saga import HANDLERS
@@ -309,250 +292,251 @@ def test_outbox_lists_dead_letters_in_the_contract_shape_with_the_traceback_on_d
 
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderPlaced", ["print_label"])
     monkeypatch.setitem(HANDLERS, "print_label", print_label)
-    order_id, ref = place(app)
-    with app.app_context():
+    order_id, ref = placed_order_in(fresh_app)
+    with fresh_app.app_context():
         delivery = db.session.execute(select(OutboxDelivery.id).where(OutboxDelivery.handler == "print_label")
                                       ).scalar_one()
     start = utcnow()
-    outcomes = [run_delivery(app, delivery, now=start + timedelta(minutes=i)) for i in range(5)]
+    outcomes = [run_delivery(fresh_app, delivery, now=start + timedelta(minutes=i)) for i in range(5)]
     assert outcomes[-1] == "dead"
 
-    data = client.get("/console/outbox?status=dead", headers=JSON).get_json()
+    data = fresh_client.get("/console/outbox?status=dead", headers=JSON).get_json()
     assert data["deliveries"] == [{"id": delivery, "event": "OrderPlaced", "handler": "print_label",
                                    "status": "dead", "attempts": 5,
                                    "last_error": "RuntimeError: label printer on fire", "order_reference": ref,
                                    "waiting_for_provider": False}]
     assert set(data["deliveries"][0]) == DELIVERY_KEYS
-    assert client.get("/console/outbox?status=done", headers=JSON).get_json()["deliveries"] == []
-    with app.app_context():
+    assert fresh_client.get("/console/outbox?status=done", headers=JSON).get_json()["deliveries"] == []
+    with fresh_app.app_context():
         deadline = db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.order_id == order_id)
                                       ).scalar_one()
-    everything = client.get("/console/outbox", headers=JSON).get_json()["deliveries"]
+    everything = fresh_client.get("/console/outbox", headers=JSON).get_json()["deliveries"]
     assert [d["id"] for d in everything] == [delivery, f"cmd-{deadline}"]  # the order's pending deadline
     assert all(set(d) == DELIVERY_KEYS for d in everything)
-    assert client.get("/console/outbox?status=zombie", headers=JSON).status_code == 400
-    html = client.get("/console/outbox?status=dead").get_data(as_text=True)
+    assert fresh_client.get("/console/outbox?status=zombie", headers=JSON).status_code == 400
+    html = fresh_client.get("/console/outbox?status=dead").get_data(as_text=True)
     assert "<details><summary>traceback</summary>" in html and "in print_label" in html
 
 
-def test_dead_scheduled_commands_are_dead_letters_of_the_outbox_in_its_shape_and_routes(app, client, token):
+def test_dead_scheduled_commands_are_dead_letters_of_the_outbox_in_its_shape_and_routes(fresh_app, fresh_client, token):
     """A dead refund or email is a dead letter too: listed in /console/outbox with the contract's
     keys (id "cmd-<n>": commands and deliveries are numbered apart), acted on through the
     outbox's own retry and discard routes, and counted by shop_outbox_deliveries{status="dead"}."""
-    order_id, ref = place(app)
-    with app.app_context():
+    order_id, ref = placed_order_in(fresh_app)
+    with fresh_app.app_context():
         command = db.session.execute(select(ScheduledCommand).where(ScheduledCommand.order_id == order_id)
                                      ).scalar_one()
         command.status, command.attempts, command.last_error = "dead", 5, "SMTPError: relay refused"
         db.session.commit()
         command_id = command.id
-    data = client.get("/console/outbox?status=dead", headers=JSON).get_json()
+    data = fresh_client.get("/console/outbox?status=dead", headers=JSON).get_json()
     assert data["deliveries"] == [{"id": f"cmd-{command_id}", "event": None, "handler": "expire_unpaid_order",
                                    "status": "dead", "attempts": 5, "last_error": "SMTPError: relay refused",
                                    "order_reference": ref, "waiting_for_provider": False}]
-    assert 'shop_outbox_deliveries{status="dead"} 1.0' in client.get("/metrics").get_data(as_text=True)
-    html = client.get("/console/outbox?status=dead").get_data(as_text=True)
+    assert 'shop_outbox_deliveries{status="dead"} 1.0' in fresh_client.get("/metrics").get_data(as_text=True)
+    html = fresh_client.get("/console/outbox?status=dead").get_data(as_text=True)
     assert f'action="/console/outbox/cmd-{command_id}/retry"' in html
 
-    r = client.post(f"/console/outbox/cmd-{command_id}/retry", data={"csrf_token": token}, headers=JSON)
+    r = fresh_client.post(f"/console/outbox/cmd-{command_id}/retry", data={"csrf_token": token}, headers=JSON)
     assert r.status_code == 200, r.get_json()
     assert r.get_json()["id"] == f"cmd-{command_id}"  # the list's id, not delivery {command_id}
     assert ref in r.get_json()["message"] and "expire_unpaid_order" in r.get_json()["message"]
-    with app.app_context():
+    with fresh_app.app_context():
         row = db.session.get(ScheduledCommand, command_id)
         assert (row.status, row.attempts) == ("pending", 0)
-    assert 'shop_outbox_deliveries{status="dead"} 0.0' in client.get("/metrics").get_data(as_text=True)
+    assert 'shop_outbox_deliveries{status="dead"} 0.0' in fresh_client.get("/metrics").get_data(as_text=True)
 
 
 @pytest.mark.parametrize("url", ["/console/outbox/99999999999/retry", "/console/outbox/cmd-99999999999/discard",
                                  "/console/outbox/2147483648/retry", "/console/outbox/0/retry",
                                  "/console/outbox/cmd-x/retry", "/console/restore-warnings/2147483648/resolve"])
-def test_an_id_that_cannot_exist_is_a_404_not_a_database_error(app, client, token, url):
-    r = client.post(url, data={"csrf_token": token, "reason": "x", "action": "fixed"}, headers=JSON)
+def test_an_id_that_cannot_exist_is_a_404_not_a_database_error(fresh_app, fresh_client, token, url):
+    r = fresh_client.post(url, data={"csrf_token": token, "reason": "x", "action": "fixed"}, headers=JSON)
     assert r.status_code == 404
 
 
 @pytest.mark.parametrize("url", ["/console/orders/BK-%00", "/console/orders/" + "X" * 300,
                                  "/console/webhooks?outcome=%00", "/console/webhooks?outcome=nope"])
-def test_text_that_cannot_be_a_reference_or_filter_is_answered_in_words(app, client, token, url):
-    r = client.get(url, headers=JSON)
+def test_text_that_cannot_be_a_reference_or_filter_is_answered_in_words(fresh_app, fresh_client, token, url):
+    r = fresh_client.get(url, headers=JSON)
     assert r.status_code in (400, 404) and r.get_json()["error"]
 
 
 # -- operator actions on dead letters --------------------------------------------------------
 
-def test_retrying_a_dead_delivery_gives_it_a_fresh_budget_and_it_then_runs(app, client, token):
-    order_id, ref = place(app, "MUG-350-NVY", 2)
-    assert on_hand(app, "MUG-350-NVY") == 1
-    delivery = cancel(app, order_id)
-    kill(app, delivery)
-    assert run_delivery(app, delivery) == "skipped"  # dead, budget spent: nothing runs it
-    assert on_hand(app, "MUG-350-NVY") == 1
+def test_retrying_a_dead_delivery_gives_it_a_fresh_budget_and_it_then_runs(fresh_app, fresh_client, token):
+    order_id, ref = placed_order_in(fresh_app, "MUG-350-NVY", 2)
+    assert on_hand(fresh_app, "MUG-350-NVY") == 1
+    delivery = cancel(fresh_app, order_id)
+    kill(fresh_app, delivery)
+    assert run_delivery(fresh_app, delivery) == "skipped"  # dead, budget spent: nothing runs it
+    assert on_hand(fresh_app, "MUG-350-NVY") == 1
 
-    r = client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token}, headers=JSON)
+    r = fresh_client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token}, headers=JSON)
     assert r.status_code == 200, r.get_json()
     assert r.get_json()["status"] == "pending"
-    with app.app_context():
+    with fresh_app.app_context():
         row = db.session.get(OutboxDelivery, delivery)
-        assert (row.status, row.attempts, row.max_attempts) == ("pending", 0, app.config["OUTBOX_MAX_ATTEMPTS"])
+        assert (row.status, row.attempts, row.max_attempts) == ("pending", 0, fresh_app.config["OUTBOX_MAX_ATTEMPTS"])
 
-    assert run_delivery(app, delivery) == "done"
-    assert on_hand(app, "MUG-350-NVY") == 3
-    with app.app_context():
+    assert run_delivery(fresh_app, delivery) == "done"
+    assert on_hand(fresh_app, "MUG-350-NVY") == 3
+    with fresh_app.app_context():
         assert db.session.get(Order, order_id).inventory_restored is True
 
 
-def test_a_browser_retry_goes_back_to_the_page_with_a_message(app, client, token):
-    order_id, _ = place(app)
-    delivery = cancel(app, order_id)
-    kill(app, delivery)
-    r = client.post(f"/console/outbox/{delivery}/retry",
-                    data={"csrf_token": token, "next": "/console/outbox?status=dead"})
+def test_a_browser_retry_goes_back_to_the_page_with_a_message(fresh_app, fresh_client, token):
+    order_id, _ = placed_order_in(fresh_app)
+    delivery = cancel(fresh_app, order_id)
+    kill(fresh_app, delivery)
+    r = fresh_client.post(f"/console/outbox/{delivery}/retry",
+                          data={"csrf_token": token, "next": "/console/outbox?status=dead"})
     assert r.status_code == 303 and r.headers["Location"] == f"/console/outbox?status=dead&keep={delivery}"  # the row stays in view
-    assert "fresh budget" in client.get(r.headers["Location"]).get_data(as_text=True)
+    assert "fresh budget" in fresh_client.get(r.headers["Location"]).get_data(as_text=True)
 
 
-def test_retry_and_discard_answer_404_for_an_unknown_row_and_409_for_one_that_is_not_dead(app, client, token):
-    order_id, _ = place(app)
-    delivery = cancel(app, order_id)  # pending, not dead
+def test_retry_and_discard_answer_404_for_an_unknown_row_and_409_for_one_that_is_not_dead(fresh_app, fresh_client,
+                                                                                          token):
+    order_id, _ = placed_order_in(fresh_app)
+    delivery = cancel(fresh_app, order_id)  # pending, not dead
     for action, data in (("retry", {}), ("discard", {"reason": "not needed"})):
-        r = client.post(f"/console/outbox/987654/{action}", data={"csrf_token": token, **data}, headers=JSON)
+        r = fresh_client.post(f"/console/outbox/987654/{action}", data={"csrf_token": token, **data}, headers=JSON)
         assert r.status_code == 404
-        r = client.post(f"/console/outbox/{delivery}/{action}", data={"csrf_token": token, **data}, headers=JSON)
+        r = fresh_client.post(f"/console/outbox/{delivery}/{action}", data={"csrf_token": token, **data}, headers=JSON)
         assert r.status_code == 409 and "pending" in r.get_json()["error"]
-    with app.app_context():
+    with fresh_app.app_context():
         assert db.session.get(OutboxDelivery, delivery).status == "pending"
 
 
-def test_discarding_needs_a_reason_and_then_the_dead_letter_is_discarded(app, client, token):
-    order_id, _ = place(app)
-    delivery = cancel(app, order_id)
-    kill(app, delivery)
+def test_discarding_needs_a_reason_and_then_the_dead_letter_is_discarded(fresh_app, fresh_client, token):
+    order_id, _ = placed_order_in(fresh_app)
+    delivery = cancel(fresh_app, order_id)
+    kill(fresh_app, delivery)
     for reason in (None, "", "   "):
         data = {"csrf_token": token} if reason is None else {"csrf_token": token, "reason": reason}
-        r = client.post(f"/console/outbox/{delivery}/discard", data=data, headers=JSON)
+        r = fresh_client.post(f"/console/outbox/{delivery}/discard", data=data, headers=JSON)
         assert r.status_code == 400 and "why" in r.get_json()["error"].lower()
-    assert client.post(f"/console/outbox/{delivery}/discard", data={"csrf_token": token}).status_code == 400
-    with app.app_context():
+    assert fresh_client.post(f"/console/outbox/{delivery}/discard", data={"csrf_token": token}).status_code == 400
+    with fresh_app.app_context():
         assert db.session.get(OutboxDelivery, delivery).status == "dead"
 
-    r = client.post(f"/console/outbox/{delivery}/discard",
-                    data={"csrf_token": token, "reason": "stock recounted by hand"}, headers=JSON)
+    r = fresh_client.post(f"/console/outbox/{delivery}/discard",
+                          data={"csrf_token": token, "reason": "stock recounted by hand"}, headers=JSON)
     assert r.status_code == 200 and r.get_json()["status"] == "discarded"
-    with app.app_context():
+    with fresh_app.app_context():
         row = db.session.get(OutboxDelivery, delivery)
         assert (row.status, row.discard_reason) == ("discarded", "stock recounted by hand")
-    assert run_delivery(app, delivery) == "skipped"
-    assert client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token},
-                       headers=JSON).status_code == 409
+    assert run_delivery(fresh_app, delivery) == "skipped"
+    assert fresh_client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token},
+                             headers=JSON).status_code == 409
 
 
 # -- restore warnings ------------------------------------------------------------------------
 
-def test_restore_warnings_list_in_the_contract_shape(app, client, token):
-    order_id, ref = place(app)
-    with app.app_context():
+def test_restore_warnings_list_in_the_contract_shape(fresh_app, fresh_client, token):
+    order_id, ref = placed_order_in(fresh_app)
+    with fresh_app.app_context():
         db.session.add(RestoreWarning(order_id=order_id, variant_id=7, quantity=2, reason="no inventory row"))
         db.session.add(RestoreWarning(order_id=order_id, variant_id=8, quantity=1, reason="old", state="resolved"))
         db.session.commit()
-    data = client.get("/console/restore-warnings?state=open", headers=JSON).get_json()
+    data = fresh_client.get("/console/restore-warnings?state=open", headers=JSON).get_json()
     assert len(data["warnings"]) == 1
     item = data["warnings"][0]
     assert set(item) == WARNING_KEYS
     assert {k: item[k] for k in ("order_reference", "variant_id", "quantity", "reason", "state")} == {
         "order_reference": ref, "variant_id": 7, "quantity": 2, "reason": "no inventory row", "state": "open"}
-    assert len(client.get("/console/restore-warnings", headers=JSON).get_json()["warnings"]) == 2
-    html = client.get("/console/restore-warnings?state=open").get_data(as_text=True)
+    assert len(fresh_client.get("/console/restore-warnings", headers=JSON).get_json()["warnings"]) == 2
+    html = fresh_client.get("/console/restore-warnings?state=open").get_data(as_text=True)
     assert ref in html and "Retry the restore" in html and "Mark fixed" in html
 
 
-def test_resolving_with_retry_restores_stock_once_the_cause_is_fixed(app, client, token):
-    order_id, warning_id, vid = make_overflow_warning(app)
+def test_resolving_with_retry_restores_stock_once_the_cause_is_fixed(fresh_app, fresh_client, token):
+    order_id, warning_id, vid = make_overflow_warning(fresh_app)
     url = f"/console/restore-warnings/{warning_id}/resolve"
 
     # The cause is still there: the retry is refused again, the warning stays open (and once).
-    r = client.post(url, data={"csrf_token": token, "action": "retry"}, headers=JSON)
+    r = fresh_client.post(url, data={"csrf_token": token, "action": "retry"}, headers=JSON)
     assert r.status_code == 200 and r.get_json()["state"] == "open"
     assert "refused" in r.get_json()["message"]
-    with app.app_context():
+    with fresh_app.app_context():
         assert db.session.get(InventoryItem, vid).on_hand == MAX_ON_HAND
         assert db.session.get(RestoreWarning, warning_id).state == "open"
         assert "refused again" in db.session.get(RestoreWarning, warning_id).resolution
-    assert len(client.get("/console/restore-warnings?state=open", headers=JSON).get_json()["warnings"]) == 1
+    assert len(fresh_client.get("/console/restore-warnings?state=open", headers=JSON).get_json()["warnings"]) == 1
 
     # The operator corrects the runaway count; now the retry gives the order's 2 units back.
-    with app.app_context():
+    with fresh_app.app_context():
         db.session.execute(update(InventoryItem).where(InventoryItem.variant_id == vid).values(on_hand=10))
         db.session.commit()
-    r = client.post(url, data={"csrf_token": token, "action": "retry"}, headers=JSON)
+    r = fresh_client.post(url, data={"csrf_token": token, "action": "retry"}, headers=JSON)
     assert r.status_code == 200 and r.get_json()["state"] == "resolved"
-    with app.app_context():
+    with fresh_app.app_context():
         assert db.session.get(InventoryItem, vid).on_hand == 12
         assert db.session.get(Order, order_id).inventory_restored is True
         assert db.session.get(RestoreWarning, warning_id).state == "resolved"
-    assert client.get("/console/restore-warnings?state=open", headers=JSON).get_json()["warnings"] == []
-    assert client.post(url, data={"csrf_token": token, "action": "retry"}, headers=JSON).status_code == 409
-    with app.app_context():
+    assert fresh_client.get("/console/restore-warnings?state=open", headers=JSON).get_json()["warnings"] == []
+    assert fresh_client.post(url, data={"csrf_token": token, "action": "retry"}, headers=JSON).status_code == 409
+    with fresh_app.app_context():
         assert db.session.get(InventoryItem, vid).on_hand == 12  # never twice
 
 
-def test_retrying_an_unmatched_variant_warning_keeps_it_open_and_restores_nothing_twice(app, client, token):
-    order_id, _ = place(app, "SOCK-M", 3)
-    assert run_delivery(app, cancel(app, order_id)) == "done"
-    assert on_hand(app, "SOCK-M") == 30
-    with app.app_context():
+def test_retrying_an_unmatched_variant_warning_keeps_it_open_and_restores_nothing_twice(fresh_app, fresh_client, token):
+    order_id, _ = placed_order_in(fresh_app, "SOCK-M", 3)
+    assert run_delivery(fresh_app, cancel(fresh_app, order_id)) == "done"
+    assert on_hand(fresh_app, "SOCK-M") == 30
+    with fresh_app.app_context():
         warning = RestoreWarning(order_id=order_id, variant_id=424242, quantity=1,
                                  reason="no inventory row for this variant; quantity not restored")
         db.session.add(warning)
         db.session.commit()
         warning_id = warning.id
-    r = client.post(f"/console/restore-warnings/{warning_id}/resolve", data={"csrf_token": token, "action": "retry"},
-                    headers=JSON)
+    r = fresh_client.post(f"/console/restore-warnings/{warning_id}/resolve",
+                          data={"csrf_token": token, "action": "retry"}, headers=JSON)
     assert r.status_code == 200 and r.get_json()["state"] == "open"
     assert "by hand" in r.get_json()["message"]
-    assert on_hand(app, "SOCK-M") == 30
+    assert on_hand(fresh_app, "SOCK-M") == 30
 
 
-def test_resolving_as_fixed_closes_the_warning_with_the_operators_note(app, client, token):
-    order_id, warning_id, vid = make_overflow_warning(app)
+def test_resolving_as_fixed_closes_the_warning_with_the_operators_note(fresh_app, fresh_client, token):
+    order_id, warning_id, vid = make_overflow_warning(fresh_app)
     url = f"/console/restore-warnings/{warning_id}/resolve"
-    r = client.post(url, data={"csrf_token": token, "action": "delete"}, headers=JSON)
+    r = fresh_client.post(url, data={"csrf_token": token, "action": "delete"}, headers=JSON)
     assert r.status_code == 400 and "fixed" in r.get_json()["error"]
-    r = client.post(url, data={"csrf_token": token, "action": "fixed", "note": "recounted shelf B: 14"},
-                    headers=JSON)
+    r = fresh_client.post(url, data={"csrf_token": token, "action": "fixed", "note": "recounted shelf B: 14"},
+                          headers=JSON)
     assert r.status_code == 200 and r.get_json()["state"] == "resolved"
-    with app.app_context():
+    with fresh_app.app_context():
         warning = db.session.get(RestoreWarning, warning_id)
         assert warning.state == "resolved" and warning.resolved_at is not None
         assert "recounted shelf B: 14" in warning.resolution and EMAIL in warning.resolution
         assert db.session.get(InventoryItem, vid).on_hand == MAX_ON_HAND  # "fixed" touches no stock
-    assert client.post(url, data={"csrf_token": token, "action": "fixed"}, headers=JSON).status_code == 409
-    assert client.post("/console/restore-warnings/999999/resolve", data={"csrf_token": token, "action": "fixed"},
-                       headers=JSON).status_code == 404
+    assert fresh_client.post(url, data={"csrf_token": token, "action": "fixed"}, headers=JSON).status_code == 409
+    assert fresh_client.post("/console/restore-warnings/999999/resolve", data={"csrf_token": token, "action": "fixed"},
+                             headers=JSON).status_code == 404
 
 
 # -- reconcile against the provider ----------------------------------------------------------
 
-def _started_order(paying_app):
+def _started_order(fresh_paying_app):
     from shop.payments.start import start_payment
 
-    order_id, ref = place(paying_app)
-    with paying_app.app_context():
+    order_id, ref = placed_order_in(fresh_paying_app)
+    with fresh_paying_app.app_context():
         assert start_payment(order_id).status == "started"
         return order_id, ref, db.session.get(Order, order_id).payment_session_id
 
 
-def test_reconcile_turns_an_order_paid_at_the_provider_paid(paying_app, sandbox):
-    client = paying_app.test_client()
-    token = log_in(paying_app, client)
-    order_id, ref, session_id = _started_order(paying_app)
+def test_reconcile_turns_an_order_paid_at_the_provider_paid(fresh_paying_app, sandbox):
+    client = fresh_paying_app.test_client()
+    token = log_in(fresh_paying_app, client)
+    order_id, ref, session_id = _started_order(fresh_paying_app)
     sandbox.faults(drop_webhooks=10)  # the webhook never arrives: only the console can tell
     sandbox.set_outcome(session_id, "paid")
 
     r = client.post(f"/console/orders/{ref}/reconcile", data={"csrf_token": token}, headers=JSON)
     assert r.status_code == 200, r.get_json()
     assert r.get_json()["outcome"] == "paid" and r.get_json()["status"] == "Paid"
-    with paying_app.app_context():
+    with fresh_paying_app.app_context():
         assert db.session.get(Order, order_id).status == "Paid"
         assert db.session.execute(select(OutboxEvent.name).where(OutboxEvent.order_id == order_id)
                                   .order_by(OutboxEvent.id)).scalars().all()[-1] == "OrderPaid"
@@ -560,10 +544,10 @@ def test_reconcile_turns_an_order_paid_at_the_provider_paid(paying_app, sandbox)
     assert again.status_code == 200 and again.get_json()["outcome"] == "noop"
 
 
-def test_reconcile_with_the_provider_unreachable_is_a_503_in_words_and_changes_nothing(paying_app, sandbox):
-    client = paying_app.test_client()
-    token = log_in(paying_app, client)
-    order_id, ref, session_id = _started_order(paying_app)
+def test_reconcile_with_the_provider_unreachable_is_a_503_in_words_and_changes_nothing(fresh_paying_app, sandbox):
+    client = fresh_paying_app.test_client()
+    token = log_in(fresh_paying_app, client)
+    order_id, ref, session_id = _started_order(fresh_paying_app)
     sandbox.set_outcome(session_id, "paid")
     sandbox.faults(api_unavailable=True, drop_webhooks=10)
 
@@ -572,17 +556,17 @@ def test_reconcile_with_the_provider_unreachable_is_a_503_in_words_and_changes_n
     assert "could not be reached" in r.get_json()["error"]
     html = client.post(f"/console/orders/{ref}/reconcile", data={"csrf_token": token})
     assert html.status_code == 503 and "could not be reached" in html.get_data(as_text=True)
-    with paying_app.app_context():
+    with fresh_paying_app.app_context():
         assert db.session.get(Order, order_id).status == "PaymentInitiated"
     assert client.post("/console/orders/BK-NOSUCH/reconcile", data={"csrf_token": token},
                        headers=JSON).status_code == 404
 
 
-def test_reconcile_with_the_provider_hanging_answers_within_the_request_budget_and_changes_nothing(make_app,
+def test_reconcile_with_the_provider_hanging_answers_within_the_request_budget_and_changes_nothing(make_fresh_app,
                                                                                                    sandbox):
     # Background timeouts of 30 s and two SDK retries: only the request's own budget (2 s
     # here, 9 s by default) can bring the operator an answer in time.
-    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
                    STRIPE_WEBHOOK_SECRET="whsec_test_secret", STRIPE_TIMEOUT_SECONDS=30,
                    STRIPE_MAX_NETWORK_RETRIES=2, STRIPE_REQUEST_BUDGET_SECONDS=2.0)
     client = app.test_client()
@@ -602,60 +586,60 @@ def test_reconcile_with_the_provider_hanging_answers_within_the_request_budget_a
 
 # -- webhooks and sweeps ---------------------------------------------------------------------
 
-def test_webhooks_page_lists_accepted_and_rejected_deliveries_newest_first(app, client, token):
-    order_id, ref = place(app)
-    with app.app_context():
+def test_webhooks_page_lists_accepted_and_rejected_deliveries_newest_first(fresh_app, fresh_client, token):
+    order_id, ref = placed_order_in(fresh_app)
+    with fresh_app.app_context():
         db.session.add(WebhookReceipt(event_id="evt_ok", event_type="checkout.session.completed",
                                       outcome="accepted", reason="", order_id=order_id, http_status=200,
                                       received_at=utcnow() - timedelta(minutes=5)))
         db.session.commit()
-    r = client.post("/webhooks/stripe", data=b'{"id": "evt_x"}', headers={"Content-Type": "application/json"})
+    r = fresh_client.post("/webhooks/stripe", data=b'{"id": "evt_x"}', headers={"Content-Type": "application/json"})
     assert r.status_code == 400  # no signature: rejected, and recorded
-    data = client.get("/console/webhooks", headers=JSON).get_json()
+    data = fresh_client.get("/console/webhooks", headers=JSON).get_json()
     assert [w["outcome"] for w in data["webhooks"]] == ["rejected", "accepted"]
     assert data["webhooks"][0]["reason"] and data["webhooks"][1]["order_reference"] == ref
-    assert [w["outcome"] for w in client.get("/console/webhooks?outcome=accepted",
-                                             headers=JSON).get_json()["webhooks"]] == ["accepted"]
-    html = client.get("/console/webhooks").get_data(as_text=True)
+    assert [w["outcome"] for w in fresh_client.get("/console/webhooks?outcome=accepted",
+                                                   headers=JSON).get_json()["webhooks"]] == ["accepted"]
+    html = fresh_client.get("/console/webhooks").get_data(as_text=True)
     assert "rejected" in html and data["webhooks"][0]["reason"] in html
 
 
-def test_sweeps_page_lists_cycles_with_per_pass_counts_newest_first(app, client, token):
+def test_sweeps_page_lists_cycles_with_per_pass_counts_newest_first(fresh_app, fresh_client, token):
     now = utcnow()
-    with app.app_context():
+    with fresh_app.app_context():
         db.session.add(ReconciliationCycle(started_at=now - timedelta(minutes=20), finished_at=now - timedelta(minutes=19),
                                            cutoff=now, status="ok", expiry_counts={"cancelled": 3},
                                            provider_counts={"paid": 1, "failed": 0}))
         db.session.add(ReconciliationCycle(started_at=now - timedelta(minutes=10), cutoff=now, status="failed",
                                            errors=["provider unreachable"]))
         db.session.commit()
-    data = client.get("/console/sweeps", headers=JSON).get_json()
+    data = fresh_client.get("/console/sweeps", headers=JSON).get_json()
     assert [c["status"] for c in data["cycles"]] == ["failed", "ok"]
     assert data["cycles"][1]["expiry_counts"] == {"cancelled": 3}
     assert data["cycles"][1]["provider_counts"] == {"paid": 1, "failed": 0}
     assert data["cycles"][1]["duration_seconds"] == 60.0
-    html = client.get("/console/sweeps").get_data(as_text=True)
+    html = fresh_client.get("/console/sweeps").get_data(as_text=True)
     assert "<strong>3</strong> cancelled" in html and "<strong>1</strong> paid" in html
     assert "provider unreachable" in html and "10 min ago" in html
     assert "failed" not in html.split("<strong>1</strong> paid", 1)[1].split("</td>", 1)[0]  # zeros are not listed
 
 
-def test_every_console_page_renders_for_a_logged_in_operator(app, client, token):
-    order_id, ref = place(app)
-    kill(app, cancel(app, order_id))
+def test_every_console_page_renders_for_a_logged_in_operator(fresh_app, fresh_client, token):
+    order_id, ref = placed_order_in(fresh_app)
+    kill(fresh_app, cancel(fresh_app, order_id))
     for url in ["/console/", "/console/orders", "/console/orders?stuck=1", f"/console/orders/{ref}",
                 "/console/outbox?status=dead", "/console/outbox", "/console/restore-warnings?state=open",
                 "/console/webhooks", "/console/sweeps"]:
-        r = client.get(url, headers=HTML)
+        r = fresh_client.get(url, headers=HTML)
         assert r.status_code == 200, url
         page = r.get_data(as_text=True)
         assert "Log out" in page and 'name="csrf_token"' in page, url
 
 
-def test_retry_all_dead_of_one_kind_after_an_outage_moves_exactly_those(app, client, token):
+def test_retry_all_dead_of_one_kind_after_an_outage_moves_exactly_those(fresh_app, fresh_client, token):
     """After the mail server came back: one click retries every dead send_email, and nothing else."""
-    order_id, ref = place(app)
-    with app.app_context():
+    order_id, ref = placed_order_in(fresh_app)
+    with fresh_app.app_context():
         from shop.outbox import schedule_command
 
         now = utcnow()
@@ -668,87 +652,87 @@ def test_retry_all_dead_of_one_kind_after_an_outage_moves_exactly_those(app, cli
         db.session.commit()
         mails = sorted(db.session.scalars(select(ScheduledCommand.id).where(ScheduledCommand.kind == "send_email")))
         deadline = db.session.scalar(select(ScheduledCommand.id).where(ScheduledCommand.kind == "expire_unpaid_order"))
-    page = client.get("/console/outbox?status=dead").get_data(as_text=True)
+    page = fresh_client.get("/console/outbox?status=dead").get_data(as_text=True)
     assert "Retry all 3 dead send_email" in page and "Retry all 1 dead expire_unpaid_order" in page
 
-    r = client.post("/console/outbox/retry-dead", data={"csrf_token": token, "what": "command:send_email"},
-                    headers=JSON)
+    r = fresh_client.post("/console/outbox/retry-dead", data={"csrf_token": token, "what": "command:send_email"},
+                          headers=JSON)
     assert r.status_code == 200 and r.get_json()["retried"] == [f"cmd-{i}" for i in mails]
-    with app.app_context():
+    with fresh_app.app_context():
         states = dict(db.session.execute(select(ScheduledCommand.id, ScheduledCommand.status)).all())
     assert [states[i] for i in mails] == ["pending"] * 3 and states[deadline] == "dead"
-    assert client.post("/console/outbox/retry-dead", data={"csrf_token": token, "what": "nonsense"},
-                       headers=JSON).status_code == 400
+    assert fresh_client.post("/console/outbox/retry-dead", data={"csrf_token": token, "what": "nonsense"},
+                             headers=JSON).status_code == 400
 
 
 # -- search and audit --------------------------------------------------------------------------
 
-def test_orders_are_found_by_reference_email_in_any_case_or_provider_session(app, client, token):
-    first, ref = place(app)
-    _, other = place(app)
-    with app.app_context():
+def test_orders_are_found_by_reference_email_in_any_case_or_provider_session(fresh_app, fresh_client, token):
+    first, ref = placed_order_in(fresh_app)
+    _, other = placed_order_in(fresh_app)
+    with fresh_app.app_context():
         db.session.execute(update(Order).where(Order.id == first).values(email="Ann.Lee@Example.com",
                                                                           payment_session_id="cs_test_find_me"))
         db.session.commit()
 
     def found(q):
-        return [o["reference"] for o in client.get("/console/orders", query_string={"q": q},
-                                                   headers=JSON).get_json()["orders"]]
+        return [o["reference"] for o in fresh_client.get("/console/orders", query_string={"q": q},
+                                                         headers=JSON).get_json()["orders"]]
 
     assert found(ref.lower()) == [ref]
     assert found("  ann.lee@example.COM ") == [ref]
     assert found("cs_test_find_me") == [ref]
     assert found("ann@example.com") == [other]
     assert found("nobody@example.com") == []
-    assert "nobody@example.com" in client.get("/console/orders?q=nobody@example.com").get_data(as_text=True)
+    assert "nobody@example.com" in fresh_client.get("/console/orders?q=nobody@example.com").get_data(as_text=True)
 
 
-def test_every_console_action_leaves_an_audit_row_with_who_what_why_and_outcome(app, client, token):
-    order_id, ref = place(app)
-    delivery = cancel(app, order_id)
-    kill(app, delivery)
-    assert client.post(f"/console/outbox/{delivery}/discard", data={"csrf_token": token, "reason": "recounted"},
-                       headers=JSON).status_code == 200
-    assert client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token},
-                       headers=JSON).status_code == 409  # refused actions are audited too
-    assert client.post("/console/outbox/retry-dead", data={"csrf_token": token, "what": "command:send_email"},
-                       headers=JSON).status_code == 200
+def test_every_console_action_leaves_an_audit_row_with_who_what_why_and_outcome(fresh_app, fresh_client, token):
+    order_id, ref = placed_order_in(fresh_app)
+    delivery = cancel(fresh_app, order_id)
+    kill(fresh_app, delivery)
+    assert fresh_client.post(f"/console/outbox/{delivery}/discard", data={"csrf_token": token, "reason": "recounted"},
+                             headers=JSON).status_code == 200
+    assert fresh_client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token},
+                             headers=JSON).status_code == 409  # refused actions are audited too
+    assert fresh_client.post("/console/outbox/retry-dead", data={"csrf_token": token, "what": "command:send_email"},
+                             headers=JSON).status_code == 200
 
-    actions = client.get("/console/audit", headers=JSON).get_json()["actions"]
+    actions = fresh_client.get("/console/audit", headers=JSON).get_json()["actions"]
     assert [(a["operator"], a["action"], a["status"]) for a in actions] == [
         (EMAIL, "retry_all_dead", 200), (EMAIL, "retry_work", 409), (EMAIL, "discard_work", 200)]
     discard = actions[-1]
     assert discard["reason"] == "recounted" and discard["order_reference"] == ref
     assert "discarded" in discard["outcome"] and discard["at"]
     assert "not dead" in actions[1]["outcome"]
-    timeline = client.get(f"/console/orders/{ref}", headers=JSON).get_json()
+    timeline = fresh_client.get(f"/console/orders/{ref}", headers=JSON).get_json()
     assert [a["action"] for a in timeline["operator_actions"]] == ["discard_work", "retry_work"]
     assert any(t["kind"] == "operator" and EMAIL in t["what"] for t in timeline["timeline"])
-    page = client.get("/console/audit").get_data(as_text=True)
+    page = fresh_client.get("/console/audit").get_data(as_text=True)
     assert "recounted" in page and EMAIL in page
-    assert [a["action"] for a in client.get(f"/console/audit?operator={EMAIL.upper()}",
-                                            headers=JSON).get_json()["actions"]] == \
+    assert [a["action"] for a in fresh_client.get(f"/console/audit?operator={EMAIL.upper()}",
+                                                  headers=JSON).get_json()["actions"]] == \
         ["retry_all_dead", "retry_work", "discard_work"]
 
 
-def test_logging_in_and_out_and_anonymous_posts_are_not_operator_actions(app, client, token):
-    client.post("/console/logout", data={"csrf_token": token})
-    anonymous = app.test_client()
+def test_logging_in_and_out_and_anonymous_posts_are_not_operator_actions(fresh_app, fresh_client, token):
+    fresh_client.post("/console/logout", data={"csrf_token": token})
+    anonymous = fresh_app.test_client()
     anonymous.post("/console/outbox/1/retry", data={})
-    with app.app_context():
+    with fresh_app.app_context():
         from shop.models import OperatorAction
 
         assert db.session.query(OperatorAction).count() == 0
 
 
-def test_a_paid_order_shows_no_stale_error_no_reconcile_button_and_no_pending_deadline(paying_app, sandbox):
+def test_a_paid_order_shows_no_stale_error_no_reconcile_button_and_no_pending_deadline(fresh_paying_app, sandbox):
     from shop.payments import gateway
     from shop.payments.apply import reconcile_order
     from shop.payments.start import start_payment
 
-    app, client = paying_app, paying_app.test_client()
+    app, client = fresh_paying_app, fresh_paying_app.test_client()
     token = log_in(app, client)
-    order_id, ref = place(app)
+    order_id, ref = placed_order_in(app)
     with app.app_context():
         # A first attempt fails (the order gets a last error and a fresh deadline), the second pays.
         assert start_payment(order_id).status == "started"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from test_console import HTML, JSON, cancel, kill, place, token  # noqa: F401  (token is a fixture)
+from test_console import HTML, JSON, cancel, kill, token  # noqa: F401  (token is a fixture)
 
+from factories import placed_order_in
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from sqlalchemy import select, update
@@ -18,10 +19,10 @@ def card(data, key):
     return next(c for c in data["cards"] if c["key"] == key)
 
 
-def test_a_rejected_webhook_turns_its_card_red_with_the_reason_and_what_to_check(app, client, token):
-    data = client.get("/console/", headers=JSON).get_json()
+def test_a_rejected_webhook_turns_its_card_red_with_the_reason_and_what_to_check(fresh_app, fresh_client, token):
+    data = fresh_client.get("/console/", headers=JSON).get_json()
     assert card(data, "rejected_webhooks")["ok"] is True and card(data, "rejected_webhooks")["count"] == 0
-    with app.app_context():
+    with fresh_app.app_context():
         # One from two days ago is outside the card's 24 hours; the recent one counts.
         db.session.add(WebhookReceipt(event_id="evt_old", event_type="checkout.session.completed", outcome="rejected",
                                       reason="old", http_status=400, received_at=utcnow() - timedelta(days=2)))
@@ -29,7 +30,7 @@ def test_a_rejected_webhook_turns_its_card_red_with_the_reason_and_what_to_check
                                       reason="signature does not match", http_status=400,
                                       received_at=utcnow() - timedelta(minutes=5)))
         db.session.commit()
-    data = client.get("/console/", headers=JSON).get_json()
+    data = fresh_client.get("/console/", headers=JSON).get_json()
     c = card(data, "rejected_webhooks")
     assert c["ok"] is False and c["count"] == 1
     assert c["latest_reason"] == "signature does not match" and "signature does not match" in c["words"]
@@ -37,58 +38,59 @@ def test_a_rejected_webhook_turns_its_card_red_with_the_reason_and_what_to_check
     assert c["url"] == "/console/webhooks?outcome=rejected"
     assert data["stuck_orders"]["count"] == 0  # the keys that were there before stay
 
-    html = client.get("/console/", headers=HTML).get_data(as_text=True)
+    html = fresh_client.get("/console/", headers=HTML).get_data(as_text=True)
     section = re.search(r'<section[^>]*data-card="rejected_webhooks".*?</section>', html, re.S).group(0)
     assert "tile alert" in section and "signature does not match" in section and "STRIPE_WEBHOOK_SECRET" in section
 
 
-def test_the_sweep_card_is_green_only_while_a_sweep_finished_ok_within_two_intervals(app, client, token):
-    interval = app.config["RECONCILIATION_INTERVAL_SECONDS"]
-    data = client.get("/console/", headers=JSON).get_json()
+def test_the_sweep_card_is_green_only_while_a_sweep_finished_ok_within_two_intervals(fresh_app, fresh_client, token):
+    interval = fresh_app.config["RECONCILIATION_INTERVAL_SECONDS"]
+    data = fresh_client.get("/console/", headers=JSON).get_json()
     assert card(data, "sweep")["ok"] is False and card(data, "sweep")["stale"] is True  # never swept
 
     long_ago = utcnow() - timedelta(seconds=3 * interval)
-    with app.app_context():
+    with fresh_app.app_context():
         db.session.add(ReconciliationCycle(started_at=long_ago, finished_at=long_ago + timedelta(seconds=1),
                                            cutoff=long_ago, status="ok", expiry_counts={}, provider_counts={}))
         db.session.commit()
     # Its last word was "ok", but that was three intervals ago: not green.
-    c = card(client.get("/console/", headers=JSON).get_json(), "sweep")
+    c = card(fresh_client.get("/console/", headers=JSON).get_json(), "sweep")
     assert c["ok"] is False and c["stale"] is True and "last good one finished" in c["words"]
 
     recent = utcnow() - timedelta(seconds=interval // 2)
-    with app.app_context():
+    with fresh_app.app_context():
         db.session.add(ReconciliationCycle(started_at=recent, finished_at=recent, cutoff=recent, status="ok",
                                            expiry_counts={}, provider_counts={}))
         db.session.commit()
-    c = card(client.get("/console/", headers=JSON).get_json(), "sweep")
+    c = card(fresh_client.get("/console/", headers=JSON).get_json(), "sweep")
     assert c["ok"] is True and c["stale"] is False
 
 
-def test_the_processes_card_is_not_green_without_a_beating_worker_and_scheduler(app, client, token):
+def test_the_processes_card_is_not_green_without_a_beating_worker_and_scheduler(fresh_app, fresh_client, token):
     # No process has beaten in this test's Redis db: the card must not pass for lack of news.
-    c = card(client.get("/console/", headers=JSON).get_json(), "processes")
+    c = card(fresh_client.get("/console/", headers=JSON).get_json(), "processes")
     assert c["ok"] is False and "worker" in c["words"] and "scheduler" in c["words"]
 
 
-def test_the_dashboard_charts_count_the_orders_placed_paid_and_cancelled_in_the_last_hour(app, client, token):
-    first, _ = place(app)
-    place(app)
-    place(app)
-    cancel(app, first)
-    with app.app_context():  # outside the hour: not counted
+def test_the_dashboard_charts_count_the_orders_placed_paid_and_cancelled_in_the_last_hour(fresh_app, fresh_client,
+                                                                                           token):
+    first, _ = placed_order_in(fresh_app)
+    placed_order_in(fresh_app)
+    placed_order_in(fresh_app)
+    cancel(fresh_app, first)
+    with fresh_app.app_context():  # outside the hour: not counted
         db.session.add(OutboxEvent(order_id=None, name="OrderPaid", payload={},
                                    created_at=utcnow() - timedelta(minutes=90)))
         db.session.add(OutboxEvent(order_id=None, name="OrderPaid", payload={},
                                    created_at=utcnow() - timedelta(minutes=20)))
         db.session.commit()
-    data = client.get("/console/", headers=JSON).get_json()
+    data = fresh_client.get("/console/", headers=JSON).get_json()
     charts = data["charts"]
     assert charts["totals"] == {"placed": 3, "paid": 1, "cancelled": 1}
     assert len(charts["orders"]["placed"]) == 60 and charts["orders"]["paid"][-21] == 1
     assert charts["orders"]["placed"][-1] + charts["orders"]["placed"][-2] == 3
 
-    html = client.get("/console/", headers=HTML).get_data(as_text=True)
+    html = fresh_client.get("/console/", headers=HTML).get_data(as_text=True)
     placed = re.search(r'<figure[^>]*id="chart-placed".*?</figure>', html, re.S).group(0)
     assert "<svg" in placed and 'role="img"' in placed and "<title" in placed
     assert "3 orders placed in the last 60 minutes" in placed
@@ -98,35 +100,35 @@ def test_the_dashboard_charts_count_the_orders_placed_paid_and_cancelled_in_the_
     assert "style=" not in html.split("<main", 1)[1]  # the CSP forbids inline style attributes
 
 
-def test_a_retried_or_discarded_dead_letter_stays_on_the_dead_list_with_its_new_state(app, client, token):
-    order_id, _ = place(app)
-    delivery = cancel(app, order_id)
-    kill(app, delivery)
-    with app.app_context():
+def test_a_retried_or_discarded_dead_letter_stays_on_the_dead_list_with_its_new_state(fresh_app, fresh_client, token):
+    order_id, _ = placed_order_in(fresh_app)
+    delivery = cancel(fresh_app, order_id)
+    kill(fresh_app, delivery)
+    with fresh_app.app_context():
         command = db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.order_id == order_id)).scalars().first()
         db.session.execute(update(ScheduledCommand).where(ScheduledCommand.id == command).values(
             status="dead", last_error="RuntimeError: boom"))
         db.session.commit()
 
-    r = client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token, "next": "/console/outbox?status=dead"},
-                    headers=HTML)
+    r = fresh_client.post(f"/console/outbox/{delivery}/retry",
+                          data={"csrf_token": token, "next": "/console/outbox?status=dead"}, headers=HTML)
     assert r.status_code == 303
     assert r.headers["Location"] == f"/console/outbox?status=dead&keep={delivery}"
-    html = client.get(r.headers["Location"], headers=HTML).get_data(as_text=True)
+    html = fresh_client.get(r.headers["Location"], headers=HTML).get_data(as_text=True)
     row = re.search(rf'<tr class="kept">\s*<td><strong>restore_inventory</strong> <span class="muted small">#{delivery}</span>.*?</tr>',
                     html, re.S)
     assert row and "just retried" in row.group(0) and "badge pending" in row.group(0)
     # Without keep= the list is the filter's own: the retried row is no longer dead.
-    assert f"restore_inventory</strong> <span class=\"muted small\">#{delivery}</span>" not in client.get(
+    assert f"restore_inventory</strong> <span class=\"muted small\">#{delivery}</span>" not in fresh_client.get(
         "/console/outbox?status=dead", headers=HTML).get_data(as_text=True)
 
-    r = client.post(f"/console/outbox/cmd-{command}/discard",
-                    data={"csrf_token": token, "reason": "a duplicate", "next": "/console/outbox?status=dead"},
-                    headers=HTML)
+    r = fresh_client.post(f"/console/outbox/cmd-{command}/discard",
+                          data={"csrf_token": token, "reason": "a duplicate", "next": "/console/outbox?status=dead"},
+                          headers=HTML)
     assert r.headers["Location"] == f"/console/outbox?status=dead&keep=cmd-{command}"
-    html = client.get(r.headers["Location"], headers=HTML).get_data(as_text=True)
+    html = fresh_client.get(r.headers["Location"], headers=HTML).get_data(as_text=True)
     assert re.search(rf'<tr class="kept">\s*<td><strong>\w+</strong> <span class="muted small">#{command}</span>'
                      r' <span class="badge kept">just discarded</span>', html)
-    data = client.get(r.headers["Location"], headers=JSON).get_json()
+    data = fresh_client.get(r.headers["Location"], headers=JSON).get_json()
     assert data["kept"]["id"] == f"cmd-{command}" and data["kept"]["status"] == "discarded"
-    assert client.get("/console/outbox?status=dead&keep=nonsense", headers=HTML).status_code == 200
+    assert fresh_client.get("/console/outbox?status=dead&keep=nonsense", headers=HTML).status_code == 200

@@ -3,7 +3,7 @@ unfiltered list read every row at a million orders. Past the cap the total says 
 the next page is still offered."""
 from __future__ import annotations
 
-from conftest import log_in
+from support import log_in
 
 from shop.console import queries
 from shop.extensions import db
@@ -27,23 +27,23 @@ def cycles(app, n: int) -> None:
         db.session.commit()
 
 
-def test_a_long_list_counts_up_to_the_cap_past_the_page_and_still_pages_on(app, client, monkeypatch):
-    cycles(app, 9)
-    log_in(app, client)
+def test_a_long_list_counts_up_to_the_cap_past_the_page_and_still_pages_on(fresh_app, fresh_client, monkeypatch):
+    cycles(fresh_app, 9)
+    log_in(fresh_app, fresh_client)
     small_pages(monkeypatch, 3)
 
-    first = client.get("/console/sweeps", headers=JSON).get_json()
+    first = fresh_client.get("/console/sweeps", headers=JSON).get_json()
     assert first["total"] == 5 and first["total_capped"] is True and first["next_page"] == 2
-    html = client.get("/console/sweeps").get_data(as_text=True)
+    html = fresh_client.get("/console/sweeps").get_data(as_text=True)
     assert "5+ in all" in html and "next page" in html
-    last = client.get("/console/sweeps?page=5", headers=JSON).get_json()
+    last = fresh_client.get("/console/sweeps?page=5", headers=JSON).get_json()
     assert len(last["cycles"]) == 1 and last["next_page"] is None
     assert last["total"] == 9 and last["total_capped"] is False
 
 
-def test_a_list_shorter_than_the_cap_has_its_exact_total(app, client, monkeypatch):
-    cycles(app, 4)
-    log_in(app, client)
+def test_a_list_shorter_than_the_cap_has_its_exact_total(fresh_app, fresh_client, monkeypatch):
+    cycles(fresh_app, 4)
+    log_in(fresh_app, fresh_client)
     small_pages(monkeypatch, 3)
-    page = client.get("/console/sweeps", headers=JSON).get_json()
+    page = fresh_client.get("/console/sweeps", headers=JSON).get_json()
     assert page["total"] == 4 and page["total_capped"] is False and page["next_page"] == 2

@@ -7,29 +7,26 @@ recorded before the reference and the kind were, from rows in the old shape."""
 from __future__ import annotations
 
 import re
-import uuid
 from datetime import timedelta
 
 import pytest
-from conftest import log_in
-from sqlalchemy import select, update
+from sqlalchemy import update
 
+from factories import place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import Cart, CartItem, Order, ReconciliationCycle, Variant
-from shop.orders.checkout import place_order
+from shop.models import Order, ReconciliationCycle
 from shop.payments.start import start_payment
 from shop.scheduling.sweep import run_cycle
-from shop.seed import seed_catalog
+from support import log_in
 
 JSON = {"Accept": "application/json"}
 
 
 @pytest.fixture
-def sweep_app(make_app, sandbox):
-    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
-    with app.app_context():
-        seed_catalog()
+def sweep_app(make_fresh_app, sandbox):
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
+    seed_catalog_rows(app)
     return app
 
 
@@ -37,38 +34,24 @@ def later(app, minutes: int = 1):
     return utcnow() + timedelta(seconds=app.config["RECONCILIATION_STUCK_AGE_SECONDS"] + 60 * minutes)
 
 
-def place() -> tuple[int, str]:
-    browser = uuid.uuid4().hex
-    cart = Cart(browser_id=browser, status="open")
-    db.session.add(cart)
-    db.session.flush()
-    variant = db.session.execute(select(Variant.id).where(Variant.sku == "NB-A5-DOT")).scalar_one()
-    db.session.add(CartItem(cart_id=cart.id, variant_id=variant, quantity=1))
-    db.session.commit()
-    placed = place_order(cart_id=cart.id, browser_id=browser, email="ann@example.com")
-    assert placed.ok, placed
-    reference = db.session.execute(select(Order.reference).where(Order.id == placed.order_id)).scalar_one()
-    db.session.rollback()
-    return placed.order_id, reference
-
-
 def forgotten_session_order(sandbox) -> tuple[int, str]:
     """A PaymentInitiated order whose session the provider no longer knows: asking about it is
     refused (404) every time, so every provider pass records the same error."""
-    order_id, reference = place()
+    placed = place_order_for()
+    order_id, reference = placed.order_id, placed.reference
     assert start_payment(order_id).status == "started"
     sandbox.reset()
     return order_id, reference
 
 
-def test_a_sweep_error_names_the_order_by_reference_with_a_link_and_says_what_next(sweep_app, client, sandbox):
+def test_a_sweep_error_names_the_order_by_reference_with_a_link_and_says_what_next(sweep_app, fresh_client, sandbox):
     with sweep_app.app_context():
         order_id, reference = forgotten_session_order(sandbox)
         result = run_cycle(now=later(sweep_app))
         assert result.status == "ok" and result.provider["errors"] == 1
-    log_in(sweep_app, client)
+    log_in(sweep_app, fresh_client)
 
-    cycle = client.get("/console/sweeps", headers=JSON).get_json()["cycles"][0]
+    cycle = fresh_client.get("/console/sweeps", headers=JSON).get_json()["cycles"][0]
     assert cycle["errors"][0]["order_id"] == order_id  # the recorded shape keeps its old keys
     assert cycle["errors"][0]["reference"] == reference and cycle["errors"][0]["kind"] == "provider_refused"
     [problem] = cycle["problems"]
@@ -77,48 +60,49 @@ def test_a_sweep_error_names_the_order_by_reference_with_a_link_and_says_what_ne
     assert "{" not in problem["what"] and "ProviderRefused" not in problem["what"]
     assert problem["next"].startswith("The sweep retries at the next cycle")
 
-    html = client.get("/console/sweeps").get_data(as_text=True)
+    html = fresh_client.get("/console/sweeps").get_data(as_text=True)
     assert f'<a href="/console/orders/{reference}"><strong>{reference}</strong></a>' in html
     assert "'order_id'" not in html and "{&#39;pass&#39;" not in html  # no raw dict any more
     assert "Next: The sweep retries at the next cycle" in html
 
 
-def test_a_cycle_with_errors_is_not_shown_as_plain_ok(sweep_app, client, sandbox):
+def test_a_cycle_with_errors_is_not_shown_as_plain_ok(sweep_app, fresh_client, sandbox):
     with sweep_app.app_context():
         forgotten_session_order(sandbox)
         run_cycle(now=later(sweep_app))
-    log_in(sweep_app, client)
+    log_in(sweep_app, fresh_client)
 
-    cycle = client.get("/console/sweeps", headers=JSON).get_json()["cycles"][0]
+    cycle = fresh_client.get("/console/sweeps", headers=JSON).get_json()["cycles"][0]
     assert cycle["status"] == "ok"  # the recorded status is unchanged for old readers
     assert cycle["outcome"] == "ok_with_problems" and cycle["outcome_words"] == "ok with 1 problem"
-    html = client.get("/console/sweeps").get_data(as_text=True)
+    html = fresh_client.get("/console/sweeps").get_data(as_text=True)
     assert '<span class="badge problems">ok with 1 problem</span>' in html
     assert '<span class="badge ok">ok</span>' not in html
 
 
-def test_the_same_error_every_cycle_is_shown_once_with_how_many_cycles(sweep_app, client, sandbox):
+def test_the_same_error_every_cycle_is_shown_once_with_how_many_cycles(sweep_app, fresh_client, sandbox):
     with sweep_app.app_context():
         _, reference = forgotten_session_order(sandbox)
         for minutes in (1, 2, 3):
             assert run_cycle(now=later(sweep_app, minutes)).provider["errors"] == 1
-    log_in(sweep_app, client)
+    log_in(sweep_app, fresh_client)
 
-    cycles = client.get("/console/sweeps", headers=JSON).get_json()["cycles"]
+    cycles = fresh_client.get("/console/sweeps", headers=JSON).get_json()["cycles"]
     assert [c["problems"][0]["cycles"] for c in cycles] == [3, 2, 1]
     assert [c["problems"][0]["repeats_newer"] for c in cycles] == [False, True, True]
-    html = client.get("/console/sweeps").get_data(as_text=True)
+    html = fresh_client.get("/console/sweeps").get_data(as_text=True)
     assert "The same for the last 3 cycles." in html
     assert html.count(f'<a href="/console/orders/{reference}">') == 1
     assert html.count("the same as the newer cycle above") == 2
 
 
-def test_old_rows_render_in_words_and_identical_errors_collapse_with_a_count(sweep_app, client):
+def test_old_rows_render_in_words_and_identical_errors_collapse_with_a_count(sweep_app, fresh_client):
     """Rows recorded before the reference and the kind: the order is found by its id, the kind by
     the exception's name; the sweep's own back-off time is what it does next."""
     now = utcnow()
     with sweep_app.app_context():
-        order_id, reference = place()
+        placed = place_order_for()
+        order_id, reference = placed.order_id, placed.reference
         db.session.execute(update(Order).where(Order.id == order_id).values(
             status="PaymentInitiated", provider_next_check_at=now + timedelta(minutes=10, seconds=30)))
         old = {"pass": "provider", "order_id": order_id, "error": "ProviderRefused: No such checkout session"}
@@ -127,9 +111,9 @@ def test_old_rows_render_in_words_and_identical_errors_collapse_with_a_count(swe
         db.session.add(ReconciliationCycle(started_at=now - timedelta(minutes=20), cutoff=now, status="failed",
                                            errors=["provider unreachable"]))
         db.session.commit()
-    log_in(sweep_app, client)
+    log_in(sweep_app, fresh_client)
 
-    cycles = client.get("/console/sweeps", headers=JSON).get_json()["cycles"]
+    cycles = fresh_client.get("/console/sweeps", headers=JSON).get_json()["cycles"]
     [problem] = cycles[0]["problems"]
     assert problem["count"] == 2 and problem["order_reference"] == reference
     assert problem["kind"] == "provider_refused" and "No such checkout session" in problem["what"]
@@ -137,6 +121,6 @@ def test_old_rows_render_in_words_and_identical_errors_collapse_with_a_count(swe
     assert cycles[0]["outcome_words"] == "ok with 2 problems"
     assert cycles[1]["outcome"] == "failed" and "provider unreachable" in cycles[1]["problems"][0]["what"]
 
-    html = client.get("/console/sweeps").get_data(as_text=True)
+    html = fresh_client.get("/console/sweeps").get_data(as_text=True)
     assert f'<a href="/console/orders/{reference}">' in html and "2 times" in html
     assert html.count("No such checkout session") == 1

@@ -9,17 +9,17 @@ from datetime import timedelta
 
 import pytest
 
-from payment_helpers import JSON, Shopper, order_id, post_webhook, run_everything, sandbox_event, seed
+from payment_helpers import JSON, Shopper, order_id, post_webhook, run_everything, sandbox_event
+from factories import seed_catalog_rows
 from shop.domain.deadlines import utcnow
-from shop.extensions import db
 from shop.money import format_money
 
 
 @pytest.fixture
-def paying_app(paying_app, tmp_path):
+def fresh_paying_app(fresh_paying_app, tmp_path):
     """The mail this test's orders get, in a folder of its own (order ids restart every test)."""
-    paying_app.instance_path = str(tmp_path)
-    return paying_app
+    fresh_paying_app.instance_path = str(tmp_path)
+    return fresh_paying_app
 
 
 def _mail(app, oid: int, template: str) -> email.message.Message:
@@ -34,9 +34,9 @@ def _body(message) -> str:
     return message.get_payload(decode=True).decode()
 
 
-def test_an_order_whose_window_ran_out_says_so_on_its_page_and_in_an_email(paying_app, sandbox):
-    app = paying_app
-    shopper = Shopper(app, seed(app))
+def test_an_order_whose_window_ran_out_says_so_on_its_page_and_in_an_email(fresh_paying_app, sandbox):
+    app = fresh_paying_app
+    shopper = Shopper(app, seed_catalog_rows(app))
     sandbox.faults(api_unavailable=True)  # the order stays PendingPayment: the customer never pays
     shopper.checkout("NB-A5-DOT", 2)
     sandbox.faults(api_unavailable=False)
@@ -58,9 +58,9 @@ def test_an_order_whose_window_ran_out_says_so_on_its_page_and_in_an_email(payin
     assert not [f for f in os.listdir(os.path.join(app.instance_path, "mail")) if "order_cancelled" in f]
 
 
-def test_a_customer_cancel_is_confirmed_in_words_and_by_email(paying_app, sandbox):
-    app = paying_app
-    shopper = Shopper(app, seed(app))
+def test_a_customer_cancel_is_confirmed_in_words_and_by_email(fresh_paying_app, sandbox):
+    app = fresh_paying_app
+    shopper = Shopper(app, seed_catalog_rows(app))
     order = shopper.place()
     ref, oid = order["reference"], order_id(app, order["reference"])
     assert shopper.cancel(ref, order["version"]).status_code == 200
@@ -74,9 +74,9 @@ def test_a_customer_cancel_is_confirmed_in_words_and_by_email(paying_app, sandbo
     assert "As you asked" in body and "Nothing was charged" in body
 
 
-def test_a_refund_email_says_how_much_when_and_to_what(paying_app, sandbox):
-    app = paying_app
-    shopper = Shopper(app, seed(app))
+def test_a_refund_email_says_how_much_when_and_to_what(fresh_paying_app, sandbox):
+    app = fresh_paying_app
+    shopper = Shopper(app, seed_catalog_rows(app))
     order = shopper.place()
     ref, sid, oid = order["reference"], order["payment"]["session_id"], order_id(app, order["reference"])
     sandbox.set_outcome(sid, "async_pending")
@@ -93,9 +93,9 @@ def test_a_refund_email_says_how_much_when_and_to_what(paying_app, sandbox):
     assert "We refunded " + format_money(order["total"], order["currency"]) in page
 
 
-def test_a_failed_payment_email_is_not_sent_once_the_order_has_moved_on(paying_app, sandbox):
-    app = paying_app
-    shopper = Shopper(app, seed(app))
+def test_a_failed_payment_email_is_not_sent_once_the_order_has_moved_on(fresh_paying_app, sandbox):
+    app = fresh_paying_app
+    shopper = Shopper(app, seed_catalog_rows(app))
     order = shopper.place()
     ref, sid, oid = order["reference"], order["payment"]["session_id"], order_id(app, order["reference"])
     sandbox.set_outcome(sid, "async_pending")
@@ -119,13 +119,9 @@ def test_money_reads_as_on_the_payment_page_in_every_currency():
     assert format_money(None, "usd") == "–"
 
 
-def test_a_shop_in_yen_shows_whole_yen(make_app):
-    from shop.seed import seed_catalog
-
-    app = make_app()
-    with app.app_context():
-        seed_catalog(currency="jpy")
-        db.session.remove()
+def test_a_shop_in_yen_shows_whole_yen(make_fresh_app):
+    app = make_fresh_app()
+    seed_catalog_rows(app, currency="jpy")
     page = app.test_client().get("/").get_data(as_text=True)
     assert "¥1,400" in page and "¥1,400.00" not in page and "14.00" not in page
     variants = [v for p in app.test_client().get("/", headers=JSON).get_json()["products"] for v in p["variants"]]

@@ -3,26 +3,23 @@ fires, re-armed after a failed payment, a lost race to a webhook, and recovery a
 everything. Real database, real Redis, real sandbox; time is injected through `now=`."""
 from __future__ import annotations
 
-import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import event, select
 
+from factories import place_order_for, seed_catalog_rows, variant_id
 from shop import SettingsError, create_app
 from shop import queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
-from shop.models import (Cart, CartItem, InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand,
-                         Variant)
-from shop.orders.checkout import place_order
+from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand
 from shop.outbox import uow
 from shop.outbox.dispatch import run_command, run_delivery
 from shop.outbox.relay import rearm_future_commands, relay_once
 from shop.payments import gateway
 from shop.payments.apply import reconcile_order
 from shop.payments.start import start_payment
-from shop.seed import seed_catalog
 
 WINDOW = 1800  # the default payment window
 SKU = "MUG-350-SND"  # 12 in stock after seeding
@@ -30,20 +27,13 @@ SKU = "MUG-350-SND"  # 12 in stock after seeding
 
 def _checkout(quantity: int = 2, now: datetime | None = None) -> tuple[int, int, int]:
     """Place a real order for `quantity` of SKU; returns (order id, variant id, deadline id)."""
-    seed_catalog()
-    variant_id = db.session.execute(select(Variant.id).where(Variant.sku == SKU)).scalar_one()
-    cart = Cart(browser_id=f"b-{uuid.uuid4().hex[:12]}", status="open")
-    db.session.add(cart)
-    db.session.flush()
-    db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id, quantity=quantity))
-    db.session.commit()
-    placed = place_order(cart_id=cart.id, browser_id=cart.browser_id, email="ann@example.com", now=now)
-    assert placed.ok, placed
+    seed_catalog_rows()
+    placed = place_order_for({SKU: quantity}, now=now)
     deadline_id = db.session.execute(
         select(ScheduledCommand.id).where(ScheduledCommand.kind == "expire_unpaid_order",
                                           ScheduledCommand.order_id == placed.order_id)).scalar_one()
     db.session.rollback()
-    return placed.order_id, variant_id, deadline_id
+    return placed.order_id, variant_id(SKU), deadline_id
 
 
 def _on_hand(variant_id: int) -> int:
@@ -93,16 +83,16 @@ def _restore(order_id: int, now: datetime) -> None:
 
 
 @pytest.fixture
-def app_ctx(app):
-    with app.app_context():
-        yield app
+def app_ctx(fresh_app):
+    with fresh_app.app_context():
+        yield fresh_app
         db.session.remove()
 
 
 @pytest.fixture
-def paying_ctx(paying_app):
-    with paying_app.app_context():
-        yield paying_app
+def paying_ctx(fresh_paying_app):
+    with fresh_paying_app.app_context():
+        yield fresh_paying_app
         db.session.remove()
 
 

@@ -10,15 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import OPERATOR_EMAIL as EMAIL
-from conftest import OPERATOR_PASSWORD as PASSWORD
-from conftest import add_operator, csrf_token, log_in
 from sqlalchemy import select, update
 
+from factories import placed_order_in, seed_catalog_rows
 from shop.console.auth import LAST_SEEN, POLL_HEADER
 from shop.extensions import db
-from shop.models import Order, OutboxDelivery, Variant
-from shop.seed import seed_catalog
+from shop.models import Order, OutboxDelivery
+from support import OPERATOR_EMAIL as EMAIL
+from support import OPERATOR_PASSWORD as PASSWORD
+from support import add_operator, checkout_over_http, csrf_token, log_in
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
@@ -43,8 +43,8 @@ def login(client, password=PASSWORD, email=EMAIL, headers=JSON, **environ):
 # -- login throttling ------------------------------------------------------------------------
 
 def test_failed_logins_past_the_account_limit_get_429_in_words_then_the_right_password_works_after_the_window(
-        make_app):
-    app = make_app(LOGIN_MAX_FAILURES_PER_ACCOUNT=3, LOGIN_FAILURE_WINDOW_SECONDS=2)
+        make_fresh_app):
+    app = make_fresh_app(LOGIN_MAX_FAILURES_PER_ACCOUNT=3, LOGIN_FAILURE_WINDOW_SECONDS=2)
     add_operator(app)
     client = app.test_client()
     for _ in range(3):
@@ -65,8 +65,8 @@ def test_failed_logins_past_the_account_limit_get_429_in_words_then_the_right_pa
     assert client.get("/console/", headers=JSON).status_code == 200
 
 
-def test_correct_logins_never_count_toward_the_limit(make_app):
-    app = make_app(LOGIN_MAX_FAILURES_PER_ACCOUNT=2, LOGIN_MAX_FAILURES_PER_ADDRESS=2)
+def test_correct_logins_never_count_toward_the_limit(make_fresh_app):
+    app = make_fresh_app(LOGIN_MAX_FAILURES_PER_ACCOUNT=2, LOGIN_MAX_FAILURES_PER_ADDRESS=2)
     add_operator(app)
     client = app.test_client()
     for _ in range(5):
@@ -78,8 +78,8 @@ def test_correct_logins_never_count_toward_the_limit(make_app):
     assert login(client).status_code == 200  # one failure of two allowed: still open
 
 
-def test_the_address_limit_counts_failures_on_every_account_and_spares_other_addresses(make_app):
-    app = make_app(LOGIN_MAX_FAILURES_PER_ACCOUNT=100, LOGIN_MAX_FAILURES_PER_ADDRESS=3)
+def test_the_address_limit_counts_failures_on_every_account_and_spares_other_addresses(make_fresh_app):
+    app = make_fresh_app(LOGIN_MAX_FAILURES_PER_ACCOUNT=100, LOGIN_MAX_FAILURES_PER_ADDRESS=3)
     add_operator(app)
     client = app.test_client()
     for n in range(3):
@@ -90,8 +90,8 @@ def test_the_address_limit_counts_failures_on_every_account_and_spares_other_add
     assert login(app.test_client(), REMOTE_ADDR="10.0.0.2").status_code == 200
 
 
-def test_with_redis_unreachable_the_login_works_and_failures_are_counted_in_memory(make_app, caplog):
-    app = make_app(REDIS_URL="redis://127.0.0.1:1/0", LOGIN_MAX_FAILURES_PER_ACCOUNT=2)
+def test_with_redis_unreachable_the_login_works_and_failures_are_counted_in_memory(make_fresh_app, caplog):
+    app = make_fresh_app(REDIS_URL="redis://127.0.0.1:1/0", LOGIN_MAX_FAILURES_PER_ACCOUNT=2)
     add_operator(app)
     client = app.test_client()
     with caplog.at_level(logging.WARNING, logger="flask-limiter"):
@@ -118,11 +118,11 @@ def console_rules(app):
     return found
 
 
-def test_every_console_route_sends_the_security_headers_and_refuses_anonymous_and_csrf_less_requests(app):
-    routes = console_rules(app)
+def test_every_console_route_sends_the_security_headers_and_refuses_anonymous_and_csrf_less_requests(fresh_app):
+    routes = console_rules(fresh_app)
     assert ("GET", "/console/outbox/1/discard") in routes and ("POST", "/console/outbox/1/discard") in routes
     assert len(routes) >= 15
-    anonymous = app.test_client()
+    anonymous = fresh_app.test_client()
     token = csrf_token(anonymous, "/console/login")
     for method, url in routes:
         data = {"csrf_token": token} if method == "POST" else None
@@ -133,8 +133,8 @@ def test_every_console_route_sends_the_security_headers_and_refuses_anonymous_an
         assert_secured(browser, f"anonymous {method} {url}")
         assert_secured(script, f"anonymous JSON {method} {url}")
 
-    operator = app.test_client()
-    log_in(app, operator)
+    operator = fresh_app.test_client()
+    log_in(fresh_app, operator)
     for method, url in routes:
         if method == "POST":
             for bad in ({}, {"csrf_token": "forged"}):
@@ -149,8 +149,8 @@ def test_every_console_route_sends_the_security_headers_and_refuses_anonymous_an
     assert_secured(operator.get("/console/login"), "login page")
 
 
-def test_storefront_pages_errors_static_files_and_operations_send_the_headers(make_app):
-    app = make_app(STRIPE_API_BASE="http://127.0.0.1:12999")
+def test_storefront_pages_errors_static_files_and_operations_send_the_headers(make_fresh_app):
+    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:12999")
     client = app.test_client()
     for url, status in (("/", 200), ("/cart", 200), ("/orders/BK-NOSUCH00", 404), ("/no/such/page", 404),
                         ("/checkout", 405), ("/static/shop.js", 200), ("/metrics", 200)):
@@ -167,12 +167,13 @@ def test_storefront_pages_errors_static_files_and_operations_send_the_headers(ma
     assert "Strict-Transport-Security" not in client.get("/").headers
 
 
-def test_behind_https_pages_send_hsts_and_cookies_are_secure_httponly_and_samesite(make_app):
-    plain = make_app().test_client().get("/cart")
+def test_behind_https_pages_send_hsts_and_cookies_are_secure_httponly_and_samesite(make_fresh_app):
+    plain = make_fresh_app().test_client().get("/cart")
     cookie = plain.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Secure" not in cookie
 
-    https = make_app(PUBLIC_BASE_URL="https://shop.example").test_client().get("/cart", base_url="https://shop.example")
+    https = make_fresh_app(PUBLIC_BASE_URL="https://shop.example").test_client().get("/cart",
+                                                                                     base_url="https://shop.example")
     assert https.headers["Strict-Transport-Security"].startswith("max-age=")
     cookie = https.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Secure" in cookie
@@ -187,10 +188,10 @@ def test_no_template_carries_inline_script_style_or_event_handlers_the_policy_wo
 
 # -- the operator's idle timeout ---------------------------------------------------------------
 
-def test_an_operator_idle_past_the_timeout_is_logged_out_and_told_why(app):
-    client = app.test_client()
-    log_in(app, client)
-    limit = app.config["CONSOLE_IDLE_TIMEOUT_SECONDS"]
+def test_an_operator_idle_past_the_timeout_is_logged_out_and_told_why(fresh_app):
+    client = fresh_app.test_client()
+    log_in(fresh_app, client)
+    limit = fresh_app.config["CONSOLE_IDLE_TIMEOUT_SECONDS"]
     with client.session_transaction() as session:
         session[LAST_SEEN] -= limit - 60  # idle, but not for long enough
     assert client.get("/console/", headers=JSON).status_code == 200
@@ -212,9 +213,9 @@ def test_an_operator_idle_past_the_timeout_is_logged_out_and_told_why(app):
     assert "without activity" in client.get(r.headers["Location"]).get_data(as_text=True)
 
 
-def test_a_page_polling_its_own_json_does_not_keep_the_session_alive(app):
-    client = app.test_client()
-    log_in(app, client)
+def test_a_page_polling_its_own_json_does_not_keep_the_session_alive(fresh_app):
+    client = fresh_app.test_client()
+    log_in(fresh_app, client)
     with client.session_transaction() as session:
         session[LAST_SEEN] -= 600
         stamped = session[LAST_SEEN]
@@ -227,18 +228,18 @@ def test_a_page_polling_its_own_json_does_not_keep_the_session_alive(app):
 
 def dead_letter(app) -> int:
     """A real restore_inventory delivery of a cancelled order, made dead."""
-    from test_console import cancel, kill, place
+    from test_console import cancel, kill
 
-    order_id, _ = place(app)
+    order_id, _ = placed_order_in(app)
     delivery = cancel(app, order_id)
     kill(app, delivery)
     return delivery
 
 
-def test_discard_asks_on_a_page_of_its_own_whose_form_discards(app):
-    client = app.test_client()
-    log_in(app, client)
-    delivery = dead_letter(app)
+def test_discard_asks_on_a_page_of_its_own_whose_form_discards(fresh_app):
+    client = fresh_app.test_client()
+    log_in(fresh_app, client)
+    delivery = dead_letter(fresh_app)
     outbox = client.get("/console/outbox?status=dead").get_data(as_text=True)
     assert f'href="/console/outbox/{delivery}/discard?next=' in outbox
     assert f'action="/console/outbox/{delivery}/discard"' not in outbox  # no one-click discard
@@ -249,7 +250,7 @@ def test_discard_asks_on_a_page_of_its_own_whose_form_discards(app):
     assert f'action="/console/outbox/{delivery}/discard"' in html and 'name="reason" required' in html
     assert "Yes, discard it for good" in html and "RuntimeError: handler crashed" in html
     assert client.get(f"/console/outbox/{delivery}/discard", headers=JSON).get_json()["status"] == "dead"
-    with app.app_context():
+    with fresh_app.app_context():
         assert db.session.get(OutboxDelivery, delivery).status == "dead"  # asking changed nothing
 
     token = re.search(r'name="csrf_token" value="([^"]+)"', html).group(1)
@@ -257,43 +258,31 @@ def test_discard_asks_on_a_page_of_its_own_whose_form_discards(app):
     r = client.post(f"/console/outbox/{delivery}/discard", data={"csrf_token": token, "next": nxt,
                                                                   "reason": "restocked by hand"})
     assert r.status_code == 303 and r.headers["Location"] == f"/console/outbox?status=dead&keep={delivery}"
-    with app.app_context():
+    with fresh_app.app_context():
         assert db.session.get(OutboxDelivery, delivery).status == "discarded"
     assert client.get(f"/console/outbox/{delivery}/discard", headers=JSON).status_code == 409
     assert client.get("/console/outbox/cmd-999999/discard", headers=JSON).status_code == 404
 
 
-def test_the_direct_discard_post_of_a_script_still_works(app):
-    client = app.test_client()
-    token = log_in(app, client)
-    delivery = dead_letter(app)
+def test_the_direct_discard_post_of_a_script_still_works(fresh_app):
+    client = fresh_app.test_client()
+    token = log_in(fresh_app, client)
+    delivery = dead_letter(fresh_app)
     r = client.post(f"/console/outbox/{delivery}/discard", data={"reason": "duplicate"},
                     headers={**JSON, "X-CSRFToken": token})
     assert r.status_code == 200 and r.get_json()["status"] == "discarded"
 
 
 @pytest.fixture
-def shop(make_app):
-    app = make_app(STRIPE_API_BASE="http://127.0.0.1:9")  # refused at once: the order stays PendingPayment
-    with app.app_context():
-        seed_catalog()
-        app.skus = {v.sku: v.id for v in db.session.execute(select(Variant)).scalars()}
-        db.session.remove()
+def shop(make_fresh_app):
+    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")  # refused at once: the order stays PendingPayment
+    app.skus = seed_catalog_rows(app)
     return app
-
-
-def place_order(app, client) -> str:
-    token = csrf_token(client, "/")
-    assert client.post("/cart/items", data={"csrf_token": token, "variant_id": app.skus["NB-A5-DOT"],
-                                            "quantity": 1}).status_code == 303
-    placed = client.post("/checkout", data={"csrf_token": token, "email": "ann@example.com"})
-    assert placed.status_code == 303
-    return placed.headers["Location"].rsplit("/", 1)[-1]
 
 
 def test_cancel_asks_on_a_page_of_its_own_whose_form_cancels_with_the_version_seen(shop):
     client = shop.test_client()
-    reference = place_order(shop, client)
+    reference = checkout_over_http(client, shop.skus["NB-A5-DOT"])
     order_page = client.get(f"/orders/{reference}").get_data(as_text=True)
     assert f'href="/orders/{reference}/cancel?version=1"' in order_page
     assert f'action="/orders/{reference}/cancel"' not in order_page  # no one-click cancel
@@ -317,7 +306,7 @@ def test_cancel_asks_on_a_page_of_its_own_whose_form_cancels_with_the_version_se
 
 def test_the_confirm_page_keeps_another_browsers_token_and_refuses_a_stranger(shop):
     owner = shop.test_client()
-    reference = place_order(shop, owner)
+    reference = checkout_over_http(owner, shop.skus["NB-A5-DOT"])
     with shop.app_context():
         access = db.session.execute(select(Order.access_token).where(Order.reference == reference)).scalar()
     stranger = shop.test_client()
@@ -328,7 +317,7 @@ def test_the_confirm_page_keeps_another_browsers_token_and_refuses_a_stranger(sh
 
 def test_a_stale_confirm_page_cancels_nothing(shop):
     client = shop.test_client()
-    reference = place_order(shop, client)
+    reference = checkout_over_http(client, shop.skus["NB-A5-DOT"])
     html = client.get(f"/orders/{reference}/cancel?version=1").get_data(as_text=True)
     with shop.app_context():
         db.session.execute(update(Order).where(Order.reference == reference).values(version=Order.version + 1))

@@ -12,7 +12,8 @@ from datetime import timedelta
 
 from sqlalchemy import select, update
 
-from compensation_support import cancel, on_hand, order, place, restore_delivery, seed
+from compensation_support import cancel, on_hand, order, restore_delivery
+from factories import place_order_for, seed_catalog_rows
 from shop import jobs, queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
@@ -32,7 +33,7 @@ def _only_the_restore_listens_to_cancellations(monkeypatch):
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory"])
 
 def _cancelled_orders(n: int, variant: int) -> list[int]:
-    orders = [place({variant: 1}) for _ in range(n)]
+    orders = [place_order_for({variant: 1}).order_id for _ in range(n)]
     for order_id in orders:
         cancel(order_id)
     return orders
@@ -42,9 +43,9 @@ def _statuses(order_ids) -> list[tuple[str, int]]:
     return [(restore_delivery(o).status, restore_delivery(o).attempts) for o in order_ids]
 
 
-def test_a_drain_runs_every_due_delivery_once_in_batches_and_leaves_a_backed_off_one_alone(app):
-    with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+def test_a_drain_runs_every_due_delivery_once_in_batches_and_leaves_a_backed_off_one_alone(fresh_app):
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(5, a5)
         backed_off = orders.pop()
         later = utcnow() + timedelta(minutes=5)
@@ -69,10 +70,10 @@ def test_a_drain_runs_every_due_delivery_once_in_batches_and_leaves_a_backed_off
         db.session.remove()
 
 
-def test_a_drain_takes_a_lapsed_lease_but_never_one_that_still_holds(app):
-    lease = app.config["OUTBOX_LEASE_SECONDS"]
-    with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+def test_a_drain_takes_a_lapsed_lease_but_never_one_that_still_holds(fresh_app):
+    lease = fresh_app.config["OUTBOX_LEASE_SECONDS"]
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(2, a5)
         due = as_utc(restore_delivery(orders[1]).next_attempt_at)
         assert runner.claim(OutboxDelivery, restore_delivery(orders[0]).id, due, "worker-that-died")
@@ -88,7 +89,7 @@ def test_a_drain_takes_a_lapsed_lease_but_never_one_that_still_holds(app):
         db.session.remove()
 
 
-def test_a_failing_delivery_in_a_batch_is_retried_alone_and_its_batch_mates_complete(app, monkeypatch):
+def test_a_failing_delivery_in_a_batch_is_retried_alone_and_its_batch_mates_complete(fresh_app, monkeypatch):
     runs = []
 
     def flaky(event, now):
@@ -97,8 +98,8 @@ def test_a_failing_delivery_in_a_batch_is_retried_alone_and_its_batch_mates_comp
 
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory", "flaky_followup"])
     monkeypatch.setitem(shop.saga.HANDLERS, "flaky_followup", flaky)
-    with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(3, a5)
         now = utcnow() + timedelta(seconds=1)
 
@@ -117,7 +118,7 @@ def test_a_failing_delivery_in_a_batch_is_retried_alone_and_its_batch_mates_comp
         db.session.remove()
 
 
-def test_two_concurrent_drains_never_run_one_delivery_twice(app, monkeypatch):
+def test_two_concurrent_drains_never_run_one_delivery_twice(fresh_app, monkeypatch):
     runs, lock = [], threading.Lock()
 
     def counting(event, now):
@@ -126,8 +127,8 @@ def test_two_concurrent_drains_never_run_one_delivery_twice(app, monkeypatch):
 
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["counting_followup"])
     monkeypatch.setitem(shop.saga.HANDLERS, "counting_followup", counting)
-    with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(30, a5)
         db.session.remove()
     now = utcnow() + timedelta(seconds=1)
@@ -135,7 +136,7 @@ def test_two_concurrent_drains_never_run_one_delivery_twice(app, monkeypatch):
     results = []
 
     def drain():
-        with app.app_context():
+        with fresh_app.app_context():
             barrier.wait()
             results.append(drain_deliveries(now=now, batch_size=4))
 
@@ -147,21 +148,21 @@ def test_two_concurrent_drains_never_run_one_delivery_twice(app, monkeypatch):
 
     assert sorted(runs) == sorted(orders)
     assert sum(r.get("done", 0) for r in results) == 30
-    with app.app_context():
+    with fresh_app.app_context():
         rows = db.session.execute(select(OutboxDelivery.status, OutboxDelivery.attempts)).all()
         assert set(rows) == {("done", 1)} and len(rows) == 30
         db.session.remove()
 
 
-def test_a_drain_jobs_threads_split_one_backlog_and_restore_every_order_exactly_once(app):
+def test_a_drain_jobs_threads_split_one_backlog_and_restore_every_order_exactly_once(fresh_app):
     """The drain job runs several threads in one worker process (drain_threads): each claims its
     own batches, and orders sharing the same two inventory rows are restored by both threads at
     once without one unit too many or too few."""
-    with app.app_context():
-        skus = seed()
+    with fresh_app.app_context():
+        skus = seed_catalog_rows()
         a5, other = skus["NB-A5-DOT"], sorted(v for s, v in skus.items() if s != "NB-A5-DOT")[0]
         before = on_hand(a5), on_hand(other)
-        orders = [place({a5: 1, other: 1}) for _ in range(24)]
+        orders = [place_order_for({a5: 1, other: 1}).order_id for _ in range(24)]
         for order_id in orders:
             cancel(order_id)
         db.session.remove()
@@ -177,8 +178,8 @@ def test_a_drain_jobs_threads_split_one_backlog_and_restore_every_order_exactly_
         db.session.remove()
 
 
-def test_a_drain_gives_back_what_it_cannot_run_within_half_its_lease(make_app, monkeypatch):
-    app = make_app(OUTBOX_LEASE_SECONDS=1)
+def test_a_drain_gives_back_what_it_cannot_run_within_half_its_lease(make_fresh_app, monkeypatch):
+    app = make_fresh_app(OUTBOX_LEASE_SECONDS=1)
     runs = []
 
     def slow(event, now):
@@ -188,7 +189,7 @@ def test_a_drain_gives_back_what_it_cannot_run_within_half_its_lease(make_app, m
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["slow_followup"])
     monkeypatch.setitem(shop.saga.HANDLERS, "slow_followup", slow)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(3, a5)
         rows = lambda: db.session.execute(select(OutboxDelivery.order_id, OutboxDelivery.status,  # noqa: E731
                                                  OutboxDelivery.attempts, OutboxDelivery.claimed_by)
@@ -205,9 +206,9 @@ def test_a_drain_gives_back_what_it_cannot_run_within_half_its_lease(make_app, m
         db.session.remove()
 
 
-def test_a_drain_hands_the_worker_back_when_other_jobs_wait_and_asks_for_another(app):
-    with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+def test_a_drain_hands_the_worker_back_when_other_jobs_wait_and_asks_for_another(fresh_app):
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(5, a5)
 
         result = drain_deliveries(now=utcnow() + timedelta(seconds=1), batch_size=2, should_yield=lambda: True)
@@ -217,9 +218,9 @@ def test_a_drain_hands_the_worker_back_when_other_jobs_wait_and_asks_for_another
         db.session.remove()
 
 
-def test_announcing_enqueues_at_most_one_drain_per_slot_and_a_started_drain_frees_its_slot(app, redis_conn):
-    with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+def test_announcing_enqueues_at_most_one_drain_per_slot_and_a_started_drain_frees_its_slot(fresh_app, redis_conn):
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         _cancelled_orders(6, a5)  # six announcements
         work = queue.work_queue()
         assert [j.func_name for j in work.jobs] == [queue.DRAIN_JOB] * queue.DRAIN_SLOTS
@@ -234,14 +235,14 @@ def test_announcing_enqueues_at_most_one_drain_per_slot_and_a_started_drain_free
         db.session.remove()
 
 
-def test_work_committed_while_the_only_drain_runs_wakes_another(app, monkeypatch):
+def test_work_committed_while_the_only_drain_runs_wakes_another(fresh_app, monkeypatch):
     """The drain frees its slot FIRST. Were it freed at the end, the order cancelled by the
     handler below (committed and announced while the drain runs, after its batch was claimed)
     would find the one slot taken, and nothing would ever run its compensation."""
     monkeypatch.setattr(queue, "DRAIN_SLOTS", 1)
-    with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        first, second = place({a5: 1}), place({a5: 2})
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        first, second = place_order_for({a5: 1}).order_id, place_order_for({a5: 2}).order_id
         db.session.remove()
 
     def cancel_the_second(event, now):
@@ -249,7 +250,7 @@ def test_work_committed_while_the_only_drain_runs_wakes_another(app, monkeypatch
             return
 
         def other_session():
-            with app.app_context():
+            with fresh_app.app_context():
                 cancel(second)  # commits, then announces
 
         t = threading.Thread(target=other_session)
@@ -258,7 +259,7 @@ def test_work_committed_while_the_only_drain_runs_wakes_another(app, monkeypatch
 
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory", "cancel_the_second"])
     monkeypatch.setitem(shop.saga.HANDLERS, "cancel_the_second", cancel_the_second)
-    with app.app_context():
+    with fresh_app.app_context():
         cancel(first)
         assert [j.func_name for j in queue.work_queue().jobs] == [queue.DRAIN_JOB]
 
@@ -270,16 +271,16 @@ def test_work_committed_while_the_only_drain_runs_wakes_another(app, monkeypatch
         db.session.remove()
 
 
-def test_the_relay_wakes_a_drain_even_when_the_slots_belong_to_drains_redis_lost(app, redis_conn):
-    with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+def test_the_relay_wakes_a_drain_even_when_the_slots_belong_to_drains_redis_lost(fresh_app, redis_conn):
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(2, a5)
         # The drain jobs are gone but their slots are still marked taken.
         redis_conn.delete(queue.work_queue().key)
         assert queue.work_queue().count == 0
         assert queue.request_drain() is False
 
-        later = utcnow() + timedelta(seconds=app.config["RELAY_GRACE_SECONDS"] + 1)
+        later = utcnow() + timedelta(seconds=fresh_app.config["RELAY_GRACE_SECONDS"] + 1)
         assert relay_once(now=later)["deliveries"] == 2
         queue.run_worker(burst=True)
 
@@ -288,10 +289,10 @@ def test_the_relay_wakes_a_drain_even_when_the_slots_belong_to_drains_redis_lost
         db.session.remove()
 
 
-def test_the_drain_job_runs_everything_due_through_a_real_worker(app):
+def test_the_drain_job_runs_everything_due_through_a_real_worker(fresh_app):
     """jobs.drain as RQ runs it: frees its slot, drains, asks for more when it stopped early."""
-    with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(3, a5)
         result = jobs.drain(0)
         assert result["done"] == 3 and not result["more"]
@@ -299,9 +300,9 @@ def test_the_drain_job_runs_everything_due_through_a_real_worker(app):
         db.session.remove()
 
 
-def test_a_drain_yields_to_a_waiting_command_but_not_to_another_drain(app):
-    with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+def test_a_drain_yields_to_a_waiting_command_but_not_to_another_drain(fresh_app):
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         _cancelled_orders(2, a5)  # two drains wait
         assert queue.work_queue().count == 2
         assert queue.other_jobs_waiting() is False

@@ -32,12 +32,13 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, urlencode
 
 import pytest
-from conftest import log_in
+from support import log_in
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from sqlalchemy import select, text
 
-from payment_helpers import WEBHOOK_SECRET, Shopper, order_id, seed, signature
+from payment_helpers import WEBHOOK_SECRET, Shopper, order_id, signature
+from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery, OutboxEvent, RestoreWarning, ScheduledCommand, WebhookReceipt
 from shop.payments.gateway import EVENT_TYPES
@@ -164,13 +165,13 @@ class World:
     answers: Counter = field(default_factory=Counter)
 
 
-def _world(make_app, sandbox) -> World:
+def _world(make_fresh_app, sandbox) -> World:
     # Generated logins fail by the hundred: the login throttle (tests/test_door.py pins it) would
     # answer the operator's own login 429 before the generated inputs are done.
-    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
                    STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET, LOGIN_MAX_FAILURES_PER_ACCOUNT=1000,
                    LOGIN_MAX_FAILURES_PER_ADDRESS=100_000)
-    skus = seed(app)
+    skus = seed_catalog_rows(app)
     ann = Shopper(app, skus)
     ann_order = ann.place()
     bob = Shopper(app, skus)
@@ -344,8 +345,8 @@ def _mutated(event, path: tuple, op: str, replacement):
     return event
 
 
-def test_webhook_deliveries_of_random_bytes_json_and_signatures(make_app, sandbox, tally):
-    world = _world(make_app, sandbox)
+def test_webhook_deliveries_of_random_bytes_json_and_signatures(make_fresh_app, sandbox, tally):
+    world = _world(make_fresh_app, sandbox)
     world.answers = tally["answers"]
     real = json.dumps(_real_event(world.ann_order, world.ann_order_id)).encode()
 
@@ -385,10 +386,10 @@ def _another_order(world: World) -> dict:
     return world.ann.place()
 
 
-def test_webhook_a_real_event_with_one_field_of_the_wrong_type(make_app, sandbox, tally):
+def test_webhook_a_real_event_with_one_field_of_the_wrong_type(make_fresh_app, sandbox, tally):
     """Start from Stripe's own example objects made into the paid session of a real order, then
     change one place (at any depth) to any JSON value, or delete it; sign it correctly."""
-    world = _world(make_app, sandbox)
+    world = _world(make_fresh_app, sandbox)
     world.answers = tally["answers"]
     # Orders still waiting for their money: one that an input paid is replaced by a new one, so
     # later inputs meet the paths of an unpaid order too, not only "noop".
@@ -420,10 +421,10 @@ def test_webhook_a_real_event_with_one_field_of_the_wrong_type(make_app, sandbox
     deliver()
 
 
-def test_webhook_bodies_at_and_around_the_size_cap(make_app, sandbox, tally):
+def test_webhook_bodies_at_and_around_the_size_cap(make_fresh_app, sandbox, tally):
     """Just under, at and over 1,000,000 bytes, with and without a Content-Length; signed correctly
     (a valid event padded with JSON whitespace), so only the size decides."""
-    world = _world(make_app, sandbox)
+    world = _world(make_fresh_app, sandbox)
     world.answers = tally["answers"]
     event = json.dumps({"id": "evt_big", "type": "customer.created", "object": "event",
                         "data": {"object": {"id": "cus_1"}}}).encode()
@@ -573,7 +574,7 @@ def _send(world: World, request):
 
 
 def log_in_again(world: World) -> str:
-    from conftest import OPERATOR_EMAIL, OPERATOR_PASSWORD, csrf_token
+    from support import OPERATOR_EMAIL, OPERATOR_PASSWORD, csrf_token
 
     token = csrf_token(world.operator, "/console/login")
     r = world.operator.post("/console/login", data={"csrf_token": token, "email": OPERATOR_EMAIL,
@@ -582,8 +583,8 @@ def log_in_again(world: World) -> str:
     return token
 
 
-def test_every_post_route_with_generated_forms_and_json(make_app, sandbox, tally):
-    world = _world(make_app, sandbox)
+def test_every_post_route_with_generated_forms_and_json(make_fresh_app, sandbox, tally):
+    world = _world(make_fresh_app, sandbox)
     world.post_rules = _post_rules(world.app)
     ann_ref = world.ann_order["reference"]
     ann_secrets = [world.ann_access_token, "ann@example.com"]

@@ -9,13 +9,12 @@ import re
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import csrf_token, log_in
 from sqlalchemy import select
 
 from payment_helpers import WEBHOOK_SECRET, post_webhook, served, stripe_event
+from factories import seed_catalog_rows
 from shop.extensions import db
-from shop.models import Variant
-from shop.seed import seed_catalog
+from support import checkout_over_http, csrf_token, log_in
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
@@ -23,21 +22,14 @@ HTML = {"Accept": "text/html"}
 
 def _placed(app) -> tuple:
     """A browser that placed an order (provider unreachable: it stays PendingPayment)."""
-    with app.app_context():
-        seed_catalog()
-        variant = db.session.execute(select(Variant.id).where(Variant.sku == "NB-A5-DOT")).scalar_one()
-        db.session.remove()
     client = app.test_client()
-    token = csrf_token(client, "/")
-    client.post("/cart/items", data={"csrf_token": token, "variant_id": variant, "quantity": 1})
-    r = client.post("/checkout", data={"csrf_token": token, "email": "ann@example.com"})
-    assert r.status_code == 303
-    return client, token, r.headers["Location"].rsplit("/", 1)[-1]
+    reference = checkout_over_http(client, seed_catalog_rows(app)["NB-A5-DOT"])
+    return client, csrf_token(client, "/"), reference
 
 
 @pytest.fixture
-def shop(make_app):
-    return make_app(STRIPE_API_BASE="http://127.0.0.1:9", STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
+def shop(make_fresh_app):
+    return make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9", STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
 
 
 def test_a_non_ascii_access_token_is_a_404_like_any_wrong_token(shop):
@@ -112,8 +104,8 @@ def test_a_forged_session_of_the_wrong_shape_is_a_new_browser_not_a_500(shop):
     assert client.get("/console/", headers=JSON).status_code == 401
 
 
-def test_the_storefront_with_its_database_down_says_so_with_a_503(make_app):
-    app = make_app(DATABASE_URL="postgresql+psycopg://postgres@127.0.0.1:9/nothing")
+def test_the_storefront_with_its_database_down_says_so_with_a_503(make_fresh_app):
+    app = make_fresh_app(DATABASE_URL="postgresql+psycopg://postgres@127.0.0.1:9/nothing")
     r = app.test_client().get("/", headers=JSON)
     assert r.status_code == 503 and "database" in r.get_json()["error"]
     page = app.test_client().get("/", headers=HTML)
@@ -143,14 +135,11 @@ def _post_chunked(base_url: str, path: str, body: bytes, headers: dict) -> tuple
         conn.close()
 
 
-def test_a_chunked_form_is_measured_whole_413_over_the_limit_and_read_whole_under_it(make_app):
+def test_a_chunked_form_is_measured_whole_413_over_the_limit_and_read_whole_under_it(make_fresh_app):
     """Without a Content-Length werkzeug would parse the form up to the limit and take that as all
     of it: a 2 MB form was accepted, cut short."""
-    with served(lambda base: make_app(STRIPE_API_BASE="http://127.0.0.1:9", PUBLIC_BASE_URL=base)) as (app, base):
-        with app.app_context():
-            seed_catalog()
-            variant = db.session.execute(select(Variant.id).where(Variant.sku == "NB-A5-DOT")).scalar_one()
-            db.session.remove()
+    with served(lambda base: make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9", PUBLIC_BASE_URL=base)) as (app, base):
+        variant = seed_catalog_rows(app)["NB-A5-DOT"]
         form = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
         big = f"variant_id={variant}&quantity=1&pad=".encode() + b"x" * 2_000_000
         assert _post_chunked(base, "/cart/items", big, form)[0] == 413
@@ -207,10 +196,7 @@ def test_a_signed_event_with_a_lone_surrogate_in_its_text_still_leaves_a_receipt
 def test_a_json_body_that_is_not_shaped_like_a_form_is_a_400_in_words(shop):
     """Flask-WTF hands a JSON body to the form as it parsed it: a list, a `true` or a nested object
     was a TypeError in the form or a validator (a 500). Numbers still read as their text."""
-    with shop.app_context():
-        seed_catalog()
-        variant = db.session.execute(select(Variant.id).where(Variant.sku == "NB-A5-DOT")).scalar_one()
-        db.session.remove()
+    variant = seed_catalog_rows(shop)["NB-A5-DOT"]
     client = shop.test_client()
     token = csrf_token(client, "/")
     headers = {**JSON, "X-CSRFToken": token}

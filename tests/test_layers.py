@@ -2,14 +2,19 @@
 (the layers point one way, web -> use cases -> outbox -> infrastructure -> queue -> domain, as
 docs/ARCHITECTURE.md draws them; no use case imports presentation code; no two packages import
 each other; the pure domain imports neither Flask nor SQLAlchemy nor anything else of the shop;
-the sandbox stands alone; only the gateway imports stripe and only shop.queue knows RQ), and the
-domain's tests run with neither Redis nor a database, as a newcomer's first layer."""
+the sandbox stands alone; only the gateway imports stripe and only shop.queue knows RQ), the
+domain's and the sandbox's tests run with neither Redis nor a database, as a newcomer's first
+layer, and the tests keep their own shape: fixtures in conftest, helpers in support.py, rows
+built in factories.py."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,12 +29,29 @@ def test_the_import_contracts_in_pyproject_hold():
         assert contract in result.stdout, f"the contract {contract!r} did not run"
 
 
-def test_the_domain_tests_need_neither_redis_nor_a_database():
+@pytest.mark.parametrize("layer", ["tests/domain", "tests/sandbox"])
+def test_the_domain_and_sandbox_tests_need_neither_redis_nor_a_database(layer):
     # Nothing listens on port 9: a test (or conftest) that reached for Redis or the database fails.
     nowhere = {"TEST_REDIS_LOCKS_URL": "redis://127.0.0.1:9/15",
                "DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:9/nothing"}
     env = {k: v for k, v in os.environ.items() if k != "TEST_REDIS_URL"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/domain"],
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", layer],
                             cwd=ROOT, capture_output=True, text=True, timeout=300, env={**env, **nowhere})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "error" not in result.stdout.splitlines()[-1]
+
+
+def test_no_test_module_imports_conftest_and_only_the_factories_build_carts():
+    # conftest holds fixtures only (helpers are in support.py); a cart, and so an order, is built
+    # in one place (factories.py), so a change to how orders are made is made once.
+    imports_conftest = re.compile(r"^\s*(from\s+(tests\.)?conftest\s+import|import\s+(tests\.)?conftest)", re.M)
+    builds_cart = re.compile(r"\b(Cart|CartItem)\(")
+    offenders = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        text = path.read_text()
+        name = path.relative_to(ROOT)
+        if imports_conftest.search(text):
+            offenders.append(f"{name} imports conftest")
+        if path.name != "factories.py" and builds_cart.search(text):
+            offenders.append(f"{name} builds a cart itself (use factories.cart_with / place_order_for)")
+    assert not offenders, offenders

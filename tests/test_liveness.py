@@ -11,7 +11,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from conftest import leave_heartbeats, log_in
+from support import leave_heartbeats, log_in
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
@@ -65,8 +65,8 @@ def test_the_outbox_is_unhealthy_when_its_oldest_due_item_waited_over_five_stale
 
 # -- in-process, real Redis ----------------------------------------------------------------------
 
-def test_healthz_is_503_naming_the_worker_and_the_scheduler_when_none_has_beaten(app):
-    r = app.test_client().get("/healthz")
+def test_healthz_is_503_naming_the_worker_and_the_scheduler_when_none_has_beaten(fresh_app):
+    r = fresh_app.test_client().get("/healthz")
     body = r.get_json()
     assert r.status_code == 503 and (body["database"], body["redis"]) == ("ok", "ok")
     assert body["workers"] == "no worker seen: none has registered with Redis"
@@ -74,10 +74,10 @@ def test_healthz_is_503_naming_the_worker_and_the_scheduler_when_none_has_beaten
     assert body["problems"] == [body["workers"], body["scheduler"]]
 
 
-def test_a_worker_writes_its_record_again_at_its_next_beat_after_redis_lost_its_data(app, redis_conn):
+def test_a_worker_writes_its_record_again_at_its_next_beat_after_redis_lost_its_data(fresh_app, redis_conn):
     """RQ registers a worker only at birth: without the re-registration on every beat, a worker
     would keep working after a FLUSHALL but never be seen again, and /healthz would say 503."""
-    with app.app_context():
+    with fresh_app.app_context():
         worker = queue.make_worker(name="wiped-worker")
         worker.register_birth()
         scheduler = queue.make_scheduler()
@@ -93,20 +93,20 @@ def test_a_worker_writes_its_record_again_at_its_next_beat_after_redis_lost_its_
         assert (utcnow() - again["wiped-worker"]["last_beat"]).total_seconds() < 5
 
 
-def test_a_web_process_that_saw_beats_stays_healthy_across_a_wipe_and_a_fresh_one_does_not(make_app, redis_conn):
-    seen = make_app()
+def test_a_web_process_that_saw_beats_stays_healthy_across_a_wipe_and_a_fresh_one_does_not(make_fresh_app, redis_conn):
+    seen = make_fresh_app()
     leave_heartbeats(seen)
     assert seen.test_client().get("/healthz").status_code == 200
     redis_conn.flushdb()
     # Within HEALTH_STALE_SECONDS of the beats it saw: the rule still holds, whatever Redis forgot.
     after = seen.test_client().get("/healthz")
     assert after.status_code == 200 and "lost its data" in after.get_json()["workers"]
-    fresh = make_app().test_client().get("/healthz")  # a web process started after the wipe
+    fresh = make_fresh_app().test_client().get("/healthz")  # a web process started after the wipe
     assert fresh.status_code == 503 and fresh.get_json()["workers"].startswith("no worker seen")
 
 
-def test_a_due_command_waiting_too_long_turns_healthz_503(make_app):
-    app = make_app(HEALTH_STALE_SECONDS=10)
+def test_a_due_command_waiting_too_long_turns_healthz_503(make_fresh_app):
+    app = make_fresh_app(HEALTH_STALE_SECONDS=10)
     leave_heartbeats(app)
     with app.app_context():
         db.session.add(ScheduledCommand(kind="send_email", payload={}, status="pending", attempts=0, max_attempts=5,
@@ -120,11 +120,11 @@ def test_a_due_command_waiting_too_long_turns_healthz_503(make_app):
     assert app.test_client().get("/healthz").status_code == 200
 
 
-def test_dashboard_and_metrics_show_processes_queues_and_lag(app):
-    client = app.test_client()
-    log_in(app, client)
-    leave_heartbeats(app)
-    with app.app_context():
+def test_dashboard_and_metrics_show_processes_queues_and_lag(fresh_app):
+    client = fresh_app.test_client()
+    log_in(fresh_app, client)
+    leave_heartbeats(fresh_app)
+    with fresh_app.app_context():
         queue.control_queue().enqueue("shop.jobs.relay", result_ttl=0)  # a job waiting in the control queue
         queue.register_periodic_jobs(60, 600)
     data = client.get("/console/", headers=JSON).get_json()
@@ -133,7 +133,7 @@ def test_dashboard_and_metrics_show_processes_queues_and_lag(app):
     assert roles == ["scheduler", "worker"] and not any(p["stalled"] for p in data["processes"])
     assert all(p["beat_age_seconds"] is not None and p["host"] and p["pid"] for p in data["processes"])
     depths = {q["name"]: q for q in data["queues"]}
-    control = app.config["QUEUE_PREFIX"] + "-control"
+    control = fresh_app.config["QUEUE_PREFIX"] + "-control"
     assert depths[control]["depth"] == 1 and depths[control]["oldest_age_seconds"] is not None
     assert depths["rq-scheduler"]["depth"] >= 2 and "outbox deliveries" in depths
     assert data["next_sweep_at"] is not None
@@ -155,14 +155,14 @@ def test_dashboard_and_metrics_show_processes_queues_and_lag(app):
 STALE = 4
 
 
-def _stopped_then_resumed(make_app, role: str):
+def _stopped_then_resumed(make_fresh_app, role: str):
     """Start a real worker and scheduler with HEALTH_STALE_SECONDS=4: idle, they stay healthy
     (an idle RQ worker beats only every 405 s by default). SIGSTOP the one of `role`: /healthz
     turns 503 naming it and the dashboard lists it stalled within 4 + 5 s; SIGCONT brings both
     back."""
     from test_processes import Processes, _env, _wait
 
-    app = make_app(HEALTH_STALE_SECONDS=STALE)
+    app = make_fresh_app(HEALTH_STALE_SECONDS=STALE)
     client = app.test_client()
     log_in(app, client)
     procs = Processes()
@@ -218,10 +218,10 @@ def _stopped_then_resumed(make_app, role: str):
 
 
 @pytest.mark.slow
-def test_a_stopped_worker_turns_healthz_503_naming_it_and_sigcont_brings_it_back(make_app):
-    _stopped_then_resumed(make_app, "worker")
+def test_a_stopped_worker_turns_healthz_503_naming_it_and_sigcont_brings_it_back(make_fresh_app):
+    _stopped_then_resumed(make_fresh_app, "worker")
 
 
 @pytest.mark.slow
-def test_a_stopped_scheduler_turns_healthz_503_naming_it_and_sigcont_brings_it_back(make_app):
-    _stopped_then_resumed(make_app, "scheduler")
+def test_a_stopped_scheduler_turns_healthz_503_naming_it_and_sigcont_brings_it_back(make_fresh_app):
+    _stopped_then_resumed(make_fresh_app, "scheduler")

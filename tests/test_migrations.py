@@ -11,7 +11,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
-from conftest import base_config
+from support import base_config
 from shop import create_app
 from shop.extensions import db
 

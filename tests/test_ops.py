@@ -8,13 +8,11 @@ from datetime import timedelta
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
+from factories import place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import Cart, CartItem, Order, RestoreWarning, Variant, WebhookReceipt
-from shop.orders.checkout import place_order
-from shop.seed import seed_catalog
-
-from conftest import leave_heartbeats
+from shop.models import Order, RestoreWarning, Variant, WebhookReceipt
+from support import leave_heartbeats
 
 CONTRACT_METRICS = {
     "shop_orders_stuck": {"status"}, "shop_orders_oldest_stuck_age_seconds": {"status"},
@@ -35,15 +33,10 @@ def scrape(app) -> dict:
             for family in text_string_to_metric_families(r.get_data(as_text=True)) for s in family.samples}
 
 
-def test_metrics_carry_every_contract_name_and_label_and_count_from_the_database(app):
-    with app.app_context():
-        seed_catalog()
-        cart = Cart(browser_id="b-1", status="open")
-        db.session.add(cart)
-        db.session.flush()
-        db.session.add(CartItem(cart_id=cart.id, variant_id=db.session.query(Variant.id).first()[0], quantity=1))
-        db.session.commit()
-        placed = place_order(cart_id=cart.id, browser_id="b-1", email="a@example.com")
+def test_metrics_carry_every_contract_name_and_label_and_count_from_the_database(fresh_app):
+    with fresh_app.app_context():
+        seed_catalog_rows()
+        placed = place_order_for({db.session.query(Variant.id).first()[0]: 1}, email="a@example.com", browser="b-1")
         # Unchanged for two hours: stuck (the stuck age is the 30-minute expiry window).
         db.session.execute(update(Order).where(Order.id == placed.order_id)
                            .values(updated_at=utcnow() - timedelta(hours=2)))
@@ -52,7 +45,7 @@ def test_metrics_carry_every_contract_name_and_label_and_count_from_the_database
                                       http_status=400))
         db.session.commit()
         db.session.remove()
-    samples = scrape(app)
+    samples = scrape(fresh_app)
     for name, labels in CONTRACT_METRICS.items():
         found = [key for key in samples if key[0] == name]
         assert found, name
@@ -66,21 +59,21 @@ def test_metrics_carry_every_contract_name_and_label_and_count_from_the_database
     assert samples[("shop_outbox_deliveries", (("status", "dead"),))] == 0
 
 
-def test_healthz_is_200_when_both_answer_and_503_naming_the_one_that_is_down(make_app):
-    app = make_app()
+def test_healthz_is_200_when_both_answer_and_503_naming_the_one_that_is_down(make_fresh_app):
+    app = make_fresh_app()
     leave_heartbeats(app)
     up = app.test_client().get("/healthz")
     assert up.status_code == 200, up.get_json()
     body = up.get_json()
     assert (body["status"], body["database"], body["redis"], body["problems"]) == ("ok", "ok", "ok", [])
     assert body["workers"].startswith("ok") and body["scheduler"].startswith("ok") and body["outbox"].startswith("ok")
-    no_redis = make_app(REDIS_URL="redis://127.0.0.1:9/0").test_client().get("/healthz")
+    no_redis = make_fresh_app(REDIS_URL="redis://127.0.0.1:9/0").test_client().get("/healthz")
     assert no_redis.status_code == 503 and no_redis.get_json()["redis"].startswith("down")
     assert no_redis.get_json()["database"] == "ok"
-    no_db = make_app(DATABASE_URL=UNREACHABLE_DB).test_client().get("/healthz")
+    no_db = make_fresh_app(DATABASE_URL=UNREACHABLE_DB).test_client().get("/healthz")
     assert no_db.status_code == 503 and no_db.get_json()["database"].startswith("down")
 
 
-def test_metrics_with_the_database_down_is_a_503_in_words_not_a_500(make_app):
-    r = make_app(DATABASE_URL=UNREACHABLE_DB).test_client().get("/metrics")
+def test_metrics_with_the_database_down_is_a_503_in_words_not_a_500(make_fresh_app):
+    r = make_fresh_app(DATABASE_URL=UNREACHABLE_DB).test_client().get("/metrics")
     assert r.status_code == 503 and "database unreachable" in r.get_data(as_text=True)

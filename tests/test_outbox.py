@@ -13,7 +13,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
-from compensation_support import cancel, on_hand, order, place, restore_delivery, seed
+from compensation_support import cancel, on_hand, order, restore_delivery
+from factories import place_order_for, seed_catalog_rows
 from shop import queue
 from shop.domain.deadlines import as_utc, retry_delay_seconds, utcnow
 from shop.extensions import db
@@ -61,11 +62,11 @@ def _delivery(order_id: int, handler: str) -> OutboxDelivery:
     return row
 
 
-def test_each_handler_of_an_event_gets_its_own_delivery(make_app, followups):
-    app = make_app()
+def test_each_handler_of_an_event_gets_its_own_delivery(make_fresh_app, followups):
+    app = make_fresh_app()
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 1})
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 1}).order_id
         rows = db.session.execute(select(OutboxDelivery.handler, OutboxDelivery.status, OutboxEvent.name)
                                   .join(OutboxEvent).where(OutboxDelivery.order_id == order_id)).all()
         assert sorted(rows) == [("counting_followup", "pending", "OrderPlaced"),
@@ -74,16 +75,16 @@ def test_each_handler_of_an_event_gets_its_own_delivery(make_app, followups):
 
 
 def test_an_always_failing_handler_is_dead_lettered_with_backoff_and_its_sibling_runs_once(
-        make_app, followups, caplog):
+        make_fresh_app, followups, caplog):
     base = 4.0
-    app = make_app(OUTBOX_MAX_ATTEMPTS=5, OUTBOX_RETRY_BASE_SECONDS=base, OUTBOX_RETRY_CAP_SECONDS=300.0)
+    app = make_fresh_app(OUTBOX_MAX_ATTEMPTS=5, OUTBOX_RETRY_BASE_SECONDS=base, OUTBOX_RETRY_CAP_SECONDS=300.0)
     # A delivery's backoff is honoured exactly (only scheduled commands may be claimed a little
     # early, for rq-scheduler's sake): half a second before it is too early.
     too_early = timedelta(seconds=0.5)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         t0 = utcnow()
-        order_id = place({a5: 1}, now=t0)
+        order_id = place_order_for({a5: 1}, now=t0).order_id
         flaky, counting = _delivery(order_id, "flaky_followup").id, _delivery(order_id, "counting_followup").id
 
         assert run_delivery(counting, now=t0) == "done"
@@ -123,14 +124,14 @@ def test_an_always_failing_handler_is_dead_lettered_with_backoff_and_its_sibling
 
 
 def test_the_outbox_runs_the_handlers_the_app_registered_and_never_dead_letters_for_a_missing_registry(
-        make_app, followups):
+        make_fresh_app, followups):
     """The outbox imports no use case: create_app hands it the handlers by name. A process whose
     app registered none (a bug there, not in the row) leaves the row to be retried, not dead."""
-    app = make_app(OUTBOX_MAX_ATTEMPTS=5)
+    app = make_fresh_app(OUTBOX_MAX_ATTEMPTS=5)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         t0 = utcnow()
-        order_id = place({a5: 1}, now=t0)
+        order_id = place_order_for({a5: 1}, now=t0).order_id
         counting = _delivery(order_id, "counting_followup").id
         handlers, commands = app.extensions["shop.outbox.work"]
         assert handlers is shop.saga.HANDLERS and "restore_inventory" in handlers and "refund_payment" in commands
@@ -146,12 +147,12 @@ def test_the_outbox_runs_the_handlers_the_app_registered_and_never_dead_letters_
         db.session.remove()
 
 
-def test_a_retried_dead_letter_runs_again_with_a_fresh_budget_and_can_succeed(make_app, followups):
-    app = make_app(OUTBOX_MAX_ATTEMPTS=2)
+def test_a_retried_dead_letter_runs_again_with_a_fresh_budget_and_can_succeed(make_fresh_app, followups):
+    app = make_fresh_app(OUTBOX_MAX_ATTEMPTS=2)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
         t0 = utcnow()
-        order_id = place({a5: 1}, now=t0)
+        order_id = place_order_for({a5: 1}, now=t0).order_id
         flaky = _delivery(order_id, "flaky_followup").id
         assert run_delivery(flaky, now=t0) == "retry"
         assert run_delivery(flaky, now=t0 + timedelta(seconds=5)) == "dead"
@@ -172,12 +173,12 @@ def test_a_retried_dead_letter_runs_again_with_a_fresh_budget_and_can_succeed(ma
         db.session.remove()
 
 
-def test_two_workers_never_hold_one_delivery_at_once(app):
+def test_two_workers_never_hold_one_delivery_at_once(fresh_app):
     """The claim is a lease: of many concurrent claims exactly one wins, nobody else can claim
     while the lease holds, and exactly one can take over once it lapses."""
-    with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 1})
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 1}).order_id
         cancel(order_id)
         delivery_id = restore_delivery(order_id).id
         db.session.remove()
@@ -186,7 +187,7 @@ def test_two_workers_never_hold_one_delivery_at_once(app):
     wins, lock = [], threading.Lock()
 
     def claim(worker):
-        with app.app_context():
+        with fresh_app.app_context():
             try:
                 barrier.wait()
                 won = runner.claim(OutboxDelivery, delivery_id, now, worker)
@@ -203,8 +204,8 @@ def test_two_workers_never_hold_one_delivery_at_once(app):
     winners = [w for won, w in wins if won]
     assert len(wins) == 20 and len(winners) == 1
 
-    lease = app.config["OUTBOX_LEASE_SECONDS"]
-    with app.app_context():
+    lease = fresh_app.config["OUTBOX_LEASE_SECONDS"]
+    with fresh_app.app_context():
         row = restore_delivery(order_id)
         assert (row.status, row.attempts, row.claimed_by) == ("processing", 1, winners[0])
         assert not runner.claim(OutboxDelivery, delivery_id, now + timedelta(seconds=lease - 1), "late")
@@ -216,10 +217,10 @@ def test_two_workers_never_hold_one_delivery_at_once(app):
 
 
 @pytest.mark.skipif(not ON_POSTGRES, reason="needs two open write transactions at once (PostgreSQL)")
-def test_a_worker_that_lost_its_lease_commits_none_of_its_writes(make_app, monkeypatch):
+def test_a_worker_that_lost_its_lease_commits_none_of_its_writes(make_fresh_app, monkeypatch):
     """A worker so slow that its lease lapsed and another worker took the row must not commit:
     its writes and "done" are one transaction guarded by its claim."""
-    app = make_app()
+    app = make_fresh_app()
     taken_over = []
 
     def slow_handler(event, now):
@@ -239,8 +240,8 @@ def test_a_worker_that_lost_its_lease_commits_none_of_its_writes(make_app, monke
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderPlaced", ["slow_handler"])
     monkeypatch.setitem(shop.saga.HANDLERS, "slow_handler", slow_handler)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 1})
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 1}).order_id
         delivery_id = _delivery(order_id, "slow_handler").id
         before = on_hand(a5)
         assert run_delivery(delivery_id) == "skipped"
@@ -251,11 +252,11 @@ def test_a_worker_that_lost_its_lease_commits_none_of_its_writes(make_app, monke
         db.session.remove()
 
 
-def test_every_delivery_completes_after_redis_loses_everything(app, redis_conn):
-    with app.app_context():
-        skus = seed()
+def test_every_delivery_completes_after_redis_loses_everything(fresh_app, redis_conn):
+    with fresh_app.app_context():
+        skus = seed_catalog_rows()
         a5, sand = skus["NB-A5-DOT"], skus["MUG-350-SND"]
-        orders = [place({a5: 2, sand: 1}) for _ in range(4)]
+        orders = [place_order_for({a5: 2, sand: 1}).order_id for _ in range(4)]
         assert (on_hand(a5), on_hand(sand)) == (32, 8)
         for order_id in orders:
             cancel(order_id)  # committed, and announced to Redis after the commit
@@ -268,7 +269,7 @@ def test_every_delivery_completes_after_redis_loses_everything(app, redis_conn):
         # Inside the grace period the relay leaves the rows to the post-commit announcement...
         assert relay_once()["deliveries"] == 0
         # ...after it, the database tells Redis again, and a worker finishes the job.
-        grace = timedelta(seconds=app.config["RELAY_GRACE_SECONDS"] + 1)
+        grace = timedelta(seconds=fresh_app.config["RELAY_GRACE_SECONDS"] + 1)
         later = utcnow() + grace
         handlers = len(SUBSCRIPTIONS["OrderCancelled"])  # the restore and the customer's email, per cancel
         assert relay_once(now=later)["deliveries"] == 4 * handlers
@@ -286,7 +287,7 @@ def test_every_delivery_completes_after_redis_loses_everything(app, redis_conn):
         db.session.remove()
 
 
-def test_a_commit_that_fails_announces_nothing_and_keeps_nothing(app, monkeypatch):
+def test_a_commit_that_fails_announces_nothing_and_keeps_nothing(fresh_app, monkeypatch):
     """The one commit path announces only after the commit: a cancel whose commit fails leaves the
     order as it was, writes no outbox rows, and tells Redis nothing (a worker would otherwise be
     sent for a delivery that does not exist)."""
@@ -298,9 +299,9 @@ def test_a_commit_that_fails_announces_nothing_and_keeps_nothing(app, monkeypatc
 
     announced = []
     monkeypatch.setattr(queue, "announce", lambda *a, **k: announced.append(a))
-    with app.app_context():
-        skus = seed()
-        order_id = place({skus["NB-A5-DOT"]: 2})
+    with fresh_app.app_context():
+        skus = seed_catalog_rows()
+        order_id = place_order_for({skus["NB-A5-DOT"]: 2}).order_id
         announced.clear()  # the checkout's own announcement
         version = db.session.get(Order, order_id).version
 
@@ -322,7 +323,7 @@ def test_a_commit_that_fails_announces_nothing_and_keeps_nothing(app, monkeypatc
         db.session.remove()
 
 
-def test_an_announce_that_fails_loses_nothing_the_relay_announces_it(app, monkeypatch):
+def test_an_announce_that_fails_loses_nothing_the_relay_announces_it(fresh_app, monkeypatch):
     """Redis down at the moment of the announcement: the cancel still stands (its rows are
     committed), and the relay announces the delivery later, so the stock comes back."""
     import redis
@@ -332,10 +333,10 @@ def test_an_announce_that_fails_loses_nothing_the_relay_announces_it(app, monkey
     def redis_is_down(*args, **kwargs):
         raise redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
-    with app.app_context():
-        skus = seed()
+    with fresh_app.app_context():
+        skus = seed_catalog_rows()
         a5 = skus["NB-A5-DOT"]
-        order_id = place({a5: 2})
+        order_id = place_order_for({a5: 2}).order_id
         assert on_hand(a5) == 38
         monkeypatch.setattr(queue, "announce", redis_is_down)
         cancel(order_id)  # asserts the outcome is "cancelled": the announce failure is not the cancel's
@@ -344,7 +345,7 @@ def test_an_announce_that_fails_loses_nothing_the_relay_announces_it(app, monkey
         monkeypatch.setattr(queue, "announce", real_announce)
         queue.run_worker(burst=True)
         assert on_hand(a5) == 38  # nobody told a worker
-        later = utcnow() + timedelta(seconds=app.config["RELAY_GRACE_SECONDS"] + 1)
+        later = utcnow() + timedelta(seconds=fresh_app.config["RELAY_GRACE_SECONDS"] + 1)
         assert relay_once(now=later)["deliveries"] >= 1
         queue.run_worker(burst=True)
         assert restore_delivery(order_id).status == "done" and on_hand(a5) == 40
@@ -354,11 +355,11 @@ def test_an_announce_that_fails_loses_nothing_the_relay_announces_it(app, monkey
 # --- the follow-ups and the mailer ------------------------------------------------------------
 
 @pytest.fixture
-def mail_app(make_app, monkeypatch, tmp_path):
+def mail_app(make_fresh_app, monkeypatch, tmp_path):
     """An app whose instance folder (where mail is written without SMTP) is this test's own."""
     monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
     monkeypatch.delenv("SMTP_URL", raising=False)
-    app = make_app()
+    app = make_fresh_app()
     assert app.instance_path == str(tmp_path / "instance")
     return app
 
@@ -380,8 +381,8 @@ def test_a_failed_payment_schedules_the_email_and_rearms_the_deadline_as_command
     app = mail_app
     window = app.config["UNPAID_ORDER_EXPIRY_SECONDS"]
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 1}, email="bob@example.com")
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 1}, email="bob@example.com").order_id
         # Through the aggregate's own transitions and the unit of work, as the payment service does.
         row = db.session.get(Order, order_id)
         assert row.start_payment("cs_test_1").ok
@@ -417,8 +418,8 @@ def test_a_failed_payment_schedules_the_email_and_rearms_the_deadline_as_command
 def test_a_paid_order_schedules_its_confirmation_email(mail_app):
     app = mail_app
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 2}, email="cy@example.com")
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 2}, email="cy@example.com").order_id
         row = db.session.get(Order, order_id)
         assert row.start_payment("cs_test_2").ok
         uow.commit(db.session)
@@ -461,13 +462,13 @@ def test_retry_delay_grows_until_the_cap():
     assert max(highs) < 300.0 and lows[-1] == 150.0
 
 
-def test_an_unreachable_mail_server_is_retried_and_its_dead_letter_names_the_server(make_app):
+def test_an_unreachable_mail_server_is_retried_and_its_dead_letter_names_the_server(make_fresh_app):
     """The operator reading the dead letter learns which server refused and where it is set,
     not just 'Connection refused'."""
-    app = make_app(SMTP_URL="smtp://127.0.0.1:9", OUTBOX_MAX_ATTEMPTS=2)
+    app = make_fresh_app(SMTP_URL="smtp://127.0.0.1:9", OUTBOX_MAX_ATTEMPTS=2)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 1}, email="bob@example.com")
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 1}, email="bob@example.com").order_id
         db.session.remove()
         from shop.outbox import schedule_command
 

@@ -10,8 +10,9 @@ import time
 import pytest
 import stripe
 
-from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, seed, \
+from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, \
     wait_for_status
+from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WebhookReceipt
 from shop.outbox.dispatch import run_delivery
@@ -21,8 +22,8 @@ from shop.payments.apply import reconcile_order
 
 
 @pytest.fixture
-def shopper(paying_app):
-    return Shopper(paying_app, seed(paying_app))
+def shopper(fresh_paying_app):
+    return Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
 
 
 def _rows(app, model, **filters) -> list:
@@ -51,9 +52,9 @@ def _provider_session(app, session_id) -> gateway.SessionView:
 
 # -- end to end: the sandbox delivers to the shop over HTTP ------------------------------------
 
-def test_paying_on_the_hosted_page_makes_the_order_paid_through_the_registered_webhook(make_app, sandbox):
-    with live_shop(make_app, sandbox) as app:
-        shopper = Shopper(app, seed(app))
+def test_paying_on_the_hosted_page_makes_the_order_paid_through_the_registered_webhook(make_fresh_app, sandbox):
+    with live_shop(make_fresh_app, sandbox) as app:
+        shopper = Shopper(app, seed_catalog_rows(app))
         order = shopper.place()
         sandbox.set_outcome(order["payment"]["session_id"], "paid")
 
@@ -67,9 +68,9 @@ def test_paying_on_the_hosted_page_makes_the_order_paid_through_the_registered_w
                 if d.handler == "send_order_confirmation"]
 
 
-def test_a_dropped_webhook_is_made_good_by_the_customers_return(make_app, sandbox):
-    with live_shop(make_app, sandbox) as app:
-        shopper = Shopper(app, seed(app))
+def test_a_dropped_webhook_is_made_good_by_the_customers_return(make_fresh_app, sandbox):
+    with live_shop(make_fresh_app, sandbox) as app:
+        shopper = Shopper(app, seed_catalog_rows(app))
         order = shopper.place()
         sid = order["payment"]["session_id"]
         sandbox.faults(drop_webhooks=1)
@@ -88,15 +89,15 @@ def test_a_dropped_webhook_is_made_good_by_the_customers_return(make_app, sandbo
 
 # -- outcomes at the provider, delivered as signed posts ---------------------------------------
 
-def test_a_declined_card_leaves_the_order_payable_on_the_same_session(paying_app, shopper, sandbox):
+def test_a_declined_card_leaves_the_order_payable_on_the_same_session(fresh_paying_app, shopper, sandbox):
     order = shopper.place()
     sid = order["payment"]["session_id"]
     sandbox.set_outcome(sid, "declined")
 
     assert sandbox.events() == []  # Stripe sends nothing for a decline: the customer stays on the page
-    with paying_app.app_context():
-        assert reconcile_order(order_id(paying_app, order["reference"])).outcome == "noop"
-    assert _provider_session(paying_app, sid).status == "open"
+    with fresh_paying_app.app_context():
+        assert reconcile_order(order_id(fresh_paying_app, order["reference"])).outcome == "noop"
+    assert _provider_session(fresh_paying_app, sid).status == "open"
     after = shopper.order(order["reference"])
     assert (after["status"], after["version"]) == ("PaymentInitiated", order["version"])
 
@@ -106,7 +107,7 @@ def test_a_declined_card_leaves_the_order_payable_on_the_same_session(paying_app
     assert shopper.order(order["reference"])["status"] == "Paid"
 
 
-def test_an_async_payment_that_succeeds_later_pays_the_order(paying_app, shopper, sandbox):
+def test_an_async_payment_that_succeeds_later_pays_the_order(fresh_paying_app, shopper, sandbox):
     order = shopper.place()
     sid = order["payment"]["session_id"]
     sandbox.set_outcome(sid, "async_pending")
@@ -128,11 +129,11 @@ def test_an_async_payment_that_succeeds_later_pays_the_order(paying_app, shopper
     r = post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.async_payment_succeeded", sid))
     assert (r.status_code, r.get_json()["outcome"]) == (200, "paid")
     assert shopper.order(order["reference"])["status"] == "Paid"
-    [paid] = _rows(paying_app, Order, reference=order["reference"])
+    [paid] = _rows(fresh_paying_app, Order, reference=order["reference"])
     assert paid.payment_processing_at is None  # settled: the "money may still come" mark is gone
 
 
-def test_an_async_payment_that_fails_notifies_the_customer_and_rearms_the_deadline(paying_app, shopper, sandbox):
+def test_an_async_payment_that_fails_notifies_the_customer_and_rearms_the_deadline(fresh_paying_app, shopper, sandbox):
     order = shopper.place()
     sid = order["payment"]["session_id"]
     ref = order["reference"]
@@ -143,11 +144,12 @@ def test_an_async_payment_that_fails_notifies_the_customer_and_rearms_the_deadli
     assert (r.status_code, r.get_json()["outcome"]) == (200, "payment_failed")
     assert shopper.order(ref)["status"] == "PaymentFailed"
 
-    oid = order_id(paying_app, ref)
-    [followup] = [d for d in _rows(paying_app, OutboxDelivery, order_id=oid) if d.handler == "payment_failed_followups"]
-    with paying_app.app_context():
+    oid = order_id(fresh_paying_app, ref)
+    [followup] = [d for d in _rows(fresh_paying_app, OutboxDelivery, order_id=oid)
+                  if d.handler == "payment_failed_followups"]
+    with fresh_paying_app.app_context():
         assert run_delivery(followup.id) == "done"
-    commands = _rows(paying_app, ScheduledCommand, order_id=oid)
+    commands = _rows(fresh_paying_app, ScheduledCommand, order_id=oid)
     emails = [c for c in commands if c.kind == "send_email"]
     assert [c.payload["template"] for c in emails] == ["payment_failed"]
     deadlines = [c for c in commands if c.kind == "expire_unpaid_order"]
@@ -158,11 +160,11 @@ def test_an_async_payment_that_fails_notifies_the_customer_and_rearms_the_deadli
     assert shopper.order(ref)["payment"]["status"] == "open"  # a new session: nothing is processing now
 
 
-def test_an_expired_session_fails_the_payment_and_the_customer_can_pay_again(make_app, sandbox):
-    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_WEBHOOK_SECRET="whsec_test_secret",
-                   UNPAID_ORDER_EXPIRY_SECONDS=60, RECONCILIATION_STUCK_AGE_SECONDS=60,
-                   STRIPE_SESSION_MIN_SECONDS=60)
-    shopper = Shopper(app, seed(app))
+def test_an_expired_session_fails_the_payment_and_the_customer_can_pay_again(make_fresh_app, sandbox):
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_WEBHOOK_SECRET="whsec_test_secret",
+                         UNPAID_ORDER_EXPIRY_SECONDS=60, RECONCILIATION_STUCK_AGE_SECONDS=60,
+                         STRIPE_SESSION_MIN_SECONDS=60)
+    shopper = Shopper(app, seed_catalog_rows(app))
     order = shopper.place()
     ref, first = order["reference"], order["payment"]["session_id"]
 
@@ -194,7 +196,7 @@ def test_an_expired_session_fails_the_payment_and_the_customer_can_pay_again(mak
 
 # -- checkout while the provider is down --------------------------------------------------------
 
-def test_checkout_with_the_provider_down_lands_on_a_payable_order_page(paying_app, shopper, sandbox):
+def test_checkout_with_the_provider_down_lands_on_a_payable_order_page(fresh_paying_app, shopper, sandbox):
     sandbox.faults(api_unavailable=True)
     r = shopper.checkout("MUG-350-SND", 2)
     assert r.status_code == 303
@@ -203,9 +205,9 @@ def test_checkout_with_the_provider_down_lands_on_a_payable_order_page(paying_ap
 
     order = shopper.order(ref)
     assert order["status"] == "PendingPayment" and order["payment"] is None and order["pay_by"]
-    assert [c.kind for c in _rows(paying_app, ScheduledCommand, order_id=order_id(paying_app, ref))] == \
+    assert [c.kind for c in _rows(fresh_paying_app, ScheduledCommand, order_id=order_id(fresh_paying_app, ref))] == \
         ["expire_unpaid_order"]
-    assert _on_hand(paying_app, shopper.skus["MUG-350-SND"]) == 10  # the items are held
+    assert _on_hand(fresh_paying_app, shopper.skus["MUG-350-SND"]) == 10  # the items are held
     page = shopper.client.get(f"/orders/{ref}").get_data(as_text=True)
     assert "Pay now" in page and "could not reach the payment provider" in page
 
@@ -219,33 +221,33 @@ def test_checkout_with_the_provider_down_lands_on_a_payable_order_page(paying_ap
 
 # -- cancelling around the hosted page ----------------------------------------------------------
 
-def test_cancel_is_refused_while_the_session_is_paid_at_the_provider(paying_app, shopper, sandbox):
+def test_cancel_is_refused_while_the_session_is_paid_at_the_provider(fresh_paying_app, shopper, sandbox):
     order = shopper.place("NB-A6-DOT", 2)
     ref, sid = order["reference"], order["payment"]["session_id"]
     sandbox.set_outcome(sid, "paid")  # and the webhook has not arrived yet
-    stock = _on_hand(paying_app, shopper.skus["NB-A6-DOT"])
+    stock = _on_hand(fresh_paying_app, shopper.skus["NB-A6-DOT"])
 
     r = shopper.cancel(ref, order["version"])
     assert r.status_code == 409
     assert "already been paid" in r.get_json()["error"]
     after = shopper.order(ref)
     assert (after["status"], after["version"]) == ("PaymentInitiated", order["version"])
-    assert "OrderCancelled" not in _event_names(paying_app, ref)
-    assert _on_hand(paying_app, shopper.skus["NB-A6-DOT"]) == stock
-    assert _provider_session(paying_app, sid).payment_status == "paid"
+    assert "OrderCancelled" not in _event_names(fresh_paying_app, ref)
+    assert _on_hand(fresh_paying_app, shopper.skus["NB-A6-DOT"]) == stock
+    assert _provider_session(fresh_paying_app, sid).payment_status == "paid"
 
     post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", sid))
     assert shopper.order(ref)["status"] == "Paid"  # the payment stands
 
 
-def test_cancelling_an_unpaid_order_expires_its_session_at_the_provider_first(paying_app, shopper, sandbox):
+def test_cancelling_an_unpaid_order_expires_its_session_at_the_provider_first(fresh_paying_app, shopper, sandbox):
     order = shopper.place()
     ref, sid = order["reference"], order["payment"]["session_id"]
 
     r = shopper.cancel(ref, order["version"])
     assert r.status_code == 200, r.get_data(as_text=True)
     assert r.get_json()["status"] == "Cancelled"
-    assert _provider_session(paying_app, sid).status == "expired"
+    assert _provider_session(fresh_paying_app, sid).status == "expired"
     with pytest.raises(Exception):
         sandbox.set_outcome(sid, "paid")  # nobody can pay the retired page any more
 
@@ -255,7 +257,7 @@ def test_cancelling_an_unpaid_order_expires_its_session_at_the_provider_first(pa
     assert shopper.order(ref)["status"] == "Cancelled"
 
 
-def test_cancel_with_the_provider_down_proceeds_with_a_warning(paying_app, shopper, sandbox, caplog):
+def test_cancel_with_the_provider_down_proceeds_with_a_warning(fresh_paying_app, shopper, sandbox, caplog):
     order = shopper.place()
     sandbox.faults(api_unavailable=True)
     with caplog.at_level(logging.WARNING):
@@ -263,7 +265,7 @@ def test_cancel_with_the_provider_down_proceeds_with_a_warning(paying_app, shopp
     assert r.status_code == 200 and r.get_json()["status"] == "Cancelled"
     assert any(rec.levelno == logging.WARNING and "cancelling anyway" in rec.getMessage() for rec in caplog.records)
     sandbox.faults(api_unavailable=False)
-    assert _provider_session(paying_app, order["payment"]["session_id"]).status == "open"
+    assert _provider_session(fresh_paying_app, order["payment"]["session_id"]).status == "open"
 
 
 # -- the gateway against Stripe's wire behaviour ------------------------------------------------
@@ -279,12 +281,12 @@ def _session_args(app, ref, attempt=1) -> dict:
                 expires_at=datetime.now(timezone.utc) + timedelta(hours=1))
 
 
-def test_a_repeated_session_request_for_the_same_attempt_is_replayed_not_duplicated(paying_app, shopper, sandbox):
+def test_a_repeated_session_request_for_the_same_attempt_is_replayed_not_duplicated(fresh_paying_app, shopper, sandbox):
     sandbox.faults(api_unavailable=True)
     ref = shopper.checkout().headers["Location"].rsplit("/", 1)[-1]  # an order with no session yet
     sandbox.faults(api_unavailable=False)
-    with paying_app.app_context():
-        args = _session_args(paying_app, ref)
+    with fresh_paying_app.app_context():
+        args = _session_args(fresh_paying_app, ref)
         first = gateway.create_checkout_session(**args)
         replay = gateway.create_checkout_session(**args)
         assert replay.id == first.id and replay.url == first.url
@@ -299,8 +301,8 @@ def test_a_repeated_session_request_for_the_same_attempt_is_replayed_not_duplica
         assert len(sandbox.sandbox.sessions) == 2
 
 
-def test_provider_errors_arrive_as_stripes_own_exceptions_and_are_classified(paying_app, sandbox):
-    with paying_app.app_context():
+def test_provider_errors_arrive_as_stripes_own_exceptions_and_are_classified(fresh_paying_app, sandbox):
+    with fresh_paying_app.app_context():
         sdk = gateway.client()
         with pytest.raises(stripe.InvalidRequestError) as missing:
             sdk.v1.checkout.sessions.retrieve("cs_test_nope")
@@ -319,13 +321,13 @@ def test_provider_errors_arrive_as_stripes_own_exceptions_and_are_classified(pay
 
 
 def test_a_second_device_returning_with_the_orders_own_session_gets_its_page_even_with_the_provider_down(
-        paying_app, shopper, sandbox):
+        fresh_paying_app, shopper, sandbox):
     """The customer paid on their phone: the success URL carries the session the order recorded,
     which proves as much as the provider's answer would. A different session id proves nothing."""
     order = shopper.place()
     sid = order["payment"]["session_id"]
     sandbox.faults(api_unavailable=True)
-    phone = paying_app.test_client()
+    phone = fresh_paying_app.test_client()
     assert phone.get(f"/checkout/return?order={order['reference']}&session_id=cs_test_other").status_code == 404
     back = phone.get(f"/checkout/return?order={order['reference']}&session_id={sid}")
     assert back.status_code == 303 and "token=" in back.headers["Location"]
@@ -333,7 +335,7 @@ def test_a_second_device_returning_with_the_orders_own_session_gets_its_page_eve
     assert seen.status_code == 200 and seen.get_json()["reference"] == order["reference"]
 
 
-def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(make_app, sandbox, monkeypatch):
+def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(make_fresh_app, sandbox, monkeypatch):
     """The session was created at the provider but the order's update was lost (its database
     connection died): the order stays PendingPayment with no attempt counted. "Pay now" asks for
     the same attempt with a later expires_at; under a key naming the attempt alone the provider
@@ -342,10 +344,10 @@ def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(make_ap
 
     from shop.outbox import uow
 
-    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
-                   STRIPE_WEBHOOK_SECRET="whsec_test_secret", UNPAID_ORDER_EXPIRY_SECONDS=60,
-                   RECONCILIATION_STUCK_AGE_SECONDS=60)
-    shopper = Shopper(app, seed(app))
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+                         STRIPE_WEBHOOK_SECRET="whsec_test_secret", UNPAID_ORDER_EXPIRY_SECONDS=60,
+                         RECONCILIATION_STUCK_AGE_SECONDS=60)
+    shopper = Shopper(app, seed_catalog_rows(app))
     real_commit, real_create, lost = uow.commit, gateway.create_checkout_session, []
 
     def create_then_lose_the_save(**kwargs):
@@ -374,7 +376,7 @@ def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(make_ap
     assert order["status"] == "PaymentInitiated" and order["payment"]["url"] == r.get_json()["payment_url"]
 
 
-def test_two_clicks_on_pay_now_at_once_leave_the_winners_session_open(paying_app, shopper, sandbox, monkeypatch):
+def test_two_clicks_on_pay_now_at_once_leave_the_winners_session_open(fresh_paying_app, shopper, sandbox, monkeypatch):
     """Both starts of the same attempt get the same session from the provider (one key); the one
     that loses the version check must not expire it, since it is the session the winner recorded."""
     import threading
@@ -384,7 +386,7 @@ def test_two_clicks_on_pay_now_at_once_leave_the_winners_session_open(paying_app
     sandbox.faults(api_unavailable=True)
     ref = shopper.checkout().headers["Location"].rsplit("/", 1)[-1]
     sandbox.faults(api_unavailable=False)
-    oid = order_id(paying_app, ref)
+    oid = order_id(fresh_paying_app, ref)
     real, nested = gateway.create_checkout_session, []
 
     def create_then_let_the_other_click_win(**kwargs):
@@ -393,7 +395,7 @@ def test_two_clicks_on_pay_now_at_once_leave_the_winners_session_open(paying_app
             nested.append(True)
 
             def other_click():
-                with paying_app.app_context():
+                with fresh_paying_app.app_context():
                     assert start_payment(oid).status == "started"
                     db.session.remove()
 
@@ -403,11 +405,11 @@ def test_two_clicks_on_pay_now_at_once_leave_the_winners_session_open(paying_app
         return view
 
     monkeypatch.setattr(gateway, "create_checkout_session", create_then_let_the_other_click_win)
-    with paying_app.app_context():
+    with fresh_paying_app.app_context():
         lost = start_payment(oid)  # lost the race, to a start of the very same session
         assert (lost.status, lost.url) == ("started", shopper.order(ref)["payment"]["url"])
         db.session.remove()
 
     order = shopper.order(ref)
     assert order["status"] == "PaymentInitiated"
-    assert _provider_session(paying_app, order["payment"]["session_id"]).status == "open"
+    assert _provider_session(fresh_paying_app, order["payment"]["session_id"]).status == "open"

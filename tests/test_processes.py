@@ -12,21 +12,19 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from datetime import timedelta, timezone
 
 import pytest
 from rq import Worker
 from sqlalchemy import select
 
+from factories import place_order_for, seed_catalog_rows, variant_id
 from shop import queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
-from shop.models import Cart, CartItem, InventoryItem, Order, OutboxEvent, ScheduledCommand, Variant
-from shop.orders.checkout import place_order
+from shop.models import InventoryItem, Order, OutboxEvent, ScheduledCommand
 from shop.orders.cancel import PROVIDER_EXPIRY_GRACE
 from shop.payments.start import start_payment
-from shop.seed import seed_catalog
 
 pytestmark = pytest.mark.slow
 
@@ -110,16 +108,8 @@ def _env(app, **extra) -> dict:
 
 
 def _checkout(quantity: int) -> tuple[int, int]:
-    seed_catalog()
-    variant_id = db.session.execute(select(Variant.id).where(Variant.sku == "NB-A5-DOT")).scalar_one()
-    cart = Cart(browser_id=f"b-{uuid.uuid4().hex[:12]}", status="open")
-    db.session.add(cart)
-    db.session.flush()
-    db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id, quantity=quantity))
-    db.session.commit()
-    placed = place_order(cart_id=cart.id, browser_id=cart.browser_id, email="ann@example.com")
-    assert placed.ok, placed
-    return placed.order_id, variant_id
+    seed_catalog_rows()
+    return place_order_for({"NB-A5-DOT": quantity}).order_id, variant_id("NB-A5-DOT")
 
 
 def _cancelled_and_restored(order_id: int):
@@ -134,14 +124,14 @@ def _cancelled_and_restored(order_id: int):
 
 
 @pytest.mark.parametrize("at_payment_page", [False, True], ids=["pending", "at_the_payment_page"])
-def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadline(make_app, at_payment_page):
+def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadline(make_fresh_app, at_payment_page):
     """pending: the order never reached the provider. at_the_payment_page: the customer left the
     hosted page open; its session lives until the order's pay-by, no web server takes the
     expired webhook, and the deadline itself asks the provider."""
     port = _free_port()
     sandbox_url = f"http://127.0.0.1:{port}"
-    app = make_app(UNPAID_ORDER_EXPIRY_SECONDS=WINDOW, RECONCILIATION_STUCK_AGE_SECONDS=WINDOW,
-                   STRIPE_API_BASE=sandbox_url, STRIPE_SESSION_MIN_SECONDS=1)
+    app = make_fresh_app(UNPAID_ORDER_EXPIRY_SECONDS=WINDOW, RECONCILIATION_STUCK_AGE_SECONDS=WINDOW,
+                         STRIPE_API_BASE=sandbox_url, STRIPE_SESSION_MIN_SECONDS=1)
     procs = Processes()
     try:
         env = _env(app, STRIPE_API_BASE=sandbox_url)
@@ -209,12 +199,12 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
         procs.stop()
 
 
-def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_everything(make_app, redis_conn):
+def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_everything(make_fresh_app, redis_conn):
     """Redis restarted empty (or flushed) under a running scheduler: the deadline armed for an
     order placed before is gone, and so are the periodic relay and sweep that would have found
     it. The scheduler notices on its next poll and re-arms both from the database, without
     being restarted: the order is still cancelled about on time and its stock comes back."""
-    app = make_app(UNPAID_ORDER_EXPIRY_SECONDS=WINDOW, RECONCILIATION_STUCK_AGE_SECONDS=WINDOW)
+    app = make_fresh_app(UNPAID_ORDER_EXPIRY_SECONDS=WINDOW, RECONCILIATION_STUCK_AGE_SECONDS=WINDOW)
     procs = Processes()
     try:
         env = _env(app, STRIPE_API_BASE="http://127.0.0.1:9")
@@ -255,7 +245,7 @@ def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_e
         procs.stop()
 
 
-def test_the_scheduler_waits_out_a_redis_restart_and_then_rebuilds_what_redis_lost(make_app, tmp_path):
+def test_the_scheduler_waits_out_a_redis_restart_and_then_rebuilds_what_redis_lost(make_fresh_app, tmp_path):
     """Redis goes away and comes back empty (a restart without persistence): the scheduler
     neither dies with a traceback nor carries on without its periodic jobs."""
     from shop.devserver import bundled_redis_server
@@ -269,7 +259,7 @@ def test_the_scheduler_waits_out_a_redis_restart_and_then_rebuilds_what_redis_lo
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     redis_server = start_redis()
-    app = make_app(REDIS_URL=f"redis://127.0.0.1:{port}/0")
+    app = make_fresh_app(REDIS_URL=f"redis://127.0.0.1:{port}/0")
     procs = Processes()
     try:
         scheduler = procs.start("scheduler", ["shop", "scheduler"], _env(app))
@@ -299,8 +289,8 @@ def test_the_scheduler_waits_out_a_redis_restart_and_then_rebuilds_what_redis_lo
         redis_server.wait(timeout=10)
 
 
-def test_a_worker_refuses_to_start_when_the_stuck_age_differs_from_the_window(make_app):
-    app = make_app()
+def test_a_worker_refuses_to_start_when_the_stuck_age_differs_from_the_window(make_fresh_app):
+    app = make_fresh_app()
     env = _env(app, RECONCILIATION_STUCK_AGE_SECONDS="600", UNPAID_ORDER_EXPIRY_SECONDS="1800")
     done = subprocess.run(_flask() + ["--app", "app", "shop", "worker", "--burst"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)

@@ -11,24 +11,25 @@ from datetime import timedelta
 
 import pytest
 
-from conftest import log_in
+from support import log_in
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order
 from shop.payments import gateway, guard
 from shop.scheduling.sweep import run_cycle
 
-from payment_helpers import JSON, Shopper, seed
+from payment_helpers import JSON, Shopper
+from factories import seed_catalog_rows
 
 STALE = "PendingPayment"
 
 
 @pytest.fixture
-def shop(make_app, sandbox):
+def shop(make_fresh_app, sandbox):
     def build(**config):
-        app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
-                       STRIPE_WEBHOOK_SECRET="whsec_test_secret", **config)
-        return app, seed(app)
+        app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+                             STRIPE_WEBHOOK_SECRET="whsec_test_secret", **config)
+        return app, seed_catalog_rows(app)
     return build
 
 
@@ -107,8 +108,9 @@ def test_the_console_dashboard_says_the_providers_state_in_words(shop, sandbox):
     assert "Unavailable: checkout takes orders and holds their stock" in page
 
 
-def test_a_process_that_cannot_reach_redis_keeps_its_own_breaker(make_app, sandbox):
-    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_BREAKER_THRESHOLD=2, STRIPE_BREAKER_COOLDOWN_SECONDS=60)
+def test_a_process_that_cannot_reach_redis_keeps_its_own_breaker(make_fresh_app, sandbox):
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_BREAKER_THRESHOLD=2,
+                         STRIPE_BREAKER_COOLDOWN_SECONDS=60)
     sandbox.faults(api_unavailable=True)
     with app.app_context():
         provider_guard = guard.get()
@@ -123,10 +125,10 @@ def test_a_process_that_cannot_reach_redis_keeps_its_own_breaker(make_app, sandb
         assert provider_guard.breaker_view() == {**provider_guard.local.view(), "shared": False}
 
 
-def test_background_calls_leave_the_last_of_the_rate_budget_to_customers(make_app, sandbox):
+def test_background_calls_leave_the_last_of_the_rate_budget_to_customers(make_fresh_app, sandbox):
     # 20/s: a burst of 2 tokens, of which background callers may not take the last one.
-    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=20,
-                   STRIPE_BACKGROUND_WAIT_SECONDS=0.0, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=20,
+                         STRIPE_BACKGROUND_WAIT_SECONDS=0.0, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
     with app.app_context():
         provider_guard = guard.get()
         with guard.customer_call():
@@ -137,11 +139,11 @@ def test_background_calls_leave_the_last_of_the_rate_budget_to_customers(make_ap
             provider_guard.take_token()  # a checkout still gets the last one
 
 
-def test_each_of_the_sdks_own_retries_takes_a_token_of_the_rate_budget(make_app, sandbox):
+def test_each_of_the_sdks_own_retries_takes_a_token_of_the_rate_budget(make_fresh_app, sandbox):
     # 2/s: a burst of 1 token, refilled at 1.4/s. The SDK's retry comes about 0.4 s after the
     # first attempt, when no whole token is back: it must not go out (with the SDK's retries
     # outside the budget, the provider would have seen 3 requests).
-    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=2, STRIPE_MAX_NETWORK_RETRIES=2,
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=2, STRIPE_MAX_NETWORK_RETRIES=2,
                    STRIPE_BACKGROUND_WAIT_SECONDS=0.0)
     sandbox.faults(api_unavailable=True)
     with app.app_context():
@@ -151,13 +153,13 @@ def test_each_of_the_sdks_own_retries_takes_a_token_of_the_rate_budget(make_app,
 
 
 @pytest.mark.parametrize("redis", ["shared", "unreachable"])
-def test_callers_whose_clocks_read_late_share_one_budget_and_get_no_extra_refill(make_app, monkeypatch, redis):
+def test_callers_whose_clocks_read_late_share_one_budget_and_get_no_extra_refill(make_fresh_app, monkeypatch, redis):
     # In a busy process a thread reads the clock, then waits for the GIL before its request
     # reaches Redis; another process's clock may be behind. Half the callers here read 50 ms
     # late. The bucket keeps its own time: with a clock per caller, each late caller rewound it
     # and the next one was refilled for the same 50 ms again.
     budget = 20
-    app = make_app(STRIPE_RATE_LIMIT_PER_SECOND=budget, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
+    app = make_fresh_app(STRIPE_RATE_LIMIT_PER_SECOND=budget, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
     real_time, reads = time.time, [0]
 
     def clock():
@@ -227,8 +229,8 @@ def test_a_429_storm_sends_checkouts_to_pay_later_and_the_sweep_waits_out_retry_
         assert not too_soon, f"a call went out before the 429's Retry-After: {too_soon}"
 
 
-def test_a_process_that_cannot_reach_redis_spends_only_its_share_of_the_rate_budget(make_app):
-    app = make_app(STRIPE_RATE_LIMIT_PER_SECOND=20, WEB_CONCURRENCY=2, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
+def test_a_process_that_cannot_reach_redis_spends_only_its_share_of_the_rate_budget(make_fresh_app):
+    app = make_fresh_app(STRIPE_RATE_LIMIT_PER_SECOND=20, WEB_CONCURRENCY=2, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
     with app.app_context():
         provider_guard = guard.get()
         provider_guard._redis_url = "redis://127.0.0.1:1/0"  # nothing listens there

@@ -18,9 +18,9 @@ import pytest
 import requests
 from sqlalchemy import select, text
 
+from factories import seed_catalog_rows
 from shop.extensions import db
-from shop.models import Order, Variant
-from shop.seed import seed_catalog
+from shop.models import Order
 from shop.stripe_sandbox.testing import peak_in_window
 
 from test_processes import ROOT, Processes, _env, _free_port, _wait
@@ -70,12 +70,9 @@ def _signed_webhook(base: str) -> requests.Response:
 
 
 def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the_webhook_answer_within_1s(
-        make_app, sandbox):
-    app = make_app(STRIPE_API_BASE=sandbox.base_url)
-    with app.app_context():
-        seed_catalog()
-        variant_id = db.session.execute(select(Variant.id).where(Variant.sku == "NB-A5-DOT")).scalar_one()
-        db.session.remove()
+        make_fresh_app, sandbox):
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
+    variant_id = seed_catalog_rows(app)["NB-A5-DOT"]
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     procs = Processes()
@@ -175,9 +172,9 @@ for t in threads:
 
 
 def test_three_processes_asking_for_200_calls_a_second_stay_within_the_shared_budget_and_customers_come_first(
-        make_app, sandbox):
+        make_fresh_app, sandbox):
     budget = 20
-    app = make_app(STRIPE_API_BASE=sandbox.base_url)
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
     env = _env(app, STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=str(budget),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     seconds = 3.0

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import log_in
-from payment_helpers import JSON, Shopper, seed
+from support import log_in
+from payment_helpers import JSON, Shopper
+from factories import seed_catalog_rows
 
 
 @pytest.fixture
@@ -18,8 +19,8 @@ def strict_provider(sandbox):
     inner.min_session_seconds = saved
 
 
-def test_a_refused_payment_start_tells_the_customer_in_words_and_the_operator_why(paying_app, strict_provider):
-    shopper = Shopper(paying_app, seed(paying_app))
+def test_a_refused_payment_start_tells_the_customer_in_words_and_the_operator_why(fresh_paying_app, strict_provider):
+    shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     r = shopper.checkout(email="ann@example.com")
     assert r.status_code == 303
     reference = shopper.client.get("/orders", headers=JSON).get_json()["orders"][0]["reference"]
@@ -28,8 +29,8 @@ def test_a_refused_payment_start_tells_the_customer_in_words_and_the_operator_wh
     page = shopper.client.get(f"/orders/{reference}", headers={"Accept": "text/html"}).get_data(as_text=True)
     assert "turned the request down" in page and "Nothing was charged" in page
 
-    operator = paying_app.test_client()
-    log_in(paying_app, operator)
+    operator = fresh_paying_app.test_client()
+    log_in(fresh_paying_app, operator)
     timeline = operator.get(f"/console/orders/{reference}", headers=JSON).get_json()
     refusals = [t for t in timeline["timeline"] if t["kind"] == "provider_refused"]
     assert len(refusals) == 1, timeline["timeline"]

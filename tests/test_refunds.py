@@ -7,7 +7,8 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from payment_helpers import JSON, Shopper, live_shop, order_id, post_webhook, sandbox_event, seed, wait_until
+from payment_helpers import JSON, Shopper, live_shop, order_id, post_webhook, sandbox_event, wait_until
+from factories import seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, Refund, ScheduledCommand, WebhookReceipt
@@ -33,9 +34,9 @@ def _provider_refunds(app, payment_intent: str) -> list[dict]:
         return [r.to_dict() for r in page.auto_paging_iter()]
 
 
-def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_is_reported(make_app, sandbox):
-    with live_shop(make_app, sandbox) as app:
-        shopper = Shopper(app, seed(app))
+def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_is_reported(make_fresh_app, sandbox):
+    with live_shop(make_fresh_app, sandbox) as app:
+        shopper = Shopper(app, seed_catalog_rows(app))
         order = shopper.place("SOCK-M", 2)
         ref, sid = order["reference"], order["payment"]["session_id"]
         oid = order_id(app, ref)
@@ -101,8 +102,8 @@ def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_
         assert final["refunds"] == [{"id": done.id, "amount": order["total"], "status": "succeeded"}]
 
 
-def test_a_second_paid_session_for_an_already_paid_order_is_refunded(paying_app, sandbox):
-    shopper = Shopper(paying_app, seed(paying_app))
+def test_a_second_paid_session_for_an_already_paid_order_is_refunded(fresh_paying_app, sandbox):
+    shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     order = shopper.place()
     ref, first = order["reference"], order["payment"]["session_id"]
     sandbox.set_outcome(first, "paid")
@@ -110,8 +111,8 @@ def test_a_second_paid_session_for_an_already_paid_order_is_refunded(paying_app,
     assert shopper.order(ref)["status"] == "Paid"
 
     # Another session for the same order (say, a second tab from an earlier attempt) is paid too.
-    oid = order_id(paying_app, ref)
-    with paying_app.app_context():
+    oid = order_id(fresh_paying_app, ref)
+    with fresh_paying_app.app_context():
 
         o = db.session.get(Order, oid)
         other = gateway.create_checkout_session(
@@ -122,12 +123,12 @@ def test_a_second_paid_session_for_an_already_paid_order_is_refunded(paying_app,
     sandbox.set_outcome(other.id, "paid")
     r = post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", other.id))
     assert r.get_json()["outcome"] == "refund_created"
-    with paying_app.app_context():  # the same notice through another path refunds nothing more
+    with fresh_paying_app.app_context():  # the same notice through another path refunds nothing more
         assert apply_session(gateway.retrieve_session(other.id), source="console").outcome == "already_refunded"
         db.session.remove()
 
     assert shopper.order(ref)["status"] == "Paid"
-    [refund] = _rows(paying_app, Refund, order_id=oid)
+    [refund] = _rows(fresh_paying_app, Refund, order_id=oid)
     assert refund.session_id == other.id and "paid twice" in refund.reason
 
 
@@ -142,51 +143,51 @@ def _cancel_while_settling(shopper, sandbox):
     return order, ref, sid
 
 
-def test_money_that_settles_after_a_cancel_is_refunded_by_the_sweep_when_its_webhook_is_lost(paying_app, sandbox):
+def test_money_that_settles_after_a_cancel_is_refunded_by_the_sweep_when_its_webhook_is_lost(fresh_paying_app, sandbox):
     """No webhook reaches this app (no endpoint is registered): only the sweep can notice the
     money. Without its watch on cancelled orders the payment is kept and nothing flags it."""
     from shop.scheduling.sweep import run_cycle
 
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     order, ref, sid = _cancel_while_settling(shopper, sandbox)
-    oid = order_id(paying_app, ref)
+    oid = order_id(fresh_paying_app, ref)
     sandbox.async_result(sid, "succeeded")  # the bank settles; the webhook is lost
 
-    with paying_app.app_context():
+    with fresh_paying_app.app_context():
         first = run_cycle()
         assert first.provider["late_refund"] == 1, first.summary()
         again = run_cycle()
         assert again.provider["late_refund"] == 0 and again.provider["watch_closed"] == 0  # no longer watched
         db.session.remove()
-    [refund] = _rows(paying_app, Refund, order_id=oid)
+    [refund] = _rows(fresh_paying_app, Refund, order_id=oid)
     assert (refund.session_id, refund.amount) == (sid, order["total"])
-    [command] = [c for c in _rows(paying_app, ScheduledCommand, order_id=oid) if c.kind == "refund_payment"]
-    with paying_app.app_context():
+    [command] = [c for c in _rows(fresh_paying_app, ScheduledCommand, order_id=oid) if c.kind == "refund_payment"]
+    with fresh_paying_app.app_context():
         assert run_command(command.id) == "done"
-    [done] = _rows(paying_app, Refund, order_id=oid)
-    assert [(r["amount"], r["status"]) for r in _provider_refunds(paying_app, done.payment_intent_id)] == \
+    [done] = _rows(fresh_paying_app, Refund, order_id=oid)
+    assert [(r["amount"], r["status"]) for r in _provider_refunds(fresh_paying_app, done.payment_intent_id)] == \
         [(order["total"], "succeeded")]
     assert shopper.order(ref)["status"] == "Cancelled"
 
 
-def test_a_settling_payment_that_fails_after_a_cancel_ends_the_watch_without_a_refund(paying_app, sandbox):
+def test_a_settling_payment_that_fails_after_a_cancel_ends_the_watch_without_a_refund(fresh_paying_app, sandbox):
     from shop.scheduling.sweep import run_cycle
 
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     order, ref, sid = _cancel_while_settling(shopper, sandbox)
-    oid = order_id(paying_app, ref)
-    with paying_app.app_context():
+    oid = order_id(fresh_paying_app, ref)
+    with fresh_paying_app.app_context():
         assert run_cycle().provider["awaiting_async"] == 1  # still settling: asked again after a backoff
         db.session.remove()
     sandbox.async_result(sid, "failed")
-    with paying_app.app_context():
+    with fresh_paying_app.app_context():
 
         db.session.execute(update(Order).where(Order.id == oid).values(provider_next_check_at=None))
         db.session.commit()  # as if the backoff had passed
         assert run_cycle().provider["watch_closed"] == 1
         assert db.session.get(Order, oid).payment_processing_at is None
         db.session.remove()
-    assert _rows(paying_app, Refund, order_id=oid) == []
+    assert _rows(fresh_paying_app, Refund, order_id=oid) == []
 
 
 def _refund_command(app, oid: int) -> ScheduledCommand:
@@ -195,22 +196,22 @@ def _refund_command(app, oid: int) -> ScheduledCommand:
 
 
 def test_a_late_money_refund_rides_out_a_provider_outage_longer_than_the_old_backoff_and_goes_through_once(
-        make_app, sandbox):
+        make_fresh_app, sandbox):
     """Issue 10, defect 2. Money settles after a cancel, its webhook is lost, and the provider is
     down for longer than the whole old retry budget (5 attempts in ~23 s). The refund must not be
     dead-lettered: it waits for the provider, says so in the console, keeps the order watched, and
     goes through exactly once when the provider is back."""
-    from conftest import log_in
+    from support import log_in
 
     from shop.scheduling.sweep import run_cycle
 
-    app = make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
-                   STRIPE_WEBHOOK_SECRET="whsec_test_secret", OUTBOX_MAX_ATTEMPTS=5,
-                   OUTBOX_PROVIDER_RETRY_BASE_SECONDS=1.0, OUTBOX_PROVIDER_RETRY_CAP_SECONDS=30.0,
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+                         STRIPE_WEBHOOK_SECRET="whsec_test_secret", OUTBOX_MAX_ATTEMPTS=5,
+                         OUTBOX_PROVIDER_RETRY_BASE_SECONDS=1.0, OUTBOX_PROVIDER_RETRY_CAP_SECONDS=30.0,
                    # The outage's minutes are injected time; the provider's circuit breaker counts
                    # real seconds and would still be cooling down when the provider comes back.
-                   STRIPE_BREAKER_THRESHOLD=1_000_000)
-    shopper = Shopper(app, seed(app))
+                         STRIPE_BREAKER_THRESHOLD=1_000_000)
+    shopper = Shopper(app, seed_catalog_rows(app))
     order, ref, sid = _cancel_while_settling(shopper, sandbox)
     oid = order_id(app, ref)
     sandbox.async_result(sid, "succeeded")  # no endpoint is registered: the webhook is lost
@@ -267,19 +268,20 @@ def test_a_late_money_refund_rides_out_a_provider_outage_longer_than_the_old_bac
     assert _rows(app, Order, id=oid)[0].payment_processing_at is None  # refunded: the watch ends
 
 
-def test_the_watch_runs_a_dead_late_money_refund_again_but_leaves_a_refused_one_to_an_operator(paying_app, sandbox):
+def test_the_watch_runs_a_dead_late_money_refund_again_but_leaves_a_refused_one_to_an_operator(fresh_paying_app,
+                                                                                                sandbox):
     """A refund dead-lettered by something retrying can fix (here as the old code left it after
     an outage) must not keep the money: the sweep's watch runs it again. One the provider refused
     stays a visible dead letter, and the order stays watched."""
     from shop.scheduling.sweep import run_cycle
 
-    shopper = Shopper(paying_app, seed(paying_app))
+    shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     order, ref, sid = _cancel_while_settling(shopper, sandbox)
-    oid = order_id(paying_app, ref)
+    oid = order_id(fresh_paying_app, ref)
     sandbox.async_result(sid, "succeeded")
-    with paying_app.app_context():
+    with fresh_paying_app.app_context():
         assert run_cycle().provider["late_refund"] == 1
-        command_id = _refund_command(paying_app, oid).id
+        command_id = _refund_command(fresh_paying_app, oid).id
 
         def bury(kind):
             db.session.execute(update(ScheduledCommand).where(ScheduledCommand.id == command_id).values(
@@ -300,7 +302,7 @@ def test_the_watch_runs_a_dead_late_money_refund_again_but_leaves_a_refused_one_
         assert (row.status, row.attempts) == ("pending", 0)
         db.session.remove()
         assert run_command(command_id, now=utcnow() + timedelta(hours=3, minutes=1)) == "done"
-    [refund] = _rows(paying_app, Refund, order_id=oid)
+    [refund] = _rows(fresh_paying_app, Refund, order_id=oid)
     assert refund.status == "succeeded"
-    assert len(_provider_refunds(paying_app, refund.payment_intent_id)) == 1
-    assert _rows(paying_app, Order, id=oid)[0].payment_processing_at is None
+    assert len(_provider_refunds(fresh_paying_app, refund.payment_intent_id)) == 1
+    assert _rows(fresh_paying_app, Order, id=oid)[0].payment_processing_at is None

@@ -15,13 +15,13 @@ TARGET = BASE + "/webhooks/stripe"
 
 
 @pytest.fixture
-def app(make_app, sandbox):
-    return make_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_WEBHOOK_SECRET=None, PUBLIC_BASE_URL=BASE)
+def fresh_app(make_fresh_app, sandbox):
+    return make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_WEBHOOK_SECRET=None, PUBLIC_BASE_URL=BASE)
 
 
 @pytest.fixture
-def sdk(app):
-    with app.app_context():
+def sdk(fresh_app):
+    with fresh_app.app_context():
         yield gateway.client()
 
 
@@ -48,41 +48,41 @@ def _secret_at_sandbox(sandbox, endpoint_id) -> str:
         return sandbox.sandbox.endpoints[endpoint_id].secret
 
 
-def test_registration_creates_a_marked_endpoint_for_the_four_events_and_stores_its_secret(app, sdk, sandbox):
-    lines = _register(app)
+def test_registration_creates_a_marked_endpoint_for_the_four_events_and_stores_its_secret(fresh_app, sdk, sandbox):
+    lines = _register(fresh_app)
     [endpoint] = _endpoints(sdk).values()
     assert endpoint["url"] == TARGET and endpoint["status"] == "enabled"
     assert sorted(endpoint["enabled_events"]) == sorted(gateway.EVENT_TYPES)
     assert endpoint["description"].startswith(MARKER)
-    stored = _stored(app)
+    stored = _stored(fresh_app)
     assert stored["stripe_webhook_endpoint_id"] == endpoint["id"]
     assert stored["stripe_webhook_secret"] == _secret_at_sandbox(sandbox, endpoint["id"])
     assert stored["stripe_webhook_secret"].startswith("whsec_")
     assert any("registered endpoint" in line for line in lines)
 
 
-def test_registering_again_changes_nothing(app, sdk):
-    _register(app)
-    before_endpoints, before_stored = _endpoints(sdk), _stored(app)
-    lines = _register(app)
+def test_registering_again_changes_nothing(fresh_app, sdk):
+    _register(fresh_app)
+    before_endpoints, before_stored = _endpoints(sdk), _stored(fresh_app)
+    lines = _register(fresh_app)
     assert _endpoints(sdk) == before_endpoints
-    assert _stored(app) == before_stored
+    assert _stored(fresh_app) == before_stored
     assert any("already registered" in line for line in lines)
 
 
-def test_our_endpoint_whose_secret_was_lost_is_replaced(app, sdk, sandbox):
-    _register(app)
+def test_our_endpoint_whose_secret_was_lost_is_replaced(fresh_app, sdk, sandbox):
+    _register(fresh_app)
     [old] = _endpoints(sdk)
-    with app.app_context():
+    with fresh_app.app_context():
         db.session.query(KeyValue).delete()
         db.session.commit()
-    _register(app)
+    _register(fresh_app)
     [new] = _endpoints(sdk)
     assert new != old
-    assert _stored(app)["stripe_webhook_secret"] == _secret_at_sandbox(sandbox, new)
+    assert _stored(fresh_app)["stripe_webhook_secret"] == _secret_at_sandbox(sandbox, new)
 
 
-def test_only_our_stale_endpoints_are_deleted_and_a_persons_endpoint_is_never_touched(app, sdk):
+def test_only_our_stale_endpoints_are_deleted_and_a_persons_endpoint_is_never_touched(fresh_app, sdk):
     events = gateway.EVENT_TYPES
     ours_elsewhere = sdk.v1.webhook_endpoints.create(params={
         "url": "https://old-host.example.com/webhooks/stripe", "enabled_events": events,
@@ -99,8 +99,8 @@ def test_only_our_stale_endpoints_are_deleted_and_a_persons_endpoint_is_never_to
     sdk.v1.webhook_endpoints.update(persons_disabled["id"], params={"disabled": True})
     untouched = {e: _endpoints(sdk)[e] for e in (persons["id"], persons_here["id"], persons_disabled["id"])}
 
-    _register(app)
-    _register(app)
+    _register(fresh_app)
+    _register(fresh_app)
 
     after = _endpoints(sdk)
     assert ours_elsewhere["id"] not in after and ours_disabled["id"] not in after

@@ -24,8 +24,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from saga_model_support import SagaModel, World, install_clock
-from shop.extensions import db
-from shop.seed import seed_catalog
+from factories import seed_catalog_rows
 
 LONG_EXAMPLES = int(os.environ.get("BACKSTOP_MODEL_EXAMPLES", "0") or 0)
 
@@ -38,16 +37,13 @@ CI = settings(**{**COMMON, "derandomize": True}, max_examples=40, stateful_step_
 LONG = settings(**COMMON, max_examples=LONG_EXAMPLES or 1, stateful_step_count=40)
 
 
-def test_random_interleavings_keep_stock_and_money_right(make_app, sandbox, redis_conn, is_postgres, monkeypatch,
+def test_random_interleavings_keep_stock_and_money_right(make_fresh_app, sandbox, redis_conn, is_postgres, monkeypatch,
                                                          tmp_path):
-    app = make_app(**World.CONFIG, STRIPE_API_BASE=sandbox.base_url)
+    app = make_fresh_app(**World.CONFIG, STRIPE_API_BASE=sandbox.base_url)
     # Its emails (thousands of order-1-... files) go to a folder of its own, not instance/mail,
     # where tests that run after it look for the mail of their own order 1.
     app.instance_path = str(tmp_path)
-    with app.app_context():
-        seed_catalog()
-        db.session.commit()
-        db.session.remove()
+    seed_catalog_rows(app)
     install_clock(monkeypatch, sandbox)
     world = World(app, sandbox, redis_conn, is_postgres)
     machine = type("Saga", (SagaModel,), {"world": world})

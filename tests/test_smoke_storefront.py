@@ -1,22 +1,15 @@
 """A customer's path through the storefront, over HTTP via the test client."""
-from conftest import csrf_token
-
+from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import InventoryItem, Order, ScheduledCommand
-from shop.seed import seed_catalog
+from support import csrf_token
 
 
-def _seed(app):
-    with app.app_context():
-        seed_catalog()
-        return {v.sku: v.id for v in db.session.query(__import__("shop.models", fromlist=["Variant"]).Variant)}
-
-
-def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_deadline(make_app):
+def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_deadline(make_fresh_app):
     # Port 9 (discard) on loopback: nothing answers, so the provider is unreachable.
-    app = make_app(STRIPE_API_BASE="http://127.0.0.1:9")
+    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
     client = app.test_client()
-    skus = _seed(app)
+    skus = seed_catalog_rows(app)
     token = csrf_token(client, "/")
     r = client.post("/cart/items", data={"csrf_token": token, "variant_id": skus["MUG-350-NVY"], "quantity": 2})
     assert r.status_code == 303
@@ -37,8 +30,13 @@ def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_d
     assert "Pay now" in html
 
 
-def test_another_browser_gets_404_for_an_order_it_did_not_place(app, client):
-    skus = _seed(app)
+def test_another_browser_gets_404_for_an_order_it_did_not_place(make_fresh_app):
+    # The provider unreachable, as the test above: with the default STRIPE_API_BASE a sandbox
+    # that happened to listen on 127.0.0.1:12111 started the payment, and the checkout went to
+    # its hosted page instead of the order.
+    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
+    client = app.test_client()
+    skus = seed_catalog_rows(app)
     token = csrf_token(client, "/")
     client.post("/cart/items", data={"csrf_token": token, "variant_id": skus["NB-A5-DOT"], "quantity": 1})
     r = client.post("/checkout", data={"csrf_token": token, "email": "ann@example.com"})

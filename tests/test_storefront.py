@@ -9,10 +9,10 @@ import threading
 import pytest
 from sqlalchemy import func, select, update
 
-from conftest import csrf_token
+from factories import seed_catalog_rows
 from shop.extensions import db
-from shop.models import Cart, InventoryItem, Order, OutboxDelivery, OutboxEvent, Variant
-from shop.seed import seed_catalog
+from shop.models import Cart, InventoryItem, Order, OutboxDelivery, OutboxEvent
+from support import csrf_token
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
@@ -20,14 +20,11 @@ ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 
 
 @pytest.fixture
-def shop(make_app):
+def shop(make_fresh_app):
     """The app with the demo catalog; the provider is unreachable (connection refused at once),
     so checkout leaves the order PendingPayment with "Pay now" until payment lands."""
-    app = make_app(STRIPE_API_BASE="http://127.0.0.1:9")
-    with app.app_context():
-        seed_catalog()
-        app.skus = {v.sku: v.id for v in db.session.execute(select(Variant)).scalars()}
-        db.session.remove()
+    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
+    app.skus = seed_catalog_rows(app)
     return app
 
 

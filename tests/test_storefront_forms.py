@@ -8,26 +8,23 @@ import re
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import update
 
-from conftest import csrf_token
+from factories import seed_catalog_rows
 from payment_helpers import JSON, run_due_commands
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import InventoryItem, Variant
-from shop.seed import seed_catalog
+from shop.models import InventoryItem
+from support import csrf_token
 
 HTML = {"Accept": "text/html"}
 
 
 @pytest.fixture
-def shop(make_app):
+def shop(make_fresh_app):
     """The demo catalog; the provider is unreachable, so a placed order stays PendingPayment."""
-    app = make_app(STRIPE_API_BASE="http://127.0.0.1:9")
-    with app.app_context():
-        seed_catalog()
-        app.skus = {v.sku: v.id for v in db.session.execute(select(Variant)).scalars()}
-        db.session.remove()
+    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
+    app.skus = seed_catalog_rows(app)
     return app
 
 

@@ -12,18 +12,16 @@ import logging
 import os
 import threading
 import time
-import uuid
 from datetime import datetime, timedelta
 
 import pytest
-from conftest import log_in
 from sqlalchemy import event, select, update
 
+from factories import place_order_for, seed_catalog_rows, variant_id
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import (Cart, CartItem, InventoryItem, Lease, Order, OutboxDelivery, OutboxEvent,
-                         PaymentProofRefusal, ReconciliationCycle, ScheduledCommand, Variant)
-from shop.orders.checkout import place_order
+from shop.models import (InventoryItem, Lease, Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal,
+                         ReconciliationCycle, ScheduledCommand)
 from shop.outbox.dispatch import run_delivery
 from shop.payments import gateway
 from shop.payments.apply import reconcile_order
@@ -31,7 +29,7 @@ from shop.payments.start import start_payment
 from shop.scheduling import sweep
 from shop.scheduling.sweep import run_cycle
 from shop.store import orders as store
-from shop.seed import seed_catalog
+from support import log_in
 
 WEBHOOK_SECRET = "whsec_test_secret"
 ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
@@ -40,16 +38,15 @@ ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 # -- helpers ---------------------------------------------------------------------------------
 
 @pytest.fixture
-def build_app(make_app, sandbox):
+def build_app(make_fresh_app, sandbox):
     """An app wired to the sandbox, with extra config per test."""
 
     def build(**overrides):
         config = dict(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
                       STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
         config.update(overrides)
-        app = make_app(**config)
-        with app.app_context():
-            seed_catalog()
+        app = make_fresh_app(**config)
+        seed_catalog_rows(app)
         return app
 
     return build
@@ -60,27 +57,10 @@ def later(app, extra: int = 60):
     return utcnow() + timedelta(seconds=app.config["RECONCILIATION_STUCK_AGE_SECONDS"] + extra)
 
 
-def variant_id(sku: str) -> int:
-    return db.session.execute(select(Variant.id).where(Variant.sku == sku)).scalar_one()
-
-
 def on_hand(sku: str) -> int:
     value = db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id(sku))).scalar_one()
     db.session.rollback()
     return value
-
-
-def place(sku: str = "NB-A5-DOT", quantity: int = 1) -> int:
-    """A real checkout: a cart for a fresh browser, then place_order."""
-    browser = uuid.uuid4().hex
-    cart = Cart(browser_id=browser, status="open")
-    db.session.add(cart)
-    db.session.flush()
-    db.session.add(CartItem(cart_id=cart.id, variant_id=variant_id(sku), quantity=quantity))
-    db.session.commit()
-    placed = place_order(cart_id=cart.id, browser_id=browser, email="ann@example.com")
-    assert placed.ok, placed
-    return placed.order_id
 
 
 def order_state(order_id: int) -> str:
@@ -95,9 +75,9 @@ def session_of(order_id: int) -> str:
     return sid
 
 
-def awaiting_provider(**kw) -> tuple[int, str]:
+def awaiting_provider() -> tuple[int, str]:
     """A PaymentInitiated order with its hosted session at the sandbox."""
-    order_id = place(**kw)
+    order_id = place_order_for().order_id
     assert start_payment(order_id).status == "started"
     return order_id, session_of(order_id)
 
@@ -133,7 +113,7 @@ def signed_post(app, body: bytes):
 def paid_behind_our_back(sandbox) -> tuple[int, str, bytes]:
     """A PendingPayment order whose session was created and then paid, while our side never
     recorded the session (start_payment's commit was lost). Returns the paid event's body."""
-    order_id = place()
+    order_id = place_order_for().order_id
     order = db.session.get(Order, order_id)
     view = gateway.create_checkout_session(
         order_id=order.id, reference=order.reference, attempt=1, lines=list(order.lines), currency=order.currency,
@@ -152,7 +132,7 @@ def test_expiry_pass_cancels_a_stranded_order_whose_deadline_row_is_gone_and_its
     app = build_app()
     with app.app_context():
         before = on_hand("MUG-350-SND")
-        order_id = place("MUG-350-SND", 3)
+        order_id = place_order_for({"MUG-350-SND": 3}).order_id
         assert on_hand("MUG-350-SND") == before - 3
         db.session.query(ScheduledCommand).filter_by(order_id=order_id).delete()
         db.session.commit()
@@ -406,7 +386,7 @@ def test_two_cycles_started_at_once_make_one_provider_call_per_order(build_app, 
 def test_a_cycle_that_outlives_its_lease_stops_before_the_next_order(build_app, monkeypatch):
     app = build_app(RECONCILIATION_LEASE_SECONDS=0.3)
     with app.app_context():
-        first, second = place(), place()
+        first, second = place_order_for().order_id, place_order_for().order_id
         backdate(first, utcnow() - timedelta(seconds=10))
         monkeypatch.setenv("BACKSTOP_FAILPOINTS", "sweep.after_order=sleep:0.6")  # one order outlasts the lease
 
@@ -422,7 +402,7 @@ def test_a_cycle_that_outlives_its_lease_stops_before_the_next_order(build_app, 
 def test_a_lease_held_by_another_live_cycle_skips_the_cycle(build_app, sandbox):
     app = build_app()
     with app.app_context():
-        order_id = place()
+        order_id = place_order_for().order_id
         when = later(app)
         db.session.add(Lease(name=sweep.LEASE_NAME, holder="other-replica", expires_at=when + timedelta(seconds=60)))
         db.session.commit()
@@ -440,7 +420,7 @@ def test_a_lease_held_by_another_live_cycle_skips_the_cycle(build_app, sandbox):
 def test_one_cycle_handles_exactly_one_batch_oldest_first(build_app):
     app = build_app(RECONCILIATION_BATCH_SIZE=3)
     with app.app_context():
-        orders = [place() for _ in range(5)]
+        orders = [place_order_for().order_id for _ in range(5)]
         for failed in orders[1::2]:  # two of them had a payment fail: PaymentFailed is unpaid too
             assert start_payment(failed).status == "started"
             gateway.expire_session(session_of(failed))
@@ -449,7 +429,7 @@ def test_one_cycle_handles_exactly_one_batch_oldest_first(build_app):
         ages = {orders[0]: 50, orders[1]: 10, orders[2]: 40, orders[3]: 20, orders[4]: 30}  # minutes later than base
         for order_id, minutes in ages.items():
             backdate(order_id, base + timedelta(minutes=minutes))
-        young = place()
+        young = place_order_for().order_id
 
         result = run_cycle()  # real time: only the backdated ones are past the cutoff
 
@@ -463,7 +443,7 @@ def test_one_cycle_handles_exactly_one_batch_oldest_first(build_app):
 def test_with_reconciliation_off_the_expiry_pass_still_cancels_and_nobody_asks_the_provider(build_app, sandbox):
     app = build_app(RECONCILIATION_ENABLED=False)
     with app.app_context():
-        stranded = place()
+        stranded = place_order_for().order_id
         waiting, sid = awaiting_provider()
         sandbox.set_outcome(sid, "paid")
 
@@ -479,7 +459,7 @@ def test_with_reconciliation_off_the_expiry_pass_still_cancels_and_nobody_asks_t
 def test_with_expiry_off_the_provider_pass_still_applies_payments(build_app, sandbox):
     app = build_app(UNPAID_ORDER_EXPIRY_ENABLED=False)
     with app.app_context():
-        stranded = place()
+        stranded = place_order_for().order_id
         waiting, sid = awaiting_provider()
         sandbox.set_outcome(sid, "paid")
 
@@ -495,7 +475,7 @@ def test_with_expiry_off_the_provider_pass_still_applies_payments(build_app, san
 def test_each_cycle_is_recorded_and_the_command_prints_one_line_per_pass(build_app, sandbox):
     app = build_app()
     with app.app_context():
-        place()
+        place_order_for()
         order_id, sid = awaiting_provider()
         sandbox.set_outcome(sid, "paid")
         for (oid,) in db.session.execute(select(Order.id)).all():

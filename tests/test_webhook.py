@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from payment_helpers import paid_at_provider, WEBHOOK_SECRET, Shopper, order_id, post_webhook, seed, \
+from payment_helpers import paid_at_provider, WEBHOOK_SECRET, Shopper, order_id, post_webhook, \
     signature, stripe_event
+from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import OutboxEvent, PaymentProofRefusal, ProcessedStripeEvent, WebhookReceipt
 
@@ -23,8 +24,8 @@ LOST = "every payment update is being lost"
 
 
 @pytest.fixture
-def shopper(paying_app):
-    return Shopper(paying_app, seed(paying_app))
+def shopper(fresh_paying_app):
+    return Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
 
 
 def _receipts(app) -> list[tuple]:
@@ -45,7 +46,7 @@ def _order_events(app, ref) -> list[str]:
 
 # -- accepted deliveries ---------------------------------------------------------------------
 
-def test_the_same_completed_event_delivered_five_times_pays_the_order_once(paying_app, shopper, sandbox):
+def test_the_same_completed_event_delivered_five_times_pays_the_order_once(fresh_paying_app, shopper, sandbox):
     order, event = paid_at_provider(shopper, sandbox)
     answers = [post_webhook(shopper.client, event) for _ in range(5)]
     assert [r.status_code for r in answers] == [200] * 5
@@ -54,14 +55,14 @@ def test_the_same_completed_event_delivered_five_times_pays_the_order_once(payin
     now = shopper.order(order["reference"])
     assert now["status"] == "Paid"
     assert now["version"] == order["version"] + 1  # one transition
-    assert _order_events(paying_app, order["reference"]).count("OrderPaid") == 1
-    receipts = _receipts(paying_app)
+    assert _order_events(fresh_paying_app, order["reference"]).count("OrderPaid") == 1
+    receipts = _receipts(fresh_paying_app)
     assert [(r[0], r[1]) for r in receipts] == [(event["id"], "accepted")] + [(event["id"], "duplicate")] * 4
-    with paying_app.app_context():
+    with fresh_paying_app.app_context():
         assert db.session.query(ProcessedStripeEvent).filter_by(event_id=event["id"]).count() == 1
 
 
-def test_an_expired_event_after_completed_changes_nothing(paying_app, shopper, sandbox):
+def test_an_expired_event_after_completed_changes_nothing(fresh_paying_app, shopper, sandbox):
     order, completed = paid_at_provider(shopper, sandbox)
     assert post_webhook(shopper.client, completed).status_code == 200
     paid = shopper.order(order["reference"])
@@ -78,12 +79,12 @@ def test_an_expired_event_after_completed_changes_nothing(paying_app, shopper, s
     after = shopper.order(order["reference"])
     assert after["status"] == "Paid"
     assert after["version"] == paid["version"]
-    events = _order_events(paying_app, order["reference"])
+    events = _order_events(fresh_paying_app, order["reference"])
     assert events.count("OrderPaid") == 1 and "OrderPaymentFailed" not in events
-    assert [r[1] for r in _receipts(paying_app)] == ["accepted", "accepted"]
+    assert [r[1] for r in _receipts(fresh_paying_app)] == ["accepted", "accepted"]
 
 
-def test_an_expired_event_whose_session_was_paid_meanwhile_pays_the_order(paying_app, shopper, sandbox):
+def test_an_expired_event_whose_session_was_paid_meanwhile_pays_the_order(fresh_paying_app, shopper, sandbox):
     """The expired snapshot is stale and the completed event never came: what the provider says
     now (paid) wins over what the event carried."""
     order, completed = paid_at_provider(shopper, sandbox)
@@ -95,7 +96,7 @@ def test_an_expired_event_whose_session_was_paid_meanwhile_pays_the_order(paying
 
 
 @pytest.mark.parametrize("lie", [{"amount_total": 100}, {"currency": "eur"}], ids=["amount", "currency"])
-def test_a_session_that_does_not_prove_the_order_total_is_refused_and_recorded(paying_app, shopper, sandbox,
+def test_a_session_that_does_not_prove_the_order_total_is_refused_and_recorded(fresh_paying_app, shopper, sandbox,
                                                                                 caplog, lie):
     order, completed = paid_at_provider(shopper, sandbox)
     forged = copy.deepcopy(completed)
@@ -109,8 +110,8 @@ def test_a_session_that_does_not_prove_the_order_total_is_refused_and_recorded(p
     after = shopper.order(order["reference"])
     assert after["status"] == "PaymentInitiated"
     assert after["version"] == order["version"]
-    oid = order_id(paying_app, order["reference"])
-    with paying_app.app_context():
+    oid = order_id(fresh_paying_app, order["reference"])
+    with fresh_paying_app.app_context():
         refusal = db.session.query(PaymentProofRefusal).one()
         assert refusal.order_id == oid
         assert refusal.session_id == order["payment"]["session_id"]
@@ -122,7 +123,7 @@ def test_a_session_that_does_not_prove_the_order_total_is_refused_and_recorded(p
     assert warned and order["reference"] in warned[0].getMessage()
 
 
-def test_an_event_for_an_order_we_do_not_know_is_accepted_with_a_warning(paying_app, shopper, sandbox, caplog):
+def test_an_event_for_an_order_we_do_not_know_is_accepted_with_a_warning(fresh_paying_app, shopper, sandbox, caplog):
     _, completed = paid_at_provider(shopper, sandbox)
     foreign = copy.deepcopy(completed)
     foreign["id"] = "evt_foreign"
@@ -133,15 +134,15 @@ def test_an_event_for_an_order_we_do_not_know_is_accepted_with_a_warning(paying_
     assert r.status_code == 200
     assert r.get_json()["outcome"] == "unknown_order"
     assert any(rec.levelno == logging.WARNING and "unknown order" in rec.getMessage() for rec in caplog.records)
-    [receipt] = _receipts(paying_app)
+    [receipt] = _receipts(fresh_paying_app)
     assert receipt[:3] == ("evt_foreign", "accepted", 200) and "unknown_order" in receipt[3]
 
 
-def test_an_event_type_the_shop_does_not_use_is_acknowledged(paying_app, shopper):
+def test_an_event_type_the_shop_does_not_use_is_acknowledged(fresh_paying_app, shopper):
     event = stripe_event("payment_intent.created", {"id": "pi_1", "object": "payment_intent"}, "evt_other")
     r = post_webhook(shopper.client, event)
     assert r.status_code == 200
-    assert _receipts(paying_app)[0][:3] == ("evt_other", "ignored", 200)
+    assert _receipts(fresh_paying_app)[0][:3] == ("evt_other", "ignored", 200)
 
 
 # -- rejected deliveries ---------------------------------------------------------------------
@@ -166,22 +167,22 @@ REJECTIONS = {
 
 
 @pytest.mark.parametrize("case", list(REJECTIONS))
-def test_an_unverifiable_delivery_is_rejected_with_400_loudly_and_recorded(paying_app, case, caplog):
+def test_an_unverifiable_delivery_is_rejected_with_400_loudly_and_recorded(fresh_paying_app, case, caplog):
     body, headers = REJECTIONS[case]()
-    client = paying_app.test_client()
+    client = fresh_paying_app.test_client()
     with caplog.at_level(logging.WARNING):
         r = client.post("/webhooks/stripe", data=body, headers={"Content-Type": "application/json", **headers})
     assert r.status_code == 400, r.get_data(as_text=True)
     critical = [rec for rec in caplog.records if rec.levelno == logging.CRITICAL]
     assert len(critical) == 1 and LOST in critical[0].getMessage()
-    [receipt] = _receipts(paying_app)
+    [receipt] = _receipts(fresh_paying_app)
     assert receipt[1:3] == ("rejected", 400)
-    with paying_app.app_context():
+    with fresh_paying_app.app_context():
         assert db.session.query(ProcessedStripeEvent).count() == 0
 
 
-def test_without_a_signing_secret_every_delivery_is_rejected_loudly(make_app, caplog):
-    app = make_app(STRIPE_WEBHOOK_SECRET=None)  # and none stored by registration
+def test_without_a_signing_secret_every_delivery_is_rejected_loudly(make_fresh_app, caplog):
+    app = make_fresh_app(STRIPE_WEBHOOK_SECRET=None)  # and none stored by registration
     body = _event_body()
     with caplog.at_level(logging.WARNING):
         r = post_webhook(app.test_client(), body)
@@ -193,30 +194,30 @@ def test_without_a_signing_secret_every_delivery_is_rejected_loudly(make_app, ca
     assert receipt[1:3] == ("rejected", 400) and "no signing secret" in receipt[3]
 
 
-def test_a_body_over_a_million_bytes_gets_413_before_any_verification(paying_app, caplog):
+def test_a_body_over_a_million_bytes_gets_413_before_any_verification(fresh_paying_app, caplog):
     body = b'{"pad": "' + b"x" * 1_000_000 + b'"}'
-    client = paying_app.test_client()
+    client = fresh_paying_app.test_client()
     with caplog.at_level(logging.WARNING):
         # No signature at all: a 400 would mean the signature was looked at first.
         r = client.post("/webhooks/stripe", data=body, headers={"Content-Type": "application/json"})
     assert r.status_code == 413
     assert any(rec.levelno == logging.CRITICAL for rec in caplog.records)
-    [receipt] = _receipts(paying_app)
+    [receipt] = _receipts(fresh_paying_app)
     assert receipt[1:3] == ("rejected", 413)
 
 
-def test_a_body_of_exactly_a_million_bytes_is_read_and_verified(paying_app):
+def test_a_body_of_exactly_a_million_bytes_is_read_and_verified(fresh_paying_app):
     body = b'{"pad": "' + b"x" * (1_000_000 - 11) + b'"}'
     assert len(body) == 1_000_000
-    r = post_webhook(paying_app.test_client(), body)
+    r = post_webhook(fresh_paying_app.test_client(), body)
     assert r.status_code == 400  # read in full, verified, then found not to be an event
-    assert _receipts(paying_app)[0][3].startswith("unparseable body")
+    assert _receipts(fresh_paying_app)[0][3].startswith("unparseable body")
 
 
-def test_the_secret_stored_by_registration_verifies_deliveries(make_app, sandbox):
+def test_the_secret_stored_by_registration_verifies_deliveries(make_fresh_app, sandbox):
     from shop.models import KeyValue
 
-    app = make_app(STRIPE_WEBHOOK_SECRET=None, STRIPE_API_BASE=sandbox.base_url)
+    app = make_fresh_app(STRIPE_WEBHOOK_SECRET=None, STRIPE_API_BASE=sandbox.base_url)
     with app.app_context():
         db.session.add(KeyValue(key="stripe_webhook_secret", value="whsec_stored"))
         db.session.commit()
@@ -252,12 +253,12 @@ def _post_chunked(base_url: str, body: bytes, headers: dict, chunk: int = 64 * 1
         conn.close()
 
 
-def test_a_chunked_body_is_measured_whole_413_over_the_limit_and_verified_whole_under_it(make_app):
+def test_a_chunked_body_is_measured_whole_413_over_the_limit_and_verified_whole_under_it(make_fresh_app):
     """Without a Content-Length the size is only known by reading: a body over the limit must not
     be cut at the limit and then judged by its first million bytes (a 400 for a bad signature)."""
     from payment_helpers import served
 
-    with served(lambda base: make_app(STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET, PUBLIC_BASE_URL=base)) as (app, base):
+    with served(lambda base: make_fresh_app(STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET, PUBLIC_BASE_URL=base)) as (app, base):
         big = b'{"pad": "' + b"x" * 1_500_000 + b'"}'
         status, _ = _post_chunked(base, big, {"Stripe-Signature": signature(big)})
         assert status == 413
@@ -278,7 +279,7 @@ def test_a_chunked_body_is_measured_whole_413_over_the_limit_and_verified_whole_
 
 
 @pytest.mark.parametrize("shape", ["deep_array", "deep_object", "metadata_list", "fields_of_every_wrong_type"])
-def test_a_signed_body_of_any_shape_is_answered_400_or_200_never_500(paying_app, shape):
+def test_a_signed_body_of_any_shape_is_answered_400_or_200_never_500(fresh_paying_app, shape):
     """Only Stripe can sign, but a 500 would make it retry forever: nesting past the parser's
     depth is unparseable (400), a session object with fields of the wrong types is a notice
     about no order we know (200)."""
@@ -298,7 +299,7 @@ def test_a_signed_body_of_any_shape_is_answered_400_or_200_never_500(paying_app,
                "client_reference_id": "BK-\u0000", "metadata": {"order_id": {"x": 1}}, "expires_at": 10**30,
                "payment_intent": {"id": 7}, "url": False}
         body = json.dumps(stripe_event("checkout.session.completed", odd, event_id="evt_odd")).encode()
-    r = post_webhook(paying_app.test_client(), body)
+    r = post_webhook(fresh_paying_app.test_client(), body)
     assert r.status_code in (200, 400), r.get_data(as_text=True)[:300]
     if shape.startswith("deep"):
         assert r.status_code == 400

@@ -11,7 +11,8 @@ import time
 import pytest
 from sqlalchemy import create_engine, text
 
-from payment_helpers import paid_at_provider, Shopper, order_id, post_webhook, seed, stripe_event
+from payment_helpers import paid_at_provider, Shopper, order_id, post_webhook, stripe_event
+from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import OutboxEvent, ProcessedStripeEvent, WebhookReceipt
 
@@ -20,8 +21,8 @@ ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 
 
 @pytest.fixture
-def shopper(paying_app):
-    return Shopper(paying_app, seed(paying_app))
+def shopper(fresh_paying_app):
+    return Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
 
 
 def _state(app, ref) -> tuple[list, list, int]:
@@ -68,33 +69,33 @@ def _post_while_event_is_claimed(app, database_url, event, *, claim_commits: boo
 
 @pytest.mark.skipif(not ON_POSTGRES, reason="needs two open write transactions at once (PostgreSQL)")
 def test_a_delivery_racing_a_committed_claim_of_its_event_is_a_duplicate_and_changes_nothing(
-        paying_app, shopper, sandbox, database_url):
+        fresh_paying_app, shopper, sandbox, database_url):
     order, event = paid_at_provider(shopper, sandbox)
-    r = _post_while_event_is_claimed(paying_app, database_url, event, claim_commits=True)
+    r = _post_while_event_is_claimed(fresh_paying_app, database_url, event, claim_commits=True)
     assert r.status_code == 200 and r.get_json()["outcome"] == "duplicate"
     after = shopper.order(order["reference"])
     assert after["status"] == "PaymentInitiated" and after["version"] == order["version"]
-    receipts, events, processed = _state(paying_app, order["reference"])
+    receipts, events, processed = _state(fresh_paying_app, order["reference"])
     assert receipts == [(event["id"], "duplicate")]
     assert "OrderPaid" not in events and processed == 1
 
 
 @pytest.mark.skipif(not ON_POSTGRES, reason="needs two open write transactions at once (PostgreSQL)")
-def test_a_delivery_racing_a_claim_that_rolls_back_applies_the_event_once(paying_app, shopper, sandbox,
+def test_a_delivery_racing_a_claim_that_rolls_back_applies_the_event_once(fresh_paying_app, shopper, sandbox,
                                                                           database_url):
     order, event = paid_at_provider(shopper, sandbox)
-    r = _post_while_event_is_claimed(paying_app, database_url, event, claim_commits=False)
+    r = _post_while_event_is_claimed(fresh_paying_app, database_url, event, claim_commits=False)
     assert r.status_code == 200 and r.get_json()["outcome"] == "paid"
     after = shopper.order(order["reference"])
     assert after["status"] == "Paid" and after["version"] == order["version"] + 1
-    receipts, events, processed = _state(paying_app, order["reference"])
+    receipts, events, processed = _state(fresh_paying_app, order["reference"])
     assert receipts == [(event["id"], "accepted")]
     assert events.count("OrderPaid") == 1 and processed == 1
     assert post_webhook(shopper.client, event).get_json()["outcome"] == "duplicate"
 
 
 def test_an_event_naming_an_order_id_beyond_the_column_is_accepted_as_unknown_and_recorded(
-        paying_app, shopper, sandbox):
+        fresh_paying_app, shopper, sandbox):
     _, completed = paid_at_provider(shopper, sandbox)
     foreign = copy.deepcopy(completed)
     foreign["id"] = "evt_huge_order_id"
@@ -102,7 +103,7 @@ def test_an_event_naming_an_order_id_beyond_the_column_is_accepted_as_unknown_an
                                      id="cs_test_not_ours")
     r = post_webhook(shopper.client, foreign)
     assert r.status_code == 200 and r.get_json()["outcome"] == "unknown_order"
-    with paying_app.app_context():
+    with fresh_paying_app.app_context():
         [receipt] = db.session.query(WebhookReceipt).all()
         assert (receipt.event_id, receipt.outcome, receipt.order_id) == ("evt_huge_order_id", "accepted", None)
         assert db.session.get(ProcessedStripeEvent, "evt_huge_order_id") is not None
@@ -110,12 +111,12 @@ def test_an_event_naming_an_order_id_beyond_the_column_is_accepted_as_unknown_an
     assert post_webhook(shopper.client, foreign).get_json()["outcome"] == "duplicate"
 
 
-def test_a_signed_thin_event_notification_is_rejected_as_unparseable(paying_app):
+def test_a_signed_thin_event_notification_is_rejected_as_unparseable(fresh_paying_app):
     event = stripe_event("v1.billing.meter.error_report_triggered", {"id": "x"}, "evt_thin")
     event["object"] = "v2.core.event"
-    r = post_webhook(paying_app.test_client(), event)
+    r = post_webhook(fresh_paying_app.test_client(), event)
     assert r.status_code == 400
-    with paying_app.app_context():
+    with fresh_paying_app.app_context():
         [receipt] = db.session.query(WebhookReceipt).all()
         assert receipt.outcome == "rejected" and receipt.reason.startswith("unparseable body")
         db.session.remove()
@@ -123,7 +124,7 @@ def test_a_signed_thin_event_notification_is_rejected_as_unparseable(paying_app)
 
 @pytest.mark.skipif(not ON_POSTGRES, reason="needs a writer to commit between another's read and write (PostgreSQL)")
 def test_a_payment_applied_by_another_writer_between_the_notices_read_and_write_is_applied_once(
-        paying_app, shopper, sandbox):
+        fresh_paying_app, shopper, sandbox):
     """The usual payment notice reads the order, then writes Paid with `WHERE version = <read>`.
     Here the customer's return page applies the same payment in between (its own transaction,
     committed): the webhook's write must miss, re-read, and find the order already paid. Without
@@ -136,7 +137,7 @@ def test_a_payment_applied_by_another_writer_between_the_notices_read_and_write_
 
     order, completed = paid_at_provider(shopper, sandbox)
     ref, sid = order["reference"], order["payment"]["session_id"]
-    with paying_app.app_context():
+    with fresh_paying_app.app_context():
         engine = db.engine
         view = gateway.retrieve_session(sid)
         db.session.remove()
@@ -148,7 +149,7 @@ def test_a_payment_applied_by_another_writer_between_the_notices_read_and_write_
         raced.append(True)
 
         def other_writer():
-            with paying_app.app_context():
+            with fresh_paying_app.app_context():
                 assert apply_session(view, source="return").outcome == "paid"
                 db.session.remove()
 
@@ -167,6 +168,6 @@ def test_a_payment_applied_by_another_writer_between_the_notices_read_and_write_
     assert r.status_code == 200 and r.get_json()["outcome"] == "noop"
     after = shopper.order(ref)
     assert after["status"] == "Paid" and after["version"] == order["version"] + 1
-    receipts, events, processed = _state(paying_app, ref)
+    receipts, events, processed = _state(fresh_paying_app, ref)
     assert events.count("OrderPaid") == 1
     assert receipts == [(completed["id"], "accepted")] and processed == 1

@@ -11,7 +11,8 @@ from datetime import timedelta
 
 import pytest
 
-from compensation_support import cancel, on_hand, order, place, restore_delivery, seed
+from compensation_support import cancel, on_hand, order, restore_delivery
+from factories import place_order_for, seed_catalog_rows
 from shop import queue
 from shop.domain.deadlines import as_utc
 from shop.extensions import db
@@ -79,26 +80,26 @@ def _stop(proc):
 
 
 def test_a_worker_killed_mid_restore_leaves_nothing_half_done_and_the_delivery_completes_after_its_lease(
-        app, tmp_path):
-    with app.app_context():
-        skus = seed()
+        fresh_app, tmp_path):
+    with fresh_app.app_context():
+        skus = seed_catalog_rows()
         a5, sand = skus["NB-A5-DOT"], skus["MUG-350-SND"]
-        order_id = place({a5: 3, sand: 2})
+        order_id = place_order_for({a5: 3, sand: 2}).order_id
         cancel(order_id)
         delivery_id = restore_delivery(order_id).id
         assert (on_hand(a5), on_hand(sand)) == (37, 10)
         db.session.remove()
 
     # Killed after the marker is flushed and before the commit.
-    proc = _start_worker(app, tmp_path, failpoints="restore_inventory.after_marker_flush=kill")
+    proc = _start_worker(fresh_app, tmp_path, failpoints="restore_inventory.after_marker_flush=kill")
     try:
-        _feed_until(app, proc, order_id, done=lambda row: False)
+        _feed_until(fresh_app, proc, order_id, done=lambda row: False)
         died_by_itself = proc.poll()  # before _stop, which might have to kill it
     finally:
         stderr = _stop(proc)
     assert died_by_itself == -signal.SIGKILL, (died_by_itself, stderr[-3000:])
 
-    with app.app_context():
+    with fresh_app.app_context():
         assert order(order_id).inventory_restored is False
         assert (on_hand(a5), on_hand(sand)) == (37, 10)
         row = restore_delivery(order_id)
@@ -121,22 +122,22 @@ def test_a_worker_killed_mid_restore_leaves_nothing_half_done_and_the_delivery_c
         db.session.remove()
 
 
-def test_a_healthy_worker_process_completes_the_restore(app, tmp_path):
+def test_a_healthy_worker_process_completes_the_restore(fresh_app, tmp_path):
     """The same path without the failpoint, so the test above fails for the crash, not the setup."""
-    with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 3})
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 3}).order_id
         cancel(order_id)
         db.session.remove()
 
-    proc = _start_worker(app, tmp_path)
+    proc = _start_worker(fresh_app, tmp_path)
     try:
-        _feed_until(app, proc, order_id, done=lambda row: row.status == "done")
+        _feed_until(fresh_app, proc, order_id, done=lambda row: row.status == "done")
     finally:
         stderr = _stop(proc)
     assert proc.returncode == 0, stderr[-3000:]
 
-    with app.app_context():
+    with fresh_app.app_context():
         assert on_hand(a5) == 40
         assert order(order_id).inventory_restored is True
         row = restore_delivery(order_id)
@@ -144,12 +145,12 @@ def test_a_healthy_worker_process_completes_the_restore(app, tmp_path):
         db.session.remove()
 
 
-def test_a_worker_lost_on_the_final_attempt_is_dead_lettered_by_the_relay(make_app, caplog):
+def test_a_worker_lost_on_the_final_attempt_is_dead_lettered_by_the_relay(make_fresh_app, caplog):
     """A claim nobody finishes is exactly what a killed worker leaves behind."""
-    app = make_app(OUTBOX_MAX_ATTEMPTS=1)
+    app = make_fresh_app(OUTBOX_MAX_ATTEMPTS=1)
     with app.app_context():
-        a5 = seed()["NB-A5-DOT"]
-        order_id = place({a5: 3})
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 3}).order_id
         cancel(order_id)
         delivery_id = restore_delivery(order_id).id
         now = as_utc(restore_delivery(order_id).next_attempt_at)

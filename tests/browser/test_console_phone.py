@@ -9,7 +9,7 @@ from sqlalchemy import select, update
 from payment_helpers import Shopper
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import Order, OutboxDelivery, ReconciliationCycle, Variant, WebhookReceipt
+from shop.models import Order, OutboxDelivery, ReconciliationCycle, WebhookReceipt
 from shop.seed import upsert_operator
 
 WIDTH = 390
@@ -43,10 +43,9 @@ def test_the_dashboard_an_order_and_the_outbox_fit_a_390px_phone(browser, shop, 
     app, base_url = shop
     with app.app_context():
         upsert_operator("ops@example.com", "correct horse battery")
-        skus = {v.sku: v.id for v in db.session.query(Variant)}
         db.session.remove()
     sandbox.faults(api_unavailable=True)
-    Shopper(app, skus).checkout("SOCK-M", 1)  # stays PendingPayment: stuck once it is old
+    Shopper(app, app.skus).checkout("SOCK-M", 1)  # stays PendingPayment: stuck once it is old
     sandbox.faults(api_unavailable=False)
     long_error = ("ProviderRefused: the payment provider answered 402 card_declined for "
                   "cs_test_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8s9T0u1V2w3X4y5Z6 after 5 attempts, see logs")

@@ -11,7 +11,7 @@ from sqlalchemy import update
 from payment_helpers import Shopper
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import Order, Variant
+from shop.models import Order
 from shop.seed import upsert_operator
 
 
@@ -19,7 +19,6 @@ def test_the_dashboard_shows_a_newly_stuck_order_without_a_reload(page, shop, sa
     app, base_url = shop
     with app.app_context():
         upsert_operator("ops@example.com", "correct horse battery")
-        skus = {v.sku: v.id for v in db.session.query(Variant)}
         db.session.remove()
     page.goto(f"{base_url}/console/")
     page.get_by_label("Email").fill("ops@example.com")
@@ -30,7 +29,7 @@ def test_the_dashboard_shows_a_newly_stuck_order_without_a_reload(page, shop, sa
     page.evaluate("window.__same_page = true")  # gone if the browser loaded the page again
 
     sandbox.faults(api_unavailable=True)
-    Shopper(app, skus).checkout("SOCK-M", 1)  # PendingPayment...
+    Shopper(app, app.skus).checkout("SOCK-M", 1)  # PendingPayment...
     sandbox.faults(api_unavailable=False)
     with app.app_context():  # ...and unchanged for longer than the stuck age
         db.session.execute(update(Order).values(updated_at=utcnow() - timedelta(hours=2)))

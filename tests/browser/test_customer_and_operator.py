@@ -144,9 +144,8 @@ def test_an_operator_logs_in_and_reads_a_paid_orders_transitions(page, shop, san
     app, base_url = shop
     with app.app_context():
         upsert_operator("ops@example.com", "correct horse battery")
-        skus = {v.sku: v.id for v in db.session.query(Variant)}
         db.session.remove()
-    customer = Shopper(app, skus)
+    customer = Shopper(app, app.skus)
     placed = customer.place("SOCK-M", 1)
     sandbox.set_outcome(placed["payment"]["session_id"], "paid")
     # Paid through the registered webhook; the bound is generous for a loaded CI machine.

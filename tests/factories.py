@@ -1,0 +1,103 @@
+"""The one place tests build the rows they start from: catalog rows, carts, and orders placed
+through the real checkout use case (place_order), never inserted by hand, so every order a test
+sees went through the same rules a customer's does.
+
+Unless a builder takes the app, call it inside an app context (it uses db.session). Builders
+that go through the storefront over HTTP live with the browser drivers (payment_helpers.Shopper,
+support.checkout_over_http)."""
+from __future__ import annotations
+
+import itertools
+import uuid
+from typing import Iterable, Mapping
+
+from sqlalchemy import select
+
+from shop.extensions import db
+from shop.models import Cart, CartItem, InventoryItem, Product, Variant
+from shop.orders.checkout import Placed, place_order
+from shop.seed import seed_catalog
+
+DEFAULT_SKU = "NB-A5-DOT"  # 40 in stock after seeding: enough for any one test
+Items = Mapping[int | str, int] | Iterable[tuple[int | str, int]]
+
+_product_numbers = itertools.count(1)
+
+
+# -- catalog rows ------------------------------------------------------------------------------
+
+def seed_catalog_rows(app=None, currency: str = "usd") -> dict[str, int]:
+    """The demo catalog of shop.seed (idempotent) priced in `currency`, committed; returns sku ->
+    variant id. Given the app, in an app context of its own; without, in the current one."""
+    if app is not None:
+        with app.app_context():
+            skus = seed_catalog_rows(currency=currency)
+            db.session.remove()
+            return skus
+    seed_catalog(currency)
+    skus = {v.sku: v.id for v in db.session.execute(select(Variant)).scalars()}
+    db.session.rollback()
+    return skus
+
+
+def catalog_rows(*stocks: int, price: int = 500) -> list[int]:
+    """A new product with one variant per stock figure (prices price, price+1, ...), committed;
+    returns the variant ids, ascending."""
+    n = next(_product_numbers)
+    product = Product(slug=f"p-{uuid.uuid4().hex[:10]}", name=f"Product {n}", description="")
+    db.session.add(product)
+    db.session.flush()
+    ids = []
+    for i, stock in enumerate(stocks):
+        variant = Variant(product_id=product.id, sku=f"SKU-{uuid.uuid4().hex[:8]}-{i}", name=f"V{i}",
+                          price=price + i, currency="usd")
+        db.session.add(variant)
+        db.session.flush()
+        db.session.add(InventoryItem(variant_id=variant.id, on_hand=stock))
+        ids.append(variant.id)
+    db.session.commit()
+    return ids
+
+
+def variant_id(sku: str) -> int:
+    """The id of a seeded variant."""
+    return db.session.execute(select(Variant.id).where(Variant.sku == sku)).scalar_one()
+
+
+# -- carts and orders --------------------------------------------------------------------------
+
+def cart_with(items: Items, browser: str | None = None) -> tuple[int, str]:
+    """An open cart (of a fresh browser unless one is named) holding `items`, {variant id or sku:
+    quantity} or (variant id or sku, quantity) pairs, inserted in the order given (so their ids
+    follow it); committed. Returns (cart id, browser id)."""
+    pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
+    browser = browser or uuid.uuid4().hex
+    cart = Cart(browser_id=browser, status="open")
+    db.session.add(cart)
+    db.session.flush()
+    for variant, quantity in pairs:
+        vid = variant_id(variant) if isinstance(variant, str) else variant
+        db.session.add(CartItem(cart_id=cart.id, variant_id=vid, quantity=quantity))
+        db.session.flush()
+    db.session.commit()
+    return cart.id, browser
+
+
+def place_order_for(items: Items | None = None, *, email: str = "ann@example.com", now=None,
+                    browser: str | None = None) -> Placed:
+    """A real order through place_order from a cart holding `items` (see cart_with; one
+    DEFAULT_SKU by default), placed at `now`; asserts it was placed and returns the use case's
+    Placed (order_id, reference, total, ...). The catalog must be seeded."""
+    cart_id, browser = cart_with({DEFAULT_SKU: 1} if items is None else items, browser)
+    placed = place_order(cart_id=cart_id, browser_id=browser, email=email, now=now)
+    assert placed.ok, placed
+    return placed
+
+
+def placed_order_in(app, sku: str = "MUG-350-SND", quantity: int = 1, now=None) -> tuple[int, str]:
+    """In an app context of its own: the demo catalog, then one order of `quantity` x `sku` from
+    the browser "browser-1" placed at `now`. Returns (order id, reference)."""
+    with app.app_context():
+        seed_catalog_rows()
+        placed = place_order_for({sku: quantity}, now=now, browser="browser-1")
+        return placed.order_id, placed.reference

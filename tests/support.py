@@ -1,0 +1,131 @@
+"""Plain helpers the tests and conftest share (conftest keeps fixtures and hooks only; no test
+module imports from it): this run's own Redis database and app config, a browser's CSRF token,
+the operator's login, a checkout through the storefront's forms, and the heartbeats of a
+running worker and scheduler."""
+from __future__ import annotations
+
+import os
+import re
+import uuid
+
+from shop.extensions import db
+
+RUN_ID = uuid.uuid4().hex[:8]
+
+LOCKS_URL = os.environ.get("TEST_REDIS_LOCKS_URL", "redis://127.0.0.1:6379/15")
+TEST_DBS = range(1, 15)  # 0 is the shop's default, 15 holds the locks
+# A run renews its lock as it goes (pytest_runtest_logstart), so a run that was killed frees its
+# database within this long instead of holding it for hours.
+LOCK_SECONDS = 900
+
+
+def _claim_redis_db() -> str:
+    """A Redis database of its own for this pytest run: tests flush it (Redis losing everything
+    is a case we test), so two runs on one machine must never share one. Databases 1-14 are
+    claimed with lock keys kept in database 15 (which no test flushes) that expire if a run
+    dies; TEST_REDIS_URL overrides the choice. Claimed on first use, not at import: the pure
+    domain's tests (tests/domain) run with no Redis and no database at all."""
+    if os.environ.get("TEST_REDIS_URL"):
+        return os.environ["TEST_REDIS_URL"]
+    from redis import Redis
+
+    locks = Redis.from_url(LOCKS_URL)
+    try:
+        for index in TEST_DBS:
+            if locks.set(f"backstop-test-run-lock:{index}", RUN_ID, nx=True, ex=LOCK_SECONDS):
+                return LOCKS_URL.rsplit("/", 1)[0] + f"/{index}"
+    finally:
+        locks.close()
+    raise RuntimeError(f"every Redis test database {TEST_DBS[0]}-{TEST_DBS[-1]} is claimed by another test run")
+
+
+_claimed: list[str] = []
+
+
+def redis_url() -> str:
+    """This run's Redis database, claimed on the first call."""
+    if not _claimed:
+        _claimed.append(_claim_redis_db())
+    return _claimed[0]
+
+
+def base_config(database_url: str, **overrides) -> dict:
+    """The app config every test app starts from: this run's database, Redis and queue prefix,
+    and retries short enough for a test to watch."""
+    config = {
+        "TESTING": True,
+        "SECRET_KEY": "test-secret",
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url(),
+        "QUEUE_PREFIX": f"bt-{RUN_ID}",
+        "PUBLIC_BASE_URL": "http://127.0.0.1:5000",
+        "OUTBOX_RETRY_BASE_SECONDS": 0.05,
+        "OUTBOX_RETRY_CAP_SECONDS": 0.2,
+        "OUTBOX_PROVIDER_RETRY_BASE_SECONDS": 0.05,
+        "OUTBOX_PROVIDER_RETRY_CAP_SECONDS": 0.2,
+        "STRIPE_MAX_NETWORK_RETRIES": 0,
+        "STRIPE_TIMEOUT_SECONDS": 5,
+    }
+    config.update(overrides)
+    return config
+
+
+_CSRF = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')
+
+
+def csrf_token(client, url: str = "/cart") -> str:
+    """The token a browser would read from a rendered form."""
+    page = client.get(url, headers={"Accept": "text/html"})
+    match = _CSRF.search(page.get_data(as_text=True))
+    assert match, f"no csrf_token in {url}"
+    return match.group(1)
+
+
+OPERATOR_EMAIL, OPERATOR_PASSWORD = "night-shift@example.com", "correct horse battery staple"
+
+
+def add_operator(app) -> None:
+    """As `flask shop create-operator` does, with a cheap hash so the tests stay fast (any
+    werkzeug method verifies the same way); one test goes through upsert_operator itself."""
+    from werkzeug.security import generate_password_hash
+
+    from shop.models import Operator
+
+    with app.app_context():
+        db.session.add(Operator(email=OPERATOR_EMAIL,
+                                password_hash=generate_password_hash(OPERATOR_PASSWORD, "pbkdf2:sha256:1000")))
+        db.session.commit()
+
+
+def log_in(app, client) -> str:
+    """Create the operator, log in through the form; returns the session's CSRF token."""
+    add_operator(app)
+    token = csrf_token(client, "/console/login")
+    r = client.post("/console/login", data={"csrf_token": token, "email": OPERATOR_EMAIL,
+                                            "password": OPERATOR_PASSWORD})
+    assert r.status_code == 303, r.get_data(as_text=True)
+    return token
+
+
+def checkout_over_http(client, variant_id: int, quantity: int = 1, email: str = "ann@example.com") -> str:
+    """A browser's order through the storefront's forms: add to the cart, check out; returns the
+    order's reference (where the checkout redirected)."""
+    token = csrf_token(client, "/")
+    assert client.post("/cart/items", data={"csrf_token": token, "variant_id": variant_id,
+                                            "quantity": quantity}).status_code == 303
+    placed = client.post("/checkout", data={"csrf_token": token, "email": email})
+    assert placed.status_code == 303, placed.get_data(as_text=True)
+    return placed.headers["Location"].rsplit("/", 1)[-1]
+
+
+def leave_heartbeats(app) -> None:
+    """The heartbeats a running worker and scheduler leave, written by the same code their
+    processes run (a real RQ worker registration, the scheduler's own beat), without running
+    them: for tests of /healthz and the dashboard that are not about liveness."""
+    from shop import queue
+
+    with app.app_context():
+        worker = queue.make_worker(name=f"test-worker-{uuid.uuid4().hex[:8]}")
+        worker.register_birth()
+        worker.heartbeat()
+        queue.make_scheduler().heartbeat()
