@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm.exc import StaleDataError
 
-from compensation_support import place, seed
+from factories import place_order_for, seed_catalog_rows
 from shop.domain.deadlines import as_utc, utcnow
 from shop.domain.order import ALLOWED, CANCELLED_BY_CUSTOMER, OrderStatus
 from shop.extensions import db
@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def order_id(ctx):
-    skus = seed()
-    oid = place({next(iter(sorted(skus.values()))): 1})
+def order_id(fresh_ctx):
+    skus = seed_catalog_rows()
+    oid = place_order_for({next(iter(sorted(skus.values()))): 1}).order_id
     db.session.remove()
     return oid
 
