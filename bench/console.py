@@ -13,7 +13,9 @@ logs an operator in over HTTP and times, one request at a time:
 
 and prints p50/p99 of each (target p99 <= 150 ms), then every SQL statement each one issues
 (captured in-process with SQLAlchemy's before_cursor_execute) with its EXPLAIN (ANALYZE, BUFFERS)
-plan, marking any sequential scan of a big table.
+plan, marking any sequential scan of a big table; then the same plans, untimed, for the console's
+other lists (every order newest first, a state filter, the outbox and its dead letters, restore
+warnings, webhooks, sweeps, audit), so no page's query escapes the index check.
 
     DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/postgres /work/main/.venv/bin/python bench/console.py
 
@@ -102,6 +104,14 @@ SELECT now() - make_interval(secs => g * 600), now() - make_interval(secs => g *
             ELSE '[]' END AS json), 'bench'
 FROM generate_series(1, 2000) AS g
 """
+# The rest of the console's GET pages: only their plans are printed (see the docstring).
+OTHER_PAGES = [("orders", "/console/orders"), ("orders page 3", "/console/orders?page=3"),
+               ("orders by state", "/console/orders?status=PaymentFailed"),
+               ("outbox", "/console/outbox"), ("dead letters", "/console/outbox?status=dead"),
+               ("waiting", "/console/outbox?status=waiting"),
+               ("restore warnings", "/console/restore-warnings?state=open"),
+               ("webhooks", "/console/webhooks?outcome=rejected"), ("sweeps", "/console/sweeps"),
+               ("audit", "/console/audit")]
 BIG_TABLES = ("orders", "outbox_events", "outbox_deliveries", "scheduled_commands", "order_lines")
 
 
@@ -312,6 +322,8 @@ def main() -> None:
             print(f"{label:<10} p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  max {max(times):6.1f} ms  "
                   f"{'MET' if p99 <= 150 else 'MISSED'} (p99 <= 150 ms)  {path}  {size}", flush=True)
         capture_plans(app, urls)
+        print("\n##### the other console lists: plans only, untimed", flush=True)
+        capture_plans(app, OTHER_PAGES)
     finally:
         for proc in procs:
             if proc.poll() is None:

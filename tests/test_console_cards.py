@@ -71,6 +71,24 @@ def test_the_processes_card_is_not_green_without_a_beating_worker_and_scheduler(
     assert c["ok"] is False and "worker" in c["words"] and "scheduler" in c["words"]
 
 
+def test_a_stalled_worker_is_named_on_a_red_processes_card_that_asks_for_a_human_not_a_stale_one(make_app):
+    """The card's own check (reading the heartbeats) ran: a stalled process is news, not a lack of it."""
+    import time
+
+    from conftest import leave_heartbeats, log_in
+
+    app = make_app(HEALTH_STALE_SECONDS=1)
+    client = app.test_client()
+    log_in(app, client)
+    leave_heartbeats(app)
+    time.sleep(1.5)
+    c = card(client.get("/console/", headers=JSON).get_json(), "processes")
+    assert c["ok"] is False and c["stale"] is False and "stalled: worker test-worker-" in c["words"]
+    html = client.get("/console/", headers=HTML).get_data(as_text=True)
+    section = re.search(r'<section[^>]*data-card="processes".*?</section>', html, re.S).group(0)
+    assert "needs a human" in section and "not checked lately" not in section
+
+
 def test_the_dashboard_charts_count_the_orders_placed_paid_and_cancelled_in_the_last_hour(app, client, token):
     first, _ = place(app)
     place(app)

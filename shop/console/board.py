@@ -47,7 +47,7 @@ def cards(data: dict, now: datetime) -> list[dict]:
     out.append(_card("processes", "Processes", redis_ok and not stalled and not missing, len(stalled) + len(missing),
                      words, "Start or restart the stalled process (`flask shop up` runs them all); "
                      "a stopped worker leaves payments and emails waiting.", url_for("console.dashboard") + "#processes",
-                     stale=redis_ok and bool(stalled)))
+                     stale=not redis_ok))  # a stalled process was checked: it needs a human
 
     since = now - REJECTED_WINDOW
     count, = db.session.execute(select(func.count()).select_from(WebhookReceipt).where(
