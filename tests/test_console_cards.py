@@ -42,6 +42,20 @@ def test_a_rejected_webhook_turns_its_card_red_with_the_reason_and_what_to_check
     assert "tile alert" in section and "signature does not match" in section and "STRIPE_WEBHOOK_SECRET" in section
 
 
+def test_a_webhook_refused_at_the_door_reaches_the_dashboard_json_with_its_reason(app, client, token):
+    """End to end: a delivery whose signature does not verify, posted to the real endpoint."""
+    body = b'{"id": "evt_forged", "type": "checkout.session.completed", "data": {"object": {}}}'
+    r = app.test_client().post("/webhooks/stripe", data=body,
+                               headers={"Content-Type": "application/json", "Stripe-Signature": "t=1,v1=forged"})
+    assert r.status_code == 400
+    data = client.get("/console/", headers=JSON).get_json()
+    c = card(data, "rejected_webhooks")
+    assert c["ok"] is False and c["count"] == 1 and c["latest_reason"] and c["latest_reason"] in c["words"]
+    assert c["latest_at"] and "STRIPE_WEBHOOK_SECRET" in c["check"]
+    [listed] = client.get(c["url"], headers=JSON).get_json()["webhooks"]
+    assert listed["outcome"] == "rejected" and listed["reason"] == c["latest_reason"]
+
+
 def test_the_sweep_card_is_green_only_while_a_sweep_finished_ok_within_two_intervals(app, client, token):
     interval = app.config["RECONCILIATION_INTERVAL_SECONDS"]
     data = client.get("/console/", headers=JSON).get_json()
