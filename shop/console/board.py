@@ -107,8 +107,8 @@ def cards(data: dict, now: datetime) -> list[dict]:
                      url_for("console.orders", stuck=1)))
 
     provider = data["provider"]
-    out.append(_card("provider", "Payment provider", provider["state"] == "closed",
-                     0 if provider["state"] == "closed" else 1, provider["words"],
+    healthy = provider["state"] == "closed" and not provider.get("failures")
+    out.append(_card("provider", "Payment provider", healthy, 0 if healthy else 1, provider["words"],
                      "Look at the provider's status page; work waiting for it retries by itself.",
                      url_for("console.outbox", status="waiting")))
     return out

@@ -112,9 +112,15 @@ def provider_state(now: datetime) -> dict:
     from ..payments import guard
 
     view = guard.get().breaker_view()
-    state = view["state"]
+    state, failures = view["state"], int(view.get("failures") or 0)
     opened = view["opened_at"] if state != guard.CLOSED and view["opened_at"] else None
-    return {"state": state, "words": guard.STATE_WORDS.get(state, state),
+    words = guard.STATE_WORDS.get(state, state)
+    if state == guard.CLOSED and failures:
+        # Closed, but the latest calls failed: not "reachable" until one succeeds.
+        threshold = current_app.config["STRIPE_BREAKER_THRESHOLD"]
+        words = (f"Failing: the last {failures} call(s) to the provider failed in a row (after {threshold} it "
+                 "stops calling for a while); checkout takes orders and customers pay later with “Pay now”.")
+    return {"state": state, "failures": failures, "words": words,
             "since_seconds": max(0, int(now.timestamp() - opened)) if opened else None,
             "shared": view["shared"]}
 
