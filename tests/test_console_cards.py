@@ -130,6 +130,45 @@ def test_the_dashboard_charts_count_the_orders_placed_paid_and_cancelled_in_the_
     assert "style=" not in html.split("<main", 1)[1]  # the CSP forbids inline style attributes
 
 
+def test_the_charts_count_the_finished_minutes_once_and_the_current_minute_on_every_refresh(app):
+    from sqlalchemy import event
+
+    from shop.console import board
+
+    now = utcnow().replace(second=30, microsecond=0)
+    with app.app_context():
+        for minutes_ago in (0, 5):
+            db.session.add(OutboxEvent(order_id=None, name="OrderPlaced", payload={},
+                                       created_at=now - timedelta(minutes=minutes_ago, seconds=10)))
+        db.session.commit()
+        seen = []
+
+        def listener(conn, cursor, statement, *rest):
+            if statement.lstrip().upper().startswith("SELECT"):
+                seen.append(statement)
+
+        event.listen(db.engine, "before_cursor_execute", listener)
+        try:
+            first = board.charts(now)
+            assert first["totals"]["placed"] == 2 and first["orders"]["placed"][-1] == 1
+            assert first["orders"]["placed"][-6] == 1
+            assert len(seen) == 4  # events and lag, for the finished minutes and for the current one
+            seen.clear()
+            db.session.add(OutboxEvent(order_id=None, name="OrderPlaced", payload={},
+                                       created_at=now - timedelta(seconds=5)))
+            db.session.commit()
+            seen.clear()
+            again = board.charts(now + timedelta(seconds=20))
+            assert again["totals"]["placed"] == 3 and again["orders"]["placed"][-1] == 2
+            assert len(seen) == 2  # only the current minute
+            seen.clear()
+            # The next minute: the hour moved on, every finished minute is counted afresh.
+            later = board.charts(now + timedelta(minutes=1))
+            assert len(seen) == 4 and later["orders"]["placed"][-2] == 2 and later["orders"]["placed"][-7] == 1
+        finally:
+            event.remove(db.engine, "before_cursor_execute", listener)
+
+
 def test_a_retried_or_discarded_dead_letter_stays_on_the_dead_list_with_its_new_state(app, client, token):
     order_id, _ = place(app)
     delivery = cancel(app, order_id)
