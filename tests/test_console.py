@@ -702,6 +702,9 @@ def test_every_console_action_leaves_an_audit_row_with_who_what_why_and_outcome(
     assert any(t["kind"] == "operator" and EMAIL in t["what"] for t in timeline["timeline"])
     page = client.get("/console/audit").get_data(as_text=True)
     assert "recounted" in page and EMAIL in page
+    # How it went, in words: the HTTP status is only the badge's tooltip.
+    assert '<span class="badge alert" title="HTTP 409">refused</span>' in page
+    assert '<span class="badge ok" title="HTTP 200">done</span>' in page
     assert [a["action"] for a in client.get(f"/console/audit?operator={EMAIL.upper()}",
                                             headers=JSON).get_json()["actions"]] == \
         ["retry_all_dead", "retry_work", "discard_work"]
