@@ -98,6 +98,7 @@ def test_a_stalled_worker_is_named_on_a_red_processes_card_that_asks_for_a_human
     time.sleep(1.5)
     c = card(client.get("/console/", headers=JSON).get_json(), "processes")
     assert c["ok"] is False and c["stale"] is False and "stalled: worker test-worker-" in c["words"]
+    assert c["count"] == 2 and c["words"].startswith("2 stalled:")  # each stalled process once, not also as missing
     html = client.get("/console/", headers=HTML).get_data(as_text=True)
     section = re.search(r'<section[^>]*data-card="processes".*?</section>', html, re.S).group(0)
     assert "needs a human" in section and "not checked lately" not in section

@@ -33,17 +33,20 @@ def cards(data: dict, now: datetime) -> list[dict]:
     procs = data["processes"]
     stalled = [p for p in procs if p["stalled"]]
     roles = {p["role"] for p in procs if not p["stalled"]}
-    missing = [r for r in ("worker", "scheduler") if r not in roles]
+    # A role whose only process is stalled is counted once, as that stalled process.
+    missing = [r for r in ("worker", "scheduler") if r not in roles and r not in {p["role"] for p in stalled}]
     redis_ok = health["checks"].get("redis") == "ok"
+    parts = []
+    if stalled:
+        parts.append(f"{len(stalled)} stalled: " + ", ".join(
+            f"{p['role']} {p['name']} (last beat {human_age(p['beat_age_seconds'])} ago)" for p in stalled) + ".")
+    if missing:
+        parts.append("No " + " and no ".join(missing) + " has beaten within "
+                     + human_age(health["stale_after_seconds"]) + ".")
     if not redis_ok:
         words = "Redis does not answer: no heartbeat can be read."
-    elif stalled:
-        words = (f"{len(stalled)} stalled: " + ", ".join(
-            f"{p['role']} {p['name']} (last beat {human_age(p['beat_age_seconds'])} ago)" for p in stalled) + ".")
-    elif missing:
-        words = "No " + " and no ".join(missing) + " has beaten within " + human_age(health["stale_after_seconds"]) + "."
     else:
-        words = f"{len(procs)} running, each beat within {human_age(health['stale_after_seconds'])}."
+        words = " ".join(parts) or f"{len(procs)} running, each beat within {human_age(health['stale_after_seconds'])}."
     out.append(_card("processes", "Processes", redis_ok and not stalled and not missing, len(stalled) + len(missing),
                      words, "Start or restart the stalled process (`flask shop up` runs them all); "
                      "a stopped worker leaves payments and emails waiting.", url_for("console.dashboard") + "#processes",
