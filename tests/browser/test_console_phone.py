@@ -69,6 +69,8 @@ def test_the_dashboard_an_order_and_the_outbox_fit_a_390px_phone(browser, shop, 
 
     context = browser.new_context(viewport={"width": WIDTH, "height": 844}, is_mobile=True, device_scale_factor=1)
     page = context.new_page()
+    errors = []  # anything the browser logs as an error (a refused policy, a missing file)
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
     try:
         page.goto(f"{base_url}/console/login")
         page.get_by_label("Email").fill("ops@example.com")
@@ -88,5 +90,6 @@ def test_the_dashboard_an_order_and_the_outbox_fit_a_390px_phone(browser, shop, 
             assert not found["narrow"], (path, found["narrow"][:10])
         page.goto(base_url + "/console/")
         assert page.locator("#chart-placed svg").count() == 1
+        assert errors == []
     finally:
         context.close()
