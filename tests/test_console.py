@@ -775,3 +775,18 @@ def test_every_console_post_route_from_the_url_map_leaves_an_audit_row_naming_th
     timeline = client.get(f"/console/orders/{ref}", headers=JSON).get_json()
     assert [a["action"] for a in timeline["operator_actions"]] == ["reconcile"]
     assert any(t["kind"] == "operator" and EMAIL in t["what"] for t in timeline["timeline"])
+
+
+def test_webhook_counts_per_outcome_stop_at_the_cap_and_say_so(app, client, token, monkeypatch):
+    from shop.console import queries
+
+    monkeypatch.setattr(queries, "COUNT_CAP", 2)
+    with app.app_context():
+        for i in range(3):
+            db.session.add(WebhookReceipt(event_id=f"evt_{i}", outcome="rejected", reason="bad", http_status=400))
+        db.session.add(WebhookReceipt(event_id="evt_ok", outcome="accepted", reason="", http_status=200))
+        db.session.commit()
+    data = client.get("/console/webhooks", headers=JSON).get_json()
+    assert data["counts"] == {"rejected": 2, "accepted": 1} and data["counts_capped"] == ["rejected"]
+    html = client.get("/console/webhooks", headers=HTML).get_data(as_text=True)
+    assert "rejected (2+)</a>" in html and "accepted (1)</a>" in html
