@@ -163,9 +163,16 @@ def test_the_charts_count_the_finished_minutes_once_and_the_current_minute_on_ev
             assert again["totals"]["placed"] == 3 and again["orders"]["placed"][-1] == 2
             assert len(seen) == 2  # only the current minute
             seen.clear()
-            # The next minute: the hour moved on, every finished minute is counted afresh.
+            # The next minute: only the minute that just finished is counted, and the new current one.
+            # (The proof: a row written now into a minute counted before is not read again.)
+            db.session.add(OutboxEvent(order_id=None, name="OrderPlaced", payload={},
+                                       created_at=now - timedelta(minutes=10)))
+            db.session.commit()
+            seen.clear()
             later = board.charts(now + timedelta(minutes=1))
-            assert len(seen) == 4 and later["orders"]["placed"][-2] == 2 and later["orders"]["placed"][-7] == 1
+            assert len(seen) == 4 and all("outbox" in sql for sql in seen)
+            assert later["orders"]["placed"][-2] == 2 and later["orders"]["placed"][-7] == 1
+            assert later["totals"]["placed"] == 3
         finally:
             event.remove(db.engine, "before_cursor_execute", listener)
 
