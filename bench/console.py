@@ -2,8 +2,8 @@
 
 Fills its own PostgreSQL database to --orders orders with bulk INSERT ... SELECT generate_series
 (bench/sweep.py's fill: mostly Paid and Cancelled over the past year, 10% live and recent) plus
-stuck orders, one OrderPlaced event, delivery and deadline per order, dead letters, open and
-resolved restore warnings and a history of sweep cycles; then starts gunicorn serving the app,
+stuck orders, one OrderPlaced event, delivery and deadline per order, the webhook of each paid one
+(a few rejected), dead letters, open and resolved restore warnings and a history of sweep cycles; then starts gunicorn serving the app,
 logs an operator in over HTTP and times, one request at a time:
 
   dashboard   GET /console/                       (JSON)
@@ -13,7 +13,9 @@ logs an operator in over HTTP and times, one request at a time:
 
 and prints p50/p99 of each (target p99 <= 150 ms), then every SQL statement each one issues
 (captured in-process with SQLAlchemy's before_cursor_execute) with its EXPLAIN (ANALYZE, BUFFERS)
-plan, marking any sequential scan of a big table.
+plan, marking any sequential scan of a big table; then the same plans, untimed, for the console's
+other lists (every order newest first, a state filter, the outbox and its dead letters, restore
+warnings, webhooks, sweeps, audit), so no page's query escapes the index check.
 
     DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/postgres /work/main/.venv/bin/python bench/console.py
 
@@ -69,6 +71,15 @@ FROM outbox_events e CROSS JOIN LATERAL (
     SELECT CASE WHEN e.order_id % 2500 = 7 THEN 'dead' ELSE 'done' END AS status) AS d
 WHERE e.id BETWEEN :first AND :last
 """
+# The webhook that paid each Paid order, and one rejected delivery in 10,000 (the webhooks page,
+# its counts per outcome, the dashboard's rejected card and the order page read them).
+WEBHOOKS_SQL = """
+INSERT INTO webhook_receipts (event_id, event_type, outcome, reason, order_id, http_status, received_at)
+SELECT 'evt_bench_' || id, 'checkout.session.completed', CASE WHEN id % 10000 = 17 THEN 'rejected' ELSE 'accepted' END,
+       CASE WHEN id % 10000 = 17 THEN 'signature does not match (bench)' ELSE 'paid' END, id,
+       CASE WHEN id % 10000 = 17 THEN 400 ELSE 200 END, updated_at
+FROM orders WHERE status = 'Paid' AND id BETWEEN :first AND :last
+"""
 # Every order's payment deadline: done for settled orders, pending (due later) for live ones.
 COMMANDS_SQL = """
 INSERT INTO scheduled_commands (kind, order_id, payload, status, attempts, max_attempts, next_attempt_at,
@@ -102,7 +113,16 @@ SELECT now() - make_interval(secs => g * 600), now() - make_interval(secs => g *
             ELSE '[]' END AS json), 'bench'
 FROM generate_series(1, 2000) AS g
 """
-BIG_TABLES = ("orders", "outbox_events", "outbox_deliveries", "scheduled_commands", "order_lines")
+# The rest of the console's GET pages: only their plans are printed (see the docstring).
+OTHER_PAGES = [("orders", "/console/orders"), ("orders page 3", "/console/orders?page=3"),
+               ("orders by state", "/console/orders?status=PaymentFailed"),
+               ("outbox", "/console/outbox"), ("dead letters", "/console/outbox?status=dead"),
+               ("waiting", "/console/outbox?status=waiting"),
+               ("restore warnings", "/console/restore-warnings?state=open"),
+               ("webhooks", "/console/webhooks?outcome=rejected"), ("sweeps", "/console/sweeps"),
+               ("audit", "/console/audit")]
+BIG_TABLES = ("orders", "outbox_events", "outbox_deliveries", "scheduled_commands", "order_lines",
+              "webhook_receipts")
 
 
 def server_url() -> str:
@@ -127,7 +147,7 @@ def fill(db, orders: int) -> None:
 
     seed_catalog()
     steps = [("orders", BACKGROUND_SQL), ("lines", LINES_SQL), ("events", EVENTS_SQL), ("deliveries", DELIVERIES_SQL),
-             ("deadlines", COMMANDS_SQL)]
+             ("deadlines", COMMANDS_SQL), ("webhooks", WEBHOOKS_SQL)]
     for label, sql in steps:
         t0 = time.perf_counter()
         for params in chunks(orders):
@@ -263,7 +283,7 @@ def main() -> None:
             fill_seconds = time.perf_counter() - t0
             counts = {t: db.session.execute(text(f"SELECT count(*) FROM {t}")).scalar()
                       for t in ("orders", "outbox_events", "outbox_deliveries", "scheduled_commands",
-                                "order_lines", "restore_warnings", "reconciliation_cycles")}
+                                "order_lines", "webhook_receipts", "restore_warnings", "reconciliation_cycles")}
             mix = dict(db.session.execute(text("SELECT status, count(*) FROM orders GROUP BY status")).all())
             dead = db.session.execute(text("SELECT (SELECT count(*) FROM outbox_deliveries WHERE status = 'dead')"
                                            " + (SELECT count(*) FROM scheduled_commands WHERE status = 'dead')")).scalar()
@@ -312,6 +332,8 @@ def main() -> None:
             print(f"{label:<10} p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  max {max(times):6.1f} ms  "
                   f"{'MET' if p99 <= 150 else 'MISSED'} (p99 <= 150 ms)  {path}  {size}", flush=True)
         capture_plans(app, urls)
+        print("\n##### the other console lists: plans only, untimed", flush=True)
+        capture_plans(app, OTHER_PAGES)
     finally:
         for proc in procs:
             if proc.poll() is None:

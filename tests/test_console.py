@@ -710,8 +710,11 @@ def test_every_console_action_leaves_an_audit_row_with_who_what_why_and_outcome(
     assert any(t["kind"] == "operator" and EMAIL in t["what"] for t in timeline["timeline"])
     page = fresh_client.get("/console/audit").get_data(as_text=True)
     assert "recounted" in page and EMAIL in page
+    # How it went, in words: the HTTP status is only the badge's tooltip.
+    assert '<span class="badge alert" title="HTTP 409">refused</span>' in page
+    assert '<span class="badge ok" title="HTTP 200">done</span>' in page
     assert [a["action"] for a in fresh_client.get(f"/console/audit?operator={EMAIL.upper()}",
-                                                  headers=JSON).get_json()["actions"]] == \
+                                            headers=JSON).get_json()["actions"]] == \
         ["retry_all_dead", "retry_work", "discard_work"]
 
 
@@ -756,3 +759,42 @@ def test_a_paid_order_shows_no_stale_error_no_reconcile_button_and_no_pending_de
     pending = client.get("/console/outbox?status=pending", headers=JSON).get_json()["deliveries"]
     assert not [d for d in pending if d["handler"] == "expire_unpaid_order"]
     assert token
+
+
+def test_every_console_post_route_from_the_url_map_leaves_an_audit_row_naming_the_operator(app, client, token):
+    """Walked from the URL map, so an action added later is held to it too: each POST (accepted,
+    refused or not found alike) adds exactly one row with the operator's email and the action's
+    name, and the one on a real order shows on that order's timeline."""
+    order_id, ref = place(app)
+    samples = {"work": "1", "id": "1", "default": ref}
+    actions = [(rule.endpoint.removeprefix("console."),
+                re.sub(r"<(?:(\w+):)?\w+>", lambda m: samples.get(m.group(1) or "default", ref), rule.rule))
+               for rule in app.url_map.iter_rules()
+               if rule.endpoint.startswith("console.") and "POST" in rule.methods
+               and rule.endpoint not in ("console.login", "console.logout")]
+    assert {"reconcile", "retry_work", "discard_work", "retry_all_dead", "resolve_warning"} <= {a for a, _ in actions}
+    for n, (action, url) in enumerate(actions, 1):
+        r = client.post(url, data={"csrf_token": token, "reason": "audit walk"}, headers=JSON)
+        assert r.status_code < 500, (url, r.status_code)
+        rows = client.get("/console/audit", headers=JSON).get_json()["actions"]
+        assert len(rows) == n, (url, rows)
+        assert (rows[0]["operator"], rows[0]["action"], rows[0]["status"]) == (EMAIL, action, r.status_code), url
+        assert rows[0]["at"]
+    timeline = client.get(f"/console/orders/{ref}", headers=JSON).get_json()
+    assert [a["action"] for a in timeline["operator_actions"]] == ["reconcile"]
+    assert any(t["kind"] == "operator" and EMAIL in t["what"] for t in timeline["timeline"])
+
+
+def test_webhook_counts_per_outcome_stop_at_the_cap_and_say_so(app, client, token, monkeypatch):
+    from shop.console import queries
+
+    monkeypatch.setattr(queries, "COUNT_CAP", 2)
+    with app.app_context():
+        for i in range(3):
+            db.session.add(WebhookReceipt(event_id=f"evt_{i}", outcome="rejected", reason="bad", http_status=400))
+        db.session.add(WebhookReceipt(event_id="evt_ok", outcome="accepted", reason="", http_status=200))
+        db.session.commit()
+    data = client.get("/console/webhooks", headers=JSON).get_json()
+    assert data["counts"] == {"rejected": 2, "accepted": 1} and data["counts_capped"] == ["rejected"]
+    html = client.get("/console/webhooks", headers=HTML).get_data(as_text=True)
+    assert "rejected (2+)</a>" in html and "accepted (1)</a>" in html

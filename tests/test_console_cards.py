@@ -43,6 +43,20 @@ def test_a_rejected_webhook_turns_its_card_red_with_the_reason_and_what_to_check
     assert "tile alert" in section and "signature does not match" in section and "STRIPE_WEBHOOK_SECRET" in section
 
 
+def test_a_webhook_refused_at_the_door_reaches_the_dashboard_json_with_its_reason(fresh_app, fresh_client, token):
+    """End to end: a delivery whose signature does not verify, posted to the real endpoint."""
+    body = b'{"id": "evt_forged", "type": "checkout.session.completed", "data": {"object": {}}}'
+    r = fresh_app.test_client().post("/webhooks/stripe", data=body,
+                               headers={"Content-Type": "application/json", "Stripe-Signature": "t=1,v1=forged"})
+    assert r.status_code == 400
+    data = fresh_client.get("/console/", headers=JSON).get_json()
+    c = card(data, "rejected_webhooks")
+    assert c["ok"] is False and c["count"] == 1 and c["latest_reason"] and c["latest_reason"] in c["words"]
+    assert c["latest_at"] and "STRIPE_WEBHOOK_SECRET" in c["check"]
+    [listed] = fresh_client.get(c["url"], headers=JSON).get_json()["webhooks"]
+    assert listed["outcome"] == "rejected" and listed["reason"] == c["latest_reason"]
+
+
 def test_the_sweep_card_is_green_only_while_a_sweep_finished_ok_within_two_intervals(fresh_app, fresh_client, token):
     interval = fresh_app.config["RECONCILIATION_INTERVAL_SECONDS"]
     data = fresh_client.get("/console/", headers=JSON).get_json()
@@ -72,6 +86,25 @@ def test_the_processes_card_is_not_green_without_a_beating_worker_and_scheduler(
     assert c["ok"] is False and "worker" in c["words"] and "scheduler" in c["words"]
 
 
+def test_a_stalled_worker_is_named_on_a_red_processes_card_that_asks_for_a_human_not_a_stale_one(make_fresh_app):
+    """The card's own check (reading the heartbeats) ran: a stalled process is news, not a lack of it."""
+    import time
+
+    from support import leave_heartbeats, log_in
+
+    app = make_fresh_app(HEALTH_STALE_SECONDS=1)
+    client = app.test_client()
+    log_in(app, client)
+    leave_heartbeats(app)
+    time.sleep(1.5)
+    c = card(client.get("/console/", headers=JSON).get_json(), "processes")
+    assert c["ok"] is False and c["stale"] is False and "stalled: worker test-worker-" in c["words"]
+    assert c["count"] == 2 and c["words"].startswith("2 stalled:")  # each stalled process once, not also as missing
+    html = client.get("/console/", headers=HTML).get_data(as_text=True)
+    section = re.search(r'<section[^>]*data-card="processes".*?</section>', html, re.S).group(0)
+    assert "needs a human" in section and "not checked lately" not in section
+
+
 def test_the_dashboard_charts_count_the_orders_placed_paid_and_cancelled_in_the_last_hour(fresh_app, fresh_client,
                                                                                            token):
     first, _ = placed_order_in(fresh_app)
@@ -98,6 +131,52 @@ def test_the_dashboard_charts_count_the_orders_placed_paid_and_cancelled_in_the_
     assert "1 order paid in the last 60 minutes" in html and "1 order cancelled in the last 60 minutes" in html
     assert re.search(r'id="chart-lag"', html)
     assert "style=" not in html.split("<main", 1)[1]  # the CSP forbids inline style attributes
+
+
+def test_the_charts_count_the_finished_minutes_once_and_the_current_minute_on_every_refresh(fresh_app):
+    from sqlalchemy import event
+
+    from shop.console import board
+
+    now = utcnow().replace(second=30, microsecond=0)
+    with fresh_app.app_context():
+        for minutes_ago in (0, 5):
+            db.session.add(OutboxEvent(order_id=None, name="OrderPlaced", payload={},
+                                       created_at=now - timedelta(minutes=minutes_ago, seconds=10)))
+        db.session.commit()
+        seen = []
+
+        def listener(conn, cursor, statement, *rest):
+            if statement.lstrip().upper().startswith("SELECT"):
+                seen.append(statement)
+
+        event.listen(db.engine, "before_cursor_execute", listener)
+        try:
+            first = board.charts(now)
+            assert first["totals"]["placed"] == 2 and first["orders"]["placed"][-1] == 1
+            assert first["orders"]["placed"][-6] == 1
+            assert len(seen) == 4  # events and lag, for the finished minutes and for the current one
+            seen.clear()
+            db.session.add(OutboxEvent(order_id=None, name="OrderPlaced", payload={},
+                                       created_at=now - timedelta(seconds=5)))
+            db.session.commit()
+            seen.clear()
+            again = board.charts(now + timedelta(seconds=20))
+            assert again["totals"]["placed"] == 3 and again["orders"]["placed"][-1] == 2
+            assert len(seen) == 2  # only the current minute
+            seen.clear()
+            # The next minute: only the minute that just finished is counted, and the new current one.
+            # (The proof: a row written now into a minute counted before is not read again.)
+            db.session.add(OutboxEvent(order_id=None, name="OrderPlaced", payload={},
+                                       created_at=now - timedelta(minutes=10)))
+            db.session.commit()
+            seen.clear()
+            later = board.charts(now + timedelta(minutes=1))
+            assert len(seen) == 4 and all("outbox" in sql for sql in seen)
+            assert later["orders"]["placed"][-2] == 2 and later["orders"]["placed"][-7] == 1
+            assert later["totals"]["placed"] == 3
+        finally:
+            event.remove(db.engine, "before_cursor_execute", listener)
 
 
 def test_a_retried_or_discarded_dead_letter_stays_on_the_dead_list_with_its_new_state(fresh_app, fresh_client, token):

@@ -66,6 +66,23 @@ def test_a_sweep_error_names_the_order_by_reference_with_a_link_and_says_what_ne
     assert "Next: The sweep retries at the next cycle" in html
 
 
+def test_the_dashboard_json_names_the_order_of_a_sweep_error_by_reference(sweep_app, fresh_client, sandbox):
+    with sweep_app.app_context():
+        _, reference = forgotten_session_order(sandbox)
+        assert run_cycle(now=later(sweep_app)).provider["errors"] == 1
+    log_in(sweep_app, fresh_client)
+
+    data = fresh_client.get("/console/", headers=JSON).get_json()
+    [problem] = data["last_sweep"]["problems"]
+    assert problem["order_reference"] == reference and problem["order_url"] == f"/console/orders/{reference}"
+    sweep = next(c for c in data["cards"] if c["key"] == "sweep")
+    assert sweep["ok"] is False and sweep["count"] == 1 and reference in sweep["words"]
+    assert "{" not in sweep["words"] and "order_id" not in sweep["words"]
+    html = fresh_client.get("/console/", headers={"Accept": "text/html"}).get_data(as_text=True)
+    card = re.search(r'<section[^>]*data-card="sweep".*?</section>', html, re.S).group(0)
+    assert reference in card and "ok with 1 problem" in card
+
+
 def test_a_cycle_with_errors_is_not_shown_as_plain_ok(sweep_app, fresh_client, sandbox):
     with sweep_app.app_context():
         forgotten_session_order(sandbox)

@@ -108,6 +108,26 @@ def test_the_console_dashboard_says_the_providers_state_in_words(shop, sandbox):
     assert "Unavailable: checkout takes orders and holds their stock" in page
 
 
+def test_the_provider_card_is_not_green_while_the_latest_calls_failed_below_the_breakers_threshold(shop, sandbox):
+    """A breaker still closed after failed calls is no evidence the provider is reachable."""
+    app, skus = shop(STRIPE_BREAKER_THRESHOLD=50)
+    console = app.test_client()
+    log_in(app, console)
+    card = lambda: next(c for c in console.get("/console/", headers=JSON).get_json()["cards"]  # noqa: E731
+                        if c["key"] == "provider")
+    assert card()["ok"] is True and card()["words"] == guard.STATE_WORDS[guard.CLOSED]
+    sandbox.faults(api_unavailable=True)
+    Shopper(app, skus).checkout()
+    provider = console.get("/console/", headers=JSON).get_json()["provider"]
+    assert provider["state"] == guard.CLOSED and provider["failures"] >= 1
+    c = card()
+    assert c["ok"] is False and c["count"] == 1 and c["words"].startswith("Failing: the last")
+    assert "Reachable" not in c["words"]
+    sandbox.faults(api_unavailable=False)
+    Shopper(app, skus).checkout()  # one call that answers resets the count
+    assert card()["ok"] is True
+
+
 def test_a_process_that_cannot_reach_redis_keeps_its_own_breaker(make_fresh_app, sandbox):
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_BREAKER_THRESHOLD=2,
                          STRIPE_BREAKER_COOLDOWN_SECONDS=60)

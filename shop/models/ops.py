@@ -1,5 +1,5 @@
 from flask_login import UserMixin
-from sqlalchemy import Integer, String, Text
+from sqlalchemy import Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ..extensions import db
@@ -24,6 +24,9 @@ class RestoreWarning(db.Model):
 
 class ReconciliationCycle(db.Model):
     __tablename__ = "reconciliation_cycles"
+    # The dashboard's and /metrics' "last successful sweep": max(finished_at) where status = 'ok',
+    # answered from the index's end instead of scanning every cycle ever run.
+    __table_args__ = (Index("ix_reconciliation_cycles_status_finished_at", "status", "finished_at"),)
     id: Mapped[int] = mapped_column(primary_key=True)
     started_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
     finished_at = mapped_column(UTCDateTime, nullable=True)

@@ -1,4 +1,4 @@
-from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, declared_attr, mapped_column, relationship
 
 from ..extensions import db
@@ -56,7 +56,12 @@ class DurableWork:
 
     @declared_attr.directive
     def __table_args__(cls):
-        return (Index(f"ix_{cls.__tablename__}_status_next", "status", "next_attempt_at"),) + tuple(
+        # Partial: only pending rows that failed (a few, during an outage), so the writer's hot
+        # inserts never touch it. Serves the outbox's "waiting for the provider" list and /metrics.
+        waiting = text("status = 'pending' AND failure_kind IS NOT NULL")
+        return (Index(f"ix_{cls.__tablename__}_status_next", "status", "next_attempt_at"),
+                Index(f"ix_{cls.__tablename__}_pending_failure_kind", "failure_kind",
+                      postgresql_where=waiting, sqlite_where=waiting)) + tuple(
             getattr(cls, "_extra_table_args", ())
         )
 
