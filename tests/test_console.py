@@ -761,40 +761,40 @@ def test_a_paid_order_shows_no_stale_error_no_reconcile_button_and_no_pending_de
     assert token
 
 
-def test_every_console_post_route_from_the_url_map_leaves_an_audit_row_naming_the_operator(app, client, token):
+def test_every_console_post_route_from_the_url_map_leaves_an_audit_row_naming_the_operator(fresh_app, fresh_client, token):
     """Walked from the URL map, so an action added later is held to it too: each POST (accepted,
     refused or not found alike) adds exactly one row with the operator's email and the action's
     name, and the one on a real order shows on that order's timeline."""
-    order_id, ref = place(app)
+    order_id, ref = placed_order_in(fresh_app)
     samples = {"work": "1", "id": "1", "default": ref}
     actions = [(rule.endpoint.removeprefix("console."),
                 re.sub(r"<(?:(\w+):)?\w+>", lambda m: samples.get(m.group(1) or "default", ref), rule.rule))
-               for rule in app.url_map.iter_rules()
+               for rule in fresh_app.url_map.iter_rules()
                if rule.endpoint.startswith("console.") and "POST" in rule.methods
                and rule.endpoint not in ("console.login", "console.logout")]
     assert {"reconcile", "retry_work", "discard_work", "retry_all_dead", "resolve_warning"} <= {a for a, _ in actions}
     for n, (action, url) in enumerate(actions, 1):
-        r = client.post(url, data={"csrf_token": token, "reason": "audit walk"}, headers=JSON)
+        r = fresh_client.post(url, data={"csrf_token": token, "reason": "audit walk"}, headers=JSON)
         assert r.status_code < 500, (url, r.status_code)
-        rows = client.get("/console/audit", headers=JSON).get_json()["actions"]
+        rows = fresh_client.get("/console/audit", headers=JSON).get_json()["actions"]
         assert len(rows) == n, (url, rows)
         assert (rows[0]["operator"], rows[0]["action"], rows[0]["status"]) == (EMAIL, action, r.status_code), url
         assert rows[0]["at"]
-    timeline = client.get(f"/console/orders/{ref}", headers=JSON).get_json()
+    timeline = fresh_client.get(f"/console/orders/{ref}", headers=JSON).get_json()
     assert [a["action"] for a in timeline["operator_actions"]] == ["reconcile"]
     assert any(t["kind"] == "operator" and EMAIL in t["what"] for t in timeline["timeline"])
 
 
-def test_webhook_counts_per_outcome_stop_at_the_cap_and_say_so(app, client, token, monkeypatch):
+def test_webhook_counts_per_outcome_stop_at_the_cap_and_say_so(fresh_app, fresh_client, token, monkeypatch):
     from shop.console import queries
 
     monkeypatch.setattr(queries, "COUNT_CAP", 2)
-    with app.app_context():
+    with fresh_app.app_context():
         for i in range(3):
             db.session.add(WebhookReceipt(event_id=f"evt_{i}", outcome="rejected", reason="bad", http_status=400))
         db.session.add(WebhookReceipt(event_id="evt_ok", outcome="accepted", reason="", http_status=200))
         db.session.commit()
-    data = client.get("/console/webhooks", headers=JSON).get_json()
+    data = fresh_client.get("/console/webhooks", headers=JSON).get_json()
     assert data["counts"] == {"rejected": 2, "accepted": 1} and data["counts_capped"] == ["rejected"]
-    html = client.get("/console/webhooks", headers=HTML).get_data(as_text=True)
+    html = fresh_client.get("/console/webhooks", headers=HTML).get_data(as_text=True)
     assert "rejected (2+)</a>" in html and "accepted (1)</a>" in html

@@ -20,10 +20,6 @@ def unpaid_deadline(last_change: datetime, window_seconds: int) -> datetime:
     return as_utc(last_change) + timedelta(seconds=window_seconds)
 
 
-def is_unpaid_order_due(now: datetime, last_change: datetime, window_seconds: int) -> bool:
-    return as_utc(now) >= unpaid_deadline(last_change, window_seconds)
-
-
 # The provider checks its minimum against its own clock when the request arrives: a little
 # slack keeps a request that takes a second or two from being refused at the boundary.
 SESSION_SLACK_SECONDS = 15

@@ -19,5 +19,3 @@ class Refused:
 
     ok = False
 
-
-Result = Ok | Refused
