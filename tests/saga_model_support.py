@@ -202,7 +202,7 @@ class SagaModel(RuleBasedStateMachine):
     def reset(self, stock, carts):
         """A fresh world, and a few checkouts so every interleaving has orders to work on."""
         self.world.examples += 1
-        if self.world.examples % 50 == 0:  # a sign of life in the long profile (shown with -s)
+        if self.world.examples % 10 == 0:  # a sign of life in the long profile (shown with -s)
             print(f"saga model: {self.world.examples} interleavings so far, "
                   f"{time.monotonic() - self.world.started:.0f} s", flush=True)
         self.initial = self.world.reset(dict(zip(SKUS, stock)))
