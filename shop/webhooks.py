@@ -114,9 +114,17 @@ def stripe_webhook():
         return _reject("unparseable body")
     if not isinstance(event, dict) or not isinstance(event.get("data"), dict) or \
             not isinstance(event["data"].get("object"), dict) or not isinstance(event.get("type"), str) or \
-            not isinstance(event.get("id"), (str, type(None))):
+            not _usable_id(event.get("id")):
         return _reject("unparseable body: not a Stripe event")
     return _accept(event)
+
+
+def _usable_id(value) -> bool:
+    """An event id the shop can store and compare: absent, or text without control characters
+    (a NUL cannot be stored by PostgreSQL) that fits the receipts' column. Stripe's are `evt_`
+    and letters and digits; a signed body with anything else is not Stripe's."""
+    return value is None or (isinstance(value, str) and 0 < len(value) <= 255
+                             and not any(ord(c) < 32 or ord(c) == 127 for c in value))
 
 
 HANDLED = set(gateway.EVENT_TYPES)
@@ -128,6 +136,11 @@ def _accept(event: dict):
         _record("ignored", f"event type {event_type} is not used", 200, event_id, event_type)
         return jsonify({"received": True, "outcome": "ignored"}), 200
     view = gateway.session_view(event["data"]["object"])
+    if view.id is None or not _usable_id(view.id):
+        # Every Checkout Session event names its session; without one there is nothing to
+        # apply or to ask the provider about (and the SDK would refuse the call).
+        _record("ignored", "the event names no checkout session", 200, event_id, event_type)
+        return jsonify({"received": True, "outcome": "ignored"}), 200
     failed = event_type == "checkout.session.async_payment_failed"
     by_cancel = event_type == "checkout.session.expired" and gateway.expired_by_a_cancel(event)
 

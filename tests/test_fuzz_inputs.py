@@ -205,8 +205,11 @@ def _world(make_fresh_app, sandbox) -> World:
 
 def _is_event(value) -> bool:
     """What the webhook must accept once the signature is good: a JSON object shaped like an event."""
+    event_id = value.get("id") if isinstance(value, dict) else None
     return (isinstance(value, dict) and value.get("object") != "v2.core.event"
-            and isinstance(value.get("type"), str) and isinstance(value.get("id"), (str, type(None)))
+            and isinstance(value.get("type"), str)
+            and (event_id is None or (isinstance(event_id, str) and 0 < len(event_id) <= 255
+                                      and not any(ord(c) < 32 or ord(c) == 127 for c in event_id)))
             and isinstance(value.get("data"), dict) and isinstance(value["data"].get("object"), dict))
 
 

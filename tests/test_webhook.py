@@ -282,7 +282,7 @@ def test_a_chunked_body_is_measured_whole_413_over_the_limit_and_verified_whole_
 def test_a_signed_body_of_any_shape_is_answered_400_or_200_never_500(fresh_paying_app, shape):
     """Only Stripe can sign, but a 500 would make it retry forever: nesting past the parser's
     depth is unparseable (400), a session object with fields of the wrong types is a notice
-    about no order we know (200)."""
+    about no order we know, or about no session at all (200)."""
     session = {"id": "cs_test_odd", "object": "checkout.session", "status": "complete", "payment_status": "paid",
                "amount_total": 100, "currency": "usd", "client_reference_id": "BK-NOSUCH"}
     if shape == "deep_array":
@@ -303,5 +303,41 @@ def test_a_signed_body_of_any_shape_is_answered_400_or_200_never_500(fresh_payin
     assert r.status_code in (200, 400), r.get_data(as_text=True)[:300]
     if shape.startswith("deep"):
         assert r.status_code == 400
-    else:
+    elif shape == "metadata_list":
         assert r.status_code == 200 and r.get_json()["outcome"] == "unknown_order"
+    else:  # its session id is a list: the event names no session
+        assert r.status_code == 200 and r.get_json()["outcome"] == "ignored"
+
+
+def test_a_signed_event_whose_id_holds_a_control_character_is_refused_as_not_stripes(fresh_paying_app, caplog):
+    """Found by the long fuzz run: an event id with a NUL passed the shape check, then PostgreSQL
+    refused to store it while claiming the event, and the delivery was logged with a traceback as
+    'accepted, not applied'. Stripe's ids are `evt_` and letters and digits: such a body is not
+    Stripe's, and is refused before anything is written."""
+    session = {"id": "cs_test_nul", "object": "checkout.session", "status": "complete", "payment_status": "paid",
+               "amount_total": 100, "currency": "usd", "client_reference_id": "BK-NOSUCH"}
+    client = fresh_paying_app.test_client()
+    for bad_id in ("evt_\u0000nul", "evt_\u001fctl", "e" * 256):
+        r = post_webhook(client, stripe_event("checkout.session.completed", session, event_id=bad_id))
+        assert r.status_code == 400, bad_id
+    assert [(r[0], r[1], r[2]) for r in _receipts(fresh_paying_app)] == [(None, "rejected", 400)] * 3
+    assert not any(rec.exc_info for rec in caplog.records)
+    with fresh_paying_app.app_context():
+        assert db.session.query(ProcessedStripeEvent).count() == 0
+
+
+@pytest.mark.parametrize("event_type", ["checkout.session.completed", "checkout.session.expired"])
+def test_a_session_event_that_names_no_session_is_ignored_in_words_without_asking_the_provider(
+        fresh_paying_app, sandbox, event_type, caplog):
+    """Found by the long fuzz run: a session id that is not a string reached the SDK (an
+    'expired' notice is re-read from the provider) and raised TypeError, logged with a traceback
+    as 'accepted, not applied'. Without a session there is nothing to apply or ask about."""
+    before = sandbox.request_count()
+    session = {"id": 12345, "object": "checkout.session", "status": "expired", "payment_status": "unpaid",
+               "amount_total": 100, "currency": "usd", "metadata": {"order_id": "1"}}
+    r = post_webhook(fresh_paying_app.test_client(), stripe_event(event_type, session, event_id="evt_no_session"))
+    assert r.status_code == 200 and r.get_json()["outcome"] == "ignored"
+    [receipt] = _receipts(fresh_paying_app)
+    assert receipt[:3] == ("evt_no_session", "ignored", 200) and "names no checkout session" in receipt[3]
+    assert sandbox.request_count() == before
+    assert not any(rec.exc_info for rec in caplog.records)
