@@ -683,13 +683,16 @@ class Faults:
             finally:
                 conn.close()
         elif kind == "pg_terminate_backend":
+            # The time the kill was asked for, not when its answer came back: a request whose
+            # connection died answers its 503 in words before this thread hears back.
+            asked = time.time()
             with self.sql.connect() as conn:
                 n = conn.execute(text(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                     "WHERE datname = current_database() AND pid <> pg_backend_pid() "
                     "AND coalesce(application_name, '') <> :me"), {"me": HARNESS_APP_NAME}).scalar()
             with stats.lock:
-                stats.pg_kills.append(time.time())
+                stats.pg_kills.append(asked)
             stats.add("faults", "pg_terminated_connections", int(n or 0))
         elif kind == "api_unavailable":
             if self.run.faults(api_unavailable=True):
