@@ -415,6 +415,45 @@ def test_a_lease_held_by_another_live_cycle_skips_the_cycle(build_app, sandbox):
         assert taken_over.status == "ok" and taken_over.expiry["cancelled"] == 1
 
 
+
+def test_a_lease_whose_holder_was_killed_on_this_machine_is_taken_over_at_once(build_app):
+    """Found by the long chaos run: a worker SIGKILLed mid-cycle left the lease held for its
+    whole 300 s, every cycle meanwhile was skipped, and late money for cancelled orders waited
+    that long to be found. A holder that was a process on this machine and is gone no longer
+    blocks; one that is alive, or on another machine, still does."""
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid names no process now
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    host = socket.gethostname()[:60]
+    app = build_app()
+    try:
+        with app.app_context():
+            order_id = place_order_for().order_id
+            when = later(app)
+            lease = Lease(name=sweep.LEASE_NAME, holder=f"{host}:{alive.pid}:cafe0001",
+                          expires_at=when + timedelta(seconds=300))
+            db.session.add(lease)
+            db.session.commit()
+            assert run_cycle(now=when).status == "skipped"  # alive on this machine: it holds
+            db.session.execute(update(Lease).values(holder=f"elsewhere:{gone.pid}:cafe0002"))
+            db.session.commit()
+            assert run_cycle(now=when).status == "skipped"  # another machine: cannot be checked
+            assert order_state(order_id) == "PendingPayment"
+
+            db.session.execute(update(Lease).values(holder=f"{host}:{gone.pid}:cafe0003"))
+            db.session.commit()
+            taken_over = run_cycle(now=when)  # long before the lease would lapse
+            assert taken_over.status == "ok" and taken_over.expiry["cancelled"] == 1
+            assert order_state(order_id) == "Cancelled"
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 # -- bounds and gates ------------------------------------------------------------------------
 
 def test_one_cycle_handles_exactly_one_batch_oldest_first(build_app):
