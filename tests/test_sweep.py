@@ -28,6 +28,8 @@ from shop.payments.apply import reconcile_order
 from shop.payments.start import start_payment
 from shop.scheduling import sweep
 from shop.scheduling.sweep import run_cycle
+from shop.payments import guard
+from shop.domain.deadlines import as_utc
 from shop.store import orders as store
 from support import log_in
 
@@ -452,6 +454,44 @@ def test_a_lease_whose_holder_was_killed_on_this_machine_is_taken_over_at_once(b
     finally:
         alive.kill()
         alive.wait()
+
+
+
+def test_once_the_provider_answers_again_work_backing_off_for_it_runs_within_one_sweep(build_app, sandbox):
+    """Found by the long chaos run: a refund held back by an outage waited out its backoff (up to
+    300 s) after the provider was back, and the run did not settle within a minute of quiet. A
+    sweep whose provider answers (breaker closed, latest call a success) makes such rows due at
+    once; a row waiting for anything else, or while the provider still fails, keeps its time."""
+    app = build_app()
+    with app.app_context():
+        now = utcnow()
+        later_at = now + timedelta(seconds=250)
+
+        def command(**fields) -> int:
+            row = ScheduledCommand(kind="refund_payment", order_id=None, payload={"refund_id": 0},
+                                   next_attempt_at=later_at, **fields)
+            db.session.add(row)
+            db.session.commit()
+            return row.id
+
+        waiting = command(failure_kind="provider", provider_waits=3, last_error="waiting for the provider")
+        erring = command(failure_kind="error", attempts=1, last_error="ValueError")  # an ordinary retry
+        future = command()  # a deadline not yet due
+
+        def due(work_id) -> bool:
+            return as_utc(db.session.get(ScheduledCommand, work_id).next_attempt_at) <= utcnow()
+
+        provider = guard.get()
+        provider.record(ok=False)  # the latest call failed: not evidence the provider is back
+        assert sweep.wake_work_waiting_for_the_provider(now) == 0 and not due(waiting)
+        provider.record(ok=True)
+        sandbox.faults(api_unavailable=False)
+        result = run_cycle(now=now)
+        assert result.status == "ok"
+        db.session.expire_all()
+        assert due(waiting) and not due(erring) and not due(future)
+        row = db.session.get(ScheduledCommand, waiting)
+        assert (row.status, row.attempts, row.provider_waits) == ("pending", 0, 3)  # nothing spent
 
 
 # -- bounds and gates ------------------------------------------------------------------------

@@ -192,6 +192,20 @@ def retry_all_dead(kind: str, name: str) -> list[int]:
     return ids
 
 
+def wake_provider_waiters(now: datetime) -> int:
+    """The provider answers again: work that was backing off for it (a refund during an outage,
+    up to OUTBOX_PROVIDER_RETRY_CAP_SECONDS apart) runs now instead of at its next retry.
+    Returns how many rows it woke."""
+    woken = 0
+    for kind, model in TABLES.items():
+        ids = runner.wake_provider_waiters(model, now)
+        woken += len(ids)
+        for work_id in ids:
+            if not _announce(kind, work_id, now):
+                return woken  # Redis is down: the rest are due, and the relay hands them over
+    return woken
+
+
 def discard(kind: str, work_id: int, reason: str) -> bool:
     """Give up on a dead row for good, with the operator's reason. False when it was not dead
     or pending (any more)."""

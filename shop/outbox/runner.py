@@ -354,6 +354,19 @@ def retry_all_dead(model, name_column, name: str, now: datetime | None = None) -
     return sorted(ids)
 
 
+def wake_provider_waiters(model, now: datetime) -> list[int]:
+    """Rows backing off only because the provider did not answer become due now, in one
+    conditional UPDATE (their attempt budget is untouched). Returns the ids it moved."""
+    table = model.__table__
+    ids = db.session.execute(
+        update(table).where(table.c.status == "pending", table.c.failure_kind == FAILURE_PROVIDER,
+                            table.c.next_attempt_at > now)
+        .values(next_attempt_at=now, updated_at=now).returning(table.c.id)
+    ).scalars().all()
+    db.session.commit()
+    return sorted(ids)
+
+
 def discard(model, work_id: int, reason: str, now: datetime | None = None) -> bool:
     now = now or utcnow()
     result = db.session.execute(

@@ -55,7 +55,7 @@ from ..models import Lease, Order, ReconciliationCycle, Refund, ScheduledCommand
 from ..orders.cancel import cancel_unpaid
 from ..outbox import dispatch, uow
 from ..payments import apply as payments
-from ..payments import gateway
+from ..payments import gateway, guard
 from ..store import orders
 
 log = logging.getLogger("shop.sweep")
@@ -612,6 +612,20 @@ def _run_passes(result: CycleResult, batch: int, clock, keep_lease) -> None:
         ids = watched_cancelled_ids(clock(), batch)
         _run_pass("provider", ids, lambda oid: check_cancelled_payment(oid, clock()), result.provider,
                   result.errors, keep_lease)
+        wake_work_waiting_for_the_provider(clock())
+
+
+def wake_work_waiting_for_the_provider(now: datetime) -> int:
+    """Once the provider answers again (the breaker closed and the latest call succeeded), work
+    that was backing off for it runs now: a refund held back by an outage is made within one
+    sweep interval of the provider's return, not at its next retry, up to 300 s later."""
+    view = guard.get().breaker_view()
+    if view["state"] != guard.CLOSED or int(view.get("failures") or 0):
+        return 0
+    woken = dispatch.wake_provider_waiters(now)
+    if woken:
+        log.info("sweep: the provider answers again; %d row(s) waiting for it run now", woken)
+    return woken
 
 
 def _lease_held_by_another() -> str:
