@@ -716,8 +716,13 @@ class SagaModel(RuleBasedStateMachine):
         """Nothing is due: every cancellation has given its stock back exactly once, stock is
         conserved, every refund the shop decided on happened at the provider."""
         data, provider = self.shop(), self.provider()
+        # A restore that died (its fifth crash) is an operator's to retry: until then its stock is
+        # held back, and accounted for as such, like one the operator discarded.
+        dead_restores = {d["order_id"] for d in data["deliveries"]
+                         if d["status"] == "dead" and d["handler"] == "restore_inventory"}
+        unrestored_ok = self.unrestorable | dead_restores
         for oid, row in data["orders"].items():
-            if row["status"] == "Cancelled" and oid not in self.unrestorable:
+            if row["status"] == "Cancelled" and oid not in unrestored_ok:
                 assert row["restored"], f"order {oid} is cancelled but its stock was not given back"
         for vid in self.variants:
             held = sum(m.lines.get(vid, 0) for oid, m in self.orders.items()
@@ -725,7 +730,7 @@ class SagaModel(RuleBasedStateMachine):
             sold = sum(m.lines.get(vid, 0) for oid, m in self.orders.items()
                        if data["orders"][oid]["status"] == "Paid")
             stuck = sum(m.lines.get(vid, 0) for oid, m in self.orders.items()
-                        if oid in self.unrestorable and not data["orders"][oid]["restored"])
+                        if oid in unrestored_ok and not data["orders"][oid]["restored"])
             assert self.initial[vid] == data["stock"][vid] + held + sold + stuck, \
                 (vid, self.initial[vid], data["stock"][vid], held, sold, stuck)
         for refund in data["refunds"]:
