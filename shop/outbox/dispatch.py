@@ -195,15 +195,16 @@ def retry_all_dead(kind: str, name: str) -> list[int]:
 def wake_provider_waiters(now: datetime) -> int:
     """The provider answers again: work that was backing off for it (a refund during an outage,
     up to OUTBOX_PROVIDER_RETRY_CAP_SECONDS apart) runs now instead of at its next retry.
-    Returns how many rows it woke."""
-    woken = 0
-    for kind, model in TABLES.items():
-        ids = runner.wake_provider_waiters(model, now)
-        woken += len(ids)
-        for work_id in ids:
-            if not _announce(kind, work_id, now):
-                return woken  # Redis is down: the rest are due, and the relay hands them over
-    return woken
+    Announced the way a commit announces its work (`queue.announce`: one drain for the
+    deliveries, one pipeline for the commands), not a job per row. Returns how many it woke."""
+    deliveries = runner.wake_provider_waiters(OutboxDelivery, now)
+    commands = runner.wake_provider_waiters(ScheduledCommand, now)
+    try:
+        queue.announce(deliveries, [(cid, now) for cid in commands], now=now)
+    except Exception as exc:  # Redis down: the rows are due, and the relay hands them over
+        log.warning("%d rows waiting for the provider are due again but Redis could not be told (%s); "
+                    "the relay will pick them up", len(deliveries) + len(commands), exc)
+    return len(deliveries) + len(commands)
 
 
 def discard(kind: str, work_id: int, reason: str) -> bool:
