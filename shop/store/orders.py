@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import bindparam, func, insert, literal_column, select, update
 from sqlalchemy.orm.exc import StaleDataError
 
 from ..domain.order import ALLOWED, OrderRules, OrderStatus
@@ -187,11 +187,20 @@ def insert_order(session, *, reference: str, access_token: str, browser_id: str,
 
 def _guarded(transition: str, from_states) -> update:
     """UPDATE orders ... WHERE id = :order AND version = :seen AND status IN (<from_states>), bumping
-    the version: what an ORM flush of the versioned row checks, plus the transition's own rule."""
+    the version: what an ORM flush of the versioned row checks, plus the transition's own rule.
+
+    The states are written into the SQL, not bound: a list bound to IN is an "expanding"
+    parameter, which SQLAlchemy re-renders into the statement's text on every execution (a regex
+    pass over the SQL, on the hottest handler). They are the domain's own constant names."""
+    states = sorted(s.value for s in from_states)
+    assert all(_STATE_NAME.fullmatch(s) for s in states), states
     return (update(_orders)
             .where(_orders.c.id == bindparam("order"), _orders.c.version == bindparam("seen"),
-                   _orders.c.status.in_(sorted(s.value for s in from_states)))
+                   _orders.c.status.in_([literal_column(f"'{s}'") for s in states]))
             .values(version=_orders.c.version + 1))
+
+
+_STATE_NAME = re.compile(r"[A-Za-z]+")
 
 
 def _v(column: str):
@@ -259,7 +268,10 @@ def save(order: OrderSnapshot, transition: str, events=(), *, now: datetime | No
 def _forget_loaded(session, order_id: int) -> None:
     """A mapped Order this session loaded is stale once the table moved under it: expire it, so
     the next look reads the row (no SQL now)."""
-    loaded = session.identity_map.get(session.identity_key(Order, order_id))
+    identity_map = session.identity_map
+    if not identity_map:  # the hot paths load no mapped object: nothing to look up
+        return
+    loaded = identity_map.get(session.identity_key(Order, order_id))
     if loaded is not None:
         session.expire(loaded)
 
