@@ -172,6 +172,23 @@ def test_each_of_the_sdks_own_retries_takes_a_token_of_the_rate_budget(make_fres
     assert sandbox.request_count() == 1
 
 
+def test_a_process_whose_clock_runs_ahead_cannot_end_the_shared_breakers_cool_down_early(make_fresh_app,
+                                                                                         monkeypatch):
+    # The breaker keeps Redis's clock: a host whose clock is a minute ahead (or a thread whose
+    # reading came late) would otherwise see every cool-down as over and send a probe at once.
+    app = make_fresh_app(STRIPE_BREAKER_THRESHOLD=2, STRIPE_BREAKER_COOLDOWN_SECONDS=30)
+    with app.app_context():
+        provider_guard = guard.get()
+        provider_guard.record(False)
+        provider_guard.record(False)
+        assert provider_guard.breaker_view()["state"] == guard.OPEN
+        real_time = time.time
+        monkeypatch.setattr(guard.time, "time", lambda: real_time() + 60)
+        with pytest.raises(guard.Shed, match="cool-down"):
+            provider_guard.admit()
+        assert provider_guard.breaker_view()["state"] == guard.OPEN
+
+
 @pytest.mark.parametrize("redis", ["shared", "unreachable"])
 def test_callers_whose_clocks_read_late_share_one_budget_and_get_no_extra_refill(make_fresh_app, monkeypatch, redis):
     # In a busy process a thread reads the clock, then waits for the GIL before its request

@@ -113,12 +113,23 @@ def init_app(app) -> None:
 
 # -- shared state in Redis -----------------------------------------------------------------
 
+# Every time below is Redis's own clock (TIME), never the caller's. A caller's clock read before
+# it waited for the GIL, its socket or the script lock is late, and another host's clock may be
+# off: with callers' clocks a late caller rewound the token bucket (the next caller was refilled
+# for the same interval again), and a process whose clock ran ahead ended another's breaker
+# cool-down early.
+_REDIS_NOW = """
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+"""
+
 # Breaker: one hash. `admit` says whether a call may go (1), must not (0), or goes as the
 # half-open probe (2); `record` applies a call's outcome. Both atomic, so processes that race
-# agree on one transition and one probe. Times are the callers' wall clocks (one host or NTP).
-_BREAKER_ADMIT = """
+# agree on one transition and one probe.
+_BREAKER_ADMIT = _REDIS_NOW + """
 local k = KEYS[1]
-local now, cooldown, probe_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local cooldown, probe_ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 local state = redis.call('HGET', k, 'state') or 'closed'
 if state == 'closed' then return {1, state} end
 if state == 'open' then
@@ -136,9 +147,9 @@ if now >= probe_until then
 end
 return {0, state}
 """
-_BREAKER_RECORD = """
+_BREAKER_RECORD = _REDIS_NOW + """
 local k = KEYS[1]
-local now, ok, threshold = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local ok, threshold = tonumber(ARGV[1]), tonumber(ARGV[2])
 local state = redis.call('HGET', k, 'state') or 'closed'
 if ok == 1 then
   redis.call('HSET', k, 'failures', 0)
@@ -152,7 +163,7 @@ end
 if state == 'open' then return state end
 local failures = redis.call('HINCRBY', k, 'failures', 1)
 if state == 'half_open' or failures >= threshold then
-  redis.call('HSET', k, 'state', 'open', 'opened_at', now, 'failures', 0)
+  redis.call('HSET', k, 'state', 'open', 'opened_at', tostring(now), 'failures', 0)
   redis.call('HINCRBY', k, 'to_open', 1)
   return 'open'
 end
@@ -161,15 +172,8 @@ return state
 # Token bucket: refills at `rate` per second up to `capacity`. A call takes a token if that
 # leaves at least `floor` (0 for customers, the reserve for background callers); otherwise the
 # reply says how many milliseconds until it could. `paused_until` (a 429's Retry-After) stops
-# everyone until then. The clock is Redis's own (TIME), never the caller's: a caller's clock
-# read before it waited for the GIL, its socket or the script lock is late, and writing a late
-# `at` rewound the bucket, so the next caller was refilled for the same interval again (with
-# dozens of busy threads polling, that let 23 calls a second through a budget of 20).
-_REDIS_NOW = """
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-"""
+# everyone until then. (With callers' clocks, dozens of busy threads polling let 23 calls a
+# second through a budget of 20.)
 _BUCKET_TAKE = _REDIS_NOW + """
 local k = KEYS[1]
 local rate, capacity, floor = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -363,10 +367,9 @@ class ProviderGuard:
 
     def admit(self) -> bool:
         """May a call go now? Raises Shed while the breaker is open; True for the half-open probe."""
-        now, lim = time.time(), self.limits
-        reply = self._run("admit", _BREAKER_ADMIT, [self.breaker_key],
-                          [repr(now), lim.breaker_cooldown_seconds, lim.probe_seconds])
-        verdict, state = (int(reply[0]), _text(reply[1])) if reply is not None else self.local.admit(now, lim)
+        lim = self.limits
+        reply = self._run("admit", _BREAKER_ADMIT, [self.breaker_key], [lim.breaker_cooldown_seconds, lim.probe_seconds])
+        verdict, state = (int(reply[0]), _text(reply[1])) if reply is not None else self.local.admit(time.time(), lim)
         self._note(state)
         if verdict == 0:
             raise Shed("the payment provider is failing; calls are paused for a cool-down (circuit breaker "
@@ -374,10 +377,9 @@ class ProviderGuard:
         return verdict == 2
 
     def record(self, ok: bool) -> None:
-        now, lim = time.time(), self.limits
-        reply = self._run("record", _BREAKER_RECORD, [self.breaker_key], [repr(now), 1 if ok else 0,
-                                                                          lim.breaker_threshold])
-        state = _text(reply) if reply is not None else self.local.record(now, ok, lim)
+        lim = self.limits
+        reply = self._run("record", _BREAKER_RECORD, [self.breaker_key], [1 if ok else 0, lim.breaker_threshold])
+        state = _text(reply) if reply is not None else self.local.record(time.time(), ok, lim)
         self._note(state)
 
     def _note(self, state: str) -> None:
