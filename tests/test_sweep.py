@@ -674,3 +674,54 @@ def test_a_payment_that_keeps_settling_is_asked_about_less_and_less_often_up_to_
         gaps = [b - a for a, b in zip(asked, asked[1:])]
         assert asked[:2] == [1, 2] and max(gaps) == sweep.RECHECK_CAP_INTERVALS["awaiting_async"], asked
         assert gaps == sorted(gaps)
+
+
+def test_a_frozen_lease_holder_blocks_until_its_lease_lapses_then_yields_every_order_it_had_not_reached(build_app):
+    """A real `flask shop sweep` stopped by SIGSTOP mid-cycle is alive, not gone: its lease holds
+    until it lapses. Then the next cycle takes it over, and the frozen one, resumed, stops before
+    its next order instead of working alongside: every order is cancelled once, by one of them."""
+    import signal
+    import subprocess
+
+    from test_processes import ROOT, _env, _flask
+
+    lease = 3
+    app = build_app()
+    with app.app_context():
+        ids = [place_order_for().order_id for _ in range(5)]
+        for order_id in ids:
+            backdate(order_id, utcnow() - timedelta(hours=1))
+        env = _env(app, BACKSTOP_FAILPOINTS="sweep.after_order=sleep:0.4",
+                   BACKSTOP_RECONCILIATION_LEASE_SECONDS=str(lease))
+        child = subprocess.Popen(_flask() + ["--app", "app", "shop", "sweep"], cwd=ROOT, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while sum(order_state(o) == "Cancelled" for o in ids) < 1:
+                assert child.poll() is None, child.stdout.read().decode()
+                assert time.monotonic() < deadline, "the child's cycle never cancelled an order"
+                time.sleep(0.02)
+            os.kill(child.pid, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            time.sleep(0.2)
+            done_by_child = sum(order_state(o) == "Cancelled" for o in ids)
+            holder = db.session.execute(select(Lease.holder)).scalar_one()
+            db.session.rollback()
+            assert holder.split(":")[1] == str(child.pid)
+
+            stalled = run_cycle(now=utcnow())
+            assert stalled.status == "skipped", "a stopped process is alive: its lease is not taken early"
+            assert sum(order_state(o) == "Cancelled" for o in ids) == done_by_child
+
+            time.sleep(max(0.0, stopped_at + lease + 0.5 - time.monotonic()))
+            taken_over = run_cycle(now=utcnow())
+            assert taken_over.status == "ok", taken_over.report_lines()
+            assert taken_over.expiry["cancelled"] == len(ids) - done_by_child
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+            report = child.communicate(timeout=60)[0].decode()
+        assert child.returncode == 1 and "lost the lease" in report, report
+        assert f"expiry pass: {done_by_child} cancelled" in report, report
+        cancels = db.session.execute(select(OutboxEvent.order_id).where(OutboxEvent.name == "OrderCancelled")).scalars().all()
+        db.session.rollback()
+        assert sorted(cancels) == sorted(ids), "each order cancelled exactly once"

@@ -61,7 +61,7 @@ from ..store import orders
 log = logging.getLogger("shop.sweep")
 
 LEASE_NAME = "reconciliation-sweep"
-# Internal tunable (config RECONCILIATION_LEASE_SECONDS): long enough for a batch of slow
+# BACKSTOP_RECONCILIATION_LEASE_SECONDS (config RECONCILIATION_LEASE_SECONDS): long enough for a batch of slow
 # provider calls between two renewals, short enough that a crashed holder blocks the next
 # cycle for minutes, not hours.
 DEFAULT_LEASE_SECONDS = 300
