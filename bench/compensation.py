@@ -26,6 +26,7 @@ from sqlalchemy import create_engine, func, select, text, update  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 FLASK = os.path.join(os.path.dirname(sys.executable), "flask")
+PROFILE_DIR = os.environ.get("BENCH_PROFILE_DIR")
 
 
 def percentile(values, p):
@@ -107,7 +108,11 @@ class Bench:
                    BACKSTOP_QUEUE_PREFIX=self.prefix, BACKSTOP_INSTANCE_PATH=self.instance,
                    UNPAID_ORDER_EXPIRY_ENABLED="false")
         for _ in range(n):
-            self.workers.append(subprocess.Popen([FLASK, "--app", "app", "shop", "worker"], cwd=ROOT, env=env,
+            command = [FLASK, "--app", "app", "shop", "worker"]
+            if PROFILE_DIR:  # cProfile each worker (a SimpleWorker: jobs run in this process)
+                command = [sys.executable, "-m", "cProfile", "-o",
+                           os.path.join(PROFILE_DIR, f"worker-{len(self.workers)}-{time.time():.0f}.prof"), *command]
+            self.workers.append(subprocess.Popen(command, cwd=ROOT, env=env,
                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         # Ready when each has registered with RQ.
         from rq import Worker
