@@ -17,9 +17,10 @@ and prints in one run:
   brownout          catalog p50/p99 (4 browsing clients, in a process of their own) while 5 s per provider call holds
                     twice as many checkout clients as the web has threads (target p99 <= 100 ms,
                     no 5xx). The breaker is held off here (BACKSTOP_STRIPE_BREAKER_THRESHOLD),
-                    so the checkouts keep waiting on the provider for the whole phase; a client
-                    sent to "Pay now" waits 5 s (what the provider call would have taken), then
-                    checks out again
+                    so the checkouts keep waiting on the provider for the whole phase. Shoppers
+                    arrive over 5 s and one sent to "Pay now" checks out again after 2.5 to 7.5 s
+                    (--lockstep: all at once, back after exactly 5 s, so every slot's timeout and
+                    the next wave land together: the worst case)
   breaker open      checkout p99 (8 clients) once the provider has failed past the breaker's
                     threshold (target <= 200 ms); the web is restarted with the default threshold
   overload          the peak provider calls in any one second at the sandbox while 64 clients
@@ -37,6 +38,7 @@ import json
 import multiprocessing
 import os
 import queue
+import random
 import secrets
 import signal
 import subprocess
@@ -149,6 +151,13 @@ def paced(rate: float, jobs: queue.Queue, work, threads: int = 160) -> tuple[flo
     return time.perf_counter() - start, latencies, late[0]
 
 
+def machine_busy() -> float:
+    """CPU seconds the whole machine has spent busy (all cores), from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def _browse(port: int, seconds: float, clients: int, out) -> None:
     """A browsing customer's catalog GETs, in a process of its own: in the bench's process it
     would wait for the GIL behind the hundreds of checkout threads and measure the bench."""
@@ -194,6 +203,9 @@ def main() -> None:
     ap.add_argument("--server", default=os.environ.get("BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/11")
     ap.add_argument("--latency-only", action="store_true", help="only the 0 s / 0.3 s checkout phases")
+    ap.add_argument("--skip-latency", action="store_true", help="start with the brownout")
+    ap.add_argument("--lockstep", action="store_true",
+                    help="brownout shoppers all arrive at once and come back after exactly 5 s (the worst case)")
     args = ap.parse_args()
 
     shop = Shop(args)
@@ -265,41 +277,45 @@ def main() -> None:
                   f"pay-later; web CPU {row['cpu_ms']:.2f} ms/order", flush=True)
             yield row
 
-        run_clients(args.clients, prepared(2 * args.clients), checkout)  # warm every thread and pool
-        rounds = 3
-        phases = [checkout_phase("latency 0 s", 0.0, rounds), checkout_phase("latency 0.3 s", 0.3, rounds)]
-        for phase in phases:
-            next(phase)
-        rows = [None, None]
-        for _ in range(rounds):
-            for i, phase in enumerate(phases):
-                rows[i] = next(phase)  # the row, after the last round
-        fast, slow = rows
-        ratio = slow["rate"] / fast["rate"]
-        print(f"checkout at 0.3 s / at 0 s: x{ratio:.2f} of the orders/s (target >= 0.90) -> "
-              f"{'MET' if ratio >= 0.90 else 'MISSED'}; p99 {fast['p99']:.0f} -> {slow['p99']:.0f} ms", flush=True)
-        # The same question asked open-loop: a fixed rate of customers arriving, whatever the
-        # answers, at two thirds of what the shop served at 0 s. 32 closed-loop clients cannot
-        # ask it: each waits out its own 0.3 s, which caps them at 32 / 0.3 s = 107/s whatever
-        # the server does, below the 0 s rate on this machine.
-        offered = max(10.0, round(fast["rate"] * 2 / 3))
-        paced_rows = {}
-        for latency in (0.0, 0.3):
-            shop.faults(api_latency_seconds=latency)
-            carts = prepared(int(offered * args.paced_seconds))
-            outcomes.update(pay=0, later=0, **{"5xx": 0})
-            wall, lat, late = paced(offered, carts, checkout)
-            row = summarize(f"paced {latency:g} s", wall, lat)
-            row["served"] = outcomes["pay"] / wall
-            paced_rows[latency] = row
-            print(f"{'':<14} offered {offered:.0f}/s: {outcomes['pay']} to the payment page ({row['served']:.1f}/s), "
-                  f"{outcomes['later']} pay-later, {outcomes['5xx']} 5xx, {late} sent late", flush=True)
-        shop.faults(api_latency_seconds=0)
-        hidden = paced_rows[0.3]["served"] / paced_rows[0.0]["served"]
-        added = paced_rows[0.3]["p99"] - paced_rows[0.0]["p99"]
-        print(f"paced at {offered:.0f}/s, 0.3 s / 0 s: x{hidden:.2f} of the orders/s (target >= 0.90) -> "
-              f"{'MET' if hidden >= 0.90 else 'MISSED'}; p99 {paced_rows[0.0]['p99']:.0f} -> "
-              f"{paced_rows[0.3]['p99']:.0f} ms ({added:+.0f} ms for 300 ms at the provider)", flush=True)
+        fast = None
+        if not args.skip_latency:
+            run_clients(args.clients, prepared(2 * args.clients), checkout)  # warm every thread and pool
+            rounds = 3
+            phases = [checkout_phase("latency 0 s", 0.0, rounds), checkout_phase("latency 0.3 s", 0.3, rounds)]
+            for phase in phases:
+                next(phase)
+            rows = [None, None]
+            for _ in range(rounds):
+                for i, phase in enumerate(phases):
+                    rows[i] = next(phase)  # the row, after the last round
+            fast, slow = rows
+            ratio = slow["rate"] / fast["rate"]
+            print(f"checkout at 0.3 s / at 0 s: x{ratio:.2f} of the orders/s (target >= 0.90) -> "
+                  f"{'MET' if ratio >= 0.90 else 'MISSED'}; p99 {fast['p99']:.0f} -> {slow['p99']:.0f} ms", flush=True)
+            # The same question asked open-loop: a fixed rate of customers arriving, whatever the
+            # answers, at two thirds of what the shop served at 0 s. 32 closed-loop clients cannot
+            # ask it: each waits out its own 0.3 s, which caps them at 32 / 0.3 s = 107/s whatever
+            # the server does, below the 0 s rate on this machine.
+            offered = max(10.0, round(fast["rate"] * 2 / 3))
+            paced_rows = {}
+            for latency in (0.0, 0.3):
+                shop.faults(api_latency_seconds=latency)
+                carts = prepared(int(offered * args.paced_seconds))
+                outcomes.update(pay=0, later=0, **{"5xx": 0})
+                wall, lat, late = paced(offered, carts, checkout)
+                row = summarize(f"paced {latency:g} s", wall, lat)
+                # Served: the arrivals that reached the payment page, per second of arrivals (the
+                # wall time would also count the last answer's latency: 5% of a 6-s phase at 0.3 s).
+                row["served"] = outcomes["pay"] / len(lat) * offered
+                paced_rows[latency] = row
+                print(f"{'':<14} offered {offered:.0f}/s: {outcomes['pay']} to the payment page ({row['served']:.1f}/s), "
+                      f"{outcomes['later']} pay-later, {outcomes['5xx']} 5xx, {late} sent late", flush=True)
+            shop.faults(api_latency_seconds=0)
+            hidden = paced_rows[0.3]["served"] / paced_rows[0.0]["served"]
+            added = paced_rows[0.3]["p99"] - paced_rows[0.0]["p99"]
+            print(f"paced at {offered:.0f}/s, 0.3 s / 0 s: x{hidden:.2f} of the orders/s (target >= 0.90) -> "
+                  f"{'MET' if hidden >= 0.90 else 'MISSED'}; p99 {paced_rows[0.0]['p99']:.0f} -> "
+                  f"{paced_rows[0.3]['p99']:.0f} ms ({added:+.0f} ms for 300 ms at the provider)", flush=True)
         if args.latency_only:
             return
 
@@ -310,22 +326,34 @@ def main() -> None:
         catalog_lat: list[float] = []
         catalog_5xx = [0]
 
-        def hold_checkouts():
+        def hold_checkouts(rng: random.Random):
+            # Shoppers arrive over the first 5 s, not in one instant, and one sent to "Pay now"
+            # comes back after 2.5 to 7.5 s: in lockstep, every slot's timeout fell in the same
+            # instant and the next wave queued behind it, which measures the bench's rhythm.
+            # --lockstep keeps the old rhythm, the worst case: every shopper at once, back after 5 s.
+            stop.wait(0 if args.lockstep else rng.uniform(0, 5.0))
             while not stop.is_set():
                 b = Browser(shop.web_port)
                 b.open_catalog()
                 b.fill_cart([variant])
                 if checkout(b) != "pay":
-                    stop.wait(5.0)  # sent to "Pay now": as long as the provider call would have taken
+                    stop.wait(5.0 if args.lockstep else rng.uniform(2.5, 7.5))
 
         outcomes.update({"pay": 0, "later": 0, "5xx": 0})
-        workers = [threading.Thread(target=hold_checkouts, daemon=True) for _ in range(holders)]
+        workers = [threading.Thread(target=hold_checkouts, args=(random.Random(i),), daemon=True)
+                   for i in range(holders)]
         for w in workers:
             w.start()
-        time.sleep(3)  # let them reach the provider
+        time.sleep(10)  # all of them arrived, and the first calls timed out
+        busy0, web0, bench0 = machine_busy(), shop.web_cpu(), time.process_time()
         catalog_lat, catalog_5xx[0] = browse_in_own_process(shop.web_port, args.brownout_seconds)
+        busy, web, bench = machine_busy() - busy0, shop.web_cpu() - web0, time.process_time() - bench0
         stop.set()
         cat = summarize("catalog", args.brownout_seconds, catalog_lat)
+        cores = os.cpu_count() or 1
+        print(f"{'':<14} the machine's {cores} cores were {busy / (args.brownout_seconds * cores):.0%} busy: "
+              f"the web {web / args.brownout_seconds:.2f} cores, this bench's checkout clients "
+              f"{bench / args.brownout_seconds:.2f} cores", flush=True)
         print(f"{'':<14} during the brownout with {holders} checkout clients: {catalog_5xx[0]} catalog 5xx, "
               f"checkouts {outcomes} (target p99 <= 100 ms, no 5xx) -> "
               f"{'MET' if cat['p99'] <= 100 and catalog_5xx[0] == 0 and outcomes['5xx'] == 0 else 'MISSED'}",
@@ -360,8 +388,9 @@ def main() -> None:
         summarize("overload", wall, lat)
         print(f"{'':<14} peak {peak} provider calls in one second at the sandbox, budget 30 (target <= budget) -> "
               f"{'MET' if peak <= 30 else 'MISSED'}; checkouts {outcomes}", flush=True)
-        print(f"web CPU per order: {fast['cpu_ms']:.2f} ms with the provider call, {open_cpu:.2f} ms without "
-              f"(x{fast['cpu_ms'] / open_cpu:.2f})", flush=True)
+        if fast is not None:
+            print(f"web CPU per order: {fast['cpu_ms']:.2f} ms with the provider call, {open_cpu:.2f} ms without "
+                  f"(x{fast['cpu_ms'] / open_cpu:.2f})", flush=True)
     finally:
         for proc in reversed(shop.procs):
             if proc.poll() is None:
