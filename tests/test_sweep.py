@@ -451,6 +451,12 @@ def test_a_lease_whose_holder_was_killed_on_this_machine_is_taken_over_at_once(b
             taken_over = run_cycle(now=when)  # long before the lease would lapse
             assert taken_over.status == "ok" and taken_over.expiry["cancelled"] == 1
             assert order_state(order_id) == "Cancelled"
+
+            # The operator reads it on the sweeps page: a process died in the middle of a cycle.
+            client = app.test_client()
+            log_in(app, client)
+            page = client.get("/console/sweeps").get_data(as_text=True)
+            assert f"took over the sweep lease of {host}:{gone.pid}:cafe0003" in page, page
     finally:
         alive.kill()
         alive.wait()
@@ -487,7 +493,7 @@ def test_once_the_provider_answers_again_work_backing_off_for_it_runs_within_one
         provider.record(ok=True)
         sandbox.faults(api_unavailable=False)
         result = run_cycle(now=now)
-        assert result.status == "ok"
+        assert result.status == "ok" and result.provider["woken"] == 1  # the cycle's record says so
         db.session.expire_all()
         assert due(waiting) and not due(erring) and not due(future)
         row = db.session.get(ScheduledCommand, waiting)

@@ -186,7 +186,8 @@ SWEEP_WORDS = {"lost_race": "lost races (someone else moved the order first)", "
                "open": "still open at the provider", "awaiting_async": "awaiting an async payment",
                "unavailable": "provider unreachable", "cancelled": "cancelled", "payment_failed": "payment failed",
                "proof_refused": "payment proof refused", "refund_created": "refunds queued",
-               "errors": "not settled (see the problems)"}
+               "errors": "not settled (see the problems)",
+               "woken": "rows that waited for the provider run now (it answers again)"}
 
 
 # -- actions ---------------------------------------------------------------------------------

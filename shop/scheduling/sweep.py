@@ -94,7 +94,19 @@ class _Clock:
 
 # -- the lease -----------------------------------------------------------------------------
 
-def acquire_lease(name: str, holder: str, now: datetime, seconds: float) -> bool:
+@dataclass(frozen=True)
+class Acquired:
+    """acquire_lease's answer: true when the lease is ours; `taken_from` names the holder whose
+    lease was taken over because its process is gone (for the cycle's record)."""
+
+    ok: bool
+    taken_from: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def acquire_lease(name: str, holder: str, now: datetime, seconds: float) -> Acquired:
     """Take the named lease if nobody holds a live one. Commits its own transaction.
 
     Taking over a lapsed lease is a conditional UPDATE (on PostgreSQL a concurrent second UPDATE
@@ -108,7 +120,7 @@ def acquire_lease(name: str, holder: str, now: datetime, seconds: float) -> bool
             .values(holder=holder, expires_at=expires).execution_options(synchronize_session=False))
         if taken.rowcount == 1:
             session.commit()
-            return True
+            return Acquired(True)
         current = session.execute(select(Lease.holder).where(Lease.name == name)).first()
         if current is not None:
             if holder_is_gone(current.holder):
@@ -121,15 +133,15 @@ def acquire_lease(name: str, holder: str, now: datetime, seconds: float) -> bool
                     session.commit()
                     log.warning("sweep: took over the lease of %s, a process that no longer exists",
                                 current.holder)
-                    return True
+                    return Acquired(True, taken_from=current.holder)
             session.rollback()
-            return False  # someone holds it and it has not lapsed
+            return Acquired(False)  # someone holds it and it has not lapsed
         session.execute(insert(Lease).values(name=name, holder=holder, expires_at=expires))
         session.commit()
-        return True
+        return Acquired(True)
     except IntegrityError:
         session.rollback()
-        return False
+        return Acquired(False)
     except BaseException:
         session.rollback()
         raise
@@ -255,7 +267,8 @@ def provider_line(counts: dict | None) -> str:
                                      "refund_retried": "dead late-money refunds run again",
                                      "refund_refused": "late-money refunds refused by the provider (for an "
                                                        "operator)",
-                                     "watch_closed": "cancelled orders no longer watched for late money"})
+                                     "watch_closed": "cancelled orders no longer watched for late money",
+                                     "woken": "rows that waited for the provider run now (it answers again)"})
     return "provider pass: " + ", ".join(parts)
 
 
@@ -562,7 +575,8 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
 
     if not (expiry_on or provider_on):
         return _record_skip(CycleResult("skipped", cutoff, started, reason="both passes are turned off"), holder, clock)
-    if not acquire_lease(LEASE_NAME, holder, started, lease_seconds):
+    lease = acquire_lease(LEASE_NAME, holder, started, lease_seconds)
+    if not lease:
         reason = _lease_held_by_another()
         log.info("sweep: skipped, %s", reason)
         return _record_skip(CycleResult("skipped", cutoff, started, reason=reason), holder, clock)
@@ -570,6 +584,12 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
     result = CycleResult("ok", cutoff, started,
                          expiry=_zeros(EXPIRY_OUTCOMES) if expiry_on else None,
                          provider=_zeros(PROVIDER_OUTCOMES) if provider_on else None)
+    if lease.taken_from:
+        # Not an error of this cycle, but the console is where an operator learns that a
+        # process died in the middle of one: its orders are done again by this one.
+        result.errors.append({"pass": "cycle", "order_id": None, "kind": "lease_taken_over",
+                              "error": f"took over the sweep lease of {lease.taken_from}, a process on this "
+                                       "machine that no longer exists (it died during its cycle)"})
     try:
         result.cycle_id = _record_start(result, holder)
         keep_lease = _LeaseKeeper(holder, started + timedelta(seconds=lease_seconds), lease_seconds, clock)
@@ -612,7 +632,9 @@ def _run_passes(result: CycleResult, batch: int, clock, keep_lease) -> None:
         ids = watched_cancelled_ids(clock(), batch)
         _run_pass("provider", ids, lambda oid: check_cancelled_payment(oid, clock()), result.provider,
                   result.errors, keep_lease)
-        wake_work_waiting_for_the_provider(clock())
+        woken = wake_work_waiting_for_the_provider(clock())
+        if woken:
+            result.provider["woken"] = woken
 
 
 def wake_work_waiting_for_the_provider(now: datetime) -> int:
