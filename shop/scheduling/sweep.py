@@ -61,9 +61,9 @@ from ..store import orders
 log = logging.getLogger("shop.sweep")
 
 LEASE_NAME = "reconciliation-sweep"
-# BACKSTOP_RECONCILIATION_LEASE_SECONDS (config RECONCILIATION_LEASE_SECONDS): long enough for a batch of slow
-# provider calls between two renewals, short enough that a crashed holder blocks the next
-# cycle for minutes, not hours.
+# BACKSTOP_RECONCILIATION_LEASE_SECONDS (config RECONCILIATION_LEASE_SECONDS): long enough for
+# a batch of slow provider calls between two renewals, short enough that a crashed or frozen
+# holder on another machine blocks the next cycle for minutes, not hours.
 DEFAULT_LEASE_SECONDS = 300
 # After this many provider-unreachable answers in a row the provider pass stops asking: each
 # costs a timeout plus retries, and a down provider would otherwise eat the whole lease.
