@@ -167,6 +167,7 @@ def _configure_idle_ping(app) -> None:
         return
     with app.app_context():
         engine = db.engine
+    _warn_when_the_web_may_outgrow_the_server(app, engine)
 
     # A connection just opened, or just handed back, needs no ping on its next checkout.
     @event.listens_for(engine, "connect")
@@ -186,6 +187,42 @@ def _configure_idle_ping(app) -> None:
             raise exc.DisconnectionError(f"pooled connection failed its ping: {error}") from error
         if not alive:
             raise exc.DisconnectionError("pooled connection failed its ping")
+
+
+def web_connections(settings: Settings) -> int:
+    """The most connections the web processes together may open (each pool opens on demand)."""
+    options = _engine_options(settings.database_url, settings.web_threads)
+    return settings.web_concurrency * (options["pool_size"] + options["max_overflow"])
+
+
+def _warn_when_the_web_may_outgrow_the_server(app, engine) -> None:
+    """On the first connection a process opens, compare what the web may open with PostgreSQL's
+    max_connections, and say so in the log when it does not fit: otherwise the first burst that
+    needs them answers 503 ("too many clients") with nothing in the log before it. Costs one
+    statement per process, on a connection it opened anyway; never stops the process."""
+    from sqlalchemy import event
+
+    settings = app.config["SETTINGS"]
+    pool = _engine_options(settings.database_url, settings.web_threads)
+    wanted = web_connections(settings)
+
+    @event.listens_for(engine, "first_connect")
+    def _check(dbapi_conn, _record):
+        try:
+            cursor = dbapi_conn.cursor()
+            cursor.execute("SHOW max_connections")
+            allowed = int(cursor.fetchone()[0])
+            cursor.close()
+        except Exception:  # noqa: BLE001 - a check, not a reason to fail the connection
+            return
+        if wanted >= allowed:
+            logging.getLogger("shop").warning(
+                "PostgreSQL allows %d connections (max_connections) and the web alone may open %d "
+                "(WEB_CONCURRENCY %d x a pool of %d + %d for WEB_THREADS %d), besides the worker and the "
+                "scheduler: during a burst, requests that find no connection will answer 503. Lower "
+                "WEB_THREADS or WEB_CONCURRENCY, raise max_connections, or put PgBouncer in front "
+                "(README, Sizing the web).", allowed, wanted, settings.web_concurrency, pool["pool_size"],
+                pool["max_overflow"], settings.web_threads)
 
 
 def _configure_sqlite(app) -> None:

@@ -54,3 +54,29 @@ def test_a_connection_used_a_moment_ago_is_handed_out_unchecked(fresh_app, datab
         db.session.rollback()
         assert _backend_pid() != killed  # the disconnect invalidated the pool: a fresh connection
         db.session.remove()
+
+
+def _first_connection_warnings(app, caplog) -> list[str]:
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="shop"), app.app_context():
+        db.session.execute(text("SELECT 1"))
+        db.session.remove()
+    return [r.getMessage() for r in caplog.records if "max_connections" in r.getMessage()]
+
+
+def test_a_web_that_may_open_more_connections_than_the_server_allows_says_so_when_it_first_connects(
+        make_fresh_app, caplog):
+    with make_fresh_app().app_context():
+        allowed = int(db.session.execute(text("SHOW max_connections")).scalar_one())
+        db.session.remove()
+    # Threads enough that WEB_CONCURRENCY x (pool + overflow) reaches the server's limit.
+    threads = min(256, allowed // 2)
+    big = make_fresh_app(WEB_CONCURRENCY=2, WEB_THREADS=threads)
+    assert shop.web_connections(big.config["SETTINGS"]) >= allowed
+    [warning] = _first_connection_warnings(big, caplog)
+    assert f"PostgreSQL allows {allowed} connections" in warning and f"WEB_THREADS {threads}" in warning
+    assert "answer 503" in warning and "PgBouncer" in warning
+
+    default = make_fresh_app()
+    assert shop.web_connections(default.config["SETTINGS"]) < allowed
+    assert _first_connection_warnings(default, caplog) == []
