@@ -519,7 +519,7 @@ def sweep_json(cycle: ReconciliationCycle, now: datetime, problems: list | None 
     return {"id": cycle.id, "status": cycle.status, "started_at": iso(cycle.started_at),
             "finished_at": iso(cycle.finished_at), "duration_seconds": duration, "cutoff": iso(cycle.cutoff),
             "expiry_counts": cycle.expiry_counts or {}, "provider_counts": cycle.provider_counts or {},
-            "errors": cycle.errors or [], "holder": cycle.holder, "age_seconds": age_seconds(now, cycle.started_at),
+            "errors": cycle.errors or [], "notes": cycle.notes or [], "holder": cycle.holder, "age_seconds": age_seconds(now, cycle.started_at),
             "outcome": code, "outcome_words": words, "problems": problems}
 
 

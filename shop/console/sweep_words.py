@@ -52,8 +52,6 @@ def what_happened(error: dict) -> str:
     if error["order_id"] is None:
         if kind == "lease_lost":
             return f"The cycle stopped early: {message}."
-        if kind == "lease_taken_over":
-            return f"This cycle {message}; the orders that cycle had not finished were done by this one."
         if kind == "cycle":
             return f"The cycle reported: {message}."
         return f"The cycle failed ({error['exception'] or kind}: {message})."

@@ -35,6 +35,9 @@ class ReconciliationCycle(db.Model):
     expiry_counts = mapped_column(JSONType, nullable=False, default=dict)
     provider_counts = mapped_column(JSONType, nullable=False, default=dict)
     errors = mapped_column(JSONType, nullable=False, default=list)
+    # Worth an operator's eye, not an error: ["took over the sweep lease of ..."]. NULL on cycles
+    # recorded before the column existed.
+    notes = mapped_column(JSONType, nullable=True, default=list)
     holder: Mapped[str] = mapped_column(String(100), default="")
 
 

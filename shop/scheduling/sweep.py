@@ -212,6 +212,7 @@ class CycleResult:
     expiry: dict | None = None         # counts by outcome; None when the pass is turned off
     provider: dict | None = None
     errors: list = field(default_factory=list)
+    notes: list = field(default_factory=list)  # not errors: what an operator should still know
     reason: str = ""
 
     def summary(self) -> dict:
@@ -223,6 +224,7 @@ class CycleResult:
             "expiry": dict(self.expiry) if self.expiry is not None else None,
             "provider": dict(self.provider) if self.provider is not None else None,
             "errors": list(self.errors),
+            "notes": list(self.notes),
         }
 
     def report_lines(self) -> list[str]:
@@ -235,6 +237,7 @@ class CycleResult:
             return lines
         lines.append(expiry_line(self.expiry))
         lines.append(provider_line(self.provider))
+        lines += [f"note: {note}" for note in self.notes]
         for error in self.errors:
             where = f"order {error.get('reference') or error['order_id']} " if error.get("order_id") is not None else ""
             lines.append(f"error: {where}({error.get('pass', 'cycle')} pass): {error['error']}")
@@ -585,11 +588,10 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
                          expiry=_zeros(EXPIRY_OUTCOMES) if expiry_on else None,
                          provider=_zeros(PROVIDER_OUTCOMES) if provider_on else None)
     if lease.taken_from:
-        # Not an error of this cycle, but the console is where an operator learns that a
-        # process died in the middle of one: its orders are done again by this one.
-        result.errors.append({"pass": "cycle", "order_id": None, "kind": "lease_taken_over",
-                              "error": f"took over the sweep lease of {lease.taken_from}, a process on this "
-                                       "machine that no longer exists (it died during its cycle)"})
+        # Not an error of this cycle (it settles the orders that one left), but the console is
+        # where an operator learns that a process died in the middle of a cycle.
+        result.notes.append(f"took over the sweep lease of {lease.taken_from}, a process on this machine "
+                            "that no longer exists (it died during its cycle)")
     try:
         result.cycle_id = _record_start(result, holder)
         keep_lease = _LeaseKeeper(holder, started + timedelta(seconds=lease_seconds), lease_seconds, clock)
@@ -662,7 +664,7 @@ def _lease_held_by_another() -> str:
 
 def _record_start(result: CycleResult, holder: str) -> int:
     row = ReconciliationCycle(started_at=result.started_at, cutoff=result.cutoff, status="running", holder=holder,
-                              expiry_counts={}, provider_counts={}, errors=[])
+                              expiry_counts={}, provider_counts={}, errors=[], notes=result.notes)
     db.session.add(row)
     db.session.commit()
     return row.id
