@@ -460,8 +460,10 @@ def test_a_lease_whose_holder_was_killed_on_this_machine_is_taken_over_at_once(b
             log_in(app, client)
             page = client.get("/console/sweeps").get_data(as_text=True)
             assert f"took over the sweep lease of {host}:{gone.pid}:cafe0003" in page, page
-            last = client.get("/console/", headers={"Accept": "application/json"}).get_json()["last_sweep"]
-            assert last["errors"] == [] and "took over the sweep lease" in last["notes"][0]
+            cycles = client.get("/console/sweeps", headers={"Accept": "application/json"}).get_json()["cycles"]
+            [recorded] = [c for c in cycles if c["id"] == taken_over.cycle_id]
+            assert recorded["errors"] == [] and recorded["outcome"] == "ok"
+            assert "took over the sweep lease" in recorded["notes"][0]
     finally:
         alive.kill()
         alive.wait()
