@@ -38,6 +38,12 @@ class Order(OrderRules, db.Model):
     # unrefunded. Bookkeeping: no version bump, no new updated_at. Cleared by a new session or
     # once nothing more can come. Indexed: few rows carry it, and the sweep looks for exactly those.
     payment_processing_at = mapped_column(UTCDateTime, nullable=True, index=True)
+    # In line for the payment page: the provider's budget for new sessions was spent (or this
+    # process had no free provider slot) when the customer checked out or chose "Pay now", so the
+    # payment queue creates the session as soon as the budget allows, in this order (then id).
+    # Bookkeeping, like the two above; every transition out of the unpaid states clears it, so
+    # only orders waiting in line carry it (the partial index holds just those).
+    payment_queued_at = mapped_column(UTCDateTime, nullable=True)
     version: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     # The last state change. The deadline and the sweep derive "how long has it been waiting"
@@ -56,6 +62,9 @@ class Order(OrderRules, db.Model):
         # The console's search by customer email, whatever its case.
         Index("ix_orders_email_lower", func.lower(email)),
         CheckConstraint("total >= 0", name="total_not_negative"),
+        # The payment queue, in arrival order: only the orders waiting in line.
+        Index("ix_orders_payment_queue", "payment_queued_at", "id",
+              postgresql_where=payment_queued_at.is_not(None), sqlite_where=payment_queued_at.is_not(None)),
     )
 
 

@@ -216,7 +216,8 @@ TRANSITIONS = {
         _guarded("start_payment", ALLOWED["start_payment"]).values(
             status=_v("status"), payment_session_id=_v("payment_session_id"),
             payment_session_url=_v("payment_session_url"), payment_attempts=_v("payment_attempts"),
-            payment_session_expires_at=_v("payment_session_expires_at"), payment_processing_at=None),
+            payment_session_expires_at=_v("payment_session_expires_at"), payment_processing_at=None,
+            payment_queued_at=None),
         ("status", "payment_session_id", "payment_session_url", "payment_attempts", "payment_session_expires_at")),
     "mark_paid": (
         _guarded("mark_paid", ALLOWED["mark_paid"]).values(
@@ -228,7 +229,8 @@ TRANSITIONS = {
     "adopt_and_pay": (
         _guarded("adopt_and_pay", ALLOWED["start_payment"]).values(
             status=_v("status"), payment_session_id=_v("payment_session_id"),
-            payment_session_url=_v("payment_session_url"), payment_processing_at=None, updated_at=_NOW),
+            payment_session_url=_v("payment_session_url"), payment_processing_at=None, payment_queued_at=None,
+            updated_at=_NOW),
         ("status", "payment_session_id", "payment_session_url")),
     "mark_payment_failed": (
         _guarded("mark_payment_failed", ALLOWED["mark_payment_failed"]).values(
@@ -237,7 +239,7 @@ TRANSITIONS = {
     # `watch_from` marks the order for the sweep's late-money watch (None leaves the mark as it is).
     "cancel": (
         _guarded("cancel", ALLOWED["cancel"]).values(
-            status=_v("status"),
+            status=_v("status"), payment_queued_at=None,
             payment_processing_at=func.coalesce(_orders.c.payment_processing_at,
                                                 bindparam("watch_from", type_=_orders.c.payment_processing_at.type))),
         ("status",)),
@@ -286,6 +288,16 @@ NOTES = {
     # No more money can come for the session: the sweep stops watching it.
     "stop_watching": update(_orders).where(_orders.c.id == bindparam("order"))
     .values(payment_processing_at=None, provider_next_check_at=None, **_KEEP_AGE),
+    # In line for the payment page (see Order.payment_queued_at): an order already in line keeps
+    # its place; only an unpaid order can join (one that moved on meanwhile is left alone).
+    "queue": update(_orders).where(_orders.c.id == bindparam("order"),
+                                   _orders.c.status.in_([literal_column(f"'{s.value}'")
+                                                         for s in (S.PENDING_PAYMENT, S.PAYMENT_FAILED)]))
+    .values(payment_queued_at=func.coalesce(_orders.c.payment_queued_at,
+                                            bindparam("at", type_=_orders.c.payment_queued_at.type)), **_KEEP_AGE),
+    # Out of the line without a session (the provider refused to start this payment).
+    "leave_queue": update(_orders).where(_orders.c.id == bindparam("order"))
+    .values(payment_queued_at=None, **_KEEP_AGE),
     # The sweep leaves the order out of its provider pass until then.
     "next_check": update(_orders).where(_orders.c.id == bindparam("order"))
     .values(provider_next_check_at=bindparam("at", type_=_orders.c.provider_next_check_at.type), **_KEEP_AGE),
