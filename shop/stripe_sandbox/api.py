@@ -109,10 +109,12 @@ def _gate():
                 type="api_error",
             )
         )
-    limit = sandbox.faults.api_rate_limit_per_second
-    retry_after = sandbox.api_gate.admit(limit)
-    if retry_after is not None:
-        return _rate_limited(limit, retry_after)
+    faults = sandbox.faults
+    refused = sandbox.api_gate.admit(
+        faults.api_rate_limit_per_second, endpoint(), faults.api_endpoint_rate_limit_per_second
+    )
+    if refused is not None:
+        return _rate_limited(*refused, faults)
     key = _api_key()
     if key is None:
         return error_response(
@@ -129,15 +131,34 @@ def _gate():
     return None
 
 
-def _rate_limited(limit: int, retry_after: float) -> Response:
+def endpoint() -> str:
+    """The endpoint a /v1 call is counted against, as Stripe counts its per-endpoint limits:
+    the method and the path template (`POST /v1/checkout/sessions`,
+    `GET /v1/checkout/sessions/{id}`), not the path with the object's id in it."""
+    rule = request.url_rule
+    path = _PATH_VARIABLE.sub("{id}", rule.rule) if rule is not None else request.path
+    return f"{request.method} {path}"
+
+
+_PATH_VARIABLE = re.compile(r"<(?:[^<>:]+:)?[^<>]+>")
+
+
+def _rate_limited(which: str, retry_after: float, faults) -> Response:
     """Stripe's answer to too many requests: a 429 `rate_limit` error the SDK raises as
     `RateLimitError`. `Stripe-Should-Retry: true` because nothing was done, so a retry is
     always safe; `Retry-After` says when a slot frees (whole seconds, as HTTP requires)."""
+    if which == "endpoint":
+        limit = faults.api_endpoint_rate_limit_per_second
+        scope = f"{endpoint()} to {limit} request{'s' if limit != 1 else ''} per second " \
+                "(api_endpoint_rate_limit_per_second)"
+    else:
+        limit = faults.api_rate_limit_per_second
+        scope = f"this account to {limit} request{'s' if limit != 1 else ''} per second " \
+                "(api_rate_limit_per_second)"
     error = StripeError(
         429,
-        f"Too many requests hit the API too quickly: the Stripe sandbox is limiting this "
-        f"account to {limit} request{'s' if limit != 1 else ''} per second "
-        "(api_rate_limit_per_second). Back off and retry.",
+        f"Too many requests hit the API too quickly: the Stripe sandbox is limiting {scope}. "
+        "Back off and retry.",
         code="rate_limit",
         saved=False,
         extra={"doc_url": "https://stripe.com/docs/error-codes/rate-limit"},

@@ -13,6 +13,7 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, g, request
 
+from .api import endpoint
 from .objects import render_delivery, render_event, render_session
 from .state import ASYNC_RESULTS, OUTCOMES, ControlError, Faults, Sandbox
 from .traffic import MAX_API_HOLD_SECONDS
@@ -29,6 +30,7 @@ FAULT_TYPES = {
     "api_latency_jitter_seconds": "api_seconds",
     "api_hang": "bool",
     "api_rate_limit_per_second": "rate",
+    "api_endpoint_rate_limit_per_second": "rate",
 }
 
 
@@ -49,7 +51,7 @@ def log_api_request() -> None:
     it), so a test can count and time the provider calls a client made (GET /_sandbox/requests)."""
     if request.path.startswith("/v1"):
         entry = _sandbox().request_log.record(
-            request.method, request.path, request.headers.get("Idempotency-Key")
+            request.method, request.path, request.headers.get("Idempotency-Key"), endpoint()
         )
         setattr(g, _LOG_ENTRY, entry)
 

@@ -89,6 +89,7 @@ class Faults:
     api_latency_jitter_seconds: float = 0.0
     api_hang: bool = False
     api_rate_limit_per_second: int = 0
+    api_endpoint_rate_limit_per_second: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -22,7 +22,8 @@ REQUEST_LOG_SIZE = 10_000
 
 
 class ApiGate:
-    """Holds /v1 calls back (latency, hang) and admits them under a sliding 1-s rate limit.
+    """Holds /v1 calls back (latency, hang) and admits them under sliding 1-s rate limits: one
+    for the whole account and one per endpoint (method + path template), as Stripe counts them.
 
     `faults` is read afresh each time a held call wakes, so switching a fault off, changing the
     latency, a reset (which replaces the faults) or closing the sandbox releases waiting calls
@@ -35,6 +36,7 @@ class ApiGate:
         self._closed = False
         self._window_lock = threading.Lock()
         self._admitted: deque[float] = deque()  # monotonic times of admitted calls, last 1 s
+        self._by_endpoint: dict[str, deque[float]] = {}
 
     def wake(self) -> None:
         with self._changed:
@@ -47,6 +49,7 @@ class ApiGate:
     def clear(self) -> None:
         with self._window_lock:
             self._admitted.clear()
+            self._by_endpoint.clear()
         self.wake()
 
     def hold(self) -> None:
@@ -67,23 +70,34 @@ class ApiGate:
                     return
                 self._changed.wait(remaining)
 
-    def admit(self, limit: int) -> float | None:
-        """Count a call against the window: None if it may proceed, else the seconds until it
-        would have been admitted (for Retry-After).
+    def admit(self, limit: int, endpoint: str = "", endpoint_limit: int = 0) -> tuple[str, float] | None:
+        """Count a call against the windows: None if it may proceed, else which limit refused it
+        ("account" or "endpoint") and the seconds until it would have been admitted (for
+        Retry-After).
 
-        Only admitted calls occupy the window, so at most `limit` calls are served in any one
-        second however hard a client hammers; a refused call costs nothing. The window is kept
-        while the limit is off, so switching it on mid-traffic counts the last second honestly.
+        Only admitted calls occupy the windows, so at most `limit` calls are served in any one
+        second however hard a client hammers, and at most `endpoint_limit` to any one endpoint;
+        a refused call costs nothing. The windows are kept while the limits are off, so switching
+        one on mid-traffic counts the last second honestly.
         """
         with self._window_lock:
             now = time.monotonic()
-            while self._admitted and self._admitted[0] <= now - RATE_WINDOW_SECONDS:
-                self._admitted.popleft()
-            if not limit or len(self._admitted) < limit:
-                self._admitted.append(now)
-                return None
-            # A slot frees when enough of the oldest admissions leave the window.
-            return self._admitted[len(self._admitted) - limit] + RATE_WINDOW_SECONDS - now
+            window = self._by_endpoint.setdefault(endpoint, deque())
+            for admitted in (self._admitted, window):
+                while admitted and admitted[0] <= now - RATE_WINDOW_SECONDS:
+                    admitted.popleft()
+            if limit and len(self._admitted) >= limit:
+                return "account", _slot_frees(self._admitted, limit, now)
+            if endpoint_limit and len(window) >= endpoint_limit:
+                return "endpoint", _slot_frees(window, endpoint_limit, now)
+            self._admitted.append(now)
+            window.append(now)
+            return None
+
+
+def _slot_frees(admitted: deque[float], limit: int, now: float) -> float:
+    """When enough of the oldest admissions leave the window for one more call."""
+    return admitted[len(admitted) - limit] + RATE_WINDOW_SECONDS - now
 
 
 class RequestLog:
@@ -100,10 +114,11 @@ class RequestLog:
             self._calls: deque[dict] = deque(maxlen=self._size)
             self._counts: Counter = Counter()
 
-    def record(self, method: str, path: str, idempotency_key: str | None) -> dict:
+    def record(self, method: str, path: str, idempotency_key: str | None, endpoint: str = "") -> dict:
         entry = {
             "method": method,
             "path": path,
+            "endpoint": endpoint or f"{method} {path}",
             "at": time.time(),
             "idempotency_key": idempotency_key,
             "status": None,  # set when the answer is sent; None while the call is held

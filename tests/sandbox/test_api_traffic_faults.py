@@ -196,14 +196,57 @@ def test_the_rate_limit_leaves_the_hosted_page_and_control_routes_alone(client, 
     client.v1.checkout.sessions.retrieve(session.id)
 
 
+def test_the_endpoint_limit_counts_each_method_and_path_template_on_its_own(client, sandbox):
+    """Stripe's per-endpoint limit: retrieving two different sessions is one endpoint
+    (`GET /v1/checkout/sessions/{id}`), listing them another, creating them a third."""
+    first, second = new_session(client), new_session(client)
+    time.sleep(1.05)  # the windows count calls made before a limit is switched on
+    sandbox.faults(api_endpoint_rate_limit_per_second=2)
+    limited_from = time.time()
+    client.v1.checkout.sessions.retrieve(first.id)
+    client.v1.checkout.sessions.retrieve(second.id)
+    with pytest.raises(stripe.RateLimitError) as refused:
+        client.v1.checkout.sessions.retrieve(first.id)
+    body = refused.value.json_body["error"]
+    assert (refused.value.http_status, body["code"], body["type"]) == (429, "rate_limit", "invalid_request_error")
+    assert "GET /v1/checkout/sessions/{id}" in body["message"]
+    assert "api_endpoint_rate_limit_per_second" in body["message"]
+    assert refused.value.headers["Stripe-Should-Retry"] == "true"
+    # Other endpoints have budgets of their own in the same second.
+    client.v1.checkout.sessions.list()
+    client.v1.checkout.sessions.list()
+    new_session(client)
+    logged = [c for c in sandbox.requests() if c["at"] >= limited_from]
+    assert {c["endpoint"] for c in logged} == {
+        "POST /v1/checkout/sessions", "GET /v1/checkout/sessions/{id}", "GET /v1/checkout/sessions"}
+    assert [c["status"] for c in logged if c["endpoint"] == "GET /v1/checkout/sessions/{id}"] == [200, 200, 429]
+
+    time.sleep(1.05)
+    client.v1.checkout.sessions.retrieve(first.id)
+    sandbox.faults(api_endpoint_rate_limit_per_second=0)
+    for _ in range(4):
+        client.v1.checkout.sessions.retrieve(first.id)
+
+
+def test_the_account_limit_and_the_endpoint_limit_both_hold(client, sandbox):
+    sandbox.faults(api_rate_limit_per_second=3, api_endpoint_rate_limit_per_second=2)
+    client.v1.checkout.sessions.list()
+    client.v1.checkout.sessions.list()
+    with pytest.raises(stripe.RateLimitError, match="api_endpoint_rate_limit_per_second"):
+        client.v1.checkout.sessions.list()
+    client.v1.events.list()
+    with pytest.raises(stripe.RateLimitError, match="api_rate_limit_per_second"):
+        client.v1.webhook_endpoints.list()
+
+
 # -- switching off, reset, validation ------------------------------------------------
 
 
 def test_null_false_and_zero_switch_the_traffic_faults_off_and_reset_clears_them(sandbox):
     on = {"api_latency_seconds": 2, "api_latency_jitter_seconds": 1, "api_hang": True,
-          "api_rate_limit_per_second": 3}
+          "api_rate_limit_per_second": 3, "api_endpoint_rate_limit_per_second": 4}
     off = {"api_latency_seconds": 0.0, "api_latency_jitter_seconds": 0.0, "api_hang": False,
-           "api_rate_limit_per_second": 0}
+           "api_rate_limit_per_second": 0, "api_endpoint_rate_limit_per_second": 0}
     assert {k: sandbox.faults(**on)[k] for k in on} == {**on, "api_latency_seconds": 2.0,
                                                          "api_latency_jitter_seconds": 1.0}
     assert {k: sandbox.faults(**dict.fromkeys(on))[k] for k in on} == off
@@ -224,6 +267,8 @@ def test_null_false_and_zero_switch_the_traffic_faults_off_and_reset_clears_them
         {"api_rate_limit_per_second": -1},
         {"api_rate_limit_per_second": 2.5},
         {"api_rate_limit_per_second": 10**9},
+        {"api_endpoint_rate_limit_per_second": -1},
+        {"api_endpoint_rate_limit_per_second": "25"},
     ],
 )
 def test_a_traffic_fault_out_of_range_is_refused_and_changes_nothing(sandbox, body):
