@@ -65,6 +65,7 @@ class Settings:
     web_threads: int = 32
     stripe_max_concurrent_calls: int = 16
     stripe_rate_limit_per_second: int = 80
+    stripe_endpoint_rate_limit_per_second: int = 20
     stripe_breaker_threshold: int = 5
     stripe_breaker_cooldown_seconds: int = 30
 
@@ -205,6 +206,8 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         stripe_max_concurrent_calls=max_calls,
         # Stripe allows 100/s in live mode: stay below it with room for the dashboard and other tools.
         stripe_rate_limit_per_second=_int(env, "STRIPE_RATE_LIMIT_PER_SECOND", 80, 2, 10_000),
+        # Stripe also limits each endpoint (method + path template) to 25/s by default.
+        stripe_endpoint_rate_limit_per_second=_int(env, "STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND", 20, 1, 10_000),
         stripe_breaker_threshold=_int(env, "BACKSTOP_STRIPE_BREAKER_THRESHOLD", 5, 1, 1_000_000),
         stripe_breaker_cooldown_seconds=_int(env, "BACKSTOP_STRIPE_BREAKER_COOLDOWN_SECONDS", 30, 1, 3600),
         database_url=database_url,

@@ -141,6 +141,9 @@ def make_fresh_app(flushed_redis, truncated_db):
 
     yield factory
     for app in apps:
+        provider_guard = app.extensions.get("backstop", {}).get("provider_guard")
+        if provider_guard is not None:
+            provider_guard.close()  # its prober, if the breaker was left open, stops probing the sandbox
         with app.app_context():
             db.session.remove()
             db.engine.dispose()

@@ -61,38 +61,74 @@ def test_with_30s_of_provider_latency_checkout_answers_within_the_request_budget
     assert order["status"] == STALE and order["pay_by"]
 
 
-def test_after_the_threshold_the_breaker_opens_for_every_process_and_one_probe_closes_it(shop, sandbox):
-    app, skus = shop(STRIPE_BREAKER_THRESHOLD=3, STRIPE_BREAKER_COOLDOWN_SECONDS=1.5)
-    other_process, _ = shop(STRIPE_BREAKER_THRESHOLD=3, STRIPE_BREAKER_COOLDOWN_SECONDS=1.5)
+def _breaker(app) -> dict:
+    with app.app_context():
+        return guard.get().breaker_view()
+
+
+def test_after_the_threshold_the_breaker_opens_for_every_process_and_a_probe_closes_it_soon_after_the_return(
+        shop, sandbox):
+    app, skus = shop(STRIPE_BREAKER_THRESHOLD=3)
+    other_process, _ = shop(STRIPE_BREAKER_THRESHOLD=3)
     sandbox.faults(api_unavailable=True)
     for _ in range(3):
         _pay_later_page(shopper := Shopper(app, skus), shopper.checkout())
-    with app.app_context():
-        assert guard.get().breaker_view()["state"] == guard.OPEN
+    assert _breaker(app)["state"] == guard.OPEN
 
-    calls = sandbox.request_count()
+    sessions = lambda: sandbox.request_count(method="POST")  # noqa: E731 - checkouts' session creates
+    created = sessions()
     for instance in (app, other_process):  # the other app has its own guard: the state is in Redis
         shopper = Shopper(instance, skus)
         started = time.monotonic()
         response = shopper.checkout()
         assert time.monotonic() - started < 1.0
         assert _pay_later_page(shopper, response)["status"] == STALE
-    assert sandbox.request_count() == calls, "a checkout called the provider while the breaker was open"
+    # While the provider stays down, both processes' probers share one probe a second.
+    time.sleep(3.2)
+    assert sessions() == created, "a customer's checkout called the provider while the breaker was open"
+    probes = sandbox.request_times(method="GET")
+    assert 2 <= len(probes) and sandbox.peak_requests_per_second(method="GET") == 1, probes
+    assert {c["path"] for c in sandbox.requests(method="GET")} == {"/v1/events"}
+    assert _breaker(app)["state"] in (guard.OPEN, guard.HALF_OPEN)
 
     sandbox.faults(api_unavailable=False)
-    time.sleep(1.6)
+    back = time.monotonic()
+    while _breaker(app)["state"] != guard.CLOSED:
+        assert time.monotonic() - back < 2.0, "the breaker was still open 2 s after the provider came back"
+        time.sleep(0.05)
+    assert sessions() == created, "a customer's call was the probe"
     shopper = Shopper(other_process, skus)
     response = shopper.checkout()
     assert response.status_code == 303 and "/pay/" in response.headers["Location"]
-    assert sandbox.request_count() == calls + 1, "one probe, then closed"
-    with app.app_context():
-        view = guard.get().breaker_view()
-    assert view["state"] == guard.CLOSED and view["shared"]
-    assert view["transitions"] == {guard.OPEN: 1, guard.HALF_OPEN: 1, guard.CLOSED: 1}
+    view = _breaker(app)
+    assert view["state"] == guard.CLOSED and view["shared"] and view["last_probe_at"]
+    assert view["transitions"][guard.OPEN] == view["transitions"][guard.HALF_OPEN] >= 3
+    assert view["transitions"][guard.CLOSED] == 1
 
     metrics = app.test_client().get("/metrics").get_data(as_text=True)
     assert 'shop_provider_breaker_state{state="closed"} 1.0' in metrics
-    assert 'shop_provider_breaker_transitions_total{to="open"} 1.0' in metrics
+    assert 'shop_provider_breaker_transitions_total{to="closed"} 1.0' in metrics
+
+
+def test_probes_that_keep_failing_back_off_to_the_cool_down(make_fresh_app):
+    """About ten seconds at one probe a second (a blip ends within a second of the provider's
+    return), then doubling gaps up to the cool-down while the outage lasts. The local view runs
+    the same rule as the shared scripts, on a clock the test moves."""
+    limits = guard.limits_from({**make_fresh_app().config, "STRIPE_BREAKER_COOLDOWN_SECONDS": 30,
+                                "STRIPE_BREAKER_THRESHOLD": 1})
+    local, gaps, last = guard._LocalState(), [], None
+    local.record(1000.0, False, limits)
+    for hundredth in range(30000):
+        now = 1000 + hundredth / 100
+        if local.claim_probe(now, limits).mine:
+            if last is not None:
+                gaps.append(round(now - last, 1))
+            last = now
+            local.probe_result(now + 0.05, False, limits)
+    step = guard.PROBE_SPACING_SECONDS
+    assert gaps[:10] == [step] * 10
+    assert gaps[10:15] == [round(step * 2 ** n, 1) for n in range(1, 5)] + [30.0]
+    assert set(gaps[15:]) == {30.0}
 
 
 def test_the_console_dashboard_says_the_providers_state_in_words(shop, sandbox):
@@ -172,10 +208,10 @@ def test_each_of_the_sdks_own_retries_takes_a_token_of_the_rate_budget(make_fres
     assert sandbox.request_count() == 1
 
 
-def test_a_process_whose_clock_runs_ahead_cannot_end_the_shared_breakers_cool_down_early(make_fresh_app,
-                                                                                         monkeypatch):
+def test_a_process_whose_clock_runs_ahead_cannot_probe_before_the_shared_breakers_next_probe(make_fresh_app,
+                                                                                          monkeypatch):
     # The breaker keeps Redis's clock: a host whose clock is a minute ahead (or a thread whose
-    # reading came late) would otherwise see every cool-down as over and send a probe at once.
+    # reading came late) would otherwise see every gap between probes as over and probe at once.
     app = make_fresh_app(STRIPE_BREAKER_THRESHOLD=2, STRIPE_BREAKER_COOLDOWN_SECONDS=30)
     with app.app_context():
         provider_guard = guard.get()
@@ -184,8 +220,10 @@ def test_a_process_whose_clock_runs_ahead_cannot_end_the_shared_breakers_cool_do
         assert provider_guard.breaker_view()["state"] == guard.OPEN
         real_time = time.time
         monkeypatch.setattr(guard.time, "time", lambda: real_time() + 60)
-        with pytest.raises(guard.Shed, match="cool-down"):
+        with pytest.raises(guard.Shed, match="circuit breaker open"):
             provider_guard.admit()
+        turn = provider_guard.claim_probe()
+        assert not turn.mine and 0 < turn.wait <= guard.PROBE_SPACING_SECONDS
         assert provider_guard.breaker_view()["state"] == guard.OPEN
 
 

@@ -47,6 +47,7 @@ BAD = [
     ("STRIPE_MAX_CONCURRENT_CALLS", "32", "WEB_THREADS - 1"),  # all 32 default threads: none left for pages
     ("STRIPE_MAX_CONCURRENT_CALLS", "0", "between"),
     ("STRIPE_RATE_LIMIT_PER_SECOND", "1", "between 2 and 10000"),
+    ("STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND", "0", "between 1 and 10000"),
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -18,7 +19,9 @@ import requests
 import stripe
 from flask import current_app
 
-from ..extensions import per_app
+from ..domain.deadlines import utcnow
+from ..extensions import db, per_app
+from ..outbox import dispatch
 from . import guard
 
 log = logging.getLogger("shop.payments")
@@ -33,13 +36,25 @@ EVENT_TYPES = [
 ]
 
 
+# Why a call could not be made or answered (ProviderUnavailable.kind): the guard's refusals
+# (guard.BUDGET, BULKHEAD, LINE, BREAKER, DEADLINE), the provider's own 429, or the provider
+# not answering (connection errors, timeouts, 5xx).
+RATE_LIMITED, UNREACHABLE = "rate_limited", "unreachable"
+# Refusals that say the provider is fine but its budget (or this process's share of slots) is
+# spent for now: an order whose session could not be created for one of these waits in line.
+BUDGET_KINDS = frozenset({guard.BUDGET, guard.BULKHEAD, guard.LINE, RATE_LIMITED})
+
+
 class ProviderUnavailable(Exception):
-    """The provider could not be reached, timed out, or answered 5xx/429: try again later.
+    """The provider could not be reached, timed out, or answered 5xx/429, or the guard refused
+    the call: try again later. `kind` says which (see BUDGET_KINDS).
 
     Durable work that meets it waits for the provider instead of spending its attempt budget
     (the runner reads `failure_kind`; see domain.deadlines.retry_decision)."""
 
     failure_kind = "provider"
+    kind = UNREACHABLE
+    retry_after: float | None = None
 
 
 class ProviderRefused(Exception):
@@ -190,7 +205,7 @@ class GuardedHttpClient(stripe.RequestsClient):
     def request(self, method, url, headers, post_data=None):
         ctx = guard.current()
         if ctx.deadline is not None and ctx.deadline - time.monotonic() < MIN_ATTEMPT_SECONDS:
-            raise guard.Shed("no time left in this request's budget for another provider call")
+            raise guard.Shed("no time left in this request's budget for another provider call", kind=guard.DEADLINE)
         content, status, rheaders = super().request(method, url, headers, post_data)
         if status == 429:
             guard.get().pause(_retry_after(rheaders))
@@ -222,14 +237,32 @@ def _retry_after(headers) -> float:
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS) or DEFAULT_RETRY_AFTER_SECONDS
 
 
+# Where new payment sessions are made: the endpoint whose budget the checkout queue shares out.
+SESSION_CREATE = "POST /v1/checkout/sessions"
+_ID_SEGMENT = re.compile(r"^[a-z]{2,4}_|[A-Z0-9]")
+
+
+def endpoint_of(method: str, url: str) -> str:
+    """The endpoint a request is counted against, as Stripe counts its per-endpoint limits: the
+    method and the path template, `GET /v1/checkout/sessions/{id}` for every session. A path
+    segment is an object's id when it starts with an id's prefix (two to four letters and an
+    underscore: `cs_`, `pi_`, `evt_`) or holds a capital letter or a digit; resource and action
+    names are lowercase words (`checkout`, `payment_intents`, `expire`)."""
+    path = urlsplit(url).path
+    parts = ["{id}" if _ID_SEGMENT.search(part) else part for part in path.split("/")]
+    return f"{method.upper()} {'/'.join(parts)}"
+
+
 class _BudgetedAdapter(requests.adapters.HTTPAdapter):
     """Takes the rate budget's token for each request the SDK sends (its retries included), at
     the last point before the connection is written to: the budget bounds calls as the provider
-    counts them, on arrival, so the time between the grant and the send must stay short
-    (guard.GRANT_FRESH_SECONDS)."""
+    counts them, on arrival, per account and per endpoint, so the time between the grant and the
+    send must stay short (guard.GRANT_FRESH_SECONDS)."""
 
     def send(self, request, *args, **kwargs):
-        guard.get().take_token()  # the SDK runs inside gateway._call, in the app's context
+        endpoint = endpoint_of(request.method, request.url)
+        # The SDK runs inside gateway._call, in the app's context.
+        guard.get().take_token(endpoint, behind_line=endpoint == SESSION_CREATE)
         return super().send(request, *args, **kwargs)
 
 
@@ -257,7 +290,8 @@ def _http_client(base: str, timeout: float) -> GuardedHttpClient:
 def _call(what: str, fn):
     """Every SDK call goes through here: the bulkhead, the breaker, then the call (whose attempts
     meet the rate budget in GuardedHttpClient). A refusal by the guard is ProviderUnavailable
-    with no call made; a failure or timeout of the provider counts toward the breaker."""
+    with no call made; a failure or timeout of the provider counts toward the breaker, and while
+    the breaker is open this process makes sure a prober watches for the provider's return."""
     provider_guard = guard.get()
     try:
         with provider_guard.slot():
@@ -265,31 +299,84 @@ def _call(what: str, fn):
             try:
                 result = fn()
             except stripe.StripeError as exc:
-                status = getattr(exc, "http_status", None) or 0
-                provider_guard.record(ok=not (isinstance(exc, (stripe.APIConnectionError, stripe.RateLimitError))
-                                              or status >= 500 or status == 0 or status == 429))
+                if provider_guard.record(ok=not _counts_as_failure(exc)) != guard.CLOSED:
+                    _watch_for_recovery(provider_guard)
                 raise
             provider_guard.record(ok=True)
             return result
     except guard.Shed as exc:
-        raise _unavailable(f"{what}: not called: {exc}", exc.retry_after) from exc
+        if exc.kind == guard.BREAKER:
+            _watch_for_recovery(provider_guard)
+        raise _unavailable(f"{what}: not called: {exc}", exc.retry_after, exc.kind) from exc
     except (stripe.APIConnectionError, stripe.RateLimitError) as exc:
-        raise _unavailable(f"{what}: {exc.user_message or exc}", _retry_after(exc.headers)
-                           if isinstance(exc, stripe.RateLimitError) else None) from exc
+        limited = isinstance(exc, stripe.RateLimitError)
+        raise _unavailable(f"{what}: {exc.user_message or exc}", _retry_after(exc.headers) if limited else None,
+                           RATE_LIMITED if limited else UNREACHABLE) from exc
     except stripe.StripeError as exc:
         status = getattr(exc, "http_status", None) or 0
         if status >= 500 or status == 0 or status == 429:
             raise _unavailable(f"{what}: provider error {status}: {exc.user_message or exc}",
-                               _retry_after(exc.headers) if status == 429 else None) from exc
+                               _retry_after(exc.headers) if status == 429 else None,
+                               RATE_LIMITED if status == 429 else UNREACHABLE) from exc
         raise ProviderRefused(f"{what}: {exc.user_message or exc}", getattr(exc, "code", None)) from exc
 
 
-def _unavailable(message: str, retry_after: float | None) -> ProviderUnavailable:
-    """ProviderUnavailable, saying when to try again if the guard or the provider said (a 429's
-    Retry-After, the breaker's cool-down, the rate budget's next token)."""
+def _counts_as_failure(exc: stripe.StripeError) -> bool:
+    """A failure of the provider (the breaker counts it), not a refusal of this one request."""
+    status = getattr(exc, "http_status", None) or 0
+    return isinstance(exc, (stripe.APIConnectionError, stripe.RateLimitError)) or status >= 500 or status in (0, 429)
+
+
+def _unavailable(message: str, retry_after: float | None, kind: str) -> ProviderUnavailable:
+    """ProviderUnavailable, saying why and when to try again if the guard or the provider said (a
+    429's Retry-After, the next probe, the rate budget's next token)."""
     exc = ProviderUnavailable(message)
     exc.retry_after = retry_after
+    exc.kind = kind
     return exc
+
+
+# -- the probe -------------------------------------------------------------------------------
+
+# The probe's own time: it must not hold its claim (guard: STRIPE_BREAKER_PROBE_SECONDS) or the
+# next probe for long when the provider hangs.
+PROBE_TIMEOUT_SECONDS = 2.0
+
+
+def _watch_for_recovery(provider_guard: guard.ProviderGuard) -> None:
+    provider_guard.watch_for_recovery(current_app._get_current_object(), probe, on_recovered=_recovered)
+
+
+def probe() -> bool | None:
+    """The shop's one probe while the breaker is open: a cheap read (the newest event, at most
+    one), outside the breaker (it is what closes it) but inside this process's bulkhead and the
+    rate budget. True when the provider answered (even a refusal of this request is an answer),
+    False when it failed, None when there was no slot or budget to try now."""
+    provider_guard = guard.get()
+    probe_client = per_app("stripe_probe", lambda: stripe.StripeClient(
+        current_app.config.get("STRIPE_SECRET_KEY") or SANDBOX_API_KEY,
+        base_addresses={"api": api_base()} if api_base() else None, max_network_retries=0,
+        http_client=per_app("stripe_http", lambda: _http_client(api_base() or STRIPE_API,
+                                                                current_app.config["STRIPE_TIMEOUT_SECONDS"]))))
+    try:
+        with provider_guard.slot(wait=0), guard.customer_call(PROBE_TIMEOUT_SECONDS):
+            probe_client.v1.events.list(params={"limit": 1})
+    except guard.Shed:
+        return None
+    except stripe.StripeError as exc:
+        return not _counts_as_failure(exc)
+    return True
+
+
+def _recovered() -> None:
+    """The probe closed the breaker: work that backed off for the provider (refunds, deadlines
+    asking about a session) runs now, not at its next retry up to minutes away."""
+    try:
+        dispatch.wake_provider_waiters(utcnow())
+    except Exception:  # noqa: BLE001 - the sweep wakes them at its next cycle too
+        log.exception("could not wake the work that waited for the provider")
+    finally:
+        db.session.remove()
 
 
 def create_checkout_session(*, order_id: int, reference: str, attempt: int, lines, currency: str, email: str,
