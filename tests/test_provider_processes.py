@@ -21,6 +21,7 @@ from sqlalchemy import select, text
 from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import Order
+from shop.payments import guard
 from shop.stripe_sandbox.testing import peak_in_window
 
 from test_processes import ROOT, Processes, _env, _free_port, _wait
@@ -208,3 +209,125 @@ def test_three_processes_asking_for_200_calls_a_second_stay_within_the_shared_bu
     assert len(times) >= budget, f"only {len(times)} calls made: the budget went unused"
     assert peak_in_window(times, 1.0) <= budget, f"{peak_in_window(times, 1.0)} calls in one second at the provider"
     assert made["customer"] > 2 * made["background"], f"the background callers did not yield: {made}"
+
+
+def _callers(script: str, env: dict, args: list[str], count: int = 3) -> tuple[list, float]:
+    """`count` processes running `script` with `args`, each started when all are ready; returns
+    them and the common start time (epoch seconds)."""
+    children = [subprocess.Popen([sys.executable, "-c", script, *args], cwd=ROOT, env=env, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                for _ in range(count)]
+    for child in children:
+        assert child.stdout.readline().strip() == "ready", child.stderr.read()
+    start_at = time.time() + 0.5
+    for child in children:
+        child.stdin.write(f"{start_at!r}\n")
+        child.stdin.flush()
+    return children, start_at
+
+
+def _finish(children, timeout: float = 120) -> None:
+    try:
+        for child in children:
+            _out, err = child.communicate(timeout=timeout)
+            assert child.returncode == 0, err
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+def test_with_three_processes_one_probe_a_second_finds_the_provider_back_and_closes_the_breaker_within_2s(
+        make_fresh_app, sandbox):
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
+    env = _env(app, STRIPE_API_BASE=sandbox.base_url, BACKSTOP_STRIPE_BREAKER_THRESHOLD="3",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    outage, after = 5.0, 3.0
+    sandbox.faults(api_unavailable=True)
+    # Three processes whose customers keep asking (every 50 ms each): each sees the breaker open
+    # and starts a prober; the shared claim lets one probe go a second, whoever holds it.
+    children, start_at = _callers(CALLER, env, [repr(outage + after), "4", "0", "0"])
+    try:
+        time.sleep(max(0.0, start_at + outage - time.time()))
+        sandbox.faults(api_unavailable=False)
+        back = time.time()
+        with app.app_context():
+            provider_guard = guard.get()
+            while provider_guard.breaker_view()["state"] != guard.CLOSED:
+                assert time.time() - back < 2.0, "the breaker was still open 2 s after the provider came back"
+                time.sleep(0.05)
+            closed = time.time()
+            view = provider_guard.breaker_view()
+    finally:
+        _finish(children)
+    calls = sandbox.requests(since=start_at - 1)
+    probes = sorted(c["at"] for c in calls if c["path"] == "/v1/events" and c["at"] <= closed)
+    customers = [c for c in calls if c["path"].startswith("/v1/checkout/sessions/")]
+    assert len(probes) >= 3, f"{len(probes)} probes during a {outage} s outage"
+    assert peak_in_window(probes, 1.0) == 1, f"probes less than a second apart: {probes}"
+    answered = min(c["at"] for c in calls if c["path"] == "/v1/events" and c["status"] == 200)
+    assert not [c for c in customers if probes[0] < c["at"] < answered], "a customer's call was made while probing"
+    assert any(c["at"] > closed and c["status"] == 404 for c in customers), "customers' calls did not resume"
+    assert view["transitions"][guard.CLOSED] == 1 and view["transitions"][guard.OPEN] >= 1
+
+
+def test_three_processes_never_send_one_endpoint_more_than_its_budget_and_each_endpoint_has_its_own(
+        make_fresh_app, sandbox):
+    budget = 10
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
+    env = _env(app, STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND="1000",
+               STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=str(budget),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    seconds = 3.0
+    # 3 processes x (8 threads reading sessions + 4 listing events), each asking again 10 ms
+    # after every answer, beside 2 busy threads each: far over 10 calls a second per endpoint.
+    children, start_at = _callers(ENDPOINT_CALLER, env, [repr(seconds), "8", "4", "2"])
+    _finish(children)
+    calls = [c for c in sandbox.requests(since=start_at - 1) if c["at"] < start_at + seconds]
+    by_endpoint: dict[str, list[float]] = {}
+    for c in calls:
+        by_endpoint.setdefault(c["endpoint"], []).append(c["at"])
+    assert set(by_endpoint) == {"GET /v1/checkout/sessions/{id}", "GET /v1/events"}, set(by_endpoint)
+    for endpoint, times in by_endpoint.items():
+        times.sort()
+        assert len(times) >= budget * seconds * 0.6, f"{endpoint}: only {len(times)} calls; the budget went unused"
+        assert peak_in_window(times, 1.0) <= budget, f"{endpoint}: {peak_in_window(times, 1.0)} calls in one second"
+    assert peak_in_window(sorted(c["at"] for c in calls), 1.0) > budget, "the endpoints did not have budgets of their own"
+
+
+ENDPOINT_CALLER = r"""
+import sys, threading, time
+from shop import create_app
+from shop.payments import gateway, guard
+
+app = create_app()
+print("ready", flush=True)
+start_at, seconds = float(sys.stdin.readline()), float(sys.argv[1])
+
+def work(call):
+    with app.app_context(), guard.customer_call(30):
+        time.sleep(max(0.0, start_at - time.time()))
+        while time.time() < start_at + seconds:
+            try:
+                call()
+            except (gateway.ProviderRefused, gateway.ProviderUnavailable):
+                pass
+            time.sleep(0.01)
+
+read = lambda: gateway.retrieve_session("cs_test_nothing")
+listing = lambda: gateway._call("list events", lambda: gateway.client().v1.events.list(params={"limit": 1}))
+
+def busy():
+    time.sleep(max(0.0, start_at - time.time()))
+    while time.time() < start_at + seconds:
+        sum(i * i for i in range(2000))
+
+threads = [threading.Thread(target=work, args=(read,)) for _ in range(int(sys.argv[2]))]
+threads += [threading.Thread(target=work, args=(listing,)) for _ in range(int(sys.argv[3]))]
+threads += [threading.Thread(target=busy) for _ in range(int(sys.argv[4]))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -182,6 +183,7 @@ class GuardedHttpClient(stripe.RequestsClient):
     def __init__(self, *, app, background_timeout: float, **kwargs):
         self._app = app
         self._background_timeout = background_timeout
+        self._attempt = threading.local()
         super().__init__(timeout=background_timeout, **kwargs)
 
     @property
@@ -204,6 +206,11 @@ class GuardedHttpClient(stripe.RequestsClient):
 
     def request(self, method, url, headers, post_data=None):
         ctx = guard.current()
+        if getattr(self._attempt, "retry", False):
+            # The SDK's own retry of a failed attempt: not once the breaker has opened meanwhile
+            # (no call goes out while it is open but the shop's one probe).
+            self._attempt.retry = False
+            guard.get().admit()
         if ctx.deadline is not None and ctx.deadline - time.monotonic() < MIN_ATTEMPT_SECONDS:
             raise guard.Shed("no time left in this request's budget for another provider call", kind=guard.DEADLINE)
         content, status, rheaders = super().request(method, url, headers, post_data)
@@ -219,7 +226,9 @@ class GuardedHttpClient(stripe.RequestsClient):
     def _should_retry(self, response, api_connection_error, num_retries, max_network_retries):
         if response is not None and response[1] == 429:
             return False  # waiting out Retry-After belongs to the caller, not to a thread here
-        return super()._should_retry(response, api_connection_error, num_retries, max_network_retries)
+        retry = super()._should_retry(response, api_connection_error, num_retries, max_network_retries)
+        self._attempt.retry = retry
+        return retry
 
 
 # An attempt with less time than this left in the request's budget could not get an answer.
