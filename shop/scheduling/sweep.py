@@ -35,16 +35,13 @@ decides whether we ask the provider. Either can be off while the other runs.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from flask import current_app
-from sqlalchemy import delete, insert, or_, select, update
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy import or_, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm.exc import StaleDataError
 
 from .. import failpoints
@@ -54,6 +51,7 @@ from ..extensions import db
 from ..models import Lease, Order, ReconciliationCycle, Refund, ScheduledCommand
 from ..orders.cancel import cancel_unpaid
 from ..outbox import dispatch, uow
+from ..outbox.leases import acquire_lease, holder_name, release_lease, renew_lease
 from ..payments import apply as payments
 from ..payments import gateway, guard
 from ..store import orders
@@ -90,110 +88,6 @@ class _Clock:
         if self._base is None:
             return utcnow()
         return self._base + timedelta(seconds=time.monotonic() - self._t0)
-
-
-# -- the lease -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Acquired:
-    """acquire_lease's answer: true when the lease is ours; `taken_from` names the holder whose
-    lease was taken over because its process is gone (for the cycle's record)."""
-
-    ok: bool
-    taken_from: str | None = None
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-
-def acquire_lease(name: str, holder: str, now: datetime, seconds: float) -> Acquired:
-    """Take the named lease if nobody holds a live one. Commits its own transaction.
-
-    Taking over a lapsed lease is a conditional UPDATE (on PostgreSQL a concurrent second UPDATE
-    re-reads the row after the first commits and no longer matches); creating it is an INSERT
-    whose primary key lets exactly one of two concurrent creators win."""
-    session = db.session
-    expires = now + timedelta(seconds=seconds)
-    try:
-        taken = session.execute(
-            update(Lease).where(Lease.name == name, Lease.expires_at < now)
-            .values(holder=holder, expires_at=expires).execution_options(synchronize_session=False))
-        if taken.rowcount == 1:
-            session.commit()
-            return Acquired(True)
-        current = session.execute(select(Lease.holder).where(Lease.name == name)).first()
-        if current is not None:
-            if holder_is_gone(current.holder):
-                # Its holder died on this machine (a worker SIGKILLed mid-cycle): take the lease
-                # now instead of leaving every cycle skipped until it lapses, minutes later.
-                taken = session.execute(
-                    update(Lease).where(Lease.name == name, Lease.holder == current.holder)
-                    .values(holder=holder, expires_at=expires).execution_options(synchronize_session=False))
-                if taken.rowcount == 1:
-                    session.commit()
-                    log.warning("sweep: took over the lease of %s, a process that no longer exists",
-                                current.holder)
-                    return Acquired(True, taken_from=current.holder)
-            session.rollback()
-            return Acquired(False)  # someone holds it and it has not lapsed
-        session.execute(insert(Lease).values(name=name, holder=holder, expires_at=expires))
-        session.commit()
-        return Acquired(True)
-    except IntegrityError:
-        session.rollback()
-        return Acquired(False)
-    except BaseException:
-        session.rollback()
-        raise
-
-
-def renew_lease(name: str, holder: str, now: datetime, seconds: float) -> bool:
-    """Extend our lease, only if it is still ours and has not lapsed. Commits."""
-    session = db.session
-    try:
-        renewed = session.execute(
-            update(Lease).where(Lease.name == name, Lease.holder == holder, Lease.expires_at >= now)
-            .values(expires_at=now + timedelta(seconds=seconds)).execution_options(synchronize_session=False))
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    return renewed.rowcount == 1
-
-
-def release_lease(name: str, holder: str) -> None:
-    session = db.session
-    try:
-        session.execute(delete(Lease).where(Lease.name == name, Lease.holder == holder)
-                        .execution_options(synchronize_session=False))
-        session.commit()
-    except Exception as exc:  # it lapses by itself; the next cycle only waits for it
-        session.rollback()
-        log.warning("could not release the sweep lease (%s); it lapses by itself", exc)
-
-
-def _holder() -> str:
-    return f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def holder_is_gone(holder: str) -> bool:
-    """True only when the holder (host:pid:nonce) was a process on this machine that no longer
-    exists. A holder on another machine, or one that cannot be checked, is taken to be alive:
-    its lease lapses by itself."""
-    host, _, rest = holder.partition(":")
-    pid_text = rest.partition(":")[0]
-    if host != socket.gethostname()[:60] or not pid_text.isdigit():
-        return False
-    pid = int(pid_text)
-    if pid == os.getpid() or pid <= 1:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # it exists, as another user's process
-        return False
-    return False
 
 
 # -- the result ----------------------------------------------------------------------------
@@ -573,7 +467,7 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
     cutoff = started - timedelta(seconds=cfg["RECONCILIATION_STUCK_AGE_SECONDS"])
     expiry_on, provider_on = cfg["UNPAID_ORDER_EXPIRY_ENABLED"], cfg["RECONCILIATION_ENABLED"]
     lease_seconds = float(cfg.get("RECONCILIATION_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
-    holder = _holder()
+    holder = holder_name()
     db.session.rollback()  # start from a clean transaction whatever the caller left behind
 
     if not (expiry_on or provider_on):
