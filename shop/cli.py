@@ -11,6 +11,7 @@ from flask.cli import AppGroup
 from . import queue
 from .domain.deadlines import utcnow
 from .outbox.relay import rearm_future_commands, relay_once
+from .payments import checkout_queue
 from .payments.registration import register_webhook
 from .scheduling.sweep import run_cycle
 from .seed import seed_catalog, upsert_operator
@@ -45,7 +46,10 @@ def create_operator_command(email, password):
 @shop_cli.command("worker")
 @click.option("--burst", is_flag=True, help="Drain the queues and exit.")
 def worker_command(burst):
-    """Run an RQ worker on the app's queues."""
+    """Run an RQ worker on the app's queues, and beside it the payment queue (the orders in line
+    for their payment page; one worker of the shop serves it at a time)."""
+    if not burst:
+        checkout_queue.start_in_background(current_app._get_current_object())
     queue.run_worker(burst=burst)
 
 

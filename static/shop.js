@@ -9,6 +9,10 @@
    state differs from S, fetch the page again and swap in its <main>: no full reload. The wait
    between asks grows while nothing changes, up to half a minute.
 
+   With data-continue (an order in line for its payment page), the page goes on to the payment
+   page by itself as soon as the order's JSON has one; data-poll-max-seconds caps the wait
+   between asks.
+
    <body data-address="URL">: a refused form is answered at its POST address with the page it
    concerns; the address bar is set to that page's own GET address, so a reload or a copied
    link is the page, not the form's action. Polls say so (X-Backstop-Poll), so that in the
@@ -37,13 +41,19 @@
   function poll(main) {
     var url = main.getAttribute("data-poll");
     var first = parseInt(main.getAttribute("data-poll-seconds") || "3", 10) * 1000;
+    var most = parseInt(main.getAttribute("data-poll-max-seconds") || "30", 10) * 1000;
     var every = first;
     function tick() {
       fetch(url, {headers: {"Accept": "application/json", "X-Backstop-Poll": "1"}, credentials: "same-origin"})
         .then(function (r) { return r.ok ? r.json() : null; })
         .then(function (json) {
+          if (json && main.hasAttribute("data-continue") && json.status === "PaymentInitiated" && json.payment &&
+              json.payment.status === "open" && json.payment.url) {
+            window.location.assign(json.payment.url);
+            return null;
+          }
           if (!json || stateOf(json) === main.getAttribute("data-state")) {
-            every = Math.min(every * 1.5, 30000);
+            every = Math.min(every * 1.5, most);
             return null;
           }
           every = first;
@@ -53,7 +63,7 @@
                 var fresh = new DOMParser().parseFromString(html, "text/html").querySelector("main");
                 if (!fresh) { return; }
                 main.innerHTML = fresh.innerHTML;
-                ["data-poll", "data-state"].forEach(function (name) {
+                ["data-poll", "data-state", "data-continue", "data-poll-max-seconds"].forEach(function (name) {
                   if (fresh.hasAttribute(name)) { main.setAttribute(name, fresh.getAttribute(name)); }
                   else { main.removeAttribute(name); }
                 });

@@ -45,9 +45,16 @@ PAYMENT_STATUS = {
 }
 
 
+def in_line(order) -> bool:
+    """Waiting in line for its payment page (the provider's budget for new sessions was spent)."""
+    return getattr(order, "payment_queued_at", None) is not None and OrderStatus(order.status) in UNPAID
+
+
 def order_json(order) -> dict:
     payment = None
-    if order.payment_session_id:
+    if in_line(order):
+        payment = {"session_id": None, "url": None, "status": "queued"}
+    elif order.payment_session_id:
         status = PAYMENT_STATUS[OrderStatus(order.status)]
         if status == "open" and order.payment_processing_at is not None:
             status = "processing"  # checkout finished; the provider settles the payment later
@@ -74,6 +81,7 @@ def order_json(order) -> dict:
 # for an order whose window ran out), so the payment and the cancellation's reason count too.
 BADGES = {
     "awaiting": "Awaiting payment",
+    "in-line": "In line for payment",
     "at-payment-page": "At the payment page",
     "processing": "Payment processing",
     "failed": "Payment failed",
@@ -90,7 +98,9 @@ def badge(data: dict) -> tuple[str, str]:
     for a cancelled order. The key is also the badge's CSS class."""
     status = data["status"]
     payment = (data.get("payment") or {}).get("status")
-    if status == OrderStatus.PENDING_PAYMENT.value:
+    if payment == "queued":
+        key = "in-line"
+    elif status == OrderStatus.PENDING_PAYMENT.value:
         key = "awaiting"
     elif status == OrderStatus.PAYMENT_INITIATED.value:
         key = "processing" if payment == "processing" else "at-payment-page"

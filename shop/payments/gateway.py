@@ -249,6 +249,7 @@ def _retry_after(headers) -> float:
 # Where new payment sessions are made: the endpoint whose budget the checkout queue shares out.
 SESSION_CREATE = "POST /v1/checkout/sessions"
 _ID_SEGMENT = re.compile(r"^[a-z]{2,4}_|[A-Z0-9]")
+_VERSION_SEGMENT = re.compile(r"v[0-9]+")
 
 
 def endpoint_of(method: str, url: str) -> str:
@@ -256,9 +257,10 @@ def endpoint_of(method: str, url: str) -> str:
     method and the path template, `GET /v1/checkout/sessions/{id}` for every session. A path
     segment is an object's id when it starts with an id's prefix (two to four letters and an
     underscore: `cs_`, `pi_`, `evt_`) or holds a capital letter or a digit; resource and action
-    names are lowercase words (`checkout`, `payment_intents`, `expire`)."""
+    names are lowercase words (`checkout`, `payment_intents`, `expire`), and `v1` is the version."""
     path = urlsplit(url).path
-    parts = ["{id}" if _ID_SEGMENT.search(part) else part for part in path.split("/")]
+    parts = ["{id}" if _ID_SEGMENT.search(part) and not _VERSION_SEGMENT.fullmatch(part) else part
+             for part in path.split("/")]
     return f"{method.upper()} {'/'.join(parts)}"
 
 

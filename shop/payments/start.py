@@ -9,6 +9,7 @@ from datetime import datetime
 
 from flask import current_app
 
+from .. import queue
 from ..domain.deadlines import session_expires_at, unpaid_deadline, utcnow
 from ..domain.order import OrderStatus
 from ..domain.results import Refused
@@ -17,7 +18,7 @@ from ..models import ProviderRefusal
 from ..outbox import uow
 from ..store import orders
 from ..store.orders import OrderSnapshot
-from . import gateway
+from . import gateway, guard
 
 log = logging.getLogger("shop.payments")
 S = OrderStatus
@@ -25,17 +26,31 @@ S = OrderStatus
 
 @dataclass
 class StartOutcome:
-    status: str                 # started | unavailable | refused
+    status: str                 # started | queued | unavailable | refused
     url: str | None = None
     message: str = ""
 
 
-def start_payment(order_id: int, now: datetime | None = None, *, placed=None) -> StartOutcome:
+IN_LINE = ("Your order is placed and its items are held for you. Many customers are paying right now, so you are "
+           "in line for the payment page: this page takes you there by itself as soon as it is your turn. "
+           "There is nothing to click.")
+# How long a customer's place holds the line shut to checkouts that arrive after it, unless the
+# payment queue renews it (see guard.ProviderGuard.hold_line).
+LINE_HOLD_SECONDS = 3.0
+
+
+def start_payment(order_id: int, now: datetime | None = None, *, placed=None, from_line: bool = False) \
+        -> StartOutcome:
     """PendingPayment / PaymentFailed -> PaymentInitiated with a fresh hosted Checkout Session.
 
     The provider call happens outside any transaction (no row lock is held across the
     network); the transition then commits only if nobody moved the order meanwhile: the store's
     version-guarded save (`store.orders.save`) plus the PaymentInitiated event, in one commit.
+
+    When the provider is fine but its budget for new sessions is spent (or this process has no
+    free provider slot), a customer's order joins the line instead (`join_line`: "queued"),
+    and the payment queue creates its session as soon as the budget allows
+    (payments.checkout_queue, which calls this with `from_line`).
 
     `placed` (place_order's result, in the same request) says what the order is at version 1,
     so a checkout does not read back what it has just written."""
@@ -53,12 +68,18 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None) ->
     try:
         view = _create_session(order, attempt, now)
     except gateway.ProviderUnavailable as exc:
+        if exc.kind in gateway.BUDGET_KINDS:
+            if from_line:  # still in line: the queue tries again when the budget allows
+                return StartOutcome("queued", message=str(exc))
+            join_line(order.id, now)
+            log.info("order %s joins the line for a payment session: %s", order.reference, exc)
+            return StartOutcome("queued", message=IN_LINE)
         log.warning("order %s: payment provider unreachable, order stays %s: %s", order.reference, order.status, exc)
         return StartOutcome("unavailable", message="We could not reach the payment provider. Your order is saved "
                                                    "and your items are held; please try “Pay now” again in a moment.")
     except gateway.ProviderRefused as exc:
         log.error("order %s: provider refused the checkout session: %s", order.reference, exc)
-        _note_refusal(order.id, attempt, exc)
+        _note_refusal(order.id, attempt, exc, leave_line=from_line)
         return StartOutcome("unavailable", message="We could not start the payment: the payment provider turned "
                                                    "the request down. Nothing was charged, and your order and its "
                                                    "items are held until its payment window closes; our team can "
@@ -105,11 +126,28 @@ def _save_started(order: OrderSnapshot, view: gateway.SessionView, attempt: int)
     return StartOutcome("started", url=view.url)
 
 
-def _note_refusal(order_id: int, attempt: int, exc: gateway.ProviderRefused) -> None:
-    """Keep the provider's reason for the order's console timeline, in its own small commit.
-    Bookkeeping only: failing to write it must not change what the customer is told."""
+def join_line(order_id: int, now: datetime) -> None:
+    """Put an unpaid order in line for its payment session (it keeps its place if it already has
+    one), durably: the mark is the order's own (`payment_queued_at`, a store note), committed
+    before anything is said; then the line is held shut to later checkouts and the payment
+    queue is woken (both only make it prompt: the queue finds the order in the database anyway)."""
+    with uow.transaction():
+        orders.note(order_id, "queue", now)
+    guard.get().hold_line(LINE_HOLD_SECONDS)
+    try:
+        queue.wake_payment_queue()
+    except Exception as exc:  # noqa: BLE001 - Redis away: the queue polls the database
+        log.warning("could not wake the payment queue (%s); it finds order %s by itself", exc, order_id)
+
+
+def _note_refusal(order_id: int, attempt: int, exc: gateway.ProviderRefused, *, leave_line: bool = False) -> None:
+    """Keep the provider's reason for the order's console timeline, in its own small commit (and
+    take the order out of the line: asking again would be refused again). Bookkeeping only:
+    failing to write it must not change what the customer is told."""
     try:
         with uow.transaction() as session:
+            if leave_line:
+                orders.note(order_id, "leave_queue")
             session.add(ProviderRefusal(order_id=order_id, attempt=attempt,
                                         code=(exc.code or None) and str(exc.code)[:100], reason=str(exc)))
     except Exception:  # noqa: BLE001 - logged; the refusal itself is already in the log above

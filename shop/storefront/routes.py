@@ -15,10 +15,11 @@ from ..orders import cart as carts
 from ..orders.checkout import place_order
 from ..orders.cancel import cancel_order
 from .. import emails
-from ..orders.serialize import badge, iso, keeps_changing, order_json, order_summary_json, watch_state
+from ..orders.serialize import badge, in_line, iso, keeps_changing, order_json, order_summary_json, watch_state
 from ..orders.lookup import order_by_reference
 from ..payments import gateway
 from ..payments.apply import ask_and_apply
+from ..payments.checkout_queue import expected_wait_seconds, place_in_line
 from ..payments.start import start_payment
 from ..errors import OrderNotFound
 from ..web import MAX_ID, answer_if_later_fails, browser_id, respond, wants_json
@@ -186,6 +187,9 @@ def checkout():
     if started.status == "started":
         return _see_other(started.url, {"reference": result.reference, "payment_url": started.url,
                                         "order_url": order_url})
+    if started.status == "queued":  # the order page says it and moves on by itself: no flash
+        return _see_other(order_url, {"reference": result.reference, "payment_url": None, "order_url": order_url,
+                                      "queued": True, "message": started.message})
     if not wants_json():  # a JSON client reads the message in the body; a flash would wait for its next page
         flash(started.message, "warning")
     return _see_other(order_url, {"reference": result.reference, "payment_url": None, "order_url": order_url,
@@ -240,17 +244,27 @@ def orders():
 
 @bp.get("/orders/<reference>")
 def order_page(reference: str):
-    """One order's status, lines, payment and refunds."""
+    """One order's status, lines, payment and refunds. `?continue=1` (what the page of an order in
+    line reloads to when the browser runs no script) goes on to the hosted payment page once the
+    order has one."""
     order = _owned_order(reference)
+    if request.args.get("continue") and order.status == OrderStatus.PAYMENT_INITIATED.value \
+            and order.payment_session_url and order.payment_processing_at is None:
+        return redirect(order.payment_session_url, 303)
     return _render_order(order)
 
 
 def _shown_order_json(order: Order) -> dict:
-    """The order's JSON, with why and when it was cancelled for a cancelled one."""
+    """The order's JSON, with why and when it was cancelled for a cancelled one, and its place in
+    line for one waiting for its payment page (`line`: orders ahead, and the wait the provider's
+    budget implies)."""
     data = order_json(order)
     if order.status == OrderStatus.CANCELLED.value:
         why, at = emails.cancellation(order)
         data["cancelled_because"], data["cancelled_at"] = why, iso(at)
+    if in_line(order):
+        ahead = place_in_line(order)
+        data["line"] = {"ahead": ahead, "wait_seconds": round(expected_wait_seconds(ahead), 1)}
     return data
 
 
@@ -278,6 +292,11 @@ def pay(reference: str):
         if wants_json():
             return {"reference": reference, "payment_url": started.url}, 200
         return redirect(started.url, 303)
+    if started.status == "queued":
+        if wants_json():
+            return {"reference": reference, "payment_url": None, "queued": True, "message": started.message}, 202
+        return redirect(url_for("storefront.order_page", reference=reference,
+                                token=request.values.get("token") or None), 303)
     order = db.session.get(Order, order.id)
     status = 503 if started.status == "unavailable" else 409
     # The page itself shows the message (no flash too: it would show twice, and again later).

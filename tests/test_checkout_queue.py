@@ -1,0 +1,155 @@
+"""The checkout queue (payments.checkout_queue), in one process: a checkout the provider's session
+budget cannot serve at once places its order in line, the line keeps its customers' order, its
+pages say so and go on by themselves, and the queue hands out sessions as the budget allows.
+Real database, Redis and sandbox; the queue is served in-process (`serve_now`). Its worker
+thread, a killed worker and a wiped Redis are in test_checkout_queue_processes.py."""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+from sqlalchemy import select, update
+
+from factories import seed_catalog_rows
+from payment_helpers import JSON, Shopper, post_webhook, sandbox_event
+from shop.domain.deadlines import utcnow
+from shop.extensions import db
+from shop.models import Order, ScheduledCommand
+from shop.outbox import dispatch
+from shop.payments import checkout_queue, guard
+
+QUEUED = {"status": "queued", "session_id": None, "url": None}
+
+
+def _shop(make_fresh_app, sandbox, **config):
+    # One session a second, and a customer waits no time for the budget: the second checkout
+    # within a second finds it spent.
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
+                         STRIPE_WEBHOOK_SECRET="whsec_test_secret", STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1,
+                         STRIPE_CUSTOMER_WAIT_SECONDS=0.0, **config)
+    return app, seed_catalog_rows(app)
+
+
+def _queued(shopper: Shopper) -> dict:
+    response = shopper.checkout()
+    assert response.status_code == 303, response.get_data(as_text=True)
+    order = shopper.latest()
+    assert response.headers["Location"].endswith(f"/orders/{order['reference']}")
+    assert order["status"] == "PendingPayment" and order["payment"] == QUEUED, order
+    return order
+
+
+def _session_creates(sandbox) -> list[str]:
+    """The order ids of the sessions the sandbox created, in the order it received the calls."""
+    return [c["idempotency_key"].split("-")[2] for c in sandbox.requests(method="POST")
+            if c["path"] == "/v1/checkout/sessions" and c["status"] == 200]
+
+
+def test_checkouts_past_the_session_budget_wait_in_line_in_arrival_order_and_each_reaches_its_payment_page(
+        make_fresh_app, sandbox):
+    app, skus = _shop(make_fresh_app, sandbox)
+    first = Shopper(app, skus)
+    assert "/pay/" in first.checkout().headers["Location"]  # the budget's one session this second
+
+    second, third = Shopper(app, skus), Shopper(app, skus)
+    response = second.client.post("/cart/items", data={"csrf_token": second.token, "variant_id": skus["NB-A5-DOT"],
+                                                       "quantity": 1})
+    response = second.client.post("/checkout", data={"csrf_token": second.token, "email": "bo@example.com"},
+                                  headers=JSON)
+    assert response.status_code == 303 and response.get_json()["queued"] is True
+    assert response.get_json()["payment_url"] is None
+    waiting = second.latest()
+    assert waiting["payment"] == QUEUED and waiting["line"]["ahead"] == 0
+    page = second.client.get(f"/orders/{waiting['reference']}", headers={"Accept": "text/html"}).get_data(as_text=True)
+    assert "you are in line for the payment page" in page and "There is nothing to click" in page
+    assert "Pay now" not in page and "data-continue" in page
+
+    # The budget has room again, but the order in line goes first: a later checkout joins behind.
+    time.sleep(1.3)
+    later = _queued(third)
+    assert later["line"]["ahead"] == 1
+    assert len(_session_creates(sandbox)) == 1, "a later checkout was served ahead of the line"
+
+    with app.app_context():
+        assert checkout_queue.serve_now() == 2
+    served = [second.order(waiting["reference"]), third.order(later["reference"])]
+    assert [o["status"] for o in served] == ["PaymentInitiated"] * 2
+    assert all(o["payment"]["status"] == "open" and o["payment"]["url"] and "line" not in o for o in served)
+    with app.app_context():
+        ids = [db.session.execute(select(Order.id).where(Order.reference == o["reference"])).scalar_one()
+               for o in served]
+        db.session.remove()
+    assert _session_creates(sandbox)[1:] == [str(i) for i in ids], "the line was not served in arrival order"
+    # A browser without script reloads to ?continue=1 and is sent on to its payment page.
+    onward = second.client.get(f"/orders/{waiting['reference']}?continue=1")
+    assert onward.status_code == 303 and onward.headers["Location"] == served[0]["payment"]["url"]
+
+    # Nobody waits any more: the line is open, and a checkout goes straight to its payment page.
+    time.sleep(1.3)
+    assert "/pay/" in Shopper(app, skus).checkout().headers["Location"]
+
+
+def test_pay_now_with_the_budget_spent_puts_the_order_in_line_instead_of_refusing(make_fresh_app, sandbox):
+    app, skus = _shop(make_fresh_app, sandbox)
+    shopper = Shopper(app, skus)
+    order = shopper.place()
+    sid = order["payment"]["session_id"]
+    sandbox.set_outcome(sid, "async_pending")
+    sandbox.async_result(sid, "failed")
+    post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.async_payment_failed", sid))
+    assert shopper.order(order["reference"])["status"] == "PaymentFailed"
+    time.sleep(1.3)  # the budget's second is over
+
+    other = Shopper(app, skus)
+    other.checkout()  # spends this second's session
+    answer = shopper.pay(order["reference"])
+    assert answer.status_code == 202 and answer.get_json()["queued"] is True, answer.get_data(as_text=True)
+    assert shopper.order(order["reference"])["payment"] == QUEUED
+    with app.app_context():
+        assert checkout_queue.serve_now() >= 1
+    again = shopper.order(order["reference"])
+    assert again["status"] == "PaymentInitiated" and again["payment"]["session_id"] != order["payment"]["session_id"]
+
+
+def test_the_queue_pauses_while_the_breaker_is_open_and_the_orders_keep_their_place(make_fresh_app, sandbox):
+    app, skus = _shop(make_fresh_app, sandbox)
+    Shopper(app, skus).checkout()
+    waiting = _queued(shopper := Shopper(app, skus))
+    with app.app_context():
+        provider_guard = guard.get()
+        for _ in range(app.config["STRIPE_BREAKER_THRESHOLD"]):
+            provider_guard.record(False)
+        calls = sandbox.request_count()
+        line = checkout_queue.PaymentQueue(app)
+        stop = __import__("threading").Event()
+        timer = __import__("threading").Timer(1.0, stop.set)
+        timer.start()
+        assert line.serve(stop) == 0
+        assert sandbox.request_count() == calls, "the queue called a provider its breaker had given up on"
+        provider_guard.record(True)
+        assert checkout_queue.serve_now() == 1
+    assert shopper.order(waiting["reference"])["status"] == "PaymentInitiated"
+
+
+def test_an_order_whose_pay_by_passes_in_line_is_expired_by_its_deadline_like_any_unpaid_order(
+        make_fresh_app, sandbox):
+    app, skus = _shop(make_fresh_app, sandbox)
+    Shopper(app, skus).checkout()
+    waiting = _queued(shopper := Shopper(app, skus))
+    window = app.config["UNPAID_ORDER_EXPIRY_SECONDS"]
+    with app.app_context():
+        order_id = db.session.execute(select(Order.id).where(Order.reference == waiting["reference"])).scalar_one()
+        # Its window has run out (placed a window ago) and its deadline is due.
+        past = utcnow() - timedelta(seconds=window + 5)
+        db.session.execute(update(Order).where(Order.id == order_id).values(updated_at=past, created_at=past))
+        db.session.execute(update(ScheduledCommand).where(ScheduledCommand.order_id == order_id)
+                           .values(next_attempt_at=utcnow()))
+        db.session.commit()
+        assert checkout_queue.serve_now() == 0  # left to its deadline, not given a session
+        deadline = db.session.execute(select(ScheduledCommand.id).where(
+            ScheduledCommand.order_id == order_id, ScheduledCommand.kind == "expire_unpaid_order")).scalar_one()
+        dispatch.run_command(deadline)
+        row = db.session.get(Order, order_id)
+        assert row.status == "Cancelled" and row.payment_queued_at is None
+        db.session.remove()
+    assert shopper.order(waiting["reference"])["payment"] is None
