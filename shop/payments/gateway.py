@@ -443,6 +443,50 @@ def expired_by_a_cancel(event: dict) -> bool:
     return isinstance(key, str) and key.startswith(CANCEL_EXPIRY_KEY_PREFIX)
 
 
+# What happens to a Checkout Session, as events (the types the bulk reconciliation lists).
+SESSION_EVENT_TYPES = (
+    "checkout.session.completed",
+    "checkout.session.async_payment_succeeded",
+    "checkout.session.async_payment_failed",
+    "checkout.session.expired",
+)
+EVENTS_PAGE_SIZE = 100  # the most one list call returns
+
+
+@dataclass(frozen=True)
+class SessionEvent:
+    """One event about a Checkout Session, as the events list gives it: the session as it was then."""
+
+    id: str
+    type: str
+    created: int
+    view: SessionView
+    expired_by_cancel: bool
+
+    @property
+    def failed(self) -> bool:
+        return self.type == "checkout.session.async_payment_failed"
+
+
+def session_events(*, since: datetime, starting_after: str | None = None) -> tuple[list[SessionEvent], bool]:
+    """One page of the provider's Checkout Session events created since `since`, newest first,
+    after the event `starting_after` (the last of the previous page); and whether more follow.
+    The provider keeps events for 30 days."""
+    params = {"types": list(SESSION_EVENT_TYPES), "created": {"gte": int(since.timestamp())},
+              "limit": EVENTS_PAGE_SIZE}
+    if starting_after:
+        params["starting_after"] = starting_after
+    page = _call("list events", lambda: client().v1.events.list(params=params))
+    found = []
+    for event in page.data:
+        data = event.to_dict() if hasattr(event, "to_dict") else dict(event)
+        obj = (data.get("data") or {}).get("object")
+        if isinstance(obj, dict) and isinstance(data.get("id"), str):
+            found.append(SessionEvent(data["id"], str(data.get("type")), int(data.get("created") or 0),
+                                      session_view(obj), expired_by_a_cancel(data)))
+    return found, bool(page.has_more)
+
+
 def create_refund(*, order_id: int, session_id: str, payment_intent: str, amount: int, reason: str) -> RefundView:
     key = f"backstop-refund-order-{order_id}-session-{session_id}"
     refund = _call("create refund", lambda: client().v1.refunds.create(
