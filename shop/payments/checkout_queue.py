@@ -13,7 +13,8 @@ later is served first: while anyone waits, customers' new sessions are refused b
 Who serves the line: one `PaymentQueue` for the whole shop at a time, in a worker process (every
 `flask shop worker` runs one in a thread; the `payment-queue` lease in the database decides which
 one serves). It takes the oldest waiting orders, keeps up to `threads` session calls in flight
-(each waits for the budget, patiently: `guard.queue_call`), and holds the line shut to newcomers
+(each waits for the budget, patiently, and takes it in the line's order: `guard.queue_call`
+with a `guard.Turnstile` ticket), and holds the line shut to newcomers
 while it works. While the provider's breaker is open it pauses (the probe reopens the way).
 
 Durable: the line is the database's (a partial index over the waiting orders). Redis only wakes
@@ -150,6 +151,7 @@ class PaymentQueue:
         held_at = 0.0
         started = 0
         in_flight: dict[Future, int] = {}
+        turns = guard.Turnstile()  # the budget goes to the calls in the line's order
         with ThreadPoolExecutor(self.threads, thread_name_prefix="payment-queue") as pool:
             while not stop.is_set():
                 if time.monotonic() > lease_until - LEASE_SECONDS * 2 / 3:
@@ -167,7 +169,7 @@ class PaymentQueue:
                         provider_guard.open_line()
                         break
                     for order_id in ids:
-                        in_flight[pool.submit(self._start, order_id)] = order_id
+                        in_flight[pool.submit(self._start, order_id, turns.ticket())] = order_id
                 # else: the provider is down; its probe reopens the way (no call of ours would go)
                 done, _ = wait(list(in_flight), timeout=TICK_SECONDS, return_when=FIRST_COMPLETED) \
                     if in_flight else (set(), None)
@@ -178,11 +180,12 @@ class PaymentQueue:
                     started += self._outcome(order_id, future) == "started"
         return started
 
-    def _start(self, order_id: int) -> StartOutcome:
-        with self.app.app_context(), guard.queue_call(PATIENCE_SECONDS):
+    def _start(self, order_id: int, turn: guard.Ticket) -> StartOutcome:
+        with self.app.app_context(), guard.queue_call(PATIENCE_SECONDS, turn):
             try:
                 return start_payment(order_id, from_line=True)
             finally:
+                turn.release()  # a start that made no call (the order moved) gives its turn up
                 db.session.remove()
 
     @staticmethod

@@ -84,9 +84,11 @@ class CallContext:
     priority: str
     deadline: float | None = None     # time.monotonic() by which the request must have its answer
     # The payment queue's own calls (payments.checkout_queue): a customer's priority and the line's
-    # place, but patient: they wait for the budget instead of being refused after a moment.
+    # place, but patient: they wait for the budget instead of being refused after a moment, and
+    # their first request takes the budget in its turn (the order's place in line).
     in_line: bool = False
     patience: float | None = None
+    turn: Ticket | None = None
 
 
 _context: contextvars.ContextVar[CallContext] = contextvars.ContextVar(
@@ -108,11 +110,70 @@ def customer_call(budget_seconds: float | None = None):
         _context.reset(token)
 
 
+class Turnstile:
+    """Lets a process's calls take the rate budget in the order their tickets were issued: the
+    payment queue issues them in the line's arrival order, and its calls run on several threads
+    at once (the provider's latency), so without turns the budget would go to whichever thread
+    asked first. A turn not taken within TURN_PATIENCE_SECONDS is skipped, so a call held up
+    before its request (a slow database) delays the others only that long."""
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._issued = 0
+        self._serving = 0
+        self._finished: set[int] = set()
+
+    def ticket(self) -> Ticket:
+        with self._changed:
+            number, self._issued = self._issued, self._issued + 1
+        return Ticket(self, number)
+
+    def _wait(self, number: int) -> None:
+        give_up = time.monotonic() + TURN_PATIENCE_SECONDS
+        with self._changed:
+            while self._serving < number and time.monotonic() < give_up:
+                self._changed.wait(give_up - time.monotonic())
+
+    def _finish(self, number: int) -> None:
+        with self._changed:
+            self._finished.add(number)
+            while self._serving in self._finished:
+                self._finished.discard(self._serving)
+                self._serving += 1
+            self._changed.notify_all()
+
+
+class Ticket:
+    """One call's place in a Turnstile: its first budget request waits for its turn; `release`
+    gives the turn up when the call ends without one."""
+
+    def __init__(self, turnstile: Turnstile, number: int):
+        self._turnstile, self.number, self.used = turnstile, number, False
+
+    def take(self, take):
+        self.used = True
+        self._turnstile._wait(self.number)
+        try:
+            return take()
+        finally:
+            self._turnstile._finish(self.number)
+
+    def release(self) -> None:
+        if not self.used:
+            self.used = True
+            self._turnstile._finish(self.number)
+
+
+# How long a turn waits for the ones before it (see Turnstile).
+TURN_PATIENCE_SECONDS = 2.0
+
+
 @contextmanager
-def queue_call(patience_seconds: float):
+def queue_call(patience_seconds: float, turn: Ticket | None = None):
     """Calls made inside the block create the session of an order that waited in line: a
-    customer's priority in the budget, not held back by the line itself, and patient."""
-    token = _context.set(CallContext(CUSTOMER, None, in_line=True, patience=patience_seconds))
+    customer's priority in the budget, not held back by the line itself, patient, and (with a
+    `turn`) taking the budget in the line's order."""
+    token = _context.set(CallContext(CUSTOMER, None, in_line=True, patience=patience_seconds, turn=turn))
     try:
         yield
     finally:
@@ -694,6 +755,12 @@ class ProviderGuard:
         Call it right before the request goes out (the gateway's transport does, for every
         attempt). `behind_line`: the request creates a payment session, which a customer's call
         must not create ahead of orders waiting in line (Shed with kind LINE)."""
+        turn = current().turn
+        if turn is not None and not turn.used:
+            return turn.take(lambda: self._take_token(endpoint, behind_line))
+        return self._take_token(endpoint, behind_line)
+
+    def _take_token(self, endpoint: str, behind_line: bool) -> Grant:
         lim = self.limits
         ctx = current()
         customer = ctx.priority == CUSTOMER
