@@ -465,10 +465,16 @@ def shop_and_checkout(run: Run, b: Browser, rng: random.Random):
 
 def ensure_session(run: Run, b: Browser, ref: str, sid: str | None) -> str | None:
     """A checkout made while the provider was down leaves the order PendingPayment: press
-    "Pay now" until the provider answers (bounded)."""
+    "Pay now" until the provider answers (bounded). One that waits in line for its payment page
+    (the provider's session budget was spent) is not pressed: its page goes on by itself once
+    the payment queue has made its session, as a customer's does."""
     deadline = time.monotonic() + 15
     while sid is None and time.monotonic() < deadline and not run.stopping.is_set():
-        sid = b.pay_now(ref)
+        payment = (b.order(ref) or {}).get("payment") or {}
+        if payment.get("status") == "open" and payment.get("session_id"):
+            return payment["session_id"]
+        if payment.get("status") != "queued":
+            sid = b.pay_now(ref)
         if sid is None:
             time.sleep(1)
     return sid

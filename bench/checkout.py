@@ -255,9 +255,10 @@ def main() -> None:
                "PUBLIC_BASE_URL": f"http://127.0.0.1:{web_port}", "STRIPE_WEBHOOK_SECRET": "whsec_bench",
                "BACKSTOP_INSTANCE_PATH": f"/tmp/backstop-bench-{run_id}",
                # The sandbox has no rate limit and this bench measures the order's path, not the
-               # shared provider budget (bench/provider.py does): a budget below the checkout rate
-               # would send orders down the pay-later path and measure that instead.
-               "STRIPE_RATE_LIMIT_PER_SECOND": "10000"}
+               # shared provider budget (bench/provider.py and bench/checkout_queue.py do): a budget
+               # below the checkout rate would send orders to the pay-later path or the checkout
+               # queue and measure those instead.
+               "STRIPE_RATE_LIMIT_PER_SECOND": "10000", "STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND": "10000"}
         env.pop("STRIPE_SECRET_KEY", None)
         quiet = subprocess.DEVNULL
         procs.append(subprocess.Popen([str(BIN / "flask"), "--app", "app", "shop", "stripe-sandbox", "--port",
