@@ -413,6 +413,9 @@ def create_checkout_session(*, order_id: int, reference: str, attempt: int, line
     # must get a new session: the provider refuses a key reused with other parameters, which
     # refused every "Pay now" until the deadline cancelled the order.
     key = f"backstop-order-{order_id}-session-attempt-{attempt}-until-{int(expires_at.timestamp())}"
+    if guard.get().line_seen_held():
+        raise _unavailable("create checkout session: not called: customers are waiting in line for a payment "
+                           "session", None, guard.LINE)
     session = _call("create checkout session", lambda: client().v1.checkout.sessions.create(
         params=params, options={"idempotency_key": key}))
     return session_view(session)
