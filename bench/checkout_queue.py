@@ -34,7 +34,6 @@ import json
 import os
 import queue
 import secrets
-import signal
 import subprocess
 import sys
 import threading
@@ -309,14 +308,7 @@ def main() -> None:
         if "bulk" in phases:
             bulk_phase(shop, args, database_url)
     finally:
-        for proc in reversed(shop.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in shop.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        shop.stop()
         drop()
         forget_redis(args.redis, shop.prefix)
 

@@ -104,6 +104,17 @@ class Shop:
     def web_cpu(self) -> float:
         return cpu_seconds(children(self.web.pid))
 
+    def stop(self) -> None:
+        """Every process this bench started, newest first: SIGTERM, then SIGKILL after 15 s."""
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
 
 def summarize(name: str, wall: float, lat: list[float]) -> dict:
     lat = sorted(lat)
@@ -399,14 +410,7 @@ def main() -> None:
             print(f"web CPU per order: {fast['cpu_ms']:.2f} ms with the provider call, {open_cpu:.2f} ms without "
                   f"(x{fast['cpu_ms'] / open_cpu:.2f})", flush=True)
     finally:
-        for proc in reversed(shop.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in shop.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        shop.stop()
         drop()
         forget_redis(args.redis, shop.prefix)
 

@@ -183,24 +183,8 @@ def test_three_processes_asking_for_200_calls_a_second_stay_within_the_shared_bu
     # second wanted), beside 2 threads keeping each process busy as pages do, so that threads
     # wait their turn for the GIL between reading the clock and reaching Redis. Every sliding
     # second of the sandbox's request timestamps counts, not calendar seconds.
-    children = [subprocess.Popen([sys.executable, "-c", CALLER, repr(seconds), "12", "4", "2"], cwd=ROOT, env=env, text=True,
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                for _ in range(3)]
-    try:
-        for child in children:
-            assert child.stdout.readline().strip() == "ready", child.stderr.read()
-        start_at = time.time() + 0.5
-        for child in children:
-            child.stdin.write(f"{start_at!r}\n")
-            child.stdin.flush()
-        for child in children:
-            _out, err = child.communicate(timeout=120)
-            assert child.returncode == 0, err
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+    children, start_at = _callers(CALLER, env, [repr(seconds), "12", "4", "2"])
+    _finish(children)
 
     everything = sandbox.requests(since=start_at - 1)
     calls = [c for c in everything if c["at"] < start_at + seconds]
@@ -217,12 +201,16 @@ def _callers(script: str, env: dict, args: list[str], count: int = 3) -> tuple[l
     children = [subprocess.Popen([sys.executable, "-c", script, *args], cwd=ROOT, env=env, text=True,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                 for _ in range(count)]
-    for child in children:
-        assert child.stdout.readline().strip() == "ready", child.stderr.read()
-    start_at = time.time() + 0.5
-    for child in children:
-        child.stdin.write(f"{start_at!r}\n")
-        child.stdin.flush()
+    try:
+        for child in children:
+            assert child.stdout.readline().strip() == "ready", child.stderr.read()
+        start_at = time.time() + 0.5
+        for child in children:
+            child.stdin.write(f"{start_at!r}\n")
+            child.stdin.flush()
+    except BaseException:
+        _finish(children, timeout=1)
+        raise
     return children, start_at
 
 
