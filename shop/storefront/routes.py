@@ -15,8 +15,7 @@ from ..orders import cart as carts
 from ..orders.checkout import place_order
 from ..orders.cancel import cancel_order
 from .. import emails
-from ..orders.serialize import (badge, iso, keeps_changing, order_json, order_summary_json, refund_failure_words,
-                                watch_state)
+from ..orders.serialize import badge, iso, keeps_changing, order_json, order_summary_json, watch_state
 from ..orders.lookup import order_by_reference
 from ..payments import gateway
 from ..payments.apply import ask_and_apply
@@ -247,15 +246,16 @@ def order_page(reference: str):
 
 
 def _shown_order_json(order: Order) -> dict:
-    """The order's JSON, with why and when it was cancelled for a cancelled one, and which of its
-    refunds the shop settled with the customer outside the payment provider."""
+    """The order's JSON, with why and when it was cancelled for a cancelled one."""
     data = order_json(order)
-    if order.status == OrderStatus.CANCELLED.value:
-        why, at = emails.cancellation(order)
-        data["cancelled_because"], data["cancelled_at"] = why, iso(at)
+    # Refunds the shop settled with the customer outside the payment provider (an operator's
+    # record), for the page's words and badge: the provider still calls them failed.
     settled = [r.id for r in order.refunds if r.settled_at is not None]
     if settled:
         data["refunds_settled"] = settled
+    if order.status == OrderStatus.CANCELLED.value:
+        why, at = emails.cancellation(order)
+        data["cancelled_because"], data["cancelled_at"] = why, iso(at)
     return data
 
 
@@ -267,8 +267,7 @@ def _render_order(order: Order, status: int = 200, error: str | None = None):
     address = url_for("storefront.order_page", reference=order.reference, token=token or None)
     response = respond("storefront/order.html", data, status, order=order, cancel_form=CancelForm(),
                        action=ActionForm(), token=token, OrderStatus=OrderStatus, badge=badge(data),
-                       watch_state=watch_state(data) if keeps_changing(data) else None, address=address,
-                       refund_failure_words=refund_failure_words)
+                       watch_state=watch_state(data) if keeps_changing(data) else None, address=address)
     return _at_address(response, address)
 
 
