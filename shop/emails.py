@@ -13,9 +13,10 @@ from flask import current_app, render_template
 from sqlalchemy import select
 
 from .domain.order import OrderStatus, cancelled_because
+from .domain.refunds import NOT_RETURNED, SUCCEEDED
 from .extensions import db
 from .models import Order, OutboxEvent, Refund
-from .orders.serialize import pay_by
+from .orders.serialize import pay_by, refund_failure_words
 
 # An email about a state the order can leave: once it has, the email would mislead and is not
 # sent ("your items are held, try again" after the customer cancelled). The others are about
@@ -54,11 +55,20 @@ def render(template: str, order: Order) -> Email | None:
     if template in ("order_expired", "order_cancelled"):
         _why, context["cancelled_at"] = cancellation(order)
     if template == "refund_issued":
-        refunds = db.session.execute(select(Refund).where(Refund.order_id == order.id, Refund.status == "succeeded")
+        refunds = db.session.execute(select(Refund).where(Refund.order_id == order.id, Refund.status == SUCCEEDED)
                                      .order_by(Refund.id)).scalars().all()
         if not refunds:
             return None
         context["refund"] = refunds[-1]
+    if template == "refund_failed":
+        # Still true when it is sent: an operator's retry that went through, or a settlement
+        # outside the shop, makes "it did not go through" wrong.
+        refunds = db.session.execute(select(Refund).where(Refund.order_id == order.id, Refund.status.in_(NOT_RETURNED),
+                                                          Refund.settled_at.is_(None))
+                                     .order_by(Refund.id)).scalars().all()
+        if not refunds:
+            return None
+        context["refund"], context["why"] = refunds[-1], refund_failure_words(refunds[-1].failure_reason)
     text = render_template(f"email/{template}.txt", **context)
     head, _, body = text.partition("\n\n")
     return Email(head.removeprefix("Subject:").strip(), body.strip() + "\n")

@@ -11,7 +11,7 @@ from werkzeug.exceptions import BadRequest
 from werkzeug.routing import BaseConverter, IntegerConverter, ValidationError
 
 from .money import format_money
-from .orders.serialize import status_words
+from .orders.serialize import refund_failure_words, status_words
 from .payments.gateway import hosted_page_origins
 
 # Row ids are 32-bit keys. A larger number in a URL or form names nothing: answer "not found"
@@ -258,6 +258,7 @@ def init_app(app) -> None:
     template filters; and what every answer leaves with: the security headers."""
     app.url_map.converters.update(id=IdConverter, work=WorkConverter)
     app.jinja_env.filters["status_words"] = status_words
+    app.jinja_env.filters["refund_failure"] = refund_failure_words
     app.jinja_env.filters["money"] = format_money
     app.before_request(refuse_nul_text)
     headers = security_headers(app.config)

@@ -18,6 +18,7 @@ from .extensions import csrf, db
 from .models import WebhookReceipt
 from .payments import gateway
 from .payments.apply import apply_session
+from .payments.refunds import apply_refund_report
 from .payments.registration import webhook_secret
 
 log = logging.getLogger("shop.webhooks")
@@ -135,6 +136,8 @@ def _accept(event: dict):
     if event_type not in HANDLED:
         _record("ignored", f"event type {event_type} is not used", 200, event_id, event_type)
         return jsonify({"received": True, "outcome": "ignored"}), 200
+    if event_type in gateway.REFUND_EVENT_TYPES:
+        return _accept_refund(event, event_id, event_type)
     view = gateway.session_view(event["data"]["object"])
     if view.id is None or not _usable_id(view.id):
         # Every Checkout Session event names its session; without one there is nothing to
@@ -161,6 +164,30 @@ def _accept(event: dict):
         return _apply_then_record(event_id, event_type, view, failed, receipt, by_cancel)
     _log_unknown(result, event_id, event_type, view)
     return jsonify({"received": True, "outcome": result.outcome}), 200
+
+
+def _accept_refund(event: dict, event_id, event_type):
+    """A refund's news (`refund.updated`, `refund.failed`): applied with its receipt in one
+    transaction. Repeats and stale reports change nothing (payments.refunds); one that cannot be
+    applied now is answered 200 all the same and recorded `failed`: the sweep's watch asks the
+    provider about a pending refund of a cancelled order itself."""
+    view = gateway.refund_view(event["data"]["object"])
+    if view.id is None or not _usable_id(view.id):
+        _record("ignored", "the event names no refund", 200, event_id, event_type)
+        return jsonify({"received": True, "outcome": "ignored"}), 200
+
+    def receipt(report) -> None:
+        _write_receipt("accepted", report.outcome + (f": {report.detail}" if report.detail else ""), 200, event_id,
+                       event_type, report.order_id)
+
+    try:
+        report = apply_refund_report(view, source="webhook", before_commit=receipt)
+    except Exception as exc:
+        db.session.rollback()
+        log.warning("webhook event %s (%s) accepted but not applied: %s", event_id, event_type, exc, exc_info=True)
+        _record("failed", f"accepted, not applied: {_in_words(exc)}", 200, event_id, event_type, view.order_id)
+        return jsonify({"received": True, "outcome": "failed"}), 200
+    return jsonify({"received": True, "outcome": report.outcome}), 200
 
 
 def _apply_then_record(event_id, event_type, view, failed, receipt, by_cancel):

@@ -44,8 +44,8 @@ from shop.models import Order, OutboxDelivery, OutboxEvent, RestoreWarning, Sche
 from shop.payments.gateway import EVENT_TYPES
 from shop.webhooks import MAX_BODY
 
-# Stripe's own example checkout.session and event (from its fixtures, kept with the tests so a
-# clean clone has them).
+# Stripe's own example checkout.session, event and refund (from its fixtures, kept with the
+# tests so a clean clone has them).
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "stripe_examples.json")
 JSON = {"Accept": "application/json"}
 TOLERANCE = 300  # the Stripe SDK's default signature tolerance, in seconds

@@ -48,7 +48,7 @@ def _secret_at_sandbox(sandbox, endpoint_id) -> str:
         return sandbox.sandbox.endpoints[endpoint_id].secret
 
 
-def test_registration_creates_a_marked_endpoint_for_the_four_events_and_stores_its_secret(fresh_app, sdk, sandbox):
+def test_registration_creates_a_marked_endpoint_for_the_events_the_shop_uses_and_stores_its_secret(fresh_app, sdk, sandbox):
     lines = _register(fresh_app)
     [endpoint] = _endpoints(sdk).values()
     assert endpoint["url"] == TARGET and endpoint["status"] == "enabled"
@@ -110,3 +110,23 @@ def test_only_our_stale_endpoints_are_deleted_and_a_persons_endpoint_is_never_to
     assert (ours["url"], ours["status"]) == (TARGET, "enabled")
     assert len(after) == 4
 
+
+
+def test_an_endpoint_registered_before_refund_events_existed_is_subscribed_to_them_keeping_its_secret(
+        fresh_app, sdk):
+    """An upgrade must not leave the shop deaf to refund.updated / refund.failed: registering
+    again adds them to the shop's own endpoint, whose signing secret stays the one stored."""
+    _register(fresh_app)
+    [endpoint_id] = _endpoints(sdk)
+    older = [e for e in gateway.EVENT_TYPES if not e.startswith("refund.")]
+    sdk.v1.webhook_endpoints.update(endpoint_id, params={"enabled_events": older})
+    stored = _stored(fresh_app)
+
+    lines = _register(fresh_app)
+
+    [endpoint] = _endpoints(sdk).values()
+    assert endpoint["id"] == endpoint_id and sorted(endpoint["enabled_events"]) == sorted(gateway.EVENT_TYPES)
+    assert "refund.updated" in endpoint["enabled_events"] and "refund.failed" in endpoint["enabled_events"]
+    assert _stored(fresh_app) == stored
+    assert any("now also sends refund.updated, refund.failed" in line for line in lines)
+    assert any("already registered" in line for line in _register(fresh_app))

@@ -27,7 +27,7 @@ def cards(data: dict, now: datetime) -> list[dict]:
     """One card per thing that can need a human. `ok` (green) only when that card's own check
     passed recently: a card whose check has not run for too long is `stale` and not green."""
     return [_processes_card(data), _rejected_webhooks_card(now), _sweep_card(data, now), *_backlog_cards(data),
-            _provider_card(data["provider"])]
+            _refunds_failed_card(data), _provider_card(data["provider"])]
 
 
 def _processes_card(data: dict) -> dict:
@@ -116,6 +116,19 @@ def _backlog_cards(data: dict) -> list[dict]:
               "Open the order: its timeline says what it waits for; Reconcile asks the provider now.",
               url_for("console.orders", stuck=1)),
     ]
+
+
+def _refunds_failed_card(data: dict) -> dict:
+    """Refunds whose money did not go back (failed or canceled at the provider) and that no
+    operator has dealt with: each is a customer's money kept, so it stays red until retried or
+    settled outside the shop."""
+    count, oldest = data["refunds_failed"], data["refunds_failed_oldest_age_seconds"]
+    words = (f"{count} refund{'' if count == 1 else 's'} did not go through at the provider, the oldest failed "
+             f"{human_age(oldest)} ago: the customer's money is not back." if count else "None.")
+    return _card("refunds_failed", "Failed refunds", count == 0, count, words,
+                 "Open each one: Retry sends the refund again (a new attempt at the provider); Settle records, "
+                 "with a reason, that it was settled outside the shop. The customer was emailed that we are on it.",
+                 url_for("console.refunds", status="failed"))
 
 
 def _provider_card(provider: dict) -> dict:

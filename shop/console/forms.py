@@ -1,5 +1,5 @@
-from wtforms import EmailField, HiddenField, PasswordField, StringField, TextAreaField
-from wtforms.validators import DataRequired, Length, Optional
+from wtforms import EmailField, HiddenField, IntegerField, PasswordField, StringField, TextAreaField
+from wtforms.validators import DataRequired, Length, NumberRange, Optional
 
 from ..web import Form
 
@@ -35,4 +35,17 @@ class ResolveForm(ConsoleForm):
     # Checked in the view, so a wrong value gets words that name the two choices.
     action = StringField("Action")
     note = StringField("Note", validators=[Optional(), Length(max=2000)])
+    next = HiddenField()
+
+
+class RetryRefundForm(ConsoleForm):
+    # The attempt the operator was looking at: the same submission sent twice retries once.
+    attempt = IntegerField("Attempt", validators=[Optional(), NumberRange(min=1, max=1000)])
+    next = HiddenField()
+
+
+class SettleRefundForm(ConsoleForm):
+    reason = TextAreaField("How it was settled", validators=[
+        DataRequired(message="Say how this refund was settled outside the shop: the reason is the only record of it."),
+        Length(max=2000, message="Keep the reason under 2000 characters.")])
     next = HiddenField()

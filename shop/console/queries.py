@@ -10,6 +10,7 @@ from sqlalchemy import and_, func, or_, select, union_all
 
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc
 from ..domain.order import LIVE
+from ..domain.refunds import NOT_RETURNED, needs_operator
 from ..extensions import db
 from ..models import (OperatorAction, Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, ProviderRefusal,
                       ReconciliationCycle, Refund, RestoreWarning, ScheduledCommand, WebhookReceipt)
@@ -93,6 +94,8 @@ def dashboard(now: datetime) -> dict:
             "deliveries": deliveries, "commands": commands}
 
     warnings = _count_and_oldest(RestoreWarning, [RestoreWarning.state == "open"], RestoreWarning.created_at, now)
+    # Refunds whose money did not go back and that nobody has dealt with: aged from the failure.
+    failed_refunds = _count_and_oldest(Refund, REFUND_NEEDS_OPERATOR, Refund.failed_at, now)
 
     cycle = db.session.execute(select(ReconciliationCycle)
                                .order_by(ReconciliationCycle.started_at.desc(), ReconciliationCycle.id.desc())
@@ -104,10 +107,15 @@ def dashboard(now: datetime) -> dict:
         "stuck_orders": stuck,
         "dead_letters": dead,
         "restore_warnings": warnings,
+        "refunds_failed": failed_refunds["count"],
+        "refunds_failed_oldest_age_seconds": failed_refunds["oldest_age_seconds"],
         "last_sweep": sweep_json(cycle, now) if cycle else None,
         "last_successful_sweep_at": iso(as_utc(last_ok)) if last_ok else None,
         "provider": provider_state(now),
     }
+
+
+REFUND_NEEDS_OPERATOR = [Refund.status.in_(NOT_RETURNED), Refund.settled_at.is_(None)]
 
 
 def provider_state(now: datetime) -> dict:
@@ -311,10 +319,7 @@ def order_timeline(order: Order, now: datetime) -> dict:
         "deliveries": [delivery_detail(d, names.get(d.event_id), ref, now) for d in rows.deliveries],
         "commands": [command_json(c, ref, now) for c in rows.commands],
         "restore_warnings": [warning_detail(w, ref, now) for w in rows.warnings],
-        "refunds": [{"id": r.id, "amount": r.amount, "currency": r.currency, "status": r.status, "reason": r.reason,
-                     "session_id": r.session_id, "provider_refund_id": r.provider_refund_id,
-                     "last_error": r.last_error, "created_at": iso(r.created_at),
-                     "command_status": _refund_command(r, rows.commands),
+        "refunds": [{**refund_json(r, ref, now), "command_status": _refund_command(r, rows.commands),
                      "waiting_for_provider": _refund_command(r, rows.commands) == WAITING} for r in rows.refunds],
         "proof_refusals": [{"id": p.id, "session_id": p.session_id, "source": p.source, "problems": p.problems,
                             "amount_total": p.amount_total, "currency": p.currency, "created_at": iso(p.created_at)}
@@ -357,7 +362,7 @@ def _merged(rows: _OrderRows, names: dict) -> list[dict]:
             f"{names.get(d.event_id, '?')}, {d.attempts} attempt(s)" + (f", {d.last_error}" if d.last_error else ""))
            for d in rows.deliveries if d.status in ("done", "dead", "discarded")]
         + [(w.created_at, "restore_warning", "restore warning", w.reason) for w in rows.warnings]
-        + [(r.created_at, "refund", f"refund {r.status}", r.reason) for r in rows.refunds]
+        + [item for r in rows.refunds for item in _refund_timeline(r)]
         + [(p.created_at, "proof_refused", "payment proof refused", p.problems) for p in rows.refusals]
         + [(p.created_at, "provider_refused", f"provider refused payment attempt {p.attempt}",
             p.reason + (f" (code {p.code})" if p.code else "")) for p in rows.provider_refusals]
@@ -366,6 +371,57 @@ def _merged(rows: _OrderRows, names: dict) -> list[dict]:
     )
     merged.sort(key=lambda item: as_utc(item[0]))
     return [{"at": iso(at), "kind": kind, "what": what, "detail": detail} for at, kind, what, detail in merged]
+
+
+def refund_json(refund: Refund, reference: str | None, now: datetime) -> dict:
+    """A refund as the console shows it: the provider's status and its id, the attempts made, why
+    the last one failed, and whether (and how) an operator settled it outside the shop."""
+    return {"id": refund.id, "order_reference": reference, "amount": refund.amount, "currency": refund.currency,
+            "status": refund.status, "reason": refund.reason, "session_id": refund.session_id,
+            "provider_refund_id": refund.provider_refund_id, "attempts": refund.attempts,
+            "failure_reason": refund.failure_reason, "failed_at": iso(refund.failed_at),
+            "last_error": refund.last_error,
+            "needs_operator": needs_operator(refund.status, refund.settled_at is not None),
+            "settled_at": iso(refund.settled_at), "settled_by": refund.settled_by,
+            "settlement_reason": refund.settlement_reason, "created_at": iso(refund.created_at),
+            "updated_at": iso(refund.updated_at), "age_seconds": age_seconds(now, refund.created_at)}
+
+
+def _refund_timeline(refund: Refund) -> list[tuple]:
+    """A refund's moments on the order's timeline: made, failed (the last failure), succeeded,
+    settled outside the shop."""
+    money = human_money(refund.amount, refund.currency)
+    items = [(refund.created_at, "refund", "refund created", f"{money}: {refund.reason}")]
+    if refund.failed_at is not None:
+        items.append((refund.failed_at, "refund", "refund failed at the provider",
+                      refund.last_error or refund.failure_reason or ""))
+    if refund.status == "succeeded":
+        items.append((refund.updated_at, "refund", "refund succeeded",
+                      f"{money} back to the customer (attempt {refund.attempts}, {refund.provider_refund_id})"))
+    elif refund.status == "pending" and refund.attempts > 1:
+        items.append((refund.updated_at, "refund", f"refund sent again (attempt {refund.attempts})",
+                      "pending at the provider"))
+    if refund.settled_at is not None:
+        items.append((refund.settled_at, "refund", "refund settled outside the shop",
+                      f"by {refund.settled_by}: {refund.settlement_reason}"))
+    return items
+
+
+REFUND_FILTERS = ("failed", "pending", "succeeded", "settled")
+
+
+def refunds(now: datetime, *, status: str | None, page: int) -> dict:
+    """Refunds, oldest first; `failed`: those whose money did not go back and that no operator
+    has settled (what the dashboard counts), `settled`: those an operator settled outside the shop."""
+    query = select(Refund, Order.reference).join(Order, Order.id == Refund.order_id).order_by(Refund.id)
+    if status == "failed":
+        query = query.where(*REFUND_NEEDS_OPERATOR)
+    elif status == "settled":
+        query = query.where(Refund.settled_at.is_not(None))
+    elif status:
+        query = query.where(Refund.status == status, Refund.settled_at.is_(None))
+    rows, meta = paging(query, page)
+    return {"status": status, "refunds": [refund_json(r, ref, now) for r, ref in rows], **meta}
 
 
 def _refund_command(refund: Refund, commands) -> str | None:

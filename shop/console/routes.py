@@ -17,16 +17,17 @@ from flask_login import current_user
 
 from ..domain.deadlines import utcnow
 from ..extensions import db
-from ..models import Order, RestoreWarning
+from ..models import Order, Refund, RestoreWarning
 from ..orders.lookup import order_by_reference
+from ..orders.serialize import iso
 from ..outbox import dispatch
-from ..payments import gateway
+from ..payments import gateway, refunds as refund_cases
 from ..payments.apply import reconcile_order
 from ..saga import warnings
 from ..web import respond, wants_json, work_ref
 from . import audit, auth, board, bp, queries  # noqa: F401  (auth registers the login routes)
 from .auth import safe_next
-from .forms import ActionForm, DiscardForm, ResolveForm
+from .forms import ActionForm, DiscardForm, ResolveForm, RetryRefundForm, SettleRefundForm
 from .format import human_age, human_money, human_time
 
 log = logging.getLogger("shop.console")
@@ -174,6 +175,18 @@ def webhooks():
         return problem(400, f"Unknown outcome {outcome!r}; use one of {', '.join(queries.WEBHOOK_OUTCOMES)}.",
                        back=url_for("console.webhooks"))
     return respond("console/webhooks.html", queries.webhooks(outcome=outcome, page=_page()))
+
+
+@bp.get("/refunds")
+def refunds():
+    """Refunds of late money, oldest first; `status=failed` keeps those whose money did not go
+    back and that no operator has dealt with (the dashboard's Failed refunds)."""
+    status = request.args.get("status") or None
+    if status is not None and status not in queries.REFUND_FILTERS:
+        return problem(400, f"Unknown status {status!r}; use one of {', '.join(queries.REFUND_FILTERS)}.",
+                       back=url_for("console.refunds"))
+    return respond("console/refunds.html", queries.refunds(utcnow(), status=status, page=_page()),
+                   statuses=queries.REFUND_FILTERS)
 
 
 @bp.get("/sweeps")
@@ -351,6 +364,68 @@ def confirm_discard(work):
 def discard_work(work):
     """Give up on a dead delivery or command for good; the form's `reason` is required."""
     return _discard(*work)
+
+
+def _refund_for_action(refund_id: int):
+    """(refund, its order's reference, where to go back) for a refund action; refund None when absent."""
+    refund = db.session.get(Refund, refund_id)
+    reference = db.session.get(Order, refund.order_id).reference if refund is not None else None
+    back = (url_for("console.order_detail", reference=reference) if reference
+            else url_for("console.refunds", status="failed"))
+    return refund, reference, back
+
+
+def _refund_answer(action, reference: str | None, back: str):
+    """A refund action's answer: 404 / 409 in words, or what the refund is now (JSON, or back)."""
+    facts = action.refund or {}
+    if action.outcome == "missing":
+        return problem(404, action.message, title="No such refund", back=back)
+    if action.outcome == "refused":
+        return problem(409, action.message, back=back, id=facts.get("id"), current_status=facts.get("status"),
+                       attempts=facts.get("attempts"))
+    payload = {"id": facts["id"], "order_reference": reference, "status": facts["status"],
+               "attempts": facts["attempts"], "provider_refund_id": facts["provider_refund_id"],
+               "settled_at": iso(facts["settled_at"]), "settled_by": facts["settled_by"],
+               "reason": facts["settlement_reason"], "already": action.outcome == "already"}
+    return done(action.message, payload, back, "ok" if action.outcome == "done" else "warning")
+
+
+@bp.post("/refunds/<id:refund_id>/retry")
+def retry_refund(refund_id):
+    """Send a failed refund again: a new attempt at the provider with its own Idempotency-Key
+    (form `attempt`: the attempt the operator saw, so a repeated submission retries once)."""
+    refund, reference, back = _refund_for_action(refund_id)
+    audit.about(f"refund {refund_id}" + (f" (order {reference})" if reference else ""),
+                order_id=refund.order_id if refund is not None else None)
+    form = RetryRefundForm()
+    if not form.validate():
+        return problem(400, "attempt must be the attempt number the refund showed (a whole number from 1).",
+                       back=back, id=refund_id)
+    db.session.rollback()  # the use case reads the refund afresh, locked, in its own transaction
+    action = refund_cases.retry_refund(refund_id, seen_attempt=form.attempt.data)
+    if action.outcome == "done":
+        log.warning("operator %s sent refund %s again: %s", _operator(), refund_id, action.message)
+    return _refund_answer(action, reference, back)
+
+
+@bp.post("/refunds/<id:refund_id>/settle")
+def settle_refund(refund_id):
+    """Record, with a reason, that a failed refund was settled outside the shop."""
+    refund, reference, back = _refund_for_action(refund_id)
+    form = SettleRefundForm()
+    reason = (form.reason.data or "").strip()
+    audit.about(f"refund {refund_id}" + (f" (order {reference})" if reference else ""),
+                order_id=refund.order_id if refund is not None else None, reason=reason or None)
+    if not form.validate() or not reason:
+        return problem(400, form.reason.errors[0] if form.reason.errors else
+                       "Say how this refund was settled outside the shop.", title="A reason is needed", back=back,
+                       id=refund_id)
+    operator = _operator()
+    db.session.rollback()
+    action = refund_cases.settle_refund(refund_id, reason=reason, operator=operator)
+    if action.outcome == "done":
+        log.warning("operator %s recorded refund %s as settled outside the shop: %s", operator, refund_id, reason)
+    return _refund_answer(action, reference, back)
 
 
 @bp.post("/restore-warnings/<id:warning_id>/resolve")

@@ -60,7 +60,14 @@ class ProviderRefusal(db.Model):
 
 class Refund(db.Model):
     """Money that arrived for an order that cannot take it. One per (order, session): a second
-    notice of the same payment finds the row and refunds nothing more."""
+    notice of the same payment finds the row and refunds nothing more.
+
+    The row follows the refund's current attempt at the provider (shop.domain.refunds): its
+    `status` is what the provider last said about it, `provider_refund_id` names it (the
+    webhook and the sweep find the row by it), and `attempts` counts the refunds made at the
+    provider for this money, each with its own Idempotency-Key. A refund whose money did not go
+    back (failed, canceled) waits for an operator: a retry starts the next attempt; settling it
+    outside the shop leaves the provider's status and records who, when and why."""
 
     __tablename__ = "refunds"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -70,9 +77,17 @@ class Refund(db.Model):
     amount: Mapped[int] = mapped_column(Integer)
     currency: Mapped[str] = mapped_column(String(3))
     reason: Mapped[str] = mapped_column(String(200))
-    status: Mapped[str] = mapped_column(String(20), default="pending")  # pending | succeeded | failed
-    provider_refund_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    status: Mapped[str] = mapped_column(String(20), default="pending")  # pending | succeeded | failed | canceled
+    provider_refund_id: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=1, server_default="1", nullable=False)
+    # The provider's reason when the current attempt failed (Stripe's `failure_reason`:
+    # expired_or_canceled_card, lost_or_stolen_card, ...), and when it said so.
+    failure_reason: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    failed_at = mapped_column(UTCDateTime, nullable=True)
+    settled_at = mapped_column(UTCDateTime, nullable=True)
+    settled_by: Mapped[str | None] = mapped_column(String(254), nullable=True)
+    settlement_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     updated_at = mapped_column(UTCDateTime, default=now_utc, onupdate=now_utc, nullable=False)
 

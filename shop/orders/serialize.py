@@ -7,6 +7,7 @@ from flask import current_app
 
 from ..domain.deadlines import unpaid_deadline
 from ..domain.order import OrderStatus, UNPAID
+from ..domain.refunds import NOT_RETURNED, PENDING, SUCCEEDED
 
 
 def iso(value: datetime | None) -> str | None:
@@ -89,6 +90,7 @@ BADGES = {
     "expired": "Expired",
     "cancelled": "Cancelled",
     "refund-pending": "Cancelled, refund on its way",
+    "refund-failed": "Cancelled, refund did not go through",
     "refunded": "Cancelled, refunded",
 }
 
@@ -109,11 +111,15 @@ def badge(data: dict) -> tuple[str, str]:
     elif status == OrderStatus.PAID.value:
         key = "paid"
     else:
-        refunds = [r["status"] for r in data.get("refunds") or []]
-        if "succeeded" in refunds:
-            key = "refunded"
-        elif refunds:
+        # A refund an operator settled outside the shop is done, whatever the provider said.
+        settled = set(data.get("refunds_settled") or ())
+        refunds = [r["status"] for r in data.get("refunds") or [] if r["id"] not in settled]
+        if any(status in NOT_RETURNED for status in refunds):
+            key = "refund-failed"
+        elif PENDING in refunds:
             key = "refund-pending"
+        elif SUCCEEDED in refunds or settled:
+            key = "refunded"
         else:
             key = "expired" if data.get("cancelled_because") == "expired" else "cancelled"
     return key, BADGES[key]
@@ -140,6 +146,20 @@ def keeps_changing(data: dict) -> bool:
         return (not data.get("inventory_restored") or payment == "processing"
                 or "pending" in refunds)
     return False
+
+
+# Why a refund did not go through, in the customer's words, by the provider's `failure_reason`
+# (Stripe's values); anything else gets the last line.
+REFUND_FAILURE_WORDS = {
+    "expired_or_canceled_card": "the card it would go back to has expired or was cancelled",
+    "lost_or_stolen_card": "the card it would go back to was reported lost or stolen",
+    "declined": "your bank declined it",
+    None: "the payment provider could not complete it",
+}
+
+
+def refund_failure_words(reason: str | None) -> str:
+    return REFUND_FAILURE_WORDS.get(reason, REFUND_FAILURE_WORDS[None])
 
 
 def order_summary_json(order) -> dict:

@@ -34,7 +34,11 @@ EVENT_TYPES = [
     "checkout.session.async_payment_succeeded",
     "checkout.session.async_payment_failed",
     "checkout.session.expired",
+    "refund.updated",
+    "refund.failed",
 ]
+# A refund's news (docs/REFERENCE.md, Webhook): its object is the refund, not a session.
+REFUND_EVENT_TYPES = ("refund.updated", "refund.failed")
 
 
 # Why a call could not be made or answered (ProviderUnavailable.kind): the guard's refusals
@@ -86,9 +90,39 @@ class SessionView:
 
 @dataclass(frozen=True)
 class RefundView:
-    id: str
-    status: str
-    amount: int
+    id: str | None
+    status: str | None            # pending | requires_action | succeeded | failed | canceled; nullable
+    amount: int | None
+    payment_intent: str | None    # nullable at Stripe
+    failure_reason: str | None    # only on a failed refund
+    order_id: int | None          # from metadata: the shop's own (order, session, attempt)
+    session_id: str | None
+    attempt: int | None
+
+
+def refund_view(obj) -> RefundView:
+    """Accepts a stripe object or a plain dict (an event's data.object), read as defensively as
+    `session_view`: a field of the wrong type reads as absent."""
+    if hasattr(obj, "to_dict"):
+        obj = obj.to_dict()
+    if not isinstance(obj, dict):
+        obj = {}
+    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+
+    def text(value):
+        return value if isinstance(value, str) else None
+
+    def number(value):
+        value = int(value) if isinstance(value, str) and value.isdigit() and len(value) < 10 else value
+        return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else None
+
+    intent = obj.get("payment_intent")
+    return RefundView(
+        id=text(obj.get("id")), status=text(obj.get("status")), amount=number(obj.get("amount")),
+        payment_intent=text(intent.get("id") if isinstance(intent, dict) else intent),
+        failure_reason=text(obj.get("failure_reason")), order_id=number(metadata.get("order_id")),
+        session_id=text(metadata.get("session_id")), attempt=number(metadata.get("attempt")) or 1,
+    )
 
 
 def session_view(obj) -> SessionView:
@@ -490,13 +524,25 @@ def session_events(*, since: datetime, starting_after: str | None = None) -> tup
     return found, bool(page.has_more)
 
 
-def create_refund(*, order_id: int, session_id: str, payment_intent: str, amount: int, reason: str) -> RefundView:
+def create_refund(*, order_id: int, session_id: str, payment_intent: str, amount: int, reason: str,
+                  attempt: int = 1) -> RefundView:
+    """One refund at the provider per (order, session, attempt): a retry of the same attempt is
+    replayed, a new attempt (after the last one failed) refunds again. The first attempt keeps
+    the key and metadata refunds had before attempts existed, so a command re-run across a
+    deploy is still a replay and not an idempotency error."""
     key = f"backstop-refund-order-{order_id}-session-{session_id}"
+    metadata = {"order_id": str(order_id), "session_id": session_id, "reason": reason}
+    if attempt > 1:
+        key += f"-attempt-{attempt}"
+        metadata["attempt"] = str(attempt)
     refund = _call("create refund", lambda: client().v1.refunds.create(
-        params={"payment_intent": payment_intent, "amount": amount,
-                "metadata": {"order_id": str(order_id), "session_id": session_id, "reason": reason}},
+        params={"payment_intent": payment_intent, "amount": amount, "metadata": metadata},
         options={"idempotency_key": key}))
-    return RefundView(refund["id"], refund["status"], refund["amount"])
+    return refund_view(refund)
+
+
+def retrieve_refund(refund_id: str) -> RefundView:
+    return refund_view(_call("retrieve refund", lambda: client().v1.refunds.retrieve(refund_id)))
 
 
 def verify_webhook(payload: bytes, signature: str | None, secret: str) -> dict:
@@ -534,11 +580,13 @@ class EndpointView:
     status: str
     description: str | None
     secret: str | None = None
+    enabled_events: tuple[str, ...] = ()
 
 
 def _endpoint(obj) -> EndpointView:
     data = obj.to_dict() if hasattr(obj, "to_dict") else obj
-    return EndpointView(data["id"], data.get("url"), data.get("status"), data.get("description"), data.get("secret"))
+    return EndpointView(data["id"], data.get("url"), data.get("status"), data.get("description"), data.get("secret"),
+                        tuple(data.get("enabled_events") or ()))
 
 
 def list_webhook_endpoints() -> list[EndpointView]:
@@ -549,6 +597,12 @@ def list_webhook_endpoints() -> list[EndpointView]:
 def create_webhook_endpoint(url: str, description: str) -> EndpointView:
     return _endpoint(_call("create webhook endpoint", lambda: client().v1.webhook_endpoints.create(
         params={"url": url, "enabled_events": EVENT_TYPES, "description": description})))
+
+
+def subscribe_webhook_endpoint(endpoint_id: str) -> EndpointView:
+    """Our endpoint, registered by an earlier release, made to send every event this one uses."""
+    return _endpoint(_call("update webhook endpoint", lambda: client().v1.webhook_endpoints.update(
+        endpoint_id, params={"enabled_events": EVENT_TYPES})))
 
 
 def delete_webhook_endpoint(endpoint_id: str) -> None:

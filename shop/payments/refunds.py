@@ -1,19 +1,35 @@
-"""Late money goes back: a paid session for an order that cannot take it (Cancelled, or already
-paid through another session) becomes a Refund row plus a durable refund command, in the same
-transaction as the webhook/return/sweep notice. The (order, session) unique key makes a second
-notice of the same payment refund nothing more; the provider call carries an Idempotency-Key
-derived from (order, session), so a retried command never refunds twice."""
+"""Late money goes back, and is followed until it has.
+
+A paid session for an order that cannot take it (Cancelled, or already paid through another
+session) becomes a Refund row plus a durable refund command, in the same transaction as the
+webhook/return/sweep notice. The (order, session) unique key makes a second notice of the same
+payment refund nothing more; the provider call carries an Idempotency-Key derived from (order,
+session, attempt), so a retried command never refunds twice.
+
+The provider's answer is not the end: a refund is `pending` until the provider says
+`succeeded`, `failed` or `canceled` (shop.domain.refunds), by the create call's answer, a
+`refund.updated` / `refund.failed` webhook, or the sweep's watch asking (`apply_refund_report`).
+A refund whose money did not go back is never silent: the customer is emailed, the console counts
+it, and an operator either refunds again (`retry_refund`: a new attempt with its own key, once
+the provider has given the failed attempt's money back) or records that it was settled outside
+the shop (`settle_refund`). This module is the one writer of `refunds`.
+"""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Callable
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from ..domain.deadlines import utcnow
+from ..domain.refunds import (CANCELED, NOT_RETURNED, PENDING, SUCCEEDED, after_report, needs_operator,
+                              reported_status)
 from ..extensions import db
-from ..models import Refund
-from ..outbox import schedule_command
+from ..models import Order, Refund
+from ..outbox import schedule_command, uow
 from ..outbox.failures import PermanentFailure
 from ..store import orders
 from ..store.orders import OrderSnapshot
@@ -32,7 +48,7 @@ def record_late_payment(order: OrderSnapshot, view, reason: str, now: datetime) 
         with session.begin_nested():
             refund = Refund(order_id=order.id, session_id=view.id, payment_intent_id=view.payment_intent,
                             amount=view.amount_total, currency=(view.currency or order.currency), reason=reason,
-                            status="pending", created_at=now, updated_at=now)
+                            status=PENDING, attempts=1, created_at=now, updated_at=now)
             session.add(refund)
     except IntegrityError:  # a concurrent notice of the same payment won
         return False
@@ -43,41 +59,240 @@ def record_late_payment(order: OrderSnapshot, view, reason: str, now: datetime) 
 
 
 def execute_refund(refund_id: int, now: datetime) -> None:
-    """Runs as a scheduled command; raising lets the runner retry with backoff / dead-letter."""
+    """Runs as a scheduled command; raising lets the runner retry with backoff / dead-letter.
+
+    Makes the refund's current attempt at the provider, once: a refund the provider already
+    holds for this attempt (its id is recorded) or that has an answer is left to the webhook and
+    the sweep's watch."""
     refund = db.session.get(Refund, refund_id)
-    if refund is None or refund.status == "succeeded":
+    if refund is None or refund.status != PENDING or refund.provider_refund_id or refund.settled_at is not None:
         return
     intent = refund.payment_intent_id
     if not intent:
         intent = gateway.retrieve_session(refund.session_id).payment_intent
-        refund.payment_intent_id = intent
+        if not intent:
+            # The session's `payment_intent` is nullable: without it there is nothing to refund
+            # against yet. An ordinary failure: retried with backoff, then a dead letter an
+            # operator sees, never a refund of the wrong payment.
+            raise LookupError(f"the provider names no payment for session {refund.session_id} yet; "
+                              f"refund {refund_id} cannot be made")
+    order_id, session_id, amount, reason, attempt = (refund.order_id, refund.session_id, refund.amount,
+                                                     refund.reason, refund.attempts)
     try:
-        result = gateway.create_refund(order_id=refund.order_id, session_id=refund.session_id,
-                                       payment_intent=intent, amount=refund.amount, reason=refund.reason)
+        view = gateway.create_refund(order_id=order_id, session_id=session_id, payment_intent=intent,
+                                     amount=amount, reason=reason, attempt=attempt)
     except gateway.ProviderRefused as exc:
         refund.last_error = str(exc)
         if exc.code == "charge_already_refunded":
-            refund.status = "succeeded"
+            refund.status = SUCCEEDED
+            refund.payment_intent_id = intent
             _end_watch_when_all_refunded(refund)
             return
         raise PermanentFailure(f"provider refused refund {refund_id}: {exc}") from exc
-    refund.provider_refund_id = result.id
-    refund.status = "succeeded" if result.status in ("succeeded", "pending") else result.status
+    # Read again, locked: the provider's webhook about this very refund may have been applied
+    # while the call was answered (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialised it).
+    refund = db.session.get(Refund, refund_id, populate_existing=True, with_for_update=True)
+    if refund is None or refund.attempts != attempt:
+        return
+    refund.payment_intent_id = intent
+    if refund.provider_refund_id not in (None, view.id):
+        return
+    refund.provider_refund_id = view.id
     refund.updated_at = now
-    log.info("refund %s for order %s: %s at the provider (%s)", refund.id, refund.order_id, refund.status, result.id)
-    if refund.status == "succeeded":
+    log.info("refund %s for order %s, attempt %s: %s at the provider (%s)", refund.id, refund.order_id, attempt,
+             reported_status(view.status), view.id)
+    _take_report(refund, view, now, "the provider's answer")
+
+
+@dataclass
+class RefundReport:
+    outcome: str               # refund_succeeded | refund_failed | refund_canceled | noop | unknown_refund
+    refund_id: int | None = None
+    order_id: int | None = None
+    detail: str = ""
+
+
+def apply_refund_report(view: gateway.RefundView, *, source: str, now: datetime | None = None,
+                        before_commit: Callable[[RefundReport], None] | None = None) -> RefundReport:
+    """What the provider says about one of its refunds (a webhook's object, or the sweep's
+    `GET /v1/refunds/{id}`), applied to the shop's refund in one transaction. Idempotent and
+    order-proof: a repeated or stale report changes nothing (shop.domain.refunds.after_report).
+    `before_commit(report)` runs inside that transaction (the webhook's receipt)."""
+    now = now or utcnow()
+    with uow.transaction():
+        report = _report_once(view, source, now)
+        if before_commit is not None:
+            before_commit(report)
+    return report
+
+
+def _report_once(view: gateway.RefundView, source: str, now: datetime) -> RefundReport:
+    refund = _reported_refund(view)
+    if refund is None:
+        log.info("provider refund %s (via %s) is none of this shop's current refund attempts", view.id, source)
+        return RefundReport("unknown_refund", detail=f"provider refund {view.id}")
+    new = _take_report(refund, view, now, source)
+    if new is None:
+        return RefundReport("noop", refund.id, refund.order_id, f"refund {refund.id} is {refund.status}")
+    return RefundReport(f"refund_{new}", refund.id, refund.order_id)
+
+
+def _reported_refund(view: gateway.RefundView) -> Refund | None:
+    """The refund whose current attempt the report is about, locked: by the provider's refund id,
+    or (the report came before the create call's answer was recorded) by the shop's metadata on
+    it, only while that attempt has no provider id yet. A report about an earlier attempt, which
+    failed before an operator retried, names no refund."""
+    if not view.id:
+        return None
+    refund = db.session.execute(select(Refund).where(Refund.provider_refund_id == view.id)
+                                .with_for_update()).scalar_one_or_none()
+    if refund is not None or view.order_id is None or not view.session_id:
+        return refund
+    refund = db.session.execute(select(Refund).where(Refund.order_id == view.order_id,
+                                                     Refund.session_id == view.session_id)
+                                .with_for_update()).scalar_one_or_none()
+    if refund is None or refund.provider_refund_id is not None or refund.attempts != view.attempt:
+        return None
+    refund.provider_refund_id = view.id
+    return refund
+
+
+def _take_report(refund: Refund, view: gateway.RefundView, now: datetime, source: str) -> str | None:
+    """Move the refund as the provider's report says (or leave it), with what follows from the
+    move in the same transaction: the customer's email, the end of the sweep's watch."""
+    new = after_report(refund.status, reported_status(view.status))
+    if new is None:
+        return None
+    refund.status = new
+    refund.updated_at = now
+    if new in NOT_RETURNED:
+        refund.failure_reason = (view.failure_reason or ("canceled" if new == CANCELED else "unknown"))[:100]
+        refund.failed_at = now
+        refund.last_error = (f"attempt {refund.attempts} ({refund.provider_refund_id}) {new} at the provider: "
+                             f"{refund.failure_reason}")
+        log.error("refund %s of order %s (%s %s, attempt %s, %s) %s at the provider (%s, via %s): the money did "
+                  "not go back; an operator must retry or settle it", refund.id, refund.order_id, refund.amount,
+                  refund.currency, refund.attempts, refund.provider_refund_id, new, refund.failure_reason, source)
+        _email(refund, "refund_failed", now)
+    elif new == SUCCEEDED:
+        log.info("refund %s of order %s succeeded at the provider (%s, via %s)", refund.id, refund.order_id,
+                 refund.provider_refund_id, source)
         _end_watch_when_all_refunded(refund)
-    schedule_command(db.session, "send_email", now, order_id=refund.order_id,
-                     payload={"template": "refund_issued"}, now=now)
+        _email(refund, "refund_issued", now)
+    return new
+
+
+def _email(refund: Refund, template: str, now: datetime) -> None:
+    schedule_command(db.session, "send_email", now, order_id=refund.order_id, payload={"template": template},
+                     now=now)
+
+
+# -- an operator's remedies ------------------------------------------------------------------
+
+@dataclass
+class RefundAction:
+    outcome: str          # done | already (this very submission was done before) | refused | missing
+    message: str
+    refund: dict | None = None
+
+
+def refund_facts(refund: Refund) -> dict:
+    """What an operator's answer reports about a refund (read before the transaction ends)."""
+    return {"id": refund.id, "order_id": refund.order_id, "status": refund.status, "attempts": refund.attempts,
+            "provider_refund_id": refund.provider_refund_id, "failure_reason": refund.failure_reason,
+            "settled_at": refund.settled_at, "settled_by": refund.settled_by,
+            "settlement_reason": refund.settlement_reason, "amount": refund.amount, "currency": refund.currency}
+
+
+def retry_refund(refund_id: int, *, seen_attempt: int | None, now: datetime | None = None) -> RefundAction:
+    """Refund again a refund whose money did not go back: its next attempt, with its own
+    Idempotency-Key, made by a refund command (retried, waiting for the provider, dead-lettered
+    like the first). The provider gave the failed attempt's money back to the payment, so the
+    money goes back once in all. `seen_attempt` is the attempt the operator looked at: the same
+    submission sent twice retries once, and a retry of an attempt already retried is refused."""
+    now = now or utcnow()
+    with uow.transaction() as session:
+        refund = session.get(Refund, refund_id, with_for_update=True)
+        if refund is None:
+            return RefundAction("missing", f"There is no refund {refund_id}.")
+        seen = refund.attempts if seen_attempt is None else seen_attempt
+        if seen_attempt is not None and refund.attempts == seen + 1 and refund.settled_at is None:
+            return RefundAction("already", f"Refund {refund_id} was already sent again (attempt {refund.attempts}, "
+                                           f"now {refund.status}); nothing more was done.", refund_facts(refund))
+        if not needs_operator(refund.status, refund.settled_at is not None) or refund.attempts != seen:
+            return RefundAction("refused", _why_not(refund, seen), refund_facts(refund))
+        failed = refund.last_error or f"attempt {refund.attempts} {refund.status}"
+        refund.attempts += 1
+        refund.status = PENDING
+        refund.provider_refund_id = None
+        refund.updated_at = now
+        schedule_command(session, "refund_payment", now, order_id=refund.order_id,
+                         payload={"refund_id": refund.id}, now=now)
+        _watch_again(refund, now)
+        log.warning("refund %s of order %s: sent again as attempt %s (%s)", refund.id, refund.order_id,
+                    refund.attempts, failed)
+        return RefundAction("done", f"Refund {refund_id} will be sent again now, as attempt {refund.attempts} "
+                                    f"({failed}).", refund_facts(refund))
+
+
+def settle_refund(refund_id: int, *, reason: str, operator: str, now: datetime | None = None) -> RefundAction:
+    """Record that a refund whose money did not go back was settled outside the shop (a bank
+    transfer, a voucher the customer agreed to): who, when and why. The provider's status stays
+    what it was; the refund no longer waits for anyone."""
+    now = now or utcnow()
+    with uow.transaction() as session:
+        refund = session.get(Refund, refund_id, with_for_update=True)
+        if refund is None:
+            return RefundAction("missing", f"There is no refund {refund_id}.")
+        if refund.settled_at is not None:
+            if (refund.settlement_reason or "") == reason:
+                return RefundAction("already", f"Refund {refund_id} was already recorded as settled outside the "
+                                               "shop; nothing more was done.", refund_facts(refund))
+            return RefundAction("refused", f"Refund {refund_id} was already recorded as settled outside the shop by "
+                                           f"{refund.settled_by} ({refund.settlement_reason}).", refund_facts(refund))
+        if not needs_operator(refund.status, False):
+            return RefundAction("refused", _why_not(refund, refund.attempts), refund_facts(refund))
+        refund.settled_at, refund.settled_by, refund.settlement_reason = now, operator, reason
+        refund.updated_at = now
+        _end_watch_when_all_refunded(refund)
+        log.warning("refund %s of order %s recorded as settled outside the shop by %s: %s", refund.id,
+                    refund.order_id, operator, reason)
+        return RefundAction("done", f"Refund {refund_id} is recorded as settled outside the shop.",
+                            refund_facts(refund))
+
+
+def _why_not(refund: Refund, seen: int) -> str:
+    if refund.settled_at is not None:
+        return f"Refund {refund.id} was settled outside the shop by {refund.settled_by}; nothing to do."
+    if refund.status == PENDING:
+        return (f"Refund {refund.id} is pending at the provider (attempt {refund.attempts}): wait for its answer; "
+                "only a refund that failed can be retried or settled.")
+    if refund.status == SUCCEEDED:
+        return f"Refund {refund.id} succeeded: the money went back; nothing to do."
+    return (f"Refund {refund.id} changed meanwhile: it is now at attempt {refund.attempts}, not {seen}; "
+            "reload and look again.")
+
+
+# -- the sweep's watch -----------------------------------------------------------------------
+
+def _watch_again(refund: Refund, now: datetime) -> None:
+    """A retried late-money refund of a cancelled order is followed by the sweep again, as the
+    first attempt was (sweep.check_cancelled_payment), should its webhook be lost."""
+    order = db.session.execute(select(Order.status, Order.payment_session_id, Order.payment_processing_at)
+                               .where(Order.id == refund.order_id)).first()
+    if order is not None and order.status == "Cancelled" and order.payment_session_id == refund.session_id \
+            and order.payment_processing_at is None:
+        orders.note(refund.order_id, "processing", now)
 
 
 def _end_watch_when_all_refunded(refund: Refund) -> None:
-    """The sweep watches a cancelled order with late money until its refunds have succeeded
-    (sweep.check_cancelled_payment); the last one to succeed ends the watch here, in the same
-    transaction, rather than a sweep cycle later."""
+    """The sweep watches a cancelled order with late money until its refunds have succeeded or
+    were settled outside the shop (sweep.check_cancelled_payment); the last one ends the watch
+    here, in the same transaction, rather than a sweep cycle later."""
     db.session.flush()
     others = db.session.execute(select(Refund.id).where(Refund.order_id == refund.order_id, Refund.id != refund.id,
-                                                        Refund.status != "succeeded")).first()
+                                                        Refund.status != SUCCEEDED,
+                                                        Refund.settled_at.is_(None))).first()
     order = orders.current_state(refund.order_id)
     # Only the watched session's own refund: a refund of some older session says nothing about
     # whether the current one can still take money.

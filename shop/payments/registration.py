@@ -73,8 +73,16 @@ def register_webhook() -> list[str]:
     live = [ep for ep in endpoints if ep.url == target and ep.status == "enabled"
             and (ep.description or "").startswith(MARKER)]
     if stored_id and stored_secret and any(ep.id == stored_id.value for ep in live):
-        lines.append(f"endpoint {stored_id.value} already registered for {target}")
+        [ours] = [ep for ep in live if ep.id == stored_id.value]
         db.session.rollback()
+        missing = [e for e in gateway.EVENT_TYPES if e not in ours.enabled_events and "*" not in ours.enabled_events]
+        if missing:
+            # Registered by a release that used fewer events (before refunds were followed): the
+            # same endpoint and secret, subscribed to what this release needs.
+            gateway.subscribe_webhook_endpoint(ours.id)
+            lines.append(f"endpoint {ours.id} for {target} now also sends {', '.join(missing)}")
+            return lines
+        lines.append(f"endpoint {stored_id.value} already registered for {target}")
         return lines
     # Ours but with a secret we no longer know: replace it rather than keep a second secret.
     for ep in live:

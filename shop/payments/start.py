@@ -84,7 +84,24 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None, fr
                                                    "the request down. Nothing was charged, and your order and its "
                                                    "items are held until its payment window closes; our team can "
                                                    "see why. Please try “Pay now” again later or contact us.")
+    if not view.url:
+        return _started_without_a_page(order, view, attempt, leave_line=from_line)
     return _save_started(order, view, attempt)
+
+
+def _started_without_a_page(order: OrderSnapshot, view: gateway.SessionView, attempt: int, *,
+                            leave_line: bool) -> StartOutcome:
+    """A Checkout Session's `url` is nullable at Stripe: one that came back without it is a
+    payment that could not be started (a redirect to it would send the customer to "None"). It is
+    expired so it can never take money, and the operator sees why on the order's timeline."""
+    log.error("order %s: checkout session %s came back without a url; payment not started", order.reference, view.id)
+    _expire_quietly(view.id)
+    _note_refusal(order.id, attempt, gateway.ProviderRefused(
+        f"checkout session {view.id} came back without a url to send the customer to", "session_without_url"),
+        leave_line=leave_line)
+    return StartOutcome("unavailable", message="We could not open the payment page just now: the payment provider "
+                                               "did not give us its address. Nothing was charged, and your order "
+                                               "and its items are held; please try “Pay now” again in a moment.")
 
 
 def _create_session(order: OrderSnapshot, attempt: int, now: datetime) -> gateway.SessionView:

@@ -54,6 +54,7 @@ from ..outbox import dispatch, uow
 from ..outbox.leases import acquire_lease, holder_name, release_lease, renew_lease
 from ..payments import apply as payments
 from ..payments import gateway, guard
+from ..payments.refunds import apply_refund_report
 from ..store import orders
 
 log = logging.getLogger("shop.sweep")
@@ -71,7 +72,7 @@ S = OrderStatus
 EXPIRY_OUTCOMES = ("cancelled", "lost_race", "changed", "errors")
 PROVIDER_OUTCOMES = ("paid", "payment_failed", "cancelled", "proof_refused", "open", "awaiting_async",
                      "refund_created", "late_refund", "refund_under_way", "refund_retried", "refund_refused",
-                     "watch_closed", "changed", "unavailable", "errors")
+                     "refund_succeeded", "refund_failed", "watch_closed", "changed", "unavailable", "errors")
 
 
 # -- time ----------------------------------------------------------------------------------
@@ -164,6 +165,9 @@ def provider_line(counts: dict | None) -> str:
                                      "refund_retried": "dead late-money refunds run again",
                                      "refund_refused": "late-money refunds refused by the provider (for an "
                                                        "operator)",
+                                     "refund_succeeded": "pending late-money refunds the provider says succeeded",
+                                     "refund_failed": "pending late-money refunds the provider says failed (for an "
+                                                      "operator)",
                                      "watch_closed": "cancelled orders no longer watched for late money",
                                      "event_pages": "pages of the provider's events read for many orders in "
                                                     "doubt at once",
@@ -423,11 +427,12 @@ def check_cancelled_payment(order_id: int, now: datetime) -> str:
         session.rollback()
         return "changed"
     session_id, reference, since = order.payment_session_id, order.reference, as_utc(order.payment_processing_at)
-    refunds = session.execute(select(Refund.id, Refund.session_id, Refund.status)
-                              .where(Refund.order_id == order_id)).all()
+    refunds = session.execute(select(Refund.id, Refund.session_id, Refund.status, Refund.provider_refund_id,
+                                     Refund.settled_at).where(Refund.order_id == order_id)).all()
     session.rollback()
     if any(r.session_id == session_id for r in refunds):
-        return _follow_refunds(order_id, reference, [r.id for r in refunds if r.status != "succeeded"], since, now)
+        return _follow_refunds(order_id, reference, [r for r in refunds if r.status != "succeeded"
+                                                     and r.settled_at is None], since, now)
     try:
         view = gateway.retrieve_session(session_id)
         failed = payments.async_failed(view)
@@ -455,14 +460,17 @@ def check_cancelled_payment(order_id: int, now: datetime) -> str:
     return "awaiting_async"
 
 
-def _follow_refunds(order_id: int, reference: str, open_refund_ids: list[int], since: datetime,
-                    now: datetime) -> str:
+def _follow_refunds(order_id: int, reference: str, open_refunds: list, since: datetime, now: datetime) -> str:
     """The late money is in and has a refund: no need to ask about the session any more, only
-    whether the money went back. All refunds succeeded -> the watch ends. A refund command that
+    whether the money went back. All refunds succeeded (or were settled outside the shop by an
+    operator) -> the watch ends. A refund the provider holds as pending is asked about
+    (`GET /v1/refunds/{id}`) and its answer applied as its webhook's would be, so a lost
+    `refund.failed` still reaches an operator and the customer. A refund command that
     died of anything but the provider's refusal (an outage dead-lettered before waiting for the
     provider existed, a bug since fixed) runs again with a fresh budget; a refused one stays a
     dead letter for an operator, and the order stays watched either way."""
     session = db.session
+    open_refund_ids = [r.id for r in open_refunds]
     if not open_refund_ids:
         orders.note(order_id, "stop_watching")
         session.commit()
@@ -474,7 +482,13 @@ def _follow_refunds(order_id: int, reference: str, open_refund_ids: list[int], s
                                       ScheduledCommand.kind == "refund_payment")).all()
     session.rollback()
     dead = [c for c in commands if c.status == "dead" and (c.payload or {}).get("refund_id") in open_refund_ids]
-    outcome = "refund_under_way"
+    outcome = _ask_about_pending_refunds(reference, open_refunds, now)
+    if outcome == "unavailable":
+        return outcome
+    if not session.execute(select(Order.payment_processing_at).where(Order.id == order_id)).scalar():
+        session.rollback()
+        return outcome  # the last refund went through: its success ended the watch
+    session.rollback()
     for command in dead:
         if command.failure_kind == FAILURE_REFUSED:
             log.warning("sweep: the refund for cancelled order %s was refused by the provider (cmd-%s); it waits "
@@ -486,6 +500,34 @@ def _follow_refunds(order_id: int, reference: str, open_refund_ids: list[int], s
                         command.id)
             outcome = "refund_retried" if outcome != "refund_refused" else outcome
     backoff_provider_checks(order_id, "watching", now, since=since)
+    return outcome
+
+
+def _ask_about_pending_refunds(reference: str, open_refunds: list, now: datetime) -> str:
+    """What the provider says now about each refund it holds as pending, applied (payments.refunds);
+    the cycle's count for the order: refund_failed, refund_succeeded, refund_under_way, or
+    unavailable when the provider could not be asked."""
+    outcome = "refund_under_way"
+    for refund in open_refunds:
+        if refund.status != "pending" or not refund.provider_refund_id:
+            continue
+        try:
+            view = gateway.retrieve_refund(refund.provider_refund_id)
+        except gateway.ProviderUnavailable as exc:
+            log.info("sweep: provider unreachable about refund %s of cancelled order %s: %s", refund.id, reference,
+                     exc)
+            return "unavailable"
+        except gateway.ProviderRefused as exc:
+            log.warning("sweep: the provider refused to say how refund %s (%s) of cancelled order %s stands: %s",
+                        refund.id, refund.provider_refund_id, reference, exc)
+            continue
+        report = apply_refund_report(view, source="sweep", now=now)
+        if report.outcome in ("refund_failed", "refund_canceled"):
+            log.warning("sweep: refund %s of cancelled order %s did not go through at the provider; it waits for an "
+                        "operator", refund.id, reference)
+            outcome = "refund_failed"
+        elif report.outcome == "refund_succeeded" and outcome != "refund_failed":
+            outcome = "refund_succeeded"
     return outcome
 
 

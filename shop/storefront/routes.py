@@ -259,6 +259,11 @@ def _shown_order_json(order: Order) -> dict:
     line for one waiting for its payment page (`line`: orders ahead, and the wait the provider's
     budget implies)."""
     data = order_json(order)
+    # Refunds the shop settled with the customer outside the payment provider (an operator's
+    # record), for the page's words and badge: the provider still calls them failed.
+    settled = [r.id for r in order.refunds if r.settled_at is not None]
+    if settled:
+        data["refunds_settled"] = settled
     if order.status == OrderStatus.CANCELLED.value:
         why, at = emails.cancellation(order)
         data["cancelled_because"], data["cancelled_at"] = why, iso(at)

@@ -1,8 +1,8 @@
 """The /_sandbox control routes: script payment outcomes, faults and the clock.
 
 These are the sandbox's own API, not Stripe's: JSON in, JSON out, no API key. A refusal is
-`{"error": {"message": ...}}` with 400 (bad input), 404 (unknown session) or 409 (the session
-is in the wrong state); never a 500.
+`{"error": {"type": "sandbox_error", "message": ...}}` with 400 (bad input), 404 (unknown
+session or refund) or 409 (the session or refund is in the wrong state); never a 500.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 from flask import Blueprint, Response, current_app, g, request
 
 from .api import endpoint
-from .objects import render_delivery, render_event, render_session
-from .state import ASYNC_RESULTS, OUTCOMES, ControlError, Faults, Sandbox
+from .objects import render_delivery, render_event, render_refund, render_session
+from .state import ASYNC_RESULTS, OUTCOMES, REFUND_OUTCOMES, ControlError, Faults, Sandbox
 from .traffic import MAX_API_HOLD_SECONDS
 
 bp = Blueprint("stripe_sandbox_control", __name__, url_prefix="/_sandbox")
@@ -25,6 +25,8 @@ FAULT_TYPES = {
     "duplicate_webhooks": "bool",
     "reorder_webhooks": "bool",
     "webhook_delay_seconds": "seconds",
+    "refunds_pending": "bool",
+    "checkout_url_null": "bool",
     "api_unavailable": "bool",
     "api_latency_seconds": "api_seconds",
     "api_latency_jitter_seconds": "api_seconds",
@@ -121,6 +123,19 @@ def settle_async(session_id: str) -> Response:
     with sandbox.lock:
         sandbox.tick()
         return _json(render_session(sandbox.settle_async(session_id, result)))
+
+
+@bp.post("/refunds/<refund_id>/outcome")
+def settle_refund(refund_id: str) -> Response:
+    """Settle a pending refund (see the `refunds_pending` fault): succeeded or failed, with
+    Stripe's events."""
+    outcome = _body(required=("outcome",))["outcome"]
+    if outcome not in REFUND_OUTCOMES:
+        raise ControlError(400, f"outcome must be one of {', '.join(REFUND_OUTCOMES)}; got {outcome!r}")
+    sandbox = _sandbox()
+    with sandbox.lock:
+        sandbox.tick()
+        return _json(render_refund(sandbox.settle_refund(refund_id, outcome)))
 
 
 @bp.get("/faults")
@@ -226,6 +241,7 @@ def list_events() -> Response:
                 "type": event.type,
                 "created": event.created,
                 "session": event.session_id,
+                "object": event.payload["data"]["object"].get("id"),
                 "dropped": event.dropped,
                 "event": render_event(event),
                 "deliveries": [render_delivery(d) for d in event.deliveries],

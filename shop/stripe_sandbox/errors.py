@@ -2,7 +2,8 @@
 
 Every refusal the sandbox makes travels as a `StripeError` and is rendered as Stripe renders
 it: `{"error": {"type", "code", "message", "param"}}` with the matching HTTP status, so the
-real SDK raises the same exception class it would raise against Stripe.
+real SDK raises the same exception class it would raise against Stripe. Like Stripe, an error
+with no code or no parameter to blame leaves that key out rather than sending it as null.
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ class StripeError(Exception):
         self.extra = extra or {}
 
     def body(self, request_log_url: str | None = None) -> dict:
-        error = {
-            "type": self.type,
-            "code": self.code,
-            "message": self.message,
-            "param": self.param,
-        }
+        error = {"type": self.type}
+        if self.code is not None:
+            error["code"] = self.code
+        error["message"] = self.message
+        if self.param is not None:
+            error["param"] = self.param
         if request_log_url:
             error["request_log_url"] = request_log_url
         error.update(self.extra)

@@ -3,7 +3,8 @@
 Records hold what the sandbox knows; `render_*` turn them into the JSON Stripe would send.
 Every top-level field rendered here exists in Stripe's own example object for the resource
 (shared/stripe-fixtures/fixtures3-subset.json) with the same JSON type or null, except
-`secret`, which Stripe returns on webhook-endpoint creation only and the fixture omits.
+`secret`, which Stripe returns on webhook-endpoint creation only and the fixture omits, and a
+refund's `failure_reason`, which Stripe sends only on a failed refund (the example succeeded).
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class Session:
     metadata: dict[str, str]
     payment_intent_metadata: dict[str, str]
     locale: str | None = None
+    # Created while the `checkout_url_null` fault was on: rendered with `url: null`, as Stripe
+    # renders a session that cannot be opened by a URL.
+    url_withheld: bool = False
     status: str = "open"  # open | complete | expired
     payment_status: str = "unpaid"  # unpaid | paid
     payment_intent_id: str | None = None
@@ -105,7 +109,10 @@ class Refund:
     payment_intent_id: str
     metadata: dict[str, str]
     reason: str | None
+    # pending (the `refunds_pending` fault) until settled by /_sandbox/refunds/<id>/outcome;
+    # succeeded | failed then. A failed refund says why, as Stripe's do.
     status: str = "succeeded"
+    failure_reason: str | None = None
 
 
 @dataclass
@@ -229,7 +236,7 @@ def render_session(s: Session) -> dict[str, Any]:
         "total_details": {"amount_discount": 0, "amount_shipping": 0, "amount_tax": 0},
         "ui_mode": None,
         # Stripe only shows the URL while the session can still be paid.
-        "url": s.pay_url if s.status == "open" else None,
+        "url": s.pay_url if s.status == "open" and not s.url_withheld else None,
     }
 
 
@@ -278,7 +285,7 @@ def render_payment_intent(pi: PaymentIntent) -> dict[str, Any]:
 
 
 def render_refund(r: Refund) -> dict[str, Any]:
-    return {
+    body = {
         "id": r.id,
         "object": "refund",
         "amount": r.amount,
@@ -295,6 +302,9 @@ def render_refund(r: Refund) -> dict[str, Any]:
         "status": r.status,
         "transfer_reversal": None,
     }
+    if r.status == "failed":
+        body["failure_reason"] = r.failure_reason
+    return body
 
 
 def render_webhook_endpoint(we: WebhookEndpoint, *, with_secret: bool = False) -> dict[str, Any]:

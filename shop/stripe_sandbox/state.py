@@ -27,6 +27,7 @@ from .objects import (
     Session,
     WebhookEndpoint,
     new_id,
+    render_refund,
     render_session,
 )
 from .traffic import ApiGate, RequestLog
@@ -41,6 +42,10 @@ TICK_SECONDS = 0.2
 
 OUTCOMES = ("paid", "declined", "async_pending")
 ASYNC_RESULTS = ("succeeded", "failed")
+REFUND_OUTCOMES = ("succeeded", "failed")
+# Why a refund failed, as Stripe says it (`refund.failure_reason`): the card it would go back to
+# was closed or has expired, the commonest reason.
+REFUND_FAILURE_REASON = "expired_or_canceled_card"
 
 DECLINE_ERROR = {
     "type": "card_error",
@@ -84,6 +89,10 @@ class Faults:
     duplicate_webhooks: bool = False
     reorder_webhooks: bool = False
     webhook_delay_seconds: float = 0.0
+    # New refunds start `pending` and wait for /_sandbox/refunds/<id>/outcome.
+    refunds_pending: bool = False
+    # New Checkout Sessions come back with `url: null`.
+    checkout_url_null: bool = False
     api_unavailable: bool = False
     api_latency_seconds: float = 0.0
     api_latency_jitter_seconds: float = 0.0
@@ -267,6 +276,7 @@ class Sandbox:
             metadata=metadata,
             payment_intent_metadata=payment_intent_metadata,
             locale=locale,
+            url_withheld=self.faults.checkout_url_null,
         )
         self.sessions[session.id] = session
         self._open_sessions.add(session.id)
@@ -297,7 +307,7 @@ class Sandbox:
             pi.status = "canceled"
             pi.canceled_at = self.now()
             pi.cancellation_reason = "abandoned"
-        self.emit("checkout.session.expired", session, request)
+        self.emit_session("checkout.session.expired", session, request)
 
     # -- payment outcomes ------------------------------------------------------------
 
@@ -337,7 +347,7 @@ class Sandbox:
         else:
             charge.status = "pending"
             pi.status = "processing"
-        self.emit("checkout.session.completed", session, RequestRef())
+        self.emit_session("checkout.session.completed", session, RequestRef())
         return session
 
     def schedule_async(self, session_id: str, result: str, delay: float) -> None:
@@ -361,12 +371,12 @@ class Sandbox:
         charge = self.charges[pi.latest_charge]
         if result == "succeeded":
             self._succeed(session, pi, charge)
-            self.emit("checkout.session.async_payment_succeeded", session, RequestRef())
+            self.emit_session("checkout.session.async_payment_succeeded", session, RequestRef())
         else:
             charge.status = "failed"
             pi.status = "requires_payment_method"
             pi.last_payment_error = dict(ASYNC_FAILURE_ERROR)
-            self.emit("checkout.session.async_payment_failed", session, RequestRef())
+            self.emit_session("checkout.session.async_payment_failed", session, RequestRef())
         return session
 
     def is_async_pending(self, session: Session) -> bool:
@@ -469,6 +479,8 @@ class Sandbox:
                 "amount",
                 "amount_too_large",
             )
+        # A pending refund already counts against the charge, as at Stripe: a second refund
+        # cannot take the same money while the first may still go through.
         charge.amount_refunded += amount
         refund = Refund(
             id=new_id("re_3"),
@@ -480,8 +492,32 @@ class Sandbox:
             payment_intent_id=pi.id,
             metadata=metadata,
             reason=reason,
+            status="pending" if self.faults.refunds_pending else "succeeded",
         )
         self.refunds[refund.id] = refund
+        return refund
+
+    def settle_refund(self, refund_id: str, outcome: str) -> Refund:
+        """The bank's answer to a pending refund. Stripe sends `refund.updated` for every change
+        of a refund and `refund.failed` too when it failed; a failed refund's amount is no longer
+        refunded, so the charge can be refunded again."""
+        if outcome not in REFUND_OUTCOMES:
+            raise ControlError(400, f"outcome must be one of {', '.join(REFUND_OUTCOMES)}; got {outcome!r}")
+        refund = self.refunds.get(refund_id)
+        if refund is None:
+            raise ControlError(404, f"No such refund: '{refund_id}'")
+        if refund.status != "pending":
+            raise ControlError(
+                409, f"Refund {refund_id} is {refund.status}; only a pending refund can be settled."
+            )
+        refund.status = outcome
+        if outcome == "failed":
+            refund.failure_reason = REFUND_FAILURE_REASON
+            self.charges[refund.charge_id].amount_refunded -= refund.amount
+        body = render_refund(refund)
+        self.emit("refund.updated", body, RequestRef(), previous_attributes={"status": "pending"})
+        if outcome == "failed":
+            self.emit("refund.failed", body, RequestRef())
         return refund
 
     def get_refund(self, refund_id: str) -> Refund:
@@ -534,8 +570,21 @@ class Sandbox:
             raise no_such("event", event_id)
         return event
 
-    def emit(self, event_type: str, session: Session, request: RequestRef) -> EventRecord:
-        """Record an event with a snapshot of the session and hand it to delivery.
+    def emit_session(self, event_type: str, session: Session, request: RequestRef) -> EventRecord:
+        return self.emit(event_type, render_session(session), request, session_id=session.id)
+
+    def emit(
+        self,
+        event_type: str,
+        data_object: dict,
+        request: RequestRef,
+        *,
+        session_id: str | None = None,
+        previous_attributes: dict | None = None,
+    ) -> EventRecord:
+        """Record an event with a snapshot of its object (a session or a refund, rendered as the
+        API renders it) and hand it to delivery. `previous_attributes`: what an `*.updated`
+        event's object changed from, as Stripe sends it in `data`.
 
         Faults apply here, in this order: `drop_webhooks` swallows the whole event for every
         endpoint; `duplicate_webhooks` adds a second delivery per endpoint; while
@@ -547,7 +596,9 @@ class Sandbox:
             "object": "event",
             "api_version": API_VERSION,
             "created": self.now(),
-            "data": {"object": render_session(session)},
+            "data": {"object": data_object}
+            if previous_attributes is None
+            else {"object": data_object, "previous_attributes": previous_attributes},
             "livemode": False,
             "pending_webhooks": len(recipients),
             "request": {"id": request.id, "idempotency_key": request.idempotency_key},
@@ -560,7 +611,7 @@ class Sandbox:
             created=payload["created"],
             payload=payload,
             body=json.dumps(payload, indent=2).encode("utf-8"),
-            session_id=session.id,
+            session_id=session_id,
         )
         self.events[event.id] = event
         if not recipients:
@@ -640,6 +691,7 @@ __all__ = [
     "Faults",
     "HOSTED_ASYNC_SETTLE_SECONDS",
     "OUTCOMES",
+    "REFUND_OUTCOMES",
     "RequestRef",
     "Sandbox",
     "StoredResponse",

@@ -79,11 +79,16 @@ class SandboxHandle:
         """Settle an async_pending session: `succeeded` or `failed`."""
         return self.request("POST", f"/_sandbox/sessions/{session_id}/async", {"result": result})
 
+    def refund_outcome(self, refund_id: str, outcome: str) -> dict:
+        """Settle a pending refund: `succeeded` or `failed`; returns the refund as Stripe renders it."""
+        return self.request("POST", f"/_sandbox/refunds/{refund_id}/outcome", {"outcome": outcome})
+
     def faults(self, **changes: Any) -> dict:
         """Set any of drop_webhooks, duplicate_webhooks, reorder_webhooks,
-        webhook_delay_seconds, api_unavailable, api_latency_seconds,
-        api_latency_jitter_seconds, api_hang, api_rate_limit_per_second (0, False or None
-        switches one off); returns all current faults. With no arguments, just reads them."""
+        webhook_delay_seconds, refunds_pending, checkout_url_null, api_unavailable,
+        api_latency_seconds, api_latency_jitter_seconds, api_hang, api_rate_limit_per_second
+        (0, False or None switches one off); returns all current faults. With no arguments,
+        just reads them."""
         if not changes:
             return self.request("GET", "/_sandbox/faults")
         return self.request("POST", "/_sandbox/faults", changes)

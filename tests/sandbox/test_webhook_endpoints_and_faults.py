@@ -198,6 +198,8 @@ def test_reset_forgets_objects_faults_and_the_clock(client, sandbox, endpoint):
         "duplicate_webhooks": False,
         "reorder_webhooks": False,
         "webhook_delay_seconds": 0.0,
+        "refunds_pending": False,
+        "checkout_url_null": False,
         "api_unavailable": False,
         "api_latency_seconds": 0.0,
         "api_latency_jitter_seconds": 0.0,

@@ -1,0 +1,45 @@
+"""A refund's life at the provider, as the shop records it: pure rules, no database.
+
+A refund is `pending` until the provider says `succeeded`, `failed` or `canceled`
+(docs/REFERENCE.md, Order states). The news comes by webhook (`refund.updated`,
+`refund.failed`), by the sweep's watch asking, or in the answer to the call that made the
+refund, in any order and more than once: these rules make every order of arrival end the same.
+A refund whose money did not go back waits for an operator, who either has the shop refund again
+(a new attempt, with its own Idempotency-Key) or records that it was settled outside the shop.
+"""
+from __future__ import annotations
+
+PENDING, SUCCEEDED, FAILED, CANCELED = "pending", "succeeded", "failed", "canceled"
+STATUSES = (PENDING, SUCCEEDED, FAILED, CANCELED)
+# The money did not go back: an operator's problem until retried or settled outside the shop.
+NOT_RETURNED = (FAILED, CANCELED)
+
+
+def reported_status(raw) -> str:
+    """The provider's word for a refund, in the shop's four. Stripe's `status` is nullable and has
+    `requires_action` besides the four (a refund waiting for the customer's bank details): both,
+    and anything this code does not know, are still pending, so the refund is asked about again
+    rather than taken for money returned."""
+    return raw if raw in (SUCCEEDED, FAILED, CANCELED) else PENDING
+
+
+def after_report(current: str, reported: str) -> str | None:
+    """What the current attempt's status becomes when the provider reports `reported` about it,
+    or None when nothing changes.
+
+    pending -> anything final. succeeded -> failed: Stripe reports a refund that the customer's
+    bank sends back after it had succeeded (a closed account) as failed. failed and canceled are
+    final for the attempt: a stale or repeated notice (a reordered `refund.updated` that still
+    says pending or succeeded) changes nothing."""
+    if reported == current:
+        return None
+    if current == PENDING and reported != PENDING:
+        return reported
+    if current == SUCCEEDED and reported == FAILED:
+        return FAILED
+    return None
+
+
+def needs_operator(status: str, settled: bool) -> bool:
+    """The money did not go back and nobody has dealt with it yet."""
+    return status in NOT_RETURNED and not settled
