@@ -43,8 +43,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from checkout import ROOT, Browser, _jobs, forget_redis, free_port, run_clients, seed, wait_http  # noqa: E402
-from provider import Shop, paced  # noqa: E402
+from checkout import (ROOT, Browser, _jobs, children, cpu_seconds, forget_redis, free_port, run_clients,  # noqa: E402
+                      seed, wait_http)
+from provider import Shop, machine_busy, paced  # noqa: E402
 from scratchdb import make_database  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -102,6 +103,7 @@ def queue_phase(shop: Shop, args, variant: int, database_url: str) -> None:
     carts = prepare(shop, variant, total)
     shop.faults(api_endpoint_rate_limit_per_second=args.limit)
     since = time.time()
+    cpu0 = cpu_split(shop)
     results: list[dict] = []
     lock = threading.Lock()
 
@@ -123,12 +125,19 @@ def queue_phase(shop: Shop, args, variant: int, database_url: str) -> None:
         if not waiting or time.time() > give_up:
             break
         time.sleep(0.5)
+    print_cpu(shop, cpu0, time.time() - since)
     refs = [r["reference"] for r in results if r["reference"]]
     rows = {ref: (status, updated.timestamp()) for ref, status, updated in database_rows(
         database_url, "SELECT reference, status, updated_at FROM orders WHERE reference = ANY(:refs)", {"refs": refs})}
     calls = shop.sandbox(f"/_sandbox/requests?since={since - 1!r}")["calls"]
     creates = [c for c in calls if c["endpoint"] == "POST /v1/checkout/sessions"]
     refused = sum(1 for c in calls if c["status"] == 429)
+    if refused:
+        served_at = sorted(c["at"] for c in creates if c["status"] == 200)
+        for c in (c for c in calls if c["status"] == 429):
+            before = bisect.bisect_left(served_at, c["at"]) - bisect.bisect_left(served_at, c["at"] - 1.0)
+            print(f"queue: a 429 at {c['at'] - since:.2f} s ({c['endpoint']}), after {before} sessions created "
+                  f"in the second before it", flush=True)
     at_page = sum(1 for status, _ in rows.values() if status == "PaymentInitiated")
     print(f"queue: provider 429s {refused} (target 0) -> {'MET' if refused == 0 else 'MISSED'}; "
           f"{at_page} of {len(rows)} orders at the hosted page, {waiting} still in line "
@@ -157,6 +166,20 @@ def queue_phase(shop: Shop, args, variant: int, database_url: str) -> None:
           f"served ({len(queued) / span:.1f}/s against a budget of {args.limit}/s); {overtaken} of "
           f"{len(queued) - 1} neighbours in line served more than 0.5 s out of arrival order", flush=True)
     shop.faults(api_endpoint_rate_limit_per_second=0)
+
+
+def cpu_split(shop: Shop) -> dict:
+    """CPU seconds so far: the web's workers, the worker, the sandbox, this bench, the machine."""
+    return {"web": shop.web_cpu(), "worker": cpu_seconds([shop.worker.pid]), "sandbox": cpu_seconds([shop.sandbox_pid]),
+            "bench": time.process_time(), "machine": machine_busy()}
+
+
+def print_cpu(shop: Shop, before: dict, wall: float) -> None:
+    used = {k: v - before[k] for k, v in cpu_split(shop).items()}
+    cores = os.cpu_count() or 1
+    print(f"queue: CPU over the {wall:.0f} s of the phase, in cores: web {used['web'] / wall:.2f}, worker "
+          f"{used['worker'] / wall:.2f}, sandbox {used['sandbox'] / wall:.2f}, this bench {used['bench'] / wall:.2f}; "
+          f"the machine's {cores} cores {used['machine'] / (wall * cores):.0%} busy", flush=True)
 
 
 def breaker_state(redis_url: str, prefix: str) -> str:
@@ -298,6 +321,7 @@ def main() -> None:
             worker = subprocess.Popen([str(BIN / "flask"), "--app", "app", "shop", "worker"], cwd=ROOT, env=shop.env,
                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         shop.procs.append(worker)
+        shop.worker, shop.sandbox_pid = worker, sandbox.pid
         shop.start_web()
         print(f"web: {shop.env.get('WEB_CONCURRENCY', 'default')} x {shop.env.get('WEB_THREADS', 'default')} "
               f"threads, one worker serving the payment queue; logs in {log_dir}", flush=True)
