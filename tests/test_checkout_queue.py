@@ -153,3 +153,20 @@ def test_an_order_whose_pay_by_passes_in_line_is_expired_by_its_deadline_like_an
         assert row.status == "Cancelled" and row.payment_queued_at is None
         db.session.remove()
     assert shopper.order(waiting["reference"])["payment"] is None
+
+
+def test_once_a_process_met_the_line_held_its_next_checkouts_join_it_without_asking_the_provider(
+        make_fresh_app, sandbox):
+    app, skus = _shop(make_fresh_app, sandbox)
+    Shopper(app, skus).checkout()        # the budget's one session this second
+    _queued(Shopper(app, skus))          # refused by the budget: the line forms
+    time.sleep(1.3)                      # the budget has room again, the line is still held
+    _queued(Shopper(app, skus))          # refused because of the line: this process knows now
+    calls = sandbox.request_count()
+    shoppers = [Shopper(app, skus) for _ in range(3)]
+    joined = [_queued(shopper) for shopper in shoppers]
+    assert sandbox.request_count() == calls, "a checkout asked the provider for a session the line holds back"
+    assert [o["line"]["ahead"] for o in joined] == [2, 3, 4]
+    with app.app_context():
+        assert checkout_queue.serve_now() == 5
+    assert [s.order(o["reference"])["status"] for s, o in zip(shoppers, joined)] == ["PaymentInitiated"] * 3

@@ -99,7 +99,11 @@ _DECREMENT = (update(_inventory)
                       updated_at=bindparam("now", type_=_inventory.c.updated_at.type)))
 
 
-def place_order(*, cart_id: int, browser_id: str, email: str, now: datetime | None = None) -> Placed | CheckoutRefused:
+def place_order(*, cart_id: int, browser_id: str, email: str, now: datetime | None = None,
+                in_line: bool = False) -> Placed | CheckoutRefused:
+    """The checkout transaction (see the module's docstring). `in_line`: the order joins the line
+    for its payment page in this same transaction (the caller knows the provider's budget for
+    new sessions is spent), instead of a second one after a refused provider call."""
     now = now or utcnow()
     session = db.session
     rows = session.execute(_READ_CART, {"cart_id": cart_id}).all()
@@ -117,7 +121,8 @@ def place_order(*, cart_id: int, browser_id: str, email: str, now: datetime | No
     try:
         with transaction():
             order_id = orders.insert_order(session, reference=reference, access_token=token, browser_id=browser_id,
-                                           email=email, total=total, currency=currency, now=now, lines=line_rows)
+                                           email=email, total=total, currency=currency, now=now, lines=line_rows,
+                                           in_line=in_line)
             closed = session.execute(_CLOSE_CART, dict(cart_id=cart_id, browser=browser_id, order=order_id))
             if closed.rowcount != 1:
                 raise _CartClosed()

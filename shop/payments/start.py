@@ -146,10 +146,23 @@ def _save_started(order: OrderSnapshot, view: gateway.SessionView, attempt: int)
 def join_line(order_id: int, now: datetime) -> None:
     """Put an unpaid order in line for its payment session (it keeps its place if it already has
     one), durably: the mark is the order's own (`payment_queued_at`, a store note), committed
-    before anything is said; then the line is held shut to later checkouts and the payment
-    queue is woken (both only make it prompt: the queue finds the order in the database anyway)."""
+    before anything is said; then `joined_line`."""
     with uow.transaction():
         orders.note(order_id, "queue", now)
+    joined_line(order_id)
+
+
+def line_is_held() -> bool:
+    """Has this process just met the line held shut to new sessions (guard.line_seen_held)? A
+    checkout then places its order in line in its own transaction (checkout's `in_line`) and
+    makes no provider call: in a sale, a refused call and a second commit per order are what the
+    web would otherwise spend its time on."""
+    return guard.get().line_seen_held()
+
+
+def joined_line(order_id: int) -> None:
+    """After the commit that put an order in line: hold the line shut to later checkouts and wake
+    the payment queue (both only make it prompt: the queue finds the order in the database)."""
     guard.get().hold_line(LINE_HOLD_SECONDS)
     try:
         queue.wake_payment_queue()

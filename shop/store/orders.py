@@ -170,13 +170,15 @@ INSERT_LINES = insert(_lines)
 
 
 def insert_order(session, *, reference: str, access_token: str, browser_id: str, email: str, total: int,
-                 currency: str, now: datetime, lines: list[dict]) -> int:
+                 currency: str, now: datetime, lines: list[dict], in_line: bool = False) -> int:
     """A new order (PendingPayment, version 1) and its lines, in the caller's transaction; its id.
-    `lines` are dicts of variant_id, sku, name, quantity and unit_price; each gets the order's id."""
+    `lines` are dicts of variant_id, sku, name, quantity and unit_price; each gets the order's id.
+    `in_line`: the order waits in line for its payment page from the start (`payment_queued_at`)."""
     order_id = session.execute(INSERT_ORDER, dict(
         reference=reference, access_token=access_token, browser_id=browser_id, email=email,
         status=S.PENDING_PAYMENT.value, total=total, currency=currency, inventory_restored=False,
-        payment_attempts=0, version=1, created_at=now, updated_at=now)).scalar_one()
+        payment_attempts=0, version=1, created_at=now, updated_at=now,
+        payment_queued_at=now if in_line else None)).scalar_one()
     for line in lines:
         line["order_id"] = order_id
     session.execute(INSERT_LINES, lines)

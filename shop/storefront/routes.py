@@ -20,7 +20,7 @@ from ..orders.lookup import order_by_reference
 from ..payments import gateway
 from ..payments.apply import ask_and_apply
 from ..payments.checkout_queue import expected_wait_seconds, place_in_line
-from ..payments.start import start_payment
+from ..payments.start import IN_LINE, StartOutcome, joined_line, line_is_held, start_payment
 from ..errors import OrderNotFound
 from ..web import MAX_ID, answer_if_later_fails, browser_id, respond, wants_json
 from . import bp
@@ -167,7 +167,8 @@ def checkout():
     ).scalar()
     if cart_id is None:
         return _render_cart(400, "Your cart is empty.", form=form, field="empty")
-    result = place_order(cart_id=cart_id, browser_id=bid, email=form.email.data.strip())
+    in_line = line_is_held()  # the provider's budget for new sessions is spent: join the line at once
+    result = place_order(cart_id=cart_id, browser_id=bid, email=form.email.data.strip(), in_line=in_line)
     if not result.ok:
         status = {"out_of_stock": 409, "cart_closed": 409}.get(result.code, 400)
         detail = result.message
@@ -181,7 +182,11 @@ def checkout():
     # The order is placed and this browser owns it: whatever fails from here (the database lost
     # under the payment's start), the customer is sent to the order, which offers "Pay now".
     answer_if_later_fails(lambda: _placed_but_payment_not_started(result.reference, order_url))
-    started = start_payment(result.order_id, placed=result)
+    if in_line:
+        joined_line(result.order_id)
+        started = StartOutcome("queued", message=IN_LINE)
+    else:
+        started = start_payment(result.order_id, placed=result)
     # docs/REFERENCE.md, Storefront: success is a 303 whatever the client accepts; a JSON client also gets
     # the same facts in the body, so it need not follow the redirect to learn them.
     if started.status == "started":
