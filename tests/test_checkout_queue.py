@@ -69,6 +69,9 @@ def test_checkouts_past_the_session_budget_wait_in_line_in_arrival_order_and_eac
     later = _queued(third)
     assert later["line"]["ahead"] == 1
     assert len(_session_creates(sandbox)) == 1, "a later checkout was served ahead of the line"
+    metrics = app.test_client().get("/metrics").get_data(as_text=True)
+    assert "shop_payment_queue_orders 2.0" in metrics
+    assert "shop_payment_queue_oldest_wait_seconds 0.0" not in metrics  # the first has waited over a second
 
     with app.app_context():
         assert checkout_queue.serve_now() == 2
@@ -85,6 +88,7 @@ def test_checkouts_past_the_session_budget_wait_in_line_in_arrival_order_and_eac
     assert onward.status_code == 303 and onward.headers["Location"] == served[0]["payment"]["url"]
 
     # Nobody waits any more: the line is open, and a checkout goes straight to its payment page.
+    assert "shop_payment_queue_orders 0.0" in app.test_client().get("/metrics").get_data(as_text=True)
     time.sleep(1.3)
     assert "/pay/" in Shopper(app, skus).checkout().headers["Location"]
 

@@ -16,7 +16,7 @@ from ..domain.order import LIVE
 from ..extensions import db, per_app
 from ..models import (OutboxDelivery, ReconciliationCycle, RestoreWarning, ScheduledCommand, WebhookReceipt,
                       Order)
-from ..payments import guard
+from ..payments import checkout_queue, guard
 from .health import oldest_due
 
 log = logging.getLogger("shop.ops")
@@ -44,6 +44,7 @@ class ShopCollector:
         yield from _outbox(now)
         yield from _bookkeeping()
         yield from provider_breaker_metrics()
+        yield from _payment_queue(now)
         yield from self._liveness(now)
 
     def _liveness(self, now):
@@ -158,6 +159,17 @@ def _bookkeeping():
     for outcome in sorted(set(counts) | {"accepted", "duplicate", "rejected", "ignored", "failed"}):
         webhooks.add_metric([outcome], counts.get(outcome, 0))
     yield webhooks
+
+
+def _payment_queue(now):
+    """The line for the payment page (payments.checkout_queue): how many orders wait, and for how long
+    the first has."""
+    waiting, first = checkout_queue.line_length(now)
+    yield GaugeMetricFamily("shop_payment_queue_orders", "Orders waiting in line for their payment page",
+                            value=waiting)
+    yield GaugeMetricFamily("shop_payment_queue_oldest_wait_seconds",
+                            "How long the first order in line has waited (0: nobody waits)",
+                            value=(now - as_utc(first)).total_seconds() if first else 0)
 
 
 def provider_breaker_metrics():

@@ -82,6 +82,13 @@ def anyone_waiting(now: datetime) -> bool:
     return found
 
 
+def line_length(now: datetime) -> tuple[int, datetime | None]:
+    """(how many orders wait in line, when the first joined it): for /metrics and the console."""
+    count, first = db.session.execute(select(func.count(), func.min(Order.payment_queued_at))
+                                      .where(_waiting(now))).one()
+    return count, first
+
+
 def place_in_line(order, now: datetime | None = None) -> int | None:
     """How many orders are ahead of this one in line (None when it is not in line)."""
     if order.payment_queued_at is None:
