@@ -89,14 +89,18 @@ def _schema(database_url):
 
 
 def _truncate(app):
+    """Every table emptied, children first, and (PostgreSQL) every sequence back at 1, as
+    `TRUNCATE ... RESTART IDENTITY` would: but DELETE on these small tables takes about 20 ms where
+    TRUNCATE, which gives each table new files, took half a second, before every test."""
     with app.app_context():
         tables = [t.name for t in reversed(db.metadata.sorted_tables)]
         with db.engine.begin() as conn:
+            for t in tables:
+                conn.execute(text(f'DELETE FROM "{t}"'))
             if conn.dialect.name == "postgresql":
-                conn.execute(text("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE"))
-            else:
-                for t in tables:
-                    conn.execute(text(f'DELETE FROM "{t}"'))
+                conn.execute(text("SELECT setval(c.oid::regclass, 1, false) FROM pg_class c "
+                                  "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                                  "WHERE c.relkind = 'S' AND n.nspname = current_schema()"))
 
 
 @pytest.fixture
