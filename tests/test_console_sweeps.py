@@ -1,4 +1,4 @@
-"""The Sweeps page in words (issue 14, item 4): a sweep error names the order by its reference with
+"""The Sweeps page in words: a sweep error names the order by its reference with
 a link and says what happened and what the sweep does next; the same error collapses with a count,
 within a cycle and across cycles; a cycle with errors is not shown as plain "ok". HTML and JSON.
 

@@ -197,7 +197,7 @@ def _refund_command(app, oid: int) -> ScheduledCommand:
 
 def test_a_late_money_refund_rides_out_a_provider_outage_longer_than_the_old_backoff_and_goes_through_once(
         make_fresh_app, sandbox):
-    """Issue 10, defect 2. Money settles after a cancel, its webhook is lost, and the provider is
+    """Money settles after a cancel, its webhook is lost, and the provider is
     down for longer than the whole old retry budget (5 attempts in ~23 s). The refund must not be
     dead-lettered: it waits for the provider, says so in the console, keeps the order watched, and
     goes through exactly once when the provider is back."""

@@ -1,4 +1,4 @@
-"""A model-based test of the order saga (issue 11): hypothesis drives the real use cases on the
+"""A model-based test of the order saga: hypothesis drives the real use cases on the
 real database, Redis and the Stripe sandbox through random interleavings, with one injected
 clock, and a reference model says what stock and money must be after every step.
 

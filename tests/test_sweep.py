@@ -1,4 +1,4 @@
-"""The reconciliation sweep (issue 5): one leased cycle, expiry pass first, then the provider
+"""The reconciliation sweep: one leased cycle, expiry pass first, then the provider
 pass, each order reloaded and re-checked in its own transaction.
 
 Real database, Redis and the Stripe sandbox. Time is injected with `run_cycle(now=...)`: a cycle
@@ -634,7 +634,7 @@ def test_orders_whose_provider_answer_cannot_change_soon_do_not_starve_the_batch
 
 
 def test_an_async_payment_settling_with_its_webhook_lost_is_found_within_the_first_backoff_steps(build_app, sandbox):
-    """Issue 10, defect 3. The sweep found the order awaiting its async payment; the bank then
+    """The sweep found the order awaiting its async payment; the bank then
     settled and that one webhook was dropped. The next check comes one sweep interval later (not
     an hour), and the console says when in words."""
     import re

@@ -1,6 +1,6 @@
 """The pure retry arithmetic, without Flask or a database: what a failed attempt at durable work
 leads to (by why it failed), and when the sweep asks the provider again about an answer that
-may change at any moment (issue 10)."""
+may change at any moment."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
