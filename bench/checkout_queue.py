@@ -43,8 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from checkout import (ROOT, Browser, _jobs, children, cpu_seconds, forget_redis, free_port, run_clients,  # noqa: E402
-                      seed, wait_http)
+from checkout import ROOT, Browser, _jobs, cpu_seconds, forget_redis, run_clients, seed  # noqa: E402
 from provider import Shop, machine_busy, paced  # noqa: E402
 from scratchdb import make_database  # noqa: E402
 
@@ -307,19 +306,8 @@ def main() -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
         variant = seed(database_url, 1_000_000_000)[0]
-        shop.sandbox_port, shop.web_port = free_port(), free_port()
-        shop.env = {**os.environ, "DATABASE_URL": database_url, "SECRET_KEY": secrets.token_urlsafe(24),
-                    "REDIS_URL": args.redis, "BACKSTOP_QUEUE_PREFIX": shop.prefix,
-                    "STRIPE_API_BASE": f"http://127.0.0.1:{shop.sandbox_port}", "STRIPE_SESSION_MIN_SECONDS": "60",
-                    "PUBLIC_BASE_URL": f"http://127.0.0.1:{shop.web_port}", "STRIPE_WEBHOOK_SECRET": "whsec_bench",
-                    "BACKSTOP_INSTANCE_PATH": str(log_dir), "STRIPE_RATE_LIMIT_PER_SECOND": "100",
-                    "STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND": str(args.limit)}
-        shop.env.pop("STRIPE_SECRET_KEY", None)
-        sandbox = subprocess.Popen([str(BIN / "flask"), "--app", "app", "shop", "stripe-sandbox", "--port",
-                                    str(shop.sandbox_port), "--min-session-seconds", "60"], cwd=ROOT, env=shop.env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        shop.procs.append(sandbox)
-        wait_http(shop.sandbox_port, "/_sandbox/events", sandbox)
+        sandbox = shop.boot(database_url, args.redis, str(log_dir), STRIPE_RATE_LIMIT_PER_SECOND="100",
+                            STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=str(args.limit))
         with open(log_dir / "worker.log", "wb") as out:
             worker = subprocess.Popen([str(BIN / "flask"), "--app", "app", "shop", "worker"], cwd=ROOT, env=shop.env,
                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

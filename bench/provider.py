@@ -90,6 +90,23 @@ class Shop:
         calls = self.sandbox(f"/_sandbox/requests?since={since!r}")["calls"]
         return sorted(c["at"] for c in calls if c["path"].startswith("/v1"))
 
+    def boot(self, database_url: str, redis_url: str, instance: str, **extra_env) -> subprocess.Popen:
+        """The environment every process of the bench's shop shares (`extra_env` on top), and the
+        Stripe sandbox (`flask shop stripe-sandbox`) on a free port; returns the sandbox."""
+        self.sandbox_port, self.web_port = free_port(), free_port()
+        self.env = {**os.environ, "DATABASE_URL": database_url, "SECRET_KEY": secrets.token_urlsafe(24),
+                    "REDIS_URL": redis_url, "BACKSTOP_QUEUE_PREFIX": self.prefix,
+                    "STRIPE_API_BASE": f"http://127.0.0.1:{self.sandbox_port}", "STRIPE_SESSION_MIN_SECONDS": "60",
+                    "PUBLIC_BASE_URL": f"http://127.0.0.1:{self.web_port}", "STRIPE_WEBHOOK_SECRET": "whsec_bench",
+                    "BACKSTOP_INSTANCE_PATH": instance, **extra_env}
+        self.env.pop("STRIPE_SECRET_KEY", None)
+        sandbox = subprocess.Popen([str(BIN / "flask"), "--app", "app", "shop", "stripe-sandbox", "--port",
+                                    str(self.sandbox_port), "--min-session-seconds", "60"], cwd=ROOT, env=self.env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(sandbox)
+        wait_http(self.sandbox_port, "/_sandbox/events", sandbox)
+        return sandbox
+
     def start_web(self, **extra):
         if self.web is not None:
             os.killpg(self.web.pid, signal.SIGTERM)
@@ -224,18 +241,7 @@ def main() -> None:
     try:
         stock = 1_000_000_000
         variant = seed(database_url, stock)[0]
-        shop.sandbox_port, shop.web_port = free_port(), free_port()
-        shop.env = {**os.environ, "DATABASE_URL": database_url, "SECRET_KEY": secrets.token_urlsafe(24),
-                    "REDIS_URL": args.redis, "BACKSTOP_QUEUE_PREFIX": shop.prefix,
-                    "STRIPE_API_BASE": f"http://127.0.0.1:{shop.sandbox_port}", "STRIPE_SESSION_MIN_SECONDS": "60",
-                    "PUBLIC_BASE_URL": f"http://127.0.0.1:{shop.web_port}", "STRIPE_WEBHOOK_SECRET": "whsec_bench",
-                    "BACKSTOP_INSTANCE_PATH": f"/tmp/backstop-bench-{shop.run_id}"}
-        shop.env.pop("STRIPE_SECRET_KEY", None)
-        sandbox = subprocess.Popen([str(BIN / "flask"), "--app", "app", "shop", "stripe-sandbox", "--port",
-                                    str(shop.sandbox_port), "--min-session-seconds", "60"], cwd=ROOT, env=shop.env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        shop.procs.append(sandbox)
-        wait_http(shop.sandbox_port, "/_sandbox/events", sandbox)
+        shop.boot(database_url, args.redis, f"/tmp/backstop-bench-{shop.run_id}")
         processes = int(os.environ.get("WEB_CONCURRENCY") or DEFAULT_WEB_CONCURRENCY)
         threads = int(os.environ.get("WEB_THREADS") or DEFAULT_WEB_THREADS)
         print(f"web: {procfile_web()}\n     = {processes} processes x {threads} threads on PostgreSQL; "

@@ -102,6 +102,7 @@ def test_orders_older_than_the_providers_event_retention_are_asked_about_one_by_
 
         # A month on, their events are gone from the provider's list: the retrieve still knows.
         result = run_cycle(now=utcnow() + sweep.EVENTS_KEPT + timedelta(days=1))
+        assert result.status == "ok" and "event_pages" not in result.provider
 
         calls = _calls(sandbox, since)
         assert calls == {"GET /v1/checkout/sessions/{id}": len(orders)}, calls
