@@ -881,7 +881,6 @@ def read_orders(run: Run, op: Browser):
 
 
 def _check_all(run: Run, sql, op: Browser, checks: Checks, refs: list, views: list, on_hand: dict) -> dict:
-    shop_view = {ref: s for ref, s, _ in views}
     timeline = {ref: c for ref, _, c in views}
     orders = {ref: (c["order"] if c else s) for ref, s, c in views}
     unreadable = [ref for ref, s, c in views if c is None or (ref in run.stats.owners and s is None)]
@@ -1054,7 +1053,7 @@ def report(run: Run, checks: Checks, found: dict | None, stack: Stack, events: l
     if s.hosted_cancel_409:
         line(f"Cancel at the hosted page answered 409 (known issue a): {len(s.hosted_cancel_409)} "
              f"e.g. {', '.join(s.hosted_cancel_409[:5])}")
-    line(f"Time to converge after the faults stopped: "
+    line("Time to converge after the faults stopped: "
          + (f"{run.converge_seconds:.1f} s" if run.converge_seconds is not None else "did NOT converge"))
     if found and checks.violating_orders:
         line("\nTimelines of the first violating orders (console JSON):")

@@ -17,7 +17,7 @@ from sqlalchemy.engine import make_url
 
 from shop import create_app
 from shop.extensions import db
-from support import LOCK_SECONDS, LOCKS_URL, RUN_ID, _claimed, base_config, redis_url
+from support import LOCK_SECONDS, LOCKS_URL, RUN_ID, _claimed, base_config, log_in, redis_url
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -171,6 +171,12 @@ def fresh_ctx(fresh_app):
     with fresh_app.app_context():
         yield fresh_app
         db.session.remove()
+
+
+@pytest.fixture
+def token(fresh_app, fresh_client):
+    """An operator logged in on fresh_client: the session's CSRF token."""
+    return log_in(fresh_app, fresh_client)
 
 
 @pytest.fixture(scope="session")

@@ -42,11 +42,6 @@ WARNING_KEYS = {"id", "order_reference", "variant_id", "quantity", "reason", "st
 
 # -- helpers ---------------------------------------------------------------------------------
 
-@pytest.fixture
-def token(fresh_app, fresh_client):
-    return log_in(fresh_app, fresh_client)
-
-
 def run_delivery(app, delivery_id, now=None) -> str:
     with app.app_context():
         return dispatch.run_delivery(delivery_id, now=now)

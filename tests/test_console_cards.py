@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from test_console import HTML, JSON, cancel, kill, token  # noqa: F401  (token is a fixture)
+from test_console import HTML, JSON, cancel, kill
 
 from factories import placed_order_in
 from shop.domain.deadlines import utcnow

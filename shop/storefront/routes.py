@@ -4,7 +4,7 @@ from __future__ import annotations
 import hmac
 import json
 
-from flask import abort, flash, jsonify, make_response, redirect, request, url_for
+from flask import flash, jsonify, make_response, redirect, request, url_for
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 

@@ -2,7 +2,6 @@
 a file it cannot read is set aside with a reason instead of stopping the sandbox."""
 import json
 
-import stripe
 
 from shop.stripe_sandbox.persist import StateFile, snapshot
 from shop.stripe_sandbox.state import Sandbox
