@@ -1,4 +1,5 @@
 """The WSGI entry point: `flask --app app ...` and `gunicorn app:app`."""
+
 import sys
 
 from shop import SettingsError, create_app

@@ -3,14 +3,16 @@
     gunicorn --pythonpath bench 'benchapp:create_bench_app()'   (bench/checkout.py, bench/webhook.py)
 
 `POST /_bench/bare-order?variants=1,2,3` runs only the SQL of an order, the way place_order
-issues it: read the prices, insert the order and its lines (the order store's insert_order), then decrement each variant last,
-in ascending id order, and commit. No session, cart, CSRF, outbox, deadline, Redis or provider:
+issues it: read the prices, insert the order and its lines (the order store's insert_order),
+then decrement each variant last, in ascending id order, and commit. No session, cart, CSRF,
+outbox, deadline, Redis or provider:
 bench/checkout.py divides the real checkout's throughput by this one's to show the overhead.
 
 `POST /_bench/bare-webhook` is the floor for bench/webhook.py: it verifies the Stripe signature
 on the raw body (same secret lookup and verification as POST /webhooks/stripe) and inserts one
 row, nothing else (no dedup, no order, no outbox, no Redis).
 """
+
 from __future__ import annotations
 
 import secrets
@@ -30,8 +32,9 @@ bp = Blueprint("benchsupport", __name__, url_prefix="/_bench")
 
 
 _variants = Variant.__table__
-_READ_PRICES = (select(_variants.c.id, _variants.c.sku, _variants.c.name, _variants.c.price, _variants.c.currency)
-                .where(_variants.c.id.in_(bindparam("ids", expanding=True))))
+_READ_PRICES = select(_variants.c.id, _variants.c.sku, _variants.c.name, _variants.c.price, _variants.c.currency).where(
+    _variants.c.id.in_(bindparam("ids", expanding=True))
+)
 
 
 @bp.post("/bare-order")
@@ -43,10 +46,18 @@ def bare_order():
     variants = {v.id: v for v in session.execute(_READ_PRICES, {"ids": ids})}
     total = sum(v.price for v in variants.values())
     order_id = orders.insert_order(
-        session, reference=new_reference(), access_token=secrets.token_urlsafe(24), browser_id="bench",
-        email="bench@example.com", total=total, currency="usd", now=now,
-        lines=[dict(variant_id=v.id, sku=v.sku, name=v.name, quantity=1, unit_price=v.price)
-               for v in variants.values()])
+        session,
+        reference=new_reference(),
+        access_token=secrets.token_urlsafe(24),
+        browser_id="bench",
+        email="bench@example.com",
+        total=total,
+        currency="usd",
+        now=now,
+        lines=[
+            dict(variant_id=v.id, sku=v.sku, name=v.name, quantity=1, unit_price=v.price) for v in variants.values()
+        ],
+    )
     for variant_id in ids:
         if session.execute(checkout._DECREMENT, dict(variant=variant_id, quantity=1, now=now)).rowcount != 1:
             session.rollback()
@@ -66,9 +77,16 @@ def bare_webhook():
         event = gateway.verify_webhook(body, request.headers.get("Stripe-Signature"), webhook_secret() or "")
     except (gateway.SignatureProblem, ValueError):
         return {"error": "bad signature"}, 400
-    db.session.execute(insert(WebhookReceipt).values(
-        event_id=str(event.get("id"))[:255], event_type=str(event.get("type"))[:100], outcome="bench",
-        reason="", http_status=200, received_at=utcnow()))
+    db.session.execute(
+        insert(WebhookReceipt).values(
+            event_id=str(event.get("id"))[:255],
+            event_type=str(event.get("type"))[:100],
+            outcome="bench",
+            reason="",
+            http_status=200,
+            received_at=utcnow(),
+        )
+    )
     db.session.commit()
     return {"received": True}, 200
 

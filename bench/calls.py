@@ -10,6 +10,7 @@ shared machine: run it on two trees (PYTHONPATH=<tree>) to tell whether a change
 path do more work. Stop 11 used it to find the store's expanding IN (3,231 calls per order
 against 3,165 before the store; 3,178 after the fix).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,9 @@ from compensation import Bench  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--orders", type=int, default=200)
-    ap.add_argument("--database", default=os.environ.get("BENCH_POSTGRES",
-                                                         "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
+    ap.add_argument(
+        "--database", default=os.environ.get("BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+    )
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/12")
     args = ap.parse_args()
 
@@ -46,6 +48,7 @@ def main() -> None:
 
         def count(*_args, **_kwargs):
             statements[0] += 1
+
         event.listen(db.engine, "before_cursor_execute", count)
 
         profile = cProfile.Profile()
@@ -55,11 +58,15 @@ def main() -> None:
         profile.disable()
         db.session.remove()
         calls = pstats.Stats(profile).total_calls
-        print(f"drain (restore + e-mail scheduling): {calls / args.orders:.0f} Python calls and "
-              f"{statements[0] / args.orders:.2f} SQL statements per cancelled order", flush=True)
+        print(
+            f"drain (restore + e-mail scheduling): {calls / args.orders:.0f} Python calls and "
+            f"{statements[0] / args.orders:.2f} SQL statements per cancelled order",
+            flush=True,
+        )
 
-        commands = db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.status == "pending")) \
-            .scalars().all()
+        commands = (
+            db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.status == "pending")).scalars().all()
+        )
         db.session.remove()
         dispatch.run_command(commands[0])  # the first one warms the mail templates
         statements[0] = 0
@@ -69,8 +76,11 @@ def main() -> None:
             dispatch.run_command(command_id)
         profile.disable()
         n = max(1, len(commands) - 1)
-        print(f"e-mail commands: {pstats.Stats(profile).total_calls / n:.0f} Python calls and "
-              f"{statements[0] / n:.2f} SQL statements per command", flush=True)
+        print(
+            f"e-mail commands: {pstats.Stats(profile).total_calls / n:.0f} Python calls and "
+            f"{statements[0] / n:.2f} SQL statements per command",
+            flush=True,
+        )
     finally:
         bench.db.session.remove()
         bench.close()

@@ -26,6 +26,7 @@ and exits 1 on any violation (2 when the stack could not be started). Every proc
 is stopped on exit, on Ctrl-C and on failure; the logs stay in the printed folder with --keep
 or when a check failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,9 +69,17 @@ HTTP_TIMEOUT = 30.0
 STOCK = {"NB-A5-DOT": 4000, "NB-A6-DOT": 4000, "MUG-350-SND": 3000, "MUG-350-NVY": 12, "SOCK-M": 40}
 
 JOURNEYS = {  # kind: weight
-    "pay": 14, "decline_then_pay": 8, "async_success": 8, "async_failure": 7, "abandon": 6,
-    "cancel_before_pay": 7, "cancel_at_hosted_page": 8, "cancel_async_pending": 6, "stale_cancel": 7,
-    "cancel_racing_pay": 10, "late_money": 9,
+    "pay": 14,
+    "decline_then_pay": 8,
+    "async_success": 8,
+    "async_failure": 7,
+    "abandon": 6,
+    "cancel_before_pay": 7,
+    "cancel_at_hosted_page": 8,
+    "cancel_async_pending": 6,
+    "stale_cancel": 7,
+    "cancel_racing_pay": 10,
+    "late_money": 9,
 }
 
 
@@ -84,22 +93,23 @@ class StackError(Exception):
 
 # Bookkeeping -----------------------------------------------------------------------------------
 
+
 class Stats:
     def __init__(self):
         self.lock = threading.Lock()
-        self.journeys = collections.Counter()       # kind -> completed
+        self.journeys = collections.Counter()  # kind -> completed
         self.journey_errors = collections.Counter()  # kind -> harness exceptions
-        self.notes = collections.Counter()          # what journeys saw (expected and not)
-        self.http = collections.Counter()           # (route, status) for the shop
-        self.sandbox_http = collections.Counter()   # (route, status) for /_sandbox
+        self.notes = collections.Counter()  # what journeys saw (expected and not)
+        self.http = collections.Counter()  # (route, status) for the shop
+        self.sandbox_http = collections.Counter()  # (route, status) for /_sandbox
         self.faults = collections.Counter()
         self.fault_skips = collections.Counter()
-        self.server_errors = []                     # (t, method, path, status, body start)
-        self.pg_kills = []                          # times of pg_terminate_backend
-        self.stale_accepted = []                    # references whose stale cancel was accepted
-        self.hosted_cancel_409 = []                 # references whose hosted-page cancel got 409
-        self.webhook_actions = 0                    # provider actions that emit a webhook
-        self.owners = {}                            # reference -> Browser
+        self.server_errors = []  # (t, method, path, status, body start)
+        self.pg_kills = []  # times of pg_terminate_backend
+        self.stale_accepted = []  # references whose stale cancel was accepted
+        self.hosted_cancel_409 = []  # references whose hosted-page cancel got 409
+        self.webhook_actions = 0  # provider actions that emit a webhook
+        self.owners = {}  # reference -> Browser
         self.errors = []
 
     def add(self, counter: str, key, n: int = 1) -> None:
@@ -119,6 +129,7 @@ def route_of(path: str) -> str:
 
 
 # Processes -------------------------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -149,7 +160,7 @@ class Stack:
         self.argv: dict[str, list] = {}
         self.lock = threading.Lock()
         self.starts = collections.Counter()
-        self.pending: dict[str, float] = {}   # name -> when to restart it
+        self.pending: dict[str, float] = {}  # name -> when to restart it
 
     def start(self, name: str, argv: list) -> subprocess.Popen:
         with self.lock:
@@ -157,8 +168,16 @@ class Stack:
             log = open(os.path.join(self.logdir, f"{name}.log"), "ab")
             log.write(f"\n=== start {self.starts[name]} at {time.strftime('%H:%M:%S')}\n".encode())
             log.flush()
-            proc = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_pdeathsig())
+            proc = subprocess.Popen(
+                argv,
+                env=self.env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_pdeathsig(),
+            )
             log.close()
             self.procs[name], self.argv[name] = proc, argv
             return proc
@@ -229,9 +248,20 @@ def _killpg(proc: subprocess.Popen, signum: int) -> None:
 
 
 def _gunicorn_argv(port: int) -> list:
-    argv = [sys.executable, "-m", "gunicorn", "app:app", "--bind", f"{LOCAL}:{port}",
-            "--workers", os.environ.get("WEB_CONCURRENCY", "2"), "--threads", os.environ.get("WEB_THREADS", "4"),
-            "--graceful-timeout", "5"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "app:app",
+        "--bind",
+        f"{LOCAL}:{port}",
+        "--workers",
+        os.environ.get("WEB_CONCURRENCY", "2"),
+        "--threads",
+        os.environ.get("WEB_THREADS", "4"),
+        "--graceful-timeout",
+        "5",
+    ]
     try:
         from gunicorn.config import KNOWN_SETTINGS
 
@@ -260,6 +290,7 @@ def wait_for(what: str, ready, stack: Stack, name: str, timeout: float = 40.0) -
 
 # Browsers --------------------------------------------------------------------------------------
 
+
 class Browser:
     """One customer's browser: its own cookies, CSRF token read from the rendered page."""
 
@@ -279,8 +310,7 @@ class Browser:
         route = f"{method} {route_of(url.replace(self.run.base, ''))}"
         for attempt in (1, 2):
             try:
-                r = self.http.request(method, url, headers=headers, timeout=HTTP_TIMEOUT, allow_redirects=False,
-                                      **kw)
+                r = self.http.request(method, url, headers=headers, timeout=HTTP_TIMEOUT, allow_redirects=False, **kw)
                 break
             except requests.RequestException as exc:
                 stats.add("http", (route, type(exc).__name__))
@@ -363,11 +393,12 @@ class Browser:
 
 # The run ---------------------------------------------------------------------------------------
 
+
 class Run:
     def __init__(self, args):
         self.args = args
         self.stats = Stats()
-        self.stopping = threading.Event()     # customers: finish the journey in hand and stop
+        self.stopping = threading.Event()  # customers: finish the journey in hand and stop
         self.faults_off = threading.Event()
         self.rng = random.Random(args.seed)
         self.run_id = uuid.uuid4().hex[:8]
@@ -413,8 +444,9 @@ class Run:
         items, after = [], None
         while True:
             params = {"limit": 100, **({"starting_after": after} if after else {})}
-            r = requests.get(self.sandbox + path, params=params, timeout=HTTP_TIMEOUT,
-                             headers={"Authorization": f"Bearer {API_KEY}"})
+            r = requests.get(
+                self.sandbox + path, params=params, timeout=HTTP_TIMEOUT, headers={"Authorization": f"Bearer {API_KEY}"}
+            )
             r.raise_for_status()
             page = r.json()
             items.extend(page["data"])
@@ -424,6 +456,7 @@ class Run:
 
 
 # Journeys --------------------------------------------------------------------------------------
+
 
 def shop_and_checkout(run: Run, b: Browser, rng: random.Random):
     """Fill the cart and check out. Returns (reference, session id or None) or None when refused."""
@@ -585,8 +618,7 @@ def steps(run: Run, b: Browser, kind: str, rng: random.Random, ref: str, sid: st
         time.sleep(rng.uniform(0, 0.15))
         r = b.cancel(ref, data["version"])
         payer.join(HTTP_TIMEOUT + 5)
-        run.stats.note(f"cancel_racing_pay:cancel_{getattr(r, 'status_code', 'no_answer')}"
-                       f"_pay_{result.get('pay')}")
+        run.stats.note(f"cancel_racing_pay:cancel_{getattr(r, 'status_code', 'no_answer')}_pay_{result.get('pay')}")
 
 
 def customer(run: Run, index: int) -> None:
@@ -607,6 +639,7 @@ def customer(run: Run, index: int) -> None:
 
 # Faults ----------------------------------------------------------------------------------------
 
+
 class Faults:
     """Each periodic fault fires at its own jittered interval; the webhook and API faults are
     stretches switched on and then off again."""
@@ -626,7 +659,7 @@ class Faults:
             "reorder_webhooks": [a.reorder_every, now + a.reorder_every * self.rng.uniform(0.2, 1.0)],
             "webhook_delay_seconds": [a.delay_every, now + a.delay_every * self.rng.uniform(0.2, 1.0)],
         }
-        self.off_at = {}        # stretch fault -> when to switch it off
+        self.off_at = {}  # stretch fault -> when to switch it off
         self.drop_carry = 0.0
         self.seen_actions = 0
         self.duplicating = False
@@ -693,10 +726,14 @@ class Faults:
             # connection died answers its 503 in words before this thread hears back.
             asked = time.time()
             with self.sql.connect() as conn:
-                n = conn.execute(text(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                    "AND coalesce(application_name, '') <> :me"), {"me": HARNESS_APP_NAME}).scalar()
+                n = conn.execute(
+                    text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                        "AND coalesce(application_name, '') <> :me"
+                    ),
+                    {"me": HARNESS_APP_NAME},
+                ).scalar()
             with stats.lock:
                 stats.pg_kills.append(asked)
             stats.add("faults", "pg_terminated_connections", int(n or 0))
@@ -707,8 +744,11 @@ class Faults:
             if not self.run.latency_supported:
                 stats.add("fault_skips", "api_latency_seconds (the sandbox does not know it)")
                 return
-            r = self.run.sb("POST", "/_sandbox/faults", {"api_latency_seconds": a.latency_seconds,
-                                                          "api_latency_jitter_seconds": a.latency_seconds / 2})
+            r = self.run.sb(
+                "POST",
+                "/_sandbox/faults",
+                {"api_latency_seconds": a.latency_seconds, "api_latency_jitter_seconds": a.latency_seconds / 2},
+            )
             if r is not None and r.status_code == 400:
                 self.run.latency_supported = False
                 stats.add("fault_skips", "api_latency_seconds (the sandbox does not know it)")
@@ -725,15 +765,23 @@ class Faults:
         stats.add("faults", kind)
 
     def switch_off(self, kind: str) -> None:
-        changes = {"api_unavailable": {"api_unavailable": False}, "reorder_webhooks": {"reorder_webhooks": False},
-                   "webhook_delay_seconds": {"webhook_delay_seconds": 0},
-                   "api_latency_seconds": {"api_latency_seconds": 0, "api_latency_jitter_seconds": 0}}[kind]
+        changes = {
+            "api_unavailable": {"api_unavailable": False},
+            "reorder_webhooks": {"reorder_webhooks": False},
+            "webhook_delay_seconds": {"webhook_delay_seconds": 0},
+            "api_latency_seconds": {"api_latency_seconds": 0, "api_latency_jitter_seconds": 0},
+        }[kind]
         if self.run.faults(**changes):
             del self.off_at[kind]
 
     def all_off(self) -> None:
-        changes = dict(drop_webhooks=0, duplicate_webhooks=False, reorder_webhooks=False, webhook_delay_seconds=0,
-                       api_unavailable=False)
+        changes = dict(
+            drop_webhooks=0,
+            duplicate_webhooks=False,
+            reorder_webhooks=False,
+            webhook_delay_seconds=0,
+            api_unavailable=False,
+        )
         ok = self.run.faults(**changes)
         if self.run.latency_supported:
             self.run.faults(api_latency_seconds=0, api_latency_jitter_seconds=0)
@@ -795,14 +843,19 @@ def wait_for_quiet(run: Run, sql, timeout: float) -> tuple[bool, float, str]:
             return True, stable_since - started, ""
         time.sleep(1)
     last = last or (None,) * 7
-    return False, time.monotonic() - started, (
-        f"{last[0]} live or watched orders, {last[1]} due deliveries, {last[2]} due commands; orders {last[3]}, "
-        f"refunds {last[5]}, stock {last[4]}, dead {last[6]}")
+    return (
+        False,
+        time.monotonic() - started,
+        (
+            f"{last[0]} live or watched orders, {last[1]} due deliveries, {last[2]} due commands; orders {last[3]}, "
+            f"refunds {last[5]}, stock {last[4]}, dead {last[6]}"
+        ),
+    )
 
 
 class Checks:
     def __init__(self):
-        self.results = []   # (name, ok, detail)
+        self.results = []  # (name, ok, detail)
         self.violating_orders = collections.OrderedDict()
 
     def add(self, name: str, ok: bool, detail: str, refs=()) -> None:
@@ -819,8 +872,12 @@ def console_login(run: Run, password: str) -> Browser:
     op = Browser(run, "operator")
     r = op.request("GET", "/console/login", json_accept=False)
     m = CSRF_RE.search(r.text if r is not None else "")
-    r = op.request("POST", "/console/login", json_accept=False,
-                   data={"email": OPERATOR, "password": password, "csrf_token": m.group(1) if m else ""})
+    r = op.request(
+        "POST",
+        "/console/login",
+        json_accept=False,
+        data={"email": OPERATOR, "password": password, "csrf_token": m.group(1) if m else ""},
+    )
     if r is None or r.status_code not in (302, 303):
         raise StackError(f"the operator could not log in (HTTP {getattr(r, 'status_code', None)})")
     return op
@@ -834,15 +891,22 @@ def console_pages(op: Browser, path: str, key: str) -> list:
         r.raise_for_status()
         data = r.json()
         items.extend(data[key])
-        page = (data.get("next_page") or (data.get("deliveries_page") or {}).get("next_page")
-                or (data.get("commands_page") or {}).get("next_page"))
+        page = (
+            data.get("next_page")
+            or (data.get("deliveries_page") or {}).get("next_page")
+            or (data.get("commands_page") or {}).get("next_page")
+        )
     return items
 
 
 def read_stock(sql) -> dict:
     with sql.connect() as conn:
-        return {sku: n for sku, n in conn.execute(text(
-            "SELECT v.sku, i.on_hand FROM inventory i JOIN variants v ON v.id = i.variant_id"))}
+        return {
+            sku: n
+            for sku, n in conn.execute(
+                text("SELECT v.sku, i.on_hand FROM inventory i JOIN variants v ON v.id = i.variant_id")
+            )
+        }
 
 
 def check(run: Run, sql, password: str, checks: Checks) -> dict:
@@ -884,16 +948,24 @@ def _check_all(run: Run, sql, op: Browser, checks: Checks, refs: list, views: li
     timeline = {ref: c for ref, _, c in views}
     orders = {ref: (c["order"] if c else s) for ref, s, c in views}
     unreadable = [ref for ref, s, c in views if c is None or (ref in run.stats.owners and s is None)]
-    checks.add("every order readable (storefront with its browser's cookies, console)", not unreadable,
-               f"{len(refs)} orders, {len(unreadable)} unreadable", unreadable)
+    checks.add(
+        "every order readable (storefront with its browser's cookies, console)",
+        not unreadable,
+        f"{len(refs)} orders, {len(unreadable)} unreadable",
+        unreadable,
+    )
     disagree = [ref for ref, s, c in views if s is not None and c is not None and s["status"] != c["order"]["status"]]
-    checks.add("storefront and console agree on each order's state", not disagree,
-               f"{len(disagree)} disagree", disagree)
+    checks.add(
+        "storefront and console agree on each order's state", not disagree, f"{len(disagree)} disagree", disagree
+    )
 
     # Stock.
     low = min([run.min_stock_seen if run.min_stock_seen is not None else 0] + list(on_hand.values()))
-    checks.add("no oversell (stock never negative)", low >= 0,
-               f"{run.stock_samples} samples during the run + final; lowest on hand {low}")
+    checks.add(
+        "no oversell (stock never negative)",
+        low >= 0,
+        f"{run.stock_samples} samples during the run + final; lowest on hand {low}",
+    )
     held, sold = collections.Counter(), collections.Counter()
     for o in orders.values():
         for line in o["lines"]:
@@ -901,24 +973,44 @@ def _check_all(run: Run, sql, op: Browser, checks: Checks, refs: list, views: li
                 held[line["sku"]] += line["quantity"]
             elif o["status"] == "Paid":
                 sold[line["sku"]] += line["quantity"]
-    broken = {sku: (run.initial[sku], on_hand.get(sku), held[sku], sold[sku]) for sku in run.initial
-              if run.initial[sku] != on_hand.get(sku, 0) + held[sku] + sold[sku]}
-    checks.add("conservation per variant (initial = on hand + held + sold)", not broken,
-               "; ".join(f"{sku}: {i} != {h} + {hl} + {s}" for sku, (i, h, hl, s) in broken.items())
-               or f"{len(run.initial)} variants, {sum(sold.values())} units sold, {sum(held.values())} held")
+    broken = {
+        sku: (run.initial[sku], on_hand.get(sku), held[sku], sold[sku])
+        for sku in run.initial
+        if run.initial[sku] != on_hand.get(sku, 0) + held[sku] + sold[sku]
+    }
+    checks.add(
+        "conservation per variant (initial = on hand + held + sold)",
+        not broken,
+        "; ".join(f"{sku}: {i} != {h} + {hl} + {s}" for sku, (i, h, hl, s) in broken.items())
+        or f"{len(run.initial)} variants, {sum(sold.values())} units sold, {sum(held.values())} held",
+    )
 
     # Cancellation and payment exclusivity, from the timelines.
     cancelled = [r for r, o in orders.items() if o["status"] == "Cancelled"]
     unrestored = [r for r in cancelled if not orders[r]["inventory_restored"]]
     twice = [r for r, t in timeline.items() if t and sum(x["event"] == "OrderCancelled" for x in t["transitions"]) > 1]
-    restores = {r: sum(1 for d in t["deliveries"] if d["event"] == "OrderCancelled"
-                       and d["handler"] == "restore_inventory" and d["status"] == "done")
-                for r, t in timeline.items() if t and orders[r]["status"] == "Cancelled"}
+    restores = {
+        r: sum(
+            1
+            for d in t["deliveries"]
+            if d["event"] == "OrderCancelled" and d["handler"] == "restore_inventory" and d["status"] == "done"
+        )
+        for r, t in timeline.items()
+        if t and orders[r]["status"] == "Cancelled"
+    }
     not_once = [r for r, n in restores.items() if n != 1]
-    checks.add("every cancelled order restored exactly once", not (unrestored or twice or not_once),
-               f"{len(cancelled)} cancelled; {len(unrestored)} not restored, {len(twice)} cancelled twice, "
-               f"{len(not_once)} without exactly one restore", unrestored + twice + not_once)
-    both = [r for r, t in timeline.items() if t and {"OrderPaid", "OrderCancelled"} <= {x["event"] for x in t["transitions"]}]
+    checks.add(
+        "every cancelled order restored exactly once",
+        not (unrestored or twice or not_once),
+        f"{len(cancelled)} cancelled; {len(unrestored)} not restored, {len(twice)} cancelled twice, "
+        f"{len(not_once)} without exactly one restore",
+        unrestored + twice + not_once,
+    )
+    both = [
+        r
+        for r, t in timeline.items()
+        if t and {"OrderPaid", "OrderCancelled"} <= {x["event"] for x in t["transitions"]}
+    ]
     checks.add("never both Paid and Cancelled", not both, f"{len(both)} orders with both", both)
 
     # Money: provider's sessions and refunds against the shop's orders and refunds.
@@ -941,74 +1033,121 @@ def _check_all(run: Run, sql, op: Browser, checks: Checks, refs: list, views: li
         is_payment = o is not None and o["status"] == "Paid" and (o.get("payment") or {}).get("session_id") == s["id"]
         if is_payment and not at_provider and not in_shop:
             kept += 1
-        elif not is_payment and len(at_provider) == 1 and len(in_shop) == 1 \
-                and at_provider[0]["amount"] == s["amount_total"] and in_shop[0]["status"] == "succeeded":
+        elif (
+            not is_payment
+            and len(at_provider) == 1
+            and len(in_shop) == 1
+            and at_provider[0]["amount"] == s["amount_total"]
+            and in_shop[0]["status"] == "succeeded"
+        ):
             refunded_ok += 1
         else:
             money_bad.append(ref)
     paid_orders = [r for r, o in orders.items() if o["status"] == "Paid"]
     paid_ids = {s["id"] for s in paid_sessions}
     unproven = [r for r in paid_orders if (orders[r].get("payment") or {}).get("session_id") not in paid_ids]
-    checks.add("every paid session is its order's payment or refunded exactly once", not money_bad,
-               f"{len(paid_sessions)} paid sessions: {kept} kept as payment, {refunded_ok} refunded once, "
-               f"{len(money_bad)} otherwise", money_bad)
-    checks.add("no Paid order without its paid session", not unproven,
-               f"{len(paid_orders)} paid orders, {len(unproven)} without", unproven)
+    checks.add(
+        "every paid session is its order's payment or refunded exactly once",
+        not money_bad,
+        f"{len(paid_sessions)} paid sessions: {kept} kept as payment, {refunded_ok} refunded once, "
+        f"{len(money_bad)} otherwise",
+        money_bad,
+    )
+    checks.add(
+        "no Paid order without its paid session",
+        not unproven,
+        f"{len(paid_orders)} paid orders, {len(unproven)} without",
+        unproven,
+    )
     unpaid_refunds = [rf for s_id, rfs in shop_refunds.items() if s_id not in paid_ids for rf in rfs]
     checks.add("no refund for money never taken", not unpaid_refunds, f"{len(unpaid_refunds)} such refunds")
 
     # HTTP and stale cancels.
     kinds = collections.Counter(classify_5xx(e, run.stats.pg_kills) for e in run.stats.server_errors)
     unexpected = sum(n for k, n in kinds.items() if not k.startswith("designed"))
-    unexplained_refs = sorted({m.group(1) for e in run.stats.server_errors
-                               if not classify_5xx(e, run.stats.pg_kills).startswith(("designed", "known"))
-                               for m in [re.search(r"/orders/([^/?]+)", e[2])] if m})
-    checks.add("no 5xx from the shop", not unexpected,
-               f"{len(run.stats.server_errors)} 5xx" + "".join(f"; {n} {k}" for k, n in kinds.items()),
-               unexplained_refs)
-    checks.add("stale cancels refused (409)", not run.stats.stale_accepted,
-               f"{len(run.stats.stale_accepted)} accepted", run.stats.stale_accepted)
+    unexplained_refs = sorted(
+        {
+            m.group(1)
+            for e in run.stats.server_errors
+            if not classify_5xx(e, run.stats.pg_kills).startswith(("designed", "known"))
+            for m in [re.search(r"/orders/([^/?]+)", e[2])]
+            if m
+        }
+    )
+    checks.add(
+        "no 5xx from the shop",
+        not unexpected,
+        f"{len(run.stats.server_errors)} 5xx" + "".join(f"; {n} {k}" for k, n in kinds.items()),
+        unexplained_refs,
+    )
+    checks.add(
+        "stale cancels refused (409)",
+        not run.stats.stale_accepted,
+        f"{len(run.stats.stale_accepted)} accepted",
+        run.stats.stale_accepted,
+    )
 
     # Nothing stuck, dead letters.
     dash = op.request("GET", "/console/").json()
     live = [r for r, o in orders.items() if o["status"] in LIVE]
-    pending = console_pages(op, "/console/outbox?status=pending", "deliveries") + \
-        console_pages(op, "/console/outbox?status=processing", "deliveries")
+    pending = console_pages(op, "/console/outbox?status=pending", "deliveries") + console_pages(
+        op, "/console/outbox?status=processing", "deliveries"
+    )
     warnings = op.request("GET", "/console/restore-warnings?state=open").json()
     warnings = warnings.get("warnings", warnings.get("items", [])) if isinstance(warnings, dict) else warnings
-    checks.add("nothing stuck (no live order, no pending outbox work, no open restore warning)",
-               not live and not pending and not warnings and dash["stuck_orders"]["count"] == 0,
-               f"{len(live)} live orders, {len(pending)} pending/processing outbox rows, "
-               f"{len(warnings)} open restore warnings, {dash['stuck_orders']['count']} stuck", live)
+    checks.add(
+        "nothing stuck (no live order, no pending outbox work, no open restore warning)",
+        not live and not pending and not warnings and dash["stuck_orders"]["count"] == 0,
+        f"{len(live)} live orders, {len(pending)} pending/processing outbox rows, "
+        f"{len(warnings)} open restore warnings, {dash['stuck_orders']['count']} stuck",
+        live,
+    )
     dead = console_pages(op, "/console/outbox?status=dead", "deliveries")
     by_kind = collections.Counter(d.get("handler") or d.get("event") for d in dead)
     dead_refunds = [d for d in dead if "refund" in str(d.get("handler")) + str(d.get("event"))]
-    checks.add("no dead letters", not dead,
-               f"{len(dead)} dead ({', '.join(f'{k}: {n}' for k, n in by_kind.items()) or 'none'}; "
-               f"{len(dead_refunds)} are refunds: known issue b)",
-               [d["order_reference"] for d in dead if d.get("order_reference")])
-    return {"orders": orders, "timeline": timeline, "sessions": sessions, "refunds": refunds,
-            "shop_refunds": sum(len(v) for v in shop_refunds.values()), "dead": dead, "op": op}
+    checks.add(
+        "no dead letters",
+        not dead,
+        f"{len(dead)} dead ({', '.join(f'{k}: {n}' for k, n in by_kind.items()) or 'none'}; "
+        f"{len(dead_refunds)} are refunds: known issue b)",
+        [d["order_reference"] for d in dead if d.get("order_reference")],
+    )
+    return {
+        "orders": orders,
+        "timeline": timeline,
+        "sessions": sessions,
+        "refunds": refunds,
+        "shop_refunds": sum(len(v) for v in shop_refunds.values()),
+        "dead": dead,
+        "op": op,
+    }
 
 
 def classify_5xx(error, pg_kills) -> str:
     at, method, url, status, body = error
     if status == 503 and url.endswith("/pay") and "could not reach the payment provider" in body:
         return "designed: 503 from Pay now while the provider is down (order kept)"
-    if status == 503 and "database is busy or unreachable" in " ".join(body.split()) \
-            and any(0 <= at - t < 10 for t in pg_kills):
+    if (
+        status == 503
+        and "database is busy or unreachable" in " ".join(body.split())
+        and any(0 <= at - t < 10 for t in pg_kills)
+    ):
         # A request whose transaction died with its connection: nothing it did was committed, and
         # it says so in words (an action that had committed answers with what was done instead).
         return "designed: 503 in words, its database connection killed under it (nothing committed)"
     if status == 503 and "database is busy or unreachable" in " ".join(body.split()):
         return "503 'database unreachable' with no connection killed in the 10 s before"
-    if status == 503 and url.endswith("/pay") and ("refused to start this payment" in body
-                                                   or "turned the request down" in body):
+    if (
+        status == 503
+        and url.endswith("/pay")
+        and ("refused to start this payment" in body or "turned the request down" in body)
+    ):
         return "503 from Pay now: the provider refused to start the payment"
     return f"unexplained {status} on {method} {route_of(url.split('//', 1)[-1].split('/', 1)[-1])}"
 
 
 # Report ----------------------------------------------------------------------------------------
+
 
 def report(run: Run, checks: Checks, found: dict | None, stack: Stack, events: list | None) -> None:
     s = run.stats
@@ -1021,8 +1160,9 @@ def report(run: Run, checks: Checks, found: dict | None, stack: Stack, events: l
             line(f"  {n:>7}  {key}")
 
     refused = s.journeys.get("refused_at_checkout", 0)
-    table(f"Journeys by kind ({sum(s.journeys.values()) - refused} completed, {refused} refused at checkout)",
-          s.journeys)
+    table(
+        f"Journeys by kind ({sum(s.journeys.values()) - refused} completed, {refused} refused at checkout)", s.journeys
+    )
     if s.journey_errors:
         table("Journeys that raised in the harness", s.journey_errors)
     table("What the journeys saw", s.notes)
@@ -1036,25 +1176,39 @@ def report(run: Run, checks: Checks, found: dict | None, stack: Stack, events: l
         dropped = sum(1 for e in events if e["dropped"])
         duplicated = sum(1 for e in events if any(d.get("duplicate") for d in e["deliveries"]))
         total = max(1, len(events))
-        line(f"\nWebhooks: {len(events)} events, {dropped} dropped ({100 * dropped / total:.0f}%), "
-             f"{duplicated} duplicated ({100 * duplicated / total:.0f}%)")
-    table("HTTP statuses from the shop (route, status)", collections.Counter(
-        {f"{k[0]} -> {k[1]}": n for k, n in s.http.items()}))
-    table("HTTP statuses from the sandbox's control routes", collections.Counter(
-        {f"{k[0]} -> {k[1]}": n for k, n in s.sandbox_http.items()}))
+        line(
+            f"\nWebhooks: {len(events)} events, {dropped} dropped ({100 * dropped / total:.0f}%), "
+            f"{duplicated} duplicated ({100 * duplicated / total:.0f}%)"
+        )
+    table(
+        "HTTP statuses from the shop (route, status)",
+        collections.Counter({f"{k[0]} -> {k[1]}": n for k, n in s.http.items()}),
+    )
+    table(
+        "HTTP statuses from the sandbox's control routes",
+        collections.Counter({f"{k[0]} -> {k[1]}": n for k, n in s.sandbox_http.items()}),
+    )
     for t, method, url, status, body in s.server_errors[:10]:
-        line(f"  5xx at {time.strftime('%H:%M:%S', time.localtime(t))}: {method} {url} -> {status}: "
-             f"{' '.join(body.split())[:160]}")
+        line(
+            f"  5xx at {time.strftime('%H:%M:%S', time.localtime(t))}: {method} {url} -> {status}: "
+            f"{' '.join(body.split())[:160]}"
+        )
     if found:
         ok_refunds = [r for r in found["refunds"] if r["status"] != "failed"]
-        line(f"\nRefunds: {len(ok_refunds)} at the provider ({len(found['refunds'])} incl. failed), "
-             f"{found['shop_refunds']} in the shop")
+        line(
+            f"\nRefunds: {len(ok_refunds)} at the provider ({len(found['refunds'])} incl. failed), "
+            f"{found['shop_refunds']} in the shop"
+        )
         line(f"Dead letters: {len(found['dead'])}")
     if s.hosted_cancel_409:
-        line(f"Cancel at the hosted page answered 409 (known issue a): {len(s.hosted_cancel_409)} "
-             f"e.g. {', '.join(s.hosted_cancel_409[:5])}")
-    line("Time to converge after the faults stopped: "
-         + (f"{run.converge_seconds:.1f} s" if run.converge_seconds is not None else "did NOT converge"))
+        line(
+            f"Cancel at the hosted page answered 409 (known issue a): {len(s.hosted_cancel_409)} "
+            f"e.g. {', '.join(s.hosted_cancel_409[:5])}"
+        )
+    line(
+        "Time to converge after the faults stopped: "
+        + (f"{run.converge_seconds:.1f} s" if run.converge_seconds is not None else "did NOT converge")
+    )
     if found and checks.violating_orders:
         line("\nTimelines of the first violating orders (console JSON):")
         for ref, name in list(checks.violating_orders.items())[:3]:
@@ -1071,14 +1225,20 @@ def report(run: Run, checks: Checks, found: dict | None, stack: Stack, events: l
 
 # Main ------------------------------------------------------------------------------------------
 
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--smoke", action="store_true", help="about 90 s in all, for CI")
     p.add_argument("--duration", type=float, default=420, help="seconds of traffic under faults")
     p.add_argument("--customers", type=int, default=12)
-    p.add_argument("--window", type=int, default=30,
-                   help="the payment window: UNPAID_ORDER_EXPIRY_SECONDS = stuck age = session minimum")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=30,
+        help="the payment window: UNPAID_ORDER_EXPIRY_SECONDS = stuck age = session minimum",
+    )
     p.add_argument("--kill-every", type=float, default=8, help="seconds between worker SIGKILLs (0: never)")
     p.add_argument("--scheduler-kill-every", type=float, default=45)
     p.add_argument("--wipe-every", type=float, default=60, help="seconds between Redis FLUSHALLs")
@@ -1095,9 +1255,11 @@ def parse_args(argv=None):
     p.add_argument("--converge-timeout", type=float, default=None, help="seconds to wait for quiet")
     p.add_argument("--lease", type=int, default=20, help="BACKSTOP_OUTBOX_LEASE_SECONDS for the run")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--database-url", default=os.environ.get("CHAOS_DATABASE_URL")
-                   or "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
-                   help="any database on the PostgreSQL server to use; a fresh one is created beside it")
+    p.add_argument(
+        "--database-url",
+        default=os.environ.get("CHAOS_DATABASE_URL") or "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
+        help="any database on the PostgreSQL server to use; a fresh one is created beside it",
+    )
     p.add_argument("--keep", action="store_true", help="keep the database and the logs")
     args = p.parse_args(argv)
     if args.smoke:
@@ -1118,8 +1280,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     url = args.database_url
     if not url.startswith("postgres"):
-        print("chaos: --database-url must name a PostgreSQL server (pg_terminate_backend, SKIP LOCKED)",
-              file=sys.stderr)
+        print(
+            "chaos: --database-url must name a PostgreSQL server (pg_terminate_backend, SKIP LOCKED)", file=sys.stderr
+        )
         return 2
     if url.startswith(("postgresql://", "postgres://")):
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
@@ -1140,14 +1303,18 @@ def main(argv=None) -> int:
     created = False
     holder: dict = {}
     t0 = time.monotonic()
-    print(f"chaos: seed {args.seed}, {args.customers} customers, {args.duration:.0f} s of faults, window "
-          f"{args.window} s; database {db_name}; logs in {workdir}", flush=True)
+    print(
+        f"chaos: seed {args.seed}, {args.customers} customers, {args.duration:.0f} s of faults, window "
+        f"{args.window} s; database {db_name}; logs in {workdir}",
+        flush=True,
+    )
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{db_name}"'))
         created = True
-        sql = create_engine(database_url, pool_pre_ping=True, pool_size=3,
-                            connect_args={"application_name": HARNESS_APP_NAME})
+        sql = create_engine(
+            database_url, pool_pre_ping=True, pool_size=3, connect_args={"application_name": HARNESS_APP_NAME}
+        )
         code = drive(run, args, workdir, database_url, sql, t0, holder)
     except Interrupted as exc:
         print(f"\nchaos: {exc} received; stopping everything", flush=True)
@@ -1188,28 +1355,64 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
     run.base = f"http://{LOCAL}:{web_port}"
     run.sandbox = f"http://{LOCAL}:{sandbox_port}"
     password = secrets.token_urlsafe(12)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("STRIPE_SECRET_KEY", "STRIPE_WEBHOOK_SECRET", "FLASK_RUN_PORT")}
-    env.update({
-        "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1", "FLASK_APP": "app",
-        "DATABASE_URL": database_url, "REDIS_URL": redis_url, "SECRET_KEY": secrets.token_urlsafe(32),
-        "PUBLIC_BASE_URL": run.base, "STRIPE_API_BASE": run.sandbox,
-        "BACKSTOP_INSTANCE_PATH": os.path.join(workdir, "instance"),
-        "UNPAID_ORDER_EXPIRY_SECONDS": str(args.window), "RECONCILIATION_STUCK_AGE_SECONDS": str(args.window),
-        "STRIPE_SESSION_MIN_SECONDS": str(args.window), "RECONCILIATION_INTERVAL_SECONDS": "5",
-        "SCHEDULER_POLL_SECONDS": "1",
-        # A SIGKILLed worker's claimed rows wait for their lease to lapse; the default minute
-        # would dominate the time to converge after the last kill.
-        "BACKSTOP_OUTBOX_LEASE_SECONDS": str(args.lease),
-    })
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("STRIPE_SECRET_KEY", "STRIPE_WEBHOOK_SECRET", "FLASK_RUN_PORT")
+    }
+    env.update(
+        {
+            "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+            "PYTHONUNBUFFERED": "1",
+            "FLASK_APP": "app",
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "SECRET_KEY": secrets.token_urlsafe(32),
+            "PUBLIC_BASE_URL": run.base,
+            "STRIPE_API_BASE": run.sandbox,
+            "BACKSTOP_INSTANCE_PATH": os.path.join(workdir, "instance"),
+            "UNPAID_ORDER_EXPIRY_SECONDS": str(args.window),
+            "RECONCILIATION_STUCK_AGE_SECONDS": str(args.window),
+            "STRIPE_SESSION_MIN_SECONDS": str(args.window),
+            "RECONCILIATION_INTERVAL_SECONDS": "5",
+            "SCHEDULER_POLL_SECONDS": "1",
+            # A SIGKILLed worker's claimed rows wait for their lease to lapse; the default minute
+            # would dominate the time to converge after the last kill.
+            "BACKSTOP_OUTBOX_LEASE_SECONDS": str(args.lease),
+        }
+    )
     stack = Stack(workdir, env)
     holder["stack"] = stack
     flask = [sys.executable, "-m", "flask", "--app", "app"]
 
-    stack.start("redis", ["redis-server" if shutil.which("redis-server") else _bundled_redis(), "--port",
-                          str(redis_port), "--bind", LOCAL, "--save", "", "--appendonly", "no", "--dir", workdir])
-    stack.start("sandbox", [sys.executable, "-m", "shop.stripe_sandbox", "--host", LOCAL, "--port",
-                            str(sandbox_port), "--min-session-seconds", str(args.window)])
+    stack.start(
+        "redis",
+        [
+            "redis-server" if shutil.which("redis-server") else _bundled_redis(),
+            "--port",
+            str(redis_port),
+            "--bind",
+            LOCAL,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+        ],
+    )
+    stack.start(
+        "sandbox",
+        [
+            sys.executable,
+            "-m",
+            "shop.stripe_sandbox",
+            "--host",
+            LOCAL,
+            "--port",
+            str(sandbox_port),
+            "--min-session-seconds",
+            str(args.window),
+        ],
+    )
     # The one-off steps run in this process, as `flask shop up` runs them: importing the app
     # once here is quicker than three `flask` commands, and the schema is ready before anything
     # else starts.
@@ -1222,8 +1425,12 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
     from shop.seed import seed_catalog, upsert_operator
 
     app = create_app(env=env)
-    with app.app_context(), open(os.path.join(workdir, "setup.log"), "a") as log, \
-            contextlib.redirect_stderr(log), contextlib.redirect_stdout(log):
+    with (
+        app.app_context(),
+        open(os.path.join(workdir, "setup.log"), "a") as log,
+        contextlib.redirect_stderr(log),
+        contextlib.redirect_stdout(log),
+    ):
         upgrade()
         seed_catalog()
         upsert_operator(OPERATOR, password)
@@ -1231,10 +1438,13 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
         db.engine.dispose()
     with sql.begin() as conn:
         for sku, n in STOCK.items():
-            conn.execute(text("UPDATE inventory SET on_hand = :n WHERE variant_id = "
-                              "(SELECT id FROM variants WHERE sku = :sku)"), {"n": n, "sku": sku})
-        rows = conn.execute(text("SELECT v.id, v.sku, i.on_hand FROM variants v JOIN inventory i "
-                                 "ON i.variant_id = v.id")).all()
+            conn.execute(
+                text("UPDATE inventory SET on_hand = :n WHERE variant_id = (SELECT id FROM variants WHERE sku = :sku)"),
+                {"n": n, "sku": sku},
+            )
+        rows = conn.execute(
+            text("SELECT v.id, v.sku, i.on_hand FROM variants v JOIN inventory i ON i.variant_id = v.id")
+        ).all()
     run.initial = {sku: n for _, sku, n in rows}
     run.variants = [(vid, sku) for vid, sku, n in rows if n > 0]
     wait_for("the sandbox", lambda: requests.get(run.sandbox + "/_sandbox/faults", timeout=1).ok, stack, "sandbox")
@@ -1247,12 +1457,16 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
     stack.start("worker2", flask + ["shop", "worker"])
     stack.start("scheduler", flask + ["shop", "scheduler"])
     wait_for("gunicorn", lambda: requests.get(run.base + "/healthz", timeout=5).status_code == 200, stack, "web")
-    print(f"chaos: stack up in {time.monotonic() - t0:.0f} s; {args.customers} customers for "
-          f"{args.duration:.0f} s", flush=True)
+    print(
+        f"chaos: stack up in {time.monotonic() - t0:.0f} s; {args.customers} customers for {args.duration:.0f} s",
+        flush=True,
+    )
 
     faults = Faults(run, stack, redis_url, sql)
-    threads = [threading.Thread(target=customer, args=(run, i), name=f"customer{i}", daemon=True)
-               for i in range(args.customers)]
+    threads = [
+        threading.Thread(target=customer, args=(run, i), name=f"customer{i}", daemon=True)
+        for i in range(args.customers)
+    ]
     fault_thread = threading.Thread(target=faults.loop, name="faults", daemon=True)
     sampler = threading.Thread(target=sample_stock, args=(run, sql), name="stock", daemon=True)
     for t in threads + [fault_thread, sampler]:
@@ -1280,11 +1494,15 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
     sampler.join(5)
 
     checks = Checks()
-    checks.add(f"converged (within {args.converge_timeout:.0f} s of quiet)", converged,
-               f"{took:.1f} s after quiet began" + ("" if converged else f": still busy ({busy})"))
+    checks.add(
+        f"converged (within {args.converge_timeout:.0f} s of quiet)",
+        converged,
+        f"{took:.1f} s after quiet began" + ("" if converged else f": still busy ({busy})"),
+    )
     if run.stats.journey_errors:
-        checks.add("journeys ran without harness errors", False,
-                   f"{sum(run.stats.journey_errors.values())} raised (see below)")
+        checks.add(
+            "journeys ran without harness errors", False, f"{sum(run.stats.journey_errors.values())} raised (see below)"
+        )
     found = None
     try:
         found = check(run, sql, password, checks)

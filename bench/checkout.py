@@ -24,6 +24,7 @@ checkout pay that, so bare / (bare + that) is the best checkout/bare ratio any c
 while the provider shares the machine's cores (--probe-only stops there).
 Everything it started is stopped and the database dropped at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,27 +92,30 @@ class Browser:
 
     def fill_cart(self, variant_ids):
         for v in variant_ids:
-            status, _, body = self.request("POST", "/cart/items",
-                                           {"csrf_token": self.token, "variant_id": v, "quantity": 1})
+            status, _, body = self.request(
+                "POST", "/cart/items", {"csrf_token": self.token, "variant_id": v, "quantity": 1}
+            )
             assert status == 303, (status, body[:300])
 
     def checkout(self):
-        status, location, body = self.request("POST", "/checkout",
-                                              {"csrf_token": self.token, "email": "bench@example.com"})
+        status, location, body = self.request(
+            "POST", "/checkout", {"csrf_token": self.token, "email": "bench@example.com"}
+        )
         assert status == 303 and "/pay/" in location, (status, location, body[:300])
 
     def checkout_offline(self, port: int):
         """Check out on the app whose provider is down: placed, no session, sent to the order page."""
         self.port = port  # same database and SECRET_KEY: this browser's cookie and cart are valid there
-        status, location, body = self.request("POST", "/checkout",
-                                              {"csrf_token": self.token, "email": "bench@example.com"})
+        status, location, body = self.request(
+            "POST", "/checkout", {"csrf_token": self.token, "email": "bench@example.com"}
+        )
         assert status == 303 and "/orders/" in location, (status, location, body[:300])
 
 
 # A provider that is down but says so at once: Stripe's 503 error shape with
 # Stripe-Should-Retry: false, so the SDK does not sleep and retry (it would with a refused
 # connection or a plain 503: the outage would then be measured as the SDK's backoff).
-PROVIDER_DOWN = r'''
+PROVIDER_DOWN = r"""
 import json, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 BODY = json.dumps({"error": {"type": "api_error", "message": "bench: provider unavailable"}}).encode()
@@ -128,7 +132,7 @@ class Down(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Down).serve_forever()
-'''
+"""
 
 
 def run_clients(clients: int, jobs: queue.Queue, work) -> tuple[float, list[float]]:
@@ -172,10 +176,19 @@ def run_clients(clients: int, jobs: queue.Queue, work) -> tuple[float, list[floa
 def summarize(name: str, wall: float, lat: list[float]) -> dict:
     lat = sorted(lat)
     p = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000  # noqa: E731
-    row = {"name": name, "n": len(lat), "rate": len(lat) / wall, "p50": p(0.50), "p99": p(0.99),
-           "mean": statistics.fmean(lat) * 1000}
-    print(f"{name:<9} {row['n']:>6} orders  {row['rate']:8.1f} orders/s   p50 {row['p50']:7.1f} ms   "
-          f"p99 {row['p99']:7.1f} ms", flush=True)
+    row = {
+        "name": name,
+        "n": len(lat),
+        "rate": len(lat) / wall,
+        "p50": p(0.50),
+        "p99": p(0.99),
+        "mean": statistics.fmean(lat) * 1000,
+    }
+    print(
+        f"{name:<9} {row['n']:>6} orders  {row['rate']:8.1f} orders/s   p50 {row['p50']:7.1f} ms   "
+        f"p99 {row['p99']:7.1f} ms",
+        flush=True,
+    )
     return row
 
 
@@ -224,7 +237,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--orders", type=int, default=800, help="orders per measured phase")
     ap.add_argument("--workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY", "4")))
-    ap.add_argument("--server", default=os.environ.get("BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
+    ap.add_argument(
+        "--server", default=os.environ.get("BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+    )
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/11")
     ap.add_argument("--rounds", type=int, default=4, help="alternating bare/checkout rounds")
     ap.add_argument("--no-cycle", action="store_true", help="skip the full browser-loop phase")
@@ -249,52 +264,126 @@ def main() -> None:
         stock = 1_000_000_000
         variant_ids = seed(database_url, stock)
         sandbox_port, web_port = free_port(), free_port()
-        env = {**os.environ, "DATABASE_URL": database_url, "SECRET_KEY": secrets.token_urlsafe(24),
-               "REDIS_URL": args.redis, "BACKSTOP_QUEUE_PREFIX": prefix,
-               "STRIPE_API_BASE": f"http://127.0.0.1:{sandbox_port}", "STRIPE_SESSION_MIN_SECONDS": "60",
-               "PUBLIC_BASE_URL": f"http://127.0.0.1:{web_port}", "STRIPE_WEBHOOK_SECRET": "whsec_bench",
-               "BACKSTOP_INSTANCE_PATH": f"/tmp/backstop-bench-{run_id}",
-               # The sandbox has no rate limit and this bench measures the order's path, not the
-               # shared provider budget (bench/provider.py and bench/checkout_queue.py do): a budget
-               # below the checkout rate would send orders to the pay-later path or the checkout
-               # queue and measure those instead.
-               "STRIPE_RATE_LIMIT_PER_SECOND": "10000", "STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND": "10000"}
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "SECRET_KEY": secrets.token_urlsafe(24),
+            "REDIS_URL": args.redis,
+            "BACKSTOP_QUEUE_PREFIX": prefix,
+            "STRIPE_API_BASE": f"http://127.0.0.1:{sandbox_port}",
+            "STRIPE_SESSION_MIN_SECONDS": "60",
+            "PUBLIC_BASE_URL": f"http://127.0.0.1:{web_port}",
+            "STRIPE_WEBHOOK_SECRET": "whsec_bench",
+            "BACKSTOP_INSTANCE_PATH": f"/tmp/backstop-bench-{run_id}",
+            # The sandbox has no rate limit and this bench measures the order's path, not the
+            # shared provider budget (bench/provider.py and bench/checkout_queue.py do): a budget
+            # below the checkout rate would send orders to the pay-later path or the checkout
+            # queue and measure those instead.
+            "STRIPE_RATE_LIMIT_PER_SECOND": "10000",
+            "STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND": "10000",
+        }
         env.pop("STRIPE_SECRET_KEY", None)
         quiet = subprocess.DEVNULL
-        procs.append(subprocess.Popen([str(BIN / "flask"), "--app", "app", "shop", "stripe-sandbox", "--port",
-                                       str(sandbox_port), "--min-session-seconds", "60"],
-                                      cwd=ROOT, env=env, stdout=quiet, stderr=quiet, start_new_session=True))
-        procs.append(subprocess.Popen([str(BIN / "gunicorn"), *BENCH_APP, "-b", f"127.0.0.1:{web_port}",
-                                       "-w", str(args.workers), "--log-level", "warning"],
-                                      cwd=ROOT, env=env, stdout=quiet, stderr=quiet, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(BIN / "flask"),
+                    "--app",
+                    "app",
+                    "shop",
+                    "stripe-sandbox",
+                    "--port",
+                    str(sandbox_port),
+                    "--min-session-seconds",
+                    "60",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=quiet,
+                stderr=quiet,
+                start_new_session=True,
+            )
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(BIN / "gunicorn"),
+                    *BENCH_APP,
+                    "-b",
+                    f"127.0.0.1:{web_port}",
+                    "-w",
+                    str(args.workers),
+                    "--log-level",
+                    "warning",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=quiet,
+                stderr=quiet,
+                start_new_session=True,
+            )
+        )
         down_port, offline_port = free_port(), free_port()
         # Its own prefix: the failing provider opens the circuit breaker kept under the prefix in
         # Redis, which must not send the real checkout phase down the pay-later path.
-        env_down = {**env, "STRIPE_API_BASE": f"http://127.0.0.1:{down_port}",
-                    "BACKSTOP_QUEUE_PREFIX": f"{prefix}-offline"}
-        procs.append(subprocess.Popen([sys.executable, "-c", PROVIDER_DOWN, str(down_port)],
-                                      stdout=quiet, stderr=quiet, start_new_session=True))
-        procs.append(subprocess.Popen([str(BIN / "gunicorn"), *BENCH_APP, "-b", f"127.0.0.1:{offline_port}",
-                                       "-w", str(args.workers), "--log-level", "warning"],
-                                      cwd=ROOT, env=env_down, stdout=quiet, stderr=quiet, start_new_session=True))
+        env_down = {
+            **env,
+            "STRIPE_API_BASE": f"http://127.0.0.1:{down_port}",
+            "BACKSTOP_QUEUE_PREFIX": f"{prefix}-offline",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", PROVIDER_DOWN, str(down_port)],
+                stdout=quiet,
+                stderr=quiet,
+                start_new_session=True,
+            )
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(BIN / "gunicorn"),
+                    *BENCH_APP,
+                    "-b",
+                    f"127.0.0.1:{offline_port}",
+                    "-w",
+                    str(args.workers),
+                    "--log-level",
+                    "warning",
+                ],
+                cwd=ROOT,
+                env=env_down,
+                stdout=quiet,
+                stderr=quiet,
+                start_new_session=True,
+            )
+        )
         wait_http(sandbox_port, "/_sandbox/events", procs[0])
         wait_http(web_port, "/healthz", procs[1])
         wait_http(down_port, "/", procs[2])
         wait_http(offline_port, "/healthz", procs[3])
-        print(f"gunicorn -w {args.workers} on PostgreSQL, {args.clients} clients, {args.orders} orders per "
-              f"phase, 3 lines per order; sandbox on :{sandbox_port}", flush=True)
+        print(
+            f"gunicorn -w {args.workers} on PostgreSQL, {args.clients} clients, {args.orders} orders per "
+            f"phase, 3 lines per order; sandbox on :{sandbox_port}",
+            flush=True,
+        )
         trips = probe(env, variant_ids, args.profile, args.show_sql, provider_pid=procs[0].pid)
         trips["offline"] = probe(env_down, variant_ids, 0, args.show_sql, bare=False)["checkout"]
         floor = trips.pop("provider_floor")
         for name, c in trips.items():
-            print(f"{name:<9} per request: {c['sql']} SQL statements in {c['tx']} transactions, {c['redis']} Redis "
-                  f"round trips, {c['http']} provider requests ({c['connect']} new connections); "
-                  f"{c['cpu_ms']:.1f} ms CPU in-process", flush=True)
+            print(
+                f"{name:<9} per request: {c['sql']} SQL statements in {c['tx']} transactions, {c['redis']} Redis "
+                f"round trips, {c['http']} provider requests ({c['connect']} new connections); "
+                f"{c['cpu_ms']:.1f} ms CPU in-process",
+                flush=True,
+            )
         provider_cost = floor["sdk_ms"] + floor["provider_ms"]
-        print(f"provider  one Checkout Session, nothing else: {floor['sdk_ms']:.1f} ms CPU in the SDK here + "
-              f"{floor['provider_ms']:.1f} ms in the sandbox; on shared cores no checkout can beat bare x"
-              f"{trips['bare']['cpu_ms'] / (trips['bare']['cpu_ms'] + provider_cost):.2f} (in-process figures)",
-              flush=True)
+        print(
+            f"provider  one Checkout Session, nothing else: {floor['sdk_ms']:.1f} ms CPU in the SDK here + "
+            f"{floor['provider_ms']:.1f} ms in the sandbox; on shared cores no checkout can beat bare x"
+            f"{trips['bare']['cpu_ms'] / (trips['bare']['cpu_ms'] + provider_cost):.2f} (in-process figures)",
+            flush=True,
+        )
         if args.probe_only:
             return
 
@@ -306,11 +395,13 @@ def main() -> None:
 
         def prepare(n):
             ready = queue.Queue()
+
             def make(_):
                 b = Browser(web_port)
                 b.open_catalog()
                 b.fill_cart(variant_ids)
                 ready.put(b)
+
             run_clients(args.clients, _jobs(n), make)
             return ready
 
@@ -332,9 +423,11 @@ def main() -> None:
         carts = prepare(2 * per_round * args.rounds)
         totals = {name: [0.0, [], 0.0, 0.0] for name in ("bare", "checkout", "offline")}
         for _ in range(args.rounds):
-            for name, jobs, work in (("bare", _jobs(per_round), bare),
-                                     ("checkout", _take(carts, per_round), Browser.checkout),
-                                     ("offline", _take(carts, per_round), offline)):
+            for name, jobs, work in (
+                ("bare", _jobs(per_round), bare),
+                ("checkout", _take(carts, per_round), Browser.checkout),
+                ("offline", _take(carts, per_round), offline),
+            ):
                 cpu0, sb0 = web_cpu(), sandbox_cpu()
                 wall, lat = run_clients(args.clients, jobs, work)
                 t = totals[name]
@@ -346,32 +439,46 @@ def main() -> None:
         for name, (wall, lat, cpu, sb) in totals.items():
             results[name] = summarize(name, wall, lat)
             results[name]["cpu"] = cpu / len(lat) * 1000
-            print(f"{'':<9} web CPU {results[name]['cpu']:.2f} ms/order, provider CPU {sb / len(lat) * 1000:.2f} ms/order")
+            print(
+                f"{'':<9} web CPU {results[name]['cpu']:.2f} ms/order, provider CPU {sb / len(lat) * 1000:.2f} ms/order"
+            )
         if not args.no_cycle:
+
             def cycle(_):
                 b = Browser(web_port)
                 b.open_catalog()
                 b.fill_cart(variant_ids)
                 b.checkout()
+
             cpu0 = web_cpu()
             results["cycle"] = summarize("cycle", *run_clients(args.clients, _jobs(per_round), cycle))
             print(f"{'':<9} web CPU {(web_cpu() - cpu0) / per_round * 1000:.2f} ms/order")
 
         b, c = results["bare"], results["checkout"]
         rate_ratio, p99_ratio = c["rate"] / b["rate"], c["p99"] / b["p99"]
-        print(f"checkout/bare: web CPU per order x{c['cpu'] / b['cpu']:.2f} (so at most x{b['cpu'] / c['cpu']:.2f} "
-              "of the orders/s once the web processes are the bottleneck)")
-        print(f"checkout/bare ceiling from the provider call alone (section 4's 303 to the hosted page): "
-              f"x{b['cpu'] / (b['cpu'] + provider_cost):.2f} of the orders/s, with bare's web CPU "
-              f"{b['cpu']:.2f} ms + {provider_cost:.2f} ms for one session (SDK + sandbox)")
-        print(f"checkout/bare: orders/s x{rate_ratio:.2f} (target >= 0.70), p99 x{p99_ratio:.2f} (target <= 1.5)"
-              f"  -> {'MET' if rate_ratio >= 0.70 and p99_ratio <= 1.5 else 'MISSED'}")
+        print(
+            f"checkout/bare: web CPU per order x{c['cpu'] / b['cpu']:.2f} (so at most x{b['cpu'] / c['cpu']:.2f} "
+            "of the orders/s once the web processes are the bottleneck)"
+        )
+        print(
+            f"checkout/bare ceiling from the provider call alone (section 4's 303 to the hosted page): "
+            f"x{b['cpu'] / (b['cpu'] + provider_cost):.2f} of the orders/s, with bare's web CPU "
+            f"{b['cpu']:.2f} ms + {provider_cost:.2f} ms for one session (SDK + sandbox)"
+        )
+        print(
+            f"checkout/bare: orders/s x{rate_ratio:.2f} (target >= 0.70), p99 x{p99_ratio:.2f} (target <= 1.5)"
+            f"  -> {'MET' if rate_ratio >= 0.70 and p99_ratio <= 1.5 else 'MISSED'}"
+        )
         o = results["offline"]
-        print(f"offline/bare (the order without the provider call): orders/s x{o['rate'] / b['rate']:.2f}, "
-              f"p99 x{o['p99'] / b['p99']:.2f}, web CPU per order x{o['cpu'] / b['cpu']:.2f}")
+        print(
+            f"offline/bare (the order without the provider call): orders/s x{o['rate'] / b['rate']:.2f}, "
+            f"p99 x{o['p99'] / b['p99']:.2f}, web CPU per order x{o['cpu'] / b['cpu']:.2f}"
+        )
         if "cycle" in results:
-            print(f"full browser loop/bare: orders/s x{results['cycle']['rate'] / b['rate']:.2f}, "
-                  f"p99 x{results['cycle']['p99'] / b['p99']:.2f} (5 requests per order)")
+            print(
+                f"full browser loop/bare: orders/s x{results['cycle']['rate'] / b['rate']:.2f}, "
+                f"p99 x{results['cycle']['p99'] / b['p99']:.2f} (5 requests per order)"
+            )
         check_conservation(database_url, variant_ids, stock)
     finally:
         for proc in reversed(procs):
@@ -388,8 +495,9 @@ def main() -> None:
         forget_redis(args.redis, prefix)
 
 
-def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False, bare: bool = True,
-          provider_pid: int | None = None) -> dict:
+def probe(
+    env: dict, variant_ids, profile: int = 0, show_sql: bool = False, bare: bool = True, provider_pid: int | None = None
+) -> dict:
     """One checkout in this process (Flask test client, same database, sandbox and Redis as the
     served app), counting what it costs in round trips: SQL statements and transactions, Redis
     round trips, provider HTTP requests and new TCP connections to the provider; then the
@@ -426,6 +534,7 @@ def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False, bare
 
     with app.app_context():
         engine = db.engine
+
     def statement(_conn, _cursor, sql, *_rest):
         bump("sql")
         if counting[0] and show_sql:
@@ -441,6 +550,7 @@ def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False, bare
         def counted(*a, **k):
             bump(key)
             return original(*a, **k)
+
         setattr(owner, name, counted)
         patched.append((owner, name, original))
 
@@ -449,6 +559,7 @@ def probe(env: dict, variant_ids, profile: int = 0, show_sql: bool = False, bare
     wrap(requests.Session, "send", "http")
     wrap(urllib3.connection.HTTPConnection, "connect", "connect")
     try:
+
         def browser():
             c = app.test_client()
             page = c.get("/").get_data(as_text=True)
@@ -524,17 +635,28 @@ def provider_call_cpu(app, provider_pid: int, calls: int = 40) -> dict:
 
     line = SimpleNamespace(quantity=1, unit_price=1000, name="Bench", sku="BENCH-0")
     with app.test_request_context():
+
         def one(i):
             gateway.create_checkout_session(
-                order_id=10_000_000 + i, reference=f"BK-FLOOR{i:04d}", attempt=1, lines=[line] * 3,
-                currency="usd", email="bench@example.com", expires_at=utcnow() + timedelta(hours=1),
-                success_url="http://127.0.0.1/ok?session_id={CHECKOUT_SESSION_ID}", cancel_url="http://127.0.0.1/no")
+                order_id=10_000_000 + i,
+                reference=f"BK-FLOOR{i:04d}",
+                attempt=1,
+                lines=[line] * 3,
+                currency="usd",
+                email="bench@example.com",
+                expires_at=utcnow() + timedelta(hours=1),
+                success_url="http://127.0.0.1/ok?session_id={CHECKOUT_SESSION_ID}",
+                cancel_url="http://127.0.0.1/no",
+            )
+
         one(calls)  # warm
         sdk0, sb0 = time.thread_time(), cpu_seconds([provider_pid])
         for i in range(calls):
             one(i)
-        return {"sdk_ms": (time.thread_time() - sdk0) / calls * 1000,
-                "provider_ms": (cpu_seconds([provider_pid]) - sb0) / calls * 1000}
+        return {
+            "sdk_ms": (time.thread_time() - sdk0) / calls * 1000,
+            "provider_ms": (cpu_seconds([provider_pid]) - sb0) / calls * 1000,
+        }
 
 
 def _take(source: queue.Queue, n: int) -> queue.Queue:
@@ -583,8 +705,9 @@ def check_conservation(database_url, variant_ids, stock) -> None:
     with engine.connect() as conn:
         for v in variant_ids:
             on_hand = conn.execute(text("SELECT on_hand FROM inventory WHERE variant_id = :v"), {"v": v}).scalar()
-            sold = conn.execute(text("SELECT coalesce(sum(quantity), 0) FROM order_lines WHERE variant_id = :v"),
-                                {"v": v}).scalar()
+            sold = conn.execute(
+                text("SELECT coalesce(sum(quantity), 0) FROM order_lines WHERE variant_id = :v"), {"v": v}
+            ).scalar()
             assert on_hand + sold == stock, (v, on_hand, sold)
         orders = conn.execute(text("SELECT status, count(*) FROM orders GROUP BY status ORDER BY 1")).all()
     engine.dispose()

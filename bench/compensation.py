@@ -9,6 +9,7 @@ Latency = the delivery's completed_at (set in the worker's transaction, just bef
 minus the OrderCancelled event's created_at (set in the cancel's transaction, just before its
 commit): both are the same host's clock, read from the database afterwards.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,15 @@ class Bench:
         from shop.extensions import db
 
         self.db = db
-        self.app = create_app({"DATABASE_URL": self.database_url, "REDIS_URL": redis_url, "SECRET_KEY": "bench",
-                               "QUEUE_PREFIX": self.prefix, "UNPAID_ORDER_EXPIRY_ENABLED": False})
+        self.app = create_app(
+            {
+                "DATABASE_URL": self.database_url,
+                "REDIS_URL": redis_url,
+                "SECRET_KEY": "bench",
+                "QUEUE_PREFIX": self.prefix,
+                "UNPAID_ORDER_EXPIRY_ENABLED": False,
+            }
+        )
         self.ctx = self.app.app_context()
         self.ctx.push()
         from flask_migrate import upgrade
@@ -68,7 +76,7 @@ class Bench:
         seed_catalog()
         db.session.execute(update(InventoryItem).values(on_hand=10_000_000))
         db.session.commit()
-        self.variants = [v for v, in db.session.execute(select(Variant.id).order_by(Variant.id)).all()][:3]
+        self.variants = [v for (v,) in db.session.execute(select(Variant.id).order_by(Variant.id)).all()][:3]
         self.workers: list[subprocess.Popen] = []
 
     # --- orders ---------------------------------------------------------------------------
@@ -104,16 +112,28 @@ class Bench:
 
     def start_workers(self, n: int) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("BACKSTOP_FAILPOINTS")}
-        env.update(DATABASE_URL=self.database_url, REDIS_URL=self.redis_url, SECRET_KEY="bench",
-                   BACKSTOP_QUEUE_PREFIX=self.prefix, BACKSTOP_INSTANCE_PATH=self.instance,
-                   UNPAID_ORDER_EXPIRY_ENABLED="false")
+        env.update(
+            DATABASE_URL=self.database_url,
+            REDIS_URL=self.redis_url,
+            SECRET_KEY="bench",
+            BACKSTOP_QUEUE_PREFIX=self.prefix,
+            BACKSTOP_INSTANCE_PATH=self.instance,
+            UNPAID_ORDER_EXPIRY_ENABLED="false",
+        )
         for _ in range(n):
             command = [FLASK, "--app", "app", "shop", "worker"]
             if PROFILE_DIR:  # cProfile each worker (a SimpleWorker: jobs run in this process)
-                command = [sys.executable, "-m", "cProfile", "-o",
-                           os.path.join(PROFILE_DIR, f"worker-{len(self.workers)}-{time.time():.0f}.prof"), *command]
-            self.workers.append(subprocess.Popen(command, cwd=ROOT, env=env,
-                                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                command = [
+                    sys.executable,
+                    "-m",
+                    "cProfile",
+                    "-o",
+                    os.path.join(PROFILE_DIR, f"worker-{len(self.workers)}-{time.time():.0f}.prof"),
+                    *command,
+                ]
+            self.workers.append(
+                subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
         # Ready when each has registered with RQ.
         from rq import Worker
 
@@ -173,17 +193,28 @@ class Bench:
         lo, hi = min(order_ids), max(order_ids)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            left = self.db.session.execute(select(func.count()).select_from(OutboxDelivery).where(
-                OutboxDelivery.order_id.between(lo, hi), OutboxDelivery.handler == "restore_inventory",
-                OutboxDelivery.status != "done")).scalar_one()
+            left = self.db.session.execute(
+                select(func.count())
+                .select_from(OutboxDelivery)
+                .where(
+                    OutboxDelivery.order_id.between(lo, hi),
+                    OutboxDelivery.handler == "restore_inventory",
+                    OutboxDelivery.status != "done",
+                )
+            ).scalar_one()
             self.db.session.rollback()
             if left == 0:
                 return
             time.sleep(0.2)
-        stuck = self.db.session.execute(select(OutboxDelivery.status, OutboxDelivery.attempts, OutboxDelivery.last_error)
-                                        .where(OutboxDelivery.order_id.in_(order_ids),
-                                               OutboxDelivery.handler == "restore_inventory",
-                                               OutboxDelivery.status != "done").limit(5)).all()
+        stuck = self.db.session.execute(
+            select(OutboxDelivery.status, OutboxDelivery.attempts, OutboxDelivery.last_error)
+            .where(
+                OutboxDelivery.order_id.in_(order_ids),
+                OutboxDelivery.handler == "restore_inventory",
+                OutboxDelivery.status != "done",
+            )
+            .limit(5)
+        ).all()
         raise RuntimeError(f"{left} deliveries not done after {timeout}s, e.g. {stuck}")
 
     def latencies_ms(self, order_ids) -> list[float]:
@@ -194,7 +225,8 @@ class Bench:
             select(OutboxEvent.created_at, OutboxDelivery.completed_at, Order.inventory_restored)
             .join(OutboxDelivery, OutboxDelivery.event_id == OutboxEvent.id)
             .join(Order, Order.id == OutboxDelivery.order_id)
-            .where(OutboxDelivery.order_id.in_(order_ids), OutboxDelivery.handler == "restore_inventory")).all()
+            .where(OutboxDelivery.order_id.in_(order_ids), OutboxDelivery.handler == "restore_inventory")
+        ).all()
         self.db.session.rollback()
         assert len(rows) == len(order_ids) and all(r[2] for r in rows)
         return [(as_utc(done) - as_utc(created)).total_seconds() * 1000 for created, done, _ in rows]
@@ -203,8 +235,10 @@ class Bench:
         from shop.models import OutboxDelivery
 
         first, last = self.db.session.execute(
-            select(func.min(OutboxDelivery.completed_at), func.max(OutboxDelivery.completed_at))
-            .where(OutboxDelivery.order_id.in_(order_ids), OutboxDelivery.handler == "restore_inventory")).one()
+            select(func.min(OutboxDelivery.completed_at), func.max(OutboxDelivery.completed_at)).where(
+                OutboxDelivery.order_id.in_(order_ids), OutboxDelivery.handler == "restore_inventory"
+            )
+        ).one()
         self.db.session.rollback()
         return (last - first).total_seconds()
 
@@ -222,7 +256,9 @@ class Bench:
     def check_stock(self) -> None:
         from shop.models import InventoryItem, Order
 
-        live = self.db.session.execute(select(func.count()).select_from(Order).where(Order.status != "Cancelled")).scalar_one()
+        live = self.db.session.execute(
+            select(func.count()).select_from(Order).where(Order.status != "Cancelled")
+        ).scalar_one()
         on_hand = dict(self.db.session.execute(select(InventoryItem.variant_id, InventoryItem.on_hand)).all())
         self.db.session.rollback()
         for v in self.variants:
@@ -258,8 +294,10 @@ def machine_speed_ms() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database", default=os.environ.get("BENCH_DATABASE_URL",
-                                                             "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument(
+        "--database",
+        default=os.environ.get("BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"),
+    )
     parser.add_argument("--redis", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11"))
     parser.add_argument("--orders", type=int, default=200, help="idle-latency sample size")
     parser.add_argument("--rate", type=float, default=100.0, help="cancellations per second under load")
@@ -283,9 +321,12 @@ def main() -> None:
             ids = [o for o, _ in orders]
             bench.wait_done(ids)
             lat = bench.latencies_ms(ids)
-            print(f"{label} ({len(lat)} cancels at {achieved:.0f}/s, 1 worker): commit -> stock restored "
-                  f"p50 {percentile(lat, 50):.1f} ms, p99 {percentile(lat, 99):.1f} ms, max {max(lat):.1f} ms "
-                  f"(target p99 <= {target_ms} ms)", flush=True)
+            print(
+                f"{label} ({len(lat)} cancels at {achieved:.0f}/s, 1 worker): commit -> stock restored "
+                f"p50 {percentile(lat, 50):.1f} ms, p99 {percentile(lat, 99):.1f} ms, max {max(lat):.1f} ms "
+                f"(target p99 <= {target_ms} ms)",
+                flush=True,
+            )
 
         bench.start_workers(1)
         latency("idle", idle, 20, 250)  # one cancellation at a time
@@ -304,11 +345,15 @@ def main() -> None:
             jobs = bench.jobs_run()
             span = bench.completion_span(ids)
             rates[workers] = (len(ids) - 1) / span
-            print(f"throughput, {workers} worker process(es): {len(ids)} restore deliveries in {span:.2f} s = "
-                  f"{rates[workers]:.0f} deliveries/s" + (" (target >= 250)" if workers == 1 else "")
-                  + f"; worker CPU {cpu * 1000 / len(ids):.1f} ms per delivery = "
-                  f"{len(ids) / cpu:.0f} deliveries per worker-CPU-second; {jobs} RQ jobs "
-                  f"({len(ids) / max(jobs, 1):.1f} deliveries per job)", flush=True)
+            print(
+                f"throughput, {workers} worker process(es): {len(ids)} restore deliveries in {span:.2f} s = "
+                f"{rates[workers]:.0f} deliveries/s"
+                + (" (target >= 250)" if workers == 1 else "")
+                + f"; worker CPU {cpu * 1000 / len(ids):.1f} ms per delivery = "
+                f"{len(ids) / cpu:.0f} deliveries per worker-CPU-second; {jobs} RQ jobs "
+                f"({len(ids) / max(jobs, 1):.1f} deliveries per job)",
+                flush=True,
+            )
             bench.stop_workers()
         print(f"two workers / one worker: {rates[2] / rates[1]:.2f}x (2 cores shared with PostgreSQL and Redis)")
         bench.check_stock()

@@ -3,7 +3,8 @@
 Fills its own PostgreSQL database to --orders orders with bulk INSERT ... SELECT generate_series
 (bench/sweep.py's fill: mostly Paid and Cancelled over the past year, 10% live and recent) plus
 stuck orders, one OrderPlaced event, delivery and deadline per order, the webhook of each paid one
-(a few rejected), dead letters, open and resolved restore warnings and a history of sweep cycles; then starts gunicorn serving the app,
+(a few rejected), dead letters, open and resolved restore warnings and a history of sweep cycles;
+then starts gunicorn serving the app,
 logs an operator in over HTTP and times, one request at a time:
 
   dashboard   GET /console/                       (JSON)
@@ -21,6 +22,7 @@ warnings, webhooks, sweeps, audit), so no page's query escapes the index check.
 
 Options: --orders 1000000  --requests 200  --workers 2  --keep (do not drop the database)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -114,15 +116,19 @@ SELECT now() - make_interval(secs => g * 600), now() - make_interval(secs => g *
 FROM generate_series(1, 2000) AS g
 """
 # The rest of the console's GET pages: only their plans are printed (see the docstring).
-OTHER_PAGES = [("orders", "/console/orders"), ("orders page 3", "/console/orders?page=3"),
-               ("orders by state", "/console/orders?status=PaymentFailed"),
-               ("outbox", "/console/outbox"), ("dead letters", "/console/outbox?status=dead"),
-               ("waiting", "/console/outbox?status=waiting"),
-               ("restore warnings", "/console/restore-warnings?state=open"),
-               ("webhooks", "/console/webhooks?outcome=rejected"), ("sweeps", "/console/sweeps"),
-               ("audit", "/console/audit")]
-BIG_TABLES = ("orders", "outbox_events", "outbox_deliveries", "scheduled_commands", "order_lines",
-              "webhook_receipts")
+OTHER_PAGES = [
+    ("orders", "/console/orders"),
+    ("orders page 3", "/console/orders?page=3"),
+    ("orders by state", "/console/orders?status=PaymentFailed"),
+    ("outbox", "/console/outbox"),
+    ("dead letters", "/console/outbox?status=dead"),
+    ("waiting", "/console/outbox?status=waiting"),
+    ("restore warnings", "/console/restore-warnings?state=open"),
+    ("webhooks", "/console/webhooks?outcome=rejected"),
+    ("sweeps", "/console/sweeps"),
+    ("audit", "/console/audit"),
+]
+BIG_TABLES = ("orders", "outbox_events", "outbox_deliveries", "scheduled_commands", "order_lines", "webhook_receipts")
 
 
 def server_url() -> str:
@@ -146,8 +152,14 @@ def fill(db, orders: int) -> None:
     from shop.seed import seed_catalog
 
     seed_catalog()
-    steps = [("orders", BACKGROUND_SQL), ("lines", LINES_SQL), ("events", EVENTS_SQL), ("deliveries", DELIVERIES_SQL),
-             ("deadlines", COMMANDS_SQL), ("webhooks", WEBHOOKS_SQL)]
+    steps = [
+        ("orders", BACKGROUND_SQL),
+        ("lines", LINES_SQL),
+        ("events", EVENTS_SQL),
+        ("deliveries", DELIVERIES_SQL),
+        ("deadlines", COMMANDS_SQL),
+        ("webhooks", WEBHOOKS_SQL),
+    ]
     for label, sql in steps:
         t0 = time.perf_counter()
         for params in chunks(orders):
@@ -198,8 +210,9 @@ class Client:
     def log_in(self):
         status, body = self.request("GET", "/console/login", accept="text/html")
         token = CSRF.search(body.decode()).group(1)
-        status, body = self.request("POST", "/console/login", {"csrf_token": token, "email": OPERATOR,
-                                                               "password": PASSWORD}, accept="text/html")
+        status, body = self.request(
+            "POST", "/console/login", {"csrf_token": token, "email": OPERATOR, "password": PASSWORD}, accept="text/html"
+        )
         assert status == 303, (status, body[:300])
 
 
@@ -222,8 +235,10 @@ def capture_plans(app, urls) -> None:
 
     client = app.test_client()
     token = CSRF.search(client.get("/console/login").get_data(as_text=True)).group(1)
-    assert client.post("/console/login", data={"csrf_token": token, "email": OPERATOR,
-                                               "password": PASSWORD}).status_code == 303
+    assert (
+        client.post("/console/login", data={"csrf_token": token, "email": OPERATOR, "password": PASSWORD}).status_code
+        == 303
+    )
     event.listen(engine, "before_cursor_execute", before)
     try:
         for label, url in urls:
@@ -236,8 +251,11 @@ def capture_plans(app, urls) -> None:
                 for i, (sql, params) in enumerate(seen, 1):
                     plan = [r[0] for r in conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)]
                     conn.rollback()
-                    seq = [line.strip() for line in plan if "Seq Scan on" in line
-                           and any(f"Seq Scan on {t} " in line + " " for t in BIG_TABLES)]
+                    seq = [
+                        line.strip()
+                        for line in plan
+                        if "Seq Scan on" in line and any(f"Seq Scan on {t} " in line + " " for t in BIG_TABLES)
+                    ]
                     flag = "  <-- SEQ SCAN OF A BIG TABLE" if seq else ""
                     short = re.sub(r"\s+", " ", sql)[:300]
                     print(f"\n[{i}] {short}{flag}\n    " + "\n    ".join(plan), flush=True)
@@ -271,48 +289,97 @@ def main() -> None:
         from shop import create_app
         from shop.extensions import db
 
-        app = create_app({"SECRET_KEY": secret, "DATABASE_URL": url, "REDIS_URL": args.redis,
-                          "QUEUE_PREFIX": prefix})
+        app = create_app({"SECRET_KEY": secret, "DATABASE_URL": url, "REDIS_URL": args.redis, "QUEUE_PREFIX": prefix})
         logging.disable(logging.WARNING)
         with app.app_context():
             upgrade()
-            print(f"PostgreSQL {db.session.execute(text('SHOW server_version')).scalar()}; filling to "
-                  f"{args.orders:,} orders (+{STUCK:,} stuck)", flush=True)
+            print(
+                f"PostgreSQL {db.session.execute(text('SHOW server_version')).scalar()}; filling to "
+                f"{args.orders:,} orders (+{STUCK:,} stuck)",
+                flush=True,
+            )
             t0 = time.perf_counter()
             fill(db, args.orders)
             fill_seconds = time.perf_counter() - t0
-            counts = {t: db.session.execute(text(f"SELECT count(*) FROM {t}")).scalar()
-                      for t in ("orders", "outbox_events", "outbox_deliveries", "scheduled_commands",
-                                "order_lines", "webhook_receipts", "restore_warnings", "reconciliation_cycles")}
+            counts = {
+                t: db.session.execute(text(f"SELECT count(*) FROM {t}")).scalar()
+                for t in (
+                    "orders",
+                    "outbox_events",
+                    "outbox_deliveries",
+                    "scheduled_commands",
+                    "order_lines",
+                    "webhook_receipts",
+                    "restore_warnings",
+                    "reconciliation_cycles",
+                )
+            }
             mix = dict(db.session.execute(text("SELECT status, count(*) FROM orders GROUP BY status")).all())
-            dead = db.session.execute(text("SELECT (SELECT count(*) FROM outbox_deliveries WHERE status = 'dead')"
-                                           " + (SELECT count(*) FROM scheduled_commands WHERE status = 'dead')")).scalar()
+            dead = db.session.execute(
+                text(
+                    "SELECT (SELECT count(*) FROM outbox_deliveries WHERE status = 'dead')"
+                    " + (SELECT count(*) FROM scheduled_commands WHERE status = 'dead')"
+                )
+            ).scalar()
             warnings = db.session.execute(text("SELECT count(*) FROM restore_warnings WHERE state = 'open'")).scalar()
             # An order with a full timeline, and a customer with a handful of orders.
-            reference = db.session.execute(text("SELECT reference FROM orders WHERE id = :id"),
-                                           {"id": args.orders // 2 + 1}).scalar()
-            email = db.session.execute(text("SELECT email FROM orders WHERE id = :id"),
-                                       {"id": args.orders // 3}).scalar()
+            reference = db.session.execute(
+                text("SELECT reference FROM orders WHERE id = :id"), {"id": args.orders // 2 + 1}
+            ).scalar()
+            email = db.session.execute(
+                text("SELECT email FROM orders WHERE id = :id"), {"id": args.orders // 3}
+            ).scalar()
             db.session.rollback()
         print(f"filled in {fill_seconds:.1f} s: " + ", ".join(f"{n:,} {t}" for t, n in counts.items()), flush=True)
-        print("orders by state: " + ", ".join(f"{s} {n:,}" for s, n in sorted(mix.items())) +
-              f"; {dead:,} dead letters; {warnings:,} open restore warnings", flush=True)
+        print(
+            "orders by state: "
+            + ", ".join(f"{s} {n:,}" for s, n in sorted(mix.items()))
+            + f"; {dead:,} dead letters; {warnings:,} open restore warnings",
+            flush=True,
+        )
 
         port = free_port()
-        env = {**os.environ, "DATABASE_URL": url, "SECRET_KEY": secret, "REDIS_URL": args.redis,
-               "BACKSTOP_QUEUE_PREFIX": prefix, "BACKSTOP_INSTANCE_PATH": f"/tmp/backstop-bench-{run_id}"}
-        procs.append(subprocess.Popen([str(BIN / "gunicorn"), *BENCH_APP, "-b", f"127.0.0.1:{port}",
-                                       "-w", str(args.workers), "--log-level", "warning"],
-                                      cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True))
+        env = {
+            **os.environ,
+            "DATABASE_URL": url,
+            "SECRET_KEY": secret,
+            "REDIS_URL": args.redis,
+            "BACKSTOP_QUEUE_PREFIX": prefix,
+            "BACKSTOP_INSTANCE_PATH": f"/tmp/backstop-bench-{run_id}",
+        }
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(BIN / "gunicorn"),
+                    *BENCH_APP,
+                    "-b",
+                    f"127.0.0.1:{port}",
+                    "-w",
+                    str(args.workers),
+                    "--log-level",
+                    "warning",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
         wait_http(port, "/healthz", procs[0])
         client = Client(port)
         client.log_in()
-        urls = [("dashboard", "/console/"), ("stuck", "/console/orders?stuck=1"),
-                ("search", "/console/orders?" + urlencode({"q": email})),
-                ("order", f"/console/orders/{reference}")]
-        print(f"\ngunicorn -w {args.workers}, one client, {args.requests} timed requests per page "
-              f"(after {args.workers * 10} untimed)", flush=True)
+        urls = [
+            ("dashboard", "/console/"),
+            ("stuck", "/console/orders?stuck=1"),
+            ("search", "/console/orders?" + urlencode({"q": email})),
+            ("order", f"/console/orders/{reference}"),
+        ]
+        print(
+            f"\ngunicorn -w {args.workers}, one client, {args.requests} timed requests per page "
+            f"(after {args.workers * 10} untimed)",
+            flush=True,
+        )
         results = {}
         for label, path in urls:
             for _ in range(args.workers * 10):
@@ -326,11 +393,19 @@ def main() -> None:
                 assert status == 200, (path, status)
             results[label] = times
             data = json.loads(body)
-            size = (f"{len(data['orders'])} rows of {data['total']:,}" if "orders" in data
-                    else f"{len(data.get('timeline', []))} timeline entries" if "timeline" in data else "")
+            size = (
+                f"{len(data['orders'])} rows of {data['total']:,}"
+                if "orders" in data
+                else f"{len(data.get('timeline', []))} timeline entries"
+                if "timeline" in data
+                else ""
+            )
             p50, p99 = statistics.median(times), percentile(times, 0.99)
-            print(f"{label:<10} p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  max {max(times):6.1f} ms  "
-                  f"{'MET' if p99 <= 150 else 'MISSED'} (p99 <= 150 ms)  {path}  {size}", flush=True)
+            print(
+                f"{label:<10} p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  max {max(times):6.1f} ms  "
+                f"{'MET' if p99 <= 150 else 'MISSED'} (p99 <= 150 ms)  {path}  {size}",
+                flush=True,
+            )
         capture_plans(app, urls)
         print("\n##### the other console lists: plans only, untimed", flush=True)
         capture_plans(app, OTHER_PAGES)

@@ -23,6 +23,7 @@ scheduler's one-second resolution. Run `--spread 20` (50/s) and `--spread 10` (1
 A fresh database is created on the PostgreSQL server (and dropped afterwards); a SQLite URL uses
 a temporary file. Redis keys carry a per-run prefix.
 """
+
 from __future__ import annotations
 
 from scratchdb import make_database  # bench/scratchdb.py
@@ -63,31 +64,45 @@ def pct(values, p):
 def describe(name, values):
     if not values:
         return f"{name:<10} (none)"
-    return (f"{name:<10} n={len(values):5d}  p50={statistics.median(values):6.3f}s  p90={pct(values, 90):6.3f}s  "
-            f"p99={pct(values, 99):6.3f}s  max={max(values):6.3f}s  min={min(values):6.3f}s")
+    return (
+        f"{name:<10} n={len(values):5d}  p50={statistics.median(values):6.3f}s  p90={pct(values, 90):6.3f}s  "
+        f"p99={pct(values, 99):6.3f}s  max={max(values):6.3f}s  min={min(values):6.3f}s"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--orders", type=int, default=1000)
     parser.add_argument("--window", type=int, default=1800, help="payment window in seconds")
-    parser.add_argument("--spread", type=float, default=20.0,
-                        help="deadlines fall due evenly over this many seconds (default 20: 50/s for 1000)")
+    parser.add_argument(
+        "--spread",
+        type=float,
+        default=20.0,
+        help="deadlines fall due evenly over this many seconds (default 20: 50/s for 1000)",
+    )
     parser.add_argument("--lead", type=float, default=5.0, help="seconds from arming to the first deadline")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--database-url", default=os.environ.get(
-        "BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"),
+    )
     parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/10"))
     args = parser.parse_args()
 
     database_url, drop = make_database(args.database_url)
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     env_settings = {
-        "DATABASE_URL": database_url, "REDIS_URL": args.redis_url, "SECRET_KEY": "bench",
+        "DATABASE_URL": database_url,
+        "REDIS_URL": args.redis_url,
+        "SECRET_KEY": "bench",
         "BACKSTOP_QUEUE_PREFIX": prefix,
-        "UNPAID_ORDER_EXPIRY_SECONDS": str(args.window), "RECONCILIATION_STUCK_AGE_SECONDS": str(args.window),
-        "RECONCILIATION_INTERVAL_SECONDS": "3600", "RECONCILIATION_ENABLED": "false",
-        "SCHEDULER_POLL_SECONDS": "1", "STRIPE_API_BASE": "http://127.0.0.1:9", "STRIPE_WEBHOOK_SECRET": "whsec_x",
+        "UNPAID_ORDER_EXPIRY_SECONDS": str(args.window),
+        "RECONCILIATION_STUCK_AGE_SECONDS": str(args.window),
+        "RECONCILIATION_INTERVAL_SECONDS": "3600",
+        "RECONCILIATION_ENABLED": "false",
+        "SCHEDULER_POLL_SECONDS": "1",
+        "STRIPE_API_BASE": "http://127.0.0.1:9",
+        "STRIPE_WEBHOOK_SECRET": "whsec_x",
         "BACKSTOP_INSTANCE_PATH": tempfile.mkdtemp(prefix="backstop-bench-instance-"),
     }
     os.environ.update(env_settings)
@@ -98,8 +113,16 @@ def main() -> int:
 
         from shop import create_app
         from shop.extensions import db
-        from shop.models import (Cart, CartItem, InventoryItem, OutboxDelivery, OutboxEvent, Product,
-                                 ScheduledCommand, Variant)
+        from shop.models import (
+            Cart,
+            CartItem,
+            InventoryItem,
+            OutboxDelivery,
+            OutboxEvent,
+            Product,
+            ScheduledCommand,
+            Variant,
+        )
         from shop.orders.checkout import place_order
 
         app = create_app()
@@ -120,8 +143,11 @@ def main() -> int:
 
         def start(name, cmd):
             out = open(os.path.join(logdir, f"{name}.log"), "wb")
-            children.append(subprocess.Popen(flask + cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                             start_new_session=True))
+            children.append(
+                subprocess.Popen(
+                    flask + cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            )
             out.close()
 
         start("scheduler", ["shop", "scheduler"])
@@ -161,35 +187,48 @@ def main() -> int:
             from shop.models import Order
 
             base = utcnow() + timedelta(seconds=args.lead)
-            commands = db.session.execute(select(ScheduledCommand.id, ScheduledCommand.order_id)
-                                          .where(ScheduledCommand.kind == "expire_unpaid_order")
-                                          .order_by(ScheduledCommand.id)).all()
+            commands = db.session.execute(
+                select(ScheduledCommand.id, ScheduledCommand.order_id)
+                .where(ScheduledCommand.kind == "expire_unpaid_order")
+                .order_by(ScheduledCommand.id)
+            ).all()
             window = timedelta(seconds=args.window)
             armed = []
             for i, (command_id, order_id) in enumerate(commands):
                 due = base + timedelta(seconds=args.spread * i / max(1, len(commands) - 1))
-                db.session.execute(update(Order).where(Order.id == order_id)
-                                   .values(created_at=due - window, updated_at=due - window)
-                                   .execution_options(synchronize_session=False))
-                db.session.execute(update(ScheduledCommand).where(ScheduledCommand.id == command_id)
-                                   .values(next_attempt_at=due).execution_options(synchronize_session=False))
+                db.session.execute(
+                    update(Order)
+                    .where(Order.id == order_id)
+                    .values(created_at=due - window, updated_at=due - window)
+                    .execution_options(synchronize_session=False)
+                )
+                db.session.execute(
+                    update(ScheduledCommand)
+                    .where(ScheduledCommand.id == command_id)
+                    .values(next_attempt_at=due)
+                    .execution_options(synchronize_session=False)
+                )
                 armed.append((command_id, due))
             db.session.commit()
             queue.announce([], armed)
             cpu_before = workers_cpu_seconds(children[1:])
             ahead = (base - utcnow()).total_seconds()
-            print(f"armed {len(armed)} deadlines due over {args.spread}s starting in {ahead:.1f}s "
-                  f"({len(armed) / max(args.spread, 1e-9):.0f}/s), window {args.window}s, {args.workers} worker(s), "
-                  f"{'PostgreSQL' if database_url.startswith('postgres') else 'SQLite'}")
+            print(
+                f"armed {len(armed)} deadlines due over {args.spread}s starting in {ahead:.1f}s "
+                f"({len(armed) / max(args.spread, 1e-9):.0f}/s), window {args.window}s, {args.workers} worker(s), "
+                f"{'PostgreSQL' if database_url.startswith('postgres') else 'SQLite'}"
+            )
             if ahead < 0:
                 print("WARNING: arming took longer than --lead; the first deadlines were already due")
 
             deadline = time.monotonic() + args.lead + args.spread + 120
             while True:
-                left = db.session.execute(select(func.count()).select_from(Order)
-                                          .where(Order.status != "Cancelled")).scalar_one()
-                unrestored = db.session.execute(select(func.count()).select_from(Order)
-                                                .where(Order.inventory_restored.is_(False))).scalar_one()
+                left = db.session.execute(
+                    select(func.count()).select_from(Order).where(Order.status != "Cancelled")
+                ).scalar_one()
+                unrestored = db.session.execute(
+                    select(func.count()).select_from(Order).where(Order.inventory_restored.is_(False))
+                ).scalar_one()
                 db.session.rollback()
                 if left == 0 and unrestored == 0:
                     break
@@ -199,16 +238,28 @@ def main() -> int:
                 time.sleep(0.25)
 
             rows = db.session.execute(
-                select(Order.id, Order.created_at, ScheduledCommand.completed_at, ScheduledCommand.attempts)
-                .join(ScheduledCommand, (ScheduledCommand.order_id == Order.id)
-                      & (ScheduledCommand.kind == "expire_unpaid_order"))).all()
-            cancelled_at = dict(db.session.execute(
-                select(OutboxEvent.order_id, OutboxEvent.created_at).where(OutboxEvent.name == "OrderCancelled")).all())
-            restored_at = dict(db.session.execute(
-                select(OutboxDelivery.order_id, OutboxDelivery.completed_at)
-                .where(OutboxDelivery.handler == "restore_inventory", OutboxDelivery.status == "done")).all())
-            reasons = db.session.execute(
-                select(OutboxEvent.payload).where(OutboxEvent.name == "OrderCancelled")).scalars().all()
+                select(Order.id, Order.created_at, ScheduledCommand.completed_at, ScheduledCommand.attempts).join(
+                    ScheduledCommand,
+                    (ScheduledCommand.order_id == Order.id) & (ScheduledCommand.kind == "expire_unpaid_order"),
+                )
+            ).all()
+            cancelled_at = dict(
+                db.session.execute(
+                    select(OutboxEvent.order_id, OutboxEvent.created_at).where(OutboxEvent.name == "OrderCancelled")
+                ).all()
+            )
+            restored_at = dict(
+                db.session.execute(
+                    select(OutboxDelivery.order_id, OutboxDelivery.completed_at).where(
+                        OutboxDelivery.handler == "restore_inventory", OutboxDelivery.status == "done"
+                    )
+                ).all()
+            )
+            reasons = (
+                db.session.execute(select(OutboxEvent.payload).where(OutboxEvent.name == "OrderCancelled"))
+                .scalars()
+                .all()
+            )
             db.session.rollback()
 
             def late(at, created):
@@ -220,24 +271,30 @@ def main() -> int:
             dues = [created + window for _oid, created, _c, _a in rows]
             early_runs = sum(1 for *_x, attempts in rows if attempts and attempts > 1)
             by_deadline = sum(1 for p in reasons if p.get("reason") == "payment window expired")
-            print(f"due span {(max(dues) - min(dues)).total_seconds():.1f}s; cancelled {len(cancelled)}/{len(rows)} "
-                  f"({by_deadline} by their deadline, {len(reasons) - by_deadline} otherwise); "
-                  f"{early_runs} deadline(s) needed a retry")
+            print(
+                f"due span {(max(dues) - min(dues)).total_seconds():.1f}s; cancelled {len(cancelled)}/{len(rows)} "
+                f"({by_deadline} by their deadline, {len(reasons) - by_deadline} otherwise); "
+                f"{early_runs} deadline(s) needed a retry"
+            )
             print(describe("cancelled", cancelled))
             print(describe("completed", completed))
             print(describe("restored", restored))
             cpu = workers_cpu_seconds(children[1:]) - cpu_before
             jobs = sum(w.successful_job_count + w.failed_job_count for w in Worker.all(queue=queue.work_queue()))
-            print(f"worker CPU {cpu * 1000 / max(len(rows), 1):.1f} ms per deadline (command + its restore delivery); "
-                  f"{jobs} RQ jobs in all ({jobs / max(len(rows), 1):.2f} per deadline)")
+            print(
+                f"worker CPU {cpu * 1000 / max(len(rows), 1):.1f} ms per deadline (command + its restore delivery); "
+                f"{jobs} RQ jobs in all ({jobs / max(len(rows), 1):.2f} per deadline)"
+            )
             per = cpu / max(len(rows), 1)
             if per > 0:
                 # An upper bound: PostgreSQL, Redis and the scheduler share the same cores.
                 ceiling = (os.cpu_count() or 1) / per
                 rate = len(rows) / max(args.spread, 0.001)
-                print(f"at that cost {os.cpu_count()} cores run at most ~{ceiling:.0f} deadlines/s; this run armed "
-                      f"{rate:.0f}/s" + (" (over capacity: lateness grows with the backlog)" if rate > ceiling * 0.7
-                                         else ""))
+                print(
+                    f"at that cost {os.cpu_count()} cores run at most ~{ceiling:.0f} deadlines/s; this run armed "
+                    f"{rate:.0f}/s"
+                    + (" (over capacity: lateness grows with the backlog)" if rate > ceiling * 0.7 else "")
+                )
             if cancelled:
                 verdict = "OK" if pct(cancelled, 99) <= 1.5 else "MISSED"
                 print(f"target p99(cancelled) <= 1.5s: {verdict} ({pct(cancelled, 99):.3f}s)")

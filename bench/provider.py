@@ -31,6 +31,7 @@ and prints in one run:
 
 Everything it started is stopped and the database dropped at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,18 @@ from urllib.request import Request, urlopen
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from checkout import (ROOT, Browser, _jobs, children, cpu_seconds, forget_redis, free_port, run_clients,  # noqa: E402
-                      seed, wait_http)
+from checkout import (
+    ROOT,
+    Browser,
+    _jobs,
+    children,
+    cpu_seconds,
+    forget_redis,
+    free_port,
+    run_clients,  # noqa: E402
+    seed,
+    wait_http,
+)
 from scratchdb import make_database  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -78,8 +89,12 @@ class Shop:
 
     def sandbox(self, path: str, body: dict | None = None):
         data = None if body is None else json.dumps(body).encode()
-        req = Request(f"http://127.0.0.1:{self.sandbox_port}{path}", data=data,
-                      headers={"Content-Type": "application/json"}, method="POST" if body is not None else "GET")
+        req = Request(
+            f"http://127.0.0.1:{self.sandbox_port}{path}",
+            data=data,
+            headers={"Content-Type": "application/json"},
+            method="POST" if body is not None else "GET",
+        )
         with urlopen(req, timeout=10) as resp:
             return json.loads(resp.read())
 
@@ -94,15 +109,38 @@ class Shop:
         """The environment every process of the bench's shop shares (`extra_env` on top), and the
         Stripe sandbox (`flask shop stripe-sandbox`) on a free port; returns the sandbox."""
         self.sandbox_port, self.web_port = free_port(), free_port()
-        self.env = {**os.environ, "DATABASE_URL": database_url, "SECRET_KEY": secrets.token_urlsafe(24),
-                    "REDIS_URL": redis_url, "BACKSTOP_QUEUE_PREFIX": self.prefix,
-                    "STRIPE_API_BASE": f"http://127.0.0.1:{self.sandbox_port}", "STRIPE_SESSION_MIN_SECONDS": "60",
-                    "PUBLIC_BASE_URL": f"http://127.0.0.1:{self.web_port}", "STRIPE_WEBHOOK_SECRET": "whsec_bench",
-                    "BACKSTOP_INSTANCE_PATH": instance, **extra_env}
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "SECRET_KEY": secrets.token_urlsafe(24),
+            "REDIS_URL": redis_url,
+            "BACKSTOP_QUEUE_PREFIX": self.prefix,
+            "STRIPE_API_BASE": f"http://127.0.0.1:{self.sandbox_port}",
+            "STRIPE_SESSION_MIN_SECONDS": "60",
+            "PUBLIC_BASE_URL": f"http://127.0.0.1:{self.web_port}",
+            "STRIPE_WEBHOOK_SECRET": "whsec_bench",
+            "BACKSTOP_INSTANCE_PATH": instance,
+            **extra_env,
+        }
         self.env.pop("STRIPE_SECRET_KEY", None)
-        sandbox = subprocess.Popen([str(BIN / "flask"), "--app", "app", "shop", "stripe-sandbox", "--port",
-                                    str(self.sandbox_port), "--min-session-seconds", "60"], cwd=ROOT, env=self.env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        sandbox = subprocess.Popen(
+            [
+                str(BIN / "flask"),
+                "--app",
+                "app",
+                "shop",
+                "stripe-sandbox",
+                "--port",
+                str(self.sandbox_port),
+                "--min-session-seconds",
+                "60",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.procs.append(sandbox)
         wait_http(self.sandbox_port, "/_sandbox/events", sandbox)
         return sandbox
@@ -111,10 +149,20 @@ class Shop:
         if self.web is not None:
             os.killpg(self.web.pid, signal.SIGTERM)
             self.web.wait(timeout=30)
-        env = {**self.env, **extra, "PORT": str(self.web_port),
-               "PATH": str(BIN) + os.pathsep + os.environ.get("PATH", "")}
-        self.web = subprocess.Popen(["sh", "-c", f"exec {procfile_web()} --log-level warning"], cwd=ROOT, env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        env = {
+            **self.env,
+            **extra,
+            "PORT": str(self.web_port),
+            "PATH": str(BIN) + os.pathsep + os.environ.get("PATH", ""),
+        }
+        self.web = subprocess.Popen(
+            ["sh", "-c", f"exec {procfile_web()} --log-level warning"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.procs.append(self.web)
         wait_http(self.web_port, "/", self.web)
 
@@ -137,8 +185,11 @@ def summarize(name: str, wall: float, lat: list[float]) -> dict:
     lat = sorted(lat)
     pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else float("nan")  # noqa: E731
     row = {"n": len(lat), "rate": len(lat) / wall if wall else 0.0, "p50": pct(0.5), "p99": pct(0.99)}
-    print(f"{name:<14} {row['n']:>5} in {wall:5.1f} s  {row['rate']:7.1f}/s   p50 {row['p50']:7.1f} ms   "
-          f"p99 {row['p99']:7.1f} ms", flush=True)
+    print(
+        f"{name:<14} {row['n']:>5} in {wall:5.1f} s  {row['rate']:7.1f}/s   p50 {row['p50']:7.1f} ms   "
+        f"p99 {row['p99']:7.1f} ms",
+        flush=True,
+    )
     return row
 
 
@@ -228,12 +279,17 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--brownout-seconds", type=float, default=12)
     ap.add_argument("--paced-seconds", type=float, default=6, help="length of each open-loop latency phase")
-    ap.add_argument("--server", default=os.environ.get("BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
+    ap.add_argument(
+        "--server", default=os.environ.get("BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+    )
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/11")
     ap.add_argument("--latency-only", action="store_true", help="only the 0 s / 0.3 s checkout phases")
     ap.add_argument("--skip-latency", action="store_true", help="start with the brownout")
-    ap.add_argument("--lockstep", action="store_true",
-                    help="brownout shoppers all arrive at once and come back after exactly 5 s (the worst case)")
+    ap.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="brownout shoppers all arrive at once and come back after exactly 5 s (the worst case)",
+    )
     args = ap.parse_args()
 
     shop = Shop(args)
@@ -244,14 +300,20 @@ def main() -> None:
         shop.boot(database_url, args.redis, f"/tmp/backstop-bench-{shop.run_id}")
         processes = int(os.environ.get("WEB_CONCURRENCY") or DEFAULT_WEB_CONCURRENCY)
         threads = int(os.environ.get("WEB_THREADS") or DEFAULT_WEB_THREADS)
-        print(f"web: {procfile_web()}\n     = {processes} processes x {threads} threads on PostgreSQL; "
-              f"{args.clients} clients, {args.orders} orders per checkout phase", flush=True)
+        print(
+            f"web: {procfile_web()}\n     = {processes} processes x {threads} threads on PostgreSQL; "
+            f"{args.clients} clients, {args.orders} orders per checkout phase",
+            flush=True,
+        )
         # The latency and brownout phases measure how threads hide the provider's latency, not
         # the rate budget (the overload phase below does, and bench/checkout_queue.py): a budget
         # below the checkout rate would send the 0 s phase to the checkout queue and measure
         # the budget instead.
-        shop.start_web(BACKSTOP_STRIPE_BREAKER_THRESHOLD="1000000", STRIPE_RATE_LIMIT_PER_SECOND="10000",
-                       STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND="10000")
+        shop.start_web(
+            BACKSTOP_STRIPE_BREAKER_THRESHOLD="1000000",
+            STRIPE_RATE_LIMIT_PER_SECOND="10000",
+            STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND="10000",
+        )
 
         def prepared(n: int) -> queue.Queue:
             ready: queue.Queue = queue.Queue()
@@ -261,6 +323,7 @@ def main() -> None:
                 b.open_catalog()
                 b.fill_cart([variant])
                 ready.put(b)
+
             run_clients(args.clients, _jobs(n), make)
             return ready
 
@@ -292,8 +355,11 @@ def main() -> None:
             row = summarize(name, totals["wall"], totals["lat"])
             row["cpu_ms"] = totals["cpu"] / len(totals["lat"]) * 1000
             row["rate"] = totals["pay"] / totals["wall"]  # orders that reached the payment page
-            print(f"{'':<14} {totals['pay']} to the payment page ({row['rate']:.1f}/s), {totals['later']} "
-                  f"pay-later; web CPU {row['cpu_ms']:.2f} ms/order", flush=True)
+            print(
+                f"{'':<14} {totals['pay']} to the payment page ({row['rate']:.1f}/s), {totals['later']} "
+                f"pay-later; web CPU {row['cpu_ms']:.2f} ms/order",
+                flush=True,
+            )
             yield row
 
         fast = None
@@ -310,11 +376,17 @@ def main() -> None:
             fast, slow = rows
             ratio = slow["rate"] / fast["rate"]
             cap = args.clients / 0.3
-            print(f"checkout at 0.3 s / at 0 s: x{ratio:.2f} of the orders/s (target >= 0.90) -> "
-                  f"{'MET' if ratio >= 0.90 else 'MISSED'}; p99 {fast['p99']:.0f} -> {slow['p99']:.0f} ms"
-                  + (f" (closed loop: {args.clients} clients waiting 0.3 s each cannot ask more than {cap:.0f}/s, "
-                     f"x{cap / fast['rate']:.2f} of the 0 s rate; the paced phase below measures the shop)"
-                     if cap < 0.9 * fast["rate"] else ""), flush=True)
+            print(
+                f"checkout at 0.3 s / at 0 s: x{ratio:.2f} of the orders/s (target >= 0.90) -> "
+                f"{'MET' if ratio >= 0.90 else 'MISSED'}; p99 {fast['p99']:.0f} -> {slow['p99']:.0f} ms"
+                + (
+                    f" (closed loop: {args.clients} clients waiting 0.3 s each cannot ask more than {cap:.0f}/s, "
+                    f"x{cap / fast['rate']:.2f} of the 0 s rate; the paced phase below measures the shop)"
+                    if cap < 0.9 * fast["rate"]
+                    else ""
+                ),
+                flush=True,
+            )
             # The same question asked open-loop: a fixed rate of customers arriving, whatever the
             # answers, at two thirds of what the shop served at 0 s. 32 closed-loop clients cannot
             # ask it: each waits out its own 0.3 s, which caps them at 32 / 0.3 s = 107/s whatever
@@ -331,14 +403,20 @@ def main() -> None:
                 # wall time would also count the last answer's latency: 5% of a 6-s phase at 0.3 s).
                 row["served"] = outcomes["pay"] / len(lat) * offered
                 paced_rows[latency] = row
-                print(f"{'':<14} offered {offered:.0f}/s: {outcomes['pay']} to the payment page ({row['served']:.1f}/s), "
-                      f"{outcomes['later']} pay-later, {outcomes['5xx']} 5xx, {late} sent late", flush=True)
+                print(
+                    f"{'':<14} offered {offered:.0f}/s: {outcomes['pay']} to the payment page ({row['served']:.1f}/s), "
+                    f"{outcomes['later']} pay-later, {outcomes['5xx']} 5xx, {late} sent late",
+                    flush=True,
+                )
             shop.faults(api_latency_seconds=0)
             hidden = paced_rows[0.3]["served"] / paced_rows[0.0]["served"]
             added = paced_rows[0.3]["p99"] - paced_rows[0.0]["p99"]
-            print(f"paced at {offered:.0f}/s, 0.3 s / 0 s: x{hidden:.2f} of the orders/s (target >= 0.90) -> "
-                  f"{'MET' if hidden >= 0.90 else 'MISSED'}; p99 {paced_rows[0.0]['p99']:.0f} -> "
-                  f"{paced_rows[0.3]['p99']:.0f} ms ({added:+.0f} ms for 300 ms at the provider)", flush=True)
+            print(
+                f"paced at {offered:.0f}/s, 0.3 s / 0 s: x{hidden:.2f} of the orders/s (target >= 0.90) -> "
+                f"{'MET' if hidden >= 0.90 else 'MISSED'}; p99 {paced_rows[0.0]['p99']:.0f} -> "
+                f"{paced_rows[0.3]['p99']:.0f} ms ({added:+.0f} ms for 300 ms at the provider)",
+                flush=True,
+            )
         if args.latency_only:
             return
 
@@ -363,8 +441,9 @@ def main() -> None:
                     stop.wait(5.0 if args.lockstep else rng.uniform(2.5, 7.5))
 
         outcomes.update({"pay": 0, "later": 0, "5xx": 0})
-        workers = [threading.Thread(target=hold_checkouts, args=(random.Random(i),), daemon=True)
-                   for i in range(holders)]
+        workers = [
+            threading.Thread(target=hold_checkouts, args=(random.Random(i),), daemon=True) for i in range(holders)
+        ]
         for w in workers:
             w.start()
         time.sleep(10)  # all of them arrived, and the first calls timed out
@@ -374,20 +453,28 @@ def main() -> None:
         stop.set()
         cat = summarize("catalog", args.brownout_seconds, catalog_lat)
         cores = os.cpu_count() or 1
-        print(f"{'':<14} the machine's {cores} cores were {busy / (args.brownout_seconds * cores):.0%} busy: "
-              f"the web {web / args.brownout_seconds:.2f} cores, this bench's checkout clients "
-              f"{bench / args.brownout_seconds:.2f} cores", flush=True)
-        print(f"{'':<14} during the brownout with {holders} checkout clients: {catalog_5xx[0]} catalog 5xx, "
-              f"checkouts {outcomes} (target p99 <= 100 ms, no 5xx) -> "
-              f"{'MET' if cat['p99'] <= 100 and catalog_5xx[0] == 0 and outcomes['5xx'] == 0 else 'MISSED'}",
-              flush=True)
+        print(
+            f"{'':<14} the machine's {cores} cores were {busy / (args.brownout_seconds * cores):.0%} busy: "
+            f"the web {web / args.brownout_seconds:.2f} cores, this bench's checkout clients "
+            f"{bench / args.brownout_seconds:.2f} cores",
+            flush=True,
+        )
+        print(
+            f"{'':<14} during the brownout with {holders} checkout clients: {catalog_5xx[0]} catalog 5xx, "
+            f"checkouts {outcomes} (target p99 <= 100 ms, no 5xx) -> "
+            f"{'MET' if cat['p99'] <= 100 and catalog_5xx[0] == 0 and outcomes['5xx'] == 0 else 'MISSED'}",
+            flush=True,
+        )
         shop.faults(api_latency_seconds=0)
         for w in workers:
             w.join(timeout=30)
 
         # Breaker open: the default threshold, the provider failing.
-        shop.start_web(BACKSTOP_STRIPE_BREAKER_COOLDOWN_SECONDS="5", STRIPE_RATE_LIMIT_PER_SECOND="30",
-                       STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND="10000")
+        shop.start_web(
+            BACKSTOP_STRIPE_BREAKER_COOLDOWN_SECONDS="5",
+            STRIPE_RATE_LIMIT_PER_SECOND="30",
+            STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND="10000",
+        )
         shop.faults(api_unavailable=True)
         run_clients(4, prepared(12), checkout)  # past the threshold
         outcomes.update({"pay": 0, "later": 0, "5xx": 0})
@@ -398,8 +485,11 @@ def main() -> None:
         open_row = summarize("breaker open", wall, lat)
         open_cpu = (shop.web_cpu() - cpu0) / len(lat) * 1000
         made = len(shop.call_times(0)) - calls0
-        print(f"{'':<14} {outcomes['later']} pay-later, {made} provider calls (target p99 <= 200 ms) -> "
-              f"{'MET' if open_row['p99'] <= 200 else 'MISSED'}; web CPU {open_cpu:.2f} ms/order", flush=True)
+        print(
+            f"{'':<14} {outcomes['later']} pay-later, {made} provider calls (target p99 <= 200 ms) -> "
+            f"{'MET' if open_row['p99'] <= 200 else 'MISSED'}; web CPU {open_cpu:.2f} ms/order",
+            flush=True,
+        )
 
         # Overload: a budget of 30/s and 64 clients checking out as fast as they can.
         shop.faults(api_unavailable=False)
@@ -410,11 +500,17 @@ def main() -> None:
         wall, lat = run_clients(64, carts, checkout)
         peak = peak_in_window(shop.call_times(since), 1.0)
         summarize("overload", wall, lat)
-        print(f"{'':<14} peak {peak} provider calls in one second at the sandbox, budget 30 (target <= budget) -> "
-              f"{'MET' if peak <= 30 else 'MISSED'}; checkouts {outcomes}", flush=True)
+        print(
+            f"{'':<14} peak {peak} provider calls in one second at the sandbox, budget 30 (target <= budget) -> "
+            f"{'MET' if peak <= 30 else 'MISSED'}; checkouts {outcomes}",
+            flush=True,
+        )
         if fast is not None:
-            print(f"web CPU per order: {fast['cpu_ms']:.2f} ms with the provider call, {open_cpu:.2f} ms without "
-                  f"(x{fast['cpu_ms'] / open_cpu:.2f})", flush=True)
+            print(
+                f"web CPU per order: {fast['cpu_ms']:.2f} ms with the provider call, {open_cpu:.2f} ms without "
+                f"(x{fast['cpu_ms'] / open_cpu:.2f})",
+                flush=True,
+            )
     finally:
         shop.stop()
         drop()

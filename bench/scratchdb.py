@@ -1,5 +1,6 @@
 """A throwaway database for one benchmark run: a fresh PostgreSQL database on the server that
 `url` names (dropped afterwards), or a SQLite file in a temp folder."""
+
 from __future__ import annotations
 
 import tempfile

@@ -11,6 +11,7 @@ pass query at 1M.
 It creates (and drops) its own database on that server and uses its own Redis queue prefix.
 Options: --sizes 10000,100000,1000000  --stuck 200  --repeats 7  --batch 50  --keep
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,8 @@ RUN = uuid.uuid4().hex[:8]
 BACKGROUND_SQL = """
 INSERT INTO orders (reference, access_token, browser_id, email, status, total, currency, inventory_restored,
                     payment_session_id, payment_attempts, version, created_at, updated_at)
-SELECT 'BN-' || g, 'tok', 'browser-' || (g % 5000), 'customer-' || (g % 200000) || '@example.com', s.status, 1400, 'usd', s.status = 'Cancelled',
+SELECT 'BN-' || g, 'tok', 'browser-' || (g % 5000), 'customer-' || (g % 200000) || '@example.com',
+       s.status, 1400, 'usd', s.status = 'Cancelled',
        CASE WHEN s.status IN ('Paid', 'PaymentInitiated', 'PaymentFailed') THEN 'cs_bench_' || g END,
        1, 1, s.at, s.at
 FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS g
@@ -99,12 +101,18 @@ def main() -> None:
     try:
         with running_sandbox(min_session_seconds=60) as sandbox:
             sandbox.faults(api_unavailable=True)
-            app = create_app({
-                "TESTING": True, "SECRET_KEY": "bench", "DATABASE_URL": url,
-                "REDIS_URL": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
-                "QUEUE_PREFIX": f"bench-sweep-{RUN}", "STRIPE_API_BASE": sandbox.base_url,
-                "STRIPE_MAX_NETWORK_RETRIES": 0, "RECONCILIATION_BATCH_SIZE": args.batch,
-            })
+            app = create_app(
+                {
+                    "TESTING": True,
+                    "SECRET_KEY": "bench",
+                    "DATABASE_URL": url,
+                    "REDIS_URL": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
+                    "QUEUE_PREFIX": f"bench-sweep-{RUN}",
+                    "STRIPE_API_BASE": sandbox.base_url,
+                    "STRIPE_MAX_NETWORK_RETRIES": 0,
+                    "RECONCILIATION_BATCH_SIZE": args.batch,
+                }
+            )
             logging.disable(logging.WARNING)
             with app.app_context():
                 try:
@@ -131,9 +139,12 @@ def run(app, sizes, args) -> None:
     from shop.scheduling.sweep import run_cycle, stuck_query
 
     upgrade()
-    print(f"PostgreSQL {db.session.execute(text('SHOW server_version')).scalar()}; "
-          f"{args.stuck} stuck orders per round (1/3 each PendingPayment, PaymentFailed, PaymentInitiated), "
-          f"batch {args.batch}, provider answering 503", flush=True)
+    print(
+        f"PostgreSQL {db.session.execute(text('SHOW server_version')).scalar()}; "
+        f"{args.stuck} stuck orders per round (1/3 each PendingPayment, PaymentFailed, PaymentInitiated), "
+        f"batch {args.batch}, provider answering 503",
+        flush=True,
+    )
     medians, filled, round_no = {}, 0, 0
     for size in sizes:
         t0 = time.perf_counter()
@@ -170,10 +181,12 @@ def run(app, sizes, args) -> None:
         medians[size] = statistics.median(times)
         total = db.session.execute(text("SELECT count(*) FROM orders")).scalar()
         db.session.rollback()
-        print(f"{total:>9,} orders (filled in {fill_seconds:6.1f} s): one cycle median {medians[size] * 1000:7.1f} ms "
-              f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f}, n={len(times)}); "
-              f"{counts.expiry['cancelled']} cancelled, {counts.provider['unavailable']} provider-unavailable",
-              flush=True)
+        print(
+            f"{total:>9,} orders (filled in {fill_seconds:6.1f} s): one cycle median {medians[size] * 1000:7.1f} ms "
+            f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f}, n={len(times)}); "
+            f"{counts.expiry['cancelled']} cancelled, {counts.provider['unavailable']} provider-unavailable",
+            flush=True,
+        )
     small, large = min(sizes), max(sizes)
     print(f"ratio {large:,}/{small:,}: {medians[large] / medians[small]:.2f} (target <= 1.2)")
 

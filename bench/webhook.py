@@ -25,6 +25,7 @@ What it does
 
 Everything it creates (database, gunicorn, Redis queue keys) is removed at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,17 +55,25 @@ def parse_args():
     p.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
     p.add_argument("--orders", type=int, default=1000, help="orders (distinct events) per round")
     p.add_argument("--rounds", type=int, default=2, help="bare/real pairs, interleaved")
-    p.add_argument("--split-orders", type=int, default=500,
-                   help="orders for the first-delivery / duplicate-only phase (0 skips it)")
-    p.add_argument("--workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY", 4)),
-                   help="gunicorn sync workers")
-    p.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL",
-                                                            "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
+    p.add_argument(
+        "--split-orders",
+        type=int,
+        default=500,
+        help="orders for the first-delivery / duplicate-only phase (0 skips it)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY", 4)), help="gunicorn sync workers"
+    )
+    p.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"),
+    )
     p.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"))
     return p.parse_args()
 
 
 # -- database -------------------------------------------------------------------------------
+
 
 def create_database(server_url: str) -> tuple[str, callable]:
     from scratchdb import make_database  # bench/scratchdb.py
@@ -73,6 +82,7 @@ def create_database(server_url: str) -> tuple[str, callable]:
 
 
 # -- fixtures: real orders, real sessions, real events ----------------------------------------
+
 
 def build_events(app, sandbox, count: int) -> list[bytes]:
     """`count` orders paid at the sandbox; returns their completed events' exact bodies."""
@@ -88,13 +98,31 @@ def build_events(app, sandbox, count: int) -> list[bytes]:
 
     with app.app_context():
         now = utcnow()
-        rows = [dict(reference=new_reference(), access_token=secrets.token_urlsafe(24), browser_id="bench",
-                     email="bench@example.com", status="PendingPayment", total=1400, currency="usd",
-                     inventory_restored=False, payment_attempts=0, version=1, created_at=now, updated_at=now)
-                for _ in range(count)]
+        rows = [
+            dict(
+                reference=new_reference(),
+                access_token=secrets.token_urlsafe(24),
+                browser_id="bench",
+                email="bench@example.com",
+                status="PendingPayment",
+                total=1400,
+                currency="usd",
+                inventory_restored=False,
+                payment_attempts=0,
+                version=1,
+                created_at=now,
+                updated_at=now,
+            )
+            for _ in range(count)
+        ]
         ids = list(db.session.execute(insert(Order).returning(Order.id), rows).scalars())
-        db.session.execute(insert(OrderLine), [dict(order_id=i, variant_id=1, sku="NB-A5-DOT", name="A5, dot grid",
-                                                     quantity=1, unit_price=1400) for i in ids])
+        db.session.execute(
+            insert(OrderLine),
+            [
+                dict(order_id=i, variant_id=1, sku="NB-A5-DOT", name="A5, dot grid", quantity=1, unit_price=1400)
+                for i in ids
+            ],
+        )
         db.session.commit()
         db.session.remove()
 
@@ -110,13 +138,17 @@ def build_events(app, sandbox, count: int) -> list[bytes]:
     with ThreadPoolExecutor(8) as pool:
         sessions = set(pool.map(pay, ids))
     with sandbox.sandbox.lock:
-        bodies = [r.body for r in sandbox.sandbox.events.values()
-                  if r.type == "checkout.session.completed" and r.session_id in sessions]
+        bodies = [
+            r.body
+            for r in sandbox.sandbox.events.values()
+            if r.type == "checkout.session.completed" and r.session_id in sessions
+        ]
     assert len(bodies) == count, (len(bodies), count)
     return bodies
 
 
 # -- gunicorn -------------------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -127,10 +159,25 @@ def free_port() -> int:
 def start_gunicorn(env: dict, workers: int, port: int, log_path: str) -> subprocess.Popen:
     gunicorn = os.path.join(os.path.dirname(sys.executable), "gunicorn")
     log = open(log_path, "w")
-    proc = subprocess.Popen([gunicorn, "--pythonpath", os.path.join(ROOT, "bench"), "benchapp:create_bench_app()",
-                             "--workers", str(workers), "--bind", f"127.0.0.1:{port}",
-                             "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=log,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            gunicorn,
+            "--pythonpath",
+            os.path.join(ROOT, "bench"),
+            "benchapp:create_bench_app()",
+            "--workers",
+            str(workers),
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -172,6 +219,7 @@ def workers_cpu_seconds(master_pid: int) -> float:
 
 # -- load -----------------------------------------------------------------------------------
 
+
 def sign(body: bytes, t: int) -> str:
     return f"t={t},v1=" + hmac.new(SECRET.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
 
@@ -197,8 +245,9 @@ def blast(port: int, path: str, bodies: list[bytes], clients: int, master_pid: i
             started = time.perf_counter()
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
             try:
-                conn.request("POST", path, body=body, headers={"Stripe-Signature": sig,
-                                                               "Content-Type": "application/json"})
+                conn.request(
+                    "POST", path, body=body, headers={"Stripe-Signature": sig, "Content-Type": "application/json"}
+                )
                 response = conn.getresponse()
                 response.read()
                 code = response.status
@@ -224,10 +273,16 @@ def blast(port: int, path: str, bodies: list[bytes], clients: int, master_pid: i
     cpu = workers_cpu_seconds(master_pid) - cpu_before if master_pid else float("nan")
     latencies.sort()
     accepted = statuses.get(200, 0)
-    return {"requests": len(requests), "accepted": accepted, "statuses": statuses, "wall": wall,
-            "rate": accepted / wall, "p50": latencies[len(latencies) // 2] * 1000,
-            "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
-            "cpu_ms": cpu * 1000 / max(1, len(requests))}
+    return {
+        "requests": len(requests),
+        "accepted": accepted,
+        "statuses": statuses,
+        "wall": wall,
+        "rate": accepted / wall,
+        "p50": latencies[len(latencies) // 2] * 1000,
+        "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+        "cpu_ms": cpu * 1000 / max(1, len(requests)),
+    }
 
 
 def check_round(app, bodies: list[bytes]) -> str:
@@ -240,10 +295,14 @@ def check_round(app, bodies: list[bytes]) -> str:
 
     ids = [int(json.loads(b)["data"]["object"]["metadata"]["order_id"]) for b in bodies]
     with app.app_context():
-        paid = db.session.scalar(select(func.count()).select_from(Order)
-                                 .where(Order.id.in_(ids), Order.status == "Paid"))
-        events = db.session.scalar(select(func.count()).select_from(OutboxEvent)
-                                   .where(OutboxEvent.order_id.in_(ids), OutboxEvent.name == "OrderPaid"))
+        paid = db.session.scalar(
+            select(func.count()).select_from(Order).where(Order.id.in_(ids), Order.status == "Paid")
+        )
+        events = db.session.scalar(
+            select(func.count())
+            .select_from(OutboxEvent)
+            .where(OutboxEvent.order_id.in_(ids), OutboxEvent.name == "OrderPaid")
+        )
         db.session.remove()
     ok = paid == len(ids) and events == len(ids)
     return f"{paid}/{len(ids)} orders Paid, {events} OrderPaid events ({'ok' if ok else 'WRONG'})"
@@ -253,12 +312,23 @@ def main() -> int:
     args = parse_args()
     database_url, drop_database = create_database(args.database_url)
     prefix = f"bench-webhook-{uuid.uuid4().hex[:6]}"
-    env = dict(os.environ, DATABASE_URL=database_url, SECRET_KEY="bench", STRIPE_WEBHOOK_SECRET=SECRET,
-               REDIS_URL=args.redis_url, BACKSTOP_QUEUE_PREFIX=prefix,
-               PUBLIC_BASE_URL="http://127.0.0.1:5000", STRIPE_SESSION_MIN_SECONDS="1800")
+    env = dict(
+        os.environ,
+        DATABASE_URL=database_url,
+        SECRET_KEY="bench",
+        STRIPE_WEBHOOK_SECRET=SECRET,
+        REDIS_URL=args.redis_url,
+        BACKSTOP_QUEUE_PREFIX=prefix,
+        PUBLIC_BASE_URL="http://127.0.0.1:5000",
+        STRIPE_SESSION_MIN_SECONDS="1800",
+    )
     env.pop("STRIPE_SECRET_KEY", None)
-    os.environ.update({k: env[k] for k in ("DATABASE_URL", "SECRET_KEY", "REDIS_URL", "BACKSTOP_QUEUE_PREFIX",
-                                           "STRIPE_WEBHOOK_SECRET")})
+    os.environ.update(
+        {
+            k: env[k]
+            for k in ("DATABASE_URL", "SECRET_KEY", "REDIS_URL", "BACKSTOP_QUEUE_PREFIX", "STRIPE_WEBHOOK_SECRET")
+        }
+    )
     import logging
 
     from flask_migrate import upgrade
@@ -297,29 +367,33 @@ def main() -> int:
 
         results = {"bare": [], "real": []}
         for r in range(args.rounds):
-            bodies = all_bodies[r * args.orders:(r + 1) * args.orders]
+            bodies = all_bodies[r * args.orders : (r + 1) * args.orders]
             bare = blast(port, "/_bench/bare-webhook", bodies * 2, args.clients, master)
             deliveries = bodies * 2
             rng.shuffle(deliveries)
             real = blast(port, "/webhooks/stripe", deliveries, args.clients, master)
             results["bare"].append(bare)
             results["real"].append(real)
-            print(f"round {r + 1}: bare {bare['rate']:.0f}/s, real {real['rate']:.0f}/s; "
-                  f"{check_round(app, bodies)}", flush=True)
+            print(
+                f"round {r + 1}: bare {bare['rate']:.0f}/s, real {real['rate']:.0f}/s; {check_round(app, bodies)}",
+                flush=True,
+            )
             for name, res in (("bare", bare), ("real", real)):
                 if set(res["statuses"]) != {200}:
                     print(f"  {name}: statuses {res['statuses']}")
 
         split = {}
         if args.split_orders:
-            bodies = all_bodies[args.rounds * args.orders:]
+            bodies = all_bodies[args.rounds * args.orders :]
             split["first"] = blast(port, "/webhooks/stripe", bodies, args.clients, master)
             split["duplicate"] = blast(port, "/webhooks/stripe", bodies, args.clients, master)
             print(f"split: {check_round(app, bodies)}", flush=True)
 
         print()
-        print(f"{args.clients} clients, gunicorn sync x{args.workers}, PostgreSQL, {args.orders} orders/round "
-              f"(real: each event twice, shuffled)")
+        print(
+            f"{args.clients} clients, gunicorn sync x{args.workers}, PostgreSQL, {args.orders} orders/round "
+            f"(real: each event twice, shuffled)"
+        )
         header = f"{'endpoint':<36}{'requests':>9}{'accepted/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'CPU ms/req':>12}"
         print(header)
         summary, cpu = {}, {}
@@ -327,9 +401,11 @@ def main() -> int:
         def row(label, runs):
             rate = statistics.median(x["rate"] for x in runs)
             cpu_ms = statistics.median(x["cpu_ms"] for x in runs)
-            print(f"{label:<36}{sum(x['requests'] for x in runs):>9}{rate:>12.0f}"
-                  f"{statistics.median(x['p50'] for x in runs):>9.1f}"
-                  f"{statistics.median(x['p99'] for x in runs):>9.1f}{cpu_ms:>12.2f}")
+            print(
+                f"{label:<36}{sum(x['requests'] for x in runs):>9}{rate:>12.0f}"
+                f"{statistics.median(x['p50'] for x in runs):>9.1f}"
+                f"{statistics.median(x['p99'] for x in runs):>9.1f}{cpu_ms:>12.2f}"
+            )
             return rate, cpu_ms
 
         for name, label in (("bare", "bare (verify + insert 1 row)"), ("real", "POST /webhooks/stripe (mixed)")):
@@ -339,8 +415,10 @@ def main() -> int:
                 row(f"  {name} deliveries only", [split[name]])
         ratio = summary["real"] / summary["bare"]
         print(f"ratio real / bare by rate: {ratio:.2f} (target >= 0.70: {'met' if ratio >= 0.70 else 'MISSED'})")
-        print(f"ratio real / bare by CPU : {cpu['bare'] / cpu['real']:.2f} "
-              f"(bare CPU per request / real CPU per request; less sensitive to other load on the machine)")
+        print(
+            f"ratio real / bare by CPU : {cpu['bare'] / cpu['real']:.2f} "
+            f"(bare CPU per request / real CPU per request; less sensitive to other load on the machine)"
+        )
         return 0
     finally:
         if proc is not None and proc.poll() is None:

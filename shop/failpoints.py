@@ -4,6 +4,7 @@ Off unless the environment variable is set. A test uses it to SIGKILL a real wor
 an exact point (e.g. after the restore marker is flushed, before the commit) and then checks
 that nothing half-done survived.
 """
+
 import os
 import signal
 import time

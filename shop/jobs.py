@@ -3,6 +3,7 @@
 A worker started by `flask shop worker` already has an app context; anything else (a forking
 worker, a bare `rq worker`) gets one built here.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -36,8 +37,7 @@ def drain(slot: int | None = None) -> dict:
     batches; ask for another drain if rows may still be due when we stop."""
     with _app_context():
         queue.drain_started(slot)
-        result = dispatch.drain_deliveries_concurrently(dispatch.drain_threads(),
-                                                        should_yield=queue.other_jobs_waiting)
+        result = dispatch.drain_deliveries_concurrently(dispatch.drain_threads(), should_yield=queue.other_jobs_waiting)
         if result["more"]:
             queue.request_drain()
         return result

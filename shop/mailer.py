@@ -1,5 +1,6 @@
 """The one way the shop sends email: SMTP when SMTP_URL is set (smtp://user:pass@host:port),
 otherwise an .eml file under instance/mail/ that a person can open."""
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +42,9 @@ def send(to: str, subject: str, body: str, *, key: str) -> str:
                 smtp.send_message(msg)
         except (OSError, smtplib.SMTPException) as exc:
             # What an operator reading the dead letter needs: which server, and where it is set.
-            raise MailNotSent(f"the mail server {server} (SMTP_URL) did not take the message: "
-                              f"{type(exc).__name__}: {exc}") from exc
+            raise MailNotSent(
+                f"the mail server {server} (SMTP_URL) did not take the message: {type(exc).__name__}: {exc}"
+            ) from exc
         log.info("mail %s sent to %s via SMTP", key, to)
         return f"smtp:{key}"
     folder = os.path.join(current_app.instance_path, "mail")

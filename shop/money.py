@@ -4,6 +4,7 @@ amount the way the provider's payment page does ("$28.00", "¥1,500"), whatever 
 Amounts are kept in the currency's minor unit, as Stripe counts them: most currencies have two
 decimals, Stripe's zero-decimal currencies none (1500 JPY is ¥1,500) and its three-decimal ones
 three. Babel supplies the symbols, grouping and the digits each currency is shown with."""
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -13,8 +14,9 @@ from babel.numbers import format_currency
 LOCALE = "en_US"
 
 # Stripe's lists (its docs, "Zero-decimal currencies" and "Three-decimal currencies").
-ZERO_DECIMAL = frozenset({"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "ugx", "vnd", "vuv",
-                          "xaf", "xof", "xpf"})
+ZERO_DECIMAL = frozenset(
+    {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "ugx", "vnd", "vuv", "xaf", "xof", "xpf"}
+)
 THREE_DECIMAL = frozenset({"bhd", "jod", "kwd", "omr", "tnd"})
 
 

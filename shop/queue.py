@@ -4,6 +4,7 @@ Jobs carry ids only; the rows they name are the source of truth. Redis is an acc
 it loses everything, the relay (a periodic job) and the scheduler's start-up re-arm hand the
 due rows to it again.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,9 +47,14 @@ end
 return 0
 """
 
+
 def redis_conn() -> Redis:
-    return per_app("redis", lambda: Redis.from_url(current_app.config["REDIS_URL"], socket_connect_timeout=2,
-                                                   socket_timeout=5, health_check_interval=30))
+    return per_app(
+        "redis",
+        lambda: Redis.from_url(
+            current_app.config["REDIS_URL"], socket_connect_timeout=2, socket_timeout=5, health_check_interval=30
+        ),
+    )
 
 
 def queue_names() -> tuple[str, str]:
@@ -66,8 +72,7 @@ def control_queue() -> Queue:
 
 
 def scheduler() -> Scheduler:
-    return Scheduler(queue=work_queue(), connection=redis_conn(),
-                     interval=current_app.config["SCHEDULER_POLL_SECONDS"])
+    return Scheduler(queue=work_queue(), connection=redis_conn(), interval=current_app.config["SCHEDULER_POLL_SECONDS"])
 
 
 def _aware(dt: datetime) -> datetime:
@@ -93,8 +98,10 @@ def announce(delivery_ids, commands, now: datetime | None = None, retired=()) ->
     with redis_conn().pipeline() as pipe:
         jobs = [_drain_job(slot)] if delivery_ids and (slot := _take_drain_slot()) is not None else []
         due_now = [(cid, due) for cid, due in commands if _aware(due) <= now]
-        jobs += [Queue.prepare_data(COMMAND_JOB, args=(cid,), result_ttl=0, failure_ttl=3600, timeout=300)
-                 for cid, _ in due_now]
+        jobs += [
+            Queue.prepare_data(COMMAND_JOB, args=(cid,), result_ttl=0, failure_ttl=3600, timeout=300)
+            for cid, _ in due_now
+        ]
         if jobs:
             queue.enqueue_many(jobs, pipeline=pipe)
         for cid, due in commands:
@@ -143,8 +150,14 @@ def _drain_job_prefix() -> str:
 
 
 def _drain_job(slot: int | None):
-    return Queue.prepare_data(DRAIN_JOB, args=(slot,), result_ttl=0, failure_ttl=3600, timeout=300,
-                              job_id=f"{_drain_job_prefix()}{uuid.uuid4().hex}")
+    return Queue.prepare_data(
+        DRAIN_JOB,
+        args=(slot,),
+        result_ttl=0,
+        failure_ttl=3600,
+        timeout=300,
+        job_id=f"{_drain_job_prefix()}{uuid.uuid4().hex}",
+    )
 
 
 def request_drain(force: bool = False) -> bool:
@@ -226,8 +239,16 @@ def register_periodic_jobs(relay_seconds: int, sweep_seconds: int | None) -> lis
             continue
         # result_ttl=-1 keeps the job's key: with 0 the worker deletes it after the first run and
         # rq-scheduler then drops the repeat as a job that no longer exists.
-        sched.schedule(datetime.now(timezone.utc), func, interval=interval, repeat=None, id=job_id,
-                       queue_name=queue_names()[0], result_ttl=-1, timeout=max(60, interval * 2))
+        sched.schedule(
+            datetime.now(timezone.utc),
+            func,
+            interval=interval,
+            repeat=None,
+            id=job_id,
+            queue_name=queue_names()[0],
+            result_ttl=-1,
+            timeout=max(60, interval * 2),
+        )
         done.append(f"{job_id} (registered, every {interval}s)")
     return done
 
@@ -240,8 +261,7 @@ def enqueue_delivery(delivery_id: int) -> None:
 def schedule_delivery(delivery_id: int, due: datetime) -> None:
     """A delivery's retry, run at `due`. rq-scheduler keeps whole seconds and may fire a second
     early; a delivery is never claimed before its time, so the job is scheduled a second late."""
-    scheduler().enqueue_at(_aware(due) + timedelta(seconds=1), DELIVERY_JOB, delivery_id, job_result_ttl=0,
-                           timeout=300)
+    scheduler().enqueue_at(_aware(due) + timedelta(seconds=1), DELIVERY_JOB, delivery_id, job_result_ttl=0, timeout=300)
 
 
 def enqueue_command(command_id: int, due: datetime | None = None) -> None:
@@ -288,8 +308,13 @@ class ShopWorker(SimpleWorker):
         self._beater: threading.Thread | None = None
 
     def _record(self) -> dict:
-        record = {"state": self.get_state(), "shop_job": "", "shop_job_since": "",
-                  "shop_last_job": "", "shop_last_job_at": ""}
+        record = {
+            "state": self.get_state(),
+            "shop_job": "",
+            "shop_job_since": "",
+            "shop_last_job": "",
+            "shop_last_job_at": "",
+        }
         if self.birth_date is not None and self.last_heartbeat is not None:
             record.update(self.serialize())
         if self._job is not None:
@@ -325,8 +350,11 @@ class ShopWorker(SimpleWorker):
         while True:
             time.sleep(self.beat_seconds)
             job = self._job
-            if job is None or time.monotonic() > job[2] or \
-                    (datetime.now(timezone.utc) - job[1]).total_seconds() < self.beat_seconds:
+            if (
+                job is None
+                or time.monotonic() > job[2]
+                or (datetime.now(timezone.utc) - job[1]).total_seconds() < self.beat_seconds
+            ):
                 continue  # idle (the main loop beats), past its timeout, or too short to need it
             try:
                 self.heartbeat()
@@ -346,9 +374,12 @@ class _WorkerRecord(ShopWorker):
 def make_worker(name: str | None = None) -> ShopWorker:
     control, work = queue_names()
     conn = redis_conn()
-    return ShopWorker([Queue(control, connection=conn), Queue(work, connection=conn)], connection=conn,
-                      name=name or f"backstop-{socket.gethostname()}-{os.getpid()}",
-                      beat_seconds=heartbeat_seconds())
+    return ShopWorker(
+        [Queue(control, connection=conn), Queue(work, connection=conn)],
+        connection=conn,
+        name=name or f"backstop-{socket.gethostname()}-{os.getpid()}",
+        beat_seconds=heartbeat_seconds(),
+    )
 
 
 def run_worker(burst: bool = False, name: str | None = None) -> None:
@@ -364,8 +395,9 @@ class _WatchfulScheduler(Scheduler):
     rebuilds Redis's part from the database before due jobs are moved. One ZSCORE per periodic
     job per poll; only the scheduler holding rq-scheduler's lock does it."""
 
-    def __init__(self, *args, watch=(), on_loss=None, beat_key: str = "", beat_index: str = "",
-                 beat_ttl: int = 180, **kwargs):
+    def __init__(
+        self, *args, watch=(), on_loss=None, beat_key: str = "", beat_index: str = "", beat_ttl: int = 180, **kwargs
+    ):
         super().__init__(*args, **kwargs)
         self._watch = tuple(watch)
         self._on_loss = on_loss
@@ -390,13 +422,20 @@ class _WatchfulScheduler(Scheduler):
         with self.connection.pipeline(transaction=False) as pipe:
             pipe.expire(self.key, int(self._interval) + 10)
             if self._beat_key:
-                pipe.hset(self._beat_key, mapping={
-                    "name": self.beat_name, "host": socket.gethostname(), "pid": os.getpid(),
-                    "runs": f"rq-scheduler for {self.queue_name}, polling every {self._interval} s",
-                    "since": _iso(self._born), "last_beat": _iso(now),
-                    "last_job": self._last_moved[0] if self._last_moved else "",
-                    "last_job_at": _iso(self._last_moved[1]) if self._last_moved else "",
-                    "last_lock_at": _iso(self._last_lock_at)})
+                pipe.hset(
+                    self._beat_key,
+                    mapping={
+                        "name": self.beat_name,
+                        "host": socket.gethostname(),
+                        "pid": os.getpid(),
+                        "runs": f"rq-scheduler for {self.queue_name}, polling every {self._interval} s",
+                        "since": _iso(self._born),
+                        "last_beat": _iso(now),
+                        "last_job": self._last_moved[0] if self._last_moved else "",
+                        "last_job_at": _iso(self._last_moved[1]) if self._last_moved else "",
+                        "last_lock_at": _iso(self._last_lock_at),
+                    },
+                )
                 pipe.expire(self._beat_key, self._beat_ttl)
                 pipe.zadd(self._beat_index, {self.beat_name: now.timestamp()})
             pipe.execute()
@@ -461,11 +500,16 @@ def _scheduler_beats_key() -> str:
 def make_scheduler(watch=(), on_loss=None) -> _WatchfulScheduler:
     # The record outlives a stall for a while (so the console can name the stalled scheduler);
     # the index keeps its last beat time for a day after that.
-    return _WatchfulScheduler(queue=work_queue(), connection=redis_conn(),
-                              interval=current_app.config["SCHEDULER_POLL_SECONDS"], watch=watch, on_loss=on_loss,
-                              beat_key=f"{_scheduler_beats_key()}:{_WatchfulScheduler.name_here()}",
-                              beat_index=_scheduler_beats_key(),
-                              beat_ttl=3 * current_app.config["HEALTH_STALE_SECONDS"])
+    return _WatchfulScheduler(
+        queue=work_queue(),
+        connection=redis_conn(),
+        interval=current_app.config["SCHEDULER_POLL_SECONDS"],
+        watch=watch,
+        on_loss=on_loss,
+        beat_key=f"{_scheduler_beats_key()}:{_WatchfulScheduler.name_here()}",
+        beat_index=_scheduler_beats_key(),
+        beat_ttl=3 * current_app.config["HEALTH_STALE_SECONDS"],
+    )
 
 
 def run_scheduler(burst: bool = False, watch=(), on_loss=None) -> None:
@@ -475,6 +519,7 @@ def run_scheduler(burst: bool = False, watch=(), on_loss=None) -> None:
 
 
 # -- what Redis knows of the processes and queues (docs/REFERENCE.md, Operations) ---------------
+
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else (value or "")
@@ -499,21 +544,34 @@ def processes() -> list[dict]:
     found: dict[str, dict] = {}
     for queue in (work_queue(), control_queue()):
         for worker in _WorkerRecord.all(queue=queue):
-            found.setdefault(worker.name, {
-                "role": "worker", "name": worker.name, "host": worker.hostname, "pid": worker.pid,
-                "runs": "RQ worker on " + ", ".join(worker.queue_names()), "state": worker.get_state(),
-                "since": worker.birth_date and worker.birth_date.replace(tzinfo=timezone.utc),
-                "last_beat": worker.last_heartbeat and worker.last_heartbeat.replace(tzinfo=timezone.utc),
-                "jobs_done": worker.successful_job_count, "jobs_failed": worker.failed_job_count,
-                "key": worker.key})
+            found.setdefault(
+                worker.name,
+                {
+                    "role": "worker",
+                    "name": worker.name,
+                    "host": worker.hostname,
+                    "pid": worker.pid,
+                    "runs": "RQ worker on " + ", ".join(worker.queue_names()),
+                    "state": worker.get_state(),
+                    "since": worker.birth_date and worker.birth_date.replace(tzinfo=timezone.utc),
+                    "last_beat": worker.last_heartbeat and worker.last_heartbeat.replace(tzinfo=timezone.utc),
+                    "jobs_done": worker.successful_job_count,
+                    "jobs_failed": worker.failed_job_count,
+                    "key": worker.key,
+                },
+            )
     workers = list(found.values())
     with conn.pipeline(transaction=False) as pipe:
         for w in workers:
             pipe.hmget(w.pop("key"), "shop_job", "shop_job_since", "shop_last_job", "shop_last_job_at")
         extras = pipe.execute()
     for w, (job, job_since, last_job, last_job_at) in zip(workers, extras):
-        w.update(job=_text(job) or None, job_since=_parse(job_since), last_job=_text(last_job) or None,
-                 last_job_at=_parse(last_job_at))
+        w.update(
+            job=_text(job) or None,
+            job_since=_parse(job_since),
+            last_job=_text(last_job) or None,
+            last_job_at=_parse(last_job_at),
+        )
 
     index = _scheduler_beats_key()
     day_ago = time.time() - 86400
@@ -528,13 +586,23 @@ def processes() -> list[dict]:
     schedulers = []
     for (name, score), record in zip(beats, records):
         record = {_text(k): _text(v) for k, v in record.items()}
-        schedulers.append({
-            "role": "scheduler", "name": _text(name), "host": record.get("host"),
-            "pid": int(record["pid"]) if record.get("pid") else None, "runs": record.get("runs") or "rq-scheduler",
-            "state": "polling" if record else "record expired",
-            "since": _parse(record.get("since")), "last_beat": datetime.fromtimestamp(score, timezone.utc),
-            "job": None, "job_since": None, "last_job": record.get("last_job") or None,
-            "last_job_at": _parse(record.get("last_job_at")), "moved_jobs_at": _parse(record.get("last_lock_at"))})
+        schedulers.append(
+            {
+                "role": "scheduler",
+                "name": _text(name),
+                "host": record.get("host"),
+                "pid": int(record["pid"]) if record.get("pid") else None,
+                "runs": record.get("runs") or "rq-scheduler",
+                "state": "polling" if record else "record expired",
+                "since": _parse(record.get("since")),
+                "last_beat": datetime.fromtimestamp(score, timezone.utc),
+                "job": None,
+                "job_since": None,
+                "last_job": record.get("last_job") or None,
+                "last_job_at": _parse(record.get("last_job_at")),
+                "moved_jobs_at": _parse(record.get("last_lock_at")),
+            }
+        )
     return workers + schedulers
 
 
@@ -561,14 +629,27 @@ def queue_depths(now: datetime) -> list[dict]:
     result = []
     for i, q in enumerate(queues):
         at = _parse(enqueued[i])
-        result.append({"name": q.name, "kind": "rq queue", "depth": int(answers[2 * i]),
-                       "oldest_age_seconds": max(0.0, (now - at).total_seconds()) if at else None})
+        result.append(
+            {
+                "name": q.name,
+                "kind": "rq queue",
+                "depth": int(answers[2 * i]),
+                "oldest_age_seconds": max(0.0, (now - at).total_seconds()) if at else None,
+            }
+        )
     scheduled, due, first = answers[-3], answers[-2], answers[-1]
     oldest_due = None
     if due and first:
         oldest_due = max(0.0, now.timestamp() - first[0][1])
-    result.append({"name": "rq-scheduler", "kind": "schedule", "depth": int(scheduled), "due": int(due),
-                   "oldest_age_seconds": oldest_due})
+    result.append(
+        {
+            "name": "rq-scheduler",
+            "kind": "schedule",
+            "depth": int(scheduled),
+            "due": int(due),
+            "oldest_age_seconds": oldest_due,
+        }
+    )
     return result
 
 

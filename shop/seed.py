@@ -1,4 +1,5 @@
 """The demo catalog. Idempotent: products and variants are matched by slug / sku."""
+
 from __future__ import annotations
 
 from sqlalchemy import select
@@ -8,18 +9,33 @@ from .extensions import db
 from .models import InventoryItem, Operator, Product, Variant
 
 DEMO = [
-    ("field-notebook", "Field Notebook", "Dot-grid, lay-flat, 96 pages of 100 g paper.", [
-        ("NB-A5-DOT", "A5, dot grid", 1400, 40),
-        ("NB-A6-DOT", "A6, dot grid", 1100, 25),
-    ]),
-    ("enamel-mug", "Enamel Camp Mug", "Steel with a glass-hard enamel coat; 350 ml.", [
-        ("MUG-350-SND", "Sand", 1800, 12),
-        ("MUG-350-NVY", "Navy", 1800, 3),
-    ]),
-    ("wool-socks", "Merino Hiking Socks", "Cushioned merino blend for long days.", [
-        ("SOCK-M", "Size M", 2200, 30),
-        ("SOCK-L", "Size L", 2200, 0),
-    ]),
+    (
+        "field-notebook",
+        "Field Notebook",
+        "Dot-grid, lay-flat, 96 pages of 100 g paper.",
+        [
+            ("NB-A5-DOT", "A5, dot grid", 1400, 40),
+            ("NB-A6-DOT", "A6, dot grid", 1100, 25),
+        ],
+    ),
+    (
+        "enamel-mug",
+        "Enamel Camp Mug",
+        "Steel with a glass-hard enamel coat; 350 ml.",
+        [
+            ("MUG-350-SND", "Sand", 1800, 12),
+            ("MUG-350-NVY", "Navy", 1800, 3),
+        ],
+    ),
+    (
+        "wool-socks",
+        "Merino Hiking Socks",
+        "Cushioned merino blend for long days.",
+        [
+            ("SOCK-M", "Size M", 2200, 30),
+            ("SOCK-L", "Size L", 2200, 0),
+        ],
+    ),
 ]
 
 

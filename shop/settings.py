@@ -3,6 +3,7 @@
 A bad value stops the process with one line naming the variable (docs/REFERENCE.md, Settings): a shop
 that starts half-configured loses orders quietly, which is worse than not starting.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,6 +27,7 @@ DEFAULT_WEB_THREADS = 32
 def default_max_concurrent_calls(web_threads: int) -> int:
     """STRIPE_MAX_CONCURRENT_CALLS unless set: 5/8 of the threads (docs/REFERENCE.md, Settings)."""
     return max(1, web_threads * 5 // 8)
+
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -172,9 +174,11 @@ def _web_threads(env) -> tuple[int, int]:
     most_calls = max(1, web_threads - 1)
     max_calls = _int(env, "STRIPE_MAX_CONCURRENT_CALLS", default_max_concurrent_calls(web_threads), 1, 256)
     if max_calls > most_calls:
-        raise SettingsError("STRIPE_MAX_CONCURRENT_CALLS",
-                            f"must be between 1 and {most_calls} (WEB_THREADS - 1, so a thread is always "
-                            f"free for pages that do not wait on the provider), got {max_calls}")
+        raise SettingsError(
+            "STRIPE_MAX_CONCURRENT_CALLS",
+            f"must be between 1 and {most_calls} (WEB_THREADS - 1, so a thread is always "
+            f"free for pages that do not wait on the provider), got {max_calls}",
+        )
     return web_threads, max_calls
 
 

@@ -1,4 +1,5 @@
 """Small helpers shared by the blueprints: content negotiation and the browser's identity."""
+
 from __future__ import annotations
 
 import io
@@ -70,8 +71,9 @@ class JsonTooDeep(BadRequest):
 
 class JsonNotAForm(BadRequest):
     in_words = True
-    description = ("A JSON body here must be one object whose fields are text or numbers (or lists of them), "
-                   "as a form would send.")
+    description = (
+        "A JSON body here must be one object whose fields are text or numbers (or lists of them), as a form would send."
+    )
 
 
 def json_formdata(body) -> ImmutableMultiDict:
@@ -98,8 +100,13 @@ class Form(FlaskForm):
         def wrap_formdata(self, form, formdata):
             # formdata not given (Flask-WTF's own sentinel, not None and not a MultiDict): the request's.
             automatic = formdata is not None and not hasattr(formdata, "getlist")
-            if automatic and request.method in ("POST", "PUT", "PATCH", "DELETE") and not request.files \
-                    and not request.form and request.is_json:
+            if (
+                automatic
+                and request.method in ("POST", "PUT", "PATCH", "DELETE")
+                and not request.files
+                and not request.form
+                and request.is_json
+            ):
                 return json_formdata(request.get_json())
             return super().wrap_formdata(form, formdata)
 
@@ -174,9 +181,15 @@ class LimitChunkedBodies:
                 size += len(part)
             if size > self.limit:
                 body = b"Request body over the size limit.\n"
-                start_response("413 Request Entity Too Large", [("Content-Type", "text/plain; charset=utf-8"),
-                                                                 ("Content-Length", str(len(body))),
-                                                                 ("Connection", "close"), *self.headers])
+                start_response(
+                    "413 Request Entity Too Large",
+                    [
+                        ("Content-Type", "text/plain; charset=utf-8"),
+                        ("Content-Length", str(len(body))),
+                        ("Connection", "close"),
+                        *self.headers,
+                    ],
+                )
                 return [body]
             environ["wsgi.input"] = io.BytesIO(b"".join(parts))
             environ["CONTENT_LENGTH"] = str(size)
@@ -238,8 +251,8 @@ def security_headers(config) -> dict[str, str]:
     form_targets = " ".join(["'self'", *hosted_page_origins(config)])
     headers = {
         "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
-                                   "img-src 'self' data:; object-src 'none'; frame-ancestors 'none'; "
-                                   f"base-uri 'none'; form-action {form_targets}",
+        "img-src 'self' data:; object-src 'none'; frame-ancestors 'none'; "
+        f"base-uri 'none'; form-action {form_targets}",
         "X-Frame-Options": "DENY",
         "X-Content-Type-Options": "nosniff",
         # An order page's URL may carry its access token: it must not leave in a Referer.
@@ -270,5 +283,6 @@ def init_app(app) -> None:
             response.headers.setdefault(name, value)
         return response
 
-    app.wsgi_app = LimitChunkedBodies(app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",),
-                                      headers=headers)
+    app.wsgi_app = LimitChunkedBodies(
+        app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",), headers=headers
+    )

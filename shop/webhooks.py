@@ -6,6 +6,7 @@ events for orders we do not know and duplicates. Mapping an application problem 
 would make Stripe retry and eventually disable the endpoint, silently stopping every payment
 update for the whole shop. Rejections are logged at CRITICAL for the same reason.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,6 +26,8 @@ log = logging.getLogger("shop.webhooks")
 bp = Blueprint("webhooks", __name__)
 
 MAX_BODY = 1_000_000
+
+
 def _text(value, limit: int) -> str | None:
     # A receipt must not fail over what a sender put in a field: PostgreSQL refuses NUL in text,
     # and no database driver can encode a lone surrogate (valid JSON: "\ud800"), so that one is
@@ -36,11 +39,20 @@ def _text(value, limit: int) -> str | None:
 
 def _write_receipt(outcome: str, reason: str, status: int, event_id=None, event_type=None, order_id=None) -> None:
     """One Core INSERT into the caller's transaction (no ORM object: the webhook is hot)."""
-    if not isinstance(order_id, int) or not -2**31 <= order_id < 2**31:
+    if not isinstance(order_id, int) or not -(2**31) <= order_id < 2**31:
         order_id = None  # metadata.order_id is the sender's text; the column is a 32-bit integer
-    db.session.execute(_INSERT_RECEIPT, {
-        "event_id": _text(event_id, 255), "event_type": _text(event_type, 100), "outcome": outcome,
-        "reason": _text(reason, 2000) or "", "order_id": order_id, "http_status": status, "received_at": utcnow()})
+    db.session.execute(
+        _INSERT_RECEIPT,
+        {
+            "event_id": _text(event_id, 255),
+            "event_type": _text(event_type, 100),
+            "outcome": outcome,
+            "reason": _text(reason, 2000) or "",
+            "order_id": order_id,
+            "http_status": status,
+            "received_at": utcnow(),
+        },
+    )
 
 
 # Built once: building the statement on every delivery cost about as much CPU as running it.
@@ -59,8 +71,11 @@ def _record(outcome: str, reason: str, status: int, event_id=None, event_type=No
 
 
 def _reject(reason: str, status: int = 400):
-    log.critical("Stripe webhook REJECTED (%s): every payment update is being lost until this is fixed "
-                 "(check STRIPE_WEBHOOK_SECRET / the registered endpoint).", reason)
+    log.critical(
+        "Stripe webhook REJECTED (%s): every payment update is being lost until this is fixed "
+        "(check STRIPE_WEBHOOK_SECRET / the registered endpoint).",
+        reason,
+    )
     _record("rejected", reason, status)
     return jsonify({"error": reason}), status
 
@@ -95,8 +110,9 @@ def stripe_webhook():
     except Exception:  # werkzeug's own limit (MAX_CONTENT_LENGTH) on a chunked body
         body = None
     if body is None:
-        log.critical("Stripe webhook REJECTED: body over %d bytes; if this is Stripe, that event is being lost",
-                     MAX_BODY)
+        log.critical(
+            "Stripe webhook REJECTED: body over %d bytes; if this is Stripe, that event is being lost", MAX_BODY
+        )
         _record("rejected", f"body over {MAX_BODY} bytes", 413)
         return jsonify({"error": "payload too large"}), 413
     secret = webhook_secret()
@@ -113,9 +129,13 @@ def stripe_webhook():
         return _reject(f"bad signature or stale timestamp: {exc}")
     except (ValueError, UnicodeDecodeError):
         return _reject("unparseable body")
-    if not isinstance(event, dict) or not isinstance(event.get("data"), dict) or \
-            not isinstance(event["data"].get("object"), dict) or not isinstance(event.get("type"), str) or \
-            not _usable_id(event.get("id")):
+    if (
+        not isinstance(event, dict)
+        or not isinstance(event.get("data"), dict)
+        or not isinstance(event["data"].get("object"), dict)
+        or not isinstance(event.get("type"), str)
+        or not _usable_id(event.get("id"))
+    ):
         return _reject("unparseable body: not a Stripe event")
     return _accept(event)
 
@@ -124,8 +144,9 @@ def _usable_id(value) -> bool:
     """An event id the shop can store and compare: absent, or text without control characters
     (a NUL cannot be stored by PostgreSQL) that fits the receipts' column. Stripe's are `evt_`
     and letters and digits; a signed body with anything else is not Stripe's."""
-    return value is None or (isinstance(value, str) and 0 < len(value) <= 255
-                             and not any(ord(c) < 32 or ord(c) == 127 for c in value))
+    return value is None or (
+        isinstance(value, str) and 0 < len(value) <= 255 and not any(ord(c) < 32 or ord(c) == 127 for c in value)
+    )
 
 
 HANDLED = set(gateway.EVENT_TYPES)
@@ -149,18 +170,34 @@ def _accept(event: dict):
 
     def receipt(result) -> tuple:
         outcome = "duplicate" if result.outcome == "duplicate" else "accepted"
-        return (outcome, result.outcome + (f": {result.detail}" if result.detail else ""), 200, event_id,
-                event_type, result.order.id if result.order is not None else view.order_id)
+        return (
+            outcome,
+            result.outcome + (f": {result.detail}" if result.detail else ""),
+            200,
+            event_id,
+            event_type,
+            result.order.id if result.order is not None else view.order_id,
+        )
 
     try:
         if event_type == "checkout.session.expired":
             view = _trust_provider_now(view)
         # The receipt rides in the transaction that dedups and applies the event: one commit.
-        result = apply_session(view, source="webhook", failed=failed, event_id=event_id, expired_by_cancel=by_cancel,
-                               before_commit=lambda applied: _write_receipt(*receipt(applied)))
+        result = apply_session(
+            view,
+            source="webhook",
+            failed=failed,
+            event_id=event_id,
+            expired_by_cancel=by_cancel,
+            before_commit=lambda applied: _write_receipt(*receipt(applied)),
+        )
     except Exception as exc:
-        log.warning("webhook event %s (%s) could not be applied together with its receipt (%s); "
-                    "trying once more without it", event_id, event_type, exc)
+        log.warning(
+            "webhook event %s (%s) could not be applied together with its receipt (%s); trying once more without it",
+            event_id,
+            event_type,
+            exc,
+        )
         return _apply_then_record(event_id, event_type, view, failed, receipt, by_cancel)
     _log_unknown(result, event_id, event_type, view)
     return jsonify({"received": True, "outcome": result.outcome}), 200
@@ -177,8 +214,14 @@ def _accept_refund(event: dict, event_id, event_type):
         return jsonify({"received": True, "outcome": "ignored"}), 200
 
     def receipt(report) -> None:
-        _write_receipt("accepted", report.outcome + (f": {report.detail}" if report.detail else ""), 200, event_id,
-                       event_type, report.order_id)
+        _write_receipt(
+            "accepted",
+            report.outcome + (f": {report.detail}" if report.detail else ""),
+            200,
+            event_id,
+            event_type,
+            report.order_id,
+        )
 
     try:
         report = apply_refund_report(view, source="webhook", before_commit=receipt)

@@ -1,6 +1,7 @@
 """Helpers shared by the outbox, compensation and worker-crash tests: the customer's cancel
 through the real use case (orders come from factories.place_order_for), and fresh reads of
 the rows."""
+
 from __future__ import annotations
 
 from sqlalchemy import select
@@ -29,14 +30,13 @@ def placed_and_cancelled(items: dict[int, int]) -> tuple[int, int]:
 def restore_delivery(order_id: int) -> OutboxDelivery:
     db.session.expire_all()
     return db.session.execute(
-        select(OutboxDelivery).where(OutboxDelivery.order_id == order_id,
-                                     OutboxDelivery.handler == "restore_inventory")).scalar_one()
+        select(OutboxDelivery).where(OutboxDelivery.order_id == order_id, OutboxDelivery.handler == "restore_inventory")
+    ).scalar_one()
 
 
 def on_hand(variant_id: int) -> int:
     db.session.expire_all()
-    value = db.session.execute(
-        select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).scalar_one()
+    value = db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).scalar_one()
     db.session.rollback()
     return value
 
@@ -52,5 +52,8 @@ def order(order_id: int) -> Order:
 
 def warnings(order_id: int) -> list[RestoreWarning]:
     db.session.expire_all()
-    return list(db.session.execute(
-        select(RestoreWarning).where(RestoreWarning.order_id == order_id).order_by(RestoreWarning.id)).scalars())
+    return list(
+        db.session.execute(
+            select(RestoreWarning).where(RestoreWarning.order_id == order_id).order_by(RestoreWarning.id)
+        ).scalars()
+    )

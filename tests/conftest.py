@@ -6,6 +6,7 @@ gets its own database and its own Redis database, so runs never see each other's
 A fixture that wipes a store says so in its name: `truncated_db` empties every table,
 `flushed_redis` flushes the run's Redis database, and everything built on both is `fresh_`
 (`make_fresh_app`, `fresh_app`, `fresh_client`, `fresh_ctx`, `fresh_paying_app`)."""
+
 from __future__ import annotations
 
 import os
@@ -98,9 +99,13 @@ def _truncate(app):
             for t in tables:
                 conn.execute(text(f'DELETE FROM "{t}"'))
             if conn.dialect.name == "postgresql":
-                conn.execute(text("SELECT setval(c.oid::regclass, 1, false) FROM pg_class c "
-                                  "JOIN pg_namespace n ON n.oid = c.relnamespace "
-                                  "WHERE c.relkind = 'S' AND n.nspname = current_schema()"))
+                conn.execute(
+                    text(
+                        "SELECT setval(c.oid::regclass, 1, false) FROM pg_class c "
+                        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                        "WHERE c.relkind = 'S' AND n.nspname = current_schema()"
+                    )
+                )
 
 
 @pytest.fixture
@@ -198,5 +203,6 @@ def sandbox(sandbox_server):
 def fresh_paying_app(make_fresh_app, sandbox):
     """An app wired to the sandbox, with its webhook signing secret known, on an emptied database
     and a flushed Redis."""
-    return make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
-                          STRIPE_WEBHOOK_SECRET="whsec_test_secret")
+    return make_fresh_app(
+        STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60, STRIPE_WEBHOOK_SECRET="whsec_test_secret"
+    )

@@ -5,6 +5,7 @@ sees went through the same rules a customer's does.
 Unless a builder takes the app, call it inside an app context (it uses db.session). Builders
 that go through the storefront over HTTP live with the browser drivers (payment_helpers.Shopper,
 support.checkout_over_http)."""
+
 from __future__ import annotations
 
 import itertools
@@ -25,6 +26,7 @@ _product_numbers = itertools.count(1)
 
 
 # -- catalog rows ------------------------------------------------------------------------------
+
 
 def seed_catalog_rows(app=None, currency: str = "usd") -> dict[str, int]:
     """The demo catalog of shop.seed (idempotent) priced in `currency`, committed; returns sku ->
@@ -49,8 +51,9 @@ def catalog_rows(*stocks: int, price: int = 500) -> list[int]:
     db.session.flush()
     ids = []
     for i, stock in enumerate(stocks):
-        variant = Variant(product_id=product.id, sku=f"SKU-{uuid.uuid4().hex[:8]}-{i}", name=f"V{i}",
-                          price=price + i, currency="usd")
+        variant = Variant(
+            product_id=product.id, sku=f"SKU-{uuid.uuid4().hex[:8]}-{i}", name=f"V{i}", price=price + i, currency="usd"
+        )
         db.session.add(variant)
         db.session.flush()
         db.session.add(InventoryItem(variant_id=variant.id, on_hand=stock))
@@ -65,6 +68,7 @@ def variant_id(sku: str) -> int:
 
 
 # -- carts and orders --------------------------------------------------------------------------
+
 
 def cart_with(items: Items, browser: str | None = None) -> tuple[int, str]:
     """An open cart (of a fresh browser unless one is named) holding `items`, {variant id or sku:
@@ -83,8 +87,9 @@ def cart_with(items: Items, browser: str | None = None) -> tuple[int, str]:
     return cart.id, browser
 
 
-def place_order_for(items: Items | None = None, *, email: str = "ann@example.com", now=None,
-                    browser: str | None = None) -> Placed:
+def place_order_for(
+    items: Items | None = None, *, email: str = "ann@example.com", now=None, browser: str | None = None
+) -> Placed:
     """A real order through place_order from a cart holding `items` (see cart_with; one
     DEFAULT_SKU by default), placed at `now`; asserts it was placed and returns the use case's
     Placed (order_id, reference, total, ...). The catalog must be seeded."""

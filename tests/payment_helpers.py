@@ -1,6 +1,7 @@
 """Helpers shared by the payment tests (test_payments, test_webhook, test_refunds,
 test_registration): a customer driving the storefront over the test client, Stripe-signed
 webhook posts, and the app served over real HTTP so the sandbox can deliver to it."""
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,9 @@ class Shopper:
         self.token = csrf_token(self.client, "/")
 
     def checkout(self, sku: str = "NB-A5-DOT", quantity: int = 1, email: str = "ann@example.com"):
-        r = self.client.post("/cart/items", data={"csrf_token": self.token, "variant_id": self.skus[sku],
-                                                  "quantity": quantity})
+        r = self.client.post(
+            "/cart/items", data={"csrf_token": self.token, "variant_id": self.skus[sku], "quantity": quantity}
+        )
         assert r.status_code == 303, r.get_data(as_text=True)
         return self.client.post("/checkout", data={"csrf_token": self.token, "email": email})
 
@@ -60,8 +62,9 @@ class Shopper:
         return self.client.post(f"/orders/{ref}/pay", data={"csrf_token": self.token}, headers=JSON)
 
     def cancel(self, ref: str, version: int):
-        return self.client.post(f"/orders/{ref}/cancel", data={"csrf_token": self.token, "version": version},
-                                headers=JSON)
+        return self.client.post(
+            f"/orders/{ref}/cancel", data={"csrf_token": self.token, "version": version}, headers=JSON
+        )
 
     def come_back(self, ref: str, session_id: str):
         """The browser returning from the hosted page to the success URL."""
@@ -76,6 +79,7 @@ def order_id(app, ref: str) -> int:
 
 
 # -- webhooks ------------------------------------------------------------------------------
+
 
 def signature(body: bytes, secret: str = WEBHOOK_SECRET, timestamp: int | None = None) -> str:
     """Exactly what Stripe sends: t=<unix time>,v1=<HMAC-SHA256 of "t.body">."""
@@ -108,20 +112,34 @@ def paid_at_provider(shopper, sandbox) -> tuple[dict, dict]:
 
 def stripe_event(type: str, session: dict, event_id: str = "evt_test_1") -> dict:
     """A hand-built event shaped like Stripe's, for sessions the sandbox never saw."""
-    return {"id": event_id, "object": "event", "api_version": "2024-06-20", "created": int(time.time()),
-            "livemode": False, "pending_webhooks": 1, "request": {"id": None, "idempotency_key": None},
-            "type": type, "data": {"object": session}}
+    return {
+        "id": event_id,
+        "object": "event",
+        "api_version": "2024-06-20",
+        "created": int(time.time()),
+        "livemode": False,
+        "pending_webhooks": 1,
+        "request": {"id": None, "idempotency_key": None},
+        "type": type,
+        "data": {"object": session},
+    }
 
 
 # -- the app over real HTTP ------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def served(build_app) -> Iterator[tuple]:
     """Serve the app `build_app(base_url)` returns on a free 127.0.0.1 port in a thread, so its
     PUBLIC_BASE_URL can be its real address; yields (app, base_url)."""
     holder = []
-    server = make_server("127.0.0.1", 0, lambda environ, start: holder[0](environ, start), threaded=True,
-                         request_handler=QuietRequestHandler)
+    server = make_server(
+        "127.0.0.1",
+        0,
+        lambda environ, start: holder[0](environ, start),
+        threaded=True,
+        request_handler=QuietRequestHandler,
+    )
     base_url = f"http://127.0.0.1:{server.port}"
     holder.append(build_app(base_url))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -142,8 +160,12 @@ def live_shop(make_fresh_app, sandbox, **config):
     from shop.payments.registration import register_webhook
 
     def build(base_url):
-        settings = dict(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
-                        STRIPE_WEBHOOK_SECRET=None, PUBLIC_BASE_URL=base_url)
+        settings = dict(
+            STRIPE_API_BASE=sandbox.base_url,
+            STRIPE_SESSION_MIN_SECONDS=60,
+            STRIPE_WEBHOOK_SECRET=None,
+            PUBLIC_BASE_URL=base_url,
+        )
         settings.update(config)
         return make_fresh_app(**settings)
 
@@ -155,11 +177,15 @@ def live_shop(make_fresh_app, sandbox, **config):
 
 
 def wait_for_status(shopper: Shopper, ref: str, status: str, timeout: float = 5.0) -> dict:
-    return wait_until(lambda: (lambda o: o if o["status"] == status else None)(shopper.order(ref)),
-                      timeout=timeout, what=f"order {ref} to be {status}")
+    return wait_until(
+        lambda: (lambda o: o if o["status"] == status else None)(shopper.order(ref)),
+        timeout=timeout,
+        what=f"order {ref} to be {status}",
+    )
 
 
 # -- the worker's day, in-process ------------------------------------------------------------
+
 
 def run_due_commands(app, now) -> None:
     """What the worker does by `now` with scheduled commands (the payment deadline included)."""
@@ -169,9 +195,15 @@ def run_due_commands(app, now) -> None:
     from shop.outbox.dispatch import run_command
 
     with app.app_context():
-        due = db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.status == "pending",
-                                                                   ScheduledCommand.next_attempt_at <= now)
-                                 ).scalars().all()
+        due = (
+            db.session.execute(
+                select(ScheduledCommand.id).where(
+                    ScheduledCommand.status == "pending", ScheduledCommand.next_attempt_at <= now
+                )
+            )
+            .scalars()
+            .all()
+        )
         db.session.rollback()
         for command_id in due:
             run_command(command_id, now=now)

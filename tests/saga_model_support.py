@@ -7,6 +7,7 @@ One clock for everything: the sandbox's (wall time plus its offset). The shop re
 `install_clock`), so a session expires at the provider exactly when the shop thinks its time
 is up, and "advance the clock" moves both.
 """
+
 from __future__ import annotations
 
 import os
@@ -73,10 +74,15 @@ class World:
     counts: Counter = field(default_factory=Counter)
     started: float = field(default_factory=time.monotonic)
 
-    CONFIG = dict(STRIPE_SESSION_MIN_SECONDS=60, STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET,
-                  UNPAID_ORDER_EXPIRY_SECONDS=WINDOW, RECONCILIATION_STUCK_AGE_SECONDS=WINDOW,
-                  RECONCILIATION_INTERVAL_SECONDS=60, OUTBOX_RETRY_BASE_SECONDS=0.05,
-                  OUTBOX_RETRY_CAP_SECONDS=0.2)
+    CONFIG = dict(
+        STRIPE_SESSION_MIN_SECONDS=60,
+        STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET,
+        UNPAID_ORDER_EXPIRY_SECONDS=WINDOW,
+        RECONCILIATION_STUCK_AGE_SECONDS=WINDOW,
+        RECONCILIATION_INTERVAL_SECONDS=60,
+        OUTBOX_RETRY_BASE_SECONDS=0.05,
+        OUTBOX_RETRY_CAP_SECONDS=0.2,
+    )
 
     def reset(self, stock: dict[str, int]) -> dict[int, int]:
         """Empty every table but the catalog, set the stock, forget the sandbox and Redis."""
@@ -138,12 +144,19 @@ class SagaModel(RuleBasedStateMachine):
         """A copy of the sandbox's sessions, payment intents and refunds."""
         state = self.world.sandbox.sandbox
         with state.lock:
-            sessions = {s.id: dict(id=s.id, order_id=int(s.metadata.get("order_id", 0)), status=s.status,
-                                   payment_status=s.payment_status, amount=s.amount_total, expires_at=s.expires_at,
-                                   pi=s.payment_intent_id,
-                                   pi_status=state.payment_intents[s.payment_intent_id].status
-                                   if s.payment_intent_id else None)
-                        for s in state.sessions.values()}
+            sessions = {
+                s.id: dict(
+                    id=s.id,
+                    order_id=int(s.metadata.get("order_id", 0)),
+                    status=s.status,
+                    payment_status=s.payment_status,
+                    amount=s.amount_total,
+                    expires_at=s.expires_at,
+                    pi=s.payment_intent_id,
+                    pi_status=state.payment_intents[s.payment_intent_id].status if s.payment_intent_id else None,
+                )
+                for s in state.sessions.values()
+            }
             refunds = [dict(id=r.id, pi=r.payment_intent_id, amount=r.amount) for r in state.refunds.values()]
         return {"sessions": sessions, "refunds": refunds}
 
@@ -151,21 +164,53 @@ class SagaModel(RuleBasedStateMachine):
         """The shop's rows the invariants read, in one short read."""
         with self.ctx():
             s = db.session
-            orders = {o.id: dict(status=o.status, version=o.version, restored=o.inventory_restored,
-                                 session=o.payment_session_id, total=o.total, updated_at=as_utc(o.updated_at),
-                                 session_expires=as_utc(o.payment_session_expires_at)
-                                 if o.payment_session_expires_at else None, reference=o.reference)
-                      for o in s.execute(select(Order)).scalars()}
-            stock = dict(s.execute(select(InventoryItem.variant_id, InventoryItem.on_hand)
-                                   .where(InventoryItem.variant_id.in_(list(self.initial)))).all())
-            refunds = [dict(order_id=r.order_id, session=r.session_id, status=r.status, id=r.id)
-                       for r in s.execute(select(Refund)).scalars()]
-            deliveries = [dict(id=d.id, handler=d.handler, order_id=d.order_id, status=d.status,
-                               next=as_utc(d.next_attempt_at), until=as_utc(d.claimed_until) if d.claimed_until else None)
-                          for d in s.execute(select(OutboxDelivery)).scalars()]
-            commands = [dict(id=c.id, kind=c.kind, order_id=c.order_id, status=c.status, payload=c.payload,
-                             next=as_utc(c.next_attempt_at), until=as_utc(c.claimed_until) if c.claimed_until else None)
-                        for c in s.execute(select(ScheduledCommand)).scalars()]
+            orders = {
+                o.id: dict(
+                    status=o.status,
+                    version=o.version,
+                    restored=o.inventory_restored,
+                    session=o.payment_session_id,
+                    total=o.total,
+                    updated_at=as_utc(o.updated_at),
+                    session_expires=as_utc(o.payment_session_expires_at) if o.payment_session_expires_at else None,
+                    reference=o.reference,
+                )
+                for o in s.execute(select(Order)).scalars()
+            }
+            stock = dict(
+                s.execute(
+                    select(InventoryItem.variant_id, InventoryItem.on_hand).where(
+                        InventoryItem.variant_id.in_(list(self.initial))
+                    )
+                ).all()
+            )
+            refunds = [
+                dict(order_id=r.order_id, session=r.session_id, status=r.status, id=r.id)
+                for r in s.execute(select(Refund)).scalars()
+            ]
+            deliveries = [
+                dict(
+                    id=d.id,
+                    handler=d.handler,
+                    order_id=d.order_id,
+                    status=d.status,
+                    next=as_utc(d.next_attempt_at),
+                    until=as_utc(d.claimed_until) if d.claimed_until else None,
+                )
+                for d in s.execute(select(OutboxDelivery)).scalars()
+            ]
+            commands = [
+                dict(
+                    id=c.id,
+                    kind=c.kind,
+                    order_id=c.order_id,
+                    status=c.status,
+                    payload=c.payload,
+                    next=as_utc(c.next_attempt_at),
+                    until=as_utc(c.claimed_until) if c.claimed_until else None,
+                )
+                for c in s.execute(select(ScheduledCommand)).scalars()
+            ]
             db.session.remove()
         return dict(orders=orders, stock=stock, refunds=refunds, deliveries=deliveries, commands=commands)
 
@@ -195,26 +240,33 @@ class SagaModel(RuleBasedStateMachine):
 
     # -- setup -----------------------------------------------------------------------------
 
-    @initialize(stock=st.tuples(st.integers(2, 5), st.integers(2, 5), st.integers(1, 4)),
-                carts=st.lists(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 2)), min_size=1, max_size=2),
-                               min_size=1, max_size=4))
+    @initialize(
+        stock=st.tuples(st.integers(2, 5), st.integers(2, 5), st.integers(1, 4)),
+        carts=st.lists(
+            st.lists(st.tuples(st.integers(0, 2), st.integers(1, 2)), min_size=1, max_size=2), min_size=1, max_size=4
+        ),
+    )
     def reset(self, stock, carts):
         """A fresh world, and a few checkouts so every interleaving has orders to work on."""
         self.world.examples += 1
         if self.world.examples % 10 == 0:  # a sign of life in the long profile (shown with -s)
-            print(f"saga model: {self.world.examples} interleavings so far, "
-                  f"{time.monotonic() - self.world.started:.0f} s", flush=True)
+            print(
+                f"saga model: {self.world.examples} interleavings so far, "
+                f"{time.monotonic() - self.world.started:.0f} s",
+                flush=True,
+            )
         self.initial = self.world.reset(dict(zip(SKUS, stock)))
         self.variants = sorted(self.initial)
         with self.ctx():
-            self.prices = dict(db.session.execute(select(Variant.id, Variant.price)
-                                                  .where(Variant.id.in_(self.variants))).all())
+            self.prices = dict(
+                db.session.execute(select(Variant.id, Variant.price).where(Variant.id.in_(self.variants))).all()
+            )
             db.session.remove()
         self.orders: dict[int, ModelOrder] = {}
-        self.pool: list[tuple[str, str, bytes]] = []   # undelivered (or re-deliverable) webhook events
+        self.pool: list[tuple[str, str, bytes]] = []  # undelivered (or re-deliverable) webhook events
         self.seen_seq = 0
-        self.unrestorable: set[int] = set()             # orders whose restore the operator discarded
-        self.unrefundable: set[int] = set()             # refunds whose command the operator discarded
+        self.unrestorable: set[int] = set()  # orders whose restore the operator discarded
+        self.unrefundable: set[int] = set()  # refunds whose command the operator discarded
         self.client = self.world.app.test_client()
         for cart in carts:
             self.place(cart, pay=True)
@@ -234,8 +286,10 @@ class SagaModel(RuleBasedStateMachine):
 
     # -- customers -------------------------------------------------------------------------
 
-    @rule(cart=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 3)), min_size=1, max_size=2),
-          pay=st.sampled_from([True, True, True, False]))
+    @rule(
+        cart=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 3)), min_size=1, max_size=2),
+        pay=st.sampled_from([True, True, True, False]),
+    )
     def place(self, cart, pay):
         lines: dict[int, int] = {}
         for index, q in cart:
@@ -247,8 +301,10 @@ class SagaModel(RuleBasedStateMachine):
         with self.ctx():
             cart_id, browser = cart_with(sorted(lines.items()))
             placed = place_order(cart_id=cart_id, browser_id=browser, email="ann@example.com", now=self.now())
-            assert placed.ok == fits, (f"cart {lines} against {available}: the model expected "
-                                       f"{'success' if fits else 'out_of_stock'}, the shop said {placed}")
+            assert placed.ok == fits, (
+                f"cart {lines} against {available}: the model expected "
+                f"{'success' if fits else 'out_of_stock'}, the shop said {placed}"
+            )
             if not placed.ok:
                 assert placed.code == "out_of_stock", placed
                 self.note("place refused")
@@ -268,9 +324,22 @@ class SagaModel(RuleBasedStateMachine):
     # interleavings (swarm testing), and money needs several provider and customer actions in
     # one interleaving (an async payment, a cancel, then the payment settling) to be exercised.
 
-    @rule(pick=st.integers(0, 99),
-          what=st.sampled_from(["paid", "paid", "declined", "async_pending", "async_pending", "async_succeeded",
-                                "async_succeeded", "async_failed", "expired_early"]))
+    @rule(
+        pick=st.integers(0, 99),
+        what=st.sampled_from(
+            [
+                "paid",
+                "paid",
+                "declined",
+                "async_pending",
+                "async_pending",
+                "async_succeeded",
+                "async_succeeded",
+                "async_failed",
+                "expired_early",
+            ]
+        ),
+    )
     def the_provider(self, pick, what):
         """The customer at the hosted page (pays, is declined, pays asynchronously), an async
         payment settling, or the session expired early by hand at the provider."""
@@ -281,8 +350,10 @@ class SagaModel(RuleBasedStateMachine):
         else:
             self.at_the_hosted_page(pick, what)
 
-    @rule(pick=st.integers(0, 99),
-          what=st.sampled_from(["cancel", "cancel", "stale_cancel", "pay_now", "return", "return_older"]))
+    @rule(
+        pick=st.integers(0, 99),
+        what=st.sampled_from(["cancel", "cancel", "stale_cancel", "pay_now", "return", "return_older"]),
+    )
     def the_customer(self, pick, what):
         """Cancel with the version seen (or a stale one), "Pay now", or back on the return page."""
         if what in ("cancel", "stale_cancel"):
@@ -378,8 +449,10 @@ class SagaModel(RuleBasedStateMachine):
 
     # -- time ------------------------------------------------------------------------------
 
-    @rule(how=st.sampled_from(["seconds", "minute", "to_session_expiry", "past_session_expiry", "window"]),
-          pick=st.integers(0, 99))
+    @rule(
+        how=st.sampled_from(["seconds", "minute", "to_session_expiry", "past_session_expiry", "window"]),
+        pick=st.integers(0, 99),
+    )
     def time_passes(self, how, pick):
         if how == "seconds":
             self.advance(1 + pick % 10)
@@ -404,8 +477,11 @@ class SagaModel(RuleBasedStateMachine):
             return
         index = pick % len(self.pool)
         event_id, event_type, body = self.pool[index] if again else self.pool.pop(index)
-        r = self.client.post("/webhooks/stripe", data=body, headers={
-            "Stripe-Signature": signature(body), "Content-Type": "application/json"})
+        r = self.client.post(
+            "/webhooks/stripe",
+            data=body,
+            headers={"Stripe-Signature": signature(body), "Content-Type": "application/json"},
+        )
         assert r.status_code == 200, (r.status_code, r.get_data(as_text=True))
         outcome = r.get_json()["outcome"]
         assert outcome != "failed", f"{event_type} {event_id} was accepted but not applied"
@@ -438,8 +514,9 @@ class SagaModel(RuleBasedStateMachine):
         elif when == "late":
             self.advance(due_in + 30 + pick)
         if when == "concurrently":
-            results = self.concurrently(lambda: run_command(row["id"], now=self.now()),
-                                        lambda: run_command(row["id"], now=self.now()))
+            results = self.concurrently(
+                lambda: run_command(row["id"], now=self.now()), lambda: run_command(row["id"], now=self.now())
+            )
         else:
             with self.ctx():
                 results = [run_command(row["id"], now=self.now())]
@@ -452,8 +529,12 @@ class SagaModel(RuleBasedStateMachine):
     def background(self, what):
         """What runs on its own: the sweep, Redis losing its data (then the relay), every queue
         drained (then the drained invariants), or a long quiet time (then all of them)."""
-        {"sweep": self.sweep_cycle, "redis": self.redis_loses_everything, "drain": self.drain_everything,
-         "quiesce": self.quiesce}[what]()
+        {
+            "sweep": self.sweep_cycle,
+            "redis": self.redis_loses_everything,
+            "drain": self.drain_everything,
+            "quiesce": self.quiesce,
+        }[what]()
 
     def sweep_cycle(self):
         with self.ctx():
@@ -465,13 +546,19 @@ class SagaModel(RuleBasedStateMachine):
 
     def due_deliveries(self) -> list[dict]:
         now = self.now()
-        return [d for d in self.shop()["deliveries"]
-                if (d["status"] == "pending" and d["next"] <= now)
-                or (d["status"] == "processing" and d["until"] and d["until"] < now)]
+        return [
+            d
+            for d in self.shop()["deliveries"]
+            if (d["status"] == "pending" and d["next"] <= now)
+            or (d["status"] == "processing" and d["until"] and d["until"] < now)
+        ]
 
-    @rule(pick=st.integers(0, 99),
-          how=st.sampled_from(["drain", "one", "twice_at_once", "drains_at_once", "crash_mid_transaction",
-                               "worker_dies_holding_claim"]))
+    @rule(
+        pick=st.integers(0, 99),
+        how=st.sampled_from(
+            ["drain", "one", "twice_at_once", "drains_at_once", "crash_mid_transaction", "worker_dies_holding_claim"]
+        ),
+    )
     def outbox_runs(self, pick, how):
         if how == "drain":
             with self.ctx():
@@ -489,8 +576,9 @@ class SagaModel(RuleBasedStateMachine):
                 with self.ctx():
                     run_delivery(row["id"], now=self.now())
             elif how == "twice_at_once":
-                self.concurrently(lambda: run_delivery(row["id"], now=self.now()),
-                                  lambda: run_delivery(row["id"], now=self.now()))
+                self.concurrently(
+                    lambda: run_delivery(row["id"], now=self.now()), lambda: run_delivery(row["id"], now=self.now())
+                )
             elif how == "crash_mid_transaction":
                 # The compensation raises after writing its marker, before its commit: as if the
                 # worker died there. Nothing it wrote may survive; the row is retried.
@@ -531,8 +619,13 @@ class SagaModel(RuleBasedStateMachine):
                 return None
             _, _, body = self.pool[pick % len(self.pool)]
             client = self.world.app.test_client()
-            return lambda: client.post("/webhooks/stripe", data=body, headers={
-                "Stripe-Signature": signature(body), "Content-Type": "application/json"}).status_code
+            return lambda: (
+                client.post(
+                    "/webhooks/stripe",
+                    data=body,
+                    headers={"Stripe-Signature": signature(body), "Content-Type": "application/json"},
+                ).status_code
+            )
         if what == "cancel":
             version = self.shop()["orders"][oid]["version"]
             return lambda: cancel_order(oid, version).status
@@ -576,8 +669,9 @@ class SagaModel(RuleBasedStateMachine):
 
     def dead_rows(self) -> list[tuple[str, dict]]:
         data = self.shop()
-        return [("delivery", d) for d in data["deliveries"] if d["status"] == "dead"] + \
-               [("command", c) for c in data["commands"] if c["status"] == "dead"]
+        return [("delivery", d) for d in data["deliveries"] if d["status"] == "dead"] + [
+            ("command", c) for c in data["commands"] if c["status"] == "dead"
+        ]
 
     @rule(pick=st.integers(0, 99), action=st.sampled_from(["retry", "retry", "discard"]))
     def operator_handles_a_dead_letter(self, pick, action):
@@ -617,9 +711,11 @@ class SagaModel(RuleBasedStateMachine):
         for _ in range(rounds):
             now = self.now()
             data = self.shop()
-            due_commands = [c["id"] for c in data["commands"]
-                            if (c["status"] == "pending" and c["next"] <= now)
-                            or (c["status"] == "processing" and c["until"] < now)]
+            due_commands = [
+                c["id"]
+                for c in data["commands"]
+                if (c["status"] == "pending" and c["next"] <= now) or (c["status"] == "processing" and c["until"] < now)
+            ]
             for cid in due_commands:
                 with self.ctx():
                     run_command(cid, now=self.now())
@@ -631,15 +727,19 @@ class SagaModel(RuleBasedStateMachine):
                 continue
             waits = [d["next"] for d in data["deliveries"] if d["status"] == "pending"]
             waits += [r["until"] for r in data["deliveries"] + data["commands"] if r["status"] == "processing"]
-            waits += [c["next"] for c in data["commands"]
-                      if c["status"] == "pending" and c["next"] <= now + timedelta(seconds=5)]
+            waits += [
+                c["next"]
+                for c in data["commands"]
+                if c["status"] == "pending" and c["next"] <= now + timedelta(seconds=5)
+            ]
             if not waits:
                 return
             self.advance((min(waits) - now).total_seconds() + 0.05)
         data = self.shop()
         left = [r for r in data["deliveries"] + data["commands"] if r["status"] not in ("done", "discarded")]
-        raise AssertionError(f"the outbox did not settle: work stays due after {rounds} rounds "
-                             f"(now {self.now()}): {left}")
+        raise AssertionError(
+            f"the outbox did not settle: work stays due after {rounds} rounds (now {self.now()}): {left}"
+        )
 
     def drain_everything(self):
         self.run_due_work()
@@ -663,8 +763,9 @@ class SagaModel(RuleBasedStateMachine):
             self.run_due_work()
             with self.ctx():
                 for kind, row in self.dead_rows():
-                    runner.retry_dead(OutboxDelivery if kind == "delivery" else ScheduledCommand, row["id"],
-                                      now=self.now())
+                    runner.retry_dead(
+                        OutboxDelivery if kind == "delivery" else ScheduledCommand, row["id"], now=self.now()
+                    )
                 db.session.remove()
             self.run_due_work()
         self.check_drained()
@@ -685,8 +786,10 @@ class SagaModel(RuleBasedStateMachine):
         for vid, n in data["stock"].items():
             assert n >= 0, f"variant {vid} has {n} on hand"
         expected = self.expected_stock(data["orders"])
-        assert data["stock"] == expected, (f"stock {data['stock']} but the model says {expected}",
-                                           {o: (r["status"], r["restored"]) for o, r in data["orders"].items()})
+        assert data["stock"] == expected, (
+            f"stock {data['stock']} but the model says {expected}",
+            {o: (r["status"], r["restored"]) for o, r in data["orders"].items()},
+        )
         for oid, row in data["orders"].items():
             assert not row["restored"] or row["status"] == "Cancelled", f"order {oid} restored while {row['status']}"
 
@@ -703,8 +806,9 @@ class SagaModel(RuleBasedStateMachine):
             if row["status"] != "Paid":
                 continue
             session = sessions.get(row["session"])
-            assert session is not None and session["payment_status"] == "paid", \
+            assert session is not None and session["payment_status"] == "paid", (
                 f"order {oid} is Paid but its session {row['session']} is {session}"
+            )
             assert session["order_id"] == oid and session["amount"] == row["total"], (oid, row, session)
             assert refunds_by_pi.get(session["pi"], 0) == 0, f"order {oid} is Paid and its own payment was refunded"
         for refund in data["refunds"]:
@@ -718,27 +822,38 @@ class SagaModel(RuleBasedStateMachine):
         data, provider = self.shop(), self.provider()
         # A restore that died (its fifth crash) is an operator's to retry: until then its stock is
         # held back, and accounted for as such, like one the operator discarded.
-        dead_restores = {d["order_id"] for d in data["deliveries"]
-                         if d["status"] == "dead" and d["handler"] == "restore_inventory"}
+        dead_restores = {
+            d["order_id"] for d in data["deliveries"] if d["status"] == "dead" and d["handler"] == "restore_inventory"
+        }
         unrestored_ok = self.unrestorable | dead_restores
         for oid, row in data["orders"].items():
             if row["status"] == "Cancelled" and oid not in unrestored_ok:
                 assert row["restored"], f"order {oid} is cancelled but its stock was not given back"
         for vid in self.variants:
-            held = sum(m.lines.get(vid, 0) for oid, m in self.orders.items()
-                       if data["orders"][oid]["status"] in LIVE)
-            sold = sum(m.lines.get(vid, 0) for oid, m in self.orders.items()
-                       if data["orders"][oid]["status"] == "Paid")
-            stuck = sum(m.lines.get(vid, 0) for oid, m in self.orders.items()
-                        if oid in unrestored_ok and not data["orders"][oid]["restored"])
-            assert self.initial[vid] == data["stock"][vid] + held + sold + stuck, \
-                (vid, self.initial[vid], data["stock"][vid], held, sold, stuck)
+            held = sum(m.lines.get(vid, 0) for oid, m in self.orders.items() if data["orders"][oid]["status"] in LIVE)
+            sold = sum(m.lines.get(vid, 0) for oid, m in self.orders.items() if data["orders"][oid]["status"] == "Paid")
+            stuck = sum(
+                m.lines.get(vid, 0)
+                for oid, m in self.orders.items()
+                if oid in unrestored_ok and not data["orders"][oid]["restored"]
+            )
+            assert self.initial[vid] == data["stock"][vid] + held + sold + stuck, (
+                vid,
+                self.initial[vid],
+                data["stock"][vid],
+                held,
+                sold,
+                stuck,
+            )
         for refund in data["refunds"]:
             if refund["id"] not in self.unrefundable:
                 assert refund["status"] == "succeeded", f"refund {refund} was not made"
         shop_refunded = sorted(r["session"] for r in data["refunds"] if r["status"] == "succeeded")
-        provider_refunded = sorted(s["id"] for s in provider["sessions"].values()
-                                   if s["pi"] and any(r["pi"] == s["pi"] for r in provider["refunds"]))
+        provider_refunded = sorted(
+            s["id"]
+            for s in provider["sessions"].values()
+            if s["pi"] and any(r["pi"] == s["pi"] for r in provider["refunds"])
+        )
         assert shop_refunded == provider_refunded, (shop_refunded, provider_refunded)
 
     def check_settled(self) -> None:
@@ -754,9 +869,11 @@ class SagaModel(RuleBasedStateMachine):
             if order["status"] == "Paid" and order["session"] == sid:
                 assert refunded[s["pi"]] == 0, f"session {sid} is order {s['order_id']}'s payment and was refunded"
             elif sid not in unrefundable_sessions:
-                assert refunded[s["pi"]] == 1, (f"session {sid} was paid, is not order {s['order_id']}'s payment "
-                                                f"({order['status']}, {order['session']}) and was refunded "
-                                                f"{refunded[s['pi']]} times")
+                assert refunded[s["pi"]] == 1, (
+                    f"session {sid} was paid, is not order {s['order_id']}'s payment "
+                    f"({order['status']}, {order['session']}) and was refunded "
+                    f"{refunded[s['pi']]} times"
+                )
         now = self.now()
         slack = timedelta(seconds=5) + PROVIDER_EXPIRY_GRACE
         for oid, row in data["orders"].items():
@@ -768,5 +885,6 @@ class SagaModel(RuleBasedStateMachine):
                 if session["pi_status"] == "processing":
                     continue  # money on its way: the order waits for it, as it should
                 pay_by = row["session_expires"]
-                assert pay_by + slack > now, (f"order {oid} is PaymentInitiated past its session's expiry {pay_by} "
-                                              f"(now {now}; session {session})")
+                assert pay_by + slack > now, (
+                    f"order {oid} is PaymentInitiated past its session's expiry {pay_by} (now {now}; session {session})"
+                )

@@ -2,6 +2,7 @@
 module imports from it): this run's own Redis database and app config, a browser's CSRF token,
 the operator's login, a checkout through the storefront's forms, and the heartbeats of a
 running worker and scheduler."""
+
 from __future__ import annotations
 
 import os
@@ -92,8 +93,11 @@ def add_operator(app) -> None:
     from shop.models import Operator
 
     with app.app_context():
-        db.session.add(Operator(email=OPERATOR_EMAIL,
-                                password_hash=generate_password_hash(OPERATOR_PASSWORD, "pbkdf2:sha256:1000")))
+        db.session.add(
+            Operator(
+                email=OPERATOR_EMAIL, password_hash=generate_password_hash(OPERATOR_PASSWORD, "pbkdf2:sha256:1000")
+            )
+        )
         db.session.commit()
 
 
@@ -101,8 +105,9 @@ def log_in(app, client) -> str:
     """Create the operator, log in through the form; returns the session's CSRF token."""
     add_operator(app)
     token = csrf_token(client, "/console/login")
-    r = client.post("/console/login", data={"csrf_token": token, "email": OPERATOR_EMAIL,
-                                            "password": OPERATOR_PASSWORD})
+    r = client.post(
+        "/console/login", data={"csrf_token": token, "email": OPERATOR_EMAIL, "password": OPERATOR_PASSWORD}
+    )
     assert r.status_code == 303, r.get_data(as_text=True)
     return token
 
@@ -111,8 +116,12 @@ def checkout_over_http(client, variant_id: int, quantity: int = 1, email: str = 
     """A browser's order through the storefront's forms: add to the cart, check out; returns the
     order's reference (where the checkout redirected)."""
     token = csrf_token(client, "/")
-    assert client.post("/cart/items", data={"csrf_token": token, "variant_id": variant_id,
-                                            "quantity": quantity}).status_code == 303
+    assert (
+        client.post(
+            "/cart/items", data={"csrf_token": token, "variant_id": variant_id, "quantity": quantity}
+        ).status_code
+        == 303
+    )
     placed = client.post("/checkout", data={"csrf_token": token, "email": email})
     assert placed.status_code == 303, placed.get_data(as_text=True)
     return placed.headers["Location"].rsplit("/", 1)[-1]

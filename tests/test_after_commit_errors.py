@@ -3,6 +3,7 @@ page. The checkout whose order committed sends the customer to that order (its r
 answer); the cancel that committed says the order is cancelled; and a rollback that fails at the
 request's teardown no longer escapes every error handler (the server's bare "Internal Server
 Error" was what the customer saw)."""
+
 from __future__ import annotations
 
 import os
@@ -57,7 +58,8 @@ def test_a_rollback_that_fails_at_teardown_leaves_the_answer_standing(fresh_app,
 
 
 def test_a_checkout_that_committed_answers_with_its_order_when_the_database_goes_after(
-        fresh_paying_app, sandbox, database_url, monkeypatch):
+    fresh_paying_app, sandbox, database_url, monkeypatch
+):
     shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     real = routes.start_payment
 
@@ -67,11 +69,11 @@ def test_a_checkout_that_committed_answers_with_its_order_when_the_database_goes
 
     monkeypatch.setattr(routes, "start_payment", lose_the_database_then_start)
 
-    r = shopper.client.post("/cart/items", data={"csrf_token": shopper.token,
-                                                 "variant_id": shopper.skus["NB-A5-DOT"], "quantity": 1})
+    r = shopper.client.post(
+        "/cart/items", data={"csrf_token": shopper.token, "variant_id": shopper.skus["NB-A5-DOT"], "quantity": 1}
+    )
     assert r.status_code == 303
-    r = shopper.client.post("/checkout", data={"csrf_token": shopper.token, "email": "ann@example.com"},
-                            headers=JSON)
+    r = shopper.client.post("/checkout", data={"csrf_token": shopper.token, "email": "ann@example.com"}, headers=JSON)
 
     [(reference, status)] = _orders(fresh_paying_app)
     assert status == "PendingPayment"  # placed; its payment never started
@@ -87,7 +89,8 @@ def test_a_checkout_that_committed_answers_with_its_order_when_the_database_goes
 
 
 def test_a_cancel_that_committed_says_so_when_the_database_goes_before_the_page(
-        fresh_paying_app, sandbox, database_url, monkeypatch):
+    fresh_paying_app, sandbox, database_url, monkeypatch
+):
     shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     order = shopper.place()
     real = routes.cancel_order

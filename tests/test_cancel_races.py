@@ -5,6 +5,7 @@ succeeds, the stock comes back once, and no "your payment did not go through" em
 The interleaving the chaos run met by chance (about 1 cancel in 700) is forced here: the
 gateway's expire call is wrapped so that, after the real call to the sandbox, the notice is
 applied before the cancel gets to commit."""
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,11 @@ def _settle(app) -> None:
     """Run every delivery and every due command, as the workers would."""
     with app.app_context():
         drain_deliveries()
-        due = [c.id for c in db.session.query(ScheduledCommand).filter_by(status="pending")
-               if c.kind != "expire_unpaid_order"]
+        due = [
+            c.id
+            for c in db.session.query(ScheduledCommand).filter_by(status="pending")
+            if c.kind != "expire_unpaid_order"
+        ]
         for command_id in due:
             run_command(command_id)
         drain_deliveries()
@@ -86,7 +90,8 @@ def test_a_cancel_whose_own_expiry_notice_lands_first_still_cancels_the_order(ma
 
 
 def test_a_cancel_survives_its_expiry_being_applied_as_a_failed_payment_by_another_path(
-        fresh_paying_app, sandbox, monkeypatch):
+    fresh_paying_app, sandbox, monkeypatch
+):
     shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     variant = shopper.skus["NB-A6-DOT"]
     stock = _on_hand(fresh_paying_app, variant)
@@ -117,12 +122,15 @@ def test_a_cancel_survives_its_expiry_being_applied_as_a_failed_payment_by_anoth
     with fresh_paying_app.app_context():
         emails = db.session.query(ScheduledCommand).filter_by(kind="send_email").order_by(ScheduledCommand.id).all()
         # The failed-payment email was queued by the follow-up but not sent: the order had moved on.
-        assert [(c.payload["template"], c.status) for c in emails] == [("payment_failed", "done"),
-                                                                        ("order_cancelled", "done")]
+        assert [(c.payload["template"], c.status) for c in emails] == [
+            ("payment_failed", "done"),
+            ("order_cancelled", "done"),
+        ]
         db.session.remove()
     mail = os.path.join(fresh_paying_app.instance_path, "mail")
-    assert not [f for f in (os.listdir(mail) if os.path.isdir(mail) else [])
-                if f.startswith(f"order-{oid}-payment_failed")]
+    assert not [
+        f for f in (os.listdir(mail) if os.path.isdir(mail) else []) if f.startswith(f"order-{oid}-payment_failed")
+    ]
 
 
 def test_a_stale_cancel_is_still_refused_without_touching_the_provider(fresh_paying_app, sandbox):

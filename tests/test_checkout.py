@@ -1,5 +1,6 @@
 """place_order, the one checkout transaction, against the real database: no oversell under
 concurrency, all-or-nothing on a shortfall, no lock-order deadlock, and stock conservation."""
+
 from __future__ import annotations
 
 import threading
@@ -17,6 +18,7 @@ from shop.orders.checkout import place_order
 from shop.orders.cancel import cancel_order
 from shop.outbox import uow
 from shop.outbox.dispatch import run_delivery
+
 
 def on_hand(variant_id: int) -> int:
     return db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).scalar_one()
@@ -57,14 +59,22 @@ def test_fifty_concurrent_checkouts_of_ten_in_stock_make_exactly_ten_orders(fres
         carts = [cart_with([(variant, 1)]) for _ in range(50)]
 
     results, errors = run_threads(
-        fresh_app, carts, lambda c: place_order(cart_id=c[0], browser_id=c[1], email="buyer@example.com"))
+        fresh_app, carts, lambda c: place_order(cart_id=c[0], browser_id=c[1], email="buyer@example.com")
+    )
 
     assert errors == [None] * 50, [repr(e) for e in errors if e]
     outcomes = Counter("placed" if r.ok else r.code for r in results)
     assert outcomes == {"placed": 10, "out_of_stock": 40}
     for refused in (r for r in results if not r.ok):
-        assert refused.shortages == [{"variant_id": variant, "sku": refused.shortages[0]["sku"],
-                                      "name": "Product 1 – V0", "requested": 1, "available": 0}]
+        assert refused.shortages == [
+            {
+                "variant_id": variant,
+                "sku": refused.shortages[0]["sku"],
+                "name": "Product 1 – V0",
+                "requested": 1,
+                "available": 0,
+            }
+        ]
     with fresh_app.app_context():
         assert on_hand(variant) == 0
         assert count(Order) == 10
@@ -84,8 +94,9 @@ def test_an_order_with_one_short_line_leaves_nothing_behind_and_names_the_short_
         result = place_order(cart_id=cart_id, browser_id=browser, email="ann@example.com")
 
         assert not result.ok and result.code == "out_of_stock"
-        assert result.shortages == [{"variant_id": scarce, "sku": sku, "name": "Product 2 – V1", "requested": 3,
-                                     "available": 2}]
+        assert result.shortages == [
+            {"variant_id": scarce, "sku": sku, "name": "Product 2 – V1", "requested": 3, "available": 2}
+        ]
         db.session.remove()
         # The plenty line was decremented before the short one was found: it must be rolled back too.
         assert (on_hand(plenty), on_hand(scarce)) == (20, 2)
@@ -122,13 +133,15 @@ def test_checkouts_of_the_same_two_variants_in_opposite_cart_order_never_deadloc
     rounds, clients = 6, 12
     with fresh_app.app_context():
         a, b = catalog_rows(1000, 1000)
-        jobs = [[cart_with([(a, 1), (b, 2)] if i % 2 else [(b, 2), (a, 1)]) for i in range(clients)]
-                for _ in range(rounds)]
+        jobs = [
+            [cart_with([(a, 1), (b, 2)] if i % 2 else [(b, 2), (a, 1)]) for i in range(clients)] for _ in range(rounds)
+        ]
 
     placed = 0
     for carts in jobs:  # every round releases all clients at once
         results, errors = run_threads(
-            fresh_app, carts, lambda c: place_order(cart_id=c[0], browser_id=c[1], email="x@example.com"))
+            fresh_app, carts, lambda c: place_order(cart_id=c[0], browser_id=c[1], email="x@example.com")
+        )
         assert errors == [None] * clients, [repr(e) for e in errors if e]
         assert all(r.ok for r in results), [r for r in results if not r.ok]
         placed += len(results)
@@ -140,13 +153,16 @@ def test_checkouts_of_the_same_two_variants_in_opposite_cart_order_never_deadloc
 
 # -- stock conservation, as a property ---------------------------------------------------------
 
+
 def _conservation(variant_ids, initial):
     """initial = on hand + held by live orders + sold to paid orders (+ cancelled but not yet
     restored, which must be nothing once compensation has run)."""
     held = Counter()
     rows = db.session.execute(
         select(OrderLine.variant_id, OrderLine.quantity, Order.status, Order.inventory_restored)
-        .join(Order, Order.id == OrderLine.order_id).where(OrderLine.variant_id.in_(variant_ids))).all()
+        .join(Order, Order.id == OrderLine.order_id)
+        .where(OrderLine.variant_id.in_(variant_ids))
+    ).all()
     for variant_id, quantity, status, restored in rows:
         if status in {s.value for s in LIVE} or status == OrderStatus.PAID.value:
             held[variant_id] += quantity
@@ -158,8 +174,15 @@ def _conservation(variant_ids, initial):
 
 
 def _restore_deliveries(order_id):
-    return db.session.execute(select(OutboxDelivery.id).where(
-        OutboxDelivery.order_id == order_id, OutboxDelivery.handler == "restore_inventory")).scalars().all()
+    return (
+        db.session.execute(
+            select(OutboxDelivery.id).where(
+                OutboxDelivery.order_id == order_id, OutboxDelivery.handler == "restore_inventory"
+            )
+        )
+        .scalars()
+        .all()
+    )
 
 
 _quantity = st.integers(1, 4)
@@ -223,8 +246,10 @@ def test_any_sequence_of_checkouts_payments_and_cancels_conserves_stock(fresh_ct
             for delivery_id in _restore_deliveries(order_id):
                 run_delivery(delivery_id)
                 db.session.execute(
-                    OutboxDelivery.__table__.update().where(OutboxDelivery.id == delivery_id)
-                    .values(status="pending", attempts=0, claimed_by=None, claimed_until=None))
+                    OutboxDelivery.__table__.update()
+                    .where(OutboxDelivery.id == delivery_id)
+                    .values(status="pending", attempts=0, claimed_by=None, claimed_until=None)
+                )
                 db.session.commit()
                 run_delivery(delivery_id)
 

@@ -3,6 +3,7 @@ start_payment what place_order committed, the provider call runs outside any tra
 the PaymentInitiated transition is one UPDATE guarded by the version and the allowed states,
 committed with its outbox event. Also: a command's schedule and a re-armed command's distinct
 job id now travel in the announce pipeline. Real database, Redis and sandbox."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -38,8 +39,11 @@ def _row(order_id: int) -> Order:
 
 
 def _event_names(order_id: int) -> list[str]:
-    names = list(db.session.execute(select(OutboxEvent.name).where(OutboxEvent.order_id == order_id)
-                                    .order_by(OutboxEvent.id)).scalars())
+    names = list(
+        db.session.execute(
+            select(OutboxEvent.name).where(OutboxEvent.order_id == order_id).order_by(OutboxEvent.id)
+        ).scalars()
+    )
     db.session.rollback()
     return names
 
@@ -61,13 +65,18 @@ def test_a_checkout_commits_payment_initiated_with_its_event_from_what_it_placed
         assert (row.status, row.version, row.payment_attempts) == ("PaymentInitiated", 2, 1)
         assert as_utc(row.updated_at) > as_utc(row.created_at)  # the transition is a state change
         assert _event_names(row.id) == ["OrderPlaced", "PaymentInitiated"]
-        payload = db.session.execute(select(OutboxEvent.payload).where(OutboxEvent.order_id == row.id,
-                                                                      OutboxEvent.name == "PaymentInitiated")).scalar_one()
+        payload = db.session.execute(
+            select(OutboxEvent.payload).where(OutboxEvent.order_id == row.id, OutboxEvent.name == "PaymentInitiated")
+        ).scalar_one()
         assert payload["session_id"] == row.payment_session_id
         # The session at the provider was made from the lines and total place_order committed.
         view = gateway.retrieve_session(row.payment_session_id)
-        assert (view.client_reference_id, view.order_id, view.amount_total, view.status) == \
-            (row.reference, row.id, row.total, "open")
+        assert (view.client_reference_id, view.order_id, view.amount_total, view.status) == (
+            row.reference,
+            row.id,
+            row.total,
+            "open",
+        )
         assert row.total == 2 * db.session.execute(select(Variant.price).where(Variant.sku == SKU)).scalar_one()
         assert as_utc(row.payment_session_expires_at) == view.expires_at
         db.session.remove()
@@ -94,8 +103,12 @@ def test_a_payment_start_refuses_a_state_the_transition_forbids_even_at_the_vers
         placed = _place()
         # A row at version 1 that is no longer payable (only a writer that skipped the version
         # could leave this; the status condition refuses it all the same).
-        db.session.execute(update(Order).where(Order.id == placed.order_id).values(status="Paid")
-                           .execution_options(synchronize_session=False))
+        db.session.execute(
+            update(Order)
+            .where(Order.id == placed.order_id)
+            .values(status="Paid")
+            .execution_options(synchronize_session=False)
+        )
         db.session.commit()
 
         assert start_payment(placed.order_id, placed=placed).status == "refused"
@@ -131,8 +144,9 @@ def test_a_checkout_arms_its_deadline_in_rq_scheduler_under_the_commands_own_id(
     due = as_utc(row.next_attempt_at)
     db.session.rollback()
 
-    [(job, at)] = [(j, at) for j, at in queue.scheduler().get_jobs(with_times=True)
-                   if j.id == queue.command_job_id(row.id)]
+    [(job, at)] = [
+        (j, at) for j, at in queue.scheduler().get_jobs(with_times=True) if j.id == queue.command_job_id(row.id)
+    ]
     assert (job.func_name, job.args, job.origin) == (queue.COMMAND_JOB, (row.id,), queue.work_queue().name)
     assert as_utc(at) == due.replace(microsecond=0)
 
@@ -143,8 +157,13 @@ def test_a_command_rearmed_from_inside_its_own_scheduled_job_keeps_its_schedule(
         placed = _place()
         # A command that fails (unknown template), due in a second: rq-scheduler holds it under
         # the command's deterministic id.
-        command_id = schedule_command(db.session, "send_email", utcnow() + timedelta(seconds=1),
-                                      order_id=placed.order_id, payload={"template": "no-such-template"})
+        command_id = schedule_command(
+            db.session,
+            "send_email",
+            utcnow() + timedelta(seconds=1),
+            order_id=placed.order_id,
+            payload={"template": "no-such-template"},
+        )
         db.session.commit()
         publish_after_commit(db.session)
         sched = queue.scheduler()
@@ -158,8 +177,11 @@ def test_a_command_rearmed_from_inside_its_own_scheduled_job_keeps_its_schedule(
         retry_at = as_utc(row.next_attempt_at)
         db.session.rollback()
         # RQ deleted the finished job's key (result_ttl=0); the retry lives on under its own id.
-        rearmed = [(j, at) for j, at in sched.get_jobs(with_times=True)
-                   if j.func_name == queue.COMMAND_JOB and j.args == (command_id,)]
+        rearmed = [
+            (j, at)
+            for j, at in sched.get_jobs(with_times=True)
+            if j.func_name == queue.COMMAND_JOB and j.args == (command_id,)
+        ]
         assert len(rearmed) == 1
         [(job, at)] = rearmed
         assert job.id.startswith(queue.command_job_id(command_id) + "-")
@@ -169,15 +191,16 @@ def test_a_command_rearmed_from_inside_its_own_scheduled_job_keeps_its_schedule(
 
 @pytest.mark.parametrize("provider_up", [True, False])
 def test_a_json_client_checking_out_gets_the_contracts_303_and_the_same_facts_in_the_body(
-        fresh_paying_app, sandbox, provider_up):
+    fresh_paying_app, sandbox, provider_up
+):
     """docs/REFERENCE.md, Storefront, names a 303 for a placed order, to the hosted page or, with the
     provider down, to the order page: the status does not depend on what the client accepts."""
     shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     sandbox.faults(api_unavailable=not provider_up)
-    shopper.client.post("/cart/items", data={"csrf_token": shopper.token, "variant_id": shopper.skus[SKU],
-                                             "quantity": 1})
-    r = shopper.client.post("/checkout", data={"csrf_token": shopper.token, "email": "ann@example.com"},
-                            headers=JSON)
+    shopper.client.post(
+        "/cart/items", data={"csrf_token": shopper.token, "variant_id": shopper.skus[SKU], "quantity": 1}
+    )
+    r = shopper.client.post("/checkout", data={"csrf_token": shopper.token, "email": "ann@example.com"}, headers=JSON)
     assert r.status_code == 303 and r.is_json
     body = r.get_json()
     assert r.headers["Location"] == (body["payment_url"] if provider_up else body["order_url"])

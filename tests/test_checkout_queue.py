@@ -3,6 +3,7 @@ budget cannot serve at once places its order in line, the line keeps its custome
 pages say so and go on by themselves, and the queue hands out sessions as the budget allows.
 Real database, Redis and sandbox; the queue is served in-process (`serve_now`). Its worker
 thread, a killed worker and a wiped Redis are in test_checkout_queue_processes.py."""
+
 from __future__ import annotations
 
 import time
@@ -24,9 +25,14 @@ QUEUED = {"status": "queued", "session_id": None, "url": None}
 def _shop(make_fresh_app, sandbox, **config):
     # One session a second, and a customer waits no time for the budget: the second checkout
     # within a second finds it spent.
-    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
-                         STRIPE_WEBHOOK_SECRET="whsec_test_secret", STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1,
-                         STRIPE_CUSTOMER_WAIT_SECONDS=0.0, **config)
+    app = make_fresh_app(
+        STRIPE_API_BASE=sandbox.base_url,
+        STRIPE_SESSION_MIN_SECONDS=60,
+        STRIPE_WEBHOOK_SECRET="whsec_test_secret",
+        STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1,
+        STRIPE_CUSTOMER_WAIT_SECONDS=0.0,
+        **config,
+    )
     return app, seed_catalog_rows(app)
 
 
@@ -41,21 +47,27 @@ def _queued(shopper: Shopper) -> dict:
 
 def _session_creates(sandbox) -> list[str]:
     """The order ids of the sessions the sandbox created, in the order it received the calls."""
-    return [c["idempotency_key"].split("-")[2] for c in sandbox.requests(method="POST")
-            if c["path"] == "/v1/checkout/sessions" and c["status"] == 200]
+    return [
+        c["idempotency_key"].split("-")[2]
+        for c in sandbox.requests(method="POST")
+        if c["path"] == "/v1/checkout/sessions" and c["status"] == 200
+    ]
 
 
 def test_checkouts_past_the_session_budget_wait_in_line_in_arrival_order_and_each_reaches_its_payment_page(
-        make_fresh_app, sandbox):
+    make_fresh_app, sandbox
+):
     app, skus = _shop(make_fresh_app, sandbox)
     first = Shopper(app, skus)
     assert "/pay/" in first.checkout().headers["Location"]  # the budget's one session this second
 
     second, third = Shopper(app, skus), Shopper(app, skus)
-    response = second.client.post("/cart/items", data={"csrf_token": second.token, "variant_id": skus["NB-A5-DOT"],
-                                                       "quantity": 1})
-    response = second.client.post("/checkout", data={"csrf_token": second.token, "email": "bo@example.com"},
-                                  headers=JSON)
+    response = second.client.post(
+        "/cart/items", data={"csrf_token": second.token, "variant_id": skus["NB-A5-DOT"], "quantity": 1}
+    )
+    response = second.client.post(
+        "/checkout", data={"csrf_token": second.token, "email": "bo@example.com"}, headers=JSON
+    )
     assert response.status_code == 303 and response.get_json()["queued"] is True
     assert response.get_json()["payment_url"] is None
     waiting = second.latest()
@@ -79,8 +91,9 @@ def test_checkouts_past_the_session_budget_wait_in_line_in_arrival_order_and_eac
     assert [o["status"] for o in served] == ["PaymentInitiated"] * 2
     assert all(o["payment"]["status"] == "open" and o["payment"]["url"] and "line" not in o for o in served)
     with app.app_context():
-        ids = [db.session.execute(select(Order.id).where(Order.reference == o["reference"])).scalar_one()
-               for o in served]
+        ids = [
+            db.session.execute(select(Order.id).where(Order.reference == o["reference"])).scalar_one() for o in served
+        ]
         db.session.remove()
     assert _session_creates(sandbox)[1:] == [str(i) for i in ids], "the line was not served in arrival order"
     # A browser without script reloads to ?continue=1 and is sent on to its payment page.
@@ -135,8 +148,7 @@ def test_the_queue_pauses_while_the_breaker_is_open_and_the_orders_keep_their_pl
     assert shopper.order(waiting["reference"])["status"] == "PaymentInitiated"
 
 
-def test_an_order_whose_pay_by_passes_in_line_is_expired_by_its_deadline_like_any_unpaid_order(
-        make_fresh_app, sandbox):
+def test_an_order_whose_pay_by_passes_in_line_is_expired_by_its_deadline_like_any_unpaid_order(make_fresh_app, sandbox):
     app, skus = _shop(make_fresh_app, sandbox)
     Shopper(app, skus).checkout()
     waiting = _queued(shopper := Shopper(app, skus))
@@ -146,12 +158,16 @@ def test_an_order_whose_pay_by_passes_in_line_is_expired_by_its_deadline_like_an
         # Its window has run out (placed a window ago) and its deadline is due.
         past = utcnow() - timedelta(seconds=window + 5)
         db.session.execute(update(Order).where(Order.id == order_id).values(updated_at=past, created_at=past))
-        db.session.execute(update(ScheduledCommand).where(ScheduledCommand.order_id == order_id)
-                           .values(next_attempt_at=utcnow()))
+        db.session.execute(
+            update(ScheduledCommand).where(ScheduledCommand.order_id == order_id).values(next_attempt_at=utcnow())
+        )
         db.session.commit()
         assert checkout_queue.serve_now() == 0  # left to its deadline, not given a session
-        deadline = db.session.execute(select(ScheduledCommand.id).where(
-            ScheduledCommand.order_id == order_id, ScheduledCommand.kind == "expire_unpaid_order")).scalar_one()
+        deadline = db.session.execute(
+            select(ScheduledCommand.id).where(
+                ScheduledCommand.order_id == order_id, ScheduledCommand.kind == "expire_unpaid_order"
+            )
+        ).scalar_one()
         dispatch.run_command(deadline)
         row = db.session.get(Order, order_id)
         assert row.status == "Cancelled" and row.payment_queued_at is None
@@ -160,12 +176,13 @@ def test_an_order_whose_pay_by_passes_in_line_is_expired_by_its_deadline_like_an
 
 
 def test_once_a_process_met_the_line_held_its_next_checkouts_join_it_without_asking_the_provider(
-        make_fresh_app, sandbox):
+    make_fresh_app, sandbox
+):
     app, skus = _shop(make_fresh_app, sandbox)
-    Shopper(app, skus).checkout()        # the budget's one session this second
-    _queued(Shopper(app, skus))          # refused by the budget: the line forms
-    time.sleep(1.3)                      # the budget has room again, the line is still held
-    _queued(Shopper(app, skus))          # refused because of the line: this process knows now
+    Shopper(app, skus).checkout()  # the budget's one session this second
+    _queued(Shopper(app, skus))  # refused by the budget: the line forms
+    time.sleep(1.3)  # the budget has room again, the line is still held
+    _queued(Shopper(app, skus))  # refused because of the line: this process knows now
     calls = sandbox.request_count()
     shoppers = [Shopper(app, skus) for _ in range(3)]
     joined = [_queued(shopper) for shopper in shoppers]

@@ -2,6 +2,7 @@
 payment-queue thread), and an order in line reaches its payment page with no customer action
 even when the worker serving it is SIGKILLed mid-call and Redis loses everything (the line is
 the database's; the next worker takes the lease of a dead one on the same machine at once)."""
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ pytestmark = pytest.mark.slow
 
 def _states(app, ids: list[int]) -> dict[int, tuple]:
     with app.app_context():
-        rows = db.session.execute(select(Order.id, Order.status, Order.payment_session_id, Order.payment_queued_at)
-                                  .where(Order.id.in_(ids))).all()
+        rows = db.session.execute(
+            select(Order.id, Order.status, Order.payment_session_id, Order.payment_queued_at).where(Order.id.in_(ids))
+        ).all()
         db.session.remove()
     return {r.id: (r.status, r.payment_session_id, r.payment_queued_at) for r in rows}
 
@@ -39,10 +41,16 @@ def _lease(app):
 
 
 def test_orders_in_line_reach_their_payment_page_across_a_killed_worker_and_a_wiped_redis(
-        make_fresh_app, sandbox, redis_conn):
+    make_fresh_app, sandbox, redis_conn
+):
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
-    env = _env(app, STRIPE_API_BASE=sandbox.base_url, UNPAID_ORDER_EXPIRY_SECONDS="1800",
-               RECONCILIATION_STUCK_AGE_SECONDS="1800", STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND="2")
+    env = _env(
+        app,
+        STRIPE_API_BASE=sandbox.base_url,
+        UNPAID_ORDER_EXPIRY_SECONDS="1800",
+        RECONCILIATION_STUCK_AGE_SECONDS="1800",
+        STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND="2",
+    )
     with app.app_context():
         seed_catalog_rows()
         ids = [place_order_for({"NB-A5-DOT": 1}).order_id for _ in range(6)]
@@ -58,14 +66,19 @@ def test_orders_in_line_reach_their_payment_page_across_a_killed_worker_and_a_wi
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=10)
         redis_conn.flushdb()  # Redis loses every wake-up, the line flag and the budget's state
-        assert not any(status == "PaymentInitiated" for status, _, _ in _states(app, ids).values()), \
+        assert not any(status == "PaymentInitiated" for status, _, _ in _states(app, ids).values()), (
             "the calls were meant to be in flight when the worker died"
+        )
 
         sandbox.faults(api_latency_seconds=0)
         started = time.monotonic()
         procs.start("worker-2", ["shop", "worker"], env)
-        _wait(lambda: all(s == "PaymentInitiated" for s, _, _ in _states(app, ids).values()), 60,
-              "every order in line to get its payment page", procs.logs)
+        _wait(
+            lambda: all(s == "PaymentInitiated" for s, _, _ in _states(app, ids).values()),
+            60,
+            "every order in line to get its payment page",
+            procs.logs,
+        )
         took = time.monotonic() - started
         # Nobody waits any more: the serving worker gives its lease up (and stands by).
         _wait(lambda: _lease(app) is None, 10, "the payment queue to release its lease", procs.logs)
@@ -76,5 +89,6 @@ def test_orders_in_line_reach_their_payment_page_across_a_killed_worker_and_a_wi
     assert len({sid for _, sid, _ in states.values()}) == len(ids)
     # Six sessions at 2/s plus the second worker's start (about 6 s here), not a lapse of the
     # dead worker's lease on top.
-    assert took < checkout_queue.LEASE_SECONDS, \
+    assert took < checkout_queue.LEASE_SECONDS, (
         f"the line was served {took:.1f} s after the second worker started: it waited for the dead one's lease"
+    )

@@ -1,6 +1,7 @@
 """The compensation for OrderCancelled (saga.inventory.restore_inventory): a cancelled order's
 stock comes back exactly once, whatever redelivers or races, and what cannot come back is
 recorded instead of lost. Plus the pure restoration arithmetic it relies on."""
+
 from __future__ import annotations
 
 import logging
@@ -56,19 +57,35 @@ def test_a_redelivered_cancellation_restores_stock_once(catalog):
     # cannot help here, the marker must.
     original = restore_delivery(order_id).event
     now = utcnow()
-    event_id = db.session.execute(insert(OutboxEvent).values(
-        order_id=order_id, name=original.name, payload=original.payload, created_at=now)
-        .returning(OutboxEvent.id)).scalar_one()
-    second = db.session.execute(insert(OutboxDelivery).values(
-        event_id=event_id, handler="restore_inventory", order_id=order_id, status="pending", attempts=0,
-        max_attempts=5, next_attempt_at=now, created_at=now, updated_at=now)
-        .returning(OutboxDelivery.id)).scalar_one()
+    event_id = db.session.execute(
+        insert(OutboxEvent)
+        .values(order_id=order_id, name=original.name, payload=original.payload, created_at=now)
+        .returning(OutboxEvent.id)
+    ).scalar_one()
+    second = db.session.execute(
+        insert(OutboxDelivery)
+        .values(
+            event_id=event_id,
+            handler="restore_inventory",
+            order_id=order_id,
+            status="pending",
+            attempts=0,
+            max_attempts=5,
+            next_attempt_at=now,
+            created_at=now,
+            updated_at=now,
+        )
+        .returning(OutboxDelivery.id)
+    ).scalar_one()
     db.session.commit()
     assert run_delivery(second) == "done"
     # And the very same delivery row handed back to a worker (its "done" lost to an operator's
     # reset): the marker again.
-    db.session.execute(update(OutboxDelivery).where(OutboxDelivery.id == delivery_id)
-                       .values(status="pending", attempts=0, next_attempt_at=now))
+    db.session.execute(
+        update(OutboxDelivery)
+        .where(OutboxDelivery.id == delivery_id)
+        .values(status="pending", attempts=0, next_attempt_at=now)
+    )
     db.session.commit()
     assert run_delivery(delivery_id) == "done"
 
@@ -235,8 +252,11 @@ def test_plan_restoration_accounts_for_every_unit_and_never_goes_negative(lines,
     refused = {int(code.rsplit("=", 1)[1]) for code in plan.refusals}
     # Every requested unit is either restored, reported unmatched, or refused; nothing twice.
     for variant_id, quantity in requested.items():
-        outcomes = [plan.increases.get(variant_id), plan.unmatched.get(variant_id),
-                    quantity if variant_id in refused else None]
+        outcomes = [
+            plan.increases.get(variant_id),
+            plan.unmatched.get(variant_id),
+            quantity if variant_id in refused else None,
+        ]
         assert [o for o in outcomes if o is not None] == [quantity], (variant_id, plan)
     assert set(plan.increases) | set(plan.unmatched) | refused == set(requested)
     assert set(plan.unmatched) == {v for v in requested if v not in stock}

@@ -1,6 +1,7 @@
 """Pooled database connections: a connection that died while it sat in the pool (a PostgreSQL
 restart, an idle timeout, a killed backend) is replaced before anyone uses it, and a connection
 used a moment ago is handed out without a round trip to check it (shop._configure_idle_ping)."""
+
 from __future__ import annotations
 
 import os
@@ -65,7 +66,8 @@ def _first_connection_warnings(app, caplog) -> list[str]:
 
 
 def test_a_web_that_may_open_more_connections_than_the_server_allows_says_so_when_it_first_connects(
-        make_fresh_app, caplog):
+    make_fresh_app, caplog
+):
     with make_fresh_app().app_context():
         allowed = int(db.session.execute(text("SHOW max_connections")).scalar_one())
         db.session.remove()

@@ -1,6 +1,7 @@
 """The operator console over HTTP: the login gate, CSRF on every action, the JSON shapes of
 docs/REFERENCE.md, Console, and that each button runs the same use case as the rest of the shop
 (asserted on rows and stock, not on messages)."""
+
 from __future__ import annotations
 
 import re
@@ -14,8 +15,16 @@ from factories import placed_order_in, variant_id
 from shop.domain.deadlines import utcnow
 from shop.domain.restoration import MAX_ON_HAND
 from shop.extensions import db
-from shop.models import (InventoryItem, Order, OutboxDelivery, OutboxEvent, ReconciliationCycle, RestoreWarning,
-                         ScheduledCommand, WebhookReceipt)
+from shop.models import (
+    InventoryItem,
+    Order,
+    OutboxDelivery,
+    OutboxEvent,
+    ReconciliationCycle,
+    RestoreWarning,
+    ScheduledCommand,
+    WebhookReceipt,
+)
 from shop.orders.cancel import cancel_order
 from shop.outbox import dispatch
 from shop.payments import guard
@@ -27,20 +36,45 @@ from support import add_operator, csrf_token, log_in
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
 
-GET_ROUTES = ["/console/", "/console/orders", "/console/orders?stuck=1&status=PendingPayment",
-              "/console/orders/BK-NOSUCH", "/console/outbox?status=dead", "/console/restore-warnings?state=open",
-              "/console/webhooks", "/console/sweeps", "/console/audit", "/console/orders?q=ann@example.com",
-              "/console/no-such-page"]
-POST_ROUTES = ["/console/logout", "/console/outbox/retry-dead", "/console/orders/BK-NOSUCH/reconcile", "/console/outbox/1/retry",
-               "/console/outbox/1/discard", "/console/outbox/cmd-1/retry", "/console/outbox/cmd-1/discard",
-               "/console/restore-warnings/1/resolve"]
+GET_ROUTES = [
+    "/console/",
+    "/console/orders",
+    "/console/orders?stuck=1&status=PendingPayment",
+    "/console/orders/BK-NOSUCH",
+    "/console/outbox?status=dead",
+    "/console/restore-warnings?state=open",
+    "/console/webhooks",
+    "/console/sweeps",
+    "/console/audit",
+    "/console/orders?q=ann@example.com",
+    "/console/no-such-page",
+]
+POST_ROUTES = [
+    "/console/logout",
+    "/console/outbox/retry-dead",
+    "/console/orders/BK-NOSUCH/reconcile",
+    "/console/outbox/1/retry",
+    "/console/outbox/1/discard",
+    "/console/outbox/cmd-1/retry",
+    "/console/outbox/cmd-1/discard",
+    "/console/restore-warnings/1/resolve",
+]
 # The contract's outbox item, plus whether the row is waiting for an unavailable provider.
-DELIVERY_KEYS = {"id", "event", "handler", "status", "attempts", "last_error", "order_reference",
-                 "waiting_for_provider"}
+DELIVERY_KEYS = {
+    "id",
+    "event",
+    "handler",
+    "status",
+    "attempts",
+    "last_error",
+    "order_reference",
+    "waiting_for_provider",
+}
 WARNING_KEYS = {"id", "order_reference", "variant_id", "quantity", "reason", "state"}
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
 
 def run_delivery(app, delivery_id, now=None) -> str:
     with app.app_context():
@@ -56,17 +90,26 @@ def cancel(app, order_id) -> int:
     """Cancel through the use case; returns the id of the restore_inventory delivery it wrote."""
     with app.app_context():
         assert cancel_order(order_id, None).status == "cancelled"
-        return db.session.execute(select(OutboxDelivery.id).where(OutboxDelivery.order_id == order_id,
-                                                                  OutboxDelivery.handler == "restore_inventory")
-                                  ).scalar_one()
+        return db.session.execute(
+            select(OutboxDelivery.id).where(
+                OutboxDelivery.order_id == order_id, OutboxDelivery.handler == "restore_inventory"
+            )
+        ).scalar_one()
 
 
 def kill(app, delivery_id, error="RuntimeError: handler crashed") -> None:
     """Make a real delivery a dead letter with its attempt budget spent."""
     with app.app_context():
-        db.session.execute(update(OutboxDelivery).where(OutboxDelivery.id == delivery_id).values(
-            status="dead", attempts=OutboxDelivery.max_attempts, last_error=error,
-            last_traceback="Traceback (most recent call last):\n  ...\nRuntimeError: handler crashed\n"))
+        db.session.execute(
+            update(OutboxDelivery)
+            .where(OutboxDelivery.id == delivery_id)
+            .values(
+                status="dead",
+                attempts=OutboxDelivery.max_attempts,
+                last_error=error,
+                last_traceback="Traceback (most recent call last):\n  ...\nRuntimeError: handler crashed\n",
+            )
+        )
         db.session.commit()
 
 
@@ -87,6 +130,7 @@ def make_overflow_warning(app, sku="MUG-350-SND"):
 
 
 # -- the login gate --------------------------------------------------------------------------
+
 
 def test_every_console_route_sends_a_browser_to_login_and_answers_401_to_json(fresh_app, fresh_client):
     anonymous_token = csrf_token(fresh_client, "/console/login")
@@ -112,17 +156,30 @@ def test_login_sends_the_operator_back_to_the_page_they_asked_for(fresh_app, fre
     page = fresh_client.get(login_url).get_data(as_text=True)
     next_value = re.search(r'name="next"[^>]*value="([^"]*)"', page).group(1)
     assert next_value == "/console/sweeps"
-    r = fresh_client.post("/console/login", data={"csrf_token": csrf_token(fresh_client, login_url),
-                                                  "email": EMAIL, "password": PASSWORD, "next": next_value})
+    r = fresh_client.post(
+        "/console/login",
+        data={
+            "csrf_token": csrf_token(fresh_client, login_url),
+            "email": EMAIL,
+            "password": PASSWORD,
+            "next": next_value,
+        },
+    )
     assert r.status_code == 303 and r.headers["Location"] == "/console/sweeps"
     assert fresh_client.get("/console/sweeps").status_code == 200
 
 
 def test_a_login_never_redirects_off_the_console(fresh_app, fresh_client):
     add_operator(fresh_app)
-    r = fresh_client.post("/console/login", data={"csrf_token": csrf_token(fresh_client, "/console/login"),
-                                                  "email": EMAIL, "password": PASSWORD,
-                                                  "next": "//evil.example/steal"})
+    r = fresh_client.post(
+        "/console/login",
+        data={
+            "csrf_token": csrf_token(fresh_client, "/console/login"),
+            "email": EMAIL,
+            "password": PASSWORD,
+            "next": "//evil.example/steal",
+        },
+    )
     assert r.status_code == 303 and r.headers["Location"] == "/console/"
 
 
@@ -130,10 +187,12 @@ def test_a_wrong_password_and_an_unknown_email_get_the_same_401(fresh_app, fresh
     with fresh_app.app_context():
         upsert_operator(EMAIL, PASSWORD)
     token = csrf_token(fresh_client, "/console/login")
-    wrong_password = fresh_client.post("/console/login", data={"csrf_token": token, "email": EMAIL, "password": "nope"},
-                                       headers=JSON)
-    unknown_email = fresh_client.post("/console/login", data={"csrf_token": token, "email": "who@example.com",
-                                                              "password": PASSWORD}, headers=JSON)
+    wrong_password = fresh_client.post(
+        "/console/login", data={"csrf_token": token, "email": EMAIL, "password": "nope"}, headers=JSON
+    )
+    unknown_email = fresh_client.post(
+        "/console/login", data={"csrf_token": token, "email": "who@example.com", "password": PASSWORD}, headers=JSON
+    )
     assert wrong_password.status_code == unknown_email.status_code == 401
     assert wrong_password.get_json()["error"] == unknown_email.get_json()["error"]
     assert "match" in wrong_password.get_json()["error"]
@@ -146,8 +205,9 @@ def test_a_malformed_login_is_a_400_in_words_not_a_500(fresh_app, fresh_client):
     token = csrf_token(fresh_client, "/console/login")
     r = fresh_client.post("/console/login", data={"csrf_token": token, "email": "", "password": ""}, headers=JSON)
     assert r.status_code == 400 and r.get_json()["error"]
-    r = fresh_client.post("/console/login", data={"csrf_token": token, "email": "a@b.c" * 100, "password": "x" * 5000},
-                          headers=JSON)
+    r = fresh_client.post(
+        "/console/login", data={"csrf_token": token, "email": "a@b.c" * 100, "password": "x" * 5000}, headers=JSON
+    )
     assert r.status_code == 400
 
 
@@ -197,6 +257,7 @@ def test_every_console_post_refuses_a_missing_or_wrong_csrf_token(fresh_app, fre
 
 # -- dashboard and lists ---------------------------------------------------------------------
 
+
 def test_dashboard_counts_a_stuck_order_a_dead_letter_and_an_open_warning(fresh_app, fresh_client, token):
     empty = fresh_client.get("/console/", headers=JSON).get_json()
     assert empty["stuck_orders"]["count"] == 0 and empty["dead_letters"]["count"] == 0
@@ -211,13 +272,27 @@ def test_dashboard_counts_a_stuck_order_a_dead_letter_and_an_open_warning(fresh_
     delivery = cancel(fresh_app, cancelled_id)
     kill(fresh_app, delivery)
     with fresh_app.app_context():
-        db.session.add(RestoreWarning(order_id=cancelled_id, variant_id=None, quantity=1, reason="r", state="open",
-                                      created_at=utcnow() - timedelta(minutes=12)))
-        db.session.add(RestoreWarning(order_id=cancelled_id, variant_id=None, quantity=1, reason="r",
-                                      state="resolved"))
-        db.session.add(ReconciliationCycle(started_at=utcnow() - timedelta(minutes=3), finished_at=utcnow(),
-                                           cutoff=utcnow(), status="ok", expiry_counts={"cancelled": 1},
-                                           provider_counts={"paid": 2}))
+        db.session.add(
+            RestoreWarning(
+                order_id=cancelled_id,
+                variant_id=None,
+                quantity=1,
+                reason="r",
+                state="open",
+                created_at=utcnow() - timedelta(minutes=12),
+            )
+        )
+        db.session.add(RestoreWarning(order_id=cancelled_id, variant_id=None, quantity=1, reason="r", state="resolved"))
+        db.session.add(
+            ReconciliationCycle(
+                started_at=utcnow() - timedelta(minutes=3),
+                finished_at=utcnow(),
+                cutoff=utcnow(),
+                status="ok",
+                expiry_counts={"cancelled": 1},
+                provider_counts={"paid": 2},
+            )
+        )
         db.session.commit()
 
     data = fresh_client.get("/console/", headers=JSON).get_json()
@@ -257,8 +332,16 @@ def test_order_timeline_shows_transitions_deliveries_deadlines_and_warnings(fres
     delivery = cancel(fresh_app, order_id)
     with fresh_app.app_context():
         db.session.add(RestoreWarning(order_id=order_id, variant_id=99, quantity=1, reason="no inventory row"))
-        db.session.add(WebhookReceipt(event_id="evt_1", event_type="checkout.session.expired", outcome="accepted",
-                                      reason="", order_id=order_id, http_status=200))
+        db.session.add(
+            WebhookReceipt(
+                event_id="evt_1",
+                event_type="checkout.session.expired",
+                outcome="accepted",
+                reason="",
+                order_id=order_id,
+                http_status=200,
+            )
+        )
         db.session.commit()
     data = fresh_client.get(f"/console/orders/{ref}", headers=JSON).get_json()
     assert data["order"]["reference"] == ref and data["order"]["status"] == "Cancelled"
@@ -277,8 +360,9 @@ def test_order_timeline_shows_transitions_deliveries_deadlines_and_warnings(fres
     assert r.status_code == 404 and "BK-NOSUCH" in r.get_json()["error"]
 
 
-def test_outbox_lists_dead_letters_in_the_contract_shape_with_the_traceback_on_demand(fresh_app, fresh_client, token,
-                                                                                      monkeypatch):
+def test_outbox_lists_dead_letters_in_the_contract_shape_with_the_traceback_on_demand(
+    fresh_app, fresh_client, token, monkeypatch
+):
     from shop.outbox.subscriptions import SUBSCRIPTIONS
     from shop.saga import HANDLERS
 
@@ -289,22 +373,32 @@ def test_outbox_lists_dead_letters_in_the_contract_shape_with_the_traceback_on_d
     monkeypatch.setitem(HANDLERS, "print_label", print_label)
     order_id, ref = placed_order_in(fresh_app)
     with fresh_app.app_context():
-        delivery = db.session.execute(select(OutboxDelivery.id).where(OutboxDelivery.handler == "print_label")
-                                      ).scalar_one()
+        delivery = db.session.execute(
+            select(OutboxDelivery.id).where(OutboxDelivery.handler == "print_label")
+        ).scalar_one()
     start = utcnow()
     outcomes = [run_delivery(fresh_app, delivery, now=start + timedelta(minutes=i)) for i in range(5)]
     assert outcomes[-1] == "dead"
 
     data = fresh_client.get("/console/outbox?status=dead", headers=JSON).get_json()
-    assert data["deliveries"] == [{"id": delivery, "event": "OrderPlaced", "handler": "print_label",
-                                   "status": "dead", "attempts": 5,
-                                   "last_error": "RuntimeError: label printer on fire", "order_reference": ref,
-                                   "waiting_for_provider": False}]
+    assert data["deliveries"] == [
+        {
+            "id": delivery,
+            "event": "OrderPlaced",
+            "handler": "print_label",
+            "status": "dead",
+            "attempts": 5,
+            "last_error": "RuntimeError: label printer on fire",
+            "order_reference": ref,
+            "waiting_for_provider": False,
+        }
+    ]
     assert set(data["deliveries"][0]) == DELIVERY_KEYS
     assert fresh_client.get("/console/outbox?status=done", headers=JSON).get_json()["deliveries"] == []
     with fresh_app.app_context():
-        deadline = db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.order_id == order_id)
-                                      ).scalar_one()
+        deadline = db.session.execute(
+            select(ScheduledCommand.id).where(ScheduledCommand.order_id == order_id)
+        ).scalar_one()
     everything = fresh_client.get("/console/outbox", headers=JSON).get_json()["deliveries"]
     assert [d["id"] for d in everything] == [delivery, f"cmd-{deadline}"]  # the order's pending deadline
     assert all(set(d) == DELIVERY_KEYS for d in everything)
@@ -319,15 +413,23 @@ def test_dead_scheduled_commands_are_dead_letters_of_the_outbox_in_its_shape_and
     outbox's own retry and discard routes, and counted by shop_outbox_deliveries{status="dead"}."""
     order_id, ref = placed_order_in(fresh_app)
     with fresh_app.app_context():
-        command = db.session.execute(select(ScheduledCommand).where(ScheduledCommand.order_id == order_id)
-                                     ).scalar_one()
+        command = db.session.execute(select(ScheduledCommand).where(ScheduledCommand.order_id == order_id)).scalar_one()
         command.status, command.attempts, command.last_error = "dead", 5, "SMTPError: relay refused"
         db.session.commit()
         command_id = command.id
     data = fresh_client.get("/console/outbox?status=dead", headers=JSON).get_json()
-    assert data["deliveries"] == [{"id": f"cmd-{command_id}", "event": None, "handler": "expire_unpaid_order",
-                                   "status": "dead", "attempts": 5, "last_error": "SMTPError: relay refused",
-                                   "order_reference": ref, "waiting_for_provider": False}]
+    assert data["deliveries"] == [
+        {
+            "id": f"cmd-{command_id}",
+            "event": None,
+            "handler": "expire_unpaid_order",
+            "status": "dead",
+            "attempts": 5,
+            "last_error": "SMTPError: relay refused",
+            "order_reference": ref,
+            "waiting_for_provider": False,
+        }
+    ]
     assert 'shop_outbox_deliveries{status="dead"} 1.0' in fresh_client.get("/metrics").get_data(as_text=True)
     html = fresh_client.get("/console/outbox?status=dead").get_data(as_text=True)
     assert f'action="/console/outbox/cmd-{command_id}/retry"' in html
@@ -342,22 +444,38 @@ def test_dead_scheduled_commands_are_dead_letters_of_the_outbox_in_its_shape_and
     assert 'shop_outbox_deliveries{status="dead"} 0.0' in fresh_client.get("/metrics").get_data(as_text=True)
 
 
-@pytest.mark.parametrize("url", ["/console/outbox/99999999999/retry", "/console/outbox/cmd-99999999999/discard",
-                                 "/console/outbox/2147483648/retry", "/console/outbox/0/retry",
-                                 "/console/outbox/cmd-x/retry", "/console/restore-warnings/2147483648/resolve"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/console/outbox/99999999999/retry",
+        "/console/outbox/cmd-99999999999/discard",
+        "/console/outbox/2147483648/retry",
+        "/console/outbox/0/retry",
+        "/console/outbox/cmd-x/retry",
+        "/console/restore-warnings/2147483648/resolve",
+    ],
+)
 def test_an_id_that_cannot_exist_is_a_404_not_a_database_error(fresh_app, fresh_client, token, url):
     r = fresh_client.post(url, data={"csrf_token": token, "reason": "x", "action": "fixed"}, headers=JSON)
     assert r.status_code == 404
 
 
-@pytest.mark.parametrize("url", ["/console/orders/BK-%00", "/console/orders/" + "X" * 300,
-                                 "/console/webhooks?outcome=%00", "/console/webhooks?outcome=nope"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/console/orders/BK-%00",
+        "/console/orders/" + "X" * 300,
+        "/console/webhooks?outcome=%00",
+        "/console/webhooks?outcome=nope",
+    ],
+)
 def test_text_that_cannot_be_a_reference_or_filter_is_answered_in_words(fresh_app, fresh_client, token, url):
     r = fresh_client.get(url, headers=JSON)
     assert r.status_code in (400, 404) and r.get_json()["error"]
 
 
 # -- operator actions on dead letters --------------------------------------------------------
+
 
 def test_retrying_a_dead_delivery_gives_it_a_fresh_budget_and_it_then_runs(fresh_app, fresh_client, token):
     order_id, ref = placed_order_in(fresh_app, "MUG-350-NVY", 2)
@@ -384,14 +502,18 @@ def test_a_browser_retry_goes_back_to_the_page_with_a_message(fresh_app, fresh_c
     order_id, _ = placed_order_in(fresh_app)
     delivery = cancel(fresh_app, order_id)
     kill(fresh_app, delivery)
-    r = fresh_client.post(f"/console/outbox/{delivery}/retry",
-                          data={"csrf_token": token, "next": "/console/outbox?status=dead"})
-    assert r.status_code == 303 and r.headers["Location"] == f"/console/outbox?status=dead&keep={delivery}"  # the row stays in view
+    r = fresh_client.post(
+        f"/console/outbox/{delivery}/retry", data={"csrf_token": token, "next": "/console/outbox?status=dead"}
+    )
+    assert (
+        r.status_code == 303 and r.headers["Location"] == f"/console/outbox?status=dead&keep={delivery}"
+    )  # the row stays in view
     assert "fresh budget" in fresh_client.get(r.headers["Location"]).get_data(as_text=True)
 
 
-def test_retry_and_discard_answer_404_for_an_unknown_row_and_409_for_one_that_is_not_dead(fresh_app, fresh_client,
-                                                                                          token):
+def test_retry_and_discard_answer_404_for_an_unknown_row_and_409_for_one_that_is_not_dead(
+    fresh_app, fresh_client, token
+):
     order_id, _ = placed_order_in(fresh_app)
     delivery = cancel(fresh_app, order_id)  # pending, not dead
     for action, data in (("retry", {}), ("discard", {"reason": "not needed"})):
@@ -415,18 +537,24 @@ def test_discarding_needs_a_reason_and_then_the_dead_letter_is_discarded(fresh_a
     with fresh_app.app_context():
         assert db.session.get(OutboxDelivery, delivery).status == "dead"
 
-    r = fresh_client.post(f"/console/outbox/{delivery}/discard",
-                          data={"csrf_token": token, "reason": "stock recounted by hand"}, headers=JSON)
+    r = fresh_client.post(
+        f"/console/outbox/{delivery}/discard",
+        data={"csrf_token": token, "reason": "stock recounted by hand"},
+        headers=JSON,
+    )
     assert r.status_code == 200 and r.get_json()["status"] == "discarded"
     with fresh_app.app_context():
         row = db.session.get(OutboxDelivery, delivery)
         assert (row.status, row.discard_reason) == ("discarded", "stock recounted by hand")
     assert run_delivery(fresh_app, delivery) == "skipped"
-    assert fresh_client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token},
-                             headers=JSON).status_code == 409
+    assert (
+        fresh_client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token}, headers=JSON).status_code
+        == 409
+    )
 
 
 # -- restore warnings ------------------------------------------------------------------------
+
 
 def test_restore_warnings_list_in_the_contract_shape(fresh_app, fresh_client, token):
     order_id, ref = placed_order_in(fresh_app)
@@ -439,7 +567,12 @@ def test_restore_warnings_list_in_the_contract_shape(fresh_app, fresh_client, to
     item = data["warnings"][0]
     assert set(item) == WARNING_KEYS
     assert {k: item[k] for k in ("order_reference", "variant_id", "quantity", "reason", "state")} == {
-        "order_reference": ref, "variant_id": 7, "quantity": 2, "reason": "no inventory row", "state": "open"}
+        "order_reference": ref,
+        "variant_id": 7,
+        "quantity": 2,
+        "reason": "no inventory row",
+        "state": "open",
+    }
     assert len(fresh_client.get("/console/restore-warnings", headers=JSON).get_json()["warnings"]) == 2
     html = fresh_client.get("/console/restore-warnings?state=open").get_data(as_text=True)
     assert ref in html and "Retry the restore" in html and "Mark fixed" in html
@@ -480,13 +613,18 @@ def test_retrying_an_unmatched_variant_warning_keeps_it_open_and_restores_nothin
     assert run_delivery(fresh_app, cancel(fresh_app, order_id)) == "done"
     assert on_hand(fresh_app, "SOCK-M") == 30
     with fresh_app.app_context():
-        warning = RestoreWarning(order_id=order_id, variant_id=424242, quantity=1,
-                                 reason="no inventory row for this variant; quantity not restored")
+        warning = RestoreWarning(
+            order_id=order_id,
+            variant_id=424242,
+            quantity=1,
+            reason="no inventory row for this variant; quantity not restored",
+        )
         db.session.add(warning)
         db.session.commit()
         warning_id = warning.id
-    r = fresh_client.post(f"/console/restore-warnings/{warning_id}/resolve",
-                          data={"csrf_token": token, "action": "retry"}, headers=JSON)
+    r = fresh_client.post(
+        f"/console/restore-warnings/{warning_id}/resolve", data={"csrf_token": token, "action": "retry"}, headers=JSON
+    )
     assert r.status_code == 200 and r.get_json()["state"] == "open"
     assert "by hand" in r.get_json()["message"]
     assert on_hand(fresh_app, "SOCK-M") == 30
@@ -497,8 +635,9 @@ def test_resolving_as_fixed_closes_the_warning_with_the_operators_note(fresh_app
     url = f"/console/restore-warnings/{warning_id}/resolve"
     r = fresh_client.post(url, data={"csrf_token": token, "action": "delete"}, headers=JSON)
     assert r.status_code == 400 and "fixed" in r.get_json()["error"]
-    r = fresh_client.post(url, data={"csrf_token": token, "action": "fixed", "note": "recounted shelf B: 14"},
-                          headers=JSON)
+    r = fresh_client.post(
+        url, data={"csrf_token": token, "action": "fixed", "note": "recounted shelf B: 14"}, headers=JSON
+    )
     assert r.status_code == 200 and r.get_json()["state"] == "resolved"
     with fresh_app.app_context():
         warning = db.session.get(RestoreWarning, warning_id)
@@ -506,11 +645,16 @@ def test_resolving_as_fixed_closes_the_warning_with_the_operators_note(fresh_app
         assert "recounted shelf B: 14" in warning.resolution and EMAIL in warning.resolution
         assert db.session.get(InventoryItem, vid).on_hand == MAX_ON_HAND  # "fixed" touches no stock
     assert fresh_client.post(url, data={"csrf_token": token, "action": "fixed"}, headers=JSON).status_code == 409
-    assert fresh_client.post("/console/restore-warnings/999999/resolve", data={"csrf_token": token, "action": "fixed"},
-                             headers=JSON).status_code == 404
+    assert (
+        fresh_client.post(
+            "/console/restore-warnings/999999/resolve", data={"csrf_token": token, "action": "fixed"}, headers=JSON
+        ).status_code
+        == 404
+    )
 
 
 # -- reconcile against the provider ----------------------------------------------------------
+
 
 def _started_order(fresh_paying_app):
     from shop.payments.start import start_payment
@@ -533,8 +677,14 @@ def test_reconcile_turns_an_order_paid_at_the_provider_paid(fresh_paying_app, sa
     assert r.get_json()["outcome"] == "paid" and r.get_json()["status"] == "Paid"
     with fresh_paying_app.app_context():
         assert db.session.get(Order, order_id).status == "Paid"
-        assert db.session.execute(select(OutboxEvent.name).where(OutboxEvent.order_id == order_id)
-                                  .order_by(OutboxEvent.id)).scalars().all()[-1] == "OrderPaid"
+        assert (
+            db.session.execute(
+                select(OutboxEvent.name).where(OutboxEvent.order_id == order_id).order_by(OutboxEvent.id)
+            )
+            .scalars()
+            .all()[-1]
+            == "OrderPaid"
+        )
     again = client.post(f"/console/orders/{ref}/reconcile", data={"csrf_token": token}, headers=JSON)
     assert again.status_code == 200 and again.get_json()["outcome"] == "noop"
 
@@ -553,17 +703,24 @@ def test_reconcile_with_the_provider_unreachable_is_a_503_in_words_and_changes_n
     assert html.status_code == 503 and "could not be reached" in html.get_data(as_text=True)
     with fresh_paying_app.app_context():
         assert db.session.get(Order, order_id).status == "PaymentInitiated"
-    assert client.post("/console/orders/BK-NOSUCH/reconcile", data={"csrf_token": token},
-                       headers=JSON).status_code == 404
+    assert (
+        client.post("/console/orders/BK-NOSUCH/reconcile", data={"csrf_token": token}, headers=JSON).status_code == 404
+    )
 
 
-def test_reconcile_with_the_provider_hanging_answers_within_the_request_budget_and_changes_nothing(make_fresh_app,
-                                                                                                   sandbox):
+def test_reconcile_with_the_provider_hanging_answers_within_the_request_budget_and_changes_nothing(
+    make_fresh_app, sandbox
+):
     # Background timeouts of 30 s and two SDK retries: only the request's own budget (2 s
     # here, 9 s by default) can bring the operator an answer in time.
-    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
-                   STRIPE_WEBHOOK_SECRET="whsec_test_secret", STRIPE_TIMEOUT_SECONDS=30,
-                   STRIPE_MAX_NETWORK_RETRIES=2, STRIPE_REQUEST_BUDGET_SECONDS=2.0)
+    app = make_fresh_app(
+        STRIPE_API_BASE=sandbox.base_url,
+        STRIPE_SESSION_MIN_SECONDS=60,
+        STRIPE_WEBHOOK_SECRET="whsec_test_secret",
+        STRIPE_TIMEOUT_SECONDS=30,
+        STRIPE_MAX_NETWORK_RETRIES=2,
+        STRIPE_REQUEST_BUDGET_SECONDS=2.0,
+    )
     client = app.test_client()
     token = log_in(app, client)
     order_id, ref, session_id = _started_order(app)
@@ -581,20 +738,31 @@ def test_reconcile_with_the_provider_hanging_answers_within_the_request_budget_a
 
 # -- webhooks and sweeps ---------------------------------------------------------------------
 
+
 def test_webhooks_page_lists_accepted_and_rejected_deliveries_newest_first(fresh_app, fresh_client, token):
     order_id, ref = placed_order_in(fresh_app)
     with fresh_app.app_context():
-        db.session.add(WebhookReceipt(event_id="evt_ok", event_type="checkout.session.completed",
-                                      outcome="accepted", reason="", order_id=order_id, http_status=200,
-                                      received_at=utcnow() - timedelta(minutes=5)))
+        db.session.add(
+            WebhookReceipt(
+                event_id="evt_ok",
+                event_type="checkout.session.completed",
+                outcome="accepted",
+                reason="",
+                order_id=order_id,
+                http_status=200,
+                received_at=utcnow() - timedelta(minutes=5),
+            )
+        )
         db.session.commit()
     r = fresh_client.post("/webhooks/stripe", data=b'{"id": "evt_x"}', headers={"Content-Type": "application/json"})
     assert r.status_code == 400  # no signature: rejected, and recorded
     data = fresh_client.get("/console/webhooks", headers=JSON).get_json()
     assert [w["outcome"] for w in data["webhooks"]] == ["rejected", "accepted"]
     assert data["webhooks"][0]["reason"] and data["webhooks"][1]["order_reference"] == ref
-    assert [w["outcome"] for w in fresh_client.get("/console/webhooks?outcome=accepted",
-                                                   headers=JSON).get_json()["webhooks"]] == ["accepted"]
+    assert [
+        w["outcome"]
+        for w in fresh_client.get("/console/webhooks?outcome=accepted", headers=JSON).get_json()["webhooks"]
+    ] == ["accepted"]
     html = fresh_client.get("/console/webhooks").get_data(as_text=True)
     assert "rejected" in html and data["webhooks"][0]["reason"] in html
 
@@ -602,11 +770,21 @@ def test_webhooks_page_lists_accepted_and_rejected_deliveries_newest_first(fresh
 def test_sweeps_page_lists_cycles_with_per_pass_counts_newest_first(fresh_app, fresh_client, token):
     now = utcnow()
     with fresh_app.app_context():
-        db.session.add(ReconciliationCycle(started_at=now - timedelta(minutes=20), finished_at=now - timedelta(minutes=19),
-                                           cutoff=now, status="ok", expiry_counts={"cancelled": 3},
-                                           provider_counts={"paid": 1, "failed": 0}))
-        db.session.add(ReconciliationCycle(started_at=now - timedelta(minutes=10), cutoff=now, status="failed",
-                                           errors=["provider unreachable"]))
+        db.session.add(
+            ReconciliationCycle(
+                started_at=now - timedelta(minutes=20),
+                finished_at=now - timedelta(minutes=19),
+                cutoff=now,
+                status="ok",
+                expiry_counts={"cancelled": 3},
+                provider_counts={"paid": 1, "failed": 0},
+            )
+        )
+        db.session.add(
+            ReconciliationCycle(
+                started_at=now - timedelta(minutes=10), cutoff=now, status="failed", errors=["provider unreachable"]
+            )
+        )
         db.session.commit()
     data = fresh_client.get("/console/sweeps", headers=JSON).get_json()
     assert [c["status"] for c in data["cycles"]] == ["failed", "ok"]
@@ -622,9 +800,17 @@ def test_sweeps_page_lists_cycles_with_per_pass_counts_newest_first(fresh_app, f
 def test_every_console_page_renders_for_a_logged_in_operator(fresh_app, fresh_client, token):
     order_id, ref = placed_order_in(fresh_app)
     kill(fresh_app, cancel(fresh_app, order_id))
-    for url in ["/console/", "/console/orders", "/console/orders?stuck=1", f"/console/orders/{ref}",
-                "/console/outbox?status=dead", "/console/outbox", "/console/restore-warnings?state=open",
-                "/console/webhooks", "/console/sweeps"]:
+    for url in [
+        "/console/",
+        "/console/orders",
+        "/console/orders?stuck=1",
+        f"/console/orders/{ref}",
+        "/console/outbox?status=dead",
+        "/console/outbox",
+        "/console/restore-warnings?state=open",
+        "/console/webhooks",
+        "/console/sweeps",
+    ]:
         r = fresh_client.get(url, headers=HTML)
         assert r.status_code == 200, url
         page = r.get_data(as_text=True)
@@ -639,40 +825,55 @@ def test_retry_all_dead_of_one_kind_after_an_outage_moves_exactly_those(fresh_ap
 
         now = utcnow()
         for _ in range(3):
-            schedule_command(db.session, "send_email", now, order_id=order_id, payload={"template": "order_paid"},
-                             now=now)
+            schedule_command(
+                db.session, "send_email", now, order_id=order_id, payload={"template": "order_paid"}, now=now
+            )
         db.session.commit()
-        db.session.execute(update(ScheduledCommand).where(ScheduledCommand.order_id == order_id)
-                           .values(status="dead", attempts=5, last_error="MailNotSent: the mail server ..."))
+        db.session.execute(
+            update(ScheduledCommand)
+            .where(ScheduledCommand.order_id == order_id)
+            .values(status="dead", attempts=5, last_error="MailNotSent: the mail server ...")
+        )
         db.session.commit()
         mails = sorted(db.session.scalars(select(ScheduledCommand.id).where(ScheduledCommand.kind == "send_email")))
         deadline = db.session.scalar(select(ScheduledCommand.id).where(ScheduledCommand.kind == "expire_unpaid_order"))
     page = fresh_client.get("/console/outbox?status=dead").get_data(as_text=True)
     assert "Retry all 3 dead send_email" in page and "Retry all 1 dead expire_unpaid_order" in page
 
-    r = fresh_client.post("/console/outbox/retry-dead", data={"csrf_token": token, "what": "command:send_email"},
-                          headers=JSON)
+    r = fresh_client.post(
+        "/console/outbox/retry-dead", data={"csrf_token": token, "what": "command:send_email"}, headers=JSON
+    )
     assert r.status_code == 200 and r.get_json()["retried"] == [f"cmd-{i}" for i in mails]
     with fresh_app.app_context():
         states = dict(db.session.execute(select(ScheduledCommand.id, ScheduledCommand.status)).all())
     assert [states[i] for i in mails] == ["pending"] * 3 and states[deadline] == "dead"
-    assert fresh_client.post("/console/outbox/retry-dead", data={"csrf_token": token, "what": "nonsense"},
-                             headers=JSON).status_code == 400
+    assert (
+        fresh_client.post(
+            "/console/outbox/retry-dead", data={"csrf_token": token, "what": "nonsense"}, headers=JSON
+        ).status_code
+        == 400
+    )
 
 
 # -- search and audit --------------------------------------------------------------------------
+
 
 def test_orders_are_found_by_reference_email_in_any_case_or_provider_session(fresh_app, fresh_client, token):
     first, ref = placed_order_in(fresh_app)
     _, other = placed_order_in(fresh_app)
     with fresh_app.app_context():
-        db.session.execute(update(Order).where(Order.id == first).values(email="Ann.Lee@Example.com",
-                                                                          payment_session_id="cs_test_find_me"))
+        db.session.execute(
+            update(Order)
+            .where(Order.id == first)
+            .values(email="Ann.Lee@Example.com", payment_session_id="cs_test_find_me")
+        )
         db.session.commit()
 
     def found(q):
-        return [o["reference"] for o in fresh_client.get("/console/orders", query_string={"q": q},
-                                                         headers=JSON).get_json()["orders"]]
+        return [
+            o["reference"]
+            for o in fresh_client.get("/console/orders", query_string={"q": q}, headers=JSON).get_json()["orders"]
+        ]
 
     assert found(ref.lower()) == [ref]
     assert found("  ann.lee@example.COM ") == [ref]
@@ -686,16 +887,29 @@ def test_every_console_action_leaves_an_audit_row_with_who_what_why_and_outcome(
     order_id, ref = placed_order_in(fresh_app)
     delivery = cancel(fresh_app, order_id)
     kill(fresh_app, delivery)
-    assert fresh_client.post(f"/console/outbox/{delivery}/discard", data={"csrf_token": token, "reason": "recounted"},
-                             headers=JSON).status_code == 200
-    assert fresh_client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token},
-                             headers=JSON).status_code == 409  # refused actions are audited too
-    assert fresh_client.post("/console/outbox/retry-dead", data={"csrf_token": token, "what": "command:send_email"},
-                             headers=JSON).status_code == 200
+    assert (
+        fresh_client.post(
+            f"/console/outbox/{delivery}/discard", data={"csrf_token": token, "reason": "recounted"}, headers=JSON
+        ).status_code
+        == 200
+    )
+    assert (
+        fresh_client.post(f"/console/outbox/{delivery}/retry", data={"csrf_token": token}, headers=JSON).status_code
+        == 409
+    )  # refused actions are audited too
+    assert (
+        fresh_client.post(
+            "/console/outbox/retry-dead", data={"csrf_token": token, "what": "command:send_email"}, headers=JSON
+        ).status_code
+        == 200
+    )
 
     actions = fresh_client.get("/console/audit", headers=JSON).get_json()["actions"]
     assert [(a["operator"], a["action"], a["status"]) for a in actions] == [
-        (EMAIL, "retry_all_dead", 200), (EMAIL, "retry_work", 409), (EMAIL, "discard_work", 200)]
+        (EMAIL, "retry_all_dead", 200),
+        (EMAIL, "retry_work", 409),
+        (EMAIL, "discard_work", 200),
+    ]
     discard = actions[-1]
     assert discard["reason"] == "recounted" and discard["order_reference"] == ref
     assert "discarded" in discard["outcome"] and discard["at"]
@@ -708,9 +922,10 @@ def test_every_console_action_leaves_an_audit_row_with_who_what_why_and_outcome(
     # How it went, in words: the HTTP status is only the badge's tooltip.
     assert '<span class="badge alert" title="HTTP 409">refused</span>' in page
     assert '<span class="badge ok" title="HTTP 200">done</span>' in page
-    assert [a["action"] for a in fresh_client.get(f"/console/audit?operator={EMAIL.upper()}",
-                                            headers=JSON).get_json()["actions"]] == \
-        ["retry_all_dead", "retry_work", "discard_work"]
+    assert [
+        a["action"]
+        for a in fresh_client.get(f"/console/audit?operator={EMAIL.upper()}", headers=JSON).get_json()["actions"]
+    ] == ["retry_all_dead", "retry_work", "discard_work"]
 
 
 def test_logging_in_and_out_and_anonymous_posts_are_not_operator_actions(fresh_app, fresh_client, token):
@@ -747,8 +962,10 @@ def test_a_paid_order_shows_no_stale_error_no_reconcile_button_and_no_pending_de
     assert data["order"]["status"] == "Paid" and data["order"]["last_payment_error"] is None
     deadlines = [c for c in data["commands"] if c["kind"] == "expire_unpaid_order"]
     assert deadlines and {c["status"] for c in deadlines} == {"obsolete"}
-    assert any(t["what"] == "expire_unpaid_order retired" and "paid before its deadline" in t["detail"]
-               for t in data["timeline"])
+    assert any(
+        t["what"] == "expire_unpaid_order retired" and "paid before its deadline" in t["detail"]
+        for t in data["timeline"]
+    )
     html = client.get(f"/console/orders/{ref}").get_data(as_text=True)
     assert "last error" not in html and "/reconcile" not in html and "Ask the provider now" not in html
     pending = client.get("/console/outbox?status=pending", headers=JSON).get_json()["deliveries"]
@@ -756,17 +973,24 @@ def test_a_paid_order_shows_no_stale_error_no_reconcile_button_and_no_pending_de
     assert token
 
 
-def test_every_console_post_route_from_the_url_map_leaves_an_audit_row_naming_the_operator(fresh_app, fresh_client, token):
+def test_every_console_post_route_from_the_url_map_leaves_an_audit_row_naming_the_operator(
+    fresh_app, fresh_client, token
+):
     """Walked from the URL map, so an action added later is held to it too: each POST (accepted,
     refused or not found alike) adds exactly one row with the operator's email and the action's
     name, and the one on a real order shows on that order's timeline."""
     order_id, ref = placed_order_in(fresh_app)
     samples = {"work": "1", "id": "1", "default": ref}
-    actions = [(rule.endpoint.removeprefix("console."),
-                re.sub(r"<(?:(\w+):)?\w+>", lambda m: samples.get(m.group(1) or "default", ref), rule.rule))
-               for rule in fresh_app.url_map.iter_rules()
-               if rule.endpoint.startswith("console.") and "POST" in rule.methods
-               and rule.endpoint not in ("console.login", "console.logout")]
+    actions = [
+        (
+            rule.endpoint.removeprefix("console."),
+            re.sub(r"<(?:(\w+):)?\w+>", lambda m: samples.get(m.group(1) or "default", ref), rule.rule),
+        )
+        for rule in fresh_app.url_map.iter_rules()
+        if rule.endpoint.startswith("console.")
+        and "POST" in rule.methods
+        and rule.endpoint not in ("console.login", "console.logout")
+    ]
     assert {"reconcile", "retry_work", "discard_work", "retry_all_dead", "resolve_warning"} <= {a for a, _ in actions}
     for n, (action, url) in enumerate(actions, 1):
         r = fresh_client.post(url, data={"csrf_token": token, "reason": "audit walk"}, headers=JSON)

@@ -1,5 +1,6 @@
 """The dashboard's cards (what needs a human, each green only when its own check passed recently),
 its charts of the last hour, and a dead letter acted on staying in view with its new state."""
+
 from __future__ import annotations
 
 import re
@@ -24,11 +25,26 @@ def test_a_rejected_webhook_turns_its_card_red_with_the_reason_and_what_to_check
     assert card(data, "rejected_webhooks")["ok"] is True and card(data, "rejected_webhooks")["count"] == 0
     with fresh_app.app_context():
         # One from two days ago is outside the card's 24 hours; the recent one counts.
-        db.session.add(WebhookReceipt(event_id="evt_old", event_type="checkout.session.completed", outcome="rejected",
-                                      reason="old", http_status=400, received_at=utcnow() - timedelta(days=2)))
-        db.session.add(WebhookReceipt(event_id=None, event_type=None, outcome="rejected",
-                                      reason="signature does not match", http_status=400,
-                                      received_at=utcnow() - timedelta(minutes=5)))
+        db.session.add(
+            WebhookReceipt(
+                event_id="evt_old",
+                event_type="checkout.session.completed",
+                outcome="rejected",
+                reason="old",
+                http_status=400,
+                received_at=utcnow() - timedelta(days=2),
+            )
+        )
+        db.session.add(
+            WebhookReceipt(
+                event_id=None,
+                event_type=None,
+                outcome="rejected",
+                reason="signature does not match",
+                http_status=400,
+                received_at=utcnow() - timedelta(minutes=5),
+            )
+        )
         db.session.commit()
     data = fresh_client.get("/console/", headers=JSON).get_json()
     c = card(data, "rejected_webhooks")
@@ -46,8 +62,9 @@ def test_a_rejected_webhook_turns_its_card_red_with_the_reason_and_what_to_check
 def test_a_webhook_refused_at_the_door_reaches_the_dashboard_json_with_its_reason(fresh_app, fresh_client, token):
     """End to end: a delivery whose signature does not verify, posted to the real endpoint."""
     body = b'{"id": "evt_forged", "type": "checkout.session.completed", "data": {"object": {}}}'
-    r = fresh_app.test_client().post("/webhooks/stripe", data=body,
-                               headers={"Content-Type": "application/json", "Stripe-Signature": "t=1,v1=forged"})
+    r = fresh_app.test_client().post(
+        "/webhooks/stripe", data=body, headers={"Content-Type": "application/json", "Stripe-Signature": "t=1,v1=forged"}
+    )
     assert r.status_code == 400
     data = fresh_client.get("/console/", headers=JSON).get_json()
     c = card(data, "rejected_webhooks")
@@ -64,8 +81,16 @@ def test_the_sweep_card_is_green_only_while_a_sweep_finished_ok_within_two_inter
 
     long_ago = utcnow() - timedelta(seconds=3 * interval)
     with fresh_app.app_context():
-        db.session.add(ReconciliationCycle(started_at=long_ago, finished_at=long_ago + timedelta(seconds=1),
-                                           cutoff=long_ago, status="ok", expiry_counts={}, provider_counts={}))
+        db.session.add(
+            ReconciliationCycle(
+                started_at=long_ago,
+                finished_at=long_ago + timedelta(seconds=1),
+                cutoff=long_ago,
+                status="ok",
+                expiry_counts={},
+                provider_counts={},
+            )
+        )
         db.session.commit()
     # Its last word was "ok", but that was three intervals ago: not green.
     c = card(fresh_client.get("/console/", headers=JSON).get_json(), "sweep")
@@ -73,8 +98,11 @@ def test_the_sweep_card_is_green_only_while_a_sweep_finished_ok_within_two_inter
 
     recent = utcnow() - timedelta(seconds=interval // 2)
     with fresh_app.app_context():
-        db.session.add(ReconciliationCycle(started_at=recent, finished_at=recent, cutoff=recent, status="ok",
-                                           expiry_counts={}, provider_counts={}))
+        db.session.add(
+            ReconciliationCycle(
+                started_at=recent, finished_at=recent, cutoff=recent, status="ok", expiry_counts={}, provider_counts={}
+            )
+        )
         db.session.commit()
     c = card(fresh_client.get("/console/", headers=JSON).get_json(), "sweep")
     assert c["ok"] is True and c["stale"] is False
@@ -105,17 +133,20 @@ def test_a_stalled_worker_is_named_on_a_red_processes_card_that_asks_for_a_human
     assert "needs a human" in section and "not checked lately" not in section
 
 
-def test_the_dashboard_charts_count_the_orders_placed_paid_and_cancelled_in_the_last_hour(fresh_app, fresh_client,
-                                                                                           token):
+def test_the_dashboard_charts_count_the_orders_placed_paid_and_cancelled_in_the_last_hour(
+    fresh_app, fresh_client, token
+):
     first, _ = placed_order_in(fresh_app)
     placed_order_in(fresh_app)
     placed_order_in(fresh_app)
     cancel(fresh_app, first)
     with fresh_app.app_context():  # outside the hour: not counted
-        db.session.add(OutboxEvent(order_id=None, name="OrderPaid", payload={},
-                                   created_at=utcnow() - timedelta(minutes=90)))
-        db.session.add(OutboxEvent(order_id=None, name="OrderPaid", payload={},
-                                   created_at=utcnow() - timedelta(minutes=20)))
+        db.session.add(
+            OutboxEvent(order_id=None, name="OrderPaid", payload={}, created_at=utcnow() - timedelta(minutes=90))
+        )
+        db.session.add(
+            OutboxEvent(order_id=None, name="OrderPaid", payload={}, created_at=utcnow() - timedelta(minutes=20))
+        )
         db.session.commit()
     data = fresh_client.get("/console/", headers=JSON).get_json()
     charts = data["charts"]
@@ -141,8 +172,14 @@ def test_the_charts_count_the_finished_minutes_once_and_the_current_minute_on_ev
     now = utcnow().replace(second=30, microsecond=0)
     with fresh_app.app_context():
         for minutes_ago in (0, 5):
-            db.session.add(OutboxEvent(order_id=None, name="OrderPlaced", payload={},
-                                       created_at=now - timedelta(minutes=minutes_ago, seconds=10)))
+            db.session.add(
+                OutboxEvent(
+                    order_id=None,
+                    name="OrderPlaced",
+                    payload={},
+                    created_at=now - timedelta(minutes=minutes_ago, seconds=10),
+                )
+            )
         db.session.commit()
         seen = []
 
@@ -157,8 +194,9 @@ def test_the_charts_count_the_finished_minutes_once_and_the_current_minute_on_ev
             assert first["orders"]["placed"][-6] == 1
             assert len(seen) == 4  # events and lag, for the finished minutes and for the current one
             seen.clear()
-            db.session.add(OutboxEvent(order_id=None, name="OrderPlaced", payload={},
-                                       created_at=now - timedelta(seconds=5)))
+            db.session.add(
+                OutboxEvent(order_id=None, name="OrderPlaced", payload={}, created_at=now - timedelta(seconds=5))
+            )
             db.session.commit()
             seen.clear()
             again = board.charts(now + timedelta(seconds=20))
@@ -167,8 +205,9 @@ def test_the_charts_count_the_finished_minutes_once_and_the_current_minute_on_ev
             seen.clear()
             # The next minute: only the minute that just finished is counted, and the new current one.
             # (The proof: a row written now into a minute counted before is not read again.)
-            db.session.add(OutboxEvent(order_id=None, name="OrderPlaced", payload={},
-                                       created_at=now - timedelta(minutes=10)))
+            db.session.add(
+                OutboxEvent(order_id=None, name="OrderPlaced", payload={}, created_at=now - timedelta(minutes=10))
+            )
             db.session.commit()
             seen.clear()
             later = board.charts(now + timedelta(minutes=1))
@@ -184,30 +223,50 @@ def test_a_retried_or_discarded_dead_letter_stays_on_the_dead_list_with_its_new_
     delivery = cancel(fresh_app, order_id)
     kill(fresh_app, delivery)
     with fresh_app.app_context():
-        command = db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.order_id == order_id)).scalars().first()
-        db.session.execute(update(ScheduledCommand).where(ScheduledCommand.id == command).values(
-            status="dead", last_error="RuntimeError: boom"))
+        command = (
+            db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.order_id == order_id))
+            .scalars()
+            .first()
+        )
+        db.session.execute(
+            update(ScheduledCommand)
+            .where(ScheduledCommand.id == command)
+            .values(status="dead", last_error="RuntimeError: boom")
+        )
         db.session.commit()
 
-    r = fresh_client.post(f"/console/outbox/{delivery}/retry",
-                          data={"csrf_token": token, "next": "/console/outbox?status=dead"}, headers=HTML)
+    r = fresh_client.post(
+        f"/console/outbox/{delivery}/retry",
+        data={"csrf_token": token, "next": "/console/outbox?status=dead"},
+        headers=HTML,
+    )
     assert r.status_code == 303
     assert r.headers["Location"] == f"/console/outbox?status=dead&keep={delivery}"
     html = fresh_client.get(r.headers["Location"], headers=HTML).get_data(as_text=True)
-    row = re.search(rf'<tr class="kept">\s*<td><strong>restore_inventory</strong> <span class="muted small">#{delivery}</span>.*?</tr>',
-                    html, re.S)
+    row = re.search(
+        rf'<tr class="kept">\s*<td><strong>restore_inventory</strong> '
+        rf'<span class="muted small">#{delivery}</span>.*?</tr>',
+        html,
+        re.S,
+    )
     assert row and "just retried" in row.group(0) and "badge pending" in row.group(0)
     # Without keep= the list is the filter's own: the retried row is no longer dead.
-    assert f"restore_inventory</strong> <span class=\"muted small\">#{delivery}</span>" not in fresh_client.get(
-        "/console/outbox?status=dead", headers=HTML).get_data(as_text=True)
+    assert f'restore_inventory</strong> <span class="muted small">#{delivery}</span>' not in fresh_client.get(
+        "/console/outbox?status=dead", headers=HTML
+    ).get_data(as_text=True)
 
-    r = fresh_client.post(f"/console/outbox/cmd-{command}/discard",
-                          data={"csrf_token": token, "reason": "a duplicate", "next": "/console/outbox?status=dead"},
-                          headers=HTML)
+    r = fresh_client.post(
+        f"/console/outbox/cmd-{command}/discard",
+        data={"csrf_token": token, "reason": "a duplicate", "next": "/console/outbox?status=dead"},
+        headers=HTML,
+    )
     assert r.headers["Location"] == f"/console/outbox?status=dead&keep=cmd-{command}"
     html = fresh_client.get(r.headers["Location"], headers=HTML).get_data(as_text=True)
-    assert re.search(rf'<tr class="kept">\s*<td><strong>\w+</strong> <span class="muted small">#{command}</span>'
-                     r' <span class="badge kept">just discarded</span>', html)
+    assert re.search(
+        rf'<tr class="kept">\s*<td><strong>\w+</strong> <span class="muted small">#{command}</span>'
+        r' <span class="badge kept">just discarded</span>',
+        html,
+    )
     data = fresh_client.get(r.headers["Location"], headers=JSON).get_json()
     assert data["kept"]["id"] == f"cmd-{command}" and data["kept"]["status"] == "discarded"
     assert fresh_client.get("/console/outbox?status=dead&keep=nonsense", headers=HTML).status_code == 200

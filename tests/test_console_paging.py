@@ -1,6 +1,7 @@
 """A console list counts its rows only up to a cap past the page: an exact COUNT(*) of an
 unfiltered list read every row at a million orders. Past the cap the total says "at least" and
 the next page is still offered."""
+
 from __future__ import annotations
 
 from support import log_in

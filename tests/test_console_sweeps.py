@@ -4,6 +4,7 @@ within a cycle and across cycles; a cycle with errors is not shown as plain "ok"
 
 The errors come from real cycles (the Stripe sandbox refusing a session it forgot) and, for rows
 recorded before the reference and the kind were, from rows in the old shape."""
+
 from __future__ import annotations
 
 import re
@@ -120,13 +121,27 @@ def test_old_rows_render_in_words_and_identical_errors_collapse_with_a_count(swe
     with sweep_app.app_context():
         placed = place_order_for()
         order_id, reference = placed.order_id, placed.reference
-        db.session.execute(update(Order).where(Order.id == order_id).values(
-            status="PaymentInitiated", provider_next_check_at=now + timedelta(minutes=10, seconds=30)))
+        db.session.execute(
+            update(Order)
+            .where(Order.id == order_id)
+            .values(status="PaymentInitiated", provider_next_check_at=now + timedelta(minutes=10, seconds=30))
+        )
         old = {"pass": "provider", "order_id": order_id, "error": "ProviderRefused: No such checkout session"}
-        db.session.add(ReconciliationCycle(started_at=now - timedelta(minutes=1), finished_at=now, cutoff=now,
-                                           status="ok", provider_counts={"errors": 2}, errors=[old, dict(old)]))
-        db.session.add(ReconciliationCycle(started_at=now - timedelta(minutes=20), cutoff=now, status="failed",
-                                           errors=["provider unreachable"]))
+        db.session.add(
+            ReconciliationCycle(
+                started_at=now - timedelta(minutes=1),
+                finished_at=now,
+                cutoff=now,
+                status="ok",
+                provider_counts={"errors": 2},
+                errors=[old, dict(old)],
+            )
+        )
+        db.session.add(
+            ReconciliationCycle(
+                started_at=now - timedelta(minutes=20), cutoff=now, status="failed", errors=["provider unreachable"]
+            )
+        )
         db.session.commit()
     log_in(sweep_app, fresh_client)
 

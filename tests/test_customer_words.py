@@ -1,6 +1,7 @@
 """What a customer reads when an order ends: the order page and an email for each final state,
 each stating its facts (when the window closed, that nothing was charged, how much was refunded,
 when and to what); money in the payment page's format, zero-decimal currencies included."""
+
 from __future__ import annotations
 
 import email

@@ -1,6 +1,7 @@
 """The per-order payment deadline: armed with the order, re-derived from what is stored when it
 fires, re-armed after a failed payment, a lost race to a webhook, and recovery after Redis lost
 everything. Real database, real Redis, real sandbox; time is injected through `now=`."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
@@ -30,8 +31,10 @@ def _checkout(quantity: int = 2, now: datetime | None = None) -> tuple[int, int,
     seed_catalog_rows()
     placed = place_order_for({SKU: quantity}, now=now)
     deadline_id = db.session.execute(
-        select(ScheduledCommand.id).where(ScheduledCommand.kind == "expire_unpaid_order",
-                                          ScheduledCommand.order_id == placed.order_id)).scalar_one()
+        select(ScheduledCommand.id).where(
+            ScheduledCommand.kind == "expire_unpaid_order", ScheduledCommand.order_id == placed.order_id
+        )
+    ).scalar_one()
     db.session.rollback()
     return placed.order_id, variant_id(SKU), deadline_id
 
@@ -54,18 +57,25 @@ def _command(command_id: int) -> ScheduledCommand:
 
 def _deadlines(order_id: int) -> list[ScheduledCommand]:
     db.session.expire_all()
-    return list(db.session.execute(
-        select(ScheduledCommand).where(ScheduledCommand.kind == "expire_unpaid_order",
-                                       ScheduledCommand.order_id == order_id)
-        .order_by(ScheduledCommand.id)).scalars())
+    return list(
+        db.session.execute(
+            select(ScheduledCommand)
+            .where(ScheduledCommand.kind == "expire_unpaid_order", ScheduledCommand.order_id == order_id)
+            .order_by(ScheduledCommand.id)
+        ).scalars()
+    )
 
 
 def _deliveries(order_id: int, event_name: str) -> list[OutboxDelivery]:
     db.session.expire_all()
-    return list(db.session.execute(
-        select(OutboxDelivery).join(OutboxEvent, OutboxDelivery.event_id == OutboxEvent.id)
-        .where(OutboxEvent.order_id == order_id, OutboxEvent.name == event_name)
-        .order_by(OutboxDelivery.id)).scalars())
+    return list(
+        db.session.execute(
+            select(OutboxDelivery)
+            .join(OutboxEvent, OutboxDelivery.event_id == OutboxEvent.id)
+            .where(OutboxEvent.order_id == order_id, OutboxEvent.name == event_name)
+            .order_by(OutboxDelivery.id)
+        ).scalars()
+    )
 
 
 def _scheduled_at(command_id: int) -> datetime | None:
@@ -206,8 +216,7 @@ def _job_key_exists(redis_conn, command_id: int) -> bool:
     return bool(redis_conn.exists(f"rq:job:{queue.command_job_id(command_id)}"))
 
 
-def test_an_order_paid_before_its_deadline_retires_it_at_once_and_it_is_never_enqueued(paying_ctx, sandbox,
-                                                                                      redis_conn):
+def test_an_order_paid_before_its_deadline_retires_it_at_once_and_it_is_never_enqueued(paying_ctx, sandbox, redis_conn):
     placed_at = utcnow()
     order_id, _, deadline_id = _checkout(now=placed_at)
     assert _scheduled_at(deadline_id) is not None  # handed to rq-scheduler with the order
@@ -238,8 +247,9 @@ def test_a_cancelled_order_retires_its_pending_deadline_with_its_cancellation(ap
     [row] = _deadlines(order_id)
     assert row.status == "obsolete" and "cancelled before its deadline" in row.discard_reason
     # Written by the same commit as the cancellation's event (one `now` for both).
-    [cancelled] = db.session.scalars(select(OutboxEvent).where(OutboxEvent.order_id == order_id,
-                                                               OutboxEvent.name == "OrderCancelled")).all()
+    [cancelled] = db.session.scalars(
+        select(OutboxEvent).where(OutboxEvent.order_id == order_id, OutboxEvent.name == "OrderCancelled")
+    ).all()
     assert as_utc(row.completed_at) == as_utc(cancelled.created_at)
     assert _scheduled_at(deadline_id) is None and not _job_key_exists(redis_conn, deadline_id)
     db.session.rollback()
@@ -274,8 +284,11 @@ def test_the_deadline_of_an_order_at_the_payment_page_waits_for_its_session_then
     assert run_command(deadline_id, now=at) == "done"
     cancelled = _order(order_id)
     assert cancelled.status == "Cancelled"
-    [event] = [e for e in db.session.scalars(select(OutboxEvent).where(OutboxEvent.order_id == order_id))
-               if e.name == "OrderCancelled"]
+    [event] = [
+        e
+        for e in db.session.scalars(select(OutboxEvent).where(OutboxEvent.order_id == order_id))
+        if e.name == "OrderCancelled"
+    ]
     assert event.payload["reason"] == "payment window expired"
     db.session.rollback()
     _restore(order_id, now=at)
@@ -381,8 +394,11 @@ def test_a_due_deadline_lost_in_a_redis_wipe_runs_late_but_runs(app_ctx, redis_c
 
 
 def _periodic(prefix: str) -> dict[str, int]:
-    return {job.id: job.meta.get("interval") for job in queue.scheduler().get_jobs()
-            if job.id.startswith(f"{prefix}-periodic-")}
+    return {
+        job.id: job.meta.get("interval")
+        for job in queue.scheduler().get_jobs()
+        if job.id.startswith(f"{prefix}-periodic-")
+    }
 
 
 def test_registering_periodic_jobs_again_is_idempotent_and_a_new_interval_replaces_the_old(app_ctx):
@@ -408,11 +424,17 @@ def test_registering_periodic_jobs_again_is_idempotent_and_a_new_interval_replac
 
 
 def test_the_app_refuses_to_start_when_the_stuck_age_differs_from_the_window(database_url):
-    env = {"DATABASE_URL": database_url, "SECRET_KEY": "x", "UNPAID_ORDER_EXPIRY_SECONDS": "1800",
-           "RECONCILIATION_STUCK_AGE_SECONDS": "600"}
+    env = {
+        "DATABASE_URL": database_url,
+        "SECRET_KEY": "x",
+        "UNPAID_ORDER_EXPIRY_SECONDS": "1800",
+        "RECONCILIATION_STUCK_AGE_SECONDS": "600",
+    }
     with pytest.raises(SettingsError) as refused:
         create_app(env=env)
     assert refused.value.variable == "RECONCILIATION_STUCK_AGE_SECONDS"
     assert "RECONCILIATION_STUCK_AGE_SECONDS" in str(refused.value)
-    assert create_app(env={**env, "RECONCILIATION_STUCK_AGE_SECONDS": "1800"}).config[
-        "RECONCILIATION_STUCK_AGE_SECONDS"] == 1800
+    assert (
+        create_app(env={**env, "RECONCILIATION_STUCK_AGE_SECONDS": "1800"}).config["RECONCILIATION_STUCK_AGE_SECONDS"]
+        == 1800
+    )

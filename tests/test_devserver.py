@@ -1,5 +1,6 @@
 """`flask shop up` end to end: the real command as a subprocess, with its bundled Redis, the
 Stripe sandbox, gunicorn, a worker and a scheduler, driven over HTTP like a person would."""
+
 from __future__ import annotations
 
 import os
@@ -85,10 +86,17 @@ class Up:
         self.redis_port = free_port()  # nothing listens there, so `up` must start redis-server
         self.marker = f"up-test-{uuid.uuid4().hex}"
         self.instance = tmp_path / "instance"
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("DATABASE_URL", "SECRET_KEY", "PUBLIC_BASE_URL", "FLASK_APP") and not k.startswith("STRIPE_")}
-        env.update(BACKSTOP_INSTANCE_PATH=str(self.instance), REDIS_URL=f"redis://127.0.0.1:{self.redis_port}/0",
-                   BACKSTOP_UP_TEST_MARKER=self.marker, PYTHONUNBUFFERED="1")
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("DATABASE_URL", "SECRET_KEY", "PUBLIC_BASE_URL", "FLASK_APP") and not k.startswith("STRIPE_")
+        }
+        env.update(
+            BACKSTOP_INSTANCE_PATH=str(self.instance),
+            REDIS_URL=f"redis://127.0.0.1:{self.redis_port}/0",
+            BACKSTOP_UP_TEST_MARKER=self.marker,
+            PYTHONUNBUFFERED="1",
+        )
         if database_url:
             env["DATABASE_URL"] = database_url
         env.update(env_extra or {})
@@ -96,8 +104,12 @@ class Up:
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "flask", "--app", "app", "shop", "up", "--port", str(self.port), *extra_args],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -190,8 +202,11 @@ def _assert_all_children_gone(up: Up, timeout: float = 10.0):
 
 def _log_in(browser, base, password) -> bool:
     token = CSRF.search(browser.get(base + "/console/login", headers={"Accept": "text/html"}).text).group(1)
-    r = browser.post(base + "/console/login", allow_redirects=False, data={
-        "csrf_token": token, "email": "operator@example.com", "password": password})
+    r = browser.post(
+        base + "/console/login",
+        allow_redirects=False,
+        data={"csrf_token": token, "email": "operator@example.com", "password": password},
+    )
     return r.status_code in (302, 303) and "/console/login" not in r.headers["Location"]
 
 
@@ -200,10 +215,15 @@ def _check_out(browser, base) -> requests.Response:
     catalog = browser.get(base + "/", headers={"Accept": "application/json"}).json()
     variant = next(v for p in catalog["products"] for v in p["variants"] if v["available"] > 0)
     token = CSRF.search(browser.get(base + "/", headers={"Accept": "text/html"}).text).group(1)
-    r = browser.post(base + "/cart/items", allow_redirects=False,
-                     data={"csrf_token": token, "variant_id": variant["id"], "quantity": 1})
+    r = browser.post(
+        base + "/cart/items",
+        allow_redirects=False,
+        data={"csrf_token": token, "variant_id": variant["id"], "quantity": 1},
+    )
     assert r.status_code == 303
-    return browser.post(base + "/checkout", allow_redirects=False, data={"csrf_token": token, "email": "ann@example.com"})
+    return browser.post(
+        base + "/checkout", allow_redirects=False, data={"csrf_token": token, "email": "ann@example.com"}
+    )
 
 
 def test_a_restarted_up_keeps_the_browsers_orders_the_payment_link_and_the_operator_password(run_up):
@@ -242,8 +262,13 @@ def test_a_restarted_up_keeps_the_browsers_orders_the_payment_link_and_the_opera
 
 
 def test_up_hands_its_session_minimum_to_the_sandbox_so_a_short_minimum_is_not_refused(run_up):
-    up = run_up(env_extra={"STRIPE_SESSION_MIN_SECONDS": "90", "UNPAID_ORDER_EXPIRY_SECONDS": "120",
-                           "RECONCILIATION_STUCK_AGE_SECONDS": "120"})
+    up = run_up(
+        env_extra={
+            "STRIPE_SESSION_MIN_SECONDS": "90",
+            "UNPAID_ORDER_EXPIRY_SECONDS": "120",
+            "RECONCILIATION_STUCK_AGE_SECONDS": "120",
+        }
+    )
     urls = up.wait_until_up()
     r = _check_out(requests.Session(), urls["storefront"])
     assert r.status_code == 303, r.text
@@ -279,16 +304,21 @@ def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
 
     login = browser.get(base + "/console/login", headers={"Accept": "text/html"})
     token = CSRF.search(login.text).group(1)
-    r = browser.post(base + "/console/login", allow_redirects=False, data={
-        "csrf_token": token, "email": "operator@example.com", "password": urls["password"]})
+    r = browser.post(
+        base + "/console/login",
+        allow_redirects=False,
+        data={"csrf_token": token, "email": "operator@example.com", "password": urls["password"]},
+    )
     assert r.status_code in (302, 303) and "/console/login" not in r.headers["Location"]
 
     token = CSRF.search(browser.get(base + "/", headers={"Accept": "text/html"}).text).group(1)
-    r = browser.post(base + "/cart/items", allow_redirects=False,
-                     data={"csrf_token": token, "variant_id": variants[0]["id"], "quantity": 1})
+    r = browser.post(
+        base + "/cart/items",
+        allow_redirects=False,
+        data={"csrf_token": token, "variant_id": variants[0]["id"], "quantity": 1},
+    )
     assert r.status_code == 303
-    r = browser.post(base + "/checkout", allow_redirects=False,
-                     data={"csrf_token": token, "email": "ann@example.com"})
+    r = browser.post(base + "/checkout", allow_redirects=False, data={"csrf_token": token, "email": "ann@example.com"})
     assert r.status_code == 303, r.text
     pay_url = r.headers["Location"]
     assert pay_url.startswith(sandbox + "/pay/")

@@ -2,6 +2,7 @@
 login throttling per account and per address, security headers on every answer, the session
 cookie's flags, the operator's idle timeout, and the confirmation step in front of the two
 destructive buttons (discard a dead letter, cancel an order)."""
+
 from __future__ import annotations
 
 import logging
@@ -36,14 +37,20 @@ def assert_secured(response, what: str) -> None:
 
 def login(client, password=PASSWORD, email=EMAIL, headers=JSON, **environ):
     token = csrf_token(client, "/console/login")
-    return client.post("/console/login", data={"csrf_token": token, "email": email, "password": password},
-                       headers=headers, environ_base=environ)
+    return client.post(
+        "/console/login",
+        data={"csrf_token": token, "email": email, "password": password},
+        headers=headers,
+        environ_base=environ,
+    )
 
 
 # -- login throttling ------------------------------------------------------------------------
 
+
 def test_failed_logins_past_the_account_limit_get_429_in_words_then_the_right_password_works_after_the_window(
-        make_fresh_app):
+    make_fresh_app,
+):
     app = make_fresh_app(LOGIN_MAX_FAILURES_PER_ACCOUNT=3, LOGIN_FAILURE_WINDOW_SECONDS=2)
     add_operator(app)
     client = app.test_client()
@@ -72,8 +79,10 @@ def test_correct_logins_never_count_toward_the_limit(make_fresh_app):
     for _ in range(5):
         answer = login(client)
         assert answer.status_code == 200
-        assert client.post("/console/logout", headers={**JSON, "X-CSRFToken": answer.get_json()["csrf_token"]}
-                           ).status_code == 200
+        assert (
+            client.post("/console/logout", headers={**JSON, "X-CSRFToken": answer.get_json()["csrf_token"]}).status_code
+            == 200
+        )
     assert login(client, "wrong").status_code == 401
     assert login(client).status_code == 200  # one failure of two allowed: still open
 
@@ -152,14 +161,23 @@ def test_every_console_route_sends_the_security_headers_and_refuses_anonymous_an
 def test_storefront_pages_errors_static_files_and_operations_send_the_headers(make_fresh_app):
     app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:12999")
     client = app.test_client()
-    for url, status in (("/", 200), ("/cart", 200), ("/orders/BK-NOSUCH00", 404), ("/no/such/page", 404),
-                        ("/checkout", 405), ("/static/shop.js", 200), ("/metrics", 200)):
+    for url, status in (
+        ("/", 200),
+        ("/cart", 200),
+        ("/orders/BK-NOSUCH00", 404),
+        ("/no/such/page", 404),
+        ("/checkout", 405),
+        ("/static/shop.js", 200),
+        ("/metrics", 200),
+    ):
         r = client.get(url, headers=HTML)
         assert r.status_code == status, url
         assert_secured(r, url)
     assert_secured(client.post("/cart/items", data={}, headers=JSON), "CSRF refusal")
-    assert_secured(client.post("/cart/items", data="a" * 2_000_001, headers={"Transfer-Encoding": "chunked"}),
-                   "the chunked-body 413")
+    assert_secured(
+        client.post("/cart/items", data="a" * 2_000_001, headers={"Transfer-Encoding": "chunked"}),
+        "the chunked-body 413",
+    )
     csp = client.get("/").headers["Content-Security-Policy"]
     # A checkout's form is redirected to the hosted payment page: form-action must allow its origin.
     assert "form-action 'self' http://127.0.0.1:12999" in csp
@@ -172,8 +190,11 @@ def test_behind_https_pages_send_hsts_and_cookies_are_secure_httponly_and_samesi
     cookie = plain.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Secure" not in cookie
 
-    https = make_fresh_app(PUBLIC_BASE_URL="https://shop.example").test_client().get("/cart",
-                                                                                     base_url="https://shop.example")
+    https = (
+        make_fresh_app(PUBLIC_BASE_URL="https://shop.example")
+        .test_client()
+        .get("/cart", base_url="https://shop.example")
+    )
     assert https.headers["Strict-Transport-Security"].startswith("max-age=")
     cookie = https.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Secure" in cookie
@@ -181,12 +202,16 @@ def test_behind_https_pages_send_hsts_and_cookies_are_secure_httponly_and_samesi
 
 def test_no_template_carries_inline_script_style_or_event_handlers_the_policy_would_block():
     inline = re.compile(r"<script(?![^>]*\bsrc=)[^>]*>|\sstyle\s*=|\son[a-z]+\s*=|javascript:", re.I)
-    offenders = [f"{path.relative_to(TEMPLATES)}: {match.group(0).strip()}"
-                 for path in TEMPLATES.rglob("*.html") for match in inline.finditer(path.read_text())]
+    offenders = [
+        f"{path.relative_to(TEMPLATES)}: {match.group(0).strip()}"
+        for path in TEMPLATES.rglob("*.html")
+        for match in inline.finditer(path.read_text())
+    ]
     assert not offenders, offenders
 
 
 # -- the operator's idle timeout ---------------------------------------------------------------
+
 
 def test_an_operator_idle_past_the_timeout_is_logged_out_and_told_why(fresh_app):
     client = fresh_app.test_client()
@@ -201,8 +226,9 @@ def test_an_operator_idle_past_the_timeout_is_logged_out_and_told_why(fresh_app)
 
     r = client.get("/console/", headers=JSON)
     assert r.status_code == 401
-    assert r.get_json()["error"] == (f"You were logged out after {limit // 60} minutes without activity in the "
-                                     "console; log in again.")
+    assert r.get_json()["error"] == (
+        f"You were logged out after {limit // 60} minutes without activity in the console; log in again."
+    )
     assert client.get("/console/", headers=JSON).status_code == 401  # the session is over, not just refused once
 
     assert login(client).status_code == 200
@@ -225,6 +251,7 @@ def test_a_page_polling_its_own_json_does_not_keep_the_session_alive(fresh_app):
 
 
 # -- confirmation of destructive actions -------------------------------------------------------
+
 
 def dead_letter(app) -> int:
     """A real restore_inventory delivery of a cancelled order, made dead."""
@@ -255,8 +282,9 @@ def test_discard_asks_on_a_page_of_its_own_whose_form_discards(fresh_app):
 
     token = re.search(r'name="csrf_token" value="([^"]+)"', html).group(1)
     nxt = re.search(r'name="next" value="([^"]+)"', html).group(1)
-    r = client.post(f"/console/outbox/{delivery}/discard", data={"csrf_token": token, "next": nxt,
-                                                                  "reason": "restocked by hand"})
+    r = client.post(
+        f"/console/outbox/{delivery}/discard", data={"csrf_token": token, "next": nxt, "reason": "restocked by hand"}
+    )
     assert r.status_code == 303 and r.headers["Location"] == f"/console/outbox?status=dead&keep={delivery}"
     with fresh_app.app_context():
         assert db.session.get(OutboxDelivery, delivery).status == "discarded"
@@ -268,8 +296,9 @@ def test_the_direct_discard_post_of_a_script_still_works(fresh_app):
     client = fresh_app.test_client()
     token = log_in(fresh_app, client)
     delivery = dead_letter(fresh_app)
-    r = client.post(f"/console/outbox/{delivery}/discard", data={"reason": "duplicate"},
-                    headers={**JSON, "X-CSRFToken": token})
+    r = client.post(
+        f"/console/outbox/{delivery}/discard", data={"reason": "duplicate"}, headers={**JSON, "X-CSRFToken": token}
+    )
     assert r.status_code == 200 and r.get_json()["status"] == "discarded"
 
 
@@ -292,8 +321,7 @@ def test_cancel_asks_on_a_page_of_its_own_whose_form_cancels_with_the_version_se
     assert page.status_code == 200 and "Yes, cancel the order" in html and "No, keep it" in html
     assert f'action="/orders/{reference}/cancel"' in html and 'name="version" value="1"' in html
     with shop.app_context():
-        assert db.session.execute(select(Order.status).where(Order.reference == reference)).scalar() == \
-            "PendingPayment"
+        assert db.session.execute(select(Order.status).where(Order.reference == reference)).scalar() == "PendingPayment"
 
     token = re.search(r'name="csrf_token" value="([^"]+)"', html).group(1)
     r = client.post(f"/orders/{reference}/cancel", data={"csrf_token": token, "version": "1"})

@@ -2,6 +2,7 @@
 the same code as a single delivery. What a drain must never do: run a delivery that is not due,
 run one twice, take a row whose lease holds, outlive its lease, or leave committed work without
 a drain to run it (a lost wake-up)."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,12 +26,12 @@ from shop.outbox.subscriptions import SUBSCRIPTIONS
 import shop.saga
 
 
-
 @pytest.fixture(autouse=True)
 def _only_the_restore_listens_to_cancellations(monkeypatch):
     """These tests use cancelled orders' restores as the sample work; the customer's cancellation
     email (a second handler of OrderCancelled) would double every count without adding a case."""
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory"])
+
 
 def _cancelled_orders(n: int, variant: int) -> list[int]:
     orders = [place_order_for({variant: 1}).order_id for _ in range(n)]
@@ -49,8 +50,11 @@ def test_a_drain_runs_every_due_delivery_once_in_batches_and_leaves_a_backed_off
         orders = _cancelled_orders(5, a5)
         backed_off = orders.pop()
         later = utcnow() + timedelta(minutes=5)
-        db.session.execute(update(OutboxDelivery).where(OutboxDelivery.order_id == backed_off)
-                           .values(attempts=1, next_attempt_at=later))
+        db.session.execute(
+            update(OutboxDelivery)
+            .where(OutboxDelivery.order_id == backed_off)
+            .values(attempts=1, next_attempt_at=later)
+        )
         db.session.commit()
         now = utcnow() + timedelta(seconds=1)
 
@@ -77,8 +81,9 @@ def test_a_drain_takes_a_lapsed_lease_but_never_one_that_still_holds(fresh_app):
         orders = _cancelled_orders(2, a5)
         due = as_utc(restore_delivery(orders[1]).next_attempt_at)
         assert runner.claim(OutboxDelivery, restore_delivery(orders[0]).id, due, "worker-that-died")
-        assert runner.claim(OutboxDelivery, restore_delivery(orders[1]).id, due + timedelta(seconds=lease),
-                            "busy-worker")
+        assert runner.claim(
+            OutboxDelivery, restore_delivery(orders[1]).id, due + timedelta(seconds=lease), "busy-worker"
+        )
         now = due + timedelta(seconds=lease + 1)  # the first lease lapsed a second ago, the second holds
 
         assert drain_deliveries(now=now)["done"] == 1
@@ -108,7 +113,9 @@ def test_a_failing_delivery_in_a_batch_is_retried_alone_and_its_batch_mates_comp
         assert (result["done"], result["retry"]) == (3, 3)
         assert sorted(runs) == sorted(orders)
         assert _statuses(orders) == [("done", 1)] * 3
-        failed = db.session.execute(select(OutboxDelivery).where(OutboxDelivery.handler == "flaky_followup")).scalars().all()
+        failed = (
+            db.session.execute(select(OutboxDelivery).where(OutboxDelivery.handler == "flaky_followup")).scalars().all()
+        )
         assert {(r.status, r.attempts) for r in failed} == {("pending", 1)}
         assert all(as_utc(r.next_attempt_at) > now and "mail relay down" in r.last_error for r in failed)
         assert on_hand(a5) == 40
@@ -191,9 +198,14 @@ def test_a_drain_gives_back_what_it_cannot_run_within_half_its_lease(make_fresh_
     with app.app_context():
         a5 = seed_catalog_rows()["NB-A5-DOT"]
         orders = _cancelled_orders(3, a5)
-        rows = lambda: db.session.execute(select(OutboxDelivery.order_id, OutboxDelivery.status,  # noqa: E731
-                                                 OutboxDelivery.attempts, OutboxDelivery.claimed_by)
-                                          .order_by(OutboxDelivery.order_id)).all()
+        rows = lambda: db.session.execute(
+            select(
+                OutboxDelivery.order_id,
+                OutboxDelivery.status,  # noqa: E731
+                OutboxDelivery.attempts,
+                OutboxDelivery.claimed_by,
+            ).order_by(OutboxDelivery.order_id)
+        ).all()
 
         result = drain_deliveries(now=utcnow() + timedelta(seconds=1))
 
@@ -231,7 +243,9 @@ def test_announcing_enqueues_at_most_one_drain_per_slot_and_a_started_drain_free
 
         queue.run_worker(burst=True)
         assert on_hand(a5) == 40
-        assert {s for s, _ in _statuses(db.session.execute(select(OutboxDelivery.order_id)).scalars().all())} == {"done"}
+        assert {s for s, _ in _statuses(db.session.execute(select(OutboxDelivery.order_id)).scalars().all())} == {
+            "done"
+        }
         db.session.remove()
 
 

@@ -19,6 +19,7 @@ What must hold for every input:
   refunds, warnings, operators; only the webhook's own receipt is written);
 - a browser never acts on, or sees, another browser's order without its access token.
 """
+
 from __future__ import annotations
 
 import io
@@ -57,8 +58,12 @@ LONG_TOTAL = int(os.environ.get("BACKSTOP_FUZZ_EXAMPLES", "0") or 0)
 # three open-ended tests' shares add up to 1, so they alone reach the long total: the size test has
 # only 70 distinct inputs (35 sizes, with or without a Content-Length), and hypothesis stops a test
 # whose inputs are exhausted (with 0.49 for the POST routes a long run of 10,000 sent 9,973).
-SHARES = {"webhook_bytes": (0.25, 250), "webhook_mutated": (0.25, 150), "webhook_size": (0.01, 8),
-          "post_routes": (0.50, 450)}
+SHARES = {
+    "webhook_bytes": (0.25, 250),
+    "webhook_mutated": (0.25, 150),
+    "webhook_size": (0.01, 8),
+    "post_routes": (0.50, 450),
+}
 
 
 def _examples(name: str) -> int:
@@ -67,8 +72,14 @@ def _examples(name: str) -> int:
 
 
 def _settings(name: str):
-    return settings(max_examples=_examples(name), deadline=None, database=None, derandomize=not LONG_TOTAL,
-                    suppress_health_check=list(HealthCheck), print_blob=True)
+    return settings(
+        max_examples=_examples(name),
+        deadline=None,
+        database=None,
+        derandomize=not LONG_TOTAL,
+        suppress_health_check=list(HealthCheck),
+        print_blob=True,
+    )
 
 
 @pytest.fixture
@@ -87,18 +98,45 @@ def tally(request):
 
 # -- values a sender might put anywhere ------------------------------------------------------
 
-ODD_TEXT = ["", " ", "\x00", "a\x00b", "\ud800", "\udfff", "\u2028", "\r\n", "é", "🙂", "%00", "../..",
-            "' OR 1=1 --", "<script>x</script>", "１２", "NaN", "-0", "1e9", "0x10", " 7 ", "\t"]
+ODD_TEXT = [
+    "",
+    " ",
+    "\x00",
+    "a\x00b",
+    "\ud800",
+    "\udfff",
+    "\u2028",
+    "\r\n",
+    "é",
+    "🙂",
+    "%00",
+    "../..",
+    "' OR 1=1 --",
+    "<script>x</script>",
+    "１２",
+    "NaN",
+    "-0",
+    "1e9",
+    "0x10",
+    " 7 ",
+    "\t",
+]
 texts = st.one_of(
     st.text(max_size=24),
     st.text(st.characters(codec=None, exclude_categories=()), max_size=12),  # lone surrogates too
     st.sampled_from(ODD_TEXT),
 )
-numbers = st.one_of(st.integers(-10, 200), st.integers(-2**70, 2**70),
-                    st.sampled_from([0, -1, 2**31 - 1, 2**31, 2**32, 2**63, -2**63 - 1, 10**40]))
+numbers = st.one_of(
+    st.integers(-10, 200),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([0, -1, 2**31 - 1, 2**31, 2**32, 2**63, -(2**63) - 1, 10**40]),
+)
 json_scalars = st.one_of(st.none(), st.booleans(), numbers, st.floats(), texts)
-json_values = st.recursive(json_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(texts, inner, max_size=4)), max_leaves=10)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(texts, inner, max_size=4)),
+    max_leaves=10,
+)
 
 
 def _deep(depth: int, kind: str) -> str:
@@ -152,12 +190,13 @@ def _new_audit_rows(before: dict, after: dict) -> list[dict]:
 
 # -- the world the inputs are sent to ---------------------------------------------------------
 
+
 @dataclass
 class World:
     app: object
-    ann: Shopper            # placed ann_order (PaymentInitiated at the sandbox)
-    bob: Shopper            # placed bob_order; never ann's
-    operator: object        # a logged-in console client
+    ann: Shopper  # placed ann_order (PaymentInitiated at the sandbox)
+    bob: Shopper  # placed bob_order; never ann's
+    operator: object  # a logged-in console client
     operator_token: str
     ann_order: dict
     bob_order: dict
@@ -171,9 +210,13 @@ class World:
 def _world(make_fresh_app, sandbox) -> World:
     # Generated logins fail by the hundred: the login throttle (tests/test_door.py pins it) would
     # answer the operator's own login 429 before the generated inputs are done.
-    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
-                   STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET, LOGIN_MAX_FAILURES_PER_ACCOUNT=1000,
-                   LOGIN_MAX_FAILURES_PER_ADDRESS=100_000)
+    app = make_fresh_app(
+        STRIPE_API_BASE=sandbox.base_url,
+        STRIPE_SESSION_MIN_SECONDS=60,
+        STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET,
+        LOGIN_MAX_FAILURES_PER_ACCOUNT=1000,
+        LOGIN_MAX_FAILURES_PER_ADDRESS=100_000,
+    )
     skus = seed_catalog_rows(app)
     ann = Shopper(app, skus)
     ann_order = ann.place()
@@ -190,27 +233,45 @@ def _world(make_fresh_app, sandbox) -> World:
         event = OutboxEvent(order_id=ann_id, name="OrderPaid", payload={"order_id": ann_id})
         db.session.add(event)
         db.session.flush()
-        db.session.add(OutboxDelivery(event_id=event.id, handler="send_order_confirmation", order_id=ann_id,
-                                      status="dead", attempts=5, last_error="fuzz"))
+        db.session.add(
+            OutboxDelivery(
+                event_id=event.id,
+                handler="send_order_confirmation",
+                order_id=ann_id,
+                status="dead",
+                attempts=5,
+                last_error="fuzz",
+            )
+        )
         db.session.add(ScheduledCommand(kind="send_email", order_id=ann_id, payload={}, status="dead", attempts=5))
         db.session.add(RestoreWarning(order_id=ann_id, variant_id=skus["NB-A5-DOT"], quantity=1, reason="fuzz"))
         token = db.session.execute(select(Order.access_token).where(Order.id == ann_id)).scalar_one()
         db.session.commit()
         db.session.remove()
-    return World(app, ann, bob, operator, operator_token, ann_order, bob_order, ann_id, token,
-                 sorted(skus.values()))
+    return World(app, ann, bob, operator, operator_token, ann_order, bob_order, ann_id, token, sorted(skus.values()))
 
 
 # -- the webhook ------------------------------------------------------------------------------
 
+
 def _is_event(value) -> bool:
     """What the webhook must accept once the signature is good: a JSON object shaped like an event."""
     event_id = value.get("id") if isinstance(value, dict) else None
-    return (isinstance(value, dict) and value.get("object") != "v2.core.event"
-            and isinstance(value.get("type"), str)
-            and (event_id is None or (isinstance(event_id, str) and 0 < len(event_id) <= 255
-                                      and not any(ord(c) < 32 or ord(c) == 127 for c in event_id)))
-            and isinstance(value.get("data"), dict) and isinstance(value["data"].get("object"), dict))
+    return (
+        isinstance(value, dict)
+        and value.get("object") != "v2.core.event"
+        and isinstance(value.get("type"), str)
+        and (
+            event_id is None
+            or (
+                isinstance(event_id, str)
+                and 0 < len(event_id) <= 255
+                and not any(ord(c) < 32 or ord(c) == 127 for c in event_id)
+            )
+        )
+        and isinstance(value.get("data"), dict)
+        and isinstance(value["data"].get("object"), dict)
+    )
 
 
 def _expected_status(body: bytes, signed_ok: bool) -> int:
@@ -229,17 +290,47 @@ def _expected_status(body: bytes, signed_ok: bool) -> int:
 def signatures(draw, body: bytes) -> tuple[str | None, bool]:
     """A Stripe-Signature header for `body` and whether it is one Stripe would have sent."""
     now = int(time.time())
-    kind = draw(st.sampled_from(["valid", "valid", "valid", "missing", "garbage", "wrong_secret", "other_body",
-                                 "stale", "future", "extra_schemes", "no_v1", "bad_time"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "valid",
+                "valid",
+                "valid",
+                "missing",
+                "garbage",
+                "wrong_secret",
+                "other_body",
+                "stale",
+                "future",
+                "extra_schemes",
+                "no_v1",
+                "bad_time",
+            ]
+        )
+    )
     if kind == "valid":
         return signature(body, timestamp=now - draw(st.integers(0, TOLERANCE - 30))), True
     if kind == "missing":
         return None, False
     if kind == "garbage":
-        return draw(st.one_of(st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=80),
-                              st.text(st.characters(min_codepoint=0, max_codepoint=255), max_size=80),
-                              st.sampled_from(["t=,v1=", "t=1,v1=", "v1=00", ",,,", "t=99999999999999999999,v1=ab",
-                                               "t=-1,v1=ab", "t=1e3,v1=ab", "t=1" + ",v1=a" * 500]))), False
+        return draw(
+            st.one_of(
+                st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=80),
+                st.text(st.characters(min_codepoint=0, max_codepoint=255), max_size=80),
+                st.sampled_from(
+                    [
+                        "t=,v1=",
+                        "t=1,v1=",
+                        "v1=00",
+                        ",,,",
+                        "t=99999999999999999999,v1=ab",
+                        "t=-1,v1=ab",
+                        "t=1e3,v1=ab",
+                        "t=1" + ",v1=a" * 500,
+                    ]
+                ),
+            )
+        ), False
     if kind == "wrong_secret":
         return signature(body, secret="whsec_" + draw(st.text("abcdef0123", min_size=1, max_size=20))), False
     if kind == "other_body":
@@ -265,8 +356,12 @@ def _post_webhook(client, body: bytes, sig: str | None, *, chunked: bool = False
     if chunked:
         headers["Transfer-Encoding"] = "chunked"
         # What a WSGI server hands on for a chunked body: a stream that ends, no Content-Length.
-        return client.post("/webhooks/stripe", input_stream=io.BytesIO(body), headers=headers,
-                           environ_overrides={**environ, "wsgi.input_terminated": True})
+        return client.post(
+            "/webhooks/stripe",
+            input_stream=io.BytesIO(body),
+            headers=headers,
+            environ_overrides={**environ, "wsgi.input_terminated": True},
+        )
     return client.post("/webhooks/stripe", data=body, headers=headers, environ_overrides=environ)
 
 
@@ -288,8 +383,11 @@ def _check_delivery(world: World, body: bytes, sig, expected: int, **post) -> No
     assert r.status_code < 500, answer
     assert r.status_code == expected, answer
     with app.app_context():
-        new = db.session.execute(select(WebhookReceipt).where(WebhookReceipt.id.notin_(receipts_before or [0]))
-                                 ).scalars().all()
+        new = (
+            db.session.execute(select(WebhookReceipt).where(WebhookReceipt.id.notin_(receipts_before or [0])))
+            .scalars()
+            .all()
+        )
         new = [(x.id, x.outcome, x.http_status) for x in new]
         db.session.remove()
     assert len(new) == 1, f"deliveries must leave exactly one receipt, found {new}"
@@ -309,10 +407,17 @@ def _session_object(order: dict, order_id: int) -> dict:
     """Stripe's example checkout.session, made into the paid session of `order`."""
     with open(FIXTURES) as f:
         session = json.load(f)["resources"]["checkout.session"]
-    session.update(id=order["payment"]["session_id"], client_reference_id=order["reference"],
-                   metadata={"order_id": str(order_id)}, amount_total=order["total"],
-                   amount_subtotal=order["total"], currency=order["currency"], status="complete",
-                   payment_status="paid", url=None)
+    session.update(
+        id=order["payment"]["session_id"],
+        client_reference_id=order["reference"],
+        metadata={"order_id": str(order_id)},
+        amount_total=order["total"],
+        amount_subtotal=order["total"],
+        currency=order["currency"],
+        status="complete",
+        payment_status="paid",
+        url=None,
+    )
     return session
 
 
@@ -320,8 +425,12 @@ def _real_event(order: dict, order_id: int, event_type: str = "checkout.session.
     """Stripe's example event around that session."""
     with open(FIXTURES) as f:
         event = json.load(f)["resources"]["event"]
-    event.update(type=event_type, created=int(time.time()), api_version="2024-06-20",
-                 data={"object": _session_object(order, order_id)})
+    event.update(
+        type=event_type,
+        created=int(time.time()),
+        api_version="2024-06-20",
+        data={"object": _session_object(order, order_id)},
+    )
     return event
 
 
@@ -359,13 +468,28 @@ def test_webhook_deliveries_of_random_bytes_json_and_signatures(make_fresh_app, 
     bodies = st.one_of(
         st.binary(max_size=300),
         json_values.map(lambda v: json.dumps(v).encode()),
-        st.builds(lambda t, o, i: json.dumps({"id": i, "type": t, "object": "event", "data": {"object": o}}).encode(),
-                  st.one_of(st.sampled_from(EVENT_TYPES), texts), st.dictionaries(texts, json_values, max_size=4),
-                  st.one_of(st.none(), texts)),
+        st.builds(
+            lambda t, o, i: json.dumps({"id": i, "type": t, "object": "event", "data": {"object": o}}).encode(),
+            st.one_of(st.sampled_from(EVENT_TYPES), texts),
+            st.dictionaries(texts, json_values, max_size=4),
+            st.one_of(st.none(), texts),
+        ),
         st.integers(0, len(real) - 1).map(lambda n: real[:n]),  # truncated
         deep_json.map(str.encode),
-        st.sampled_from([b"", b"   ", b"\n\t", b"null", b"[]", b"{}", b'"x"', b"1", b"NaN",
-                         b'{"object": "v2.core.event", "type": "x", "data": {"object": {}}}']),
+        st.sampled_from(
+            [
+                b"",
+                b"   ",
+                b"\n\t",
+                b"null",
+                b"[]",
+                b"{}",
+                b'"x"',
+                b"1",
+                b"NaN",
+                b'{"object": "v2.core.event", "type": "x", "data": {"object": {}}}',
+            ]
+        ),
     )
 
     @_settings("webhook_bytes")
@@ -373,8 +497,18 @@ def test_webhook_deliveries_of_random_bytes_json_and_signatures(make_fresh_app, 
     def deliver(data):
         body = data.draw(bodies, label="body")
         sig, signed_ok = data.draw(signatures(body), label="signature")
-        content_type = data.draw(st.sampled_from(["application/json", "text/plain", "application/x-www-form-urlencoded",
-                                                  "multipart/form-data; boundary=x", ""]), label="content type")
+        content_type = data.draw(
+            st.sampled_from(
+                [
+                    "application/json",
+                    "text/plain",
+                    "application/x-www-form-urlencoded",
+                    "multipart/form-data; boundary=x",
+                    "",
+                ]
+            ),
+            label="content type",
+        )
         tally["inputs"] += 1
         _check_delivery(world, body, sig, _expected_status(body, signed_ok), content_type=content_type)
 
@@ -385,8 +519,9 @@ def _another_order(world: World) -> dict:
     """A fresh order waiting for its money; its unit is put on the shelf first, so a long run does
     not run out of stock."""
     with world.app.app_context():
-        db.session.execute(text("UPDATE inventory SET on_hand = on_hand + 1 WHERE variant_id = :v"),
-                           {"v": world.ann.skus["NB-A5-DOT"]})
+        db.session.execute(
+            text("UPDATE inventory SET on_hand = on_hand + 1 WHERE variant_id = :v"), {"v": world.ann.skus["NB-A5-DOT"]}
+        )
         db.session.commit()
         db.session.remove()
     return world.ann.place()
@@ -415,9 +550,9 @@ def test_webhook_a_real_event_with_one_field_of_the_wrong_type(make_fresh_app, s
         op = data.draw(st.sampled_from(["replace", "replace", "delete"]) if path else st.just("replace"))
         value = data.draw(json_values, label="value")
         body = json.dumps(_mutated(event, path, op, value)).encode()
-        sig, signed_ok = data.draw(st.one_of(
-            st.just(None).map(lambda _: (signature(body), True)),
-            signatures(body)), label="signature")
+        sig, signed_ok = data.draw(
+            st.one_of(st.just(None).map(lambda _: (signature(body), True)), signatures(body)), label="signature"
+        )
         tally["inputs"] += 1
         r, changed = _check_delivery(world, body, sig, _expected_status(body, signed_ok))
         if r.status_code == 200 and r.get_json()["outcome"] == "paid":
@@ -432,12 +567,14 @@ def test_webhook_bodies_at_and_around_the_size_cap(make_fresh_app, sandbox, tall
     (a valid event padded with JSON whitespace), so only the size decides."""
     world = _world(make_fresh_app, sandbox)
     world.answers = tally["answers"]
-    event = json.dumps({"id": "evt_big", "type": "customer.created", "object": "event",
-                        "data": {"object": {"id": "cus_1"}}}).encode()
+    event = json.dumps(
+        {"id": "evt_big", "type": "customer.created", "object": "event", "data": {"object": {"id": "cus_1"}}}
+    ).encode()
 
     @_settings("webhook_size")
-    @given(st.one_of(st.integers(MAX_BODY - 16, MAX_BODY + 16), st.sampled_from([MAX_BODY * 2, 5_000_000])),
-           st.booleans())
+    @given(
+        st.one_of(st.integers(MAX_BODY - 16, MAX_BODY + 16), st.sampled_from([MAX_BODY * 2, 5_000_000])), st.booleans()
+    )
     def deliver(size, chunked):
         body = event + b" " * (size - len(event))
         tally["inputs"] += 1
@@ -449,36 +586,81 @@ def test_webhook_bodies_at_and_around_the_size_cap(make_fresh_app, sandbox, tall
 # -- every POST route of the storefront and the console -----------------------------------------
 
 _ARG = re.compile(r"<(?:(\w+)(?:\([^)]*\))?:)?(\w+)>")
-FIELD_NAMES = ["csrf_token", "variant_id", "quantity", "email", "version", "token", "reason", "action", "note",
-               "next", "what", "password"]
+FIELD_NAMES = [
+    "csrf_token",
+    "variant_id",
+    "quantity",
+    "email",
+    "version",
+    "token",
+    "reason",
+    "action",
+    "note",
+    "next",
+    "what",
+    "password",
+]
 
 
 def _post_rules(app) -> list:
-    rules = [r for r in app.url_map.iter_rules()
-             if "POST" in r.methods and r.endpoint != "webhooks.stripe_webhook" and not r.endpoint.startswith("static")]
+    rules = [
+        r
+        for r in app.url_map.iter_rules()
+        if "POST" in r.methods and r.endpoint != "webhooks.stripe_webhook" and not r.endpoint.startswith("static")
+    ]
     assert {r.endpoint.split(".")[0] for r in rules} >= {"storefront", "console"}
     return sorted(rules, key=lambda r: r.rule)
 
 
 def _path_values(world: World, converter: str):
-    ids = st.one_of(st.integers(1, 3).map(str), st.integers(1, 3).map(str), st.integers(-3, 0).map(str),
-                    st.sampled_from([str(2**31 - 1), str(2**31), str(10**20), "1.5", "abc", "١", "%00"]),
-                    st.sampled_from(world.variant_ids).map(str))
+    ids = st.one_of(
+        st.integers(1, 3).map(str),
+        st.integers(1, 3).map(str),
+        st.integers(-3, 0).map(str),
+        st.sampled_from([str(2**31 - 1), str(2**31), str(10**20), "1.5", "abc", "١", "%00"]),
+        st.sampled_from(world.variant_ids).map(str),
+    )
     if converter == "id":
         return ids
     if converter == "work":
         return st.one_of(ids, ids.map(lambda v: "cmd-" + v))
     refs = [world.ann_order["reference"], world.bob_order["reference"]]
-    return st.one_of(st.sampled_from(refs), st.sampled_from(refs), st.sampled_from(refs).map(str.lower), texts,
-                     st.integers(1, 300).map(lambda n: "A" * n), st.sampled_from(["BK-UNKNOWN", "cmd-1"]))
+    return st.one_of(
+        st.sampled_from(refs),
+        st.sampled_from(refs),
+        st.sampled_from(refs).map(str.lower),
+        texts,
+        st.integers(1, 300).map(lambda n: "A" * n),
+        st.sampled_from(["BK-UNKNOWN", "cmd-1"]),
+    )
 
 
 def _form_values(world: World):
     return st.one_of(
-        numbers.map(str), texts,
-        st.sampled_from(["0", "-1", "99", "100", str(2**31), "1.5", "1e3", "fixed", "retry", "delivery:x",
-                         "command:send_email", "delivery:send_order_confirmation", "/console/", "//evil.example",
-                         "/console/\r\nX: 1", "ann@example.com", "a@b", "not-an-email"]),
+        numbers.map(str),
+        texts,
+        st.sampled_from(
+            [
+                "0",
+                "-1",
+                "99",
+                "100",
+                str(2**31),
+                "1.5",
+                "1e3",
+                "fixed",
+                "retry",
+                "delivery:x",
+                "command:send_email",
+                "delivery:send_order_confirmation",
+                "/console/",
+                "//evil.example",
+                "/console/\r\nX: 1",
+                "ann@example.com",
+                "a@b",
+                "not-an-email",
+            ]
+        ),
         st.sampled_from(world.variant_ids).map(str),
         st.integers(1, 3).map(str),  # versions the orders really have
         st.sampled_from([300, 2_001, 5_000, 200_000, 1_100_000]).map(lambda n: "x" * n),  # long; over the limit
@@ -489,16 +671,21 @@ def _form_values(world: World):
 # past validation and reach the actions (a route without hints gets only generated fields).
 def _hints(world: World) -> dict:
     return {
-        "storefront.add_to_cart": {"variant_id": st.sampled_from(world.variant_ids).map(str),
-                                   "quantity": st.integers(1, 3).map(str)},
+        "storefront.add_to_cart": {
+            "variant_id": st.sampled_from(world.variant_ids).map(str),
+            "quantity": st.integers(1, 3).map(str),
+        },
         "storefront.set_quantity": {"quantity": st.integers(1, 5).map(str)},
         "storefront.checkout": {"email": st.just("someone@example.com")},
         "storefront.cancel": {"version": st.integers(1, 4).map(str)},
         "console.login": {"email": st.just("night-shift@example.com"), "password": st.just("wrong")},
         "console.discard_work": {"reason": st.just("duplicate of a manual fix")},
         "console.resolve_warning": {"action": st.sampled_from(["fixed", "retry"]), "note": st.just("by hand")},
-        "console.retry_all_dead": {"what": st.sampled_from(["delivery:send_order_confirmation",
-                                                            "command:send_email", "command:refund_payment"])},
+        "console.retry_all_dead": {
+            "what": st.sampled_from(
+                ["delivery:send_order_confirmation", "command:send_email", "command:refund_payment"]
+            )
+        },
     }
 
 
@@ -508,23 +695,30 @@ def requests_(draw, world: World):
     path = rule.rule
     for match in reversed(list(_ARG.finditer(rule.rule))):
         value = draw(_path_values(world, match.group(1) or "default"), label=match.group(2))
-        path = path[:match.start()] + quote(value.encode("utf-8", "surrogatepass"), safe="") + path[match.end():]
+        path = path[: match.start()] + quote(value.encode("utf-8", "surrogatepass"), safe="") + path[match.end() :]
     console = rule.endpoint.startswith("console.")
-    who = draw(st.sampled_from(["operator"] * 6 + ["ann", "nobody"] if console else
-                               ["ann"] * 3 + ["bob"] * 3 + ["operator", "nobody"]), label="client")
-    csrf = draw(st.sampled_from(["form"] * 5 + ["header"] * 2 + ["missing", "garbage", "other browser's"]),
-                label="csrf")
-    body_kind = draw(st.sampled_from(["form"] * 5 + ["json"] * 3 + ["json_any", "deep", "bytes", "none"]),
-                     label="body")
+    who = draw(
+        st.sampled_from(
+            ["operator"] * 6 + ["ann", "nobody"] if console else ["ann"] * 3 + ["bob"] * 3 + ["operator", "nobody"]
+        ),
+        label="client",
+    )
+    csrf = draw(
+        st.sampled_from(["form"] * 5 + ["header"] * 2 + ["missing", "garbage", "other browser's"]), label="csrf"
+    )
+    body_kind = draw(st.sampled_from(["form"] * 5 + ["json"] * 3 + ["json_any", "deep", "bytes", "none"]), label="body")
     fields = []
     for name, valid in _hints(world).get(rule.endpoint, {}).items():
         choice = draw(st.sampled_from(["valid"] * 3 + ["hostile", "missing"]))
         if choice != "missing":
             fields.append((name, draw(valid if choice == "valid" else _form_values(world))))
-    fields += draw(st.lists(st.tuples(st.sampled_from(FIELD_NAMES), _form_values(world)), max_size=3),
-                   label="more fields")
-    query = draw(st.lists(st.tuples(st.sampled_from(["token", "next", "page", "status"]), _form_values(world)),
-                          max_size=2), label="query")
+    fields += draw(
+        st.lists(st.tuples(st.sampled_from(FIELD_NAMES), _form_values(world)), max_size=3), label="more fields"
+    )
+    query = draw(
+        st.lists(st.tuples(st.sampled_from(["token", "next", "page", "status"]), _form_values(world)), max_size=2),
+        label="query",
+    )
     if query:
         path += "?" + urlencode([(k, v.encode("utf-8", "surrogatepass")) for k, v in query])
     accept = draw(st.sampled_from([JSON, {"Accept": "text/html"}]), label="accept")
@@ -541,17 +735,33 @@ def requests_(draw, world: World):
     elif body_kind == "deep":
         content = ("application/json", draw(deep_json).encode())
     elif body_kind == "bytes":
-        content = (draw(st.sampled_from(["application/x-www-form-urlencoded", "multipart/form-data",
-                                         "multipart/form-data; boundary=x", "application/json", "text/plain",
-                                         "application/json; charset=latin-1", "", "x/y"])),
-                   draw(st.binary(max_size=200)))
+        content = (
+            draw(
+                st.sampled_from(
+                    [
+                        "application/x-www-form-urlencoded",
+                        "multipart/form-data",
+                        "multipart/form-data; boundary=x",
+                        "application/json",
+                        "text/plain",
+                        "application/json; charset=latin-1",
+                        "",
+                        "x/y",
+                    ]
+                )
+            ),
+            draw(st.binary(max_size=200)),
+        )
     return rule, path, who, csrf, body_kind, fields, content, accept
 
 
 def _send(world: World, request):
     rule, path, who, csrf, body_kind, fields, content, accept = request
-    clients = {"ann": (world.ann.client, world.ann.token), "bob": (world.bob.client, world.bob.token),
-               "operator": (world.operator, world.operator_token)}
+    clients = {
+        "ann": (world.ann.client, world.ann.token),
+        "bob": (world.bob.client, world.bob.token),
+        "operator": (world.operator, world.operator_token),
+    }
     if who == "nobody":
         client, token = world.app.test_client(), None
     else:
@@ -562,8 +772,13 @@ def _send(world: World, request):
         if not logged_in:  # an earlier input logged it out
             world.operator_token = token = log_in_again(world)
     headers = dict(accept)
-    sent_token = {"form": token, "header": token, "missing": None, "garbage": "x" * 20,
-                  "other browser's": world.bob.token if who != "bob" else world.ann.token}[csrf]
+    sent_token = {
+        "form": token,
+        "header": token,
+        "missing": None,
+        "garbage": "x" * 20,
+        "other browser's": world.bob.token if who != "bob" else world.ann.token,
+    }[csrf]
     pairs = [(k, v.encode("utf-8", "surrogatepass")) for k, v in fields]
     as_field = csrf != "header" and body_kind == "form"
     if sent_token is not None and as_field:
@@ -583,8 +798,9 @@ def log_in_again(world: World) -> str:
     from support import OPERATOR_EMAIL, OPERATOR_PASSWORD, csrf_token
 
     token = csrf_token(world.operator, "/console/login")
-    r = world.operator.post("/console/login", data={"csrf_token": token, "email": OPERATOR_EMAIL,
-                                                    "password": OPERATOR_PASSWORD})
+    r = world.operator.post(
+        "/console/login", data={"csrf_token": token, "email": OPERATOR_EMAIL, "password": OPERATOR_PASSWORD}
+    )
     assert r.status_code == 303
     return token
 
@@ -599,7 +815,8 @@ def test_every_post_route_with_generated_forms_and_json(make_fresh_app, sandbox,
     @given(requests_(world))
     def send(request):
         rule, path, who, *_ = request
-        note(f"{rule.endpoint} POST {path} as {who}: {[x if not isinstance(x, (bytes, str)) or len(x) < 400 else f'<{len(x)} long>' for x in request[3:]]}")
+        shown = [x if not isinstance(x, (bytes, str)) or len(x) < 400 else f"<{len(x)} long>" for x in request[3:]]
+        note(f"{rule.endpoint} POST {path} as {who}: {shown}")
         before = _snapshot(world.app)
         r = _send(world, request)
         tally["inputs"] += 1

@@ -1,6 +1,7 @@
 """The gateway's HTTP transport: proxy settings read from the environment once, when its client is
 built, instead of on every provider call, and still applied; and the endpoint each request counts
 against in the rate budget (shop.payments.gateway: _http_client, endpoint_of)."""
+
 from __future__ import annotations
 
 import pytest
@@ -43,16 +44,24 @@ def test_the_environment_is_read_when_the_client_is_built_not_per_call(fresh_pay
             gateway.retrieve_session("cs_test_anything")
 
 
-@pytest.mark.parametrize("method, url, endpoint", [
-    ("POST", "https://api.stripe.com/v1/checkout/sessions", "POST /v1/checkout/sessions"),
-    ("GET", "https://api.stripe.com/v1/checkout/sessions/cs_test_a1B2c3", "GET /v1/checkout/sessions/{id}"),
-    ("GET", "http://127.0.0.1:12111/v1/checkout/sessions/cs_test_nothing", "GET /v1/checkout/sessions/{id}"),
-    ("POST", "https://api.stripe.com/v1/checkout/sessions/cs_live_Zz9/expire", "POST /v1/checkout/sessions/{id}/expire"),
-    ("GET", "https://api.stripe.com/v1/payment_intents/pi_3Mtw", "GET /v1/payment_intents/{id}"),
-    ("GET", "https://api.stripe.com/v1/events?limit=1&types[0]=x", "GET /v1/events"),
-    ("DELETE", "https://api.stripe.com/v1/webhook_endpoints/we_1Mr5", "DELETE /v1/webhook_endpoints/{id}"),
-    ("GET", "https://api.stripe.com/v1/refunds/re_abc", "GET /v1/refunds/{id}"),
-])
+@pytest.mark.parametrize(
+    "method, url, endpoint",
+    [
+        ("POST", "https://api.stripe.com/v1/checkout/sessions", "POST /v1/checkout/sessions"),
+        ("GET", "https://api.stripe.com/v1/checkout/sessions/cs_test_a1B2c3", "GET /v1/checkout/sessions/{id}"),
+        ("GET", "http://127.0.0.1:12111/v1/checkout/sessions/cs_test_nothing", "GET /v1/checkout/sessions/{id}"),
+        (
+            "POST",
+            "https://api.stripe.com/v1/checkout/sessions/cs_live_Zz9/expire",
+            "POST /v1/checkout/sessions/{id}/expire",
+        ),
+        ("GET", "https://api.stripe.com/v1/payment_intents/pi_3Mtw", "GET /v1/payment_intents/{id}"),
+        ("GET", "https://api.stripe.com/v1/events?limit=1&types[0]=x", "GET /v1/events"),
+        ("DELETE", "https://api.stripe.com/v1/webhook_endpoints/we_1Mr5", "DELETE /v1/webhook_endpoints/{id}"),
+        ("GET", "https://api.stripe.com/v1/refunds/re_abc", "GET /v1/refunds/{id}"),
+    ],
+)
 def test_a_request_counts_against_its_endpoint_as_stripe_counts_it_the_method_and_the_path_template(
-        method, url, endpoint):
+    method, url, endpoint
+):
     assert gateway.endpoint_of(method, url) == endpoint

@@ -1,6 +1,7 @@
 """Input nobody well-meaning sends, answered in words and never with a 500: NUL characters,
 non-ASCII tokens, bodies over the limit with and without a Content-Length, header injection
 through a redirect target, a forged session of the wrong shape, and the database going away."""
+
 from __future__ import annotations
 
 import http.client
@@ -37,17 +38,24 @@ def test_a_non_ascii_access_token_is_a_404_like_any_wrong_token(shop):
     stranger = shop.test_client()
     token = csrf_token(stranger, "/")
     assert stranger.get(f"/orders/{reference}?token=%C3%BC", headers=JSON).status_code == 404
-    assert stranger.post(f"/orders/{reference}/pay", data={"csrf_token": token, "token": "ü"},
-                         headers=JSON).status_code == 404
-    assert stranger.post(f"/orders/{reference}/cancel", data={"csrf_token": token, "token": "ü", "version": 1},
-                         headers=JSON).status_code == 404
+    assert (
+        stranger.post(f"/orders/{reference}/pay", data={"csrf_token": token, "token": "ü"}, headers=JSON).status_code
+        == 404
+    )
+    assert (
+        stranger.post(
+            f"/orders/{reference}/cancel", data={"csrf_token": token, "token": "ü", "version": 1}, headers=JSON
+        ).status_code
+        == 404
+    )
 
 
 def test_a_nul_character_in_a_form_or_query_is_refused_in_words(shop):
     client = shop.test_client()
     token = csrf_token(client, "/console/login")
-    r = client.post("/console/login", data={"csrf_token": token, "email": "a\x00b@example.com", "password": "x"},
-                    headers=JSON)
+    r = client.post(
+        "/console/login", data={"csrf_token": token, "email": "a\x00b@example.com", "password": "x"}, headers=JSON
+    )
     assert r.status_code == 400 and "NUL" in r.get_json()["error"]
     assert client.get("/?q=%00", headers=JSON).status_code == 400
     log_in(shop, client)
@@ -58,8 +66,7 @@ def test_a_nul_character_in_a_form_or_query_is_refused_in_words(shop):
 def test_a_form_over_the_limit_is_a_413_page_on_the_console_too(shop):
     client = shop.test_client()
     body = b"email=x&password=" + b"p" * 1_100_000
-    r = client.post("/console/login", data=body, headers={**HTML,
-                                                           "Content-Type": "application/x-www-form-urlencoded"})
+    r = client.post("/console/login", data=body, headers={**HTML, "Content-Type": "application/x-www-form-urlencoded"})
     assert r.status_code == 413 and "too large" in r.get_data(as_text=True)
 
 
@@ -76,8 +83,14 @@ def test_head_on_the_login_page_answers_like_get(shop):
 
 
 def test_a_signed_event_whose_type_or_id_is_not_text_is_not_a_stripe_event(shop):
-    session = {"id": "cs_test_x", "object": "checkout.session", "status": "complete", "payment_status": "paid",
-               "amount_total": 100, "currency": "usd"}
+    session = {
+        "id": "cs_test_x",
+        "object": "checkout.session",
+        "status": "complete",
+        "payment_status": "paid",
+        "amount_total": 100,
+        "currency": "usd",
+    }
     for odd in ({"type": ["checkout.session.completed"]}, {"type": {"a": 1}}, {"id": {"a": 1}}):
         event = {**stripe_event("checkout.session.completed", session), **odd}
         r = post_webhook(shop.test_client(), json.dumps(event).encode())
@@ -86,8 +99,15 @@ def test_a_signed_event_whose_type_or_id_is_not_text_is_not_a_stripe_event(shop)
 
 def test_an_amount_no_order_could_have_is_read_as_missing_not_a_database_error(shop):
     _, _, reference = _placed(shop)
-    session = {"id": "cs_test_huge", "object": "checkout.session", "status": "complete", "payment_status": "paid",
-               "amount_total": 10**40, "currency": "usd", "client_reference_id": reference}
+    session = {
+        "id": "cs_test_huge",
+        "object": "checkout.session",
+        "status": "complete",
+        "payment_status": "paid",
+        "amount_total": 10**40,
+        "currency": "usd",
+        "client_reference_id": reference,
+    }
     r = post_webhook(shop.test_client(), stripe_event("checkout.session.completed", session, "evt_huge"))
     assert r.status_code == 200 and r.get_json()["outcome"] == "proof_refused"
 
@@ -123,7 +143,7 @@ def _post_chunked(base_url: str, path: str, body: bytes, headers: dict) -> tuple
         conn.endheaders()
         try:
             for start in range(0, len(body), 65536):
-                piece = body[start:start + 65536]
+                piece = body[start : start + 65536]
                 conn.send(b"%x\r\n" % len(piece) + piece + b"\r\n")
             conn.send(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
@@ -167,8 +187,9 @@ def test_a_json_body_is_held_to_the_same_rules_as_a_form(shop):
     depth, is a 400 in words like in a form, not a database error or a RecursionError."""
     client = shop.test_client()
     token = csrf_token(client, "/console/login")
-    r = client.post("/console/login", headers={**JSON, "X-CSRFToken": token},
-                    json={"email": "a\x00b@example.com", "password": "x"})
+    r = client.post(
+        "/console/login", headers={**JSON, "X-CSRFToken": token}, json={"email": "a\x00b@example.com", "password": "x"}
+    )
     assert r.status_code == 400 and "NUL" in r.get_json()["error"]
     deep = "[" * 100_000 + "]" * 100_000
     for path in ("/console/login", "/cart/items", "/checkout"):
@@ -177,13 +198,21 @@ def test_a_json_body_is_held_to_the_same_rules_as_a_form(shop):
 
 
 def test_a_signed_event_with_a_lone_surrogate_in_its_text_still_leaves_a_receipt(shop):
-    """"\\ud800" is valid JSON but no driver can store it: the delivery must still be on record."""
+    """ "\\ud800" is valid JSON but no driver can store it: the delivery must still be on record."""
     from shop.models import WebhookReceipt
 
-    session = {"id": "cs_test_s", "object": "checkout.session", "status": "complete", "payment_status": "paid",
-               "amount_total": 100, "currency": "usd"}
-    odd = [stripe_event("\ud800.created", session, "evt_ignored"),
-           stripe_event("checkout.session.completed", session, "evt_\ud800")]
+    session = {
+        "id": "cs_test_s",
+        "object": "checkout.session",
+        "status": "complete",
+        "payment_status": "paid",
+        "amount_total": 100,
+        "currency": "usd",
+    }
+    odd = [
+        stripe_event("\ud800.created", session, "evt_ignored"),
+        stripe_event("checkout.session.completed", session, "evt_\ud800"),
+    ]
     for event in odd:
         r = post_webhook(shop.test_client(), json.dumps(event).encode())
         assert r.status_code == 200, r.get_data(as_text=True)
@@ -216,6 +245,10 @@ def test_a_lone_surrogate_in_a_json_form_is_refused_in_words_before_the_database
     client = shop.test_client()
     token = csrf_token(client, "/console/login")
     for body in ({"email": "\ud800@example.com", "password": "x"}, {"email": "a@example.com", "password": "\udfff"}):
-        r = client.post("/console/login", data=json.dumps(body), content_type="application/json",
-                        headers={**JSON, "X-CSRFToken": token})
+        r = client.post(
+            "/console/login",
+            data=json.dumps(body),
+            content_type="application/json",
+            headers={**JSON, "X-CSRFToken": token},
+        )
         assert r.status_code == 400 and "not valid Unicode" in r.get_json()["error"], r.get_data(as_text=True)[:300]

@@ -6,6 +6,7 @@ the sandbox stands alone; only the gateway imports stripe and only shop.queue kn
 domain's and the sandbox's tests run with neither Redis nor a database, as a newcomer's first
 layer, and the tests keep their own shape: fixtures in conftest, helpers in support.py, rows
 built in factories.py."""
+
 from __future__ import annotations
 
 import os
@@ -20,23 +21,40 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_import_contracts_in_pyproject_hold():
-    result = subprocess.run([str(Path(sys.executable).parent / "lint-imports")], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
-    for contract in ("Layers point one way", "No use case imports presentation code",
-                     "No package cycles between the shop's packages"):
+    for contract in (
+        "Layers point one way",
+        "No use case imports presentation code",
+        "No package cycles between the shop's packages",
+    ):
         assert contract in result.stdout, f"the contract {contract!r} did not run"
 
 
 @pytest.mark.parametrize("layer", ["tests/domain", "tests/sandbox"])
 def test_the_domain_and_sandbox_tests_need_neither_redis_nor_a_database(layer):
     # Nothing listens on port 9: a test (or conftest) that reached for Redis or the database fails.
-    nowhere = {"TEST_REDIS_LOCKS_URL": "redis://127.0.0.1:9/15",
-               "DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:9/nothing"}
+    nowhere = {
+        "TEST_REDIS_LOCKS_URL": "redis://127.0.0.1:9/15",
+        "DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:9/nothing",
+    }
     env = {k: v for k, v in os.environ.items() if k != "TEST_REDIS_URL"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", layer],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300, env={**env, **nowhere})
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", layer],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, **nowhere},
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "error" not in result.stdout.splitlines()[-1]
 

@@ -3,6 +3,7 @@ answers 503 naming what has not beaten for HEALTH_STALE_SECONDS, or an outbox it
 long; the dashboard lists each process with its age and each queue with its depth; /metrics
 carries heartbeat ages, queue depth and lag. The rule is tested pure, in-process against real
 Redis, and with real `flask shop worker` / `flask shop scheduler` processes stopped by SIGSTOP."""
+
 from __future__ import annotations
 
 import os
@@ -30,6 +31,7 @@ def _beat(name: str, seconds_ago: float, role: str = "worker") -> dict:
 
 
 # -- the rule, pure ---------------------------------------------------------------------------
+
 
 def test_a_role_is_healthy_while_one_of_its_processes_beat_within_the_stale_limit():
     ok, words, stalled = judge_role("worker", [_beat("w1", 2), _beat("w2", 90)], NOW, 60)
@@ -64,6 +66,7 @@ def test_the_outbox_is_unhealthy_when_its_oldest_due_item_waited_over_five_stale
 
 
 # -- in-process, real Redis ----------------------------------------------------------------------
+
 
 def test_healthz_is_503_naming_the_worker_and_the_scheduler_when_none_has_beaten(fresh_app):
     r = fresh_app.test_client().get("/healthz")
@@ -109,8 +112,16 @@ def test_a_due_command_waiting_too_long_turns_healthz_503(make_fresh_app):
     app = make_fresh_app(HEALTH_STALE_SECONDS=10)
     leave_heartbeats(app)
     with app.app_context():
-        db.session.add(ScheduledCommand(kind="send_email", payload={}, status="pending", attempts=0, max_attempts=5,
-                                        next_attempt_at=utcnow() - timedelta(seconds=51)))
+        db.session.add(
+            ScheduledCommand(
+                kind="send_email",
+                payload={},
+                status="pending",
+                attempts=0,
+                max_attempts=5,
+                next_attempt_at=utcnow() - timedelta(seconds=51),
+            )
+        )
         db.session.commit()
     r = app.test_client().get("/healthz")
     assert r.status_code == 503 and r.get_json()["outbox"].startswith("lagging: the oldest due command has waited")
@@ -141,8 +152,11 @@ def test_dashboard_and_metrics_show_processes_queues_and_lag(fresh_app):
     assert "Processes" in html and "Next sweep" in html
 
     scrape = client.get("/metrics").get_data(as_text=True)
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(scrape) for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(scrape)
+        for s in f.samples
+    }
     assert samples[("shop_processes_beating", (("role", "worker"),))] == 1
     assert samples[("shop_processes_beating", (("role", "scheduler"),))] == 1
     assert samples[("shop_queue_depth", (("queue", control),))] == 1
@@ -169,8 +183,10 @@ def _stopped_then_resumed(make_fresh_app, role: str):
     stopped = None
     try:
         env = _env(app, HEALTH_STALE_SECONDS=str(STALE))
-        children = {"worker": procs.start("worker", ["shop", "worker"], env),
-                    "scheduler": procs.start("scheduler", ["shop", "scheduler"], env)}
+        children = {
+            "worker": procs.start("worker", ["shop", "worker"], env),
+            "scheduler": procs.start("scheduler", ["shop", "scheduler"], env),
+        }
         _wait(lambda: client.get("/healthz").status_code == 200, 60, "a healthy /healthz", procs.logs)
         if role == "worker":
             # Busy for twice the limit: a non-forking worker does not beat while it runs a job
@@ -187,15 +203,21 @@ def _stopped_then_resumed(make_fresh_app, role: str):
         if role == "worker":
             assert f"sleep({2 * STALE})" in doing
         target = children[role]
-        [name] = [p["name"] for p in client.get("/console/", headers=JSON).get_json()["processes"]
-                  if p["role"] == role and p["pid"] == target.pid]
+        [name] = [
+            p["name"]
+            for p in client.get("/console/", headers=JSON).get_json()["processes"]
+            if p["role"] == role and p["pid"] == target.pid
+        ]
 
         def stalled_and_named():
             health = client.get("/healthz")
             listed = {p["name"]: p for p in client.get("/console/", headers=JSON).get_json()["processes"]}
             key = "workers" if role == "worker" else "scheduler"
-            return (health.status_code == 503 and name in health.get_json()[key]
-                    and listed.get(name, {}).get("stalled") is True)
+            return (
+                health.status_code == 503
+                and name in health.get_json()[key]
+                and listed.get(name, {}).get("stalled") is True
+            )
 
         os.kill(target.pid, signal.SIGSTOP)
         stopped = target

@@ -1,5 +1,6 @@
 """The committed migrations build exactly the schema the models describe, on the database this
 run targets (PostgreSQL or SQLite), starting from nothing."""
+
 from __future__ import annotations
 
 import tempfile
@@ -64,12 +65,24 @@ def test_the_stock_check_constraint_exists_in_the_migrated_database(fresh_databa
     with app.app_context():
         upgrade()
         with db.engine.begin() as conn:
-            conn.execute(text("INSERT INTO products (slug, name, description, created_at) "
-                              "VALUES ('p', 'P', '', CURRENT_TIMESTAMP)"))
-            conn.execute(text("INSERT INTO variants (product_id, sku, name, price, currency) "
-                              "SELECT id, 'S', 'V', 100, 'usd' FROM products"))
-            conn.execute(text("INSERT INTO inventory (variant_id, on_hand, updated_at) "
-                              "SELECT id, 1, CURRENT_TIMESTAMP FROM variants"))
+            conn.execute(
+                text(
+                    "INSERT INTO products (slug, name, description, created_at) "
+                    "VALUES ('p', 'P', '', CURRENT_TIMESTAMP)"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO variants (product_id, sku, name, price, currency) "
+                    "SELECT id, 'S', 'V', 100, 'usd' FROM products"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO inventory (variant_id, on_hand, updated_at) "
+                    "SELECT id, 1, CURRENT_TIMESTAMP FROM variants"
+                )
+            )
         with pytest.raises(IntegrityError):
             with db.engine.begin() as conn:
                 conn.execute(text("UPDATE inventory SET on_hand = on_hand - 2"))

@@ -1,6 +1,7 @@
 """GET /healthz and GET /metrics (docs/REFERENCE.md, Operations): the names and labels a
 Prometheus server scrapes, a Content-Type it can parse, values read from the database, and a
 clear 503 rather than a 500 when a dependency is down."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -15,9 +16,12 @@ from shop.models import Order, RestoreWarning, Variant, WebhookReceipt
 from support import leave_heartbeats
 
 CONTRACT_METRICS = {
-    "shop_orders_stuck": {"status"}, "shop_orders_oldest_stuck_age_seconds": {"status"},
-    "shop_outbox_deliveries": {"status"}, "shop_outbox_oldest_pending_age_seconds": set(),
-    "shop_restore_warnings_open": set(), "shop_reconciliation_last_success_timestamp_seconds": set(),
+    "shop_orders_stuck": {"status"},
+    "shop_orders_oldest_stuck_age_seconds": {"status"},
+    "shop_outbox_deliveries": {"status"},
+    "shop_outbox_oldest_pending_age_seconds": set(),
+    "shop_restore_warnings_open": set(),
+    "shop_reconciliation_last_success_timestamp_seconds": set(),
     "shop_webhook_deliveries": {"outcome"},
 }
 UNREACHABLE_DB = "postgresql+psycopg://postgres@127.0.0.1:9/nothing"
@@ -29,8 +33,11 @@ def scrape(app) -> dict:
     # One charset, once: a second parameter of the same name makes strict scrapers refuse the page.
     assert r.headers["Content-Type"].lower().count("charset") == 1, r.headers["Content-Type"]
     assert r.headers["Content-Type"].startswith("text/plain")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(r.get_data(as_text=True)) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.get_data(as_text=True))
+        for s in family.samples
+    }
 
 
 def test_metrics_carry_every_contract_name_and_label_and_count_from_the_database(fresh_app):
@@ -38,11 +45,13 @@ def test_metrics_carry_every_contract_name_and_label_and_count_from_the_database
         seed_catalog_rows()
         placed = place_order_for({db.session.query(Variant.id).first()[0]: 1}, email="a@example.com", browser="b-1")
         # Unchanged for two hours: stuck (the stuck age is the 30-minute expiry window).
-        db.session.execute(update(Order).where(Order.id == placed.order_id)
-                           .values(updated_at=utcnow() - timedelta(hours=2)))
+        db.session.execute(
+            update(Order).where(Order.id == placed.order_id).values(updated_at=utcnow() - timedelta(hours=2))
+        )
         db.session.add(RestoreWarning(order_id=placed.order_id, variant_id=1, quantity=1, reason="test"))
-        db.session.add(WebhookReceipt(event_id=None, event_type=None, outcome="rejected", reason="bad signature",
-                                      http_status=400))
+        db.session.add(
+            WebhookReceipt(event_id=None, event_type=None, outcome="rejected", reason="bad signature", http_status=400)
+        )
         db.session.commit()
         db.session.remove()
     samples = scrape(fresh_app)
@@ -55,7 +64,12 @@ def test_metrics_carry_every_contract_name_and_label_and_count_from_the_database
     assert samples[("shop_restore_warnings_open", ())] == 1
     assert samples[("shop_webhook_deliveries", (("outcome", "rejected"),))] == 1
     assert {dict(key[1])["status"] for key in samples if key[0] == "shop_outbox_deliveries"} == {
-        "pending", "processing", "done", "dead", "discarded"}
+        "pending",
+        "processing",
+        "done",
+        "dead",
+        "discarded",
+    }
     assert samples[("shop_outbox_deliveries", (("status", "dead"),))] == 0
 
 

@@ -2,6 +2,7 @@
 version-guarded UPDATE and refused the same way when the order moved meanwhile (`LostRace`,
 nothing written, not even its events); bookkeeping notes never bump the version nor move the
 order's age; and no module but the store writes the `orders` table."""
+
 from __future__ import annotations
 
 import ast
@@ -39,16 +40,24 @@ def _force(order_id: int, **values) -> None:
 
 def _row(order_id: int):
     db.session.expire_all()
-    row = db.session.execute(select(Order.status, Order.version, Order.updated_at, Order.inventory_restored,
-                                    Order.payment_processing_at, Order.provider_next_check_at)
-                             .where(Order.id == order_id)).one()
+    row = db.session.execute(
+        select(
+            Order.status,
+            Order.version,
+            Order.updated_at,
+            Order.inventory_restored,
+            Order.payment_processing_at,
+            Order.provider_next_check_at,
+        ).where(Order.id == order_id)
+    ).one()
     db.session.rollback()
     return row
 
 
 def _events(order_id: int) -> int:
-    count = db.session.execute(select(func.count()).select_from(OutboxEvent)
-                               .where(OutboxEvent.order_id == order_id)).scalar_one()
+    count = db.session.execute(
+        select(func.count()).select_from(OutboxEvent).where(OutboxEvent.order_id == order_id)
+    ).scalar_one()
     db.session.rollback()
     return count
 
@@ -110,7 +119,9 @@ def test_a_transition_saved_from_a_state_it_does_not_leave_is_refused_the_same_w
     transition may leave from, while the row is (by a writer that skipped the version) in one it may not."""
     before, move = TRANSITIONS[transition]
     snapshot = _snapshot_in(order_id, before)
-    allowed = ALLOWED.get(transition, {S.CANCELLED}) | ({S.PAYMENT_INITIATED} if transition == "adopt_and_pay" else set())
+    allowed = ALLOWED.get(transition, {S.CANCELLED}) | (
+        {S.PAYMENT_INITIATED} if transition == "adopt_and_pay" else set()
+    )
     other = next(s for s in (S.PAID, S.CANCELLED, S.PENDING_PAYMENT) if s not in allowed)
     _force(order_id, status=other.value)
     result = move(snapshot)
@@ -148,7 +159,9 @@ def test_every_prebuilt_statement_of_the_store_is_in_its_registry():
     from sqlalchemy.sql.base import Executable
 
     registered = {id(s) for s in orders.STATEMENTS.values()}
-    loose = [name for name, value in vars(orders).items() if isinstance(value, Executable) and id(value) not in registered]
+    loose = [
+        name for name, value in vars(orders).items() if isinstance(value, Executable) and id(value) not in registered
+    ]
     assert loose == []
 
 
@@ -166,22 +179,34 @@ def _writes_outside_the_store(path: Path) -> list[str]:
     found = []
     for node in ast.walk(tree):
         # update(Order ...) / insert(Order ...) / delete(Order ...), or on Order.__table__
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                and node.func.id in ("update", "insert", "delete") and node.args:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("update", "insert", "delete")
+            and node.args
+        ):
             target = ast.unparse(node.args[0])
             if target in ("Order", "Order.__table__", "OrderLine", "OrderLine.__table__", "_orders", "_lines"):
                 found.append(f"{where}:{node.lineno}: {node.func.id}({target})")
         # any use of the orders table object itself: the store hands out statements, not the table
-        if isinstance(node, ast.Attribute) and node.attr == "__table__" and ast.unparse(node.value) in ("Order",
-                                                                                                      "OrderLine"):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "__table__"
+            and ast.unparse(node.value) in ("Order", "OrderLine")
+        ):
             found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
         # order.status = ..., order.payment_processing_at = ... on an order (a name ending in `order`)
         if isinstance(node, (ast.Assign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
-                for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
-                    if isinstance(t, ast.Attribute) and t.attr in ORDER_COLUMNS and isinstance(t.value, ast.Name) \
-                            and t.value.id.endswith("order") and t.attr != "id":
+                for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if (
+                        isinstance(t, ast.Attribute)
+                        and t.attr in ORDER_COLUMNS
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id.endswith("order")
+                        and t.attr != "id"
+                    ):
                         found.append(f"{where}:{node.lineno}: {ast.unparse(t)} = ...")
     return found
 
@@ -201,8 +226,10 @@ def test_no_module_but_the_order_store_writes_the_orders_table():
 def test_the_walk_finds_the_writes_it_looks_for(tmp_path):
     """The check above would pass on an empty walk: pin that each shape is caught."""
     sample = tmp_path / "sample.py"
-    sample.write_text("db.session.execute(update(Order).values(status='Paid'))\n"
-                      "t = Order.__table__\n"
-                      "order.payment_processing_at = None\n"
-                      "order.status, order.version = 'Paid', 2\n")
+    sample.write_text(
+        "db.session.execute(update(Order).values(status='Paid'))\n"
+        "t = Order.__table__\n"
+        "order.payment_processing_at = None\n"
+        "order.status, order.version = 'Paid', 2\n"
+    )
     assert len(_writes_outside_the_store(sample)) == 5

@@ -2,6 +2,7 @@
 with exponential backoff, dead-lettered after the configured attempts, retried by an operator
 with a fresh budget, and re-announced from the database when Redis forgets. Plus the follow-up
 handlers (payment failed, paid) that turn their work into durable scheduled commands."""
+
 from __future__ import annotations
 
 import email
@@ -57,8 +58,9 @@ def followups(monkeypatch):
 
 def _delivery(order_id: int, handler: str) -> OutboxDelivery:
     db.session.expire_all()
-    row = db.session.execute(select(OutboxDelivery).where(
-        OutboxDelivery.order_id == order_id, OutboxDelivery.handler == handler)).scalar_one()
+    row = db.session.execute(
+        select(OutboxDelivery).where(OutboxDelivery.order_id == order_id, OutboxDelivery.handler == handler)
+    ).scalar_one()
     return row
 
 
@@ -67,15 +69,21 @@ def test_each_handler_of_an_event_gets_its_own_delivery(make_fresh_app, followup
     with app.app_context():
         a5 = seed_catalog_rows()["NB-A5-DOT"]
         order_id = place_order_for({a5: 1}).order_id
-        rows = db.session.execute(select(OutboxDelivery.handler, OutboxDelivery.status, OutboxEvent.name)
-                                  .join(OutboxEvent).where(OutboxDelivery.order_id == order_id)).all()
-        assert sorted(rows) == [("counting_followup", "pending", "OrderPlaced"),
-                                ("flaky_followup", "pending", "OrderPlaced")]
+        rows = db.session.execute(
+            select(OutboxDelivery.handler, OutboxDelivery.status, OutboxEvent.name)
+            .join(OutboxEvent)
+            .where(OutboxDelivery.order_id == order_id)
+        ).all()
+        assert sorted(rows) == [
+            ("counting_followup", "pending", "OrderPlaced"),
+            ("flaky_followup", "pending", "OrderPlaced"),
+        ]
         db.session.remove()
 
 
 def test_an_always_failing_handler_is_dead_lettered_with_backoff_and_its_sibling_runs_once(
-        make_fresh_app, followups, caplog):
+    make_fresh_app, followups, caplog
+):
     base = 4.0
     app = make_fresh_app(OUTBOX_MAX_ATTEMPTS=5, OUTBOX_RETRY_BASE_SECONDS=base, OUTBOX_RETRY_CAP_SECONDS=300.0)
     # A delivery's backoff is honoured exactly (only scheduled commands may be claimed a little
@@ -104,8 +112,9 @@ def test_an_always_failing_handler_is_dead_lettered_with_backoff_and_its_sibling
                     assert (outcome, row.status) == ("dead", "dead")
 
         # Exponential with jitter: attempt n waits in [base * 2^(n-1) / 2, base * 2^(n-1)).
-        assert all(base * 2 ** (n - 1) / 2 <= d < base * 2 ** (n - 1) + 0.01
-                   for n, d in enumerate(delays, start=1)), delays
+        assert all(base * 2 ** (n - 1) / 2 <= d < base * 2 ** (n - 1) + 0.01 for n, d in enumerate(delays, start=1)), (
+            delays
+        )
         assert delays == sorted(delays) and len(set(delays)) == 4
         assert "RuntimeError: mail relay refused order" in row.last_error
         assert "Traceback" in row.last_traceback and row.claimed_until is None
@@ -124,7 +133,8 @@ def test_an_always_failing_handler_is_dead_lettered_with_backoff_and_its_sibling
 
 
 def test_the_outbox_runs_the_handlers_the_app_registered_and_never_dead_letters_for_a_missing_registry(
-        make_fresh_app, followups):
+    make_fresh_app, followups
+):
     """The outbox imports no use case: create_app hands it the handlers by name. A process whose
     app registered none (a bug there, not in the row) leaves the row to be retried, not dead."""
     app = make_fresh_app(OUTBOX_MAX_ATTEMPTS=5)
@@ -224,8 +234,9 @@ def test_a_worker_that_lost_its_lease_commits_none_of_its_writes(make_fresh_app,
     taken_over = []
 
     def slow_handler(event, now):
-        db.session.execute(update(InventoryItem).where(InventoryItem.variant_id == a5)
-                           .values(on_hand=InventoryItem.on_hand + 100))
+        db.session.execute(
+            update(InventoryItem).where(InventoryItem.variant_id == a5).values(on_hand=InventoryItem.on_hand + 100)
+        )
 
         def rescuer():
             with app.app_context():
@@ -317,9 +328,14 @@ def test_a_commit_that_fails_announces_nothing_and_keeps_nothing(fresh_app, monk
 
         assert announced == []
         assert order(order_id).status == "PendingPayment"
-        assert db.session.execute(select(OutboxDelivery).where(OutboxDelivery.order_id == order_id,
-                                                               OutboxDelivery.handler == "restore_inventory")
-                                  ).first() is None
+        assert (
+            db.session.execute(
+                select(OutboxDelivery).where(
+                    OutboxDelivery.order_id == order_id, OutboxDelivery.handler == "restore_inventory"
+                )
+            ).first()
+            is None
+        )
         db.session.remove()
 
 
@@ -354,6 +370,7 @@ def test_an_announce_that_fails_loses_nothing_the_relay_announces_it(fresh_app, 
 
 # --- the follow-ups and the mailer ------------------------------------------------------------
 
+
 @pytest.fixture
 def mail_app(make_fresh_app, monkeypatch, tmp_path):
     """An app whose instance folder (where mail is written without SMTP) is this test's own."""
@@ -366,8 +383,13 @@ def mail_app(make_fresh_app, monkeypatch, tmp_path):
 
 def _commands(order_id: int, kind: str) -> list[ScheduledCommand]:
     db.session.expire_all()
-    return list(db.session.execute(select(ScheduledCommand).where(
-        ScheduledCommand.order_id == order_id, ScheduledCommand.kind == kind).order_by(ScheduledCommand.id)).scalars())
+    return list(
+        db.session.execute(
+            select(ScheduledCommand)
+            .where(ScheduledCommand.order_id == order_id, ScheduledCommand.kind == kind)
+            .order_by(ScheduledCommand.id)
+        ).scalars()
+    )
 
 
 def _read_mail(app, command_id: int):
@@ -444,6 +466,7 @@ def test_a_paid_order_schedules_its_confirmation_email(mail_app):
 
 
 # --- the pure backoff arithmetic ------------------------------------------------------------
+
 
 @pytest.mark.parametrize("attempts", [1, 2, 3, 5, 8, 12, 40])
 @pytest.mark.parametrize("rng", [0.0, 0.5, 0.999999])

@@ -2,6 +2,7 @@
 the happy path end to end, declines, async payments, expiry and retry, a lost webhook made
 good by the customer's return, checkout while the provider is down, cancelling around the
 hosted page, and the gateway's idempotency and error handling."""
+
 from __future__ import annotations
 
 import logging
@@ -10,15 +11,13 @@ import time
 import pytest
 import stripe
 
-from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, \
-    wait_for_status
+from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, wait_for_status
 from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WebhookReceipt
 from shop.outbox.dispatch import run_delivery
 from shop.payments import gateway
 from shop.payments.apply import reconcile_order
-
 
 
 @pytest.fixture
@@ -52,6 +51,7 @@ def _provider_session(app, session_id) -> gateway.SessionView:
 
 # -- end to end: the sandbox delivers to the shop over HTTP ------------------------------------
 
+
 def test_paying_on_the_hosted_page_makes_the_order_paid_through_the_registered_webhook(make_fresh_app, sandbox):
     with live_shop(make_fresh_app, sandbox) as app:
         shopper = Shopper(app, seed_catalog_rows(app))
@@ -64,8 +64,11 @@ def test_paying_on_the_hosted_page_makes_the_order_paid_through_the_registered_w
         assert [d["status"] for d in event["deliveries"]] == ["succeeded"]
         assert [(r.event_id, r.outcome) for r in _rows(app, WebhookReceipt)] == [(event["id"], "accepted")]
         assert _event_names(app, order["reference"]).count("OrderPaid") == 1
-        assert [d.handler for d in _rows(app, OutboxDelivery, order_id=order_id(app, order["reference"]))
-                if d.handler == "send_order_confirmation"]
+        assert [
+            d.handler
+            for d in _rows(app, OutboxDelivery, order_id=order_id(app, order["reference"]))
+            if d.handler == "send_order_confirmation"
+        ]
 
 
 def test_a_dropped_webhook_is_made_good_by_the_customers_return(make_fresh_app, sandbox):
@@ -88,6 +91,7 @@ def test_a_dropped_webhook_is_made_good_by_the_customers_return(make_fresh_app, 
 
 
 # -- outcomes at the provider, delivered as signed posts ---------------------------------------
+
 
 def test_a_declined_card_leaves_the_order_payable_on_the_same_session(fresh_paying_app, shopper, sandbox):
     order = shopper.place()
@@ -145,8 +149,9 @@ def test_an_async_payment_that_fails_notifies_the_customer_and_rearms_the_deadli
     assert shopper.order(ref)["status"] == "PaymentFailed"
 
     oid = order_id(fresh_paying_app, ref)
-    [followup] = [d for d in _rows(fresh_paying_app, OutboxDelivery, order_id=oid)
-                  if d.handler == "payment_failed_followups"]
+    [followup] = [
+        d for d in _rows(fresh_paying_app, OutboxDelivery, order_id=oid) if d.handler == "payment_failed_followups"
+    ]
     with fresh_paying_app.app_context():
         assert run_delivery(followup.id) == "done"
     commands = _rows(fresh_paying_app, ScheduledCommand, order_id=oid)
@@ -161,9 +166,13 @@ def test_an_async_payment_that_fails_notifies_the_customer_and_rearms_the_deadli
 
 
 def test_an_expired_session_fails_the_payment_and_the_customer_can_pay_again(make_fresh_app, sandbox):
-    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_WEBHOOK_SECRET="whsec_test_secret",
-                         UNPAID_ORDER_EXPIRY_SECONDS=60, RECONCILIATION_STUCK_AGE_SECONDS=60,
-                         STRIPE_SESSION_MIN_SECONDS=60)
+    app = make_fresh_app(
+        STRIPE_API_BASE=sandbox.base_url,
+        STRIPE_WEBHOOK_SECRET="whsec_test_secret",
+        UNPAID_ORDER_EXPIRY_SECONDS=60,
+        RECONCILIATION_STUCK_AGE_SECONDS=60,
+        STRIPE_SESSION_MIN_SECONDS=60,
+    )
     shopper = Shopper(app, seed_catalog_rows(app))
     order = shopper.place()
     ref, first = order["reference"], order["payment"]["session_id"]
@@ -186,8 +195,10 @@ def test_an_expired_session_fails_the_payment_and_the_customer_can_pay_again(mak
     oid = order_id(app, ref)
     with sandbox.sandbox.lock:
         keys = sorted(k for (_api_key, k) in sandbox.sandbox.idempotency if k.startswith(f"backstop-order-{oid}-"))
-    assert [k.split("-until-")[0] for k in keys] == [f"backstop-order-{oid}-session-attempt-1",
-                                                     f"backstop-order-{oid}-session-attempt-2"]
+    assert [k.split("-until-")[0] for k in keys] == [
+        f"backstop-order-{oid}-session-attempt-1",
+        f"backstop-order-{oid}-session-attempt-2",
+    ]
 
     sandbox.set_outcome(second, "paid")
     post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", second))
@@ -195,6 +206,7 @@ def test_an_expired_session_fails_the_payment_and_the_customer_can_pay_again(mak
 
 
 # -- checkout while the provider is down --------------------------------------------------------
+
 
 def test_checkout_with_the_provider_down_lands_on_a_payable_order_page(fresh_paying_app, shopper, sandbox):
     sandbox.faults(api_unavailable=True)
@@ -205,8 +217,9 @@ def test_checkout_with_the_provider_down_lands_on_a_payable_order_page(fresh_pay
 
     order = shopper.order(ref)
     assert order["status"] == "PendingPayment" and order["payment"] is None and order["pay_by"]
-    assert [c.kind for c in _rows(fresh_paying_app, ScheduledCommand, order_id=order_id(fresh_paying_app, ref))] == \
-        ["expire_unpaid_order"]
+    assert [c.kind for c in _rows(fresh_paying_app, ScheduledCommand, order_id=order_id(fresh_paying_app, ref))] == [
+        "expire_unpaid_order"
+    ]
     assert _on_hand(fresh_paying_app, shopper.skus["MUG-350-SND"]) == 10  # the items are held
     page = shopper.client.get(f"/orders/{ref}").get_data(as_text=True)
     assert "Pay now" in page and "could not reach the payment provider" in page
@@ -220,6 +233,7 @@ def test_checkout_with_the_provider_down_lands_on_a_payable_order_page(fresh_pay
 
 
 # -- cancelling around the hosted page ----------------------------------------------------------
+
 
 def test_cancel_is_refused_while_the_session_is_paid_at_the_provider(fresh_paying_app, shopper, sandbox):
     order = shopper.place("NB-A6-DOT", 2)
@@ -270,15 +284,24 @@ def test_cancel_with_the_provider_down_proceeds_with_a_warning(fresh_paying_app,
 
 # -- the gateway against Stripe's wire behaviour ------------------------------------------------
 
+
 def _session_args(app, ref, attempt=1) -> dict:
     from datetime import datetime, timedelta, timezone
 
     from shop.models import Order
 
     order = db.session.query(Order).filter_by(reference=ref).one()
-    return dict(order_id=order.id, reference=ref, attempt=attempt, lines=list(order.lines), currency=order.currency,
-                email=order.email, success_url="http://shop.test/ok", cancel_url="http://shop.test/no",
-                expires_at=datetime.now(timezone.utc) + timedelta(hours=1))
+    return dict(
+        order_id=order.id,
+        reference=ref,
+        attempt=attempt,
+        lines=list(order.lines),
+        currency=order.currency,
+        email=order.email,
+        success_url="http://shop.test/ok",
+        cancel_url="http://shop.test/no",
+        expires_at=datetime.now(timezone.utc) + timedelta(hours=1),
+    )
 
 
 def test_a_repeated_session_request_for_the_same_attempt_is_replayed_not_duplicated(fresh_paying_app, shopper, sandbox):
@@ -321,7 +344,8 @@ def test_provider_errors_arrive_as_stripes_own_exceptions_and_are_classified(fre
 
 
 def test_a_second_device_returning_with_the_orders_own_session_gets_its_page_even_with_the_provider_down(
-        fresh_paying_app, shopper, sandbox):
+    fresh_paying_app, shopper, sandbox
+):
     """The customer paid on their phone: the success URL carries the session the order recorded,
     which proves as much as the provider's answer would. A different session id proves nothing."""
     order = shopper.place()
@@ -344,9 +368,13 @@ def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(make_fr
 
     from shop.outbox import uow
 
-    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
-                         STRIPE_WEBHOOK_SECRET="whsec_test_secret", UNPAID_ORDER_EXPIRY_SECONDS=60,
-                         RECONCILIATION_STUCK_AGE_SECONDS=60)
+    app = make_fresh_app(
+        STRIPE_API_BASE=sandbox.base_url,
+        STRIPE_SESSION_MIN_SECONDS=60,
+        STRIPE_WEBHOOK_SECRET="whsec_test_secret",
+        UNPAID_ORDER_EXPIRY_SECONDS=60,
+        RECONCILIATION_STUCK_AGE_SECONDS=60,
+    )
     shopper = Shopper(app, seed_catalog_rows(app))
     real_commit, real_create, lost = uow.commit, gateway.create_checkout_session, []
 

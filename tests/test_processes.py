@@ -2,6 +2,7 @@
 `flask shop worker` as the deployment runs them (Procfile), against the test database and Redis.
 An unpaid order placed with a 3-second window must be cancelled, its stock back, within 3 s of
 its deadline, with nothing but those processes doing the work."""
+
 from __future__ import annotations
 
 import os
@@ -62,8 +63,14 @@ class Processes:
 
     def start(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
         out = open(os.path.join(self.folder, f"{name}.log"), "wb")
-        proc = subprocess.Popen(_flask() + ["--app", "app"] + args, cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            _flask() + ["--app", "app"] + args,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         out.close()
         self.children.append((name, proc))
         return proc
@@ -114,12 +121,14 @@ def _checkout(quantity: int) -> tuple[int, int]:
 
 def _cancelled_and_restored(order_id: int):
     """A check for _wait: the order is Cancelled and its stock is back (read fresh each time)."""
+
     def check() -> bool:
         db.session.expire_all()
         order = db.session.get(Order, order_id)
         done = order.status == "Cancelled" and order.inventory_restored
         db.session.rollback()
         return done
+
     return check
 
 
@@ -130,8 +139,12 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
     expired webhook, and the deadline itself asks the provider."""
     port = _free_port()
     sandbox_url = f"http://127.0.0.1:{port}"
-    app = make_fresh_app(UNPAID_ORDER_EXPIRY_SECONDS=WINDOW, RECONCILIATION_STUCK_AGE_SECONDS=WINDOW,
-                         STRIPE_API_BASE=sandbox_url, STRIPE_SESSION_MIN_SECONDS=1)
+    app = make_fresh_app(
+        UNPAID_ORDER_EXPIRY_SECONDS=WINDOW,
+        RECONCILIATION_STUCK_AGE_SECONDS=WINDOW,
+        STRIPE_API_BASE=sandbox_url,
+        STRIPE_SESSION_MIN_SECONDS=1,
+    )
     procs = Processes()
     try:
         env = _env(app, STRIPE_API_BASE=sandbox_url)
@@ -140,6 +153,7 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
         procs.start("worker", ["shop", "worker"], env)
 
         with app.app_context():
+
             def sandbox_up():
                 with socket.socket() as s:
                     return s.connect_ex(("127.0.0.1", port)) == 0
@@ -154,8 +168,11 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
                 # the cancellation below can only come from the order's own deadline.
                 for job, at in queue.scheduler().get_jobs(with_times=True):
                     if job.id == f"{prefix}-periodic-reconcile":
-                        return (at.replace(tzinfo=timezone.utc).timestamp() - time.time() > 600 and queue.control_queue().count == 0
-                                and all(w.get_state() == "idle" for w in Worker.all(queue=queue.work_queue())))
+                        return (
+                            at.replace(tzinfo=timezone.utc).timestamp() - time.time() > 600
+                            and queue.control_queue().count == 0
+                            and all(w.get_state() == "idle" for w in Worker.all(queue=queue.work_queue()))
+                        )
                 return False
 
             _wait(start_up_sweep_done, 20, "the scheduler's start", procs.logs)
@@ -171,26 +188,45 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
                 # the provider a moment to expire the session by its own clock.
                 due = as_utc(db.session.get(Order, order_id).payment_session_expires_at) + PROVIDER_EXPIRY_GRACE
                 db.session.rollback()
-            assert db.session.execute(select(InventoryItem.on_hand)
-                                      .where(InventoryItem.variant_id == variant_id)).scalar_one() == 37
+            assert (
+                db.session.execute(
+                    select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)
+                ).scalar_one()
+                == 37
+            )
             db.session.rollback()
 
             # Bounded: the deadline plus 3 s, polled every 100 ms.
             bound = (due + timedelta(seconds=3) - utcnow()).total_seconds()
-            _wait(_cancelled_and_restored(order_id), bound, "the deadline to cancel the order and restore its stock", procs.logs)
+            _wait(
+                _cancelled_and_restored(order_id),
+                bound,
+                "the deadline to cancel the order and restore its stock",
+                procs.logs,
+            )
 
             order = db.session.get(Order, order_id)
             lateness = (as_utc(order.updated_at) - due).total_seconds()
             assert lateness <= 3.0, procs.logs()
-            assert db.session.execute(select(InventoryItem.on_hand)
-                                      .where(InventoryItem.variant_id == variant_id)).scalar_one() == 40
-            deadline = db.session.execute(select(ScheduledCommand).where(
-                ScheduledCommand.kind == "expire_unpaid_order", ScheduledCommand.order_id == order_id)).scalar_one()
+            assert (
+                db.session.execute(
+                    select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)
+                ).scalar_one()
+                == 40
+            )
+            deadline = db.session.execute(
+                select(ScheduledCommand).where(
+                    ScheduledCommand.kind == "expire_unpaid_order", ScheduledCommand.order_id == order_id
+                )
+            ).scalar_one()
             assert deadline.status == "done"
             if at_payment_page:
                 assert deadline.attempts == 1  # rescheduled to the session's end, not retried
-            reason = db.session.execute(select(OutboxEvent.payload).where(
-                OutboxEvent.order_id == order_id, OutboxEvent.name == "OrderCancelled")).scalar_one()["reason"]
+            reason = db.session.execute(
+                select(OutboxEvent.payload).where(
+                    OutboxEvent.order_id == order_id, OutboxEvent.name == "OrderCancelled"
+                )
+            ).scalar_one()["reason"]
             assert reason == "payment window expired"  # the order's own deadline did it, not the sweep
             db.session.remove()
             for name, proc in procs.children:
@@ -223,10 +259,18 @@ def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_e
             placed = db.session.get(Order, order_id)
             due = as_utc(placed.created_at) + timedelta(seconds=WINDOW)
             db.session.rollback()
-            _wait(lambda: any(j.id == queue.command_job_id(c) for j in queue.scheduler().get_jobs()
-                              for c in db.session.scalars(select(ScheduledCommand.id)
-                                                          .where(ScheduledCommand.order_id == order_id))),
-                  5, "the order's deadline in rq-scheduler", procs.logs)
+            _wait(
+                lambda: any(
+                    j.id == queue.command_job_id(c)
+                    for j in queue.scheduler().get_jobs()
+                    for c in db.session.scalars(
+                        select(ScheduledCommand.id).where(ScheduledCommand.order_id == order_id)
+                    )
+                ),
+                5,
+                "the order's deadline in rq-scheduler",
+                procs.logs,
+            )
             db.session.rollback()
 
             redis_conn.flushdb()  # everything Redis held is gone: deadline, relay, sweep, workers' keys
@@ -235,8 +279,12 @@ def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_e
 
             bound = (due + timedelta(seconds=5) - utcnow()).total_seconds()
             _wait(_cancelled_and_restored(order_id), max(bound, 1), "the lost deadline to cancel the order", procs.logs)
-            assert db.session.execute(select(InventoryItem.on_hand)
-                                      .where(InventoryItem.variant_id == variant_id)).scalar_one() == 40
+            assert (
+                db.session.execute(
+                    select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)
+                ).scalar_one()
+                == 40
+            )
             db.session.remove()
             assert "rebuilding them from the database" in procs.logs()
             for name, proc in procs.children:
@@ -254,9 +302,23 @@ def test_the_scheduler_waits_out_a_redis_restart_and_then_rebuilds_what_redis_lo
     port = _free_port()
 
     def start_redis() -> subprocess.Popen:
-        return subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no", "--dir", str(tmp_path)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(tmp_path),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     redis_server = start_redis()
     app = make_fresh_app(REDIS_URL=f"redis://127.0.0.1:{port}/0")
@@ -292,8 +354,14 @@ def test_the_scheduler_waits_out_a_redis_restart_and_then_rebuilds_what_redis_lo
 def test_a_worker_refuses_to_start_when_the_stuck_age_differs_from_the_window(make_fresh_app):
     app = make_fresh_app()
     env = _env(app, RECONCILIATION_STUCK_AGE_SECONDS="600", UNPAID_ORDER_EXPIRY_SECONDS="1800")
-    done = subprocess.run(_flask() + ["--app", "app", "shop", "worker", "--burst"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        _flask() + ["--app", "app", "shop", "worker", "--burst"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0
     [line] = [text for text in done.stderr.splitlines() if text.strip()]  # one clear line, no traceback
     assert "RECONCILIATION_STUCK_AGE_SECONDS" in line

@@ -3,6 +3,7 @@ shared through Redis, the time budget of a customer's request, the priority of c
 the rate budget, and a 429 storm. Real database, Redis and sandbox (its request log says which
 calls reached the provider). The process-and-thread behaviour (bulkhead, budget across
 processes) is in test_provider_processes.py."""
+
 from __future__ import annotations
 
 import threading
@@ -27,9 +28,14 @@ STALE = "PendingPayment"
 @pytest.fixture
 def shop(make_fresh_app, sandbox):
     def build(**config):
-        app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
-                             STRIPE_WEBHOOK_SECRET="whsec_test_secret", **config)
+        app = make_fresh_app(
+            STRIPE_API_BASE=sandbox.base_url,
+            STRIPE_SESSION_MIN_SECONDS=60,
+            STRIPE_WEBHOOK_SECRET="whsec_test_secret",
+            **config,
+        )
         return app, seed_catalog_rows(app)
+
     return build
 
 
@@ -43,8 +49,7 @@ def _pay_later_page(shopper: Shopper, response) -> dict:
     return shopper.latest()
 
 
-def test_with_30s_of_provider_latency_checkout_answers_within_the_request_budget_with_the_order_placed(shop,
-                                                                                                      sandbox):
+def test_with_30s_of_provider_latency_checkout_answers_within_the_request_budget_with_the_order_placed(shop, sandbox):
     # Background calls keep the production defaults (10 s x 3 attempts): only the request's own
     # budget can bring the answer under ~10 s.
     app, skus = shop(STRIPE_TIMEOUT_SECONDS=10, STRIPE_MAX_NETWORK_RETRIES=2)
@@ -67,7 +72,8 @@ def _breaker(app) -> dict:
 
 
 def test_after_the_threshold_the_breaker_opens_for_every_process_and_a_probe_closes_it_soon_after_the_return(
-        shop, sandbox):
+    shop, sandbox
+):
     app, skus = shop(STRIPE_BREAKER_THRESHOLD=3)
     other_process, _ = shop(STRIPE_BREAKER_THRESHOLD=3)
     sandbox.faults(api_unavailable=True)
@@ -114,8 +120,9 @@ def test_probes_that_keep_failing_back_off_to_the_cool_down(make_fresh_app):
     """About ten seconds at one probe a second (a blip ends within a second of the provider's
     return), then doubling gaps up to the cool-down while the outage lasts. The local view runs
     the same rule as the shared scripts, on a clock the test moves."""
-    limits = guard.limits_from({**make_fresh_app().config, "STRIPE_BREAKER_COOLDOWN_SECONDS": 30,
-                                "STRIPE_BREAKER_THRESHOLD": 1})
+    limits = guard.limits_from(
+        {**make_fresh_app().config, "STRIPE_BREAKER_COOLDOWN_SECONDS": 30, "STRIPE_BREAKER_THRESHOLD": 1}
+    )
     local, gaps, last = guard._LocalState(), [], None
     local.record(1000.0, False, limits)
     for hundredth in range(30000):
@@ -127,7 +134,7 @@ def test_probes_that_keep_failing_back_off_to_the_cool_down(make_fresh_app):
             local.probe_result(now + 0.05, False, limits)
     step = guard.PROBE_SPACING_SECONDS
     assert gaps[:10] == [step] * 10
-    assert gaps[10:15] == [round(step * 2 ** n, 1) for n in range(1, 5)] + [30.0]
+    assert gaps[10:15] == [round(step * 2**n, 1) for n in range(1, 5)] + [30.0]
     assert set(gaps[15:]) == {30.0}
 
 
@@ -149,8 +156,11 @@ def test_the_provider_card_is_not_green_while_the_latest_calls_failed_below_the_
     app, skus = shop(STRIPE_BREAKER_THRESHOLD=50)
     console = app.test_client()
     log_in(app, console)
-    card = lambda: next(c for c in console.get("/console/", headers=JSON).get_json()["cards"]  # noqa: E731
-                        if c["key"] == "provider")
+    card = lambda: next(
+        c
+        for c in console.get("/console/", headers=JSON).get_json()["cards"]  # noqa: E731
+        if c["key"] == "provider"
+    )
     assert card()["ok"] is True and card()["words"] == guard.STATE_WORDS[guard.CLOSED]
     sandbox.faults(api_unavailable=True)
     Shopper(app, skus).checkout()
@@ -165,8 +175,9 @@ def test_the_provider_card_is_not_green_while_the_latest_calls_failed_below_the_
 
 
 def test_a_process_that_cannot_reach_redis_keeps_its_own_breaker(make_fresh_app, sandbox):
-    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_BREAKER_THRESHOLD=2,
-                         STRIPE_BREAKER_COOLDOWN_SECONDS=60)
+    app = make_fresh_app(
+        STRIPE_API_BASE=sandbox.base_url, STRIPE_BREAKER_THRESHOLD=2, STRIPE_BREAKER_COOLDOWN_SECONDS=60
+    )
     sandbox.faults(api_unavailable=True)
     with app.app_context():
         provider_guard = guard.get()
@@ -183,8 +194,12 @@ def test_a_process_that_cannot_reach_redis_keeps_its_own_breaker(make_fresh_app,
 
 def test_background_calls_leave_the_last_of_the_rate_budget_to_customers(make_fresh_app, sandbox):
     # 20/s: a burst of 2 tokens, of which background callers may not take the last one.
-    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=20,
-                         STRIPE_BACKGROUND_WAIT_SECONDS=0.0, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
+    app = make_fresh_app(
+        STRIPE_API_BASE=sandbox.base_url,
+        STRIPE_RATE_LIMIT_PER_SECOND=20,
+        STRIPE_BACKGROUND_WAIT_SECONDS=0.0,
+        STRIPE_CUSTOMER_WAIT_SECONDS=0.0,
+    )
     with app.app_context():
         provider_guard = guard.get()
         with guard.customer_call():
@@ -199,8 +214,12 @@ def test_each_of_the_sdks_own_retries_takes_a_token_of_the_rate_budget(make_fres
     # 2/s: a burst of 1 token, refilled at 1.4/s. The SDK's retry comes about 0.4 s after the
     # first attempt, when no whole token is back: it must not go out (with the SDK's retries
     # outside the budget, the provider would have seen 3 requests).
-    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=2, STRIPE_MAX_NETWORK_RETRIES=2,
-                   STRIPE_BACKGROUND_WAIT_SECONDS=0.0)
+    app = make_fresh_app(
+        STRIPE_API_BASE=sandbox.base_url,
+        STRIPE_RATE_LIMIT_PER_SECOND=2,
+        STRIPE_MAX_NETWORK_RETRIES=2,
+        STRIPE_BACKGROUND_WAIT_SECONDS=0.0,
+    )
     sandbox.faults(api_unavailable=True)
     with app.app_context():
         with pytest.raises(gateway.ProviderUnavailable, match="rate budget"):
@@ -208,8 +227,9 @@ def test_each_of_the_sdks_own_retries_takes_a_token_of_the_rate_budget(make_fres
     assert sandbox.request_count() == 1
 
 
-def test_a_process_whose_clock_runs_ahead_cannot_probe_before_the_shared_breakers_next_probe(make_fresh_app,
-                                                                                          monkeypatch):
+def test_a_process_whose_clock_runs_ahead_cannot_probe_before_the_shared_breakers_next_probe(
+    make_fresh_app, monkeypatch
+):
     # The breaker keeps Redis's clock: a host whose clock is a minute ahead (or a thread whose
     # reading came late) would otherwise see every gap between probes as over and probe at once.
     app = make_fresh_app(STRIPE_BREAKER_THRESHOLD=2, STRIPE_BREAKER_COOLDOWN_SECONDS=30)
@@ -263,7 +283,8 @@ def test_callers_whose_clocks_read_late_share_one_budget_and_get_no_extra_refill
 
 
 def test_a_429_storm_puts_checkouts_in_line_the_queue_and_the_sweep_wait_out_retry_after_until_every_order_is_paid(
-        shop, sandbox):
+    shop, sandbox
+):
     app, skus = shop(STRIPE_BREAKER_COOLDOWN_SECONDS=1.0)
     sandbox.faults(api_rate_limit_per_second=1)
     shoppers = [Shopper(app, skus) for _ in range(5)]
@@ -275,8 +296,9 @@ def test_a_429_storm_puts_checkouts_in_line_the_queue_and_the_sweep_wait_out_ret
         waiting = shopper.latest()
         assert waiting["status"] == STALE and waiting["payment"]["status"] == "queued", waiting
     calls = sandbox.requests()
-    assert [c["status"] for c in calls].count(429) == 1, \
+    assert [c["status"] for c in calls].count(429) == 1, (
         f"after one 429 nobody called the provider again before its Retry-After: {calls}"
+    )
 
     # Nobody presses "Pay now": the payment queue gives each its session as the provider allows.
     with app.app_context():
@@ -316,8 +338,16 @@ def test_a_process_that_cannot_reach_redis_spends_only_its_share_of_the_rate_bud
 def test_past_the_bulkhead_only_an_eighth_of_the_threads_wait_for_a_slot_and_the_rest_are_refused_at_once():
     # 16 threads, 1 slot: 2 may wait. In a brownout no slot frees for seconds, and every
     # waiting checkout is a thread the catalog cannot have.
-    limits = guard.Limits(max_concurrent=1, rate_per_second=80, breaker_threshold=5, breaker_cooldown_seconds=30,
-                          customer_wait_seconds=0.5, background_wait_seconds=0.5, probe_seconds=15, threads=16)
+    limits = guard.Limits(
+        max_concurrent=1,
+        rate_per_second=80,
+        breaker_threshold=5,
+        breaker_cooldown_seconds=30,
+        customer_wait_seconds=0.5,
+        background_wait_seconds=0.5,
+        probe_seconds=15,
+        threads=16,
+    )
     assert limits.max_waiting == 2
     provider_guard = guard.ProviderGuard(limits, None, "test")
     took: list[float] = []

@@ -2,6 +2,7 @@
 web command (gunicorn, threaded workers) with the provider hanging, and three processes sharing
 one rate budget. Real processes against the test database, Redis and a real sandbox, whose
 request log says what reached the provider and when."""
+
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,9 @@ def start_web(procs: Processes, env: dict) -> None:
         line = next(l.split(":", 1)[1].strip() for l in f if l.startswith("web:"))
     env = {**env, "PATH": os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")}
     out = open(os.path.join(procs.folder, "web.log"), "wb")
-    proc = subprocess.Popen(["sh", "-c", f"exec {line}"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        ["sh", "-c", f"exec {line}"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
     out.close()
     procs.children.append(("web", proc))
 
@@ -51,27 +53,47 @@ class Browser:
     def __init__(self, base: str, variant_id: int):
         self.base, self.http = base, requests.Session()
         self.token = CSRF.search(self.http.get(base + "/", headers={"Accept": "text/html"}, timeout=10).text)[1]
-        r = self.http.post(base + "/cart/items", data={"csrf_token": self.token, "variant_id": variant_id,
-                                                       "quantity": 1}, allow_redirects=False, timeout=10)
+        r = self.http.post(
+            base + "/cart/items",
+            data={"csrf_token": self.token, "variant_id": variant_id, "quantity": 1},
+            allow_redirects=False,
+            timeout=10,
+        )
         assert r.status_code == 303, r.text
 
     def checkout(self) -> requests.Response:
-        return self.http.post(self.base + "/checkout", data={"csrf_token": self.token, "email": "ann@example.com"},
-                              headers=JSON, allow_redirects=False, timeout=30)
+        return self.http.post(
+            self.base + "/checkout",
+            data={"csrf_token": self.token, "email": "ann@example.com"},
+            headers=JSON,
+            allow_redirects=False,
+            timeout=30,
+        )
 
 
 def _signed_webhook(base: str) -> requests.Response:
-    body = json.dumps({"id": "evt_unknown_1", "object": "event", "type": "checkout.session.completed",
-                       "created": int(time.time()), "data": {"object": {"id": "cs_test_unknown", "object":
-                                                                        "checkout.session"}}}).encode()
+    body = json.dumps(
+        {
+            "id": "evt_unknown_1",
+            "object": "event",
+            "type": "checkout.session.completed",
+            "created": int(time.time()),
+            "data": {"object": {"id": "cs_test_unknown", "object": "checkout.session"}},
+        }
+    ).encode()
     stamp = int(time.time())
     digest = hmac.new(WEBHOOK_SECRET.encode(), f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return requests.post(base + "/webhooks/stripe", data=body, timeout=10,
-                         headers={"Stripe-Signature": f"t={stamp},v1={digest}", "Content-Type": "application/json"})
+    return requests.post(
+        base + "/webhooks/stripe",
+        data=body,
+        timeout=10,
+        headers={"Stripe-Signature": f"t={stamp},v1={digest}", "Content-Type": "application/json"},
+    )
 
 
 def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the_webhook_answer_within_1s(
-        make_fresh_app, sandbox):
+    make_fresh_app, sandbox
+):
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
     variant_id = seed_catalog_rows(app)["NB-A5-DOT"]
     port = _free_port()
@@ -80,9 +102,18 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
     try:
         # One process of 4 threads: the bulkhead lets 2 of them wait on the provider (5/8) and 1
         # more wait for a slot; one is always free.
-        start_web(procs, _env(app, PORT=str(port), WEB_CONCURRENCY="1", WEB_THREADS="4",
-                              STRIPE_API_BASE=sandbox.base_url, UNPAID_ORDER_EXPIRY_SECONDS="1800",
-                              RECONCILIATION_STUCK_AGE_SECONDS="1800"))
+        start_web(
+            procs,
+            _env(
+                app,
+                PORT=str(port),
+                WEB_CONCURRENCY="1",
+                WEB_THREADS="4",
+                STRIPE_API_BASE=sandbox.base_url,
+                UNPAID_ORDER_EXPIRY_SECONDS="1800",
+                RECONCILIATION_STUCK_AGE_SECONDS="1800",
+            ),
+        )
         _wait(lambda: _answers(base + "/"), 30, "the web process", procs.logs)
         owner = Browser(base, variant_id)
         placed = owner.checkout()
@@ -93,16 +124,21 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
         answers: dict[int, requests.Response] = {}
         with sandbox.api_hanging():
             since = time.time()
-            threads = [threading.Thread(target=lambda i=i, s=s: answers.__setitem__(i, s.checkout()))
-                       for i, s in enumerate(shoppers)]
+            threads = [
+                threading.Thread(target=lambda i=i, s=s: answers.__setitem__(i, s.checkout()))
+                for i, s in enumerate(shoppers)
+            ]
             for t in threads:
                 t.start()
-            _wait(lambda: len(sandbox.requests(since=since)) >= 2, 10, "checkouts to reach the hung provider",
-                  procs.logs)
+            _wait(
+                lambda: len(sandbox.requests(since=since)) >= 2, 10, "checkouts to reach the hung provider", procs.logs
+            )
             time.sleep(0.5)
-            for what, ask in (("catalog", lambda: requests.get(base + "/", headers=JSON, timeout=10)),
-                              ("order page", lambda: owner.http.get(order_page, headers=JSON, timeout=10)),
-                              ("webhook", lambda: _signed_webhook(base))):
+            for what, ask in (
+                ("catalog", lambda: requests.get(base + "/", headers=JSON, timeout=10)),
+                ("order page", lambda: owner.http.get(order_page, headers=JSON, timeout=10)),
+                ("webhook", lambda: _signed_webhook(base)),
+            ):
                 started = time.monotonic()
                 answer = ask()
                 took = time.monotonic() - started
@@ -114,9 +150,12 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
             # pages above would wait for one (the pool is sized for the threads, not for more).
             with app.app_context():
                 if db.engine.dialect.name == "postgresql":
-                    holding = db.session.execute(text(
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()")).scalar_one()
+                    holding = db.session.execute(
+                        text(
+                            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()"
+                        )
+                    ).scalar_one()
                     assert holding == 0, f"{holding} connection(s) held in a transaction while the provider hung"
                 db.session.remove()
         for t in threads:
@@ -124,7 +163,7 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
         assert held == 2, f"{held} provider calls in flight; the bulkhead allows 2"
         assert sorted(answers) == list(range(8)) and all(a.status_code == 303 for a in answers.values())
         with app.app_context():
-            statuses = [s for s, in db.session.execute(select(Order.status)).all()]
+            statuses = [s for (s,) in db.session.execute(select(Order.status)).all()]
             db.session.remove()
         assert len(statuses) == 9  # every checkout placed its order, paid or to pay later
     finally:
@@ -163,7 +202,8 @@ def busy():  # the rest of a web process: pages rendering, holding the GIL betwe
     while time.time() < start_at + seconds:
         sum(i * i for i in range(2000))
 
-threads = [threading.Thread(target=work, args=(kind,)) for kind in ["customer"] * customers + ["background"] * background]
+kinds = ["customer"] * customers + ["background"] * background
+threads = [threading.Thread(target=work, args=(kind,)) for kind in kinds]
 threads += [threading.Thread(target=busy) for _ in range(int(sys.argv[4]))]
 for t in threads:
     t.start()
@@ -173,11 +213,16 @@ for t in threads:
 
 
 def test_three_processes_asking_for_200_calls_a_second_stay_within_the_shared_budget_and_customers_come_first(
-        make_fresh_app, sandbox):
+    make_fresh_app, sandbox
+):
     budget = 20
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
-    env = _env(app, STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND=str(budget),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = _env(
+        app,
+        STRIPE_API_BASE=sandbox.base_url,
+        STRIPE_RATE_LIMIT_PER_SECOND=str(budget),
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     seconds = 3.0
     # 3 processes x 16 threads, each asking again 10 ms after every answer (far over 200 calls a
     # second wanted), beside 2 threads keeping each process busy as pages do, so that threads
@@ -198,9 +243,18 @@ def test_three_processes_asking_for_200_calls_a_second_stay_within_the_shared_bu
 def _callers(script: str, env: dict, args: list[str], count: int = 3) -> tuple[list, float]:
     """`count` processes running `script` with `args`, each started when all are ready; returns
     them and the common start time (epoch seconds)."""
-    children = [subprocess.Popen([sys.executable, "-c", script, *args], cwd=ROOT, env=env, text=True,
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                for _ in range(count)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *args],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(count)
+    ]
     try:
         for child in children:
             assert child.stdout.readline().strip() == "ready", child.stderr.read()
@@ -227,10 +281,15 @@ def _finish(children, timeout: float = 120) -> None:
 
 
 def test_with_three_processes_one_probe_a_second_finds_the_provider_back_and_closes_the_breaker_within_2s(
-        make_fresh_app, sandbox):
+    make_fresh_app, sandbox
+):
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
-    env = _env(app, STRIPE_API_BASE=sandbox.base_url, BACKSTOP_STRIPE_BREAKER_THRESHOLD="3",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = _env(
+        app,
+        STRIPE_API_BASE=sandbox.base_url,
+        BACKSTOP_STRIPE_BREAKER_THRESHOLD="3",
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     outage, after = 5.0, 3.0
     sandbox.faults(api_unavailable=True)
     # Three processes whose customers keep asking (every 50 ms each): each sees the breaker open
@@ -261,12 +320,17 @@ def test_with_three_processes_one_probe_a_second_finds_the_provider_back_and_clo
 
 
 def test_three_processes_never_send_one_endpoint_more_than_its_budget_and_each_endpoint_has_its_own(
-        make_fresh_app, sandbox):
+    make_fresh_app, sandbox
+):
     budget = 10
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
-    env = _env(app, STRIPE_API_BASE=sandbox.base_url, STRIPE_RATE_LIMIT_PER_SECOND="1000",
-               STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=str(budget),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = _env(
+        app,
+        STRIPE_API_BASE=sandbox.base_url,
+        STRIPE_RATE_LIMIT_PER_SECOND="1000",
+        STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=str(budget),
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     seconds = 3.0
     # 3 processes x (8 threads reading sessions + 4 listing events), each asking again 10 ms
     # after every answer, beside 2 busy threads each: far over 10 calls a second per endpoint.
@@ -281,7 +345,9 @@ def test_three_processes_never_send_one_endpoint_more_than_its_budget_and_each_e
         times.sort()
         assert len(times) >= budget * seconds * 0.6, f"{endpoint}: only {len(times)} calls; the budget went unused"
         assert peak_in_window(times, 1.0) <= budget, f"{endpoint}: {peak_in_window(times, 1.0)} calls in one second"
-    assert peak_in_window(sorted(c["at"] for c in calls), 1.0) > budget, "the endpoints did not have budgets of their own"
+    assert peak_in_window(sorted(c["at"] for c in calls), 1.0) > budget, (
+        "the endpoints did not have budgets of their own"
+    )
 
 
 ENDPOINT_CALLER = r"""

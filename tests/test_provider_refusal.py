@@ -1,5 +1,6 @@
 """A provider that refuses to start a payment (a 4xx on session creation): the customer is told
 in words, and the provider's reason is kept for an operator on the order's console timeline."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """docs/REFERENCE.md names every setting and every route: the checks find them by walking the
 code (the Settings dataclass, what load_settings reads, the URL maps of the shop and of the
 sandbox), so adding one without documenting it fails here with its name."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -95,8 +96,7 @@ def reference() -> str:
 
 @pytest.fixture
 def shop_app(tmp_path):
-    return create_app({"SECRET_KEY": "reference-test",
-                       "DATABASE_URL": f"sqlite:///{tmp_path}/reference.sqlite3"})
+    return create_app({"SECRET_KEY": "reference-test", "DATABASE_URL": f"sqlite:///{tmp_path}/reference.sqlite3"})
 
 
 def test_every_setting_is_in_the_reference_settings_section(reference, tmp_path):
@@ -122,18 +122,27 @@ def test_every_sandbox_route_is_in_the_reference_sandbox_section(reference):
 
 def test_a_route_added_without_documentation_is_named_with_its_converter(reference, shop_app):
     """The walk is not a list kept by hand: a new rule, whatever its converters, is found."""
-    shop_app.add_url_rule("/orders/<reference>/gift/<int:line>", "gift", lambda reference, line: "",
-                          methods=["GET", "POST"])
+    shop_app.add_url_rule(
+        "/orders/<reference>/gift/<int:line>", "gift", lambda reference, line: "", methods=["GET", "POST"]
+    )
     shop_app.add_url_rule("/console/outbox/<work:work>/inspect", "inspect", lambda work: "")
     missing = undocumented_routes(shop_app, section(reference, "Routes"))
-    assert missing == ["GET /console/outbox/<work:work>/inspect", "GET /orders/<reference>/gift/<int:line>",
-                       "POST /orders/<reference>/gift/<int:line>"]
+    assert missing == [
+        "GET /console/outbox/<work:work>/inspect",
+        "GET /orders/<reference>/gift/<int:line>",
+        "POST /orders/<reference>/gift/<int:line>",
+    ]
 
 
 def test_a_documented_route_matches_whatever_its_placeholders_are_called():
     text = "`GET /orders/<ref>` and `GET/POST /console/login` and `DELETE /v1/things/{id}` `GET /a?b=1`"
-    assert documented_routes(text) == {("GET", "/orders/<>"), ("GET", "/console/login"),
-                                       ("POST", "/console/login"), ("DELETE", "/v1/things/<>"), ("GET", "/a")}
+    assert documented_routes(text) == {
+        ("GET", "/orders/<>"),
+        ("GET", "/console/login"),
+        ("POST", "/console/login"),
+        ("DELETE", "/v1/things/<>"),
+        ("GET", "/a"),
+    }
     assert normalise_path("/cart/items/<id:variant_id>/delete") == "/cart/items/<>/delete"
 
 

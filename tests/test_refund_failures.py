@@ -5,6 +5,7 @@ refunded while the sandbox keeps refunds pending, then the bank refuses it: by t
 way the customer's page and email say what happened, the dashboard counts it, and an operator
 either refunds again (once in all, whatever is resubmitted or redelivered) or records that it was
 settled outside the shop, audited."""
+
 from __future__ import annotations
 
 import email
@@ -15,8 +16,17 @@ import pytest
 from sqlalchemy import select
 
 from factories import seed_catalog_rows
-from payment_helpers import (JSON, Shopper, live_shop, order_id, post_webhook, run_due_commands, sandbox_event,
-                             stripe_event, wait_until)
+from payment_helpers import (
+    JSON,
+    Shopper,
+    live_shop,
+    order_id,
+    post_webhook,
+    run_due_commands,
+    sandbox_event,
+    stripe_event,
+    wait_until,
+)
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, OperatorAction, Refund, ScheduledCommand
@@ -55,8 +65,9 @@ def _charge_at_sandbox(sandbox, payment_intent: str):
     with sandbox.sandbox.lock:
         state = sandbox.sandbox
         charge = state.charges[state.payment_intents[payment_intent].latest_charge]
-        refunds = sorted((r.seq, r.status, r.amount) for r in state.refunds.values()
-                         if r.payment_intent_id == payment_intent)
+        refunds = sorted(
+            (r.seq, r.status, r.amount) for r in state.refunds.values() if r.payment_intent_id == payment_intent
+        )
         return charge.amount, charge.amount_refunded, [(status, amount) for _, status, amount in refunds]
 
 
@@ -94,8 +105,9 @@ def _assert_the_pending_refund_is_not_shown_as_succeeded(shopper, ref, refund, m
     assert _mails(mail_folder, "refund_issued") == []
 
 
-def _assert_the_failure_reached_the_operator_and_the_customer(app, shopper, operator, ref, refund, mail_folder,
-                                                              now=None):
+def _assert_the_failure_reached_the_operator_and_the_customer(
+    app, shopper, operator, ref, refund, mail_folder, now=None
+):
     failed = _refund(app, refund.order_id)
     assert (failed.status, failed.failure_reason) == ("failed", "expired_or_canceled_card")
     assert failed.provider_refund_id == refund.provider_refund_id and failed.failed_at is not None
@@ -107,8 +119,9 @@ def _assert_the_failure_reached_the_operator_and_the_customer(app, shopper, oper
     assert card["url"] == "/console/refunds?status=failed"
     assert 'id="card-refunds_failed"' in operator.get("/console/").get_data(as_text=True)
     listed = operator.get("/console/refunds?status=failed", headers=JSON).get_json()["refunds"]
-    assert [(r["id"], r["order_reference"], r["needs_operator"], r["failure_reason"]) for r in listed] == \
-        [(refund.id, ref, True, "expired_or_canceled_card")]
+    assert [(r["id"], r["order_reference"], r["needs_operator"], r["failure_reason"]) for r in listed] == [
+        (refund.id, ref, True, "expired_or_canceled_card")
+    ]
     timeline = operator.get(f"/console/orders/{ref}", headers=JSON).get_json()["timeline"]
     [entry] = [t for t in timeline if t["what"] == "refund failed at the provider"]
     assert refund.provider_refund_id in entry["detail"] and "expired_or_canceled_card" in entry["detail"]
@@ -131,7 +144,8 @@ def _assert_the_failure_reached_the_operator_and_the_customer(app, shopper, oper
 
 
 def test_a_pending_refund_that_fails_by_webhook_is_shown_emailed_and_retried_through_the_console_once(
-        make_fresh_app, sandbox, mail_folder):
+    make_fresh_app, sandbox, mail_folder
+):
     with live_shop(make_fresh_app, sandbox) as app:
         shopper = Shopper(app, seed_catalog_rows(app))
         operator = app.test_client()
@@ -154,11 +168,21 @@ def test_a_pending_refund_that_fails_by_webhook_is_shown_emailed_and_retried_thr
         assert "as attempt 2" in operator.get(back).get_data(as_text=True)
         again = operator.post(f"/console/refunds/{refund.id}/retry", data=form, headers=JSON)
         assert again.status_code == 200, again.get_json()
-        assert (again.get_json()["status"], again.get_json()["attempts"], again.get_json()["already"]) == \
-            ("pending", 2, True)
+        assert (again.get_json()["status"], again.get_json()["attempts"], again.get_json()["already"]) == (
+            "pending",
+            2,
+            True,
+        )
         with app.app_context():
-            commands = db.session.execute(select(ScheduledCommand).where(
-                ScheduledCommand.order_id == oid, ScheduledCommand.kind == "refund_payment")).scalars().all()
+            commands = (
+                db.session.execute(
+                    select(ScheduledCommand).where(
+                        ScheduledCommand.order_id == oid, ScheduledCommand.kind == "refund_payment"
+                    )
+                )
+                .scalars()
+                .all()
+            )
             assert len(commands) == 2  # the first attempt's and the retry's: one retry for two submissions
             db.session.remove()
         run_due_commands(app, utcnow())
@@ -168,11 +192,15 @@ def test_a_pending_refund_that_fails_by_webhook_is_shown_emailed_and_retried_thr
 
         # The first attempt's failure redelivered now changes nothing; a retry of a refund that
         # went through is refused; running the refund command again makes no third refund.
-        stale = post_webhook(shopper.client, sandbox_event(sandbox, "refund.failed", refund.provider_refund_id),
-                             secret=_stored_secret(app))
+        stale = post_webhook(
+            shopper.client,
+            sandbox_event(sandbox, "refund.failed", refund.provider_refund_id),
+            secret=_stored_secret(app),
+        )
         assert stale.get_json()["outcome"] == "unknown_refund"
-        late = operator.post(f"/console/refunds/{refund.id}/retry", data={"csrf_token": token, "attempt": 2},
-                             headers=JSON)
+        late = operator.post(
+            f"/console/refunds/{refund.id}/retry", data={"csrf_token": token, "attempt": 2}, headers=JSON
+        )
         assert late.status_code == 409 and late.get_json()["current_status"] == "succeeded"
         run_due_commands(app, utcnow() + timedelta(minutes=5))
         assert _refund(app, oid).status == "succeeded"
@@ -187,10 +215,18 @@ def test_a_pending_refund_that_fails_by_webhook_is_shown_emailed_and_retried_thr
         assert len(_mails(mail_folder, "refund_issued")) == 1
         with app.app_context():
             assert db.session.get(Order, oid).payment_processing_at is None  # refunded: the watch ends
-            actions = db.session.execute(select(OperatorAction).where(OperatorAction.order_id == oid)
-                                         .order_by(OperatorAction.id)).scalars().all()
-            assert [(a.action, a.status) for a in actions] == \
-                [("retry_refund", 303), ("retry_refund", 200), ("retry_refund", 409)]
+            actions = (
+                db.session.execute(
+                    select(OperatorAction).where(OperatorAction.order_id == oid).order_by(OperatorAction.id)
+                )
+                .scalars()
+                .all()
+            )
+            assert [(a.action, a.status) for a in actions] == [
+                ("retry_refund", 303),
+                ("retry_refund", 200),
+                ("retry_refund", 409),
+            ]
             assert actions[0].operator == OPERATOR_EMAIL and "attempt 2" in actions[0].outcome
             db.session.remove()
 
@@ -206,7 +242,8 @@ def _stored_secret(app) -> str:
 
 
 def test_a_pending_refund_whose_failure_webhooks_are_lost_is_found_failed_by_the_sweeps_watch(
-        make_fresh_app, sandbox, mail_folder):
+    make_fresh_app, sandbox, mail_folder
+):
     from shop.scheduling.sweep import run_cycle
 
     with live_shop(make_fresh_app, sandbox) as app:
@@ -238,15 +275,15 @@ def test_a_pending_refund_whose_failure_webhooks_are_lost_is_found_failed_by_the
             found = run_cycle(now=later)
             assert found.provider["refund_failed"] == 1, found.summary()
             db.session.remove()
-        _assert_the_failure_reached_the_operator_and_the_customer(app, shopper, operator, ref, refund, mail_folder,
-                                                                  now=later + timedelta(minutes=1))
+        _assert_the_failure_reached_the_operator_and_the_customer(
+            app, shopper, operator, ref, refund, mail_folder, now=later + timedelta(minutes=1)
+        )
         with app.app_context():  # still watched: the money is not back
             assert db.session.get(Order, oid).payment_processing_at is not None
             db.session.remove()
 
 
-def test_settling_a_failed_refund_outside_the_shop_needs_a_reason_and_is_audited(
-        make_fresh_app, sandbox, mail_folder):
+def test_settling_a_failed_refund_outside_the_shop_needs_a_reason_and_is_audited(make_fresh_app, sandbox, mail_folder):
     with live_shop(make_fresh_app, sandbox) as app:
         shopper = Shopper(app, seed_catalog_rows(app))
         operator = app.test_client()
@@ -267,8 +304,12 @@ def test_settling_a_failed_refund_outside_the_shop_needs_a_reason_and_is_audited
         settled = operator.post(url, data={"csrf_token": token, "reason": reason}, headers=JSON)
         assert settled.status_code == 200, settled.get_json()
         body = settled.get_json()
-        assert (body["status"], body["settled_by"], body["reason"], body["already"]) == \
-            ("failed", OPERATOR_EMAIL, reason, False)
+        assert (body["status"], body["settled_by"], body["reason"], body["already"]) == (
+            "failed",
+            OPERATOR_EMAIL,
+            reason,
+            False,
+        )
         assert body["settled_at"] and "settled outside the shop" in body["message"]
         again = operator.post(url, data={"csrf_token": token, "reason": reason}, headers=JSON)
         assert again.status_code == 200 and again.get_json()["already"] is True
@@ -283,13 +324,21 @@ def test_settling_a_failed_refund_outside_the_shop_needs_a_reason_and_is_audited
         assert dashboard["refunds_failed"] == 0
         assert [c["ok"] for c in dashboard["cards"] if c["key"] == "refunds_failed"] == [True]
         assert operator.get("/console/refunds?status=failed", headers=JSON).get_json()["refunds"] == []
-        assert [r["id"] for r in operator.get("/console/refunds?status=settled", headers=JSON)
-                .get_json()["refunds"]] == [refund.id]
+        assert [
+            r["id"] for r in operator.get("/console/refunds?status=settled", headers=JSON).get_json()["refunds"]
+        ] == [refund.id]
         audit = operator.get("/console/audit", headers=JSON).get_json()["actions"]
         settles = [(a["status"], a["reason"]) for a in reversed(audit) if a["action"] == "settle_refund"]
         # Every submission, refused ones too (the CSRF refusal before the view read its reason).
-        assert settles == [(409, "sent by hand"), (400, None), (400, None), (400, None), (200, reason),
-                           (200, reason), (409, "something else")]
+        assert settles == [
+            (409, "sent by hand"),
+            (400, None),
+            (400, None),
+            (400, None),
+            (200, reason),
+            (200, reason),
+            (409, "something else"),
+        ]
         assert {a["order_reference"] for a in audit if a["action"] == "settle_refund" and a["reason"]} == {ref}
         timeline = operator.get(f"/console/orders/{ref}", headers=JSON).get_json()["timeline"]
         assert any(t["what"] == "refund settled outside the shop" and reason in t["detail"] for t in timeline)
@@ -313,7 +362,8 @@ def test_settling_a_failed_refund_outside_the_shop_needs_a_reason_and_is_audited
 
 
 def test_a_refund_event_with_a_null_status_or_payment_intent_leaves_the_refund_pending(
-        make_fresh_app, sandbox, mail_folder):
+    make_fresh_app, sandbox, mail_folder
+):
     """Stripe's refund `status` and `payment_intent` are nullable: a report that says neither is
     not taken for money returned, and does not break the webhook."""
     with live_shop(make_fresh_app, sandbox) as app:
@@ -321,6 +371,7 @@ def test_a_refund_event_with_a_null_status_or_payment_intent_leaves_the_refund_p
         order, oid, refund = _pending_late_money_refund(app, shopper, sandbox)
         with app.app_context():
             from shop.payments import gateway
+
             snapshot = gateway.client().v1.refunds.retrieve(refund.provider_refund_id).to_dict()
             db.session.remove()
         snapshot.update(status=None, payment_intent=None)

@@ -1,6 +1,7 @@
 """Late money goes back, once: a payment that completes for an order already Cancelled becomes
 one refund record, one refund command and one refund at the provider, however many times the
 payment is reported and however often the refund command runs."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -16,7 +17,6 @@ from shop.outbox.dispatch import run_command
 from shop.payments import gateway
 from shop.payments.refunds import execute_refund
 from shop.payments.apply import apply_session, reconcile_order
-
 
 
 def _rows(app, model, **filters) -> list:
@@ -77,16 +77,18 @@ def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_
         [done] = _rows(app, Refund, order_id=oid)
         assert done.status == "succeeded" and done.provider_refund_id
         assert _rows(app, Order, id=oid)[0].payment_processing_at is None  # refunded: the watch ends
-        emails = [c.payload.get("template") for c in _rows(app, ScheduledCommand, order_id=oid)
-                  if c.kind == "send_email"]
+        emails = [
+            c.payload.get("template") for c in _rows(app, ScheduledCommand, order_id=oid) if c.kind == "send_email"
+        ]
         assert emails == ["refund_issued"]
 
         # A worker that died after the provider call but before its commit runs the command
         # again from a pending row: the idempotency key makes the provider answer with the
         # same refund instead of a second one.
         with app.app_context():
-            db.session.execute(update(Refund).where(Refund.id == done.id)
-                               .values(status="pending", provider_refund_id=None))
+            db.session.execute(
+                update(Refund).where(Refund.id == done.id).values(status="pending", provider_refund_id=None)
+            )
             db.session.commit()
             execute_refund(done.id, utcnow())
             db.session.commit()
@@ -95,8 +97,9 @@ def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_
             db.session.remove()
 
         at_provider = _provider_refunds(app, done.payment_intent_id)
-        assert [(r["id"], r["amount"], r["status"]) for r in at_provider] == \
-            [(done.provider_refund_id, order["total"], "succeeded")]
+        assert [(r["id"], r["amount"], r["status"]) for r in at_provider] == [
+            (done.provider_refund_id, order["total"], "succeeded")
+        ]
         final = shopper.order(ref)
         assert final["status"] == "Cancelled"
         assert final["refunds"] == [{"id": done.id, "amount": order["total"], "status": "succeeded"}]
@@ -113,12 +116,18 @@ def test_a_second_paid_session_for_an_already_paid_order_is_refunded(fresh_payin
     # Another session for the same order (say, a second tab from an earlier attempt) is paid too.
     oid = order_id(fresh_paying_app, ref)
     with fresh_paying_app.app_context():
-
         o = db.session.get(Order, oid)
         other = gateway.create_checkout_session(
-            order_id=oid, reference=ref, attempt=9, lines=list(o.lines), currency=o.currency, email=o.email,
-            success_url="http://shop.test/ok", cancel_url="http://shop.test/no",
-            expires_at=utcnow() + timedelta(hours=1))
+            order_id=oid,
+            reference=ref,
+            attempt=9,
+            lines=list(o.lines),
+            currency=o.currency,
+            email=o.email,
+            success_url="http://shop.test/ok",
+            cancel_url="http://shop.test/no",
+            expires_at=utcnow() + timedelta(hours=1),
+        )
         db.session.remove()
     sandbox.set_outcome(other.id, "paid")
     r = post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", other.id))
@@ -165,8 +174,9 @@ def test_money_that_settles_after_a_cancel_is_refunded_by_the_sweep_when_its_web
     with fresh_paying_app.app_context():
         assert run_command(command.id) == "done"
     [done] = _rows(fresh_paying_app, Refund, order_id=oid)
-    assert [(r["amount"], r["status"]) for r in _provider_refunds(fresh_paying_app, done.payment_intent_id)] == \
-        [(order["total"], "succeeded")]
+    assert [(r["amount"], r["status"]) for r in _provider_refunds(fresh_paying_app, done.payment_intent_id)] == [
+        (order["total"], "succeeded")
+    ]
     assert shopper.order(ref)["status"] == "Cancelled"
 
 
@@ -181,7 +191,6 @@ def test_a_settling_payment_that_fails_after_a_cancel_ends_the_watch_without_a_r
         db.session.remove()
     sandbox.async_result(sid, "failed")
     with fresh_paying_app.app_context():
-
         db.session.execute(update(Order).where(Order.id == oid).values(provider_next_check_at=None))
         db.session.commit()  # as if the backoff had passed
         assert run_cycle().provider["watch_closed"] == 1
@@ -196,7 +205,8 @@ def _refund_command(app, oid: int) -> ScheduledCommand:
 
 
 def test_a_late_money_refund_rides_out_a_provider_outage_longer_than_the_old_backoff_and_goes_through_once(
-        make_fresh_app, sandbox):
+    make_fresh_app, sandbox
+):
     """Money settles after a cancel, its webhook is lost, and the provider is
     down for longer than the whole old retry budget (5 attempts in ~23 s). The refund must not be
     dead-lettered: it waits for the provider, says so in the console, keeps the order watched, and
@@ -205,12 +215,17 @@ def test_a_late_money_refund_rides_out_a_provider_outage_longer_than_the_old_bac
 
     from shop.scheduling.sweep import run_cycle
 
-    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
-                         STRIPE_WEBHOOK_SECRET="whsec_test_secret", OUTBOX_MAX_ATTEMPTS=5,
-                         OUTBOX_PROVIDER_RETRY_BASE_SECONDS=1.0, OUTBOX_PROVIDER_RETRY_CAP_SECONDS=30.0,
-                   # The outage's minutes are injected time; the provider's circuit breaker counts
-                   # real seconds and would still be cooling down when the provider comes back.
-                         STRIPE_BREAKER_THRESHOLD=1_000_000)
+    app = make_fresh_app(
+        STRIPE_API_BASE=sandbox.base_url,
+        STRIPE_SESSION_MIN_SECONDS=60,
+        STRIPE_WEBHOOK_SECRET="whsec_test_secret",
+        OUTBOX_MAX_ATTEMPTS=5,
+        OUTBOX_PROVIDER_RETRY_BASE_SECONDS=1.0,
+        OUTBOX_PROVIDER_RETRY_CAP_SECONDS=30.0,
+        # The outage's minutes are injected time; the provider's circuit breaker counts
+        # real seconds and would still be cooling down when the provider comes back.
+        STRIPE_BREAKER_THRESHOLD=1_000_000,
+    )
     shopper = Shopper(app, seed_catalog_rows(app))
     order, ref, sid = _cancel_while_settling(shopper, sandbox)
     oid = order_id(app, ref)
@@ -238,8 +253,9 @@ def test_a_late_money_refund_rides_out_a_provider_outage_longer_than_the_old_bac
     client = app.test_client()
     log_in(app, client)
     listed = client.get("/console/outbox?status=waiting", headers=JSON).get_json()["deliveries"]
-    assert [(d["id"], d["status"], d["waiting_for_provider"]) for d in listed] == \
-        [(f"cmd-{command.id}", "pending", True)]
+    assert [(d["id"], d["status"], d["waiting_for_provider"]) for d in listed] == [
+        (f"cmd-{command.id}", "pending", True)
+    ]
     assert listed[0]["last_error"].startswith("waiting for the provider: ProviderUnavailable")
     assert client.get("/console/outbox?status=dead", headers=JSON).get_json()["deliveries"] == []
     assert "waiting for the provider" in client.get("/console/outbox").get_data(as_text=True)
@@ -262,14 +278,16 @@ def test_a_late_money_refund_rides_out_a_provider_outage_longer_than_the_old_bac
         assert run_command(command.id, now=start + timedelta(minutes=10)) == "done"
     [refund] = _rows(app, Refund, order_id=oid)
     assert refund.status == "succeeded"
-    assert [(r["amount"], r["status"]) for r in _provider_refunds(app, refund.payment_intent_id)] == \
-        [(order["total"], "succeeded")]
+    assert [(r["amount"], r["status"]) for r in _provider_refunds(app, refund.payment_intent_id)] == [
+        (order["total"], "succeeded")
+    ]
     assert shopper.order(ref)["refunds"] == [{"id": refund.id, "amount": order["total"], "status": "succeeded"}]
     assert _rows(app, Order, id=oid)[0].payment_processing_at is None  # refunded: the watch ends
 
 
-def test_the_watch_runs_a_dead_late_money_refund_again_but_leaves_a_refused_one_to_an_operator(fresh_paying_app,
-                                                                                                sandbox):
+def test_the_watch_runs_a_dead_late_money_refund_again_but_leaves_a_refused_one_to_an_operator(
+    fresh_paying_app, sandbox
+):
     """A refund dead-lettered by something retrying can fix (here as the old code left it after
     an outage) must not keep the money: the sweep's watch runs it again. One the provider refused
     stays a visible dead letter, and the order stays watched."""
@@ -284,8 +302,13 @@ def test_the_watch_runs_a_dead_late_money_refund_again_but_leaves_a_refused_one_
         command_id = _refund_command(fresh_paying_app, oid).id
 
         def bury(kind):
-            db.session.execute(update(ScheduledCommand).where(ScheduledCommand.id == command_id).values(
-                status="dead", attempts=5, failure_kind=kind, last_error="ProviderUnavailable: create refund: 503"))
+            db.session.execute(
+                update(ScheduledCommand)
+                .where(ScheduledCommand.id == command_id)
+                .values(
+                    status="dead", attempts=5, failure_kind=kind, last_error="ProviderUnavailable: create refund: 503"
+                )
+            )
             db.session.commit()
 
         bury("refused")

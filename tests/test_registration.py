@@ -1,6 +1,7 @@
 """Webhook endpoint self-registration (`flask shop stripe-register-webhook`) against the
 sandbox: it creates our endpoint and stores its secret, is idempotent, cleans up only the
 endpoints it marked as its own, and never touches one a person created."""
+
 from __future__ import annotations
 
 import pytest
@@ -48,7 +49,9 @@ def _secret_at_sandbox(sandbox, endpoint_id) -> str:
         return sandbox.sandbox.endpoints[endpoint_id].secret
 
 
-def test_registration_creates_a_marked_endpoint_for_the_events_the_shop_uses_and_stores_its_secret(fresh_app, sdk, sandbox):
+def test_registration_creates_a_marked_endpoint_for_the_events_the_shop_uses_and_stores_its_secret(
+    fresh_app, sdk, sandbox
+):
     lines = _register(fresh_app)
     [endpoint] = _endpoints(sdk).values()
     assert endpoint["url"] == TARGET and endpoint["status"] == "enabled"
@@ -84,18 +87,30 @@ def test_our_endpoint_whose_secret_was_lost_is_replaced(fresh_app, sdk, sandbox)
 
 def test_only_our_stale_endpoints_are_deleted_and_a_persons_endpoint_is_never_touched(fresh_app, sdk):
     events = gateway.EVENT_TYPES
-    ours_elsewhere = sdk.v1.webhook_endpoints.create(params={
-        "url": "https://old-host.example.com/webhooks/stripe", "enabled_events": events,
-        "description": f"{MARKER} Backstop shop at https://old-host.example.com"})
-    ours_disabled = sdk.v1.webhook_endpoints.create(params={
-        "url": TARGET, "enabled_events": events, "description": f"{MARKER} Backstop shop at {BASE}"})
+    ours_elsewhere = sdk.v1.webhook_endpoints.create(
+        params={
+            "url": "https://old-host.example.com/webhooks/stripe",
+            "enabled_events": events,
+            "description": f"{MARKER} Backstop shop at https://old-host.example.com",
+        }
+    )
+    ours_disabled = sdk.v1.webhook_endpoints.create(
+        params={"url": TARGET, "enabled_events": events, "description": f"{MARKER} Backstop shop at {BASE}"}
+    )
     sdk.v1.webhook_endpoints.update(ours_disabled["id"], params={"disabled": True})
-    persons = sdk.v1.webhook_endpoints.create(params={
-        "url": "https://analytics.example.com/hook", "enabled_events": ["*"], "description": "Finance team export"})
-    persons_here = sdk.v1.webhook_endpoints.create(params={
-        "url": TARGET, "enabled_events": events, "description": "added by hand in the dashboard"})
-    persons_disabled = sdk.v1.webhook_endpoints.create(params={
-        "url": "https://elsewhere.example.com/x", "enabled_events": events})
+    persons = sdk.v1.webhook_endpoints.create(
+        params={
+            "url": "https://analytics.example.com/hook",
+            "enabled_events": ["*"],
+            "description": "Finance team export",
+        }
+    )
+    persons_here = sdk.v1.webhook_endpoints.create(
+        params={"url": TARGET, "enabled_events": events, "description": "added by hand in the dashboard"}
+    )
+    persons_disabled = sdk.v1.webhook_endpoints.create(
+        params={"url": "https://elsewhere.example.com/x", "enabled_events": events}
+    )
     sdk.v1.webhook_endpoints.update(persons_disabled["id"], params={"disabled": True})
     untouched = {e: _endpoints(sdk)[e] for e in (persons["id"], persons_here["id"], persons_disabled["id"])}
 
@@ -111,9 +126,7 @@ def test_only_our_stale_endpoints_are_deleted_and_a_persons_endpoint_is_never_to
     assert len(after) == 4
 
 
-
-def test_an_endpoint_registered_before_refund_events_existed_is_subscribed_to_them_keeping_its_secret(
-        fresh_app, sdk):
+def test_an_endpoint_registered_before_refund_events_existed_is_subscribed_to_them_keeping_its_secret(fresh_app, sdk):
     """An upgrade must not leave the shop deaf to refund.updated / refund.failed: registering
     again adds them to the shop's own endpoint, whose signing secret stays the one stored."""
     _register(fresh_app)

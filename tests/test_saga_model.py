@@ -19,6 +19,7 @@ late, twice or concurrently; the sweep runs; deliveries run one by one, in drain
 once, fail mid-transaction (the compensation's failpoint) or are claimed by a worker that dies;
 Redis loses everything and the relay runs; the operator retries, discards and reconciles.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,13 @@ LONG_EXAMPLES = int(os.environ.get("BACKSTOP_MODEL_EXAMPLES", "0") or 0)
 # No shrinking: a step's outcome depends on real time passing (the clock runs between steps) and
 # on races, so a shrunk replay may not fail the same way; the failing interleaving is printed
 # whole instead, with every step's arguments.
-COMMON = dict(derandomize=False, database=None, deadline=None, phases=[Phase.explicit, Phase.generate],
-              suppress_health_check=list(HealthCheck))
+COMMON = dict(
+    derandomize=False,
+    database=None,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
 CI = settings(**{**COMMON, "derandomize": True}, max_examples=40, stateful_step_count=30)
 LONG = settings(**COMMON, max_examples=LONG_EXAMPLES or 1, stateful_step_count=40)
 
@@ -55,8 +61,7 @@ def world(make_fresh_app, sandbox, redis_conn, is_postgres, monkeypatch, tmp_pat
 def test_random_interleavings_keep_stock_and_money_right(world):
     machine = type("Saga", (SagaModel,), {"world": world})
     run_state_machine_as_test(machine, settings=LONG if LONG_EXAMPLES else CI)
-    print(f"\nsaga model: {world.examples} interleavings, {world.steps} steps, "
-          f"{dict(sorted(world.counts.items()))}")
+    print(f"\nsaga model: {world.examples} interleavings, {world.steps} steps, {dict(sorted(world.counts.items()))}")
 
 
 # -- fixed journeys ----------------------------------------------------------------------------
@@ -221,9 +226,14 @@ def journey_reordered_and_duplicated_webhooks(j: Journey) -> None:
     assert j.refunds() == ([], [])
 
 
-JOURNEYS = [journey_async_pending_then_succeeded, journey_async_pending_then_failed,
-            journey_late_money_after_cancel_duplicated_webhook, journey_late_money_after_cancel_webhook_lost,
-            journey_late_money_after_cancel_every_webhook_lost, journey_reordered_and_duplicated_webhooks]
+JOURNEYS = [
+    journey_async_pending_then_succeeded,
+    journey_async_pending_then_failed,
+    journey_late_money_after_cancel_duplicated_webhook,
+    journey_late_money_after_cancel_webhook_lost,
+    journey_late_money_after_cancel_every_webhook_lost,
+    journey_reordered_and_duplicated_webhooks,
+]
 
 
 @pytest.mark.parametrize("journey", JOURNEYS, ids=[j.__name__.removeprefix("journey_") for j in JOURNEYS])

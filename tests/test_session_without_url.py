@@ -1,6 +1,7 @@
 """Stripe's Checkout Session `url` is nullable. The shop redirects a customer to it after checkout
 and after "Pay now": a session that comes back without one must be a payment that could not be
 started, in words, never a redirect to "None"."""
+
 from __future__ import annotations
 
 from sqlalchemy import select
@@ -40,7 +41,12 @@ def test_a_session_without_a_url_is_a_payment_not_started_never_a_redirect_to_no
         sessions = [s for s in sandbox.sandbox.sessions.values() if s.client_reference_id == ref]
         assert sessions and all(s.status == "expired" for s in sessions)
     with fresh_paying_app.app_context():
-        refusals = db.session.execute(select(ProviderRefusal).where(
-            ProviderRefusal.order_id == order_id(fresh_paying_app, ref))).scalars().all()
+        refusals = (
+            db.session.execute(
+                select(ProviderRefusal).where(ProviderRefusal.order_id == order_id(fresh_paying_app, ref))
+            )
+            .scalars()
+            .all()
+        )
         assert refusals and all(r.code == "session_without_url" for r in refusals)
         db.session.remove()

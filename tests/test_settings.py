@@ -1,5 +1,6 @@
 """Settings are validated when the app is created (docs/REFERENCE.md, Settings): a bad value stops the
 process with one line naming the variable, and a web server never starts without SECRET_KEY."""
+
 from __future__ import annotations
 
 import os
@@ -72,19 +73,37 @@ def test_defaults_and_good_values_are_read_and_typed(tmp_path):
     assert defaults.reconciliation_enabled is defaults.unpaid_order_expiry_enabled is True
     assert defaults.database_url == f"sqlite:///{tmp_path}/backstop.sqlite3"
     assert defaults.secret_key and defaults.secret_key_ephemeral and defaults.uses_sandbox
-    assert (defaults.web_concurrency, defaults.web_threads, defaults.stripe_max_concurrent_calls,
-            defaults.stripe_rate_limit_per_second) == (2, 32, 20, 80)
+    assert (
+        defaults.web_concurrency,
+        defaults.web_threads,
+        defaults.stripe_max_concurrent_calls,
+        defaults.stripe_rate_limit_per_second,
+    ) == (2, 32, 20, 80)
     # The bulkhead follows the threads (5/8) unless set, and always leaves one free.
     assert load_settings({"WEB_THREADS": "9"}, str(tmp_path), argv=CLI).stripe_max_concurrent_calls == 5
     assert load_settings({"WEB_THREADS": "1"}, str(tmp_path), argv=CLI).stripe_max_concurrent_calls == 1
-    assert load_settings({"WEB_THREADS": "4", "STRIPE_MAX_CONCURRENT_CALLS": "3"}, str(tmp_path),
-                         argv=CLI).stripe_max_concurrent_calls == 3
+    assert (
+        load_settings(
+            {"WEB_THREADS": "4", "STRIPE_MAX_CONCURRENT_CALLS": "3"}, str(tmp_path), argv=CLI
+        ).stripe_max_concurrent_calls
+        == 3
+    )
     assert defaults.health_stale_seconds == 60
 
-    s = load_settings({"UNPAID_ORDER_EXPIRY_SECONDS": " 60 ", "RECONCILIATION_STUCK_AGE_SECONDS": "60",
-                       "RECONCILIATION_ENABLED": "off", "UNPAID_ORDER_EXPIRY_ENABLED": "Yes",
-                       "DATABASE_URL": "postgresql://u@db/shop", "PUBLIC_BASE_URL": "https://shop.example/",
-                       "SECRET_KEY": "k", "RECONCILIATION_BATCH_SIZE": "1000"}, str(tmp_path), argv=CLI)
+    s = load_settings(
+        {
+            "UNPAID_ORDER_EXPIRY_SECONDS": " 60 ",
+            "RECONCILIATION_STUCK_AGE_SECONDS": "60",
+            "RECONCILIATION_ENABLED": "off",
+            "UNPAID_ORDER_EXPIRY_ENABLED": "Yes",
+            "DATABASE_URL": "postgresql://u@db/shop",
+            "PUBLIC_BASE_URL": "https://shop.example/",
+            "SECRET_KEY": "k",
+            "RECONCILIATION_BATCH_SIZE": "1000",
+        },
+        str(tmp_path),
+        argv=CLI,
+    )
     assert (s.unpaid_order_expiry_seconds, s.reconciliation_stuck_age_seconds) == (60, 60)
     assert s.reconciliation_enabled is False and s.unpaid_order_expiry_enabled is True
     assert s.database_url == "postgresql+psycopg://u@db/shop"  # the driver we ship, not psycopg2
@@ -100,9 +119,17 @@ def test_a_staleness_limit_a_healthy_scheduler_would_exceed_between_polls_is_ref
     assert ok.health_stale_seconds == 31
 
 
-@pytest.mark.parametrize("argv", [["/usr/bin/gunicorn", "app:app"], ["/venv/bin/flask", "--app", "app", "run"],
-                                  ["/usr/bin/uwsgi", "--module", "app:app"], ["-c"], [],
-                                  ["/venv/lib/python3.11/site-packages/flask/__main__.py", "run"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["/usr/bin/gunicorn", "app:app"],
+        ["/venv/bin/flask", "--app", "app", "run"],
+        ["/usr/bin/uwsgi", "--module", "app:app"],
+        ["-c"],
+        [],
+        ["/venv/lib/python3.11/site-packages/flask/__main__.py", "run"],
+    ],
+)
 def test_a_web_server_needs_a_shared_secret_key(argv, tmp_path):
     """Anything that may serve pages: gunicorn, `flask run`, and any other host importing app.py."""
     with pytest.raises(SettingsError) as caught:
@@ -111,27 +138,49 @@ def test_a_web_server_needs_a_shared_secret_key(argv, tmp_path):
     assert load_settings({"SECRET_KEY": "shared"}, str(tmp_path), argv=argv).secret_key == "shared"
 
 
-@pytest.mark.parametrize("argv", [["/venv/bin/flask", "--app", "app", "db", "upgrade"],
-                                  ["/venv/bin/flask", "shop", "up"],
-                                  ["/venv/lib/python3.11/site-packages/flask/__main__.py", "shop", "sweep"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["/venv/bin/flask", "--app", "app", "db", "upgrade"],
+        ["/venv/bin/flask", "shop", "up"],
+        ["/venv/lib/python3.11/site-packages/flask/__main__.py", "shop", "sweep"],
+    ],
+)
 def test_cli_commands_that_serve_no_pages_run_without_a_secret_key(argv, tmp_path):
     settings = load_settings({}, str(tmp_path), argv=argv)
     assert settings.secret_key and settings.secret_key_ephemeral
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in {
-        "SECRET_KEY", "DATABASE_URL", "UNPAID_ORDER_EXPIRY_SECONDS", "RECONCILIATION_STUCK_AGE_SECONDS",
-        "FLASK_APP"}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {
+            "SECRET_KEY",
+            "DATABASE_URL",
+            "UNPAID_ORDER_EXPIRY_SECONDS",
+            "RECONCILIATION_STUCK_AGE_SECONDS",
+            "FLASK_APP",
+        }
+    }
     env.update(extra)
     return env
 
 
 def test_flask_cli_with_a_stuck_age_unlike_the_expiry_window_exits_with_one_line(tmp_path):
     proc = subprocess.run(
-        [str(BIN / "flask"), "--app", "app", "routes"], cwd=ROOT, capture_output=True, text=True, timeout=60,
-        env=_env(UNPAID_ORDER_EXPIRY_SECONDS="900", RECONCILIATION_STUCK_AGE_SECONDS="1800",
-                 BACKSTOP_INSTANCE_PATH=str(tmp_path)))
+        [str(BIN / "flask"), "--app", "app", "routes"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(
+            UNPAID_ORDER_EXPIRY_SECONDS="900",
+            RECONCILIATION_STUCK_AGE_SECONDS="1800",
+            BACKSTOP_INSTANCE_PATH=str(tmp_path),
+        ),
+    )
     assert proc.returncode != 0
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(lines) == 1, proc.stdout + proc.stderr
@@ -140,8 +189,14 @@ def test_flask_cli_with_a_stuck_age_unlike_the_expiry_window_exits_with_one_line
 
 def test_importing_the_app_without_a_secret_key_stops_with_one_line(tmp_path):
     """uwsgi, mod_wsgi, waitress or a REPL import app.py the way this does."""
-    proc = subprocess.run([sys.executable, "-c", "import app"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, env=_env(BACKSTOP_INSTANCE_PATH=str(tmp_path)))
+    proc = subprocess.run(
+        [sys.executable, "-c", "import app"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(BACKSTOP_INSTANCE_PATH=str(tmp_path)),
+    )
     assert proc.returncode != 0
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and "SECRET_KEY" in lines[0], proc.stdout + proc.stderr
@@ -152,7 +207,12 @@ def test_gunicorn_without_a_secret_key_refuses_to_start(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.run(
-        [str(BIN / "gunicorn"), "app:app", "-b", f"127.0.0.1:{port}", "-w", "1"], cwd=ROOT, capture_output=True,
-        text=True, timeout=30, env=_env(BACKSTOP_INSTANCE_PATH=str(tmp_path)))
+        [str(BIN / "gunicorn"), "app:app", "-b", f"127.0.0.1:{port}", "-w", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=_env(BACKSTOP_INSTANCE_PATH=str(tmp_path)),
+    )
     assert proc.returncode != 0  # the master halts; it does not respawn a worker that cannot start
     assert "SECRET_KEY" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,4 +1,5 @@
 """A customer's path through the storefront, over HTTP via the test client."""
+
 from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import InventoryItem, Order, ScheduledCommand

@@ -2,6 +2,7 @@
 only pays if SQLAlchemy can cache their compiled form. A statement it cannot cache (a VALUES
 list with data, for one) is recompiled on every execution: measured at four times the round trip
 it was written to save. This pins that each one has a cache key."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,10 @@ def _hot_statements():
         yield f"{table.name}: claim one", runner._claim_one(table)
         yield f"{table.name}: claim batch", runner._claim_many(table)
         yield f"{table.name}: mark done", runner._mark_done(table)
-    yield "commands: claim one, returning the row", runner._claim_one_returning(
-        ScheduledCommand.__table__, dispatch.COMMANDS.claim_returns)
+    yield (
+        "commands: claim one, returning the row",
+        runner._claim_one_returning(ScheduledCommand.__table__, dispatch.COMMANDS.claim_returns),
+    )
     yield "webhook: receipt", webhooks._INSERT_RECEIPT
     # Every statement the order store owns, from its own registry: a new one is checked unasked.
     yield from orders.STATEMENTS.items()

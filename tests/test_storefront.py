@@ -1,6 +1,7 @@
 """The storefront over HTTP (docs/REFERENCE.md, Storefront), as a browser uses it: JSON shapes, the cart's
 refusals in words, CSRF, checkout refusals, double submits, cancellation with the version the
 customer saw, and who may see an order."""
+
 from __future__ import annotations
 
 import re
@@ -42,12 +43,14 @@ class Browser:
         self.token = csrf_token(self.client, "/")
 
     def add(self, sku, quantity=1, headers=None):
-        return self.client.post("/cart/items", headers=headers or HTML, data={
-            "csrf_token": self.token, "variant_id": self.app.skus[sku], "quantity": quantity})
+        return self.client.post(
+            "/cart/items",
+            headers=headers or HTML,
+            data={"csrf_token": self.token, "variant_id": self.app.skus[sku], "quantity": quantity},
+        )
 
     def checkout(self, email="ann@example.com", headers=None):
-        return self.client.post("/checkout", headers=headers or HTML,
-                                data={"csrf_token": self.token, "email": email})
+        return self.client.post("/checkout", headers=headers or HTML, data={"csrf_token": self.token, "email": email})
 
     def buy(self, sku="NB-A5-DOT", quantity=1) -> str:
         assert self.add(sku, quantity).status_code == 303
@@ -59,8 +62,11 @@ class Browser:
         return self.client.get(f"/orders/{reference}", headers=JSON, query_string=query)
 
     def cancel(self, reference, version, headers=None, **extra):
-        return self.client.post(f"/orders/{reference}/cancel", headers=headers or HTML,
-                                data={"csrf_token": self.token, "version": version, **extra})
+        return self.client.post(
+            f"/orders/{reference}/cancel",
+            headers=headers or HTML,
+            data={"csrf_token": self.token, "version": version, **extra},
+        )
 
 
 def stock(app, sku):
@@ -81,6 +87,7 @@ def rows(app, model, *where):
 
 # -- catalog and cart ----------------------------------------------------------------------------
 
+
 def test_the_catalog_json_has_exactly_the_contract_shape_with_live_stock(shop, browser):
     data = browser.client.get("/", headers=JSON).get_json()
     assert list(data) == ["products"]
@@ -92,8 +99,14 @@ def test_the_catalog_json_has_exactly_the_contract_shape_with_live_stock(shop, b
             assert set(v) == {"id", "sku", "name", "price", "currency", "available"}
             assert isinstance(v["price"], int) and isinstance(v["available"], int)
             variants[v["sku"]] = v
-    assert variants["MUG-350-NVY"] == {"id": shop.skus["MUG-350-NVY"], "sku": "MUG-350-NVY", "name": "Navy",
-                                       "price": 1800, "currency": "usd", "available": 3}
+    assert variants["MUG-350-NVY"] == {
+        "id": shop.skus["MUG-350-NVY"],
+        "sku": "MUG-350-NVY",
+        "name": "Navy",
+        "price": 1800,
+        "currency": "usd",
+        "available": 3,
+    }
     assert variants["SOCK-L"]["available"] == 0
     browser.buy("MUG-350-NVY", 2)
     again = browser.client.get("/", headers=JSON).get_json()
@@ -103,8 +116,12 @@ def test_the_catalog_json_has_exactly_the_contract_shape_with_live_stock(shop, b
 
 
 def test_adding_a_bad_quantity_is_a_400_in_words(browser):
-    for quantity, words in [("0", "between 1 and 99"), ("100", "between 1 and 99"),
-                            ("lots", "Quantity: Not a valid integer"), ("", "Quantity: Enter a quantity.")]:
+    for quantity, words in [
+        ("0", "between 1 and 99"),
+        ("100", "between 1 and 99"),
+        ("lots", "Quantity: Not a valid integer"),
+        ("", "Quantity: Enter a quantity."),
+    ]:
         r = browser.add("NB-A5-DOT", quantity, headers=JSON)
         assert r.status_code == 400, quantity
         assert words in r.get_json()["error"], (quantity, r.get_json())
@@ -112,8 +129,9 @@ def test_adding_a_bad_quantity_is_a_400_in_words(browser):
 
 
 def test_adding_an_unknown_variant_is_a_404(browser):
-    r = browser.client.post("/cart/items", headers=JSON,
-                            data={"csrf_token": browser.token, "variant_id": 999999, "quantity": 1})
+    r = browser.client.post(
+        "/cart/items", headers=JSON, data={"csrf_token": browser.token, "variant_id": 999999, "quantity": 1}
+    )
     assert r.status_code == 404 and "not for sale" in r.get_json()["error"]
 
 
@@ -128,8 +146,7 @@ def test_adding_more_than_is_available_is_a_409_saying_how_many_are_left(shop, b
 
 
 def test_a_post_without_its_csrf_token_is_a_400_with_a_clear_message_and_changes_nothing(shop, browser):
-    r = browser.client.post("/cart/items", headers=HTML,
-                            data={"variant_id": shop.skus["NB-A5-DOT"], "quantity": 1})
+    r = browser.client.post("/cart/items", headers=HTML, data={"variant_id": shop.skus["NB-A5-DOT"], "quantity": 1})
     assert r.status_code == 400 and "form expired" in r.get_data(as_text=True).lower()
     browser.add("NB-A5-DOT")
     r = browser.client.post("/checkout", headers=JSON, data={"email": "ann@example.com", "csrf_token": "forged"})
@@ -138,6 +155,7 @@ def test_a_post_without_its_csrf_token_is_a_400_with_a_clear_message_and_changes
 
 
 # -- checkout --------------------------------------------------------------------------------------
+
 
 def test_checking_out_an_empty_cart_is_a_400(shop, browser):
     r = browser.checkout(headers=JSON)
@@ -167,8 +185,15 @@ def test_checking_out_more_than_is_left_is_a_409_that_re_renders_the_cart_with_t
     assert html.count("no longer available in the quantity you chose") == 1
     assert "Check out and pay" in html  # the cart is still there to fix
     data = browser.checkout(headers=JSON).get_json()
-    assert data["shortages"] == [{"variant_id": shop.skus["MUG-350-NVY"], "sku": "MUG-350-NVY", "name": "Enamel Camp Mug – Navy",
-                                  "requested": 3, "available": 1}]
+    assert data["shortages"] == [
+        {
+            "variant_id": shop.skus["MUG-350-NVY"],
+            "sku": "MUG-350-NVY",
+            "name": "Enamel Camp Mug – Navy",
+            "requested": 3,
+            "available": 1,
+        }
+    ]
     assert rows(shop, Order) == 1
     assert (stock(shop, "MUG-350-NVY"), stock(shop, "NB-A6-DOT")) == (1, 25)
 
@@ -182,8 +207,9 @@ def test_a_double_submitted_checkout_of_one_cart_creates_one_order(shop, browser
 
     def submit(client):
         barrier.wait()
-        answers.append(client.post("/checkout", headers=JSON,
-                                   data={"csrf_token": browser.token, "email": "ann@example.com"}))
+        answers.append(
+            client.post("/checkout", headers=JSON, data={"csrf_token": browser.token, "email": "ann@example.com"})
+        )
 
     threads = [threading.Thread(target=submit, args=(c,)) for c in (browser.client, twin)]
     for t in threads:
@@ -199,6 +225,7 @@ def test_a_double_submitted_checkout_of_one_cart_creates_one_order(shop, browser
 
 # -- orders ------------------------------------------------------------------------------------------
 
+
 def test_the_orders_list_and_the_order_page_have_the_contract_json_shape(shop, browser):
     first = browser.buy("NB-A5-DOT", 2)
     second = browser.buy("MUG-350-SND", 1)
@@ -211,15 +238,31 @@ def test_the_orders_list_and_the_order_page_have_the_contract_json_shape(shop, b
     assert listing["orders"][1]["total"] == 2800
 
     data = browser.order(first).get_json()
-    assert set(data) == {"reference", "status", "version", "total", "currency", "inventory_restored", "lines",
-                         "payment", "refunds", "created_at", "updated_at", "pay_by"}
+    assert set(data) == {
+        "reference",
+        "status",
+        "version",
+        "total",
+        "currency",
+        "inventory_restored",
+        "lines",
+        "payment",
+        "refunds",
+        "created_at",
+        "updated_at",
+        "pay_by",
+    }
     assert (data["reference"], data["status"], data["version"]) == (first, "PendingPayment", 1)
     assert (data["total"], data["currency"], data["inventory_restored"]) == (2800, "usd", False)
     assert data["payment"] is None and data["refunds"] == []
     (line,) = data["lines"]
     assert set(line) >= {"variant_id", "sku", "quantity", "unit_price"}
     assert (line["variant_id"], line["sku"], line["quantity"], line["unit_price"]) == (
-        shop.skus["NB-A5-DOT"], "NB-A5-DOT", 2, 1400)
+        shop.skus["NB-A5-DOT"],
+        "NB-A5-DOT",
+        2,
+        1400,
+    )
     for key in ("created_at", "updated_at", "pay_by"):
         assert ISO.match(data[key]), (key, data[key])
     assert data["pay_by"] > data["updated_at"]
@@ -268,8 +311,16 @@ def test_a_current_version_cancel_cancels_and_queues_the_stock_restore(shop, bro
     data = browser.order(reference).get_json()
     assert (data["status"], data["version"], data["pay_by"]) == ("Cancelled", version + 1, None)
     assert rows(shop, OutboxEvent, OutboxEvent.name == "OrderCancelled", OutboxEvent.order_id == order_id) == 1
-    assert rows(shop, OutboxDelivery, OutboxDelivery.handler == "restore_inventory",
-                OutboxDelivery.order_id == order_id, OutboxDelivery.status == "pending") == 1
+    assert (
+        rows(
+            shop,
+            OutboxDelivery,
+            OutboxDelivery.handler == "restore_inventory",
+            OutboxDelivery.order_id == order_id,
+            OutboxDelivery.status == "pending",
+        )
+        == 1
+    )
     again = browser.cancel(reference, version + 1, headers=JSON)
     assert again.status_code == 409 and again.get_json()["status"] == "Cancelled"
     assert rows(shop, OutboxEvent, OutboxEvent.name == "OrderCancelled") == 1
@@ -301,6 +352,7 @@ def test_a_url_carrying_the_access_token_shows_the_order_to_any_browser(shop, br
 
 # -- hostile input: answered in words, never a 500, never another browser's order ---------------
 
+
 def test_the_return_page_does_not_hand_a_stranger_the_access_token_while_the_provider_is_down(shop, browser):
     """The success URL sends a second device on with the order's token once the session is
     proven to be the order's. With the provider unreachable nothing is proven: a stranger who
@@ -316,8 +368,9 @@ def test_the_return_page_does_not_hand_a_stranger_the_access_token_while_the_pro
 
 @pytest.mark.parametrize("variant_id", ["2147483648", "99999999999999999999", "-1", "0"])
 def test_adding_a_variant_id_that_cannot_exist_is_a_404_or_400_in_words(browser, variant_id):
-    r = browser.client.post("/cart/items", headers=JSON,
-                            data={"csrf_token": browser.token, "variant_id": variant_id, "quantity": 1})
+    r = browser.client.post(
+        "/cart/items", headers=JSON, data={"csrf_token": browser.token, "variant_id": variant_id, "quantity": 1}
+    )
     assert r.status_code in (400, 404) and r.get_json()["error"]
 
 
@@ -325,8 +378,9 @@ def test_adding_a_variant_id_that_cannot_exist_is_a_404_or_400_in_words(browser,
 def test_a_reference_that_cannot_exist_is_a_404_on_every_order_route(browser, reference):
     c, token = browser.client, browser.token
     assert c.get(f"/orders/{reference}", headers=JSON).status_code == 404
-    assert c.post(f"/orders/{reference}/cancel", headers=JSON, data={"csrf_token": token, "version": 1}
-                  ).status_code == 404
+    assert (
+        c.post(f"/orders/{reference}/cancel", headers=JSON, data={"csrf_token": token, "version": 1}).status_code == 404
+    )
     assert c.post(f"/orders/{reference}/pay", headers=JSON, data={"csrf_token": token}).status_code == 404
     # In a query string a NUL is refused as such (400) before any route looks at it.
     assert c.get(f"/checkout/return?order={reference}&session_id=cs_x").status_code in (400, 404)
@@ -344,8 +398,9 @@ def test_setting_a_cart_lines_quantity_is_checked_like_an_add(shop, browser):
     variant = shop.skus["MUG-350-NVY"]  # 3 in stock
 
     def set_to(quantity):
-        return browser.client.post(f"/cart/items/{variant}/quantity", headers=JSON,
-                                   data={"csrf_token": browser.token, "quantity": quantity})
+        return browser.client.post(
+            f"/cart/items/{variant}/quantity", headers=JSON, data={"csrf_token": browser.token, "quantity": quantity}
+        )
 
     r = set_to(3)
     assert r.status_code == 200 and [i["quantity"] for i in r.get_json()["items"]] == [3]
@@ -353,7 +408,11 @@ def test_setting_a_cart_lines_quantity_is_checked_like_an_add(shop, browser):
     assert r.status_code == 409 and "Only 3 of Enamel Camp Mug – Navy left" in r.get_json()["error"]
     assert set_to("lots").status_code == 400 and set_to(0).status_code == 400
     other = shop.skus["NB-A6-DOT"]  # not in this cart
-    assert browser.client.post(f"/cart/items/{other}/quantity", headers=JSON,
-                               data={"csrf_token": browser.token, "quantity": 1}).status_code == 404
+    assert (
+        browser.client.post(
+            f"/cart/items/{other}/quantity", headers=JSON, data={"csrf_token": browser.token, "quantity": 1}
+        ).status_code
+        == 404
+    )
     assert [i["quantity"] for i in browser.client.get("/cart", headers=JSON).get_json()["items"]] == [3]
     assert stock(shop, "MUG-350-NVY") == 3  # a cart holds nothing: only checkout takes stock

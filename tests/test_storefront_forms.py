@@ -2,6 +2,7 @@
 fix, a sold-out item that cannot be added, an error beside the field it is about, a refused
 form that names its GET page, one message per problem, 404 pages that fit the address, and one
 badge per order state everywhere it shows."""
+
 from __future__ import annotations
 
 import re
@@ -35,8 +36,11 @@ class Customer:
         self.token = csrf_token(self.client, "/")
 
     def add(self, sku, quantity=1, headers=None):
-        return self.client.post("/cart/items", headers=headers or HTML, data={
-            "csrf_token": self.token, "variant_id": self.app.skus[sku], "quantity": quantity})
+        return self.client.post(
+            "/cart/items",
+            headers=headers or HTML,
+            data={"csrf_token": self.token, "variant_id": self.app.skus[sku], "quantity": quantity},
+        )
 
     def post(self, url, headers=None, **form):
         return self.client.post(url, headers=headers or HTML, data={"csrf_token": self.token, **form})
@@ -47,8 +51,9 @@ class Customer:
 
 def set_stock(app, sku, on_hand):
     with app.app_context():
-        db.session.execute(update(InventoryItem).where(InventoryItem.variant_id == app.skus[sku])
-                           .values(on_hand=on_hand))
+        db.session.execute(
+            update(InventoryItem).where(InventoryItem.variant_id == app.skus[sku]).values(on_hand=on_hand)
+        )
         db.session.commit()
         db.session.remove()
 
@@ -66,6 +71,7 @@ def checkout_button(html: str) -> str:
 
 # -- stock problems in the cart -----------------------------------------------------------------
 
+
 def test_a_line_asking_for_more_than_is_left_is_marked_and_one_click_reduces_it(shop):
     customer = Customer(shop)
     assert customer.add("MUG-350-NVY", 3).status_code == 303
@@ -78,8 +84,11 @@ def test_a_line_asking_for_more_than_is_left_is_marked_and_one_click_reduces_it(
     assert html.count("no longer available in the quantity you chose") == 1
 
     # "Reduce to 1" is a form of its own posting the quantity that is left.
-    reduce_form = re.search(r'<form method="post" action="([^"]+/quantity)">\s*<input[^>]*>\s*'
-                            r'<input type="hidden" name="quantity" value="(\d+)">', row)
+    reduce_form = re.search(
+        r'<form method="post" action="([^"]+/quantity)">\s*<input[^>]*>\s*'
+        r'<input type="hidden" name="quantity" value="(\d+)">',
+        row,
+    )
     assert reduce_form and reduce_form.group(2) == "1"
     r = customer.post(reduce_form.group(1), quantity=reduce_form.group(2))
     assert (r.status_code, r.headers["Location"]) == (303, "/cart")
@@ -119,6 +128,7 @@ def test_a_sold_out_variant_says_so_in_the_catalog_and_cannot_be_added(shop):
 
 # -- errors where they belong -------------------------------------------------------------------
 
+
 def test_a_bad_email_is_shown_beside_the_email_field_and_the_page_names_the_cart(shop):
     customer = Customer(shop)
     customer.add("NB-A5-DOT")
@@ -156,11 +166,14 @@ def test_checking_out_an_empty_cart_says_so_once(shop):
     assert r.get_data(as_text=True).count("Your cart is empty.") == 1
 
 
-@pytest.mark.parametrize("path, words", [
-    ("/no-such-page", "There is no page at this address"),
-    ("/orders/BK-NOSUCH", "We cannot show this order"),
-    ("/checkout/return?order=BK-NOSUCH&session_id=cs_x", "We cannot show this order"),
-])
+@pytest.mark.parametrize(
+    "path, words",
+    [
+        ("/no-such-page", "There is no page at this address"),
+        ("/orders/BK-NOSUCH", "We cannot show this order"),
+        ("/checkout/return?order=BK-NOSUCH&session_id=cs_x", "We cannot show this order"),
+    ],
+)
 def test_a_404_page_fits_the_address(shop, path, words):
     client = shop.test_client()
     r = client.get(path, headers=HTML)
@@ -172,6 +185,7 @@ def test_a_404_page_fits_the_address(shop, path, words):
 
 
 # -- one badge per state ------------------------------------------------------------------------
+
 
 def _badges(html: str) -> list[str]:
     return re.findall(r'<span class="badge [\w-]+">([^<]+)</span>', html)

@@ -3,6 +3,7 @@ pass, each order reloaded and re-checked in its own transaction.
 
 Real database, Redis and the Stripe sandbox. Time is injected with `run_cycle(now=...)`: a cycle
 run "window + a minute from now" sees every order placed during the test as stuck."""
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,16 @@ from sqlalchemy import event, select, update
 from factories import place_order_for, seed_catalog_rows, variant_id
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import (InventoryItem, Lease, Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal,
-                         ReconciliationCycle, ScheduledCommand)
+from shop.models import (
+    InventoryItem,
+    Lease,
+    Order,
+    OutboxDelivery,
+    OutboxEvent,
+    PaymentProofRefusal,
+    ReconciliationCycle,
+    ScheduledCommand,
+)
 from shop.outbox.dispatch import run_delivery
 from shop.payments import gateway
 from shop.payments.apply import reconcile_order
@@ -39,13 +48,15 @@ ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 
 # -- helpers ---------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def build_app(make_fresh_app, sandbox):
     """An app wired to the sandbox, with extra config per test."""
 
     def build(**overrides):
-        config = dict(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60,
-                      STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
+        config = dict(
+            STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60, STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET
+        )
         config.update(overrides)
         app = make_fresh_app(**config)
         seed_catalog_rows(app)
@@ -60,7 +71,9 @@ def later(app, extra: int = 60):
 
 
 def on_hand(sku: str) -> int:
-    value = db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id(sku))).scalar_one()
+    value = db.session.execute(
+        select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id(sku))
+    ).scalar_one()
     db.session.rollback()
     return value
 
@@ -85,17 +98,22 @@ def awaiting_provider() -> tuple[int, str]:
 
 
 def backdate(order_id: int, when) -> None:
-    db.session.execute(update(Order).where(Order.id == order_id).values(updated_at=when)
-                       .execution_options(synchronize_session=False))
+    db.session.execute(
+        update(Order).where(Order.id == order_id).values(updated_at=when).execution_options(synchronize_session=False)
+    )
     db.session.commit()
 
 
 def session_reads(sandbox, session_id: str | None = None) -> int:
     """How many times the app asked the sandbox for a checkout session."""
     rows = sandbox.get("/_sandbox/requests")["data"]
-    return sum(r["count"] for r in rows
-               if r["method"] == "GET" and r["path"].startswith("/v1/checkout/sessions/")
-               and (session_id is None or r["path"] == f"/v1/checkout/sessions/{session_id}"))
+    return sum(
+        r["count"]
+        for r in rows
+        if r["method"] == "GET"
+        and r["path"].startswith("/v1/checkout/sessions/")
+        and (session_id is None or r["path"] == f"/v1/checkout/sessions/{session_id}")
+    )
 
 
 def cancellations(order_id: int) -> int:
@@ -108,8 +126,12 @@ def signed_post(app, body: bytes):
     """POST a webhook exactly as the provider signs it (`t=...,v1=HMAC(secret, "t.body")`)."""
     stamp = int(time.time())
     digest = hmac.new(WEBHOOK_SECRET.encode(), f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return app.test_client().post("/webhooks/stripe", data=body, content_type="application/json",
-                                  headers={"Stripe-Signature": f"t={stamp},v1={digest}"})
+    return app.test_client().post(
+        "/webhooks/stripe",
+        data=body,
+        content_type="application/json",
+        headers={"Stripe-Signature": f"t={stamp},v1={digest}"},
+    )
 
 
 def paid_behind_our_back(sandbox) -> tuple[int, str, bytes]:
@@ -118,9 +140,16 @@ def paid_behind_our_back(sandbox) -> tuple[int, str, bytes]:
     order_id = place_order_for().order_id
     order = db.session.get(Order, order_id)
     view = gateway.create_checkout_session(
-        order_id=order.id, reference=order.reference, attempt=1, lines=list(order.lines), currency=order.currency,
-        email=order.email, expires_at=utcnow() + timedelta(hours=1),
-        success_url="http://127.0.0.1:5000/checkout/return", cancel_url="http://127.0.0.1:5000/")
+        order_id=order.id,
+        reference=order.reference,
+        attempt=1,
+        lines=list(order.lines),
+        currency=order.currency,
+        email=order.email,
+        expires_at=utcnow() + timedelta(hours=1),
+        success_url="http://127.0.0.1:5000/checkout/return",
+        cancel_url="http://127.0.0.1:5000/",
+    )
     db.session.rollback()
     sandbox.set_outcome(view.id, "paid")
     completed = sandbox.events("checkout.session.completed")
@@ -129,6 +158,7 @@ def paid_behind_our_back(sandbox) -> tuple[int, str, bytes]:
 
 
 # -- the expiry pass -------------------------------------------------------------------------
+
 
 def test_expiry_pass_cancels_a_stranded_order_whose_deadline_row_is_gone_and_its_stock_comes_back(build_app):
     app = build_app()
@@ -149,8 +179,9 @@ def test_expiry_pass_cancels_a_stranded_order_whose_deadline_row_is_gone_and_its
         assert order_state(order_id) == "Cancelled"
         assert on_hand("MUG-350-SND") == before - 3  # compensation has not run yet
 
-        deliveries = [d.id for d in db.session.query(OutboxDelivery).filter_by(order_id=order_id,
-                                                                                handler="restore_inventory")]
+        deliveries = [
+            d.id for d in db.session.query(OutboxDelivery).filter_by(order_id=order_id, handler="restore_inventory")
+        ]
         db.session.rollback()
         assert len(deliveries) == 1
         assert run_delivery(deliveries[0]) == "done"
@@ -175,6 +206,7 @@ def test_an_order_the_provider_pass_moves_to_payment_failed_is_not_cancelled_in_
 
 
 # -- the provider pass -----------------------------------------------------------------------
+
 
 def test_a_paid_session_whose_webhook_was_dropped_marks_the_order_paid(build_app, sandbox):
     app = build_app()
@@ -217,14 +249,19 @@ def test_an_open_session_is_left_alone(build_app, sandbox):
         assert order_state(order_id) == "PaymentInitiated"
 
 
-def test_a_paid_session_that_fails_the_payment_proof_leaves_the_order_and_records_the_refusal(build_app, sandbox,
-                                                                                              caplog):
+def test_a_paid_session_that_fails_the_payment_proof_leaves_the_order_and_records_the_refusal(
+    build_app, sandbox, caplog
+):
     app = build_app()
     with app.app_context():
         order_id, sid = awaiting_provider()
         sandbox.set_outcome(sid, "paid")
-        db.session.execute(update(Order).where(Order.id == order_id).values(total=Order.total + 100)
-                           .execution_options(synchronize_session=False))
+        db.session.execute(
+            update(Order)
+            .where(Order.id == order_id)
+            .values(total=Order.total + 100)
+            .execution_options(synchronize_session=False)
+        )
         db.session.commit()
 
         with caplog.at_level(logging.WARNING, logger="shop.payments"):
@@ -280,6 +317,7 @@ def test_one_orders_failure_does_not_poison_the_batch(build_app, sandbox):
 
 # -- races -----------------------------------------------------------------------------------
 
+
 def _webhook_in_another_thread(app, body: bytes) -> dict:
     """Deliver the webhook from its own thread (own app context, own session and connection),
     and wait for it: from the sweep's point of view it lands at exactly this instant."""
@@ -295,7 +333,9 @@ def _webhook_in_another_thread(app, body: bytes) -> dict:
     return answer
 
 
-@pytest.mark.skipif(not ON_POSTGRES, reason="SQLite takes the write lock at BEGIN, so no writer can land between a load and its save")
+@pytest.mark.skipif(
+    not ON_POSTGRES, reason="SQLite takes the write lock at BEGIN, so no writer can land between a load and its save"
+)
 def test_a_webhook_landing_between_the_sweeps_load_and_save_wins(build_app, sandbox, caplog):
     app = build_app(RECONCILIATION_ENABLED=False)
     with app.app_context():
@@ -417,7 +457,6 @@ def test_a_lease_held_by_another_live_cycle_skips_the_cycle(build_app, sandbox):
         assert taken_over.status == "ok" and taken_over.expiry["cancelled"] == 1
 
 
-
 def test_a_lease_whose_holder_was_killed_on_this_machine_is_taken_over_at_once(build_app):
     """Found by the long chaos run: a worker SIGKILLed mid-cycle left the lease held for its
     whole 300 s, every cycle meanwhile was skipped, and late money for cancelled orders waited
@@ -436,8 +475,9 @@ def test_a_lease_whose_holder_was_killed_on_this_machine_is_taken_over_at_once(b
         with app.app_context():
             order_id = place_order_for().order_id
             when = later(app)
-            lease = Lease(name=sweep.LEASE_NAME, holder=f"{host}:{alive.pid}:cafe0001",
-                          expires_at=when + timedelta(seconds=300))
+            lease = Lease(
+                name=sweep.LEASE_NAME, holder=f"{host}:{alive.pid}:cafe0001", expires_at=when + timedelta(seconds=300)
+            )
             db.session.add(lease)
             db.session.commit()
             assert run_cycle(now=when).status == "skipped"  # alive on this machine: it holds
@@ -469,7 +509,6 @@ def test_a_lease_whose_holder_was_killed_on_this_machine_is_taken_over_at_once(b
         alive.wait()
 
 
-
 def test_once_the_provider_answers_again_work_backing_off_for_it_runs_within_one_sweep(build_app, sandbox):
     """Found by the long chaos run: a refund held back by an outage waited out its backoff (up to
     300 s) after the provider was back, and the run did not settle within a minute of quiet. A
@@ -481,8 +520,9 @@ def test_once_the_provider_answers_again_work_backing_off_for_it_runs_within_one
         later_at = now + timedelta(seconds=250)
 
         def command(**fields) -> int:
-            row = ScheduledCommand(kind="refund_payment", order_id=None, payload={"refund_id": 0},
-                                   next_attempt_at=later_at, **fields)
+            row = ScheduledCommand(
+                kind="refund_payment", order_id=None, payload={"refund_id": 0}, next_attempt_at=later_at, **fields
+            )
             db.session.add(row)
             db.session.commit()
             return row.id
@@ -508,6 +548,7 @@ def test_once_the_provider_answers_again_work_backing_off_for_it_runs_within_one
 
 
 # -- bounds and gates ------------------------------------------------------------------------
+
 
 def test_one_cycle_handles_exactly_one_batch_oldest_first(build_app):
     app = build_app(RECONCILIATION_BATCH_SIZE=3)
@@ -564,6 +605,7 @@ def test_with_expiry_off_the_provider_pass_still_applies_payments(build_app, san
 
 # -- what the operator sees ------------------------------------------------------------------
 
+
 def test_each_cycle_is_recorded_and_the_command_prints_one_line_per_pass(build_app, sandbox):
     app = build_app()
     with app.app_context():
@@ -589,7 +631,6 @@ def test_each_cycle_is_recorded_and_the_command_prints_one_line_per_pass(build_a
     assert float(line.split()[-1]) == pytest.approx(finished)
 
 
-
 def test_orders_whose_provider_answer_cannot_change_soon_do_not_starve_the_batch(build_app, sandbox):
     """A refused payment proof waits for an operator: re-asking about it every cycle would keep
     the oldest such orders at the head of every batch, and younger stuck orders would never be
@@ -602,8 +643,9 @@ def test_orders_whose_provider_answer_cannot_change_soon_do_not_starve_the_batch
         sandbox.set_outcome(refused_sid, "paid")
         sandbox.set_outcome(younger_sid, "paid")
         # The oldest order's total no longer matches what was paid: its proof is refused.
-        db.session.execute(update(Order).where(Order.id == refused).values(total=1).execution_options(
-            synchronize_session=False))
+        db.session.execute(
+            update(Order).where(Order.id == refused).values(total=1).execution_options(synchronize_session=False)
+        )
         db.session.commit()
         backdate(refused, utcnow() - timedelta(hours=2))
         backdate(younger, utcnow() - timedelta(hours=1))
@@ -629,8 +671,12 @@ def test_orders_whose_provider_answer_cannot_change_soon_do_not_starve_the_batch
         assert utcnow() + timedelta(hours=5) < next_check <= utcnow() + timedelta(hours=6)
         page = client.get(f"/console/orders/{reference}").get_data(as_text=True)
         assert "the sweep leaves this order alone until" in page
-        assert client.get(f"/console/orders/{younger_ref}", headers={"Accept": "application/json"}
-                          ).get_json()["order"]["provider_next_check_at"] is None
+        assert (
+            client.get(f"/console/orders/{younger_ref}", headers={"Accept": "application/json"}).get_json()["order"][
+                "provider_next_check_at"
+            ]
+            is None
+        )
 
 
 def test_an_async_payment_settling_with_its_webhook_lost_is_found_within_the_first_backoff_steps(build_app, sandbox):
@@ -704,10 +750,17 @@ def test_a_frozen_lease_holder_blocks_until_its_lease_lapses_then_yields_every_o
         ids = [place_order_for().order_id for _ in range(5)]
         for order_id in ids:
             backdate(order_id, utcnow() - timedelta(hours=1))
-        env = _env(app, BACKSTOP_FAILPOINTS="sweep.after_order=sleep:0.4",
-                   BACKSTOP_RECONCILIATION_LEASE_SECONDS=str(lease))
-        child = subprocess.Popen(_flask() + ["--app", "app", "shop", "sweep"], cwd=ROOT, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        env = _env(
+            app, BACKSTOP_FAILPOINTS="sweep.after_order=sleep:0.4", BACKSTOP_RECONCILIATION_LEASE_SECONDS=str(lease)
+        )
+        child = subprocess.Popen(
+            _flask() + ["--app", "app", "shop", "sweep"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + 60
             while sum(order_state(o) == "Cancelled" for o in ids) < 1:
@@ -735,6 +788,8 @@ def test_a_frozen_lease_holder_blocks_until_its_lease_lapses_then_yields_every_o
             report = child.communicate(timeout=60)[0].decode()
         assert child.returncode == 1 and "lost the lease" in report, report
         assert f"expiry pass: {done_by_child} cancelled" in report, report
-        cancels = db.session.execute(select(OutboxEvent.order_id).where(OutboxEvent.name == "OrderCancelled")).scalars().all()
+        cancels = (
+            db.session.execute(select(OutboxEvent.order_id).where(OutboxEvent.name == "OrderCancelled")).scalars().all()
+        )
         db.session.rollback()
         assert sorted(cancels) == sorted(ids), "each order cancelled exactly once"

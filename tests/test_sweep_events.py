@@ -4,6 +4,7 @@ hundred events a call, instead of one retrieve per order; with few in doubt, or 
 older than the provider keeps events, it asks order by order as before. Real database, Redis and
 sandbox (its request log counts the calls); no webhook reaches the shop in these tests, as after
 an outage of its endpoint."""
+
 from __future__ import annotations
 
 import time
@@ -53,7 +54,8 @@ def _a_window_later():
 
 
 def test_after_a_webhook_outage_one_cycle_settles_200_orders_from_the_event_list_in_at_most_10_calls(
-        fresh_paying_app, sandbox):
+    fresh_paying_app, sandbox
+):
     with fresh_paying_app.app_context():
         orders = _at_the_payment_page(200)
         paid, async_failed, still_open = orders[:160], orders[160:180], orders[180:]

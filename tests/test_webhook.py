@@ -4,6 +4,7 @@ accepts, and that redelivery and disorder change an order at most once.
 Events are the sandbox's own (a real session paid through the real SDK), posted through the
 test client with a Stripe signature; hand-built events only where the sandbox cannot produce
 the case (a lying amount, an unknown order)."""
+
 from __future__ import annotations
 
 import copy
@@ -13,14 +14,12 @@ import time
 
 import pytest
 
-from payment_helpers import paid_at_provider, WEBHOOK_SECRET, Shopper, order_id, post_webhook, \
-    signature, stripe_event
+from payment_helpers import paid_at_provider, WEBHOOK_SECRET, Shopper, order_id, post_webhook, signature, stripe_event
 from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import OutboxEvent, PaymentProofRefusal, ProcessedStripeEvent, WebhookReceipt
 
 LOST = "every payment update is being lost"
-
 
 
 @pytest.fixture
@@ -45,6 +44,7 @@ def _order_events(app, ref) -> list[str]:
 
 
 # -- accepted deliveries ---------------------------------------------------------------------
+
 
 def test_the_same_completed_event_delivered_five_times_pays_the_order_once(fresh_paying_app, shopper, sandbox):
     order, event = paid_at_provider(shopper, sandbox)
@@ -96,8 +96,9 @@ def test_an_expired_event_whose_session_was_paid_meanwhile_pays_the_order(fresh_
 
 
 @pytest.mark.parametrize("lie", [{"amount_total": 100}, {"currency": "eur"}], ids=["amount", "currency"])
-def test_a_session_that_does_not_prove_the_order_total_is_refused_and_recorded(fresh_paying_app, shopper, sandbox,
-                                                                                caplog, lie):
+def test_a_session_that_does_not_prove_the_order_total_is_refused_and_recorded(
+    fresh_paying_app, shopper, sandbox, caplog, lie
+):
     order, completed = paid_at_provider(shopper, sandbox)
     forged = copy.deepcopy(completed)
     forged["id"] = "evt_mismatch"
@@ -118,8 +119,9 @@ def test_a_session_that_does_not_prove_the_order_total_is_refused_and_recorded(f
         assert refusal.source == "webhook"
         field = next(iter(lie))
         assert field in refusal.problems
-    warned = [rec for rec in caplog.records if rec.levelno == logging.WARNING and "payment proof refused" in
-              rec.getMessage()]
+    warned = [
+        rec for rec in caplog.records if rec.levelno == logging.WARNING and "payment proof refused" in rec.getMessage()
+    ]
     assert warned and order["reference"] in warned[0].getMessage()
 
 
@@ -127,8 +129,9 @@ def test_an_event_for_an_order_we_do_not_know_is_accepted_with_a_warning(fresh_p
     _, completed = paid_at_provider(shopper, sandbox)
     foreign = copy.deepcopy(completed)
     foreign["id"] = "evt_foreign"
-    foreign["data"]["object"].update(metadata={"order_id": "987654"}, client_reference_id="BK-NOSUCH",
-                                     id="cs_test_someone_elses")
+    foreign["data"]["object"].update(
+        metadata={"order_id": "987654"}, client_reference_id="BK-NOSUCH", id="cs_test_someone_elses"
+    )
     with caplog.at_level(logging.WARNING):
         r = post_webhook(shopper.client, foreign)
     assert r.status_code == 200
@@ -147,9 +150,17 @@ def test_an_event_type_the_shop_does_not_use_is_acknowledged(fresh_paying_app, s
 
 # -- rejected deliveries ---------------------------------------------------------------------
 
+
 def _event_body() -> bytes:
-    session = {"id": "cs_test_x", "object": "checkout.session", "status": "complete", "payment_status": "paid",
-               "amount_total": 1400, "currency": "usd", "metadata": {"order_id": "1"}}
+    session = {
+        "id": "cs_test_x",
+        "object": "checkout.session",
+        "status": "complete",
+        "payment_status": "paid",
+        "amount_total": 1400,
+        "currency": "usd",
+        "metadata": {"order_id": "1"},
+    }
     return json.dumps(stripe_event("checkout.session.completed", session, "evt_rejected")).encode()
 
 
@@ -157,8 +168,10 @@ REJECTIONS = {
     "no signature": lambda: (_event_body(), {}),
     "bad signature": lambda: (_event_body(), {"Stripe-Signature": signature(_event_body(), "whsec_someone_else")}),
     "malformed signature header": lambda: (_event_body(), {"Stripe-Signature": "nonsense"}),
-    "stale timestamp": lambda: (_event_body(),
-                                {"Stripe-Signature": signature(_event_body(), timestamp=int(time.time()) - 3600)}),
+    "stale timestamp": lambda: (
+        _event_body(),
+        {"Stripe-Signature": signature(_event_body(), timestamp=int(time.time()) - 3600)},
+    ),
     "empty body": lambda: (b"", {"Stripe-Signature": signature(b"")}),
     "unparseable body": lambda: (b"{not json", {"Stripe-Signature": signature(b"{not json")}),
     "not utf-8": lambda: (b"\xff\xfe{}", {"Stripe-Signature": signature(b"\xff\xfe{}")}),
@@ -228,6 +241,7 @@ def test_the_secret_stored_by_registration_verifies_deliveries(make_fresh_app, s
 
 # -- hostile but signed, and bodies without a Content-Length ----------------------------------
 
+
 def _post_chunked(base_url: str, body: bytes, headers: dict, chunk: int = 64 * 1024):
     """A POST with Transfer-Encoding: chunked (no Content-Length), as a proxy may forward it."""
     import http.client
@@ -242,7 +256,7 @@ def _post_chunked(base_url: str, body: bytes, headers: dict, chunk: int = 64 * 1
         conn.endheaders()
         try:
             for start in range(0, len(body), chunk):
-                piece = body[start:start + chunk]
+                piece = body[start : start + chunk]
                 conn.send(b"%x\r\n" % len(piece) + piece + b"\r\n")
             conn.send(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
@@ -266,16 +280,28 @@ def test_a_chunked_body_is_measured_whole_413_over_the_limit_and_verified_whole_
         assert _post_chunked(base, just_over, {"Stripe-Signature": signature(just_over)})[0] == 413
 
         # Under the limit and in many chunks: read to the end, so its signature verifies.
-        event = stripe_event("checkout.session.completed",
-                             {"id": "cs_test_chunked", "object": "checkout.session", "status": "complete",
-                              "payment_status": "paid", "amount_total": 100, "currency": "usd",
-                              "client_reference_id": "BK-NOSUCH", "metadata": {"pad": "y" * 300_000}},
-                             event_id="evt_chunked")
+        event = stripe_event(
+            "checkout.session.completed",
+            {
+                "id": "cs_test_chunked",
+                "object": "checkout.session",
+                "status": "complete",
+                "payment_status": "paid",
+                "amount_total": 100,
+                "currency": "usd",
+                "client_reference_id": "BK-NOSUCH",
+                "metadata": {"pad": "y" * 300_000},
+            },
+            event_id="evt_chunked",
+        )
         body = json.dumps(event).encode()
         status, answer = _post_chunked(base, body, {"Stripe-Signature": signature(body)}, chunk=4096)
         assert status == 200 and json.loads(answer)["outcome"] == "unknown_order"
     assert [(r[0], r[1], r[2]) for r in _receipts(app)] == [
-        (None, "rejected", 413), (None, "rejected", 413), ("evt_chunked", "accepted", 200)]
+        (None, "rejected", 413),
+        (None, "rejected", 413),
+        ("evt_chunked", "accepted", 200),
+    ]
 
 
 @pytest.mark.parametrize("shape", ["deep_array", "deep_object", "metadata_list", "fields_of_every_wrong_type"])
@@ -283,21 +309,37 @@ def test_a_signed_body_of_any_shape_is_answered_400_or_200_never_500(fresh_payin
     """Only Stripe can sign, but a 500 would make it retry forever: nesting past the parser's
     depth is unparseable (400), a session object with fields of the wrong types is a notice
     about no order we know, or about no session at all (200)."""
-    session = {"id": "cs_test_odd", "object": "checkout.session", "status": "complete", "payment_status": "paid",
-               "amount_total": 100, "currency": "usd", "client_reference_id": "BK-NOSUCH"}
+    session = {
+        "id": "cs_test_odd",
+        "object": "checkout.session",
+        "status": "complete",
+        "payment_status": "paid",
+        "amount_total": 100,
+        "currency": "usd",
+        "client_reference_id": "BK-NOSUCH",
+    }
     if shape == "deep_array":
         body = b"[" * 5000 + b"]" * 5000
     elif shape == "deep_object":
         nested = '{"a": ' * 5000 + "1" + "}" * 5000
-        body = ('{"id": "evt_deep", "type": "checkout.session.completed", "data": {"object": ' + nested
-                + "}}").encode()
+        body = ('{"id": "evt_deep", "type": "checkout.session.completed", "data": {"object": ' + nested + "}}").encode()
     elif shape == "metadata_list":
-        body = json.dumps(stripe_event("checkout.session.completed", {**session, "metadata": [1]},
-                                       event_id="evt_list")).encode()
+        body = json.dumps(
+            stripe_event("checkout.session.completed", {**session, "metadata": [1]}, event_id="evt_list")
+        ).encode()
     else:
-        odd = {"id": ["cs"], "status": 1, "payment_status": {"x": 1}, "amount_total": "100", "currency": 5,
-               "client_reference_id": "BK-\u0000", "metadata": {"order_id": {"x": 1}}, "expires_at": 10**30,
-               "payment_intent": {"id": 7}, "url": False}
+        odd = {
+            "id": ["cs"],
+            "status": 1,
+            "payment_status": {"x": 1},
+            "amount_total": "100",
+            "currency": 5,
+            "client_reference_id": "BK-\u0000",
+            "metadata": {"order_id": {"x": 1}},
+            "expires_at": 10**30,
+            "payment_intent": {"id": 7},
+            "url": False,
+        }
         body = json.dumps(stripe_event("checkout.session.completed", odd, event_id="evt_odd")).encode()
     r = post_webhook(fresh_paying_app.test_client(), body)
     assert r.status_code in (200, 400), r.get_data(as_text=True)[:300]
@@ -314,8 +356,15 @@ def test_a_signed_event_whose_id_holds_a_control_character_is_refused_as_not_str
     refused to store it while claiming the event, and the delivery was logged with a traceback as
     'accepted, not applied'. Stripe's ids are `evt_` and letters and digits: such a body is not
     Stripe's, and is refused before anything is written."""
-    session = {"id": "cs_test_nul", "object": "checkout.session", "status": "complete", "payment_status": "paid",
-               "amount_total": 100, "currency": "usd", "client_reference_id": "BK-NOSUCH"}
+    session = {
+        "id": "cs_test_nul",
+        "object": "checkout.session",
+        "status": "complete",
+        "payment_status": "paid",
+        "amount_total": 100,
+        "currency": "usd",
+        "client_reference_id": "BK-NOSUCH",
+    }
     client = fresh_paying_app.test_client()
     for bad_id in ("evt_\u0000nul", "evt_\u001fctl", "e" * 256):
         r = post_webhook(client, stripe_event("checkout.session.completed", session, event_id=bad_id))
@@ -328,13 +377,21 @@ def test_a_signed_event_whose_id_holds_a_control_character_is_refused_as_not_str
 
 @pytest.mark.parametrize("event_type", ["checkout.session.completed", "checkout.session.expired"])
 def test_a_session_event_that_names_no_session_is_ignored_in_words_without_asking_the_provider(
-        fresh_paying_app, sandbox, event_type, caplog):
+    fresh_paying_app, sandbox, event_type, caplog
+):
     """Found by the long fuzz run: a session id that is not a string reached the SDK (an
     'expired' notice is re-read from the provider) and raised TypeError, logged with a traceback
     as 'accepted, not applied'. Without a session there is nothing to apply or ask about."""
     before = sandbox.request_count()
-    session = {"id": 12345, "object": "checkout.session", "status": "expired", "payment_status": "unpaid",
-               "amount_total": 100, "currency": "usd", "metadata": {"order_id": "1"}}
+    session = {
+        "id": 12345,
+        "object": "checkout.session",
+        "status": "expired",
+        "payment_status": "unpaid",
+        "amount_total": 100,
+        "currency": "usd",
+        "metadata": {"order_id": "1"},
+    }
     r = post_webhook(fresh_paying_app.test_client(), stripe_event(event_type, session, event_id="evt_no_session"))
     assert r.status_code == 200 and r.get_json()["outcome"] == "ignored"
     [receipt] = _receipts(fresh_paying_app)

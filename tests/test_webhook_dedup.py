@@ -1,6 +1,7 @@
 """The webhook's one-transaction path: the event's dedup row, the transition and the delivery's
 receipt commit together, so a delivery racing another one for the same event, or carrying
 fields the receipt table cannot hold, still changes the order at most once and is recorded."""
+
 from __future__ import annotations
 
 import copy
@@ -17,7 +18,6 @@ from shop.extensions import db
 from shop.models import OutboxEvent, ProcessedStripeEvent, WebhookReceipt
 
 ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
-
 
 
 @pytest.fixture
@@ -43,16 +43,21 @@ def _post_while_event_is_claimed(app, database_url, event, *, claim_commits: boo
     answer = {}
     try:
         with engine.connect() as other:
-            other.execute(text("INSERT INTO processed_stripe_events (event_id, processed_at) VALUES (:e, now())"),
-                          {"e": event["id"]})
+            other.execute(
+                text("INSERT INTO processed_stripe_events (event_id, processed_at) VALUES (:e, now())"),
+                {"e": event["id"]},
+            )
             poster = threading.Thread(target=lambda: answer.setdefault("r", post_webhook(app.test_client(), event)))
             poster.start()
             deadline = time.monotonic() + 10
             waiting = 0
             while time.monotonic() < deadline and not waiting:
-                waiting = other.execute(text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")).scalar()
+                waiting = other.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                    )
+                ).scalar()
                 time.sleep(0.02)
             assert waiting, "the delivery never waited for the other claim of its event"
             assert poster.is_alive()
@@ -69,7 +74,8 @@ def _post_while_event_is_claimed(app, database_url, event, *, claim_commits: boo
 
 @pytest.mark.skipif(not ON_POSTGRES, reason="needs two open write transactions at once (PostgreSQL)")
 def test_a_delivery_racing_a_committed_claim_of_its_event_is_a_duplicate_and_changes_nothing(
-        fresh_paying_app, shopper, sandbox, database_url):
+    fresh_paying_app, shopper, sandbox, database_url
+):
     order, event = paid_at_provider(shopper, sandbox)
     r = _post_while_event_is_claimed(fresh_paying_app, database_url, event, claim_commits=True)
     assert r.status_code == 200 and r.get_json()["outcome"] == "duplicate"
@@ -81,8 +87,9 @@ def test_a_delivery_racing_a_committed_claim_of_its_event_is_a_duplicate_and_cha
 
 
 @pytest.mark.skipif(not ON_POSTGRES, reason="needs two open write transactions at once (PostgreSQL)")
-def test_a_delivery_racing_a_claim_that_rolls_back_applies_the_event_once(fresh_paying_app, shopper, sandbox,
-                                                                          database_url):
+def test_a_delivery_racing_a_claim_that_rolls_back_applies_the_event_once(
+    fresh_paying_app, shopper, sandbox, database_url
+):
     order, event = paid_at_provider(shopper, sandbox)
     r = _post_while_event_is_claimed(fresh_paying_app, database_url, event, claim_commits=False)
     assert r.status_code == 200 and r.get_json()["outcome"] == "paid"
@@ -95,12 +102,14 @@ def test_a_delivery_racing_a_claim_that_rolls_back_applies_the_event_once(fresh_
 
 
 def test_an_event_naming_an_order_id_beyond_the_column_is_accepted_as_unknown_and_recorded(
-        fresh_paying_app, shopper, sandbox):
+    fresh_paying_app, shopper, sandbox
+):
     _, completed = paid_at_provider(shopper, sandbox)
     foreign = copy.deepcopy(completed)
     foreign["id"] = "evt_huge_order_id"
-    foreign["data"]["object"].update(metadata={"order_id": str(2**40)}, client_reference_id="BK-NOSUCH",
-                                     id="cs_test_not_ours")
+    foreign["data"]["object"].update(
+        metadata={"order_id": str(2**40)}, client_reference_id="BK-NOSUCH", id="cs_test_not_ours"
+    )
     r = post_webhook(shopper.client, foreign)
     assert r.status_code == 200 and r.get_json()["outcome"] == "unknown_order"
     with fresh_paying_app.app_context():
@@ -124,7 +133,8 @@ def test_a_signed_thin_event_notification_is_rejected_as_unparseable(fresh_payin
 
 @pytest.mark.skipif(not ON_POSTGRES, reason="needs a writer to commit between another's read and write (PostgreSQL)")
 def test_a_payment_applied_by_another_writer_between_the_notices_read_and_write_is_applied_once(
-        fresh_paying_app, shopper, sandbox):
+    fresh_paying_app, shopper, sandbox
+):
     """The usual payment notice reads the order, then writes Paid with `WHERE version = <read>`.
     Here the customer's return page applies the same payment in between (its own transaction,
     committed): the webhook's write must miss, re-read, and find the order already paid. Without

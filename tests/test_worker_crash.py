@@ -1,5 +1,6 @@
 """A real worker process SIGKILLed in the middle of the compensation: nothing half-done
 survives, and the delivery completes once its lease lapses. The database, not RQ, notices."""
+
 from __future__ import annotations
 
 import os
@@ -28,12 +29,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLASK = os.path.join(os.path.dirname(sys.executable), "flask")
 
 
-
 @pytest.fixture(autouse=True)
 def _only_the_restore_listens_to_cancellations(monkeypatch):
     """These tests use cancelled orders' restores as the sample work; the customer's cancellation
     email (a second handler of OrderCancelled) would double every count without adding a case."""
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory"])
+
 
 def _start_worker(app, tmp_path, failpoints: str | None = None) -> subprocess.Popen:
     """`flask --app app shop worker` as its own process, on this test's database and queues."""
@@ -47,8 +48,14 @@ def _start_worker(app, tmp_path, failpoints: str | None = None) -> subprocess.Po
     )
     if failpoints:
         env["BACKSTOP_FAILPOINTS"] = failpoints
-    return subprocess.Popen([FLASK, "--app", "app", "shop", "worker"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [FLASK, "--app", "app", "shop", "worker"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _feed_until(app, proc, order_id, done, timeout=90.0):
@@ -80,7 +87,8 @@ def _stop(proc):
 
 
 def test_a_worker_killed_mid_restore_leaves_nothing_half_done_and_the_delivery_completes_after_its_lease(
-        fresh_app, tmp_path):
+    fresh_app, tmp_path
+):
     with fresh_app.app_context():
         skus = seed_catalog_rows()
         a5, sand = skus["NB-A5-DOT"], skus["MUG-350-SND"]

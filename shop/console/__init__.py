@@ -1,5 +1,6 @@
 """The operator console: what is stuck, what died, what needs a human, and the buttons that
 fix it through the same use cases the rest of the shop runs (it is not a back door)."""
+
 from flask import Blueprint
 
 bp = Blueprint("console", __name__, url_prefix="/console")

@@ -7,6 +7,7 @@ on with `about(...)`; `done()` and `problem()` (shop/console/routes.py) note the
 The row is written in its own transaction after the action's: an action's commit never waits on
 its audit row, and a failure to write one is logged at ERROR, never turned into a failed action.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,25 +35,49 @@ def outcome(message: str) -> None:
 
 
 def record_action(response):
-    if request.method != "POST" or request.endpoint in NOT_AUDITED or request.endpoint is None \
-            or not current_user.is_authenticated:
+    if (
+        request.method != "POST"
+        or request.endpoint in NOT_AUDITED
+        or request.endpoint is None
+        or not current_user.is_authenticated
+    ):
         return response
     try:
         db.session.rollback()  # whatever the action left open is not the audit's to commit
-        db.session.add(OperatorAction(
-            operator=current_user.email, action=request.endpoint.removeprefix("console."),
-            target=(g.get("audit_target") or request.path)[:200], order_id=g.get("audit_order_id"),
-            reason=g.get("audit_reason"), status=response.status_code,
-            outcome=g.get("audit_outcome") or response.status, created_at=utcnow()))
+        db.session.add(
+            OperatorAction(
+                operator=current_user.email,
+                action=request.endpoint.removeprefix("console."),
+                target=(g.get("audit_target") or request.path)[:200],
+                order_id=g.get("audit_order_id"),
+                reason=g.get("audit_reason"),
+                status=response.status_code,
+                outcome=g.get("audit_outcome") or response.status,
+                created_at=utcnow(),
+            )
+        )
         db.session.commit()
     except Exception:
         db.session.rollback()
-        log.error("could not write the audit row of %s %s by %s", request.method, request.path,
-                  getattr(current_user, "email", "?"), exc_info=True)
+        log.error(
+            "could not write the audit row of %s %s by %s",
+            request.method,
+            request.path,
+            getattr(current_user, "email", "?"),
+            exc_info=True,
+        )
     return response
 
 
 def action_json(row: OperatorAction, reference: str | None) -> dict:
-    return {"id": row.id, "at": iso(row.created_at), "operator": row.operator, "action": row.action,
-            "target": row.target, "order_reference": reference, "reason": row.reason, "status": row.status,
-            "outcome": row.outcome}
+    return {
+        "id": row.id,
+        "at": iso(row.created_at),
+        "operator": row.operator,
+        "action": row.action,
+        "target": row.target,
+        "order_reference": reference,
+        "reason": row.reason,
+        "status": row.status,
+        "outcome": row.outcome,
+    }

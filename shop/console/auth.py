@@ -1,4 +1,5 @@
 """Operator sessions: the login gate in front of everything under /console, login and logout."""
+
 from __future__ import annotations
 
 import logging
@@ -61,8 +62,7 @@ def require_operator():
         log.info("operator %s logged out after %d s without a request", current_user.email, idle)
         logout_user()
         session.pop(LAST_SEEN, None)
-        message = (f"You were logged out after {_minutes(limit)} without activity in the console; "
-                   "log in again.")
+        message = f"You were logged out after {_minutes(limit)} without activity in the console; log in again."
         if not wants_json():
             flash(message, "error")
     if request.endpoint in PUBLIC_ENDPOINTS:
@@ -82,8 +82,13 @@ def _minutes(seconds: int) -> str:
 
 def safe_next(value: str | None, default: str) -> str:
     """Only a path inside the console: never another host (an open redirect)."""
-    if value and value.startswith("/console") and "\\" not in value and not value.startswith("//") \
-            and value.isprintable():  # CR/LF would be a header injection (werkzeug refuses it: a 500)
+    if (
+        value
+        and value.startswith("/console")
+        and "\\" not in value
+        and not value.startswith("//")
+        and value.isprintable()
+    ):  # CR/LF would be a header injection (werkzeug refuses it: a 500)
         return value
     return default
 
@@ -107,8 +112,7 @@ def login():
         db.session.rollback()
         log.warning("console login refused for %r from %s", email[:80], request.remote_addr)
         form.password.data = ""
-        return respond("console/login.html", {"error": BAD_CREDENTIALS, "csrf_token": generate_csrf()}, 401,
-                       form=form)
+        return respond("console/login.html", {"error": BAD_CREDENTIALS, "csrf_token": generate_csrf()}, 401, form=form)
     login_user(operator)
     session[LAST_SEEN] = time.time()
     log.info("operator %s logged in from %s", operator.email, request.remote_addr)

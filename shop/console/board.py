@@ -1,5 +1,6 @@
 """The dashboard's cards (everything that needs a human, each with its own check) and its small
 charts (orders per minute and outbox lag over the last hour, drawn as SVG on the server)."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -14,20 +15,36 @@ from ..orders.serialize import iso
 from .format import human_age
 
 REJECTED_WINDOW = timedelta(hours=24)
-WEBHOOK_CHECK = ("Check the signing secret: STRIPE_WEBHOOK_SECRET must be the secret of the endpoint the provider "
-                 "sends to. Re-register the endpoint with `flask shop stripe-register-webhook` if it changed.")
+WEBHOOK_CHECK = (
+    "Check the signing secret: STRIPE_WEBHOOK_SECRET must be the secret of the endpoint the provider "
+    "sends to. Re-register the endpoint with `flask shop stripe-register-webhook` if it changed."
+)
 
 
 def _card(key, title, ok, count, words, check, url, *, stale=False) -> dict:
-    return {"key": key, "title": title, "ok": bool(ok), "stale": stale, "count": count, "words": words,
-            "check": check, "url": url}
+    return {
+        "key": key,
+        "title": title,
+        "ok": bool(ok),
+        "stale": stale,
+        "count": count,
+        "words": words,
+        "check": check,
+        "url": url,
+    }
 
 
 def cards(data: dict, now: datetime) -> list[dict]:
     """One card per thing that can need a human. `ok` (green) only when that card's own check
     passed recently: a card whose check has not run for too long is `stale` and not green."""
-    return [_processes_card(data), _rejected_webhooks_card(now), _sweep_card(data, now), *_backlog_cards(data),
-            _refunds_failed_card(data), _provider_card(data["provider"])]
+    return [
+        _processes_card(data),
+        _rejected_webhooks_card(now),
+        _sweep_card(data, now),
+        *_backlog_cards(data),
+        _refunds_failed_card(data),
+        _provider_card(data["provider"]),
+    ]
 
 
 def _processes_card(data: dict) -> dict:
@@ -40,34 +57,62 @@ def _processes_card(data: dict) -> dict:
     redis_ok = health["checks"].get("redis") == "ok"
     parts = []
     if stalled:
-        parts.append(f"{len(stalled)} stalled: " + ", ".join(
-            f"{p['role']} {p['name']} (last beat {human_age(p['beat_age_seconds'])} ago)" for p in stalled) + ".")
+        parts.append(
+            f"{len(stalled)} stalled: "
+            + ", ".join(f"{p['role']} {p['name']} (last beat {human_age(p['beat_age_seconds'])} ago)" for p in stalled)
+            + "."
+        )
     if missing:
-        parts.append("No " + " and no ".join(missing) + " has beaten within "
-                     + human_age(health["stale_after_seconds"]) + ".")
+        parts.append(
+            "No " + " and no ".join(missing) + " has beaten within " + human_age(health["stale_after_seconds"]) + "."
+        )
     if not redis_ok:
         words = "Redis does not answer: no heartbeat can be read."
     else:
         words = " ".join(parts) or f"{len(procs)} running, each beat within {human_age(health['stale_after_seconds'])}."
-    return _card("processes", "Processes", redis_ok and not stalled and not missing, len(stalled) + len(missing),
-                 words, "Start or restart the stalled process (`flask shop up` runs them all); "
-                 "a stopped worker leaves payments and emails waiting.", url_for("console.dashboard") + "#processes",
-                 stale=not redis_ok)  # a stalled process was checked: it needs a human
+    return _card(
+        "processes",
+        "Processes",
+        redis_ok and not stalled and not missing,
+        len(stalled) + len(missing),
+        words,
+        "Start or restart the stalled process (`flask shop up` runs them all); "
+        "a stopped worker leaves payments and emails waiting.",
+        url_for("console.dashboard") + "#processes",
+        stale=not redis_ok,
+    )  # a stalled process was checked: it needs a human
 
 
 def _rejected_webhooks_card(now: datetime) -> dict:
     since = now - REJECTED_WINDOW
-    count, = db.session.execute(select(func.count()).select_from(WebhookReceipt).where(
-        WebhookReceipt.outcome == "rejected", WebhookReceipt.received_at >= since)).one()
+    (count,) = db.session.execute(
+        select(func.count())
+        .select_from(WebhookReceipt)
+        .where(WebhookReceipt.outcome == "rejected", WebhookReceipt.received_at >= since)
+    ).one()
     latest = None
     if count:
-        latest = db.session.execute(select(WebhookReceipt).where(
-            WebhookReceipt.outcome == "rejected", WebhookReceipt.received_at >= since)
-            .order_by(WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc()).limit(1)).scalar_one()
-    words = (f"{count} rejected in the last 24 h; the latest {human_age(_age(now, latest.received_at))} ago: "
-             f"{latest.reason or 'no reason recorded'}" if latest else "None rejected in the last 24 h.")
-    card = _card("rejected_webhooks", "Rejected webhooks", count == 0, count, words,
-                 WEBHOOK_CHECK, url_for("console.webhooks", outcome="rejected"))
+        latest = db.session.execute(
+            select(WebhookReceipt)
+            .where(WebhookReceipt.outcome == "rejected", WebhookReceipt.received_at >= since)
+            .order_by(WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc())
+            .limit(1)
+        ).scalar_one()
+    words = (
+        f"{count} rejected in the last 24 h; the latest {human_age(_age(now, latest.received_at))} ago: "
+        f"{latest.reason or 'no reason recorded'}"
+        if latest
+        else "None rejected in the last 24 h."
+    )
+    card = _card(
+        "rejected_webhooks",
+        "Rejected webhooks",
+        count == 0,
+        count,
+        words,
+        WEBHOOK_CHECK,
+        url_for("console.webhooks", outcome="rejected"),
+    )
     card["latest_reason"] = latest.reason if latest else None
     card["latest_at"] = iso(as_utc(latest.received_at)) if latest else None
     return card
@@ -83,38 +128,69 @@ def _sweep_card(data: dict, now: datetime) -> dict:
     problems = sweep["problems"] if sweep else []
     errors = len(sweep["errors"]) if sweep else 0
     if not fresh:
-        words = (f"No sweep has finished ok in the last {human_age(fresh_limit)} (it runs every "
-                 f"{human_age(interval)}): " + (f"the last good one finished {human_age(ok_age)} ago."
-                                                if ok_age is not None else "none ever has."))
+        words = (
+            f"No sweep has finished ok in the last {human_age(fresh_limit)} (it runs every "
+            f"{human_age(interval)}): "
+            + (f"the last good one finished {human_age(ok_age)} ago." if ok_age is not None else "none ever has.")
+        )
     elif errors:
         words = f"The latest sweep could not settle {errors} order(s): " + "; ".join(
-            (f"{p['order_reference']}: " if p.get("order_reference") else "") + p["what"] for p in problems[:3])
+            (f"{p['order_reference']}: " if p.get("order_reference") else "") + p["what"] for p in problems[:3]
+        )
     else:
         words = f"The latest sweep finished ok {human_age(ok_age)} ago, with no errors."
-    return _card("sweep", "Sweep", fresh and not errors, errors, words,
-                 "A sweep that stopped running means the scheduler or the workers are down (see Processes); "
-                 "errors name the orders to look at.", url_for("console.sweeps"), stale=not fresh)
+    return _card(
+        "sweep",
+        "Sweep",
+        fresh and not errors,
+        errors,
+        words,
+        "A sweep that stopped running means the scheduler or the workers are down (see Processes); "
+        "errors name the orders to look at.",
+        url_for("console.sweeps"),
+        stale=not fresh,
+    )
 
 
 def _backlog_cards(data: dict) -> list[dict]:
     """What waits for a person: dead letters, open restore warnings, stuck orders."""
     dead, warn, stuck = data["dead_letters"], data["restore_warnings"], data["stuck_orders"]
     return [
-        _card("dead_letters", "Dead letters", dead["count"] == 0, dead["count"],
-              f"{dead['count']} dead, the oldest {human_age(dead['oldest_age_seconds'])} old."
-              if dead["count"] else "None.",
-              "Fix what they died of (the error says), then Retry; Discard with a reason what must not run.",
-              url_for("console.outbox", status="dead")),
-        _card("restore_warnings", "Restore warnings", warn["count"] == 0, warn["count"],
-              f"{warn['count']} open, the oldest {human_age(warn['oldest_age_seconds'])} old: stock that "
-              "did not come back." if warn["count"] else "None open.",
-              "Count the shelf, correct the stock, then mark the warning fixed (or retry the restore).",
-              url_for("console.restore_warnings", state="open")),
-        _card("stuck_orders", "Stuck orders", stuck["count"] == 0, stuck["count"],
-              f"{stuck['count']} live and unchanged for over {human_age(stuck['stuck_after_seconds'])}, "
-              f"the oldest {human_age(stuck['oldest_age_seconds'])}." if stuck["count"] else "None.",
-              "Open the order: its timeline says what it waits for; Reconcile asks the provider now.",
-              url_for("console.orders", stuck=1)),
+        _card(
+            "dead_letters",
+            "Dead letters",
+            dead["count"] == 0,
+            dead["count"],
+            f"{dead['count']} dead, the oldest {human_age(dead['oldest_age_seconds'])} old."
+            if dead["count"]
+            else "None.",
+            "Fix what they died of (the error says), then Retry; Discard with a reason what must not run.",
+            url_for("console.outbox", status="dead"),
+        ),
+        _card(
+            "restore_warnings",
+            "Restore warnings",
+            warn["count"] == 0,
+            warn["count"],
+            f"{warn['count']} open, the oldest {human_age(warn['oldest_age_seconds'])} old: stock that "
+            "did not come back."
+            if warn["count"]
+            else "None open.",
+            "Count the shelf, correct the stock, then mark the warning fixed (or retry the restore).",
+            url_for("console.restore_warnings", state="open"),
+        ),
+        _card(
+            "stuck_orders",
+            "Stuck orders",
+            stuck["count"] == 0,
+            stuck["count"],
+            f"{stuck['count']} live and unchanged for over {human_age(stuck['stuck_after_seconds'])}, "
+            f"the oldest {human_age(stuck['oldest_age_seconds'])}."
+            if stuck["count"]
+            else "None.",
+            "Open the order: its timeline says what it waits for; Reconcile asks the provider now.",
+            url_for("console.orders", stuck=1),
+        ),
     ]
 
 
@@ -123,20 +199,36 @@ def _refunds_failed_card(data: dict) -> dict:
     operator has dealt with: each is a customer's money kept, so it stays red until retried or
     settled outside the shop."""
     count, oldest = data["refunds_failed"], data["refunds_failed_oldest_age_seconds"]
-    words = (f"{count} refund{'' if count == 1 else 's'} did not go through at the provider, the oldest failed "
-             f"{human_age(oldest)} ago: the customer's money is not back." if count else "None.")
-    return _card("refunds_failed", "Failed refunds", count == 0, count, words,
-                 "Open each one: Retry sends the refund again (a new attempt at the provider); Settle records, "
-                 "with a reason, that it was settled outside the shop. The customer was emailed that we are on it.",
-                 url_for("console.refunds", status="failed"))
+    words = (
+        f"{count} refund{'' if count == 1 else 's'} did not go through at the provider, the oldest failed "
+        f"{human_age(oldest)} ago: the customer's money is not back."
+        if count
+        else "None."
+    )
+    return _card(
+        "refunds_failed",
+        "Failed refunds",
+        count == 0,
+        count,
+        words,
+        "Open each one: Retry sends the refund again (a new attempt at the provider); Settle records, "
+        "with a reason, that it was settled outside the shop. The customer was emailed that we are on it.",
+        url_for("console.refunds", status="failed"),
+    )
 
 
 def _provider_card(provider: dict) -> dict:
     # Not green while the latest calls failed, even below the breaker's threshold.
     healthy = provider["state"] == "closed" and not provider.get("failures")
-    return _card("provider", "Payment provider", healthy, 0 if healthy else 1, provider["words"],
-                 "Look at the provider's status page; work waiting for it retries by itself.",
-                 url_for("console.outbox", status="waiting"))
+    return _card(
+        "provider",
+        "Payment provider",
+        healthy,
+        0 if healthy else 1,
+        provider["words"],
+        "Look at the provider's status page; work waiting for it retries by itself.",
+        url_for("console.outbox", status="waiting"),
+    )
 
 
 def _age(now: datetime, then: datetime) -> int:
@@ -193,8 +285,13 @@ def charts(now: datetime) -> dict:
         for key, n in counts.items():
             series[key][i] += n
         lag[i] = worst
-    return {"start": iso(start), "minutes": CHART_MINUTES, "orders": series,
-            "totals": {k: sum(v) for k, v in series.items()}, "outbox_lag_seconds": lag}
+    return {
+        "start": iso(start),
+        "minutes": CHART_MINUTES,
+        "orders": series,
+        "totals": {k: sum(v) for k, v in series.items()},
+        "outbox_lag_seconds": lag,
+    }
 
 
 def _per_minute(start: datetime, since: datetime, until: datetime | None) -> tuple[dict, list]:
@@ -207,7 +304,8 @@ def _per_minute(start: datetime, since: datetime, until: datetime | None) -> tup
     if until is not None:
         where.append(OutboxEvent.created_at < until)
     for name, m, n in db.session.execute(
-            select(OutboxEvent.name, minute, func.count()).where(*where).group_by(OutboxEvent.name, minute)).all():
+        select(OutboxEvent.name, minute, func.count()).where(*where).group_by(OutboxEvent.name, minute)
+    ).all():
         if m is not None and 0 <= m < CHART_MINUTES:
             series[names[name]][m] += n
     dminute = _minute_of(OutboxDelivery.completed_at, start)
@@ -216,8 +314,10 @@ def _per_minute(start: datetime, since: datetime, until: datetime | None) -> tup
         where.append(OutboxDelivery.completed_at < until)
     lag = [None] * CHART_MINUTES
     for m, worst in db.session.execute(
-            select(dminute, func.max(_seconds_between(OutboxDelivery.completed_at, OutboxDelivery.created_at)))
-            .where(*where).group_by(dminute)).all():
+        select(dminute, func.max(_seconds_between(OutboxDelivery.completed_at, OutboxDelivery.created_at)))
+        .where(*where)
+        .group_by(dminute)
+    ).all():
         if m is not None and 0 <= m < CHART_MINUTES and worst is not None:
             lag[m] = max(0, round(float(worst), 1))
     return series, lag
@@ -236,18 +336,30 @@ def svg(values: list, start: datetime | str, what: str, unit: str) -> dict:
             continue
         h = max(1.0, round(v / top * (HEIGHT - 2), 1))
         at = (start + timedelta(minutes=i)).strftime("%H:%M")
-        bars.append({"x": round(i * step, 2), "y": round(HEIGHT - h, 1), "w": round(step * 0.8, 2), "h": h,
-                     "label": f"{at} UTC: {_fmt(v)} {unit}"})
+        bars.append(
+            {
+                "x": round(i * step, 2),
+                "y": round(HEIGHT - h, 1),
+                "w": round(step * 0.8, 2),
+                "h": h,
+                "label": f"{at} UTC: {_fmt(v)} {unit}",
+            }
+        )
     if what == "lag":
-        words = (f"Outbox lag: deliveries finished in {len(known)} of the last {len(values)} minutes; the longest "
-                 f"wait was {_fmt(top)} seconds." if known else
-                 f"Outbox lag: no delivery finished in the last {len(values)} minutes.")
+        words = (
+            f"Outbox lag: deliveries finished in {len(known)} of the last {len(values)} minutes; the longest "
+            f"wait was {_fmt(top)} seconds."
+            if known
+            else f"Outbox lag: no delivery finished in the last {len(values)} minutes."
+        )
     else:
         total = sum(known)
         busiest = values.index(top) if top else None
-        words = (f"{total} order{'' if total == 1 else 's'} {what} in the last {len(values)} minutes"
-                 + (f"; at most {top} in one minute, at {(start + timedelta(minutes=busiest)).strftime('%H:%M')} UTC."
-                    if busiest is not None else "."))
+        words = f"{total} order{'' if total == 1 else 's'} {what} in the last {len(values)} minutes" + (
+            f"; at most {top} in one minute, at {(start + timedelta(minutes=busiest)).strftime('%H:%M')} UTC."
+            if busiest is not None
+            else "."
+        )
     return {"bars": bars, "words": words, "width": WIDTH, "height": HEIGHT, "top": top}
 
 

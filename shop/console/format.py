@@ -1,9 +1,11 @@
 """Words for a tired operator: "12 min" rather than 720, "18.00 USD" rather than 1800."""
+
 from __future__ import annotations
 
 from datetime import datetime
 
 from ..money import format_money
+
 
 def human_age(seconds: float | int | None) -> str:
     if seconds is None:

@@ -14,20 +14,24 @@ class ConsoleForm(Form):
 
 class LoginForm(ConsoleForm):
     email = EmailField("Email", validators=[DataRequired(message="Enter your email."), Length(max=254)])
-    password = PasswordField("Password", validators=[DataRequired(message="Enter your password."),
-                                                     Length(max=1024)])
+    password = PasswordField("Password", validators=[DataRequired(message="Enter your password."), Length(max=1024)])
     next = HiddenField()
 
 
 class ActionForm(ConsoleForm):
     """A bare POST carrying only the CSRF token (and where to go back to)."""
+
     next = HiddenField()
 
 
 class DiscardForm(ConsoleForm):
-    reason = TextAreaField("Why discard it", validators=[
-        DataRequired(message="Say why this is discarded: the reason is the only record of the decision."),
-        Length(max=2000, message="Keep the reason under 2000 characters.")])
+    reason = TextAreaField(
+        "Why discard it",
+        validators=[
+            DataRequired(message="Say why this is discarded: the reason is the only record of the decision."),
+            Length(max=2000, message="Keep the reason under 2000 characters."),
+        ],
+    )
     next = HiddenField()
 
 
@@ -45,7 +49,13 @@ class RetryRefundForm(ConsoleForm):
 
 
 class SettleRefundForm(ConsoleForm):
-    reason = TextAreaField("How it was settled", validators=[
-        DataRequired(message="Say how this refund was settled outside the shop: the reason is the only record of it."),
-        Length(max=2000, message="Keep the reason under 2000 characters.")])
+    reason = TextAreaField(
+        "How it was settled",
+        validators=[
+            DataRequired(
+                message="Say how this refund was settled outside the shop: the reason is the only record of it."
+            ),
+            Length(max=2000, message="Keep the reason under 2000 characters."),
+        ],
+    )
     next = HiddenField()

@@ -1,5 +1,6 @@
 """What the console shows, read straight from the tables (the database is the truth). Each
 function returns plain dicts: the JSON answer, and what the HTML page renders."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,8 +13,19 @@ from ..domain.deadlines import FAILURE_PROVIDER, as_utc
 from ..domain.order import LIVE
 from ..domain.refunds import NOT_RETURNED, needs_operator
 from ..extensions import db
-from ..models import (OperatorAction, Order, OutboxDelivery, OutboxEvent, PaymentProofRefusal, ProviderRefusal,
-                      ReconciliationCycle, Refund, RestoreWarning, ScheduledCommand, WebhookReceipt)
+from ..models import (
+    OperatorAction,
+    Order,
+    OutboxDelivery,
+    OutboxEvent,
+    PaymentProofRefusal,
+    ProviderRefusal,
+    ReconciliationCycle,
+    Refund,
+    RestoreWarning,
+    ScheduledCommand,
+    WebhookReceipt,
+)
 from ..ops.health import snapshot
 from ..ops.metrics import stuck_cutoff
 from ..orders.serialize import iso, order_json
@@ -34,6 +46,8 @@ WORK_FILTERS = WORK_STATUSES + (WAITING,)
 
 def waiting_for_provider(row) -> bool:
     return row.status == "pending" and row.failure_kind == FAILURE_PROVIDER
+
+
 WARNING_STATES = ("open", "resolved", "duplicate")
 WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected", "failed")  # see shop.webhooks
 LIVE_STATUSES = tuple(s.value for s in LIVE)
@@ -56,52 +70,82 @@ def paging(query, page: int, per_page: int = PER_PAGE, count_query=None):
     `total_capped`, when there are at least that many (and a next page whenever there is one).
     `count_query` counts the rows when `query` only holds enough of them for this page."""
     limit = page * per_page + COUNT_CAP
-    counted = db.session.execute(select(func.count()).select_from(
-        (count_query if count_query is not None else query).order_by(None).limit(limit + 1).subquery())).scalar_one()
+    counted = db.session.execute(
+        select(func.count()).select_from(
+            (count_query if count_query is not None else query).order_by(None).limit(limit + 1).subquery()
+        )
+    ).scalar_one()
     rows = db.session.execute(query.limit(per_page).offset((page - 1) * per_page)).all()
-    meta = {"page": page, "per_page": per_page, "total": min(counted, limit), "total_capped": counted > limit,
-            "next_page": page + 1 if page * per_page < counted else None}
+    meta = {
+        "page": page,
+        "per_page": per_page,
+        "total": min(counted, limit),
+        "total_capped": counted > limit,
+        "next_page": page + 1 if page * per_page < counted else None,
+    }
     return rows, meta
 
 
 # -- dashboard ------------------------------------------------------------------------------
 
+
 def _count_and_oldest(query_from, where, column, now):
-    count, oldest = db.session.execute(select(func.count(), func.min(column)).select_from(query_from)
-                                       .where(*where)).one()
+    count, oldest = db.session.execute(
+        select(func.count(), func.min(column)).select_from(query_from).where(*where)
+    ).one()
     return {"count": count, "oldest_age_seconds": age_seconds(now, oldest)}
 
 
 def dashboard(now: datetime) -> dict:
     cutoff = stuck_cutoff(now)
-    per_status = {status: (count, oldest) for status, count, oldest in db.session.execute(
-        select(Order.status, func.count(), func.min(Order.updated_at))
-        .where(Order.status.in_(LIVE_STATUSES), Order.updated_at < cutoff).group_by(Order.status)).all()}
-    by_status = {s: {"count": per_status.get(s, (0, None))[0],
-                     "oldest_age_seconds": age_seconds(now, per_status.get(s, (0, None))[1])}
-                 for s in LIVE_STATUSES}
+    per_status = {
+        status: (count, oldest)
+        for status, count, oldest in db.session.execute(
+            select(Order.status, func.count(), func.min(Order.updated_at))
+            .where(Order.status.in_(LIVE_STATUSES), Order.updated_at < cutoff)
+            .group_by(Order.status)
+        ).all()
+    }
+    by_status = {
+        s: {
+            "count": per_status.get(s, (0, None))[0],
+            "oldest_age_seconds": age_seconds(now, per_status.get(s, (0, None))[1]),
+        }
+        for s in LIVE_STATUSES
+    }
     oldest_stuck = min((o for _, o in per_status.values() if o is not None), default=None, key=as_utc)
-    stuck = {"count": sum(v["count"] for v in by_status.values()),
-             "oldest_age_seconds": age_seconds(now, oldest_stuck),
-             "stuck_after_seconds": int((now - cutoff).total_seconds()), "by_status": by_status}
+    stuck = {
+        "count": sum(v["count"] for v in by_status.values()),
+        "oldest_age_seconds": age_seconds(now, oldest_stuck),
+        "stuck_after_seconds": int((now - cutoff).total_seconds()),
+        "by_status": by_status,
+    }
 
     # A dead letter's age counts from when its work was created: how long it has gone undone.
     deliveries = _count_and_oldest(OutboxDelivery, [OutboxDelivery.status == "dead"], OutboxDelivery.created_at, now)
-    commands = _count_and_oldest(ScheduledCommand, [ScheduledCommand.status == "dead"], ScheduledCommand.created_at,
-                                 now)
+    commands = _count_and_oldest(
+        ScheduledCommand, [ScheduledCommand.status == "dead"], ScheduledCommand.created_at, now
+    )
     ages = [a for a in (deliveries["oldest_age_seconds"], commands["oldest_age_seconds"]) if a is not None]
-    dead = {"count": deliveries["count"] + commands["count"], "oldest_age_seconds": max(ages) if ages else None,
-            "deliveries": deliveries, "commands": commands}
+    dead = {
+        "count": deliveries["count"] + commands["count"],
+        "oldest_age_seconds": max(ages) if ages else None,
+        "deliveries": deliveries,
+        "commands": commands,
+    }
 
     warnings = _count_and_oldest(RestoreWarning, [RestoreWarning.state == "open"], RestoreWarning.created_at, now)
     # Refunds whose money did not go back and that nobody has dealt with: aged from the failure.
     failed_refunds = _count_and_oldest(Refund, REFUND_NEEDS_OPERATOR, Refund.failed_at, now)
 
-    cycle = db.session.execute(select(ReconciliationCycle)
-                               .order_by(ReconciliationCycle.started_at.desc(), ReconciliationCycle.id.desc())
-                               .limit(1)).scalar_one_or_none()
-    last_ok = db.session.execute(select(func.max(ReconciliationCycle.finished_at))
-                                 .where(ReconciliationCycle.status == "ok")).scalar()
+    cycle = db.session.execute(
+        select(ReconciliationCycle)
+        .order_by(ReconciliationCycle.started_at.desc(), ReconciliationCycle.id.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    last_ok = db.session.execute(
+        select(func.max(ReconciliationCycle.finished_at)).where(ReconciliationCycle.status == "ok")
+    ).scalar()
     return {
         "now": iso(now),
         "stuck_orders": stuck,
@@ -127,33 +171,71 @@ def provider_state(now: datetime) -> dict:
     if state == guard.CLOSED and failures:
         # Closed, but the latest calls failed: not "reachable" until one succeeds.
         threshold = current_app.config["STRIPE_BREAKER_THRESHOLD"]
-        words = (f"Failing: the last {failures} call(s) to the provider failed in a row (after {threshold} it "
-                 "stops calling for a while); checkout takes orders and customers pay later with “Pay now”.")
-    return {"state": state, "failures": failures, "words": words,
-            "since_seconds": max(0, int(now.timestamp() - opened)) if opened else None,
-            "shared": view["shared"]}
+        words = (
+            f"Failing: the last {failures} call(s) to the provider failed in a row (after {threshold} it "
+            "stops calling for a while); checkout takes orders and customers pay later with “Pay now”."
+        )
+    return {
+        "state": state,
+        "failures": failures,
+        "words": words,
+        "since_seconds": max(0, int(now.timestamp() - opened)) if opened else None,
+        "shared": view["shared"],
+    }
 
 
 def liveness(now: datetime) -> dict:
     """Processes with their heartbeat ages, queues with depth and the age of their oldest due
     item, the next sweep, and the same verdict /healthz gives (shop.ops.health)."""
     found = snapshot(now, with_queues=True)
-    processes = [{"role": p["role"], "name": p["name"], "host": p["host"], "pid": p["pid"], "runs": p["runs"],
-                  "state": "stalled" if p["stalled"] else p["state"], "stalled": p["stalled"],
-                  "beat_age_seconds": p["beat_age_seconds"], "last_beat_at": iso(p["last_beat"]),
-                  "since": iso(p["since"]), "job": p["job"], "job_since": iso(p["job_since"]),
-                  "last_job": p["last_job"], "last_job_at": iso(p["last_job_at"]), "in_redis": p["in_redis"]}
-                 for p in sorted(found["processes"], key=lambda p: (p["role"] != "worker", p["name"]))]
+    processes = [
+        {
+            "role": p["role"],
+            "name": p["name"],
+            "host": p["host"],
+            "pid": p["pid"],
+            "runs": p["runs"],
+            "state": "stalled" if p["stalled"] else p["state"],
+            "stalled": p["stalled"],
+            "beat_age_seconds": p["beat_age_seconds"],
+            "last_beat_at": iso(p["last_beat"]),
+            "since": iso(p["since"]),
+            "job": p["job"],
+            "job_since": iso(p["job_since"]),
+            "last_job": p["last_job"],
+            "last_job_at": iso(p["last_job_at"]),
+            "in_redis": p["in_redis"],
+        }
+        for p in sorted(found["processes"], key=lambda p: (p["role"] != "worker", p["name"]))
+    ]
     queues = [{**q, "oldest_age_seconds": _whole(q["oldest_age_seconds"])} for q in found["queues"] or ()]
     for kind, model in (("outbox deliveries", OutboxDelivery), ("scheduled commands", ScheduledCommand)):
-        count, oldest = db.session.execute(select(func.count(), func.min(model.next_attempt_at)).where(
-            model.status == "pending", model.next_attempt_at <= now)).one()
-        queues.append({"name": kind, "kind": "database", "depth": count, "due": count,
-                       "oldest_age_seconds": age_seconds(now, oldest)})
-    return {"health": {"healthy": found["healthy"], "checks": found["checks"], "problems": found["problems"],
-                       "stale_after_seconds": found["stale_seconds"],
-                       "outbox_lag_limit_seconds": found["outbox_lag_limit_seconds"]},
-            "processes": processes, "queues": queues, "next_sweep_at": iso(found["next_sweep_at"])}
+        count, oldest = db.session.execute(
+            select(func.count(), func.min(model.next_attempt_at)).where(
+                model.status == "pending", model.next_attempt_at <= now
+            )
+        ).one()
+        queues.append(
+            {
+                "name": kind,
+                "kind": "database",
+                "depth": count,
+                "due": count,
+                "oldest_age_seconds": age_seconds(now, oldest),
+            }
+        )
+    return {
+        "health": {
+            "healthy": found["healthy"],
+            "checks": found["checks"],
+            "problems": found["problems"],
+            "stale_after_seconds": found["stale_seconds"],
+            "outbox_lag_limit_seconds": found["outbox_lag_limit_seconds"],
+        },
+        "processes": processes,
+        "queues": queues,
+        "next_sweep_at": iso(found["next_sweep_at"]),
+    }
 
 
 def _whole(seconds: float | None) -> int | None:
@@ -161,6 +243,7 @@ def _whole(seconds: float | None) -> int | None:
 
 
 # -- orders ---------------------------------------------------------------------------------
+
 
 def order_row(order: Order, now: datetime, cutoff: datetime) -> dict:
     return {
@@ -187,8 +270,9 @@ def orders(now: datetime, *, stuck: bool, statuses: list[str], page: int, q: str
     if statuses:
         query = query.where(Order.status.in_(statuses))
     if q:
-        query = query.where(or_(Order.reference == q.upper(), func.lower(Order.email) == q.lower(),
-                                Order.payment_session_id == q))
+        query = query.where(
+            or_(Order.reference == q.upper(), func.lower(Order.email) == q.lower(), Order.payment_session_id == q)
+        )
     if stuck:
         counted = query.where(Order.status.in_(LIVE_STATUSES), Order.updated_at < cutoff)
         wanted = [s for s in LIVE_STATUSES if not statuses or s in statuses]
@@ -198,8 +282,11 @@ def orders(now: datetime, *, stuck: bool, statuses: list[str], page: int, q: str
             rows, meta = paging(counted.order_by(Order.id), page)
     else:
         rows, meta = paging(query.order_by(Order.id.desc()), page)
-    return {"orders": [order_row(o, now, cutoff) for (o,) in rows],
-            "filters": {"stuck": stuck, "status": statuses, "q": q}, **meta}
+    return {
+        "orders": [order_row(o, now, cutoff) for (o,) in rows],
+        "filters": {"stuck": stuck, "status": statuses, "q": q},
+        **meta,
+    }
 
 
 def _longest_waiting(query, statuses, cutoff: datetime, n: int):
@@ -208,9 +295,13 @@ def _longest_waiting(query, statuses, cutoff: datetime, n: int):
     PostgreSQL fetched and sorted every stuck row, in parallel workers, for each page."""
     parts = []
     for status in statuses:
-        inner = (query.with_only_columns(Order.id, Order.updated_at)
-                 .where(Order.status == status, Order.updated_at < cutoff)
-                 .order_by(Order.updated_at, Order.id).limit(n).subquery())
+        inner = (
+            query.with_only_columns(Order.id, Order.updated_at)
+            .where(Order.status == status, Order.updated_at < cutoff)
+            .order_by(Order.updated_at, Order.id)
+            .limit(n)
+            .subquery()
+        )
         parts.append(select(inner.c.id, inner.c.updated_at))
     first = union_all(*parts).subquery() if len(parts) > 1 else parts[0].subquery()
     return select(Order).join(first, first.c.id == Order.id).order_by(first.c.updated_at, first.c.id)
@@ -231,44 +322,84 @@ def audit(*, page: int, operator: str = "", order: Order | None = None) -> dict:
 def delivery_json(delivery: OutboxDelivery, event_name: str | None, reference: str | None) -> dict:
     """The outbox item of docs/REFERENCE.md, Console: the contract's keys, plus whether the row is
     waiting for the provider (its status then stays "pending")."""
-    return {"id": delivery.id, "event": event_name, "handler": delivery.handler, "status": delivery.status,
-            "attempts": delivery.attempts, "last_error": delivery.last_error, "order_reference": reference,
-            "waiting_for_provider": waiting_for_provider(delivery)}
+    return {
+        "id": delivery.id,
+        "event": event_name,
+        "handler": delivery.handler,
+        "status": delivery.status,
+        "attempts": delivery.attempts,
+        "last_error": delivery.last_error,
+        "order_reference": reference,
+        "waiting_for_provider": waiting_for_provider(delivery),
+    }
 
 
 def delivery_detail(delivery: OutboxDelivery, event_name, reference, now) -> dict:
-    return {**delivery_json(delivery, event_name, reference), "max_attempts": delivery.max_attempts,
-            "traceback": delivery.last_traceback, "discard_reason": delivery.discard_reason,
-            "created_at": iso(delivery.created_at), "updated_at": iso(delivery.updated_at),
-            "next_attempt_at": iso(delivery.next_attempt_at), "completed_at": iso(delivery.completed_at),
-            "age_seconds": age_seconds(now, delivery.created_at)}
+    return {
+        **delivery_json(delivery, event_name, reference),
+        "max_attempts": delivery.max_attempts,
+        "traceback": delivery.last_traceback,
+        "discard_reason": delivery.discard_reason,
+        "created_at": iso(delivery.created_at),
+        "updated_at": iso(delivery.updated_at),
+        "next_attempt_at": iso(delivery.next_attempt_at),
+        "completed_at": iso(delivery.completed_at),
+        "age_seconds": age_seconds(now, delivery.created_at),
+    }
 
 
 def command_json(command: ScheduledCommand, reference: str | None, now: datetime) -> dict:
-    return {"id": command.id, "kind": command.kind, "status": command.status, "attempts": command.attempts,
-            "max_attempts": command.max_attempts, "last_error": command.last_error, "order_reference": reference,
-            "waiting_for_provider": waiting_for_provider(command), "provider_waits": command.provider_waits,
-            "due_at": iso(command.next_attempt_at), "completed_at": iso(command.completed_at),
-            "discard_reason": command.discard_reason, "created_at": iso(command.created_at),
-            "age_seconds": age_seconds(now, command.created_at)}
+    return {
+        "id": command.id,
+        "kind": command.kind,
+        "status": command.status,
+        "attempts": command.attempts,
+        "max_attempts": command.max_attempts,
+        "last_error": command.last_error,
+        "order_reference": reference,
+        "waiting_for_provider": waiting_for_provider(command),
+        "provider_waits": command.provider_waits,
+        "due_at": iso(command.next_attempt_at),
+        "completed_at": iso(command.completed_at),
+        "discard_reason": command.discard_reason,
+        "created_at": iso(command.created_at),
+        "age_seconds": age_seconds(now, command.created_at),
+    }
 
 
 def warning_json(warning: RestoreWarning, reference: str | None) -> dict:
     """docs/REFERENCE.md, Console: exactly these keys."""
-    return {"id": warning.id, "order_reference": reference, "variant_id": warning.variant_id,
-            "quantity": warning.quantity, "reason": warning.reason, "state": warning.state}
+    return {
+        "id": warning.id,
+        "order_reference": reference,
+        "variant_id": warning.variant_id,
+        "quantity": warning.quantity,
+        "reason": warning.reason,
+        "state": warning.state,
+    }
 
 
 def warning_detail(warning: RestoreWarning, reference, now) -> dict:
-    return {**warning_json(warning, reference), "resolution": warning.resolution,
-            "created_at": iso(warning.created_at), "resolved_at": iso(warning.resolved_at),
-            "age_seconds": age_seconds(now, warning.created_at)}
+    return {
+        **warning_json(warning, reference),
+        "resolution": warning.resolution,
+        "created_at": iso(warning.created_at),
+        "resolved_at": iso(warning.resolved_at),
+        "age_seconds": age_seconds(now, warning.created_at),
+    }
 
 
 def receipt_json(receipt: WebhookReceipt, reference: str | None) -> dict:
-    return {"id": receipt.id, "event_id": receipt.event_id, "event_type": receipt.event_type,
-            "outcome": receipt.outcome, "reason": receipt.reason, "http_status": receipt.http_status,
-            "order_reference": reference, "received_at": iso(receipt.received_at)}
+    return {
+        "id": receipt.id,
+        "event_id": receipt.event_id,
+        "event_type": receipt.event_type,
+        "outcome": receipt.outcome,
+        "reason": receipt.reason,
+        "http_status": receipt.http_status,
+        "order_reference": reference,
+        "received_at": iso(receipt.received_at),
+    }
 
 
 @dataclass
@@ -313,19 +444,37 @@ def order_timeline(order: Order, now: datetime) -> dict:
     names = {e.id: e.name for e in rows.events}
     data = {
         "order": _order_summary(order, now),
-        "transitions": [{"id": e.id, "event": e.name, "at": iso(e.created_at), "payload": e.payload}
-                        for e in rows.events],
+        "transitions": [
+            {"id": e.id, "event": e.name, "at": iso(e.created_at), "payload": e.payload} for e in rows.events
+        ],
         "webhooks": [receipt_json(r, ref) for r in rows.receipts],
         "deliveries": [delivery_detail(d, names.get(d.event_id), ref, now) for d in rows.deliveries],
         "commands": [command_json(c, ref, now) for c in rows.commands],
         "restore_warnings": [warning_detail(w, ref, now) for w in rows.warnings],
-        "refunds": [{**refund_json(r, ref, now), "command_status": _refund_command(r, rows.commands),
-                     "waiting_for_provider": _refund_command(r, rows.commands) == WAITING} for r in rows.refunds],
-        "proof_refusals": [{"id": p.id, "session_id": p.session_id, "source": p.source, "problems": p.problems,
-                            "amount_total": p.amount_total, "currency": p.currency, "created_at": iso(p.created_at)}
-                           for p in rows.refusals],
-        "provider_refusals": [{"id": p.id, "attempt": p.attempt, "code": p.code, "reason": p.reason,
-                               "created_at": iso(p.created_at)} for p in rows.provider_refusals],
+        "refunds": [
+            {
+                **refund_json(r, ref, now),
+                "command_status": _refund_command(r, rows.commands),
+                "waiting_for_provider": _refund_command(r, rows.commands) == WAITING,
+            }
+            for r in rows.refunds
+        ],
+        "proof_refusals": [
+            {
+                "id": p.id,
+                "session_id": p.session_id,
+                "source": p.source,
+                "problems": p.problems,
+                "amount_total": p.amount_total,
+                "currency": p.currency,
+                "created_at": iso(p.created_at),
+            }
+            for p in rows.refusals
+        ],
+        "provider_refusals": [
+            {"id": p.id, "attempt": p.attempt, "code": p.code, "reason": p.reason, "created_at": iso(p.created_at)}
+            for p in rows.provider_refusals
+        ],
         "operator_actions": [action_json(a, ref) for a in rows.actions],
     }
     data["timeline"] = _merged(rows, names)
@@ -333,41 +482,79 @@ def order_timeline(order: Order, now: datetime) -> dict:
 
 
 def _order_summary(order: Order, now: datetime) -> dict:
-    return {**order_json(order), "email": order.email, "payment_attempts": order.payment_attempts,
-            # A paid order's earlier failure is history (the timeline keeps it), not a problem.
-            "last_payment_error": None if order.status == "Paid" else order.last_payment_error,
-            "age_seconds": age_seconds(now, order.updated_at),
-            "stuck": order.status in LIVE_STATUSES and as_utc(order.updated_at) < stuck_cutoff(now),
-            # Set when the sweep's provider pass backs off an order whose answer cannot
-            # change soon: until then the sweep does not ask the provider about it.
-            "provider_next_check_at": _future_iso(order.provider_next_check_at, now),
-            "provider_next_check_in_seconds": _seconds_until(order.provider_next_check_at, now),
-            # Money may still come for this cancelled order's session, or its refund has not
-            # gone through yet: the sweep keeps asking (sweep.check_cancelled_payment).
-            "watched_for_late_money": order.status == "Cancelled" and order.payment_processing_at is not None}
+    return {
+        **order_json(order),
+        "email": order.email,
+        "payment_attempts": order.payment_attempts,
+        # A paid order's earlier failure is history (the timeline keeps it), not a problem.
+        "last_payment_error": None if order.status == "Paid" else order.last_payment_error,
+        "age_seconds": age_seconds(now, order.updated_at),
+        "stuck": order.status in LIVE_STATUSES and as_utc(order.updated_at) < stuck_cutoff(now),
+        # Set when the sweep's provider pass backs off an order whose answer cannot
+        # change soon: until then the sweep does not ask the provider about it.
+        "provider_next_check_at": _future_iso(order.provider_next_check_at, now),
+        "provider_next_check_in_seconds": _seconds_until(order.provider_next_check_at, now),
+        # Money may still come for this cancelled order's session, or its refund has not
+        # gone through yet: the sweep keeps asking (sweep.check_cancelled_payment).
+        "watched_for_late_money": order.status == "Cancelled" and order.payment_processing_at is not None,
+    }
 
 
 def _merged(rows: _OrderRows, names: dict) -> list[dict]:
     """All of it in one list, oldest first: (at, kind, what, detail)."""
     merged = (
         [(e.created_at, "transition", e.name, _payload_words(e.payload)) for e in rows.events]
-        + [(r.received_at, "webhook", f"{r.event_type or 'webhook'}: {r.outcome}", r.reason or "")
-           for r in rows.receipts]
-        + [(c.created_at, "command", f"{c.kind} armed", f"due {human_time(c.next_attempt_at)}, now "
-            + ("waiting for the provider" if waiting_for_provider(c) else c.status))
-           for c in rows.commands]
-        + [(c.completed_at or c.updated_at, "command", f"{c.kind} retired", c.discard_reason or "obsolete")
-           for c in rows.commands if c.status == "obsolete"]
-        + [(d.completed_at or d.updated_at, "delivery", f"{d.handler}: {d.status}",
-            f"{names.get(d.event_id, '?')}, {d.attempts} attempt(s)" + (f", {d.last_error}" if d.last_error else ""))
-           for d in rows.deliveries if d.status in ("done", "dead", "discarded")]
+        + [
+            (r.received_at, "webhook", f"{r.event_type or 'webhook'}: {r.outcome}", r.reason or "")
+            for r in rows.receipts
+        ]
+        + [
+            (
+                c.created_at,
+                "command",
+                f"{c.kind} armed",
+                f"due {human_time(c.next_attempt_at)}, now "
+                + ("waiting for the provider" if waiting_for_provider(c) else c.status),
+            )
+            for c in rows.commands
+        ]
+        + [
+            (c.completed_at or c.updated_at, "command", f"{c.kind} retired", c.discard_reason or "obsolete")
+            for c in rows.commands
+            if c.status == "obsolete"
+        ]
+        + [
+            (
+                d.completed_at or d.updated_at,
+                "delivery",
+                f"{d.handler}: {d.status}",
+                f"{names.get(d.event_id, '?')}, {d.attempts} attempt(s)"
+                + (f", {d.last_error}" if d.last_error else ""),
+            )
+            for d in rows.deliveries
+            if d.status in ("done", "dead", "discarded")
+        ]
         + [(w.created_at, "restore_warning", "restore warning", w.reason) for w in rows.warnings]
         + [item for r in rows.refunds for item in _refund_timeline(r)]
         + [(p.created_at, "proof_refused", "payment proof refused", p.problems) for p in rows.refusals]
-        + [(p.created_at, "provider_refused", f"provider refused payment attempt {p.attempt}",
-            p.reason + (f" (code {p.code})" if p.code else "")) for p in rows.provider_refusals]
-        + [(a.created_at, "operator", f"{a.action} by {a.operator}",
-            a.outcome + (f" Reason: {a.reason}" if a.reason else "")) for a in rows.actions]
+        + [
+            (
+                p.created_at,
+                "provider_refused",
+                f"provider refused payment attempt {p.attempt}",
+                p.reason + (f" (code {p.code})" if p.code else ""),
+            )
+            for p in rows.provider_refusals
+        ]
+        + [
+            (
+                a.created_at,
+                "operator",
+                f"{a.action} by {a.operator}",
+                a.outcome + (f" Reason: {a.reason}" if a.reason else ""),
+            )
+            for a in rows.actions
+        ]
     )
     merged.sort(key=lambda item: as_utc(item[0]))
     return [{"at": iso(at), "kind": kind, "what": what, "detail": detail} for at, kind, what, detail in merged]
@@ -376,15 +563,27 @@ def _merged(rows: _OrderRows, names: dict) -> list[dict]:
 def refund_json(refund: Refund, reference: str | None, now: datetime) -> dict:
     """A refund as the console shows it: the provider's status and its id, the attempts made, why
     the last one failed, and whether (and how) an operator settled it outside the shop."""
-    return {"id": refund.id, "order_reference": reference, "amount": refund.amount, "currency": refund.currency,
-            "status": refund.status, "reason": refund.reason, "session_id": refund.session_id,
-            "provider_refund_id": refund.provider_refund_id, "attempts": refund.attempts,
-            "failure_reason": refund.failure_reason, "failed_at": iso(refund.failed_at),
-            "last_error": refund.last_error,
-            "needs_operator": needs_operator(refund.status, refund.settled_at is not None),
-            "settled_at": iso(refund.settled_at), "settled_by": refund.settled_by,
-            "settlement_reason": refund.settlement_reason, "created_at": iso(refund.created_at),
-            "updated_at": iso(refund.updated_at), "age_seconds": age_seconds(now, refund.created_at)}
+    return {
+        "id": refund.id,
+        "order_reference": reference,
+        "amount": refund.amount,
+        "currency": refund.currency,
+        "status": refund.status,
+        "reason": refund.reason,
+        "session_id": refund.session_id,
+        "provider_refund_id": refund.provider_refund_id,
+        "attempts": refund.attempts,
+        "failure_reason": refund.failure_reason,
+        "failed_at": iso(refund.failed_at),
+        "last_error": refund.last_error,
+        "needs_operator": needs_operator(refund.status, refund.settled_at is not None),
+        "settled_at": iso(refund.settled_at),
+        "settled_by": refund.settled_by,
+        "settlement_reason": refund.settlement_reason,
+        "created_at": iso(refund.created_at),
+        "updated_at": iso(refund.updated_at),
+        "age_seconds": age_seconds(now, refund.created_at),
+    }
 
 
 def _refund_timeline(refund: Refund) -> list[tuple]:
@@ -393,17 +592,36 @@ def _refund_timeline(refund: Refund) -> list[tuple]:
     money = human_money(refund.amount, refund.currency)
     items = [(refund.created_at, "refund", "refund created", f"{money}: {refund.reason}")]
     if refund.failed_at is not None:
-        items.append((refund.failed_at, "refund", "refund failed at the provider",
-                      refund.last_error or refund.failure_reason or ""))
+        items.append(
+            (
+                refund.failed_at,
+                "refund",
+                "refund failed at the provider",
+                refund.last_error or refund.failure_reason or "",
+            )
+        )
     if refund.status == "succeeded":
-        items.append((refund.updated_at, "refund", "refund succeeded",
-                      f"{money} back to the customer (attempt {refund.attempts}, {refund.provider_refund_id})"))
+        items.append(
+            (
+                refund.updated_at,
+                "refund",
+                "refund succeeded",
+                f"{money} back to the customer (attempt {refund.attempts}, {refund.provider_refund_id})",
+            )
+        )
     elif refund.status == "pending" and refund.attempts > 1:
-        items.append((refund.updated_at, "refund", f"refund sent again (attempt {refund.attempts})",
-                      "pending at the provider"))
+        items.append(
+            (refund.updated_at, "refund", f"refund sent again (attempt {refund.attempts})", "pending at the provider")
+        )
     if refund.settled_at is not None:
-        items.append((refund.settled_at, "refund", "refund settled outside the shop",
-                      f"by {refund.settled_by}: {refund.settlement_reason}"))
+        items.append(
+            (
+                refund.settled_at,
+                "refund",
+                "refund settled outside the shop",
+                f"by {refund.settled_by}: {refund.settlement_reason}",
+            )
+        )
     return items
 
 
@@ -456,13 +674,21 @@ def _payload_words(payload: dict) -> str:
 
 # -- outbox, warnings, webhooks, sweeps -------------------------------------------------------
 
+
 def command_item(command: ScheduledCommand, reference: str | None) -> dict:
     """A scheduled command (a deadline, a refund, an email) in the outbox list's documented shape:
     its handler is its kind, it delivers no event, and its id is "cmd-<n>" because commands and
     deliveries are numbered apart; `/console/outbox/cmd-<n>/retry` acts on it."""
-    return {"id": work_ref("command", command.id), "event": None, "handler": command.kind,
-            "status": command.status, "attempts": command.attempts, "last_error": command.last_error,
-            "order_reference": reference, "waiting_for_provider": waiting_for_provider(command)}
+    return {
+        "id": work_ref("command", command.id),
+        "event": None,
+        "handler": command.kind,
+        "status": command.status,
+        "attempts": command.attempts,
+        "last_error": command.last_error,
+        "order_reference": reference,
+        "waiting_for_provider": waiting_for_provider(command),
+    }
 
 
 def outbox(now: datetime, *, status: str | None, page: int, keep: tuple[str, int] | None = None):
@@ -471,14 +697,19 @@ def outbox(now: datetime, *, status: str | None, page: int, keep: tuple[str, int
     dead letter for the operator as a dead delivery. `keep` ("delivery" | "command", id): the row an
     operator just acted on, shown first with its current state whether or not it matches the filter,
     so a retried or discarded row does not vanish from under the operator; JSON `kept`."""
-    query = (select(OutboxDelivery, OutboxEvent.name, Order.reference)
-             .join(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id)
-             .outerjoin(Order, Order.id == OutboxDelivery.order_id)
-             .order_by(OutboxDelivery.id))
+    query = (
+        select(OutboxDelivery, OutboxEvent.name, Order.reference)
+        .join(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id)
+        .outerjoin(Order, Order.id == OutboxDelivery.order_id)
+        .order_by(OutboxDelivery.id)
+    )
     # Oldest first by id, the order rows are written in: created_at has no index, and sorting
     # a million deliveries by it for the unfiltered first page took seconds (bench/console.py).
-    cquery = (select(ScheduledCommand, Order.reference).outerjoin(Order, Order.id == ScheduledCommand.order_id)
-              .order_by(ScheduledCommand.id))
+    cquery = (
+        select(ScheduledCommand, Order.reference)
+        .outerjoin(Order, Order.id == ScheduledCommand.order_id)
+        .order_by(ScheduledCommand.id)
+    )
     if status == WAITING:
         query = query.where(OutboxDelivery.status == "pending", OutboxDelivery.failure_kind == FAILURE_PROVIDER)
         cquery = cquery.where(ScheduledCommand.status == "pending", ScheduledCommand.failure_kind == FAILURE_PROVIDER)
@@ -493,7 +724,9 @@ def outbox(now: datetime, *, status: str | None, page: int, keep: tuple[str, int
     data = {
         "status": status,
         "deliveries": [{k: d[k] for k in keys} for d in details] + [command_item(c, ref) for c, ref in crows],
-        "deliveries_page": meta, "commands_page": cmeta, "kept": None,
+        "deliveries_page": meta,
+        "commands_page": cmeta,
+        "kept": None,
     }
     if keep is not None:
         kind, work_id = keep
@@ -504,9 +737,11 @@ def outbox(now: datetime, *, status: str | None, page: int, keep: tuple[str, int
                 details = [kept] + [d for d in details if d["id"] != work_id]
                 data["kept"] = {k: kept[k] for k in keys}
         else:
-            row = db.session.execute(select(ScheduledCommand, Order.reference)
-                                     .outerjoin(Order, Order.id == ScheduledCommand.order_id)
-                                     .where(ScheduledCommand.id == work_id)).first()
+            row = db.session.execute(
+                select(ScheduledCommand, Order.reference)
+                .outerjoin(Order, Order.id == ScheduledCommand.order_id)
+                .where(ScheduledCommand.id == work_id)
+            ).first()
             if row is not None:
                 kept = {**command_json(row[0], row[1], now), "kept": True}
                 commands = [kept] + [c for c in commands if c["id"] != work_id]
@@ -515,25 +750,41 @@ def outbox(now: datetime, *, status: str | None, page: int, keep: tuple[str, int
 
 
 def _one_delivery(work_id: int):
-    return (select(OutboxDelivery, OutboxEvent.name, Order.reference)
-            .join(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id)
-            .outerjoin(Order, Order.id == OutboxDelivery.order_id).where(OutboxDelivery.id == work_id))
+    return (
+        select(OutboxDelivery, OutboxEvent.name, Order.reference)
+        .join(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id)
+        .outerjoin(Order, Order.id == OutboxDelivery.order_id)
+        .where(OutboxDelivery.id == work_id)
+    )
 
 
 def dead_groups() -> list[dict]:
     """Dead letters by handler / command kind, most first: what the 'retry all' buttons offer."""
-    groups = [{"kind": "delivery", "name": name, "count": n} for name, n in db.session.execute(
-        select(OutboxDelivery.handler, func.count()).where(OutboxDelivery.status == "dead")
-        .group_by(OutboxDelivery.handler)).all()]
-    groups += [{"kind": "command", "name": name, "count": n} for name, n in db.session.execute(
-        select(ScheduledCommand.kind, func.count()).where(ScheduledCommand.status == "dead")
-        .group_by(ScheduledCommand.kind)).all()]
+    groups = [
+        {"kind": "delivery", "name": name, "count": n}
+        for name, n in db.session.execute(
+            select(OutboxDelivery.handler, func.count())
+            .where(OutboxDelivery.status == "dead")
+            .group_by(OutboxDelivery.handler)
+        ).all()
+    ]
+    groups += [
+        {"kind": "command", "name": name, "count": n}
+        for name, n in db.session.execute(
+            select(ScheduledCommand.kind, func.count())
+            .where(ScheduledCommand.status == "dead")
+            .group_by(ScheduledCommand.kind)
+        ).all()
+    ]
     return sorted(groups, key=lambda g: (-g["count"], g["kind"], g["name"]))
 
 
 def restore_warnings(now: datetime, *, state: str | None, page: int):
-    query = (select(RestoreWarning, Order.reference).outerjoin(Order, Order.id == RestoreWarning.order_id)
-             .order_by(RestoreWarning.created_at, RestoreWarning.id))
+    query = (
+        select(RestoreWarning, Order.reference)
+        .outerjoin(Order, Order.id == RestoreWarning.order_id)
+        .order_by(RestoreWarning.created_at, RestoreWarning.id)
+    )
     if state:
         query = query.where(RestoreWarning.state == state)
     rows, meta = paging(query, page)
@@ -543,8 +794,11 @@ def restore_warnings(now: datetime, *, state: str | None, page: int):
 
 
 def webhooks(*, outcome: str | None, page: int) -> dict:
-    query = (select(WebhookReceipt, Order.reference).outerjoin(Order, Order.id == WebhookReceipt.order_id)
-             .order_by(WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc()))
+    query = (
+        select(WebhookReceipt, Order.reference)
+        .outerjoin(Order, Order.id == WebhookReceipt.order_id)
+        .order_by(WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc())
+    )
     if outcome:
         query = query.where(WebhookReceipt.outcome == outcome)
     rows, meta = paging(query, page)
@@ -552,15 +806,22 @@ def webhooks(*, outcome: str | None, page: int) -> dict:
     # GROUP BY over every receipt ever (about two per paid order) read the whole table on each refresh.
     counts, capped = {}, []
     for name in WEBHOOK_OUTCOMES:
-        n = db.session.execute(select(func.count()).select_from(
-            select(WebhookReceipt.outcome).where(WebhookReceipt.outcome == name).limit(COUNT_CAP + 1).subquery())
+        n = db.session.execute(
+            select(func.count()).select_from(
+                select(WebhookReceipt.outcome).where(WebhookReceipt.outcome == name).limit(COUNT_CAP + 1).subquery()
+            )
         ).scalar_one()
         if n:
             counts[name] = min(n, COUNT_CAP)
         if n > COUNT_CAP:
             capped.append(name)
-    return {"outcome": outcome, "counts": counts, "counts_capped": capped,
-            "webhooks": [receipt_json(r, ref) for r, ref in rows], **meta}
+    return {
+        "outcome": outcome,
+        "counts": counts,
+        "counts_capped": capped,
+        "webhooks": [receipt_json(r, ref) for r, ref in rows],
+        **meta,
+    }
 
 
 def sweep_json(cycle: ReconciliationCycle, now: datetime, problems: list | None = None) -> dict:
@@ -572,11 +833,23 @@ def sweep_json(cycle: ReconciliationCycle, now: datetime, problems: list | None 
     if problems is None:
         problems = _sweep_problems([cycle], now).get(cycle.id, [])
     code, words = sweep_words.outcome(cycle.status, len(cycle.errors or []))
-    return {"id": cycle.id, "status": cycle.status, "started_at": iso(cycle.started_at),
-            "finished_at": iso(cycle.finished_at), "duration_seconds": duration, "cutoff": iso(cycle.cutoff),
-            "expiry_counts": cycle.expiry_counts or {}, "provider_counts": cycle.provider_counts or {},
-            "errors": cycle.errors or [], "notes": cycle.notes or [], "holder": cycle.holder, "age_seconds": age_seconds(now, cycle.started_at),
-            "outcome": code, "outcome_words": words, "problems": problems}
+    return {
+        "id": cycle.id,
+        "status": cycle.status,
+        "started_at": iso(cycle.started_at),
+        "finished_at": iso(cycle.finished_at),
+        "duration_seconds": duration,
+        "cutoff": iso(cycle.cutoff),
+        "expiry_counts": cycle.expiry_counts or {},
+        "provider_counts": cycle.provider_counts or {},
+        "errors": cycle.errors or [],
+        "notes": cycle.notes or [],
+        "holder": cycle.holder,
+        "age_seconds": age_seconds(now, cycle.started_at),
+        "outcome": code,
+        "outcome_words": words,
+        "problems": problems,
+    }
 
 
 # How many cycles past the page are read to tell for how long an error has repeated.
@@ -589,9 +862,14 @@ def _sweep_problems(cycles: list, now: datetime) -> dict:
     ids = [i for i in ids if isinstance(i, int)]
     orders = {}
     if ids:
-        orders = {o.id: o for o in db.session.execute(
-            select(Order.id, Order.reference, Order.status, Order.provider_next_check_at,
-                   Order.payment_processing_at).where(Order.id.in_(ids))).all()}
+        orders = {
+            o.id: o
+            for o in db.session.execute(
+                select(
+                    Order.id, Order.reference, Order.status, Order.provider_next_check_at, Order.payment_processing_at
+                ).where(Order.id.in_(ids))
+            ).all()
+        }
     latest = db.session.execute(select(func.max(ReconciliationCycle.started_at))).scalar()
     interval = current_app.config["RECONCILIATION_INTERVAL_SECONDS"]
     return sweep_words.problems_by_cycle(cycles, orders, now, sweep_words.next_cycle(latest, interval))
@@ -605,10 +883,20 @@ def sweeps(now: datetime, *, page: int) -> dict:
     history = list(cycles)
     if cycles:  # the cycles just past the page, only to count how long an error has repeated
         last = cycles[-1]
-        history += db.session.execute(
-            select(ReconciliationCycle)
-            .where(or_(ReconciliationCycle.started_at < last.started_at,
-                       and_(ReconciliationCycle.started_at == last.started_at, ReconciliationCycle.id < last.id)))
-            .order_by(*order).limit(REPEAT_LOOKBACK)).scalars().all()
+        history += (
+            db.session.execute(
+                select(ReconciliationCycle)
+                .where(
+                    or_(
+                        ReconciliationCycle.started_at < last.started_at,
+                        and_(ReconciliationCycle.started_at == last.started_at, ReconciliationCycle.id < last.id),
+                    )
+                )
+                .order_by(*order)
+                .limit(REPEAT_LOOKBACK)
+            )
+            .scalars()
+            .all()
+        )
     problems = _sweep_problems(history, now)
     return {"cycles": [sweep_json(c, now, problems.get(c.id, [])) for c in cycles], **meta}

@@ -6,6 +6,7 @@ rest of the shop uses: the reconcile button is the sweep's `reconcile_order`, a 
 letter is the outbox's `dispatch.retry_dead`, a retried restore is the saga's own handler
 (`saga.warnings`). Routes read what they answer with; every write is a use case's.
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,6 +45,7 @@ def _helpers():
 
 
 # -- small helpers ---------------------------------------------------------------------------
+
 
 def _page() -> int:
     try:
@@ -94,6 +96,7 @@ def _order_by_reference(reference: str) -> Order | None:
 
 # -- pages -----------------------------------------------------------------------------------
 
+
 @bp.get("/")
 def dashboard():
     """Counts and oldest ages of what needs a human: stuck orders, dead letters, open restore
@@ -115,8 +118,11 @@ def orders():
     known = {"PendingPayment", "PaymentInitiated", "PaymentFailed", "Paid", "Cancelled"}
     unknown = [s for s in statuses if s not in known]
     if unknown:
-        return problem(400, f"Unknown order status {unknown[0]!r}; use one of {', '.join(sorted(known))}.",
-                       back=url_for("console.orders"))
+        return problem(
+            400,
+            f"Unknown order status {unknown[0]!r}; use one of {', '.join(sorted(known))}.",
+            back=url_for("console.orders"),
+        )
     stuck = request.args.get("stuck", "") in ("1", "true", "yes", "on")
     q = (request.args.get("q") or "").strip()[:254]
     data = queries.orders(utcnow(), stuck=stuck, statuses=statuses, page=_page(), q=q)
@@ -136,8 +142,7 @@ def order_detail(reference):
     """One order's timeline: transitions, webhooks, deliveries, deadlines, warnings, refunds."""
     order = _order_by_reference(reference)
     if order is None:
-        return problem(404, f"There is no order {reference}.", title="No such order",
-                       back=url_for("console.orders"))
+        return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
     return respond("console/order.html", queries.order_timeline(order, utcnow()))
 
 
@@ -147,13 +152,23 @@ def outbox():
     `status=waiting` for pending work waiting for an unavailable provider."""
     status = request.args.get("status") or None
     if status is not None and status not in queries.WORK_FILTERS:
-        return problem(400, f"Unknown status {status!r}; use one of {', '.join(queries.WORK_FILTERS)}.",
-                       back=url_for("console.outbox"))
+        return problem(
+            400,
+            f"Unknown status {status!r}; use one of {', '.join(queries.WORK_FILTERS)}.",
+            back=url_for("console.outbox"),
+        )
     keep = re.fullmatch(r"(cmd-)?([1-9]\d{0,9})", request.args.get("keep") or "")
     keep = ("command" if keep.group(1) else "delivery", int(keep.group(2))) if keep else None
     data, details, commands = queries.outbox(utcnow(), status=status, page=_page(), keep=keep)
-    return respond("console/outbox.html", data, details=details, commands=commands,
-                   statuses=queries.WORK_FILTERS, discard_form=DiscardForm(), dead_groups=queries.dead_groups())
+    return respond(
+        "console/outbox.html",
+        data,
+        details=details,
+        commands=commands,
+        statuses=queries.WORK_FILTERS,
+        discard_form=DiscardForm(),
+        dead_groups=queries.dead_groups(),
+    )
 
 
 @bp.get("/restore-warnings")
@@ -161,8 +176,11 @@ def restore_warnings():
     """Stock a compensation could not give back; `state=open` for those awaiting an operator."""
     state = request.args.get("state") or None
     if state is not None and state not in queries.WARNING_STATES:
-        return problem(400, f"Unknown state {state!r}; use one of {', '.join(queries.WARNING_STATES)}.",
-                       back=url_for("console.restore_warnings"))
+        return problem(
+            400,
+            f"Unknown state {state!r}; use one of {', '.join(queries.WARNING_STATES)}.",
+            back=url_for("console.restore_warnings"),
+        )
     data, details = queries.restore_warnings(utcnow(), state=state, page=_page())
     return respond("console/restore_warnings.html", data, details=details, states=queries.WARNING_STATES)
 
@@ -172,8 +190,11 @@ def webhooks():
     """Every webhook delivery received, accepted or rejected, with the reason, newest first."""
     outcome = request.args.get("outcome") or None
     if outcome is not None and outcome not in queries.WEBHOOK_OUTCOMES:
-        return problem(400, f"Unknown outcome {outcome!r}; use one of {', '.join(queries.WEBHOOK_OUTCOMES)}.",
-                       back=url_for("console.webhooks"))
+        return problem(
+            400,
+            f"Unknown outcome {outcome!r}; use one of {', '.join(queries.WEBHOOK_OUTCOMES)}.",
+            back=url_for("console.webhooks"),
+        )
     return respond("console/webhooks.html", queries.webhooks(outcome=outcome, page=_page()))
 
 
@@ -183,10 +204,14 @@ def refunds():
     back and that no operator has dealt with (the dashboard's Failed refunds)."""
     status = request.args.get("status") or None
     if status is not None and status not in queries.REFUND_FILTERS:
-        return problem(400, f"Unknown status {status!r}; use one of {', '.join(queries.REFUND_FILTERS)}.",
-                       back=url_for("console.refunds"))
-    return respond("console/refunds.html", queries.refunds(utcnow(), status=status, page=_page()),
-                   statuses=queries.REFUND_FILTERS)
+        return problem(
+            400,
+            f"Unknown status {status!r}; use one of {', '.join(queries.REFUND_FILTERS)}.",
+            back=url_for("console.refunds"),
+        )
+    return respond(
+        "console/refunds.html", queries.refunds(utcnow(), status=status, page=_page()), statuses=queries.REFUND_FILTERS
+    )
 
 
 @bp.get("/sweeps")
@@ -195,12 +220,19 @@ def sweeps():
     return respond("console/sweeps.html", queries.sweeps(utcnow(), page=_page()), outcome_words=SWEEP_WORDS)
 
 
-SWEEP_WORDS = {"lost_race": "lost races (someone else moved the order first)", "changed": "changed meanwhile",
-               "open": "still open at the provider", "awaiting_async": "awaiting an async payment",
-               "unavailable": "provider unreachable", "cancelled": "cancelled", "payment_failed": "payment failed",
-               "proof_refused": "payment proof refused", "refund_created": "refunds queued",
-               "errors": "not settled (see the problems)",
-               "woken": "rows that waited for the provider run now (it answers again)"}
+SWEEP_WORDS = {
+    "lost_race": "lost races (someone else moved the order first)",
+    "changed": "changed meanwhile",
+    "open": "still open at the provider",
+    "awaiting_async": "awaiting an async payment",
+    "unavailable": "provider unreachable",
+    "cancelled": "cancelled",
+    "payment_failed": "payment failed",
+    "proof_refused": "payment proof refused",
+    "refund_created": "refunds queued",
+    "errors": "not settled (see the problems)",
+    "woken": "rows that waited for the provider run now (it answers again)",
+}
 
 
 # -- actions ---------------------------------------------------------------------------------
@@ -208,16 +240,16 @@ SWEEP_WORDS = {"lost_race": "lost races (someone else moved the order first)", "
 RECONCILE_WORDS = {
     "paid": "The provider confirms the payment: the order is now Paid.",
     "payment_failed": "The provider says the payment did not go through: the order is now PaymentFailed "
-                      "(its items stay held for a fresh payment window).",
+    "(its items stay held for a fresh payment window).",
     "cancelled": "The payment page expired at the end of the payment window: the order is now Cancelled and "
-                 "its stock is being given back.",
+    "its stock is being given back.",
     "refund_created": "The provider holds money this order cannot take ({detail}); a refund is queued.",
     "already_refunded": "The provider holds money this order cannot take ({detail}); the refund was already "
-                        "on record, nothing more was queued.",
+    "on record, nothing more was queued.",
     "awaiting_async": "The customer finished checkout but the payment is still processing at the provider. "
-                      "Nothing to change yet; the webhook or the sweep will settle it.",
+    "Nothing to change yet; the webhook or the sweep will settle it.",
     "proof_refused": "The provider's payment does not match this order ({detail}); the order was left as it "
-                     "was. Check the payment at the provider.",
+    "was. Check the payment at the provider.",
     "noop": "Nothing to change: {detail}.",
     "duplicate": "Already applied; nothing to change.",
     "unknown_order": "The provider's session does not name this order ({detail}); nothing changed.",
@@ -238,21 +270,41 @@ def reconcile(reference):
         applied = reconcile_order(order_id, source="console")
     except gateway.ProviderUnavailable as exc:
         log.warning("operator %s: reconcile of %s: provider unreachable: %s", _operator(), ref, exc)
-        return problem(503, f"The payment provider could not be reached, so nothing changed: order {ref} is still "
-                            f"{before}. Try again in a minute; the reconciliation sweep keeps asking too.",
-                       title="Payment provider unreachable", back=back, reference=ref, order_status=before)
+        return problem(
+            503,
+            f"The payment provider could not be reached, so nothing changed: order {ref} is still "
+            f"{before}. Try again in a minute; the reconciliation sweep keeps asking too.",
+            title="Payment provider unreachable",
+            back=back,
+            reference=ref,
+            order_status=before,
+        )
     except gateway.ProviderRefused as exc:
         log.warning("operator %s: reconcile of %s: provider refused: %s", _operator(), ref, exc)
-        return problem(502, f"The payment provider refused to answer about order {ref}'s payment session "
-                            f"({exc}). Nothing changed.", title="Payment provider refused", back=back,
-                       reference=ref, order_status=before)
+        return problem(
+            502,
+            f"The payment provider refused to answer about order {ref}'s payment session ({exc}). Nothing changed.",
+            title="Payment provider refused",
+            back=back,
+            reference=ref,
+            order_status=before,
+        )
     db.session.rollback()
     now_status = db.session.get(Order, order_id).status
     message = f"Order {ref}: " + RECONCILE_WORDS.get(applied.outcome, "{detail}").format(detail=applied.detail)
     log.info("operator %s reconciled order %s: %s (%s -> %s)", _operator(), ref, applied.outcome, before, now_status)
-    return done(message, {"reference": ref, "outcome": applied.outcome, "detail": applied.detail,
-                          "status_before": before, "status": now_status}, back,
-                "ok" if applied.outcome in ("paid", "noop", "duplicate", "awaiting_async") else "warning")
+    return done(
+        message,
+        {
+            "reference": ref,
+            "outcome": applied.outcome,
+            "detail": applied.detail,
+            "status_before": before,
+            "status": now_status,
+        },
+        back,
+        "ok" if applied.outcome in ("paid", "noop", "duplicate", "awaiting_async") else "warning",
+    )
 
 
 def _named(kind: str, work_id: int, row=None) -> tuple[int | str, str]:
@@ -275,17 +327,31 @@ def _retry(kind: str, work_id: int):
     if row is None:
         return problem(404, f"There is no {name}.", title=f"No such {kind}", back=back)
     if row.status != "dead":
-        return problem(409, f"The {name} is {row.status}, not dead: only a dead letter can be retried.",
-                       back=back, id=ref, current_status=row.status)
+        return problem(
+            409,
+            f"The {name} is {row.status}, not dead: only a dead letter can be retried.",
+            back=back,
+            id=ref,
+            current_status=row.status,
+        )
     db.session.rollback()
     if not dispatch.retry_dead(kind, work_id):
         current = db.session.get(model, work_id)
-        return problem(409, f"The {name} changed meanwhile (now {current.status}); nothing done.",
-                       back=back, id=ref, current_status=current.status)
+        return problem(
+            409,
+            f"The {name} changed meanwhile (now {current.status}); nothing done.",
+            back=back,
+            id=ref,
+            current_status=current.status,
+        )
     budget = current_app.config["OUTBOX_MAX_ATTEMPTS"]
     log.info("operator %s retried dead %s", _operator(), name)
-    return done(f"The {name} will run again now, with a fresh budget of {budget} attempts; this list shows "
-                "how it went.", {"id": ref, "kind": kind, "status": "pending"}, back, keep=ref)
+    return done(
+        f"The {name} will run again now, with a fresh budget of {budget} attempts; this list shows how it went.",
+        {"id": ref, "kind": kind, "status": "pending"},
+        back,
+        keep=ref,
+    )
 
 
 def _discard(kind: str, work_id: int):
@@ -298,20 +364,39 @@ def _discard(kind: str, work_id: int):
     form = DiscardForm()
     audit.about(name, order_id=row.order_id, reason=(form.reason.data or "").strip() or None)
     if not form.validate():
-        return problem(400, form.reason.errors[0] if form.reason.errors else "Say why this is discarded.",
-                       title="A reason is needed", back=back, id=ref)
+        return problem(
+            400,
+            form.reason.errors[0] if form.reason.errors else "Say why this is discarded.",
+            title="A reason is needed",
+            back=back,
+            id=ref,
+        )
     if row.status != "dead":
-        return problem(409, f"The {name} is {row.status}, not dead: only a dead letter can be discarded.",
-                       back=back, id=ref, current_status=row.status)
+        return problem(
+            409,
+            f"The {name} is {row.status}, not dead: only a dead letter can be discarded.",
+            back=back,
+            id=ref,
+            current_status=row.status,
+        )
     reason = form.reason.data.strip()
     db.session.rollback()
     if not dispatch.discard(kind, work_id, reason):
         current = db.session.get(model, work_id)
-        return problem(409, f"The {name} changed meanwhile (now {current.status}); nothing done.",
-                       back=back, id=ref, current_status=current.status)
+        return problem(
+            409,
+            f"The {name} changed meanwhile (now {current.status}); nothing done.",
+            back=back,
+            id=ref,
+            current_status=current.status,
+        )
     log.warning("operator %s discarded %s: %s", _operator(), name, reason)
-    return done(f"The {name} is discarded: it will not run again.",
-                {"id": ref, "kind": kind, "status": "discarded", "reason": reason}, back, keep=ref)
+    return done(
+        f"The {name} is discarded: it will not run again.",
+        {"id": ref, "kind": kind, "status": "discarded", "reason": reason},
+        back,
+        keep=ref,
+    )
 
 
 @bp.post("/outbox/retry-dead")
@@ -324,15 +409,17 @@ def retry_all_dead():
         return problem(400, "Your form expired; reload the page and try again.", back=back)
     kind, _, name = (request.form.get("what") or "").partition(":")
     if kind not in dispatch.TABLES or not name:
-        return problem(400, "Say which dead letters to retry (what=delivery:<handler> or command:<kind>).",
-                       back=back)
+        return problem(400, "Say which dead letters to retry (what=delivery:<handler> or command:<kind>).", back=back)
     audit.about(f"every dead {name} {kind}")
     ids = dispatch.retry_all_dead(kind, name)
     log.info("operator %s retried %d dead %s rows of %s", _operator(), len(ids), kind, name)
     budget = current_app.config["OUTBOX_MAX_ATTEMPTS"]
-    return done(f"{len(ids)} dead {name} {kind}{'s' if len(ids) != 1 else ''} will run again now, each with a "
-                f"fresh budget of {budget} attempts.",
-                {"what": f"{kind}:{name}", "retried": [work_ref(kind, i) for i in ids]}, back)
+    return done(
+        f"{len(ids)} dead {name} {kind}{'s' if len(ids) != 1 else ''} will run again now, each with a "
+        f"fresh budget of {budget} attempts.",
+        {"what": f"{kind}:{name}", "retried": [work_ref(kind, i) for i in ids]},
+        back,
+    )
 
 
 @bp.post("/outbox/<work:work>/retry")
@@ -353,10 +440,21 @@ def confirm_discard(work):
     if row is None:
         return problem(404, f"There is no {name}.", title=f"No such {kind}", back=back)
     if row.status != "dead":
-        return problem(409, f"The {name} is {row.status}, not dead: only a dead letter can be discarded.",
-                       back=back, id=ref, current_status=row.status)
-    data = {"id": ref, "kind": kind, "what": name, "status": row.status, "attempts": row.attempts,
-            "last_error": row.last_error}
+        return problem(
+            409,
+            f"The {name} is {row.status}, not dead: only a dead letter can be discarded.",
+            back=back,
+            id=ref,
+            current_status=row.status,
+        )
+    data = {
+        "id": ref,
+        "kind": kind,
+        "what": name,
+        "status": row.status,
+        "attempts": row.attempts,
+        "last_error": row.last_error,
+    }
     return respond("console/discard.html", data, back=back, work=work, discard_form=DiscardForm(formdata=None))
 
 
@@ -370,8 +468,11 @@ def _refund_for_action(refund_id: int):
     """(refund, its order's reference, where to go back) for a refund action; refund None when absent."""
     refund = db.session.get(Refund, refund_id)
     reference = db.session.get(Order, refund.order_id).reference if refund is not None else None
-    back = (url_for("console.order_detail", reference=reference) if reference
-            else url_for("console.refunds", status="failed"))
+    back = (
+        url_for("console.order_detail", reference=reference)
+        if reference
+        else url_for("console.refunds", status="failed")
+    )
     return refund, reference, back
 
 
@@ -381,12 +482,25 @@ def _refund_answer(action, reference: str | None, back: str):
     if action.outcome == "missing":
         return problem(404, action.message, title="No such refund", back=back)
     if action.outcome == "refused":
-        return problem(409, action.message, back=back, id=facts.get("id"), current_status=facts.get("status"),
-                       attempts=facts.get("attempts"))
-    payload = {"id": facts["id"], "order_reference": reference, "status": facts["status"],
-               "attempts": facts["attempts"], "provider_refund_id": facts["provider_refund_id"],
-               "settled_at": iso(facts["settled_at"]), "settled_by": facts["settled_by"],
-               "reason": facts["settlement_reason"], "already": action.outcome == "already"}
+        return problem(
+            409,
+            action.message,
+            back=back,
+            id=facts.get("id"),
+            current_status=facts.get("status"),
+            attempts=facts.get("attempts"),
+        )
+    payload = {
+        "id": facts["id"],
+        "order_reference": reference,
+        "status": facts["status"],
+        "attempts": facts["attempts"],
+        "provider_refund_id": facts["provider_refund_id"],
+        "settled_at": iso(facts["settled_at"]),
+        "settled_by": facts["settled_by"],
+        "reason": facts["settlement_reason"],
+        "already": action.outcome == "already",
+    }
     return done(action.message, payload, back, "ok" if action.outcome == "done" else "warning")
 
 
@@ -395,12 +509,18 @@ def retry_refund(refund_id):
     """Send a failed refund again: a new attempt at the provider with its own Idempotency-Key
     (form `attempt`: the attempt the operator saw, so a repeated submission retries once)."""
     refund, reference, back = _refund_for_action(refund_id)
-    audit.about(f"refund {refund_id}" + (f" (order {reference})" if reference else ""),
-                order_id=refund.order_id if refund is not None else None)
+    audit.about(
+        f"refund {refund_id}" + (f" (order {reference})" if reference else ""),
+        order_id=refund.order_id if refund is not None else None,
+    )
     form = RetryRefundForm()
     if not form.validate():
-        return problem(400, "attempt must be the attempt number the refund showed (a whole number from 1).",
-                       back=back, id=refund_id)
+        return problem(
+            400,
+            "attempt must be the attempt number the refund showed (a whole number from 1).",
+            back=back,
+            id=refund_id,
+        )
     db.session.rollback()  # the use case reads the refund afresh, locked, in its own transaction
     action = refund_cases.retry_refund(refund_id, seen_attempt=form.attempt.data)
     if action.outcome == "done":
@@ -414,12 +534,19 @@ def settle_refund(refund_id):
     refund, reference, back = _refund_for_action(refund_id)
     form = SettleRefundForm()
     reason = (form.reason.data or "").strip()
-    audit.about(f"refund {refund_id}" + (f" (order {reference})" if reference else ""),
-                order_id=refund.order_id if refund is not None else None, reason=reason or None)
+    audit.about(
+        f"refund {refund_id}" + (f" (order {reference})" if reference else ""),
+        order_id=refund.order_id if refund is not None else None,
+        reason=reason or None,
+    )
     if not form.validate() or not reason:
-        return problem(400, form.reason.errors[0] if form.reason.errors else
-                       "Say how this refund was settled outside the shop.", title="A reason is needed", back=back,
-                       id=refund_id)
+        return problem(
+            400,
+            form.reason.errors[0] if form.reason.errors else "Say how this refund was settled outside the shop.",
+            title="A reason is needed",
+            back=back,
+            id=refund_id,
+        )
     operator = _operator()
     db.session.rollback()
     action = refund_cases.settle_refund(refund_id, reason=reason, operator=operator)
@@ -439,14 +566,27 @@ def resolve_warning(warning_id):
         return problem(404, f"There is no restore warning {warning_id}.", title="No such warning", back=back)
     form = ResolveForm()
     action = (form.action.data or "").strip()
-    audit.about(f"restore warning {warning_id} ({action or 'no action'})", order_id=warning.order_id,
-                reason=(form.note.data or "").strip() or None)
+    audit.about(
+        f"restore warning {warning_id} ({action or 'no action'})",
+        order_id=warning.order_id,
+        reason=(form.note.data or "").strip() or None,
+    )
     if action not in ("fixed", "retry") or not form.validate():
-        return problem(400, "Choose action “fixed” (you corrected the stock by hand) or “retry” (run the "
-                            "restore again); keep the note under 2000 characters.", back=back, id=warning_id)
+        return problem(
+            400,
+            "Choose action “fixed” (you corrected the stock by hand) or “retry” (run the "
+            "restore again); keep the note under 2000 characters.",
+            back=back,
+            id=warning_id,
+        )
     if warning.state != "open":
-        return problem(409, f"Restore warning {warning_id} is already {warning.state}: {warning.resolution or ''}",
-                       back=back, id=warning_id, state=warning.state)
+        return problem(
+            409,
+            f"Restore warning {warning_id} is already {warning.state}: {warning.resolution or ''}",
+            back=back,
+            id=warning_id,
+            state=warning.state,
+        )
     now = utcnow()
     stamp = f"{now:%Y-%m-%d %H:%M} UTC, {_operator()}"
     if action == "fixed":
@@ -459,8 +599,11 @@ def _fixed_by_hand(warning_id: int, stamp: str, note: str, now, back: str):
     if not warnings.resolve_fixed_by_hand(warning_id, stamp, note, now):
         return problem(409, f"Restore warning {warning_id} was settled meanwhile.", back=back, id=warning_id)
     log.info("operator %s resolved restore warning %s as fixed by hand", _operator(), warning_id)
-    return done(f"Restore warning {warning_id} resolved: stock fixed by hand.",
-                {"id": warning_id, "state": "resolved", "outcome": "fixed"}, back)
+    return done(
+        f"Restore warning {warning_id} resolved: stock fixed by hand.",
+        {"id": warning_id, "state": "resolved", "outcome": "fixed"},
+        back,
+    )
 
 
 def _retry_restore(warning_id: int, stamp: str, now, back: str):
@@ -469,10 +612,16 @@ def _retry_restore(warning_id: int, stamp: str, now, back: str):
         return problem(409, f"Restore warning {warning_id} was settled meanwhile.", back=back, id=warning_id)
     if result.resolved:
         log.info("operator %s: restore retry resolved warning %s (%s)", _operator(), warning_id, result.outcome)
-        return done(f"Restore warning {warning_id} resolved: {result.words}.",
-                    {"id": warning_id, "state": "resolved", "outcome": result.outcome}, back,
-                    "warning" if result.fresh else "ok")
+        return done(
+            f"Restore warning {warning_id} resolved: {result.words}.",
+            {"id": warning_id, "state": "resolved", "outcome": result.outcome},
+            back,
+            "warning" if result.fresh else "ok",
+        )
     log.warning("operator %s: restore retry left warning %s open: %s", _operator(), warning_id, result.words)
-    return done(f"Restore warning {warning_id} is still open: {result.words}.",
-                {"id": warning_id, "state": "open", "outcome": result.outcome, "detail": result.words}, back,
-                "warning")
+    return done(
+        f"Restore warning {warning_id} is still open: {result.words}.",
+        {"id": warning_id, "state": "open", "outcome": result.outcome, "detail": result.words},
+        back,
+        "warning",
+    )

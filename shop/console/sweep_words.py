@@ -7,6 +7,7 @@ kind were recorded hold only pass, order_id and error ("ProviderRefused: ..."), 
 may hold a bare string: all three shapes are read here, the missing parts derived from the text
 and from the order row.
 """
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -21,12 +22,20 @@ from .format import human_age
 UNPAID_STATUSES = {s.value for s in UNPAID}
 
 # Exception class names of rows recorded before the kind code existed.
-KIND_BY_EXCEPTION = {"ProviderRefused": "provider_refused", "ProviderUnavailable": "provider_unavailable",
-                     "StaleDataError": "conflict", "OperationalError": "database", "IntegrityError": "database",
-                     "DBAPIError": "database", "InterfaceError": "database"}
+KIND_BY_EXCEPTION = {
+    "ProviderRefused": "provider_refused",
+    "ProviderUnavailable": "provider_unavailable",
+    "StaleDataError": "conflict",
+    "OperationalError": "database",
+    "IntegrityError": "database",
+    "DBAPIError": "database",
+    "InterfaceError": "database",
+}
 
-DOING = {"expiry": "cancelling the order for its expired payment window",
-         "provider": "asking the payment provider about the order's payment"}
+DOING = {
+    "expiry": "cancelling the order for its expired payment window",
+    "provider": "asking the payment provider about the order's payment",
+}
 
 
 def normalize(raw) -> dict:
@@ -38,8 +47,15 @@ def normalize(raw) -> dict:
     if not sep or not exception.isidentifier():
         exception, message = "", error
     kind = raw.get("kind") or KIND_BY_EXCEPTION.get(exception, "unexpected" if exception else "cycle")
-    return {"pass": raw.get("pass") or "cycle", "order_id": raw.get("order_id"), "reference": raw.get("reference"),
-            "kind": kind, "error": error, "exception": exception, "message": message.strip()}
+    return {
+        "pass": raw.get("pass") or "cycle",
+        "order_id": raw.get("order_id"),
+        "reference": raw.get("reference"),
+        "kind": kind,
+        "error": error,
+        "exception": exception,
+        "message": message.strip(),
+    }
 
 
 def signature(error: dict) -> tuple:
@@ -70,7 +86,7 @@ def what_happened(error: dict) -> str:
 
 
 def _at(when: datetime, now: datetime) -> str:
-    """"12:40 UTC (in 10 min)"; the date too when it is not today."""
+    """ "12:40 UTC (in 10 min)"; the date too when it is not today."""
     when = as_utc(when)
     clock = when.strftime("%H:%M UTC") if when.date() == now.date() else when.strftime("%Y-%m-%d %H:%M UTC")
     return f"{clock} (in {human_age((when - now).total_seconds())})"
@@ -78,8 +94,11 @@ def _at(when: datetime, now: datetime) -> str:
 
 def next_step(error: dict, order, now: datetime, next_cycle_at: datetime | None) -> tuple[str, str | None]:
     """What the sweep does about it next, from the order as it is now: (words, ISO time or None)."""
-    next_cycle = ("retries at the next cycle, " + _at(next_cycle_at, now)
-                  if next_cycle_at is not None and as_utc(next_cycle_at) > now else "retries at the next cycle")
+    next_cycle = (
+        "retries at the next cycle, " + _at(next_cycle_at, now)
+        if next_cycle_at is not None and as_utc(next_cycle_at) > now
+        else "retries at the next cycle"
+    )
     if error["order_id"] is None:
         return "The next cycle runs both passes again.", iso(next_cycle_at) if next_cycle_at else None
     if order is None:
@@ -88,8 +107,9 @@ def next_step(error: dict, order, now: datetime, next_cycle_at: datetime | None)
     if check_at is not None and as_utc(check_at) > now and error["pass"] == "provider":
         return f"The sweep leaves it alone until then and asks again at {_at(check_at, now)}.", iso(check_at)
     watched = order.status == "Cancelled" and order.payment_processing_at is not None
-    still_its_work = (order.status in UNPAID_STATUSES if error["pass"] == "expiry"
-                      else order.status == "PaymentInitiated" or watched)
+    still_its_work = (
+        order.status in UNPAID_STATUSES if error["pass"] == "expiry" else order.status == "PaymentInitiated" or watched
+    )
     if not still_its_work:
         return f"Nothing more: the order has since become {order.status}.", None
     return f"The sweep {next_cycle}.", iso(next_cycle_at) if next_cycle_at else None
@@ -129,13 +149,22 @@ def problems_by_cycle(cycles: list, orders: dict, now: datetime, next_cycle_at: 
             order = orders.get(error["order_id"]) if error["order_id"] is not None else None
             reference = (order.reference if order is not None else None) or error["reference"]
             words, at = next_step(error, order, now, next_cycle_at)
-            items.append({
-                "pass": error["pass"], "order_id": error["order_id"], "order_reference": reference,
-                "order_url": url_for("console.order_detail", reference=reference) if reference else None,
-                "kind": error["kind"], "what": what_happened(error), "next": words, "next_at": at,
-                "count": group["count"], "cycles": streaks[cycle.id][key], "repeats_newer": key in newer_keys,
-                "error": error["error"],
-            })
+            items.append(
+                {
+                    "pass": error["pass"],
+                    "order_id": error["order_id"],
+                    "order_reference": reference,
+                    "order_url": url_for("console.order_detail", reference=reference) if reference else None,
+                    "kind": error["kind"],
+                    "what": what_happened(error),
+                    "next": words,
+                    "next_at": at,
+                    "count": group["count"],
+                    "cycles": streaks[cycle.id][key],
+                    "repeats_newer": key in newer_keys,
+                    "error": error["error"],
+                }
+            )
         result[cycle.id] = items
         newer_keys = set(grouped[cycle.id])
     return result

@@ -12,6 +12,7 @@ unreachable - falling back to in-memory storage") and counts in this process's m
 Redis answers again; any other storage error is logged and swallowed. Locking every operator out
 of the console during an outage, when it is needed most, would be worse than a per-process count.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,8 +46,7 @@ def _failed(response) -> bool:
 
 
 def _limit(setting: str):
-    return lambda: (f"{current_app.config[setting]} per "
-                    f"{current_app.config['LOGIN_FAILURE_WINDOW_SECONDS']} second")
+    return lambda: f"{current_app.config[setting]} per {current_app.config['LOGIN_FAILURE_WINDOW_SECONDS']} second"
 
 
 def _in_words(seconds: float) -> str:
@@ -63,16 +63,19 @@ def _refusal(whose: str):
         message = f"Too many failed logins {whose}; try again in {_in_words(wait)}."
         current_app.logger.warning("console login throttled (%s) from %s", whose, request.remote_addr)
         if wants_json():
-            response = current_app.json.response({"error": message, "status": 429,
-                                                  "retry_after_seconds": math.ceil(wait)})
+            response = current_app.json.response(
+                {"error": message, "status": 429, "retry_after_seconds": math.ceil(wait)}
+            )
         else:
             form = LoginForm()
             form.password.data = ""
-            response = current_app.make_response(render_template(
-                "console/login.html", data={"error": message, "csrf_token": generate_csrf()}, form=form))
+            response = current_app.make_response(
+                render_template("console/login.html", data={"error": message, "csrf_token": generate_csrf()}, form=form)
+            )
         response.status_code = 429
         response.headers["Retry-After"] = str(math.ceil(wait))
         return response
+
     return on_breach
 
 
@@ -97,8 +100,18 @@ def init_app(app) -> None:
     # Every other request skips the limiter at once: only the login is throttled.
     limiter.request_filter(lambda: request.endpoint != LOGIN_ENDPOINT)
     view = app.view_functions[LOGIN_ENDPOINT]
-    by_address = limiter.limit(_limit("LOGIN_MAX_FAILURES_PER_ADDRESS"), key_func=_address, methods=["POST"],
-                               deduct_when=_failed, on_breach=_refusal("from your address"))
-    by_account = limiter.limit(_limit("LOGIN_MAX_FAILURES_PER_ACCOUNT"), key_func=_account, methods=["POST"],
-                               deduct_when=_failed, on_breach=_refusal("for this account"))
+    by_address = limiter.limit(
+        _limit("LOGIN_MAX_FAILURES_PER_ADDRESS"),
+        key_func=_address,
+        methods=["POST"],
+        deduct_when=_failed,
+        on_breach=_refusal("from your address"),
+    )
+    by_account = limiter.limit(
+        _limit("LOGIN_MAX_FAILURES_PER_ACCOUNT"),
+        key_func=_account,
+        methods=["POST"],
+        deduct_when=_failed,
+        on_breach=_refusal("for this account"),
+    )
     app.view_functions[LOGIN_ENDPOINT] = by_address(by_account(view))

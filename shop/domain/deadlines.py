@@ -1,4 +1,5 @@
 """Deadline and retry arithmetic. Every function takes `now`, so it is testable without clocks."""
+
 from __future__ import annotations
 
 import random
@@ -42,9 +43,9 @@ def retry_delay_seconds(attempts: int, base: float = 2.0, cap: float = 300.0, rn
 # -- what a failed attempt at durable work leads to -------------------------------------------
 
 # Why an attempt failed, as the runner classifies the exception:
-FAILURE_ERROR = "error"          # anything else: counts against the attempt budget
-FAILURE_REFUSED = "refused"      # retrying cannot help (the provider said no for good): dead now
-FAILURE_PROVIDER = "provider"    # the provider is down, slow or rate-limiting: wait for it
+FAILURE_ERROR = "error"  # anything else: counts against the attempt budget
+FAILURE_REFUSED = "refused"  # retrying cannot help (the provider said no for good): dead now
+FAILURE_PROVIDER = "provider"  # the provider is down, slow or rate-limiting: wait for it
 
 
 @dataclass(frozen=True)
@@ -54,9 +55,18 @@ class RetryDecision:
     spends_attempt: bool = True
 
 
-def retry_decision(kind: str, attempts: int, max_attempts: int, provider_waits: int, *,
-                   base: float, cap: float, provider_base: float, provider_cap: float,
-                   rng=random.random) -> RetryDecision:
+def retry_decision(
+    kind: str,
+    attempts: int,
+    max_attempts: int,
+    provider_waits: int,
+    *,
+    base: float,
+    cap: float,
+    provider_base: float,
+    provider_cap: float,
+    rng=random.random,
+) -> RetryDecision:
     """What the runner does after a failed attempt.
 
     `attempts` counts this attempt; `provider_waits` counts the provider failures in a row
@@ -68,14 +78,18 @@ def retry_decision(kind: str, attempts: int, max_attempts: int, provider_waits: 
     if kind == FAILURE_REFUSED:
         return RetryDecision(dead=True)
     if kind == FAILURE_PROVIDER:
-        return RetryDecision(dead=False, spends_attempt=False,
-                             delay_seconds=retry_delay_seconds(provider_waits + 1, provider_base, provider_cap, rng))
+        return RetryDecision(
+            dead=False,
+            spends_attempt=False,
+            delay_seconds=retry_delay_seconds(provider_waits + 1, provider_base, provider_cap, rng),
+        )
     if attempts >= max_attempts:
         return RetryDecision(dead=True)
     return RetryDecision(dead=False, delay_seconds=retry_delay_seconds(attempts, base, cap, rng))
 
 
 # -- when the sweep asks the provider again ---------------------------------------------------
+
 
 def next_provider_check(now: datetime, since: datetime, interval_seconds: float, cap_seconds: float) -> datetime:
     """When the sweep should ask the provider again about an answer that may change at any

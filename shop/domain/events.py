@@ -1,4 +1,5 @@
 """Domain events recorded by the order's transitions. Handlers receive them from the outbox."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, asdict, fields
@@ -46,7 +47,9 @@ class OrderCancelled(DomainEvent):
     reason: str
 
 
-EVENT_TYPES = {cls.__name__: cls for cls in (OrderPlaced, PaymentInitiated, OrderPaid, OrderPaymentFailed, OrderCancelled)}
+EVENT_TYPES = {
+    cls.__name__: cls for cls in (OrderPlaced, PaymentInitiated, OrderPaid, OrderPaymentFailed, OrderCancelled)
+}
 
 
 def event_from_payload(name: str, payload: dict) -> DomainEvent:

@@ -6,6 +6,7 @@ checks the current state, changes it only when allowed, and returns `Ok(events)`
 `Refused(code)`; it never raises for an expected refusal. The events are also appended to
 `pending_events` so the unit of work can write them to the outbox in the same commit.
 """
+
 from __future__ import annotations
 
 from enum import Enum
@@ -46,7 +47,7 @@ PAYMENT_WINDOW_EXPIRED = "payment window expired"
 
 
 def cancelled_because(reason: str) -> str:
-    """"customer", "expired" or "other" for an OrderCancelled reason."""
+    """ "customer", "expired" or "other" for an OrderCancelled reason."""
     if reason.startswith(CANCELLED_BY_CUSTOMER):
         return "customer"
     if reason.startswith(PAYMENT_WINDOW_EXPIRED):
@@ -62,8 +63,11 @@ REFUSAL_BY_STATE = {
 
 def _refusal(transition: str, status: OrderStatus) -> Refused:
     code = REFUSAL_BY_STATE.get(status, "invalid_transition")
-    return Refused(code, f"cannot {transition.replace('_', ' ')} an order that is {status.value}",
-                   {"transition": transition, "status": status.value})
+    return Refused(
+        code,
+        f"cannot {transition.replace('_', ' ')} an order that is {status.value}",
+        {"transition": transition, "status": status.value},
+    )
 
 
 class OrderRules:
@@ -132,8 +136,9 @@ class OrderRules:
     def mark_inventory_restored(self):
         """The compensation's idempotency marker; it has its own guard."""
         if self._state() is not S.CANCELLED:
-            return Refused("order_not_cancelled", "only a cancelled order's stock can be restored",
-                           {"status": self._state().value})
+            return Refused(
+                "order_not_cancelled", "only a cancelled order's stock can be restored", {"status": self._state().value}
+            )
         if self.inventory_restored:
             return Refused("inventory_already_restored", "this order's stock was already restored")
         self.inventory_restored = True

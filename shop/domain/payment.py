@@ -1,4 +1,5 @@
 """PaymentProof: when a provider's session counts as payment of a given order."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,8 +14,9 @@ class ProofVerdict:
         return "; ".join(self.problems) or "accepted"
 
 
-def check_payment_proof(*, order_total: int, order_currency: str, amount_total, currency,
-                        payment_status) -> ProofVerdict:
+def check_payment_proof(
+    *, order_total: int, order_currency: str, amount_total, currency, payment_status
+) -> ProofVerdict:
     problems = []
     if payment_status != "paid":
         problems.append(f"payment_status is {payment_status!r}, not 'paid'")

@@ -7,6 +7,7 @@ refund, in any order and more than once: these rules make every order of arrival
 A refund whose money did not go back waits for an operator, who either has the shop refund again
 (a new attempt, with its own Idempotency-Key) or records that it was settled outside the shop.
 """
+
 from __future__ import annotations
 
 PENDING, SUCCEEDED, FAILED, CANCELED = "pending", "succeeded", "failed", "canceled"

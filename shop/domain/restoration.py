@@ -3,6 +3,7 @@
 Pure: takes the lines and a snapshot of the inventory rows (soft-deleted ones included) and
 decides. The caller persists the decision; nothing here is ever saved directly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,9 +15,9 @@ MAX_ON_HAND = 2_147_483_647
 
 @dataclass(frozen=True)
 class RestorationPlan:
-    increases: dict[int, int] = field(default_factory=dict)    # variant_id -> quantity to add back
-    unmatched: dict[int, int] = field(default_factory=dict)    # variant_id -> quantity with no inventory row
-    refusals: tuple[str, ...] = ()                             # invariant codes; non-empty = apply nothing
+    increases: dict[int, int] = field(default_factory=dict)  # variant_id -> quantity to add back
+    unmatched: dict[int, int] = field(default_factory=dict)  # variant_id -> quantity with no inventory row
+    refusals: tuple[str, ...] = ()  # invariant codes; non-empty = apply nothing
 
     @property
     def refused(self) -> bool:

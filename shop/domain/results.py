@@ -1,4 +1,5 @@
 """Typed outcomes for guarded operations: an expected refusal is a value, not an exception."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,4 +19,3 @@ class Refused:
     details: dict = field(default_factory=dict)
 
     ok = False
-

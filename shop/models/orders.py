@@ -63,8 +63,13 @@ class Order(OrderRules, db.Model):
         Index("ix_orders_email_lower", func.lower(email)),
         CheckConstraint("total >= 0", name="total_not_negative"),
         # The payment queue, in arrival order: only the orders waiting in line.
-        Index("ix_orders_payment_queue", "payment_queued_at", "id",
-              postgresql_where=payment_queued_at.is_not(None), sqlite_where=payment_queued_at.is_not(None)),
+        Index(
+            "ix_orders_payment_queue",
+            "payment_queued_at",
+            "id",
+            postgresql_where=payment_queued_at.is_not(None),
+            sqlite_where=payment_queued_at.is_not(None),
+        ),
     )
 
 

@@ -59,11 +59,15 @@ class DurableWork:
         # Partial: only pending rows that failed (a few, during an outage), so the writer's hot
         # inserts never touch it. Serves the outbox's "waiting for the provider" list and /metrics.
         waiting = text("status = 'pending' AND failure_kind IS NOT NULL")
-        return (Index(f"ix_{cls.__tablename__}_status_next", "status", "next_attempt_at"),
-                Index(f"ix_{cls.__tablename__}_pending_failure_kind", "failure_kind",
-                      postgresql_where=waiting, sqlite_where=waiting)) + tuple(
-            getattr(cls, "_extra_table_args", ())
-        )
+        return (
+            Index(f"ix_{cls.__tablename__}_status_next", "status", "next_attempt_at"),
+            Index(
+                f"ix_{cls.__tablename__}_pending_failure_kind",
+                "failure_kind",
+                postgresql_where=waiting,
+                sqlite_where=waiting,
+            ),
+        ) + tuple(getattr(cls, "_extra_table_args", ()))
 
 
 class OutboxDelivery(DurableWork, db.Model):
@@ -76,9 +80,11 @@ class OutboxDelivery(DurableWork, db.Model):
     order_id: Mapped[int | None] = mapped_column(Integer, index=True, nullable=True)
     event = relationship("OutboxEvent", back_populates="deliveries")
 
-    _extra_table_args = (UniqueConstraint("event_id", "handler", name="uq_outbox_deliveries_event_handler"),
-                         # The dashboard's outbox-lag chart reads the deliveries finished in the last hour.
-                         Index("ix_outbox_deliveries_completed_at", "completed_at"))
+    _extra_table_args = (
+        UniqueConstraint("event_id", "handler", name="uq_outbox_deliveries_event_handler"),
+        # The dashboard's outbox-lag chart reads the deliveries finished in the last hour.
+        Index("ix_outbox_deliveries_completed_at", "completed_at"),
+    )
 
 
 class ScheduledCommand(DurableWork, db.Model):

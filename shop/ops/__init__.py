@@ -1,4 +1,5 @@
 """Operations: health and Prometheus metrics."""
+
 from flask import Blueprint
 
 bp = Blueprint("ops", __name__)

@@ -14,6 +14,7 @@ counts, which is what the rule says, and one that stops meanwhile is still named
 web process that saw none (one started during the gap) answers "no worker seen" until the next
 beat.
 """
+
 from __future__ import annotations
 
 import threading
@@ -43,21 +44,35 @@ def judge_role(role: str, seen: list[dict], now: datetime, stale: int) -> tuple[
     A process with `in_redis` False is one this web process saw beating but Redis no longer
     lists (see the module's note on a Redis that lost its data)."""
     none_words = dict(ROLES)[role]
-    ages = sorted(((now - p["last_beat"]).total_seconds(), p["name"], p.get("in_redis", True))
-                  for p in seen if p.get("last_beat"))
+    ages = sorted(
+        ((now - p["last_beat"]).total_seconds(), p["name"], p.get("in_redis", True)) for p in seen if p.get("last_beat")
+    )
     fresh = [(a, n, r) for a, n, r in ages if a <= stale]
     stalled = [n for a, n, _ in ages if a > stale]
-    stalled_words = "; stalled: " + ", ".join(f"{n} (last beat {_ago(a)})" for a, n, _ in ages if a > stale) \
-        if stalled else ""
+    stalled_words = (
+        "; stalled: " + ", ".join(f"{n} (last beat {_ago(a)})" for a, n, _ in ages if a > stale) if stalled else ""
+    )
     if fresh and not any(r for _, _, r in fresh):
         age, name, _ = fresh[0]
-        return True, (f"ok: {name} beat {_ago(age)} (Redis holds no record of it now: it may have lost its "
-                      f"data; each process writes its record again at its next beat){stalled_words}"), stalled
+        return (
+            True,
+            (
+                f"ok: {name} beat {_ago(age)} (Redis holds no record of it now: it may have lost its "
+                f"data; each process writes its record again at its next beat){stalled_words}"
+            ),
+            stalled,
+        )
     if fresh:
         return True, f"ok: {len(fresh)} beating, last beat {_ago(fresh[0][0])}{stalled_words}", stalled
     if ages:
-        return False, (f"{none_words} has beaten for over {stale} s (HEALTH_STALE_SECONDS): "
-                       + ", ".join(f"{n} stalled, last beat {_ago(a)}" for a, n, _ in ages)), stalled
+        return (
+            False,
+            (
+                f"{none_words} has beaten for over {stale} s (HEALTH_STALE_SECONDS): "
+                + ", ".join(f"{n} stalled, last beat {_ago(a)}" for a, n, _ in ages)
+            ),
+            stalled,
+        )
     return False, f"{none_words} seen: none has registered with Redis", stalled
 
 
@@ -66,9 +81,13 @@ def judge_outbox(oldest_due: dict[str, datetime | None], now: datetime, stale: i
     lags = {kind: (now - as_utc(at)).total_seconds() for kind, at in oldest_due.items() if at is not None}
     late = {kind: lag for kind, lag in lags.items() if lag > limit}
     if late:
-        return False, ("lagging: " + ", ".join(f"the oldest due {kind.replace('_', ' ')} has waited {int(lag)} s"
-                                               for kind, lag in sorted(late.items()))
-                       + f" (limit {limit} s, {OUTBOX_LAG_FACTOR} x HEALTH_STALE_SECONDS)")
+        return False, (
+            "lagging: "
+            + ", ".join(
+                f"the oldest due {kind.replace('_', ' ')} has waited {int(lag)} s" for kind, lag in sorted(late.items())
+            )
+            + f" (limit {limit} s, {OUTBOX_LAG_FACTOR} x HEALTH_STALE_SECONDS)"
+        )
     if lags:
         return True, f"ok: oldest due item waited {int(max(lags.values()))} s"
     return True, "ok: nothing due"
@@ -79,8 +98,9 @@ def oldest_due(now: datetime) -> dict[str, datetime | None]:
     (status, next_attempt_at)."""
     result = {}
     for kind, model in (("delivery", OutboxDelivery), ("command", ScheduledCommand)):
-        result[kind] = db.session.execute(select(func.min(model.next_attempt_at))
-                                          .where(model.status == "pending", model.next_attempt_at <= now)).scalar()
+        result[kind] = db.session.execute(
+            select(func.min(model.next_attempt_at)).where(model.status == "pending", model.next_attempt_at <= now)
+        ).scalar()
     return result
 
 
@@ -100,8 +120,9 @@ def _with_remembered(seen: list[dict], now: datetime, stale: int) -> list[dict]:
         for p in seen:
             if p.get("last_beat") is not None:
                 memory[p["name"]] = dict(p)
-        for name in [n for n, p in memory.items()
-                     if (now - p["last_beat"]).total_seconds() > FORGET_AFTER_STALE_LIMITS * stale]:
+        for name in [
+            n for n, p in memory.items() if (now - p["last_beat"]).total_seconds() > FORGET_AFTER_STALE_LIMITS * stale
+        ]:
             del memory[name]
         gone = [{**p, "in_redis": False} for name, p in memory.items() if name not in listed]
     return [{**p, "in_redis": True} for p in seen] + gone
@@ -134,9 +155,17 @@ def snapshot(now: datetime | None = None, *, with_queues: bool = False) -> dict:
         age = (now - p["last_beat"]).total_seconds() if p.get("last_beat") else None
         p["beat_age_seconds"] = round(age, 1) if age is not None else None
         p["stalled"] = p["name"] in stalled or age is None
-    return {"healthy": not problems, "checks": checks, "problems": problems, "processes": procs or [],
-            "queues": queues, "next_sweep_at": next_sweep, "oldest_due": due, "stale_seconds": stale,
-            "outbox_lag_limit_seconds": OUTBOX_LAG_FACTOR * stale}
+    return {
+        "healthy": not problems,
+        "checks": checks,
+        "problems": problems,
+        "processes": procs or [],
+        "queues": queues,
+        "next_sweep_at": next_sweep,
+        "oldest_due": due,
+        "stale_seconds": stale,
+        "outbox_lag_limit_seconds": OUTBOX_LAG_FACTOR * stale,
+    }
 
 
 def _ask_database(now: datetime, checks: dict, problems: list) -> dict | None:

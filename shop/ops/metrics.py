@@ -1,5 +1,6 @@
 """Prometheus gauges read from the database at scrape time: the database is the truth, so
 every process (and every replica) reports the same numbers."""
+
 from __future__ import annotations
 
 import logging
@@ -14,8 +15,7 @@ from .. import queue
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc, utcnow
 from ..domain.order import LIVE
 from ..extensions import db, per_app
-from ..models import (OutboxDelivery, ReconciliationCycle, RestoreWarning, ScheduledCommand, WebhookReceipt,
-                      Order)
+from ..models import OutboxDelivery, ReconciliationCycle, RestoreWarning, ScheduledCommand, WebhookReceipt, Order
 from ..payments import checkout_queue, guard
 from .health import oldest_due
 
@@ -50,8 +50,11 @@ class ShopCollector:
     def _liveness(self, now):
         """Lag from the database (always); heartbeats and queue depths from Redis, left out of the
         scrape (with a log line) while Redis does not answer: the other families still count."""
-        lag = GaugeMetricFamily("shop_outbox_lag_seconds",
-                                "How long the oldest due pending item has waited (0: nothing due)", labels=["kind"])
+        lag = GaugeMetricFamily(
+            "shop_outbox_lag_seconds",
+            "How long the oldest due pending item has waited (0: nothing due)",
+            labels=["kind"],
+        )
         for kind, at in oldest_due(now).items():
             lag.add_metric([kind], (now - as_utc(at)).total_seconds() if at else 0)
         yield lag
@@ -62,10 +65,12 @@ class ShopCollector:
             log.warning("metrics: Redis unreachable, heartbeats and queue depths left out: %s", exc)
             return
         stale = current_app.config["HEALTH_STALE_SECONDS"]
-        ages = GaugeMetricFamily("shop_process_heartbeat_age_seconds", "Seconds since each process's last heartbeat",
-                                 labels=["role", "name"])
-        beating = GaugeMetricFamily("shop_processes_beating",
-                                    "Processes that beat within HEALTH_STALE_SECONDS", labels=["role"])
+        ages = GaugeMetricFamily(
+            "shop_process_heartbeat_age_seconds", "Seconds since each process's last heartbeat", labels=["role", "name"]
+        )
+        beating = GaugeMetricFamily(
+            "shop_processes_beating", "Processes that beat within HEALTH_STALE_SECONDS", labels=["role"]
+        )
         counts = {"worker": 0, "scheduler": 0}
         for p in processes:
             if p["last_beat"] is None:
@@ -77,11 +82,14 @@ class ShopCollector:
             beating.add_metric([role], count)
         yield ages
         yield beating
-        depth = GaugeMetricFamily("shop_queue_depth", "Jobs waiting in each RQ queue, and held by rq-scheduler",
-                                  labels=["queue"])
-        oldest = GaugeMetricFamily("shop_queue_oldest_age_seconds",
-                                   "Age of the oldest waiting job (rq-scheduler: of the oldest one already due)",
-                                   labels=["queue"])
+        depth = GaugeMetricFamily(
+            "shop_queue_depth", "Jobs waiting in each RQ queue, and held by rq-scheduler", labels=["queue"]
+        )
+        oldest = GaugeMetricFamily(
+            "shop_queue_oldest_age_seconds",
+            "Age of the oldest waiting job (rq-scheduler: of the oldest one already due)",
+            labels=["queue"],
+        )
         for q in queues:
             depth.add_metric([q["name"]], q["depth"])
             oldest.add_metric([q["name"]], q["oldest_age_seconds"] or 0)
@@ -92,13 +100,20 @@ class ShopCollector:
 def _stuck_orders(now):
     """Live orders unchanged for longer than the stuck age, by status."""
     cutoff = stuck_cutoff(now)
-    stuck = GaugeMetricFamily("shop_orders_stuck", "Live orders unchanged for longer than the stuck age",
-                              labels=["status"])
-    oldest = GaugeMetricFamily("shop_orders_oldest_stuck_age_seconds", "Age of the oldest stuck order",
-                               labels=["status"])
-    rows = dict((s, (c, m)) for s, c, m in db.session.execute(
-        select(Order.status, func.count(), func.min(Order.updated_at))
-        .where(Order.status.in_([s.value for s in LIVE]), Order.updated_at < cutoff).group_by(Order.status)).all())
+    stuck = GaugeMetricFamily(
+        "shop_orders_stuck", "Live orders unchanged for longer than the stuck age", labels=["status"]
+    )
+    oldest = GaugeMetricFamily(
+        "shop_orders_oldest_stuck_age_seconds", "Age of the oldest stuck order", labels=["status"]
+    )
+    rows = dict(
+        (s, (c, m))
+        for s, c, m in db.session.execute(
+            select(Order.status, func.count(), func.min(Order.updated_at))
+            .where(Order.status.in_([s.value for s in LIVE]), Order.updated_at < cutoff)
+            .group_by(Order.status)
+        ).all()
+    )
     for status in LIVE:
         count, min_ts = rows.get(status.value, (0, None))
         stuck.add_metric([status.value], count)
@@ -114,48 +129,68 @@ def _outbox(now):
     # outbox list does. pending/processing/done are event deliveries only: a pending command
     # is usually a deadline that is simply not due yet, which is not a backlog.
     deliveries = GaugeMetricFamily(
-        "shop_outbox_deliveries", "Outbox deliveries by status; dead and discarded include scheduled commands",
-        labels=["status"])
+        "shop_outbox_deliveries",
+        "Outbox deliveries by status; dead and discarded include scheduled commands",
+        labels=["status"],
+    )
     counts = dict(db.session.execute(select(OutboxDelivery.status, func.count()).group_by(OutboxDelivery.status)).all())
-    command_counts = dict(db.session.execute(select(ScheduledCommand.status, func.count())
-                                             .group_by(ScheduledCommand.status)).all())
+    command_counts = dict(
+        db.session.execute(select(ScheduledCommand.status, func.count()).group_by(ScheduledCommand.status)).all()
+    )
     for status in ("pending", "processing", "done", "dead", "discarded"):
         extra = command_counts.get(status, 0) if status in ("dead", "discarded") else 0
         deliveries.add_metric([status], counts.get(status, 0) + extra)
     yield deliveries
     # Pending work that failed only because the provider did not answer: not a dead letter
     # (it retries by itself, without spending attempts), but an outage an operator wants to see.
-    waiting = sum(db.session.execute(select(func.count()).select_from(model)
-                                     .where(model.status == "pending", model.failure_kind == FAILURE_PROVIDER)
-                                     ).scalar() for model in (OutboxDelivery, ScheduledCommand))
-    yield GaugeMetricFamily("shop_outbox_waiting_for_provider",
-                            "Pending deliveries and scheduled commands waiting for an unavailable provider",
-                            value=waiting)
+    waiting = sum(
+        db.session.execute(
+            select(func.count())
+            .select_from(model)
+            .where(model.status == "pending", model.failure_kind == FAILURE_PROVIDER)
+        ).scalar()
+        for model in (OutboxDelivery, ScheduledCommand)
+    )
+    yield GaugeMetricFamily(
+        "shop_outbox_waiting_for_provider",
+        "Pending deliveries and scheduled commands waiting for an unavailable provider",
+        value=waiting,
+    )
     commands = GaugeMetricFamily("shop_scheduled_commands", "Scheduled commands by status", labels=["status"])
     for status in ("pending", "processing", "done", "dead", "discarded", "obsolete"):
         commands.add_metric([status], command_counts.get(status, 0))
     yield commands
 
-    oldest_pending = db.session.execute(select(func.min(OutboxDelivery.created_at))
-                                        .where(OutboxDelivery.status.in_(("pending", "processing")))).scalar()
-    yield GaugeMetricFamily("shop_outbox_oldest_pending_age_seconds", "Age of the oldest undelivered delivery",
-                            value=(now - as_utc(oldest_pending)).total_seconds() if oldest_pending else 0)
+    oldest_pending = db.session.execute(
+        select(func.min(OutboxDelivery.created_at)).where(OutboxDelivery.status.in_(("pending", "processing")))
+    ).scalar()
+    yield GaugeMetricFamily(
+        "shop_outbox_oldest_pending_age_seconds",
+        "Age of the oldest undelivered delivery",
+        value=(now - as_utc(oldest_pending)).total_seconds() if oldest_pending else 0,
+    )
 
 
 def _bookkeeping():
     """Restore warnings, the last good sweep and webhook receipts."""
-    open_warnings = db.session.execute(select(func.count()).select_from(RestoreWarning)
-                                       .where(RestoreWarning.state == "open")).scalar()
-    yield GaugeMetricFamily("shop_restore_warnings_open", "Restore warnings awaiting an operator",
-                            value=open_warnings)
-    last_ok = db.session.execute(select(func.max(ReconciliationCycle.finished_at))
-                                 .where(ReconciliationCycle.status == "ok")).scalar()
-    yield GaugeMetricFamily("shop_reconciliation_last_success_timestamp_seconds",
-                            "When the last reconciliation cycle finished successfully",
-                            value=as_utc(last_ok).timestamp() if last_ok else 0)
-    webhooks = GaugeMetricFamily("shop_webhook_deliveries", "Webhook deliveries received, by outcome",
-                                 labels=["outcome"])
-    counts = dict(db.session.execute(select(WebhookReceipt.outcome, func.count()).group_by(WebhookReceipt.outcome)).all())
+    open_warnings = db.session.execute(
+        select(func.count()).select_from(RestoreWarning).where(RestoreWarning.state == "open")
+    ).scalar()
+    yield GaugeMetricFamily("shop_restore_warnings_open", "Restore warnings awaiting an operator", value=open_warnings)
+    last_ok = db.session.execute(
+        select(func.max(ReconciliationCycle.finished_at)).where(ReconciliationCycle.status == "ok")
+    ).scalar()
+    yield GaugeMetricFamily(
+        "shop_reconciliation_last_success_timestamp_seconds",
+        "When the last reconciliation cycle finished successfully",
+        value=as_utc(last_ok).timestamp() if last_ok else 0,
+    )
+    webhooks = GaugeMetricFamily(
+        "shop_webhook_deliveries", "Webhook deliveries received, by outcome", labels=["outcome"]
+    )
+    counts = dict(
+        db.session.execute(select(WebhookReceipt.outcome, func.count()).group_by(WebhookReceipt.outcome)).all()
+    )
     for outcome in sorted(set(counts) | {"accepted", "duplicate", "rejected", "ignored", "failed"}):
         webhooks.add_metric([outcome], counts.get(outcome, 0))
     yield webhooks
@@ -165,24 +200,31 @@ def _payment_queue(now):
     """The line for the payment page (payments.checkout_queue): how many orders wait, and for how long
     the first has."""
     waiting, first = checkout_queue.line_length(now)
-    yield GaugeMetricFamily("shop_payment_queue_orders", "Orders waiting in line for their payment page",
-                            value=waiting)
-    yield GaugeMetricFamily("shop_payment_queue_oldest_wait_seconds",
-                            "How long the first order in line has waited (0: nobody waits)",
-                            value=(now - as_utc(first)).total_seconds() if first else 0)
+    yield GaugeMetricFamily("shop_payment_queue_orders", "Orders waiting in line for their payment page", value=waiting)
+    yield GaugeMetricFamily(
+        "shop_payment_queue_oldest_wait_seconds",
+        "How long the first order in line has waited (0: nobody waits)",
+        value=(now - as_utc(first)).total_seconds() if first else 0,
+    )
 
 
 def provider_breaker_metrics():
     """The provider's circuit breaker (payments.guard) as every process sees it: its state, and
     its transitions counted in the shared state, so any process answers the same."""
     view = guard.get().breaker_view()
-    state = GaugeMetricFamily("shop_provider_breaker_state",
-                              "The payment provider's circuit breaker: 1 for its current state", labels=["state"])
+    state = GaugeMetricFamily(
+        "shop_provider_breaker_state",
+        "The payment provider's circuit breaker: 1 for its current state",
+        labels=["state"],
+    )
     for name in (guard.CLOSED, guard.OPEN, guard.HALF_OPEN):
         state.add_metric([name], 1 if view["state"] == name else 0)
     yield state
-    moves = CounterMetricFamily("shop_provider_breaker_transitions", "Transitions of the provider's circuit breaker "
-                                "into each state", labels=["to"])
+    moves = CounterMetricFamily(
+        "shop_provider_breaker_transitions",
+        "Transitions of the provider's circuit breaker into each state",
+        labels=["to"],
+    )
     for name, count in view["transitions"].items():
         moves.add_metric([name], count)
     yield moves

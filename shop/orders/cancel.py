@@ -3,6 +3,7 @@
 Each is one transaction through the aggregate's guarded transitions; the OrderCancelled event
 they record goes to the outbox in the same commit and the compensation handler restores stock.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,7 +29,7 @@ log = logging.getLogger("shop.orders")
 
 @dataclass
 class CancelOutcome:
-    status: str            # cancelled | conflict | refused | not_found
+    status: str  # cancelled | conflict | refused | not_found
     order: OrderSnapshot | None = None
     code: str = ""
     message: str = ""
@@ -46,9 +47,13 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
     if order is None:
         return CancelOutcome("not_found")
     if expected_version is not None and order.version != expected_version:
-        return CancelOutcome("conflict", order, "stale_version",
-                             f"This order changed since you loaded it (it is now: {status_words(order.status)}, "
-                             "perhaps in another tab). Look at it again before cancelling.")
+        return CancelOutcome(
+            "conflict",
+            order,
+            "stale_version",
+            f"This order changed since you loaded it (it is now: {status_words(order.status)}, "
+            "perhaps in another tab). Look at it again before cancelling.",
+        )
     if not order.can("cancel"):
         refusal = order.cancel(reason)
         return CancelOutcome("refused", order, refusal.code, refusal.message)
@@ -64,8 +69,9 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
     return _save_cancel(order, seen, reason, retired, money_may_come)
 
 
-def _save_cancel(order: OrderSnapshot, seen: int, reason: str, retired: str | None,
-                 money_may_come: bool) -> CancelOutcome:
+def _save_cancel(
+    order: OrderSnapshot, seen: int, reason: str, retired: str | None, money_may_come: bool
+) -> CancelOutcome:
     """The cancel's guarded save, once more after a lost race that only this cancel's own expiry
     caused (see `_moved_by_this_cancel`)."""
     for attempt in range(2):
@@ -74,9 +80,13 @@ def _save_cancel(order: OrderSnapshot, seen: int, reason: str, retired: str | No
             if moved == "done":
                 return CancelOutcome("cancelled", order)
             if moved != "retry" or attempt:
-                return CancelOutcome("conflict", order, "stale_version",
-                                     f"This order changed while you were cancelling it (it is now: "
-                                     f"{status_words(order.status)}). Look at it again.")
+                return CancelOutcome(
+                    "conflict",
+                    order,
+                    "stale_version",
+                    f"This order changed while you were cancelling it (it is now: "
+                    f"{status_words(order.status)}). Look at it again.",
+                )
             seen = order.version
         result = order.cancel(reason)
         if isinstance(result, Refused):
@@ -106,8 +116,7 @@ def _moved_by_this_cancel(order: OrderSnapshot, retired: str | None) -> str:
     if order.status == OrderStatus.CANCELLED.value:
         log.info("order %s: the cancel found it already cancelled", order.reference)
         return "done"
-    if retired is not None and order.payment_session_id == retired \
-            and order.status == OrderStatus.PAYMENT_FAILED.value:
+    if retired is not None and order.payment_session_id == retired and order.status == OrderStatus.PAYMENT_FAILED.value:
         return "retry"
     return "conflict"
 
@@ -178,8 +187,12 @@ def _expire_at_the_provider(order: OrderSnapshot, now: datetime) -> str:
     # answer commits with. Unreachable -> raised, and the command is retried with backoff.
     answer = ask_and_apply(order.payment_session_id, source="deadline", now=now, in_transaction=True)
     view, applied = answer.view, answer.applied
-    if applied.outcome == "noop" and view.status == "open" and expires is not None \
-            and now < as_utc(expires) + PROVIDER_EXPIRY_PATIENCE:
+    if (
+        applied.outcome == "noop"
+        and view.status == "open"
+        and expires is not None
+        and now < as_utc(expires) + PROVIDER_EXPIRY_PATIENCE
+    ):
         raise Reschedule(now + PROVIDER_EXPIRY_RECHECK)  # the provider has not expired it yet
     log.info("deadline for order %s at the provider: %s", order.reference, applied.outcome)
     return applied.outcome

@@ -4,6 +4,7 @@ these write only `carts` and `cart_items` and commit through the one commit path
 
 Each answers a `CartChange`: the storefront turns it into the page or JSON of docs/REFERENCE.md,
 Storefront, and writes nothing itself."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ MOST_OF_ONE_ITEM = 99
 
 @dataclass(frozen=True)
 class CartChange:
-    status: str                  # done | not_for_sale | not_in_cart | short | too_many
+    status: str  # done | not_for_sale | not_in_cart | short | too_many
     message: str = ""
 
     @property
@@ -47,8 +48,9 @@ def open_cart(browser: str | None, *, create: bool = False) -> Cart | None:
 
 
 def _line(cart: Cart, variant_id: int) -> CartItem | None:
-    return db.session.execute(select(CartItem).where(CartItem.cart_id == cart.id,
-                                                     CartItem.variant_id == variant_id)).scalar_one_or_none()
+    return db.session.execute(
+        select(CartItem).where(CartItem.cart_id == cart.id, CartItem.variant_id == variant_id)
+    ).scalar_one_or_none()
 
 
 def _short_of_stock(variant: Variant | None, wanted: int) -> CartChange | None:

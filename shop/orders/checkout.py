@@ -16,6 +16,7 @@ can never wait on each other in a cycle. Any shortfall rolls everything back.
 Nothing touches Redis before the commit; the deadline is announced to rq-scheduler after it.
 Core statements rather than ORM objects: Python CPU, not PostgreSQL, is the ceiling here.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -58,7 +59,7 @@ class Placed:
 
 @dataclass
 class CheckoutRefused:
-    code: str          # empty_cart | out_of_stock | unavailable | mixed_currency | cart_closed
+    code: str  # empty_cart | out_of_stock | unavailable | mixed_currency | cart_closed
     message: str
     shortages: list[dict] = field(default_factory=list)
     ok = False
@@ -81,26 +82,46 @@ _carts, _inventory = Cart.__table__, InventoryItem.__table__
 # join: a line whose variant row is gone still shows up, and is refused as unavailable.
 _items, _variants, _products = CartItem.__table__, Variant.__table__, Product.__table__
 _READ_CART = (
-    select(_items.c.variant_id, _items.c.quantity, _variants.c.id.label("known"), _variants.c.sku,
-           (_products.c.name + " – " + _variants.c.name).label("name"), _variants.c.price, _variants.c.currency,
-           _variants.c.deleted_at)
-    .select_from(_items.outerjoin(_variants, _variants.c.id == _items.c.variant_id)
-                 .outerjoin(_products, _products.c.id == _variants.c.product_id))
-    .where(_items.c.cart_id == bindparam("cart_id")).order_by(_items.c.variant_id)
+    select(
+        _items.c.variant_id,
+        _items.c.quantity,
+        _variants.c.id.label("known"),
+        _variants.c.sku,
+        (_products.c.name + " – " + _variants.c.name).label("name"),
+        _variants.c.price,
+        _variants.c.currency,
+        _variants.c.deleted_at,
+    )
+    .select_from(
+        _items.outerjoin(_variants, _variants.c.id == _items.c.variant_id).outerjoin(
+            _products, _products.c.id == _variants.c.product_id
+        )
+    )
+    .where(_items.c.cart_id == bindparam("cart_id"))
+    .order_by(_items.c.variant_id)
 )
-_CLOSE_CART = (update(_carts)
-               .where(_carts.c.id == bindparam("cart_id"), _carts.c.browser_id == bindparam("browser"),
-                      _carts.c.status == "open")
-               .values(status="ordered", order_id=bindparam("order")))
-_DECREMENT = (update(_inventory)
-              .where(_inventory.c.variant_id == bindparam("variant"), _inventory.c.on_hand >= bindparam("quantity"),
-                     _inventory.c.deleted_at.is_(None))
-              .values(on_hand=_inventory.c.on_hand - bindparam("quantity"),
-                      updated_at=bindparam("now", type_=_inventory.c.updated_at.type)))
+_CLOSE_CART = (
+    update(_carts)
+    .where(_carts.c.id == bindparam("cart_id"), _carts.c.browser_id == bindparam("browser"), _carts.c.status == "open")
+    .values(status="ordered", order_id=bindparam("order"))
+)
+_DECREMENT = (
+    update(_inventory)
+    .where(
+        _inventory.c.variant_id == bindparam("variant"),
+        _inventory.c.on_hand >= bindparam("quantity"),
+        _inventory.c.deleted_at.is_(None),
+    )
+    .values(
+        on_hand=_inventory.c.on_hand - bindparam("quantity"),
+        updated_at=bindparam("now", type_=_inventory.c.updated_at.type),
+    )
+)
 
 
-def place_order(*, cart_id: int, browser_id: str, email: str, now: datetime | None = None,
-                in_line: bool = False) -> Placed | CheckoutRefused:
+def place_order(
+    *, cart_id: int, browser_id: str, email: str, now: datetime | None = None, in_line: bool = False
+) -> Placed | CheckoutRefused:
     """The checkout transaction (see the module's docstring). `in_line`: the order joins the line
     for its payment page in this same transaction (the caller knows the provider's budget for
     new sessions is spent), instead of a second one after a refused provider call."""
@@ -116,13 +137,24 @@ def place_order(*, cart_id: int, browser_id: str, email: str, now: datetime | No
     currency = rows[0].currency
     total = sum(variants[v].price * q for v, q in lines)
     reference, token = new_reference(), secrets.token_urlsafe(24)
-    line_rows = [dict(variant_id=v, sku=variants[v].sku, name=variants[v].name, quantity=q,
-                      unit_price=variants[v].price) for v, q in lines]
+    line_rows = [
+        dict(variant_id=v, sku=variants[v].sku, name=variants[v].name, quantity=q, unit_price=variants[v].price)
+        for v, q in lines
+    ]
     try:
         with transaction():
-            order_id = orders.insert_order(session, reference=reference, access_token=token, browser_id=browser_id,
-                                           email=email, total=total, currency=currency, now=now, lines=line_rows,
-                                           in_line=in_line)
+            order_id = orders.insert_order(
+                session,
+                reference=reference,
+                access_token=token,
+                browser_id=browser_id,
+                email=email,
+                total=total,
+                currency=currency,
+                now=now,
+                lines=line_rows,
+                in_line=in_line,
+            )
             closed = session.execute(_CLOSE_CART, dict(cart_id=cart_id, browser=browser_id, order=order_id))
             if closed.rowcount != 1:
                 raise _CartClosed()
@@ -132,8 +164,7 @@ def place_order(*, cart_id: int, browser_id: str, email: str, now: datetime | No
     except _CartClosed:
         return CheckoutRefused("cart_closed", "This cart was already checked out.")
     except _Shortfall:
-        return CheckoutRefused("out_of_stock", "Some items do not have enough stock left.",
-                               shortages(lines, variants))
+        return CheckoutRefused("out_of_stock", "Some items do not have enough stock left.", shortages(lines, variants))
     return Placed(order_id, reference, token, email, total, currency, line_rows, now)
 
 
@@ -144,8 +175,11 @@ def _refuse_cart(rows, lines, variants) -> CheckoutRefused | None:
         return CheckoutRefused("empty_cart", "Your cart is empty.")
     gone = [v for v, _ in lines if v not in variants or variants[v].deleted_at is not None]
     if gone:
-        return CheckoutRefused("unavailable", "Some items are no longer sold; remove them from your cart.",
-                               [{"variant_id": v, "available": 0} for v in gone])
+        return CheckoutRefused(
+            "unavailable",
+            "Some items are no longer sold; remove them from your cart.",
+            [{"variant_id": v, "available": 0} for v in gone],
+        )
     if len({r.currency for r in rows}) != 1:
         return CheckoutRefused("mixed_currency", "Items priced in different currencies cannot be bought together.")
     return None
@@ -154,8 +188,13 @@ def _refuse_cart(rows, lines, variants) -> CheckoutRefused | None:
 def _arm_deadline(session, order_id: int, now: datetime) -> None:
     cfg = current_app.config
     if cfg["UNPAID_ORDER_EXPIRY_ENABLED"]:
-        schedule_command(session, "expire_unpaid_order", now + timedelta(seconds=cfg["UNPAID_ORDER_EXPIRY_SECONDS"]),
-                         order_id=order_id, now=now)
+        schedule_command(
+            session,
+            "expire_unpaid_order",
+            now + timedelta(seconds=cfg["UNPAID_ORDER_EXPIRY_SECONDS"]),
+            order_id=order_id,
+            now=now,
+        )
 
 
 def _take_stock(session, lines, now: datetime) -> None:
@@ -171,12 +210,22 @@ def _take_stock(session, lines, now: datetime) -> None:
 def shortages(lines, variants) -> list[dict]:
     """After the rollback: which lines are short, and how many are left of each."""
     ids = [v for v, _ in lines]
-    on_hand = dict(db.session.execute(
-        select(InventoryItem.variant_id, InventoryItem.on_hand)
-        .where(InventoryItem.variant_id.in_(ids), InventoryItem.deleted_at.is_(None))).all())
+    on_hand = dict(
+        db.session.execute(
+            select(InventoryItem.variant_id, InventoryItem.on_hand).where(
+                InventoryItem.variant_id.in_(ids), InventoryItem.deleted_at.is_(None)
+            )
+        ).all()
+    )
     db.session.rollback()
     return [
-        {"variant_id": v, "sku": variants[v].sku, "name": variants[v].name, "requested": q,
-         "available": on_hand.get(v, 0)}
-        for v, q in lines if on_hand.get(v, 0) < q
+        {
+            "variant_id": v,
+            "sku": variants[v].sku,
+            "name": variants[v].name,
+            "requested": q,
+            "available": on_hand.get(v, 0),
+        }
+        for v, q in lines
+        if on_hand.get(v, 0) < q
     ]

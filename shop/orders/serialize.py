@@ -1,4 +1,5 @@
 """How an order is shown: the JSON shape of docs/REFERENCE.md, Storefront, shared by HTML and JSON views."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -67,8 +68,16 @@ def order_json(order) -> dict:
         "total": order.total,
         "currency": order.currency,
         "inventory_restored": bool(order.inventory_restored),
-        "lines": [{"variant_id": l.variant_id, "sku": l.sku, "name": l.name, "quantity": l.quantity,
-                   "unit_price": l.unit_price} for l in order.lines],
+        "lines": [
+            {
+                "variant_id": l.variant_id,
+                "sku": l.sku,
+                "name": l.name,
+                "quantity": l.quantity,
+                "unit_price": l.unit_price,
+            }
+            for l in order.lines
+        ],
         "payment": payment,
         "refunds": [{"id": r.id, "amount": r.amount, "status": r.status} for r in order.refunds],
         "created_at": iso(order.created_at),
@@ -130,9 +139,14 @@ def watch_state(data: dict) -> str:
     computes the same string from the JSON): the state, the payment's, the stock's return and
     the refunds."""
     payment = data.get("payment")
-    return "/".join([data["status"], payment["status"] if payment else "-",
-                     "restored" if data.get("inventory_restored") else "-",
-                     ",".join(r["status"] for r in data.get("refunds") or [])])
+    return "/".join(
+        [
+            data["status"],
+            payment["status"] if payment else "-",
+            "restored" if data.get("inventory_restored") else "-",
+            ",".join(r["status"] for r in data.get("refunds") or []),
+        ]
+    )
 
 
 def keeps_changing(data: dict) -> bool:
@@ -143,8 +157,7 @@ def keeps_changing(data: dict) -> bool:
     if data["status"] == OrderStatus.CANCELLED.value:
         refunds = [r["status"] for r in data.get("refunds") or []]
         payment = (data.get("payment") or {}).get("status")
-        return (not data.get("inventory_restored") or payment == "processing"
-                or "pending" in refunds)
+        return not data.get("inventory_restored") or payment == "processing" or "pending" in refunds
     return False
 
 
@@ -163,5 +176,10 @@ def refund_failure_words(reason: str | None) -> str:
 
 
 def order_summary_json(order) -> dict:
-    return {"reference": order.reference, "status": order.status, "total": order.total,
-            "currency": order.currency, "created_at": iso(order.created_at)}
+    return {
+        "reference": order.reference,
+        "status": order.status,
+        "total": order.total,
+        "currency": order.currency,
+        "created_at": iso(order.created_at),
+    }

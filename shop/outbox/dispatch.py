@@ -1,6 +1,7 @@
 """Entry points that run deliveries and scheduled commands: one by id, or deliveries in drains;
 the handlers and command kinds they run, as the app factory registered them (`init_app`); and an
 operator's verbs on a row (retry a dead one, retry every dead one of a kind, discard)."""
+
 from __future__ import annotations
 
 import logging
@@ -37,7 +38,7 @@ def drain_threads() -> int:
     return current_app.config.get("DRAIN_THREADS", 3)
 
 
-Handler = Callable[[Any, datetime], None]     # handler(event, now), named in subscriptions.py
+Handler = Callable[[Any, datetime], None]  # handler(event, now), named in subscriptions.py
 Command = Callable[[ScheduledCommand, datetime], None]  # command(row, now), named by the row's kind
 _REGISTRY = "shop.outbox.work"
 
@@ -54,8 +55,10 @@ def _registered() -> tuple[Mapping[str, Handler], Mapping[str, Command]]:
         return current_app.extensions[_REGISTRY]
     except KeyError:
         # Not a PermanentFailure: the row is fine, this process is not. It is retried later.
-        raise RuntimeError("no handlers or commands registered with the outbox; build the app with "
-                           "shop.create_app, which registers them") from None
+        raise RuntimeError(
+            "no handlers or commands registered with the outbox; build the app with "
+            "shop.create_app, which registers them"
+        ) from None
 
 
 def _handlers() -> Mapping[str, Handler]:
@@ -88,12 +91,17 @@ def _execute_command(row: ScheduledCommand, now: datetime) -> None:
     command(row, now)
 
 
-DELIVERIES = runner.Work(OutboxDelivery, _execute_delivery, _describe_delivery,
-                         load_options=(joinedload(OutboxDelivery.event),))
+DELIVERIES = runner.Work(
+    OutboxDelivery, _execute_delivery, _describe_delivery, load_options=(joinedload(OutboxDelivery.event),)
+)
 # A command reads only these (commands/handlers load what else they need themselves).
-COMMANDS = runner.Work(ScheduledCommand, _execute_command, _describe_command,
-                       early_claim_seconds=runner.EARLY_CLAIM_SECONDS,
-                       claim_returns=("id", "kind", "order_id", "payload"))
+COMMANDS = runner.Work(
+    ScheduledCommand,
+    _execute_command,
+    _describe_command,
+    early_claim_seconds=runner.EARLY_CLAIM_SECONDS,
+    claim_returns=("id", "kind", "order_id", "payload"),
+)
 
 
 def run_delivery(delivery_id: int, now: datetime | None = None) -> str:
@@ -104,17 +112,29 @@ def run_command(command_id: int, now: datetime | None = None) -> str:
     return runner.run(COMMANDS, command_id, now)
 
 
-def drain_deliveries(now: datetime | None = None, should_yield: Callable[[], bool] | None = None,
-                     batch_size: int | None = None, budget_seconds: float | None = None) -> dict:
+def drain_deliveries(
+    now: datetime | None = None,
+    should_yield: Callable[[], bool] | None = None,
+    batch_size: int | None = None,
+    budget_seconds: float | None = None,
+) -> dict:
     """Run every due delivery (pending and due, or with a lapsed lease), a batch at a time."""
-    return runner.drain(DELIVERIES, batch_size=batch_size or DRAIN_BATCH_SIZE,
-                        budget_seconds=DRAIN_BUDGET_SECONDS if budget_seconds is None else budget_seconds,
-                        now=now, should_yield=should_yield)
+    return runner.drain(
+        DELIVERIES,
+        batch_size=batch_size or DRAIN_BATCH_SIZE,
+        budget_seconds=DRAIN_BUDGET_SECONDS if budget_seconds is None else budget_seconds,
+        now=now,
+        should_yield=should_yield,
+    )
 
 
-def drain_deliveries_concurrently(threads: int, should_yield: Callable[[], bool] | None = None,
-                                  batch_size: int | None = None, budget_seconds: float | None = None,
-                                  now: datetime | None = None) -> dict:
+def drain_deliveries_concurrently(
+    threads: int,
+    should_yield: Callable[[], bool] | None = None,
+    batch_size: int | None = None,
+    budget_seconds: float | None = None,
+    now: datetime | None = None,
+) -> dict:
     """`drain_deliveries` in `threads` threads of this process, each with its own app context,
     session and connection. They never share a row: each claims its own batches (SKIP LOCKED),
     and everything else a delivery relies on (the marker's version check, leases, the claim
@@ -122,8 +142,9 @@ def drain_deliveries_concurrently(threads: int, should_yield: Callable[[], bool]
     thread stopped with rows possibly still due. A thread's unexpected error is re-raised here
     after the others finish (their rows are committed or released, never half-run)."""
     if threads <= 1:
-        return drain_deliveries(now=now, should_yield=should_yield, batch_size=batch_size,
-                                budget_seconds=budget_seconds)
+        return drain_deliveries(
+            now=now, should_yield=should_yield, batch_size=batch_size, budget_seconds=budget_seconds
+        )
     app = current_app._get_current_object()
     results: list[dict | None] = [None] * threads
     errors: list[BaseException] = []
@@ -131,8 +152,9 @@ def drain_deliveries_concurrently(threads: int, should_yield: Callable[[], bool]
     def one(index: int) -> None:
         try:
             with app.app_context():
-                results[index] = drain_deliveries(now=now, should_yield=should_yield, batch_size=batch_size,
-                                                  budget_seconds=budget_seconds)
+                results[index] = drain_deliveries(
+                    now=now, should_yield=should_yield, batch_size=batch_size, budget_seconds=budget_seconds
+                )
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread below
             errors.append(exc)
 
@@ -166,8 +188,9 @@ def _announce(kind: str, work_id: int, due: datetime | None = None) -> bool:
             queue.enqueue_command(work_id, due)
         return True
     except Exception as exc:
-        log.warning("%s %s is due again but Redis could not be told (%s); the relay will pick it up",
-                    kind, work_id, exc)
+        log.warning(
+            "%s %s is due again but Redis could not be told (%s); the relay will pick it up", kind, work_id, exc
+        )
         return False
 
 
@@ -202,8 +225,12 @@ def wake_provider_waiters(now: datetime) -> int:
     try:
         queue.announce(deliveries, [(cid, now) for cid in commands], now=now)
     except Exception as exc:  # Redis down: the rows are due, and the relay hands them over
-        log.warning("%d rows waiting for the provider are due again but Redis could not be told (%s); "
-                    "the relay will pick them up", len(deliveries) + len(commands), exc)
+        log.warning(
+            "%d rows waiting for the provider are due again but Redis could not be told (%s); "
+            "the relay will pick them up",
+            len(deliveries) + len(commands),
+            exc,
+        )
     return len(deliveries) + len(commands)
 
 

@@ -2,6 +2,7 @@
 
 Small and at the bottom of the outbox on purpose: the use cases (a refund, the deadline) raise
 these, so they import this module, never the runner that catches them."""
+
 from __future__ import annotations
 
 from datetime import datetime

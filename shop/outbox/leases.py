@@ -3,6 +3,7 @@ a piece of work at a time (one sweep cycle, one payment queue). Taken with a con
 or, when absent, an INSERT whose primary key settles a tie; renewed only by its holder and only
 before it lapses; a holder that died on this machine is taken over at once (its pid is gone),
 one elsewhere or a frozen one when its lease lapses. Each verb commits its own transaction."""
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +44,11 @@ def acquire_lease(name: str, holder: str, now: datetime, seconds: float) -> Acqu
     expires = now + timedelta(seconds=seconds)
     try:
         taken = session.execute(
-            update(Lease).where(Lease.name == name, Lease.expires_at < now)
-            .values(holder=holder, expires_at=expires).execution_options(synchronize_session=False))
+            update(Lease)
+            .where(Lease.name == name, Lease.expires_at < now)
+            .values(holder=holder, expires_at=expires)
+            .execution_options(synchronize_session=False)
+        )
         if taken.rowcount == 1:
             session.commit()
             return Acquired(True)
@@ -54,12 +58,14 @@ def acquire_lease(name: str, holder: str, now: datetime, seconds: float) -> Acqu
                 # Its holder died on this machine (a worker SIGKILLed mid-cycle): take the lease
                 # now instead of leaving the work undone until it lapses, minutes later.
                 taken = session.execute(
-                    update(Lease).where(Lease.name == name, Lease.holder == current.holder)
-                    .values(holder=holder, expires_at=expires).execution_options(synchronize_session=False))
+                    update(Lease)
+                    .where(Lease.name == name, Lease.holder == current.holder)
+                    .values(holder=holder, expires_at=expires)
+                    .execution_options(synchronize_session=False)
+                )
                 if taken.rowcount == 1:
                     session.commit()
-                    log.warning("%s: took over the lease of %s, a process that no longer exists", name,
-                                current.holder)
+                    log.warning("%s: took over the lease of %s, a process that no longer exists", name, current.holder)
                     return Acquired(True, taken_from=current.holder)
             session.rollback()
             return Acquired(False)  # someone holds it and it has not lapsed
@@ -79,8 +85,11 @@ def renew_lease(name: str, holder: str, now: datetime, seconds: float) -> bool:
     session = db.session
     try:
         renewed = session.execute(
-            update(Lease).where(Lease.name == name, Lease.holder == holder, Lease.expires_at >= now)
-            .values(expires_at=now + timedelta(seconds=seconds)).execution_options(synchronize_session=False))
+            update(Lease)
+            .where(Lease.name == name, Lease.holder == holder, Lease.expires_at >= now)
+            .values(expires_at=now + timedelta(seconds=seconds))
+            .execution_options(synchronize_session=False)
+        )
         session.commit()
     except BaseException:
         session.rollback()
@@ -91,8 +100,9 @@ def renew_lease(name: str, holder: str, now: datetime, seconds: float) -> bool:
 def release_lease(name: str, holder: str) -> None:
     session = db.session
     try:
-        session.execute(delete(Lease).where(Lease.name == name, Lease.holder == holder)
-                        .execution_options(synchronize_session=False))
+        session.execute(
+            delete(Lease).where(Lease.name == name, Lease.holder == holder).execution_options(synchronize_session=False)
+        )
         session.commit()
     except Exception as exc:  # it lapses by itself; the next taker only waits for it
         session.rollback()

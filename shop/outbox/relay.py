@@ -7,6 +7,7 @@ enqueued again by id, deliveries by one drain job (which claims every due delive
 selected with FOR UPDATE SKIP LOCKED on PostgreSQL, so concurrent relays split the work instead
 of doubling it; a duplicate announcement is harmless anyway, since a claim is needed to run.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,34 +27,45 @@ log = logging.getLogger("shop.outbox")
 def _bury_exhausted(model, now) -> int:
     """A row whose lease lapsed with no attempts left: its worker died on the last try."""
     result = db.session.execute(
-        update(model).where(model.status == "processing", model.claimed_until < now,
-                            model.attempts >= model.max_attempts)
-        .values(status="dead", claimed_until=None, updated_at=now,
-                last_error="worker lost while running the last attempt (lease lapsed)")
+        update(model)
+        .where(model.status == "processing", model.claimed_until < now, model.attempts >= model.max_attempts)
+        .values(
+            status="dead",
+            claimed_until=None,
+            updated_at=now,
+            last_error="worker lost while running the last attempt (lease lapsed)",
+        )
         .execution_options(synchronize_session=False)
     )
     if result.rowcount:
-        log.error("dead letter: %d %s row(s) lost their worker on the final attempt", result.rowcount,
-                  model.__tablename__)
+        log.error(
+            "dead letter: %d %s row(s) lost their worker on the final attempt", result.rowcount, model.__tablename__
+        )
     return result.rowcount
 
 
 def _due_ids(model, now, grace, limit) -> list[int]:
     stmt = (
         select(model.id)
-        .where(or_(
-            and_(model.status == "pending", model.next_attempt_at <= now,
-                 or_(model.enqueued_at.is_(None), model.enqueued_at <= now - grace)),
-            and_(model.status == "processing", model.claimed_until < now, model.attempts < model.max_attempts),
-        ))
+        .where(
+            or_(
+                and_(
+                    model.status == "pending",
+                    model.next_attempt_at <= now,
+                    or_(model.enqueued_at.is_(None), model.enqueued_at <= now - grace),
+                ),
+                and_(model.status == "processing", model.claimed_until < now, model.attempts < model.max_attempts),
+            )
+        )
         .order_by(model.next_attempt_at, model.id)
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
     ids = list(db.session.execute(stmt).scalars())
     if ids:
-        db.session.execute(update(model).where(model.id.in_(ids)).values(enqueued_at=now)
-                           .execution_options(synchronize_session=False))
+        db.session.execute(
+            update(model).where(model.id.in_(ids)).values(enqueued_at=now).execution_options(synchronize_session=False)
+        )
     return ids
 
 
@@ -89,10 +101,16 @@ def rearm_future_commands(now: datetime, until: datetime | None = None, chunk: i
     rearmed = 0
     after_id = 0
     while True:
-        stmt = (select(ScheduledCommand.id, ScheduledCommand.next_attempt_at)
-                .where(ScheduledCommand.status == "pending", ScheduledCommand.next_attempt_at > now,
-                       ScheduledCommand.id > after_id)
-                .order_by(ScheduledCommand.id).limit(chunk))
+        stmt = (
+            select(ScheduledCommand.id, ScheduledCommand.next_attempt_at)
+            .where(
+                ScheduledCommand.status == "pending",
+                ScheduledCommand.next_attempt_at > now,
+                ScheduledCommand.id > after_id,
+            )
+            .order_by(ScheduledCommand.id)
+            .limit(chunk)
+        )
         if until is not None:
             stmt = stmt.where(ScheduledCommand.next_attempt_at <= until)
         rows = db.session.execute(stmt).all()

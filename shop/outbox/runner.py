@@ -21,6 +21,7 @@ The sequence for one row:
 an operator's retry); `drain` claims due rows in batches and runs each through the same
 `run_claimed`, so both paths share steps 2 and 3.
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,6 +44,7 @@ from ..domain.deadlines import FAILURE_PROVIDER, retry_decision, utcnow
 from ..extensions import db
 from ..models import ScheduledCommand
 from . import uow
+
 # Raised by handlers and commands; named here too for the callers that catch them.
 from .failures import PermanentFailure, Reschedule, WAITING_FOR_PROVIDER, failure_kind  # noqa: F401
 
@@ -83,6 +85,7 @@ class Work:
 # machinery (they touch no loaded object), and are built once per table with bound parameters:
 # building a statement costs more CPU than executing its cached compiled form.
 
+
 def _claimable(t):
     return and_(
         t.c.attempts < t.c.max_attempts,
@@ -94,9 +97,13 @@ def _claimable(t):
 
 
 def _claim_values(t) -> dict:
-    return dict(status="processing", claimed_by=bindparam("worker"),
-                claimed_until=bindparam("lease_until", type_=t.c.claimed_until.type),
-                attempts=t.c.attempts + 1, updated_at=bindparam("at", type_=t.c.updated_at.type))
+    return dict(
+        status="processing",
+        claimed_by=bindparam("worker"),
+        claimed_until=bindparam("lease_until", type_=t.c.claimed_until.type),
+        attempts=t.c.attempts + 1,
+        updated_at=bindparam("at", type_=t.c.updated_at.type),
+    )
 
 
 @functools.cache
@@ -113,21 +120,31 @@ def _claim_one_returning(t, columns: tuple[str, ...]):
 def _claim_many(t):
     # A CTE, evaluated once: as `id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` PostgreSQL
     # may run the subquery again per row and claim more than n.
-    due = (select(t.c.id).where(_claimable(t))
-           .order_by(t.c.next_attempt_at, t.c.id).limit(bindparam("batch"))
-           .with_for_update(skip_locked=True)
-           .cte("due").prefix_with("MATERIALIZED", dialect="postgresql"))
-    return (update(t).where(t.c.id.in_(select(due.c.id)), _claimable(t)).values(**_claim_values(t))
-            .returning(t.c.id))
+    due = (
+        select(t.c.id)
+        .where(_claimable(t))
+        .order_by(t.c.next_attempt_at, t.c.id)
+        .limit(bindparam("batch"))
+        .with_for_update(skip_locked=True)
+        .cte("due")
+        .prefix_with("MATERIALIZED", dialect="postgresql")
+    )
+    return update(t).where(t.c.id.in_(select(due.c.id)), _claimable(t)).values(**_claim_values(t)).returning(t.c.id)
 
 
 @functools.cache
 def _mark_done(t):
-    return (update(t).where(t.c.id == bindparam("work_id"), t.c.claimed_by == bindparam("worker"),
-                            t.c.status == "processing")
-            .values(status="done", completed_at=bindparam("done_at", type_=t.c.completed_at.type),
-                    claimed_until=None, updated_at=bindparam("done_at", type_=t.c.updated_at.type),
-                    last_error=None))
+    return (
+        update(t)
+        .where(t.c.id == bindparam("work_id"), t.c.claimed_by == bindparam("worker"), t.c.status == "processing")
+        .values(
+            status="done",
+            completed_at=bindparam("done_at", type_=t.c.completed_at.type),
+            claimed_until=None,
+            updated_at=bindparam("done_at", type_=t.c.updated_at.type),
+            last_error=None,
+        )
+    )
 
 
 def _claim_params(now: datetime, worker: str, early_seconds: float = 0) -> dict:
@@ -136,16 +153,19 @@ def _claim_params(now: datetime, worker: str, early_seconds: float = 0) -> dict:
 
 
 def claim(model, work_id: int, now: datetime, worker: str, early_seconds: float = 0) -> bool:
-    result = db.session.execute(_claim_one(model.__table__),
-                                dict(_claim_params(now, worker, early_seconds), work_id=work_id))
+    result = db.session.execute(
+        _claim_one(model.__table__), dict(_claim_params(now, worker, early_seconds), work_id=work_id)
+    )
     db.session.commit()
     return result.rowcount == 1
 
 
 def claim_row(work: Work, work_id: int, now: datetime, worker: str):
     """`claim`, returning the claimed row's `work.claim_returns` columns (None when not claimed)."""
-    row = db.session.execute(_claim_one_returning(work.model.__table__, work.claim_returns),
-                             dict(_claim_params(now, worker, work.early_claim_seconds), work_id=work_id)).first()
+    row = db.session.execute(
+        _claim_one_returning(work.model.__table__, work.claim_returns),
+        dict(_claim_params(now, worker, work.early_claim_seconds), work_id=work_id),
+    ).first()
     db.session.commit()
     return row
 
@@ -154,8 +174,9 @@ def claim_batch(model, now: datetime, worker: str, limit: int) -> list[int]:
     """Claim up to `limit` due rows, oldest first, in one statement. Concurrent drains on
     PostgreSQL skip each other's locked rows instead of waiting; the outer WHERE repeats the
     condition so a row claimed and committed meanwhile is never taken twice."""
-    ids = db.session.execute(_claim_many(model.__table__),
-                             dict(_claim_params(now, worker), batch=limit)).scalars().all()
+    ids = (
+        db.session.execute(_claim_many(model.__table__), dict(_claim_params(now, worker), batch=limit)).scalars().all()
+    )
     db.session.commit()
     return sorted(ids)
 
@@ -167,7 +188,8 @@ def release(model, work_ids: list[int], worker: str, now: datetime) -> int:
         return 0
     t = model.__table__
     result = db.session.execute(
-        update(t).where(t.c.id.in_(work_ids), t.c.claimed_by == worker, t.c.status == "processing")
+        update(t)
+        .where(t.c.id.in_(work_ids), t.c.claimed_by == worker, t.c.status == "processing")
         .values(status="pending", attempts=t.c.attempts - 1, claimed_by=None, claimed_until=None, updated_at=now)
     )
     db.session.commit()
@@ -183,8 +205,9 @@ def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) 
             if row is None:
                 row = db.session.get(model, work_id, options=list(work.load_options))
             work.execute(row, now)
-            marked = db.session.execute(_mark_done(model.__table__),
-                                        dict(work_id=work_id, worker=worker, done_at=utcnow()))
+            marked = db.session.execute(
+                _mark_done(model.__table__), dict(work_id=work_id, worker=worker, done_at=utcnow())
+            )
             if marked.rowcount != 1:
                 raise LeaseLost(f"{work.describe(row)}: lease lapsed before commit")
         return "done"
@@ -215,8 +238,14 @@ def run(work: Work, work_id: int, now: datetime | None = None) -> str:
         db.session.remove()
 
 
-def drain(work: Work, *, batch_size: int = 20, budget_seconds: float = 2.0, now: datetime | None = None,
-          should_yield: Callable[[], bool] | None = None) -> dict:
+def drain(
+    work: Work,
+    *,
+    batch_size: int = 20,
+    budget_seconds: float = 2.0,
+    now: datetime | None = None,
+    should_yield: Callable[[], bool] | None = None,
+) -> dict:
     """Claim due rows `batch_size` at a time and run each, until none is due, `budget_seconds`
     have passed, or `should_yield()` says other jobs are waiting (checked between batches).
     Returns outcome counts and `more`: True when rows may still be due (the caller asks for
@@ -234,8 +263,14 @@ def drain(work: Work, *, batch_size: int = 20, budget_seconds: float = 2.0, now:
             ids = claim_batch(work.model, claimed_at, worker, batch_size)
             if not ids:
                 break
-            rows = session.execute(select(work.model).options(*work.load_options)
-                                   .where(work.model.id.in_(ids)).order_by(work.model.id)).unique().scalars().all()
+            rows = (
+                session.execute(
+                    select(work.model).options(*work.load_options).where(work.model.id.in_(ids)).order_by(work.model.id)
+                )
+                .unique()
+                .scalars()
+                .all()
+            )
             # Detached with everything execute/describe read already loaded: the commit after
             # each row expires what the session holds, and would reload these one by one.
             # (Expunged before the rollback, which would expire them.)
@@ -262,9 +297,16 @@ def drain(work: Work, *, batch_size: int = 20, budget_seconds: float = 2.0, now:
 
 def _reschedule(model, work_id, worker, due, now) -> None:
     db.session.execute(
-        update(model).where(model.id == work_id, model.claimed_by == worker, model.status == "processing")
-        .values(status="pending", attempts=model.attempts - 1, next_attempt_at=due, enqueued_at=due,
-                claimed_until=None, updated_at=now)
+        update(model)
+        .where(model.id == work_id, model.claimed_by == worker, model.status == "processing")
+        .values(
+            status="pending",
+            attempts=model.attempts - 1,
+            next_attempt_at=due,
+            enqueued_at=due,
+            claimed_until=None,
+            updated_at=now,
+        )
         .execution_options(synchronize_session=False)
     )
     db.session.commit()
@@ -278,10 +320,16 @@ def record_failure(model, work_id, worker, exc, now, describe) -> str:
         return "skipped"
     kind = failure_kind(exc)
     cfg = current_app.config
-    decision = retry_decision(kind, row.attempts, row.max_attempts, row.provider_waits,
-                              base=cfg["OUTBOX_RETRY_BASE_SECONDS"], cap=cfg["OUTBOX_RETRY_CAP_SECONDS"],
-                              provider_base=cfg["OUTBOX_PROVIDER_RETRY_BASE_SECONDS"],
-                              provider_cap=cfg["OUTBOX_PROVIDER_RETRY_CAP_SECONDS"])
+    decision = retry_decision(
+        kind,
+        row.attempts,
+        row.max_attempts,
+        row.provider_waits,
+        base=cfg["OUTBOX_RETRY_BASE_SECONDS"],
+        cap=cfg["OUTBOX_RETRY_CAP_SECONDS"],
+        provider_base=cfg["OUTBOX_PROVIDER_RETRY_BASE_SECONDS"],
+        provider_cap=cfg["OUTBOX_PROVIDER_RETRY_CAP_SECONDS"],
+    )
     error = f"{type(exc).__name__}: {exc}"
     if kind == FAILURE_PROVIDER:
         # Said in the contract's last_error too, for a reader that knows only those fields.
@@ -306,12 +354,25 @@ def record_failure(model, work_id, worker, exc, now, describe) -> str:
     attempts, waits = row.attempts, row.provider_waits
     db.session.commit()
     if kind == FAILURE_PROVIDER:
-        log.warning("%s is waiting for the provider (%d failure(s) in a row, attempts kept at %d of %d), retrying "
-                    "in %.1fs: %s", label, waits, attempts, row.max_attempts, decision.delay_seconds, error)
+        log.warning(
+            "%s is waiting for the provider (%d failure(s) in a row, attempts kept at %d of %d), retrying in %.1fs: %s",
+            label,
+            waits,
+            attempts,
+            row.max_attempts,
+            decision.delay_seconds,
+            error,
+        )
         _announce_retry(model, work_id, due)
         return "waiting"
-    log.warning("%s failed (attempt %d of %d), retrying in %.1fs: %s", label, attempts, row.max_attempts,
-                decision.delay_seconds, row.last_error)
+    log.warning(
+        "%s failed (attempt %d of %d), retrying in %.1fs: %s",
+        label,
+        attempts,
+        row.max_attempts,
+        decision.delay_seconds,
+        row.last_error,
+    )
     _announce_retry(model, work_id, due)
     return "retry"
 
@@ -330,10 +391,21 @@ def retry_dead(model, work_id: int, now: datetime | None = None) -> bool:
     """Operator action: a dead row runs again with a fresh attempt budget."""
     now = now or utcnow()
     result = db.session.execute(
-        update(model).where(model.id == work_id, model.status == "dead").values(
-            status="pending", attempts=0, max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
-            failure_kind=None, provider_waits=0, next_attempt_at=now, enqueued_at=now, claimed_by=None, claimed_until=None, updated_at=now,
-        ).execution_options(synchronize_session=False)
+        update(model)
+        .where(model.id == work_id, model.status == "dead")
+        .values(
+            status="pending",
+            attempts=0,
+            max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
+            failure_kind=None,
+            provider_waits=0,
+            next_attempt_at=now,
+            enqueued_at=now,
+            claimed_by=None,
+            claimed_until=None,
+            updated_at=now,
+        )
+        .execution_options(synchronize_session=False)
     )
     db.session.commit()
     return result.rowcount == 1
@@ -344,12 +416,27 @@ def retry_all_dead(model, name_column, name: str, now: datetime | None = None) -
     again with a fresh budget, in one conditional UPDATE. Returns the ids it moved."""
     now = now or utcnow()
     table = model.__table__
-    ids = db.session.execute(
-        update(table).where(table.c.status == "dead", name_column == name).values(
-            status="pending", attempts=0, max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
-            failure_kind=None, provider_waits=0, next_attempt_at=now, enqueued_at=now, claimed_by=None, claimed_until=None, updated_at=now,
-        ).returning(table.c.id)
-    ).scalars().all()
+    ids = (
+        db.session.execute(
+            update(table)
+            .where(table.c.status == "dead", name_column == name)
+            .values(
+                status="pending",
+                attempts=0,
+                max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
+                failure_kind=None,
+                provider_waits=0,
+                next_attempt_at=now,
+                enqueued_at=now,
+                claimed_by=None,
+                claimed_until=None,
+                updated_at=now,
+            )
+            .returning(table.c.id)
+        )
+        .scalars()
+        .all()
+    )
     db.session.commit()
     return sorted(ids)
 
@@ -358,11 +445,16 @@ def wake_provider_waiters(model, now: datetime) -> list[int]:
     """Rows backing off only because the provider did not answer become due now, in one
     conditional UPDATE (their attempt budget is untouched). Returns the ids it moved."""
     table = model.__table__
-    ids = db.session.execute(
-        update(table).where(table.c.status == "pending", table.c.failure_kind == FAILURE_PROVIDER,
-                            table.c.next_attempt_at > now)
-        .values(next_attempt_at=now, updated_at=now).returning(table.c.id)
-    ).scalars().all()
+    ids = (
+        db.session.execute(
+            update(table)
+            .where(table.c.status == "pending", table.c.failure_kind == FAILURE_PROVIDER, table.c.next_attempt_at > now)
+            .values(next_attempt_at=now, updated_at=now)
+            .returning(table.c.id)
+        )
+        .scalars()
+        .all()
+    )
     db.session.commit()
     return sorted(ids)
 
@@ -370,9 +462,15 @@ def wake_provider_waiters(model, now: datetime) -> list[int]:
 def discard(model, work_id: int, reason: str, now: datetime | None = None) -> bool:
     now = now or utcnow()
     result = db.session.execute(
-        update(model).where(model.id == work_id, model.status.in_(("dead", "pending"))).values(
-            status="discarded", discard_reason=reason, completed_at=now, updated_at=now,
-        ).execution_options(synchronize_session=False)
+        update(model)
+        .where(model.id == work_id, model.status.in_(("dead", "pending")))
+        .values(
+            status="discarded",
+            discard_reason=reason,
+            completed_at=now,
+            updated_at=now,
+        )
+        .execution_options(synchronize_session=False)
     )
     db.session.commit()
     return result.rowcount == 1

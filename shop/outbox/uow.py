@@ -1,6 +1,7 @@
 """One use case = one transaction. `transaction()` commits the session, writes the events the
 aggregates recorded to the outbox in that same commit, and only then tells Redis. Every use case
 commits through it; `commit` and `rollback` are its parts."""
+
 from __future__ import annotations
 
 import logging
@@ -99,5 +100,9 @@ def publish_after_commit(session) -> None:
     try:
         queue.announce(pending["deliveries"], pending["commands"], retired=pending.get("retired", ()))
     except Exception as exc:  # Redis down: the rows are committed, the relay will announce them.
-        log.warning("could not announce %d deliveries / %d commands to Redis (%s); the relay will",
-                    len(pending["deliveries"]), len(pending["commands"]), exc)
+        log.warning(
+            "could not announce %d deliveries / %d commands to Redis (%s); the relay will",
+            len(pending["deliveries"]),
+            len(pending["commands"]),
+            exc,
+        )

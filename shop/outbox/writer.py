@@ -1,4 +1,5 @@
 """Writing events and commands inside the caller's transaction (Core inserts: checkout is hot)."""
+
 from __future__ import annotations
 
 import functools
@@ -27,14 +28,23 @@ _INSERT_COMMAND = insert(_commands).returning(_commands.c.id)
 # unit of work's commit and the payment fast path alike), so no path to Paid/Cancelled can forget.
 DEADLINE_KIND = "expire_unpaid_order"
 OBSOLETE = "obsolete"
-_FINAL_EVENTS = {"OrderPaid": "obsolete: the order was paid before its deadline",
-                 "OrderCancelled": "obsolete: the order was cancelled before its deadline"}
+_FINAL_EVENTS = {
+    "OrderPaid": "obsolete: the order was paid before its deadline",
+    "OrderCancelled": "obsolete: the order was cancelled before its deadline",
+}
 _RETIRE_DEADLINES = (
     update(_commands)
-    .where(_commands.c.order_id == bindparam("order"), _commands.c.kind == DEADLINE_KIND,
-           _commands.c.status == "pending")
-    .values(status=OBSOLETE, discard_reason=bindparam("reason"), completed_at=bindparam("now"),
-            updated_at=bindparam("now"), claimed_by=None, claimed_until=None)
+    .where(
+        _commands.c.order_id == bindparam("order"), _commands.c.kind == DEADLINE_KIND, _commands.c.status == "pending"
+    )
+    .values(
+        status=OBSOLETE,
+        discard_reason=bindparam("reason"),
+        completed_at=bindparam("now"),
+        updated_at=bindparam("now"),
+        claimed_by=None,
+        claimed_until=None,
+    )
     .returning(_commands.c.id)
 )
 
@@ -49,25 +59,55 @@ def _insert_event_with_deliveries(handlers: tuple[str, ...]):
     """PostgreSQL: the event and its deliveries in ONE statement, the event's INSERT as a
     data-modifying CTE whose new id feeds the deliveries' INSERT ... SELECT. Same rows as the
     two-statement path, one round trip (and one statement's client CPU) fewer per event."""
-    event = (insert(_events).values(order_id=bindparam("order_id", type_=_events.c.order_id.type),
-                                    name=bindparam("name", type_=_events.c.name.type),
-                                    payload=bindparam("payload", type_=_events.c.payload.type),
-                                    created_at=bindparam("now", type_=_events.c.created_at.type))
-             .returning(_events.c.id).cte("new_event"))
+    event = (
+        insert(_events)
+        .values(
+            order_id=bindparam("order_id", type_=_events.c.order_id.type),
+            name=bindparam("name", type_=_events.c.name.type),
+            payload=bindparam("payload", type_=_events.c.payload.type),
+            created_at=bindparam("now", type_=_events.c.created_at.type),
+        )
+        .returning(_events.c.id)
+        .cte("new_event")
+    )
     now = bindparam("now", type_=_deliveries.c.created_at.type)
 
     def row(handler: str):
-        return select(event.c.id, literal(handler, _deliveries.c.handler.type),
-                      bindparam("order_id", type_=_deliveries.c.order_id.type),
-                      literal("pending", _deliveries.c.status.type), literal(0), bindparam("max_attempts"),
-                      now, now, now, now)
+        return select(
+            event.c.id,
+            literal(handler, _deliveries.c.handler.type),
+            bindparam("order_id", type_=_deliveries.c.order_id.type),
+            literal("pending", _deliveries.c.status.type),
+            literal(0),
+            bindparam("max_attempts"),
+            now,
+            now,
+            now,
+            now,
+        )
 
     # One SELECT per handler (not a VALUES list: SQLAlchemy cannot cache a statement holding
     # one, and compiling it on every call cost four times the round trip it saves).
     rows = row(handlers[0]) if len(handlers) == 1 else union_all(*(row(h) for h in handlers))
-    return (insert(_deliveries).from_select(
-        ["event_id", "handler", "order_id", "status", "attempts", "max_attempts", "next_attempt_at", "enqueued_at",
-         "created_at", "updated_at"], rows).returning(_deliveries.c.id))
+    return (
+        insert(_deliveries)
+        .from_select(
+            [
+                "event_id",
+                "handler",
+                "order_id",
+                "status",
+                "attempts",
+                "max_attempts",
+                "next_attempt_at",
+                "enqueued_at",
+                "created_at",
+                "updated_at",
+            ],
+            rows,
+        )
+        .returning(_deliveries.c.id)
+    )
 
 
 def write_events(session, events, now: datetime | None = None) -> list[int]:
@@ -81,25 +121,48 @@ def write_events(session, events, now: datetime | None = None) -> list[int]:
     for event in events:
         handlers = tuple(SUBSCRIPTIONS.get(event.name, ()))
         if handlers and one_statement:
-            delivery_ids.extend(session.execute(_insert_event_with_deliveries(handlers), dict(
-                order_id=event.order_id, name=event.name, payload=event.payload(), now=now,
-                max_attempts=max_attempts)).scalars())
+            delivery_ids.extend(
+                session.execute(
+                    _insert_event_with_deliveries(handlers),
+                    dict(
+                        order_id=event.order_id,
+                        name=event.name,
+                        payload=event.payload(),
+                        now=now,
+                        max_attempts=max_attempts,
+                    ),
+                ).scalars()
+            )
             continue
         event_id = session.execute(
             _INSERT_EVENT, dict(order_id=event.order_id, name=event.name, payload=event.payload(), created_at=now)
         ).scalar_one()
         for handler in handlers:
-            delivery_ids.append(session.execute(_INSERT_DELIVERY, dict(
-                event_id=event_id, handler=handler, order_id=event.order_id, status="pending", attempts=0,
-                max_attempts=max_attempts, next_attempt_at=now, enqueued_at=now, created_at=now, updated_at=now,
-            )).scalar_one())
+            delivery_ids.append(
+                session.execute(
+                    _INSERT_DELIVERY,
+                    dict(
+                        event_id=event_id,
+                        handler=handler,
+                        order_id=event.order_id,
+                        status="pending",
+                        attempts=0,
+                        max_attempts=max_attempts,
+                        next_attempt_at=now,
+                        enqueued_at=now,
+                        created_at=now,
+                        updated_at=now,
+                    ),
+                ).scalar_one()
+            )
     pending = after_commit(session)
     pending["deliveries"].extend(delivery_ids)
     for event in events:
         reason = _FINAL_EVENTS.get(event.name)
         if reason and event.order_id is not None:
-            retired = set(session.execute(_RETIRE_DEADLINES, dict(order=event.order_id, reason=reason, now=now))
-                          .scalars())
+            retired = set(
+                session.execute(_RETIRE_DEADLINES, dict(order=event.order_id, reason=reason, now=now)).scalars()
+            )
             if retired:
                 # Armed in this very transaction: never announce it. Already with rq-scheduler:
                 # taken off its schedule after the commit (see queue.announce).
@@ -108,13 +171,30 @@ def write_events(session, events, now: datetime | None = None) -> list[int]:
     return delivery_ids
 
 
-def schedule_command(session, kind: str, due_at: datetime, *, order_id: int | None = None,
-                     payload: dict | None = None, now: datetime | None = None) -> int:
+def schedule_command(
+    session,
+    kind: str,
+    due_at: datetime,
+    *,
+    order_id: int | None = None,
+    payload: dict | None = None,
+    now: datetime | None = None,
+) -> int:
     now = now or utcnow()
-    command_id = session.execute(_INSERT_COMMAND, dict(
-        kind=kind, order_id=order_id, payload=payload or {}, status="pending", attempts=0,
-        max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"], next_attempt_at=due_at,
-        enqueued_at=now, created_at=now, updated_at=now,
-    )).scalar_one()
+    command_id = session.execute(
+        _INSERT_COMMAND,
+        dict(
+            kind=kind,
+            order_id=order_id,
+            payload=payload or {},
+            status="pending",
+            attempts=0,
+            max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
+            next_attempt_at=due_at,
+            enqueued_at=now,
+            created_at=now,
+            updated_at=now,
+        ),
+    ).scalar_one()
     after_commit(session)["commands"].append((command_id, due_at))
     return command_id

@@ -2,6 +2,7 @@
 webhook, the return page, the deadline, the sweep and the console (`apply_session`, and
 `ask_and_apply` for those that ask the provider first), including the usual-payment fast path
 and money that arrives for an order that can no longer take it."""
+
 from __future__ import annotations
 
 import logging
@@ -33,8 +34,8 @@ S = OrderStatus
 
 @dataclass
 class Applied:
-    outcome: str          # paid | payment_failed | refund_created | already_refunded | noop | duplicate |
-                          # unknown_order | proof_refused | awaiting_async
+    outcome: str  # paid | payment_failed | refund_created | already_refunded | noop | duplicate |
+    # unknown_order | proof_refused | awaiting_async
     order: OrderSnapshot | None = None  # the order as this notice left it
     detail: str = ""
 
@@ -48,9 +49,16 @@ def find_order(view: gateway.SessionView) -> OrderSnapshot | None:
     return order
 
 
-def apply_session(view: gateway.SessionView, *, source: str, failed: bool = False, event_id: str | None = None,
-                  now: datetime | None = None, before_commit: Callable[[Applied], None] | None = None,
-                  expired_by_cancel: bool = False) -> Applied:
+def apply_session(
+    view: gateway.SessionView,
+    *,
+    source: str,
+    failed: bool = False,
+    event_id: str | None = None,
+    now: datetime | None = None,
+    before_commit: Callable[[Applied], None] | None = None,
+    expired_by_cancel: bool = False,
+) -> Applied:
     """Apply the provider's facts about one session to its order, in one transaction, through
     the guarded transitions. `failed` says the provider reported the (async) payment failed;
     `expired_by_cancel` that the session's expiry was a customer's cancel retiring it.
@@ -64,8 +72,9 @@ def apply_session(view: gateway.SessionView, *, source: str, failed: bool = Fals
     for attempt in range(4):
         try:
             with uow.transaction():
-                result = _apply_once(view, source=source, failed=failed, event_id=event_id, now=now,
-                                     expired_by_cancel=expired_by_cancel)
+                result = _apply_once(
+                    view, source=source, failed=failed, event_id=event_id, now=now, expired_by_cancel=expired_by_cancel
+                )
                 if before_commit is not None:
                     before_commit(result)
         except (IntegrityError, StaleDataError):
@@ -108,8 +117,9 @@ def _claim_statement(dialect: str):
     if dialect not in _CLAIMS:
         upsert = {"postgresql": postgresql_insert, "sqlite": sqlite_insert}.get(dialect)
         table = ProcessedStripeEvent.__table__
-        _CLAIMS[dialect] = upsert and upsert(table).on_conflict_do_nothing(index_elements=["event_id"]) \
-            .returning(table.c.event_id)
+        _CLAIMS[dialect] = upsert and upsert(table).on_conflict_do_nothing(index_elements=["event_id"]).returning(
+            table.c.event_id
+        )
     return _CLAIMS[dialect]
 
 
@@ -124,9 +134,13 @@ def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
     order = orders.read_for_payment(view.order_id)
     if order is None or order.status != S.PAYMENT_INITIATED.value or order.payment_session_id != view.id:
         return None
-    if not check_payment_proof(order_total=order.total, order_currency=order.currency,
-                               amount_total=view.amount_total, currency=view.currency,
-                               payment_status=view.payment_status).accepted:
+    if not check_payment_proof(
+        order_total=order.total,
+        order_currency=order.currency,
+        amount_total=view.amount_total,
+        currency=view.currency,
+        payment_status=view.payment_status,
+    ).accepted:
         return None  # the general path records the refusal
     transition = order.mark_paid(view.id, view.amount_total, view.currency)
     if not transition.ok:
@@ -144,13 +158,22 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
         return usual
     order = find_order(view)
     if order is None:
-        log.warning("provider session %s (via %s) names no order we know (metadata.order_id=%s, ref=%s)",
-                    view.id, source, view.order_id, view.client_reference_id)
+        log.warning(
+            "provider session %s (via %s) names no order we know (metadata.order_id=%s, ref=%s)",
+            view.id,
+            source,
+            view.order_id,
+            view.client_reference_id,
+        )
         return Applied("unknown_order", detail=f"session {view.id}")
     if view.payment_status == "paid":
         return _apply_paid(order, view, source=source, now=now)
-    if S(order.status) is S.CANCELLED and order.payment_session_id == view.id and view.status == "complete" \
-            and order.payment_processing_at is None:
+    if (
+        S(order.status) is S.CANCELLED
+        and order.payment_session_id == view.id
+        and view.status == "complete"
+        and order.payment_processing_at is None
+    ):
         orders.note(order.id, "processing", now)  # money may still come for a cancelled order: the sweep watches it
     if S(order.status) is not S.PAYMENT_INITIATED or order.payment_session_id != view.id:
         return Applied("noop", order, f"order is {order.status}")
@@ -168,16 +191,34 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
 def _apply_paid(order: OrderSnapshot, view, *, source: str, now: datetime) -> Applied:
     """The provider says the session is paid: check the proof, then pay the order, or refund money
     it can no longer take."""
-    verdict = check_payment_proof(order_total=order.total, order_currency=order.currency,
-                                  amount_total=view.amount_total, currency=view.currency,
-                                  payment_status=view.payment_status)
+    verdict = check_payment_proof(
+        order_total=order.total,
+        order_currency=order.currency,
+        amount_total=view.amount_total,
+        currency=view.currency,
+        payment_status=view.payment_status,
+    )
     if not verdict.accepted:
-        db.session.add(PaymentProofRefusal(order_id=order.id, session_id=view.id, source=source,
-                                           problems=verdict.describe(), amount_total=view.amount_total,
-                                           currency=(view.currency or "")[:3] or None, created_at=now))
-        log.warning("payment proof refused for order %s, session %s (via %s): %s; order left %s. "
-                    "Check the payment at the provider and reconcile by hand.",
-                    order.reference, view.id, source, verdict.describe(), order.status)
+        db.session.add(
+            PaymentProofRefusal(
+                order_id=order.id,
+                session_id=view.id,
+                source=source,
+                problems=verdict.describe(),
+                amount_total=view.amount_total,
+                currency=(view.currency or "")[:3] or None,
+                created_at=now,
+            )
+        )
+        log.warning(
+            "payment proof refused for order %s, session %s (via %s): %s; order left %s. "
+            "Check the payment at the provider and reconcile by hand.",
+            order.reference,
+            view.id,
+            source,
+            verdict.describe(),
+            order.status,
+        )
         return Applied("proof_refused", order, verdict.describe())
     state = S(order.status)
     if state is S.PAID:
@@ -243,8 +284,12 @@ def _window_ran_out(order: OrderSnapshot, view, now: datetime) -> bool:
 
 def _late_money(order: OrderSnapshot, view, reason: str, now: datetime) -> Applied:
     created = record_late_payment(order, view, reason, now)
-    if created and S(order.status) is S.CANCELLED and order.payment_session_id == view.id \
-            and order.payment_processing_at is None:
+    if (
+        created
+        and S(order.status) is S.CANCELLED
+        and order.payment_session_id == view.id
+        and order.payment_processing_at is None
+    ):
         # The sweep's watch follows the refund until the provider has it (a refund that dies
         # runs again), not just until the refund is recorded; the refund's success ends it.
         orders.note(order.id, "processing", now)
@@ -265,18 +310,28 @@ def reconcile_order(order_id: int, source: str = "console", now: datetime | None
 def async_failed(view: gateway.SessionView) -> bool:
     """A completed-but-unpaid session whose payment is no longer processing has failed. Asks the
     provider about the payment only for such a session."""
-    return view.status == "complete" and view.payment_status == "unpaid" and view.payment_intent is not None \
+    return (
+        view.status == "complete"
+        and view.payment_status == "unpaid"
+        and view.payment_intent is not None
         and gateway.payment_intent_failed(view.payment_intent)
+    )
 
 
 @dataclass
 class Answer:
-    view: gateway.SessionView   # what the provider said
-    applied: Applied | None     # None when the session is not `for_order`'s: nothing was applied
+    view: gateway.SessionView  # what the provider said
+    applied: Applied | None  # None when the session is not `for_order`'s: nothing was applied
 
 
-def ask_and_apply(session_id: str, *, source: str, now: datetime | None = None, in_transaction: bool = False,
-                  for_order: int | None = None) -> Answer:
+def ask_and_apply(
+    session_id: str,
+    *,
+    source: str,
+    now: datetime | None = None,
+    in_transaction: bool = False,
+    for_order: int | None = None,
+) -> Answer:
     """Ask the provider about a session now and apply its answer through the guarded path: the
     one way the return page, the deadline, the sweep and the console's reconcile learn what the
     provider knows. Provider errors (ProviderUnavailable, ProviderRefused) reach the caller, which

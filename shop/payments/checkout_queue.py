@@ -26,6 +26,7 @@ not save is never shown to anyone, and expires by itself at the provider). An or
 time passes while it waits is left to its deadline, which cancels it like any unpaid order
 (leaving the line is part of that transition).
 """
+
 from __future__ import annotations
 
 import logging
@@ -70,8 +71,13 @@ def _waiting(now: datetime):
 
 def next_in_line(now: datetime, limit: int, skip=frozenset()) -> list[int]:
     """The first `limit` orders in line (arrival order), leaving out `skip` (already being started)."""
-    rows = db.session.execute(select(Order.id).where(_waiting(now))
-                              .order_by(Order.payment_queued_at, Order.id).limit(limit + len(skip))).scalars().all()
+    rows = (
+        db.session.execute(
+            select(Order.id).where(_waiting(now)).order_by(Order.payment_queued_at, Order.id).limit(limit + len(skip))
+        )
+        .scalars()
+        .all()
+    )
     db.session.rollback()
     return [order_id for order_id in rows if order_id not in skip][:limit]
 
@@ -84,8 +90,9 @@ def anyone_waiting(now: datetime) -> bool:
 
 def line_length(now: datetime) -> tuple[int, datetime | None]:
     """(how many orders wait in line, when the first joined it): for /metrics and the console."""
-    count, first = db.session.execute(select(func.count(), func.min(Order.payment_queued_at))
-                                      .where(_waiting(now))).one()
+    count, first = db.session.execute(
+        select(func.count(), func.min(Order.payment_queued_at)).where(_waiting(now))
+    ).one()
     return count, first
 
 
@@ -94,9 +101,13 @@ def place_in_line(order, now: datetime | None = None) -> int | None:
     if order.payment_queued_at is None:
         return None
     mine = (order.payment_queued_at, order.id)
-    return db.session.execute(select(func.count()).select_from(Order).where(
-        _waiting(now or utcnow()),
-        or_(Order.payment_queued_at < mine[0], and_(Order.payment_queued_at == mine[0], Order.id < mine[1])))
+    return db.session.execute(
+        select(func.count())
+        .select_from(Order)
+        .where(
+            _waiting(now or utcnow()),
+            or_(Order.payment_queued_at < mine[0], and_(Order.payment_queued_at == mine[0], Order.id < mine[1])),
+        )
     ).scalar_one()
 
 
@@ -178,8 +189,11 @@ class PaymentQueue:
                     for order_id in ids:
                         in_flight[pool.submit(self._start, order_id, turns.ticket())] = order_id
                 # else: the provider is down; its probe reopens the way (no call of ours would go)
-                done, _ = wait(list(in_flight), timeout=TICK_SECONDS, return_when=FIRST_COMPLETED) \
-                    if in_flight else (set(), None)
+                done, _ = (
+                    wait(list(in_flight), timeout=TICK_SECONDS, return_when=FIRST_COMPLETED)
+                    if in_flight
+                    else (set(), None)
+                )
                 if not in_flight:
                     stop.wait(TICK_SECONDS)
                 for future in done:

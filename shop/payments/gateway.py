@@ -5,6 +5,7 @@ Everything the rest of the shop learns from the provider comes out of here as pl
 Every creating call carries an Idempotency-Key derived from what the call is for, so a retried
 request (ours, or the SDK's own network retry) never creates a second object.
 """
+
 from __future__ import annotations
 
 import json
@@ -77,25 +78,25 @@ class SignatureProblem(Exception):
 @dataclass(frozen=True)
 class SessionView:
     id: str
-    status: str | None            # open | complete | expired
-    payment_status: str | None    # paid | unpaid | no_payment_required
+    status: str | None  # open | complete | expired
+    payment_status: str | None  # paid | unpaid | no_payment_required
     amount_total: int | None
     currency: str | None
     url: str | None
     payment_intent: str | None
     expires_at: datetime | None
-    order_id: int | None          # from metadata.order_id
+    order_id: int | None  # from metadata.order_id
     client_reference_id: str | None
 
 
 @dataclass(frozen=True)
 class RefundView:
     id: str | None
-    status: str | None            # pending | requires_action | succeeded | failed | canceled; nullable
+    status: str | None  # pending | requires_action | succeeded | failed | canceled; nullable
     amount: int | None
-    payment_intent: str | None    # nullable at Stripe
-    failure_reason: str | None    # only on a failed refund
-    order_id: int | None          # from metadata: the shop's own (order, session, attempt)
+    payment_intent: str | None  # nullable at Stripe
+    failure_reason: str | None  # only on a failed refund
+    order_id: int | None  # from metadata: the shop's own (order, session, attempt)
     session_id: str | None
     attempt: int | None
 
@@ -118,10 +119,14 @@ def refund_view(obj) -> RefundView:
 
     intent = obj.get("payment_intent")
     return RefundView(
-        id=text(obj.get("id")), status=text(obj.get("status")), amount=number(obj.get("amount")),
+        id=text(obj.get("id")),
+        status=text(obj.get("status")),
+        amount=number(obj.get("amount")),
         payment_intent=text(intent.get("id") if isinstance(intent, dict) else intent),
-        failure_reason=text(obj.get("failure_reason")), order_id=number(metadata.get("order_id")),
-        session_id=text(metadata.get("session_id")), attempt=number(metadata.get("attempt")) or 1,
+        failure_reason=text(obj.get("failure_reason")),
+        order_id=number(metadata.get("order_id")),
+        session_id=text(metadata.get("session_id")),
+        attempt=number(metadata.get("attempt")) or 1,
     )
 
 
@@ -137,8 +142,13 @@ def session_view(obj) -> SessionView:
         obj = {}
     metadata = obj.get("metadata")
     raw_order = metadata.get("order_id") if isinstance(metadata, dict) else None
-    order_id = int(raw_order) if isinstance(raw_order, str) and raw_order.isdigit() and len(raw_order) < 12 \
-        else raw_order if isinstance(raw_order, int) and not isinstance(raw_order, bool) else None
+    order_id = (
+        int(raw_order)
+        if isinstance(raw_order, str) and raw_order.isdigit() and len(raw_order) < 12
+        else raw_order
+        if isinstance(raw_order, int) and not isinstance(raw_order, bool)
+        else None
+    )
     intent = obj.get("payment_intent")
     if isinstance(intent, dict):
         intent = intent.get("id")
@@ -149,14 +159,23 @@ def session_view(obj) -> SessionView:
         return value if isinstance(value, str) else None
 
     return SessionView(
-        id=text(obj.get("id")), status=text(obj.get("status")), payment_status=text(obj.get("payment_status")),
+        id=text(obj.get("id")),
+        status=text(obj.get("status")),
+        payment_status=text(obj.get("payment_status")),
         # Beyond a 32-bit amount no order could match it (and no column could hold it).
-        amount_total=amount if isinstance(amount, int) and not isinstance(amount, bool) and 0 <= amount < 2**31
+        amount_total=amount
+        if isinstance(amount, int) and not isinstance(amount, bool) and 0 <= amount < 2**31
         else None,
-        currency=text(obj.get("currency")), url=text(obj.get("url")), payment_intent=text(intent),
-        expires_at=(datetime.fromtimestamp(expires, timezone.utc)
-                    if isinstance(expires, int) and not isinstance(expires, bool) and 0 <= expires < 2**37 else None),
-        order_id=order_id, client_reference_id=text(obj.get("client_reference_id")),
+        currency=text(obj.get("currency")),
+        url=text(obj.get("url")),
+        payment_intent=text(intent),
+        expires_at=(
+            datetime.fromtimestamp(expires, timezone.utc)
+            if isinstance(expires, int) and not isinstance(expires, bool) and 0 <= expires < 2**37
+            else None
+        ),
+        order_id=order_id,
+        client_reference_id=text(obj.get("client_reference_id")),
     )
 
 
@@ -293,8 +312,10 @@ def endpoint_of(method: str, url: str) -> str:
     underscore: `cs_`, `pi_`, `evt_`) or holds a capital letter or a digit; resource and action
     names are lowercase words (`checkout`, `payment_intents`, `expire`), and `v1` is the version."""
     path = urlsplit(url).path
-    parts = ["{id}" if _ID_SEGMENT.search(part) and not _VERSION_SEGMENT.fullmatch(part) else part
-             for part in path.split("/")]
+    parts = [
+        "{id}" if _ID_SEGMENT.search(part) and not _VERSION_SEGMENT.fullmatch(part) else part
+        for part in path.split("/")
+    ]
     return f"{method.upper()} {'/'.join(parts)}"
 
 
@@ -326,10 +347,12 @@ def _http_client(base: str, timeout: float) -> GuardedHttpClient:
     adapter = _BudgetedAdapter(pool_connections=4, pool_maxsize=max(10, current_app.config["WEB_THREADS"]))
     session.mount("http://", adapter)
     session.mount("https://", adapter)
-    proxies = {scheme: url for scheme, url in requests.utils.get_environ_proxies(base).items()
-               if scheme in ("http", "https")}
-    return GuardedHttpClient(app=current_app._get_current_object(), background_timeout=timeout, session=session,
-                             proxy=proxies or None)
+    proxies = {
+        scheme: url for scheme, url in requests.utils.get_environ_proxies(base).items() if scheme in ("http", "https")
+    }
+    return GuardedHttpClient(
+        app=current_app._get_current_object(), background_timeout=timeout, session=session, proxy=proxies or None
+    )
 
 
 def _call(what: str, fn):
@@ -355,14 +378,19 @@ def _call(what: str, fn):
         raise _unavailable(f"{what}: not called: {exc}", exc.retry_after, exc.kind) from exc
     except (stripe.APIConnectionError, stripe.RateLimitError) as exc:
         limited = isinstance(exc, stripe.RateLimitError)
-        raise _unavailable(f"{what}: {exc.user_message or exc}", _retry_after(exc.headers) if limited else None,
-                           RATE_LIMITED if limited else UNREACHABLE) from exc
+        raise _unavailable(
+            f"{what}: {exc.user_message or exc}",
+            _retry_after(exc.headers) if limited else None,
+            RATE_LIMITED if limited else UNREACHABLE,
+        ) from exc
     except stripe.StripeError as exc:
         status = getattr(exc, "http_status", None) or 0
         if status >= 500 or status == 0 or status == 429:
-            raise _unavailable(f"{what}: provider error {status}: {exc.user_message or exc}",
-                               _retry_after(exc.headers) if status == 429 else None,
-                               RATE_LIMITED if status == 429 else UNREACHABLE) from exc
+            raise _unavailable(
+                f"{what}: provider error {status}: {exc.user_message or exc}",
+                _retry_after(exc.headers) if status == 429 else None,
+                RATE_LIMITED if status == 429 else UNREACHABLE,
+            ) from exc
         raise ProviderRefused(f"{what}: {exc.user_message or exc}", getattr(exc, "code", None)) from exc
 
 
@@ -398,11 +426,18 @@ def probe() -> bool | None:
     rate budget. True when the provider answered (even a refusal of this request is an answer),
     False when it failed, None when there was no slot or budget to try now."""
     provider_guard = guard.get()
-    probe_client = per_app("stripe_probe", lambda: stripe.StripeClient(
-        current_app.config.get("STRIPE_SECRET_KEY") or SANDBOX_API_KEY,
-        base_addresses={"api": api_base()} if api_base() else None, max_network_retries=0,
-        http_client=per_app("stripe_http", lambda: _http_client(api_base() or STRIPE_API,
-                                                                current_app.config["STRIPE_TIMEOUT_SECONDS"]))))
+    probe_client = per_app(
+        "stripe_probe",
+        lambda: stripe.StripeClient(
+            current_app.config.get("STRIPE_SECRET_KEY") or SANDBOX_API_KEY,
+            base_addresses={"api": api_base()} if api_base() else None,
+            max_network_retries=0,
+            http_client=per_app(
+                "stripe_http",
+                lambda: _http_client(api_base() or STRIPE_API, current_app.config["STRIPE_TIMEOUT_SECONDS"]),
+            ),
+        ),
+    )
     try:
         with provider_guard.slot(wait=0), guard.customer_call(PROBE_TIMEOUT_SECONDS):
             probe_client.v1.events.list(params={"limit": 1})
@@ -424,8 +459,18 @@ def _recovered() -> None:
         db.session.remove()
 
 
-def create_checkout_session(*, order_id: int, reference: str, attempt: int, lines, currency: str, email: str,
-                            success_url: str, cancel_url: str, expires_at: datetime) -> SessionView:
+def create_checkout_session(
+    *,
+    order_id: int,
+    reference: str,
+    attempt: int,
+    lines,
+    currency: str,
+    email: str,
+    success_url: str,
+    cancel_url: str,
+    expires_at: datetime,
+) -> SessionView:
     params = {
         "mode": "payment",
         "client_reference_id": reference,
@@ -435,9 +480,14 @@ def create_checkout_session(*, order_id: int, reference: str, attempt: int, line
         "cancel_url": cancel_url,
         "expires_at": int(expires_at.timestamp()),
         "line_items": [
-            {"quantity": line.quantity,
-             "price_data": {"currency": currency, "unit_amount": line.unit_price,
-                            "product_data": {"name": f"{line.name} ({line.sku})"}}}
+            {
+                "quantity": line.quantity,
+                "price_data": {
+                    "currency": currency,
+                    "unit_amount": line.unit_price,
+                    "product_data": {"name": f"{line.name} ({line.sku})"},
+                },
+            }
             for line in lines
         ],
     }
@@ -448,10 +498,13 @@ def create_checkout_session(*, order_id: int, reference: str, attempt: int, line
     # refused every "Pay now" until the deadline cancelled the order.
     key = f"backstop-order-{order_id}-session-attempt-{attempt}-until-{int(expires_at.timestamp())}"
     if guard.get().line_seen_held():
-        raise _unavailable("create checkout session: not called: customers are waiting in line for a payment "
-                           "session", None, guard.LINE)
-    session = _call("create checkout session", lambda: client().v1.checkout.sessions.create(
-        params=params, options={"idempotency_key": key}))
+        raise _unavailable(
+            "create checkout session: not called: customers are waiting in line for a payment session", None, guard.LINE
+        )
+    session = _call(
+        "create checkout session",
+        lambda: client().v1.checkout.sessions.create(params=params, options={"idempotency_key": key}),
+    )
     return session_view(session)
 
 
@@ -469,8 +522,9 @@ def expire_session(session_id: str, *, cancelling_order: int | None = None) -> S
     options = {}
     if cancelling_order is not None:
         options["idempotency_key"] = f"{CANCEL_EXPIRY_KEY_PREFIX}order-{cancelling_order}-session-{session_id}"
-    return session_view(_call("expire checkout session",
-                              lambda: client().v1.checkout.sessions.expire(session_id, options=options)))
+    return session_view(
+        _call("expire checkout session", lambda: client().v1.checkout.sessions.expire(session_id, options=options))
+    )
 
 
 def expired_by_a_cancel(event: dict) -> bool:
@@ -509,8 +563,7 @@ def session_events(*, since: datetime, starting_after: str | None = None) -> tup
     """One page of the provider's Checkout Session events created since `since`, newest first,
     after the event `starting_after` (the last of the previous page); and whether more follow.
     The provider keeps events for 30 days."""
-    params = {"types": list(SESSION_EVENT_TYPES), "created": {"gte": int(since.timestamp())},
-              "limit": EVENTS_PAGE_SIZE}
+    params = {"types": list(SESSION_EVENT_TYPES), "created": {"gte": int(since.timestamp())}, "limit": EVENTS_PAGE_SIZE}
     if starting_after:
         params["starting_after"] = starting_after
     page = _call("list events", lambda: client().v1.events.list(params=params))
@@ -519,13 +572,21 @@ def session_events(*, since: datetime, starting_after: str | None = None) -> tup
         data = event.to_dict() if hasattr(event, "to_dict") else dict(event)
         obj = (data.get("data") or {}).get("object")
         if isinstance(obj, dict) and isinstance(data.get("id"), str):
-            found.append(SessionEvent(data["id"], str(data.get("type")), int(data.get("created") or 0),
-                                      session_view(obj), expired_by_a_cancel(data)))
+            found.append(
+                SessionEvent(
+                    data["id"],
+                    str(data.get("type")),
+                    int(data.get("created") or 0),
+                    session_view(obj),
+                    expired_by_a_cancel(data),
+                )
+            )
     return found, bool(page.has_more)
 
 
-def create_refund(*, order_id: int, session_id: str, payment_intent: str, amount: int, reason: str,
-                  attempt: int = 1) -> RefundView:
+def create_refund(
+    *, order_id: int, session_id: str, payment_intent: str, amount: int, reason: str, attempt: int = 1
+) -> RefundView:
     """One refund at the provider per (order, session, attempt): a retry of the same attempt is
     replayed, a new attempt (after the last one failed) refunds again. The first attempt keeps
     the key and metadata refunds had before attempts existed, so a command re-run across a
@@ -535,9 +596,13 @@ def create_refund(*, order_id: int, session_id: str, payment_intent: str, amount
     if attempt > 1:
         key += f"-attempt-{attempt}"
         metadata["attempt"] = str(attempt)
-    refund = _call("create refund", lambda: client().v1.refunds.create(
-        params={"payment_intent": payment_intent, "amount": amount, "metadata": metadata},
-        options={"idempotency_key": key}))
+    refund = _call(
+        "create refund",
+        lambda: client().v1.refunds.create(
+            params={"payment_intent": payment_intent, "amount": amount, "metadata": metadata},
+            options={"idempotency_key": key},
+        ),
+    )
     return refund_view(refund)
 
 
@@ -573,6 +638,7 @@ def verify_webhook(payload: bytes, signature: str | None, secret: str) -> dict:
 
 # Webhook endpoint registration -------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class EndpointView:
     id: str
@@ -585,8 +651,14 @@ class EndpointView:
 
 def _endpoint(obj) -> EndpointView:
     data = obj.to_dict() if hasattr(obj, "to_dict") else obj
-    return EndpointView(data["id"], data.get("url"), data.get("status"), data.get("description"), data.get("secret"),
-                        tuple(data.get("enabled_events") or ()))
+    return EndpointView(
+        data["id"],
+        data.get("url"),
+        data.get("status"),
+        data.get("description"),
+        data.get("secret"),
+        tuple(data.get("enabled_events") or ()),
+    )
 
 
 def list_webhook_endpoints() -> list[EndpointView]:
@@ -595,14 +667,24 @@ def list_webhook_endpoints() -> list[EndpointView]:
 
 
 def create_webhook_endpoint(url: str, description: str) -> EndpointView:
-    return _endpoint(_call("create webhook endpoint", lambda: client().v1.webhook_endpoints.create(
-        params={"url": url, "enabled_events": EVENT_TYPES, "description": description})))
+    return _endpoint(
+        _call(
+            "create webhook endpoint",
+            lambda: client().v1.webhook_endpoints.create(
+                params={"url": url, "enabled_events": EVENT_TYPES, "description": description}
+            ),
+        )
+    )
 
 
 def subscribe_webhook_endpoint(endpoint_id: str) -> EndpointView:
     """Our endpoint, registered by an earlier release, made to send every event this one uses."""
-    return _endpoint(_call("update webhook endpoint", lambda: client().v1.webhook_endpoints.update(
-        endpoint_id, params={"enabled_events": EVENT_TYPES})))
+    return _endpoint(
+        _call(
+            "update webhook endpoint",
+            lambda: client().v1.webhook_endpoints.update(endpoint_id, params={"enabled_events": EVENT_TYPES}),
+        )
+    )
 
 
 def delete_webhook_endpoint(endpoint_id: str) -> None:

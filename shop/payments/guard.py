@@ -34,6 +34,7 @@ refusal, which the gateway turns into ProviderUnavailable: the caller's "provide
 (checkout keeps the order and offers "Pay now", or puts it in line when only the budget or the
 bulkhead refused; background work is retried later).
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -60,7 +61,7 @@ STATE_WORDS = {
     CLOSED: "Reachable: payments start normally.",
     OPEN: "Unavailable: checkout takes orders and holds their stock; customers pay later with “Pay now”.",
     HALF_OPEN: "Recovering: the shop is checking whether the provider answers again; payments start as soon as it "
-               "does.",
+    "does.",
 }
 
 
@@ -82,7 +83,7 @@ class Shed(Exception):
 @dataclass(frozen=True)
 class CallContext:
     priority: str
-    deadline: float | None = None     # time.monotonic() by which the request must have its answer
+    deadline: float | None = None  # time.monotonic() by which the request must have its answer
     # The payment queue's own calls (payments.checkout_queue): a customer's priority and the line's
     # place, but patient: they wait for the budget instead of being refused after a moment, and
     # their first request takes the budget in its turn (the order's place in line).
@@ -92,7 +93,8 @@ class CallContext:
 
 
 _context: contextvars.ContextVar[CallContext] = contextvars.ContextVar(
-    "backstop_provider_call_context", default=CallContext(BACKGROUND))
+    "backstop_provider_call_context", default=CallContext(BACKGROUND)
+)
 
 
 def current() -> CallContext:
@@ -228,7 +230,9 @@ local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state == 'closed' then return {1, state} end
 return {0, state}
 """
-_BREAKER_RECORD = _REDIS_NOW + """
+_BREAKER_RECORD = (
+    _REDIS_NOW
+    + """
 local k = KEYS[1]
 local ok, threshold, first_probe = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local state = redis.call('HGET', k, 'state') or 'closed'
@@ -251,13 +255,16 @@ if failures >= threshold then
 end
 return state
 """
+)
 # The probe, while the breaker is not closed: `claim` gives it to one caller at a time (1), at
 # most once per `spacing` seconds across every process, else says how many milliseconds until
 # one may ask again (0). A claim is held for `ttl` seconds, so a prober whose process died is
 # replaced. `result` closes the breaker on success; a failure keeps it open and spaces the next
 # probe: `spacing` for the first `steady` failures (a blip ends within a second of the provider's
 # return), then doubling up to `cap` (the cool-down) while the outage lasts.
-_PROBE_CLAIM = _REDIS_NOW + """
+_PROBE_CLAIM = (
+    _REDIS_NOW
+    + """
 local k = KEYS[1]
 local ttl, spacing = tonumber(ARGV[1]), tonumber(ARGV[2])
 local state = redis.call('HGET', k, 'state') or 'closed'
@@ -270,7 +277,10 @@ redis.call('HSET', k, 'state', 'half_open', 'probe_until', tostring(now + ttl),
 if state == 'open' then redis.call('HINCRBY', k, 'to_half_open', 1) end
 return {1, 'half_open', 0}
 """
-_PROBE_RESULT = _REDIS_NOW + """
+)
+_PROBE_RESULT = (
+    _REDIS_NOW
+    + """
 local k = KEYS[1]
 local ok, spacing, steady, cap = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local state = redis.call('HGET', k, 'state') or 'closed'
@@ -290,6 +300,7 @@ redis.call('HSET', k, 'state', 'open', 'probe_until', 0, 'next_probe_at', tostri
 if state == 'half_open' then redis.call('HINCRBY', k, 'to_open', 1) end
 return 'open'
 """
+)
 # The rate budget, taken in one step: the account's token bucket (KEYS[1]) refills at `rate`
 # per second up to `capacity`, and a call takes a token if that leaves at least `floor` (0 for
 # customers, the reserve for background callers); the endpoint's window (KEYS[2], a sorted set of
@@ -299,7 +310,9 @@ return 'open'
 # 429's Retry-After) stops everyone until then; KEYS[3] existing (orders waiting in line for a
 # session) refuses the calls that must not pass them (`respect_line`). (With callers' clocks,
 # dozens of busy threads polling let 23 calls a second through a budget of 20.)
-_BUCKET_TAKE = _REDIS_NOW + """
+_BUCKET_TAKE = (
+    _REDIS_NOW
+    + """
 local k, window = KEYS[1], KEYS[2]
 local rate, capacity, floor = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local ep_limit, ep_window, ep_reserve = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -336,6 +349,7 @@ if ep_limit > 0 then
 end
 return {1, 0, '', member}
 """
+)
 # A grant not used after all (it came too late to be sent, see GRANT_FRESH_SECONDS): its token
 # and its place in the endpoint's window go back.
 _BUCKET_GIVE_BACK = """
@@ -344,7 +358,9 @@ redis.call('HSET', KEYS[1], 'tokens', tostring(math.min(tonumber(ARGV[1]), token
 if ARGV[2] ~= '' then redis.call('ZREM', KEYS[2], ARGV[2]) end
 return 1
 """
-_BUCKET_PAUSE = _REDIS_NOW + """
+_BUCKET_PAUSE = (
+    _REDIS_NOW
+    + """
 local k = KEYS[1]
 local until_ = now + tonumber(ARGV[1])
 local paused = tonumber(redis.call('HGET', k, 'paused_until') or '0')
@@ -352,6 +368,7 @@ if until_ > paused then redis.call('HSET', k, 'paused_until', tostring(until_)) 
 redis.call('EXPIRE', k, 3600)
 return 1
 """
+)
 # A token granted longer ago than this (the caller's thread was held up: the GIL, the scheduler)
 # is given back unused and another is taken: a late call would arrive at the provider together
 # with calls granted after it. The account bucket's margin (Limits.bucket_capacity) and the
@@ -387,8 +404,8 @@ class Limits:
     customer_wait_seconds: float
     background_wait_seconds: float
     probe_seconds: float
-    processes: int = 1                # web processes sharing the budget (WEB_CONCURRENCY)
-    threads: int = 0                  # this process's threads (WEB_THREADS); 0: no limit on waiters
+    processes: int = 1  # web processes sharing the budget (WEB_CONCURRENCY)
+    threads: int = 0  # this process's threads (WEB_THREADS); 0: no limit on waiters
     endpoint_rate_per_second: int = 0  # STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND; 0: no per-endpoint limit
 
     @property
@@ -438,8 +455,8 @@ class Grant:
     """A unit of the rate budget taken for one request (see ProviderGuard.take_token)."""
 
     endpoint: str
-    member: str = ""          # its place in the endpoint's window ("" without one, or locally)
-    local: bool = False       # taken from this process's own view (Redis unreachable)
+    member: str = ""  # its place in the endpoint's window ("" without one, or locally)
+    local: bool = False  # taken from this process's own view (Redis unreachable)
 
 
 @dataclass(frozen=True)
@@ -543,8 +560,7 @@ class _LocalState:
                 window = self.windows.setdefault(endpoint, deque())
                 while window and window[0] <= now - span:
                     window.popleft()
-                room = max(1, (limits.endpoint_rate_per_second - (0 if customer else limits.endpoint_reserve))
-                           // share)
+                room = max(1, (limits.endpoint_rate_per_second - (0 if customer else limits.endpoint_reserve)) // share)
                 if len(window) >= room:
                     ep_wait = window[len(window) - room] + span - now
                     if ep_wait >= wait:
@@ -562,9 +578,14 @@ class _LocalState:
 
     def view(self) -> dict:
         with self.lock:
-            return {"state": self.state, "failures": self.failures, "opened_at": self.opened_at,
-                    "last_probe_at": self.last_probe_at or None, "probe_failures": self.probe_failures,
-                    "transitions": dict(self.transitions)}
+            return {
+                "state": self.state,
+                "failures": self.failures,
+                "opened_at": self.opened_at,
+                "last_probe_at": self.last_probe_at or None,
+                "probe_failures": self.probe_failures,
+                "transitions": dict(self.transitions),
+            }
 
 
 class ProviderGuard:
@@ -602,8 +623,11 @@ class ProviderGuard:
         return self._redis
 
     def _unreachable(self, exc) -> None:
-        log.warning("provider guard: Redis unreachable (%s); this process uses its own view for %.0f s",
-                    exc, REDIS_RETRY_SECONDS)
+        log.warning(
+            "provider guard: Redis unreachable (%s); this process uses its own view for %.0f s",
+            exc,
+            REDIS_RETRY_SECONDS,
+        )
         self._redis_down_until = time.monotonic() + REDIS_RETRY_SECONDS
 
     def _run(self, name: str, source: str, keys, args):
@@ -631,14 +655,21 @@ class ProviderGuard:
         verdict, state = (int(reply[0]), _text(reply[1])) if reply is not None else self.local.admit()
         self._note(state)
         if verdict == 0:
-            raise Shed("the payment provider is failing; no calls are made until a probe finds it answering "
-                       f"again (circuit breaker {state.replace('_', '-')})",
-                       retry_after=PROBE_SPACING_SECONDS, kind=BREAKER)
+            raise Shed(
+                "the payment provider is failing; no calls are made until a probe finds it answering "
+                f"again (circuit breaker {state.replace('_', '-')})",
+                retry_after=PROBE_SPACING_SECONDS,
+                kind=BREAKER,
+            )
 
     def record(self, ok: bool) -> str:
         lim = self.limits
-        reply = self._run("record", _BREAKER_RECORD, [self.breaker_key],
-                          [1 if ok else 0, lim.breaker_threshold, PROBE_SPACING_SECONDS])
+        reply = self._run(
+            "record",
+            _BREAKER_RECORD,
+            [self.breaker_key],
+            [1 if ok else 0, lim.breaker_threshold, PROBE_SPACING_SECONDS],
+        )
         state = _text(reply) if reply is not None else self.local.record(time.time(), ok, lim)
         self._note(state)
         return state
@@ -654,8 +685,12 @@ class ProviderGuard:
 
     def probe_result(self, ok: bool) -> str:
         lim = self.limits
-        reply = self._run("probe_result", _PROBE_RESULT, [self.breaker_key],
-                          [1 if ok else 0, PROBE_SPACING_SECONDS, PROBE_STEADY, lim.breaker_cooldown_seconds])
+        reply = self._run(
+            "probe_result",
+            _PROBE_RESULT,
+            [self.breaker_key],
+            [1 if ok else 0, PROBE_SPACING_SECONDS, PROBE_STEADY, lim.breaker_cooldown_seconds],
+        )
         state = _text(reply) if reply is not None else self.local.probe_result(time.time(), ok, lim)
         self._note(state)
         return state
@@ -674,10 +709,15 @@ class ProviderGuard:
             if conn is not None:
                 raw = {_text(k): _text(v) for k, v in conn.hgetall(self.breaker_key).items()}
                 last_probe = float(raw.get("last_probe_at") or 0)
-                return {"state": raw.get("state", CLOSED), "failures": int(raw.get("failures", 0)),
-                        "opened_at": float(raw.get("opened_at", 0)), "shared": True,
-                        "last_probe_at": last_probe or None, "probe_failures": int(raw.get("probe_failures", 0)),
-                        "transitions": {s: int(raw.get(f"to_{s}", 0)) for s in (CLOSED, OPEN, HALF_OPEN)}}
+                return {
+                    "state": raw.get("state", CLOSED),
+                    "failures": int(raw.get("failures", 0)),
+                    "opened_at": float(raw.get("opened_at", 0)),
+                    "shared": True,
+                    "last_probe_at": last_probe or None,
+                    "probe_failures": int(raw.get("probe_failures", 0)),
+                    "transitions": {s: int(raw.get(f"to_{s}", 0)) for s in (CLOSED, OPEN, HALF_OPEN)},
+                }
         except RedisError:
             pass
         return {**self.local.view(), "shared": False}
@@ -696,8 +736,9 @@ class ProviderGuard:
         with self._prober_lock:
             if self._prober is not None and self._prober.is_alive():
                 return
-            self._prober = threading.Thread(target=self._probe_until_closed, args=(app, probe, on_recovered),
-                                            name="provider-prober", daemon=True)
+            self._prober = threading.Thread(
+                target=self._probe_until_closed, args=(app, probe, on_recovered), name="provider-prober", daemon=True
+            )
             self._prober.start()
 
     def _probe_until_closed(self, app, probe, on_recovered) -> None:
@@ -733,8 +774,11 @@ class ProviderGuard:
     def slot(self, wait: float | None = None):
         """A place among this process's provider calls in flight, or Shed."""
         if wait is None:
-            wait = self.limits.customer_wait_seconds if current().priority == CUSTOMER \
+            wait = (
+                self.limits.customer_wait_seconds
+                if current().priority == CUSTOMER
                 else self.limits.background_wait_seconds
+            )
         if not self.bulkhead.acquire(blocking=False):
             with self._waiting_lock:
                 may_wait = self._waiting < self.limits.max_waiting
@@ -746,8 +790,11 @@ class ProviderGuard:
                     with self._waiting_lock:
                         self._waiting -= 1
             if not got:
-                raise Shed(f"{self.limits.max_concurrent} provider call(s) already in flight in this process "
-                           "(STRIPE_MAX_CONCURRENT_CALLS)", kind=BULKHEAD)
+                raise Shed(
+                    f"{self.limits.max_concurrent} provider call(s) already in flight in this process "
+                    "(STRIPE_MAX_CONCURRENT_CALLS)",
+                    kind=BULKHEAD,
+                )
         try:
             yield
         finally:
@@ -781,9 +828,20 @@ class ProviderGuard:
         keys = [self.bucket_key, self.endpoint_prefix + endpoint, self.line_key]
         while True:
             asked = time.monotonic()
-            reply = self._run("take", _BUCKET_TAKE, keys,
-                              [lim.refill_per_second, lim.bucket_capacity, floor, limit,
-                               lim.endpoint_window_seconds, 0 if customer else lim.endpoint_reserve, respect_line])
+            reply = self._run(
+                "take",
+                _BUCKET_TAKE,
+                keys,
+                [
+                    lim.refill_per_second,
+                    lim.bucket_capacity,
+                    floor,
+                    limit,
+                    lim.endpoint_window_seconds,
+                    0 if customer else lim.endpoint_reserve,
+                    respect_line,
+                ],
+            )
             if reply is not None:
                 granted, wait, held = int(reply[0]) == 1, int(reply[1]) / 1000, _text(reply[2])
                 grant = Grant(endpoint, _text(reply[3]))
@@ -812,8 +870,10 @@ class ProviderGuard:
     def _spent(self, held: str, endpoint: str, wait: float, customer: bool) -> str:
         lim = self.limits
         if held == "endpoint":
-            budget = (f"the provider budget for {endpoint} ({lim.endpoint_rate_per_second}/s, "
-                      "STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND)")
+            budget = (
+                f"the provider budget for {endpoint} ({lim.endpoint_rate_per_second}/s, "
+                "STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND)"
+            )
         elif held == "paused":
             budget = "the provider rate budget (paused by the provider's 429 until its Retry-After)"
         else:
@@ -823,8 +883,12 @@ class ProviderGuard:
     def _give_back(self, grant: Grant) -> None:
         if grant.local:
             return  # this process's own view: its share refills soon enough
-        self._run("give_back", _BUCKET_GIVE_BACK, [self.bucket_key, self.endpoint_prefix + grant.endpoint],
-                  [self.limits.bucket_capacity, grant.member])
+        self._run(
+            "give_back",
+            _BUCKET_GIVE_BACK,
+            [self.bucket_key, self.endpoint_prefix + grant.endpoint],
+            [self.limits.bucket_capacity, grant.member],
+        )
 
     def pause(self, seconds: float) -> None:
         """The provider said 429: nobody calls it again until Retry-After has passed."""
@@ -837,8 +901,7 @@ class ProviderGuard:
         """Did this process meet the line held within the last LINE_SEEN_SECONDS? A customer's
         new session then joins the line at once, without building a request only to have it
         refused (a checkout in a sale would otherwise spend a few ms of CPU on each)."""
-        return current().priority == CUSTOMER and not current().in_line \
-            and time.monotonic() < self._line_seen_until
+        return current().priority == CUSTOMER and not current().in_line and time.monotonic() < self._line_seen_until
 
     def hold_line(self, seconds: float) -> None:
         """Orders wait in line for a payment session: for the next `seconds`, a customer's new
@@ -897,5 +960,4 @@ def limits_from(cfg) -> Limits:
 
 def get() -> ProviderGuard:
     cfg = current_app.config
-    return per_app("provider_guard",
-                   lambda: ProviderGuard(limits_from(cfg), cfg.get("REDIS_URL"), cfg["QUEUE_PREFIX"]))
+    return per_app("provider_guard", lambda: ProviderGuard(limits_from(cfg), cfg.get("REDIS_URL"), cfg["QUEUE_PREFIX"]))

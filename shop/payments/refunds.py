@@ -14,6 +14,7 @@ it, and an operator either refunds again (`retry_refund`: a new attempt with its
 the provider has given the failed attempt's money back) or records that it was settled outside
 the shop (`settle_refund`). This module is the one writer of `refunds`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from ..domain.deadlines import utcnow
-from ..domain.refunds import (CANCELED, NOT_RETURNED, PENDING, SUCCEEDED, after_report, needs_operator,
-                              reported_status)
+from ..domain.refunds import CANCELED, NOT_RETURNED, PENDING, SUCCEEDED, after_report, needs_operator, reported_status
 from ..extensions import db
 from ..models import Order, Refund
 from ..outbox import schedule_command, uow
@@ -40,21 +40,32 @@ log = logging.getLogger("shop.payments")
 
 def record_late_payment(order: OrderSnapshot, view, reason: str, now: datetime) -> bool:
     session = db.session
-    existing = session.execute(select(Refund.id).where(Refund.order_id == order.id,
-                                                       Refund.session_id == view.id)).first()
+    existing = session.execute(
+        select(Refund.id).where(Refund.order_id == order.id, Refund.session_id == view.id)
+    ).first()
     if existing:
         return False
     try:
         with session.begin_nested():
-            refund = Refund(order_id=order.id, session_id=view.id, payment_intent_id=view.payment_intent,
-                            amount=view.amount_total, currency=(view.currency or order.currency), reason=reason,
-                            status=PENDING, attempts=1, created_at=now, updated_at=now)
+            refund = Refund(
+                order_id=order.id,
+                session_id=view.id,
+                payment_intent_id=view.payment_intent,
+                amount=view.amount_total,
+                currency=(view.currency or order.currency),
+                reason=reason,
+                status=PENDING,
+                attempts=1,
+                created_at=now,
+                updated_at=now,
+            )
             session.add(refund)
     except IntegrityError:  # a concurrent notice of the same payment won
         return False
     schedule_command(session, "refund_payment", now, order_id=order.id, payload={"refund_id": refund.id}, now=now)
-    log.warning("order %s: %s; refunding %s %s (session %s)", order.reference, reason, view.amount_total,
-                view.currency, view.id)
+    log.warning(
+        "order %s: %s; refunding %s %s (session %s)", order.reference, reason, view.amount_total, view.currency, view.id
+    )
     return True
 
 
@@ -74,13 +85,25 @@ def execute_refund(refund_id: int, now: datetime) -> None:
             # The session's `payment_intent` is nullable: without it there is nothing to refund
             # against yet. An ordinary failure: retried with backoff, then a dead letter an
             # operator sees, never a refund of the wrong payment.
-            raise LookupError(f"the provider names no payment for session {refund.session_id} yet; "
-                              f"refund {refund_id} cannot be made")
-    order_id, session_id, amount, reason, attempt = (refund.order_id, refund.session_id, refund.amount,
-                                                     refund.reason, refund.attempts)
+            raise LookupError(
+                f"the provider names no payment for session {refund.session_id} yet; refund {refund_id} cannot be made"
+            )
+    order_id, session_id, amount, reason, attempt = (
+        refund.order_id,
+        refund.session_id,
+        refund.amount,
+        refund.reason,
+        refund.attempts,
+    )
     try:
-        view = gateway.create_refund(order_id=order_id, session_id=session_id, payment_intent=intent,
-                                     amount=amount, reason=reason, attempt=attempt)
+        view = gateway.create_refund(
+            order_id=order_id,
+            session_id=session_id,
+            payment_intent=intent,
+            amount=amount,
+            reason=reason,
+            attempt=attempt,
+        )
     except gateway.ProviderRefused as exc:
         refund.last_error = str(exc)
         if exc.code == "charge_already_refunded":
@@ -99,21 +122,32 @@ def execute_refund(refund_id: int, now: datetime) -> None:
         return
     refund.provider_refund_id = view.id
     refund.updated_at = now
-    log.info("refund %s for order %s, attempt %s: %s at the provider (%s)", refund.id, refund.order_id, attempt,
-             reported_status(view.status), view.id)
+    log.info(
+        "refund %s for order %s, attempt %s: %s at the provider (%s)",
+        refund.id,
+        refund.order_id,
+        attempt,
+        reported_status(view.status),
+        view.id,
+    )
     _take_report(refund, view, now, "the provider's answer")
 
 
 @dataclass
 class RefundReport:
-    outcome: str               # refund_succeeded | refund_failed | refund_canceled | noop | unknown_refund
+    outcome: str  # refund_succeeded | refund_failed | refund_canceled | noop | unknown_refund
     refund_id: int | None = None
     order_id: int | None = None
     detail: str = ""
 
 
-def apply_refund_report(view: gateway.RefundView, *, source: str, now: datetime | None = None,
-                        before_commit: Callable[[RefundReport], None] | None = None) -> RefundReport:
+def apply_refund_report(
+    view: gateway.RefundView,
+    *,
+    source: str,
+    now: datetime | None = None,
+    before_commit: Callable[[RefundReport], None] | None = None,
+) -> RefundReport:
     """What the provider says about one of its refunds (a webhook's object, or the sweep's
     `GET /v1/refunds/{id}`), applied to the shop's refund in one transaction. Idempotent and
     order-proof: a repeated or stale report changes nothing (shop.domain.refunds.after_report).
@@ -144,13 +178,14 @@ def _reported_refund(view: gateway.RefundView) -> Refund | None:
     failed before an operator retried, names no refund."""
     if not view.id:
         return None
-    refund = db.session.execute(select(Refund).where(Refund.provider_refund_id == view.id)
-                                .with_for_update()).scalar_one_or_none()
+    refund = db.session.execute(
+        select(Refund).where(Refund.provider_refund_id == view.id).with_for_update()
+    ).scalar_one_or_none()
     if refund is not None or view.order_id is None or not view.session_id:
         return refund
-    refund = db.session.execute(select(Refund).where(Refund.order_id == view.order_id,
-                                                     Refund.session_id == view.session_id)
-                                .with_for_update()).scalar_one_or_none()
+    refund = db.session.execute(
+        select(Refund).where(Refund.order_id == view.order_id, Refund.session_id == view.session_id).with_for_update()
+    ).scalar_one_or_none()
     if refund is None or refund.provider_refund_id is not None or refund.attempts != view.attempt:
         return None
     refund.provider_refund_id = view.id
@@ -168,40 +203,65 @@ def _take_report(refund: Refund, view: gateway.RefundView, now: datetime, source
     if new in NOT_RETURNED:
         refund.failure_reason = (view.failure_reason or ("canceled" if new == CANCELED else "unknown"))[:100]
         refund.failed_at = now
-        refund.last_error = (f"attempt {refund.attempts} ({refund.provider_refund_id}) {new} at the provider: "
-                             f"{refund.failure_reason}")
-        log.error("refund %s of order %s (%s %s, attempt %s, %s) %s at the provider (%s, via %s): the money did "
-                  "not go back; an operator must retry or settle it", refund.id, refund.order_id, refund.amount,
-                  refund.currency, refund.attempts, refund.provider_refund_id, new, refund.failure_reason, source)
+        refund.last_error = (
+            f"attempt {refund.attempts} ({refund.provider_refund_id}) {new} at the provider: {refund.failure_reason}"
+        )
+        log.error(
+            "refund %s of order %s (%s %s, attempt %s, %s) %s at the provider (%s, via %s): the money did "
+            "not go back; an operator must retry or settle it",
+            refund.id,
+            refund.order_id,
+            refund.amount,
+            refund.currency,
+            refund.attempts,
+            refund.provider_refund_id,
+            new,
+            refund.failure_reason,
+            source,
+        )
         _email(refund, "refund_failed", now)
     elif new == SUCCEEDED:
-        log.info("refund %s of order %s succeeded at the provider (%s, via %s)", refund.id, refund.order_id,
-                 refund.provider_refund_id, source)
+        log.info(
+            "refund %s of order %s succeeded at the provider (%s, via %s)",
+            refund.id,
+            refund.order_id,
+            refund.provider_refund_id,
+            source,
+        )
         _end_watch_when_all_refunded(refund)
         _email(refund, "refund_issued", now)
     return new
 
 
 def _email(refund: Refund, template: str, now: datetime) -> None:
-    schedule_command(db.session, "send_email", now, order_id=refund.order_id, payload={"template": template},
-                     now=now)
+    schedule_command(db.session, "send_email", now, order_id=refund.order_id, payload={"template": template}, now=now)
 
 
 # -- an operator's remedies ------------------------------------------------------------------
 
+
 @dataclass
 class RefundAction:
-    outcome: str          # done | already (this very submission was done before) | refused | missing
+    outcome: str  # done | already (this very submission was done before) | refused | missing
     message: str
     refund: dict | None = None
 
 
 def refund_facts(refund: Refund) -> dict:
     """What an operator's answer reports about a refund (read before the transaction ends)."""
-    return {"id": refund.id, "order_id": refund.order_id, "status": refund.status, "attempts": refund.attempts,
-            "provider_refund_id": refund.provider_refund_id, "failure_reason": refund.failure_reason,
-            "settled_at": refund.settled_at, "settled_by": refund.settled_by,
-            "settlement_reason": refund.settlement_reason, "amount": refund.amount, "currency": refund.currency}
+    return {
+        "id": refund.id,
+        "order_id": refund.order_id,
+        "status": refund.status,
+        "attempts": refund.attempts,
+        "provider_refund_id": refund.provider_refund_id,
+        "failure_reason": refund.failure_reason,
+        "settled_at": refund.settled_at,
+        "settled_by": refund.settled_by,
+        "settlement_reason": refund.settlement_reason,
+        "amount": refund.amount,
+        "currency": refund.currency,
+    }
 
 
 def retry_refund(refund_id: int, *, seen_attempt: int | None, now: datetime | None = None) -> RefundAction:
@@ -217,8 +277,12 @@ def retry_refund(refund_id: int, *, seen_attempt: int | None, now: datetime | No
             return RefundAction("missing", f"There is no refund {refund_id}.")
         seen = refund.attempts if seen_attempt is None else seen_attempt
         if seen_attempt is not None and refund.attempts == seen + 1 and refund.settled_at is None:
-            return RefundAction("already", f"Refund {refund_id} was already sent again (attempt {refund.attempts}, "
-                                           f"now {refund.status}); nothing more was done.", refund_facts(refund))
+            return RefundAction(
+                "already",
+                f"Refund {refund_id} was already sent again (attempt {refund.attempts}, "
+                f"now {refund.status}); nothing more was done.",
+                refund_facts(refund),
+            )
         if not needs_operator(refund.status, refund.settled_at is not None) or refund.attempts != seen:
             return RefundAction("refused", _why_not(refund, seen), refund_facts(refund))
         failed = refund.last_error or f"attempt {refund.attempts} {refund.status}"
@@ -226,13 +290,18 @@ def retry_refund(refund_id: int, *, seen_attempt: int | None, now: datetime | No
         refund.status = PENDING
         refund.provider_refund_id = None
         refund.updated_at = now
-        schedule_command(session, "refund_payment", now, order_id=refund.order_id,
-                         payload={"refund_id": refund.id}, now=now)
+        schedule_command(
+            session, "refund_payment", now, order_id=refund.order_id, payload={"refund_id": refund.id}, now=now
+        )
         _watch_again(refund, now)
-        log.warning("refund %s of order %s: sent again as attempt %s (%s)", refund.id, refund.order_id,
-                    refund.attempts, failed)
-        return RefundAction("done", f"Refund {refund_id} will be sent again now, as attempt {refund.attempts} "
-                                    f"({failed}).", refund_facts(refund))
+        log.warning(
+            "refund %s of order %s: sent again as attempt %s (%s)", refund.id, refund.order_id, refund.attempts, failed
+        )
+        return RefundAction(
+            "done",
+            f"Refund {refund_id} will be sent again now, as attempt {refund.attempts} ({failed}).",
+            refund_facts(refund),
+        )
 
 
 def settle_refund(refund_id: int, *, reason: str, operator: str, now: datetime | None = None) -> RefundAction:
@@ -246,42 +315,65 @@ def settle_refund(refund_id: int, *, reason: str, operator: str, now: datetime |
             return RefundAction("missing", f"There is no refund {refund_id}.")
         if refund.settled_at is not None:
             if (refund.settlement_reason or "") == reason:
-                return RefundAction("already", f"Refund {refund_id} was already recorded as settled outside the "
-                                               "shop; nothing more was done.", refund_facts(refund))
-            return RefundAction("refused", f"Refund {refund_id} was already recorded as settled outside the shop by "
-                                           f"{refund.settled_by} ({refund.settlement_reason}).", refund_facts(refund))
+                return RefundAction(
+                    "already",
+                    f"Refund {refund_id} was already recorded as settled outside the shop; nothing more was done.",
+                    refund_facts(refund),
+                )
+            return RefundAction(
+                "refused",
+                f"Refund {refund_id} was already recorded as settled outside the shop by "
+                f"{refund.settled_by} ({refund.settlement_reason}).",
+                refund_facts(refund),
+            )
         if not needs_operator(refund.status, False):
             return RefundAction("refused", _why_not(refund, refund.attempts), refund_facts(refund))
         refund.settled_at, refund.settled_by, refund.settlement_reason = now, operator, reason
         refund.updated_at = now
         _end_watch_when_all_refunded(refund)
-        log.warning("refund %s of order %s recorded as settled outside the shop by %s: %s", refund.id,
-                    refund.order_id, operator, reason)
-        return RefundAction("done", f"Refund {refund_id} is recorded as settled outside the shop.",
-                            refund_facts(refund))
+        log.warning(
+            "refund %s of order %s recorded as settled outside the shop by %s: %s",
+            refund.id,
+            refund.order_id,
+            operator,
+            reason,
+        )
+        return RefundAction(
+            "done", f"Refund {refund_id} is recorded as settled outside the shop.", refund_facts(refund)
+        )
 
 
 def _why_not(refund: Refund, seen: int) -> str:
     if refund.settled_at is not None:
         return f"Refund {refund.id} was settled outside the shop by {refund.settled_by}; nothing to do."
     if refund.status == PENDING:
-        return (f"Refund {refund.id} is pending at the provider (attempt {refund.attempts}): wait for its answer; "
-                "only a refund that failed can be retried or settled.")
+        return (
+            f"Refund {refund.id} is pending at the provider (attempt {refund.attempts}): wait for its answer; "
+            "only a refund that failed can be retried or settled."
+        )
     if refund.status == SUCCEEDED:
         return f"Refund {refund.id} succeeded: the money went back; nothing to do."
-    return (f"Refund {refund.id} changed meanwhile: it is now at attempt {refund.attempts}, not {seen}; "
-            "reload and look again.")
+    return (
+        f"Refund {refund.id} changed meanwhile: it is now at attempt {refund.attempts}, not {seen}; "
+        "reload and look again."
+    )
 
 
 # -- the sweep's watch -----------------------------------------------------------------------
 
+
 def _watch_again(refund: Refund, now: datetime) -> None:
     """A retried late-money refund of a cancelled order is followed by the sweep again, as the
     first attempt was (sweep.check_cancelled_payment), should its webhook be lost."""
-    order = db.session.execute(select(Order.status, Order.payment_session_id, Order.payment_processing_at)
-                               .where(Order.id == refund.order_id)).first()
-    if order is not None and order.status == "Cancelled" and order.payment_session_id == refund.session_id \
-            and order.payment_processing_at is None:
+    order = db.session.execute(
+        select(Order.status, Order.payment_session_id, Order.payment_processing_at).where(Order.id == refund.order_id)
+    ).first()
+    if (
+        order is not None
+        and order.status == "Cancelled"
+        and order.payment_session_id == refund.session_id
+        and order.payment_processing_at is None
+    ):
         orders.note(refund.order_id, "processing", now)
 
 
@@ -290,12 +382,21 @@ def _end_watch_when_all_refunded(refund: Refund) -> None:
     were settled outside the shop (sweep.check_cancelled_payment); the last one ends the watch
     here, in the same transaction, rather than a sweep cycle later."""
     db.session.flush()
-    others = db.session.execute(select(Refund.id).where(Refund.order_id == refund.order_id, Refund.id != refund.id,
-                                                        Refund.status != SUCCEEDED,
-                                                        Refund.settled_at.is_(None))).first()
+    others = db.session.execute(
+        select(Refund.id).where(
+            Refund.order_id == refund.order_id,
+            Refund.id != refund.id,
+            Refund.status != SUCCEEDED,
+            Refund.settled_at.is_(None),
+        )
+    ).first()
     order = orders.current_state(refund.order_id)
     # Only the watched session's own refund: a refund of some older session says nothing about
     # whether the current one can still take money.
-    if others is None and order is not None and order.status == "Cancelled" \
-            and order.payment_session_id == refund.session_id:
+    if (
+        others is None
+        and order is not None
+        and order.status == "Cancelled"
+        and order.payment_session_id == refund.session_id
+    ):
         orders.note(refund.order_id, "stop_watching")

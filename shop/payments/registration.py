@@ -6,6 +6,7 @@ description carries our marker are ever deleted, and only when they point elsewh
 disabled: an endpoint a person created is never touched. It also owns reading that secret
 (`webhook_secret`), so the webhook depends on payments and never the other way round.
 """
+
 from __future__ import annotations
 
 import time
@@ -70,8 +71,11 @@ def register_webhook() -> list[str]:
             lines.append(f"deleted stale endpoint {ep.id} ({ep.url}, {ep.status})")
     stored_id = db.session.get(KeyValue, ENDPOINT_KEY)
     stored_secret = db.session.get(KeyValue, SECRET_KEY)
-    live = [ep for ep in endpoints if ep.url == target and ep.status == "enabled"
-            and (ep.description or "").startswith(MARKER)]
+    live = [
+        ep
+        for ep in endpoints
+        if ep.url == target and ep.status == "enabled" and (ep.description or "").startswith(MARKER)
+    ]
     if stored_id and stored_secret and any(ep.id == stored_id.value for ep in live):
         [ours] = [ep for ep in live if ep.id == stored_id.value]
         db.session.rollback()
@@ -88,7 +92,9 @@ def register_webhook() -> list[str]:
     for ep in live:
         gateway.delete_webhook_endpoint(ep.id)
         lines.append(f"deleted endpoint {ep.id} whose secret this shop does not hold")
-    created = gateway.create_webhook_endpoint(target, f"{MARKER} Backstop shop at {current_app.config['PUBLIC_BASE_URL']}")
+    created = gateway.create_webhook_endpoint(
+        target, f"{MARKER} Backstop shop at {current_app.config['PUBLIC_BASE_URL']}"
+    )
     _store(SECRET_KEY, created.secret)
     forget_webhook_secret()
     _store(ENDPOINT_KEY, created.id)

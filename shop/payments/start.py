@@ -1,6 +1,7 @@
 """Starting a payment: a fresh hosted Checkout Session for an order (start_payment), and retiring
 an order's session before a customer's cancel. What the provider then says about a session is
 applied by `payments.apply`."""
+
 from __future__ import annotations
 
 import logging
@@ -26,21 +27,22 @@ S = OrderStatus
 
 @dataclass
 class StartOutcome:
-    status: str                 # started | queued | unavailable | refused
+    status: str  # started | queued | unavailable | refused
     url: str | None = None
     message: str = ""
 
 
-IN_LINE = ("Your order is placed and its items are held for you. Many customers are paying right now, so you are "
-           "in line for the payment page: this page takes you there by itself as soon as it is your turn. "
-           "There is nothing to click.")
+IN_LINE = (
+    "Your order is placed and its items are held for you. Many customers are paying right now, so you are "
+    "in line for the payment page: this page takes you there by itself as soon as it is your turn. "
+    "There is nothing to click."
+)
 # How long a customer's place holds the line shut to checkouts that arrive after it, unless the
 # payment queue renews it (see guard.ProviderGuard.hold_line).
 LINE_HOLD_SECONDS = 3.0
 
 
-def start_payment(order_id: int, now: datetime | None = None, *, placed=None, from_line: bool = False) \
-        -> StartOutcome:
+def start_payment(order_id: int, now: datetime | None = None, *, placed=None, from_line: bool = False) -> StartOutcome:
     """PendingPayment / PaymentFailed -> PaymentInitiated with a fresh hosted Checkout Session.
 
     The provider call happens outside any transaction (no row lock is held across the
@@ -75,33 +77,48 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None, fr
             log.info("order %s joins the line for a payment session: %s", order.reference, exc)
             return StartOutcome("queued", message=IN_LINE)
         log.warning("order %s: payment provider unreachable, order stays %s: %s", order.reference, order.status, exc)
-        return StartOutcome("unavailable", message="We could not reach the payment provider. Your order is saved "
-                                                   "and your items are held; please try “Pay now” again in a moment.")
+        return StartOutcome(
+            "unavailable",
+            message="We could not reach the payment provider. Your order is saved "
+            "and your items are held; please try “Pay now” again in a moment.",
+        )
     except gateway.ProviderRefused as exc:
         log.error("order %s: provider refused the checkout session: %s", order.reference, exc)
         _note_refusal(order.id, attempt, exc, leave_line=from_line)
-        return StartOutcome("unavailable", message="We could not start the payment: the payment provider turned "
-                                                   "the request down. Nothing was charged, and your order and its "
-                                                   "items are held until its payment window closes; our team can "
-                                                   "see why. Please try “Pay now” again later or contact us.")
+        return StartOutcome(
+            "unavailable",
+            message="We could not start the payment: the payment provider turned "
+            "the request down. Nothing was charged, and your order and its "
+            "items are held until its payment window closes; our team can "
+            "see why. Please try “Pay now” again later or contact us.",
+        )
     if not view.url:
         return _started_without_a_page(order, view, attempt, leave_line=from_line)
     return _save_started(order, view, attempt)
 
 
-def _started_without_a_page(order: OrderSnapshot, view: gateway.SessionView, attempt: int, *,
-                            leave_line: bool) -> StartOutcome:
+def _started_without_a_page(
+    order: OrderSnapshot, view: gateway.SessionView, attempt: int, *, leave_line: bool
+) -> StartOutcome:
     """A Checkout Session's `url` is nullable at Stripe: one that came back without it is a
     payment that could not be started (a redirect to it would send the customer to "None"). It is
     expired so it can never take money, and the operator sees why on the order's timeline."""
     log.error("order %s: checkout session %s came back without a url; payment not started", order.reference, view.id)
     _expire_quietly(view.id)
-    _note_refusal(order.id, attempt, gateway.ProviderRefused(
-        f"checkout session {view.id} came back without a url to send the customer to", "session_without_url"),
-        leave_line=leave_line)
-    return StartOutcome("unavailable", message="We could not open the payment page just now: the payment provider "
-                                               "did not give us its address. Nothing was charged, and your order "
-                                               "and its items are held; please try “Pay now” again in a moment.")
+    _note_refusal(
+        order.id,
+        attempt,
+        gateway.ProviderRefused(
+            f"checkout session {view.id} came back without a url to send the customer to", "session_without_url"
+        ),
+        leave_line=leave_line,
+    )
+    return StartOutcome(
+        "unavailable",
+        message="We could not open the payment page just now: the payment provider "
+        "did not give us its address. Nothing was charged, and your order "
+        "and its items are held; please try “Pay now” again in a moment.",
+    )
 
 
 def _create_session(order: OrderSnapshot, attempt: int, now: datetime) -> gateway.SessionView:
@@ -110,8 +127,12 @@ def _create_session(order: OrderSnapshot, attempt: int, now: datetime) -> gatewa
     base = cfg["PUBLIC_BASE_URL"]
     pay_by = unpaid_deadline(order.updated_at, cfg["UNPAID_ORDER_EXPIRY_SECONDS"])
     return gateway.create_checkout_session(
-        order_id=order.id, reference=order.reference, attempt=attempt, lines=order.lines,
-        currency=order.currency, email=order.email,
+        order_id=order.id,
+        reference=order.reference,
+        attempt=attempt,
+        lines=order.lines,
+        currency=order.currency,
+        email=order.email,
         expires_at=session_expires_at(pay_by, now, cfg["STRIPE_SESSION_MIN_SECONDS"]),
         success_url=f"{base}/checkout/return?order={order.reference}&session_id={{CHECKOUT_SESSION_ID}}",
         cancel_url=f"{base}/orders/{order.reference}?token={order.access_token}",
@@ -178,8 +199,11 @@ def _note_refusal(order_id: int, attempt: int, exc: gateway.ProviderRefused, *, 
         with uow.transaction() as session:
             if leave_line:
                 orders.note(order_id, "leave_queue")
-            session.add(ProviderRefusal(order_id=order_id, attempt=attempt,
-                                        code=(exc.code or None) and str(exc.code)[:100], reason=str(exc)))
+            session.add(
+                ProviderRefusal(
+                    order_id=order_id, attempt=attempt, code=(exc.code or None) and str(exc.code)[:100], reason=str(exc)
+                )
+            )
     except Exception:  # noqa: BLE001 - logged; the refusal itself is already in the log above
         log.exception("order %s: could not record the provider's refusal", order_id)
 
@@ -200,9 +224,10 @@ def retire_session_before_cancel(order_id: int, reference: str, sid: str) -> Ref
     payment settling, or a session that could not be read or expired): the cancel marks the
     order so the sweep watches it (`sweep.watch_cancelled_payments`) and a lost late-payment
     webhook cannot leave the money kept."""
-    paid = Refused("payment_already_completed",
-                   "This order has already been paid, so it can no longer be cancelled. "
-                   "Contact us if you want a refund.")
+    paid = Refused(
+        "payment_already_completed",
+        "This order has already been paid, so it can no longer be cancelled. Contact us if you want a refund.",
+    )
     try:
         view = gateway.retrieve_session(sid)
     except (gateway.ProviderUnavailable, gateway.ProviderRefused) as exc:
@@ -212,8 +237,11 @@ def retire_session_before_cancel(order_id: int, reference: str, sid: str) -> Ref
         return paid
     if view.status != "open":
         if view.status == "complete":
-            log.warning("cancel of order %s: session %s awaits an async payment; a late success will be refunded",
-                        reference, sid)
+            log.warning(
+                "cancel of order %s: session %s awaits an async payment; a late success will be refunded",
+                reference,
+                sid,
+            )
             return True
         return False
     try:

@@ -4,6 +4,7 @@ HANDLERS maps the names used in outbox.subscriptions to functions `handler(event
 A handler runs inside the delivery runner's transaction and never commits itself: its writes
 and the delivery's "done" commit together.
 """
+
 from .inventory import restore_inventory
 from .notifications import payment_failed_followups, send_cancellation_email, send_order_confirmation
 

@@ -14,6 +14,7 @@ the domain: the marker's guard is `OrderRules.mark_inventory_restored` on a snap
 row, and what to give back is `plan_restoration`. Loading and flushing the mapped Order cost
 more CPU than everything else the delivery does.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,9 +37,14 @@ log = logging.getLogger("shop.saga")
 
 _inventory, _warnings = InventoryItem.__table__, RestoreWarning.__table__
 
-_INCREMENT = (update(_inventory).where(_inventory.c.variant_id == bindparam("variant"))
-              .values(on_hand=_inventory.c.on_hand + bindparam("quantity"),
-                      updated_at=bindparam("now", type_=_inventory.c.updated_at.type)))
+_INCREMENT = (
+    update(_inventory)
+    .where(_inventory.c.variant_id == bindparam("variant"))
+    .values(
+        on_hand=_inventory.c.on_hand + bindparam("quantity"),
+        updated_at=bindparam("now", type_=_inventory.c.updated_at.type),
+    )
+)
 _WARN = insert(_warnings)
 
 _REFUSAL_WORDS = {
@@ -89,10 +95,15 @@ def restore_inventory(event: OrderCancelled, now: datetime) -> str:
 def _refuse(order: OrderSnapshot, plan, lines, now: datetime) -> None:
     """Nothing is saved (no marker, no stock); the warning is the record, and an operator retries
     after fixing the cause. Not retried automatically: it would refuse again."""
-    reason = ("nothing given back for this order, because " + "; ".join(_refusal_words(r) for r in plan.refusals)
-              + ". Fix the stock by hand and resolve, or fix the cause and retry the restore.")
-    db.session.execute(_WARN, dict(order_id=order.id, variant_id=None, quantity=sum(q for _, q in lines),
-                                   reason=reason, created_at=now))
+    reason = (
+        "nothing given back for this order, because "
+        + "; ".join(_refusal_words(r) for r in plan.refusals)
+        + ". Fix the stock by hand and resolve, or fix the cause and retry the restore."
+    )
+    db.session.execute(
+        _WARN,
+        dict(order_id=order.id, variant_id=None, quantity=sum(q for _, q in lines), reason=reason, created_at=now),
+    )
     log.warning("restore_inventory: order %s (OrderCancelled): %s", order.reference, reason)
 
 
@@ -101,15 +112,31 @@ def _give_back(order: OrderSnapshot, plan, now: datetime) -> None:
     if plan.increases:
         # One executemany (one round trip on psycopg), still one row at a time in ascending
         # variant id order, like checkout's decrements: no lock-order cycles.
-        session.execute(_INCREMENT, [{"variant": variant_id, "quantity": quantity, "now": now}
-                                     for variant_id, quantity in sorted(plan.increases.items())])
+        session.execute(
+            _INCREMENT,
+            [
+                {"variant": variant_id, "quantity": quantity, "now": now}
+                for variant_id, quantity in sorted(plan.increases.items())
+            ],
+        )
     for variant_id, quantity in sorted(plan.unmatched.items()):
         # The marker still commits: withholding it would re-apply every matched line next time.
-        session.execute(_WARN, dict(order_id=order.id, variant_id=variant_id, quantity=quantity,
-                                    reason="no inventory row for this variant; quantity not restored",
-                                    created_at=now))
-        log.warning("restore_inventory: order %s (OrderCancelled): variant %s has no inventory row, "
-                    "%d unit(s) not restored", order.reference, variant_id, quantity)
+        session.execute(
+            _WARN,
+            dict(
+                order_id=order.id,
+                variant_id=variant_id,
+                quantity=quantity,
+                reason="no inventory row for this variant; quantity not restored",
+                created_at=now,
+            ),
+        )
+        log.warning(
+            "restore_inventory: order %s (OrderCancelled): variant %s has no inventory row, %d unit(s) not restored",
+            order.reference,
+            variant_id,
+            quantity,
+        )
 
 
 def restore_inventory_now(order_id: int) -> str:

@@ -1,6 +1,7 @@
 """Follow-ups that are pure side effects: they never force a redelivery of their event.
 Each turns its work into durable scheduled commands (with their own retries and dead letters)
 instead of doing it inline, so an SMTP outage retries one email, not the whole event."""
+
 from __future__ import annotations
 
 import logging
@@ -23,21 +24,33 @@ def payment_failed_followups(event: OrderPaymentFailed, now: datetime) -> None:
     order = session.get(Order, event.order_id)
     if order is None:
         return
-    schedule_command(session, "send_email", now, order_id=order.id,
-                     payload={"template": "payment_failed", "attempt": order.payment_attempts}, now=now)
+    schedule_command(
+        session,
+        "send_email",
+        now,
+        order_id=order.id,
+        payload={"template": "payment_failed", "attempt": order.payment_attempts},
+        now=now,
+    )
     cfg = current_app.config
     if cfg["UNPAID_ORDER_EXPIRY_ENABLED"]:
         # A fresh, full window from the failure: never earlier than what the deadline handler
         # will re-derive from the order's last change, or it would fire as a no-op.
         start = max(now, as_utc(order.updated_at))
-        schedule_command(session, "expire_unpaid_order", start + timedelta(seconds=cfg["UNPAID_ORDER_EXPIRY_SECONDS"]),
-                         order_id=order.id, now=now)
+        schedule_command(
+            session,
+            "expire_unpaid_order",
+            start + timedelta(seconds=cfg["UNPAID_ORDER_EXPIRY_SECONDS"]),
+            order_id=order.id,
+            now=now,
+        )
     log.info("order %s: payment failed (%s); customer notified and deadline re-armed", order.reference, event.reason)
 
 
 def send_order_confirmation(event: OrderPaid, now: datetime) -> None:
-    schedule_command(db.session, "send_email", now, order_id=event.order_id,
-                     payload={"template": "order_paid"}, now=now)
+    schedule_command(
+        db.session, "send_email", now, order_id=event.order_id, payload={"template": "order_paid"}, now=now
+    )
 
 
 CANCELLATION_EMAILS = {"customer": "order_cancelled", "expired": "order_expired"}
@@ -48,5 +61,6 @@ def send_cancellation_email(event: OrderCancelled, now: datetime) -> None:
     (they did not cancel, and may not know). Other cancellations send nothing."""
     template = CANCELLATION_EMAILS.get(cancelled_because(event.reason))
     if template is not None:
-        schedule_command(db.session, "send_email", now, order_id=event.order_id, payload={"template": template},
-                         now=now)
+        schedule_command(
+            db.session, "send_email", now, order_id=event.order_id, payload={"template": template}, now=now
+        )

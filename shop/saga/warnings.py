@@ -2,6 +2,7 @@
 hand, or the compensation runs again. The console's route keeps the request and the answer; the
 writes to `restore_warnings` are here, each conditional on the warning still being open, so two
 operators cannot both settle it."""
+
 from __future__ import annotations
 
 import logging
@@ -21,9 +22,12 @@ def _settle(warning_id: int, state: str, resolution: str, now: datetime) -> bool
     values = {"state": state, "resolution": resolution[:4000]}
     if state != "open":
         values["resolved_at"] = now
-    result = db.session.execute(update(RestoreWarning)
-                                .where(RestoreWarning.id == warning_id, RestoreWarning.state == "open")
-                                .values(**values).execution_options(synchronize_session=False))
+    result = db.session.execute(
+        update(RestoreWarning)
+        .where(RestoreWarning.id == warning_id, RestoreWarning.state == "open")
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
     db.session.commit()
     return result.rowcount == 1
 
@@ -59,26 +63,36 @@ def retry_restore(warning_id: int, stamp: str, now: datetime) -> RetryResult:
     order = db.session.get(Order, order_id)
     restored = order is not None and bool(order.inventory_restored)
     # Warnings the retry itself wrote for this order: the same problem again, or what is left.
-    fresh = db.session.execute(select(RestoreWarning).where(RestoreWarning.order_id == order_id,
-                                                            RestoreWarning.id > (newest_before or 0))
-                               .order_by(RestoreWarning.id)).scalars().all()
+    fresh = (
+        db.session.execute(
+            select(RestoreWarning)
+            .where(RestoreWarning.order_id == order_id, RestoreWarning.id > (newest_before or 0))
+            .order_by(RestoreWarning.id)
+        )
+        .scalars()
+        .all()
+    )
     # An "unmatched variant" warning names a variant whose stock a retry can never bring back:
     # the order's marker was committed with the other lines.
     cause_remains = variant_id is not None and outcome == "already_restored"
     if restored and not cause_remains:
         words = {"restored": "stock restored", "already_restored": "the stock had already been restored"}.get(
-            outcome, outcome)
-        words += "".join(f"; still missing: {w.quantity} unit(s) of variant {w.variant_id} (warning {w.id})"
-                         for w in fresh)
+            outcome, outcome
+        )
+        words += "".join(
+            f"; still missing: {w.quantity} unit(s) of variant {w.variant_id} (warning {w.id})" for w in fresh
+        )
         settled = _settle(warning_id, "resolved", f"retried ({stamp}): {words}", now)
         return RetryResult(outcome, words, resolved=settled, lost=not settled, fresh=bool(fresh))
     what = _why_still_open(outcome, variant_id, cause_remains, order)
     # The retry's own copy of the same problem would count it twice: it is folded into this one.
     for w in fresh:
         if w.variant_id == variant_id and w.state == "open":
-            db.session.execute(update(RestoreWarning).where(RestoreWarning.id == w.id, RestoreWarning.state == "open")
-                               .values(state="duplicate", resolution=f"same problem as warning {warning_id}",
-                                       resolved_at=now))
+            db.session.execute(
+                update(RestoreWarning)
+                .where(RestoreWarning.id == w.id, RestoreWarning.state == "open")
+                .values(state="duplicate", resolution=f"same problem as warning {warning_id}", resolved_at=now)
+            )
     db.session.commit()
     _settle(warning_id, "open", f"retry ({stamp}): {what}", now)
     return RetryResult(outcome, what, fresh=bool(fresh))
@@ -97,8 +111,10 @@ def _restore(warning_id: int, order_id: int) -> str:
 
 def _why_still_open(outcome: str, variant_id: int | None, cause_remains: bool, order: Order | None) -> str:
     if cause_remains:
-        return (f"the order's other lines were restored earlier; variant {variant_id} has no inventory row, so a "
-                "retry cannot bring these units back. Add the stock by hand, then choose “fixed”")
+        return (
+            f"the order's other lines were restored earlier; variant {variant_id} has no inventory row, so a "
+            "retry cannot bring these units back. Add the stock by hand, then choose “fixed”"
+        )
     if outcome == "refused":
         return "refused again by an inventory invariant; fix the cause first"
     if outcome == "not_cancelled":

@@ -1,4 +1,5 @@
 """Scheduled command kinds. Each runs inside the command runner's transaction."""
+
 from __future__ import annotations
 
 from datetime import datetime

@@ -32,6 +32,7 @@ Gates, one per consequence: UNPAID_ORDER_EXPIRY_ENABLED decides whether unpaid o
 cancelled automatically (it also gates the per-order deadline at checkout), RECONCILIATION_ENABLED
 decides whether we ask the provider. Either can be off while the other runs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -70,12 +71,29 @@ UNAVAILABLE_STREAK_LIMIT = 3
 S = OrderStatus
 
 EXPIRY_OUTCOMES = ("cancelled", "lost_race", "changed", "errors")
-PROVIDER_OUTCOMES = ("paid", "payment_failed", "cancelled", "proof_refused", "open", "awaiting_async",
-                     "refund_created", "late_refund", "refund_under_way", "refund_retried", "refund_refused",
-                     "refund_succeeded", "refund_failed", "watch_closed", "changed", "unavailable", "errors")
+PROVIDER_OUTCOMES = (
+    "paid",
+    "payment_failed",
+    "cancelled",
+    "proof_refused",
+    "open",
+    "awaiting_async",
+    "refund_created",
+    "late_refund",
+    "refund_under_way",
+    "refund_retried",
+    "refund_refused",
+    "refund_succeeded",
+    "refund_failed",
+    "watch_closed",
+    "changed",
+    "unavailable",
+    "errors",
+)
 
 
 # -- time ----------------------------------------------------------------------------------
+
 
 class _Clock:
     """The cycle's clock: the wall clock, or an injected `now` that advances with real elapsed
@@ -93,18 +111,19 @@ class _Clock:
 
 # -- the result ----------------------------------------------------------------------------
 
+
 def _zeros(keys) -> dict:
     return {k: 0 for k in keys}
 
 
 @dataclass
 class CycleResult:
-    status: str                        # ok | failed | skipped
+    status: str  # ok | failed | skipped
     cutoff: datetime
     started_at: datetime
     finished_at: datetime | None = None
     cycle_id: int | None = None
-    expiry: dict | None = None         # counts by outcome; None when the pass is turned off
+    expiry: dict | None = None  # counts by outcome; None when the pass is turned off
     provider: dict | None = None
     errors: list = field(default_factory=list)
     notes: list = field(default_factory=list)  # not errors: what an operator should still know
@@ -112,7 +131,9 @@ class CycleResult:
 
     def summary(self) -> dict:
         return {
-            "cycle_id": self.cycle_id, "status": self.status, "reason": self.reason,
+            "cycle_id": self.cycle_id,
+            "status": self.status,
+            "reason": self.reason,
             "started_at": self.started_at.isoformat(),
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
             "cutoff": self.cutoff.isoformat(),
@@ -155,35 +176,46 @@ def provider_line(counts: dict | None) -> str:
     if counts is None:
         return "provider pass: off (RECONCILIATION_ENABLED=false)"
     shown = ("paid", "payment_failed", "unavailable")
-    parts = [f"{counts.get('paid', 0)} paid", f"{counts.get('payment_failed', 0)} payment failed",
-             f"{counts.get('unavailable', 0)} unavailable"]
-    parts += _extras(counts, shown, {"open": "still open", "changed": "changed meanwhile",
-                                     "awaiting_async": "awaiting an async payment",
-                                     "cancelled": "cancelled (session expired at the end of the window)",
-                                     "late_refund": "refunds for money that reached a cancelled order",
-                                     "refund_under_way": "late-money refunds still under way (watched)",
-                                     "refund_retried": "dead late-money refunds run again",
-                                     "refund_refused": "late-money refunds refused by the provider (for an "
-                                                       "operator)",
-                                     "refund_succeeded": "pending late-money refunds the provider says succeeded",
-                                     "refund_failed": "pending late-money refunds the provider says failed (for an "
-                                                      "operator)",
-                                     "watch_closed": "cancelled orders no longer watched for late money",
-                                     "event_pages": "pages of the provider's events read for many orders in "
-                                                    "doubt at once",
-                                     "woken": "rows that waited for the provider run now (it answers again)"})
+    parts = [
+        f"{counts.get('paid', 0)} paid",
+        f"{counts.get('payment_failed', 0)} payment failed",
+        f"{counts.get('unavailable', 0)} unavailable",
+    ]
+    parts += _extras(
+        counts,
+        shown,
+        {
+            "open": "still open",
+            "changed": "changed meanwhile",
+            "awaiting_async": "awaiting an async payment",
+            "cancelled": "cancelled (session expired at the end of the window)",
+            "late_refund": "refunds for money that reached a cancelled order",
+            "refund_under_way": "late-money refunds still under way (watched)",
+            "refund_retried": "dead late-money refunds run again",
+            "refund_refused": "late-money refunds refused by the provider (for an operator)",
+            "refund_succeeded": "pending late-money refunds the provider says succeeded",
+            "refund_failed": "pending late-money refunds the provider says failed (for an operator)",
+            "watch_closed": "cancelled orders no longer watched for late money",
+            "event_pages": "pages of the provider's events read for many orders in doubt at once",
+            "woken": "rows that waited for the provider run now (it answers again)",
+        },
+    )
     return "provider pass: " + ", ".join(parts)
 
 
 # -- selection -----------------------------------------------------------------------------
 
+
 def stuck_query(status, cutoff: datetime, limit: int, *, with_session: bool = False, now: datetime | None = None):
     """One status's oldest stuck orders: a range scan of ix_orders_status_updated_at that stops
     after `limit` rows. With a session (the provider pass), orders the sweep decided to leave
     alone for a while (see `backoff_provider_checks`) are skipped until their time."""
-    query = (select(Order.updated_at, Order.id)
-             .where(Order.status == OrderStatus(status).value, Order.updated_at < cutoff)
-             .order_by(Order.updated_at, Order.id).limit(limit))
+    query = (
+        select(Order.updated_at, Order.id)
+        .where(Order.status == OrderStatus(status).value, Order.updated_at < cutoff)
+        .order_by(Order.updated_at, Order.id)
+        .limit(limit)
+    )
     if with_session:
         query = query.where(Order.payment_session_id.is_not(None))
         if now is not None:
@@ -220,8 +252,9 @@ def backoff_provider_checks(order_id: int, outcome: str, now: datetime, since: d
     db.session.commit()
 
 
-def stuck_order_ids(statuses, cutoff: datetime, limit: int, *, with_session: bool = False,
-                    now: datetime | None = None) -> list[int]:
+def stuck_order_ids(
+    statuses, cutoff: datetime, limit: int, *, with_session: bool = False, now: datetime | None = None
+) -> list[int]:
     """The `limit` oldest orders in `statuses` last changed before `cutoff`, as ids.
 
     One bounded range scan of (status, updated_at, id) per status, merged here: an IN list over
@@ -237,6 +270,7 @@ def stuck_order_ids(statuses, cutoff: datetime, limit: int, *, with_session: boo
 
 # -- one order -----------------------------------------------------------------------------
 
+
 def expire_stranded_order(order_id: int, cutoff: datetime) -> str:
     """Cancel one unpaid order the selection found, in its own transaction, if it still is
     unpaid and past the cutoff after a fresh load. Returns cancelled | lost_race | changed."""
@@ -249,8 +283,10 @@ def expire_stranded_order(order_id: int, cutoff: datetime) -> str:
     with uow.transaction():
         outcome = cancel_unpaid(order)
     if outcome == "lost_race":  # a webhook or the customer won; the next cycle sees the final state
-        log.info("sweep: order %s lost a race to another writer while being expired; left as the other writer "
-                 "set it", order_id)
+        log.info(
+            "sweep: order %s lost a race to another writer while being expired; left as the other writer set it",
+            order_id,
+        )
     return outcome
 
 
@@ -265,8 +301,9 @@ def reconcile_stuck_payment(order_id: int, cutoff: datetime, now: datetime) -> s
     try:
         answer = payments.ask_and_apply(session_id, source="sweep", now=now)
     except gateway.ProviderUnavailable as exc:
-        log.info("sweep: provider unreachable for order %s (session %s): %s; retried next cycle",
-                 reference, session_id, exc)
+        log.info(
+            "sweep: provider unreachable for order %s (session %s): %s; retried next cycle", reference, session_id, exc
+        )
         return "unavailable"
     return _after_answer(order_id, answer.view, answer.applied, now, stuck_since)
 
@@ -276,8 +313,12 @@ def _still_stuck(order_id: int, cutoff: datetime) -> tuple[str, str, datetime] |
     provider past the cutoff after a fresh load, else None. Ends its read transaction."""
     session = db.session
     order = session.get(Order, order_id, populate_existing=True)
-    if order is None or S(order.status) is not S.PAYMENT_INITIATED or not order.payment_session_id \
-            or as_utc(order.updated_at) >= cutoff:
+    if (
+        order is None
+        or S(order.status) is not S.PAYMENT_INITIATED
+        or not order.payment_session_id
+        or as_utc(order.updated_at) >= cutoff
+    ):
         session.rollback()
         log.info("sweep: order %s changed since it was selected; the provider pass leaves it", order_id)
         return None
@@ -328,15 +369,17 @@ EVENTS_SLACK = timedelta(minutes=2)
 def orders_in_doubt(cutoff: datetime, now: datetime, limit: int) -> list[tuple[int, str, datetime]]:
     """(id, session id, last change) of the PaymentInitiated orders the provider pass would ask
     about, oldest first: one bounded range scan of ix_orders_status_updated_at."""
-    query = stuck_query(S.PAYMENT_INITIATED, cutoff, limit, with_session=True, now=now) \
-        .add_columns(Order.payment_session_id)
+    query = stuck_query(S.PAYMENT_INITIATED, cutoff, limit, with_session=True, now=now).add_columns(
+        Order.payment_session_id
+    )
     rows = db.session.execute(query).all()
     db.session.rollback()
     return [(r.id, r.payment_session_id, as_utc(r.updated_at)) for r in rows]
 
 
-def settle_from_events(doubt: list[tuple[int, str, datetime]], cutoff: datetime, counts: dict, errors: list,
-                       keep_lease, clock) -> set[int]:
+def settle_from_events(
+    doubt: list[tuple[int, str, datetime]], cutoff: datetime, counts: dict, errors: list, keep_lease, clock
+) -> set[int]:
     """Learn what happened to the sessions of the orders in doubt from the provider's event list
     and apply it: each session's latest event (completed, async succeeded or failed, expired)
     through the same guarded path as the webhook. A session with no event since its order
@@ -394,8 +437,9 @@ def _settle_from_event(order_id: int, event: gateway.SessionEvent, cutoff: datet
     checked = _still_stuck(order_id, cutoff)
     if checked is None or checked[0] != event.view.id:
         return "changed"
-    applied = payments.apply_session(event.view, source="sweep", failed=event.failed, now=now,
-                                     expired_by_cancel=event.expired_by_cancel)
+    applied = payments.apply_session(
+        event.view, source="sweep", failed=event.failed, now=now, expired_by_cancel=event.expired_by_cancel
+    )
     return _after_answer(order_id, event.view, applied, now, checked[2])
 
 
@@ -403,10 +447,20 @@ def watched_cancelled_ids(now: datetime, limit: int) -> list[int]:
     """Cancelled orders whose session could still take money (see payments.start
     `retire_session_before_cancel`), oldest mark first, skipping those backed off until later. The mark
     is rare and indexed (ix_orders_payment_processing_at), so this reads only marked rows."""
-    rows = db.session.execute(
-        select(Order.id).where(Order.payment_processing_at.is_not(None), Order.status == S.CANCELLED.value,
-                               or_(Order.provider_next_check_at.is_(None), Order.provider_next_check_at <= now))
-        .order_by(Order.payment_processing_at, Order.id).limit(limit)).scalars().all()
+    rows = (
+        db.session.execute(
+            select(Order.id)
+            .where(
+                Order.payment_processing_at.is_not(None),
+                Order.status == S.CANCELLED.value,
+                or_(Order.provider_next_check_at.is_(None), Order.provider_next_check_at <= now),
+            )
+            .order_by(Order.payment_processing_at, Order.id)
+            .limit(limit)
+        )
+        .scalars()
+        .all()
+    )
     db.session.rollback()
     return list(rows)
 
@@ -422,17 +476,25 @@ def check_cancelled_payment(order_id: int, now: datetime) -> str:
     runs again (the watch ends only when every refund of the order has succeeded)."""
     session = db.session
     order = session.get(Order, order_id, populate_existing=True)
-    if order is None or S(order.status) is not S.CANCELLED or order.payment_processing_at is None \
-            or not order.payment_session_id:
+    if (
+        order is None
+        or S(order.status) is not S.CANCELLED
+        or order.payment_processing_at is None
+        or not order.payment_session_id
+    ):
         session.rollback()
         return "changed"
     session_id, reference, since = order.payment_session_id, order.reference, as_utc(order.payment_processing_at)
-    refunds = session.execute(select(Refund.id, Refund.session_id, Refund.status, Refund.provider_refund_id,
-                                     Refund.settled_at).where(Refund.order_id == order_id)).all()
+    refunds = session.execute(
+        select(Refund.id, Refund.session_id, Refund.status, Refund.provider_refund_id, Refund.settled_at).where(
+            Refund.order_id == order_id
+        )
+    ).all()
     session.rollback()
     if any(r.session_id == session_id for r in refunds):
-        return _follow_refunds(order_id, reference, [r for r in refunds if r.status != "succeeded"
-                                                     and r.settled_at is None], since, now)
+        return _follow_refunds(
+            order_id, reference, [r for r in refunds if r.status != "succeeded" and r.settled_at is None], since, now
+        )
     try:
         view = gateway.retrieve_session(session_id)
         failed = payments.async_failed(view)
@@ -476,10 +538,11 @@ def _follow_refunds(order_id: int, reference: str, open_refunds: list, since: da
         session.commit()
         log.info("sweep: the late money of cancelled order %s is refunded; no longer watched", reference)
         return "watch_closed"
-    commands = session.execute(select(ScheduledCommand.id, ScheduledCommand.status, ScheduledCommand.failure_kind,
-                                      ScheduledCommand.payload)
-                               .where(ScheduledCommand.order_id == order_id,
-                                      ScheduledCommand.kind == "refund_payment")).all()
+    commands = session.execute(
+        select(
+            ScheduledCommand.id, ScheduledCommand.status, ScheduledCommand.failure_kind, ScheduledCommand.payload
+        ).where(ScheduledCommand.order_id == order_id, ScheduledCommand.kind == "refund_payment")
+    ).all()
     session.rollback()
     dead = [c for c in commands if c.status == "dead" and (c.payload or {}).get("refund_id") in open_refund_ids]
     outcome = _ask_about_pending_refunds(reference, open_refunds, now)
@@ -491,13 +554,18 @@ def _follow_refunds(order_id: int, reference: str, open_refunds: list, since: da
     session.rollback()
     for command in dead:
         if command.failure_kind == FAILURE_REFUSED:
-            log.warning("sweep: the refund for cancelled order %s was refused by the provider (cmd-%s); it waits "
-                        "for an operator in the dead letters", reference, command.id)
+            log.warning(
+                "sweep: the refund for cancelled order %s was refused by the provider (cmd-%s); it waits "
+                "for an operator in the dead letters",
+                reference,
+                command.id,
+            )
             outcome = "refund_refused"
             continue
         if dispatch.retry_dead("command", command.id, now):
-            log.warning("sweep: the refund for cancelled order %s was dead (cmd-%s); running it again", reference,
-                        command.id)
+            log.warning(
+                "sweep: the refund for cancelled order %s was dead (cmd-%s); running it again", reference, command.id
+            )
             outcome = "refund_retried" if outcome != "refund_refused" else outcome
     backoff_provider_checks(order_id, "watching", now, since=since)
     return outcome
@@ -514,17 +582,24 @@ def _ask_about_pending_refunds(reference: str, open_refunds: list, now: datetime
         try:
             view = gateway.retrieve_refund(refund.provider_refund_id)
         except gateway.ProviderUnavailable as exc:
-            log.info("sweep: provider unreachable about refund %s of cancelled order %s: %s", refund.id, reference,
-                     exc)
+            log.info("sweep: provider unreachable about refund %s of cancelled order %s: %s", refund.id, reference, exc)
             return "unavailable"
         except gateway.ProviderRefused as exc:
-            log.warning("sweep: the provider refused to say how refund %s (%s) of cancelled order %s stands: %s",
-                        refund.id, refund.provider_refund_id, reference, exc)
+            log.warning(
+                "sweep: the provider refused to say how refund %s (%s) of cancelled order %s stands: %s",
+                refund.id,
+                refund.provider_refund_id,
+                reference,
+                exc,
+            )
             continue
         report = apply_refund_report(view, source="sweep", now=now)
         if report.outcome in ("refund_failed", "refund_canceled"):
-            log.warning("sweep: refund %s of cancelled order %s did not go through at the provider; it waits for an "
-                        "operator", refund.id, reference)
+            log.warning(
+                "sweep: refund %s of cancelled order %s did not go through at the provider; it waits for an operator",
+                refund.id,
+                reference,
+            )
             outcome = "refund_failed"
         elif report.outcome == "refund_succeeded" and outcome != "refund_failed":
             outcome = "refund_succeeded"
@@ -532,6 +607,7 @@ def _ask_about_pending_refunds(reference: str, open_refunds: list, now: datetime
 
 
 # -- the cycle -----------------------------------------------------------------------------
+
 
 class _LeaseLost(Exception):
     pass
@@ -581,21 +657,32 @@ def order_error(name: str, order_id: int, exc: BaseException) -> dict:
         db.session.rollback()
     except Exception:
         uow.rollback(db.session)
-    return {"pass": name, "order_id": order_id, "reference": reference, "kind": error_kind(exc),
-            "error": f"{type(exc).__name__}: {exc}"[:500]}
+    return {
+        "pass": name,
+        "order_id": order_id,
+        "reference": reference,
+        "kind": error_kind(exc),
+        "error": f"{type(exc).__name__}: {exc}"[:500],
+    }
 
 
 def _run_pass(name: str, ids: list[int], work, counts: dict, errors: list, keep_lease) -> None:
     unavailable_streak = 0
     for position, order_id in enumerate(ids):
         if not keep_lease():
-            raise _LeaseLost(f"the sweep lease lapsed or was taken over before order {order_id} "
-                             f"({name} pass); stopped with {len(ids) - position} order(s) left")
+            raise _LeaseLost(
+                f"the sweep lease lapsed or was taken over before order {order_id} "
+                f"({name} pass); stopped with {len(ids) - position} order(s) left"
+            )
         if name == "provider" and unavailable_streak >= UNAVAILABLE_STREAK_LIMIT:
             left = len(ids) - position
             counts["unavailable"] += left
-            log.warning("sweep: the payment provider did not answer %d times in a row; %d more order(s) wait "
-                        "for the next cycle", unavailable_streak, left)
+            log.warning(
+                "sweep: the payment provider did not answer %d times in a row; %d more order(s) wait "
+                "for the next cycle",
+                unavailable_streak,
+                left,
+            )
             return
         try:
             outcome = work(order_id)
@@ -609,8 +696,10 @@ def _run_pass(name: str, ids: list[int], work, counts: dict, errors: list, keep_
         unavailable_streak = unavailable_streak + 1 if outcome == "unavailable" else 0
         failpoints.hit("sweep.after_order")
     if name == "provider" and counts.get("unavailable"):
-        log.warning("sweep: the payment provider was unreachable for %d order(s); they are retried next cycle",
-                    counts["unavailable"])
+        log.warning(
+            "sweep: the payment provider was unreachable for %d order(s); they are retried next cycle",
+            counts["unavailable"],
+        )
 
 
 def run_cycle(now: datetime | None = None) -> CycleResult:
@@ -632,14 +721,20 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
         log.info("sweep: skipped, %s", reason)
         return _record_skip(CycleResult("skipped", cutoff, started, reason=reason), holder, clock)
 
-    result = CycleResult("ok", cutoff, started,
-                         expiry=_zeros(EXPIRY_OUTCOMES) if expiry_on else None,
-                         provider=_zeros(PROVIDER_OUTCOMES) if provider_on else None)
+    result = CycleResult(
+        "ok",
+        cutoff,
+        started,
+        expiry=_zeros(EXPIRY_OUTCOMES) if expiry_on else None,
+        provider=_zeros(PROVIDER_OUTCOMES) if provider_on else None,
+    )
     if lease.taken_from:
         # Not an error of this cycle (it settles the orders that one left), but the console is
         # where an operator learns that a process died in the middle of a cycle.
-        result.notes.append(f"took over the sweep lease of {lease.taken_from}, a process on this machine "
-                            "that no longer exists (it died during its cycle)")
+        result.notes.append(
+            f"took over the sweep lease of {lease.taken_from}, a process on this machine "
+            "that no longer exists (it died during its cycle)"
+        )
     try:
         result.cycle_id = _record_start(result, holder)
         keep_lease = _LeaseKeeper(holder, started + timedelta(seconds=lease_seconds), lease_seconds, clock)
@@ -653,16 +748,22 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
         uow.rollback(db.session)
         log.exception("sweep: the cycle failed")
         result.status, result.reason = "failed", f"{type(exc).__name__}"
-        result.errors.append({"pass": "cycle", "order_id": None, "kind": error_kind(exc),
-                              "error": f"{type(exc).__name__}: {exc}"[:500]})
+        result.errors.append(
+            {"pass": "cycle", "order_id": None, "kind": error_kind(exc), "error": f"{type(exc).__name__}: {exc}"[:500]}
+        )
     finally:
         result.finished_at = clock()
         try:
             _record_finish(result)
         finally:
             release_lease(LEASE_NAME, holder)
-    log.info("sweep: cycle %s %s; %s; %s", result.cycle_id, result.status, expiry_line(result.expiry),
-             provider_line(result.provider))
+    log.info(
+        "sweep: cycle %s %s; %s; %s",
+        result.cycle_id,
+        result.status,
+        expiry_line(result.expiry),
+        provider_line(result.provider),
+    )
     return result
 
 
@@ -672,19 +773,35 @@ def _run_passes(result: CycleResult, batch: int, clock, keep_lease) -> None:
     # Expiry first, so an order the provider pass moves to PaymentFailed keeps its window.
     if result.expiry is not None:
         ids = stuck_order_ids(UNPAID, cutoff, batch)
-        _run_pass("expiry", ids, lambda oid: expire_stranded_order(oid, cutoff), result.expiry,
-                  result.errors, keep_lease)
+        _run_pass(
+            "expiry", ids, lambda oid: expire_stranded_order(oid, cutoff), result.expiry, result.errors, keep_lease
+        )
     if result.provider is not None:
         doubt = orders_in_doubt(cutoff, clock(), BULK_MAX_ORDERS)
-        settled = settle_from_events(doubt, cutoff, result.provider, result.errors, keep_lease, clock) \
-            if len(doubt) >= BULK_THRESHOLD else set()
+        settled = (
+            settle_from_events(doubt, cutoff, result.provider, result.errors, keep_lease, clock)
+            if len(doubt) >= BULK_THRESHOLD
+            else set()
+        )
         ids = [order_id for order_id, _, _ in doubt if order_id not in settled][:batch]
-        _run_pass("provider", ids, lambda oid: reconcile_stuck_payment(oid, cutoff, clock()), result.provider,
-                  result.errors, keep_lease)
+        _run_pass(
+            "provider",
+            ids,
+            lambda oid: reconcile_stuck_payment(oid, cutoff, clock()),
+            result.provider,
+            result.errors,
+            keep_lease,
+        )
         # Then cancelled orders whose money may still come (a lost late-payment webhook).
         ids = watched_cancelled_ids(clock(), batch)
-        _run_pass("provider", ids, lambda oid: check_cancelled_payment(oid, clock()), result.provider,
-                  result.errors, keep_lease)
+        _run_pass(
+            "provider",
+            ids,
+            lambda oid: check_cancelled_payment(oid, clock()),
+            result.provider,
+            result.errors,
+            keep_lease,
+        )
         woken = wake_work_waiting_for_the_provider(clock())
         if woken:
             result.provider["woken"] = woken
@@ -714,8 +831,16 @@ def _lease_held_by_another() -> str:
 
 
 def _record_start(result: CycleResult, holder: str) -> int:
-    row = ReconciliationCycle(started_at=result.started_at, cutoff=result.cutoff, status="running", holder=holder,
-                              expiry_counts={}, provider_counts={}, errors=[], notes=result.notes)
+    row = ReconciliationCycle(
+        started_at=result.started_at,
+        cutoff=result.cutoff,
+        status="running",
+        holder=holder,
+        expiry_counts={},
+        provider_counts={},
+        errors=[],
+        notes=result.notes,
+    )
     db.session.add(row)
     db.session.commit()
     return row.id
@@ -727,10 +852,17 @@ def _record_finish(result: CycleResult) -> None:
         return
     try:
         session.execute(
-            update(ReconciliationCycle).where(ReconciliationCycle.id == result.cycle_id)
-            .values(status=result.status, finished_at=result.finished_at, expiry_counts=result.expiry or {},
-                    provider_counts=result.provider or {}, errors=result.errors)
-            .execution_options(synchronize_session=False))
+            update(ReconciliationCycle)
+            .where(ReconciliationCycle.id == result.cycle_id)
+            .values(
+                status=result.status,
+                finished_at=result.finished_at,
+                expiry_counts=result.expiry or {},
+                provider_counts=result.provider or {},
+                errors=result.errors,
+            )
+            .execution_options(synchronize_session=False)
+        )
         session.commit()
     except Exception:
         session.rollback()
@@ -741,8 +873,16 @@ def _record_skip(result: CycleResult, holder: str, clock) -> CycleResult:
     session = db.session
     result.finished_at = clock()
     try:
-        row = ReconciliationCycle(started_at=result.started_at, finished_at=result.finished_at, cutoff=result.cutoff,
-                                  status="skipped", holder=holder, expiry_counts={}, provider_counts={}, errors=[])
+        row = ReconciliationCycle(
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            cutoff=result.cutoff,
+            status="skipped",
+            holder=holder,
+            expiry_counts={},
+            provider_counts={},
+            errors=[],
+        )
         session.add(row)
         session.commit()
         result.cycle_id = row.id

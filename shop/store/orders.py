@@ -18,6 +18,7 @@ Every statement is built once with bound parameters and executed on the table (P
 the database, is the ceiling on the hot paths); `STATEMENTS` names them all, for the
 statement-cache test. Commits stay with the caller, through `outbox.uow.transaction()`.
 """
+
 from __future__ import annotations
 
 import re
@@ -65,23 +66,46 @@ class OrderSnapshot(OrderRules):
     inventory_restored: bool = False
     payment_processing_at: datetime | None = None
     last_payment_error: str | None = None
-    updated_at: datetime | None = None     # the last state change: the pay-by time counts from it
+    updated_at: datetime | None = None  # the last state change: the pay-by time counts from it
     lines: tuple[Line, ...] = field(default=())
 
     @classmethod
     def of(cls, row: Order, *, lines: bool = False) -> OrderSnapshot:
-        return cls(row.id, row.reference, row.status, row.version, row.total, row.currency, row.email,
-                   row.access_token, row.payment_session_id, row.payment_session_url,
-                   row.payment_session_expires_at, row.payment_attempts, row.inventory_restored,
-                   row.payment_processing_at, row.last_payment_error, row.updated_at,
-                   tuple(Line(l.sku, l.name, l.quantity, l.unit_price) for l in row.lines) if lines else ())
+        return cls(
+            row.id,
+            row.reference,
+            row.status,
+            row.version,
+            row.total,
+            row.currency,
+            row.email,
+            row.access_token,
+            row.payment_session_id,
+            row.payment_session_url,
+            row.payment_session_expires_at,
+            row.payment_attempts,
+            row.inventory_restored,
+            row.payment_processing_at,
+            row.last_payment_error,
+            row.updated_at,
+            tuple(Line(l.sku, l.name, l.quantity, l.unit_price) for l in row.lines) if lines else (),
+        )
 
     @classmethod
     def just_placed(cls, placed) -> OrderSnapshot:
         """An order place_order has just committed: PendingPayment, version 1, no attempt yet."""
-        return cls(placed.order_id, placed.reference, S.PENDING_PAYMENT.value, 1, placed.total, placed.currency,
-                   placed.email, placed.access_token, updated_at=placed.placed_at,
-                   lines=tuple(Line(l["sku"], l["name"], l["quantity"], l["unit_price"]) for l in placed.lines))
+        return cls(
+            placed.order_id,
+            placed.reference,
+            S.PENDING_PAYMENT.value,
+            1,
+            placed.total,
+            placed.currency,
+            placed.email,
+            placed.access_token,
+            updated_at=placed.placed_at,
+            lines=tuple(Line(l["sku"], l["name"], l["quantity"], l["unit_price"]) for l in placed.lines),
+        )
 
     def attempt(self, number: int, session_expires_at: datetime | None) -> None:
         """The payment attempt a start_payment transition opens, for `save` to write with it."""
@@ -98,8 +122,9 @@ class LostRace(StaleDataError):
     rolls back; the same for every transition, and a StaleDataError like the ORM's own check."""
 
     def __init__(self, order: OrderSnapshot, transition: str):
-        super().__init__(f"order {order.reference} changed while it was being saved ({transition} "
-                         f"from version {order.version})")
+        super().__init__(
+            f"order {order.reference} changed while it was being saved ({transition} from version {order.version})"
+        )
         self.order_id = order.id
         self.transition = transition
 
@@ -107,17 +132,35 @@ class LostRace(StaleDataError):
 # -- reads ---------------------------------------------------------------------------------------
 
 # The usual payment notice's read: the order's state at its version, nothing more.
-PAYMENT_READ = select(_orders.c.id, _orders.c.reference, _orders.c.status, _orders.c.version, _orders.c.total,
-                      _orders.c.currency, _orders.c.payment_session_id, _orders.c.inventory_restored) \
-    .where(_orders.c.id == bindparam("order"))
+PAYMENT_READ = select(
+    _orders.c.id,
+    _orders.c.reference,
+    _orders.c.status,
+    _orders.c.version,
+    _orders.c.total,
+    _orders.c.currency,
+    _orders.c.payment_session_id,
+    _orders.c.inventory_restored,
+).where(_orders.c.id == bindparam("order"))
 # The compensation's read: the order's state, its lines and their inventory rows, in one consistent
 # read. Soft-deleted inventory rows included on purpose: a retired variant's stock still belongs to it.
 RESTORE_READ = (
-    select(_orders.c.reference, _orders.c.status, _orders.c.inventory_restored, _orders.c.version,
-           _lines.c.variant_id, _lines.c.quantity, _inventory.c.on_hand)
-    .select_from(_orders.outerjoin(_lines, _lines.c.order_id == _orders.c.id)
-                 .outerjoin(_inventory, _inventory.c.variant_id == _lines.c.variant_id))
-    .where(_orders.c.id == bindparam("order_id")).order_by(_lines.c.id)
+    select(
+        _orders.c.reference,
+        _orders.c.status,
+        _orders.c.inventory_restored,
+        _orders.c.version,
+        _lines.c.variant_id,
+        _lines.c.quantity,
+        _inventory.c.on_hand,
+    )
+    .select_from(
+        _orders.outerjoin(_lines, _lines.c.order_id == _orders.c.id).outerjoin(
+            _inventory, _inventory.c.variant_id == _lines.c.variant_id
+        )
+    )
+    .where(_orders.c.id == bindparam("order_id"))
+    .order_by(_lines.c.id)
 )
 
 # Wider than what new_reference() makes, so an order created any other way is still found; narrow
@@ -169,16 +212,40 @@ INSERT_ORDER = insert(_orders).returning(_orders.c.id)
 INSERT_LINES = insert(_lines)
 
 
-def insert_order(session, *, reference: str, access_token: str, browser_id: str, email: str, total: int,
-                 currency: str, now: datetime, lines: list[dict], in_line: bool = False) -> int:
+def insert_order(
+    session,
+    *,
+    reference: str,
+    access_token: str,
+    browser_id: str,
+    email: str,
+    total: int,
+    currency: str,
+    now: datetime,
+    lines: list[dict],
+    in_line: bool = False,
+) -> int:
     """A new order (PendingPayment, version 1) and its lines, in the caller's transaction; its id.
     `lines` are dicts of variant_id, sku, name, quantity and unit_price; each gets the order's id.
     `in_line`: the order waits in line for its payment page from the start (`payment_queued_at`)."""
-    order_id = session.execute(INSERT_ORDER, dict(
-        reference=reference, access_token=access_token, browser_id=browser_id, email=email,
-        status=S.PENDING_PAYMENT.value, total=total, currency=currency, inventory_restored=False,
-        payment_attempts=0, version=1, created_at=now, updated_at=now,
-        payment_queued_at=now if in_line else None)).scalar_one()
+    order_id = session.execute(
+        INSERT_ORDER,
+        dict(
+            reference=reference,
+            access_token=access_token,
+            browser_id=browser_id,
+            email=email,
+            status=S.PENDING_PAYMENT.value,
+            total=total,
+            currency=currency,
+            inventory_restored=False,
+            payment_attempts=0,
+            version=1,
+            created_at=now,
+            updated_at=now,
+            payment_queued_at=now if in_line else None,
+        ),
+    ).scalar_one()
     for line in lines:
         line["order_id"] = order_id
     session.execute(INSERT_LINES, lines)
@@ -186,6 +253,7 @@ def insert_order(session, *, reference: str, access_token: str, browser_id: str,
 
 
 # -- transitions ---------------------------------------------------------------------------------
+
 
 def _guarded(transition: str, from_states) -> update:
     """UPDATE orders ... WHERE id = :order AND version = :seen AND status IN (<from_states>), bumping
@@ -196,10 +264,15 @@ def _guarded(transition: str, from_states) -> update:
     pass over the SQL, on the hottest handler). They are the domain's own constant names."""
     states = sorted(s.value for s in from_states)
     assert all(_STATE_NAME.fullmatch(s) for s in states), states
-    return (update(_orders)
-            .where(_orders.c.id == bindparam("order"), _orders.c.version == bindparam("seen"),
-                   _orders.c.status.in_([literal_column(f"'{s}'") for s in states]))
-            .values(version=_orders.c.version + 1))
+    return (
+        update(_orders)
+        .where(
+            _orders.c.id == bindparam("order"),
+            _orders.c.version == bindparam("seen"),
+            _orders.c.status.in_([literal_column(f"'{s}'") for s in states]),
+        )
+        .values(version=_orders.c.version + 1)
+    )
 
 
 _STATE_NAME = re.compile(r"[A-Za-z]+")
@@ -216,43 +289,65 @@ _NOW = bindparam("now", type_=_orders.c.updated_at.type)
 TRANSITIONS = {
     "start_payment": (
         _guarded("start_payment", ALLOWED["start_payment"]).values(
-            status=_v("status"), payment_session_id=_v("payment_session_id"),
-            payment_session_url=_v("payment_session_url"), payment_attempts=_v("payment_attempts"),
-            payment_session_expires_at=_v("payment_session_expires_at"), payment_processing_at=None,
-            payment_queued_at=None),
-        ("status", "payment_session_id", "payment_session_url", "payment_attempts", "payment_session_expires_at")),
+            status=_v("status"),
+            payment_session_id=_v("payment_session_id"),
+            payment_session_url=_v("payment_session_url"),
+            payment_attempts=_v("payment_attempts"),
+            payment_session_expires_at=_v("payment_session_expires_at"),
+            payment_processing_at=None,
+            payment_queued_at=None,
+        ),
+        ("status", "payment_session_id", "payment_session_url", "payment_attempts", "payment_session_expires_at"),
+    ),
     "mark_paid": (
         _guarded("mark_paid", ALLOWED["mark_paid"]).values(
-            status=_v("status"), payment_session_id=_v("payment_session_id"), payment_processing_at=None,
-            updated_at=_NOW),
-        ("status", "payment_session_id")),
+            status=_v("status"),
+            payment_session_id=_v("payment_session_id"),
+            payment_processing_at=None,
+            updated_at=_NOW,
+        ),
+        ("status", "payment_session_id"),
+    ),
     # Money that is real for an order that had not started (or had failed) its payment: the session
     # is adopted and paid in one transition.
     "adopt_and_pay": (
         _guarded("adopt_and_pay", ALLOWED["start_payment"]).values(
-            status=_v("status"), payment_session_id=_v("payment_session_id"),
-            payment_session_url=_v("payment_session_url"), payment_processing_at=None, payment_queued_at=None,
-            updated_at=_NOW),
-        ("status", "payment_session_id", "payment_session_url")),
+            status=_v("status"),
+            payment_session_id=_v("payment_session_id"),
+            payment_session_url=_v("payment_session_url"),
+            payment_processing_at=None,
+            payment_queued_at=None,
+            updated_at=_NOW,
+        ),
+        ("status", "payment_session_id", "payment_session_url"),
+    ),
     "mark_payment_failed": (
         _guarded("mark_payment_failed", ALLOWED["mark_payment_failed"]).values(
-            status=_v("status"), last_payment_error=_v("last_payment_error"), payment_processing_at=None),
-        ("status", "last_payment_error")),
+            status=_v("status"), last_payment_error=_v("last_payment_error"), payment_processing_at=None
+        ),
+        ("status", "last_payment_error"),
+    ),
     # `watch_from` marks the order for the sweep's late-money watch (None leaves the mark as it is).
     "cancel": (
         _guarded("cancel", ALLOWED["cancel"]).values(
-            status=_v("status"), payment_queued_at=None,
-            payment_processing_at=func.coalesce(_orders.c.payment_processing_at,
-                                                bindparam("watch_from", type_=_orders.c.payment_processing_at.type))),
-        ("status",)),
+            status=_v("status"),
+            payment_queued_at=None,
+            payment_processing_at=func.coalesce(
+                _orders.c.payment_processing_at, bindparam("watch_from", type_=_orders.c.payment_processing_at.type)
+            ),
+        ),
+        ("status",),
+    ),
     "mark_inventory_restored": (
         _guarded("mark_inventory_restored", {S.CANCELLED}).values(inventory_restored=True, updated_at=_NOW),
-        ()),
+        (),
+    ),
 }
 
 
-def save(order: OrderSnapshot, transition: str, events=(), *, now: datetime | None = None,
-         watch_from: datetime | None = None) -> None:
+def save(
+    order: OrderSnapshot, transition: str, events=(), *, now: datetime | None = None, watch_from: datetime | None = None
+) -> None:
     """Write the transition the snapshot has just made, guarded by the version it was read at, and
     its events to the outbox, in the caller's transaction. Raises LostRace when the order moved
     meanwhile; on success the snapshot is at the new version and its recorded events are spent."""
@@ -285,23 +380,33 @@ def _forget_loaded(session, order_id: int) -> None:
 _KEEP_AGE = {"updated_at": _orders.c.updated_at}  # no onupdate: the order's age is not bookkeeping's
 NOTES = {
     # Money may still come for the order's session (see Order.payment_processing_at).
-    "processing": update(_orders).where(_orders.c.id == bindparam("order"))
+    "processing": update(_orders)
+    .where(_orders.c.id == bindparam("order"))
     .values(payment_processing_at=bindparam("at", type_=_orders.c.payment_processing_at.type), **_KEEP_AGE),
     # No more money can come for the session: the sweep stops watching it.
-    "stop_watching": update(_orders).where(_orders.c.id == bindparam("order"))
+    "stop_watching": update(_orders)
+    .where(_orders.c.id == bindparam("order"))
     .values(payment_processing_at=None, provider_next_check_at=None, **_KEEP_AGE),
     # In line for the payment page (see Order.payment_queued_at): an order already in line keeps
     # its place; only an unpaid order can join (one that moved on meanwhile is left alone).
-    "queue": update(_orders).where(_orders.c.id == bindparam("order"),
-                                   _orders.c.status.in_([literal_column(f"'{s.value}'")
-                                                         for s in (S.PENDING_PAYMENT, S.PAYMENT_FAILED)]))
-    .values(payment_queued_at=func.coalesce(_orders.c.payment_queued_at,
-                                            bindparam("at", type_=_orders.c.payment_queued_at.type)), **_KEEP_AGE),
+    "queue": update(_orders)
+    .where(
+        _orders.c.id == bindparam("order"),
+        _orders.c.status.in_([literal_column(f"'{s.value}'") for s in (S.PENDING_PAYMENT, S.PAYMENT_FAILED)]),
+    )
+    .values(
+        payment_queued_at=func.coalesce(
+            _orders.c.payment_queued_at, bindparam("at", type_=_orders.c.payment_queued_at.type)
+        ),
+        **_KEEP_AGE,
+    ),
     # Out of the line without a session (the provider refused to start this payment).
-    "leave_queue": update(_orders).where(_orders.c.id == bindparam("order"))
+    "leave_queue": update(_orders)
+    .where(_orders.c.id == bindparam("order"))
     .values(payment_queued_at=None, **_KEEP_AGE),
     # The sweep leaves the order out of its provider pass until then.
-    "next_check": update(_orders).where(_orders.c.id == bindparam("order"))
+    "next_check": update(_orders)
+    .where(_orders.c.id == bindparam("order"))
     .values(provider_next_check_at=bindparam("at", type_=_orders.c.provider_next_check_at.type), **_KEEP_AGE),
 }
 

@@ -1,4 +1,5 @@
 """The storefront: catalog, cart, checkout, order pages, payment return."""
+
 from flask import Blueprint
 
 bp = Blueprint("storefront", __name__)

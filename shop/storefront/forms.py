@@ -6,22 +6,38 @@ from ..web import Form
 
 class AddToCartForm(Form):
     variant_id = IntegerField("Variant", validators=[DataRequired(message="Choose an item.")])
-    quantity = IntegerField("Quantity", default=1, validators=[
-        # InputRequired, not DataRequired: a 0 is data, and deserves the range message, not "enter a quantity".
-        InputRequired(message="Enter a quantity."), NumberRange(1, 99, message="Quantity must be between 1 and 99.")])
+    quantity = IntegerField(
+        "Quantity",
+        default=1,
+        validators=[
+            # InputRequired, not DataRequired: a 0 is data, and deserves the range message, not "enter a quantity".
+            InputRequired(message="Enter a quantity."),
+            NumberRange(1, 99, message="Quantity must be between 1 and 99."),
+        ],
+    )
 
 
 class QuantityForm(Form):
     """Set one cart line's quantity (the cart page's stepper)."""
-    quantity = IntegerField("Quantity", validators=[
-        InputRequired(message="Enter a quantity."), NumberRange(1, 99, message="Quantity must be between 1 and 99.")])
+
+    quantity = IntegerField(
+        "Quantity",
+        validators=[
+            InputRequired(message="Enter a quantity."),
+            NumberRange(1, 99, message="Quantity must be between 1 and 99."),
+        ],
+    )
 
 
 class CheckoutForm(Form):
-    email = EmailField("Email", validators=[
-        DataRequired(message="Enter your email so we can send your receipt."),
-        Email(message="That does not look like an email address.", check_deliverability=False),
-        Length(max=254)])
+    email = EmailField(
+        "Email",
+        validators=[
+            DataRequired(message="Enter your email so we can send your receipt."),
+            Email(message="That does not look like an email address.", check_deliverability=False),
+            Length(max=254),
+        ],
+    )
 
 
 class CancelForm(Form):
@@ -32,4 +48,5 @@ class CancelForm(Form):
 
 class ActionForm(Form):
     """A bare POST with only the CSRF token (pay, remove from cart)."""
+
     token = HiddenField()

@@ -1,4 +1,5 @@
 """Storefront routes (docs/REFERENCE.md, Storefront)."""
+
 from __future__ import annotations
 
 import hmac
@@ -28,15 +29,26 @@ from .forms import ActionForm, AddToCartForm, CancelForm, CheckoutForm, Quantity
 
 
 def _catalog() -> list[dict]:
-    products = db.session.execute(
-        select(Product).options(selectinload(Product.variants).selectinload(Variant.inventory)).order_by(Product.id)
-    ).scalars().all()
+    products = (
+        db.session.execute(
+            select(Product).options(selectinload(Product.variants).selectinload(Variant.inventory)).order_by(Product.id)
+        )
+        .scalars()
+        .all()
+    )
     out = []
     for p in products:
         variants = [
-            {"id": v.id, "sku": v.sku, "name": v.name, "price": v.price, "currency": v.currency,
-             "available": (v.inventory.on_hand if v.inventory and v.inventory.deleted_at is None else 0)}
-            for v in p.variants if v.deleted_at is None
+            {
+                "id": v.id,
+                "sku": v.sku,
+                "name": v.name,
+                "price": v.price,
+                "currency": v.currency,
+                "available": (v.inventory.on_hand if v.inventory and v.inventory.deleted_at is None else 0),
+            }
+            for v in p.variants
+            if v.deleted_at is None
         ]
         if variants:
             out.append({"id": p.id, "name": p.name, "description": p.description, "variants": variants})
@@ -65,9 +77,18 @@ def _cart_data(cart: Cart | None) -> dict:
             line_total = v.price * item.quantity
             total += line_total
             currency = currency or v.currency
-            items.append({"variant_id": v.id, "sku": v.sku, "name": f"{v.product.name} – {v.name}",
-                          "quantity": item.quantity, "unit_price": v.price, "line_total": line_total,
-                          "currency": v.currency, "available": available})
+            items.append(
+                {
+                    "variant_id": v.id,
+                    "sku": v.sku,
+                    "name": f"{v.product.name} – {v.name}",
+                    "quantity": item.quantity,
+                    "unit_price": v.price,
+                    "line_total": line_total,
+                    "currency": v.currency,
+                    "available": available,
+                }
+            )
     return {"items": items, "total": total, "currency": currency}
 
 
@@ -84,8 +105,16 @@ def _render_cart(status: int = 200, error: str | None = None, shortages=None, fo
     short = {item["variant_id"] for item in data["items"] if item["quantity"] > item["available"]}
     if field == "stock" and not short:
         field = None  # the stock moved since: the refusal's own words, in the banner
-    response = respond("storefront/cart.html", data, status, form=form or CheckoutForm(), action=ActionForm(),
-                       error_field=field, short=short, address=url_for("storefront.cart"))
+    response = respond(
+        "storefront/cart.html",
+        data,
+        status,
+        form=form or CheckoutForm(),
+        action=ActionForm(),
+        error_field=field,
+        short=short,
+        address=url_for("storefront.cart"),
+    )
     return _at_address(response, url_for("storefront.cart"))
 
 
@@ -135,8 +164,9 @@ def set_quantity(variant_id: int):
         return _render_cart(400, _first_error(form), field=None if "csrf_token" in form.errors else field)
     change = carts.set_quantity(browser_id(), variant_id, form.quantity.data)
     if not change.ok:
-        return _render_cart(_CART_STATUS[change.status], change.message,
-                            field=field if change.status == "short" else None)
+        return _render_cart(
+            _CART_STATUS[change.status], change.message, field=field if change.status == "short" else None
+        )
     if wants_json():
         return _render_cart()
     return redirect(url_for("storefront.cart"), 303)
@@ -159,12 +189,21 @@ def checkout():
     """Place the order from the cart, then send the customer to the hosted payment page."""
     form = CheckoutForm()
     if not form.validate():
-        return _render_cart(400, _first_error(form), form=form, field="email" if form.email.errors and "csrf_token" not in form.errors else None)
+        return _render_cart(
+            400,
+            _first_error(form),
+            form=form,
+            field="email" if form.email.errors and "csrf_token" not in form.errors else None,
+        )
     # The cart's id only: place_order reads the lines itself and refuses an empty cart.
     bid = browser_id(create=False)
-    cart_id = None if bid is None else db.session.execute(
-        select(Cart.id).where(Cart.browser_id == bid, Cart.status == "open").order_by(Cart.id.desc()).limit(1)
-    ).scalar()
+    cart_id = (
+        None
+        if bid is None
+        else db.session.execute(
+            select(Cart.id).where(Cart.browser_id == bid, Cart.status == "open").order_by(Cart.id.desc()).limit(1)
+        ).scalar()
+    )
     if cart_id is None:
         return _render_cart(400, "Your cart is empty.", form=form, field="empty")
     in_line = line_is_held()  # the provider's budget for new sessions is spent: join the line at once
@@ -173,9 +212,11 @@ def checkout():
         status = {"out_of_stock": 409, "cart_closed": 409}.get(result.code, 400)
         detail = result.message
         if result.shortages:
-            detail += " " + "; ".join(f"{s.get('name') or s.get('sku', s['variant_id'])}: {s['available']} left"
-                                      + (f", you asked for {s['requested']}" if "requested" in s else "")
-                                      for s in result.shortages)
+            detail += " " + "; ".join(
+                f"{s.get('name') or s.get('sku', s['variant_id'])}: {s['available']} left"
+                + (f", you asked for {s['requested']}" if "requested" in s else "")
+                for s in result.shortages
+            )
         field = {"out_of_stock": "stock", "unavailable": "stock", "empty_cart": "empty"}.get(result.code)
         return _render_cart(status, detail, result.shortages, form=form, field=field)
     order_url = url_for("storefront.order_page", reference=result.reference)
@@ -190,24 +231,38 @@ def checkout():
     # docs/REFERENCE.md, Storefront: success is a 303 whatever the client accepts; a JSON client also gets
     # the same facts in the body, so it need not follow the redirect to learn them.
     if started.status == "started":
-        return _see_other(started.url, {"reference": result.reference, "payment_url": started.url,
-                                        "order_url": order_url})
+        return _see_other(
+            started.url, {"reference": result.reference, "payment_url": started.url, "order_url": order_url}
+        )
     if started.status == "queued":  # the order page says it and moves on by itself: no flash
-        return _see_other(order_url, {"reference": result.reference, "payment_url": None, "order_url": order_url,
-                                      "queued": True, "message": started.message})
+        return _see_other(
+            order_url,
+            {
+                "reference": result.reference,
+                "payment_url": None,
+                "order_url": order_url,
+                "queued": True,
+                "message": started.message,
+            },
+        )
     if not wants_json():  # a JSON client reads the message in the body; a flash would wait for its next page
         flash(started.message, "warning")
-    return _see_other(order_url, {"reference": result.reference, "payment_url": None, "order_url": order_url,
-                                  "message": started.message})
+    return _see_other(
+        order_url,
+        {"reference": result.reference, "payment_url": None, "order_url": order_url, "message": started.message},
+    )
 
 
 def _placed_but_payment_not_started(reference: str, order_url: str):
-    message = (f"Your order {reference} is placed and its items are held for you, but the payment could not be "
-               "started just now. Open the order and use “Pay now” in a moment.")
+    message = (
+        f"Your order {reference} is placed and its items are held for you, but the payment could not be "
+        "started just now. Open the order and use “Pay now” in a moment."
+    )
     if not wants_json():
         flash(message, "warning")
-    return _see_other(order_url, {"reference": reference, "payment_url": None, "order_url": order_url,
-                                  "message": message})
+    return _see_other(
+        order_url, {"reference": reference, "payment_url": None, "order_url": order_url, "message": message}
+    )
 
 
 def _see_other(location: str, data: dict):
@@ -237,9 +292,15 @@ def _owned_order(reference: str) -> Order:
 def orders():
     """This browser's orders, newest first."""
     bid = browser_id(create=False)
-    rows = [] if bid is None else db.session.execute(
-        select(Order).where(Order.browser_id == bid).order_by(Order.created_at.desc(), Order.id.desc())
-    ).scalars().all()
+    rows = (
+        []
+        if bid is None
+        else db.session.execute(
+            select(Order).where(Order.browser_id == bid).order_by(Order.created_at.desc(), Order.id.desc())
+        )
+        .scalars()
+        .all()
+    )
     if wants_json():
         return respond("storefront/orders.html", {"orders": [order_summary_json(o) for o in rows]})
     # The same badge as each order's own page says (a settling payment, an expired order).
@@ -253,8 +314,12 @@ def order_page(reference: str):
     line reloads to when the browser runs no script) goes on to the hosted payment page once the
     order has one."""
     order = _owned_order(reference)
-    if request.args.get("continue") and order.status == OrderStatus.PAYMENT_INITIATED.value \
-            and order.payment_session_url and order.payment_processing_at is None:
+    if (
+        request.args.get("continue")
+        and order.status == OrderStatus.PAYMENT_INITIATED.value
+        and order.payment_session_url
+        and order.payment_processing_at is None
+    ):
         return redirect(order.payment_session_url, 303)
     return _render_order(order)
 
@@ -284,9 +349,19 @@ def _render_order(order: Order, status: int = 200, error: str | None = None):
         data["error"] = error
     token = request.values.get("token")
     address = url_for("storefront.order_page", reference=order.reference, token=token or None)
-    response = respond("storefront/order.html", data, status, order=order, cancel_form=CancelForm(),
-                       action=ActionForm(), token=token, OrderStatus=OrderStatus, badge=badge(data),
-                       watch_state=watch_state(data) if keeps_changing(data) else None, address=address)
+    response = respond(
+        "storefront/order.html",
+        data,
+        status,
+        order=order,
+        cancel_form=CancelForm(),
+        action=ActionForm(),
+        token=token,
+        OrderStatus=OrderStatus,
+        badge=badge(data),
+        watch_state=watch_state(data) if keeps_changing(data) else None,
+        address=address,
+    )
     return _at_address(response, address)
 
 
@@ -305,8 +380,9 @@ def pay(reference: str):
     if started.status == "queued":
         if wants_json():
             return {"reference": reference, "payment_url": None, "queued": True, "message": started.message}, 202
-        return redirect(url_for("storefront.order_page", reference=reference,
-                                token=request.values.get("token") or None), 303)
+        return redirect(
+            url_for("storefront.order_page", reference=reference, token=request.values.get("token") or None), 303
+        )
     order = db.session.get(Order, order.id)
     status = 503 if started.status == "unavailable" else 409
     # The page itself shows the message (no flash too: it would show twice, and again later).
@@ -327,8 +403,13 @@ def confirm_cancel(reference: str):
         return redirect(url_for("storefront.order_page", reference=order.reference, token=token), 303)
     version = request.args.get("version", type=int)
     data = order_json(order)
-    return respond("storefront/cancel.html", data, order=order, token=token,
-                   version=version if version is not None else order.version)
+    return respond(
+        "storefront/cancel.html",
+        data,
+        order=order,
+        token=token,
+        version=version if version is not None else order.version,
+    )
 
 
 @bp.post("/orders/<reference>/cancel")
@@ -384,13 +465,16 @@ def checkout_return():
     # token only if the session is proven to be this order's: by the provider just now or, when
     # the provider cannot be asked, by being the session the order itself recorded. A guessed
     # session id while the provider is down must not hand out the token.
-    if not owner and view is None and not (
-            order.payment_session_id
-            and hmac.compare_digest(session_id.encode(), order.payment_session_id.encode())):
+    if (
+        not owner
+        and view is None
+        and not (
+            order.payment_session_id and hmac.compare_digest(session_id.encode(), order.payment_session_id.encode())
+        )
+    ):
         raise OrderNotFound()
     if view is None:
-        flash("We could not confirm your payment with the provider yet; this page will update once it does.",
-              "warning")
+        flash("We could not confirm your payment with the provider yet; this page will update once it does.", "warning")
     elif view.payment_status != "paid" and view.status == "complete" and answer.applied.outcome != "payment_failed":
         flash("Your payment is being processed; we will email you when it completes.")
     if owner:

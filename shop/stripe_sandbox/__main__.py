@@ -10,8 +10,9 @@ def main() -> None:
     parser.add_argument("--host", default=DEFAULT_HOST)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--min-session-seconds", type=int, default=1800)
-    parser.add_argument("--state-file", default=None,
-                        help="keep sessions, events and endpoints in this file across restarts")
+    parser.add_argument(
+        "--state-file", default=None, help="keep sessions, events and endpoints in this file across restarts"
+    )
     args = parser.parse_args()
     run(args.host, args.port, args.min_session_seconds, args.state_file)
 

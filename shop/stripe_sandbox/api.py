@@ -104,8 +104,7 @@ def _gate():
         return error_response(
             StripeError(
                 503,
-                "The Stripe sandbox is simulating an outage (api_unavailable). "
-                "Please try again later.",
+                "The Stripe sandbox is simulating an outage (api_unavailable). Please try again later.",
                 type="api_error",
             )
         )
@@ -149,16 +148,16 @@ def _rate_limited(which: str, retry_after: float, faults) -> Response:
     always safe; `Retry-After` says when a slot frees (whole seconds, as HTTP requires)."""
     if which == "endpoint":
         limit = faults.api_endpoint_rate_limit_per_second
-        scope = f"{endpoint()} to {limit} request{'s' if limit != 1 else ''} per second " \
-                "(api_endpoint_rate_limit_per_second)"
+        scope = (
+            f"{endpoint()} to {limit} request{'s' if limit != 1 else ''} per second "
+            "(api_endpoint_rate_limit_per_second)"
+        )
     else:
         limit = faults.api_rate_limit_per_second
-        scope = f"this account to {limit} request{'s' if limit != 1 else ''} per second " \
-                "(api_rate_limit_per_second)"
+        scope = f"this account to {limit} request{'s' if limit != 1 else ''} per second (api_rate_limit_per_second)"
     error = StripeError(
         429,
-        f"Too many requests hit the API too quickly: the Stripe sandbox is limiting {scope}. "
-        "Back off and retry.",
+        f"Too many requests hit the API too quickly: the Stripe sandbox is limiting {scope}. Back off and retry.",
         code="rate_limit",
         saved=False,
         extra={"doc_url": "https://stripe.com/docs/error-codes/rate-limit"},
@@ -209,9 +208,7 @@ def stripe_view(view: Callable[..., Any]) -> Callable[..., Response]:
 
         key = request.headers.get("Idempotency-Key") if method == "POST" else None
         if key is not None and len(key) > 255:
-            return error_response(
-                invalid("Invalid Idempotency-Key: must be at most 255 characters long.")
-            )
+            return error_response(invalid("Invalid Idempotency-Key: must be at most 255 characters long."))
         call = Call(g.request_id, key, request.host_url)
         fingerprint = json.dumps(params, sort_keys=True)
         with sandbox.lock:
@@ -273,9 +270,7 @@ def _expand(params: dict, allowed: set[str]) -> set[str]:
     paths = read_list(params.get("expand"), "expand") or []
     for index, path in enumerate(paths):
         if not isinstance(path, str) or path not in allowed:
-            raise invalid(
-                f"This property cannot be expanded ({path}).", param_name("expand", index)
-            )
+            raise invalid(f"This property cannot be expanded ({path}).", param_name("expand", index))
     return set(paths)
 
 
@@ -356,9 +351,7 @@ SESSION_CREATE_PARAMS = (
 def _render_session(sandbox: Sandbox, session, expand: set[str], prefix: str = "") -> dict:
     body = render_session(session)
     if f"{prefix}payment_intent" in expand and session.payment_intent_id:
-        body["payment_intent"] = render_payment_intent(
-            sandbox.payment_intents[session.payment_intent_id]
-        )
+        body["payment_intent"] = render_payment_intent(sandbox.payment_intents[session.payment_intent_id])
     return body
 
 
@@ -388,14 +381,10 @@ def create_checkout_session(sandbox: Sandbox, params: dict, call: Call) -> dict:
         base_url=call.base_url,
         success_url=_read_url(params.get("success_url"), "success_url"),
         cancel_url=_read_url(params.get("cancel_url"), "cancel_url"),
-        client_reference_id=read_str(
-            params.get("client_reference_id"), "client_reference_id", max_length=200
-        ),
+        client_reference_id=read_str(params.get("client_reference_id"), "client_reference_id", max_length=200),
         customer_email=customer_email,
         metadata=read_metadata(params.get("metadata")),
-        payment_intent_metadata=read_metadata(
-            intent_data.get("metadata"), "payment_intent_data[metadata]"
-        ),
+        payment_intent_metadata=read_metadata(intent_data.get("metadata"), "payment_intent_data[metadata]"),
         expires_at=read_int(params.get("expires_at"), "expires_at"),
         locale=read_str(params.get("locale"), "locale"),
     )
@@ -432,18 +421,16 @@ def _read_line_items(value: Any) -> list[LineItem]:
             raise missing_param(param_name(*where, "price_data", "currency"))
         currency = currency.lower()
         if not _CURRENCY.match(currency):
-            raise invalid(
-                f"Invalid currency: {currency}.", param_name(*where, "price_data", "currency")
-            )
+            raise invalid(f"Invalid currency: {currency}.", param_name(*where, "price_data", "currency"))
         unit_amount = read_int(
-            price.get("unit_amount"), param_name(*where, "price_data", "unit_amount"), minimum=0,
+            price.get("unit_amount"),
+            param_name(*where, "price_data", "unit_amount"),
+            minimum=0,
             maximum=MAX_UNIT_AMOUNT,
         )
         if unit_amount is None:
             raise missing_param(param_name(*where, "price_data", "unit_amount"))
-        product = read_dict(
-            price.get("product_data"), param_name(*where, "price_data", "product_data")
-        )
+        product = read_dict(price.get("product_data"), param_name(*where, "price_data", "product_data"))
         if product is None:
             raise missing_param(param_name(*where, "price_data", "product_data"))
         reject_unknown_nested(
@@ -451,9 +438,7 @@ def _read_line_items(value: Any) -> list[LineItem]:
             ("name", "description", "images", "metadata", "tax_code"),
             (*where, "price_data", "product_data"),
         )
-        name = read_str(
-            product.get("name"), param_name(*where, "price_data", "product_data", "name")
-        )
+        name = read_str(product.get("name"), param_name(*where, "price_data", "product_data", "name"))
         if name is None:
             raise missing_param(param_name(*where, "price_data", "product_data", "name"))
         quantity = read_int(item.get("quantity"), param_name(*where, "quantity"), minimum=1)
@@ -600,9 +585,7 @@ def _read_enabled_events(value: Any, *, required: bool) -> list[str] | None:
         raise invalid("enabled_events must not be empty.", "enabled_events")
     result = []
     for index, event_type in enumerate(events):
-        if not isinstance(event_type, str) or not (
-            event_type == "*" or _EVENT_TYPE.match(event_type)
-        ):
+        if not isinstance(event_type, str) or not (event_type == "*" or _EVENT_TYPE.match(event_type)):
             raise invalid(
                 f"Invalid {param_name('enabled_events', index)}: must be '*' or an event type",
                 param_name("enabled_events", index),
@@ -615,9 +598,7 @@ def _read_enabled_events(value: Any, *, required: bool) -> list[str] | None:
 @bp.post("/webhook_endpoints")
 @stripe_view
 def create_webhook_endpoint(sandbox: Sandbox, params: dict, call: Call) -> dict:
-    reject_unknown(
-        params, ("url", "enabled_events", "description", "metadata", "api_version", "connect", "expand")
-    )
+    reject_unknown(params, ("url", "enabled_events", "description", "metadata", "api_version", "connect", "expand"))
     _expand(params, set())
     endpoint = sandbox.create_endpoint(
         url=_read_url(params.get("url"), "url", required=True),
@@ -658,9 +639,7 @@ def update_webhook_endpoint(sandbox: Sandbox, params: dict, call: Call, endpoint
     url = _read_url(params.get("url"), "url")
     events = _read_enabled_events(params.get("enabled_events"), required=False)
     disabled = read_bool(params.get("disabled"), "disabled")
-    metadata = (
-        merge_metadata(endpoint.metadata, params["metadata"]) if "metadata" in params else None
-    )
+    metadata = merge_metadata(endpoint.metadata, params["metadata"]) if "metadata" in params else None
     if url is not None:
         endpoint.url = url
     if events is not None:
@@ -705,8 +684,7 @@ def list_events(sandbox: Sandbox, params: dict, call: Call) -> dict:
             e
             for e in records
             if e.deliveries
-            and all(d.status == "succeeded" for d in e.deliveries if not d.duplicate)
-            == delivery_success
+            and all(d.status == "succeeded" for d in e.deliveries if not d.duplicate) == delivery_success
         ]
     return _list(sandbox, records, params, "/v1/events", render_event)
 

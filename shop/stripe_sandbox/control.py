@@ -163,12 +163,7 @@ def _fault_value(key: str, value: Any) -> Any:
         return value
     if kind in ("count", "rate"):
         top = MAX_RATE_LIMIT_PER_SECOND if kind == "rate" else None
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or value < 0
-            or (top is not None and value > top)
-        ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (top is not None and value > top):
             bounds = f"from 0 to {top}" if top is not None else ">= 0"
             raise ControlError(400, f"{key} must be a whole number {bounds}; got {value!r}")
         return value
@@ -193,8 +188,9 @@ def advance_clock() -> Response:
         or not math.isfinite(seconds)
         or not 0 <= seconds <= MAX_CLOCK_ADVANCE_SECONDS
     ):
-        raise ControlError(400, f"advance_seconds must be a number from 0 to {MAX_CLOCK_ADVANCE_SECONDS}; "
-                                f"got {seconds!r}")
+        raise ControlError(
+            400, f"advance_seconds must be a number from 0 to {MAX_CLOCK_ADVANCE_SECONDS}; got {seconds!r}"
+        )
     sandbox = _sandbox()
     now = sandbox.advance_clock(seconds)
     return _json({"now": now, "offset_seconds": sandbox.clock_offset})

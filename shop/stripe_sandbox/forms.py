@@ -47,8 +47,7 @@ def parse_form(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
                 child = node.setdefault(part, {})
                 if not isinstance(child, dict):
                     raise invalid(
-                        f"Invalid value for {'['.join(parts[: depth + 1])}: "
-                        "cannot be both a value and a hash",
+                        f"Invalid value for {'['.join(parts[: depth + 1])}: cannot be both a value and a hash",
                         raw_key,
                     )
                 node = child
@@ -59,11 +58,7 @@ def _listify(node: Any, parent_key: str | None) -> Any:
     if not isinstance(node, dict):
         return node
     converted = {key: _listify(value, key) for key, value in node.items()}
-    if (
-        converted
-        and parent_key not in _FREE_FORM
-        and all(key.isdigit() for key in converted)
-    ):
+    if converted and parent_key not in _FREE_FORM and all(key.isdigit() for key in converted):
         return [converted[key] for key in sorted(converted, key=int)]
     return converted
 

@@ -171,7 +171,5 @@ def index() -> Response:
     with sandbox.lock:
         sandbox.tick()
         sessions = sandbox.newest_first(sandbox.sessions.values())[:50]
-        html = render_template_string(
-            INDEX, sessions=sessions, now=sandbox.now(), base=request.host_url.rstrip("/")
-        )
+        html = render_template_string(INDEX, sessions=sessions, now=sandbox.now(), base=request.host_url.rstrip("/"))
     return Response(html, mimetype="text/html")

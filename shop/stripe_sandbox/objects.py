@@ -129,9 +129,7 @@ class WebhookEndpoint:
     status: str = "enabled"  # enabled | disabled
 
     def wants(self, event_type: str) -> bool:
-        return self.status == "enabled" and (
-            "*" in self.enabled_events or event_type in self.enabled_events
-        )
+        return self.status == "enabled" and ("*" in self.enabled_events or event_type in self.enabled_events)
 
 
 @dataclass

@@ -11,6 +11,7 @@ crash mid-write leaves the previous state. A file that cannot be read is moved a
 line saying why, and the sandbox starts empty: losing demo payments is better than not
 starting.
 """
+
 from __future__ import annotations
 
 import base64
@@ -54,11 +55,14 @@ def snapshot(sandbox: Sandbox) -> dict:
         "refunds": [asdict(r) for r in sandbox.refunds.values()],
         "endpoints": [asdict(e) for e in sandbox.endpoints.values()],
         "events": [{**asdict(e), "body": _b64(e.body)} for e in sandbox.events.values()],
-        "idempotency": [{"api_key": api_key, "key": key, **asdict(stored), "body": _b64(stored.body)}
-                        for (api_key, key), stored in sandbox.idempotency.items()],
+        "idempotency": [
+            {"api_key": api_key, "key": key, **asdict(stored), "body": _b64(stored.body)}
+            for (api_key, key), stored in sandbox.idempotency.items()
+        ],
         # "pay later" settlements are due on the monotonic clock, which a restart resets.
-        "settlements": {sid: [due + wall_minus_monotonic, result]
-                        for sid, (due, result) in sandbox._settlements.items()},
+        "settlements": {
+            sid: [due + wall_minus_monotonic, result] for sid, (due, result) in sandbox._settlements.items()
+        },
     }
 
 
@@ -67,21 +71,40 @@ def restore(sandbox: Sandbox, data: dict) -> None:
     TypeError on a file that is not one; the sandbox is unchanged then."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"not a sandbox state file of format {FORMAT}")
-    sessions = {d["id"]: Session(**{**d, "line_items": [LineItem(**i) for i in d["line_items"]]})
-                for d in data["sessions"]}
+    sessions = {
+        d["id"]: Session(**{**d, "line_items": [LineItem(**i) for i in d["line_items"]]}) for d in data["sessions"]
+    }
     intents = {d["id"]: PaymentIntent(**d) for d in data["payment_intents"]}
     charges = {d["id"]: Charge(**d) for d in data["charges"]}
     refunds = {d["id"]: Refund(**d) for d in data["refunds"]}
     endpoints = {d["id"]: WebhookEndpoint(**d) for d in data["endpoints"]}
-    events = {d["id"]: EventRecord(**{**d, "body": _unb64(d["body"]), "deliveries": [
-        Delivery(**{**x, "attempts": [Attempt(**a) for a in x["attempts"]]}) for x in d["deliveries"]]})
-        for d in data["events"]}
-    idempotency = {(d["api_key"], d["key"]): StoredResponse(
-        method=d["method"], path=d["path"], fingerprint=d["fingerprint"], status=d["status"],
-        body=_unb64(d["body"]), request_id=d["request_id"]) for d in data["idempotency"]}
+    events = {
+        d["id"]: EventRecord(
+            **{
+                **d,
+                "body": _unb64(d["body"]),
+                "deliveries": [
+                    Delivery(**{**x, "attempts": [Attempt(**a) for a in x["attempts"]]}) for x in d["deliveries"]
+                ],
+            }
+        )
+        for d in data["events"]
+    }
+    idempotency = {
+        (d["api_key"], d["key"]): StoredResponse(
+            method=d["method"],
+            path=d["path"],
+            fingerprint=d["fingerprint"],
+            status=d["status"],
+            body=_unb64(d["body"]),
+            request_id=d["request_id"],
+        )
+        for d in data["idempotency"]
+    }
     monotonic_minus_wall = time.monotonic() - time.time()
-    settlements = {sid: (float(due) + monotonic_minus_wall, str(result))
-                   for sid, (due, result) in data["settlements"].items()}
+    settlements = {
+        sid: (float(due) + monotonic_minus_wall, str(result)) for sid, (due, result) in data["settlements"].items()
+    }
     seq, offset = int(data["seq"]), float(data["clock_offset"])
 
     with sandbox.lock:
@@ -126,16 +149,20 @@ class StateFile:
             return self._move_aside(f"is not a state this sandbox can read ({type(exc).__name__}: {exc})")
         self._written = raw
         s = self.sandbox
-        return (f"loaded {len(s.sessions)} sessions, {len(s.events)} events and {len(s.endpoints)} webhook "
-                f"endpoints from {self.path}")
+        return (
+            f"loaded {len(s.sessions)} sessions, {len(s.events)} events and {len(s.endpoints)} webhook "
+            f"endpoints from {self.path}"
+        )
 
     def _move_aside(self, why: str) -> str:
         aside = f"{self.path}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}"
         try:
             os.replace(self.path, aside)
         except OSError as exc:
-            return (f"the saved state {self.path} {why}, and could not be moved aside ({exc.strerror or exc}); "
-                    "starting empty, and it will be overwritten")
+            return (
+                f"the saved state {self.path} {why}, and could not be moved aside ({exc.strerror or exc}); "
+                "starting empty, and it will be overwritten"
+            )
         return f"the saved state {self.path} {why}; moved it to {aside} and started empty"
 
     def start(self) -> None:

@@ -131,8 +131,9 @@ class QuietRequestHandler(WSGIRequestHandler):
         pass
 
 
-def run(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, min_session_seconds: int = 1800,
-        state_file: str | None = None) -> None:
+def run(
+    host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, min_session_seconds: int = 1800, state_file: str | None = None
+) -> None:
     """Serve the sandbox until interrupted (threaded werkzeug server). With `state_file`, the
     sandbox starts from it and keeps it up to date, a last time when it stops (SIGTERM too)."""
     app = create_sandbox_app(min_session_seconds)

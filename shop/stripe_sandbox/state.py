@@ -157,9 +157,7 @@ class Sandbox:
 
     def start(self) -> None:
         self.dispatcher.start()
-        self._ticker = threading.Thread(
-            target=self._tick_loop, name="stripe-sandbox-ticker", daemon=True
-        )
+        self._ticker = threading.Thread(target=self._tick_loop, name="stripe-sandbox-ticker", daemon=True)
         self._ticker.start()
 
     def close(self) -> None:
@@ -215,9 +213,7 @@ class Sandbox:
                 if now >= session.expires_at:
                     self._expire(session, RequestRef())
             due = [
-                (session_id, result)
-                for session_id, (at, result) in self._settlements.items()
-                if at <= time.monotonic()
+                (session_id, result) for session_id, (at, result) in self._settlements.items() if at <= time.monotonic()
             ]
             for session_id, result in due:
                 self._settlements.pop(session_id, None)
@@ -256,8 +252,7 @@ class Sandbox:
             )
         elif expires_at > now + SESSION_MAX_SECONDS:
             raise invalid(
-                "The `expires_at` timestamp must be less than 24 hours from Checkout "
-                "Session creation.",
+                "The `expires_at` timestamp must be less than 24 hours from Checkout Session creation.",
                 "expires_at",
             )
         session_id = new_id("cs_test_a1", 56)
@@ -321,8 +316,7 @@ class Sandbox:
         if session.status != "open":
             raise ControlError(
                 409,
-                f"Checkout Session {session_id} is {session.status}; only an open session "
-                "can take a payment outcome.",
+                f"Checkout Session {session_id} is {session.status}; only an open session can take a payment outcome.",
             )
         pi = self._payment_intent_for(session)
         charge = self._new_charge(pi)
@@ -454,9 +448,7 @@ class Sandbox:
                 raise invalid(f"Charge {charge_id} does not belong to PaymentIntent {pi.id}.", "charge")
             pi = self.payment_intents[charge.payment_intent_id]
             if charge.status != "succeeded":
-                raise state_conflict(
-                    f"Charge {charge_id} has not succeeded and cannot be refunded.", "charge"
-                )
+                raise state_conflict(f"Charge {charge_id} has not succeeded and cannot be refunded.", "charge")
         else:
             assert pi is not None
             charge = self.charges.get(pi.latest_charge or "")
@@ -467,9 +459,7 @@ class Sandbox:
                 )
         remaining = charge.amount - charge.amount_refunded
         if remaining <= 0:
-            raise state_conflict(
-                f"Charge {charge.id} has already been refunded.", code="charge_already_refunded"
-            )
+            raise state_conflict(f"Charge {charge.id} has already been refunded.", code="charge_already_refunded")
         if amount is None:
             amount = remaining
         if amount > remaining:
@@ -507,9 +497,7 @@ class Sandbox:
         if refund is None:
             raise ControlError(404, f"No such refund: '{refund_id}'")
         if refund.status != "pending":
-            raise ControlError(
-                409, f"Refund {refund_id} is {refund.status}; only a pending refund can be settled."
-            )
+            raise ControlError(409, f"Refund {refund_id} is {refund.status}; only a pending refund can be settled.")
         refund.status = outcome
         if outcome == "failed":
             refund.failure_reason = REFUND_FAILURE_REASON

@@ -105,29 +105,32 @@ class SandboxHandle:
 
     # -- request log -----------------------------------------------------------------
 
-    def requests(self, *, since: float | None = None, method: str | None = None,
-                 path_prefix: str = "/v1") -> list[dict]:
+    def requests(
+        self, *, since: float | None = None, method: str | None = None, path_prefix: str = "/v1"
+    ) -> list[dict]:
         """The /v1 calls the sandbox received (the last 10,000), oldest first: dicts with
         `method`, `path`, `at` (epoch seconds on arrival), `idempotency_key` and `status`
         (None while the call is still held by a fault)."""
         calls = self.get("/_sandbox/requests", {"since": repr(since)} if since is not None else None)["calls"]
-        return [c for c in calls
-                if c["path"].startswith(path_prefix) and (method is None or c["method"] == method)]
+        return [c for c in calls if c["path"].startswith(path_prefix) and (method is None or c["method"] == method)]
 
     def request_count(self, *, method: str | None = None, path_prefix: str = "/v1") -> int:
         """How many /v1 calls matching `method` and `path_prefix` arrived since the last reset
         (exact, however many there were)."""
         rows = self.get("/_sandbox/requests")["data"]
-        return sum(r["count"] for r in rows
-                   if r["path"].startswith(path_prefix) and (method is None or r["method"] == method))
+        return sum(
+            r["count"] for r in rows if r["path"].startswith(path_prefix) and (method is None or r["method"] == method)
+        )
 
-    def request_times(self, *, since: float | None = None, method: str | None = None,
-                      path_prefix: str = "/v1") -> list[float]:
+    def request_times(
+        self, *, since: float | None = None, method: str | None = None, path_prefix: str = "/v1"
+    ) -> list[float]:
         """Arrival times (epoch seconds, ascending) of the matching calls."""
         return sorted(c["at"] for c in self.requests(since=since, method=method, path_prefix=path_prefix))
 
-    def peak_requests_per_second(self, *, since: float | None = None, method: str | None = None,
-                                 path_prefix: str = "/v1", window: float = 1.0) -> int:
+    def peak_requests_per_second(
+        self, *, since: float | None = None, method: str | None = None, path_prefix: str = "/v1", window: float = 1.0
+    ) -> int:
         """The most matching calls that arrived within any `window` seconds."""
         return peak_in_window(self.request_times(since=since, method=method, path_prefix=path_prefix), window)
 
@@ -157,10 +160,7 @@ class SandboxHandle:
             found = self.events(type)
             if delivered:
                 found = [
-                    e
-                    for e in found
-                    if e["deliveries"]
-                    and all(d["status"] == "succeeded" for d in e["deliveries"])
+                    e for e in found if e["deliveries"] and all(d["status"] == "succeeded" for d in e["deliveries"])
                 ]
             return found if len(found) >= count else None
 
@@ -173,7 +173,9 @@ class SandboxHandle:
         return self.request("GET", path + (f"?{urlencode(query)}" if query else ""))
 
 
-def wait_until(check: Callable[[], Any], *, timeout: float = 5.0, interval: float = 0.05, what: str = "condition") -> Any:
+def wait_until(
+    check: Callable[[], Any], *, timeout: float = 5.0, interval: float = 0.05, what: str = "condition"
+) -> Any:
     """Poll `check` until it returns something truthy; fail loudly after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
@@ -252,9 +254,7 @@ class WebhookReceiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with receiver._lock:
                     status = receiver._failures.pop(0) if receiver._failures else 200
-                    receiver.received.append(
-                        ReceivedWebhook(body, dict(self.headers.items()), status, time.time())
-                    )
+                    receiver.received.append(ReceivedWebhook(body, dict(self.headers.items()), status, time.time()))
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -264,9 +264,7 @@ class WebhookReceiver:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
     @property

@@ -102,9 +102,7 @@ class WebhookDispatcher:
 
     def start(self) -> None:
         self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="stripe-sandbox-webhook")
-        self._thread = threading.Thread(
-            target=self._loop, name="stripe-sandbox-dispatcher", daemon=True
-        )
+        self._thread = threading.Thread(target=self._loop, name="stripe-sandbox-dispatcher", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -171,9 +169,7 @@ class WebhookDispatcher:
             endpoint = sandbox.endpoints.get(delivery.endpoint_id)
             if endpoint is None or endpoint.status != "enabled":
                 delivery.status = "abandoned"
-                delivery.abandoned_reason = (
-                    "endpoint deleted" if endpoint is None else "endpoint disabled"
-                )
+                delivery.abandoned_reason = "endpoint deleted" if endpoint is None else "endpoint disabled"
                 delivery.next_attempt_at = None
                 return
             event = sandbox.events.get(delivery.event_id)

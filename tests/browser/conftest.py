@@ -3,6 +3,7 @@ HTTP and registered as the Stripe sandbox's webhook endpoint.
 
 Playwright's own browser download is not used: the tests launch /usr/bin/chromium (scripts/test
 installs it with apt-get) and skip, saying why, where it is missing."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,16 @@ import pytest
 CHROMIUM = "/usr/bin/chromium"
 # Without the background-networking flags chromium dials out (component updates, sync, QUIC
 # probes) and a closed network refuses those connections loudly.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 # A page that needs longer than this to answer is a failure, not something to wait out.
 ACTION_TIMEOUT_MS = 15_000
 

@@ -1,6 +1,7 @@
 """The console on a phone (390 px wide): no page is wider than the screen. A table may be wider,
 but then it scrolls inside itself; nothing else pokes out or is cut off, and no word is broken
 letter by letter."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -30,12 +31,14 @@ OVERFLOW = """(width) => {
   for (const el of document.querySelectorAll('body *')) {
     const r = el.getBoundingClientRect();
     if (r.width === 0 || r.height === 0) continue;
-    if ((r.right > width + 1 || r.left < -1) && !scrolls(el)) out.push(el.tagName + '.' + el.className + ': ' + Math.round(r.left) + '..' + Math.round(r.right));
+    if ((r.right > width + 1 || r.left < -1) && !scrolls(el))
+      out.push(el.tagName + '.' + el.className + ': ' + Math.round(r.left) + '..' + Math.round(r.right));
   }
   const narrow = [];
   for (const td of document.querySelectorAll('main td, main th')) {
     const r = td.getBoundingClientRect();
-    if (td.textContent.trim().length > 3 && r.width > 0 && r.width < 40) narrow.push(td.textContent.trim().slice(0, 30));
+    if (td.textContent.trim().length > 3 && r.width > 0 && r.width < 40)
+      narrow.push(td.textContent.trim().slice(0, 30));
   }
   return {doc: [document.documentElement.scrollWidth, document.documentElement.clientWidth], out, narrow};
 }"""
@@ -49,19 +52,33 @@ def test_the_dashboard_an_order_and_the_outbox_fit_a_390px_phone(browser, shop, 
     sandbox.faults(api_unavailable=True)
     Shopper(app, app.skus).checkout("SOCK-M", 1)  # stays PendingPayment: stuck once it is old
     sandbox.faults(api_unavailable=False)
-    long_error = ("ProviderRefused: the payment provider answered 402 card_declined for "
-                  "cs_test_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8s9T0u1V2w3X4y5Z6 after 5 attempts, see logs")
+    long_error = (
+        "ProviderRefused: the payment provider answered 402 card_declined for "
+        "cs_test_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8s9T0u1V2w3X4y5Z6 after 5 attempts, see logs"
+    )
     with app.app_context():
         order = db.session.execute(select(Order)).scalars().first()
         db.session.execute(update(Order).values(updated_at=utcnow() - timedelta(hours=2)))
-        db.session.execute(update(OutboxDelivery).values(status="dead", last_error=long_error,
-                                                         last_traceback="Traceback ...\n" + long_error))
-        db.session.add(WebhookReceipt(outcome="rejected", reason="signature does not match: " + "x" * 80,
-                                      http_status=400))
+        db.session.execute(
+            update(OutboxDelivery).values(
+                status="dead", last_error=long_error, last_traceback="Traceback ...\n" + long_error
+            )
+        )
+        db.session.add(
+            WebhookReceipt(outcome="rejected", reason="signature does not match: " + "x" * 80, http_status=400)
+        )
         now = utcnow()
-        db.session.add(ReconciliationCycle(started_at=now, finished_at=now, cutoff=now, status="ok",
-                                           expiry_counts={}, provider_counts={},
-                                           errors=[{"pass": "provider", "order_id": order.id, "error": long_error}]))
+        db.session.add(
+            ReconciliationCycle(
+                started_at=now,
+                finished_at=now,
+                cutoff=now,
+                status="ok",
+                expiry_counts={},
+                provider_counts={},
+                errors=[{"pass": "provider", "order_id": order.id, "error": long_error}],
+            )
+        )
         reference = order.reference
         db.session.commit()
         db.session.remove()
@@ -76,10 +93,16 @@ def test_the_dashboard_an_order_and_the_outbox_fit_a_390px_phone(browser, shop, 
         page.get_by_label("Password").fill("correct horse battery")
         page.get_by_role("button", name="Log in").click()
         page.wait_for_url(f"{base_url}/console/")
-        for name, path in (("dashboard", "/console/"), ("order", f"/console/orders/{reference}"),
-                           ("outbox", "/console/outbox"), ("dead", "/console/outbox?status=dead"),
-                           ("orders", "/console/orders"), ("sweeps", "/console/sweeps"),
-                           ("webhooks", "/console/webhooks"), ("audit", "/console/audit")):
+        for name, path in (
+            ("dashboard", "/console/"),
+            ("order", f"/console/orders/{reference}"),
+            ("outbox", "/console/outbox"),
+            ("dead", "/console/outbox?status=dead"),
+            ("orders", "/console/orders"),
+            ("sweeps", "/console/sweeps"),
+            ("webhooks", "/console/webhooks"),
+            ("audit", "/console/audit"),
+        ):
             page.goto(base_url + path)
             page.screenshot(path=str(screenshot_dir / f"phone-{name}.png"), full_page=True)
             found = page.evaluate(OVERFLOW, WIDTH)

@@ -1,5 +1,6 @@
 """The console keeps itself current: the dashboard shows a new stuck order by itself, with no
 reload (the page's own script fetches it and swaps it in), and says how fresh it is."""
+
 from __future__ import annotations
 
 import re

@@ -2,6 +2,7 @@
 payment page and the console, over real HTTP, with the webhook registered as in production.
 
 Each test leaves one full-page screenshot in the `screenshot_dir` folder."""
+
 from __future__ import annotations
 
 import re
@@ -43,16 +44,22 @@ def watch_for_policy_violations(page) -> list[str]:
     """Every Content-Security-Policy refusal chromium reports on this page, as it reports them
     (console messages "Refused to ... because it violates ... Content Security Policy")."""
     refused = []
-    page.on("console", lambda message: refused.append(message.text)
-            if "Content Security Policy" in message.text else None)
+    page.on(
+        "console", lambda message: refused.append(message.text) if "Content Security Policy" in message.text else None
+    )
     return refused
 
 
 def run_pending_deliveries(app) -> list[str]:
     """What a worker would do: run every pending outbox delivery, in-process."""
     with app.app_context():
-        ids = db.session.execute(select(OutboxDelivery.id).where(OutboxDelivery.status == "pending")
-                                 .order_by(OutboxDelivery.id)).scalars().all()
+        ids = (
+            db.session.execute(
+                select(OutboxDelivery.id).where(OutboxDelivery.status == "pending").order_by(OutboxDelivery.id)
+            )
+            .scalars()
+            .all()
+        )
         db.session.remove()
         return [run_delivery(i) for i in ids]
 
@@ -136,7 +143,9 @@ def test_a_customer_who_leaves_the_hosted_page_cancels_and_the_stock_comes_back(
     page.screenshot(path=screenshot_dir / "customer_cancelled_order.png", full_page=True)
     assert refused == []
     with app.app_context():
-        assert db.session.execute(select(Variant).where(Variant.sku == "MUG-350-NVY")).scalar_one().inventory.on_hand == 3
+        assert (
+            db.session.execute(select(Variant).where(Variant.sku == "MUG-350-NVY")).scalar_one().inventory.on_hand == 3
+        )
         db.session.remove()
 
 

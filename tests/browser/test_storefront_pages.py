@@ -2,6 +2,7 @@
 settling, the provider unreachable), a refused form that leaves the address bar on a GET page,
 a short cart line fixed in one click, and an accessibility check (axe-core) of every page at a
 desktop and a phone width."""
+
 from __future__ import annotations
 
 import re
@@ -68,8 +69,11 @@ def test_a_settling_payment_turns_to_paid_on_the_open_order_page_without_a_reloa
 
     # The customer chose a payment method that settles later: checkout completes, money does not.
     sandbox.set_outcome(session_id, "async_pending")
-    wait_until(lambda: order_row(app, payment_session_id=session_id).payment_processing_at, timeout=15,
-               what="the shop to learn the payment is processing")
+    wait_until(
+        lambda: order_row(app, payment_session_id=session_id).payment_processing_at,
+        timeout=15,
+        what="the shop to learn the payment is processing",
+    )
     reference = order_row(app, payment_session_id=session_id).reference
     page.goto(f"{base_url}/orders/{reference}")
     expect(page.locator("h1 .badge")).to_have_text("Payment processing")
@@ -154,9 +158,12 @@ def axe_problems(page) -> list[str]:
     from axe_playwright_python.sync_playwright import Axe
 
     results = Axe().run(page)
-    return [f"{v['id']} ({v['impact']}) at {node['target']}: {node['any'][0]['message'] if node['any'] else v['help']}"
-            for v in results.response["violations"] if v["impact"] in ("serious", "critical")
-            for node in v["nodes"]]
+    return [
+        f"{v['id']} ({v['impact']}) at {node['target']}: {node['any'][0]['message'] if node['any'] else v['help']}"
+        for v in results.response["violations"]
+        if v["impact"] in ("serious", "critical")
+        for node in v["nodes"]
+    ]
 
 
 @pytest.mark.parametrize("width", WIDTHS)
@@ -177,8 +184,10 @@ def test_every_storefront_page_passes_the_accessibility_checker(browser, shop, s
         check("catalog")
         # Keyboard focus shows (axe does not check it): the first Tab lands on a link with an outline.
         page.keyboard.press("Tab")
-        outline = page.evaluate("(() => { const s = getComputedStyle(document.activeElement);"
-                                " return [document.activeElement.tagName, s.outlineStyle, s.outlineWidth]; })()")
+        outline = page.evaluate(
+            "(() => { const s = getComputedStyle(document.activeElement);"
+            " return [document.activeElement.tagName, s.outlineStyle, s.outlineWidth]; })()"
+        )
         assert outline[0] == "A" and outline[1] != "none" and outline[2] != "0px", outline
         page.goto(f"{base_url}/cart")
         check("empty cart")

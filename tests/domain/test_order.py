@@ -1,5 +1,6 @@
 """The pure domain, without Flask or a database: the order's state machine (docs/REFERENCE.md, Order states),
 the inventory_restored marker, PaymentProof and the deadline arithmetic."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,10 +9,15 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from shop.domain.deadlines import SESSION_SLACK_SECONDS as SLACK
-from shop.domain.deadlines import (as_utc, retry_delay_seconds, session_expires_at,
-                                   unpaid_deadline)
-from shop.domain.events import (OrderCancelled, OrderPaid, OrderPaymentFailed, OrderPlaced, PaymentInitiated,
-                                event_from_payload)
+from shop.domain.deadlines import as_utc, retry_delay_seconds, session_expires_at, unpaid_deadline
+from shop.domain.events import (
+    OrderCancelled,
+    OrderPaid,
+    OrderPaymentFailed,
+    OrderPlaced,
+    PaymentInitiated,
+    event_from_payload,
+)
 from shop.domain.order import OrderRules, OrderStatus
 from shop.domain.payment import check_payment_proof
 from shop.domain.results import Ok, Refused
@@ -37,34 +43,46 @@ def order_in(state: OrderStatus, session_id: str | None = "cs_old") -> PlainOrde
 
 # transition -> (call, {from-state: (to-state, event) | refusal code})
 TRANSITIONS = {
-    "start_payment": (lambda o: o.start_payment("cs_new", "https://pay/cs_new"), {
-        S.PENDING_PAYMENT: (S.PAYMENT_INITIATED, PaymentInitiated(7, "cs_new")),
-        S.PAYMENT_FAILED: (S.PAYMENT_INITIATED, PaymentInitiated(7, "cs_new")),
-        S.PAYMENT_INITIATED: "invalid_transition",
-        S.PAID: "order_already_paid",
-        S.CANCELLED: "order_already_cancelled",
-    }),
-    "mark_paid": (lambda o: o.mark_paid("cs_new", 3600, "usd"), {
-        S.PAYMENT_INITIATED: (S.PAID, OrderPaid(7, "cs_new", 3600, "usd")),
-        S.PENDING_PAYMENT: "invalid_transition",
-        S.PAYMENT_FAILED: "invalid_transition",
-        S.PAID: "order_already_paid",
-        S.CANCELLED: "order_already_cancelled",
-    }),
-    "mark_payment_failed": (lambda o: o.mark_payment_failed("card_declined"), {
-        S.PAYMENT_INITIATED: (S.PAYMENT_FAILED, OrderPaymentFailed(7, "cs_old", "card_declined")),
-        S.PENDING_PAYMENT: "invalid_transition",
-        S.PAYMENT_FAILED: "invalid_transition",
-        S.PAID: "order_already_paid",
-        S.CANCELLED: "order_already_cancelled",
-    }),
-    "cancel": (lambda o: o.cancel("customer asked"), {
-        S.PENDING_PAYMENT: (S.CANCELLED, OrderCancelled(7, "customer asked")),
-        S.PAYMENT_INITIATED: (S.CANCELLED, OrderCancelled(7, "customer asked")),
-        S.PAYMENT_FAILED: (S.CANCELLED, OrderCancelled(7, "customer asked")),
-        S.PAID: "order_already_paid",
-        S.CANCELLED: "order_already_cancelled",
-    }),
+    "start_payment": (
+        lambda o: o.start_payment("cs_new", "https://pay/cs_new"),
+        {
+            S.PENDING_PAYMENT: (S.PAYMENT_INITIATED, PaymentInitiated(7, "cs_new")),
+            S.PAYMENT_FAILED: (S.PAYMENT_INITIATED, PaymentInitiated(7, "cs_new")),
+            S.PAYMENT_INITIATED: "invalid_transition",
+            S.PAID: "order_already_paid",
+            S.CANCELLED: "order_already_cancelled",
+        },
+    ),
+    "mark_paid": (
+        lambda o: o.mark_paid("cs_new", 3600, "usd"),
+        {
+            S.PAYMENT_INITIATED: (S.PAID, OrderPaid(7, "cs_new", 3600, "usd")),
+            S.PENDING_PAYMENT: "invalid_transition",
+            S.PAYMENT_FAILED: "invalid_transition",
+            S.PAID: "order_already_paid",
+            S.CANCELLED: "order_already_cancelled",
+        },
+    ),
+    "mark_payment_failed": (
+        lambda o: o.mark_payment_failed("card_declined"),
+        {
+            S.PAYMENT_INITIATED: (S.PAYMENT_FAILED, OrderPaymentFailed(7, "cs_old", "card_declined")),
+            S.PENDING_PAYMENT: "invalid_transition",
+            S.PAYMENT_FAILED: "invalid_transition",
+            S.PAID: "order_already_paid",
+            S.CANCELLED: "order_already_cancelled",
+        },
+    ),
+    "cancel": (
+        lambda o: o.cancel("customer asked"),
+        {
+            S.PENDING_PAYMENT: (S.CANCELLED, OrderCancelled(7, "customer asked")),
+            S.PAYMENT_INITIATED: (S.CANCELLED, OrderCancelled(7, "customer asked")),
+            S.PAYMENT_FAILED: (S.CANCELLED, OrderCancelled(7, "customer asked")),
+            S.PAID: "order_already_paid",
+            S.CANCELLED: "order_already_cancelled",
+        },
+    ),
 }
 
 CASES = [(name, state) for name in TRANSITIONS for state in ALL_STATES]
@@ -114,7 +132,11 @@ def test_a_failed_payment_can_be_retried_and_then_paid_recording_every_event_in_
     assert order.start_payment("cs_2").ok
     assert order.mark_paid("cs_2", 100, "usd").ok
     assert [e.name for e in order.pending_events] == [
-        "PaymentInitiated", "OrderPaymentFailed", "PaymentInitiated", "OrderPaid"]
+        "PaymentInitiated",
+        "OrderPaymentFailed",
+        "PaymentInitiated",
+        "OrderPaid",
+    ]
     assert order.pending_events[1] == OrderPaymentFailed(7, "cs_1", "declined")
     assert order.status == "Paid"
 
@@ -152,9 +174,17 @@ def test_the_status_accepts_the_enum_or_its_contract_spelling():
     assert str(S.PAYMENT_FAILED) == "PaymentFailed"
 
 
-@pytest.mark.parametrize("event", [
-    OrderPlaced(1, "BK-ABCDEFGH", 3600, "usd"), PaymentInitiated(1, "cs_1"), OrderPaid(1, "cs_1", 3600, "usd"),
-    OrderPaymentFailed(1, None, "declined"), OrderCancelled(1, "expired")], ids=lambda e: e.name)
+@pytest.mark.parametrize(
+    "event",
+    [
+        OrderPlaced(1, "BK-ABCDEFGH", 3600, "usd"),
+        PaymentInitiated(1, "cs_1"),
+        OrderPaid(1, "cs_1", 3600, "usd"),
+        OrderPaymentFailed(1, None, "declined"),
+        OrderCancelled(1, "expired"),
+    ],
+    ids=lambda e: e.name,
+)
 def test_an_event_survives_its_outbox_payload(event):
     assert event_from_payload(event.name, event.payload()) == event
 
@@ -176,10 +206,12 @@ PROOFS = [
 
 
 @pytest.mark.parametrize("amount,currency,status,accepted,problems", PROOFS)
-def test_payment_proof_needs_paid_status_the_exact_amount_and_the_currency(amount, currency, status, accepted,
-                                                                           problems):
-    verdict = check_payment_proof(order_total=3600, order_currency="usd", amount_total=amount,
-                                  currency=currency, payment_status=status)
+def test_payment_proof_needs_paid_status_the_exact_amount_and_the_currency(
+    amount, currency, status, accepted, problems
+):
+    verdict = check_payment_proof(
+        order_total=3600, order_currency="usd", amount_total=amount, currency=currency, payment_status=status
+    )
     assert verdict.accepted is accepted
     assert len(verdict.problems) == len(problems)
     for fragment, problem in zip(problems, verdict.problems):
@@ -192,12 +224,15 @@ def test_payment_proof_needs_paid_status_the_exact_amount_and_the_currency(amoun
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
 
 
-@pytest.mark.parametrize("now,due", [
-    (T0 + timedelta(seconds=1799), False),
-    (T0 + timedelta(seconds=1800), True),
-    (T0 + timedelta(seconds=1801), True),
-    (T0 - timedelta(seconds=5), False),
-])
+@pytest.mark.parametrize(
+    "now,due",
+    [
+        (T0 + timedelta(seconds=1799), False),
+        (T0 + timedelta(seconds=1800), True),
+        (T0 + timedelta(seconds=1801), True),
+        (T0 - timedelta(seconds=5), False),
+    ],
+)
 def test_an_unpaid_order_is_due_exactly_at_the_end_of_its_window(now, due):
     assert (now >= unpaid_deadline(T0, 1800)) is due  # the deadline's own test (orders.cancel)
     assert unpaid_deadline(T0, 1800) == T0 + timedelta(seconds=1800)
@@ -210,24 +245,35 @@ def test_naive_database_datetimes_are_read_as_utc():
     assert as_utc(other_zone) == T0 and as_utc(other_zone).utcoffset() == timedelta(0)
 
 
-@pytest.mark.parametrize("pay_by_offset,min_seconds,expected_offset", [
-    (1800, 1800, 1800 + SLACK),  # pay-by exactly at the provider's minimum: the minimum plus slack
-    (3600, 1800, 3600),          # a long window: the session lives until pay-by
-    (600, 1800, 1800 + SLACK),   # a short remaining window: never shorter than the provider allows
-    (-30, 60, 60 + SLACK),       # already past pay-by: still the minimum
-    (90, 0, 90),
-])
-def test_a_session_expires_at_pay_by_but_never_before_the_providers_minimum(pay_by_offset, min_seconds,
-                                                                          expected_offset):
+@pytest.mark.parametrize(
+    "pay_by_offset,min_seconds,expected_offset",
+    [
+        (1800, 1800, 1800 + SLACK),  # pay-by exactly at the provider's minimum: the minimum plus slack
+        (3600, 1800, 3600),  # a long window: the session lives until pay-by
+        (600, 1800, 1800 + SLACK),  # a short remaining window: never shorter than the provider allows
+        (-30, 60, 60 + SLACK),  # already past pay-by: still the minimum
+        (90, 0, 90),
+    ],
+)
+def test_a_session_expires_at_pay_by_but_never_before_the_providers_minimum(
+    pay_by_offset, min_seconds, expected_offset
+):
     expires = session_expires_at(T0 + timedelta(seconds=pay_by_offset), T0, min_seconds)
     assert expires == T0 + timedelta(seconds=expected_offset)
 
 
-@pytest.mark.parametrize("attempts,rng,expected", [
-    (1, 0.0, 1.0), (1, 1.0, 2.0), (2, 0.0, 2.0), (3, 0.0, 4.0), (4, 0.5, 12.0),
-    (0, 0.0, 1.0),            # before the first attempt: the base delay
-    (20, 0.0, 150.0),         # capped at 300 s, then jittered
-    (10_000, 0.999, 299.85),  # a huge count neither overflows nor passes the cap
-])
+@pytest.mark.parametrize(
+    "attempts,rng,expected",
+    [
+        (1, 0.0, 1.0),
+        (1, 1.0, 2.0),
+        (2, 0.0, 2.0),
+        (3, 0.0, 4.0),
+        (4, 0.5, 12.0),
+        (0, 0.0, 1.0),  # before the first attempt: the base delay
+        (20, 0.0, 150.0),  # capped at 300 s, then jittered
+        (10_000, 0.999, 299.85),  # a huge count neither overflows nor passes the cap
+    ],
+)
 def test_retry_delay_doubles_per_attempt_is_capped_and_jittered_into_the_upper_half(attempts, rng, expected):
     assert retry_delay_seconds(attempts, base=2.0, cap=300.0, rng=lambda: rng) == pytest.approx(expected)

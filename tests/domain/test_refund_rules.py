@@ -1,19 +1,29 @@
 """A refund's rules without Flask or a database: whatever order the provider's news arrives in, and
 however often, a refund ends in the state the provider last gave its current attempt."""
+
 from __future__ import annotations
 
 import itertools
 
 import pytest
 
-from shop.domain.refunds import (CANCELED, FAILED, PENDING, SUCCEEDED, after_report, needs_operator,
-                                 reported_status)
+from shop.domain.refunds import CANCELED, FAILED, PENDING, SUCCEEDED, after_report, needs_operator, reported_status
 
 
-@pytest.mark.parametrize("raw, status", [
-    ("pending", PENDING), ("succeeded", SUCCEEDED), ("failed", FAILED), ("canceled", CANCELED),
-    (None, PENDING), ("requires_action", PENDING), ("", PENDING), (3, PENDING), ("SUCCEEDED", PENDING),
-])
+@pytest.mark.parametrize(
+    "raw, status",
+    [
+        ("pending", PENDING),
+        ("succeeded", SUCCEEDED),
+        ("failed", FAILED),
+        ("canceled", CANCELED),
+        (None, PENDING),
+        ("requires_action", PENDING),
+        ("", PENDING),
+        (3, PENDING),
+        ("SUCCEEDED", PENDING),
+    ],
+)
 def test_the_providers_status_is_one_of_four_and_anything_unknown_is_still_pending(raw, status):
     assert reported_status(raw) == status
 
@@ -22,7 +32,7 @@ def test_a_pending_refund_takes_any_final_answer_and_a_final_one_keeps_it():
     for final in (SUCCEEDED, FAILED, CANCELED):
         assert after_report(PENDING, final) == final
         assert after_report(final, PENDING) is None  # a stale "still pending" changes nothing
-        assert after_report(final, final) is None      # a repeat changes nothing
+        assert after_report(final, final) is None  # a repeat changes nothing
     assert after_report(FAILED, SUCCEEDED) is None and after_report(CANCELED, SUCCEEDED) is None
     assert after_report(FAILED, CANCELED) is None
 
@@ -32,10 +42,13 @@ def test_a_refund_the_bank_sends_back_after_it_succeeded_becomes_failed():
     assert after_report(SUCCEEDED, CANCELED) is None
 
 
-@pytest.mark.parametrize("news", [
-    (PENDING, FAILED, FAILED),          # refund.updated and refund.failed for one failure
-    (SUCCEEDED, FAILED),                # succeeded, then returned by the bank
-])
+@pytest.mark.parametrize(
+    "news",
+    [
+        (PENDING, FAILED, FAILED),  # refund.updated and refund.failed for one failure
+        (SUCCEEDED, FAILED),  # succeeded, then returned by the bank
+    ],
+)
 def test_every_order_of_arrival_ends_where_the_provider_ended(news):
     final = news[-1]
     for arrival in itertools.permutations(news):

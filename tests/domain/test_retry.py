@@ -1,14 +1,14 @@
 """The pure retry arithmetic, without Flask or a database: what a failed attempt at durable work
 leads to (by why it failed), and when the sweep asks the provider again about an answer that
 may change at any moment."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from shop.domain.deadlines import (FAILURE_ERROR, FAILURE_PROVIDER, FAILURE_REFUSED, next_provider_check,
-                                   retry_decision)
+from shop.domain.deadlines import FAILURE_ERROR, FAILURE_PROVIDER, FAILURE_REFUSED, next_provider_check, retry_decision
 
 POLICY = dict(base=2.0, cap=300.0, provider_base=2.0, provider_cap=300.0)
 TOP = lambda: 0.999  # noqa: E731  (the jitter at its largest)
@@ -26,14 +26,17 @@ def test_an_unavailable_provider_never_dead_letters_however_long_it_lasts():
         assert not decision.dead and not decision.spends_attempt
 
 
-@pytest.mark.parametrize("waits, expected", [
-    (0, 2.0 * 0.9995),     # the first wait is the base
-    (1, 4.0 * 0.9995),     # then it doubles
-    (6, 128.0 * 0.9995),
-    (7, 256.0 * 0.9995),
-    (8, 300.0 * 0.9995),   # and stops at the cap
-    (10_000, 300.0 * 0.9995),
-])
+@pytest.mark.parametrize(
+    "waits, expected",
+    [
+        (0, 2.0 * 0.9995),  # the first wait is the base
+        (1, 4.0 * 0.9995),  # then it doubles
+        (6, 128.0 * 0.9995),
+        (7, 256.0 * 0.9995),
+        (8, 300.0 * 0.9995),  # and stops at the cap
+        (10_000, 300.0 * 0.9995),
+    ],
+)
 def test_waiting_for_the_provider_backs_off_exponentially_up_to_its_own_cap(waits, expected):
     assert decide(FAILURE_PROVIDER, attempts=1, provider_waits=waits).delay_seconds == pytest.approx(expected)
 

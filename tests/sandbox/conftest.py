@@ -1,4 +1,5 @@
 """The sandbox's own tests share one server per module and a real stripe SDK client."""
+
 import pytest
 import stripe
 
@@ -21,6 +22,4 @@ def sandbox(server):
 
 @pytest.fixture
 def client(sandbox):
-    return stripe.StripeClient(
-        "sk_test_sandbox", base_addresses={"api": sandbox.base_url}, max_network_retries=0
-    )
+    return stripe.StripeClient("sk_test_sandbox", base_addresses={"api": sandbox.base_url}, max_network_retries=0)

@@ -218,7 +218,10 @@ def test_the_endpoint_limit_counts_each_method_and_path_template_on_its_own(clie
     new_session(client)
     logged = [c for c in sandbox.requests() if c["at"] >= limited_from]
     assert {c["endpoint"] for c in logged} == {
-        "POST /v1/checkout/sessions", "GET /v1/checkout/sessions/{id}", "GET /v1/checkout/sessions"}
+        "POST /v1/checkout/sessions",
+        "GET /v1/checkout/sessions/{id}",
+        "GET /v1/checkout/sessions",
+    }
     assert [c["status"] for c in logged if c["endpoint"] == "GET /v1/checkout/sessions/{id}"] == [200, 200, 429]
 
     time.sleep(1.05)
@@ -243,12 +246,25 @@ def test_the_account_limit_and_the_endpoint_limit_both_hold(client, sandbox):
 
 
 def test_null_false_and_zero_switch_the_traffic_faults_off_and_reset_clears_them(sandbox):
-    on = {"api_latency_seconds": 2, "api_latency_jitter_seconds": 1, "api_hang": True,
-          "api_rate_limit_per_second": 3, "api_endpoint_rate_limit_per_second": 4}
-    off = {"api_latency_seconds": 0.0, "api_latency_jitter_seconds": 0.0, "api_hang": False,
-           "api_rate_limit_per_second": 0, "api_endpoint_rate_limit_per_second": 0}
-    assert {k: sandbox.faults(**on)[k] for k in on} == {**on, "api_latency_seconds": 2.0,
-                                                         "api_latency_jitter_seconds": 1.0}
+    on = {
+        "api_latency_seconds": 2,
+        "api_latency_jitter_seconds": 1,
+        "api_hang": True,
+        "api_rate_limit_per_second": 3,
+        "api_endpoint_rate_limit_per_second": 4,
+    }
+    off = {
+        "api_latency_seconds": 0.0,
+        "api_latency_jitter_seconds": 0.0,
+        "api_hang": False,
+        "api_rate_limit_per_second": 0,
+        "api_endpoint_rate_limit_per_second": 0,
+    }
+    assert {k: sandbox.faults(**on)[k] for k in on} == {
+        **on,
+        "api_latency_seconds": 2.0,
+        "api_latency_jitter_seconds": 1.0,
+    }
     assert {k: sandbox.faults(**dict.fromkeys(on))[k] for k in on} == off
     sandbox.faults(**on)
     sandbox.reset()
@@ -287,8 +303,9 @@ def test_the_request_log_lists_each_v1_call_with_its_arrival_time(client, sandbo
         params={
             "mode": "payment",
             "success_url": "http://shop.test/ok",
-            "line_items": [{"price_data": {"currency": "usd", "unit_amount": 700,
-                                           "product_data": {"name": "Pen"}}, "quantity": 1}],
+            "line_items": [
+                {"price_data": {"currency": "usd", "unit_amount": 700, "product_data": {"name": "Pen"}}, "quantity": 1}
+            ],
         },
         options={"idempotency_key": "order-7-attempt-1"},
     )

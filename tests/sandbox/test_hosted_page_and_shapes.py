@@ -170,9 +170,7 @@ JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int
 
 
 def assert_matches_fixture(resource, body, *, extra=()):
-    expected = {
-        name: kind for kind, names in FIXTURE_FIELDS[resource].items() for name in names.split()
-    }
+    expected = {name: kind for kind, names in FIXTURE_FIELDS[resource].items() for name in names.split()}
     for name, value in body.items():
         if name in extra:
             continue

@@ -4,7 +4,6 @@ import pytest
 import stripe
 
 
-
 def session_params(amount=2500, reference="ORD-1"):
     return {
         "mode": "payment",

@@ -23,9 +23,7 @@ def receiver():
 
 @pytest.fixture
 def endpoint(client, receiver):
-    return client.v1.webhook_endpoints.create(
-        params={"url": receiver.url, "enabled_events": CHECKOUT_EVENTS}
-    )
+    return client.v1.webhook_endpoints.create(params={"url": receiver.url, "enabled_events": CHECKOUT_EVENTS})
 
 
 def new_session(client, **overrides):

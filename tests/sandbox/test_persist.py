@@ -1,5 +1,6 @@
 """The sandbox's state file (`--state-file`, used by `flask shop up`): what a restart keeps, and
 a file it cannot read is set aside with a reason instead of stopping the sandbox."""
+
 import json
 
 
@@ -10,7 +11,8 @@ from .test_idempotency_and_refunds import session_params
 
 
 def test_a_restarted_sandbox_has_the_sessions_payments_refunds_endpoints_events_and_keys_it_saved(
-        client, sandbox, tmp_path):
+    client, sandbox, tmp_path
+):
     client.v1.webhook_endpoints.create(params={"url": "http://127.0.0.1:9/hook", "enabled_events": ["*"]})
     paid = client.v1.checkout.sessions.create(params=session_params(), options={"idempotency_key": "order-1-a1"})
     intent = sandbox.set_outcome(paid.id, "paid")["payment_intent"]

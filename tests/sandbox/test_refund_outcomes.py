@@ -59,8 +59,9 @@ def assert_like_example(resource: str, body: dict, *, documented_elsewhere: dict
     sample = example(resource)
     for name, value in body.items():
         if name in (documented_elsewhere or {}):
-            assert name in declared_fields(documented_elsewhere[name]), \
+            assert name in declared_fields(documented_elsewhere[name]), (
                 f"{resource}.{name} is neither in the example nor on the SDK's class"
+            )
             continue
         assert name in sample, f"{resource}.{name} is not in Stripe's example object"
         if value is not None and sample[name] is not None:
@@ -101,7 +102,8 @@ def test_a_pending_refund_that_succeeds_sends_refund_updated_only(client, sandbo
 
 
 def test_a_pending_refund_that_fails_says_why_sends_both_events_and_gives_the_money_back(
-        client, sandbox, receiver, endpoint):
+    client, sandbox, receiver, endpoint
+):
     pi_id, refund = pending_refund(client, sandbox)
 
     failed = sandbox.refund_outcome(refund.id, "failed")
@@ -113,8 +115,10 @@ def test_a_pending_refund_that_fails_says_why_sends_both_events_and_gives_the_mo
     for delivery in deliveries.values():
         stripe.Webhook.construct_event(delivery.body, delivery.signature, endpoint.secret)
         assert delivery.json()["data"]["object"] == failed
-    assert [e["type"] for e in sandbox.events() if e["type"].startswith("refund.")] == \
-        ["refund.updated", "refund.failed"]  # emitted in this order
+    assert [e["type"] for e in sandbox.events() if e["type"].startswith("refund.")] == [
+        "refund.updated",
+        "refund.failed",
+    ]  # emitted in this order
     assert deliveries["refund.updated"].json()["data"]["previous_attributes"] == {"status": "pending"}
     assert "previous_attributes" not in deliveries["refund.failed"].json()["data"]  # only *.updated has them
     again = client.v1.refunds.retrieve(refund.id)
@@ -157,8 +161,12 @@ def test_the_refund_outcome_route_refuses_an_unknown_refund_and_one_that_is_not_
     # The error shape of every control route: a type and a sentence.
     parts = urlsplit(sandbox.base_url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=5)
-    conn.request("POST", "/_sandbox/refunds/re_nope/outcome", body=b'{"outcome": "failed", "x": 1}',
-                 headers={"Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/_sandbox/refunds/re_nope/outcome",
+        body=b'{"outcome": "failed", "x": 1}',
+        headers={"Content-Type": "application/json"},
+    )
     response = conn.getresponse()
     body = json.loads(response.read())
     conn.close()
@@ -186,8 +194,10 @@ def test_refund_events_and_objects_have_stripes_field_names_and_types(client, sa
         listed = raw(client.v1.events.retrieve(event["id"]))
         assert listed["data"] == event["data"] and listed["type"] == event["type"]
     records = [r for r in sandbox.events() if r["type"].startswith("refund.")]
-    assert [(r["type"], r["object"], r["session"]) for r in records] == \
-        [("refund.updated", refund.id, None), ("refund.failed", refund.id, None)]
+    assert [(r["type"], r["object"], r["session"]) for r in records] == [
+        ("refund.updated", refund.id, None),
+        ("refund.failed", refund.id, None),
+    ]
 
 
 def test_refund_events_are_dropped_duplicated_and_reordered_like_any_other(client, sandbox, receiver, endpoint):
@@ -221,8 +231,10 @@ def test_the_events_list_filters_refund_events_by_exact_type_and_by_a_trailing_w
     client.v1.checkout.sessions.expire(session.id)
 
     assert [e.type for e in client.v1.events.list(params={"type": "refund.failed"}).data] == ["refund.failed"]
-    assert [e.type for e in client.v1.events.list(params={"type": "refund.*"}).data] == \
-        ["refund.failed", "refund.updated"]
+    assert [e.type for e in client.v1.events.list(params={"type": "refund.*"}).data] == [
+        "refund.failed",
+        "refund.updated",
+    ]
     both = client.v1.events.list(params={"types": ["refund.updated", "checkout.session.*"]}).data
     assert [e.type for e in both] == ["checkout.session.expired", "refund.updated", "checkout.session.completed"]
 
@@ -248,8 +260,10 @@ def test_a_failed_refund_and_its_reason_survive_a_restart(client, sandbox, tmp_p
     restarted = Sandbox(60, start_threads=False)
     StateFile(restarted, str(path)).load()
     try:
-        assert (restarted.get_refund(refund.id).status, restarted.get_refund(refund.id).failure_reason) == \
-            ("failed", "expired_or_canceled_card")
+        assert (restarted.get_refund(refund.id).status, restarted.get_refund(refund.id).failure_reason) == (
+            "failed",
+            "expired_or_canceled_card",
+        )
         assert restarted.get_refund(still_pending.id).status == "pending"
         assert restarted.faults.refunds_pending is False  # faults are not kept
         restarted.settle_refund(still_pending.id, "succeeded")

@@ -112,9 +112,7 @@ def test_expires_at_before_the_minimum_lifetime_is_refused_on_param_expires_at(c
 
 def test_expires_at_beyond_24_hours_is_refused_and_a_valid_one_is_kept(client):
     with pytest.raises(stripe.InvalidRequestError) as refused:
-        client.v1.checkout.sessions.create(
-            params=session_params(expires_at=int(time.time()) + 24 * 3600 + 60)
-        )
+        client.v1.checkout.sessions.create(params=session_params(expires_at=int(time.time()) + 24 * 3600 + 60))
     assert refused.value.param == "expires_at"
 
     expires_at = int(time.time()) + MIN_SESSION_SECONDS + 30

@@ -95,9 +95,7 @@ def test_a_deleted_endpoint_is_gone(client, endpoint):
 
 
 def test_only_subscribed_event_types_are_delivered(client, sandbox, receiver):
-    client.v1.webhook_endpoints.create(
-        params={"url": receiver.url, "enabled_events": ["checkout.session.expired"]}
-    )
+    client.v1.webhook_endpoints.create(params={"url": receiver.url, "enabled_events": ["checkout.session.expired"]})
     sandbox.set_outcome(new_session(client).id, "paid")
     expiring = new_session(client)
     client.v1.checkout.sessions.expire(expiring.id)
@@ -252,9 +250,14 @@ def test_malformed_json_and_wrong_state_are_refused(client, sandbox):
     assert not_pending.value.status == 409
 
 
-@pytest.mark.parametrize("path, body", [("/_sandbox/clock", {"advance_seconds": 1e308}),
-                                        ("/_sandbox/clock", {"advance_seconds": -1}),
-                                        ("/_sandbox/faults", {"webhook_delay_seconds": 1e308})])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/_sandbox/clock", {"advance_seconds": 1e308}),
+        ("/_sandbox/clock", {"advance_seconds": -1}),
+        ("/_sandbox/faults", {"webhook_delay_seconds": 1e308}),
+    ],
+)
 def test_a_clock_step_or_delay_past_any_meaning_is_refused_and_changes_nothing(sandbox, path, body):
     before = sandbox.get("/_sandbox/clock")
     with pytest.raises(SandboxControlError) as refused:
