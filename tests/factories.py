@@ -12,12 +12,16 @@ import itertools
 import uuid
 from typing import Iterable, Mapping
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
+from shop.domain.deadlines import utcnow
+from shop.domain.order import Transition
 from shop.extensions import db
-from shop.models import Cart, CartItem, InventoryItem, Product, Variant
+from shop.models import Cart, CartItem, InventoryItem, Order, Product, Variant
 from shop.orders.checkout import Placed, place_order
+from shop.outbox import uow
 from shop.seed import seed_catalog
+from shop.store import orders as order_store
 
 DEFAULT_SKU = "NB-A5-DOT"  # 40 in stock after seeding: enough for any one test
 Items = Mapping[int | str, int] | Iterable[tuple[int | str, int]]
@@ -106,3 +110,33 @@ def placed_order_in(app, sku: str = "MUG-350-SND", quantity: int = 1, now=None) 
         seed_catalog_rows()
         placed = place_order_for({sku: quantity}, now=now, browser="browser-1")
         return placed.order_id, placed.reference
+
+
+def transitioned(order_id: int, *steps: tuple[Transition, callable], allowed_only: bool = True):
+    """The order after `steps`, each saved the way the use cases save a transition: read from the
+    order store, changed by the domain's rule (`act(order)`), saved with its events in one unit of
+    work. For a test that needs an order in a state without the provider the use case would ask.
+    A step the rules refuse fails the test, or (allowed_only=False) writes nothing. Returns the
+    store's order after the last step."""
+    for transition, act in steps:
+        with uow.transaction():
+            order = order_store.read(order_id, fresh=True)
+            result = act(order)
+            assert result.ok or not allowed_only, result
+            if result.ok:
+                order_store.save(order, transition, tuple(order.pending_events), now=utcnow())
+    return order
+
+
+def force_order(order: int | str | None, **values) -> None:
+    """The tests' one hand on an order's row outside the order store: set columns the way time,
+    another writer or a bug would have left them (an older `updated_at`, a bumped `version`, a
+    changed `total`), and commit. `order` is an id or a reference; None forces every order.
+    Values may be SQL expressions (`version=Order.version + 1`)."""
+    statement = update(Order).values(**values).execution_options(synchronize_session=False)
+    if isinstance(order, int):
+        statement = statement.where(Order.id == order)
+    elif order is not None:
+        statement = statement.where(Order.reference == order)
+    db.session.execute(statement)
+    db.session.commit()

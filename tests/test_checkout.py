@@ -10,13 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from factories import cart_with, catalog_rows
+from factories import cart_with, catalog_rows, transitioned
 from shop.domain.order import LIVE, OrderStatus
+from shop.domain.order import Transition as T
 from shop.extensions import db
 from shop.models import Cart, InventoryItem, Order, OrderLine, OutboxDelivery, OutboxEvent, ScheduledCommand, Variant
 from shop.orders.checkout import place_order
 from shop.orders.cancel import cancel_order
-from shop.outbox import uow
 from shop.outbox.dispatch import run_delivery
 
 
@@ -233,14 +233,13 @@ def test_any_sequence_of_checkouts_payments_and_cancels_conserves_stock(fresh_ct
             else:
                 assert outcome.status == ("cancelled" if status in {s.value for s in LIVE} else "refused")
         elif kind in ("pay", "fail_payment"):
-            with uow.transaction():
-                order = db.session.get(Order, order_id)
-                if order.can("start_payment"):
-                    order.start_payment(f"cs_{order_id}_{order.version}")
-                if kind == "pay":
-                    order.mark_paid(order.payment_session_id or "cs_x", order.total, order.currency)
-                else:
-                    order.mark_payment_failed("card_declined")
+            # Through the order store, as the payment use cases save these transitions.
+            steps = [(T.START_PAYMENT, lambda o: o.start_payment(f"cs_{order_id}_{o.version}"))]
+            if kind == "pay":
+                steps.append((T.MARK_PAID, lambda o: o.mark_paid(o.payment_session_id or "cs_x", o.total, o.currency)))
+            else:
+                steps.append((T.MARK_PAYMENT_FAILED, lambda o: o.mark_payment_failed("card_declined")))
+            transitioned(order_id, *steps, allowed_only=False)
             db.session.remove()
         elif kind == "compensate":  # redeliver every restore for one order: stock comes back once
             for delivery_id in _restore_deliveries(order_id):

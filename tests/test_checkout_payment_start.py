@@ -9,9 +9,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
-from factories import place_order_for, seed_catalog_rows
+from factories import force_order, place_order_for, seed_catalog_rows
 from shop import queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
@@ -103,13 +103,7 @@ def test_a_payment_start_refuses_a_state_the_transition_forbids_even_at_the_vers
         placed = _place()
         # A row at version 1 that is no longer payable (only a writer that skipped the version
         # could leave this; the status condition refuses it all the same).
-        db.session.execute(
-            update(Order)
-            .where(Order.id == placed.order_id)
-            .values(status="Paid")
-            .execution_options(synchronize_session=False)
-        )
-        db.session.commit()
+        force_order(placed.order_id, status="Paid")
 
         assert start_payment(placed.order_id, placed=placed).status == "refused"
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from sqlalchemy import select, update
 
-from factories import seed_catalog_rows
+from factories import force_order, seed_catalog_rows
 from payment_helpers import JSON, Shopper, post_webhook, sandbox_event
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
@@ -157,7 +157,7 @@ def test_an_order_whose_pay_by_passes_in_line_is_expired_by_its_deadline_like_an
         order_id = db.session.execute(select(Order.id).where(Order.reference == waiting["reference"])).scalar_one()
         # Its window has run out (placed a window ago) and its deadline is due.
         past = utcnow() - timedelta(seconds=window + 5)
-        db.session.execute(update(Order).where(Order.id == order_id).values(updated_at=past, created_at=past))
+        force_order(order_id, updated_at=past, created_at=past)
         db.session.execute(
             update(ScheduledCommand).where(ScheduledCommand.order_id == order_id).values(next_attempt_at=utcnow())
         )

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
-from factories import placed_order_in, variant_id
+from factories import force_order, placed_order_in, variant_id
 from shop.domain.deadlines import utcnow
 from shop.domain.restoration import MAX_ON_HAND
 from shop.extensions import db
@@ -862,12 +862,7 @@ def test_orders_are_found_by_reference_email_in_any_case_or_provider_session(fre
     first, ref = placed_order_in(fresh_app)
     _, other = placed_order_in(fresh_app)
     with fresh_app.app_context():
-        db.session.execute(
-            update(Order)
-            .where(Order.id == first)
-            .values(email="Ann.Lee@Example.com", payment_session_id="cs_test_find_me")
-        )
-        db.session.commit()
+        force_order(first, email="Ann.Lee@Example.com", payment_session_id="cs_test_find_me")
 
     def found(q):
         return [

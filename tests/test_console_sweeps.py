@@ -11,12 +11,11 @@ import re
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import update
 
-from factories import place_order_for, seed_catalog_rows
+from factories import force_order, place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import Order, ReconciliationCycle
+from shop.models import ReconciliationCycle
 from shop.payments.start import start_payment
 from shop.scheduling.sweep import run_cycle
 from support import log_in
@@ -121,11 +120,7 @@ def test_old_rows_render_in_words_and_identical_errors_collapse_with_a_count(swe
     with sweep_app.app_context():
         placed = place_order_for()
         order_id, reference = placed.order_id, placed.reference
-        db.session.execute(
-            update(Order)
-            .where(Order.id == order_id)
-            .values(status="PaymentInitiated", provider_next_check_at=now + timedelta(minutes=10, seconds=30))
-        )
+        force_order(order_id, status="PaymentInitiated", provider_next_check_at=now + timedelta(minutes=10, seconds=30))
         old = {"pass": "provider", "order_id": order_id, "error": "ProviderRefused: No such checkout session"}
         db.session.add(
             ReconciliationCycle(

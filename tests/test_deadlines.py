@@ -9,13 +9,13 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import event, select
 
-from factories import place_order_for, seed_catalog_rows, variant_id
+from factories import place_order_for, seed_catalog_rows, transitioned, variant_id
 from shop import SettingsError, create_app
 from shop import queue
 from shop.domain.deadlines import as_utc, utcnow
+from shop.domain.order import Transition as T
 from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand
-from shop.outbox import uow
 from shop.outbox.dispatch import run_command, run_delivery
 from shop.outbox.relay import rearm_future_commands, relay_once
 from shop.payments import gateway
@@ -334,10 +334,11 @@ def test_a_deadline_that_loses_a_race_to_a_webhook_completes_without_retrying(ap
             return
         raced.append(True)
         with app.app_context():
-            order = db.session.get(Order, order_id)
-            order.start_payment("cs_race", None)
-            order.mark_paid("cs_race", order.total, order.currency)
-            uow.commit(db.session)
+            transitioned(
+                order_id,
+                (T.START_PAYMENT, lambda o: o.start_payment("cs_race", None)),
+                (T.MARK_PAID, lambda o: o.mark_paid("cs_race", o.total, o.currency)),
+            )
             db.session.remove()
 
     event.listen(Order, "load", webhook_pays_right_after_the_deadline_loaded_the_order)

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
-from factories import placed_order_in, seed_catalog_rows
+from factories import force_order, placed_order_in, seed_catalog_rows
 from shop.console.auth import LAST_SEEN, POLL_HEADER
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery
@@ -348,8 +348,7 @@ def test_a_stale_confirm_page_cancels_nothing(shop):
     reference = checkout_over_http(client, shop.skus["NB-A5-DOT"])
     html = client.get(f"/orders/{reference}/cancel?version=1").get_data(as_text=True)
     with shop.app_context():
-        db.session.execute(update(Order).where(Order.reference == reference).values(version=Order.version + 1))
-        db.session.commit()
+        force_order(reference, version=Order.version + 1)
     token = re.search(r'name="csrf_token" value="([^"]+)"', html).group(1)
     r = client.post(f"/orders/{reference}/cancel", data={"csrf_token": token, "version": "1"}, headers=JSON)
     assert r.status_code == 409 and r.get_json()["status"] == "PendingPayment"

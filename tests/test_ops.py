@@ -7,12 +7,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import update
 
-from factories import place_order_for, seed_catalog_rows
+from factories import force_order, place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import Order, RestoreWarning, Variant, WebhookReceipt
+from shop.models import RestoreWarning, Variant, WebhookReceipt
 from support import leave_heartbeats
 
 CONTRACT_METRICS = {
@@ -45,9 +44,7 @@ def test_metrics_carry_every_contract_name_and_label_and_count_from_the_database
         seed_catalog_rows()
         placed = place_order_for({db.session.query(Variant.id).first()[0]: 1}, email="a@example.com", browser="b-1")
         # Unchanged for two hours: stuck (the stuck age is the 30-minute expiry window).
-        db.session.execute(
-            update(Order).where(Order.id == placed.order_id).values(updated_at=utcnow() - timedelta(hours=2))
-        )
+        force_order(placed.order_id, updated_at=utcnow() - timedelta(hours=2))
         db.session.add(RestoreWarning(order_id=placed.order_id, variant_id=1, quantity=1, reason="test"))
         db.session.add(
             WebhookReceipt(event_id=None, event_type=None, outcome="rejected", reason="bad signature", http_status=400)

@@ -10,14 +10,15 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm.exc import StaleDataError
 
-from factories import place_order_for, seed_catalog_rows
+from factories import force_order, place_order_for, seed_catalog_rows
 from shop.domain.deadlines import as_utc, utcnow
-from shop.domain.order import ALLOWED, CANCELLED_BY_CUSTOMER, OrderStatus
+from shop.domain.order import ALLOWED, CANCELLED_BY_CUSTOMER, OrderStatus, Transition
 from shop.extensions import db
 from shop.models import Order, OutboxEvent
+from shop.models.orders import ReadOnlyOrder
 from shop.store import orders
 
 S = OrderStatus
@@ -30,12 +31,6 @@ def order_id(fresh_ctx):
     oid = place_order_for({next(iter(sorted(skus.values()))): 1}).order_id
     db.session.remove()
     return oid
-
-
-def _force(order_id: int, **values) -> None:
-    """The test's own hand on the row: move it as another writer would have."""
-    db.session.execute(update(Order.__table__).where(Order.__table__.c.id == order_id).values(**values))
-    db.session.commit()
 
 
 def _row(order_id: int):
@@ -78,7 +73,7 @@ def test_every_transition_the_store_saves_is_pinned_here():
 
 
 def _snapshot_in(order_id: int, status: OrderStatus):
-    _force(order_id, status=status.value, payment_session_id="cs_race")
+    force_order(order_id, status=status.value, payment_session_id="cs_race")
     snapshot = orders.read(order_id)
     db.session.rollback()
     return snapshot
@@ -88,7 +83,7 @@ def _snapshot_in(order_id: int, status: OrderStatus):
 def test_a_transition_saved_from_a_stale_version_is_refused_as_a_lost_race_and_writes_nothing(order_id, transition):
     before, move = TRANSITIONS[transition]
     snapshot = _snapshot_in(order_id, before)
-    _force(order_id, version=Order.__table__.c.version + 1)  # another writer committed meanwhile
+    force_order(order_id, version=Order.__table__.c.version + 1)  # another writer committed meanwhile
     moved, events = _row(order_id), _events(order_id)
     result = move(snapshot)
     assert result.ok
@@ -123,7 +118,7 @@ def test_a_transition_saved_from_a_state_it_does_not_leave_is_refused_the_same_w
         {S.PAYMENT_INITIATED} if transition == "adopt_and_pay" else set()
     )
     other = next(s for s in (S.PAID, S.CANCELLED, S.PENDING_PAYMENT) if s not in allowed)
-    _force(order_id, status=other.value)
+    force_order(order_id, status=other.value)
     result = move(snapshot)
     with pytest.raises(orders.LostRace):
         orders.save(snapshot, transition, result.events, now=utcnow())
@@ -169,25 +164,61 @@ def test_every_prebuilt_statement_of_the_store_is_in_its_registry():
 
 STORE = ROOT / "shop" / "store" / "orders.py"
 # What an order's state looks like on a mapped Order; assigning any of them outside the store
-# and the domain (whose transitions run on the store's snapshots) is a write that skips the store.
+# and the domain (whose transitions run on the store's orders) is a write that skips the store.
 ORDER_COLUMNS = {c.name for c in Order.__table__.columns}
+# The domain's transitions: called on a mapped order they would change the row behind the store.
+TRANSITION_METHODS = {t.value for t in Transition} | {"can"}
+# Where a mapped order comes from: a name bound to one of these is a row, not the store's order.
+MAPPED_LOADS = ("get(Order", "select(Order)", "query(Order", "by_reference(")
+# The one writer, the mapped class and the rules it no longer carries, and the tests' one forced
+# write (factories.force_order), which is how a test says "time, or another writer, did this".
+ALLOWED_WRITERS = {
+    STORE,
+    ROOT / "shop" / "models" / "orders.py",
+    ROOT / "shop" / "domain" / "order.py",
+    ROOT / "tests" / "factories.py",
+    Path(__file__).resolve(),
+}
+
+
+def _mapped_names(tree) -> set[str]:
+    """Names bound (anywhere in the module) to a mapped order: `row = db.session.get(Order, id)`."""
+    names = set()
+    for node in ast.walk(tree):
+        source = ast.unparse(node.value) if isinstance(node, ast.Assign) else ""
+        if any(load in source for load in MAPPED_LOADS) and "read_by_reference(" not in source:
+            for target in node.targets:
+                names.update(t.id for t in ast.walk(target) if isinstance(t, ast.Name))
+    return names
 
 
 def _writes_outside_the_store(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    rows = _mapped_names(tree)
     found = []
+
+    def is_order(value) -> bool:
+        return isinstance(value, ast.Name) and (value.id.endswith("order") or value.id in rows)
+
     for node in ast.walk(tree):
-        # update(Order ...) / insert(Order ...) / delete(Order ...), or on Order.__table__
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in ("update", "insert", "delete")
-            and node.args
-        ):
-            target = ast.unparse(node.args[0])
-            if target in ("Order", "Order.__table__", "OrderLine", "OrderLine.__table__", "_orders", "_lines"):
-                found.append(f"{where}:{node.lineno}: {node.func.id}({target})")
+        if isinstance(node, ast.Call):
+            func = node.func
+            # update(Order ...) / insert(Order ...) / delete(Order ...), or on Order.__table__
+            if isinstance(func, ast.Name) and func.id in ("update", "insert", "delete") and node.args:
+                target = ast.unparse(node.args[0])
+                if target in ("Order", "Order.__table__", "OrderLine", "OrderLine.__table__", "_orders", "_lines"):
+                    found.append(f"{where}:{node.lineno}: {func.id}({target})")
+            # Order(...) / OrderLine(...): a new mapped row, inserted by the next flush
+            if isinstance(func, ast.Name) and func.id in ("Order", "OrderLine"):
+                found.append(f"{where}:{node.lineno}: {func.id}(...)")
+            # row.cancel(...) on a mapped order, or session.add/merge/delete(row)
+            if isinstance(func, ast.Attribute) and func.attr in TRANSITION_METHODS and is_order(func.value):
+                if isinstance(func.value, ast.Name) and func.value.id in rows:
+                    found.append(f"{where}:{node.lineno}: {ast.unparse(func)}(...)")
+            if isinstance(func, ast.Attribute) and func.attr in ("add", "merge", "delete") and node.args:
+                if isinstance(node.args[0], ast.Name) and node.args[0].id in rows:
+                    found.append(f"{where}:{node.lineno}: {ast.unparse(func)}({node.args[0].id})")
         # any use of the orders table object itself: the store hands out statements, not the table
         if (
             isinstance(node, ast.Attribute)
@@ -195,7 +226,7 @@ def _writes_outside_the_store(path: Path) -> list[str]:
             and ast.unparse(node.value) in ("Order", "OrderLine")
         ):
             found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
-        # order.status = ..., order.payment_processing_at = ... on an order (a name ending in `order`)
+        # order.status = ..., row.payment_processing_at = ... on an order
         if isinstance(node, (ast.Assign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
@@ -203,23 +234,20 @@ def _writes_outside_the_store(path: Path) -> list[str]:
                     if (
                         isinstance(t, ast.Attribute)
                         and t.attr in ORDER_COLUMNS
-                        and isinstance(t.value, ast.Name)
-                        and t.value.id.endswith("order")
                         and t.attr != "id"
+                        and is_order(t.value)
                     ):
                         found.append(f"{where}:{node.lineno}: {ast.unparse(t)} = ...")
     return found
 
 
-def test_no_module_but_the_order_store_writes_the_orders_table():
-    # The mapped class itself; the domain's transitions assign the state on whatever carries it
-    # (the store's snapshot, which the store then saves).
-    allowed = {STORE, ROOT / "shop" / "models" / "orders.py", ROOT / "shop" / "domain" / "order.py"}
+def test_no_module_or_test_but_the_order_store_writes_the_orders_table():
     found = []
-    for path in sorted((ROOT / "shop").rglob("*.py")):
-        if path in allowed or "migrations" in path.parts:
-            continue
-        found.extend(_writes_outside_the_store(path))
+    for folder in ("shop", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path in ALLOWED_WRITERS or "migrations" in path.parts:
+                continue
+            found.extend(_writes_outside_the_store(path))
     assert found == [], "writes of `orders` outside shop/store/orders.py:\n" + "\n".join(found)
 
 
@@ -231,5 +259,22 @@ def test_the_walk_finds_the_writes_it_looks_for(tmp_path):
         "t = Order.__table__\n"
         "order.payment_processing_at = None\n"
         "order.status, order.version = 'Paid', 2\n"
+        "row = db.session.get(Order, 7)\n"
+        "row.cancel('because')\n"
+        "row.total = 1\n"
+        "db.session.add(row)\n"
+        "db.session.add(Order(reference='x'))\n"
     )
-    assert len(_writes_outside_the_store(sample)) == 5
+    lines = sorted(int(found.split(":")[1]) for found in _writes_outside_the_store(sample))
+    assert lines == [1, 2, 3, 4, 4, 6, 7, 8, 9]  # each write once; line 5 only loads the row
+
+
+def test_a_flush_refuses_to_write_a_mapped_order(order_id):
+    """The mapped Order is data to read: a change made on it never reaches the table."""
+    row = db.session.get(Order, order_id)
+    row.status = S.PAID
+    with pytest.raises(ReadOnlyOrder):
+        db.session.commit()
+    db.session.rollback()
+    assert db.session.get(Order, order_id).status == S.PENDING_PAYMENT
+    assert not hasattr(Order, "cancel") and not hasattr(Order, "mark_paid")

@@ -15,12 +15,13 @@ import pytest
 from sqlalchemy import select, update
 
 from compensation_support import cancel, on_hand, order, restore_delivery
-from factories import place_order_for, seed_catalog_rows
+from factories import place_order_for, seed_catalog_rows, transitioned
 from shop import queue
 from shop.domain.deadlines import as_utc, retry_delay_seconds, utcnow
+from shop.domain.order import Transition as T
 from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand
-from shop.outbox import runner, uow
+from shop.outbox import runner
 from shop.outbox.dispatch import run_command, run_delivery
 from shop.outbox.relay import relay_once
 from shop.outbox.subscriptions import SUBSCRIPTIONS
@@ -405,13 +406,12 @@ def test_a_failed_payment_schedules_the_email_and_rearms_the_deadline_as_command
     with app.app_context():
         a5 = seed_catalog_rows()["NB-A5-DOT"]
         order_id = place_order_for({a5: 1}, email="bob@example.com").order_id
-        # Through the aggregate's own transitions and the unit of work, as the payment service does.
-        row = db.session.get(Order, order_id)
-        assert row.start_payment("cs_test_1").ok
-        uow.commit(db.session)
-        assert row.mark_payment_failed("card_declined").ok
-        uow.commit(db.session)
-        reference = row.reference
+        # Through the order store, as the payment use cases save these transitions.
+        reference = transitioned(
+            order_id,
+            (T.START_PAYMENT, lambda o: o.start_payment("cs_test_1")),
+            (T.MARK_PAYMENT_FAILED, lambda o: o.mark_payment_failed("card_declined")),
+        ).reference
         db.session.remove()
 
         delivery = _delivery(order_id, "payment_failed_followups")
@@ -442,12 +442,11 @@ def test_a_paid_order_schedules_its_confirmation_email(mail_app):
     with app.app_context():
         a5 = seed_catalog_rows()["NB-A5-DOT"]
         order_id = place_order_for({a5: 2}, email="cy@example.com").order_id
-        row = db.session.get(Order, order_id)
-        assert row.start_payment("cs_test_2").ok
-        uow.commit(db.session)
-        assert row.mark_paid("cs_test_2", row.total, row.currency).ok
-        uow.commit(db.session)
-        reference = row.reference
+        reference = transitioned(
+            order_id,
+            (T.START_PAYMENT, lambda o: o.start_payment("cs_test_2")),
+            (T.MARK_PAID, lambda o: o.mark_paid("cs_test_2", o.total, o.currency)),
+        ).reference
         db.session.remove()
 
         now = utcnow()

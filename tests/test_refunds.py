@@ -9,7 +9,7 @@ from datetime import timedelta
 from sqlalchemy import update
 
 from payment_helpers import JSON, Shopper, live_shop, order_id, post_webhook, sandbox_event, wait_until
-from factories import seed_catalog_rows
+from factories import force_order, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, Refund, ScheduledCommand, WebhookReceipt
@@ -191,8 +191,7 @@ def test_a_settling_payment_that_fails_after_a_cancel_ends_the_watch_without_a_r
         db.session.remove()
     sandbox.async_result(sid, "failed")
     with fresh_paying_app.app_context():
-        db.session.execute(update(Order).where(Order.id == oid).values(provider_next_check_at=None))
-        db.session.commit()  # as if the backoff had passed
+        force_order(oid, provider_next_check_at=None)  # as if the backoff had passed
         assert run_cycle().provider["watch_closed"] == 1
         assert db.session.get(Order, oid).payment_processing_at is None
         db.session.remove()

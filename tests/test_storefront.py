@@ -8,9 +8,9 @@ import re
 import threading
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
-from factories import seed_catalog_rows
+from factories import force_order, seed_catalog_rows
 from shop.extensions import db
 from shop.models import Cart, InventoryItem, Order, OutboxDelivery, OutboxEvent
 from support import csrf_token
@@ -284,8 +284,7 @@ def test_a_stale_version_cancel_gets_409_with_the_current_state_and_changes_noth
     reference = browser.buy("MUG-350-NVY", 2)
     status, version, order_id = _version(shop, reference)
     with shop.app_context():  # the order moved on after the customer loaded the page
-        db.session.execute(update(Order).where(Order.id == order_id).values(version=Order.version + 1))
-        db.session.commit()
+        force_order(order_id, version=Order.version + 1)
     r = browser.cancel(reference, version, headers=JSON if accept == "json" else HTML)
     assert r.status_code == 409
     if accept == "json":

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import event, select, update
 
-from factories import place_order_for, seed_catalog_rows, variant_id
+from factories import force_order, place_order_for, seed_catalog_rows, variant_id
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import (
@@ -98,10 +98,7 @@ def awaiting_provider() -> tuple[int, str]:
 
 
 def backdate(order_id: int, when) -> None:
-    db.session.execute(
-        update(Order).where(Order.id == order_id).values(updated_at=when).execution_options(synchronize_session=False)
-    )
-    db.session.commit()
+    force_order(order_id, updated_at=when)
 
 
 def session_reads(sandbox, session_id: str | None = None) -> int:
@@ -256,13 +253,7 @@ def test_a_paid_session_that_fails_the_payment_proof_leaves_the_order_and_record
     with app.app_context():
         order_id, sid = awaiting_provider()
         sandbox.set_outcome(sid, "paid")
-        db.session.execute(
-            update(Order)
-            .where(Order.id == order_id)
-            .values(total=Order.total + 100)
-            .execution_options(synchronize_session=False)
-        )
-        db.session.commit()
+        force_order(order_id, total=Order.total + 100)
 
         with caplog.at_level(logging.WARNING, logger="shop.payments"):
             result = run_cycle(now=later(app))
@@ -643,10 +634,7 @@ def test_orders_whose_provider_answer_cannot_change_soon_do_not_starve_the_batch
         sandbox.set_outcome(refused_sid, "paid")
         sandbox.set_outcome(younger_sid, "paid")
         # The oldest order's total no longer matches what was paid: its proof is refused.
-        db.session.execute(
-            update(Order).where(Order.id == refused).values(total=1).execution_options(synchronize_session=False)
-        )
-        db.session.commit()
+        force_order(refused, total=1)
         backdate(refused, utcnow() - timedelta(hours=2))
         backdate(younger, utcnow() - timedelta(hours=1))
         version_before = db.session.get(Order, refused).version

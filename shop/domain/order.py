@@ -1,44 +1,63 @@
 """The Order aggregate's rules: states, guarded transitions and the inventory_restored marker.
 
-`OrderRules` is a mixin: the persistence layer's mapped class inherits it and supplies the
-attributes (`id`, `status`, `inventory_restored`, `payment_session_id`, ...). Each transition
-checks the current state, changes it only when allowed, and returns `Ok(events)` or a
-`Refused(code)`; it never raises for an expected refusal. The events are also appended to
-`pending_events` so the unit of work can write them to the outbox in the same commit.
+`OrderRules` is a mixin for the order the store hands out for a decision (the store's loaded
+order, a plain dataclass); the mapped row does not carry the rules, so nothing but the store can
+change an order. Each transition checks the current state, changes it only when allowed, and
+returns `Ok(events)` or a `Refused(code)`; it never raises for an expected refusal. The events are
+also kept in `pending_events` until the store saves the transition with them.
 """
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from .events import OrderCancelled, OrderPaid, OrderPaymentFailed, PaymentInitiated
 from .results import Ok, Refused
 
 
-class OrderStatus(str, Enum):
+class OrderStatus(StrEnum):
+    """An order's state, with the documented spelling as its value (docs/REFERENCE.md, Order
+    states). A StrEnum: it is written to the column, JSON and templates as that spelling."""
+
     PENDING_PAYMENT = "PendingPayment"
     PAYMENT_INITIATED = "PaymentInitiated"
     PAID = "Paid"
     PAYMENT_FAILED = "PaymentFailed"
     CANCELLED = "Cancelled"
 
-    def __str__(self) -> str:  # so templates and JSON show the documented spelling (docs/REFERENCE.md, Order states)
-        return self.value
-
 
 S = OrderStatus
 
-# docs/REFERENCE.md, Order states, as data: (transition, from-state) pairs that are allowed.
+
+class Transition(StrEnum):
+    """What the store can save: the aggregate's transitions, plus `adopt_and_pay` (money that is
+    real for an order that had not started its payment: start and pay in one write)."""
+
+    START_PAYMENT = "start_payment"
+    MARK_PAID = "mark_paid"
+    ADOPT_AND_PAY = "adopt_and_pay"
+    MARK_PAYMENT_FAILED = "mark_payment_failed"
+    CANCEL = "cancel"
+    MARK_INVENTORY_RESTORED = "mark_inventory_restored"
+
+
+T = Transition
+
+# docs/REFERENCE.md, Order states, as data: the states each transition may leave from.
 ALLOWED = {
-    "start_payment": {S.PENDING_PAYMENT, S.PAYMENT_FAILED},
-    "mark_paid": {S.PAYMENT_INITIATED},
-    "mark_payment_failed": {S.PAYMENT_INITIATED},
-    "cancel": {S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED},
+    T.START_PAYMENT: frozenset({S.PENDING_PAYMENT, S.PAYMENT_FAILED}),
+    T.MARK_PAID: frozenset({S.PAYMENT_INITIATED}),
+    T.ADOPT_AND_PAY: frozenset({S.PENDING_PAYMENT, S.PAYMENT_FAILED}),
+    T.MARK_PAYMENT_FAILED: frozenset({S.PAYMENT_INITIATED}),
+    T.CANCEL: frozenset({S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED}),
+    T.MARK_INVENTORY_RESTORED: frozenset({S.CANCELLED}),
 }
 
-# States in which an order still holds stock and waits for money.
-UNPAID = (S.PENDING_PAYMENT, S.PAYMENT_FAILED)
-LIVE = (S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED)
+# States in which an order still holds stock and waits for money; LIVE adds the one in which
+# the provider holds the customer's payment page. FINAL: nothing changes an order's state again.
+UNPAID = frozenset({S.PENDING_PAYMENT, S.PAYMENT_FAILED})
+LIVE = frozenset({S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED})
+FINAL = frozenset({S.PAID, S.CANCELLED})
 
 # Why an order was cancelled, as its OrderCancelled event says it. The customer reads these
 # apart: they asked for one, the other happened to them (the payment window ran out).
@@ -46,13 +65,19 @@ CANCELLED_BY_CUSTOMER = "cancelled by customer"
 PAYMENT_WINDOW_EXPIRED = "payment window expired"
 
 
-def cancelled_because(reason: str) -> str:
-    """ "customer", "expired" or "other" for an OrderCancelled reason."""
+class CancelledBy(StrEnum):
+    CUSTOMER = "customer"
+    EXPIRED = "expired"
+    OTHER = "other"
+
+
+def cancelled_because(reason: str) -> CancelledBy:
+    """Who or what cancelled an order, from its OrderCancelled reason."""
     if reason.startswith(CANCELLED_BY_CUSTOMER):
-        return "customer"
+        return CancelledBy.CUSTOMER
     if reason.startswith(PAYMENT_WINDOW_EXPIRED):
-        return "expired"
-    return "other"
+        return CancelledBy.EXPIRED
+    return CancelledBy.OTHER
 
 
 REFUSAL_BY_STATE = {
@@ -61,7 +86,7 @@ REFUSAL_BY_STATE = {
 }
 
 
-def _refusal(transition: str, status: OrderStatus) -> Refused:
+def _refusal(transition: Transition, status: OrderStatus) -> Refused:
     code = REFUSAL_BY_STATE.get(status, "invalid_transition")
     return Refused(
         code,
@@ -86,58 +111,54 @@ class OrderRules:
             self.__dict__["_pending_events"] = events
         return events
 
-    def _state(self) -> OrderStatus:
-        return OrderStatus(self.status)
-
-    def _guard(self, transition: str) -> Refused | None:
-        state = self._state()
-        if state not in ALLOWED[transition]:
-            return _refusal(transition, state)
+    def _guard(self, transition: Transition) -> Refused | None:
+        if self.status not in ALLOWED[transition]:
+            return _refusal(transition, self.status)
         return None
 
     def _record(self, *events) -> Ok:
         self.pending_events.extend(events)
         return Ok(tuple(events))
 
-    def can(self, transition: str) -> bool:
-        return self._state() in ALLOWED[transition]
+    def can(self, transition: Transition) -> bool:
+        return self.status in ALLOWED[transition]
 
     def start_payment(self, session_id: str, session_url: str | None = None):
-        refused = self._guard("start_payment")
+        refused = self._guard(T.START_PAYMENT)
         if refused:
             return refused
-        self.status = S.PAYMENT_INITIATED.value
+        self.status = S.PAYMENT_INITIATED
         self.payment_session_id = session_id
         self.payment_session_url = session_url
         return self._record(PaymentInitiated(self.id, session_id))
 
     def mark_paid(self, session_id: str, amount: int, currency: str):
-        refused = self._guard("mark_paid")
+        refused = self._guard(T.MARK_PAID)
         if refused:
             return refused
-        self.status = S.PAID.value
+        self.status = S.PAID
         self.payment_session_id = session_id
         return self._record(OrderPaid(self.id, session_id, amount, currency))
 
     def mark_payment_failed(self, reason: str):
-        refused = self._guard("mark_payment_failed")
+        refused = self._guard(T.MARK_PAYMENT_FAILED)
         if refused:
             return refused
-        self.status = S.PAYMENT_FAILED.value
+        self.status = S.PAYMENT_FAILED
         return self._record(OrderPaymentFailed(self.id, self.payment_session_id, reason))
 
     def cancel(self, reason: str):
-        refused = self._guard("cancel")
+        refused = self._guard(T.CANCEL)
         if refused:
             return refused
-        self.status = S.CANCELLED.value
+        self.status = S.CANCELLED
         return self._record(OrderCancelled(self.id, reason))
 
     def mark_inventory_restored(self):
         """The compensation's idempotency marker; it has its own guard."""
-        if self._state() is not S.CANCELLED:
+        if self.status is not S.CANCELLED:
             return Refused(
-                "order_not_cancelled", "only a cancelled order's stock can be restored", {"status": self._state().value}
+                "order_not_cancelled", "only a cancelled order's stock can be restored", {"status": self.status.value}
             )
         if self.inventory_restored:
             return Refused("inventory_already_restored", "this order's stock was already restored")

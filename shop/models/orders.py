@@ -1,15 +1,20 @@
-from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, CheckConstraint, func
-from sqlalchemy.orm import Mapped, mapped_column, relationship
+from sqlalchemy import Boolean, CheckConstraint, ForeignKey, Index, Integer, String, event, func
+from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
-from ..domain.order import OrderRules
 from ..extensions import db
 from .types import UTCDateTime, now_utc
 
 
-class Order(OrderRules, db.Model):
-    """The order aggregate's row. `version` is the optimistic-concurrency token: every UPDATE
-    carries `WHERE version = <the version loaded>`, so two writers that loaded the same state
-    cannot both commit (the loser gets StaleDataError)."""
+class ReadOnlyOrder(RuntimeError):
+    """Something tried to write an order through the mapped class instead of the order store."""
+
+
+class Order(db.Model):
+    """The order aggregate's row, as data to read: it has no transitions, and a session refuses to
+    flush a new, changed or deleted Order (see `_orders_are_written_by_the_store`). Every write goes
+    through the order store (shop/store/orders.py), whose UPDATEs carry `WHERE version = <the
+    version read>`: `version` is the optimistic-concurrency token, so two writers that read the
+    same state cannot both commit."""
 
     __tablename__ = "orders"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -84,3 +89,12 @@ class OrderLine(db.Model):
     unit_price: Mapped[int] = mapped_column(Integer)
 
     __table_args__ = (CheckConstraint("quantity > 0", name="quantity_positive"),)
+
+
+@event.listens_for(Session, "before_flush")
+def _orders_are_written_by_the_store(session, _flush_context, _instances) -> None:
+    """The mapped order is read-only: an ORM write of it would skip the store's version guard, its
+    transition rules and its events. The store writes with statements, which never flush."""
+    for obj in (*session.new, *session.deleted, *session.dirty):
+        if isinstance(obj, (Order, OrderLine)) and (obj not in session.dirty or session.is_modified(obj)):
+            raise ReadOnlyOrder(f"{type(obj).__name__} rows are written by the order store only, not by a flush")

@@ -24,17 +24,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import NamedTuple
 
 from sqlalchemy import bindparam, func, insert, literal_column, select, update
 from sqlalchemy.orm.exc import StaleDataError
 
-from ..domain.order import ALLOWED, OrderRules, OrderStatus
+from ..domain.order import ALLOWED, UNPAID, OrderRules, OrderStatus, Transition
 from ..extensions import db
 from ..models import InventoryItem, Order, OrderLine
 from ..outbox.writer import write_events
 
-S = OrderStatus
+S, T = OrderStatus, Transition
 _orders, _lines, _inventory = Order.__table__, OrderLine.__table__, InventoryItem.__table__
 
 
@@ -53,7 +54,7 @@ class OrderSnapshot(OrderRules):
 
     id: int
     reference: str
-    status: str
+    status: OrderStatus
     version: int
     total: int = 0
     currency: str = ""
@@ -68,6 +69,9 @@ class OrderSnapshot(OrderRules):
     last_payment_error: str | None = None
     updated_at: datetime | None = None  # the last state change: the pay-by time counts from it
     lines: tuple[Line, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        self.status = OrderStatus(self.status)  # the column's text, as the state it names
 
     @classmethod
     def of(cls, row: Order, *, lines: bool = False) -> OrderSnapshot:
@@ -97,7 +101,7 @@ class OrderSnapshot(OrderRules):
         return cls(
             placed.order_id,
             placed.reference,
-            S.PENDING_PAYMENT.value,
+            S.PENDING_PAYMENT,
             1,
             placed.total,
             placed.currency,
@@ -121,7 +125,7 @@ class LostRace(StaleDataError):
     longer in a state the transition leaves from). Raised inside the caller's transaction so it
     rolls back; the same for every transition, and a StaleDataError like the ORM's own check."""
 
-    def __init__(self, order: OrderSnapshot, transition: str):
+    def __init__(self, order: OrderSnapshot, transition: Transition):
         super().__init__(
             f"order {order.reference} changed while it was being saved ({transition} from version {order.version})"
         )
@@ -255,14 +259,14 @@ def insert_order(
 # -- transitions ---------------------------------------------------------------------------------
 
 
-def _guarded(transition: str, from_states) -> update:
+def _guarded(transition: Transition) -> update:
     """UPDATE orders ... WHERE id = :order AND version = :seen AND status IN (<from_states>), bumping
     the version: what an ORM flush of the versioned row checks, plus the transition's own rule.
 
     The states are written into the SQL, not bound: a list bound to IN is an "expanding"
     parameter, which SQLAlchemy re-renders into the statement's text on every execution (a regex
     pass over the SQL, on the hottest handler). They are the domain's own constant names."""
-    states = sorted(s.value for s in from_states)
+    states = sorted(s.value for s in ALLOWED[transition])
     assert all(_STATE_NAME.fullmatch(s) for s in states), states
     return (
         update(_orders)
@@ -287,8 +291,8 @@ _NOW = bindparam("now", type_=_orders.c.updated_at.type)
 # Each transition's statement and the snapshot attributes it writes (bound as v_<column>).
 # updated_at: the row's onupdate (the time of the write) unless the statement binds `now`.
 TRANSITIONS = {
-    "start_payment": (
-        _guarded("start_payment", ALLOWED["start_payment"]).values(
+    T.START_PAYMENT: (
+        _guarded(T.START_PAYMENT).values(
             status=_v("status"),
             payment_session_id=_v("payment_session_id"),
             payment_session_url=_v("payment_session_url"),
@@ -299,8 +303,8 @@ TRANSITIONS = {
         ),
         ("status", "payment_session_id", "payment_session_url", "payment_attempts", "payment_session_expires_at"),
     ),
-    "mark_paid": (
-        _guarded("mark_paid", ALLOWED["mark_paid"]).values(
+    T.MARK_PAID: (
+        _guarded(T.MARK_PAID).values(
             status=_v("status"),
             payment_session_id=_v("payment_session_id"),
             payment_processing_at=None,
@@ -310,8 +314,8 @@ TRANSITIONS = {
     ),
     # Money that is real for an order that had not started (or had failed) its payment: the session
     # is adopted and paid in one transition.
-    "adopt_and_pay": (
-        _guarded("adopt_and_pay", ALLOWED["start_payment"]).values(
+    T.ADOPT_AND_PAY: (
+        _guarded(T.ADOPT_AND_PAY).values(
             status=_v("status"),
             payment_session_id=_v("payment_session_id"),
             payment_session_url=_v("payment_session_url"),
@@ -321,15 +325,15 @@ TRANSITIONS = {
         ),
         ("status", "payment_session_id", "payment_session_url"),
     ),
-    "mark_payment_failed": (
-        _guarded("mark_payment_failed", ALLOWED["mark_payment_failed"]).values(
+    T.MARK_PAYMENT_FAILED: (
+        _guarded(T.MARK_PAYMENT_FAILED).values(
             status=_v("status"), last_payment_error=_v("last_payment_error"), payment_processing_at=None
         ),
         ("status", "last_payment_error"),
     ),
     # `watch_from` marks the order for the sweep's late-money watch (None leaves the mark as it is).
-    "cancel": (
-        _guarded("cancel", ALLOWED["cancel"]).values(
+    T.CANCEL: (
+        _guarded(T.CANCEL).values(
             status=_v("status"),
             payment_queued_at=None,
             payment_processing_at=func.coalesce(
@@ -338,15 +342,20 @@ TRANSITIONS = {
         ),
         ("status",),
     ),
-    "mark_inventory_restored": (
-        _guarded("mark_inventory_restored", {S.CANCELLED}).values(inventory_restored=True, updated_at=_NOW),
+    T.MARK_INVENTORY_RESTORED: (
+        _guarded(T.MARK_INVENTORY_RESTORED).values(inventory_restored=True, updated_at=_NOW),
         (),
     ),
 }
 
 
 def save(
-    order: OrderSnapshot, transition: str, events=(), *, now: datetime | None = None, watch_from: datetime | None = None
+    order: OrderSnapshot,
+    transition: Transition,
+    events=(),
+    *,
+    now: datetime | None = None,
+    watch_from: datetime | None = None,
 ) -> None:
     """Write the transition the snapshot has just made, guarded by the version it was read at, and
     its events to the outbox, in the caller's transaction. Raises LostRace when the order moved
@@ -378,21 +387,33 @@ def _forget_loaded(session, order_id: int) -> None:
 # -- bookkeeping ---------------------------------------------------------------------------------
 
 _KEEP_AGE = {"updated_at": _orders.c.updated_at}  # no onupdate: the order's age is not bookkeeping's
+
+
+class Note(StrEnum):
+    """Bookkeeping the store can write on an order's row (see NOTES)."""
+
+    PROCESSING = "processing"
+    STOP_WATCHING = "stop_watching"
+    QUEUE = "queue"
+    LEAVE_QUEUE = "leave_queue"
+    NEXT_CHECK = "next_check"
+
+
 NOTES = {
     # Money may still come for the order's session (see Order.payment_processing_at).
-    "processing": update(_orders)
+    Note.PROCESSING: update(_orders)
     .where(_orders.c.id == bindparam("order"))
     .values(payment_processing_at=bindparam("at", type_=_orders.c.payment_processing_at.type), **_KEEP_AGE),
     # No more money can come for the session: the sweep stops watching it.
-    "stop_watching": update(_orders)
+    Note.STOP_WATCHING: update(_orders)
     .where(_orders.c.id == bindparam("order"))
     .values(payment_processing_at=None, provider_next_check_at=None, **_KEEP_AGE),
     # In line for the payment page (see Order.payment_queued_at): an order already in line keeps
     # its place; only an unpaid order can join (one that moved on meanwhile is left alone).
-    "queue": update(_orders)
+    Note.QUEUE: update(_orders)
     .where(
         _orders.c.id == bindparam("order"),
-        _orders.c.status.in_([literal_column(f"'{s.value}'") for s in (S.PENDING_PAYMENT, S.PAYMENT_FAILED)]),
+        _orders.c.status.in_([literal_column(f"'{s.value}'") for s in sorted(UNPAID)]),
     )
     .values(
         payment_queued_at=func.coalesce(
@@ -401,17 +422,17 @@ NOTES = {
         **_KEEP_AGE,
     ),
     # Out of the line without a session (the provider refused to start this payment).
-    "leave_queue": update(_orders)
+    Note.LEAVE_QUEUE: update(_orders)
     .where(_orders.c.id == bindparam("order"))
     .values(payment_queued_at=None, **_KEEP_AGE),
     # The sweep leaves the order out of its provider pass until then.
-    "next_check": update(_orders)
+    Note.NEXT_CHECK: update(_orders)
     .where(_orders.c.id == bindparam("order"))
     .values(provider_next_check_at=bindparam("at", type_=_orders.c.provider_next_check_at.type), **_KEEP_AGE),
 }
 
 
-def note(order_id: int, what: str, at: datetime | None = None) -> None:
+def note(order_id: int, what: Note, at: datetime | None = None) -> None:
     """Bookkeeping on the row, in the caller's transaction: not a state change, so no version bump
     (a transition must not lose a race to it) and updated_at unchanged."""
     db.session.execute(NOTES[what], {"order": order_id, "at": at})

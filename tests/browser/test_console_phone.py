@@ -9,6 +9,7 @@ from datetime import timedelta
 from sqlalchemy import select, update
 
 from payment_helpers import Shopper
+from factories import force_order
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery, ReconciliationCycle, WebhookReceipt
@@ -58,7 +59,7 @@ def test_the_dashboard_an_order_and_the_outbox_fit_a_390px_phone(browser, shop, 
     )
     with app.app_context():
         order = db.session.execute(select(Order)).scalars().first()
-        db.session.execute(update(Order).values(updated_at=utcnow() - timedelta(hours=2)))
+        force_order(None, updated_at=utcnow() - timedelta(hours=2))
         db.session.execute(
             update(OutboxDelivery).values(
                 status="dead", last_error=long_error, last_traceback="Traceback ...\n" + long_error

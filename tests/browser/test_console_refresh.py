@@ -7,12 +7,11 @@ import re
 from datetime import timedelta
 
 from playwright.sync_api import expect
-from sqlalchemy import update
 
 from payment_helpers import Shopper
+from factories import force_order
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import Order
 from shop.seed import upsert_operator
 
 
@@ -33,8 +32,7 @@ def test_the_dashboard_shows_a_newly_stuck_order_without_a_reload(page, shop, sa
     Shopper(app, app.skus).checkout("SOCK-M", 1)  # PendingPayment...
     sandbox.faults(api_unavailable=False)
     with app.app_context():  # ...and unchanged for longer than the stuck age
-        db.session.execute(update(Order).values(updated_at=utcnow() - timedelta(hours=2)))
-        db.session.commit()
+        force_order(None, updated_at=utcnow() - timedelta(hours=2))
         db.session.remove()
 
     expect(stuck).to_have_text("1", timeout=20_000)

@@ -31,14 +31,14 @@ class PlainOrder(OrderRules):
     """The smallest thing that can carry the rules: plain attributes, no mapper."""
 
     id: int = 7
-    status: str = S.PENDING_PAYMENT.value
+    status: OrderStatus = S.PENDING_PAYMENT
     inventory_restored: bool = False
     payment_session_id: str | None = None
     payment_session_url: str | None = None
 
 
 def order_in(state: OrderStatus, session_id: str | None = "cs_old") -> PlainOrder:
-    return PlainOrder(status=state.value, payment_session_id=session_id)
+    return PlainOrder(status=state, payment_session_id=session_id)
 
 
 # transition -> (call, {from-state: (to-state, event) | refusal code})
@@ -103,7 +103,7 @@ def test_a_transition_moves_the_order_and_records_its_event_only_where_the_contr
         to_state, event = expected
         assert isinstance(result, Ok) and result.ok
         assert result.events == (event,)
-        assert order.status == to_state.value
+        assert order.status is to_state
         assert order.pending_events == [event]
         assert order.can(name) is False  # no transition applies twice in a row
         assert name == "start_payment" or order.payment_session_id == ("cs_new" if name == "mark_paid" else "cs_old")
@@ -113,7 +113,7 @@ def test_a_transition_moves_the_order_and_records_its_event_only_where_the_contr
         assert result.details == {"transition": name, "status": state.value}
         assert state.value in result.message
         # A refusal is a value: nothing changed, nothing recorded.
-        assert order.status == state.value
+        assert order.status is state
         assert order.payment_session_id == "cs_old"
         assert order.pending_events == []
         assert order.can(name) is False
