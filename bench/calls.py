@@ -7,8 +7,7 @@ does), then, in this process, drains their outbox deliveries (the stock restore 
 scheduling) and runs the e-mail commands, and prints Python function calls (cProfile) and SQL
 statements per cancelled order. Unlike rates and CPU times, these do not move with the load on a
 shared machine: run it on two trees (PYTHONPATH=<tree>) to tell whether a change made the hot
-path do more work. Stop 11 used it to find the store's expanding IN (3,231 calls per order
-against 3,165 before the store; 3,178 after the fix).
+path do more work (it is how an expanding IN in the store's guarded UPDATE was found).
 """
 
 from __future__ import annotations
