@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from enum import StrEnum
 
 
 def utcnow() -> datetime:
@@ -42,10 +43,16 @@ def retry_delay_seconds(attempts: int, base: float = 2.0, cap: float = 300.0, rn
 
 # -- what a failed attempt at durable work leads to -------------------------------------------
 
-# Why an attempt failed, as the runner classifies the exception:
-FAILURE_ERROR = "error"  # anything else: counts against the attempt budget
-FAILURE_REFUSED = "refused"  # retrying cannot help (the provider said no for good): dead now
-FAILURE_PROVIDER = "provider"  # the provider is down, slow or rate-limiting: wait for it
+
+class FailureKind(StrEnum):
+    """Why an attempt failed, as the runner classifies the exception (and the column keeps it)."""
+
+    ERROR = "error"  # anything else: counts against the attempt budget
+    REFUSED = "refused"  # retrying cannot help (the provider said no for good): dead now
+    PROVIDER = "provider"  # the provider is down, slow or rate-limiting: wait for it
+
+
+FAILURE_ERROR, FAILURE_REFUSED, FAILURE_PROVIDER = FailureKind.ERROR, FailureKind.REFUSED, FailureKind.PROVIDER
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,7 @@ class RetryDecision:
 
 
 def retry_decision(
-    kind: str,
+    kind: FailureKind,
     attempts: int,
     max_attempts: int,
     provider_waits: int,

@@ -10,21 +10,33 @@ A refund whose money did not go back waits for an operator, who either has the s
 
 from __future__ import annotations
 
-PENDING, SUCCEEDED, FAILED, CANCELED = "pending", "succeeded", "failed", "canceled"
-STATUSES = (PENDING, SUCCEEDED, FAILED, CANCELED)
+from enum import StrEnum
+
+
+class RefundStatus(StrEnum):
+    """A refund attempt's status, spelled as the provider spells it (and as the column holds it)."""
+
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+PENDING, SUCCEEDED, FAILED, CANCELED = RefundStatus
+STATUSES = tuple(RefundStatus)
 # The money did not go back: an operator's problem until retried or settled outside the shop.
 NOT_RETURNED = (FAILED, CANCELED)
 
 
-def reported_status(raw) -> str:
+def reported_status(raw) -> RefundStatus:
     """The provider's word for a refund, in the shop's four. Stripe's `status` is nullable and has
     `requires_action` besides the four (a refund waiting for the customer's bank details): both,
     and anything this code does not know, are still pending, so the refund is asked about again
     rather than taken for money returned."""
-    return raw if raw in (SUCCEEDED, FAILED, CANCELED) else PENDING
+    return RefundStatus(raw) if raw in (SUCCEEDED, FAILED, CANCELED) else PENDING
 
 
-def after_report(current: str, reported: str) -> str | None:
+def after_report(current: RefundStatus, reported: RefundStatus) -> RefundStatus | None:
     """What the current attempt's status becomes when the provider reports `reported` about it,
     or None when nothing changes.
 
@@ -41,6 +53,6 @@ def after_report(current: str, reported: str) -> str | None:
     return None
 
 
-def needs_operator(status: str, settled: bool) -> bool:
+def needs_operator(status: RefundStatus, settled: bool) -> bool:
     """The money did not go back and nobody has dealt with it yet."""
     return status in NOT_RETURNED and not settled

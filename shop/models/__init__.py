@@ -1,12 +1,20 @@
-"""Persistence: the mapped tables. Every state change of an order goes through the domain's
-guarded transitions (shop.domain.order.OrderRules); these classes only add columns."""
+"""Persistence: the mapped tables and the vocabularies their status columns hold. An order's row
+is read here and written only by the order store (shop.store.orders)."""
 
 from .catalog import Product, Variant, InventoryItem
 from .cart import Cart, CartItem
 from .orders import Order, OrderLine
-from .outbox import OutboxEvent, OutboxDelivery, ScheduledCommand
-from .payments import WebhookReceipt, ProcessedStripeEvent, PaymentProofRefusal, ProviderRefusal, Refund, KeyValue
-from .ops import RestoreWarning, ReconciliationCycle, Lease, Operator, OperatorAction
+from .outbox import OutboxEvent, OutboxDelivery, ScheduledCommand, WorkStatus
+from .payments import (
+    WebhookReceipt,
+    ReceiptOutcome,
+    ProcessedStripeEvent,
+    PaymentProofRefusal,
+    ProviderRefusal,
+    Refund,
+    KeyValue,
+)
+from .ops import RestoreWarning, WarningState, ReconciliationCycle, CycleStatus, Lease, Operator, OperatorAction
 
 __all__ = [
     "Product",
@@ -19,14 +27,18 @@ __all__ = [
     "OutboxEvent",
     "OutboxDelivery",
     "ScheduledCommand",
+    "WorkStatus",
     "WebhookReceipt",
+    "ReceiptOutcome",
     "ProcessedStripeEvent",
     "PaymentProofRefusal",
     "ProviderRefusal",
     "Refund",
     "KeyValue",
     "RestoreWarning",
+    "WarningState",
     "ReconciliationCycle",
+    "CycleStatus",
     "Lease",
     "Operator",
     "OperatorAction",

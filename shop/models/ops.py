@@ -1,9 +1,17 @@
+from enum import StrEnum
+
 from flask_login import UserMixin
 from sqlalchemy import Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ..extensions import db
 from .types import JSONType, UTCDateTime, now_utc
+
+
+class WarningState(StrEnum):
+    OPEN = "open"
+    RESOLVED = "resolved"
+    DUPLICATE = "duplicate"  # the same problem as another open warning, folded into it
 
 
 class RestoreWarning(db.Model):
@@ -16,10 +24,17 @@ class RestoreWarning(db.Model):
     variant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     quantity: Mapped[int] = mapped_column(Integer, default=0)
     reason: Mapped[str] = mapped_column(Text)
-    state: Mapped[str] = mapped_column(String(16), default="open", index=True)
+    state: Mapped[str] = mapped_column(String(16), default=WarningState.OPEN.value, index=True)
     resolution: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     resolved_at = mapped_column(UTCDateTime, nullable=True)
+
+
+class CycleStatus(StrEnum):
+    RUNNING = "running"
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # another process held the sweep's lease
 
 
 class ReconciliationCycle(db.Model):
@@ -31,7 +46,7 @@ class ReconciliationCycle(db.Model):
     started_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
     finished_at = mapped_column(UTCDateTime, nullable=True)
     cutoff = mapped_column(UTCDateTime, nullable=False)
-    status: Mapped[str] = mapped_column(String(20), default="running")  # running | ok | failed | skipped
+    status: Mapped[str] = mapped_column(String(20), default=CycleStatus.RUNNING.value)
     expiry_counts = mapped_column(JSONType, nullable=False, default=dict)
     provider_counts = mapped_column(JSONType, nullable=False, default=dict)
     errors = mapped_column(JSONType, nullable=False, default=list)

@@ -1,3 +1,5 @@
+from enum import StrEnum
+
 from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, declared_attr, mapped_column, relationship
 
@@ -22,6 +24,18 @@ class OutboxEvent(db.Model):
     __table_args__ = (Index("ix_outbox_events_name_created_at", "name", "created_at"),)
 
 
+class WorkStatus(StrEnum):
+    """Where a unit of durable work is (see DurableWork); `obsolete`: a command whose order moved
+    on (a paid order's deadline), kept for the timeline."""
+
+    PENDING = "pending"
+    PROCESSING = "processing"
+    DONE = "done"
+    DEAD = "dead"
+    DISCARDED = "discarded"
+    OBSOLETE = "obsolete"
+
+
 class DurableWork:
     """Columns shared by every unit of durable background work (a delivery of an event to one
     handler, or a scheduled command): the database row, not Redis, is the source of truth.
@@ -32,7 +46,7 @@ class DurableWork:
     An operator may retry a dead row (fresh attempt budget) or discard it (with a reason).
     """
 
-    status: Mapped[str] = mapped_column(String(16), default="pending", nullable=False)
+    status: Mapped[str] = mapped_column(String(16), default=WorkStatus.PENDING.value, nullable=False)
     attempts: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
     max_attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=5)
     next_attempt_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
@@ -42,7 +56,7 @@ class DurableWork:
     claimed_until = mapped_column(UTCDateTime, nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     last_traceback: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # Why the last attempt failed (domain.deadlines FAILURE_*): "provider" while the row waits
+    # Why the last attempt failed (domain.deadlines.FailureKind): "provider" while the row waits
     # for an unavailable provider, which is retried without spending the attempt budget, and
     # "refused" for a dead letter retrying cannot help.
     failure_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)

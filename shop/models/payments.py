@@ -1,8 +1,17 @@
+from enum import StrEnum
+
 from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ..extensions import db
 from .types import UTCDateTime, now_utc
+
+
+class ReceiptOutcome(StrEnum):
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"  # an event already applied
+    IGNORED = "ignored"  # verified, but nothing the shop acts on
+    REJECTED = "rejected"  # not verified: bad signature, too old, too big, not JSON
 
 
 class WebhookReceipt(db.Model):
@@ -12,7 +21,7 @@ class WebhookReceipt(db.Model):
     id: Mapped[int] = mapped_column(primary_key=True)
     event_id: Mapped[str | None] = mapped_column(String(255), index=True, nullable=True)
     event_type: Mapped[str | None] = mapped_column(String(100), nullable=True)
-    outcome: Mapped[str] = mapped_column(String(20))  # accepted | duplicate | ignored | rejected
+    outcome: Mapped[str] = mapped_column(String(20))  # a ReceiptOutcome
     reason: Mapped[str] = mapped_column(Text, default="")
     order_id: Mapped[int | None] = mapped_column(Integer, index=True, nullable=True)
     http_status: Mapped[int] = mapped_column(Integer)
@@ -77,7 +86,7 @@ class Refund(db.Model):
     amount: Mapped[int] = mapped_column(Integer)
     currency: Mapped[str] = mapped_column(String(3))
     reason: Mapped[str] = mapped_column(String(200))
-    status: Mapped[str] = mapped_column(String(20), default="pending")  # pending | succeeded | failed | canceled
+    status: Mapped[str] = mapped_column(String(20), default="pending")  # a domain.refunds.RefundStatus
     provider_refund_id: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=1, server_default="1", nullable=False)
