@@ -18,7 +18,7 @@ from flask_login import current_user
 from ..domain.deadlines import utcnow
 from ..extensions import db
 from ..models import OperatorAction
-from ..orders.serialize import iso
+from ..domain.timestamps import iso
 
 log = logging.getLogger("shop.console")
 

@@ -11,7 +11,7 @@ from sqlalchemy import Integer, cast, func, select
 from ..domain.deadlines import as_utc
 from ..extensions import db, per_app
 from ..models import OutboxDelivery, OutboxEvent, WebhookReceipt
-from ..orders.serialize import iso
+from ..domain.timestamps import iso
 from .format import human_age
 
 REJECTED_WINDOW = timedelta(hours=24)

@@ -28,9 +28,10 @@ from ..models import (
 )
 from ..ops.health import snapshot
 from ..ops.metrics import stuck_cutoff
-from ..orders.serialize import iso, order_json
+from ..domain.timestamps import iso
+from ..web.serialize import order_json
 from ..payments import guard
-from ..web import work_ref
+from ..web.requests import work_ref
 from . import sweep_words
 from .audit import action_json
 from .format import human_money, human_time

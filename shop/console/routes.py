@@ -20,12 +20,13 @@ from ..domain.deadlines import utcnow
 from ..extensions import db
 from ..models import Order, Refund, RestoreWarning
 from ..orders.lookup import order_by_reference
-from ..orders.serialize import iso
+from ..domain.timestamps import iso
 from ..outbox import dispatch
 from ..payments import gateway, refunds as refund_cases
 from ..payments.apply import reconcile_order
 from ..saga import warnings
-from ..web import respond, wants_json, work_ref
+from ..web.answers import respond, wants_json
+from ..web.requests import work_ref
 from . import audit, auth, board, bp, queries  # noqa: F401  (auth registers the login routes)
 from .auth import safe_next
 from .forms import ActionForm, DiscardForm, ResolveForm, RetryRefundForm, SettleRefundForm

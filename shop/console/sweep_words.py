@@ -16,7 +16,7 @@ from flask import url_for
 
 from ..domain.deadlines import as_utc
 from ..domain.order import UNPAID
-from ..orders.serialize import iso
+from ..domain.timestamps import iso
 from .format import human_age
 
 UNPAID_STATUSES = {s.value for s in UNPAID}
