@@ -46,7 +46,7 @@ WORK_STATUSES = ("pending", "processing", "done", "dead", "discarded", "obsolete
 # unavailable provider (rows.WAITING).
 WORK_FILTERS = WORK_STATUSES + (WAITING,)
 WARNING_STATES = ("open", "resolved", "duplicate")
-WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected", "failed")  # see shop.webhooks
+WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected", "failed")  # shop.webhooks.ReceiptOutcome
 
 
 # A list counts its rows up to this many past the current page: exact below it, "10,000+" above. An exact

@@ -10,6 +10,7 @@ from sqlalchemy.orm import selectinload
 from ..extensions import db
 from ..models import Cart, InventoryItem, Product, Variant
 from ..orders import cart as carts
+from ..orders.cart import CartStatus
 from ..web.answers import at_address, browser_id, respond, wants_json
 from ..web.requests import MAX_ID
 from . import bp
@@ -112,7 +113,12 @@ def cart():
     return render_cart()
 
 
-_CART_STATUS = {"not_for_sale": 404, "not_in_cart": 404, "short": 409, "too_many": 400}
+_CART_STATUS = {
+    CartStatus.NOT_FOR_SALE: 404,
+    CartStatus.NOT_IN_CART: 404,
+    CartStatus.SHORT: 409,
+    CartStatus.TOO_MANY: 400,
+}
 
 
 @bp.post("/cart/items")
@@ -143,7 +149,7 @@ def set_quantity(variant_id: int):
     change = carts.set_quantity(browser_id(), variant_id, form.quantity.data)
     if not change.ok:
         return render_cart(
-            _CART_STATUS[change.status], change.message, field=field if change.status == "short" else None
+            _CART_STATUS[change.status], change.message, field=field if change.status is CartStatus.SHORT else None
         )
     if wants_json():
         return render_cart()

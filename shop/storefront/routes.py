@@ -13,7 +13,7 @@ from ..domain.order import LIVE, OrderStatus
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import Cart, Order
-from ..orders.checkout import place_order
+from ..orders.checkout import Refusal, place_order
 from ..orders.cancel import CancelStatus, cancel_order
 from .. import emails
 from ..orders.lookup import order_by_reference
@@ -55,7 +55,7 @@ def checkout():
     in_line = line_is_held()  # the provider's budget for new sessions is spent: join the line at once
     result = place_order(cart_id=cart_id, browser_id=bid, email=form.email.data.strip(), in_line=in_line)
     if not result.ok:
-        status = {"out_of_stock": 409, "cart_closed": 409}.get(result.code, 400)
+        status = {Refusal.OUT_OF_STOCK: 409, Refusal.CART_CLOSED: 409}.get(result.code, 400)
         detail = result.message
         if result.shortages:
             detail += " " + "; ".join(
@@ -63,7 +63,9 @@ def checkout():
                 + (f", you asked for {s['requested']}" if "requested" in s else "")
                 for s in result.shortages
             )
-        field = {"out_of_stock": "stock", "unavailable": "stock", "empty_cart": "empty"}.get(result.code)
+        field = {Refusal.OUT_OF_STOCK: "stock", Refusal.UNAVAILABLE: "stock", Refusal.EMPTY_CART: "empty"}.get(
+            result.code
+        )
         return render_cart(status, detail, result.shortages, form=form, field=field)
     order_url = url_for("storefront.order_page", reference=result.reference)
     # The order is placed and this browser owns it: whatever fails from here (the database lost

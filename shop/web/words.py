@@ -10,16 +10,19 @@ from ..orders.cancel import CancelConflict
 
 # What a customer reads for each state (the JSON keeps the state names of docs/REFERENCE.md, Order states).
 STATUS_WORDS = {
-    OrderStatus.PENDING_PAYMENT.value: "Awaiting payment",
-    OrderStatus.PAYMENT_INITIATED.value: "At the payment page",
-    OrderStatus.PAYMENT_FAILED.value: "Payment failed",
-    OrderStatus.PAID.value: "Paid",
-    OrderStatus.CANCELLED.value: "Cancelled",
+    OrderStatus.PENDING_PAYMENT: "Awaiting payment",
+    OrderStatus.PAYMENT_INITIATED: "At the payment page",
+    OrderStatus.PAYMENT_FAILED: "Payment failed",
+    OrderStatus.PAID: "Paid",
+    OrderStatus.CANCELLED: "Cancelled",
 }
 
 
 def status_words(status: str) -> str:
-    return STATUS_WORDS.get(str(status), str(status))
+    try:
+        return STATUS_WORDS[OrderStatus(status)]
+    except ValueError:  # not an order's state: shown as it is
+        return str(status)
 
 
 # The badge a customer sees for an order, in the words of the page's own text: the state alone
