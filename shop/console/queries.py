@@ -50,7 +50,7 @@ WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected", "failed")  #
 
 
 # A list counts its rows up to this many past the current page: exact below it, "10,000+" above. An exact
-# COUNT(*) of an unfiltered list reads every row (a second or more at a million orders) for a
+# COUNT(*) of an unfiltered list reads every row (slow at a million orders: bench/console.py) for a
 # number nobody pages through.
 COUNT_CAP = 10_000
 

@@ -9,8 +9,8 @@ Inside ONE transaction, in this order:
      scheduled command row): "there is an order" and "there is a deadline" are one fact;
   4. LAST, just before COMMIT, decrement each variant's stock with a conditional relative
      update (on_hand = on_hand - n WHERE on_hand >= n), in ascending variant id order.
-Decrementing last keeps the hot stock-row locks for the shortest time (measured: ~1.7x the
-throughput of decrementing first); the fixed order means two checkouts of the same variants
+Decrementing last keeps the hot stock-row locks for the shortest time (measured: more
+throughput than decrementing first); the fixed order means two checkouts of the same variants
 can never wait on each other in a cycle. Any shortfall rolls everything back.
 
 Nothing touches Redis before the commit; the deadline is announced to rq-scheduler after it.
