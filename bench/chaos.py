@@ -1518,7 +1518,7 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
 
 
 def _bundled_redis() -> str:
-    from shop.devserver import bundled_redis_server
+    from shop.devserver.bundled_redis import bundled_redis_server
 
     return bundled_redis_server()
 

@@ -266,7 +266,7 @@ def _configure_sqlite(app) -> None:
 def _configure_login(app) -> None:
     from .extensions import db, login_manager
     from .models import Operator
-    from .web import MAX_ID
+    from .web.requests import MAX_ID
 
     @login_manager.user_loader
     def load_operator(operator_id):

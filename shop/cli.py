@@ -136,6 +136,6 @@ def register_webhook_command():
 def up_command(port):
     """The one-command demo: database, seed, operator, Redis, sandbox, web + worker + scheduler."""
     # Imported when run, for the same reason: the supervisor is needed by this command only.
-    from .devserver import up
+    from .devserver.command import up
 
     up(port=port)

@@ -17,7 +17,8 @@ from .domain.order import OrderStatus, cancelled_because
 from .domain.refunds import NOT_RETURNED, SUCCEEDED
 from .extensions import db
 from .models import Order, OutboxEvent, Refund
-from .orders.serialize import pay_by, refund_failure_words
+from .domain.refund_words import refund_failure_words
+from .orders.deadline import pay_by
 
 # An email about a state the order can leave: once it has, the email would mislead and is not
 # sent ("your items are held, try again" after the customer cancelled). The others are about

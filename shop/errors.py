@@ -7,7 +7,7 @@ from flask import request
 from werkzeug.exceptions import HTTPException, NotFound
 
 from .extensions import db
-from .web import answer_after_commit, wants_json
+from .web.answers import answer_after_commit, wants_json
 
 PAGE = """{% extends "base.html" %}{% block content %}<h1>{{ title }}</h1><p>{{ message }}</p>
 <p><a href="{{ url_for('storefront.catalog') }}">Back to the shop</a></p>{% endblock %}"""

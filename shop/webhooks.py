@@ -10,6 +10,7 @@ update for the whole shop. Rejections are logged at CRITICAL for the same reason
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 from flask import Blueprint, jsonify, request
 from sqlalchemy import insert
@@ -27,6 +28,9 @@ bp = Blueprint("webhooks", __name__)
 
 MAX_BODY = 1_000_000
 
+# What a receipt records about a delivery (the console lists and filters by it).
+ReceiptOutcome = Literal["accepted", "duplicate", "ignored", "rejected", "failed"]
+
 
 def _text(value, limit: int) -> str | None:
     # A receipt must not fail over what a sender put in a field: PostgreSQL refuses NUL in text,
@@ -37,7 +41,9 @@ def _text(value, limit: int) -> str | None:
     return str(value).replace("\x00", "").encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
 
 
-def _write_receipt(outcome: str, reason: str, status: int, event_id=None, event_type=None, order_id=None) -> None:
+def _write_receipt(
+    outcome: ReceiptOutcome, reason: str, status: int, event_id=None, event_type=None, order_id=None
+) -> None:
     """One Core INSERT into the caller's transaction (no ORM object: the webhook is hot)."""
     if not isinstance(order_id, int) or not -(2**31) <= order_id < 2**31:
         order_id = None  # metadata.order_id is the sender's text; the column is a 32-bit integer
@@ -59,7 +65,7 @@ def _write_receipt(outcome: str, reason: str, status: int, event_id=None, event_
 _INSERT_RECEIPT = insert(WebhookReceipt.__table__)
 
 
-def _record(outcome: str, reason: str, status: int, event_id=None, event_type=None, order_id=None) -> None:
+def _record(outcome: ReceiptOutcome, reason: str, status: int, event_id=None, event_type=None, order_id=None) -> None:
     """The receipt in a transaction of its own: for deliveries that change nothing else
     (rejected, ignored) and for one whose own transaction could not commit."""
     try:

@@ -296,7 +296,7 @@ def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_e
 def test_the_scheduler_waits_out_a_redis_restart_and_then_rebuilds_what_redis_lost(make_fresh_app, tmp_path):
     """Redis goes away and comes back empty (a restart without persistence): the scheduler
     neither dies with a traceback nor carries on without its periodic jobs."""
-    from shop.devserver import bundled_redis_server
+    from shop.devserver.bundled_redis import bundled_redis_server
 
     binary = shutil.which("redis-server") or bundled_redis_server()
     port = _free_port()

@@ -7,7 +7,7 @@ bp = Blueprint("console", __name__, url_prefix="/console")
 
 # After `bp`: the routes register on it.
 from ..extensions import login_manager  # noqa: E402
-from . import routes, throttle  # noqa: E402,F401
+from . import order_actions, outbox_actions, refund_actions, routes, throttle  # noqa: E402,F401
 from .auth import require_operator  # noqa: E402
 
 

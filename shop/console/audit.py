@@ -3,7 +3,7 @@
 Every POST under /console by a logged-in operator (login and logout aside) leaves one
 `operator_actions` row, written by the blueprint's after-request hook once the action has
 answered: an action added later is audited without remembering to. A view says what it acted
-on with `about(...)`; `done()` and `problem()` (shop/console/routes.py) note the outcome in words.
+on with `about(...)`; `done()` and `problem()` (shop/console/answers.py) note the outcome in words.
 The row is written in its own transaction after the action's: an action's commit never waits on
 its audit row, and a failure to write one is logged at ERROR, never turned into a failed action.
 """
@@ -18,7 +18,7 @@ from flask_login import current_user
 from ..domain.deadlines import utcnow
 from ..extensions import db
 from ..models import OperatorAction
-from ..orders.serialize import iso
+from ..domain.timestamps import iso
 
 log = logging.getLogger("shop.console")
 

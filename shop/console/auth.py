@@ -13,7 +13,7 @@ from werkzeug.security import check_password_hash, generate_password_hash
 
 from ..extensions import db
 from ..models import Operator
-from ..web import respond, wants_json
+from ..web.answers import respond, wants_json
 from . import bp
 from .forms import LoginForm
 

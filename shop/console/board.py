@@ -11,7 +11,7 @@ from sqlalchemy import Integer, cast, func, select
 from ..domain.deadlines import as_utc
 from ..extensions import db, per_app
 from ..models import OutboxDelivery, OutboxEvent, WebhookReceipt
-from ..orders.serialize import iso
+from ..domain.timestamps import iso
 from .format import human_age
 
 REJECTED_WINDOW = timedelta(hours=24)
@@ -264,9 +264,9 @@ def charts(now: datetime) -> dict:
 
     A finished minute cannot change any more (events and deliveries are written at `now`), so each
     process counts it once, the first time it sees it finished, and keeps it with the app; every
-    request counts only the current minute. Counting the whole hour on every refresh cost 160 ms
-    (at a million orders, 100,000 of them in the last hour: bench/console.py), more than the
-    dashboard's whole budget; the hour counted once and then a minute at a time costs that once."""
+    request counts only the current minute. Counting the whole hour on every refresh cost more than
+    the dashboard's whole budget at a million orders (bench/console.py prints what it costs); the
+    hour counted once and then a minute at a time costs that once."""
     current = now.replace(second=0, microsecond=0)
     start = current - timedelta(minutes=CHART_MINUTES - 1)
     kept = per_app("console_chart_minutes", dict)  # minute -> ({series: count}, lag or None)

@@ -1,4 +1,5 @@
-"""Words for a tired operator: "12 min" rather than 720, "18.00 USD" rather than 1800."""
+"""Words for a tired operator: "12 min" rather than 720, "$18.00" rather than 1800 (money as the payment page
+shows it: shop.money.format_money)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 from wtforms import EmailField, HiddenField, IntegerField, PasswordField, StringField, TextAreaField
 from wtforms.validators import DataRequired, Length, NumberRange, Optional
 
-from ..web import Form
+from ..web.requests import Form
 
 
 class ConsoleForm(Form):

@@ -1,66 +1,56 @@
-"""What the console shows, read straight from the tables (the database is the truth). Each
-function returns plain dicts: the JSON answer, and what the HTML page renders."""
+"""The console's lists, read straight from the tables (the database is the truth), one page at a
+time: orders, operator actions, refunds, the outbox, restore warnings, webhook receipts, sweep
+cycles. Each returns plain dicts (rows.py shapes each row): the JSON answer, and what the HTML page
+renders. The dashboard's numbers are overview.py's, one order's history timeline.py's."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
-from flask import current_app
 from sqlalchemy import and_, func, or_, select, union_all
 
-from ..domain.deadlines import FAILURE_PROVIDER, as_utc
-from ..domain.order import LIVE
-from ..domain.refunds import NOT_RETURNED, needs_operator
+from ..domain.deadlines import FAILURE_PROVIDER
 from ..extensions import db
 from ..models import (
     OperatorAction,
     Order,
     OutboxDelivery,
     OutboxEvent,
-    PaymentProofRefusal,
-    ProviderRefusal,
     ReconciliationCycle,
     Refund,
     RestoreWarning,
     ScheduledCommand,
     WebhookReceipt,
 )
-from ..ops.health import snapshot
 from ..ops.metrics import stuck_cutoff
-from ..orders.serialize import iso, order_json
-from ..payments import guard
-from ..web import work_ref
-from . import sweep_words
 from .audit import action_json
-from .format import human_money, human_time
+from .rows import (
+    LIVE_STATUSES,
+    REFUND_NEEDS_OPERATOR,
+    WAITING,
+    command_item,
+    command_json,
+    delivery_detail,
+    order_row,
+    receipt_json,
+    refund_json,
+    sweep_json,
+    sweep_problems,
+    warning_detail,
+)
 
 PER_PAGE = 100
 # obsolete: a deadline retired because its order reached a final state first (scheduled commands only).
 WORK_STATUSES = ("pending", "processing", "done", "dead", "discarded", "obsolete")
 # The outbox list's filters: the statuses, plus the pending rows that are waiting for an
-# unavailable provider (retried for as long as it takes, never dead-lettered for it).
-WAITING = "waiting"
+# unavailable provider (rows.WAITING).
 WORK_FILTERS = WORK_STATUSES + (WAITING,)
-
-
-def waiting_for_provider(row) -> bool:
-    return row.status == "pending" and row.failure_kind == FAILURE_PROVIDER
-
-
 WARNING_STATES = ("open", "resolved", "duplicate")
-WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected", "failed")  # see shop.webhooks
-LIVE_STATUSES = tuple(s.value for s in LIVE)
-
-
-def age_seconds(now: datetime, then: datetime | None) -> int | None:
-    if then is None:
-        return None
-    return max(0, int((now - as_utc(then)).total_seconds()))
+WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected", "failed")  # shop.webhooks.ReceiptOutcome
 
 
 # A list counts its rows up to this many past the current page: exact below it, "10,000+" above. An exact
-# COUNT(*) of an unfiltered list reads every row (a second or more at a million orders) for a
+# COUNT(*) of an unfiltered list reads every row (slow at a million orders: bench/console.py) for a
 # number nobody pages through.
 COUNT_CAP = 10_000
 
@@ -84,181 +74,6 @@ def paging(query, page: int, per_page: int = PER_PAGE, count_query=None):
         "next_page": page + 1 if page * per_page < counted else None,
     }
     return rows, meta
-
-
-# -- dashboard ------------------------------------------------------------------------------
-
-
-def _count_and_oldest(query_from, where, column, now):
-    count, oldest = db.session.execute(
-        select(func.count(), func.min(column)).select_from(query_from).where(*where)
-    ).one()
-    return {"count": count, "oldest_age_seconds": age_seconds(now, oldest)}
-
-
-def dashboard(now: datetime) -> dict:
-    cutoff = stuck_cutoff(now)
-    per_status = {
-        status: (count, oldest)
-        for status, count, oldest in db.session.execute(
-            select(Order.status, func.count(), func.min(Order.updated_at))
-            .where(Order.status.in_(LIVE_STATUSES), Order.updated_at < cutoff)
-            .group_by(Order.status)
-        ).all()
-    }
-    by_status = {
-        s: {
-            "count": per_status.get(s, (0, None))[0],
-            "oldest_age_seconds": age_seconds(now, per_status.get(s, (0, None))[1]),
-        }
-        for s in LIVE_STATUSES
-    }
-    oldest_stuck = min((o for _, o in per_status.values() if o is not None), default=None, key=as_utc)
-    stuck = {
-        "count": sum(v["count"] for v in by_status.values()),
-        "oldest_age_seconds": age_seconds(now, oldest_stuck),
-        "stuck_after_seconds": int((now - cutoff).total_seconds()),
-        "by_status": by_status,
-    }
-
-    # A dead letter's age counts from when its work was created: how long it has gone undone.
-    deliveries = _count_and_oldest(OutboxDelivery, [OutboxDelivery.status == "dead"], OutboxDelivery.created_at, now)
-    commands = _count_and_oldest(
-        ScheduledCommand, [ScheduledCommand.status == "dead"], ScheduledCommand.created_at, now
-    )
-    ages = [a for a in (deliveries["oldest_age_seconds"], commands["oldest_age_seconds"]) if a is not None]
-    dead = {
-        "count": deliveries["count"] + commands["count"],
-        "oldest_age_seconds": max(ages) if ages else None,
-        "deliveries": deliveries,
-        "commands": commands,
-    }
-
-    warnings = _count_and_oldest(RestoreWarning, [RestoreWarning.state == "open"], RestoreWarning.created_at, now)
-    # Refunds whose money did not go back and that nobody has dealt with: aged from the failure.
-    failed_refunds = _count_and_oldest(Refund, REFUND_NEEDS_OPERATOR, Refund.failed_at, now)
-
-    cycle = db.session.execute(
-        select(ReconciliationCycle)
-        .order_by(ReconciliationCycle.started_at.desc(), ReconciliationCycle.id.desc())
-        .limit(1)
-    ).scalar_one_or_none()
-    last_ok = db.session.execute(
-        select(func.max(ReconciliationCycle.finished_at)).where(ReconciliationCycle.status == "ok")
-    ).scalar()
-    return {
-        "now": iso(now),
-        "stuck_orders": stuck,
-        "dead_letters": dead,
-        "restore_warnings": warnings,
-        "refunds_failed": failed_refunds["count"],
-        "refunds_failed_oldest_age_seconds": failed_refunds["oldest_age_seconds"],
-        "last_sweep": sweep_json(cycle, now) if cycle else None,
-        "last_successful_sweep_at": iso(as_utc(last_ok)) if last_ok else None,
-        "provider": provider_state(now),
-    }
-
-
-REFUND_NEEDS_OPERATOR = [Refund.status.in_(NOT_RETURNED), Refund.settled_at.is_(None)]
-
-
-def provider_state(now: datetime) -> dict:
-    """The payment provider as the circuit breaker sees it (payments.guard), in words."""
-    view = guard.get().breaker_view()
-    state, failures = view["state"], int(view.get("failures") or 0)
-    opened = view["opened_at"] if state != guard.CLOSED and view["opened_at"] else None
-    words = guard.STATE_WORDS.get(state, state)
-    if state == guard.CLOSED and failures:
-        # Closed, but the latest calls failed: not "reachable" until one succeeds.
-        threshold = current_app.config["STRIPE_BREAKER_THRESHOLD"]
-        words = (
-            f"Failing: the last {failures} call(s) to the provider failed in a row (after {threshold} it "
-            "stops calling for a while); checkout takes orders and customers pay later with “Pay now”."
-        )
-    return {
-        "state": state,
-        "failures": failures,
-        "words": words,
-        "since_seconds": max(0, int(now.timestamp() - opened)) if opened else None,
-        "shared": view["shared"],
-    }
-
-
-def liveness(now: datetime) -> dict:
-    """Processes with their heartbeat ages, queues with depth and the age of their oldest due
-    item, the next sweep, and the same verdict /healthz gives (shop.ops.health)."""
-    found = snapshot(now, with_queues=True)
-    processes = [
-        {
-            "role": p["role"],
-            "name": p["name"],
-            "host": p["host"],
-            "pid": p["pid"],
-            "runs": p["runs"],
-            "state": "stalled" if p["stalled"] else p["state"],
-            "stalled": p["stalled"],
-            "beat_age_seconds": p["beat_age_seconds"],
-            "last_beat_at": iso(p["last_beat"]),
-            "since": iso(p["since"]),
-            "job": p["job"],
-            "job_since": iso(p["job_since"]),
-            "last_job": p["last_job"],
-            "last_job_at": iso(p["last_job_at"]),
-            "in_redis": p["in_redis"],
-        }
-        for p in sorted(found["processes"], key=lambda p: (p["role"] != "worker", p["name"]))
-    ]
-    queues = [{**q, "oldest_age_seconds": _whole(q["oldest_age_seconds"])} for q in found["queues"] or ()]
-    for kind, model in (("outbox deliveries", OutboxDelivery), ("scheduled commands", ScheduledCommand)):
-        count, oldest = db.session.execute(
-            select(func.count(), func.min(model.next_attempt_at)).where(
-                model.status == "pending", model.next_attempt_at <= now
-            )
-        ).one()
-        queues.append(
-            {
-                "name": kind,
-                "kind": "database",
-                "depth": count,
-                "due": count,
-                "oldest_age_seconds": age_seconds(now, oldest),
-            }
-        )
-    return {
-        "health": {
-            "healthy": found["healthy"],
-            "checks": found["checks"],
-            "problems": found["problems"],
-            "stale_after_seconds": found["stale_seconds"],
-            "outbox_lag_limit_seconds": found["outbox_lag_limit_seconds"],
-        },
-        "processes": processes,
-        "queues": queues,
-        "next_sweep_at": iso(found["next_sweep_at"]),
-    }
-
-
-def _whole(seconds: float | None) -> int | None:
-    return None if seconds is None else int(seconds)
-
-
-# -- orders ---------------------------------------------------------------------------------
-
-
-def order_row(order: Order, now: datetime, cutoff: datetime) -> dict:
-    return {
-        "reference": order.reference,
-        "status": order.status,
-        "total": order.total,
-        "currency": order.currency,
-        "email": order.email,
-        "payment_attempts": order.payment_attempts,
-        "inventory_restored": bool(order.inventory_restored),
-        "stuck": order.status in LIVE_STATUSES and as_utc(order.updated_at) < cutoff,
-        "age_seconds": age_seconds(now, order.updated_at),
-        "created_at": iso(order.created_at),
-        "updated_at": iso(order.updated_at),
-    }
 
 
 def orders(now: datetime, *, stuck: bool, statuses: list[str], page: int, q: str = "") -> dict:
@@ -319,312 +134,6 @@ def audit(*, page: int, operator: str = "", order: Order | None = None) -> dict:
     return {"actions": [action_json(a, ref) for a, ref in rows], "filters": {"operator": operator}, **meta}
 
 
-def delivery_json(delivery: OutboxDelivery, event_name: str | None, reference: str | None) -> dict:
-    """The outbox item of docs/REFERENCE.md, Console: the contract's keys, plus whether the row is
-    waiting for the provider (its status then stays "pending")."""
-    return {
-        "id": delivery.id,
-        "event": event_name,
-        "handler": delivery.handler,
-        "status": delivery.status,
-        "attempts": delivery.attempts,
-        "last_error": delivery.last_error,
-        "order_reference": reference,
-        "waiting_for_provider": waiting_for_provider(delivery),
-    }
-
-
-def delivery_detail(delivery: OutboxDelivery, event_name, reference, now) -> dict:
-    return {
-        **delivery_json(delivery, event_name, reference),
-        "max_attempts": delivery.max_attempts,
-        "traceback": delivery.last_traceback,
-        "discard_reason": delivery.discard_reason,
-        "created_at": iso(delivery.created_at),
-        "updated_at": iso(delivery.updated_at),
-        "next_attempt_at": iso(delivery.next_attempt_at),
-        "completed_at": iso(delivery.completed_at),
-        "age_seconds": age_seconds(now, delivery.created_at),
-    }
-
-
-def command_json(command: ScheduledCommand, reference: str | None, now: datetime) -> dict:
-    return {
-        "id": command.id,
-        "kind": command.kind,
-        "status": command.status,
-        "attempts": command.attempts,
-        "max_attempts": command.max_attempts,
-        "last_error": command.last_error,
-        "order_reference": reference,
-        "waiting_for_provider": waiting_for_provider(command),
-        "provider_waits": command.provider_waits,
-        "due_at": iso(command.next_attempt_at),
-        "completed_at": iso(command.completed_at),
-        "discard_reason": command.discard_reason,
-        "created_at": iso(command.created_at),
-        "age_seconds": age_seconds(now, command.created_at),
-    }
-
-
-def warning_json(warning: RestoreWarning, reference: str | None) -> dict:
-    """docs/REFERENCE.md, Console: exactly these keys."""
-    return {
-        "id": warning.id,
-        "order_reference": reference,
-        "variant_id": warning.variant_id,
-        "quantity": warning.quantity,
-        "reason": warning.reason,
-        "state": warning.state,
-    }
-
-
-def warning_detail(warning: RestoreWarning, reference, now) -> dict:
-    return {
-        **warning_json(warning, reference),
-        "resolution": warning.resolution,
-        "created_at": iso(warning.created_at),
-        "resolved_at": iso(warning.resolved_at),
-        "age_seconds": age_seconds(now, warning.created_at),
-    }
-
-
-def receipt_json(receipt: WebhookReceipt, reference: str | None) -> dict:
-    return {
-        "id": receipt.id,
-        "event_id": receipt.event_id,
-        "event_type": receipt.event_type,
-        "outcome": receipt.outcome,
-        "reason": receipt.reason,
-        "http_status": receipt.http_status,
-        "order_reference": reference,
-        "received_at": iso(receipt.received_at),
-    }
-
-
-@dataclass
-class _OrderRows:
-    """Every row that names one order, each kind oldest first (one query per kind)."""
-
-    events: list
-    receipts: list
-    deliveries: list
-    commands: list
-    warnings: list
-    refunds: list
-    refusals: list
-    provider_refusals: list
-    actions: list
-
-
-def _rows_of(order: Order) -> _OrderRows:
-    session = db.session
-
-    def of(model, *order_by):
-        return session.execute(select(model).where(model.order_id == order.id).order_by(*order_by)).scalars().all()
-
-    return _OrderRows(
-        events=of(OutboxEvent, OutboxEvent.created_at, OutboxEvent.id),
-        receipts=of(WebhookReceipt, WebhookReceipt.received_at, WebhookReceipt.id),
-        deliveries=of(OutboxDelivery, OutboxDelivery.id),
-        commands=of(ScheduledCommand, ScheduledCommand.id),
-        warnings=of(RestoreWarning, RestoreWarning.id),
-        refunds=list(order.refunds),  # the relationship order_json reads too (ordered by id): one query for both
-        refusals=of(PaymentProofRefusal, PaymentProofRefusal.id),
-        provider_refusals=of(ProviderRefusal, ProviderRefusal.id),
-        actions=of(OperatorAction, OperatorAction.id),
-    )
-
-
-def order_timeline(order: Order, now: datetime) -> dict:
-    """Everything that happened to one order, each kind in its own list, plus one merged,
-    time-ordered list for reading top to bottom."""
-    ref = order.reference
-    rows = _rows_of(order)
-    names = {e.id: e.name for e in rows.events}
-    data = {
-        "order": _order_summary(order, now),
-        "transitions": [
-            {"id": e.id, "event": e.name, "at": iso(e.created_at), "payload": e.payload} for e in rows.events
-        ],
-        "webhooks": [receipt_json(r, ref) for r in rows.receipts],
-        "deliveries": [delivery_detail(d, names.get(d.event_id), ref, now) for d in rows.deliveries],
-        "commands": [command_json(c, ref, now) for c in rows.commands],
-        "restore_warnings": [warning_detail(w, ref, now) for w in rows.warnings],
-        "refunds": [
-            {
-                **refund_json(r, ref, now),
-                "command_status": _refund_command(r, rows.commands),
-                "waiting_for_provider": _refund_command(r, rows.commands) == WAITING,
-            }
-            for r in rows.refunds
-        ],
-        "proof_refusals": [
-            {
-                "id": p.id,
-                "session_id": p.session_id,
-                "source": p.source,
-                "problems": p.problems,
-                "amount_total": p.amount_total,
-                "currency": p.currency,
-                "created_at": iso(p.created_at),
-            }
-            for p in rows.refusals
-        ],
-        "provider_refusals": [
-            {"id": p.id, "attempt": p.attempt, "code": p.code, "reason": p.reason, "created_at": iso(p.created_at)}
-            for p in rows.provider_refusals
-        ],
-        "operator_actions": [action_json(a, ref) for a in rows.actions],
-    }
-    data["timeline"] = _merged(rows, names)
-    return data
-
-
-def _order_summary(order: Order, now: datetime) -> dict:
-    return {
-        **order_json(order),
-        "email": order.email,
-        "payment_attempts": order.payment_attempts,
-        # A paid order's earlier failure is history (the timeline keeps it), not a problem.
-        "last_payment_error": None if order.status == "Paid" else order.last_payment_error,
-        "age_seconds": age_seconds(now, order.updated_at),
-        "stuck": order.status in LIVE_STATUSES and as_utc(order.updated_at) < stuck_cutoff(now),
-        # Set when the sweep's provider pass backs off an order whose answer cannot
-        # change soon: until then the sweep does not ask the provider about it.
-        "provider_next_check_at": _future_iso(order.provider_next_check_at, now),
-        "provider_next_check_in_seconds": _seconds_until(order.provider_next_check_at, now),
-        # Money may still come for this cancelled order's session, or its refund has not
-        # gone through yet: the sweep keeps asking (sweep.check_cancelled_payment).
-        "watched_for_late_money": order.status == "Cancelled" and order.payment_processing_at is not None,
-    }
-
-
-def _merged(rows: _OrderRows, names: dict) -> list[dict]:
-    """All of it in one list, oldest first: (at, kind, what, detail)."""
-    merged = (
-        [(e.created_at, "transition", e.name, _payload_words(e.payload)) for e in rows.events]
-        + [
-            (r.received_at, "webhook", f"{r.event_type or 'webhook'}: {r.outcome}", r.reason or "")
-            for r in rows.receipts
-        ]
-        + [
-            (
-                c.created_at,
-                "command",
-                f"{c.kind} armed",
-                f"due {human_time(c.next_attempt_at)}, now "
-                + ("waiting for the provider" if waiting_for_provider(c) else c.status),
-            )
-            for c in rows.commands
-        ]
-        + [
-            (c.completed_at or c.updated_at, "command", f"{c.kind} retired", c.discard_reason or "obsolete")
-            for c in rows.commands
-            if c.status == "obsolete"
-        ]
-        + [
-            (
-                d.completed_at or d.updated_at,
-                "delivery",
-                f"{d.handler}: {d.status}",
-                f"{names.get(d.event_id, '?')}, {d.attempts} attempt(s)"
-                + (f", {d.last_error}" if d.last_error else ""),
-            )
-            for d in rows.deliveries
-            if d.status in ("done", "dead", "discarded")
-        ]
-        + [(w.created_at, "restore_warning", "restore warning", w.reason) for w in rows.warnings]
-        + [item for r in rows.refunds for item in _refund_timeline(r)]
-        + [(p.created_at, "proof_refused", "payment proof refused", p.problems) for p in rows.refusals]
-        + [
-            (
-                p.created_at,
-                "provider_refused",
-                f"provider refused payment attempt {p.attempt}",
-                p.reason + (f" (code {p.code})" if p.code else ""),
-            )
-            for p in rows.provider_refusals
-        ]
-        + [
-            (
-                a.created_at,
-                "operator",
-                f"{a.action} by {a.operator}",
-                a.outcome + (f" Reason: {a.reason}" if a.reason else ""),
-            )
-            for a in rows.actions
-        ]
-    )
-    merged.sort(key=lambda item: as_utc(item[0]))
-    return [{"at": iso(at), "kind": kind, "what": what, "detail": detail} for at, kind, what, detail in merged]
-
-
-def refund_json(refund: Refund, reference: str | None, now: datetime) -> dict:
-    """A refund as the console shows it: the provider's status and its id, the attempts made, why
-    the last one failed, and whether (and how) an operator settled it outside the shop."""
-    return {
-        "id": refund.id,
-        "order_reference": reference,
-        "amount": refund.amount,
-        "currency": refund.currency,
-        "status": refund.status,
-        "reason": refund.reason,
-        "session_id": refund.session_id,
-        "provider_refund_id": refund.provider_refund_id,
-        "attempts": refund.attempts,
-        "failure_reason": refund.failure_reason,
-        "failed_at": iso(refund.failed_at),
-        "last_error": refund.last_error,
-        "needs_operator": needs_operator(refund.status, refund.settled_at is not None),
-        "settled_at": iso(refund.settled_at),
-        "settled_by": refund.settled_by,
-        "settlement_reason": refund.settlement_reason,
-        "created_at": iso(refund.created_at),
-        "updated_at": iso(refund.updated_at),
-        "age_seconds": age_seconds(now, refund.created_at),
-    }
-
-
-def _refund_timeline(refund: Refund) -> list[tuple]:
-    """A refund's moments on the order's timeline: made, failed (the last failure), succeeded,
-    settled outside the shop."""
-    money = human_money(refund.amount, refund.currency)
-    items = [(refund.created_at, "refund", "refund created", f"{money}: {refund.reason}")]
-    if refund.failed_at is not None:
-        items.append(
-            (
-                refund.failed_at,
-                "refund",
-                "refund failed at the provider",
-                refund.last_error or refund.failure_reason or "",
-            )
-        )
-    if refund.status == "succeeded":
-        items.append(
-            (
-                refund.updated_at,
-                "refund",
-                "refund succeeded",
-                f"{money} back to the customer (attempt {refund.attempts}, {refund.provider_refund_id})",
-            )
-        )
-    elif refund.status == "pending" and refund.attempts > 1:
-        items.append(
-            (refund.updated_at, "refund", f"refund sent again (attempt {refund.attempts})", "pending at the provider")
-        )
-    if refund.settled_at is not None:
-        items.append(
-            (
-                refund.settled_at,
-                "refund",
-                "refund settled outside the shop",
-                f"by {refund.settled_by}: {refund.settlement_reason}",
-            )
-        )
-    return items
-
-
 REFUND_FILTERS = ("failed", "pending", "succeeded", "settled")
 
 
@@ -640,55 +149,6 @@ def refunds(now: datetime, *, status: str | None, page: int) -> dict:
         query = query.where(Refund.status == status, Refund.settled_at.is_(None))
     rows, meta = paging(query, page)
     return {"status": status, "refunds": [refund_json(r, ref, now) for r, ref in rows], **meta}
-
-
-def _refund_command(refund: Refund, commands) -> str | None:
-    """Where the refund's command stands: pending, waiting (for the provider), dead, done..."""
-    for command in commands:
-        if command.kind == "refund_payment" and (command.payload or {}).get("refund_id") == refund.id:
-            return WAITING if waiting_for_provider(command) else command.status
-    return None
-
-
-def _seconds_until(at: datetime | None, now: datetime) -> int | None:
-    return int((as_utc(at) - now).total_seconds()) if at is not None and as_utc(at) > now else None
-
-
-def _future_iso(at: datetime | None, now: datetime) -> str | None:
-    """A time still ahead, as ISO; a past one says nothing any more (the sweep may ask again)."""
-    return iso(at) if at is not None and as_utc(at) > now else None
-
-
-def _payload_words(payload: dict) -> str:
-    payload = dict(payload or {})
-    currency = payload.pop("currency", None)
-    words = []
-    for key, value in payload.items():
-        if key in ("order_id", "reference") or value in (None, ""):
-            continue
-        if key in ("total", "amount") and isinstance(value, int) and currency:
-            value = human_money(value, currency)
-        words.append(f"{key}: {value}")
-    return ", ".join(words)
-
-
-# -- outbox, warnings, webhooks, sweeps -------------------------------------------------------
-
-
-def command_item(command: ScheduledCommand, reference: str | None) -> dict:
-    """A scheduled command (a deadline, a refund, an email) in the outbox list's documented shape:
-    its handler is its kind, it delivers no event, and its id is "cmd-<n>" because commands and
-    deliveries are numbered apart; `/console/outbox/cmd-<n>/retry` acts on it."""
-    return {
-        "id": work_ref("command", command.id),
-        "event": None,
-        "handler": command.kind,
-        "status": command.status,
-        "attempts": command.attempts,
-        "last_error": command.last_error,
-        "order_reference": reference,
-        "waiting_for_provider": waiting_for_provider(command),
-    }
 
 
 def outbox(now: datetime, *, status: str | None, page: int, keep: tuple[str, int] | None = None):
@@ -824,55 +284,8 @@ def webhooks(*, outcome: str | None, page: int) -> dict:
     }
 
 
-def sweep_json(cycle: ReconciliationCycle, now: datetime, problems: list | None = None) -> dict:
-    """docs/REFERENCE.md, Console: the recorded cycle, plus its outcome in words ("ok" only when
-    nothing went wrong) and its errors as `problems` an operator can act on."""
-    duration = None
-    if cycle.finished_at is not None:
-        duration = round((as_utc(cycle.finished_at) - as_utc(cycle.started_at)).total_seconds(), 3)
-    if problems is None:
-        problems = _sweep_problems([cycle], now).get(cycle.id, [])
-    code, words = sweep_words.outcome(cycle.status, len(cycle.errors or []))
-    return {
-        "id": cycle.id,
-        "status": cycle.status,
-        "started_at": iso(cycle.started_at),
-        "finished_at": iso(cycle.finished_at),
-        "duration_seconds": duration,
-        "cutoff": iso(cycle.cutoff),
-        "expiry_counts": cycle.expiry_counts or {},
-        "provider_counts": cycle.provider_counts or {},
-        "errors": cycle.errors or [],
-        "notes": cycle.notes or [],
-        "holder": cycle.holder,
-        "age_seconds": age_seconds(now, cycle.started_at),
-        "outcome": code,
-        "outcome_words": words,
-        "problems": problems,
-    }
-
-
 # How many cycles past the page are read to tell for how long an error has repeated.
 REPEAT_LOOKBACK = 100
-
-
-def _sweep_problems(cycles: list, now: datetime) -> dict:
-    """The cycles' errors in words, with the orders they name read in one query."""
-    ids = {e.get("order_id") for c in cycles for e in (c.errors or []) if isinstance(e, dict)}
-    ids = [i for i in ids if isinstance(i, int)]
-    orders = {}
-    if ids:
-        orders = {
-            o.id: o
-            for o in db.session.execute(
-                select(
-                    Order.id, Order.reference, Order.status, Order.provider_next_check_at, Order.payment_processing_at
-                ).where(Order.id.in_(ids))
-            ).all()
-        }
-    latest = db.session.execute(select(func.max(ReconciliationCycle.started_at))).scalar()
-    interval = current_app.config["RECONCILIATION_INTERVAL_SECONDS"]
-    return sweep_words.problems_by_cycle(cycles, orders, now, sweep_words.next_cycle(latest, interval))
 
 
 def sweeps(now: datetime, *, page: int) -> dict:
@@ -898,5 +311,5 @@ def sweeps(now: datetime, *, page: int) -> dict:
             .scalars()
             .all()
         )
-    problems = _sweep_problems(history, now)
+    problems = sweep_problems(history, now)
     return {"cycles": [sweep_json(c, now, problems.get(c.id, [])) for c in cycles], **meta}

@@ -15,11 +15,9 @@ from datetime import datetime, timedelta
 from flask import url_for
 
 from ..domain.deadlines import as_utc
-from ..domain.order import UNPAID
-from ..orders.serialize import iso
+from ..domain.order import UNPAID, OrderStatus
+from ..domain.timestamps import iso
 from .format import human_age
-
-UNPAID_STATUSES = {s.value for s in UNPAID}
 
 # Exception class names of rows recorded before the kind code existed.
 KIND_BY_EXCEPTION = {
@@ -106,9 +104,10 @@ def next_step(error: dict, order, now: datetime, next_cycle_at: datetime | None)
     check_at = order.provider_next_check_at
     if check_at is not None and as_utc(check_at) > now and error["pass"] == "provider":
         return f"The sweep leaves it alone until then and asks again at {_at(check_at, now)}.", iso(check_at)
-    watched = order.status == "Cancelled" and order.payment_processing_at is not None
+    status = OrderStatus(order.status)
+    watched = status is OrderStatus.CANCELLED and order.payment_processing_at is not None
     still_its_work = (
-        order.status in UNPAID_STATUSES if error["pass"] == "expiry" else order.status == "PaymentInitiated" or watched
+        status in UNPAID if error["pass"] == "expiry" else status is OrderStatus.PAYMENT_INITIATED or watched
     )
     if not still_its_work:
         return f"Nothing more: the order has since become {order.status}.", None

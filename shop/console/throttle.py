@@ -22,7 +22,7 @@ from flask import current_app, render_template, request
 from flask_limiter import Limiter, RequestLimit
 from flask_wtf.csrf import generate_csrf
 
-from ..web import wants_json
+from ..web.answers import wants_json
 from .forms import LoginForm
 
 LOGIN_ENDPOINT = "console.login"

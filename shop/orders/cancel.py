@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Literal
 
 from flask import current_app
 
@@ -22,17 +24,30 @@ from ..payments.apply import ask_and_apply
 from ..payments.start import retire_session_before_cancel
 from ..store import orders
 from ..store.orders import OrderSnapshot
-from .serialize import status_words
 
 log = logging.getLogger("shop.orders")
 
 
+class CancelStatus(StrEnum):
+    CANCELLED = "cancelled"
+    CONFLICT = "conflict"  # the order moved: `order` is as it is now, `code` a CancelConflict
+    REFUSED = "refused"  # the order cannot be cancelled: the refusal's code and message
+    NOT_FOUND = "not_found"
+
+
+class CancelConflict(StrEnum):
+    """How the order moved under a cancel: the route says it in the customer's words."""
+
+    CHANGED_SINCE_SEEN = "stale_version"  # before the cancel: the customer saw an older version
+    CHANGED_WHILE_CANCELLING = "changed_while_cancelling"  # between the cancel's look and its commit
+
+
 @dataclass
 class CancelOutcome:
-    status: str  # cancelled | conflict | refused | not_found
+    status: CancelStatus
     order: OrderSnapshot | None = None
     code: str = ""
-    message: str = ""
+    message: str = ""  # a refusal's own words (the order's or the provider's); empty otherwise
 
 
 def cancel_order(order_id: int, expected_version: int | None, *, reason: str = CANCELLED_BY_CUSTOMER) -> CancelOutcome:
@@ -45,25 +60,19 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
     version checked, or moved only because of the expiry this cancel caused."""
     order = orders.read(order_id)
     if order is None:
-        return CancelOutcome("not_found")
+        return CancelOutcome(CancelStatus.NOT_FOUND)
     if expected_version is not None and order.version != expected_version:
-        return CancelOutcome(
-            "conflict",
-            order,
-            "stale_version",
-            f"This order changed since you loaded it (it is now: {status_words(order.status)}, "
-            "perhaps in another tab). Look at it again before cancelling.",
-        )
+        return CancelOutcome(CancelStatus.CONFLICT, order, CancelConflict.CHANGED_SINCE_SEEN)
     if not order.can("cancel"):
         refusal = order.cancel(reason)
-        return CancelOutcome("refused", order, refusal.code, refusal.message)
+        return CancelOutcome(CancelStatus.REFUSED, order, refusal.code, refusal.message)
     seen, retired, money_may_come = order.version, None, False
     if OrderStatus(order.status) is OrderStatus.PAYMENT_INITIATED and order.payment_session_id:
         retired = order.payment_session_id
         db.session.rollback()  # no transaction open across the provider call
         verdict = retire_session_before_cancel(order_id, order.reference, retired)
         if isinstance(verdict, Refused):
-            return CancelOutcome("refused", orders.read(order_id), verdict.code, verdict.message)
+            return CancelOutcome(CancelStatus.REFUSED, orders.read(order_id), verdict.code, verdict.message)
         money_may_come = verdict
         order = orders.read(order_id)
     return _save_cancel(order, seen, reason, retired, money_may_come)
@@ -78,19 +87,13 @@ def _save_cancel(
         if order.version != seen:
             moved = _moved_by_this_cancel(order, retired)
             if moved == "done":
-                return CancelOutcome("cancelled", order)
+                return CancelOutcome(CancelStatus.CANCELLED, order)
             if moved != "retry" or attempt:
-                return CancelOutcome(
-                    "conflict",
-                    order,
-                    "stale_version",
-                    f"This order changed while you were cancelling it (it is now: "
-                    f"{status_words(order.status)}). Look at it again.",
-                )
+                return CancelOutcome(CancelStatus.CONFLICT, order, CancelConflict.CHANGED_WHILE_CANCELLING)
             seen = order.version
         result = order.cancel(reason)
         if isinstance(result, Refused):
-            return CancelOutcome("refused", order, result.code, result.message)
+            return CancelOutcome(CancelStatus.REFUSED, order, result.code, result.message)
         # The session could still take money (an async payment settling, or a session the cancel
         # could not read or expire): the sweep watches marked cancelled orders, so a lost
         # late-payment webhook cannot leave that money kept. Bookkeeping, same commit.
@@ -102,68 +105,81 @@ def _save_cancel(
             order = orders.read(order.id)
             continue
         log.info("order %s cancelled (%s)", order.reference, reason)
-        return CancelOutcome("cancelled", order)
+        return CancelOutcome(CancelStatus.CANCELLED, order)
     raise AssertionError("unreachable")
 
 
-def _moved_by_this_cancel(order: OrderSnapshot, retired: str | None) -> str:
+def _moved_by_this_cancel(order: OrderSnapshot, retired: str | None) -> Literal["done", "retry", "conflict"]:
     """The order moved between the customer's look and the cancel's commit. "done" when it is
     already Cancelled (the notice of the expiry this cancel caused at the provider got there first
     and cancelled it, or the deadline did: what the customer asked for is true); "retry" when the
     only change is the session this cancel retired reported as a failed payment by a path that
     could not tell who expired it (the version the customer saw was current when they asked);
     otherwise "conflict"."""
-    if order.status == OrderStatus.CANCELLED.value:
+    status = OrderStatus(order.status)
+    if status is OrderStatus.CANCELLED:
         log.info("order %s: the cancel found it already cancelled", order.reference)
         return "done"
-    if retired is not None and order.payment_session_id == retired and order.status == OrderStatus.PAYMENT_FAILED.value:
+    if retired is not None and order.payment_session_id == retired and status is OrderStatus.PAYMENT_FAILED:
         return "retry"
     return "conflict"
 
 
-def expire_unpaid_order(order_id: int, now: datetime) -> str:
+class Expiry(StrEnum):
+    """What an unpaid order's expiry did (the deadline's and the sweep's)."""
+
+    CANCELLED = "cancelled"
+    LOST_RACE = "lost_race"  # another writer moved the order between the read and the save
+    CHANGED = "changed"  # no longer unpaid: nothing to expire
+    GONE = "gone"  # the deadline's order no longer exists
+    NOT_DUE = "not_due"  # the deadline of an earlier window; a later one is armed
+
+
+def expire_unpaid_order(order_id: int, now: datetime) -> Expiry | str:
     """The payment deadline, run by the scheduled-command runner inside its transaction.
 
     What is stored decides, not the row that fired: the due instant is re-derived from the
     order's last change, so an earlier deadline of an order whose payment failed (and got a
-    fresh window) is a no-op, and a deadline that fired a little early is re-armed."""
+    fresh window) is a no-op, and a deadline that fired a little early is re-armed. Returns what
+    it did, or for an order at the provider what applying the provider's answer did."""
     order = orders.read(order_id)
     if order is None:
-        return "gone"
-    if OrderStatus(order.status) is OrderStatus.PAYMENT_INITIATED:
+        return Expiry.GONE
+    status = OrderStatus(order.status)
+    if status is OrderStatus.PAYMENT_INITIATED:
         return _expire_at_the_provider(order, now)
-    if OrderStatus(order.status) not in UNPAID:
-        return f"noop:{order.status}"
+    if status not in UNPAID:
+        return Expiry.CHANGED
     due = unpaid_deadline(order.updated_at, current_app.config["UNPAID_ORDER_EXPIRY_SECONDS"])
     if due > now:
         if (due - now).total_seconds() <= 5:
             raise Reschedule(due)  # the scheduler fired early (1 s resolution)
-        return "noop:not_due"  # a later deadline row exists for the fresh window
+        return Expiry.NOT_DUE  # a later deadline row exists for the fresh window
     outcome = cancel_unpaid(order)
-    if outcome == "lost_race":
+    if outcome is Expiry.LOST_RACE:
         log.info("deadline for order %s lost a race to another writer; nothing to do", order_id)
-    return f"noop:{order.status}" if outcome == "changed" else outcome
+    return outcome
 
 
-def cancel_unpaid(order: OrderSnapshot) -> str:
+def cancel_unpaid(order: OrderSnapshot) -> Expiry:
     """The one unpaid-order expiry, shared by the deadline and the sweep's expiry pass: cancel an
     order still unpaid (PendingPayment / PaymentFailed) whose payment window the caller has found
     over, through the guarded transition, saved by the order store in the caller's transaction
-    (the caller commits). Returns cancelled | lost_race | changed."""
+    (the caller commits). Returns Expiry.CANCELLED, LOST_RACE or CHANGED."""
     if OrderStatus(order.status) not in UNPAID:
-        return "changed"
+        return Expiry.CHANGED
     result = order.cancel(PAYMENT_WINDOW_EXPIRED)
     if isinstance(result, Refused):
-        return "changed"
+        return Expiry.CHANGED
     try:
         orders.save(order, "cancel", result.events)
     except orders.LostRace:
         # Another writer (a webhook, the customer) moved the order between our read and our save:
         # it won, and retrying would only meet the same conflict. The caller says so in its log.
         uow.rollback(db.session)
-        return "lost_race"
+        return Expiry.LOST_RACE
     log.info("order %s cancelled: payment window expired", order.reference)
-    return "cancelled"
+    return Expiry.CANCELLED
 
 
 # After its session's expires_at: how long the provider gets to expire it (the sandbox ticks every

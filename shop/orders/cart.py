@@ -8,6 +8,7 @@ Storefront, and writes nothing itself."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from sqlalchemy import select
 
@@ -18,14 +19,22 @@ from ..outbox import uow
 MOST_OF_ONE_ITEM = 99
 
 
+class CartStatus(StrEnum):
+    DONE = "done"
+    NOT_FOR_SALE = "not_for_sale"
+    NOT_IN_CART = "not_in_cart"
+    SHORT = "short"  # fewer on hand than the line would hold
+    TOO_MANY = "too_many"  # more than MOST_OF_ONE_ITEM of one item
+
+
 @dataclass(frozen=True)
 class CartChange:
-    status: str  # done | not_for_sale | not_in_cart | short | too_many
+    status: CartStatus
     message: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.status == "done"
+        return self.status is CartStatus.DONE
 
 
 def item_name(variant: Variant) -> str:
@@ -61,8 +70,8 @@ def _short_of_stock(variant: Variant | None, wanted: int) -> CartChange | None:
         return None
     if available == 0 or variant is None:
         name = item_name(variant) if variant is not None else "this item"
-        return CartChange("short", f"Sold out: {name} cannot be added until it is back in stock.")
-    return CartChange("short", f"Only {available} of {item_name(variant)} left; you asked for {wanted}.")
+        return CartChange(CartStatus.SHORT, f"Sold out: {name} cannot be added until it is back in stock.")
+    return CartChange(CartStatus.SHORT, f"Only {available} of {item_name(variant)} left; you asked for {wanted}.")
 
 
 def _refuse(change: CartChange) -> CartChange:
@@ -74,7 +83,7 @@ def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange
     """Add `quantity` of `variant` to the browser's cart (opening one), within the stock on hand
     and at most MOST_OF_ONE_ITEM of one item."""
     if variant is None or variant.deleted_at is not None:
-        return _refuse(CartChange("not_for_sale", "That item is not for sale."))
+        return _refuse(CartChange(CartStatus.NOT_FOR_SALE, "That item is not for sale."))
     try:
         with uow.transaction():  # a refusal raised inside rolls back the cart it may have opened
             cart = open_cart(browser, create=True)
@@ -82,7 +91,7 @@ def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange
             wanted = quantity + (item.quantity if item else 0)
             short = _short_of_stock(variant, wanted)
             if short is None and wanted > MOST_OF_ONE_ITEM:
-                short = CartChange("too_many", f"At most {MOST_OF_ONE_ITEM} of one item per order.")
+                short = CartChange(CartStatus.TOO_MANY, f"At most {MOST_OF_ONE_ITEM} of one item per order.")
             if short is not None:
                 raise _Refused(short)
             if item:
@@ -91,7 +100,7 @@ def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange
                 db.session.add(CartItem(cart_id=cart.id, variant_id=variant.id, quantity=wanted))
     except _Refused as refusal:
         return refusal.change
-    return CartChange("done", f"Added {quantity} × {item_name(variant)} to your cart.")
+    return CartChange(CartStatus.DONE, f"Added {quantity} × {item_name(variant)} to your cart.")
 
 
 def set_quantity(browser: str | None, variant_id: int, quantity: int) -> CartChange:
@@ -99,25 +108,25 @@ def set_quantity(browser: str | None, variant_id: int, quantity: int) -> CartCha
     cart = open_cart(browser)
     item = None if cart is None else _line(cart, variant_id)
     if item is None:
-        return _refuse(CartChange("not_in_cart", "That item is not in your cart."))
+        return _refuse(CartChange(CartStatus.NOT_IN_CART, "That item is not in your cart."))
     short = _short_of_stock(db.session.get(Variant, variant_id), quantity)
     if short is not None:
         return _refuse(short)
     with uow.transaction():
         item.quantity = quantity
-    return CartChange("done")
+    return CartChange(CartStatus.DONE)
 
 
 def remove_item(browser: str | None, variant_id: int) -> CartChange:
     """Remove one line; removing what is not there changes nothing and is not an error."""
     cart = open_cart(browser)
     if cart is None:
-        return CartChange("done")
+        return CartChange(CartStatus.DONE)
     with uow.transaction():
         for item in cart.items:
             if item.variant_id == variant_id:
                 db.session.delete(item)
-    return CartChange("done")
+    return CartChange(CartStatus.DONE)
 
 
 class _Refused(Exception):

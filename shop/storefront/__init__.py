@@ -4,4 +4,4 @@ from flask import Blueprint
 
 bp = Blueprint("storefront", __name__)
 
-from . import routes  # noqa: E402,F401
+from . import cart, routes  # noqa: E402,F401

@@ -1,7 +1,7 @@
 from wtforms import EmailField, HiddenField, IntegerField
 from wtforms.validators import DataRequired, Email, InputRequired, Length, NumberRange
 
-from ..web import Form
+from ..web.requests import Form
 
 
 class AddToCartForm(Form):
@@ -50,3 +50,13 @@ class ActionForm(Form):
     """A bare POST with only the CSRF token (pay, remove from cart)."""
 
     token = HiddenField()
+
+
+def first_error(form) -> str:
+    for field, errors in form.errors.items():
+        if errors:
+            if field == "csrf_token":
+                return "Your form expired or was sent from another site; please reload the page and try again."
+            label = getattr(getattr(form, field, None), "label", None)
+            return f"{label.text if label else field}: {errors[0]}"
+    return "The form is not valid."

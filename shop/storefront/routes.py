@@ -1,187 +1,33 @@
-"""Storefront routes (docs/REFERENCE.md, Storefront)."""
+"""Storefront routes (docs/REFERENCE.md, Storefront): checkout, the order pages, paying and
+cancelling, and the return from the payment page. The catalog and the cart are in cart.py."""
 
 from __future__ import annotations
 
 import hmac
 import json
 
-from flask import flash, jsonify, make_response, redirect, request, url_for
+from flask import flash, jsonify, redirect, request, url_for
 from sqlalchemy import select
-from sqlalchemy.orm import selectinload
 
 from ..domain.order import LIVE, OrderStatus
+from ..domain.timestamps import iso
 from ..extensions import db
-from ..models import Cart, InventoryItem, Order, Product, Variant
-from ..orders import cart as carts
-from ..orders.checkout import place_order
-from ..orders.cancel import cancel_order
+from ..models import Cart, Order
+from ..orders.checkout import Refusal, place_order
+from ..orders.cancel import CancelStatus, cancel_order
 from .. import emails
-from ..orders.serialize import badge, in_line, iso, keeps_changing, order_json, order_summary_json, watch_state
 from ..orders.lookup import order_by_reference
 from ..payments import gateway
 from ..payments.apply import ask_and_apply
 from ..payments.checkout_queue import expected_wait_seconds, place_in_line
 from ..payments.start import IN_LINE, StartOutcome, joined_line, line_is_held, start_payment
 from ..errors import OrderNotFound
-from ..web import MAX_ID, answer_if_later_fails, browser_id, respond, wants_json
+from ..web.answers import answer_if_later_fails, at_address, browser_id, respond, wants_json
+from ..web.serialize import in_line, keeps_changing, order_json, order_summary_json, watch_state
+from ..web.words import badge, cancel_conflict_words
 from . import bp
-from .forms import ActionForm, AddToCartForm, CancelForm, CheckoutForm, QuantityForm
-
-
-def _catalog() -> list[dict]:
-    products = (
-        db.session.execute(
-            select(Product).options(selectinload(Product.variants).selectinload(Variant.inventory)).order_by(Product.id)
-        )
-        .scalars()
-        .all()
-    )
-    out = []
-    for p in products:
-        variants = [
-            {
-                "id": v.id,
-                "sku": v.sku,
-                "name": v.name,
-                "price": v.price,
-                "currency": v.currency,
-                "available": (v.inventory.on_hand if v.inventory and v.inventory.deleted_at is None else 0),
-            }
-            for v in p.variants
-            if v.deleted_at is None
-        ]
-        if variants:
-            out.append({"id": p.id, "name": p.name, "description": p.description, "variants": variants})
-    return out
-
-
-@bp.get("/")
-def catalog():
-    """The catalog with prices and stock."""
-    products = _catalog()
-    data = {"products": [{k: p[k] for k in ("id", "name", "variants")} for p in products]}
-    return respond("storefront/catalog.html", data, products=products, form=AddToCartForm())
-
-
-def _open_cart(create: bool = False) -> Cart | None:
-    return carts.open_cart(browser_id(create=create), create=create)
-
-
-def _cart_data(cart: Cart | None) -> dict:
-    items, total, currency = [], 0, None
-    if cart is not None:
-        for item in cart.items:
-            v = item.variant
-            inv = db.session.get(InventoryItem, v.id)
-            available = inv.on_hand if inv is not None and inv.deleted_at is None and v.deleted_at is None else 0
-            line_total = v.price * item.quantity
-            total += line_total
-            currency = currency or v.currency
-            items.append(
-                {
-                    "variant_id": v.id,
-                    "sku": v.sku,
-                    "name": f"{v.product.name} – {v.name}",
-                    "quantity": item.quantity,
-                    "unit_price": v.price,
-                    "line_total": line_total,
-                    "currency": v.currency,
-                    "available": available,
-                }
-            )
-    return {"items": items, "total": total, "currency": currency}
-
-
-def _render_cart(status: int = 200, error: str | None = None, shortages=None, form=None, field: str | None = None):
-    """The cart page. `field` names the input an error concerns ("email", "quantity-<variant id>"):
-    the page shows the error beside it instead of in the banner."""
-    cart = _open_cart()
-    data = _cart_data(cart)
-    if error:
-        data["error"] = error
-    if shortages:
-        data["shortages"] = shortages
-    # A line asking for more than is left blocks checkout until it is reduced or removed.
-    short = {item["variant_id"] for item in data["items"] if item["quantity"] > item["available"]}
-    if field == "stock" and not short:
-        field = None  # the stock moved since: the refusal's own words, in the banner
-    response = respond(
-        "storefront/cart.html",
-        data,
-        status,
-        form=form or CheckoutForm(),
-        action=ActionForm(),
-        error_field=field,
-        short=short,
-        address=url_for("storefront.cart"),
-    )
-    return _at_address(response, url_for("storefront.cart"))
-
-
-def _at_address(response, address: str):
-    """A refused POST answers with its 4xx and the page it concerns, as docs/REFERENCE.md,
-    Storefront, says; the page's own address goes with it (Content-Location, and static/shop.js
-    puts it in the address bar) so that a reload or a shared link is the GET page, not the POST."""
-    response = make_response(response)
-    if response.status_code >= 400:
-        response.headers["Content-Location"] = address
-    return response
-
-
-@bp.get("/cart")
-def cart():
-    """This browser's cart."""
-    return _render_cart()
-
-
-_CART_STATUS = {"not_for_sale": 404, "not_in_cart": 404, "short": 409, "too_many": 400}
-
-
-@bp.post("/cart/items")
-def add_to_cart():
-    """Add a variant to the cart (form: variant_id, quantity)."""
-    form = AddToCartForm()
-    if not form.validate():
-        return _render_cart(400, _first_error(form))
-    wanted_id = form.variant_id.data
-    # Ids are 32-bit keys: a larger number names no item (and PostgreSQL would refuse to compare).
-    variant = db.session.get(Variant, wanted_id) if 0 < wanted_id <= MAX_ID else None
-    change = carts.add_item(browser_id(create=True), variant, form.quantity.data)
-    if not change.ok:
-        return _render_cart(_CART_STATUS[change.status], change.message)
-    if wants_json():
-        return _render_cart(201)
-    flash(change.message)
-    return redirect(url_for("storefront.cart"), 303)
-
-
-@bp.post("/cart/items/<id:variant_id>/quantity")
-def set_quantity(variant_id: int):
-    """Set one line's quantity (form: quantity, 1..99), checked against the stock like an add."""
-    form = QuantityForm()
-    field = f"quantity-{variant_id}"
-    if not form.validate():
-        return _render_cart(400, _first_error(form), field=None if "csrf_token" in form.errors else field)
-    change = carts.set_quantity(browser_id(), variant_id, form.quantity.data)
-    if not change.ok:
-        return _render_cart(
-            _CART_STATUS[change.status], change.message, field=field if change.status == "short" else None
-        )
-    if wants_json():
-        return _render_cart()
-    return redirect(url_for("storefront.cart"), 303)
-
-
-@bp.post("/cart/items/<id:variant_id>/delete")
-def remove_from_cart(variant_id: int):
-    """Remove one item from the cart."""
-    form = ActionForm()
-    if not form.validate():
-        return _render_cart(400, _first_error(form))
-    carts.remove_item(browser_id(), variant_id)
-    if wants_json():
-        return _render_cart()
-    return redirect(url_for("storefront.cart"), 303)
+from .cart import render_cart
+from .forms import ActionForm, CancelForm, CheckoutForm, first_error
 
 
 @bp.post("/checkout")
@@ -189,9 +35,9 @@ def checkout():
     """Place the order from the cart, then send the customer to the hosted payment page."""
     form = CheckoutForm()
     if not form.validate():
-        return _render_cart(
+        return render_cart(
             400,
-            _first_error(form),
+            first_error(form),
             form=form,
             field="email" if form.email.errors and "csrf_token" not in form.errors else None,
         )
@@ -205,11 +51,11 @@ def checkout():
         ).scalar()
     )
     if cart_id is None:
-        return _render_cart(400, "Your cart is empty.", form=form, field="empty")
+        return render_cart(400, "Your cart is empty.", form=form, field="empty")
     in_line = line_is_held()  # the provider's budget for new sessions is spent: join the line at once
     result = place_order(cart_id=cart_id, browser_id=bid, email=form.email.data.strip(), in_line=in_line)
     if not result.ok:
-        status = {"out_of_stock": 409, "cart_closed": 409}.get(result.code, 400)
+        status = {Refusal.OUT_OF_STOCK: 409, Refusal.CART_CLOSED: 409}.get(result.code, 400)
         detail = result.message
         if result.shortages:
             detail += " " + "; ".join(
@@ -217,8 +63,10 @@ def checkout():
                 + (f", you asked for {s['requested']}" if "requested" in s else "")
                 for s in result.shortages
             )
-        field = {"out_of_stock": "stock", "unavailable": "stock", "empty_cart": "empty"}.get(result.code)
-        return _render_cart(status, detail, result.shortages, form=form, field=field)
+        field = {Refusal.OUT_OF_STOCK: "stock", Refusal.UNAVAILABLE: "stock", Refusal.EMPTY_CART: "empty"}.get(
+            result.code
+        )
+        return render_cart(status, detail, result.shortages, form=form, field=field)
     order_url = url_for("storefront.order_page", reference=result.reference)
     # The order is placed and this browser owns it: whatever fails from here (the database lost
     # under the payment's start), the customer is sent to the order, which offers "Pay now".
@@ -316,7 +164,7 @@ def order_page(reference: str):
     order = _owned_order(reference)
     if (
         request.args.get("continue")
-        and order.status == OrderStatus.PAYMENT_INITIATED.value
+        and OrderStatus(order.status) is OrderStatus.PAYMENT_INITIATED
         and order.payment_session_url
         and order.payment_processing_at is None
     ):
@@ -334,7 +182,7 @@ def _shown_order_json(order: Order) -> dict:
     settled = [r.id for r in order.refunds if r.settled_at is not None]
     if settled:
         data["refunds_settled"] = settled
-    if order.status == OrderStatus.CANCELLED.value:
+    if OrderStatus(order.status) is OrderStatus.CANCELLED:
         why, at = emails.cancellation(order)
         data["cancelled_because"], data["cancelled_at"] = why, iso(at)
     if in_line(order):
@@ -362,7 +210,7 @@ def _render_order(order: Order, status: int = 200, error: str | None = None):
         watch_state=watch_state(data) if keeps_changing(data) else None,
         address=address,
     )
-    return _at_address(response, address)
+    return at_address(response, address)
 
 
 @bp.post("/orders/<reference>/pay")
@@ -371,7 +219,7 @@ def pay(reference: str):
     order = _owned_order(reference)
     form = ActionForm()
     if not form.validate():
-        return _render_order(order, 400, _first_error(form))
+        return _render_order(order, 400, first_error(form))
     started = start_payment(order.id)
     if started.status == "started":
         if wants_json():
@@ -389,9 +237,6 @@ def pay(reference: str):
     return _render_order(order, status, started.message)
 
 
-CANCELLABLE = {s.value for s in LIVE}
-
-
 @bp.get("/orders/<reference>/cancel")
 def confirm_cancel(reference: str):
     """Are you sure? The order page's Cancel button leads here and this page's form makes the
@@ -399,7 +244,7 @@ def confirm_cancel(reference: str):
     is the one the order page showed: if the order changed since, the POST says so (409)."""
     order = _owned_order(reference)
     token = request.args.get("token") or None
-    if order.status not in CANCELLABLE:
+    if OrderStatus(order.status) not in LIVE:
         return redirect(url_for("storefront.order_page", reference=order.reference, token=token), 303)
     version = request.args.get("version", type=int)
     data = order_json(order)
@@ -418,11 +263,11 @@ def cancel(reference: str):
     order = _owned_order(reference)
     form = CancelForm()
     if not form.validate():
-        return _render_order(order, 400, _first_error(form))
+        return _render_order(order, 400, first_error(form))
     outcome = cancel_order(order.id, form.version.data)
     # `order` is the mapped row: a cancel that rolled back (or saved) expired it, so it reads the
     # order as it is now.
-    if outcome.status == "cancelled":
+    if outcome.status is CancelStatus.CANCELLED:
         # The stock comes back through the compensation, after this commit: say so, not that it is back.
         done = "Your order is cancelled and nothing was charged. Its items go back on sale in a moment."
         page = url_for("storefront.order_page", reference=reference, token=request.values.get("token") or None)
@@ -431,7 +276,8 @@ def cancel(reference: str):
             return _render_order(db.session.get(Order, order.id))
         flash(done)
         return redirect(page, 303)
-    return _render_order(order, 409, outcome.message)
+    message = cancel_conflict_words(outcome) if outcome.status is CancelStatus.CONFLICT else outcome.message
+    return _render_order(order, 409, message)
 
 
 def _cancelled_answer(reference: str, page: str, done: str):
@@ -480,13 +326,3 @@ def checkout_return():
     if owner:
         return redirect(url_for("storefront.order_page", reference=reference), 303)
     return redirect(url_for("storefront.order_page", reference=reference, token=order.access_token), 303)
-
-
-def _first_error(form) -> str:
-    for field, errors in form.errors.items():
-        if errors:
-            if field == "csrf_token":
-                return "Your form expired or was sent from another site; please reload the page and try again."
-            label = getattr(getattr(form, field, None), "label", None)
-            return f"{label.text if label else field}: {errors[0]}"
-    return "The form is not valid."

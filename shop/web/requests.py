@@ -1,19 +1,15 @@
-"""Small helpers shared by the blueprints: content negotiation and the browser's identity."""
+"""What a request brings, read safely before any view: ids in URLs, NUL bytes and broken Unicode in
+text, JSON bodies read as forms, and chunked bodies held to the size limit."""
 
 from __future__ import annotations
 
 import io
-import secrets
 
-from flask import g, jsonify, render_template, request, session
+from flask import request
 from flask_wtf import FlaskForm
 from werkzeug.datastructures import ImmutableMultiDict
 from werkzeug.exceptions import BadRequest
 from werkzeug.routing import BaseConverter, IntegerConverter, ValidationError
-
-from .money import format_money
-from .orders.serialize import refund_failure_words, status_words
-from .payments.gateway import hosted_page_origins
 
 # Row ids are 32-bit keys. A larger number in a URL or form names nothing: answer "not found"
 # without asking the database (PostgreSQL refuses to compare an integer column with it).
@@ -200,89 +196,3 @@ class LimitChunkedBodies:
 def work_ref(kind: str, number: int) -> int | str:
     """How the console names a delivery (its id) or a command ("cmd-<id>") in lists and URLs."""
     return f"{COMMAND_PREFIX}{number}" if kind == "command" else number
-
-
-def wants_json() -> bool:
-    best = request.accept_mimetypes.best_match(["text/html", "application/json"])
-    return best == "application/json" and request.accept_mimetypes[best] > request.accept_mimetypes["text/html"]
-
-
-def respond(template: str, data: dict, status: int = 200, **context):
-    """Same URL, same data: JSON when the client asks for it, HTML otherwise."""
-    if wants_json():
-        return jsonify(data), status
-    return render_template(template, data=data, **context), status
-
-
-def browser_id(create: bool = True) -> str | None:
-    """An opaque id for this browser, kept in the signed session cookie. Orders and carts
-    belong to it; another browser sees them only with the order's access token."""
-    bid = session.get("bid")
-    if bid is not None and not (isinstance(bid, str) and 0 < len(bid) <= 64 and bid.isprintable()):
-        bid = None  # not one we made (the cookie is signed, so only with the key): a new browser
-        session.pop("bid", None)
-    if bid is None and create:
-        bid = secrets.token_urlsafe(18)
-        session["bid"] = bid
-        session.permanent = True
-    return bid
-
-
-def answer_if_later_fails(answer) -> None:
-    """Say what to answer if this request fails from here on: called by a route right after its
-    use case committed, with a function that builds the response from what the route already
-    knows (it must not touch the database). An error after the commit (a connection killed
-    under the request, the database gone while the page is rendered) then answers with what was
-    done, not an error page: the customer whose order was placed learns its reference."""
-    g.answer_after_commit = answer
-
-
-def answer_after_commit():
-    """The answer a route registered with `answer_if_later_fails`, or None."""
-    return g.pop("answer_after_commit", None)
-
-
-def security_headers(config) -> dict[str, str]:
-    """The headers every answer carries (docs/REFERENCE.md, Routes, Conventions). No inline script
-    or style anywhere: the pages' only script is static/shop.js and their only style shop.css,
-    so an injected `<script>` or `onclick=` does not run. Forms may post here and be redirected
-    to the provider's hosted payment page (checkout, "Pay now"); nothing may frame a page (the
-    console's buttons cannot be clicked through an invisible frame)."""
-    form_targets = " ".join(["'self'", *hosted_page_origins(config)])
-    headers = {
-        "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
-        "img-src 'self' data:; object-src 'none'; frame-ancestors 'none'; "
-        f"base-uri 'none'; form-action {form_targets}",
-        "X-Frame-Options": "DENY",
-        "X-Content-Type-Options": "nosniff",
-        # An order page's URL may carry its access token: it must not leave in a Referer.
-        "Referrer-Policy": "same-origin",
-    }
-    if config["PUBLIC_BASE_URL"].startswith("https://"):
-        # Only when the shop is served over https: over http the header would be ignored anyway,
-        # and pinning https on a host that cannot serve it locks browsers out for a year.
-        headers["Strict-Transport-Security"] = "max-age=31536000"
-    return headers
-
-
-def init_app(app) -> None:
-    """What every request meets before a view: the URL converters, the refusal of NUL bytes in
-    text, the cap on chunked bodies (the webhook reads its own, capped, raw body) and the
-    template filters; and what every answer leaves with: the security headers."""
-    app.url_map.converters.update(id=IdConverter, work=WorkConverter)
-    app.jinja_env.filters["status_words"] = status_words
-    app.jinja_env.filters["refund_failure"] = refund_failure_words
-    app.jinja_env.filters["money"] = format_money
-    app.before_request(refuse_nul_text)
-    headers = security_headers(app.config)
-
-    @app.after_request
-    def _send_security_headers(response):
-        # after_request also runs for error handlers' answers (404, 429, 500 in words).
-        for name, value in headers.items():
-            response.headers.setdefault(name, value)
-        return response
-
-    app.wsgi_app = LimitChunkedBodies(
-        app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",), headers=headers
-    )

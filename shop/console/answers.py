@@ -1,0 +1,63 @@
+"""How a console action answers, and the small readings every console view shares: the page
+number asked for, the operator acting, the order a typed reference names."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from flask import flash, jsonify, redirect, render_template, request, url_for
+from flask_login import current_user
+
+from ..extensions import db
+from ..models import Order
+from ..orders.lookup import order_by_reference
+from ..web.answers import wants_json
+from . import audit
+from .auth import safe_next
+
+
+def page_number() -> int:
+    try:
+        return max(1, min(int(request.args.get("page", 1)), 100_000))
+    except ValueError:
+        return 1
+
+
+def problem(status: int, message: str, *, title: str = "Cannot do that", back: str | None = None, **extra):
+    """An error in words: JSON `{"error", "status", ...}` or a console page with a way back."""
+    db.session.rollback()
+    audit.outcome(message)
+    if wants_json():
+        return jsonify({"error": message, "status": status, **extra}), status
+    back = safe_next(request.form.get("next") or back, url_for("console.dashboard"))
+    return render_template("console/problem.html", data={"error": message}, title=title, back=back), status
+
+
+def done(message: str, payload: dict, default_url: str, category: str = "ok", keep=None):
+    """An action went through: JSON with what changed, or back to the page the button was on.
+    `keep`: the outbox row acted on, which the list back there keeps showing with its new state
+    although it no longer matches the list's filter (a retried dead letter is not dead)."""
+    audit.outcome(message)
+    if wants_json():
+        return jsonify({**payload, "message": message}), 200
+    flash(message, category)
+    target = safe_next(request.form.get("next"), default_url)
+    if keep is not None:
+        target = _keeping(target, keep)
+    return redirect(target, 303)
+
+
+def _keeping(url: str, ref) -> str:
+    parts = urlsplit(url)
+    if parts.path != url_for("console.outbox"):
+        return url
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "keep"] + [("keep", str(ref))]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def operator_name() -> str:
+    return getattr(current_user, "email", "?")
+
+
+def find_order(reference: str) -> Order | None:
+    return order_by_reference(reference.strip().upper())

@@ -1,0 +1,169 @@
+"""The dashboard's numbers: what needs a human (stuck orders, dead letters, open restore warnings,
+failed refunds, the last sweep), the payment provider as the circuit breaker sees it, and the
+processes and queues with the same verdict /healthz gives."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from flask import current_app
+from sqlalchemy import func, select
+
+from ..domain.deadlines import as_utc
+from ..domain.timestamps import iso
+from ..extensions import db
+from ..models import Order, OutboxDelivery, ReconciliationCycle, Refund, RestoreWarning, ScheduledCommand
+from ..ops.health import snapshot
+from ..ops.metrics import stuck_cutoff
+from ..payments import guard
+from .rows import LIVE_STATUSES, REFUND_NEEDS_OPERATOR, age_seconds, sweep_json
+
+
+def _count_and_oldest(query_from, where, column, now):
+    count, oldest = db.session.execute(
+        select(func.count(), func.min(column)).select_from(query_from).where(*where)
+    ).one()
+    return {"count": count, "oldest_age_seconds": age_seconds(now, oldest)}
+
+
+def dashboard(now: datetime) -> dict:
+    cutoff = stuck_cutoff(now)
+    per_status = {
+        status: (count, oldest)
+        for status, count, oldest in db.session.execute(
+            select(Order.status, func.count(), func.min(Order.updated_at))
+            .where(Order.status.in_(LIVE_STATUSES), Order.updated_at < cutoff)
+            .group_by(Order.status)
+        ).all()
+    }
+    by_status = {
+        s: {
+            "count": per_status.get(s, (0, None))[0],
+            "oldest_age_seconds": age_seconds(now, per_status.get(s, (0, None))[1]),
+        }
+        for s in LIVE_STATUSES
+    }
+    oldest_stuck = min((o for _, o in per_status.values() if o is not None), default=None, key=as_utc)
+    stuck = {
+        "count": sum(v["count"] for v in by_status.values()),
+        "oldest_age_seconds": age_seconds(now, oldest_stuck),
+        "stuck_after_seconds": int((now - cutoff).total_seconds()),
+        "by_status": by_status,
+    }
+
+    # A dead letter's age counts from when its work was created: how long it has gone undone.
+    deliveries = _count_and_oldest(OutboxDelivery, [OutboxDelivery.status == "dead"], OutboxDelivery.created_at, now)
+    commands = _count_and_oldest(
+        ScheduledCommand, [ScheduledCommand.status == "dead"], ScheduledCommand.created_at, now
+    )
+    ages = [a for a in (deliveries["oldest_age_seconds"], commands["oldest_age_seconds"]) if a is not None]
+    dead = {
+        "count": deliveries["count"] + commands["count"],
+        "oldest_age_seconds": max(ages) if ages else None,
+        "deliveries": deliveries,
+        "commands": commands,
+    }
+
+    warnings = _count_and_oldest(RestoreWarning, [RestoreWarning.state == "open"], RestoreWarning.created_at, now)
+    # Refunds whose money did not go back and that nobody has dealt with: aged from the failure.
+    failed_refunds = _count_and_oldest(Refund, REFUND_NEEDS_OPERATOR, Refund.failed_at, now)
+
+    cycle = db.session.execute(
+        select(ReconciliationCycle)
+        .order_by(ReconciliationCycle.started_at.desc(), ReconciliationCycle.id.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    last_ok = db.session.execute(
+        select(func.max(ReconciliationCycle.finished_at)).where(ReconciliationCycle.status == "ok")
+    ).scalar()
+    return {
+        "now": iso(now),
+        "stuck_orders": stuck,
+        "dead_letters": dead,
+        "restore_warnings": warnings,
+        "refunds_failed": failed_refunds["count"],
+        "refunds_failed_oldest_age_seconds": failed_refunds["oldest_age_seconds"],
+        "last_sweep": sweep_json(cycle, now) if cycle else None,
+        "last_successful_sweep_at": iso(as_utc(last_ok)) if last_ok else None,
+        "provider": provider_state(now),
+    }
+
+
+def provider_state(now: datetime) -> dict:
+    """The payment provider as the circuit breaker sees it (payments.guard), in words."""
+    view = guard.get().breaker_view()
+    state, failures = view["state"], int(view.get("failures") or 0)
+    opened = view["opened_at"] if state != guard.CLOSED and view["opened_at"] else None
+    words = guard.STATE_WORDS.get(state, state)
+    if state == guard.CLOSED and failures:
+        # Closed, but the latest calls failed: not "reachable" until one succeeds.
+        threshold = current_app.config["STRIPE_BREAKER_THRESHOLD"]
+        words = (
+            f"Failing: the last {failures} call(s) to the provider failed in a row (after {threshold} it "
+            "stops calling for a while); checkout takes orders and customers pay later with “Pay now”."
+        )
+    return {
+        "state": state,
+        "failures": failures,
+        "words": words,
+        "since_seconds": max(0, int(now.timestamp() - opened)) if opened else None,
+        "shared": view["shared"],
+    }
+
+
+def liveness(now: datetime) -> dict:
+    """Processes with their heartbeat ages, queues with depth and the age of their oldest due
+    item, the next sweep, and the same verdict /healthz gives (shop.ops.health)."""
+    found = snapshot(now, with_queues=True)
+    processes = [
+        {
+            "role": p["role"],
+            "name": p["name"],
+            "host": p["host"],
+            "pid": p["pid"],
+            "runs": p["runs"],
+            "state": "stalled" if p["stalled"] else p["state"],
+            "stalled": p["stalled"],
+            "beat_age_seconds": p["beat_age_seconds"],
+            "last_beat_at": iso(p["last_beat"]),
+            "since": iso(p["since"]),
+            "job": p["job"],
+            "job_since": iso(p["job_since"]),
+            "last_job": p["last_job"],
+            "last_job_at": iso(p["last_job_at"]),
+            "in_redis": p["in_redis"],
+        }
+        for p in sorted(found["processes"], key=lambda p: (p["role"] != "worker", p["name"]))
+    ]
+    queues = [{**q, "oldest_age_seconds": _whole(q["oldest_age_seconds"])} for q in found["queues"] or ()]
+    for kind, model in (("outbox deliveries", OutboxDelivery), ("scheduled commands", ScheduledCommand)):
+        count, oldest = db.session.execute(
+            select(func.count(), func.min(model.next_attempt_at)).where(
+                model.status == "pending", model.next_attempt_at <= now
+            )
+        ).one()
+        queues.append(
+            {
+                "name": kind,
+                "kind": "database",
+                "depth": count,
+                "due": count,
+                "oldest_age_seconds": age_seconds(now, oldest),
+            }
+        )
+    return {
+        "health": {
+            "healthy": found["healthy"],
+            "checks": found["checks"],
+            "problems": found["problems"],
+            "stale_after_seconds": found["stale_seconds"],
+            "outbox_lag_limit_seconds": found["outbox_lag_limit_seconds"],
+        },
+        "processes": processes,
+        "queues": queues,
+        "next_sweep_at": iso(found["next_sweep_at"]),
+    }
+
+
+def _whole(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds)

@@ -1,0 +1,268 @@
+"""Everything that happened to one order, for the console's order page: each kind of row in its
+own list, and one merged, time-ordered list in words to read top to bottom."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+
+from ..domain.deadlines import as_utc
+from ..domain.order import LIVE, OrderStatus
+from ..domain.timestamps import iso
+from ..extensions import db
+from ..models import (
+    OperatorAction,
+    Order,
+    OutboxDelivery,
+    OutboxEvent,
+    PaymentProofRefusal,
+    ProviderRefusal,
+    Refund,
+    RestoreWarning,
+    ScheduledCommand,
+    WebhookReceipt,
+)
+from ..ops.metrics import stuck_cutoff
+from ..web.serialize import order_json
+from .audit import action_json
+from .format import human_money, human_time
+from .rows import (
+    WAITING,
+    age_seconds,
+    command_json,
+    delivery_detail,
+    receipt_json,
+    refund_json,
+    waiting_for_provider,
+    warning_detail,
+)
+
+
+@dataclass
+class _OrderRows:
+    """Every row that names one order, each kind oldest first (one query per kind)."""
+
+    events: list
+    receipts: list
+    deliveries: list
+    commands: list
+    warnings: list
+    refunds: list
+    refusals: list
+    provider_refusals: list
+    actions: list
+
+
+def _rows_of(order: Order) -> _OrderRows:
+    session = db.session
+
+    def of(model, *order_by):
+        return session.execute(select(model).where(model.order_id == order.id).order_by(*order_by)).scalars().all()
+
+    return _OrderRows(
+        events=of(OutboxEvent, OutboxEvent.created_at, OutboxEvent.id),
+        receipts=of(WebhookReceipt, WebhookReceipt.received_at, WebhookReceipt.id),
+        deliveries=of(OutboxDelivery, OutboxDelivery.id),
+        commands=of(ScheduledCommand, ScheduledCommand.id),
+        warnings=of(RestoreWarning, RestoreWarning.id),
+        refunds=list(order.refunds),  # the relationship order_json reads too (ordered by id): one query for both
+        refusals=of(PaymentProofRefusal, PaymentProofRefusal.id),
+        provider_refusals=of(ProviderRefusal, ProviderRefusal.id),
+        actions=of(OperatorAction, OperatorAction.id),
+    )
+
+
+def order_timeline(order: Order, now: datetime) -> dict:
+    """Everything that happened to one order, each kind in its own list, plus one merged,
+    time-ordered list for reading top to bottom."""
+    ref = order.reference
+    rows = _rows_of(order)
+    names = {e.id: e.name for e in rows.events}
+    data = {
+        "order": _order_summary(order, now),
+        "transitions": [
+            {"id": e.id, "event": e.name, "at": iso(e.created_at), "payload": e.payload} for e in rows.events
+        ],
+        "webhooks": [receipt_json(r, ref) for r in rows.receipts],
+        "deliveries": [delivery_detail(d, names.get(d.event_id), ref, now) for d in rows.deliveries],
+        "commands": [command_json(c, ref, now) for c in rows.commands],
+        "restore_warnings": [warning_detail(w, ref, now) for w in rows.warnings],
+        "refunds": [
+            {
+                **refund_json(r, ref, now),
+                "command_status": _refund_command(r, rows.commands),
+                "waiting_for_provider": _refund_command(r, rows.commands) == WAITING,
+            }
+            for r in rows.refunds
+        ],
+        "proof_refusals": [
+            {
+                "id": p.id,
+                "session_id": p.session_id,
+                "source": p.source,
+                "problems": p.problems,
+                "amount_total": p.amount_total,
+                "currency": p.currency,
+                "created_at": iso(p.created_at),
+            }
+            for p in rows.refusals
+        ],
+        "provider_refusals": [
+            {"id": p.id, "attempt": p.attempt, "code": p.code, "reason": p.reason, "created_at": iso(p.created_at)}
+            for p in rows.provider_refusals
+        ],
+        "operator_actions": [action_json(a, ref) for a in rows.actions],
+    }
+    data["timeline"] = _merged(rows, names)
+    return data
+
+
+def _order_summary(order: Order, now: datetime) -> dict:
+    status = OrderStatus(order.status)
+    return {
+        **order_json(order),
+        "email": order.email,
+        "payment_attempts": order.payment_attempts,
+        # A paid order's earlier failure is history (the timeline keeps it), not a problem.
+        "last_payment_error": None if status is OrderStatus.PAID else order.last_payment_error,
+        "age_seconds": age_seconds(now, order.updated_at),
+        "stuck": status in LIVE and as_utc(order.updated_at) < stuck_cutoff(now),
+        # Set when the sweep's provider pass backs off an order whose answer cannot
+        # change soon: until then the sweep does not ask the provider about it.
+        "provider_next_check_at": _future_iso(order.provider_next_check_at, now),
+        "provider_next_check_in_seconds": _seconds_until(order.provider_next_check_at, now),
+        # Money may still come for this cancelled order's session, or its refund has not
+        # gone through yet: the sweep keeps asking (sweep.check_cancelled_payment).
+        "watched_for_late_money": status is OrderStatus.CANCELLED and order.payment_processing_at is not None,
+    }
+
+
+def _merged(rows: _OrderRows, names: dict) -> list[dict]:
+    """All of it in one list, oldest first: (at, kind, what, detail)."""
+    merged = (
+        [(e.created_at, "transition", e.name, _payload_words(e.payload)) for e in rows.events]
+        + [
+            (r.received_at, "webhook", f"{r.event_type or 'webhook'}: {r.outcome}", r.reason or "")
+            for r in rows.receipts
+        ]
+        + [
+            (
+                c.created_at,
+                "command",
+                f"{c.kind} armed",
+                f"due {human_time(c.next_attempt_at)}, now "
+                + ("waiting for the provider" if waiting_for_provider(c) else c.status),
+            )
+            for c in rows.commands
+        ]
+        + [
+            (c.completed_at or c.updated_at, "command", f"{c.kind} retired", c.discard_reason or "obsolete")
+            for c in rows.commands
+            if c.status == "obsolete"
+        ]
+        + [
+            (
+                d.completed_at or d.updated_at,
+                "delivery",
+                f"{d.handler}: {d.status}",
+                f"{names.get(d.event_id, '?')}, {d.attempts} attempt(s)"
+                + (f", {d.last_error}" if d.last_error else ""),
+            )
+            for d in rows.deliveries
+            if d.status in ("done", "dead", "discarded")
+        ]
+        + [(w.created_at, "restore_warning", "restore warning", w.reason) for w in rows.warnings]
+        + [item for r in rows.refunds for item in _refund_timeline(r)]
+        + [(p.created_at, "proof_refused", "payment proof refused", p.problems) for p in rows.refusals]
+        + [
+            (
+                p.created_at,
+                "provider_refused",
+                f"provider refused payment attempt {p.attempt}",
+                p.reason + (f" (code {p.code})" if p.code else ""),
+            )
+            for p in rows.provider_refusals
+        ]
+        + [
+            (
+                a.created_at,
+                "operator",
+                f"{a.action} by {a.operator}",
+                a.outcome + (f" Reason: {a.reason}" if a.reason else ""),
+            )
+            for a in rows.actions
+        ]
+    )
+    merged.sort(key=lambda item: as_utc(item[0]))
+    return [{"at": iso(at), "kind": kind, "what": what, "detail": detail} for at, kind, what, detail in merged]
+
+
+def _refund_timeline(refund: Refund) -> list[tuple]:
+    """A refund's moments on the order's timeline: made, failed (the last failure), succeeded,
+    settled outside the shop."""
+    money = human_money(refund.amount, refund.currency)
+    items = [(refund.created_at, "refund", "refund created", f"{money}: {refund.reason}")]
+    if refund.failed_at is not None:
+        items.append(
+            (
+                refund.failed_at,
+                "refund",
+                "refund failed at the provider",
+                refund.last_error or refund.failure_reason or "",
+            )
+        )
+    if refund.status == "succeeded":
+        items.append(
+            (
+                refund.updated_at,
+                "refund",
+                "refund succeeded",
+                f"{money} back to the customer (attempt {refund.attempts}, {refund.provider_refund_id})",
+            )
+        )
+    elif refund.status == "pending" and refund.attempts > 1:
+        items.append(
+            (refund.updated_at, "refund", f"refund sent again (attempt {refund.attempts})", "pending at the provider")
+        )
+    if refund.settled_at is not None:
+        items.append(
+            (
+                refund.settled_at,
+                "refund",
+                "refund settled outside the shop",
+                f"by {refund.settled_by}: {refund.settlement_reason}",
+            )
+        )
+    return items
+
+
+def _refund_command(refund: Refund, commands) -> str | None:
+    """Where the refund's command stands: pending, waiting (for the provider), dead, done..."""
+    for command in commands:
+        if command.kind == "refund_payment" and (command.payload or {}).get("refund_id") == refund.id:
+            return WAITING if waiting_for_provider(command) else command.status
+    return None
+
+
+def _seconds_until(at: datetime | None, now: datetime) -> int | None:
+    return int((as_utc(at) - now).total_seconds()) if at is not None and as_utc(at) > now else None
+
+
+def _future_iso(at: datetime | None, now: datetime) -> str | None:
+    """A time still ahead, as ISO; a past one says nothing any more (the sweep may ask again)."""
+    return iso(at) if at is not None and as_utc(at) > now else None
+
+
+def _payload_words(payload: dict) -> str:
+    payload = dict(payload or {})
+    currency = payload.pop("currency", None)
+    words = []
+    for key, value in payload.items():
+        if key in ("order_id", "reference") or value in (None, ""):
+            continue
+        if key in ("total", "amount") and isinstance(value, int) and currency:
+            value = human_money(value, currency)
+        words.append(f"{key}: {value}")
+    return ", ".join(words)

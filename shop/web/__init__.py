@@ -1,0 +1,57 @@
+"""The web layer's shared parts: what every request meets before a view (shop/web/requests.py),
+how views answer (answers.py), how an order is shown (serialize.py) and the customer's words for
+codes and states (words.py). `init_app` wires the first into the app."""
+
+from __future__ import annotations
+
+from ..domain.refund_words import refund_failure_words
+from ..money import format_money
+from ..payments.gateway import hosted_page_origins
+from .requests import IdConverter, LimitChunkedBodies, WorkConverter, refuse_nul_text
+from .words import status_words
+
+
+def security_headers(config) -> dict[str, str]:
+    """The headers every answer carries (docs/REFERENCE.md, Routes, Conventions). No inline script
+    or style anywhere: the pages' only script is static/shop.js and their only style shop.css,
+    so an injected `<script>` or `onclick=` does not run. Forms may post here and be redirected
+    to the provider's hosted payment page (checkout, "Pay now"); nothing may frame a page (the
+    console's buttons cannot be clicked through an invisible frame)."""
+    form_targets = " ".join(["'self'", *hosted_page_origins(config)])
+    headers = {
+        "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+        "img-src 'self' data:; object-src 'none'; frame-ancestors 'none'; "
+        f"base-uri 'none'; form-action {form_targets}",
+        "X-Frame-Options": "DENY",
+        "X-Content-Type-Options": "nosniff",
+        # An order page's URL may carry its access token: it must not leave in a Referer.
+        "Referrer-Policy": "same-origin",
+    }
+    if config["PUBLIC_BASE_URL"].startswith("https://"):
+        # Only when the shop is served over https: over http the header would be ignored anyway,
+        # and pinning https on a host that cannot serve it locks browsers out for a year.
+        headers["Strict-Transport-Security"] = "max-age=31536000"
+    return headers
+
+
+def init_app(app) -> None:
+    """What every request meets before a view: the URL converters, the refusal of NUL bytes in
+    text, the cap on chunked bodies (the webhook reads its own, capped, raw body) and the
+    template filters; and what every answer leaves with: the security headers."""
+    app.url_map.converters.update(id=IdConverter, work=WorkConverter)
+    app.jinja_env.filters["status_words"] = status_words
+    app.jinja_env.filters["refund_failure"] = refund_failure_words
+    app.jinja_env.filters["money"] = format_money
+    app.before_request(refuse_nul_text)
+    headers = security_headers(app.config)
+
+    @app.after_request
+    def _send_security_headers(response):
+        # after_request also runs for error handlers' answers (404, 429, 500 in words).
+        for name, value in headers.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    app.wsgi_app = LimitChunkedBodies(
+        app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",), headers=headers
+    )

@@ -1,0 +1,58 @@
+"""How a view answers: content negotiation (HTML or JSON from the same data), the browser's
+identity, and the answer that stands when a request fails after its use case committed."""
+
+from __future__ import annotations
+
+import secrets
+
+from flask import g, jsonify, make_response, render_template, request, session
+
+
+def wants_json() -> bool:
+    best = request.accept_mimetypes.best_match(["text/html", "application/json"])
+    return best == "application/json" and request.accept_mimetypes[best] > request.accept_mimetypes["text/html"]
+
+
+def respond(template: str, data: dict, status: int = 200, **context):
+    """Same URL, same data: JSON when the client asks for it, HTML otherwise."""
+    if wants_json():
+        return jsonify(data), status
+    return render_template(template, data=data, **context), status
+
+
+def browser_id(create: bool = True) -> str | None:
+    """An opaque id for this browser, kept in the signed session cookie. Orders and carts
+    belong to it; another browser sees them only with the order's access token."""
+    bid = session.get("bid")
+    if bid is not None and not (isinstance(bid, str) and 0 < len(bid) <= 64 and bid.isprintable()):
+        bid = None  # not one we made (the cookie is signed, so only with the key): a new browser
+        session.pop("bid", None)
+    if bid is None and create:
+        bid = secrets.token_urlsafe(18)
+        session["bid"] = bid
+        session.permanent = True
+    return bid
+
+
+def answer_if_later_fails(answer) -> None:
+    """Say what to answer if this request fails from here on: called by a route right after its
+    use case committed, with a function that builds the response from what the route already
+    knows (it must not touch the database). An error after the commit (a connection killed
+    under the request, the database gone while the page is rendered) then answers with what was
+    done, not an error page: the customer whose order was placed learns its reference."""
+    g.answer_after_commit = answer
+
+
+def answer_after_commit():
+    """The answer a route registered with `answer_if_later_fails`, or None."""
+    return g.pop("answer_after_commit", None)
+
+
+def at_address(response, address: str):
+    """A refused POST answers with its 4xx and the page it concerns, as docs/REFERENCE.md,
+    Storefront, says; the page's own address goes with it (Content-Location, and static/shop.js
+    puts it in the address bar) so that a reload or a shared link is the GET page, not the POST."""
+    response = make_response(response)
+    if response.status_code >= 400:
+        response.headers["Content-Location"] = address
+    return response
