@@ -10,14 +10,13 @@ update for the whole shop. Rejections are logged at CRITICAL for the same reason
 from __future__ import annotations
 
 import logging
-from typing import Literal
 
 from flask import Blueprint, jsonify, request
 from sqlalchemy import insert
 
 from .domain.deadlines import utcnow
 from .extensions import csrf, db
-from .models import WebhookReceipt
+from .models import ReceiptOutcome, WebhookReceipt
 from .payments import gateway
 from .payments.apply import apply_session
 from .payments.refunds import apply_refund_report
@@ -27,9 +26,6 @@ log = logging.getLogger("shop.webhooks")
 bp = Blueprint("webhooks", __name__)
 
 MAX_BODY = 1_000_000
-
-# What a receipt records about a delivery (the console lists and filters by it).
-ReceiptOutcome = Literal["accepted", "duplicate", "ignored", "rejected", "failed"]
 
 
 def _text(value, limit: int) -> str | None:
@@ -82,7 +78,7 @@ def _reject(reason: str, status: int = 400):
         "(check STRIPE_WEBHOOK_SECRET / the registered endpoint).",
         reason,
     )
-    _record("rejected", reason, status)
+    _record(ReceiptOutcome.REJECTED, reason, status)
     return jsonify({"error": reason}), status
 
 
@@ -119,7 +115,7 @@ def stripe_webhook():
         log.critical(
             "Stripe webhook REJECTED: body over %d bytes; if this is Stripe, that event is being lost", MAX_BODY
         )
-        _record("rejected", f"body over {MAX_BODY} bytes", 413)
+        _record(ReceiptOutcome.REJECTED, f"body over {MAX_BODY} bytes", 413)
         return jsonify({"error": "payload too large"}), 413
     secret = webhook_secret()
     if not secret:
@@ -161,7 +157,7 @@ HANDLED = set(gateway.EVENT_TYPES)
 def _accept(event: dict):
     event_id, event_type = event.get("id"), event.get("type")
     if event_type not in HANDLED:
-        _record("ignored", f"event type {event_type} is not used", 200, event_id, event_type)
+        _record(ReceiptOutcome.IGNORED, f"event type {event_type} is not used", 200, event_id, event_type)
         return jsonify({"received": True, "outcome": "ignored"}), 200
     if event_type in gateway.REFUND_EVENT_TYPES:
         return _accept_refund(event, event_id, event_type)
@@ -169,7 +165,7 @@ def _accept(event: dict):
     if view.id is None or not _usable_id(view.id):
         # Every Checkout Session event names its session; without one there is nothing to
         # apply or to ask the provider about (and the SDK would refuse the call).
-        _record("ignored", "the event names no checkout session", 200, event_id, event_type)
+        _record(ReceiptOutcome.IGNORED, "the event names no checkout session", 200, event_id, event_type)
         return jsonify({"received": True, "outcome": "ignored"}), 200
     failed = event_type == "checkout.session.async_payment_failed"
     by_cancel = event_type == "checkout.session.expired" and gateway.expired_by_a_cancel(event)
@@ -216,7 +212,7 @@ def _accept_refund(event: dict, event_id, event_type):
     provider about a pending refund of a cancelled order itself."""
     view = gateway.refund_view(event["data"]["object"])
     if view.id is None or not _usable_id(view.id):
-        _record("ignored", "the event names no refund", 200, event_id, event_type)
+        _record(ReceiptOutcome.IGNORED, "the event names no refund", 200, event_id, event_type)
         return jsonify({"received": True, "outcome": "ignored"}), 200
 
     def receipt(report) -> None:
@@ -234,7 +230,9 @@ def _accept_refund(event: dict, event_id, event_type):
     except Exception as exc:
         db.session.rollback()
         log.warning("webhook event %s (%s) accepted but not applied: %s", event_id, event_type, exc, exc_info=True)
-        _record("failed", f"accepted, not applied: {_in_words(exc)}", 200, event_id, event_type, view.order_id)
+        _record(
+            ReceiptOutcome.FAILED, f"accepted, not applied: {_in_words(exc)}", 200, event_id, event_type, view.order_id
+        )
         return jsonify({"received": True, "outcome": "failed"}), 200
     return jsonify({"received": True, "outcome": report.outcome}), 200
 
@@ -249,7 +247,9 @@ def _apply_then_record(event_id, event_type, view, failed, receipt, by_cancel):
         # return page will apply it, and the receipt + log make it visible.
         db.session.rollback()
         log.warning("webhook event %s (%s) accepted but not applied: %s", event_id, event_type, exc, exc_info=True)
-        _record("failed", f"accepted, not applied: {_in_words(exc)}", 200, event_id, event_type, view.order_id)
+        _record(
+            ReceiptOutcome.FAILED, f"accepted, not applied: {_in_words(exc)}", 200, event_id, event_type, view.order_id
+        )
         return jsonify({"received": True, "outcome": "failed"}), 200
     _log_unknown(result, event_id, event_type, view)
     _record(*receipt(result))

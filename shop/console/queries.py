@@ -14,6 +14,7 @@ from ..extensions import db
 from ..models import (
     OperatorAction,
     Order,
+    ReceiptOutcome,
     OutboxDelivery,
     OutboxEvent,
     ReconciliationCycle,
@@ -46,7 +47,7 @@ WORK_STATUSES = ("pending", "processing", "done", "dead", "discarded", "obsolete
 # unavailable provider (rows.WAITING).
 WORK_FILTERS = WORK_STATUSES + (WAITING,)
 WARNING_STATES = ("open", "resolved", "duplicate")
-WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected", "failed")  # shop.webhooks.ReceiptOutcome
+WEBHOOK_OUTCOMES = tuple(ReceiptOutcome)
 
 
 # A list counts its rows up to this many past the current page: exact below it, "10,000+" above. An exact

@@ -12,6 +12,7 @@ class ReceiptOutcome(StrEnum):
     DUPLICATE = "duplicate"  # an event already applied
     IGNORED = "ignored"  # verified, but nothing the shop acts on
     REJECTED = "rejected"  # not verified: bad signature, too old, too big, not JSON
+    FAILED = "failed"  # verified, but applying it failed (the provider retries it)
 
 
 class WebhookReceipt(db.Model):
