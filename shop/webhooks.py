@@ -171,7 +171,7 @@ def _accept(event: dict):
     by_cancel = event_type == "checkout.session.expired" and gateway.expired_by_a_cancel(event)
 
     def receipt(result) -> tuple:
-        outcome = "duplicate" if result.outcome == "duplicate" else "accepted"
+        outcome = ReceiptOutcome.DUPLICATE if result.outcome == "duplicate" else ReceiptOutcome.ACCEPTED
         return (
             outcome,
             result.outcome + (f": {result.detail}" if result.detail else ""),
@@ -217,7 +217,7 @@ def _accept_refund(event: dict, event_id, event_type):
 
     def receipt(report) -> None:
         _write_receipt(
-            "accepted",
+            ReceiptOutcome.ACCEPTED,
             report.outcome + (f": {report.detail}" if report.detail else ""),
             200,
             event_id,
