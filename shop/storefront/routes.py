@@ -21,11 +21,12 @@ from ..orders.lookup import order_by_reference
 from ..payments import gateway
 from ..payments.apply import ask_and_apply
 from ..payments.checkout_queue import expected_wait_seconds, place_in_line
-from ..payments.start import IN_LINE, StartOutcome, joined_line, line_is_held, start_payment
+from ..payments.start import StartCode, StartOutcome, joined_line, line_is_held, start_payment
 from ..errors import OrderNotFound
 from ..web import MAX_ID, answer_if_later_fails, browser_id, respond, wants_json
 from . import bp
 from .forms import ActionForm, AddToCartForm, CancelForm, CheckoutForm, QuantityForm
+from .payment_words import cancel_refusal_words, start_words
 
 
 def _catalog() -> list[dict]:
@@ -225,7 +226,7 @@ def checkout():
     answer_if_later_fails(lambda: _placed_but_payment_not_started(result.reference, order_url))
     if in_line:
         joined_line(result.order_id)
-        started = StartOutcome("queued", message=IN_LINE)
+        started = StartOutcome(StartCode.IN_LINE)
     else:
         started = start_payment(result.order_id, placed=result)
     # docs/REFERENCE.md, Storefront: success is a 303 whatever the client accepts; a JSON client also gets
@@ -242,14 +243,14 @@ def checkout():
                 "payment_url": None,
                 "order_url": order_url,
                 "queued": True,
-                "message": started.message,
+                "message": start_words(started),
             },
         )
     if not wants_json():  # a JSON client reads the message in the body; a flash would wait for its next page
-        flash(started.message, "warning")
+        flash(start_words(started), "warning")
     return _see_other(
         order_url,
-        {"reference": result.reference, "payment_url": None, "order_url": order_url, "message": started.message},
+        {"reference": result.reference, "payment_url": None, "order_url": order_url, "message": start_words(started)},
     )
 
 
@@ -379,14 +380,14 @@ def pay(reference: str):
         return redirect(started.url, 303)
     if started.status == "queued":
         if wants_json():
-            return {"reference": reference, "payment_url": None, "queued": True, "message": started.message}, 202
+            return {"reference": reference, "payment_url": None, "queued": True, "message": start_words(started)}, 202
         return redirect(
             url_for("storefront.order_page", reference=reference, token=request.values.get("token") or None), 303
         )
     order = db.session.get(Order, order.id)
     status = 503 if started.status == "unavailable" else 409
     # The page itself shows the message (no flash too: it would show twice, and again later).
-    return _render_order(order, status, started.message)
+    return _render_order(order, status, start_words(started))
 
 
 CANCELLABLE = {s.value for s in LIVE}
@@ -431,7 +432,7 @@ def cancel(reference: str):
             return _render_order(db.session.get(Order, order.id))
         flash(done)
         return redirect(page, 303)
-    return _render_order(order, 409, outcome.message)
+    return _render_order(order, 409, cancel_refusal_words(outcome.code, outcome.message))
 
 
 def _cancelled_answer(reference: str, page: str, done: str):
