@@ -22,7 +22,7 @@ from ..models import Order, Refund, RestoreWarning
 from ..orders.lookup import order_by_reference
 from ..orders.serialize import iso
 from ..outbox import dispatch
-from ..payments import gateway, refunds as refund_cases
+from ..payments import gateway, refund_remedies as refund_cases
 from ..payments.apply import reconcile_order
 from ..saga import warnings
 from ..web import respond, wants_json, work_ref
