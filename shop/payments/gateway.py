@@ -327,7 +327,7 @@ def list_webhook_endpoints() -> list[EndpointView]:
     return [endpoint_view(e) for e in page.auto_paging_iter()]
 
 
-def create_webhookendpoint_view(url: str, description: str) -> EndpointView:
+def create_webhook_endpoint(url: str, description: str) -> EndpointView:
     return endpoint_view(
         _call(
             "create webhook endpoint",
@@ -338,7 +338,7 @@ def create_webhookendpoint_view(url: str, description: str) -> EndpointView:
     )
 
 
-def subscribe_webhookendpoint_view(endpoint_id: str) -> EndpointView:
+def subscribe_webhook_endpoint(endpoint_id: str) -> EndpointView:
     """Our endpoint, registered by an earlier release, made to send every event this one uses."""
     return endpoint_view(
         _call(
@@ -348,7 +348,7 @@ def subscribe_webhookendpoint_view(endpoint_id: str) -> EndpointView:
     )
 
 
-def delete_webhookendpoint_view(endpoint_id: str) -> None:
+def delete_webhook_endpoint(endpoint_id: str) -> None:
     _call("delete webhook endpoint", lambda: client().v1.webhook_endpoints.delete(endpoint_id))
 
 

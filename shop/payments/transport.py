@@ -180,7 +180,7 @@ def _http_client(base: str, timeout: float) -> GuardedHttpClient:
     """The SDK's requests transport with the environment read once, not on every call.
 
     A requests.Session that trusts the environment re-reads every environment variable on each
-    request (proxies, no_proxy, netrc): a large share of a checkout's web CPU
+    request (proxies, no_proxy, netrc): a noticeable share of a checkout's web CPU
     (bench/checkout.py prints a checkout's CPU).
     The proxy settings that apply to the provider's address are read here, once, and handed
     to the SDK explicitly (HTTPS_PROXY / NO_PROXY still work; they are read at start). The
