@@ -7,6 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Literal
+
+# The provider's own vocabularies, as it documents them (read as sent: a value outside them is
+# passed on as it is, and an absent or malformed one reads as None).
+SessionStatus = Literal["open", "complete", "expired"]
+SessionPaymentStatus = Literal["paid", "unpaid", "no_payment_required"]
+RefundStatus = Literal["pending", "requires_action", "succeeded", "failed", "canceled"]
 
 EVENT_TYPES = [
     "checkout.session.completed",
@@ -23,8 +30,8 @@ REFUND_EVENT_TYPES = ("refund.updated", "refund.failed")
 @dataclass(frozen=True)
 class SessionView:
     id: str
-    status: str | None  # open | complete | expired
-    payment_status: str | None  # paid | unpaid | no_payment_required
+    status: SessionStatus | None
+    payment_status: SessionPaymentStatus | None
     amount_total: int | None
     currency: str | None
     url: str | None
@@ -37,7 +44,7 @@ class SessionView:
 @dataclass(frozen=True)
 class RefundView:
     id: str | None
-    status: str | None  # pending | requires_action | succeeded | failed | canceled; nullable
+    status: RefundStatus | None  # nullable at the provider
     amount: int | None
     payment_intent: str | None  # nullable at Stripe
     failure_reason: str | None  # only on a failed refund
