@@ -19,11 +19,14 @@ from .extensions import csrf, db
 from .models import ReceiptOutcome, WebhookReceipt
 from .payments import gateway
 from .payments.apply import apply_session
+from .payments.guard import Priority, request_priority
 from .payments.refunds import apply_refund_report
 from .payments.registration import webhook_secret
 
 log = logging.getLogger("shop.webhooks")
 bp = Blueprint("webhooks", __name__)
+# The provider's webhook sender waits on these requests' provider calls: a customer's priority.
+request_priority(bp, Priority.CUSTOMER)
 
 MAX_BODY = 1_000_000
 

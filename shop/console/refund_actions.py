@@ -10,7 +10,7 @@ from flask import url_for
 from ..extensions import db
 from ..domain.timestamps import iso
 from ..models import Order, Refund
-from ..payments import refunds as refund_cases
+from ..payments import refund_remedies as refund_cases
 from . import audit, bp
 from .answers import done, operator_name, problem
 from .forms import RetryRefundForm, SettleRefundForm

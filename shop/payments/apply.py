@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from enum import StrEnum
 from datetime import datetime, timedelta
 from typing import Callable
 
@@ -29,13 +30,26 @@ from . import gateway
 from .refunds import record_late_payment
 
 log = logging.getLogger("shop.payments")
-S = OrderStatus
+
+
+class Outcome(StrEnum):
+    """What applying a notice did (Applied.outcome)."""
+
+    PAID = "paid"
+    PAYMENT_FAILED = "payment_failed"
+    CANCELLED = "cancelled"
+    REFUND_CREATED = "refund_created"
+    ALREADY_REFUNDED = "already_refunded"
+    NOOP = "noop"
+    DUPLICATE = "duplicate"
+    UNKNOWN_ORDER = "unknown_order"
+    PROOF_REFUSED = "proof_refused"
+    AWAITING_ASYNC = "awaiting_async"
 
 
 @dataclass
 class Applied:
-    outcome: str  # paid | payment_failed | refund_created | already_refunded | noop | duplicate |
-    # unknown_order | proof_refused | awaiting_async
+    outcome: Outcome
     order: OrderSnapshot | None = None  # the order as this notice left it
     detail: str = ""
 
@@ -132,7 +146,11 @@ def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
     if view.payment_status != "paid" or not orders.usable_id(view.order_id):
         return None
     order = orders.read_for_payment(view.order_id)
-    if order is None or order.status != S.PAYMENT_INITIATED.value or order.payment_session_id != view.id:
+    if (
+        order is None
+        or OrderStatus(order.status) is not OrderStatus.PAYMENT_INITIATED
+        or order.payment_session_id != view.id
+    ):
         return None
     if not check_payment_proof(
         order_total=order.total,
@@ -147,12 +165,12 @@ def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
         return None
     orders.save(order, "mark_paid", transition.events, now=now)
     log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
-    return Applied("paid", order)
+    return Applied(Outcome.PAID, order)
 
 
 def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool = False) -> Applied:
     if event_id and not _claim_event(db.session, event_id, now):
-        return Applied("duplicate")
+        return Applied(Outcome.DUPLICATE)
     usual = _apply_usual_payment(view, source=source, now=now)
     if usual is not None:
         return usual
@@ -165,18 +183,18 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
             view.order_id,
             view.client_reference_id,
         )
-        return Applied("unknown_order", detail=f"session {view.id}")
+        return Applied(Outcome.UNKNOWN_ORDER, detail=f"session {view.id}")
     if view.payment_status == "paid":
         return _apply_paid(order, view, source=source, now=now)
     if (
-        S(order.status) is S.CANCELLED
+        OrderStatus(order.status) is OrderStatus.CANCELLED
         and order.payment_session_id == view.id
         and view.status == "complete"
         and order.payment_processing_at is None
     ):
         orders.note(order.id, "processing", now)  # money may still come for a cancelled order: the sweep watches it
-    if S(order.status) is not S.PAYMENT_INITIATED or order.payment_session_id != view.id:
-        return Applied("noop", order, f"order is {order.status}")
+    if OrderStatus(order.status) is not OrderStatus.PAYMENT_INITIATED or order.payment_session_id != view.id:
+        return Applied(Outcome.NOOP, order, f"order is {order.status}")
     if view.status == "expired":
         return _apply_expired(order, view, source=source, now=now, expired_by_cancel=expired_by_cancel)
     if failed:
@@ -184,8 +202,8 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
     if view.status == "complete":
         if order.payment_processing_at is None:
             orders.note(order.id, "processing", now)
-        return Applied("awaiting_async", order)
-    return Applied("noop", order, f"session {view.status}")
+        return Applied(Outcome.AWAITING_ASYNC, order)
+    return Applied(Outcome.NOOP, order, f"session {view.status}")
 
 
 def _apply_paid(order: OrderSnapshot, view, *, source: str, now: datetime) -> Applied:
@@ -219,23 +237,23 @@ def _apply_paid(order: OrderSnapshot, view, *, source: str, now: datetime) -> Ap
             verdict.describe(),
             order.status,
         )
-        return Applied("proof_refused", order, verdict.describe())
-    state = S(order.status)
-    if state is S.PAID:
+        return Applied(Outcome.PROOF_REFUSED, order, verdict.describe())
+    state = OrderStatus(order.status)
+    if state is OrderStatus.PAID:
         if order.payment_session_id == view.id:
-            return Applied("noop", order, "already paid")
+            return Applied(Outcome.NOOP, order, "already paid")
         return _late_money(order, view, "paid twice: order already paid through another session", now)
-    if state is S.CANCELLED:
+    if state is OrderStatus.CANCELLED:
         return _late_money(order, view, "payment arrived after the order was cancelled", now)
     transition = "mark_paid"
-    if state in (S.PENDING_PAYMENT, S.PAYMENT_FAILED):
+    if state in {OrderStatus.PENDING_PAYMENT, OrderStatus.PAYMENT_FAILED}:
         order.start_payment(view.id, view.url)  # the money is real: adopt its session first
         transition = "adopt_and_pay"
     order.mark_paid(view.id, view.amount_total, view.currency)
     # The write's own time, as for every other transition of the general path (`now` may be the caller's).
     orders.save(order, transition, tuple(order.pending_events), now=utcnow())
     log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
-    return Applied("paid", order)
+    return Applied(Outcome.PAID, order)
 
 
 def _apply_expired(order: OrderSnapshot, view, *, source: str, now: datetime, expired_by_cancel: bool) -> Applied:
@@ -252,10 +270,10 @@ def _apply_expired(order: OrderSnapshot, view, *, source: str, now: datetime, ex
         why = CANCELLED_BY_CUSTOMER if expired_by_cancel else PAYMENT_WINDOW_EXPIRED
         result = order.cancel(why)
         if isinstance(result, Refused):
-            return Applied("noop", order, result.message)
+            return Applied(Outcome.NOOP, order, result.message)
         orders.save(order, "cancel", result.events)
         log.info("order %s cancelled: its payment session expired (%s, via %s)", order.reference, why, source)
-        return Applied("cancelled", order)
+        return Applied(Outcome.CANCELLED, order)
     return _fail(order, "checkout session expired", "The payment page expired before payment.")
 
 
@@ -263,10 +281,10 @@ def _fail(order: OrderSnapshot, reason: str, words: str) -> Applied:
     """PaymentInitiated -> PaymentFailed, with the words the customer's order page shows."""
     result = order.mark_payment_failed(reason)
     if isinstance(result, Refused):
-        return Applied("noop", order, result.message)
+        return Applied(Outcome.NOOP, order, result.message)
     order.failed_because(words)
     orders.save(order, "mark_payment_failed", result.events)
-    return Applied("payment_failed", order)
+    return Applied(Outcome.PAYMENT_FAILED, order)
 
 
 # The provider expires a session by its own clock (Stripe never early, often late); ours may run
@@ -286,14 +304,14 @@ def _late_money(order: OrderSnapshot, view, reason: str, now: datetime) -> Appli
     created = record_late_payment(order, view, reason, now)
     if (
         created
-        and S(order.status) is S.CANCELLED
+        and OrderStatus(order.status) is OrderStatus.CANCELLED
         and order.payment_session_id == view.id
         and order.payment_processing_at is None
     ):
         # The sweep's watch follows the refund until the provider has it (a refund that dies
         # runs again), not just until the refund is recorded; the refund's success ends it.
         orders.note(order.id, "processing", now)
-    return Applied("refund_created" if created else "already_refunded", order, reason)
+    return Applied(Outcome.REFUND_CREATED if created else "already_refunded", order, reason)
 
 
 def reconcile_order(order_id: int, source: str = "console", now: datetime | None = None) -> Applied:
@@ -301,7 +319,7 @@ def reconcile_order(order_id: int, source: str = "console", now: datetime | None
     order = orders.read(order_id)
     if order is None or not order.payment_session_id:
         db.session.rollback()
-        return Applied("noop", order, "no payment session to ask about")
+        return Applied(Outcome.NOOP, order, "no payment session to ask about")
     sid = order.payment_session_id
     db.session.rollback()
     return ask_and_apply(sid, source=source, now=now).applied

@@ -44,7 +44,7 @@ from ..extensions import db
 from ..models import Order
 from ..outbox.leases import acquire_lease, holder_name, release_lease, renew_lease
 from . import guard
-from .start import LINE_HOLD_SECONDS, StartOutcome, start_payment
+from .start import LINE_HOLD_SECONDS, StartOutcome, StartStatus, start_payment
 
 log = logging.getLogger("shop.payments.queue")
 
@@ -180,7 +180,7 @@ class PaymentQueue:
                 if time.monotonic() - held_at >= LINE_HOLD_SECONDS / 3:
                     provider_guard.hold_line(LINE_HOLD_SECONDS)
                     held_at = time.monotonic()
-                if provider_guard.breaker_view()["state"] == guard.CLOSED:
+                if provider_guard.breaker_view()["state"] is guard.BreakerState.CLOSED:
                     free = self.threads - len(in_flight)
                     ids = next_in_line(utcnow(), free, frozenset(in_flight.values())) if free else []
                     if not ids and not in_flight:
@@ -198,7 +198,7 @@ class PaymentQueue:
                     stop.wait(TICK_SECONDS)
                 for future in done:
                     order_id = in_flight.pop(future)
-                    started += self._outcome(order_id, future) == "started"
+                    started += self._outcome(order_id, future) is StartStatus.STARTED
         return started
 
     def _start(self, order_id: int, turn: guard.Ticket) -> StartOutcome:
@@ -210,16 +210,17 @@ class PaymentQueue:
                 db.session.remove()
 
     @staticmethod
-    def _outcome(order_id: int, future: Future) -> str:
+    def _outcome(order_id: int, future: Future) -> StartStatus | None:
+        """How the start of `order_id`'s payment ended; None when it failed (it stays in line)."""
         try:
             outcome = future.result()
         except Exception:  # noqa: BLE001 - the order keeps its place and is tried again
             log.exception("payment queue: starting the payment of order %s failed; it stays in line", order_id)
-            return "error"
-        if outcome.status == "started":
+            return None
+        if outcome.status is StartStatus.STARTED:
             log.info("payment queue: order %s has its payment page", order_id)
-        elif outcome.status != "queued":
-            log.info("payment queue: order %s left the line (%s: %s)", order_id, outcome.status, outcome.message)
+        elif outcome.status is not StartStatus.QUEUED:
+            log.info("payment queue: order %s left the line (%s: %s)", order_id, outcome.status, outcome.code)
         return outcome.status
 
 

@@ -20,15 +20,25 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Callable
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from ..domain.deadlines import utcnow
-from ..domain.refunds import CANCELED, NOT_RETURNED, PENDING, SUCCEEDED, after_report, needs_operator, reported_status
+from ..domain.order import OrderStatus
+from ..domain.refunds import (
+    CANCELED,
+    FAILED,
+    NOT_RETURNED,
+    PENDING,
+    SUCCEEDED,
+    after_report,
+    reported_status,
+)
 from ..extensions import db
-from ..models import Order, Refund
+from ..models import Refund
 from ..outbox import schedule_command, uow
 from ..outbox.failures import PermanentFailure
 from ..store import orders
@@ -109,7 +119,7 @@ def execute_refund(refund_id: int, now: datetime) -> None:
         if exc.code == "charge_already_refunded":
             refund.status = SUCCEEDED
             refund.payment_intent_id = intent
-            _end_watch_when_all_refunded(refund)
+            end_watch_when_all_refunded(refund)
             return
         raise PermanentFailure(f"provider refused refund {refund_id}: {exc}") from exc
     # Read again, locked: the provider's webhook about this very refund may have been applied
@@ -133,9 +143,27 @@ def execute_refund(refund_id: int, now: datetime) -> None:
     _take_report(refund, view, now, "the provider's answer")
 
 
+class ReportOutcome(StrEnum):
+    """What a provider's report about a refund did (RefundReport.outcome)."""
+
+    REFUND_SUCCEEDED = "refund_succeeded"
+    REFUND_FAILED = "refund_failed"
+    REFUND_CANCELED = "refund_canceled"
+    NOOP = "noop"
+    UNKNOWN_REFUND = "unknown_refund"
+
+
+# The refund's new status -> what its report did.
+_MOVED = {
+    SUCCEEDED: ReportOutcome.REFUND_SUCCEEDED,
+    FAILED: ReportOutcome.REFUND_FAILED,
+    CANCELED: ReportOutcome.REFUND_CANCELED,
+}
+
+
 @dataclass
 class RefundReport:
-    outcome: str  # refund_succeeded | refund_failed | refund_canceled | noop | unknown_refund
+    outcome: ReportOutcome
     refund_id: int | None = None
     order_id: int | None = None
     detail: str = ""
@@ -164,11 +192,11 @@ def _report_once(view: gateway.RefundView, source: str, now: datetime) -> Refund
     refund = _reported_refund(view)
     if refund is None:
         log.info("provider refund %s (via %s) is none of this shop's current refund attempts", view.id, source)
-        return RefundReport("unknown_refund", detail=f"provider refund {view.id}")
+        return RefundReport(ReportOutcome.UNKNOWN_REFUND, detail=f"provider refund {view.id}")
     new = _take_report(refund, view, now, source)
     if new is None:
-        return RefundReport("noop", refund.id, refund.order_id, f"refund {refund.id} is {refund.status}")
-    return RefundReport(f"refund_{new}", refund.id, refund.order_id)
+        return RefundReport(ReportOutcome.NOOP, refund.id, refund.order_id, f"refund {refund.id} is {refund.status}")
+    return RefundReport(_MOVED[new], refund.id, refund.order_id)
 
 
 def _reported_refund(view: gateway.RefundView) -> Refund | None:
@@ -228,7 +256,7 @@ def _take_report(refund: Refund, view: gateway.RefundView, now: datetime, source
             refund.provider_refund_id,
             source,
         )
-        _end_watch_when_all_refunded(refund)
+        end_watch_when_all_refunded(refund)
         _email(refund, "refund_issued", now)
     return new
 
@@ -237,147 +265,10 @@ def _email(refund: Refund, template: str, now: datetime) -> None:
     schedule_command(db.session, "send_email", now, order_id=refund.order_id, payload={"template": template}, now=now)
 
 
-# -- an operator's remedies ------------------------------------------------------------------
-
-
-@dataclass
-class RefundAction:
-    outcome: str  # done | already (this very submission was done before) | refused | missing
-    message: str
-    refund: dict | None = None
-
-
-def refund_facts(refund: Refund) -> dict:
-    """What an operator's answer reports about a refund (read before the transaction ends)."""
-    return {
-        "id": refund.id,
-        "order_id": refund.order_id,
-        "status": refund.status,
-        "attempts": refund.attempts,
-        "provider_refund_id": refund.provider_refund_id,
-        "failure_reason": refund.failure_reason,
-        "settled_at": refund.settled_at,
-        "settled_by": refund.settled_by,
-        "settlement_reason": refund.settlement_reason,
-        "amount": refund.amount,
-        "currency": refund.currency,
-    }
-
-
-def retry_refund(refund_id: int, *, seen_attempt: int | None, now: datetime | None = None) -> RefundAction:
-    """Refund again a refund whose money did not go back: its next attempt, with its own
-    Idempotency-Key, made by a refund command (retried, waiting for the provider, dead-lettered
-    like the first). The provider gave the failed attempt's money back to the payment, so the
-    money goes back once in all. `seen_attempt` is the attempt the operator looked at: the same
-    submission sent twice retries once, and a retry of an attempt already retried is refused."""
-    now = now or utcnow()
-    with uow.transaction() as session:
-        refund = session.get(Refund, refund_id, with_for_update=True)
-        if refund is None:
-            return RefundAction("missing", f"There is no refund {refund_id}.")
-        seen = refund.attempts if seen_attempt is None else seen_attempt
-        if seen_attempt is not None and refund.attempts == seen + 1 and refund.settled_at is None:
-            return RefundAction(
-                "already",
-                f"Refund {refund_id} was already sent again (attempt {refund.attempts}, "
-                f"now {refund.status}); nothing more was done.",
-                refund_facts(refund),
-            )
-        if not needs_operator(refund.status, refund.settled_at is not None) or refund.attempts != seen:
-            return RefundAction("refused", _why_not(refund, seen), refund_facts(refund))
-        failed = refund.last_error or f"attempt {refund.attempts} {refund.status}"
-        refund.attempts += 1
-        refund.status = PENDING
-        refund.provider_refund_id = None
-        refund.updated_at = now
-        schedule_command(
-            session, "refund_payment", now, order_id=refund.order_id, payload={"refund_id": refund.id}, now=now
-        )
-        _watch_again(refund, now)
-        log.warning(
-            "refund %s of order %s: sent again as attempt %s (%s)", refund.id, refund.order_id, refund.attempts, failed
-        )
-        return RefundAction(
-            "done",
-            f"Refund {refund_id} will be sent again now, as attempt {refund.attempts} ({failed}).",
-            refund_facts(refund),
-        )
-
-
-def settle_refund(refund_id: int, *, reason: str, operator: str, now: datetime | None = None) -> RefundAction:
-    """Record that a refund whose money did not go back was settled outside the shop (a bank
-    transfer, a voucher the customer agreed to): who, when and why. The provider's status stays
-    what it was; the refund no longer waits for anyone."""
-    now = now or utcnow()
-    with uow.transaction() as session:
-        refund = session.get(Refund, refund_id, with_for_update=True)
-        if refund is None:
-            return RefundAction("missing", f"There is no refund {refund_id}.")
-        if refund.settled_at is not None:
-            if (refund.settlement_reason or "") == reason:
-                return RefundAction(
-                    "already",
-                    f"Refund {refund_id} was already recorded as settled outside the shop; nothing more was done.",
-                    refund_facts(refund),
-                )
-            return RefundAction(
-                "refused",
-                f"Refund {refund_id} was already recorded as settled outside the shop by "
-                f"{refund.settled_by} ({refund.settlement_reason}).",
-                refund_facts(refund),
-            )
-        if not needs_operator(refund.status, False):
-            return RefundAction("refused", _why_not(refund, refund.attempts), refund_facts(refund))
-        refund.settled_at, refund.settled_by, refund.settlement_reason = now, operator, reason
-        refund.updated_at = now
-        _end_watch_when_all_refunded(refund)
-        log.warning(
-            "refund %s of order %s recorded as settled outside the shop by %s: %s",
-            refund.id,
-            refund.order_id,
-            operator,
-            reason,
-        )
-        return RefundAction(
-            "done", f"Refund {refund_id} is recorded as settled outside the shop.", refund_facts(refund)
-        )
-
-
-def _why_not(refund: Refund, seen: int) -> str:
-    if refund.settled_at is not None:
-        return f"Refund {refund.id} was settled outside the shop by {refund.settled_by}; nothing to do."
-    if refund.status == PENDING:
-        return (
-            f"Refund {refund.id} is pending at the provider (attempt {refund.attempts}): wait for its answer; "
-            "only a refund that failed can be retried or settled."
-        )
-    if refund.status == SUCCEEDED:
-        return f"Refund {refund.id} succeeded: the money went back; nothing to do."
-    return (
-        f"Refund {refund.id} changed meanwhile: it is now at attempt {refund.attempts}, not {seen}; "
-        "reload and look again."
-    )
-
-
 # -- the sweep's watch -----------------------------------------------------------------------
 
 
-def _watch_again(refund: Refund, now: datetime) -> None:
-    """A retried late-money refund of a cancelled order is followed by the sweep again, as the
-    first attempt was (sweep.check_cancelled_payment), should its webhook be lost."""
-    order = db.session.execute(
-        select(Order.status, Order.payment_session_id, Order.payment_processing_at).where(Order.id == refund.order_id)
-    ).first()
-    if (
-        order is not None
-        and order.status == "Cancelled"
-        and order.payment_session_id == refund.session_id
-        and order.payment_processing_at is None
-    ):
-        orders.note(refund.order_id, "processing", now)
-
-
-def _end_watch_when_all_refunded(refund: Refund) -> None:
+def end_watch_when_all_refunded(refund: Refund) -> None:
     """The sweep watches a cancelled order with late money until its refunds have succeeded or
     were settled outside the shop (sweep.check_cancelled_payment); the last one ends the watch
     here, in the same transaction, rather than a sweep cycle later."""
@@ -396,7 +287,7 @@ def _end_watch_when_all_refunded(refund: Refund) -> None:
     if (
         others is None
         and order is not None
-        and order.status == "Cancelled"
+        and OrderStatus(order.status) is OrderStatus.CANCELLED
         and order.payment_session_id == refund.session_id
     ):
         orders.note(refund.order_id, "stop_watching")

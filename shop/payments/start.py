@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 
 from flask import current_app
 
@@ -22,21 +23,59 @@ from ..store.orders import OrderSnapshot
 from . import gateway, guard
 
 log = logging.getLogger("shop.payments")
-S = OrderStatus
+
+
+class StartStatus(StrEnum):
+    """Where a payment's start ended: started (the payment page's url), queued (in line for a
+    session), unavailable (the provider could not start it now), refused (not payable)."""
+
+    STARTED = "started"
+    QUEUED = "queued"
+    UNAVAILABLE = "unavailable"
+    REFUSED = "refused"
+
+
+class StartCode(StrEnum):
+    """Why it ended there; the web says it in words (storefront.payment_words)."""
+
+    STARTED = "started"
+    IN_LINE = "in_line"  # joined the line (budget or bulkhead spent): the payment queue starts it
+    STILL_IN_LINE = "still_in_line"  # the queue's own try: still no budget (`detail`), tried again
+    UNREACHABLE = "unreachable"  # the provider could not be reached
+    PROVIDER_REFUSED = "provider_refused"  # the provider turned the session down
+    NO_PAGE = "no_page"  # the session came back without its page's url
+    NO_SUCH_ORDER = "no_such_order"
+    NOT_PAYABLE = "not_payable"  # the order's status (`order_status`) takes no payment
+    TRANSITION_REFUSED = "transition_refused"  # the domain's refusal (`detail`)
+    CHANGED = "changed"  # the order moved meanwhile: `order_status` now, None when it is gone
+
+
+_STATUS = {
+    StartCode.STARTED: StartStatus.STARTED,
+    StartCode.IN_LINE: StartStatus.QUEUED,
+    StartCode.STILL_IN_LINE: StartStatus.QUEUED,
+    StartCode.UNREACHABLE: StartStatus.UNAVAILABLE,
+    StartCode.PROVIDER_REFUSED: StartStatus.UNAVAILABLE,
+    StartCode.NO_PAGE: StartStatus.UNAVAILABLE,
+    StartCode.NO_SUCH_ORDER: StartStatus.REFUSED,
+    StartCode.NOT_PAYABLE: StartStatus.REFUSED,
+    StartCode.TRANSITION_REFUSED: StartStatus.REFUSED,
+    StartCode.CHANGED: StartStatus.REFUSED,
+}
 
 
 @dataclass
 class StartOutcome:
-    status: str  # started | queued | unavailable | refused
-    url: str | None = None
-    message: str = ""
+    code: StartCode
+    url: str | None = None  # the payment page (STARTED)
+    order_status: OrderStatus | None = None  # NOT_PAYABLE, CHANGED
+    detail: str = ""  # TRANSITION_REFUSED: the domain's refusal; STILL_IN_LINE: the provider's
+
+    @property
+    def status(self) -> StartStatus:
+        return _STATUS[self.code]
 
 
-IN_LINE = (
-    "Your order is placed and its items are held for you. Many customers are paying right now, so you are "
-    "in line for the payment page: this page takes you there by itself as soon as it is your turn. "
-    "There is nothing to click."
-)
 # How long a customer's place holds the line shut to checkouts that arrive after it, unless the
 # payment queue renews it (see guard.ProviderGuard.hold_line).
 LINE_HOLD_SECONDS = 3.0
@@ -50,7 +89,7 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None, fr
     version-guarded save (`store.orders.save`) plus the PaymentInitiated event, in one commit.
 
     When the provider is fine but its budget for new sessions is spent (or this process has no
-    free provider slot), a customer's order joins the line instead (`join_line`: "queued"),
+    free provider slot), a customer's order joins the line instead (`join_line`: IN_LINE),
     and the payment queue creates its session as soon as the budget allows
     (payments.checkout_queue, which calls this with `from_line`).
 
@@ -63,35 +102,25 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None, fr
         order = orders.read(order_id, lines=True)
         db.session.rollback()  # no transaction open across the provider call
         if order is None:
-            return StartOutcome("refused", message="No such order.")
+            return StartOutcome(StartCode.NO_SUCH_ORDER)
     if not order.can("start_payment"):
-        return StartOutcome("refused", message=f"This order is {order.status}; it cannot be paid now.")
+        return StartOutcome(StartCode.NOT_PAYABLE, order_status=OrderStatus(order.status))
     attempt = order.payment_attempts + 1
     try:
         view = _create_session(order, attempt, now)
     except gateway.ProviderUnavailable as exc:
         if exc.kind in gateway.BUDGET_KINDS:
             if from_line:  # still in line: the queue tries again when the budget allows
-                return StartOutcome("queued", message=str(exc))
+                return StartOutcome(StartCode.STILL_IN_LINE, detail=str(exc))
             join_line(order.id, now)
             log.info("order %s joins the line for a payment session: %s", order.reference, exc)
-            return StartOutcome("queued", message=IN_LINE)
+            return StartOutcome(StartCode.IN_LINE)
         log.warning("order %s: payment provider unreachable, order stays %s: %s", order.reference, order.status, exc)
-        return StartOutcome(
-            "unavailable",
-            message="We could not reach the payment provider. Your order is saved "
-            "and your items are held; please try “Pay now” again in a moment.",
-        )
+        return StartOutcome(StartCode.UNREACHABLE)
     except gateway.ProviderRefused as exc:
         log.error("order %s: provider refused the checkout session: %s", order.reference, exc)
         _note_refusal(order.id, attempt, exc, leave_line=from_line)
-        return StartOutcome(
-            "unavailable",
-            message="We could not start the payment: the payment provider turned "
-            "the request down. Nothing was charged, and your order and its "
-            "items are held until its payment window closes; our team can "
-            "see why. Please try “Pay now” again later or contact us.",
-        )
+        return StartOutcome(StartCode.PROVIDER_REFUSED)
     if not view.url:
         return _started_without_a_page(order, view, attempt, leave_line=from_line)
     return _save_started(order, view, attempt)
@@ -113,12 +142,7 @@ def _started_without_a_page(
         ),
         leave_line=leave_line,
     )
-    return StartOutcome(
-        "unavailable",
-        message="We could not open the payment page just now: the payment provider "
-        "did not give us its address. Nothing was charged, and your order "
-        "and its items are held; please try “Pay now” again in a moment.",
-    )
+    return StartOutcome(StartCode.NO_PAGE)
 
 
 def _create_session(order: OrderSnapshot, attempt: int, now: datetime) -> gateway.SessionView:
@@ -144,7 +168,7 @@ def _save_started(order: OrderSnapshot, view: gateway.SessionView, attempt: int)
     transition = order.start_payment(view.id, view.url)
     if not transition.ok:  # checked before the provider call on the same snapshot; kept so the rule has one home
         _expire_quietly(view.id)
-        return StartOutcome("refused", message=transition.message)
+        return StartOutcome(StartCode.TRANSITION_REFUSED, detail=transition.message)
     order.attempt(attempt, view.expires_at)
     try:
         with uow.transaction():
@@ -157,11 +181,12 @@ def _save_started(order: OrderSnapshot, view: gateway.SessionView, attempt: int)
         db.session.rollback()
         if current is None or current.payment_session_id != view.id:
             _expire_quietly(view.id)
-        elif current.status == S.PAYMENT_INITIATED.value:
-            return StartOutcome("started", url=view.url)
-        status = current.status if current is not None else "gone"
-        return StartOutcome("refused", message=f"This order changed meanwhile (now {status}); please reload it.")
-    return StartOutcome("started", url=view.url)
+        elif OrderStatus(current.status) is OrderStatus.PAYMENT_INITIATED:
+            return StartOutcome(StartCode.STARTED, url=view.url)
+        return StartOutcome(
+            StartCode.CHANGED, order_status=OrderStatus(current.status) if current is not None else None
+        )
+    return StartOutcome(StartCode.STARTED, url=view.url)
 
 
 def join_line(order_id: int, now: datetime) -> None:
@@ -215,6 +240,10 @@ def _expire_quietly(session_id: str) -> None:
         log.warning("could not expire unused session %s: %s", session_id, exc)
 
 
+# The code of a cancel refused because the order's payment completed (the web says it in words).
+PAYMENT_ALREADY_COMPLETED = "payment_already_completed"
+
+
 def retire_session_before_cancel(order_id: int, reference: str, sid: str) -> Refused | bool:
     """Read the session's status; paid -> refuse the cancel (the payment stands). Otherwise
     expire it; if the expire fails, read again and refuse if it is now paid. Anything else
@@ -224,10 +253,7 @@ def retire_session_before_cancel(order_id: int, reference: str, sid: str) -> Ref
     payment settling, or a session that could not be read or expired): the cancel marks the
     order so the sweep watches it (`sweep.watch_cancelled_payments`) and a lost late-payment
     webhook cannot leave the money kept."""
-    paid = Refused(
-        "payment_already_completed",
-        "This order has already been paid, so it can no longer be cancelled. Contact us if you want a refund.",
-    )
+    paid = Refused(PAYMENT_ALREADY_COMPLETED, f"session {sid} is paid at the provider")
     try:
         view = gateway.retrieve_session(sid)
     except (gateway.ProviderUnavailable, gateway.ProviderRefused) as exc:

@@ -20,7 +20,7 @@ from ..orders.lookup import order_by_reference
 from ..payments import gateway
 from ..payments.apply import ask_and_apply
 from ..payments.checkout_queue import expected_wait_seconds, place_in_line
-from ..payments.start import IN_LINE, StartOutcome, joined_line, line_is_held, start_payment
+from ..payments.start import StartCode, StartOutcome, StartStatus, joined_line, line_is_held, start_payment
 from ..errors import OrderNotFound
 from ..web.answers import answer_if_later_fails, at_address, browser_id, respond, wants_json
 from ..web.serialize import in_line, keeps_changing, order_json, order_summary_json, watch_state
@@ -28,6 +28,7 @@ from ..web.words import badge, cancel_conflict_words
 from . import bp
 from .cart import render_cart
 from .forms import ActionForm, CancelForm, CheckoutForm, first_error
+from .payment_words import cancel_refusal_words, start_words
 
 
 @bp.post("/checkout")
@@ -73,16 +74,16 @@ def checkout():
     answer_if_later_fails(lambda: _placed_but_payment_not_started(result.reference, order_url))
     if in_line:
         joined_line(result.order_id)
-        started = StartOutcome("queued", message=IN_LINE)
+        started = StartOutcome(StartCode.IN_LINE)
     else:
         started = start_payment(result.order_id, placed=result)
     # docs/REFERENCE.md, Storefront: success is a 303 whatever the client accepts; a JSON client also gets
     # the same facts in the body, so it need not follow the redirect to learn them.
-    if started.status == "started":
+    if started.status is StartStatus.STARTED:
         return _see_other(
             started.url, {"reference": result.reference, "payment_url": started.url, "order_url": order_url}
         )
-    if started.status == "queued":  # the order page says it and moves on by itself: no flash
+    if started.status is StartStatus.QUEUED:  # the order page says it and moves on by itself: no flash
         return _see_other(
             order_url,
             {
@@ -90,14 +91,14 @@ def checkout():
                 "payment_url": None,
                 "order_url": order_url,
                 "queued": True,
-                "message": started.message,
+                "message": start_words(started),
             },
         )
     if not wants_json():  # a JSON client reads the message in the body; a flash would wait for its next page
-        flash(started.message, "warning")
+        flash(start_words(started), "warning")
     return _see_other(
         order_url,
-        {"reference": result.reference, "payment_url": None, "order_url": order_url, "message": started.message},
+        {"reference": result.reference, "payment_url": None, "order_url": order_url, "message": start_words(started)},
     )
 
 
@@ -221,20 +222,20 @@ def pay(reference: str):
     if not form.validate():
         return _render_order(order, 400, first_error(form))
     started = start_payment(order.id)
-    if started.status == "started":
+    if started.status is StartStatus.STARTED:
         if wants_json():
             return {"reference": reference, "payment_url": started.url}, 200
         return redirect(started.url, 303)
-    if started.status == "queued":
+    if started.status is StartStatus.QUEUED:
         if wants_json():
-            return {"reference": reference, "payment_url": None, "queued": True, "message": started.message}, 202
+            return {"reference": reference, "payment_url": None, "queued": True, "message": start_words(started)}, 202
         return redirect(
             url_for("storefront.order_page", reference=reference, token=request.values.get("token") or None), 303
         )
     order = db.session.get(Order, order.id)
-    status = 503 if started.status == "unavailable" else 409
+    status = 503 if started.status is StartStatus.UNAVAILABLE else 409
     # The page itself shows the message (no flash too: it would show twice, and again later).
-    return _render_order(order, status, started.message)
+    return _render_order(order, status, start_words(started))
 
 
 @bp.get("/orders/<reference>/cancel")
@@ -276,7 +277,11 @@ def cancel(reference: str):
             return _render_order(db.session.get(Order, order.id))
         flash(done)
         return redirect(page, 303)
-    message = cancel_conflict_words(outcome) if outcome.status is CancelStatus.CONFLICT else outcome.message
+    message = (
+        cancel_conflict_words(outcome)
+        if outcome.status is CancelStatus.CONFLICT
+        else cancel_refusal_words(outcome.code, outcome.message)
+    )
     return _render_order(order, 409, message)
 
 

@@ -1,0 +1,168 @@
+"""An operator's remedies for a refund whose money did not go back (the console's): refund again
+(`retry_refund`: a new attempt with its own key, once the provider has given the failed attempt's
+money back) or record that it was settled outside the shop (`settle_refund`). Following a refund
+to its end is `payments.refunds`."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from sqlalchemy import select
+
+from ..domain.deadlines import utcnow
+from ..domain.order import OrderStatus
+from ..domain.refunds import PENDING, SUCCEEDED, needs_operator
+from ..extensions import db
+from ..models import Order, Refund
+from ..outbox import schedule_command, uow
+from ..store import orders
+from .refunds import end_watch_when_all_refunded
+
+log = logging.getLogger("shop.payments")
+
+
+class ActionOutcome(StrEnum):
+    """What an operator's remedy did: done, already (this very submission was done before),
+    refused, or missing (no such refund)."""
+
+    DONE = "done"
+    ALREADY = "already"
+    REFUSED = "refused"
+    MISSING = "missing"
+
+
+@dataclass
+class RefundAction:
+    outcome: ActionOutcome
+    message: str
+    refund: dict | None = None
+
+
+def refund_facts(refund: Refund) -> dict:
+    """What an operator's answer reports about a refund (read before the transaction ends)."""
+    return {
+        "id": refund.id,
+        "order_id": refund.order_id,
+        "status": refund.status,
+        "attempts": refund.attempts,
+        "provider_refund_id": refund.provider_refund_id,
+        "failure_reason": refund.failure_reason,
+        "settled_at": refund.settled_at,
+        "settled_by": refund.settled_by,
+        "settlement_reason": refund.settlement_reason,
+        "amount": refund.amount,
+        "currency": refund.currency,
+    }
+
+
+def retry_refund(refund_id: int, *, seen_attempt: int | None, now: datetime | None = None) -> RefundAction:
+    """Refund again a refund whose money did not go back: its next attempt, with its own
+    Idempotency-Key, made by a refund command (retried, waiting for the provider, dead-lettered
+    like the first). The provider gave the failed attempt's money back to the payment, so the
+    money goes back once in all. `seen_attempt` is the attempt the operator looked at: the same
+    submission sent twice retries once, and a retry of an attempt already retried is refused."""
+    now = now or utcnow()
+    with uow.transaction() as session:
+        refund = session.get(Refund, refund_id, with_for_update=True)
+        if refund is None:
+            return RefundAction(ActionOutcome.MISSING, f"There is no refund {refund_id}.")
+        seen = refund.attempts if seen_attempt is None else seen_attempt
+        if seen_attempt is not None and refund.attempts == seen + 1 and refund.settled_at is None:
+            return RefundAction(
+                ActionOutcome.ALREADY,
+                f"Refund {refund_id} was already sent again (attempt {refund.attempts}, "
+                f"now {refund.status}); nothing more was done.",
+                refund_facts(refund),
+            )
+        if not needs_operator(refund.status, refund.settled_at is not None) or refund.attempts != seen:
+            return RefundAction(ActionOutcome.REFUSED, _why_not(refund, seen), refund_facts(refund))
+        failed = refund.last_error or f"attempt {refund.attempts} {refund.status}"
+        refund.attempts += 1
+        refund.status = PENDING
+        refund.provider_refund_id = None
+        refund.updated_at = now
+        schedule_command(
+            session, "refund_payment", now, order_id=refund.order_id, payload={"refund_id": refund.id}, now=now
+        )
+        _watch_again(refund, now)
+        log.warning(
+            "refund %s of order %s: sent again as attempt %s (%s)", refund.id, refund.order_id, refund.attempts, failed
+        )
+        return RefundAction(
+            ActionOutcome.DONE,
+            f"Refund {refund_id} will be sent again now, as attempt {refund.attempts} ({failed}).",
+            refund_facts(refund),
+        )
+
+
+def settle_refund(refund_id: int, *, reason: str, operator: str, now: datetime | None = None) -> RefundAction:
+    """Record that a refund whose money did not go back was settled outside the shop (a bank
+    transfer, a voucher the customer agreed to): who, when and why. The provider's status stays
+    what it was; the refund no longer waits for anyone."""
+    now = now or utcnow()
+    with uow.transaction() as session:
+        refund = session.get(Refund, refund_id, with_for_update=True)
+        if refund is None:
+            return RefundAction(ActionOutcome.MISSING, f"There is no refund {refund_id}.")
+        if refund.settled_at is not None:
+            if (refund.settlement_reason or "") == reason:
+                return RefundAction(
+                    ActionOutcome.ALREADY,
+                    f"Refund {refund_id} was already recorded as settled outside the shop; nothing more was done.",
+                    refund_facts(refund),
+                )
+            return RefundAction(
+                ActionOutcome.REFUSED,
+                f"Refund {refund_id} was already recorded as settled outside the shop by "
+                f"{refund.settled_by} ({refund.settlement_reason}).",
+                refund_facts(refund),
+            )
+        if not needs_operator(refund.status, False):
+            return RefundAction(ActionOutcome.REFUSED, _why_not(refund, refund.attempts), refund_facts(refund))
+        refund.settled_at, refund.settled_by, refund.settlement_reason = now, operator, reason
+        refund.updated_at = now
+        end_watch_when_all_refunded(refund)
+        log.warning(
+            "refund %s of order %s recorded as settled outside the shop by %s: %s",
+            refund.id,
+            refund.order_id,
+            operator,
+            reason,
+        )
+        return RefundAction(
+            ActionOutcome.DONE, f"Refund {refund_id} is recorded as settled outside the shop.", refund_facts(refund)
+        )
+
+
+def _why_not(refund: Refund, seen: int) -> str:
+    if refund.settled_at is not None:
+        return f"Refund {refund.id} was settled outside the shop by {refund.settled_by}; nothing to do."
+    if refund.status == PENDING:
+        return (
+            f"Refund {refund.id} is pending at the provider (attempt {refund.attempts}): wait for its answer; "
+            "only a refund that failed can be retried or settled."
+        )
+    if refund.status == SUCCEEDED:
+        return f"Refund {refund.id} succeeded: the money went back; nothing to do."
+    return (
+        f"Refund {refund.id} changed meanwhile: it is now at attempt {refund.attempts}, not {seen}; "
+        "reload and look again."
+    )
+
+
+def _watch_again(refund: Refund, now: datetime) -> None:
+    """A retried late-money refund of a cancelled order is followed by the sweep again, as the
+    first attempt was (sweep.check_cancelled_payment), should its webhook be lost."""
+    order = db.session.execute(
+        select(Order.status, Order.payment_session_id, Order.payment_processing_at).where(Order.id == refund.order_id)
+    ).first()
+    if (
+        order is not None
+        and OrderStatus(order.status) is OrderStatus.CANCELLED
+        and order.payment_session_id == refund.session_id
+        and order.payment_processing_at is None
+    ):
+        orders.note(refund.order_id, "processing", now)

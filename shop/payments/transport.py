@@ -1,0 +1,200 @@
+"""The SDK's transport, with the guard at every attempt: the client for whoever is calling
+(`client`), each request's rate budget (taken per endpoint, as late as requests allows), the
+request's time budget, and a 429's pause; and where the provider is (`api_base`, the hosted
+pages' origins)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from urllib.parse import urlsplit
+
+import requests
+import stripe
+from flask import current_app
+
+from ..extensions import per_app
+from . import guard
+
+SANDBOX_DEFAULT_BASE = "http://127.0.0.1:12111"
+SANDBOX_API_KEY = "sk_test_backstop_sandbox"
+
+
+def api_base() -> str | None:
+    cfg = current_app.config
+    if cfg.get("STRIPE_API_BASE"):
+        return cfg["STRIPE_API_BASE"]
+    return None if cfg.get("STRIPE_SECRET_KEY") else SANDBOX_DEFAULT_BASE
+
+
+# Stripe's hosted Checkout pages live here; the sandbox serves its own at its API address.
+STRIPE_CHECKOUT_ORIGIN = "https://checkout.stripe.com"
+
+
+def hosted_page_origins(config) -> list[str]:
+    """Where a checkout's redirect can send the customer: the pages' Content-Security-Policy must
+    let a form's redirect go there (browsers apply `form-action` to the redirects a form leads
+    to). Stripe's Checkout with a real key; the sandbox serves its page at its API address."""
+    origins = [STRIPE_CHECKOUT_ORIGIN] if config.get("STRIPE_SECRET_KEY") else []
+    base = config.get("STRIPE_API_BASE") or (None if origins else SANDBOX_DEFAULT_BASE)
+    if base:
+        parts = urlsplit(base)
+        origins.append(f"{parts.scheme}://{parts.netloc}")
+    return origins
+
+
+def client() -> stripe.StripeClient:
+    """The SDK client for whoever is calling (guard.current()): a customer's request gets at most
+    one network retry, each attempt bounded by the request's time budget; background work keeps
+    the SDK's retries and STRIPE_TIMEOUT_SECONDS. Both share one transport."""
+    customer = guard.current().priority == guard.Priority.CUSTOMER
+    cfg = current_app.config
+
+    def build() -> stripe.StripeClient:
+        base = api_base()
+        transport = per_app("stripe_http", lambda: _http_client(base or STRIPE_API, cfg["STRIPE_TIMEOUT_SECONDS"]))
+        return stripe.StripeClient(
+            cfg.get("STRIPE_SECRET_KEY") or SANDBOX_API_KEY,
+            base_addresses={"api": base} if base else None,
+            max_network_retries=cfg["STRIPE_REQUEST_MAX_NETWORK_RETRIES" if customer else "STRIPE_MAX_NETWORK_RETRIES"],
+            http_client=transport,
+        )
+
+    return per_app("stripe_customer" if customer else "stripe", build)
+
+
+STRIPE_API = "https://api.stripe.com"
+
+
+class GuardedHttpClient(stripe.RequestsClient):
+    """The SDK's requests transport, with the guard at every attempt (the SDK's own retries
+    included): each one spends a unit of the shared rate budget (taken in _BudgetedAdapter, as
+    late as requests allows) and, inside a customer's request, fits in what is left of its time
+    budget. A 429 is not retried here: it pauses
+    every process until its Retry-After and reaches the caller as ProviderUnavailable (background
+    work is retried later; checkout offers "Pay now")."""
+
+    def __init__(self, *, app, background_timeout: float, **kwargs):
+        self._app = app
+        self._background_timeout = background_timeout
+        self._attempt = threading.local()
+        super().__init__(timeout=background_timeout, **kwargs)
+
+    @property
+    def _timeout(self):
+        ctx = guard.current()
+        if ctx.priority == guard.Priority.CUSTOMER:
+            cfg = self._app.config
+            connect, read = cfg["STRIPE_REQUEST_CONNECT_TIMEOUT_SECONDS"], cfg["STRIPE_REQUEST_READ_TIMEOUT_SECONDS"]
+        elif ctx.deadline is None:
+            return self._background_timeout
+        else:  # a web request that is not a customer's (the console): background timeouts, its deadline
+            connect = read = self._background_timeout
+        if ctx.deadline is not None:
+            read = min(read, max(0.05, ctx.deadline - time.monotonic()))
+        return (min(connect, read), read)
+
+    @_timeout.setter
+    def _timeout(self, value):  # the SDK's constructor assigns it; the property above decides
+        pass
+
+    def request(self, method, url, headers, post_data=None):
+        ctx = guard.current()
+        if getattr(self._attempt, "retry", False):
+            # The SDK's own retry of a failed attempt: not once the breaker has opened meanwhile
+            # (no call goes out while it is open but the shop's one probe).
+            self._attempt.retry = False
+            guard.get().admit()
+        if ctx.deadline is not None and ctx.deadline - time.monotonic() < MIN_ATTEMPT_SECONDS:
+            raise guard.Shed(
+                "no time left in this request's budget for another provider call", kind=guard.ShedKind.DEADLINE
+            )
+        content, status, rheaders = super().request(method, url, headers, post_data)
+        if status == 429:
+            guard.get().pause(_retry_after(rheaders))
+        return content, status, rheaders
+
+    def _handle_request_error(self, e):
+        if isinstance(e, guard.Shed):  # refused in _BudgetedAdapter: no request went out, nothing failed
+            raise e
+        super()._handle_request_error(e)
+
+    def _should_retry(self, response, api_connection_error, num_retries, max_network_retries):
+        if response is not None and response[1] == 429:
+            return False  # waiting out Retry-After belongs to the caller, not to a thread here
+        retry = super()._should_retry(response, api_connection_error, num_retries, max_network_retries)
+        self._attempt.retry = retry
+        return retry
+
+
+# An attempt with less time than this left in the request's budget could not get an answer.
+MIN_ATTEMPT_SECONDS = 0.3
+# A 429 without Retry-After: Stripe's advice is to back off about a second.
+DEFAULT_RETRY_AFTER_SECONDS = 1.0
+MAX_RETRY_AFTER_SECONDS = 60.0
+
+
+def _retry_after(headers) -> float:
+    try:
+        seconds = float((headers or {}).get("Retry-After"))
+    except (TypeError, ValueError):
+        return DEFAULT_RETRY_AFTER_SECONDS
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS) or DEFAULT_RETRY_AFTER_SECONDS
+
+
+# Where new payment sessions are made: the endpoint whose budget the checkout queue shares out.
+SESSION_CREATE = "POST /v1/checkout/sessions"
+_ID_SEGMENT = re.compile(r"^[a-z]{2,4}_|[A-Z0-9]")
+_VERSION_SEGMENT = re.compile(r"v[0-9]+")
+
+
+def endpoint_of(method: str, url: str) -> str:
+    """The endpoint a request is counted against, as Stripe counts its per-endpoint limits: the
+    method and the path template, `GET /v1/checkout/sessions/{id}` for every session. A path
+    segment is an object's id when it starts with an id's prefix (two to four letters and an
+    underscore: `cs_`, `pi_`, `evt_`) or holds a capital letter or a digit; resource and action
+    names are lowercase words (`checkout`, `payment_intents`, `expire`), and `v1` is the version."""
+    path = urlsplit(url).path
+    parts = [
+        "{id}" if _ID_SEGMENT.search(part) and not _VERSION_SEGMENT.fullmatch(part) else part
+        for part in path.split("/")
+    ]
+    return f"{method.upper()} {'/'.join(parts)}"
+
+
+class _BudgetedAdapter(requests.adapters.HTTPAdapter):
+    """Takes the rate budget's token for each request the SDK sends (its retries included), at
+    the last point before the connection is written to: the budget bounds calls as the provider
+    counts them, on arrival, per account and per endpoint, so the time between the grant and the
+    send must stay short (guard.GRANT_FRESH_SECONDS)."""
+
+    def send(self, request, *args, **kwargs):
+        endpoint = endpoint_of(request.method, request.url)
+        # The SDK runs inside gateway._call, in the app's context.
+        guard.get().take_token(endpoint, behind_line=endpoint == SESSION_CREATE)
+        return super().send(request, *args, **kwargs)
+
+
+def _http_client(base: str, timeout: float) -> GuardedHttpClient:
+    """The SDK's requests transport with the environment read once, not on every call.
+
+    A requests.Session that trusts the environment re-reads every environment variable on each
+    request (proxies, no_proxy, netrc): a noticeable share of a checkout's web CPU
+    (bench/checkout.py prints a checkout's CPU).
+    The proxy settings that apply to the provider's address are read here, once, and handed
+    to the SDK explicitly (HTTPS_PROXY / NO_PROXY still work; they are read at start). The
+    SDK keeps one such session for every thread: urllib3's pool behind it is thread-safe, and
+    nothing here uses the session's cookies."""
+    session = requests.Session()
+    session.trust_env = False
+    # Enough pooled connections for every web thread (urllib3 keeps 10 by default and drops the rest).
+    adapter = _BudgetedAdapter(pool_connections=4, pool_maxsize=max(10, current_app.config["WEB_THREADS"]))
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    proxies = {
+        scheme: url for scheme, url in requests.utils.get_environ_proxies(base).items() if scheme in ("http", "https")
+    }
+    return GuardedHttpClient(
+        app=current_app._get_current_object(), background_timeout=timeout, session=session, proxy=proxies or None
+    )
