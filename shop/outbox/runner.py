@@ -43,6 +43,7 @@ from ..domain.deadlines import FAILURE_PROVIDER, retry_decision, utcnow
 from ..extensions import db
 from ..models import ScheduledCommand
 from . import uow
+from .announce import announce_or_leave_to_relay
 from .claims import claim, claim_batch, claim_returning, mark_done, release
 
 # Raised by handlers and commands; named here too for the callers that catch them.
@@ -260,13 +261,10 @@ def record_failure(model, work_id, worker, exc, now, describe) -> str:
 
 
 def _announce_retry(model, work_id, due):
-    try:
-        if model is ScheduledCommand:
-            queue.enqueue_command(work_id, due)
-        else:
-            queue.schedule_delivery(work_id, due)
-    except Exception as exc:  # the relay picks it up once it is due
-        log.warning("could not schedule the retry in Redis (%s); the relay will", exc)
+    if model is ScheduledCommand:
+        announce_or_leave_to_relay(lambda: queue.enqueue_command(work_id, due), "the retry of command %s", work_id)
+    else:
+        announce_or_leave_to_relay(lambda: queue.schedule_delivery(work_id, due), "the retry of delivery %s", work_id)
 
 
 def retry_dead(model, work_id: int, now: datetime | None = None) -> bool:

@@ -4,7 +4,6 @@ commits through it; `commit` and `rollback` are its parts."""
 
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager
 
 from sqlalchemy import event
@@ -13,9 +12,8 @@ from sqlalchemy.orm import Session
 from .. import queue
 from ..domain.order import OrderRules
 from ..extensions import db
+from .announce import announce_or_leave_to_relay
 from .writer import write_events
-
-log = logging.getLogger("shop.outbox")
 
 
 @event.listens_for(Session, "before_flush")
@@ -97,12 +95,9 @@ def publish_after_commit(session) -> None:
     pending = session.info.pop("after_commit", None)
     if not pending or not (pending["deliveries"] or pending["commands"] or pending.get("retired")):
         return
-    try:
-        queue.announce(pending["deliveries"], pending["commands"], retired=pending.get("retired", ()))
-    except Exception as exc:  # Redis down: the rows are committed, the relay will announce them.
-        log.warning(
-            "could not announce %d deliveries / %d commands to Redis (%s); the relay will",
-            len(pending["deliveries"]),
-            len(pending["commands"]),
-            exc,
-        )
+    announce_or_leave_to_relay(
+        lambda: queue.announce(pending["deliveries"], pending["commands"], retired=pending.get("retired", ())),
+        "%d deliveries / %d commands committed",
+        len(pending["deliveries"]),
+        len(pending["commands"]),
+    )
