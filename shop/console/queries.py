@@ -10,7 +10,7 @@ from flask import current_app
 from sqlalchemy import and_, func, or_, select, union_all
 
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc
-from ..domain.order import LIVE
+from ..domain.order import LIVE_STATUSES
 from ..domain.refunds import NOT_RETURNED, needs_operator
 from ..extensions import db
 from ..models import (
@@ -27,9 +27,9 @@ from ..models import (
     WebhookReceipt,
 )
 from ..ops.health import snapshot
-from ..ops.metrics import stuck_cutoff
 from ..orders.serialize import iso, order_json
 from ..payments import guard
+from ..scheduling.stuck import stuck_cutoff
 from ..web import work_ref
 from . import sweep_words
 from .audit import action_json
@@ -50,7 +50,6 @@ def waiting_for_provider(row) -> bool:
 
 WARNING_STATES = ("open", "resolved", "duplicate")
 WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected", "failed")  # see shop.webhooks
-LIVE_STATUSES = tuple(s.value for s in LIVE)
 
 
 def age_seconds(now: datetime, then: datetime | None) -> int | None:

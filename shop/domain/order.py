@@ -39,6 +39,8 @@ ALLOWED = {
 # States in which an order still holds stock and waits for money.
 UNPAID = (S.PENDING_PAYMENT, S.PAYMENT_FAILED)
 LIVE = (S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED)
+# The same, as stored in orders.status (for SQL, and for a raw row's status).
+LIVE_STATUSES = tuple(s.value for s in LIVE)
 
 # Why an order was cancelled, as its OrderCancelled event says it. The customer reads these
 # apart: they asked for one, the other happened to them (the payment window ran out).

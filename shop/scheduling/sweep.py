@@ -63,7 +63,7 @@ from .passes.expiry import expire_stranded_order
 from .passes.in_doubt import BULK_MAX_ORDERS, BULK_THRESHOLD, orders_in_doubt, settle_from_events
 from .passes.late_money import check_cancelled_payment, watched_cancelled_ids
 from .passes.provider import reconcile_stuck_payment, wake_work_waiting_for_the_provider
-from .stuck import stuck_order_ids
+from .stuck import stuck_cutoff, stuck_order_ids
 
 log = logging.getLogger("shop.sweep")
 
@@ -77,7 +77,7 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
     cfg = current_app.config
     clock = Clock(now)
     started = clock()
-    cutoff = started - timedelta(seconds=cfg["RECONCILIATION_STUCK_AGE_SECONDS"])
+    cutoff = stuck_cutoff(started)
     expiry_on, provider_on = cfg["UNPAID_ORDER_EXPIRY_ENABLED"], cfg["RECONCILIATION_ENABLED"]
     lease_seconds = float(cfg.get("RECONCILIATION_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
     holder = holder_name()

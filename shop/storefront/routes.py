@@ -9,7 +9,7 @@ from flask import flash, jsonify, make_response, redirect, request, url_for
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
-from ..domain.order import LIVE, OrderStatus
+from ..domain.order import LIVE_STATUSES as CANCELLABLE, OrderStatus
 from ..extensions import db
 from ..models import Cart, InventoryItem, Order, Product, Variant
 from ..orders import cart as carts
@@ -387,9 +387,6 @@ def pay(reference: str):
     status = 503 if started.status == "unavailable" else 409
     # The page itself shows the message (no flash too: it would show twice, and again later).
     return _render_order(order, status, started.message)
-
-
-CANCELLABLE = {s.value for s in LIVE}
 
 
 @bp.get("/orders/<reference>/cancel")

@@ -20,6 +20,7 @@ from ...outbox import dispatch
 from ...payments import apply as payments
 from ...payments import gateway, guard
 from ...store import orders
+from ..stuck import stuck_age
 
 log = logging.getLogger("shop.sweep")
 S = OrderStatus
@@ -87,7 +88,7 @@ def still_stuck(order_id: int, cutoff: datetime) -> tuple[str, str, datetime] | 
         return None
     # The order has been stuck since its window closed: a payment still settling is asked about
     # again soon after that, then less and less often.
-    stuck_since = as_utc(order.updated_at) + timedelta(seconds=current_app.config["RECONCILIATION_STUCK_AGE_SECONDS"])
+    stuck_since = as_utc(order.updated_at) + stuck_age()
     found = (order.payment_session_id, order.reference, stuck_since)
     session.rollback()
     return found
