@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import SQLAlchemyError
@@ -19,25 +20,98 @@ from ..payments import gateway
 
 log = logging.getLogger("shop.sweep")
 
-EXPIRY_OUTCOMES = ("cancelled", "lost_race", "changed", "errors")
+
+class CycleStatus(StrEnum):
+    """A cycle as its row says it (reconciliation_cycles.status)."""
+
+    RUNNING = "running"  # the row while the cycle runs; a result is never left running
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class PassName(StrEnum):
+    """Where an error happened, as a recorded error's "pass" says it."""
+
+    EXPIRY = "expiry"
+    PROVIDER = "provider"
+    CYCLE = "cycle"  # the cycle itself, outside any one order
+
+
+class ExpiryOutcome(StrEnum):
+    """What the expiry pass did with one order."""
+
+    CANCELLED = "cancelled"
+    LOST_RACE = "lost_race"
+    CHANGED = "changed"
+
+
+class ProviderOutcome(StrEnum):
+    """What the provider pass (and its late-money watch) did with one order: the answer applied
+    (`payments.apply`'s words, where they are the pass's), or what the pass made of it."""
+
+    PAID = "paid"
+    PAYMENT_FAILED = "payment_failed"
+    CANCELLED = "cancelled"
+    PROOF_REFUSED = "proof_refused"
+    OPEN = "open"
+    AWAITING_ASYNC = "awaiting_async"
+    REFUND_CREATED = "refund_created"
+    LATE_REFUND = "late_refund"
+    REFUND_UNDER_WAY = "refund_under_way"
+    REFUND_RETRIED = "refund_retried"
+    REFUND_REFUSED = "refund_refused"
+    REFUND_SUCCEEDED = "refund_succeeded"
+    REFUND_FAILED = "refund_failed"
+    WATCH_CLOSED = "watch_closed"
+    CHANGED = "changed"
+    UNAVAILABLE = "unavailable"
+    # Answers the payment path can give that no cycle expects; counted as they come, not zeroed.
+    DUPLICATE = "duplicate"
+    UNKNOWN_ORDER = "unknown_order"
+
+
+class Tally(StrEnum):
+    """What a pass counts beside its orders' outcomes."""
+
+    ERRORS = "errors"  # orders whose work raised
+    EVENT_PAGES = "event_pages"  # pages of the provider's event list read (the in-doubt pass)
+    WOKEN = "woken"  # rows that waited for the provider, run now
+
+
+class ErrorKind(StrEnum):
+    """A stable code for what went wrong, so the console can say it in words and group repeats
+    without parsing exception text."""
+
+    PROVIDER_REFUSED = "provider_refused"
+    PROVIDER_UNAVAILABLE = "provider_unavailable"
+    CONFLICT = "conflict"
+    DATABASE = "database"
+    UNEXPECTED = "unexpected"
+    LEASE_LOST = "lease_lost"
+
+
+E, P = ExpiryOutcome, ProviderOutcome
+# The counts every cycle records, zero or not, in this order.
+EXPIRY_OUTCOMES = (E.CANCELLED, E.LOST_RACE, E.CHANGED, Tally.ERRORS)
 PROVIDER_OUTCOMES = (
-    "paid",
-    "payment_failed",
-    "cancelled",
-    "proof_refused",
-    "open",
-    "awaiting_async",
-    "refund_created",
-    "late_refund",
-    "refund_under_way",
-    "refund_retried",
-    "refund_refused",
-    "refund_succeeded",
-    "refund_failed",
-    "watch_closed",
-    "changed",
-    "unavailable",
-    "errors",
+    P.PAID,
+    P.PAYMENT_FAILED,
+    P.CANCELLED,
+    P.PROOF_REFUSED,
+    P.OPEN,
+    P.AWAITING_ASYNC,
+    P.REFUND_CREATED,
+    P.LATE_REFUND,
+    P.REFUND_UNDER_WAY,
+    P.REFUND_RETRIED,
+    P.REFUND_REFUSED,
+    P.REFUND_SUCCEEDED,
+    P.REFUND_FAILED,
+    P.WATCH_CLOSED,
+    P.CHANGED,
+    P.UNAVAILABLE,
+    Tally.ERRORS,
 )
 
 
@@ -47,7 +121,7 @@ def zeros(keys) -> dict:
 
 @dataclass
 class CycleResult:
-    status: str  # ok | failed | skipped
+    status: CycleStatus
     cutoff: datetime
     started_at: datetime
     finished_at: datetime | None = None
@@ -78,14 +152,14 @@ class CycleResult:
         if self.reason:
             head += f": {self.reason}"
         lines = [head]
-        if self.status == "skipped":
+        if self.status is CycleStatus.SKIPPED:
             return lines
         lines.append(expiry_line(self.expiry))
         lines.append(provider_line(self.provider))
         lines += [f"note: {note}" for note in self.notes]
         for error in self.errors:
             where = f"order {error.get('reference') or error['order_id']} " if error.get("order_id") is not None else ""
-            lines.append(f"error: {where}({error.get('pass', 'cycle')} pass): {error['error']}")
+            lines.append(f"error: {where}({error.get('pass', PassName.CYCLE)} pass): {error['error']}")
         return lines
 
 
@@ -96,57 +170,56 @@ def _extras(counts: dict, shown: tuple, labels: dict) -> list[str]:
 def expiry_line(counts: dict | None) -> str:
     if counts is None:
         return "expiry pass: off (UNPAID_ORDER_EXPIRY_ENABLED=false)"
-    parts = [f"{counts.get('cancelled', 0)} cancelled", f"{counts.get('lost_race', 0)} lost races"]
-    parts += _extras(counts, ("cancelled", "lost_race"), {"changed": "changed meanwhile"})
+    parts = [f"{counts.get(E.CANCELLED, 0)} cancelled", f"{counts.get(E.LOST_RACE, 0)} lost races"]
+    parts += _extras(counts, (E.CANCELLED, E.LOST_RACE), {E.CHANGED: "changed meanwhile"})
     return "expiry pass: " + ", ".join(parts)
 
 
 def provider_line(counts: dict | None) -> str:
     if counts is None:
         return "provider pass: off (RECONCILIATION_ENABLED=false)"
-    shown = ("paid", "payment_failed", "unavailable")
+    shown = (P.PAID, P.PAYMENT_FAILED, P.UNAVAILABLE)
     parts = [
-        f"{counts.get('paid', 0)} paid",
-        f"{counts.get('payment_failed', 0)} payment failed",
-        f"{counts.get('unavailable', 0)} unavailable",
+        f"{counts.get(P.PAID, 0)} paid",
+        f"{counts.get(P.PAYMENT_FAILED, 0)} payment failed",
+        f"{counts.get(P.UNAVAILABLE, 0)} unavailable",
     ]
     parts += _extras(
         counts,
         shown,
         {
-            "open": "still open",
-            "changed": "changed meanwhile",
-            "awaiting_async": "awaiting an async payment",
-            "cancelled": "cancelled (session expired at the end of the window)",
-            "late_refund": "refunds for money that reached a cancelled order",
-            "refund_under_way": "late-money refunds still under way (watched)",
-            "refund_retried": "dead late-money refunds run again",
-            "refund_refused": "late-money refunds refused by the provider (for an operator)",
-            "refund_succeeded": "pending late-money refunds the provider says succeeded",
-            "refund_failed": "pending late-money refunds the provider says failed (for an operator)",
-            "watch_closed": "cancelled orders no longer watched for late money",
-            "event_pages": "pages of the provider's events read for many orders in doubt at once",
-            "woken": "rows that waited for the provider run now (it answers again)",
+            P.OPEN: "still open",
+            P.CHANGED: "changed meanwhile",
+            P.AWAITING_ASYNC: "awaiting an async payment",
+            P.CANCELLED: "cancelled (session expired at the end of the window)",
+            P.LATE_REFUND: "refunds for money that reached a cancelled order",
+            P.REFUND_UNDER_WAY: "late-money refunds still under way (watched)",
+            P.REFUND_RETRIED: "dead late-money refunds run again",
+            P.REFUND_REFUSED: "late-money refunds refused by the provider (for an operator)",
+            P.REFUND_SUCCEEDED: "pending late-money refunds the provider says succeeded",
+            P.REFUND_FAILED: "pending late-money refunds the provider says failed (for an operator)",
+            P.WATCH_CLOSED: "cancelled orders no longer watched for late money",
+            Tally.EVENT_PAGES: "pages of the provider's events read for many orders in doubt at once",
+            Tally.WOKEN: "rows that waited for the provider run now (it answers again)",
         },
     )
     return "provider pass: " + ", ".join(parts)
 
 
-def error_kind(exc: BaseException) -> str:
-    """A stable code for what went wrong, so the console can say it in words and group repeats
-    without parsing exception text."""
+def error_kind(exc: BaseException) -> ErrorKind:
+    """What went wrong, as its stable code (see ErrorKind)."""
     if isinstance(exc, gateway.ProviderRefused):
-        return "provider_refused"
+        return ErrorKind.PROVIDER_REFUSED
     if isinstance(exc, gateway.ProviderUnavailable):
-        return "provider_unavailable"
+        return ErrorKind.PROVIDER_UNAVAILABLE
     if isinstance(exc, StaleDataError):
-        return "conflict"
+        return ErrorKind.CONFLICT
     if isinstance(exc, SQLAlchemyError):
-        return "database"
-    return "unexpected"
+        return ErrorKind.DATABASE
+    return ErrorKind.UNEXPECTED
 
 
-def order_error(name: str, order_id: int, exc: BaseException) -> dict:
+def order_error(name: PassName, order_id: int, exc: BaseException) -> dict:
     """One order's failure as recorded in ReconciliationCycle.errors: the pass, the order (its id
     and, for the operator, its reference), a kind code and the exception's text. Reading the
     reference is best effort: a failure of the database itself must not stop the cycle here."""
@@ -169,7 +242,7 @@ def record_start(result: CycleResult, holder: str) -> int:
     row = ReconciliationCycle(
         started_at=result.started_at,
         cutoff=result.cutoff,
-        status="running",
+        status=CycleStatus.RUNNING,
         holder=holder,
         expiry_counts={},
         provider_counts={},
@@ -212,7 +285,7 @@ def record_skip(result: CycleResult, holder: str, clock) -> CycleResult:
             started_at=result.started_at,
             finished_at=result.finished_at,
             cutoff=result.cutoff,
-            status="skipped",
+            status=CycleStatus.SKIPPED,
             holder=holder,
             expiry_counts={},
             provider_counts={},

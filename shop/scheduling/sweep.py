@@ -49,6 +49,11 @@ from .cycle import (
     EXPIRY_OUTCOMES,
     PROVIDER_OUTCOMES,
     CycleResult,
+    CycleStatus,
+    ErrorKind,
+    PassName,
+    ProviderOutcome,
+    Tally,
     error_kind,
     expiry_line,
     order_error,
@@ -84,15 +89,17 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
     db.session.rollback()  # start from a clean transaction whatever the caller left behind
 
     if not (expiry_on or provider_on):
-        return record_skip(CycleResult("skipped", cutoff, started, reason="both passes are turned off"), holder, clock)
+        return record_skip(
+            CycleResult(CycleStatus.SKIPPED, cutoff, started, reason="both passes are turned off"), holder, clock
+        )
     lease = acquire_lease(LEASE_NAME, holder, started, lease_seconds)
     if not lease:
         reason = lease_held_by_another()
         log.info("sweep: skipped, %s", reason)
-        return record_skip(CycleResult("skipped", cutoff, started, reason=reason), holder, clock)
+        return record_skip(CycleResult(CycleStatus.SKIPPED, cutoff, started, reason=reason), holder, clock)
 
     result = CycleResult(
-        "ok",
+        CycleStatus.OK,
         cutoff,
         started,
         expiry=zeros(EXPIRY_OUTCOMES) if expiry_on else None,
@@ -112,14 +119,21 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
     except LeaseLost as exc:
         uow.rollback(db.session)
         log.warning("sweep: %s", exc)
-        result.status, result.reason = "failed", "lost the lease"
-        result.errors.append({"pass": "cycle", "order_id": None, "kind": "lease_lost", "error": str(exc)})
+        result.status, result.reason = CycleStatus.FAILED, "lost the lease"
+        result.errors.append(
+            {"pass": PassName.CYCLE, "order_id": None, "kind": ErrorKind.LEASE_LOST, "error": str(exc)}
+        )
     except Exception as exc:
         uow.rollback(db.session)
         log.exception("sweep: the cycle failed")
-        result.status, result.reason = "failed", f"{type(exc).__name__}"
+        result.status, result.reason = CycleStatus.FAILED, f"{type(exc).__name__}"
         result.errors.append(
-            {"pass": "cycle", "order_id": None, "kind": error_kind(exc), "error": f"{type(exc).__name__}: {exc}"[:500]}
+            {
+                "pass": PassName.CYCLE,
+                "order_id": None,
+                "kind": error_kind(exc),
+                "error": f"{type(exc).__name__}: {exc}"[:500],
+            }
         )
     finally:
         result.finished_at = clock()
@@ -144,7 +158,12 @@ def _run_passes(result: CycleResult, batch: int, clock, keep_lease) -> None:
     if result.expiry is not None:
         ids = stuck_order_ids(UNPAID, cutoff, batch)
         _run_pass(
-            "expiry", ids, lambda oid: expire_stranded_order(oid, cutoff), result.expiry, result.errors, keep_lease
+            PassName.EXPIRY,
+            ids,
+            lambda oid: expire_stranded_order(oid, cutoff),
+            result.expiry,
+            result.errors,
+            keep_lease,
         )
     if result.provider is not None:
         doubt = orders_in_doubt(cutoff, clock(), BULK_MAX_ORDERS)
@@ -155,7 +174,7 @@ def _run_passes(result: CycleResult, batch: int, clock, keep_lease) -> None:
         )
         ids = [order_id for order_id, _, _ in doubt if order_id not in settled][:batch]
         _run_pass(
-            "provider",
+            PassName.PROVIDER,
             ids,
             lambda oid: reconcile_stuck_payment(oid, cutoff, clock()),
             result.provider,
@@ -165,7 +184,7 @@ def _run_passes(result: CycleResult, batch: int, clock, keep_lease) -> None:
         # Then cancelled orders whose money may still come (a lost late-payment webhook).
         ids = watched_cancelled_ids(clock(), batch)
         _run_pass(
-            "provider",
+            PassName.PROVIDER,
             ids,
             lambda oid: check_cancelled_payment(oid, clock()),
             result.provider,
@@ -174,10 +193,10 @@ def _run_passes(result: CycleResult, batch: int, clock, keep_lease) -> None:
         )
         woken = wake_work_waiting_for_the_provider(clock())
         if woken:
-            result.provider["woken"] = woken
+            result.provider[Tally.WOKEN] = woken
 
 
-def _run_pass(name: str, ids: list[int], work, counts: dict, errors: list, keep_lease) -> None:
+def _run_pass(name: PassName, ids: list[int], work, counts: dict, errors: list, keep_lease) -> None:
     unavailable_streak = 0
     for position, order_id in enumerate(ids):
         if not keep_lease():
@@ -185,9 +204,9 @@ def _run_pass(name: str, ids: list[int], work, counts: dict, errors: list, keep_
                 f"the sweep lease lapsed or was taken over before order {order_id} "
                 f"({name} pass); stopped with {len(ids) - position} order(s) left"
             )
-        if name == "provider" and unavailable_streak >= UNAVAILABLE_STREAK_LIMIT:
+        if name is PassName.PROVIDER and unavailable_streak >= UNAVAILABLE_STREAK_LIMIT:
             left = len(ids) - position
-            counts["unavailable"] += left
+            counts[ProviderOutcome.UNAVAILABLE] += left
             log.warning(
                 "sweep: the payment provider did not answer %d times in a row; %d more order(s) wait "
                 "for the next cycle",
@@ -200,14 +219,14 @@ def _run_pass(name: str, ids: list[int], work, counts: dict, errors: list, keep_
         except Exception as exc:
             uow.rollback(db.session)
             log.exception("sweep: %s pass failed on order %s; continuing with the next", name, order_id)
-            counts["errors"] += 1
+            counts[Tally.ERRORS] += 1
             errors.append(order_error(name, order_id, exc))
             continue
         counts[outcome] = counts.get(outcome, 0) + 1
-        unavailable_streak = unavailable_streak + 1 if outcome == "unavailable" else 0
+        unavailable_streak = unavailable_streak + 1 if outcome is ProviderOutcome.UNAVAILABLE else 0
         failpoints.hit("sweep.after_order")
-    if name == "provider" and counts.get("unavailable"):
+    if name is PassName.PROVIDER and counts.get(ProviderOutcome.UNAVAILABLE):
         log.warning(
             "sweep: the payment provider was unreachable for %d order(s); they are retried next cycle",
-            counts["unavailable"],
+            counts[ProviderOutcome.UNAVAILABLE],
         )

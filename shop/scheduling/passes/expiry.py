@@ -13,23 +13,24 @@ from ...extensions import db
 from ...orders.cancel import cancel_unpaid
 from ...outbox import uow
 from ...store import orders
+from ..cycle import ExpiryOutcome
 
 log = logging.getLogger("shop.sweep")
 S = OrderStatus
 
 
-def expire_stranded_order(order_id: int, cutoff: datetime) -> str:
+def expire_stranded_order(order_id: int, cutoff: datetime) -> ExpiryOutcome:
     """Cancel one unpaid order the selection found, in its own transaction, if it still is
-    unpaid and past the cutoff after a fresh load. Returns cancelled | lost_race | changed."""
+    unpaid and past the cutoff after a fresh load."""
     session = db.session
     order = orders.read(order_id, fresh=True)
     if order is None or S(order.status) not in UNPAID or as_utc(order.updated_at) >= cutoff:
         session.rollback()
         log.info("sweep: order %s changed since it was selected; the expiry pass leaves it", order_id)
-        return "changed"
+        return ExpiryOutcome.CHANGED
     with uow.transaction():
-        outcome = cancel_unpaid(order)
-    if outcome == "lost_race":  # a webhook or the customer won; the next cycle sees the final state
+        outcome = ExpiryOutcome(cancel_unpaid(order))
+    if outcome is ExpiryOutcome.LOST_RACE:  # a webhook or the customer won; the next cycle sees the final state
         log.info(
             "sweep: order %s lost a race to another writer while being expired; left as the other writer set it",
             order_id,

@@ -14,7 +14,7 @@ from ...models import Order
 from ...outbox import uow
 from ...payments import apply as payments
 from ...payments import gateway
-from ..cycle import order_error
+from ..cycle import PassName, ProviderOutcome, Tally, order_error
 from ..lease import LeaseLost
 from ..stuck import stuck_query
 from .provider import after_answer, still_stuck
@@ -72,7 +72,7 @@ def settle_from_events(
             events, more = gateway.session_events(since=since, starting_after=after)
         except gateway.ProviderUnavailable as exc:
             log.info("sweep: could not list the provider's events (%s); asking order by order", exc)
-            counts["event_pages"] = counts.get("event_pages", 0) + pages
+            counts[Tally.EVENT_PAGES] = counts.get(Tally.EVENT_PAGES, 0) + pages
             return set()
         pages += 1
         for event in events:  # newest first: the first seen of a session is its latest
@@ -80,7 +80,7 @@ def settle_from_events(
                 latest.setdefault(event.view.id, event)
         after = events[-1].id if events else None
         more = more and after is not None
-    counts["event_pages"] = counts.get("event_pages", 0) + pages
+    counts[Tally.EVENT_PAGES] = counts.get(Tally.EVENT_PAGES, 0) + pages
     read_to_end = not more
     settled: set[int] = set()
     for sid, order_id in candidates.items():
@@ -88,7 +88,7 @@ def settle_from_events(
         if event is None:
             if read_to_end:  # no news of its session since the order started paying: still open
                 settled.add(order_id)
-                counts["open"] = counts.get("open", 0) + 1
+                counts[ProviderOutcome.OPEN] = counts.get(ProviderOutcome.OPEN, 0) + 1
             continue
         if not keep_lease():
             raise LeaseLost(f"the sweep lease lapsed or was taken over before order {order_id} (provider pass)")
@@ -98,18 +98,18 @@ def settle_from_events(
         except Exception as exc:
             uow.rollback(db.session)
             log.exception("sweep: applying event %s to order %s failed; continuing with the next", event.id, order_id)
-            counts["errors"] += 1
-            errors.append(order_error("provider", order_id, exc))
+            counts[Tally.ERRORS] += 1
+            errors.append(order_error(PassName.PROVIDER, order_id, exc))
             continue
         counts[outcome] = counts.get(outcome, 0) + 1
     log.info("sweep: %d order(s) in doubt settled from %d page(s) of the provider's events", len(settled), pages)
     return settled
 
 
-def _settle_from_event(order_id: int, event: gateway.SessionEvent, cutoff: datetime, now: datetime) -> str:
+def _settle_from_event(order_id: int, event: gateway.SessionEvent, cutoff: datetime, now: datetime) -> ProviderOutcome:
     checked = still_stuck(order_id, cutoff)
     if checked is None or checked[0] != event.view.id:
-        return "changed"
+        return ProviderOutcome.CHANGED
     applied = payments.apply_session(
         event.view, source="sweep", failed=event.failed, now=now, expired_by_cancel=event.expired_by_cancel
     )

@@ -19,10 +19,12 @@ from ...payments import apply as payments
 from ...payments import gateway
 from ...payments.refunds import apply_refund_report
 from ...store import orders
-from .provider import backoff_provider_checks
+from ..cycle import ProviderOutcome
+from .provider import Backoff, backoff_provider_checks
 
 log = logging.getLogger("shop.sweep")
 S = OrderStatus
+P = ProviderOutcome
 
 
 def watched_cancelled_ids(now: datetime, limit: int) -> list[int]:
@@ -47,7 +49,7 @@ def watched_cancelled_ids(now: datetime, limit: int) -> list[int]:
     return list(rows)
 
 
-def check_cancelled_payment(order_id: int, now: datetime) -> str:
+def check_cancelled_payment(order_id: int, now: datetime) -> ProviderOutcome:
     """Ask the provider about a cancelled order's session that could still take money: paid ->
     the same late-money path as the webhook (one refund, however often asked); failed, expired or
     gone -> stop watching; still pending (or still open) -> ask again later. The webhook usually
@@ -65,7 +67,7 @@ def check_cancelled_payment(order_id: int, now: datetime) -> str:
         or not order.payment_session_id
     ):
         session.rollback()
-        return "changed"
+        return P.CHANGED
     session_id, reference, since = order.payment_session_id, order.reference, as_utc(order.payment_processing_at)
     refunds = session.execute(
         select(Refund.id, Refund.session_id, Refund.status, Refund.provider_refund_id, Refund.settled_at).where(
@@ -82,29 +84,31 @@ def check_cancelled_payment(order_id: int, now: datetime) -> str:
         failed = payments.async_failed(view)
     except gateway.ProviderUnavailable as exc:
         log.info("sweep: provider unreachable about cancelled order %s (session %s): %s", reference, session_id, exc)
-        return "unavailable"
+        return P.UNAVAILABLE
     except gateway.ProviderRefused as exc:  # the session is gone at the provider: nothing can come
         log.info("sweep: session %s of cancelled order %s is gone (%s); no longer watched", session_id, reference, exc)
         orders.note(order_id, "stop_watching")
         session.commit()
-        return "watch_closed"
+        return P.WATCH_CLOSED
     if view.payment_status == "paid":
         applied = payments.apply_session(view, source="sweep", now=now)
-        backoff_provider_checks(order_id, "watching", now, since=since)  # until its refund has gone through
+        backoff_provider_checks(order_id, Backoff.WATCHING, now, since=since)  # until its refund has gone through
         if applied.outcome == "refund_created":
             log.warning("sweep: money arrived for cancelled order %s with no webhook; refund queued", reference)
-            return "late_refund"
-        return "refund_under_way"
+            return P.LATE_REFUND
+        return P.REFUND_UNDER_WAY
     if failed or view.status == "expired":
         orders.note(order_id, "stop_watching")
         session.commit()
-        return "watch_closed"
+        return P.WATCH_CLOSED
     # Still payable (open) or still settling (complete, unpaid): ask again after the backoff.
-    backoff_provider_checks(order_id, "watching", now, since=since)
-    return "awaiting_async"
+    backoff_provider_checks(order_id, Backoff.WATCHING, now, since=since)
+    return P.AWAITING_ASYNC
 
 
-def _follow_refunds(order_id: int, reference: str, open_refunds: list, since: datetime, now: datetime) -> str:
+def _follow_refunds(
+    order_id: int, reference: str, open_refunds: list, since: datetime, now: datetime
+) -> ProviderOutcome:
     """The late money is in and has a refund: no need to ask about the session any more, only
     whether the money went back. All refunds succeeded (or were settled outside the shop by an
     operator) -> the watch ends. A refund the provider holds as pending is asked about
@@ -119,7 +123,7 @@ def _follow_refunds(order_id: int, reference: str, open_refunds: list, since: da
         orders.note(order_id, "stop_watching")
         session.commit()
         log.info("sweep: the late money of cancelled order %s is refunded; no longer watched", reference)
-        return "watch_closed"
+        return P.WATCH_CLOSED
     commands = session.execute(
         select(
             ScheduledCommand.id, ScheduledCommand.status, ScheduledCommand.failure_kind, ScheduledCommand.payload
@@ -128,7 +132,7 @@ def _follow_refunds(order_id: int, reference: str, open_refunds: list, since: da
     session.rollback()
     dead = [c for c in commands if c.status == "dead" and (c.payload or {}).get("refund_id") in open_refund_ids]
     outcome = _ask_about_pending_refunds(reference, open_refunds, now)
-    if outcome == "unavailable":
+    if outcome is P.UNAVAILABLE:
         return outcome
     if not session.execute(select(Order.payment_processing_at).where(Order.id == order_id)).scalar():
         session.rollback()
@@ -142,22 +146,22 @@ def _follow_refunds(order_id: int, reference: str, open_refunds: list, since: da
                 reference,
                 command.id,
             )
-            outcome = "refund_refused"
+            outcome = P.REFUND_REFUSED
             continue
         if dispatch.retry_dead("command", command.id, now):
             log.warning(
                 "sweep: the refund for cancelled order %s was dead (cmd-%s); running it again", reference, command.id
             )
-            outcome = "refund_retried" if outcome != "refund_refused" else outcome
-    backoff_provider_checks(order_id, "watching", now, since=since)
+            outcome = P.REFUND_RETRIED if outcome is not P.REFUND_REFUSED else outcome
+    backoff_provider_checks(order_id, Backoff.WATCHING, now, since=since)
     return outcome
 
 
-def _ask_about_pending_refunds(reference: str, open_refunds: list, now: datetime) -> str:
+def _ask_about_pending_refunds(reference: str, open_refunds: list, now: datetime) -> ProviderOutcome:
     """What the provider says now about each refund it holds as pending, applied (payments.refunds);
     the cycle's count for the order: refund_failed, refund_succeeded, refund_under_way, or
     unavailable when the provider could not be asked."""
-    outcome = "refund_under_way"
+    outcome = P.REFUND_UNDER_WAY
     for refund in open_refunds:
         if refund.status != "pending" or not refund.provider_refund_id:
             continue
@@ -165,7 +169,7 @@ def _ask_about_pending_refunds(reference: str, open_refunds: list, now: datetime
             view = gateway.retrieve_refund(refund.provider_refund_id)
         except gateway.ProviderUnavailable as exc:
             log.info("sweep: provider unreachable about refund %s of cancelled order %s: %s", refund.id, reference, exc)
-            return "unavailable"
+            return P.UNAVAILABLE
         except gateway.ProviderRefused as exc:
             log.warning(
                 "sweep: the provider refused to say how refund %s (%s) of cancelled order %s stands: %s",
@@ -182,7 +186,7 @@ def _ask_about_pending_refunds(reference: str, open_refunds: list, now: datetime
                 refund.id,
                 reference,
             )
-            outcome = "refund_failed"
-        elif report.outcome == "refund_succeeded" and outcome != "refund_failed":
-            outcome = "refund_succeeded"
+            outcome = P.REFUND_FAILED
+        elif report.outcome == "refund_succeeded" and outcome is not P.REFUND_FAILED:
+            outcome = P.REFUND_SUCCEEDED
     return outcome

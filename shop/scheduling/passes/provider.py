@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from enum import StrEnum
 
 from flask import current_app
 from sqlalchemy import select
@@ -20,6 +21,7 @@ from ...outbox import dispatch
 from ...payments import apply as payments
 from ...payments import gateway, guard
 from ...store import orders
+from ..cycle import ProviderOutcome
 from ..stuck import stuck_age
 
 log = logging.getLogger("shop.sweep")
@@ -27,15 +29,25 @@ S = OrderStatus
 
 # A refused payment proof cannot change without an operator: ask again after hours, not cycles.
 PROOF_REFUSED_BACKOFF_SECONDS = 6 * 3600
+
+
+class Backoff(StrEnum):
+    """Why the provider pass leaves an order alone for a while."""
+
+    PROOF_REFUSED = "proof_refused"  # for hours
+    AWAITING_ASYNC = "awaiting_async"  # a payment still settling: progressively
+    WATCHING = "watching"  # a cancelled order watched for late money: progressively
+
+
 # Answers that may change at any moment but usually do not are asked about again at growing
 # intervals (domain.deadlines.next_provider_check), never more than this many sweep intervals
 # apart, so a lost webhook costs at most about that long: an async payment still settling (the
 # order not Paid, or its stock held), and a cancelled order whose session could still take money
 # or whose refund has not gone through (a customer's money kept: tighter).
-RECHECK_CAP_INTERVALS = {"awaiting_async": 3, "watching": 2}
+RECHECK_CAP_INTERVALS = {Backoff.AWAITING_ASYNC: 3, Backoff.WATCHING: 2}
 
 
-def backoff_provider_checks(order_id: int, outcome: str, now: datetime, since: datetime | None = None) -> None:
+def backoff_provider_checks(order_id: int, why: Backoff, now: datetime, since: datetime | None = None) -> None:
     """Leave the order out of the provider pass for a while after an answer that will not change
     by the next cycle: a refused proof for hours; a payment still settling (or, with `since`, any
     watched cancelled order) progressively, from one interval after `since` up to its cap.
@@ -44,22 +56,22 @@ def backoff_provider_checks(order_id: int, outcome: str, now: datetime, since: d
     neither bumps the version (a webhook's transition must not lose to it) nor touches
     updated_at (the order's age is what the passes select by)."""
     interval = current_app.config["RECONCILIATION_INTERVAL_SECONDS"]
-    if outcome == "proof_refused":
+    if why is Backoff.PROOF_REFUSED:
         due = now + timedelta(seconds=max(PROOF_REFUSED_BACKOFF_SECONDS, interval))
-    elif since is not None and outcome in RECHECK_CAP_INTERVALS:
-        due = next_provider_check(now, since, interval, RECHECK_CAP_INTERVALS[outcome] * interval)
+    elif since is not None:
+        due = next_provider_check(now, since, interval, RECHECK_CAP_INTERVALS[why] * interval)
     else:
         return
     orders.note(order_id, "next_check", due)
     db.session.commit()
 
 
-def reconcile_stuck_payment(order_id: int, cutoff: datetime, now: datetime) -> str:
+def reconcile_stuck_payment(order_id: int, cutoff: datetime, now: datetime) -> ProviderOutcome:
     """Ask the provider about one PaymentInitiated order and apply the answer through the
     shared guarded path. No transaction is open during the provider call."""
     checked = still_stuck(order_id, cutoff)
     if checked is None:
-        return "changed"
+        return ProviderOutcome.CHANGED
     session_id, reference, stuck_since = checked
     failpoints.hit("sweep.before_provider_call")
     try:
@@ -68,7 +80,7 @@ def reconcile_stuck_payment(order_id: int, cutoff: datetime, now: datetime) -> s
         log.info(
             "sweep: provider unreachable for order %s (session %s): %s; retried next cycle", reference, session_id, exc
         )
-        return "unavailable"
+        return ProviderOutcome.UNAVAILABLE
     return after_answer(order_id, answer.view, answer.applied, now, stuck_since)
 
 
@@ -94,20 +106,23 @@ def still_stuck(order_id: int, cutoff: datetime) -> tuple[str, str, datetime] | 
     return found
 
 
-def after_answer(order_id: int, view, applied, now: datetime, stuck_since: datetime) -> str:
+def after_answer(order_id: int, view, applied, now: datetime, stuck_since: datetime) -> ProviderOutcome:
     """What applying the provider's answer did, as a provider-pass outcome; an answer that cannot
     change soon backs the order off (see backoff_provider_checks)."""
     session = db.session
-    outcome = applied.outcome
-    if outcome == "noop":
+    if applied.outcome == "noop":  # payments.apply's word: nothing to apply
         status = session.execute(select(Order.status).where(Order.id == order_id)).scalar()
         session.rollback()
-        if status == S.PAYMENT_INITIATED.value and view.status == "open":
-            return "open"
-        return "changed"
-    if outcome == "already_refunded":
-        return "changed"
-    backoff_provider_checks(order_id, outcome, now, since=stuck_since if outcome == "awaiting_async" else None)
+        if status is not None and S(status) is S.PAYMENT_INITIATED and view.status == "open":
+            return ProviderOutcome.OPEN
+        return ProviderOutcome.CHANGED
+    if applied.outcome == "already_refunded":
+        return ProviderOutcome.CHANGED
+    outcome = ProviderOutcome(applied.outcome)
+    if outcome is ProviderOutcome.PROOF_REFUSED:
+        backoff_provider_checks(order_id, Backoff.PROOF_REFUSED, now)
+    elif outcome is ProviderOutcome.AWAITING_ASYNC:
+        backoff_provider_checks(order_id, Backoff.AWAITING_ASYNC, now, since=stuck_since)
     return outcome
 
 
