@@ -19,6 +19,7 @@ from ..models import OutboxDelivery, ScheduledCommand
 from . import runner
 from .announce import announce_or_leave_to_relay
 from .failures import PermanentFailure
+from .runner import RunOutcome
 
 # A drain claims this many deliveries per statement and hands the worker back to other jobs
 # (scheduled commands keep their time) after this long.
@@ -102,11 +103,11 @@ COMMANDS = runner.Work(
 )
 
 
-def run_delivery(delivery_id: int, now: datetime | None = None) -> str:
+def run_delivery(delivery_id: int, now: datetime | None = None) -> RunOutcome:
     return runner.run(DELIVERIES, delivery_id, now)
 
 
-def run_command(command_id: int, now: datetime | None = None) -> str:
+def run_command(command_id: int, now: datetime | None = None) -> RunOutcome:
     return runner.run(COMMANDS, command_id, now)
 
 

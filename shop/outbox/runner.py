@@ -33,6 +33,7 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any, Callable
 
 from flask import current_app
@@ -50,6 +51,18 @@ from .claims import claim, claim_batch, claim_returning, mark_done, release
 from .failures import PermanentFailure, Reschedule, WAITING_FOR_PROVIDER, failure_kind  # noqa: F401
 
 log = logging.getLogger("shop.outbox")
+
+
+class RunOutcome(StrEnum):
+    """What running one claimed row came to (and, for a drain, how many rows each)."""
+
+    DONE = "done"
+    RESCHEDULED = "rescheduled"  # not due yet: pending again at its time, no attempt spent
+    SKIPPED = "skipped"  # not ours (not claimable, or our claim lapsed)
+    RETRY = "retry"  # failed; pending again after a backoff
+    WAITING = "waiting"  # the provider did not answer; pending again, no attempt spent
+    DEAD = "dead"  # out of attempts, or refused: a dead letter
+    RELEASED = "released"  # a drain's only: claimed, then handed back unspent
 
 
 class LeaseLost(Exception):
@@ -82,9 +95,9 @@ class Work:
     claim_returns: tuple[str, ...] = field(default=())
 
 
-def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) -> str:
+def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) -> RunOutcome:
     """Run a row this worker has claimed: execute + mark done in one transaction, or record the
-    failure in its own. Returns done | rescheduled | skipped | retry | waiting (for the provider) | dead."""
+    failure in its own."""
     model = work.model
     try:
         with uow.transaction():
@@ -93,29 +106,29 @@ def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) 
             work.execute(row, now)
             if not mark_done(model, work_id, worker, utcnow()):
                 raise LeaseLost(f"{work.describe(row)}: lease lapsed before commit")
-        return "done"
+        return RunOutcome.DONE
     except Reschedule as exc:  # the transaction has rolled back, as for every exception below
         _reschedule(model, work_id, worker, exc.due, now)
-        return "rescheduled"
+        return RunOutcome.RESCHEDULED
     except LeaseLost as exc:
         log.warning("%s; another worker owns it now, discarding this attempt's writes", exc)
-        return "skipped"
+        return RunOutcome.SKIPPED
     except Exception as exc:
         return record_failure(model, work_id, worker, exc, now, work.describe)
 
 
-def run(work: Work, work_id: int, now: datetime | None = None) -> str:
-    """Claim `work_id` and run it. Returns done | skipped | rescheduled | retry | waiting | dead."""
+def run(work: Work, work_id: int, now: datetime | None = None) -> RunOutcome:
+    """Claim `work_id` and run it."""
     now = now or utcnow()
     worker = worker_identity()
     try:
         if work.claim_returns:
             row = claim_returning(work.model, work.claim_returns, work_id, now, worker, work.early_claim_seconds)
             if row is None:
-                return "skipped"
+                return RunOutcome.SKIPPED
             return run_claimed(work, work_id, now, worker, row=row)
         if not claim(work.model, work_id, now, worker, work.early_claim_seconds):
-            return "skipped"
+            return RunOutcome.SKIPPED
         return run_claimed(work, work_id, now, worker)
     finally:
         db.session.remove()
@@ -163,7 +176,9 @@ def drain(
                 # A batch never outlives half its lease: the rest goes back, unspent, for the
                 # next drain, instead of running with a lease someone else may be about to take.
                 if index and time.monotonic() - claimed_mono > lease / 2:
-                    counts["released"] += release(work.model, [r.id for r in rows[index:]], worker, now or utcnow())
+                    counts[RunOutcome.RELEASED] += release(
+                        work.model, [r.id for r in rows[index:]], worker, now or utcnow()
+                    )
                     more = True
                     break
                 counts[run_claimed(work, row.id, now or utcnow(), worker, row=row)] += 1
@@ -196,11 +211,11 @@ def _reschedule(model, work_id, worker, due, now) -> None:
     _announce_retry(model, work_id, due)
 
 
-def record_failure(model, work_id, worker, exc, now, describe) -> str:
+def record_failure(model, work_id, worker, exc, now, describe) -> RunOutcome:
     row = db.session.get(model, work_id)
     if row is None or row.claimed_by != worker or row.status != "processing":
         db.session.rollback()
-        return "skipped"
+        return RunOutcome.SKIPPED
     kind = failure_kind(exc)
     cfg = current_app.config
     decision = retry_decision(
@@ -227,7 +242,7 @@ def record_failure(model, work_id, worker, exc, now, describe) -> str:
         row.status = "dead"
         db.session.commit()
         log.error("dead letter: %s failed %d time(s), last error: %s", label, row.attempts, row.last_error)
-        return "dead"
+        return RunOutcome.DEAD
     if not decision.spends_attempt:
         row.attempts -= 1  # the claim counted it; a provider outage is not this row's failure
     row.status = "pending"
@@ -247,7 +262,7 @@ def record_failure(model, work_id, worker, exc, now, describe) -> str:
             error,
         )
         _announce_retry(model, work_id, due)
-        return "waiting"
+        return RunOutcome.WAITING
     log.warning(
         "%s failed (attempt %d of %d), retrying in %.1fs: %s",
         label,
@@ -257,7 +272,7 @@ def record_failure(model, work_id, worker, exc, now, describe) -> str:
         row.last_error,
     )
     _announce_retry(model, work_id, due)
-    return "retry"
+    return RunOutcome.RETRY
 
 
 def _announce_retry(model, work_id, due):
