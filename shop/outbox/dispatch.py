@@ -29,9 +29,9 @@ DRAIN_BUDGET_SECONDS = 2.0
 
 def drain_threads() -> int:
     """How many threads one drain job runs. A delivery spends about as long waiting for
-    PostgreSQL as running Python, so more threads fill those waits (measured in one process on
-    2 cores: 1 -> 218, 2 -> 293, 3 -> 316 deliveries/s; past 3 the GIL and the cores are the
-    limit). SQLite serialises writers: one thread."""
+    PostgreSQL as running Python, so more threads fill those waits, up to about three, past which
+    the GIL and the cores are the limit (bench/compensation.py prints the drain's throughput).
+    SQLite serialises writers: one thread."""
     if current_app.config["SQLALCHEMY_DATABASE_URI"].startswith("sqlite"):
         return 1
     return current_app.config.get("DRAIN_THREADS", 3)

@@ -118,6 +118,6 @@ def make_worker(name: str | None = None) -> ShopWorker:
 
 
 def run_worker(burst: bool = False, name: str | None = None) -> None:
-    """A non-forking worker: the fork per job costs ~12 ms here, which caps a forking worker
-    near 70 jobs/s; the jobs are short, id-only and clean up their own session."""
+    """A non-forking worker: a fork per job would cost more than the jobs themselves, which are
+    short, id-only and clean up their own session."""
     make_worker(name).work(burst=burst, with_scheduler=False, logging_level="WARNING")
