@@ -238,17 +238,21 @@ def order_error(name: PassName, order_id: int, exc: BaseException) -> dict:
     }
 
 
-def record_start(result: CycleResult, holder: str) -> int:
-    row = ReconciliationCycle(
+def _new_row(result: CycleResult, holder: str, status: CycleStatus, **more) -> ReconciliationCycle:
+    return ReconciliationCycle(
         started_at=result.started_at,
         cutoff=result.cutoff,
-        status=CycleStatus.RUNNING,
+        status=status,
         holder=holder,
         expiry_counts={},
         provider_counts={},
         errors=[],
-        notes=result.notes,
+        **more,
     )
+
+
+def record_start(result: CycleResult, holder: str) -> int:
+    row = _new_row(result, holder, CycleStatus.RUNNING, notes=result.notes)
     db.session.add(row)
     db.session.commit()
     return row.id
@@ -281,16 +285,7 @@ def record_skip(result: CycleResult, holder: str, clock) -> CycleResult:
     session = db.session
     result.finished_at = clock()
     try:
-        row = ReconciliationCycle(
-            started_at=result.started_at,
-            finished_at=result.finished_at,
-            cutoff=result.cutoff,
-            status=CycleStatus.SKIPPED,
-            holder=holder,
-            expiry_counts={},
-            provider_counts={},
-            errors=[],
-        )
+        row = _new_row(result, holder, CycleStatus.SKIPPED, finished_at=result.finished_at)
         session.add(row)
         session.commit()
         result.cycle_id = row.id
