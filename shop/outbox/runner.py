@@ -282,24 +282,29 @@ def _announce_retry(model, work_id, due):
         announce_or_leave_to_relay(lambda: queue.schedule_delivery(work_id, due), "the retry of delivery %s", work_id)
 
 
+def _fresh_budget(now: datetime) -> dict:
+    """A dead row run again by an operator: pending and due now, with a fresh attempt budget."""
+    return dict(
+        status="pending",
+        attempts=0,
+        max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
+        failure_kind=None,
+        provider_waits=0,
+        next_attempt_at=now,
+        enqueued_at=now,
+        claimed_by=None,
+        claimed_until=None,
+        updated_at=now,
+    )
+
+
 def retry_dead(model, work_id: int, now: datetime | None = None) -> bool:
     """Operator action: a dead row runs again with a fresh attempt budget."""
     now = now or utcnow()
     result = db.session.execute(
         update(model)
         .where(model.id == work_id, model.status == "dead")
-        .values(
-            status="pending",
-            attempts=0,
-            max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
-            failure_kind=None,
-            provider_waits=0,
-            next_attempt_at=now,
-            enqueued_at=now,
-            claimed_by=None,
-            claimed_until=None,
-            updated_at=now,
-        )
+        .values(**_fresh_budget(now))
         .execution_options(synchronize_session=False)
     )
     db.session.commit()
@@ -315,18 +320,7 @@ def retry_all_dead(model, name_column, name: str, now: datetime | None = None) -
         db.session.execute(
             update(table)
             .where(table.c.status == "dead", name_column == name)
-            .values(
-                status="pending",
-                attempts=0,
-                max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
-                failure_kind=None,
-                provider_waits=0,
-                next_attempt_at=now,
-                enqueued_at=now,
-                claimed_by=None,
-                claimed_until=None,
-                updated_at=now,
-            )
+            .values(**_fresh_budget(now))
             .returning(table.c.id)
         )
         .scalars()
