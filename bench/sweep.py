@@ -136,7 +136,8 @@ def run(app, sizes, args) -> None:
     from shop.domain.deadlines import utcnow
     from shop.domain.order import UNPAID, OrderStatus
     from shop.extensions import db
-    from shop.scheduling.sweep import run_cycle, stuck_query
+    from shop.scheduling.stuck import stuck_query
+    from shop.scheduling.sweep import run_cycle
 
     upgrade()
     print(

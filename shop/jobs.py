@@ -14,6 +14,7 @@ from . import create_app, queue
 from .extensions import db
 from .outbox import dispatch
 from .outbox.relay import relay_once
+from .outbox.runner import RunOutcome
 from .scheduling.sweep import run_cycle
 
 
@@ -26,7 +27,7 @@ def _app_context():
         yield
 
 
-def run_delivery(delivery_id: int) -> str:
+def run_delivery(delivery_id: int) -> RunOutcome:
     with _app_context():
         return dispatch.run_delivery(delivery_id)
 
@@ -43,7 +44,7 @@ def drain(slot: int | None = None) -> dict:
         return result
 
 
-def run_command(command_id: int) -> str:
+def run_command(command_id: int) -> RunOutcome:
     with _app_context():
         return dispatch.run_command(command_id)
 

@@ -253,7 +253,7 @@ def test_work_committed_while_the_only_drain_runs_wakes_another(fresh_app, monke
     """The drain frees its slot FIRST. Were it freed at the end, the order cancelled by the
     handler below (committed and announced while the drain runs, after its batch was claimed)
     would find the one slot taken, and nothing would ever run its compensation."""
-    monkeypatch.setattr(queue, "DRAIN_SLOTS", 1)
+    monkeypatch.setattr(queue.drain, "DRAIN_SLOTS", 1)  # the drain slots live in shop.queue.drain
     with fresh_app.app_context():
         a5 = seed_catalog_rows()["NB-A5-DOT"]
         first, second = place_order_for({a5: 1}).order_id, place_order_for({a5: 2}).order_id

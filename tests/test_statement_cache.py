@@ -9,7 +9,7 @@ import pytest
 
 from shop.models import OutboxDelivery, ScheduledCommand
 from shop.orders import checkout
-from shop.outbox import dispatch, runner, writer
+from shop.outbox import claims, dispatch, writer
 from shop.payments import apply
 from shop.saga import inventory
 from shop import webhooks
@@ -29,12 +29,12 @@ def _hot_statements():
     yield "outbox: event + 2 deliveries", writer._insert_event_with_deliveries(("a", "b"))
     for model in (OutboxDelivery, ScheduledCommand):
         table = model.__table__
-        yield f"{table.name}: claim one", runner._claim_one(table)
-        yield f"{table.name}: claim batch", runner._claim_many(table)
-        yield f"{table.name}: mark done", runner._mark_done(table)
+        yield f"{table.name}: claim one", claims._claim_one(table)
+        yield f"{table.name}: claim batch", claims._claim_many(table)
+        yield f"{table.name}: mark done", claims._mark_done(table)
     yield (
         "commands: claim one, returning the row",
-        runner._claim_one_returning(ScheduledCommand.__table__, dispatch.COMMANDS.claim_returns),
+        claims._claim_one_returning(ScheduledCommand.__table__, dispatch.COMMANDS.claim_returns),
     )
     yield "webhook: receipt", webhooks._INSERT_RECEIPT
     # Every statement the order store owns, from its own registry: a new one is checked unasked.

@@ -36,6 +36,7 @@ from shop.payments import gateway
 from shop.payments.apply import reconcile_order
 from shop.payments.start import start_payment
 from shop.scheduling import sweep
+from shop.scheduling.passes.provider import RECHECK_CAP_INTERVALS
 from shop.scheduling.sweep import run_cycle
 from shop.payments import guard
 from shop.domain.deadlines import as_utc
@@ -719,7 +720,7 @@ def test_a_payment_that_keeps_settling_is_asked_about_less_and_less_often_up_to_
             if result.provider["awaiting_async"]:
                 asked.append(cycle)
         gaps = [b - a for a, b in zip(asked, asked[1:])]
-        assert asked[:2] == [1, 2] and max(gaps) == sweep.RECHECK_CAP_INTERVALS["awaiting_async"], asked
+        assert asked[:2] == [1, 2] and max(gaps) == RECHECK_CAP_INTERVALS["awaiting_async"], asked
         assert gaps == sorted(gaps)
 
 

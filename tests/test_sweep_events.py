@@ -18,6 +18,7 @@ from shop.extensions import db
 from shop.models import Order
 from shop.payments.start import start_payment
 from shop.scheduling import sweep
+from shop.scheduling.passes.in_doubt import EVENTS_KEPT
 from shop.scheduling.sweep import run_cycle
 
 
@@ -103,7 +104,7 @@ def test_orders_older_than_the_providers_event_retention_are_asked_about_one_by_
         since = time.time()
 
         # A month on, their events are gone from the provider's list: the retrieve still knows.
-        result = run_cycle(now=utcnow() + sweep.EVENTS_KEPT + timedelta(days=1))
+        result = run_cycle(now=utcnow() + EVENTS_KEPT + timedelta(days=1))
         assert result.status == "ok" and "event_pages" not in result.provider
 
         calls = _calls(sandbox, since)

@@ -159,7 +159,13 @@ def _retry_restore(warning_id: int, stamp: str, now, back: str):
     log.warning("operator %s: restore retry left warning %s open: %s", operator_name(), warning_id, result.words)
     return done(
         f"Restore warning {warning_id} is still open: {result.words}.",
-        {"id": warning_id, "state": "open", "outcome": result.outcome, "detail": result.words},
+        {"id": warning_id, "state": "open", "outcome": _outcome_words(result), "detail": result.words},
         back,
         "warning",
     )
+
+
+def _outcome_words(result) -> str:
+    """The compensation's word, with what went wrong when the retry raised (as the console has
+    always said it: "error (Type: message)")."""
+    return f"{result.outcome} ({result.error})" if result.error else str(result.outcome)

@@ -14,9 +14,10 @@ from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import Order, OutboxDelivery, ReconciliationCycle, Refund, RestoreWarning, ScheduledCommand
 from ..ops.health import snapshot
-from ..ops.metrics import stuck_cutoff
+from ..scheduling.stuck import stuck_cutoff
 from ..payments import guard
-from .rows import LIVE_STATUSES, REFUND_NEEDS_OPERATOR, age_seconds, sweep_json
+from ..domain.order import LIVE_STATUSES
+from .rows import REFUND_NEEDS_OPERATOR, age_seconds, sweep_json
 
 
 def _count_and_oldest(query_from, where, column, now):

@@ -10,6 +10,7 @@ from datetime import datetime
 from sqlalchemy import and_, func, or_, select, union_all
 
 from ..domain.deadlines import FAILURE_PROVIDER
+from ..domain.order import LIVE_STATUSES
 from ..extensions import db
 from ..models import (
     OperatorAction,
@@ -23,10 +24,9 @@ from ..models import (
     ScheduledCommand,
     WebhookReceipt,
 )
-from ..ops.metrics import stuck_cutoff
+from ..scheduling.stuck import stuck_cutoff
 from .audit import action_json
 from .rows import (
-    LIVE_STATUSES,
     REFUND_NEEDS_OPERATOR,
     WAITING,
     command_item,

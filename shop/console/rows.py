@@ -30,7 +30,6 @@ from . import sweep_words
 # (retried for as long as it takes, never dead-lettered for it).
 WAITING = "waiting"
 # The live states as stored, for the queries that select them.
-LIVE_STATUSES = tuple(s.value for s in LIVE)
 # Refunds whose money did not go back and that nobody has dealt with (the dashboard's count).
 REFUND_NEEDS_OPERATOR = [Refund.status.in_(NOT_RETURNED), Refund.settled_at.is_(None)]
 

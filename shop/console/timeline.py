@@ -24,7 +24,7 @@ from ..models import (
     ScheduledCommand,
     WebhookReceipt,
 )
-from ..ops.metrics import stuck_cutoff
+from ..scheduling.stuck import stuck_cutoff
 from ..web.serialize import order_json
 from .audit import action_json
 from .format import human_money, human_time

@@ -55,9 +55,11 @@ ALLOWED = {
 
 # States in which an order still holds stock and waits for money; LIVE adds the one in which
 # the provider holds the customer's payment page. FINAL: nothing changes an order's state again.
-UNPAID = frozenset({S.PENDING_PAYMENT, S.PAYMENT_FAILED})
-LIVE = frozenset({S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED})
-FINAL = frozenset({S.PAID, S.CANCELLED})
+UNPAID = (S.PENDING_PAYMENT, S.PAYMENT_FAILED)
+LIVE = (S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED)
+FINAL = (S.PAID, S.CANCELLED)
+# The live states as stored in orders.status (for SQL, and for a raw row's status).
+LIVE_STATUSES = tuple(s.value for s in LIVE)
 
 # Why an order was cancelled, as its OrderCancelled event says it. The customer reads these
 # apart: they asked for one, the other happened to them (the payment window ran out).

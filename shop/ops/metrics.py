@@ -4,7 +4,6 @@ every process (and every replica) reports the same numbers."""
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 
 from flask import current_app
 from prometheus_client import CollectorRegistry
@@ -13,18 +12,14 @@ from sqlalchemy import func, select
 
 from .. import queue
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc, utcnow
-from ..domain.order import LIVE
+from ..domain.order import LIVE, LIVE_STATUSES
 from ..extensions import db, per_app
 from ..models import OutboxDelivery, ReconciliationCycle, RestoreWarning, ScheduledCommand, WebhookReceipt, Order
 from ..payments import checkout_queue, guard
+from ..scheduling.stuck import stuck_cutoff
 from .health import oldest_due
 
 log = logging.getLogger("shop.ops")
-
-
-def stuck_cutoff(now=None):
-    now = now or utcnow()
-    return now - timedelta(seconds=current_app.config["RECONCILIATION_STUCK_AGE_SECONDS"])
 
 
 class ShopCollector:
@@ -110,7 +105,7 @@ def _stuck_orders(now):
         (s, (c, m))
         for s, c, m in db.session.execute(
             select(Order.status, func.count(), func.min(Order.updated_at))
-            .where(Order.status.in_([s.value for s in LIVE]), Order.updated_at < cutoff)
+            .where(Order.status.in_(LIVE_STATUSES), Order.updated_at < cutoff)
             .group_by(Order.status)
         ).all()
     )

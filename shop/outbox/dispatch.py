@@ -4,7 +4,6 @@ operator's verbs on a row (retry a dead one, retry every dead one of a kind, dis
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import Counter
 from datetime import datetime
@@ -18,9 +17,9 @@ from .. import queue
 from ..domain.events import event_from_payload
 from ..models import OutboxDelivery, ScheduledCommand
 from . import runner
+from .announce import announce_or_leave_to_relay
 from .failures import PermanentFailure
-
-log = logging.getLogger("shop.outbox")
+from .runner import RunOutcome
 
 # A drain claims this many deliveries per statement and hands the worker back to other jobs
 # (scheduled commands keep their time) after this long.
@@ -30,9 +29,9 @@ DRAIN_BUDGET_SECONDS = 2.0
 
 def drain_threads() -> int:
     """How many threads one drain job runs. A delivery spends about as long waiting for
-    PostgreSQL as running Python, so more threads fill those waits (measured in one process on
-    2 cores: 1 -> 218, 2 -> 293, 3 -> 316 deliveries/s; past 3 the GIL and the cores are the
-    limit). SQLite serialises writers: one thread."""
+    PostgreSQL as running Python, so more threads fill those waits, up to about three, past which
+    the GIL and the cores are the limit (bench/compensation.py prints the drain's throughput).
+    SQLite serialises writers: one thread."""
     if current_app.config["SQLALCHEMY_DATABASE_URI"].startswith("sqlite"):
         return 1
     return current_app.config.get("DRAIN_THREADS", 3)
@@ -104,11 +103,11 @@ COMMANDS = runner.Work(
 )
 
 
-def run_delivery(delivery_id: int, now: datetime | None = None) -> str:
+def run_delivery(delivery_id: int, now: datetime | None = None) -> RunOutcome:
     return runner.run(DELIVERIES, delivery_id, now)
 
 
-def run_command(command_id: int, now: datetime | None = None) -> str:
+def run_command(command_id: int, now: datetime | None = None) -> RunOutcome:
     return runner.run(COMMANDS, command_id, now)
 
 
@@ -181,17 +180,9 @@ TABLES = {"delivery": OutboxDelivery, "command": ScheduledCommand}
 def _announce(kind: str, work_id: int, due: datetime | None = None) -> bool:
     """Hand a row that is pending and due to Redis now; False (logged) when Redis does not
     answer, in which case the relay hands it over after its grace period."""
-    try:
-        if kind == "delivery":
-            queue.enqueue_delivery(work_id)
-        else:
-            queue.enqueue_command(work_id, due)
-        return True
-    except Exception as exc:
-        log.warning(
-            "%s %s is due again but Redis could not be told (%s); the relay will pick it up", kind, work_id, exc
-        )
-        return False
+    if kind == "delivery":
+        return announce_or_leave_to_relay(lambda: queue.enqueue_delivery(work_id), "delivery %s is due again", work_id)
+    return announce_or_leave_to_relay(lambda: queue.enqueue_command(work_id, due), "command %s is due again", work_id)
 
 
 def retry_dead(kind: str, work_id: int, now: datetime | None = None) -> bool:
@@ -222,15 +213,11 @@ def wake_provider_waiters(now: datetime) -> int:
     deliveries, one pipeline for the commands), not a job per row. Returns how many it woke."""
     deliveries = runner.wake_provider_waiters(OutboxDelivery, now)
     commands = runner.wake_provider_waiters(ScheduledCommand, now)
-    try:
-        queue.announce(deliveries, [(cid, now) for cid in commands], now=now)
-    except Exception as exc:  # Redis down: the rows are due, and the relay hands them over
-        log.warning(
-            "%d rows waiting for the provider are due again but Redis could not be told (%s); "
-            "the relay will pick them up",
-            len(deliveries) + len(commands),
-            exc,
-        )
+    announce_or_leave_to_relay(
+        lambda: queue.announce(deliveries, [(cid, now) for cid in commands], now=now),
+        "%d rows waiting for the provider are due again",
+        len(deliveries) + len(commands),
+    )
     return len(deliveries) + len(commands)
 
 

@@ -24,7 +24,6 @@ an operator's retry); `drain` claims due rows in batches and runs each through t
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import socket
@@ -34,21 +33,36 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any, Callable
 
 from flask import current_app
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import select, update
 
 from .. import queue
 from ..domain.deadlines import FAILURE_PROVIDER, retry_decision, utcnow
 from ..extensions import db
 from ..models import ScheduledCommand
 from . import uow
+from .announce import announce_or_leave_to_relay
+from .claims import claim, claim_batch, claim_returning, mark_done, release
 
 # Raised by handlers and commands; named here too for the callers that catch them.
 from .failures import PermanentFailure, Reschedule, WAITING_FOR_PROVIDER, failure_kind  # noqa: F401
 
 log = logging.getLogger("shop.outbox")
+
+
+class RunOutcome(StrEnum):
+    """What running one claimed row came to (and, for a drain, how many rows each)."""
+
+    DONE = "done"
+    RESCHEDULED = "rescheduled"  # not due yet: pending again at its time, no attempt spent
+    SKIPPED = "skipped"  # not ours (not claimable, or our claim lapsed)
+    RETRY = "retry"  # failed; pending again after a backoff
+    WAITING = "waiting"  # the provider did not answer; pending again, no attempt spent
+    DEAD = "dead"  # out of attempts, or refused: a dead letter
+    RELEASED = "released"  # a drain's only: claimed, then handed back unspent
 
 
 class LeaseLost(Exception):
@@ -81,158 +95,40 @@ class Work:
     claim_returns: tuple[str, ...] = field(default=())
 
 
-# The runner's own statements go to the tables (Core), not through the ORM's bulk UPDATE
-# machinery (they touch no loaded object), and are built once per table with bound parameters:
-# building a statement costs more CPU than executing its cached compiled form.
-
-
-def _claimable(t):
-    return and_(
-        t.c.attempts < t.c.max_attempts,
-        or_(
-            and_(t.c.status == "pending", t.c.next_attempt_at <= bindparam("due_by", type_=t.c.next_attempt_at.type)),
-            and_(t.c.status == "processing", t.c.claimed_until < bindparam("at", type_=t.c.claimed_until.type)),
-        ),
-    )
-
-
-def _claim_values(t) -> dict:
-    return dict(
-        status="processing",
-        claimed_by=bindparam("worker"),
-        claimed_until=bindparam("lease_until", type_=t.c.claimed_until.type),
-        attempts=t.c.attempts + 1,
-        updated_at=bindparam("at", type_=t.c.updated_at.type),
-    )
-
-
-@functools.cache
-def _claim_one(t):
-    return update(t).where(t.c.id == bindparam("work_id"), _claimable(t)).values(**_claim_values(t))
-
-
-@functools.cache
-def _claim_one_returning(t, columns: tuple[str, ...]):
-    return _claim_one(t).returning(*(t.c[name] for name in columns))
-
-
-@functools.cache
-def _claim_many(t):
-    # A CTE, evaluated once: as `id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` PostgreSQL
-    # may run the subquery again per row and claim more than n.
-    due = (
-        select(t.c.id)
-        .where(_claimable(t))
-        .order_by(t.c.next_attempt_at, t.c.id)
-        .limit(bindparam("batch"))
-        .with_for_update(skip_locked=True)
-        .cte("due")
-        .prefix_with("MATERIALIZED", dialect="postgresql")
-    )
-    return update(t).where(t.c.id.in_(select(due.c.id)), _claimable(t)).values(**_claim_values(t)).returning(t.c.id)
-
-
-@functools.cache
-def _mark_done(t):
-    return (
-        update(t)
-        .where(t.c.id == bindparam("work_id"), t.c.claimed_by == bindparam("worker"), t.c.status == "processing")
-        .values(
-            status="done",
-            completed_at=bindparam("done_at", type_=t.c.completed_at.type),
-            claimed_until=None,
-            updated_at=bindparam("done_at", type_=t.c.updated_at.type),
-            last_error=None,
-        )
-    )
-
-
-def _claim_params(now: datetime, worker: str, early_seconds: float = 0) -> dict:
-    lease = timedelta(seconds=current_app.config["OUTBOX_LEASE_SECONDS"])
-    return dict(due_by=now + timedelta(seconds=early_seconds), at=now, worker=worker, lease_until=now + lease)
-
-
-def claim(model, work_id: int, now: datetime, worker: str, early_seconds: float = 0) -> bool:
-    result = db.session.execute(
-        _claim_one(model.__table__), dict(_claim_params(now, worker, early_seconds), work_id=work_id)
-    )
-    db.session.commit()
-    return result.rowcount == 1
-
-
-def claim_row(work: Work, work_id: int, now: datetime, worker: str):
-    """`claim`, returning the claimed row's `work.claim_returns` columns (None when not claimed)."""
-    row = db.session.execute(
-        _claim_one_returning(work.model.__table__, work.claim_returns),
-        dict(_claim_params(now, worker, work.early_claim_seconds), work_id=work_id),
-    ).first()
-    db.session.commit()
-    return row
-
-
-def claim_batch(model, now: datetime, worker: str, limit: int) -> list[int]:
-    """Claim up to `limit` due rows, oldest first, in one statement. Concurrent drains on
-    PostgreSQL skip each other's locked rows instead of waiting; the outer WHERE repeats the
-    condition so a row claimed and committed meanwhile is never taken twice."""
-    ids = (
-        db.session.execute(_claim_many(model.__table__), dict(_claim_params(now, worker), batch=limit)).scalars().all()
-    )
-    db.session.commit()
-    return sorted(ids)
-
-
-def release(model, work_ids: list[int], worker: str, now: datetime) -> int:
-    """Hand back claimed rows we will not run now (a drain out of time), without spending the
-    attempt; the next drain takes them."""
-    if not work_ids:
-        return 0
-    t = model.__table__
-    result = db.session.execute(
-        update(t)
-        .where(t.c.id.in_(work_ids), t.c.claimed_by == worker, t.c.status == "processing")
-        .values(status="pending", attempts=t.c.attempts - 1, claimed_by=None, claimed_until=None, updated_at=now)
-    )
-    db.session.commit()
-    return result.rowcount
-
-
-def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) -> str:
+def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) -> RunOutcome:
     """Run a row this worker has claimed: execute + mark done in one transaction, or record the
-    failure in its own. Returns done | rescheduled | skipped | retry | waiting (for the provider) | dead."""
+    failure in its own."""
     model = work.model
     try:
         with uow.transaction():
             if row is None:
                 row = db.session.get(model, work_id, options=list(work.load_options))
             work.execute(row, now)
-            marked = db.session.execute(
-                _mark_done(model.__table__), dict(work_id=work_id, worker=worker, done_at=utcnow())
-            )
-            if marked.rowcount != 1:
+            if not mark_done(model, work_id, worker, utcnow()):
                 raise LeaseLost(f"{work.describe(row)}: lease lapsed before commit")
-        return "done"
+        return RunOutcome.DONE
     except Reschedule as exc:  # the transaction has rolled back, as for every exception below
         _reschedule(model, work_id, worker, exc.due, now)
-        return "rescheduled"
+        return RunOutcome.RESCHEDULED
     except LeaseLost as exc:
         log.warning("%s; another worker owns it now, discarding this attempt's writes", exc)
-        return "skipped"
+        return RunOutcome.SKIPPED
     except Exception as exc:
         return record_failure(model, work_id, worker, exc, now, work.describe)
 
 
-def run(work: Work, work_id: int, now: datetime | None = None) -> str:
-    """Claim `work_id` and run it. Returns done | skipped | rescheduled | retry | waiting | dead."""
+def run(work: Work, work_id: int, now: datetime | None = None) -> RunOutcome:
+    """Claim `work_id` and run it."""
     now = now or utcnow()
     worker = worker_identity()
     try:
         if work.claim_returns:
-            row = claim_row(work, work_id, now, worker)
+            row = claim_returning(work.model, work.claim_returns, work_id, now, worker, work.early_claim_seconds)
             if row is None:
-                return "skipped"
+                return RunOutcome.SKIPPED
             return run_claimed(work, work_id, now, worker, row=row)
         if not claim(work.model, work_id, now, worker, work.early_claim_seconds):
-            return "skipped"
+            return RunOutcome.SKIPPED
         return run_claimed(work, work_id, now, worker)
     finally:
         db.session.remove()
@@ -280,7 +176,9 @@ def drain(
                 # A batch never outlives half its lease: the rest goes back, unspent, for the
                 # next drain, instead of running with a lease someone else may be about to take.
                 if index and time.monotonic() - claimed_mono > lease / 2:
-                    counts["released"] += release(work.model, [r.id for r in rows[index:]], worker, now or utcnow())
+                    counts[RunOutcome.RELEASED] += release(
+                        work.model, [r.id for r in rows[index:]], worker, now or utcnow()
+                    )
                     more = True
                     break
                 counts[run_claimed(work, row.id, now or utcnow(), worker, row=row)] += 1
@@ -313,11 +211,11 @@ def _reschedule(model, work_id, worker, due, now) -> None:
     _announce_retry(model, work_id, due)
 
 
-def record_failure(model, work_id, worker, exc, now, describe) -> str:
+def record_failure(model, work_id, worker, exc, now, describe) -> RunOutcome:
     row = db.session.get(model, work_id)
     if row is None or row.claimed_by != worker or row.status != "processing":
         db.session.rollback()
-        return "skipped"
+        return RunOutcome.SKIPPED
     kind = failure_kind(exc)
     cfg = current_app.config
     decision = retry_decision(
@@ -344,7 +242,7 @@ def record_failure(model, work_id, worker, exc, now, describe) -> str:
         row.status = "dead"
         db.session.commit()
         log.error("dead letter: %s failed %d time(s), last error: %s", label, row.attempts, row.last_error)
-        return "dead"
+        return RunOutcome.DEAD
     if not decision.spends_attempt:
         row.attempts -= 1  # the claim counted it; a provider outage is not this row's failure
     row.status = "pending"
@@ -364,7 +262,7 @@ def record_failure(model, work_id, worker, exc, now, describe) -> str:
             error,
         )
         _announce_retry(model, work_id, due)
-        return "waiting"
+        return RunOutcome.WAITING
     log.warning(
         "%s failed (attempt %d of %d), retrying in %.1fs: %s",
         label,
@@ -374,17 +272,30 @@ def record_failure(model, work_id, worker, exc, now, describe) -> str:
         row.last_error,
     )
     _announce_retry(model, work_id, due)
-    return "retry"
+    return RunOutcome.RETRY
 
 
 def _announce_retry(model, work_id, due):
-    try:
-        if model is ScheduledCommand:
-            queue.enqueue_command(work_id, due)
-        else:
-            queue.schedule_delivery(work_id, due)
-    except Exception as exc:  # the relay picks it up once it is due
-        log.warning("could not schedule the retry in Redis (%s); the relay will", exc)
+    if model is ScheduledCommand:
+        announce_or_leave_to_relay(lambda: queue.enqueue_command(work_id, due), "the retry of command %s", work_id)
+    else:
+        announce_or_leave_to_relay(lambda: queue.schedule_delivery(work_id, due), "the retry of delivery %s", work_id)
+
+
+def _fresh_budget(now: datetime) -> dict:
+    """A dead row run again by an operator: pending and due now, with a fresh attempt budget."""
+    return dict(
+        status="pending",
+        attempts=0,
+        max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
+        failure_kind=None,
+        provider_waits=0,
+        next_attempt_at=now,
+        enqueued_at=now,
+        claimed_by=None,
+        claimed_until=None,
+        updated_at=now,
+    )
 
 
 def retry_dead(model, work_id: int, now: datetime | None = None) -> bool:
@@ -393,18 +304,7 @@ def retry_dead(model, work_id: int, now: datetime | None = None) -> bool:
     result = db.session.execute(
         update(model)
         .where(model.id == work_id, model.status == "dead")
-        .values(
-            status="pending",
-            attempts=0,
-            max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
-            failure_kind=None,
-            provider_waits=0,
-            next_attempt_at=now,
-            enqueued_at=now,
-            claimed_by=None,
-            claimed_until=None,
-            updated_at=now,
-        )
+        .values(**_fresh_budget(now))
         .execution_options(synchronize_session=False)
     )
     db.session.commit()
@@ -420,18 +320,7 @@ def retry_all_dead(model, name_column, name: str, now: datetime | None = None) -
         db.session.execute(
             update(table)
             .where(table.c.status == "dead", name_column == name)
-            .values(
-                status="pending",
-                attempts=0,
-                max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
-                failure_kind=None,
-                provider_waits=0,
-                next_attempt_at=now,
-                enqueued_at=now,
-                claimed_by=None,
-                claimed_until=None,
-                updated_at=now,
-            )
+            .values(**_fresh_budget(now))
             .returning(table.c.id)
         )
         .scalars()

@@ -14,9 +14,8 @@ from .subscriptions import SUBSCRIPTIONS
 
 
 # Built once: constructing a Core statement costs more than executing its cached compiled form,
-# and these run in every transition (measured: ~30% of a webhook delivery's writer time). On the
-# tables, not the mapped classes: an INSERT of a mapped class goes through the ORM's bulk-insert
-# machinery, which cost more than the round trip itself (webhook first delivery 7.0 -> ~6 ms).
+# and these run in every transition. On the tables, not the mapped classes: an INSERT of a mapped
+# class goes through the ORM's bulk-insert machinery, which cost more than the round trip itself.
 _events, _deliveries, _commands = OutboxEvent.__table__, OutboxDelivery.__table__, ScheduledCommand.__table__
 _INSERT_EVENT = insert(_events).returning(_events.c.id)
 _INSERT_DELIVERY = insert(_deliveries).returning(_deliveries.c.id)

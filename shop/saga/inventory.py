@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from enum import StrEnum
 
 from sqlalchemy import bindparam, insert, update
 
@@ -53,6 +54,20 @@ _REFUSAL_WORDS = {
 }
 
 
+class RestoreOutcome(StrEnum):
+    """What one run of the compensation did."""
+
+    RESTORED = "restored"
+    ALREADY_RESTORED = "already_restored"  # the marker was set: nothing given back twice
+    NOT_CANCELLED = "not_cancelled"
+    REFUSED = "refused"  # an inventory invariant would break: nothing given back, a warning written
+    GONE = "gone"  # the order no longer exists
+    # The marker's own refusals (OrderRules.mark_inventory_restored), by their codes.
+    ORDER_NOT_CANCELLED = "order_not_cancelled"
+    INVENTORY_ALREADY_RESTORED = "inventory_already_restored"
+    ERROR = "error"  # an operator's retry that raised (saga.warnings); never the handler's own
+
+
 def _refusal_words(code: str) -> str:
     """`stock_would_overflow:variant=2` -> words an operator can act on (the code stays in them)."""
     name, _, rest = code.partition(":")
@@ -60,36 +75,36 @@ def _refusal_words(code: str) -> str:
     return _REFUSAL_WORDS.get(name, name).format(variant=variant) + f" ({code})"
 
 
-def restore_inventory(event: OrderCancelled, now: datetime) -> str:
+def restore_inventory(event: OrderCancelled, now: datetime) -> RestoreOutcome:
     session = db.session
     rows = session.execute(orders.RESTORE_READ, {"order_id": event.order_id}).all()
     if not rows:
         log.warning("restore_inventory: order %s from OrderCancelled no longer exists", event.order_id)
-        return "gone"
+        return RestoreOutcome.GONE
     reference, status, restored, version = rows[0][:4]
     order = OrderSnapshot(event.order_id, reference, status, version, inventory_restored=bool(restored))
     if order.inventory_restored:
-        return "already_restored"
+        return RestoreOutcome.ALREADY_RESTORED
     if OrderStatus(order.status) is not OrderStatus.CANCELLED:
         log.warning("restore_inventory: order %s is %s, not Cancelled; nothing restored", reference, status)
-        return "not_cancelled"
+        return RestoreOutcome.NOT_CANCELLED
     lines = [(variant_id, quantity) for *_, variant_id, quantity, _ in rows if variant_id is not None]
     on_hand = {variant_id: stock for *_, variant_id, _, stock in rows if variant_id is not None and stock is not None}
     plan = plan_restoration(lines, on_hand)
     if plan.refused:
         _refuse(order, plan, lines, now)
-        return "refused"
+        return RestoreOutcome.REFUSED
     marked = order.mark_inventory_restored()
     if not marked.ok:
         log.warning("restore_inventory: order %s: %s", reference, marked.message)
-        return marked.code
+        return RestoreOutcome(marked.code)
     # The marker first: a concurrent delivery that read the same version loses here (LostRace),
     # on the order row, before it touches any stock; its retry finds the marker.
     orders.save(order, "mark_inventory_restored", now=now)
     failpoints.hit("restore_inventory.after_marker_flush")
     _give_back(order, plan, now)
     log.info("restore_inventory: order %s restored %s", reference, dict(plan.increases))
-    return "restored"
+    return RestoreOutcome.RESTORED
 
 
 def _refuse(order: OrderSnapshot, plan, lines, now: datetime) -> None:
@@ -139,7 +154,7 @@ def _give_back(order: OrderSnapshot, plan, now: datetime) -> None:
         )
 
 
-def restore_inventory_now(order_id: int) -> str:
+def restore_inventory_now(order_id: int) -> RestoreOutcome:
     """Run the compensation directly in its own transaction (operator retry, tests)."""
     with uow.transaction():
         return restore_inventory(OrderCancelled(order_id, "operator retry"), utcnow())

@@ -12,19 +12,19 @@ from datetime import datetime
 from sqlalchemy import select, update
 
 from ..extensions import db
-from ..models import Order, RestoreWarning
-from .inventory import restore_inventory_now
+from ..models import Order, RestoreWarning, WarningState
+from .inventory import RestoreOutcome, restore_inventory_now
 
 log = logging.getLogger("shop.console")
 
 
-def _settle(warning_id: int, state: str, resolution: str, now: datetime) -> bool:
+def _settle(warning_id: int, state: WarningState, resolution: str, now: datetime) -> bool:
     values = {"state": state, "resolution": resolution[:4000]}
-    if state != "open":
+    if state is not WarningState.OPEN:
         values["resolved_at"] = now
     result = db.session.execute(
         update(RestoreWarning)
-        .where(RestoreWarning.id == warning_id, RestoreWarning.state == "open")
+        .where(RestoreWarning.id == warning_id, RestoreWarning.state == WarningState.OPEN)
         .values(**values)
         .execution_options(synchronize_session=False)
     )
@@ -35,20 +35,22 @@ def _settle(warning_id: int, state: str, resolution: str, now: datetime) -> bool
 def resolve_fixed_by_hand(warning_id: int, stamp: str, note: str, now: datetime) -> bool:
     """The operator corrected the stock by hand: the warning closes with their note. False when
     it was settled meanwhile."""
-    return _settle(warning_id, "resolved", f"fixed by hand ({stamp})" + (f": {note}" if note else ""), now)
+    return _settle(warning_id, WarningState.RESOLVED, f"fixed by hand ({stamp})" + (f": {note}" if note else ""), now)
 
 
 @dataclass(frozen=True)
 class RetryResult:
     """What a retried restore did to the warning: `resolved` (closed), `lost` (someone settled it
-    meanwhile), or left open; `outcome` is the compensation's own word, `words` the rest of the
-    story as the resolution says it, `fresh` whether the retry wrote warnings of its own."""
+    meanwhile), or left open; `outcome` is the compensation's own word (ERROR when the retry
+    raised, `error` then saying what), `words` the rest of the story as the resolution says it,
+    `fresh` whether the retry wrote warnings of its own."""
 
-    outcome: str
+    outcome: RestoreOutcome
     words: str
     resolved: bool = False
     lost: bool = False
     fresh: bool = False
+    error: str = ""
 
 
 def retry_restore(warning_id: int, stamp: str, now: datetime) -> RetryResult:
@@ -59,7 +61,7 @@ def retry_restore(warning_id: int, stamp: str, now: datetime) -> RetryResult:
     order_id, variant_id = warning.order_id, warning.variant_id
     newest_before = db.session.execute(select(RestoreWarning.id).order_by(RestoreWarning.id.desc()).limit(1)).scalar()
     db.session.rollback()
-    outcome = _restore(warning_id, order_id)
+    outcome, error = _restore(warning_id, order_id)
     order = db.session.get(Order, order_id)
     restored = order is not None and bool(order.inventory_restored)
     # Warnings the retry itself wrote for this order: the same problem again, or what is left.
@@ -74,51 +76,63 @@ def retry_restore(warning_id: int, stamp: str, now: datetime) -> RetryResult:
     )
     # An "unmatched variant" warning names a variant whose stock a retry can never bring back:
     # the order's marker was committed with the other lines.
-    cause_remains = variant_id is not None and outcome == "already_restored"
+    cause_remains = variant_id is not None and outcome is RestoreOutcome.ALREADY_RESTORED
     if restored and not cause_remains:
-        words = {"restored": "stock restored", "already_restored": "the stock had already been restored"}.get(
-            outcome, outcome
-        )
+        words = {
+            RestoreOutcome.RESTORED: "stock restored",
+            RestoreOutcome.ALREADY_RESTORED: "the stock had already been restored",
+        }.get(outcome) or _said(outcome, error)
         words += "".join(
             f"; still missing: {w.quantity} unit(s) of variant {w.variant_id} (warning {w.id})" for w in fresh
         )
-        settled = _settle(warning_id, "resolved", f"retried ({stamp}): {words}", now)
-        return RetryResult(outcome, words, resolved=settled, lost=not settled, fresh=bool(fresh))
-    what = _why_still_open(outcome, variant_id, cause_remains, order)
+        settled = _settle(warning_id, WarningState.RESOLVED, f"retried ({stamp}): {words}", now)
+        return RetryResult(outcome, words, resolved=settled, lost=not settled, fresh=bool(fresh), error=error)
+    what = _why_still_open(outcome, error, variant_id, cause_remains, order)
     # The retry's own copy of the same problem would count it twice: it is folded into this one.
     for w in fresh:
-        if w.variant_id == variant_id and w.state == "open":
+        if w.variant_id == variant_id and w.state == WarningState.OPEN:
             db.session.execute(
                 update(RestoreWarning)
-                .where(RestoreWarning.id == w.id, RestoreWarning.state == "open")
-                .values(state="duplicate", resolution=f"same problem as warning {warning_id}", resolved_at=now)
+                .where(RestoreWarning.id == w.id, RestoreWarning.state == WarningState.OPEN)
+                .values(
+                    state=WarningState.DUPLICATE, resolution=f"same problem as warning {warning_id}", resolved_at=now
+                )
             )
     db.session.commit()
-    _settle(warning_id, "open", f"retry ({stamp}): {what}", now)
-    return RetryResult(outcome, what, fresh=bool(fresh))
+    _settle(warning_id, WarningState.OPEN, f"retry ({stamp}): {what}", now)
+    return RetryResult(outcome, what, fresh=bool(fresh), error=error)
 
 
-def _restore(warning_id: int, order_id: int) -> str:
+def _restore(warning_id: int, order_id: int) -> tuple[RestoreOutcome, str]:
+    """The compensation's outcome, and what went wrong when it raised (else "")."""
+    error = ""
     try:
         outcome = restore_inventory_now(order_id)
     except Exception as exc:  # e.g. a worker restored the same order at the same moment
         db.session.rollback()
         log.warning("operator retry of restore for warning %s failed: %s", warning_id, exc)
-        outcome = f"error ({type(exc).__name__}: {exc})"
+        outcome, error = RestoreOutcome.ERROR, f"{type(exc).__name__}: {exc}"
     db.session.rollback()
-    return outcome
+    return outcome, error
 
 
-def _why_still_open(outcome: str, variant_id: int | None, cause_remains: bool, order: Order | None) -> str:
+def _said(outcome: RestoreOutcome, error: str) -> str:
+    """An outcome as the resolution words it: its code, or for an error what went wrong."""
+    return f"{outcome} ({error})" if outcome is RestoreOutcome.ERROR else str(outcome)
+
+
+def _why_still_open(
+    outcome: RestoreOutcome, error: str, variant_id: int | None, cause_remains: bool, order: Order | None
+) -> str:
     if cause_remains:
         return (
             f"the order's other lines were restored earlier; variant {variant_id} has no inventory row, so a "
             "retry cannot bring these units back. Add the stock by hand, then choose “fixed”"
         )
-    if outcome == "refused":
+    if outcome is RestoreOutcome.REFUSED:
         return "refused again by an inventory invariant; fix the cause first"
-    if outcome == "not_cancelled":
+    if outcome is RestoreOutcome.NOT_CANCELLED:
         return f"the order is {order.status}, not Cancelled, so there is no stock to give back"
-    if outcome == "gone":
+    if outcome is RestoreOutcome.GONE:
         return "the order no longer exists"
-    return outcome
+    return _said(outcome, error)

@@ -1,0 +1,136 @@
+"""Claiming durable work: the conditional UPDATEs that give one worker a row (or a drain a batch)
+with a lease and count the attempt, the guarded "done", and handing back rows a drain will not
+run. On PostgreSQL a second claimer re-reads the row after the first commits and no longer
+matches; on SQLite writers are serialised.
+
+The statements go to the tables (Core), not through the ORM's bulk UPDATE machinery (they touch
+no loaded object), and are built once per table with bound parameters: building a statement
+costs more CPU than executing its cached compiled form."""
+
+from __future__ import annotations
+
+import functools
+from datetime import datetime, timedelta
+
+from flask import current_app
+from sqlalchemy import and_, bindparam, or_, select, update
+
+from ..extensions import db
+
+
+def _claimable(t):
+    return and_(
+        t.c.attempts < t.c.max_attempts,
+        or_(
+            and_(t.c.status == "pending", t.c.next_attempt_at <= bindparam("due_by", type_=t.c.next_attempt_at.type)),
+            and_(t.c.status == "processing", t.c.claimed_until < bindparam("at", type_=t.c.claimed_until.type)),
+        ),
+    )
+
+
+def _claim_values(t) -> dict:
+    return dict(
+        status="processing",
+        claimed_by=bindparam("worker"),
+        claimed_until=bindparam("lease_until", type_=t.c.claimed_until.type),
+        attempts=t.c.attempts + 1,
+        updated_at=bindparam("at", type_=t.c.updated_at.type),
+    )
+
+
+@functools.cache
+def _claim_one(t):
+    return update(t).where(t.c.id == bindparam("work_id"), _claimable(t)).values(**_claim_values(t))
+
+
+@functools.cache
+def _claim_one_returning(t, columns: tuple[str, ...]):
+    return _claim_one(t).returning(*(t.c[name] for name in columns))
+
+
+@functools.cache
+def _claim_many(t):
+    # A CTE, evaluated once: as `id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` PostgreSQL
+    # may run the subquery again per row and claim more than n.
+    due = (
+        select(t.c.id)
+        .where(_claimable(t))
+        .order_by(t.c.next_attempt_at, t.c.id)
+        .limit(bindparam("batch"))
+        .with_for_update(skip_locked=True)
+        .cte("due")
+        .prefix_with("MATERIALIZED", dialect="postgresql")
+    )
+    return update(t).where(t.c.id.in_(select(due.c.id)), _claimable(t)).values(**_claim_values(t)).returning(t.c.id)
+
+
+@functools.cache
+def _mark_done(t):
+    return (
+        update(t)
+        .where(t.c.id == bindparam("work_id"), t.c.claimed_by == bindparam("worker"), t.c.status == "processing")
+        .values(
+            status="done",
+            completed_at=bindparam("done_at", type_=t.c.completed_at.type),
+            claimed_until=None,
+            updated_at=bindparam("done_at", type_=t.c.updated_at.type),
+            last_error=None,
+        )
+    )
+
+
+def _claim_params(now: datetime, worker: str, early_seconds: float = 0) -> dict:
+    lease = timedelta(seconds=current_app.config["OUTBOX_LEASE_SECONDS"])
+    return dict(due_by=now + timedelta(seconds=early_seconds), at=now, worker=worker, lease_until=now + lease)
+
+
+def claim(model, work_id: int, now: datetime, worker: str, early_seconds: float = 0) -> bool:
+    result = db.session.execute(
+        _claim_one(model.__table__), dict(_claim_params(now, worker, early_seconds), work_id=work_id)
+    )
+    db.session.commit()
+    return result.rowcount == 1
+
+
+def claim_batch(model, now: datetime, worker: str, limit: int) -> list[int]:
+    """Claim up to `limit` due rows, oldest first, in one statement. Concurrent drains on
+    PostgreSQL skip each other's locked rows instead of waiting; the outer WHERE repeats the
+    condition so a row claimed and committed meanwhile is never taken twice."""
+    ids = (
+        db.session.execute(_claim_many(model.__table__), dict(_claim_params(now, worker), batch=limit)).scalars().all()
+    )
+    db.session.commit()
+    return sorted(ids)
+
+
+def release(model, work_ids: list[int], worker: str, now: datetime) -> int:
+    """Hand back claimed rows we will not run now (a drain out of time), without spending the
+    attempt; the next drain takes them."""
+    if not work_ids:
+        return 0
+    t = model.__table__
+    result = db.session.execute(
+        update(t)
+        .where(t.c.id.in_(work_ids), t.c.claimed_by == worker, t.c.status == "processing")
+        .values(status="pending", attempts=t.c.attempts - 1, claimed_by=None, claimed_until=None, updated_at=now)
+    )
+    db.session.commit()
+    return result.rowcount
+
+
+def claim_returning(
+    model, columns: tuple[str, ...], work_id: int, now: datetime, worker: str, early_seconds: float = 0
+):
+    """`claim`, returning the claimed row's `columns` (None when not claimed)."""
+    row = db.session.execute(
+        _claim_one_returning(model.__table__, columns),
+        dict(_claim_params(now, worker, early_seconds), work_id=work_id),
+    ).first()
+    db.session.commit()
+    return row
+
+
+def mark_done(model, work_id: int, worker: str, done_at: datetime) -> bool:
+    """Inside the run's transaction: the row is done, if our claim still holds it."""
+    marked = db.session.execute(_mark_done(model.__table__), dict(work_id=work_id, worker=worker, done_at=done_at))
+    return marked.rowcount == 1

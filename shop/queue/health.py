@@ -1,0 +1,150 @@
+"""What Redis knows of the processes and queues (docs/REFERENCE.md, Operations): the workers and
+schedulers with their last beats, the queues' depths and ages, and whether Redis answers."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+from rq.job import Job
+from rq_scheduler import Scheduler
+
+from .beats import scheduler_beats_key
+from .connection import control_queue, redis_conn, work_queue
+from .worker import WorkerRecord
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")
+
+
+def _parse(value) -> datetime | None:
+    text = _text(value)
+    if not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def processes() -> list[dict]:
+    """Every worker on this app's queues (RQ's own worker registry: name, host, pid, state, last
+    beat, birth) and every scheduler that has beaten in the last day, each with `last_beat` (a
+    datetime, None when unknown). Three round trips plus one per worker."""
+    conn = redis_conn()
+    found: dict[str, dict] = {}
+    for queue in (work_queue(), control_queue()):
+        for worker in WorkerRecord.all(queue=queue):
+            found.setdefault(
+                worker.name,
+                {
+                    "role": "worker",
+                    "name": worker.name,
+                    "host": worker.hostname,
+                    "pid": worker.pid,
+                    "runs": "RQ worker on " + ", ".join(worker.queue_names()),
+                    "state": worker.get_state(),
+                    "since": worker.birth_date and worker.birth_date.replace(tzinfo=timezone.utc),
+                    "last_beat": worker.last_heartbeat and worker.last_heartbeat.replace(tzinfo=timezone.utc),
+                    "jobs_done": worker.successful_job_count,
+                    "jobs_failed": worker.failed_job_count,
+                    "key": worker.key,
+                },
+            )
+    workers = list(found.values())
+    with conn.pipeline(transaction=False) as pipe:
+        for w in workers:
+            pipe.hmget(w.pop("key"), "shop_job", "shop_job_since", "shop_last_job", "shop_last_job_at")
+        extras = pipe.execute()
+    for w, (job, job_since, last_job, last_job_at) in zip(workers, extras):
+        w.update(
+            job=_text(job) or None,
+            job_since=_parse(job_since),
+            last_job=_text(last_job) or None,
+            last_job_at=_parse(last_job_at),
+        )
+
+    index = scheduler_beats_key()
+    day_ago = time.time() - 86400
+    with conn.pipeline(transaction=False) as pipe:
+        pipe.zremrangebyscore(index, "-inf", day_ago)
+        pipe.zrange(index, 0, -1, withscores=True)
+        _, beats = pipe.execute()
+    with conn.pipeline(transaction=False) as pipe:
+        for name, _ in beats:
+            pipe.hgetall(f"{index}:{_text(name)}")
+        records = pipe.execute() if beats else []
+    schedulers = []
+    for (name, score), record in zip(beats, records):
+        record = {_text(k): _text(v) for k, v in record.items()}
+        schedulers.append(
+            {
+                "role": "scheduler",
+                "name": _text(name),
+                "host": record.get("host"),
+                "pid": int(record["pid"]) if record.get("pid") else None,
+                "runs": record.get("runs") or "rq-scheduler",
+                "state": "polling" if record else "record expired",
+                "since": _parse(record.get("since")),
+                "last_beat": datetime.fromtimestamp(score, timezone.utc),
+                "job": None,
+                "job_since": None,
+                "last_job": record.get("last_job") or None,
+                "last_job_at": _parse(record.get("last_job_at")),
+                "moved_jobs_at": _parse(record.get("last_lock_at")),
+            }
+        )
+    return workers + schedulers
+
+
+def queue_depths(now: datetime) -> list[dict]:
+    """Each RQ queue's depth and the age of its oldest job, and rq-scheduler's schedule: how
+    many jobs it holds, how many are due (should have been moved already) and the oldest due
+    one's age. Two round trips."""
+    queues = [control_queue(), work_queue()]
+    conn = redis_conn()
+    sched_key = Scheduler.scheduled_jobs_key
+    with conn.pipeline(transaction=False) as pipe:
+        for q in queues:
+            pipe.llen(q.key)
+            pipe.lindex(q.key, 0)
+        pipe.zcard(sched_key)
+        pipe.zcount(sched_key, "-inf", now.timestamp())
+        pipe.zrange(sched_key, 0, 0, withscores=True)
+        answers = pipe.execute()
+    heads = [_text(answers[2 * i + 1]) for i in range(len(queues))]
+    with conn.pipeline(transaction=False) as pipe:
+        for head in heads:
+            pipe.hget(Job.key_for(head), "enqueued_at") if head else pipe.echo("")
+        enqueued = pipe.execute()
+    result = []
+    for i, q in enumerate(queues):
+        at = _parse(enqueued[i])
+        result.append(
+            {
+                "name": q.name,
+                "kind": "rq queue",
+                "depth": int(answers[2 * i]),
+                "oldest_age_seconds": max(0.0, (now - at).total_seconds()) if at else None,
+            }
+        )
+    scheduled, due, first = answers[-3], answers[-2], answers[-1]
+    oldest_due = None
+    if due and first:
+        oldest_due = max(0.0, now.timestamp() - first[0][1])
+    result.append(
+        {
+            "name": "rq-scheduler",
+            "kind": "schedule",
+            "depth": int(scheduled),
+            "due": int(due),
+            "oldest_age_seconds": oldest_due,
+        }
+    )
+    return result
+
+
+def ping() -> bool:
+    return bool(redis_conn().ping())

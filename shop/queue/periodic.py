@@ -1,0 +1,57 @@
+"""The periodic jobs (the relay and the sweep), registered with rq-scheduler under deterministic
+ids, and when it will next run one."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from flask import current_app
+from rq_scheduler import Scheduler
+
+from .connection import RELAY_JOB, SWEEP_JOB, queue_names, redis_conn, scheduler
+
+
+def register_periodic_jobs(relay_seconds: int, sweep_seconds: int | None) -> list[str]:
+    """Declare the periodic jobs with deterministic ids. Re-registering is idempotent, and a
+    changed interval replaces the old registration."""
+    sched = scheduler()
+    prefix = current_app.config["QUEUE_PREFIX"]
+    ids = periodic_job_ids(bool(sweep_seconds))
+    wanted = {ids[0]: (RELAY_JOB, relay_seconds)}
+    if sweep_seconds:
+        wanted[ids[1]] = (SWEEP_JOB, sweep_seconds)
+    existing = {job.id: job for job in sched.get_jobs() if job.id.startswith(f"{prefix}-periodic-")}
+    done = []
+    for job_id, job in existing.items():
+        if job_id not in wanted or job.meta.get("interval") != wanted[job_id][1] or job.func_name != wanted[job_id][0]:
+            sched.cancel(job)
+            job.delete()
+    for job_id, (func, interval) in wanted.items():
+        if job_id in sched and job_id in existing and existing[job_id].meta.get("interval") == interval:
+            done.append(f"{job_id} (kept, every {interval}s)")
+            continue
+        # result_ttl=-1 keeps the job's key: with 0 the worker deletes it after the first run and
+        # rq-scheduler then drops the repeat as a job that no longer exists.
+        sched.schedule(
+            datetime.now(timezone.utc),
+            func,
+            interval=interval,
+            repeat=None,
+            id=job_id,
+            queue_name=queue_names()[0],
+            result_ttl=-1,
+            timeout=max(60, interval * 2),
+        )
+        done.append(f"{job_id} (registered, every {interval}s)")
+    return done
+
+
+def periodic_job_ids(with_sweep: bool) -> list[str]:
+    prefix = current_app.config["QUEUE_PREFIX"]
+    return [f"{prefix}-periodic-relay"] + ([f"{prefix}-periodic-reconcile"] if with_sweep else [])
+
+
+def next_run_at(job_id: str) -> datetime | None:
+    """When rq-scheduler will next move a (periodic) job: the sweep's next cycle."""
+    score = redis_conn().zscore(Scheduler.scheduled_jobs_key, job_id)
+    return datetime.fromtimestamp(score, timezone.utc) if score is not None else None

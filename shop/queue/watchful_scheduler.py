@@ -1,0 +1,141 @@
+"""The scheduler: rq-scheduler, watching for Redis losing its data, beating where the health
+readings look, and kept alive through a Redis outage."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from datetime import datetime, timezone
+
+from flask import current_app
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rq_scheduler import Scheduler
+
+from .beats import describe_job, iso, scheduler_beats_key
+from .connection import redis_conn, work_queue
+
+log = logging.getLogger("shop.queue")
+
+
+class _WatchfulScheduler(Scheduler):
+    """rq-scheduler that notices Redis losing its data while it runs (a restart without
+    persistence, a FLUSHDB, an eviction). The periodic jobs live in Redis and are what would
+    otherwise notice, so their absence is the sign: on a poll where one is missing, `on_loss`
+    rebuilds Redis's part from the database before due jobs are moved. One ZSCORE per periodic
+    job per poll; only the scheduler holding rq-scheduler's lock does it."""
+
+    def __init__(
+        self, *args, watch=(), on_loss=None, beat_key: str = "", beat_index: str = "", beat_ttl: int = 180, **kwargs
+    ):
+        super().__init__(*args, **kwargs)
+        self._watch = tuple(watch)
+        self._on_loss = on_loss
+        self.beat_name = self.name_here()
+        self._beat_key, self._beat_index, self._beat_ttl = beat_key, beat_index, beat_ttl
+        self._born = datetime.now(timezone.utc)
+        self._last_moved: tuple[str, datetime] | None = None
+        self._last_lock_at: datetime | None = None
+
+    @staticmethod
+    def name_here() -> str:
+        """This process's scheduler, as its heartbeat names it."""
+        return f"scheduler-{socket.gethostname()}-{os.getpid()}"
+
+    def heartbeat(self):
+        """rq-scheduler's own beat only extends its key's expiry (no time, nothing to read): ours
+        writes who and what, and when, each poll, in the same round trip. The record is written
+        whole each time, so after Redis lost its data it is back at the next poll."""
+        now = datetime.now(timezone.utc)
+        if self._lock_acquired:
+            self._last_lock_at = now
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.expire(self.key, int(self._interval) + 10)
+            if self._beat_key:
+                pipe.hset(
+                    self._beat_key,
+                    mapping={
+                        "name": self.beat_name,
+                        "host": socket.gethostname(),
+                        "pid": os.getpid(),
+                        "runs": f"rq-scheduler for {self.queue_name}, polling every {self._interval} s",
+                        "since": iso(self._born),
+                        "last_beat": iso(now),
+                        "last_job": self._last_moved[0] if self._last_moved else "",
+                        "last_job_at": iso(self._last_moved[1]) if self._last_moved else "",
+                        "last_lock_at": iso(self._last_lock_at),
+                    },
+                )
+                pipe.expire(self._beat_key, self._beat_ttl)
+                pipe.zadd(self._beat_index, {self.beat_name: now.timestamp()})
+            pipe.execute()
+
+    def enqueue_job(self, job):
+        self._last_moved = (describe_job(job), datetime.now(timezone.utc))
+        return super().enqueue_job(job)
+
+    def register_death(self):
+        """A clean stop is not a stall: the heartbeat goes with the process."""
+        super().register_death()
+        if self._beat_key:
+            with self.connection.pipeline(transaction=False) as pipe:
+                pipe.delete(self._beat_key)
+                pipe.zrem(self._beat_index, self.beat_name)
+                pipe.execute()
+
+    def run(self, burst: bool = False):
+        """rq-scheduler's loop, kept alive through a Redis outage: a restart or a network blip
+        is waited out (the next poll then finds whatever Redis lost) instead of ending the
+        process with a traceback."""
+        while True:
+            try:
+                return super().run(burst=burst)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if burst:
+                    raise
+                log.warning("scheduler: Redis unreachable (%s); waiting for it", exc)
+                self._wait_for_redis()
+                # Our birth record may have outlived a blip (Redis kept its data): it is ours,
+                # and run() refuses to start while a live-looking scheduler of our name exists.
+                self.connection.delete(self.key)
+                log.warning("scheduler: Redis answers again; resuming")
+
+    def _wait_for_redis(self, pause: float = 1.0) -> None:
+        while True:
+            try:
+                self.connection.ping()
+                return
+            except (RedisConnectionError, RedisTimeoutError):
+                time.sleep(pause)
+
+    def enqueue_jobs(self):
+        if self._on_loss is not None and self._watch:
+            pipe = self.connection.pipeline(transaction=False)
+            for job_id in self._watch:
+                pipe.zscore(self.scheduled_jobs_key, job_id)
+            if any(score is None for score in pipe.execute()):
+                self._on_loss()
+        return super().enqueue_jobs()
+
+
+def make_scheduler(watch=(), on_loss=None) -> _WatchfulScheduler:
+    # The record outlives a stall for a while (so the console can name the stalled scheduler);
+    # the index keeps its last beat time for a day after that.
+    return _WatchfulScheduler(
+        queue=work_queue(),
+        connection=redis_conn(),
+        interval=current_app.config["SCHEDULER_POLL_SECONDS"],
+        watch=watch,
+        on_loss=on_loss,
+        beat_key=f"{scheduler_beats_key()}:{_WatchfulScheduler.name_here()}",
+        beat_index=scheduler_beats_key(),
+        beat_ttl=3 * current_app.config["HEALTH_STALE_SECONDS"],
+    )
+
+
+def run_scheduler(burst: bool = False, watch=(), on_loss=None) -> None:
+    """Poll until stopped. `watch`: periodic job ids whose disappearance means Redis lost its
+    data; `on_loss` is then called to rebuild from the database."""
+    make_scheduler(watch, on_loss).run(burst=burst)
