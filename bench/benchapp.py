@@ -26,7 +26,7 @@ from shop.extensions import csrf, db
 from shop.models import Variant
 from shop.orders import checkout
 from shop.orders.checkout import new_reference
-from shop.store import orders
+from shop.store import order_store
 
 bp = Blueprint("benchsupport", __name__, url_prefix="/_bench")
 
@@ -45,7 +45,7 @@ def bare_order():
     session = db.session
     variants = {v.id: v for v in session.execute(_READ_PRICES, {"ids": ids})}
     total = sum(v.price for v in variants.values())
-    order_id = orders.insert_order(
+    order_id = order_store.insert_order(
         session,
         reference=new_reference(),
         access_token=secrets.token_urlsafe(24),

@@ -21,7 +21,7 @@ from shop.models import Cart, CartItem, InventoryItem, Order, Product, Variant
 from shop.orders.checkout import Placed, place_order
 from shop.outbox import uow
 from shop.seed import seed_catalog
-from shop.store import orders as order_store
+from shop.store import order_store as order_store
 
 DEFAULT_SKU = "NB-A5-DOT"  # 40 in stock after seeding: enough for any one test
 Items = Mapping[int | str, int] | Iterable[tuple[int | str, int]]

@@ -1,4 +1,4 @@
-"""The order store's contract (shop/store/orders.py): every transition is saved by one
+"""The order store's contract (shop/store/order_store.py): every transition is saved by one
 version-guarded UPDATE and refused the same way when the order moved meanwhile (`LostRace`,
 nothing written, not even its events); bookkeeping notes never bump the version nor move the
 order's age; and no module but the store writes the `orders` table."""
@@ -19,7 +19,7 @@ from shop.domain.order import ALLOWED, CANCELLED_BY_CUSTOMER, OrderStatus, Trans
 from shop.extensions import db
 from shop.models import Order, OutboxEvent
 from shop.models.orders import ReadOnlyOrder
-from shop.store import orders
+from shop.store import order_store
 
 S = OrderStatus
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,12 +69,12 @@ TRANSITIONS = {
 
 
 def test_every_transition_the_store_saves_is_pinned_here():
-    assert set(TRANSITIONS) == set(orders.TRANSITIONS)
+    assert set(TRANSITIONS) == set(order_store.TRANSITIONS)
 
 
 def _snapshot_in(order_id: int, status: OrderStatus):
     force_order(order_id, status=status.value, payment_session_id="cs_race")
-    snapshot = orders.read(order_id)
+    snapshot = order_store.read(order_id)
     db.session.rollback()
     return snapshot
 
@@ -87,8 +87,8 @@ def test_a_transition_saved_from_a_stale_version_is_refused_as_a_lost_race_and_w
     moved, events = _row(order_id), _events(order_id)
     result = move(snapshot)
     assert result.ok
-    with pytest.raises(orders.LostRace) as lost:
-        orders.save(snapshot, transition, result.events, now=utcnow())
+    with pytest.raises(order_store.LostRace) as lost:
+        order_store.save(snapshot, transition, result.events, now=utcnow())
     db.session.rollback()
     assert isinstance(lost.value, StaleDataError)  # what the callers' retries already catch
     assert (lost.value.order_id, lost.value.transition) == (order_id, transition)
@@ -101,7 +101,7 @@ def test_a_transition_saved_at_its_version_bumps_it_once_and_writes_its_events(o
     snapshot = _snapshot_in(order_id, before)
     seen, events = snapshot.version, _events(order_id)
     result = move(snapshot)
-    orders.save(snapshot, transition, result.events, now=utcnow())
+    order_store.save(snapshot, transition, result.events, now=utcnow())
     db.session.commit()
     row = _row(order_id)
     assert (row.status, row.version, snapshot.version) == (snapshot.status, seen + 1, seen + 1)
@@ -120,8 +120,8 @@ def test_a_transition_saved_from_a_state_it_does_not_leave_is_refused_the_same_w
     other = next(s for s in (S.PAID, S.CANCELLED, S.PENDING_PAYMENT) if s not in allowed)
     force_order(order_id, status=other.value)
     result = move(snapshot)
-    with pytest.raises(orders.LostRace):
-        orders.save(snapshot, transition, result.events, now=utcnow())
+    with pytest.raises(order_store.LostRace):
+        order_store.save(snapshot, transition, result.events, now=utcnow())
     db.session.rollback()
     assert _row(order_id).status == other.value
 
@@ -129,10 +129,10 @@ def test_a_transition_saved_from_a_state_it_does_not_leave_is_refused_the_same_w
 @pytest.mark.parametrize("what,at", [("processing", True), ("stop_watching", False), ("next_check", True)])
 def test_a_bookkeeping_note_neither_bumps_the_version_nor_moves_the_orders_age(order_id, what, at):
     before = _row(order_id)
-    snapshot = orders.read(order_id)
+    snapshot = order_store.read(order_id)
     db.session.rollback()
     later = utcnow() + timedelta(hours=1)
-    orders.note(order_id, what, later if at else None)
+    order_store.note(order_id, what, later if at else None)
     db.session.commit()
     after = _row(order_id)
     assert (after.version, as_utc(after.updated_at)) == (before.version, as_utc(before.updated_at))
@@ -144,7 +144,7 @@ def test_a_bookkeeping_note_neither_bumps_the_version_nor_moves_the_orders_age(o
         assert after.payment_processing_at is None and after.provider_next_check_at is None
     # So a transition decided on the snapshot read before the note still saves.
     result = snapshot.cancel(CANCELLED_BY_CUSTOMER)
-    orders.save(snapshot, "cancel", result.events)
+    order_store.save(snapshot, "cancel", result.events)
     db.session.commit()
     assert _row(order_id).status == S.CANCELLED.value
 
@@ -153,16 +153,18 @@ def test_every_prebuilt_statement_of_the_store_is_in_its_registry():
     """The statement-cache test iterates STATEMENTS: a statement left out of it is not checked."""
     from sqlalchemy.sql.base import Executable
 
-    registered = {id(s) for s in orders.STATEMENTS.values()}
+    registered = {id(s) for s in order_store.STATEMENTS.values()}
     loose = [
-        name for name, value in vars(orders).items() if isinstance(value, Executable) and id(value) not in registered
+        name
+        for name, value in vars(order_store).items()
+        if isinstance(value, Executable) and id(value) not in registered
     ]
     assert loose == []
 
 
 # -- nothing else writes `orders` --------------------------------------------------------------
 
-STORE = ROOT / "shop" / "store" / "orders.py"
+STORE = ROOT / "shop" / "store" / "order_store.py"
 # What an order's state looks like on a mapped Order; assigning any of them outside the store
 # and the domain (whose transitions run on the store's orders) is a write that skips the store.
 ORDER_COLUMNS = {c.name for c in Order.__table__.columns}
@@ -248,7 +250,7 @@ def test_no_module_or_test_but_the_order_store_writes_the_orders_table():
             if path in ALLOWED_WRITERS or "migrations" in path.parts:
                 continue
             found.extend(_writes_outside_the_store(path))
-    assert found == [], "writes of `orders` outside shop/store/orders.py:\n" + "\n".join(found)
+    assert found == [], "writes of `orders` outside shop/store/order_store.py:\n" + "\n".join(found)
 
 
 def test_the_walk_finds_the_writes_it_looks_for(tmp_path):

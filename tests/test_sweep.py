@@ -40,7 +40,7 @@ from shop.scheduling.passes.provider import RECHECK_CAP_INTERVALS
 from shop.scheduling.sweep import run_cycle
 from shop.payments import guard
 from shop.domain.deadlines import as_utc
-from shop.store import orders as store
+from shop.store import order_store as store
 from support import log_in
 
 WEBHOOK_SECRET = "whsec_test_secret"

@@ -1,5 +1,5 @@
 """Persistence: the mapped tables and the vocabularies their status columns hold. An order's row
-is read here and written only by the order store (shop.store.orders)."""
+is read here and written only by the order store (shop.store.order_store)."""
 
 from .catalog import Product, Variant, InventoryItem
 from .cart import Cart, CartItem

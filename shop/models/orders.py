@@ -12,7 +12,7 @@ class ReadOnlyOrder(RuntimeError):
 class Order(db.Model):
     """The order aggregate's row, as data to read: it has no transitions, and a session refuses to
     flush a new, changed or deleted Order (see `_orders_are_written_by_the_store`). Every write goes
-    through the order store (shop/store/orders.py), whose UPDATEs carry `WHERE version = <the
+    through the order store (shop/store/order_store.py), whose UPDATEs carry `WHERE version = <the
     version read>`: `version` is the optimistic-concurrency token, so two writers that read the
     same state cannot both commit."""
 

@@ -22,8 +22,8 @@ from ..outbox import uow
 from ..outbox.failures import Reschedule
 from ..payments.apply import ask_and_apply
 from ..payments.start import retire_session_before_cancel
-from ..store import orders
-from ..store.orders import OrderSnapshot
+from ..store import order_store
+from ..store.order_store import LoadedOrder
 
 log = logging.getLogger("shop.orders")
 
@@ -45,7 +45,7 @@ class CancelConflict(StrEnum):
 @dataclass
 class CancelOutcome:
     status: CancelStatus
-    order: OrderSnapshot | None = None
+    order: LoadedOrder | None = None
     code: str = ""
     message: str = ""  # a refusal's own words (the order's or the provider's); empty otherwise
 
@@ -58,7 +58,7 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
     transaction is open across that provider call (on SQLite one would hold the write lock for
     the provider's whole answer); the cancel then commits only if the order is still at the
     version checked, or moved only because of the expiry this cancel caused."""
-    order = orders.read(order_id)
+    order = order_store.read(order_id)
     if order is None:
         return CancelOutcome(CancelStatus.NOT_FOUND)
     if expected_version is not None and order.version != expected_version:
@@ -72,14 +72,14 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
         db.session.rollback()  # no transaction open across the provider call
         verdict = retire_session_before_cancel(order_id, order.reference, retired)
         if isinstance(verdict, Refused):
-            return CancelOutcome(CancelStatus.REFUSED, orders.read(order_id), verdict.code, verdict.message)
+            return CancelOutcome(CancelStatus.REFUSED, order_store.read(order_id), verdict.code, verdict.message)
         money_may_come = verdict
-        order = orders.read(order_id)
+        order = order_store.read(order_id)
     return _save_cancel(order, seen, reason, retired, money_may_come)
 
 
 def _save_cancel(
-    order: OrderSnapshot, seen: int, reason: str, retired: str | None, money_may_come: bool
+    order: LoadedOrder, seen: int, reason: str, retired: str | None, money_may_come: bool
 ) -> CancelOutcome:
     """The cancel's guarded save, once more after a lost race that only this cancel's own expiry
     caused (see `_moved_by_this_cancel`)."""
@@ -100,16 +100,16 @@ def _save_cancel(
         watch_from = utcnow() if money_may_come else None
         try:
             with uow.transaction():
-                orders.save(order, "cancel", result.events, watch_from=watch_from)
-        except orders.LostRace:
-            order = orders.read(order.id)
+                order_store.save(order, "cancel", result.events, watch_from=watch_from)
+        except order_store.LostRace:
+            order = order_store.read(order.id)
             continue
         log.info("order %s cancelled (%s)", order.reference, reason)
         return CancelOutcome(CancelStatus.CANCELLED, order)
     raise AssertionError("unreachable")
 
 
-def _moved_by_this_cancel(order: OrderSnapshot, retired: str | None) -> Literal["done", "retry", "conflict"]:
+def _moved_by_this_cancel(order: LoadedOrder, retired: str | None) -> Literal["done", "retry", "conflict"]:
     """The order moved between the customer's look and the cancel's commit. "done" when it is
     already Cancelled (the notice of the expiry this cancel caused at the provider got there first
     and cancelled it, or the deadline did: what the customer asked for is true); "retry" when the
@@ -142,7 +142,7 @@ def expire_unpaid_order(order_id: int, now: datetime) -> Expiry | str:
     order's last change, so an earlier deadline of an order whose payment failed (and got a
     fresh window) is a no-op, and a deadline that fired a little early is re-armed. Returns what
     it did, or for an order at the provider what applying the provider's answer did."""
-    order = orders.read(order_id)
+    order = order_store.read(order_id)
     if order is None:
         return Expiry.GONE
     status = OrderStatus(order.status)
@@ -161,7 +161,7 @@ def expire_unpaid_order(order_id: int, now: datetime) -> Expiry | str:
     return outcome
 
 
-def cancel_unpaid(order: OrderSnapshot) -> Expiry:
+def cancel_unpaid(order: LoadedOrder) -> Expiry:
     """The one unpaid-order expiry, shared by the deadline and the sweep's expiry pass: cancel an
     order still unpaid (PendingPayment / PaymentFailed) whose payment window the caller has found
     over, through the guarded transition, saved by the order store in the caller's transaction
@@ -172,8 +172,8 @@ def cancel_unpaid(order: OrderSnapshot) -> Expiry:
     if isinstance(result, Refused):
         return Expiry.CHANGED
     try:
-        orders.save(order, "cancel", result.events)
-    except orders.LostRace:
+        order_store.save(order, "cancel", result.events)
+    except order_store.LostRace:
         # Another writer (a webhook, the customer) moved the order between our read and our save:
         # it won, and retrying would only meet the same conflict. The caller says so in its log.
         uow.rollback(db.session)
@@ -189,7 +189,7 @@ PROVIDER_EXPIRY_PATIENCE = timedelta(minutes=10)
 PROVIDER_EXPIRY_RECHECK = timedelta(seconds=15)
 
 
-def _expire_at_the_provider(order: OrderSnapshot, now: datetime) -> str:
+def _expire_at_the_provider(order: LoadedOrder, now: datetime) -> str:
     """The deadline of an order waiting at the hosted payment page. Its session lives until the
     order's pay-by time, so the deadline waits for the session's own expires_at, then asks the
     provider and applies the answer in this transaction through the webhook's guarded path:

@@ -34,7 +34,7 @@ from ..extensions import db
 from ..models import Product, Cart, CartItem, InventoryItem, Variant
 from ..outbox import schedule_command, write_events
 from ..outbox.uow import transaction
-from ..store import orders
+from ..store import order_store
 
 _REF_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: references are read aloud
 
@@ -152,7 +152,7 @@ def place_order(
     ]
     try:
         with transaction():
-            order_id = orders.insert_order(
+            order_id = order_store.insert_order(
                 session,
                 reference=reference,
                 access_token=token,

@@ -3,4 +3,4 @@ the order store's `by_reference`, under the name the storefront and the console 
 
 from __future__ import annotations
 
-from ..store.orders import by_reference as order_by_reference  # noqa: F401
+from ..store.order_store import by_reference as order_by_reference  # noqa: F401

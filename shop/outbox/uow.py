@@ -13,7 +13,7 @@ from .announce import announce_or_leave_to_relay
 
 def commit(session) -> None:
     """Commit the use case's transaction: its state changes and the outbox rows the order store
-    wrote beside them (`store.orders.save` writes a transition's events as it saves it)."""
+    wrote beside them (`store.order_store.save` writes a transition's events as it saves it)."""
     session.commit()
 
 

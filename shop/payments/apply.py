@@ -24,8 +24,8 @@ from ..domain.results import Refused
 from ..extensions import db
 from ..models import PaymentProofRefusal, ProcessedStripeEvent
 from ..outbox import uow
-from ..store import orders
-from ..store.orders import OrderSnapshot
+from ..store import order_store
+from ..store.order_store import LoadedOrder
 from . import gateway
 from .refunds import record_late_payment
 
@@ -50,16 +50,16 @@ class Outcome(StrEnum):
 @dataclass
 class Applied:
     outcome: Outcome
-    order: OrderSnapshot | None = None  # the order as this notice left it
+    order: LoadedOrder | None = None  # the order as this notice left it
     detail: str = ""
 
 
-def find_order(view: gateway.SessionView) -> OrderSnapshot | None:
+def find_order(view: gateway.SessionView) -> LoadedOrder | None:
     """The order a session names: by metadata.order_id (the sender's text, so an id the column
     cannot hold is no order, not a failed lookup), else by client_reference_id."""
-    order = orders.read(view.order_id) if view.order_id is not None else None
+    order = order_store.read(view.order_id) if view.order_id is not None else None
     if order is None and view.client_reference_id:
-        order = orders.read_by_reference(view.client_reference_id)
+        order = order_store.read_by_reference(view.client_reference_id)
     return order
 
 
@@ -143,9 +143,9 @@ def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
     version-guarded save with the events), without building the mapped Order (~20% of a webhook
     delivery's CPU). Returns None for anything else, which takes the general path below; a
     concurrent writer makes the save miss (LostRace), and the caller's retry re-reads what it did."""
-    if view.payment_status != "paid" or not orders.usable_id(view.order_id):
+    if view.payment_status != "paid" or not order_store.usable_id(view.order_id):
         return None
-    order = orders.read_for_payment(view.order_id)
+    order = order_store.read_for_payment(view.order_id)
     if (
         order is None
         or OrderStatus(order.status) is not OrderStatus.PAYMENT_INITIATED
@@ -163,7 +163,7 @@ def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
     transition = order.mark_paid(view.id, view.amount_total, view.currency)
     if not transition.ok:
         return None
-    orders.save(order, "mark_paid", transition.events, now=now)
+    order_store.save(order, "mark_paid", transition.events, now=now)
     log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
     return Applied(Outcome.PAID, order)
 
@@ -192,7 +192,9 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
         and view.status == "complete"
         and order.payment_processing_at is None
     ):
-        orders.note(order.id, "processing", now)  # money may still come for a cancelled order: the sweep watches it
+        order_store.note(
+            order.id, "processing", now
+        )  # money may still come for a cancelled order: the sweep watches it
     if OrderStatus(order.status) is not OrderStatus.PAYMENT_INITIATED or order.payment_session_id != view.id:
         return Applied(Outcome.NOOP, order, f"order is {order.status}")
     if view.status == "expired":
@@ -201,12 +203,12 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
         return _fail(order, "payment failed at the provider", "Your payment did not go through.")
     if view.status == "complete":
         if order.payment_processing_at is None:
-            orders.note(order.id, "processing", now)
+            order_store.note(order.id, "processing", now)
         return Applied(Outcome.AWAITING_ASYNC, order)
     return Applied(Outcome.NOOP, order, f"session {view.status}")
 
 
-def _apply_paid(order: OrderSnapshot, view, *, source: str, now: datetime) -> Applied:
+def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime) -> Applied:
     """The provider says the session is paid: check the proof, then pay the order, or refund money
     it can no longer take."""
     verdict = check_payment_proof(
@@ -251,12 +253,12 @@ def _apply_paid(order: OrderSnapshot, view, *, source: str, now: datetime) -> Ap
         transition = "adopt_and_pay"
     order.mark_paid(view.id, view.amount_total, view.currency)
     # The write's own time, as for every other transition of the general path (`now` may be the caller's).
-    orders.save(order, transition, tuple(order.pending_events), now=utcnow())
+    order_store.save(order, transition, tuple(order.pending_events), now=utcnow())
     log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
     return Applied(Outcome.PAID, order)
 
 
-def _apply_expired(order: OrderSnapshot, view, *, source: str, now: datetime, expired_by_cancel: bool) -> Applied:
+def _apply_expired(order: LoadedOrder, view, *, source: str, now: datetime, expired_by_cancel: bool) -> Applied:
     """The order's own session expired while the order waited at the provider."""
     if expired_by_cancel or _window_ran_out(order, view, now):
         # Either the customer's cancel expired this session and its own commit has not landed
@@ -271,19 +273,19 @@ def _apply_expired(order: OrderSnapshot, view, *, source: str, now: datetime, ex
         result = order.cancel(why)
         if isinstance(result, Refused):
             return Applied(Outcome.NOOP, order, result.message)
-        orders.save(order, "cancel", result.events)
+        order_store.save(order, "cancel", result.events)
         log.info("order %s cancelled: its payment session expired (%s, via %s)", order.reference, why, source)
         return Applied(Outcome.CANCELLED, order)
     return _fail(order, "checkout session expired", "The payment page expired before payment.")
 
 
-def _fail(order: OrderSnapshot, reason: str, words: str) -> Applied:
+def _fail(order: LoadedOrder, reason: str, words: str) -> Applied:
     """PaymentInitiated -> PaymentFailed, with the words the customer's order page shows."""
     result = order.mark_payment_failed(reason)
     if isinstance(result, Refused):
         return Applied(Outcome.NOOP, order, result.message)
     order.failed_because(words)
-    orders.save(order, "mark_payment_failed", result.events)
+    order_store.save(order, "mark_payment_failed", result.events)
     return Applied(Outcome.PAYMENT_FAILED, order)
 
 
@@ -293,14 +295,14 @@ def _fail(order: OrderSnapshot, reason: str, words: str) -> Applied:
 EXPIRY_CLOCK_SLACK = timedelta(seconds=5)
 
 
-def _window_ran_out(order: OrderSnapshot, view, now: datetime) -> bool:
+def _window_ran_out(order: LoadedOrder, view, now: datetime) -> bool:
     """Did the session expire because its time was up (as opposed to being expired early)? Its
     expires_at, the order's pay-by, has passed."""
     expires = view.expires_at or order.payment_session_expires_at
     return expires is not None and as_utc(now) >= as_utc(expires) - EXPIRY_CLOCK_SLACK
 
 
-def _late_money(order: OrderSnapshot, view, reason: str, now: datetime) -> Applied:
+def _late_money(order: LoadedOrder, view, reason: str, now: datetime) -> Applied:
     created = record_late_payment(order, view, reason, now)
     if (
         created
@@ -310,13 +312,13 @@ def _late_money(order: OrderSnapshot, view, reason: str, now: datetime) -> Appli
     ):
         # The sweep's watch follows the refund until the provider has it (a refund that dies
         # runs again), not just until the refund is recorded; the refund's success ends it.
-        orders.note(order.id, "processing", now)
+        order_store.note(order.id, "processing", now)
     return Applied(Outcome.REFUND_CREATED if created else "already_refunded", order, reason)
 
 
 def reconcile_order(order_id: int, source: str = "console", now: datetime | None = None) -> Applied:
     """Ask the provider about the order's current session now and apply the answer."""
-    order = orders.read(order_id)
+    order = order_store.read(order_id)
     if order is None or not order.payment_session_id:
         db.session.rollback()
         return Applied(Outcome.NOOP, order, "no payment session to ask about")

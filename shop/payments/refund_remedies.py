@@ -18,7 +18,7 @@ from ..domain.refunds import PENDING, SUCCEEDED, needs_operator
 from ..extensions import db
 from ..models import Order, Refund
 from ..outbox import schedule_command, uow
-from ..store import orders
+from ..store import order_store
 from .refunds import end_watch_when_all_refunded
 
 log = logging.getLogger("shop.payments")
@@ -165,4 +165,4 @@ def _watch_again(refund: Refund, now: datetime) -> None:
         and order.payment_session_id == refund.session_id
         and order.payment_processing_at is None
     ):
-        orders.note(refund.order_id, "processing", now)
+        order_store.note(refund.order_id, "processing", now)

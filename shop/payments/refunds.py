@@ -41,14 +41,14 @@ from ..extensions import db
 from ..models import Refund
 from ..outbox import schedule_command, uow
 from ..outbox.failures import PermanentFailure
-from ..store import orders
-from ..store.orders import OrderSnapshot
+from ..store import order_store
+from ..store.order_store import LoadedOrder
 from . import gateway
 
 log = logging.getLogger("shop.payments")
 
 
-def record_late_payment(order: OrderSnapshot, view, reason: str, now: datetime) -> bool:
+def record_late_payment(order: LoadedOrder, view, reason: str, now: datetime) -> bool:
     session = db.session
     existing = session.execute(
         select(Refund.id).where(Refund.order_id == order.id, Refund.session_id == view.id)
@@ -281,7 +281,7 @@ def end_watch_when_all_refunded(refund: Refund) -> None:
             Refund.settled_at.is_(None),
         )
     ).first()
-    order = orders.current_state(refund.order_id)
+    order = order_store.current_state(refund.order_id)
     # Only the watched session's own refund: a refund of some older session says nothing about
     # whether the current one can still take money.
     if (
@@ -290,4 +290,4 @@ def end_watch_when_all_refunded(refund: Refund) -> None:
         and OrderStatus(order.status) is OrderStatus.CANCELLED
         and order.payment_session_id == refund.session_id
     ):
-        orders.note(refund.order_id, "stop_watching")
+        order_store.note(refund.order_id, "stop_watching")

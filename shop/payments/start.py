@@ -18,8 +18,8 @@ from ..domain.results import Refused
 from ..extensions import db
 from ..models import ProviderRefusal
 from ..outbox import uow
-from ..store import orders
-from ..store.orders import OrderSnapshot
+from ..store import order_store
+from ..store.order_store import LoadedOrder
 from . import gateway, guard
 
 log = logging.getLogger("shop.payments")
@@ -86,7 +86,7 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None, fr
 
     The provider call happens outside any transaction (no row lock is held across the
     network); the transition then commits only if nobody moved the order meanwhile: the store's
-    version-guarded save (`store.orders.save`) plus the PaymentInitiated event, in one commit.
+    version-guarded save (`store.order_store.save`) plus the PaymentInitiated event, in one commit.
 
     When the provider is fine but its budget for new sessions is spent (or this process has no
     free provider slot), a customer's order joins the line instead (`join_line`: IN_LINE),
@@ -97,9 +97,9 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None, fr
     so a checkout does not read back what it has just written."""
     now = now or utcnow()
     if placed is not None:
-        order = OrderSnapshot.just_placed(placed)
+        order = LoadedOrder.just_placed(placed)
     else:
-        order = orders.read(order_id, lines=True)
+        order = order_store.read(order_id, lines=True)
         db.session.rollback()  # no transaction open across the provider call
         if order is None:
             return StartOutcome(StartCode.NO_SUCH_ORDER)
@@ -127,7 +127,7 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None, fr
 
 
 def _started_without_a_page(
-    order: OrderSnapshot, view: gateway.SessionView, attempt: int, *, leave_line: bool
+    order: LoadedOrder, view: gateway.SessionView, attempt: int, *, leave_line: bool
 ) -> StartOutcome:
     """A Checkout Session's `url` is nullable at Stripe: one that came back without it is a
     payment that could not be started (a redirect to it would send the customer to "None"). It is
@@ -145,7 +145,7 @@ def _started_without_a_page(
     return StartOutcome(StartCode.NO_PAGE)
 
 
-def _create_session(order: OrderSnapshot, attempt: int, now: datetime) -> gateway.SessionView:
+def _create_session(order: LoadedOrder, attempt: int, now: datetime) -> gateway.SessionView:
     """The hosted Checkout Session for this attempt; it lives until the order's pay-by time."""
     cfg = current_app.config
     base = cfg["PUBLIC_BASE_URL"]
@@ -163,7 +163,7 @@ def _create_session(order: OrderSnapshot, attempt: int, now: datetime) -> gatewa
     )
 
 
-def _save_started(order: OrderSnapshot, view: gateway.SessionView, attempt: int) -> StartOutcome:
+def _save_started(order: LoadedOrder, view: gateway.SessionView, attempt: int) -> StartOutcome:
     """Record the started attempt unless the order moved while the provider was asked."""
     transition = order.start_payment(view.id, view.url)
     if not transition.ok:  # checked before the provider call on the same snapshot; kept so the rule has one home
@@ -172,12 +172,12 @@ def _save_started(order: OrderSnapshot, view: gateway.SessionView, attempt: int)
     order.attempt(attempt, view.expires_at)
     try:
         with uow.transaction():
-            orders.save(order, "start_payment", transition.events)
-    except orders.LostRace:
+            order_store.save(order, "start_payment", transition.events)
+    except order_store.LostRace:
         # A concurrent start of the same attempt (a double click on "Pay now") may have won
         # with the same Idempotency-Key, so the provider handed both the same session: that
         # one is the order's payment page now, not an unused one to expire.
-        current = orders.current_state(order.id)
+        current = order_store.current_state(order.id)
         db.session.rollback()
         if current is None or current.payment_session_id != view.id:
             _expire_quietly(view.id)
@@ -194,7 +194,7 @@ def join_line(order_id: int, now: datetime) -> None:
     one), durably: the mark is the order's own (`payment_queued_at`, a store note), committed
     before anything is said; then `joined_line`."""
     with uow.transaction():
-        orders.note(order_id, "queue", now)
+        order_store.note(order_id, "queue", now)
     joined_line(order_id)
 
 
@@ -223,7 +223,7 @@ def _note_refusal(order_id: int, attempt: int, exc: gateway.ProviderRefused, *, 
     try:
         with uow.transaction() as session:
             if leave_line:
-                orders.note(order_id, "leave_queue")
+                order_store.note(order_id, "leave_queue")
             session.add(
                 ProviderRefusal(
                     order_id=order_id, attempt=attempt, code=(exc.code or None) and str(exc.code)[:100], reason=str(exc)

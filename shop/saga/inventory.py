@@ -1,13 +1,13 @@
 """Compensation for a cancelled order: give its stock back exactly once.
 
-Sequential redeliveries are stopped by the marker (orders.inventory_restored), which commits in
+Sequential redeliveries are stopped by the marker (order_store.inventory_restored), which commits in
 the same transaction as the increments it guards. Concurrent deliveries that both read the
 marker as unset are stopped by the order's version: the marker is written FIRST, as an UPDATE
 ... WHERE version = <read>, so the second one fails on the order row before it touches any
 stock, rolls back, and its retry finds the marker.
 
 This is the hottest handler (every cancellation, every expired deadline), so it talks to the
-tables directly: one SELECT (`store.orders.RESTORE_READ`) reads the order's state, its lines and
+tables directly: one SELECT (`store.order_store.RESTORE_READ`) reads the order's state, its lines and
 their stock; the marker is the order store's guarded save, the increments and the warnings are
 prebuilt statements with bound parameters. The decisions stay in
 the domain: the marker's guard is `OrderRules.mark_inventory_restored` on a snapshot of the
@@ -31,8 +31,8 @@ from ..domain.restoration import plan_restoration
 from ..extensions import db
 from ..models import InventoryItem, RestoreWarning
 from ..outbox import uow
-from ..store import orders
-from ..store.orders import OrderSnapshot
+from ..store import order_store
+from ..store.order_store import LoadedOrder
 
 log = logging.getLogger("shop.saga")
 
@@ -77,12 +77,12 @@ def _refusal_words(code: str) -> str:
 
 def restore_inventory(event: OrderCancelled, now: datetime) -> RestoreOutcome:
     session = db.session
-    rows = session.execute(orders.RESTORE_READ, {"order_id": event.order_id}).all()
+    rows = session.execute(order_store.RESTORE_READ, {"order_id": event.order_id}).all()
     if not rows:
         log.warning("restore_inventory: order %s from OrderCancelled no longer exists", event.order_id)
         return RestoreOutcome.GONE
     reference, status, restored, version = rows[0][:4]
-    order = OrderSnapshot(event.order_id, reference, status, version, inventory_restored=bool(restored))
+    order = LoadedOrder(event.order_id, reference, status, version, inventory_restored=bool(restored))
     if order.inventory_restored:
         return RestoreOutcome.ALREADY_RESTORED
     if OrderStatus(order.status) is not OrderStatus.CANCELLED:
@@ -100,14 +100,14 @@ def restore_inventory(event: OrderCancelled, now: datetime) -> RestoreOutcome:
         return RestoreOutcome(marked.code)
     # The marker first: a concurrent delivery that read the same version loses here (LostRace),
     # on the order row, before it touches any stock; its retry finds the marker.
-    orders.save(order, "mark_inventory_restored", now=now)
+    order_store.save(order, "mark_inventory_restored", now=now)
     failpoints.hit("restore_inventory.after_marker_flush")
     _give_back(order, plan, now)
     log.info("restore_inventory: order %s restored %s", reference, dict(plan.increases))
     return RestoreOutcome.RESTORED
 
 
-def _refuse(order: OrderSnapshot, plan, lines, now: datetime) -> None:
+def _refuse(order: LoadedOrder, plan, lines, now: datetime) -> None:
     """Nothing is saved (no marker, no stock); the warning is the record, and an operator retries
     after fixing the cause. Not retried automatically: it would refuse again."""
     reason = (
@@ -122,7 +122,7 @@ def _refuse(order: OrderSnapshot, plan, lines, now: datetime) -> None:
     log.warning("restore_inventory: order %s (OrderCancelled): %s", order.reference, reason)
 
 
-def _give_back(order: OrderSnapshot, plan, now: datetime) -> None:
+def _give_back(order: LoadedOrder, plan, now: datetime) -> None:
     session = db.session
     if plan.increases:
         # One executemany (one round trip on psycopg), still one row at a time in ascending

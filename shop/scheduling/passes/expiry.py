@@ -1,5 +1,5 @@
 """The expiry pass, one order at a time: an unpaid order (PendingPayment / PaymentFailed) stuck
-past the cutoff is cancelled through `orders.cancel.cancel_unpaid`, the deadline's own expiry.
+past the cutoff is cancelled through `order_store.cancel.cancel_unpaid`, the deadline's own expiry.
 No provider call: there is nothing to ask about."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ...domain.order import UNPAID, OrderStatus
 from ...extensions import db
 from ...orders.cancel import cancel_unpaid
 from ...outbox import uow
-from ...store import orders
+from ...store import order_store
 from ..cycle import ExpiryOutcome
 
 log = logging.getLogger("shop.sweep")
@@ -23,7 +23,7 @@ def expire_stranded_order(order_id: int, cutoff: datetime) -> ExpiryOutcome:
     """Cancel one unpaid order the selection found, in its own transaction, if it still is
     unpaid and past the cutoff after a fresh load."""
     session = db.session
-    order = orders.read(order_id, fresh=True)
+    order = order_store.read(order_id, fresh=True)
     if order is None or S(order.status) not in UNPAID or as_utc(order.updated_at) >= cutoff:
         session.rollback()
         log.info("sweep: order %s changed since it was selected; the expiry pass leaves it", order_id)

@@ -18,7 +18,7 @@ from ...outbox import dispatch
 from ...payments import apply as payments
 from ...payments import gateway
 from ...payments.refunds import apply_refund_report
-from ...store import orders
+from ...store import order_store
 from ..cycle import ProviderOutcome
 from .provider import Backoff, backoff_provider_checks
 
@@ -87,7 +87,7 @@ def check_cancelled_payment(order_id: int, now: datetime) -> ProviderOutcome:
         return P.UNAVAILABLE
     except gateway.ProviderRefused as exc:  # the session is gone at the provider: nothing can come
         log.info("sweep: session %s of cancelled order %s is gone (%s); no longer watched", session_id, reference, exc)
-        orders.note(order_id, "stop_watching")
+        order_store.note(order_id, "stop_watching")
         session.commit()
         return P.WATCH_CLOSED
     if view.payment_status == "paid":
@@ -98,7 +98,7 @@ def check_cancelled_payment(order_id: int, now: datetime) -> ProviderOutcome:
             return P.LATE_REFUND
         return P.REFUND_UNDER_WAY
     if failed or view.status == "expired":
-        orders.note(order_id, "stop_watching")
+        order_store.note(order_id, "stop_watching")
         session.commit()
         return P.WATCH_CLOSED
     # Still payable (open) or still settling (complete, unpaid): ask again after the backoff.
@@ -120,7 +120,7 @@ def _follow_refunds(
     session = db.session
     open_refund_ids = [r.id for r in open_refunds]
     if not open_refund_ids:
-        orders.note(order_id, "stop_watching")
+        order_store.note(order_id, "stop_watching")
         session.commit()
         log.info("sweep: the late money of cancelled order %s is refunded; no longer watched", reference)
         return P.WATCH_CLOSED

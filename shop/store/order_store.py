@@ -2,7 +2,7 @@
 
 Everything that writes an order goes through here, with three verbs:
 
-* `read` an order for a decision: an `OrderSnapshot`, the domain's rules (`OrderRules`) on a plain
+* `read` an order for a decision: an `LoadedOrder`, the domain's rules (`OrderRules`) on a plain
   dataclass, detached from the session, so a caller can call the provider with no transaction
   open and decide later on what it saw;
 * `save` a transition: the version-guarded UPDATE (`WHERE id AND version = seen AND status IN
@@ -22,102 +22,20 @@ statement-cache test. Commits stay with the caller, through `outbox.uow.transact
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import NamedTuple
 
 from sqlalchemy import bindparam, func, insert, literal_column, select, update
 from sqlalchemy.orm.exc import StaleDataError
 
-from ..domain.order import ALLOWED, UNPAID, OrderRules, OrderStatus, Transition
+from ..domain.order import ALLOWED, UNPAID, OrderStatus, Transition
 from ..extensions import db
 from ..models import InventoryItem, Order, OrderLine
 from ..outbox.writer import write_events
+from .loaded_order import Line, LoadedOrder  # noqa: F401  (Line: part of the store's vocabulary)
 
 S, T = OrderStatus, Transition
 _orders, _lines, _inventory = Order.__table__, OrderLine.__table__, InventoryItem.__table__
-
-
-class Line(NamedTuple):
-    sku: str
-    name: str
-    quantity: int
-    unit_price: int
-
-
-@dataclass
-class OrderSnapshot(OrderRules):
-    """An order as of `version`, with the domain's guarded transitions. Not mapped: a transition
-    changes the snapshot, and `save` writes the change with one guarded UPDATE. Each read fills
-    what its decision needs; the rest keeps its default."""
-
-    id: int
-    reference: str
-    status: OrderStatus
-    version: int
-    total: int = 0
-    currency: str = ""
-    email: str = ""
-    access_token: str = ""
-    payment_session_id: str | None = None
-    payment_session_url: str | None = None
-    payment_session_expires_at: datetime | None = None
-    payment_attempts: int = 0
-    inventory_restored: bool = False
-    payment_processing_at: datetime | None = None
-    last_payment_error: str | None = None
-    updated_at: datetime | None = None  # the last state change: the pay-by time counts from it
-    lines: tuple[Line, ...] = field(default=())
-
-    def __post_init__(self) -> None:
-        self.status = OrderStatus(self.status)  # the column's text, as the state it names
-
-    @classmethod
-    def of(cls, row: Order, *, lines: bool = False) -> OrderSnapshot:
-        return cls(
-            row.id,
-            row.reference,
-            row.status,
-            row.version,
-            row.total,
-            row.currency,
-            row.email,
-            row.access_token,
-            row.payment_session_id,
-            row.payment_session_url,
-            row.payment_session_expires_at,
-            row.payment_attempts,
-            row.inventory_restored,
-            row.payment_processing_at,
-            row.last_payment_error,
-            row.updated_at,
-            tuple(Line(l.sku, l.name, l.quantity, l.unit_price) for l in row.lines) if lines else (),
-        )
-
-    @classmethod
-    def just_placed(cls, placed) -> OrderSnapshot:
-        """An order place_order has just committed: PendingPayment, version 1, no attempt yet."""
-        return cls(
-            placed.order_id,
-            placed.reference,
-            S.PENDING_PAYMENT,
-            1,
-            placed.total,
-            placed.currency,
-            placed.email,
-            placed.access_token,
-            updated_at=placed.placed_at,
-            lines=tuple(Line(l["sku"], l["name"], l["quantity"], l["unit_price"]) for l in placed.lines),
-        )
-
-    def attempt(self, number: int, session_expires_at: datetime | None) -> None:
-        """The payment attempt a start_payment transition opens, for `save` to write with it."""
-        self.payment_attempts, self.payment_session_expires_at = number, session_expires_at
-
-    def failed_because(self, words: str) -> None:
-        """What the customer's order page says about a failed payment, saved with the transition."""
-        self.last_payment_error = words
 
 
 class LostRace(StaleDataError):
@@ -125,7 +43,7 @@ class LostRace(StaleDataError):
     longer in a state the transition leaves from). Raised inside the caller's transaction so it
     rolls back; the same for every transition, and a StaleDataError like the ORM's own check."""
 
-    def __init__(self, order: OrderSnapshot, transition: Transition):
+    def __init__(self, order: LoadedOrder, transition: Transition):
         super().__init__(
             f"order {order.reference} changed while it was being saved ({transition} from version {order.version})"
         )
@@ -179,12 +97,12 @@ def usable_id(order_id) -> bool:
     return isinstance(order_id, int) and 0 < order_id < 2**31
 
 
-def read(order_id: int, *, lines: bool = False, fresh: bool = False) -> OrderSnapshot | None:
+def read(order_id: int, *, lines: bool = False, fresh: bool = False) -> LoadedOrder | None:
     """The order for a decision, or None. A plain get of the row (no SQL when this transaction has
     already loaded it; `fresh` re-reads it), `lines` loads its lines too. The caller decides
     whether a transaction stays open afterwards."""
     row = db.session.get(Order, order_id, populate_existing=fresh) if usable_id(order_id) else None
-    return None if row is None else OrderSnapshot.of(row, lines=lines)
+    return None if row is None else LoadedOrder.of(row, lines=lines)
 
 
 def by_reference(reference: str | None) -> Order | None:
@@ -194,15 +112,15 @@ def by_reference(reference: str | None) -> Order | None:
     return db.session.execute(select(Order).where(Order.reference == reference)).scalar_one_or_none()
 
 
-def read_by_reference(reference: str | None) -> OrderSnapshot | None:
+def read_by_reference(reference: str | None) -> LoadedOrder | None:
     row = by_reference(reference)
-    return None if row is None else OrderSnapshot.of(row)
+    return None if row is None else LoadedOrder.of(row)
 
 
-def read_for_payment(order_id: int) -> OrderSnapshot | None:
+def read_for_payment(order_id: int) -> LoadedOrder | None:
     """The usual payment notice's read, on the table (no mapped object to build)."""
     row = db.session.execute(PAYMENT_READ, {"order": order_id}).first()
-    return None if row is None else OrderSnapshot(**row._mapping)
+    return None if row is None else LoadedOrder(**row._mapping)
 
 
 def current_state(order_id: int):
@@ -350,7 +268,7 @@ TRANSITIONS = {
 
 
 def save(
-    order: OrderSnapshot,
+    order: LoadedOrder,
     transition: Transition,
     events=(),
     *,
