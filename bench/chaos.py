@@ -808,7 +808,7 @@ SELECT
  (SELECT count(*) FROM orders WHERE status IN ('PendingPayment', 'PaymentInitiated', 'PaymentFailed')
      -- a cancelled order the sweep still watches: money may still come for its session (an async
      -- payment settling after the cancel, its webhook possibly dropped); the sweep finds it
-     OR (status = 'Cancelled' AND payment_processing_at IS NOT NULL)),
+     OR (status = 'Cancelled' AND late_money_watch_since IS NOT NULL)),
  (SELECT count(*) FROM outbox_deliveries WHERE status = 'processing'
      OR (status = 'pending' AND next_attempt_at <= now())),
  (SELECT count(*) FROM scheduled_commands WHERE status = 'processing'

@@ -89,3 +89,35 @@ def test_the_stock_check_constraint_exists_in_the_migrated_database(fresh_databa
         with db.engine.connect() as conn:
             assert conn.execute(text("SELECT on_hand FROM inventory")).scalar_one() == 1
         db.engine.dispose()
+
+
+def test_the_late_money_watch_moves_out_of_payment_processing_at_for_cancelled_orders_only(fresh_database_url):
+    """Upgrading a database written before the watch had its own column: a cancelled order's mark
+    was the sweep's watch and moves; a live order's stays its settling payment."""
+    from flask_migrate import upgrade
+
+    app = create_app(base_config(fresh_database_url))
+    since = "2026-11-30 10:00:00"
+    with app.app_context():
+        upgrade(revision="c8e0a2b4d6f9")
+        with db.engine.begin() as conn:
+            for reference, status in (("MIG-CANCELLED", "Cancelled"), ("MIG-SETTLING", "PaymentInitiated")):
+                conn.execute(
+                    text(
+                        "INSERT INTO orders (reference, access_token, browser_id, email, status, total, currency,"
+                        " inventory_restored, payment_attempts, version, created_at, updated_at,"
+                        " payment_processing_at) VALUES (:ref, 't', 'b', 'a@example.com', :status, 100, 'usd',"
+                        " false, 1, 2, :at, :at, :at)"
+                    ),
+                    {"ref": reference, "status": status, "at": since},
+                )
+        upgrade()
+        with db.engine.connect() as conn:
+            rows = dict(
+                (r.reference, (r.payment_processing_at is not None, r.late_money_watch_since is not None))
+                for r in conn.execute(
+                    text("SELECT reference, payment_processing_at, late_money_watch_since FROM orders")
+                )
+            )
+        db.engine.dispose()
+    assert rows == {"MIG-CANCELLED": (False, True), "MIG-SETTLING": (True, False)}

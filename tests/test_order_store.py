@@ -42,6 +42,7 @@ def _row(order_id: int):
             Order.updated_at,
             Order.inventory_restored,
             Order.payment_processing_at,
+            Order.late_money_watch_since,
             Order.provider_next_check_at,
         ).where(Order.id == order_id)
     ).one()
@@ -126,27 +127,46 @@ def test_a_transition_saved_from_a_state_it_does_not_leave_is_refused_the_same_w
     assert _row(order_id).status == other.value
 
 
-@pytest.mark.parametrize("what,at", [("processing", True), ("stop_watching", False), ("next_check", True)])
-def test_a_bookkeeping_note_neither_bumps_the_version_nor_moves_the_orders_age(order_id, what, at):
+@pytest.mark.parametrize("what", list(order_store.Note))
+def test_a_bookkeeping_note_neither_bumps_the_version_nor_moves_the_orders_age(order_id, what):
+    N = order_store.Note
     before = _row(order_id)
-    snapshot = order_store.read(order_id)
+    loaded = order_store.read(order_id)
     db.session.rollback()
     later = utcnow() + timedelta(hours=1)
-    order_store.note(order_id, what, later if at else None)
+    order_store.note(order_id, what, later)
     db.session.commit()
     after = _row(order_id)
     assert (after.version, as_utc(after.updated_at)) == (before.version, as_utc(before.updated_at))
-    if what == "processing":
-        assert as_utc(after.payment_processing_at) == later
-    elif what == "next_check":
-        assert as_utc(after.provider_next_check_at) == later
-    else:
-        assert after.payment_processing_at is None and after.provider_next_check_at is None
-    # So a transition decided on the snapshot read before the note still saves.
-    result = snapshot.cancel(CANCELLED_BY_CUSTOMER)
-    order_store.save(snapshot, "cancel", result.events)
+    written = {
+        N.PROCESSING: ("payment_processing_at", later),
+        N.WATCH: ("late_money_watch_since", later),
+        N.NEXT_CHECK: ("provider_next_check_at", later),
+        N.STOP_WATCHING: ("late_money_watch_since", None),
+    }
+    if what in written:
+        column, value = written[what]
+        assert (as_utc(getattr(after, column)) if value else getattr(after, column)) == value
+    # So a transition decided on the order read before the note still saves.
+    if loaded.can(Transition.CANCEL):
+        result = loaded.cancel(CANCELLED_BY_CUSTOMER)
+        order_store.save(loaded, Transition.CANCEL, result.events)
+        db.session.commit()
+        assert _row(order_id).status == S.CANCELLED.value
+
+
+def test_a_cancel_turns_a_settling_payment_into_the_late_money_watch_from_when_it_began(order_id):
+    """The two facts apart: an async payment settling on a live order, and the sweep's watch of a
+    cancelled one whose session could still take money; the cancel moves the first to the second."""
+    settling_since = utcnow() - timedelta(minutes=5)
+    order_store.note(order_id, order_store.Note.PROCESSING, settling_since)
     db.session.commit()
-    assert _row(order_id).status == S.CANCELLED.value
+    loaded = order_store.read(order_id)
+    order_store.save(loaded, Transition.CANCEL, loaded.cancel(CANCELLED_BY_CUSTOMER).events, watch_from=utcnow())
+    db.session.commit()
+    row = _row(order_id)
+    assert row.payment_processing_at is None
+    assert as_utc(row.late_money_watch_since) == settling_since
 
 
 def test_every_prebuilt_statement_of_the_store_is_in_its_registry():

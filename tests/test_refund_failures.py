@@ -214,7 +214,7 @@ def test_a_pending_refund_that_fails_by_webhook_is_shown_emailed_and_retried_thr
         assert operator.get("/console/", headers=JSON).get_json()["refunds_failed"] == 0
         assert len(_mails(mail_folder, "refund_issued")) == 1
         with app.app_context():
-            assert db.session.get(Order, oid).payment_processing_at is None  # refunded: the watch ends
+            assert db.session.get(Order, oid).late_money_watch_since is None  # refunded: the watch ends
             actions = (
                 db.session.execute(
                     select(OperatorAction).where(OperatorAction.order_id == oid).order_by(OperatorAction.id)
@@ -279,7 +279,7 @@ def test_a_pending_refund_whose_failure_webhooks_are_lost_is_found_failed_by_the
             app, shopper, operator, ref, refund, mail_folder, now=later + timedelta(minutes=1)
         )
         with app.app_context():  # still watched: the money is not back
-            assert db.session.get(Order, oid).payment_processing_at is not None
+            assert db.session.get(Order, oid).late_money_watch_since is not None
             db.session.remove()
 
 
@@ -353,7 +353,7 @@ def test_settling_a_failed_refund_outside_the_shop_needs_a_reason_and_is_audited
         run_due_commands(app, utcnow())
         assert _mails(mail_folder, "refund_failed") == []
         with app.app_context():
-            assert db.session.get(Order, oid).payment_processing_at is None  # settled: the watch ends
+            assert db.session.get(Order, oid).late_money_watch_since is None  # settled: the watch ends
             db.session.remove()
 
         # The HTML form works the same (a browser's post, back to the order page).

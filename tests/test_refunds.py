@@ -58,7 +58,7 @@ def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_
         # The cancel could not read the session, so the order was watched for late money; the
         # watch goes on until the refund has gone through, not merely been recorded.
         [cancelled] = _rows(app, Order, id=oid)
-        assert cancelled.payment_processing_at is not None
+        assert cancelled.late_money_watch_since is not None
         [refund] = _rows(app, Refund, order_id=oid)
         assert (refund.session_id, refund.amount, refund.status) == (sid, order["total"], "pending")
         [command] = [c for c in _rows(app, ScheduledCommand, order_id=oid) if c.kind == "refund_payment"]
@@ -76,7 +76,7 @@ def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_
             assert run_command(command.id, now=utcnow() + timedelta(seconds=10)) == "skipped"
         [done] = _rows(app, Refund, order_id=oid)
         assert done.status == "succeeded" and done.provider_refund_id
-        assert _rows(app, Order, id=oid)[0].payment_processing_at is None  # refunded: the watch ends
+        assert _rows(app, Order, id=oid)[0].late_money_watch_since is None  # refunded: the watch ends
         emails = [
             c.payload.get("template") for c in _rows(app, ScheduledCommand, order_id=oid) if c.kind == "send_email"
         ]
@@ -193,7 +193,7 @@ def test_a_settling_payment_that_fails_after_a_cancel_ends_the_watch_without_a_r
     with fresh_paying_app.app_context():
         force_order(oid, provider_next_check_at=None)  # as if the backoff had passed
         assert run_cycle().provider["watch_closed"] == 1
-        assert db.session.get(Order, oid).payment_processing_at is None
+        assert db.session.get(Order, oid).late_money_watch_since is None
         db.session.remove()
     assert _rows(fresh_paying_app, Refund, order_id=oid) == []
 
@@ -270,7 +270,7 @@ def test_a_late_money_refund_rides_out_a_provider_outage_longer_than_the_old_bac
         cycle = run_cycle(now=utcnow() + timedelta(hours=1))
         assert cycle.provider["refund_under_way"] == 1, cycle.summary()
         db.session.remove()
-    assert _rows(app, Order, id=oid)[0].payment_processing_at is not None
+    assert _rows(app, Order, id=oid)[0].late_money_watch_since is not None
 
     sandbox.faults(api_unavailable=False)
     with app.app_context():
@@ -281,7 +281,7 @@ def test_a_late_money_refund_rides_out_a_provider_outage_longer_than_the_old_bac
         (order["total"], "succeeded")
     ]
     assert shopper.order(ref)["refunds"] == [{"id": refund.id, "amount": order["total"], "status": "succeeded"}]
-    assert _rows(app, Order, id=oid)[0].payment_processing_at is None  # refunded: the watch ends
+    assert _rows(app, Order, id=oid)[0].late_money_watch_since is None  # refunded: the watch ends
 
 
 def test_the_watch_runs_a_dead_late_money_refund_again_but_leaves_a_refused_one_to_an_operator(
@@ -314,7 +314,7 @@ def test_the_watch_runs_a_dead_late_money_refund_again_but_leaves_a_refused_one_
         refused = run_cycle(now=utcnow() + timedelta(hours=1))
         assert refused.provider["refund_refused"] == 1, refused.summary()
         assert db.session.get(ScheduledCommand, command_id).status == "dead"
-        assert db.session.get(Order, oid).payment_processing_at is not None
+        assert db.session.get(Order, oid).late_money_watch_since is not None
         db.session.rollback()
 
         bury(None)
@@ -327,4 +327,4 @@ def test_the_watch_runs_a_dead_late_money_refund_again_but_leaves_a_refused_one_
     [refund] = _rows(fresh_paying_app, Refund, order_id=oid)
     assert refund.status == "succeeded"
     assert len(_provider_refunds(fresh_paying_app, refund.payment_intent_id)) == 1
-    assert _rows(fresh_paying_app, Order, id=oid)[0].payment_processing_at is None
+    assert _rows(fresh_paying_app, Order, id=oid)[0].late_money_watch_since is None

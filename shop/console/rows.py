@@ -223,7 +223,7 @@ def sweep_problems(cycles: list, now: datetime) -> dict:
             o.id: o
             for o in db.session.execute(
                 select(
-                    Order.id, Order.reference, Order.status, Order.provider_next_check_at, Order.payment_processing_at
+                    Order.id, Order.reference, Order.status, Order.provider_next_check_at, Order.late_money_watch_since
                 ).where(Order.id.in_(ids))
             ).all()
         }

@@ -135,7 +135,7 @@ def _order_summary(order: Order, now: datetime) -> dict:
         "provider_next_check_in_seconds": _seconds_until(order.provider_next_check_at, now),
         # Money may still come for this cancelled order's session, or its refund has not
         # gone through yet: the sweep keeps asking (sweep.check_cancelled_payment).
-        "watched_for_late_money": status is OrderStatus.CANCELLED and order.payment_processing_at is not None,
+        "watched_for_late_money": status is OrderStatus.CANCELLED and order.late_money_watch_since is not None,
     }
 
 

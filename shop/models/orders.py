@@ -36,13 +36,16 @@ class Order(db.Model):
     # waits for an operator, an async payment for the bank). Without it such orders, being the
     # oldest, would fill every cycle's batch and starve the rest.
     provider_next_check_at = mapped_column(UTCDateTime, nullable=True)
-    # Money may still come for this order's session: the customer finished checkout with a payment
-    # that settles later (a bank debit), or the order was cancelled while its session could still
-    # take money. The order page then says "being processed" instead of offering the payment page;
-    # on a cancelled order the sweep watches it so a lost late-payment webhook cannot leave money
-    # unrefunded. Bookkeeping: no version bump, no new updated_at. Cleared by a new session or
-    # once nothing more can come. Indexed: few rows carry it, and the sweep looks for exactly those.
-    payment_processing_at = mapped_column(UTCDateTime, nullable=True, index=True)
+    # A live order whose customer finished checkout with a payment that settles later (a bank
+    # debit), since when: the order page says "being processed" instead of offering the payment
+    # page. Bookkeeping: no version bump, no new updated_at. Cleared by every transition.
+    payment_processing_at = mapped_column(UTCDateTime, nullable=True)
+    # A cancelled order whose session could still take money (an async payment was settling, or
+    # the cancel could not retire the session), since when: the sweep watches it, so a lost
+    # late-payment webhook cannot leave money unrefunded, until nothing more can come and every
+    # refund of it has succeeded. Bookkeeping, like the one above. Indexed: few rows carry it,
+    # and the sweep looks for exactly those.
+    late_money_watch_since = mapped_column(UTCDateTime, nullable=True, index=True)
     # In line for the payment page: the provider's budget for new sessions was spent (or this
     # process had no free provider slot) when the customer checked out or chose "Pay now", so the
     # payment queue creates the session as soon as the budget allows, in this order (then id).

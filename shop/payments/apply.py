@@ -25,7 +25,7 @@ from ..extensions import db
 from ..models import PaymentProofRefusal, ProcessedStripeEvent
 from ..outbox import uow
 from ..store import order_store
-from ..store.order_store import LoadedOrder
+from ..store.order_store import LoadedOrder, Note
 from . import gateway
 from .refunds import record_late_payment
 
@@ -187,14 +187,12 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
     if view.payment_status == "paid":
         return _apply_paid(order, view, source=source, now=now)
     if (
-        OrderStatus(order.status) is OrderStatus.CANCELLED
+        order.status is OrderStatus.CANCELLED
         and order.payment_session_id == view.id
         and view.status == "complete"
-        and order.payment_processing_at is None
+        and order.late_money_watch_since is None
     ):
-        order_store.note(
-            order.id, "processing", now
-        )  # money may still come for a cancelled order: the sweep watches it
+        order_store.note(order.id, Note.WATCH, now)  # money may still come for a cancelled order
     if OrderStatus(order.status) is not OrderStatus.PAYMENT_INITIATED or order.payment_session_id != view.id:
         return Applied(Outcome.NOOP, order, f"order is {order.status}")
     if view.status == "expired":
@@ -203,7 +201,7 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
         return _fail(order, "payment failed at the provider", "Your payment did not go through.")
     if view.status == "complete":
         if order.payment_processing_at is None:
-            order_store.note(order.id, "processing", now)
+            order_store.note(order.id, Note.PROCESSING, now)
         return Applied(Outcome.AWAITING_ASYNC, order)
     return Applied(Outcome.NOOP, order, f"session {view.status}")
 
@@ -306,13 +304,13 @@ def _late_money(order: LoadedOrder, view, reason: str, now: datetime) -> Applied
     created = record_late_payment(order, view, reason, now)
     if (
         created
-        and OrderStatus(order.status) is OrderStatus.CANCELLED
+        and order.status is OrderStatus.CANCELLED
         and order.payment_session_id == view.id
-        and order.payment_processing_at is None
+        and order.late_money_watch_since is None
     ):
         # The sweep's watch follows the refund until the provider has it (a refund that dies
         # runs again), not just until the refund is recorded; the refund's success ends it.
-        order_store.note(order.id, "processing", now)
+        order_store.note(order.id, Note.WATCH, now)
     return Applied(Outcome.REFUND_CREATED if created else "already_refunded", order, reason)
 
 

@@ -157,12 +157,12 @@ def _watch_again(refund: Refund, now: datetime) -> None:
     """A retried late-money refund of a cancelled order is followed by the sweep again, as the
     first attempt was (sweep.check_cancelled_payment), should its webhook be lost."""
     order = db.session.execute(
-        select(Order.status, Order.payment_session_id, Order.payment_processing_at).where(Order.id == refund.order_id)
+        select(Order.status, Order.payment_session_id, Order.late_money_watch_since).where(Order.id == refund.order_id)
     ).first()
     if (
         order is not None
         and OrderStatus(order.status) is OrderStatus.CANCELLED
         and order.payment_session_id == refund.session_id
-        and order.payment_processing_at is None
+        and order.late_money_watch_since is None
     ):
-        order_store.note(refund.order_id, "processing", now)
+        order_store.note(refund.order_id, order_store.Note.WATCH, now)

@@ -290,4 +290,4 @@ def end_watch_when_all_refunded(refund: Refund) -> None:
         and OrderStatus(order.status) is OrderStatus.CANCELLED
         and order.payment_session_id == refund.session_id
     ):
-        order_store.note(refund.order_id, "stop_watching")
+        order_store.note(refund.order_id, order_store.Note.STOP_WATCHING)

@@ -42,6 +42,7 @@ class LoadedOrder(OrderRules):
     payment_attempts: int = 0
     inventory_restored: bool = False
     payment_processing_at: datetime | None = None
+    late_money_watch_since: datetime | None = None
     last_payment_error: str | None = None
     updated_at: datetime | None = None  # the last state change: the pay-by time counts from it
     lines: tuple[Line, ...] = field(default=())
@@ -66,6 +67,7 @@ class LoadedOrder(OrderRules):
             row.payment_attempts,
             row.inventory_restored,
             row.payment_processing_at,
+            row.late_money_watch_since,
             row.last_payment_error,
             row.updated_at,
             tuple(Line(l.sku, l.name, l.quantity, l.unit_price) for l in row.lines) if lines else (),

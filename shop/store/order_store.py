@@ -10,7 +10,7 @@ Everything that writes an order goes through here, with three verbs:
   caller's transaction. A lost race is refused the same way for every transition: `LostRace`
   (a `StaleDataError`, like the ORM's own version check), raised so that the transaction rolls
   back;
-* `note` bookkeeping that is not a state change (`payment_processing_at`,
+* `note` bookkeeping that is not a state change (`payment_processing_at`, `late_money_watch_since`,
   `provider_next_check_at`): no version bump, `updated_at` untouched, so a transition never loses
   a race to it and the order's age (what the sweep selects by) does not move.
 
@@ -249,13 +249,17 @@ TRANSITIONS = {
         ),
         ("status", "last_payment_error"),
     ),
-    # `watch_from` marks the order for the sweep's late-money watch (None leaves the mark as it is).
+    # `watch_from` starts the sweep's late-money watch of the order (None: only if an async payment
+    # was settling, which then becomes the watch, since when it settled).
     T.CANCEL: (
         _guarded(T.CANCEL).values(
             status=_v("status"),
             payment_queued_at=None,
-            payment_processing_at=func.coalesce(
-                _orders.c.payment_processing_at, bindparam("watch_from", type_=_orders.c.payment_processing_at.type)
+            payment_processing_at=None,
+            late_money_watch_since=func.coalesce(
+                _orders.c.late_money_watch_since,
+                _orders.c.payment_processing_at,
+                bindparam("watch_from", type_=_orders.c.late_money_watch_since.type),
             ),
         ),
         ("status",),
@@ -311,6 +315,7 @@ class Note(StrEnum):
     """Bookkeeping the store can write on an order's row (see NOTES)."""
 
     PROCESSING = "processing"
+    WATCH = "watch"
     STOP_WATCHING = "stop_watching"
     QUEUE = "queue"
     LEAVE_QUEUE = "leave_queue"
@@ -318,14 +323,24 @@ class Note(StrEnum):
 
 
 NOTES = {
-    # Money may still come for the order's session (see Order.payment_processing_at).
+    # A live order's async payment is settling (see Order.payment_processing_at).
     Note.PROCESSING: update(_orders)
     .where(_orders.c.id == bindparam("order"))
     .values(payment_processing_at=bindparam("at", type_=_orders.c.payment_processing_at.type), **_KEEP_AGE),
+    # Money may still come for a cancelled order's session: the sweep watches it (see
+    # Order.late_money_watch_since); an order already watched keeps its start.
+    Note.WATCH: update(_orders)
+    .where(_orders.c.id == bindparam("order"))
+    .values(
+        late_money_watch_since=func.coalesce(
+            _orders.c.late_money_watch_since, bindparam("at", type_=_orders.c.late_money_watch_since.type)
+        ),
+        **_KEEP_AGE,
+    ),
     # No more money can come for the session: the sweep stops watching it.
     Note.STOP_WATCHING: update(_orders)
     .where(_orders.c.id == bindparam("order"))
-    .values(payment_processing_at=None, provider_next_check_at=None, **_KEEP_AGE),
+    .values(late_money_watch_since=None, provider_next_check_at=None, **_KEEP_AGE),
     # In line for the payment page (see Order.payment_queued_at): an order already in line keeps
     # its place; only an unpaid order can join (one that moved on meanwhile is left alone).
     Note.QUEUE: update(_orders)

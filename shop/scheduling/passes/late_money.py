@@ -30,16 +30,16 @@ P = ProviderOutcome
 def watched_cancelled_ids(now: datetime, limit: int) -> list[int]:
     """Cancelled orders whose session could still take money (see payments.start
     `retire_session_before_cancel`), oldest mark first, skipping those backed off until later. The mark
-    is rare and indexed (ix_orders_payment_processing_at), so this reads only marked rows."""
+    is rare and indexed (ix_orders_late_money_watch_since), so this reads only marked rows."""
     rows = (
         db.session.execute(
             select(Order.id)
             .where(
-                Order.payment_processing_at.is_not(None),
+                Order.late_money_watch_since.is_not(None),
                 Order.status == S.CANCELLED.value,
                 or_(Order.provider_next_check_at.is_(None), Order.provider_next_check_at <= now),
             )
-            .order_by(Order.payment_processing_at, Order.id)
+            .order_by(Order.late_money_watch_since, Order.id)
             .limit(limit)
         )
         .scalars()
@@ -63,12 +63,12 @@ def check_cancelled_payment(order_id: int, now: datetime) -> ProviderOutcome:
     if (
         order is None
         or S(order.status) is not S.CANCELLED
-        or order.payment_processing_at is None
+        or order.late_money_watch_since is None
         or not order.payment_session_id
     ):
         session.rollback()
         return P.CHANGED
-    session_id, reference, since = order.payment_session_id, order.reference, as_utc(order.payment_processing_at)
+    session_id, reference, since = order.payment_session_id, order.reference, as_utc(order.late_money_watch_since)
     refunds = session.execute(
         select(Refund.id, Refund.session_id, Refund.status, Refund.provider_refund_id, Refund.settled_at).where(
             Refund.order_id == order_id
@@ -87,7 +87,7 @@ def check_cancelled_payment(order_id: int, now: datetime) -> ProviderOutcome:
         return P.UNAVAILABLE
     except gateway.ProviderRefused as exc:  # the session is gone at the provider: nothing can come
         log.info("sweep: session %s of cancelled order %s is gone (%s); no longer watched", session_id, reference, exc)
-        order_store.note(order_id, "stop_watching")
+        order_store.note(order_id, order_store.Note.STOP_WATCHING)
         session.commit()
         return P.WATCH_CLOSED
     if view.payment_status == "paid":
@@ -98,7 +98,7 @@ def check_cancelled_payment(order_id: int, now: datetime) -> ProviderOutcome:
             return P.LATE_REFUND
         return P.REFUND_UNDER_WAY
     if failed or view.status == "expired":
-        order_store.note(order_id, "stop_watching")
+        order_store.note(order_id, order_store.Note.STOP_WATCHING)
         session.commit()
         return P.WATCH_CLOSED
     # Still payable (open) or still settling (complete, unpaid): ask again after the backoff.
@@ -120,7 +120,7 @@ def _follow_refunds(
     session = db.session
     open_refund_ids = [r.id for r in open_refunds]
     if not open_refund_ids:
-        order_store.note(order_id, "stop_watching")
+        order_store.note(order_id, order_store.Note.STOP_WATCHING)
         session.commit()
         log.info("sweep: the late money of cancelled order %s is refunded; no longer watched", reference)
         return P.WATCH_CLOSED
@@ -134,7 +134,7 @@ def _follow_refunds(
     outcome = _ask_about_pending_refunds(reference, open_refunds, now)
     if outcome is P.UNAVAILABLE:
         return outcome
-    if not session.execute(select(Order.payment_processing_at).where(Order.id == order_id)).scalar():
+    if not session.execute(select(Order.late_money_watch_since).where(Order.id == order_id)).scalar():
         session.rollback()
         return outcome  # the last refund went through: its success ended the watch
     session.rollback()
