@@ -18,6 +18,9 @@ TEST_DBS = range(1, 15)  # 0 is the shop's default, 15 holds the locks
 # A run renews its lock as it goes (pytest_runtest_logstart), so a run that was killed frees its
 # database within this long instead of holding it for hours.
 LOCK_SECONDS = 900
+# STRIPE_API_BASE for a provider that refuses connections at once: port 9 (discard) on loopback,
+# where nothing listens. A checkout then leaves the order PendingPayment with "Pay now".
+UNREACHABLE_PROVIDER = "http://127.0.0.1:9"
 
 
 def _claim_redis_db() -> str:

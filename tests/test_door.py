@@ -19,7 +19,7 @@ from shop.extensions import db
 from shop.models import Order, OutboxDelivery
 from support import OPERATOR_EMAIL as EMAIL
 from support import OPERATOR_PASSWORD as PASSWORD
-from support import add_operator, checkout_over_http, csrf_token, log_in
+from support import UNREACHABLE_PROVIDER, add_operator, checkout_over_http, csrf_token, log_in
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
@@ -304,7 +304,7 @@ def test_the_direct_discard_post_of_a_script_still_works(fresh_app):
 
 @pytest.fixture
 def shop(make_fresh_app):
-    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")  # refused at once: the order stays PendingPayment
+    app = make_fresh_app(STRIPE_API_BASE=UNREACHABLE_PROVIDER)  # refused at once: the order stays PendingPayment
     app.skus = seed_catalog_rows(app)
     return app
 

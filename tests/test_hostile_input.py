@@ -15,7 +15,7 @@ from sqlalchemy import select
 from payment_helpers import WEBHOOK_SECRET, post_webhook, served, stripe_event
 from factories import seed_catalog_rows
 from shop.extensions import db
-from support import checkout_over_http, csrf_token, log_in
+from support import UNREACHABLE_PROVIDER, checkout_over_http, csrf_token, log_in
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
@@ -30,7 +30,7 @@ def _placed(app) -> tuple:
 
 @pytest.fixture
 def shop(make_fresh_app):
-    return make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9", STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
+    return make_fresh_app(STRIPE_API_BASE=UNREACHABLE_PROVIDER, STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
 
 
 def test_a_non_ascii_access_token_is_a_404_like_any_wrong_token(shop):
@@ -158,7 +158,7 @@ def _post_chunked(base_url: str, path: str, body: bytes, headers: dict) -> tuple
 def test_a_chunked_form_is_measured_whole_413_over_the_limit_and_read_whole_under_it(make_fresh_app):
     """Without a Content-Length werkzeug would parse the form up to the limit and take that as all
     of it: a 2 MB form was accepted, cut short."""
-    with served(lambda base: make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9", PUBLIC_BASE_URL=base)) as (app, base):
+    with served(lambda base: make_fresh_app(STRIPE_API_BASE=UNREACHABLE_PROVIDER, PUBLIC_BASE_URL=base)) as (app, base):
         variant = seed_catalog_rows(app)["NB-A5-DOT"]
         form = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
         big = f"variant_id={variant}&quantity=1&pad=".encode() + b"x" * 2_000_000

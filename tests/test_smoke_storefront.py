@@ -3,12 +3,11 @@
 from factories import seed_catalog_rows
 from shop.extensions import db
 from shop.models import InventoryItem, Order, ScheduledCommand
-from support import csrf_token
+from support import UNREACHABLE_PROVIDER, csrf_token
 
 
 def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_deadline(make_fresh_app):
-    # Port 9 (discard) on loopback: nothing answers, so the provider is unreachable.
-    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
+    app = make_fresh_app(STRIPE_API_BASE=UNREACHABLE_PROVIDER)
     client = app.test_client()
     skus = seed_catalog_rows(app)
     token = csrf_token(client, "/")
@@ -35,7 +34,7 @@ def test_another_browser_gets_404_for_an_order_it_did_not_place(make_fresh_app):
     # The provider unreachable, as the test above: with the default STRIPE_API_BASE a sandbox
     # that happened to listen on 127.0.0.1:12111 started the payment, and the checkout went to
     # its hosted page instead of the order.
-    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
+    app = make_fresh_app(STRIPE_API_BASE=UNREACHABLE_PROVIDER)
     client = app.test_client()
     skus = seed_catalog_rows(app)
     token = csrf_token(client, "/")

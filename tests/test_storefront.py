@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from factories import force_order, seed_catalog_rows
 from shop.extensions import db
 from shop.models import Cart, InventoryItem, Order, OutboxDelivery, OutboxEvent
-from support import csrf_token
+from support import UNREACHABLE_PROVIDER, csrf_token
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
@@ -24,7 +24,7 @@ ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 def shop(make_fresh_app):
     """The app with the demo catalog; the provider is unreachable (connection refused at once),
     so checkout leaves the order PendingPayment with "Pay now" until payment lands."""
-    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
+    app = make_fresh_app(STRIPE_API_BASE=UNREACHABLE_PROVIDER)
     app.skus = seed_catalog_rows(app)
     return app
 
