@@ -27,10 +27,10 @@ JSON = {"Accept": "application/json"}
 class Shopper:
     """One browser on the storefront."""
 
-    def __init__(self, app, skus: dict[str, int]):
+    def __init__(self, app, skus: dict[str, int] | None = None):
         self.app = app
         self.client = app.test_client()
-        self.skus = skus
+        self.skus = app.skus if skus is None else skus  # a shop of make_shop knows its catalog
         self.token = csrf_token(self.client, "/")
 
     def checkout(self, sku: str = "NB-A5-DOT", quantity: int = 1, email: str = "ann@example.com"):

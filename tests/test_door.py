@@ -10,16 +10,15 @@ import re
 import time
 from pathlib import Path
 
-import pytest
 from sqlalchemy import select
 
-from factories import force_order, placed_order_in, seed_catalog_rows
+from factories import force_order, placed_order_in
 from shop.console.auth import LAST_SEEN, POLL_HEADER
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery
 from support import OPERATOR_EMAIL as EMAIL
 from support import OPERATOR_PASSWORD as PASSWORD
-from support import UNREACHABLE_PROVIDER, add_operator, checkout_over_http, csrf_token, log_in
+from support import add_operator, checkout_over_http, csrf_token, log_in
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
@@ -300,13 +299,6 @@ def test_the_direct_discard_post_of_a_script_still_works(fresh_app):
         f"/console/outbox/{delivery}/discard", data={"reason": "duplicate"}, headers={**JSON, "X-CSRFToken": token}
     )
     assert r.status_code == 200 and r.get_json()["status"] == "discarded"
-
-
-@pytest.fixture
-def shop(make_fresh_app):
-    app = make_fresh_app(STRIPE_API_BASE=UNREACHABLE_PROVIDER)  # refused at once: the order stays PendingPayment
-    app.skus = seed_catalog_rows(app)
-    return app
 
 
 def test_cancel_asks_on_a_page_of_its_own_whose_form_cancels_with_the_version_seen(shop):

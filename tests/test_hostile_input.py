@@ -28,9 +28,7 @@ def _placed(app) -> tuple:
     return client, csrf_token(client, "/"), reference
 
 
-@pytest.fixture
-def shop(make_fresh_app):
-    return make_fresh_app(STRIPE_API_BASE=UNREACHABLE_PROVIDER, STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
+pytestmark = pytest.mark.shop(STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
 
 
 def test_a_non_ascii_access_token_is_a_404_like_any_wrong_token(shop):
@@ -225,7 +223,7 @@ def test_a_signed_event_with_a_lone_surrogate_in_its_text_still_leaves_a_receipt
 def test_a_json_body_that_is_not_shaped_like_a_form_is_a_400_in_words(shop):
     """Flask-WTF hands a JSON body to the form as it parsed it: a list, a `true` or a nested object
     was a TypeError in the form or a validator (a 500). Numbers still read as their text."""
-    variant = seed_catalog_rows(shop)["NB-A5-DOT"]
+    variant = shop.skus["NB-A5-DOT"]
     client = shop.test_client()
     token = csrf_token(client, "/")
     headers = {**JSON, "X-CSRFToken": token}

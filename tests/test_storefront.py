@@ -10,23 +10,14 @@ import threading
 import pytest
 from sqlalchemy import func, select
 
-from factories import force_order, seed_catalog_rows
+from factories import force_order
 from shop.extensions import db
 from shop.models import Cart, InventoryItem, Order, OutboxDelivery, OutboxEvent
-from support import UNREACHABLE_PROVIDER, csrf_token
+from support import csrf_token
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
-
-
-@pytest.fixture
-def shop(make_fresh_app):
-    """The app with the demo catalog; the provider is unreachable (connection refused at once),
-    so checkout leaves the order PendingPayment with "Pay now" until payment lands."""
-    app = make_fresh_app(STRIPE_API_BASE=UNREACHABLE_PROVIDER)
-    app.skus = seed_catalog_rows(app)
-    return app
 
 
 @pytest.fixture

@@ -11,22 +11,13 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from factories import seed_catalog_rows
 from payment_helpers import JSON, run_due_commands
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import InventoryItem
-from support import UNREACHABLE_PROVIDER, csrf_token
+from support import csrf_token
 
 HTML = {"Accept": "text/html"}
-
-
-@pytest.fixture
-def shop(make_fresh_app):
-    """The demo catalog; the provider is unreachable, so a placed order stays PendingPayment."""
-    app = make_fresh_app(STRIPE_API_BASE=UNREACHABLE_PROVIDER)
-    app.skus = seed_catalog_rows(app)
-    return app
 
 
 class Customer:
