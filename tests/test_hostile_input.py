@@ -12,10 +12,10 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import select
 
-from payment_helpers import WEBHOOK_SECRET, post_webhook, served, stripe_event
+from payment_helpers import WEBHOOK_SECRET, Shopper, post_webhook, served, stripe_event
 from factories import seed_catalog_rows
 from shop.extensions import db
-from support import UNREACHABLE_PROVIDER, checkout_over_http, csrf_token, log_in
+from support import UNREACHABLE_PROVIDER, csrf_token, log_in
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
@@ -23,9 +23,8 @@ HTML = {"Accept": "text/html"}
 
 def _placed(app) -> tuple:
     """A browser that placed an order (provider unreachable: it stays PendingPayment)."""
-    client = app.test_client()
-    reference = checkout_over_http(client, seed_catalog_rows(app)["NB-A5-DOT"])
-    return client, csrf_token(client, "/"), reference
+    customer = Shopper(app)
+    return customer.client, customer.token, customer.buy()
 
 
 pytestmark = pytest.mark.shop(STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
