@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from shop import create_app
 from shop.extensions import db
 from factories import seed_catalog_rows
-from payment_helpers import WEBHOOK_SECRET, live_shop
+from payment_helpers import WEBHOOK_SECRET, Shopper, live_shop
 from support import LOCK_SECONDS, LOCKS_URL, RUN_ID, UNREACHABLE_PROVIDER, _claimed, base_config, log_in, redis_url
 
 
@@ -216,6 +216,12 @@ def fresh_paying_app(make_fresh_app, sandbox):
     """An app wired to the sandbox, with its webhook signing secret known, on an emptied database
     and a flushed Redis."""
     return make_fresh_app(**_paying_config(sandbox))
+
+
+@pytest.fixture
+def shopper(fresh_paying_app):
+    """A customer's browser (payment_helpers.Shopper) on fresh_paying_app, with the demo catalog."""
+    return Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
 
 
 @pytest.fixture
