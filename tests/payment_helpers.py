@@ -42,8 +42,9 @@ class Shopper:
         self.token = csrf_token(self.client, "/")
 
     @classmethod
-    def over_http(cls, base_url: str, skus: dict[str, int]) -> "Shopper":
-        return cls(None, skus, client=HttpClient(base_url))
+    def over_http(cls, base_url: str, skus: dict[str, int], session: requests.Session | None = None) -> "Shopper":
+        """The shopper of a shop served at `base_url`; in `session` (its cookies), if given."""
+        return cls(None, skus, client=HttpClient(base_url, session=session))
 
     # -- the cart --------------------------------------------------------------------------------
 
@@ -115,8 +116,9 @@ class HttpClient:
     shop served at `base_url`, answered as the test client answers (werkzeug's TestResponse;
     redirects are not followed)."""
 
-    def __init__(self, base_url: str, timeout: float = 30):
-        self.base_url, self.timeout, self.session = base_url, timeout, requests.Session()
+    def __init__(self, base_url: str, timeout: float = 30, session: requests.Session | None = None):
+        self.base_url, self.timeout = base_url, timeout
+        self.session = requests.Session() if session is None else session
 
     def get(self, path: str, headers=None, query_string=None):
         return self._answer(self.session.get(self.base_url + path, headers=headers, params=query_string, **self._how))
