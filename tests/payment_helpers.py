@@ -1,6 +1,6 @@
-"""Helpers shared by the payment tests (test_payments, test_webhook, test_refunds,
-test_registration): a customer driving the storefront over the test client, Stripe-signed
-webhook posts, and the app served over real HTTP so the sandbox can deliver to it."""
+"""Helpers shared by the storefront and payment tests: the one customer driving the storefront
+(Shopper, over the test client or over real HTTP), Stripe-signed webhook posts, and the app
+served over real HTTP so the sandbox can deliver to it."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class Shopper:
         self.token = csrf_token(self.client, "/")
 
     @classmethod
-    def over_http(cls, base_url: str, skus: dict[str, int], session: requests.Session | None = None) -> "Shopper":
+    def over_http(cls, base_url: str, skus: dict[str, int], session: requests.Session | None = None) -> Shopper:
         """The shopper of a shop served at `base_url`; in `session` (its cookies), if given."""
         return cls(None, skus, client=HttpClient(base_url, session=session))
 
