@@ -5,10 +5,12 @@ gets its own database and its own Redis database, so runs never see each other's
 
 A fixture that wipes a store says so in its name: `truncated_db` empties every table,
 `flushed_redis` flushes the run's Redis database, and everything built on both is `fresh_`
-(`make_fresh_app`, `fresh_app`, `fresh_client`, `fresh_ctx`, `fresh_paying_app`)."""
+(`make_fresh_app`, `fresh_app`, `fresh_client`, `fresh_ctx`, `fresh_paying_app`). The storefront's
+tests start from `shop` (or build theirs with `make_shop`): fresh, with the demo catalog."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 
@@ -18,7 +20,13 @@ from sqlalchemy.engine import make_url
 
 from shop import create_app
 from shop.extensions import db
-from support import LOCK_SECONDS, LOCKS_URL, RUN_ID, _claimed, base_config, log_in, redis_url
+from factories import seed_catalog_rows
+from payment_helpers import WEBHOOK_SECRET, Shopper, live_shop
+from support import LOCK_SECONDS, LOCKS_URL, RUN_ID, UNREACHABLE_PROVIDER, _claimed, base_config, log_in, redis_url
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "shop(**config): how the `shop` fixture builds the shop (see make_shop)")
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -199,10 +207,52 @@ def sandbox(sandbox_server):
     sandbox_server.reset()
 
 
+def _paying_config(sandbox) -> dict:
+    return dict(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60, STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
+
+
 @pytest.fixture
 def fresh_paying_app(make_fresh_app, sandbox):
     """An app wired to the sandbox, with its webhook signing secret known, on an emptied database
     and a flushed Redis."""
-    return make_fresh_app(
-        STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60, STRIPE_WEBHOOK_SECRET="whsec_test_secret"
-    )
+    return make_fresh_app(**_paying_config(sandbox))
+
+
+@pytest.fixture
+def shopper(fresh_paying_app):
+    """A customer's browser (payment_helpers.Shopper) on fresh_paying_app, with the demo catalog."""
+    return Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
+
+
+@pytest.fixture
+def make_shop(make_fresh_app, request):
+    """Builds shops on emptied stores (make_fresh_app): each an app with the demo catalog (its sku
+    -> variant id in app.skus) and `config` over the test config. Where its payments go:
+    - by default the provider refuses connections at once (UNREACHABLE_PROVIDER), so a checkout
+      leaves the order PendingPayment with "Pay now" until payment lands;
+    - `make_shop(sandbox=True)`: the Stripe sandbox, its webhook secret known (as fresh_paying_app);
+    - `make_shop(served=True)`: the sandbox, with the shop served over real HTTP on a free port
+      (its PUBLIC_BASE_URL) and registered as the sandbox's webhook endpoint exactly as
+      `flask shop stripe-register-webhook` does (payment_helpers.live_shop), until the test ends."""
+    with contextlib.ExitStack() as serving:
+
+        def build(*, sandbox: bool = False, served: bool = False, **config):
+            if served:
+                app = serving.enter_context(live_shop(make_fresh_app, request.getfixturevalue("sandbox"), **config))
+            elif sandbox:
+                app = make_fresh_app(**{**_paying_config(request.getfixturevalue("sandbox")), **config})
+            else:
+                app = make_fresh_app(**{"STRIPE_API_BASE": UNREACHABLE_PROVIDER, **config})
+            app.skus = seed_catalog_rows(app)
+            return app
+
+        yield build
+
+
+@pytest.fixture
+def shop(make_shop, request):
+    """The shop of make_shop (demo catalog in app.skus, provider unreachable), built as the test's
+    or its module's `shop` marker says where that differs: `pytest.mark.shop(served=True)`,
+    `pytest.mark.shop(STRIPE_WEBHOOK_SECRET=...)`."""
+    marker = request.node.get_closest_marker("shop")
+    return make_shop(**(marker.kwargs if marker else {}))

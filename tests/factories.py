@@ -2,9 +2,8 @@
 through the real checkout use case (place_order), never inserted by hand, so every order a test
 sees went through the same rules a customer's does.
 
-Unless a builder takes the app, call it inside an app context (it uses db.session). Builders
-that go through the storefront over HTTP live with the browser drivers (payment_helpers.Shopper,
-support.checkout_over_http)."""
+Unless a builder takes the app, call it inside an app context (it uses db.session). Orders placed
+through the storefront over HTTP are the browser driver's (payment_helpers.Shopper)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Helpers shared by the payment tests (test_payments, test_webhook, test_refunds,
-test_registration): a customer driving the storefront over the test client, Stripe-signed
-webhook posts, and the app served over real HTTP so the sandbox can deliver to it."""
+"""Helpers shared by the storefront and payment tests: the one customer driving the storefront
+(Shopper, over the test client or over real HTTP), Stripe-signed webhook posts, and the app
+served over real HTTP so the sandbox can deliver to it."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import threading
 import time
 from typing import Iterator
 
+import requests
 from werkzeug.serving import make_server
+from werkzeug.test import TestResponse
 
+from factories import DEFAULT_SKU
 from support import csrf_token
 from shop.extensions import db
 from shop.models import Order
@@ -22,25 +25,58 @@ from shop.stripe_sandbox.testing import wait_until  # noqa: F401  (re-exported f
 
 WEBHOOK_SECRET = "whsec_test_secret"
 JSON = {"Accept": "application/json"}
+HTML = {"Accept": "text/html"}
 
 
 class Shopper:
-    """One browser on the storefront."""
+    """One customer's browser on the storefront: its own cookies, and the CSRF token its pages
+    render. Over the app's test client (`Shopper(app)`; the catalog's sku -> variant id from
+    `skus`, else from the app of make_shop), or over real HTTP to a shop served elsewhere
+    (`Shopper.over_http(base_url, skus)`). Forms are posted as a browser posts them (HTML);
+    order data is read as JSON."""
 
-    def __init__(self, app, skus: dict[str, int]):
+    def __init__(self, app, skus: dict[str, int] | None = None, *, client=None):
         self.app = app
-        self.client = app.test_client()
-        self.skus = skus
+        self.client = app.test_client() if client is None else client
+        self.skus = app.skus if skus is None else skus
         self.token = csrf_token(self.client, "/")
 
-    def checkout(self, sku: str = "NB-A5-DOT", quantity: int = 1, email: str = "ann@example.com"):
-        r = self.client.post(
-            "/cart/items", data={"csrf_token": self.token, "variant_id": self.skus[sku], "quantity": quantity}
-        )
-        assert r.status_code == 303, r.get_data(as_text=True)
-        return self.client.post("/checkout", data={"csrf_token": self.token, "email": email})
+    @classmethod
+    def over_http(cls, base_url: str, skus: dict[str, int], session: requests.Session | None = None) -> Shopper:
+        """The shopper of a shop served at `base_url`; in `session` (its cookies), if given."""
+        return cls(None, skus, client=HttpClient(base_url, session=session))
 
-    def place(self, sku: str = "NB-A5-DOT", quantity: int = 1) -> dict:
+    # -- the cart --------------------------------------------------------------------------------
+
+    def post(self, url: str, headers=HTML, **form):
+        """A storefront form posted with this browser's CSRF token."""
+        return self.client.post(url, headers=headers, data={"csrf_token": self.token, **form})
+
+    def add(self, sku: str = DEFAULT_SKU, quantity=1, headers=HTML):
+        return self.post("/cart/items", headers=headers, variant_id=self.skus[sku], quantity=quantity)
+
+    def cart_page(self) -> str:
+        return self.client.get("/cart", headers=HTML).get_data(as_text=True)
+
+    # -- checkout --------------------------------------------------------------------------------
+
+    def checkout_cart(self, email: str = "ann@example.com", headers=HTML):
+        """Check out the cart as it is; returns the answer."""
+        return self.post("/checkout", headers=headers, email=email)
+
+    def checkout(self, sku: str = DEFAULT_SKU, quantity: int = 1, email: str = "ann@example.com"):
+        """Add `quantity` x `sku` to the cart and check out; returns the checkout's answer."""
+        r = self.add(sku, quantity)
+        assert r.status_code == 303, r.get_data(as_text=True)
+        return self.checkout_cart(email)
+
+    def buy(self, sku: str = DEFAULT_SKU, quantity: int = 1, email: str = "ann@example.com") -> str:
+        """Check out, placed: returns the order's reference (where the checkout sent the browser)."""
+        placed = self.checkout(sku, quantity, email)
+        assert placed.status_code == 303, placed.get_data(as_text=True)
+        return placed.headers["Location"].rsplit("/", 1)[-1]
+
+    def place(self, sku: str = DEFAULT_SKU, quantity: int = 1) -> dict:
         """Check out and return the order's JSON (its payment session started)."""
         r = self.checkout(sku, quantity)
         assert r.status_code == 303, r.get_data(as_text=True)
@@ -49,26 +85,54 @@ class Shopper:
         assert r.headers["Location"] == order["payment"]["url"]
         return order
 
+    # -- orders ----------------------------------------------------------------------------------
+
     def latest(self) -> dict:
         refs = self.client.get("/orders", headers=JSON).get_json()["orders"]
         return self.order(refs[0]["reference"])
 
+    def get_order(self, ref: str, **query):
+        """The order page's JSON answer, whatever it is (`token=` as a link carrying it would)."""
+        return self.client.get(f"/orders/{ref}", headers=JSON, query_string=query)
+
     def order(self, ref: str) -> dict:
-        r = self.client.get(f"/orders/{ref}", headers=JSON)
+        r = self.get_order(ref)
         assert r.status_code == 200, r.status_code
         return r.get_json()
 
     def pay(self, ref: str):
-        return self.client.post(f"/orders/{ref}/pay", data={"csrf_token": self.token}, headers=JSON)
+        return self.post(f"/orders/{ref}/pay", headers=JSON)
 
-    def cancel(self, ref: str, version: int):
-        return self.client.post(
-            f"/orders/{ref}/cancel", data={"csrf_token": self.token, "version": version}, headers=JSON
-        )
+    def cancel(self, ref: str, version, headers=JSON, **form):
+        return self.post(f"/orders/{ref}/cancel", headers=headers, version=version, **form)
 
     def come_back(self, ref: str, session_id: str):
         """The browser returning from the hosted page to the success URL."""
         return self.client.get(f"/checkout/return?order={ref}&session_id={session_id}")
+
+
+class HttpClient:
+    """The test client's get and post, made over real HTTP (requests, with a cookie jar) to a
+    shop served at `base_url`, answered as the test client answers (werkzeug's TestResponse;
+    redirects are not followed)."""
+
+    def __init__(self, base_url: str, timeout: float = 30, session: requests.Session | None = None):
+        self.base_url, self.timeout = base_url, timeout
+        self.session = requests.Session() if session is None else session
+
+    def get(self, path: str, headers=None, query_string=None):
+        return self._answer(self.session.get(self.base_url + path, headers=headers, params=query_string, **self._how))
+
+    def post(self, path: str, headers=None, data=None):
+        return self._answer(self.session.post(self.base_url + path, headers=headers, data=data, **self._how))
+
+    @property
+    def _how(self) -> dict:
+        return {"allow_redirects": False, "timeout": self.timeout}
+
+    @staticmethod
+    def _answer(r: requests.Response) -> TestResponse:
+        return TestResponse(r.content, r.status_code, list(r.headers.items()), request=None)
 
 
 def order_id(app, ref: str) -> int:

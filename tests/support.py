@@ -1,7 +1,7 @@
 """Plain helpers the tests and conftest share (conftest keeps fixtures and hooks only; no test
-module imports from it): this run's own Redis database and app config, a browser's CSRF token,
-the operator's login, a checkout through the storefront's forms, and the heartbeats of a
-running worker and scheduler."""
+module imports from it): this run's own Redis database and app config, the unreachable provider,
+a browser's CSRF token, the operator's login, and the heartbeats of a running worker and
+scheduler. A customer's checkout through the storefront is payment_helpers.Shopper's."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ TEST_DBS = range(1, 15)  # 0 is the shop's default, 15 holds the locks
 # A run renews its lock as it goes (pytest_runtest_logstart), so a run that was killed frees its
 # database within this long instead of holding it for hours.
 LOCK_SECONDS = 900
+# STRIPE_API_BASE for a provider that refuses connections at once: port 9 (discard) on loopback,
+# where nothing listens. A checkout then leaves the order PendingPayment with "Pay now".
+UNREACHABLE_PROVIDER = "http://127.0.0.1:9"
 
 
 def _claim_redis_db() -> str:
@@ -110,21 +113,6 @@ def log_in(app, client) -> str:
     )
     assert r.status_code == 303, r.get_data(as_text=True)
     return token
-
-
-def checkout_over_http(client, variant_id: int, quantity: int = 1, email: str = "ann@example.com") -> str:
-    """A browser's order through the storefront's forms: add to the cart, check out; returns the
-    order's reference (where the checkout redirected)."""
-    token = csrf_token(client, "/")
-    assert (
-        client.post(
-            "/cart/items", data={"csrf_token": token, "variant_id": variant_id, "quantity": quantity}
-        ).status_code
-        == 303
-    )
-    placed = client.post("/checkout", data={"csrf_token": token, "email": email})
-    assert placed.status_code == 303, placed.get_data(as_text=True)
-    return placed.headers["Location"].rsplit("/", 1)[-1]
 
 
 def leave_heartbeats(app) -> None:

@@ -69,11 +69,8 @@ def test_a_checkout_that_committed_answers_with_its_order_when_the_database_goes
 
     monkeypatch.setattr(routes, "start_payment", lose_the_database_then_start)
 
-    r = shopper.client.post(
-        "/cart/items", data={"csrf_token": shopper.token, "variant_id": shopper.skus["NB-A5-DOT"], "quantity": 1}
-    )
-    assert r.status_code == 303
-    r = shopper.client.post("/checkout", data={"csrf_token": shopper.token, "email": "ann@example.com"}, headers=JSON)
+    assert shopper.add("NB-A5-DOT").status_code == 303
+    r = shopper.checkout_cart(headers=JSON)
 
     [(reference, status)] = _orders(fresh_paying_app)
     assert status == "PendingPayment"  # placed; its payment never started

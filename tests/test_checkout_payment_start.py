@@ -120,7 +120,7 @@ def test_paying_a_stored_order_again_reads_it_and_applies_the_same_guarded_trans
     sandbox.faults(api_unavailable=False)
     assert shopper.order(ref)["status"] == "PendingPayment"
 
-    r = shopper.client.post(f"/orders/{ref}/pay", data={"csrf_token": shopper.token}, headers=JSON)
+    r = shopper.pay(ref)
 
     assert r.status_code == 200
     order = shopper.order(ref)
@@ -191,10 +191,8 @@ def test_a_json_client_checking_out_gets_the_contracts_303_and_the_same_facts_in
     provider down, to the order page: the status does not depend on what the client accepts."""
     shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     sandbox.faults(api_unavailable=not provider_up)
-    shopper.client.post(
-        "/cart/items", data={"csrf_token": shopper.token, "variant_id": shopper.skus[SKU], "quantity": 1}
-    )
-    r = shopper.client.post("/checkout", data={"csrf_token": shopper.token, "email": "ann@example.com"}, headers=JSON)
+    shopper.add(SKU)
+    r = shopper.checkout_cart(headers=JSON)
     assert r.status_code == 303 and r.is_json
     body = r.get_json()
     assert r.headers["Location"] == (body["payment_url"] if provider_up else body["order_url"])

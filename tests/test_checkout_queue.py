@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from sqlalchemy import select, update
 
-from factories import force_order, seed_catalog_rows
+from factories import force_order
 from payment_helpers import JSON, Shopper, post_webhook, sandbox_event
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
@@ -22,18 +22,9 @@ from shop.payments import checkout_queue, guard
 QUEUED = {"status": "queued", "session_id": None, "url": None}
 
 
-def _shop(make_fresh_app, sandbox, **config):
-    # One session a second, and a customer waits no time for the budget: the second checkout
-    # within a second finds it spent.
-    app = make_fresh_app(
-        STRIPE_API_BASE=sandbox.base_url,
-        STRIPE_SESSION_MIN_SECONDS=60,
-        STRIPE_WEBHOOK_SECRET="whsec_test_secret",
-        STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1,
-        STRIPE_CUSTOMER_WAIT_SECONDS=0.0,
-        **config,
-    )
-    return app, seed_catalog_rows(app)
+# One session a second, and a customer waits no time for the budget: the second checkout within a
+# second finds it spent.
+ONE_SESSION_A_SECOND = dict(STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
 
 
 def _queued(shopper: Shopper) -> dict:
@@ -55,19 +46,15 @@ def _session_creates(sandbox) -> list[str]:
 
 
 def test_checkouts_past_the_session_budget_wait_in_line_in_arrival_order_and_each_reaches_its_payment_page(
-    make_fresh_app, sandbox
+    make_shop, sandbox
 ):
-    app, skus = _shop(make_fresh_app, sandbox)
-    first = Shopper(app, skus)
+    app = make_shop(sandbox=True, **ONE_SESSION_A_SECOND)
+    first = Shopper(app)
     assert "/pay/" in first.checkout().headers["Location"]  # the budget's one session this second
 
-    second, third = Shopper(app, skus), Shopper(app, skus)
-    response = second.client.post(
-        "/cart/items", data={"csrf_token": second.token, "variant_id": skus["NB-A5-DOT"], "quantity": 1}
-    )
-    response = second.client.post(
-        "/checkout", data={"csrf_token": second.token, "email": "bo@example.com"}, headers=JSON
-    )
+    second, third = Shopper(app), Shopper(app)
+    second.add("NB-A5-DOT")
+    response = second.checkout_cart("bo@example.com", headers=JSON)
     assert response.status_code == 303 and response.get_json()["queued"] is True
     assert response.get_json()["payment_url"] is None
     waiting = second.latest()
@@ -103,12 +90,12 @@ def test_checkouts_past_the_session_budget_wait_in_line_in_arrival_order_and_eac
     # Nobody waits any more: the line is open, and a checkout goes straight to its payment page.
     assert "shop_payment_queue_orders 0.0" in app.test_client().get("/metrics").get_data(as_text=True)
     time.sleep(1.3)
-    assert "/pay/" in Shopper(app, skus).checkout().headers["Location"]
+    assert "/pay/" in Shopper(app).checkout().headers["Location"]
 
 
-def test_pay_now_with_the_budget_spent_puts_the_order_in_line_instead_of_refusing(make_fresh_app, sandbox):
-    app, skus = _shop(make_fresh_app, sandbox)
-    shopper = Shopper(app, skus)
+def test_pay_now_with_the_budget_spent_puts_the_order_in_line_instead_of_refusing(make_shop, sandbox):
+    app = make_shop(sandbox=True, **ONE_SESSION_A_SECOND)
+    shopper = Shopper(app)
     order = shopper.place()
     sid = order["payment"]["session_id"]
     sandbox.set_outcome(sid, "async_pending")
@@ -117,7 +104,7 @@ def test_pay_now_with_the_budget_spent_puts_the_order_in_line_instead_of_refusin
     assert shopper.order(order["reference"])["status"] == "PaymentFailed"
     time.sleep(1.3)  # the budget's second is over
 
-    other = Shopper(app, skus)
+    other = Shopper(app)
     other.checkout()  # spends this second's session
     answer = shopper.pay(order["reference"])
     assert answer.status_code == 202 and answer.get_json()["queued"] is True, answer.get_data(as_text=True)
@@ -128,10 +115,10 @@ def test_pay_now_with_the_budget_spent_puts_the_order_in_line_instead_of_refusin
     assert again["status"] == "PaymentInitiated" and again["payment"]["session_id"] != order["payment"]["session_id"]
 
 
-def test_the_queue_pauses_while_the_breaker_is_open_and_the_orders_keep_their_place(make_fresh_app, sandbox):
-    app, skus = _shop(make_fresh_app, sandbox)
-    Shopper(app, skus).checkout()
-    waiting = _queued(shopper := Shopper(app, skus))
+def test_the_queue_pauses_while_the_breaker_is_open_and_the_orders_keep_their_place(make_shop, sandbox):
+    app = make_shop(sandbox=True, **ONE_SESSION_A_SECOND)
+    Shopper(app).checkout()
+    waiting = _queued(shopper := Shopper(app))
     with app.app_context():
         provider_guard = guard.get()
         for _ in range(app.config["STRIPE_BREAKER_THRESHOLD"]):
@@ -148,10 +135,10 @@ def test_the_queue_pauses_while_the_breaker_is_open_and_the_orders_keep_their_pl
     assert shopper.order(waiting["reference"])["status"] == "PaymentInitiated"
 
 
-def test_an_order_whose_pay_by_passes_in_line_is_expired_by_its_deadline_like_any_unpaid_order(make_fresh_app, sandbox):
-    app, skus = _shop(make_fresh_app, sandbox)
-    Shopper(app, skus).checkout()
-    waiting = _queued(shopper := Shopper(app, skus))
+def test_an_order_whose_pay_by_passes_in_line_is_expired_by_its_deadline_like_any_unpaid_order(make_shop, sandbox):
+    app = make_shop(sandbox=True, **ONE_SESSION_A_SECOND)
+    Shopper(app).checkout()
+    waiting = _queued(shopper := Shopper(app))
     window = app.config["UNPAID_ORDER_EXPIRY_SECONDS"]
     with app.app_context():
         order_id = db.session.execute(select(Order.id).where(Order.reference == waiting["reference"])).scalar_one()
@@ -175,16 +162,14 @@ def test_an_order_whose_pay_by_passes_in_line_is_expired_by_its_deadline_like_an
     assert shopper.order(waiting["reference"])["payment"] is None
 
 
-def test_once_a_process_met_the_line_held_its_next_checkouts_join_it_without_asking_the_provider(
-    make_fresh_app, sandbox
-):
-    app, skus = _shop(make_fresh_app, sandbox)
-    Shopper(app, skus).checkout()  # the budget's one session this second
-    _queued(Shopper(app, skus))  # refused by the budget: the line forms
+def test_once_a_process_met_the_line_held_its_next_checkouts_join_it_without_asking_the_provider(make_shop, sandbox):
+    app = make_shop(sandbox=True, **ONE_SESSION_A_SECOND)
+    Shopper(app).checkout()  # the budget's one session this second
+    _queued(Shopper(app))  # refused by the budget: the line forms
     time.sleep(1.3)  # the budget has room again, the line is still held
-    _queued(Shopper(app, skus))  # refused because of the line: this process knows now
+    _queued(Shopper(app))  # refused because of the line: this process knows now
     calls = sandbox.request_count()
-    shoppers = [Shopper(app, skus) for _ in range(3)]
+    shoppers = [Shopper(app) for _ in range(3)]
     joined = [_queued(shopper) for shopper in shoppers]
     assert sandbox.request_count() == calls, "a checkout asked the provider for a session the line holds back"
     assert [o["line"]["ahead"] for o in joined] == [2, 3, 4]

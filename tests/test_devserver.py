@@ -17,8 +17,10 @@ import pytest
 import requests
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from werkzeug.test import TestResponse
 
 import shop
+from payment_helpers import Shopper
 
 pytestmark = pytest.mark.slow
 
@@ -210,20 +212,11 @@ def _log_in(browser, base, password) -> bool:
     return r.status_code in (302, 303) and "/console/login" not in r.headers["Location"]
 
 
-def _check_out(browser, base) -> requests.Response:
+def _check_out(browser, base) -> TestResponse:
     """Put one item in the cart and check out; the response is the checkout's own (303)."""
     catalog = browser.get(base + "/", headers={"Accept": "application/json"}).json()
     variant = next(v for p in catalog["products"] for v in p["variants"] if v["available"] > 0)
-    token = CSRF.search(browser.get(base + "/", headers={"Accept": "text/html"}).text).group(1)
-    r = browser.post(
-        base + "/cart/items",
-        allow_redirects=False,
-        data={"csrf_token": token, "variant_id": variant["id"], "quantity": 1},
-    )
-    assert r.status_code == 303
-    return browser.post(
-        base + "/checkout", allow_redirects=False, data={"csrf_token": token, "email": "ann@example.com"}
-    )
+    return Shopper.over_http(base, {variant["sku"]: variant["id"]}, session=browser).checkout(variant["sku"])
 
 
 def test_a_restarted_up_keeps_the_browsers_orders_the_payment_link_and_the_operator_password(run_up):
@@ -311,14 +304,8 @@ def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
     )
     assert r.status_code in (302, 303) and "/console/login" not in r.headers["Location"]
 
-    token = CSRF.search(browser.get(base + "/", headers={"Accept": "text/html"}).text).group(1)
-    r = browser.post(
-        base + "/cart/items",
-        allow_redirects=False,
-        data={"csrf_token": token, "variant_id": variants[0]["id"], "quantity": 1},
-    )
-    assert r.status_code == 303
-    r = browser.post(base + "/checkout", allow_redirects=False, data={"csrf_token": token, "email": "ann@example.com"})
+    customer = Shopper.over_http(base, {v["sku"]: v["id"] for v in variants}, session=browser)
+    r = customer.checkout(variants[0]["sku"])
     assert r.status_code == 303, r.text
     pay_url = r.headers["Location"]
     assert pay_url.startswith(sandbox + "/pay/")

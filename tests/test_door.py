@@ -10,16 +10,16 @@ import re
 import time
 from pathlib import Path
 
-import pytest
 from sqlalchemy import select
 
-from factories import force_order, placed_order_in, seed_catalog_rows
+from factories import force_order, placed_order_in
+from payment_helpers import Shopper
 from shop.console.auth import LAST_SEEN, POLL_HEADER
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery
 from support import OPERATOR_EMAIL as EMAIL
 from support import OPERATOR_PASSWORD as PASSWORD
-from support import add_operator, checkout_over_http, csrf_token, log_in
+from support import add_operator, csrf_token, log_in
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
@@ -302,16 +302,9 @@ def test_the_direct_discard_post_of_a_script_still_works(fresh_app):
     assert r.status_code == 200 and r.get_json()["status"] == "discarded"
 
 
-@pytest.fixture
-def shop(make_fresh_app):
-    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")  # refused at once: the order stays PendingPayment
-    app.skus = seed_catalog_rows(app)
-    return app
-
-
 def test_cancel_asks_on_a_page_of_its_own_whose_form_cancels_with_the_version_seen(shop):
-    client = shop.test_client()
-    reference = checkout_over_http(client, shop.skus["NB-A5-DOT"])
+    customer = Shopper(shop)
+    client, reference = customer.client, customer.buy()
     order_page = client.get(f"/orders/{reference}").get_data(as_text=True)
     assert f'href="/orders/{reference}/cancel?version=1"' in order_page
     assert f'action="/orders/{reference}/cancel"' not in order_page  # no one-click cancel
@@ -333,8 +326,7 @@ def test_cancel_asks_on_a_page_of_its_own_whose_form_cancels_with_the_version_se
 
 
 def test_the_confirm_page_keeps_another_browsers_token_and_refuses_a_stranger(shop):
-    owner = shop.test_client()
-    reference = checkout_over_http(owner, shop.skus["NB-A5-DOT"])
+    reference = Shopper(shop).buy()  # the owner's browser
     with shop.app_context():
         access = db.session.execute(select(Order.access_token).where(Order.reference == reference)).scalar()
     stranger = shop.test_client()
@@ -344,8 +336,8 @@ def test_the_confirm_page_keeps_another_browsers_token_and_refuses_a_stranger(sh
 
 
 def test_a_stale_confirm_page_cancels_nothing(shop):
-    client = shop.test_client()
-    reference = checkout_over_http(client, shop.skus["NB-A5-DOT"])
+    customer = Shopper(shop)
+    client, reference = customer.client, customer.buy()
     html = client.get(f"/orders/{reference}/cancel?version=1").get_data(as_text=True)
     with shop.app_context():
         force_order(reference, version=Order.version + 1)

@@ -12,10 +12,10 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import select
 
-from payment_helpers import WEBHOOK_SECRET, post_webhook, served, stripe_event
+from payment_helpers import WEBHOOK_SECRET, Shopper, post_webhook, served, stripe_event
 from factories import seed_catalog_rows
 from shop.extensions import db
-from support import checkout_over_http, csrf_token, log_in
+from support import UNREACHABLE_PROVIDER, csrf_token, log_in
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
@@ -23,14 +23,11 @@ HTML = {"Accept": "text/html"}
 
 def _placed(app) -> tuple:
     """A browser that placed an order (provider unreachable: it stays PendingPayment)."""
-    client = app.test_client()
-    reference = checkout_over_http(client, seed_catalog_rows(app)["NB-A5-DOT"])
-    return client, csrf_token(client, "/"), reference
+    customer = Shopper(app)
+    return customer.client, customer.token, customer.buy()
 
 
-@pytest.fixture
-def shop(make_fresh_app):
-    return make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9", STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
+pytestmark = pytest.mark.shop(STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
 
 
 def test_a_non_ascii_access_token_is_a_404_like_any_wrong_token(shop):
@@ -158,7 +155,7 @@ def _post_chunked(base_url: str, path: str, body: bytes, headers: dict) -> tuple
 def test_a_chunked_form_is_measured_whole_413_over_the_limit_and_read_whole_under_it(make_fresh_app):
     """Without a Content-Length werkzeug would parse the form up to the limit and take that as all
     of it: a 2 MB form was accepted, cut short."""
-    with served(lambda base: make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9", PUBLIC_BASE_URL=base)) as (app, base):
+    with served(lambda base: make_fresh_app(STRIPE_API_BASE=UNREACHABLE_PROVIDER, PUBLIC_BASE_URL=base)) as (app, base):
         variant = seed_catalog_rows(app)["NB-A5-DOT"]
         form = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
         big = f"variant_id={variant}&quantity=1&pad=".encode() + b"x" * 2_000_000
@@ -225,7 +222,7 @@ def test_a_signed_event_with_a_lone_surrogate_in_its_text_still_leaves_a_receipt
 def test_a_json_body_that_is_not_shaped_like_a_form_is_a_400_in_words(shop):
     """Flask-WTF hands a JSON body to the form as it parsed it: a list, a `true` or a nested object
     was a TypeError in the form or a validator (a 500). Numbers still read as their text."""
-    variant = seed_catalog_rows(shop)["NB-A5-DOT"]
+    variant = shop.skus["NB-A5-DOT"]
     client = shop.test_client()
     token = csrf_token(client, "/")
     headers = {**JSON, "X-CSRFToken": token}

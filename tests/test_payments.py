@@ -20,11 +20,6 @@ from shop.payments import gateway
 from shop.payments.apply import reconcile_order
 
 
-@pytest.fixture
-def shopper(fresh_paying_app):
-    return Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
-
-
 def _rows(app, model, **filters) -> list:
     with app.app_context():
         rows = db.session.query(model).filter_by(**filters).order_by(model.id).all()

@@ -26,6 +26,7 @@ from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxEvent, ScheduledCommand
 from shop.orders.cancel import PROVIDER_EXPIRY_GRACE
 from shop.payments.start import start_payment
+from support import UNREACHABLE_PROVIDER
 
 pytestmark = pytest.mark.slow
 
@@ -243,7 +244,7 @@ def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_e
     app = make_fresh_app(UNPAID_ORDER_EXPIRY_SECONDS=WINDOW, RECONCILIATION_STUCK_AGE_SECONDS=WINDOW)
     procs = Processes()
     try:
-        env = _env(app, STRIPE_API_BASE="http://127.0.0.1:9")
+        env = _env(app, STRIPE_API_BASE=UNREACHABLE_PROVIDER)
         procs.start("scheduler", ["shop", "scheduler"], env)
         procs.start("worker", ["shop", "worker"], env)
         with app.app_context():

@@ -20,23 +20,8 @@ from shop.payments import checkout_queue, gateway, guard
 from shop.scheduling.sweep import run_cycle
 
 from payment_helpers import JSON, Shopper
-from factories import seed_catalog_rows
 
 STALE = "PendingPayment"
-
-
-@pytest.fixture
-def shop(make_fresh_app, sandbox):
-    def build(**config):
-        app = make_fresh_app(
-            STRIPE_API_BASE=sandbox.base_url,
-            STRIPE_SESSION_MIN_SECONDS=60,
-            STRIPE_WEBHOOK_SECRET="whsec_test_secret",
-            **config,
-        )
-        return app, seed_catalog_rows(app)
-
-    return build
 
 
 def _pay_later_page(shopper: Shopper, response) -> dict:
@@ -49,11 +34,13 @@ def _pay_later_page(shopper: Shopper, response) -> dict:
     return shopper.latest()
 
 
-def test_with_30s_of_provider_latency_checkout_answers_within_the_request_budget_with_the_order_placed(shop, sandbox):
+def test_with_30s_of_provider_latency_checkout_answers_within_the_request_budget_with_the_order_placed(
+    make_shop, sandbox
+):
     # Background calls keep the production defaults (10 s x 3 attempts): only the request's own
     # budget can bring the answer under ~10 s.
-    app, skus = shop(STRIPE_TIMEOUT_SECONDS=10, STRIPE_MAX_NETWORK_RETRIES=2)
-    shopper = Shopper(app, skus)
+    app = make_shop(sandbox=True, STRIPE_TIMEOUT_SECONDS=10, STRIPE_MAX_NETWORK_RETRIES=2)
+    shopper = Shopper(app)
     sandbox.faults(api_latency_seconds=30)
     try:
         started = time.monotonic()
@@ -72,19 +59,19 @@ def _breaker(app) -> dict:
 
 
 def test_after_the_threshold_the_breaker_opens_for_every_process_and_a_probe_closes_it_soon_after_the_return(
-    shop, sandbox
+    make_shop, sandbox
 ):
-    app, skus = shop(STRIPE_BREAKER_THRESHOLD=3)
-    other_process, _ = shop(STRIPE_BREAKER_THRESHOLD=3)
+    app = make_shop(sandbox=True, STRIPE_BREAKER_THRESHOLD=3)
+    other_process = make_shop(sandbox=True, STRIPE_BREAKER_THRESHOLD=3)
     sandbox.faults(api_unavailable=True)
     for _ in range(3):
-        _pay_later_page(shopper := Shopper(app, skus), shopper.checkout())
+        _pay_later_page(shopper := Shopper(app), shopper.checkout())
     assert _breaker(app)["state"] == guard.OPEN
 
     sessions = lambda: sandbox.request_count(method="POST")  # noqa: E731 - checkouts' session creates
     created = sessions()
     for instance in (app, other_process):  # the other app has its own guard: the state is in Redis
-        shopper = Shopper(instance, skus)
+        shopper = Shopper(instance)
         started = time.monotonic()
         response = shopper.checkout()
         assert time.monotonic() - started < 1.0
@@ -103,7 +90,7 @@ def test_after_the_threshold_the_breaker_opens_for_every_process_and_a_probe_clo
         assert time.monotonic() - back < 2.0, "the breaker was still open 2 s after the provider came back"
         time.sleep(0.05)
     assert sessions() == created, "a customer's call was the probe"
-    shopper = Shopper(other_process, skus)
+    shopper = Shopper(other_process)
     response = shopper.checkout()
     assert response.status_code == 303 and "/pay/" in response.headers["Location"]
     view = _breaker(app)
@@ -138,22 +125,22 @@ def test_probes_that_keep_failing_back_off_to_the_cool_down(make_fresh_app):
     assert set(gaps[15:]) == {30.0}
 
 
-def test_the_console_dashboard_says_the_providers_state_in_words(shop, sandbox):
-    app, skus = shop(STRIPE_BREAKER_THRESHOLD=1, STRIPE_BREAKER_COOLDOWN_SECONDS=60)
+def test_the_console_dashboard_says_the_providers_state_in_words(make_shop, sandbox):
+    app = make_shop(sandbox=True, STRIPE_BREAKER_THRESHOLD=1, STRIPE_BREAKER_COOLDOWN_SECONDS=60)
     console = app.test_client()
     log_in(app, console)
     assert console.get("/console/", headers=JSON).get_json()["provider"]["state"] == guard.CLOSED
     sandbox.faults(api_unavailable=True)
-    Shopper(app, skus).checkout()
+    Shopper(app).checkout()
     provider = console.get("/console/", headers=JSON).get_json()["provider"]
     assert provider["state"] == guard.OPEN and provider["words"] == guard.STATE_WORDS[guard.OPEN]
     page = console.get("/console/", headers={"Accept": "text/html"}).get_data(as_text=True)
     assert "Unavailable: checkout takes orders and holds their stock" in page
 
 
-def test_the_provider_card_is_not_green_while_the_latest_calls_failed_below_the_breakers_threshold(shop, sandbox):
+def test_the_provider_card_is_not_green_while_the_latest_calls_failed_below_the_breakers_threshold(make_shop, sandbox):
     """A breaker still closed after failed calls is no evidence the provider is reachable."""
-    app, skus = shop(STRIPE_BREAKER_THRESHOLD=50)
+    app = make_shop(sandbox=True, STRIPE_BREAKER_THRESHOLD=50)
     console = app.test_client()
     log_in(app, console)
     card = lambda: next(
@@ -163,14 +150,14 @@ def test_the_provider_card_is_not_green_while_the_latest_calls_failed_below_the_
     )
     assert card()["ok"] is True and card()["words"] == guard.STATE_WORDS[guard.CLOSED]
     sandbox.faults(api_unavailable=True)
-    Shopper(app, skus).checkout()
+    Shopper(app).checkout()
     provider = console.get("/console/", headers=JSON).get_json()["provider"]
     assert provider["state"] == guard.CLOSED and provider["failures"] >= 1
     c = card()
     assert c["ok"] is False and c["count"] == 1 and c["words"].startswith("Failing: the last")
     assert "Reachable" not in c["words"]
     sandbox.faults(api_unavailable=False)
-    Shopper(app, skus).checkout()  # one call that answers resets the count
+    Shopper(app).checkout()  # one call that answers resets the count
     assert card()["ok"] is True
 
 
@@ -283,11 +270,11 @@ def test_callers_whose_clocks_read_late_share_one_budget_and_get_no_extra_refill
 
 
 def test_a_429_storm_puts_checkouts_in_line_the_queue_and_the_sweep_wait_out_retry_after_until_every_order_is_paid(
-    shop, sandbox
+    make_shop, sandbox
 ):
-    app, skus = shop(STRIPE_BREAKER_COOLDOWN_SECONDS=1.0)
+    app = make_shop(sandbox=True, STRIPE_BREAKER_COOLDOWN_SECONDS=1.0)
     sandbox.faults(api_rate_limit_per_second=1)
-    shoppers = [Shopper(app, skus) for _ in range(5)]
+    shoppers = [Shopper(app) for _ in range(5)]
     answers = [s.checkout() for s in shoppers]
     assert all(a.status_code == 303 for a in answers)
     later = [s for s, a in zip(shoppers, answers) if "/pay/" not in a.headers["Location"]]

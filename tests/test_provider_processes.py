@@ -9,7 +9,6 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -18,8 +17,10 @@ import time
 import pytest
 import requests
 from sqlalchemy import select, text
+from werkzeug.test import TestResponse
 
 from factories import seed_catalog_rows
+from payment_helpers import JSON, Shopper
 from shop.extensions import db
 from shop.models import Order
 from shop.payments import guard
@@ -29,8 +30,6 @@ from test_processes import ROOT, Processes, _env, _free_port, _wait
 
 pytestmark = pytest.mark.slow
 
-JSON = {"Accept": "application/json"}
-CSRF = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')
 WEBHOOK_SECRET = "whsec_x"  # test_processes._env's
 
 
@@ -47,28 +46,12 @@ def start_web(procs: Processes, env: dict) -> None:
     procs.children.append(("web", proc))
 
 
-class Browser:
-    """One customer over HTTP, with its own cookies."""
-
-    def __init__(self, base: str, variant_id: int):
-        self.base, self.http = base, requests.Session()
-        self.token = CSRF.search(self.http.get(base + "/", headers={"Accept": "text/html"}, timeout=10).text)[1]
-        r = self.http.post(
-            base + "/cart/items",
-            data={"csrf_token": self.token, "variant_id": variant_id, "quantity": 1},
-            allow_redirects=False,
-            timeout=10,
-        )
-        assert r.status_code == 303, r.text
-
-    def checkout(self) -> requests.Response:
-        return self.http.post(
-            self.base + "/checkout",
-            data={"csrf_token": self.token, "email": "ann@example.com"},
-            headers=JSON,
-            allow_redirects=False,
-            timeout=30,
-        )
+def _customer(base: str, skus: dict[str, int]) -> Shopper:
+    """One customer over HTTP, with its own cookies and a notebook in its cart."""
+    customer = Shopper.over_http(base, skus)
+    added = customer.add("NB-A5-DOT")
+    assert added.status_code == 303, added.text
+    return customer
 
 
 def _signed_webhook(base: str) -> requests.Response:
@@ -95,7 +78,7 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
     make_fresh_app, sandbox
 ):
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
-    variant_id = seed_catalog_rows(app)["NB-A5-DOT"]
+    skus = seed_catalog_rows(app)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     procs = Processes()
@@ -115,17 +98,17 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
             ),
         )
         _wait(lambda: _answers(base + "/"), 30, "the web process", procs.logs)
-        owner = Browser(base, variant_id)
-        placed = owner.checkout()
+        owner = _customer(base, skus)
+        placed = owner.checkout_cart(headers=JSON)
         assert placed.status_code == 303 and "/pay/" in placed.headers["Location"], placed.text
-        order_page = base + placed.json()["order_url"]
-        shoppers = [Browser(base, variant_id) for _ in range(8)]
+        order_page = placed.get_json()["order_url"]
+        shoppers = [_customer(base, skus) for _ in range(8)]
 
-        answers: dict[int, requests.Response] = {}
+        answers: dict[int, TestResponse] = {}
         with sandbox.api_hanging():
             since = time.time()
             threads = [
-                threading.Thread(target=lambda i=i, s=s: answers.__setitem__(i, s.checkout()))
+                threading.Thread(target=lambda i=i, s=s: answers.__setitem__(i, s.checkout_cart(headers=JSON)))
                 for i, s in enumerate(shoppers)
             ]
             for t in threads:
@@ -136,7 +119,7 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
             time.sleep(0.5)
             for what, ask in (
                 ("catalog", lambda: requests.get(base + "/", headers=JSON, timeout=10)),
-                ("order page", lambda: owner.http.get(order_page, headers=JSON, timeout=10)),
+                ("order page", lambda: owner.client.get(order_page, headers=JSON)),
                 ("webhook", lambda: _signed_webhook(base)),
             ):
                 started = time.monotonic()

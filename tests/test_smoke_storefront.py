@@ -1,20 +1,15 @@
 """A customer's path through the storefront, over HTTP via the test client."""
 
-from factories import seed_catalog_rows
+from payment_helpers import HTML, Shopper
 from shop.extensions import db
 from shop.models import InventoryItem, Order, ScheduledCommand
-from support import csrf_token
 
 
-def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_deadline(make_fresh_app):
-    # Port 9 (discard) on loopback: nothing answers, so the provider is unreachable.
-    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
-    client = app.test_client()
-    skus = seed_catalog_rows(app)
-    token = csrf_token(client, "/")
-    r = client.post("/cart/items", data={"csrf_token": token, "variant_id": skus["MUG-350-NVY"], "quantity": 2})
-    assert r.status_code == 303
-    r = client.post("/checkout", data={"csrf_token": token, "email": "ann@example.com"})
+def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_deadline(shop):
+    app, skus = shop, shop.skus
+    customer = Shopper(shop)
+    client = customer.client
+    r = customer.checkout("MUG-350-NVY", 2)
     assert r.status_code == 303, r.get_data(as_text=True)
     order_url = r.headers["Location"]
     assert "/orders/BK-" in order_url
@@ -31,21 +26,17 @@ def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_d
     assert "Pay now" in html
 
 
-def test_another_browser_gets_404_for_an_order_it_did_not_place(make_fresh_app):
+def test_another_browser_gets_404_for_an_order_it_did_not_place(shop):
     # The provider unreachable, as the test above: with the default STRIPE_API_BASE a sandbox
     # that happened to listen on 127.0.0.1:12111 started the payment, and the checkout went to
     # its hosted page instead of the order.
-    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
-    client = app.test_client()
-    skus = seed_catalog_rows(app)
-    token = csrf_token(client, "/")
-    client.post("/cart/items", data={"csrf_token": token, "variant_id": skus["NB-A5-DOT"], "quantity": 1})
-    r = client.post("/checkout", data={"csrf_token": token, "email": "ann@example.com"})
+    customer = Shopper(shop)
+    client = customer.client
+    r = customer.checkout("NB-A5-DOT", 1)
     order_url = r.headers["Location"]
-    stranger = app.test_client()
-    assert stranger.get(order_url).status_code == 404
-    stranger_token = csrf_token(stranger, "/")
+    stranger = Shopper(shop)
+    assert stranger.client.get(order_url).status_code == 404
     ref = order_url.rsplit("/", 1)[-1]
-    r = stranger.post(f"/orders/{ref}/cancel", data={"csrf_token": stranger_token, "version": 1})
+    r = stranger.cancel(ref, 1, headers=HTML)
     assert r.status_code == 404
     assert client.get(order_url, headers={"Accept": "application/json"}).get_json()["status"] == "PendingPayment"

@@ -10,63 +10,17 @@ import threading
 import pytest
 from sqlalchemy import func, select
 
-from factories import force_order, seed_catalog_rows
+from factories import force_order
+from payment_helpers import HTML, JSON, Shopper
 from shop.extensions import db
 from shop.models import Cart, InventoryItem, Order, OutboxDelivery, OutboxEvent
-from support import csrf_token
 
-JSON = {"Accept": "application/json"}
-HTML = {"Accept": "text/html"}
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 
 
 @pytest.fixture
-def shop(make_fresh_app):
-    """The app with the demo catalog; the provider is unreachable (connection refused at once),
-    so checkout leaves the order PendingPayment with "Pay now" until payment lands."""
-    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
-    app.skus = seed_catalog_rows(app)
-    return app
-
-
-@pytest.fixture
 def browser(shop):
-    return Browser(shop)
-
-
-class Browser:
-    """One browser: a test client with its cookie jar and the CSRF token its pages render."""
-
-    def __init__(self, app):
-        self.app = app
-        self.client = app.test_client()
-        self.token = csrf_token(self.client, "/")
-
-    def add(self, sku, quantity=1, headers=None):
-        return self.client.post(
-            "/cart/items",
-            headers=headers or HTML,
-            data={"csrf_token": self.token, "variant_id": self.app.skus[sku], "quantity": quantity},
-        )
-
-    def checkout(self, email="ann@example.com", headers=None):
-        return self.client.post("/checkout", headers=headers or HTML, data={"csrf_token": self.token, "email": email})
-
-    def buy(self, sku="NB-A5-DOT", quantity=1) -> str:
-        assert self.add(sku, quantity).status_code == 303
-        placed = self.checkout()
-        assert placed.status_code == 303, placed.get_data(as_text=True)
-        return placed.headers["Location"].rsplit("/", 1)[-1]
-
-    def order(self, reference, **query):
-        return self.client.get(f"/orders/{reference}", headers=JSON, query_string=query)
-
-    def cancel(self, reference, version, headers=None, **extra):
-        return self.client.post(
-            f"/orders/{reference}/cancel",
-            headers=headers or HTML,
-            data={"csrf_token": self.token, "version": version, **extra},
-        )
+    return Shopper(shop)
 
 
 def stock(app, sku):
@@ -158,14 +112,14 @@ def test_a_post_without_its_csrf_token_is_a_400_with_a_clear_message_and_changes
 
 
 def test_checking_out_an_empty_cart_is_a_400(shop, browser):
-    r = browser.checkout(headers=JSON)
+    r = browser.checkout_cart(headers=JSON)
     assert r.status_code == 400 and r.get_json()["error"] == "Your cart is empty."
     assert rows(shop, Order) == 0
 
 
 def test_checking_out_with_a_bad_email_is_a_400_that_keeps_the_cart(shop, browser):
     browser.add("NB-A5-DOT")
-    r = browser.checkout("not-an-email")
+    r = browser.checkout_cart("not-an-email")
     assert r.status_code == 400
     html = r.get_data(as_text=True)
     assert "does not look like an email address" in html and "NB-A5-DOT" in html
@@ -175,16 +129,16 @@ def test_checking_out_with_a_bad_email_is_a_400_that_keeps_the_cart(shop, browse
 def test_checking_out_more_than_is_left_is_a_409_that_re_renders_the_cart_with_the_reason(shop, browser):
     browser.add("MUG-350-NVY", 3)
     browser.add("NB-A6-DOT", 1)
-    other = Browser(shop)
+    other = Shopper(shop)
     other.buy("MUG-350-NVY", 2)  # someone else bought two meanwhile
-    r = browser.checkout()
+    r = browser.checkout_cart()
     assert r.status_code == 409
     html = r.get_data(as_text=True)
     # The short line is marked where it is, with its fix; the banner says it once.
     assert "MUG-350-NVY" in html and "Only 1 left" in html and "Reduce to 1" in html
     assert html.count("no longer available in the quantity you chose") == 1
     assert "Check out and pay" in html  # the cart is still there to fix
-    data = browser.checkout(headers=JSON).get_json()
+    data = browser.checkout_cart(headers=JSON).get_json()
     assert data["shortages"] == [
         {
             "variant_id": shop.skus["MUG-350-NVY"],
@@ -219,7 +173,7 @@ def test_a_double_submitted_checkout_of_one_cart_creates_one_order(shop, browser
     assert sorted(a.status_code for a in answers) in ([303, 400], [303, 409]), [a.get_json() for a in answers]
     assert rows(shop, Order) == 1 and stock(shop, "NB-A5-DOT") == 38
     assert rows(shop, Cart, Cart.status == "ordered") == 1
-    assert browser.checkout(headers=JSON).status_code == 400  # and a later resubmit finds no cart
+    assert browser.checkout_cart(headers=JSON).status_code == 400  # and a later resubmit finds no cart
     assert rows(shop, Order) == 1
 
 
@@ -237,7 +191,7 @@ def test_the_orders_list_and_the_order_page_have_the_contract_json_shape(shop, b
         assert o["status"] == "PendingPayment" and ISO.match(o["created_at"])
     assert listing["orders"][1]["total"] == 2800
 
-    data = browser.order(first).get_json()
+    data = browser.order(first)
     assert set(data) == {
         "reference",
         "status",
@@ -305,9 +259,9 @@ def test_a_stale_version_cancel_gets_409_with_the_current_state_and_changes_noth
 def test_a_current_version_cancel_cancels_and_queues_the_stock_restore(shop, browser):
     reference = browser.buy("MUG-350-NVY", 2)
     _, version, order_id = _version(shop, reference)
-    r = browser.cancel(reference, version)
+    r = browser.cancel(reference, version, headers=HTML)
     assert r.status_code == 303 and r.headers["Location"].endswith(f"/orders/{reference}")
-    data = browser.order(reference).get_json()
+    data = browser.order(reference)
     assert (data["status"], data["version"], data["pay_by"]) == ("Cancelled", version + 1, None)
     assert rows(shop, OutboxEvent, OutboxEvent.name == "OrderCancelled", OutboxEvent.order_id == order_id) == 1
     assert (
@@ -328,13 +282,13 @@ def test_a_current_version_cancel_cancels_and_queues_the_stock_restore(shop, bro
 def test_a_browser_that_did_not_place_an_order_cannot_see_or_cancel_it(shop, browser):
     reference = browser.buy("NB-A6-DOT", 1)
     _, version, _ = _version(shop, reference)
-    stranger = Browser(shop)
-    assert stranger.order(reference).status_code == 404
+    stranger = Shopper(shop)
+    assert stranger.get_order(reference).status_code == 404
     assert stranger.client.get(f"/orders/{reference}", headers=HTML).status_code == 404
-    assert stranger.cancel(reference, version).status_code == 404
-    assert stranger.cancel(reference, version, token="wrong-token").status_code == 404
+    assert stranger.cancel(reference, version, headers=HTML).status_code == 404
+    assert stranger.cancel(reference, version, headers=HTML, token="wrong-token").status_code == 404
     assert stranger.client.get("/orders", headers=JSON).get_json() == {"orders": []}
-    assert stranger.order("BK-NOSUCH00").status_code == 404  # indistinguishable from a real one
+    assert stranger.get_order("BK-NOSUCH00").status_code == 404  # indistinguishable from a real one
     assert _version(shop, reference)[:2] == ("PendingPayment", version)
 
 
@@ -343,10 +297,10 @@ def test_a_url_carrying_the_access_token_shows_the_order_to_any_browser(shop, br
     with shop.app_context():
         token = db.session.execute(select(Order.access_token).where(Order.reference == reference)).scalar_one()
         db.session.remove()
-    stranger = Browser(shop)
-    r = stranger.order(reference, token=token)
+    stranger = Shopper(shop)
+    r = stranger.get_order(reference, token=token)
     assert r.status_code == 200 and r.get_json()["reference"] == reference
-    assert stranger.order(reference, token=token[:-1] + ("A" if token[-1] != "A" else "B")).status_code == 404
+    assert stranger.get_order(reference, token=token[:-1] + ("A" if token[-1] != "A" else "B")).status_code == 404
 
 
 # -- hostile input: answered in words, never a 500, never another browser's order ---------------
@@ -357,10 +311,10 @@ def test_the_return_page_does_not_hand_a_stranger_the_access_token_while_the_pro
     proven to be the order's. With the provider unreachable nothing is proven: a stranger who
     knows only the reference gets a 404, the browser that placed it its own page."""
     reference = browser.buy("NB-A6-DOT", 1)
-    stranger = Browser(shop)
+    stranger = Shopper(shop)
     r = stranger.client.get(f"/checkout/return?order={reference}&session_id=cs_test_guessed")
     assert r.status_code == 404 and "token=" not in r.headers.get("Location", "")
-    assert stranger.order(reference).status_code == 404
+    assert stranger.get_order(reference).status_code == 404
     mine = browser.client.get(f"/checkout/return?order={reference}&session_id=cs_test_guessed")
     assert mine.status_code == 303 and mine.headers["Location"].endswith(f"/orders/{reference}")
 

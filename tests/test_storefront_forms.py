@@ -11,42 +11,10 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from factories import seed_catalog_rows
-from payment_helpers import JSON, run_due_commands
+from payment_helpers import HTML, JSON, Shopper, run_due_commands
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import InventoryItem
-from support import csrf_token
-
-HTML = {"Accept": "text/html"}
-
-
-@pytest.fixture
-def shop(make_fresh_app):
-    """The demo catalog; the provider is unreachable, so a placed order stays PendingPayment."""
-    app = make_fresh_app(STRIPE_API_BASE="http://127.0.0.1:9")
-    app.skus = seed_catalog_rows(app)
-    return app
-
-
-class Customer:
-    def __init__(self, app):
-        self.app = app
-        self.client = app.test_client()
-        self.token = csrf_token(self.client, "/")
-
-    def add(self, sku, quantity=1, headers=None):
-        return self.client.post(
-            "/cart/items",
-            headers=headers or HTML,
-            data={"csrf_token": self.token, "variant_id": self.app.skus[sku], "quantity": quantity},
-        )
-
-    def post(self, url, headers=None, **form):
-        return self.client.post(url, headers=headers or HTML, data={"csrf_token": self.token, **form})
-
-    def cart(self) -> str:
-        return self.client.get("/cart", headers=HTML).get_data(as_text=True)
 
 
 def set_stock(app, sku, on_hand):
@@ -73,11 +41,11 @@ def checkout_button(html: str) -> str:
 
 
 def test_a_line_asking_for_more_than_is_left_is_marked_and_one_click_reduces_it(shop):
-    customer = Customer(shop)
+    customer = Shopper(shop)
     assert customer.add("MUG-350-NVY", 3).status_code == 303
     set_stock(shop, "MUG-350-NVY", 1)  # sold elsewhere meanwhile
 
-    html = customer.cart()
+    html = customer.cart_page()
     row = line(html, "MUG-350-NVY")
     assert 'class="short"' in row and "Only 1 left" in row and "Reduce to 1" in row and ">Remove<" in row
     assert "disabled" in checkout_button(html)
@@ -93,28 +61,28 @@ def test_a_line_asking_for_more_than_is_left_is_marked_and_one_click_reduces_it(
     r = customer.post(reduce_form.group(1), quantity=reduce_form.group(2))
     assert (r.status_code, r.headers["Location"]) == (303, "/cart")
 
-    html = customer.cart()
+    html = customer.cart_page()
     assert 'class="short"' not in html and "Only 1 left" not in html
     assert "disabled" not in checkout_button(html)
 
 
 def test_removing_a_sold_out_line_is_one_click_and_lifts_the_checkout_block(shop):
-    customer = Customer(shop)
+    customer = Shopper(shop)
     customer.add("MUG-350-NVY", 2)
     customer.add("NB-A5-DOT", 1)
     set_stock(shop, "MUG-350-NVY", 0)
 
-    row = line(customer.cart(), "MUG-350-NVY")
+    row = line(customer.cart_page(), "MUG-350-NVY")
     assert "Sold out" in row and "Reduce to" not in row  # nothing to reduce to
     remove = re.search(r'action="([^"]+/delete)"', row).group(1)
     assert customer.post(remove).status_code == 303
-    html = customer.cart()
+    html = customer.cart_page()
     assert "MUG-350-NVY" not in html and "disabled" not in checkout_button(html)
 
 
 def test_a_sold_out_variant_says_so_in_the_catalog_and_cannot_be_added(shop):
     set_stock(shop, "MUG-350-NVY", 0)
-    customer = Customer(shop)
+    customer = Shopper(shop)
     catalog = customer.client.get("/", headers=HTML).get_data(as_text=True)
     row = [r for r in re.findall(r"<tr>.*?</tr>", catalog, re.S) if "MUG-350-NVY" in r][0]
     assert "Sold out" in row and re.search(r"<button[^>]*disabled[^>]*>Sold out</button>", row)
@@ -130,7 +98,7 @@ def test_a_sold_out_variant_says_so_in_the_catalog_and_cannot_be_added(shop):
 
 
 def test_a_bad_email_is_shown_beside_the_email_field_and_the_page_names_the_cart(shop):
-    customer = Customer(shop)
+    customer = Shopper(shop)
     customer.add("NB-A5-DOT")
     r = customer.post("/checkout", email="not-an-email")
     assert r.status_code == 400  # the refusal keeps its status (docs/REFERENCE.md, Storefront)
@@ -147,7 +115,7 @@ def test_a_bad_email_is_shown_beside_the_email_field_and_the_page_names_the_cart
 
 
 def test_a_refused_quantity_is_shown_beside_that_lines_quantity(shop):
-    customer = Customer(shop)
+    customer = Shopper(shop)
     customer.add("MUG-350-NVY", 1)
     customer.add("NB-A5-DOT", 1)
     r = customer.post(f"/cart/items/{shop.skus['MUG-350-NVY']}/quantity", quantity=5)
@@ -160,7 +128,7 @@ def test_a_refused_quantity_is_shown_beside_that_lines_quantity(shop):
 
 
 def test_checking_out_an_empty_cart_says_so_once(shop):
-    customer = Customer(shop)
+    customer = Shopper(shop)
     r = customer.post("/checkout", email="ann@example.com")
     assert r.status_code == 400
     assert r.get_data(as_text=True).count("Your cart is empty.") == 1
@@ -192,7 +160,7 @@ def _badges(html: str) -> list[str]:
 
 
 def test_the_orders_list_shows_the_same_badge_as_the_order_page(shop):
-    customer = Customer(shop)
+    customer = Shopper(shop)
     customer.add("NB-A5-DOT")
     placed = customer.post("/checkout", email="ann@example.com")
     ref = placed.headers["Location"].rsplit("/", 1)[-1]

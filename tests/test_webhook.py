@@ -14,17 +14,11 @@ import time
 
 import pytest
 
-from payment_helpers import paid_at_provider, WEBHOOK_SECRET, Shopper, order_id, post_webhook, signature, stripe_event
-from factories import seed_catalog_rows
+from payment_helpers import paid_at_provider, WEBHOOK_SECRET, order_id, post_webhook, signature, stripe_event
 from shop.extensions import db
 from shop.models import OutboxEvent, PaymentProofRefusal, ProcessedStripeEvent, WebhookReceipt
 
 LOST = "every payment update is being lost"
-
-
-@pytest.fixture
-def shopper(fresh_paying_app):
-    return Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
 
 
 def _receipts(app) -> list[tuple]:

@@ -12,17 +12,11 @@ import time
 import pytest
 from sqlalchemy import create_engine, text
 
-from payment_helpers import paid_at_provider, Shopper, order_id, post_webhook, stripe_event
-from factories import seed_catalog_rows
+from payment_helpers import paid_at_provider, order_id, post_webhook, stripe_event
 from shop.extensions import db
 from shop.models import OutboxEvent, ProcessedStripeEvent, WebhookReceipt
 
 ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
-
-
-@pytest.fixture
-def shopper(fresh_paying_app):
-    return Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
 
 
 def _state(app, ref) -> tuple[list, list, int]:

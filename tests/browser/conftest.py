@@ -66,16 +66,3 @@ def screenshot_dir():
     folder = tempfile.mkdtemp(prefix="backstop-screens-")
     yield Path(folder)
     shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture
-def shop(make_fresh_app, sandbox):
-    """The shop on a free port, registered with the sandbox exactly as
-    `flask shop stripe-register-webhook` does, with the demo catalog (its sku -> variant id in
-    app.skus), on an emptied database and a flushed Redis. Yields (app, base_url)."""
-    from factories import seed_catalog_rows
-    from payment_helpers import live_shop
-
-    with live_shop(make_fresh_app, sandbox) as app:
-        app.skus = seed_catalog_rows(app)
-        yield app, app.config["PUBLIC_BASE_URL"]

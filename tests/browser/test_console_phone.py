@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import select, update
 
 from payment_helpers import Shopper
@@ -14,6 +15,8 @@ from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery, ReconciliationCycle, WebhookReceipt
 from shop.seed import upsert_operator
+
+pytestmark = pytest.mark.shop(served=True)  # over real HTTP, registered with the sandbox
 
 WIDTH = 390
 # Every element sticking out of the viewport that is not inside an element that scrolls sideways,
@@ -46,7 +49,7 @@ OVERFLOW = """(width) => {
 
 
 def test_the_dashboard_an_order_and_the_outbox_fit_a_390px_phone(browser, shop, sandbox, screenshot_dir):
-    app, base_url = shop
+    app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     with app.app_context():
         upsert_operator("ops@example.com", "correct horse battery")
         db.session.remove()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
+import pytest
 from playwright.sync_api import expect
 
 from payment_helpers import Shopper
@@ -14,9 +15,11 @@ from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.seed import upsert_operator
 
+pytestmark = pytest.mark.shop(served=True)  # over real HTTP, registered with the sandbox
+
 
 def test_the_dashboard_shows_a_newly_stuck_order_without_a_reload(page, shop, sandbox):
-    app, base_url = shop
+    app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     with app.app_context():
         upsert_operator("ops@example.com", "correct horse battery")
         db.session.remove()

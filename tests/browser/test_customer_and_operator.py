@@ -16,6 +16,8 @@ from shop.models import OutboxDelivery, Variant, WebhookReceipt
 from shop.outbox.dispatch import run_delivery
 from shop.seed import upsert_operator
 
+pytestmark = pytest.mark.shop(served=True)  # over real HTTP, registered with the sandbox
+
 expect = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed").expect
 
 
@@ -65,7 +67,7 @@ def run_pending_deliveries(app) -> list[str]:
 
 
 def test_a_customer_pays_at_the_hosted_page_and_comes_back_to_a_paid_order(page, shop, sandbox, screenshot_dir):
-    app, base_url = shop
+    app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     refused = watch_for_policy_violations(page)
     # The provider's webhooks never arrive: the customer's own return must be enough.
     sandbox.faults(drop_webhooks=10)
@@ -109,7 +111,7 @@ def test_a_customer_pays_at_the_hosted_page_and_comes_back_to_a_paid_order(page,
 
 
 def test_a_customer_who_leaves_the_hosted_page_cancels_and_the_stock_comes_back(page, shop, sandbox, screenshot_dir):
-    app, base_url = shop
+    app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     refused = watch_for_policy_violations(page)
     assert stock_shown(page, base_url, "MUG-350-NVY") == "3 in stock"
 
@@ -150,7 +152,7 @@ def test_a_customer_who_leaves_the_hosted_page_cancels_and_the_stock_comes_back(
 
 
 def test_an_operator_logs_in_and_reads_a_paid_orders_transitions(page, shop, sandbox, screenshot_dir):
-    app, base_url = shop
+    app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     with app.app_context():
         upsert_operator("ops@example.com", "correct horse battery")
         db.session.remove()

@@ -16,6 +16,8 @@ from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import InventoryItem, Order, Variant
 
+pytestmark = pytest.mark.shop(served=True)  # over real HTTP, registered with the sandbox
+
 expect = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed").expect
 
 # Set on the page's window: it survives only while the same document stays (no navigation, no reload).
@@ -61,7 +63,7 @@ def watch_navigations(page) -> list[str]:
 
 
 def test_a_settling_payment_turns_to_paid_on_the_open_order_page_without_a_reload(page, shop, sandbox):
-    app, base_url = shop
+    app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     add_to_cart(page, base_url, "NB-A5-DOT", 1)
     check_out(page, "ann@example.com")
     expect(page).to_have_url(re.compile(re.escape(sandbox.base_url) + r"/pay/cs_"))
@@ -91,7 +93,7 @@ def test_a_settling_payment_turns_to_paid_on_the_open_order_page_without_a_reloa
 
 
 def test_an_order_left_unpaid_by_an_unreachable_provider_shows_its_expiry_without_a_reload(page, shop, sandbox):
-    app, base_url = shop
+    app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     add_to_cart(page, base_url, "NB-A5-DOT", 1)
     sandbox.faults(api_unavailable=True)
     check_out(page, "bo@example.com")
@@ -111,7 +113,7 @@ def test_an_order_left_unpaid_by_an_unreachable_provider_shows_its_expiry_withou
 
 
 def test_a_refused_checkout_leaves_the_browser_on_the_cart_with_the_error_beside_the_email(page, shop):
-    app, base_url = shop
+    base_url = shop.config["PUBLIC_BASE_URL"]
     add_to_cart(page, base_url, "NB-A5-DOT", 1)
     # The browser's own check lets this through; the shop's does not (no dot in the domain).
     with page.expect_response(lambda r: r.request.method == "POST") as refused:
@@ -131,7 +133,7 @@ def test_a_refused_checkout_leaves_the_browser_on_the_cart_with_the_error_beside
 
 
 def test_a_cart_line_over_what_is_left_is_marked_and_reduce_fixes_it_in_one_click(page, shop):
-    app, base_url = shop
+    app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     add_to_cart(page, base_url, "MUG-350-NVY", 3)
     set_stock(app, "MUG-350-NVY", 1)  # sold elsewhere meanwhile
     page.reload()
@@ -169,7 +171,7 @@ def axe_problems(page) -> list[str]:
 @pytest.mark.parametrize("width", WIDTHS)
 def test_every_storefront_page_passes_the_accessibility_checker(browser, shop, sandbox, width):
     pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
-    app, base_url = shop
+    app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     context = browser.new_context(viewport=WIDTHS[width])
     context.set_default_timeout(15_000)
     page = context.new_page()
