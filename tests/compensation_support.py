@@ -4,7 +4,7 @@ the rows."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from factories import place_order_for
 from shop.extensions import db
@@ -57,3 +57,30 @@ def warnings(order_id: int) -> list[RestoreWarning]:
             select(RestoreWarning).where(RestoreWarning.order_id == order_id).order_by(RestoreWarning.id)
         ).scalars()
     )
+
+
+def cancel_in(app, order_id) -> int:
+    """Cancel through the use case; returns the id of the restore_inventory delivery it wrote."""
+    with app.app_context():
+        assert cancel_order(order_id, None).status == "cancelled"
+        return db.session.execute(
+            select(OutboxDelivery.id).where(
+                OutboxDelivery.order_id == order_id, OutboxDelivery.handler == "restore_inventory"
+            )
+        ).scalar_one()
+
+
+def dead_letter(app, delivery_id, error="RuntimeError: handler crashed") -> None:
+    """Make a real delivery a dead letter with its attempt budget spent."""
+    with app.app_context():
+        db.session.execute(
+            update(OutboxDelivery)
+            .where(OutboxDelivery.id == delivery_id)
+            .values(
+                status="dead",
+                attempts=OutboxDelivery.max_attempts,
+                last_error=error,
+                last_traceback="Traceback (most recent call last):\n  ...\nRuntimeError: handler crashed\n",
+            )
+        )
+        db.session.commit()

@@ -1,4 +1,4 @@
-"""The state machine behind tests/test_saga_model.py: the rules (what customers, the provider,
+"""The state machine behind tests/saga/test_saga_model.py: the rules (what customers, the provider,
 the network, the workers, Redis and the operator can do), the reference model and the
 invariants. Every rule calls the shop's own use cases or routes; nothing is mocked.
 

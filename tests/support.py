@@ -8,10 +8,13 @@ from __future__ import annotations
 import os
 import re
 import uuid
+from pathlib import Path
 
 from shop.extensions import db
 
 RUN_ID = uuid.uuid4().hex[:8]
+# The checkout the tests run from (tests/ is one level down, each test package two).
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 LOCKS_URL = os.environ.get("TEST_REDIS_LOCKS_URL", "redis://127.0.0.1:6379/15")
 TEST_DBS = range(1, 15)  # 0 is the shop's default, 15 holds the locks

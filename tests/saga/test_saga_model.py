@@ -8,7 +8,7 @@ money after a cancel (its webhook delivered twice, or lost so only the sweep fin
 reordered webhook. The long profile (random, at least 1,000):
 
     BACKSTOP_MODEL_EXAMPLES=1000 DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/test \
-        .venv/bin/python -m pytest -q tests/test_saga_model.py
+        .venv/bin/python -m pytest -q tests/saga/test_saga_model.py
 
 The world (see tests/saga_model_support.py): three variants with small stock; customers place
 carts (some larger than the stock), start payments, pay, get declined, pay asynchronously, let

@@ -11,8 +11,9 @@ import subprocess
 import sys
 
 import pytest
+from support import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 
 pytestmark = [

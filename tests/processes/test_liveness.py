@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from support import leave_heartbeats, log_in
+from process_support import Processes, process_env, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
@@ -174,7 +175,6 @@ def _stopped_then_resumed(make_fresh_app, role: str):
     (an idle RQ worker beats only every 405 s by default). SIGSTOP the one of `role`: /healthz
     turns 503 naming it and the dashboard lists it stalled within 4 + 5 s; SIGCONT brings both
     back."""
-    from test_processes import Processes, _env, _wait
 
     app = make_fresh_app(HEALTH_STALE_SECONDS=STALE)
     client = app.test_client()
@@ -182,12 +182,12 @@ def _stopped_then_resumed(make_fresh_app, role: str):
     procs = Processes()
     stopped = None
     try:
-        env = _env(app, HEALTH_STALE_SECONDS=str(STALE))
+        env = process_env(app, HEALTH_STALE_SECONDS=str(STALE))
         children = {
             "worker": procs.start("worker", ["shop", "worker"], env),
             "scheduler": procs.start("scheduler", ["shop", "scheduler"], env),
         }
-        _wait(lambda: client.get("/healthz").status_code == 200, 60, "a healthy /healthz", procs.logs)
+        wait_until(lambda: client.get("/healthz").status_code == 200, 60, "a healthy /healthz", procs.logs)
         if role == "worker":
             # Busy for twice the limit: a non-forking worker does not beat while it runs a job
             # unless something beats for it.
@@ -222,7 +222,7 @@ def _stopped_then_resumed(make_fresh_app, role: str):
         os.kill(target.pid, signal.SIGSTOP)
         stopped = target
         started = time.monotonic()
-        _wait(stalled_and_named, STALE + 5, f"/healthz 503 naming the stopped {role}", procs.logs)
+        wait_until(stalled_and_named, STALE + 5, f"/healthz 503 naming the stopped {role}", procs.logs)
         assert time.monotonic() - started > STALE - 1  # not before it could have been stale
 
         os.kill(target.pid, signal.SIGCONT)
@@ -232,7 +232,7 @@ def _stopped_then_resumed(make_fresh_app, role: str):
             listed = {p["name"]: p for p in client.get("/console/", headers=JSON).get_json()["processes"]}
             return client.get("/healthz").status_code == 200 and listed.get(name, {}).get("stalled") is False
 
-        _wait(healthy_again, STALE + 5, f"/healthz 200 after SIGCONT to the {role}", procs.logs)
+        wait_until(healthy_again, STALE + 5, f"/healthz 200 after SIGCONT to the {role}", procs.logs)
     finally:
         if stopped is not None:
             os.kill(stopped.pid, signal.SIGCONT)

@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import select
 
 from factories import place_order_for, seed_catalog_rows
+from process_support import Processes, process_env, wait_until
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Lease, Order
 from shop.payments import checkout_queue
 from shop.payments.start import join_line
 
-from test_processes import Processes, _env, _wait
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ def test_orders_in_line_reach_their_payment_page_across_a_killed_worker_and_a_wi
     make_fresh_app, sandbox, redis_conn
 ):
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
-    env = _env(
+    env = process_env(
         app,
         STRIPE_API_BASE=sandbox.base_url,
         UNPAID_ORDER_EXPIRY_SECONDS="1800",
@@ -62,7 +62,7 @@ def test_orders_in_line_reach_their_payment_page_across_a_killed_worker_and_a_wi
     procs = Processes()
     try:
         first = procs.start("worker-1", ["shop", "worker"], env)
-        _wait(lambda: sandbox.request_count(method="POST") >= 1, 30, "the first session call", procs.logs)
+        wait_until(lambda: sandbox.request_count(method="POST") >= 1, 30, "the first session call", procs.logs)
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=10)
         redis_conn.flushdb()  # Redis loses every wake-up, the line flag and the budget's state
@@ -73,7 +73,7 @@ def test_orders_in_line_reach_their_payment_page_across_a_killed_worker_and_a_wi
         sandbox.faults(api_latency_seconds=0)
         started = time.monotonic()
         procs.start("worker-2", ["shop", "worker"], env)
-        _wait(
+        wait_until(
             lambda: all(s == "PaymentInitiated" for s, _, _ in _states(app, ids).values()),
             60,
             "every order in line to get its payment page",
@@ -81,7 +81,7 @@ def test_orders_in_line_reach_their_payment_page_across_a_killed_worker_and_a_wi
         )
         took = time.monotonic() - started
         # Nobody waits any more: the serving worker gives its lease up (and stands by).
-        _wait(lambda: _lease(app) is None, 10, "the payment queue to release its lease", procs.logs)
+        wait_until(lambda: _lease(app) is None, 10, "the payment queue to release its lease", procs.logs)
     finally:
         procs.stop()
     states = _states(app, ids)

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select, update
 
 from factories import force_order, placed_order_in, variant_id
+from compensation_support import cancel_in, dead_letter
 from shop.domain.deadlines import utcnow
 from shop.domain.restoration import MAX_ON_HAND
 from shop.extensions import db
@@ -25,7 +26,6 @@ from shop.models import (
     ScheduledCommand,
     WebhookReceipt,
 )
-from shop.orders.cancel import cancel_order
 from shop.outbox import dispatch
 from shop.payments import guard
 from shop.seed import upsert_operator
@@ -86,33 +86,6 @@ def on_hand(app, sku) -> int:
         return db.session.get(InventoryItem, variant_id(sku)).on_hand
 
 
-def cancel(app, order_id) -> int:
-    """Cancel through the use case; returns the id of the restore_inventory delivery it wrote."""
-    with app.app_context():
-        assert cancel_order(order_id, None).status == "cancelled"
-        return db.session.execute(
-            select(OutboxDelivery.id).where(
-                OutboxDelivery.order_id == order_id, OutboxDelivery.handler == "restore_inventory"
-            )
-        ).scalar_one()
-
-
-def kill(app, delivery_id, error="RuntimeError: handler crashed") -> None:
-    """Make a real delivery a dead letter with its attempt budget spent."""
-    with app.app_context():
-        db.session.execute(
-            update(OutboxDelivery)
-            .where(OutboxDelivery.id == delivery_id)
-            .values(
-                status="dead",
-                attempts=OutboxDelivery.max_attempts,
-                last_error=error,
-                last_traceback="Traceback (most recent call last):\n  ...\nRuntimeError: handler crashed\n",
-            )
-        )
-        db.session.commit()
-
-
 def make_overflow_warning(app, sku="MUG-350-SND"):
     """A cancelled order whose restore was refused by the stock-overflow invariant (so nothing,
     not even the marker, was saved). Returns (order_id, warning_id, variant_id)."""
@@ -121,7 +94,7 @@ def make_overflow_warning(app, sku="MUG-350-SND"):
         vid = variant_id(sku)
         db.session.execute(update(InventoryItem).where(InventoryItem.variant_id == vid).values(on_hand=MAX_ON_HAND))
         db.session.commit()
-    assert run_delivery(app, cancel(app, order_id)) == "done"
+    assert run_delivery(app, cancel_in(app, order_id)) == "done"
     with app.app_context():
         warning = db.session.execute(select(RestoreWarning).where(RestoreWarning.order_id == order_id)).scalar_one()
         assert warning.state == "open" and "stock_would_overflow" in warning.reason
@@ -220,8 +193,8 @@ def test_logging_out_closes_the_console_again(fresh_app, fresh_client, token):
 
 def test_every_console_post_refuses_a_missing_or_wrong_csrf_token(fresh_app, fresh_client, token):
     order_id, ref = placed_order_in(fresh_app)
-    delivery = cancel(fresh_app, order_id)
-    kill(fresh_app, delivery)
+    delivery = cancel_in(fresh_app, order_id)
+    dead_letter(fresh_app, delivery)
     with fresh_app.app_context():
         warning = RestoreWarning(order_id=order_id, variant_id=None, quantity=1, reason="test", state="open")
         db.session.add(warning)
@@ -269,8 +242,8 @@ def test_dashboard_counts_a_stuck_order_a_dead_letter_and_an_open_warning(fresh_
     _, cancelled_ref = placed_order_in(fresh_app, "NB-A5-DOT")
     with fresh_app.app_context():
         cancelled_id = db.session.execute(select(Order.id).where(Order.reference == cancelled_ref)).scalar_one()
-    delivery = cancel(fresh_app, cancelled_id)
-    kill(fresh_app, delivery)
+    delivery = cancel_in(fresh_app, cancelled_id)
+    dead_letter(fresh_app, delivery)
     with fresh_app.app_context():
         db.session.add(
             RestoreWarning(
@@ -329,7 +302,7 @@ def test_stuck_orders_list_longest_waiting_first_all_orders_newest_first(fresh_a
 
 def test_order_timeline_shows_transitions_deliveries_deadlines_and_warnings(fresh_app, fresh_client, token):
     order_id, ref = placed_order_in(fresh_app)
-    delivery = cancel(fresh_app, order_id)
+    delivery = cancel_in(fresh_app, order_id)
     with fresh_app.app_context():
         db.session.add(RestoreWarning(order_id=order_id, variant_id=99, quantity=1, reason="no inventory row"))
         db.session.add(
@@ -480,8 +453,8 @@ def test_text_that_cannot_be_a_reference_or_filter_is_answered_in_words(fresh_ap
 def test_retrying_a_dead_delivery_gives_it_a_fresh_budget_and_it_then_runs(fresh_app, fresh_client, token):
     order_id, ref = placed_order_in(fresh_app, "MUG-350-NVY", 2)
     assert on_hand(fresh_app, "MUG-350-NVY") == 1
-    delivery = cancel(fresh_app, order_id)
-    kill(fresh_app, delivery)
+    delivery = cancel_in(fresh_app, order_id)
+    dead_letter(fresh_app, delivery)
     assert run_delivery(fresh_app, delivery) == "skipped"  # dead, budget spent: nothing runs it
     assert on_hand(fresh_app, "MUG-350-NVY") == 1
 
@@ -500,8 +473,8 @@ def test_retrying_a_dead_delivery_gives_it_a_fresh_budget_and_it_then_runs(fresh
 
 def test_a_browser_retry_goes_back_to_the_page_with_a_message(fresh_app, fresh_client, token):
     order_id, _ = placed_order_in(fresh_app)
-    delivery = cancel(fresh_app, order_id)
-    kill(fresh_app, delivery)
+    delivery = cancel_in(fresh_app, order_id)
+    dead_letter(fresh_app, delivery)
     r = fresh_client.post(
         f"/console/outbox/{delivery}/retry", data={"csrf_token": token, "next": "/console/outbox?status=dead"}
     )
@@ -515,7 +488,7 @@ def test_retry_and_discard_answer_404_for_an_unknown_row_and_409_for_one_that_is
     fresh_app, fresh_client, token
 ):
     order_id, _ = placed_order_in(fresh_app)
-    delivery = cancel(fresh_app, order_id)  # pending, not dead
+    delivery = cancel_in(fresh_app, order_id)  # pending, not dead
     for action, data in (("retry", {}), ("discard", {"reason": "not needed"})):
         r = fresh_client.post(f"/console/outbox/987654/{action}", data={"csrf_token": token, **data}, headers=JSON)
         assert r.status_code == 404
@@ -527,8 +500,8 @@ def test_retry_and_discard_answer_404_for_an_unknown_row_and_409_for_one_that_is
 
 def test_discarding_needs_a_reason_and_then_the_dead_letter_is_discarded(fresh_app, fresh_client, token):
     order_id, _ = placed_order_in(fresh_app)
-    delivery = cancel(fresh_app, order_id)
-    kill(fresh_app, delivery)
+    delivery = cancel_in(fresh_app, order_id)
+    dead_letter(fresh_app, delivery)
     for reason in (None, "", "   "):
         data = {"csrf_token": token} if reason is None else {"csrf_token": token, "reason": reason}
         r = fresh_client.post(f"/console/outbox/{delivery}/discard", data=data, headers=JSON)
@@ -610,7 +583,7 @@ def test_resolving_with_retry_restores_stock_once_the_cause_is_fixed(fresh_app, 
 
 def test_retrying_an_unmatched_variant_warning_keeps_it_open_and_restores_nothing_twice(fresh_app, fresh_client, token):
     order_id, _ = placed_order_in(fresh_app, "SOCK-M", 3)
-    assert run_delivery(fresh_app, cancel(fresh_app, order_id)) == "done"
+    assert run_delivery(fresh_app, cancel_in(fresh_app, order_id)) == "done"
     assert on_hand(fresh_app, "SOCK-M") == 30
     with fresh_app.app_context():
         warning = RestoreWarning(
@@ -799,7 +772,7 @@ def test_sweeps_page_lists_cycles_with_per_pass_counts_newest_first(fresh_app, f
 
 def test_every_console_page_renders_for_a_logged_in_operator(fresh_app, fresh_client, token):
     order_id, ref = placed_order_in(fresh_app)
-    kill(fresh_app, cancel(fresh_app, order_id))
+    dead_letter(fresh_app, cancel_in(fresh_app, order_id))
     for url in [
         "/console/",
         "/console/orders",
@@ -880,8 +853,8 @@ def test_orders_are_found_by_reference_email_in_any_case_or_provider_session(fre
 
 def test_every_console_action_leaves_an_audit_row_with_who_what_why_and_outcome(fresh_app, fresh_client, token):
     order_id, ref = placed_order_in(fresh_app)
-    delivery = cancel(fresh_app, order_id)
-    kill(fresh_app, delivery)
+    delivery = cancel_in(fresh_app, order_id)
+    dead_letter(fresh_app, delivery)
     assert (
         fresh_client.post(
             f"/console/outbox/{delivery}/discard", data={"csrf_token": token, "reason": "recounted"}, headers=JSON

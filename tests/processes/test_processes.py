@@ -5,13 +5,9 @@ its deadline, with nothing but those processes doing the work."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
-import tempfile
 import time
 from datetime import timedelta, timezone
 
@@ -26,93 +22,10 @@ from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxEvent, ScheduledCommand
 from shop.orders.cancel import PROVIDER_EXPIRY_GRACE
 from shop.payments.start import start_payment
+from process_support import ROOT, WINDOW, Processes, flask_command, free_port, process_env, wait_until
 from support import UNREACHABLE_PROVIDER
 
 pytestmark = pytest.mark.slow
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WINDOW = 3
-
-
-def _flask() -> list[str]:
-    script = os.path.join(os.path.dirname(sys.executable), "flask")
-    return [script] if os.path.exists(script) else [sys.executable, "-m", "flask"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(check, timeout: float, what: str, logs=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs() if logs else ''}")
-
-
-class Processes:
-    """Child processes with their output in files; always stopped, never left running."""
-
-    def __init__(self):
-        self.folder = tempfile.mkdtemp(prefix="backstop-procs-")
-        self.children: list[tuple[str, subprocess.Popen]] = []
-
-    def start(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
-        out = open(os.path.join(self.folder, f"{name}.log"), "wb")
-        proc = subprocess.Popen(
-            _flask() + ["--app", "app"] + args,
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        out.close()
-        self.children.append((name, proc))
-        return proc
-
-    def logs(self) -> str:
-        parts = []
-        for name, _proc in self.children:
-            with open(os.path.join(self.folder, f"{name}.log"), errors="replace") as f:
-                parts.append(f"--- {name} ---\n{f.read()[-4000:]}")
-        return "\n".join(parts)
-
-    def stop(self) -> None:
-        for _name, proc in self.children:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for _name, proc in self.children:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _env(app, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKSTOP_", "FLASK_"))}
-    env.update(
-        DATABASE_URL=app.config["SQLALCHEMY_DATABASE_URI"],
-        REDIS_URL=app.config["REDIS_URL"],
-        SECRET_KEY="process-test-secret",
-        BACKSTOP_QUEUE_PREFIX=app.config["QUEUE_PREFIX"],
-        UNPAID_ORDER_EXPIRY_SECONDS=str(WINDOW),
-        RECONCILIATION_STUCK_AGE_SECONDS=str(WINDOW),
-        RECONCILIATION_INTERVAL_SECONDS="3600",
-        SCHEDULER_POLL_SECONDS="1",
-        STRIPE_WEBHOOK_SECRET="whsec_x",
-        STRIPE_SESSION_MIN_SECONDS="1",
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(extra)
-    return env
 
 
 def _checkout(quantity: int) -> tuple[int, int]:
@@ -121,7 +34,7 @@ def _checkout(quantity: int) -> tuple[int, int]:
 
 
 def _cancelled_and_restored(order_id: int):
-    """A check for _wait: the order is Cancelled and its stock is back (read fresh each time)."""
+    """A check for wait_until: the order is Cancelled and its stock is back (read fresh each time)."""
 
     def check() -> bool:
         db.session.expire_all()
@@ -138,7 +51,7 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
     """pending: the order never reached the provider. at_the_payment_page: the customer left the
     hosted page open; its session lives until the order's pay-by, no web server takes the
     expired webhook, and the deadline itself asks the provider."""
-    port = _free_port()
+    port = free_port()
     sandbox_url = f"http://127.0.0.1:{port}"
     app = make_fresh_app(
         UNPAID_ORDER_EXPIRY_SECONDS=WINDOW,
@@ -148,7 +61,7 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
     )
     procs = Processes()
     try:
-        env = _env(app, STRIPE_API_BASE=sandbox_url)
+        env = process_env(app, STRIPE_API_BASE=sandbox_url)
         procs.start("sandbox", ["shop", "stripe-sandbox", "--port", str(port), "--min-session-seconds", "1"], env)
         procs.start("scheduler", ["shop", "scheduler"], env)
         procs.start("worker", ["shop", "worker"], env)
@@ -159,8 +72,8 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
                 with socket.socket() as s:
                     return s.connect_ex(("127.0.0.1", port)) == 0
 
-            _wait(sandbox_up, 20, "the sandbox", procs.logs)
-            _wait(lambda: Worker.all(queue=queue.work_queue()), 20, "the worker", procs.logs)
+            wait_until(sandbox_up, 20, "the sandbox", procs.logs)
+            wait_until(lambda: Worker.all(queue=queue.work_queue()), 20, "the worker", procs.logs)
             prefix = app.config["QUEUE_PREFIX"]
 
             def start_up_sweep_done():
@@ -176,7 +89,7 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
                         )
                 return False
 
-            _wait(start_up_sweep_done, 20, "the scheduler's start", procs.logs)
+            wait_until(start_up_sweep_done, 20, "the scheduler's start", procs.logs)
 
             order_id, variant_id = _checkout(quantity=3)
             placed = db.session.get(Order, order_id)
@@ -199,7 +112,7 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
 
             # Bounded: the deadline plus 3 s, polled every 100 ms.
             bound = (due + timedelta(seconds=3) - utcnow()).total_seconds()
-            _wait(
+            wait_until(
                 _cancelled_and_restored(order_id),
                 bound,
                 "the deadline to cancel the order and restore its stock",
@@ -244,7 +157,7 @@ def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_e
     app = make_fresh_app(UNPAID_ORDER_EXPIRY_SECONDS=WINDOW, RECONCILIATION_STUCK_AGE_SECONDS=WINDOW)
     procs = Processes()
     try:
-        env = _env(app, STRIPE_API_BASE=UNREACHABLE_PROVIDER)
+        env = process_env(app, STRIPE_API_BASE=UNREACHABLE_PROVIDER)
         procs.start("scheduler", ["shop", "scheduler"], env)
         procs.start("worker", ["shop", "worker"], env)
         with app.app_context():
@@ -254,13 +167,13 @@ def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_e
             def registered():
                 return periodic <= {job.id for job in queue.scheduler().get_jobs()}
 
-            _wait(registered, 20, "the scheduler's periodic jobs", procs.logs)
-            _wait(lambda: Worker.all(queue=queue.work_queue()), 20, "the worker", procs.logs)
+            wait_until(registered, 20, "the scheduler's periodic jobs", procs.logs)
+            wait_until(lambda: Worker.all(queue=queue.work_queue()), 20, "the worker", procs.logs)
             order_id, variant_id = _checkout(quantity=2)
             placed = db.session.get(Order, order_id)
             due = as_utc(placed.created_at) + timedelta(seconds=WINDOW)
             db.session.rollback()
-            _wait(
+            wait_until(
                 lambda: any(
                     j.id == queue.command_job_id(c)
                     for j in queue.scheduler().get_jobs()
@@ -276,10 +189,12 @@ def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_e
 
             redis_conn.flushdb()  # everything Redis held is gone: deadline, relay, sweep, workers' keys
 
-            _wait(registered, 10, "the scheduler to register its periodic jobs again", procs.logs)
+            wait_until(registered, 10, "the scheduler to register its periodic jobs again", procs.logs)
 
             bound = (due + timedelta(seconds=5) - utcnow()).total_seconds()
-            _wait(_cancelled_and_restored(order_id), max(bound, 1), "the lost deadline to cancel the order", procs.logs)
+            wait_until(
+                _cancelled_and_restored(order_id), max(bound, 1), "the lost deadline to cancel the order", procs.logs
+            )
             assert (
                 db.session.execute(
                     select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)
@@ -300,7 +215,7 @@ def test_the_scheduler_waits_out_a_redis_restart_and_then_rebuilds_what_redis_lo
     from shop.devserver.bundled_redis import bundled_redis_server
 
     binary = shutil.which("redis-server") or bundled_redis_server()
-    port = _free_port()
+    port = free_port()
 
     def start_redis() -> subprocess.Popen:
         return subprocess.Popen(
@@ -325,7 +240,7 @@ def test_the_scheduler_waits_out_a_redis_restart_and_then_rebuilds_what_redis_lo
     app = make_fresh_app(REDIS_URL=f"redis://127.0.0.1:{port}/0")
     procs = Processes()
     try:
-        scheduler = procs.start("scheduler", ["shop", "scheduler"], _env(app))
+        scheduler = procs.start("scheduler", ["shop", "scheduler"], process_env(app))
         with app.app_context():
             prefix = app.config["QUEUE_PREFIX"]
 
@@ -335,13 +250,13 @@ def test_the_scheduler_waits_out_a_redis_restart_and_then_rebuilds_what_redis_lo
                 except Exception:  # Redis is down for part of this test
                     return False
 
-            _wait(registered, 20, "the scheduler's periodic jobs", procs.logs)
+            wait_until(registered, 20, "the scheduler's periodic jobs", procs.logs)
             redis_server.terminate()
             redis_server.wait(timeout=10)
             time.sleep(3)  # a few polls against nothing
             assert scheduler.poll() is None, procs.logs()
             redis_server = start_redis()
-            _wait(registered, 20, "the periodic jobs to be registered again", procs.logs)
+            wait_until(registered, 20, "the periodic jobs to be registered again", procs.logs)
             assert scheduler.poll() is None, procs.logs()
             logs = procs.logs()
             assert "waiting for it" in logs and "rebuilding them from the database" in logs
@@ -354,9 +269,9 @@ def test_the_scheduler_waits_out_a_redis_restart_and_then_rebuilds_what_redis_lo
 
 def test_a_worker_refuses_to_start_when_the_stuck_age_differs_from_the_window(make_fresh_app):
     app = make_fresh_app()
-    env = _env(app, RECONCILIATION_STUCK_AGE_SECONDS="600", UNPAID_ORDER_EXPIRY_SECONDS="1800")
+    env = process_env(app, RECONCILIATION_STUCK_AGE_SECONDS="600", UNPAID_ORDER_EXPIRY_SECONDS="1800")
     done = subprocess.run(
-        _flask() + ["--app", "app", "shop", "worker", "--burst"],
+        flask_command() + ["--app", "app", "shop", "worker", "--burst"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import event, select, update
 
 from factories import force_order, place_order_for, seed_catalog_rows, variant_id
+from process_support import ROOT, flask_command, process_env
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import (
@@ -731,19 +732,17 @@ def test_a_frozen_lease_holder_blocks_until_its_lease_lapses_then_yields_every_o
     import signal
     import subprocess
 
-    from test_processes import ROOT, _env, _flask
-
     lease = 3
     app = build_app()
     with app.app_context():
         ids = [place_order_for().order_id for _ in range(5)]
         for order_id in ids:
             backdate(order_id, utcnow() - timedelta(hours=1))
-        env = _env(
+        env = process_env(
             app, BACKSTOP_FAILPOINTS="sweep.after_order=sleep:0.4", BACKSTOP_RECONCILIATION_LEASE_SECONDS=str(lease)
         )
         child = subprocess.Popen(
-            _flask() + ["--app", "app", "shop", "sweep"],
+            flask_command() + ["--app", "app", "shop", "sweep"],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,

@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm.exc import StaleDataError
 
 from factories import force_order, place_order_for, seed_catalog_rows
+from support import REPO_ROOT
 from shop.domain.deadlines import as_utc, utcnow
 from shop.domain.order import ALLOWED, CANCELLED_BY_CUSTOMER, OrderStatus, Transition
 from shop.extensions import db
@@ -22,7 +23,7 @@ from shop.models.orders import ReadOnlyOrder
 from shop.store import order_store
 
 S = OrderStatus
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import pytest
 
 from compensation_support import cancel, on_hand, order, restore_delivery
 from factories import place_order_for, seed_catalog_rows
+from support import REPO_ROOT
 from shop import queue
 from shop.domain.deadlines import as_utc
 from shop.extensions import db
@@ -25,7 +26,7 @@ from shop.outbox.subscriptions import SUBSCRIPTIONS
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 FLASK = os.path.join(os.path.dirname(sys.executable), "flask")
 
 

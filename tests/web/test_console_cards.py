@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from test_console import HTML, JSON, cancel, kill
+from compensation_support import cancel_in, dead_letter
+from payment_helpers import HTML, JSON
 
 from factories import placed_order_in
 from shop.domain.deadlines import utcnow
@@ -139,7 +140,7 @@ def test_the_dashboard_charts_count_the_orders_placed_paid_and_cancelled_in_the_
     first, _ = placed_order_in(fresh_app)
     placed_order_in(fresh_app)
     placed_order_in(fresh_app)
-    cancel(fresh_app, first)
+    cancel_in(fresh_app, first)
     with fresh_app.app_context():  # outside the hour: not counted
         db.session.add(
             OutboxEvent(order_id=None, name="OrderPaid", payload={}, created_at=utcnow() - timedelta(minutes=90))
@@ -220,8 +221,8 @@ def test_the_charts_count_the_finished_minutes_once_and_the_current_minute_on_ev
 
 def test_a_retried_or_discarded_dead_letter_stays_on_the_dead_list_with_its_new_state(fresh_app, fresh_client, token):
     order_id, _ = placed_order_in(fresh_app)
-    delivery = cancel(fresh_app, order_id)
-    kill(fresh_app, delivery)
+    delivery = cancel_in(fresh_app, order_id)
+    dead_letter(fresh_app, delivery)
     with fresh_app.app_context():
         command = (
             db.session.execute(select(ScheduledCommand.id).where(ScheduledCommand.order_id == order_id))

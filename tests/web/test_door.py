@@ -8,22 +8,23 @@ from __future__ import annotations
 import logging
 import re
 import time
-from pathlib import Path
 
 from sqlalchemy import select
 
+import compensation_support
+from compensation_support import cancel_in
 from factories import force_order, placed_order_in
 from payment_helpers import Shopper
 from shop.console.auth import LAST_SEEN, POLL_HEADER
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery
-from support import OPERATOR_EMAIL as EMAIL
+from support import REPO_ROOT, OPERATOR_EMAIL as EMAIL
 from support import OPERATOR_PASSWORD as PASSWORD
 from support import add_operator, csrf_token, log_in
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = REPO_ROOT / "templates"
 SECURITY_HEADERS = ("Content-Security-Policy", "X-Frame-Options", "X-Content-Type-Options", "Referrer-Policy")
 
 
@@ -255,11 +256,9 @@ def test_a_page_polling_its_own_json_does_not_keep_the_session_alive(fresh_app):
 
 def dead_letter(app) -> int:
     """A real restore_inventory delivery of a cancelled order, made dead."""
-    from test_console import cancel, kill
-
     order_id, _ = placed_order_in(app)
-    delivery = cancel(app, order_id)
-    kill(app, delivery)
+    delivery = cancel_in(app, order_id)
+    compensation_support.dead_letter(app, delivery)
     return delivery
 
 

@@ -21,16 +21,16 @@ from werkzeug.test import TestResponse
 
 from factories import seed_catalog_rows
 from payment_helpers import JSON, Shopper
+from process_support import ROOT, Processes, free_port, process_env, wait_until
 from shop.extensions import db
 from shop.models import Order
 from shop.payments import guard
 from shop.stripe_sandbox.testing import peak_in_window
 
-from test_processes import ROOT, Processes, _env, _free_port, _wait
 
 pytestmark = pytest.mark.slow
 
-WEBHOOK_SECRET = "whsec_x"  # test_processes._env's
+WEBHOOK_SECRET = "whsec_x"  # process_support.process_env's
 
 
 def start_web(procs: Processes, env: dict) -> None:
@@ -79,7 +79,7 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
 ):
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
     skus = seed_catalog_rows(app)
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     procs = Processes()
     try:
@@ -87,7 +87,7 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
         # more wait for a slot; one is always free.
         start_web(
             procs,
-            _env(
+            process_env(
                 app,
                 PORT=str(port),
                 WEB_CONCURRENCY="1",
@@ -97,7 +97,7 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
                 RECONCILIATION_STUCK_AGE_SECONDS="1800",
             ),
         )
-        _wait(lambda: _answers(base + "/"), 30, "the web process", procs.logs)
+        wait_until(lambda: _answers(base + "/"), 30, "the web process", procs.logs)
         owner = _customer(base, skus)
         placed = owner.checkout_cart(headers=JSON)
         assert placed.status_code == 303 and "/pay/" in placed.headers["Location"], placed.text
@@ -113,7 +113,7 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
             ]
             for t in threads:
                 t.start()
-            _wait(
+            wait_until(
                 lambda: len(sandbox.requests(since=since)) >= 2, 10, "checkouts to reach the hung provider", procs.logs
             )
             time.sleep(0.5)
@@ -200,7 +200,7 @@ def test_three_processes_asking_for_200_calls_a_second_stay_within_the_shared_bu
 ):
     budget = 20
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
-    env = _env(
+    env = process_env(
         app,
         STRIPE_API_BASE=sandbox.base_url,
         STRIPE_RATE_LIMIT_PER_SECOND=str(budget),
@@ -267,7 +267,7 @@ def test_with_three_processes_one_probe_a_second_finds_the_provider_back_and_clo
     make_fresh_app, sandbox
 ):
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
-    env = _env(
+    env = process_env(
         app,
         STRIPE_API_BASE=sandbox.base_url,
         BACKSTOP_STRIPE_BREAKER_THRESHOLD="3",
@@ -307,7 +307,7 @@ def test_three_processes_never_send_one_endpoint_more_than_its_budget_and_each_e
 ):
     budget = 10
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
-    env = _env(
+    env = process_env(
         app,
         STRIPE_API_BASE=sandbox.base_url,
         STRIPE_RATE_LIMIT_PER_SECOND="1000",

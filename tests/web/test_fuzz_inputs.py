@@ -3,9 +3,9 @@ the test client to the webhook and to every POST route of the storefront and the
 
 How to run:
     CI profile (fixed seed, bounded; about a minute per database on a 2-core machine):
-        pytest -q tests/test_fuzz_inputs.py
+        pytest -q tests/web/test_fuzz_inputs.py
     Long profile (random seed; at least N inputs over the four tests, each input one request):
-        BACKSTOP_FUZZ_EXAMPLES=10000 pytest -q -s tests/test_fuzz_inputs.py
+        BACKSTOP_FUZZ_EXAMPLES=10000 pytest -q -s tests/web/test_fuzz_inputs.py
     On PostgreSQL add DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/test.
     Each test prints how many inputs it sent and how long that took (shown with -s).
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, urlencode
 
 import pytest
-from support import log_in
+from support import REPO_ROOT, log_in
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from sqlalchemy import select, text
@@ -47,7 +47,7 @@ from shop.webhooks import MAX_BODY
 
 # Stripe's own example checkout.session, event and refund (from its fixtures, kept with the
 # tests so a clean clone has them).
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "stripe_examples.json")
+FIXTURES = str(REPO_ROOT / "tests" / "fixtures" / "stripe_examples.json")
 JSON = {"Accept": "application/json"}
 TOLERANCE = 300  # the Stripe SDK's default signature tolerance, in seconds
 
@@ -208,7 +208,7 @@ class World:
 
 
 def _world(make_fresh_app, sandbox) -> World:
-    # Generated logins fail by the hundred: the login throttle (tests/test_door.py pins it) would
+    # Generated logins fail by the hundred: the login throttle (tests/web/test_door.py pins it) would
     # answer the operator's own login 429 before the generated inputs are done.
     app = make_fresh_app(
         STRIPE_API_BASE=sandbox.base_url,
