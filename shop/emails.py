@@ -17,7 +17,6 @@ from .domain.order import OrderStatus, cancelled_because
 from .domain.refunds import NOT_RETURNED, SUCCEEDED
 from .extensions import db
 from .models import Order, OutboxEvent, Refund
-from .domain.refund_words import refund_failure_words
 from .orders.deadline import pay_by
 
 # An email about a state the order can leave: once it has, the email would mislead and is not
@@ -30,6 +29,20 @@ STILL_TRUE_WHILE = {"payment_failed": OrderStatus.PAYMENT_FAILED.value}
 class Email:
     subject: str
     body: str
+
+
+# Why a refund did not go through, in the customer's words, by the provider's `failure_reason`
+# (Stripe's values); anything else gets the last line.
+REFUND_FAILURE_WORDS = {
+    "expired_or_canceled_card": "the card it would go back to has expired or was cancelled",
+    "lost_or_stolen_card": "the card it would go back to was reported lost or stolen",
+    "declined": "your bank declined it",
+    None: "the payment provider could not complete it",
+}
+
+
+def refund_failure_words(reason: str | None) -> str:
+    return REFUND_FAILURE_WORDS.get(reason, REFUND_FAILURE_WORDS[None])
 
 
 def utc_words(value: datetime | None) -> str:

@@ -4,7 +4,7 @@ codes and states (words.py). `init_app` wires the first into the app."""
 
 from __future__ import annotations
 
-from ..domain.refund_words import refund_failure_words
+from ..emails import refund_failure_words
 from ..money import format_money
 from ..payments.gateway import hosted_page_origins
 from .requests import IdConverter, LimitChunkedBodies, WorkConverter, refuse_nul_text
