@@ -22,7 +22,7 @@ from .orders.deadline import pay_by
 # An email about a state the order can leave: once it has, the email would mislead and is not
 # sent ("your items are held, try again" after the customer cancelled). The others are about
 # final states.
-STILL_TRUE_WHILE = {"payment_failed": OrderStatus.PAYMENT_FAILED.value}
+STILL_TRUE_WHILE = {"payment_failed": OrderStatus.PAYMENT_FAILED}
 
 
 @dataclass

@@ -54,7 +54,7 @@ def orders():
     (longest waiting first); `status=` (repeatable) filters by state; `q` finds an order by
     reference, customer email or provider session id."""
     statuses = [s for s in request.args.getlist("status") if s]
-    known = {s.value for s in OrderStatus}
+    known = set(OrderStatus)
     unknown = [s for s in statuses if s not in known]
     if unknown:
         return problem(

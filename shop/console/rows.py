@@ -10,7 +10,7 @@ from flask import current_app
 from sqlalchemy import func, select
 
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc
-from ..domain.order import LIVE, OrderStatus
+from ..domain.order import LIVE
 from ..domain.refunds import NOT_RETURNED, needs_operator
 from ..domain.timestamps import iso
 from ..extensions import db
@@ -53,7 +53,7 @@ def order_row(order: Order, now: datetime, cutoff: datetime) -> dict:
         "email": order.email,
         "payment_attempts": order.payment_attempts,
         "inventory_restored": bool(order.inventory_restored),
-        "stuck": OrderStatus(order.status) in LIVE and as_utc(order.updated_at) < cutoff,
+        "stuck": order.status in LIVE and as_utc(order.updated_at) < cutoff,
         "age_seconds": age_seconds(now, order.updated_at),
         "created_at": iso(order.created_at),
         "updated_at": iso(order.updated_at),

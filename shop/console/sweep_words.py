@@ -104,7 +104,7 @@ def next_step(error: dict, order, now: datetime, next_cycle_at: datetime | None)
     check_at = order.provider_next_check_at
     if check_at is not None and as_utc(check_at) > now and error["pass"] == "provider":
         return f"The sweep leaves it alone until then and asks again at {_at(check_at, now)}.", iso(check_at)
-    status = OrderStatus(order.status)
+    status = order.status
     watched = status is OrderStatus.CANCELLED and order.late_money_watch_since is not None
     still_its_work = (
         status in UNPAID if error["pass"] == "expiry" else status is OrderStatus.PAYMENT_INITIATED or watched

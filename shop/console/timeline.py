@@ -120,7 +120,7 @@ def order_timeline(order: Order, now: datetime) -> dict:
 
 
 def _order_summary(order: Order, now: datetime) -> dict:
-    status = OrderStatus(order.status)
+    status = order.status
     return {
         **order_json(order),
         "email": order.email,

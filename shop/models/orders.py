@@ -2,7 +2,8 @@ from sqlalchemy import Boolean, CheckConstraint, ForeignKey, Index, Integer, Str
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 from ..extensions import db
-from .types import UTCDateTime, now_utc
+from ..domain.order import OrderStatus
+from .types import OrderStatusText, UTCDateTime, now_utc
 
 
 class ReadOnlyOrder(RuntimeError):
@@ -22,7 +23,7 @@ class Order(db.Model):
     access_token: Mapped[str] = mapped_column(String(64))
     browser_id: Mapped[str] = mapped_column(String(64), index=True)
     email: Mapped[str] = mapped_column(String(254))
-    status: Mapped[str] = mapped_column(String(20))
+    status: Mapped[OrderStatus] = mapped_column(OrderStatusText)
     total: Mapped[int] = mapped_column(Integer)
     currency: Mapped[str] = mapped_column(String(3))
     inventory_restored: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)

@@ -1,7 +1,9 @@
 from datetime import datetime, timezone
 
-from sqlalchemy import DateTime, JSON
+from sqlalchemy import JSON, DateTime, String
 from sqlalchemy.types import TypeDecorator
+
+from ..domain.order import OrderStatus
 
 
 class UTCDateTime(TypeDecorator):
@@ -22,6 +24,21 @@ class UTCDateTime(TypeDecorator):
         if value is None:
             return None
         return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+class OrderStatusText(TypeDecorator):
+    """orders.status: the documented spelling in the column, an `OrderStatus` member in Python,
+    so every read (a mapped Order, a Core select of the column) compares states the same way:
+    `order.status is OrderStatus.PAID`."""
+
+    impl = String(20)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        return None if value is None else OrderStatus(value).value
+
+    def process_result_value(self, value, dialect):
+        return None if value is None else OrderStatus(value)
 
 
 def now_utc() -> datetime:

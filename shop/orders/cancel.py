@@ -67,7 +67,7 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
         refusal = order.cancel(reason)
         return CancelOutcome(CancelStatus.REFUSED, order, refusal.code, refusal.message)
     seen, retired, money_may_come = order.version, None, False
-    if OrderStatus(order.status) is OrderStatus.PAYMENT_INITIATED and order.payment_session_id:
+    if order.status is OrderStatus.PAYMENT_INITIATED and order.payment_session_id:
         retired = order.payment_session_id
         db.session.rollback()  # no transaction open across the provider call
         verdict = retire_session_before_cancel(order_id, order.reference, retired)
@@ -116,7 +116,7 @@ def _moved_by_this_cancel(order: LoadedOrder, retired: str | None) -> Literal["d
     only change is the session this cancel retired reported as a failed payment by a path that
     could not tell who expired it (the version the customer saw was current when they asked);
     otherwise "conflict"."""
-    status = OrderStatus(order.status)
+    status = order.status
     if status is OrderStatus.CANCELLED:
         log.info("order %s: the cancel found it already cancelled", order.reference)
         return "done"
@@ -145,7 +145,7 @@ def expire_unpaid_order(order_id: int, now: datetime) -> Expiry | str:
     order = order_store.read(order_id)
     if order is None:
         return Expiry.GONE
-    status = OrderStatus(order.status)
+    status = order.status
     if status is OrderStatus.PAYMENT_INITIATED:
         return _expire_at_the_provider(order, now)
     if status not in UNPAID:
@@ -166,7 +166,7 @@ def cancel_unpaid(order: LoadedOrder) -> Expiry:
     order still unpaid (PendingPayment / PaymentFailed) whose payment window the caller has found
     over, through the guarded transition, saved by the order store in the caller's transaction
     (the caller commits). Returns Expiry.CANCELLED, LOST_RACE or CHANGED."""
-    if OrderStatus(order.status) not in UNPAID:
+    if order.status not in UNPAID:
         return Expiry.CHANGED
     result = order.cancel(PAYMENT_WINDOW_EXPIRED)
     if isinstance(result, Refused):

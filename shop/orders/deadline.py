@@ -11,7 +11,7 @@ from ..domain.order import OrderStatus, UNPAID
 
 
 def pay_by(order) -> datetime | None:
-    status = OrderStatus(order.status)
+    status = order.status
     if status in UNPAID:
         return unpaid_deadline(order.updated_at, current_app.config["UNPAID_ORDER_EXPIRY_SECONDS"])
     if status is OrderStatus.PAYMENT_INITIATED:

@@ -146,11 +146,7 @@ def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
     if view.payment_status != "paid" or not order_store.usable_id(view.order_id):
         return None
     order = order_store.read_for_payment(view.order_id)
-    if (
-        order is None
-        or OrderStatus(order.status) is not OrderStatus.PAYMENT_INITIATED
-        or order.payment_session_id != view.id
-    ):
+    if order is None or order.status is not OrderStatus.PAYMENT_INITIATED or order.payment_session_id != view.id:
         return None
     if not check_payment_proof(
         order_total=order.total,
@@ -193,7 +189,7 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
         and order.late_money_watch_since is None
     ):
         order_store.note(order.id, Note.WATCH, now)  # money may still come for a cancelled order
-    if OrderStatus(order.status) is not OrderStatus.PAYMENT_INITIATED or order.payment_session_id != view.id:
+    if order.status is not OrderStatus.PAYMENT_INITIATED or order.payment_session_id != view.id:
         return Applied(Outcome.NOOP, order, f"order is {order.status}")
     if view.status == "expired":
         return _apply_expired(order, view, source=source, now=now, expired_by_cancel=expired_by_cancel)
@@ -238,7 +234,7 @@ def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime) -> Appl
             order.status,
         )
         return Applied(Outcome.PROOF_REFUSED, order, verdict.describe())
-    state = OrderStatus(order.status)
+    state = order.status
     if state is OrderStatus.PAID:
         if order.payment_session_id == view.id:
             return Applied(Outcome.NOOP, order, "already paid")

@@ -161,7 +161,7 @@ def _watch_again(refund: Refund, now: datetime) -> None:
     ).first()
     if (
         order is not None
-        and OrderStatus(order.status) is OrderStatus.CANCELLED
+        and order.status is OrderStatus.CANCELLED
         and order.payment_session_id == refund.session_id
         and order.late_money_watch_since is None
     ):

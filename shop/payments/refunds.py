@@ -287,7 +287,7 @@ def end_watch_when_all_refunded(refund: Refund) -> None:
     if (
         others is None
         and order is not None
-        and OrderStatus(order.status) is OrderStatus.CANCELLED
+        and order.status is OrderStatus.CANCELLED
         and order.payment_session_id == refund.session_id
     ):
         order_store.note(refund.order_id, order_store.Note.STOP_WATCHING)

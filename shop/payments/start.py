@@ -104,7 +104,7 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None, fr
         if order is None:
             return StartOutcome(StartCode.NO_SUCH_ORDER)
     if not order.can("start_payment"):
-        return StartOutcome(StartCode.NOT_PAYABLE, order_status=OrderStatus(order.status))
+        return StartOutcome(StartCode.NOT_PAYABLE, order_status=order.status)
     attempt = order.payment_attempts + 1
     try:
         view = _create_session(order, attempt, now)
@@ -181,11 +181,9 @@ def _save_started(order: LoadedOrder, view: gateway.SessionView, attempt: int) -
         db.session.rollback()
         if current is None or current.payment_session_id != view.id:
             _expire_quietly(view.id)
-        elif OrderStatus(current.status) is OrderStatus.PAYMENT_INITIATED:
+        elif current.status is OrderStatus.PAYMENT_INITIATED:
             return StartOutcome(StartCode.STARTED, url=view.url)
-        return StartOutcome(
-            StartCode.CHANGED, order_status=OrderStatus(current.status) if current is not None else None
-        )
+        return StartOutcome(StartCode.CHANGED, order_status=current.status if current is not None else None)
     return StartOutcome(StartCode.STARTED, url=view.url)
 
 

@@ -85,7 +85,7 @@ def restore_inventory(event: OrderCancelled, now: datetime) -> RestoreOutcome:
     order = LoadedOrder(event.order_id, reference, status, version, inventory_restored=bool(restored))
     if order.inventory_restored:
         return RestoreOutcome.ALREADY_RESTORED
-    if OrderStatus(order.status) is not OrderStatus.CANCELLED:
+    if order.status is not OrderStatus.CANCELLED:
         log.warning("restore_inventory: order %s is %s, not Cancelled; nothing restored", reference, status)
         return RestoreOutcome.NOT_CANCELLED
     lines = [(variant_id, quantity) for *_, variant_id, quantity, _ in rows if variant_id is not None]

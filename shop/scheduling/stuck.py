@@ -31,7 +31,7 @@ def stuck_query(status, cutoff: datetime, limit: int, *, with_session: bool = Fa
     alone for a while (see `backoff_provider_checks`) are skipped until their time."""
     query = (
         select(Order.updated_at, Order.id)
-        .where(Order.status == OrderStatus(status).value, Order.updated_at < cutoff)
+        .where(Order.status == OrderStatus(status), Order.updated_at < cutoff)
         .order_by(Order.updated_at, Order.id)
         .limit(limit)
     )

@@ -47,9 +47,6 @@ class LoadedOrder(OrderRules):
     updated_at: datetime | None = None  # the last state change: the pay-by time counts from it
     lines: tuple[Line, ...] = field(default=())
 
-    def __post_init__(self) -> None:
-        self.status = OrderStatus(self.status)  # the column's text, as the state it names
-
     @classmethod
     def of(cls, row: Order, *, lines: bool = False) -> LoadedOrder:
         return cls(

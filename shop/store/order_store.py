@@ -157,7 +157,7 @@ def insert_order(
             access_token=access_token,
             browser_id=browser_id,
             email=email,
-            status=S.PENDING_PAYMENT.value,
+            status=S.PENDING_PAYMENT,
             total=total,
             currency=currency,
             inventory_restored=False,

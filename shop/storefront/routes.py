@@ -165,7 +165,7 @@ def order_page(reference: str):
     order = _owned_order(reference)
     if (
         request.args.get("continue")
-        and OrderStatus(order.status) is OrderStatus.PAYMENT_INITIATED
+        and order.status is OrderStatus.PAYMENT_INITIATED
         and order.payment_session_url
         and order.payment_processing_at is None
     ):
@@ -183,7 +183,7 @@ def _shown_order_json(order: Order) -> dict:
     settled = [r.id for r in order.refunds if r.settled_at is not None]
     if settled:
         data["refunds_settled"] = settled
-    if OrderStatus(order.status) is OrderStatus.CANCELLED:
+    if order.status is OrderStatus.CANCELLED:
         why, at = emails.cancellation(order)
         data["cancelled_because"], data["cancelled_at"] = why, iso(at)
     if in_line(order):
@@ -245,7 +245,7 @@ def confirm_cancel(reference: str):
     is the one the order page showed: if the order changed since, the POST says so (409)."""
     order = _owned_order(reference)
     token = request.args.get("token") or None
-    if OrderStatus(order.status) not in LIVE:
+    if order.status not in LIVE:
         return redirect(url_for("storefront.order_page", reference=order.reference, token=token), 303)
     version = request.args.get("version", type=int)
     data = order_json(order)
@@ -288,7 +288,7 @@ def cancel(reference: str):
 def _cancelled_answer(reference: str, page: str, done: str):
     """The cancel committed but the order could not be read back to show it."""
     if wants_json():
-        return jsonify({"reference": reference, "status": OrderStatus.CANCELLED.value, "message": done}), 200
+        return jsonify({"reference": reference, "status": OrderStatus.CANCELLED, "message": done}), 200
     flash(done)
     return redirect(page, 303)
 

@@ -19,7 +19,7 @@ PAYMENT_STATUS = {
 
 def in_line(order) -> bool:
     """Waiting in line for its payment page (the provider's budget for new sessions was spent)."""
-    return getattr(order, "payment_queued_at", None) is not None and OrderStatus(order.status) in UNPAID
+    return getattr(order, "payment_queued_at", None) is not None and order.status in UNPAID
 
 
 def order_json(order) -> dict:
@@ -27,7 +27,7 @@ def order_json(order) -> dict:
     if in_line(order):
         payment = {"session_id": None, "url": None, "status": "queued"}
     elif order.payment_session_id:
-        status = PAYMENT_STATUS[OrderStatus(order.status)]
+        status = PAYMENT_STATUS[order.status]
         if status == "open" and order.payment_processing_at is not None:
             status = "processing"  # checkout finished; the provider settles the payment later
         payment = {"session_id": order.payment_session_id, "url": order.payment_session_url, "status": status}

@@ -24,7 +24,7 @@ def expire_stranded_order(order_id: int, cutoff: datetime) -> ExpiryOutcome:
     unpaid and past the cutoff after a fresh load."""
     session = db.session
     order = order_store.read(order_id, fresh=True)
-    if order is None or S(order.status) not in UNPAID or as_utc(order.updated_at) >= cutoff:
+    if order is None or order.status not in UNPAID or as_utc(order.updated_at) >= cutoff:
         session.rollback()
         log.info("sweep: order %s changed since it was selected; the expiry pass leaves it", order_id)
         return ExpiryOutcome.CHANGED

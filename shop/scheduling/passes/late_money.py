@@ -36,7 +36,7 @@ def watched_cancelled_ids(now: datetime, limit: int) -> list[int]:
             select(Order.id)
             .where(
                 Order.late_money_watch_since.is_not(None),
-                Order.status == S.CANCELLED.value,
+                Order.status == S.CANCELLED,
                 or_(Order.provider_next_check_at.is_(None), Order.provider_next_check_at <= now),
             )
             .order_by(Order.late_money_watch_since, Order.id)
@@ -62,7 +62,7 @@ def check_cancelled_payment(order_id: int, now: datetime) -> ProviderOutcome:
     order = session.get(Order, order_id, populate_existing=True)
     if (
         order is None
-        or S(order.status) is not S.CANCELLED
+        or order.status is not S.CANCELLED
         or order.late_money_watch_since is None
         or not order.payment_session_id
     ):

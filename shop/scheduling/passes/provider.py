@@ -91,7 +91,7 @@ def still_stuck(order_id: int, cutoff: datetime) -> tuple[str, str, datetime] | 
     order = session.get(Order, order_id, populate_existing=True)
     if (
         order is None
-        or S(order.status) is not S.PAYMENT_INITIATED
+        or order.status is not S.PAYMENT_INITIATED
         or not order.payment_session_id
         or as_utc(order.updated_at) >= cutoff
     ):
