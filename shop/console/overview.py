@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from ..domain.deadlines import as_utc
 from ..domain.timestamps import iso
 from ..extensions import db
-from ..models import Order, OutboxDelivery, ReconciliationCycle, Refund, RestoreWarning, ScheduledCommand
+from ..models import Order, OutboxDelivery, ReconciliationCycle, Refund, RestoreWarning, ScheduledCommand, WorkStatus
 from ..ops.health import snapshot
 from ..scheduling.stuck import stuck_cutoff
 from ..payments import guard
@@ -53,9 +53,11 @@ def dashboard(now: datetime) -> dict:
     }
 
     # A dead letter's age counts from when its work was created: how long it has gone undone.
-    deliveries = _count_and_oldest(OutboxDelivery, [OutboxDelivery.status == "dead"], OutboxDelivery.created_at, now)
+    deliveries = _count_and_oldest(
+        OutboxDelivery, [OutboxDelivery.status == WorkStatus.DEAD], OutboxDelivery.created_at, now
+    )
     commands = _count_and_oldest(
-        ScheduledCommand, [ScheduledCommand.status == "dead"], ScheduledCommand.created_at, now
+        ScheduledCommand, [ScheduledCommand.status == WorkStatus.DEAD], ScheduledCommand.created_at, now
     )
     ages = [a for a in (deliveries["oldest_age_seconds"], commands["oldest_age_seconds"]) if a is not None]
     dead = {
@@ -140,7 +142,7 @@ def liveness(now: datetime) -> dict:
     for kind, model in (("outbox deliveries", OutboxDelivery), ("scheduled commands", ScheduledCommand)):
         count, oldest = db.session.execute(
             select(func.count(), func.min(model.next_attempt_at)).where(
-                model.status == "pending", model.next_attempt_at <= now
+                model.status == WorkStatus.PENDING, model.next_attempt_at <= now
             )
         ).one()
         queues.append(

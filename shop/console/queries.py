@@ -13,6 +13,7 @@ from ..domain.deadlines import FAILURE_PROVIDER
 from ..domain.order import LIVE_STATUSES
 from ..extensions import db
 from ..models import (
+    WorkStatus,
     OperatorAction,
     Order,
     ReceiptOutcome,
@@ -172,8 +173,12 @@ def outbox(now: datetime, *, status: str | None, page: int, keep: tuple[str, int
         .order_by(ScheduledCommand.id)
     )
     if status == WAITING:
-        query = query.where(OutboxDelivery.status == "pending", OutboxDelivery.failure_kind == FAILURE_PROVIDER)
-        cquery = cquery.where(ScheduledCommand.status == "pending", ScheduledCommand.failure_kind == FAILURE_PROVIDER)
+        query = query.where(
+            OutboxDelivery.status == WorkStatus.PENDING, OutboxDelivery.failure_kind == FAILURE_PROVIDER
+        )
+        cquery = cquery.where(
+            ScheduledCommand.status == WorkStatus.PENDING, ScheduledCommand.failure_kind == FAILURE_PROVIDER
+        )
     elif status:
         query = query.where(OutboxDelivery.status == status)
         cquery = cquery.where(ScheduledCommand.status == status)
@@ -225,7 +230,7 @@ def dead_groups() -> list[dict]:
         {"kind": "delivery", "name": name, "count": n}
         for name, n in db.session.execute(
             select(OutboxDelivery.handler, func.count())
-            .where(OutboxDelivery.status == "dead")
+            .where(OutboxDelivery.status == WorkStatus.DEAD)
             .group_by(OutboxDelivery.handler)
         ).all()
     ]
@@ -233,7 +238,7 @@ def dead_groups() -> list[dict]:
         {"kind": "command", "name": name, "count": n}
         for name, n in db.session.execute(
             select(ScheduledCommand.kind, func.count())
-            .where(ScheduledCommand.status == "dead")
+            .where(ScheduledCommand.status == WorkStatus.DEAD)
             .group_by(ScheduledCommand.kind)
         ).all()
     ]

@@ -15,6 +15,7 @@ from ..domain.refunds import NOT_RETURNED, needs_operator
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import (
+    WorkStatus,
     Order,
     OutboxDelivery,
     ReconciliationCycle,
@@ -35,7 +36,7 @@ REFUND_NEEDS_OPERATOR = [Refund.status.in_(NOT_RETURNED), Refund.settled_at.is_(
 
 
 def waiting_for_provider(row) -> bool:
-    return row.status == "pending" and row.failure_kind == FAILURE_PROVIDER
+    return row.status == WorkStatus.PENDING and row.failure_kind == FAILURE_PROVIDER
 
 
 def age_seconds(now: datetime, then: datetime | None) -> int | None:

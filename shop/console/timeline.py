@@ -13,6 +13,7 @@ from ..domain.order import LIVE, OrderStatus
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import (
+    WorkStatus,
     OperatorAction,
     Order,
     OutboxDelivery,
@@ -160,7 +161,7 @@ def _merged(rows: _OrderRows, names: dict) -> list[dict]:
         + [
             (c.completed_at or c.updated_at, "command", f"{c.kind} retired", c.discard_reason or "obsolete")
             for c in rows.commands
-            if c.status == "obsolete"
+            if c.status == WorkStatus.OBSOLETE
         ]
         + [
             (
@@ -222,7 +223,7 @@ def _refund_timeline(refund: Refund) -> list[tuple]:
                 f"{money} back to the customer (attempt {refund.attempts}, {refund.provider_refund_id})",
             )
         )
-    elif refund.status == "pending" and refund.attempts > 1:
+    elif refund.status == WorkStatus.PENDING and refund.attempts > 1:
         items.append(
             (refund.updated_at, "refund", f"refund sent again (attempt {refund.attempts})", "pending at the provider")
         )

@@ -26,7 +26,7 @@ from sqlalchemy import func, select, text
 from .. import queue
 from ..domain.deadlines import as_utc
 from ..extensions import db
-from ..models import OutboxDelivery, ScheduledCommand
+from ..models import OutboxDelivery, ScheduledCommand, WorkStatus
 
 # A due delivery or command that has waited this many times HEALTH_STALE_SECONDS (5 min at the
 # default) means work is not getting done although processes beat: a drain takes a due row
@@ -99,7 +99,9 @@ def oldest_due(now: datetime) -> dict[str, datetime | None]:
     result = {}
     for kind, model in (("delivery", OutboxDelivery), ("command", ScheduledCommand)):
         result[kind] = db.session.execute(
-            select(func.min(model.next_attempt_at)).where(model.status == "pending", model.next_attempt_at <= now)
+            select(func.min(model.next_attempt_at)).where(
+                model.status == WorkStatus.PENDING, model.next_attempt_at <= now
+            )
         ).scalar()
     return result
 

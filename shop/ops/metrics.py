@@ -14,7 +14,15 @@ from .. import queue
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc, utcnow
 from ..domain.order import LIVE, LIVE_STATUSES
 from ..extensions import db, per_app
-from ..models import OutboxDelivery, ReconciliationCycle, RestoreWarning, ScheduledCommand, WebhookReceipt, Order
+from ..models import (
+    OutboxDelivery,
+    ReconciliationCycle,
+    RestoreWarning,
+    ScheduledCommand,
+    WebhookReceipt,
+    Order,
+    WorkStatus,
+)
 from ..payments import checkout_queue, guard
 from ..scheduling.stuck import stuck_cutoff
 from .health import oldest_due
@@ -142,7 +150,7 @@ def _outbox(now):
         db.session.execute(
             select(func.count())
             .select_from(model)
-            .where(model.status == "pending", model.failure_kind == FAILURE_PROVIDER)
+            .where(model.status == WorkStatus.PENDING, model.failure_kind == FAILURE_PROVIDER)
         ).scalar()
         for model in (OutboxDelivery, ScheduledCommand)
     )
@@ -157,7 +165,9 @@ def _outbox(now):
     yield commands
 
     oldest_pending = db.session.execute(
-        select(func.min(OutboxDelivery.created_at)).where(OutboxDelivery.status.in_(("pending", "processing")))
+        select(func.min(OutboxDelivery.created_at)).where(
+            OutboxDelivery.status.in_((WorkStatus.PENDING, WorkStatus.PROCESSING))
+        )
     ).scalar()
     yield GaugeMetricFamily(
         "shop_outbox_oldest_pending_age_seconds",

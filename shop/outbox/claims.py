@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from flask import current_app
 from sqlalchemy import and_, bindparam, or_, select, update
 
+from ..models import WorkStatus
 from ..extensions import db
 
 
@@ -22,15 +23,20 @@ def _claimable(t):
     return and_(
         t.c.attempts < t.c.max_attempts,
         or_(
-            and_(t.c.status == "pending", t.c.next_attempt_at <= bindparam("due_by", type_=t.c.next_attempt_at.type)),
-            and_(t.c.status == "processing", t.c.claimed_until < bindparam("at", type_=t.c.claimed_until.type)),
+            and_(
+                t.c.status == WorkStatus.PENDING,
+                t.c.next_attempt_at <= bindparam("due_by", type_=t.c.next_attempt_at.type),
+            ),
+            and_(
+                t.c.status == WorkStatus.PROCESSING, t.c.claimed_until < bindparam("at", type_=t.c.claimed_until.type)
+            ),
         ),
     )
 
 
 def _claim_values(t) -> dict:
     return dict(
-        status="processing",
+        status=WorkStatus.PROCESSING,
         claimed_by=bindparam("worker"),
         claimed_until=bindparam("lease_until", type_=t.c.claimed_until.type),
         attempts=t.c.attempts + 1,
@@ -68,9 +74,11 @@ def _claim_many(t):
 def _mark_done(t):
     return (
         update(t)
-        .where(t.c.id == bindparam("work_id"), t.c.claimed_by == bindparam("worker"), t.c.status == "processing")
+        .where(
+            t.c.id == bindparam("work_id"), t.c.claimed_by == bindparam("worker"), t.c.status == WorkStatus.PROCESSING
+        )
         .values(
-            status="done",
+            status=WorkStatus.DONE,
             completed_at=bindparam("done_at", type_=t.c.completed_at.type),
             claimed_until=None,
             updated_at=bindparam("done_at", type_=t.c.updated_at.type),
@@ -111,8 +119,10 @@ def release(model, work_ids: list[int], worker: str, now: datetime) -> int:
     t = model.__table__
     result = db.session.execute(
         update(t)
-        .where(t.c.id.in_(work_ids), t.c.claimed_by == worker, t.c.status == "processing")
-        .values(status="pending", attempts=t.c.attempts - 1, claimed_by=None, claimed_until=None, updated_at=now)
+        .where(t.c.id.in_(work_ids), t.c.claimed_by == worker, t.c.status == WorkStatus.PROCESSING)
+        .values(
+            status=WorkStatus.PENDING, attempts=t.c.attempts - 1, claimed_by=None, claimed_until=None, updated_at=now
+        )
     )
     db.session.commit()
     return result.rowcount

@@ -19,7 +19,7 @@ from sqlalchemy import and_, or_, select, update
 from .. import queue
 from ..domain.deadlines import utcnow
 from ..extensions import db
-from ..models import OutboxDelivery, ScheduledCommand
+from ..models import OutboxDelivery, ScheduledCommand, WorkStatus
 
 log = logging.getLogger("shop.outbox")
 
@@ -28,9 +28,9 @@ def _bury_exhausted(model, now) -> int:
     """A row whose lease lapsed with no attempts left: its worker died on the last try."""
     result = db.session.execute(
         update(model)
-        .where(model.status == "processing", model.claimed_until < now, model.attempts >= model.max_attempts)
+        .where(model.status == WorkStatus.PROCESSING, model.claimed_until < now, model.attempts >= model.max_attempts)
         .values(
-            status="dead",
+            status=WorkStatus.DEAD,
             claimed_until=None,
             updated_at=now,
             last_error="worker lost while running the last attempt (lease lapsed)",
@@ -50,11 +50,15 @@ def _due_ids(model, now, grace, limit) -> list[int]:
         .where(
             or_(
                 and_(
-                    model.status == "pending",
+                    model.status == WorkStatus.PENDING,
                     model.next_attempt_at <= now,
                     or_(model.enqueued_at.is_(None), model.enqueued_at <= now - grace),
                 ),
-                and_(model.status == "processing", model.claimed_until < now, model.attempts < model.max_attempts),
+                and_(
+                    model.status == WorkStatus.PROCESSING,
+                    model.claimed_until < now,
+                    model.attempts < model.max_attempts,
+                ),
             )
         )
         .order_by(model.next_attempt_at, model.id)
@@ -104,7 +108,7 @@ def rearm_future_commands(now: datetime, until: datetime | None = None, chunk: i
         stmt = (
             select(ScheduledCommand.id, ScheduledCommand.next_attempt_at)
             .where(
-                ScheduledCommand.status == "pending",
+                ScheduledCommand.status == WorkStatus.PENDING,
                 ScheduledCommand.next_attempt_at > now,
                 ScheduledCommand.id > after_id,
             )

@@ -42,7 +42,7 @@ from sqlalchemy import select, update
 from .. import queue
 from ..domain.deadlines import FAILURE_PROVIDER, retry_decision, utcnow
 from ..extensions import db
-from ..models import ScheduledCommand
+from ..models import ScheduledCommand, WorkStatus
 from . import uow
 from .announce import announce_or_leave_to_relay
 from .claims import claim, claim_batch, claim_returning, mark_done, release
@@ -196,9 +196,9 @@ def drain(
 def _reschedule(model, work_id, worker, due, now) -> None:
     db.session.execute(
         update(model)
-        .where(model.id == work_id, model.claimed_by == worker, model.status == "processing")
+        .where(model.id == work_id, model.claimed_by == worker, model.status == WorkStatus.PROCESSING)
         .values(
-            status="pending",
+            status=WorkStatus.PENDING,
             attempts=model.attempts - 1,
             next_attempt_at=due,
             enqueued_at=due,
@@ -213,7 +213,7 @@ def _reschedule(model, work_id, worker, due, now) -> None:
 
 def record_failure(model, work_id, worker, exc, now, describe) -> RunOutcome:
     row = db.session.get(model, work_id)
-    if row is None or row.claimed_by != worker or row.status != "processing":
+    if row is None or row.claimed_by != worker or row.status != WorkStatus.PROCESSING:
         db.session.rollback()
         return RunOutcome.SKIPPED
     kind = failure_kind(exc)
@@ -239,13 +239,13 @@ def record_failure(model, work_id, worker, exc, now, describe) -> RunOutcome:
     row.claimed_until = None
     label = describe(row)
     if decision.dead:
-        row.status = "dead"
+        row.status = WorkStatus.DEAD
         db.session.commit()
         log.error("dead letter: %s failed %d time(s), last error: %s", label, row.attempts, row.last_error)
         return RunOutcome.DEAD
     if not decision.spends_attempt:
         row.attempts -= 1  # the claim counted it; a provider outage is not this row's failure
-    row.status = "pending"
+    row.status = WorkStatus.PENDING
     row.next_attempt_at = now + timedelta(seconds=decision.delay_seconds)
     row.enqueued_at = row.next_attempt_at
     due = row.next_attempt_at
@@ -285,7 +285,7 @@ def _announce_retry(model, work_id, due):
 def _fresh_budget(now: datetime) -> dict:
     """A dead row run again by an operator: pending and due now, with a fresh attempt budget."""
     return dict(
-        status="pending",
+        status=WorkStatus.PENDING,
         attempts=0,
         max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
         failure_kind=None,
@@ -303,7 +303,7 @@ def retry_dead(model, work_id: int, now: datetime | None = None) -> bool:
     now = now or utcnow()
     result = db.session.execute(
         update(model)
-        .where(model.id == work_id, model.status == "dead")
+        .where(model.id == work_id, model.status == WorkStatus.DEAD)
         .values(**_fresh_budget(now))
         .execution_options(synchronize_session=False)
     )
@@ -319,7 +319,7 @@ def retry_all_dead(model, name_column, name: str, now: datetime | None = None) -
     ids = (
         db.session.execute(
             update(table)
-            .where(table.c.status == "dead", name_column == name)
+            .where(table.c.status == WorkStatus.DEAD, name_column == name)
             .values(**_fresh_budget(now))
             .returning(table.c.id)
         )
@@ -337,7 +337,11 @@ def wake_provider_waiters(model, now: datetime) -> list[int]:
     ids = (
         db.session.execute(
             update(table)
-            .where(table.c.status == "pending", table.c.failure_kind == FAILURE_PROVIDER, table.c.next_attempt_at > now)
+            .where(
+                table.c.status == WorkStatus.PENDING,
+                table.c.failure_kind == FAILURE_PROVIDER,
+                table.c.next_attempt_at > now,
+            )
             .values(next_attempt_at=now, updated_at=now)
             .returning(table.c.id)
         )
@@ -352,9 +356,9 @@ def discard(model, work_id: int, reason: str, now: datetime | None = None) -> bo
     now = now or utcnow()
     result = db.session.execute(
         update(model)
-        .where(model.id == work_id, model.status.in_(("dead", "pending")))
+        .where(model.id == work_id, model.status.in_((WorkStatus.DEAD, WorkStatus.PENDING)))
         .values(
-            status="discarded",
+            status=WorkStatus.DISCARDED,
             discard_reason=reason,
             completed_at=now,
             updated_at=now,

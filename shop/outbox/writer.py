@@ -9,7 +9,7 @@ from flask import current_app
 from sqlalchemy import bindparam, insert, literal, select, union_all, update
 
 from ..domain.deadlines import utcnow
-from ..models import OutboxDelivery, OutboxEvent, ScheduledCommand
+from ..models import OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
 from .subscriptions import SUBSCRIPTIONS
 
 
@@ -26,7 +26,7 @@ _INSERT_COMMAND = insert(_commands).returning(_commands.c.id)
 # listed as pending work. Here, because every transition's events pass through write_events (the
 # unit of work's commit and the payment fast path alike), so no path to Paid/Cancelled can forget.
 DEADLINE_KIND = "expire_unpaid_order"
-OBSOLETE = "obsolete"
+OBSOLETE = WorkStatus.OBSOLETE
 _FINAL_EVENTS = {
     "OrderPaid": "obsolete: the order was paid before its deadline",
     "OrderCancelled": "obsolete: the order was cancelled before its deadline",
@@ -34,7 +34,9 @@ _FINAL_EVENTS = {
 _RETIRE_DEADLINES = (
     update(_commands)
     .where(
-        _commands.c.order_id == bindparam("order"), _commands.c.kind == DEADLINE_KIND, _commands.c.status == "pending"
+        _commands.c.order_id == bindparam("order"),
+        _commands.c.kind == DEADLINE_KIND,
+        _commands.c.status == WorkStatus.PENDING,
     )
     .values(
         status=OBSOLETE,
@@ -144,7 +146,7 @@ def write_events(session, events, now: datetime | None = None) -> list[int]:
                         event_id=event_id,
                         handler=handler,
                         order_id=event.order_id,
-                        status="pending",
+                        status=WorkStatus.PENDING,
                         attempts=0,
                         max_attempts=max_attempts,
                         next_attempt_at=now,
@@ -186,7 +188,7 @@ def schedule_command(
             kind=kind,
             order_id=order_id,
             payload=payload or {},
-            status="pending",
+            status=WorkStatus.PENDING,
             attempts=0,
             max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
             next_attempt_at=due_at,

@@ -13,7 +13,7 @@ from sqlalchemy import or_, select
 from ...domain.deadlines import FAILURE_REFUSED, as_utc
 from ...domain.order import OrderStatus
 from ...extensions import db
-from ...models import Order, Refund, ScheduledCommand
+from ...models import Order, Refund, ScheduledCommand, WorkStatus
 from ...outbox import dispatch
 from ...payments import apply as payments
 from ...payments import gateway
@@ -130,7 +130,9 @@ def _follow_refunds(
         ).where(ScheduledCommand.order_id == order_id, ScheduledCommand.kind == "refund_payment")
     ).all()
     session.rollback()
-    dead = [c for c in commands if c.status == "dead" and (c.payload or {}).get("refund_id") in open_refund_ids]
+    dead = [
+        c for c in commands if c.status == WorkStatus.DEAD and (c.payload or {}).get("refund_id") in open_refund_ids
+    ]
     outcome = _ask_about_pending_refunds(reference, open_refunds, now)
     if outcome is P.UNAVAILABLE:
         return outcome
@@ -163,7 +165,7 @@ def _ask_about_pending_refunds(reference: str, open_refunds: list, now: datetime
     unavailable when the provider could not be asked."""
     outcome = P.REFUND_UNDER_WAY
     for refund in open_refunds:
-        if refund.status != "pending" or not refund.provider_refund_id:
+        if refund.status != WorkStatus.PENDING or not refund.provider_refund_id:
             continue
         try:
             view = gateway.retrieve_refund(refund.provider_refund_id)
