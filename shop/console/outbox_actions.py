@@ -9,7 +9,7 @@ import logging
 from flask import current_app, request, url_for
 
 from ..extensions import db
-from ..models import Order
+from ..models import Order, WorkStatus
 from ..outbox import dispatch
 from ..web.answers import respond
 from ..web.requests import work_ref
@@ -40,24 +40,11 @@ def _retry(kind: str, work_id: int):
     audit.about(name, order_id=row.order_id if row is not None else None)
     if row is None:
         return problem(404, f"There is no {name}.", title=f"No such {kind}", back=back)
-    if row.status != "dead":
-        return problem(
-            409,
-            f"The {name} is {row.status}, not dead: only a dead letter can be retried.",
-            back=back,
-            id=ref,
-            current_status=row.status,
-        )
+    if row.status != WorkStatus.DEAD:
+        return _not_dead(row, name, ref, back, "retried")
     db.session.rollback()
     if not dispatch.retry_dead(kind, work_id):
-        current = db.session.get(model, work_id)
-        return problem(
-            409,
-            f"The {name} changed meanwhile (now {current.status}); nothing done.",
-            back=back,
-            id=ref,
-            current_status=current.status,
-        )
+        return _not_dead(db.session.get(model, work_id), name, ref, back)
     budget = current_app.config["OUTBOX_MAX_ATTEMPTS"]
     log.info("operator %s retried dead %s", operator_name(), name)
     return done(
@@ -85,25 +72,12 @@ def _discard(kind: str, work_id: int):
             back=back,
             id=ref,
         )
-    if row.status != "dead":
-        return problem(
-            409,
-            f"The {name} is {row.status}, not dead: only a dead letter can be discarded.",
-            back=back,
-            id=ref,
-            current_status=row.status,
-        )
+    if row.status != WorkStatus.DEAD:
+        return _not_dead(row, name, ref, back, "discarded")
     reason = form.reason.data.strip()
     db.session.rollback()
     if not dispatch.discard(kind, work_id, reason):
-        current = db.session.get(model, work_id)
-        return problem(
-            409,
-            f"The {name} changed meanwhile (now {current.status}); nothing done.",
-            back=back,
-            id=ref,
-            current_status=current.status,
-        )
+        return _not_dead(db.session.get(model, work_id), name, ref, back)
     log.warning("operator %s discarded %s: %s", operator_name(), name, reason)
     return done(
         f"The {name} is discarded: it will not run again.",
@@ -111,6 +85,16 @@ def _discard(kind: str, work_id: int):
         back,
         keep=ref,
     )
+
+
+def _not_dead(row, name: str, ref, back: str, verb: str | None = None):
+    """409: the row is not a dead letter. With `verb`, as it was found; without, it changed
+    between the look and the write, and nothing was done."""
+    if verb:
+        words = f"The {name} is {row.status}, not dead: only a dead letter can be {verb}."
+    else:
+        words = f"The {name} changed meanwhile (now {row.status}); nothing done."
+    return problem(409, words, back=back, id=ref, current_status=row.status)
 
 
 @bp.post("/outbox/retry-dead")
@@ -153,14 +137,8 @@ def confirm_discard(work):
     ref, name = _named(kind, work_id, row)
     if row is None:
         return problem(404, f"There is no {name}.", title=f"No such {kind}", back=back)
-    if row.status != "dead":
-        return problem(
-            409,
-            f"The {name} is {row.status}, not dead: only a dead letter can be discarded.",
-            back=back,
-            id=ref,
-            current_status=row.status,
-        )
+    if row.status != WorkStatus.DEAD:
+        return _not_dead(row, name, ref, back, "discarded")
     data = {
         "id": ref,
         "kind": kind,
