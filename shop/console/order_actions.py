@@ -10,7 +10,7 @@ from flask import url_for
 
 from ..extensions import db
 from ..domain.deadlines import utcnow
-from ..models import Order, RestoreWarning
+from ..models import Order, RestoreWarning, WarningState
 from ..payments import gateway
 from ..payments.apply import reconcile_order
 from ..saga import warnings
@@ -117,7 +117,7 @@ def resolve_warning(warning_id):
             back=back,
             id=warning_id,
         )
-    if warning.state != "open":
+    if warning.state != WarningState.OPEN:
         return problem(
             409,
             f"Restore warning {warning_id} is already {warning.state}: {warning.resolution or ''}",

@@ -12,7 +12,16 @@ from sqlalchemy import func, select
 from ..domain.deadlines import as_utc
 from ..domain.timestamps import iso
 from ..extensions import db
-from ..models import Order, OutboxDelivery, ReconciliationCycle, Refund, RestoreWarning, ScheduledCommand, WorkStatus
+from ..models import (
+    Order,
+    OutboxDelivery,
+    ReconciliationCycle,
+    Refund,
+    RestoreWarning,
+    ScheduledCommand,
+    WarningState,
+    WorkStatus,
+)
 from ..ops.health import snapshot
 from ..scheduling.stuck import stuck_cutoff
 from ..payments import guard
@@ -67,7 +76,9 @@ def dashboard(now: datetime) -> dict:
         "commands": commands,
     }
 
-    warnings = _count_and_oldest(RestoreWarning, [RestoreWarning.state == "open"], RestoreWarning.created_at, now)
+    warnings = _count_and_oldest(
+        RestoreWarning, [RestoreWarning.state == WarningState.OPEN], RestoreWarning.created_at, now
+    )
     # Refunds whose money did not go back and that nobody has dealt with: aged from the failure.
     failed_refunds = _count_and_oldest(Refund, REFUND_NEEDS_OPERATOR, Refund.failed_at, now)
 

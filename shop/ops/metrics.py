@@ -21,6 +21,7 @@ from ..models import (
     ScheduledCommand,
     WebhookReceipt,
     Order,
+    WarningState,
     WorkStatus,
 )
 from ..payments import checkout_queue, guard
@@ -179,7 +180,7 @@ def _outbox(now):
 def _bookkeeping():
     """Restore warnings, the last good sweep and webhook receipts."""
     open_warnings = db.session.execute(
-        select(func.count()).select_from(RestoreWarning).where(RestoreWarning.state == "open")
+        select(func.count()).select_from(RestoreWarning).where(RestoreWarning.state == WarningState.OPEN)
     ).scalar()
     yield GaugeMetricFamily("shop_restore_warnings_open", "Restore warnings awaiting an operator", value=open_warnings)
     last_ok = db.session.execute(
