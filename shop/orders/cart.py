@@ -2,8 +2,9 @@
 the stock check here only warns early (checkout decides, with its conditional decrements), so
 these write only `carts` and `cart_items` and commit through the one commit path with no event.
 
-Each answers a `CartChange`: the storefront turns it into the page or JSON of docs/REFERENCE.md,
-Storefront, and writes nothing itself."""
+Each answers a `CartChange`, a code and the facts behind it: the storefront says it in words
+(storefront/cart_words.py) on the page or JSON of docs/REFERENCE.md, Storefront, and writes
+nothing itself."""
 
 from __future__ import annotations
 
@@ -29,8 +30,15 @@ class CartStatus(StrEnum):
 
 @dataclass(frozen=True)
 class CartChange:
+    """What a cart use case did, as a code and its facts: `item` the customer's name for the item
+    (item_name; "" when there is none), `quantity` how many an add put in, `wanted` how many the
+    line would hold and `available` how many are on hand (SHORT; 0 is sold out)."""
+
     status: CartStatus
-    message: str = ""
+    item: str = ""
+    quantity: int = 0
+    wanted: int = 0
+    available: int = 0
 
     @property
     def ok(self) -> bool:
@@ -68,10 +76,8 @@ def _short_of_stock(variant: Variant | None, wanted: int) -> CartChange | None:
     available = inv.on_hand if inv is not None and inv.deleted_at is None else 0
     if wanted <= available:
         return None
-    if available == 0 or variant is None:
-        name = item_name(variant) if variant is not None else "this item"
-        return CartChange(CartStatus.SHORT, f"Sold out: {name} cannot be added until it is back in stock.")
-    return CartChange(CartStatus.SHORT, f"Only {available} of {item_name(variant)} left; you asked for {wanted}.")
+    name = item_name(variant) if variant is not None else ""
+    return CartChange(CartStatus.SHORT, item=name, wanted=wanted, available=available)
 
 
 def _refuse(change: CartChange) -> CartChange:
@@ -83,7 +89,7 @@ def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange
     """Add `quantity` of `variant` to the browser's cart (opening one), within the stock on hand
     and at most MOST_OF_ONE_ITEM of one item."""
     if variant is None or variant.deleted_at is not None:
-        return _refuse(CartChange(CartStatus.NOT_FOR_SALE, "That item is not for sale."))
+        return _refuse(CartChange(CartStatus.NOT_FOR_SALE))
     try:
         with uow.transaction():  # a refusal raised inside rolls back the cart it may have opened
             cart = open_cart(browser, create=True)
@@ -91,7 +97,7 @@ def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange
             wanted = quantity + (item.quantity if item else 0)
             short = _short_of_stock(variant, wanted)
             if short is None and wanted > MOST_OF_ONE_ITEM:
-                short = CartChange(CartStatus.TOO_MANY, f"At most {MOST_OF_ONE_ITEM} of one item per order.")
+                short = CartChange(CartStatus.TOO_MANY, item=item_name(variant), wanted=wanted)
             if short is not None:
                 raise _Refused(short)
             if item:
@@ -100,7 +106,7 @@ def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange
                 db.session.add(CartItem(cart_id=cart.id, variant_id=variant.id, quantity=wanted))
     except _Refused as refusal:
         return refusal.change
-    return CartChange(CartStatus.DONE, f"Added {quantity} × {item_name(variant)} to your cart.")
+    return CartChange(CartStatus.DONE, item=item_name(variant), quantity=quantity, wanted=wanted)
 
 
 def set_quantity(browser: str | None, variant_id: int, quantity: int) -> CartChange:
@@ -108,7 +114,7 @@ def set_quantity(browser: str | None, variant_id: int, quantity: int) -> CartCha
     cart = open_cart(browser)
     item = None if cart is None else _line(cart, variant_id)
     if item is None:
-        return _refuse(CartChange(CartStatus.NOT_IN_CART, "That item is not in your cart."))
+        return _refuse(CartChange(CartStatus.NOT_IN_CART))
     short = _short_of_stock(db.session.get(Variant, variant_id), quantity)
     if short is not None:
         return _refuse(short)
@@ -133,5 +139,5 @@ class _Refused(Exception):
     """Leaves add_item's transaction with the refusal it rolled back for."""
 
     def __init__(self, change: CartChange):
-        super().__init__(change.message)
+        super().__init__(str(change.status))
         self.change = change

@@ -14,6 +14,7 @@ from ..orders.cart import CartStatus
 from ..web.answers import at_address, browser_id, respond, wants_json
 from ..web.requests import MAX_ID
 from . import bp
+from .cart_words import cart_words
 from .forms import ActionForm, AddToCartForm, CheckoutForm, QuantityForm, first_error
 
 
@@ -132,10 +133,10 @@ def add_to_cart():
     variant = db.session.get(Variant, wanted_id) if 0 < wanted_id <= MAX_ID else None
     change = carts.add_item(browser_id(create=True), variant, form.quantity.data)
     if not change.ok:
-        return render_cart(_CART_STATUS[change.status], change.message)
+        return render_cart(_CART_STATUS[change.status], cart_words(change))
     if wants_json():
         return render_cart(201)
-    flash(change.message)
+    flash(cart_words(change))
     return redirect(url_for("storefront.cart"), 303)
 
 
@@ -149,7 +150,7 @@ def set_quantity(variant_id: int):
     change = carts.set_quantity(browser_id(), variant_id, form.quantity.data)
     if not change.ok:
         return render_cart(
-            _CART_STATUS[change.status], change.message, field=field if change.status is CartStatus.SHORT else None
+            _CART_STATUS[change.status], cart_words(change), field=field if change.status is CartStatus.SHORT else None
         )
     if wants_json():
         return render_cart()
