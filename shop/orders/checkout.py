@@ -68,8 +68,10 @@ class Refusal(StrEnum):
 
 @dataclass
 class CheckoutRefused:
+    """Why the cart did not become an order, as a code (the storefront says it in words,
+    storefront/cart_words.py) and, for OUT_OF_STOCK and UNAVAILABLE, the lines at fault."""
+
     code: Refusal
-    message: str
     shortages: list[dict] = field(default_factory=list)
     ok = False
 
@@ -171,11 +173,9 @@ def place_order(
             _arm_deadline(session, order_id, now)
             _take_stock(session, lines, now)
     except _CartClosed:
-        return CheckoutRefused(Refusal.CART_CLOSED, "This cart was already checked out.")
+        return CheckoutRefused(Refusal.CART_CLOSED)
     except _Shortfall:
-        return CheckoutRefused(
-            Refusal.OUT_OF_STOCK, "Some items do not have enough stock left.", shortages(lines, variants)
-        )
+        return CheckoutRefused(Refusal.OUT_OF_STOCK, shortages(lines, variants))
     return Placed(order_id, reference, token, email, total, currency, line_rows, now)
 
 
@@ -183,18 +183,12 @@ def _refuse_cart(rows, lines, variants) -> CheckoutRefused | None:
     """Why this cart cannot become an order, read before any write: empty, a variant no longer
     sold, or prices in more than one currency."""
     if not rows:
-        return CheckoutRefused(Refusal.EMPTY_CART, "Your cart is empty.")
+        return CheckoutRefused(Refusal.EMPTY_CART)
     gone = [v for v, _ in lines if v not in variants or variants[v].deleted_at is not None]
     if gone:
-        return CheckoutRefused(
-            Refusal.UNAVAILABLE,
-            "Some items are no longer sold; remove them from your cart.",
-            [{"variant_id": v, "available": 0} for v in gone],
-        )
+        return CheckoutRefused(Refusal.UNAVAILABLE, [{"variant_id": v, "available": 0} for v in gone])
     if len({r.currency for r in rows}) != 1:
-        return CheckoutRefused(
-            Refusal.MIXED_CURRENCY, "Items priced in different currencies cannot be bought together."
-        )
+        return CheckoutRefused(Refusal.MIXED_CURRENCY)
     return None
 
 

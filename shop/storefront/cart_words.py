@@ -1,9 +1,10 @@
-"""What a customer is told about their cart: the use cases (orders.cart) say what happened as
-codes and facts, this says it in words."""
+"""What a customer is told about their cart and a refused checkout: the use cases (orders.cart,
+orders.checkout) say what happened as codes and facts, this says it in words."""
 
 from __future__ import annotations
 
 from ..orders.cart import MOST_OF_ONE_ITEM, CartChange, CartStatus
+from ..orders.checkout import CheckoutRefused, Refusal
 
 
 def cart_words(change: CartChange) -> str:
@@ -24,3 +25,26 @@ def cart_words(change: CartChange) -> str:
         return f"Added {change.quantity} × {change.item} to your cart."
     return ""
 
+
+_REFUSAL_WORDS = {
+    Refusal.EMPTY_CART: "Your cart is empty.",
+    Refusal.OUT_OF_STOCK: "Some items do not have enough stock left.",
+    Refusal.UNAVAILABLE: "Some items are no longer sold; remove them from your cart.",
+    Refusal.MIXED_CURRENCY: "Items priced in different currencies cannot be bought together.",
+    Refusal.CART_CLOSED: "This cart was already checked out.",
+}
+
+EMPTY_CART = _REFUSAL_WORDS[Refusal.EMPTY_CART]
+
+
+def checkout_refusal_words(refused: CheckoutRefused) -> str:
+    """The sentence for a refused checkout, followed by each short or unavailable line and what
+    is left of it."""
+    words = _REFUSAL_WORDS[refused.code]
+    if refused.shortages:
+        words += " " + "; ".join(
+            f"{s.get('name') or s.get('sku', s['variant_id'])}: {s['available']} left"
+            + (f", you asked for {s['requested']}" if "requested" in s else "")
+            for s in refused.shortages
+        )
+    return words

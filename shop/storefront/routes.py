@@ -27,6 +27,7 @@ from ..web.serialize import in_line, keeps_changing, order_json, order_summary_j
 from ..web.words import badge, cancel_conflict_words
 from . import bp
 from .cart import render_cart
+from .cart_words import EMPTY_CART, checkout_refusal_words
 from .forms import ActionForm, CancelForm, CheckoutForm, first_error
 from .payment_words import cancel_refusal_words, start_words
 
@@ -52,18 +53,12 @@ def checkout():
         ).scalar()
     )
     if cart_id is None:
-        return render_cart(400, "Your cart is empty.", form=form, field="empty")
+        return render_cart(400, EMPTY_CART, form=form, field="empty")
     in_line = line_is_held()  # the provider's budget for new sessions is spent: join the line at once
     result = place_order(cart_id=cart_id, browser_id=bid, email=form.email.data.strip(), in_line=in_line)
     if not result.ok:
         status = {Refusal.OUT_OF_STOCK: 409, Refusal.CART_CLOSED: 409}.get(result.code, 400)
-        detail = result.message
-        if result.shortages:
-            detail += " " + "; ".join(
-                f"{s.get('name') or s.get('sku', s['variant_id'])}: {s['available']} left"
-                + (f", you asked for {s['requested']}" if "requested" in s else "")
-                for s in result.shortages
-            )
+        detail = checkout_refusal_words(result)
         field = {Refusal.OUT_OF_STOCK: "stock", Refusal.UNAVAILABLE: "stock", Refusal.EMPTY_CART: "empty"}.get(
             result.code
         )
