@@ -14,6 +14,7 @@ from ..payments import refund_remedies as refund_cases
 from . import audit, bp
 from .answers import done, operator_name, problem
 from .forms import RetryRefundForm, SettleRefundForm
+from .refund_words import refund_action_words
 
 log = logging.getLogger("shop.console")
 
@@ -32,13 +33,13 @@ def _refund_for_action(refund_id: int):
 
 def _refund_answer(action, reference: str | None, back: str):
     """A refund action's answer: 404 / 409 in words, or what the refund is now (JSON, or back)."""
-    facts = action.refund or {}
+    facts, words = action.refund or {}, refund_action_words(action)
     if action.outcome == "missing":
-        return problem(404, action.message, title="No such refund", back=back)
+        return problem(404, words, title="No such refund", back=back)
     if action.outcome == "refused":
         return problem(
             409,
-            action.message,
+            words,
             back=back,
             id=facts.get("id"),
             current_status=facts.get("status"),
@@ -55,7 +56,7 @@ def _refund_answer(action, reference: str | None, back: str):
         "reason": facts["settlement_reason"],
         "already": action.outcome == "already",
     }
-    return done(action.message, payload, back, "ok" if action.outcome == "done" else "warning")
+    return done(words, payload, back, "ok" if action.outcome == "done" else "warning")
 
 
 @bp.post("/refunds/<id:refund_id>/retry")
@@ -78,7 +79,7 @@ def retry_refund(refund_id):
     db.session.rollback()  # the use case reads the refund afresh, locked, in its own transaction
     action = refund_cases.retry_refund(refund_id, seen_attempt=form.attempt.data)
     if action.outcome == "done":
-        log.warning("operator %s sent refund %s again: %s", operator_name(), refund_id, action.message)
+        log.warning("operator %s sent refund %s again: %s", operator_name(), refund_id, refund_action_words(action))
     return _refund_answer(action, reference, back)
 
 

@@ -1,7 +1,8 @@
 """An operator's remedies for a refund whose money did not go back (the console's): refund again
 (`retry_refund`: a new attempt with its own key, once the provider has given the failed attempt's
 money back) or record that it was settled outside the shop (`settle_refund`). Following a refund
-to its end is `payments.refunds`."""
+to its end is `payments.refunds`. Each answers a `RefundAction`, codes and facts: the console says
+it in words (console/refund_words.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ from .refunds import end_watch_when_all_refunded
 log = logging.getLogger("shop.payments")
 
 
+class Remedy(StrEnum):
+    """Which remedy an operator asked for."""
+
+    RETRY = "retry"  # retry_refund
+    SETTLE = "settle"  # settle_refund
+
+
 class ActionOutcome(StrEnum):
     """What an operator's remedy did: done, already (this very submission was done before),
     refused, or missing (no such refund)."""
@@ -34,11 +42,30 @@ class ActionOutcome(StrEnum):
     MISSING = "missing"
 
 
+class NotNow(StrEnum):
+    """Why a remedy was refused: the refund needs no operator (any more), or not this one."""
+
+    SETTLED = "settled"  # already recorded as settled outside the shop (a settle: with another reason)
+    PENDING = "pending"  # the provider has not answered the attempt yet
+    SUCCEEDED = "succeeded"  # the money went back
+    CHANGED = "changed"  # the refund moved past the attempt the operator saw
+
+
 @dataclass
 class RefundAction:
+    """A remedy's answer: what it did (`outcome`) to which refund, with the facts its words need.
+    `refund` is refund_facts (None when missing); `why` says why a REFUSED one was; `seen` the
+    attempt the operator looked at; a retry DONE also has the failed attempt it sends again
+    (`failed_error`, the provider's error if any, and `failed_status`)."""
+
+    remedy: Remedy
     outcome: ActionOutcome
-    message: str
+    refund_id: int
     refund: dict | None = None
+    why: NotNow | None = None
+    seen: int | None = None
+    failed_error: str | None = None
+    failed_status: str | None = None
 
 
 def refund_facts(refund: Refund) -> dict:
@@ -68,18 +95,16 @@ def retry_refund(refund_id: int, *, seen_attempt: int | None, now: datetime | No
     with uow.transaction() as session:
         refund = session.get(Refund, refund_id, with_for_update=True)
         if refund is None:
-            return RefundAction(ActionOutcome.MISSING, f"There is no refund {refund_id}.")
+            return RefundAction(Remedy.RETRY, ActionOutcome.MISSING, refund_id)
         seen = refund.attempts if seen_attempt is None else seen_attempt
         if seen_attempt is not None and refund.attempts == seen + 1 and refund.settled_at is None:
-            return RefundAction(
-                ActionOutcome.ALREADY,
-                f"Refund {refund_id} was already sent again (attempt {refund.attempts}, "
-                f"now {refund.status}); nothing more was done.",
-                refund_facts(refund),
-            )
+            return RefundAction(Remedy.RETRY, ActionOutcome.ALREADY, refund_id, refund_facts(refund), seen=seen)
         if not needs_operator(refund.status, refund.settled_at is not None) or refund.attempts != seen:
-            return RefundAction(ActionOutcome.REFUSED, _why_not(refund, seen), refund_facts(refund))
-        failed = refund.last_error or f"attempt {refund.attempts} {refund.status}"
+            return RefundAction(
+                Remedy.RETRY, ActionOutcome.REFUSED, refund_id, refund_facts(refund), _why_not(refund), seen
+            )
+        failed_error, failed_status = refund.last_error, refund.status
+        failed = failed_error or f"attempt {refund.attempts} {failed_status}"
         refund.attempts += 1
         refund.status = PENDING
         refund.provider_refund_id = None
@@ -92,9 +117,13 @@ def retry_refund(refund_id: int, *, seen_attempt: int | None, now: datetime | No
             "refund %s of order %s: sent again as attempt %s (%s)", refund.id, refund.order_id, refund.attempts, failed
         )
         return RefundAction(
+            Remedy.RETRY,
             ActionOutcome.DONE,
-            f"Refund {refund_id} will be sent again now, as attempt {refund.attempts} ({failed}).",
+            refund_id,
             refund_facts(refund),
+            seen=seen,
+            failed_error=failed_error,
+            failed_status=failed_status,
         )
 
 
@@ -106,22 +135,20 @@ def settle_refund(refund_id: int, *, reason: str, operator: str, now: datetime |
     with uow.transaction() as session:
         refund = session.get(Refund, refund_id, with_for_update=True)
         if refund is None:
-            return RefundAction(ActionOutcome.MISSING, f"There is no refund {refund_id}.")
+            return RefundAction(Remedy.SETTLE, ActionOutcome.MISSING, refund_id)
         if refund.settled_at is not None:
             if (refund.settlement_reason or "") == reason:
-                return RefundAction(
-                    ActionOutcome.ALREADY,
-                    f"Refund {refund_id} was already recorded as settled outside the shop; nothing more was done.",
-                    refund_facts(refund),
-                )
-            return RefundAction(
-                ActionOutcome.REFUSED,
-                f"Refund {refund_id} was already recorded as settled outside the shop by "
-                f"{refund.settled_by} ({refund.settlement_reason}).",
-                refund_facts(refund),
-            )
+                return RefundAction(Remedy.SETTLE, ActionOutcome.ALREADY, refund_id, refund_facts(refund))
+            return RefundAction(Remedy.SETTLE, ActionOutcome.REFUSED, refund_id, refund_facts(refund), NotNow.SETTLED)
         if not needs_operator(refund.status, False):
-            return RefundAction(ActionOutcome.REFUSED, _why_not(refund, refund.attempts), refund_facts(refund))
+            return RefundAction(
+                Remedy.SETTLE,
+                ActionOutcome.REFUSED,
+                refund_id,
+                refund_facts(refund),
+                _why_not(refund),
+                refund.attempts,
+            )
         refund.settled_at, refund.settled_by, refund.settlement_reason = now, operator, reason
         refund.updated_at = now
         end_watch_when_all_refunded(refund)
@@ -132,25 +159,18 @@ def settle_refund(refund_id: int, *, reason: str, operator: str, now: datetime |
             operator,
             reason,
         )
-        return RefundAction(
-            ActionOutcome.DONE, f"Refund {refund_id} is recorded as settled outside the shop.", refund_facts(refund)
-        )
+        return RefundAction(Remedy.SETTLE, ActionOutcome.DONE, refund_id, refund_facts(refund))
 
 
-def _why_not(refund: Refund, seen: int) -> str:
+def _why_not(refund: Refund) -> NotNow:
+    """Why a remedy cannot act on this refund now."""
     if refund.settled_at is not None:
-        return f"Refund {refund.id} was settled outside the shop by {refund.settled_by}; nothing to do."
+        return NotNow.SETTLED
     if refund.status == PENDING:
-        return (
-            f"Refund {refund.id} is pending at the provider (attempt {refund.attempts}): wait for its answer; "
-            "only a refund that failed can be retried or settled."
-        )
+        return NotNow.PENDING
     if refund.status == SUCCEEDED:
-        return f"Refund {refund.id} succeeded: the money went back; nothing to do."
-    return (
-        f"Refund {refund.id} changed meanwhile: it is now at attempt {refund.attempts}, not {seen}; "
-        "reload and look again."
-    )
+        return NotNow.SUCCEEDED
+    return NotNow.CHANGED
 
 
 def _watch_again(refund: Refund, now: datetime) -> None:
