@@ -209,13 +209,17 @@ class World:
 
 def _world(make_fresh_app, sandbox) -> World:
     # Generated logins fail by the hundred: the login throttle (tests/web/test_door.py pins it) would
-    # answer the operator's own login 429 before the generated inputs are done.
+    # answer the operator's own login 429 before the generated inputs are done. Likewise a paid
+    # order is replaced by a fresh checkout at the inputs' pace, which may outrun the provider's
+    # session budget (the line then takes the order: tests/payments/test_checkout_queue.py).
     app = make_fresh_app(
         STRIPE_API_BASE=sandbox.base_url,
         STRIPE_SESSION_MIN_SECONDS=60,
         STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET,
         LOGIN_MAX_FAILURES_PER_ACCOUNT=1000,
         LOGIN_MAX_FAILURES_PER_ADDRESS=100_000,
+        STRIPE_RATE_LIMIT_PER_SECOND=10_000,
+        STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=10_000,
     )
     skus = seed_catalog_rows(app)
     ann = Shopper(app, skus)
