@@ -63,7 +63,7 @@ def _flask_config(settings: Settings) -> dict:
     https = settings.public_base_url.startswith("https://")
     return dict(
         SQLALCHEMY_DATABASE_URI=settings.database_url,
-        SQLALCHEMY_ENGINE_OPTIONS=_engine_options(settings.database_url, settings.web_threads),
+        SQLALCHEMY_ENGINE_OPTIONS=_engine_options(settings),
         MAX_CONTENT_LENGTH=1_000_000,
         WTF_CSRF_TIME_LIMIT=None,
         SESSION_COOKIE_HTTPONLY=True,
@@ -142,8 +142,8 @@ def _register_areas(app) -> None:
     app.cli.add_command(shop_cli)
 
 
-def _engine_options(url: str, web_threads: int) -> dict:
-    if url.startswith("sqlite"):
+def _engine_options(settings: Settings) -> dict:
+    if settings.database_url.startswith("sqlite"):
         # Many threads and processes share one file: wait for the write lock instead of failing.
         return {"connect_args": {"timeout": 30, "check_same_thread": False}}
     # No pool_pre_ping: it costs a round trip on every checkout, i.e. every transaction.
@@ -151,7 +151,14 @@ def _engine_options(url: str, web_threads: int) -> dict:
     # A connection for every web thread, so no request waits for one (connections are opened on
     # demand: a thread waiting on the provider holds none, see payments.start.start_payment),
     # and overflow for the few threads a process runs besides them (a worker's drain threads).
-    return {"pool_size": max(10, web_threads), "max_overflow": 10}
+    options = {"pool_size": max(10, settings.web_threads), "max_overflow": 10}
+    if settings.database_pooler == "pgbouncer":
+        # Transaction pooling hands each transaction whichever server connection is free, so a
+        # statement psycopg prepared on one server connection (it does after five executions) is
+        # missing on the next, or another client's of the same name is found there. No
+        # server-side prepared statements: every statement goes as a plain query.
+        options["connect_args"] = {"prepare_threshold": None}
+    return options
 
 
 # A pooled connection used this recently is alive (PostgreSQL restarts and idle timeouts act
@@ -196,44 +203,86 @@ def _configure_idle_ping(app) -> None:
 
 def web_connections(settings: Settings) -> int:
     """The most connections the web processes together may open (each pool opens on demand)."""
-    options = _engine_options(settings.database_url, settings.web_threads)
+    options = _engine_options(settings)
     return settings.web_concurrency * (options["pool_size"] + options["max_overflow"])
 
 
 def _warn_when_the_web_may_outgrow_the_server(app, engine) -> None:
-    """On the first connection a process opens, compare what the web may open with PostgreSQL's
-    max_connections, and say so in the log when it does not fit: otherwise the first burst that
-    needs them answers 503 ("too many clients") with nothing in the log before it. Costs one
-    statement per process, on a connection it opened anyway; never stops the process."""
+    """On the first connection a process opens, compare what the web may open with what the
+    server in front of it allows (PostgreSQL's max_connections, or PgBouncer's max_client_conn),
+    and say so in the log when it does not fit: otherwise the first burst that needs them answers
+    503 ("too many clients") with nothing in the log before it. Costs one statement per process;
+    never stops the process."""
     from sqlalchemy import event
 
     settings = app.config["SETTINGS"]
-    pool = _engine_options(settings.database_url, settings.web_threads)
+    pool = _engine_options(settings)
     wanted = web_connections(settings)
 
     @event.listens_for(engine, "first_connect")
     def _check(dbapi_conn, _record):
-        try:
-            cursor = dbapi_conn.cursor()
-            cursor.execute("SHOW max_connections")
-            allowed = int(cursor.fetchone()[0])
-            cursor.close()
-        except Exception:  # noqa: BLE001 - a check, not a reason to fail the connection
+        if settings.database_pooler == "pgbouncer":
+            allowed, what = _pooler_client_limit(settings.database_url), "PgBouncer allows %d clients (max_client_conn)"
+        else:
+            allowed, what = _server_limit(dbapi_conn), "PostgreSQL allows %d connections (max_connections)"
+        if allowed is None or wanted < allowed:
             return
-        if wanted >= allowed:
-            logging.getLogger("shop").warning(
-                "PostgreSQL allows %d connections (max_connections) and the web alone may open %d "
-                "(WEB_CONCURRENCY %d x a pool of %d + %d for WEB_THREADS %d), besides the worker and the "
-                "scheduler: during a burst, requests that find no connection will answer 503. Lower "
-                "WEB_THREADS or WEB_CONCURRENCY, raise max_connections, or put PgBouncer in front "
-                "(README, Sizing the web).",
-                allowed,
-                wanted,
-                settings.web_concurrency,
-                pool["pool_size"],
-                pool["max_overflow"],
-                settings.web_threads,
-            )
+        logging.getLogger("shop").warning(
+            what + " and the web alone may open %d "
+            "(WEB_CONCURRENCY %d x a pool of %d + %d for WEB_THREADS %d), besides the worker and the "
+            "scheduler: during a burst, requests that find no connection will answer 503. Lower "
+            "WEB_THREADS or WEB_CONCURRENCY, or raise the limit "
+            "(README, Sizing the web).",
+            allowed,
+            wanted,
+            settings.web_concurrency,
+            pool["pool_size"],
+            pool["max_overflow"],
+            settings.web_threads,
+        )
+
+
+def _server_limit(dbapi_conn) -> int | None:
+    try:
+        cursor = dbapi_conn.cursor()
+        cursor.execute("SHOW max_connections")
+        allowed = int(cursor.fetchone()[0])
+        cursor.close()
+        return allowed
+    except Exception:  # noqa: BLE001 - a check, not a reason to fail the connection
+        return None
+
+
+def _pooler_client_limit(database_url: str) -> int | None:
+    """PgBouncer's max_client_conn, read from its admin console (the `pgbouncer` database, which
+    answers SHOW CONFIG to a user in its admin_users or stats_users). Behind a pooler,
+    PostgreSQL's max_connections is the wrong number: the pooler multiplexes clients onto fewer
+    server connections. None, logged, when the console does not answer this user."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url)
+    try:
+        with psycopg.connect(
+            host=url.host or "127.0.0.1",
+            port=url.port or 5432,
+            user=url.username,
+            password=url.password,
+            dbname="pgbouncer",
+            autocommit=True,
+            prepare_threshold=None,
+            connect_timeout=5,
+        ) as conn:
+            for row in conn.execute("SHOW CONFIG").fetchall():
+                if row[0] == "max_client_conn":
+                    return int(row[1])
+    except Exception as error:  # noqa: BLE001 - a check, not a reason to fail the connection
+        logging.getLogger("shop").info(
+            "could not read PgBouncer's max_client_conn from its admin console (%s): the web's "
+            "connections are not checked against it",
+            str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__,
+        )
+    return None
 
 
 def _configure_sqlite(app) -> None:

@@ -37,6 +37,8 @@ _FALSE = {"0", "false", "no", "off"}
 class Settings:
     database_url: str
     redis_url: str
+    # What stands between the shop and PostgreSQL: "none", or "pgbouncer" (transaction pooling).
+    database_pooler: str
     secret_key: str
     secret_key_ephemeral: bool
     public_base_url: str
@@ -195,6 +197,18 @@ def _liveness(env) -> tuple[int, int]:
     return poll, stale
 
 
+POOLERS = ("none", "pgbouncer")
+
+
+def _pooler(env, database_url: str) -> str:
+    raw = (env.get("DATABASE_POOLER") or "").strip().lower() or "none"
+    if raw not in POOLERS:
+        raise SettingsError("DATABASE_POOLER", f"must be one of {', '.join(POOLERS)}, got {raw!r}")
+    if raw != "none" and not database_url.startswith("postgresql"):
+        raise SettingsError("DATABASE_POOLER", f"{raw} stands in front of PostgreSQL; DATABASE_URL is not PostgreSQL")
+    return raw
+
+
 def load_settings(env=None, instance_path: str = "instance", argv=None) -> Settings:
     """Every setting read from `env` and checked, in the order a bad value is reported."""
     env = os.environ if env is None else env
@@ -215,6 +229,7 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         stripe_breaker_threshold=_int(env, "BACKSTOP_STRIPE_BREAKER_THRESHOLD", 5, 1, 1_000_000),
         stripe_breaker_cooldown_seconds=_int(env, "BACKSTOP_STRIPE_BREAKER_COOLDOWN_SECONDS", 30, 1, 3600),
         database_url=database_url,
+        database_pooler=_pooler(env, database_url),
         redis_url=_url(env, "REDIS_URL", "redis://127.0.0.1:6379/0", ["redis://", "rediss://", "unix://"]),
         secret_key=secret_key,
         secret_key_ephemeral=ephemeral,

@@ -38,6 +38,8 @@ BAD = [
     ("HEALTH_STALE_SECONDS", "a minute", "whole number"),
     ("HEALTH_STALE_SECONDS", "1", "between 2 and"),
     ("DATABASE_URL", "mysql://root@localhost/shop", "must start with"),
+    ("DATABASE_POOLER", "pgpool", "must be one of none, pgbouncer"),
+    ("DATABASE_POOLER", "pgbouncer", "not PostgreSQL"),  # in front of the default SQLite file
     ("REDIS_URL", "http://127.0.0.1:6379", "must start with"),
     ("PUBLIC_BASE_URL", "ftp://shop.example", "must start with"),
     ("PUBLIC_BASE_URL", "shop.example", "must start with"),
