@@ -258,7 +258,7 @@ def _pooler_client_limit(database_url: str) -> int | None:
     answers SHOW CONFIG to a user in its admin_users or stats_users). Behind a pooler,
     PostgreSQL's max_connections is the wrong number: the pooler multiplexes clients onto fewer
     server connections. None, logged, when the console does not answer this user."""
-    import psycopg
+    import psycopg  # the driver itself, here only: the app factory loads no database code at import
     from sqlalchemy.engine import make_url
 
     url = make_url(database_url)
