@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+from typing import NamedTuple
 from dataclasses import dataclass, asdict
 
 
@@ -104,6 +105,45 @@ def _bool(env, name, default):
     if value in _FALSE:
         return False
     raise SettingsError(name, f"must be true or false, got {raw!r}")
+
+
+class SentinelURL(NamedTuple):
+    sentinels: list[tuple[str, int]]
+    service: str
+    db: int
+    username: str | None
+    password: str | None
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """`redis+sentinel://[[user]:password@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]` (the form
+    Flask-Limiter's storage reads too), or ValueError saying what is wrong with it."""
+    rest = url.removeprefix("redis+sentinel://")
+    auth, _, rest = rest.rpartition("@")
+    where, _, path = rest.partition("/")
+    parts = [p for p in path.split("/") if p]
+    if not where or not parts or len(parts) > 2:
+        raise ValueError("expected redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]")
+    sentinels = []
+    for endpoint in where.split(","):
+        host, _, port = endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"a Sentinel is HOST:PORT, got {endpoint!r}")
+        sentinels.append((host, int(port)))
+    if len(parts) == 2 and not parts[1].isdigit():
+        raise ValueError(f"the database after the service is a number, got {parts[1]!r}")
+    user, _, password = auth.partition(":") if auth else ("", "", "")
+    return SentinelURL(sentinels, parts[0], int(parts[1]) if len(parts) == 2 else 0, user or None, password or None)
+
+
+def _redis_url(env) -> str:
+    url = _url(env, "REDIS_URL", "redis://127.0.0.1:6379/0", ["redis://", "rediss://", "unix://", "redis+sentinel://"])
+    if url.startswith("redis+sentinel://"):
+        try:
+            parse_sentinel_url(url)
+        except ValueError as exc:
+            raise SettingsError("REDIS_URL", f"{exc}, got {url!r}") from None
+    return url
 
 
 def _url(env, name, default, schemes):
@@ -230,7 +270,7 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         stripe_breaker_cooldown_seconds=_int(env, "BACKSTOP_STRIPE_BREAKER_COOLDOWN_SECONDS", 30, 1, 3600),
         database_url=database_url,
         database_pooler=_pooler(env, database_url),
-        redis_url=_url(env, "REDIS_URL", "redis://127.0.0.1:6379/0", ["redis://", "rediss://", "unix://"]),
+        redis_url=_redis_url(env),
         secret_key=secret_key,
         secret_key_ephemeral=ephemeral,
         public_base_url=_url(env, "PUBLIC_BASE_URL", "http://127.0.0.1:5000", ["http://", "https://"]),

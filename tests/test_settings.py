@@ -41,6 +41,9 @@ BAD = [
     ("DATABASE_POOLER", "pgpool", "must be one of none, pgbouncer"),
     ("DATABASE_POOLER", "pgbouncer", "not PostgreSQL"),  # in front of the default SQLite file
     ("REDIS_URL", "http://127.0.0.1:6379", "must start with"),
+    ("REDIS_URL", "redis+sentinel://127.0.0.1:26379", "SERVICE"),  # no service named
+    ("REDIS_URL", "redis+sentinel://127.0.0.1/backstop", "a Sentinel is HOST:PORT"),
+    ("REDIS_URL", "redis+sentinel://127.0.0.1:26379/backstop/zero", "is a number"),
     ("PUBLIC_BASE_URL", "ftp://shop.example", "must start with"),
     ("PUBLIC_BASE_URL", "shop.example", "must start with"),
     ("STRIPE_API_BASE", "127.0.0.1:12111", "must start with"),

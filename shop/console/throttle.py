@@ -22,6 +22,7 @@ from flask import current_app, render_template, request
 from flask_limiter import Limiter, RequestLimit
 from flask_wtf.csrf import generate_csrf
 
+from ..settings import parse_sentinel_url
 from ..web.answers import wants_json
 from .forms import LoginForm
 
@@ -79,18 +80,28 @@ def _refusal(whose: str):
     return on_breach
 
 
-def _storage_uri(redis_url: str) -> str:
-    # limits names a Unix socket `redis+unix://`; the shop's REDIS_URL accepts `unix://`.
-    return "redis+unix://" + redis_url.removeprefix("unix://") if redis_url.startswith("unix://") else redis_url
+def _storage(redis_url: str) -> tuple[str, dict]:
+    """The limiter's storage URI and options for REDIS_URL. limits names a Unix socket
+    `redis+unix://` (the shop's REDIS_URL accepts `unix://`), and reads the path of a Sentinel URL
+    as the service name only: the shop's `/SERVICE/DB` goes as the URI's service and a `db` option."""
+    options = {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}
+    if redis_url.startswith("unix://"):
+        return "redis+unix://" + redis_url.removeprefix("unix://"), options
+    if redis_url.startswith("redis+sentinel://"):
+        where = parse_sentinel_url(redis_url)
+        uri = redis_url.rsplit("/", 1)[0] if redis_url.rstrip("/").count("/") > 3 else redis_url
+        return uri, {**options, "db": where.db, "sentinel_kwargs": dict(options)}
+    return redis_url, options
 
 
 def init_app(app) -> None:
     """One limiter per app (its Redis and key prefix are the app's), wrapped around the login view."""
+    # A dead Redis should cost a login a fraction of a second, not the client's default wait.
+    storage_uri, storage_options = _storage(app.config["REDIS_URL"])
     limiter = Limiter(
         key_func=_address,
-        storage_uri=_storage_uri(app.config["REDIS_URL"]),
-        # A dead Redis should cost a login a fraction of a second, not the client's default wait.
-        storage_options={"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+        storage_uri=storage_uri,
+        storage_options=storage_options,
         strategy="fixed-window",  # the window starts at the first failure (the key's expiry)
         key_prefix=f"{app.config['QUEUE_PREFIX']}:login",
         swallow_errors=True,

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import click
 
+from ..redis_client import redis_client
+
 LOCAL = "127.0.0.1"
 START_TIMEOUT = 30.0  # seconds a child may take to answer before `up` gives up
 APP_STOP_GRACE = 6.0  # web/worker/scheduler, after SIGTERM
@@ -220,11 +222,10 @@ def nearby_free_port(port: int) -> int:
 
 
 def redis_answers(url: str, timeout: float = 0.5) -> bool:
-    from redis import Redis
     from redis.exceptions import RedisError
 
     try:
-        conn = Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        conn = redis_client(url, socket_connect_timeout=timeout, socket_timeout=timeout)
         try:
             return bool(conn.ping())
         finally:

@@ -12,6 +12,7 @@ from rq import Queue
 from rq_scheduler import Scheduler
 
 from ..extensions import per_app
+from ..redis_client import redis_client
 
 DELIVERY_JOB = "shop.jobs.run_delivery"
 COMMAND_JOB = "shop.jobs.run_command"
@@ -23,7 +24,7 @@ DRAIN_JOB = "shop.jobs.drain"
 def redis_conn() -> Redis:
     return per_app(
         "redis",
-        lambda: Redis.from_url(
+        lambda: redis_client(
             current_app.config["REDIS_URL"], socket_connect_timeout=2, socket_timeout=5, health_check_interval=30
         ),
     )

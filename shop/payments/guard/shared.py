@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import time
 
+from ...redis_client import redis_client
+
 log = logging.getLogger("shop.payments.guard")
 
 # The clock every script starts with (see above).
@@ -85,9 +87,7 @@ def _connect(url: str):
     once, then this process uses its own view for REDIS_RETRY_SECONDS); a longer read timeout,
     because in a web process busy with dozens of threads the answer can wait that long for the
     GIL, and falling back then would let every process spend the whole budget on its own."""
-    from redis import Redis
-
-    return Redis.from_url(url, socket_connect_timeout=0.25, socket_timeout=1.0)
+    return redis_client(url, socket_connect_timeout=0.25, socket_timeout=1.0)
 
 
 def _text(value) -> str:

@@ -1,0 +1,215 @@
+"""Redis behind Sentinel (docs/REFERENCE.md, Settings: REDIS_URL `redis+sentinel://`): a master, a
+replica and three Sentinels started by the test with the `redis-server` binary, the web in this
+process and a real worker and scheduler all finding the master through the Sentinels. The master
+is SIGKILLed while customers check out: the replica is promoted, every process follows it without
+a restart, and nothing is lost: every order's deadline still cancels it and gives its stock back,
+those whose scheduling was only in the writes the dead master took with it included."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+from redis import Redis
+
+from factories import seed_catalog_rows, variant_id
+from payment_helpers import Shopper
+from process_support import Processes, free_port, process_env, wait_until
+from shop import queue
+from shop.extensions import db
+from shop.models import InventoryItem, Order
+from support import UNREACHABLE_PROVIDER
+
+pytestmark = pytest.mark.slow
+
+REDIS_SERVER = shutil.which("redis-server")
+SERVICE = "backstop"
+WINDOW = 3
+
+
+class SentinelSet:
+    """A master, a replica and three Sentinels watching them, each its own redis-server."""
+
+    def __init__(self):
+        self.folder = tempfile.mkdtemp(prefix="backstop-sentinel-")
+        self.master_port, self.replica_port = free_port(), free_port()
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{SERVICE}/0"
+
+    def start(self) -> None:
+        common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.folder]
+        self._run("master", [REDIS_SERVER, "--port", str(self.master_port), *common])
+        self._run(
+            "replica",
+            [
+                REDIS_SERVER,
+                "--port",
+                str(self.replica_port),
+                "--replicaof",
+                "127.0.0.1",
+                str(self.master_port),
+                *common,
+            ],
+        )
+        for i, port in enumerate(self.sentinel_ports):
+            conf = os.path.join(self.folder, f"sentinel-{i}.conf")
+            with open(conf, "w") as f:
+                f.write(
+                    f"port {port}\nbind 127.0.0.1\ndir {self.folder}\n"
+                    f"sentinel monitor {SERVICE} 127.0.0.1 {self.master_port} 2\n"
+                    f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+                    f"sentinel failover-timeout {SERVICE} 10000\n"
+                    f"sentinel parallel-syncs {SERVICE} 1\n"
+                )
+            self._run(f"sentinel-{i}", [REDIS_SERVER, conf, "--sentinel"])
+        wait_until(self._watching, 30, "three Sentinels that see the master, its replica and each other", self.logs)
+
+    def _run(self, name: str, args: list[str]) -> None:
+        out = open(os.path.join(self.folder, f"{name}.log"), "wb")
+        self.procs[name] = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+
+    def sentinel(self, port: int) -> Redis:
+        return Redis(host="127.0.0.1", port=port, socket_timeout=1, decode_responses=True)
+
+    def _watching(self) -> bool:
+        try:
+            for port in self.sentinel_ports:
+                with self.sentinel(port) as s:
+                    info = s.sentinel_master(SERVICE)
+                    if int(info["num-slaves"]) < 1 or int(info["num-other-sentinels"]) < 2:
+                        return False
+            return True
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+
+    def master_port_now(self) -> int | None:
+        try:
+            with self.sentinel(self.sentinel_ports[0]) as s:
+                return int(s.sentinel_get_master_addr_by_name(SERVICE)[1])
+        except Exception:  # noqa: BLE001 - the Sentinel is busy with the failover
+            return None
+
+    def kill_master(self) -> None:
+        self.procs["master"].send_signal(signal.SIGKILL)
+        self.procs["master"].wait(timeout=5)
+
+    def logs(self) -> str:
+        parts = []
+        for name in self.procs:
+            with open(os.path.join(self.folder, f"{name}.log"), errors="replace") as f:
+                parts.append(f"--- {name} ---\n{f.read()[-2000:]}")
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=5)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def sentinels():
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed (Debian's package redis-server)")
+    found = SentinelSet()
+    try:
+        found.start()
+        yield found
+    finally:
+        found.stop()
+
+
+def _settled(app, references: list[str]) -> bool:
+    with app.app_context():
+        rows = db.session.query(Order).filter(Order.reference.in_(references)).all()
+        db.session.remove()
+    return len(rows) == len(references) and all(o.status == "Cancelled" and o.inventory_restored for o in rows)
+
+
+def test_a_killed_master_is_followed_by_every_process_and_no_order_is_lost(make_fresh_app, sentinels):
+    app = make_fresh_app(
+        REDIS_URL=sentinels.url,
+        STRIPE_API_BASE=UNREACHABLE_PROVIDER,
+        UNPAID_ORDER_EXPIRY_SECONDS=WINDOW,
+        RECONCILIATION_STUCK_AGE_SECONDS=WINDOW,
+    )
+    shopper = Shopper(app, seed_catalog_rows(app))
+    with app.app_context():
+        db.session.get(InventoryItem, variant_id("NB-A5-DOT")).on_hand = stock = 1000  # enough for the load
+        db.session.commit()
+        assert queue.redis_conn().connection_pool.get_master_address()[1] == sentinels.master_port
+        db.session.remove()
+
+    placed, failures, stop = [], [], threading.Event()
+
+    def customers():  # a checkout every 0.2 s, before, during and after the failover
+        while not stop.is_set():
+            r = shopper.checkout(email="load@example.com")
+            if r.status_code == 303:
+                placed.append(r.headers["Location"].split("/orders/")[1].split("?")[0])
+            else:
+                failures.append(r.status_code)
+            time.sleep(0.2)
+
+    procs = Processes()
+    try:
+        env = process_env(app, window=WINDOW)
+        procs.start("worker", ["shop", "worker"], env)
+        procs.start("scheduler", ["shop", "scheduler"], env)
+        load = threading.Thread(target=customers, daemon=True)
+        load.start()
+        time.sleep(2)
+
+        sentinels.kill_master()
+        killed = time.monotonic()
+        wait_until(
+            lambda: sentinels.master_port_now() == sentinels.replica_port,
+            30,
+            "the replica's promotion",
+            sentinels.logs,
+        )
+        promoted = time.monotonic()
+
+        def this_process_follows() -> bool:
+            with app.app_context():
+                try:
+                    return queue.redis_conn().ping() and queue.redis_conn().connection_pool.get_master_address()[1] == (
+                        sentinels.replica_port
+                    )
+                except Exception:  # noqa: BLE001 - still on the dead master
+                    return False
+
+        wait_until(this_process_follows, 15, "the web's Redis client to follow the promotion", procs.logs)
+        time.sleep(2)
+        stop.set()
+        load.join(timeout=10)
+        after = [ref for ref in placed]  # every order, from before the kill to after the promotion
+        wait_until(
+            lambda: _settled(app, after),
+            60,
+            f"every order's deadline to cancel it and give its stock back ({len(after)} orders)",
+            lambda: procs.logs() + sentinels.logs(),
+        )
+    finally:
+        stop.set()
+        procs.stop()
+
+    assert failures == []
+    assert len(after) >= 10
+    assert promoted - killed < 30
+    with app.app_context():
+        assert db.session.get(InventoryItem, variant_id("NB-A5-DOT")).on_hand == stock
+        db.session.remove()
