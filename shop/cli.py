@@ -49,6 +49,7 @@ def create_operator_command(email, password):
 def worker_command(burst):
     """Run an RQ worker on the app's queues, and beside it the payment queue (the orders in line
     for their payment page; one worker of the shop serves it at a time)."""
+    queue.wait_for_redis(click.echo)
     if not burst:
         checkout_queue.start_in_background(current_app._get_current_object())
     queue.run_worker(burst=burst)
@@ -84,6 +85,7 @@ def scheduler_command(burst):
         for line in rebuild():
             log.warning(line)
 
+    queue.wait_for_redis(click.echo)
     for line in rebuild():
         click.echo(line)
     click.echo(f"scheduler polling every {cfg['SCHEDULER_POLL_SECONDS']}s")

@@ -28,6 +28,7 @@ from .connection import (
     queue_names,
     redis_conn,
     scheduler,
+    wait_for_redis,
     work_queue,
 )
 from .drain import DRAIN_SLOTS, drain_started, other_jobs_waiting, request_drain
@@ -69,6 +70,7 @@ __all__ = [
     "schedule_delivery",
     "scheduler",
     "wait_for_payment_queue",
+    "wait_for_redis",
     "wake_payment_queue",
     "work_queue",
 ]

@@ -4,6 +4,7 @@ names must keep resolving: shop.jobs.*)."""
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 
 from flask import current_app
@@ -28,6 +29,25 @@ def redis_conn() -> Redis:
             current_app.config["REDIS_URL"], socket_connect_timeout=2, socket_timeout=5, health_check_interval=30
         ),
     )
+
+
+def wait_for_redis(say, *, every: float = 10.0) -> None:
+    """Return once Redis answers. A worker or scheduler that starts while Redis restarts, or while
+    Sentinel fails over to a replica, waits for it instead of exiting; `say` hears what it waits
+    for, at once and then every `every` seconds."""
+    from redis.exceptions import RedisError
+
+    delay, said = 0.2, None
+    while True:
+        try:
+            if redis_conn().ping():
+                return
+        except (RedisError, OSError) as exc:
+            if said is None or time.monotonic() - said >= every:
+                say(f"waiting for Redis (REDIS_URL) to answer: {exc}")
+                said = time.monotonic()
+        time.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
 def queue_names() -> tuple[str, str]:

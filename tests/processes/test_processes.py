@@ -12,6 +12,8 @@ import time
 from datetime import timedelta, timezone
 
 import pytest
+from redis import Redis
+from redis.exceptions import RedisError
 from rq import Worker
 from sqlalchemy import select
 
@@ -281,3 +283,43 @@ def test_a_worker_refuses_to_start_when_the_stuck_age_differs_from_the_window(ma
     assert done.returncode != 0
     [line] = [text for text in done.stderr.splitlines() if text.strip()]  # one clear line, no traceback
     assert "RECONCILIATION_STUCK_AGE_SECONDS" in line
+
+
+def test_a_worker_and_a_scheduler_started_while_redis_is_down_wait_for_it_instead_of_exiting(make_fresh_app, tmp_path):
+    """A node that boots while Redis restarts, or while Sentinel fails over, must not leave its
+    worker and scheduler dead: each says what it waits for, and runs once Redis answers."""
+    from shop.devserver.bundled_redis import bundled_redis_server
+
+    binary = shutil.which("redis-server") or bundled_redis_server()
+    port = free_port()
+    app = make_fresh_app()
+    procs = Processes()
+    redis_server = None
+    try:
+        env = process_env(app, REDIS_URL=f"redis://127.0.0.1:{port}/0")  # nothing answers there yet
+        worker = procs.start("worker", ["shop", "worker"], env)
+        scheduler = procs.start("scheduler", ["shop", "scheduler"], env)
+        wait_until(lambda: procs.logs().count("waiting for Redis (REDIS_URL)") >= 2, 30, "both to wait", procs.logs)
+        time.sleep(1)
+        assert worker.poll() is None and scheduler.poll() is None, procs.logs()
+        redis_server = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        started = Redis(host="127.0.0.1", port=port)
+        wait_until(lambda: _answers(started) and started.smembers("rq:workers"), 30, "the worker", procs.logs)
+        wait_until(lambda: "scheduler polling" in procs.logs(), 30, "the scheduler to poll", procs.logs)
+        assert worker.poll() is None and scheduler.poll() is None, procs.logs()
+    finally:
+        procs.stop()
+        if redis_server is not None:
+            redis_server.kill()
+            redis_server.wait(timeout=5)
+
+
+def _answers(conn) -> bool:
+    try:
+        return bool(conn.ping())
+    except (RedisError, OSError):
+        return False

@@ -17,6 +17,7 @@ import time
 
 import pytest
 from redis import Redis
+from rq import Worker
 
 from factories import seed_catalog_rows, variant_id
 from payment_helpers import Shopper
@@ -169,6 +170,12 @@ def test_a_killed_master_is_followed_by_every_process_and_no_order_is_lost(make_
         env = process_env(app, window=WINDOW)
         procs.start("worker", ["shop", "worker"], env)
         procs.start("scheduler", ["shop", "scheduler"], env)
+
+        def both_running() -> bool:  # the worker registered with RQ, the scheduler polling
+            with app.app_context():
+                return bool(Worker.all(queue=queue.work_queue())) and "scheduler polling" in procs.logs()
+
+        wait_until(both_running, 30, "the worker and the scheduler", procs.logs)
         load = threading.Thread(target=customers, daemon=True)
         load.start()
         time.sleep(2)
