@@ -223,22 +223,24 @@ def _warn_when_the_web_may_outgrow_the_server(app, engine) -> None:
     def _check(dbapi_conn, _record):
         if settings.database_pooler == "pgbouncer":
             allowed, what = _pooler_client_limit(settings.database_url), "PgBouncer allows %d clients (max_client_conn)"
+            remedy = "raise max_client_conn"
         else:
             allowed, what = _server_limit(dbapi_conn), "PostgreSQL allows %d connections (max_connections)"
+            remedy = "raise max_connections, or put PgBouncer in front"
         if allowed is None or wanted < allowed:
             return
         logging.getLogger("shop").warning(
             what + " and the web alone may open %d "
             "(WEB_CONCURRENCY %d x a pool of %d + %d for WEB_THREADS %d), besides the worker and the "
             "scheduler: during a burst, requests that find no connection will answer 503. Lower "
-            "WEB_THREADS or WEB_CONCURRENCY, or raise the limit "
-            "(README, Sizing the web).",
+            "WEB_THREADS or WEB_CONCURRENCY, %s (README, Sizing the web).",
             allowed,
             wanted,
             settings.web_concurrency,
             pool["pool_size"],
             pool["max_overflow"],
             settings.web_threads,
+            remedy,
         )
 
 
