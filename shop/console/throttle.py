@@ -89,8 +89,10 @@ def _storage(redis_url: str) -> tuple[str, dict]:
         return "redis+unix://" + redis_url.removeprefix("unix://"), options
     if redis_url.startswith("redis+sentinel://"):
         where = parse_sentinel_url(redis_url)
-        uri = redis_url.rsplit("/", 1)[0] if redis_url.rstrip("/").count("/") > 3 else redis_url
-        return uri, {**options, "db": where.db, "sentinel_kwargs": dict(options)}
+        sentinels = ",".join(f"{host}:{port}" for host, port in where.sentinels)
+        uri = f"redis+sentinel://{sentinels}/{where.service}"
+        auth = {k: v for k, v in (("username", where.username), ("password", where.password)) if v}
+        return uri, {**options, **auth, "db": where.db, "sentinel_kwargs": dict(options)}
     return redis_url, options
 
 

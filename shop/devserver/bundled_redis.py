@@ -37,6 +37,12 @@ def bundled_redis_server() -> str:
     return path
 
 
+def redis_server_command(binary: str, port: int, folder: str) -> list[str]:
+    """A throwaway redis-server on loopback: keeps nothing on disk (its data is Redis's part only;
+    the database is the truth), its working files in `folder`."""
+    return [binary, "--port", str(port), "--bind", LOCAL, "--save", "", "--appendonly", "no", "--dir", folder]
+
+
 def redis_url_on(url: str, port: int) -> str:
     parts = urlsplit(url)
     db = parts.path.strip("/") if parts.scheme in ("redis", "rediss") else ""
@@ -52,21 +58,7 @@ def start_redis(plan: Plan, sup: Supervisor, console: Console) -> Child:
     plan.cleanup.append(workdir)
     return sup.start(
         "redis",
-        [
-            bundled_redis_server(),
-            "--port",
-            str(port),
-            "--bind",
-            LOCAL,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            workdir,
-            "--loglevel",
-            "warning",
-        ],
+        [*redis_server_command(bundled_redis_server(), port, workdir), "--loglevel", "warning"],
         plan.env,
         workdir,
         role="service",

@@ -5,7 +5,6 @@ its deadline, with nothing but those processes doing the work."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import time
@@ -24,7 +23,16 @@ from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxEvent, ScheduledCommand
 from shop.orders.cancel import PROVIDER_EXPIRY_GRACE
 from shop.payments.start import start_payment
-from process_support import ROOT, WINDOW, Processes, flask_command, free_port, process_env, wait_until
+from process_support import (
+    ROOT,
+    WINDOW,
+    Processes,
+    flask_command,
+    free_port,
+    process_env,
+    start_redis_server,
+    wait_until,
+)
 from support import UNREACHABLE_PROVIDER
 
 pytestmark = pytest.mark.slow
@@ -214,29 +222,10 @@ def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_e
 def test_the_scheduler_waits_out_a_redis_restart_and_then_rebuilds_what_redis_lost(make_fresh_app, tmp_path):
     """Redis goes away and comes back empty (a restart without persistence): the scheduler
     neither dies with a traceback nor carries on without its periodic jobs."""
-    from shop.devserver.bundled_redis import bundled_redis_server
-
-    binary = shutil.which("redis-server") or bundled_redis_server()
     port = free_port()
 
     def start_redis() -> subprocess.Popen:
-        return subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(tmp_path),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        return start_redis_server(port, str(tmp_path))
 
     redis_server = start_redis()
     app = make_fresh_app(REDIS_URL=f"redis://127.0.0.1:{port}/0")
@@ -288,9 +277,6 @@ def test_a_worker_refuses_to_start_when_the_stuck_age_differs_from_the_window(ma
 def test_a_worker_and_a_scheduler_started_while_redis_is_down_wait_for_it_instead_of_exiting(make_fresh_app, tmp_path):
     """A node that boots while Redis restarts, or while Sentinel fails over, must not leave its
     worker and scheduler dead: each says what it waits for, and runs once Redis answers."""
-    from shop.devserver.bundled_redis import bundled_redis_server
-
-    binary = shutil.which("redis-server") or bundled_redis_server()
     port = free_port()
     app = make_fresh_app()
     procs = Processes()
@@ -302,11 +288,7 @@ def test_a_worker_and_a_scheduler_started_while_redis_is_down_wait_for_it_instea
         wait_until(lambda: procs.logs().count("waiting for Redis (REDIS_URL)") >= 2, 30, "both to wait", procs.logs)
         time.sleep(1)
         assert worker.poll() is None and scheduler.poll() is None, procs.logs()
-        redis_server = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        redis_server = start_redis_server(port, str(tmp_path))
         started = Redis(host="127.0.0.1", port=port)
         wait_until(lambda: _answers(started) and started.smembers("rq:workers"), 30, "the worker", procs.logs)
         wait_until(lambda: "scheduler polling" in procs.logs(), 30, "the scheduler to poll", procs.logs)

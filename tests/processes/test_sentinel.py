@@ -23,6 +23,7 @@ from factories import seed_catalog_rows, variant_id
 from payment_helpers import Shopper
 from process_support import Processes, free_port, process_env, wait_until
 from shop import queue
+from shop.devserver.bundled_redis import redis_server_command
 from shop.extensions import db
 from shop.models import InventoryItem, Order
 from support import UNREACHABLE_PROVIDER
@@ -49,18 +50,12 @@ class SentinelSet:
         return f"redis+sentinel://{hosts}/{SERVICE}/0"
 
     def start(self) -> None:
-        common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.folder]
-        self._run("master", [REDIS_SERVER, "--port", str(self.master_port), *common])
+        self._run("master", redis_server_command(REDIS_SERVER, self.master_port, self.folder))
         self._run(
             "replica",
             [
-                REDIS_SERVER,
-                "--port",
-                str(self.replica_port),
-                "--replicaof",
-                "127.0.0.1",
-                str(self.master_port),
-                *common,
+                *redis_server_command(REDIS_SERVER, self.replica_port, self.folder),
+                *("--replicaof", "127.0.0.1", str(self.master_port)),
             ],
         )
         for i, port in enumerate(self.sentinel_ports):
