@@ -10,8 +10,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from . import queue
-from .domain.deadlines import utcnow
-from .outbox.relay import rearm_future_commands, relay_once
+from .outbox.relay import relay_once, wake_due_work
 from .payments import checkout_queue
 from .payments.registration import register_webhook
 from .scheduling.sweep import run_cycle
@@ -58,7 +57,8 @@ def worker_command(burst):
 @shop_cli.command("scheduler")
 @click.option("--burst", is_flag=True, help="Move due jobs once and exit.")
 def scheduler_command(burst):
-    """Run rq-scheduler: register periodic jobs, re-arm deadlines from the database, then poll."""
+    """Run rq-scheduler: register periodic jobs, wake drains for due work, then poll (each poll
+    also asks the database for due deadlines, commands and deliveries)."""
     cfg = current_app.config
     sweep = (
         cfg["RECONCILIATION_INTERVAL_SECONDS"]
@@ -67,13 +67,12 @@ def scheduler_command(burst):
     )
 
     def rebuild() -> list[str]:
-        """Redis's part, from the database: the periodic jobs, then every due and future row."""
+        """Redis's part, from the database: the periodic jobs, then a drain for what is due."""
         lines = [f"periodic job {line}" for line in queue.register_periodic_jobs(cfg["RELAY_INTERVAL_SECONDS"], sweep)]
-        counts = relay_once(horizon_seconds=0)
-        rearmed = rearm_future_commands(utcnow())
+        counts = relay_once()
         lines.append(
-            f"re-armed from the database: {counts['deliveries']} deliveries, {counts['commands']} due "
-            f"commands, {rearmed + counts['rearmed']} future deadlines"
+            f"due in the database: {counts['deliveries']} deliveries, {counts['commands']} commands "
+            "(future deadlines are found by each poll)"
         )
         return lines
 
@@ -89,7 +88,9 @@ def scheduler_command(burst):
     for line in rebuild():
         click.echo(line)
     click.echo(f"scheduler polling every {cfg['SCHEDULER_POLL_SECONDS']}s")
-    queue.run_scheduler(burst=burst, watch=queue.periodic_job_ids(sweep is not None), on_loss=on_loss)
+    queue.run_scheduler(
+        burst=burst, watch=queue.periodic_job_ids(sweep is not None), on_loss=on_loss, on_poll=wake_due_work
+    )
 
 
 @shop_cli.command("relay")

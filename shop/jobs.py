@@ -44,7 +44,20 @@ def drain(slot: int | None = None) -> dict:
         return result
 
 
+def drain_commands(slot: int | None = None) -> dict:
+    """Run due scheduled commands (deadlines, emails, refunds) in batches, as `drain` runs
+    deliveries: the scheduler's poll and a commit that made a command due wake one."""
+    with _app_context():
+        queue.drain_started(slot, queue.Drain.COMMANDS)
+        result = dispatch.drain_commands_concurrently(dispatch.drain_threads(), should_yield=queue.other_jobs_waiting)
+        if result["more"]:
+            queue.request_drain(kind=queue.Drain.COMMANDS)
+        return result
+
+
 def run_command(command_id: int) -> RunOutcome:
+    """One command by id: the job releases before batched command drains enqueued through
+    rq-scheduler; such jobs may still be in Redis after an upgrade."""
     with _app_context():
         return dispatch.run_command(command_id)
 

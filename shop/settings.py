@@ -293,6 +293,6 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         login_failure_window_seconds=_int(env, "LOGIN_FAILURE_WINDOW_SECONDS", 900, 1, 24 * 3600),
         console_idle_timeout_seconds=_int(env, "CONSOLE_IDLE_TIMEOUT_SECONDS", 1800, 60, 7 * 24 * 3600),
         queue_prefix=(env.get("BACKSTOP_QUEUE_PREFIX") or "").strip() or "backstop",
-        outbox_lease_seconds=_int(env, "BACKSTOP_OUTBOX_LEASE_SECONDS", 60, 1, 3600),
+        outbox_lease_seconds=_int(env, "BACKSTOP_OUTBOX_LEASE_SECONDS", 25, 1, 3600),
         reconciliation_lease_seconds=_int(env, "BACKSTOP_RECONCILIATION_LEASE_SECONDS", 300, 1, 3600),
     )

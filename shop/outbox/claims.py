@@ -71,6 +71,11 @@ def _claim_many(t):
 
 
 @functools.cache
+def _first_due(t):
+    return select(t.c.id).where(_claimable(t)).limit(1)
+
+
+@functools.cache
 def _mark_done(t):
     return (
         update(t)
@@ -90,6 +95,15 @@ def _mark_done(t):
 def _claim_params(now: datetime, worker: str, early_seconds: float = 0) -> dict:
     lease = timedelta(seconds=current_app.config["OUTBOX_LEASE_SECONDS"])
     return dict(due_by=now + timedelta(seconds=early_seconds), at=now, worker=worker, lease_until=now + lease)
+
+
+def any_due(model, now: datetime) -> bool:
+    """Is any row claimable now (pending and due, or with a lapsed lease and attempts left)? What
+    every scheduler asks each poll; one indexed lookup that ends its own transaction."""
+    try:
+        return db.session.execute(_first_due(model.__table__), dict(due_by=now, at=now)).first() is not None
+    finally:
+        db.session.rollback()
 
 
 def claim(model, work_id: int, now: datetime, worker: str, early_seconds: float = 0) -> bool:

@@ -21,8 +21,8 @@ from .announce import announce_or_leave_to_relay
 from .failures import PermanentFailure
 from .runner import RunOutcome
 
-# A drain claims this many deliveries per statement and hands the worker back to other jobs
-# (scheduled commands keep their time) after this long.
+# A drain claims this many rows per statement and, when other jobs wait, hands the worker back
+# after this long.
 DRAIN_BATCH_SIZE = 20
 DRAIN_BUDGET_SECONDS = 2.0
 
@@ -111,15 +111,16 @@ def run_command(command_id: int, now: datetime | None = None) -> RunOutcome:
     return runner.run(COMMANDS, command_id, now)
 
 
-def drain_deliveries(
+def drain(
+    work: runner.Work,
     now: datetime | None = None,
     should_yield: Callable[[], bool] | None = None,
     batch_size: int | None = None,
     budget_seconds: float | None = None,
 ) -> dict:
-    """Run every due delivery (pending and due, or with a lapsed lease), a batch at a time."""
+    """Run every due row of `work` (pending and due, or with a lapsed lease), a batch at a time."""
     return runner.drain(
-        DELIVERIES,
+        work,
         batch_size=batch_size or DRAIN_BATCH_SIZE,
         budget_seconds=DRAIN_BUDGET_SECONDS if budget_seconds is None else budget_seconds,
         now=now,
@@ -127,23 +128,31 @@ def drain_deliveries(
     )
 
 
-def drain_deliveries_concurrently(
+def drain_deliveries(now: datetime | None = None, **kwargs) -> dict:
+    return drain(DELIVERIES, now, **kwargs)
+
+
+def drain_commands(now: datetime | None = None, **kwargs) -> dict:
+    return drain(COMMANDS, now, **kwargs)
+
+
+def drain_concurrently(
+    work: runner.Work,
     threads: int,
     should_yield: Callable[[], bool] | None = None,
     batch_size: int | None = None,
     budget_seconds: float | None = None,
     now: datetime | None = None,
 ) -> dict:
-    """`drain_deliveries` in `threads` threads of this process, each with its own app context,
-    session and connection. They never share a row: each claims its own batches (SKIP LOCKED),
-    and everything else a delivery relies on (the marker's version check, leases, the claim
-    guard on "done") already holds between processes. Returns the summed counts; `more` if any
-    thread stopped with rows possibly still due. A thread's unexpected error is re-raised here
-    after the others finish (their rows are committed or released, never half-run)."""
+    """`drain` in `threads` threads of this process, each with its own app context, session and
+    connection. They never share a row: each claims its own batches (SKIP LOCKED), and
+    everything else a row relies on (the marker's version check, leases, the claim guard on
+    "done") already holds between processes. Returns the summed counts; `more` if any thread
+    stopped with rows possibly still due. A thread's unexpected error is re-raised here after
+    the others finish (their rows are committed or released, never half-run)."""
+    options = dict(now=now, should_yield=should_yield, batch_size=batch_size, budget_seconds=budget_seconds)
     if threads <= 1:
-        return drain_deliveries(
-            now=now, should_yield=should_yield, batch_size=batch_size, budget_seconds=budget_seconds
-        )
+        return drain(work, **options)
     app = current_app._get_current_object()
     results: list[dict | None] = [None] * threads
     errors: list[BaseException] = []
@@ -151,9 +160,7 @@ def drain_deliveries_concurrently(
     def one(index: int) -> None:
         try:
             with app.app_context():
-                results[index] = drain_deliveries(
-                    now=now, should_yield=should_yield, batch_size=batch_size, budget_seconds=budget_seconds
-                )
+                results[index] = drain(work, **options)
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread below
             errors.append(exc)
 
@@ -172,17 +179,26 @@ def drain_deliveries_concurrently(
     return {**counts, "more": more}
 
 
+def drain_deliveries_concurrently(threads: int, **kwargs) -> dict:
+    return drain_concurrently(DELIVERIES, threads, **kwargs)
+
+
+def drain_commands_concurrently(threads: int, **kwargs) -> dict:
+    return drain_concurrently(COMMANDS, threads, **kwargs)
+
+
 # -- an operator's verbs on a row, by its kind as the console names it ----------------------
 
 TABLES = {"delivery": OutboxDelivery, "command": ScheduledCommand}
 
 
-def _announce(kind: str, work_id: int, due: datetime | None = None) -> bool:
-    """Hand a row that is pending and due to Redis now; False (logged) when Redis does not
-    answer, in which case the relay hands it over after its grace period."""
-    if kind == "delivery":
-        return announce_or_leave_to_relay(lambda: queue.enqueue_delivery(work_id), "delivery %s is due again", work_id)
-    return announce_or_leave_to_relay(lambda: queue.enqueue_command(work_id, due), "command %s is due again", work_id)
+_DRAINS = {"delivery": queue.Drain.DELIVERIES, "command": queue.Drain.COMMANDS}
+
+
+def _announce(kind: str, work_id: int) -> bool:
+    """Wake a drain for a row that is pending and due now; False (logged) when Redis does not
+    answer, in which case the scheduler's next poll wakes one."""
+    return announce_or_leave_to_relay(lambda: queue.wake(_DRAINS[kind]), f"{kind} %s is due again", work_id)
 
 
 def retry_dead(kind: str, work_id: int, now: datetime | None = None) -> bool:
@@ -190,7 +206,7 @@ def retry_dead(kind: str, work_id: int, now: datetime | None = None) -> bool:
     was not dead (any more)."""
     if not runner.retry_dead(TABLES[kind], work_id, now):
         return False
-    _announce(kind, work_id, now)
+    _announce(kind, work_id)
     return True
 
 
@@ -200,9 +216,8 @@ def retry_all_dead(kind: str, name: str) -> list[int]:
     model = TABLES[kind]
     column = model.__table__.c.handler if kind == "delivery" else model.__table__.c.kind
     ids = runner.retry_all_dead(model, column, name)
-    for work_id in ids:
-        if not _announce(kind, work_id):
-            break  # Redis is down: the rest are pending and due too, and the relay hands them over
+    if ids:
+        _announce(kind, ids[0])  # one drain runs them all
     return ids
 
 

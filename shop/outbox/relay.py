@@ -1,11 +1,16 @@
-"""The relay: the database tells Redis again about any work Redis may have lost.
+"""The database tells Redis what is due: the poll and the relay.
 
-It runs as a periodic rq-scheduler job and at scheduler start. It looks for deliveries and
-commands that are due but were announced longer ago than a grace period (Redis lost them, or
-the post-commit announce failed), and rows whose worker died holding the lease: commands are
-enqueued again by id, deliveries by one drain job (which claims every due delivery). Rows
-selected with FOR UPDATE SKIP LOCKED on PostgreSQL, so concurrent relays split the work instead
-of doubling it; a duplicate announcement is harmless anyway, since a claim is needed to run.
+`wake_due_work` runs in every scheduler, every poll (SCHEDULER_POLL_SECONDS): two indexed
+lookups ask whether any command (a deadline, an email, a refund) or delivery is claimable now,
+pending and due or held by a lease that lapsed (its worker died, on this node or another), and
+wake a drain of that kind, which claims them in batches. So a deadline needs nothing armed in
+Redis, a retry needs no job of its own, and after Redis lost its data, a scheduler restarted or
+a node died, due work runs within a poll (a dead holder's rows within its lease plus a poll).
+
+The relay, a periodic job (and once at scheduler start), buries rows whose worker died on
+their last attempt and forces a drain for rows that stayed due past a grace period: a drain
+slot whose job Redis lost cannot hold them up for long either. A duplicate wake-up is harmless,
+since a claim is needed to run.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from .. import queue
 from ..domain.deadlines import utcnow
 from ..extensions import db
 from ..models import OutboxDelivery, ScheduledCommand, WorkStatus
+from .claims import any_due
 
 log = logging.getLogger("shop.outbox")
 
@@ -73,7 +79,7 @@ def _due_ids(model, now, grace, limit) -> list[int]:
     return ids
 
 
-def relay_once(now: datetime | None = None, horizon_seconds: float | None = None) -> dict:
+def relay_once(now: datetime | None = None) -> dict:
     now = now or utcnow()
     cfg = current_app.config
     grace = timedelta(seconds=cfg["RELAY_GRACE_SECONDS"])
@@ -86,43 +92,26 @@ def relay_once(now: datetime | None = None, horizon_seconds: float | None = None
     except Exception:
         db.session.rollback()
         raise
-    queue.announce([], [(cid, now) for cid in command_ids], now=now)
+    # A drain runs every due row of its kind, these included. Forced: the drain slot may belong
+    # to a drain Redis lost, and the relay is what recovers from that.
     if delivery_ids:
-        # A drain runs every due delivery, these included. Forced: the drain slot may belong to
-        # a drain Redis lost, and the relay is what recovers from that.
-        queue.request_drain(force=True)
-    horizon = horizon_seconds if horizon_seconds is not None else 3 * cfg["RELAY_INTERVAL_SECONDS"]
-    rearmed = rearm_future_commands(now, now + timedelta(seconds=horizon))
-    counts = {"deliveries": len(delivery_ids), "commands": len(command_ids), "rearmed": rearmed, "dead": dead}
-    if delivery_ids or command_ids or rearmed:
+        queue.request_drain(force=True, kind=queue.Drain.DELIVERIES)
+    if command_ids:
+        queue.request_drain(force=True, kind=queue.Drain.COMMANDS)
+    counts = {"deliveries": len(delivery_ids), "commands": len(command_ids), "dead": dead}
+    if delivery_ids or command_ids:
         log.info("relay re-announced %s", counts)
     return counts
 
 
-def rearm_future_commands(now: datetime, until: datetime | None = None, chunk: int = 500) -> int:
-    """Hand pending commands due after `now` (up to `until`, or all) to rq-scheduler when it no
-    longer has them, e.g. after a Redis wipe. A deadline then runs late, never not at all."""
-    rearmed = 0
-    after_id = 0
-    while True:
-        stmt = (
-            select(ScheduledCommand.id, ScheduledCommand.next_attempt_at)
-            .where(
-                ScheduledCommand.status == WorkStatus.PENDING,
-                ScheduledCommand.next_attempt_at > now,
-                ScheduledCommand.id > after_id,
-            )
-            .order_by(ScheduledCommand.id)
-            .limit(chunk)
-        )
-        if until is not None:
-            stmt = stmt.where(ScheduledCommand.next_attempt_at <= until)
-        rows = db.session.execute(stmt).all()
-        db.session.rollback()
-        if not rows:
-            return rearmed
-        for command_id, due in rows:
-            if not queue.command_is_scheduled(command_id):
-                queue.enqueue_command(command_id, due)
-                rearmed += 1
-        after_id = rows[-1][0]
+def wake_due_work(now: datetime | None = None) -> dict:
+    """Every scheduler's poll: wake a drain of each kind that has a claimable row now."""
+    now = now or utcnow()
+    kinds = [
+        kind
+        for kind, model in ((queue.Drain.COMMANDS, ScheduledCommand), (queue.Drain.DELIVERIES, OutboxDelivery))
+        if any_due(model, now)
+    ]
+    if kinds:
+        queue.wake(*kinds)
+    return {"woke": [str(kind) for kind in kinds]}

@@ -17,9 +17,11 @@ The sequence for one row:
      as long as it takes; a refusal (PermanentFailure) is dead at once
      (domain.deadlines.retry_decision).
 
-`run` claims one row by id and runs it (an RQ job per id: a command at its due time, a retry,
-an operator's retry); `drain` claims due rows in batches and runs each through the same
-`run_claimed`, so both paths share steps 2 and 3.
+`drain` claims due rows in batches and runs each (a delivery drain or a command drain: the
+scheduler's poll wakes one whenever due rows wait, a commit wakes one for what it made due);
+`run` claims one row by id and runs it (an RQ job per id, as older releases enqueued them, and
+tests); both go through `run_claimed`, so they share steps 2 and 3. A retry or a waiting row
+needs no announcement: it is pending with its time, and the poll finds it then.
 """
 
 from __future__ import annotations
@@ -39,12 +41,10 @@ from typing import Any, Callable
 from flask import current_app
 from sqlalchemy import select, update
 
-from .. import queue
 from ..domain.deadlines import FAILURE_PROVIDER, retry_decision, utcnow
 from ..extensions import db
-from ..models import ScheduledCommand, WorkStatus
+from ..models import WorkStatus
 from . import uow
-from .announce import announce_or_leave_to_relay
 from .claims import claim, claim_batch, claim_returning, mark_done, release
 
 # Raised by handlers and commands; named here too for the callers that catch them.
@@ -73,10 +73,10 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
 
 
-# rq-scheduler stores whole seconds and moves a job up to a second before its time. Refusing
-# such a run would drop the job and leave the row to the relay (seconds late); claiming it lets
-# the handler decide: a deadline that is not due yet raises Reschedule. Scheduled commands only:
-# a delivery's backoff is honoured exactly (its retry is scheduled a second late instead).
+# A command job by id (as releases before batched drains enqueued them through rq-scheduler,
+# which keeps whole seconds and may move a job up to a second early) may claim its row that much
+# before its time; the handler decides: a deadline that is not due yet raises Reschedule. Drains
+# claim nothing before its time.
 EARLY_CLAIM_SECONDS = 2
 
 
@@ -208,7 +208,6 @@ def _reschedule(model, work_id, worker, due, now) -> None:
         .execution_options(synchronize_session=False)
     )
     db.session.commit()
-    _announce_retry(model, work_id, due)
 
 
 def record_failure(model, work_id, worker, exc, now, describe) -> RunOutcome:
@@ -248,7 +247,6 @@ def record_failure(model, work_id, worker, exc, now, describe) -> RunOutcome:
     row.status = WorkStatus.PENDING
     row.next_attempt_at = now + timedelta(seconds=decision.delay_seconds)
     row.enqueued_at = row.next_attempt_at
-    due = row.next_attempt_at
     attempts, waits = row.attempts, row.provider_waits
     db.session.commit()
     if kind == FAILURE_PROVIDER:
@@ -261,7 +259,6 @@ def record_failure(model, work_id, worker, exc, now, describe) -> RunOutcome:
             decision.delay_seconds,
             error,
         )
-        _announce_retry(model, work_id, due)
         return RunOutcome.WAITING
     log.warning(
         "%s failed (attempt %d of %d), retrying in %.1fs: %s",
@@ -271,15 +268,7 @@ def record_failure(model, work_id, worker, exc, now, describe) -> RunOutcome:
         decision.delay_seconds,
         row.last_error,
     )
-    _announce_retry(model, work_id, due)
     return RunOutcome.RETRY
-
-
-def _announce_retry(model, work_id, due):
-    if model is ScheduledCommand:
-        announce_or_leave_to_relay(lambda: queue.enqueue_command(work_id, due), "the retry of command %s", work_id)
-    else:
-        announce_or_leave_to_relay(lambda: queue.schedule_delivery(work_id, due), "the retry of delivery %s", work_id)
 
 
 def _fresh_budget(now: datetime) -> dict:

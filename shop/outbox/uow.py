@@ -44,10 +44,10 @@ def transaction():
 
 def publish_after_commit(session) -> None:
     pending = session.info.pop("after_commit", None)
-    if not pending or not (pending["deliveries"] or pending["commands"] or pending.get("retired")):
+    if not pending or not (pending["deliveries"] or pending["commands"]):
         return
     announce_or_leave_to_relay(
-        lambda: queue.announce(pending["deliveries"], pending["commands"], retired=pending.get("retired", ())),
+        lambda: queue.announce(pending["deliveries"], pending["commands"]),
         "%d deliveries / %d commands committed",
         len(pending["deliveries"]),
         len(pending["commands"]),

@@ -22,7 +22,7 @@ _INSERT_DELIVERY = insert(_deliveries).returning(_deliveries.c.id)
 _INSERT_COMMAND = insert(_commands).returning(_commands.c.id)
 
 # An order that reached a final state has nothing left to expire: its pending deadlines are
-# retired in the transaction that finished it, so they are never enqueued, never run, and never
+# retired in the transaction that finished it, so they are never claimed, never run, and never
 # listed as pending work. Here, because every transition's events pass through write_events (the
 # unit of work's commit and the payment fast path alike), so no path to Paid/Cancelled can forget.
 DEADLINE_KIND = "expire_unpaid_order"
@@ -52,7 +52,7 @@ _RETIRE_DEADLINES = (
 
 def after_commit(session) -> dict:
     """What to tell Redis once this session's transaction has committed."""
-    return session.info.setdefault("after_commit", {"deliveries": [], "commands": [], "retired": []})
+    return session.info.setdefault("after_commit", {"deliveries": [], "commands": []})
 
 
 @functools.cache
@@ -165,10 +165,8 @@ def write_events(session, events, now: datetime | None = None) -> list[int]:
                 session.execute(_RETIRE_DEADLINES, dict(order=event.order_id, reason=reason, now=now)).scalars()
             )
             if retired:
-                # Armed in this very transaction: never announce it. Already with rq-scheduler:
-                # taken off its schedule after the commit (see queue.announce).
+                # Armed in this very transaction: never announce it.
                 pending["commands"] = [c for c in pending["commands"] if c[0] not in retired]
-                pending["retired"].extend(sorted(retired))
     return delivery_ids
 
 

@@ -5,25 +5,26 @@ it loses everything, the relay (a periodic job) and the scheduler's start-up re-
 due rows to it again.
 
   connection          the Redis client, the two RQ queues, rq-scheduler, the job names (shop.jobs.*)
-  enqueue             handing committed work to Redis (`announce`), a delivery's or command's job
-  drain               drain slots: at most DRAIN_SLOTS drains wait; a drain frees its slot first
+  enqueue             waking the drains for committed work (`announce`)
+  drain               drain slots, per kind: at most DRAIN_SLOTS drains wait; a drain frees its slot first
   payment_wake        waking the payment queue when an order joins its line
   periodic            the relay's and the sweep's periodic jobs
   beats               heartbeats: how often, and how they are written
   worker              the worker (`run_worker`)
-  watchful_scheduler  the scheduler (`run_scheduler`), which notices Redis losing its data
+  watchful_scheduler  the scheduler (`run_scheduler`): asks the database each poll for due work,
+                      and notices Redis losing its data
   health              what Redis knows of the processes and queues
 
 The names the rest of the shop calls are re-exported here: callers say `queue.announce(...)`.
 """
 
 from .connection import (
+    COMMAND_DRAIN_JOB,
     COMMAND_JOB,
     DELIVERY_JOB,
     DRAIN_JOB,
     RELAY_JOB,
     SWEEP_JOB,
-    command_job_id,
     control_queue,
     queue_names,
     redis_conn,
@@ -31,8 +32,8 @@ from .connection import (
     wait_for_redis,
     work_queue,
 )
-from .drain import DRAIN_SLOTS, drain_started, other_jobs_waiting, request_drain
-from .enqueue import announce, command_is_scheduled, enqueue_command, enqueue_delivery, schedule_delivery
+from .drain import DRAIN_SLOTS, Drain, drain_started, other_jobs_waiting, request_drain
+from .enqueue import announce, wake
 from .health import ping, processes, queue_depths
 from .payment_wake import wait_for_payment_queue, wake_payment_queue
 from .periodic import next_run_at, periodic_job_ids, register_periodic_jobs
@@ -40,19 +41,17 @@ from .watchful_scheduler import make_scheduler, run_scheduler
 from .worker import make_worker, run_worker
 
 __all__ = [
+    "COMMAND_DRAIN_JOB",
     "COMMAND_JOB",
     "DELIVERY_JOB",
     "DRAIN_JOB",
     "DRAIN_SLOTS",
+    "Drain",
     "RELAY_JOB",
     "SWEEP_JOB",
     "announce",
-    "command_is_scheduled",
-    "command_job_id",
     "control_queue",
     "drain_started",
-    "enqueue_command",
-    "enqueue_delivery",
     "make_scheduler",
     "make_worker",
     "next_run_at",
@@ -67,10 +66,10 @@ __all__ = [
     "request_drain",
     "run_scheduler",
     "run_worker",
-    "schedule_delivery",
     "scheduler",
     "wait_for_payment_queue",
     "wait_for_redis",
+    "wake",
     "wake_payment_queue",
     "work_queue",
 ]

@@ -20,6 +20,7 @@ COMMAND_JOB = "shop.jobs.run_command"
 RELAY_JOB = "shop.jobs.relay"
 SWEEP_JOB = "shop.jobs.reconcile"
 DRAIN_JOB = "shop.jobs.drain"
+COMMAND_DRAIN_JOB = "shop.jobs.drain_commands"
 
 
 def redis_conn() -> Redis:
@@ -71,7 +72,3 @@ def scheduler() -> Scheduler:
 def aware(dt: datetime) -> datetime:
     # rq-scheduler treats naive datetimes as UTC; we always pass aware UTC to be explicit.
     return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
-
-
-def command_job_id(command_id: int) -> str:
-    return f"{current_app.config['QUEUE_PREFIX']}-command-{command_id}"

@@ -1,48 +1,80 @@
-"""Drain slots: deliveries are run by drain jobs, not one job each (RQ's own bookkeeping costs
-tens of round trips a job). At most DRAIN_SLOTS drains wait in the queue at once: announcing
-takes a free slot (a key, SET NX with a TTL so a lost drain cannot block the next for long) and
-enqueues a drain only then. A drain frees its slot as its first action, so work committed while
-it runs always finds a slot free and wakes another drain: no announcement is ever lost."""
+"""Drain slots: due rows are run by drain jobs that claim them from the database in batches, not
+one RQ job each (RQ's own bookkeeping costs tens of round trips a job). There are two kinds of
+drain: deliveries (the outbox's handlers) and commands (deadlines, emails, refunds), each with its
+own slots. At most DRAIN_SLOTS drains of a kind wait in the queue at once: waking one takes a free
+slot (a key, SET NX with a TTL so a drain Redis lost cannot block the next for long) and enqueues
+a drain only then. A drain frees its slot as its first action, so work committed while it runs
+always finds a slot free and wakes another drain: no wake-up is ever lost. And none has to be
+kept: every scheduler asks the database each poll whether due rows wait, and wakes a drain."""
 
 from __future__ import annotations
 
 import uuid
+from enum import StrEnum
 
 from flask import current_app
 from rq import Queue
 
 from ..extensions import per_app
-from .connection import DRAIN_JOB, queue_names, redis_conn, work_queue
+from .connection import COMMAND_DRAIN_JOB, DRAIN_JOB, queue_names, redis_conn, work_queue
+
+
+class Drain(StrEnum):
+    DELIVERIES = "deliveries"
+    COMMANDS = "commands"
+
 
 DRAIN_SLOTS = 2
-DRAIN_SLOT_TTL_SECONDS = 30
-_TAKE_SLOT = """
-for i, key in ipairs(KEYS) do
-  if redis.call('SET', key, '1', 'NX', 'EX', tonumber(ARGV[1])) then return i end
+# A slot outlives its drain only when Redis lost the drain's job (a failover's lost writes) or
+# the job waits behind a long queue; either way the next wake-up after this long enqueues another.
+DRAIN_SLOT_TTL_SECONDS = 10
+_JOB = {Drain.DELIVERIES: DRAIN_JOB, Drain.COMMANDS: COMMAND_DRAIN_JOB}
+
+# KEYS: the slots of each kind wanted, in order; ARGV: the TTL, then how many of KEYS belong to
+# each kind. Returns, per kind, the 1-based slot taken (0 when all were busy). One round trip.
+_TAKE_SLOTS = """
+local taken, first = {}, 1
+for k = 2, #ARGV do
+  local n, got = tonumber(ARGV[k]), 0
+  for i = first, first + n - 1 do
+    if got == 0 and redis.call('SET', KEYS[i], '1', 'NX', 'EX', tonumber(ARGV[1])) then got = i - first + 1 end
+  end
+  taken[#taken + 1] = got
+  first = first + n
 end
-return 0
+return taken
 """
 
 
-def _drain_key(slot: int) -> str:
-    return f"{current_app.config['QUEUE_PREFIX']}:drain-pending:{slot}"
+def _drain_key(slot: int, kind: Drain = Drain.DELIVERIES) -> str:
+    prefix = current_app.config["QUEUE_PREFIX"]
+    if kind is Drain.DELIVERIES:
+        return f"{prefix}:drain-pending:{slot}"
+    return f"{prefix}:drain-pending:{kind}:{slot}"
 
 
-def take_drain_slot() -> int | None:
-    """One round trip: the first free slot, now taken, or None when every slot has a drain
-    waiting (which will see the work that was just committed)."""
-    script = per_app("take_drain_slot", lambda: redis_conn().register_script(_TAKE_SLOT))
-    taken = script(keys=[_drain_key(i) for i in range(DRAIN_SLOTS)], args=[DRAIN_SLOT_TTL_SECONDS])
-    return int(taken) - 1 if taken else None
+def take_drain_slots(*kinds: Drain) -> dict[Drain, int | None]:
+    """One round trip: for each kind, the first free slot, now taken, or None when every slot
+    of that kind has a drain waiting (which will see the work that was just committed)."""
+    if not kinds:
+        return {}
+    script = per_app("take_drain_slots", lambda: redis_conn().register_script(_TAKE_SLOTS))
+    keys = [_drain_key(i, kind) for kind in kinds for i in range(DRAIN_SLOTS)]
+    taken = script(keys=keys, args=[DRAIN_SLOT_TTL_SECONDS, *(DRAIN_SLOTS for _ in kinds)])
+    return {kind: (int(t) - 1 if t else None) for kind, t in zip(kinds, taken)}
+
+
+def take_drain_slot(kind: Drain = Drain.DELIVERIES) -> int | None:
+    return take_drain_slots(kind)[kind]
 
 
 def _drain_job_prefix() -> str:
     return f"{current_app.config['QUEUE_PREFIX']}-drain-"
 
 
-def drain_job(slot: int | None):
+def drain_job(slot: int | None, kind: Drain = Drain.DELIVERIES):
     return Queue.prepare_data(
-        DRAIN_JOB,
+        _JOB[kind],
         args=(slot,),
         result_ttl=0,
         failure_ttl=3600,
@@ -51,30 +83,36 @@ def drain_job(slot: int | None):
     )
 
 
-def request_drain(force: bool = False) -> bool:
-    """Ask for a drain of due deliveries: when a slot is free, or always with `force` (the relay,
-    which must not trust a slot whose drain Redis may have lost). Returns whether one was enqueued."""
-    slot = None if force else take_drain_slot()
+def drain_jobs(*kinds: Drain) -> list:
+    """The drain jobs to enqueue for `kinds`: one for each kind that had a free slot."""
+    return [drain_job(slot, kind) for kind, slot in take_drain_slots(*kinds).items() if slot is not None]
+
+
+def request_drain(force: bool = False, kind: Drain = Drain.DELIVERIES) -> bool:
+    """Ask for a drain of due rows of `kind`: when a slot is free, or always with `force` (the
+    relay, which must not trust a slot whose drain Redis may have lost). Returns whether one was
+    enqueued."""
+    slot = None if force else take_drain_slot(kind)
     if slot is None and not force:
         return False
-    work_queue().enqueue_many([drain_job(slot)])
+    work_queue().enqueue_many([drain_job(slot, kind)])
     return True
 
 
-def drain_started(slot: int | None) -> None:
+def drain_started(slot: int | None, kind: Drain = Drain.DELIVERIES) -> None:
     """A drain's first action: free its slot, so anything announced from now on wakes the next."""
     if slot is not None:
-        redis_conn().delete(_drain_key(slot))
+        redis_conn().delete(_drain_key(slot, kind))
 
 
 def other_jobs_waiting() -> bool:
-    """Is anything but another drain queued for this worker (a command at its time, a retry, a
-    relay)? A drain then hands the worker back between batches. (Yielding to a waiting drain
-    would only pass the same work around.) One round trip."""
+    """Is anything but another drain queued for this worker (an operator's retry, a relay, a
+    sweep)? A drain then hands the worker back between batches. (Yielding to a waiting drain,
+    of either kind, would only pass the same work around: each has its budget.) One round trip."""
     control, work = queue_names()
     with redis_conn().pipeline(transaction=False) as pipe:
         pipe.llen(f"{Queue.redis_queue_namespace_prefix}{control}")
-        pipe.lrange(f"{Queue.redis_queue_namespace_prefix}{work}", 0, DRAIN_SLOTS)
+        pipe.lrange(f"{Queue.redis_queue_namespace_prefix}{work}", 0, 2 * DRAIN_SLOTS)
         control_waiting, head = pipe.execute()
     drain = _drain_job_prefix().encode()
     return bool(control_waiting) or any(not job_id.startswith(drain) for job_id in head)

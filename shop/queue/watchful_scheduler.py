@@ -1,5 +1,5 @@
-"""The scheduler: rq-scheduler, watching for Redis losing its data, beating where the health
-readings look, and kept alive through a Redis outage."""
+"""The scheduler: rq-scheduler, asking the database each poll for due work, watching for Redis
+losing its data, beating where the health readings look, and kept alive through a Redis outage."""
 
 from __future__ import annotations
 
@@ -28,11 +28,20 @@ class _WatchfulScheduler(Scheduler):
     job per poll; only the scheduler holding rq-scheduler's lock does it."""
 
     def __init__(
-        self, *args, watch=(), on_loss=None, beat_key: str = "", beat_index: str = "", beat_ttl: int = 180, **kwargs
+        self,
+        *args,
+        watch=(),
+        on_loss=None,
+        on_poll=None,
+        beat_key: str = "",
+        beat_index: str = "",
+        beat_ttl: int = 180,
+        **kwargs,
     ):
         super().__init__(*args, **kwargs)
         self._watch = tuple(watch)
         self._on_loss = on_loss
+        self._on_poll = on_poll
         self.beat_name = self.name_here()
         self._beat_key, self._beat_index, self._beat_ttl = beat_key, beat_index, beat_ttl
         self._born = datetime.now(timezone.utc)
@@ -110,6 +119,19 @@ class _WatchfulScheduler(Scheduler):
             except (RedisConnectionError, RedisTimeoutError):
                 time.sleep(pause)
 
+    def acquire_lock(self):
+        """rq-scheduler's loop calls this once a poll, before it moves due jobs. Every scheduler
+        first runs `on_poll` (the database asked for due deadlines, commands and deliveries, and a
+        drain woken for them), lock or no lock: due work never waits for rq-scheduler's lock,
+        which a scheduler killed mid-poll holds for up to its TTL. A failing poll is logged and
+        the loop goes on; the next poll asks again."""
+        if self._on_poll is not None:
+            try:
+                self._on_poll()
+            except Exception as exc:  # noqa: BLE001 - a database or Redis blip must not stop the scheduler
+                log.warning("scheduler: could not look for due work this poll: %s", exc)
+        return super().acquire_lock()
+
     def enqueue_jobs(self):
         if self._on_loss is not None and self._watch:
             pipe = self.connection.pipeline(transaction=False)
@@ -120,7 +142,7 @@ class _WatchfulScheduler(Scheduler):
         return super().enqueue_jobs()
 
 
-def make_scheduler(watch=(), on_loss=None) -> _WatchfulScheduler:
+def make_scheduler(watch=(), on_loss=None, on_poll=None) -> _WatchfulScheduler:
     # The record outlives a stall for a while (so the console can name the stalled scheduler);
     # the index keeps its last beat time for a day after that.
     return _WatchfulScheduler(
@@ -129,13 +151,14 @@ def make_scheduler(watch=(), on_loss=None) -> _WatchfulScheduler:
         interval=current_app.config["SCHEDULER_POLL_SECONDS"],
         watch=watch,
         on_loss=on_loss,
+        on_poll=on_poll,
         beat_key=f"{scheduler_beats_key()}:{_WatchfulScheduler.name_here()}",
         beat_index=scheduler_beats_key(),
         beat_ttl=3 * current_app.config["HEALTH_STALE_SECONDS"],
     )
 
 
-def run_scheduler(burst: bool = False, watch=(), on_loss=None) -> None:
+def run_scheduler(burst: bool = False, watch=(), on_loss=None, on_poll=None) -> None:
     """Poll until stopped. `watch`: periodic job ids whose disappearance means Redis lost its
-    data; `on_loss` is then called to rebuild from the database."""
-    make_scheduler(watch, on_loss).run(burst=burst)
+    data; `on_loss` is then called to rebuild from the database. `on_poll`: called every poll."""
+    make_scheduler(watch, on_loss, on_poll).run(burst=burst)

@@ -95,7 +95,7 @@ def test_an_order_with_one_short_line_leaves_nothing_behind_and_names_the_short_
 
         assert not result.ok and result.code == "out_of_stock"
         assert result.shortages == [
-            {"variant_id": scarce, "sku": sku, "name": "Product 2 – V1", "requested": 3, "available": 2}
+            {"variant_id": scarce, "sku": sku, "name": "Product 1 – V1", "requested": 3, "available": 2}
         ]
         db.session.remove()
         # The plenty line was decremented before the short one was found: it must be rolled back too.

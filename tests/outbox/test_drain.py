@@ -314,13 +314,16 @@ def test_the_drain_job_runs_everything_due_through_a_real_worker(fresh_app):
         db.session.remove()
 
 
-def test_a_drain_yields_to_a_waiting_command_but_not_to_another_drain(fresh_app):
+def test_a_drain_yields_to_other_jobs_but_not_to_another_drain_of_either_kind(fresh_app):
     with fresh_app.app_context():
         a5 = seed_catalog_rows()["NB-A5-DOT"]
         _cancelled_orders(2, a5)  # two drains wait
         assert queue.work_queue().count == 2
         assert queue.other_jobs_waiting() is False
 
-        queue.enqueue_command(12345)  # a scheduled command fell due
+        queue.wake(queue.Drain.COMMANDS)  # a command drain is a drain too: each has its budget
+        assert queue.other_jobs_waiting() is False
+
+        queue.work_queue().enqueue(queue.RELAY_JOB)  # anything else (a relay, an operator's retry)
         assert queue.other_jobs_waiting() is True
         db.session.remove()

@@ -1,24 +1,19 @@
 """Starting the payment of a just-placed order without reading it back: the checkout hands
 start_payment what place_order committed, the provider call runs outside any transaction, and
 the PaymentInitiated transition is one UPDATE guarded by the version and the allowed states,
-committed with its outbox event. Also: a command's schedule and a re-armed command's distinct
-job id now travel in the announce pipeline. Real database, Redis and sandbox."""
+committed with its outbox event. Real database, Redis and sandbox."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
+
 from sqlalchemy import select
 
 from factories import force_order, place_order_for, seed_catalog_rows
-from shop import queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
-from shop.models import Order, OutboxEvent, ScheduledCommand, Variant
+from shop.models import Order, OutboxEvent, Variant
 from shop.orders.cancel import cancel_order
-from shop.outbox import schedule_command
-from shop.outbox.uow import publish_after_commit
 from shop.payments import gateway
 from shop.payments.start import start_payment
 
@@ -129,57 +124,6 @@ def test_paying_a_stored_order_again_reads_it_and_applies_the_same_guarded_trans
     with fresh_paying_app.app_context():
         row = db.session.execute(select(Order).where(Order.reference == ref)).scalar_one()
         assert row.payment_attempts == 1 and _event_names(row.id) == ["OrderPlaced", "PaymentInitiated"]
-        db.session.remove()
-
-
-def test_a_checkout_arms_its_deadline_in_rq_scheduler_under_the_commands_own_id(fresh_ctx):
-    placed = _place()
-    row = db.session.execute(select(ScheduledCommand).where(ScheduledCommand.order_id == placed.order_id)).scalar_one()
-    due = as_utc(row.next_attempt_at)
-    db.session.rollback()
-
-    [(job, at)] = [
-        (j, at) for j, at in queue.scheduler().get_jobs(with_times=True) if j.id == queue.command_job_id(row.id)
-    ]
-    assert (job.func_name, job.args, job.origin) == (queue.COMMAND_JOB, (row.id,), queue.work_queue().name)
-    assert as_utc(at) == due.replace(microsecond=0)
-
-
-def test_a_command_rearmed_from_inside_its_own_scheduled_job_keeps_its_schedule(make_fresh_app):
-    app = make_fresh_app(OUTBOX_RETRY_BASE_SECONDS=60, OUTBOX_RETRY_CAP_SECONDS=60)
-    with app.app_context():
-        placed = _place()
-        # A command that fails (unknown template), due in a second: rq-scheduler holds it under
-        # the command's deterministic id.
-        command_id = schedule_command(
-            db.session,
-            "send_email",
-            utcnow() + timedelta(seconds=1),
-            order_id=placed.order_id,
-            payload={"template": "no-such-template"},
-        )
-        db.session.commit()
-        publish_after_commit(db.session)
-        sched = queue.scheduler()
-        [job] = [j for j in sched.get_jobs() if j.id == queue.command_job_id(command_id)]
-
-        sched.enqueue_job(job)  # what the scheduler does when it comes due
-        queue.run_worker(burst=True)  # the job fails its handler and re-arms the retry from inside
-
-        row = db.session.get(ScheduledCommand, command_id)
-        assert (row.status, row.attempts) == ("pending", 1)
-        retry_at = as_utc(row.next_attempt_at)
-        db.session.rollback()
-        # RQ deleted the finished job's key (result_ttl=0); the retry lives on under its own id.
-        rearmed = [
-            (j, at)
-            for j, at in sched.get_jobs(with_times=True)
-            if j.func_name == queue.COMMAND_JOB and j.args == (command_id,)
-        ]
-        assert len(rearmed) == 1
-        [(job, at)] = rearmed
-        assert job.id.startswith(queue.command_job_id(command_id) + "-")
-        assert as_utc(at) == retry_at.replace(microsecond=0)
         db.session.remove()
 
 

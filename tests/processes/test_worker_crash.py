@@ -60,7 +60,7 @@ def _start_worker(app, tmp_path, failpoints: str | None = None) -> subprocess.Po
 
 
 def _feed_until(app, proc, order_id, done, timeout=90.0):
-    """Hand the delivery to the worker until `done(row)` or the worker exits. Re-announcing is
+    """Wake a drain for the delivery until `done(row)` or the worker exits. Waking again is
     harmless (a claim is needed to run) and keeps the test independent of whoever else shares
     the Redis database and flushes it."""
     deadline = time.monotonic() + timeout
@@ -70,7 +70,7 @@ def _feed_until(app, proc, order_id, done, timeout=90.0):
             if done(row):
                 break
             if row.status == "pending":
-                queue.enqueue_delivery(row.id)
+                queue.wake(queue.Drain.DELIVERIES)
             db.session.remove()
             time.sleep(0.3)
         db.session.remove()

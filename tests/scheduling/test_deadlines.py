@@ -1,10 +1,12 @@
-"""The per-order payment deadline: armed with the order, re-derived from what is stored when it
-fires, re-armed after a failed payment, a lost race to a webhook, and recovery after Redis lost
+"""The per-order payment deadline: armed with the order (in the database only), re-derived from
+what is stored when it fires, re-armed after a failed payment, a lost race to a webhook, found by
+the scheduler's poll and run by a command drain, and nothing to recover after Redis lost
 everything. Real database, real Redis, real sandbox; time is injected through `now=`."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+import time
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import event, select
@@ -16,8 +18,8 @@ from shop.domain.deadlines import as_utc, utcnow
 from shop.domain.order import Transition as T
 from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand
-from shop.outbox.dispatch import run_command, run_delivery
-from shop.outbox.relay import rearm_future_commands, relay_once
+from shop.outbox.dispatch import drain_commands, run_command, run_delivery
+from shop.outbox.relay import relay_once, wake_due_work
 from shop.payments import gateway
 from shop.payments.apply import reconcile_order
 from shop.payments.start import start_payment
@@ -78,13 +80,9 @@ def _deliveries(order_id: int, event_name: str) -> list[OutboxDelivery]:
     )
 
 
-def _scheduled_at(command_id: int) -> datetime | None:
-    """When rq-scheduler will move this command's job to the work queue (None: not scheduled)."""
-    wanted = queue.command_job_id(command_id)
-    for job, at in queue.scheduler().get_jobs(with_times=True):
-        if job.id == wanted:
-            return at.replace(tzinfo=timezone.utc) if at.tzinfo is None else at
-    return None
+def _woke(now: datetime) -> list[str]:
+    """What the scheduler's poll at `now` wakes: a drain of commands, of deliveries, both or none."""
+    return wake_due_work(now=now)["woke"]
 
 
 def _restore(order_id: int, now: datetime) -> None:
@@ -128,14 +126,18 @@ def test_a_deadline_that_fires_a_second_early_is_rescheduled_to_its_due_time_and
     order_id, variant_id, deadline_id = _checkout(now=placed_at)
     due = placed_at + timedelta(seconds=WINDOW)
 
-    # rq-scheduler keeps whole seconds and may fire up to a second early.
+    # A job by id (as older releases enqueued through rq-scheduler, which may move a job up to a
+    # second early) claims it a little before its time, and hands it back.
     assert run_command(deadline_id, now=due - timedelta(seconds=1.5)) == "rescheduled"
 
     assert _order(order_id).status == "PendingPayment"
     row = _command(deadline_id)
     assert (row.status, row.attempts, as_utc(row.next_attempt_at)) == ("pending", 0, due)
-    assert _scheduled_at(deadline_id) == due.replace(microsecond=0)  # handed back to rq-scheduler
     assert _deliveries(order_id, "OrderCancelled") == []
+    # A drain claims nothing before its time, and the poll wakes none.
+    assert drain_commands(now=due - timedelta(seconds=1)).get("done", 0) == 0
+    assert _woke(due - timedelta(seconds=1)) == []
+    assert _woke(due) == ["commands"]
 
     assert run_command(deadline_id, now=due) == "done"
     assert _order(order_id).status == "Cancelled"
@@ -212,14 +214,19 @@ def test_a_deadline_for_an_order_paid_meanwhile_is_a_noop(paying_ctx, sandbox):
     assert _on_hand(variant_id) == 10
 
 
-def _job_key_exists(redis_conn, command_id: int) -> bool:
-    return bool(redis_conn.exists(f"rq:job:{queue.command_job_id(command_id)}"))
+def test_a_deadline_is_armed_in_the_database_only_and_costs_redis_nothing(app_ctx, redis_conn):
+    before = set(redis_conn.keys("*"))
+    order_id, _, deadline_id = _checkout()
+    row = _command(deadline_id)
+    assert (row.status, row.order_id) == ("pending", order_id)
+    assert queue.scheduler().count() == 0 and queue.work_queue().count == 0
+    assert set(redis_conn.keys("*")) == before
+    db.session.rollback()
 
 
-def test_an_order_paid_before_its_deadline_retires_it_at_once_and_it_is_never_enqueued(paying_ctx, sandbox, redis_conn):
+def test_an_order_paid_before_its_deadline_retires_it_at_once_and_it_is_never_run(paying_ctx, sandbox, redis_conn):
     placed_at = utcnow()
     order_id, _, deadline_id = _checkout(now=placed_at)
-    assert _scheduled_at(deadline_id) is not None  # handed to rq-scheduler with the order
     assert start_payment(order_id, now=placed_at).status == "started"
     sandbox.set_outcome(_order(order_id).payment_session_id, "paid")
 
@@ -229,12 +236,12 @@ def test_an_order_paid_before_its_deadline_retires_it_at_once_and_it_is_never_en
     [row] = _deadlines(order_id)
     assert (row.status, row.completed_at is not None) == ("obsolete", True)
     assert "paid before its deadline" in row.discard_reason
-    assert _scheduled_at(deadline_id) is None and not _job_key_exists(redis_conn, deadline_id)
-    # Nothing can bring it back: the relay and the scheduler's re-arm look for pending rows only.
+    # Nothing can bring it back: the poll, the relay and a drain look for pending rows only.
     due = placed_at + timedelta(seconds=WINDOW + 1)
-    assert relay_once(now=due)["commands"] == 0 and rearm_future_commands(placed_at) == 0
-    assert _scheduled_at(deadline_id) is None
-    assert queue.work_queue().count == 0 or queue.command_job_id(deadline_id) not in queue.work_queue().job_ids
+    assert "commands" not in _woke(due)
+    assert relay_once(now=due)["commands"] == 0
+    assert drain_commands(now=due).get("done", 0) == 0
+    assert _command(deadline_id).status == "obsolete"
     db.session.rollback()
 
 
@@ -251,8 +258,9 @@ def test_a_cancelled_order_retires_its_pending_deadline_with_its_cancellation(ap
         select(OutboxEvent).where(OutboxEvent.order_id == order_id, OutboxEvent.name == "OrderCancelled")
     ).all()
     assert as_utc(row.completed_at) == as_utc(cancelled.created_at)
-    assert _scheduled_at(deadline_id) is None and not _job_key_exists(redis_conn, deadline_id)
     db.session.rollback()
+    assert drain_commands(now=utcnow() + timedelta(seconds=WINDOW + 1)).get("done", 0) == 0
+    assert _command(deadline_id).status == "obsolete"
 
 
 def _at_the_payment_page(placed_at):
@@ -357,34 +365,33 @@ def test_a_deadline_that_loses_a_race_to_a_webhook_completes_without_retrying(ap
     assert _on_hand(variant_id) == 10
 
 
-def test_a_future_deadline_lost_in_a_redis_wipe_is_scheduled_again_when_the_scheduler_starts(app_ctx, redis_conn):
-    placed_at = utcnow()
-    order_id, _variant, deadline_id = _checkout(now=placed_at)
-    due = placed_at + timedelta(seconds=WINDOW)
-    assert _scheduled_at(deadline_id) == due.replace(microsecond=0)
+def test_a_deadline_falling_due_after_a_redis_wipe_is_found_by_the_next_poll_and_runs(app_ctx, redis_conn):
+    # Placed so that its deadline falls due two seconds from now, on the real clock a worker uses.
+    placed_at = utcnow() - timedelta(seconds=WINDOW - 2)
+    order_id, variant_id, deadline_id = _checkout(now=placed_at)
+    due = as_utc(_command(deadline_id).next_attempt_at)
 
-    redis_conn.flushdb()  # Redis loses everything
-    assert not queue.command_is_scheduled(deadline_id)
+    redis_conn.flushdb()  # Redis loses everything: there was nothing of the deadline in it
+    assert "commands" not in _woke(utcnow())
+    while utcnow() < due:
+        time.sleep(0.05)
+    assert _woke(utcnow()) == ["commands"]  # the poll after its time
+    queue.run_worker(burst=True)  # the command drain, then the delivery drain it woke
 
-    # What `flask shop scheduler` does at start, before it polls.
-    relay_once(horizon_seconds=0)
-    rearm_future_commands(utcnow())
-
-    assert queue.command_is_scheduled(deadline_id)
-    assert _scheduled_at(deadline_id) == due.replace(microsecond=0)
-    rearm_future_commands(utcnow())  # a second start does not add a second job
-    ours = [j for j in queue.scheduler().get_jobs() if j.id == queue.command_job_id(deadline_id)]
-    assert len(ours) == 1
+    order = _order(order_id)
+    assert (order.status, order.inventory_restored) == ("Cancelled", True)
+    assert _command(deadline_id).status == "done"
+    assert _on_hand(variant_id) == 12
 
 
-def test_a_due_deadline_lost_in_a_redis_wipe_runs_late_but_runs(app_ctx, redis_conn):
-    # Placed 31 minutes ago: the deadline came due a minute ago while Redis had lost it.
+def test_a_due_deadline_whose_wake_up_redis_lost_runs_late_but_runs(app_ctx, redis_conn):
+    # Placed 31 minutes ago: the deadline came due a minute ago while Redis had lost its drain.
     placed_at = utcnow() - timedelta(minutes=31)
     order_id, variant_id, deadline_id = _checkout(now=placed_at)
     redis_conn.flushdb()
     assert queue.work_queue().count == 0
 
-    counts = relay_once(horizon_seconds=0)  # the scheduler's start-up re-arm
+    counts = relay_once()  # the scheduler's start-up (a poll would do as well)
     assert counts["commands"] == 1
     queue.run_worker(burst=True)  # drains the command, then the OrderCancelled delivery it raised
 

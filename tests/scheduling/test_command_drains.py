@@ -1,0 +1,201 @@
+"""Scheduled commands (deadlines, emails, refunds) are found by the scheduler's poll and run by
+command drains that claim them from the database in batches: one RQ job for whatever fell due,
+never one per row. What must hold: a burst of due deadlines wakes one drain, not a job each; any
+number of pollers and drains never run a command twice; a command held by a worker that died
+(on any machine) is taken over once its lease lapses, and not before."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+from sqlalchemy import func, select, update
+
+from factories import place_order_for, seed_catalog_rows
+from shop import queue
+from shop.domain.deadlines import as_utc, utcnow
+from shop.extensions import db
+from shop.models import Order, ScheduledCommand
+from shop.outbox.dispatch import drain_commands
+from shop.outbox.relay import wake_due_work
+from shop.outbox.writer import schedule_command
+import shop.scheduling.commands
+
+WINDOW = 1800
+
+
+def _place_unpaid(n: int, placed_at) -> list[int]:
+    a5 = seed_catalog_rows()["NB-A5-DOT"]
+    orders = [place_order_for({a5: 1}, now=placed_at).order_id for _ in range(n)]
+    db.session.remove()
+    return orders
+
+
+def _statuses(model, column, value) -> list[str]:
+    db.session.expire_all()
+    rows = db.session.execute(select(model.status).where(column == value)).scalars().all()
+    db.session.rollback()
+    return rows
+
+
+def test_a_burst_of_due_deadlines_wakes_one_drain_job_that_cancels_every_order_once(fresh_app, redis_conn):
+    with fresh_app.app_context():
+        orders = _place_unpaid(25, utcnow() - timedelta(seconds=WINDOW + 5))
+        redis_conn.flushdb()  # whatever the placements woke is gone: only the poll is left
+
+        for _ in range(4):  # four polls (several schedulers, or one polling on)
+            assert wake_due_work()["woke"] == ["commands"]
+        jobs = queue.work_queue().jobs
+        assert [j.func_name for j in jobs] == [queue.COMMAND_DRAIN_JOB] * queue.DRAIN_SLOTS
+
+        queue.run_worker(burst=True)
+
+        db.session.expire_all()
+        statuses = db.session.execute(select(Order.status).where(Order.id.in_(orders))).scalars().all()
+        assert statuses == ["Cancelled"] * 25
+        restored = db.session.execute(
+            select(func.count()).where(Order.id.in_(orders), Order.inventory_restored.is_(True))
+        ).scalar_one()
+        assert restored == 25
+        deadlines = db.session.execute(
+            select(ScheduledCommand.status, ScheduledCommand.attempts).where(
+                ScheduledCommand.kind == "expire_unpaid_order"
+            )
+        ).all()
+        assert set(deadlines) == {("done", 1)} and len(deadlines) == 25
+        db.session.remove()
+
+
+def test_concurrent_command_drains_never_run_one_command_twice(fresh_app, monkeypatch):
+    runs, lock = [], threading.Lock()
+
+    def counting(row, now):
+        with lock:
+            runs.append(row.payload["n"])
+
+    monkeypatch.setitem(shop.scheduling.commands.COMMANDS, "counting", counting)
+    now = utcnow()
+    with fresh_app.app_context():
+        for n in range(40):
+            schedule_command(db.session, "counting", now, payload={"n": n}, now=now)
+        db.session.commit()
+        db.session.remove()
+    barrier = threading.Barrier(3)
+    results = []
+
+    def drain():
+        with fresh_app.app_context():
+            barrier.wait()
+            results.append(drain_commands(now=now + timedelta(seconds=1), batch_size=4))
+
+    threads = [threading.Thread(target=drain) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+    assert sorted(runs) == list(range(40))
+    assert sum(r.get("done", 0) for r in results) == 40
+    with fresh_app.app_context():
+        assert _statuses(ScheduledCommand, ScheduledCommand.kind, "counting") == ["done"] * 40
+        db.session.remove()
+
+
+def test_a_command_held_by_a_dead_worker_on_another_node_is_taken_over_once_its_lease_lapses(fresh_app, monkeypatch):
+    runs = []
+    monkeypatch.setitem(shop.scheduling.commands.COMMANDS, "counting", lambda row, now: runs.append(row.id))
+    now = utcnow()
+    lease = fresh_app.config["OUTBOX_LEASE_SECONDS"]
+    with fresh_app.app_context():
+        command_id = schedule_command(db.session, "counting", now, now=now)
+        # Claimed by a worker on another machine, which then died: no pid of it is visible here.
+        db.session.execute(
+            update(ScheduledCommand)
+            .where(ScheduledCommand.id == command_id)
+            .values(
+                status="processing",
+                attempts=1,
+                claimed_by="node-b:4242:140000",
+                claimed_until=now + timedelta(seconds=lease),
+            )
+        )
+        db.session.commit()
+
+        held = now + timedelta(seconds=lease - 1)
+        assert wake_due_work(now=held)["woke"] == []
+        assert drain_commands(now=held).get("done", 0) == 0 and runs == []
+
+        lapsed = now + timedelta(seconds=lease + 0.5)
+        assert wake_due_work(now=lapsed)["woke"] == ["commands"]
+        assert drain_commands(now=lapsed)["done"] == 1
+        assert runs == [command_id]
+        row = db.session.get(ScheduledCommand, command_id)
+        assert (row.status, row.attempts) == ("done", 2)
+        db.session.remove()
+
+
+def test_the_lease_a_dead_holder_keeps_is_short_enough_for_a_takeover_within_30_seconds(fresh_app):
+    # Takeover = the lease, plus one poll (SCHEDULER_POLL_SECONDS), plus a drain starting.
+    cfg = fresh_app.config
+    assert cfg["OUTBOX_LEASE_SECONDS"] + cfg["SCHEDULER_POLL_SECONDS"] < 30
+
+
+def test_a_failing_command_needs_no_job_of_its_own_to_retry(fresh_app, monkeypatch):
+    calls = []
+
+    def flaky(row, now):
+        calls.append(now)
+        if len(calls) == 1:
+            raise RuntimeError("the mail server hung up")
+
+    monkeypatch.setitem(shop.scheduling.commands.COMMANDS, "flaky", flaky)
+    now = utcnow()
+    with fresh_app.app_context():
+        command_id = schedule_command(db.session, "flaky", now, now=now)
+        db.session.commit()
+        assert drain_commands(now=now)["retry"] == 1
+        assert queue.work_queue().count == 0 and queue.scheduler().count() == 0  # nothing armed in Redis
+        row = db.session.get(ScheduledCommand, command_id)
+        retry_at = as_utc(row.next_attempt_at)
+        db.session.rollback()
+
+        assert wake_due_work(now=retry_at - timedelta(seconds=0.5))["woke"] == []
+        assert wake_due_work(now=retry_at)["woke"] == ["commands"]
+        assert drain_commands(now=retry_at)["done"] == 1
+        assert len(calls) == 2
+        db.session.remove()
+
+
+def test_several_schedulers_polling_at_once_wake_at_most_the_slots_and_run_each_deadline_once(fresh_app, redis_conn):
+    pollers = 3
+    with fresh_app.app_context():
+        orders = _place_unpaid(10, utcnow() - timedelta(seconds=WINDOW + 5))
+        redis_conn.flushdb()
+    barrier = threading.Barrier(pollers)
+
+    def poll():
+        with fresh_app.app_context():
+            barrier.wait()
+            wake_due_work()
+            db.session.remove()
+
+    threads = [threading.Thread(target=poll) for _ in range(pollers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    with fresh_app.app_context():
+        assert 1 <= queue.work_queue().count <= queue.DRAIN_SLOTS
+        queue.run_worker(burst=True)
+        db.session.expire_all()
+        cancelled = db.session.execute(
+            select(func.count()).where(Order.id.in_(orders), Order.status == "Cancelled")
+        ).scalar_one()
+        assert cancelled == 10
+        done = (
+            db.session.execute(select(ScheduledCommand.attempts).where(ScheduledCommand.kind == "expire_unpaid_order"))
+            .scalars()
+            .all()
+        )
+        assert done == [1] * 10
+        db.session.remove()
