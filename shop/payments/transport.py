@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 
 import requests
 import stripe
+from urllib3 import HTTPConnectionPool, HTTPSConnectionPool, ProxyManager
+from urllib3.connection import HTTPConnection, HTTPSConnection
 from flask import current_app
 
 from ..extensions import per_app
@@ -163,17 +165,89 @@ def endpoint_of(method: str, url: str) -> str:
     return f"{method.upper()} {'/'.join(parts)}"
 
 
+# The grant taken for the request this thread is sending (_BudgetedAdapter.send), until the
+# connection confirms it right before writing the request (_GrantConfirming).
+_sending = threading.local()
+
+
+class _GrantConfirming:
+    """A urllib3 connection that confirms the request's grant (guard.Budget.confirm) at the last
+    moment: once the connection is made and right before the request's first byte is written. A
+    pooled connection is checked for being dropped, and made when there is none, after the
+    adapter took the grant; under load a thread can wait there for the GIL long enough for its
+    request to reach the provider within the same second as the next window's grants."""
+
+    _grant = None  # (guard, grant) for the request being written
+
+    def request(self, method, url, body=None, headers=None, **kwargs):
+        pending = getattr(_sending, "pending", None)
+        _sending.pending = None
+        if pending is not None and self.sock is None:
+            self.connect()  # now, not in the first write: the grant is confirmed after it
+        self._grant = pending
+        try:
+            return super().request(method, url, body, headers, **kwargs)
+        finally:
+            self._grant = None
+
+    def send(self, data):
+        pending = self._grant
+        if pending is not None:  # the request's first write: its headers
+            self._grant = None
+            provider_guard, grant = pending
+            if not grant.fresh():
+                provider_guard.confirm(grant)
+        return super().send(data)
+
+
+class _GrantConfirmingHTTPConnection(_GrantConfirming, HTTPConnection):
+    pass
+
+
+class _GrantConfirmingHTTPSConnection(_GrantConfirming, HTTPSConnection):
+    pass
+
+
+class _GrantConfirmingHTTPPool(HTTPConnectionPool):
+    ConnectionCls = _GrantConfirmingHTTPConnection
+
+
+class _GrantConfirmingHTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _GrantConfirmingHTTPSConnection
+
+
+_GRANT_CONFIRMING_POOLS = {"http": _GrantConfirmingHTTPPool, "https": _GrantConfirmingHTTPSPool}
+
+
 class _BudgetedAdapter(requests.adapters.HTTPAdapter):
-    """Takes the rate budget's token for each request the SDK sends (its retries included), at
-    the last point before the connection is written to: the budget bounds calls as the provider
-    counts them, on arrival, per account and per endpoint, so the time between the grant and the
-    send must stay short (guard.GRANT_FRESH_SECONDS)."""
+    """Takes the rate budget's token for each request the SDK sends (its retries included), and
+    has the connection confirm it right before the request is written (_GrantConfirming): the
+    budget bounds calls as the provider counts them, on arrival, per account and per endpoint,
+    so the time between the grant and the write must stay short (guard.GRANT_FRESH_SECONDS).
+    The token is taken here, before a connection is held, so a call that waits for the budget or
+    is refused holds no connection; a grant grown stale by the write is given back and another
+    taken there. Through a SOCKS proxy (urllib3's own connections) the grant is not confirmed."""
+
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = _GRANT_CONFIRMING_POOLS
+
+    def proxy_manager_for(self, proxy, **proxy_kwargs):
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if type(manager) is ProxyManager:
+            manager.pool_classes_by_scheme = _GRANT_CONFIRMING_POOLS
+        return manager
 
     def send(self, request, *args, **kwargs):
         endpoint = endpoint_of(request.method, request.url)
         # The SDK runs inside gateway._call, in the app's context.
-        guard.get().take_token(endpoint, behind_line=endpoint == SESSION_CREATE)
-        return super().send(request, *args, **kwargs)
+        provider_guard = guard.get()
+        grant = provider_guard.take_token(endpoint, behind_line=endpoint == SESSION_CREATE)
+        _sending.pending = (provider_guard, grant)
+        try:
+            return super().send(request, *args, **kwargs)
+        finally:
+            _sending.pending = None
 
 
 def _http_client(base: str, timeout: float) -> GuardedHttpClient:

@@ -11,6 +11,7 @@ import time
 from datetime import timedelta
 
 import pytest
+import urllib3
 
 from support import log_in
 from shop.domain.deadlines import utcnow
@@ -356,3 +357,47 @@ def test_past_the_bulkhead_only_an_eighth_of_the_threads_wait_for_a_slot_and_the
             t.join()
     took.sort()
     assert all(t < 0.2 for t in took[:3]) and all(t >= 0.45 for t in took[3:]), took
+
+
+def test_a_grant_grown_stale_before_its_request_is_written_is_given_back_and_a_fresh_one_taken(make_fresh_app, sandbox):
+    # A thread held up between taking its grant and writing its request (here: checking its
+    # pooled connection; under load: the GIL, the scheduler) would reach the provider together
+    # with the calls granted after it. The connection confirms the grant right before the write.
+    endpoint = "GET /v1/checkout/sessions/{id}"
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1)
+    real_get_conn, held = urllib3.HTTPConnectionPool._get_conn, []
+
+    def held_up(pool, *args, **kwargs):
+        conn = real_get_conn(pool, *args, **kwargs)
+        time.sleep(guard.GRANT_FRESH_SECONDS + 0.1)
+        held.append(time.time())
+        return conn
+
+    with app.app_context():
+        provider_guard = guard.get()
+        window = provider_guard.budget.endpoint_prefix + endpoint
+        with guard.customer_call(), pytest.MonkeyPatch.context() as patch:
+            patch.setattr(urllib3.HTTPConnectionPool, "_get_conn", held_up)
+            with pytest.raises(gateway.ProviderRefused):  # no such session: an answer all the same
+                gateway.retrieve_session("cs_test_nothing")
+        grants = provider_guard.shared.connection().zrange(window, 0, -1, withscores=True)
+    assert held and sandbox.request_count() == 1
+    # One place in the window (the stale grant went back), taken after the hold: the request went
+    # out with the grant counted at the time it was written.
+    assert len(grants) == 1 and grants[0][1] >= held[0] - 0.01, (grants, held)
+
+
+def test_confirming_a_fresh_grant_keeps_it_and_a_stale_one_is_exchanged_for_a_new_place_in_the_window(make_fresh_app):
+    endpoint = "GET /v1/events"
+    app = make_fresh_app(STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
+    with app.app_context(), guard.customer_call():
+        provider_guard = guard.get()
+        window = provider_guard.budget.endpoint_prefix + endpoint
+        grant = provider_guard.take_token(endpoint)
+        assert provider_guard.confirm(grant) is grant
+        with pytest.raises(guard.Shed, match="provider budget for GET /v1/events"):
+            provider_guard.take_token(endpoint)  # 1 in any window: spent
+        time.sleep(guard.GRANT_FRESH_SECONDS + 0.05)
+        renewed = provider_guard.confirm(grant)  # its own place goes back first, so there is room
+        members = provider_guard.shared.connection().zrange(window, 0, -1)
+    assert renewed.member != grant.member and [m.decode() for m in members] == [renewed.member]

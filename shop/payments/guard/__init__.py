@@ -140,6 +140,9 @@ class ProviderGuard:
     def take_token(self, endpoint: str = "", *, behind_line: bool = False) -> Grant:
         return self.budget.take_token(endpoint, behind_line=behind_line)
 
+    def confirm(self, grant: Grant) -> Grant:
+        return self.budget.confirm(grant)
+
     def pause(self, seconds: float) -> None:
         self.budget.pause(seconds)
 

@@ -102,11 +102,19 @@ return 1
 
 @dataclass(frozen=True)
 class Grant:
-    """A unit of the rate budget taken for one request (see Budget.take_token)."""
+    """A unit of the rate budget taken for one request (see Budget.take_token), to be confirmed
+    right before the request is written (Budget.confirm)."""
 
     endpoint: str
     member: str = ""  # its place in the endpoint's window ("" without one, or locally)
     local: bool = False  # taken from this process's own view (Redis unreachable)
+    behind_line: bool = False  # as asked: a payment session a customer must not create ahead of the line
+    # time.monotonic() when it was asked for: the budget granted it no earlier, so the time since
+    # then is at least the grant's age, whatever Redis's clock says.
+    asked: float = 0.0
+
+    def fresh(self) -> bool:
+        return time.monotonic() - self.asked <= GRANT_FRESH_SECONDS
 
 
 class Budget:
@@ -131,6 +139,19 @@ class Budget:
         if turn is not None and not turn.used:
             return turn.take(lambda: self._take_token(endpoint, behind_line))
         return self._take_token(endpoint, behind_line)
+
+    def confirm(self, grant: Grant) -> Grant:
+        """Right before the request's first byte is written (the connection made): the grant
+        itself while it is fresh; else it is given back and another taken, as take_token takes it
+        (waiting, or Shed). A thread can be held up for a long time between taking a grant and
+        writing its request (the GIL, the scheduler, checking or opening the pooled connection),
+        and a request written late reaches the provider together with the ones granted after it:
+        only a grant at most GRANT_FRESH_SECONDS old when its bytes go out stays within the
+        endpoint window's slack (limits.ENDPOINT_WINDOW_SLACK_SECONDS)."""
+        while not grant.fresh():
+            self._give_back(grant)
+            grant = self._take_token(grant.endpoint, grant.behind_line)
+        return grant
 
     def _take_token(self, endpoint: str, behind_line: bool) -> Grant:
         lim = self.limits
@@ -165,17 +186,17 @@ class Budget:
             )
             if reply is not None:
                 granted, wait, held = int(reply[0]) == 1, int(reply[1]) / 1000, Held(_text(reply[2]))
-                grant = Grant(endpoint, _text(reply[3]))
+                grant = Grant(endpoint, _text(reply[3]), behind_line=behind_line, asked=asked)
             else:
                 wait, held = self.local.take(time.time(), lim, floor, endpoint, customer)
-                granted, grant = held is Held.NONE, Grant(endpoint, local=True)
+                granted, grant = held is Held.NONE, Grant(endpoint, local=True, behind_line=behind_line, asked=asked)
             if held is Held.LINE:
                 self.line.saw_held()
                 raise Shed(
                     "customers are waiting in line for a payment session; this one joins them", kind=ShedKind.LINE
                 )
             if granted:
-                if time.monotonic() - asked <= GRANT_FRESH_SECONDS:
+                if grant.fresh():
                     return grant
                 # Granted somewhere in [asked, now], too long ago to be sent with the calls
                 # granted after it (see GRANT_FRESH_SECONDS): given back, and asked again at once,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# A token granted longer ago than this (the caller's thread was held up: the GIL, the scheduler)
-# is given back unused and another is taken: a late call would arrive at the provider together
-# with calls granted after it. The account bucket's margin (Limits.bucket_capacity) and the
-# endpoint window's slack (ENDPOINT_WINDOW_SLACK_SECONDS) cover this much lateness plus the way
-# from here to the provider.
+# A token granted longer ago than this when its request is about to be written (the caller's
+# thread was held up: the GIL, the scheduler, the pooled connection) is given back unused and
+# another is taken: a late call would arrive at the provider together with calls granted after
+# it. The account bucket's margin (Limits.bucket_capacity) and the endpoint window's slack
+# (ENDPOINT_WINDOW_SLACK_SECONDS) cover this much lateness plus the way from here to the provider.
 GRANT_FRESH_SECONDS = 0.1
 # Each endpoint's window is this much longer than the provider's second: a call arrives at most
 # GRANT_FRESH_SECONDS plus its way to the provider after its grant, so calls granted within any
