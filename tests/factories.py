@@ -25,7 +25,6 @@ DEFAULT_SKU = "NB-A5-DOT"  # 40 in stock after seeding: enough for any one test
 Items = Mapping[int | str, int] | Iterable[tuple[int | str, int]]
 
 
-
 # -- catalog rows ------------------------------------------------------------------------------
 
 
