@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 import traceback
@@ -42,6 +41,7 @@ from sqlalchemy import select, update
 from .. import queue
 from ..domain.deadlines import FAILURE_PROVIDER, retry_decision, utcnow
 from ..extensions import db
+from ..node import node_name
 from ..models import ScheduledCommand, WorkStatus
 from . import uow
 from .announce import announce_or_leave_to_relay
@@ -70,7 +70,8 @@ class LeaseLost(Exception):
 
 
 def worker_identity() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    """This thread, as a claim's `claimed_by`: `node:pid:thread` (the console groups claims by node)."""
+    return f"{node_name()}:{os.getpid()}:{threading.get_ident()}"
 
 
 # rq-scheduler stores whole seconds and moves a job up to a second before its time. Refusing
