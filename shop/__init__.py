@@ -8,6 +8,7 @@ import time
 
 from flask import Flask
 
+from . import node
 from .settings import Settings, SettingsError, instance_path, load_settings
 
 __all__ = ["create_app", "SettingsError"]
@@ -29,6 +30,7 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
     app.config.update(settings.as_config(), SETTINGS=settings, **_flask_config(settings))
     if test_config:
         app.config.update(test_config)
+    node.init_app(app)
     _configure_logging()
 
     # The app's parts are imported here, not at the top: this file runs first on ANY import of a
@@ -96,7 +98,10 @@ def _flask_config(settings: Settings) -> dict:
 
 
 def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # Every line names the node it comes from (BACKSTOP_NODE_NAME): with several nodes' logs in
+    # one place, a line without it cannot be traced to a machine.
+    node.add_node_to_log_records()
+    logging.basicConfig(level=logging.INFO, format=node.LOG_FORMAT_TEXT)
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     logging.getLogger("stripe").setLevel(logging.WARNING)  # one INFO line per API request otherwise
 

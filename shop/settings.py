@@ -12,6 +12,8 @@ import sys
 from typing import NamedTuple
 from dataclasses import dataclass, asdict
 
+from .node import MAX_LENGTH as NODE_NAME_MAX_LENGTH, host_node_name
+
 
 class SettingsError(Exception):
     """A configuration value is missing or wrong. The message names the variable."""
@@ -65,6 +67,8 @@ class Settings:
     # Process environment (docs/REFERENCE.md, Settings): for running shops or test runs side by side.
     queue_prefix: str
     outbox_lease_seconds: int
+    # BACKSTOP_NODE_NAME: the node this process belongs to (shop.node), default the host name.
+    node_name: str = ""
     reconciliation_lease_seconds: int = 300
     web_concurrency: int = 2
     web_threads: int = 32
@@ -237,6 +241,21 @@ def _liveness(env) -> tuple[int, int]:
     return poll, stale
 
 
+def _node_name(env) -> str:
+    """BACKSTOP_NODE_NAME: the first part of every identity this process leaves in PostgreSQL and
+    Redis (`node:pid:...`), a log field and a metrics label, hence no ':' and no spaces."""
+    raw = (env.get("BACKSTOP_NODE_NAME") or "").strip()
+    if not raw:
+        return host_node_name()
+    if len(raw) > NODE_NAME_MAX_LENGTH:
+        raise SettingsError("BACKSTOP_NODE_NAME", f"must be at most {NODE_NAME_MAX_LENGTH} characters, got {len(raw)}")
+    if ":" in raw:
+        raise SettingsError("BACKSTOP_NODE_NAME", f"must not contain ':' (identities are node:pid:...), got {raw!r}")
+    if not raw.isprintable() or any(c.isspace() for c in raw):
+        raise SettingsError("BACKSTOP_NODE_NAME", f"must be printable, without spaces, got {raw!r}")
+    return raw
+
+
 POOLERS = ("none", "pgbouncer")
 
 
@@ -293,6 +312,7 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         login_failure_window_seconds=_int(env, "LOGIN_FAILURE_WINDOW_SECONDS", 900, 1, 24 * 3600),
         console_idle_timeout_seconds=_int(env, "CONSOLE_IDLE_TIMEOUT_SECONDS", 1800, 60, 7 * 24 * 3600),
         queue_prefix=(env.get("BACKSTOP_QUEUE_PREFIX") or "").strip() or "backstop",
+        node_name=_node_name(env),
         outbox_lease_seconds=_int(env, "BACKSTOP_OUTBOX_LEASE_SECONDS", 25, 1, 3600),
         reconciliation_lease_seconds=_int(env, "BACKSTOP_RECONCILIATION_LEASE_SECONDS", 300, 1, 3600),
     )

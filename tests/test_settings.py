@@ -54,6 +54,10 @@ BAD = [
     ("STRIPE_MAX_CONCURRENT_CALLS", "0", "between"),
     ("STRIPE_RATE_LIMIT_PER_SECOND", "1", "between 2 and 10000"),
     ("STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND", "0", "between 1 and 10000"),
+    ("BACKSTOP_NODE_NAME", "web:2", "must not contain ':'"),  # identities are node:pid:...
+    ("BACKSTOP_NODE_NAME", "n" * 61, "at most 60 characters, got 61"),
+    ("BACKSTOP_NODE_NAME", "web 2", "printable, without spaces"),
+    ("BACKSTOP_NODE_NAME", "web\x072", "printable, without spaces"),
 ]
 
 
@@ -114,6 +118,29 @@ def test_defaults_and_good_values_are_read_and_typed(tmp_path):
     assert s.database_url == "postgresql+psycopg://u@db/shop"  # the driver we ship, not psycopg2
     assert s.public_base_url == "https://shop.example"
     assert (s.secret_key, s.secret_key_ephemeral, s.reconciliation_batch_size) == ("k", False, 1000)
+
+
+def test_the_node_name_is_the_host_name_unless_set(tmp_path):
+    assert load_settings({}, str(tmp_path), argv=CLI).node_name == socket.gethostname()[:60]
+    assert load_settings({"BACKSTOP_NODE_NAME": "  "}, str(tmp_path), argv=CLI).node_name == socket.gethostname()[:60]
+    named = load_settings({"BACKSTOP_NODE_NAME": " web-2.eu_west "}, str(tmp_path), argv=CLI)
+    assert named.node_name == "web-2.eu_west" and named.as_config()["NODE_NAME"] == "web-2.eu_west"
+    assert load_settings({"BACKSTOP_NODE_NAME": "n" * 60}, str(tmp_path), argv=CLI).node_name == "n" * 60
+
+
+def test_a_bad_node_name_stops_the_worker_with_one_line_naming_the_variable(tmp_path):
+    proc = subprocess.run(
+        [str(BIN / "flask"), "--app", "app", "shop", "worker", "--burst"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(BACKSTOP_NODE_NAME="web:2", BACKSTOP_INSTANCE_PATH=str(tmp_path)),
+    )
+    assert proc.returncode != 0
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stdout + proc.stderr
+    assert lines[0].startswith("backstop: configuration error: BACKSTOP_NODE_NAME: must not contain ':'")
 
 
 def test_a_staleness_limit_a_healthy_scheduler_would_exceed_between_polls_is_refused(tmp_path):

@@ -66,6 +66,8 @@ def _processes_card(data: dict) -> dict:
         parts.append(
             "No " + " and no ".join(missing) + " has beaten within " + human_age(health["stale_after_seconds"]) + "."
         )
+    # A node whose every process stopped beating is gone: said with the work it still holds.
+    parts += [n["words"][0].upper() + n["words"][1:] for n in data.get("nodes", ()) if n["state"] == "gone"]
     if not redis_ok:
         words = "Redis does not answer: no heartbeat can be read."
     else:

@@ -22,10 +22,14 @@ from ..models import (
     WarningState,
     WorkStatus,
 )
+from ..ops import nodes
 from ..ops.health import snapshot
+from ..payments.checkout_queue import LEASE_NAME as PAYMENT_QUEUE_LEASE
+from ..scheduling.lease import LEASE_NAME as SWEEP_LEASE
 from ..scheduling.stuck import stuck_cutoff
 from ..payments import guard
 from ..domain.order import LIVE_STATUSES
+from .format import human_age, human_time
 from .rows import REFUND_NEEDS_OPERATOR, age_seconds, sweep_json
 
 
@@ -133,6 +137,7 @@ def liveness(now: datetime) -> dict:
         {
             "role": p["role"],
             "name": p["name"],
+            "node": p["node"],
             "host": p["host"],
             "pid": p["pid"],
             "runs": p["runs"],
@@ -149,6 +154,7 @@ def liveness(now: datetime) -> dict:
         }
         for p in sorted(found["processes"], key=lambda p: (p["role"] != "worker", p["name"]))
     ]
+    by_node = nodes.group(processes, nodes.held_work(now), found["stale_seconds"])
     queues = [{**q, "oldest_age_seconds": _whole(q["oldest_age_seconds"])} for q in found["queues"] or ()]
     for kind, model in (("outbox deliveries", OutboxDelivery), ("scheduled commands", ScheduledCommand)):
         count, oldest = db.session.execute(
@@ -174,9 +180,72 @@ def liveness(now: datetime) -> dict:
             "outbox_lag_limit_seconds": found["outbox_lag_limit_seconds"],
         },
         "processes": processes,
+        "nodes": [node_json(n) for n in by_node],
         "queues": queues,
         "next_sweep_at": iso(found["next_sweep_at"]),
     }
+
+
+LEASE_WORDS = {SWEEP_LEASE: "the sweep lease", PAYMENT_QUEUE_LEASE: "the payment queue's lease"}
+
+
+def node_json(n: dict) -> dict:
+    """A node (ops.nodes.group) as the dashboard's JSON has it, with its state in words."""
+    held = n["held"]
+    return {
+        "node": n["node"],
+        "state": n["state"],
+        "up": n["state"] == nodes.UP,
+        "last_beat_age_seconds": _whole(n["last_beat_age_seconds"]),
+        "processes": n["processes"],
+        "held": {
+            "deliveries": held["deliveries"],
+            "commands": held["commands"],
+            "claimed_until": iso(held["claimed_until"]),
+            "leases": [{**lease, "expires_at": iso(lease["expires_at"])} for lease in held["leases"]],
+        },
+        "words": node_words(n),
+    }
+
+
+def node_words(n: dict) -> str:
+    """`node web-2: no process has beaten for 2 min; gone. It still holds ...`"""
+    name, state, procs, newest = n["node"] or "(unnamed)", n["state"], n["processes"], n["last_beat_age_seconds"]
+    if state == nodes.UP:
+        beating = [p for p in procs if not p["stalled"]]
+        words = f"node {name}: {len(beating)} of {len(procs)} process{'' if len(procs) == 1 else 'es'} beating, "
+        words += f"the latest beat {human_age(newest)} ago"
+        stalled = len(procs) - len(beating)
+        return words + (f"; {stalled} stalled." if stalled else ".")
+    if state == nodes.GONE:
+        words = (
+            f"node {name}: no process has beaten for {human_age(newest)}; gone."
+            if newest is not None
+            else f"node {name}: no process of it has a heartbeat; gone."
+        )
+    else:
+        words = f"node {name}: no worker or scheduler of it is known to Redis now."
+    return words + held_words(n["held"])
+
+
+def held_words(held: dict) -> str:
+    """What a node that is not up still holds, or nothing."""
+    things = []
+    if held["deliveries"]:
+        things.append(f"{held['deliveries']} outbox deliver{'y' if held['deliveries'] == 1 else 'ies'}")
+    if held["commands"]:
+        things.append(f"{held['commands']} scheduled command{'' if held['commands'] == 1 else 's'}")
+    for lease in held["leases"]:
+        what = LEASE_WORDS.get(lease["name"], f"the {lease['name']} lease")
+        until = "lapsed at" if lease["lapsed"] else "until"
+        things.append(f"{what} ({until} {human_time(lease['expires_at'])})")
+    if not things:
+        return " It holds no work."
+    listed = things[0] if len(things) == 1 else ", ".join(things[:-1]) + " and " + things[-1]
+    words = f" It still holds {listed}"
+    if held["deliveries"] or held["commands"]:
+        words += f"; its claims end by {human_time(held['claimed_until'])}, then the other nodes' workers take them"
+    return words + "."
 
 
 def _whole(seconds: float | None) -> int | None:

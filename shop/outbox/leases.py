@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -18,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..extensions import db
 from ..models import Lease
+from ..node import is_this_machine, node_name
 
 log = logging.getLogger("shop.leases")
 
@@ -110,17 +110,19 @@ def release_lease(name: str, holder: str) -> None:
 
 
 def holder_name() -> str:
-    """This process, as a lease's holder: `host:pid:nonce` (a fresh nonce for each taking)."""
-    return f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """This process, as a lease's holder: `node:pid:nonce` (a fresh nonce for each taking)."""
+    return f"{node_name()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 def holder_is_gone(holder: str) -> bool:
-    """True only when the holder (host:pid:nonce) was a process on this machine that no longer
-    exists. A holder on another machine, or one that cannot be checked, is taken to be alive:
-    its lease lapses by itself."""
-    host, _, rest = holder.partition(":")
+    """True only when the holder (node:pid:nonce) was a process on this machine that no longer
+    exists. A holder on another node, or one that cannot be checked, is taken to be alive: its
+    lease lapses by itself. Its pid is checked here only when its node is ours and our node is
+    this machine's host name (shop.node.is_this_machine): two machines or containers sharing a
+    node name by mistake never take each other's live leases."""
+    node, _, rest = holder.partition(":")
     pid_text = rest.partition(":")[0]
-    if host != socket.gethostname()[:60] or not pid_text.isdigit():
+    if not is_this_machine(node) or not pid_text.isdigit():
         return False
     pid = int(pid_text)
     if pid == os.getpid() or pid <= 1:

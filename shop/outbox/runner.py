@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 import traceback
@@ -44,6 +43,7 @@ from sqlalchemy import select, update
 from ..domain.deadlines import FAILURE_PROVIDER, retry_decision, utcnow
 from ..extensions import db
 from ..models import WorkStatus
+from ..node import node_name
 from . import uow
 from .claims import claim, claim_batch, claim_returning, mark_done, release
 
@@ -70,7 +70,8 @@ class LeaseLost(Exception):
 
 
 def worker_identity() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    """This thread, as a claim's `claimed_by`: `node:pid:thread` (the console groups claims by node)."""
+    return f"{node_name()}:{os.getpid()}:{threading.get_ident()}"
 
 
 # A command job by id (as releases before batched drains enqueued them through rq-scheduler,

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from rq.job import Job
 from rq_scheduler import Scheduler
 
+from ..node import node_of
 from .beats import scheduler_beats_key
 from .connection import control_queue, redis_conn, work_queue
 from .worker import WorkerRecord
@@ -30,9 +31,10 @@ def _parse(value) -> datetime | None:
 
 
 def processes() -> list[dict]:
-    """Every worker on this app's queues (RQ's own worker registry: name, host, pid, state, last
-    beat, birth) and every scheduler that has beaten in the last day, each with `last_beat` (a
-    datetime, None when unknown). Three round trips plus one per worker."""
+    """Every worker on this app's queues (RQ's own worker registry: name, node, host, pid, state,
+    last beat, birth) and every scheduler that has beaten in the last day, each with `last_beat` (a
+    datetime, None when unknown) and `node` (BACKSTOP_NODE_NAME of its process: RQ's `hostname`
+    field for a worker). Three round trips plus one per worker."""
     conn = redis_conn()
     found: dict[str, dict] = {}
     for queue in (work_queue(), control_queue()):
@@ -42,6 +44,7 @@ def processes() -> list[dict]:
                 {
                     "role": "worker",
                     "name": worker.name,
+                    "node": worker.hostname or "",
                     "host": worker.hostname,
                     "pid": worker.pid,
                     "runs": "RQ worker on " + ", ".join(worker.queue_names()),
@@ -56,10 +59,11 @@ def processes() -> list[dict]:
     workers = list(found.values())
     with conn.pipeline(transaction=False) as pipe:
         for w in workers:
-            pipe.hmget(w.pop("key"), "shop_job", "shop_job_since", "shop_last_job", "shop_last_job_at")
+            pipe.hmget(w.pop("key"), "shop_job", "shop_job_since", "shop_last_job", "shop_last_job_at", "shop_host")
         extras = pipe.execute()
-    for w, (job, job_since, last_job, last_job_at) in zip(workers, extras):
+    for w, (job, job_since, last_job, last_job_at, host) in zip(workers, extras):
         w.update(
+            host=_text(host) or w["host"],
             job=_text(job) or None,
             job_since=_parse(job_since),
             last_job=_text(last_job) or None,
@@ -83,6 +87,10 @@ def processes() -> list[dict]:
             {
                 "role": "scheduler",
                 "name": _text(name),
+                # Its record outlives a stall by 3 x HEALTH_STALE_SECONDS; its name (node:scheduler-pid)
+                # still says where it ran. Before node names, a scheduler's node was its host.
+                "node": record.get("node")
+                or (node_of(_text(name)) if ":" in _text(name) else record.get("host") or ""),
                 "host": record.get("host"),
                 "pid": int(record["pid"]) if record.get("pid") else None,
                 "runs": record.get("runs") or "rq-scheduler",

@@ -14,6 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq_scheduler import Scheduler
 
+from ..node import node_name
 from .beats import describe_job, iso, scheduler_beats_key
 from .connection import redis_conn, work_queue
 
@@ -50,8 +51,8 @@ class _WatchfulScheduler(Scheduler):
 
     @staticmethod
     def name_here() -> str:
-        """This process's scheduler, as its heartbeat names it."""
-        return f"scheduler-{socket.gethostname()}-{os.getpid()}"
+        """This process's scheduler, as its heartbeat names it: `node:scheduler-pid`."""
+        return f"{node_name()}:scheduler-{os.getpid()}"
 
     def heartbeat(self):
         """rq-scheduler's own beat only extends its key's expiry (no time, nothing to read): ours
@@ -67,6 +68,7 @@ class _WatchfulScheduler(Scheduler):
                     self._beat_key,
                     mapping={
                         "name": self.beat_name,
+                        "node": node_name(),
                         "host": socket.gethostname(),
                         "pid": os.getpid(),
                         "runs": f"rq-scheduler for {self.queue_name}, polling every {self._interval} s",

@@ -13,6 +13,7 @@ from rq import Queue, SimpleWorker, worker_registration
 from rq.job import Job
 
 from .beats import describe_job, heartbeat_seconds, iso
+from ..node import node_name
 from .connection import queue_names, redis_conn
 
 log = logging.getLogger("shop.queue")
@@ -49,6 +50,7 @@ class ShopWorker(SimpleWorker):
             "shop_job_since": "",
             "shop_last_job": "",
             "shop_last_job_at": "",
+            "shop_host": socket.gethostname(),
         }
         if self.birth_date is not None and self.last_heartbeat is not None:
             record.update(self.serialize())
@@ -107,14 +109,20 @@ class WorkerRecord(ShopWorker):
 
 
 def make_worker(name: str | None = None) -> ShopWorker:
+    """A worker of this node: its RQ name starts with the node (`node:backstop-pid`) and RQ's
+    `hostname` field holds the node's name, which the console and /metrics group processes by;
+    the machine's own host name is kept beside it (`shop_host`)."""
     control, work = queue_names()
     conn = redis_conn()
-    return ShopWorker(
+    node = node_name()
+    worker = ShopWorker(
         [Queue(control, connection=conn), Queue(work, connection=conn)],
         connection=conn,
-        name=name or f"backstop-{socket.gethostname()}-{os.getpid()}",
+        name=name or f"{node}:backstop-{os.getpid()}",
         beat_seconds=heartbeat_seconds(),
     )
+    worker.hostname = node
+    return worker
 
 
 def run_worker(burst: bool = False, name: str | None = None) -> None:

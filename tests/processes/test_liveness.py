@@ -247,3 +247,53 @@ def test_a_stopped_worker_turns_healthz_503_naming_it_and_sigcont_brings_it_back
 @pytest.mark.slow
 def test_a_stopped_scheduler_turns_healthz_503_naming_it_and_sigcont_brings_it_back(make_fresh_app):
     _stopped_then_resumed(make_fresh_app, "scheduler")
+
+
+@pytest.mark.slow
+def test_real_processes_of_two_nodes_are_grouped_and_a_killed_node_is_shown_gone(make_fresh_app):
+    """`flask shop worker` with BACKSTOP_NODE_NAME=node-a, and a worker and a scheduler with
+    node-b: the dashboard and /metrics group them by node, their log lines carry it, and once
+    node-a's only process is SIGKILLed (its record stays in Redis) node-a is gone within
+    HEALTH_STALE_SECONDS while node-b stays up."""
+    app = make_fresh_app(HEALTH_STALE_SECONDS=STALE)
+    client = app.test_client()
+    log_in(app, client)
+    procs = Processes()
+    try:
+        env = process_env(app, HEALTH_STALE_SECONDS=str(STALE))
+        a_worker = procs.start("worker-a", ["shop", "worker"], {**env, "BACKSTOP_NODE_NAME": "node-a"})
+        procs.start("worker-b", ["shop", "worker"], {**env, "BACKSTOP_NODE_NAME": "node-b"})
+        procs.start("scheduler-b", ["shop", "scheduler"], {**env, "BACKSTOP_NODE_NAME": "node-b"})
+
+        def nodes() -> dict:
+            return {n["node"]: n for n in client.get("/console/", headers=JSON).get_json()["nodes"]}
+
+        def both_up():
+            found = nodes()
+            return (
+                {"node-a", "node-b"} <= set(found)
+                and all(found[n]["state"] == "up" for n in ("node-a", "node-b"))
+                and len(found["node-b"]["processes"]) == 2
+            )
+
+        wait_until(both_up, 60, "both nodes up on the dashboard", procs.logs)
+        found = nodes()
+        assert [(p["role"], p["pid"]) for p in found["node-a"]["processes"]] == [("worker", a_worker.pid)]
+        assert sorted(p["role"] for p in found["node-b"]["processes"]) == ["scheduler", "worker"]
+        assert all(p["name"].startswith("node-b:") for p in found["node-b"]["processes"])
+        scrape = client.get("/metrics").get_data(as_text=True)
+        assert 'shop_node_up{node="node-a"} 1.0' in scrape and 'shop_node_up{node="node-b"} 1.0' in scrape
+
+        os.kill(a_worker.pid, signal.SIGKILL)
+        a_worker.wait()
+        wait_until(lambda: nodes()["node-a"]["state"] == "gone", STALE + 10, "node-a gone", procs.logs)
+        found = nodes()
+        assert found["node-b"]["state"] == "up"
+        assert found["node-a"]["words"].startswith("node node-a: no process has beaten for ")
+        assert "; gone. It holds no work." in found["node-a"]["words"]
+        scrape = client.get("/metrics").get_data(as_text=True)
+        assert 'shop_node_up{node="node-a"} 0.0' in scrape and 'shop_node_up{node="node-b"} 1.0' in scrape
+        # Their log lines name the node (rq-scheduler's own line at start, through the shop's format).
+        assert " INFO [node-b] rq_scheduler.scheduler Registering birth" in procs.logs()
+    finally:
+        procs.stop()
