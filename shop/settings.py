@@ -65,7 +65,7 @@ class Settings:
     # Process environment (docs/REFERENCE.md, Settings): for running shops or test runs side by side.
     queue_prefix: str
     outbox_lease_seconds: int
-    reconciliation_lease_seconds: int = 300
+    reconciliation_lease_seconds: int = 20
     web_concurrency: int = 2
     web_threads: int = 32
     stripe_max_concurrent_calls: int = 16
@@ -294,5 +294,7 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         console_idle_timeout_seconds=_int(env, "CONSOLE_IDLE_TIMEOUT_SECONDS", 1800, 60, 7 * 24 * 3600),
         queue_prefix=(env.get("BACKSTOP_QUEUE_PREFIX") or "").strip() or "backstop",
         outbox_lease_seconds=_int(env, "BACKSTOP_OUTBOX_LEASE_SECONDS", 60, 1, 3600),
-        reconciliation_lease_seconds=_int(env, "BACKSTOP_RECONCILIATION_LEASE_SECONDS", 300, 1, 3600),
+        # Short and renewed by the cycle's heartbeat: a holder lost with its machine is taken over
+        # when it lapses, and the sweep must be taken over within 30 s (docs/REFERENCE.md).
+        reconciliation_lease_seconds=_int(env, "BACKSTOP_RECONCILIATION_LEASE_SECONDS", 20, 2, 25),
     )
