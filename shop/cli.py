@@ -14,6 +14,7 @@ from .domain.deadlines import utcnow
 from .outbox.relay import rearm_future_commands, relay_once
 from .payments import checkout_queue
 from .payments.registration import register_webhook
+from .scheduling import takeover
 from .scheduling.sweep import run_cycle
 from .seed import seed_catalog, upsert_operator
 
@@ -58,7 +59,8 @@ def worker_command(burst):
 @shop_cli.command("scheduler")
 @click.option("--burst", is_flag=True, help="Move due jobs once and exit.")
 def scheduler_command(burst):
-    """Run rq-scheduler: register periodic jobs, re-arm deadlines from the database, then poll."""
+    """Run rq-scheduler: register periodic jobs, re-arm deadlines from the database, then poll; beside
+    it, watch the sweep's lease and queue a cycle when one was left behind mid-cycle."""
     cfg = current_app.config
     sweep = (
         cfg["RECONCILIATION_INTERVAL_SECONDS"]
@@ -89,6 +91,8 @@ def scheduler_command(burst):
     for line in rebuild():
         click.echo(line)
     click.echo(f"scheduler polling every {cfg['SCHEDULER_POLL_SECONDS']}s")
+    if sweep is not None and not burst:
+        takeover.watch_in_background(current_app._get_current_object(), sweep)
     queue.run_scheduler(burst=burst, watch=queue.periodic_job_ids(sweep is not None), on_loss=on_loss)
 
 

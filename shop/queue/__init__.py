@@ -8,7 +8,7 @@ due rows to it again.
   enqueue             handing committed work to Redis (`announce`), a delivery's or command's job
   drain               drain slots: at most DRAIN_SLOTS drains wait; a drain frees its slot first
   payment_wake        waking the payment queue when an order joins its line
-  periodic            the relay's and the sweep's periodic jobs
+  periodic            the relay's and the sweep's periodic jobs; a sweep cycle out of turn
   beats               heartbeats: how often, and how they are written
   worker              the worker (`run_worker`)
   watchful_scheduler  the scheduler (`run_scheduler`), which notices Redis losing its data
@@ -35,7 +35,7 @@ from .drain import DRAIN_SLOTS, drain_started, other_jobs_waiting, request_drain
 from .enqueue import announce, command_is_scheduled, enqueue_command, enqueue_delivery, schedule_delivery
 from .health import ping, processes, queue_depths
 from .payment_wake import wait_for_payment_queue, wake_payment_queue
-from .periodic import next_run_at, periodic_job_ids, register_periodic_jobs
+from .periodic import next_run_at, periodic_job_ids, register_periodic_jobs, request_sweep_takeover
 from .watchful_scheduler import make_scheduler, run_scheduler
 from .worker import make_worker, run_worker
 
@@ -65,6 +65,7 @@ __all__ = [
     "redis_conn",
     "register_periodic_jobs",
     "request_drain",
+    "request_sweep_takeover",
     "run_scheduler",
     "run_worker",
     "schedule_delivery",

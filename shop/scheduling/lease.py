@@ -83,10 +83,9 @@ class LeaseHeartbeat:
 
     def stop(self) -> None:
         """No renewal starts after this. One already under way may still land: before the cycle
-        releases the lease it is deleted with it, after, it matches no row."""
+        releases the lease it is deleted with it, after, it matches no row. Not waited for: on
+        SQLite it may be waiting for the write lock that this thread's session holds."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
 
     def holds(self) -> bool:
         """Is the lease still ours, as far as the database last confirmed it?"""
@@ -109,6 +108,8 @@ class LeaseHeartbeat:
                 if self._stop.is_set():
                     return
                 if not self.beat():
+                    if self._stop.is_set():
+                        return  # the cycle ended and released the lease meanwhile
                     log.warning("sweep: the lease's heartbeat was refused (lapsed or taken over); the cycle stops")
                     return
                 wait = self.every
