@@ -13,6 +13,7 @@ from . import queue
 from .outbox.relay import relay_once, wake_due_work
 from .payments import checkout_queue
 from .payments.registration import register_webhook
+from .scheduling import takeover
 from .scheduling.sweep import run_cycle
 from .seed import seed_catalog, upsert_operator
 
@@ -58,7 +59,8 @@ def worker_command(burst):
 @click.option("--burst", is_flag=True, help="Move due jobs once and exit.")
 def scheduler_command(burst):
     """Run rq-scheduler: register periodic jobs, wake drains for due work, then poll (each poll
-    also asks the database for due deadlines, commands and deliveries)."""
+    also asks the database for due deadlines, commands and deliveries); beside it, watch the
+    sweep's lease and queue a cycle when one was left behind mid-cycle."""
     cfg = current_app.config
     sweep = (
         cfg["RECONCILIATION_INTERVAL_SECONDS"]
@@ -88,6 +90,8 @@ def scheduler_command(burst):
     for line in rebuild():
         click.echo(line)
     click.echo(f"scheduler polling every {cfg['SCHEDULER_POLL_SECONDS']}s")
+    if sweep is not None and not burst:
+        takeover.watch_in_background(current_app._get_current_object(), sweep)
     queue.run_scheduler(
         burst=burst, watch=queue.periodic_job_ids(sweep is not None), on_loss=on_loss, on_poll=wake_due_work
     )

@@ -15,6 +15,7 @@ from .extensions import db
 from .outbox import dispatch
 from .outbox.relay import relay_once
 from .outbox.runner import RunOutcome
+from .scheduling.lease import abandoned_holder
 from .scheduling.sweep import run_cycle
 
 
@@ -73,6 +74,20 @@ def relay() -> dict:
 def reconcile() -> dict:
     with _app_context():
         try:
+            return run_cycle().summary()
+        finally:
+            db.session.remove()
+
+
+def resume_sweep() -> dict:
+    """Queued by a scheduler's poll that found the sweep's lease left behind mid-cycle: run a
+    cycle now, which takes the lease over, unless it no longer looks abandoned from here (another
+    cycle took it over meanwhile, or its holder is on another machine and has not lapsed yet: the
+    scheduler asks again)."""
+    with _app_context():
+        try:
+            if abandoned_holder() is None:
+                return {"status": "not needed"}
             return run_cycle().summary()
         finally:
             db.session.remove()

@@ -69,7 +69,7 @@ class Settings:
     outbox_lease_seconds: int
     # BACKSTOP_NODE_NAME: the node this process belongs to (shop.node), default the host name.
     node_name: str = ""
-    reconciliation_lease_seconds: int = 300
+    reconciliation_lease_seconds: int = 20
     web_concurrency: int = 2
     web_threads: int = 32
     stripe_max_concurrent_calls: int = 16
@@ -314,5 +314,7 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         queue_prefix=(env.get("BACKSTOP_QUEUE_PREFIX") or "").strip() or "backstop",
         node_name=_node_name(env),
         outbox_lease_seconds=_int(env, "BACKSTOP_OUTBOX_LEASE_SECONDS", 25, 1, 3600),
-        reconciliation_lease_seconds=_int(env, "BACKSTOP_RECONCILIATION_LEASE_SECONDS", 300, 1, 3600),
+        # Short and renewed by the cycle's heartbeat: a holder lost with its machine is taken over
+        # when it lapses, and the sweep must be taken over within 30 s (docs/REFERENCE.md).
+        reconciliation_lease_seconds=_int(env, "BACKSTOP_RECONCILIATION_LEASE_SECONDS", 20, 2, 25),
     )

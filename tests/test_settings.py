@@ -58,6 +58,10 @@ BAD = [
     ("BACKSTOP_NODE_NAME", "n" * 61, "at most 60 characters, got 61"),
     ("BACKSTOP_NODE_NAME", "web 2", "printable, without spaces"),
     ("BACKSTOP_NODE_NAME", "web\x072", "printable, without spaces"),
+    # The sweep's lease: renewed by a heartbeat every quarter of it, so 1 s would beat every
+    # 0.25 s; past 25 s a holder lost with its machine is no longer taken over within 30 s.
+    ("BACKSTOP_RECONCILIATION_LEASE_SECONDS", "1", "between 2 and 25"),
+    ("BACKSTOP_RECONCILIATION_LEASE_SECONDS", "300", "between 2 and 25"),
 ]
 
 
@@ -98,6 +102,13 @@ def test_defaults_and_good_values_are_read_and_typed(tmp_path):
         == 3
     )
     assert defaults.health_stale_seconds == 60
+    assert defaults.reconciliation_lease_seconds == 20  # short: the heartbeat renews it
+    assert (
+        load_settings(
+            {"BACKSTOP_RECONCILIATION_LEASE_SECONDS": "25"}, str(tmp_path), argv=CLI
+        ).reconciliation_lease_seconds
+        == 25
+    )
 
     s = load_settings(
         {

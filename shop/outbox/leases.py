@@ -80,21 +80,34 @@ def acquire_lease(name: str, holder: str, now: datetime, seconds: float) -> Acqu
         raise
 
 
+def _renewal(name: str, holder: str, now: datetime, seconds: float):
+    return (
+        update(Lease)
+        .where(Lease.name == name, Lease.holder == holder, Lease.expires_at >= now)
+        .values(expires_at=now + timedelta(seconds=seconds))
+        .execution_options(synchronize_session=False)
+    )
+
+
 def renew_lease(name: str, holder: str, now: datetime, seconds: float) -> bool:
     """Extend our lease, only if it is still ours and has not lapsed. Commits."""
     session = db.session
     try:
-        renewed = session.execute(
-            update(Lease)
-            .where(Lease.name == name, Lease.holder == holder, Lease.expires_at >= now)
-            .values(expires_at=now + timedelta(seconds=seconds))
-            .execution_options(synchronize_session=False)
-        )
+        renewed = session.execute(_renewal(name, holder, now, seconds))
         session.commit()
     except BaseException:
         session.rollback()
         raise
     return renewed.rowcount == 1
+
+
+def renew_lease_on(engine, name: str, holder: str, now: datetime, seconds: float) -> bool:
+    """renew_lease on a connection of its own (a heartbeat thread's, beside a session that may be
+    in the middle of a transaction): one statement in one short transaction, nothing left on the
+    connection afterwards, so it suits PgBouncer's transaction pooling; on SQLite the BEGIN
+    IMMEDIATE waits for the write lock like any other writer."""
+    with engine.begin() as conn:
+        return conn.execute(_renewal(name, holder, now, seconds)).rowcount == 1
 
 
 def release_lease(name: str, holder: str) -> None:

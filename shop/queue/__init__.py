@@ -8,7 +8,7 @@ due rows to it again.
   enqueue             waking the drains for committed work (`announce`)
   drain               drain slots, per kind: at most DRAIN_SLOTS drains wait; a drain frees its slot first
   payment_wake        waking the payment queue when an order joins its line
-  periodic            the relay's and the sweep's periodic jobs
+  periodic            the relay's and the sweep's periodic jobs; a sweep cycle out of turn
   beats               heartbeats: how often, and how they are written
   worker              the worker (`run_worker`)
   watchful_scheduler  the scheduler (`run_scheduler`): asks the database each poll for due work,
@@ -36,7 +36,7 @@ from .drain import DRAIN_SLOTS, Drain, drain_started, other_jobs_waiting, reques
 from .enqueue import announce, wake
 from .health import ping, processes, queue_depths
 from .payment_wake import wait_for_payment_queue, wake_payment_queue
-from .periodic import next_run_at, periodic_job_ids, register_periodic_jobs
+from .periodic import next_run_at, periodic_job_ids, register_periodic_jobs, request_sweep_takeover
 from .watchful_scheduler import make_scheduler, run_scheduler
 from .worker import make_worker, run_worker
 
@@ -64,6 +64,7 @@ __all__ = [
     "redis_conn",
     "register_periodic_jobs",
     "request_drain",
+    "request_sweep_takeover",
     "run_scheduler",
     "run_worker",
     "scheduler",

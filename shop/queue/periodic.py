@@ -1,5 +1,5 @@
 """The periodic jobs (the relay and the sweep), registered with rq-scheduler under deterministic
-ids, and when it will next run one."""
+ids, when it will next run one, and a sweep cycle asked for out of turn (`request_sweep_takeover`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ from datetime import datetime, timezone
 from flask import current_app
 from rq_scheduler import Scheduler
 
-from .connection import RELAY_JOB, SWEEP_JOB, queue_names, redis_conn, scheduler
+from .connection import RELAY_JOB, SWEEP_JOB, control_queue, queue_names, redis_conn, scheduler
+
+SWEEP_TAKEOVER_JOB = "shop.jobs.resume_sweep"
+# At most one takeover job is queued per this many seconds, however many schedulers poll.
+SWEEP_TAKEOVER_EVERY = 2
 
 
 def register_periodic_jobs(relay_seconds: int, sweep_seconds: int | None) -> list[str]:
@@ -55,3 +59,15 @@ def next_run_at(job_id: str) -> datetime | None:
     """When rq-scheduler will next move a (periodic) job: the sweep's next cycle."""
     score = redis_conn().zscore(Scheduler.scheduled_jobs_key, job_id)
     return datetime.fromtimestamp(score, timezone.utc) if score is not None else None
+
+
+def request_sweep_takeover(sweep_seconds: int) -> bool:
+    """Queue one cycle now, for a sweep lease left behind mid-cycle (its holder died or froze):
+    the periodic job would only come back an interval later. Every scheduler polls, so a key set
+    with NX lets one request through every SWEEP_TAKEOVER_EVERY seconds; the job itself looks
+    again before it runs a cycle. True when a job was queued."""
+    prefix = current_app.config["QUEUE_PREFIX"]
+    if not redis_conn().set(f"{prefix}-sweep-takeover", "1", nx=True, ex=SWEEP_TAKEOVER_EVERY):
+        return False
+    control_queue().enqueue(SWEEP_TAKEOVER_JOB, result_ttl=0, failure_ttl=3600, job_timeout=max(60, sweep_seconds * 2))
+    return True

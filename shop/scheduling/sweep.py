@@ -23,10 +23,12 @@ version check turns our late save into a StaleDataError, logged and not retried)
 
 Only one cycle runs anywhere at a time: a row in `leases` taken with a conditional UPDATE (or
 an INSERT when absent; the primary key settles a tie), so two scheduler replicas never spend
-the same provider call twice. The lease is renewed as it runs down, conditionally on still
-holding it, and checked before each order; a cycle that outlived it (a hung provider call, a
-paused VM) stops before the next order, because another replica may already be working the same
-ids.
+the same provider call twice. The lease is short (20 s) and a heartbeat thread renews it every
+quarter of it while the cycle works, conditionally on still holding it (see `lease`); it is
+checked before each order, and a cycle whose heartbeat was refused or could not renew in time
+(a frozen process, an unreachable database) stops before the next order, because another
+replica may already be working the same ids. A holder that dies anywhere leaves a lease that
+lapses within one lease length; the scheduler's poll then starts a cycle that takes it over.
 
 Gates, one per consequence: UNPAID_ORDER_EXPIRY_ENABLED decides whether unpaid orders are ever
 cancelled automatically (it also gates the per-order deadline at checkout), RECONCILIATION_ENABLED
@@ -63,7 +65,15 @@ from .cycle import (
     record_start,
     zeros,
 )
-from .lease import DEFAULT_LEASE_SECONDS, LEASE_NAME, Clock, LeaseKeeper, LeaseLost, lease_held_by_another
+from .lease import (
+    DEFAULT_LEASE_SECONDS,
+    LEASE_NAME,
+    Clock,
+    LeaseHeartbeat,
+    LeaseKeeper,
+    LeaseLost,
+    lease_held_by_another,
+)
 from .passes.expiry import expire_stranded_order
 from .passes.in_doubt import BULK_MAX_ORDERS, BULK_THRESHOLD, orders_in_doubt, settle_from_events
 from .passes.late_money import check_cancelled_payment, watched_cancelled_ids
@@ -112,10 +122,12 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
             f"took over the sweep lease of {lease.taken_from}, a process on this machine "
             "that no longer exists (it died during its cycle)"
         )
+    heartbeat = LeaseHeartbeat(
+        db.engine, LEASE_NAME, holder, started + timedelta(seconds=lease_seconds), lease_seconds, clock
+    ).start()
     try:
         result.cycle_id = record_start(result, holder)
-        keep_lease = LeaseKeeper(holder, started + timedelta(seconds=lease_seconds), lease_seconds, clock)
-        _run_passes(result, cfg["RECONCILIATION_BATCH_SIZE"], clock, keep_lease)
+        _run_passes(result, cfg["RECONCILIATION_BATCH_SIZE"], clock, LeaseKeeper(heartbeat))
     except LeaseLost as exc:
         uow.rollback(db.session)
         log.warning("sweep: %s", exc)
@@ -136,6 +148,7 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
             }
         )
     finally:
+        heartbeat.stop()
         result.finished_at = clock()
         try:
             record_finish(result)

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import event, select, update
+from sqlalchemy.exc import OperationalError
 
 from factories import force_order, place_order_for, seed_catalog_rows, variant_id
 from process_support import ROOT, flask_command, process_env
@@ -36,6 +37,7 @@ from shop.outbox.dispatch import run_delivery
 from shop.payments import gateway
 from shop.payments.apply import reconcile_order
 from shop.payments.start import start_payment
+from shop.scheduling import lease as lease_module
 from shop.scheduling import sweep
 from shop.scheduling.passes.provider import RECHECK_CAP_INTERVALS
 from shop.scheduling.sweep import run_cycle
@@ -418,12 +420,25 @@ def test_two_cycles_started_at_once_make_one_provider_call_per_order(build_app, 
         assert db.session.query(Lease).count() == 0  # released at the end
 
 
-def test_a_cycle_that_outlives_its_lease_stops_before_the_next_order(build_app, monkeypatch):
+@pytest.mark.parametrize("why", ["heartbeat_frozen", "database_unreachable"])
+def test_a_cycle_that_outlives_its_lease_stops_before_the_next_order(build_app, monkeypatch, why):
+    """The heartbeat could not renew the lease (its thread stalled, as in a frozen process, or the
+    database did not answer it): the lease runs out under the cycle, nobody has taken it yet,
+    and the cycle still stops before its next order, because another may take it any moment."""
     app = build_app(RECONCILIATION_LEASE_SECONDS=0.3)
     with app.app_context():
         first, second = place_order_for().order_id, place_order_for().order_id
         backdate(first, utcnow() - timedelta(seconds=10))
-        monkeypatch.setenv("BACKSTOP_FAILPOINTS", "sweep.after_order=sleep:0.6")  # one order outlasts the lease
+        failpoints = "sweep.after_order=sleep:0.6"  # one order outlasts the lease
+        if why == "heartbeat_frozen":
+            failpoints += ",sweep.lease_heartbeat=sleep:3"
+        else:
+
+            def unreachable(*args, **kwargs):
+                raise OperationalError("UPDATE leases", {}, Exception("connection refused"))
+
+            monkeypatch.setattr(lease_module, "renew_lease_on", unreachable)
+        monkeypatch.setenv("BACKSTOP_FAILPOINTS", failpoints)
 
         result = run_cycle(now=later(app))
 
@@ -432,6 +447,97 @@ def test_a_cycle_that_outlives_its_lease_stops_before_the_next_order(build_app, 
         assert order_state(first) == "Cancelled" and order_state(second) == "PendingPayment"
         recorded = db.session.get(ReconciliationCycle, result.cycle_id)
         assert recorded.status == "failed" and "lease" in recorded.errors[-1]["error"]
+
+
+def test_a_cycle_longer_than_several_leases_keeps_its_lease_by_its_heartbeat_and_no_other_starts(
+    build_app, monkeypatch
+):
+    """Each order takes longer than the whole lease (a slow provider call would): without a
+    renewal while the work runs, the lease would lapse under every order, the cycle would stop
+    after its first, and the cycles tried meanwhile would take over. The heartbeat keeps it for
+    the whole cycle, and every other cycle is skipped."""
+    lease = 1.0
+    app = build_app(RECONCILIATION_LEASE_SECONDS=lease)
+    with app.app_context():
+        ids = [place_order_for().order_id for _ in range(4)]
+        for order_id in ids:
+            backdate(order_id, utcnow() - timedelta(hours=1))
+    monkeypatch.setenv("BACKSTOP_FAILPOINTS", f"sweep.after_order=sleep:{lease * 1.5}")
+    results, others, failures = [], [], []
+    done = threading.Event()
+
+    def long_cycle():
+        try:
+            with app.app_context():
+                results.append(run_cycle())
+                db.session.remove()
+        except Exception as exc:  # pragma: no cover - surfaced by the assertion below
+            failures.append(exc)
+        finally:
+            done.set()
+
+    def contenders():
+        try:
+            with app.app_context():
+                while not done.wait(lease / 4):
+                    others.append(run_cycle())
+                    db.session.remove()
+        except Exception as exc:  # pragma: no cover
+            failures.append(exc)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=long_cycle), threading.Thread(target=contenders)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+    assert not failures
+    [result] = results
+    assert time.monotonic() - started > 4 * lease  # the cycle outlived its lease several times over
+    assert result.status == "ok" and result.expiry["cancelled"] == len(ids), result.report_lines()
+    assert len(others) >= 8 and {r.status for r in others} == {"skipped"}, [r.report_lines() for r in others]
+    with app.app_context():
+        assert [cancellations(o) for o in ids] == [1] * len(ids)
+        assert db.session.query(Lease).count() == 0  # released at the end
+
+
+def test_a_cycle_whose_lease_was_taken_over_stops_at_the_heartbeat_s_refusal(build_app, monkeypatch):
+    """Another holder has the lease (an operator's hand here; a takeover after a stall in life):
+    the heartbeat's conditional renewal is refused, and the cycle stops before its next order
+    although its own last renewal has not run out yet."""
+    app = build_app(RECONCILIATION_LEASE_SECONDS=2)
+    with app.app_context():
+        ids = [place_order_for().order_id for _ in range(3)]
+        for order_id in ids:
+            backdate(order_id, utcnow() - timedelta(hours=1))
+    monkeypatch.setenv("BACKSTOP_FAILPOINTS", "sweep.after_order=sleep:1.2")
+    results = []
+
+    def cycle():
+        with app.app_context():
+            results.append(run_cycle())
+            db.session.remove()
+
+    thread = threading.Thread(target=cycle)
+    thread.start()
+    try:
+        with app.app_context():
+            deadline = time.monotonic() + 30
+            while sum(order_state(o) == "Cancelled" for o in ids) < 1:
+                assert time.monotonic() < deadline, "the cycle never cancelled an order"
+                time.sleep(0.02)
+            db.session.execute(update(Lease).values(holder="another-node:1:cafe0009"))
+            db.session.commit()
+    finally:
+        thread.join(timeout=60)
+    [result] = results
+    assert result.status == "failed" and result.reason == "lost the lease", result.report_lines()
+    assert result.expiry["cancelled"] == 1
+    with app.app_context():
+        assert sorted(order_state(o) for o in ids) == ["Cancelled", "PendingPayment", "PendingPayment"]
+        # The cycle releases only its own lease: the one who took it keeps it.
+        assert db.session.execute(select(Lease.holder)).scalar_one() == "another-node:1:cafe0009"
 
 
 def test_a_lease_held_by_another_live_cycle_skips_the_cycle(build_app, sandbox):
