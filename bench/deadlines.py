@@ -52,7 +52,7 @@ stopped at the end, whatever happens.
 
 from __future__ import annotations
 
-from scratchdb import make_database  # bench/scratchdb.py
+from scratchdb import make_database, move_deadline, seed_bench_variant  # bench/scratchdb.py
 import argparse
 import json
 import os
@@ -70,7 +70,7 @@ from datetime import timedelta
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sqlalchemy import func, insert, select, update  # noqa: E402
+from sqlalchemy import func, insert, select  # noqa: E402
 
 
 def workers_cpu_seconds(procs) -> float:
@@ -218,12 +218,9 @@ def main() -> int:
         from shop.models import (
             Cart,
             CartItem,
-            InventoryItem,
             OutboxDelivery,
             OutboxEvent,
-            Product,
             ScheduledCommand,
-            Variant,
         )
         from shop.orders.checkout import place_order
 
@@ -231,15 +228,7 @@ def main() -> int:
         total_orders = args.orders + args.sessions
         with app.app_context():
             upgrade()
-            product = Product(slug="bench", name="Bench", description="")
-            db.session.add(product)
-            db.session.flush()
-            variant = Variant(product_id=product.id, sku="BENCH-1", name="one", price=100, currency="usd")
-            db.session.add(variant)
-            db.session.flush()
-            db.session.add(InventoryItem(variant_id=variant.id, on_hand=10 * total_orders))
-            db.session.commit()
-            variant_id = variant.id
+            variant_id = seed_bench_variant(10 * total_orders)
 
         flask = [os.path.join(os.path.dirname(sys.executable), "flask"), "--app", "app"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -320,18 +309,7 @@ def main() -> int:
                 # armed it, fires there (and waits out the grace, as in production).
                 session_orders = {order_id for _c, order_id in session_commands}
                 for command_id, order_id in session_commands:
-                    db.session.execute(
-                        update(Order)
-                        .where(Order.id == order_id)
-                        .values(created_at=expires - window, updated_at=expires - window)
-                        .execution_options(synchronize_session=False)
-                    )
-                    db.session.execute(
-                        update(ScheduledCommand)
-                        .where(ScheduledCommand.id == command_id)
-                        .values(next_attempt_at=expires)
-                        .execution_options(synchronize_session=False)
-                    )
+                    move_deadline(order_id, command_id, expires, window)
                 db.session.commit()
                 queue.announce([], [(command_id, expires) for command_id, _o in session_commands])
                 started = time.monotonic()
@@ -356,18 +334,7 @@ def main() -> int:
             armed = []
             for i, (command_id, order_id) in enumerate(commands):
                 due = base + timedelta(seconds=args.spread * i / max(1, len(commands) - 1))
-                db.session.execute(
-                    update(Order)
-                    .where(Order.id == order_id)
-                    .values(created_at=due - window, updated_at=due - window)
-                    .execution_options(synchronize_session=False)
-                )
-                db.session.execute(
-                    update(ScheduledCommand)
-                    .where(ScheduledCommand.id == command_id)
-                    .values(next_attempt_at=due)
-                    .execution_options(synchronize_session=False)
-                )
+                move_deadline(order_id, command_id, due, window)
                 armed.append((command_id, due))
             db.session.commit()
             queue.announce([], armed)

@@ -26,3 +26,43 @@ def make_database(url: str, label: str = "bench"):
         admin.dispose()
 
     return server.set(database=name).render_as_string(hide_password=False), drop
+
+
+def seed_bench_variant(stock: int) -> int:
+    """One product with one variant ("BENCH-1") holding `stock`, committed; returns the variant
+    id. Call inside the bench's app context (the shop is imported late: its settings come from
+    the environment the bench sets first)."""
+    from shop.extensions import db
+    from shop.models import InventoryItem, Product, Variant
+
+    product = Product(slug="bench", name="Bench", description="")
+    db.session.add(product)
+    db.session.flush()
+    variant = Variant(product_id=product.id, sku="BENCH-1", name="one", price=100, currency="usd")
+    db.session.add(variant)
+    db.session.flush()
+    db.session.add(InventoryItem(variant_id=variant.id, on_hand=stock))
+    db.session.commit()
+    return variant.id
+
+
+def move_deadline(order_id: int, command_id: int, due, window) -> None:
+    """Make an order's payment deadline fall at `due`: its last change moved back by the window,
+    and its deadline row due then (uncommitted: the caller commits a batch)."""
+    from sqlalchemy import update
+
+    from shop.extensions import db
+    from shop.models import Order, ScheduledCommand
+
+    db.session.execute(
+        update(Order)
+        .where(Order.id == order_id)
+        .values(created_at=due - window, updated_at=due - window)
+        .execution_options(synchronize_session=False)
+    )
+    db.session.execute(
+        update(ScheduledCommand)
+        .where(ScheduledCommand.id == command_id)
+        .values(next_attempt_at=due)
+        .execution_options(synchronize_session=False)
+    )

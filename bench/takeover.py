@@ -22,7 +22,7 @@ a SQLite URL uses a temporary file. Redis keys carry a per-run prefix.
 
 from __future__ import annotations
 
-from scratchdb import make_database  # bench/scratchdb.py
+from scratchdb import make_database, seed_bench_variant  # bench/scratchdb.py
 import argparse
 import os
 import random
@@ -107,22 +107,14 @@ def main() -> int:
         from shop import create_app
         from shop.domain.deadlines import utcnow
         from shop.extensions import db
-        from shop.models import Cart, CartItem, InventoryItem, Lease, Order, Product, ReconciliationCycle, Variant
+        from shop.models import Cart, CartItem, Lease, Order, ReconciliationCycle
         from shop.orders.checkout import place_order
         from shop.scheduling.lease import BEATS_PER_LEASE, DEFAULT_LEASE_SECONDS, LEASE_NAME
 
         app = create_app()
         with app.app_context():
             upgrade()
-            product = Product(slug="bench", name="Bench", description="")
-            db.session.add(product)
-            db.session.flush()
-            variant = Variant(product_id=product.id, sku="BENCH-1", name="one", price=100, currency="usd")
-            db.session.add(variant)
-            db.session.flush()
-            db.session.add(InventoryItem(variant_id=variant.id, on_hand=10 * args.orders * args.runs))
-            db.session.commit()
-            variant_id = variant.id
+            variant_id = seed_bench_variant(10 * args.orders * args.runs)
 
         for node in ("a", "b"):
             start(f"scheduler-{node}", f"node-{node}", ["shop", "scheduler"])
