@@ -110,12 +110,18 @@ def add_operator(app) -> None:
 def log_in(app, client) -> str:
     """Create the operator, log in through the form; returns the session's CSRF token."""
     add_operator(app)
+    return log_in_again(client)
+
+
+def log_in_again(client) -> str:
+    """Log the existing operator in through the form; returns the CSRF token of the new session
+    (the login drops the one of the anonymous session: a token read before it is refused after)."""
     token = csrf_token(client, "/console/login")
     r = client.post(
         "/console/login", data={"csrf_token": token, "email": OPERATOR_EMAIL, "password": OPERATOR_PASSWORD}
     )
     assert r.status_code == 303, r.get_data(as_text=True)
-    return token
+    return csrf_token(client, "/console/audit")
 
 
 def leave_heartbeats(app) -> None:
