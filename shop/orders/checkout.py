@@ -1,18 +1,18 @@
 """place_order: the one local transaction that turns a cart into an order.
 
 Inside ONE transaction, in this order:
-  1. insert the order and its lines (the order store's `insert_order`), with prices read from
-     the database (never from a form);
-  2. close the cart with a conditional update (open -> ordered), so a double submit cannot
-     turn one cart into two orders;
-  3. write the OrderPlaced event to the outbox and arm the order's payment deadline (a
-     scheduled command row): "there is an order" and "there is a deadline" are one fact;
   0. FIRST, hold the customer's place: on PostgreSQL a transaction-scoped advisory lock on the
      browser, then one on the email address (every checkout takes them in that order, in their
      own lock spaces, so they never wait on each other in a cycle; SQLite's BEGIN IMMEDIATE
      already serializes every writer), then count the live unpaid orders of each and refuse at
      UNPAID_ORDERS_PER_CLIENT. Counting after the locks is what keeps concurrent checkouts from
      one browser, or of one address from many browsers, from all seeing room for one more;
+  1. insert the order and its lines (the order store's `insert_order`), with prices read from
+     the database (never from a form);
+  2. close the cart with a conditional update (open -> ordered), so a double submit cannot
+     turn one cart into two orders;
+  3. write the OrderPlaced event to the outbox and arm the order's payment deadline (a
+     scheduled command row): "there is an order" and "there is a deadline" are one fact;
   4. LAST, just before COMMIT, decrement each variant's stock with a conditional relative
      update (on_hand = on_hand - n WHERE on_hand >= n), in ascending variant id order.
 Decrementing last keeps the hot stock-row locks for the shortest time (measured: more
