@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import uuid
 from pathlib import Path
 
@@ -135,3 +136,28 @@ def leave_heartbeats(app) -> None:
         worker.register_birth()
         worker.heartbeat()
         queue.make_scheduler().heartbeat()
+
+
+def run_threads(app, jobs, worker):
+    """Start one thread per job, released together by a barrier, each in its own app context
+    (its own session and connection). Returns (results, errors) in job order."""
+    barrier = threading.Barrier(len(jobs))
+    results, errors = [None] * len(jobs), [None] * len(jobs)
+
+    def body(i, job):
+        with app.app_context():
+            try:
+                barrier.wait(timeout=30)
+                results[i] = worker(job)
+            except BaseException as exc:  # noqa: BLE001 - the test reports every failure
+                errors[i] = exc
+            finally:
+                db.session.remove()
+
+    threads = [threading.Thread(target=body, args=(i, job)) for i, job in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a checkout thread hung"
+    return results, errors

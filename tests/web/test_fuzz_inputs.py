@@ -223,6 +223,7 @@ def _world(make_fresh_app, sandbox) -> World:
     )
     skus = seed_catalog_rows(app)
     ann = Shopper(app, skus)
+    ann.email = "ann@example.com"  # one of ann's secrets the inputs must never reveal
     ann_order = ann.place()
     bob = Shopper(app, skus)
     r = bob.checkout(email="bob@example.com")
