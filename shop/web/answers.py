@@ -46,6 +46,20 @@ def negotiates(blueprint) -> None:
         return response
 
 
+def keep_private(blueprint, public: tuple[str, ...] = ()) -> None:
+    """Every answer of `blueprint`'s views (pages, JSON, redirects, errors raised in them) shows
+    or acts on one customer's or operator's own data: `Cache-Control: no-store`, so neither a
+    cache in front nor the browser's back button keeps a copy for the next person at that
+    address (docs/REFERENCE.md, Routes, Conventions). `public`: endpoints that stay cacheable
+    (the catalog)."""
+
+    @blueprint.after_request
+    def _no_store(response):
+        if request.endpoint not in public:
+            response.headers["Cache-Control"] = "no-store"
+        return response
+
+
 def browser_id(create: bool = True) -> str | None:
     """An opaque id for this browser, kept in the signed session cookie. Orders and carts
     belong to it; another browser sees them only with the order's access token."""

@@ -88,3 +88,55 @@ def test_answers_that_never_look_at_accept_do_not_vary_on_it(shop):
         for accept in (HTML, JSON):
             r = client.get(url, headers=accept)
             assert "accept" not in vary(r), (url, r.headers.get("Vary"))
+
+
+# -- Cache-Control: no-store ----------------------------------------------------------------------
+
+
+def test_the_customers_own_pages_and_their_json_are_never_stored(browser):
+    ref = placed(browser)
+    client = browser.client
+    answers = {}
+    for accept in (HTML, JSON):
+        kind = accept["Accept"]
+        for url in ("/cart", "/orders", f"/orders/{ref}", f"/orders/{ref}/cancel", MISSING_ORDER):
+            answers[f"GET {url} as {kind}"] = client.get(url, headers=accept)
+        answers[f"GET /checkout/return as {kind}"] = client.get(
+            f"/checkout/return?order={ref}&session_id=cs_test_x", headers=accept
+        )
+        answers[f"POST /cart/items as {kind}"] = browser.add(headers=accept)
+        answers[f"POST /checkout refused as {kind}"] = browser.checkout_cart(email="not-an-email", headers=accept)
+        answers[f"POST /orders/{ref}/pay as {kind}"] = browser.post(f"/orders/{ref}/pay", headers=accept)
+    answers["POST /checkout placed"] = browser.checkout_cart()
+    for what, r in answers.items():
+        assert r.headers.get("Cache-Control") == "no-store", f"{what}: {r.status_code} {r.headers.get('Cache-Control')}"
+    assert answers["POST /checkout placed"].status_code == 303
+    assert answers[f"GET {MISSING_ORDER} as application/json"].status_code == 404
+
+
+def test_the_public_catalog_keeps_caching_as_before(browser):
+    for accept in (HTML, JSON):
+        r = browser.client.get("/", headers=accept)
+        assert r.status_code == 200 and "no-store" not in r.headers.get("Cache-Control", "")
+
+
+def test_every_console_answer_is_never_stored_login_and_the_door_included(shop, operator):
+    anonymous = shop.test_client()
+    answers = {
+        "login page": anonymous.get("/console/login", headers=HTML),
+        "login JSON": anonymous.get("/console/login", headers=JSON),
+        "302 to login": anonymous.get("/console/orders", headers=HTML),
+        "401 JSON": anonymous.get("/console/orders", headers=JSON),
+    }
+    client, token = operator
+    for url in ("/console/", "/console/orders?stuck=1", "/console/audit", "/console/webhooks", "/console/sweeps"):
+        for accept in (HTML, JSON):
+            answers[f"{url} {accept['Accept']}"] = client.get(url, headers=accept)
+    answers["csv"] = client.get("/console/orders?format=csv")
+    answers["unknown order"] = client.get("/console/orders/BK-ZZZZZZZZ", headers=JSON)
+    answers["action"] = client.post("/console/outbox/retry-dead", data={"csrf_token": token}, headers=JSON)
+    answers["logout"] = client.post("/console/logout", data={"csrf_token": token}, headers=JSON)
+    for what, r in answers.items():
+        assert r.headers.get("Cache-Control") == "no-store", f"{what}: {r.status_code} {r.headers.get('Cache-Control')}"
+    assert answers["302 to login"].status_code == 302 and answers["401 JSON"].status_code == 401
+    assert answers["csv"].status_code == 200 and answers["unknown order"].status_code == 404
