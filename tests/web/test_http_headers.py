@@ -140,3 +140,28 @@ def test_every_console_answer_is_never_stored_login_and_the_door_included(shop, 
         assert r.headers.get("Cache-Control") == "no-store", f"{what}: {r.status_code} {r.headers.get('Cache-Control')}"
     assert answers["302 to login"].status_code == 302 and answers["401 JSON"].status_code == 401
     assert answers["csv"].status_code == 200 and answers["unknown order"].status_code == 404
+
+
+# -- Allow on 405 ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("accept", [HTML, JSON], ids=["html", "json"])
+def test_a_405_names_the_methods_the_route_accepts(shop, operator, accept):
+    client, _token = operator
+    cases = [
+        ("POST", "/", {"GET", "HEAD", "OPTIONS"}),  # the catalog
+        ("POST", "/orders", {"GET", "HEAD", "OPTIONS"}),
+        ("GET", "/cart/items", {"POST", "OPTIONS"}),
+        ("GET", "/console/orders/BK-ZZZZZZZZ/reconcile", {"POST", "OPTIONS"}),  # a POST-only console action
+        ("GET", "/console/outbox/retry-dead", {"POST", "OPTIONS"}),
+        ("DELETE", "/console/login", {"GET", "HEAD", "POST", "OPTIONS"}),
+        ("PUT", "/metrics", {"GET", "HEAD", "OPTIONS"}),
+    ]
+    for method, url, methods in cases:
+        r = client.open(url, method=method, headers=accept)
+        assert r.status_code == 405, (method, url, r.status_code)
+        assert allowed(r) == methods, (method, url, r.headers.get("Allow"))
+        if accept is JSON:
+            assert r.get_json()["status"] == 405
+        else:
+            assert "not allowed" in r.get_data(as_text=True)
