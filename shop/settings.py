@@ -77,6 +77,8 @@ class Settings:
     stripe_endpoint_rate_limit_per_second: int = 20
     stripe_breaker_threshold: int = 5
     stripe_breaker_cooldown_seconds: int = 30
+    # METRICS_TOKEN: when set, /metrics answers only with `Authorization: Bearer <it>`.
+    metrics_token: str | None = None
 
     @property
     def uses_sandbox(self) -> bool:
@@ -256,6 +258,25 @@ def _node_name(env) -> str:
     return raw
 
 
+METRICS_TOKEN_MIN_LENGTH = 16
+
+
+def _metrics_token(env) -> str | None:
+    """METRICS_TOKEN: unset (or blank) leaves /metrics open. Set, it must be long enough not to be
+    guessed and fit in an Authorization header as sent. The message never repeats the value: it
+    is a secret, and the line goes to the log."""
+    raw = (env.get("METRICS_TOKEN") or "").strip()
+    if not raw:
+        return None
+    if len(raw) < METRICS_TOKEN_MIN_LENGTH:
+        raise SettingsError("METRICS_TOKEN", f"must be at least {METRICS_TOKEN_MIN_LENGTH} characters, got {len(raw)}")
+    if not all("!" <= c <= "~" for c in raw):
+        raise SettingsError(
+            "METRICS_TOKEN", "must be printable ASCII without spaces (a scraper sends it in an Authorization header)"
+        )
+    return raw
+
+
 POOLERS = ("none", "pgbouncer")
 
 
@@ -317,4 +338,5 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         # Short and renewed by the cycle's heartbeat: a holder lost with its machine is taken over
         # when it lapses, and the sweep must be taken over within 30 s (docs/REFERENCE.md).
         reconciliation_lease_seconds=_int(env, "BACKSTOP_RECONCILIATION_LEASE_SECONDS", 20, 2, 25),
+        metrics_token=_metrics_token(env),
     )
