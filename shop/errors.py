@@ -1,6 +1,6 @@
 """Errors in words, as HTML or JSON, never a stack trace."""
 
-from flask import jsonify, render_template_string
+from flask import jsonify, make_response, render_template_string
 from flask_wtf.csrf import CSRFError
 from sqlalchemy.exc import InterfaceError, OperationalError
 from flask import request
@@ -62,6 +62,17 @@ def _render(status: int, title: str, message: str):
     return render_template_string(PAGE, title=title, message=message), status
 
 
+def _with_headers_of(exc, answer):
+    """The answer in words, keeping the headers werkzeug's own answer to `exc` carries besides its
+    Content-Type: a 405's `Allow` (the methods the route accepts, which a client needs to put its
+    request right), a 401's `WWW-Authenticate`, a 429's or 503's `Retry-After`."""
+    response = make_response(answer)
+    for name, value in exc.get_headers():
+        if name.lower() != "content-type":
+            response.headers[name] = value
+    return response
+
+
 def init_app(app):
     @app.errorhandler(CSRFError)
     def csrf_error(exc):
@@ -78,7 +89,7 @@ def init_app(app):
         if exc.code == 404:
             return _render(404, *_not_found_words(exc))
         message = exc.description if getattr(exc, "in_words", False) else MESSAGES.get(exc.code, exc.description)
-        return _render(exc.code or 500, exc.name, message)
+        return _with_headers_of(exc, _render(exc.code or 500, exc.name, message))
 
     @app.errorhandler(Exception)
     def unexpected(exc):

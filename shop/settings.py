@@ -84,6 +84,8 @@ class Settings:
     # may hold at once, and units of one item per cart line; beyond them checkout refuses.
     unpaid_orders_per_client: int = 3
     max_line_quantity: int = 10
+    # METRICS_TOKEN: when set, /metrics answers only with `Authorization: Bearer <it>`.
+    metrics_token: str | None = None
 
     @property
     def uses_sandbox(self) -> bool:
@@ -263,6 +265,25 @@ def _node_name(env) -> str:
     return raw
 
 
+METRICS_TOKEN_MIN_LENGTH = 16
+
+
+def _metrics_token(env) -> str | None:
+    """METRICS_TOKEN: unset (or blank) leaves /metrics open. Set, it must be long enough not to be
+    guessed and fit in an Authorization header as sent. The message never repeats the value: it
+    is a secret, and the line goes to the log."""
+    raw = (env.get("METRICS_TOKEN") or "").strip()
+    if not raw:
+        return None
+    if len(raw) < METRICS_TOKEN_MIN_LENGTH:
+        raise SettingsError("METRICS_TOKEN", f"must be at least {METRICS_TOKEN_MIN_LENGTH} characters, got {len(raw)}")
+    if not all("!" <= c <= "~" for c in raw):
+        raise SettingsError(
+            "METRICS_TOKEN", "must be printable ASCII without spaces (a scraper sends it in an Authorization header)"
+        )
+    return raw
+
+
 POOLERS = ("none", "pgbouncer")
 
 
@@ -327,4 +348,5 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         # Short and renewed by the cycle's heartbeat: a holder lost with its machine is taken over
         # when it lapses, and the sweep must be taken over within 30 s (docs/REFERENCE.md).
         reconciliation_lease_seconds=_int(env, "BACKSTOP_RECONCILIATION_LEASE_SECONDS", 20, 2, 25),
+        metrics_token=_metrics_token(env),
     )

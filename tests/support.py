@@ -73,6 +73,8 @@ def base_config(database_url: str, **overrides) -> dict:
         "OUTBOX_PROVIDER_RETRY_CAP_SECONDS": 0.2,
         "STRIPE_MAX_NETWORK_RETRIES": 0,
         "STRIPE_TIMEOUT_SECONDS": 5,
+        # Scraped without a token throughout; the tests of METRICS_TOKEN set it themselves.
+        "METRICS_TOKEN": None,
     }
     config.update(overrides)
     return config

@@ -69,6 +69,10 @@ BAD = [
     ("MAX_LINE_QUANTITY", "0", "between 1 and 99"),
     ("MAX_LINE_QUANTITY", "500", "between 1 and 99"),
     ("MAX_LINE_QUANTITY", "2.5", "whole number"),
+    # A scraper's secret: long enough not to be guessed, and sendable as it is in a header.
+    ("METRICS_TOKEN", "short-token", "at least 16 characters, got 11"),
+    ("METRICS_TOKEN", "a token with spaces", "printable ASCII without spaces"),
+    ("METRICS_TOKEN", "t\u00f6ken-with-umlaut-0123", "printable ASCII without spaces"),
 ]
 
 
@@ -79,6 +83,23 @@ def test_a_bad_value_is_refused_naming_the_variable(variable, value, problem, tm
     assert caught.value.variable == variable
     message = str(caught.value)
     assert message.startswith(f"{variable}: ") and problem in message and "\n" not in message
+
+
+def test_a_bad_metrics_token_is_refused_without_repeating_it(tmp_path):
+    """The line goes to a log; the token is a secret, even a bad one (it may be the real one, cut)."""
+    for value in ("0123456789", "sixteen chars but\tone tab"):
+        with pytest.raises(SettingsError) as caught:
+            load_settings({"METRICS_TOKEN": value}, str(tmp_path), argv=CLI)
+        assert caught.value.variable == "METRICS_TOKEN" and value not in str(caught.value)
+
+
+def test_the_metrics_token_is_unset_unless_given_and_read_stripped(tmp_path):
+    assert load_settings({}, str(tmp_path), argv=CLI).metrics_token is None
+    assert load_settings({"METRICS_TOKEN": "   "}, str(tmp_path), argv=CLI).metrics_token is None  # blank is unset
+    token = "Zx9-scrape.token_0123456789+/="
+    s = load_settings({"METRICS_TOKEN": f" {token} "}, str(tmp_path), argv=CLI)
+    assert s.metrics_token == token and s.as_config()["METRICS_TOKEN"] == token
+    assert load_settings({"METRICS_TOKEN": "x" * 16}, str(tmp_path), argv=CLI).metrics_token == "x" * 16
 
 
 def test_a_bad_value_stops_create_app_too(tmp_path):

@@ -9,6 +9,12 @@ bp = Blueprint("console", __name__, url_prefix="/console")
 from ..extensions import login_manager  # noqa: E402
 from . import order_actions, outbox_actions, refund_actions, routes, sessions, throttle  # noqa: E402,F401
 from .auth import require_operator  # noqa: E402
+from ..web.answers import keep_private, negotiates  # noqa: E402
+
+# Every console answer, the login page and the 302/401 in front of the rest included: no-store.
+keep_private(bp)
+# Every console URL answers HTML or JSON by Accept, and says so to caches (Vary: Accept).
+negotiates(bp)
 
 
 def init_app(app) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..emails import refund_failure_words
 from ..money import format_money
 from ..payments.gateway import hosted_page_origins
+from .answers import negotiated
 from .requests import IdConverter, LimitChunkedBodies, WorkConverter, refuse_nul_text
 from .words import status_words
 
@@ -37,7 +38,8 @@ def security_headers(config) -> dict[str, str]:
 def init_app(app) -> None:
     """What every request meets before a view: the URL converters, the refusal of NUL bytes in
     text, the cap on chunked bodies (the webhook reads its own, capped, raw body) and the
-    template filters; and what every answer leaves with: the security headers."""
+    template filters; and what every answer leaves with: the security headers, and `Vary: Accept`
+    when the answer was chosen by the Accept header."""
     app.url_map.converters.update(id=IdConverter, work=WorkConverter)
     app.jinja_env.filters["status_words"] = status_words
     app.jinja_env.filters["refund_failure"] = refund_failure_words
@@ -50,6 +52,15 @@ def init_app(app) -> None:
         # after_request also runs for error handlers' answers (404, 429, 500 in words).
         for name, value in headers.items():
             response.headers.setdefault(name, value)
+        return response
+
+    @app.after_request
+    def _vary_on_accept(response):
+        # A URL that answers HTML or JSON by Accept says so on every answer, errors and redirects
+        # included (docs/REFERENCE.md, Routes, Conventions). `vary.add` keeps what is there; Flask
+        # adds `Cookie` after this when the session was read.
+        if negotiated():
+            response.vary.add("Accept")
         return response
 
     app.wsgi_app = LimitChunkedBodies(

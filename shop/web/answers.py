@@ -8,7 +8,16 @@ import secrets
 from flask import g, jsonify, make_response, render_template, request, session
 
 
+# Set on the request's environ (not `g`, which outlives a request when a test or a script keeps an
+# app context pushed) once a view or an error handler has looked at Accept.
+NEGOTIATED = "backstop.negotiated"
+
+
 def wants_json() -> bool:
+    """Whether the client prefers JSON. Asking makes the answer depend on `Accept`, so the
+    response says so (`Vary: Accept`, added by web.init_app): a cache in front must not hand a
+    browser the JSON it kept for a script, or the reverse."""
+    request.environ[NEGOTIATED] = True
     best = request.accept_mimetypes.best_match(["text/html", "application/json"])
     return best == "application/json" and request.accept_mimetypes[best] > request.accept_mimetypes["text/html"]
 
@@ -18,6 +27,37 @@ def respond(template: str, data: dict, status: int = 200, **context):
     if wants_json():
         return jsonify(data), status
     return render_template(template, data=data, **context), status
+
+
+def negotiated() -> bool:
+    """True once this request's answer was chosen by its Accept header (`wants_json` was asked)."""
+    return bool(request.environ.get(NEGOTIATED))
+
+
+def negotiates(blueprint) -> None:
+    """`blueprint`'s URLs answer HTML or JSON by Accept: every answer of theirs says `Vary: Accept`,
+    also the ones that came out the same either way this time (the console's login page redirects
+    an operator already logged in, whatever they accept; the same URL answers by Accept when
+    logged out). web.init_app adds it, in every area, to any answer that asked `wants_json`."""
+
+    @blueprint.after_request
+    def _vary_on_accept(response):
+        response.vary.add("Accept")
+        return response
+
+
+def keep_private(blueprint, public: tuple[str, ...] = ()) -> None:
+    """Every answer of `blueprint`'s views (pages, JSON, redirects, errors raised in them) shows
+    or acts on one customer's or operator's own data: `Cache-Control: no-store`, so neither a
+    cache in front nor the browser's back button keeps a copy for the next person at that
+    address (docs/REFERENCE.md, Routes, Conventions). `public`: endpoints that stay cacheable
+    (the catalog)."""
+
+    @blueprint.after_request
+    def _no_store(response):
+        if request.endpoint not in public:
+            response.headers["Cache-Control"] = "no-store"
+        return response
 
 
 def browser_id(create: bool = True) -> str | None:

@@ -88,3 +88,37 @@ def test_healthz_is_200_when_both_answer_and_503_naming_the_one_that_is_down(mak
 def test_metrics_with_the_database_down_is_a_503_in_words_not_a_500(make_fresh_app):
     r = make_fresh_app(DATABASE_URL=UNREACHABLE_DB).test_client().get("/metrics")
     assert r.status_code == 503 and "database unreachable" in r.get_data(as_text=True)
+
+
+SCRAPE_TOKEN = "scrape-0123456789-abcdef"
+
+
+def test_with_a_metrics_token_only_a_scraper_sending_it_gets_the_metrics(make_fresh_app):
+    """METRICS_TOKEN (docs/REFERENCE.md, Settings): without it, or with anything else, a 401 that
+    says how to authenticate and shows nothing of the shop."""
+    client = make_fresh_app(METRICS_TOKEN=SCRAPE_TOKEN).test_client()
+    refused = {
+        "no header": client.get("/metrics"),
+        "wrong token": client.get("/metrics", headers={"Authorization": "Bearer scrape-0123456789-abcdeX"}),
+        "a prefix of it": client.get("/metrics", headers={"Authorization": f"Bearer {SCRAPE_TOKEN[:-1]}"}),
+        "Basic": client.get("/metrics", headers={"Authorization": f"Basic {SCRAPE_TOKEN}"}),
+        "bare token": client.get("/metrics", headers={"Authorization": SCRAPE_TOKEN}),
+        "not latin": client.get("/metrics", headers={"Authorization": "Bearer \u00e9\u00e9\u00e9"}),
+    }
+    for what, r in refused.items():
+        assert r.status_code == 401, (what, r.status_code)
+        assert r.headers["WWW-Authenticate"].startswith("Bearer"), what
+        body = r.get_data(as_text=True)
+        assert "shop_" not in body and "METRICS_TOKEN" in body, (what, body)
+    right = client.get("/metrics", headers={"Authorization": f"Bearer {SCRAPE_TOKEN}"})
+    assert right.status_code == 200 and "shop_orders_stuck" in right.get_data(as_text=True)
+    assert right.headers["Content-Type"].startswith("text/plain")
+    # The scheme is case-insensitive (RFC 7235); the health check stays open to the balancer.
+    assert client.get("/metrics", headers={"Authorization": f"bearer {SCRAPE_TOKEN}"}).status_code == 200
+    assert client.get("/healthz").status_code in (200, 503)
+
+
+def test_without_a_metrics_token_the_metrics_stay_open(make_fresh_app):
+    client = make_fresh_app(METRICS_TOKEN=None).test_client()
+    assert client.get("/metrics").status_code == 200
+    assert client.get("/metrics", headers={"Authorization": "Bearer anything-at-all-here"}).status_code == 200
