@@ -1,6 +1,12 @@
 """The connection and the names: the app's Redis client, its two RQ queues, rq-scheduler over the
-work queue, and the job function paths the jobs are stored under (what a job already in Redis
-names must keep resolving: shop.jobs.*)."""
+work queue, the job function paths the jobs are stored under (what a job already in Redis
+names must keep resolving: shop.jobs.*), and what a job in Redis may be.
+
+Jobs are stored as JSON, never pickled: whoever can write to Redis must not be able to make a
+process that reads a job run code of their choosing (docs/ARCHITECTURE.md, Jobs in Redis). Every
+Queue, Job and Scheduler the shop builds comes from here (ShopQueue, ShopJob, the scheduler's
+classes), so they all read and write the one SERIALIZER; `refusal` says why a job read from Redis
+must not run."""
 
 from __future__ import annotations
 
@@ -10,6 +16,9 @@ from datetime import datetime, timezone
 from flask import current_app
 from redis import Redis
 from rq import Queue
+from rq.exceptions import DeserializationError
+from rq.job import Job
+from rq.serializers import JSONSerializer
 from rq_scheduler import Scheduler
 
 from ..extensions import per_app
@@ -21,6 +30,52 @@ RELAY_JOB = "shop.jobs.relay"
 SWEEP_JOB = "shop.jobs.reconcile"
 DRAIN_JOB = "shop.jobs.drain"
 COMMAND_DRAIN_JOB = "shop.jobs.drain_commands"
+SWEEP_TAKEOVER_JOB = "shop.jobs.resume_sweep"
+
+# The only functions a worker runs: shop.jobs' entry points, by the names jobs are stored under.
+# A job naming anything else is refused before its function is imported (queue.worker).
+ALLOWED_JOBS = frozenset(
+    {DELIVERY_JOB, COMMAND_JOB, RELAY_JOB, SWEEP_JOB, DRAIN_JOB, COMMAND_DRAIN_JOB, SWEEP_TAKEOVER_JOB}
+)
+
+# Job data (function name, arguments), meta and results: JSON. Shop jobs carry ids, ints and None.
+SERIALIZER = JSONSerializer
+
+
+class ShopJob(Job):
+    """An RQ job that reads and writes JSON whoever builds it: rq-scheduler creates and fetches
+    jobs through its job class without passing a serializer."""
+
+    def __init__(self, id=None, connection=None, serializer=None):
+        super().__init__(id, connection=connection, serializer=serializer or SERIALIZER)
+
+
+class ShopQueue(Queue):
+    """An RQ queue of ShopJobs (JSON), also when RQ or rq-scheduler rebuilds it from its key."""
+
+    job_class = ShopJob
+
+    def __init__(self, *args, serializer=None, **kwargs):
+        super().__init__(*args, serializer=serializer or SERIALIZER, **kwargs)
+
+
+def refusal(job: Job) -> str | None:
+    """Why `job` must not run, or None when it may: its data is not the JSON the shop writes, it
+    names a function that is not one of shop.jobs' entry points, or it asks RQ to call anything
+    besides (a method of an object, callbacks, webhooks). Reads only the job's fields and its
+    JSON data; imports nothing."""
+    try:
+        func_name, instance = job.func_name, job.instance
+    except DeserializationError:
+        return "its data is not JSON (a pickled job, from an older release or written by hand)"
+    if not isinstance(job.meta, dict) or "unserialized" in job.meta:
+        return "its meta is not JSON (a pickled job, from an older release or written by hand)"
+    if func_name not in ALLOWED_JOBS or instance is not None:
+        return f"it names {func_name!r}, which is not one of shop.jobs' entry points"
+    callbacks = [job._success_callback_name, job._failure_callback_name, job._stopped_callback_name]
+    if any(callbacks) or job.webhooks:
+        return f"it names {func_name!r} with callbacks or webhooks, which shop jobs never carry"
+    return None
 
 
 def redis_conn() -> Redis:
@@ -58,15 +113,21 @@ def queue_names() -> tuple[str, str]:
 
 
 def work_queue() -> Queue:
-    return Queue(queue_names()[1], connection=redis_conn())
+    return ShopQueue(queue_names()[1], connection=redis_conn())
 
 
 def control_queue() -> Queue:
-    return Queue(queue_names()[0], connection=redis_conn())
+    return ShopQueue(queue_names()[0], connection=redis_conn())
 
 
 def scheduler() -> Scheduler:
-    return Scheduler(queue=work_queue(), connection=redis_conn(), interval=current_app.config["SCHEDULER_POLL_SECONDS"])
+    return Scheduler(
+        queue=work_queue(),
+        connection=redis_conn(),
+        interval=current_app.config["SCHEDULER_POLL_SECONDS"],
+        job_class=ShopJob,
+        queue_class=ShopQueue,
+    )
 
 
 def aware(dt: datetime) -> datetime:

@@ -16,7 +16,7 @@ from rq_scheduler import Scheduler
 
 from ..node import node_name
 from .beats import describe_job, iso, scheduler_beats_key
-from .connection import redis_conn, work_queue
+from .connection import ShopJob, ShopQueue, redis_conn, refusal, work_queue
 
 log = logging.getLogger("shop.queue")
 
@@ -84,6 +84,15 @@ class _WatchfulScheduler(Scheduler):
             pipe.execute()
 
     def enqueue_job(self, job):
+        """Move a due job to its queue, unless it may not run (connection.refusal: a pickled job
+        of an older release, or one naming a function that is not shop.jobs'): that one is
+        logged and deleted here, instead of being handed to a worker that would refuse it."""
+        why = refusal(job)
+        if why is not None:
+            log.error("scheduler: refused scheduled job %s: %s; deleted, not queued", job.id, why)
+            self.cancel(job.id)
+            self.connection.delete(job.key)
+            return None
         self._last_moved = (describe_job(job), datetime.now(timezone.utc))
         return super().enqueue_job(job)
 
@@ -154,6 +163,8 @@ def make_scheduler(watch=(), on_loss=None, on_poll=None) -> _WatchfulScheduler:
         watch=watch,
         on_loss=on_loss,
         on_poll=on_poll,
+        job_class=ShopJob,
+        queue_class=ShopQueue,
         beat_key=f"{scheduler_beats_key()}:{_WatchfulScheduler.name_here()}",
         beat_index=scheduler_beats_key(),
         beat_ttl=3 * current_app.config["HEALTH_STALE_SECONDS"],
