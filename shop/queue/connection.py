@@ -66,10 +66,14 @@ def refusal(job: Job) -> str | None:
     JSON data; imports nothing."""
     try:
         func_name, instance = job.func_name, job.instance
+        readable = isinstance(job.meta, dict) and "unserialized" not in job.meta
     except DeserializationError:
-        return "its data is not JSON (a pickled job, from an older release or written by hand)"
-    if not isinstance(job.meta, dict) or "unserialized" in job.meta:
-        return "its meta is not JSON (a pickled job, from an older release or written by hand)"
+        readable = False
+    if not readable:
+        # Its description is plain text RQ writes beside the data: it names the function, as the
+        # job's writer said it (nothing of the data is read to say so).
+        said = (job.description or "")[:200]
+        return f"its data is not JSON (pickled: an older release's job, or a forged one); it says it runs {said!r}"
     if func_name not in ALLOWED_JOBS or instance is not None:
         return f"it names {func_name!r}, which is not one of shop.jobs' entry points"
     callbacks = [job._success_callback_name, job._failure_callback_name, job._stopped_callback_name]
