@@ -10,19 +10,24 @@ must not run."""
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import datetime, timezone
+from itertools import repeat
 
 from flask import current_app
 from redis import Redis
 from rq import Queue
-from rq.exceptions import DeserializationError
+from rq.exceptions import DeserializationError, NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq_scheduler import Scheduler
+from rq_scheduler.utils import from_unix, rationalize_until
 
 from ..extensions import per_app
 from ..redis_client import redis_client
+
+log = logging.getLogger("shop.queue")
 
 DELIVERY_JOB = "shop.jobs.run_delivery"
 COMMAND_JOB = "shop.jobs.run_command"
@@ -57,6 +62,41 @@ class ShopQueue(Queue):
 
     def __init__(self, *args, serializer=None, **kwargs):
         super().__init__(*args, serializer=serializer or SERIALIZER, **kwargs)
+
+
+class ShopScheduler(Scheduler):
+    """rq-scheduler over ShopJobs and ShopQueues (JSON). A scheduled job RQ cannot read at all
+    (a forged hash) is logged and deleted where rq-scheduler would raise and stop the process."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("job_class", ShopJob)
+        kwargs.setdefault("queue_class", ShopQueue)
+        super().__init__(*args, **kwargs)
+
+    def get_jobs(self, until=None, with_times=False, offset=None, length=None):
+        # rq-scheduler 0.14's get_jobs, with a job that cannot be read refused instead of raised.
+        found = self.connection.zrangebyscore(
+            self.scheduled_jobs_key,
+            0,
+            rationalize_until(until),
+            withscores=with_times,
+            score_cast_func=lambda epoch: from_unix(float(epoch)),
+            start=offset,
+            num=length,
+        )
+        for job_id, at in found if with_times else zip(found, repeat(None)):
+            job_id = job_id.decode()
+            try:
+                job = self.job_class.fetch(job_id, connection=self.connection)
+            except NoSuchJobError:
+                self.cancel(job_id)
+                continue
+            except Exception as exc:
+                log.error("scheduler: refused scheduled job %s: RQ cannot read it (%r); deleted", job_id, exc)
+                self.cancel(job_id)
+                self.connection.delete(self.job_class.key_for(job_id))
+                continue
+            yield (job, at) if with_times else job
 
 
 def refusal(job: Job) -> str | None:
@@ -125,12 +165,8 @@ def control_queue() -> Queue:
 
 
 def scheduler() -> Scheduler:
-    return Scheduler(
-        queue=work_queue(),
-        connection=redis_conn(),
-        interval=current_app.config["SCHEDULER_POLL_SECONDS"],
-        job_class=ShopJob,
-        queue_class=ShopQueue,
+    return ShopScheduler(
+        queue=work_queue(), connection=redis_conn(), interval=current_app.config["SCHEDULER_POLL_SECONDS"]
     )
 
 

@@ -12,16 +12,14 @@ from datetime import datetime, timezone
 from flask import current_app
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from rq_scheduler import Scheduler
-
 from ..node import node_name
 from .beats import describe_job, iso, scheduler_beats_key
-from .connection import ShopJob, ShopQueue, redis_conn, refusal, work_queue
+from .connection import ShopScheduler, redis_conn, refusal, work_queue
 
 log = logging.getLogger("shop.queue")
 
 
-class _WatchfulScheduler(Scheduler):
+class _WatchfulScheduler(ShopScheduler):
     """rq-scheduler that notices Redis losing its data while it runs (a restart without
     persistence, a FLUSHDB, an eviction). The periodic jobs live in Redis and are what would
     otherwise notice, so their absence is the sign: on a poll where one is missing, `on_loss`
@@ -163,8 +161,6 @@ def make_scheduler(watch=(), on_loss=None, on_poll=None) -> _WatchfulScheduler:
         watch=watch,
         on_loss=on_loss,
         on_poll=on_poll,
-        job_class=ShopJob,
-        queue_class=ShopQueue,
         beat_key=f"{scheduler_beats_key()}:{_WatchfulScheduler.name_here()}",
         beat_index=scheduler_beats_key(),
         beat_ttl=3 * current_app.config["HEALTH_STALE_SECONDS"],

@@ -107,14 +107,22 @@ def test_the_worker_refuses_jobs_outside_shop_jobs_and_pickled_jobs_and_goes_on(
     assert all(r.levelno == logging.ERROR for r in caplog.records if "refused job" in r.getMessage())
 
 
-def test_the_scheduler_deletes_a_pickled_scheduled_job_instead_of_queueing_it(fresh_ctx, redis_conn, pwned, caplog):
+def test_the_scheduler_deletes_a_pickled_or_unreadable_scheduled_job_instead_of_queueing_it(
+    fresh_ctx, redis_conn, pwned, caplog
+):
     from rq_scheduler import Scheduler
 
     _, work = queue.queue_names()
     old = Scheduler(queue_name=work, connection=redis_conn)  # rq-scheduler's default: pickle
     job = old.enqueue_in(timedelta(seconds=-1), "os.system", f"touch {pwned[3]}")
+    garbage = f"forged-{uuid.uuid4().hex}"  # a hash RQ cannot read: rq-scheduler alone would raise
+    redis_conn.hset(Job.key_for(garbage), mapping={"data": b"x", "created_at": "not a time", "origin": work})
+    redis_conn.zadd(Scheduler.scheduled_jobs_key, {garbage: 0})
     with caplog.at_level(logging.ERROR, logger="shop.queue"):
         queue.make_scheduler().enqueue_jobs()
+    assert redis_conn.exists(Job.key_for(garbage)) == 0
+    assert redis_conn.zscore(Scheduler.scheduled_jobs_key, garbage) is None
+    assert any(garbage in r.getMessage() and "cannot read" in r.getMessage() for r in caplog.records)
     assert job.id not in [j.decode() for j in redis_conn.lrange(f"rq:queue:{work}", 0, -1)]
     assert redis_conn.exists(Job.key_for(job.id)) == 0
     assert redis_conn.zscore(Scheduler.scheduled_jobs_key, job.id) is None
