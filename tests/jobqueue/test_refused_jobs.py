@@ -90,7 +90,7 @@ def test_the_worker_refuses_jobs_outside_shop_jobs_and_pickled_jobs_and_goes_on(
 
     out, err = capfd.readouterr()
     assert not [path for path in pwned if os.path.exists(path)], "an attacker's job ran"
-    assert marker not in out + err
+    assert marker not in [line.strip() for line in (out + err).splitlines()]  # quoted in a refusal, never printed
     assert ShopJob.fetch(legit.id, connection=redis_conn).get_status() == "finished", caplog.text
     refusals = [r.getMessage() for r in caplog.records if "refused job" in r.getMessage()]
     for name, job_id in forged.items():
@@ -151,3 +151,30 @@ def test_an_older_releases_pickled_periodic_job_is_replaced_by_a_json_one(fresh_
     assert json.loads(zlib.decompress(redis_conn.hget(Job.key_for(relay_id), "data")))[0] == queue.RELAY_JOB
     assert any(relay_id in r.getMessage() and "registering it again" in r.getMessage() for r in caplog.records)
     assert queue.register_periodic_jobs(10, None) == [f"{relay_id} (kept, every 10s)"]
+
+
+@pytest.mark.slow
+def test_a_real_worker_process_refuses_forged_jobs_and_runs_the_shops_own(fresh_ctx, redis_conn, pwned):
+    """`flask shop worker --burst`, as the Procfile runs it: the attacker's jobs first, then the shop's."""
+    from process_support import Processes, process_env
+
+    control, work = queue.queue_names()
+    marker = f"PRINTED-{uuid.uuid4().hex}"
+    printed = Queue(work, connection=redis_conn).enqueue("builtins.print", marker)
+    bomb = _raw_job(redis_conn, control, {"data": pickle.dumps(_RunsOnUnpickling(f"touch {pwned[0]}"))})
+    system = Queue(work, connection=redis_conn, serializer=JSONSerializer).enqueue("os.system", f"touch {pwned[1]}")
+    printed_json = Queue(work, connection=redis_conn, serializer=JSONSerializer).enqueue("builtins.print", marker)
+    legit = queue.work_queue().enqueue(queue.RELAY_JOB)
+    procs = Processes()
+    try:
+        worker = procs.start("worker", ["shop", "worker", "--burst"], process_env(fresh_ctx))
+        assert worker.wait(timeout=60) == 0, procs.logs()
+        logs = procs.logs()
+    finally:
+        procs.stop()
+    assert marker not in [line.strip() for line in logs.splitlines()]  # quoted in the refusal, never printed
+    assert f"refused job {printed.id}: its data is not JSON" in logs and "builtins.print" in logs, logs
+    assert f"refused job {bomb}: its data is not JSON" in logs, logs
+    assert f"refused job {system.id}: it names 'os.system'" in logs, logs
+    assert f"refused job {printed_json.id}: it names 'builtins.print'" in logs, logs
+    assert ShopJob.fetch(legit.id, connection=redis_conn).get_status() == "finished", logs
