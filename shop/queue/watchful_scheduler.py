@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from flask import current_app
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from ..node import node_name
 from .beats import describe_job, iso, scheduler_beats_key
 from .connection import ShopScheduler, redis_conn, refusal, work_queue
