@@ -43,6 +43,12 @@ import time
 from pathlib import Path
 from urllib.parse import urlencode
 
+# A load bench's simulated customers place many unpaid orders from one browser or one address,
+# with up to the form's 99 of one item: lift the hoarding limits (docs/REFERENCE.md, Settings)
+# for this process and the shop processes it starts, unless the caller set them.
+os.environ.setdefault("UNPAID_ORDERS_PER_CLIENT", "1000")
+os.environ.setdefault("MAX_LINE_QUANTITY", "99")
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 BENCH_APP = ["--pythonpath", str(ROOT / "bench"), "benchapp:create_bench_app()"]

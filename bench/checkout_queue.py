@@ -48,6 +48,12 @@ from checkout import ROOT, Browser, _jobs, cpu_seconds, forget_redis, run_client
 from provider import Shop, machine_busy, paced  # noqa: E402
 from scratchdb import make_database  # noqa: E402
 
+# A load bench's simulated customers place many unpaid orders from one browser or one address,
+# with up to the form's 99 of one item: lift the hoarding limits (docs/REFERENCE.md, Settings)
+# for this process and the shop processes it starts, unless the caller set them.
+os.environ.setdefault("UNPAID_ORDERS_PER_CLIENT", "1000")
+os.environ.setdefault("MAX_LINE_QUANTITY", "99")
+
 sys.path.insert(0, str(ROOT))
 
 BIN = Path(sys.executable).parent

@@ -69,6 +69,12 @@ sys.path.insert(0, str(ROOT))
 from shop.settings import DEFAULT_WEB_CONCURRENCY, DEFAULT_WEB_THREADS  # noqa: E402
 from shop.stripe_sandbox.testing import peak_in_window  # noqa: E402
 
+# A load bench's simulated customers place many unpaid orders from one browser or one address,
+# with up to the form's 99 of one item: lift the hoarding limits (docs/REFERENCE.md, Settings)
+# for this process and the shop processes it starts, unless the caller set them.
+os.environ.setdefault("UNPAID_ORDERS_PER_CLIENT", "1000")
+os.environ.setdefault("MAX_LINE_QUANTITY", "99")
+
 BIN = Path(sys.executable).parent
 
 

@@ -123,8 +123,7 @@ def _init_auth(app) -> None:
     from .extensions import csrf, login_manager
 
     csrf.init_app(app)
-    login_manager.init_app(app)
-    _configure_login(app)
+    login_manager.init_app(app)  # its user loader is the console's (shop/console/sessions.py)
 
 
 def _register_work(app) -> None:
@@ -320,17 +319,3 @@ def _configure_sqlite(app) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn):
         conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def _configure_login(app) -> None:
-    from .extensions import db, login_manager
-    from .models import Operator
-    from .web.requests import MAX_ID
-
-    @login_manager.user_loader
-    def load_operator(operator_id):
-        try:
-            number = int(operator_id)
-        except (TypeError, ValueError):
-            return None
-        return db.session.get(Operator, number) if 0 < number <= MAX_ID else None

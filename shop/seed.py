@@ -68,7 +68,10 @@ def upsert_operator(email: str, password: str) -> bool:
     if created:
         op = Operator(email=email, password_hash="")
         db.session.add(op)
-    op.password_hash = generate_password_hash(password)
+    if created:
+        op.password_hash = generate_password_hash(password)
+    else:
+        op.set_password(generate_password_hash(password))  # a reset ends every session of the old password
     db.session.commit()
     return created
 

@@ -14,6 +14,9 @@ from dataclasses import dataclass, asdict
 
 from .node import MAX_LENGTH as NODE_NAME_MAX_LENGTH, host_node_name
 
+# The largest quantity the cart's forms take for one line (orders.cart uses the same bound).
+MOST_OF_ONE_ITEM = 99
+
 
 class SettingsError(Exception):
     """A configuration value is missing or wrong. The message names the variable."""
@@ -77,6 +80,10 @@ class Settings:
     stripe_endpoint_rate_limit_per_second: int = 20
     stripe_breaker_threshold: int = 5
     stripe_breaker_cooldown_seconds: int = 30
+    # Hoarding limits (docs/REFERENCE.md, Settings): live unpaid orders one browser or one email
+    # may hold at once, and units of one item per cart line; beyond them checkout refuses.
+    unpaid_orders_per_client: int = 3
+    max_line_quantity: int = 10
 
     @property
     def uses_sandbox(self) -> bool:
@@ -306,6 +313,9 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         outbox_max_attempts=_int(env, "OUTBOX_MAX_ATTEMPTS", 5, 1, 100),
         scheduler_poll_seconds=poll,
         health_stale_seconds=stale,
+        unpaid_orders_per_client=_int(env, "UNPAID_ORDERS_PER_CLIENT", 3, 1, 1000),
+        # At most the form's own bound (orders.cart.MOST_OF_ONE_ITEM): a larger limit would never bind.
+        max_line_quantity=_int(env, "MAX_LINE_QUANTITY", 10, 1, MOST_OF_ONE_ITEM),
         smtp_url=(env.get("SMTP_URL") or "").strip() or None,
         login_max_failures_per_account=_int(env, "LOGIN_MAX_FAILURES_PER_ACCOUNT", 5, 1, 1000),
         login_max_failures_per_address=_int(env, "LOGIN_MAX_FAILURES_PER_ADDRESS", 20, 1, 100_000),

@@ -88,12 +88,15 @@ def cart_with(items: Items, browser: str | None = None) -> tuple[int, str]:
 
 
 def place_order_for(
-    items: Items | None = None, *, email: str = "ann@example.com", now=None, browser: str | None = None
+    items: Items | None = None, *, email: str | None = None, now=None, browser: str | None = None
 ) -> Placed:
     """A real order through place_order from a cart holding `items` (see cart_with; one
     DEFAULT_SKU by default), placed at `now`; asserts it was placed and returns the use case's
-    Placed (order_id, reference, total, ...). The catalog must be seeded."""
+    Placed (order_id, reference, total, ...). The catalog must be seeded. Unless named, the
+    browser is a fresh one and the address is that browser's own (`ann.<browser>@example.com`):
+    each such order is another customer's, so UNPAID_ORDERS_PER_CLIENT never refuses it."""
     cart_id, browser = cart_with({DEFAULT_SKU: 1} if items is None else items, browser)
+    email = email or f"ann.{browser[:16]}@example.com"
     placed = place_order(cart_id=cart_id, browser_id=browser, email=email, now=now)
     assert placed.ok, placed
     return placed
@@ -104,7 +107,7 @@ def placed_order_in(app, sku: str = "MUG-350-SND", quantity: int = 1, now=None) 
     the browser "browser-1" placed at `now`. Returns (order id, reference)."""
     with app.app_context():
         seed_catalog_rows()
-        placed = place_order_for({sku: quantity}, now=now, browser="browser-1")
+        placed = place_order_for({sku: quantity}, now=now, browser="browser-1", email="ann@example.com")
         return placed.order_id, placed.reference
 
 

@@ -300,7 +300,7 @@ class SagaModel(RuleBasedStateMachine):
         fits = all(q <= available[v] for v, q in lines.items())
         with self.ctx():
             cart_id, browser = cart_with(sorted(lines.items()))
-            placed = place_order(cart_id=cart_id, browser_id=browser, email="ann@example.com", now=self.now())
+            placed = place_order(cart_id=cart_id, browser_id=browser, email=f"{browser}@example.com", now=self.now())
             assert placed.ok == fits, (
                 f"cart {lines} against {available}: the model expected "
                 f"{'success' if fits else 'out_of_stock'}, the shop said {placed}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import uuid
 from pathlib import Path
 
@@ -110,12 +111,18 @@ def add_operator(app) -> None:
 def log_in(app, client) -> str:
     """Create the operator, log in through the form; returns the session's CSRF token."""
     add_operator(app)
+    return log_in_again(client)
+
+
+def log_in_again(client) -> str:
+    """Log the existing operator in through the form; returns the CSRF token of the new session
+    (the login drops the one of the anonymous session: a token read before it is refused after)."""
     token = csrf_token(client, "/console/login")
     r = client.post(
         "/console/login", data={"csrf_token": token, "email": OPERATOR_EMAIL, "password": OPERATOR_PASSWORD}
     )
     assert r.status_code == 303, r.get_data(as_text=True)
-    return token
+    return csrf_token(client, "/console/audit")
 
 
 def leave_heartbeats(app) -> None:
@@ -129,3 +136,28 @@ def leave_heartbeats(app) -> None:
         worker.register_birth()
         worker.heartbeat()
         queue.make_scheduler().heartbeat()
+
+
+def run_threads(app, jobs, worker):
+    """Start one thread per job, released together by a barrier, each in its own app context
+    (its own session and connection). Returns (results, errors) in job order."""
+    barrier = threading.Barrier(len(jobs))
+    results, errors = [None] * len(jobs), [None] * len(jobs)
+
+    def body(i, job):
+        with app.app_context():
+            try:
+                barrier.wait(timeout=30)
+                results[i] = worker(job)
+            except BaseException as exc:  # noqa: BLE001 - the test reports every failure
+                errors[i] = exc
+            finally:
+                db.session.remove()
+
+    threads = [threading.Thread(target=body, args=(i, job)) for i, job in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a checkout thread hung"
+    return results, errors

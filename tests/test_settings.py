@@ -63,6 +63,13 @@ BAD = [
     # 0.25 s; past 25 s a holder lost with its machine is no longer taken over within 30 s.
     ("BACKSTOP_RECONCILIATION_LEASE_SECONDS", "1", "between 2 and 25"),
     ("BACKSTOP_RECONCILIATION_LEASE_SECONDS", "300", "between 2 and 25"),
+    # The hoarding limits: at least one order and one unit, at most the cart forms' 99 units.
+    ("UNPAID_ORDERS_PER_CLIENT", "0", "between 1 and 1000"),
+    ("UNPAID_ORDERS_PER_CLIENT", "1001", "between 1 and 1000"),
+    ("UNPAID_ORDERS_PER_CLIENT", "three", "whole number"),
+    ("MAX_LINE_QUANTITY", "0", "between 1 and 99"),
+    ("MAX_LINE_QUANTITY", "500", "between 1 and 99"),
+    ("MAX_LINE_QUANTITY", "2.5", "whole number"),
 ]
 
 
@@ -103,6 +110,9 @@ def test_defaults_and_good_values_are_read_and_typed(tmp_path):
         == 3
     )
     assert defaults.health_stale_seconds == 60
+    assert (defaults.unpaid_orders_per_client, defaults.max_line_quantity) == (3, 10)
+    limits = load_settings({"UNPAID_ORDERS_PER_CLIENT": " 1 ", "MAX_LINE_QUANTITY": "99"}, str(tmp_path), argv=CLI)
+    assert (limits.unpaid_orders_per_client, limits.max_line_quantity) == (1, 99)
     assert defaults.reconciliation_lease_seconds == 20  # short: the heartbeat renews it
     assert (
         load_settings(

@@ -7,13 +7,14 @@ bp = Blueprint("console", __name__, url_prefix="/console")
 
 # After `bp`: the routes register on it.
 from ..extensions import login_manager  # noqa: E402
-from . import order_actions, outbox_actions, refund_actions, routes, throttle  # noqa: E402,F401
+from . import order_actions, outbox_actions, refund_actions, routes, sessions, throttle  # noqa: E402,F401
 from .auth import require_operator  # noqa: E402
 
 
 def init_app(app) -> None:
     app.register_blueprint(bp)
     throttle.init_app(app)
+    sessions.init_app(app)
     login_manager.login_view = "console.login"
     # Ahead of CSRFProtect's own check: a caller who is not logged in learns only "log in",
     # whatever the form carried (a 302 for a browser, a 401 for JSON), never "form expired".

@@ -35,18 +35,15 @@ def outcome(message: str) -> None:
 
 
 def record_action(response):
-    if (
-        request.method != "POST"
-        or request.endpoint in NOT_AUDITED
-        or request.endpoint is None
-        or not current_user.is_authenticated
-    ):
+    # An action that ends the operator's own session names them itself (logout-everywhere).
+    operator = current_user.email if current_user.is_authenticated else g.get("audit_operator")
+    if request.method != "POST" or request.endpoint in NOT_AUDITED or request.endpoint is None or not operator:
         return response
     try:
         db.session.rollback()  # whatever the action left open is not the audit's to commit
         db.session.add(
             OperatorAction(
-                operator=current_user.email,
+                operator=operator,
                 action=request.endpoint.removeprefix("console."),
                 target=(g.get("audit_target") or request.path)[:200],
                 order_id=g.get("audit_order_id"),
@@ -63,7 +60,7 @@ def record_action(response):
             "could not write the audit row of %s %s by %s",
             request.method,
             request.path,
-            getattr(current_user, "email", "?"),
+            operator,
             exc_info=True,
         )
     return response

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from flask import current_app, flash, jsonify, redirect, request, session, url_for
+from flask import current_app, flash, g, jsonify, redirect, request, session, url_for
 from flask_login import current_user, login_user, logout_user
 from flask_wtf.csrf import generate_csrf
 from sqlalchemy import select
@@ -15,11 +15,23 @@ from ..extensions import db
 from ..models import Operator
 from ..web.answers import respond, wants_json
 from . import bp
-from .forms import LoginForm
+from .forms import ActionForm, LoginForm
+from .sessions import (
+    GENERATION,
+    CredentialNotText,
+    check_credentials_shape,
+    end_every_session,
+    normalized_email,
+    remember_device,
+    start_session,
+)
 
 log = logging.getLogger("shop.console")
 
 PUBLIC_ENDPOINTS = {"console.login"}
+SESSION_ENDED = (
+    'Your console session was ended (a logout, "log out everywhere" or a new password for this account); log in again.'
+)
 BAD_CREDENTIALS = "That email and password do not match an operator account."
 # Compared against when the email is unknown, so a wrong email costs as long as a wrong
 # password and the timing does not tell which part was wrong.
@@ -49,7 +61,15 @@ def require_operator():
     if path != "/console" and not path.startswith("/console/"):
         return None
     message = "Log in as an operator first."
-    if current_user.is_authenticated:
+    authenticated = current_user.is_authenticated  # loads the session's operator, or finds it ended
+    if g.get("session_ended") and not authenticated:
+        # A copy of a session whose generation is over (shop/console/sessions.py): forget it.
+        logout_user()
+        session.pop(GENERATION, None)
+        message = SESSION_ENDED
+        if not wants_json() and request.endpoint not in PUBLIC_ENDPOINTS:
+            flash(message, "error")
+    elif authenticated:
         now = time.time()
         idle = _idle_for(now)
         limit = current_app.config["CONSOLE_IDLE_TIMEOUT_SECONDS"]
@@ -93,6 +113,22 @@ def safe_next(value: str | None, default: str) -> str:
     return default
 
 
+@bp.before_request
+def refuse_misshapen_credentials():
+    """Before the login's throttle (which wraps the view): an email or password that is not one
+    piece of text is a 400 in words, never a 429 nor a login of some account it spells."""
+    if request.endpoint != "console.login" or request.method != "POST":
+        return None
+    try:
+        check_credentials_shape()
+    except CredentialNotText as refused:
+        form = LoginForm(formdata=None)
+        return respond(
+            "console/login.html", {"error": refused.description, "csrf_token": generate_csrf()}, 400, form=form
+        )
+    return None
+
+
 @bp.route("/login", methods=["GET", "POST"])
 def login():
     """The operator login form. Bad credentials get 401 without saying which part was wrong."""
@@ -105,7 +141,7 @@ def login():
     if not form.validate():
         error = next(iter(e for errs in form.errors.values() for e in errs), "Check the form and try again.")
         return respond("console/login.html", {"error": error, "csrf_token": generate_csrf()}, 400, form=form)
-    email = form.email.data.strip().lower()
+    email = normalized_email(form.email.data)
     operator = db.session.execute(select(Operator).where(Operator.email == email)).scalar_one_or_none()
     good = check_password_hash(operator.password_hash if operator else _DUMMY_HASH, form.password.data)
     if operator is None or not good:
@@ -113,20 +149,50 @@ def login():
         log.warning("console login refused for %r from %s", email[:80], request.remote_addr)
         form.password.data = ""
         return respond("console/login.html", {"error": BAD_CREDENTIALS, "csrf_token": generate_csrf()}, 401, form=form)
+    start_session(operator)
     login_user(operator)
     session[LAST_SEEN] = time.time()
     log.info("operator %s logged in from %s", operator.email, request.remote_addr)
     if wants_json():
-        return jsonify({"logged_in": True, "operator": operator.email, "csrf_token": generate_csrf()})
-    return redirect(safe_next(form.next.data, url_for("console.dashboard")), 303)
+        response = jsonify({"logged_in": True, "operator": operator.email, "csrf_token": generate_csrf()})
+    else:
+        response = redirect(safe_next(form.next.data, url_for("console.dashboard")), 303)
+    return remember_device(response, operator)
+
+
+def _end_sessions() -> str:
+    """End every session of the current operator (this one included); returns their email."""
+    operator = current_user._get_current_object()
+    email = operator.email
+    end_every_session(operator)
+    logout_user()
+    session.pop(GENERATION, None)
+    session.pop(LAST_SEEN, None)
+    return email
 
 
 @bp.post("/logout")
 def logout():
-    """End the operator session."""
-    email = current_user.email
-    logout_user()
-    log.info("operator %s logged out", email)
+    """End the operator session, and with it every other session of the operator (the
+    CONTRACT: a logout ends them on every browser)."""
+    email = _end_sessions()
+    log.info("operator %s logged out (every session)", email)
     if wants_json():
         return jsonify({"logged_in": False})
+    return redirect(url_for("console.login"), 303)
+
+
+@bp.post("/logout-everywhere")
+def logout_everywhere():
+    """End every session of the operator on every browser, this one included: audited, unlike
+    a logout, since it is what an operator does when a session may be in someone else's hands."""
+    ActionForm()  # CSRFProtect checked the token before the view
+    email = _end_sessions()
+    g.audit_operator, g.audit_target = email, f"operator {email}"
+    g.audit_outcome = "Every session of this operator ended."
+    log.warning("operator %s ended every one of their sessions", email)
+    message = "Every session of your account is ended, on every browser; log in again."
+    if wants_json():
+        return jsonify({"logged_in": False, "message": message})
+    flash(message, "ok")
     return redirect(url_for("console.login"), 303)

@@ -2,6 +2,13 @@
 client address in Redis with Flask-Limiter; past either limit the login answers 429 in words,
 without checking the password, until the window that began with the first failure ends.
 
+The account is the normalized email (stripped, lowercased) whatever the body's shape: a login
+whose email or password is not one piece of text is refused with a 400 and counts nowhere. A
+login from a browser presenting a valid device cookie of the account it names (one that logged in
+as that operator before: shop/console/sessions.py) counts against that device's own budget of the
+same size instead of the account's and the address's: a stranger's wrong guesses shut the account
+to strangers (themselves included), never to the operator's own browser.
+
 Only failures count (`deduct_when`): an operator who logs in correctly is never locked out by
 their own successes, and a refusal (429) does not extend the window. The per-address limit is
 wider because one address can be many people (an office behind one NAT, a proxy in front of the
@@ -18,24 +25,29 @@ from __future__ import annotations
 import math
 import time
 
-from flask import current_app, render_template, request
+from flask import current_app, g, render_template, request
 from flask_limiter import Limiter, RequestLimit
 from flask_wtf.csrf import generate_csrf
 
 from ..settings import parse_sentinel_url
 from ..web.answers import wants_json
 from .forms import LoginForm
+from .sessions import device_for_login, login_email
 
 LOGIN_ENDPOINT = "console.login"
 
 
 def _account() -> str:
-    """The account a login names, as the view reads it (Flask-WTF takes a JSON body as the form)."""
-    email = request.form.get("email")
-    if email is None and request.is_json:
-        body = request.get_json(silent=True)
-        email = body.get("email") if isinstance(body, dict) else None
-    return "account:" + (str(email or "").strip().lower()[:254] or "-")
+    """The budget a login spends: its device's when it presents the named account's device
+    cookie, else the account's, by the normalized email the view looks up."""
+    device = device_for_login()
+    if device is not None:
+        return "device:" + device
+    return "account:" + (login_email() or "-")
+
+
+def _from_known_device() -> bool:
+    return device_for_login() is not None
 
 
 def _address() -> str:
@@ -60,9 +72,10 @@ def _in_words(seconds: float) -> str:
 
 def _refusal(whose: str):
     def on_breach(limit: RequestLimit):
+        who = "from this browser" if g.get("login_device") else whose
         wait = max(1.0, limit.reset_at - time.time())
-        message = f"Too many failed logins {whose}; try again in {_in_words(wait)}."
-        current_app.logger.warning("console login throttled (%s) from %s", whose, request.remote_addr)
+        message = f"Too many failed logins {who}; try again in {_in_words(wait)}."
+        current_app.logger.warning("console login throttled (%s) from %s", who, request.remote_addr)
         if wants_json():
             response = current_app.json.response(
                 {"error": message, "status": 429, "retry_after_seconds": math.ceil(wait)}
@@ -118,6 +131,7 @@ def init_app(app) -> None:
         key_func=_address,
         methods=["POST"],
         deduct_when=_failed,
+        exempt_when=_from_known_device,  # the device's own budget stands for it
         on_breach=_refusal("from your address"),
     )
     by_account = limiter.limit(

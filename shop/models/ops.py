@@ -71,6 +71,19 @@ class Operator(UserMixin, db.Model):
     email: Mapped[str] = mapped_column(String(254), unique=True)
     password_hash: Mapped[str] = mapped_column(String(255))
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+    # Written into the session at login and compared on every console request: raising it (a
+    # logout, "log out everywhere", a new password) ends every session of this operator at once,
+    # which a signed cookie session cannot do by itself (docs/ARCHITECTURE.md, Console sessions).
+    session_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
+
+    def set_password(self, password_hash: str) -> None:
+        """A new password ends every session made with the old one."""
+        self.password_hash = password_hash
+        self.end_sessions()
+
+    def end_sessions(self) -> None:
+        # In SQL (generation + 1), so two requests ending sessions at once both count.
+        self.session_generation = type(self).session_generation + 1
 
 
 class OperatorAction(db.Model):

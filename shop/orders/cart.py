@@ -13,11 +13,17 @@ from enum import StrEnum
 
 from sqlalchemy import select
 
+from flask import current_app
+
 from ..extensions import db
 from ..models import Cart, CartItem, InventoryItem, Variant
 from ..outbox import uow
 
-MOST_OF_ONE_ITEM = 99
+
+def most_of_one_item() -> int:
+    """Units of one item a cart line may hold: MAX_LINE_QUANTITY (docs/REFERENCE.md, Settings), so
+    that a few carts cannot hold the whole stock of an item through the payment window."""
+    return current_app.config["MAX_LINE_QUANTITY"]
 
 
 class CartStatus(StrEnum):
@@ -25,20 +31,22 @@ class CartStatus(StrEnum):
     NOT_FOR_SALE = "not_for_sale"
     NOT_IN_CART = "not_in_cart"
     SHORT = "short"  # fewer on hand than the line would hold
-    TOO_MANY = "too_many"  # more than MOST_OF_ONE_ITEM of one item
+    TOO_MANY = "too_many"  # more than MAX_LINE_QUANTITY of one item
 
 
 @dataclass(frozen=True)
 class CartChange:
     """What a cart use case did, as a code and its facts: `item` the customer's name for the item
     (item_name; "" when there is none), `quantity` how many an add put in, `wanted` how many the
-    line would hold and `available` how many are on hand (SHORT; 0 is sold out)."""
+    line would hold and `available` how many are on hand (SHORT; 0 is sold out), `limit` the most a
+    line may hold (TOO_MANY)."""
 
     status: CartStatus
     item: str = ""
     quantity: int = 0
     wanted: int = 0
     available: int = 0
+    limit: int = 0
 
     @property
     def ok(self) -> bool:
@@ -80,6 +88,16 @@ def _short_of_stock(variant: Variant | None, wanted: int) -> CartChange | None:
     return CartChange(CartStatus.SHORT, item=name, wanted=wanted, available=available)
 
 
+def _too_many(variant: Variant | None, wanted: int) -> CartChange | None:
+    """A refusal when a line would hold more than MAX_LINE_QUANTITY units. Checked before the
+    stock: the limit is the customer's to respect whatever is on hand."""
+    limit = most_of_one_item()
+    if wanted <= limit:
+        return None
+    name = item_name(variant) if variant is not None else ""
+    return CartChange(CartStatus.TOO_MANY, item=name, wanted=wanted, limit=limit)
+
+
 def _refuse(change: CartChange) -> CartChange:
     db.session.rollback()  # nothing of a refused change stays, not even a cart created for it
     return change
@@ -87,7 +105,7 @@ def _refuse(change: CartChange) -> CartChange:
 
 def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange:
     """Add `quantity` of `variant` to the browser's cart (opening one), within the stock on hand
-    and at most MOST_OF_ONE_ITEM of one item."""
+    and at most MAX_LINE_QUANTITY of one item."""
     if variant is None or variant.deleted_at is not None:
         return _refuse(CartChange(CartStatus.NOT_FOR_SALE))
     try:
@@ -95,9 +113,7 @@ def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange
             cart = open_cart(browser, create=True)
             item = _line(cart, variant.id)
             wanted = quantity + (item.quantity if item else 0)
-            short = _short_of_stock(variant, wanted)
-            if short is None and wanted > MOST_OF_ONE_ITEM:
-                short = CartChange(CartStatus.TOO_MANY, item=item_name(variant), wanted=wanted)
+            short = _too_many(variant, wanted) or _short_of_stock(variant, wanted)
             if short is not None:
                 raise _Refused(short)
             if item:
@@ -110,12 +126,13 @@ def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange
 
 
 def set_quantity(browser: str | None, variant_id: int, quantity: int) -> CartChange:
-    """Set one line's quantity, checked against the stock like an add."""
+    """Set one line's quantity, checked against MAX_LINE_QUANTITY and the stock like an add."""
     cart = open_cart(browser)
     item = None if cart is None else _line(cart, variant_id)
     if item is None:
         return _refuse(CartChange(CartStatus.NOT_IN_CART))
-    short = _short_of_stock(db.session.get(Variant, variant_id), quantity)
+    variant = db.session.get(Variant, variant_id)
+    short = _too_many(variant, quantity) or _short_of_stock(variant, quantity)
     if short is not None:
         return _refuse(short)
     with uow.transaction():

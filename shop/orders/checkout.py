@@ -1,6 +1,12 @@
 """place_order: the one local transaction that turns a cart into an order.
 
 Inside ONE transaction, in this order:
+  0. FIRST, hold the customer's place: on PostgreSQL a transaction-scoped advisory lock on the
+     browser, then one on the email address (every checkout takes them in that order, in their
+     own lock spaces, so they never wait on each other in a cycle; SQLite's BEGIN IMMEDIATE
+     already serializes every writer), then count the live unpaid orders of each and refuse at
+     UNPAID_ORDERS_PER_CLIENT. Counting after the locks is what keeps concurrent checkouts from
+     one browser, or of one address from many browsers, from all seeing room for one more;
   1. insert the order and its lines (the order store's `insert_order`), with prices read from
      the database (never from a form);
   2. close the cart with a conditional update (open -> ordered), so a double submit cannot
@@ -19,19 +25,21 @@ Core statements rather than ORM objects: Python CPU, not PostgreSQL, is the ceil
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
 from flask import current_app
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, func, select, text, update
 
 from .. import failpoints
 from ..domain.deadlines import utcnow
 from ..domain.events import OrderPlaced
+from ..domain.order import LIVE_STATUSES
 from ..extensions import db
-from ..models import Product, Cart, CartItem, InventoryItem, Variant
+from ..models import Product, Cart, CartItem, InventoryItem, Order, Variant
 from ..outbox import schedule_command, write_events
 from ..outbox.uow import transaction
 from ..store import order_store
@@ -64,15 +72,20 @@ class Refusal(StrEnum):
     UNAVAILABLE = "unavailable"  # an item is no longer for sale
     MIXED_CURRENCY = "mixed_currency"
     CART_CLOSED = "cart_closed"  # another checkout of this cart committed first
+    TOO_MANY_OF_ONE = "too_many_of_one"  # a line holds more than MAX_LINE_QUANTITY
+    TOO_MANY_UNPAID = "too_many_unpaid"  # the browser or the address holds UNPAID_ORDERS_PER_CLIENT live orders
 
 
 @dataclass
 class CheckoutRefused:
     """Why the cart did not become an order, as a code (the storefront says it in words,
-    storefront/cart_words.py) and, for OUT_OF_STOCK and UNAVAILABLE, the lines at fault."""
+    storefront/cart_words.py) and, for OUT_OF_STOCK and UNAVAILABLE, the lines at fault; for
+    TOO_MANY_OF_ONE the lines over the limit (`over`) and for both TOO_MANY_ codes the `limit`."""
 
     code: Refusal
     shortages: list[dict] = field(default_factory=list)
+    over: list[dict] = field(default_factory=list)
+    limit: int = 0
     ok = False
 
 
@@ -82,6 +95,10 @@ class _Shortfall(Exception):
 
 class _CartClosed(Exception):
     """Another checkout of this cart committed first."""
+
+
+class _TooManyUnpaid(Exception):
+    """The browser or the address already holds UNPAID_ORDERS_PER_CLIENT live orders."""
 
 
 # The statements, built once with bound parameters and executed on the tables: building a
@@ -130,6 +147,62 @@ _DECREMENT = (
 )
 
 
+# The live unpaid orders (docs/REFERENCE.md, Order states: every state that is neither Paid nor
+# Cancelled, PaymentInitiated included: its stock is held too) of one browser and of one address,
+# in one round trip. The address is compared lower-cased, which the console's ix_orders_email_lower
+# index serves; the browser has its own index (orders.browser_id).
+_orders = Order.__table__
+_LIVE_OF_CLIENT = select(
+    select(func.count())
+    .select_from(_orders)
+    .where(_orders.c.browser_id == bindparam("browser"), _orders.c.status.in_(LIVE_STATUSES))
+    .scalar_subquery(),
+    select(func.count())
+    .select_from(_orders)
+    .where(func.lower(_orders.c.email) == bindparam("email"), _orders.c.status.in_(LIVE_STATUSES))
+    .scalar_subquery(),
+)
+# Transaction-scoped (released by COMMIT or ROLLBACK, so PgBouncer's transaction pooling keeps
+# nothing between transactions), one lock space for browsers and one for addresses, both taken by
+# one statement and so in the same order by every checkout.
+_LOCK_CLIENT = text(
+    "SELECT pg_advisory_xact_lock(:browser_space, :browser), pg_advisory_xact_lock(:email_space, :email)"
+)
+_BROWSER_LOCKS, _EMAIL_LOCKS = 0x42534B01, 0x42534B02  # "BSK" + 1, 2: no other advisory lock uses these
+
+
+def _lock_key(value: str) -> int:
+    """A stable signed 32-bit key for an advisory lock (the same in every process, unlike hash()).
+    Two customers whose keys collide only wait for each other's checkout, never miscount."""
+    return int.from_bytes(hashlib.blake2b(value.encode(), digest_size=4).digest(), "big", signed=True)
+
+
+def normalized_email(email: str) -> str:
+    """The address as the unpaid-order limit counts it: one customer, whatever the case or spaces."""
+    return email.strip().lower()
+
+
+def _hold_client_slot(session, browser_id: str, email: str) -> None:
+    """Step 0 (see the module's docstring): lock this browser and this address for the rest of the
+    transaction, then raise _TooManyUnpaid if either already has UNPAID_ORDERS_PER_CLIENT live
+    orders. Under READ COMMITTED the count, run after the locks, sees every order committed by
+    the checkouts that held them before."""
+    address = normalized_email(email)
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            _LOCK_CLIENT,
+            dict(
+                browser_space=_BROWSER_LOCKS,
+                browser=_lock_key(browser_id),
+                email_space=_EMAIL_LOCKS,
+                email=_lock_key(address),
+            ),
+        )
+    by_browser, by_email = session.execute(_LIVE_OF_CLIENT, dict(browser=browser_id, email=address)).one()
+    if max(by_browser, by_email) >= current_app.config["UNPAID_ORDERS_PER_CLIENT"]:
+        raise _TooManyUnpaid()
+
+
 def place_order(
     *, cart_id: int, browser_id: str, email: str, now: datetime | None = None, in_line: bool = False
 ) -> Placed | CheckoutRefused:
@@ -141,7 +214,7 @@ def place_order(
     rows = session.execute(_READ_CART, {"cart_id": cart_id}).all()
     lines = [(r.variant_id, r.quantity) for r in rows]
     variants = {r.variant_id: r for r in rows if r.known is not None}
-    refused = _refuse_cart(rows, lines, variants)
+    refused = _refuse_cart(rows, lines, variants, current_app.config["MAX_LINE_QUANTITY"])
     if refused is not None:
         session.rollback()
         return refused
@@ -154,6 +227,7 @@ def place_order(
     ]
     try:
         with transaction():
+            _hold_client_slot(session, browser_id, email)
             order_id = order_store.insert_order(
                 session,
                 reference=reference,
@@ -174,19 +248,29 @@ def place_order(
             _take_stock(session, lines, now)
     except _CartClosed:
         return CheckoutRefused(Refusal.CART_CLOSED)
+    except _TooManyUnpaid:
+        return CheckoutRefused(Refusal.TOO_MANY_UNPAID, limit=current_app.config["UNPAID_ORDERS_PER_CLIENT"])
     except _Shortfall:
         return CheckoutRefused(Refusal.OUT_OF_STOCK, shortages(lines, variants))
     return Placed(order_id, reference, token, email, total, currency, line_rows, now)
 
 
-def _refuse_cart(rows, lines, variants) -> CheckoutRefused | None:
+def _refuse_cart(rows, lines, variants, most_of_one: int) -> CheckoutRefused | None:
     """Why this cart cannot become an order, read before any write: empty, a variant no longer
-    sold, or prices in more than one currency."""
+    sold, a line over MAX_LINE_QUANTITY (a cart filled before the limit was lowered, or not
+    through the cart's own checks), or prices in more than one currency."""
     if not rows:
         return CheckoutRefused(Refusal.EMPTY_CART)
     gone = [v for v, _ in lines if v not in variants or variants[v].deleted_at is not None]
     if gone:
         return CheckoutRefused(Refusal.UNAVAILABLE, [{"variant_id": v, "available": 0} for v in gone])
+    over = [
+        {"variant_id": v, "sku": variants[v].sku, "name": variants[v].name, "requested": q}
+        for v, q in lines
+        if q > most_of_one
+    ]
+    if over:
+        return CheckoutRefused(Refusal.TOO_MANY_OF_ONE, over=over, limit=most_of_one)
     if len({r.currency for r in rows}) != 1:
         return CheckoutRefused(Refusal.MIXED_CURRENCY)
     return None

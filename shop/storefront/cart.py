@@ -82,7 +82,9 @@ def _cart_data(cart: Cart | None) -> dict:
     return {"items": items, "total": total, "currency": currency}
 
 
-def render_cart(status: int = 200, error: str | None = None, shortages=None, form=None, field: str | None = None):
+def render_cart(
+    status: int = 200, error: str | None = None, shortages=None, form=None, field: str | None = None, over=None
+):
     """The cart page. `field` names the input an error concerns ("email", "quantity-<variant id>"):
     the page shows the error beside it instead of in the banner."""
     cart = _open_cart()
@@ -91,6 +93,8 @@ def render_cart(status: int = 200, error: str | None = None, shortages=None, for
         data["error"] = error
     if shortages:
         data["shortages"] = shortages
+    if over:
+        data["over_limit"] = over  # lines over MAX_LINE_QUANTITY, as a refused checkout found them
     # A line asking for more than is left blocks checkout until it is reduced or removed.
     short = {item["variant_id"] for item in data["items"] if item["quantity"] > item["available"]}
     if field == "stock" and not short:
@@ -150,7 +154,9 @@ def set_quantity(variant_id: int):
     change = carts.set_quantity(browser_id(), variant_id, form.quantity.data)
     if not change.ok:
         return render_cart(
-            _CART_STATUS[change.status], cart_words(change), field=field if change.status is CartStatus.SHORT else None
+            _CART_STATUS[change.status],
+            cart_words(change),
+            field=field if change.status in (CartStatus.SHORT, CartStatus.TOO_MANY) else None,
         )
     if wants_json():
         return render_cart()

@@ -3,7 +3,7 @@ orders.checkout) say what happened as codes and facts, this says it in words."""
 
 from __future__ import annotations
 
-from ..orders.cart import MOST_OF_ONE_ITEM, CartChange, CartStatus
+from ..orders.cart import CartChange, CartStatus
 from ..orders.checkout import CheckoutRefused, Refusal
 
 
@@ -20,7 +20,10 @@ def cart_words(change: CartChange) -> str:
     if status is CartStatus.NOT_IN_CART:
         return "That item is not in your cart."
     if status is CartStatus.TOO_MANY:
-        return f"At most {MOST_OF_ONE_ITEM} of one item per order."
+        return (
+            f"At most {change.limit} of one item per order: you asked for {change.wanted} of "
+            f"{change.item or 'this item'}."
+        )
     if change.item:  # an add: what it put in
         return f"Added {change.quantity} × {change.item} to your cart."
     return ""
@@ -32,6 +35,11 @@ _REFUSAL_WORDS = {
     Refusal.UNAVAILABLE: "Some items are no longer sold; remove them from your cart.",
     Refusal.MIXED_CURRENCY: "Items priced in different currencies cannot be bought together.",
     Refusal.CART_CLOSED: "This cart was already checked out.",
+    Refusal.TOO_MANY_OF_ONE: "At most {limit} of one item per order; reduce these lines:",
+    Refusal.TOO_MANY_UNPAID: (
+        "You already have {limit} orders waiting for payment. Pay for or cancel one of them "
+        "(Your orders) before placing another."
+    ),
 }
 
 EMPTY_CART = _REFUSAL_WORDS[Refusal.EMPTY_CART]
@@ -40,7 +48,9 @@ EMPTY_CART = _REFUSAL_WORDS[Refusal.EMPTY_CART]
 def checkout_refusal_words(refused: CheckoutRefused) -> str:
     """The sentence for a refused checkout, followed by each short or unavailable line and what
     is left of it."""
-    words = _REFUSAL_WORDS[refused.code]
+    words = _REFUSAL_WORDS[refused.code].format(limit=refused.limit)
+    if refused.code is Refusal.TOO_MANY_OF_ONE:
+        return words + " " + "; ".join(f"{s['name'] or s['sku']}: you asked for {s['requested']}" for s in refused.over)
     if refused.shortages:
         words += " " + "; ".join(
             f"{s.get('name') or s.get('sku', s['variant_id'])}: {s['available']} left"

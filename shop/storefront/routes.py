@@ -32,6 +32,16 @@ from .forms import ActionForm, CancelForm, CheckoutForm, first_error
 from .payment_words import cancel_refusal_words, start_words
 
 
+# A cart that conflicts with the stock, with itself, or with the customer's other orders: 409.
+# Everything else the customer must change in the request (the email, an empty cart) is a 400.
+_REFUSAL_STATUS = {
+    Refusal.OUT_OF_STOCK: 409,
+    Refusal.CART_CLOSED: 409,
+    Refusal.TOO_MANY_OF_ONE: 409,
+    Refusal.TOO_MANY_UNPAID: 409,
+}
+
+
 @bp.post("/checkout")
 def checkout():
     """Place the order from the cart, then send the customer to the hosted payment page."""
@@ -57,12 +67,12 @@ def checkout():
     in_line = line_is_held()  # the provider's budget for new sessions is spent: join the line at once
     result = place_order(cart_id=cart_id, browser_id=bid, email=form.email.data.strip(), in_line=in_line)
     if not result.ok:
-        status = {Refusal.OUT_OF_STOCK: 409, Refusal.CART_CLOSED: 409}.get(result.code, 400)
+        status = _REFUSAL_STATUS.get(result.code, 400)
         detail = checkout_refusal_words(result)
         field = {Refusal.OUT_OF_STOCK: "stock", Refusal.UNAVAILABLE: "stock", Refusal.EMPTY_CART: "empty"}.get(
             result.code
         )
-        return render_cart(status, detail, result.shortages, form=form, field=field)
+        return render_cart(status, detail, result.shortages, form=form, field=field, over=result.over)
     order_url = url_for("storefront.order_page", reference=result.reference)
     # The order is placed and this browser owns it: whatever fails from here (the database lost
     # under the payment's start), the customer is sent to the order, which offers "Pay now".

@@ -137,7 +137,7 @@ def _assert_the_failure_reached_the_operator_and_the_customer(
 
     run_due_commands(app, now or utcnow())  # the customer's email
     [mail] = _mails(mail_folder, "refund_failed")
-    assert mail["To"] == "ann@example.com" and "did not go through" in mail["Subject"]
+    assert mail["To"] == shopper.email and "did not go through" in mail["Subject"]
     body = mail.get_payload()
     assert "we are on it" in mail["Subject"].lower() or "working on" in body
     assert "contact us" in body and ref in body and "do not need to do anything" in body
