@@ -448,11 +448,11 @@ def main() -> int:
         try:
             from redis import Redis
 
-            from rq import Queue
+            from shop.queue.connection import ShopQueue  # the shop's queues: JSON jobs
 
             conn = Redis.from_url(args.redis_url)
             for name in (f"{prefix}-work", f"{prefix}-control"):
-                Queue(name, connection=conn).empty()
+                ShopQueue(name, connection=conn).empty()
             for key in conn.scan_iter(f"*{prefix}*"):
                 conn.delete(key)
             conn.close()

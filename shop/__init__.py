@@ -32,6 +32,9 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
         app.config.update(test_config)
     node.init_app(app)
     _configure_logging()
+    from .redis_client import warn_when_redis_is_unprotected
+
+    warn_when_redis_is_unprotected(app.config["REDIS_URL"])
 
     # The app's parts are imported here, not at the top: this file runs first on ANY import of a
     # shop module, and the domain's tests, the sandbox (`python -m shop.stripe_sandbox`) and the

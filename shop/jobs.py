@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 from flask import has_app_context
 
-from . import create_app, queue
+from . import create_app, failpoints, queue
 from .extensions import db
 from .outbox import dispatch
 from .outbox.relay import relay_once
@@ -58,7 +58,9 @@ def drain_commands(slot: int | None = None) -> dict:
 
 def run_command(command_id: int) -> RunOutcome:
     """One command by id: the job releases before batched command drains enqueued through
-    rq-scheduler; such jobs may still be in Redis after an upgrade."""
+    rq-scheduler; such jobs may still be in Redis after an upgrade. (Its failpoint lets a test
+    keep a real worker busy with a job the worker accepts.)"""
+    failpoints.hit("job.run_command")
     with _app_context():
         return dispatch.run_command(command_id)
 

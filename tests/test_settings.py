@@ -3,6 +3,7 @@ process with one line naming the variable, and a web server never starts without
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -290,3 +291,43 @@ def test_gunicorn_without_a_secret_key_refuses_to_start(tmp_path):
     )
     assert proc.returncode != 0  # the master halts; it does not respawn a worker that cannot start
     assert "SECRET_KEY" in proc.stderr and "Traceback" not in proc.stderr
+
+
+UNPROTECTED = [
+    ("redis://10.0.0.5:6379/0", ["10.0.0.5:6379"]),
+    ("redis://redis.internal/0", ["redis.internal"]),
+    ("redis://user@10.0.0.5:6379/0", ["10.0.0.5:6379"]),  # a user name without a password
+    ("redis+sentinel://10.0.0.7:26379,127.0.0.1:26379/mymaster", ["10.0.0.7:26379"]),
+    ("redis://127.0.0.1:6379/0", []),
+    ("redis://localhost/1", []),
+    ("redis://[::1]:6379", []),
+    ("redis://:s3cret@10.0.0.5:6379/0", []),
+    ("redis://10.0.0.5:6379/0?password=s3cret", []),
+    ("redis+sentinel://:s3cret@10.0.0.7:26379/mymaster", []),
+    ("redis+sentinel://127.0.0.1:26379/mymaster/2", []),
+    ("rediss://10.0.0.5:6380/0", []),
+    ("unix:///run/redis.sock", []),
+]
+
+
+@pytest.mark.parametrize("url,hosts", UNPROTECTED, ids=[u for u, _ in UNPROTECTED])
+def test_redis_beyond_this_machine_without_a_password_is_named(url, hosts):
+    from shop.redis_client import unprotected_redis_hosts
+
+    assert unprotected_redis_hosts(url) == hosts
+
+
+@pytest.mark.parametrize("url", ["redis://10.0.0.5:6379/0", "redis+sentinel://10.0.0.7:26379/mymaster"])
+def test_starting_with_an_unprotected_remote_redis_logs_one_warning_naming_redis_url(url, caplog, tmp_path):
+    with caplog.at_level(logging.WARNING, logger="shop"):
+        create_app(env={"REDIS_URL": url, "SECRET_KEY": "k", "DATABASE_URL": f"sqlite:///{tmp_path}/shop.db"})
+    lines = [r for r in caplog.records if "REDIS_URL" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    assert "no password" in lines[0].getMessage() and url.split("//")[1].split("/")[0] in lines[0].getMessage()
+
+
+def test_starting_with_a_local_or_password_protected_redis_logs_no_warning(caplog, tmp_path):
+    for url in ("redis://127.0.0.1:6379/0", "redis://:s3cret@10.0.0.5:6379/0"):
+        with caplog.at_level(logging.WARNING, logger="shop"):
+            create_app(env={"REDIS_URL": url, "SECRET_KEY": "k", "DATABASE_URL": f"sqlite:///{tmp_path}/shop.db"})
+    assert not [r for r in caplog.records if "REDIS_URL" in r.getMessage()]

@@ -4,7 +4,8 @@ Jobs carry ids only; the rows they name are the source of truth. Redis is an acc
 it loses everything, the relay (a periodic job) and the scheduler's start-up re-arm hand the
 due rows to it again.
 
-  connection          the Redis client, the two RQ queues, rq-scheduler, the job names (shop.jobs.*)
+  connection          the Redis client, the two RQ queues, rq-scheduler, the job names (shop.jobs.*),
+                      JSON job data and the jobs a worker may run (`refusal`)
   enqueue             waking the drains for committed work (`announce`)
   drain               drain slots, per kind: at most DRAIN_SLOTS drains wait; a drain frees its slot first
   payment_wake        waking the payment queue when an order joins its line
@@ -19,6 +20,7 @@ The names the rest of the shop calls are re-exported here: callers say `queue.an
 """
 
 from .connection import (
+    ALLOWED_JOBS,
     COMMAND_DRAIN_JOB,
     COMMAND_JOB,
     DELIVERY_JOB,
@@ -41,6 +43,7 @@ from .watchful_scheduler import make_scheduler, run_scheduler
 from .worker import make_worker, run_worker
 
 __all__ = [
+    "ALLOWED_JOBS",
     "COMMAND_DRAIN_JOB",
     "COMMAND_JOB",
     "DELIVERY_JOB",

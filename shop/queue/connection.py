@@ -1,19 +1,33 @@
 """The connection and the names: the app's Redis client, its two RQ queues, rq-scheduler over the
-work queue, and the job function paths the jobs are stored under (what a job already in Redis
-names must keep resolving: shop.jobs.*)."""
+work queue, the job function paths the jobs are stored under (what a job already in Redis
+names must keep resolving: shop.jobs.*), and what a job in Redis may be.
+
+Jobs are stored as JSON, never pickled: whoever can write to Redis must not be able to make a
+process that reads a job run code of their choosing (docs/ARCHITECTURE.md, Jobs in Redis). Every
+Queue, Job and Scheduler the shop builds comes from here (ShopQueue, ShopJob, the scheduler's
+classes), so they all read and write the one SERIALIZER; `refusal` says why a job read from Redis
+must not run."""
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import datetime, timezone
+from itertools import repeat
 
 from flask import current_app
 from redis import Redis
 from rq import Queue
+from rq.exceptions import DeserializationError, NoSuchJobError
+from rq.job import Job
+from rq.serializers import JSONSerializer
 from rq_scheduler import Scheduler
+from rq_scheduler.utils import from_unix, rationalize_until
 
 from ..extensions import per_app
 from ..redis_client import redis_client
+
+log = logging.getLogger("shop.queue")
 
 DELIVERY_JOB = "shop.jobs.run_delivery"
 COMMAND_JOB = "shop.jobs.run_command"
@@ -21,6 +35,91 @@ RELAY_JOB = "shop.jobs.relay"
 SWEEP_JOB = "shop.jobs.reconcile"
 DRAIN_JOB = "shop.jobs.drain"
 COMMAND_DRAIN_JOB = "shop.jobs.drain_commands"
+SWEEP_TAKEOVER_JOB = "shop.jobs.resume_sweep"
+
+# The only functions a worker runs: shop.jobs' entry points, by the names jobs are stored under.
+# A job naming anything else is refused before its function is imported (queue.worker).
+ALLOWED_JOBS = frozenset(
+    {DELIVERY_JOB, COMMAND_JOB, RELAY_JOB, SWEEP_JOB, DRAIN_JOB, COMMAND_DRAIN_JOB, SWEEP_TAKEOVER_JOB}
+)
+
+# Job data (function name, arguments), meta and results: JSON. Shop jobs carry ids, ints and None.
+SERIALIZER = JSONSerializer
+
+
+class ShopJob(Job):
+    """An RQ job that reads and writes JSON whoever builds it: rq-scheduler creates and fetches
+    jobs through its job class without passing a serializer."""
+
+    def __init__(self, id=None, connection=None, serializer=None):
+        super().__init__(id, connection=connection, serializer=serializer or SERIALIZER)
+
+
+class ShopQueue(Queue):
+    """An RQ queue of ShopJobs (JSON), also when RQ or rq-scheduler rebuilds it from its key."""
+
+    job_class = ShopJob
+
+    def __init__(self, *args, serializer=None, **kwargs):
+        super().__init__(*args, serializer=serializer or SERIALIZER, **kwargs)
+
+
+class ShopScheduler(Scheduler):
+    """rq-scheduler over ShopJobs and ShopQueues (JSON). A scheduled job RQ cannot read at all
+    (a forged hash) is logged and deleted where rq-scheduler would raise and stop the process."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("job_class", ShopJob)
+        kwargs.setdefault("queue_class", ShopQueue)
+        super().__init__(*args, **kwargs)
+
+    def get_jobs(self, until=None, with_times=False, offset=None, length=None):
+        # rq-scheduler 0.14's get_jobs, with a job that cannot be read refused instead of raised.
+        found = self.connection.zrangebyscore(
+            self.scheduled_jobs_key,
+            0,
+            rationalize_until(until),
+            withscores=with_times,
+            score_cast_func=lambda epoch: from_unix(float(epoch)),
+            start=offset,
+            num=length,
+        )
+        for job_id, at in found if with_times else zip(found, repeat(None)):
+            job_id = job_id.decode()
+            try:
+                job = self.job_class.fetch(job_id, connection=self.connection)
+            except NoSuchJobError:
+                self.cancel(job_id)
+                continue
+            except Exception as exc:
+                log.error("scheduler: refused scheduled job %s: RQ cannot read it (%r); deleted", job_id, exc)
+                self.cancel(job_id)
+                self.connection.delete(self.job_class.key_for(job_id))
+                continue
+            yield (job, at) if with_times else job
+
+
+def refusal(job: Job) -> str | None:
+    """Why `job` must not run, or None when it may: its data is not the JSON the shop writes, it
+    names a function that is not one of shop.jobs' entry points, or it asks RQ to call anything
+    besides (a method of an object, callbacks, webhooks). Reads only the job's fields and its
+    JSON data; imports nothing."""
+    try:
+        func_name, instance = job.func_name, job.instance
+        readable = isinstance(job.meta, dict) and "unserialized" not in job.meta
+    except DeserializationError:
+        readable = False
+    if not readable:
+        # Its description is plain text RQ writes beside the data: it names the function, as the
+        # job's writer said it (nothing of the data is read to say so).
+        said = (job.description or "")[:200]
+        return f"its data is not JSON (pickled: an older release's job, or a forged one); it says it runs {said!r}"
+    if func_name not in ALLOWED_JOBS or instance is not None:
+        return f"it names {func_name!r}, which is not one of shop.jobs' entry points"
+    callbacks = [job._success_callback_name, job._failure_callback_name, job._stopped_callback_name]
+    if any(callbacks) or job.webhooks:
+        return f"it names {func_name!r} with callbacks or webhooks, which shop jobs never carry"
+    return None
 
 
 def redis_conn() -> Redis:
@@ -58,15 +157,17 @@ def queue_names() -> tuple[str, str]:
 
 
 def work_queue() -> Queue:
-    return Queue(queue_names()[1], connection=redis_conn())
+    return ShopQueue(queue_names()[1], connection=redis_conn())
 
 
 def control_queue() -> Queue:
-    return Queue(queue_names()[0], connection=redis_conn())
+    return ShopQueue(queue_names()[0], connection=redis_conn())
 
 
 def scheduler() -> Scheduler:
-    return Scheduler(queue=work_queue(), connection=redis_conn(), interval=current_app.config["SCHEDULER_POLL_SECONDS"])
+    return ShopScheduler(
+        queue=work_queue(), connection=redis_conn(), interval=current_app.config["SCHEDULER_POLL_SECONDS"]
+    )
 
 
 def aware(dt: datetime) -> datetime:

@@ -3,21 +3,32 @@ ids, when it will next run one, and a sweep cycle asked for out of turn (`reques
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timezone
 
 from flask import current_app
 from rq_scheduler import Scheduler
 
-from .connection import RELAY_JOB, SWEEP_JOB, control_queue, queue_names, redis_conn, scheduler
+from .connection import (
+    RELAY_JOB,
+    SWEEP_JOB,
+    SWEEP_TAKEOVER_JOB,
+    control_queue,
+    queue_names,
+    redis_conn,
+    refusal,
+    scheduler,
+)
 
-SWEEP_TAKEOVER_JOB = "shop.jobs.resume_sweep"
+log = logging.getLogger("shop.queue")
 # At most one takeover job is queued per this many seconds, however many schedulers poll.
 SWEEP_TAKEOVER_EVERY = 2
 
 
 def register_periodic_jobs(relay_seconds: int, sweep_seconds: int | None) -> list[str]:
     """Declare the periodic jobs with deterministic ids. Re-registering is idempotent, and a
-    changed interval replaces the old registration."""
+    changed interval replaces the old registration, as does one this release cannot read (an
+    older release's pickled job: logged, deleted and registered again as JSON)."""
     sched = scheduler()
     prefix = current_app.config["QUEUE_PREFIX"]
     ids = periodic_job_ids(bool(sweep_seconds))
@@ -26,8 +37,14 @@ def register_periodic_jobs(relay_seconds: int, sweep_seconds: int | None) -> lis
         wanted[ids[1]] = (SWEEP_JOB, sweep_seconds)
     existing = {job.id: job for job in sched.get_jobs() if job.id.startswith(f"{prefix}-periodic-")}
     done = []
-    for job_id, job in existing.items():
-        if job_id not in wanted or job.meta.get("interval") != wanted[job_id][1] or job.func_name != wanted[job_id][0]:
+    for job_id, job in list(existing.items()):
+        why = refusal(job)
+        if why is not None:
+            log.warning("periodic job %s refused (%s): deleting it and registering it again", job_id, why)
+            sched.cancel(job)
+            redis_conn().delete(job.key)  # as it is: RQ's delete would read and rewrite it
+            del existing[job_id]
+        elif job_id not in wanted or (job.func_name, job.meta.get("interval")) != wanted[job_id]:
             sched.cancel(job)
             job.delete()
     for job_id, (func, interval) in wanted.items():

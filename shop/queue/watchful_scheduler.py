@@ -12,16 +12,15 @@ from datetime import datetime, timezone
 from flask import current_app
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from rq_scheduler import Scheduler
 
 from ..node import node_name
 from .beats import describe_job, iso, scheduler_beats_key
-from .connection import redis_conn, work_queue
+from .connection import ShopScheduler, redis_conn, refusal, work_queue
 
 log = logging.getLogger("shop.queue")
 
 
-class _WatchfulScheduler(Scheduler):
+class _WatchfulScheduler(ShopScheduler):
     """rq-scheduler that notices Redis losing its data while it runs (a restart without
     persistence, a FLUSHDB, an eviction). The periodic jobs live in Redis and are what would
     otherwise notice, so their absence is the sign: on a poll where one is missing, `on_loss`
@@ -84,6 +83,15 @@ class _WatchfulScheduler(Scheduler):
             pipe.execute()
 
     def enqueue_job(self, job):
+        """Move a due job to its queue, unless it may not run (connection.refusal: a pickled job
+        of an older release, or one naming a function that is not shop.jobs'): that one is
+        logged and deleted here, instead of being handed to a worker that would refuse it."""
+        why = refusal(job)
+        if why is not None:
+            log.error("scheduler: refused scheduled job %s: %s; deleted, not queued", job.id, why)
+            self.cancel(job.id)
+            self.connection.delete(job.key)
+            return None
         self._last_moved = (describe_job(job), datetime.now(timezone.utc))
         return super().enqueue_job(job)
 

@@ -1,4 +1,5 @@
-"""The worker: RQ's non-forking worker with a heartbeat the health readings can rely on."""
+"""The worker: RQ's non-forking worker with a heartbeat the health readings can rely on, that runs
+shop.jobs' entry points and nothing else (docs/REFERENCE.md, Commands: `flask shop worker`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from rq.job import Job
 
 from .beats import describe_job, heartbeat_seconds, iso
 from ..node import node_name
-from .connection import queue_names, redis_conn
+from .connection import SERIALIZER, ShopJob, ShopQueue, queue_names, redis_conn, refusal
 
 log = logging.getLogger("shop.queue")
 
@@ -32,7 +33,11 @@ class ShopWorker(SimpleWorker):
     Each beat also rewrites the worker's record and its registration (one pipeline, one round
     trip, as RQ's own beat): RQ registers a worker only at birth, so after Redis lost its data
     the worker would work on, invisible, for good. Our fields: what it runs now and since when,
-    and its last job."""
+    and its last job.
+
+    A job is read as JSON and checked before anything of it runs (connection.refusal): one whose
+    data is not JSON, or that names a function other than shop.jobs' entry points, is logged and
+    deleted, its function never imported; so is one RQ cannot even read. The worker goes on."""
 
     def __init__(self, *args, beat_seconds: int = 15, **kwargs):
         kwargs.setdefault("worker_ttl", beat_seconds + 15)  # dequeue_timeout = worker_ttl - 15
@@ -72,7 +77,26 @@ class ShopWorker(SimpleWorker):
             worker_registration.register(self, pipe)
             pipe.execute()
 
+    def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
+        while True:
+            try:
+                return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except Exception as exc:
+                job_id = getattr(exc, "job_id", None)  # RQ names the job it could not read
+                if job_id is None:
+                    raise
+                log.error("worker: refused job %s: RQ cannot read it (%r); deleted, not run", job_id, exc)
+                self.connection.delete(ShopJob.key_for(job_id))
+
     def execute_job(self, job: Job, queue: Queue):
+        why = refusal(job)
+        if why is not None:
+            log.error("worker: refused job %s: %s; deleted, not run", job.id, why)
+            with self.connection.pipeline() as pipe:
+                pipe.delete(job.key, job.dependents_key)
+                pipe.lrem(queue.key, 0, job.id)
+                pipe.execute()
+            return
         ttl = int(job.timeout) if job.timeout and job.timeout > 0 else 300
         self._job = (describe_job(job), datetime.now(timezone.utc), time.monotonic() + ttl)
         if self._beater is None:
@@ -116,8 +140,11 @@ def make_worker(name: str | None = None) -> ShopWorker:
     conn = redis_conn()
     node = node_name()
     worker = ShopWorker(
-        [Queue(control, connection=conn), Queue(work, connection=conn)],
+        [ShopQueue(control, connection=conn), ShopQueue(work, connection=conn)],
         connection=conn,
+        serializer=SERIALIZER,
+        job_class=ShopJob,
+        queue_class=ShopQueue,
         name=name or f"{node}:backstop-{os.getpid()}",
         beat_seconds=heartbeat_seconds(),
     )
