@@ -194,6 +194,9 @@ def test_any_sequence_of_checkouts_payments_and_cancels_conserves_stock(fresh_ct
             result = place_order(cart_id=cart_id, browser_id=browser, email=f"{browser}@example.com")
             if result.ok:
                 orders.append(result.order_id)
+            elif any(q > fresh_ctx.config["MAX_LINE_QUANTITY"] for q in merged.values()):
+                assert result.code == "too_many_of_one"  # refused before stock is looked at
+                assert {v: on_hand(v) for v in variants} == before
             else:
                 assert result.code == "out_of_stock"
                 assert any(before[v] < q for v, q in merged.items())
