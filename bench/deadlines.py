@@ -52,7 +52,7 @@ stopped at the end, whatever happens.
 
 from __future__ import annotations
 
-from scratchdb import make_database, move_deadline, seed_bench_variant  # bench/scratchdb.py
+from scratchdb import make_database, move_deadline, place_bench_order, seed_bench_variant  # bench/scratchdb.py
 import argparse
 import json
 import os
@@ -70,7 +70,7 @@ from datetime import timedelta
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sqlalchemy import func, insert, select  # noqa: E402
+from sqlalchemy import func, select  # noqa: E402
 
 # A load bench's simulated customers place many unpaid orders from one browser or one address,
 # with up to the form's 99 of one item: lift the hoarding limits (docs/REFERENCE.md, Settings)
@@ -222,13 +222,10 @@ def main() -> int:
         from shop import create_app
         from shop.extensions import db
         from shop.models import (
-            Cart,
-            CartItem,
             OutboxDelivery,
             OutboxEvent,
             ScheduledCommand,
         )
-        from shop.orders.checkout import place_order
 
         app = create_app(env=bench_env)
         total_orders = args.orders + args.sessions
@@ -278,15 +275,7 @@ def main() -> int:
             print(f"placing {total_orders} orders...")
             started = time.monotonic()
             for i in range(total_orders):
-                browser = f"bench-{i}"
-                cart = Cart(browser_id=browser, status="open")
-                db.session.add(cart)
-                db.session.flush()
-                db.session.execute(insert(CartItem).values(cart_id=cart.id, variant_id=variant_id, quantity=1))
-                cart_id = cart.id
-                db.session.commit()
-                placed = place_order(cart_id=cart_id, browser_id=browser, email="bench@example.com")
-                assert placed.ok, placed
+                place_bench_order(variant_id, f"bench-{i}")
             print(f"placed in {time.monotonic() - started:.1f}s")
 
             from shop.domain.deadlines import SESSION_SLACK_SECONDS, utcnow

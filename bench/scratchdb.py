@@ -66,3 +66,23 @@ def move_deadline(order_id: int, command_id: int, due, window) -> None:
         .values(next_attempt_at=due)
         .execution_options(synchronize_session=False)
     )
+
+
+def place_bench_order(variant_id: int, browser: str) -> int:
+    """One real order of one unit, through the checkout use case, from its own browser's cart;
+    returns the order id."""
+    from sqlalchemy import insert
+
+    from shop.extensions import db
+    from shop.models import Cart, CartItem
+    from shop.orders.checkout import place_order
+
+    cart = Cart(browser_id=browser, status="open")
+    db.session.add(cart)
+    db.session.flush()
+    db.session.execute(insert(CartItem).values(cart_id=cart.id, variant_id=variant_id, quantity=1))
+    cart_id = cart.id
+    db.session.commit()
+    placed = place_order(cart_id=cart_id, browser_id=browser, email="bench@example.com")
+    assert placed.ok, placed
+    return placed.order_id

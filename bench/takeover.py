@@ -22,7 +22,7 @@ a SQLite URL uses a temporary file. Redis keys carry a per-run prefix.
 
 from __future__ import annotations
 
-from scratchdb import make_database, seed_bench_variant  # bench/scratchdb.py
+from scratchdb import make_database, place_bench_order, seed_bench_variant  # bench/scratchdb.py
 import argparse
 import os
 import random
@@ -39,7 +39,7 @@ from datetime import timedelta
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sqlalchemy import func, insert, select, update  # noqa: E402
+from sqlalchemy import func, select, update  # noqa: E402
 
 # A load bench's simulated customers place many unpaid orders from one browser or one address,
 # with up to the form's 99 of one item: lift the hoarding limits (docs/REFERENCE.md, Settings)
@@ -113,8 +113,7 @@ def main() -> int:
         from shop import create_app
         from shop.domain.deadlines import utcnow
         from shop.extensions import db
-        from shop.models import Cart, CartItem, Lease, Order, ReconciliationCycle
-        from shop.orders.checkout import place_order
+        from shop.models import Lease, Order, ReconciliationCycle
         from shop.scheduling.lease import BEATS_PER_LEASE, DEFAULT_LEASE_SECONDS, LEASE_NAME
 
         app = create_app()
@@ -167,15 +166,7 @@ def main() -> int:
             for run in range(1, args.runs + 1):
                 ids = []
                 for i in range(args.orders):
-                    browser = f"bench-{run}-{i}"
-                    cart = Cart(browser_id=browser, status="open")
-                    db.session.add(cart)
-                    db.session.flush()
-                    db.session.execute(insert(CartItem).values(cart_id=cart.id, variant_id=variant_id, quantity=1))
-                    cart_id = cart.id
-                    db.session.commit()
-                    placed = place_order(cart_id=cart_id, browser_id=browser, email="bench@example.com")
-                    ids.append(placed.order_id)
+                    ids.append(place_bench_order(variant_id, f"bench-{run}-{i}"))
                 db.session.execute(
                     update(Order).where(Order.id.in_(ids)).values(updated_at=utcnow() - timedelta(hours=2))
                 )
