@@ -9,7 +9,7 @@ import time
 from flask import Flask
 
 from . import node
-from .settings import Settings, SettingsError, instance_path, load_settings
+from .settings import Settings, SettingsError, instance_path, load_settings, make_private_folder
 
 __all__ = ["create_app", "SettingsError"]
 
@@ -25,7 +25,7 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
         static_folder=os.path.join(ROOT, "static"),
         instance_path=instance_path(env, ROOT),
     )
-    os.makedirs(app.instance_path, exist_ok=True)
+    make_private_folder(app.instance_path)  # the SQLite file, mail, the demo's key: owner only
     settings = _settings(env, app.instance_path, test_config)
     app.config.update(settings.as_config(), SETTINGS=settings, **_flask_config(settings))
     if test_config:

@@ -1,11 +1,14 @@
-"""The one way the shop sends email: SMTP when SMTP_URL is set (smtp://user:pass@host:port),
-otherwise an .eml file under instance/mail/ that a person can open."""
+"""The one way the shop sends email: SMTP when SMTP_URL is set (smtp://user:pass@host:port;
+smtp+starttls:// upgrades the connection, smtps:// speaks TLS from the start, and both check the
+server's certificate and name against the system's CAs or SMTP_CA_FILE), otherwise an .eml file
+under instance/mail/ that a person can open (the folder 0700, the file 0600: order links)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import smtplib
+import ssl
 from email.charset import QP, Charset
 from email.header import Header
 from email.mime.text import MIMEText
@@ -14,6 +17,7 @@ from urllib.parse import urlparse
 from flask import current_app
 
 from .domain.deadlines import utcnow
+from .settings import make_private_folder
 
 log = logging.getLogger("shop.mailer")
 SENDER = "Backstop shop <shop@backstop.invalid>"
@@ -43,33 +47,65 @@ def _message(to: str, subject: str, body: str, key: str) -> MIMEText:
     return msg
 
 
+def _tls_context() -> ssl.SSLContext:
+    """Certificate and host name checked (Python's smtplib checks neither without a context):
+    against SMTP_CA_FILE when set, else the system's CAs."""
+    return ssl.create_default_context(cafile=current_app.config.get("SMTP_CA_FILE") or None)
+
+
+def _connect(scheme: str, host: str, port: int | None) -> smtplib.SMTP:
+    if scheme == "smtps":
+        return smtplib.SMTP_SSL(host, port or 465, timeout=10, context=_tls_context())
+    smtp = smtplib.SMTP(host, port or 25, timeout=10)
+    if scheme == "smtp+starttls":
+        try:
+            smtp.starttls(context=_tls_context())
+        except BaseException:
+            smtp.close()
+            raise
+    return smtp
+
+
+def _by_smtp(url: str, msg: MIMEText) -> None:
+    parts = urlparse(url)
+    default_port = 465 if parts.scheme == "smtps" else 25
+    server = f"{parts.hostname}:{parts.port or default_port}"
+    try:
+        with _connect(parts.scheme, parts.hostname, parts.port) as smtp:
+            if parts.username:
+                smtp.login(parts.username, parts.password or "")
+            smtp.send_message(msg)
+    except ssl.SSLCertVerificationError as exc:
+        # Nothing was sent, the password neither: the server could not prove it is the one named.
+        raise MailNotSent(
+            f"the mail server {server} (SMTP_URL) presented a certificate that could not be verified "
+            f"({exc.verify_message or exc}); nothing was sent. If it is signed by a private CA, set "
+            "SMTP_CA_FILE to that CA's PEM file"
+        ) from exc
+    except (OSError, smtplib.SMTPException) as exc:
+        # What an operator reading the dead letter needs: which server, and where it is set.
+        raise MailNotSent(
+            f"the mail server {server} (SMTP_URL) did not take the message: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def send(to: str, subject: str, body: str, *, key: str) -> str:
     """`key` names the message (e.g. "order-12-paid"); the file outbox uses it as the file name,
     so a retried send overwrites instead of duplicating."""
     msg = _message(to, subject, body, key)
     url = current_app.config.get("SMTP_URL")
     if url:
-        parts = urlparse(url)
-        server = f"{parts.hostname}:{parts.port or 25}"
-        try:
-            with smtplib.SMTP(parts.hostname, parts.port or 25, timeout=10) as smtp:
-                if parts.scheme == "smtp+starttls":
-                    smtp.starttls()
-                if parts.username:
-                    smtp.login(parts.username, parts.password or "")
-                smtp.send_message(msg)
-        except (OSError, smtplib.SMTPException) as exc:
-            # What an operator reading the dead letter needs: which server, and where it is set.
-            raise MailNotSent(
-                f"the mail server {server} (SMTP_URL) did not take the message: {type(exc).__name__}: {exc}"
-            ) from exc
+        _by_smtp(url, msg)
         log.info("mail %s sent to %s via SMTP", key, to)
         return f"smtp:{key}"
+    # The messages carry the customers' order links: readable by the shop's user only.
     folder = os.path.join(current_app.instance_path, "mail")
-    os.makedirs(folder, exist_ok=True)
+    make_private_folder(folder)
     path = os.path.join(folder, f"{key}.eml")
     tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a .tmp left by a crash keeps its old mode otherwise
+    with os.fdopen(fd, "wb") as fh:
         fh.write(msg.as_bytes())
     os.replace(tmp, path)
     log.info("mail %s to %s written to %s", key, to, path)

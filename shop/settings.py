@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import ssl
 import sys
 from typing import NamedTuple
 from dataclasses import dataclass, asdict
@@ -86,6 +87,9 @@ class Settings:
     max_line_quantity: int = 10
     # METRICS_TOKEN: when set, /metrics answers only with `Authorization: Bearer <it>`.
     metrics_token: str | None = None
+    # SMTP_CA_FILE: a PEM bundle trusted instead of the system's CAs when the mailer checks the
+    # mail server's certificate (smtp+starttls://, smtps://).
+    smtp_ca_file: str | None = None
 
     @property
     def uses_sandbox(self) -> bool:
@@ -188,6 +192,13 @@ def instance_path(env, root: str) -> str:
     return (env.get("BACKSTOP_INSTANCE_PATH") or "").strip() or os.path.join(root, "instance")
 
 
+def make_private_folder(path: str) -> None:
+    """Create `path` (and any missing parents) readable by its owner only, 0700: the instance
+    folder holds the SQLite file (password hashes, the webhook signing secret), the demo's key and
+    the order emails. A folder that exists already is left as it is."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+
+
 def _database_url(env, instance_path: str) -> str:
     default_db = "sqlite:///" + os.path.join(os.path.abspath(instance_path), "backstop.sqlite3")
     database_url = _url(env, "DATABASE_URL", default_db, ["sqlite", "postgresql"])
@@ -284,6 +295,38 @@ def _metrics_token(env) -> str | None:
     return raw
 
 
+SMTP_SCHEMES = ["smtp://", "smtp+starttls://", "smtps://"]
+
+
+def _smtp_url(env) -> str | None:
+    """SMTP_URL: unset writes mail to files. The message names the scheme only: the URL may
+    carry the mail server's password, and the line goes to the log."""
+    raw = (env.get("SMTP_URL") or "").strip()
+    if not raw:
+        return None
+    if not any(raw.startswith(s) for s in SMTP_SCHEMES):
+        scheme = raw.split("://", 1)[0] + "://" if "://" in raw else "no scheme"
+        raise SettingsError("SMTP_URL", f"must start with one of {', '.join(SMTP_SCHEMES)}, got {scheme}")
+    return raw
+
+
+def _smtp_ca_file(env) -> str | None:
+    """SMTP_CA_FILE: a PEM bundle the mailer trusts for the mail server's certificate. Checked
+    here, so a wrong path stops the start instead of every email failing later, one by one."""
+    raw = (env.get("SMTP_CA_FILE") or "").strip()
+    if not raw:
+        return None
+    if not os.path.isfile(raw):
+        raise SettingsError("SMTP_CA_FILE", f"no such file: {raw!r}")
+    if not os.access(raw, os.R_OK):
+        raise SettingsError("SMTP_CA_FILE", f"cannot be read by this process: {raw!r}")
+    try:
+        ssl.create_default_context(cafile=raw)
+    except (ssl.SSLError, ValueError, OSError) as exc:
+        raise SettingsError("SMTP_CA_FILE", f"is not a PEM certificate bundle ({exc}): {raw!r}") from None
+    return os.path.abspath(raw)
+
+
 POOLERS = ("none", "pgbouncer")
 
 
@@ -337,7 +380,9 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         unpaid_orders_per_client=_int(env, "UNPAID_ORDERS_PER_CLIENT", 3, 1, 1000),
         # At most the form's own bound (orders.cart.MOST_OF_ONE_ITEM): a larger limit would never bind.
         max_line_quantity=_int(env, "MAX_LINE_QUANTITY", 10, 1, MOST_OF_ONE_ITEM),
-        smtp_url=(env.get("SMTP_URL") or "").strip() or None,
+        # An unknown scheme (a typo of smtps://) would otherwise send in clear text.
+        smtp_url=_smtp_url(env),
+        smtp_ca_file=_smtp_ca_file(env),
         login_max_failures_per_account=_int(env, "LOGIN_MAX_FAILURES_PER_ACCOUNT", 5, 1, 1000),
         login_max_failures_per_address=_int(env, "LOGIN_MAX_FAILURES_PER_ADDRESS", 20, 1, 100_000),
         login_failure_window_seconds=_int(env, "LOGIN_FAILURE_WINDOW_SECONDS", 900, 1, 24 * 3600),

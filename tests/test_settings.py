@@ -74,6 +74,11 @@ BAD = [
     ("METRICS_TOKEN", "short-token", "at least 16 characters, got 11"),
     ("METRICS_TOKEN", "a token with spaces", "printable ASCII without spaces"),
     ("METRICS_TOKEN", "t\u00f6ken-with-umlaut-0123", "printable ASCII without spaces"),
+    # A misspelt scheme would send in clear text; the message names the scheme, not the password.
+    ("SMTP_URL", "smtp+ssl://shop@mail.example:465", "must start with one of smtp://, smtp+starttls://, smtps://"),
+    ("SMTP_URL", "mail.example:25", "got no scheme"),
+    ("SMTP_CA_FILE", "/nonexistent/private-ca.pem", "no such file: '/nonexistent/private-ca.pem'"),
+    ("SMTP_CA_FILE", "/", "no such file"),  # a folder is not a bundle
 ]
 
 
@@ -101,6 +106,28 @@ def test_the_metrics_token_is_unset_unless_given_and_read_stripped(tmp_path):
     s = load_settings({"METRICS_TOKEN": f" {token} "}, str(tmp_path), argv=CLI)
     assert s.metrics_token == token and s.as_config()["METRICS_TOKEN"] == token
     assert load_settings({"METRICS_TOKEN": "x" * 16}, str(tmp_path), argv=CLI).metrics_token == "x" * 16
+
+
+def test_smtp_settings_are_read_and_a_bad_one_never_repeats_the_password(tmp_path):
+    with pytest.raises(SettingsError) as caught:
+        load_settings({"SMTP_URL": "smtp+tls://shop:s3cret@mail.example"}, str(tmp_path), argv=CLI)
+    assert caught.value.variable == "SMTP_URL" and "s3cret" not in str(caught.value)
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    with pytest.raises(SettingsError, match="^SMTP_CA_FILE: is not a PEM certificate bundle"):
+        load_settings({"SMTP_CA_FILE": str(not_pem)}, str(tmp_path), argv=CLI)
+    if os.geteuid() != 0:  # root reads any file
+        not_pem.chmod(0)
+        with pytest.raises(SettingsError, match="^SMTP_CA_FILE: cannot be read"):
+            load_settings({"SMTP_CA_FILE": str(not_pem)}, str(tmp_path), argv=CLI)
+
+    defaults = load_settings({}, str(tmp_path), argv=CLI)
+    assert defaults.smtp_url is None and defaults.smtp_ca_file is None
+    ca = tmp_path / "private-ca.pem"
+    ca.write_text(_A_CERTIFICATE)
+    for url in ("smtp://mail.example", "smtp+starttls://u:p@mail.example:587", "smtps://mail.example"):
+        s = load_settings({"SMTP_URL": f" {url} ", "SMTP_CA_FILE": str(ca)}, str(tmp_path), argv=CLI)
+        assert (s.smtp_url, s.smtp_ca_file, s.as_config()["SMTP_CA_FILE"]) == (url, str(ca), str(ca))
 
 
 def test_a_bad_value_stops_create_app_too(tmp_path):
@@ -331,3 +358,27 @@ def test_starting_with_a_local_or_password_protected_redis_logs_no_warning(caplo
         with caplog.at_level(logging.WARNING, logger="shop"):
             create_app(env={"REDIS_URL": url, "SECRET_KEY": "k", "DATABASE_URL": f"sqlite:///{tmp_path}/shop.db"})
     assert not [r for r in caplog.records if "REDIS_URL" in r.getMessage()]
+
+
+# A certificate to trust (its key was thrown away): SMTP_CA_FILE only has to parse as PEM.
+_A_CERTIFICATE = """\
+-----BEGIN CERTIFICATE-----
+MIIDBTCCAe2gAwIBAgIUAWeRvQNqz/z8emFJ92o9W850IwswDQYJKoZIhvcNAQEL
+BQAwEjEQMA4GA1UEAwwHdGVzdC1jYTAeFw0yNjEyMDIxMTU4MjZaFw0zNjExMjkx
+MTU4MjZaMBIxEDAOBgNVBAMMB3Rlc3QtY2EwggEiMA0GCSqGSIb3DQEBAQUAA4IB
+DwAwggEKAoIBAQCsR6szNvKM9pu8PRdrUuDSWJB9lgMR84eonQqn/UGFW5DudoMp
+DljF036ZIWHxnQMkx1EyvheCoPpyCG3eegrtsyXC4BWQlvTiRUrzFUwk1RfnfZa5
+y49obGN4qn4fm8P2BLv5fEH4z7epJzY4oBtp7XXLFgqb38CoHGT9ACVIo8Bbz74I
+QoUQfULMjXEA0AM1nZ816OKeo5bBOMZ4zU/tMyNjC/S+aUGSWiHjd0+I9ItC1cQO
+jB+NNgY3MVk4epcsl7pX+0Wg63FHAzWzzp/YZsdOQT7nd9jc2xp9TAs/9brGqKtY
+HVpDXzZ2Ga4xtFPZMyWekJJ24z+jXg1VctcxAgMBAAGjUzBRMB0GA1UdDgQWBBTi
+wHKos0TMgopMvI/JAHIhiK4AvzAfBgNVHSMEGDAWgBTiwHKos0TMgopMvI/JAHIh
+iK4AvzAPBgNVHRMBAf8EBTADAQH/MA0GCSqGSIb3DQEBCwUAA4IBAQBFtDcTlWVb
+qXONzk3zuvz2nHy/5QIRQrUvo0220P8lyu15z0yfGvpTkDEV/vrg2AD1k0ldpMXV
+rCZenuP/WukbunMYvwgwNKzTOY8pEa3EApeMXfM6jxQI2sGAqB23D6DRm1Z+4Ytb
+gatdgdoMOGixxpsZlniEDzfhhZR9N5X8wIrZ7D9PIIMnPyE+HBRZtSS/CD6P2mRO
+IIfTgKJ+8UafIxOOKFhM8HIkRRpkxpXPqsb2ioS76OdYYIljIjmVhh2khcIPq5EU
+2SFll84OpyE1iDUYU0zdNzqKIKfNl91guak+MnxfLmCUedifg3Ar5569lpZxP71f
+F2cG1+ABiezq
+-----END CERTIFICATE-----
+"""

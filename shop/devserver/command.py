@@ -33,6 +33,10 @@ class _Interrupted(BaseException):
 
 def up(port: int = 5000) -> None:
     """Run the demo in the foreground until Ctrl-C (or SIGTERM); exits non-zero if a child dies."""
+    # Whatever `up` and its children create (the SQLite file and its -wal/-shm, the sandbox's
+    # state, gunicorn's temporary files) is for this user only: the demo's data holds password
+    # hashes, the webhook signing secret and order links. Children inherit the mask.
+    previous_umask = os.umask(0o077)
     console = Console()
     sup = Supervisor(console)
     state = {"signal": None, "raise": True}
@@ -67,6 +71,7 @@ def up(port: int = 5000) -> None:
                 console.error(f"could not stop {', '.join(stuck)}")
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        os.umask(previous_umask)
         for plan in plan_holder:
             for folder in plan.cleanup:
                 shutil.rmtree(folder, ignore_errors=True)

@@ -9,7 +9,7 @@ import secrets
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from ..settings import instance_path, load_settings
+from ..settings import instance_path, load_settings, make_private_folder
 from .bundled_redis import redis_url_on
 from .supervise import LOCAL, UpError, free_port, nearby_free_port, port_is_free, redis_answers
 
@@ -63,6 +63,22 @@ def absolute_database_url(url: str) -> str:
     return parsed.set(database=os.path.abspath(parsed.database)).render_as_string(hide_password=False)
 
 
+def private_sqlite_file(url: str) -> None:
+    """Create the demo's SQLite file, empty (an empty file is an empty database), readable by its
+    owner only before anything is written to it: it holds the operators' password hashes and the
+    webhook signing secret. SQLite gives the -wal and -shm files it makes next to it the same
+    mode. A file that exists already is left as it is; other databases are none of this."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if not parsed.drivername.startswith("sqlite") or not parsed.database:
+        return
+    try:
+        os.close(os.open(parsed.database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        pass  # there already; or no such folder, which the migrations report in their own words
+
+
 def shown_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
@@ -105,7 +121,7 @@ def sandbox_port(instance: str) -> int:
         last = None
     port = next((p for p in (SANDBOX_PORT, last) if p and 0 < p < 65536 and port_is_free(p)), None) or free_port()
     if port != SANDBOX_PORT:
-        with open(path, "w", encoding="ascii") as f:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="ascii") as f:
             f.write(f"{port}\n")
     return port
 
@@ -122,7 +138,7 @@ def make_plan(port: int, environ: dict) -> Plan:
     env = dict(environ)
     root = repo_root()
     env["BACKSTOP_INSTANCE_PATH"] = os.path.abspath(instance_path(env, root))
-    os.makedirs(env["BACKSTOP_INSTANCE_PATH"], exist_ok=True)
+    make_private_folder(env["BACKSTOP_INSTANCE_PATH"])
     env["FLASK_APP"] = "app"
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("SCHEDULER_POLL_SECONDS", "1")
@@ -133,6 +149,7 @@ def make_plan(port: int, environ: dict) -> Plan:
 
     settings = load_settings(env, env["BACKSTOP_INSTANCE_PATH"], argv=["flask", "shop", "up"])
     env["DATABASE_URL"] = absolute_database_url(settings.database_url)
+    private_sqlite_file(env["DATABASE_URL"])
     plan = Plan(port=port, env=env, root=root, session_min_seconds=settings.stripe_session_min_seconds)
 
     env["REDIS_URL"] = settings.redis_url

@@ -352,3 +352,40 @@ def test_up_on_a_port_in_use_says_so_in_one_line_and_starts_nothing(run_up):
     assert f"port {up.port} is already in use" in up.output and "--port" in up.output, up.output
     assert "Traceback" not in up.output
     assert processes_carrying(up.marker) == []
+
+
+def test_what_ups_preparation_writes_is_readable_by_its_owner_only(tmp_path):
+    """The instance folder, the demo's secret key, the SQLite file (password hashes, the webhook
+    signing secret) and the sandbox's state: 0700 and 0600 whatever the umask, before anything
+    is written to them. Without starting anything: the plan alone."""
+    import stat
+
+    from shop.devserver.plan import make_plan
+    from shop.devserver.supervise import free_port
+    from shop.stripe_sandbox.persist import StateFile
+    from shop.stripe_sandbox.state import Sandbox
+
+    instance = tmp_path / "instance"
+    environ = {"BACKSTOP_INSTANCE_PATH": str(instance), "STRIPE_API_BASE": "http://127.0.0.1:9"}
+    old = os.umask(0o022)
+    try:
+        plan = make_plan(free_port(), environ)
+        state_file = instance / "stripe-sandbox.json"
+        StateFile(Sandbox(start_threads=False), str(state_file)).save()
+    finally:
+        os.umask(old)
+    database = make_url(plan.env["DATABASE_URL"]).database
+    assert database == str(instance / "backstop.sqlite3")
+
+    def mode(path):
+        return stat.S_IMODE(os.stat(path).st_mode)
+
+    assert mode(instance) == 0o700
+    assert (mode(instance / "secret_key"), mode(database), mode(state_file)) == (0o600, 0o600, 0o600)
+    # The empty file SQLite is handed is a database it opens, and the migrations fill it.
+    engine = create_engine(plan.env["DATABASE_URL"])
+    with engine.connect() as conn:
+        conn.execute(text("CREATE TABLE t (x INTEGER)"))
+        conn.commit()
+    engine.dispose()
+    assert mode(database) == 0o600
