@@ -137,12 +137,11 @@ def _register_work(app) -> None:
 
 
 def _register_areas(app) -> None:
-    from . import console, webhooks
+    from . import console, storefront, webhooks
     from .cli import shop_cli
     from .ops import bp as ops_bp
-    from .storefront import bp as storefront_bp
 
-    app.register_blueprint(storefront_bp)
+    storefront.init_app(app)
     app.register_blueprint(ops_bp)
     webhooks.init_app(app)
     console.init_app(app)

@@ -68,6 +68,8 @@ class Settings:
     login_max_failures_per_address: int
     login_failure_window_seconds: int
     console_idle_timeout_seconds: int
+    # The return page's throttle (docs/REFERENCE.md, Settings): requests per client address a minute.
+    checkout_return_per_minute: int
     # Process environment (docs/REFERENCE.md, Settings): for running shops or test runs side by side.
     queue_prefix: str
     outbox_lease_seconds: int
@@ -387,6 +389,7 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         login_max_failures_per_address=_int(env, "LOGIN_MAX_FAILURES_PER_ADDRESS", 20, 1, 100_000),
         login_failure_window_seconds=_int(env, "LOGIN_FAILURE_WINDOW_SECONDS", 900, 1, 24 * 3600),
         console_idle_timeout_seconds=_int(env, "CONSOLE_IDLE_TIMEOUT_SECONDS", 1800, 60, 7 * 24 * 3600),
+        checkout_return_per_minute=_int(env, "CHECKOUT_RETURN_PER_MINUTE", 30, 1, 100_000),
         queue_prefix=(env.get("BACKSTOP_QUEUE_PREFIX") or "").strip() or "backstop",
         node_name=_node_name(env),
         outbox_lease_seconds=_int(env, "BACKSTOP_OUTBOX_LEASE_SECONDS", 25, 1, 3600),

@@ -70,6 +70,9 @@ BAD = [
     ("MAX_LINE_QUANTITY", "0", "between 1 and 99"),
     ("MAX_LINE_QUANTITY", "500", "between 1 and 99"),
     ("MAX_LINE_QUANTITY", "2.5", "whole number"),
+    # The return page's throttle: at least one request a minute per address.
+    ("CHECKOUT_RETURN_PER_MINUTE", "0", "between 1 and 100000"),
+    ("CHECKOUT_RETURN_PER_MINUTE", "thirty", "whole number"),
     # A scraper's secret: long enough not to be guessed, and sendable as it is in a header.
     ("METRICS_TOKEN", "short-token", "at least 16 characters, got 11"),
     ("METRICS_TOKEN", "a token with spaces", "printable ASCII without spaces"),

@@ -29,8 +29,8 @@ from flask import current_app, g, render_template, request
 from flask_limiter import Limiter, RequestLimit
 from flask_wtf.csrf import generate_csrf
 
-from ..settings import parse_sentinel_url
 from ..web.answers import wants_json
+from ..web.limiting import limiter_storage as _storage, wait_in_words as _in_words
 from .forms import LoginForm
 from .sessions import device_for_login, login_email
 
@@ -62,14 +62,6 @@ def _limit(setting: str):
     return lambda: f"{current_app.config[setting]} per {current_app.config['LOGIN_FAILURE_WINDOW_SECONDS']} second"
 
 
-def _in_words(seconds: float) -> str:
-    if seconds < 60:
-        n = max(1, math.ceil(seconds))
-        return f"{n} second{'s' if n != 1 else ''}"
-    n = math.ceil(seconds / 60)
-    return f"{n} minute{'s' if n != 1 else ''}"
-
-
 def _refusal(whose: str):
     def on_breach(limit: RequestLimit):
         who = "from this browser" if g.get("login_device") else whose
@@ -91,22 +83,6 @@ def _refusal(whose: str):
         return response
 
     return on_breach
-
-
-def _storage(redis_url: str) -> tuple[str, dict]:
-    """The limiter's storage URI and options for REDIS_URL. limits names a Unix socket
-    `redis+unix://` (the shop's REDIS_URL accepts `unix://`), and reads the path of a Sentinel URL
-    as the service name only: the shop's `/SERVICE/DB` goes as the URI's service and a `db` option."""
-    options = {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}
-    if redis_url.startswith("unix://"):
-        return "redis+unix://" + redis_url.removeprefix("unix://"), options
-    if redis_url.startswith("redis+sentinel://"):
-        where = parse_sentinel_url(redis_url)
-        sentinels = ",".join(f"{host}:{port}" for host, port in where.sentinels)
-        uri = f"redis+sentinel://{sentinels}/{where.service}"
-        auth = {k: v for k, v in (("username", where.username), ("password", where.password)) if v}
-        return uri, {**options, **auth, "db": where.db, "sentinel_kwargs": dict(options)}
-    return redis_url, options
 
 
 def init_app(app) -> None:

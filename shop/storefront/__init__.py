@@ -14,4 +14,10 @@ keep_private(bp, public=("storefront.catalog",))
 # Every page answers HTML or JSON by Accept, and says so to caches (Vary: Accept).
 negotiates(bp)
 
-from . import cart, routes  # noqa: E402,F401
+from . import cart, routes, throttle  # noqa: E402,F401
+
+
+def init_app(app) -> None:
+    app.register_blueprint(bp)
+    # After the blueprint: the throttle wraps the return page's registered view.
+    throttle.init_app(app)

@@ -298,14 +298,32 @@ def _cancelled_answer(reference: str, page: str, done: str):
     return redirect(page, 303)
 
 
+# Compared against when there is no order, or it has no payment session: an unknown reference
+# takes the same steps as a wrong session id. No session id the provider makes looks like it.
+_NO_SESSION = b"\x00no-session"
+
+
+def _is_own_session(order: Order | None, session_id: str) -> bool:
+    """Whether `session_id` is the order's own current payment session (orders.payment_session_id),
+    compared in constant time; False for no order or no recorded session, after the same compare."""
+    recorded = order.payment_session_id if order is not None else None
+    same = hmac.compare_digest(session_id.encode(), recorded.encode() if recorded else _NO_SESSION)
+    return same and bool(recorded)
+
+
 @bp.get("/checkout/return")
 def checkout_return():
     """Stripe's success URL: ask the provider now and apply the same guarded transition as the
-    webhook, so a paid customer sees "Paid" even when the webhook is late or lost."""
+    webhook, so a paid customer sees "Paid" even when the webhook is late or lost.
+
+    The link is anonymous and its text the visitor's: the provider is asked only about the
+    session the order itself recorded. Any other session id and an unknown reference are the same
+    404 after the same one read, with no provider call, so neither the shop's provider budget nor
+    the answer's timing is the visitor's to spend or read (and the throttle bounds the rest)."""
     reference = request.args.get("order", "")
     session_id = request.args.get("session_id", "")
     order = order_by_reference(reference)
-    if order is None or not session_id:
+    if not _is_own_session(order, session_id):
         raise OrderNotFound()
     owner = order.browser_id == browser_id(create=False)
     try:
@@ -318,17 +336,8 @@ def checkout_return():
         raise OrderNotFound()
     view = answer.view if answer is not None else None
     # Another browser (the customer paid on a second device) is sent on with the order's access
-    # token only if the session is proven to be this order's: by the provider just now or, when
-    # the provider cannot be asked, by being the session the order itself recorded. A guessed
-    # session id while the provider is down must not hand out the token.
-    if (
-        not owner
-        and view is None
-        and not (
-            order.payment_session_id and hmac.compare_digest(session_id.encode(), order.payment_session_id.encode())
-        )
-    ):
-        raise OrderNotFound()
+    # token: the session is the one the order itself recorded, which proves as much as the
+    # provider's answer would, so this holds while the provider cannot be asked too.
     if view is None:
         flash("We could not confirm your payment with the provider yet; this page will update once it does.", "warning")
     elif view.payment_status != "paid" and view.status == "complete" and answer.applied.outcome != "payment_failed":

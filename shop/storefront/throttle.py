@@ -1,0 +1,73 @@
+"""The return page's throttle (docs/REFERENCE.md, Storefront: GET /checkout/return): every
+request to it, answered or not, counts per client address in Redis with Flask-Limiter; past
+CHECKOUT_RETURN_PER_MINUTE in a minute the page answers 429 in words, with Retry-After, before
+the order is read or the provider asked.
+
+The page is the one storefront route a stranger can point at the payment provider: its link is
+the provider's success URL, anonymous by design (the customer may come back on another device).
+It asks the provider only about the order's own session (routes.checkout_return); this limit
+bounds what one client can cost the shop's provider budget and database even so, and how many
+timing samples it can take. A customer comes back once or twice per payment: the default leaves
+room for an office behind one NAT. The address is the connecting one (`request.remote_addr`):
+behind a proxy, every client shares the proxy's, as with the console's login limit.
+
+Redis unreachable: the page still works, counted in this process's memory until Redis answers
+(Flask-Limiter logs a WARNING); a customer who paid must not be shut out by an outage.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from flask import current_app, render_template_string, request
+from flask_limiter import Limiter, RequestLimit
+
+from ..web.limiting import limiter_storage, wait_in_words
+from ..errors import PAGE
+from ..web.answers import wants_json
+
+RETURN_ENDPOINT = "storefront.checkout_return"
+
+
+def _address() -> str:
+    return "address:" + (request.remote_addr or "-")
+
+
+def _limit() -> str:
+    return f"{current_app.config['CHECKOUT_RETURN_PER_MINUTE']} per minute"
+
+
+def _refusal(limit: RequestLimit):
+    wait = max(1.0, limit.reset_at - time.time())
+    message = (
+        "Too many requests for the payment return page from your address; "
+        f"try again in {wait_in_words(wait)}. If you paid, your payment is safe and your order page will show it."
+    )
+    current_app.logger.warning("checkout return throttled from %s", request.remote_addr)
+    if wants_json():
+        response = current_app.json.response({"error": message, "status": 429, "retry_after_seconds": math.ceil(wait)})
+    else:
+        response = current_app.make_response(render_template_string(PAGE, title="Please wait", message=message))
+    response.status_code = 429
+    response.headers["Retry-After"] = str(math.ceil(wait))
+    return response
+
+
+def init_app(app) -> None:
+    """The return page's own limiter (its Redis and key prefix the app's), wrapped around its view."""
+    storage_uri, storage_options = limiter_storage(app.config["REDIS_URL"])
+    limiter = Limiter(
+        key_func=_address,
+        storage_uri=storage_uri,
+        storage_options=storage_options,
+        strategy="fixed-window",
+        key_prefix=f"{app.config['QUEUE_PREFIX']}:checkout-return",
+        swallow_errors=True,
+        in_memory_fallback_enabled=True,
+    )
+    limiter.init_app(app)
+    limiter.request_filter(lambda: request.endpoint != RETURN_ENDPOINT)
+    view = app.view_functions[RETURN_ENDPOINT]
+    by_address = limiter.limit(_limit, key_func=_address, methods=["GET"], on_breach=_refusal)
+    app.view_functions[RETURN_ENDPOINT] = by_address(view)

@@ -1,0 +1,32 @@
+"""What the shop's Flask-Limiter throttles share (the console's login, the storefront's return
+page): where a limiter keeps its counts, and a wait said in words."""
+
+from __future__ import annotations
+
+import math
+
+from ..settings import parse_sentinel_url
+
+
+def wait_in_words(seconds: float) -> str:
+    if seconds < 60:
+        n = max(1, math.ceil(seconds))
+        return f"{n} second{'s' if n != 1 else ''}"
+    n = math.ceil(seconds / 60)
+    return f"{n} minute{'s' if n != 1 else ''}"
+
+
+def limiter_storage(redis_url: str) -> tuple[str, dict]:
+    """The limiter's storage URI and options for REDIS_URL. limits names a Unix socket
+    `redis+unix://` (the shop's REDIS_URL accepts `unix://`), and reads the path of a Sentinel URL
+    as the service name only: the shop's `/SERVICE/DB` goes as the URI's service and a `db` option."""
+    options = {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}
+    if redis_url.startswith("unix://"):
+        return "redis+unix://" + redis_url.removeprefix("unix://"), options
+    if redis_url.startswith("redis+sentinel://"):
+        where = parse_sentinel_url(redis_url)
+        sentinels = ",".join(f"{host}:{port}" for host, port in where.sentinels)
+        uri = f"redis+sentinel://{sentinels}/{where.service}"
+        auth = {k: v for k, v in (("username", where.username), ("password", where.password)) if v}
+        return uri, {**options, **auth, "db": where.db, "sentinel_kwargs": dict(options)}
+    return redis_url, options
