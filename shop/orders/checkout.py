@@ -151,15 +151,15 @@ _DECREMENT = (
 # Cancelled, PaymentInitiated included: its stock is held too) of one browser and of one address,
 # in one round trip. The address is compared lower-cased, which the console's ix_orders_email_lower
 # index serves; the browser has its own index (orders.browser_id).
-_orders = Order.__table__
+# A read through the mapped class: the orders table itself is written by the order store only.
 _LIVE_OF_CLIENT = select(
     select(func.count())
-    .select_from(_orders)
-    .where(_orders.c.browser_id == bindparam("browser"), _orders.c.status.in_(LIVE_STATUSES))
+    .select_from(Order)
+    .where(Order.browser_id == bindparam("browser"), Order.status.in_(LIVE_STATUSES))
     .scalar_subquery(),
     select(func.count())
-    .select_from(_orders)
-    .where(func.lower(_orders.c.email) == bindparam("email"), _orders.c.status.in_(LIVE_STATUSES))
+    .select_from(Order)
+    .where(func.lower(Order.email) == bindparam("email"), Order.status.in_(LIVE_STATUSES))
     .scalar_subquery(),
 )
 # Transaction-scoped (released by COMMIT or ROLLBACK, so PgBouncer's transaction pooling keeps
