@@ -26,11 +26,11 @@ import math
 import time
 
 from flask import current_app, g, render_template, request
-from flask_limiter import Limiter, RequestLimit
+from flask_limiter import RequestLimit
 from flask_wtf.csrf import generate_csrf
 
 from ..web.answers import wants_json
-from ..web.limiting import limiter_storage as _storage, wait_in_words as _in_words
+from ..web.limiting import shop_limiter, wait_in_words as _in_words
 from .forms import LoginForm
 from .sessions import device_for_login, login_email
 
@@ -87,18 +87,7 @@ def _refusal(whose: str):
 
 def init_app(app) -> None:
     """One limiter per app (its Redis and key prefix are the app's), wrapped around the login view."""
-    # A dead Redis should cost a login a fraction of a second, not the client's default wait.
-    storage_uri, storage_options = _storage(app.config["REDIS_URL"])
-    limiter = Limiter(
-        key_func=_address,
-        storage_uri=storage_uri,
-        storage_options=storage_options,
-        strategy="fixed-window",  # the window starts at the first failure (the key's expiry)
-        key_prefix=f"{app.config['QUEUE_PREFIX']}:login",
-        swallow_errors=True,
-        in_memory_fallback_enabled=True,
-    )
-    limiter.init_app(app)
+    limiter = shop_limiter(app, _address, "login")
     # Every other request skips the limiter at once: only the login is throttled.
     limiter.request_filter(lambda: request.endpoint != LOGIN_ENDPOINT)
     view = app.view_functions[LOGIN_ENDPOINT]

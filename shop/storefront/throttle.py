@@ -21,9 +21,9 @@ import math
 import time
 
 from flask import current_app, render_template_string, request
-from flask_limiter import Limiter, RequestLimit
+from flask_limiter import RequestLimit
 
-from ..web.limiting import limiter_storage, wait_in_words
+from ..web.limiting import shop_limiter, wait_in_words
 from ..errors import PAGE
 from ..web.answers import wants_json
 
@@ -56,17 +56,7 @@ def _refusal(limit: RequestLimit):
 
 def init_app(app) -> None:
     """The return page's own limiter (its Redis and key prefix the app's), wrapped around its view."""
-    storage_uri, storage_options = limiter_storage(app.config["REDIS_URL"])
-    limiter = Limiter(
-        key_func=_address,
-        storage_uri=storage_uri,
-        storage_options=storage_options,
-        strategy="fixed-window",
-        key_prefix=f"{app.config['QUEUE_PREFIX']}:checkout-return",
-        swallow_errors=True,
-        in_memory_fallback_enabled=True,
-    )
-    limiter.init_app(app)
+    limiter = shop_limiter(app, _address, "checkout-return")
     limiter.request_filter(lambda: request.endpoint != RETURN_ENDPOINT)
     view = app.view_functions[RETURN_ENDPOINT]
     by_address = limiter.limit(_limit, key_func=_address, methods=["GET"], on_breach=_refusal)

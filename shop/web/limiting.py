@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from flask_limiter import Limiter
+
 from ..settings import parse_sentinel_url
 
 
@@ -30,3 +32,22 @@ def limiter_storage(redis_url: str) -> tuple[str, dict]:
         auth = {k: v for k, v in (("username", where.username), ("password", where.password)) if v}
         return uri, {**options, **auth, "db": where.db, "sentinel_kwargs": dict(options)}
     return redis_url, options
+
+
+def shop_limiter(app, key_func, name: str) -> Limiter:
+    """A Flask-Limiter on this app's Redis under the app's key prefix plus `name`, counting in fixed
+    windows (a window starts at the first hit: the key's expiry), bound to the app. A Redis that
+    does not answer costs a request half a second at most, and the limiter then counts in this
+    process's memory instead of failing the request."""
+    storage_uri, storage_options = limiter_storage(app.config["REDIS_URL"])
+    limiter = Limiter(
+        key_func=key_func,
+        storage_uri=storage_uri,
+        storage_options=storage_options,
+        strategy="fixed-window",
+        key_prefix=f"{app.config['QUEUE_PREFIX']}:{name}",
+        swallow_errors=True,
+        in_memory_fallback_enabled=True,
+    )
+    limiter.init_app(app)
+    return limiter
