@@ -310,7 +310,8 @@ def bulk_phase(shop: Shop, args, database_url: str) -> None:
             db.session.flush()
             db.session.add(CartItem(cart_id=cart.id, variant_id=variant.id, quantity=1))
             db.session.commit()
-            placed = place_order(cart_id=cart.id, browser_id=cart.browser_id, email="bulk@example.com")
+            email = f"bulk-{cart.browser_id}@example.com"
+            placed = place_order(cart_id=cart.id, browser_id=cart.browser_id, email=email)
             assert start_payment(placed.order_id, placed=placed).status == "started"
             sessions.append(placed.order_id)
         ids = sessions

@@ -101,7 +101,7 @@ class Bench:
             for v in self.variants:
                 db.session.add(CartItem(cart_id=cart.id, variant_id=v, quantity=1))
             db.session.commit()
-            placed = place_order(cart_id=cart.id, browser_id=browser, email="bench@example.com")
+            placed = place_order(cart_id=cart.id, browser_id=browser, email=f"bench-{browser[:12]}@example.com")
             assert placed.ok, placed
             out.append((placed.order_id, 1))
         db.session.remove()

@@ -83,6 +83,6 @@ def place_bench_order(variant_id: int, browser: str) -> int:
     db.session.execute(insert(CartItem).values(cart_id=cart.id, variant_id=variant_id, quantity=1))
     cart_id = cart.id
     db.session.commit()
-    placed = place_order(cart_id=cart_id, browser_id=browser, email="bench@example.com")
+    placed = place_order(cart_id=cart_id, browser_id=browser, email=f"bench-{browser[:12]}@example.com")
     assert placed.ok, placed
     return placed.order_id
