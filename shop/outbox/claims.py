@@ -13,7 +13,7 @@ import functools
 from datetime import datetime, timedelta
 
 from flask import current_app
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import and_, bindparam, case, or_, select, update
 
 from ..models import WorkStatus
 from ..extensions import db
@@ -54,6 +54,23 @@ def _claim_one_returning(t, columns: tuple[str, ...]):
     return _claim_one(t).returning(*(t.c[name] for name in columns))
 
 
+# What a drain claims first among the rows due: the work that gives stock back (a cancelled
+# order's restore, an unpaid order's deadline) before the work that only tells someone (emails).
+# Under a backlog, stock is back on sale in the time the restores alone take; the emails follow.
+# Within a rank, oldest due first. By column and name, as the writer stores them.
+CLAIMED_FIRST = {
+    "outbox_deliveries": ("handler", ("restore_inventory",)),
+    "scheduled_commands": ("kind", ("expire_unpaid_order",)),
+}
+
+
+def _rank(t):
+    column, names = CLAIMED_FIRST.get(t.name, (None, ()))
+    if not names:
+        return None
+    return case((t.c[column].in_(names), 0), else_=1)
+
+
 @functools.cache
 def _claim_many(t):
     # A CTE, evaluated once: as `id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` PostgreSQL
@@ -61,7 +78,7 @@ def _claim_many(t):
     due = (
         select(t.c.id)
         .where(_claimable(t))
-        .order_by(t.c.next_attempt_at, t.c.id)
+        .order_by(*(key for key in (_rank(t), t.c.next_attempt_at, t.c.id) if key is not None))
         .limit(bindparam("batch"))
         .with_for_update(skip_locked=True)
         .cte("due")
@@ -115,9 +132,10 @@ def claim(model, work_id: int, now: datetime, worker: str, early_seconds: float 
 
 
 def claim_batch(model, now: datetime, worker: str, limit: int) -> list[int]:
-    """Claim up to `limit` due rows, oldest first, in one statement. Concurrent drains on
-    PostgreSQL skip each other's locked rows instead of waiting; the outer WHERE repeats the
-    condition so a row claimed and committed meanwhile is never taken twice."""
+    """Claim up to `limit` due rows in one statement: the stock-freeing kinds first
+    (CLAIMED_FIRST), then oldest first. Concurrent drains on PostgreSQL skip each other's locked
+    rows instead of waiting; the outer WHERE repeats the condition so a row claimed and committed
+    meanwhile is never taken twice."""
     ids = (
         db.session.execute(_claim_many(model.__table__), dict(_claim_params(now, worker), batch=limit)).scalars().all()
     )
