@@ -153,6 +153,7 @@ def drain(
     counts: Counter = Counter()
     more = False
     session = db.session
+    uow.gather_announcements(session)
     try:
         while True:
             claimed_at = now or utcnow()
@@ -184,12 +185,14 @@ def drain(
                     break
                 counts[run_claimed(work, row.id, now or utcnow(), worker, row=row)] += 1
                 session.expunge_all()  # nothing one row loaded leaks into the next
+            uow.publish_gathered(session)  # what the batch's commits made due, in one wake-up
             if more or len(ids) < batch_size:
                 break
             if time.monotonic() - started >= budget_seconds or (should_yield is not None and should_yield()):
                 more = True
                 break
     finally:
+        uow.publish_gathered(session)
         db.session.remove()
     return {**counts, "more": more}
 

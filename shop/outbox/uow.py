@@ -42,10 +42,38 @@ def transaction():
     publish_after_commit(session)
 
 
+_GATHERED = "announce_after_batch"
+
+
 def publish_after_commit(session) -> None:
     pending = session.info.pop("after_commit", None)
     if not pending or not (pending["deliveries"] or pending["commands"]):
         return
+    gathered = session.info.get(_GATHERED)
+    if gathered is not None:  # inside a drain's batch: told once, after the batch
+        gathered["deliveries"].extend(pending["deliveries"])
+        gathered["commands"].extend(pending["commands"])
+        return
+    _announce(pending)
+
+
+def gather_announcements(session) -> None:
+    """From now on this session's commits keep what they would tell Redis until
+    `publish_gathered`: a drain running a batch of deadlines tells Redis once per batch, not once
+    per row (a round trip that cost a tenth of an expiry's CPU). The rows are committed either
+    way; what a crash before the publish loses, the scheduler's poll finds."""
+    session.info.setdefault(_GATHERED, {"deliveries": [], "commands": []})
+
+
+def publish_gathered(session) -> None:
+    """Tell Redis what the commits since the last call made due, in one announcement."""
+    gathered = session.info.get(_GATHERED)
+    if gathered and (gathered["deliveries"] or gathered["commands"]):
+        session.info[_GATHERED] = {"deliveries": [], "commands": []}
+        _announce(gathered)
+
+
+def _announce(pending: dict) -> None:
     announce_or_leave_to_relay(
         lambda: queue.announce(pending["deliveries"], pending["commands"]),
         "%d deliveries / %d commands committed",
