@@ -1,8 +1,10 @@
 """What each customer email says, rendered from Jinja templates under templates/email/.
 
 A template's first line is `Subject: ...`; the rest, after one blank line, is the body. Every
-email is a `send_email` scheduled command (its own retries and dead letter), rendered when it is
-sent from what the database says then, so it never states something the order has moved past.
+email is rendered when it is sent, from what the database says then, so it never states
+something the order has moved past; and every email is durable work with its own retries and
+dead letter: the confirmation and the cancellation notice are their event's own delivery
+(saga.notifications), the others (a failed payment, a refund) `send_email` scheduled commands.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from datetime import datetime
 from flask import current_app, render_template
 from sqlalchemy import select
 
+from . import mailer
 from .domain.order import OrderStatus, cancelled_because
 from .domain.refunds import NOT_RETURNED, SUCCEEDED
 from .extensions import db
@@ -106,3 +109,18 @@ def render(template: str, order: Order) -> Email | None:
     text = render_template(f"email/{template}.txt", **context)
     head, _, body = text.partition("\n\n")
     return Email(head.removeprefix("Subject:").strip(), body.strip() + "\n")
+
+
+def send(order_id: int, template: str, *, key: str) -> bool:
+    """Render `template` for the order as things stand now and hand it to the mailer under `key`
+    (a retry under the same key replaces, never duplicates, in the file outbox). False when
+    there is nothing to send: the order is gone, or the email would no longer be true. A mail
+    server that does not take it raises (mailer.MailNotSent): the caller's row is retried."""
+    order = db.session.get(Order, order_id)
+    if order is None:
+        return False
+    email = render(template, order)
+    if email is None:
+        return False
+    mailer.send(order.email, email.subject, email.body, key=key)
+    return True

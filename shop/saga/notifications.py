@@ -1,6 +1,12 @@
-"""Follow-ups that are pure side effects: they never force a redelivery of their event.
-Each turns its work into durable scheduled commands (with their own retries and dead letters)
-instead of doing it inline, so an SMTP outage retries one email, not the whole event."""
+"""Follow-ups that are pure side effects: they never force a redelivery of their event's other
+handlers (each is its own delivery, retried alone).
+
+The confirmation and the cancellation notice are sent by their delivery itself: an SMTP outage
+retries that one delivery (backoff, then a dead letter an operator retries), and a cancellation
+costs one row of work for its email, not a delivery that schedules a command that sends it (which
+cost as much CPU as the restore itself; bench/compensation.py). A failed payment's follow-up
+still schedules its email as a command: the same handler re-arms the order's deadline, which a
+mail outage must not hold back."""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from datetime import datetime, timedelta
 
 from flask import current_app
 
+from .. import emails
 from ..domain.deadlines import as_utc
 from ..domain.events import OrderCancelled, OrderPaid, OrderPaymentFailed
 from ..domain.order import cancelled_because
@@ -48,9 +55,7 @@ def payment_failed_followups(event: OrderPaymentFailed, now: datetime) -> None:
 
 
 def send_order_confirmation(event: OrderPaid, now: datetime) -> None:
-    schedule_command(
-        db.session, "send_email", now, order_id=event.order_id, payload={"template": "order_paid"}, now=now
-    )
+    emails.send(event.order_id, "order_paid", key=f"order-{event.order_id}-order_paid-event")
 
 
 CANCELLATION_EMAILS = {"customer": "order_cancelled", "expired": "order_expired"}
@@ -58,9 +63,8 @@ CANCELLATION_EMAILS = {"customer": "order_cancelled", "expired": "order_expired"
 
 def send_cancellation_email(event: OrderCancelled, now: datetime) -> None:
     """The customer hears why their order ended: they cancelled it, or its payment window ran out
-    (they did not cancel, and may not know). Other cancellations send nothing."""
+    (they did not cancel, and may not know). Other cancellations send nothing. (An order is
+    paid once and cancelled once, so the key names the message for good: a redelivery replaces it.)"""
     template = CANCELLATION_EMAILS.get(cancelled_because(event.reason))
     if template is not None:
-        schedule_command(
-            db.session, "send_email", now, order_id=event.order_id, payload={"template": template}, now=now
-        )
+        emails.send(event.order_id, template, key=f"order-{event.order_id}-{template}-event")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from .. import emails, mailer
-from ..extensions import db
-from ..models import Order, ScheduledCommand
+from .. import emails
+from ..models import ScheduledCommand
 from ..orders.cancel import expire_unpaid_order
 from ..payments.refunds import execute_refund
 
@@ -16,16 +15,11 @@ def _expire(row: ScheduledCommand, now: datetime) -> None:
 
 
 def _send_email(row: ScheduledCommand, now: datetime) -> None:
-    order = db.session.get(Order, row.order_id)
-    if order is None:
-        return
-    template = row.payload.get("template")
-    email = emails.render(template, order)
-    if email is None:
-        # The order moved on since the email was queued ("your items are held, try again" after
-        # the customer cancelled, say): an email that would mislead is not sent.
-        return
-    mailer.send(order.email, email.subject, email.body, key=f"order-{order.id}-{template}-{row.id}")
+    # An email that would no longer be true (the order moved on since it was queued: "your
+    # items are held, try again" after the customer cancelled, say) is not sent.
+    emails.send(
+        row.order_id, row.payload.get("template"), key=f"order-{row.order_id}-{row.payload.get('template')}-{row.id}"
+    )
 
 
 def _refund(row: ScheduledCommand, now: datetime) -> None:

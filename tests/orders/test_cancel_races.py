@@ -61,8 +61,17 @@ def _expire_then(monkeypatch, after) -> None:
     monkeypatch.setattr(gateway, "expire_session", expire_then_notice)
 
 
-def test_a_cancel_whose_own_expiry_notice_lands_first_still_cancels_the_order(make_fresh_app, sandbox, monkeypatch):
+def _mails(app, oid: int) -> list[str]:
+    """The messages the file outbox holds for one order (its key names the order and the email)."""
+    folder = os.path.join(app.instance_path, "mail")
+    return sorted(f for f in (os.listdir(folder) if os.path.isdir(folder) else []) if f.startswith(f"order-{oid}-"))
+
+
+def test_a_cancel_whose_own_expiry_notice_lands_first_still_cancels_the_order(
+    make_fresh_app, sandbox, monkeypatch, tmp_path
+):
     with live_shop(make_fresh_app, sandbox) as app:
+        app.instance_path = str(tmp_path)  # this test's mail in a folder of its own
         shopper = Shopper(app, seed_catalog_rows(app))
         variant = shopper.skus["NB-A6-DOT"]
         stock = _on_hand(app, variant)
@@ -84,14 +93,16 @@ def test_a_cancel_whose_own_expiry_notice_lands_first_still_cancels_the_order(ma
         assert _on_hand(app, variant) == stock
         with app.app_context():
             assert db.session.query(Order).filter_by(reference=ref).one().inventory_restored
-            emails = db.session.query(ScheduledCommand).filter_by(kind="send_email").all()
-            assert [c.payload["template"] for c in emails] == ["order_cancelled"]  # never "payment failed"
+            assert not db.session.query(ScheduledCommand).filter_by(kind="send_email").all()  # never "payment failed"
             db.session.remove()
+        oid = order_id(app, ref)
+        assert _mails(app, oid) == [f"order-{oid}-order_cancelled-event.eml"]
 
 
 def test_a_cancel_survives_its_expiry_being_applied_as_a_failed_payment_by_another_path(
-    fresh_paying_app, sandbox, monkeypatch
+    fresh_paying_app, sandbox, monkeypatch, tmp_path
 ):
+    fresh_paying_app.instance_path = str(tmp_path)  # this test's mail in a folder of its own
     shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     variant = shopper.skus["NB-A6-DOT"]
     stock = _on_hand(fresh_paying_app, variant)
@@ -122,15 +133,9 @@ def test_a_cancel_survives_its_expiry_being_applied_as_a_failed_payment_by_anoth
     with fresh_paying_app.app_context():
         emails = db.session.query(ScheduledCommand).filter_by(kind="send_email").order_by(ScheduledCommand.id).all()
         # The failed-payment email was queued by the follow-up but not sent: the order had moved on.
-        assert [(c.payload["template"], c.status) for c in emails] == [
-            ("payment_failed", "done"),
-            ("order_cancelled", "done"),
-        ]
+        assert [(c.payload["template"], c.status) for c in emails] == [("payment_failed", "done")]
         db.session.remove()
-    mail = os.path.join(fresh_paying_app.instance_path, "mail")
-    assert not [
-        f for f in (os.listdir(mail) if os.path.isdir(mail) else []) if f.startswith(f"order-{oid}-payment_failed")
-    ]
+    assert _mails(fresh_paying_app, oid) == [f"order-{oid}-order_cancelled-event.eml"]
 
 
 def test_a_stale_cancel_is_still_refused_without_touching_the_provider(fresh_paying_app, sandbox):

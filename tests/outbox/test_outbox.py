@@ -18,6 +18,7 @@ from compensation_support import cancel, on_hand, order, restore_delivery
 from factories import place_order_for, seed_catalog_rows, transitioned
 from shop import queue
 from shop.domain.deadlines import as_utc, retry_delay_seconds, utcnow
+from shop.domain.events import OrderPaid
 from shop.domain.order import Transition as T
 from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand
@@ -26,6 +27,7 @@ from shop.outbox.dispatch import run_command, run_delivery
 from shop.outbox.relay import relay_once
 from shop.outbox.subscriptions import SUBSCRIPTIONS
 import shop.saga
+from shop.saga.notifications import send_order_confirmation
 
 ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 
@@ -393,10 +395,11 @@ def _commands(order_id: int, kind: str) -> list[ScheduledCommand]:
     )
 
 
-def _read_mail(app, command_id: int):
+def _read_mail(app, name: str):
+    """The one message whose file outbox key ends with `name` (a command's id, or a template)."""
     folder = os.path.join(app.instance_path, "mail")
-    [name] = [n for n in os.listdir(folder) if n.endswith(f"-{command_id}.eml")]
-    with open(os.path.join(folder, name), "rb") as fh:
+    [found] = [n for n in os.listdir(folder) if n.endswith(f"-{name}.eml")]
+    with open(os.path.join(folder, found), "rb") as fh:
         return email.message_from_binary_file(fh)
 
 
@@ -437,7 +440,7 @@ def test_a_failed_payment_schedules_the_email_and_rearms_the_deadline_as_command
         db.session.remove()
 
 
-def test_a_paid_order_schedules_its_confirmation_email(mail_app):
+def test_a_paid_orders_confirmation_is_sent_by_its_delivery_and_a_redelivery_replaces_it(mail_app):
     app = mail_app
     with app.app_context():
         a5 = seed_catalog_rows()["NB-A5-DOT"]
@@ -450,17 +453,36 @@ def test_a_paid_order_schedules_its_confirmation_email(mail_app):
         db.session.remove()
 
         now = utcnow()
-        assert run_delivery(_delivery(order_id, "send_order_confirmation").id, now=now) == "done"
-        [mail] = _commands(order_id, "send_email")
-        assert mail.payload["template"] == "order_paid"
-        mail_id = mail.id
-        assert run_command(mail_id, now=now) == "done"
-        message = _read_mail(app, mail_id)
+        delivery_id = _delivery(order_id, "send_order_confirmation").id
+        assert run_delivery(delivery_id, now=now) == "done"
+        assert _commands(order_id, "send_email") == []  # no second row of work for it
+        message = _read_mail(app, "order_paid-event")
         assert message["To"] == "cy@example.com" and reference in message["Subject"]
         assert "$28.00" in message.get_payload(decode=True).decode()
-        # A duplicate job for the same command is refused by its claim: one message, not two.
-        assert run_command(mail_id, now=now) == "skipped"
+        # A duplicate job for the same delivery is refused by its claim; a redelivery (the
+        # worker died after sending, before its commit) writes the same message again, under the
+        # same key: one message, not two.
+        assert run_delivery(delivery_id, now=now) == "skipped"
+        send_order_confirmation(OrderPaid(order_id, "cs_test_2", 2800, "usd"), now)
         assert len(os.listdir(os.path.join(app.instance_path, "mail"))) == 1
+        db.session.remove()
+
+
+def test_a_cancellation_notice_that_the_mail_server_refuses_retries_only_its_own_delivery(make_fresh_app):
+    """The stock comes back at once; the email's delivery waits for the mail server alone."""
+    app = make_fresh_app(SMTP_URL="smtp://127.0.0.1:9", OUTBOX_MAX_ATTEMPTS=2)
+    with app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        order_id = place_order_for({a5: 1}, email="bob@example.com").order_id
+        cancel(order_id)  # the customer's cancel, through its use case
+        now = utcnow()
+        assert run_delivery(_delivery(order_id, "restore_inventory").id, now=now) == "done"
+        mail_id = _delivery(order_id, "send_cancellation_email").id
+        outcomes = [run_delivery(mail_id, now=now + timedelta(minutes=minute)) for minute in (0, 10)]
+        assert outcomes == ["retry", "dead"]
+        dead = _delivery(order_id, "send_cancellation_email")
+        assert "mail server 127.0.0.1:9 (SMTP_URL)" in dead.last_error
+        assert _delivery(order_id, "restore_inventory").status == "done"
         db.session.remove()
 
 
