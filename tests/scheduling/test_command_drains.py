@@ -199,3 +199,47 @@ def test_several_schedulers_polling_at_once_wake_at_most_the_slots_and_run_each_
         )
         assert done == [1] * 10
         db.session.remove()
+
+
+def test_a_drain_runs_the_deadlines_due_before_older_emails(fresh_app, monkeypatch):
+    """Under a backlog, the work that gives stock back is claimed first (outbox.claims.CLAIMED_FIRST):
+    deadlines that fell due after a pile of emails still run in the first batch."""
+    ran, lock = [], threading.Lock()
+
+    def note(kind):
+        def command(row, now):
+            with lock:
+                ran.append(kind)
+
+        return command
+
+    monkeypatch.setitem(shop.scheduling.commands.COMMANDS, "send_email", note("email"))
+    monkeypatch.setitem(shop.scheduling.commands.COMMANDS, "expire_unpaid_order", note("deadline"))
+    now = utcnow()
+    with fresh_app.app_context():
+        for n in range(30):  # the emails fell due first, a minute ago
+            schedule_command(db.session, "send_email", now - timedelta(seconds=60), payload={"n": n}, now=now)
+        for n in range(5):
+            schedule_command(db.session, "expire_unpaid_order", now, payload={"n": n}, now=now)
+        db.session.commit()
+        db.session.remove()
+        drain_commands(now=now, batch_size=5)
+    assert ran[:5] == ["deadline"] * 5  # the first batch: the deadlines, not the oldest emails
+    assert ran.count("email") == 30  # and nothing is left behind
+
+
+def test_a_drain_wakes_redis_once_per_batch_not_once_per_deadline(fresh_app, monkeypatch):
+    """A batch of expiries makes a restore (and an email) due per order; the drain tells Redis
+    once after the batch, with every row the batch's commits made due."""
+    with fresh_app.app_context():
+        orders = _place_unpaid(12, utcnow() - timedelta(seconds=WINDOW + 5))
+        announced = []
+        monkeypatch.setattr(
+            queue, "announce", lambda deliveries, commands, now=None: announced.append(list(deliveries))
+        )
+        drain_commands(batch_size=20)
+        db.session.expire_all()
+        assert db.session.execute(select(func.count()).where(Order.status == "Cancelled")).scalar_one() == 12
+        db.session.remove()
+    assert len(announced) == 1, announced
+    assert len(announced[0]) == 12 * 2  # each order's restore and its cancellation email
