@@ -7,6 +7,7 @@ they record goes to the outbox in the same commit and the compensation handler r
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -20,6 +21,7 @@ from ..domain.results import Refused
 from ..extensions import db
 from ..outbox import uow
 from ..outbox.failures import Reschedule
+from ..payments import gateway, guard
 from ..payments.apply import ask_and_apply
 from ..payments.start import retire_session_before_cancel
 from ..store import order_store
@@ -187,6 +189,14 @@ def cancel_unpaid(order: LoadedOrder) -> Expiry:
 PROVIDER_EXPIRY_GRACE = timedelta(seconds=2)
 PROVIDER_EXPIRY_PATIENCE = timedelta(minutes=10)
 PROVIDER_EXPIRY_RECHECK = timedelta(seconds=15)
+# A deadline waits this long at most for its turn in the provider's budget; past that it is asked
+# again when the budget says a call frees up (plus up to a second's spread, so the deadlines that
+# fell due together do not all come back at one instant), without spending an attempt. Waiting
+# longer would hold a drain's thread, and the sessionless deadlines due behind it, for as long as
+# the budget takes to serve every session that expired at the same time (bench/deadlines.py
+# --sessions).
+PROVIDER_BUDGET_PATIENCE_SECONDS = 0.25
+PROVIDER_BUDGET_SPREAD_SECONDS = 1.0
 
 
 def _expire_at_the_provider(order: LoadedOrder, now: datetime) -> str:
@@ -201,7 +211,14 @@ def _expire_at_the_provider(order: LoadedOrder, now: datetime) -> str:
         raise Reschedule(as_utc(expires) + PROVIDER_EXPIRY_GRACE)
     # The runner's transaction stays open across this call: it holds the command's claim, which the
     # answer commits with. Unreachable -> raised, and the command is retried with backoff.
-    answer = ask_and_apply(order.payment_session_id, source="deadline", now=now, in_transaction=True)
+    try:
+        with guard.background_call(PROVIDER_BUDGET_PATIENCE_SECONDS):
+            answer = ask_and_apply(order.payment_session_id, source="deadline", now=now, in_transaction=True)
+    except gateway.ProviderUnavailable as exc:
+        if exc.kind not in gateway.BUDGET_KINDS:
+            raise  # the provider is down: the runner's wait for the provider, with its backoff
+        wait = max(exc.retry_after or 0.0, 0.05) + random.uniform(0, PROVIDER_BUDGET_SPREAD_SECONDS)
+        raise Reschedule(now + timedelta(seconds=wait)) from exc
     view, applied = answer.view, answer.applied
     if (
         applied.outcome == "noop"

@@ -327,6 +327,29 @@ def test_a_deadline_finding_the_session_still_open_at_the_provider_asks_again_sh
     assert _order(order_id).status == "PaymentInitiated"
 
 
+def test_a_deadline_whose_provider_budget_is_spent_is_asked_again_at_its_turn_not_waited_for(make_fresh_app, sandbox):
+    """A deadline that must ask the provider, when the endpoint's budget is spent, goes back to
+    pending for when the budget frees up (no attempt spent, no provider failure counted) instead
+    of holding the drain's thread, and the sessionless deadlines behind it, until then."""
+    app = make_fresh_app(
+        STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60, STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1
+    )
+    with app.app_context():
+        placed_at = utcnow()
+        order_id, _variant_id, deadline_id, sid, expires = _at_the_payment_page(placed_at)
+        gateway.retrieve_session(sid)  # the one call this endpoint allows in its window
+        at = expires + timedelta(seconds=2)
+
+        assert run_command(deadline_id, now=at) == "rescheduled"
+
+        row = _command(deadline_id)
+        assert (row.status, row.attempts, row.failure_kind, row.provider_waits) == ("pending", 0, None, 0)
+        wait = (as_utc(row.next_attempt_at) - at).total_seconds()
+        assert 0.05 <= wait <= 1.5 + 1.0  # the budget's next call (one window at most), plus the spread
+        assert _order(order_id).status == "PaymentInitiated"
+        db.session.remove()
+
+
 def test_a_deadline_that_loses_a_race_to_a_webhook_completes_without_retrying(app_ctx, is_postgres):
     if not is_postgres:
         pytest.skip("SQLite serialises writers (BEGIN IMMEDIATE): the interleaving cannot happen there")

@@ -39,7 +39,16 @@ from ...extensions import per_app
 from .breaker import PROBE_SPACING_SECONDS, STATE_WORDS, Breaker, BreakerState, ProbeTurn
 from .budget import _BUCKET_TAKE, Budget, Grant, Held
 from .bulkhead import Bulkhead
-from .calls import CallContext, Priority, current, customer_call, init_app, queue_call, request_priority
+from .calls import (
+    CallContext,
+    Priority,
+    background_call,
+    current,
+    customer_call,
+    init_app,
+    queue_call,
+    request_priority,
+)
 from .limits import GRANT_FRESH_SECONDS, Limits, limits_from
 from .line import Line, Ticket, Turnstile
 from .local import _LocalState
@@ -71,6 +80,7 @@ __all__ = [
     "Turnstile",
     "_LocalState",
     "current",
+    "background_call",
     "customer_call",
     "get",
     "init_app",

@@ -63,6 +63,18 @@ def customer_call(budget_seconds: float | None = None):
 
 
 @contextmanager
+def background_call(patience_seconds: float):
+    """Background calls made inside the block wait at most `patience_seconds` for the budget, for
+    work that would rather be asked again at its turn than hold a worker's thread while it waits
+    (a deadline run by a drain, behind which other deadlines wait)."""
+    token = _context.set(CallContext(Priority.BACKGROUND, None, patience=patience_seconds))
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+@contextmanager
 def queue_call(patience_seconds: float, turn: Ticket | None = None):
     """Calls made inside the block create the session of an order that waited in line: a
     customer's priority in the budget, not held back by the line itself, patient, and (with a
