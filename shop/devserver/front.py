@@ -42,7 +42,12 @@ class FrontError(Exception):
     """Why the front cannot start, in one line."""
 
 
-def nginx_binary() -> str | None:
+def nginx_binary(env=None) -> str | None:
+    """BACKSTOP_NGINX when set (None when that is no executable), else nginx on PATH, else the
+    usual places."""
+    given = ((os.environ if env is None else env).get("BACKSTOP_NGINX") or "").strip()
+    if given:
+        return given if os.access(given, os.X_OK) and os.path.isfile(given) else None
     found = shutil.which("nginx")
     if found:
         return found
@@ -50,6 +55,11 @@ def nginx_binary() -> str | None:
 
 
 NO_NGINX = "nginx is not installed (Debian: apt-get install nginx-light; Heroku: the nginx buildpack)"
+
+
+def no_nginx_words(env=None) -> str:
+    given = ((os.environ if env is None else env).get("BACKSTOP_NGINX") or "").strip()
+    return f"BACKSTOP_NGINX={given} is not an executable file" if given else NO_NGINX
 
 
 def template_path() -> str:
@@ -197,7 +207,7 @@ def serve(host: str, port: int, workers: int, threads: int, front: str) -> int:
         os.execv(argv[0], argv)
     binary = nginx_binary()
     if binary is None:
-        say(f"{NO_NGINX}; refusing to serve without it (WEB_FRONT=none runs gunicorn alone)")
+        say(f"{no_nginx_words()}; refusing to serve without it (WEB_FRONT=none runs gunicorn alone)")
         return 3
 
     stop = {"signal": None}
