@@ -138,6 +138,18 @@ def register_webhook_command():
         click.echo(line)
 
 
+@shop_cli.command("web")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Where the front listens.")
+@click.option("--port", type=click.IntRange(1, 65535), envvar="PORT", default=5000, show_default="$PORT, else 5000")
+def web_command(host, port):
+    """The Procfile's web: gunicorn behind nginx, which reads every request whole first."""
+    # Imported when run: only this command supervises nginx and gunicorn.
+    from .devserver.front import serve
+
+    cfg = current_app.config
+    sys.exit(serve(host, port, cfg["WEB_CONCURRENCY"], cfg["WEB_THREADS"], cfg["WEB_FRONT"]))
+
+
 @shop_cli.command("up")
 @click.option("--port", default=5000, show_default=True, type=int)
 def up_command(port):

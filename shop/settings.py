@@ -92,6 +92,11 @@ class Settings:
     # SMTP_CA_FILE: a PEM bundle trusted instead of the system's CAs when the mailer checks the
     # mail server's certificate (smtp+starttls://, smtps://).
     smtp_ca_file: str | None = None
+    # WEB_FRONT: what `flask shop web` puts before gunicorn ("nginx", or "none" to run it bare).
+    web_front: str = "nginx"
+    # BACKSTOP_BEHIND_FRONT: set by `flask shop web` and `flask shop up` for the gunicorn behind
+    # their nginx: a request from a loopback peer carries the client's address in X-Forwarded-For.
+    behind_front: bool = False
 
     @property
     def uses_sandbox(self) -> bool:
@@ -330,6 +335,14 @@ def _smtp_ca_file(env) -> str | None:
 
 
 POOLERS = ("none", "pgbouncer")
+WEB_FRONTS = ("nginx", "none")
+
+
+def _web_front(env) -> str:
+    raw = (env.get("WEB_FRONT") or "").strip().lower() or "nginx"
+    if raw not in WEB_FRONTS:
+        raise SettingsError("WEB_FRONT", f"must be one of {', '.join(WEB_FRONTS)}, got {raw!r}")
+    return raw
 
 
 def _pooler(env, database_url: str) -> str:
@@ -397,4 +410,6 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         # when it lapses, and the sweep must be taken over within 30 s (docs/REFERENCE.md).
         reconciliation_lease_seconds=_int(env, "BACKSTOP_RECONCILIATION_LEASE_SECONDS", 20, 2, 25),
         metrics_token=_metrics_token(env),
+        web_front=_web_front(env),
+        behind_front=_bool(env, "BACKSTOP_BEHIND_FRONT", False),
     )

@@ -1,9 +1,12 @@
 """Real processes for the tests that start them (tests/processes): the `flask` command of this
 environment, a free port, waiting for a condition with the processes' logs on failure, a set of
-child processes that is always stopped, and the environment a child runs the shop with."""
+child processes that is always stopped, the environment a child runs the shop with, the
+Procfile's web line started as a deployment starts it, and slow clients (`Tricklers`) with a
+probe that times the catalog meanwhile (`time_catalog`)."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -11,7 +14,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+
+import requests
 
 from support import REPO_ROOT
 
@@ -109,3 +115,99 @@ def start_redis_server(port: int, folder: str) -> subprocess.Popen:
     binary = shutil.which("redis-server") or bundled_redis_server()
     command = redis_server_command(binary, port, folder)
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def start_web(procs: Processes, env: dict) -> subprocess.Popen:
+    """The Procfile's web line, run by a shell as a deployment runs it (with PORT in `env`)."""
+    with open(os.path.join(ROOT, "Procfile")) as f:
+        line = next(l.split(":", 1)[1].strip() for l in f if l.startswith("web:"))
+    env = {**env, "PATH": os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")}
+    out = open(os.path.join(procs.folder, "web.log"), "wb")
+    proc = subprocess.Popen(
+        ["sh", "-c", f"exec {line}"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    out.close()
+    procs.children.append(("web", proc))
+    return proc
+
+
+class Tricklers:
+    """`count` slow clients of host:port, each sending a request one header line every `gap`
+    seconds and never finishing it; a client the server drops connects again at once. One
+    thread drives them all. `connected` is how many held a connection at the last round,
+    `dropped` how many times the server closed one."""
+
+    def __init__(self, host: str, port: int, count: int = 200, gap: float = 3.0):
+        self.address, self.count, self.gap = (host, port), count, gap
+        self.connected = self.most_connected = self.dropped = self.lines = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tricklers", daemon=True)
+
+    def __enter__(self) -> Tricklers:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _send(self, sock: socket.socket | None, index: int) -> socket.socket:
+        if sock is None:
+            sock = socket.create_connection(self.address, timeout=2)
+            sock.sendall(f"GET /?slow={index} HTTP/1.1\r\nHost: {self.address[0]}\r\n".encode())
+        else:
+            sock.sendall(f"X-Slow-{self.lines}: still coming\r\n".encode())
+        self.lines += 1
+        return sock
+
+    def _run(self) -> None:
+        socks: list[socket.socket | None] = [None] * self.count
+        # Every client connects at once; their lines are spread over the gap.
+        due = [0.0] * self.count
+        start = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                for i in range(self.count):
+                    if now < due[i]:
+                        continue
+                    try:
+                        socks[i] = self._send(socks[i], i)
+                    except OSError:
+                        if socks[i] is not None:
+                            socks[i].close()
+                            self.dropped += 1
+                        socks[i] = None
+                        due[i] = now
+                        continue
+                    due[i] = (start if now - start < self.gap else now) + self.gap + i * self.gap / self.count
+                self.connected = sum(s is not None for s in socks)
+                self.most_connected = max(self.most_connected, self.connected)
+                self._stop.wait(0.05)
+        finally:
+            for sock in socks:
+                if sock is not None:
+                    sock.close()
+
+
+def time_catalog(base: str, seconds: float, interval: float = 0.05, timeout: float = 10.0) -> list[float]:
+    """GET / (JSON) one after another for `seconds`: each answer's time in seconds; one that
+    failed or was not a 200 counts as `timeout`."""
+    times = []
+    session = requests.Session()
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        started = time.monotonic()
+        try:
+            ok = session.get(base + "/", headers={"Accept": "application/json"}, timeout=timeout).status_code == 200
+        except requests.RequestException:
+            ok = False
+        times.append(time.monotonic() - started if ok else timeout)
+        time.sleep(interval)
+    return times
+
+
+def p99(times: list[float]) -> float:
+    """The 99th percentile (nearest rank)."""
+    ordered = sorted(times)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]

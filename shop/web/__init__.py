@@ -8,7 +8,7 @@ from ..emails import refund_failure_words
 from ..money import format_money
 from ..payments.gateway import hosted_page_origins
 from .answers import negotiated
-from .requests import IdConverter, LimitChunkedBodies, WorkConverter, refuse_nul_text
+from .requests import ClientAddressFromFront, IdConverter, LimitChunkedBodies, WorkConverter, refuse_nul_text
 from .words import status_words
 
 
@@ -39,7 +39,8 @@ def init_app(app) -> None:
     """What every request meets before a view: the URL converters, the refusal of NUL bytes in
     text, the cap on chunked bodies (the webhook reads its own, capped, raw body) and the
     template filters; and what every answer leaves with: the security headers, and `Vary: Accept`
-    when the answer was chosen by the Accept header."""
+    when the answer was chosen by the Accept header. Behind the shop's own front
+    (`BEHIND_FRONT`), the client's address comes from the header the front wrote."""
     app.url_map.converters.update(id=IdConverter, work=WorkConverter)
     app.jinja_env.filters["status_words"] = status_words
     app.jinja_env.filters["refund_failure"] = refund_failure_words
@@ -66,3 +67,5 @@ def init_app(app) -> None:
     app.wsgi_app = LimitChunkedBodies(
         app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",), headers=headers
     )
+    if app.config.get("BEHIND_FRONT"):
+        app.wsgi_app = ClientAddressFromFront(app.wsgi_app)

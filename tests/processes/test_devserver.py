@@ -21,6 +21,8 @@ from werkzeug.test import TestResponse
 
 import shop
 from payment_helpers import Shopper
+from process_support import Tricklers, p99, time_catalog
+from shop.devserver.front import nginx_binary
 
 pytestmark = pytest.mark.slow
 
@@ -275,6 +277,10 @@ def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
     base, sandbox = urls["storefront"], urls["sandbox"]
     assert base == f"http://127.0.0.1:{up.port}"
     assert "Starting Redis (bundled redis-server) on port" in up.output
+    front = nginx_binary() is not None
+    if front:
+        served = rf"^\s+served by\s+nginx on 127\.0\.0\.1:{up.port}, reading each request whole"
+        assert re.search(served, up.output, re.M), up.output
 
     browser = requests.Session()
     catalog = browser.get(base + "/", headers={"Accept": "application/json"}).json()
@@ -322,10 +328,44 @@ def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
     up.proc.wait(timeout=10)
     assert up.proc.returncode == 0, up.output
     # up itself saw every child exit (not merely the parent-death signal after it was gone).
-    assert "==> Stopped web, worker, scheduler, sandbox, redis." in up.output
+    stopped = "web, front, worker, scheduler" if front else "web, worker, scheduler"
+    assert f"==> Stopped {stopped}, sandbox, redis." in up.output
     _assert_all_children_gone(up)
     assert not answers(int(sandbox.rsplit(":", 1)[1]))
     assert "Traceback" not in up.output
+
+
+@pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (apt-get install nginx-light)")
+def test_up_puts_nginx_before_gunicorn_so_200_slow_clients_hold_no_thread(run_up):
+    up = run_up()
+    base = up.wait_until_up()["storefront"]
+    with Tricklers("127.0.0.1", up.port, count=200, gap=3.0) as slow:
+        deadline = time.monotonic() + 10
+        while slow.connected < 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        times = time_catalog(base, 15.0)
+        held = slow.connected
+    summary = f"{len(times)} catalog requests, p99 {p99(times) * 1000:.0f} ms; {held} slow clients connected"
+    assert held >= 180 and len(times) >= 100, summary
+    assert p99(times) < 0.2, summary
+    up.interrupt()
+    _assert_all_children_gone(up)
+
+
+def test_up_without_nginx_says_so_and_serves_with_gunicorn_alone(run_up):
+    up = run_up(env_extra={"BACKSTOP_NGINX": "/nonexistent/nginx"})
+    base = up.wait_until_up()["storefront"]
+    assert re.search(
+        r"^==> WARNING: BACKSTOP_NGINX=/nonexistent/nginx is not an executable file: gunicorn serves "
+        rf"127\.0\.0\.1:{up.port} itself, and a slow or idle client can hold one of its threads",
+        up.output,
+        re.M,
+    ), up.output
+    assert re.search(r"^\s+served by\s+gunicorn, threaded workers, directly \(no nginx in front\)$", up.output, re.M)
+    assert requests.get(base + "/", headers={"Accept": "application/json"}, timeout=10).status_code == 200
+    up.interrupt()
+    assert "==> Stopped web, worker, scheduler, sandbox, redis." in up.output
+    _assert_all_children_gone(up)
 
 
 def test_a_child_that_dies_stops_the_others_and_up_exits_non_zero_naming_it(run_up):

@@ -21,7 +21,7 @@ from werkzeug.test import TestResponse
 
 from factories import seed_catalog_rows
 from payment_helpers import JSON, Shopper
-from process_support import ROOT, Processes, free_port, process_env, wait_until
+from process_support import ROOT, Processes, free_port, process_env, start_web, wait_until
 from shop.extensions import db
 from shop.models import Order
 from shop.payments import guard
@@ -31,19 +31,6 @@ from shop.stripe_sandbox.testing import peak_in_window
 pytestmark = pytest.mark.slow
 
 WEBHOOK_SECRET = "whsec_x"  # process_support.process_env's
-
-
-def start_web(procs: Processes, env: dict) -> None:
-    """The Procfile's web line, run by a shell as a deployment runs it."""
-    with open(os.path.join(ROOT, "Procfile")) as f:
-        line = next(l.split(":", 1)[1].strip() for l in f if l.startswith("web:"))
-    env = {**env, "PATH": os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")}
-    out = open(os.path.join(procs.folder, "web.log"), "wb")
-    proc = subprocess.Popen(
-        ["sh", "-c", f"exec {line}"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    out.close()
-    procs.children.append(("web", proc))
 
 
 def _customer(base: str, skus: dict[str, int]) -> Shopper:
