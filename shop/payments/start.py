@@ -18,6 +18,7 @@ from ..domain.results import Refused
 from ..extensions import db
 from ..models import ProviderRefusal
 from ..outbox import uow
+from ..public_urls import public_url, public_url_for
 from ..store import order_store
 from ..store.order_store import LoadedOrder
 from . import gateway, guard
@@ -148,7 +149,6 @@ def _started_without_a_page(
 def _create_session(order: LoadedOrder, attempt: int, now: datetime) -> gateway.SessionView:
     """The hosted Checkout Session for this attempt; it lives until the order's pay-by time."""
     cfg = current_app.config
-    base = cfg["PUBLIC_BASE_URL"]
     pay_by = unpaid_deadline(order.updated_at, cfg["UNPAID_ORDER_EXPIRY_SECONDS"])
     return gateway.create_checkout_session(
         order_id=order.id,
@@ -158,8 +158,9 @@ def _create_session(order: LoadedOrder, attempt: int, now: datetime) -> gateway.
         currency=order.currency,
         email=order.email,
         expires_at=session_expires_at(pay_by, now, cfg["STRIPE_SESSION_MIN_SECONDS"]),
-        success_url=f"{base}/checkout/return?order={order.reference}&session_id={{CHECKOUT_SESSION_ID}}",
-        cancel_url=f"{base}/orders/{order.reference}?token={order.access_token}",
+        # The provider fills in {CHECKOUT_SESSION_ID}: written out, since url_for would escape the braces.
+        success_url=public_url(f"/checkout/return?order={order.reference}&session_id={{CHECKOUT_SESSION_ID}}"),
+        cancel_url=public_url_for("storefront.order_page", reference=order.reference, token=order.access_token),
     )
 
 
