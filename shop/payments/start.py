@@ -12,7 +12,7 @@ from enum import StrEnum
 from flask import current_app
 
 from .. import queue
-from ..domain.deadlines import session_expires_at, unpaid_deadline, utcnow
+from ..domain.deadlines import session_expires_at, session_pay_by, utcnow
 from ..domain.order import OrderStatus
 from ..domain.results import Refused
 from ..extensions import db
@@ -147,9 +147,11 @@ def _started_without_a_page(
 
 
 def _create_session(order: LoadedOrder, attempt: int, now: datetime) -> gateway.SessionView:
-    """The hosted Checkout Session for this attempt; it lives until the order's pay-by time."""
+    """The hosted Checkout Session for this attempt; it lives until the order's pay-by time, which
+    then is its expires_at. An order that had none yet (held only UNPAID_HOLD_WITHOUT_SESSION_SECONDS)
+    gets the full window from now: its page exists from now on (domain.deadlines.session_pay_by)."""
     cfg = current_app.config
-    pay_by = unpaid_deadline(order.updated_at, cfg["UNPAID_ORDER_EXPIRY_SECONDS"])
+    pay_by = session_pay_by(order.status, order.updated_at, now, cfg["UNPAID_ORDER_EXPIRY_SECONDS"])
     return gateway.create_checkout_session(
         order_id=order.id,
         reference=order.reference,
