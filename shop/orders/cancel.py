@@ -12,7 +12,6 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
-
 from ..domain.deadlines import as_utc, utcnow
 from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderStatus, UNPAID
 from ..domain.results import Refused
