@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from flask import current_app, render_template
+from flask import render_template
 from sqlalchemy import select
 
 from . import mailer
@@ -21,6 +21,7 @@ from .domain.refunds import NOT_RETURNED, SUCCEEDED
 from .extensions import db
 from .models import Order, OutboxEvent, Refund
 from .orders.deadline import pay_by
+from .public_urls import public_url_for
 
 # An email about a state the order can leave: once it has, the email would mislead and is not
 # sent ("your items are held, try again" after the customer cancelled). The others are about
@@ -70,11 +71,10 @@ def render(template: str, order: Order) -> Email | None:
     wanted = STILL_TRUE_WHILE.get(template)
     if wanted is not None and order.status != wanted:
         return None
-    base = current_app.config["PUBLIC_BASE_URL"]
     context = dict(
         order=order,
-        link=f"{base}/orders/{order.reference}?token={order.access_token}",
-        shop=f"{base}/",
+        link=public_url_for("storefront.order_page", reference=order.reference, token=order.access_token),
+        shop=public_url_for("storefront.catalog"),
         deadline=utc_words(pay_by(order)),
         when=utc_words,
     )

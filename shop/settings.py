@@ -27,6 +27,12 @@ class SettingsError(Exception):
         self.variable = variable
 
 
+# UNPAID_HOLD_WITHOUT_SESSION_SECONDS unless set (or the window, when that is shorter): long enough
+# for a provider blip to pass (the breaker's probe reopens payments within seconds, and Stripe's
+# incidents are mostly minutes) and for the customer to come back to "Pay now"; short enough that
+# checkouts piling up without a payment page during an outage hold their stock for a third of the
+# default window, not all of it (docs/REFERENCE.md, Settings).
+DEFAULT_HOLD_WITHOUT_SESSION_SECONDS = 600
 DEFAULT_WEB_CONCURRENCY = 2
 DEFAULT_WEB_THREADS = 32
 
@@ -97,6 +103,9 @@ class Settings:
     # BACKSTOP_BEHIND_FRONT: set by `flask shop web` and `flask shop up` for the gunicorn behind
     # their nginx: a request from a loopback peer carries the client's address in X-Forwarded-For.
     behind_front: bool = False
+    # UNPAID_HOLD_WITHOUT_SESSION_SECONDS: how long an order that never had a payment session
+    # holds its stock (at most the payment window; domain.deadlines.unpaid_hold_seconds).
+    unpaid_hold_without_session_seconds: int = DEFAULT_HOLD_WITHOUT_SESSION_SECONDS
 
     @property
     def uses_sandbox(self) -> bool:
@@ -225,7 +234,9 @@ def _secret_key(env, argv) -> tuple[str, bool]:
     return secrets.token_urlsafe(32), True
 
 
-def _payment_window(env) -> tuple[int, int]:
+def _payment_window(env) -> tuple[int, int, int]:
+    """(UNPAID_ORDER_EXPIRY_SECONDS, RECONCILIATION_STUCK_AGE_SECONDS,
+    UNPAID_HOLD_WITHOUT_SESSION_SECONDS)."""
     expiry = _int(env, "UNPAID_ORDER_EXPIRY_SECONDS", 1800, 1, 7 * 24 * 3600)
     stuck = _int(env, "RECONCILIATION_STUCK_AGE_SECONDS", 1800, 1, 7 * 24 * 3600)
     if stuck != expiry:
@@ -234,7 +245,16 @@ def _payment_window(env) -> tuple[int, int]:
             f"must equal UNPAID_ORDER_EXPIRY_SECONDS ({expiry}), got {stuck}: the sweep and the "
             "per-order deadline must agree on one payment window",
         )
-    return expiry, stuck
+    hold = _int(
+        env, "UNPAID_HOLD_WITHOUT_SESSION_SECONDS", min(DEFAULT_HOLD_WITHOUT_SESSION_SECONDS, expiry), 1, 7 * 24 * 3600
+    )
+    if hold > expiry:
+        raise SettingsError(
+            "UNPAID_HOLD_WITHOUT_SESSION_SECONDS",
+            f"must not be longer than UNPAID_ORDER_EXPIRY_SECONDS ({expiry}), got {hold}: an order "
+            "without a payment page would be held longer than one with it",
+        )
+    return expiry, stuck, hold
 
 
 def _web_threads(env) -> tuple[int, int]:
@@ -359,7 +379,7 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
     env = os.environ if env is None else env
     database_url = _database_url(env, instance_path)
     secret_key, ephemeral = _secret_key(env, argv)
-    expiry, stuck = _payment_window(env)
+    expiry, stuck, hold = _payment_window(env)
     web_threads, max_calls = _web_threads(env)
     poll, stale = _liveness(env)
 
@@ -383,6 +403,7 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         stripe_webhook_secret=(env.get("STRIPE_WEBHOOK_SECRET") or "").strip() or None,
         stripe_api_base=_url(env, "STRIPE_API_BASE", None, ["http://", "https://"]),
         unpaid_order_expiry_seconds=expiry,
+        unpaid_hold_without_session_seconds=hold,
         stripe_session_min_seconds=_int(env, "STRIPE_SESSION_MIN_SECONDS", 1800, 0, 24 * 3600),
         reconciliation_interval_seconds=_int(env, "RECONCILIATION_INTERVAL_SECONDS", 600, 1, 24 * 3600),
         reconciliation_stuck_age_seconds=stuck,

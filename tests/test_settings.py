@@ -28,6 +28,14 @@ BAD = [
     ("RECONCILIATION_INTERVAL_SECONDS", "ten", "whole number"),
     ("RECONCILIATION_INTERVAL_SECONDS", "0", "between"),
     ("RECONCILIATION_STUCK_AGE_SECONDS", "60", "must equal UNPAID_ORDER_EXPIRY_SECONDS"),
+    # The hold of an order without a payment page: never longer than the window of one with it.
+    (
+        "UNPAID_HOLD_WITHOUT_SESSION_SECONDS",
+        "1801",
+        "must not be longer than UNPAID_ORDER_EXPIRY_SECONDS (1800), got 1801",
+    ),
+    ("UNPAID_HOLD_WITHOUT_SESSION_SECONDS", "0", "between 1 and 604800"),
+    ("UNPAID_HOLD_WITHOUT_SESSION_SECONDS", "ten minutes", "whole number"),
     ("RECONCILIATION_STUCK_AGE_SECONDS", "x", "whole number"),
     ("RECONCILIATION_BATCH_SIZE", "0", "between 1 and 1000"),
     ("RECONCILIATION_BATCH_SIZE", "1001", "between 1 and 1000"),
@@ -92,6 +100,23 @@ def test_a_bad_value_is_refused_naming_the_variable(variable, value, problem, tm
     assert caught.value.variable == variable
     message = str(caught.value)
     assert message.startswith(f"{variable}: ") and problem in message and "\n" not in message
+
+
+def test_the_hold_without_a_session_is_600_s_or_the_window_when_shorter_and_never_longer_than_it(tmp_path):
+    def hold(**env) -> int:
+        return load_settings(env, str(tmp_path), argv=CLI).as_config()["UNPAID_HOLD_WITHOUT_SESSION_SECONDS"]
+
+    assert hold() == 600
+    assert hold(UNPAID_HOLD_WITHOUT_SESSION_SECONDS=" 120 ") == 120
+    assert hold(UNPAID_HOLD_WITHOUT_SESSION_SECONDS="1800") == 1800  # as long as the window: allowed
+    short = {"UNPAID_ORDER_EXPIRY_SECONDS": "300", "RECONCILIATION_STUCK_AGE_SECONDS": "300"}
+    assert hold(**short) == 300  # unset: the default never outlasts a shorter window
+    with pytest.raises(SettingsError) as caught:
+        load_settings({**short, "UNPAID_HOLD_WITHOUT_SESSION_SECONDS": "600"}, str(tmp_path), argv=CLI)
+    assert str(caught.value) == (
+        "UNPAID_HOLD_WITHOUT_SESSION_SECONDS: must not be longer than UNPAID_ORDER_EXPIRY_SECONDS (300), "
+        "got 600: an order without a payment page would be held longer than one with it"
+    )
 
 
 def test_a_bad_metrics_token_is_refused_without_repeating_it(tmp_path):

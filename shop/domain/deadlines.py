@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import StrEnum
 
+from .order import OrderStatus
+
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
@@ -20,6 +22,27 @@ def as_utc(value: datetime) -> datetime:
 def unpaid_deadline(last_change: datetime, window_seconds: int) -> datetime:
     """When an unpaid order (PendingPayment / PaymentFailed) stops holding its stock."""
     return as_utc(last_change) + timedelta(seconds=window_seconds)
+
+
+def unpaid_hold_seconds(status: OrderStatus, window_seconds: int, hold_without_session_seconds: int) -> int:
+    """How long an unpaid order holds its stock after its last change. One that never had a
+    payment session (PendingPayment: the provider could not be reached, or the order still waits
+    in line for its page) only the short hold, so that a flood of them during an outage cannot
+    hold the catalog for the whole window; one whose payment failed (PaymentFailed) a fresh full
+    window. Never longer than the window, whatever the configuration says."""
+    if status is OrderStatus.PENDING_PAYMENT:
+        return min(hold_without_session_seconds, window_seconds)
+    return window_seconds
+
+
+def session_pay_by(status: OrderStatus, last_change: datetime, now: datetime, window_seconds: int) -> datetime:
+    """The pay-by time a new Checkout Session is made for (its expires_at follows it, see
+    `session_expires_at`, and the order's pay-by becomes that expires_at). An order that never
+    had a session gets the full window from now, when its payment page comes to exist, however
+    much of its short hold is left; after a failed payment, the window the failure opened."""
+    if status is OrderStatus.PENDING_PAYMENT:
+        return as_utc(now) + timedelta(seconds=window_seconds)
+    return unpaid_deadline(last_change, window_seconds)
 
 
 # The provider checks its minimum against its own clock when the request arrives: a little

@@ -13,9 +13,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
-from flask import current_app
-
-from ..domain.deadlines import as_utc, unpaid_deadline, utcnow
+from ..domain.deadlines import as_utc, utcnow
 from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderStatus, UNPAID
 from ..domain.results import Refused
 from ..extensions import db
@@ -26,6 +24,7 @@ from ..payments.apply import ask_and_apply
 from ..payments.start import retire_session_before_cancel
 from ..store import order_store
 from ..store.order_store import LoadedOrder
+from .deadline import pay_by
 
 log = logging.getLogger("shop.orders")
 
@@ -152,7 +151,7 @@ def expire_unpaid_order(order_id: int, now: datetime) -> Expiry | str:
         return _expire_at_the_provider(order, now)
     if status not in UNPAID:
         return Expiry.CHANGED
-    due = unpaid_deadline(order.updated_at, current_app.config["UNPAID_ORDER_EXPIRY_SECONDS"])
+    due = pay_by(order)  # the short hold while it never had a session, else the window
     if due > now:
         if (due - now).total_seconds() <= 5:
             raise Reschedule(due)  # the scheduler fired early (1 s resolution)

@@ -37,12 +37,13 @@ from sqlalchemy import bindparam, func, select, text, update
 from .. import failpoints
 from ..domain.deadlines import utcnow
 from ..domain.events import OrderPlaced
-from ..domain.order import LIVE_STATUSES
+from ..domain.order import LIVE_STATUSES, OrderStatus
 from ..extensions import db
 from ..models import Product, Cart, CartItem, InventoryItem, Order, Variant
 from ..outbox import schedule_command, write_events
 from ..outbox.uow import transaction
 from ..store import order_store
+from .deadline import unpaid_hold
 
 _REF_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: references are read aloud
 
@@ -277,15 +278,13 @@ def _refuse_cart(rows, lines, variants, most_of_one: int) -> CheckoutRefused | N
 
 
 def _arm_deadline(session, order_id: int, now: datetime) -> None:
-    cfg = current_app.config
-    if cfg["UNPAID_ORDER_EXPIRY_ENABLED"]:
-        schedule_command(
-            session,
-            "expire_unpaid_order",
-            now + timedelta(seconds=cfg["UNPAID_ORDER_EXPIRY_SECONDS"]),
-            order_id=order_id,
-            now=now,
-        )
+    """The new order has no payment session yet: its deadline is the short hold
+    (UNPAID_HOLD_WITHOUT_SESSION_SECONDS). When a session is made (now, or later by "Pay now" or
+    the payment queue) the order's pay-by becomes the session's expires_at, and this deadline,
+    finding the order at the provider, waits for that instead (cancel._expire_at_the_provider)."""
+    if current_app.config["UNPAID_ORDER_EXPIRY_ENABLED"]:
+        due = now + timedelta(seconds=unpaid_hold(OrderStatus.PENDING_PAYMENT))
+        schedule_command(session, "expire_unpaid_order", due, order_id=order_id, now=now)
 
 
 def _take_stock(session, lines, now: datetime) -> None:

@@ -39,7 +39,8 @@ from flask import current_app
 from sqlalchemy import and_, func, or_, select
 
 from .. import queue
-from ..domain.deadlines import utcnow
+from ..domain.deadlines import unpaid_hold_seconds, utcnow
+from ..domain.order import OrderStatus
 from ..extensions import db
 from ..models import Order
 from ..outbox.leases import acquire_lease, holder_name, release_lease, renew_lease
@@ -60,13 +61,21 @@ PATIENCE_SECONDS = 5.0
 TICK_SECONDS = 0.2
 
 
-def _window_start(now: datetime) -> datetime:
-    """Orders last changed before this have passed their pay-by time: their deadline cancels them."""
-    return now - timedelta(seconds=current_app.config["UNPAID_ORDER_EXPIRY_SECONDS"])
+def _still_held(now: datetime):
+    """Orders still within their pay-by time (an order in line past it is its deadline's to
+    cancel): one never given a session (PendingPayment) for UNPAID_HOLD_WITHOUT_SESSION_SECONDS
+    after it was placed, one whose payment failed for the window after the failure."""
+    cfg = current_app.config
+    window = cfg["UNPAID_ORDER_EXPIRY_SECONDS"]
+    hold = unpaid_hold_seconds(OrderStatus.PENDING_PAYMENT, window, cfg["UNPAID_HOLD_WITHOUT_SESSION_SECONDS"])
+    return or_(
+        and_(Order.status == OrderStatus.PENDING_PAYMENT, Order.updated_at > now - timedelta(seconds=hold)),
+        and_(Order.status != OrderStatus.PENDING_PAYMENT, Order.updated_at > now - timedelta(seconds=window)),
+    )
 
 
 def _waiting(now: datetime):
-    return and_(Order.payment_queued_at.is_not(None), Order.updated_at > _window_start(now))
+    return and_(Order.payment_queued_at.is_not(None), _still_held(now))
 
 
 def next_in_line(now: datetime, limit: int, skip=frozenset()) -> list[int]:

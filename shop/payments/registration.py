@@ -15,6 +15,7 @@ from flask import current_app
 
 from ..extensions import db
 from ..models import KeyValue
+from ..public_urls import public_url_for
 from . import gateway
 
 MARKER = "[backstop:auto-registered]"
@@ -62,7 +63,7 @@ def _store(key: str, value: str) -> None:
 
 
 def register_webhook() -> list[str]:
-    target = current_app.config["PUBLIC_BASE_URL"] + "/webhooks/stripe"
+    target = public_url_for("webhooks.stripe_webhook")
     lines = []
     endpoints = gateway.list_webhook_endpoints()
     for ep in endpoints:

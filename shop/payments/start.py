@@ -12,12 +12,13 @@ from enum import StrEnum
 from flask import current_app
 
 from .. import queue
-from ..domain.deadlines import session_expires_at, unpaid_deadline, utcnow
+from ..domain.deadlines import session_expires_at, session_pay_by, utcnow
 from ..domain.order import OrderStatus
 from ..domain.results import Refused
 from ..extensions import db
 from ..models import ProviderRefusal
 from ..outbox import uow
+from ..public_urls import public_url, public_url_for
 from ..store import order_store
 from ..store.order_store import LoadedOrder
 from . import gateway, guard
@@ -146,10 +147,11 @@ def _started_without_a_page(
 
 
 def _create_session(order: LoadedOrder, attempt: int, now: datetime) -> gateway.SessionView:
-    """The hosted Checkout Session for this attempt; it lives until the order's pay-by time."""
+    """The hosted Checkout Session for this attempt; it lives until the order's pay-by time, which
+    then is its expires_at. An order that had none yet (held only UNPAID_HOLD_WITHOUT_SESSION_SECONDS)
+    gets the full window from now: its page exists from now on (domain.deadlines.session_pay_by)."""
     cfg = current_app.config
-    base = cfg["PUBLIC_BASE_URL"]
-    pay_by = unpaid_deadline(order.updated_at, cfg["UNPAID_ORDER_EXPIRY_SECONDS"])
+    pay_by = session_pay_by(order.status, order.updated_at, now, cfg["UNPAID_ORDER_EXPIRY_SECONDS"])
     return gateway.create_checkout_session(
         order_id=order.id,
         reference=order.reference,
@@ -158,8 +160,9 @@ def _create_session(order: LoadedOrder, attempt: int, now: datetime) -> gateway.
         currency=order.currency,
         email=order.email,
         expires_at=session_expires_at(pay_by, now, cfg["STRIPE_SESSION_MIN_SECONDS"]),
-        success_url=f"{base}/checkout/return?order={order.reference}&session_id={{CHECKOUT_SESSION_ID}}",
-        cancel_url=f"{base}/orders/{order.reference}?token={order.access_token}",
+        # The provider fills in {CHECKOUT_SESSION_ID}: written out, since url_for would escape the braces.
+        success_url=public_url(f"/checkout/return?order={order.reference}&session_id={{CHECKOUT_SESSION_ID}}"),
+        cancel_url=public_url_for("storefront.order_page", reference=order.reference, token=order.access_token),
     )
 
 

@@ -5,9 +5,11 @@ A webhook that never arrives produces no event to compensate, and a deadline row
 
   * one cutoff per cycle (now - RECONCILIATION_STUCK_AGE_SECONDS), two passes against it;
   * the expiry pass FIRST: PendingPayment / PaymentFailed orders last changed before the cutoff
-    are cancelled through `orders.cancel.cancel_unpaid`, the deadline's own expiry, whose
-    OrderCancelled event restores the stock through the compensation handler. No provider call:
-    there is nothing to ask about.
+    (a PendingPayment order, which never had a payment session, already once its short hold
+    UNPAID_HOLD_WITHOUT_SESSION_SECONDS is over: `stuck.expiry_cutoffs`) are cancelled through
+    `orders.cancel.cancel_unpaid`, the deadline's own expiry, whose OrderCancelled event
+    restores the stock through the compensation handler. No provider call: there is nothing to
+    ask about.
   * then the provider pass: PaymentInitiated orders with a session, last changed before the
     cutoff, are asked about at the provider and the answer applied (`payments.apply.ask_and_apply`),
     the same guarded path as the webhook (PaymentProof, paid -> Paid, expired -> PaymentFailed).
@@ -78,7 +80,7 @@ from .passes.expiry import expire_stranded_order
 from .passes.in_doubt import BULK_MAX_ORDERS, BULK_THRESHOLD, orders_in_doubt, settle_from_events
 from .passes.late_money import check_cancelled_payment, watched_cancelled_ids
 from .passes.provider import reconcile_stuck_payment, wake_work_waiting_for_the_provider
-from .stuck import stuck_cutoff, stuck_order_ids
+from .stuck import expiry_cutoffs, stuck_cutoff, stuck_order_ids
 
 log = logging.getLogger("shop.sweep")
 
@@ -169,11 +171,12 @@ def _run_passes(result: CycleResult, batch: int, clock, keep_lease) -> None:
     cutoff = result.cutoff
     # Expiry first, so an order the provider pass moves to PaymentFailed keeps its window.
     if result.expiry is not None:
-        ids = stuck_order_ids(UNPAID, cutoff, batch)
+        cutoffs = expiry_cutoffs(result.started_at, cutoff)  # an order without a session: its short hold
+        ids = stuck_order_ids(UNPAID, cutoff, batch, cutoffs=cutoffs)
         _run_pass(
             PassName.EXPIRY,
             ids,
-            lambda oid: expire_stranded_order(oid, cutoff),
+            lambda oid: expire_stranded_order(oid, cutoffs),
             result.expiry,
             result.errors,
             keep_lease,

@@ -7,8 +7,16 @@ from __future__ import annotations
 from ..emails import refund_failure_words
 from ..money import format_money
 from ..payments.gateway import hosted_page_origins
+from ..public_urls import public_url_for
 from .answers import negotiated
-from .requests import ClientAddressFromFront, IdConverter, LimitChunkedBodies, WorkConverter, refuse_nul_text
+from .requests import (
+    ClientAddressFromFront,
+    IdConverter,
+    LimitChunkedBodies,
+    WorkConverter,
+    refuse_nul_text,
+    relative_routing_redirects,
+)
 from .words import status_words
 
 
@@ -36,15 +44,20 @@ def security_headers(config) -> dict[str, str]:
 
 
 def init_app(app) -> None:
-    """What every request meets before a view: the URL converters, the refusal of NUL bytes in
-    text, the cap on chunked bodies (the webhook reads its own, capped, raw body) and the
-    template filters; and what every answer leaves with: the security headers, and `Vary: Accept`
+    """What every request meets before a view: the URL converters, routing redirects made
+    relative (never built from the request's Host), the refusal of NUL bytes in text, the cap on
+    chunked bodies (the webhook reads its own, capped, raw body) and the template filters and
+    `public_url_for`; and what every answer leaves with: the security headers, and `Vary: Accept`
     when the answer was chosen by the Accept header. Behind the shop's own front
     (`BEHIND_FRONT`), the client's address comes from the header the front wrote."""
     app.url_map.converters.update(id=IdConverter, work=WorkConverter)
     app.jinja_env.filters["status_words"] = status_words
     app.jinja_env.filters["refund_failure"] = refund_failure_words
     app.jinja_env.filters["money"] = format_money
+    # A page that shows an absolute address of the shop (the order's private link) takes it from
+    # PUBLIC_BASE_URL, never from the request's Host (url_for's _external).
+    app.jinja_env.globals["public_url_for"] = public_url_for
+    app.before_request(relative_routing_redirects)
     app.before_request(refuse_nul_text)
     headers = security_headers(app.config)
 

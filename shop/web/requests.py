@@ -9,7 +9,9 @@ from flask import request
 from flask_wtf import FlaskForm
 from werkzeug.datastructures import ImmutableMultiDict
 from werkzeug.exceptions import BadRequest
-from werkzeug.routing import BaseConverter, IntegerConverter, ValidationError
+from werkzeug.routing import BaseConverter, IntegerConverter, RequestRedirect, ValidationError
+
+from ..public_urls import relative_location
 
 # Row ids are 32-bit keys. A larger number in a URL or form names nothing: answer "not found"
 # without asking the database (PostgreSQL refuses to compare an integer column with it).
@@ -105,6 +107,18 @@ class Form(FlaskForm):
             ):
                 return json_formdata(request.get_json())
             return super().wrap_formdata(form, formdata)
+
+
+def relative_routing_redirects() -> None:
+    """before_request: a redirect the URL map itself answers (`//orders` -> `/orders`
+    by merge_slashes, `/console` -> `/console/` by strict slashes) is built by werkzeug from the
+    request's Host, so a forged Host would come back in its Location. The same redirect with a
+    relative Location instead (docs/REFERENCE.md, Routes, Conventions); the code (308) is kept."""
+    found = request.routing_exception
+    if isinstance(found, RequestRedirect):
+        relative = RequestRedirect(relative_location(found.new_url, request.script_root))
+        relative.code = found.code
+        request.routing_exception = relative
 
 
 def refuse_nul_text() -> None:

@@ -9,7 +9,14 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from shop.domain.deadlines import SESSION_SLACK_SECONDS as SLACK
-from shop.domain.deadlines import as_utc, retry_delay_seconds, session_expires_at, unpaid_deadline
+from shop.domain.deadlines import (
+    as_utc,
+    retry_delay_seconds,
+    session_expires_at,
+    session_pay_by,
+    unpaid_deadline,
+    unpaid_hold_seconds,
+)
 from shop.domain.events import (
     OrderCancelled,
     OrderPaid,
@@ -236,6 +243,19 @@ T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
 def test_an_unpaid_order_is_due_exactly_at_the_end_of_its_window(now, due):
     assert (now >= unpaid_deadline(T0, 1800)) is due  # the deadline's own test (orders.cancel)
     assert unpaid_deadline(T0, 1800) == T0 + timedelta(seconds=1800)
+
+
+def test_an_order_without_a_payment_session_is_held_for_the_short_hold_and_never_longer_than_the_window():
+    assert unpaid_hold_seconds(OrderStatus.PENDING_PAYMENT, 1800, 600) == 600
+    assert unpaid_hold_seconds(OrderStatus.PAYMENT_FAILED, 1800, 600) == 1800  # a failed payment: a fresh window
+    assert unpaid_hold_seconds(OrderStatus.PENDING_PAYMENT, 300, 600) == 300  # a configuration built around the check
+
+
+def test_a_session_made_for_an_order_that_had_none_gets_the_whole_window_from_its_creation():
+    placed, now = T0, T0 + timedelta(seconds=590)  # "Pay now" ten seconds before the hold ends
+    assert session_pay_by(OrderStatus.PENDING_PAYMENT, placed, now, 1800) == now + timedelta(seconds=1800)
+    # After a failed payment: the window the failure opened, not a new one per attempt.
+    assert session_pay_by(OrderStatus.PAYMENT_FAILED, placed, now, 1800) == placed + timedelta(seconds=1800)
 
 
 def test_naive_database_datetimes_are_read_as_utc():

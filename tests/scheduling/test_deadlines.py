@@ -25,6 +25,7 @@ from shop.payments.apply import reconcile_order
 from shop.payments.start import start_payment
 
 WINDOW = 1800  # the default payment window
+HOLD = 600  # the default hold of an order that never had a payment session (PendingPayment)
 SKU = "MUG-350-SND"  # 12 in stock after seeding
 
 
@@ -109,7 +110,7 @@ def test_an_unpaid_order_is_cancelled_at_its_deadline_and_its_stock_comes_back(a
     order_id, variant_id, deadline_id = _checkout(quantity=2, now=placed_at)
     assert _on_hand(variant_id) == 10
     due = as_utc(_command(deadline_id).next_attempt_at)
-    assert due == placed_at + timedelta(seconds=WINDOW)
+    assert due == placed_at + timedelta(seconds=HOLD)  # no payment session yet: the short hold
 
     assert run_command(deadline_id, now=due) == "done"
 
@@ -124,7 +125,7 @@ def test_an_unpaid_order_is_cancelled_at_its_deadline_and_its_stock_comes_back(a
 def test_a_deadline_that_fires_a_second_early_is_rescheduled_to_its_due_time_and_then_cancels(app_ctx):
     placed_at = utcnow()
     order_id, variant_id, deadline_id = _checkout(now=placed_at)
-    due = placed_at + timedelta(seconds=WINDOW)
+    due = placed_at + timedelta(seconds=HOLD)
 
     # A job by id (as older releases enqueued through rq-scheduler, which may move a job up to a
     # second early) claims it a little before its time, and hands it back.
@@ -149,7 +150,7 @@ def test_a_deadline_run_long_before_its_time_changes_nothing(app_ctx):
     placed_at = utcnow()
     order_id, variant_id, deadline_id = _checkout(now=placed_at)
 
-    assert run_command(deadline_id, now=placed_at + timedelta(minutes=10)) == "skipped"
+    assert run_command(deadline_id, now=placed_at + timedelta(minutes=5)) == "skipped"
 
     order = _order(order_id)
     assert (order.status, order.version) == ("PendingPayment", 1)
@@ -157,17 +158,18 @@ def test_a_deadline_run_long_before_its_time_changes_nothing(app_ctx):
     assert _on_hand(variant_id) == 10
 
 
-def test_a_payment_that_failed_at_minute_20_gets_a_fresh_full_window_and_the_old_deadline_is_a_noop(paying_ctx):
-    # The order was placed 20 minutes ago; its payment fails now ("minute 20").
-    minute_20 = utcnow()
-    placed_at = minute_20 - timedelta(minutes=20)
+def test_a_payment_that_failed_at_minute_5_gets_a_fresh_full_window_and_the_old_deadline_is_a_noop(paying_ctx):
+    # The order was placed 5 minutes ago, within its hold; its payment (started by "Pay now")
+    # fails now ("minute 5").
+    minute_5 = utcnow()
+    placed_at = minute_5 - timedelta(minutes=5)
     order_id, variant_id, old_id = _checkout(now=placed_at)
-    assert start_payment(order_id, now=minute_20).status == "started"
+    assert start_payment(order_id, now=minute_5).status == "started"
     session_id = _order(order_id).payment_session_id
     gateway.expire_session(session_id)
-    assert reconcile_order(order_id, source="test", now=minute_20).outcome == "payment_failed"
+    assert reconcile_order(order_id, source="test", now=minute_5).outcome == "payment_failed"
     [followups] = _deliveries(order_id, "OrderPaymentFailed")
-    # At its due time (written just after minute_20): a delivery is never claimed early.
+    # At its due time (written just after minute_5): a delivery is never claimed early.
     ran_at = as_utc(followups.next_attempt_at)
     assert run_delivery(followups.id, now=ran_at) == "done"
 
@@ -177,19 +179,19 @@ def test_a_payment_that_failed_at_minute_20_gets_a_fresh_full_window_and_the_old
     old, new = _deadlines(order_id)
     old_due, new_id, new_due = as_utc(old.next_attempt_at), new.id, as_utc(new.next_attempt_at)
     assert old.id == old_id
-    assert old_due == placed_at + timedelta(seconds=WINDOW)  # minute 30
+    assert old_due == placed_at + timedelta(seconds=HOLD)  # minute 10: the end of its hold
     # A full window from the failure (from when the follow-up ran, if that was later).
     assert new_due == max(failed_at, ran_at) + timedelta(seconds=WINDOW)
-    assert abs((new_due - (minute_20 + timedelta(seconds=WINDOW))).total_seconds()) < 5
+    assert abs((new_due - (minute_5 + timedelta(seconds=WINDOW))).total_seconds()) < 5
 
-    # Minute 30: the first deadline fires and does nothing.
+    # Minute 10: the first deadline fires and does nothing.
     assert run_command(old_id, now=old_due) == "done"
     still = _order(order_id)
     assert (still.status, still.version) == ("PaymentFailed", failed_version)
     assert _deliveries(order_id, "OrderCancelled") == []
     assert _on_hand(variant_id) == 10
 
-    # Minute 50: the fresh deadline cancels and the stock comes back.
+    # Minute 35: the fresh deadline cancels and the stock comes back.
     assert run_command(new_id, now=new_due) == "done"
     assert _order(order_id).status == "Cancelled"
     _restore(order_id, now=new_due)
@@ -390,7 +392,7 @@ def test_a_deadline_that_loses_a_race_to_a_webhook_completes_without_retrying(ap
 
 def test_a_deadline_falling_due_after_a_redis_wipe_is_found_by_the_next_poll_and_runs(app_ctx, redis_conn):
     # Placed so that its deadline falls due two seconds from now, on the real clock a worker uses.
-    placed_at = utcnow() - timedelta(seconds=WINDOW - 2)
+    placed_at = utcnow() - timedelta(seconds=HOLD - 2)
     order_id, variant_id, deadline_id = _checkout(now=placed_at)
     due = as_utc(_command(deadline_id).next_attempt_at)
 

@@ -19,12 +19,12 @@ log = logging.getLogger("shop.sweep")
 S = OrderStatus
 
 
-def expire_stranded_order(order_id: int, cutoff: datetime) -> ExpiryOutcome:
+def expire_stranded_order(order_id: int, cutoffs: dict[OrderStatus, datetime]) -> ExpiryOutcome:
     """Cancel one unpaid order the selection found, in its own transaction, if it still is
-    unpaid and past the cutoff after a fresh load."""
+    unpaid and past its state's cutoff (`stuck.expiry_cutoffs`) after a fresh load."""
     session = db.session
     order = order_store.read(order_id, fresh=True)
-    if order is None or order.status not in UNPAID or as_utc(order.updated_at) >= cutoff:
+    if order is None or order.status not in UNPAID or as_utc(order.updated_at) >= cutoffs[order.status]:
         session.rollback()
         log.info("sweep: order %s changed since it was selected; the expiry pass leaves it", order_id)
         return ExpiryOutcome.CHANGED
