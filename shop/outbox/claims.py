@@ -114,6 +114,32 @@ def _claim_params(now: datetime, worker: str, early_seconds: float = 0) -> dict:
     return dict(due_by=now + timedelta(seconds=early_seconds), at=now, worker=worker, lease_until=now + lease)
 
 
+@functools.cache
+def _next_pending(t):
+    after = bindparam("after", type_=t.c.next_attempt_at.type)
+    return (
+        select(t.c.next_attempt_at)
+        .where(t.c.status == WorkStatus.PENDING, t.c.next_attempt_at > after)
+        .order_by(t.c.next_attempt_at)
+        .limit(1)
+    )
+
+
+def next_due_within(model, now: datetime, seconds: float) -> datetime | None:
+    """When the next pending row not yet due falls due, if that is within `seconds` of `now` (None
+    otherwise): one lookup on the (status, next_attempt_at) index, ending its own transaction.
+    (A row already due that the caller could not claim is someone else's: not waited for.)"""
+    try:
+        due = db.session.execute(_next_pending(model.__table__), {"after": now}).scalar()
+    finally:
+        db.session.rollback()
+    if due is None:
+        return None
+    if due.tzinfo is None:  # SQLite keeps naive UTC
+        due = due.replace(tzinfo=now.tzinfo)
+    return due if due <= now + timedelta(seconds=seconds) else None
+
+
 def any_due(model, now: datetime) -> bool:
     """Is any row claimable now (pending and due, or with a lapsed lease and attempts left)? What
     every scheduler asks each poll; one indexed lookup that ends its own transaction."""

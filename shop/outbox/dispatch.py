@@ -25,6 +25,9 @@ from .runner import RunOutcome
 # after this long.
 DRAIN_BATCH_SIZE = 20
 DRAIN_BUDGET_SECONDS = 2.0
+# A command drain with nothing due waits this long for the next deadline about to fall due (the
+# scheduler's poll would wake a drain for it up to a second later; see runner.Work).
+COMMAND_LOOKAHEAD_SECONDS = 0.5
 
 
 def drain_threads() -> int:
@@ -100,6 +103,7 @@ COMMANDS = runner.Work(
     _describe_command,
     early_claim_seconds=runner.EARLY_CLAIM_SECONDS,
     claim_returns=("id", "kind", "order_id", "payload"),
+    lookahead_seconds=COMMAND_LOOKAHEAD_SECONDS,
 )
 
 

@@ -45,7 +45,7 @@ from ..extensions import db
 from ..models import WorkStatus
 from ..node import node_name
 from . import uow
-from .claims import claim, claim_batch, claim_returning, mark_done, release
+from .claims import claim, claim_batch, claim_returning, mark_done, next_due_within, release
 
 # Raised by handlers and commands; named here too for the callers that catch them.
 from .failures import PermanentFailure, Reschedule, WAITING_FOR_PROVIDER, failure_kind  # noqa: F401
@@ -91,6 +91,10 @@ class Work:
     describe: Callable[[Any], str]
     load_options: tuple = field(default=())
     early_claim_seconds: float = 0
+    # A drain that finds nothing due waits (up to this long, within its budget) for a row about
+    # to fall due rather than end and leave it to the next poll, up to a poll interval later:
+    # deadlines fall due at their own instants, a flash sale's spread over seconds.
+    lookahead_seconds: float = 0
     # Columns `execute` and `describe` read, when they read nothing else: then the claim's
     # UPDATE returns them and a row claimed by id needs no second query to load it.
     claim_returns: tuple[str, ...] = field(default=())
@@ -160,6 +164,8 @@ def drain(
             claimed_mono = time.monotonic()
             ids = claim_batch(work.model, claimed_at, worker, batch_size)
             if not ids:
+                if now is None and _waited_for_next(work, started, budget_seconds, should_yield):
+                    continue
                 break
             rows = (
                 session.execute(
@@ -195,6 +201,20 @@ def drain(
         uow.publish_gathered(session)
         db.session.remove()
     return {**counts, "more": more}
+
+
+def _waited_for_next(work: Work, started: float, budget_seconds: float, should_yield) -> bool:
+    """Nothing is due: if a row falls due within the work's lookahead (and the drain's budget),
+    sleep until then and say so (the caller claims again); False when the drain should end."""
+    left = budget_seconds - (time.monotonic() - started)
+    if work.lookahead_seconds <= 0 or left <= 0 or (should_yield is not None and should_yield()):
+        return False
+    now = utcnow()
+    due = next_due_within(work.model, now, min(work.lookahead_seconds, left))
+    if due is None:
+        return False
+    time.sleep(max(0.0, (due - now).total_seconds()) + 0.005)
+    return True
 
 
 def _reschedule(model, work_id, worker, due, now) -> None:

@@ -244,3 +244,19 @@ def test_a_drain_wakes_redis_once_per_batch_not_once_per_deadline(fresh_app, mon
         db.session.remove()
     assert len(announced) == 1, announced
     assert len(announced[0]) == 12 * 2  # each order's restore and its cancellation email
+
+
+def test_a_drain_with_nothing_due_runs_the_deadline_about_to_fall_due_instead_of_leaving_it_to_the_next_poll(
+    fresh_app, monkeypatch
+):
+    ran = []
+    monkeypatch.setitem(shop.scheduling.commands.COMMANDS, "counting", lambda row, now: ran.append(row.id))
+    with fresh_app.app_context():
+        soon = utcnow() + timedelta(seconds=0.3)
+        later = utcnow() + timedelta(seconds=30)  # past the lookahead: the poll's, not this drain's
+        first = schedule_command(db.session, "counting", soon, now=utcnow())
+        schedule_command(db.session, "counting", later, now=utcnow())
+        db.session.commit()
+        db.session.remove()
+        result = drain_commands()
+    assert ran == [first] and result["done"] == 1
