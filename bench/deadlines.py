@@ -156,6 +156,7 @@ def main() -> int:
     )
     parser.add_argument("--lead", type=float, default=5.0, help="seconds from arming to the first deadline")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--timeline", action="store_true", help="print lateness by when each deadline fell due")
     parser.add_argument(
         "--sessions",
         type=int,
@@ -414,6 +415,22 @@ def main() -> int:
                 print(describe("cancelled", cancelled))
                 print(describe("completed", completed))
                 print(describe("restored", restored))
+                if args.timeline and dues:
+                    # Lateness by when the deadline fell due, in half seconds from the first: where
+                    # in the burst the late ones were (a drain's budget, a poll, the backlog).
+                    first = min(dues)
+                    buckets: dict[int, list[float]] = {}
+                    for r in group:
+                        if r.id in cancelled_at:
+                            key = int((due_of(r) - first).total_seconds() * 2)
+                            buckets.setdefault(key, []).append(late(cancelled_at[r.id], r))
+                    print(
+                        "  by due time: "
+                        + "  ".join(
+                            f"+{k / 2:.1f}s:{statistics.median(v):.2f}/{max(v):.2f}" for k, v in sorted(buckets.items())
+                        )
+                        + "  (median/max cancelled lateness, s)"
+                    )
                 return cancelled
 
             plain = [r for r in rows if r.id not in session_orders]

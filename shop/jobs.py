@@ -52,7 +52,7 @@ def drain_commands(slot: int | None = None) -> dict:
         queue.drain_started(slot, queue.Drain.COMMANDS)
         result = dispatch.drain_commands_concurrently(dispatch.drain_threads(), should_yield=queue.other_jobs_waiting)
         if result["more"]:
-            queue.request_drain(kind=queue.Drain.COMMANDS)
+            queue.request_drain(kind=queue.Drain.COMMANDS, continuing=True)
         return result
 
 

@@ -13,7 +13,7 @@ import uuid
 from enum import StrEnum
 
 from flask import current_app
-from rq import Queue
+from rq import Queue, Worker
 
 from ..extensions import per_app
 from .connection import COMMAND_DRAIN_JOB, DRAIN_JOB, queue_names, redis_conn, work_queue
@@ -72,7 +72,7 @@ def _drain_job_prefix() -> str:
     return f"{current_app.config['QUEUE_PREFIX']}-drain-"
 
 
-def drain_job(slot: int | None, kind: Drain = Drain.DELIVERIES):
+def drain_job(slot: int | None, kind: Drain = Drain.DELIVERIES, at_front: bool = False):
     return Queue.prepare_data(
         _JOB[kind],
         args=(slot,),
@@ -80,6 +80,7 @@ def drain_job(slot: int | None, kind: Drain = Drain.DELIVERIES):
         failure_ttl=3600,
         timeout=300,
         job_id=f"{_drain_job_prefix()}{uuid.uuid4().hex}",
+        at_front=at_front,
     )
 
 
@@ -88,15 +89,25 @@ def drain_jobs(*kinds: Drain) -> list:
     return [drain_job(slot, kind) for kind, slot in take_drain_slots(*kinds).items() if slot is not None]
 
 
-def request_drain(force: bool = False, kind: Drain = Drain.DELIVERIES) -> bool:
+def request_drain(force: bool = False, kind: Drain = Drain.DELIVERIES, continuing: bool = False) -> bool:
     """Ask for a drain of due rows of `kind`: when a slot is free, or always with `force` (the
     relay, which must not trust a slot whose drain Redis may have lost). Returns whether one was
-    enqueued."""
+    enqueued.
+
+    `continuing`: a command drain that ran out of its budget with deadlines still due asks for
+    its successor at the FRONT of the queue when another worker listens: behind the delivery
+    drains queued meanwhile it would wait out one of their budgets (2 s of lateness for every
+    deadline of a flash sale), while they have the other worker. A lone worker takes turns."""
     slot = None if force else take_drain_slot(kind)
     if slot is None and not force:
         return False
-    work_queue().enqueue_many([drain_job(slot, kind)])
+    front = continuing and kind is Drain.COMMANDS and _workers_listening() > 1
+    work_queue().enqueue_many([drain_job(slot, kind, at_front=front)])
     return True
+
+
+def _workers_listening() -> int:
+    return Worker.count(queue=work_queue())
 
 
 def drain_started(slot: int | None, kind: Drain = Drain.DELIVERIES) -> None:
