@@ -192,8 +192,8 @@ def drain(
                 counts[run_claimed(work, row.id, now or utcnow(), worker, row=row)] += 1
                 session.expunge_all()  # nothing one row loaded leaks into the next
             uow.publish_gathered(session)  # what the batch's commits made due, in one wake-up
-            if more or len(ids) < batch_size:
-                break
+            if more or (len(ids) < batch_size and not work.lookahead_seconds):
+                break  # (work with a lookahead claims again: more may have fallen due meanwhile)
             if time.monotonic() - started >= budget_seconds or (should_yield is not None and should_yield()):
                 more = True
                 break

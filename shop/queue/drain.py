@@ -95,13 +95,14 @@ def request_drain(force: bool = False, kind: Drain = Drain.DELIVERIES, continuin
     enqueued.
 
     `continuing`: a command drain that ran out of its budget with deadlines still due asks for
-    its successor at the FRONT of the queue when another worker listens: behind the delivery
-    drains queued meanwhile it would wait out one of their budgets (2 s of lateness for every
-    deadline of a flash sale), while they have the other worker. A lone worker takes turns."""
-    slot = None if force else take_drain_slot(kind)
-    if slot is None and not force:
-        return False
+    its successor at the FRONT of the queue when another worker listens, whether or not a slot
+    is free (the drains already waiting were woken by the poll, behind the delivery drains): behind
+    those it would wait out one of their budgets (a second or two of lateness for every deadline
+    of a flash sale), while they have the other worker. A lone worker takes turns."""
     front = continuing and kind is Drain.COMMANDS and _workers_listening() > 1
+    slot = None if force or front else take_drain_slot(kind)
+    if slot is None and not (force or front):
+        return False
     work_queue().enqueue_many([drain_job(slot, kind, at_front=front)])
     return True
 

@@ -260,3 +260,32 @@ def test_a_drain_with_nothing_due_runs_the_deadline_about_to_fall_due_instead_of
         db.session.remove()
         result = drain_commands()
     assert ran == [first] and result["done"] == 1
+
+
+def test_a_command_drain_out_of_budget_queues_its_successor_ahead_of_waiting_delivery_drains(fresh_app, redis_conn):
+    """With a second worker listening, the deadlines still due do not wait out a delivery drain's
+    budget behind it: the successor goes to the front, even with both command slots taken by
+    drains the poll woke (queued behind the delivery drains). A lone worker takes turns."""
+    from rq import Worker
+
+    with fresh_app.app_context():
+        queue.wake(queue.Drain.DELIVERIES)
+        queue.wake(queue.Drain.DELIVERIES)
+        queue.wake(queue.Drain.COMMANDS)
+        queue.wake(queue.Drain.COMMANDS)  # both command slots taken
+        behind = [j.func_name for j in queue.work_queue().jobs]
+        assert behind[0] == queue.DRAIN_JOB
+
+        alone = Worker([queue.work_queue()], connection=queue.redis_conn(), name="w1")
+        alone.register_birth()
+        assert queue.request_drain(kind=queue.Drain.COMMANDS, continuing=True) is False  # takes turns
+        assert queue.work_queue().jobs[0].func_name == queue.DRAIN_JOB
+
+        second = Worker([queue.work_queue()], connection=queue.redis_conn(), name="w2")
+        second.register_birth()
+        try:
+            assert queue.request_drain(kind=queue.Drain.COMMANDS, continuing=True) is True
+            assert queue.work_queue().jobs[0].func_name == queue.COMMAND_DRAIN_JOB
+        finally:
+            alone.register_death()
+            second.register_death()
