@@ -13,12 +13,17 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
+from flask import current_app
+
 from ..domain.deadlines import as_utc, utcnow
 from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderStatus, UNPAID
 from ..domain.results import Refused
 from ..extensions import db
 from ..outbox import uow
+from ..models import ScheduledCommand
+from ..outbox.claims import count_due
 from ..outbox.failures import Reschedule
+from ..outbox.writer import DEADLINE_KIND
 from ..payments import gateway, guard
 from ..payments.apply import ask_and_apply
 from ..payments.start import retire_session_before_cancel
@@ -189,13 +194,23 @@ PROVIDER_EXPIRY_GRACE = timedelta(seconds=2)
 PROVIDER_EXPIRY_PATIENCE = timedelta(minutes=10)
 PROVIDER_EXPIRY_RECHECK = timedelta(seconds=15)
 # A deadline waits this long at most for its turn in the provider's budget; past that it is asked
-# again when the budget says a call frees up (plus up to a second's spread, so the deadlines that
-# fell due together do not all come back at one instant), without spending an attempt. Waiting
-# longer would hold a drain's thread, and the sessionless deadlines due behind it, for as long as
-# the budget takes to serve every session that expired at the same time (bench/deadlines.py
-# --sessions).
+# again later, without spending an attempt. Waiting longer would hold a drain's thread, and the
+# sessionless deadlines due behind it, for as long as the budget takes to serve every session
+# that expired at the same time (bench/deadlines.py --sessions). "Later" is spread over the time
+# the budget needs for every deadline due now, so that 200 sessions expiring at one instant ask
+# again about once each, not every second each (each asking costs a drain's claim and a write).
 PROVIDER_BUDGET_PATIENCE_SECONDS = 0.25
-PROVIDER_BUDGET_SPREAD_SECONDS = 1.0
+PROVIDER_BUDGET_SPREAD_MIN_SECONDS = 1.0
+
+
+def _budget_wait(retry_after: float | None, now: datetime) -> float:
+    """Seconds until a deadline refused by the provider's budget asks again: the budget's own
+    wait, plus a random place among the deadlines due now at the endpoint's rate."""
+    waiting = count_due(ScheduledCommand, "kind", DEADLINE_KIND, now)
+    spread = max(
+        PROVIDER_BUDGET_SPREAD_MIN_SECONDS, waiting / current_app.config["STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND"]
+    )
+    return max(retry_after or 0.0, 0.05) + random.uniform(0, spread)
 
 
 def _expire_at_the_provider(order: LoadedOrder, now: datetime) -> str:
@@ -216,8 +231,7 @@ def _expire_at_the_provider(order: LoadedOrder, now: datetime) -> str:
     except gateway.ProviderUnavailable as exc:
         if exc.kind not in gateway.BUDGET_KINDS:
             raise  # the provider is down: the runner's wait for the provider, with its backoff
-        wait = max(exc.retry_after or 0.0, 0.05) + random.uniform(0, PROVIDER_BUDGET_SPREAD_SECONDS)
-        raise Reschedule(now + timedelta(seconds=wait)) from exc
+        raise Reschedule(now + timedelta(seconds=_budget_wait(exc.retry_after, now))) from exc
     view, applied = answer.view, answer.applied
     if (
         applied.outcome == "noop"

@@ -13,7 +13,7 @@ import functools
 from datetime import datetime, timedelta
 
 from flask import current_app
-from sqlalchemy import and_, bindparam, case, or_, select, update
+from sqlalchemy import and_, bindparam, case, func, or_, select, update
 
 from ..models import WorkStatus
 from ..extensions import db
@@ -138,6 +138,25 @@ def next_due_within(model, now: datetime, seconds: float) -> datetime | None:
     if due.tzinfo is None:  # SQLite keeps naive UTC
         due = due.replace(tzinfo=now.tzinfo)
     return due if due <= now + timedelta(seconds=seconds) else None
+
+
+@functools.cache
+def _count_due(t, column: str):
+    return (
+        select(func.count())
+        .select_from(t)
+        .where(
+            t.c.status == WorkStatus.PENDING,
+            t.c.next_attempt_at <= bindparam("due_by", type_=t.c.next_attempt_at.type),
+            t.c[column] == bindparam("name"),
+        )
+    )
+
+
+def count_due(model, column: str, name: str, by: datetime) -> int:
+    """How many pending rows of one kind (`column` == `name`) are due by `by`: a range of the
+    (status, next_attempt_at) index. In the caller's transaction."""
+    return db.session.execute(_count_due(model.__table__, column), {"due_by": by, "name": name}).scalar_one()
 
 
 def any_due(model, now: datetime) -> bool:
