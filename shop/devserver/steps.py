@@ -133,7 +133,9 @@ def _start_gunicorn(plan: Plan, sup: Supervisor, console: Console) -> None:
         "--access-logfile",
         "-",
         "--access-logformat",
-        "%(m)s %(U)s%(q)s -> %(s)s in %(M)sms",
+        "%(m)s %(U)s%(q)s -> %(s)s in %(M)sms",  # %(q)s: "?" and the query, its token hidden
+        "--logger-class",
+        "shop.devserver.access_log.AccessLog",
     ]
     if _gunicorn_has_flag("--no-control-socket"):
         # gunicorn >= 25 opens ~/.gunicorn/gunicorn.ctl by default: two demos would share it.

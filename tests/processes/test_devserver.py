@@ -322,6 +322,12 @@ def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
     assert r.status_code == 200, r.text
     # Only the sandbox's signed webhook, received by the running web process, can make it Paid.
     assert _wait_for_status(browser, f"{base}/orders/{reference}", "Paid") == "Paid", up.output
+    # The private link works, and the access log keeps its "?" but never writes its token.
+    page = browser.get(f"{base}/orders/{reference}", headers={"Accept": "text/html"}).text
+    link = re.search(rf"/orders/{reference}\?token=([A-Za-z0-9_-]+)", page)
+    assert link, page
+    access_token = link.group(1)
+    assert requests.get(f"{base}{link.group(0)}", headers={"Accept": "application/json"}).status_code == 200
 
     assert processes_carrying(up.marker), "the children should be running before Ctrl-C"
     os.killpg(up.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group
@@ -333,6 +339,8 @@ def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
     _assert_all_children_gone(up)
     assert not answers(int(sandbox.rsplit(":", 1)[1]))
     assert "Traceback" not in up.output
+    assert f"/orders/{reference}?token=[hidden]" in up.output, up.output  # complete once up has ended
+    assert access_token not in up.output
 
 
 @pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (apt-get install nginx-light)")
