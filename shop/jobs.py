@@ -45,6 +45,12 @@ def drain(slot: int | None = None) -> dict:
         return result
 
 
+# A command drain's successor may jump the queue (queue.request_drain) only while no restore
+# has been due longer than this: priority for the deadlines, with aging, so that restores (the
+# stock back on sale) wait out a burst of deadlines for seconds at most, never for all of it.
+RESTORE_PATIENCE_SECONDS = 3.0
+
+
 def drain_commands(slot: int | None = None) -> dict:
     """Run due scheduled commands (deadlines, emails, refunds) in batches, as `drain` runs
     deliveries: the scheduler's poll and a commit that made a command due wake one."""
@@ -52,7 +58,8 @@ def drain_commands(slot: int | None = None) -> dict:
         queue.drain_started(slot, queue.Drain.COMMANDS)
         result = dispatch.drain_commands_concurrently(dispatch.drain_threads(), should_yield=queue.other_jobs_waiting)
         if result["more"]:
-            queue.request_drain(kind=queue.Drain.COMMANDS, continuing=True)
+            ahead = not dispatch.restores_waiting_longer_than(RESTORE_PATIENCE_SECONDS)
+            queue.request_drain(kind=queue.Drain.COMMANDS, continuing=ahead)
         return result
 
 

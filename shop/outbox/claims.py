@@ -71,13 +71,18 @@ def _rank(t):
     return case((t.c[column].in_(names), 0), else_=1)
 
 
+def _first_kinds(t):
+    column, names = CLAIMED_FIRST[t.name]
+    return t.c[column].in_(names)
+
+
 @functools.cache
-def _claim_many(t):
+def _claim_many(t, first_only: bool = False):
     # A CTE, evaluated once: as `id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` PostgreSQL
     # may run the subquery again per row and claim more than n.
     due = (
         select(t.c.id)
-        .where(_claimable(t))
+        .where(_claimable(t), *((_first_kinds(t),) if first_only else ()))
         .order_by(*(key for key in (_rank(t), t.c.next_attempt_at, t.c.id) if key is not None))
         .limit(bindparam("batch"))
         .with_for_update(skip_locked=True)
@@ -159,6 +164,20 @@ def count_due(model, column: str, name: str, by: datetime) -> int:
     return db.session.execute(_count_due(model.__table__, column), {"due_by": by, "name": name}).scalar_one()
 
 
+@functools.cache
+def _first_due_first(t):
+    return select(t.c.id).where(_claimable(t), _first_kinds(t)).limit(1)
+
+
+def any_claimed_first_due(model, by: datetime) -> bool:
+    """Is a row of the kinds claimed first (CLAIMED_FIRST: a restore, a deadline) claimable with
+    `by` as the time (due by then, or its lease lapsed by then)? Ends its own transaction."""
+    try:
+        return db.session.execute(_first_due_first(model.__table__), dict(due_by=by, at=by)).first() is not None
+    finally:
+        db.session.rollback()
+
+
 def any_due(model, now: datetime) -> bool:
     """Is any row claimable now (pending and due, or with a lapsed lease and attempts left)? What
     every scheduler asks each poll; one indexed lookup that ends its own transaction."""
@@ -176,14 +195,13 @@ def claim(model, work_id: int, now: datetime, worker: str, early_seconds: float 
     return result.rowcount == 1
 
 
-def claim_batch(model, now: datetime, worker: str, limit: int) -> list[int]:
+def claim_batch(model, now: datetime, worker: str, limit: int, first_only: bool = False) -> list[int]:
     """Claim up to `limit` due rows in one statement: the stock-freeing kinds first
-    (CLAIMED_FIRST), then oldest first. Concurrent drains on PostgreSQL skip each other's locked
-    rows instead of waiting; the outer WHERE repeats the condition so a row claimed and committed
-    meanwhile is never taken twice."""
-    ids = (
-        db.session.execute(_claim_many(model.__table__), dict(_claim_params(now, worker), batch=limit)).scalars().all()
-    )
+    (CLAIMED_FIRST), then oldest first; with `first_only`, those kinds alone. Concurrent drains
+    on PostgreSQL skip each other's locked rows instead of waiting; the outer WHERE repeats the
+    condition so a row claimed and committed meanwhile is never taken twice."""
+    statement = _claim_many(model.__table__, first_only)
+    ids = db.session.execute(statement, dict(_claim_params(now, worker), batch=limit)).scalars().all()
     db.session.commit()
     return sorted(ids)
 

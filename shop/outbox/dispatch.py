@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
 
 from flask import current_app
@@ -14,9 +14,10 @@ from flask import current_app
 from sqlalchemy.orm import joinedload
 
 from .. import queue
+from ..domain.deadlines import utcnow
 from ..domain.events import event_from_payload
 from ..models import OutboxDelivery, ScheduledCommand
-from . import runner
+from . import claims, runner
 from .announce import announce_or_leave_to_relay
 from .failures import PermanentFailure
 from .runner import RunOutcome
@@ -93,8 +94,18 @@ def _execute_command(row: ScheduledCommand, now: datetime) -> None:
     command(row, now)
 
 
+def _deadlines_due(now: datetime) -> bool:
+    return claims.any_claimed_first_due(ScheduledCommand, now)
+
+
 DELIVERIES = runner.Work(
-    OutboxDelivery, _execute_delivery, _describe_delivery, load_options=(joinedload(OutboxDelivery.event),)
+    OutboxDelivery,
+    _execute_delivery,
+    _describe_delivery,
+    load_options=(joinedload(OutboxDelivery.event),),
+    # While deadlines are due, delivery drains run the restores and hold the emails back (the
+    # scheduler's next poll wakes a drain for them): a flash sale's deadlines get the cores.
+    hold_back_the_rest=_deadlines_due,
 )
 # A command reads only these (commands/handlers load what else they need themselves).
 COMMANDS = runner.Work(
@@ -181,6 +192,12 @@ def drain_concurrently(
         more = more or bool(result and result.get("more"))
         counts.update({k: v for k, v in (result or {}).items() if k != "more"})
     return {**counts, "more": more}
+
+
+def restores_waiting_longer_than(seconds: float) -> bool:
+    """Has a restore (a delivery claimed first: claims.CLAIMED_FIRST) been due for more than
+    `seconds` without being run? The emails, claimed after, may wait longer by design."""
+    return claims.any_claimed_first_due(OutboxDelivery, utcnow() - timedelta(seconds=seconds))
 
 
 def drain_deliveries_concurrently(threads: int, **kwargs) -> dict:

@@ -95,6 +95,10 @@ class Work:
     # to fall due rather than end and leave it to the next poll, up to a poll interval later:
     # deadlines fall due at their own instants, a flash sale's spread over seconds.
     lookahead_seconds: float = 0
+    # When this says so (asked before each batch), a drain claims only the kinds claimed first
+    # (claims.CLAIMED_FIRST) and leaves the rest for later: the deliveries' emails wait while
+    # deadlines are due, so the cores go to the work that gives stock back.
+    hold_back_the_rest: Callable[[datetime], bool] | None = None
     # Columns `execute` and `describe` read, when they read nothing else: then the claim's
     # UPDATE returns them and a row claimed by id needs no second query to load it.
     claim_returns: tuple[str, ...] = field(default=())
@@ -162,7 +166,8 @@ def drain(
         while True:
             claimed_at = now or utcnow()
             claimed_mono = time.monotonic()
-            ids = claim_batch(work.model, claimed_at, worker, batch_size)
+            first_only = work.hold_back_the_rest is not None and work.hold_back_the_rest(claimed_at)
+            ids = claim_batch(work.model, claimed_at, worker, batch_size, first_only)
             if not ids:
                 if now is None and _waited_for_next(work, started, budget_seconds, should_yield):
                     continue

@@ -9,7 +9,6 @@ kept: every scheduler asks the database each poll whether due rows wait, and wak
 
 from __future__ import annotations
 
-import os
 import uuid
 from enum import StrEnum
 
@@ -17,7 +16,6 @@ from flask import current_app
 from rq import Queue, Worker
 
 from ..extensions import per_app
-from ..node import node_name
 from .connection import COMMAND_DRAIN_JOB, DRAIN_JOB, queue_names, redis_conn, work_queue
 
 
@@ -98,36 +96,16 @@ def request_drain(force: bool = False, kind: Drain = Drain.DELIVERIES, continuin
 
     `continuing`: a command drain that ran out of its budget with deadlines still due asks for
     its successor at the FRONT of the queue when another worker listens, whether or not a slot
-    is free (the drains already waiting were woken by the poll, behind the delivery drains): behind
-    those it would wait out one of their budgets (a second or two of lateness for every deadline
-    of a flash sale), while they have the other worker. A lone worker takes turns."""
-    front = continuing and kind is Drain.COMMANDS and _workers_listening() > 1 and _holds_the_front()
+    is free (the drains already waiting were woken by the poll, behind the delivery drains):
+    behind those it would wait out one of their budgets (a second or two of lateness for every
+    deadline of a flash sale). A lone worker takes turns; and the caller asks at the front only
+    while no delivery has waited long (jobs.drain_commands), so the restores are never starved."""
+    front = continuing and kind is Drain.COMMANDS and _workers_listening() > 1
     slot = None if force or front else take_drain_slot(kind)
     if slot is None and not (force or front):
         return False
     work_queue().enqueue_many([drain_job(slot, kind, at_front=front)])
     return True
-
-
-# Only one stream of command drains jumps the queue: with two command drains each continuing at
-# the front, both workers would run deadlines while the restores (stock back on sale) waited.
-FRONT_HOLD_SECONDS = 5
-_HOLD_FRONT = """
-local holder = redis.call('GET', KEYS[1])
-if holder == false or holder == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
-  return 1
-end
-return 0
-"""
-
-
-def _holds_the_front() -> bool:
-    """This process may queue its command drain's successor at the front: nobody else does, or
-    it already did within FRONT_HOLD_SECONDS. One round trip."""
-    script = per_app("hold_drain_front", lambda: redis_conn().register_script(_HOLD_FRONT))
-    key = f"{current_app.config['QUEUE_PREFIX']}:drain-front:{Drain.COMMANDS}"
-    return bool(script(keys=[key], args=[f"{node_name()}:{os.getpid()}", FRONT_HOLD_SECONDS]))
 
 
 def _workers_listening() -> int:

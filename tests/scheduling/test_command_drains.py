@@ -289,3 +289,54 @@ def test_a_command_drain_out_of_budget_queues_its_successor_ahead_of_waiting_del
         finally:
             alone.register_death()
             second.register_death()
+
+
+def test_a_command_drain_gives_the_front_up_once_a_restore_has_waited_past_its_patience(fresh_app, monkeypatch):
+    """Priority with aging: deadlines first, but a restore due for longer than
+    RESTORE_PATIENCE_SECONDS makes the next command drain queue behind the delivery drains."""
+    import shop.jobs
+
+    asked = []
+    monkeypatch.setattr(
+        queue, "request_drain", lambda kind=None, continuing=False, force=False: asked.append(continuing)
+    )
+    with fresh_app.app_context():
+        _place_unpaid(3, utcnow() - timedelta(seconds=WINDOW + 5))  # three deadlines due
+        monkeypatch.setattr(shop.outbox.dispatch, "drain_threads", lambda: 1)
+        monkeypatch.setattr(shop.outbox.dispatch, "drain_commands_concurrently", lambda threads, **kw: {"more": True})
+        shop.jobs.drain_commands()  # no restore waits: at the front
+        order = place_order_for({seed_catalog_rows()["NB-A5-DOT"]: 1}).order_id
+        from shop.orders.cancel import cancel_order
+
+        assert cancel_order(order, None).status == "cancelled"  # its restore is due now
+        db.session.remove()
+        shop.jobs.drain_commands()  # the restore has not waited long yet
+        later = utcnow() + timedelta(seconds=shop.jobs.RESTORE_PATIENCE_SECONDS + 1)
+        monkeypatch.setattr(shop.outbox.dispatch, "utcnow", lambda: later)
+        shop.jobs.drain_commands()  # now it has: behind the delivery drains
+    assert asked == [True, True, False]
+
+
+def test_while_deadlines_are_due_a_delivery_drain_gives_stock_back_and_holds_the_emails(fresh_app):
+    """Stock first, words after: with a deadline due, the cancellations' restores run and their
+    emails wait; once no deadline is due, the emails go."""
+    from shop.models import OutboxDelivery
+    from shop.orders.cancel import cancel_order
+    from shop.outbox.dispatch import drain_deliveries
+
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        cancelled = [place_order_for({a5: 1}).order_id for _ in range(3)]
+        for order_id in cancelled:
+            assert cancel_order(order_id, None).status == "cancelled"
+        db.session.remove()
+        _place_unpaid(1, utcnow() - timedelta(seconds=WINDOW + 5))  # a deadline due, not yet run
+
+        drain_deliveries()
+        assert sorted(_statuses(OutboxDelivery, OutboxDelivery.handler, "restore_inventory")) == ["done"] * 3
+        assert _statuses(OutboxDelivery, OutboxDelivery.handler, "send_cancellation_email") == ["pending"] * 3
+
+        drain_commands()  # the deadline runs: its own restore and email are written
+        drain_deliveries()
+        assert set(_statuses(OutboxDelivery, OutboxDelivery.handler, "send_cancellation_email")) == {"done"}
+        db.session.remove()
