@@ -323,6 +323,7 @@ def _redis() -> list[Check]:
         replication = client.info("replication")
         role = replication.get("role")
         if role != "master":
+            role = "replica" if role == "slave" else role  # Redis's own word in INFO
             master = f"{replication.get('master_host')}:{replication.get('master_port')}"
             return [
                 Check(
