@@ -376,7 +376,10 @@ def list_webhook_endpoints_once(timeout_seconds: float) -> list[EndpointView]:
         page = preflight.v1.webhook_endpoints.list(params={"limit": 100})
         return [endpoint_view(e) for e in page.auto_paging_iter()]
     except stripe.APIConnectionError as exc:
-        raise unavailable(f"{exc.user_message or exc}", None, ProviderFailure.UNREACHABLE) from exc
+        # The SDK's words are a paragraph of advice; the network's own error is what to act on.
+        said = str(exc.user_message or exc)
+        network = said.partition("(Network error: ")[2].rstrip(")").strip()
+        raise unavailable(network or said, None, ProviderFailure.UNREACHABLE) from exc
     except stripe.StripeError as exc:
         status = getattr(exc, "http_status", None) or 0
         if status >= 500 or status in (0, 429):
