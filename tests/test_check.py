@@ -34,6 +34,7 @@ NAMES = ["settings", "database", "redis", "redis-auth", "provider", "webhook", "
 def check(app, *args):
     """`flask shop check` on `app`: (exit code, {name: (label, detail)}, output)."""
     result = app.test_cli_runner().invoke(args=["shop", "check", *args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
     return result.exit_code, _lines(result.output), result.output
 
 
