@@ -21,6 +21,7 @@ deploy; a check that needs one that failed says "skipped" and why, never a trace
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -203,6 +204,7 @@ class _Database:
     def _revisions(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         from alembic.runtime.migration import MigrationContext
 
+        logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)  # "Context impl ...": noise here
         at = tuple(sorted(MigrationContext.configure(self.conn).get_current_heads()))
         self.conn.rollback()
         return at, tuple(sorted(self._scripts().get_heads()))
@@ -398,7 +400,7 @@ def _provider() -> tuple[Check, list | None]:
     base = gateway.api_base()
     at = f"the provider at {base}" if base else "Stripe"
     if key is None:
-        mode, what = TEST, "no STRIPE_SECRET_KEY: the sandbox's test key"
+        mode, what = TEST, "the sandbox's test key (no STRIPE_SECRET_KEY)"
     elif key.startswith("pk_"):
         return (
             Check(

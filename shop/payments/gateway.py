@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import datetime
 
 import stripe
@@ -378,8 +379,10 @@ def list_webhook_endpoints_once(timeout_seconds: float) -> list[EndpointView]:
     except stripe.APIConnectionError as exc:
         # The SDK's words are a paragraph of advice; the network's own error is what to act on.
         said = str(exc.user_message or exc)
-        network = said.partition("(Network error: ")[2].rstrip(")").strip()
-        raise unavailable(network or said, None, ProviderFailure.UNREACHABLE) from exc
+        network = said.partition("(Network error: ")[2].rstrip(")").strip() or said
+        # urllib3 wraps the reason in its retries and pools: keep the reason itself.
+        reason = re.search(r"\[Errno -?\d+\][^'\")]*|Read timed out|timed out", network)
+        raise unavailable(reason.group(0).strip() if reason else network, None, ProviderFailure.UNREACHABLE) from exc
     except stripe.StripeError as exc:
         status = getattr(exc, "http_status", None) or 0
         if status >= 500 or status in (0, 429):
