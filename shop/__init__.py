@@ -9,9 +9,13 @@ import time
 from flask import Flask
 
 from . import node
+from .connections import engine_options as _engine_options
+from .connections import pooler_client_limit as _pooler_client_limit
+from .connections import server_limit as _server_limit
+from .connections import web_connections
 from .settings import Settings, SettingsError, instance_path, load_settings, make_private_folder
 
-__all__ = ["create_app", "SettingsError"]
+__all__ = ["create_app", "SettingsError", "web_connections"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -148,25 +152,6 @@ def _register_areas(app) -> None:
     app.cli.add_command(shop_cli)
 
 
-def _engine_options(settings: Settings) -> dict:
-    if settings.database_url.startswith("sqlite"):
-        # Many threads and processes share one file: wait for the write lock instead of failing.
-        return {"connect_args": {"timeout": 30, "check_same_thread": False}}
-    # No pool_pre_ping: it costs a round trip on every checkout, i.e. every transaction.
-    # `_configure_idle_ping` pings only connections that sat idle long enough to have died.
-    # A connection for every web thread, so no request waits for one (connections are opened on
-    # demand: a thread waiting on the provider holds none, see payments.start.start_payment),
-    # and overflow for the few threads a process runs besides them (a worker's drain threads).
-    options = {"pool_size": max(10, settings.web_threads), "max_overflow": 10}
-    if settings.database_pooler == "pgbouncer":
-        # Transaction pooling hands each transaction whichever server connection is free, so a
-        # statement psycopg prepared on one server connection (it does after five executions) is
-        # missing on the next, or another client's of the same name is found there. No
-        # server-side prepared statements: every statement goes as a plain query.
-        options["connect_args"] = {"prepare_threshold": None}
-    return options
-
-
 # A pooled connection used this recently is alive (PostgreSQL restarts and idle timeouts act
 # on connections that sat unused); one idle longer is pinged before it is handed out.
 IDLE_PING_SECONDS = 5.0
@@ -207,12 +192,6 @@ def _configure_idle_ping(app) -> None:
             raise exc.DisconnectionError("pooled connection failed its ping")
 
 
-def web_connections(settings: Settings) -> int:
-    """The most connections the web processes together may open (each pool opens on demand)."""
-    options = _engine_options(settings)
-    return settings.web_concurrency * (options["pool_size"] + options["max_overflow"])
-
-
 def _warn_when_the_web_may_outgrow_the_server(app, engine) -> None:
     """On the first connection a process opens, compare what the web may open with what the
     server in front of it allows (PostgreSQL's max_connections, or PgBouncer's max_client_conn),
@@ -248,49 +227,6 @@ def _warn_when_the_web_may_outgrow_the_server(app, engine) -> None:
             settings.web_threads,
             remedy,
         )
-
-
-def _server_limit(dbapi_conn) -> int | None:
-    try:
-        cursor = dbapi_conn.cursor()
-        cursor.execute("SHOW max_connections")
-        allowed = int(cursor.fetchone()[0])
-        cursor.close()
-        return allowed
-    except Exception:  # noqa: BLE001 - a check, not a reason to fail the connection
-        return None
-
-
-def _pooler_client_limit(database_url: str) -> int | None:
-    """PgBouncer's max_client_conn, read from its admin console (the `pgbouncer` database, which
-    answers SHOW CONFIG to a user in its admin_users or stats_users). Behind a pooler,
-    PostgreSQL's max_connections is the wrong number: the pooler multiplexes clients onto fewer
-    server connections. None, logged, when the console does not answer this user."""
-    import psycopg  # the driver itself, here only: the app factory loads no database code at import
-    from sqlalchemy.engine import make_url
-
-    url = make_url(database_url)
-    try:
-        with psycopg.connect(
-            host=url.host or "127.0.0.1",
-            port=url.port or 5432,
-            user=url.username,
-            password=url.password,
-            dbname="pgbouncer",
-            autocommit=True,
-            prepare_threshold=None,
-            connect_timeout=5,
-        ) as conn:
-            for row in conn.execute("SHOW CONFIG").fetchall():
-                if row[0] == "max_client_conn":
-                    return int(row[1])
-    except Exception as error:  # noqa: BLE001 - a check, not a reason to fail the connection
-        logging.getLogger("shop").info(
-            "could not read PgBouncer's max_client_conn from its admin console (%s): the web's "
-            "connections are not checked against it",
-            str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__,
-        )
-    return None
 
 
 def _configure_sqlite(app) -> None:

@@ -138,6 +138,18 @@ def register_webhook_command():
         click.echo(line)
 
 
+@shop_cli.command("check")
+@click.option("--json", "as_json", is_flag=True, help='Print {"ok": ..., "checks": [...]} instead of lines.')
+def check_command(as_json):
+    """The deploy preflight: one line per check; exit 0 when this node is ready, 1 naming what to fix."""
+    # Imported when run: the preflight is needed by this command only.
+    from .ops import preflight
+
+    checks = preflight.run_checks()
+    click.echo(preflight.render_json(checks) if as_json else preflight.render_text(checks))
+    sys.exit(0 if preflight.ready(checks) else 1)
+
+
 @shop_cli.command("web")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Where the front listens.")
 @click.option("--port", type=click.IntRange(1, 65535), envvar="PORT", default=5000, show_default="$PORT, else 5000")

@@ -72,6 +72,17 @@ def unprotected_redis_hosts(url: str) -> list[str]:
     return [] if password else remote
 
 
+def unprotected_redis_words(hosts: list[str]) -> str:
+    """What to say about `hosts` (unprotected_redis_hosts): the start-up warning's words, and the
+    `redis-auth` line of `flask shop check`."""
+    return (
+        f"REDIS_URL reaches Redis at {', '.join(hosts)}, not on this machine, with no password: anyone who "
+        "reaches it can queue jobs and read the shop's queues. Give Redis a password (requirepass, then "
+        "redis://:PASSWORD@HOST or redis+sentinel://:PASSWORD@HOST:PORT/SERVICE) or keep it on a network "
+        "only the shop reaches (docs/REFERENCE.md, Settings)."
+    )
+
+
 def warn_when_redis_is_unprotected(url: str) -> bool:
     """At start-up (web, worker, scheduler): one WARNING line when REDIS_URL reaches a Redis on
     another machine without a password. Whoever can write to that Redis can queue jobs and read
@@ -79,11 +90,5 @@ def warn_when_redis_is_unprotected(url: str) -> bool:
     (or a network only the shop reaches) is still the door. Never stops the process."""
     hosts = unprotected_redis_hosts(url)
     if hosts:
-        log.warning(
-            "REDIS_URL reaches Redis at %s, not on this machine, with no password: anyone who reaches it can "
-            "queue jobs and read the shop's queues. Give Redis a password (requirepass, then "
-            "redis://:PASSWORD@HOST or redis+sentinel://:PASSWORD@HOST:PORT/SERVICE) or keep it on a network "
-            "only the shop reaches (docs/REFERENCE.md, Settings).",
-            ", ".join(hosts),
-        )
+        log.warning("%s", unprotected_redis_words(hosts))
     return bool(hosts)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import datetime
 
 import stripe
@@ -355,3 +356,38 @@ def delete_webhook_endpoint(endpoint_id: str) -> None:
 def payment_intent_failed(payment_intent_id: str) -> bool:
     intent = _call("retrieve payment intent", lambda: client().v1.payment_intents.retrieve(payment_intent_id))
     return intent["status"] in ("requires_payment_method", "canceled")
+
+
+def list_webhook_endpoints_once(timeout_seconds: float) -> list[EndpointView]:
+    """The deploy preflight's call (`flask shop check`): the same list registration reads, asked
+    once (no retry) and within `timeout_seconds`, outside the guard: a deploy asks whether the
+    provider answers this key, whatever the running shop's breaker or rate budget say, and a
+    provider that does not answer must not hold the deploy up. ProviderUnavailable when it did
+    not answer (or answered 5xx/429), ProviderRefused when it said no (a key it does not know:
+    401; a restricted key without this permission: 403)."""
+    base = api_base()
+    transport = stripe.RequestsClient(timeout=timeout_seconds)
+    preflight = stripe.StripeClient(
+        current_app.config.get("STRIPE_SECRET_KEY") or SANDBOX_API_KEY,
+        base_addresses={"api": base} if base else None,
+        max_network_retries=0,
+        http_client=transport,
+    )
+    try:
+        page = preflight.v1.webhook_endpoints.list(params={"limit": 100})
+        return [endpoint_view(e) for e in page.auto_paging_iter()]
+    except stripe.APIConnectionError as exc:
+        # The SDK's words are a paragraph of advice; the network's own error is what to act on.
+        said = str(exc.user_message or exc)
+        network = said.partition("(Network error: ")[2].rstrip(")").strip() or said
+        # urllib3 wraps the reason in its retries and pools: keep the reason itself.
+        reason = re.search(r"\[Errno -?\d+\][^'\")]*|Read timed out|timed out", network)
+        raise unavailable(reason.group(0).strip() if reason else network, None, ProviderFailure.UNREACHABLE) from exc
+    except stripe.StripeError as exc:
+        status = getattr(exc, "http_status", None) or 0
+        if status >= 500 or status in (0, 429):
+            kind = ProviderFailure.RATE_LIMITED if status == 429 else ProviderFailure.UNREACHABLE
+            raise unavailable(f"error {status}: {exc.user_message or exc}", None, kind) from exc
+        raise ProviderRefused(f"{status}: {exc.user_message or exc}", getattr(exc, "code", None)) from exc
+    finally:
+        transport.close()

@@ -125,6 +125,26 @@ def test_the_connection_check_reads_pgbouncers_client_limit_not_postgresqls(make
     assert any("PgBouncer allows 500 clients (max_client_conn)" in r.getMessage() for r in caplog.records)
 
 
+def test_flask_shop_check_compares_the_web_pools_with_pgbouncers_client_limit(make_fresh_app, sandbox, pgbouncer):
+    """`flask shop check` through the pooler: the database's lines are answered through it, and the
+    pools line compares the web with PgBouncer's max_client_conn (500 here), not max_connections."""
+    url, _ = pgbouncer
+    fits = make_fresh_app(DATABASE_URL=url, DATABASE_POOLER="pgbouncer", STRIPE_API_BASE=sandbox.base_url)
+    too_many = make_fresh_app(
+        DATABASE_URL=url, DATABASE_POOLER="pgbouncer", STRIPE_API_BASE=sandbox.base_url, WEB_CONCURRENCY=16
+    )
+
+    fits_out = fits.test_cli_runner().invoke(args=["shop", "check"]).output
+    too_many_out = too_many.test_cli_runner().invoke(args=["shop", "check"]).output
+
+    assert "ok    database: reachable (PostgreSQL 127.0.0.1:" in fits_out and "migrations at head" in fits_out
+    assert "ok    clock: " in fits_out
+    assert "ok    pools: the web may open 84 connections" in fits_out
+    assert "; PgBouncer allows 500 clients (max_client_conn)" in fits_out
+    assert "FAIL  pools: the web may open 672 connections (WEB_CONCURRENCY 16 x a pool of 32 + 10" in too_many_out
+    assert "PgBouncer allows 500 clients (max_client_conn)" in too_many_out and "raise max_client_conn" in too_many_out
+
+
 def test_checkout_webhook_compensation_deadline_and_sweep_run_through_pgbouncer(make_fresh_app, sandbox, pgbouncer):
     url, folder = pgbouncer
     window = 3

@@ -1,0 +1,78 @@
+"""The database connections a process opens (the pool of every app's engine) and the limits of
+the server in front of them: PostgreSQL's max_connections, or PgBouncer's max_client_conn. Every
+process compares the two when it first connects (shop/__init__.py), and `flask shop check` in its
+`pools` line (shop/ops/preflight.py)."""
+
+from __future__ import annotations
+
+import logging
+
+from .settings import Settings
+
+
+def engine_options(settings: Settings) -> dict:
+    if settings.database_url.startswith("sqlite"):
+        # Many threads and processes share one file: wait for the write lock instead of failing.
+        return {"connect_args": {"timeout": 30, "check_same_thread": False}}
+    # No pool_pre_ping: it costs a round trip on every checkout, i.e. every transaction.
+    # `_configure_idle_ping` (shop/__init__.py) pings only connections that sat idle long enough to have died.
+    # A connection for every web thread, so no request waits for one (connections are opened on
+    # demand: a thread waiting on the provider holds none, see payments.start.start_payment),
+    # and overflow for the few threads a process runs besides them (a worker's drain threads).
+    options = {"pool_size": max(10, settings.web_threads), "max_overflow": 10}
+    if settings.database_pooler == "pgbouncer":
+        # Transaction pooling hands each transaction whichever server connection is free, so a
+        # statement psycopg prepared on one server connection (it does after five executions) is
+        # missing on the next, or another client's of the same name is found there. No
+        # server-side prepared statements: every statement goes as a plain query.
+        options["connect_args"] = {"prepare_threshold": None}
+    return options
+
+
+def web_connections(settings: Settings) -> int:
+    """The most connections the web processes together may open (each pool opens on demand)."""
+    options = engine_options(settings)
+    return settings.web_concurrency * (options["pool_size"] + options["max_overflow"])
+
+
+def server_limit(dbapi_conn) -> int | None:
+    try:
+        cursor = dbapi_conn.cursor()
+        cursor.execute("SHOW max_connections")
+        allowed = int(cursor.fetchone()[0])
+        cursor.close()
+        return allowed
+    except Exception:  # noqa: BLE001 - a check, not a reason to fail the connection
+        return None
+
+
+def pooler_client_limit(database_url: str) -> int | None:
+    """PgBouncer's max_client_conn, read from its admin console (the `pgbouncer` database, which
+    answers SHOW CONFIG to a user in its admin_users or stats_users). Behind a pooler,
+    PostgreSQL's max_connections is the wrong number: the pooler multiplexes clients onto fewer
+    server connections. None, logged, when the console does not answer this user."""
+    import psycopg  # the driver itself, here only: the app factory loads no database code at import
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url)
+    try:
+        with psycopg.connect(
+            host=url.host or "127.0.0.1",
+            port=url.port or 5432,
+            user=url.username,
+            password=url.password,
+            dbname="pgbouncer",
+            autocommit=True,
+            prepare_threshold=None,
+            connect_timeout=5,
+        ) as conn:
+            for row in conn.execute("SHOW CONFIG").fetchall():
+                if row[0] == "max_client_conn":
+                    return int(row[1])
+    except Exception as error:  # noqa: BLE001 - a check, not a reason to fail the connection
+        logging.getLogger("shop").info(
+            "could not read PgBouncer's max_client_conn from its admin console (%s): the web's "
+            "connections are not checked against it",
+            str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__,
+        )
+    return None

@@ -1,0 +1,518 @@
+"""`flask shop check`: the preflight a deploy runs before it switches traffic to a node
+(docs/REFERENCE.md, Commands). One `Check` per thing the node needs, each saying what to fix:
+
+- settings: they loaded (a bad value never gets this far: app.py reports it as this check's
+  failure, `settings_failed`), and the one the web needs besides (SECRET_KEY);
+- database: reachable, and its migrations at the head of `migrations/`;
+- redis: reachable, a master, `maxmemory-policy noeviction` (RQ's requirement: an evicted job
+  or registry is work lost without a word); redis-auth: the start-up warning about a remote
+  Redis without a password;
+- provider: the key's mode (live/test, from its prefix) and that the provider answers it;
+- webhook: an enabled endpoint at the provider for PUBLIC_BASE_URL + /webhooks/stripe sending
+  every event the shop uses, and its signing secret held;
+- clock: this machine's clock within CLOCK_TOLERANCE_SECONDS of the database's;
+- pools: what the web's pools may open against PostgreSQL's max_connections (or PgBouncer's
+  max_client_conn), the comparison every process makes when it first connects.
+
+Every service is asked with a short timeout, so a dead one fails its line instead of hanging the
+deploy; a check that needs one that failed says "skipped" and why, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from urllib.parse import urlsplit
+
+from flask import current_app
+
+from ..connections import engine_options, pooler_client_limit, server_limit, web_connections
+from ..payments import gateway
+from ..payments.registration import ENDPOINT_KEY, webhook_secret
+from ..public_urls import public_url_for
+from ..redis_client import redis_client, unprotected_redis_hosts, unprotected_redis_words
+from ..settings import parse_sentinel_url
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+LABELS = {OK: "ok", WARN: "warn", FAIL: "FAIL"}
+NAMES = ("settings", "database", "redis", "redis-auth", "provider", "webhook", "clock", "pools")
+# Every service gets this long to answer (the provider a little longer: it is across the internet).
+TIMEOUT_SECONDS = 3.0
+PROVIDER_TIMEOUT_SECONDS = 5.0
+# Deadlines, leases and heartbeats are written by one machine's clock and read against another's
+# (or the database's): beyond this, a lease looks lapsed early or a deadline late.
+CLOCK_TOLERANCE_SECONDS = 2.0
+REGISTER = "run `flask shop stripe-register-webhook`"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+
+
+def ready(checks: list[Check]) -> bool:
+    return all(c.status != FAIL for c in checks)
+
+
+def render_text(checks: list[Check]) -> str:
+    lines = [f"{LABELS[c.status]:<6}{c.name}: {c.detail}" for c in checks]
+    failed = [c.name for c in checks if c.status == FAIL]
+    lines.append(f"not ready: fix {', '.join(failed)}" if failed else "ready")
+    return "\n".join(lines)
+
+
+def render_json(checks: list[Check]) -> str:
+    return json.dumps({"ok": ready(checks), "checks": [asdict(c) for c in checks]}, indent=2)
+
+
+def settings_failed(error: Exception) -> list[Check]:
+    """The report when the settings did not load (app.py calls this instead of building the app):
+    nothing else can be asked without them."""
+    return [Check("settings", FAIL, f"{error} (docs/REFERENCE.md, Settings)")] + [
+        Check(name, FAIL, "skipped: the settings did not load") for name in NAMES[1:]
+    ]
+
+
+def run_checks(clock=time.time) -> list[Check]:
+    """Every check, in order, inside the app context. `clock` is this machine's clock (the test's
+    seam: a database's clock cannot be set, so the test moves this one)."""
+    checks = [_settings()]
+    database = _Database()
+    checks.append(database.check())
+    checks += _redis()
+    provider, endpoints = _provider()
+    checks += [provider, _webhook(endpoints, database), database.clock(clock), database.pools()]
+    database.close()
+    # One line each, whatever a driver's or the SDK's message held.
+    return [Check(c.name, c.status, " ".join(c.detail.split())) for c in checks]
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+
+def _settings() -> Check:
+    settings = current_app.config["SETTINGS"]
+    detail = f"loaded; node {settings.node_name}, PUBLIC_BASE_URL {settings.public_base_url}"
+    if settings.secret_key_ephemeral:
+        return Check(
+            "settings",
+            WARN,
+            detail + "; SECRET_KEY is unset: the worker and the scheduler run without it, the web refuses to "
+            "start (set the same SECRET_KEY for every web process)",
+        )
+    return Check("settings", OK, detail)
+
+
+# -- the database: reachable, migrated, its clock, its connection limit -------------------------
+
+
+class _Database:
+    """One connection of its own (short connect and statement timeouts), kept for the checks that
+    need the database after the first."""
+
+    def __init__(self):
+        self.settings = current_app.config["SETTINGS"]
+        self.url = current_app.config["SQLALCHEMY_DATABASE_URI"]
+        self.sqlite = self.url.startswith("sqlite")
+        self.engine = self.conn = None
+        self.problem = None  # why the checks after the first are skipped
+
+    def _connect(self):
+        from sqlalchemy import create_engine
+        from sqlalchemy.pool import NullPool
+
+        if self.sqlite:
+            args = {"timeout": TIMEOUT_SECONDS}
+        else:
+            args = {"connect_timeout": math.ceil(TIMEOUT_SECONDS)}
+            if self.settings.database_pooler == "pgbouncer":
+                args["prepare_threshold"] = None  # and no startup options: PgBouncer refuses them
+            else:
+                args["options"] = f"-c statement_timeout={int(TIMEOUT_SECONDS * 1000)}"
+        self.engine = create_engine(self.url, poolclass=NullPool, connect_args=args)
+        self.conn = self.engine.connect()
+
+    def where(self) -> str:
+        from sqlalchemy.engine import make_url
+
+        url = make_url(self.url)
+        if self.sqlite:
+            return f"SQLite {url.database}"
+        return f"PostgreSQL {url.host or 'localhost'}:{url.port or 5432}/{url.database}"
+
+    def check(self) -> Check:
+        try:
+            self._connect()
+        except Exception as error:  # noqa: BLE001 - any failure to connect is this line's answer
+            self.problem = "the database is not reachable"
+            return Check(
+                "database",
+                FAIL,
+                f"{self.where()} not reachable within {TIMEOUT_SECONDS:g} s: {_first_line(error)} "
+                "(check DATABASE_URL, the server, and the network between them)",
+            )
+        try:
+            at, heads = self._revisions()
+        except Exception as error:  # noqa: BLE001
+            self.problem = "the database did not answer"
+            self._close_connection()
+            return Check("database", FAIL, f"{self.where()}: could not read its migration: {_first_line(error)}")
+        head = ", ".join(heads)
+        if at == heads:
+            return Check("database", OK, f"reachable ({self.where()}), migrations at head ({head})")
+        self.problem = "the database's migrations are not at head"
+        if not at:
+            return Check(
+                "database",
+                FAIL,
+                f"reachable ({self.where()}), but no migration applied (head is {head}): run `flask db upgrade`",
+            )
+        if set(at) - set(self._known()):
+            return Check(
+                "database",
+                FAIL,
+                f"reachable ({self.where()}), at {', '.join(at)}, a migration this release does not have (head "
+                f"is {head}): a newer release migrated it; deploy that release, or downgrade with the one that did",
+            )
+        return Check(
+            "database",
+            FAIL,
+            f"reachable ({self.where()}), at {', '.join(at)}, behind the head {head}: run `flask db upgrade`",
+        )
+
+    def _scripts(self):
+        from alembic.config import Config
+        from alembic.script import ScriptDirectory
+
+        config = Config()
+        config.set_main_option("script_location", current_app.extensions["migrate"].directory)
+        return ScriptDirectory.from_config(config)
+
+    def _known(self) -> list[str]:
+        return [script.revision for script in self._scripts().walk_revisions()]
+
+    def _revisions(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        from alembic.runtime.migration import MigrationContext
+
+        logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)  # "Context impl ...": noise here
+        at = tuple(sorted(MigrationContext.configure(self.conn).get_current_heads()))
+        self.conn.rollback()
+        return at, tuple(sorted(self._scripts().get_heads()))
+
+    def _skipped(self, name: str) -> Check:
+        return Check(name, FAIL, f"skipped: {self.problem} (see database)")
+
+    def clock(self, clock) -> Check:
+        if self.sqlite:
+            return Check("clock", OK, "skipped: SQLite shares this machine's clock")
+        if self.conn is None:
+            return self._skipped("clock")
+        from sqlalchemy import text
+
+        try:
+            before = clock()
+            theirs = float(self.conn.execute(text("SELECT extract(epoch FROM clock_timestamp())")).scalar())
+            after = clock()
+            self.conn.rollback()
+        except Exception as error:  # noqa: BLE001
+            self._close_connection()
+            self.problem = "the database did not answer"
+            return Check("clock", FAIL, f"could not read the database's clock: {_first_line(error)}")
+        return judge_clock(theirs - (before + after) / 2, after - before)
+
+    def pools(self) -> Check:
+        settings = self.settings
+        if self.sqlite:
+            return Check("pools", OK, "SQLite: no server connection limit to fit in")
+        if self.conn is None:
+            return self._skipped("pools")
+        pool = engine_options(settings)
+        wanted = web_connections(settings)
+        sizes = (
+            f"the web may open {wanted} connections (WEB_CONCURRENCY {settings.web_concurrency} x a pool of "
+            f"{pool['pool_size']} + {pool['max_overflow']} for WEB_THREADS {settings.web_threads})"
+        )
+        if settings.database_pooler == "pgbouncer":
+            allowed, what = pooler_client_limit(self.url), "PgBouncer allows {} clients (max_client_conn)"
+            remedy = "raise max_client_conn"
+            if allowed is None:
+                return Check(
+                    "pools",
+                    WARN,
+                    f"{sizes}; PgBouncer's max_client_conn could not be read from its admin console (this user "
+                    "is not in its admin_users or stats_users: see the log line above): compare them yourself",
+                )
+        else:
+            allowed = server_limit(self.conn.connection.dbapi_connection)
+            what = "PostgreSQL allows {} (max_connections)"
+            remedy = "raise max_connections, or put PgBouncer in front (DATABASE_POOLER)"
+            self.conn.rollback()
+            if allowed is None:
+                return Check("pools", WARN, f"{sizes}; could not read max_connections: compare them yourself")
+        if wanted >= allowed:
+            return Check(
+                "pools",
+                FAIL,
+                f"{sizes}, besides the worker and the scheduler, and {what.format(allowed)}: during a burst, "
+                f"requests that find no connection answer 503. Lower WEB_THREADS or WEB_CONCURRENCY, or {remedy} "
+                "(README, Sizing the web)",
+            )
+        return Check("pools", OK, f"{sizes}; {what.format(allowed)}")
+
+    def _close_connection(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # noqa: BLE001 - closing what failed; nothing to report
+                pass
+            self.conn = None
+
+    def close(self) -> None:
+        self._close_connection()
+        if self.engine is not None:
+            self.engine.dispose()
+
+
+def judge_clock(offset: float, round_trip: float) -> Check:
+    """`offset`: the database's clock minus this machine's, in seconds, measured over a round trip
+    of `round_trip` seconds (the measure's uncertainty)."""
+    words = f"{abs(offset):.1f} s {'behind' if offset > 0 else 'ahead of'} the database's"
+    if abs(offset) - round_trip / 2 > CLOCK_TOLERANCE_SECONDS:
+        return Check(
+            "clock",
+            FAIL,
+            f"this machine's clock is {words} (at most {CLOCK_TOLERANCE_SECONDS:g} s): deadlines, leases and "
+            "heartbeats are read against both; sync both machines with NTP (chrony, systemd-timesyncd)",
+        )
+    return Check("clock", OK, f"this machine's clock is {words}")
+
+
+# -- Redis --------------------------------------------------------------------------------------
+
+
+def _redis_where(url: str) -> str:
+    if url.startswith("redis+sentinel://"):
+        where = parse_sentinel_url(url)
+        sentinels = ",".join(f"{host}:{port}" for host, port in where.sentinels)
+        return f"the master of {where.service} (Sentinels {sentinels})"
+    parts = urlsplit(url)
+    return parts.path if parts.scheme == "unix" else parts.netloc.rpartition("@")[2] or "127.0.0.1:6379"
+
+
+def _redis() -> list[Check]:
+    from redis.exceptions import RedisError, ResponseError
+
+    url = current_app.config["REDIS_URL"]
+    where = _redis_where(url)
+    hosts = unprotected_redis_hosts(url)
+    auth = (
+        Check("redis-auth", WARN, unprotected_redis_words(hosts))
+        if hosts
+        else Check("redis-auth", OK, "a password in REDIS_URL, TLS or a socket, or Redis on this machine")
+    )
+    client = redis_client(
+        url, socket_connect_timeout=TIMEOUT_SECONDS, socket_timeout=TIMEOUT_SECONDS, decode_responses=True
+    )
+    try:
+        client.ping()
+        replication = client.info("replication")
+        role = replication.get("role")
+        if role != "master":
+            role = "replica" if role == "slave" else role  # Redis's own word in INFO
+            master = f"{replication.get('master_host')}:{replication.get('master_port')}"
+            return [
+                Check(
+                    "redis",
+                    FAIL,
+                    f"{where} is a {role} (of {master}), read-only: point REDIS_URL at the master, or at "
+                    "its Sentinels (redis+sentinel://) to follow a failover",
+                ),
+                auth,
+            ]
+        try:
+            policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+        except ResponseError as error:  # CONFIG renamed or disabled (managed Redis)
+            return [
+                Check(
+                    "redis",
+                    WARN,
+                    f"reachable at {where}, a master; its maxmemory-policy could not be read ({_first_line(error)}): "
+                    "RQ needs noeviction, make sure it is set",
+                ),
+                auth,
+            ]
+    except RedisError as error:
+        return [
+            Check(
+                "redis",
+                FAIL,
+                f"{where} not reachable within {TIMEOUT_SECONDS:g} s: {_first_line(error)} (check REDIS_URL, the "
+                "server, and the network between them)",
+            ),
+            auth,
+        ]
+    finally:
+        client.close()
+    if policy != "noeviction":
+        return [
+            Check(
+                "redis",
+                FAIL,
+                f"{where}: maxmemory-policy is {policy}; RQ needs noeviction, or a full Redis drops queued jobs "
+                "and registries without a word (CONFIG SET maxmemory-policy noeviction, and in redis.conf)",
+            ),
+            auth,
+        ]
+    return [Check("redis", OK, f"reachable at {where}, a master, maxmemory-policy noeviction"), auth]
+
+
+# -- the provider and the webhook -------------------------------------------------------------
+
+LIVE, TEST = "live", "test"
+
+
+def key_mode(key: str | None) -> str | None:
+    """live or test from a Stripe secret or restricted key's prefix; None for anything else."""
+    for prefix, mode in (("sk_live_", LIVE), ("rk_live_", LIVE), ("sk_test_", TEST), ("rk_test_", TEST)):
+        if (key or "").startswith(prefix):
+            return mode
+    return None
+
+
+def _local(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    return host in ("localhost", "127.0.0.1", "::1") or host.endswith(".localhost")
+
+
+def _provider() -> tuple[Check, list | None]:
+    cfg = current_app.config
+    key = cfg.get("STRIPE_SECRET_KEY")
+    base = gateway.api_base()
+    at = f"the provider at {base}" if base else "Stripe"
+    if key is None:
+        mode, what = TEST, "the sandbox's test key (no STRIPE_SECRET_KEY)"
+    elif key.startswith("pk_"):
+        return (
+            Check(
+                "provider",
+                FAIL,
+                "STRIPE_SECRET_KEY is a publishable key (pk_...): the shop needs the account's secret key "
+                "(sk_live_... / sk_test_...) or a restricted key (rk_...)",
+            ),
+            None,
+        )
+    else:
+        mode = key_mode(key)
+        what = f"{mode} key ({key[:8]}...)" if mode else f"a key starting {key[:3]!r}"
+    try:
+        endpoints = gateway.list_webhook_endpoints_once(PROVIDER_TIMEOUT_SECONDS)
+    except gateway.ProviderRefused as error:
+        return Check("provider", FAIL, f"{what}: {at} refused it ({error}): check STRIPE_SECRET_KEY"), None
+    except gateway.ProviderUnavailable as error:
+        return (
+            Check(
+                "provider",
+                FAIL,
+                f"{what}: {at} did not answer within {PROVIDER_TIMEOUT_SECONDS:g} s ({error}): check "
+                "STRIPE_API_BASE and the network",
+            ),
+            None,
+        )
+    warnings = []
+    if mode is None:
+        warnings.append("it does not start like a Stripe secret key (sk_live_, sk_test_, rk_live_, rk_test_)")
+    if mode == LIVE and base:
+        warnings.append(f"a live key sent to STRIPE_API_BASE {base}, not to Stripe: unset STRIPE_API_BASE")
+    public = cfg["PUBLIC_BASE_URL"]
+    if mode == TEST and public.startswith("https://") and not _local(public):
+        warnings.append(
+            f"a test-mode key for a public shop ({public}): no real money is taken; set the live key before "
+            "taking orders"
+        )
+    detail = f"{what}; {at} answered ({len(endpoints)} webhook endpoint{'s' if len(endpoints) != 1 else ''})"
+    return Check("provider", WARN if warnings else OK, "; ".join([detail, *warnings])), endpoints
+
+
+def _webhook(endpoints: list | None, database: _Database) -> Check:
+    if endpoints is None:
+        return Check("webhook", FAIL, "skipped: the provider did not answer the key (see provider)")
+    target = public_url_for("webhooks.stripe_webhook")
+    mine = [ep for ep in endpoints if ep.url == target]
+    if not mine:
+        others = sorted({ep.url for ep in endpoints if ep.url})
+        elsewhere = f"; it has {len(others)} for other URLs ({', '.join(others[:3])})" if others else ""
+        return Check(
+            "webhook",
+            FAIL,
+            f"the provider has no endpoint for {target}{elsewhere}: no payment would be confirmed by its "
+            f"webhook (check PUBLIC_BASE_URL, then {REGISTER})",
+        )
+    enabled = [ep for ep in mine if ep.status == "enabled"]
+    if not enabled:
+        return Check("webhook", FAIL, f"the endpoint for {target} ({mine[0].id}) is disabled: {REGISTER}")
+
+    def missing(ep) -> list[str]:
+        return [] if "*" in ep.enabled_events else [e for e in gateway.EVENT_TYPES if e not in ep.enabled_events]
+
+    complete = [ep for ep in enabled if not missing(ep)]
+    if not complete:
+        ep = enabled[0]
+        return Check(
+            "webhook", FAIL, f"endpoint {ep.id} for {target} does not send {', '.join(missing(ep))}: {REGISTER}"
+        )
+    warnings = []
+    if len(enabled) > 1:
+        warnings.append(
+            f"{len(enabled)} enabled endpoints for this URL ({', '.join(ep.id for ep in enabled)}): every event is "
+            "sent to each, and only one's signing secret verifies: delete the others at the provider"
+        )
+    configured = current_app.config.get("STRIPE_WEBHOOK_SECRET")
+    if configured:
+        held, source = complete, "from STRIPE_WEBHOOK_SECRET"
+        if not configured.startswith("whsec_"):
+            warnings.append("STRIPE_WEBHOOK_SECRET does not start with whsec_: is it the endpoint's signing secret?")
+    elif database.problem:
+        why = f"skipped: its signing secret is kept in the database, and {database.problem} (see database)"
+        return Check("webhook", FAIL, why)
+    else:
+        from ..extensions import db
+        from ..models import KeyValue
+
+        try:
+            secret = webhook_secret()
+            stored = db.session.get(KeyValue, ENDPOINT_KEY)
+            stored_id = stored.value if stored else None
+        finally:
+            db.session.remove()
+        if not secret:
+            return Check(
+                "webhook",
+                FAIL,
+                f"endpoint {complete[0].id} for {target}, but no signing secret: neither STRIPE_WEBHOOK_SECRET nor "
+                f"one stored by registration, so every delivery would be refused: {REGISTER} (or set "
+                "STRIPE_WEBHOOK_SECRET)",
+            )
+        held = [ep for ep in complete if ep.id == stored_id]
+        if not held:
+            return Check(
+                "webhook",
+                FAIL,
+                f"the signing secret stored belongs to endpoint {stored_id}, not to {complete[0].id} for {target}: "
+                f"every delivery would be refused: {REGISTER}",
+            )
+        source = "stored in the database"
+    detail = (
+        f"endpoint {held[0].id} for {target}, enabled, sends all {len(gateway.EVENT_TYPES)} events; "
+        f"signing secret {source}"
+    )
+    return Check("webhook", WARN if warnings else OK, "; ".join([detail, *warnings]))
