@@ -1,10 +1,12 @@
-"""The alerts that ship (deploy/prometheus/alerts.yml): promtool checks the rules and runs their
-unit tests (deploy/prometheus/alerts_test.yml), and every shop_ metric they name must be one the
-shop's /metrics really exposes, so a renamed or dropped metric fails here instead of silently
-never alerting."""
+"""The alerts that ship (deploy/prometheus/alerts.yml) and the dashboard beside them
+(deploy/grafana/backstop.json): promtool checks the rules and runs their unit tests
+(deploy/prometheus/alerts_test.yml), and every shop_ metric they name must be one the shop's
+/metrics really exposes, so a renamed or dropped metric fails here instead of silently never
+alerting."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -20,6 +22,7 @@ from support import leave_heartbeats
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "alerts_test.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "backstop.json"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None,
@@ -129,3 +132,38 @@ def test_the_rule_tests_feed_only_metrics_metrics_exposes(exposed):
         for name in METRIC.findall(series["series"].split("{", 1)[0])
     }
     assert not fed - exposed, f"unit tests feed metrics /metrics does not expose: {sorted(fed - exposed)}"
+
+
+def dashboard_exprs(node) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["expr"]] if isinstance(node.get("expr"), str) else []
+        return found + [e for value in node.values() for e in dashboard_exprs(value)]
+    if isinstance(node, list):
+        return [e for value in node for e in dashboard_exprs(value)]
+    return []
+
+
+def test_the_dashboard_is_json_whose_queries_use_only_exposed_metrics(exposed):
+    board = json.loads(DASHBOARD.read_text())
+    assert board["title"] and board["panels"]
+    exprs = dashboard_exprs(board)
+    assert len(exprs) >= len(board["panels"]) - sum(p["type"] == "row" for p in board["panels"])
+    used = {name for expr in exprs for name in METRIC.findall(expr)}
+    assert not used - exposed, f"dashboard uses metrics /metrics does not expose: {sorted(used - exposed)}"
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids)), "two panels share an id"
+
+
+@needs_promtool
+def test_promtool_parses_every_dashboard_query(tmp_path):
+    """Grafana would only say "parse error" on the panel: promtool reads each query as a recording
+    rule (with the dashboard's $job variable filled in) and rejects any that is not PromQL."""
+    exprs = dashboard_exprs(json.loads(DASHBOARD.read_text()))
+    records = [
+        {"record": f"backstop:dashboard_query_{i}", "expr": e.replace("$job", "backstop")} for i, e in enumerate(exprs)
+    ]
+    check = tmp_path / "dashboard_rules.yml"
+    check.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": records}]}))
+    done = promtool("check", "rules", str(check))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in done.stdout + done.stderr
