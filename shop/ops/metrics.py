@@ -8,15 +8,17 @@ import logging
 from flask import current_app
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 
 from .. import queue
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc, utcnow
-from ..domain.order import LIVE, LIVE_STATUSES
+from ..domain.order import LIVE, LIVE_STATUSES, OrderStatus
+from ..domain.refunds import NOT_RETURNED
 from ..extensions import db, per_app
 from ..models import (
     OutboxDelivery,
     ReconciliationCycle,
+    Refund,
     RestoreWarning,
     ScheduledCommand,
     WebhookReceipt,
@@ -45,10 +47,14 @@ class ShopCollector:
 
     def _collect(self):
         now = utcnow()
+        yield from _orders()
         yield from _stuck_orders(now)
         yield from _outbox(now)
         yield from _bookkeeping()
-        yield from provider_breaker_metrics()
+        yield from _refunds(now)
+        yield from _webhook_rejections()
+        yield from _settings()
+        yield from provider_breaker_metrics(now)
         yield from _payment_queue(now)
         yield from self._liveness(now)
 
@@ -141,6 +147,20 @@ def _nodes(processes, now, stale):
     yield up
     yield beating
     yield held
+
+
+def _orders():
+    """Every order by status (one count over the status index), and the orders ever placed as a
+    counter, for checkouts per minute: the shop deletes no order, so the count only grows (should
+    one ever be deleted, rate() reads the drop as a counter reset)."""
+    counts = dict(db.session.execute(select(Order.status, func.count()).group_by(Order.status)).all())
+    by_status = GaugeMetricFamily("shop_orders", "Orders by status", labels=["status"])
+    for status in OrderStatus:
+        by_status.add_metric([status.value], counts.get(status.value, 0))
+    yield by_status
+    yield CounterMetricFamily(
+        "shop_orders_placed", "Orders placed (checkouts that took stock), all time", value=sum(counts.values())
+    )
 
 
 def _stuck_orders(now):
@@ -244,6 +264,81 @@ def _bookkeeping():
     yield webhooks
 
 
+def _refunds(now):
+    """Refunds whose money did not go back and that nobody has dealt with: the dashboard's
+    `refunds_failed` (the console's REFUND_NEEDS_OPERATOR), aged from the failure."""
+    count, oldest = db.session.execute(
+        select(func.count(), func.min(Refund.failed_at)).where(
+            Refund.status.in_(NOT_RETURNED), Refund.settled_at.is_(None)
+        )
+    ).one()
+    yield GaugeMetricFamily(
+        "shop_refunds_failed", "Failed refunds awaiting an operator (retry, or settle outside the shop)", value=count
+    )
+    yield GaugeMetricFamily(
+        "shop_refunds_failed_oldest_age_seconds",
+        "Age of the oldest failed refund awaiting an operator, from its failure (0 when none)",
+        value=max(0.0, (now - as_utc(oldest)).total_seconds()) if oldest else 0,
+    )
+
+
+# A rejected webhook's reason is a sentence (shop/webhooks.py, `_reject`), some with the SDK's
+# words after a colon (a stale timestamp's names the time): the metric names the kind by the
+# sentence's start, so the label has a handful of values whatever the sentences carry. Sorted
+# out by the database, which hands back one row per kind however many distinct sentences there are.
+REJECTION_KINDS = (
+    ("no signing secret", "no_secret"),
+    ("bad signature", "bad_signature"),
+    ("no stripe-signature", "no_signature"),
+    ("empty body", "empty_body"),
+    ("unparseable", "unparseable"),
+    ("body over", "too_large"),
+)
+REJECTION_REASONS = tuple(kind for _, kind in REJECTION_KINDS) + ("other",)
+
+
+def _webhook_rejections():
+    """Rejected webhook deliveries by the kind of their reason: a bad signature or no secret is
+    the shop refusing the provider's own deliveries; the others are usually not the provider."""
+    kind = case(
+        *((func.lower(WebhookReceipt.reason).like(f"{start}%"), name) for start, name in REJECTION_KINDS),
+        else_="other",
+    )
+    # Grouped over a subquery's column: PostgreSQL does not take a CASE with bound parameters in
+    # the select list and again in GROUP BY as the same expression.
+    kinds = select(kind.label("kind")).where(WebhookReceipt.outcome == "rejected").subquery()
+    rows = db.session.execute(select(kinds.c.kind, func.count()).group_by(kinds.c.kind)).all()
+    counts = dict.fromkeys(REJECTION_REASONS, 0)
+    counts.update(rows)
+    family = GaugeMetricFamily(
+        "shop_webhook_rejections", "Rejected webhook deliveries received, by kind of reason", labels=["reason"]
+    )
+    for name, count in counts.items():
+        family.add_metric([name], count)
+    yield family
+
+
+def _settings():
+    """The settings the alert rules compare against (deploy/prometheus/alerts.yml), as the process
+    answering the scrape has them: every process of the shop is meant to share them."""
+    cfg = current_app.config
+    yield GaugeMetricFamily(
+        "shop_reconciliation_interval_seconds",
+        "How often the reconciliation sweep runs (RECONCILIATION_INTERVAL_SECONDS)",
+        value=cfg["RECONCILIATION_INTERVAL_SECONDS"],
+    )
+    yield GaugeMetricFamily(
+        "shop_reconciliation_scheduled",
+        "1 when the sweep runs (RECONCILIATION_ENABLED or UNPAID_ORDER_EXPIRY_ENABLED), 0 when both passes are off",
+        value=1 if cfg["RECONCILIATION_ENABLED"] or cfg["UNPAID_ORDER_EXPIRY_ENABLED"] else 0,
+    )
+    yield GaugeMetricFamily(
+        "shop_health_stale_seconds",
+        "A process that has not beaten for this long is stalled (HEALTH_STALE_SECONDS)",
+        value=cfg["HEALTH_STALE_SECONDS"],
+    )
+
+
 def _payment_queue(now):
     """The line for the payment page (payments.checkout_queue): how many orders wait, and for how long
     the first has."""
@@ -256,9 +351,10 @@ def _payment_queue(now):
     )
 
 
-def provider_breaker_metrics():
-    """The provider's circuit breaker (payments.guard) as every process sees it: its state, and
-    its transitions counted in the shared state, so any process answers the same."""
+def provider_breaker_metrics(now=None):
+    """The provider's circuit breaker (payments.guard) as every process sees it: its state, how
+    long it has been away from closed, and its transitions counted in the shared state, so any
+    process answers the same."""
     view = guard.get().breaker_view()
     state = GaugeMetricFamily(
         "shop_provider_breaker_state",
@@ -268,6 +364,16 @@ def provider_breaker_metrics():
     for name in (guard.CLOSED, guard.OPEN, guard.HALF_OPEN):
         state.add_metric([name], 1 if view["state"] == name else 0)
     yield state
+    # Open and half-open alternate while probes fail (each probe makes it half-open for a moment),
+    # so the state gauge alone cannot say "open for five minutes": this counts from the moment it
+    # left closed (`opened_at`, set only by closed -> open), as the dashboard's "since" does.
+    opened = view.get("opened_at") or 0
+    now_ts = (now or utcnow()).timestamp()
+    yield GaugeMetricFamily(
+        "shop_provider_breaker_open_seconds",
+        "Seconds since the breaker left closed, while it is open or half-open (0 while closed)",
+        value=max(0.0, now_ts - opened) if view["state"] != guard.CLOSED and opened else 0,
+    )
     moves = CounterMetricFamily(
         "shop_provider_breaker_transitions",
         "Transitions of the provider's circuit breaker into each state",
