@@ -8,7 +8,7 @@ import time
 
 from flask import Flask
 
-from . import node
+from . import logs, node
 from .connections import engine_options as _engine_options
 from .connections import pooler_client_limit as _pooler_client_limit
 from .connections import server_limit as _server_limit
@@ -35,7 +35,12 @@ def create_app(test_config: dict | None = None, env: dict | None = None) -> Flas
     if test_config:
         app.config.update(test_config)
     node.init_app(app)
-    _configure_logging()
+    _configure_logging(settings.log_format)
+    if settings.sentry_dsn:
+        # Imported only here: without SENTRY_DSN nothing of sentry-sdk is loaded (an optional extra).
+        from .reporting import init_error_reporting
+
+        init_error_reporting(app)
     from .redis_client import warn_when_redis_is_unprotected
 
     warn_when_redis_is_unprotected(app.config["REDIS_URL"])
@@ -104,11 +109,12 @@ def _flask_config(settings: Settings) -> dict:
     )
 
 
-def _configure_logging() -> None:
+def _configure_logging(log_format: str) -> None:
     # Every line names the node it comes from (BACKSTOP_NODE_NAME): with several nodes' logs in
-    # one place, a line without it cannot be traced to a machine.
+    # one place, a line without it cannot be traced to a machine. LOG_FORMAT: text for people,
+    # or one JSON object per line with the request, job, work and order it belongs to (shop.logs).
     node.add_node_to_log_records()
-    logging.basicConfig(level=logging.INFO, format=node.LOG_FORMAT_TEXT)
+    logs.configure(log_format)
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     logging.getLogger("stripe").setLevel(logging.WARNING)  # one INFO line per API request otherwise
 

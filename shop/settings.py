@@ -13,6 +13,9 @@ import sys
 from typing import NamedTuple
 from dataclasses import dataclass, asdict
 
+from urllib.parse import urlsplit
+
+from .logs import FORMATS as LOG_FORMATS, TEXT as LOG_FORMAT_TEXT
 from .node import MAX_LENGTH as NODE_NAME_MAX_LENGTH, host_node_name
 
 # The largest quantity the cart's forms take for one line (orders.cart uses the same bound).
@@ -106,6 +109,10 @@ class Settings:
     # UNPAID_HOLD_WITHOUT_SESSION_SECONDS: how long an order that never had a payment session
     # holds its stock (at most the payment window; domain.deadlines.unpaid_hold_seconds).
     unpaid_hold_without_session_seconds: int = DEFAULT_HOLD_WITHOUT_SESSION_SECONDS
+    # LOG_FORMAT: "text" (one line for people, the default) or "json" (one object per line; shop.logs).
+    log_format: str = LOG_FORMAT_TEXT
+    # SENTRY_DSN: when set, errors of the web and the workers go to Sentry (shop.reporting).
+    sentry_dsn: str | None = None
 
     @property
     def uses_sandbox(self) -> bool:
@@ -365,6 +372,34 @@ def _web_front(env) -> str:
     return raw
 
 
+def _log_format(env) -> str:
+    raw = (env.get("LOG_FORMAT") or "").strip().lower() or LOG_FORMAT_TEXT
+    if raw not in LOG_FORMATS:
+        raise SettingsError("LOG_FORMAT", f"must be one of {', '.join(LOG_FORMATS)}, got {raw!r}")
+    return raw
+
+
+def _sentry_dsn(env) -> str | None:
+    """SENTRY_DSN: unset reports nothing. A DSN is `http(s)://KEY@HOST[:PORT]/PROJECT`; the
+    message names what is wrong without repeating the value (its key goes to the log otherwise)."""
+    raw = (env.get("SENTRY_DSN") or "").strip()
+    if not raw:
+        return None
+    try:
+        parts = urlsplit(raw)
+        _ = parts.port  # raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise SettingsError("SENTRY_DSN", f"is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        scheme = f"{parts.scheme}://" if parts.scheme else "no scheme"
+        raise SettingsError("SENTRY_DSN", f"must start with one of http://, https://, got {scheme}")
+    if not parts.username or not parts.hostname:
+        raise SettingsError("SENTRY_DSN", "must name a key and a host: http(s)://KEY@HOST/PROJECT")
+    if not parts.path.strip("/"):
+        raise SettingsError("SENTRY_DSN", "must end with the project: http(s)://KEY@HOST/PROJECT")
+    return raw
+
+
 def _pooler(env, database_url: str) -> str:
     raw = (env.get("DATABASE_POOLER") or "").strip().lower() or "none"
     if raw not in POOLERS:
@@ -433,4 +468,6 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         metrics_token=_metrics_token(env),
         web_front=_web_front(env),
         behind_front=_bool(env, "BACKSTOP_BEHIND_FRONT", False),
+        log_format=_log_format(env),
+        sentry_dsn=_sentry_dsn(env),
     )

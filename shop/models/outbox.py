@@ -64,6 +64,10 @@ class DurableWork:
     # Left to the database default: the writer inserts deliveries with INSERT ... SELECT.
     provider_waits: Mapped[int] = mapped_column(Integer, server_default="0", nullable=False)
     discard_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The id of the web request whose commit wrote the row (or of the request behind the row
+    # whose run wrote it), for the log lines of whoever runs it (shop.logs); null when no request
+    # was behind it (the sweep, the CLI).
+    request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     updated_at = mapped_column(UTCDateTime, default=now_utc, onupdate=now_utc, nullable=False)
     completed_at = mapped_column(UTCDateTime, nullable=True)

@@ -4,6 +4,7 @@ operator's verbs on a row (retry a dead one, retry every dead one of a kind, dis
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections import Counter
 from datetime import datetime, timedelta
@@ -106,15 +107,18 @@ DELIVERIES = runner.Work(
     # While deadlines are due, delivery drains run the restores and hold the emails back (the
     # scheduler's next poll wakes a drain for them): a flash sale's deadlines get the cores.
     hold_back_the_rest=_deadlines_due,
+    log_key="delivery_id",
 )
-# A command reads only these (commands/handlers load what else they need themselves).
+# A command reads only these (commands/handlers load what else they need themselves; the runner
+# reads the request id for the log context).
 COMMANDS = runner.Work(
     ScheduledCommand,
     _execute_command,
     _describe_command,
     early_claim_seconds=runner.EARLY_CLAIM_SECONDS,
-    claim_returns=("id", "kind", "order_id", "payload"),
+    claim_returns=("id", "kind", "order_id", "payload", "request_id"),
     lookahead_seconds=COMMAND_LOOKAHEAD_SECONDS,
+    log_key="command_id",
 )
 
 
@@ -179,7 +183,11 @@ def drain_concurrently(
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread below
             errors.append(exc)
 
-    pool = [threading.Thread(target=one, args=(i,), name=f"drain-{i}", daemon=True) for i in range(threads)]
+    # Each thread runs in a copy of this one's context: its log lines carry the job's id too.
+    pool = [
+        threading.Thread(target=contextvars.copy_context().run, args=(one, i), name=f"drain-{i}", daemon=True)
+        for i in range(threads)
+    ]
     for thread in pool:
         thread.start()
     for thread in pool:

@@ -40,6 +40,7 @@ from typing import Any, Callable
 from flask import current_app
 from sqlalchemy import select, update
 
+from .. import logs
 from ..domain.deadlines import FAILURE_PROVIDER, retry_decision, utcnow
 from ..extensions import db
 from ..models import WorkStatus
@@ -100,18 +101,33 @@ class Work:
     # deadlines are due, so the cores go to the work that gives stock back.
     hold_back_the_rest: Callable[[datetime], bool] | None = None
     # Columns `execute` and `describe` read, when they read nothing else: then the claim's
-    # UPDATE returns them and a row claimed by id needs no second query to load it.
+    # UPDATE returns them and a row claimed by id needs no second query to load it. (`order_id`
+    # and `request_id` are read too, for the log context.)
     claim_returns: tuple[str, ...] = field(default=())
+    # The log context's key for a row's id: `delivery_id`, `command_id` (shop.logs).
+    log_key: str = "work_id"
+
+
+def _log_scope(work: Work, work_id: int, row) -> object:
+    """The row's log context: its id, its order, and the request id it was written with (so the
+    lines of work a request left carry that request's id, and so does what this row writes). One
+    contextvar set per row, from what the claim already read: no query."""
+    if row is None:
+        return logs.enter(**{work.log_key: work_id})
+    return logs.enter(**{work.log_key: work_id}, order_id=row.order_id, request_id=row.request_id)
 
 
 def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) -> RunOutcome:
     """Run a row this worker has claimed: execute + mark done in one transaction, or record the
     failure in its own."""
     model = work.model
+    scope = _log_scope(work, work_id, row)
     try:
         with uow.transaction():
             if row is None:
                 row = db.session.get(model, work_id, options=list(work.load_options))
+                if row is not None:
+                    logs.learn(order_id=row.order_id, request_id=row.request_id)
             work.execute(row, now)
             if not mark_done(model, work_id, worker, utcnow()):
                 raise LeaseLost(f"{work.describe(row)}: lease lapsed before commit")
@@ -124,6 +140,8 @@ def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) 
         return RunOutcome.SKIPPED
     except Exception as exc:
         return record_failure(model, work_id, worker, exc, now, work.describe)
+    finally:
+        logs.leave(scope)
 
 
 def run(work: Work, work_id: int, now: datetime | None = None) -> RunOutcome:

@@ -8,6 +8,7 @@ from datetime import datetime
 from flask import current_app
 from sqlalchemy import bindparam, insert, literal, select, union_all, update
 
+from .. import logs
 from ..domain.deadlines import utcnow
 from ..models import OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
 from .subscriptions import SUBSCRIPTIONS
@@ -72,6 +73,7 @@ def _insert_event_with_deliveries(handlers: tuple[str, ...]):
         .cte("new_event")
     )
     now = bindparam("now", type_=_deliveries.c.created_at.type)
+    request_id = bindparam("request_id", type_=_deliveries.c.request_id.type)
 
     def row(handler: str):
         return select(
@@ -85,6 +87,7 @@ def _insert_event_with_deliveries(handlers: tuple[str, ...]):
             now,
             now,
             now,
+            request_id,
         )
 
     # One SELECT per handler (not a VALUES list: SQLAlchemy cannot cache a statement holding
@@ -104,6 +107,7 @@ def _insert_event_with_deliveries(handlers: tuple[str, ...]):
                 "enqueued_at",
                 "created_at",
                 "updated_at",
+                "request_id",
             ],
             rows,
         )
@@ -112,11 +116,13 @@ def _insert_event_with_deliveries(handlers: tuple[str, ...]):
 
 
 def write_events(session, events, now: datetime | None = None) -> list[int]:
-    """Insert each event and one pending delivery per subscribed handler. Returns delivery ids."""
+    """Insert each event and one pending delivery per subscribed handler. Returns delivery ids.
+    Each delivery carries the current request id (shop.logs), a bound parameter like the others."""
     if not events:
         return []
     now = now or utcnow()
     max_attempts = current_app.config["OUTBOX_MAX_ATTEMPTS"]
+    request_id = logs.request_id()
     delivery_ids: list[int] = []
     one_statement = session.get_bind().dialect.name == "postgresql"
     for event in events:
@@ -131,6 +137,7 @@ def write_events(session, events, now: datetime | None = None) -> list[int]:
                         payload=event.payload(),
                         now=now,
                         max_attempts=max_attempts,
+                        request_id=request_id,
                     ),
                 ).scalars()
             )
@@ -153,6 +160,7 @@ def write_events(session, events, now: datetime | None = None) -> list[int]:
                         enqueued_at=now,
                         created_at=now,
                         updated_at=now,
+                        request_id=request_id,
                     ),
                 ).scalar_one()
             )
@@ -193,6 +201,7 @@ def schedule_command(
             enqueued_at=now,
             created_at=now,
             updated_at=now,
+            request_id=logs.request_id(),
         ),
     ).scalar_one()
     after_commit(session)["commands"].append((command_id, due_at))

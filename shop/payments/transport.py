@@ -5,6 +5,7 @@ pages' origins)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -18,6 +19,8 @@ from flask import current_app
 
 from ..extensions import per_app
 from . import guard
+
+log = logging.getLogger("shop.provider")
 
 SANDBOX_DEFAULT_BASE = "http://127.0.0.1:12111"
 SANDBOX_API_KEY = "sk_test_backstop_sandbox"
@@ -112,7 +115,19 @@ class GuardedHttpClient(stripe.RequestsClient):
             raise guard.Shed(
                 "no time left in this request's budget for another provider call", kind=guard.ShedKind.DEADLINE
             )
-        content, status, rheaders = super().request(method, url, headers, post_data)
+        started = time.monotonic()
+        status = rheaders = failure = None
+        sent = True
+        try:
+            content, status, rheaders = super().request(method, url, headers, post_data)
+        except guard.Shed as exc:  # refused by the rate budget: never sent
+            failure, sent = str(exc), False
+            raise
+        except Exception as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            log_call(method, url, headers, status, rheaders, time.monotonic() - started, failure, sent)
         if status == 429:
             guard.get().pause(_retry_after(rheaders))
         return content, status, rheaders
@@ -128,6 +143,53 @@ class GuardedHttpClient(stripe.RequestsClient):
         retry = super()._should_retry(response, api_connection_error, num_retries, max_network_retries)
         self._attempt.retry = retry
         return retry
+
+
+def outcome_of(status: int | None, sent: bool = True) -> str:
+    """A provider call's `outcome` in its log line: ok, refused (4xx), rate_limited (429),
+    unavailable (5xx), unreachable (no answer: connection error, timeout), not_sent (the rate
+    budget refused it)."""
+    if status is None:
+        return "unreachable" if sent else "not_sent"
+    if status < 300:
+        return "ok"
+    if status == 429:
+        return "rate_limited"
+    return "unavailable" if status >= 500 else "refused"
+
+
+def log_call(method, url, headers, status, rheaders, seconds: float, failure: str | None, sent: bool = True) -> None:
+    """One line per provider call (each HTTP attempt, the SDK's retries included): the endpoint,
+    the latency, the outcome and status, the provider's request id and the idempotency key, on
+    top of the log context (the request, job, work and order it was made for; shop.logs)."""
+    endpoint = endpoint_of(method, url)
+    outcome = outcome_of(status, sent)
+    provider_request_id = rheaders.get("Request-Id") if rheaders is not None else None
+    key = (headers or {}).get("Idempotency-Key")
+    latency_ms = round(seconds * 1000, 1)
+    level = logging.INFO if outcome in ("ok", "refused", "not_sent") else logging.WARNING
+    log.log(
+        level,
+        "provider call %s: %s%s in %.1f ms%s%s",
+        endpoint,
+        outcome,
+        f" {status}" if status is not None else f" ({failure})",
+        latency_ms,
+        f", request {provider_request_id}" if provider_request_id else "",
+        f", idempotency key {key}" if key else "",
+        extra={
+            name: value
+            for name, value in (
+                ("endpoint", endpoint),
+                ("latency_ms", latency_ms),
+                ("outcome", outcome),
+                ("status", status),
+                ("provider_request_id", provider_request_id),
+                ("idempotency_key", key),
+            )
+            if value is not None
+        },
+    )
 
 
 # An attempt with less time than this left in the request's budget could not get an answer.

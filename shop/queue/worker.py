@@ -14,6 +14,7 @@ from rq import Queue, SimpleWorker, worker_registration
 from rq.job import Job
 
 from .beats import describe_job, heartbeat_seconds, iso
+from .. import logs
 from ..node import node_name
 from .connection import SERIALIZER, ShopJob, ShopQueue, queue_names, redis_conn, refusal
 
@@ -102,9 +103,11 @@ class ShopWorker(SimpleWorker):
         if self._beater is None:
             self._beater = threading.Thread(target=self._beat_during_jobs, name="heartbeat", daemon=True)
             self._beater.start()
+        scope = logs.enter(job_id=job.id)  # every line the job logs names it (LOG_FORMAT=json)
         try:
             super().execute_job(job, queue)
         finally:
+            logs.leave(scope)
             self._last_job, self._job = (self._job[0], datetime.now(timezone.utc)), None
 
     def _beat_during_jobs(self) -> None:

@@ -28,6 +28,7 @@ from enum import StrEnum
 from sqlalchemy import bindparam, func, insert, literal_column, select, update
 from sqlalchemy.orm.exc import StaleDataError
 
+from .. import logs
 from ..domain.order import ALLOWED, UNPAID, OrderStatus, Transition
 from ..extensions import db
 from ..models import InventoryItem, Order, OrderLine
@@ -102,7 +103,14 @@ def read(order_id: int, *, lines: bool = False, fresh: bool = False) -> LoadedOr
     already loaded it; `fresh` re-reads it), `lines` loads its lines too. The caller decides
     whether a transaction stays open afterwards."""
     row = db.session.get(Order, order_id, populate_existing=fresh) if usable_id(order_id) else None
-    return None if row is None else LoadedOrder.of(row, lines=lines)
+    return None if row is None else _known(LoadedOrder.of(row, lines=lines))
+
+
+def _known(order: LoadedOrder) -> LoadedOrder:
+    """The order read for a decision names the lines logged from here on in this request or run
+    (shop.logs: `order_ref`, `order_id`)."""
+    logs.learn(order_ref=order.reference, order_id=order.id)
+    return order
 
 
 def by_reference(reference: str | None) -> Order | None:
@@ -114,13 +122,13 @@ def by_reference(reference: str | None) -> Order | None:
 
 def read_by_reference(reference: str | None) -> LoadedOrder | None:
     row = by_reference(reference)
-    return None if row is None else LoadedOrder.of(row)
+    return None if row is None else _known(LoadedOrder.of(row))
 
 
 def read_for_payment(order_id: int) -> LoadedOrder | None:
     """The usual payment notice's read, on the table (no mapped object to build)."""
     row = db.session.execute(PAYMENT_READ, {"order": order_id}).first()
-    return None if row is None else LoadedOrder(**row._mapping)
+    return None if row is None else _known(LoadedOrder(**row._mapping))
 
 
 def current_state(order_id: int):
@@ -171,6 +179,7 @@ def insert_order(
     for line in lines:
         line["order_id"] = order_id
     session.execute(INSERT_LINES, lines)
+    logs.learn(order_ref=reference, order_id=order_id)
     return order_id
 
 

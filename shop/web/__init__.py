@@ -8,6 +8,7 @@ from ..emails import refund_failure_words
 from ..money import format_money
 from ..payments.gateway import hosted_page_origins
 from ..public_urls import public_url_for
+from . import request_ids
 from .answers import negotiated
 from .requests import (
     ClientAddressFromFront,
@@ -48,9 +49,11 @@ def init_app(app) -> None:
     relative (never built from the request's Host), the refusal of NUL bytes in text, the cap on
     chunked bodies (the webhook reads its own, capped, raw body) and the template filters and
     `public_url_for`; and what every answer leaves with: the security headers, and `Vary: Accept`
-    when the answer was chosen by the Accept header. Behind the shop's own front
+    when the answer was chosen by the Accept header; and every request's id (`X-Request-ID`, kept
+    or made, in the log context and echoed: request_ids.py). Behind the shop's own front
     (`BEHIND_FRONT`), the client's address comes from the header the front wrote."""
     app.url_map.converters.update(id=IdConverter, work=WorkConverter)
+    request_ids.init_app(app)
     app.jinja_env.filters["status_words"] = status_words
     app.jinja_env.filters["refund_failure"] = refund_failure_words
     app.jinja_env.filters["money"] = format_money
