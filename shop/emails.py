@@ -15,7 +15,7 @@ from datetime import datetime
 from flask import render_template
 from sqlalchemy import select
 
-from . import mailer
+from . import logs, mailer
 from .domain.order import OrderStatus, cancelled_because
 from .domain.refunds import NOT_RETURNED, SUCCEEDED
 from .extensions import db
@@ -119,6 +119,7 @@ def send(order_id: int, template: str, *, key: str) -> bool:
     order = db.session.get(Order, order_id)
     if order is None:
         return False
+    logs.learn(order_ref=order.reference)
     email = render(template, order)
     if email is None:
         return False

@@ -90,6 +90,15 @@ BAD = [
     ("SMTP_URL", "mail.example:25", "got no scheme"),
     ("SMTP_CA_FILE", "/nonexistent/private-ca.pem", "no such file: '/nonexistent/private-ca.pem'"),
     ("SMTP_CA_FILE", "/", "no such file"),  # a folder is not a bundle
+    # Text for people or JSON for machines, nothing else (docs/REFERENCE.md, Logs).
+    ("LOG_FORMAT", "xml", "must be one of text, json, got 'xml'"),
+    ("LOG_FORMAT", "logfmt", "must be one of text, json"),
+    # A DSN is http(s)://KEY@HOST/PROJECT; the message never repeats it (the key would reach the log).
+    ("SENTRY_DSN", "ftp://key@sentry.example/1", "must start with one of http://, https://, got ftp://"),
+    ("SENTRY_DSN", "sentry.example/1", "got no scheme"),
+    ("SENTRY_DSN", "https://sentry.example/1", "must name a key and a host"),
+    ("SENTRY_DSN", "https://key@sentry.example", "must end with the project"),
+    ("SENTRY_DSN", "https://key@sentry.example:port/1", "is not a URL"),
 ]
 
 
@@ -410,3 +419,15 @@ IIfTgKJ+8UafIxOOKFhM8HIkRRpkxpXPqsb2ioS76OdYYIljIjmVhh2khcIPq5EU
 F2cG1+ABiezq
 -----END CERTIFICATE-----
 """
+
+
+def test_log_format_is_text_unless_json_is_asked_for_and_sentry_is_off_unless_a_dsn_is_given(tmp_path):
+    default = load_settings({}, str(tmp_path), argv=CLI)
+    assert default.log_format == "text" and default.sentry_dsn is None
+    chosen = load_settings(
+        {"LOG_FORMAT": " JSON ", "SENTRY_DSN": "https://abc123@o1.ingest.sentry.io/42"}, str(tmp_path), argv=CLI
+    )
+    assert chosen.log_format == "json" and chosen.sentry_dsn == "https://abc123@o1.ingest.sentry.io/42"
+    with pytest.raises(SettingsError) as refused:
+        load_settings({"SENTRY_DSN": "ftp://secretkey@sentry.example/1"}, str(tmp_path), argv=CLI)
+    assert "secretkey" not in str(refused.value)

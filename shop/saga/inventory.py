@@ -23,7 +23,7 @@ from enum import StrEnum
 
 from sqlalchemy import bindparam, insert, update
 
-from .. import failpoints
+from .. import failpoints, logs
 from ..domain.deadlines import utcnow
 from ..domain.events import OrderCancelled
 from ..domain.order import OrderStatus
@@ -82,6 +82,7 @@ def restore_inventory(event: OrderCancelled, now: datetime) -> RestoreOutcome:
         log.warning("restore_inventory: order %s from OrderCancelled no longer exists", event.order_id)
         return RestoreOutcome.GONE
     reference, status, restored, version = rows[0][:4]
+    logs.learn(order_ref=reference)
     order = LoadedOrder(event.order_id, reference, status, version, inventory_restored=bool(restored))
     if order.inventory_restored:
         return RestoreOutcome.ALREADY_RESTORED

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from flask import current_app
 
-from .. import emails
+from .. import emails, logs
 from ..domain.deadlines import as_utc
 from ..domain.events import OrderCancelled, OrderPaid, OrderPaymentFailed
 from ..domain.order import cancelled_because
@@ -31,6 +31,7 @@ def payment_failed_followups(event: OrderPaymentFailed, now: datetime) -> None:
     order = session.get(Order, event.order_id)
     if order is None:
         return
+    logs.learn(order_ref=order.reference)
     schedule_command(
         session,
         "send_email",

@@ -1,0 +1,126 @@
+"""Error reports (docs/REFERENCE.md, Settings: SENTRY_DSN): off and not even imported without the
+setting; with it, an error of a request reaches the DSN's server tagged with the order it was
+about. The server is a local one started here, as a Sentry would take the SDK's envelopes."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from payment_helpers import Shopper
+from shop import create_app
+from shop.settings import SettingsError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_without_sentry_dsn_nothing_of_sentry_is_imported(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from shop import create_app
+        create_app({{"SECRET_KEY": "x", "DATABASE_URL": "sqlite:///{tmp_path}/r.sqlite3"}}, env={{}})
+        print("sentry_sdk" in sys.modules)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def test_sentry_dsn_without_the_extra_installed_is_a_configuration_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sentry_sdk", None)  # as if `backstop[sentry]` was not installed
+    with pytest.raises(SettingsError) as refused:
+        create_app(
+            {"SECRET_KEY": "x", "DATABASE_URL": f"sqlite:///{tmp_path}/r.sqlite3"},
+            env={"SENTRY_DSN": "https://key@sentry.example/1"},
+        )
+    assert refused.value.variable == "SENTRY_DSN" and "backstop[sentry]" in str(refused.value)
+
+
+class _Collector(BaseHTTPRequestHandler):
+    """Sentry's ingest endpoint, as far as the SDK needs it: every envelope's items, kept."""
+
+    received: list[dict] = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        encoding = self.headers.get("Content-Encoding")
+        if encoding == "gzip":
+            body = gzip.decompress(body)
+        elif encoding == "br":
+            import brotli
+
+            body = brotli.decompress(body)
+        for line in body.splitlines():
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(item, dict):
+                self.received.append(item)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def sentry_server():
+    pytest.importorskip("sentry_sdk", reason="the sentry extra is not installed (pip install -e '.[sentry]')")
+    import sentry_sdk
+
+    _Collector.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        sentry_sdk.get_client().close(timeout=2)
+        sentry_sdk.init()  # no DSN: whatever the integrations still see goes nowhere
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_requests_error_reaches_sentry_tagged_with_its_order_and_request(make_shop, sentry_server):
+    import sentry_sdk
+
+    from shop.store import order_store
+
+    dsn = f"http://publickey@127.0.0.1:{sentry_server.server_address[1]}/1"
+    shop = make_shop(SENTRY_DSN=dsn)
+
+    def broken(ref):
+        order_store.read_by_reference(ref)  # what a route does first; the log context learns the order
+        raise RuntimeError("the view broke after reading the order")
+
+    shop.add_url_rule("/test-broken/<ref>", "test_broken", broken)
+    shopper = Shopper(shop)
+    ref = shopper.buy()
+    with pytest.raises(RuntimeError):  # TESTING: Flask hands the error on after signalling it
+        shopper.client.get(f"/test-broken/{ref}", headers={"X-Request-ID": "broken-1"})
+    sentry_sdk.flush(timeout=5)
+
+    deadline = time.monotonic() + 5
+    events = []
+    while time.monotonic() < deadline and not events:
+        events = [item for item in _Collector.received if item.get("exception")]
+        time.sleep(0.05)
+    assert events, _Collector.received
+    event = events[0]
+    assert event["tags"]["order_ref"] == ref and event["tags"]["request_id"] == "broken-1"
+    (exception,) = event["exception"]["values"]
+    assert exception["type"] == "RuntimeError"
