@@ -44,7 +44,7 @@ from datetime import datetime, timedelta
 
 from flask import current_app
 
-from .. import failpoints
+from .. import failpoints, logs
 from ..domain.order import UNPAID
 from ..extensions import db
 from ..outbox import uow
@@ -230,14 +230,16 @@ def _run_pass(name: PassName, ids: list[int], work, counts: dict, errors: list, 
                 left,
             )
             return
-        try:
-            outcome = work(order_id)
-        except Exception as exc:
-            uow.rollback(db.session)
-            log.exception("sweep: %s pass failed on order %s; continuing with the next", name, order_id)
-            counts[Tally.ERRORS] += 1
-            errors.append(order_error(name, order_id, exc))
-            continue
+        # Each order's lines name it, and the next order's do not (shop.logs).
+        with logs.scope(order_id=order_id):
+            try:
+                outcome = work(order_id)
+            except Exception as exc:
+                uow.rollback(db.session)
+                log.exception("sweep: %s pass failed on order %s; continuing with the next", name, order_id)
+                counts[Tally.ERRORS] += 1
+                errors.append(order_error(name, order_id, exc))
+                continue
         counts[outcome] = counts.get(outcome, 0) + 1
         unavailable_streak = unavailable_streak + 1 if outcome is ProviderOutcome.UNAVAILABLE else 0
         failpoints.hit("sweep.after_order")
