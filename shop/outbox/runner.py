@@ -114,7 +114,9 @@ def _log_scope(work: Work, work_id: int, row) -> object:
     contextvar set per row, from what the claim already read: no query."""
     if row is None:
         return logs.enter(**{work.log_key: work_id})
-    return logs.enter(**{work.log_key: work_id}, order_id=row.order_id, request_id=row.request_id)
+    return logs.enter(
+        **{work.log_key: work_id}, order_id=getattr(row, "order_id", None), request_id=getattr(row, "request_id", None)
+    )
 
 
 def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) -> RunOutcome:

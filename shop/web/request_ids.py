@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from flask import g
+from flask import g, request
 
 from .. import logs
 
@@ -25,8 +25,6 @@ def request_id_of(incoming: str | None) -> str:
 
 
 def init_app(app) -> None:
-    from flask import request
-
     def begin() -> None:
         g.request_id = request_id_of(request.headers.get(HEADER))
         g.log_scope = logs.enter(request_id=g.request_id)
