@@ -38,7 +38,7 @@ from datetime import datetime, timedelta
 from flask import current_app
 from sqlalchemy import and_, func, or_, select
 
-from .. import queue
+from .. import logs, queue
 from ..domain.deadlines import unpaid_hold_seconds, utcnow
 from ..domain.order import OrderStatus
 from ..extensions import db
@@ -211,7 +211,8 @@ class PaymentQueue:
         return started
 
     def _start(self, order_id: int, turn: guard.Ticket) -> StartOutcome:
-        with self.app.app_context(), guard.queue_call(PATIENCE_SECONDS, turn):
+        # The order's lines (its provider call's among them) name it: shop.logs.
+        with self.app.app_context(), logs.scope(order_id=order_id), guard.queue_call(PATIENCE_SECONDS, turn):
             try:
                 return start_payment(order_id, from_line=True)
             finally:
