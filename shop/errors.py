@@ -1,6 +1,6 @@
 """Errors in words, as HTML or JSON, never a stack trace."""
 
-from flask import jsonify, make_response, render_template_string
+from flask import got_request_exception, jsonify, make_response, render_template_string
 from flask_wtf.csrf import CSRFError
 from sqlalchemy.exc import InterfaceError, OperationalError
 from flask import request
@@ -111,6 +111,10 @@ def init_app(app):
             app.logger.error("database unavailable: %s", exc)
             return _render(503, "Back in a moment", MESSAGES[503])
         app.logger.exception("unhandled error")
+        # Flask signals an unhandled error only when no handler takes it, and this one takes them
+        # all: signal it here, so what listens for it (Sentry's Flask integration, with SENTRY_DSN)
+        # hears of every 500, with its request.
+        got_request_exception.send(app, _async_wrapper=app.ensure_sync, exception=exc)
         return _render(500, "Sorry", MESSAGES[500])
 
 

@@ -41,7 +41,7 @@ def init_error_reporting(app) -> None:
         integrations=[FlaskIntegration(), RqIntegration()],
         before_send=_tag_with_log_context,
         server_name=app.config.get("NODE_NAME") or None,
-        # Errors only: no performance tracing, no request bodies or cookies (order links, sessions).
+        # Errors only: no performance tracing. (Request bodies and cookies, which carry order
+        # links and sessions, stay out: sentry-sdk's default, not sending personal data.)
         traces_sample_rate=None,
-        send_default_pii=False,
     )
