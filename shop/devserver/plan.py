@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -28,6 +29,7 @@ class Plan:
     password: str | None = None  # set only when this run created the operator
     start_redis_on: int | None = None
     start_sandbox_on: int | None = None
+    sandbox_socket: socket.socket | None = None  # bound and listening, handed to the sandbox
     sandbox_url: str | None = None
     session_min_seconds: int = 1800
     notes: list = field(default_factory=list)
@@ -111,20 +113,36 @@ def demo_secret_key(instance: str) -> str:
     return key
 
 
-def sandbox_port(instance: str) -> int:
-    """12111, or when that is taken the port the sandbox had last time: its sessions' payment
-    links name their port, so a restart on another one would break the links the demo user has."""
+def sandbox_socket(instance: str) -> socket.socket:
+    """A listening socket for the sandbox, bound here and handed to it (`--fd`): on 12111, or when
+    that is taken the port the sandbox had last time (its sessions' payment links name their port,
+    so a restart on another one would break the links the demo user has), or any free port.
+    Bound now, not merely found free: two `up`s starting at once cannot both pick 12111."""
     path = os.path.join(instance, SANDBOX_PORT_FILE)
     try:
         with open(path, encoding="ascii") as f:
             last = int(f.read().strip())
     except (OSError, ValueError):
         last = None
-    port = next((p for p in (SANDBOX_PORT, last) if p and 0 < p < 65536 and port_is_free(p)), None) or free_port()
+    sock = None
+    for port in (SANDBOX_PORT, last, 0):
+        if port is None or not 0 <= port < 65536:
+            continue
+        candidate = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        candidate.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            candidate.bind((LOCAL, port))
+        except OSError:
+            candidate.close()
+            continue
+        sock = candidate
+        break
+    sock.listen(128)
+    port = sock.getsockname()[1]
     if port != SANDBOX_PORT:
         with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="ascii") as f:
             f.write(f"{port}\n")
-    return port
+    return sock
 
 
 def make_plan(port: int, environ: dict) -> Plan:
@@ -178,7 +196,8 @@ def make_plan(port: int, environ: dict) -> Plan:
         if settings.stripe_api_base:
             plan.sandbox_url = settings.stripe_api_base
         else:
-            plan.start_sandbox_on = sandbox_port(env["BACKSTOP_INSTANCE_PATH"])
+            plan.sandbox_socket = sandbox_socket(env["BACKSTOP_INSTANCE_PATH"])
+            plan.start_sandbox_on = plan.sandbox_socket.getsockname()[1]
             plan.sandbox_url = f"http://{LOCAL}:{plan.start_sandbox_on}"
             env["STRIPE_API_BASE"] = plan.sandbox_url
     return plan

@@ -60,25 +60,33 @@ def start_sandbox(plan: Plan, sup: Supervisor, console: Console) -> Child:
     # The shop's own session minimum goes to its sandbox: a shop that asks for shorter
     # sessions than its provider accepts has every checkout refused.
     state_file = os.path.join(plan.env["BACKSTOP_INSTANCE_PATH"], SANDBOX_STATE_FILE)
-    return sup.start(
-        "sandbox",
-        [
-            sys.executable,
-            "-m",
-            "shop.stripe_sandbox",
-            "--host",
-            LOCAL,
-            "--port",
-            str(port),
-            "--min-session-seconds",
-            str(plan.session_min_seconds),
-            "--state-file",
-            state_file,
-        ],
-        plan.env,
-        plan.root,
-        role="service",
-    )
+    listener = plan.sandbox_socket
+    try:
+        return sup.start(
+            "sandbox",
+            [
+                sys.executable,
+                "-m",
+                "shop.stripe_sandbox",
+                "--host",
+                LOCAL,
+                "--port",
+                str(port),
+                "--fd",
+                str(listener.fileno()),
+                "--min-session-seconds",
+                str(plan.session_min_seconds),
+                "--state-file",
+                state_file,
+            ],
+            plan.env,
+            plan.root,
+            role="service",
+            pass_fds=(listener.fileno(),),
+        )
+    finally:
+        listener.close()  # the sandbox holds it now
+        plan.sandbox_socket = None
 
 
 def register_webhook(plan: Plan, app, console: Console) -> None:

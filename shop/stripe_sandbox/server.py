@@ -132,7 +132,11 @@ class QuietRequestHandler(WSGIRequestHandler):
 
 
 def run(
-    host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, min_session_seconds: int = 1800, state_file: str | None = None
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    min_session_seconds: int = 1800,
+    state_file: str | None = None,
+    fd: int | None = None,
 ) -> None:
     """Serve the sandbox until interrupted (threaded werkzeug server). With `state_file`, the
     sandbox starts from it and keeps it up to date, a last time when it stops (SIGTERM too)."""
@@ -145,7 +149,7 @@ def run(
         persisted = StateFile(sandbox, state_file)
         print(f"Stripe sandbox: {persisted.load()}", flush=True)
         persisted.start()
-    server = make_server(host, port, app, threaded=True, request_handler=QuietRequestHandler)
+    server = make_server(host, port, app, threaded=True, request_handler=QuietRequestHandler, fd=fd)
     print(
         f"Stripe sandbox listening on http://{host}:{server.port} "
         f"(STRIPE_API_BASE=http://{host}:{server.port}, min session {min_session_seconds}s)",

@@ -437,3 +437,25 @@ def test_what_ups_preparation_writes_is_readable_by_its_owner_only(tmp_path):
         conn.commit()
     engine.dispose()
     assert mode(database) == 0o600
+
+
+def test_two_ups_starting_at_once_never_pick_the_same_sandbox_port(tmp_path):
+    """The sandbox's port is bound when `up` plans it and handed to the sandbox (`--fd`): a second
+    `up` planning meanwhile finds it taken and gets another, instead of both picking 12111 and
+    one sandbox dying with "Address already in use"."""
+    from shop.devserver.plan import sandbox_socket
+
+    first_folder, second_folder = tmp_path / "a", tmp_path / "b"
+    first_folder.mkdir()
+    second_folder.mkdir()
+    first = sandbox_socket(str(first_folder))
+    second = sandbox_socket(str(second_folder))
+    try:
+        ports = {first.getsockname()[1], second.getsockname()[1]}
+        assert len(ports) == 2
+        for sock in (first, second):  # both listening: a client connects before any server runs
+            with socket.create_connection(("127.0.0.1", sock.getsockname()[1]), timeout=2):
+                pass
+    finally:
+        first.close()
+        second.close()
