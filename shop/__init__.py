@@ -89,7 +89,7 @@ def _flask_config(settings: Settings) -> dict:
         # The prune (scheduling.retention): rows per batch, each batch its own short transaction,
         # a pause between batches so the database serves others first, and how long one run of
         # the periodic job may hold its worker before it hands over and queues its continuation.
-        PRUNE_BATCH_SIZE=1000,
+        PRUNE_BATCH_SIZE=500,
         PRUNE_PAUSE_SECONDS=0.05,
         PRUNE_JOB_SECONDS=20.0,
         STRIPE_TIMEOUT_SECONDS=10,
