@@ -32,8 +32,7 @@ from datetime import datetime
 from typing import Callable
 
 from flask import current_app
-from sqlalchemy import and_, any_, delete, func, or_, select, text
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy import and_, any_, bindparam, delete, func, or_, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError
 
@@ -42,6 +41,7 @@ from ..domain.deadlines import utcnow
 from ..domain.order import FINAL, OrderStatus
 from ..domain.retention import Cutoffs, cutoffs
 from ..extensions import db
+from ..models.types import UTCDateTime
 from ..models import (
     CycleStatus,
     OperatorAction,
@@ -377,19 +377,43 @@ def _count_on_orders(session, column: str, per_order: Counter, now: datetime) ->
     prunes upserting the same orders then lock them in the same order: no deadlock)."""
     if not per_order:
         return
-    known = set(session.execute(select(Order.id).where(Order.id.in_(list(per_order)))).scalars())
+    ids = sorted(per_order)
+    if session.get_bind().dialect.name == "postgresql":
+        # One round trip, one cached statement: the batch's counts as two arrays, joined to the
+        # orders that exist. (Row by row, this was half of a batch's time; as a VALUES list with
+        # data, the statement was compiled anew for every batch.)
+        session.execute(_UPSERT_FROM_ARRAYS[column], {"ids": ids, "counts": [per_order[i] for i in ids], "now": now})
+        return
+    known = set(session.execute(select(Order.id).where(Order.id.in_(ids))).scalars())
     rows = [
         {"order_id": order_id, column: per_order[order_id], "first_pruned_at": now, "last_pruned_at": now}
-        for order_id in sorted(known)
+        for order_id in ids
+        if order_id in known
     ]
     if rows:
-        session.execute(_upsert(session.get_bind().dialect.name, column), rows)
+        session.execute(_upsert(column), rows)
 
 
-def _upsert(dialect: str, column: str):
+def _upsert(column: str):
     t = PrunedDetail.__table__
-    statement = (postgresql_insert if dialect == "postgresql" else sqlite_insert)(t)
+    statement = sqlite_insert(t)
     return statement.on_conflict_do_update(
         index_elements=[t.c.order_id],
         set_={column: t.c[column] + statement.excluded[column], "last_pruned_at": statement.excluded.last_pruned_at},
     )
+
+
+_UPSERT_FROM_ARRAYS = {
+    column: text(
+        f"""
+        INSERT INTO pruned_order_details (order_id, {column}, first_pruned_at, last_pruned_at)
+        SELECT batch.order_id, batch.removed, :now, :now
+        FROM unnest(CAST(:ids AS integer[]), CAST(:counts AS integer[])) AS batch(order_id, removed)
+        WHERE EXISTS (SELECT 1 FROM orders WHERE orders.id = batch.order_id)
+        ORDER BY batch.order_id
+        ON CONFLICT (order_id) DO UPDATE
+        SET {column} = pruned_order_details.{column} + excluded.{column}, last_pruned_at = excluded.last_pruned_at
+        """
+    ).bindparams(bindparam("now", type_=UTCDateTime()))
+    for column in ("deliveries", "commands", "webhook_receipts", "operator_actions")
+}
