@@ -91,6 +91,7 @@ def _flask_config(settings: Settings) -> dict:
         # the periodic job may hold its worker before it hands over and queues its continuation.
         PRUNE_BATCH_SIZE=500,
         PRUNE_PAUSE_SECONDS=0.05,
+        PRUNE_ROWS_PER_SECOND=3000,
         PRUNE_JOB_SECONDS=20.0,
         STRIPE_TIMEOUT_SECONDS=10,
         STRIPE_MAX_NETWORK_RETRIES=2,
