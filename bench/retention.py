@@ -4,7 +4,7 @@ PostgreSQL only (SKIP LOCKED, relation sizes). Creates its own database on the s
 the end) and its own Redis key prefix, so it touches nothing else.
 
     python bench/retention.py [--rows 1000000] [--seconds 20] [--rounds 2]
-    python bench/retention.py --rows 10000000          # the figure (about half an hour)
+    python bench/retention.py --rows 10000000          # the figure (the prune alone: about an hour)
 
 1. Generates `--rows` finished rows 60 days old with INSERT ... SELECT generate_series, as months
    of a busy shop leave them: paid orders (one per 10 rows) with two events each, and per order
