@@ -95,6 +95,13 @@ def _flask_config(settings: Settings) -> dict:
         RELAY_INTERVAL_SECONDS=5,
         RELAY_GRACE_SECONDS=10,
         RELAY_BATCH_SIZE=500,
+        # The prune (scheduling.retention): rows per batch, each batch its own short transaction,
+        # a pause between batches so the database serves others first, and how long one run of
+        # the periodic job may hold its worker before it hands over and queues its continuation.
+        PRUNE_BATCH_SIZE=500,
+        PRUNE_PAUSE_SECONDS=0.05,
+        PRUNE_ROWS_PER_SECOND=3000,
+        PRUNE_JOB_SECONDS=20.0,
         STRIPE_TIMEOUT_SECONDS=10,
         STRIPE_MAX_NETWORK_RETRIES=2,
         # A customer's request (payments.guard): short timeouts, one retry, and an overall budget

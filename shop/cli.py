@@ -8,12 +8,13 @@ import sys
 import click
 from flask import current_app
 from flask.cli import AppGroup
+from sqlalchemy.exc import DBAPIError
 
 from . import queue
 from .outbox.relay import relay_once, wake_due_work
 from .payments import checkout_queue
 from .payments.registration import register_webhook
-from .scheduling import takeover
+from .scheduling import retention, takeover
 from .scheduling.sweep import run_cycle
 from .seed import seed_catalog, upsert_operator
 
@@ -70,7 +71,8 @@ def scheduler_command(burst):
 
     def rebuild() -> list[str]:
         """Redis's part, from the database: the periodic jobs, then a drain for what is due."""
-        lines = [f"periodic job {line}" for line in queue.register_periodic_jobs(cfg["RELAY_INTERVAL_SECONDS"], sweep)]
+        periodic = queue.register_periodic_jobs(cfg["RELAY_INTERVAL_SECONDS"], sweep, cfg["PRUNE_INTERVAL_SECONDS"])
+        lines = [f"periodic job {line}" for line in periodic]
         counts = relay_once()
         lines.append(
             f"due in the database: {counts['deliveries']} deliveries, {counts['commands']} commands "
@@ -93,7 +95,10 @@ def scheduler_command(burst):
     if sweep is not None and not burst:
         takeover.watch_in_background(current_app._get_current_object(), sweep)
     queue.run_scheduler(
-        burst=burst, watch=queue.periodic_job_ids(sweep is not None), on_loss=on_loss, on_poll=wake_due_work
+        burst=burst,
+        watch=queue.periodic_job_ids(sweep is not None, with_prune=True),
+        on_loss=on_loss,
+        on_poll=wake_due_work,
     )
 
 
@@ -110,6 +115,33 @@ def sweep_command():
     for line in result.report_lines():
         click.echo(line)
     if result.status == "failed":
+        sys.exit(1)
+
+
+@shop_cli.command("prune")
+@click.option("--dry-run", is_flag=True, help="Count what would be removed; change nothing.")
+def prune_command(dry_run):
+    """Apply the retention rules now (RETENTION_DAYS, AUDIT_RETENTION_DAYS) and print what was
+    removed, or with --dry-run what would be."""
+    cfg = current_app.config
+    dry = " (dry run: nothing is removed)" if dry_run else ""
+    click.echo(
+        f"retention: finished work, receipts (at least 7 days) and sweep cycles after {cfg['RETENTION_DAYS']} days, "
+        f"operator actions after {cfg['AUDIT_RETENTION_DAYS']} days{dry}"
+    )
+    try:
+        result = retention.prune(dry_run=dry_run, progress=lambda line: click.echo(f"  {line}"))
+    except DBAPIError as exc:
+        reason = str(getattr(exc, "orig", exc) or exc).strip().splitlines()[0]
+        click.echo(
+            f"backstop prune: the database did not answer (DATABASE_URL): {reason}"
+            + ("" if dry_run else "; batches committed before this stay removed, run it again when it answers"),
+            err=True,
+        )
+        sys.exit(1)
+    for line in result.report_lines():
+        click.echo(line)
+    if result.skipped:
         sys.exit(1)
 
 

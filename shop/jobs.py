@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from flask import has_app_context
+from flask import current_app, has_app_context
 
 from . import create_app, failpoints, queue
 from .extensions import db
 from .outbox import dispatch
 from .outbox.relay import relay_once
 from .outbox.runner import RunOutcome
+from .scheduling import retention
 from .scheduling.lease import abandoned_holder
 from .scheduling.sweep import run_cycle
 
@@ -98,5 +99,23 @@ def resume_sweep() -> dict:
             if abandoned_holder() is None:
                 return {"status": "not needed"}
             return run_cycle().summary()
+        finally:
+            db.session.remove()
+
+
+def prune() -> dict:
+    """The retention rules, applied in small batches (scheduling.retention): periodic, every
+    PRUNE_INTERVAL_SECONDS. The least urgent work there is, so it hands the worker back between
+    batches as soon as any other job waits, or after PRUNE_JOB_SECONDS, and then queues its own
+    continuation behind them when rows past their cutoff remain."""
+    with _app_context():
+        try:
+            queue.prune_started()
+            result = retention.prune(
+                budget_seconds=current_app.config["PRUNE_JOB_SECONDS"], should_stop=queue.jobs_waiting
+            )
+            if result.more:
+                queue.request_prune()
+            return result.summary()
         finally:
             db.session.remove()

@@ -113,6 +113,12 @@ class Settings:
     log_format: str = LOG_FORMAT_TEXT
     # SENTRY_DSN: when set, errors of the web and the workers go to Sentry (shop.reporting).
     sentry_dsn: str | None = None
+    # Retention (docs/REFERENCE.md, Settings): finished work, receipts and sweep cycles are pruned
+    # after RETENTION_DAYS, operator actions after AUDIT_RETENTION_DAYS, by a periodic job that
+    # runs every PRUNE_INTERVAL_SECONDS (shop.scheduling.retention).
+    retention_days: int = 30
+    audit_retention_days: int = 400
+    prune_interval_seconds: int = 3600
 
     @property
     def uses_sandbox(self) -> bool:
@@ -466,6 +472,11 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         # when it lapses, and the sweep must be taken over within 30 s (docs/REFERENCE.md).
         reconciliation_lease_seconds=_int(env, "BACKSTOP_RECONCILIATION_LEASE_SECONDS", 20, 2, 25),
         metrics_token=_metrics_token(env),
+        # Whole days, at least one; webhook receipts are kept 7 days at least whatever is set
+        # (shop.domain.retention).
+        retention_days=_int(env, "RETENTION_DAYS", 30, 1, 3650),
+        audit_retention_days=_int(env, "AUDIT_RETENTION_DAYS", 400, 1, 36500),
+        prune_interval_seconds=_int(env, "PRUNE_INTERVAL_SECONDS", 3600, 60, 24 * 3600),
         web_front=_web_front(env),
         behind_front=_bool(env, "BACKSTOP_BEHIND_FRONT", False),
         log_format=_log_format(env),

@@ -2,7 +2,7 @@
 whose commit wrote the row, so the lines of whoever runs it carry that request's id (shop.logs)
 
 Revision ID: a3c5e7f9b1d2
-Revises: e1a3c5d7f9b2
+Revises: f2b4d6e8a0c1
 Create Date: 2026-12-02 14:30:00
 
 """
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 
 revision = 'a3c5e7f9b1d2'
-down_revision = 'e1a3c5d7f9b2'
+down_revision = 'f2b4d6e8a0c1'
 branch_labels = None
 depends_on = None
 

@@ -20,6 +20,7 @@ from ..models import (
     OutboxEvent,
     PaymentProofRefusal,
     ProviderRefusal,
+    PrunedDetail,
     Refund,
     RestoreWarning,
     ScheduledCommand,
@@ -116,8 +117,42 @@ def order_timeline(order: Order, now: datetime) -> dict:
         ],
         "operator_actions": [action_json(a, ref) for a in rows.actions],
     }
-    data["timeline"] = _merged(rows, names)
+    pruned = db.session.get(PrunedDetail, order.id)
+    data["pruned"] = _pruned(pruned)
+    data["timeline"] = _merged(rows, names, pruned)
     return data
+
+
+def _pruned(row: PrunedDetail | None) -> dict | None:
+    """What the prune removed of this order's detail (shop.scheduling.retention), in numbers and
+    in words; None when nothing was. Its transitions are never pruned."""
+    if row is None:
+        return None
+    counts = {
+        "deliveries": row.deliveries,
+        "commands": row.commands,
+        "webhook_receipts": row.webhook_receipts,
+        "operator_actions": row.operator_actions,
+    }
+    words = {
+        "deliveries": "event deliveries",
+        "commands": "scheduled commands",
+        "webhook_receipts": "webhook receipts",
+        "operator_actions": "operator actions",
+    }
+    removed = ", ".join(f"{n} {words[k]}" for k, n in counts.items() if n)
+    return {
+        **counts,
+        "first_pruned_at": iso(row.first_pruned_at),
+        "last_pruned_at": iso(row.last_pruned_at),
+        "removed": removed,
+        "words": (
+            f"Older detail of this order was pruned by the retention rules ({removed}; last on "
+            f"{human_time(row.last_pruned_at)}). Its transitions, lines, refunds and warnings are all kept, "
+            "so the timeline still shows everything that happened to it; the pruned rows were finished work "
+            "and receipts past RETENTION_DAYS (audit past AUDIT_RETENTION_DAYS)."
+        ),
+    }
 
 
 def _order_summary(order: Order, now: datetime) -> dict:
@@ -140,7 +175,7 @@ def _order_summary(order: Order, now: datetime) -> dict:
     }
 
 
-def _merged(rows: _OrderRows, names: dict) -> list[dict]:
+def _merged(rows: _OrderRows, names: dict, pruned: PrunedDetail | None = None) -> list[dict]:
     """All of it in one list, oldest first: (at, kind, what, detail)."""
     merged = (
         [(e.created_at, "transition", e.name, _payload_words(e.payload)) for e in rows.events]
@@ -196,6 +231,9 @@ def _merged(rows: _OrderRows, names: dict) -> list[dict]:
             for a in rows.actions
         ]
     )
+    if pruned is not None:
+        removed = _pruned(pruned)["removed"]
+        merged.append((pruned.last_pruned_at, "pruned", "older detail pruned", f"{removed} removed; transitions kept"))
     merged.sort(key=lambda item: as_utc(item[0]))
     return [{"at": iso(at), "kind": kind, "what": what, "detail": detail} for at, kind, what, detail in merged]
 

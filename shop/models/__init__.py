@@ -14,7 +14,16 @@ from .payments import (
     Refund,
     KeyValue,
 )
-from .ops import RestoreWarning, WarningState, ReconciliationCycle, CycleStatus, Lease, Operator, OperatorAction
+from .ops import (
+    RestoreWarning,
+    WarningState,
+    ReconciliationCycle,
+    CycleStatus,
+    Lease,
+    Operator,
+    OperatorAction,
+    PrunedDetail,
+)
 
 __all__ = [
     "Product",
@@ -42,4 +51,5 @@ __all__ = [
     "Lease",
     "Operator",
     "OperatorAction",
+    "PrunedDetail",
 ]

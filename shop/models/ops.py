@@ -101,3 +101,20 @@ class OperatorAction(db.Model):
     status: Mapped[int] = mapped_column(Integer)
     outcome: Mapped[str] = mapped_column(Text)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
+
+
+class PrunedDetail(db.Model):
+    """What the prune removed of one order's detail (shop.scheduling.retention), so the order's
+    console page can say that older detail was pruned, and how much, instead of looking as if it
+    never had any. The order and its transitions (its events) are never pruned. One row per order,
+    counts added up over every run; no foreign key, like the rows it counts (a webhook receipt may
+    name an order id the shop never had, and only known orders are recorded)."""
+
+    __tablename__ = "pruned_order_details"
+    order_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    deliveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
+    commands: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
+    webhook_receipts: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
+    operator_actions: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
+    first_pruned_at = mapped_column(UTCDateTime, nullable=False)
+    last_pruned_at = mapped_column(UTCDateTime, nullable=False)

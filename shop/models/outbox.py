@@ -114,3 +114,14 @@ class ScheduledCommand(DurableWork, db.Model):
     kind: Mapped[str] = mapped_column(String(40))
     order_id: Mapped[int | None] = mapped_column(Integer, index=True, nullable=True)
     payload = mapped_column(JSONType, nullable=False, default=dict)
+
+    # The prune's selection: finished commands by age. Partial, so the checkout's inserts of
+    # pending commands (completed_at NULL) never touch it.
+    _extra_table_args = (
+        Index(
+            "ix_scheduled_commands_completed_at",
+            "completed_at",
+            postgresql_where=text("completed_at IS NOT NULL"),
+            sqlite_where=text("completed_at IS NOT NULL"),
+        ),
+    )

@@ -38,7 +38,8 @@ class ProcessedStripeEvent(db.Model):
 
     __tablename__ = "processed_stripe_events"
     event_id: Mapped[str] = mapped_column(String(255), primary_key=True)
-    processed_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+    # Indexed for the prune, which removes them by age (shop.domain.retention).
+    processed_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
 
 
 class PaymentProofRefusal(db.Model):

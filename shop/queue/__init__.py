@@ -9,7 +9,8 @@ due rows to it again.
   enqueue             waking the drains for committed work (`announce`)
   drain               drain slots, per kind: at most DRAIN_SLOTS drains wait; a drain frees its slot first
   payment_wake        waking the payment queue when an order joins its line
-  periodic            the relay's and the sweep's periodic jobs; a sweep cycle out of turn
+  periodic            the relay's, the sweep's and the prune's periodic jobs; a sweep cycle out of
+                      turn; a prune's continuation
   beats               heartbeats: how often, and how they are written
   worker              the worker (`run_worker`)
   watchful_scheduler  the scheduler (`run_scheduler`): asks the database each poll for due work,
@@ -25,6 +26,7 @@ from .connection import (
     COMMAND_JOB,
     DELIVERY_JOB,
     DRAIN_JOB,
+    PRUNE_JOB,
     RELAY_JOB,
     SWEEP_JOB,
     control_queue,
@@ -38,7 +40,15 @@ from .drain import DRAIN_SLOTS, Drain, drain_started, other_jobs_waiting, reques
 from .enqueue import announce, wake
 from .health import ping, processes, queue_depths
 from .payment_wake import wait_for_payment_queue, wake_payment_queue
-from .periodic import next_run_at, periodic_job_ids, register_periodic_jobs, request_sweep_takeover
+from .periodic import (
+    jobs_waiting,
+    next_run_at,
+    periodic_job_ids,
+    prune_started,
+    register_periodic_jobs,
+    request_prune,
+    request_sweep_takeover,
+)
 from .watchful_scheduler import make_scheduler, run_scheduler
 from .worker import make_worker, run_worker
 
@@ -50,11 +60,13 @@ __all__ = [
     "DRAIN_JOB",
     "DRAIN_SLOTS",
     "Drain",
+    "PRUNE_JOB",
     "RELAY_JOB",
     "SWEEP_JOB",
     "announce",
     "control_queue",
     "drain_started",
+    "jobs_waiting",
     "make_scheduler",
     "make_worker",
     "next_run_at",
@@ -62,11 +74,13 @@ __all__ = [
     "periodic_job_ids",
     "ping",
     "processes",
+    "prune_started",
     "queue_depths",
     "queue_names",
     "redis_conn",
     "register_periodic_jobs",
     "request_drain",
+    "request_prune",
     "request_sweep_takeover",
     "run_scheduler",
     "run_worker",

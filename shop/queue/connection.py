@@ -36,11 +36,12 @@ SWEEP_JOB = "shop.jobs.reconcile"
 DRAIN_JOB = "shop.jobs.drain"
 COMMAND_DRAIN_JOB = "shop.jobs.drain_commands"
 SWEEP_TAKEOVER_JOB = "shop.jobs.resume_sweep"
+PRUNE_JOB = "shop.jobs.prune"
 
 # The only functions a worker runs: shop.jobs' entry points, by the names jobs are stored under.
 # A job naming anything else is refused before its function is imported (queue.worker).
 ALLOWED_JOBS = frozenset(
-    {DELIVERY_JOB, COMMAND_JOB, RELAY_JOB, SWEEP_JOB, DRAIN_JOB, COMMAND_DRAIN_JOB, SWEEP_TAKEOVER_JOB}
+    {DELIVERY_JOB, COMMAND_JOB, RELAY_JOB, SWEEP_JOB, DRAIN_JOB, COMMAND_DRAIN_JOB, SWEEP_TAKEOVER_JOB, PRUNE_JOB}
 )
 
 # Job data (function name, arguments), meta and results: JSON. Shop jobs carry ids, ints and None.

@@ -1,0 +1,422 @@
+"""The prune: finished records past their retention (shop.domain.retention) removed in small
+batches, each its own short transaction, so the tables stay the size of their retention window.
+
+What goes, each kind past its own cutoff:
+  event deliveries        done or discarded          (RETENTION_DAYS after they finished)
+  scheduled commands      done or obsolete           (the same)
+  webhook receipts        any outcome                (RETENTION_DAYS, never under 7 days)
+  applied provider events the dedup rows             (RETENTION_DAYS, never under 30 days)
+  sweep cycles            finished, not the last ok  (RETENTION_DAYS)
+  operator actions        the audit trail            (AUDIT_RETENTION_DAYS)
+
+What never goes: the order, its lines and its transitions (its events: they are the order's
+history, docs/ARCHITECTURE.md, Retention), refunds, restore warnings, refused payment proofs and
+provider refusals; work that is pending, processing or dead; and nothing at all of an order that
+is still owed something (live, watched for late money, a refund not settled, stock not back, an
+open restore warning), however old. What was removed of an order is counted on it
+(PrunedDetail), so its console page says so.
+
+How it keeps out of checkout's way: a batch selects at most PRUNE_BATCH_SIZE rows along an index
+on the age column (oldest first), deletes them and commits, then pauses; PostgreSQL skips rows
+another transaction holds (FOR UPDATE SKIP LOCKED) and gives up a batch rather than wait more
+than a second for any lock. The rows it deletes belong to finished orders, which nothing else
+writes. One prune runs at a time (the `retention` lease); a dry run only counts."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Callable
+
+from flask import current_app
+from sqlalchemy import and_, any_, bindparam, delete, func, or_, select, text
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import OperationalError
+
+from ..domain import refunds as refund_rules
+from ..domain.deadlines import utcnow
+from ..domain.order import FINAL, OrderStatus
+from ..domain.retention import Cutoffs, cutoffs
+from ..extensions import db
+from ..models.types import UTCDateTime
+from ..models import (
+    CycleStatus,
+    OperatorAction,
+    Order,
+    OutboxDelivery,
+    ProcessedStripeEvent,
+    PrunedDetail,
+    ReconciliationCycle,
+    Refund,
+    RestoreWarning,
+    ScheduledCommand,
+    WarningState,
+    WebhookReceipt,
+    WorkStatus,
+)
+from ..outbox.leases import acquire_lease, holder_name, release_lease, renew_lease
+
+log = logging.getLogger("shop.retention")
+
+LEASE = "retention"
+LEASE_SECONDS = 60
+# PostgreSQL: a batch that would wait longer than this for a lock is given up (rolled back) and
+# the kind left for the next run: the prune waits for no one.
+LOCK_TIMEOUT = "1s"
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock_timeout that ran out
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of row the prune removes: its table, the column its age is read from (indexed),
+    the cutoff it is held to, what else must be true of a row to go, and, for rows naming an
+    order, which PrunedDetail column counts them."""
+
+    name: str
+    words: str
+    model: type
+    age: str
+    cutoff: Callable[[Cutoffs], datetime]
+    conditions: Callable[[], list]
+    counted_as: str | None = None
+
+    @property
+    def table(self):
+        return self.model.__table__
+
+    @property
+    def key(self):
+        return self.table.primary_key.columns.values()[0]
+
+
+def _owes_nothing(table):
+    """The row names no order that is still owed something: live (not Paid or Cancelled), watched
+    for late money, with a refund whose money is not back and not settled by an operator, cancelled
+    with its stock not back yet, or with an open restore warning. A row naming no order, or an
+    order id the shop never had, owes nothing. (The order is read through its mapped columns:
+    only the order store handles the table itself.)"""
+    refund_owed = (
+        select(1)
+        .where(
+            Refund.order_id == Order.id,
+            or_(
+                Refund.status == refund_rules.PENDING,
+                and_(Refund.status.in_(refund_rules.NOT_RETURNED), Refund.settled_at.is_(None)),
+            ),
+        )
+        .exists()
+    )
+    warning_open = (
+        select(1).where(RestoreWarning.order_id == Order.id, RestoreWarning.state == WarningState.OPEN).exists()
+    )
+    held = or_(
+        Order.status.not_in(FINAL),
+        Order.late_money_watch_since.is_not(None),
+        and_(Order.status == OrderStatus.CANCELLED, Order.inventory_restored.is_(False)),
+        refund_owed,
+        warning_open,
+    )
+    return ~select(1).where(Order.id == table.c.order_id, held).exists()
+
+
+def _deliveries() -> list:
+    t = OutboxDelivery.__table__
+    return [t.c.status.in_((WorkStatus.DONE, WorkStatus.DISCARDED)), _owes_nothing(t)]
+
+
+def _commands() -> list:
+    t = ScheduledCommand.__table__
+    return [t.c.status.in_((WorkStatus.DONE, WorkStatus.OBSOLETE)), _owes_nothing(t)]
+
+
+def _receipts() -> list:
+    return [_owes_nothing(WebhookReceipt.__table__)]
+
+
+def _cycles() -> list:
+    """Finished cycles, except the newest ok one: "the last successful sweep" (the dashboard,
+    /metrics) must still have an answer after a month without one."""
+    t = ReconciliationCycle.__table__
+    ok = t.alias("ok_cycles")
+    last_ok = select(func.coalesce(func.max(ok.c.id), 0)).where(ok.c.status == CycleStatus.OK).scalar_subquery()
+    return [t.c.status != CycleStatus.RUNNING, t.c.id != last_ok]
+
+
+def _audit() -> list:
+    return [_owes_nothing(OperatorAction.__table__)]
+
+
+KINDS = (
+    Kind(
+        "deliveries",
+        "event deliveries (done or discarded)",
+        OutboxDelivery,
+        "completed_at",
+        lambda c: c.work,
+        _deliveries,
+        "deliveries",
+    ),
+    Kind(
+        "commands",
+        "scheduled commands (done or obsolete)",
+        ScheduledCommand,
+        "completed_at",
+        lambda c: c.work,
+        _commands,
+        "commands",
+    ),
+    Kind(
+        "webhook_receipts",
+        "webhook receipts",
+        WebhookReceipt,
+        "received_at",
+        lambda c: c.receipts,
+        _receipts,
+        "webhook_receipts",
+    ),
+    Kind(
+        "provider_events",
+        "applied provider events (dedup)",
+        ProcessedStripeEvent,
+        "processed_at",
+        lambda c: c.provider_events,
+        lambda: [],
+    ),
+    Kind("sweep_cycles", "sweep cycles", ReconciliationCycle, "started_at", lambda c: c.cycles, _cycles),
+    Kind(
+        "operator_actions",
+        "operator actions (audit)",
+        OperatorAction,
+        "created_at",
+        lambda c: c.audit,
+        _audit,
+        "operator_actions",
+    ),
+)
+
+
+@dataclass
+class PruneResult:
+    """What one run removed (or, dry, would remove), per kind in KINDS' order."""
+
+    cutoffs: Cutoffs
+    dry_run: bool
+    counts: dict[str, int] = field(default_factory=dict)
+    # Stopped before the end (its time was up, other jobs were waiting): rows past their cutoff
+    # remain, and the caller runs it again.
+    more: bool = False
+    # A kind left for the next periodic run because a lock was held past LOCK_TIMEOUT (not `more`:
+    # asking again at once would only meet the same lock).
+    blocked: list[str] = field(default_factory=list)
+    skipped: str | None = None  # why nothing ran (another prune holds the lease)
+    batches: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> dict:
+        return {
+            "dry_run": self.dry_run,
+            "removed": dict(self.counts),
+            "more": self.more,
+            "blocked": list(self.blocked),
+            "skipped": self.skipped,
+            "batches": self.batches,
+            "seconds": round(self.seconds, 3),
+        }
+
+    def report_lines(self) -> list[str]:
+        if self.skipped:
+            return [f"nothing pruned: {self.skipped}"]
+        verb = "would remove" if self.dry_run else "removed"
+        lines = []
+        for kind in KINDS:
+            cutoff = kind.cutoff(self.cutoffs)
+            lines.append(
+                f"{kind.name}: {verb} {self.counts.get(kind.name, 0)} {kind.words} older than "
+                f"{cutoff:%Y-%m-%d %H:%M} UTC"
+            )
+        if self.blocked:
+            lines.append(f"left for the next run, a lock was held: {', '.join(self.blocked)}")
+        if self.more:
+            lines.append("stopped before the end: older rows remain; run it again (the periodic job does)")
+        return lines
+
+
+def prune(
+    now: datetime | None = None,
+    *,
+    dry_run: bool = False,
+    budget_seconds: float | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    progress: Callable[[str], None] | None = None,
+    batch_size: int | None = None,
+    pause: Callable[[], None] | None = None,
+) -> PruneResult:
+    """Apply the retention rules once. `budget_seconds` and `should_stop` (asked between batches)
+    end a run early (`more`); `progress` hears a line every few seconds of a long run; `pause`
+    runs between batches (a short sleep by default)."""
+    cfg = current_app.config
+    now = now or utcnow()
+    result = PruneResult(cutoffs(now, cfg["RETENTION_DAYS"], cfg["AUDIT_RETENTION_DAYS"]), dry_run)
+    started = time.monotonic()
+    if dry_run:
+        for kind in KINDS:
+            result.counts[kind.name] = _count(kind, result.cutoffs)
+            if progress:
+                progress(f"{kind.name}: {result.counts[kind.name]} past the cutoff")
+        result.seconds = time.monotonic() - started
+        return result
+    holder = holder_name()
+    if not acquire_lease(LEASE, holder, utcnow(), LEASE_SECONDS):
+        result.skipped = "another prune is running (the retention lease is held)"
+        return result
+    size = batch_size or cfg["PRUNE_BATCH_SIZE"]
+    renewed = said = time.monotonic()
+    try:
+        for kind in KINDS:
+            result.counts[kind.name] = 0
+            while True:
+                batch_started = time.monotonic()
+                removed, busy = _batch(kind, result.cutoffs, size, now)
+                took = time.monotonic() - batch_started
+                result.batches += 1
+                result.counts[kind.name] += removed
+                if busy:
+                    result.blocked.append(kind.name)
+                    break
+                if removed < size:
+                    break
+                if progress and time.monotonic() - said >= 2:
+                    progress(f"{kind.name}: {result.counts[kind.name]} removed so far...")
+                    said = time.monotonic()
+                if (budget_seconds is not None and time.monotonic() - started >= budget_seconds) or (
+                    should_stop is not None and should_stop()
+                ):
+                    result.more = True
+                    return result
+                if time.monotonic() - renewed >= LEASE_SECONDS / 4:
+                    if not renew_lease(LEASE, holder, utcnow(), LEASE_SECONDS):
+                        result.more = True  # the lease lapsed (a frozen process): let its taker go on
+                        return result
+                    renewed = time.monotonic()
+                if pause is not None:
+                    pause()
+                else:
+                    # Twice as long as the batch took, at least: the busier the database, the slower
+                    # the batches and the longer the prune stands back, so it never takes more than
+                    # a third of the database's time from everyone else. And no faster than
+                    # PRUNE_ROWS_PER_SECOND: every deleted row is WAL that checkout's next commit
+                    # flushes with its own (bench/retention.py, a shared 2-core machine: checkout's
+                    # p99 grew 1.5-2x beside a prune at 6,700 rows/s, 1.1x beside one at 3,300).
+                    time.sleep(max(cfg["PRUNE_PAUSE_SECONDS"], 2 * took, removed / cfg["PRUNE_ROWS_PER_SECOND"] - took))
+    finally:
+        release_lease(LEASE, holder)
+        result.seconds = time.monotonic() - started
+        if any(result.counts.values()):
+            log.info("prune: %s", ", ".join(f"{n} {k}" for k, n in result.counts.items() if n))
+    return result
+
+
+def _where(kind: Kind, cutoff) -> list:
+    return [kind.table.c[kind.age] < cutoff, *kind.conditions()]
+
+
+def _count(kind: Kind, cuts: Cutoffs) -> int:
+    session = db.session
+    try:
+        return session.execute(
+            select(func.count()).select_from(kind.table).where(*_where(kind, kind.cutoff(cuts)))
+        ).scalar_one()
+    finally:
+        session.rollback()
+
+
+def _batch(kind: Kind, cuts: Cutoffs, size: int, now: datetime) -> tuple[int, bool]:
+    """One batch in one transaction: (rows removed, whether a lock made it give up)."""
+    session = db.session
+    postgres = session.get_bind().dialect.name == "postgresql"
+    t = kind.table
+    # correlate(None): the selection reads the table the DELETE names, and must not be folded into it.
+    chosen = (
+        select(kind.key).where(*_where(kind, kind.cutoff(cuts))).order_by(t.c[kind.age]).limit(size).correlate(None)
+    )
+    if postgres:
+        # `= ANY(ARRAY(...))`: the chosen keys are gathered once, then each is found by the primary
+        # key. With `IN (...)` PostgreSQL hash-joined them against a scan of the whole table,
+        # a batch then costing as much as the table is large.
+        chosen = chosen.with_for_update(skip_locked=True, of=t)
+        statement = delete(t).where(kind.key == any_(func.array(chosen.scalar_subquery())))
+    else:
+        statement = delete(t).where(kind.key.in_(chosen))
+    try:
+        if postgres:
+            # synchronous_commit off: a batch lost to a crash is only done again by the next run,
+            # so the prune need not wait for (nor add) a WAL flush per batch beside checkout's.
+            session.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+            session.execute(text("SET LOCAL synchronous_commit = off"))
+        if kind.counted_as is None:
+            removed = session.execute(statement).rowcount
+        else:
+            order_ids = session.execute(statement.returning(t.c.order_id)).scalars().all()
+            removed = len(order_ids)
+            _count_on_orders(session, kind.counted_as, Counter(i for i in order_ids if i is not None), now)
+        session.commit()
+    except OperationalError as exc:
+        session.rollback()
+        if postgres and getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            log.info("prune: %s: a lock was held for over %s; left for the next run", kind.name, LOCK_TIMEOUT)
+            return 0, True
+        raise
+    except BaseException:
+        session.rollback()
+        raise
+    return removed, False
+
+
+def _count_on_orders(session, column: str, per_order: Counter, now: datetime) -> None:
+    """Add what this batch removed to each known order's PrunedDetail, in order id order (two
+    prunes upserting the same orders then lock them in the same order: no deadlock)."""
+    if not per_order:
+        return
+    ids = sorted(per_order)
+    if session.get_bind().dialect.name == "postgresql":
+        # One round trip, one cached statement: the batch's counts as two arrays, joined to the
+        # orders that exist. (Row by row, this was half of a batch's time; as a VALUES list with
+        # data, the statement was compiled anew for every batch.)
+        session.execute(_UPSERT_FROM_ARRAYS[column], {"ids": ids, "counts": [per_order[i] for i in ids], "now": now})
+        return
+    known = set(session.execute(select(Order.id).where(Order.id.in_(ids))).scalars())
+    rows = [
+        {"order_id": order_id, column: per_order[order_id], "first_pruned_at": now, "last_pruned_at": now}
+        for order_id in ids
+        if order_id in known
+    ]
+    if rows:
+        session.execute(_upsert(column), rows)
+
+
+def _upsert(column: str):
+    t = PrunedDetail.__table__
+    statement = sqlite_insert(t)
+    return statement.on_conflict_do_update(
+        index_elements=[t.c.order_id],
+        set_={column: t.c[column] + statement.excluded[column], "last_pruned_at": statement.excluded.last_pruned_at},
+    )
+
+
+_UPSERT_FROM_ARRAYS = {
+    column: text(
+        f"""
+        INSERT INTO pruned_order_details (order_id, {column}, first_pruned_at, last_pruned_at)
+        SELECT batch.order_id, batch.removed, :now, :now
+        FROM unnest(CAST(:ids AS integer[]), CAST(:counts AS integer[])) AS batch(order_id, removed)
+        WHERE EXISTS (SELECT 1 FROM orders WHERE orders.id = batch.order_id)
+        ORDER BY batch.order_id
+        ON CONFLICT (order_id) DO UPDATE
+        SET {column} = pruned_order_details.{column} + excluded.{column}, last_pruned_at = excluded.last_pruned_at
+        """
+    ).bindparams(bindparam("now", type_=UTCDateTime()))
+    for column in ("deliveries", "commands", "webhook_receipts", "operator_actions")
+}
