@@ -27,9 +27,6 @@ from .runner import RunOutcome
 # after this long.
 DRAIN_BATCH_SIZE = 20
 DRAIN_BUDGET_SECONDS = 2.0
-# A command drain with nothing due waits this long for the next deadline about to fall due (the
-# scheduler's poll would wake a drain for it up to a second later; see runner.Work).
-COMMAND_LOOKAHEAD_SECONDS = 0.5
 
 
 def drain_threads() -> int:
@@ -117,7 +114,7 @@ COMMANDS = runner.Work(
     _describe_command,
     early_claim_seconds=runner.EARLY_CLAIM_SECONDS,
     claim_returns=("id", "kind", "order_id", "payload", "request_id"),
-    lookahead_seconds=COMMAND_LOOKAHEAD_SECONDS,
+    lookahead_seconds=runner.COMMAND_LOOKAHEAD_SECONDS,
     log_key="command_id",
 )
 

@@ -26,6 +26,7 @@ from ..domain.deadlines import utcnow
 from ..extensions import db
 from ..models import OutboxDelivery, ScheduledCommand, WorkStatus
 from .claims import any_due
+from .runner import COMMAND_LOOKAHEAD_SECONDS
 
 log = logging.getLogger("shop.outbox")
 
@@ -105,12 +106,18 @@ def relay_once(now: datetime | None = None) -> dict:
 
 
 def wake_due_work(now: datetime | None = None) -> dict:
-    """Every scheduler's poll: wake a drain of each kind that has a claimable row now."""
+    """Every scheduler's poll: wake a drain of each kind that has a claimable row now; for the
+    commands, also one falling due within a command drain's lookahead (runner), which the
+    drain waits for: the first deadlines of a burst run at their instant, not up to a poll late."""
     now = now or utcnow()
+    soon = now + timedelta(seconds=COMMAND_LOOKAHEAD_SECONDS)
     kinds = [
         kind
-        for kind, model in ((queue.Drain.COMMANDS, ScheduledCommand), (queue.Drain.DELIVERIES, OutboxDelivery))
-        if any_due(model, now)
+        for kind, model, by in (
+            (queue.Drain.COMMANDS, ScheduledCommand, soon),
+            (queue.Drain.DELIVERIES, OutboxDelivery, now),
+        )
+        if any_due(model, by)
     ]
     if kinds:
         queue.wake(*kinds)

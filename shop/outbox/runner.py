@@ -81,6 +81,11 @@ def worker_identity() -> str:
 # claim nothing before its time.
 EARLY_CLAIM_SECONDS = 2
 
+# A command drain with nothing due waits this long for the next deadline about to fall due (the
+# scheduler's poll would wake a drain for it up to a second later; see Work.lookahead_seconds),
+# and the poll wakes a command drain for a deadline due within it (relay.wake_due_work).
+COMMAND_LOOKAHEAD_SECONDS = 0.5
+
 
 @dataclass(frozen=True)
 class Work:

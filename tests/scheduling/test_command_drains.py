@@ -159,7 +159,7 @@ def test_a_failing_command_needs_no_job_of_its_own_to_retry(fresh_app, monkeypat
         retry_at = as_utc(row.next_attempt_at)
         db.session.rollback()
 
-        assert wake_due_work(now=retry_at - timedelta(seconds=0.5))["woke"] == []
+        assert wake_due_work(now=retry_at - timedelta(seconds=1))["woke"] == []  # past the lookahead
         assert wake_due_work(now=retry_at)["woke"] == ["commands"]
         assert drain_commands(now=retry_at)["done"] == 1
         assert len(calls) == 2
@@ -340,3 +340,17 @@ def test_while_deadlines_are_due_a_delivery_drain_gives_stock_back_and_holds_the
         drain_deliveries()
         assert set(_statuses(OutboxDelivery, OutboxDelivery.handler, "send_cancellation_email")) == {"done"}
         db.session.remove()
+
+
+def test_the_poll_wakes_a_command_drain_for_a_deadline_falling_due_within_the_lookahead(fresh_app, redis_conn):
+    """The first deadline of a burst is not left to the next poll, up to a second after its
+    instant: the poll before it wakes a drain, which waits for it (runner.COMMAND_LOOKAHEAD_SECONDS)."""
+    with fresh_app.app_context():
+        now = utcnow()
+        schedule_command(db.session, "expire_unpaid_order", now + timedelta(seconds=0.3), payload={}, now=now)
+        db.session.commit()
+        db.session.remove()
+        redis_conn.flushdb()
+        assert wake_due_work(now)["woke"] == ["commands"]
+        redis_conn.flushdb()
+        assert wake_due_work(now - timedelta(seconds=5))["woke"] == []  # 5.3 s ahead: a later poll's
