@@ -182,16 +182,20 @@ def check_command(as_json):
     sys.exit(0 if preflight.ready(checks) else 1)
 
 
-@shop_cli.command("web")
+@shop_cli.command("web", context_settings={"ignore_unknown_options": True})
 @click.option("--host", default="0.0.0.0", show_default=True, help="Where the front listens.")
 @click.option("--port", type=click.IntRange(1, 65535), envvar="PORT", default=5000, show_default="$PORT, else 5000")
-def web_command(host, port):
-    """The Procfile's web: gunicorn behind nginx, which reads every request whole first."""
+@click.argument("server", nargs=-1, type=click.UNPROCESSED)
+def web_command(host, port, server):
+    """The Procfile's web: gunicorn behind nginx, which reads every request whole first.
+    SERVER (after `--`) is the gunicorn command line to run behind it, without --bind (the
+    command binds it to a loopback socket of its own), as Heroku's start-nginx takes it; without
+    one, gunicorn's threaded workers sized by WEB_CONCURRENCY x WEB_THREADS."""
     # Imported when run: only this command supervises nginx and gunicorn.
     from .devserver.front import serve
 
     cfg = current_app.config
-    sys.exit(serve(host, port, cfg["WEB_CONCURRENCY"], cfg["WEB_THREADS"], cfg["WEB_FRONT"]))
+    sys.exit(serve(host, port, cfg["WEB_CONCURRENCY"], cfg["WEB_THREADS"], cfg["WEB_FRONT"], server=list(server)))
 
 
 @shop_cli.command("up")

@@ -195,15 +195,34 @@ def say(text: str) -> None:
     sys.stderr.flush()
 
 
-def serve(host: str, port: int, workers: int, threads: int, front: str) -> int:
+def given_server(server: list[str], bind: str) -> list[str]:
+    """The server command the Procfile's web line names (`flask shop web -- gunicorn app:app
+    --worker-class gthread ...`), bound to `bind`; `gunicorn` runs as this Python's module, so
+    the line works whether or not the virtualenv's bin is on PATH."""
+    if any(arg == "--bind" or arg.startswith(("--bind=", "-b")) for arg in server):
+        raise FrontError("the server command after `--` must not bind itself: `flask shop web` binds it")
+    head = [sys.executable, "-m", "gunicorn"] if server[0] == "gunicorn" else server[:1]
+    return [*head, *server[1:], "--bind", bind]
+
+
+def serve(host: str, port: int, workers: int, threads: int, front: str, server: list[str] | None = None) -> int:
     """`flask shop web`: returns the exit code (see the module's docstring)."""
     public = f"{host}:{port}"
+
+    def server_argv(bind: str) -> list[str]:
+        return given_server(server, bind) if server else gunicorn_argv(bind, workers, threads)
+
+    try:
+        server_argv(public)
+    except FrontError as exc:
+        say(str(exc))
+        return 3
     if front == "none":
         say(
             f"WARNING: WEB_FRONT=none: gunicorn serves {public} itself, with no front to buffer "
             "requests; a slow or idle client holds one of its threads until it finishes"
         )
-        argv = gunicorn_argv(public, workers, threads)
+        argv = server_argv(public)
         os.execv(argv[0], argv)
     binary = nginx_binary()
     if binary is None:
@@ -230,7 +249,7 @@ def serve(host: str, port: int, workers: int, threads: int, front: str) -> int:
     try:
         env = {**os.environ, "BACKSTOP_BEHIND_FRONT": "1"}
         gunicorn = subprocess.Popen(
-            gunicorn_argv(f"fd://{listener.fileno()}", workers, threads),
+            server_argv(f"fd://{listener.fileno()}"),
             env=env,
             pass_fds=(listener.fileno(),),
             preexec_fn=_child_setup(),

@@ -221,3 +221,17 @@ def test_without_nginx_the_web_command_refuses_in_one_line_unless_told_to_run_gu
         ], lines
     finally:
         procs.stop()
+
+
+def test_the_procfile_names_gunicorns_threaded_workers_and_a_server_that_binds_itself_is_refused():
+    """The web line says what serves: gunicorn's threaded workers (a checkout waiting on the
+    provider holds a thread, not a process), given to `flask shop web`, which binds it itself."""
+    from shop.devserver.front import FrontError, given_server
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "Procfile")) as f:
+        web = next(line for line in f if line.startswith("web:"))
+    assert "shop web -- gunicorn app:app --worker-class gthread" in web and "--threads" in web
+    argv = given_server(["gunicorn", "app:app", "--worker-class", "gthread"], "fd://5")
+    assert argv[1:3] == ["-m", "gunicorn"] and argv[-2:] == ["--bind", "fd://5"]
+    with pytest.raises(FrontError):
+        given_server(["gunicorn", "app:app", "--bind", "0.0.0.0:80"], "fd://5")
