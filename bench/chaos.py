@@ -807,6 +807,150 @@ def sample_stock(run: Run, sql) -> None:
         time.sleep(0.3)
 
 
+# The restore drill ------------------------------------------------------------------------------
+
+
+class RestoreDrill:
+    """A backup taken under load, the shop lost, the backup restored: the copy is behind the
+    provider, and must converge anyway (docs/ARCHITECTURE.md, Money for orders the database does
+    not know). One order is placed so that its checkout is still waiting on a slow provider while
+    pg_dump takes its snapshot: the copy has it without its payment page, and its customer pays
+    on the page the old shop made."""
+
+    def __init__(self, run: Run, stack: Stack, env: dict, workdir: str, holder: dict):
+        self.run, self.stack, self.env, self.workdir, self.holder = run, stack, env, workdir, holder
+        self.copy_file = None
+        self.restored = False
+        self.stopped_at = None  # epoch seconds: when the old shop stopped
+        self.waiting = None  # (reference, session id) of the order whose checkout waited during the copy
+        self.copy_lacked_session = None
+
+    def take_copy(self, database_url: str, sql) -> None:
+        run = self.run
+        run.faults(api_latency_seconds=3, api_latency_jitter_seconds=0)
+        b = Browser(run, "drill")
+        placed: dict = {}
+        waiting = threading.Thread(target=lambda: placed.update(r=shop_and_checkout(run, b, random.Random(7))))
+        waiting.start()
+        # The order is committed before the provider is asked for its page: copy the database then.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with sql.connect() as conn:
+                found = conn.execute(
+                    text("SELECT count(*) FROM orders WHERE email = 'drill@example.com' AND payment_session_id IS NULL")
+                ).scalar()
+            if found:
+                break
+            time.sleep(0.05)
+        self.copy_file = os.path.join(self.workdir, "backup.dump")
+        url = make_url(database_url)
+        dump = subprocess.run(
+            ["pg_dump", "--format=custom", "--file", self.copy_file, _libpq_url(url)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if dump.returncode != 0:
+            raise StackError(f"pg_dump failed: {dump.stderr[-2000:]}")
+        waiting.join(HTTP_TIMEOUT * 2)
+        run.faults(api_latency_seconds=0, api_latency_jitter_seconds=0)
+        ref, sid = placed.get("r") or (None, None)
+        if ref is not None:
+            sid = ensure_session(run, b, ref, sid)
+        if ref is None or sid is None:
+            raise StackError("the drill's order could not be placed and given its payment page")
+        run.outcome(sid, "paid")  # its customer pays on the page the old shop made
+        paid = b.wait_order(ref, lambda o: o["status"] == "Paid", 20)
+        run.stats.note("drill: the waiting order was " + (paid or {}).get("status", "unreadable") + " on the old shop")
+        self.waiting = (ref, sid)
+        print(f"chaos: database copied with pg_dump while {ref}'s checkout waited on the provider", flush=True)
+
+    def restore(self, old_sql):
+        """Stop the shop, restore the copy into a fresh database, start everything on it with an empty Redis."""
+        stack = self.stack
+        for name in ("web", "worker1", "worker2", "scheduler", "redis"):
+            stack.kill(name)
+        self.stopped_at = time.time()
+        old_sql.dispose()
+        url = make_url(self.env["DATABASE_URL"])
+        copy_db = f"{url.database}_copy"
+        admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                conn.execute(text(f'CREATE DATABASE "{copy_db}"'))
+        finally:
+            admin.dispose()
+        self.holder["copy_db"] = copy_db
+        copy_url = url.set(database=copy_db)
+        restored = subprocess.run(
+            ["pg_restore", "--no-owner", "--dbname", _libpq_url(copy_url), self.copy_file],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if restored.returncode != 0:
+            raise StackError(f"pg_restore failed: {restored.stderr[-2000:]}")
+        self.env["DATABASE_URL"] = copy_url.render_as_string(hide_password=False)
+        sql = create_engine(
+            self.env["DATABASE_URL"],
+            pool_pre_ping=True,
+            pool_size=3,
+            connect_args={"application_name": HARNESS_APP_NAME},
+        )
+        self.holder["sql"] = sql
+        with sql.connect() as conn:
+            self.copy_lacked_session = conn.execute(
+                text("SELECT payment_session_id IS NULL FROM orders WHERE reference = :ref"), {"ref": self.waiting[0]}
+            ).scalar()
+        for name in ("redis", "web", "worker1", "worker2", "scheduler"):
+            stack.restart(name)  # Redis keeps nothing on disk: it starts empty
+        wait_for(
+            "gunicorn on the copy",
+            lambda: requests.get(self.run.base + "/healthz", timeout=5).status_code == 200,
+            stack,
+            "web",
+        )
+        self.restored = True
+        return sql
+
+    def check_setup(self, checks: "Checks") -> None:
+        checks.add(
+            "restore drill: the copy had the waiting order without its payment page",
+            self.copy_lacked_session is True,
+            f"order {self.waiting and self.waiting[0]}: "
+            + {True: "no session in the copy", False: "the copy had its session", None: "not in the copy"}[
+                self.copy_lacked_session
+            ],
+        )
+
+    def check_the_waiting_order(self, found: dict, checks: "Checks") -> None:
+        ref, sid = self.waiting
+        order = found["orders"].get(ref) or {}
+        paid = order.get("status") == "Paid" and (order.get("payment") or {}).get("session_id") == sid
+        refunds = [r for r in found["refunds"] if r.get("metadata", {}).get("session_id") == sid]
+        ok = paid or (order.get("status") == "Cancelled" and len(refunds) == 1)
+        checks.add(
+            "restore drill: the money for the order the copy had without its payment page was applied or refunded",
+            ok,
+            f"{ref}: {order.get('status')}, {len(refunds)} refund(s) at the provider",
+            [] if ok else [ref],
+        )
+        unknown = found["op"].request("GET", "/console/refunds").json().get("unknown_payments", [])
+        for u in unknown:
+            self.run.stats.note(f"drill: a payment for an order the copy does not know: {u['status']}")
+        waiting = [u for u in unknown if u["needs_operator"] or u["status"] == "checking"]
+        checks.add(
+            "restore drill: every payment for an order the copy does not know is settled without an operator",
+            not waiting,
+            f"{len(unknown)} such payment(s), {len(waiting)} not settled",
+        )
+
+
+def _libpq_url(url) -> str:
+    """The SQLAlchemy URL as libpq's tools take it."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 # Quiet and the checks --------------------------------------------------------------------------
 
 QUIET_SQL = """
@@ -829,14 +973,23 @@ SELECT
 """
 
 
-def wait_for_quiet(run: Run, sql, timeout: float) -> tuple[bool, float, str]:
-    """Until no order is live or watched, nothing is due in the outbox and the counts stopped changing."""
+SCAN_MARK_SQL = "SELECT value FROM kv_store WHERE key = 'unknown_money_scan_mark'"
+
+
+def wait_for_quiet(run: Run, sql, timeout: float, scanned_past: float | None = None) -> tuple[bool, float, str]:
+    """Until no order is live or watched, nothing is due in the outbox and the counts stopped changing;
+    with `scanned_past` (a restore drill: when the old shop stopped), until the sweep's scan for
+    unknown money has also read the provider's payments up to then."""
     started = time.monotonic()
     last, stable_since = None, None
     while time.monotonic() - started < timeout:
         try:
             with sql.connect() as conn:
                 row = tuple(conn.execute(text(QUIET_SQL)).one())
+                if scanned_past is not None:
+                    mark = conn.execute(text(SCAN_MARK_SQL)).scalar()
+                    if mark is None or int(mark) < scanned_past:
+                        row = (row[0] + 1,) + row[1:]  # not quiet yet: money the copy does not know may wait
         except Exception:  # noqa: BLE001
             time.sleep(1)
             continue
@@ -1029,6 +1182,12 @@ def _check_all(run: Run, sql, op: Browser, checks: Checks, refs: list, views: li
     for ref, t in timeline.items():
         for rf in (t or {}).get("refunds", []):
             shop_refunds[rf["session_id"]].append(rf)
+    # Money for orders the database does not know (a restored copy's): refunded without an order.
+    unknown = op.request("GET", "/console/refunds").json().get("unknown_payments", [])
+    for u in unknown:
+        if u["status"] in ("refunded", "refund_pending", "refund_failed"):
+            status = {"refunded": "succeeded", "refund_pending": "pending", "refund_failed": "failed"}[u["status"]]
+            shop_refunds[u["session_id"]].append({"status": status, "unknown_order": True})
     paid_sessions = [s for s in sessions if s["payment_status"] == "paid"]
     money_bad, kept, refunded_ok = [], 0, 0
     for s in paid_sessions:
@@ -1267,16 +1426,29 @@ def parse_args(argv=None):
         help="any database on the PostgreSQL server to use; a fresh one is created beside it",
     )
     p.add_argument("--keep", action="store_true", help="keep the database and the logs")
+    p.add_argument(
+        "--restore-drill",
+        action="store_true",
+        help="copy the database with pg_dump under load (one checkout waiting on a slow provider), let the shop go "
+        "on, stop it, restore the copy into a fresh database, start everything on the copy with an empty Redis, "
+        "and check the guarantees there",
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.duration, args.customers, args.window = 25, 6, 12
         args.kill_every, args.scheduler_kill_every, args.wipe_every, args.pg_kill_every = 5, 14, 12, 11
         args.outage_every, args.outage_seconds, args.latency_every, args.latency_stretch = 13, 3, 16, 4
         args.reorder_every, args.delay_every = 9, 11
+    if args.restore_drill:
+        # Room for the three phases: traffic, more traffic after the copy, traffic on the copy.
+        args.duration = max(args.duration, 40)
+        # The drill slows the provider itself while it copies; a latency stretch ending then would
+        # let the waiting checkout finish before the snapshot.
+        args.latency_every = 0
     if args.converge_timeout is None:
         # An order whose async failure was only learnt at its deadline gets a fresh window:
         # two windows, plus a deadline made late by the faults, plus a lapsed lease.
-        args.converge_timeout = max(60, 3 * args.window + 20)
+        args.converge_timeout = max(60, 3 * args.window + 20) + (60 if args.restore_drill else 0)
     if args.seed is None:
         args.seed = random.randrange(1_000_000)
     return args
@@ -1338,10 +1510,14 @@ def main(argv=None) -> int:
                 print(f"chaos: could not stop {', '.join(stuck)}", file=sys.stderr)
         if sql is not None:
             sql.dispose()
+        if holder.get("sql") is not None:
+            holder["sql"].dispose()
         if created and not args.keep:
             try:
                 with admin.connect() as conn:
                     conn.execute(text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
+                    if holder.get("copy_db"):
+                        conn.execute(text(f'DROP DATABASE IF EXISTS "{holder["copy_db"]}" WITH (FORCE)'))
             except Exception as exc:  # noqa: BLE001
                 print(f"chaos: could not drop {db_name}: {exc}", file=sys.stderr)
         admin.dispose()
@@ -1465,13 +1641,36 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
     sampler = threading.Thread(target=sample_stock, args=(run, sql), name="stock", daemon=True)
     for t in threads + [fault_thread, sampler]:
         t.start()
-    deadline = time.monotonic() + args.duration
+    began = time.monotonic()
+    deadline = began + args.duration
+    drill = RestoreDrill(run, stack, env, workdir, holder) if args.restore_drill else None
     while time.monotonic() < deadline:
         time.sleep(0.1)
         stack.restart_due()
         crashed = [n for n in stack.dead() if n in ("redis", "sandbox", "web")]
         if crashed:
             raise StackError(f"{', '.join(crashed)} died during the run; see {workdir}")
+        if drill is not None and drill.copy_file is None and time.monotonic() >= began + args.duration * 0.3:
+            drill.take_copy(database_url, sql)
+        if drill is not None and not drill.restored and time.monotonic() >= began + args.duration * 0.65:
+            run.faults_off.set()
+            fault_thread.join(30)
+            stack.restart_due(everything=True)
+            faults.all_off()
+            run.stopping.set()
+            for t in threads:
+                t.join(HTTP_TIMEOUT * 3)
+            sampler.join(5)
+            sql = drill.restore(sql)
+            run.stopping.clear()
+            threads = [
+                threading.Thread(target=customer, args=(run, 100 + i), name=f"customer{100 + i}", daemon=True)
+                for i in range(args.customers)
+            ]
+            sampler = threading.Thread(target=sample_stock, args=(run, sql), name="stock", daemon=True)
+            for t in threads + [sampler]:
+                t.start()
+            print(f"chaos: restored; {args.customers} customers on the copy", flush=True)
     run.faults_off.set()
     fault_thread.join(30)
     stack.restart_due(everything=True)
@@ -1483,7 +1682,7 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
         if name in ("worker1", "worker2", "scheduler"):
             stack.restart(name)
     print(f"chaos: faults off, customers done; waiting for quiet (up to {args.converge_timeout:.0f} s)", flush=True)
-    converged, took, busy = wait_for_quiet(run, sql, args.converge_timeout)
+    converged, took, busy = wait_for_quiet(run, sql, args.converge_timeout, scanned_past=drill and drill.stopped_at)
     run.converge_seconds = took if converged else None
     sampler.join(5)
 
@@ -1498,8 +1697,12 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
             "journeys ran without harness errors", False, f"{sum(run.stats.journey_errors.values())} raised (see below)"
         )
     found = None
+    if drill is not None:
+        drill.check_setup(checks)
     try:
         found = check(run, sql, password, checks)
+        if drill is not None:
+            drill.check_the_waiting_order(found, checks)
     except (requests.RequestException, KeyError, ValueError) as exc:
         checks.add("checks could read everything they need", False, f"{type(exc).__name__}: {exc}")
         run.stats.errors.append(traceback.format_exc())

@@ -25,6 +25,7 @@ from ..models import (
     ScheduledCommand,
     WebhookReceipt,
 )
+from ..payments import unknown_money
 from ..scheduling.stuck import stuck_cutoff
 from .audit import action_json
 from .rows import (
@@ -150,7 +151,30 @@ def refunds(now: datetime, *, status: str | None, page: int) -> dict:
     elif status:
         query = query.where(Refund.status == status, Refund.settled_at.is_(None))
     rows, meta = paging(query, page)
-    return {"status": status, "refunds": [refund_json(r, ref, now) for r, ref in rows], **meta}
+    return {
+        "status": status,
+        "refunds": [refund_json(r, ref, now) for r, ref in rows],
+        **meta,
+        "unknown_payments": [unknown_payment_json(u) for u in unknown_money.recent()],
+    }
+
+
+def unknown_payment_json(row) -> dict:
+    """Money the provider took for a session naming no order this database knows (docs/REFERENCE.md, Console)."""
+    return {
+        "id": row.id,
+        "session_id": row.session_id,
+        "reference": row.reference,
+        "amount": row.amount,
+        "currency": row.currency,
+        "status": row.status,
+        "found_via": row.found_via,
+        "provider_refund_id": row.provider_refund_id,
+        "detail": row.detail,
+        "needs_operator": row.status in ("refund_failed", "not_ours"),
+        "created_at": row.created_at.isoformat() if row.created_at else None,
+        "updated_at": row.updated_at.isoformat() if row.updated_at else None,
+    }
 
 
 def outbox(now: datetime, *, status: str | None, page: int, keep: tuple[str, int] | None = None):

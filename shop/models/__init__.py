@@ -13,6 +13,8 @@ from .payments import (
     ProviderRefusal,
     Refund,
     KeyValue,
+    UnknownPayment,
+    UnknownPaymentStatus,
 )
 from .ops import (
     RestoreWarning,
@@ -38,6 +40,8 @@ __all__ = [
     "ScheduledCommand",
     "WorkStatus",
     "WebhookReceipt",
+    "UnknownPayment",
+    "UnknownPaymentStatus",
     "ReceiptOutcome",
     "ProcessedStripeEvent",
     "PaymentProofRefusal",

@@ -112,3 +112,35 @@ class KeyValue(db.Model):
     key: Mapped[str] = mapped_column(String(100), primary_key=True)
     value: Mapped[str] = mapped_column(Text)
     updated_at = mapped_column(UTCDateTime, default=now_utc, onupdate=now_utc, nullable=False)
+
+
+class UnknownPaymentStatus(StrEnum):
+    CHECKING = "checking"  # found; the provider is being asked whether it is real and paid
+    APPLIED = "applied"  # the provider's answer found the order after all, and was applied to it
+    NOT_PAID = "not_paid"  # the provider says the session took no money: nothing to give back
+    REFUND_PENDING = "refund_pending"  # refunded at the provider, which has not confirmed yet
+    REFUNDED = "refunded"
+    REFUND_FAILED = "refund_failed"  # the provider could not give it back: an operator acts
+    NOT_OURS = "not_ours"  # paid, but not marked as this shop's session: never refunded automatically
+
+
+class UnknownPayment(db.Model):
+    """Money the provider holds for a Checkout Session that names no order this database knows:
+    a database restored from a copy older than the payment, say. Found by the signed webhook or
+    by the sweep's scan of the provider's completed sessions (shop.payments.unknown_money); it
+    is checked against the provider, then applied to its order if one turns up, else refunded
+    (never kept). One row per session: a second sighting changes nothing."""
+
+    __tablename__ = "unknown_payments"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(255), unique=True)
+    payment_intent_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    amount: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    currency: Mapped[str | None] = mapped_column(String(3), nullable=True)
+    reference: Mapped[str | None] = mapped_column(String(255), nullable=True)  # the session's client_reference_id
+    found_via: Mapped[str] = mapped_column(String(40))
+    status: Mapped[str] = mapped_column(String(20), default=UnknownPaymentStatus.CHECKING)
+    provider_refund_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
+    updated_at = mapped_column(UTCDateTime, default=now_utc, onupdate=now_utc, nullable=False)

@@ -28,6 +28,7 @@ from ..store import order_store
 from ..store.order_store import LoadedOrder, Note
 from . import gateway
 from .refunds import record_late_payment
+from .unknown_money import record_unknown_payment
 
 log = logging.getLogger("shop.payments")
 
@@ -58,6 +59,10 @@ def find_order(view: gateway.SessionView) -> LoadedOrder | None:
     """The order a session names: by metadata.order_id (the sender's text, so an id the column
     cannot hold is no order, not a failed lookup), else by client_reference_id."""
     order = order_store.read(view.order_id) if view.order_id is not None else None
+    if order is not None and view.client_reference_id and order.reference != view.client_reference_id:
+        # The id is another order's: a database restored from an older copy hands the ids of
+        # the orders it lost to new ones. The reference is random and never reused.
+        order = None
     if order is None and view.client_reference_id:
         order = order_store.read_by_reference(view.client_reference_id)
     return order
@@ -179,6 +184,10 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
             view.order_id,
             view.client_reference_id,
         )
+        if view.payment_status == "paid" and view.id:
+            # Money for no order this database knows is never kept: checked with the provider,
+            # then applied or refunded (shop.payments.unknown_money).
+            record_unknown_payment(view, found_via=source, now=now)
         return Applied(Outcome.UNKNOWN_ORDER, detail=f"session {view.id}")
     if view.payment_status == "paid":
         return _apply_paid(order, view, source=source, now=now)

@@ -21,6 +21,7 @@ from ..domain.deadlines import utcnow
 from ..extensions import db, per_app
 from ..outbox import dispatch
 from . import guard
+from .mark import shop_mark
 from .provider_errors import (
     BUDGET_KINDS,
     ProviderFailure,
@@ -191,7 +192,7 @@ def create_checkout_session(
     params = {
         "mode": "payment",
         "client_reference_id": reference,
-        "metadata": {"order_id": str(order_id), "reference": reference},
+        "metadata": {"order_id": str(order_id), "reference": reference, "shop": shop_mark()},
         "customer_email": email,
         "success_url": success_url,
         "cancel_url": cancel_url,
@@ -251,6 +252,10 @@ def session_events(*, since: datetime, starting_after: str | None = None) -> tup
     if starting_after:
         params["starting_after"] = starting_after
     page = _call("list events", lambda: client().v1.events.list(params=params))
+    return _session_events_of(page), bool(page.has_more)
+
+
+def _session_events_of(page) -> list[SessionEvent]:
     found = []
     for event in page.data:
         data = event.to_dict() if hasattr(event, "to_dict") else dict(event)
@@ -265,7 +270,7 @@ def session_events(*, since: datetime, starting_after: str | None = None) -> tup
                     expired_by_a_cancel(data),
                 )
             )
-    return found, bool(page.has_more)
+    return found
 
 
 def create_refund(
@@ -288,6 +293,37 @@ def create_refund(
         ),
     )
     return refund_view(refund)
+
+
+def refund_unknown_payment(*, session_id: str, payment_intent: str, amount: int) -> RefundView:
+    """Give back money the provider holds for a session of this shop's that names no order the
+    database knows (shop.payments.unknown_money): one refund per session, whatever retries."""
+    refund = _call(
+        "create refund",
+        lambda: client().v1.refunds.create(
+            params={
+                "payment_intent": payment_intent,
+                "amount": amount,
+                "metadata": {"session_id": session_id, "reason": "payment for an order this shop does not know"},
+            },
+            options={"idempotency_key": f"backstop-refund-unknown-session-{session_id}"},
+        ),
+    )
+    return refund_view(refund)
+
+
+def paid_session_events(*, since: datetime, until: datetime, starting_after: str | None = None):
+    """One page (newest first) of the provider's events for sessions that took money, created in
+    [since, until): what the sweep's scan for unknown money reads. Returns (events, more)."""
+    params = {
+        "types": ["checkout.session.completed", "checkout.session.async_payment_succeeded"],
+        "created": {"gte": int(since.timestamp()), "lt": int(until.timestamp())},
+        "limit": EVENTS_PAGE_SIZE,
+    }
+    if starting_after:
+        params["starting_after"] = starting_after
+    page = _call("list events", lambda: client().v1.events.list(params=params))
+    return _session_events_of(page), bool(page.has_more)
 
 
 def retrieve_refund(refund_id: str) -> RefundView:

@@ -39,6 +39,7 @@ class SessionView:
     expires_at: datetime | None
     order_id: int | None  # from metadata.order_id
     client_reference_id: str | None
+    shop_mark: str | None = None  # from metadata.shop: which shop made the session (shop.payments.mark)
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ def session_view(obj) -> SessionView:
         ),
         order_id=order_id,
         client_reference_id=text(obj.get("client_reference_id")),
+        shop_mark=text(metadata.get("shop")) if isinstance(metadata, dict) else None,
     )
 
 

@@ -8,6 +8,8 @@ from .. import emails
 from ..models import ScheduledCommand
 from ..orders.cancel import expire_unpaid_order
 from ..payments.refunds import execute_refund
+from ..payments.unknown_money import COMMAND as SETTLE_UNKNOWN_PAYMENT
+from ..payments.unknown_money import settle_unknown_payment
 
 
 def _expire(row: ScheduledCommand, now: datetime) -> None:
@@ -26,8 +28,13 @@ def _refund(row: ScheduledCommand, now: datetime) -> None:
     execute_refund(row.payload["refund_id"], now)
 
 
+def _settle_unknown_payment(row: ScheduledCommand, now: datetime) -> None:
+    settle_unknown_payment(row.payload["unknown_payment_id"], now)
+
+
 COMMANDS = {
     "expire_unpaid_order": _expire,
     "send_email": _send_email,
     "refund_payment": _refund,
+    SETTLE_UNKNOWN_PAYMENT: _settle_unknown_payment,
 }

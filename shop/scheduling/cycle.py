@@ -68,6 +68,7 @@ class Tally(StrEnum):
     ERRORS = "errors"  # orders whose work raised
     EVENT_PAGES = "event_pages"  # pages of the provider's event list read (the in-doubt pass)
     WOKEN = "woken"  # rows that waited for the provider, run now
+    MONEY_PAGES = "money_pages"  # pages of the provider's completed payments scanned (the unknown-money scan)
 
 
 class ErrorKind(StrEnum):
@@ -192,6 +193,8 @@ def provider_line(counts: dict | None) -> str:
             P.WATCH_CLOSED: "cancelled orders no longer watched for late money",
             Tally.EVENT_PAGES: "pages of the provider's events read for many orders in doubt at once",
             Tally.WOKEN: "rows that waited for the provider run now (it answers again)",
+            Tally.MONEY_PAGES: "pages of the provider's completed payments scanned for money no order holds",
+            P.UNKNOWN_ORDER: "payments for no order this shop knows (checked with the provider, then refunded)",
         },
     )
     return "provider pass: " + ", ".join(parts)

@@ -1,0 +1,157 @@
+"""Money the provider holds for a session that names no order this database knows.
+
+A database restored from a backup is behind the provider: the sessions paid after the copy was
+taken name orders the copy never had (or had without their session), and their webhooks may
+already have been answered by the machine that was lost. Such money is never kept:
+
+* found by the signed webhook (a paid session naming no order we know) or by the sweep's scan of
+  the provider's completed payments (shop.scheduling.passes.unknown_money), through the one
+  guarded path (`payments.apply`), which records it here, in the same transaction, with a durable
+  `settle_unknown_payment` command;
+* the command asks the provider about the session (a webhook's word is checked, not trusted) and
+  applies the answer through the same path: an order that turns up after all is paid, or its
+  late money refunded, as for any notice; money that still names no order is refunded, once (the
+  Idempotency-Key names the session), if the session carries this shop's mark (shop.payments.mark):
+  a payment of another integration sharing the provider account is left alone and shown to an
+  operator instead;
+* the refund is followed until the provider says it is done.
+
+This module is the one writer of `unknown_payments`.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from ..extensions import db
+from ..models import UnknownPayment
+from ..models import UnknownPaymentStatus as S
+from ..outbox import schedule_command
+from ..outbox.failures import PermanentFailure
+from . import gateway
+from .mark import shop_mark
+
+log = logging.getLogger("shop.payments")
+
+COMMAND = "settle_unknown_payment"
+# A refund the provider has not confirmed yet is asked about again after this, doubling up to an hour.
+FIRST_RECHECK = timedelta(seconds=30)
+LAST_RECHECK = timedelta(hours=1)
+
+
+def record_unknown_payment(view: gateway.SessionView, *, found_via: str, now: datetime) -> bool:
+    """Record a paid session that names no order we know, with the command that settles it, in the
+    caller's transaction. False when it was already recorded (a second sighting)."""
+    session = db.session
+    if session.execute(select(UnknownPayment.id).where(UnknownPayment.session_id == view.id)).first():
+        return False
+    try:
+        with session.begin_nested():
+            row = UnknownPayment(
+                session_id=view.id,
+                payment_intent_id=view.payment_intent,
+                amount=view.amount_total,
+                currency=(view.currency or "")[:3] or None,
+                reference=(view.client_reference_id or "")[:255] or None,
+                found_via=found_via[:40],
+                status=S.CHECKING,
+                detail="",
+                created_at=now,
+                updated_at=now,
+            )
+            session.add(row)
+    except IntegrityError:  # a concurrent sighting of the same session won
+        return False
+    schedule_command(session, COMMAND, now, payload={"unknown_payment_id": row.id}, now=now)
+    log.warning(
+        "provider session %s (via %s) took %s %s for no order this shop knows (ref %s); checking it with the provider",
+        view.id,
+        found_via,
+        view.amount_total,
+        view.currency,
+        view.client_reference_id,
+    )
+    return True
+
+
+def settle_unknown_payment(row_id: int, now: datetime) -> datetime | None:
+    """Runs as a scheduled command, in the runner's transaction; raising lets the runner retry with
+    backoff, then dead-letter. A refund the provider has not confirmed yet is looked at again by
+    a later command of the same kind, written in this transaction."""
+    row = db.session.get(UnknownPayment, row_id, with_for_update=True)
+    if row is None:
+        return None
+    if row.status == S.REFUND_PENDING and row.provider_refund_id:
+        return _follow_refund(row, now)
+    if row.status != S.CHECKING:
+        return None
+    # Imported here: apply imports this module (it records what it cannot match).
+    from .apply import Outcome, ask_and_apply
+
+    answer = ask_and_apply(row.session_id, source="unknown payment check", now=now, in_transaction=True)
+    view = answer.view
+    if view.payment_status != "paid":
+        return _settle(row, S.NOT_PAID, f"the provider says the session is {view.status}, {view.payment_status}", now)
+    applied = answer.applied
+    if applied is not None and applied.outcome is not Outcome.UNKNOWN_ORDER:
+        ref = applied.order.reference if applied.order is not None else "?"
+        return _settle(
+            row, S.APPLIED, f"order {ref}: {applied.outcome}" + (f" ({applied.detail})" * bool(applied.detail)), now
+        )
+    if not view.shop_mark or view.shop_mark != shop_mark():
+        return _settle(
+            row,
+            S.NOT_OURS,
+            "paid, but the session does not carry this shop's mark: another integration on the same provider "
+            "account may own it, so it is not refunded automatically; check it at the provider",
+            now,
+        )
+    intent = view.payment_intent or row.payment_intent_id
+    if not intent or not view.amount_total:
+        raise LookupError(f"the provider names no payment to refund for session {row.session_id} yet")
+    row.payment_intent_id, row.amount, row.currency = intent, view.amount_total, (view.currency or row.currency)
+    try:
+        refund = gateway.refund_unknown_payment(
+            session_id=row.session_id, payment_intent=intent, amount=view.amount_total
+        )
+    except gateway.ProviderRefused as exc:
+        if exc.code == "charge_already_refunded":
+            return _settle(row, S.REFUNDED, f"the provider says the payment was already refunded: {exc}", now)
+        raise PermanentFailure(f"the provider refused to refund session {row.session_id}: {exc}") from exc
+    row.provider_refund_id = refund.id
+    log.warning(
+        "refunded %s %s paid through session %s for no order this shop knows", row.amount, row.currency, row.session_id
+    )
+    return _after_refund_status(row, refund.status, now)
+
+
+def _follow_refund(row: UnknownPayment, now: datetime) -> datetime | None:
+    refund = gateway.retrieve_refund(row.provider_refund_id)
+    return _after_refund_status(row, refund.status, now)
+
+
+def _after_refund_status(row: UnknownPayment, status: str | None, now: datetime) -> datetime | None:
+    if status == "succeeded":
+        return _settle(row, S.REFUNDED, f"refund {row.provider_refund_id} succeeded", now)
+    if status in ("failed", "canceled"):
+        return _settle(row, S.REFUND_FAILED, f"refund {row.provider_refund_id} {status} at the provider", now)
+    waited = now - row.created_at if row.created_at else FIRST_RECHECK
+    _settle(row, S.REFUND_PENDING, f"refund {row.provider_refund_id} is {status or 'pending'} at the provider", now)
+    due = now + min(LAST_RECHECK, max(FIRST_RECHECK, waited))
+    schedule_command(db.session, COMMAND, due, payload={"unknown_payment_id": row.id}, now=now)
+    return None
+
+
+def _settle(row: UnknownPayment, status: str, detail: str, now: datetime) -> None:
+    row.status, row.detail, row.updated_at = status, detail[:1000], now
+    log.info("unknown payment %s (session %s): %s: %s", row.id, row.session_id, status, detail)
+    return None
+
+
+def recent(limit: int = 50) -> list[UnknownPayment]:
+    """The newest rows, for the console."""
+    return list(db.session.execute(select(UnknownPayment).order_by(UnknownPayment.id.desc()).limit(limit)).scalars())

@@ -1,0 +1,153 @@
+"""The scan for money no order holds: the provider's completed payments, read in windows of their
+creation time from a mark kept in the database, each applied through the webhook's guarded path
+unless an order already holds it as its payment or the shop already refunds it.
+
+It is how a database restored from a copy finds the payments made after the copy was taken: the
+copy's mark is as old as the copy, so its first cycles read everything the provider took since,
+including payments whose webhooks the lost machine answered. Such a payment is applied to its
+order when the copy has the order and it can still take the money (the order is paid, adopting
+the session it never saw), refunded as late money when it cannot, and, when the copy has no such
+order at all, recorded as unknown money and refunded (shop.payments.unknown_money). In steady
+state it reads about one page of 100 events per 100 payments, a small share of the provider
+budget next to the calls each payment makes anyway."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import select
+
+from ...domain.order import OrderStatus
+from ...extensions import db
+from ...models import KeyValue, Order, Refund, UnknownPayment
+from ...outbox import uow
+from ...payments import apply as payments
+from ...payments import gateway
+from ..cycle import PassName, ProviderOutcome, Tally, error_kind
+from ..lease import LeaseLost
+from ..stuck import stuck_age
+
+log = logging.getLogger("shop.sweep")
+
+MARK_KEY = "unknown_money_scan_mark"
+# Payments this recent are left to their webhook and the next cycle: the provider's clock and
+# ours differ by a little (`flask shop check` holds it under 2 s), and its list lags its writes.
+# A shop whose stuck age is shorter (RECONCILIATION_STUCK_AGE_SECONDS) waits that long instead.
+SETTLE_LAG = timedelta(seconds=60)
+# A cycle reads only once this much has gathered past the mark: one list call per half minute
+# at most, however often the sweep runs.
+SCAN_GAP = timedelta(seconds=30)
+# One window of creation time per list walk, halved while a window holds more than PAGE_CAP pages.
+MAX_WINDOW = timedelta(days=1)
+MIN_WINDOW = timedelta(seconds=1)
+PAGE_CAP = 20
+# At most this many windows per cycle: a copy days behind catches up over several cycles.
+WINDOWS_PER_CYCLE = 24
+
+
+def read_mark() -> datetime | None:
+    row = db.session.get(KeyValue, MARK_KEY)
+    db.session.rollback()
+    return None if row is None else datetime.fromtimestamp(int(row.value), timezone.utc)
+
+
+def _write_mark(at: datetime) -> None:
+    with uow.transaction():
+        row = db.session.get(KeyValue, MARK_KEY)
+        if row is None:
+            db.session.add(KeyValue(key=MARK_KEY, value=str(int(at.timestamp()))))
+        else:
+            row.value = str(int(at.timestamp()))
+
+
+def _whole_second(at: datetime) -> datetime:
+    return at.replace(microsecond=0)
+
+
+def scan_for_unknown_money(counts: dict, errors: list, keep_lease, clock) -> None:
+    """Read the provider's completed payments from the mark up to a minute ago, window by window,
+    applying each no order already holds; the mark moves past a window once it was read whole."""
+    lag = min(SETTLE_LAG, stuck_age())
+    mark = read_mark()
+    if mark is None:
+        # The first cycle of a new database (or of one from before the scan): nothing older can be
+        # a payment for an order it lacks. A restored copy has the mark of its last cycle.
+        _write_mark(_whole_second(clock() - lag))
+        return
+    if _whole_second(clock() - lag) - mark < SCAN_GAP:
+        return
+    window = MAX_WINDOW
+    for _ in range(WINDOWS_PER_CYCLE):
+        end = min(_whole_second(clock() - lag), mark + window)
+        if end <= mark:
+            return
+        if not keep_lease():
+            raise LeaseLost("the sweep lease lapsed or was taken over while scanning the provider's payments")
+        try:
+            events = _read_window(mark, end, counts)
+        except gateway.ProviderUnavailable as exc:
+            log.info("sweep: could not list the provider's payments (%s); the next cycle reads from the same mark", exc)
+            counts[ProviderOutcome.UNAVAILABLE] = counts.get(ProviderOutcome.UNAVAILABLE, 0) + 1
+            return
+        if events is None and window > MIN_WINDOW:
+            window = max(MIN_WINDOW, window / 4)  # too many payments in it: a smaller window, same start
+            continue
+        for event in events or []:
+            _apply_unless_held(event, counts, errors, clock)
+        _write_mark(end)
+        mark = end
+        window = min(MAX_WINDOW, window * 2)
+
+
+def _read_window(since: datetime, until: datetime, counts: dict) -> list | None:
+    """All completed-payment events created in [since, until), or None when there are more than
+    PAGE_CAP pages of them. ProviderUnavailable reaches the caller (the cycle retries next time)."""
+    found, after = [], None
+    for _ in range(PAGE_CAP):
+        page, more = gateway.paid_session_events(since=since, until=until, starting_after=after)
+        counts[Tally.MONEY_PAGES] = counts.get(Tally.MONEY_PAGES, 0) + 1
+        found.extend(e for e in page if e.view.payment_status == "paid" and e.view.id)
+        if not more or not page:
+            return found
+        after = page[-1].id
+    return None
+
+
+def _apply_unless_held(event: gateway.SessionEvent, counts: dict, errors: list, clock) -> None:
+    sid = event.view.id
+    if _held(sid):
+        return
+    try:
+        applied = payments.apply_session(event.view, source="sweep: unknown money", now=clock())
+    except Exception as exc:
+        uow.rollback(db.session)
+        log.exception("sweep: applying the provider's payment %s failed; the next cycle does not retry it", sid)
+        counts[Tally.ERRORS] = counts.get(Tally.ERRORS, 0) + 1
+        errors.append(
+            {
+                "pass": PassName.PROVIDER,
+                "order_id": None,
+                "kind": error_kind(exc),
+                "error": f"payment {sid}: {type(exc).__name__}: {exc}"[:500],
+            }
+        )
+        return
+    if applied.outcome not in (payments.Outcome.NOOP, payments.Outcome.DUPLICATE):
+        counts[applied.outcome] = counts.get(applied.outcome, 0) + 1
+    log.info("sweep: the provider's payment %s (ref %s): %s", sid, event.view.client_reference_id, applied.outcome)
+
+
+def _held(session_id: str) -> bool:
+    """Is this payment already accounted for: an order paid through it, or a refund or unknown-money
+    row for it?"""
+    session = db.session
+    held = (
+        session.execute(
+            select(Order.id).where(Order.payment_session_id == session_id, Order.status == OrderStatus.PAID)
+        ).first()
+        or session.execute(select(Refund.id).where(Refund.session_id == session_id)).first()
+        or session.execute(select(UnknownPayment.id).where(UnknownPayment.session_id == session_id)).first()
+    )
+    session.rollback()
+    return held is not None
