@@ -1,7 +1,7 @@
 """docs/OPERATIONS.md, the operator's runbook, stays in step with what ships: every alert in
 deploy/prometheus/alerts.yml has its paragraph (with its severity and the console page its link
 opens), every line of `flask shop check` its row, and every `flask shop` command it tells an
-operator to type exists. Needs neither a database nor Redis."""
+operator to type exists. It reads files only: no database, Redis or provider is asked."""
 
 from __future__ import annotations
 
