@@ -1,10 +1,10 @@
 """`flask shop check`, the deploy preflight (docs/REFERENCE.md, Commands): a node that is ready
 passes every line and exits 0, on SQLite and PostgreSQL; each failing check fails its own line,
 naming what to fix, and exits 1, against real services: a Redis started here with another eviction
-policy, a replica, nothing listening, an unmigrated database, the sandbox with no endpoint, one
-for another URL, one short of events, a key it refuses, web pools above PostgreSQL's
-max_connections, and a bad setting. The database's clock cannot be moved, so the clock check's
-failure is shown by moving this machine's (`run_checks(clock=...)`)."""
+policy, a replica, nothing listening, an unmigrated database, one a migration behind head, the
+sandbox with no endpoint, one for another URL, one short of events, a key it refuses, web pools
+above PostgreSQL's max_connections, and a bad setting. The database's clock cannot be moved, so the
+clock check's failure is shown by moving this machine's (`run_checks(clock=...)`)."""
 
 from __future__ import annotations
 
@@ -190,6 +190,58 @@ def test_an_unmigrated_database_fails_naming_flask_db_upgrade(make_fresh_app, sa
     assert code == 1, output
     label, detail = lines["database"]
     assert label == "FAIL" and "no migration applied" in detail and "run `flask db upgrade`" in detail
+
+
+def _one_behind_head(app) -> tuple[str, str]:
+    """(the revision just below the head of `migrations/`, the head), read from the scripts, so
+    the test still means "one behind" when migrations are added."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", app.extensions["migrate"].directory)
+    scripts = ScriptDirectory.from_config(config)
+    head = scripts.get_current_head()
+    below = scripts.get_revision(head).down_revision
+    return (below if isinstance(below, str) else sorted(below)[0]), head
+
+
+def test_a_database_behind_head_fails_naming_flask_db_upgrade(make_fresh_app, sandbox, unmigrated_database_url):
+    """A node deployed before `flask db upgrade` ran: its database has the previous release's
+    migrations, not this one's last."""
+    from flask_migrate import upgrade
+
+    from shop.extensions import db
+
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, DATABASE_URL=unmigrated_database_url)
+    older, head = _one_behind_head(app)
+    with app.app_context():
+        upgrade(revision=older)
+        db.engine.dispose()
+
+    code, lines, output = check(app)
+
+    assert code == 1, output
+    assert lines["database"] == (
+        "FAIL",
+        f"reachable ({_where(unmigrated_database_url)}), at {older}, behind the head {head}: run `flask db upgrade`",
+    )
+    assert "database" in output.splitlines()[-1]  # "not ready: fix database, ..."
+
+    # The remedy it names is the remedy: upgraded to head, the same database passes.
+    with app.app_context():
+        upgrade()
+        db.engine.dispose()
+    code, lines, output = check(app)
+    assert lines["database"][0] == "ok" and f"migrations at head ({head})" in lines["database"][1], output
+
+
+def _where(url: str) -> str:
+    """How the database line names a database (SQLite's file, PostgreSQL's host:port/name)."""
+    parsed = make_url(url)
+    if url.startswith("sqlite"):
+        return f"SQLite {parsed.database}"
+    return f"PostgreSQL {parsed.host or 'localhost'}:{parsed.port or 5432}/{parsed.database}"
 
 
 def test_an_unreachable_database_fails_and_the_checks_that_need_it_say_skipped(make_fresh_app, sandbox):
