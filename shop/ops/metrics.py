@@ -21,6 +21,8 @@ from ..models import (
     Refund,
     RestoreWarning,
     ScheduledCommand,
+    UnknownPayment,
+    UnknownPaymentStatus,
     WebhookReceipt,
     Order,
     WarningState,
@@ -52,6 +54,7 @@ class ShopCollector:
         yield from _outbox(now)
         yield from _bookkeeping()
         yield from _refunds(now)
+        yield from _unknown_payments()
         yield from _webhook_rejections()
         yield from _settings()
         yield from provider_breaker_metrics(now)
@@ -280,6 +283,22 @@ def _refunds(now):
         "Age of the oldest failed refund awaiting an operator, from its failure (0 when none)",
         value=max(0.0, (now - as_utc(oldest)).total_seconds()) if oldest else 0,
     )
+
+
+def _unknown_payments():
+    """Money for orders the database does not know (shop.payments.unknown_money), by status; the
+    statuses an operator must act on are `refund_failed` and `not_ours`."""
+    counts = dict(
+        db.session.execute(select(UnknownPayment.status, func.count()).group_by(UnknownPayment.status)).all()
+    )
+    family = GaugeMetricFamily(
+        "shop_unknown_payments",
+        "Payments the provider took for orders this database does not know, by what became of them",
+        labels=["status"],
+    )
+    for status in sorted(set(counts) | {s.value for s in UnknownPaymentStatus}):
+        family.add_metric([status], counts.get(status, 0))
+    yield family
 
 
 # A rejected webhook's reason is a sentence (shop/webhooks.py, `_reject`), some with the SDK's

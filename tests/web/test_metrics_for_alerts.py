@@ -179,3 +179,18 @@ def test_the_settings_the_rules_compare_against_are_exported(make_fresh_app):
     assert _value(scrape(off), "shop_reconciliation_scheduled") == 0
     only_expiry = make_fresh_app(RECONCILIATION_ENABLED=False, UNPAID_ORDER_EXPIRY_ENABLED=True)
     assert _value(scrape(only_expiry), "shop_reconciliation_scheduled") == 1
+
+
+def test_payments_for_unknown_orders_are_counted_by_what_became_of_them(fresh_app):
+    from shop.models import UnknownPayment
+
+    samples = scrape(fresh_app)
+    assert _value(samples, "shop_unknown_payments", status="not_ours") == 0
+    with fresh_app.app_context():
+        for n, status in enumerate(["refunded", "refunded", "not_ours"]):
+            db.session.add(UnknownPayment(session_id=f"cs_test_{n}", found_via="sweep", status=status, detail=""))
+        db.session.commit()
+    samples = scrape(fresh_app)
+    assert _value(samples, "shop_unknown_payments", status="refunded") == 2
+    assert _value(samples, "shop_unknown_payments", status="not_ours") == 1
+    assert _value(samples, "shop_unknown_payments", status="refund_failed") == 0
