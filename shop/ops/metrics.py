@@ -288,9 +288,7 @@ def _refunds(now):
 def _unknown_payments():
     """Money for orders the database does not know (shop.payments.unknown_money), by status; the
     statuses an operator must act on are `refund_failed` and `not_ours`."""
-    counts = dict(
-        db.session.execute(select(UnknownPayment.status, func.count()).group_by(UnknownPayment.status)).all()
-    )
+    counts = dict(db.session.execute(select(UnknownPayment.status, func.count()).group_by(UnknownPayment.status)).all())
     family = GaugeMetricFamily(
         "shop_unknown_payments",
         "Payments the provider took for orders this database does not know, by what became of them",
