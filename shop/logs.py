@@ -68,8 +68,25 @@ def scope(**fields) -> Iterator[None]:
     token = enter(**fields)
     try:
         yield
+    except BaseException as exc:
+        # An error leaving the scope keeps what was known where it happened: an error report made
+        # after the scope has closed (RQ's, a job's) still names the order (shop.reporting).
+        if getattr(exc, CONTEXT_ATTRIBUTE, None) is None:
+            try:
+                setattr(exc, CONTEXT_ATTRIBUTE, dict(_context.get() or {}))
+            except AttributeError:
+                pass  # an exception type without a __dict__: reported without the fields
+        raise
     finally:
         _context.reset(token)
+
+
+CONTEXT_ATTRIBUTE = "backstop_log_context"
+
+
+def context_of(exc: BaseException | None) -> dict:
+    """The fields known where `exc` left its innermost scope, or {}."""
+    return getattr(exc, CONTEXT_ATTRIBUTE, None) or {}
 
 
 def learn(**fields) -> None:

@@ -16,7 +16,9 @@ from .settings import SettingsError
 
 def _tag_with_log_context(event: dict, _hint: dict) -> dict:
     """before_send: runs in the thread that captured the event, where the log context is."""
-    known = logs.current()
+    exc_info = _hint.get("exc_info") if isinstance(_hint, dict) else None
+    # Where the error happened, if it left a scope before being reported; then what is known here.
+    known = {**logs.context_of(exc_info[1] if exc_info else None), **logs.current()}
     if known:
         tags = event.setdefault("tags", {})
         for key in logs.FIELDS:

@@ -1,6 +1,6 @@
 """Error reports (docs/REFERENCE.md, Settings: SENTRY_DSN): off and not even imported without the
-setting; with it, an error of a request reaches the DSN's server tagged with the order it was
-about. The server is a local one started here, as a Sentry would take the SDK's envelopes."""
+setting; with it, an error of a request, or of a worker's job (RQ's integration, reporting after
+the job's own scope has closed), reaches the DSN's server tagged with the order it was about. The server is a local one started here, as a Sentry would take the SDK's envelopes."""
 
 from __future__ import annotations
 
@@ -125,3 +125,41 @@ def test_a_requests_error_reaches_sentry_tagged_with_its_order_and_request(make_
     assert event["tags"]["order_ref"] == ref and event["tags"]["request_id"] == "broken-1"
     assert event["request"]["url"].endswith(f"/test-broken/{ref}")
     assert [value["type"] for value in event["exception"]["values"]] == ["RuntimeError"]
+
+
+def failing_job(ref: str) -> None:
+    """A worker's job that breaks while it works on an order (as shop.jobs scope theirs)."""
+    from shop import logs
+
+    with logs.scope(job_id="job-under-test"):
+        logs.learn(order_ref=ref)
+        raise RuntimeError("the job broke while working on the order")
+
+
+def test_a_worker_jobs_error_reaches_sentry_through_the_rq_integration_tagged_with_its_order(
+    make_fresh_app, sentry_server, redis_conn
+):
+    import uuid
+
+    import sentry_sdk
+    from rq import Queue, SimpleWorker
+
+    dsn = f"http://publickey@127.0.0.1:{sentry_server.server_address[1]}/1"
+    make_fresh_app(SENTRY_DSN=dsn)  # what `flask shop worker` does first: build the app, which starts reporting
+    queue = Queue(f"sentry-test-{uuid.uuid4().hex[:8]}", connection=redis_conn)
+    job = queue.enqueue(f"{__name__}.failing_job", "BK-JQBBRQKE")
+    SimpleWorker([queue], connection=redis_conn).work(burst=True)
+    assert job.get_status(refresh=True) == "failed"
+    sentry_sdk.flush(timeout=5)
+
+    deadline = time.monotonic() + 5
+    events = []
+    while time.monotonic() < deadline and not events:
+        events = [item for item in _Collector.received if item.get("exception")]
+        time.sleep(0.05)
+    assert events, _Collector.received
+    event = events[0]
+    assert [value["type"] for value in event["exception"]["values"]] == ["RuntimeError"]
+    assert event["tags"]["order_ref"] == "BK-JQBBRQKE"
+    assert event["extra"]["rq-job"]["job_id"] == job.id  # the RQ integration's own account of the job
+    queue.delete(delete_jobs=True)
