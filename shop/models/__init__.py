@@ -23,6 +23,8 @@ from .ops import (
     Operator,
     OperatorAction,
     PrunedDetail,
+    EmailResend,
+    StockCorrection,
 )
 
 __all__ = [
@@ -52,4 +54,6 @@ __all__ = [
     "Operator",
     "OperatorAction",
     "PrunedDetail",
+    "EmailResend",
+    "StockCorrection",
 ]
