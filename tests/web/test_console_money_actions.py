@@ -8,7 +8,6 @@ import os
 import re
 
 import pytest
-from sqlalchemy import select
 
 from factories import catalog_rows, seed_catalog_rows
 from payment_helpers import Shopper, order_id, run_everything
