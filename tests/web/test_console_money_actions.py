@@ -113,6 +113,10 @@ def test_a_refund_is_asked_confirmed_then_made_once_however_often_the_confirmati
     assert [(r["amount"], r["requested_by"], r["restock"]) for r in detail["refunds"]] == [
         (150, "night-shift@example.com", True)
     ]
+    assert any(
+        t["kind"] == "refund" and t["what"] == "refund by night-shift@example.com" and "stock put back" in t["detail"]
+        for t in detail["timeline"]
+    )
     listed = client.get("/console/refunds", headers=JSON).get_json()["refunds"]
     assert [(r["order_reference"], r["amount"]) for r in listed] == [(ref, 150)]
     audit = [(a.action, a.status, a.reason, a.order_id) for a in _rows(app, OperatorAction)]
