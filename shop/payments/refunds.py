@@ -50,8 +50,10 @@ log = logging.getLogger("shop.payments")
 
 def record_late_payment(order: LoadedOrder, view, reason: str, now: datetime) -> bool:
     session = db.session
+    # Late money's own rows only (uq_refunds_order_session covers just those): an operator's
+    # refund of part of a payment is not the refund of that payment arriving late.
     existing = session.execute(
-        select(Refund.id).where(Refund.order_id == order.id, Refund.session_id == view.id)
+        select(Refund.id).where(Refund.order_id == order.id, Refund.session_id == view.id, Refund.request_key.is_(None))
     ).first()
     if existing:
         return False
