@@ -22,6 +22,7 @@ from .forms import ConsoleForm
 from .money_actions import KEY, new_request_key
 
 HISTORY = 50
+RECENT_ORDERS = 5_000
 INTEGER = re.compile(r"[+-]?\d{1,10}")
 
 
@@ -69,11 +70,13 @@ def _history(variant_id: int) -> dict:
         .all()
     )
     # What orders did to the stock: a checkout took the line's quantity; a restore (or a refund
-    # with restock) gave it back. The newest orders first, as far as the index on lines allows.
+    # with restock) gave it back. Lines have no index by variant (checkout's inserts would pay for
+    # one), so only the newest RECENT_ORDERS orders are looked at: a range on the lines' order index.
+    newest = db.session.execute(select(func.max(Order.id))).scalar_one() or 0
     movements = db.session.execute(
         select(Order.reference, Order.status, Order.created_at, Order.inventory_restored, OrderLine.quantity)
         .join(OrderLine, OrderLine.order_id == Order.id)
-        .where(OrderLine.variant_id == variant_id)
+        .where(OrderLine.order_id > newest - RECENT_ORDERS, OrderLine.variant_id == variant_id)
         .order_by(Order.id.desc())
         .limit(HISTORY)
     ).all()

@@ -23,9 +23,12 @@ OPERATOR = "night-shift@example.com"
 
 
 @pytest.fixture
-def paid(fresh_paying_app, sandbox):
-    """A paid order of 2 x SOCK-M: (app, order id, its total, the sock's variant id, the intent)."""
-    app = fresh_paying_app
+def paid(monkeypatch, tmp_path, make_fresh_app, sandbox):
+    """A paid order of 2 x SOCK-M: (app, order id, its total, the sock's variant id). Its mail
+    (the refund's email) goes to this test's own folder."""
+    monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
+    monkeypatch.delenv("SMTP_URL", raising=False)
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
     skus = seed_catalog_rows(app)
     shopper = Shopper(app, skus)
     order = shopper.place("SOCK-M", 2)
@@ -72,7 +75,7 @@ def _on_hand(app, variant):
         return value
 
 
-def test_a_double_submitted_refund_refunds_once_at_the_provider(paid, sandbox):
+def test_a_double_submitted_refund_refunds_once_at_the_provider(paid, sandbox, tmp_path):
     app, oid, total, _ = paid
     first = _refund(app, oid, 300, "key-double-submit-0001")
     again = _refund(app, oid, 300, "key-double-submit-0001")
@@ -83,6 +86,11 @@ def test_a_double_submitted_refund_refunds_once_at_the_provider(paid, sandbox):
     [refund] = _refunds(app, oid)
     assert (refund.amount, refund.status, refund.requested_by) == (300, "succeeded", OPERATOR)
     assert _at_provider(sandbox, app, oid) == (300, [300])
+    # The customer hears of it once the provider says it succeeded, in words for a paid order.
+    run_due_commands(app, utcnow())
+    [mail] = sorted((tmp_path / "instance" / "mail").glob("*refund_issued*.eml"))
+    body = mail.read_text()
+    assert "We refunded $3.00 of your payment" in body and "arrived after the order was cancelled" not in body
 
 
 def test_partial_refunds_never_take_more_than_is_left(paid, sandbox):
