@@ -5,13 +5,14 @@ was shown: the same submission sent twice acts once."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from decimal import Decimal, InvalidOperation
 
 from flask import request, url_for
 from sqlalchemy import select
-from wtforms import BooleanField, HiddenField, StringField, TextAreaField
+from wtforms import HiddenField, StringField, TextAreaField
 
 from ..domain.deadlines import utcnow
 from ..domain.timestamps import iso
@@ -26,6 +27,23 @@ from .answers import done, find_order, operator_name, problem
 from .forms import ConsoleForm
 
 KEY = re.compile(r"[A-Za-z0-9_-]{16,64}")
+MINOR = re.compile(r"\d{1,10}")
+YES, NO = ("yes", "y", "1", "on", "true"), ("no", "n", "0", "off", "false", "")
+
+
+def yes_or_no(value) -> bool | None:
+    """A form's yes/no (a checkbox sends `y`; a script `yes` or `no`): None when it is neither."""
+    if isinstance(value, bool):
+        return value
+    text = str(value or "").strip().lower()
+    return True if text in YES else False if text in NO else None
+
+
+def submission_key(*parts) -> str:
+    """A submission's key when its form carried none (a script): the same refund asked twice by the
+    same operator (same amount, reason and restock) is made once."""
+    digest = hashlib.sha256("|".join(map(str, (operator_name(), *parts))).encode()).hexdigest()
+    return f"auto-{digest[:40]}"
 
 
 def new_request_key() -> str:
@@ -37,7 +55,7 @@ class RefundForm(ConsoleForm):
     # Checked in the view, so each mistake gets words that say what to type.
     amount = StringField("Amount")
     reason = TextAreaField("Reason")
-    restock = BooleanField("Put the stock back")
+    restock = StringField("Put the stock back")  # yes or no
     request_key = HiddenField()
     next = HiddenField()
 
@@ -172,7 +190,7 @@ def refund_form(reference):
             ),
         )
     text, reason = request.args.get("amount", ""), (request.args.get("reason") or "").strip()[:200]
-    restock = request.args.get("restock") in ("1", "y", "on", "true")
+    restock = yes_or_no(request.args.get("restock")) is True
     if "amount" not in request.args or request.args.get("edit"):
         # The form: empty, or again with what the confirmation step showed ("No, change it").
         default = major(left, order.currency) if left else ""
@@ -217,19 +235,30 @@ def refund(reference):
     if order is None:
         return problem(404, f"There is no order {reference}.", title="No such order", back=back)
     again = url_for("console.refund_form", reference=order.reference)
-    key = form.request_key.data or ""
-    if not KEY.fullmatch(key):
-        return problem(
-            400, "This form has no valid request key: open the refund page again and confirm from there.", back=again
-        )
-    amount, error = parse_amount(form.amount.data, order.currency)
-    if error is not None:
-        return problem(400, error, title="Check the amount", back=again)
+    amount_text = (form.amount.data or "").strip()
+    amount = None  # the rest
+    if amount_text:
+        if not MINOR.fullmatch(amount_text):
+            return problem(
+                400,
+                f"amount is in the currency's smallest unit, a whole number ({amount_text[:20]!r} is not one: "
+                f"$12.50 is 1250); leave it out to refund all that is left.",
+                title="Check the amount",
+                back=again,
+            )
+        amount = int(amount_text)
     if not reason or len(reason) > 200:
         return problem(
             400, "Say why the order is refunded, in 200 characters at most.", title="A reason is needed", back=again
         )
-    restock = bool(form.restock.data)
+    restock = yes_or_no(form.restock.data)
+    if restock is None:
+        return problem(400, "restock must be yes or no.", title="Put the stock back?", back=again)
+    key = form.request_key.data or submission_key(order.id, amount_text or "rest", reason, restock)
+    if not KEY.fullmatch(key):
+        return problem(
+            400, "This form has no valid request key: open the refund page again and confirm from there.", back=again
+        )
     db.session.rollback()  # the use case reads the order afresh, locked, in its own transaction
     result = refund_order(
         order.id, amount=amount, reason=reason, restock=restock, request_key=key, operator=operator_name(), now=utcnow()

@@ -4,6 +4,7 @@ count the operator saw, or adjust by a delta, both safe against checkouts runnin
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from flask import url_for
@@ -28,16 +29,16 @@ INTEGER = re.compile(r"[+-]?\d{1,10}")
 
 class StockForm(ConsoleForm):
     # Checked in the view, so each mistake gets words that say what to type.
-    mode = StringField("How")
-    value = StringField("Count or change")
+    on_hand = StringField("Set to")
+    delta = StringField("Change by")
     seen = HiddenField()
     reason = TextAreaField("Reason")
     request_key = HiddenField()
     next = HiddenField()
 
 
-@bp.get("/stock")
-def stock_list():
+@bp.get("/inventory")
+def inventory_list():
     """Every variant with its stock now, and a link to its history and correction form."""
     rows = db.session.execute(
         select(Variant.id, Variant.sku, Variant.name, InventoryItem.on_hand, Variant.deleted_at)
@@ -111,7 +112,7 @@ def _stock_page(variant_id: int, status: int = 200, error: str | None = None, **
     variant = db.session.get(Variant, variant_id)
     if variant is None:
         return problem(
-            404, f"There is no variant {variant_id}.", title="No such variant", back=url_for("console.stock_list")
+            404, f"There is no variant {variant_id}.", title="No such variant", back=url_for("console.inventory_list")
         )
     item = db.session.get(InventoryItem, variant_id)
     data = {
@@ -125,13 +126,11 @@ def _stock_page(variant_id: int, status: int = 200, error: str | None = None, **
         **_history(variant_id),
         "error": error,
     }
-    return respond(
-        "console/stock.html", data, status, request_key=new_request_key(), form_values=form, error_field=None
-    )
+    return respond("console/stock.html", data, status, set_key=new_request_key(), adjust_key=new_request_key())
 
 
-@bp.get("/stock/<id:variant_id>")
-def stock(variant_id):
+@bp.get("/inventory/<id:variant_id>")
+def inventory(variant_id):
     """One variant's stock now, its history (corrections and orders), and the correction form."""
     return _stock_page(variant_id)
 
@@ -148,36 +147,42 @@ WHY_WORDS = {
 }
 
 
-@bp.post("/stock/<id:variant_id>")
-def correct(variant_id):
-    """Correct a variant's stock: `mode=set` to `value` (guarded by `seen`, the count the page
-    showed) or `mode=adjust` by `value` (+ or -), with a `reason`; once per submission."""
+@bp.post("/inventory/<id:variant_id>/adjust")
+def adjust_inventory(variant_id):
+    """Correct a variant's stock, with a `reason`: `on_hand` sets it to a count (only if it is
+    still `seen`, the count the page showed, when given) or `delta` (+ or -) adjusts it; once per
+    submission (`request_key`)."""
     form = StockForm()
     reason = (form.reason.data or "").strip()
     audit.about(f"stock of variant {variant_id}", reason=reason or None)
-    back = url_for("console.stock", variant_id=variant_id)
-    mode, value_text, seen_text = (form.mode.data or "").strip(), (form.value.data or "").strip(), form.seen.data or ""
-    if mode not in ("set", "adjust"):
-        return problem(400, "Choose whether to set the stock to a count or adjust it by a change.", back=back)
-    if not INTEGER.fullmatch(value_text):
-        what = "the count to set" if mode == "set" else "the change, like +3 or -2"
+    back = url_for("console.inventory", variant_id=variant_id)
+    on_hand, delta, seen = (
+        (form.on_hand.data or "").strip(),
+        (form.delta.data or "").strip(),
+        (form.seen.data or "").strip(),
+    )
+    if bool(on_hand) == bool(delta):
+        return problem(
+            400, "Give either on_hand (the count to set) or delta (the change, like +3 or -2), not both.", back=back
+        )
+    text = on_hand or delta
+    if not INTEGER.fullmatch(text) or (seen and not INTEGER.fullmatch(seen)):
+        what = "the count to set" if on_hand else "the change, like +3 or -2"
         return problem(400, f"Enter {what} as a whole number.", title="Check the number", back=back)
-    if mode == "set" and not INTEGER.fullmatch(seen_text):
-        return problem(400, "This form lost the count it showed: open the stock page again.", back=back)
     if not reason or len(reason) > 2000:
         return problem(
             400, WHY_WORDS["no_reason"] + " (2000 characters at most)", title="A reason is needed", back=back
         )
-    key = form.request_key.data or ""
+    mode = StockMode.SET if on_hand else StockMode.ADJUST
+    key = form.request_key.data or _submission_key(variant_id, mode, text, seen, reason)
     if not KEY.fullmatch(key):
         return problem(400, "This form has no valid request key: open the stock page again.", back=back)
-    seen = int(seen_text) if mode == "set" else None
     db.session.rollback()
     result = correct_stock(
         variant_id,
-        mode=StockMode(mode),
-        value=int(value_text),
-        seen=seen,
+        mode=mode,
+        value=int(text),
+        seen=int(seen) if seen and mode is StockMode.SET else None,
         reason=reason,
         operator=operator_name(),
         request_key=key,
@@ -188,7 +193,7 @@ def correct(variant_id):
             404,
             f"There is no stock row for variant {variant_id}.",
             title="No such stock",
-            back=url_for("console.stock_list"),
+            back=url_for("console.inventory_list"),
         )
     if result.outcome is CorrectionOutcome.REFUSED:
         words = WHY_WORDS[result.why].format(on_hand=result.on_hand, seen=seen)
@@ -209,3 +214,10 @@ def correct(variant_id):
         "already": already,
     }
     return done(message, payload, back, "warning" if already else "ok")
+
+
+def _submission_key(*parts) -> str:
+    """A submission's key when its form carried none (a script): the same correction with the
+    same reason by the same operator is made once."""
+    digest = hashlib.sha256("|".join(map(str, (operator_name(), *parts))).encode()).hexdigest()
+    return f"auto-{digest[:40]}"

@@ -6,7 +6,8 @@ so a correction never reads the count and writes back a number computed from it:
   commits first is kept, and the correction applies on top of what it left;
 - `set` is a compare-and-set, `on_hand = new WHERE on_hand = <the count the operator saw>`: if a
   checkout took stock since the page was shown the correction is refused (`changed`), with the
-  count now, rather than silently undoing that sale.
+  count now, rather than silently undoing that sale. A set that names no count seen (a script)
+  locks the row and replaces what it holds then, recording it as the old count.
 
 Each correction is one row of `stock_corrections` (who, when, old -> new, why) in the same
 transaction, named by the submission's key: the same click sent twice corrects once.
@@ -69,8 +70,6 @@ def _problem(mode: StockMode, value: int, seen: int | None, reason: str) -> str 
         return "negative"
     if mode is StockMode.SET and value > MAX_ON_HAND or mode is StockMode.ADJUST and abs(value) > MAX_ON_HAND:
         return "too_large"
-    if mode is StockMode.SET and seen is None:
-        return "changed"
     return None
 
 
@@ -124,6 +123,12 @@ def _correct_once(variant_id, mode, value, seen, reason, operator, request_key, 
         current = session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).first()
         if current is None or session.get(Variant, variant_id) is None:
             return StockChange(CorrectionOutcome.MISSING, variant_id)
+        if mode is StockMode.SET and seen is None:
+            # A count set without the count it replaces: the row is locked and the set applies to
+            # what it holds now (a checkout that committed first is in the `old` it records).
+            seen = session.execute(
+                select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id).with_for_update()
+            ).scalar_one()
         problem = _problem(mode, value, seen, reason)
         if problem is None and mode is StockMode.SET and value == seen:
             problem = "no_change"

@@ -86,6 +86,7 @@ def refund_order(
     operator: str,
     now: datetime | None = None,
 ) -> OrderRefund:
+    """`amount` in minor units, None for all that is left."""
     now = now or utcnow()
     try:
         return _refund_once(order_id, amount, (reason or "").strip(), restock, request_key, operator, now)
@@ -131,6 +132,10 @@ def _refund_once(order_id, amount, reason, restock, request_key, operator, now) 
         if not order.payment_session_id:
             return refused("no_payment")
         left = refundable(order.total, refunded_so_far(order_id, order.payment_session_id))
+        if amount is None:  # the rest
+            amount = left
+            if left <= 0:
+                return refused("nothing_left", left=left)
         problem = refund_amount_problem(amount, left)
         if problem is not None:
             return refused(problem, amount=amount, left=left)

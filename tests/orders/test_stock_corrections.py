@@ -62,6 +62,15 @@ def test_a_count_set_is_refused_when_a_checkout_moved_the_stock_since_it_was_see
     assert on_hand(variant) == 4
 
 
+def test_a_count_set_without_the_count_seen_replaces_what_the_stock_holds_and_records_it(fresh_ctx):
+    (variant,) = catalog_rows(10)
+    assert checkout(variant, 2).ok
+    result = correct(variant, "set", 4, "key-set-blind-0000001", seen=None, reason="full recount")
+    assert (result.outcome, result.old, result.new) == (CorrectionOutcome.DONE, 8, 4)
+    assert on_hand(variant) == 4
+    assert history(variant) == [(OPERATOR, "set", 8, 4, "full recount")]
+
+
 def test_the_same_correction_submitted_twice_corrects_once(fresh_ctx):
     (variant,) = catalog_rows(10)
     first = correct(variant, "adjust", -3, "key-twice-0000000001")

@@ -67,10 +67,10 @@ def _mails(folder, template):
 
 def test_the_new_pages_and_actions_are_behind_the_operators_login(fresh_app, fresh_client):
     anonymous = csrf_token(fresh_client, "/console/login")
-    for url in ("/console/orders/X/refund", "/console/orders/X/emails", "/console/stock", "/console/stock/1"):
+    for url in ("/console/orders/X/refund", "/console/orders/X/emails", "/console/inventory", "/console/inventory/1"):
         assert fresh_client.get(url, headers=HTML).headers["Location"].startswith("/console/login"), url
         assert fresh_client.get(url, headers=JSON).status_code == 401, url
-    for url in ("/console/orders/X/refund", "/console/orders/X/emails/resend", "/console/stock/1"):
+    for url in ("/console/orders/X/refund", "/console/orders/X/emails/resend", "/console/inventory/1/adjust"):
         r = fresh_client.post(url, data={"csrf_token": anonymous}, headers=HTML)
         assert r.status_code == 302 and r.headers["Location"].startswith("/console/login"), url
         assert fresh_client.post(url, data={}, headers=JSON).status_code == 401, url
@@ -93,7 +93,8 @@ def test_a_refund_is_asked_confirmed_then_made_once_however_often_the_confirmati
     assert _rows(app, Refund) == []  # the confirmation step moved no money
     key = KEY.search(page).group(1)
     before = _rows(app, InventoryItem, variant_id=sock)[0].on_hand
-    data = {"csrf_token": token, "request_key": key, "amount": "1.50", "reason": "one sock torn", "restock": "y"}
+    assert 'name="amount" value="150"' in page  # posted in the currency's smallest unit
+    data = {"csrf_token": token, "request_key": key, "amount": "150", "reason": "one sock torn", "restock": "yes"}
     first = client.post(f"/console/orders/{ref}/refund", data=data)
     assert first.status_code == 303 and first.headers["Location"].endswith(f"/console/orders/{ref}")
     again = client.post(f"/console/orders/{ref}/refund", data=data, headers=JSON)
@@ -125,7 +126,7 @@ def test_a_refund_is_asked_confirmed_then_made_once_however_often_the_confirmati
 
 def test_a_refund_post_without_the_csrf_token_is_refused_and_moves_no_money(paid_order):
     app, client, token, ref, oid, *_ = paid_order
-    data = {"request_key": "k" * 32, "amount": "1.00", "reason": "no token"}
+    data = {"request_key": "k" * 32, "amount": "100", "reason": "no token"}
     r = client.post(f"/console/orders/{ref}/refund", data=data, headers=JSON)
     assert r.status_code == 400
     assert _rows(app, Refund) == []
@@ -133,7 +134,7 @@ def test_a_refund_post_without_the_csrf_token_is_refused_and_moves_no_money(paid
 
 def test_a_refund_over_what_is_left_is_refused_in_words_when_posted(paid_order):
     app, client, token, ref, oid, total, _ = paid_order
-    data = {"csrf_token": token, "request_key": "k" * 32, "amount": f"{total / 100 + 1:.2f}", "reason": "too much"}
+    data = {"csrf_token": token, "request_key": "k" * 32, "amount": str(total + 1), "reason": "too much"}
     r = client.post(f"/console/orders/{ref}/refund", data=data, headers=JSON)
     assert r.status_code == 400 and "more than is left to refund" in r.get_json()["error"]
     assert r.get_json()["why"] == "over_refundable"
@@ -149,7 +150,7 @@ def test_a_refund_of_an_unpaid_order_is_refused_on_the_page_and_when_posted(mail
     token = log_in(app, client)
     page = client.get(f"/console/orders/{ref}/refund")
     assert page.status_code == 409 and "Only a paid order can be refunded" in page.get_data(as_text=True)
-    data = {"csrf_token": token, "request_key": "k" * 32, "amount": "1.00", "reason": "why not"}
+    data = {"csrf_token": token, "request_key": "k" * 32, "amount": "100", "reason": "why not"}
     r = client.post(f"/console/orders/{ref}/refund", data=data, headers=JSON)
     assert r.status_code == 409 and r.get_json()["why"] == "not_paid"
 
@@ -186,41 +187,75 @@ def test_stock_is_corrected_from_its_page_with_a_reason_and_shows_in_its_history
         (variant,) = catalog_rows(10)
     client = fresh_app.test_client()
     token = log_in(fresh_app, client)
-    page = client.get(f"/console/stock/{variant}").get_data(as_text=True)
+    page = client.get(f"/console/inventory/{variant}").get_data(as_text=True)
     key = KEY.search(page).group(1)
-    data = {"csrf_token": token, "mode": "set", "value": "7", "seen": "10", "reason": "shelf count", "request_key": key}
-    assert client.post(f"/console/stock/{variant}", data=data).status_code == 303
-    again = client.post(f"/console/stock/{variant}", data=data, headers=JSON)
+    url = f"/console/inventory/{variant}/adjust"
+    data = {"csrf_token": token, "on_hand": "7", "seen": "10", "reason": "shelf count", "request_key": key}
+    assert client.post(url, data=data).status_code == 303
+    again = client.post(url, data=data, headers=JSON)
     assert again.get_json()["already"] is True and again.get_json()["on_hand"] == 7
     # A count set against a count that is no longer the stock is refused, saying the count now.
-    stale = {**data, "value": "5", "request_key": "s" * 32}
-    r = client.post(f"/console/stock/{variant}", data=stale, headers=JSON)
+    stale = {**data, "on_hand": "5", "request_key": "s" * 32}
+    r = client.post(url, data=stale, headers=JSON)
     assert r.status_code == 409 and "it is 7 now, not 10" in r.get_json()["error"]
-    no_reason = {**data, "mode": "adjust", "value": "+2", "reason": " ", "request_key": "r" * 32}
-    assert client.post(f"/console/stock/{variant}", data=no_reason, headers=JSON).status_code == 400
-    not_number = {**data, "mode": "adjust", "value": "two", "request_key": "n" * 32}
-    r = client.post(f"/console/stock/{variant}", data=not_number, headers=JSON)
+    no_reason = {"csrf_token": token, "delta": "+2", "reason": " "}
+    assert client.post(url, data=no_reason, headers=JSON).status_code == 400
+    not_number = {"csrf_token": token, "delta": "two", "reason": "shelf count"}
+    r = client.post(url, data=not_number, headers=JSON)
     assert r.status_code == 400 and "whole number" in r.get_json()["error"]
-    history = client.get(f"/console/stock/{variant}", headers=JSON).get_json()
-    assert history["on_hand"] == 7
+    both = {"csrf_token": token, "delta": "1", "on_hand": "3", "reason": "shelf count"}
+    r = client.post(url, data=both, headers=JSON)
+    assert r.status_code == 400 and "not both" in r.get_json()["error"]
+    # A script's delta without a request key: the same submission twice adjusts once.
+    script = {"csrf_token": token, "delta": "-2", "reason": "two broken in the van"}
+    first = client.post(url, data=script, headers=JSON).get_json()
+    second = client.post(url, data=script, headers=JSON).get_json()
+    assert (first["old"], first["new"], first["already"], second["already"]) == (7, 5, False, True)
+    history = client.get(f"/console/inventory/{variant}", headers=JSON).get_json()
+    assert history["on_hand"] == 5
     assert [(c["operator"], c["old"], c["new"], c["delta"], c["reason"]) for c in history["corrections"]] == [
-        ("night-shift@example.com", 10, 7, -3, "shelf count")
+        ("night-shift@example.com", 7, 5, -2, "two broken in the van"),
+        ("night-shift@example.com", 10, 7, -3, "shelf count"),
     ]
-    assert [c.new_on_hand for c in _rows(fresh_app, StockCorrection)] == [7]
+    assert [c.new_on_hand for c in _rows(fresh_app, StockCorrection)] == [7, 5]
     audit = [(a.action, a.status, a.reason) for a in _rows(fresh_app, OperatorAction)]
     assert audit == [
-        ("correct", 303, "shelf count"),
-        ("correct", 200, "shelf count"),
-        ("correct", 409, "shelf count"),
-        ("correct", 400, None),
-        ("correct", 400, "shelf count"),
+        ("adjust_inventory", 303, "shelf count"),
+        ("adjust_inventory", 200, "shelf count"),
+        ("adjust_inventory", 409, "shelf count"),
+        ("adjust_inventory", 400, None),
+        ("adjust_inventory", 400, "shelf count"),
+        ("adjust_inventory", 400, "shelf count"),
+        ("adjust_inventory", 200, "two broken in the van"),
+        ("adjust_inventory", 200, "two broken in the van"),
     ]
+
+
+def test_a_scripted_refund_in_minor_units_without_an_amount_refunds_the_rest_once(paid_order):
+    app, client, token, ref, oid, total, sock = paid_order
+    part = {"csrf_token": token, "amount": "400", "reason": "late delivery", "restock": "no"}
+    assert client.post(f"/console/orders/{ref}/refund", data=part, headers=JSON).get_json()["refundable"] == total - 400
+    # No request key: the same submission sent again is the same refund.
+    assert client.post(f"/console/orders/{ref}/refund", data=part, headers=JSON).get_json()["already"] is True
+    rest = {"csrf_token": token, "reason": "customer returned everything", "restock": "yes"}
+    answer = client.post(f"/console/orders/{ref}/refund", data=rest, headers=JSON).get_json()
+    assert (answer["amount"], answer["refundable"], answer["restocked"]) == (total - 400, 0, True)
+    assert [r.amount for r in _rows(app, Refund, order_id=oid)] == [400, total - 400]
+    wrong = [
+        ({"amount": "1.50"}, "smallest unit"),
+        ({"restock": "maybe"}, "restock must be yes or no"),
+    ]
+    for extra, words in wrong:
+        r = client.post(f"/console/orders/{ref}/refund", data={**part, **extra}, headers=JSON)
+        assert r.status_code == 400 and words in r.get_json()["error"], extra
+    nothing = client.post(f"/console/orders/{ref}/refund", data={**rest, "reason": "again"}, headers=JSON)
+    assert nothing.status_code == 409 and nothing.get_json()["why"] == "nothing_left"
 
 
 def test_the_order_page_and_the_restore_warnings_lead_to_the_stock_page(paid_order):
     app, client, token, ref, oid, total, sock = paid_order
     page = client.get(f"/console/orders/{ref}").get_data(as_text=True)
-    assert f'href="/console/stock/{sock}"' in page
+    assert f'href="/console/inventory/{sock}"' in page
     assert f'href="/console/orders/{ref}/refund"' in page and f'href="/console/orders/{ref}/emails"' in page
     warnings = client.get("/console/restore-warnings").get_data(as_text=True)
-    assert 'href="/console/stock"' in warnings
+    assert 'href="/console/inventory"' in warnings
