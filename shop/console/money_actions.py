@@ -133,7 +133,7 @@ def _order_or_404(reference: str):
 
 def _refund_page(order, *, step: str, status: int = 200, error: str | None = None, **extra):
     left = refundable_now(order.id)
-    refunds = db.session.execute(select_refunds(order.id)).scalars().all()
+    refunds = db.session.execute(select(Refund).where(Refund.order_id == order.id).order_by(Refund.id)).scalars()
     data = {
         "reference": order.reference,
         "status": order.status.value,
@@ -163,13 +163,10 @@ def _refund_page(order, *, step: str, status: int = 200, error: str | None = Non
         status,
         order=order,
         lines=order.lines,
-        major=major,
         example=format_example(order.currency),
+        # The form's mistake is said beside the form (the layout's own line stays out).
+        error_field="amount" if error and step == "form" else None,
     )
-
-
-def select_refunds(order_id: int):
-    return select(Refund).where(Refund.order_id == order_id).order_by(Refund.id)
 
 
 @bp.get("/orders/<reference>/refund")
