@@ -118,6 +118,10 @@ def test_a_refund_is_asked_confirmed_then_made_once_however_often_the_confirmati
         t["kind"] == "refund" and t["what"] == "refund by night-shift@example.com" and "stock put back" in t["detail"]
         for t in detail["timeline"]
     )
+    # The customer's page says what it is, not "already paid" (a second payment's words).
+    token_of_order = _rows(app, Order, id=oid)[0].access_token
+    customer = app.test_client().get(f"/orders/{ref}", query_string={"token": token_of_order}).get_data(as_text=True)
+    assert "a refund our team made on this order" in customer and "already paid" not in customer
     listed = client.get("/console/refunds", headers=JSON).get_json()["refunds"]
     assert [(r["order_reference"], r["amount"]) for r in listed] == [(ref, 150)]
     audit = [(a.action, a.status, a.reason, a.order_id) for a in _rows(app, OperatorAction)]
