@@ -156,7 +156,9 @@ def execute_refund(refund_id: int, now: datetime) -> None:
         )
     except gateway.ProviderRefused as exc:
         refund.last_error = str(exc)
-        if exc.code == "charge_already_refunded":
+        # Late money's whole payment already back is this refund done; an operator's part of a
+        # payment that something else refunded in full is not: it dead-letters for a human.
+        if exc.code == "charge_already_refunded" and not by_operator:
             refund.status = SUCCEEDED
             refund.payment_intent_id = intent
             end_watch_when_all_refunded(refund)
