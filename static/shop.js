@@ -33,6 +33,14 @@
   }
 
   /* The same string as shop/orders/views.py, watch_state. */
+  /* A table too wide for the screen scrolls inside itself (shop.css); a keyboard reaches it only
+     if it can take the focus, so such a table gets tabindex="0" (and only such a table). */
+  function reachable(root) {
+    root.querySelectorAll(".console-table, table.lines").forEach(function (el) {
+      if (el.scrollWidth > el.clientWidth + 1 && !el.hasAttribute("tabindex")) { el.setAttribute("tabindex", "0"); }
+    });
+  }
+
   function stateOf(json) {
     return [json.status, json.payment ? json.payment.status : "-", json.inventory_restored ? "restored" : "-",
             (json.refunds || []).map(function (r) { return r.status; }).join(",")].join("/");
@@ -68,6 +76,7 @@
                   else { main.removeAttribute(name); }
                 });
                 localise(main);
+                reachable(main);
               });
         })
         .catch(function () { /* offline for a moment: the next tick tries again */ })
@@ -107,6 +116,7 @@
           flashes.reverse().forEach(function (el) { main.insertBefore(el, main.firstChild); });
           last = Date.now();
           localise(main);
+          reachable(main);
           label();
         })
         .catch(function () { /* the next tick tries again; the label shows how stale the page is */ })
@@ -123,6 +133,7 @@
       window.history.replaceState(null, "", address);
     }
     localise(document);
+    reachable(document);
     var main = document.querySelector("main[data-poll]");
     if (main) { poll(main); }
     var refreshing = document.querySelector("main[data-refresh]");

@@ -180,6 +180,8 @@ def refund_json(refund: Refund, reference: str | None, now: datetime) -> dict:
         "settled_at": iso(refund.settled_at),
         "settled_by": refund.settled_by,
         "settlement_reason": refund.settlement_reason,
+        "requested_by": refund.requested_by,
+        "restock": refund.restock,
         "created_at": iso(refund.created_at),
         "updated_at": iso(refund.updated_at),
         "age_seconds": age_seconds(now, refund.created_at),

@@ -242,7 +242,11 @@ def _refund_timeline(refund: Refund) -> list[tuple]:
     """A refund's moments on the order's timeline: made, failed (the last failure), succeeded,
     settled outside the shop."""
     money = human_money(refund.amount, refund.currency)
-    items = [(refund.created_at, "refund", "refund created", f"{money}: {refund.reason}")]
+    if refund.requested_by:  # an operator's refund of a paid order
+        stock = ", stock put back" if refund.restock else ""
+        items = [(refund.created_at, "refund", f"refund by {refund.requested_by}", f"{money}: {refund.reason}{stock}")]
+    else:
+        items = [(refund.created_at, "refund", "refund created", f"{money}: {refund.reason}")]
     if refund.failed_at is not None:
         items.append(
             (

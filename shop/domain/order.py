@@ -39,6 +39,9 @@ class Transition(StrEnum):
     MARK_PAYMENT_FAILED = "mark_payment_failed"
     CANCEL = "cancel"
     MARK_INVENTORY_RESTORED = "mark_inventory_restored"
+    # A paid order's stock given back with an operator's refund: the same marker as the
+    # compensation's, so the stock comes back once whichever path gives it.
+    RESTOCK_PAID = "restock_paid"
 
 
 T = Transition
@@ -51,6 +54,7 @@ ALLOWED = {
     T.MARK_PAYMENT_FAILED: frozenset({S.PAYMENT_INITIATED}),
     T.CANCEL: frozenset({S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED}),
     T.MARK_INVENTORY_RESTORED: frozenset({S.CANCELLED}),
+    T.RESTOCK_PAID: frozenset({S.PAID}),
 }
 
 # States in which an order still holds stock and waits for money; LIVE adds the one in which
@@ -161,6 +165,18 @@ class OrderRules:
         if self.status is not S.CANCELLED:
             return Refused(
                 "order_not_cancelled", "only a cancelled order's stock can be restored", {"status": self.status.value}
+            )
+        if self.inventory_restored:
+            return Refused("inventory_already_restored", "this order's stock was already restored")
+        self.inventory_restored = True
+        return Ok(())
+
+    def restock_paid(self):
+        """The marker again, for a paid order an operator refunds with its stock given back; it
+        is the compensation's own, so a later restore of the order finds it set."""
+        if self.status is not S.PAID:
+            return Refused(
+                "order_not_paid", "only a paid order is restocked with a refund", {"status": self.status.value}
             )
         if self.inventory_restored:
             return Refused("inventory_already_restored", "this order's stock was already restored")

@@ -56,3 +56,22 @@ def after_report(current: RefundStatus, reported: RefundStatus) -> RefundStatus 
 def needs_operator(status: RefundStatus, settled: bool) -> bool:
     """The money did not go back and nobody has dealt with it yet."""
     return status in NOT_RETURNED and not settled
+
+
+def refundable(paid: int, refunded: list[int]) -> int:
+    """What is left of a payment to refund: what was paid less every refund already made of it,
+    pending, succeeded, settled outside the shop or failed (a failed one's money waits for an
+    operator's retry, which would take it)."""
+    return max(0, paid - sum(refunded))
+
+
+def refund_amount_problem(amount: int | None, left: int) -> str | None:
+    """Why an operator's refund amount cannot be refunded (a code), or None: `not_positive`,
+    `nothing_left`, `over_refundable`."""
+    if amount is None or amount <= 0:
+        return "not_positive"
+    if left <= 0:
+        return "nothing_left"
+    if amount > left:
+        return "over_refundable"
+    return None

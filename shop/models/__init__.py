@@ -25,6 +25,8 @@ from .ops import (
     Operator,
     OperatorAction,
     PrunedDetail,
+    EmailResend,
+    StockCorrection,
 )
 
 __all__ = [
@@ -56,4 +58,6 @@ __all__ = [
     "Operator",
     "OperatorAction",
     "PrunedDetail",
+    "EmailResend",
+    "StockCorrection",
 ]

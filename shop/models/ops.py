@@ -1,7 +1,7 @@
 from enum import StrEnum
 
 from flask_login import UserMixin
-from sqlalchemy import Index, Integer, String, Text
+from sqlalchemy import ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ..extensions import db
@@ -118,3 +118,39 @@ class PrunedDetail(db.Model):
     operator_actions: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
     first_pruned_at = mapped_column(UTCDateTime, nullable=False)
     last_pruned_at = mapped_column(UTCDateTime, nullable=False)
+
+
+class EmailResend(db.Model):
+    """An email an operator sent an order's customer again (shop.orders.resend_email): one row
+    per submission, so the same click sent twice sends once; the send itself is a `send_email`
+    command (`command_id`), retried and dead-lettered like every email."""
+
+    __tablename__ = "email_resends"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    order_id: Mapped[int] = mapped_column(ForeignKey("orders.id"), index=True)
+    template: Mapped[str] = mapped_column(String(40))
+    operator: Mapped[str] = mapped_column(String(254))
+    request_key: Mapped[str] = mapped_column(String(64), unique=True)
+    command_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+
+
+class StockCorrection(db.Model):
+    """One correction of a variant's stock by an operator (shop.orders.stock): who, when, the
+    stock before and after, and why. `mode` is `set` (to a count) or `adjust` (by a delta). One
+    row per submission (`request_key`): the same click sent twice corrects once."""
+
+    __tablename__ = "stock_corrections"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    variant_id: Mapped[int] = mapped_column(ForeignKey("variants.id"), index=True)
+    operator: Mapped[str] = mapped_column(String(254))
+    mode: Mapped[str] = mapped_column(String(10))
+    old_on_hand: Mapped[int] = mapped_column(Integer)
+    new_on_hand: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(Text)
+    request_key: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+
+    @property
+    def delta(self) -> int:
+        return self.new_on_hand - self.old_on_hand

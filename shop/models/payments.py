@@ -1,6 +1,6 @@
 from enum import StrEnum
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, false, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ..extensions import db
@@ -99,10 +99,31 @@ class Refund(db.Model):
     settled_at = mapped_column(UTCDateTime, nullable=True)
     settled_by: Mapped[str | None] = mapped_column(String(254), nullable=True)
     settlement_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # An operator's refund of a paid order (shop.payments.operator_refunds): the key of the
+    # submission that asked for it (a double submit finds this row and refunds nothing more), who
+    # asked, and whether the order's stock was given back with it. Null for late money.
+    request_key: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True)
+    requested_by: Mapped[str | None] = mapped_column(String(254), nullable=True)
+    restock: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false(), nullable=False)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     updated_at = mapped_column(UTCDateTime, default=now_utc, onupdate=now_utc, nullable=False)
 
-    __table_args__ = (UniqueConstraint("order_id", "session_id", name="uq_refunds_order_session"),)
+    # Late money: one refund per (order, session). An operator may refund a paid order's session
+    # in several parts, each its own row with its own request key.
+    __table_args__ = (
+        Index(
+            "uq_refunds_order_session",
+            "order_id",
+            "session_id",
+            unique=True,
+            postgresql_where=text("request_key IS NULL"),
+            sqlite_where=text("request_key IS NULL"),
+        ),
+    )
+
+    @property
+    def by_operator(self) -> bool:
+        return self.request_key is not None
 
 
 class KeyValue(db.Model):

@@ -274,15 +274,26 @@ def _session_events_of(page) -> list[SessionEvent]:
 
 
 def create_refund(
-    *, order_id: int, session_id: str, payment_intent: str, amount: int, reason: str, attempt: int = 1
+    *,
+    order_id: int,
+    session_id: str,
+    payment_intent: str,
+    amount: int,
+    reason: str,
+    attempt: int = 1,
+    refund_id: int | None = None,
 ) -> RefundView:
     """One refund at the provider per (order, session, attempt): a retry of the same attempt is
     replayed, a new attempt (after the last one failed) refunds again. The first attempt keeps
     the key and metadata refunds had before attempts existed, so a command re-run across a
-    deploy is still a replay and not an idempotency error."""
+    deploy is still a replay and not an idempotency error. An operator's refund (`refund_id`)
+    is one of possibly several of the same session: its key and metadata name the refund."""
     key = f"backstop-refund-order-{order_id}-session-{session_id}"
     metadata = {"order_id": str(order_id), "session_id": session_id, "reason": reason}
-    if attempt > 1:
+    if refund_id is not None:
+        key = f"backstop-refund-{refund_id}-order-{order_id}"
+        metadata["refund_id"] = str(refund_id)
+    if attempt > 1 or refund_id is not None:
         key += f"-attempt-{attempt}"
         metadata["attempt"] = str(attempt)
     refund = _call(

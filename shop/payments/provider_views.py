@@ -52,6 +52,7 @@ class RefundView:
     order_id: int | None  # from metadata: the shop's own (order, session, attempt)
     session_id: str | None
     attempt: int | None
+    refund_id: int | None = None  # from metadata: an operator's refund names the shop's row
 
 
 def refund_view(obj) -> RefundView:
@@ -80,6 +81,7 @@ def refund_view(obj) -> RefundView:
         order_id=number(metadata.get("order_id")),
         session_id=text(metadata.get("session_id")),
         attempt=number(metadata.get("attempt")) or 1,
+        refund_id=number(metadata.get("refund_id")) or None,
     )
 
 

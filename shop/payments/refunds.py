@@ -50,8 +50,10 @@ log = logging.getLogger("shop.payments")
 
 def record_late_payment(order: LoadedOrder, view, reason: str, now: datetime) -> bool:
     session = db.session
+    # Late money's own rows only (uq_refunds_order_session covers just those): an operator's
+    # refund of part of a payment is not the refund of that payment arriving late.
     existing = session.execute(
-        select(Refund.id).where(Refund.order_id == order.id, Refund.session_id == view.id)
+        select(Refund.id).where(Refund.order_id == order.id, Refund.session_id == view.id, Refund.request_key.is_(None))
     ).first()
     if existing:
         return False
@@ -79,6 +81,42 @@ def record_late_payment(order: LoadedOrder, view, reason: str, now: datetime) ->
     return True
 
 
+def record_operator_refund(
+    order: LoadedOrder, *, amount: int, reason: str, request_key: str, operator: str, restock: bool, now: datetime
+) -> Refund:
+    """An operator's refund of (part of) a paid order: a Refund row named by the submission's
+    `request_key` and a refund command, in the caller's transaction, followed to the provider's
+    final word like late money (webhook, sweep's watch, retry or settle). The caller checked the
+    amount against what is left (shop.domain.refunds.refundable) with the order locked."""
+    refund = Refund(
+        order_id=order.id,
+        session_id=order.payment_session_id,
+        amount=amount,
+        currency=order.currency,
+        reason=reason[:200],
+        status=PENDING,
+        attempts=1,
+        request_key=request_key,
+        requested_by=operator,
+        restock=restock,
+        created_at=now,
+        updated_at=now,
+    )
+    db.session.add(refund)
+    db.session.flush()  # a second submission of the same key fails here (IntegrityError)
+    schedule_command(db.session, "refund_payment", now, order_id=order.id, payload={"refund_id": refund.id}, now=now)
+    log.warning(
+        "order %s: %s refunds %s %s (%s)%s",
+        order.reference,
+        operator,
+        amount,
+        order.currency,
+        reason,
+        ", stock given back" if restock else "",
+    )
+    return refund
+
+
 def execute_refund(refund_id: int, now: datetime) -> None:
     """Runs as a scheduled command; raising lets the runner retry with backoff / dead-letter.
 
@@ -98,12 +136,13 @@ def execute_refund(refund_id: int, now: datetime) -> None:
             raise LookupError(
                 f"the provider names no payment for session {refund.session_id} yet; refund {refund_id} cannot be made"
             )
-    order_id, session_id, amount, reason, attempt = (
+    order_id, session_id, amount, reason, attempt, by_operator = (
         refund.order_id,
         refund.session_id,
         refund.amount,
         refund.reason,
         refund.attempts,
+        refund.by_operator,
     )
     try:
         view = gateway.create_refund(
@@ -113,10 +152,13 @@ def execute_refund(refund_id: int, now: datetime) -> None:
             amount=amount,
             reason=reason,
             attempt=attempt,
+            refund_id=refund_id if by_operator else None,
         )
     except gateway.ProviderRefused as exc:
         refund.last_error = str(exc)
-        if exc.code == "charge_already_refunded":
+        # Late money's whole payment already back is this refund done; an operator's part of a
+        # payment that something else refunded in full is not: it dead-letters for a human.
+        if exc.code == "charge_already_refunded" and not by_operator:
             refund.status = SUCCEEDED
             refund.payment_intent_id = intent
             end_watch_when_all_refunded(refund)
@@ -211,8 +253,12 @@ def _reported_refund(view: gateway.RefundView) -> Refund | None:
     ).scalar_one_or_none()
     if refund is not None or view.order_id is None or not view.session_id:
         return refund
+    # An operator's refund is one of several of its session: its metadata names the row.
+    mine = Refund.id == view.refund_id if view.refund_id else Refund.request_key.is_(None)
     refund = db.session.execute(
-        select(Refund).where(Refund.order_id == view.order_id, Refund.session_id == view.session_id).with_for_update()
+        select(Refund)
+        .where(Refund.order_id == view.order_id, Refund.session_id == view.session_id, mine)
+        .with_for_update()
     ).scalar_one_or_none()
     if refund is None or refund.provider_refund_id is not None or refund.attempts != view.attempt:
         return None

@@ -277,6 +277,11 @@ TRANSITIONS = {
         _guarded(T.MARK_INVENTORY_RESTORED).values(inventory_restored=True, updated_at=_NOW),
         (),
     ),
+    # Not a state change a paid order's age counts from: updated_at stays.
+    T.RESTOCK_PAID: (
+        _guarded(T.RESTOCK_PAID).values(inventory_restored=True, updated_at=_orders.c.updated_at),
+        (),
+    ),
 }
 
 

@@ -67,6 +67,7 @@ TRANSITIONS = {
     "mark_payment_failed": (S.PAYMENT_INITIATED, lambda o: o.mark_payment_failed("declined")),
     "cancel": (S.PAYMENT_INITIATED, lambda o: o.cancel(CANCELLED_BY_CUSTOMER)),
     "mark_inventory_restored": (S.CANCELLED, lambda o: o.mark_inventory_restored()),
+    "restock_paid": (S.PAID, lambda o: o.restock_paid()),
 }
 
 

@@ -1,0 +1,163 @@
+"""The emails an order was sent, and an operator's resend of one of them.
+
+Which emails an order had is read from the work that sent them: the confirmation and the
+cancellation notice are deliveries of their event (saga.notifications), the others `send_email`
+commands (a failed payment, a refund, and earlier resends). A resend is one more `send_email`
+command, the same path with the same retries and dead letter; the email is rendered when it is
+sent, from what the order is then, and one that would no longer be true is refused up front
+(emails.render). Each resend is an `email_resends` row named by the submission's key, written in
+the command's transaction: the same click sent twice sends once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from .. import emails
+from ..domain.deadlines import utcnow
+from ..domain.order import cancelled_because
+from ..extensions import db
+from ..models import EmailResend, Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
+from ..outbox import schedule_command, uow
+from .notifications import CANCELLATION_EMAILS
+
+log = logging.getLogger("shop.saga")
+
+# What each email is, in an operator's words.
+EMAIL_NAMES = {
+    "order_paid": "Order confirmation (paid)",
+    "order_cancelled": "Cancellation notice (cancelled by the customer)",
+    "order_expired": "Cancellation notice (payment window ran out)",
+    "payment_failed": "Payment failed",
+    "refund_issued": "Refund issued",
+    "refund_failed": "Refund did not go through",
+}
+
+
+@dataclass
+class SentEmail:
+    template: str
+    name: str
+    sent_at: datetime | None
+    via: str  # "event" or "command"
+    work_id: int
+    resent_by: str | None = None
+
+
+def sent_emails(order_id: int) -> list[SentEmail]:
+    """Every email the order was sent (its sending work done), oldest first."""
+    session = db.session
+    found: list[SentEmail] = []
+    deliveries = session.execute(
+        select(OutboxDelivery.id, OutboxDelivery.handler, OutboxDelivery.completed_at, OutboxEvent.payload)
+        .join(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id)
+        .where(
+            OutboxDelivery.order_id == order_id,
+            OutboxDelivery.status == WorkStatus.DONE,
+            OutboxDelivery.handler.in_(("send_order_confirmation", "send_cancellation_email")),
+        )
+    ).all()
+    for d in deliveries:
+        if d.handler == "send_order_confirmation":
+            template = "order_paid"
+        else:
+            template = CANCELLATION_EMAILS.get(cancelled_because((d.payload or {}).get("reason", "")))
+        if template:
+            found.append(SentEmail(template, EMAIL_NAMES[template], d.completed_at, "event", d.id))
+    resent = dict(
+        session.execute(
+            select(EmailResend.command_id, EmailResend.operator).where(EmailResend.order_id == order_id)
+        ).all()
+    )
+    commands = session.execute(
+        select(ScheduledCommand.id, ScheduledCommand.payload, ScheduledCommand.completed_at).where(
+            ScheduledCommand.order_id == order_id,
+            ScheduledCommand.kind == "send_email",
+            ScheduledCommand.status == WorkStatus.DONE,
+        )
+    ).all()
+    for c in commands:
+        template = (c.payload or {}).get("template")
+        if template in EMAIL_NAMES:
+            found.append(SentEmail(template, EMAIL_NAMES[template], c.completed_at, "command", c.id, resent.get(c.id)))
+    return sorted(found, key=lambda e: (e.sent_at is None, e.sent_at or datetime.min, e.work_id))
+
+
+class ResendOutcome(StrEnum):
+    DONE = "done"
+    ALREADY = "already"  # this very submission was sent before: nothing more
+    REFUSED = "refused"
+    MISSING = "missing"  # no such order
+
+
+@dataclass
+class Resend:
+    """`why` for REFUSED: `not_sent` (the order never had this email), `no_longer_true` (it would
+    now say something the order has moved past)."""
+
+    outcome: ResendOutcome
+    order_id: int
+    template: str
+    why: str | None = None
+    command_id: int | None = None
+
+
+def resend_email(
+    order_id: int, template: str, *, operator: str, request_key: str, now: datetime | None = None
+) -> Resend:
+    now = now or utcnow()
+    try:
+        return _resend_once(order_id, template, operator, request_key, now)
+    except IntegrityError:
+        earlier = _earlier(request_key)
+        if earlier is None:
+            raise
+        return earlier
+
+
+def _earlier(request_key: str) -> Resend | None:
+    row = db.session.execute(select(EmailResend).where(EmailResend.request_key == request_key)).scalar_one_or_none()
+    if row is None:
+        return None
+    return Resend(ResendOutcome.ALREADY, row.order_id, row.template, command_id=row.command_id)
+
+
+def _resend_once(order_id: int, template: str, operator: str, request_key: str, now: datetime) -> Resend:
+    with uow.transaction() as session:
+        earlier = _earlier(request_key)
+        if earlier is not None:
+            return earlier
+        order = session.get(Order, order_id)
+        if order is None:
+            return Resend(ResendOutcome.MISSING, order_id, template)
+        if template not in {e.template for e in sent_emails(order_id)}:
+            return Resend(ResendOutcome.REFUSED, order_id, template, "not_sent")
+        if emails.render(template, order) is None:
+            return Resend(ResendOutcome.REFUSED, order_id, template, "no_longer_true")
+        command_id = schedule_command(
+            session,
+            "send_email",
+            now,
+            order_id=order_id,
+            payload={"template": template, "resent_by": operator},
+            now=now,
+        )
+        session.add(
+            EmailResend(
+                order_id=order_id,
+                template=template,
+                operator=operator,
+                request_key=request_key,
+                command_id=command_id,
+                created_at=now,
+            )
+        )
+        session.flush()
+        log.warning("order %s: %s sent the %s email again (cmd-%s)", order.reference, operator, template, command_id)
+        return Resend(ResendOutcome.DONE, order_id, template, command_id=command_id)

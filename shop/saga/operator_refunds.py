@@ -1,0 +1,165 @@
+"""An operator refunds a paid order, in full or in part, and may give its stock back with it.
+
+One transaction: the order locked (two refunds of one order cannot both take what is left), the
+amount checked against what is left to refund (shop.domain.refunds), the refund row and its
+command written (payments.refunds: the same command, Idempotency-Key, webhook, sweep watch,
+retry and settle as late money), and, when asked, the stock given back by the compensation's own
+path (saga.inventory.restock_paid_order: the order's marker, so it comes back once, never again
+with a later restore). The submission's `request_key` makes a double submit or a retried POST
+refund once: the second finds the first's row and answers ALREADY.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from ..domain.deadlines import utcnow
+from ..domain.order import OrderStatus
+from ..domain.refunds import refund_amount_problem, refundable
+from ..extensions import db
+from ..models import Order, Refund
+from ..outbox import uow
+from ..payments.refunds import record_operator_refund
+from ..store import order_store
+from .inventory import RestoreOutcome, restock_paid_order
+
+log = logging.getLogger("shop.saga")
+
+
+class RefundOutcome(StrEnum):
+    DONE = "done"
+    ALREADY = "already"  # this very submission was refunded before: nothing more
+    REFUSED = "refused"
+    MISSING = "missing"  # no such order
+
+
+@dataclass
+class OrderRefund:
+    """What `refund_order` did, in codes and facts (the console says it in words).
+    `why`: the refusal's code (`not_paid`, `no_payment`, `not_positive`, `nothing_left`,
+    `over_refundable`, `no_reason`, `already_restocked`, `restock_refused`); `left`: what was
+    left to refund before this one (after it, for DONE); `restock_words`: what the restock gave
+    back, or why it could not."""
+
+    outcome: RefundOutcome
+    order_id: int
+    why: str | None = None
+    refund_id: int | None = None
+    amount: int | None = None
+    currency: str | None = None
+    left: int | None = None
+    restocked: bool = False
+    restock_words: str = ""
+    status: OrderStatus | None = None
+
+
+def refunded_so_far(order_id: int, session_id: str | None) -> list[int]:
+    """The amounts of every refund of the order's paid session (see domain.refunds.refundable)."""
+    return list(
+        db.session.execute(
+            select(Refund.amount).where(Refund.order_id == order_id, Refund.session_id == session_id)
+        ).scalars()
+    )
+
+
+def refundable_now(order_id: int) -> int | None:
+    """What is left to refund of a paid order now (None: not a paid order), for the form."""
+    order = db.session.get(Order, order_id)
+    if order is None or order.status is not OrderStatus.PAID or not order.payment_session_id:
+        return None
+    return refundable(order.total, refunded_so_far(order_id, order.payment_session_id))
+
+
+def refund_order(
+    order_id: int,
+    *,
+    amount: int | None,
+    reason: str,
+    restock: bool,
+    request_key: str,
+    operator: str,
+    now: datetime | None = None,
+) -> OrderRefund:
+    """`amount` in minor units, None for all that is left."""
+    now = now or utcnow()
+    try:
+        return _refund_once(order_id, amount, (reason or "").strip(), restock, request_key, operator, now)
+    except IntegrityError:
+        # The same key committed meanwhile by a submission that did not wait on the order's lock:
+        # this one rolled back whole (its restock included); the other's refund is the answer.
+        earlier = db.session.execute(select(Refund).where(Refund.request_key == request_key)).scalar_one_or_none()
+        if earlier is None:
+            raise
+        return _already(order_id, earlier)
+
+
+def _already(order_id: int, earlier: Refund) -> OrderRefund:
+    return OrderRefund(
+        RefundOutcome.ALREADY,
+        order_id,
+        refund_id=earlier.id,
+        amount=earlier.amount,
+        currency=earlier.currency,
+        restocked=earlier.restock,
+    )
+
+
+def _refund_once(order_id, amount, reason, restock, request_key, operator, now) -> OrderRefund:
+    with uow.transaction() as session:
+        # The order's row locked first (PostgreSQL; SQLite's write transaction is already alone):
+        # a concurrent submission of the same key waits here, then finds the row written below.
+        locked = session.execute(select(Order.id).where(Order.id == order_id).with_for_update()).first()
+        if locked is None:
+            return OrderRefund(RefundOutcome.MISSING, order_id)
+        earlier = session.execute(select(Refund).where(Refund.request_key == request_key)).scalar_one_or_none()
+        if earlier is not None:
+            return _already(order_id, earlier)
+        order = order_store.read(order_id, fresh=True)
+
+        def refused(why: str, **facts) -> OrderRefund:
+            return OrderRefund(
+                RefundOutcome.REFUSED, order_id, why, currency=order.currency, status=order.status, **facts
+            )
+
+        if order.status is not OrderStatus.PAID:
+            return refused("not_paid")
+        if not order.payment_session_id:
+            return refused("no_payment")
+        left = refundable(order.total, refunded_so_far(order_id, order.payment_session_id))
+        if amount is None:  # the rest
+            amount = left
+            if left <= 0:
+                return refused("nothing_left", left=left)
+        problem = refund_amount_problem(amount, left)
+        if problem is not None:
+            return refused(problem, amount=amount, left=left)
+        if not reason:
+            return refused("no_reason", amount=amount, left=left)
+        if restock and order.inventory_restored:
+            return refused("already_restocked", amount=amount, left=left)
+        words = ""
+        if restock:
+            # Before the refund row: a refused restock leaves nothing written.
+            given, words = restock_paid_order(order_id, now)
+            if given is not RestoreOutcome.RESTORED:
+                return refused("restock_refused", amount=amount, left=left, restock_words=words)
+        refund = record_operator_refund(
+            order, amount=amount, reason=reason, request_key=request_key, operator=operator, restock=restock, now=now
+        )
+        return OrderRefund(
+            RefundOutcome.DONE,
+            order_id,
+            refund_id=refund.id,
+            amount=amount,
+            currency=order.currency,
+            left=left - amount,
+            restocked=restock,
+            restock_words=words,
+            status=order.status,
+        )

@@ -1,0 +1,128 @@
+"""The operator's refund, email-resend and stock-correction pages in a real browser, at a desktop
+(1280 px) and a phone (390 px) width: each page passes the accessibility checker (axe-core: nothing
+serious or critical), no control sits off the screen on the phone, and each action goes through
+from its button (a refund only after its confirmation step)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from browser.test_console_phone import OVERFLOW
+from browser.test_storefront_pages import axe_problems
+from payment_helpers import Shopper, order_id, run_everything
+from shop.extensions import db
+from shop.models import EmailResend, Order, Refund, StockCorrection
+from shop.payments.apply import reconcile_order
+from shop.seed import upsert_operator
+
+pytestmark = pytest.mark.shop(served=True)  # over real HTTP, registered with the sandbox
+
+expect = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed").expect
+
+WIDTHS = {"desktop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}
+
+
+def _paid_order(app, sandbox) -> tuple[str, int]:
+    order = Shopper(app, app.skus).place("SOCK-M", 2)
+    sandbox.set_outcome(order["payment"]["session_id"], "paid")
+    oid = order_id(app, order["reference"])
+    with app.app_context():
+        # The webhook may have applied the payment already; either way the order is paid now.
+        assert reconcile_order(oid).outcome in ("paid", "noop")
+        assert db.session.get(Order, oid).status == "Paid"
+        db.session.remove()
+    run_everything(app)  # the confirmation email goes out
+    return order["reference"], oid
+
+
+def _count(app, model, **where) -> int:
+    with app.app_context():
+        n = len(db.session.execute(select(model).filter_by(**where)).scalars().all())
+        db.session.remove()
+        return n
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_refund_resend_and_stock_pages_work_and_pass_the_checker_at_both_widths(browser, shop, sandbox, width):
+    pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
+    app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
+    with app.app_context():
+        upsert_operator("ops@example.com", "correct horse battery")
+        db.session.remove()
+    reference, oid = _paid_order(app, sandbox)
+    sock = app.skus["SOCK-M"]
+    viewport = WIDTHS[width]
+    context = browser.new_context(viewport=viewport, is_mobile=width == "phone", device_scale_factor=1)
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    found: dict[str, list] = {}
+
+    def check(name: str) -> None:
+        page.wait_for_load_state()
+        problems = axe_problems(page)
+        if width == "phone":
+            layout = page.evaluate(OVERFLOW, viewport["width"])
+            scroll_width, client_width = layout["doc"]
+            if scroll_width > client_width:
+                problems.append(f"page {scroll_width} px wide on a {client_width} px screen")
+            problems += [f"off screen: {o}" for o in layout["out"][:5]]
+            problems += [f"letter-by-letter: {n}" for n in layout["narrow"][:5]]
+        found[name] = problems
+
+    try:
+        page.goto(f"{base_url}/console/login")
+        page.get_by_label("Email").fill("ops@example.com")
+        page.get_by_label("Password").fill("correct horse battery")
+        page.get_by_role("button", name="Log in").click()
+        page.wait_for_url(f"{base_url}/console/")
+
+        # Refund: the order page's link, the form, the confirmation step, then the money moves.
+        page.goto(f"{base_url}/console/orders/{reference}")
+        page.get_by_role("link", name="Refund…").click()
+        check("refund form")
+        page.get_by_label("Amount to refund").fill("9999")
+        page.get_by_label("Why").fill("one sock arrived torn")
+        page.get_by_role("button", name="Review the refund").click()
+        expect(page.get_by_role("alert")).to_contain_text("more than is left to refund")
+        check("refund form with a mistake")
+        page.get_by_label("Amount to refund").fill("1.25")
+        page.get_by_label("Why").fill("one sock arrived torn")
+        page.get_by_label("Put this order's stock back").check()
+        page.get_by_role("button", name="Review the refund").click()
+        expect(page.get_by_role("heading", name="Refund $1.25?")).to_be_visible()
+        check("refund confirmation")
+        assert _count(app, Refund, order_id=oid) == 0
+        page.get_by_role("button", name="Yes, refund $1.25").click()
+        expect(page.locator("p.flash", has_text="Refunding $1.25 to the customer's payment")).to_be_visible()
+        check("order after the refund")
+        assert _count(app, Refund, order_id=oid) == 1
+
+        # Emails: the order page's link, the list, one sent again.
+        page.get_by_role("link", name="Emails sent…").click()
+        check("order emails")
+        page.get_by_role("button", name="Send the Order confirmation (paid) email again").click()
+        expect(page.locator("p.flash", has_text="is on its way to")).to_be_visible()
+        assert _count(app, EmailResend, order_id=oid) == 1
+
+        # Stock: from the order's line to the variant's page, corrected with a reason.
+        page.goto(f"{base_url}/console/orders/{reference}")
+        page.get_by_role("link", name=f"variant {sock}: stock").click()
+        check("stock page")
+        page.get_by_label("Or adjust by a change").fill("-1")
+        page.get_by_label("Why the stock changes").fill("one found damaged")
+        page.get_by_label("Adjust this variant's stock").check()
+        page.get_by_role("button", name="Adjust the stock").click()
+        expect(page.locator("p.flash", has_text=f"Stock of variant {sock} corrected")).to_be_visible()
+        expect(page.get_by_role("cell", name="one found damaged")).to_be_visible()
+        check("stock page after a correction")
+        assert _count(app, StockCorrection, variant_id=sock) == 1
+        page.goto(f"{base_url}/console/inventory")
+        check("stock list")
+        page.goto(f"{base_url}/console/restore-warnings")
+        page.get_by_role("link", name="correct the stock").first.click()
+        expect(page).to_have_url(f"{base_url}/console/inventory")
+    finally:
+        context.close()
+    problems = {name: problems for name, problems in found.items() if problems}
+    assert problems == {}, "\n".join(f"{n}: {p}" for n, ps in problems.items() for p in ps)

@@ -1,0 +1,173 @@
+"""An operator refunds a paid order, in full or in parts, through the provider's real refund API
+(the sandbox over HTTP): a double submit refunds once, no refund takes more than is left, and
+the stock an operator puts back with a refund comes back once, whatever restore runs after."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from factories import seed_catalog_rows
+from payment_helpers import Shopper, order_id, run_due_commands
+from shop.domain.deadlines import utcnow
+from shop.domain.events import OrderCancelled
+from shop.extensions import db
+from shop.models import InventoryItem, Order, Refund
+from shop.orders.cancel import CancelStatus, cancel_order
+from shop.outbox import uow
+from shop.payments.apply import reconcile_order
+from shop.saga.inventory import RestoreOutcome, restore_inventory
+from shop.saga.operator_refunds import RefundOutcome, refund_order
+
+OPERATOR = "night-shift@example.com"
+
+
+@pytest.fixture
+def paid(monkeypatch, tmp_path, make_fresh_app, sandbox):
+    """A paid order of 2 x SOCK-M: (app, order id, its total, the sock's variant id). Its mail
+    (the refund's email) goes to this test's own folder."""
+    monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
+    monkeypatch.delenv("SMTP_URL", raising=False)
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
+    skus = seed_catalog_rows(app)
+    shopper = Shopper(app, skus)
+    order = shopper.place("SOCK-M", 2)
+    sandbox.set_outcome(order["payment"]["session_id"], "paid")
+    oid = order_id(app, order["reference"])
+    with app.app_context():
+        assert reconcile_order(oid).outcome == "paid"
+        total = db.session.get(Order, oid).total
+        db.session.remove()
+    return app, oid, total, skus["SOCK-M"]
+
+
+def _refund(app, oid, amount, key, *, restock=False, reason="customer kept one sock"):
+    with app.app_context():
+        result = refund_order(oid, amount=amount, reason=reason, restock=restock, request_key=key, operator=OPERATOR)
+        db.session.remove()
+        return result
+
+
+def _refunds(app, oid):
+    with app.app_context():
+        rows = db.session.execute(select(Refund).where(Refund.order_id == oid).order_by(Refund.id)).scalars().all()
+        db.session.expunge_all()
+        db.session.remove()
+        return rows
+
+
+def _at_provider(sandbox, app, oid):
+    """(amount refunded on the charge, [refund amounts]) at the sandbox for the order's payment."""
+    with app.app_context():
+        session_id = db.session.get(Order, oid).payment_session_id
+        db.session.remove()
+    with sandbox.sandbox.lock:
+        state = sandbox.sandbox
+        intent = state.sessions[session_id].payment_intent_id
+        charge = state.charges[state.payment_intents[intent].latest_charge]
+        return charge.amount_refunded, sorted(r.amount for r in state.refunds.values() if r.payment_intent_id == intent)
+
+
+def _on_hand(app, variant):
+    with app.app_context():
+        value = db.session.get(InventoryItem, variant).on_hand
+        db.session.remove()
+        return value
+
+
+def test_a_double_submitted_refund_refunds_once_at_the_provider(paid, sandbox, tmp_path):
+    app, oid, total, _ = paid
+    first = _refund(app, oid, 300, "key-double-submit-0001")
+    again = _refund(app, oid, 300, "key-double-submit-0001")
+    assert (first.outcome, again.outcome) == (RefundOutcome.DONE, RefundOutcome.ALREADY)
+    assert again.refund_id == first.refund_id
+    run_due_commands(app, utcnow())
+    run_due_commands(app, utcnow())  # a re-run of the command replays under its Idempotency-Key
+    [refund] = _refunds(app, oid)
+    assert (refund.amount, refund.status, refund.requested_by) == (300, "succeeded", OPERATOR)
+    assert _at_provider(sandbox, app, oid) == (300, [300])
+    # The customer hears of it once the provider says it succeeded, in words for a paid order.
+    run_due_commands(app, utcnow())
+    [mail] = sorted((tmp_path / "instance" / "mail").glob("*refund_issued*.eml"))
+    body = mail.read_text()
+    assert "We refunded $3.00 of your payment" in body and "arrived after the order was cancelled" not in body
+
+
+def test_partial_refunds_never_take_more_than_is_left(paid, sandbox):
+    app, oid, total, _ = paid
+    assert _refund(app, oid, total - 100, "key-partial-000001").outcome is RefundOutcome.DONE
+    too_much = _refund(app, oid, 101, "key-partial-000002")
+    assert (too_much.outcome, too_much.why, too_much.left) == (RefundOutcome.REFUSED, "over_refundable", 100)
+    zero = _refund(app, oid, 0, "key-partial-000003")
+    assert (zero.outcome, zero.why) == (RefundOutcome.REFUSED, "not_positive")
+    no_reason = _refund(app, oid, 50, "key-partial-000004", reason="  ")
+    assert (no_reason.outcome, no_reason.why) == (RefundOutcome.REFUSED, "no_reason")
+    rest = _refund(app, oid, 100, "key-partial-000005")
+    assert (rest.outcome, rest.left) == (RefundOutcome.DONE, 0)
+    nothing = _refund(app, oid, 1, "key-partial-000006")
+    assert (nothing.outcome, nothing.why) == (RefundOutcome.REFUSED, "nothing_left")
+    run_due_commands(app, utcnow())
+    assert [r.status for r in _refunds(app, oid)] == ["succeeded", "succeeded"]
+    assert _at_provider(sandbox, app, oid) == (total, [100, total - 100])
+
+
+def test_a_refund_of_an_order_that_is_not_paid_is_refused_and_writes_nothing(fresh_paying_app, sandbox):
+    app = fresh_paying_app
+    shopper = Shopper(app, seed_catalog_rows(app))
+    oid = order_id(app, shopper.place("SOCK-M", 1)["reference"])
+    result = _refund(app, oid, 100, "key-unpaid-0000001")
+    assert (result.outcome, result.why) == (RefundOutcome.REFUSED, "not_paid")
+    assert _refunds(app, oid) == []
+
+
+def test_restock_with_a_refund_gives_the_stock_back_once_even_when_a_restore_runs_after(paid):
+    app, oid, total, sock = paid
+    before = _on_hand(app, sock)
+    done = _refund(app, oid, 100, "key-restock-000001", restock=True)
+    assert (done.outcome, done.restocked) == (RefundOutcome.DONE, True)
+    assert _on_hand(app, sock) == before + 2
+    # A second refund cannot put the stock back again...
+    again = _refund(app, oid, 100, "key-restock-000002", restock=True)
+    assert (again.outcome, again.why) == (RefundOutcome.REFUSED, "already_restocked")
+    # ...nor can the compensation, should an OrderCancelled of this order ever be (re)delivered...
+    with app.app_context():
+        with uow.transaction():
+            assert restore_inventory(OrderCancelled(oid, "redelivered"), utcnow()) is RestoreOutcome.ALREADY_RESTORED
+        # ...and a paid order is not cancelled at all.
+        assert cancel_order(oid, None).status is not CancelStatus.CANCELLED
+        db.session.remove()
+    assert _on_hand(app, sock) == before + 2
+    # The double submit of the restocking refund restocks nothing more either.
+    assert _refund(app, oid, 100, "key-restock-000001", restock=True).outcome is RefundOutcome.ALREADY
+    assert _on_hand(app, sock) == before + 2
+
+
+def test_a_refund_without_restock_leaves_the_stock_and_the_marker_alone(paid):
+    app, oid, total, sock = paid
+    before = _on_hand(app, sock)
+    assert _refund(app, oid, total, "key-no-restock-0001").outcome is RefundOutcome.DONE
+    assert _on_hand(app, sock) == before
+    with app.app_context():
+        assert db.session.get(Order, oid).inventory_restored is False
+        db.session.remove()
+
+
+@pytest.mark.postgres
+def test_two_submissions_of_one_refund_at_once_refund_once(paid, is_postgres):
+    if not is_postgres:
+        pytest.skip("concurrency is PostgreSQL's")
+    from support import run_threads
+
+    app, oid, total, sock = paid
+    before = _on_hand(app, sock)
+
+    def submit(_):
+        return refund_order(
+            oid, amount=200, reason="twice at once", restock=True, request_key="key-race-00000001", operator=OPERATOR
+        ).outcome
+
+    results, errors = run_threads(app, [1, 2, 3], submit)
+    assert errors == [None, None, None]
+    assert sorted(results) == sorted([RefundOutcome.DONE, RefundOutcome.ALREADY, RefundOutcome.ALREADY])
+    assert [r.amount for r in _refunds(app, oid)] == [200]
+    assert _on_hand(app, sock) == before + 2

@@ -1,0 +1,85 @@
+"""An operator's resend of an email an order was sent, against the real database: once per
+submission, only an email the order had, and never one that would now say something the order
+has moved past (a payment-failed email for an order back at the payment page)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from factories import force_order, place_order_for, seed_catalog_rows
+from shop.domain.deadlines import utcnow
+from shop.extensions import db
+from shop.models import EmailResend, ScheduledCommand
+from shop.outbox import schedule_command, uow
+from shop.outbox.dispatch import run_command
+from shop.saga.email_resends import ResendOutcome, resend_email, sent_emails
+
+OPERATOR = "night-shift@example.com"
+
+
+@pytest.fixture
+def mail_folder(monkeypatch, tmp_path):
+    """Apps built after this write their mail (no SMTP_URL) under this test's own folder."""
+    monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
+    monkeypatch.delenv("SMTP_URL", raising=False)
+    return tmp_path / "instance" / "mail"
+
+
+@pytest.fixture
+def failed_payment_email(mail_folder, make_fresh_app):
+    """An order in PaymentFailed that was sent its payment-failed email (the command ran): its id."""
+    app = make_fresh_app()
+    with app.app_context():
+        yield _failed_payment_email()
+        db.session.remove()
+
+
+def mails(folder) -> list[str]:
+    return sorted(p.name for p in folder.glob("*.eml")) if folder.is_dir() else []
+
+
+def _failed_payment_email() -> int:
+    seed_catalog_rows()
+    placed = place_order_for()
+    force_order(placed.order_id, status="PaymentFailed")
+    with uow.transaction() as session:
+        command = schedule_command(
+            session, "send_email", utcnow(), order_id=placed.order_id, payload={"template": "payment_failed"}
+        )
+    assert run_command(command, now=utcnow()) == "done"
+    return placed.order_id
+
+
+def _resends(order_id):
+    db.session.rollback()
+    return db.session.execute(select(EmailResend).where(EmailResend.order_id == order_id)).scalars().all()
+
+
+def test_an_email_the_order_had_is_sent_again_once_per_submission(failed_payment_email, mail_folder):
+    oid = failed_payment_email
+    assert len(mails(mail_folder)) == 1
+    assert [e.template for e in sent_emails(oid)] == ["payment_failed"]
+    first = resend_email(oid, "payment_failed", operator=OPERATOR, request_key="key-resend-000000001")
+    again = resend_email(oid, "payment_failed", operator=OPERATOR, request_key="key-resend-000000001")
+    assert (first.outcome, again.outcome) == (ResendOutcome.DONE, ResendOutcome.ALREADY)
+    assert again.command_id == first.command_id
+    [resend] = _resends(oid)
+    command = db.session.get(ScheduledCommand, resend.command_id)
+    assert (command.kind, command.payload["template"], command.status) == ("send_email", "payment_failed", "pending")
+    assert run_command(command.id, now=utcnow()) == "done"
+    assert len(mails(mail_folder)) == 2 and all("payment_failed" in name for name in mails(mail_folder))
+    assert [e.resent_by for e in sent_emails(oid)] == [None, OPERATOR]
+
+
+def test_an_email_the_order_never_had_is_not_sent(failed_payment_email):
+    result = resend_email(failed_payment_email, "order_paid", operator=OPERATOR, request_key="key-resend-000000002")
+    assert (result.outcome, result.why) == (ResendOutcome.REFUSED, "not_sent")
+    assert _resends(failed_payment_email) == []
+
+
+def test_an_email_that_is_no_longer_true_is_not_sent_again(failed_payment_email):
+    force_order(failed_payment_email, status="PaymentInitiated")  # the customer went back to pay
+    result = resend_email(failed_payment_email, "payment_failed", operator=OPERATOR, request_key="key-resend-000000003")
+    assert (result.outcome, result.why) == (ResendOutcome.REFUSED, "no_longer_true")
+    assert _resends(failed_payment_email) == []
