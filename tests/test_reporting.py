@@ -1,6 +1,7 @@
 """Error reports (docs/REFERENCE.md, Settings: SENTRY_DSN): off and not even imported without the
 setting; with it, an error of a request, or of a worker's job (RQ's integration, reporting after
-the job's own scope has closed), reaches the DSN's server tagged with the order it was about. The server is a local one started here, as a Sentry would take the SDK's envelopes."""
+the job's own scope has closed), reaches the DSN's server tagged with the order it was about. The
+server is a local one started here, as a Sentry would take the SDK's envelopes."""
 
 from __future__ import annotations
 
