@@ -23,9 +23,11 @@ from .ops import (
     Operator,
     OperatorAction,
     PrunedDetail,
+    CardAcknowledgement,
 )
 
 __all__ = [
+    "CardAcknowledgement",
     "Product",
     "Variant",
     "InventoryItem",

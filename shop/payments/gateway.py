@@ -142,6 +142,13 @@ def probe() -> bool | None:
     one), outside the breaker (it is what closes it) but inside this process's bulkhead and the
     rate budget. True when the provider answered (even a refusal of this request is an answer),
     False when it failed, None when there was no slot or budget to try now."""
+    return check()[0]
+
+
+def check() -> tuple[bool | None, str]:
+    """The probe's read, with what happened in words (for the console's provider card): the
+    provider answered (True), failed (False: its status and message, or the connection's
+    error), or there was no slot or budget to ask (None)."""
     provider_guard = guard.get()
     probe_client = per_app(
         "stripe_probe",
@@ -158,11 +165,16 @@ def probe() -> bool | None:
     try:
         with provider_guard.slot(wait=0), guard.customer_call(PROBE_TIMEOUT_SECONDS):
             probe_client.v1.events.list(params={"limit": 1})
-    except guard.Shed:
-        return None
+    except guard.Shed as exc:
+        return None, str(exc)
     except stripe.StripeError as exc:
-        return not _counts_as_failure(exc)
-    return True
+        status = getattr(exc, "http_status", None)
+        code = getattr(exc, "code", None)
+        words = (f"{status} " if status else "") + (f"({code}) " if code else "") + (exc.user_message or str(exc))
+        if not _counts_as_failure(exc):
+            return True, f"answered, refusing the read: {words.strip()}"
+        return False, words.strip()[:500]
+    return True, "answered"
 
 
 def _recovered() -> None:
