@@ -59,7 +59,7 @@ def _receipt_detail(receipt: WebhookReceipt) -> dict:
     }
 
 
-@bp.get("/webhooks/<int:receipt_id>")
+@bp.get("/webhooks/<id:receipt_id>")
 def webhook_detail(receipt_id):
     """One received delivery: outcome, reason, the address it came from, whether it was signed
     with the shop's secret, and its raw body; "re-apply" for a signed event."""
@@ -74,7 +74,7 @@ def webhook_detail(receipt_id):
     return respond("console/webhook.html", _receipt_detail(receipt))
 
 
-@bp.post("/webhooks/<int:receipt_id>/reapply")
+@bp.post("/webhooks/<id:receipt_id>/reapply")
 def reapply_webhook(receipt_id):
     """Apply a received event again through the webhook's own guarded path: form `confirm` must
     be ticked. An event already applied changes nothing, and the answer says so."""
