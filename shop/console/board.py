@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 
 from flask import current_app, url_for
 from sqlalchemy import Integer, cast, func, select
+from sqlalchemy.orm import defer
 
 from ..domain.deadlines import as_utc
 from ..extensions import db, per_app
@@ -101,6 +102,8 @@ def _signed_failures():
     )
 
 
+NOISE_COUNT_CAP = 10_000
+NOISE_SAMPLE = 1_000
 NOISE_WORDS = (
     "Requests without this shop's signature (a scanner, a bot, a wrong URL): counted, never red by themselves. "
     "If they come from the provider's own addresses, the signing secret is wrong."
@@ -112,35 +115,49 @@ def _webhooks_card(now: datetime) -> dict:
     the internet are counted with the address they came from (the noise) and never redden it."""
     since = now - REJECTED_WINDOW
     recent = WebhookReceipt.received_at >= since
-    failing = select(WebhookReceipt).where(
-        WebhookReceipt.outcome.in_(("failed", "rejected")), recent, _signed_failures()
+    failing = (
+        select(WebhookReceipt)
+        .options(defer(WebhookReceipt.body))  # up to a megabyte each; the card needs none
+        .where(WebhookReceipt.outcome.in_(("failed", "rejected")), recent, _signed_failures())
     )
-    (count,) = db.session.execute(select(func.count()).select_from(failing.subquery())).one()
+    (count,) = db.session.execute(
+        select(func.count()).select_from(failing.with_only_columns(WebhookReceipt.id).subquery())
+    ).one()
     latest = None
     if count:
         latest = db.session.execute(
             failing.order_by(WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc()).limit(1)
         ).scalar_one()
+    # Noise can come by the hundred thousand (a scanner's flood): counted up to NOISE_COUNT_CAP
+    # and its addresses taken from the latest NOISE_SAMPLE, so the refresh costs the same.
     noisy = [WebhookReceipt.outcome == "rejected", recent, WebhookReceipt.signed.is_(False)]
-    (noise_count,) = db.session.execute(select(func.count()).select_from(WebhookReceipt).where(*noisy)).one()
+    newest_first = (WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc())
+    (noise_count,) = db.session.execute(
+        select(func.count()).select_from(select(WebhookReceipt.id).where(*noisy).limit(NOISE_COUNT_CAP + 1).subquery())
+    ).one()
     noise_latest, addresses = None, []
     if noise_count:
         noise_latest = db.session.execute(
-            select(WebhookReceipt)
-            .where(*noisy)
-            .order_by(WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc())
-            .limit(1)
+            select(WebhookReceipt).options(defer(WebhookReceipt.body)).where(*noisy).order_by(*newest_first).limit(1)
         ).scalar_one()
+        sample = (
+            select(WebhookReceipt.source_address.label("address"))
+            .where(*noisy)
+            .order_by(*newest_first)
+            .limit(NOISE_SAMPLE)
+            .subquery()
+        )
         addresses = [
             {"address": a or "unknown", "count": n}
             for a, n in db.session.execute(
-                select(WebhookReceipt.source_address, func.count())
-                .where(*noisy)
-                .group_by(WebhookReceipt.source_address)
-                .order_by(func.count().desc())
+                select(sample.c.address, func.count())
+                .group_by(sample.c.address)
+                .order_by(func.count().desc(), sample.c.address)
                 .limit(5)
             ).all()
         ]
+    capped = noise_count > NOISE_COUNT_CAP
+    noise_count = min(noise_count, NOISE_COUNT_CAP)
     if latest:
         words = (
             f"{count} signed deliver{'y' if count == 1 else 'ies'} from the provider failed in the last 24 h; the "
@@ -150,7 +167,8 @@ def _webhooks_card(now: datetime) -> dict:
         words = "No delivery from the provider failed in the last 24 h."
     if noise_latest:
         words += (
-            f" {noise_count} unsigned or badly signed request{'' if noise_count == 1 else 's'} (noise), the latest "
+            f" {noise_count:,}{'+' if capped else ''} unsigned or badly signed "
+            f"request{'' if noise_count == 1 else 's'} (noise), the latest "
             f"{human_age(_age(now, noise_latest.received_at))} ago from "
             f"{noise_latest.source_address or 'an unknown address'}."
         )
@@ -168,6 +186,7 @@ def _webhooks_card(now: datetime) -> dict:
     card["latest_at"] = iso(as_utc(latest.received_at)) if latest else None
     card["noise"] = {
         "count": noise_count,
+        "count_capped": capped,
         "latest_at": iso(as_utc(noise_latest.received_at)) if noise_latest else None,
         "latest_address": noise_latest.source_address if noise_latest else None,
         "latest_reason": noise_latest.reason if noise_latest else None,

@@ -254,3 +254,15 @@ def test_the_dashboard_opens_with_how_many_things_need_a_human_red_cards_first(f
     html = fresh_client.get("/console/", headers=HTML).get_data(as_text=True)
     first_line = html.index('id="needs-human"')
     assert first_line < html.index('data-card="') and data["summary"]["words"] in html
+
+
+def test_a_flood_of_noise_is_counted_up_to_a_cap_and_says_so(fresh_paying_app, fresh_client, monkeypatch):
+    from shop.console import board
+
+    monkeypatch.setattr(board, "NOISE_COUNT_CAP", 2)
+    log_in(fresh_paying_app, fresh_client)
+    for n in range(3):
+        assert _post(fresh_paying_app, _event_body(), {}, f"198.51.100.{n + 1}").status_code == 400
+    c = card(fresh_client, "rejected_webhooks")
+    assert c["ok"] is True and c["noise"]["count"] == 2 and c["noise"]["count_capped"] is True
+    assert "2+ unsigned or badly signed requests (noise)" in c["words"]

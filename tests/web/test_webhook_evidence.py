@@ -156,3 +156,30 @@ def test_the_order_page_links_to_the_providers_session(make_shop, sandbox):
         app.config.update(STRIPE_SECRET_KEY="sk_live_abc")
         assert session_link(sid, "x")["url"] == f"https://dashboard.stripe.com/checkout/sessions/{sid}"
         assert session_link(None, "x") is None
+
+
+def test_a_receipts_body_and_address_are_pruned_with_the_receipt(make_fresh_app):
+    from datetime import timedelta
+
+    from shop.domain.deadlines import utcnow
+    from shop.scheduling import retention
+
+    app = make_fresh_app(RETENTION_DAYS=1)
+    with app.app_context():
+        now = utcnow()
+        db.session.add(
+            WebhookReceipt(
+                outcome="rejected",
+                reason="no Stripe-Signature header",
+                http_status=400,
+                signed=False,
+                source_address="198.51.100.99",
+                body='{"secret": "of a scanner"}',
+                received_at=now,
+            )
+        )
+        db.session.commit()
+        assert retention.prune(now + timedelta(days=2)).counts["webhook_receipts"] == 0  # never under 7 days
+        assert retention.prune(now + timedelta(days=8)).counts["webhook_receipts"] == 1
+        assert db.session.execute(select(WebhookReceipt.id).where(WebhookReceipt.body.is_not(None))).first() is None
+        assert db.session.query(WebhookReceipt).count() == 0
