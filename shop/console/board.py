@@ -346,7 +346,8 @@ def _provider_card(provider: dict) -> dict:
         "Look at the provider's status page; work waiting for it retries by itself.",
         url_for("console.outbox", status="waiting"),
         stale=stale,
-        condition=f"{stale}:{check_ok}:{provider.get('check_since')}:{provider['state']}",
+        # Open and half-open alternate with every probe during an outage: one condition.
+        condition=f"{stale}:{check_ok}:{provider.get('check_since')}:{provider['state'] == 'closed'}",
     )
     card["checked_at"] = provider.get("checked_at")
     card["checked_ago_seconds"] = ago

@@ -266,3 +266,38 @@ def test_a_flood_of_noise_is_counted_up_to_a_cap_and_says_so(fresh_paying_app, f
     c = card(fresh_client, "rejected_webhooks")
     assert c["ok"] is True and c["noise"]["count"] == 2 and c["noise"]["count_capped"] is True
     assert "2+ unsigned or badly signed requests (noise)" in c["words"]
+
+
+def test_an_acknowledged_provider_outage_stays_acknowledged_through_probes_and_not_past_a_recovery(make_shop, sandbox):
+    app = make_shop(sandbox=True, STRIPE_BREAKER_THRESHOLD=1, STRIPE_BREAKER_COOLDOWN_SECONDS=60)
+    console = app.test_client()
+    token = log_in(app, console)
+    sandbox.faults(api_unavailable=True)
+    with app.app_context():
+        assert watch.check_now() is False
+        assert guard.get().breaker_view()["state"] == guard.OPEN
+    r = console.post(
+        "/console/cards/provider/acknowledge",
+        data={"csrf_token": token, "reason": "provider incident, status page says 1 h", "hours": "2"},
+        headers=JSON,
+    )
+    assert r.status_code == 200, r.get_data(as_text=True)
+    with app.app_context():
+        turn = guard.get().claim_probe()  # the prober's turn: half-open, the same outage
+        if not turn.mine:
+            time.sleep(turn.wait + 0.05)
+            assert guard.get().claim_probe().mine
+        assert guard.get().breaker_view()["state"] == guard.HALF_OPEN
+        assert watch.check_now() is False
+    c = card(console, "provider")
+    assert c["ok"] is False and c["acknowledged"] is not None and c["needs_human"] is False
+
+    sandbox.faults(api_unavailable=False)
+    with app.app_context():
+        assert watch.check_now() is True
+    assert card(console, "provider")["ok"] is True
+    sandbox.faults(api_unavailable=True)  # a new outage: not the one acknowledged
+    with app.app_context():
+        assert watch.check_now() is False
+    c = card(console, "provider")
+    assert c["needs_human"] is True and c["acknowledged"] is None
