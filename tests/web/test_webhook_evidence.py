@@ -40,6 +40,8 @@ def test_a_receipt_keeps_its_raw_body_and_source_address_for_the_console(fresh_p
     assert detail["body"] == body.decode() and detail["reapplicable"] is True
     html = console.get(f"/console/webhooks/{receipt.id}", headers=HTML).get_data(as_text=True)
     assert event["id"] in html and "Re-apply" in html and 'name="confirm"' in html
+    order_page = console.get(f"/console/orders/{order['reference']}", headers=HTML).get_data(as_text=True)
+    assert f'href="/console/webhooks/{receipt.id}"' in order_page  # the order's receipts link to their evidence
     assert console.get("/console/webhooks/999999", headers=JSON).status_code == 404
     assert console.get("/console/webhooks?signed=maybe", headers=JSON).status_code == 400
 
