@@ -3,7 +3,7 @@ charts (orders per minute and outbox lag over the last hour, drawn as SVG on the
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 from flask import current_app, url_for
 from sqlalchemy import Integer, cast, func, select
@@ -165,6 +165,19 @@ def _webhooks_card(now: datetime) -> dict:
         )
     else:
         words = "No delivery from the provider failed in the last 24 h."
+    # The provider's own view (payments.watch.check_deliveries): what it could not deliver, which
+    # a wrong signing secret causes and the shop's receipts alone cannot tell from a scanner.
+    provider_view = watch.deliveries_view()
+    if provider_view and now.timestamp() - provider_view["checked_at"] > 3 * watch.DELIVERY_CHECK_SECONDS:
+        provider_view = None  # not asked lately: no evidence either way
+    undelivered = provider_view["count"] if provider_view else 0
+    if undelivered:
+        words += (
+            f" The provider reports {undelivered} event{'' if undelivered == 1 else 's'} of the last hour it has not "
+            f"delivered to the shop (the latest {provider_view['latest_id']}, {provider_view['latest_type']}): it "
+            "is being refused or cannot reach the shop; if the noise below comes from the provider, the signing "
+            "secret is wrong."
+        )
     if noise_latest:
         words += (
             f" {noise_count:,}{'+' if capped else ''} unsigned or badly signed "
@@ -175,12 +188,22 @@ def _webhooks_card(now: datetime) -> dict:
     card = _card(
         "rejected_webhooks",
         "Webhooks",
-        count == 0,
-        count,
+        count == 0 and not undelivered,
+        count + undelivered,
         words,
         WEBHOOK_CHECK,
         url_for("console.webhooks", outcome="failed" if latest and latest.outcome == "failed" else "rejected"),
-        condition=f"{latest.id if latest else 0}",
+        condition=f"{latest.id if latest else 0}:{provider_view['latest_id'] if undelivered else ''}",
+    )
+    card["provider_undelivered"] = (
+        {
+            "count": undelivered,
+            "latest_id": provider_view["latest_id"],
+            "latest_type": provider_view["latest_type"],
+            "checked_at": iso(datetime.fromtimestamp(provider_view["checked_at"], timezone.utc)),
+        }
+        if provider_view
+        else None
     )
     card["latest_reason"] = latest.reason if latest else None
     card["latest_at"] = iso(as_utc(latest.received_at)) if latest else None

@@ -255,6 +255,26 @@ def expire_session(session_id: str, *, cancelling_order: int | None = None) -> S
 EVENTS_PAGE_SIZE = 100  # the most one list call returns
 
 
+def undelivered_events(*, since: datetime) -> list[tuple[str, str, int]]:
+    """The provider's own view of its webhooks: events of the shop's kinds created since `since`
+    that it has not delivered (still retrying, or given up), newest first, at most one page:
+    (id, type, created). Stripe counts a 4xx from the shop (a wrong signing secret) as a failed
+    delivery, so this sees what the shop's own receipts cannot tell from a scanner."""
+    params = {
+        "delivery_success": False,
+        "types": list(EVENT_TYPES),
+        "created": {"gte": int(since.timestamp())},
+        "limit": EVENTS_PAGE_SIZE,
+    }
+    page = _call("list undelivered events", lambda: client().v1.events.list(params=params))
+    found = []
+    for event in page.data:
+        data = event.to_dict() if hasattr(event, "to_dict") else dict(event)
+        if isinstance(data.get("id"), str):
+            found.append((data["id"], str(data.get("type")), int(data.get("created") or 0)))
+    return found
+
+
 def session_events(*, since: datetime, starting_after: str | None = None) -> tuple[list[SessionEvent], bool]:
     """One page of the provider's Checkout Session events created since `since`, newest first,
     after the event `starting_after` (the last of the previous page); and whether more follow.

@@ -10,7 +10,7 @@ import json
 import logging
 import time
 
-from payment_helpers import HTML, JSON, signature
+from payment_helpers import HTML, JSON, Shopper, signature
 from support import OPERATOR_EMAIL, log_in
 from sqlalchemy import select, update
 
@@ -301,3 +301,43 @@ def test_an_acknowledged_provider_outage_stays_acknowledged_through_probes_and_n
         assert watch.check_now() is False
     c = card(console, "provider")
     assert c["needs_human"] is True and c["acknowledged"] is None
+
+
+# -- the provider's view of its deliveries: a wrong secret is not a scanner ----------------------
+
+
+def test_a_wrong_signing_secret_reddens_the_card_through_the_providers_view_a_scanner_does_not(make_shop, sandbox):
+    from shop.models import WebhookReceipt
+
+    app = make_shop(served=True, STRIPE_WEBHOOK_SECRET="whsec_not_the_endpoints_secret")
+    console = app.test_client()
+    log_in(app, console)
+    shopper_order = Shopper(app, app.skus).place()
+    sandbox.set_outcome(shopper_order["payment"]["session_id"], "paid")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the provider's delivery, refused for its signature
+        with app.app_context():
+            refused = db.session.query(WebhookReceipt).filter_by(outcome="rejected").count()
+            db.session.remove()
+        if refused:
+            break
+        time.sleep(0.1)
+    assert refused
+    c = card(console, "rejected_webhooks")
+    assert c["ok"] is True and c["noise"]["count"] >= 1  # at the door, it looks like any scanner
+
+    with app.app_context():
+        view = watch.check_deliveries()
+    assert view["count"] >= 1 and view["latest_type"] == "checkout.session.completed"
+    c = card(console, "rejected_webhooks")
+    assert c["ok"] is False and c["provider_undelivered"]["count"] >= 1
+    assert "The provider reports" in c["words"] and "signing secret is wrong" in c["words"]
+
+
+def test_a_scanner_alone_leaves_the_providers_view_empty_and_the_card_green(fresh_paying_app, fresh_client):
+    log_in(fresh_paying_app, fresh_client)
+    assert _post(fresh_paying_app, _event_body(), {}, "198.51.100.50").status_code == 400
+    with fresh_paying_app.app_context():
+        assert watch.check_deliveries()["count"] == 0
+    c = card(fresh_client, "rejected_webhooks")
+    assert c["ok"] is True and c["provider_undelivered"]["count"] == 0 and c["noise"]["count"] == 1
