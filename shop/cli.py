@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from . import queue
 from .outbox.relay import relay_once, wake_due_work
 from .payments import checkout_queue
+from .payments import watch as provider_watch
 from .payments.registration import register_webhook
 from .scheduling import retention, takeover
 from .scheduling.sweep import run_cycle
@@ -61,7 +62,8 @@ def worker_command(burst):
 def scheduler_command(burst):
     """Run rq-scheduler: register periodic jobs, wake drains for due work, then poll (each poll
     also asks the database for due deadlines, commands and deliveries); beside it, watch the
-    sweep's lease and queue a cycle when one was left behind mid-cycle."""
+    sweep's lease and queue a cycle when one was left behind mid-cycle, and check the payment
+    provider every few seconds for the console (payments.watch)."""
     cfg = current_app.config
     sweep = (
         cfg["RECONCILIATION_INTERVAL_SECONDS"]
@@ -94,6 +96,8 @@ def scheduler_command(burst):
     click.echo(f"scheduler polling every {cfg['SCHEDULER_POLL_SECONDS']}s")
     if sweep is not None and not burst:
         takeover.watch_in_background(current_app._get_current_object(), sweep)
+    if not burst:
+        provider_watch.watch_in_background(current_app._get_current_object())
     queue.run_scheduler(
         burst=burst,
         watch=queue.periodic_job_ids(sweep is not None, with_prune=True),

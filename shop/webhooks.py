@@ -4,14 +4,21 @@ The status code tells Stripe what to do next, not how our processing went: 400 o
 nothing could be verified (a retry may still fix it), 200 for everything accepted, including
 events for orders we do not know and duplicates. Mapping an application problem to a non-2xx
 would make Stripe retry and eventually disable the endpoint, silently stopping every payment
-update for the whole shop. Rejections are logged at CRITICAL for the same reason.
+update for the whole shop.
+
+Not every rejection is the provider's: the endpoint is public, and scanners post to it without a
+signature or with a wrong one. Those are noise, logged at WARNING and kept with the address they
+came from (the console's Webhooks card counts them but never turns red for them alone). What is
+logged at CRITICAL, and reddens the card, is what means payment updates are being lost: no
+signing secret to check with, or a delivery whose signature verified and that still could not be
+used. Every receipt keeps its raw body (a rejected one only its beginning) for the console.
 """
 
 from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, jsonify, request
+from flask import Blueprint, g, jsonify, request
 from sqlalchemy import insert
 
 from .domain.deadlines import utcnow
@@ -29,6 +36,9 @@ bp = Blueprint("webhooks", __name__)
 request_priority(bp, Priority.CUSTOMER)
 
 MAX_BODY = 1_000_000
+# What a delivery that did not verify keeps of its body: enough to see what it was, not enough
+# for anyone on the internet to fill the database through the public endpoint.
+NOISE_BODY_CHARS = 2_000
 
 
 def _text(value, limit: int) -> str | None:
@@ -43,9 +53,14 @@ def _text(value, limit: int) -> str | None:
 def _write_receipt(
     outcome: ReceiptOutcome, reason: str, status: int, event_id=None, event_type=None, order_id=None
 ) -> None:
-    """One Core INSERT into the caller's transaction (no ORM object: the webhook is hot)."""
+    """One Core INSERT into the caller's transaction (no ORM object: the webhook is hot). The
+    body, the address and whether the signature verified are this request's (`g`)."""
     if not isinstance(order_id, int) or not -(2**31) <= order_id < 2**31:
         order_id = None  # metadata.order_id is the sender's text; the column is a 32-bit integer
+    signed = g.get("webhook_signed")
+    body = g.get("webhook_body")
+    if body is not None:
+        body = _text(body.decode("utf-8", "replace"), MAX_BODY if signed else NOISE_BODY_CHARS)
     db.session.execute(
         _INSERT_RECEIPT,
         {
@@ -56,6 +71,11 @@ def _write_receipt(
             "order_id": order_id,
             "http_status": status,
             "received_at": utcnow(),
+            # The client's address: behind the shop's own front, the one it wrote
+            # (web.requests.ClientAddressFromFront), never a header the client chose.
+            "source_address": _text(request.remote_addr, 64),
+            "body": body,
+            "signed": signed,
         },
     )
 
@@ -75,12 +95,23 @@ def _record(outcome: ReceiptOutcome, reason: str, status: int, event_id=None, ev
         log.exception("could not record webhook receipt (%s %s)", outcome, event_id)
 
 
-def _reject(reason: str, status: int = 400):
-    log.critical(
-        "Stripe webhook REJECTED (%s): every payment update is being lost until this is fixed "
-        "(check STRIPE_WEBHOOK_SECRET / the registered endpoint).",
-        reason,
-    )
+def _reject(reason: str, status: int = 400, *, lost: bool = False):
+    """Refuse a delivery. `lost`: the refusal means the provider's own updates are being lost (no
+    secret to check with, or a verified delivery the shop cannot use): CRITICAL. Anything else
+    did not verify and may be anyone's: a WARNING naming the address it came from."""
+    if lost:
+        log.critical(
+            "Stripe webhook REJECTED (%s): every payment update is being lost until this is fixed "
+            "(check STRIPE_WEBHOOK_SECRET / the registered endpoint).",
+            reason,
+        )
+    else:
+        log.warning(
+            "webhook delivery from %s refused (%s): not signed with this shop's secret; noise unless it is the "
+            "provider's (then STRIPE_WEBHOOK_SECRET is wrong)",
+            request.remote_addr,
+            reason,
+        )
     _record(ReceiptOutcome.REJECTED, reason, status)
     return jsonify({"error": reason}), status
 
@@ -115,14 +146,20 @@ def stripe_webhook():
     except Exception:  # werkzeug's own limit (MAX_CONTENT_LENGTH) on a chunked body
         body = None
     if body is None:
-        log.critical(
-            "Stripe webhook REJECTED: body over %d bytes; if this is Stripe, that event is being lost", MAX_BODY
+        # Not verified (too big to read): noise unless it is the provider's, which never sends one.
+        g.webhook_signed = False
+        log.warning(
+            "webhook delivery from %s refused: body over %d bytes; if this is Stripe, that event is being lost",
+            request.remote_addr,
+            MAX_BODY,
         )
         _record(ReceiptOutcome.REJECTED, f"body over {MAX_BODY} bytes", 413)
         return jsonify({"error": "payload too large"}), 413
+    g.webhook_body = body
     secret = webhook_secret()
     if not secret:
-        return _reject("no signing secret configured")
+        return _reject("no signing secret configured", lost=True)  # nothing can verify: `signed` unknown
+    g.webhook_signed = False
     if not body.strip():
         return _reject("empty body")
     signature = request.headers.get("Stripe-Signature")
@@ -132,8 +169,12 @@ def stripe_webhook():
         event = gateway.verify_webhook(body, signature, secret)
     except gateway.SignatureProblem as exc:
         return _reject(f"bad signature or stale timestamp: {exc}")
-    except (ValueError, UnicodeDecodeError):
+    except UnicodeDecodeError:  # not text: refused before its signature could be checked
         return _reject("unparseable body")
+    except ValueError:
+        g.webhook_signed = True  # the signature verified: the body is the provider's (or the secret's holder's)
+        return _reject("unparseable body", lost=True)
+    g.webhook_signed = True
     if (
         not isinstance(event, dict)
         or not isinstance(event.get("data"), dict)
@@ -141,7 +182,7 @@ def stripe_webhook():
         or not isinstance(event.get("type"), str)
         or not _usable_id(event.get("id"))
     ):
-        return _reject("unparseable body: not a Stripe event")
+        return _reject("unparseable body: not a Stripe event", lost=True)
     return _accept(event)
 
 

@@ -33,14 +33,6 @@
   }
 
   /* The same string as shop/orders/views.py, watch_state. */
-  /* A table too wide for the screen scrolls inside itself (shop.css); a keyboard reaches it only
-     if it can take the focus, so such a table gets tabindex="0" (and only such a table). */
-  function reachable(root) {
-    root.querySelectorAll(".console-table, table.lines").forEach(function (el) {
-      if (el.scrollWidth > el.clientWidth + 1 && !el.hasAttribute("tabindex")) { el.setAttribute("tabindex", "0"); }
-    });
-  }
-
   function stateOf(json) {
     return [json.status, json.payment ? json.payment.status : "-", json.inventory_restored ? "restored" : "-",
             (json.refunds || []).map(function (r) { return r.status; }).join(",")].join("/");
@@ -76,7 +68,7 @@
                   else { main.removeAttribute(name); }
                 });
                 localise(main);
-                reachable(main);
+                scrollables(main);
               });
         })
         .catch(function () { /* offline for a moment: the next tick tries again */ })
@@ -88,9 +80,12 @@
   /* <main data-refresh="N">: the page fetches itself every N seconds and swaps in its <main>,
      so a console page stays current without a reload; "[data-updated]" says how long ago that
      was. Never while the operator is typing in a form on the page (their words would be lost),
-     nor while the tab is hidden. */
+     or has a card's acknowledgement form open, nor while the tab is hidden. */
   function busy(main) {
     var el = document.activeElement;
+    // An open form behind a <details> (a card's "Acknowledge…") is being used even before the
+    // operator clicks into it: a swap would close it under their pointer.
+    if (main.querySelector("details.ack[open]")) { return true; }
     return el && main.contains(el) && /^(INPUT|TEXTAREA|SELECT)$/.test(el.tagName) && el.type !== "submit";
   }
 
@@ -116,7 +111,7 @@
           flashes.reverse().forEach(function (el) { main.insertBefore(el, main.firstChild); });
           last = Date.now();
           localise(main);
-          reachable(main);
+          scrollables(main);
           label();
         })
         .catch(function () { /* the next tick tries again; the label shows how stale the page is */ })
@@ -127,13 +122,26 @@
     setTimeout(tick, every);
   }
 
+  /* A table that scrolls sideways (the console's on a phone) can be scrolled from the keyboard:
+     it takes focus (axe-core's scrollable-region-focusable), and says what it is. */
+  function scrollables(root) {
+    root.querySelectorAll("table.console-table, table.lines").forEach(function (table) {
+      if (table.scrollWidth > table.clientWidth + 1) {
+        if (!table.hasAttribute("tabindex")) { table.setAttribute("tabindex", "0"); }
+      } else if (table.getAttribute("tabindex") === "0") {
+        table.removeAttribute("tabindex");
+      }
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    scrollables(document);
+    window.addEventListener("resize", function () { scrollables(document); });
     var address = document.body.getAttribute("data-address");
     if (address && window.history && window.history.replaceState) {
       window.history.replaceState(null, "", address);
     }
     localise(document);
-    reachable(document);
     var main = document.querySelector("main[data-poll]");
     if (main) { poll(main); }
     var refreshing = document.querySelector("main[data-refresh]");

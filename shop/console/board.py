@@ -3,15 +3,18 @@ charts (orders per minute and outbox lag over the last hour, drawn as SVG on the
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 from flask import current_app, url_for
 from sqlalchemy import Integer, cast, func, select
+from sqlalchemy.orm import defer
 
 from ..domain.deadlines import as_utc
 from ..extensions import db, per_app
-from ..models import OutboxDelivery, OutboxEvent, WebhookReceipt
+from ..models import OutboxDelivery, OutboxEvent, RestoreWarning, ScheduledCommand, WarningState, WebhookReceipt
+from ..models import WorkStatus
 from ..domain.timestamps import iso
+from ..payments import watch
 from .format import human_age
 
 REJECTED_WINDOW = timedelta(hours=24)
@@ -21,7 +24,10 @@ WEBHOOK_CHECK = (
 )
 
 
-def _card(key, title, ok, count, words, check, url, *, stale=False) -> dict:
+def _card(key, title, ok, count, words, check, url, *, stale=False, condition="") -> dict:
+    """`condition`: what the card's state is made of, as text that changes when the condition
+    does (a new failure, another process stalled): an operator's acknowledgement holds only while
+    it is the same (shop.console.acks)."""
     return {
         "key": key,
         "title": title,
@@ -31,6 +37,7 @@ def _card(key, title, ok, count, words, check, url, *, stale=False) -> dict:
         "words": words,
         "check": check,
         "url": url,
+        "condition": (f"{key}:{condition}" if not ok else "")[:200],
     }
 
 
@@ -39,7 +46,7 @@ def cards(data: dict, now: datetime) -> list[dict]:
     passed recently: a card whose check has not run for too long is `stale` and not green."""
     return [
         _processes_card(data),
-        _rejected_webhooks_card(now),
+        _webhooks_card(now),
         _sweep_card(data, now),
         *_backlog_cards(data),
         _refunds_failed_card(data),
@@ -82,41 +89,134 @@ def _processes_card(data: dict) -> dict:
         "a stopped worker leaves payments and emails waiting.",
         url_for("console.dashboard") + "#processes",
         stale=not redis_ok,
+        condition=f"{redis_ok}:" + ",".join(sorted([p["name"] for p in stalled] + missing)),
     )  # a stalled process was checked: it needs a human
 
 
-def _rejected_webhooks_card(now: datetime) -> dict:
+def _signed_failures():
+    """Deliveries that mean a payment update is being lost: signed with the shop's secret and
+    still not applied (`failed`) or not usable (`rejected` after verifying), and rejections with
+    nothing to verify with or from before the shop told noise apart (`signed` NULL)."""
+    return (WebhookReceipt.outcome == "failed") | (
+        (WebhookReceipt.outcome == "rejected") & ((WebhookReceipt.signed.is_(True)) | WebhookReceipt.signed.is_(None))
+    )
+
+
+NOISE_COUNT_CAP = 10_000
+NOISE_SAMPLE = 1_000
+NOISE_WORDS = (
+    "Requests without this shop's signature (a scanner, a bot, a wrong URL): counted, never red by themselves. "
+    "If they come from the provider's own addresses, the signing secret is wrong."
+)
+
+
+def _webhooks_card(now: datetime) -> dict:
+    """Red only for the provider's own deliveries failing; unsigned or badly signed requests from
+    the internet are counted with the address they came from (the noise) and never redden it."""
     since = now - REJECTED_WINDOW
+    recent = WebhookReceipt.received_at >= since
+    failing = (
+        select(WebhookReceipt)
+        .options(defer(WebhookReceipt.body))  # up to a megabyte each; the card needs none
+        .where(WebhookReceipt.outcome.in_(("failed", "rejected")), recent, _signed_failures())
+    )
     (count,) = db.session.execute(
-        select(func.count())
-        .select_from(WebhookReceipt)
-        .where(WebhookReceipt.outcome == "rejected", WebhookReceipt.received_at >= since)
+        select(func.count()).select_from(failing.with_only_columns(WebhookReceipt.id).subquery())
     ).one()
     latest = None
     if count:
         latest = db.session.execute(
-            select(WebhookReceipt)
-            .where(WebhookReceipt.outcome == "rejected", WebhookReceipt.received_at >= since)
-            .order_by(WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc())
-            .limit(1)
+            failing.order_by(WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc()).limit(1)
         ).scalar_one()
-    words = (
-        f"{count} rejected in the last 24 h; the latest {human_age(_age(now, latest.received_at))} ago: "
-        f"{latest.reason or 'no reason recorded'}"
-        if latest
-        else "None rejected in the last 24 h."
-    )
+    # Noise can come by the hundred thousand (a scanner's flood): counted up to NOISE_COUNT_CAP
+    # and its addresses taken from the latest NOISE_SAMPLE, so the refresh costs the same.
+    noisy = [WebhookReceipt.outcome == "rejected", recent, WebhookReceipt.signed.is_(False)]
+    newest_first = (WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc())
+    (noise_count,) = db.session.execute(
+        select(func.count()).select_from(select(WebhookReceipt.id).where(*noisy).limit(NOISE_COUNT_CAP + 1).subquery())
+    ).one()
+    noise_latest, addresses = None, []
+    if noise_count:
+        noise_latest = db.session.execute(
+            select(WebhookReceipt).options(defer(WebhookReceipt.body)).where(*noisy).order_by(*newest_first).limit(1)
+        ).scalar_one()
+        sample = (
+            select(WebhookReceipt.source_address.label("address"))
+            .where(*noisy)
+            .order_by(*newest_first)
+            .limit(NOISE_SAMPLE)
+            .subquery()
+        )
+        addresses = [
+            {"address": a or "unknown", "count": n}
+            for a, n in db.session.execute(
+                select(sample.c.address, func.count())
+                .group_by(sample.c.address)
+                .order_by(func.count().desc(), sample.c.address)
+                .limit(5)
+            ).all()
+        ]
+    capped = noise_count > NOISE_COUNT_CAP
+    noise_count = min(noise_count, NOISE_COUNT_CAP)
+    if latest:
+        words = (
+            f"{count} signed deliver{'y' if count == 1 else 'ies'} from the provider failed in the last 24 h; the "
+            f"latest {human_age(_age(now, latest.received_at))} ago: {latest.reason or 'no reason recorded'}"
+        )
+    else:
+        words = "No delivery from the provider failed in the last 24 h."
+    # The provider's own view (payments.watch.check_deliveries): what it could not deliver, which
+    # a wrong signing secret causes and the shop's receipts alone cannot tell from a scanner.
+    provider_view = watch.deliveries_view()
+    if provider_view and now.timestamp() - provider_view["checked_at"] > 3 * watch.DELIVERY_CHECK_SECONDS:
+        provider_view = None  # not asked lately: no evidence either way
+    undelivered = provider_view["count"] if provider_view else 0
+    if undelivered:
+        words += (
+            f" The provider reports {undelivered} event{'' if undelivered == 1 else 's'} of the last hour it has not "
+            f"delivered to the shop (the latest {provider_view['latest_id']}, {provider_view['latest_type']}): it "
+            "is being refused or cannot reach the shop; if the noise below comes from the provider, the signing "
+            "secret is wrong."
+        )
+    if noise_latest:
+        words += (
+            f" {noise_count:,}{'+' if capped else ''} unsigned or badly signed "
+            f"request{'' if noise_count == 1 else 's'} (noise), the latest "
+            f"{human_age(_age(now, noise_latest.received_at))} ago from "
+            f"{noise_latest.source_address or 'an unknown address'}."
+        )
     card = _card(
         "rejected_webhooks",
-        "Rejected webhooks",
-        count == 0,
-        count,
+        "Webhooks",
+        count == 0 and not undelivered,
+        count + undelivered,
         words,
         WEBHOOK_CHECK,
-        url_for("console.webhooks", outcome="rejected"),
+        url_for("console.webhooks", outcome="failed" if latest and latest.outcome == "failed" else "rejected"),
+        condition=f"{latest.id if latest else 0}:{provider_view['latest_id'] if undelivered else ''}",
+    )
+    card["provider_undelivered"] = (
+        {
+            "count": undelivered,
+            "latest_id": provider_view["latest_id"],
+            "latest_type": provider_view["latest_type"],
+            "checked_at": iso(datetime.fromtimestamp(provider_view["checked_at"], timezone.utc)),
+        }
+        if provider_view
+        else None
     )
     card["latest_reason"] = latest.reason if latest else None
     card["latest_at"] = iso(as_utc(latest.received_at)) if latest else None
+    card["noise"] = {
+        "count": noise_count,
+        "count_capped": capped,
+        "latest_at": iso(as_utc(noise_latest.received_at)) if noise_latest else None,
+        "latest_address": noise_latest.source_address if noise_latest else None,
+        "latest_reason": noise_latest.reason if noise_latest else None,
+        "addresses": addresses,
+        "words": NOISE_WORDS,
+        "url": url_for("console.webhooks", outcome="rejected", signed="no"),
+    }
     return card
 
 
@@ -151,12 +251,24 @@ def _sweep_card(data: dict, now: datetime) -> dict:
         "errors name the orders to look at.",
         url_for("console.sweeps"),
         stale=not fresh,
+        condition=f"{fresh}:{last_ok}:{sweep['id'] if sweep and errors else ''}",
     )
 
 
 def _backlog_cards(data: dict) -> list[dict]:
     """What waits for a person: dead letters, open restore warnings, stuck orders."""
     dead, warn, stuck = data["dead_letters"], data["restore_warnings"], data["stuck_orders"]
+    newest_dead = (
+        db.session.execute(
+            select(func.max(OutboxDelivery.id)).where(OutboxDelivery.status == WorkStatus.DEAD)
+        ).scalar(),
+        db.session.execute(
+            select(func.max(ScheduledCommand.id)).where(ScheduledCommand.status == WorkStatus.DEAD)
+        ).scalar(),
+    )
+    newest_warning = db.session.execute(
+        select(func.max(RestoreWarning.id)).where(RestoreWarning.state == WarningState.OPEN)
+    ).scalar()
     return [
         _card(
             "dead_letters",
@@ -168,6 +280,7 @@ def _backlog_cards(data: dict) -> list[dict]:
             else "None.",
             "Fix what they died of (the error says), then Retry; Discard with a reason what must not run.",
             url_for("console.outbox", status="dead"),
+            condition=f"{dead['count']}:{newest_dead[0]}:{newest_dead[1]}",
         ),
         _card(
             "restore_warnings",
@@ -180,6 +293,7 @@ def _backlog_cards(data: dict) -> list[dict]:
             else "None open.",
             "Count the shelf, correct the stock, then mark the warning fixed (or retry the restore).",
             url_for("console.restore_warnings", state="open"),
+            condition=f"{warn['count']}:{newest_warning}",
         ),
         _card(
             "stuck_orders",
@@ -192,6 +306,7 @@ def _backlog_cards(data: dict) -> list[dict]:
             else "None.",
             "Open the order: its timeline says what it waits for; Reconcile asks the provider now.",
             url_for("console.orders", stuck=1),
+            condition=str(stuck["count"]),
         ),
     ]
 
@@ -216,21 +331,50 @@ def _refunds_failed_card(data: dict) -> dict:
         "Open each one: Retry sends the refund again (a new attempt at the provider); Settle records, "
         "with a reason, that it was settled outside the shop. The customer was emailed that we are on it.",
         url_for("console.refunds", status="failed"),
+        condition=str(count),
     )
 
 
 def _provider_card(provider: dict) -> dict:
-    # Not green while the latest calls failed, even below the breaker's threshold.
-    healthy = provider["state"] == "closed" and not provider.get("failures")
-    return _card(
+    """What the provider watch's latest check found (payments.watch), whether or not anyone paid,
+    with how long ago; and not green while the breaker is open or the latest calls failed, even
+    below the breaker's threshold. A check older than the watch's stale limit is no evidence:
+    the card is then not green (no scheduler runs the watch)."""
+    ago, check_ok = provider.get("checked_ago_seconds"), provider.get("check_ok")
+    last = "never checked" if ago is None else f"last checked {human_age(ago)} ago"
+    stale = ago is None or ago > watch.STALE_AFTER_SECONDS
+    breaker_ok = provider["state"] == "closed" and not provider.get("failures")
+    if stale:
+        words = (
+            f"{provider['words']} Not checked lately ({last}; the scheduler checks it every "
+            f"{watch.CHECK_INTERVAL_SECONDS:g} s): is a scheduler running?"
+        )
+        healthy = False
+    elif not check_ok:
+        words = (
+            f"Unreachable: the provider did not answer the shop's check ({provider.get('check_words') or 'no answer'})"
+            f" for {human_age(provider.get('check_same_for_seconds'))}; {last}. Checkout takes orders and holds "
+            "their stock; customers pay later with “Pay now”."
+        )
+        healthy = False
+    else:
+        healthy = breaker_ok
+        words = f"{provider['words']} The provider answered the shop's check; {last}."
+    card = _card(
         "provider",
         "Payment provider",
         healthy,
         0 if healthy else 1,
-        provider["words"],
+        words,
         "Look at the provider's status page; work waiting for it retries by itself.",
         url_for("console.outbox", status="waiting"),
+        stale=stale,
+        # Open and half-open alternate with every probe during an outage: one condition.
+        condition=f"{stale}:{check_ok}:{provider.get('check_since')}:{provider['state'] == 'closed'}",
     )
+    card["checked_at"] = provider.get("checked_at")
+    card["checked_ago_seconds"] = ago
+    return card
 
 
 def _age(now: datetime, then: datetime) -> int:

@@ -4,7 +4,7 @@ processes and queues with the same verdict /healthz gives."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 
 from flask import current_app
 from sqlalchemy import func, select
@@ -120,12 +120,21 @@ def provider_state(now: datetime) -> dict:
             f"Failing: the last {failures} call(s) to the provider failed in a row (after {threshold} it "
             "stops calling for a while); checkout takes orders and customers pay later with “Pay now”."
         )
+    checked = view.get("checked_at")
+    since = view.get("check_since")
     return {
         "state": state,
         "failures": failures,
         "words": words,
         "since_seconds": max(0, int(now.timestamp() - opened)) if opened else None,
         "shared": view["shared"],
+        # The provider watch's latest check (payments.watch): whether or not anyone paid.
+        "checked_at": iso(datetime.fromtimestamp(checked, timezone.utc)) if checked else None,
+        "checked_ago_seconds": max(0, int(now.timestamp() - checked)) if checked else None,
+        "check_ok": view.get("check_ok"),
+        "check_words": view.get("check_words") or "",
+        "check_same_for_seconds": max(0, int(now.timestamp() - since)) if since else None,
+        "check_since": since,
     }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import and_, func, or_, select, union_all
+from sqlalchemy.orm import defer
 
 from ..domain.deadlines import FAILURE_PROVIDER
 from ..domain.order import LIVE_STATUSES
@@ -283,14 +284,18 @@ def restore_warnings(now: datetime, *, state: str | None, page: int):
     return {"state": state, "warnings": [{k: d[k] for k in keys} for d in details], **meta}, details
 
 
-def webhooks(*, outcome: str | None, page: int) -> dict:
+def webhooks(*, outcome: str | None, page: int, signed: bool | None = None) -> dict:
+    """`signed`: False keeps the noise (not signed with the shop's secret), True the provider's."""
     query = (
         select(WebhookReceipt, Order.reference)
         .outerjoin(Order, Order.id == WebhookReceipt.order_id)
+        .options(defer(WebhookReceipt.body))  # up to a megabyte each: only the detail page reads it
         .order_by(WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc())
     )
     if outcome:
         query = query.where(WebhookReceipt.outcome == outcome)
+    if signed is not None:
+        query = query.where(WebhookReceipt.signed.is_(signed))
     rows, meta = paging(query, page)
     # Each outcome counted up to COUNT_CAP + 1 along ix_webhook_receipts_outcome_received_at: a
     # GROUP BY over every receipt ever (about two per paid order) read the whole table on each refresh.
@@ -307,6 +312,7 @@ def webhooks(*, outcome: str | None, page: int) -> dict:
             capped.append(name)
     return {
         "outcome": outcome,
+        "signed": signed,
         "counts": counts,
         "counts_capped": capped,
         "webhooks": [receipt_json(r, ref) for r, ref in rows],

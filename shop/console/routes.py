@@ -17,7 +17,7 @@ from flask import request, url_for
 from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
 from ..web.answers import respond
-from . import audit, auth, board, bp, overview, queries, timeline  # noqa: F401  (auth registers the login routes)
+from . import acks, audit, auth, board, bp, overview, queries, timeline  # noqa: F401  (auth registers the login routes)
 from .answers import find_order, page_number, problem
 from .forms import ActionForm, DiscardForm
 from .format import human_age, human_money, human_time
@@ -44,6 +44,7 @@ def dashboard():
     now = utcnow()
     data = {**overview.dashboard(now), **overview.liveness(now)}
     data["cards"] = board.cards(data, now)
+    data["summary"] = acks.apply(data["cards"], now)  # red first; one line: how many need a human
     data["charts"] = board.charts(now)
     return respond("console/dashboard.html", data, svg=board.svg)
 
@@ -126,7 +127,8 @@ def restore_warnings():
 
 @bp.get("/webhooks")
 def webhooks():
-    """Every webhook delivery received, accepted or rejected, with the reason, newest first."""
+    """Every webhook delivery received, accepted or rejected, with the reason and the address it
+    came from, newest first; `signed=no` keeps the noise (not signed with the shop's secret)."""
     outcome = request.args.get("outcome") or None
     if outcome is not None and outcome not in queries.WEBHOOK_OUTCOMES:
         return problem(
@@ -134,7 +136,12 @@ def webhooks():
             f"Unknown outcome {outcome!r}; use one of {', '.join(queries.WEBHOOK_OUTCOMES)}.",
             back=url_for("console.webhooks"),
         )
-    return respond("console/webhooks.html", queries.webhooks(outcome=outcome, page=page_number()))
+    signed = {"yes": True, "no": False, "": None}.get(request.args.get("signed") or "", "bad")
+    if signed == "bad":
+        return problem(
+            400, "signed= is yes (the provider's deliveries) or no (the noise).", back=url_for("console.webhooks")
+        )
+    return respond("console/webhooks.html", queries.webhooks(outcome=outcome, page=page_number(), signed=signed))
 
 
 @bp.get("/refunds")

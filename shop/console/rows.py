@@ -157,6 +157,8 @@ def receipt_json(receipt: WebhookReceipt, reference: str | None) -> dict:
         "http_status": receipt.http_status,
         "order_reference": reference,
         "received_at": iso(receipt.received_at),
+        "source_address": receipt.source_address,
+        "signed": receipt.signed,
     }
 
 

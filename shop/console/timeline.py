@@ -26,6 +26,7 @@ from ..models import (
     ScheduledCommand,
     WebhookReceipt,
 )
+from ..payments.links import session_link
 from ..scheduling.stuck import stuck_cutoff
 from ..web.serialize import order_json
 from .audit import action_json
@@ -112,13 +113,21 @@ def order_timeline(order: Order, now: datetime) -> dict:
             for p in rows.refusals
         ],
         "provider_refusals": [
-            {"id": p.id, "attempt": p.attempt, "code": p.code, "reason": p.reason, "created_at": iso(p.created_at)}
+            {
+                "id": p.id,
+                "attempt": p.attempt,
+                "kind": p.kind,
+                "code": p.code,
+                "reason": p.reason,
+                "created_at": iso(p.created_at),
+            }
             for p in rows.provider_refusals
         ],
         "operator_actions": [action_json(a, ref) for a in rows.actions],
     }
     pruned = db.session.get(PrunedDetail, order.id)
     data["pruned"] = _pruned(pruned)
+    data["provider_session_link"] = session_link(order.payment_session_id, order.payment_session_url)
     data["timeline"] = _merged(rows, names, pruned)
     return data
 
@@ -215,8 +224,10 @@ def _merged(rows: _OrderRows, names: dict, pruned: PrunedDetail | None = None) -
         + [
             (
                 p.created_at,
-                "provider_refused",
-                f"provider refused payment attempt {p.attempt}",
+                "provider_refused" if p.kind == "refused" else "payment_start_failed",
+                f"provider refused payment attempt {p.attempt}"
+                if p.kind == "refused"
+                else f"payment attempt {p.attempt} did not start: provider unavailable",
                 p.reason + (f" (code {p.code})" if p.code else ""),
             )
             for p in rows.provider_refusals

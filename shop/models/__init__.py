@@ -27,9 +27,11 @@ from .ops import (
     PrunedDetail,
     EmailResend,
     StockCorrection,
+    CardAcknowledgement,
 )
 
 __all__ = [
+    "CardAcknowledgement",
     "Product",
     "Variant",
     "InventoryItem",

@@ -154,3 +154,20 @@ class StockCorrection(db.Model):
     @property
     def delta(self) -> int:
         return self.new_on_hand - self.old_on_hand
+
+class CardAcknowledgement(db.Model):
+    """An operator's word that a red dashboard card is known (shop.console.acks): who, why, until
+    when, and the card's condition as it was then. The card shows as acknowledged while `until`
+    is ahead and its condition is unchanged; a new failure or the end of `until` makes it red
+    again. Rows are kept (the newest per card counts) and audited as the action that wrote them."""
+
+    __tablename__ = "card_acknowledgements"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    card: Mapped[str] = mapped_column(String(40))
+    condition: Mapped[str] = mapped_column(String(200))
+    operator: Mapped[str] = mapped_column(String(254))
+    reason: Mapped[str] = mapped_column(Text)
+    until = mapped_column(UTCDateTime, nullable=False)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+
+    __table_args__ = (Index("ix_card_acknowledgements_card_created_at", "card", "created_at"),)

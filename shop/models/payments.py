@@ -1,6 +1,6 @@
 from enum import StrEnum
 
-from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, false, text
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint, false, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ..extensions import db
@@ -27,6 +27,14 @@ class WebhookReceipt(db.Model):
     order_id: Mapped[int | None] = mapped_column(Integer, index=True, nullable=True)
     http_status: Mapped[int] = mapped_column(Integer)
     received_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
+    # The evidence (kept as long as the receipt, shop.scheduling.retention): the address the
+    # delivery came from (the client's, behind the shop's front: shop.web.requests), the raw body
+    # as received (a delivery that did not verify keeps only its first NOISE_BODY_CHARS), and
+    # whether its signature verified: False is noise from anyone on the internet, True the
+    # provider's own delivery, NULL a receipt older than the column or no secret to check with.
+    source_address: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    body: Mapped[str | None] = mapped_column(Text, nullable=True)
+    signed: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
 
     # The dashboard counts the rejected ones of the last 24 h, and the list filters by outcome,
     # newest first: both one range scan, however many accepted ones there are.
@@ -67,6 +75,9 @@ class ProviderRefusal(db.Model):
     code: Mapped[str | None] = mapped_column(String(100), nullable=True)
     reason: Mapped[str] = mapped_column(Text)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+    # `refused` (a 4xx: the provider said no) or `unavailable` (it could not be reached, failed, or
+    # the breaker did not call it): either way the order's payment did not start.
+    kind: Mapped[str] = mapped_column(String(20), default="refused", server_default="refused")
 
 
 class Refund(db.Model):

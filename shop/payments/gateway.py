@@ -143,6 +143,13 @@ def probe() -> bool | None:
     one), outside the breaker (it is what closes it) but inside this process's bulkhead and the
     rate budget. True when the provider answered (even a refusal of this request is an answer),
     False when it failed, None when there was no slot or budget to try now."""
+    return check()[0]
+
+
+def check() -> tuple[bool | None, str]:
+    """The probe's read, with what happened in words (for the console's provider card): the
+    provider answered (True), failed (False: its status and message, or the connection's
+    error), or there was no slot or budget to ask (None)."""
     provider_guard = guard.get()
     probe_client = per_app(
         "stripe_probe",
@@ -159,11 +166,16 @@ def probe() -> bool | None:
     try:
         with provider_guard.slot(wait=0), guard.customer_call(PROBE_TIMEOUT_SECONDS):
             probe_client.v1.events.list(params={"limit": 1})
-    except guard.Shed:
-        return None
+    except guard.Shed as exc:
+        return None, str(exc)
     except stripe.StripeError as exc:
-        return not _counts_as_failure(exc)
-    return True
+        status = getattr(exc, "http_status", None)
+        code = getattr(exc, "code", None)
+        words = (f"{status} " if status else "") + (f"({code}) " if code else "") + (exc.user_message or str(exc))
+        if not _counts_as_failure(exc):
+            return True, f"answered, refusing the read: {words.strip()}"
+        return False, words.strip()[:500]
+    return True, "answered"
 
 
 def _recovered() -> None:
@@ -242,6 +254,26 @@ def expire_session(session_id: str, *, cancelling_order: int | None = None) -> S
 
 
 EVENTS_PAGE_SIZE = 100  # the most one list call returns
+
+
+def undelivered_events(*, since: datetime) -> list[tuple[str, str, int]]:
+    """The provider's own view of its webhooks: events of the shop's kinds created since `since`
+    that it has not delivered (still retrying, or given up), newest first, at most one page:
+    (id, type, created). Stripe counts a 4xx from the shop (a wrong signing secret) as a failed
+    delivery, so this sees what the shop's own receipts cannot tell from a scanner."""
+    params = {
+        "delivery_success": False,
+        "types": list(EVENT_TYPES),
+        "created": {"gte": int(since.timestamp())},
+        "limit": EVENTS_PAGE_SIZE,
+    }
+    page = _call("list undelivered events", lambda: client().v1.events.list(params=params))
+    found = []
+    for event in page.data:
+        data = event.to_dict() if hasattr(event, "to_dict") else dict(event)
+        if isinstance(data.get("id"), str):
+            found.append((data["id"], str(data.get("type")), int(data.get("created") or 0)))
+    return found
 
 
 def session_events(*, since: datetime, starting_after: str | None = None) -> tuple[list[SessionEvent], bool]:

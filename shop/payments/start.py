@@ -117,6 +117,7 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None, fr
             log.info("order %s joins the line for a payment session: %s", order.reference, exc)
             return StartOutcome(StartCode.IN_LINE)
         log.warning("order %s: payment provider unreachable, order stays %s: %s", order.reference, order.status, exc)
+        _note_refusal(order.id, attempt, exc, kind="unavailable")
         return StartOutcome(StartCode.UNREACHABLE)
     except gateway.ProviderRefused as exc:
         log.error("order %s: provider refused the checkout session: %s", order.reference, exc)
@@ -217,17 +218,33 @@ def joined_line(order_id: int) -> None:
         log.warning("could not wake the payment queue (%s); it finds order %s by itself", exc, order_id)
 
 
-def _note_refusal(order_id: int, attempt: int, exc: gateway.ProviderRefused, *, leave_line: bool = False) -> None:
+def _note_refusal(
+    order_id: int,
+    attempt: int,
+    exc: gateway.ProviderRefused | gateway.ProviderUnavailable,
+    *,
+    leave_line: bool = False,
+    kind: str = "refused",
+) -> None:
     """Keep the provider's reason for the order's console timeline, in its own small commit (and
     take the order out of the line: asking again would be refused again). Bookkeeping only:
-    failing to write it must not change what the customer is told."""
+    failing to write it must not change what the customer is told.
+
+    `kind` "unavailable": the provider could not be reached, failed or was not called (the
+    breaker); its words and why (`exc.kind`) are kept the same way, so a payment that never
+    started during an outage leaves its tries on the timeline."""
     try:
         with uow.transaction() as session:
             if leave_line:
                 order_store.note(order_id, "leave_queue")
+            code = getattr(exc, "code", None) if kind == "refused" else getattr(exc, "kind", None)
             session.add(
                 ProviderRefusal(
-                    order_id=order_id, attempt=attempt, code=(exc.code or None) and str(exc.code)[:100], reason=str(exc)
+                    order_id=order_id,
+                    attempt=attempt,
+                    code=(code or None) and str(code)[:100],
+                    reason=str(exc),
+                    kind=kind,
                 )
             )
     except Exception:  # noqa: BLE001 - logged; the refusal itself is already in the log above

@@ -198,8 +198,37 @@ class Breaker:
             log.warning("provider circuit breaker: %s -> %s", self._last_state, state)
             self._last_state = state
 
+    def note_check(self, ok: bool, words: str, now: float | None = None) -> None:
+        """Keep the outcome of the provider watch's latest check (payments.watch) beside the
+        breaker, for the console: when it ran, whether the provider answered, in words, and since
+        when the answer has been the same (the card's condition). This process's copy too, for
+        while Redis is away."""
+        from redis.exceptions import RedisError
+
+        now = time.time() if now is None else now
+        previous = self._check
+        since = previous["check_since"] if previous and previous["check_ok"] == ok else now
+        self._check = {"checked_at": now, "check_ok": ok, "check_words": words, "check_since": since}
+        try:
+            conn = self.shared.connection()
+            if conn is None:
+                return
+            was = conn.hmget(self.key, "check_ok", "check_since")
+            if was[0] is not None and int(_text(was[0])) == int(ok) and was[1] is not None:
+                since = float(_text(was[1]))
+            self._check["check_since"] = since
+            conn.hset(
+                self.key,
+                mapping={"checked_at": now, "check_ok": int(ok), "check_words": words[:500], "check_since": since},
+            )
+        except RedisError as exc:
+            self.shared.unreachable(exc)
+
+    _check: dict | None = None
+
     def view(self) -> dict:
-        """The breaker as every process sees it (Redis), or this process's own view."""
+        """The breaker as every process sees it (Redis), or this process's own view; with the
+        provider watch's latest check (`checked_at` None when none has run)."""
         from redis.exceptions import RedisError
 
         try:
@@ -215,7 +244,12 @@ class Breaker:
                     "last_probe_at": last_probe or None,
                     "probe_failures": int(raw.get("probe_failures", 0)),
                     "transitions": {s: int(raw.get(f"to_{s}", 0)) for s in BreakerState},
+                    "checked_at": float(raw["checked_at"]) if raw.get("checked_at") else None,
+                    "check_ok": raw.get("check_ok") == "1" if raw.get("check_ok") is not None else None,
+                    "check_words": raw.get("check_words") or "",
+                    "check_since": float(raw["check_since"]) if raw.get("check_since") else None,
                 }
         except RedisError:
             pass
-        return {**self.local.view(), "shared": False}
+        check = self._check or {"checked_at": None, "check_ok": None, "check_words": "", "check_since": None}
+        return {**self.local.view(), "shared": False, **check}
