@@ -155,6 +155,7 @@ class StockCorrection(db.Model):
     def delta(self) -> int:
         return self.new_on_hand - self.old_on_hand
 
+
 class CardAcknowledgement(db.Model):
     """An operator's word that a red dashboard card is known (shop.console.acks): who, why, until
     when, and the card's condition as it was then. The card shows as acknowledged while `until`
