@@ -28,7 +28,7 @@ from ..models import (
     WarningState,
     WorkStatus,
 )
-from ..payments import checkout_queue, guard
+from ..payments import checkout_queue, guard, watch
 from ..scheduling.stuck import stuck_cutoff
 from .health import oldest_due
 from .nodes import UP, group, held_work
@@ -56,6 +56,7 @@ class ShopCollector:
         yield from _refunds(now)
         yield from _unknown_payments()
         yield from _webhook_rejections()
+        yield from _webhook_undelivered(now)
         yield from _settings()
         yield from provider_breaker_metrics(now)
         yield from _payment_queue(now)
@@ -297,6 +298,22 @@ def _unknown_payments():
     for status in sorted(set(counts) | {s.value for s in UnknownPaymentStatus}):
         family.add_metric([status], counts.get(status, 0))
     yield family
+
+
+def _webhook_undelivered(now):
+    """The provider's own count of the last hour's events it could not deliver to the shop, less
+    those the shop has received since (shop.payments.watch, asked about every minute by the
+    scheduler's watch): what tells a wrong signing secret from a scanner's noise. NaN when it was
+    not asked lately (the provider away, or no scheduler): no evidence either way, and no rule
+    comparing it fires."""
+    view = watch.deliveries_view()
+    fresh = view is not None and now.timestamp() - view["checked_at"] <= 3 * watch.DELIVERY_CHECK_SECONDS
+    yield GaugeMetricFamily(
+        "shop_webhook_events_undelivered",
+        "Events of the last hour the provider reports it could not deliver to the shop (and the shop never got); "
+        "NaN when not asked lately",
+        value=view["count"] if fresh else float("nan"),
+    )
 
 
 # A rejected webhook's reason is a sentence (shop/webhooks.py, `_reject`), some with the SDK's

@@ -5,6 +5,7 @@ and the settings the rules compare against (docs/REFERENCE.md, Operations)."""
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import timedelta
 
@@ -194,3 +195,28 @@ def test_payments_for_unknown_orders_are_counted_by_what_became_of_them(fresh_ap
     assert _value(samples, "shop_unknown_payments", status="refunded") == 2
     assert _value(samples, "shop_unknown_payments", status="not_ours") == 1
     assert _value(samples, "shop_unknown_payments", status="refund_failed") == 0
+
+
+def test_the_providers_undelivered_events_are_a_metric_only_while_the_watch_has_asked_lately(make_shop, sandbox):
+    """What BackstopWebhooksUndelivered pages on: a wrong signing secret shows here, a scanner does not."""
+    from payment_helpers import Shopper, wait_until
+    from shop.payments import watch
+
+    app = make_shop(served=True, STRIPE_WEBHOOK_SECRET="whsec_not_the_endpoints_secret")
+    assert math.isnan(_value(scrape(app), "shop_webhook_events_undelivered"))  # never asked: no evidence
+    order = Shopper(app, app.skus).place()
+    sandbox.set_outcome(order["payment"]["session_id"], "paid")
+
+    def refused() -> bool:
+        with app.app_context():
+            n = db.session.query(WebhookReceipt).filter_by(outcome="rejected").count()
+            db.session.remove()
+        return n > 0
+
+    wait_until(refused, what="the provider's delivery, refused for its signature")
+    with app.app_context():
+        watch.check_deliveries()
+    assert _value(scrape(app), "shop_webhook_events_undelivered") >= 1
+    with app.app_context():  # an answer from long ago (the watch stopped asking) is no evidence
+        watch.check_deliveries(now=utcnow() - timedelta(seconds=4 * watch.DELIVERY_CHECK_SECONDS))
+    assert math.isnan(_value(scrape(app), "shop_webhook_events_undelivered"))
