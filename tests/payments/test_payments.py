@@ -93,7 +93,8 @@ def test_a_declined_card_leaves_the_order_payable_on_the_same_session(fresh_payi
     sid = order["payment"]["session_id"]
     sandbox.set_outcome(sid, "declined")
 
-    assert sandbox.events() == []  # Stripe sends nothing for a decline: the customer stays on the page
+    # Stripe tells only of the failed attempt; the customer stays on the page, its session open.
+    assert [e["type"] for e in sandbox.events()] == ["payment_intent.payment_failed"]
     with fresh_paying_app.app_context():
         assert reconcile_order(order_id(fresh_paying_app, order["reference"])).outcome == "noop"
     assert _provider_session(fresh_paying_app, sid).status == "open"

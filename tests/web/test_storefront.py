@@ -205,7 +205,13 @@ def test_the_orders_list_and_the_order_page_have_the_contract_json_shape(shop, b
         "created_at",
         "updated_at",
         "pay_by",
+        # Beyond the contract's minimum (docs/REFERENCE.md, Storefront): the decline's words, and
+        # whether and where the order ships.
+        "last_payment_error",
+        "ships",
+        "shipping",
     }
+    assert (data["last_payment_error"], data["ships"], data["shipping"]) == (None, True, None)
     assert (data["reference"], data["status"], data["version"]) == (first, "PendingPayment", 1)
     assert (data["total"], data["currency"], data["inventory_restored"]) == (2800, "usd", False)
     assert data["payment"] is None and data["refunds"] == []
