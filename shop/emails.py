@@ -26,7 +26,7 @@ from .public_urls import public_url_for
 # An email about a state the order can leave: once it has, the email would mislead and is not
 # sent ("your items are held, try again" after the customer cancelled). The others are about
 # final states.
-STILL_TRUE_WHILE = {"payment_failed": OrderStatus.PAYMENT_FAILED}
+STILL_TRUE_WHILE = {"payment_failed": OrderStatus.PAYMENT_FAILED, "payment_link": OrderStatus.PENDING_PAYMENT}
 
 
 @dataclass

@@ -367,6 +367,13 @@ def delete_webhook_endpoint(endpoint_id: str) -> None:
     _call("delete webhook endpoint", lambda: client().v1.webhook_endpoints.delete(endpoint_id))
 
 
+def answers() -> None:
+    """Does the provider take calls now? One cheap read (the newest event) through the guard:
+    raises ProviderUnavailable when it does not (down, or its breaker open), ProviderRefused
+    when it answered no (which is an answer: it is up)."""
+    _call("list events", lambda: client().v1.events.list(params={"limit": 1}))
+
+
 def payment_intent_failed(payment_intent_id: str) -> bool:
     intent = _call("retrieve payment intent", lambda: client().v1.payment_intents.retrieve(payment_intent_id))
     return intent["status"] in ("requires_payment_method", "canceled")

@@ -22,6 +22,7 @@ from ..public_urls import public_url, public_url_for
 from ..store import order_store
 from ..store.order_store import LoadedOrder
 from . import gateway, guard
+from .payment_link import offer_payment_link_later
 
 log = logging.getLogger("shop.payments")
 
@@ -117,6 +118,8 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None, fr
             log.info("order %s joins the line for a payment session: %s", order.reference, exc)
             return StartOutcome(StartCode.IN_LINE)
         log.warning("order %s: payment provider unreachable, order stays %s: %s", order.reference, order.status, exc)
+        if placed is not None:  # the checkout's own start: email the payment link once payments work again
+            offer_payment_link_later(order.id, now)
         return StartOutcome(StartCode.UNREACHABLE)
     except gateway.ProviderRefused as exc:
         log.error("order %s: provider refused the checkout session: %s", order.reference, exc)

@@ -7,6 +7,7 @@ from datetime import datetime
 from .. import emails
 from ..models import ScheduledCommand
 from ..orders.cancel import expire_unpaid_order
+from ..payments.payment_link import COMMAND as OFFER_PAYMENT_LINK, TEMPLATE as PAYMENT_LINK, ready_to_offer
 from ..payments.refunds import execute_refund
 
 
@@ -22,6 +23,13 @@ def _send_email(row: ScheduledCommand, now: datetime) -> None:
     )
 
 
+def _payment_link(row: ScheduledCommand, now: datetime) -> None:
+    # Waits for the provider (ready_to_offer raises while it does not answer); one email per
+    # order, under the order's own key, and only while the order still waits for its payment.
+    if ready_to_offer(row.order_id):
+        emails.send(row.order_id, PAYMENT_LINK, key=f"order-{row.order_id}-{PAYMENT_LINK}")
+
+
 def _refund(row: ScheduledCommand, now: datetime) -> None:
     execute_refund(row.payload["refund_id"], now)
 
@@ -30,4 +38,5 @@ COMMANDS = {
     "expire_unpaid_order": _expire,
     "send_email": _send_email,
     "refund_payment": _refund,
+    OFFER_PAYMENT_LINK: _payment_link,
 }
