@@ -143,9 +143,8 @@ def _countries(env, name, default):
     codes = tuple(dict.fromkeys(part.strip().upper() for part in raw.split(",") if part.strip()))
     wrong = [code for code in codes if len(code) != 2 or not code.isascii() or not code.isalpha()]
     if not codes or wrong:
-        raise SettingsError(
-            name, f"must be two-letter country codes separated by commas (US,CA,GB), got {', '.join(wrong) or raw!r}"
-        )
+        got = ", ".join(wrong) if wrong else repr(raw)
+        raise SettingsError(name, f"must be two-letter country codes separated by commas (US,CA,GB), got {got}")
     return codes
 
 

@@ -300,3 +300,29 @@ def test_a_failed_payment_shows_its_words_and_pay_now(make_fresh_app, sandbox):
         page = shopper.client.get(f"/orders/{order['reference']}", headers=HTML).get_data(as_text=True)
         assert 'role="alert"><strong>Your payment did not go through.</strong>' in page
         assert ">Pay now</button>" in page
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [{}, {"order_id": "not-a-number"}, {"order_id": "99999999999999"}, {"order_id": "424242", "attempt": "x"}],
+)
+def test_a_payment_failure_naming_no_known_order_is_answered_and_recorded(fresh_paying_app, metadata):
+    failure = {"id": "pi_test_odd", "object": "payment_intent", "metadata": metadata, "last_payment_error": "odd"}
+    client = fresh_paying_app.test_client()
+    answer = post_webhook(client, stripe_event("payment_intent.payment_failed", failure))
+
+    assert answer.status_code == 200 and answer.get_json()["outcome"] == "unknown_order"
+    [receipt] = _rows(fresh_paying_app)
+    assert (receipt.event_type, receipt.outcome) == ("payment_intent.payment_failed", "accepted")
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [("USA", "got USA"), ("US,,1X", "got 1X"), (" , ", "got ' , '")],
+)
+def test_a_bad_shipping_countries_setting_stops_the_app_naming_it(tmp_path, value, words):
+    from shop.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError) as stopped:
+        load_settings({"SHIPPING_COUNTRIES": value, "SECRET_KEY": "x"}, str(tmp_path))
+    assert stopped.value.variable == "SHIPPING_COUNTRIES" and words in str(stopped.value)
