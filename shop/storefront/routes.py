@@ -67,7 +67,7 @@ def checkout():
     in_line = line_is_held()  # the provider's budget for new sessions is spent: join the line at once
     result = place_order(cart_id=cart_id, browser_id=bid, email=form.email.data.strip(), in_line=in_line)
     if not result.ok:
-        if result.code in (Refusal.CART_CLOSED, Refusal.EMPTY_CART):
+        if result.code is Refusal.CART_CLOSED:
             # The other submit of this cart won: say where its order is (if it was this browser's).
             answer = _just_ordered(bid, form)
             if answer is not None:

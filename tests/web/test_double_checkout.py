@@ -119,3 +119,12 @@ def _same_cookies(browser: requests.Session) -> requests.Session:
     tab = requests.Session()
     tab.cookies.update(browser.cookies)
     return tab
+
+
+def test_a_new_cart_emptied_after_an_order_is_only_empty(shopper, sandbox):
+    shopper.buy()
+    shopper.add("SOCK-M")
+    assert shopper.post(f"/cart/items/{shopper.skus['SOCK-M']}/delete").status_code == 303
+    answer = shopper.checkout_cart()
+    page = answer.get_data(as_text=True)
+    assert answer.status_code == 400 and "Your cart is empty." in page and "just ordered" not in page
