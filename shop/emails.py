@@ -26,13 +26,19 @@ from .public_urls import public_url_for
 # An email about a state the order can leave: once it has, the email would mislead and is not
 # sent ("your items are held, try again" after the customer cancelled). The others are about
 # final states.
-STILL_TRUE_WHILE = {"payment_failed": OrderStatus.PAYMENT_FAILED}
+STILL_TRUE_WHILE = {"payment_failed": OrderStatus.PAYMENT_FAILED, "payment_link": OrderStatus.PENDING_PAYMENT}
 
 
 @dataclass
 class Email:
     subject: str
     body: str
+    html: str | None = None  # the same email as HTML, for the templates that have one
+
+
+# The emails sent as HTML too (templates/email/<name>.html next to <name>.txt): the receipt,
+# whose items read best as a table.
+HTML_TEMPLATES = {"order_paid"}
 
 
 # Why a refund did not go through, in the customer's words, by the provider's `failure_reason`
@@ -106,9 +112,42 @@ def render(template: str, order: Order) -> Email | None:
         if not refunds:
             return None
         context["refund"], context["why"] = refunds[-1], refund_failure_words(refunds[-1].failure_reason)
+    if template == "order_paid":
+        context.update(receipt_context(order))
     text = render_template(f"email/{template}.txt", **context)
     head, _, body = text.partition("\n\n")
-    return Email(head.removeprefix("Subject:").strip(), body.strip() + "\n")
+    subject = head.removeprefix("Subject:").strip()
+    html = render_template(f"email/{template}.html", subject=subject, **context) if template in HTML_TEMPLATES else None
+    return Email(subject, body.strip() + "\n", html)
+
+
+def receipt_context(order: Order) -> dict:
+    """What the receipt lists: each line with its quantity, unit price and amount, the total, and
+    where the goods go (the address collected with the payment; digital orders ship nothing)."""
+    lines = [
+        dict(name=line.name, sku=line.sku, quantity=line.quantity, unit_price=line.unit_price,
+             amount=line.quantity * line.unit_price)
+        for line in order.lines
+    ]  # fmt: skip
+    shipping = order.shipping_details or None
+    address = (shipping or {}).get("address") or {}
+    shipping_lines = (
+        [
+            part
+            for part in (
+                shipping.get("name"),
+                address.get("line1"),
+                address.get("line2"),
+                " ".join(p for p in (address.get("postal_code"), address.get("city")) if p)
+                + (f", {address['state']}" if address.get("state") else ""),
+                address.get("country"),
+            )
+            if part
+        ]
+        if shipping
+        else []
+    )
+    return dict(items=lines, ships=bool(order.ships), shipping=shipping, shipping_lines=shipping_lines)
 
 
 def send(order_id: int, template: str, *, key: str) -> bool:
@@ -123,5 +162,5 @@ def send(order_id: int, template: str, *, key: str) -> bool:
     email = render(template, order)
     if email is None:
         return False
-    mailer.send(order.email, email.subject, email.body, key=key)
+    mailer.send(order.email, email.subject, email.body, key=key, html=email.html)
     return True

@@ -37,6 +37,11 @@ class SettingsError(Exception):
 # default window, not all of it (docs/REFERENCE.md, Settings).
 DEFAULT_HOLD_WITHOUT_SESSION_SECONDS = 600
 DEFAULT_WEB_CONCURRENCY = 2
+# Where the shop ships physical goods unless SHIPPING_COUNTRIES says otherwise: the countries the
+# payment page lets a customer choose for the shipping address (Stripe's `allowed_countries`).
+DEFAULT_SHIPPING_COUNTRIES = (
+    "US", "CA", "GB", "IE", "FR", "DE", "NL", "BE", "AT", "ES", "IT", "PT", "SE", "DK", "FI", "NO", "CH", "AU", "NZ",
+)  # fmt: skip
 DEFAULT_WEB_THREADS = 32
 
 
@@ -119,6 +124,8 @@ class Settings:
     retention_days: int = 30
     audit_retention_days: int = 400
     prune_interval_seconds: int = 3600
+    # SHIPPING_COUNTRIES: the countries a shipping address may be in (two-letter ISO codes).
+    shipping_countries: tuple[str, ...] = DEFAULT_SHIPPING_COUNTRIES
 
     @property
     def uses_sandbox(self) -> bool:
@@ -126,6 +133,19 @@ class Settings:
 
     def as_config(self) -> dict:
         return {k.upper(): v for k, v in asdict(self).items()}
+
+
+def _countries(env, name, default):
+    """A comma-separated list of two-letter ISO country codes (`US,CA,GB`), as Stripe takes them."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    codes = tuple(dict.fromkeys(part.strip().upper() for part in raw.split(",") if part.strip()))
+    wrong = [code for code in codes if len(code) != 2 or not code.isascii() or not code.isalpha()]
+    if not codes or wrong:
+        got = ", ".join(wrong) if wrong else repr(raw)
+        raise SettingsError(name, f"must be two-letter country codes separated by commas (US,CA,GB), got {got}")
+    return codes
 
 
 def _int(env, name, default, lo, hi):
@@ -481,4 +501,5 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         behind_front=_bool(env, "BACKSTOP_BEHIND_FRONT", False),
         log_format=_log_format(env),
         sentry_dsn=_sentry_dsn(env),
+        shipping_countries=_countries(env, "SHIPPING_COUNTRIES", DEFAULT_SHIPPING_COUNTRIES),
     )

@@ -26,6 +26,7 @@ from .extensions import csrf, db
 from .models import ReceiptOutcome, WebhookReceipt
 from .payments import gateway
 from .payments.apply import apply_session
+from .payments.declines import note_payment_failure
 from .payments.guard import Priority, request_priority
 from .payments.refunds import apply_refund_report
 from .payments.registration import webhook_secret
@@ -205,6 +206,8 @@ def _accept(event: dict):
         return jsonify({"received": True, "outcome": "ignored"}), 200
     if event_type in gateway.REFUND_EVENT_TYPES:
         return _accept_refund(event, event_id, event_type)
+    if event_type in gateway.PAYMENT_FAILURE_EVENT_TYPES:
+        return _accept_payment_failure(event, event_id, event_type)
     view = gateway.session_view(event["data"]["object"])
     if view.id is None or not _usable_id(view.id):
         # Every Checkout Session event names its session; without one there is nothing to
@@ -279,6 +282,34 @@ def _accept_refund(event: dict, event_id, event_type):
         )
         return jsonify({"received": True, "outcome": "failed"}), 200
     return jsonify({"received": True, "outcome": report.outcome}), 200
+
+
+def _accept_payment_failure(event: dict, event_id, event_type):
+    """A card declined on the payment page: noted on the order with its receipt, in one
+    transaction. One that cannot be noted now is answered 200 all the same and recorded `failed`:
+    it changes no state (the session stays open, and the customer saw the refusal there)."""
+    view = gateway.payment_failure_view(event["data"]["object"])
+
+    def receipt(noted) -> None:
+        _write_receipt(
+            ReceiptOutcome.ACCEPTED,
+            noted.outcome + (f": {noted.detail}" if noted.detail else ""),
+            200,
+            event_id,
+            event_type,
+            noted.order_id,
+        )
+
+    try:
+        noted = note_payment_failure(view, before_commit=receipt)
+    except Exception as exc:
+        db.session.rollback()
+        log.warning("webhook event %s (%s) accepted but not applied: %s", event_id, event_type, exc, exc_info=True)
+        _record(
+            ReceiptOutcome.FAILED, f"accepted, not applied: {_in_words(exc)}", 200, event_id, event_type, view.order_id
+        )
+        return jsonify({"received": True, "outcome": "failed"}), 200
+    return jsonify({"received": True, "outcome": noted.outcome}), 200
 
 
 def _apply_then_record(event_id, event_type, view, failed, receipt, by_cancel):

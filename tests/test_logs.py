@@ -194,8 +194,11 @@ def test_a_checkouts_request_id_is_on_its_lines_and_on_the_workers_lines_for_the
 
     with shop.app_context():
         order_id = db.session.execute(select(Order.id).where(Order.reference == ref)).scalar_one()
+        # Its deadline (beside it, the payment-link email's command, which waits for the provider).
         deadline = db.session.execute(
-            select(ScheduledCommand).where(ScheduledCommand.order_id == order_id)
+            select(ScheduledCommand).where(
+                ScheduledCommand.order_id == order_id, ScheduledCommand.kind == "expire_unpaid_order"
+            )
         ).scalar_one()
         assert deadline.kind == "expire_unpaid_order" and deadline.request_id == request_id
         db.session.remove()

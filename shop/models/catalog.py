@@ -1,4 +1,4 @@
-from sqlalchemy import CheckConstraint, ForeignKey, Integer, String, Text
+from sqlalchemy import Boolean, CheckConstraint, ForeignKey, Integer, String, Text, true
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from ..extensions import db
@@ -11,6 +11,10 @@ class Product(db.Model):
     slug: Mapped[str] = mapped_column(String(80), unique=True)
     name: Mapped[str] = mapped_column(String(200))
     description: Mapped[str] = mapped_column(Text, default="")
+    # Physical goods the shop ships (the default, and every demo product): an order holding one
+    # asks for a shipping address at the payment page. False for a digital product, which has
+    # nothing to send.
+    ships: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True, server_default=true())
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     variants = relationship("Variant", back_populates="product", order_by="Variant.id")
 

@@ -1,4 +1,4 @@
-from sqlalchemy import Boolean, CheckConstraint, ForeignKey, Index, Integer, String, event, func
+from sqlalchemy import JSON, Boolean, CheckConstraint, ForeignKey, Index, Integer, String, event, false, func
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 from ..extensions import db
@@ -32,6 +32,16 @@ class Order(db.Model):
     payment_session_expires_at = mapped_column(UTCDateTime, nullable=True)
     payment_attempts: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
     last_payment_error: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    # A card the customer tried on the payment page was declined, when: the session stays open
+    # (they may try another card there), so the order stays PaymentInitiated and its page says
+    # so with `last_payment_error`'s words. Bookkeeping; a new payment session clears it.
+    payment_declined_at = mapped_column(UTCDateTime, nullable=True)
+    # The order holds physical goods (a product that `ships`), decided from the catalog at
+    # checkout: its payment page asks for a shipping address.
+    ships: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=false())
+    # Where to send it, as the provider collected it with the payment: {"name", "address":
+    # {"line1", "line2", "city", "postal_code", "state", "country"}}. Written with the payment.
+    shipping_details = mapped_column(JSON(none_as_null=True), nullable=True)
     # The sweep's own bookkeeping, not a state change (no version bump): when asking the provider
     # again is worth it for an order whose answer cannot change soon (a refused payment proof
     # waits for an operator, an async payment for the bank). Without it such orders, being the

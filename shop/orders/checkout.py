@@ -64,6 +64,7 @@ class Placed:
     currency: str = ""
     lines: list[dict] = field(default_factory=list)
     placed_at: datetime | None = None
+    ships: bool = False  # it holds physical goods: its payment page asks where to send them
     ok = True
 
 
@@ -120,6 +121,7 @@ _READ_CART = (
         _variants.c.price,
         _variants.c.currency,
         _variants.c.deleted_at,
+        _products.c.ships,
     )
     .select_from(
         _items.outerjoin(_variants, _variants.c.id == _items.c.variant_id).outerjoin(
@@ -221,6 +223,8 @@ def place_order(
         return refused
     currency = rows[0].currency
     total = sum(variants[v].price * q for v, q in lines)
+    # Physical goods anywhere in the cart: the payment page collects a shipping address.
+    ships = any(bool(variants[v].ships) for v, _ in lines)
     reference, token = new_reference(), secrets.token_urlsafe(24)
     line_rows = [
         dict(variant_id=v, sku=variants[v].sku, name=variants[v].name, quantity=q, unit_price=variants[v].price)
@@ -240,6 +244,7 @@ def place_order(
                 now=now,
                 lines=line_rows,
                 in_line=in_line,
+                ships=ships,
             )
             closed = session.execute(_CLOSE_CART, dict(cart_id=cart_id, browser=browser_id, order=order_id))
             if closed.rowcount != 1:
@@ -253,7 +258,7 @@ def place_order(
         return CheckoutRefused(Refusal.TOO_MANY_UNPAID, limit=current_app.config["UNPAID_ORDERS_PER_CLIENT"])
     except _Shortfall:
         return CheckoutRefused(Refusal.OUT_OF_STOCK, shortages(lines, variants))
-    return Placed(order_id, reference, token, email, total, currency, line_rows, now)
+    return Placed(order_id, reference, token, email, total, currency, line_rows, now, ships)
 
 
 def _refuse_cart(rows, lines, variants, most_of_one: int) -> CheckoutRefused | None:

@@ -164,6 +164,7 @@ def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
     transition = order.mark_paid(view.id, view.amount_total, view.currency)
     if not transition.ok:
         return None
+    order.ships_to(view.shipping_details)  # where the paid goods go, saved with the payment
     order_store.save(order, "mark_paid", transition.events, now=now)
     log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
     return Applied(Outcome.PAID, order)
@@ -255,6 +256,7 @@ def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime) -> Appl
         order.start_payment(view.id, view.url)  # the money is real: adopt its session first
         transition = "adopt_and_pay"
     order.mark_paid(view.id, view.amount_total, view.currency)
+    order.ships_to(view.shipping_details)
     # The write's own time, as for every other transition of the general path (`now` may be the caller's).
     order_store.save(order, transition, tuple(order.pending_events), now=utcnow())
     log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)

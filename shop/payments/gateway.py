@@ -33,14 +33,17 @@ from .provider_errors import (
 from .provider_views import (
     CANCEL_EXPIRY_KEY_PREFIX,
     EVENT_TYPES,
+    PAYMENT_FAILURE_EVENT_TYPES,
     REFUND_EVENT_TYPES,
     SESSION_EVENT_TYPES,
     EndpointView,
+    PaymentFailureView,
     RefundView,
     SessionEvent,
     SessionView,
     endpoint_view,
     expired_by_a_cancel,
+    payment_failure_view,
     refund_view,
     session_view,
 )
@@ -61,6 +64,9 @@ __all__ = [
     "BUDGET_KINDS",
     "CANCEL_EXPIRY_KEY_PREFIX",
     "EVENT_TYPES",
+    "PAYMENT_FAILURE_EVENT_TYPES",
+    "PaymentFailureView",
+    "payment_failure_view",
     "REFUND_EVENT_TYPES",
     "EndpointView",
     "GuardedHttpClient",
@@ -200,11 +206,17 @@ def create_checkout_session(
     success_url: str,
     cancel_url: str,
     expires_at: datetime,
+    ship_to: tuple[str, ...] | None = None,
 ) -> SessionView:
+    """The hosted Checkout Session of one payment attempt. `ship_to`: the order holds goods to
+    ship, so the payment page asks for a shipping address in one of these countries."""
     params = {
         "mode": "payment",
         "client_reference_id": reference,
         "metadata": {"order_id": str(order_id), "reference": reference, "shop": shop_mark()},
+        # On the attempt's PaymentIntent too: a declined card's payment_intent.payment_failed names
+        # the order and the attempt it was declined on, so an old attempt's decline is not news.
+        "payment_intent_data": {"metadata": {"order_id": str(order_id), "attempt": str(attempt)}},
         "customer_email": email,
         "success_url": success_url,
         "cancel_url": cancel_url,
@@ -221,6 +233,8 @@ def create_checkout_session(
             for line in lines
         ],
     }
+    if ship_to:
+        params["shipping_address_collection"] = {"allowed_countries": list(ship_to)}
     # The key names the attempt AND the session's end: a network retry of this very call is
     # replayed (same key, same parameters), while a later "Pay now" for an attempt whose save was
     # lost (the session was created, the order's update was not) asks for a later expires_at and
@@ -430,6 +444,13 @@ def subscribe_webhook_endpoint(endpoint_id: str) -> EndpointView:
 
 def delete_webhook_endpoint(endpoint_id: str) -> None:
     _call("delete webhook endpoint", lambda: client().v1.webhook_endpoints.delete(endpoint_id))
+
+
+def answers() -> None:
+    """Does the provider take calls now? One cheap read (the newest event) through the guard:
+    raises ProviderUnavailable when it does not (down, or its breaker open), ProviderRefused
+    when it answered no (which is an answer: it is up)."""
+    _call("list events", lambda: client().v1.events.list(params={"limit": 1}))
 
 
 def payment_intent_failed(payment_intent_id: str) -> bool:

@@ -22,9 +22,51 @@ EVENT_TYPES = [
     "checkout.session.expired",
     "refund.updated",
     "refund.failed",
+    "payment_intent.payment_failed",
 ]
 # A refund's news (docs/REFERENCE.md, Webhook): its object is the refund, not a session.
 REFUND_EVENT_TYPES = ("refund.updated", "refund.failed")
+# A card refused on the payment page (docs/REFERENCE.md, Webhook): its object is the payment
+# attempt's PaymentIntent; the session stays open for another card, so no session event comes.
+PAYMENT_FAILURE_EVENT_TYPES = ("payment_intent.payment_failed",)
+
+
+@dataclass(frozen=True)
+class PaymentFailureView:
+    """A failed attempt to pay, from its PaymentIntent: which order and payment attempt (the
+    metadata the shop gave the session's payment), and the card error as the provider says it."""
+
+    payment_intent: str | None
+    order_id: int | None
+    attempt: int | None
+    code: str | None  # card_declined, expired_card, incorrect_cvc, ...
+    decline_code: str | None  # insufficient_funds, lost_card, ... (card_declined only)
+    message: str | None  # the provider's own sentence for the customer
+
+
+def payment_failure_view(obj) -> PaymentFailureView:
+    """Read as defensively as `session_view`: a field of the wrong type reads as absent."""
+    if hasattr(obj, "to_dict"):
+        obj = obj.to_dict()
+    if not isinstance(obj, dict):
+        obj = {}
+    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    error = obj.get("last_payment_error") if isinstance(obj.get("last_payment_error"), dict) else {}
+
+    def text(value, limit=300):
+        return value[:limit] if isinstance(value, str) and value else None
+
+    def number(value):
+        return int(value) if isinstance(value, str) and value.isdigit() and len(value) < 10 else None
+
+    return PaymentFailureView(
+        payment_intent=text(obj.get("id"), 255),
+        order_id=number(metadata.get("order_id")),
+        attempt=number(metadata.get("attempt")),
+        code=text(error.get("code"), 100),
+        decline_code=text(error.get("decline_code"), 100),
+        message=text(error.get("message")),
+    )
 
 
 @dataclass(frozen=True)
@@ -40,6 +82,37 @@ class SessionView:
     order_id: int | None  # from metadata.order_id
     client_reference_id: str | None
     shop_mark: str | None = None  # from metadata.shop: which shop made the session (shop.payments.mark)
+    # Where the customer asked for the goods to go, when the session collected it
+    # (`collected_information.shipping_details`, or `shipping_details` before Stripe's 2025 API):
+    # {"name", "address": {"line1", "line2", "city", "postal_code", "state", "country"}}.
+    shipping_details: dict | None = None
+
+
+ADDRESS_FIELDS = ("line1", "line2", "city", "postal_code", "state", "country")
+
+
+def shipping_details_of(obj: dict) -> dict | None:
+    """A session's collected shipping details in the shop's shape, read defensively (the event is
+    the sender's JSON): text fields only, cut to a length a column and a page can show; None when
+    there is no name and no first line to ship to."""
+    collected = obj.get("collected_information")
+    details = collected.get("shipping_details") if isinstance(collected, dict) else None
+    if not isinstance(details, dict):
+        details = obj.get("shipping_details")
+    if not isinstance(details, dict):
+        return None
+    address = details.get("address") if isinstance(details.get("address"), dict) else {}
+
+    def text(value, limit=200):
+        return value.strip()[:limit] or None if isinstance(value, str) else None
+
+    shaped = {
+        "name": text(details.get("name")),
+        "address": {key: text(address.get(key)) for key in ADDRESS_FIELDS},
+    }
+    if not shaped["name"] and not shaped["address"]["line1"]:
+        return None
+    return shaped
 
 
 @dataclass(frozen=True)
@@ -132,6 +205,7 @@ def session_view(obj) -> SessionView:
         order_id=order_id,
         client_reference_id=text(obj.get("client_reference_id")),
         shop_mark=text(metadata.get("shop")) if isinstance(metadata, dict) else None,
+        shipping_details=shipping_details_of(obj),
     )
 
 

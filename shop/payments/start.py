@@ -22,6 +22,7 @@ from ..public_urls import public_url, public_url_for
 from ..store import order_store
 from ..store.order_store import LoadedOrder
 from . import gateway, guard
+from .payment_link import offer_payment_link_later
 
 log = logging.getLogger("shop.payments")
 
@@ -118,6 +119,8 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None, fr
             return StartOutcome(StartCode.IN_LINE)
         log.warning("order %s: payment provider unreachable, order stays %s: %s", order.reference, order.status, exc)
         _note_refusal(order.id, attempt, exc, kind="unavailable")
+        if placed is not None:  # the checkout's own start: email the payment link once payments work again
+            offer_payment_link_later(order.id, now)
         return StartOutcome(StartCode.UNREACHABLE)
     except gateway.ProviderRefused as exc:
         log.error("order %s: provider refused the checkout session: %s", order.reference, exc)
@@ -164,6 +167,7 @@ def _create_session(order: LoadedOrder, attempt: int, now: datetime) -> gateway.
         # The provider fills in {CHECKOUT_SESSION_ID}: written out, since url_for would escape the braces.
         success_url=public_url(f"/checkout/return?order={order.reference}&session_id={{CHECKOUT_SESSION_ID}}"),
         cancel_url=public_url_for("storefront.order_page", reference=order.reference, token=order.access_token),
+        ship_to=cfg["SHIPPING_COUNTRIES"] if order.ships else None,
     )
 
 

@@ -7,6 +7,7 @@ from datetime import datetime
 from .. import emails
 from ..models import ScheduledCommand
 from ..orders.cancel import expire_unpaid_order
+from ..payments.payment_link import COMMAND as OFFER_PAYMENT_LINK, TEMPLATE as PAYMENT_LINK, ready_to_offer
 from ..payments.refunds import execute_refund
 from ..payments.unknown_money import COMMAND as SETTLE_UNKNOWN_PAYMENT
 from ..payments.unknown_money import settle_unknown_payment
@@ -24,6 +25,13 @@ def _send_email(row: ScheduledCommand, now: datetime) -> None:
     )
 
 
+def _payment_link(row: ScheduledCommand, now: datetime) -> None:
+    # Waits for the provider (ready_to_offer raises while it does not answer); one email per
+    # order, under the order's own key, and only while the order still waits for its payment.
+    if ready_to_offer(row.order_id):
+        emails.send(row.order_id, PAYMENT_LINK, key=f"order-{row.order_id}-{PAYMENT_LINK}")
+
+
 def _refund(row: ScheduledCommand, now: datetime) -> None:
     execute_refund(row.payload["refund_id"], now)
 
@@ -37,4 +45,5 @@ COMMANDS = {
     "send_email": _send_email,
     "refund_payment": _refund,
     SETTLE_UNKNOWN_PAYMENT: _settle_unknown_payment,
+    OFFER_PAYMENT_LINK: _payment_link,
 }

@@ -46,6 +46,8 @@ class LoadedOrder(OrderRules):
     last_payment_error: str | None = None
     updated_at: datetime | None = None  # the last state change: the pay-by time counts from it
     lines: tuple[Line, ...] = field(default=())
+    ships: bool = False  # physical goods: the payment page collects a shipping address
+    shipping_details: dict | None = None  # where to send them, as the provider collected it
 
     @classmethod
     def of(cls, row: Order, *, lines: bool = False) -> LoadedOrder:
@@ -68,6 +70,8 @@ class LoadedOrder(OrderRules):
             row.last_payment_error,
             row.updated_at,
             tuple(Line(l.sku, l.name, l.quantity, l.unit_price) for l in row.lines) if lines else (),
+            bool(row.ships),
+            row.shipping_details,
         )
 
     @classmethod
@@ -84,11 +88,17 @@ class LoadedOrder(OrderRules):
             placed.access_token,
             updated_at=placed.placed_at,
             lines=tuple(Line(l["sku"], l["name"], l["quantity"], l["unit_price"]) for l in placed.lines),
+            ships=placed.ships,
         )
 
     def attempt(self, number: int, session_expires_at: datetime | None) -> None:
         """The payment attempt a start_payment transition opens, for `save` to write with it."""
         self.payment_attempts, self.payment_session_expires_at = number, session_expires_at
+
+    def ships_to(self, details: dict | None) -> None:
+        """Where the paid goods go, as the provider collected it: saved with the payment."""
+        if details:
+            self.shipping_details = details
 
     def failed_because(self, words: str) -> None:
         """What the customer's order page says about a failed payment, saved with the transition."""

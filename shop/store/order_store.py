@@ -154,6 +154,7 @@ def insert_order(
     now: datetime,
     lines: list[dict],
     in_line: bool = False,
+    ships: bool = False,
 ) -> int:
     """A new order (PendingPayment, version 1) and its lines, in the caller's transaction; its id.
     `lines` are dicts of variant_id, sku, name, quantity and unit_price; each gets the order's id.
@@ -174,6 +175,7 @@ def insert_order(
             created_at=now,
             updated_at=now,
             payment_queued_at=now if in_line else None,
+            ships=ships,
         ),
     ).scalar_one()
     for line in lines:
@@ -227,6 +229,7 @@ TRANSITIONS = {
             payment_session_expires_at=_v("payment_session_expires_at"),
             payment_processing_at=None,
             payment_queued_at=None,
+            payment_declined_at=None,
         ),
         ("status", "payment_session_id", "payment_session_url", "payment_attempts", "payment_session_expires_at"),
     ),
@@ -235,9 +238,11 @@ TRANSITIONS = {
             status=_v("status"),
             payment_session_id=_v("payment_session_id"),
             payment_processing_at=None,
+            payment_declined_at=None,
+            shipping_details=_v("shipping_details"),
             updated_at=_NOW,
         ),
-        ("status", "payment_session_id"),
+        ("status", "payment_session_id", "shipping_details"),
     ),
     # Money that is real for an order that had not started (or had failed) its payment: the session
     # is adopted and paid in one transition.
@@ -248,9 +253,11 @@ TRANSITIONS = {
             payment_session_url=_v("payment_session_url"),
             payment_processing_at=None,
             payment_queued_at=None,
+            payment_declined_at=None,
+            shipping_details=_v("shipping_details"),
             updated_at=_NOW,
         ),
-        ("status", "payment_session_id", "payment_session_url"),
+        ("status", "payment_session_id", "payment_session_url", "shipping_details"),
     ),
     T.MARK_PAYMENT_FAILED: (
         _guarded(T.MARK_PAYMENT_FAILED).values(
@@ -334,6 +341,7 @@ class Note(StrEnum):
     QUEUE = "queue"
     LEAVE_QUEUE = "leave_queue"
     NEXT_CHECK = "next_check"
+    DECLINED = "declined"
 
 
 NOTES = {
@@ -372,6 +380,19 @@ NOTES = {
     Note.LEAVE_QUEUE: update(_orders)
     .where(_orders.c.id == bindparam("order"))
     .values(payment_queued_at=None, **_KEEP_AGE),
+    # A card was declined on the order's payment page, which stays open for another try: only an
+    # order still waiting at that very attempt's page (see Order.payment_declined_at).
+    Note.DECLINED: update(_orders)
+    .where(
+        _orders.c.id == bindparam("order"),
+        _orders.c.status == literal_column(f"'{S.PAYMENT_INITIATED.value}'"),
+        _orders.c.payment_attempts == bindparam("attempt"),
+    )
+    .values(
+        payment_declined_at=bindparam("at", type_=_orders.c.payment_declined_at.type),
+        last_payment_error=bindparam("words", type_=_orders.c.last_payment_error.type),
+        **_KEEP_AGE,
+    ),
     # The sweep leaves the order out of its provider pass until then.
     Note.NEXT_CHECK: update(_orders)
     .where(_orders.c.id == bindparam("order"))
@@ -379,11 +400,21 @@ NOTES = {
 }
 
 
-def note(order_id: int, what: Note, at: datetime | None = None) -> None:
+def note(order_id: int, what: Note, at: datetime | None = None, **values) -> None:
     """Bookkeeping on the row, in the caller's transaction: not a state change, so no version bump
-    (a transition must not lose a race to it) and updated_at unchanged."""
-    db.session.execute(NOTES[what], {"order": order_id, "at": at})
+    (a transition must not lose a race to it) and updated_at unchanged. `values`: the note's own
+    parameters (DECLINED: `attempt` and `words`; see note_declined)."""
+    db.session.execute(NOTES[what], {"order": order_id, "at": at, "attempt": None, "words": None, **values})
     _forget_loaded(db.session, order_id)
+
+
+def note_declined(order_id: int, attempt: int, words: str, at: datetime) -> bool:
+    """A card was declined on the payment page of the order's attempt `attempt`: its words and
+    when, on the row (DECLINED), in the caller's transaction. False when the order is no longer
+    waiting at that attempt's page (paid, cancelled, or a newer attempt): old news then."""
+    result = db.session.execute(NOTES[Note.DECLINED], {"order": order_id, "at": at, "attempt": attempt, "words": words})
+    _forget_loaded(db.session, order_id)
+    return result.rowcount == 1
 
 
 STATEMENTS = {

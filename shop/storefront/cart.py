@@ -83,14 +83,23 @@ def _cart_data(cart: Cart | None) -> dict:
 
 
 def render_cart(
-    status: int = 200, error: str | None = None, shortages=None, form=None, field: str | None = None, over=None
+    status: int = 200,
+    error: str | None = None,
+    shortages=None,
+    form=None,
+    field: str | None = None,
+    over=None,
+    ordered: tuple[str, str] | None = None,
 ):
     """The cart page. `field` names the input an error concerns ("email", "quantity-<variant id>"):
-    the page shows the error beside it instead of in the banner."""
+    the page shows the error beside it instead of in the banner. `ordered`: (reference, order page)
+    of the order this cart has just become, which a second checkout of it points at."""
     cart = _open_cart()
     data = _cart_data(cart)
     if error:
         data["error"] = error
+    if ordered:
+        data["reference"], data["order_url"] = ordered
     if shortages:
         data["shortages"] = shortages
     if over:

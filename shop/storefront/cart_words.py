@@ -43,6 +43,8 @@ _REFUSAL_WORDS = {
 }
 
 EMPTY_CART = _REFUSAL_WORDS[Refusal.EMPTY_CART]
+# A second checkout of a cart that has just become an order points at it (storefront.routes).
+JUST_ORDERED = "This cart was just ordered: see order {reference}."
 
 
 def checkout_refusal_words(refused: CheckoutRefused) -> str:

@@ -16,7 +16,7 @@ from ..models import Cart, Order
 from ..orders.checkout import Refusal, place_order
 from ..orders.cancel import CancelStatus, cancel_order
 from .. import emails
-from ..orders.lookup import order_by_reference
+from ..orders.lookup import just_ordered_by, order_by_reference
 from ..payments import gateway
 from ..payments.apply import ask_and_apply
 from ..payments.checkout_queue import expected_wait_seconds, place_in_line
@@ -27,7 +27,7 @@ from ..web.serialize import in_line, keeps_changing, order_json, order_summary_j
 from ..web.words import badge, cancel_conflict_words
 from . import bp
 from .cart import render_cart
-from .cart_words import EMPTY_CART, checkout_refusal_words
+from .cart_words import EMPTY_CART, JUST_ORDERED, checkout_refusal_words
 from .forms import ActionForm, CancelForm, CheckoutForm, first_error
 from .payment_words import cancel_refusal_words, start_words
 
@@ -63,10 +63,15 @@ def checkout():
         ).scalar()
     )
     if cart_id is None:
-        return render_cart(400, EMPTY_CART, form=form, field="empty")
+        return _just_ordered(bid, form) or render_cart(400, EMPTY_CART, form=form, field="empty")
     in_line = line_is_held()  # the provider's budget for new sessions is spent: join the line at once
     result = place_order(cart_id=cart_id, browser_id=bid, email=form.email.data.strip(), in_line=in_line)
     if not result.ok:
+        if result.code is Refusal.CART_CLOSED:
+            # The other submit of this cart won: say where its order is (if it was this browser's).
+            answer = _just_ordered(bid, form)
+            if answer is not None:
+                return answer
         status = _REFUSAL_STATUS.get(result.code, 400)
         detail = checkout_refusal_words(result)
         field = {Refusal.OUT_OF_STOCK: "stock", Refusal.UNAVAILABLE: "stock", Refusal.EMPTY_CART: "empty"}.get(
@@ -104,6 +109,19 @@ def checkout():
     return _see_other(
         order_url,
         {"reference": result.reference, "payment_url": None, "order_url": order_url, "message": start_words(started)},
+    )
+
+
+def _just_ordered(bid: str | None, form):
+    """The answer to a checkout of a cart this browser has just turned into an order (a double
+    submit: the other request placed it): 409 with the order's reference and its page, which this
+    browser owns, instead of only "Your cart is empty"; None when there is no such order."""
+    order = just_ordered_by(bid)
+    if order is None:
+        return None
+    url = url_for("storefront.order_page", reference=order.reference)
+    return render_cart(
+        409, JUST_ORDERED.format(reference=order.reference), form=form, field="ordered", ordered=(order.reference, url)
     )
 
 

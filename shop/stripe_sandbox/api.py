@@ -344,7 +344,7 @@ SESSION_CREATE_PARAMS = (
     "mode", "line_items", "client_reference_id", "metadata", "success_url", "cancel_url",
     "customer_email", "expires_at", "expand", "payment_method_types", "locale",
     "payment_intent_data", "submit_type", "billing_address_collection", "ui_mode",
-    "customer_creation",
+    "customer_creation", "shipping_address_collection",
 )  # fmt: skip
 
 
@@ -387,8 +387,37 @@ def create_checkout_session(sandbox: Sandbox, params: dict, call: Call) -> dict:
         payment_intent_metadata=read_metadata(intent_data.get("metadata"), "payment_intent_data[metadata]"),
         expires_at=read_int(params.get("expires_at"), "expires_at"),
         locale=read_str(params.get("locale"), "locale"),
+        shipping_countries=_read_shipping_collection(params.get("shipping_address_collection")),
     )
     return _render_session(sandbox, session, expand)
+
+
+_COUNTRY = re.compile(r"^[A-Z]{2}$")
+
+
+def _read_shipping_collection(value: Any) -> list[str] | None:
+    """`shipping_address_collection[allowed_countries][]`: the countries the hosted page lets the
+    customer ship to; required (and not empty) once the hash is given, as at Stripe."""
+    collection = read_dict(value, "shipping_address_collection")
+    if collection is None:
+        return None
+    reject_unknown_nested(collection, ("allowed_countries",), ("shipping_address_collection",))
+    param = "shipping_address_collection[allowed_countries]"
+    countries = read_list(collection.get("allowed_countries"), param)
+    if not countries:
+        raise missing_param(param)
+    result: list[str] = []
+    for index, country in enumerate(countries):
+        name = param_name("shipping_address_collection", "allowed_countries", index)
+        country = read_str(country, name)
+        if country is None or not _COUNTRY.match(country):
+            raise invalid(
+                f"Invalid {name}: must be a two-letter country code (ISO 3166-1 alpha-2) in capitals, such as US",
+                name,
+            )
+        if country not in result:
+            result.append(country)
+    return result
 
 
 def _read_line_items(value: Any) -> list[LineItem]:

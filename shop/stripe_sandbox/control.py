@@ -15,7 +15,7 @@ from flask import Blueprint, Response, current_app, g, request
 
 from .api import endpoint
 from .objects import render_delivery, render_event, render_refund, render_session
-from .state import ASYNC_RESULTS, OUTCOMES, REFUND_OUTCOMES, ControlError, Faults, Sandbox
+from .state import ASYNC_RESULTS, OUTCOMES, REFUND_OUTCOMES, ControlError, Faults, Sandbox, shipping_problems
 from .traffic import MAX_API_HOLD_SECONDS
 
 bp = Blueprint("stripe_sandbox_control", __name__, url_prefix="/_sandbox")
@@ -103,14 +103,31 @@ def _body(*, required: tuple[str, ...] = (), allowed: tuple[str, ...] = ()) -> d
 
 @bp.post("/sessions/<session_id>/outcome")
 def set_outcome(session_id: str) -> Response:
-    """Same effect as the hosted page's buttons: paid, declined or async_pending."""
-    outcome = _body(required=("outcome",))["outcome"]
+    """Same effect as the hosted page's buttons: paid, declined or async_pending. A session that
+    collects a shipping address takes `shipping_address` ({"name", "line1", "line2", "city",
+    "postal_code", "state", "country"}, as the hosted page's form), else ships to the sandbox's
+    test address."""
+    body = _body(required=("outcome",), allowed=("outcome", "shipping_address"))
+    outcome = body["outcome"]
     if outcome not in OUTCOMES:
         raise ControlError(400, f"outcome must be one of {', '.join(OUTCOMES)}; got {outcome!r}")
+    given = body.get("shipping_address")
+    if given is not None and not isinstance(given, dict):
+        raise ControlError(400, "shipping_address must be a JSON object.")
     sandbox = _sandbox()
     with sandbox.lock:
         sandbox.tick()
-        return _json(render_session(sandbox.apply_outcome(session_id, outcome)))
+        details = None
+        if given is not None:
+            session = sandbox.sessions.get(session_id)
+            if session is None:
+                raise ControlError(404, f"No such checkout.session: '{session_id}'")
+            if not session.collects_shipping:
+                raise ControlError(400, "This session does not collect a shipping address.")
+            details, problems = shipping_problems(session, given)
+            if problems:
+                raise ControlError(400, " ".join(problems.values()))
+        return _json(render_session(sandbox.apply_outcome(session_id, outcome, details)))
 
 
 @bp.post("/sessions/<session_id>/async")

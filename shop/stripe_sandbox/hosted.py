@@ -1,16 +1,19 @@
 """The hosted payment page a customer is sent to: `GET /pay/<session_id>`.
 
-It shows the order and four buttons. Pay and both "pay later" choices send the customer to
-the session's success_url (with `{CHECKOUT_SESSION_ID}` filled in), as Checkout does; a
-"pay later" choice settles on its own a couple of seconds later. Decline keeps the customer
-on the page with the card error, and the session stays payable.
+It shows the order and four buttons; a session created with `shipping_address_collection` also
+asks where to ship (name, address, and a country among its `allowed_countries`), checks it before
+any button takes effect, and keeps it on the session (`collected_information.shipping_details`).
+Pay and both "pay later" choices send the customer to the session's success_url (with
+`{CHECKOUT_SESSION_ID}` filled in), as Checkout does; a "pay later" choice settles on its own a
+couple of seconds later. Decline keeps the customer on the page with the card error, and the
+session stays payable.
 """
 
 from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, redirect, render_template_string, request
 
-from .state import HOSTED_ASYNC_SETTLE_SECONDS, ControlError, Sandbox, format_money
+from .state import HOSTED_ASYNC_SETTLE_SECONDS, SHIPPING_FIELDS, ControlError, Sandbox, format_money, shipping_problems
 
 bp = Blueprint("stripe_sandbox_hosted", __name__)
 
@@ -48,7 +51,14 @@ PAGE = """<!doctype html>
   button.primary { background: #635bff; border-color: #635bff; color: #fff; font-weight: 600; }
   button:hover { filter: brightness(.96); }
   .small { font-size: .85rem; color: #697386; margin-top: 1.25rem; overflow-wrap: anywhere; }
-  a { color: #635bff; }
+  a { color: #4f46e5; }
+  fieldset { border: 1px solid #e3e8ee; border-radius: 6px; margin: 0 0 1rem; padding: .75rem 1rem 1rem; }
+  legend { font-weight: 600; padding: 0 .25rem; }
+  label { display: block; font-size: .9rem; margin: .6rem 0 .2rem; }
+  input, select { box-sizing: border-box; width: 100%; padding: .55rem; font-size: 1rem;
+                  border: 1px solid #8792a2; border-radius: 6px; background: #fff; color: #1a1f36; }
+  [aria-invalid="true"] { border-color: #9b1c1c; }
+  .field-error { color: #9b1c1c; font-size: .85rem; margin: .2rem 0 0; }
 </style>
 </head>
 <body>
@@ -66,7 +76,30 @@ PAGE = """<!doctype html>
   {% if error %}<div class="notice error" role="alert">{{ error }}</div>{% endif %}
   {% if message %}<div class="notice info">{{ message }}</div>{% endif %}
   {% if payable %}
-  <form method="post">
+  <form method="post" novalidate>
+    {% if session.collects_shipping %}
+    <fieldset>
+      <legend>Shipping address</legend>
+      {% for name, label, required, autocomplete in address_fields %}
+      <label for="ship-{{ name }}">{{ label }}</label>
+      {% set invalid = ' aria-invalid="true" aria-describedby="ship-%s-error"'|format(name) if problems.get(name) %}
+      {% if name == "country" %}
+      <select id="ship-{{ name }}" name="{{ name }}" autocomplete="{{ autocomplete }}"
+              {%- if required %} required{% endif %}{{ (invalid or '')|safe }}>
+        {% for code in session.shipping_countries %}
+        <option value="{{ code }}"{% if values.get(name, "").upper() == code %} selected{% endif %}>
+          {{- country_name(code) }}</option>
+        {% endfor %}
+      </select>
+      {% else %}
+      <input id="ship-{{ name }}" name="{{ name }}" value="{{ values.get(name, '') }}"
+             autocomplete="{{ autocomplete }}" maxlength="200"
+             {%- if required %} required{% endif %}{{ (invalid or '')|safe }}>
+      {% endif %}
+      {% if problems.get(name) %}<p class="field-error" id="ship-{{ name }}-error">{{ problems[name] }}</p>{% endif %}
+      {% endfor %}
+    </fieldset>
+    {% endif %}
     <button class="primary" name="choice" value="pay">Pay {{ money(session.amount_total) }}</button>
     <button name="choice" value="decline">Decline</button>
     <button name="choice" value="async_succeeds">Pay later (async: succeeds)</button>
@@ -81,17 +114,44 @@ PAGE = """<!doctype html>
 """
 
 
+# The browser's autofill names for the address form's fields (WHATWG autocomplete tokens).
+_AUTOCOMPLETE = {
+    "name": "shipping name",
+    "line1": "shipping address-line1",
+    "line2": "shipping address-line2",
+    "city": "shipping address-level2",
+    "postal_code": "shipping postal-code",
+    "state": "shipping address-level1",
+    "country": "shipping country",
+}
+ADDRESS_FIELDS = tuple((name, label, required, _AUTOCOMPLETE[name]) for name, label, required in SHIPPING_FIELDS)
+_COUNTRY_NAMES = {
+    "US": "United States", "CA": "Canada", "GB": "United Kingdom", "IE": "Ireland", "FR": "France",
+    "DE": "Germany", "NL": "Netherlands", "BE": "Belgium", "AT": "Austria", "ES": "Spain", "IT": "Italy",
+    "PT": "Portugal", "SE": "Sweden", "DK": "Denmark", "FI": "Finland", "NO": "Norway", "CH": "Switzerland",
+    "AU": "Australia", "NZ": "New Zealand", "JP": "Japan",
+}  # fmt: skip
+
+
+def country_name(code: str) -> str:
+    return _COUNTRY_NAMES.get(code, code)
+
+
 def _sandbox() -> Sandbox:
     return current_app.extensions["stripe_sandbox"]
 
 
-def _page(session, *, title: str, status: int = 200, error=None, message=None) -> Response:
+def _page(session, *, title: str, status: int = 200, error=None, message=None, values=None, problems=None) -> Response:
     html = render_template_string(
         PAGE,
         title=title,
         session=session,
         error=error,
         message=message,
+        values=values or {},
+        problems=problems or {},
+        address_fields=ADDRESS_FIELDS,
+        country_name=country_name,
         payable=session is not None and session.status == "open",
         money=lambda amount: format_money(amount, session.currency),
     )
@@ -135,13 +195,21 @@ def choose(session_id: str) -> Response:
         if choice not in CHOICES:
             return _page(session, title="Checkout", status=400, error="Please choose a button.")
         outcome, later = CHOICES[choice]
+        details = None
+        if session.collects_shipping and session.status == "open":
+            values = {name: request.form.get(name, "") for name, *_ in SHIPPING_FIELDS}
+            details, problems = shipping_problems(session, values)
+            if problems:
+                return _page(session, title="Checkout", status=400, values=values, problems=problems,
+                             error="Please check the shipping address: " + " ".join(problems.values()))  # fmt: skip
         try:
-            sandbox.apply_outcome(session_id, outcome)
+            sandbox.apply_outcome(session_id, outcome, details)
         except ControlError:
             return _page(session, title="Checkout", status=409,
                          message=_closed_message(sandbox, session))  # fmt: skip
         if outcome == "declined":
-            return _page(session, title="Checkout", status=402,
+            kept = {name: request.form.get(name, "") for name, *_ in SHIPPING_FIELDS}
+            return _page(session, title="Checkout", status=402, values=kept,
                          error="Your card was declined. Please try again.")  # fmt: skip
         if later is not None:
             sandbox.schedule_async(session_id, later, HOSTED_ASYNC_SETTLE_SECONDS)

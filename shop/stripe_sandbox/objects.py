@@ -58,6 +58,16 @@ class Session:
     payment_status: str = "unpaid"  # unpaid | paid
     payment_intent_id: str | None = None
     customer_details: dict | None = None
+    # `shipping_address_collection[allowed_countries]`: the hosted page asks for an address in
+    # one of these; None when the session was created without it (nothing is asked).
+    shipping_countries: list[str] | None = None
+    # What the customer gave, as Stripe renders it under `collected_information.shipping_details`:
+    # {"name", "address": {"city", "country", "line1", "line2", "postal_code", "state"}}.
+    shipping_details: dict | None = None
+
+    @property
+    def collects_shipping(self) -> bool:
+        return bool(self.shipping_countries)
 
     @property
     def amount_subtotal(self) -> int:
@@ -190,6 +200,11 @@ def render_session(s: Session) -> dict[str, Any]:
         "cancel_url": s.cancel_url,
         "client_reference_id": s.client_reference_id,
         "client_secret": None,
+        "collected_information": (
+            {"business_name": None, "individual_name": None, "shipping_details": _copy(s.shipping_details)}
+            if s.shipping_details
+            else None
+        ),
         "consent": None,
         "consent_collection": None,
         "created": s.created,
@@ -224,7 +239,9 @@ def render_session(s: Session) -> dict[str, Any]:
         "recovered_from": None,
         "saved_payment_method_options": None,
         "setup_intent": None,
-        "shipping_address_collection": None,
+        "shipping_address_collection": (
+            {"allowed_countries": list(s.shipping_countries)} if s.shipping_countries else None
+        ),
         "shipping_cost": None,
         "shipping_options": [],
         "status": s.status,
@@ -236,6 +253,10 @@ def render_session(s: Session) -> dict[str, Any]:
         # Stripe only shows the URL while the session can still be paid.
         "url": s.pay_url if s.status == "open" and not s.url_withheld else None,
     }
+
+
+def _copy(details: dict) -> dict:
+    return {"address": dict(details.get("address") or {}), "name": details.get("name")}
 
 
 def render_payment_intent(pi: PaymentIntent) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from .objects import (
     Session,
     WebhookEndpoint,
     new_id,
+    render_payment_intent,
     render_refund,
     render_session,
 )
@@ -72,6 +73,62 @@ def format_money(amount: int, currency: str) -> str:
     if currency in _ZERO_DECIMAL:
         return f"{symbol}{amount}"
     return f"{symbol}{amount / 100:.2f}"
+
+
+# The address a scripted payment (POST /_sandbox/sessions/<id>/outcome without one) ships to.
+TEST_SHIPPING_NAME = "Sandbox Customer"
+
+
+def sandbox_shipping_details(country: str) -> dict:
+    return {
+        "address": {
+            "city": "Testville",
+            "country": country,
+            "line1": "1 Sandbox Street",
+            "line2": None,
+            "postal_code": "12345",
+            "state": None,
+        },
+        "name": TEST_SHIPPING_NAME,
+    }
+
+
+# The hosted page's address form, in Stripe's field names: (field, label, required).
+SHIPPING_FIELDS = (
+    ("name", "Full name", True),
+    ("line1", "Address line 1", True),
+    ("line2", "Address line 2 (optional)", False),
+    ("city", "City", True),
+    ("postal_code", "Postal code", True),
+    ("state", "State, county or region (optional)", False),
+    ("country", "Country", True),
+)
+SHIPPING_FIELD_MAX = 200
+
+
+def shipping_problems(session: Session, given: dict) -> tuple[dict | None, dict[str, str]]:
+    """Check an address given for a session that collects one: (the shipping details in Stripe's
+    shape, or None) and {field: what is wrong with it, in words}."""
+    values = {
+        name: (given.get(name) or "").strip() if isinstance(given.get(name), str) else ""
+        for name, _, _ in SHIPPING_FIELDS
+    }
+    problems: dict[str, str] = {}
+    for name, label, required in SHIPPING_FIELDS:
+        if required and not values[name]:
+            problems[name] = f"{label} is required."
+        elif len(values[name]) > SHIPPING_FIELD_MAX:
+            problems[name] = f"{label} can be at most {SHIPPING_FIELD_MAX} characters."
+    country = values["country"].upper()
+    if country and country not in (session.shipping_countries or []):
+        problems["country"] = (
+            f"We do not ship to {country}; choose one of {', '.join(session.shipping_countries or [])}."
+        )
+    if problems:
+        return None, problems
+    address = {key: values[key] or None for key in ("city", "line1", "line2", "postal_code", "state")}
+    address["country"] = country
+    return {"address": dict(sorted(address.items())), "name": values["name"]}, {}
 
 
 class ControlError(Exception):
@@ -240,6 +297,7 @@ class Sandbox:
         payment_intent_metadata: dict[str, str],
         expires_at: int | None,
         locale: str | None = None,
+        shipping_countries: list[str] | None = None,
     ) -> Session:
         now = self.now()
         if expires_at is None:
@@ -272,6 +330,7 @@ class Sandbox:
             payment_intent_metadata=payment_intent_metadata,
             locale=locale,
             url_withheld=self.faults.checkout_url_null,
+            shipping_countries=list(shipping_countries) if shipping_countries else None,
         )
         self.sessions[session.id] = session
         self._open_sessions.add(session.id)
@@ -306,8 +365,14 @@ class Sandbox:
 
     # -- payment outcomes ------------------------------------------------------------
 
-    def apply_outcome(self, session_id: str, outcome: str) -> Session:
-        """What the customer did on the hosted page: pay, get declined, or pay later."""
+    def apply_outcome(self, session_id: str, outcome: str, shipping_details: dict | None = None) -> Session:
+        """What the customer did on the hosted page: pay, get declined, or pay later.
+
+        A session that collects a shipping address keeps the one given (already checked by the
+        caller: the hosted page's form, or `shipping_problems` for a control call), or, for a
+        scripted outcome that gives none, the sandbox's own test address in its first allowed
+        country. A decline sends `payment_intent.payment_failed`, as Stripe does for every failed
+        attempt; the session stays open for another try and no checkout.session event is sent."""
         if outcome not in OUTCOMES:
             raise ControlError(400, f"outcome must be one of {', '.join(OUTCOMES)}")
         session = self.sessions.get(session_id)
@@ -324,13 +389,17 @@ class Sandbox:
             charge.status = "failed"
             pi.status = "requires_payment_method"
             pi.last_payment_error = dict(DECLINE_ERROR)
-            return session  # still open: the customer may try again; Stripe sends no event
+            # Still open: the customer may try again. No checkout.session event, as at Stripe.
+            self.emit("payment_intent.payment_failed", render_payment_intent(pi), RequestRef(), session_id=session.id)
+            return session
         pi.last_payment_error = None
         session.status = "complete"
+        if session.collects_shipping:
+            session.shipping_details = shipping_details or sandbox_shipping_details(session.shipping_countries[0])
         session.customer_details = {
             "address": None,
             "email": session.customer_email or "customer@example.com",
-            "name": "Sandbox Customer",
+            "name": (session.shipping_details or {}).get("name") or "Sandbox Customer",
             "phone": None,
             "tax_exempt": "none",
             "tax_ids": [],

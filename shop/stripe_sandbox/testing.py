@@ -71,9 +71,13 @@ class SandboxHandle:
 
     # -- control routes --------------------------------------------------------------
 
-    def set_outcome(self, session_id: str, outcome: str) -> dict:
-        """`paid`, `declined` or `async_pending`; returns the session as Stripe renders it."""
-        return self.request("POST", f"/_sandbox/sessions/{session_id}/outcome", {"outcome": outcome})
+    def set_outcome(self, session_id: str, outcome: str, shipping_address: dict | None = None) -> dict:
+        """`paid`, `declined` or `async_pending` (with the `shipping_address` a session that collects
+        one ships to, else the sandbox's test address); returns the session as Stripe renders it."""
+        body: dict[str, Any] = {"outcome": outcome}
+        if shipping_address is not None:
+            body["shipping_address"] = shipping_address
+        return self.request("POST", f"/_sandbox/sessions/{session_id}/outcome", body)
 
     def async_result(self, session_id: str, result: str) -> dict:
         """Settle an async_pending session: `succeeded` or `failed`."""

@@ -30,6 +30,8 @@ def order_json(order) -> dict:
         status = PAYMENT_STATUS[order.status]
         if status == "open" and order.payment_processing_at is not None:
             status = "processing"  # checkout finished; the provider settles the payment later
+        elif status == "open" and getattr(order, "payment_declined_at", None) is not None:
+            status = "declined"  # a card was refused on the payment page, which takes another
         payment = {"session_id": order.payment_session_id, "url": order.payment_session_url, "status": status}
     return {
         "reference": order.reference,
@@ -53,7 +55,18 @@ def order_json(order) -> dict:
         "created_at": iso(order.created_at),
         "updated_at": iso(order.updated_at),
         "pay_by": iso(pay_by(order)),
+        # Why the last payment did not go through, in the customer's words, while that is news:
+        # a card declined on the open payment page, or a failed payment (PaymentFailed).
+        "last_payment_error": last_payment_error(order, payment),
+        "ships": bool(getattr(order, "ships", False)),
+        "shipping": getattr(order, "shipping_details", None),
     }
+
+
+def last_payment_error(order, payment: dict | None) -> str | None:
+    if order.status == OrderStatus.PAYMENT_FAILED or (payment and payment["status"] == "declined"):
+        return order.last_payment_error or "Your payment did not go through."
+    return None
 
 
 def watch_state(data: dict) -> str:

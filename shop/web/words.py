@@ -32,6 +32,7 @@ BADGES = {
     "awaiting": "Awaiting payment",
     "in-line": "In line for payment",
     "at-payment-page": "At the payment page",
+    "declined": "Card declined",
     "processing": "Payment processing",
     "failed": "Payment failed",
     "paid": "Paid",
@@ -53,7 +54,7 @@ def badge(data: dict) -> tuple[str, str]:
     elif status is OrderStatus.PENDING_PAYMENT:
         key = "awaiting"
     elif status is OrderStatus.PAYMENT_INITIATED:
-        key = "processing" if payment == "processing" else "at-payment-page"
+        key = {"processing": "processing", "declined": "declined"}.get(payment, "at-payment-page")
     elif status is OrderStatus.PAYMENT_FAILED:
         key = "failed"
     elif status is OrderStatus.PAID:

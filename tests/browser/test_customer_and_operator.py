@@ -88,6 +88,11 @@ def test_a_customer_pays_at_the_hosted_page_and_comes_back_to_a_paid_order(page,
     check_out(page, "ann@example.com")
     expect(page).to_have_url(re.compile(re.escape(sandbox.base_url) + r"/pay/cs_"))
     expect(page.locator("tr.total")).to_contain_text("$28.00")
+    # Notebooks ship: the payment page asks where to.
+    page.get_by_label("Full name").fill("Ann Example")
+    page.get_by_label("Address line 1").fill("1 Main Street")
+    page.get_by_label("City").fill("Springfield")
+    page.get_by_label("Postal code").fill("12345")
 
     with page.expect_navigation(url=re.compile(r"/orders/")) as arrived:
         page.get_by_role("button", name="Pay $28.00").click()
@@ -100,6 +105,7 @@ def test_a_customer_pays_at_the_hosted_page_and_comes_back_to_a_paid_order(page,
 
     expect(page.locator("h1 .badge")).to_have_text("Paid")
     expect(page.locator(".lead")).to_contain_text("Thank you!")
+    expect(page.get_by_role("region", name="Shipping to")).to_contain_text("1 Main Street")
     expect(page.get_by_role("link", name="Cancel order")).to_have_count(0)
     page.screenshot(path=screenshot_dir / "customer_paid_order.png", full_page=True)
     assert refused == []

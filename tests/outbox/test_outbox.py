@@ -458,7 +458,9 @@ def test_a_paid_orders_confirmation_is_sent_by_its_delivery_and_a_redelivery_rep
         assert _commands(order_id, "send_email") == []  # no second row of work for it
         message = _read_mail(app, "order_paid-event")
         assert message["To"] == "cy@example.com" and reference in message["Subject"]
-        assert "$28.00" in message.get_payload(decode=True).decode()
+        # The receipt: text and HTML (tests/payments/test_shipping_receipt_and_declines.py reads both).
+        text = next(p for p in message.walk() if p.get_content_type() == "text/plain")
+        assert "$28.00" in text.get_payload(decode=True).decode()
         # A duplicate job for the same delivery is refused by its claim; a redelivery (the
         # worker died after sending, before its commit) writes the same message again, under the
         # same key: one message, not two.

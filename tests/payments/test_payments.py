@@ -93,7 +93,8 @@ def test_a_declined_card_leaves_the_order_payable_on_the_same_session(fresh_payi
     sid = order["payment"]["session_id"]
     sandbox.set_outcome(sid, "declined")
 
-    assert sandbox.events() == []  # Stripe sends nothing for a decline: the customer stays on the page
+    # Stripe tells only of the failed attempt; the customer stays on the page, its session open.
+    assert [e["type"] for e in sandbox.events()] == ["payment_intent.payment_failed"]
     with fresh_paying_app.app_context():
         assert reconcile_order(order_id(fresh_paying_app, order["reference"])).outcome == "noop"
     assert _provider_session(fresh_paying_app, sid).status == "open"
@@ -212,8 +213,11 @@ def test_checkout_with_the_provider_down_lands_on_a_payable_order_page(fresh_pay
 
     order = shopper.order(ref)
     assert order["status"] == "PendingPayment" and order["payment"] is None and order["pay_by"]
+    # Its deadline, and its payment link's email for when payments work again
+    # (tests/payments/test_payment_link_email.py).
     assert [c.kind for c in _rows(fresh_paying_app, ScheduledCommand, order_id=order_id(fresh_paying_app, ref))] == [
-        "expire_unpaid_order"
+        "expire_unpaid_order",
+        "offer_payment_link",
     ]
     assert _on_hand(fresh_paying_app, shopper.skus["MUG-350-SND"]) == 10  # the items are held
     page = shopper.client.get(f"/orders/{ref}").get_data(as_text=True)

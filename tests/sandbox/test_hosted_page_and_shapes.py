@@ -71,7 +71,8 @@ def test_decline_rerenders_with_the_card_error_and_stays_payable(client, sandbox
     assert location is None and status == 402
     assert "Your card was declined" in html and 'value="pay"' in html
     assert client.v1.checkout.sessions.retrieve(session.id).status == "open"
-    assert sandbox.events() == []
+    # As at Stripe: the failed attempt's payment_intent.payment_failed, no checkout.session event.
+    assert [e["type"] for e in sandbox.events()] == ["payment_intent.payment_failed"]
 
 
 def test_pay_later_succeeds_by_itself_a_couple_of_seconds_later(client, sandbox):

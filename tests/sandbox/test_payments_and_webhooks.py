@@ -100,7 +100,7 @@ def test_async_pending_then_failed_stays_unpaid(client, sandbox, receiver, endpo
     assert pi.status == "requires_payment_method" and pi.amount_received == 0
 
 
-def test_a_decline_leaves_the_session_open_and_emits_nothing(client, sandbox, receiver, endpoint):
+def test_a_decline_leaves_the_session_open_and_emits_only_the_payment_failure(client, sandbox, receiver, endpoint):
     session = new_session(client)
     declined = sandbox.set_outcome(session.id, "declined")
     assert (declined["status"], declined["payment_status"]) == ("open", "unpaid")
@@ -108,11 +108,16 @@ def test_a_decline_leaves_the_session_open_and_emits_nothing(client, sandbox, re
     assert pi.status == "requires_payment_method"
     assert pi.last_payment_error.code == "card_declined"
 
+    # Stripe tells of the failed attempt (its PaymentIntent, with the card error), not of the
+    # session: an endpoint that listens to checkout events only hears nothing of it.
+    [failure] = sandbox.events("payment_intent.payment_failed")
+    assert failure["event"]["data"]["object"]["last_payment_error"]["code"] == "card_declined"
+
     # The customer tries again and pays.
     sandbox.set_outcome(session.id, "paid")
     [delivery] = receiver.wait_for(1)
     assert verified(delivery, endpoint.secret).type == "checkout.session.completed"
-    assert [e["type"] for e in sandbox.events()] == ["checkout.session.completed"]
+    assert [e["type"] for e in sandbox.events()] == ["payment_intent.payment_failed", "checkout.session.completed"]
 
 
 def test_advancing_the_clock_expires_an_open_session_and_emits_expired(client, sandbox, receiver, endpoint):
