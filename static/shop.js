@@ -117,7 +117,29 @@
     setTimeout(tick, every);
   }
 
+  /* A table (or timeline, or traceback) wider than a phone scrolls sideways inside itself: one that
+     has no link or button to Tab to is made focusable, so a keyboard can scroll it too (WCAG 2.1.1;
+     axe-core's scrollable-region-focusable). Again after every swap of <main>, and on resize. */
+  function reachable(root) {
+    root.querySelectorAll("table, .timeline, pre").forEach(function (el) {
+      var style = getComputedStyle(el);
+      var scrolls = (style.overflowX === "auto" || style.overflowX === "scroll") && el.scrollWidth > el.clientWidth + 1;
+      if (scrolls && !el.querySelector("a[href], button, input, select, textarea, [tabindex]")) {
+        el.setAttribute("tabindex", "0");
+        el.setAttribute("data-scroll-focus", "");
+      } else if (!scrolls && el.hasAttribute("data-scroll-focus")) {
+        el.removeAttribute("tabindex");
+        el.removeAttribute("data-scroll-focus");
+      }
+    });
+  }
+
+  new MutationObserver(function () { reachable(document); }).observe(document.documentElement,
+                                                                      {childList: true, subtree: true});
+  window.addEventListener("resize", function () { reachable(document); });
+
   document.addEventListener("DOMContentLoaded", function () {
+    reachable(document);
     var address = document.body.getAttribute("data-address");
     if (address && window.history && window.history.replaceState) {
       window.history.replaceState(null, "", address);

@@ -66,11 +66,12 @@ def csv_response(name: str, header: Iterable[str], rows: Iterable, shape: Callab
         buffer = io.StringIO()
         writer = csv.writer(buffer)
 
-        def flush() -> str:
+        # Bytes: a direct_passthrough body goes to the server as it is, unencoded.
+        def flush() -> bytes:
             text = buffer.getvalue()
             buffer.seek(0)
             buffer.truncate()
-            return text
+            return text.encode("utf-8")
 
         writer.writerow([safe_cell(h) for h in header])
         yield flush()
