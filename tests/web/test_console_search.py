@@ -9,7 +9,7 @@ import re
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from compensation_support import cancel_in
 from factories import force_order, place_order_for, seed_catalog_rows
@@ -70,6 +70,26 @@ def test_an_order_is_found_by_part_of_its_email_in_any_case(fresh_client, orders
     # LIKE's wildcards typed by the operator are matched as themselves, not as wildcards.
     assert found(fresh_client, q="%") == []
     assert found(fresh_client, q="a_n") == []
+
+
+def test_a_whole_reference_or_email_is_looked_up_along_its_index_not_searched_for(fresh_app, fresh_client, orders):
+    statements: list[str] = []
+
+    def note(conn, cursor, statement, parameters, context, executemany):
+        if "FROM orders" in statement:
+            statements.append(statement)
+
+    with fresh_app.app_context():
+        engine = db.engine
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        assert found(fresh_client, q="  ann.lee@EXAMPLE.com ") == names(orders, "ann")
+        assert found(fresh_client, q="lee@example.com") == []  # a whole address: that address only
+        assert found(fresh_client, q=orders["cy"].lower()) == names(orders, "cy")
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    assert statements and not [s for s in statements if " LIKE " in s.upper()]
+    assert found(fresh_client, q="lee@example") == names(orders, "ann")  # not a whole address: a part
 
 
 def test_an_exact_amount_is_read_in_the_currencys_own_units(fresh_client, orders):
