@@ -51,6 +51,10 @@ def keyset_rows(query, key, *, descending: bool = True, chunk: int | None = None
         if last is not None:
             page = page.where(key < last if descending else key > last)
         rows = db.session.execute(page.order_by(ordered).limit(size)).all()
+        # Each page its own short read: the connection goes back to the pool (and PgBouncer's
+        # server connection to others) while a slow client takes the rows, instead of the whole
+        # download holding one transaction open.
+        db.session.rollback()
         yield from rows
         if len(rows) < size:
             return
