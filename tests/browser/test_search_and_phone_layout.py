@@ -170,7 +170,7 @@ def test_console_search_csv_and_actions_fit_the_screen(browser, shop, sandbox, s
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_a_refused_cart_quantity_is_shown_whole_beside_its_box_and_the_totals(browser, shop, width):
+def test_a_refused_cart_quantity_is_shown_whole_beside_its_box_and_the_totals(browser, shop, screenshot_dir, width):
     pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
     app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     wide = WIDTHS[width]["width"]
@@ -194,6 +194,7 @@ def test_a_refused_cart_quantity_is_shown_whole_beside_its_box_and_the_totals(br
         message = page.locator(f"#quantity-{variant}-error")
         expect(message).to_have_text("Only 2 of Enamel Camp Mug – Navy left; you asked for 5.")
         expect(page.get_by_role("alert").filter(has_text="you asked for 5")).to_have_count(1)  # said once
+        page.screenshot(path=str(screenshot_dir / f"cart-{width}-refused-quantity.png"), full_page=True)
         on_screen(message, wide)
         on_screen(page.get_by_label("Quantity of Enamel Camp Mug – Navy", exact=True), wide)
         on_screen(page.locator("table.lines tfoot td.num"), wide)
