@@ -24,8 +24,11 @@ from ..web.answers import respond
 # Digits an amount may have before its decimal point: a trillion is more than any order, and
 # keeps the minor-unit bounds inside a 64-bit integer (SQLite refuses larger ones outright).
 MOST_WHOLE_DIGITS = 12
-# What an operator may paste along with an amount copied from a page: "$1,500.00", "€ 18".
-_AMOUNT_DECORATION = re.compile(r"[\s,$€£¥]")
+# What an operator may paste along with an amount copied from a page: "$1,500.00", "€ 18". A comma
+# is taken only as the pages write it, between groups of three digits: "18,50" is not guessed to
+# be 18.50 (nor 1850).
+_AMOUNT_DECORATION = re.compile(r"[\s$€£¥]")
+_GROUPED = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?")
 TEXT_LIMIT = 254
 
 
@@ -114,6 +117,11 @@ def _amount(text: str, what: str, errors: list[str]) -> Decimal | None:
     if not text:
         return None
     cleaned = _AMOUNT_DECORATION.sub("", text)
+    if "," in cleaned:
+        if not _GROUPED.fullmatch(cleaned):
+            errors.append(f"{what} “{text}” is not an amount. Write it with a point before the cents, e.g. 18.50.")
+            return None
+        cleaned = cleaned.replace(",", "")
     try:
         value = Decimal(cleaned) if re.fullmatch(r"[+-]?(\d+(\.\d*)?|\.\d+)", cleaned) else None
     except InvalidOperation:

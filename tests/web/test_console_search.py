@@ -95,6 +95,7 @@ def test_a_whole_reference_or_email_is_looked_up_along_its_index_not_searched_fo
 def test_an_exact_amount_is_read_in_the_currencys_own_units(fresh_client, orders):
     assert found(fresh_client, amount="18.00") == names(orders, "ann", "eve")
     assert found(fresh_client, amount="$18") == names(orders, "ann", "eve")
+    assert found(fresh_client, amount="1,500") == names(orders, "dee")  # a thousands comma, as pages write it
     # Yen have no minor unit: 1500 is ¥1,500 (stored 1500), not 150,000 of something.
     assert found(fresh_client, amount="1500") == names(orders, "dee")
     assert found(fresh_client, amount="15.00") == []  # $15.00 is 1500 cents; no dollar order has it
@@ -148,6 +149,7 @@ def test_filters_combine_with_the_order_state(fresh_app, fresh_client, orders):
         ({"amount_min": "-5"}, "Lowest amount “-5” is negative"),
         ({"amount_max": "lots"}, "Highest amount “lots” is not an amount"),
         ({"amount": "1e400"}, "Amount “1e400” is not an amount"),
+        ({"amount": "18,50"}, "Amount “18,50” is not an amount. Write it with a point before the cents"),
         ({"amount": "99999999999999999999"}, "larger than any order could be"),
         ({"amount_min": "30", "amount_max": "20"}, "The lowest amount (30) is above the highest (20)"),
     ],
