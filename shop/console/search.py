@@ -2,7 +2,7 @@
 conditions the lists (queries.py) and their CSV exports (export.py) share.
 
 The filters are the same on every list where they make sense (docs/REFERENCE.md, Console):
-`q` (part of a reference or an email, any case), `from` / `to` (a date, or a date and time, in
+`q` (text: what it matches is each list's own, in queries.py), `from` / `to` (a date, or a date and time, in
 UTC as the console shows them; `to` a bare date takes that whole day), `amount` / `amount_min` /
 `amount_max` (in the currency's own units as the list shows them: 18.00 is $18.00, 1500 is
 ¥1,500). A value that cannot be read is never guessed at and never a 500: it comes back as

@@ -49,8 +49,9 @@ class CheckoutForm(Form):
         "Email",
         validators=[
             DataRequired(message="Enter your email so we can send your receipt."),
-            Email(message="That does not look like an email address.", check_deliverability=False),
+            # The length first: it is the limit the input's maxlength holds, said with its number.
             Length(max=254, message="An email address is at most 254 characters long."),
+            Email(message="That does not look like an email address.", check_deliverability=False),
         ],
     )
 

@@ -113,6 +113,16 @@ def test_the_quantity_inputs_carry_the_limit_their_refusal_names_once(shop, brow
     assert cart_lines(browser) == [("NB-A5-DOT", 2)]
 
 
+def test_the_email_input_holds_the_length_its_refusal_names(shop, browser):
+    assert browser.add("NB-A5-DOT", 1).status_code == 303
+    assert 'maxlength="254"' in browser.client.get("/cart", headers=HTML).get_data(as_text=True)
+    page = browser.checkout_cart("a" * 250 + "@example.com")
+    html = page.get_data(as_text=True)
+    assert page.status_code == 400
+    assert html.count("An email address is at most 254 characters long.") == 1 and "Email: " not in html
+    assert orders(shop) == 0
+
+
 def test_checkout_re_checks_the_line_limit_keeps_the_cart_and_takes_nothing(shop, browser):
     assert browser.add("NB-A5-DOT", 8).status_code == 303
     assert browser.add("NB-A6-DOT", 1).status_code == 303
