@@ -113,6 +113,16 @@ def test_the_download_is_a_generator_the_server_passes_through(fresh_app):
         assert b"".join(response.response) == b"a\r\n'=1\r\nb\r\n"
 
 
+def test_a_download_is_on_the_audit_trail_with_its_filters(fresh_client, eight_orders):
+    query = {"format": "csv", "q": "example", "status": "PendingPayment"}
+    rows_of(fresh_client.get("/console/orders", query_string=query))
+    actions = fresh_client.get("/console/audit", headers={"Accept": "application/json"}).get_json()["actions"]
+    assert [(a["action"], a["status"], a["outcome"]) for a in actions] == [
+        ("export_csv", 200, "downloaded the orders list as CSV")
+    ]
+    assert actions[0]["operator"] and "format=csv" in actions[0]["target"] and "q=example" in actions[0]["target"]
+
+
 def test_safe_cell_prefixes_only_formula_starts():
     assert export.safe_cell("=1+1") == "'=1+1"
     assert export.safe_cell("\rcmd") == "'\rcmd"
