@@ -103,6 +103,15 @@ def test_an_exact_amount_is_read_in_the_currencys_own_units(fresh_client, orders
     assert found(fresh_client, amount="18.004") == []
 
 
+def test_a_three_decimal_currency_reads_its_amounts_to_the_fils(fresh_app, fresh_client, orders):
+    with fresh_app.app_context():
+        force_order(orders["cy"], total=1500, currency="kwd")  # 1.500 dinar
+        db.session.commit()
+    assert found(fresh_client, amount="1.5") == names(orders, "cy")
+    assert found(fresh_client, amount="1500") == names(orders, "dee")  # yen, not 1,500 dinar
+    assert found(fresh_client, amount_min="1.499", amount_max="1.501") == names(orders, "cy")
+
+
 def test_an_amount_range_includes_both_ends(fresh_client, orders):
     assert found(fresh_client, amount_min="9.99", amount_max="18") == names(orders, "ann", "cy", "eve")
     assert found(fresh_client, amount_min="18.01") == names(orders, "bob", "dee")
