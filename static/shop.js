@@ -68,7 +68,7 @@
                   else { main.removeAttribute(name); }
                 });
                 localise(main);
-                scrollables(main);
+                reachable(main);
               });
         })
         .catch(function () { /* offline for a moment: the next tick tries again */ })
@@ -111,7 +111,7 @@
           flashes.reverse().forEach(function (el) { main.insertBefore(el, main.firstChild); });
           last = Date.now();
           localise(main);
-          scrollables(main);
+          reachable(main);
           label();
         })
         .catch(function () { /* the next tick tries again; the label shows how stale the page is */ })
@@ -122,21 +122,29 @@
     setTimeout(tick, every);
   }
 
-  /* A table that scrolls sideways (the console's on a phone) can be scrolled from the keyboard:
-     it takes focus (axe-core's scrollable-region-focusable), and says what it is. */
-  function scrollables(root) {
-    root.querySelectorAll("table.console-table, table.lines").forEach(function (table) {
-      if (table.scrollWidth > table.clientWidth + 1) {
-        if (!table.hasAttribute("tabindex")) { table.setAttribute("tabindex", "0"); }
-      } else if (table.getAttribute("tabindex") === "0") {
-        table.removeAttribute("tabindex");
+  /* A table (or timeline, or traceback) wider than a phone scrolls sideways inside itself: one that
+     has no link or button to Tab to is made focusable, so a keyboard can scroll it too (WCAG 2.1.1;
+     axe-core's scrollable-region-focusable). Again after every swap of <main>, and on resize. */
+  function reachable(root) {
+    root.querySelectorAll("table, .timeline, pre").forEach(function (el) {
+      var style = getComputedStyle(el);
+      var scrolls = (style.overflowX === "auto" || style.overflowX === "scroll") && el.scrollWidth > el.clientWidth + 1;
+      if (scrolls && !el.querySelector("a[href], button, input, select, textarea, [tabindex]")) {
+        el.setAttribute("tabindex", "0");
+        el.setAttribute("data-scroll-focus", "");
+      } else if (!scrolls && el.hasAttribute("data-scroll-focus")) {
+        el.removeAttribute("tabindex");
+        el.removeAttribute("data-scroll-focus");
       }
     });
   }
 
+  new MutationObserver(function () { reachable(document); }).observe(document.documentElement,
+                                                                      {childList: true, subtree: true});
+  window.addEventListener("resize", function () { reachable(document); });
+
   document.addEventListener("DOMContentLoaded", function () {
-    scrollables(document);
-    window.addEventListener("resize", function () { scrollables(document); });
+    reachable(document);
     var address = document.body.getAttribute("data-address");
     if (address && window.history && window.history.replaceState) {
       window.history.replaceState(null, "", address);

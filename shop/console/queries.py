@@ -5,6 +5,7 @@ renders. The dashboard's numbers are overview.py's, one order's history timeline
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from sqlalchemy import and_, func, or_, select, union_all
@@ -29,6 +30,7 @@ from ..models import (
 from ..payments import unknown_money
 from ..scheduling.stuck import stuck_cutoff
 from .audit import action_json
+from .search import Filters, contains, in_amount_range, in_date_range
 from .rows import (
     REFUND_NEEDS_OPERATOR,
     WAITING,
@@ -44,6 +46,7 @@ from .rows import (
 )
 
 PER_PAGE = 100
+NO_FILTERS = Filters()
 # obsolete: a deadline retired because its order reached a final state first (scheduled commands only).
 WORK_STATUSES = ("pending", "processing", "done", "dead", "discarded", "obsolete")
 # The outbox list's filters: the statuses, plus the pending rows that are waiting for an
@@ -59,10 +62,11 @@ WEBHOOK_OUTCOMES = tuple(ReceiptOutcome)
 COUNT_CAP = 10_000
 
 
-def paging(query, page: int, per_page: int = PER_PAGE, count_query=None):
+def paging(query, page: int, per_page: int | None = None, count_query=None):
     """(rows, meta) for one page of a select; `page` counts from 1. `total` is exact unless
     `total_capped`, when there are at least that many (and a next page whenever there is one).
     `count_query` counts the rows when `query` only holds enough of them for this page."""
+    per_page = per_page or PER_PAGE
     limit = page * per_page + COUNT_CAP
     counted = db.session.execute(
         select(func.count()).select_from(
@@ -80,18 +84,48 @@ def paging(query, page: int, per_page: int = PER_PAGE, count_query=None):
     return rows, meta
 
 
-def orders(now: datetime, *, stuck: bool, statuses: list[str], page: int, q: str = "") -> dict:
-    """Newest first (new orders on the first page); with `stuck`, the longest waiting first.
-    `q` finds an order by its reference, its customer's email (any case) or its provider
-    session id: each an exact match on an index, so a search costs the same at a million orders."""
-    cutoff = stuck_cutoff(now)
-    query = select(Order)
+def order_conditions(now: datetime, *, stuck: bool, statuses: list[str], filters: Filters = NO_FILTERS) -> list:
+    """The WHERE of the orders list and of its CSV. `q` matches part of the reference or of the
+    customer's email (any case), or the whole provider session id; the amount is the order's
+    total; the dates are when it was placed (created_at)."""
+    conditions = []
     if statuses:
-        query = query.where(Order.status.in_(statuses))
-    if q:
-        query = query.where(
-            or_(Order.reference == q.upper(), func.lower(Order.email) == q.lower(), Order.payment_session_id == q)
-        )
+        conditions.append(Order.status.in_(statuses))
+    if filters.q:
+        conditions.append(_order_text(filters.q))
+    conditions += in_date_range(Order.created_at, filters)
+    conditions += in_amount_range(Order.total, Order.currency, filters)
+    if stuck:
+        conditions += [Order.status.in_(LIVE_STATUSES), Order.updated_at < stuck_cutoff(now)]
+    return conditions
+
+
+# What an operator pastes whole: a reference, an email address, a provider session id. Each is
+# looked up along its own index (orders.reference, ix_orders_email_lower, the session id's), so the
+# search bench/console.py times stays an index lookup at a million orders. Anything else is a part
+# of a reference or an email, which no b-tree index can find: the list reads orders newest first
+# until its page is full (and counts matches up to COUNT_CAP).
+WHOLE_REFERENCE = re.compile(r"BK-[A-Z0-9]{8}", re.IGNORECASE)
+WHOLE_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+
+
+def _order_text(q: str):
+    if WHOLE_REFERENCE.fullmatch(q):
+        return Order.reference == q.upper()
+    if WHOLE_EMAIL.fullmatch(q):
+        return func.lower(Order.email) == q.lower()
+    if q.startswith("cs_"):
+        return Order.payment_session_id == q
+    return or_(contains(Order.reference, q, upper=True), contains(Order.email, q), Order.payment_session_id == q)
+
+
+def orders(now: datetime, *, stuck: bool, statuses: list[str], page: int, filters: Filters = NO_FILTERS) -> dict:
+    """Newest first (new orders on the first page); with `stuck`, the longest waiting first.
+    An exact reference, email or session id is found along an index; a part of one (and the
+    amount and date filters) reads the orders newest first until a page is full, which at a
+    million orders is a scan when nothing matches (bench/console.py)."""
+    cutoff = stuck_cutoff(now)
+    query = select(Order).where(*order_conditions(now, stuck=False, statuses=statuses, filters=filters))
     if stuck:
         counted = query.where(Order.status.in_(LIVE_STATUSES), Order.updated_at < cutoff)
         wanted = [s for s in LIVE_STATUSES if not statuses or s in statuses]
@@ -103,7 +137,7 @@ def orders(now: datetime, *, stuck: bool, statuses: list[str], page: int, q: str
         rows, meta = paging(query.order_by(Order.id.desc()), page)
     return {
         "orders": [order_row(o, now, cutoff) for (o,) in rows],
-        "filters": {"stuck": stuck, "status": statuses, "q": q},
+        "filters": {"stuck": stuck, "status": statuses, **filters.as_json()},
         **meta,
     }
 
@@ -141,19 +175,37 @@ def audit(*, page: int, operator: str = "", order: Order | None = None) -> dict:
 REFUND_FILTERS = ("failed", "pending", "succeeded", "settled")
 
 
-def refunds(now: datetime, *, status: str | None, page: int) -> dict:
+def refund_conditions(status: str | None, filters: Filters = NO_FILTERS) -> list:
+    """The WHERE of the refunds list and of its CSV (the query joins the refund's order): `q` is part
+    of the order's reference or the provider's refund id, the amount the refund's, the dates when
+    it was created."""
+    conditions = []
+    if status == "failed":
+        conditions += REFUND_NEEDS_OPERATOR
+    elif status == "settled":
+        conditions.append(Refund.settled_at.is_not(None))
+    elif status:
+        conditions += [Refund.status == status, Refund.settled_at.is_(None)]
+    if filters.q:
+        conditions.append(or_(contains(Order.reference, filters.q, upper=True), Refund.provider_refund_id == filters.q))
+    conditions += in_date_range(Refund.created_at, filters)
+    conditions += in_amount_range(Refund.amount, Refund.currency, filters)
+    return conditions
+
+
+def refunds(now: datetime, *, status: str | None, page: int, filters: Filters = NO_FILTERS) -> dict:
     """Refunds, oldest first; `failed`: those whose money did not go back and that no operator
     has settled (what the dashboard counts), `settled`: those an operator settled outside the shop."""
-    query = select(Refund, Order.reference).join(Order, Order.id == Refund.order_id).order_by(Refund.id)
-    if status == "failed":
-        query = query.where(*REFUND_NEEDS_OPERATOR)
-    elif status == "settled":
-        query = query.where(Refund.settled_at.is_not(None))
-    elif status:
-        query = query.where(Refund.status == status, Refund.settled_at.is_(None))
+    query = (
+        select(Refund, Order.reference)
+        .join(Order, Order.id == Refund.order_id)
+        .where(*refund_conditions(status, filters))
+        .order_by(Refund.id)
+    )
     rows, meta = paging(query, page)
     return {
         "status": status,
+        "filters": filters.as_json(),
         "refunds": [refund_json(r, ref, now) for r, ref in rows],
         **meta,
         "unknown_payments": [unknown_payment_json(u) for u in unknown_money.recent()],
@@ -178,7 +230,45 @@ def unknown_payment_json(row) -> dict:
     }
 
 
-def outbox(now: datetime, *, status: str | None, page: int, keep: tuple[str, int] | None = None):
+def delivery_conditions(status: str | None, filters: Filters = NO_FILTERS) -> list:
+    """The WHERE of the outbox's deliveries and of their CSV: `q` is part of the order's reference
+    or of the handler's name, the dates when the delivery was written."""
+    conditions = []
+    if status == WAITING:
+        conditions += [OutboxDelivery.status == WorkStatus.PENDING, OutboxDelivery.failure_kind == FAILURE_PROVIDER]
+    elif status:
+        conditions.append(OutboxDelivery.status == status)
+    if filters.q:
+        conditions.append(
+            or_(contains(Order.reference, filters.q, upper=True), contains(OutboxDelivery.handler, filters.q))
+        )
+    return conditions + in_date_range(OutboxDelivery.created_at, filters)
+
+
+def _command_conditions(status: str | None, filters: Filters) -> list:
+    conditions = []
+    if status == WAITING:
+        conditions += [
+            ScheduledCommand.status == WorkStatus.PENDING,
+            ScheduledCommand.failure_kind == FAILURE_PROVIDER,
+        ]
+    elif status:
+        conditions.append(ScheduledCommand.status == status)
+    if filters.q:
+        conditions.append(
+            or_(contains(Order.reference, filters.q, upper=True), contains(ScheduledCommand.kind, filters.q))
+        )
+    return conditions + in_date_range(ScheduledCommand.created_at, filters)
+
+
+def outbox(
+    now: datetime,
+    *,
+    status: str | None,
+    page: int,
+    keep: tuple[str, int] | None = None,
+    filters: Filters = NO_FILTERS,
+):
     """Deliveries and scheduled commands, oldest first, each paged on its own. The JSON lists
     both under "deliveries" in one item shape (docs/REFERENCE.md, Console): a dead refund or email is as much a
     dead letter for the operator as a dead delivery. `keep` ("delivery" | "command", id): the row an
@@ -197,16 +287,8 @@ def outbox(now: datetime, *, status: str | None, page: int, keep: tuple[str, int
         .outerjoin(Order, Order.id == ScheduledCommand.order_id)
         .order_by(ScheduledCommand.id)
     )
-    if status == WAITING:
-        query = query.where(
-            OutboxDelivery.status == WorkStatus.PENDING, OutboxDelivery.failure_kind == FAILURE_PROVIDER
-        )
-        cquery = cquery.where(
-            ScheduledCommand.status == WorkStatus.PENDING, ScheduledCommand.failure_kind == FAILURE_PROVIDER
-        )
-    elif status:
-        query = query.where(OutboxDelivery.status == status)
-        cquery = cquery.where(ScheduledCommand.status == status)
+    query = query.where(*delivery_conditions(status, filters))
+    cquery = cquery.where(*_command_conditions(status, filters))
     rows, meta = paging(query, page)
     crows, cmeta = paging(cquery, page)
     details = [delivery_detail(d, name, ref, now) for d, name, ref in rows]
@@ -214,6 +296,7 @@ def outbox(now: datetime, *, status: str | None, page: int, keep: tuple[str, int
     keys = ("id", "event", "handler", "status", "attempts", "last_error", "order_reference", "waiting_for_provider")
     data = {
         "status": status,
+        "filters": filters.as_json(),
         "deliveries": [{k: d[k] for k in keys} for d in details] + [command_item(c, ref) for c, ref in crows],
         "deliveries_page": meta,
         "commands_page": cmeta,
@@ -284,18 +367,33 @@ def restore_warnings(now: datetime, *, state: str | None, page: int):
     return {"state": state, "warnings": [{k: d[k] for k in keys} for d in details], **meta}, details
 
 
-def webhooks(*, outcome: str | None, page: int, signed: bool | None = None) -> dict:
-    """`signed`: False keeps the noise (not signed with the shop's secret), True the provider's."""
+def webhook_conditions(outcome: str | None, filters: Filters = NO_FILTERS, signed: bool | None = None) -> list:
+    """The WHERE of the webhooks list and of its CSV: `q` is part of the order's reference or of the
+    event's type, or the whole event id; the dates when the delivery was received; `signed`: False
+    keeps the noise (not signed with the shop's secret), True the provider's."""
+    conditions = [WebhookReceipt.outcome == outcome] if outcome else []
+    if signed is not None:
+        conditions.append(WebhookReceipt.signed.is_(signed))
+    if filters.q:
+        conditions.append(
+            or_(
+                contains(Order.reference, filters.q, upper=True),
+                contains(WebhookReceipt.event_type, filters.q),
+                WebhookReceipt.event_id == filters.q,
+            )
+        )
+    return conditions + in_date_range(WebhookReceipt.received_at, filters)
+
+
+def webhooks(*, outcome: str | None, page: int, filters: Filters = NO_FILTERS, signed: bool | None = None) -> dict:
+    """Newest first. `counts` are of every receipt by outcome, whatever the other filters."""
     query = (
         select(WebhookReceipt, Order.reference)
         .outerjoin(Order, Order.id == WebhookReceipt.order_id)
+        .where(*webhook_conditions(outcome, filters, signed))
         .options(defer(WebhookReceipt.body))  # up to a megabyte each: only the detail page reads it
         .order_by(WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc())
     )
-    if outcome:
-        query = query.where(WebhookReceipt.outcome == outcome)
-    if signed is not None:
-        query = query.where(WebhookReceipt.signed.is_(signed))
     rows, meta = paging(query, page)
     # Each outcome counted up to COUNT_CAP + 1 along ix_webhook_receipts_outcome_received_at: a
     # GROUP BY over every receipt ever (about two per paid order) read the whole table on each refresh.
@@ -313,6 +411,7 @@ def webhooks(*, outcome: str | None, page: int, signed: bool | None = None) -> d
     return {
         "outcome": outcome,
         "signed": signed,
+        "filters": filters.as_json(),
         "counts": counts,
         "counts_capped": capped,
         "webhooks": [receipt_json(r, ref) for r, ref in rows],

@@ -17,8 +17,9 @@ from flask import request, url_for
 from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
 from ..web.answers import respond
-from . import acks, audit, auth, board, bp, overview, queries, timeline  # noqa: F401  (auth registers the login routes)
+from . import acks, audit, auth, board, bp, export, overview, queries, timeline  # noqa: F401  (auth registers the login routes)
 from .answers import find_order, page_number, problem
+from .search import read_filters, refused
 from .forms import ActionForm, DiscardForm
 from .format import human_age, human_money, human_time
 
@@ -53,7 +54,8 @@ def dashboard():
 def orders():
     """Orders, newest first; `stuck=1` keeps live orders unchanged for longer than the stuck age
     (longest waiting first); `status=` (repeatable) filters by state; `q` finds an order by
-    reference, customer email or provider session id."""
+    part of a reference or customer email (any case), or a provider session id; `from`/`to` the
+    days placed, `amount`/`amount_min`/`amount_max` the total; `format=csv` downloads every match."""
     statuses = [s for s in request.args.getlist("status") if s]
     known = set(OrderStatus)
     unknown = [s for s in statuses if s not in known]
@@ -64,8 +66,13 @@ def orders():
             back=url_for("console.orders"),
         )
     stuck = request.args.get("stuck", "") in ("1", "true", "yes", "on")
-    q = (request.args.get("q") or "").strip()[:254]
-    data = queries.orders(utcnow(), stuck=stuck, statuses=statuses, page=page_number(), q=q)
+    filters = read_filters(request.args, amounts=True)
+    if not filters.ok:
+        empty = {"orders": [], "filters": {"stuck": stuck, "status": statuses}}
+        return refused(filters, "console/orders.html", empty, statuses=sorted(known))
+    if export.wants_csv(request.args):
+        return export.orders_csv(utcnow(), stuck=stuck, statuses=statuses, filters=filters)
+    data = queries.orders(utcnow(), stuck=stuck, statuses=statuses, page=page_number(), filters=filters)
     return respond("console/orders.html", data, statuses=sorted(known))
 
 
@@ -99,15 +106,16 @@ def outbox():
         )
     keep = re.fullmatch(r"(cmd-)?([1-9]\d{0,9})", request.args.get("keep") or "")
     keep = ("command" if keep.group(1) else "delivery", int(keep.group(2))) if keep else None
-    data, details, commands = queries.outbox(utcnow(), status=status, page=page_number(), keep=keep)
+    filters = read_filters(request.args)
+    context = {"statuses": queries.WORK_FILTERS, "discard_form": DiscardForm()}
+    if not filters.ok:
+        empty = {"status": status, "deliveries": [], "kept": None}
+        return refused(filters, "console/outbox.html", empty, details=[], commands=[], dead_groups=[], **context)
+    if export.wants_csv(request.args):
+        return export.deliveries_csv(utcnow(), status=status, filters=filters)
+    data, details, commands = queries.outbox(utcnow(), status=status, page=page_number(), keep=keep, filters=filters)
     return respond(
-        "console/outbox.html",
-        data,
-        details=details,
-        commands=commands,
-        statuses=queries.WORK_FILTERS,
-        discard_form=DiscardForm(),
-        dead_groups=queries.dead_groups(),
+        "console/outbox.html", data, details=details, commands=commands, dead_groups=queries.dead_groups(), **context
     )
 
 
@@ -141,7 +149,16 @@ def webhooks():
         return problem(
             400, "signed= is yes (the provider's deliveries) or no (the noise).", back=url_for("console.webhooks")
         )
-    return respond("console/webhooks.html", queries.webhooks(outcome=outcome, page=page_number(), signed=signed))
+    filters = read_filters(request.args)
+    if not filters.ok:
+        return refused(
+            filters, "console/webhooks.html", {"outcome": outcome, "webhooks": [], "counts": {}, "signed": signed}
+        )
+    if export.wants_csv(request.args):
+        return export.webhooks_csv(utcnow(), outcome=outcome, filters=filters, signed=signed)
+    return respond(
+        "console/webhooks.html", queries.webhooks(outcome=outcome, page=page_number(), filters=filters, signed=signed)
+    )
 
 
 @bp.get("/refunds")
@@ -155,9 +172,15 @@ def refunds():
             f"Unknown status {status!r}; use one of {', '.join(queries.REFUND_FILTERS)}.",
             back=url_for("console.refunds"),
         )
+    filters = read_filters(request.args, amounts=True)
+    if not filters.ok:
+        empty = {"status": status, "refunds": []}
+        return refused(filters, "console/refunds.html", empty, statuses=queries.REFUND_FILTERS)
+    if export.wants_csv(request.args):
+        return export.refunds_csv(utcnow(), status=status, filters=filters)
     return respond(
         "console/refunds.html",
-        queries.refunds(utcnow(), status=status, page=page_number()),
+        queries.refunds(utcnow(), status=status, page=page_number(), filters=filters),
         statuses=queries.REFUND_FILTERS,
     )
 

@@ -1,32 +1,47 @@
 from wtforms import EmailField, HiddenField, IntegerField
-from wtforms.validators import DataRequired, Email, InputRequired, Length, NumberRange
+from wtforms.validators import DataRequired, Email, InputRequired, Length, StopValidation
+
+from ..orders.cart import most_of_one_item
+from ..settings import MOST_OF_ONE_ITEM
 
 from ..web.requests import Form
 
 
+class QuantityField(IntegerField):
+    """A number of items. What cannot be read as a whole number is left as no number (data None)
+    rather than recorded as WTForms' own "Not a valid integer value.": LineQuantity then says the
+    one sentence a customer needs, with the range the page's input allows."""
+
+    def process_formdata(self, valuelist):
+        try:
+            super().process_formdata(valuelist)
+        except ValueError:
+            self.data = None
+        self.process_errors = []
+        if valuelist and self.data is None:
+            self.raw_data = valuelist
+
+
+class LineQuantity:
+    """1 to MAX_LINE_QUANTITY, the same bound the page's quantity inputs carry in their `max`
+    attribute (so the browser's own check and this one name the same number). Beyond the limit but
+    within the forms' bound the cart's use case refuses instead, naming the item
+    (orders.cart, TOO_MANY)."""
+
+    def __call__(self, form, field):
+        if field.data is None or not 1 <= field.data <= MOST_OF_ONE_ITEM:
+            raise StopValidation(f"Choose a quantity from 1 to {most_of_one_item()}.")
+
+
 class AddToCartForm(Form):
     variant_id = IntegerField("Variant", validators=[DataRequired(message="Choose an item.")])
-    quantity = IntegerField(
-        "Quantity",
-        default=1,
-        validators=[
-            # InputRequired, not DataRequired: a 0 is data, and deserves the range message, not "enter a quantity".
-            InputRequired(message="Enter a quantity."),
-            NumberRange(1, 99, message="Quantity must be between 1 and 99."),
-        ],
-    )
+    quantity = QuantityField("Quantity", default=1, validators=[LineQuantity()])
 
 
 class QuantityForm(Form):
     """Set one cart line's quantity (the cart page's stepper)."""
 
-    quantity = IntegerField(
-        "Quantity",
-        validators=[
-            InputRequired(message="Enter a quantity."),
-            NumberRange(1, 99, message="Quantity must be between 1 and 99."),
-        ],
-    )
+    quantity = QuantityField("Quantity", validators=[LineQuantity()])
 
 
 class CheckoutForm(Form):
@@ -34,8 +49,9 @@ class CheckoutForm(Form):
         "Email",
         validators=[
             DataRequired(message="Enter your email so we can send your receipt."),
+            # The length first: it is the limit the input's maxlength holds, said with its number.
+            Length(max=254, message="An email address is at most 254 characters long."),
             Email(message="That does not look like an email address.", check_deliverability=False),
-            Length(max=254),
         ],
     )
 
@@ -57,6 +73,9 @@ def first_error(form) -> str:
         if errors:
             if field == "csrf_token":
                 return "Your form expired or was sent from another site; please reload the page and try again."
+            # The shop's own sentences name what they are about ("Choose a quantity ..."): shown
+            # as they are. WTForms' generic ones ("Not a valid integer value.") get the field's name.
             label = getattr(getattr(form, field, None), "label", None)
-            return f"{label.text if label else field}: {errors[0]}"
+            name = label.text if label else field
+            return errors[0] if name.lower() in errors[0].lower() else f"{name}: {errors[0]}"
     return "The form is not valid."

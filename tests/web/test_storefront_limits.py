@@ -5,6 +5,8 @@ cart stays, nothing is placed and no stock is taken."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from sqlalchemy import func, select, update
 
@@ -75,6 +77,50 @@ def test_setting_a_line_above_the_limit_is_refused_beside_its_input(shop, browse
     assert f'id="quantity-{variant}-error"' in page.get_data(as_text=True)  # said where it is fixed
     assert set_to(10).status_code == 200
     assert cart_lines(browser) == [("NB-A5-DOT", 10)]
+
+
+def test_the_quantity_inputs_carry_the_limit_their_refusal_names_once(shop, browser):
+    def maxes(html: str) -> dict[str, str]:
+        found = re.findall(r'name="quantity"[^>]*?max="(\d+)"[^>]*?aria-label="Quantity of ([^"]+)"', html)
+        return {label: bound for bound, label in found}
+
+    with shop.app_context():
+        db.session.execute(
+            update(InventoryItem).where(InventoryItem.variant_id == shop.skus["MUG-350-NVY"]).values(on_hand=3)
+        )
+        db.session.commit()
+        db.session.remove()
+    catalog = maxes(browser.client.get("/", headers=HTML).get_data(as_text=True))
+    assert catalog["NB-A5-DOT"] == "10"  # 40 in stock: the line limit is what the browser holds to
+    assert catalog["MUG-350-NVY"] == "3"  # fewer left than the limit: what is left
+
+    assert browser.add("NB-A5-DOT", 2).status_code == 303
+    cart = browser.client.get("/cart", headers=HTML).get_data(as_text=True)
+    assert 'max="10"' in cart and 'max="99"' not in cart
+    variant = shop.skus["NB-A5-DOT"]
+    for typed in ("0", "", "lots", "100"):
+        page = browser.client.post(
+            f"/cart/items/{variant}/quantity", headers=HTML, data={"csrf_token": browser.token, "quantity": typed}
+        )
+        html = page.get_data(as_text=True)
+        assert page.status_code == 400, typed
+        # Said once, beside the input, in the shop's words, with the number the input's max holds.
+        assert html.count("Choose a quantity from 1 to 10.") == 1, typed
+        assert f'id="quantity-{variant}-error"' in html and 'class="flash error"' not in html
+        assert "Not a valid integer" not in html and "Quantity: " not in html
+    page = browser.add("NB-A5-DOT", 0)
+    assert page.status_code == 400 and page.get_data(as_text=True).count("Choose a quantity from 1 to 10.") == 1
+    assert cart_lines(browser) == [("NB-A5-DOT", 2)]
+
+
+def test_the_email_input_holds_the_length_its_refusal_names(shop, browser):
+    assert browser.add("NB-A5-DOT", 1).status_code == 303
+    assert 'maxlength="254"' in browser.client.get("/cart", headers=HTML).get_data(as_text=True)
+    page = browser.checkout_cart("a" * 250 + "@example.com")
+    html = page.get_data(as_text=True)
+    assert page.status_code == 400
+    assert html.count("An email address is at most 254 characters long.") == 1 and "Email: " not in html
+    assert orders(shop) == 0
 
 
 def test_checkout_re_checks_the_line_limit_keeps_the_cart_and_takes_nothing(shop, browser):
