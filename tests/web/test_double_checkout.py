@@ -9,13 +9,11 @@ import threading
 from datetime import timedelta
 
 import requests
-from sqlalchemy import update
 
-from factories import seed_catalog_rows
+from factories import force_order, seed_catalog_rows
 from payment_helpers import HTML, JSON, HttpClient, Shopper, served
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import Order
 from shop.orders.lookup import JUST_ORDERED_SECONDS
 
 LINK = re.compile(r'This cart was just ordered: see order <a href="(/orders/(BK-[A-Z0-9]+))">\2</a>\.')
@@ -51,13 +49,7 @@ def test_an_empty_cart_long_after_the_last_order_is_only_empty(fresh_paying_app,
     shopper.buy()
     reference = shopper.latest()["reference"]
     with fresh_paying_app.app_context():
-        db.session.execute(
-            update(Order)
-            .where(Order.reference == reference)
-            .values(created_at=utcnow() - timedelta(seconds=JUST_ORDERED_SECONDS + 60))
-            .execution_options(synchronize_session=False)
-        )
-        db.session.commit()
+        force_order(reference, created_at=utcnow() - timedelta(seconds=JUST_ORDERED_SECONDS + 60))
         db.session.remove()
 
     again = shopper.checkout_cart()
