@@ -262,26 +262,12 @@ def _accept_refund(event: dict, event_id, event_type):
         _record(ReceiptOutcome.IGNORED, "the event names no refund", 200, event_id, event_type)
         return jsonify({"received": True, "outcome": "ignored"}), 200
 
-    def receipt(report) -> None:
-        _write_receipt(
-            ReceiptOutcome.ACCEPTED,
-            report.outcome + (f": {report.detail}" if report.detail else ""),
-            200,
-            event_id,
-            event_type,
-            report.order_id,
-        )
-
-    try:
-        report = apply_refund_report(view, source="webhook", before_commit=receipt)
-    except Exception as exc:
-        db.session.rollback()
-        log.warning("webhook event %s (%s) accepted but not applied: %s", event_id, event_type, exc, exc_info=True)
-        _record(
-            ReceiptOutcome.FAILED, f"accepted, not applied: {_in_words(exc)}", 200, event_id, event_type, view.order_id
-        )
-        return jsonify({"received": True, "outcome": "failed"}), 200
-    return jsonify({"received": True, "outcome": report.outcome}), 200
+    return _applied_with_receipt(
+        lambda receipt: apply_refund_report(view, source="webhook", before_commit=receipt),
+        event_id,
+        event_type,
+        view.order_id,
+    )
 
 
 def _accept_payment_failure(event: dict, event_id, event_type):
@@ -290,26 +276,29 @@ def _accept_payment_failure(event: dict, event_id, event_type):
     it changes no state (the session stays open, and the customer saw the refusal there)."""
     view = gateway.payment_failure_view(event["data"]["object"])
 
-    def receipt(noted) -> None:
-        _write_receipt(
-            ReceiptOutcome.ACCEPTED,
-            noted.outcome + (f": {noted.detail}" if noted.detail else ""),
-            200,
-            event_id,
-            event_type,
-            noted.order_id,
-        )
+    return _applied_with_receipt(
+        lambda receipt: note_payment_failure(view, before_commit=receipt), event_id, event_type, view.order_id
+    )
+
+
+def _applied_with_receipt(apply, event_id, event_type, order_id):
+    """Run `apply(receipt)`, whose transaction writes the delivery's `accepted` receipt (what it did,
+    and to which order) just before it commits; one that raises is answered 200 all the same and
+    recorded `failed` in its own transaction (the provider is not asked to retry what the shop
+    will settle itself)."""
+
+    def receipt(done) -> None:
+        detail = f": {done.detail}" if done.detail else ""
+        _write_receipt(ReceiptOutcome.ACCEPTED, done.outcome + detail, 200, event_id, event_type, done.order_id)
 
     try:
-        noted = note_payment_failure(view, before_commit=receipt)
+        done = apply(receipt)
     except Exception as exc:
         db.session.rollback()
         log.warning("webhook event %s (%s) accepted but not applied: %s", event_id, event_type, exc, exc_info=True)
-        _record(
-            ReceiptOutcome.FAILED, f"accepted, not applied: {_in_words(exc)}", 200, event_id, event_type, view.order_id
-        )
+        _record(ReceiptOutcome.FAILED, f"accepted, not applied: {_in_words(exc)}", 200, event_id, event_type, order_id)
         return jsonify({"received": True, "outcome": "failed"}), 200
-    return jsonify({"received": True, "outcome": noted.outcome}), 200
+    return jsonify({"received": True, "outcome": done.outcome}), 200
 
 
 def _apply_then_record(event_id, event_type, view, failed, receipt, by_cancel):

@@ -289,3 +289,22 @@ def run_everything(app, now=None) -> None:
             drain_deliveries(now=now)
             db.session.remove()
         run_due_commands(app, now)
+
+
+def place_and_pay(make_fresh_app, sandbox, sku: str = "SOCK-M", quantity: int = 2):
+    """A shop on the sandbox with one order of `quantity` x `sku`, paid at the sandbox and applied
+    (as the console's reconcile applies it): (app, order id, its total, the catalog's skus)."""
+    from shop.payments.apply import reconcile_order
+
+    from factories import seed_catalog_rows
+
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
+    skus = seed_catalog_rows(app)
+    order = Shopper(app, skus).place(sku, quantity)
+    sandbox.set_outcome(order["payment"]["session_id"], "paid")
+    oid = order_id(app, order["reference"])
+    with app.app_context():
+        assert reconcile_order(oid).outcome == "paid"
+        total = db.session.get(Order, oid).total
+        db.session.remove()
+    return app, oid, total, skus

@@ -8,14 +8,13 @@ import pytest
 from sqlalchemy import select
 
 from factories import seed_catalog_rows
-from payment_helpers import Shopper, order_id, run_due_commands
+from payment_helpers import place_and_pay, Shopper, order_id, run_due_commands
 from shop.domain.deadlines import utcnow
 from shop.domain.events import OrderCancelled
 from shop.extensions import db
 from shop.models import InventoryItem, Order, Refund
 from shop.orders.cancel import CancelStatus, cancel_order
 from shop.outbox import uow
-from shop.payments.apply import reconcile_order
 from shop.saga.inventory import RestoreOutcome, restore_inventory
 from shop.saga.operator_refunds import RefundOutcome, refund_order
 
@@ -28,16 +27,7 @@ def paid(monkeypatch, tmp_path, make_fresh_app, sandbox):
     (the refund's email) goes to this test's own folder."""
     monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
     monkeypatch.delenv("SMTP_URL", raising=False)
-    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
-    skus = seed_catalog_rows(app)
-    shopper = Shopper(app, skus)
-    order = shopper.place("SOCK-M", 2)
-    sandbox.set_outcome(order["payment"]["session_id"], "paid")
-    oid = order_id(app, order["reference"])
-    with app.app_context():
-        assert reconcile_order(oid).outcome == "paid"
-        total = db.session.get(Order, oid).total
-        db.session.remove()
+    app, oid, total, skus = place_and_pay(make_fresh_app, sandbox, "SOCK-M", 2)
     return app, oid, total, skus["SOCK-M"]
 
 

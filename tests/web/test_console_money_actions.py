@@ -10,10 +10,9 @@ import re
 import pytest
 
 from factories import catalog_rows, seed_catalog_rows
-from payment_helpers import Shopper, order_id, run_everything
+from payment_helpers import Shopper, place_and_pay, run_everything
 from shop.extensions import db
 from shop.models import EmailResend, InventoryItem, OperatorAction, Order, Refund, ScheduledCommand, StockCorrection
-from shop.payments.apply import reconcile_order
 from support import csrf_token, log_in
 
 HTML, JSON = {"Accept": "text/html"}, {"Accept": "application/json"}
@@ -31,20 +30,14 @@ def mail_folder(monkeypatch, tmp_path):
 def paid_order(mail_folder, make_fresh_app, sandbox):
     """A logged-in client and a paid order of 2 x SOCK-M with its confirmation sent:
     (app, client, csrf token, reference, order id, total, sock variant id)."""
-    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
-    skus = seed_catalog_rows(app)
-    shopper = Shopper(app, skus)
-    order = shopper.place("SOCK-M", 2)
-    sandbox.set_outcome(order["payment"]["session_id"], "paid")
-    oid = order_id(app, order["reference"])
-    with app.app_context():
-        assert reconcile_order(oid).outcome == "paid"
-        total = db.session.get(Order, oid).total
-        db.session.remove()
+    app, oid, total, skus = place_and_pay(make_fresh_app, sandbox, "SOCK-M", 2)
     run_everything(app)
     client = app.test_client()
     token = log_in(app, client)
-    return app, client, token, order["reference"], oid, total, skus["SOCK-M"]
+    with app.app_context():
+        reference = db.session.get(Order, oid).reference
+        db.session.remove()
+    return app, client, token, reference, oid, total, skus["SOCK-M"]
 
 
 def _rows(app, model, **filters):
