@@ -130,6 +130,14 @@ class Refund(db.Model):
             postgresql_where=text("request_key IS NULL"),
             sqlite_where=text("request_key IS NULL"),
         ),
+        # The sweep's follow-up of pending refunds (scheduling.passes.pending_refunds): the few
+        # pending ones, oldest news first, however many refunds the years left.
+        Index(
+            "ix_refunds_pending_updated_at",
+            "updated_at",
+            postgresql_where=text("status = 'pending'"),
+            sqlite_where=text("status = 'pending'"),
+        ),
     )
 
     @property

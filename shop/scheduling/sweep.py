@@ -79,6 +79,7 @@ from .lease import (
 from .passes.expiry import expire_stranded_order
 from .passes.in_doubt import BULK_MAX_ORDERS, BULK_THRESHOLD, orders_in_doubt, settle_from_events
 from .passes.late_money import check_cancelled_payment, watched_cancelled_ids
+from .passes.pending_refunds import follow_pending_refunds
 from .passes.unknown_money import scan_for_unknown_money
 from .passes.provider import reconcile_stuck_payment, wake_work_waiting_for_the_provider
 from .stuck import expiry_cutoffs, stuck_cutoff, stuck_order_ids
@@ -208,6 +209,8 @@ def _run_passes(result: CycleResult, batch: int, clock, keep_lease) -> None:
             result.errors,
             keep_lease,
         )
+        # Then pending refunds no watch follows (a paid order's): a lost refund.failed still arrives.
+        follow_pending_refunds(result.provider, result.errors, keep_lease, clock)
         # Then money the provider took that no order holds (a restored copy's missing payments).
         scan_for_unknown_money(result.provider, result.errors, keep_lease, clock)
         woken = wake_work_waiting_for_the_provider(clock())

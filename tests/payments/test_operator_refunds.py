@@ -161,3 +161,54 @@ def test_two_submissions_of_one_refund_at_once_refund_once(paid, is_postgres):
     assert sorted(results) == sorted([RefundOutcome.DONE, RefundOutcome.ALREADY, RefundOutcome.ALREADY])
     assert [r.amount for r in _refunds(app, oid)] == [200]
     assert _on_hand(app, sock) == before + 2
+
+
+def test_a_pending_operator_refund_whose_failure_webhook_is_lost_is_found_failed_by_the_sweep(paid, sandbox):
+    """No watch follows a paid order (the late-money watch is a cancelled order's): without the
+    sweep's follow-up of pending refunds, the refund would stay pending for ever and nobody would
+    learn that the money never went back. No webhook reaches this app at all."""
+    from datetime import timedelta
+
+    from shop.scheduling.sweep import run_cycle
+
+    app, oid, total, _ = paid
+    sandbox.faults(refunds_pending=True)
+    assert _refund(app, oid, 500, "key-pending").outcome == RefundOutcome.DONE
+    run_due_commands(app, utcnow())  # the refund command: the provider answers "pending"
+    [refund] = _refunds(app, oid)
+    assert refund.status == "pending" and refund.provider_refund_id
+    sandbox.refund_outcome(refund.provider_refund_id, "failed")  # the bank refuses; the webhook is lost
+
+    with app.app_context():
+        soon = run_cycle(now=utcnow() + timedelta(seconds=1))  # heard of just now: not asked yet
+        assert soon.provider.get("refund_failed", 0) == 0
+        later = run_cycle(now=utcnow() + timedelta(minutes=15))
+        assert later.provider.get("refund_failed") == 1, later.summary()
+        again = run_cycle(now=utcnow() + timedelta(minutes=45))  # no longer pending: not asked again
+        assert again.provider.get("refund_failed", 0) == 0 and again.provider.get("refund_under_way", 0) == 0
+        db.session.remove()
+    [failed] = _refunds(app, oid)
+    assert failed.status == "failed" and failed.failed_at is not None
+
+
+def test_a_still_pending_operator_refund_is_asked_about_at_growing_intervals_not_every_cycle(paid, sandbox):
+    from datetime import timedelta
+
+    from shop.scheduling.sweep import run_cycle
+
+    app, oid, total, _ = paid
+    sandbox.faults(refunds_pending=True)
+    _refund(app, oid, 500, "key-slow")
+    run_due_commands(app, utcnow())
+    [refund] = _refunds(app, oid)
+    assert refund.status == "pending" and refund.provider_refund_id, (refund.status, refund.provider_refund_id)
+    asked = lambda: sandbox.request_count(method="GET", path_prefix=f"/v1/refunds/{refund.provider_refund_id}")  # noqa: E731
+    start = utcnow()
+    with app.app_context():
+        first = run_cycle(now=start + timedelta(minutes=15))
+        assert first.provider.get("refund_under_way") == 1 and asked() == 1
+        run_cycle(now=start + timedelta(minutes=15, seconds=30))  # heard of 30 s ago: too soon
+        assert asked() == 1
+        run_cycle(now=start + timedelta(hours=3))
+        assert asked() == 2
+        db.session.remove()
