@@ -132,7 +132,7 @@ class EmailResend(db.Model):
     operator: Mapped[str] = mapped_column(String(254))
     request_key: Mapped[str] = mapped_column(String(64), unique=True)
     command_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
 
 
 class StockCorrection(db.Model):
@@ -149,7 +149,7 @@ class StockCorrection(db.Model):
     new_on_hand: Mapped[int] = mapped_column(Integer)
     reason: Mapped[str] = mapped_column(Text)
     request_key: Mapped[str] = mapped_column(String(64), unique=True)
-    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
 
     @property
     def delta(self) -> int:
@@ -169,6 +169,6 @@ class CardAcknowledgement(db.Model):
     operator: Mapped[str] = mapped_column(String(254))
     reason: Mapped[str] = mapped_column(Text)
     until = mapped_column(UTCDateTime, nullable=False)
-    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
 
     __table_args__ = (Index("ix_card_acknowledgements_card_created_at", "card", "created_at"),)

@@ -8,6 +8,8 @@ What goes, each kind past its own cutoff:
   applied provider events the dedup rows             (RETENTION_DAYS, never under 30 days)
   sweep cycles            finished, not the last ok  (RETENTION_DAYS)
   operator actions        the audit trail            (AUDIT_RETENTION_DAYS)
+  emails sent again, stock corrections, card acknowledgements
+                          an operator's other records (AUDIT_RETENTION_DAYS)
 
 What never goes: the order, its lines and its transitions (its events: they are the order's
 history, docs/ARCHITECTURE.md, Retention), refunds, restore warnings, refused payment proofs and
@@ -43,7 +45,9 @@ from ..domain.retention import Cutoffs, cutoffs
 from ..extensions import db
 from ..models.types import UTCDateTime
 from ..models import (
+    CardAcknowledgement,
     CycleStatus,
+    EmailResend,
     OperatorAction,
     Order,
     OutboxDelivery,
@@ -53,6 +57,7 @@ from ..models import (
     Refund,
     RestoreWarning,
     ScheduledCommand,
+    StockCorrection,
     WarningState,
     WebhookReceipt,
     WorkStatus,
@@ -194,6 +199,32 @@ KINDS = (
         lambda c: c.audit,
         _audit,
         "operator_actions",
+    ),
+    # An operator's other records, kept as long as the audit trail that names them: an email sent
+    # again (of an order that owes nothing), a stock correction, a card's acknowledgement.
+    Kind(
+        "email_resends",
+        "emails sent again (audit)",
+        EmailResend,
+        "created_at",
+        lambda c: c.audit,
+        lambda: [_owes_nothing(EmailResend.__table__)],
+    ),
+    Kind(
+        "stock_corrections",
+        "stock corrections (audit)",
+        StockCorrection,
+        "created_at",
+        lambda c: c.audit,
+        lambda: [],
+    ),
+    Kind(
+        "card_acknowledgements",
+        "card acknowledgements (audit)",
+        CardAcknowledgement,
+        "created_at",
+        lambda c: c.audit,
+        lambda: [],
     ),
 )
 

@@ -237,6 +237,46 @@ def test_operator_actions_are_kept_for_the_audit_retention_not_the_work_retentio
     db.session.rollback()
 
 
+def test_an_operators_other_records_are_kept_for_the_audit_retention_too(ctx):
+    """Emails sent again, stock corrections and card acknowledgements: pruned with the audit trail
+    that names them, not with the work; a resend of an order still owed something stays."""
+    from shop.models import CardAcknowledgement, EmailResend, StockCorrection, Variant
+
+    settled, live = paid_order(), place_order_for().order_id
+    now = utcnow()
+    variant = db.session.execute(select(Variant.id)).scalars().first()
+    for n, order_id in enumerate((settled, live)):
+        db.session.add(
+            EmailResend(
+                order_id=order_id, template="order_paid", operator="op@example.com", request_key=f"k{n}", created_at=now
+            )
+        )
+    db.session.add(
+        StockCorrection(
+            variant_id=variant,
+            operator="op@example.com",
+            mode="adjust",
+            old_on_hand=5,
+            new_on_hand=6,
+            reason="found one",
+            request_key="s1",
+            created_at=now,
+        )
+    )
+    db.session.add(
+        CardAcknowledgement(
+            card="sweep", condition="x", operator="op@example.com", reason="known", until=now + DAY, created_at=now
+        )
+    )
+    db.session.commit()
+    first = retention.prune(now + 31 * DAY).counts
+    assert (first["email_resends"], first["stock_corrections"], first["card_acknowledgements"]) == (0, 0, 0)
+    later = retention.prune(now + 401 * DAY).counts
+    assert (later["email_resends"], later["stock_corrections"], later["card_acknowledgements"]) == (1, 1, 1)
+    assert [r.order_id for r in db.session.query(EmailResend)] == [live]  # its order still owes something
+    db.session.rollback()
+
+
 # -- nothing live, dead or owed ------------------------------------------------------------------
 
 
