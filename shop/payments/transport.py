@@ -9,6 +9,8 @@ import logging
 import re
 import threading
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from urllib.parse import urlsplit
 
 import requests
@@ -158,6 +160,21 @@ def outcome_of(status: int | None, sent: bool = True) -> str:
     return "unavailable" if status >= 500 else "refused"
 
 
+# The watch's health checks (payments.watch): every 2 s in each scheduler, so their lines are
+# DEBUG; the watch itself says when the answer changes.
+_quiet = ContextVar("backstop_quiet_provider_calls", default=False)
+
+
+@contextmanager
+def quiet_calls():
+    """Calls made inside are logged at DEBUG, whatever their outcome."""
+    token = _quiet.set(True)
+    try:
+        yield
+    finally:
+        _quiet.reset(token)
+
+
 def log_call(method, url, headers, status, rheaders, seconds: float, failure: str | None, sent: bool = True) -> None:
     """One line per provider call (each HTTP attempt, the SDK's retries included): the endpoint,
     the latency, the outcome and status, the provider's request id and the idempotency key, on
@@ -168,6 +185,8 @@ def log_call(method, url, headers, status, rheaders, seconds: float, failure: st
     key = (headers or {}).get("Idempotency-Key")
     latency_ms = round(seconds * 1000, 1)
     level = logging.INFO if outcome in ("ok", "refused", "not_sent") else logging.WARNING
+    if _quiet.get():
+        level = logging.DEBUG
     log.log(
         level,
         "provider call %s: %s%s in %.1f ms%s%s",

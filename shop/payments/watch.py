@@ -28,6 +28,7 @@ from flask import current_app
 from ..domain.deadlines import utcnow
 
 from . import gateway, guard
+from .transport import quiet_calls
 
 log = logging.getLogger("shop.payments.watch")
 
@@ -44,9 +45,13 @@ def check_now() -> bool | None:
     """One check of the provider, recorded for the card and fed to the breaker. True: it
     answered; False: it failed; None: no slot or budget to ask now (nothing recorded)."""
     provider_guard = guard.get()
-    answered, words = gateway.check()
+    before = provider_guard.breaker_view().get("check_ok")
+    with quiet_calls():  # a line every 2 s per scheduler would drown the log: only changes are said
+        answered, words = gateway.check()
     if answered is None:
         return None
+    if answered is False and before is not False:
+        log.warning("payment provider did not answer the watch's check: %s", words)
     provider_guard.breaker.note_check(answered, words)
     view = provider_guard.breaker_view()
     if answered:
@@ -73,7 +78,8 @@ def check_deliveries(now: datetime | None = None) -> dict | None:
 
     now = now or utcnow()
     try:
-        events = gateway.undelivered_events(since=now - DELIVERY_WINDOW)
+        with quiet_calls():
+            events = gateway.undelivered_events(since=now - DELIVERY_WINDOW)
     except (gateway.ProviderUnavailable, gateway.ProviderRefused) as exc:
         log.info("provider watch: could not ask for undelivered events: %s", exc)
         return None

@@ -13,6 +13,7 @@ import uuid
 from enum import StrEnum
 
 from flask import current_app
+from redis.exceptions import RedisError
 from rq import Queue, Worker
 
 from ..extensions import per_app
@@ -123,9 +124,14 @@ def other_jobs_waiting() -> bool:
     sweep)? A drain then hands the worker back between batches. (Yielding to a waiting drain,
     of either kind, would only pass the same work around: each has its budget.) One round trip."""
     control, work = queue_names()
-    with redis_conn().pipeline(transaction=False) as pipe:
-        pipe.llen(f"{Queue.redis_queue_namespace_prefix}{control}")
-        pipe.lrange(f"{Queue.redis_queue_namespace_prefix}{work}", 0, 2 * DRAIN_SLOTS)
-        control_waiting, head = pipe.execute()
+    try:
+        with redis_conn().pipeline(transaction=False) as pipe:
+            pipe.llen(f"{Queue.redis_queue_namespace_prefix}{control}")
+            pipe.lrange(f"{Queue.redis_queue_namespace_prefix}{work}", 0, 2 * DRAIN_SLOTS)
+            control_waiting, head = pipe.execute()
+    except RedisError:
+        # Redis away (a failover, a restart): nothing can be known to wait, and the drain's own
+        # work is in the database; it goes on rather than failing its job over a wake-up's question.
+        return False
     drain = _drain_job_prefix().encode()
     return bool(control_waiting) or any(not job_id.startswith(drain) for job_id in head)

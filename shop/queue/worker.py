@@ -10,6 +10,7 @@ import threading
 import time
 from datetime import datetime, timezone
 
+from redis.exceptions import RedisError
 from rq import Queue, SimpleWorker, worker_registration
 from rq.job import Job
 
@@ -106,6 +107,13 @@ class ShopWorker(SimpleWorker):
         scope = logs.enter(job_id=job.id)  # every line the job logs names it (LOG_FORMAT=json)
         try:
             super().execute_job(job, queue)
+        except RedisError as exc:
+            # Redis went away while RQ recorded the job's end (a Sentinel failover, a restart): the
+            # job's work is in the database and RQ's own loop waits for Redis to come back. Letting
+            # this escape would end the worker ("unhandled exception, quitting"), leaving the node
+            # without one until something restarts it.
+            log.warning("worker: Redis failed while job %s ended (%s); going on once it answers", job.id, exc)
+            time.sleep(1)
         finally:
             logs.leave(scope)
             self._last_job, self._job = (self._job[0], datetime.now(timezone.utc)), None

@@ -327,3 +327,14 @@ def test_a_drain_yields_to_other_jobs_but_not_to_another_drain_of_either_kind(fr
         queue.work_queue().enqueue(queue.RELAY_JOB)  # anything else (a relay, an operator's retry)
         assert queue.other_jobs_waiting() is True
         db.session.remove()
+
+
+def test_a_drain_goes_on_when_redis_cannot_say_whether_other_jobs_wait(make_fresh_app):
+    """A drain asks Redis between batches whether to hand the worker back; Redis away (a Sentinel
+    failover) is no answer, not a failed job: a job failing there ended the whole worker, which
+    then had to be restarted by hand."""
+    from shop.queue.drain import other_jobs_waiting
+
+    app = make_fresh_app(REDIS_URL="redis://127.0.0.1:9/0")  # nothing listens there
+    with app.app_context():
+        assert other_jobs_waiting() is False

@@ -206,6 +206,9 @@ def test_no_template_carries_inline_script_style_or_event_handlers_the_policy_wo
     offenders = [
         f"{path.relative_to(TEMPLATES)}: {match.group(0).strip()}"
         for path in TEMPLATES.rglob("*.html")
+        # An email's HTML is read by mail clients, not served under the policy, and most of them
+        # ignore stylesheets: its styles are inline on purpose (it has no script).
+        if path.parent.name != "email" or "<script" in path.read_text().lower()
         for match in inline.finditer(path.read_text())
     ]
     assert not offenders, offenders

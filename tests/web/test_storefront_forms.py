@@ -33,6 +33,13 @@ def line(html: str, sku: str) -> str:
     return rows[0]
 
 
+def error_row_after(html: str, sku: str) -> str | None:
+    """The refusal row right under an item's row (templates/storefront/cart.html), or None."""
+    row = line(html, sku)
+    found = re.match(r"\s*<tr class=\"line-error\">.*?</tr>", html[html.index(row) + len(row) :], re.S)
+    return found.group(0) if found else None
+
+
 def checkout_button(html: str) -> str:
     return re.search(r"<button[^>]*>Check out and pay</button>", html).group(0)
 
@@ -121,10 +128,11 @@ def test_a_refused_quantity_is_shown_beside_that_lines_quantity(shop):
     r = customer.post(f"/cart/items/{shop.skus['MUG-350-NVY']}/quantity", quantity=5)
     assert r.status_code == 409 and r.headers["Content-Location"] == "/cart"
     html = r.get_data(as_text=True)
-    row = line(html, "MUG-350-NVY")
-    assert "Only 3 of Enamel Camp Mug – Navy left" in row and 'role="alert"' in row
+    refusal = error_row_after(html, "MUG-350-NVY")  # its own full-width row, right under the line
+    assert refusal and "Only 3 of Enamel Camp Mug – Navy left" in refusal and 'role="alert"' in refusal
+    assert f'aria-describedby="quantity-{shop.skus["MUG-350-NVY"]}-error"' in line(html, "MUG-350-NVY")
     assert html.count("Only 3 of Enamel Camp Mug") == 1
-    assert "Only 3 of" not in line(html, "NB-A5-DOT")
+    assert error_row_after(html, "NB-A5-DOT") is None
 
 
 def test_checking_out_an_empty_cart_says_so_once(shop):
