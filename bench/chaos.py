@@ -406,6 +406,8 @@ class Run:
         self.stats = Stats()
         self.stopping = threading.Event()  # customers: finish the journey in hand and stop
         self.faults_off = threading.Event()
+        self.latency_held = threading.Event()  # the restore drill's slow provider: no latency fault touches it
+        self.copy_stopped_at = None  # a restore drill: when the old shop stopped (epoch seconds)
         self.rng = random.Random(args.seed)
         self.run_id = uuid.uuid4().hex[:8]
         self.base = self.sandbox = None
@@ -747,6 +749,9 @@ class Faults:
             if self.run.faults(api_unavailable=True):
                 self.off_at[kind] = time.monotonic() + a.outage_seconds
         elif kind == "api_latency_seconds":
+            if self.run.latency_held.is_set():
+                stats.add("fault_skips", "api_latency_seconds (the restore drill holds the provider's latency)")
+                return
             if not self.run.latency_supported:
                 stats.add("fault_skips", "api_latency_seconds (the sandbox does not know it)")
                 return
@@ -771,6 +776,9 @@ class Faults:
         stats.add("faults", kind)
 
     def switch_off(self, kind: str) -> None:
+        if kind == "api_latency_seconds" and self.run.latency_held.is_set():
+            del self.off_at[kind]  # the restore drill set its own latency: it switches it off itself
+            return
         changes = {
             "api_unavailable": {"api_unavailable": False},
             "reorder_webhooks": {"reorder_webhooks": False},
@@ -827,6 +835,9 @@ class RestoreDrill:
 
     def take_copy(self, database_url: str, sql) -> None:
         run = self.run
+        # The drill slows the provider itself while it copies; a latency stretch ending then would
+        # let the waiting checkout finish before the snapshot.
+        run.latency_held.set()
         run.faults(api_latency_seconds=3, api_latency_jitter_seconds=0)
         b = Browser(run, "drill")
         placed: dict = {}
@@ -854,6 +865,7 @@ class RestoreDrill:
             raise StackError(f"pg_dump failed: {dump.stderr[-2000:]}")
         waiting.join(HTTP_TIMEOUT * 2)
         run.faults(api_latency_seconds=0, api_latency_jitter_seconds=0)
+        run.latency_held.clear()
         ref, sid = placed.get("r") or (None, None)
         if ref is not None:
             sid = ensure_session(run, b, ref, sid)
@@ -870,7 +882,7 @@ class RestoreDrill:
         stack = self.stack
         for name in ("web", "worker1", "worker2", "scheduler", "redis"):
             stack.kill(name)
-        self.stopped_at = time.time()
+        self.stopped_at = self.run.copy_stopped_at = time.time()
         old_sql.dispose()
         url = make_url(self.env["DATABASE_URL"])
         copy_db = f"{url.database}_copy"
@@ -935,10 +947,10 @@ class RestoreDrill:
             f"{ref}: {order.get('status')}, {len(refunds)} refund(s) at the provider",
             [] if ok else [ref],
         )
-        unknown = found["op"].request("GET", "/console/refunds").json().get("unknown_payments", [])
+        unknown = read_unknown_payments(self.holder["sql"])
         for u in unknown:
             self.run.stats.note(f"drill: a payment for an order the copy does not know: {u['status']}")
-        waiting = [u for u in unknown if u["needs_operator"] or u["status"] == "checking"]
+        waiting = [u for u in unknown if u["status"] in ("checking", "refund_failed", "not_ours")]
         checks.add(
             "restore drill: every payment for an order the copy does not know is settled without an operator",
             not waiting,
@@ -1068,6 +1080,14 @@ def read_stock(sql) -> dict:
         }
 
 
+def read_unknown_payments(sql) -> list[dict]:
+    with sql.connect() as conn:
+        return [
+            dict(row._mapping)
+            for row in conn.execute(text("SELECT session_id, status FROM unknown_payments ORDER BY id"))
+        ]
+
+
 def check(run: Run, sql, password: str, checks: Checks) -> dict:
     op = console_login(run, password)
     # Stock is read before and after the orders: if it moved meanwhile (a deadline fired after
@@ -1183,13 +1203,13 @@ def _check_all(run: Run, sql, op: Browser, checks: Checks, refs: list, views: li
         for rf in (t or {}).get("refunds", []):
             shop_refunds[rf["session_id"]].append(rf)
     # Money for orders the database does not know (a restored copy's): refunded without an order.
-    unknown = op.request("GET", "/console/refunds").json().get("unknown_payments", [])
-    for u in unknown:
+    # Every such row (the console shows the newest 50).
+    for u in read_unknown_payments(sql):
         if u["status"] in ("refunded", "refund_pending", "refund_failed"):
             status = {"refunded": "succeeded", "refund_pending": "pending", "refund_failed": "failed"}[u["status"]]
             shop_refunds[u["session_id"]].append({"status": status, "unknown_order": True})
     paid_sessions = [s for s in sessions if s["payment_status"] == "paid"]
-    money_bad, kept, refunded_ok = [], 0, 0
+    money_bad, kept, refunded_ok, refunded_by_lost = [], 0, 0, 0
     for s in paid_sessions:
         ref = s["client_reference_id"]
         o = orders.get(ref)
@@ -1206,6 +1226,18 @@ def _check_all(run: Run, sql, op: Browser, checks: Checks, refs: list, views: li
             and in_shop[0]["status"] == "succeeded"
         ):
             refunded_ok += 1
+        elif (
+            is_payment
+            and run.copy_stopped_at is not None
+            and not in_shop
+            and len(at_provider) == 1
+            and at_provider[0]["created"] < run.copy_stopped_at
+        ):
+            # A known gap, reported and not hidden (docs/OPERATIONS.md, After a restore): an order the
+            # copy had unpaid, which the lost machine then cancelled and refunded; the copy learns
+            # the payment but not the refund, and marks the order Paid.
+            run.stats.note(f"restore gap: {ref} is Paid in the copy, its money refunded by the lost machine")
+            refunded_by_lost += 1
         else:
             money_bad.append(ref)
     paid_orders = [r for r, o in orders.items() if o["status"] == "Paid"]
@@ -1215,7 +1247,8 @@ def _check_all(run: Run, sql, op: Browser, checks: Checks, refs: list, views: li
         "every paid session is its order's payment or refunded exactly once",
         not money_bad,
         f"{len(paid_sessions)} paid sessions: {kept} kept as payment, {refunded_ok} refunded once, "
-        f"{len(money_bad)} otherwise",
+        f"{len(money_bad)} otherwise"
+        + (f" ({refunded_by_lost} Paid in the copy, refunded by the lost one: a known gap)" * bool(refunded_by_lost)),
         money_bad,
     )
     checks.add(
@@ -1442,9 +1475,6 @@ def parse_args(argv=None):
     if args.restore_drill:
         # Room for the three phases: traffic, more traffic after the copy, traffic on the copy.
         args.duration = max(args.duration, 40)
-        # The drill slows the provider itself while it copies; a latency stretch ending then would
-        # let the waiting checkout finish before the snapshot.
-        args.latency_every = 0
     if args.converge_timeout is None:
         # An order whose async failure was only learnt at its deadline gets a fresh window:
         # two windows, plus a deadline made late by the faults, plus a lapsed lease.

@@ -209,6 +209,7 @@ def refunds(now: datetime, *, status: str | None, page: int, filters: Filters = 
         "refunds": [refund_json(r, ref, now) for r, ref in rows],
         **meta,
         "unknown_payments": [unknown_payment_json(u) for u in unknown_money.recent()],
+        "unknown_payments_total": unknown_money.count(),
     }
 
 

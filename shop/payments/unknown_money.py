@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from ..extensions import db
@@ -150,6 +150,10 @@ def _settle(row: UnknownPayment, status: str, detail: str, now: datetime) -> Non
     row.status, row.detail, row.updated_at = status, detail[:1000], now
     log.info("unknown payment %s (session %s): %s: %s", row.id, row.session_id, status, detail)
     return None
+
+
+def count() -> int:
+    return db.session.execute(select(func.count()).select_from(UnknownPayment)).scalar_one()
 
 
 def recent(limit: int = 50) -> list[UnknownPayment]:

@@ -291,6 +291,7 @@ def test_the_console_refunds_page_lists_unknown_money_with_what_happened_to_it(f
     log_in(app, client)
     data = client.get("/console/refunds", headers={"Accept": "application/json"}).get_json()
     [shown] = data["unknown_payments"]
+    assert data["unknown_payments_total"] == 1
     assert (shown["session_id"], shown["status"], shown["amount"], shown["needs_operator"]) == (
         sid,
         "refunded",
