@@ -68,6 +68,11 @@ class Processes:
         self.children.append((name, proc))
         return proc
 
+    def log_of(self, name: str) -> str:
+        """One child's whole output so far (logs() keeps only each one's tail)."""
+        with open(os.path.join(self.folder, f"{name}.log"), errors="replace") as f:
+            return f.read()
+
     def logs(self) -> str:
         parts = []
         for name, _proc in self.children:

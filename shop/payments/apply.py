@@ -27,10 +27,18 @@ from ..outbox import uow
 from ..store import order_store
 from ..store.order_store import LoadedOrder, Note
 from . import gateway
-from .refunds import record_late_payment
+from .refunds import record_late_payment, refunded_by_shop
 from .unknown_money import record_unknown_payment
 
 log = logging.getLogger("shop.payments")
+
+# Why late money is refunded: the reason is the refund's metadata at the provider (and part of
+# what its Idempotency-Key replays), so a restored copy that finds a payment the lost machine
+# refunded records the same refund and not a second one.
+PAID_TWICE = "paid twice: order already paid through another session"
+PAID_AFTER_CANCEL = "payment arrived after the order was cancelled"
+# The OrderCancelled reason when a restored copy learns of such a cancel from the refund.
+CANCELLED_BEFORE_PAYMENT_REFUNDED = "cancelled before its payment arrived; the payment was refunded"
 
 
 class Outcome(StrEnum):
@@ -77,6 +85,7 @@ def apply_session(
     now: datetime | None = None,
     before_commit: Callable[[Applied], None] | None = None,
     expired_by_cancel: bool = False,
+    refunded_as: str | None = None,
 ) -> Applied:
     """Apply the provider's facts about one session to its order, in one transaction, through
     the guarded transitions. `failed` says the provider reported the (async) payment failed;
@@ -86,13 +95,24 @@ def apply_session(
 
     `before_commit(result)`, when given, runs inside that same transaction just before it
     commits, on every path that returns (duplicates included): the webhook writes its receipt
-    there, so a delivery costs one commit. Anything raised rolls the whole attempt back."""
+    there, so a delivery costs one commit. Anything raised rolls the whole attempt back.
+
+    `refunded_as` is the reason of the shop's own late-money refund of this payment that the
+    provider already holds (the sweep's scan asks, for a payment no order holds): the machine a
+    restored copy replaces refunded it, so the copy does what that machine did, never pays the
+    order with money already given back."""
     now = now or utcnow()
     for attempt in range(4):
         try:
             with uow.transaction():
                 result = _apply_once(
-                    view, source=source, failed=failed, event_id=event_id, now=now, expired_by_cancel=expired_by_cancel
+                    view,
+                    source=source,
+                    failed=failed,
+                    event_id=event_id,
+                    now=now,
+                    expired_by_cancel=expired_by_cancel,
+                    refunded_as=refunded_as,
                 )
                 if before_commit is not None:
                     before_commit(result)
@@ -170,10 +190,12 @@ def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
     return Applied(Outcome.PAID, order)
 
 
-def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool = False) -> Applied:
+def _apply_once(
+    view, *, source, failed, event_id, now, expired_by_cancel: bool = False, refunded_as: str | None = None
+) -> Applied:
     if event_id and not _claim_event(db.session, event_id, now):
         return Applied(Outcome.DUPLICATE)
-    usual = _apply_usual_payment(view, source=source, now=now)
+    usual = None if refunded_as else _apply_usual_payment(view, source=source, now=now)
     if usual is not None:
         return usual
     order = find_order(view)
@@ -191,7 +213,7 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
             record_unknown_payment(view, found_via=source, now=now)
         return Applied(Outcome.UNKNOWN_ORDER, detail=f"session {view.id}")
     if view.payment_status == "paid":
-        return _apply_paid(order, view, source=source, now=now)
+        return _apply_paid(order, view, source=source, now=now, refunded_as=refunded_as)
     if (
         order.status is OrderStatus.CANCELLED
         and order.payment_session_id == view.id
@@ -212,7 +234,7 @@ def _apply_once(view, *, source, failed, event_id, now, expired_by_cancel: bool 
     return Applied(Outcome.NOOP, order, f"session {view.status}")
 
 
-def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime) -> Applied:
+def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime, refunded_as: str | None = None) -> Applied:
     """The provider says the session is paid: check the proof, then pay the order, or refund money
     it can no longer take."""
     verdict = check_payment_proof(
@@ -248,9 +270,11 @@ def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime) -> Appl
     if state is OrderStatus.PAID:
         if order.payment_session_id == view.id:
             return Applied(Outcome.NOOP, order, "already paid")
-        return _late_money(order, view, "paid twice: order already paid through another session", now)
+        return _late_money(order, view, PAID_TWICE, now)
     if state is OrderStatus.CANCELLED:
-        return _late_money(order, view, "payment arrived after the order was cancelled", now)
+        return _late_money(order, view, PAID_AFTER_CANCEL, now)
+    if refunded_as in (PAID_TWICE, PAID_AFTER_CANCEL):
+        return _refunded_elsewhere(order, view, refunded_as, source=source, now=now)
     transition = "mark_paid"
     if state in {OrderStatus.PENDING_PAYMENT, OrderStatus.PAYMENT_FAILED}:
         order.start_payment(view.id, view.url)  # the money is real: adopt its session first
@@ -261,6 +285,27 @@ def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime) -> Appl
     order_store.save(order, transition, tuple(order.pending_events), now=utcnow())
     log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
     return Applied(Outcome.PAID, order)
+
+
+def _refunded_elsewhere(order: LoadedOrder, view, reason: str, *, source: str, now: datetime) -> Applied:
+    """A live order's payment that the provider shows refunded by this shop as late money: the
+    machine a restored copy replaces had the order cancelled (or paid through another session)
+    when the money came. The copy follows it: the order cancelled (its stock given back by the
+    compensation) unless it was paid twice, and the refund recorded under the same reason, whose
+    command replays the refund the provider already made rather than making another."""
+    if reason == PAID_AFTER_CANCEL:
+        result = order.cancel(CANCELLED_BEFORE_PAYMENT_REFUNDED)
+        if isinstance(result, Refused):
+            return Applied(Outcome.NOOP, order, result.message)
+        order_store.save(order, "cancel", result.events)
+        log.warning(
+            "order %s cancelled: the provider shows its payment (session %s) refunded by this shop after a "
+            "cancel this database never saw (via %s)",
+            order.reference,
+            view.id,
+            source,
+        )
+    return _late_money(order, view, reason, now)
 
 
 def _apply_expired(order: LoadedOrder, view, *, source: str, now: datetime, expired_by_cancel: bool) -> Applied:
@@ -366,11 +411,23 @@ def ask_and_apply(
     answer is then applied inside the caller's transaction, uncommitted, for a caller that commits
     it together with its own bookkeeping (the deadline command). `for_order` applies the answer
     only if the provider names that order as the session's (the return page's link is the
-    customer's text)."""
+    customer's text).
+
+    A paid answer whose payment the provider shows refunded is checked against the shop's own
+    refunds (`refunded_as` of `apply_session`): the machine a restored copy replaces may have
+    given that money back as late money already."""
     view = gateway.retrieve_session(session_id)
     if for_order is not None and view.order_id != for_order:
         return Answer(view, None)
     failed = async_failed(view)
+    # The answer says how much of the payment was refunded: only money already (partly) given back
+    # costs a second question, which refund it was.
+    refunded_as = refunded_by_shop(view) if view.payment_status == "paid" and view.amount_refunded else None
     if in_transaction:
-        return Answer(view, _apply_once(view, source=source, failed=failed, event_id=None, now=now or utcnow()))
-    return Answer(view, apply_session(view, source=source, failed=failed, now=now))
+        return Answer(
+            view,
+            _apply_once(
+                view, source=source, failed=failed, event_id=None, now=now or utcnow(), refunded_as=refunded_as
+            ),
+        )
+    return Answer(view, apply_session(view, source=source, failed=failed, now=now, refunded_as=refunded_as))

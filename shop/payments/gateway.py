@@ -255,7 +255,16 @@ def create_checkout_session(
 
 
 def retrieve_session(session_id: str) -> SessionView:
-    return session_view(_call("retrieve checkout session", lambda: client().v1.checkout.sessions.retrieve(session_id)))
+    """The session now, with its payment's latest charge expanded: the same one call also says
+    how much of the money was refunded (SessionView.amount_refunded)."""
+    return session_view(
+        _call(
+            "retrieve checkout session",
+            lambda: client().v1.checkout.sessions.retrieve(
+                session_id, params={"expand": ["payment_intent.latest_charge"]}
+            ),
+        )
+    )
 
 
 def expire_session(session_id: str, *, cancelling_order: int | None = None) -> SessionView:
@@ -381,6 +390,15 @@ def paid_session_events(*, since: datetime, until: datetime, starting_after: str
         params["starting_after"] = starting_after
     page = _call("list events", lambda: client().v1.events.list(params=params))
     return _session_events_of(page), bool(page.has_more)
+
+
+def refunds_of_payment(payment_intent: str) -> list[RefundView]:
+    """The provider's refunds of one payment (its first 100: a payment has one or a few)."""
+    page = _call(
+        "list refunds",
+        lambda: client().v1.refunds.list(params={"payment_intent": payment_intent, "limit": 100}),
+    )
+    return [refund_view(r) for r in page.data]
 
 
 def retrieve_refund(refund_id: str) -> RefundView:

@@ -86,6 +86,10 @@ class SessionView:
     # (`collected_information.shipping_details`, or `shipping_details` before Stripe's 2025 API):
     # {"name", "address": {"line1", "line2", "city", "postal_code", "state", "country"}}.
     shipping_details: dict | None = None
+    # How much of the payment has been refunded, by anyone (`payment_intent.latest_charge
+    # .amount_refunded`): known only when the answer expanded it (a retrieve does; an event's
+    # object does not), else None.
+    amount_refunded: int | None = None
 
 
 ADDRESS_FIELDS = ("line1", "line2", "city", "postal_code", "state", "country")
@@ -126,6 +130,7 @@ class RefundView:
     session_id: str | None
     attempt: int | None
     refund_id: int | None = None  # from metadata: an operator's refund names the shop's row
+    reason: str | None = None  # from metadata: why the shop refunded (late money's reason)
 
 
 def refund_view(obj) -> RefundView:
@@ -155,6 +160,7 @@ def refund_view(obj) -> RefundView:
         session_id=text(metadata.get("session_id")),
         attempt=number(metadata.get("attempt")) or 1,
         refund_id=number(metadata.get("refund_id")) or None,
+        reason=text(metadata.get("reason")),
     )
 
 
@@ -178,7 +184,11 @@ def session_view(obj) -> SessionView:
         else None
     )
     intent = obj.get("payment_intent")
+    refunded = None
     if isinstance(intent, dict):
+        charge = intent.get("latest_charge")
+        if isinstance(charge, dict):
+            refunded = charge.get("amount_refunded")
         intent = intent.get("id")
     expires = obj.get("expires_at")
     amount = obj.get("amount_total")
@@ -206,6 +216,9 @@ def session_view(obj) -> SessionView:
         client_reference_id=text(obj.get("client_reference_id")),
         shop_mark=text(metadata.get("shop")) if isinstance(metadata, dict) else None,
         shipping_details=shipping_details_of(obj),
+        amount_refunded=refunded
+        if isinstance(refunded, int) and not isinstance(refunded, bool) and 0 <= refunded < 2**31
+        else None,
     )
 
 

@@ -48,6 +48,23 @@ from . import gateway
 log = logging.getLogger("shop.payments")
 
 
+def refunded_by_shop(view) -> str | None:
+    """The reason of this shop's own late-money refund of a paid session's whole payment, when the
+    provider holds one (not failed or canceled), else None: one call to the provider. A restored
+    copy asks before it applies a payment it did not see (shop.payments.apply, `refunded_as`): the
+    machine it replaces may have given that money back already."""
+    if not view.payment_intent or not view.amount_total:
+        return None
+    mine = [
+        r
+        for r in gateway.refunds_of_payment(view.payment_intent)
+        if r.status not in ("failed", "canceled") and r.refund_id is None and r.session_id == view.id and r.reason
+    ]
+    if not mine or sum(r.amount or 0 for r in mine) < view.amount_total:
+        return None
+    return mine[0].reason
+
+
 def record_late_payment(order: LoadedOrder, view, reason: str, now: datetime) -> bool:
     session = db.session
     # Late money's own rows only (uq_refunds_order_session covers just those): an operator's

@@ -37,6 +37,7 @@ from .objects import (
     LineItem,
     new_id,
     render_event,
+    render_charge,
     render_payment_intent,
     render_refund,
     render_session,
@@ -348,10 +349,19 @@ SESSION_CREATE_PARAMS = (
 )  # fmt: skip
 
 
+# What a session's answer can expand: its PaymentIntent, and that intent's latest Charge (which
+# says how much of the payment was refunded).
+SESSION_EXPANDS = {"payment_intent", "payment_intent.latest_charge"}
+
+
 def _render_session(sandbox: Sandbox, session, expand: set[str], prefix: str = "") -> dict:
     body = render_session(session)
-    if f"{prefix}payment_intent" in expand and session.payment_intent_id:
-        body["payment_intent"] = render_payment_intent(sandbox.payment_intents[session.payment_intent_id])
+    with_charge = f"{prefix}payment_intent.latest_charge" in expand
+    if (f"{prefix}payment_intent" in expand or with_charge) and session.payment_intent_id:
+        intent = sandbox.payment_intents[session.payment_intent_id]
+        body["payment_intent"] = render_payment_intent(intent)
+        if with_charge and intent.latest_charge in sandbox.charges:
+            body["payment_intent"]["latest_charge"] = render_charge(sandbox.charges[intent.latest_charge])
     return body
 
 
@@ -359,7 +369,7 @@ def _render_session(sandbox: Sandbox, session, expand: set[str], prefix: str = "
 @stripe_view
 def create_checkout_session(sandbox: Sandbox, params: dict, call: Call) -> dict:
     reject_unknown(params, SESSION_CREATE_PARAMS)
-    expand = _expand(params, {"payment_intent"})
+    expand = _expand(params, SESSION_EXPANDS)
     mode = read_str(params.get("mode"), "mode")
     if mode is None:
         raise missing_param("mode")
@@ -497,7 +507,7 @@ def reject_unknown_nested(params: dict, allowed: tuple[str, ...], where: tuple) 
 @stripe_view
 def list_checkout_sessions(sandbox: Sandbox, params: dict, call: Call) -> dict:
     reject_unknown(params, (*LIST_PARAMS, "payment_intent", "status"))
-    expand = _expand(params, {"data.payment_intent"})
+    expand = _expand(params, {f"data.{path}" for path in SESSION_EXPANDS})
     records = list(sandbox.sessions.values())
     payment_intent = read_str(params.get("payment_intent"), "payment_intent")
     if payment_intent is not None:
@@ -520,7 +530,7 @@ def list_checkout_sessions(sandbox: Sandbox, params: dict, call: Call) -> dict:
 @stripe_view
 def retrieve_checkout_session(sandbox: Sandbox, params: dict, call: Call, session_id: str) -> dict:
     reject_unknown(params, ("expand",))
-    expand = _expand(params, {"payment_intent"})
+    expand = _expand(params, SESSION_EXPANDS)
     return _render_session(sandbox, sandbox.get_session(session_id), expand)
 
 
@@ -528,7 +538,7 @@ def retrieve_checkout_session(sandbox: Sandbox, params: dict, call: Call, sessio
 @stripe_view
 def expire_checkout_session(sandbox: Sandbox, params: dict, call: Call, session_id: str) -> dict:
     reject_unknown(params, ("expand",))
-    expand = _expand(params, {"payment_intent"})
+    expand = _expand(params, SESSION_EXPANDS)
     return _render_session(sandbox, sandbox.expire_session(session_id, call.ref), expand)
 
 

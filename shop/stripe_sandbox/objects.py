@@ -303,6 +303,33 @@ def render_payment_intent(pi: PaymentIntent) -> dict[str, Any]:
     }
 
 
+def render_charge(c: Charge) -> dict[str, Any]:
+    """A Charge as `payment_intent.latest_charge` expands to (the fields a shop reads: how much of
+    it was refunded), in Stripe's shape."""
+    succeeded = c.status == "succeeded"
+    return {
+        "id": c.id,
+        "object": "charge",
+        "amount": c.amount,
+        "amount_captured": c.amount if succeeded else 0,
+        "amount_refunded": c.amount_refunded,
+        "captured": succeeded,
+        "created": c.created,
+        "currency": c.currency,
+        "description": None,
+        "disputed": False,
+        "failure_code": None if c.status != "failed" else "card_declined",
+        "failure_message": None if c.status != "failed" else "Your card was declined.",
+        "livemode": False,
+        "metadata": {},
+        "paid": succeeded,
+        "payment_intent": c.payment_intent_id,
+        "receipt_email": None,
+        "refunded": succeeded and c.amount_refunded >= c.amount,
+        "status": c.status,
+    }
+
+
 def render_refund(r: Refund) -> dict[str, Any]:
     body = {
         "id": r.id,

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 
 from factories import seed_catalog_rows
-from payment_helpers import Shopper, order_id, post_webhook, run_due_commands, sandbox_event
+from payment_helpers import Shopper, order_id, post_webhook, run_due_commands, run_everything, sandbox_event
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, Refund, ScheduledCommand, UnknownPayment
@@ -300,3 +300,120 @@ def test_the_console_refunds_page_lists_unknown_money_with_what_happened_to_it(f
     )
     page = client.get("/console/refunds", headers={"Accept": "text/html"}).get_data(as_text=True)
     assert "Payments for orders this shop does not know" in page and "BK-CQNSQLE2" in page
+
+
+def _refund_as_the_lost_machine_did(app, *, order_id: int, sid: str, amount: int, reason: str) -> None:
+    """The refund the machine a copy replaces made: the shop's own call, key and metadata."""
+    with app.app_context():
+        intent = gateway.retrieve_session(sid).payment_intent
+        gateway.create_refund(order_id=order_id, session_id=sid, payment_intent=intent, amount=amount, reason=reason)
+        db.session.remove()
+
+
+def _stock(app, sku: str) -> int:
+    from shop.models import InventoryItem, Variant
+
+    with app.app_context():
+        variant = db.session.query(Variant).filter_by(sku=sku).one()
+        on_hand = db.session.query(InventoryItem).filter_by(variant_id=variant.id).one().on_hand
+        db.session.remove()
+        return on_hand
+
+
+def test_an_unpaid_order_whose_late_payment_the_lost_machine_refunded_is_cancelled_not_paid_by_the_copy(
+    fresh_paying_app, sandbox
+):
+    """The copy has the order unpaid; after the copy was taken the lost machine cancelled it, the
+    customer paid anyway and that machine refunded the late money. The scan finds the payment: the
+    copy must not make the order Paid with money already given back (the money check of the restore
+    drill), and must not refund it a second time."""
+    from shop.payments.apply import PAID_AFTER_CANCEL
+
+    app = fresh_paying_app
+    shopper = Shopper(app, seed_catalog_rows(app))
+    before = _stock(app, "SOCK-M")
+    sandbox.faults(api_unavailable=True)
+    assert shopper.checkout("SOCK-M", 1).status_code == 303
+    sandbox.faults(api_unavailable=False)
+    order = shopper.latest()
+    oid = order_id(app, order["reference"])
+    assert order["status"] == "PendingPayment" and _stock(app, "SOCK-M") == before - 1
+    _was_sweeping(app)
+    sid = _session_for(app, sandbox, order_id=oid, reference=order["reference"], amount=order["total"])
+    sandbox.set_outcome(sid, "paid")
+    _refund_as_the_lost_machine_did(app, order_id=oid, sid=sid, amount=order["total"], reason=PAID_AFTER_CANCEL)
+
+    result = _sweep(app)
+    assert result.provider.get("paid", 0) == 0, result.summary()
+    seen = shopper.order(order["reference"])
+    assert seen["status"] == "Cancelled", seen
+    with app.app_context():
+        [refund] = db.session.query(Refund).filter_by(order_id=oid).all()
+        assert (refund.session_id, refund.reason) == (sid, PAID_AFTER_CANCEL)
+        db.session.remove()
+    run_everything(app, utcnow() + timedelta(minutes=3))
+    with app.app_context():
+        assert db.session.query(Refund).filter_by(order_id=oid).one().status == "succeeded"
+        db.session.remove()
+    assert _provider_refunds(app, sid) == [(order["total"], "succeeded")]  # the lost machine's, replayed
+    assert _stock(app, "SOCK-M") == before  # the compensation gave the cancelled order's sock back
+    assert _unknown(app) == []
+    # A later cycle changes nothing.
+    _sweep(app, minutes_later=5)
+    assert shopper.order(order["reference"])["status"] == "Cancelled"
+    assert _provider_refunds(app, sid) == [(order["total"], "succeeded")]
+
+
+def test_a_second_payment_the_lost_machine_refunded_does_not_pay_the_order_or_cancel_it(fresh_paying_app, sandbox):
+    """Paid twice after the copy: the lost machine kept the first and refunded the second. Whichever
+    the scan reads first, the copy ends with the order Paid by the first and the second refunded once."""
+    from shop.payments.apply import PAID_TWICE
+
+    app = fresh_paying_app
+    shopper = Shopper(app, seed_catalog_rows(app))
+    sandbox.faults(api_unavailable=True)
+    assert shopper.checkout("SOCK-M", 1).status_code == 303
+    sandbox.faults(api_unavailable=False)
+    order = shopper.latest()
+    oid = order_id(app, order["reference"])
+    _was_sweeping(app)
+    kept = _session_for(app, sandbox, order_id=oid, reference=order["reference"], amount=order["total"])
+    second = _session_for(app, sandbox, order_id=oid, reference=order["reference"], amount=order["total"])
+    sandbox.set_outcome(kept, "paid")
+    sandbox.set_outcome(second, "paid")
+    _refund_as_the_lost_machine_did(app, order_id=oid, sid=second, amount=order["total"], reason=PAID_TWICE)
+
+    _sweep(app)
+    run_due_commands(app, utcnow() + timedelta(minutes=3))
+    seen = shopper.order(order["reference"])
+    assert seen["status"] == "Paid" and seen["payment"]["session_id"] == kept, seen
+    assert _provider_refunds(app, kept) == []
+    assert _provider_refunds(app, second) == [(order["total"], "succeeded")]
+    with app.app_context():
+        [refund] = db.session.query(Refund).filter_by(order_id=oid).all()
+        assert (refund.session_id, refund.status) == (second, "succeeded")
+        db.session.remove()
+
+
+def test_the_deadline_of_an_order_whose_payment_the_lost_machine_refunded_cancels_it_without_a_second_refund(
+    fresh_paying_app, sandbox
+):
+    """The copy has the order at its payment page; the lost machine saw it cancelled, then paid, and
+    refunded the money. The copy's re-armed deadline asks the provider, which says paid: the order
+    is cancelled and the refund recorded, not Paid with money already given back."""
+    from shop.payments.apply import PAID_AFTER_CANCEL
+
+    app = fresh_paying_app
+    shopper = Shopper(app, seed_catalog_rows(app))
+    assert shopper.checkout("SOCK-M", 1).status_code == 303
+    order = shopper.latest()
+    sid = order["payment"]["session_id"]
+    oid = order_id(app, order["reference"])
+    sandbox.set_outcome(sid, "paid")
+    _refund_as_the_lost_machine_did(app, order_id=oid, sid=sid, amount=order["total"], reason=PAID_AFTER_CANCEL)
+
+    run_everything(app, utcnow() + timedelta(hours=2))  # past the pay-by: the deadline asks
+    seen = shopper.order(order["reference"])
+    assert seen["status"] == "Cancelled", seen
+    assert [(r["amount"], r["status"]) for r in seen["refunds"]] == [(order["total"], "succeeded")]
+    assert _provider_refunds(app, sid) == [(order["total"], "succeeded")]

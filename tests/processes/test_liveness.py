@@ -297,6 +297,6 @@ def test_real_processes_of_two_nodes_are_grouped_and_a_killed_node_is_shown_gone
         scrape = client.get("/metrics").get_data(as_text=True)
         assert 'shop_node_up{node="node-a"} 0.0' in scrape and 'shop_node_up{node="node-b"} 1.0' in scrape
         # Their log lines name the node (rq-scheduler's own line at start, through the shop's format).
-        assert " INFO [node-b] rq_scheduler.scheduler Registering birth" in procs.logs()
+        assert " INFO [node-b] rq_scheduler.scheduler Registering birth" in procs.log_of("scheduler-b")
     finally:
         procs.stop()

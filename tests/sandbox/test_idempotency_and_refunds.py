@@ -131,3 +131,28 @@ def test_a_refund_for_an_unknown_intent_is_resource_missing(client):
     with pytest.raises(stripe.InvalidRequestError) as refused:
         client.v1.refunds.create(params={"payment_intent": "pi_nope"})
     assert (refused.value.code, refused.value.param) == ("resource_missing", "payment_intent")
+
+
+def test_a_session_expanded_to_its_latest_charge_says_how_much_was_refunded(client, sandbox):
+    session = client.v1.checkout.sessions.create(params=session_params(2500))
+    sandbox.set_outcome(session.id, "paid")
+    expand = {"expand": ["payment_intent.latest_charge"]}
+
+    charge = client.v1.checkout.sessions.retrieve(session.id, params=expand).payment_intent.latest_charge
+    assert (charge.object, charge.status, charge.amount, charge.amount_refunded, charge.refunded) == (
+        "charge",
+        "succeeded",
+        2500,
+        0,
+        False,
+    )
+    client.v1.refunds.create(params={"payment_intent": charge.payment_intent, "amount": 1000})
+    charge = client.v1.checkout.sessions.retrieve(session.id, params=expand).payment_intent.latest_charge
+    assert (charge.amount_refunded, charge.refunded) == (1000, False)
+    client.v1.refunds.create(params={"payment_intent": charge.payment_intent})
+    charge = client.v1.checkout.sessions.retrieve(session.id, params=expand).payment_intent.latest_charge
+    assert (charge.amount_refunded, charge.refunded) == (2500, True)
+    # Without the expansion the intent is its id, as at Stripe.
+    assert isinstance(client.v1.checkout.sessions.retrieve(session.id).payment_intent, str)
+    with pytest.raises(stripe.InvalidRequestError):
+        client.v1.checkout.sessions.retrieve(session.id, params={"expand": ["payment_intent.customer"]})

@@ -6,7 +6,9 @@ It is how a database restored from a copy finds the payments made after the copy
 copy's mark is as old as the copy, so its first cycles read everything the provider took since,
 including payments whose webhooks the lost machine answered. Such a payment is applied to its
 order when the copy has the order and it can still take the money (the order is paid, adopting
-the session it never saw), refunded as late money when it cannot, and, when the copy has no such
+the session it never saw), refunded as late money when it cannot, recorded as the refund the
+provider already holds when the lost machine gave it back (its order cancelled, as that machine
+had it, rather than paid with money that is gone), and, when the copy has no such
 order at all, recorded as unknown money and refunded (shop.payments.unknown_money). In steady
 state it reads about one page of 100 events per 100 payments, a small share of the provider
 budget next to the calls each payment makes anyway."""
@@ -23,7 +25,7 @@ from ...extensions import db
 from ...models import KeyValue, Order, Refund, UnknownPayment
 from ...outbox import uow
 from ...payments import apply as payments
-from ...payments import gateway
+from ...payments import gateway, refunds
 from ..cycle import PassName, ProviderOutcome, Tally, error_kind
 from ..lease import LeaseLost
 from ..stuck import stuck_age
@@ -93,8 +95,16 @@ def scan_for_unknown_money(counts: dict, errors: list, keep_lease, clock) -> Non
         if events is None and window > MIN_WINDOW:
             window = max(MIN_WINDOW, window / 4)  # too many payments in it: a smaller window, same start
             continue
-        for event in events or []:
-            _apply_unless_held(event, counts, errors, clock)
+        try:
+            for event in events or []:
+                _apply_unless_held(event, counts, errors, clock)
+        except gateway.ProviderUnavailable as exc:
+            # What was applied stays applied (held: the next read skips it); the rest is read again.
+            log.info(
+                "sweep: could not ask the provider about a payment's refunds (%s); the next cycle reads again", exc
+            )
+            counts[ProviderOutcome.UNAVAILABLE] = counts.get(ProviderOutcome.UNAVAILABLE, 0) + 1
+            return
         _write_mark(end)
         mark = end
         window = min(MAX_WINDOW, window * 2)
@@ -118,8 +128,11 @@ def _apply_unless_held(event: gateway.SessionEvent, counts: dict, errors: list, 
     sid = event.view.id
     if _held(sid):
         return
+    refunded_as = refunds.refunded_by_shop(event.view)
     try:
-        applied = payments.apply_session(event.view, source="sweep: unknown money", now=clock())
+        applied = payments.apply_session(
+            event.view, source="sweep: unknown money", now=clock(), refunded_as=refunded_as
+        )
     except Exception as exc:
         uow.rollback(db.session)
         log.exception("sweep: applying the provider's payment %s failed; the next cycle does not retry it", sid)
