@@ -24,8 +24,8 @@ from sqlalchemy import select
 from ..domain.deadlines import as_utc
 from ..domain.timestamps import iso
 from ..extensions import db
-from ..models import OperatorAction, Order, OutboxDelivery, OutboxEvent, Refund, WebhookReceipt
-from .queries import delivery_conditions, order_conditions, refund_conditions, webhook_conditions
+from ..models import OperatorAction, Order, OutboxDelivery, OutboxEvent, Refund, ScheduledCommand, WebhookReceipt
+from .queries import command_conditions, delivery_conditions, order_conditions, refund_conditions, webhook_conditions
 from .search import major_units
 
 log = logging.getLogger("shop.console")
@@ -246,6 +246,41 @@ def deliveries_csv(now: datetime, *, status: str | None, filters) -> Response:
 
     return csv_response(
         "outbox-deliveries", header, keyset_rows(query, OutboxDelivery.id, descending=False), shape, now
+    )
+
+
+def commands_csv(now: datetime, *, status: str | None, filters) -> Response:
+    """The outbox's scheduled commands (deadlines, refunds, emails, ...), oldest first."""
+    query = (
+        select(
+            ScheduledCommand.id,
+            ScheduledCommand.kind,
+            ScheduledCommand.status,
+            ScheduledCommand.attempts,
+            ScheduledCommand.last_error,
+            Order.reference,
+            ScheduledCommand.next_attempt_at,
+            ScheduledCommand.created_at,
+        )
+        .outerjoin(Order, Order.id == ScheduledCommand.order_id)
+        .where(*command_conditions(status, filters))
+    )
+    header = ("id", "kind", "status", "attempts", "last_error", "order_reference", "due_at", "created_at")
+
+    def shape(r):
+        return [
+            f"cmd-{r.id}",
+            r.kind,
+            r.status,
+            r.attempts,
+            r.last_error,
+            r.reference,
+            iso(as_utc(r.next_attempt_at)) if r.next_attempt_at else None,
+            iso(as_utc(r.created_at)),
+        ]
+
+    return csv_response(
+        "outbox-commands", header, keyset_rows(query, ScheduledCommand.id, descending=False), shape, now
     )
 
 

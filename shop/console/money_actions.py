@@ -311,7 +311,7 @@ def refund(reference):
 
 @bp.get("/orders/<reference>/emails")
 def order_emails(reference):
-    """Every email the order was sent, each with a button that sends it again."""
+    """Every email the order was sent, each with a link to send it again (after a confirmation)."""
     order, missing = _order_or_404(reference)
     if missing:
         return missing
@@ -331,7 +331,36 @@ def order_emails(reference):
             for e in sent
         ],
     }
-    return respond("console/order_emails.html", data, order=order, request_key=new_request_key())
+    return respond("console/order_emails.html", data, order=order)
+
+
+@bp.get("/orders/<reference>/emails/resend")
+def confirm_resend(reference):
+    """The confirmation step before an email goes out again: which email, to whom, and that it is
+    rendered from the order as it is now. Nothing is sent on a GET."""
+    order, missing = _order_or_404(reference)
+    if missing:
+        return missing
+    back = url_for("console.order_emails", reference=order.reference)
+    template = (request.args.get("template") or "").strip()
+    name = email_resends.EMAIL_NAMES.get(template)
+    if name is None:
+        return problem(
+            400, f"Choose one of the order's emails to send again ({', '.join(email_resends.EMAIL_NAMES)}).", back=back
+        )
+    sent = [e for e in email_resends.sent_emails(order.id) if e.template == template]
+    if not sent:
+        return problem(409, RESEND_WORDS["not_sent"].format(name=name), title="Not sent", back=back, why="not_sent")
+    data = {
+        "reference": order.reference,
+        "email": order.email,
+        "template": template,
+        "name": name,
+        "times_sent": len(sent),
+        "last_sent_at": iso(max((e.sent_at for e in sent if e.sent_at), default=None)),
+        "step": "confirm",
+    }
+    return respond("console/resend_email.html", data, request_key=new_request_key(), back=back)
 
 
 RESEND_WORDS = {

@@ -246,7 +246,9 @@ def delivery_conditions(status: str | None, filters: Filters = NO_FILTERS) -> li
     return conditions + in_date_range(OutboxDelivery.created_at, filters)
 
 
-def _command_conditions(status: str | None, filters: Filters) -> list:
+def command_conditions(status: str | None, filters: Filters = NO_FILTERS) -> list:
+    """The WHERE of the outbox's scheduled commands and of their CSV: `q` is part of the order's
+    reference or of the command's kind, the dates when the command was written."""
     conditions = []
     if status == WAITING:
         conditions += [
@@ -289,7 +291,7 @@ def outbox(
         .order_by(ScheduledCommand.id)
     )
     query = query.where(*delivery_conditions(status, filters))
-    cquery = cquery.where(*_command_conditions(status, filters))
+    cquery = cquery.where(*command_conditions(status, filters))
     rows, meta = paging(query, page)
     crows, cmeta = paging(cquery, page)
     details = [delivery_detail(d, name, ref, now) for d, name, ref in rows]

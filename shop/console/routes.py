@@ -112,6 +112,8 @@ def outbox():
         empty = {"status": status, "deliveries": [], "kept": None}
         return refused(filters, "console/outbox.html", empty, details=[], commands=[], dead_groups=[], **context)
     if export.wants_csv(request.args):
+        if request.args.get("kind") == "commands":
+            return export.commands_csv(utcnow(), status=status, filters=filters)
         return export.deliveries_csv(utcnow(), status=status, filters=filters)
     data, details, commands = queries.outbox(utcnow(), status=status, page=page_number(), keep=keep, filters=filters)
     return respond(

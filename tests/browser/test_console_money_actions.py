@@ -101,7 +101,11 @@ def test_refund_resend_and_stock_pages_work_and_pass_the_checker_at_both_widths(
         # Emails: the order page's link, the list, one sent again.
         page.get_by_role("link", name="Emails sent…").click()
         check("order emails")
-        page.get_by_role("button", name="Send the Order confirmation (paid) email again").click()
+        page.get_by_role("link", name="Send the Order confirmation (paid) email again…").click()
+        expect(page.get_by_role("heading", name="Send the Order confirmation (paid) email again?")).to_be_visible()
+        check("email resend confirmation")
+        assert _count(app, EmailResend, order_id=oid) == 0
+        page.get_by_role("button", name="Yes, send it again").click()
         expect(page.locator("p.flash", has_text="is on its way to")).to_be_visible()
         assert _count(app, EmailResend, order_id=oid) == 1
 

@@ -190,3 +190,20 @@ def test_the_list_page_offers_the_download_of_what_it_shows(fresh_client, eight_
     html = fresh_client.get("/console/orders?q=ann&page=1&status=PendingPayment").get_data(as_text=True)
     link = html.split("Download CSV")[0].rsplit('href="', 1)[1].split('"')[0].replace("&amp;", "&")
     assert "format=csv" in link and "q=ann" in link and "status=PendingPayment" in link and "page=" not in link
+
+
+def test_the_outbox_downloads_its_scheduled_commands_with_the_same_filters(fresh_app, fresh_client, eight_orders):
+    commands = rows_of(
+        fresh_client.get("/console/outbox", query_string={"format": "csv", "kind": "commands", "q": eight_orders[2]})
+    )
+    assert commands[0] == ["id", "kind", "status", "attempts", "last_error", "order_reference", "due_at", "created_at"]
+    assert commands[1:], "each placed order has its payment deadline"
+    assert {(r[1], r[5]) for r in commands[1:]} >= {("expire_unpaid_order", eight_orders[2])}
+    assert all(r[0].startswith("cmd-") and r[5] == eight_orders[2] for r in commands[1:])
+    # A kind is found by part of its name, like a handler's.
+    by_kind = rows_of(fresh_client.get("/console/outbox?format=csv&kind=commands&q=expire_unpaid"))
+    assert {r[5] for r in by_kind[1:]} == set(eight_orders)
+    # The page offers both downloads, each keeping the filter typed.
+    html = fresh_client.get("/console/outbox?q=expire").get_data(as_text=True)
+    link = html.split("Download commands as CSV")[0].rsplit('href="', 1)[1].split('"')[0].replace("&amp;", "&")
+    assert "format=csv" in link and "kind=commands" in link and "q=expire" in link

@@ -60,7 +60,13 @@ def _mails(folder, template):
 
 def test_the_new_pages_and_actions_are_behind_the_operators_login(fresh_app, fresh_client):
     anonymous = csrf_token(fresh_client, "/console/login")
-    for url in ("/console/orders/X/refund", "/console/orders/X/emails", "/console/inventory", "/console/inventory/1"):
+    for url in (
+        "/console/orders/X/refund",
+        "/console/orders/X/emails",
+        "/console/orders/X/emails/resend?template=order_paid",
+        "/console/inventory",
+        "/console/inventory/1",
+    ):
         assert fresh_client.get(url, headers=HTML).headers["Location"].startswith("/console/login"), url
         assert fresh_client.get(url, headers=JSON).status_code == 401, url
     for url in ("/console/orders/X/refund", "/console/orders/X/emails/resend", "/console/inventory/1/adjust"):
@@ -158,7 +164,20 @@ def test_an_email_the_order_was_sent_is_sent_again_once_per_click(paid_order, ma
     listed = client.get(f"/console/orders/{ref}/emails", headers=JSON).get_json()
     assert [e["template"] for e in listed["emails"]] == ["order_paid"]
     page = client.get(f"/console/orders/{ref}/emails").get_data(as_text=True)
-    key = KEY.search(page).group(1)
+    assert f"/console/orders/{ref}/emails/resend?template=order_paid" in page
+    # The confirmation step says what goes where, and sends nothing.
+    confirm = client.get(f"/console/orders/{ref}/emails/resend?template=order_paid")
+    text = confirm.get_data(as_text=True)
+    assert confirm.status_code == 200 and "Send the Order confirmation (paid) email again?" in text
+    assert _rows(app, EmailResend, order_id=oid) == []
+    asked = client.get(f"/console/orders/{ref}/emails/resend?template=order_paid", headers=JSON).get_json()
+    assert (asked["step"], asked["template"], asked["times_sent"]) == ("confirm", "order_paid", 1)
+    assert asked["email"] and f"It goes to {asked['email']}" in text
+    never = client.get(f"/console/orders/{ref}/emails/resend?template=refund_failed", headers=JSON)
+    assert never.status_code == 409 and never.get_json()["why"] == "not_sent"
+    unknown = client.get(f"/console/orders/{ref}/emails/resend?template=spam", headers=JSON)
+    assert unknown.status_code == 400 and "order_paid" in unknown.get_json()["error"]
+    key = KEY.search(text).group(1)
     data = {"csrf_token": token, "template": "order_paid", "request_key": key}
     assert client.post(f"/console/orders/{ref}/emails/resend", data=data).status_code == 303
     assert client.post(f"/console/orders/{ref}/emails/resend", data=data, headers=JSON).get_json()["already"] is True
