@@ -25,7 +25,14 @@ from ..domain.deadlines import as_utc
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import OperatorAction, Order, OutboxDelivery, OutboxEvent, Refund, ScheduledCommand, WebhookReceipt
-from .queries import command_conditions, delivery_conditions, order_conditions, refund_conditions, webhook_conditions
+from .queries import (
+    audit_conditions,
+    command_conditions,
+    delivery_conditions,
+    order_conditions,
+    refund_conditions,
+    webhook_conditions,
+)
 from .search import major_units
 
 log = logging.getLogger("shop.console")
@@ -282,6 +289,41 @@ def commands_csv(now: datetime, *, status: str | None, filters) -> Response:
     return csv_response(
         "outbox-commands", header, keyset_rows(query, ScheduledCommand.id, descending=False), shape, now
     )
+
+
+def audit_csv(now: datetime, *, operator: str, filters) -> Response:
+    """The audit trail, newest first."""
+    query = (
+        select(
+            OperatorAction.id,
+            OperatorAction.created_at,
+            OperatorAction.operator,
+            OperatorAction.action,
+            OperatorAction.target,
+            Order.reference,
+            OperatorAction.reason,
+            OperatorAction.status,
+            OperatorAction.outcome,
+        )
+        .outerjoin(Order, Order.id == OperatorAction.order_id)
+        .where(*audit_conditions(operator, filters))
+    )
+    header = ("id", "at", "operator", "action", "target", "order_reference", "reason", "status", "outcome")
+
+    def shape(r):
+        return [
+            r.id,
+            iso(as_utc(r.created_at)),
+            r.operator,
+            r.action,
+            r.target,
+            r.reference,
+            r.reason,
+            r.status,
+            r.outcome,
+        ]
+
+    return csv_response("audit", header, keyset_rows(query, OperatorAction.id), shape, now)
 
 
 def webhooks_csv(now: datetime, *, outcome: str | None, filters, signed: bool | None = None) -> Response:

@@ -160,16 +160,38 @@ def _longest_waiting(query, statuses, cutoff: datetime, n: int):
     return select(Order).join(first, first.c.id == Order.id).order_by(first.c.updated_at, first.c.id)
 
 
-def audit(*, page: int, operator: str = "", order: Order | None = None) -> dict:
+def audit_conditions(operator: str = "", filters: Filters = NO_FILTERS) -> list:
+    """The WHERE of the audit trail and of its CSV (the query joins the action's order): one
+    operator's (any case), `q` part of the operator, the action, its target or the order's
+    reference, the dates when it was done."""
+    conditions = []
+    if operator:
+        conditions.append(func.lower(OperatorAction.operator) == operator.lower())
+    if filters.q:
+        conditions.append(
+            or_(
+                contains(OperatorAction.operator, filters.q),
+                contains(OperatorAction.action, filters.q.replace(" ", "_")),
+                contains(OperatorAction.target, filters.q),
+                contains(Order.reference, filters.q, upper=True),
+            )
+        )
+    return conditions + in_date_range(OperatorAction.created_at, filters)
+
+
+def audit(*, page: int, operator: str = "", order: Order | None = None, filters: Filters = NO_FILTERS) -> dict:
     """Operator actions, newest first."""
     query = select(OperatorAction, Order.reference).outerjoin(Order, Order.id == OperatorAction.order_id)
-    if operator:
-        query = query.where(func.lower(OperatorAction.operator) == operator.lower())
+    query = query.where(*audit_conditions(operator, filters))
     if order is not None:
         query = query.where(OperatorAction.order_id == order.id)
     query = query.order_by(OperatorAction.id.desc())
     rows, meta = paging(query, page)
-    return {"actions": [action_json(a, ref) for a, ref in rows], "filters": {"operator": operator}, **meta}
+    return {
+        "actions": [action_json(a, ref) for a, ref in rows],
+        "filters": {"operator": operator, **filters.as_json()},
+        **meta,
+    }
 
 
 REFUND_FILTERS = ("failed", "pending", "succeeded", "settled")

@@ -79,9 +79,14 @@ def orders():
 @bp.get("/audit")
 def audit_trail():
     """Every operator action, newest first: who, when, what, the reason and how it went;
-    `operator=` keeps one operator's."""
+    `operator=` keeps one operator's; `q`, `from`, `to` search it and `format=csv` downloads it."""
     operator = (request.args.get("operator") or "").strip()[:254]
-    return respond("console/audit.html", queries.audit(page=page_number(), operator=operator))
+    filters = read_filters(request.args)
+    if not filters.ok:
+        return refused(filters, "console/audit.html", {"actions": [], "filters": {"operator": operator}})
+    if export.wants_csv(request.args):
+        return export.audit_csv(utcnow(), operator=operator, filters=filters)
+    return respond("console/audit.html", queries.audit(page=page_number(), operator=operator, filters=filters))
 
 
 @bp.get("/orders/<reference>")

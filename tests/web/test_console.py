@@ -896,6 +896,38 @@ def test_every_console_action_leaves_an_audit_row_with_who_what_why_and_outcome(
     ] == ["retry_all_dead", "retry_work", "discard_work"]
 
 
+def test_the_audit_trail_is_searched_by_part_of_an_action_target_or_reference_and_by_date(
+    fresh_app, fresh_client, token
+):
+    order_id, ref = placed_order_in(fresh_app)
+    delivery = cancel_in(fresh_app, order_id)
+    dead_letter(fresh_app, delivery)
+    fresh_client.post(f"/console/outbox/{delivery}/discard", data={"csrf_token": token, "reason": "recounted"})
+    fresh_client.post("/console/outbox/retry-dead", data={"csrf_token": token, "what": "command:send_email"})
+
+    def found(**query) -> list[str]:
+        r = fresh_client.get("/console/audit", query_string=query, headers=JSON)
+        assert r.status_code == 200, r.get_json()
+        return [a["action"] for a in r.get_json()["actions"]]
+
+    assert found(q=ref[3:].lower()) == ["discard_work"]  # part of the order's reference, any case
+    assert found(q="retry all") == ["retry_all_dead"]  # the action as the page writes it
+    assert found(q="send_email") == ["retry_all_dead"]  # its target
+    assert found(q=EMAIL.split("@")[0].upper()) == ["retry_all_dead", "discard_work"]
+    today = utcnow().date().isoformat()
+    assert found(**{"from": today, "to": today}) == ["retry_all_dead", "discard_work"]
+    assert found(**{"from": "2020-01-01", "to": "2020-01-02"}) == []
+    bad = fresh_client.get("/console/audit?from=2026-13-01", headers=JSON)
+    assert bad.status_code == 400 and bad.get_json()["actions"] == [] and "not a date" in bad.get_json()["error"]
+    page = fresh_client.get(f"/console/audit?q={ref}").get_data(as_text=True)
+    assert "Download CSV" in page and "recounted" in page
+    rows = fresh_client.get(f"/console/audit?format=csv&q={ref}").get_data(as_text=True).splitlines()
+    assert rows[0] == "id,at,operator,action,target,order_reference,reason,status,outcome"
+    # The download is on the trail itself, its target the search that names the order.
+    assert [r.split(",")[3] for r in rows[1:]] == ["export_csv", "discard_work"]
+    assert ref in rows[2] and "recounted" in rows[2]
+
+
 def test_logging_in_and_out_and_anonymous_posts_are_not_operator_actions(fresh_app, fresh_client, token):
     fresh_client.post("/console/logout", data={"csrf_token": token})
     anonymous = fresh_app.test_client()
