@@ -24,13 +24,23 @@ from sqlalchemy import select
 from ..domain.deadlines import as_utc
 from ..domain.timestamps import iso
 from ..extensions import db
-from ..models import OperatorAction, Order, OutboxDelivery, OutboxEvent, Refund, ScheduledCommand, WebhookReceipt
+from ..models import (
+    OperatorAction,
+    Order,
+    OutboxDelivery,
+    OutboxEvent,
+    Refund,
+    RestoreWarning,
+    ScheduledCommand,
+    WebhookReceipt,
+)
 from .queries import (
     audit_conditions,
     command_conditions,
     delivery_conditions,
     order_conditions,
     refund_conditions,
+    warning_conditions,
     webhook_conditions,
 )
 from .search import major_units
@@ -324,6 +334,51 @@ def audit_csv(now: datetime, *, operator: str, filters) -> Response:
         ]
 
     return csv_response("audit", header, keyset_rows(query, OperatorAction.id), shape, now)
+
+
+def warnings_csv(now: datetime, *, state: str | None, filters) -> Response:
+    """The restore warnings, oldest first."""
+    query = (
+        select(
+            RestoreWarning.id,
+            Order.reference,
+            RestoreWarning.variant_id,
+            RestoreWarning.quantity,
+            RestoreWarning.reason,
+            RestoreWarning.state,
+            RestoreWarning.resolution,
+            RestoreWarning.created_at,
+            RestoreWarning.resolved_at,
+        )
+        .outerjoin(Order, Order.id == RestoreWarning.order_id)
+        .where(*warning_conditions(state, filters))
+    )
+    header = (
+        "id",
+        "order_reference",
+        "variant_id",
+        "quantity",
+        "reason",
+        "state",
+        "resolution",
+        "created_at",
+        "resolved_at",
+    )
+
+    def shape(r):
+        return [
+            r.id,
+            r.reference,
+            r.variant_id,
+            r.quantity,
+            r.reason,
+            r.state,
+            r.resolution,
+            iso(as_utc(r.created_at)),
+            iso(as_utc(r.resolved_at)) if r.resolved_at else None,
+        ]
+
+    return csv_response("restore-warnings", header, keyset_rows(query, RestoreWarning.id, descending=False), shape, now)
 
 
 def webhooks_csv(now: datetime, *, outcome: str | None, filters, signed: bool | None = None) -> Response:

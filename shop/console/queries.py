@@ -378,18 +378,40 @@ def dead_groups() -> list[dict]:
     return sorted(groups, key=lambda g: (-g["count"], g["kind"], g["name"]))
 
 
-def restore_warnings(now: datetime, *, state: str | None, page: int):
+WARNING_KEYS = ("id", "order_reference", "variant_id", "quantity", "reason", "state")
+
+
+def warning_conditions(state: str | None, filters: Filters = NO_FILTERS) -> list:
+    """The WHERE of the restore warnings and of their CSV (the query joins the warning's order): `q`
+    is part of the order's reference or of the reason, or a variant's id; the dates when the
+    warning was raised."""
+    conditions = [RestoreWarning.state == state] if state else []
+    if filters.q:
+        found = [contains(Order.reference, filters.q, upper=True), contains(RestoreWarning.reason, filters.q)]
+        if filters.q.isdigit() and len(filters.q) < 10:
+            found.append(RestoreWarning.variant_id == int(filters.q))
+        conditions.append(or_(*found))
+    return conditions + in_date_range(RestoreWarning.created_at, filters)
+
+
+def restore_warnings(now: datetime, *, state: str | None, page: int, filters: Filters = NO_FILTERS):
     query = (
         select(RestoreWarning, Order.reference)
         .outerjoin(Order, Order.id == RestoreWarning.order_id)
+        .where(*warning_conditions(state, filters))
         .order_by(RestoreWarning.created_at, RestoreWarning.id)
     )
-    if state:
-        query = query.where(RestoreWarning.state == state)
     rows, meta = paging(query, page)
     details = [warning_detail(w, ref, now) for w, ref in rows]
-    keys = ("id", "order_reference", "variant_id", "quantity", "reason", "state")
-    return {"state": state, "warnings": [{k: d[k] for k in keys} for d in details], **meta}, details
+    return (
+        {
+            "state": state,
+            "warnings": [{k: d[k] for k in WARNING_KEYS} for d in details],
+            "filters": filters.as_json(),
+            **meta,
+        },
+        details,
+    )
 
 
 def webhook_conditions(outcome: str | None, filters: Filters = NO_FILTERS, signed: bool | None = None) -> list:

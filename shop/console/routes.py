@@ -128,7 +128,8 @@ def outbox():
 
 @bp.get("/restore-warnings")
 def restore_warnings():
-    """Stock a compensation could not give back; `state=open` for those awaiting an operator."""
+    """Stock a compensation could not give back; `state=open` for those awaiting an operator;
+    `q`, `from`, `to` search them and `format=csv` downloads them."""
     state = request.args.get("state") or None
     if state is not None and state not in queries.WARNING_STATES:
         return problem(
@@ -136,7 +137,13 @@ def restore_warnings():
             f"Unknown state {state!r}; use one of {', '.join(queries.WARNING_STATES)}.",
             back=url_for("console.restore_warnings"),
         )
-    data, details = queries.restore_warnings(utcnow(), state=state, page=page_number())
+    filters = read_filters(request.args)
+    if not filters.ok:
+        empty = {"state": state, "warnings": []}
+        return refused(filters, "console/restore_warnings.html", empty, details=[], states=queries.WARNING_STATES)
+    if export.wants_csv(request.args):
+        return export.warnings_csv(utcnow(), state=state, filters=filters)
+    data, details = queries.restore_warnings(utcnow(), state=state, page=page_number(), filters=filters)
     return respond("console/restore_warnings.html", data, details=details, states=queries.WARNING_STATES)
 
 

@@ -551,6 +551,32 @@ def test_restore_warnings_list_in_the_contract_shape(fresh_app, fresh_client, to
     assert ref in html and "Retry the restore" in html and "Mark fixed" in html
 
 
+def test_restore_warnings_are_searched_by_reference_reason_or_variant_and_downloaded(fresh_app, fresh_client, token):
+    order_id, ref = placed_order_in(fresh_app)
+    other_id, other = placed_order_in(fresh_app)
+    with fresh_app.app_context():
+        db.session.add(RestoreWarning(order_id=order_id, variant_id=7, quantity=2, reason="no inventory row"))
+        db.session.add(RestoreWarning(order_id=other_id, variant_id=9000008, quantity=1, reason="over the ceiling"))
+        db.session.commit()
+
+    def refs(**query) -> list[str]:
+        r = fresh_client.get("/console/restore-warnings", query_string=query, headers=JSON)
+        assert r.status_code == 200, r.get_json()
+        return [w["order_reference"] for w in r.get_json()["warnings"]]
+
+    assert refs(q=ref[3:].lower()) == [ref]
+    assert refs(q="CEILING") == [other]
+    assert refs(q="9000008") == [other]  # a variant's id (no reference holds seven digits in a row)
+    assert refs(q="ceiling", state="resolved") == []
+    assert refs(**{"from": "2020-01-01", "to": "2020-01-31"}) == []
+    bad = fresh_client.get("/console/restore-warnings?to=yesterday", headers=JSON)
+    assert bad.status_code == 400 and bad.get_json()["warnings"] == []
+    rows = fresh_client.get("/console/restore-warnings?format=csv&q=inventory").get_data(as_text=True).splitlines()
+    assert rows[0] == "id,order_reference,variant_id,quantity,reason,state,resolution,created_at,resolved_at"
+    assert len(rows) == 2 and f",{ref},7,2,no inventory row,open," in rows[1]
+    assert "Download CSV" in fresh_client.get("/console/restore-warnings?q=x").get_data(as_text=True)
+
+
 def test_resolving_with_retry_restores_stock_once_the_cause_is_fixed(fresh_app, fresh_client, token):
     order_id, warning_id, vid = make_overflow_warning(fresh_app)
     url = f"/console/restore-warnings/{warning_id}/resolve"
