@@ -98,9 +98,9 @@ def apply_session(
     there, so a delivery costs one commit. Anything raised rolls the whole attempt back.
 
     `refunded_as` is the reason of the shop's own late-money refund of this payment that the
-    provider already holds (the sweep's scan asks, for a payment no order holds): the machine a
-    restored copy replaces refunded it, so the copy does what that machine did, never pays the
-    order with money already given back."""
+    provider already holds (asked by `ask_and_apply` when the answer shows money refunded, and by
+    the sweep's scan for a payment no order holds): the machine a restored copy replaces refunded
+    it, so the copy does what that machine did, never pays the order with money given back."""
     now = now or utcnow()
     for attempt in range(4):
         try:
