@@ -1,4 +1,4 @@
-"""What the customer is asked and told around paying (issue 25, "the customer"): goods that ship
+"""What the customer is asked and told around paying (docs/REFERENCE.md, Storefront): goods that ship
 collect a shipping address at the payment page and the order keeps it; the paid email is a
 receipt (items, quantities, unit prices, total, address, link; text and HTML); a declined card
 says so on the order page. Real database, Redis and the sandbox over HTTP, the real stripe SDK."""

@@ -1,4 +1,4 @@
-"""The dashboard's cards check for themselves (issue 25): the provider card follows the provider
+"""The dashboard's cards check for themselves (docs/REFERENCE.md, Console): the provider card follows the provider
 watch's own check (shop.payments.watch) with no customer traffic, the webhook card reddens only
 for the provider's signed deliveries failing (noise from the internet is counted with its
 address), a red card can be acknowledged until its condition changes or the time runs out, and

@@ -1,4 +1,4 @@
-"""The evidence behind the console (issue 25): each webhook receipt keeps its raw body and the
+"""The evidence behind the console (docs/REFERENCE.md, Console): each webhook receipt keeps its raw body and the
 address it came from, viewable in the console, with "re-apply" through the webhook's own guarded
 path (an event already applied changes nothing, and says so); a payment start that failed is on
 the order's timeline with the provider's words; the order page links to the provider's session."""
