@@ -293,7 +293,10 @@ def test_real_processes_of_two_nodes_are_grouped_and_a_killed_node_is_shown_gone
         found = nodes()
         assert found["node-b"]["state"] == "up"
         assert found["node-a"]["words"].startswith("node node-a: no process has beaten for ")
-        assert "; gone. It holds no work." in found["node-a"]["words"]
+        # Its worker may have been running the scheduler's first prune when it died: the words
+        # then name the lease it still holds (it lapses by itself), otherwise that it holds nothing.
+        words = found["node-a"]["words"]
+        assert "; gone. It holds no work." in words or "; gone. It still holds the retention lease (until " in words
         scrape = client.get("/metrics").get_data(as_text=True)
         assert 'shop_node_up{node="node-a"} 0.0' in scrape and 'shop_node_up{node="node-b"} 1.0' in scrape
         # Their log lines name the node (rq-scheduler's own line at start, through the shop's format).
