@@ -128,7 +128,11 @@
   function reachable(root) {
     root.querySelectorAll("table, .timeline, pre").forEach(function (el) {
       var style = getComputedStyle(el);
-      var scrolls = (style.overflowX === "auto" || style.overflowX === "scroll") && el.scrollWidth > el.clientWidth + 1;
+      var scrolls = ((style.overflowX === "auto" || style.overflowX === "scroll") && el.scrollWidth > el.clientWidth + 1) ||
+                    ((style.overflowY === "auto" || style.overflowY === "scroll") && el.scrollHeight > el.clientHeight + 1);
+      // An element the page made focusable itself keeps its tabindex: only this helper's own is
+      // ever taken away again (a body that stopped scrolling sideways may still scroll down).
+      if (el.hasAttribute("tabindex") && !el.hasAttribute("data-scroll-focus")) return;
       if (scrolls && !el.querySelector("a[href], button, input, select, textarea, [tabindex]")) {
         el.setAttribute("tabindex", "0");
         el.setAttribute("data-scroll-focus", "");
