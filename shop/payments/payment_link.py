@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from .. import logs
 from ..domain.order import OrderStatus
 from ..extensions import db
 from ..models import Order
@@ -55,6 +56,8 @@ def ready_to_offer(order_id: int) -> bool:
     to send); raises ProviderUnavailable while the provider does not answer, so the runner keeps
     the row waiting for it; True when the email should go now (scheduling.commands sends it)."""
     order = db.session.get(Order, order_id)
+    if order is not None:
+        logs.learn(order_ref=order.reference)  # the probe's line below names the order too
     if not still_waiting_for_payment(order):
         return False
     gateway.answers()

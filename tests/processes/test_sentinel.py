@@ -25,7 +25,7 @@ from process_support import Processes, free_port, process_env, wait_until
 from shop import queue
 from shop.devserver.bundled_redis import redis_server_command
 from shop.extensions import db
-from shop.models import InventoryItem, Order
+from shop.models import InventoryItem, Order, OutboxDelivery, ScheduledCommand
 from support import UNREACHABLE_PROVIDER
 
 pytestmark = pytest.mark.slow
@@ -129,10 +129,29 @@ def sentinels():
 
 
 def _settled(app, references: list[str]) -> bool:
+    return not _unsettled(app, references)
+
+
+def _unsettled(app, references: list[str]) -> list[str]:
+    """Each order not yet cancelled with its stock back, with its state and its deadline's."""
     with app.app_context():
-        rows = db.session.query(Order).filter(Order.reference.in_(references)).all()
+        rows = {o.reference: o for o in db.session.query(Order).filter(Order.reference.in_(references)).all()}
+        out = []
+        for ref in references:
+            order = rows.get(ref)
+            if order is None:
+                out.append(f"{ref}: not in the database")
+            elif not (order.status == "Cancelled" and order.inventory_restored):
+                commands = db.session.query(ScheduledCommand).filter(ScheduledCommand.order_id == order.id).all()
+                deliveries = db.session.query(OutboxDelivery).filter(OutboxDelivery.order_id == order.id).all()
+                out.append(
+                    f"{ref}: {order.status}, restored {order.inventory_restored}; commands "
+                    + ", ".join(f"{c.kind} {c.status} due {c.next_attempt_at} tries {c.attempts}" for c in commands)
+                    + "; deliveries "
+                    + ", ".join(f"{d.handler} {d.status} tries {d.attempts}" for d in deliveries)
+                )
         db.session.remove()
-    return len(rows) == len(references) and all(o.status == "Cancelled" and o.inventory_restored for o in rows)
+    return out
 
 
 def test_a_killed_master_is_followed_by_every_process_and_no_order_is_lost(make_fresh_app, sentinels):
@@ -207,7 +226,7 @@ def test_a_killed_master_is_followed_by_every_process_and_no_order_is_lost(make_
             lambda: _settled(app, after),
             60,
             f"every order's deadline to cancel it and give its stock back ({len(after)} orders)",
-            lambda: procs.logs() + sentinels.logs(),
+            lambda: "\n".join(_unsettled(app, after)) + "\n" + procs.logs() + sentinels.logs(),
         )
     finally:
         stop.set()
