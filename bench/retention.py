@@ -5,11 +5,26 @@ the end) and its own Redis key prefix, so it touches nothing else.
 
     python bench/retention.py [--rows 1000000] [--seconds 20] [--rounds 2]
     python bench/retention.py --rows 10000000          # the issue's figure (the prune alone: about an hour)
+    python bench/retention.py --rows 10000000 --try batch=500,rate=3000 --try batch=100,rate=1000
+                                                       # pacing settings side by side, each for --seconds
+
+`--try` (repeatable) compares the prune's pacing (PRUNE_BATCH_SIZE, PRUNE_ROWS_PER_SECOND,
+PRUNE_PAUSE_SECONDS) on one generated backlog, instead of the full prune and the rounds: for each,
+`--pairs` times a window of `--seconds` without pruning then one while a prune process with those
+settings runs (stopped after it: a window removes a small part of the backlog, so every try meets
+nearly the same tables). It prints each pair's p99s and WAL, and the ratio of the p99 of all the
+pruning windows' checkouts to that of all the quiet ones' (alternating windows, so that a shared
+machine's drifting load falls on both sides).
 
 1. Generates `--rows` finished rows 60 days old with INSERT ... SELECT generate_series, as months
    of a busy shop leave them: paid orders (one per 10 rows) with two events each, and per order
    6 done deliveries, 2 obsolete or done commands and 2 webhook receipts. Prints row counts and
-   pg_total_relation_size of each table.
+   pg_total_relation_size of each table. A delivery's `completed_at` (the age the prune walks)
+   grows with its place in the table, as in a shop's own tables, where rows are appended as
+   orders are placed and finished seconds later: the prune's oldest-first walk then meets the
+   rows page by page. (Until 2026-12-03 the generator spread the ages as `g % 1000` ms, so
+   consecutive rows of the walk sat on pages far apart and every deleted row dirtied a page of
+   its own: 1 KiB of WAL per row instead of a few hundred bytes, a cost no real table has.)
 2. Checkout's capacity: real orders through place_order (the checkout use case, in-process, one
    client, back to back) for a few seconds.
 3. Checkout at half that rate, paced, for `--seconds`, without pruning: p50/p99 of place_order.
@@ -112,7 +127,7 @@ def generate_past(conn, rows: int, round_no: int) -> int:
                                            next_attempt_at, provider_waits, created_at, updated_at, completed_at)
             SELECT :e0 + (g - 1) / 3 + 1, 'bench_handler_' || ((g - 1) % 3), :o0 + (g - 1) / :per + 1, 'done', 1, 5,
                    now() - interval '60 days', 0, now() - interval '60 days', now() - interval '60 days',
-                   now() - interval '60 days' + (g % 1000) * interval '1 millisecond'
+                   now() - interval '61 days' + g * interval '1 millisecond'
             FROM generate_series(1, :n) AS g
             """
         ),
@@ -217,12 +232,54 @@ class Checkout:
         return latencies
 
 
-def run_prune(env: dict) -> tuple[subprocess.Popen, list[str]]:
+TRY_KEYS = {"batch": "PRUNE_BATCH_SIZE", "rate": "PRUNE_ROWS_PER_SECOND", "pause": "PRUNE_PAUSE_SECONDS"}
+
+
+def parse_try(spec: str) -> dict:
+    """`batch=500,rate=3000,pause=0.05` -> the app's PRUNE_* settings."""
+    out = {}
+    for part in spec.split(","):
+        key, _, value = part.partition("=")
+        if key.strip() not in TRY_KEYS:
+            raise argparse.ArgumentTypeError(f"--try: {key!r} is not one of {', '.join(TRY_KEYS)}")
+        out[TRY_KEYS[key.strip()]] = float(value) if key.strip() == "pause" else int(value)
+    return out
+
+
+def prune_child(config_json: str) -> None:
+    """`--prune-child CONFIG`: the prune of `flask shop prune` in a process of its own, with the
+    given PRUNE_* settings, until it is done or sent SIGTERM (then it ends after its batch)."""
+    import json
+    import signal
+
+    from shop import create_app
+    from shop.scheduling import retention
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    app = create_app(json.loads(config_json))
+    # Started before the window it is measured in, as a long-running worker would be: Python's
+    # start and the app's are not part of the prune's cost.
+    print("ready", flush=True)
+    sys.stdin.readline()
+    with app.app_context():
+        result = retention.prune(should_stop=stop.is_set, progress=lambda line: print(f"  {line}", flush=True))
+    for line in result.report_lines():
+        print(line, flush=True)
+
+
+def run_prune(env: dict, config: dict | None = None) -> tuple[subprocess.Popen, list[str]]:
+    import json
+
     lines: list[str] = []
+    command = [FLASK, "--app", "app", "shop", "prune"]
+    if config is not None:
+        command = [sys.executable, os.path.abspath(__file__), "--prune-child", json.dumps(config)]
     process = subprocess.Popen(
-        [FLASK, "--app", "app", "shop", "prune"],
+        command,
         cwd=ROOT,
         env=env,
+        stdin=subprocess.PIPE if config is not None else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -233,7 +290,70 @@ def run_prune(env: dict) -> tuple[subprocess.Popen, list[str]]:
             lines.append(line.rstrip())
 
     threading.Thread(target=read, daemon=True).start()
+    if config is not None:
+        while "ready" not in lines:
+            if process.poll() is not None:
+                raise SystemExit("the prune process ended before it was ready:\n" + "\n".join(lines))
+            time.sleep(0.05)
+        time.sleep(1)  # its start's last work (the GC, the log handlers) done before the window
+        process.stdin.write("go\n")
+        process.stdin.flush()
     return process, lines
+
+
+def wal_lsn(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')")).scalar_one()
+
+
+def compare_pacings(
+    engine, checkout: Checkout, rate: float, seconds: float, env: dict, tries: list[dict], pairs: int
+) -> None:
+    """Each pacing: `pairs` times a window without pruning then one with a prune process of those
+    settings (started for the window, stopped after it); the p99 of all the quiet windows'
+    checkouts together against that of all the pruning windows', so that the drift of a shared
+    machine's load falls on both sides alike. Also p50, and the WAL written per window."""
+
+    def window(config: dict | None) -> tuple[list[float], float, str]:
+        lsn = wal_lsn(engine)
+        process = lines = None
+        if config is not None:
+            process, lines = run_prune(env, config)
+        latencies = checkout.paced(rate, seconds)
+        if process is not None:
+            process.terminate()
+            process.wait()
+        wal = (wal_lsn(engine) - lsn) / 2**20
+        removed = ""
+        if lines is not None:
+            said = [line for line in lines if "removed so far" in line]
+            removed = f", {said[-1].strip() if said else 'no progress line'}"
+        return latencies, wal, removed
+
+    for config in tries:
+        name = ", ".join(f"{k}={v}" for k, v in config.items())
+        print(f"pacing {name} ({pairs} pairs of {seconds:.0f} s windows):", flush=True)
+        quiet_all, busy_all = [], []
+        for pair in range(1, pairs + 1):
+            quiet, quiet_wal, _ = window(None)
+            busy, busy_wal, removed = window(config)
+            quiet_all += quiet
+            busy_all += busy
+            print(
+                f"  pair {pair}: p99 {percentile(quiet, 99) * 1000:.2f} ms without (WAL {quiet_wal:.1f} MiB), "
+                f"{percentile(busy, 99) * 1000:.2f} ms while pruning (WAL {busy_wal:.1f} MiB{removed})",
+                flush=True,
+            )
+        print(
+            f"  all pairs: {len(quiet_all)} checkouts without pruning, p50 {percentile(quiet_all, 50) * 1000:.2f} ms, "
+            f"p99 {percentile(quiet_all, 99) * 1000:.2f} ms; {len(busy_all)} while pruning, "
+            f"p50 {percentile(busy_all, 50) * 1000:.2f} ms, p99 {percentile(busy_all, 99) * 1000:.2f} ms",
+            flush=True,
+        )
+        print(
+            f"  ratio of the p99s: {percentile(busy_all, 99) / percentile(quiet_all, 99):.2f}x (target <= 1.2)",
+            flush=True,
+        )
 
 
 def vacuum(engine) -> None:
@@ -252,7 +372,21 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="done rows to prune (10,000,000: the issue's)")
     parser.add_argument("--seconds", type=float, default=20.0, help="each checkout measurement window")
     parser.add_argument("--rounds", type=int, default=2, help="generate-and-prune rounds (2+: steady state)")
+    parser.add_argument(
+        "--try",
+        dest="tries",
+        action="append",
+        type=parse_try,
+        default=[],
+        metavar="batch=N,rate=N,pause=S",
+        help="compare prune pacings on one backlog (repeatable; see the module's text)",
+    )
+    parser.add_argument("--pairs", type=int, default=4, help="with --try: quiet and pruning windows per pacing")
+    parser.add_argument("--prune-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.prune_child:
+        prune_child(args.prune_child)
+        return
     if not args.database.startswith("postgresql"):
         parser.error("PostgreSQL only: --database postgresql+psycopg://...")
 
@@ -302,6 +436,10 @@ def main() -> None:
         capacity = checkout.capacity(5)
         rate = capacity / 2
         print(f"checkout capacity (place_order, one client, back to back): {capacity:.0f}/s; offered: {rate:.0f}/s")
+
+        if args.tries:
+            compare_pacings(engine, checkout, rate, args.seconds, env, args.tries, args.pairs)
+            return
 
         quiet = checkout.paced(rate, args.seconds)
         print(

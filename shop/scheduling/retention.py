@@ -308,9 +308,10 @@ def prune(
     try:
         for kind in KINDS:
             result.counts[kind.name] = 0
+            reached = None  # the age of the newest row removed so far: the next batch starts there
             while True:
                 batch_started = time.monotonic()
-                removed, busy = _batch(kind, result.cutoffs, size, now)
+                removed, busy, reached = _batch(kind, result.cutoffs, size, now, reached)
                 took = time.monotonic() - batch_started
                 result.batches += 1
                 result.counts[kind.name] += removed
@@ -350,8 +351,13 @@ def prune(
     return result
 
 
-def _where(kind: Kind, cutoff) -> list:
-    return [kind.table.c[kind.age] < cutoff, *kind.conditions()]
+def _where(kind: Kind, cutoff, reached=None) -> list:
+    age = kind.table.c[kind.age]
+    # `reached`: rows older than the run's last removed row are gone, or are held (owed, live)
+    # and stay held for this run; starting the index walk there keeps a batch from stepping over
+    # every entry the run has already deleted (they stay in the index until VACUUM), which on a
+    # backlog of millions made each batch walk more of the index than the one before.
+    return [age < cutoff, *([age >= reached] if reached is not None else []), *kind.conditions()]
 
 
 def _count(kind: Kind, cuts: Cutoffs) -> int:
@@ -364,14 +370,19 @@ def _count(kind: Kind, cuts: Cutoffs) -> int:
         session.rollback()
 
 
-def _batch(kind: Kind, cuts: Cutoffs, size: int, now: datetime) -> tuple[int, bool]:
-    """One batch in one transaction: (rows removed, whether a lock made it give up)."""
+def _batch(kind: Kind, cuts: Cutoffs, size: int, now: datetime, reached=None) -> tuple[int, bool, datetime | None]:
+    """One batch in one transaction, of rows at least as old as `reached` (None: the oldest):
+    (rows removed, whether a lock made it give up, the age the next batch starts from)."""
     session = db.session
     postgres = session.get_bind().dialect.name == "postgresql"
     t = kind.table
     # correlate(None): the selection reads the table the DELETE names, and must not be folded into it.
     chosen = (
-        select(kind.key).where(*_where(kind, kind.cutoff(cuts))).order_by(t.c[kind.age]).limit(size).correlate(None)
+        select(kind.key)
+        .where(*_where(kind, kind.cutoff(cuts), reached))
+        .order_by(t.c[kind.age])
+        .limit(size)
+        .correlate(None)
     )
     if postgres:
         # `= ANY(ARRAY(...))`: the chosen keys are gathered once, then each is found by the primary
@@ -387,23 +398,25 @@ def _batch(kind: Kind, cuts: Cutoffs, size: int, now: datetime) -> tuple[int, bo
             # so the prune need not wait for (nor add) a WAL flush per batch beside checkout's.
             session.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
             session.execute(text("SET LOCAL synchronous_commit = off"))
+        age = t.c[kind.age]
         if kind.counted_as is None:
-            removed = session.execute(statement).rowcount
+            ages = session.execute(statement.returning(age)).scalars().all()
         else:
-            order_ids = session.execute(statement.returning(t.c.order_id)).scalars().all()
-            removed = len(order_ids)
-            _count_on_orders(session, kind.counted_as, Counter(i for i in order_ids if i is not None), now)
+            rows = session.execute(statement.returning(age, t.c.order_id)).all()
+            ages = [row[0] for row in rows]
+            _count_on_orders(session, kind.counted_as, Counter(row[1] for row in rows if row[1] is not None), now)
+        removed = len(ages)
         session.commit()
     except OperationalError as exc:
         session.rollback()
         if postgres and getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
             log.info("prune: %s: a lock was held for over %s; left for the next run", kind.name, LOCK_TIMEOUT)
-            return 0, True
+            return 0, True, reached
         raise
     except BaseException:
         session.rollback()
         raise
-    return removed, False
+    return removed, False, max(ages, default=reached)
 
 
 def _count_on_orders(session, column: str, per_order: Counter, now: datetime) -> None:

@@ -347,6 +347,25 @@ def test_each_batch_commits_before_the_next_so_others_see_it_at_once(ctx):
     assert seen[:2] == [3, 1]
 
 
+def test_batches_go_on_from_where_the_last_one_ended_through_ties_and_past_held_rows(ctx):
+    """Each batch starts its walk at the age the previous one reached (so it does not step over
+    what the run already deleted): rows sharing one age across several batches all go, and a
+    held row older or as old as them stays without stopping the walk."""
+    settled, live = paid_order("cs_ties"), failed_payment_order()
+    at = utcnow() - 40 * DAY
+    receipt(live, at - DAY, event_id="evt_live_older")  # held: its order is live
+    for n in range(7):
+        receipt(settled, at, event_id=f"evt_tie_{n}")
+    receipt(live, at, event_id="evt_live_tie")
+    receipt(settled, at + DAY, event_id="evt_newer")
+
+    result = retention.prune(utcnow() + 8 * DAY, batch_size=2, pause=lambda: None)
+
+    assert result.counts["webhook_receipts"] == 8
+    left = sorted(r.event_id for r in rows(WebhookReceipt))
+    assert left == ["evt_live_older", "evt_live_tie"]
+
+
 @pytest.mark.skipif(not ON_POSTGRES, reason="row locks and SKIP LOCKED are PostgreSQL's")
 def test_a_row_another_transaction_holds_is_skipped_without_waiting_for_it(ctx):
     held, free = paid_order("cs_held"), paid_order("cs_free")
