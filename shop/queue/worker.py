@@ -41,6 +41,12 @@ class ShopWorker(SimpleWorker):
     data is not JSON, or that names a function other than shop.jobs' entry points, is logged and
     deleted, its function never imported; so is one RQ cannot even read. The worker goes on."""
 
+    # RQ waits 1, 2, 4 ... up to 60 s between tries while Redis does not answer, so a worker whose
+    # Redis was away for half a minute (a restart, a slow Sentinel failover) could sleep a minute
+    # more after it came back, every deadline and delivery of the node waiting with it. A try is
+    # one connection attempt: every 2 s at most costs Redis nothing.
+    max_connection_wait_time = 2.0
+
     def __init__(self, *args, beat_seconds: int = 15, **kwargs):
         kwargs.setdefault("worker_ttl", beat_seconds + 15)  # dequeue_timeout = worker_ttl - 15
         super().__init__(*args, **kwargs)

@@ -340,8 +340,8 @@ def prune(
                     # the batches and the longer the prune stands back, so it never takes more than
                     # a third of the database's time from everyone else. And no faster than
                     # PRUNE_ROWS_PER_SECOND: every deleted row is WAL that checkout's next commit
-                    # flushes with its own (bench/retention.py, a shared 2-core machine: checkout's
-                    # p99 grew 1.5-2x beside a prune at 6,700 rows/s, 1.1x beside one at 3,300).
+                    # flushes with its own, and CPU on a machine checkout shares (bench/retention.py,
+                    # docs/SCALING.md).
                     time.sleep(max(cfg["PRUNE_PAUSE_SECONDS"], 2 * took, removed / cfg["PRUNE_ROWS_PER_SECOND"] - took))
     finally:
         release_lease(LEASE, holder)

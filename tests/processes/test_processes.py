@@ -287,6 +287,35 @@ def test_a_worker_and_a_scheduler_started_while_redis_is_down_wait_for_it_instea
             redis_server.wait(timeout=5)
 
 
+def test_a_worker_is_back_at_work_within_seconds_of_redis_answering_again_after_a_long_absence(
+    make_fresh_app, tmp_path
+):
+    """Redis is away for 16 s (a restart, a slow failover) and comes back empty: the worker,
+    which kept trying all along, registers again within a few seconds, not after a wait that
+    grew with the absence (RQ's own doubles up to 60 s: here it would be 15 s more)."""
+    port = free_port()
+    app = make_fresh_app()
+    procs = Processes()
+    redis_server = start_redis_server(port, str(tmp_path))
+    try:
+        worker = procs.start("worker", ["shop", "worker"], process_env(app, REDIS_URL=f"redis://127.0.0.1:{port}/0"))
+        conn = Redis(host="127.0.0.1", port=port)
+        wait_until(lambda: conn.smembers("rq:workers"), 30, "the worker to register", procs.logs)
+        redis_server.kill()
+        redis_server.wait(timeout=5)
+        time.sleep(16)
+        assert worker.poll() is None, procs.logs()
+        redis_server = start_redis_server(port, str(tmp_path))
+        wait_until(lambda: _answers(conn), 10, "Redis to answer again")
+        back = time.monotonic()
+        wait_until(lambda: conn.smembers("rq:workers"), 30, "the worker to register again", procs.logs)
+        assert time.monotonic() - back < 6, f"the worker took {time.monotonic() - back:.1f} s\n{procs.logs()}"
+    finally:
+        procs.stop()
+        redis_server.kill()
+        redis_server.wait(timeout=5)
+
+
 def _answers(conn) -> bool:
     try:
         return bool(conn.ping())
