@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -15,9 +16,9 @@ from rq import Queue, SimpleWorker, worker_registration
 from rq.job import Job
 
 from .beats import describe_job, heartbeat_seconds, iso
-from .. import logs
+from .. import failpoints, logs
 from ..node import node_name
-from .connection import SERIALIZER, ShopJob, ShopQueue, queue_names, redis_conn, refusal
+from .connection import SERIALIZER, ShopJob, ShopQueue, queue_names, redis_conn, refusal, wait_for_redis
 
 log = logging.getLogger("shop.queue")
 
@@ -55,6 +56,27 @@ class ShopWorker(SimpleWorker):
         self._job: tuple[str, datetime, float] | None = None  # what, since, vouched for until (monotonic)
         self._last_job: tuple[str, datetime] | None = None
         self._beater: threading.Thread | None = None
+
+    def register_birth(self):
+        """RQ refuses to start under a name whose record says it is alive. This process's name is
+        its node's and its pid's own, so such a record can only be one it left itself, when Redis
+        failed during an earlier try at starting and kept its data (a Sentinel failover promotes a
+        replica that has it), or one a dead process of the same pid on this node left (a container
+        restarted within the record's expiry): never another live worker. Replace it."""
+        failpoints.hit("worker.start.register_birth")
+        if self.connection.exists(self.key) and not self.connection.hexists(self.key, "death"):
+            log.warning("worker %s: replacing the record a failed start of this process left in Redis", self.name)
+            self.connection.delete(self.key)
+        super().register_birth()
+
+    def subscribe(self):
+        failpoints.hit("worker.start.subscribe")
+        super().subscribe()
+        failpoints.hit("worker.start.set_state")  # RQ's next step writes the first state
+
+    def bootstrap(self, *args, **kwargs):
+        super().bootstrap(*args, **kwargs)
+        failpoints.hit("worker.start.listening")
 
     def _record(self) -> dict:
         record = {
@@ -171,5 +193,39 @@ def make_worker(name: str | None = None) -> ShopWorker:
 
 def run_worker(burst: bool = False, name: str | None = None) -> None:
     """A non-forking worker: a fork per job would cost more than the jobs themselves, which are
-    short, id-only and clean up their own session."""
-    make_worker(name).work(burst=burst, with_scheduler=False, logging_level="WARNING")
+    short, id-only and clean up their own session.
+
+    Redis may go away at any moment: RQ waits for it inside its blocking dequeue, but a failure
+    anywhere else (its start: the birth record, the pubsub channel, the first state; a beat or a
+    suspension check between jobs; its teardown) ends RQ's `work()`, and a bare worker process
+    would stay down. So a worker that ended without being asked to stop waits for Redis and starts
+    again, as a new RQ worker under the same name (docs/REFERENCE.md, Commands: `flask shop worker`)."""
+    while True:
+        worker = make_worker(name)
+        try:
+            worker.work(burst=burst, with_scheduler=False, logging_level="WARNING")
+        except RedisError as exc:
+            log.warning("worker %s: Redis failed (%s); starting again once it answers", worker.name, exc)
+        else:
+            if burst or worker._shutdown_requested_date is not None:
+                return
+            log.warning("worker %s: RQ's loop ended without a stop request; starting again", worker.name)
+            time.sleep(ShopWorker.max_connection_wait_time)  # a fault that repeats must not spin
+        _let_go(worker)
+        wait_for_redis(log.warning)
+
+
+def _let_go(worker: ShopWorker) -> None:
+    """What a worker that Redis failed under leaves behind: its pubsub thread (RQ's teardown stops
+    it after recording the death, which failed too) and RQ's signal handlers, bound to it (a
+    SIGTERM while the next one waits for Redis must end the process, not ask Redis the old one's
+    state)."""
+    if worker.pubsub_thread is not None:
+        worker.pubsub_thread.stop()
+        try:
+            worker.pubsub.close()
+        except (RedisError, OSError):
+            pass
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -5,6 +5,7 @@ its deadline, with nothing but those processes doing the work."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -14,6 +15,7 @@ import pytest
 from redis import Redis
 from redis.exceptions import RedisError
 from rq import Worker
+from rq.job import JobStatus
 from sqlalchemy import select
 
 from factories import place_order_for, seed_catalog_rows, variant_id
@@ -23,6 +25,7 @@ from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxEvent, ScheduledCommand
 from shop.orders.cancel import PROVIDER_EXPIRY_GRACE
 from shop.payments.start import start_payment
+from shop.queue.connection import ShopQueue
 from process_support import (
     ROOT,
     WINDOW,
@@ -321,6 +324,71 @@ def test_a_worker_is_back_at_work_within_seconds_of_redis_answering_again_after_
         procs.stop()
         redis_server.kill()
         redis_server.wait(timeout=5)
+
+
+# Each step of RQ's start, in order: before the birth record, before the pubsub channel (the
+# birth is in Redis), before the first state is written, and once listening (the loop's first
+# suspension check meets the failure). Redis either comes back empty (a restart) or with what it
+# had (a Sentinel failover promotes a replica that has the birth record, and RQ refuses a name
+# whose record says it is alive).
+_START_STEPS = ["register_birth", "subscribe", "set_state", "listening"]
+
+
+@pytest.mark.parametrize(
+    "step,kept",
+    [(step, False) for step in _START_STEPS] + [("subscribe", True), ("listening", True)],
+    ids=[f"{step}-empty" for step in _START_STEPS] + ["subscribe-kept", "listening-kept"],
+)
+def test_a_worker_whose_redis_goes_away_at_any_step_of_its_start_waits_and_comes_back_to_work(
+    make_fresh_app, tmp_path, step, kept
+):
+    """The worker is held at one step of its start (a failpoint, no clock), Redis goes away there,
+    then the worker goes on into the failure: it must stay up, say it waits for Redis, and once
+    Redis answers again register, listen and run a job."""
+    port = free_port()
+    app = make_fresh_app()
+    procs = Processes()
+    hold = str(tmp_path / "hold")
+    redis_dir = tmp_path / "redis"
+    redis_dir.mkdir()
+    redis_server = start_redis_server(port, str(redis_dir))
+    conn = Redis(host="127.0.0.1", port=port)
+    try:
+        wait_until(lambda: _answers(conn), 10, "the throwaway Redis to answer")
+        env = process_env(
+            app, REDIS_URL=f"redis://127.0.0.1:{port}/0", BACKSTOP_FAILPOINTS=f"worker.start.{step}=hold:{hold}"
+        )
+        worker = procs.start("worker", ["shop", "worker"], env)
+        wait_until(lambda: os.path.exists(hold + ".held"), 60, f"the worker to reach {step}", procs.logs)
+        if kept:
+            conn.save()  # the restarted Redis loads it: what a promoted replica already had
+        redis_server.kill()
+        redis_server.wait(timeout=5)
+        open(hold, "w").close()  # the worker goes on, into the failure
+        wait_until(lambda: "waiting for Redis (REDIS_URL)" in procs.logs(), 30, "the worker to wait", procs.logs)
+        assert worker.poll() is None, procs.logs()
+        redis_server = start_redis_server(port, str(redis_dir))
+        wait_until(lambda: _answers(conn), 10, "Redis to answer again")
+        wait_until(
+            lambda: any(conn.hget(key, "state") == b"idle" for key in conn.smembers("rq:workers")),
+            30,
+            "the worker to register and listen again",
+            procs.logs,
+        )
+        job = ShopQueue(queue_names_for(app)[1], connection=conn).enqueue("shop.jobs.relay")
+        wait_until(
+            lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 30, "the worker to run a job", procs.logs
+        )
+        assert worker.poll() is None, procs.logs()
+    finally:
+        procs.stop()
+        redis_server.kill()
+        redis_server.wait(timeout=5)
+
+
+def queue_names_for(app) -> tuple[str, str]:
+    with app.app_context():
+        return queue.queue_names()
 
 
 def _answers(conn) -> bool:

@@ -18,6 +18,7 @@ import time
 import pytest
 from redis import Redis
 from rq import Worker
+from rq.job import JobStatus
 
 from factories import seed_catalog_rows, variant_id
 from payment_helpers import Shopper
@@ -238,3 +239,40 @@ def test_a_killed_master_is_followed_by_every_process_and_no_order_is_lost(make_
     with app.app_context():
         assert db.session.get(InventoryItem, variant_id("NB-A5-DOT")).on_hand == stock
         db.session.remove()
+
+
+def test_a_worker_whose_master_fails_over_during_its_start_follows_the_new_master_and_works(
+    make_fresh_app, sentinels, tmp_path
+):
+    """The worker is held at its start once its birth record is in Redis and on the replica (a
+    failpoint, no clock); the master dies and the replica, which has that record, is promoted; the
+    worker goes on. Whether its next step follows the promotion at once or fails and starts again
+    (under its own name, whose record the new master already holds: the empty-or-kept cases of
+    tests/processes/test_processes.py pin that path), it must listen on the new master and run a
+    job."""
+    app = make_fresh_app(REDIS_URL=sentinels.url, STRIPE_API_BASE=UNREACHABLE_PROVIDER)
+    hold = str(tmp_path / "hold")
+    replica = Redis(host="127.0.0.1", port=sentinels.replica_port)
+    procs = Processes()
+    try:
+        env = process_env(app, window=WINDOW, BACKSTOP_FAILPOINTS=f"worker.start.subscribe=hold:{hold}")
+        worker = procs.start("worker", ["shop", "worker"], env)
+        wait_until(lambda: os.path.exists(hold + ".held"), 60, "the worker to register its birth", procs.logs)
+        wait_until(lambda: replica.smembers("rq:workers"), 15, "the birth record on the replica", sentinels.logs)
+        sentinels.kill_master()
+        wait_until(lambda: sentinels.master_port_now() == sentinels.replica_port, 30, "the promotion", sentinels.logs)
+        open(hold, "w").close()  # the worker goes on, into the dead master
+        wait_until(
+            lambda: any(replica.hget(key, "state") == b"idle" for key in replica.smembers("rq:workers")),
+            60,
+            "the worker to register and listen on the new master",
+            lambda: procs.logs() + sentinels.logs(),
+        )
+        with app.app_context():
+            job = queue.work_queue().enqueue("shop.jobs.relay")
+        wait_until(
+            lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 30, "the worker to run a job", procs.logs
+        )
+        assert worker.poll() is None, procs.logs()
+    finally:
+        procs.stop()
