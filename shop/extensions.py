@@ -1,7 +1,7 @@
 """Extensions, created unbound here and bound to the app in `create_app`."""
 
 import threading
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from flask import current_app
 from flask_login import LoginManager
@@ -26,6 +26,14 @@ class Base(DeclarativeBase):
 
 
 db = SQLAlchemy(model_class=Base)
+
+if TYPE_CHECKING:
+    # Flask-SQLAlchemy builds `db.Model` at run time from Base, so a type checker cannot see its
+    # columns' constructor or its table: the models subclass `Model`, which it reads as Base.
+    class Model(Base):
+        __abstract__ = True
+else:
+    Model = db.Model
 migrate = Migrate()
 csrf = CSRFProtect()
 login_manager = LoginManager()

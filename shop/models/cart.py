@@ -1,11 +1,11 @@
 from sqlalchemy import ForeignKey, Integer, String, CheckConstraint, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from ..extensions import db
+from ..extensions import Model
 from .types import UTCDateTime, now_utc
 
 
-class Cart(db.Model):
+class Cart(Model):
     """A browser's cart. Checkout closes it with a conditional update (status open -> ordered),
     so a double-submitted checkout cannot turn one cart into two orders."""
 
@@ -18,7 +18,7 @@ class Cart(db.Model):
     items = relationship("CartItem", order_by="CartItem.variant_id", cascade="all, delete-orphan")
 
 
-class CartItem(db.Model):
+class CartItem(Model):
     __tablename__ = "cart_items"
     id: Mapped[int] = mapped_column(primary_key=True)
     cart_id: Mapped[int] = mapped_column(ForeignKey("carts.id"), index=True)

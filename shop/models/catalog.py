@@ -1,11 +1,11 @@
 from sqlalchemy import Boolean, CheckConstraint, ForeignKey, Integer, String, Text, true
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from ..extensions import db
+from ..extensions import Model
 from .types import UTCDateTime, now_utc
 
 
-class Product(db.Model):
+class Product(Model):
     __tablename__ = "products"
     id: Mapped[int] = mapped_column(primary_key=True)
     slug: Mapped[str] = mapped_column(String(80), unique=True)
@@ -19,7 +19,7 @@ class Product(db.Model):
     variants = relationship("Variant", back_populates="product", order_by="Variant.id")
 
 
-class Variant(db.Model):
+class Variant(Model):
     __tablename__ = "variants"
     id: Mapped[int] = mapped_column(primary_key=True)
     product_id: Mapped[int] = mapped_column(ForeignKey("products.id"), index=True)
@@ -34,7 +34,7 @@ class Variant(db.Model):
     __table_args__ = (CheckConstraint("price >= 0", name="price_not_negative"),)
 
 
-class InventoryItem(db.Model):
+class InventoryItem(Model):
     """Stock on hand for one variant. Soft-deleted rows stay: a cancelled order's stock still
     belongs to them. The CHECK is the last line of defence against overselling."""
 

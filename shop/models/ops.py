@@ -4,7 +4,7 @@ from flask_login import UserMixin
 from sqlalchemy import ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from ..extensions import db
+from ..extensions import Model, db
 from .types import JSONType, UTCDateTime, now_utc
 
 
@@ -14,7 +14,7 @@ class WarningState(StrEnum):
     DUPLICATE = "duplicate"  # the same problem as another open warning, folded into it
 
 
-class RestoreWarning(db.Model):
+class RestoreWarning(Model):
     """Stock a compensation could not give back (no inventory row, or an invariant refused it).
     It stays open until an operator resolves it."""
 
@@ -37,7 +37,7 @@ class CycleStatus(StrEnum):
     SKIPPED = "skipped"  # another process held the sweep's lease
 
 
-class ReconciliationCycle(db.Model):
+class ReconciliationCycle(Model):
     __tablename__ = "reconciliation_cycles"
     # The dashboard's and /metrics' "last successful sweep": max(finished_at) where status = 'ok',
     # answered from the index's end instead of scanning every cycle ever run.
@@ -56,7 +56,7 @@ class ReconciliationCycle(db.Model):
     holder: Mapped[str] = mapped_column(String(100), default="")
 
 
-class Lease(db.Model):
+class Lease(Model):
     """A named, expiring lock held in the database, e.g. "only one sweep cycle at a time"."""
 
     __tablename__ = "leases"
@@ -86,7 +86,7 @@ class Operator(UserMixin, db.Model):
         self.session_generation = type(self).session_generation + 1
 
 
-class OperatorAction(db.Model):
+class OperatorAction(Model):
     """The audit trail: one row per operator action under /console (retry, retry all, discard,
     reconcile, resolve a warning, and any action added later), whatever its outcome. Written by
     the console blueprint's after-request hook (shop/console/audit.py), so no action can forget it."""
@@ -103,7 +103,7 @@ class OperatorAction(db.Model):
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
 
 
-class PrunedDetail(db.Model):
+class PrunedDetail(Model):
     """What the prune removed of one order's detail (shop.scheduling.retention), so the order's
     console page can say that older detail was pruned, and how much, instead of looking as if it
     never had any. The order and its transitions (its events) are never pruned. One row per order,
@@ -120,7 +120,7 @@ class PrunedDetail(db.Model):
     last_pruned_at = mapped_column(UTCDateTime, nullable=False)
 
 
-class EmailResend(db.Model):
+class EmailResend(Model):
     """An email an operator sent an order's customer again (shop.orders.resend_email): one row
     per submission, so the same click sent twice sends once; the send itself is a `send_email`
     command (`command_id`), retried and dead-lettered like every email."""
@@ -135,7 +135,7 @@ class EmailResend(db.Model):
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
 
 
-class StockCorrection(db.Model):
+class StockCorrection(Model):
     """One correction of a variant's stock by an operator (shop.orders.stock): who, when, the
     stock before and after, and why. `mode` is `set` (to a count) or `adjust` (by a delta). One
     row per submission (`request_key`): the same click sent twice corrects once."""
@@ -156,7 +156,7 @@ class StockCorrection(db.Model):
         return self.new_on_hand - self.old_on_hand
 
 
-class CardAcknowledgement(db.Model):
+class CardAcknowledgement(Model):
     """An operator's word that a red dashboard card is known (shop.console.acks): who, why, until
     when, and the card's condition as it was then. The card shows as acknowledged while `until`
     is ahead and its condition is unchanged; a new failure or the end of `until` makes it red

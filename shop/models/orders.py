@@ -1,7 +1,7 @@
 from sqlalchemy import JSON, Boolean, CheckConstraint, ForeignKey, Index, Integer, String, event, false, func
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
-from ..extensions import db
+from ..extensions import Model
 from ..domain.order import OrderStatus
 from .types import OrderStatusText, UTCDateTime, now_utc
 
@@ -10,7 +10,7 @@ class ReadOnlyOrder(RuntimeError):
     """Something tried to write an order through the mapped class instead of the order store."""
 
 
-class Order(db.Model):
+class Order(Model):
     """The order aggregate's row, as data to read: it has no transitions, and a session refuses to
     flush a new, changed or deleted Order (see `_orders_are_written_by_the_store`). Every write goes
     through the order store (shop/store/order_store.py), whose UPDATEs carry `WHERE version = <the
@@ -94,7 +94,7 @@ class Order(db.Model):
     )
 
 
-class OrderLine(db.Model):
+class OrderLine(Model):
     __tablename__ = "order_lines"
     id: Mapped[int] = mapped_column(primary_key=True)
     order_id: Mapped[int] = mapped_column(ForeignKey("orders.id"), index=True)

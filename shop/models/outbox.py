@@ -3,11 +3,11 @@ from enum import StrEnum
 from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, declared_attr, mapped_column, relationship
 
-from ..extensions import db
+from ..extensions import Model, db
 from .types import JSONType, UTCDateTime, now_utc
 
 
-class OutboxEvent(db.Model):
+class OutboxEvent(Model):
     """A domain event, written in the same transaction as the state change that raised it.
     It is also the order's timeline of transitions."""
 

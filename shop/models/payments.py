@@ -3,7 +3,7 @@ from enum import StrEnum
 from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, false, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from ..extensions import db
+from ..extensions import Model
 from .types import UTCDateTime, now_utc
 
 
@@ -15,7 +15,7 @@ class ReceiptOutcome(StrEnum):
     FAILED = "failed"  # verified, but applying it failed (the provider retries it)
 
 
-class WebhookReceipt(db.Model):
+class WebhookReceipt(Model):
     """Every delivery the webhook received, accepted or rejected, for the console."""
 
     __tablename__ = "webhook_receipts"
@@ -41,7 +41,7 @@ class WebhookReceipt(db.Model):
     __table_args__ = (Index("ix_webhook_receipts_outcome_received_at", "outcome", "received_at"),)
 
 
-class ProcessedStripeEvent(db.Model):
+class ProcessedStripeEvent(Model):
     """Dedup: inserted in the same transaction as the transition an event causes."""
 
     __tablename__ = "processed_stripe_events"
@@ -50,7 +50,7 @@ class ProcessedStripeEvent(db.Model):
     processed_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
 
 
-class PaymentProofRefusal(db.Model):
+class PaymentProofRefusal(Model):
     """A paid session that did not prove payment of its order (amount/currency mismatch)."""
 
     __tablename__ = "payment_proof_refusals"
@@ -64,7 +64,7 @@ class PaymentProofRefusal(db.Model):
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
 
 
-class ProviderRefusal(db.Model):
+class ProviderRefusal(Model):
     """The provider said no to starting a payment (a 4xx on session creation): the reason an
     operator sees on the order's timeline, since the customer is only told that it failed."""
 
@@ -80,7 +80,7 @@ class ProviderRefusal(db.Model):
     kind: Mapped[str] = mapped_column(String(20), default="refused", server_default="refused")
 
 
-class Refund(db.Model):
+class Refund(Model):
     """Money that arrived for an order that cannot take it. One per (order, session): a second
     notice of the same payment finds the row and refunds nothing more.
 
@@ -145,7 +145,7 @@ class Refund(db.Model):
         return self.request_key is not None
 
 
-class KeyValue(db.Model):
+class KeyValue(Model):
     """Small shared settings every process reads (the webhook signing secret lives here)."""
 
     __tablename__ = "kv_store"
@@ -164,7 +164,7 @@ class UnknownPaymentStatus(StrEnum):
     NOT_OURS = "not_ours"  # paid, but not marked as this shop's session: never refunded automatically
 
 
-class UnknownPayment(db.Model):
+class UnknownPayment(Model):
     """Money the provider holds for a Checkout Session that names no order this database knows:
     a database restored from a copy older than the payment, say. Found by the signed webhook or
     by the sweep's scan of the provider's completed sessions (shop.payments.unknown_money); it
