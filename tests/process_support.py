@@ -1,8 +1,8 @@
 """Real processes for the tests that start them (tests/processes): the `flask` command of this
 environment, a free port, waiting for a condition with the processes' logs on failure, a set of
 child processes that is always stopped, the environment a child runs the shop with, the
-Procfile's web line started as a deployment starts it, and slow clients (`Tricklers`) with a
-probe that times the catalog meanwhile (`time_catalog`)."""
+Procfile's web line started as a deployment starts it, a process stalled by SIGSTOP (`stalled`),
+and slow clients (`Tricklers`) with a probe that times the catalog meanwhile (`time_catalog`)."""
 
 from __future__ import annotations
 
@@ -110,6 +110,17 @@ def process_env(app, window: int = WINDOW, **extra) -> dict:
     )
     env.update(extra)
     return env
+
+
+def stalled(proc: subprocess.Popen, seconds: float) -> None:
+    """Stop `proc` (SIGSTOP) for `seconds`, as a loaded machine or a paused VM stalls a process,
+    then let it go on (SIGCONT, also when the wait is interrupted). The stall's length is the
+    fault itself, so this waits on the clock."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
 
 
 def start_redis_server(port: int, folder: str) -> subprocess.Popen:

@@ -78,9 +78,9 @@ class GuardedHttpClient(stripe.RequestsClient):
     """The SDK's requests transport, with the guard at every attempt (the SDK's own retries
     included): each one spends a unit of the shared rate budget (taken in _BudgetedAdapter, as
     late as requests allows) and, inside a customer's request, fits in what is left of its time
-    budget. A 429 is not retried here: it pauses
-    every process until its Retry-After and reaches the caller as ProviderUnavailable (background
-    work is retried later; checkout offers "Pay now")."""
+    budget. A 429 pauses every process until its Retry-After and is retried (same request, same
+    Idempotency-Key) while the caller's time allows it (`_retry_429`); one that does not fit
+    reaches the caller as ProviderUnavailable (checkout puts the order in line)."""
 
     def __init__(self, *, app, background_timeout: float, **kwargs):
         self._app = app
@@ -107,12 +107,21 @@ class GuardedHttpClient(stripe.RequestsClient):
         pass
 
     def request(self, method, url, headers, post_data=None):
-        ctx = guard.current()
         if getattr(self._attempt, "retry", False):
             # The SDK's own retry of a failed attempt: not once the breaker has opened meanwhile
             # (no call goes out while it is open but the shop's one probe).
             self._attempt.retry = False
             guard.get().admit()
+        until, self._attempt.limited_until = getattr(self._attempt, "limited_until", None), None
+        if until is None:
+            return self._attempt_request(method, url, headers, post_data)
+        # The retry of a 429: it waits for the budget (paused until the Retry-After) as long as
+        # the caller's time leaves room for the attempt itself.
+        with guard.patient_until(until - MIN_ATTEMPT_SECONDS):
+            return self._attempt_request(method, url, headers, post_data)
+
+    def _attempt_request(self, method, url, headers, post_data):
+        ctx = guard.current()
         if ctx.deadline is not None and ctx.deadline - time.monotonic() < MIN_ATTEMPT_SECONDS:
             raise guard.Shed(
                 "no time left in this request's budget for another provider call", kind=guard.ShedKind.DEADLINE
@@ -140,11 +149,45 @@ class GuardedHttpClient(stripe.RequestsClient):
         super()._handle_request_error(e)
 
     def _should_retry(self, response, api_connection_error, num_retries, max_network_retries):
+        if num_retries == 0:  # a new call: none of its retries were a 429's yet
+            self._attempt.limited, self._attempt.limited_wait = 0, None
         if response is not None and response[1] == 429:
-            return False  # waiting out Retry-After belongs to the caller, not to a thread here
-        retry = super()._should_retry(response, api_connection_error, num_retries, max_network_retries)
+            retry = bool(max_network_retries) and self._retry_429(response[2])
+            self._attempt.limited += retry
+        else:
+            # A 429's retries are not network retries: they leave the SDK's own count alone.
+            retry = super()._should_retry(
+                response, api_connection_error, num_retries - self._attempt.limited, max_network_retries
+            )
         self._attempt.retry = retry
         return retry
+
+    def _retry_429(self, rheaders) -> bool:
+        """Whether a 429 is retried: not after `Stripe-Should-Retry: false` nor by a client that
+        makes no retries (the probe, the preflight); else when its Retry-After (guard.pause has
+        stopped every process until then) and one more attempt fit in the caller's time: what is
+        left of the request's budget (a web request, a customer's call), else its patience for
+        the rate budget (a job: its own, or STRIPE_BACKGROUND_WAIT_SECONDS) from the first 429."""
+        if str((rheaders or {}).get("Stripe-Should-Retry", "")).lower() == "false":
+            return False
+        ctx, now = guard.current(), time.monotonic()
+        until = ctx.deadline
+        if until is None:
+            if self._attempt.limited == 0:
+                self._attempt.limited_since = now
+            patience = ctx.patience if ctx.patience is not None else guard.get().limits.background_wait_seconds
+            until = self._attempt.limited_since + patience
+        wait = _retry_after(rheaders)
+        if now + wait + MIN_ATTEMPT_SECONDS > until:
+            return False
+        self._attempt.limited_until, self._attempt.limited_wait = until, wait
+        return True
+
+    def _sleep_time_seconds(self, num_retries: int) -> float:
+        wait, self._attempt.limited_wait = getattr(self._attempt, "limited_wait", None), None
+        if wait is not None:  # a 429's retry: its Retry-After, not the SDK's backoff
+            return wait
+        return super()._sleep_time_seconds(num_retries)
 
 
 def outcome_of(status: int | None, sent: bool = True) -> str:

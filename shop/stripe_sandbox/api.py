@@ -44,6 +44,7 @@ from .objects import (
     render_webhook_endpoint,
 )
 from .state import RequestRef, Sandbox, StoredResponse
+from .traffic import RATE_WINDOW_SECONDS
 
 bp = Blueprint("stripe_sandbox_v1", __name__, url_prefix="/v1")
 
@@ -110,6 +111,8 @@ def _gate():
             )
         )
     faults = sandbox.faults
+    if sandbox.api_gate.refuse_next(faults):
+        return _rate_limited("next", RATE_WINDOW_SECONDS, faults)
     refused = sandbox.api_gate.admit(
         faults.api_rate_limit_per_second, endpoint(), faults.api_endpoint_rate_limit_per_second
     )
@@ -153,6 +156,8 @@ def _rate_limited(which: str, retry_after: float, faults) -> Response:
             f"{endpoint()} to {limit} request{'s' if limit != 1 else ''} per second "
             "(api_endpoint_rate_limit_per_second)"
         )
+    elif which == "next":
+        scope = f"this call and {faults.api_rate_limit_next_calls} more (api_rate_limit_next_calls)"
     else:
         limit = faults.api_rate_limit_per_second
         scope = f"this account to {limit} request{'s' if limit != 1 else ''} per second (api_rate_limit_per_second)"

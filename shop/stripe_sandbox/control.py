@@ -33,6 +33,7 @@ FAULT_TYPES = {
     "api_hang": "bool",
     "api_rate_limit_per_second": "rate",
     "api_endpoint_rate_limit_per_second": "rate",
+    "api_rate_limit_next_calls": "count",
 }
 
 

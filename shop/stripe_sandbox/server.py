@@ -49,6 +49,9 @@ Faults (`POST /_sandbox/faults`) and how they compose
     off (or the sandbox is reset or closed); they then proceed normally.
   * `api_rate_limit_per_second: N` - beyond N /v1 calls admitted within the last second, a
     call answers 429 `rate_limit` with `Stripe-Should-Retry: true` and `Retry-After`.
+    `api_endpoint_rate_limit_per_second: N` does the same for each endpoint on its own.
+  * `api_rate_limit_next_calls: N` - the next N /v1 calls answer that 429 (`Retry-After: 1`)
+    whatever the rates; each one counts it down.
   These three act on /v1 only, never on the hosted page or /_sandbox, and compose in that
   order: a call first waits out its latency and any hang (together never more than 120 s),
   then `api_unavailable` or the rate limit may refuse it. 0, false or null switch a fault off.

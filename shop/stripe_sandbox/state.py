@@ -156,6 +156,8 @@ class Faults:
     api_hang: bool = False
     api_rate_limit_per_second: int = 0
     api_endpoint_rate_limit_per_second: int = 0
+    # The next N /v1 calls answer the rate limit's 429, whatever the rates (counted down).
+    api_rate_limit_next_calls: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)

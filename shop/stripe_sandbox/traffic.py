@@ -70,6 +70,14 @@ class ApiGate:
                     return
                 self._changed.wait(remaining)
 
+    def refuse_next(self, faults) -> bool:
+        """Count down `api_rate_limit_next_calls`: True while it had calls left to refuse."""
+        with self._window_lock:
+            if faults.api_rate_limit_next_calls <= 0:
+                return False
+            faults.api_rate_limit_next_calls -= 1
+            return True
+
     def admit(self, limit: int, endpoint: str = "", endpoint_limit: int = 0) -> tuple[str, float] | None:
         """Count a call against the windows: None if it may proceed, else which limit refused it
         ("account" or "endpoint") and the seconds until it would have been admitted (for

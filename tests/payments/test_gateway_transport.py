@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from shop.payments import gateway
+from shop.payments import gateway, guard
 
 DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, every connection is refused
 
@@ -65,3 +65,20 @@ def test_a_request_counts_against_its_endpoint_as_stripe_counts_it_the_method_an
     method, url, endpoint
 ):
     assert gateway.endpoint_of(method, url) == endpoint
+
+
+def test_each_endpoint_has_a_budget_of_its_own_within_the_accounts(make_fresh_app):
+    """What the three-process burst test no longer counts: spending one endpoint's budget leaves
+    another's whole (docs/REFERENCE.md, Settings: STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND)."""
+    budget = 3
+    app = make_fresh_app(
+        STRIPE_RATE_LIMIT_PER_SECOND=1000, STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=budget, STRIPE_CUSTOMER_WAIT_SECONDS=0
+    )
+    with app.app_context(), guard.customer_call():
+        provider_guard = guard.get()
+        for _ in range(budget):
+            provider_guard.take_token("POST /v1/checkout/sessions")
+        with pytest.raises(guard.Shed, match="POST /v1/checkout/sessions"):
+            provider_guard.take_token("POST /v1/checkout/sessions")
+        for _ in range(budget):
+            provider_guard.take_token("GET /v1/checkout/sessions/{id}")

@@ -278,7 +278,8 @@ def test_callers_whose_clocks_read_late_share_one_budget_and_get_no_extra_refill
 def test_a_429_storm_puts_checkouts_in_line_the_queue_and_the_sweep_wait_out_retry_after_until_every_order_is_paid(
     make_shop, sandbox
 ):
-    app = make_shop(sandbox=True, STRIPE_BREAKER_COOLDOWN_SECONDS=1.0)
+    # Budgets too short to wait out a 429's Retry-After in the request (test_provider_rate_limit_retry.py)
+    app = make_shop(sandbox=True, STRIPE_BREAKER_COOLDOWN_SECONDS=1.0, STRIPE_REQUEST_BUDGET_SECONDS=1.2)
     sandbox.faults(api_rate_limit_per_second=1)
     shoppers = [Shopper(app) for _ in range(5)]
     answers = [s.checkout() for s in shoppers]

@@ -172,6 +172,20 @@ def test_calls_beyond_the_rate_limit_get_stripes_429(client, sandbox):
     assert sorted(c["status"] for c in sandbox.requests()) == [200] * served + [429] * len(refused)
 
 
+def test_the_next_n_calls_get_the_rate_limits_429_then_calls_are_served_again(client, sandbox):
+    sandbox.faults(api_rate_limit_next_calls=2)
+    for left in (1, 0):
+        with pytest.raises(stripe.RateLimitError, match="api_rate_limit_next_calls") as refused:
+            client.v1.checkout.sessions.list()
+        assert refused.value.json_body["error"]["code"] == "rate_limit"
+        assert refused.value.headers["Stripe-Should-Retry"] == "true"
+        assert refused.value.headers["Retry-After"] == "1"
+        assert sandbox.faults()["api_rate_limit_next_calls"] == left
+
+    assert client.v1.checkout.sessions.list().data == []
+    assert [c["status"] for c in sandbox.requests()] == [429, 429, 200]
+
+
 def test_the_rate_limit_window_slides_and_zero_switches_it_off(client, sandbox):
     sandbox.faults(api_rate_limit_per_second=1)
     client.v1.checkout.sessions.list()
@@ -252,6 +266,7 @@ def test_null_false_and_zero_switch_the_traffic_faults_off_and_reset_clears_them
         "api_hang": True,
         "api_rate_limit_per_second": 3,
         "api_endpoint_rate_limit_per_second": 4,
+        "api_rate_limit_next_calls": 5,
     }
     off = {
         "api_latency_seconds": 0.0,
@@ -259,6 +274,7 @@ def test_null_false_and_zero_switch_the_traffic_faults_off_and_reset_clears_them
         "api_hang": False,
         "api_rate_limit_per_second": 0,
         "api_endpoint_rate_limit_per_second": 0,
+        "api_rate_limit_next_calls": 0,
     }
     assert {k: sandbox.faults(**on)[k] for k in on} == {
         **on,

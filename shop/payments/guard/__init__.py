@@ -46,6 +46,7 @@ from .calls import (
     current,
     customer_call,
     init_app,
+    patient_until,
     queue_call,
     request_priority,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "get",
     "init_app",
     "limits_from",
+    "patient_until",
     "queue_call",
     "request_priority",
 ]

@@ -86,6 +86,20 @@ def queue_call(patience_seconds: float, turn: Ticket | None = None):
         _context.reset(token)
 
 
+@contextmanager
+def patient_until(until: float):
+    """Calls made inside the block wait for the rate budget until `until` (time.monotonic()), and
+    never past the caller's own deadline: the retry of a call the provider answered 429 waits out
+    the pause the 429 set (its Retry-After) and the budget behind it within the time the caller
+    still has, not the moment a first attempt may wait (docs/REFERENCE.md, Settings:
+    STRIPE_RATE_LIMIT_PER_SECOND)."""
+    token = _context.set(replace(current(), patience=max(0.0, until - time.monotonic())))
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
 def init_app(app) -> None:
     """Give every web request the in-request time budget: someone is waiting on the page. Its
     calls are background (the SDK's retries, no priority) unless its blueprint says they are a
