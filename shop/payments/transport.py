@@ -19,6 +19,7 @@ from urllib3 import HTTPConnectionPool, HTTPSConnectionPool, ProxyManager
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from flask import current_app
 
+from .. import clock
 from ..extensions import per_app
 from . import guard
 
@@ -99,7 +100,7 @@ class GuardedHttpClient(stripe.RequestsClient):
         else:  # a web request that is not a customer's (the console): background timeouts, its deadline
             connect = read = self._background_timeout
         if ctx.deadline is not None:
-            read = min(read, max(0.05, ctx.deadline - time.monotonic()))
+            read = min(read, max(0.05, ctx.deadline - clock.current().monotonic()))
         return (min(connect, read), read)
 
     @_timeout.setter
@@ -113,7 +114,7 @@ class GuardedHttpClient(stripe.RequestsClient):
             # (no call goes out while it is open but the shop's one probe).
             self._attempt.retry = False
             guard.get().admit()
-        if ctx.deadline is not None and ctx.deadline - time.monotonic() < MIN_ATTEMPT_SECONDS:
+        if ctx.deadline is not None and ctx.deadline - clock.current().monotonic() < MIN_ATTEMPT_SECONDS:
             raise guard.Shed(
                 "no time left in this request's budget for another provider call", kind=guard.ShedKind.DEADLINE
             )
