@@ -10,9 +10,10 @@ import socket
 import ssl
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from support import wait_until
 
 
 def make_certificate(folder: Path, names: str = "DNS:localhost,IP:127.0.0.1") -> tuple[Path, Path]:
@@ -62,12 +63,7 @@ class SMTPServer:
 
     def wait_for(self, condition, timeout: float = 5.0) -> bool:
         """The server notices a client's hang-up a moment after the client has moved on."""
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
+        return bool(wait_until(condition, timeout, "the server to notice the client's hang-up", interval=0.01))
 
     def close(self) -> None:
         self._stop.set()
