@@ -79,6 +79,7 @@ class SMTPServer:
             except OSError:
                 return
             conn.settimeout(10)
+            self._upgraded = []
             try:
                 self._session(conn)
             except ssl.SSLError:
@@ -86,6 +87,8 @@ class SMTPServer:
             except OSError:
                 pass
             finally:
+                for upgraded in self._upgraded:
+                    upgraded.close()
                 conn.close()
 
     def _upgrade(self, conn: socket.socket) -> socket.socket:
@@ -95,6 +98,7 @@ class SMTPServer:
         tls = self.implicit_tls
         if tls:
             conn = self._upgrade(conn)
+            self._upgraded.append(conn)
         reader = conn.makefile("rb")
         conn.sendall(b"220 localhost test ESMTP\r\n")
         mail_from, rcpt_to = "", []
@@ -109,6 +113,7 @@ class SMTPServer:
             elif verb == b"STARTTLS" and not tls:
                 conn.sendall(b"220 go ahead\r\n")
                 conn, tls = self._upgrade(conn), True
+                self._upgraded.append(conn)  # closed by _serve with the connection it wraps
                 reader = conn.makefile("rb")
             elif verb == b"AUTH":
                 self.logins.append((line.strip(), tls))
