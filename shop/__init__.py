@@ -8,7 +8,7 @@ import time
 
 from flask import Flask
 
-from . import logs, node
+from . import clock, logs, node
 from .connections import engine_options as _engine_options
 from .connections import pooler_client_limit as _pooler_client_limit
 from .connections import server_limit as _server_limit
@@ -23,6 +23,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def create_app(test_config: dict | None = None, env: dict | None = None) -> Flask:
     """Build the app. Settings are read and validated here, never at import time."""
     env = os.environ if env is None else env
+    # The process's clock (shop.clock): the system's, or one a test moves by hand (test_config's CLOCK).
+    test_config = dict(test_config) if test_config else None
+    clock.use(test_config.pop("CLOCK", None) if test_config else None)
     app = Flask(
         __name__,
         template_folder=os.path.join(ROOT, "templates"),

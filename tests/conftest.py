@@ -18,11 +18,22 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from shop import clock as shop_clock
 from shop import create_app
 from shop.extensions import db
 from factories import seed_catalog_rows
 from payment_helpers import WEBHOOK_SECRET, Shopper, live_shop
-from support import LOCK_SECONDS, LOCKS_URL, RUN_ID, UNREACHABLE_PROVIDER, _claimed, base_config, log_in, redis_url
+from support import (
+    LOCK_SECONDS,
+    LOCKS_URL,
+    RUN_ID,
+    UNREACHABLE_PROVIDER,
+    FakeClock,
+    _claimed,
+    base_config,
+    log_in,
+    redis_url,
+)
 
 
 def pytest_configure(config):
@@ -143,6 +154,20 @@ def truncated_db(database_url, _schema):
     with first.app_context():
         db.engine.dispose()
     return database_url
+
+
+@pytest.fixture(autouse=True)
+def _system_clock_after_each_test():
+    """Whatever clock a test gave its apps (create_app's CLOCK), the next test starts on the system's."""
+    yield
+    shop_clock.use(None)
+
+
+@pytest.fixture
+def fake_clock():
+    """A clock the test moves by hand (support.FakeClock), for the apps it builds:
+    `make_shop(CLOCK=fake_clock)` (every app of the test, since each create_app sets the process's clock)."""
+    return FakeClock()
 
 
 @pytest.fixture

@@ -18,11 +18,10 @@ from werkzeug.serving import make_server
 from werkzeug.test import TestResponse
 
 from factories import DEFAULT_SKU
-from support import csrf_token
+from support import csrf_token, wait_until
 from shop.extensions import db
 from shop.models import Order
 from shop.stripe_sandbox.server import QuietRequestHandler
-from shop.stripe_sandbox.testing import wait_until  # noqa: F401  (re-exported for the tests)
 
 WEBHOOK_SECRET = "whsec_test_secret"
 JSON = {"Accept": "application/json"}

@@ -1,5 +1,5 @@
 """Real processes for the tests that start them (tests/processes): the `flask` command of this
-environment, a free port, waiting for a condition with the processes' logs on failure, a set of
+environment, a free port, a set of
 child processes that is always stopped, the environment a child runs the shop with, the
 Procfile's web line started as a deployment starts it, a process stalled by SIGSTOP (`stalled`),
 and slow clients (`Tricklers`) with a probe that times the catalog meanwhile (`time_catalog`)."""
@@ -35,16 +35,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_until(check, timeout: float, what: str, logs=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs() if logs else ''}")
 
 
 class Processes:

@@ -23,7 +23,9 @@ from sqlalchemy import select, text, update
 
 from payment_helpers import WEBHOOK_SECRET, signature
 from factories import cart_with
+from shop import clock as shop_clock
 from shop import failpoints  # noqa: F401  (the failpoint below is read from the environment)
+from shop.clock import SystemClock
 from shop.domain.deadlines import as_utc, unpaid_deadline
 from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxDelivery, Refund, ScheduledCommand, Variant
@@ -45,20 +47,24 @@ KEEP_TABLES = {"products", "variants", "inventory", "operators"}
 CRASH = "restore_inventory.after_marker_flush=raise"
 
 
+class SandboxClock(SystemClock):
+    """The sandbox's clock: the system's time of day plus whatever the test advanced it by (the
+    guard's scripts keep Redis's own, as with the system's clock)."""
+
+    def __init__(self, sandbox_state):
+        self.state = sandbox_state
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.time(), timezone.utc)
+
+    def time(self) -> float:
+        return time.time() + self.state.clock_offset
+
+
 def install_clock(monkeypatch, sandbox) -> None:
-    """The shop's clock is the sandbox's: wall time plus whatever the test advanced."""
-    import shop.domain.deadlines as deadlines
-    import shop.models.types as types
-
-    state = sandbox.sandbox
-
-    class VirtualDatetime(datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return datetime.fromtimestamp(time.time() + state.clock_offset, tz)
-
-    monkeypatch.setattr(deadlines, "datetime", VirtualDatetime)
-    monkeypatch.setattr(types, "datetime", VirtualDatetime)
+    """The shop's clock (shop.clock) is the sandbox's, until the test ends (conftest puts the
+    system's back). `monkeypatch` is no longer needed: the clock is the process's, set once."""
+    shop_clock.use(SandboxClock(sandbox.sandbox))
 
 
 @dataclass

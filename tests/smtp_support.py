@@ -10,9 +10,10 @@ import socket
 import ssl
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from support import wait_until
 
 
 def make_certificate(folder: Path, names: str = "DNS:localhost,IP:127.0.0.1") -> tuple[Path, Path]:
@@ -62,12 +63,7 @@ class SMTPServer:
 
     def wait_for(self, condition, timeout: float = 5.0) -> bool:
         """The server notices a client's hang-up a moment after the client has moved on."""
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
+        return bool(wait_until(condition, timeout, "the server to notice the client's hang-up", interval=0.01))
 
     def close(self) -> None:
         self._stop.set()
@@ -83,6 +79,7 @@ class SMTPServer:
             except OSError:
                 return
             conn.settimeout(10)
+            self._upgraded = []
             try:
                 self._session(conn)
             except ssl.SSLError:
@@ -90,6 +87,8 @@ class SMTPServer:
             except OSError:
                 pass
             finally:
+                for upgraded in self._upgraded:
+                    upgraded.close()
                 conn.close()
 
     def _upgrade(self, conn: socket.socket) -> socket.socket:
@@ -99,6 +98,7 @@ class SMTPServer:
         tls = self.implicit_tls
         if tls:
             conn = self._upgrade(conn)
+            self._upgraded.append(conn)
         reader = conn.makefile("rb")
         conn.sendall(b"220 localhost test ESMTP\r\n")
         mail_from, rcpt_to = "", []
@@ -113,6 +113,7 @@ class SMTPServer:
             elif verb == b"STARTTLS" and not tls:
                 conn.sendall(b"220 go ahead\r\n")
                 conn, tls = self._upgrade(conn), True
+                self._upgraded.append(conn)  # closed by _serve with the connection it wraps
                 reader = conn.makefile("rb")
             elif verb == b"AUTH":
                 self.logins.append((line.strip(), tls))

@@ -1,14 +1,17 @@
 """Plain helpers the tests and conftest share (conftest keeps fixtures and hooks only; no test
 module imports from it): this run's own Redis database and app config, the unreachable provider,
-a browser's CSRF token, the operator's login, and the heartbeats of a running worker and
-scheduler. A customer's checkout through the storefront is payment_helpers.Shopper's."""
+a browser's CSRF token, the operator's login, the heartbeats of a running worker and
+scheduler, the one wait for a condition (`wait_until`) and the clock a test moves by hand
+(`FakeClock`). A customer's checkout through the storefront is payment_helpers.Shopper's."""
 
 from __future__ import annotations
 
 import os
 import re
 import threading
+import time
 import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from shop.extensions import db
@@ -166,3 +169,55 @@ def run_threads(app, jobs, worker):
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "a checkout thread hung"
     return results, errors
+
+
+def wait_until(predicate, timeout: float = 5.0, what: str = "the condition", logs=None, interval: float = 0.05):
+    """Poll `predicate()` until it returns something true, and return that. After `timeout`
+    seconds fail, naming `what` was waited for and what the predicate returned last (and
+    `logs()`, the processes' output, when given). The one polling loop of the tests."""
+    deadline = time.monotonic() + timeout
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what}; the last check returned {last!r}"
+        + (f"\n{logs()}" if logs else "")
+    )
+
+
+class FakeClock:
+    """A clock a test moves by hand (shop.clock.Clock), given to the app as create_app's CLOCK:
+    the time of day starts at the real one and stands still until `advance`d; sleeping on it
+    lets the time pass at once. It is also the time the guard's scripts take as Redis's
+    (`shared_time`), so a token bucket refills and a breaker's probe falls due as it moves."""
+
+    def __init__(self, start: datetime | None = None):
+        self._lock = threading.Lock()
+        self._now = start or datetime.now(timezone.utc)
+        self._monotonic = time.monotonic()
+
+    def now(self) -> datetime:
+        with self._lock:
+            return self._now
+
+    def time(self) -> float:
+        return self.now().timestamp()
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._monotonic
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(max(0.0, seconds))
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += timedelta(seconds=seconds)
+            self._monotonic += seconds
+
+    def shared_time(self) -> float | None:
+        return self.time()

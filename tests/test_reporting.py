@@ -11,12 +11,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from support import wait_until
 from payment_helpers import Shopper
 from shop import create_app
 from shop.settings import SettingsError
@@ -115,12 +115,9 @@ def test_a_requests_error_reaches_sentry_tagged_with_its_order_and_request(make_
     assert answer.status_code == 500  # in words, as every unexpected error (shop.errors)
     sentry_sdk.flush(timeout=5)
 
-    deadline = time.monotonic() + 5
-    events = []
-    while time.monotonic() < deadline and not events:
-        events = [item for item in _Collector.received if item.get("exception")]
-        time.sleep(0.05)
-    assert events, _Collector.received
+    events = wait_until(
+        lambda: [item for item in _Collector.received if item.get("exception")], 5, "an error report with its exception"
+    )
     # One report (the Flask integration's, with its request; the log line's copy is deduplicated).
     (event,) = events
     assert event["tags"]["order_ref"] == ref and event["tags"]["request_id"] == "broken-1"
@@ -153,12 +150,9 @@ def test_a_worker_jobs_error_reaches_sentry_through_the_rq_integration_tagged_wi
     assert job.get_status(refresh=True) == "failed"
     sentry_sdk.flush(timeout=5)
 
-    deadline = time.monotonic() + 5
-    events = []
-    while time.monotonic() < deadline and not events:
-        events = [item for item in _Collector.received if item.get("exception")]
-        time.sleep(0.05)
-    assert events, _Collector.received
+    events = wait_until(
+        lambda: [item for item in _Collector.received if item.get("exception")], 5, "an error report with its exception"
+    )
     event = events[0]
     assert [value["type"] for value in event["exception"]["values"]] == ["RuntimeError"]
     assert event["tags"]["order_ref"] == "BK-JQBBRQKE"

@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import StrEnum
 
+from .. import clock
 from .order import OrderStatus
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    """Now, on the process's clock (shop.clock: the system's, or the one a test moves)."""
+    return clock.current().now()
 
 
 def as_utc(value: datetime) -> datetime:

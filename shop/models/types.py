@@ -3,6 +3,7 @@ from datetime import datetime, timezone
 from sqlalchemy import JSON, DateTime, String
 from sqlalchemy.types import TypeDecorator
 
+from .. import clock
 from ..domain.order import OrderStatus
 
 
@@ -42,7 +43,7 @@ class OrderStatusText(TypeDecorator):
 
 
 def now_utc() -> datetime:
-    return datetime.now(timezone.utc)
+    return clock.current().now()
 
 
 JSONType = JSON

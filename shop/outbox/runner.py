@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from typing import Any, Callable
 from flask import current_app
 from sqlalchemy import select, update
 
-from .. import logs
+from .. import clock, logs
 from ..domain.deadlines import FAILURE_PROVIDER, retry_decision, utcnow
 from ..extensions import db
 from ..models import WorkStatus
@@ -182,7 +181,7 @@ def drain(
     another drain). `now` pins the clock (tests); otherwise each row runs at its own utcnow()."""
     worker = worker_identity()
     lease = current_app.config["OUTBOX_LEASE_SECONDS"]
-    started = time.monotonic()
+    started = clock.current().monotonic()
     counts: Counter = Counter()
     more = False
     session = db.session
@@ -190,7 +189,7 @@ def drain(
     try:
         while True:
             claimed_at = now or utcnow()
-            claimed_mono = time.monotonic()
+            claimed_mono = clock.current().monotonic()
             first_only = work.hold_back_the_rest is not None and work.hold_back_the_rest(claimed_at)
             ids = claim_batch(work.model, claimed_at, worker, batch_size, first_only)
             if not ids:
@@ -213,7 +212,7 @@ def drain(
             for index, row in enumerate(rows):
                 # A batch never outlives half its lease: the rest goes back, unspent, for the
                 # next drain, instead of running with a lease someone else may be about to take.
-                if index and time.monotonic() - claimed_mono > lease / 2:
+                if index and clock.current().monotonic() - claimed_mono > lease / 2:
                     counts[RunOutcome.RELEASED] += release(
                         work.model, [r.id for r in rows[index:]], worker, now or utcnow()
                     )
@@ -224,7 +223,7 @@ def drain(
             uow.publish_gathered(session)  # what the batch's commits made due, in one wake-up
             if more or (len(ids) < batch_size and not work.lookahead_seconds):
                 break  # (work with a lookahead claims again: more may have fallen due meanwhile)
-            if time.monotonic() - started >= budget_seconds or (should_yield is not None and should_yield()):
+            if clock.current().monotonic() - started >= budget_seconds or (should_yield is not None and should_yield()):
                 more = True
                 break
     finally:
@@ -236,14 +235,14 @@ def drain(
 def _waited_for_next(work: Work, started: float, budget_seconds: float, should_yield) -> bool:
     """Nothing is due: if a row falls due within the work's lookahead (and the drain's budget),
     sleep until then and say so (the caller claims again); False when the drain should end."""
-    left = budget_seconds - (time.monotonic() - started)
+    left = budget_seconds - (clock.current().monotonic() - started)
     if work.lookahead_seconds <= 0 or left <= 0 or (should_yield is not None and should_yield()):
         return False
     now = utcnow()
     due = next_due_within(work.model, now, min(work.lookahead_seconds, left))
     if due is None:
         return False
-    time.sleep(max(0.0, (due - now).total_seconds()) + 0.005)
+    clock.current().sleep(max(0.0, (due - now).total_seconds()) + 0.005)
     return True
 
 

@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import datetime, timedelta
 
 from flask import current_app
 from sqlalchemy import and_, func, or_, select
 
-from .. import logs, queue
+from .. import clock, logs, queue
 from ..domain.deadlines import unpaid_hold_seconds, utcnow
 from ..domain.order import OrderStatus
 from ..extensions import db
@@ -174,21 +173,21 @@ class PaymentQueue:
         is lost, or `stop`). The caller holds the lease. Returns how many sessions it started."""
         stop = stop or threading.Event()
         provider_guard = guard.get()
-        lease_until = time.monotonic() + LEASE_SECONDS
+        lease_until = clock.current().monotonic() + LEASE_SECONDS
         held_at = 0.0
         started = 0
         in_flight: dict[Future, int] = {}
         turns = guard.Turnstile()  # the budget goes to the calls in the line's order
         with ThreadPoolExecutor(self.threads, thread_name_prefix="payment-queue") as pool:
             while not stop.is_set():
-                if time.monotonic() > lease_until - LEASE_SECONDS * 2 / 3:
+                if clock.current().monotonic() > lease_until - LEASE_SECONDS * 2 / 3:
                     if not renew_lease(LEASE_NAME, self.holder, utcnow(), LEASE_SECONDS):
                         log.warning("payment queue: lost its lease; another process serves the line now")
                         break
-                    lease_until = time.monotonic() + LEASE_SECONDS
-                if time.monotonic() - held_at >= LINE_HOLD_SECONDS / 3:
+                    lease_until = clock.current().monotonic() + LEASE_SECONDS
+                if clock.current().monotonic() - held_at >= LINE_HOLD_SECONDS / 3:
                     provider_guard.hold_line(LINE_HOLD_SECONDS)
-                    held_at = time.monotonic()
+                    held_at = clock.current().monotonic()
                 if provider_guard.breaker_view()["state"] is guard.BreakerState.CLOSED:
                     free = self.threads - len(in_flight)
                     ids = next_in_line(utcnow(), free, frozenset(in_flight.values())) if free else []

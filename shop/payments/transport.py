@@ -19,6 +19,7 @@ from urllib3 import HTTPConnectionPool, HTTPSConnectionPool, ProxyManager
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from flask import current_app
 
+from .. import clock
 from ..extensions import per_app
 from . import guard
 
@@ -99,7 +100,7 @@ class GuardedHttpClient(stripe.RequestsClient):
         else:  # a web request that is not a customer's (the console): background timeouts, its deadline
             connect = read = self._background_timeout
         if ctx.deadline is not None:
-            read = min(read, max(0.05, ctx.deadline - time.monotonic()))
+            read = min(read, max(0.05, ctx.deadline - clock.current().monotonic()))
         return (min(connect, read), read)
 
     @_timeout.setter
@@ -122,7 +123,7 @@ class GuardedHttpClient(stripe.RequestsClient):
 
     def _attempt_request(self, method, url, headers, post_data):
         ctx = guard.current()
-        if ctx.deadline is not None and ctx.deadline - time.monotonic() < MIN_ATTEMPT_SECONDS:
+        if ctx.deadline is not None and ctx.deadline - clock.current().monotonic() < MIN_ATTEMPT_SECONDS:
             raise guard.Shed(
                 "no time left in this request's budget for another provider call", kind=guard.ShedKind.DEADLINE
             )
@@ -170,7 +171,7 @@ class GuardedHttpClient(stripe.RequestsClient):
         the rate budget (a job: its own, or STRIPE_BACKGROUND_WAIT_SECONDS) from the first 429."""
         if str((rheaders or {}).get("Stripe-Should-Retry", "")).lower() == "false":
             return False
-        ctx, now = guard.current(), time.monotonic()
+        ctx, now = guard.current(), clock.current().monotonic()
         until = ctx.deadline
         if until is None:
             if self._attempt.limited == 0:

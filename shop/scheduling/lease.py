@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
-from .. import failpoints
+from .. import clock, failpoints
 from ..domain.deadlines import as_utc, utcnow
 from ..extensions import db
 from ..models import Lease
@@ -47,12 +46,12 @@ class Clock:
 
     def __init__(self, now: datetime | None):
         self._base = as_utc(now) if now is not None else None
-        self._t0 = time.monotonic()
+        self._t0 = clock.current().monotonic()
 
     def __call__(self) -> datetime:
         if self._base is None:
             return utcnow()
-        return self._base + timedelta(seconds=time.monotonic() - self._t0)
+        return self._base + timedelta(seconds=clock.current().monotonic() - self._t0)
 
 
 class LeaseLost(Exception):

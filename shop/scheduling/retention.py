@@ -27,7 +27,6 @@ writes. One prune runs at a time (the `retention` lease); a dry run only counts.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,6 +37,7 @@ from sqlalchemy import and_, any_, bindparam, delete, func, or_, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError
 
+from .. import clock
 from ..domain import refunds as refund_rules
 from ..domain.deadlines import utcnow
 from ..domain.order import FINAL, OrderStatus
@@ -291,28 +291,28 @@ def prune(
     cfg = current_app.config
     now = now or utcnow()
     result = PruneResult(cutoffs(now, cfg["RETENTION_DAYS"], cfg["AUDIT_RETENTION_DAYS"]), dry_run)
-    started = time.monotonic()
+    started = clock.current().monotonic()
     if dry_run:
         for kind in KINDS:
             result.counts[kind.name] = _count(kind, result.cutoffs)
             if progress:
                 progress(f"{kind.name}: {result.counts[kind.name]} past the cutoff")
-        result.seconds = time.monotonic() - started
+        result.seconds = clock.current().monotonic() - started
         return result
     holder = holder_name()
     if not acquire_lease(LEASE, holder, utcnow(), LEASE_SECONDS):
         result.skipped = "another prune is running (the retention lease is held)"
         return result
     size = batch_size or cfg["PRUNE_BATCH_SIZE"]
-    renewed = said = time.monotonic()
+    renewed = said = clock.current().monotonic()
     try:
         for kind in KINDS:
             result.counts[kind.name] = 0
             reached = None  # the age of the newest row removed so far: the next batch starts there
             while True:
-                batch_started = time.monotonic()
+                batch_started = clock.current().monotonic()
                 removed, busy, reached = _batch(kind, result.cutoffs, size, now, reached)
-                took = time.monotonic() - batch_started
+                took = clock.current().monotonic() - batch_started
                 result.batches += 1
                 result.counts[kind.name] += removed
                 if busy:
@@ -320,19 +320,19 @@ def prune(
                     break
                 if removed < size:
                     break
-                if progress and time.monotonic() - said >= 2:
+                if progress and clock.current().monotonic() - said >= 2:
                     progress(f"{kind.name}: {result.counts[kind.name]} removed so far...")
-                    said = time.monotonic()
-                if (budget_seconds is not None and time.monotonic() - started >= budget_seconds) or (
+                    said = clock.current().monotonic()
+                if (budget_seconds is not None and clock.current().monotonic() - started >= budget_seconds) or (
                     should_stop is not None and should_stop()
                 ):
                     result.more = True
                     return result
-                if time.monotonic() - renewed >= LEASE_SECONDS / 4:
+                if clock.current().monotonic() - renewed >= LEASE_SECONDS / 4:
                     if not renew_lease(LEASE, holder, utcnow(), LEASE_SECONDS):
                         result.more = True  # the lease lapsed (a frozen process): let its taker go on
                         return result
-                    renewed = time.monotonic()
+                    renewed = clock.current().monotonic()
                 if pause is not None:
                     pause()
                 else:
@@ -342,10 +342,12 @@ def prune(
                     # PRUNE_ROWS_PER_SECOND: every deleted row is WAL that checkout's next commit
                     # flushes with its own, and CPU on a machine checkout shares (bench/retention.py,
                     # docs/SCALING.md).
-                    time.sleep(max(cfg["PRUNE_PAUSE_SECONDS"], 2 * took, removed / cfg["PRUNE_ROWS_PER_SECOND"] - took))
+                    clock.current().sleep(
+                        max(cfg["PRUNE_PAUSE_SECONDS"], 2 * took, removed / cfg["PRUNE_ROWS_PER_SECOND"] - took)
+                    )
     finally:
         release_lease(LEASE, holder)
-        result.seconds = time.monotonic() - started
+        result.seconds = clock.current().monotonic() - started
         if any(result.counts.values()):
             log.info("prune: %s", ", ".join(f"{n} {k}" for k, n in result.counts.items() if n))
     return result

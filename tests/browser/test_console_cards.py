@@ -7,11 +7,11 @@ timeline. Each page passes axe-core (serious and critical findings) and, on the 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from sqlalchemy import select
 
+from support import wait_until
 from payment_helpers import Shopper
 from shop.extensions import db
 from shop.models import WebhookReceipt
@@ -28,8 +28,8 @@ def _paid_order_with_its_webhook(app, sandbox) -> int:
     shopper = Shopper(app, app.skus)
     order = shopper.place()
     sandbox.set_outcome(order["payment"]["session_id"], "paid")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def accepted():
         with app.app_context():
             found = db.session.execute(
                 select(WebhookReceipt.id).where(
@@ -37,10 +37,9 @@ def _paid_order_with_its_webhook(app, sandbox) -> int:
                 )
             ).scalar()
             db.session.remove()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError("the sandbox's completed event never reached the shop")
+        return found
+
+    return wait_until(accepted, 10, "the sandbox's completed event to reach the shop")
 
 
 @pytest.mark.parametrize("width", WIDTHS)

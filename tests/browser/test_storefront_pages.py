@@ -11,7 +11,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
-from payment_helpers import run_due_commands, wait_until
+from support import wait_until
+
+from payment_helpers import run_due_commands
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import InventoryItem, Order, Variant

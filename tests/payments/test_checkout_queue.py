@@ -6,7 +6,6 @@ thread, a killed worker and a wiped Redis are in test_checkout_queue_processes.p
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 from sqlalchemy import select, update
@@ -46,9 +45,9 @@ def _session_creates(sandbox) -> list[str]:
 
 
 def test_checkouts_past_the_session_budget_wait_in_line_in_arrival_order_and_each_reaches_its_payment_page(
-    make_shop, sandbox
+    make_shop, sandbox, fake_clock
 ):
-    app = make_shop(sandbox=True, **ONE_SESSION_A_SECOND)
+    app = make_shop(sandbox=True, CLOCK=fake_clock, **ONE_SESSION_A_SECOND)
     first = Shopper(app)
     assert "/pay/" in first.checkout().headers["Location"]  # the budget's one session this second
 
@@ -64,7 +63,7 @@ def test_checkouts_past_the_session_budget_wait_in_line_in_arrival_order_and_eac
     assert "Pay now" not in page and "data-continue" in page
 
     # The budget has room again, but the order in line goes first: a later checkout joins behind.
-    time.sleep(1.3)
+    fake_clock.advance(1.3)
     later = _queued(third)
     assert later["line"]["ahead"] == 1
     assert len(_session_creates(sandbox)) == 1, "a later checkout was served ahead of the line"
@@ -89,12 +88,12 @@ def test_checkouts_past_the_session_budget_wait_in_line_in_arrival_order_and_eac
 
     # Nobody waits any more: the line is open, and a checkout goes straight to its payment page.
     assert "shop_payment_queue_orders 0.0" in app.test_client().get("/metrics").get_data(as_text=True)
-    time.sleep(1.3)
+    fake_clock.advance(1.3)
     assert "/pay/" in Shopper(app).checkout().headers["Location"]
 
 
-def test_pay_now_with_the_budget_spent_puts_the_order_in_line_instead_of_refusing(make_shop, sandbox):
-    app = make_shop(sandbox=True, **ONE_SESSION_A_SECOND)
+def test_pay_now_with_the_budget_spent_puts_the_order_in_line_instead_of_refusing(make_shop, sandbox, fake_clock):
+    app = make_shop(sandbox=True, CLOCK=fake_clock, **ONE_SESSION_A_SECOND)
     shopper = Shopper(app)
     order = shopper.place()
     sid = order["payment"]["session_id"]
@@ -102,7 +101,7 @@ def test_pay_now_with_the_budget_spent_puts_the_order_in_line_instead_of_refusin
     sandbox.async_result(sid, "failed")
     post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.async_payment_failed", sid))
     assert shopper.order(order["reference"])["status"] == "PaymentFailed"
-    time.sleep(1.3)  # the budget's second is over
+    fake_clock.advance(1.3)  # the budget's second is over
 
     other = Shopper(app)
     other.checkout()  # spends this second's session
@@ -162,12 +161,16 @@ def test_an_order_whose_pay_by_passes_in_line_is_expired_by_its_deadline_like_an
     assert shopper.order(waiting["reference"])["payment"] is None
 
 
-def test_once_a_process_met_the_line_held_its_next_checkouts_join_it_without_asking_the_provider(make_shop, sandbox):
-    app = make_shop(sandbox=True, **ONE_SESSION_A_SECOND)
+def test_once_a_process_met_the_line_held_its_next_checkouts_join_it_without_asking_the_provider(
+    make_shop, sandbox, fake_clock
+):
+    app = make_shop(sandbox=True, CLOCK=fake_clock, **ONE_SESSION_A_SECOND)
     Shopper(app).checkout()  # the budget's one session this second
     _queued(Shopper(app))  # refused by the budget: the line forms
-    time.sleep(1.3)  # the budget has room again, the line is still held
+    fake_clock.advance(1.3)  # the budget has room again, the line is still held
     _queued(Shopper(app))  # refused because of the line: this process knows now
+    with app.app_context(), guard.customer_call():
+        assert guard.get().line_seen_held(), "the budget refused the checkout, not the line"
     calls = sandbox.request_count()
     shoppers = [Shopper(app) for _ in range(3)]
     joined = [_queued(shopper) for shopper in shoppers]

@@ -13,7 +13,9 @@ from datetime import timedelta
 import pytest
 import urllib3
 
-from support import log_in
+from support import FakeClock, log_in, wait_until
+from shop import clock as shop_clock
+from shop.clock import SystemClock
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order
@@ -60,16 +62,17 @@ def _breaker(app) -> dict:
 
 
 def test_after_the_threshold_the_breaker_opens_for_every_process_and_a_probe_closes_it_soon_after_the_return(
-    make_shop, sandbox
+    make_shop, sandbox, fake_clock
 ):
-    app = make_shop(sandbox=True, STRIPE_BREAKER_THRESHOLD=3)
-    other_process = make_shop(sandbox=True, STRIPE_BREAKER_THRESHOLD=3)
+    app = make_shop(sandbox=True, STRIPE_BREAKER_THRESHOLD=3, CLOCK=fake_clock)
+    other_process = make_shop(sandbox=True, STRIPE_BREAKER_THRESHOLD=3, CLOCK=fake_clock)
     sandbox.faults(api_unavailable=True)
     for _ in range(3):
         _pay_later_page(shopper := Shopper(app), shopper.checkout())
     assert _breaker(app)["state"] == guard.OPEN
 
     sessions = lambda: sandbox.request_count(method="POST")  # noqa: E731 - checkouts' session creates
+    probes = lambda: sandbox.request_count(method="GET")  # noqa: E731 - the probers' reads
     created = sessions()
     for instance in (app, other_process):  # the other app has its own guard: the state is in Redis
         shopper = Shopper(instance)
@@ -77,19 +80,22 @@ def test_after_the_threshold_the_breaker_opens_for_every_process_and_a_probe_clo
         response = shopper.checkout()
         assert time.monotonic() - started < 1.0
         assert _pay_later_page(shopper, response)["status"] == STALE
-    # While the provider stays down, both processes' probers share one probe a second.
-    time.sleep(3.2)
+    # While the provider stays down, both processes' probers share one probe per spacing of the
+    # clock: each time it moves on by one (and a millisecond, past the float's rounding), one
+    # more probe, and none can be claimed until it moves.
+    for probe in range(1, 4):
+        with app.app_context():
+            assert not guard.get().claim_probe().mine, "a probe could be claimed before its spacing had passed"
+        fake_clock.advance(guard.PROBE_SPACING_SECONDS + 0.001)
+        wait_until(lambda: probes() >= probe, 10, f"probe {probe} of the two processes' probers")
+        assert probes() == probe
     assert sessions() == created, "a customer's checkout called the provider while the breaker was open"
-    probes = sandbox.request_times(method="GET")
-    assert 2 <= len(probes) and sandbox.peak_requests_per_second(method="GET") == 1, probes
     assert {c["path"] for c in sandbox.requests(method="GET")} == {"/v1/events"}
     assert _breaker(app)["state"] in (guard.OPEN, guard.HALF_OPEN)
 
     sandbox.faults(api_unavailable=False)
-    back = time.monotonic()
-    while _breaker(app)["state"] != guard.CLOSED:
-        assert time.monotonic() - back < 2.0, "the breaker was still open 2 s after the provider came back"
-        time.sleep(0.05)
+    fake_clock.advance(guard.PROBE_SPACING_SECONDS + 0.001)  # the next probe is due: it finds the provider back
+    wait_until(lambda: _breaker(app)["state"] == guard.CLOSED, 10, "the probe after the provider's return to close it")
     assert sessions() == created, "a customer's call was the probe"
     shopper = Shopper(other_process)
     response = shopper.checkout()
@@ -220,9 +226,31 @@ def test_each_of_the_sdks_own_retries_takes_a_token_of_the_rate_budget(make_fres
     assert sandbox.request_count() == 1
 
 
-def test_a_process_whose_clock_runs_ahead_cannot_probe_before_the_shared_breakers_next_probe(
-    make_fresh_app, monkeypatch
-):
+class _MinuteAhead(SystemClock):
+    """The system's clocks on a host whose time of day is a minute ahead."""
+
+    def now(self):
+        return super().now() + timedelta(seconds=60)
+
+    def time(self) -> float:
+        return super().time() + 60
+
+
+class _HalfTheReadsLate(FakeClock):
+    """A clock moved by hand whose every other reading of the time of day comes 50 ms late (a
+    thread that read it, then waited for the GIL); Redis keeps the true time (`shared_time`)."""
+
+    reads = 0
+
+    def time(self) -> float:
+        self.reads += 1
+        return super().time() - (0.05 if self.reads % 2 else 0.0)
+
+    def shared_time(self) -> float | None:
+        return super().time()
+
+
+def test_a_process_whose_clock_runs_ahead_cannot_probe_before_the_shared_breakers_next_probe(make_fresh_app):
     # The breaker keeps Redis's clock: a host whose clock is a minute ahead (or a thread whose
     # reading came late) would otherwise see every gap between probes as over and probe at once.
     app = make_fresh_app(STRIPE_BREAKER_THRESHOLD=2, STRIPE_BREAKER_COOLDOWN_SECONDS=30)
@@ -231,8 +259,7 @@ def test_a_process_whose_clock_runs_ahead_cannot_probe_before_the_shared_breaker
         provider_guard.record(False)
         provider_guard.record(False)
         assert provider_guard.breaker_view()["state"] == guard.OPEN
-        real_time = time.time
-        monkeypatch.setattr(guard.time, "time", lambda: real_time() + 60)
+        shop_clock.use(_MinuteAhead())  # this process's clock from here on
         with pytest.raises(guard.Shed, match="circuit breaker open"):
             provider_guard.admit()
         turn = provider_guard.claim_probe()
@@ -241,38 +268,33 @@ def test_a_process_whose_clock_runs_ahead_cannot_probe_before_the_shared_breaker
 
 
 @pytest.mark.parametrize("redis", ["shared", "unreachable"])
-def test_callers_whose_clocks_read_late_share_one_budget_and_get_no_extra_refill(make_fresh_app, monkeypatch, redis):
+def test_callers_whose_clocks_read_late_share_one_budget_and_get_no_extra_refill(make_fresh_app, redis):
     # In a busy process a thread reads the clock, then waits for the GIL before its request
     # reaches Redis; another process's clock may be behind. Half the callers here read 50 ms
     # late. The bucket keeps its own time: with a clock per caller, each late caller rewound it
     # and the next one was refilled for the same 50 ms again.
     budget = 20
-    app = make_fresh_app(STRIPE_RATE_LIMIT_PER_SECOND=budget, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
-    real_time, reads = time.time, [0]
-
-    def clock():
-        reads[0] += 1
-        return real_time() - (0.05 if reads[0] % 2 else 0.0)
-
+    late = _HalfTheReadsLate()
+    app = make_fresh_app(STRIPE_RATE_LIMIT_PER_SECOND=budget, STRIPE_CUSTOMER_WAIT_SECONDS=0.0, CLOCK=late)
     with app.app_context():
         provider_guard, limits = guard.get(), guard.get().limits
         if redis == "unreachable":  # this process's own view: its share of the budget
             provider_guard._redis_url = "redis://127.0.0.1:1/0"  # nothing listens there
             provider_guard._run("take", guard._BUCKET_TAKE, [provider_guard.bucket_key], [1, 1, 0])
-        monkeypatch.setattr(guard.time, "time", clock)
-        granted, started = 0, time.monotonic()
+        granted, started = 0, late.monotonic()
         with guard.customer_call():
-            while time.monotonic() - started < 1.0:
+            while late.monotonic() - started < 1.0:
                 try:
                     provider_guard.take_token()
                     granted += 1
                 except guard.Shed:
                     pass
-                time.sleep(0.002)
-        elapsed = time.monotonic() - started
+                late.advance(0.002)
+        elapsed = late.monotonic() - started
     share = 1 if redis == "shared" else limits.processes
     most = max(1.0, limits.bucket_capacity / share) + limits.refill_per_second / share * elapsed
     assert granted <= most + 1, f"{granted} tokens granted in {elapsed:.2f} s; the bucket holds {most:.1f}"
+    assert granted >= most - 2, f"only {granted} tokens granted in {elapsed:.2f} s; the bucket holds {most:.1f}"
 
 
 def test_a_429_storm_puts_checkouts_in_line_the_queue_and_the_sweep_wait_out_retry_after_until_every_order_is_paid(
@@ -365,18 +387,20 @@ def test_past_the_bulkhead_only_an_eighth_of_the_threads_wait_for_a_slot_and_the
     assert all(t < 0.2 for t in took[:3]) and all(t >= 0.45 for t in took[3:]), took
 
 
-def test_a_grant_grown_stale_before_its_request_is_written_is_given_back_and_a_fresh_one_taken(make_fresh_app, sandbox):
+def test_a_grant_grown_stale_before_its_request_is_written_is_given_back_and_a_fresh_one_taken(
+    make_fresh_app, sandbox, fake_clock
+):
     # A thread held up between taking its grant and writing its request (here: checking its
     # pooled connection; under load: the GIL, the scheduler) would reach the provider together
     # with the calls granted after it. The connection confirms the grant right before the write.
     endpoint = "GET /v1/checkout/sessions/{id}"
-    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1)
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1, CLOCK=fake_clock)
     real_get_conn, held = urllib3.HTTPConnectionPool._get_conn, []
 
     def held_up(pool, *args, **kwargs):
         conn = real_get_conn(pool, *args, **kwargs)
-        time.sleep(guard.GRANT_FRESH_SECONDS + 0.1)
-        held.append(time.time())
+        fake_clock.advance(guard.GRANT_FRESH_SECONDS + 0.1)
+        held.append(fake_clock.time())
         return conn
 
     with app.app_context():
@@ -393,9 +417,11 @@ def test_a_grant_grown_stale_before_its_request_is_written_is_given_back_and_a_f
     assert len(grants) == 1 and grants[0][1] >= held[0] - 0.01, (grants, held)
 
 
-def test_confirming_a_fresh_grant_keeps_it_and_a_stale_one_is_exchanged_for_a_new_place_in_the_window(make_fresh_app):
+def test_confirming_a_fresh_grant_keeps_it_and_a_stale_one_is_exchanged_for_a_new_place_in_the_window(
+    make_fresh_app, fake_clock
+):
     endpoint = "GET /v1/events"
-    app = make_fresh_app(STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
+    app = make_fresh_app(STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1, STRIPE_CUSTOMER_WAIT_SECONDS=0.0, CLOCK=fake_clock)
     with app.app_context(), guard.customer_call():
         provider_guard = guard.get()
         window = provider_guard.budget.endpoint_prefix + endpoint
@@ -403,7 +429,7 @@ def test_confirming_a_fresh_grant_keeps_it_and_a_stale_one_is_exchanged_for_a_ne
         assert provider_guard.confirm(grant) is grant
         with pytest.raises(guard.Shed, match="provider budget for GET /v1/events"):
             provider_guard.take_token(endpoint)  # 1 in any window: spent
-        time.sleep(guard.GRANT_FRESH_SECONDS + 0.05)
+        fake_clock.advance(guard.GRANT_FRESH_SECONDS + 0.05)
         renewed = provider_guard.confirm(grant)  # its own place goes back first, so there is room
         members = provider_guard.shared.connection().zrange(window, 0, -1)
     assert renewed.member != grant.member and [m.decode() for m in members] == [renewed.member]

@@ -25,12 +25,11 @@ from payment_helpers import (
     run_due_commands,
     sandbox_event,
     stripe_event,
-    wait_until,
 )
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, OperatorAction, Refund, ScheduledCommand
-from support import log_in, OPERATOR_EMAIL
+from support import OPERATOR_EMAIL, log_in, wait_until
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from payment_helpers import JSON, Shopper, live_shop, order_id, post_webhook, sandbox_event, wait_until
+from payment_helpers import JSON, Shopper, live_shop, order_id, post_webhook, sandbox_event
 from factories import force_order, seed_catalog_rows
+from support import wait_until
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, Refund, ScheduledCommand, WebhookReceipt

@@ -12,11 +12,11 @@ import pytest
 from sqlalchemy import select, update
 
 from factories import seed_catalog_rows
-from payment_helpers import HTML, Shopper, live_shop, order_id, post_webhook, stripe_event, wait_until
+from payment_helpers import HTML, Shopper, live_shop, order_id, post_webhook, stripe_event
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery, Product, WebhookReceipt
 from shop.outbox.dispatch import run_delivery
-from support import log_in
+from support import log_in, wait_until
 
 ADDRESS = {
     "name": "Grace Hopper",

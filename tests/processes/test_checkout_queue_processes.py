@@ -13,7 +13,8 @@ import pytest
 from sqlalchemy import select
 
 from factories import place_order_for, seed_catalog_rows
-from process_support import Processes, process_env, wait_until
+from support import wait_until
+from process_support import Processes, process_env
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Lease, Order

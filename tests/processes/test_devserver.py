@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 
 import pytest
@@ -22,6 +21,7 @@ from werkzeug.test import TestResponse
 import shop
 from payment_helpers import Shopper
 from process_support import Tricklers, p99, time_catalog
+from support import wait_until
 from shop.devserver.front import nginx_binary
 
 pytestmark = pytest.mark.slow
@@ -126,15 +126,12 @@ class Up:
         return "\n".join(self.lines)
 
     def wait_for_line(self, pattern: str, timeout: float = 30) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                match = re.search(pattern, line)
-                if match:
-                    return match
-            assert self.proc.poll() is None, f"`up` exited ({self.proc.returncode}):\n{self.output}"
-            time.sleep(0.1)
-        raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n{self.output}")
+        def matched():
+            match = next((m for line in list(self.lines) if (m := re.search(pattern, line))), None)
+            assert match or self.proc.poll() is None, f"`up` exited ({self.proc.returncode}):\n{self.output}"
+            return match
+
+        return wait_until(matched, timeout, f"a line matching {pattern!r}", lambda: self.output)
 
     def wait_until_up(self) -> dict:
         self.wait_for_line(r"^Backstop is up\.")
@@ -160,9 +157,10 @@ class Up:
         self.proc.wait(timeout=10)
         # The children live in their own sessions; up's SIGKILL reaches them as SIGTERM (Linux
         # parent-death signal). Give them a moment, then make sure nothing is left behind.
-        deadline = time.monotonic() + 10
-        while processes_carrying(self.marker) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        try:
+            wait_until(lambda: not processes_carrying(self.marker), 10, "up's children to end by themselves")
+        except AssertionError:
+            pass  # killed below
         for pid, _ in processes_carrying(self.marker):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -185,21 +183,15 @@ def run_up(tmp_path, up_database):
 
 
 def _wait_for_status(session, url, wanted, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    status = None
-    while time.monotonic() < deadline:
+    def reached():
         status = session.get(url, headers={"Accept": "application/json"}).json()["status"]
-        if status == wanted:
-            return status
-        time.sleep(0.2)
-    return status
+        return status if status == wanted else None
+
+    return wait_until(reached, timeout, f"{url} to be {wanted}")
 
 
 def _assert_all_children_gone(up: Up, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and processes_carrying(up.marker):
-        time.sleep(0.1)
-    assert processes_carrying(up.marker) == [], up.output
+    wait_until(lambda: not processes_carrying(up.marker), timeout, "up's children to be gone", lambda: up.output)
     for port in (up.port, up.redis_port):
         assert not answers(port), f"something still answers on port {port}"
 
@@ -287,9 +279,12 @@ def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
     variants = [v for p in catalog["products"] for v in p["variants"] if v["available"] > 0]
     assert len(catalog["products"]) == 3 and variants
     # 200 once the worker and the scheduler have left their first heartbeats.
-    deadline = time.monotonic() + 30
-    while (health := browser.get(base + "/healthz")).status_code != 200 and time.monotonic() < deadline:
-        time.sleep(0.5)
+    health = wait_until(
+        lambda: (h := browser.get(base + "/healthz")).status_code == 200 and h,
+        30,
+        "a healthy /healthz",
+        lambda: up.output,
+    )
     assert health.status_code == 200 and health.json()["redis"] == "ok", health.json()
     assert requests.get(sandbox + "/_sandbox/faults").status_code == 200
 
@@ -348,9 +343,10 @@ def test_up_puts_nginx_before_gunicorn_so_200_slow_clients_hold_no_thread(run_up
     up = run_up()
     base = up.wait_until_up()["storefront"]
     with Tricklers("127.0.0.1", up.port, count=200, gap=3.0) as slow:
-        deadline = time.monotonic() + 10
-        while slow.connected < 200 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        try:
+            wait_until(lambda: slow.connected >= 200, 10, "200 slow clients to connect")
+        except AssertionError:
+            pass  # the summary below says how many held on
         times = time_catalog(base, 15.0)
         held = slow.connected
     summary = f"{len(times)} catalog requests, p99 {p99(times) * 1000:.0f} ms; {held} slow clients connected"

@@ -21,8 +21,9 @@ import pytest
 import requests
 
 from factories import DEFAULT_SKU, seed_catalog_rows
+from support import wait_until
 from payment_helpers import Shopper
-from process_support import Processes, Tricklers, free_port, p99, process_env, start_web, time_catalog, wait_until
+from process_support import Processes, Tricklers, free_port, p99, process_env, start_web, time_catalog
 from shop.devserver.front import nginx_binary
 
 pytestmark = [

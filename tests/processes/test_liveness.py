@@ -13,8 +13,8 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from support import leave_heartbeats, log_in
-from process_support import Processes, process_env, wait_until
+from support import leave_heartbeats, log_in, wait_until
+from process_support import Processes, process_env
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 

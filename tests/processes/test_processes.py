@@ -34,9 +34,8 @@ from process_support import (
     free_port,
     process_env,
     start_redis_server,
-    wait_until,
 )
-from support import UNREACHABLE_PROVIDER
+from support import UNREACHABLE_PROVIDER, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -22,12 +22,12 @@ from rq.job import JobStatus
 
 from factories import seed_catalog_rows, variant_id
 from payment_helpers import Shopper
-from process_support import Processes, free_port, process_env, wait_until
+from process_support import Processes, free_port, process_env
 from shop import queue
 from shop.devserver.bundled_redis import redis_server_command
 from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxDelivery, ScheduledCommand
-from support import UNREACHABLE_PROVIDER
+from support import UNREACHABLE_PROVIDER, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,8 @@ from rq import Worker
 from sqlalchemy import func, select
 
 from factories import force_order, place_order_for, seed_catalog_rows
-from process_support import ROOT, Processes, flask_command, process_env, wait_until
+from support import wait_until
+from process_support import ROOT, Processes, flask_command, process_env
 from shop import queue
 from shop.domain.deadlines import utcnow
 from shop.extensions import db

@@ -7,14 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from datetime import timedelta
 
 import pytest
 
 from compensation_support import cancel, on_hand, order, restore_delivery
 from factories import place_order_for, seed_catalog_rows
-from support import REPO_ROOT
+from support import REPO_ROOT, wait_until
 from shop import queue
 from shop.domain.deadlines import as_utc
 from shop.extensions import db
@@ -63,16 +62,21 @@ def _feed_until(app, proc, order_id, done, timeout=90.0):
     """Wake a drain for the delivery until `done(row)` or the worker exits. Waking again is
     harmless (a claim is needed to run) and keeps the test independent of whoever else shares
     the Redis database and flushes it."""
-    deadline = time.monotonic() + timeout
+
+    def fed() -> bool:
+        row = restore_delivery(order_id)
+        if done(row) or proc.poll() is not None:
+            return True  # done, or the worker exited (the caller says which it expected)
+        if row.status == "pending":
+            queue.wake(queue.Drain.DELIVERIES)
+        db.session.remove()
+        return False
+
     with app.app_context():
-        while time.monotonic() < deadline and proc.poll() is None:
-            row = restore_delivery(order_id)
-            if done(row):
-                break
-            if row.status == "pending":
-                queue.wake(queue.Drain.DELIVERIES)
-            db.session.remove()
-            time.sleep(0.3)
+        try:
+            wait_until(fed, timeout, "the delivery to be done or the worker to exit", interval=0.3)
+        except AssertionError:
+            pass  # the caller's own assertions say what the row looks like after `timeout`
         db.session.remove()
 
 

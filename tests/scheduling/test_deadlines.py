@@ -5,12 +5,12 @@ everything. Real database, real Redis, real sandbox; time is injected through `n
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import event, select
 
+from support import wait_until
 from factories import place_order_for, seed_catalog_rows, transitioned, variant_id
 from shop import SettingsError, create_app
 from shop import queue
@@ -398,8 +398,7 @@ def test_a_deadline_falling_due_after_a_redis_wipe_is_found_by_the_next_poll_and
 
     redis_conn.flushdb()  # Redis loses everything: there was nothing of the deadline in it
     assert "commands" not in _woke(utcnow())
-    while utcnow() < due:
-        time.sleep(0.05)
+    wait_until(lambda: utcnow() >= due, 5, "the deadline to fall due on the real clock")
     assert _woke(utcnow()) == ["commands"]  # the poll after its time
     queue.run_worker(burst=True)  # the command drain, then the delivery drain it woke
 

@@ -30,9 +30,6 @@ the budget or the bulkhead refused; background work is retried later).
 
 from __future__ import annotations
 
-# Re-exported: the tests move the guard's clock through it (`guard.time`).
-import time as time
-
 from flask import current_app
 
 from ...extensions import per_app

@@ -7,10 +7,10 @@ keep failing back off, up to the cool-down. A customer's call is never the probe
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ... import clock
 from .limits import Limits
 from .refusals import Shed, ShedKind
 from .shared import _REDIS_NOW, SharedRedis, _text
@@ -168,7 +168,7 @@ class Breaker:
             [self.key],
             [1 if ok else 0, lim.breaker_threshold, PROBE_SPACING_SECONDS],
         )
-        state = BreakerState(_text(reply)) if reply is not None else self.local.record(time.time(), ok, lim)
+        state = BreakerState(_text(reply)) if reply is not None else self.local.record(clock.current().time(), ok, lim)
         self._note(state)
         return state
 
@@ -176,7 +176,7 @@ class Breaker:
         lim = self.limits
         reply = self.shared.run("claim_probe", _PROBE_CLAIM, [self.key], [lim.probe_seconds, PROBE_SPACING_SECONDS])
         if reply is None:
-            return self.local.claim_probe(time.time(), lim)
+            return self.local.claim_probe(clock.current().time(), lim)
         state = BreakerState(_text(reply[1]))
         self._note(state)
         return ProbeTurn(closed=state is BreakerState.CLOSED, mine=int(reply[0]) == 1, wait=int(reply[2]) / 1000)
@@ -189,7 +189,11 @@ class Breaker:
             [self.key],
             [1 if ok else 0, PROBE_SPACING_SECONDS, PROBE_STEADY, lim.breaker_cooldown_seconds],
         )
-        state = BreakerState(_text(reply)) if reply is not None else self.local.probe_result(time.time(), ok, lim)
+        state = (
+            BreakerState(_text(reply))
+            if reply is not None
+            else self.local.probe_result(clock.current().time(), ok, lim)
+        )
         self._note(state)
         return state
 
@@ -205,7 +209,7 @@ class Breaker:
         while Redis is away."""
         from redis.exceptions import RedisError
 
-        now = time.time() if now is None else now
+        now = clock.current().time() if now is None else now
         previous = self._check
         since = previous["check_since"] if previous and previous["check_ok"] == ok else now
         self._check = {"checked_at": now, "check_ok": ok, "check_words": words, "check_since": since}

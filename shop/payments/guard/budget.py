@@ -9,10 +9,10 @@ orders wait in line for a payment session, a customer's new session is not creat
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ... import clock
 from .calls import Priority, current
 from .limits import GRANT_FRESH_SECONDS, Limits
 from .refusals import Shed, ShedKind
@@ -109,12 +109,12 @@ class Grant:
     member: str = ""  # its place in the endpoint's window ("" without one, or locally)
     local: bool = False  # taken from this process's own view (Redis unreachable)
     behind_line: bool = False  # as asked: a payment session a customer must not create ahead of the line
-    # time.monotonic() when it was asked for: the budget granted it no earlier, so the time since
+    # the clock's monotonic() when it was asked for: the budget granted it no earlier, so the time since
     # then is at least the grant's age, whatever Redis's clock says.
     asked: float = 0.0
 
     def fresh(self) -> bool:
-        return time.monotonic() - self.asked <= GRANT_FRESH_SECONDS
+        return clock.current().monotonic() - self.asked <= GRANT_FRESH_SECONDS
 
 
 class Budget:
@@ -162,14 +162,14 @@ class Budget:
             patience = ctx.patience
         else:
             patience = lim.customer_wait_seconds if customer else lim.background_wait_seconds
-        give_up = time.monotonic() + patience
+        give_up = clock.current().monotonic() + patience
         if ctx.deadline is not None:
             give_up = min(give_up, ctx.deadline)
         respect_line = 1 if behind_line and customer and not ctx.in_line else 0
         limit = lim.endpoint_rate_per_second if endpoint else 0
         keys = [self.bucket_key, self.endpoint_prefix + endpoint, self.line.key]
         while True:
-            asked = time.monotonic()
+            asked = clock.current().monotonic()
             reply = self.shared.run(
                 "take",
                 _BUCKET_TAKE,
@@ -188,7 +188,7 @@ class Budget:
                 granted, wait, held = int(reply[0]) == 1, int(reply[1]) / 1000, Held(_text(reply[2]))
                 grant = Grant(endpoint, _text(reply[3]), behind_line=behind_line, asked=asked)
             else:
-                wait, held = self.local.take(time.time(), lim, floor, endpoint, customer)
+                wait, held = self.local.take(clock.current().time(), lim, floor, endpoint, customer)
                 granted, grant = held is Held.NONE, Grant(endpoint, local=True, behind_line=behind_line, asked=asked)
             if held is Held.LINE:
                 self.line.saw_held()
@@ -203,7 +203,7 @@ class Budget:
                 # within the same patience.
                 self._give_back(grant)
                 wait = 0.0
-            if time.monotonic() + wait > give_up:
+            if clock.current().monotonic() + wait > give_up:
                 raise Shed(
                     self._spent(held, endpoint, wait, customer), retry_after=max(wait, 0.1), kind=ShedKind.BUDGET
                 )
@@ -211,7 +211,7 @@ class Budget:
                 # Spread the wake-ups: every waiting thread was told the same time. A call that
                 # holds its turn (the payment queue's) is the only one waiting: it wakes on time.
                 spread = 1.0 if ctx.turn is not None else random.uniform(1.0, 1.5)
-                time.sleep(max(wait, 0.002) * spread)
+                clock.current().sleep(max(wait, 0.002) * spread)
 
     def _spent(self, held: Held, endpoint: str, wait: float, customer: bool) -> str:
         lim = self.limits
@@ -238,5 +238,5 @@ class Budget:
 
     def pause(self, seconds: float) -> None:
         """The provider said 429: nobody calls it again until Retry-After has passed."""
-        self.local.pause(time.time() + seconds)
+        self.local.pause(clock.current().time() + seconds)
         self.shared.run("pause", _BUCKET_PAUSE, [self.bucket_key], [repr(seconds)])

@@ -10,13 +10,14 @@ scheduler and the CLI stay background, without a deadline.
 from __future__ import annotations
 
 import contextvars
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from flask import current_app, g
+
+from ... import clock
 
 if TYPE_CHECKING:
     from .line import Ticket
@@ -33,7 +34,7 @@ class Priority(StrEnum):
 @dataclass(frozen=True)
 class CallContext:
     priority: Priority
-    deadline: float | None = None  # time.monotonic() by which the request must have its answer
+    deadline: float | None = None  # the clock's monotonic() by which the request must have its answer
     # The payment queue's own calls (payments.checkout_queue): a customer's priority and the line's
     # place, but patient: they wait for the budget instead of being refused after a moment, and
     # their first request takes the budget in its turn (the order's place in line).
@@ -55,7 +56,7 @@ def current() -> CallContext:
 def customer_call(budget_seconds: float | None = None):
     """Calls made inside the block are a customer's: priority, short timeouts, a deadline."""
     budget = budget_seconds if budget_seconds is not None else current_app.config["STRIPE_REQUEST_BUDGET_SECONDS"]
-    token = _context.set(CallContext(Priority.CUSTOMER, time.monotonic() + budget))
+    token = _context.set(CallContext(Priority.CUSTOMER, clock.current().monotonic() + budget))
     try:
         yield
     finally:
@@ -88,12 +89,12 @@ def queue_call(patience_seconds: float, turn: Ticket | None = None):
 
 @contextmanager
 def patient_until(until: float):
-    """Calls made inside the block wait for the rate budget until `until` (time.monotonic()), and
+    """Calls made inside the block wait for the rate budget until `until` (the clock's monotonic time), and
     never past the caller's own deadline: the retry of a call the provider answered 429 waits out
     the pause the 429 set (its Retry-After) and the budget behind it within the time the caller
     still has, not the moment a first attempt may wait (docs/REFERENCE.md, Settings:
     STRIPE_RATE_LIMIT_PER_SECOND)."""
-    token = _context.set(replace(current(), patience=max(0.0, until - time.monotonic())))
+    token = _context.set(replace(current(), patience=max(0.0, until - clock.current().monotonic())))
     try:
         yield
     finally:
@@ -109,7 +110,7 @@ def init_app(app) -> None:
 
     @app.before_request
     def _enter_request_context():
-        deadline = time.monotonic() + app.config["STRIPE_REQUEST_BUDGET_SECONDS"]
+        deadline = clock.current().monotonic() + app.config["STRIPE_REQUEST_BUDGET_SECONDS"]
         g._provider_context_token = _context.set(CallContext(Priority.BACKGROUND, deadline))
 
     @app.teardown_request

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+from ... import clock
 from .calls import Priority, current
 from .shared import SharedRedis
 
@@ -37,6 +38,7 @@ class Turnstile:
         return Ticket(self, number)
 
     def _wait(self, number: int) -> None:
+        # The real clock: a hand-off between this process's threads, not a limit on the provider.
         give_up = time.monotonic() + TURN_PATIENCE_SECONDS
         with self._changed:
             while self._serving < number and time.monotonic() < give_up:
@@ -79,17 +81,21 @@ class Line:
     def __init__(self, shared: SharedRedis, key: str):
         self.shared = shared
         self.key = key
-        self._seen_until = 0.0  # monotonic: this process met the line held until then
+        self._seen_until = 0.0  # the clock's monotonic(): this process met the line held until then
 
     def saw_held(self) -> None:
         """The budget refused a call for the line: remember it for LINE_SEEN_SECONDS."""
-        self._seen_until = time.monotonic() + LINE_SEEN_SECONDS
+        self._seen_until = clock.current().monotonic() + LINE_SEEN_SECONDS
 
     def seen_held(self) -> bool:
         """Did this process meet the line held within the last LINE_SEEN_SECONDS? A customer's
         new session then joins the line at once, without building a request only to have it
         refused (a checkout in a sale would otherwise spend a few ms of CPU on each)."""
-        return current().priority is Priority.CUSTOMER and not current().in_line and time.monotonic() < self._seen_until
+        return (
+            current().priority is Priority.CUSTOMER
+            and not current().in_line
+            and clock.current().monotonic() < self._seen_until
+        )
 
     def hold(self, seconds: float) -> None:
         """Orders wait in line for a payment session: for the next `seconds`, a customer's new

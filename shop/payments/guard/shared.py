@@ -5,23 +5,26 @@ Every time in the scripts is Redis's own clock (TIME), never the caller's. A cal
 before it waited for the GIL, its socket or the script lock is late, and another host's clock may
 be off: with callers' clocks a late caller rewound the token bucket (the next caller was refilled
 for the same interval again), and a process whose clock ran ahead ended another's breaker
-cool-down early.
+cool-down early. Only a clock set by hand (tests: shop.clock) gives the scripts its own time,
+so that the buckets and the breaker move with it: `run` passes it as the last argument.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 
+from ... import clock
 from ...redis_client import redis_client
 
 log = logging.getLogger("shop.payments.guard")
 
-# The clock every script starts with (see above).
+# The clock every script starts with (see above): Redis's TIME, unless the last argument
+# (appended by SharedRedis.run) is a time given by a clock set by hand.
 _REDIS_NOW = """
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+if #ARGV > 0 and ARGV[#ARGV] ~= '' then now = tonumber(ARGV[#ARGV]) end
 """
 
 # After Redis fails, this process uses its own view for a while instead of paying a connect
@@ -40,7 +43,7 @@ class SharedRedis:
 
     def connection(self):
         """The Redis client, or None while Redis is taken to be unreachable."""
-        if self.redis_url is None or time.monotonic() < self._down_until:
+        if self.redis_url is None or clock.current().monotonic() < self._down_until:
             return None
         if self._redis is None:
             self._redis = _connect(self.redis_url)
@@ -52,7 +55,7 @@ class SharedRedis:
             exc,
             REDIS_RETRY_SECONDS,
         )
-        self._down_until = time.monotonic() + REDIS_RETRY_SECONDS
+        self._down_until = clock.current().monotonic() + REDIS_RETRY_SECONDS
 
     def run(self, name: str, source: str, keys, args):
         """Run one of the scripts; None when Redis is unreachable (the caller uses its own view)."""
@@ -65,7 +68,8 @@ class SharedRedis:
             script = self._scripts.get(name)
             if script is None:
                 script = self._scripts[name] = conn.register_script(source)
-            return script(keys=keys, args=args)
+            given = clock.current().shared_time()
+            return script(keys=keys, args=[*args, "" if given is None else repr(given)])
         except RedisError as exc:
             self.unreachable(exc)
             return None
