@@ -17,7 +17,7 @@ from flask import request, url_for
 from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
 from ..web.answers import respond
-from . import acks, audit, auth, board, bp, export, overview, queries, timeline  # noqa: F401  (auth registers the login routes)
+from . import acks, audit, auth, board, bp, charts, export, overview, queries, timeline  # noqa: F401  (auth registers the login routes)
 from .answers import find_order, page_number, problem
 from .search import read_filters, refused
 from .forms import ActionForm, DiscardForm
@@ -46,8 +46,8 @@ def dashboard():
     data = {**overview.dashboard(now), **overview.liveness(now)}
     data["cards"] = board.cards(data, now)
     data["summary"] = acks.apply(data["cards"], now)  # red first; one line: how many need a human
-    data["charts"] = board.charts(now)
-    return respond("console/dashboard.html", data, svg=board.svg)
+    data["charts"] = charts.charts(now)
+    return respond("console/dashboard.html", data, svg=charts.svg)
 
 
 @bp.get("/orders")
