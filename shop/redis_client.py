@@ -9,7 +9,7 @@ import ipaddress
 import logging
 from urllib.parse import parse_qs, urlsplit
 
-from .settings import SentinelURL, parse_sentinel_url
+from .settings_values import SentinelURL, parse_sentinel_url
 
 log = logging.getLogger("shop")
 

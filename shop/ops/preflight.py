@@ -31,7 +31,7 @@ from ..payments import gateway, provider_probe
 from ..payments.registration import ENDPOINT_KEY, webhook_secret
 from ..public_urls import public_url_for
 from ..redis_client import redis_client, unprotected_redis_hosts, unprotected_redis_words
-from ..settings import parse_sentinel_url
+from ..settings_values import parse_sentinel_url
 from .checks import FAIL, LABELS, OK, PROVIDER_TIMEOUT_SECONDS, TIMEOUT_SECONDS, WARN, Check, first_line
 from .database_checks import DatabaseChecks
 
