@@ -36,13 +36,12 @@ from ..models import (
 )
 from .queries import (
     audit_conditions,
-    command_conditions,
-    delivery_conditions,
     order_conditions,
     refund_conditions,
     warning_conditions,
     webhook_conditions,
 )
+from .outbox_queries import command_conditions, delivery_conditions
 from .search import major_units
 
 log = logging.getLogger("shop.console")
