@@ -130,52 +130,85 @@ def prune(
     if not acquire_lease(LEASE, holder, utcnow(), LEASE_SECONDS):
         result.skipped = "another prune is running (the retention lease is held)"
         return result
-    size = batch_size or cfg["PRUNE_BATCH_SIZE"]
-    renewed = said = time.monotonic()
+    run = _Run(
+        holder, batch_size or cfg["PRUNE_BATCH_SIZE"], now, started, budget_seconds, should_stop, progress, pause
+    )
     try:
         for kind in KINDS:
-            result.counts[kind.name] = 0
-            reached = None  # the age of the newest row removed so far: the next batch starts there
-            while True:
-                batch_started = time.monotonic()
-                removed, busy, reached = _batch(kind, result.cutoffs, size, now, reached)
-                took = time.monotonic() - batch_started
-                result.batches += 1
-                result.counts[kind.name] += removed
-                if busy:
-                    result.blocked.append(kind.name)
-                    break
-                if removed < size:
-                    break
-                if progress and time.monotonic() - said >= 2:
-                    progress(f"{kind.name}: {result.counts[kind.name]} removed so far...")
-                    said = time.monotonic()
-                if (budget_seconds is not None and time.monotonic() - started >= budget_seconds) or (
-                    should_stop is not None and should_stop()
-                ):
-                    result.more = True
-                    return result
-                if time.monotonic() - renewed >= LEASE_SECONDS / 4:
-                    if not renew_lease(LEASE, holder, utcnow(), LEASE_SECONDS):
-                        result.more = True  # the lease lapsed (a frozen process): let its taker go on
-                        return result
-                    renewed = time.monotonic()
-                if pause is not None:
-                    pause()
-                else:
-                    # Twice as long as the batch took, at least: the busier the database, the slower
-                    # the batches and the longer the prune stands back, so it never takes more than
-                    # a third of the database's time from everyone else. And no faster than
-                    # PRUNE_ROWS_PER_SECOND: every deleted row is WAL that checkout's next commit
-                    # flushes with its own, and CPU on a machine checkout shares (bench/retention.py,
-                    # docs/SCALING.md).
-                    time.sleep(max(cfg["PRUNE_PAUSE_SECONDS"], 2 * took, removed / cfg["PRUNE_ROWS_PER_SECOND"] - took))
+            if not _prune_kind(kind, result, run):
+                result.more = True
+                break
     finally:
         release_lease(LEASE, holder)
         result.seconds = time.monotonic() - started
         if any(result.counts.values()):
             log.info("prune: %s", ", ".join(f"{n} {k}" for k, n in result.counts.items() if n))
     return result
+
+
+@dataclass
+class _Run:
+    """One prune's holder, batch size and limits, and when it last renewed its lease and spoke."""
+
+    holder: str
+    size: int
+    now: datetime
+    started: float
+    budget_seconds: float | None
+    should_stop: Callable[[], bool] | None
+    progress: Callable[[str], None] | None
+    pause: Callable[[], None] | None
+    renewed: float = field(default_factory=time.monotonic)
+    said: float = field(default_factory=time.monotonic)
+
+    def may_go_on(self) -> bool:
+        """Between batches: False when its time is up, it was asked to stop, or its lease lapsed
+        (a frozen process: let its taker go on); the lease renewed when due."""
+        if (self.budget_seconds is not None and time.monotonic() - self.started >= self.budget_seconds) or (
+            self.should_stop is not None and self.should_stop()
+        ):
+            return False
+        if time.monotonic() - self.renewed >= LEASE_SECONDS / 4:
+            if not renew_lease(LEASE, self.holder, utcnow(), LEASE_SECONDS):
+                return False
+            self.renewed = time.monotonic()
+        return True
+
+    def stand_back(self, removed: int, took: float) -> None:
+        if self.pause is not None:
+            self.pause()
+            return
+        cfg = current_app.config
+        # Twice as long as the batch took, at least: the busier the database, the slower the
+        # batches and the longer the prune stands back, so it never takes more than a third of
+        # the database's time from everyone else. And no faster than PRUNE_ROWS_PER_SECOND: every
+        # deleted row is WAL that checkout's next commit flushes with its own, and CPU on a
+        # machine checkout shares (bench/retention.py, docs/SCALING.md).
+        time.sleep(max(cfg["PRUNE_PAUSE_SECONDS"], 2 * took, removed / cfg["PRUNE_ROWS_PER_SECOND"] - took))
+
+
+def _prune_kind(kind: Kind, result: PruneResult, run: _Run) -> bool:
+    """Batches of one kind until none is full (or a lock stops them: `blocked`). False when the
+    run must stop before the end (`more`)."""
+    result.counts[kind.name] = 0
+    reached = None  # the age of the newest row removed so far: the next batch starts there
+    while True:
+        batch_started = time.monotonic()
+        removed, busy, reached = _batch(kind, result.cutoffs, run.size, run.now, reached)
+        took = time.monotonic() - batch_started
+        result.batches += 1
+        result.counts[kind.name] += removed
+        if busy:
+            result.blocked.append(kind.name)
+            return True
+        if removed < run.size:
+            return True
+        if run.progress and time.monotonic() - run.said >= 2:
+            run.progress(f"{kind.name}: {result.counts[kind.name]} removed so far...")
+            run.said = time.monotonic()
+        if not run.may_go_on():
+            return False
+        run.stand_back(removed, took)
 
 
 def _where(kind: Kind, cutoff, reached=None) -> list:
