@@ -119,7 +119,3 @@ def _audit_download(name: str, now: datetime) -> None:
     except Exception:
         db.session.rollback()
         log.error("could not write the audit row of the download %s", request.full_path, exc_info=True)
-
-
-def wants_csv(args) -> bool:
-    return (args.get("format") or "").lower() == "csv"

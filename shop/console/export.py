@@ -35,6 +35,11 @@ from .search import major_units
 
 log = logging.getLogger("shop.console")
 
+
+def wants_csv(args) -> bool:
+    return (args.get("format") or "").lower() == "csv"
+
+
 # -- the lists --------------------------------------------------------------------------------
 # Each exports the rows its page would list with the same filters, every page of them; ordered
 # by id (newest first, or oldest first where the page is), the key the keyset pages walk.

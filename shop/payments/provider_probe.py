@@ -35,7 +35,7 @@ PROBE_TIMEOUT_SECONDS = 2.0
 
 
 def watch_for_recovery(provider_guard: guard.ProviderGuard) -> None:
-    provider_guard.watch_for_recovery(current_app._get_current_object(), probe, onrecovered=recovered)
+    provider_guard.watch_for_recovery(current_app._get_current_object(), probe, on_recovered=recovered)
 
 
 def probe() -> bool | None:
