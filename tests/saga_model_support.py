@@ -255,7 +255,7 @@ class SagaModel(RuleBasedStateMachine):
                 f"{time.monotonic() - self.world.started:.0f} s",
                 flush=True,
             )
-        self.initial = self.world.reset(dict(zip(SKUS, stock)))
+        self.initial = self.world.reset(dict(zip(SKUS, stock, strict=True)))
         self.variants = sorted(self.initial)
         with self.ctx():
             self.prices = dict(
@@ -657,7 +657,7 @@ class SagaModel(RuleBasedStateMachine):
         if None in calls:
             return
         results = self.concurrently(*calls)
-        for name, result in zip((first, second), results):
+        for name, result in zip((first, second), results, strict=True):
             if name in ("webhook",):
                 assert result == 200, result
             if name == "return":

@@ -283,7 +283,7 @@ def test_a_429_storm_puts_checkouts_in_line_the_queue_and_the_sweep_wait_out_ret
     shoppers = [Shopper(app) for _ in range(5)]
     answers = [s.checkout() for s in shoppers]
     assert all(a.status_code == 303 for a in answers)
-    later = [s for s, a in zip(shoppers, answers) if "/pay/" not in a.headers["Location"]]
+    later = [s for s, a in zip(shoppers, answers, strict=True) if "/pay/" not in a.headers["Location"]]
     assert later, "the provider limited us, so some checkouts were put in line"
     for shopper in later:
         waiting = shopper.latest()
