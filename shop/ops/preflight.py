@@ -15,7 +15,8 @@
   max_client_conn), the comparison every process makes when it first connects.
 
 Every service is asked with a short timeout, so a dead one fails its line instead of hanging the
-deploy; a check that needs one that failed says "skipped" and why, never a traceback.
+deploy; a check that needs one that failed says "skipped" and why, never a traceback. The database,
+clock and pools lines are database_checks.py's; a line (`Check`) is checks.py's.
 """
 
 from __future__ import annotations
