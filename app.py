@@ -20,9 +20,9 @@ except SettingsError as exc:
 
         checks = settings_failed(exc)
         sys.stdout.write((render_json(checks) if "--json" in sys.argv else render_text(checks)) + "\n")
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     # One clear line naming the variable, never a traceback (docs/REFERENCE.md, Settings).
     sys.stderr.write(f"backstop: configuration error: {exc}\n")
     # 4 is gunicorn's "App failed to load": its master then halts instead of respawning the
     # worker forever (any other code, e.g. 2, is treated as a worker crash and retried).
-    raise SystemExit(4)
+    raise SystemExit(4) from None

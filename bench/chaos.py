@@ -632,7 +632,7 @@ def steps(run: Run, b: Browser, kind: str, rng: random.Random, ref: str, sid: st
 def customer(run: Run, index: int) -> None:
     rng = random.Random(run.args.seed * 1000 + index)
     b = Browser(run, f"customer{index}")
-    kinds, weights = zip(*JOURNEYS.items())
+    kinds, weights = zip(*JOURNEYS.items(), strict=True)
     while not run.stopping.is_set():
         kind = rng.choices(kinds, weights)[0]
         try:
@@ -1259,7 +1259,7 @@ def _check_all(run: Run, sql, op: Browser, checks: Checks, refs: list, views: li
     for rf in refunds:
         provider_refunds[rf["payment_intent"]].append(rf)
     shop_refunds = collections.defaultdict(list)
-    for ref, t in timeline.items():
+    for t in timeline.values():
         for rf in (t or {}).get("refunds", []):
             shop_refunds[rf["session_id"]].append(rf)
     # Money for orders the database does not know (a restored copy's): refunded without an order.

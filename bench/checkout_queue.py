@@ -187,7 +187,9 @@ def queue_phase(shop: Shop, args, variant: int, database_url: str) -> None:
     )
     # The line's order is the customers' (each one's click: when its checkout was sent).
     clicked = sorted(queued, key=lambda r: r["sent"])
-    overtaken = sum(1 for a, b in zip(clicked, clicked[1:]) if rows[b["reference"]][1] < rows[a["reference"]][1] - 0.5)
+    overtaken = sum(
+        1 for a, b in zip(clicked, clicked[1:], strict=False) if rows[b["reference"]][1] < rows[a["reference"]][1] - 0.5
+    )
     print(
         f"queue: {len(queued)} sessions for the line in {span:.1f} s from the first to join to the last "
         f"served ({len(queued) / span:.1f}/s against a budget of {args.limit}/s); {overtaken} of "

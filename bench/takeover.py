@@ -178,7 +178,7 @@ def main() -> int:
                     ["shop", "sweep"],
                     {"BACKSTOP_FAILPOINTS": f"sweep.after_order=sleep:{args.order_seconds}"},
                 )
-                wait(lambda: cancelled(ids) >= 2, 60, "the holder's cycle")
+                wait(lambda ids=ids: cancelled(ids) >= 2, 60, "the holder's cycle")
                 holder = one(select(Lease.holder).where(Lease.name == LEASE_NAME))
                 its_cycle = latest_cycle().id
                 # Anywhere between two renewals, and past the first few orders.
@@ -187,14 +187,16 @@ def main() -> int:
                 killed_at = time.monotonic()
                 holder_proc.wait()
                 row = wait(
-                    lambda: (r := latest_cycle()) is not None and r.id > its_cycle and r.status != "skipped" and r,
+                    lambda its_cycle=its_cycle: (
+                        (r := latest_cycle()) is not None and r.id > its_cycle and r.status != "skipped" and r
+                    ),
                     120,
                     "another cycle",
                 )
                 seconds = time.monotonic() - killed_at
                 took.append(seconds)
                 print(f"run {run}: killed {holder} mid-cycle; {row.holder} started a cycle {seconds:.2f} s later")
-                wait(lambda: cancelled(ids) == len(ids), 120, "the rest of the orders")
+                wait(lambda ids=ids: cancelled(ids) == len(ids), 120, "the rest of the orders")
                 wait(
                     lambda: one(select(func.count()).select_from(Lease).where(Lease.name == LEASE_NAME)) == 0,
                     60,

@@ -9,7 +9,7 @@ import ipaddress
 import logging
 from urllib.parse import parse_qs, urlsplit
 
-from .settings import SentinelURL, parse_sentinel_url
+from .settings_values import SentinelURL, parse_sentinel_url
 
 log = logging.getLogger("shop")
 
@@ -62,7 +62,7 @@ def unprotected_redis_hosts(url: str) -> list[str]:
     if url.startswith("redis+sentinel://"):
         where = parse_sentinel_url(url)
         hosts, password = [f"{host}:{port}" for host, port in where.sentinels], where.password
-        remote = [h for h, (host, _) in zip(hosts, where.sentinels) if not _loopback(host)]
+        remote = [h for h, (host, _) in zip(hosts, where.sentinels, strict=True) if not _loopback(host)]
     elif url.startswith("redis://"):
         parts = urlsplit(url)
         password = parts.password or parse_qs(parts.query).get("password", [""])[0]

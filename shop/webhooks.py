@@ -25,6 +25,7 @@ from .domain.deadlines import utcnow
 from .extensions import csrf, db
 from .models import ReceiptOutcome, WebhookReceipt
 from .payments import gateway
+from .payments.webhook_signature import verify_webhook
 from .payments.apply import apply_session
 from .payments.declines import note_payment_failure
 from .payments.guard import Priority, request_priority
@@ -167,7 +168,7 @@ def stripe_webhook():
     if not signature:
         return _reject("no Stripe-Signature header")
     try:
-        event = gateway.verify_webhook(body, signature, secret)
+        event = verify_webhook(body, signature, secret)
     except gateway.SignatureProblem as exc:
         return _reject(f"bad signature or stale timestamp: {exc}")
     except UnicodeDecodeError:  # not text: refused before its signature could be checked

@@ -720,7 +720,7 @@ class Customers:
         from payment_helpers import Shopper
 
         rng = random.Random(self.seed * 1000 + index)
-        kinds, weights = zip(*self.mix.items())
+        kinds, weights = zip(*self.mix.items(), strict=True)
         shopper = None
         while not self.stopping.is_set():
             journey = Journey(rng.choices(kinds, weights)[0], index, time.time())
@@ -999,7 +999,7 @@ def measure_takeover(cluster: Cluster, customers: Customers, killed_at: dt.datet
             ).all()
         )
     sweep_again, skips = None, []
-    for status, started, finished, notes, errors in cycles:
+    for status, _started, finished, notes, errors in cycles:
         if status == "ok" and finished is not None:
             sweep_again = (_parse_time(finished) - killed_at).total_seconds()
             break

@@ -31,7 +31,7 @@ from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxDelivery, Refund, ScheduledCommand, Variant
 from shop.orders.checkout import place_order
 from shop.orders.cancel import PROVIDER_EXPIRY_GRACE, cancel_order
-from shop.outbox import runner
+from shop.outbox import requeue, runner
 from shop.outbox.dispatch import drain_deliveries, run_command, run_delivery
 from shop.outbox.relay import relay_once
 from shop.payments import gateway
@@ -261,7 +261,7 @@ class SagaModel(RuleBasedStateMachine):
                 f"{time.monotonic() - self.world.started:.0f} s",
                 flush=True,
             )
-        self.initial = self.world.reset(dict(zip(SKUS, stock)))
+        self.initial = self.world.reset(dict(zip(SKUS, stock, strict=True)))
         self.variants = sorted(self.initial)
         with self.ctx():
             self.prices = dict(
@@ -663,7 +663,7 @@ class SagaModel(RuleBasedStateMachine):
         if None in calls:
             return
         results = self.concurrently(*calls)
-        for name, result in zip((first, second), results):
+        for name, result in zip((first, second), results, strict=True):
             if name in ("webhook",):
                 assert result == 200, result
             if name == "return":
@@ -688,9 +688,9 @@ class SagaModel(RuleBasedStateMachine):
         model = OutboxDelivery if kind == "delivery" else ScheduledCommand
         with self.ctx():
             if action == "retry":
-                assert runner.retry_dead(model, row["id"], now=self.now())
+                assert requeue.retry_dead(model, row["id"], now=self.now())
             else:
-                assert runner.discard(model, row["id"], "model test: operator gave up", now=self.now())
+                assert requeue.discard(model, row["id"], "model test: operator gave up", now=self.now())
                 if kind == "delivery" and row["handler"] == "restore_inventory":
                     self.unrestorable.add(row["order_id"])
                 if kind == "command" and row["kind"] == "refund_payment":
@@ -769,7 +769,7 @@ class SagaModel(RuleBasedStateMachine):
             self.run_due_work()
             with self.ctx():
                 for kind, row in self.dead_rows():
-                    runner.retry_dead(
+                    requeue.retry_dead(
                         OutboxDelivery if kind == "delivery" else ScheduledCommand, row["id"], now=self.now()
                     )
                 db.session.remove()

@@ -61,3 +61,13 @@ def operator_name() -> str:
 
 def find_order(reference: str) -> Order | None:
     return order_by_reference(reference.strip().upper())
+
+
+def order_or_404(reference: str):
+    """The order named in the URL, or the 404 page that says there is none: (order, None) or (None, answer)."""
+    order = find_order(reference)
+    if order is None:
+        return None, problem(
+            404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders")
+        )
+    return order, None

@@ -1,7 +1,8 @@
 """The console's lists, read straight from the tables (the database is the truth), one page at a
-time: orders, operator actions, refunds, the outbox, restore warnings, webhook receipts, sweep
-cycles. Each returns plain dicts (rows.py shapes each row): the JSON answer, and what the HTML page
-renders. The dashboard's numbers are overview.py's, one order's history timeline.py's."""
+time: orders, operator actions, refunds, restore warnings, webhook receipts, sweep cycles (the
+outbox's is outbox_queries.py's). Each returns plain dicts (rows.py shapes each row): the JSON
+answer, and what the HTML page renders. The dashboard's numbers are overview.py's, one order's
+history timeline.py's."""
 
 from __future__ import annotations
 
@@ -11,20 +12,15 @@ from datetime import datetime
 from sqlalchemy import and_, func, or_, select, union_all
 from sqlalchemy.orm import defer
 
-from ..domain.deadlines import FAILURE_PROVIDER
 from ..domain.order import LIVE_STATUSES
 from ..extensions import db
 from ..models import (
-    WorkStatus,
     OperatorAction,
     Order,
     ReceiptOutcome,
-    OutboxDelivery,
-    OutboxEvent,
     ReconciliationCycle,
     Refund,
     RestoreWarning,
-    ScheduledCommand,
     WebhookReceipt,
 )
 from ..payments import unknown_money
@@ -33,10 +29,6 @@ from .audit import action_json
 from .search import Filters, contains, in_amount_range, in_date_range
 from .rows import (
     REFUND_NEEDS_OPERATOR,
-    WAITING,
-    command_item,
-    command_json,
-    delivery_detail,
     order_row,
     receipt_json,
     refund_json,
@@ -47,11 +39,6 @@ from .rows import (
 
 PER_PAGE = 100
 NO_FILTERS = Filters()
-# obsolete: a deadline retired because its order reached a final state first (scheduled commands only).
-WORK_STATUSES = ("pending", "processing", "done", "dead", "discarded", "obsolete")
-# The outbox list's filters: the statuses, plus the pending rows that are waiting for an
-# unavailable provider (rows.WAITING).
-WORK_FILTERS = WORK_STATUSES + (WAITING,)
 WARNING_STATES = ("open", "resolved", "duplicate")
 WEBHOOK_OUTCOMES = tuple(ReceiptOutcome)
 
@@ -251,131 +238,6 @@ def unknown_payment_json(row) -> dict:
         "created_at": row.created_at.isoformat() if row.created_at else None,
         "updated_at": row.updated_at.isoformat() if row.updated_at else None,
     }
-
-
-def delivery_conditions(status: str | None, filters: Filters = NO_FILTERS) -> list:
-    """The WHERE of the outbox's deliveries and of their CSV: `q` is part of the order's reference
-    or of the handler's name, the dates when the delivery was written."""
-    conditions = []
-    if status == WAITING:
-        conditions += [OutboxDelivery.status == WorkStatus.PENDING, OutboxDelivery.failure_kind == FAILURE_PROVIDER]
-    elif status:
-        conditions.append(OutboxDelivery.status == status)
-    if filters.q:
-        conditions.append(
-            or_(contains(Order.reference, filters.q, upper=True), contains(OutboxDelivery.handler, filters.q))
-        )
-    return conditions + in_date_range(OutboxDelivery.created_at, filters)
-
-
-def command_conditions(status: str | None, filters: Filters = NO_FILTERS) -> list:
-    """The WHERE of the outbox's scheduled commands and of their CSV: `q` is part of the order's
-    reference or of the command's kind, the dates when the command was written."""
-    conditions = []
-    if status == WAITING:
-        conditions += [
-            ScheduledCommand.status == WorkStatus.PENDING,
-            ScheduledCommand.failure_kind == FAILURE_PROVIDER,
-        ]
-    elif status:
-        conditions.append(ScheduledCommand.status == status)
-    if filters.q:
-        conditions.append(
-            or_(contains(Order.reference, filters.q, upper=True), contains(ScheduledCommand.kind, filters.q))
-        )
-    return conditions + in_date_range(ScheduledCommand.created_at, filters)
-
-
-def outbox(
-    now: datetime,
-    *,
-    status: str | None,
-    page: int,
-    keep: tuple[str, int] | None = None,
-    filters: Filters = NO_FILTERS,
-):
-    """Deliveries and scheduled commands, oldest first, each paged on its own. The JSON lists
-    both under "deliveries" in one item shape (docs/REFERENCE.md, Console): a dead refund or email is as much a
-    dead letter for the operator as a dead delivery. `keep` ("delivery" | "command", id): the row an
-    operator just acted on, shown first with its current state whether or not it matches the filter,
-    so a retried or discarded row does not vanish from under the operator; JSON `kept`."""
-    query = (
-        select(OutboxDelivery, OutboxEvent.name, Order.reference)
-        .join(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id)
-        .outerjoin(Order, Order.id == OutboxDelivery.order_id)
-        .order_by(OutboxDelivery.id)
-    )
-    # Oldest first by id, the order rows are written in: created_at has no index, and sorting
-    # a million deliveries by it for the unfiltered first page took seconds (bench/console.py).
-    cquery = (
-        select(ScheduledCommand, Order.reference)
-        .outerjoin(Order, Order.id == ScheduledCommand.order_id)
-        .order_by(ScheduledCommand.id)
-    )
-    query = query.where(*delivery_conditions(status, filters))
-    cquery = cquery.where(*command_conditions(status, filters))
-    rows, meta = paging(query, page)
-    crows, cmeta = paging(cquery, page)
-    details = [delivery_detail(d, name, ref, now) for d, name, ref in rows]
-    commands = [command_json(c, ref, now) for c, ref in crows]
-    keys = ("id", "event", "handler", "status", "attempts", "last_error", "order_reference", "waiting_for_provider")
-    data = {
-        "status": status,
-        "filters": filters.as_json(),
-        "deliveries": [{k: d[k] for k in keys} for d in details] + [command_item(c, ref) for c, ref in crows],
-        "deliveries_page": meta,
-        "commands_page": cmeta,
-        "kept": None,
-    }
-    if keep is not None:
-        kind, work_id = keep
-        if kind == "delivery":
-            row = db.session.execute(_one_delivery(work_id)).first()
-            if row is not None:
-                kept = {**delivery_detail(row[0], row[1], row[2], now), "kept": True}
-                details = [kept] + [d for d in details if d["id"] != work_id]
-                data["kept"] = {k: kept[k] for k in keys}
-        else:
-            row = db.session.execute(
-                select(ScheduledCommand, Order.reference)
-                .outerjoin(Order, Order.id == ScheduledCommand.order_id)
-                .where(ScheduledCommand.id == work_id)
-            ).first()
-            if row is not None:
-                kept = {**command_json(row[0], row[1], now), "kept": True}
-                commands = [kept] + [c for c in commands if c["id"] != work_id]
-                data["kept"] = command_item(row[0], row[1])
-    return data, details, commands
-
-
-def _one_delivery(work_id: int):
-    return (
-        select(OutboxDelivery, OutboxEvent.name, Order.reference)
-        .join(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id)
-        .outerjoin(Order, Order.id == OutboxDelivery.order_id)
-        .where(OutboxDelivery.id == work_id)
-    )
-
-
-def dead_groups() -> list[dict]:
-    """Dead letters by handler / command kind, most first: what the 'retry all' buttons offer."""
-    groups = [
-        {"kind": "delivery", "name": name, "count": n}
-        for name, n in db.session.execute(
-            select(OutboxDelivery.handler, func.count())
-            .where(OutboxDelivery.status == WorkStatus.DEAD)
-            .group_by(OutboxDelivery.handler)
-        ).all()
-    ]
-    groups += [
-        {"kind": "command", "name": name, "count": n}
-        for name, n in db.session.execute(
-            select(ScheduledCommand.kind, func.count())
-            .where(ScheduledCommand.status == WorkStatus.DEAD)
-            .group_by(ScheduledCommand.kind)
-        ).all()
-    ]
-    return sorted(groups, key=lambda g: (-g["count"], g["kind"], g["name"]))
 
 
 WARNING_KEYS = ("id", "order_reference", "variant_id", "quantity", "reason", "state")

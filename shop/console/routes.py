@@ -17,7 +17,7 @@ from flask import request, url_for
 from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
 from ..web.answers import respond
-from . import acks, audit, auth, board, bp, export, overview, queries, timeline  # noqa: F401  (auth registers the login routes)
+from . import acks, audit, auth, board, bp, charts, export, outbox_queries, overview, queries, timeline  # noqa: F401  (auth registers the login routes)
 from .answers import find_order, page_number, problem
 from .search import read_filters, refused
 from .forms import ActionForm, DiscardForm
@@ -46,8 +46,8 @@ def dashboard():
     data = {**overview.dashboard(now), **overview.liveness(now)}
     data["cards"] = board.cards(data, now)
     data["summary"] = acks.apply(data["cards"], now)  # red first; one line: how many need a human
-    data["charts"] = board.charts(now)
-    return respond("console/dashboard.html", data, svg=board.svg)
+    data["charts"] = charts.charts(now)
+    return respond("console/dashboard.html", data, svg=charts.svg)
 
 
 @bp.get("/orders")
@@ -103,16 +103,16 @@ def outbox():
     """Deliveries of events to handlers, and scheduled commands; `status=dead` for dead letters,
     `status=waiting` for pending work waiting for an unavailable provider."""
     status = request.args.get("status") or None
-    if status is not None and status not in queries.WORK_FILTERS:
+    if status is not None and status not in outbox_queries.WORK_FILTERS:
         return problem(
             400,
-            f"Unknown status {status!r}; use one of {', '.join(queries.WORK_FILTERS)}.",
+            f"Unknown status {status!r}; use one of {', '.join(outbox_queries.WORK_FILTERS)}.",
             back=url_for("console.outbox"),
         )
     keep = re.fullmatch(r"(cmd-)?([1-9]\d{0,9})", request.args.get("keep") or "")
     keep = ("command" if keep.group(1) else "delivery", int(keep.group(2))) if keep else None
     filters = read_filters(request.args)
-    context = {"statuses": queries.WORK_FILTERS, "discard_form": DiscardForm()}
+    context = {"statuses": outbox_queries.WORK_FILTERS, "discard_form": DiscardForm()}
     if not filters.ok:
         empty = {"status": status, "deliveries": [], "kept": None}
         return refused(filters, "console/outbox.html", empty, details=[], commands=[], dead_groups=[], **context)
@@ -120,9 +120,16 @@ def outbox():
         if request.args.get("kind") == "commands":
             return export.commands_csv(utcnow(), status=status, filters=filters)
         return export.deliveries_csv(utcnow(), status=status, filters=filters)
-    data, details, commands = queries.outbox(utcnow(), status=status, page=page_number(), keep=keep, filters=filters)
+    data, details, commands = outbox_queries.outbox(
+        utcnow(), status=status, page=page_number(), keep=keep, filters=filters
+    )
     return respond(
-        "console/outbox.html", data, details=details, commands=commands, dead_groups=queries.dead_groups(), **context
+        "console/outbox.html",
+        data,
+        details=details,
+        commands=commands,
+        dead_groups=outbox_queries.dead_groups(),
+        **context,
     )
 
 

@@ -63,20 +63,26 @@ def up(port: int = 5000) -> None:
         code = 0
     finally:
         state["raise"] = False
-        if sup.children:
-            console.step(f"Stopping {', '.join(c.name for c in sup.stop_order())}{ellipsis()}")
-            stopped, stuck = sup.stop_all()
-            console.step(f"Stopped {', '.join(stopped)}." if stopped else "Stopped.")
-            if stuck:
-                console.error(f"could not stop {', '.join(stuck)}")
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        os.umask(previous_umask)
-        for plan in plan_holder:
-            for folder in plan.cleanup:
-                shutil.rmtree(folder, ignore_errors=True)
+        _stop_and_restore(console, sup, previous, previous_umask, plan_holder)
     if code:
         raise SystemExit(code)
+
+
+def _stop_and_restore(console: Console, sup: Supervisor, previous: dict, previous_umask: int, plan_holder: list):
+    """What `up` leaves behind, however it ended: its children stopped (last started, first
+    stopped), the signal handlers and the umask it replaced put back, its temporary folders gone."""
+    if sup.children:
+        console.step(f"Stopping {', '.join(c.name for c in sup.stop_order())}{ellipsis()}")
+        stopped, stuck = sup.stop_all()
+        console.step(f"Stopped {', '.join(stopped)}." if stopped else "Stopped.")
+        if stuck:
+            console.error(f"could not stop {', '.join(stuck)}")
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+    os.umask(previous_umask)
+    for plan in plan_holder:
+        for folder in plan.cleanup:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run(port: int, console: Console, sup: Supervisor, state: dict, plan_holder: list) -> int:

@@ -245,6 +245,13 @@ def serve(host: str, port: int, workers: int, threads: int, front: str, server: 
         listener.close()
         say(str(exc))
         return 3
+    return _serve_behind(web, listener, server_argv, stop)
+
+
+def _serve_behind(web, listener, server_argv, stop: dict) -> int:
+    """gunicorn on the loopback listener, nginx before it on the public address: until a signal
+    (0) or either child exits (its code, or 1); both stopped on the way out."""
+    public, inner = web.listen, web.upstream
     children: list[tuple[str, subprocess.Popen]] = []
     try:
         env = {**os.environ, "BACKSTOP_BEHIND_FRONT": "1"}

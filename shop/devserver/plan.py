@@ -105,7 +105,7 @@ def demo_secret_key(instance: str) -> str:
                 "fix its permissions, or delete it to make a new one"
             ) from None
         if not key:
-            raise UpError(f"{path} is empty; delete it to make a new secret key (earlier sessions end)")
+            raise UpError(f"{path} is empty; delete it to make a new secret key (earlier sessions end)") from None
         return key
     key = secrets.token_urlsafe(32)
     with os.fdopen(fd, "w", encoding="utf-8") as f:

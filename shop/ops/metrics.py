@@ -1,16 +1,14 @@
 """Prometheus gauges read from the database at scrape time: the database is the truth, so
-every process (and every replica) reports the same numbers."""
+every process (and every replica) reports the same numbers. The families that come from the
+processes and Redis (heartbeats, nodes, queues) are liveness_metrics.py's."""
 
 from __future__ import annotations
-
-import logging
 
 from flask import current_app
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import case, func, select
 
-from .. import queue
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc, utcnow
 from ..domain.order import LIVE, LIVE_STATUSES, OrderStatus
 from ..domain.refunds import NOT_RETURNED
@@ -30,10 +28,7 @@ from ..models import (
 )
 from ..payments import checkout_queue, guard, watch
 from ..scheduling.stuck import stuck_cutoff
-from .health import oldest_due
-from .nodes import UP, group, held_work
-
-log = logging.getLogger("shop.ops")
+from .liveness_metrics import liveness
 
 
 class ShopCollector:
@@ -60,97 +55,7 @@ class ShopCollector:
         yield from _settings()
         yield from provider_breaker_metrics(now)
         yield from _payment_queue(now)
-        yield from self._liveness(now)
-
-    def _liveness(self, now):
-        """Lag from the database (always); heartbeats and queue depths from Redis, left out of the
-        scrape (with a log line) while Redis does not answer: the other families still count."""
-        lag = GaugeMetricFamily(
-            "shop_outbox_lag_seconds",
-            "How long the oldest due pending item has waited (0: nothing due)",
-            labels=["kind"],
-        )
-        for kind, at in oldest_due(now).items():
-            lag.add_metric([kind], (now - as_utc(at)).total_seconds() if at else 0)
-        yield lag
-        try:
-            processes = queue.processes()
-            queues = queue.queue_depths(now)
-        except Exception as exc:
-            log.warning("metrics: Redis unreachable, heartbeats and queue depths left out: %s", exc)
-            return
-        stale = current_app.config["HEALTH_STALE_SECONDS"]
-        ages = GaugeMetricFamily(
-            "shop_process_heartbeat_age_seconds",
-            "Seconds since each process's last heartbeat",
-            labels=["role", "node", "name"],
-        )
-        beating = GaugeMetricFamily(
-            "shop_processes_beating", "Processes that beat within HEALTH_STALE_SECONDS", labels=["role"]
-        )
-        counts = {"worker": 0, "scheduler": 0}
-        for p in processes:
-            age = max(0.0, (now - p["last_beat"]).total_seconds()) if p["last_beat"] is not None else None
-            p["beat_age_seconds"] = age
-            if age is None:
-                continue
-            ages.add_metric([p["role"], p["node"], p["name"]], age)
-            counts[p["role"]] += age <= stale
-        for role, count in counts.items():
-            beating.add_metric([role], count)
-        yield ages
-        yield beating
-        yield from _nodes(processes, now, stale)
-        depth = GaugeMetricFamily(
-            "shop_queue_depth", "Jobs waiting in each RQ queue, and held by rq-scheduler", labels=["queue"]
-        )
-        oldest = GaugeMetricFamily(
-            "shop_queue_oldest_age_seconds",
-            "Age of the oldest waiting job (rq-scheduler: of the oldest one already due)",
-            labels=["queue"],
-        )
-        for q in queues:
-            depth.add_metric([q["name"]], q["depth"])
-            oldest.add_metric([q["name"]], q["oldest_age_seconds"] or 0)
-        yield depth
-        yield oldest
-
-
-def _nodes(processes, now, stale):
-    """The processes grouped by node (ops.nodes): whether each node is up, its processes beating
-    by role, and the work its identities hold (a node that is not up and holds work is work
-    waiting for its claims and leases to lapse)."""
-    nodes = group(processes, held_work(now), stale)
-    up = GaugeMetricFamily(
-        "shop_node_up", "1 when at least one process of the node beat within HEALTH_STALE_SECONDS", labels=["node"]
-    )
-    beating = GaugeMetricFamily(
-        "shop_node_processes_beating",
-        "Processes of the node that beat within HEALTH_STALE_SECONDS",
-        labels=["node", "role"],
-    )
-    held = GaugeMetricFamily(
-        "shop_node_held_work",
-        "Deliveries and scheduled commands claimed (processing) by the node's processes, and leases they hold",
-        labels=["node", "kind"],
-    )
-    for n in nodes:
-        up.add_metric([n["node"]], 1 if n["state"] == UP else 0)
-        for role in ("worker", "scheduler"):
-            beating.add_metric(
-                [n["node"], role],
-                sum(
-                    1
-                    for p in n["processes"]
-                    if p["role"] == role and p["beat_age_seconds"] is not None and p["beat_age_seconds"] <= stale
-                ),
-            )
-        h = n["held"]
-        for kind, count in (("delivery", h["deliveries"]), ("command", h["commands"]), ("lease", len(h["leases"]))):
-            held.add_metric([n["node"], kind], count)
-    yield up
-    yield beating
-    yield held
+        yield from liveness(now)
 
 
 def _orders():

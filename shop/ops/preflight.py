@@ -15,44 +15,29 @@
   max_client_conn), the comparison every process makes when it first connects.
 
 Every service is asked with a short timeout, so a dead one fails its line instead of hanging the
-deploy; a check that needs one that failed says "skipped" and why, never a traceback.
+deploy; a check that needs one that failed says "skipped" and why, never a traceback. The database,
+clock and pools lines are database_checks.py's; a line (`Check`) is checks.py's.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from urllib.parse import urlsplit
 
 from flask import current_app
 
-from ..connections import engine_options, pooler_client_limit, server_limit, web_connections
-from ..payments import gateway
+from ..payments import gateway, provider_probe
 from ..payments.registration import ENDPOINT_KEY, webhook_secret
 from ..public_urls import public_url_for
 from ..redis_client import redis_client, unprotected_redis_hosts, unprotected_redis_words
-from ..settings import parse_sentinel_url
+from ..settings_values import parse_sentinel_url
+from .checks import FAIL, LABELS, OK, PROVIDER_TIMEOUT_SECONDS, TIMEOUT_SECONDS, WARN, Check, first_line
+from .database_checks import DatabaseChecks
 
-OK, WARN, FAIL = "ok", "warn", "fail"
-LABELS = {OK: "ok", WARN: "warn", FAIL: "FAIL"}
 NAMES = ("settings", "database", "redis", "redis-auth", "provider", "webhook", "clock", "pools")
-# Every service gets this long to answer (the provider a little longer: it is across the internet).
-TIMEOUT_SECONDS = 3.0
-PROVIDER_TIMEOUT_SECONDS = 5.0
-# Deadlines, leases and heartbeats are written by one machine's clock and read against another's
-# (or the database's): beyond this, a lease looks lapsed early or a deadline late.
-CLOCK_TOLERANCE_SECONDS = 2.0
 REGISTER = "run `flask shop stripe-register-webhook`"
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # ok | warn | fail
-    detail: str
 
 
 def ready(checks: list[Check]) -> bool:
@@ -82,7 +67,7 @@ def run_checks(clock=time.time) -> list[Check]:
     """Every check, in order, inside the app context. `clock` is this machine's clock (the test's
     seam: a database's clock cannot be set, so the test moves this one)."""
     checks = [_settings()]
-    database = _Database()
+    database = DatabaseChecks()
     checks.append(database.check())
     checks += _redis()
     provider, endpoints = _provider()
@@ -90,11 +75,6 @@ def run_checks(clock=time.time) -> list[Check]:
     database.close()
     # One line each, whatever a driver's or the SDK's message held.
     return [Check(c.name, c.status, " ".join(c.detail.split())) for c in checks]
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 # -- settings ---------------------------------------------------------------------------------
@@ -111,190 +91,6 @@ def _settings() -> Check:
             "start (set the same SECRET_KEY for every web process)",
         )
     return Check("settings", OK, detail)
-
-
-# -- the database: reachable, migrated, its clock, its connection limit -------------------------
-
-
-class _Database:
-    """One connection of its own (short connect and statement timeouts), kept for the checks that
-    need the database after the first."""
-
-    def __init__(self):
-        self.settings = current_app.config["SETTINGS"]
-        self.url = current_app.config["SQLALCHEMY_DATABASE_URI"]
-        self.sqlite = self.url.startswith("sqlite")
-        self.engine = self.conn = None
-        self.problem = None  # why the checks after the first are skipped
-
-    def _connect(self):
-        from sqlalchemy import create_engine
-        from sqlalchemy.pool import NullPool
-
-        if self.sqlite:
-            args = {"timeout": TIMEOUT_SECONDS}
-        else:
-            args = {"connect_timeout": math.ceil(TIMEOUT_SECONDS)}
-            if self.settings.database_pooler == "pgbouncer":
-                args["prepare_threshold"] = None  # and no startup options: PgBouncer refuses them
-            else:
-                args["options"] = f"-c statement_timeout={int(TIMEOUT_SECONDS * 1000)}"
-        self.engine = create_engine(self.url, poolclass=NullPool, connect_args=args)
-        self.conn = self.engine.connect()
-
-    def where(self) -> str:
-        from sqlalchemy.engine import make_url
-
-        url = make_url(self.url)
-        if self.sqlite:
-            return f"SQLite {url.database}"
-        return f"PostgreSQL {url.host or 'localhost'}:{url.port or 5432}/{url.database}"
-
-    def check(self) -> Check:
-        try:
-            self._connect()
-        except Exception as error:  # noqa: BLE001 - any failure to connect is this line's answer
-            self.problem = "the database is not reachable"
-            return Check(
-                "database",
-                FAIL,
-                f"{self.where()} not reachable within {TIMEOUT_SECONDS:g} s: {_first_line(error)} "
-                "(check DATABASE_URL, the server, and the network between them)",
-            )
-        try:
-            at, heads = self._revisions()
-        except Exception as error:  # noqa: BLE001
-            self.problem = "the database did not answer"
-            self._close_connection()
-            return Check("database", FAIL, f"{self.where()}: could not read its migration: {_first_line(error)}")
-        head = ", ".join(heads)
-        if at == heads:
-            return Check("database", OK, f"reachable ({self.where()}), migrations at head ({head})")
-        self.problem = "the database's migrations are not at head"
-        if not at:
-            return Check(
-                "database",
-                FAIL,
-                f"reachable ({self.where()}), but no migration applied (head is {head}): run `flask db upgrade`",
-            )
-        if set(at) - set(self._known()):
-            return Check(
-                "database",
-                FAIL,
-                f"reachable ({self.where()}), at {', '.join(at)}, a migration this release does not have (head "
-                f"is {head}): a newer release migrated it; deploy that release, or downgrade with the one that did",
-            )
-        return Check(
-            "database",
-            FAIL,
-            f"reachable ({self.where()}), at {', '.join(at)}, behind the head {head}: run `flask db upgrade`",
-        )
-
-    def _scripts(self):
-        from alembic.config import Config
-        from alembic.script import ScriptDirectory
-
-        config = Config()
-        config.set_main_option("script_location", current_app.extensions["migrate"].directory)
-        return ScriptDirectory.from_config(config)
-
-    def _known(self) -> list[str]:
-        return [script.revision for script in self._scripts().walk_revisions()]
-
-    def _revisions(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        from alembic.runtime.migration import MigrationContext
-
-        logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)  # "Context impl ...": noise here
-        at = tuple(sorted(MigrationContext.configure(self.conn).get_current_heads()))
-        self.conn.rollback()
-        return at, tuple(sorted(self._scripts().get_heads()))
-
-    def _skipped(self, name: str) -> Check:
-        return Check(name, FAIL, f"skipped: {self.problem} (see database)")
-
-    def clock(self, clock) -> Check:
-        if self.sqlite:
-            return Check("clock", OK, "skipped: SQLite shares this machine's clock")
-        if self.conn is None:
-            return self._skipped("clock")
-        from sqlalchemy import text
-
-        try:
-            before = clock()
-            theirs = float(self.conn.execute(text("SELECT extract(epoch FROM clock_timestamp())")).scalar())
-            after = clock()
-            self.conn.rollback()
-        except Exception as error:  # noqa: BLE001
-            self._close_connection()
-            self.problem = "the database did not answer"
-            return Check("clock", FAIL, f"could not read the database's clock: {_first_line(error)}")
-        return judge_clock(theirs - (before + after) / 2, after - before)
-
-    def pools(self) -> Check:
-        settings = self.settings
-        if self.sqlite:
-            return Check("pools", OK, "SQLite: no server connection limit to fit in")
-        if self.conn is None:
-            return self._skipped("pools")
-        pool = engine_options(settings)
-        wanted = web_connections(settings)
-        sizes = (
-            f"the web may open {wanted} connections (WEB_CONCURRENCY {settings.web_concurrency} x a pool of "
-            f"{pool['pool_size']} + {pool['max_overflow']} for WEB_THREADS {settings.web_threads})"
-        )
-        if settings.database_pooler == "pgbouncer":
-            allowed, what = pooler_client_limit(self.url), "PgBouncer allows {} clients (max_client_conn)"
-            remedy = "raise max_client_conn"
-            if allowed is None:
-                return Check(
-                    "pools",
-                    WARN,
-                    f"{sizes}; PgBouncer's max_client_conn could not be read from its admin console (this user "
-                    "is not in its admin_users or stats_users: see the log line above): compare them yourself",
-                )
-        else:
-            allowed = server_limit(self.conn.connection.dbapi_connection)
-            what = "PostgreSQL allows {} (max_connections)"
-            remedy = "raise max_connections, or put PgBouncer in front (DATABASE_POOLER)"
-            self.conn.rollback()
-            if allowed is None:
-                return Check("pools", WARN, f"{sizes}; could not read max_connections: compare them yourself")
-        if wanted >= allowed:
-            return Check(
-                "pools",
-                FAIL,
-                f"{sizes}, besides the worker and the scheduler, and {what.format(allowed)}: during a burst, "
-                f"requests that find no connection answer 503. Lower WEB_THREADS or WEB_CONCURRENCY, or {remedy} "
-                "(README, Sizing the web)",
-            )
-        return Check("pools", OK, f"{sizes}; {what.format(allowed)}")
-
-    def _close_connection(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:  # noqa: BLE001 - closing what failed; nothing to report
-                pass
-            self.conn = None
-
-    def close(self) -> None:
-        self._close_connection()
-        if self.engine is not None:
-            self.engine.dispose()
-
-
-def judge_clock(offset: float, round_trip: float) -> Check:
-    """`offset`: the database's clock minus this machine's, in seconds, measured over a round trip
-    of `round_trip` seconds (the measure's uncertainty)."""
-    words = f"{abs(offset):.1f} s {'behind' if offset > 0 else 'ahead of'} the database's"
-    if abs(offset) - round_trip / 2 > CLOCK_TOLERANCE_SECONDS:
-        return Check(
-            "clock",
-            FAIL,
-            f"this machine's clock is {words} (at most {CLOCK_TOLERANCE_SECONDS:g} s): deadlines, leases and "
-            "heartbeats are read against both; sync both machines with NTP (chrony, systemd-timesyncd)",
-        )
-    return Check("clock", OK, f"this machine's clock is {words}")
 
 
 # -- Redis --------------------------------------------------------------------------------------
@@ -346,7 +142,7 @@ def _redis() -> list[Check]:
                 Check(
                     "redis",
                     WARN,
-                    f"reachable at {where}, a master; its maxmemory-policy could not be read ({_first_line(error)}): "
+                    f"reachable at {where}, a master; its maxmemory-policy could not be read ({first_line(error)}): "
                     "RQ needs noeviction, make sure it is set",
                 ),
                 auth,
@@ -356,7 +152,7 @@ def _redis() -> list[Check]:
             Check(
                 "redis",
                 FAIL,
-                f"{where} not reachable within {TIMEOUT_SECONDS:g} s: {_first_line(error)} (check REDIS_URL, the "
+                f"{where} not reachable within {TIMEOUT_SECONDS:g} s: {first_line(error)} (check REDIS_URL, the "
                 "server, and the network between them)",
             ),
             auth,
@@ -415,7 +211,7 @@ def _provider() -> tuple[Check, list | None]:
         mode = key_mode(key)
         what = f"{mode} key ({key[:8]}...)" if mode else f"a key starting {key[:3]!r}"
     try:
-        endpoints = gateway.list_webhook_endpoints_once(PROVIDER_TIMEOUT_SECONDS)
+        endpoints = provider_probe.list_webhook_endpoints_once(PROVIDER_TIMEOUT_SECONDS)
     except gateway.ProviderRefused as error:
         return Check("provider", FAIL, f"{what}: {at} refused it ({error}): check STRIPE_SECRET_KEY"), None
     except gateway.ProviderUnavailable as error:
@@ -443,7 +239,7 @@ def _provider() -> tuple[Check, list | None]:
     return Check("provider", WARN if warnings else OK, "; ".join([detail, *warnings])), endpoints
 
 
-def _webhook(endpoints: list | None, database: _Database) -> Check:
+def _webhook(endpoints: list | None, database: DatabaseChecks) -> Check:
     if endpoints is None:
         return Check("webhook", FAIL, "skipped: the provider did not answer the key (see provider)")
     target = public_url_for("webhooks.stripe_webhook")

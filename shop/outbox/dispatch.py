@@ -18,7 +18,7 @@ from .. import queue
 from ..domain.deadlines import utcnow
 from ..domain.events import event_from_payload
 from ..models import OutboxDelivery, ScheduledCommand
-from . import claims, runner
+from . import claims, requeue, runner
 from .announce import announce_or_leave_to_relay
 from .failures import PermanentFailure
 from .runner import RunOutcome
@@ -230,7 +230,7 @@ def _announce(kind: str, work_id: int) -> bool:
 def retry_dead(kind: str, work_id: int, now: datetime | None = None) -> bool:
     """A dead delivery or command runs again now, with a fresh attempt budget. False when it
     was not dead (any more)."""
-    if not runner.retry_dead(TABLES[kind], work_id, now):
+    if not requeue.retry_dead(TABLES[kind], work_id, now):
         return False
     _announce(kind, work_id)
     return True
@@ -241,7 +241,7 @@ def retry_all_dead(kind: str, name: str) -> list[int]:
     budget. Returns their ids."""
     model = TABLES[kind]
     column = model.__table__.c.handler if kind == "delivery" else model.__table__.c.kind
-    ids = runner.retry_all_dead(model, column, name)
+    ids = requeue.retry_all_dead(model, column, name)
     if ids:
         _announce(kind, ids[0])  # one drain runs them all
     return ids
@@ -252,8 +252,8 @@ def wake_provider_waiters(now: datetime) -> int:
     up to OUTBOX_PROVIDER_RETRY_CAP_SECONDS apart) runs now instead of at its next retry.
     Announced the way a commit announces its work (`queue.announce`: one drain for the
     deliveries, one pipeline for the commands), not a job per row. Returns how many it woke."""
-    deliveries = runner.wake_provider_waiters(OutboxDelivery, now)
-    commands = runner.wake_provider_waiters(ScheduledCommand, now)
+    deliveries = requeue.wake_provider_waiters(OutboxDelivery, now)
+    commands = requeue.wake_provider_waiters(ScheduledCommand, now)
     announce_or_leave_to_relay(
         lambda: queue.announce(deliveries, [(cid, now) for cid in commands], now=now),
         "%d rows waiting for the provider are due again",
@@ -265,4 +265,4 @@ def wake_provider_waiters(now: datetime) -> int:
 def discard(kind: str, work_id: int, reason: str) -> bool:
     """Give up on a dead row for good, with the operator's reason. False when it was not dead
     or pending (any more)."""
-    return runner.discard(TABLES[kind], work_id, reason)
+    return requeue.discard(TABLES[kind], work_id, reason)

@@ -11,9 +11,6 @@ from enum import StrEnum
 from datetime import datetime, timedelta
 from typing import Callable
 
-from sqlalchemy import insert
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -22,11 +19,12 @@ from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderS
 from ..domain.payment import check_payment_proof
 from ..domain.results import Refused
 from ..extensions import db
-from ..models import PaymentProofRefusal, ProcessedStripeEvent
+from ..models import PaymentProofRefusal
 from ..outbox import uow
 from ..store import order_store
 from ..store.order_store import LoadedOrder, Note
 from . import gateway
+from .event_claims import claim_event
 from .refunds import record_late_payment, refunded_by_shop
 from .unknown_money import record_unknown_payment
 
@@ -127,41 +125,6 @@ def apply_session(
     raise AssertionError("unreachable")
 
 
-def _claim_event(session, event_id: str, now: datetime) -> bool:
-    """Insert the event's dedup row in the caller's transaction; False when it is already there.
-
-    One statement instead of a SELECT then an INSERT: `ON CONFLICT DO NOTHING` on PostgreSQL and
-    SQLite (a concurrent first delivery holding the same key makes PostgreSQL wait for its
-    outcome, so exactly one of them applies the event), a SAVEPOINT around a plain INSERT
-    elsewhere."""
-    values = {"event_id": event_id, "processed_at": now}
-    claim = _claim_statement(session.get_bind().dialect.name)
-    if claim is not None:
-        return session.execute(claim, values).first() is not None
-    try:
-        with session.begin_nested():
-            session.execute(insert(ProcessedStripeEvent.__table__), values)
-    except IntegrityError:
-        return False
-    return True
-
-
-_CLAIMS: dict = {}
-
-
-def _claim_statement(dialect: str):
-    """Built once per dialect and executed with parameters: building the statement on every
-    delivery cost about as much CPU as running it. RETURNING says whether a row went in
-    (SQLAlchemy does not keep an INSERT's rowcount; psycopg's reads -1)."""
-    if dialect not in _CLAIMS:
-        upsert = {"postgresql": postgresql_insert, "sqlite": sqlite_insert}.get(dialect)
-        table = ProcessedStripeEvent.__table__
-        _CLAIMS[dialect] = upsert and upsert(table).on_conflict_do_nothing(index_elements=["event_id"]).returning(
-            table.c.event_id
-        )
-    return _CLAIMS[dialect]
-
-
 def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
     """The notice nearly every paid order gets: its own session, paid, proof accepted, the order
     waiting in PaymentInitiated. Applied with two statements (the store's narrow read, then its
@@ -193,7 +156,7 @@ def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
 def _apply_once(
     view, *, source, failed, event_id, now, expired_by_cancel: bool = False, refunded_as: str | None = None
 ) -> Applied:
-    if event_id and not _claim_event(db.session, event_id, now):
+    if event_id and not claim_event(db.session, event_id, now):
         return Applied(Outcome.DUPLICATE)
     usual = None if refunded_as else _apply_usual_payment(view, source=source, now=now)
     if usual is not None:
@@ -363,7 +326,7 @@ def _late_money(order: LoadedOrder, view, reason: str, now: datetime) -> Applied
         # The sweep's watch follows the refund until the provider has it (a refund that dies
         # runs again), not just until the refund is recorded; the refund's success ends it.
         order_store.note(order.id, Note.WATCH, now)
-    return Applied(Outcome.REFUND_CREATED if created else "already_refunded", order, reason)
+    return Applied(Outcome.REFUND_CREATED if created else Outcome.ALREADY_REFUNDED, order, reason)
 
 
 def reconcile_order(order_id: int, source: str = "console", now: datetime | None = None) -> Applied:

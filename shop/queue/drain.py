@@ -62,7 +62,7 @@ def take_drain_slots(*kinds: Drain) -> dict[Drain, int | None]:
     script = per_app("take_drain_slots", lambda: redis_conn().register_script(_TAKE_SLOTS))
     keys = [_drain_key(i, kind) for kind in kinds for i in range(DRAIN_SLOTS)]
     taken = script(keys=keys, args=[DRAIN_SLOT_TTL_SECONDS, *(DRAIN_SLOTS for _ in kinds)])
-    return {kind: (int(t) - 1 if t else None) for kind, t in zip(kinds, taken)}
+    return {kind: (int(t) - 1 if t else None) for kind, t in zip(kinds, taken, strict=True)}
 
 
 def take_drain_slot(kind: Drain = Drain.DELIVERIES) -> int | None:

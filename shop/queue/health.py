@@ -61,7 +61,7 @@ def processes() -> list[dict]:
         for w in workers:
             pipe.hmget(w.pop("key"), "shop_job", "shop_job_since", "shop_last_job", "shop_last_job_at", "shop_host")
         extras = pipe.execute()
-    for w, (job, job_since, last_job, last_job_at, host) in zip(workers, extras):
+    for w, (job, job_since, last_job, last_job_at, host) in zip(workers, extras, strict=True):
         w.update(
             host=_text(host) or w["host"],
             job=_text(job) or None,
@@ -81,7 +81,7 @@ def processes() -> list[dict]:
             pipe.hgetall(f"{index}:{_text(name)}")
         records = pipe.execute() if beats else []
     schedulers = []
-    for (name, score), record in zip(beats, records):
+    for (name, score), record in zip(beats, records, strict=True):
         record = {_text(k): _text(v) for k, v in record.items()}
         schedulers.append(
             {

@@ -7,7 +7,7 @@ marker as unset are stopped by the order's version: the marker is written FIRST,
 stock, rolls back, and its retry finds the marker.
 
 This is the hottest handler (every cancellation, every expired deadline), so it talks to the
-tables directly: one SELECT (`store.order_store.RESTORE_READ`) reads the order's state, its lines and
+tables directly: one SELECT (`store.order_statements.RESTORE_READ`) reads the order's state, its lines and
 their stock; the marker is the order store's guarded save, the increments and the warnings are
 prebuilt statements with bound parameters. The decisions stay in
 the domain: the marker's guard is `OrderRules.mark_inventory_restored` on a snapshot of the
@@ -32,6 +32,7 @@ from ..extensions import db
 from ..models import InventoryItem, RestoreWarning
 from ..outbox import uow
 from ..store import order_store
+from ..store.order_statements import RESTORE_READ
 from ..store.order_store import LoadedOrder
 
 log = logging.getLogger("shop.saga")
@@ -78,7 +79,7 @@ def _refusal_words(code: str) -> str:
 
 def restore_inventory(event: OrderCancelled, now: datetime) -> RestoreOutcome:
     session = db.session
-    rows = session.execute(order_store.RESTORE_READ, {"order_id": event.order_id}).all()
+    rows = session.execute(RESTORE_READ, {"order_id": event.order_id}).all()
     if not rows:
         log.warning("restore_inventory: order %s from OrderCancelled no longer exists", event.order_id)
         return RestoreOutcome.GONE
@@ -116,7 +117,7 @@ def restock_paid_order(order_id: int, now: datetime) -> tuple[RestoreOutcome, st
     runs after (a redelivered OrderCancelled) finds the marker set and gives nothing back.
     Answers (outcome, words): a refusal writes nothing, not even a warning (the operator is told
     at once)."""
-    rows = db.session.execute(order_store.RESTORE_READ, {"order_id": order_id}).all()
+    rows = db.session.execute(RESTORE_READ, {"order_id": order_id}).all()
     if not rows:
         return RestoreOutcome.GONE, "the order no longer exists"
     reference, status, restored, version = rows[0][:4]

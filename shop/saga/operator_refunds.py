@@ -110,6 +110,28 @@ def _already(order_id: int, earlier: Refund) -> OrderRefund:
     )
 
 
+def _refusal(order, amount: int | None, reason: str, restock: bool) -> tuple[str | None, dict, int, int]:
+    """Why the refund may not go ahead (None: it may), the facts its words name, the amount (the
+    rest when none was asked) and what is left to refund."""
+    if order.status is not OrderStatus.PAID:
+        return "not_paid", {}, amount, 0
+    if not order.payment_session_id:
+        return "no_payment", {}, amount, 0
+    left = refundable(order.total, refunded_so_far(order.id, order.payment_session_id))
+    if amount is None:  # the rest
+        amount = left
+        if left <= 0:
+            return "nothing_left", {"left": left}, amount, left
+    problem = refund_amount_problem(amount, left)
+    if problem is not None:
+        return problem, {"amount": amount, "left": left}, amount, left
+    if not reason:
+        return "no_reason", {"amount": amount, "left": left}, amount, left
+    if restock and order.inventory_restored:
+        return "already_restocked", {"amount": amount, "left": left}, amount, left
+    return None, {}, amount, left
+
+
 def _refund_once(order_id, amount, reason, restock, request_key, operator, now) -> OrderRefund:
     with uow.transaction() as session:
         # The order's row locked first (PostgreSQL; SQLite's write transaction is already alone):
@@ -127,22 +149,9 @@ def _refund_once(order_id, amount, reason, restock, request_key, operator, now) 
                 RefundOutcome.REFUSED, order_id, why, currency=order.currency, status=order.status, **facts
             )
 
-        if order.status is not OrderStatus.PAID:
-            return refused("not_paid")
-        if not order.payment_session_id:
-            return refused("no_payment")
-        left = refundable(order.total, refunded_so_far(order_id, order.payment_session_id))
-        if amount is None:  # the rest
-            amount = left
-            if left <= 0:
-                return refused("nothing_left", left=left)
-        problem = refund_amount_problem(amount, left)
-        if problem is not None:
-            return refused(problem, amount=amount, left=left)
-        if not reason:
-            return refused("no_reason", amount=amount, left=left)
-        if restock and order.inventory_restored:
-            return refused("already_restocked", amount=amount, left=left)
+        why, facts, amount, left = _refusal(order, amount, reason, restock)
+        if why is not None:
+            return refused(why, **facts)
         words = ""
         if restock:
             # Before the refund row: a refused restock leaves nothing written.

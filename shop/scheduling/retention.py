@@ -33,36 +33,18 @@ from datetime import datetime
 from typing import Callable
 
 from flask import current_app
-from sqlalchemy import and_, any_, bindparam, delete, func, or_, select, text
+from sqlalchemy import any_, bindparam, delete, func, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError
 
 from .. import clock
-from ..domain import refunds as refund_rules
 from ..domain.deadlines import utcnow
-from ..domain.order import FINAL, OrderStatus
 from ..domain.retention import Cutoffs, cutoffs
 from ..extensions import db
 from ..models.types import UTCDateTime
-from ..models import (
-    CardAcknowledgement,
-    CycleStatus,
-    EmailResend,
-    OperatorAction,
-    Order,
-    OutboxDelivery,
-    ProcessedStripeEvent,
-    PrunedDetail,
-    ReconciliationCycle,
-    Refund,
-    RestoreWarning,
-    ScheduledCommand,
-    StockCorrection,
-    WarningState,
-    WebhookReceipt,
-    WorkStatus,
-)
+from ..models import Order, PrunedDetail
 from ..outbox.leases import acquire_lease, holder_name, release_lease, renew_lease
+from .prune_kinds import KINDS, Kind
 
 log = logging.getLogger("shop.retention")
 
@@ -72,161 +54,6 @@ LEASE_SECONDS = 60
 # the kind left for the next run: the prune waits for no one.
 LOCK_TIMEOUT = "1s"
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock_timeout that ran out
-
-
-@dataclass(frozen=True)
-class Kind:
-    """One kind of row the prune removes: its table, the column its age is read from (indexed),
-    the cutoff it is held to, what else must be true of a row to go, and, for rows naming an
-    order, which PrunedDetail column counts them."""
-
-    name: str
-    words: str
-    model: type
-    age: str
-    cutoff: Callable[[Cutoffs], datetime]
-    conditions: Callable[[], list]
-    counted_as: str | None = None
-
-    @property
-    def table(self):
-        return self.model.__table__
-
-    @property
-    def key(self):
-        return self.table.primary_key.columns.values()[0]
-
-
-def _owes_nothing(table):
-    """The row names no order that is still owed something: live (not Paid or Cancelled), watched
-    for late money, with a refund whose money is not back and not settled by an operator, cancelled
-    with its stock not back yet, or with an open restore warning. A row naming no order, or an
-    order id the shop never had, owes nothing. (The order is read through its mapped columns:
-    only the order store handles the table itself.)"""
-    refund_owed = (
-        select(1)
-        .where(
-            Refund.order_id == Order.id,
-            or_(
-                Refund.status == refund_rules.PENDING,
-                and_(Refund.status.in_(refund_rules.NOT_RETURNED), Refund.settled_at.is_(None)),
-            ),
-        )
-        .exists()
-    )
-    warning_open = (
-        select(1).where(RestoreWarning.order_id == Order.id, RestoreWarning.state == WarningState.OPEN).exists()
-    )
-    held = or_(
-        Order.status.not_in(FINAL),
-        Order.late_money_watch_since.is_not(None),
-        and_(Order.status == OrderStatus.CANCELLED, Order.inventory_restored.is_(False)),
-        refund_owed,
-        warning_open,
-    )
-    return ~select(1).where(Order.id == table.c.order_id, held).exists()
-
-
-def _deliveries() -> list:
-    t = OutboxDelivery.__table__
-    return [t.c.status.in_((WorkStatus.DONE, WorkStatus.DISCARDED)), _owes_nothing(t)]
-
-
-def _commands() -> list:
-    t = ScheduledCommand.__table__
-    return [t.c.status.in_((WorkStatus.DONE, WorkStatus.OBSOLETE)), _owes_nothing(t)]
-
-
-def _receipts() -> list:
-    return [_owes_nothing(WebhookReceipt.__table__)]
-
-
-def _cycles() -> list:
-    """Finished cycles, except the newest ok one: "the last successful sweep" (the dashboard,
-    /metrics) must still have an answer after a month without one."""
-    t = ReconciliationCycle.__table__
-    ok = t.alias("ok_cycles")
-    last_ok = select(func.coalesce(func.max(ok.c.id), 0)).where(ok.c.status == CycleStatus.OK).scalar_subquery()
-    return [t.c.status != CycleStatus.RUNNING, t.c.id != last_ok]
-
-
-def _audit() -> list:
-    return [_owes_nothing(OperatorAction.__table__)]
-
-
-KINDS = (
-    Kind(
-        "deliveries",
-        "event deliveries (done or discarded)",
-        OutboxDelivery,
-        "completed_at",
-        lambda c: c.work,
-        _deliveries,
-        "deliveries",
-    ),
-    Kind(
-        "commands",
-        "scheduled commands (done or obsolete)",
-        ScheduledCommand,
-        "completed_at",
-        lambda c: c.work,
-        _commands,
-        "commands",
-    ),
-    Kind(
-        "webhook_receipts",
-        "webhook receipts",
-        WebhookReceipt,
-        "received_at",
-        lambda c: c.receipts,
-        _receipts,
-        "webhook_receipts",
-    ),
-    Kind(
-        "provider_events",
-        "applied provider events (dedup)",
-        ProcessedStripeEvent,
-        "processed_at",
-        lambda c: c.provider_events,
-        lambda: [],
-    ),
-    Kind("sweep_cycles", "sweep cycles", ReconciliationCycle, "started_at", lambda c: c.cycles, _cycles),
-    Kind(
-        "operator_actions",
-        "operator actions (audit)",
-        OperatorAction,
-        "created_at",
-        lambda c: c.audit,
-        _audit,
-        "operator_actions",
-    ),
-    # An operator's other records, kept as long as the audit trail that names them: an email sent
-    # again (of an order that owes nothing), a stock correction, a card's acknowledgement.
-    Kind(
-        "email_resends",
-        "emails sent again (audit)",
-        EmailResend,
-        "created_at",
-        lambda c: c.audit,
-        lambda: [_owes_nothing(EmailResend.__table__)],
-    ),
-    Kind(
-        "stock_corrections",
-        "stock corrections (audit)",
-        StockCorrection,
-        "created_at",
-        lambda c: c.audit,
-        lambda: [],
-    ),
-    Kind(
-        "card_acknowledgements",
-        "card acknowledgements (audit)",
-        CardAcknowledgement,
-        "created_at",
-        lambda c: c.audit,
-        lambda: [],
-    ),
-)
 
 
 @dataclass
@@ -303,54 +130,85 @@ def prune(
     if not acquire_lease(LEASE, holder, utcnow(), LEASE_SECONDS):
         result.skipped = "another prune is running (the retention lease is held)"
         return result
-    size = batch_size or cfg["PRUNE_BATCH_SIZE"]
-    renewed = said = clock.current().monotonic()
+    run = _Run(
+        holder, batch_size or cfg["PRUNE_BATCH_SIZE"], now, started, budget_seconds, should_stop, progress, pause
+    )
     try:
         for kind in KINDS:
-            result.counts[kind.name] = 0
-            reached = None  # the age of the newest row removed so far: the next batch starts there
-            while True:
-                batch_started = clock.current().monotonic()
-                removed, busy, reached = _batch(kind, result.cutoffs, size, now, reached)
-                took = clock.current().monotonic() - batch_started
-                result.batches += 1
-                result.counts[kind.name] += removed
-                if busy:
-                    result.blocked.append(kind.name)
-                    break
-                if removed < size:
-                    break
-                if progress and clock.current().monotonic() - said >= 2:
-                    progress(f"{kind.name}: {result.counts[kind.name]} removed so far...")
-                    said = clock.current().monotonic()
-                if (budget_seconds is not None and clock.current().monotonic() - started >= budget_seconds) or (
-                    should_stop is not None and should_stop()
-                ):
-                    result.more = True
-                    return result
-                if clock.current().monotonic() - renewed >= LEASE_SECONDS / 4:
-                    if not renew_lease(LEASE, holder, utcnow(), LEASE_SECONDS):
-                        result.more = True  # the lease lapsed (a frozen process): let its taker go on
-                        return result
-                    renewed = clock.current().monotonic()
-                if pause is not None:
-                    pause()
-                else:
-                    # Twice as long as the batch took, at least: the busier the database, the slower
-                    # the batches and the longer the prune stands back, so it never takes more than
-                    # a third of the database's time from everyone else. And no faster than
-                    # PRUNE_ROWS_PER_SECOND: every deleted row is WAL that checkout's next commit
-                    # flushes with its own, and CPU on a machine checkout shares (bench/retention.py,
-                    # docs/SCALING.md).
-                    clock.current().sleep(
-                        max(cfg["PRUNE_PAUSE_SECONDS"], 2 * took, removed / cfg["PRUNE_ROWS_PER_SECOND"] - took)
-                    )
+            if not _prune_kind(kind, result, run):
+                result.more = True
+                break
     finally:
         release_lease(LEASE, holder)
         result.seconds = clock.current().monotonic() - started
         if any(result.counts.values()):
             log.info("prune: %s", ", ".join(f"{n} {k}" for k, n in result.counts.items() if n))
     return result
+
+
+@dataclass
+class _Run:
+    """One prune's holder, batch size and limits, and when it last renewed its lease and spoke."""
+
+    holder: str
+    size: int
+    now: datetime
+    started: float
+    budget_seconds: float | None
+    should_stop: Callable[[], bool] | None
+    progress: Callable[[str], None] | None
+    pause: Callable[[], None] | None
+    renewed: float = field(default_factory=lambda: clock.current().monotonic())
+    said: float = field(default_factory=lambda: clock.current().monotonic())
+
+    def may_go_on(self) -> bool:
+        """Between batches: False when its time is up, it was asked to stop, or its lease lapsed
+        (a frozen process: let its taker go on); the lease renewed when due."""
+        if (self.budget_seconds is not None and clock.current().monotonic() - self.started >= self.budget_seconds) or (
+            self.should_stop is not None and self.should_stop()
+        ):
+            return False
+        if clock.current().monotonic() - self.renewed >= LEASE_SECONDS / 4:
+            if not renew_lease(LEASE, self.holder, utcnow(), LEASE_SECONDS):
+                return False
+            self.renewed = clock.current().monotonic()
+        return True
+
+    def stand_back(self, removed: int, took: float) -> None:
+        if self.pause is not None:
+            self.pause()
+            return
+        cfg = current_app.config
+        # Twice as long as the batch took, at least: the busier the database, the slower the
+        # batches and the longer the prune stands back, so it never takes more than a third of
+        # the database's time from everyone else. And no faster than PRUNE_ROWS_PER_SECOND: every
+        # deleted row is WAL that checkout's next commit flushes with its own, and CPU on a
+        # machine checkout shares (bench/retention.py, docs/SCALING.md).
+        clock.current().sleep(max(cfg["PRUNE_PAUSE_SECONDS"], 2 * took, removed / cfg["PRUNE_ROWS_PER_SECOND"] - took))
+
+
+def _prune_kind(kind: Kind, result: PruneResult, run: _Run) -> bool:
+    """Batches of one kind until none is full (or a lock stops them: `blocked`). False when the
+    run must stop before the end (`more`)."""
+    result.counts[kind.name] = 0
+    reached = None  # the age of the newest row removed so far: the next batch starts there
+    while True:
+        batch_started = clock.current().monotonic()
+        removed, busy, reached = _batch(kind, result.cutoffs, run.size, run.now, reached)
+        took = clock.current().monotonic() - batch_started
+        result.batches += 1
+        result.counts[kind.name] += removed
+        if busy:
+            result.blocked.append(kind.name)
+            return True
+        if removed < run.size:
+            return True
+        if run.progress and clock.current().monotonic() - run.said >= 2:
+            run.progress(f"{kind.name}: {result.counts[kind.name]} removed so far...")
+            run.said = clock.current().monotonic()
+        if not run.may_go_on():
+            return False
+        run.stand_back(removed, took)
 
 
 def _where(kind: Kind, cutoff, reached=None) -> list:

@@ -132,25 +132,8 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
     try:
         result.cycle_id = record_start(result, holder)
         _run_passes(result, cfg["RECONCILIATION_BATCH_SIZE"], clock, LeaseKeeper(heartbeat))
-    except LeaseLost as exc:
-        uow.rollback(db.session)
-        log.warning("sweep: %s", exc)
-        result.status, result.reason = CycleStatus.FAILED, "lost the lease"
-        result.errors.append(
-            {"pass": PassName.CYCLE, "order_id": None, "kind": ErrorKind.LEASE_LOST, "error": str(exc)}
-        )
     except Exception as exc:
-        uow.rollback(db.session)
-        log.exception("sweep: the cycle failed")
-        result.status, result.reason = CycleStatus.FAILED, f"{type(exc).__name__}"
-        result.errors.append(
-            {
-                "pass": PassName.CYCLE,
-                "order_id": None,
-                "kind": error_kind(exc),
-                "error": f"{type(exc).__name__}: {exc}"[:500],
-            }
-        )
+        _cycle_failed(result, exc)
     finally:
         heartbeat.stop()
         result.finished_at = clock()
@@ -166,6 +149,29 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
         provider_line(result.provider),
     )
     return result
+
+
+def _cycle_failed(result: CycleResult, exc: Exception) -> None:
+    """The cycle ended by an error (called in its `except`): rolled back, and the cycle failed with
+    the lease lost, or with the error's kind."""
+    uow.rollback(db.session)
+    if isinstance(exc, LeaseLost):
+        log.warning("sweep: %s", exc)
+        result.status, result.reason = CycleStatus.FAILED, "lost the lease"
+        result.errors.append(
+            {"pass": PassName.CYCLE, "order_id": None, "kind": ErrorKind.LEASE_LOST, "error": str(exc)}
+        )
+        return
+    log.exception("sweep: the cycle failed")
+    result.status, result.reason = CycleStatus.FAILED, f"{type(exc).__name__}"
+    result.errors.append(
+        {
+            "pass": PassName.CYCLE,
+            "order_id": None,
+            "kind": error_kind(exc),
+            "error": f"{type(exc).__name__}: {exc}"[:500],
+        }
+    )
 
 
 def _run_passes(result: CycleResult, batch: int, clock, keep_lease) -> None:

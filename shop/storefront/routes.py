@@ -347,7 +347,7 @@ def checkout_return():
     try:
         answer = ask_and_apply(session_id, source="return", for_order=order.id)
     except gateway.ProviderRefused:
-        raise OrderNotFound()
+        raise OrderNotFound() from None
     except gateway.ProviderUnavailable:
         answer = None
     if answer is not None and answer.applied is None:  # the provider says it is another order's session

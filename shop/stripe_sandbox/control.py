@@ -88,7 +88,7 @@ def _body(*, required: tuple[str, ...] = (), allowed: tuple[str, ...] = ()) -> d
         try:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
-            raise ControlError(400, "The request body must be a JSON object.")
+            raise ControlError(400, "The request body must be a JSON object.") from None
     if not isinstance(data, dict):
         raise ControlError(400, "The request body must be a JSON object.")
     for key in required:

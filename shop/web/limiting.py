@@ -7,7 +7,7 @@ import math
 
 from flask_limiter import Limiter
 
-from ..settings import parse_sentinel_url
+from ..settings_values import parse_sentinel_url
 
 
 def wait_in_words(seconds: float) -> str:

@@ -221,7 +221,7 @@ def test_payment_proof_needs_paid_status_the_exact_amount_and_the_currency(
     )
     assert verdict.accepted is accepted
     assert len(verdict.problems) == len(problems)
-    for fragment, problem in zip(problems, verdict.problems):
+    for fragment, problem in zip(problems, verdict.problems, strict=True):
         assert fragment in problem
     assert verdict.describe() == ("accepted" if accepted else "; ".join(verdict.problems))
 

@@ -95,7 +95,7 @@ def test_a_schedule_run_by_a_sweep_every_interval_doubles_its_spacing_up_to_the_
         if now >= due:
             asked.append(cycle)
             due = next_provider_check(now, T0, INTERVAL, CAP)
-    gaps = [b - a for a, b in zip(asked, asked[1:])]
+    gaps = [b - a for a, b in zip(asked, asked[1:], strict=False)]
     assert gaps[:3] == [1, 2, 3] and set(gaps[3:]) == {3}  # never more than the cap's 3 cycles apart
 
 

@@ -178,7 +178,7 @@ _step = st.one_of(
 @given(stocks=st.lists(st.integers(0, 6), min_size=3, max_size=3), steps=st.lists(_step, max_size=14))
 def test_any_sequence_of_checkouts_payments_and_cancels_conserves_stock(fresh_ctx, stocks, steps):
     variants = catalog_rows(*stocks)  # fresh rows per example: examples never see each other
-    initial = dict(zip(variants, stocks))
+    initial = dict(zip(variants, stocks, strict=True))
     orders: list[int] = []
 
     def pick(i):

@@ -22,7 +22,7 @@ from shop.domain.events import OrderPaid
 from shop.domain.order import Transition as T
 from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand
-from shop.outbox import runner
+from shop.outbox import requeue, runner
 from shop.outbox.dispatch import run_command, run_delivery
 from shop.outbox.relay import relay_once
 from shop.outbox.subscriptions import SUBSCRIPTIONS
@@ -170,10 +170,10 @@ def test_a_retried_dead_letter_runs_again_with_a_fresh_budget_and_can_succeed(ma
         assert run_delivery(flaky, now=t0) == "retry"
         assert run_delivery(flaky, now=t0 + timedelta(seconds=5)) == "dead"
         # Only a dead letter can be retried; a pending row is not one.
-        assert runner.retry_dead(OutboxDelivery, _delivery(order_id, "counting_followup").id) is False
+        assert requeue.retry_dead(OutboxDelivery, _delivery(order_id, "counting_followup").id) is False
 
         t1 = t0 + timedelta(minutes=10)
-        assert runner.retry_dead(OutboxDelivery, flaky, now=t1) is True
+        assert requeue.retry_dead(OutboxDelivery, flaky, now=t1) is True
         row = _delivery(order_id, "flaky_followup")
         assert (row.status, row.attempts, row.max_attempts) == ("pending", 0, 2)
         # The fresh budget: one more failure is a retry, not an instant dead letter.

@@ -178,4 +178,6 @@ def test_once_a_process_met_the_line_held_its_next_checkouts_join_it_without_ask
     assert [o["line"]["ahead"] for o in joined] == [2, 3, 4]
     with app.app_context():
         assert checkout_queue.serve_now() == 5
-    assert [s.order(o["reference"])["status"] for s, o in zip(shoppers, joined)] == ["PaymentInitiated"] * 3
+    assert [s.order(o["reference"])["status"] for s, o in zip(shoppers, joined, strict=True)] == [
+        "PaymentInitiated"
+    ] * 3

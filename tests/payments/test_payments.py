@@ -18,6 +18,7 @@ from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, Sched
 from shop.outbox.dispatch import run_delivery
 from shop.payments import gateway
 from shop.payments.apply import reconcile_order
+from shop.stripe_sandbox.testing import SandboxControlError
 
 
 def _rows(app, model, **filters) -> list:
@@ -261,7 +262,7 @@ def test_cancelling_an_unpaid_order_expires_its_session_at_the_provider_first(fr
     assert r.status_code == 200, r.get_data(as_text=True)
     assert r.get_json()["status"] == "Cancelled"
     assert _provider_session(fresh_paying_app, sid).status == "expired"
-    with pytest.raises(Exception):
+    with pytest.raises(SandboxControlError):
         sandbox.set_outcome(sid, "paid")  # nobody can pay the retired page any more
 
     # The expiry notice the retirement caused arrives afterwards and changes nothing.

@@ -87,7 +87,7 @@ def test_after_the_threshold_the_breaker_opens_for_every_process_and_a_probe_clo
         with app.app_context():
             assert not guard.get().claim_probe().mine, "a probe could be claimed before its spacing had passed"
         fake_clock.advance(guard.PROBE_SPACING_SECONDS + 0.001)
-        wait_until(lambda: probes() >= probe, 10, f"probe {probe} of the two processes' probers")
+        wait_until(lambda probe=probe: probes() >= probe, 10, f"probe {probe} of the two processes' probers")
         assert probes() == probe
     assert sessions() == created, "a customer's checkout called the provider while the breaker was open"
     assert {c["path"] for c in sandbox.requests(method="GET")} == {"/v1/events"}
@@ -306,7 +306,7 @@ def test_a_429_storm_puts_checkouts_in_line_the_queue_and_the_sweep_wait_out_ret
     shoppers = [Shopper(app) for _ in range(5)]
     answers = [s.checkout() for s in shoppers]
     assert all(a.status_code == 303 for a in answers)
-    later = [s for s, a in zip(shoppers, answers) if "/pay/" not in a.headers["Location"]]
+    later = [s for s, a in zip(shoppers, answers, strict=True) if "/pay/" not in a.headers["Location"]]
     assert later, "the provider limited us, so some checkouts were put in line"
     for shopper in later:
         waiting = shopper.latest()

@@ -24,7 +24,7 @@ def _session_creates(sandbox, since: float = 0.0) -> list[dict]:
 
 
 def _waited_out_each_retry_after(calls: list[dict]) -> None:
-    for refused, next_call in zip(calls, calls[1:]):
+    for refused, next_call in zip(calls, calls[1:], strict=False):
         assert refused["status"] == 429, calls
         gap = next_call["at"] - refused["at"]
         assert gap >= 0.95, f"sent again {gap:.2f} s after a 429 whose Retry-After was 1 s: {calls}"

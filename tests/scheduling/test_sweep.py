@@ -828,7 +828,7 @@ def test_a_payment_that_keeps_settling_is_asked_about_less_and_less_often_up_to_
             result = run_cycle(now=closed + timedelta(seconds=cycle * interval))
             if result.provider["awaiting_async"]:
                 asked.append(cycle)
-        gaps = [b - a for a, b in zip(asked, asked[1:])]
+        gaps = [b - a for a, b in zip(asked, asked[1:], strict=False)]
         assert asked[:2] == [1, 2] and max(gaps) == RECHECK_CAP_INTERVALS["awaiting_async"], asked
         assert gaps == sorted(gaps)
 

@@ -10,10 +10,10 @@ import pytest
 from shop.models import OutboxDelivery, ScheduledCommand
 from shop.orders import checkout
 from shop.outbox import claims, dispatch, writer
-from shop.payments import apply
+from shop.payments import event_claims
 from shop.saga import inventory
 from shop import webhooks
-from shop.store import order_store
+from shop.store import order_statements
 
 
 def _hot_statements():
@@ -38,9 +38,9 @@ def _hot_statements():
     )
     yield "webhook: receipt", webhooks._INSERT_RECEIPT
     # Every statement the order store owns, from its own registry: a new one is checked unasked.
-    yield from order_store.STATEMENTS.items()
+    yield from order_statements.STATEMENTS.items()
     for dialect in ("postgresql", "sqlite"):
-        yield f"webhook: claim event ({dialect})", apply._claim_statement(dialect)
+        yield f"webhook: claim event ({dialect})", event_claims.claim_statement(dialect)
 
 
 @pytest.mark.parametrize("name,statement", list(_hot_statements()), ids=lambda v: v if isinstance(v, str) else "")

@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 
 from shop.extensions import db
 from shop.models import CardAcknowledgement, OperatorAction, Order
-from shop.payments import gateway, guard, watch
+from shop.payments import guard, provider_probe, watch
 
 
 def card(client, key):
@@ -52,7 +52,7 @@ def test_the_provider_card_flips_red_and_green_on_the_watchs_check_without_any_c
 
 def test_the_watch_thread_shows_an_outage_and_the_return_within_five_seconds(make_shop, sandbox):
     """The watch as the scheduler runs it: nobody calls the provider but the watch."""
-    assert watch.CHECK_INTERVAL_SECONDS + gateway.PROBE_TIMEOUT_SECONDS < 5
+    assert watch.CHECK_INTERVAL_SECONDS + provider_probe.PROBE_TIMEOUT_SECONDS < 5
     app = make_shop(sandbox=True)
     console = app.test_client()
     log_in(app, console)

@@ -168,7 +168,7 @@ def test_the_dashboard_charts_count_the_orders_placed_paid_and_cancelled_in_the_
 def test_the_charts_count_the_finished_minutes_once_and_the_current_minute_on_every_refresh(fresh_app):
     from sqlalchemy import event
 
-    from shop.console import board
+    from shop.console import charts
 
     now = utcnow().replace(second=30, microsecond=0)
     with fresh_app.app_context():
@@ -190,7 +190,7 @@ def test_the_charts_count_the_finished_minutes_once_and_the_current_minute_on_ev
 
         event.listen(db.engine, "before_cursor_execute", listener)
         try:
-            first = board.charts(now)
+            first = charts.charts(now)
             assert first["totals"]["placed"] == 2 and first["orders"]["placed"][-1] == 1
             assert first["orders"]["placed"][-6] == 1
             assert len(seen) == 4  # events and lag, for the finished minutes and for the current one
@@ -200,7 +200,7 @@ def test_the_charts_count_the_finished_minutes_once_and_the_current_minute_on_ev
             )
             db.session.commit()
             seen.clear()
-            again = board.charts(now + timedelta(seconds=20))
+            again = charts.charts(now + timedelta(seconds=20))
             assert again["totals"]["placed"] == 3 and again["orders"]["placed"][-1] == 2
             assert len(seen) == 2  # only the current minute
             seen.clear()
@@ -211,7 +211,7 @@ def test_the_charts_count_the_finished_minutes_once_and_the_current_minute_on_ev
             )
             db.session.commit()
             seen.clear()
-            later = board.charts(now + timedelta(minutes=1))
+            later = charts.charts(now + timedelta(minutes=1))
             assert len(seen) == 4 and all("outbox" in sql for sql in seen)
             assert later["orders"]["placed"][-2] == 2 and later["orders"]["placed"][-7] == 1
             assert later["totals"]["placed"] == 3

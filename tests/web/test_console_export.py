@@ -12,7 +12,7 @@ from sqlalchemy import event, select
 
 from compensation_support import cancel_in
 from factories import force_order, place_order_for, seed_catalog_rows
-from shop.console import export
+from shop.console import csv_stream
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, Refund, WebhookReceipt
@@ -50,7 +50,7 @@ def order_selects(fresh_app):
 
 
 def test_the_orders_csv_is_streamed_and_read_in_keyset_pages(fresh_client, eight_orders, order_selects, monkeypatch):
-    monkeypatch.setattr(export, "CHUNK", 3)
+    monkeypatch.setattr(csv_stream, "CHUNK", 3)
     response = fresh_client.get("/console/orders?format=csv")
     assert response.status_code == 200
     assert response.is_streamed
@@ -107,7 +107,7 @@ def test_a_cell_a_spreadsheet_would_run_is_written_as_text(fresh_app, fresh_clie
 
 def test_the_download_is_a_generator_the_server_passes_through(fresh_app):
     with fresh_app.test_request_context("/console/orders?format=csv"):
-        response = export.csv_response("x", ["a"], iter([("=1",), ("b",)]), list, now=utcnow())
+        response = csv_stream.csv_response("x", ["a"], iter([("=1",), ("b",)]), list, now=utcnow())
         assert response.direct_passthrough and response.is_streamed
         # Bytes, as a WSGI server takes a passed-through body (str would fail there, not here).
         assert b"".join(response.response) == b"a\r\n'=1\r\nb\r\n"
@@ -124,11 +124,11 @@ def test_a_download_is_on_the_audit_trail_with_its_filters(fresh_client, eight_o
 
 
 def test_safe_cell_prefixes_only_formula_starts():
-    assert export.safe_cell("=1+1") == "'=1+1"
-    assert export.safe_cell("\rcmd") == "'\rcmd"
-    assert export.safe_cell("a=1") == "a=1"
-    assert export.safe_cell(None) == ""
-    assert export.safe_cell(42) == "42"
+    assert csv_stream.safe_cell("=1+1") == "'=1+1"
+    assert csv_stream.safe_cell("\rcmd") == "'\rcmd"
+    assert csv_stream.safe_cell("a=1") == "a=1"
+    assert csv_stream.safe_cell(None) == ""
+    assert csv_stream.safe_cell(42) == "42"
 
 
 def test_refunds_webhooks_and_deliveries_download_with_their_filters(fresh_app, fresh_client, eight_orders):

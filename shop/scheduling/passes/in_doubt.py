@@ -63,25 +63,10 @@ def settle_from_events(
     if len(candidates) < BULK_THRESHOLD:
         return set()
     since = min(updated for _, sid, updated in doubt if sid in candidates) - EVENTS_SLACK
-    latest: dict[str, gateway.SessionEvent] = {}
-    after, more, pages = None, True, 0
-    while more and pages < max(1, len(candidates) // ORDERS_PER_EVENTS_PAGE) and len(latest) < len(candidates):
-        if not keep_lease():
-            raise LeaseLost("the sweep lease lapsed or was taken over while listing the provider's events")
-        try:
-            events, more = gateway.session_events(since=since, starting_after=after)
-        except gateway.ProviderUnavailable as exc:
-            log.info("sweep: could not list the provider's events (%s); asking order by order", exc)
-            counts[Tally.EVENT_PAGES] = counts.get(Tally.EVENT_PAGES, 0) + pages
-            return set()
-        pages += 1
-        for event in events:  # newest first: the first seen of a session is its latest
-            if event.view.id in candidates:
-                latest.setdefault(event.view.id, event)
-        after = events[-1].id if events else None
-        more = more and after is not None
+    latest, read_to_end, pages, listed = _latest_events(candidates, since, keep_lease)
     counts[Tally.EVENT_PAGES] = counts.get(Tally.EVENT_PAGES, 0) + pages
-    read_to_end = not more
+    if not listed:
+        return set()
     settled: set[int] = set()
     for sid, order_id in candidates.items():
         event = latest.get(sid)
@@ -104,6 +89,29 @@ def settle_from_events(
         counts[outcome] = counts.get(outcome, 0) + 1
     log.info("sweep: %d order(s) in doubt settled from %d page(s) of the provider's events", len(settled), pages)
     return settled
+
+
+def _latest_events(candidates: dict, since: datetime, keep_lease) -> tuple[dict, bool, int, bool]:
+    """The latest event of each candidate session, from the provider's event list read page by
+    page (at most one page per ORDERS_PER_EVENTS_PAGE orders): (the events by session, whether
+    the list was read to its end, the pages read, False when the provider did not answer)."""
+    latest: dict[str, gateway.SessionEvent] = {}
+    after, more, pages = None, True, 0
+    while more and pages < max(1, len(candidates) // ORDERS_PER_EVENTS_PAGE) and len(latest) < len(candidates):
+        if not keep_lease():
+            raise LeaseLost("the sweep lease lapsed or was taken over while listing the provider's events")
+        try:
+            events, more = gateway.session_events(since=since, starting_after=after)
+        except gateway.ProviderUnavailable as exc:
+            log.info("sweep: could not list the provider's events (%s); asking order by order", exc)
+            return latest, False, pages, False
+        pages += 1
+        for event in events:  # newest first: the first seen of a session is its latest
+            if event.view.id in candidates:
+                latest.setdefault(event.view.id, event)
+        after = events[-1].id if events else None
+        more = more and after is not None
+    return latest, not more, pages, True
 
 
 def _settle_from_event(order_id: int, event: gateway.SessionEvent, cutoff: datetime, now: datetime) -> ProviderOutcome:

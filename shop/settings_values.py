@@ -1,0 +1,239 @@
+"""One environment variable at a time, read and checked (docs/REFERENCE.md, Settings): the readers
+every setting uses (a whole number in bounds, true or false, a URL of known schemes, country codes),
+and the values with rules of their own (the database's and Redis's URLs, a Sentinel URL, the node
+name, the metrics token, SMTP, the Sentry DSN, the pooler, the web front, the log format). A bad
+value is a SettingsError naming the variable; shop.settings assembles them and checks the settings
+that depend on one another."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+from .logs import FORMATS as LOG_FORMATS, TEXT as LOG_FORMAT_TEXT
+from .node import MAX_LENGTH as NODE_NAME_MAX_LENGTH, host_node_name
+
+
+class SettingsError(Exception):
+    """A configuration value is missing or wrong. The message names the variable."""
+
+    def __init__(self, variable: str, problem: str):
+        super().__init__(f"{variable}: {problem}")
+        self.variable = variable
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def env_countries(env, name, default):
+    """A comma-separated list of two-letter ISO country codes (`US,CA,GB`), as Stripe takes them."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    codes = tuple(dict.fromkeys(part.strip().upper() for part in raw.split(",") if part.strip()))
+    wrong = [code for code in codes if len(code) != 2 or not code.isascii() or not code.isalpha()]
+    if not codes or wrong:
+        got = ", ".join(wrong) if wrong else repr(raw)
+        raise SettingsError(name, f"must be two-letter country codes separated by commas (US,CA,GB), got {got}")
+    return codes
+
+
+def env_int(env, name, default, lo, hi):
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise SettingsError(name, f"must be a whole number, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise SettingsError(name, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def env_bool(env, name, default):
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise SettingsError(name, f"must be true or false, got {raw!r}")
+
+
+class SentinelURL(NamedTuple):
+    sentinels: list[tuple[str, int]]
+    service: str
+    db: int
+    username: str | None
+    password: str | None
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """`redis+sentinel://[[user]:password@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]` (the form
+    Flask-Limiter's storage reads too), or ValueError saying what is wrong with it."""
+    rest = url.removeprefix("redis+sentinel://")
+    auth, _, rest = rest.rpartition("@")
+    where, _, path = rest.partition("/")
+    parts = [p for p in path.split("/") if p]
+    if not where or not parts or len(parts) > 2:
+        raise ValueError("expected redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]")
+    sentinels = []
+    for endpoint in where.split(","):
+        host, _, port = endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"a Sentinel is HOST:PORT, got {endpoint!r}")
+        sentinels.append((host, int(port)))
+    if len(parts) == 2 and not parts[1].isdigit():
+        raise ValueError(f"the database after the service is a number, got {parts[1]!r}")
+    user, _, password = auth.partition(":") if auth else ("", "", "")
+    return SentinelURL(sentinels, parts[0], int(parts[1]) if len(parts) == 2 else 0, user or None, password or None)
+
+
+def env_redis_url(env) -> str:
+    url = env_url(
+        env, "REDIS_URL", "redis://127.0.0.1:6379/0", ["redis://", "rediss://", "unix://", "redis+sentinel://"]
+    )
+    if url.startswith("redis+sentinel://"):
+        try:
+            parse_sentinel_url(url)
+        except ValueError as exc:
+            raise SettingsError("REDIS_URL", f"{exc}, got {url!r}") from None
+    return url
+
+
+def env_url(env, name, default, schemes):
+    value = (env.get(name) or "").strip() or default
+    if value is None:
+        return None
+    if not any(value.startswith(s) for s in schemes):
+        raise SettingsError(name, f"must start with one of {', '.join(schemes)}, got {value!r}")
+    return value.rstrip("/") if schemes[0].startswith("http") else value
+
+
+def env_database_url(env, instance_path: str) -> str:
+    default_db = "sqlite:///" + os.path.join(os.path.abspath(instance_path), "backstop.sqlite3")
+    database_url = env_url(env, "DATABASE_URL", default_db, ["sqlite", "postgresql"])
+    if database_url.startswith("postgresql://") or database_url.startswith("postgres://"):
+        # psycopg 3 is the driver we ship and test; plain postgresql:// would pick psycopg2.
+        database_url = "postgresql+psycopg://" + database_url.split("://", 1)[1]
+    return database_url
+
+
+def env_node_name(env) -> str:
+    """BACKSTOP_NODE_NAME: the first part of every identity this process leaves in PostgreSQL and
+    Redis (`node:pid:...`), a log field and a metrics label, hence no ':' and no spaces."""
+    raw = (env.get("BACKSTOP_NODE_NAME") or "").strip()
+    if not raw:
+        return host_node_name()
+    if len(raw) > NODE_NAME_MAX_LENGTH:
+        raise SettingsError("BACKSTOP_NODE_NAME", f"must be at most {NODE_NAME_MAX_LENGTH} characters, got {len(raw)}")
+    if ":" in raw:
+        raise SettingsError("BACKSTOP_NODE_NAME", f"must not contain ':' (identities are node:pid:...), got {raw!r}")
+    if not raw.isprintable() or any(c.isspace() for c in raw):
+        raise SettingsError("BACKSTOP_NODE_NAME", f"must be printable, without spaces, got {raw!r}")
+    return raw
+
+
+METRICS_TOKEN_MIN_LENGTH = 16
+
+
+def env_metrics_token(env) -> str | None:
+    """METRICS_TOKEN: unset (or blank) leaves /metrics open. Set, it must be long enough not to be
+    guessed and fit in an Authorization header as sent. The message never repeats the value: it
+    is a secret, and the line goes to the log."""
+    raw = (env.get("METRICS_TOKEN") or "").strip()
+    if not raw:
+        return None
+    if len(raw) < METRICS_TOKEN_MIN_LENGTH:
+        raise SettingsError("METRICS_TOKEN", f"must be at least {METRICS_TOKEN_MIN_LENGTH} characters, got {len(raw)}")
+    if not all("!" <= c <= "~" for c in raw):
+        raise SettingsError(
+            "METRICS_TOKEN", "must be printable ASCII without spaces (a scraper sends it in an Authorization header)"
+        )
+    return raw
+
+
+SMTP_SCHEMES = ["smtp://", "smtp+starttls://", "smtps://"]
+
+
+def env_smtp_url(env) -> str | None:
+    """SMTP_URL: unset writes mail to files. The message names the scheme only: the URL may
+    carry the mail server's password, and the line goes to the log."""
+    raw = (env.get("SMTP_URL") or "").strip()
+    if not raw:
+        return None
+    if not any(raw.startswith(s) for s in SMTP_SCHEMES):
+        scheme = raw.split("://", 1)[0] + "://" if "://" in raw else "no scheme"
+        raise SettingsError("SMTP_URL", f"must start with one of {', '.join(SMTP_SCHEMES)}, got {scheme}")
+    return raw
+
+
+def env_smtp_ca_file(env) -> str | None:
+    """SMTP_CA_FILE: a PEM bundle the mailer trusts for the mail server's certificate. Checked
+    here, so a wrong path stops the start instead of every email failing later, one by one."""
+    raw = (env.get("SMTP_CA_FILE") or "").strip()
+    if not raw:
+        return None
+    if not os.path.isfile(raw):
+        raise SettingsError("SMTP_CA_FILE", f"no such file: {raw!r}")
+    if not os.access(raw, os.R_OK):
+        raise SettingsError("SMTP_CA_FILE", f"cannot be read by this process: {raw!r}")
+    try:
+        ssl.create_default_context(cafile=raw)
+    except (ssl.SSLError, ValueError, OSError) as exc:
+        raise SettingsError("SMTP_CA_FILE", f"is not a PEM certificate bundle ({exc}): {raw!r}") from None
+    return os.path.abspath(raw)
+
+
+POOLERS = ("none", "pgbouncer")
+WEB_FRONTS = ("nginx", "none")
+
+
+def env_web_front(env) -> str:
+    raw = (env.get("WEB_FRONT") or "").strip().lower() or "nginx"
+    if raw not in WEB_FRONTS:
+        raise SettingsError("WEB_FRONT", f"must be one of {', '.join(WEB_FRONTS)}, got {raw!r}")
+    return raw
+
+
+def env_log_format(env) -> str:
+    raw = (env.get("LOG_FORMAT") or "").strip().lower() or LOG_FORMAT_TEXT
+    if raw not in LOG_FORMATS:
+        raise SettingsError("LOG_FORMAT", f"must be one of {', '.join(LOG_FORMATS)}, got {raw!r}")
+    return raw
+
+
+def env_sentry_dsn(env) -> str | None:
+    """SENTRY_DSN: unset reports nothing. A DSN is `http(s)://KEY@HOST[:PORT]/PROJECT`; the
+    message names what is wrong without repeating the value (its key goes to the log otherwise)."""
+    raw = (env.get("SENTRY_DSN") or "").strip()
+    if not raw:
+        return None
+    try:
+        parts = urlsplit(raw)
+        _ = parts.port  # raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise SettingsError("SENTRY_DSN", f"is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        scheme = f"{parts.scheme}://" if parts.scheme else "no scheme"
+        raise SettingsError("SENTRY_DSN", f"must start with one of http://, https://, got {scheme}")
+    if not parts.username or not parts.hostname:
+        raise SettingsError("SENTRY_DSN", "must name a key and a host: http(s)://KEY@HOST/PROJECT")
+    if not parts.path.strip("/"):
+        raise SettingsError("SENTRY_DSN", "must end with the project: http(s)://KEY@HOST/PROJECT")
+    return raw
+
+
+def env_pooler(env, database_url: str) -> str:
+    raw = (env.get("DATABASE_POOLER") or "").strip().lower() or "none"
+    if raw not in POOLERS:
+        raise SettingsError("DATABASE_POOLER", f"must be one of {', '.join(POOLERS)}, got {raw!r}")
+    if raw != "none" and not database_url.startswith("postgresql"):
+        raise SettingsError("DATABASE_POOLER", f"{raw} stands in front of PostgreSQL; DATABASE_URL is not PostgreSQL")
+    return raw
