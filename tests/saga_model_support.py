@@ -5,7 +5,10 @@ invariants. Every rule calls the shop's own use cases or routes; nothing is mock
 One clock for everything: the sandbox's (wall time plus its offset). The shop reads it through
 `shop.domain.deadlines.utcnow` and the models' column defaults (both patched by
 `install_clock`), so a session expires at the provider exactly when the shop thinks its time
-is up, and "advance the clock" moves both.
+is up, and "advance the clock" moves both. The provider guard's rate budget keeps Redis's time
+instead (its scripts read TIME, never a caller's clock), which no test can set: "advance the
+clock" moves what the budget recorded that far into the past (`age_provider_budget`), so a call
+the budget refused is admitted once the clock has passed the wait it was told.
 """
 
 from __future__ import annotations
@@ -28,13 +31,13 @@ from shop import failpoints  # noqa: F401  (the failpoint below is read from the
 from shop.clock import SystemClock
 from shop.domain.deadlines import as_utc, unpaid_deadline
 from shop.extensions import db
-from shop.models import InventoryItem, Order, OutboxDelivery, Refund, ScheduledCommand, Variant
+from shop.models import InventoryItem, Order, OutboxDelivery, Refund, ScheduledCommand, Variant, WorkStatus
 from shop.orders.checkout import place_order
 from shop.orders.cancel import PROVIDER_EXPIRY_GRACE, cancel_order
 from shop.outbox import requeue, runner
 from shop.outbox.dispatch import drain_deliveries, run_command, run_delivery
 from shop.outbox.relay import relay_once
-from shop.payments import gateway
+from shop.payments import gateway, guard
 from shop.payments.apply import reconcile_order
 from shop.payments.start import start_payment
 from shop.scheduling.sweep import run_cycle
@@ -65,6 +68,28 @@ def install_clock(monkeypatch, sandbox) -> None:
     """The shop's clock (shop.clock) is the sandbox's, until the test ends (conftest puts the
     system's back). `monkeypatch` is no longer needed: the clock is the process's, set once."""
     shop_clock.use(SandboxClock(sandbox.sandbox))
+
+
+def age_provider_budget(app, redis, seconds: float) -> None:
+    """`seconds` pass for the provider guard's rate budget as they pass for the shop and the
+    sandbox. The budget measures its waits on Redis's clock, which the test cannot move: without
+    this, a deadline the budget refused (its endpoint's window spent by the interleaving's own
+    calls, or a 429's pause) was rescheduled a second or so ahead, the settle loop moved the clock
+    there and ran it, and the budget, which had seen a few milliseconds pass, refused it again, for
+    as many rounds as the loop had. So the budget's records move `seconds` into the past: the
+    account bucket's last refill and its pause (`at`, `paused_until`), and every grant in each
+    endpoint's window, as if Redis's clock had advanced with the sandbox's."""
+    with app.app_context():
+        provider = guard.get()
+        bucket, windows = provider.bucket_key, provider.budget.endpoint_prefix
+    for name in ("at", "paused_until"):
+        value = redis.hget(bucket, name)
+        if value is not None:
+            redis.hset(bucket, name, repr(float(value) - seconds))
+    for window in redis.scan_iter(match=windows + "*"):
+        grants = redis.zrange(window, 0, -1, withscores=True)
+        if grants:
+            redis.zadd(window, {member: granted - seconds for member, granted in grants})
 
 
 @dataclass
@@ -129,6 +154,7 @@ class SagaModel(RuleBasedStateMachine):
     def advance(self, seconds: float) -> None:
         if seconds > 0:
             self.world.sandbox.advance_clock(seconds)
+            age_provider_budget(self.world.app, self.world.redis, seconds)
             self.collect_events()
 
     def ctx(self):
@@ -528,7 +554,8 @@ class SagaModel(RuleBasedStateMachine):
                 results = [run_command(row["id"], now=self.now())]
                 if when == "twice":
                     results.append(run_command(row["id"], now=self.now()))
-        self.note(f"deadline {when}: {'/'.join(results)}")
+        self.last_deadline = "/".join(results)  # what the fixed journeys (test_saga_model.py) pin
+        self.note(f"deadline {when}: {self.last_deadline}")
         self.collect_events()
 
     @rule(what=st.sampled_from(["sweep", "sweep", "redis", "drain", "drain", "quiesce"]))
@@ -713,7 +740,10 @@ class SagaModel(RuleBasedStateMachine):
 
     def run_due_work(self, rounds: int = 60) -> None:
         """Run every due command and delivery until none is due. Waits (by moving the clock) for
-        retry backoffs and for the leases of workers that died; never for a future deadline."""
+        retry backoffs and for the leases of workers that died; never for a future deadline.
+        Every wait is on the one clock: a row the provider's rate budget sent back is due when the
+        clock has passed the budget's wait, and so is the budget (`age_provider_budget`)."""
+        rescheduled: Counter = Counter()  # rows their own run put back for later, and how often
         for _ in range(rounds):
             now = self.now()
             data = self.shop()
@@ -724,7 +754,7 @@ class SagaModel(RuleBasedStateMachine):
             ]
             for cid in due_commands:
                 with self.ctx():
-                    run_command(cid, now=self.now())
+                    rescheduled[cid] += run_command(cid, now=self.now()) == runner.RunOutcome.RESCHEDULED
             with self.ctx():
                 ran = drain_deliveries(now=self.now())
             ran_any = bool(due_commands) or any(v for k, v in ran.items() if k != "more")
@@ -742,9 +772,11 @@ class SagaModel(RuleBasedStateMachine):
                 return
             self.advance((min(waits) - now).total_seconds() + 0.05)
         data = self.shop()
-        left = [r for r in data["deliveries"] + data["commands"] if r["status"] not in ("done", "discarded")]
+        finished = (WorkStatus.DONE, WorkStatus.DISCARDED, WorkStatus.OBSOLETE)
+        left = [r for r in data["deliveries"] + data["commands"] if r["status"] not in finished]
         raise AssertionError(
-            f"the outbox did not settle: work stays due after {rounds} rounds (now {self.now()}): {left}"
+            f"the outbox did not settle: work stays due after {rounds} rounds (now {self.now()}): {left}; "
+            f"commands their own run put back for later (id: times): {dict(+rescheduled)}"
         )
 
     def drain_everything(self):

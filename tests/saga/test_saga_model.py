@@ -23,13 +23,16 @@ Redis loses everything and the relay runs; the operator retries, discards and re
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from saga_model_support import SagaModel, World, install_clock
+from saga_model_support import SagaModel, World, age_provider_budget, install_clock
 from factories import seed_catalog_rows
+from shop.outbox.runner import RunOutcome
+from shop.payments import guard
 
 LONG_EXAMPLES = int(os.environ.get("BACKSTOP_MODEL_EXAMPLES", "0") or 0)
 
@@ -119,6 +122,12 @@ class Journey:
         self.machine.teardown()
         for invariant in self.machine.invariants:
             invariant.function(self.machine)
+
+    def provider_rate_limits(self, seconds: float) -> None:
+        """The provider answered 429 with `Retry-After: seconds`: the guard holds every call to it
+        until then, on the rate budget's own clock (Redis's)."""
+        with self.machine.ctx():
+            guard.get().pause(seconds)
 
     def pending_async(self) -> None:
         """The customer pays with a method that settles later; the completed-but-unpaid notice
@@ -226,6 +235,25 @@ def journey_reordered_and_duplicated_webhooks(j: Journey) -> None:
     assert j.refunds() == ([], [])
 
 
+def journey_deadline_sent_back_by_the_providers_rate_budget(j: Journey) -> None:
+    """Pins: a deadline the provider's rate budget sent back (a 429's Retry-After held every call)
+    asks the provider again once the clock has passed that wait, and cancels the order whose
+    session expired; no money moves. The settle waits for it on the one clock: moving the clock
+    moves the budget's too, or the budget, which counts on Redis's clock, would keep sending the
+    deadline back however far the clock went (docs/REFERENCE.md, STRIPE_RATE_LIMIT_PER_SECOND:
+    background calls, deadlines among them, are retried later; a 429 holds every call until its
+    Retry-After)."""
+    j("time_passes", how="past_session_expiry", pick=0)
+    j.provider_rate_limits(seconds=120)  # longer than this test runs: only the clock can end it
+    j("deadline_fires", pick=0, when="now")
+    assert j.machine.last_deadline == RunOutcome.RESCHEDULED
+    assert j.order()["status"] == "PaymentInitiated"
+    j.settle()
+    order = j.order()
+    assert order["status"] == "Cancelled" and order["restored"]
+    assert j.refunds() == ([], [])
+
+
 JOURNEYS = [
     journey_async_pending_then_succeeded,
     journey_async_pending_then_failed,
@@ -233,9 +261,30 @@ JOURNEYS = [
     journey_late_money_after_cancel_webhook_lost,
     journey_late_money_after_cancel_every_webhook_lost,
     journey_reordered_and_duplicated_webhooks,
+    journey_deadline_sent_back_by_the_providers_rate_budget,
 ]
 
 
 @pytest.mark.parametrize("journey", JOURNEYS, ids=[j.__name__.removeprefix("journey_") for j in JOURNEYS])
 def test_fixed_journey(world, journey):
     journey(Journey(world))
+
+
+def test_the_models_clock_moves_the_provider_budgets_endpoint_windows(make_fresh_app, redis_conn):
+    """Pins the budget the CI failure met: an endpoint's background share, spent within a moment
+    (as an interleaving spends it: minutes of the model's time run in milliseconds), is free again
+    once the model's clock has passed its window, though Redis's clock, which the budget counts
+    on, has not (docs/REFERENCE.md, STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND: each endpoint's grants
+    are counted over the last 1.15 s). `SagaModel.advance` moves it with `age_provider_budget`."""
+    app = make_fresh_app(STRIPE_RATE_LIMIT_PER_SECOND=10_000)  # only the endpoint's window can refuse
+    endpoint = "GET /v1/checkout/sessions/{id}"
+    with app.app_context(), guard.background_call(0.0):
+        provider = guard.get()
+        granted = 0
+        with pytest.raises(guard.Shed, match=re.escape(endpoint)):
+            for _ in range(1000):
+                provider.take_token(endpoint)
+                granted += 1
+        assert granted == provider.limits.endpoint_rate_per_second - provider.limits.endpoint_reserve
+        age_provider_budget(app, redis_conn, 1.2)
+        assert provider.take_token(endpoint).endpoint == endpoint
