@@ -2,13 +2,12 @@
 the network, the workers, Redis and the operator can do), the reference model and the
 invariants. Every rule calls the shop's own use cases or routes; nothing is mocked.
 
-One clock for everything: the sandbox's (wall time plus its offset). The shop reads it through
-`shop.domain.deadlines.utcnow` and the models' column defaults (both patched by
-`install_clock`), so a session expires at the provider exactly when the shop thinks its time
-is up, and "advance the clock" moves both. The provider guard's rate budget keeps Redis's time
-instead (its scripts read TIME, never a caller's clock), which no test can set: "advance the
-clock" moves what the budget recorded that far into the past (`age_provider_budget`), so a call
-the budget refused is admitted once the clock has passed the wait it was told.
+One clock for everything: the sandbox's (wall time plus its offset), made the shop's clock
+(shop.clock, `install_clock`), so a session expires at the provider exactly when the shop thinks
+its time is up, and "advance the clock" moves both. The provider guard's shared state in Redis
+(its rate budget's buckets and windows, the breaker) takes its time from that clock too
+(`shared_time`), not from Redis's TIME: otherwise a call the budget refused would stay refused
+while the model's minutes pass in milliseconds of Redis's time.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from shop.orders.cancel import PROVIDER_EXPIRY_GRACE, cancel_order
 from shop.outbox import requeue, runner
 from shop.outbox.dispatch import drain_deliveries, run_command, run_delivery
 from shop.outbox.relay import relay_once
-from shop.payments import gateway, guard
+from shop.payments import gateway
 from shop.payments.apply import reconcile_order
 from shop.payments.start import start_payment
 from shop.scheduling.sweep import run_cycle
@@ -51,8 +50,8 @@ CRASH = "restore_inventory.after_marker_flush=raise"
 
 
 class SandboxClock(SystemClock):
-    """The sandbox's clock: the system's time of day plus whatever the test advanced it by (the
-    guard's scripts keep Redis's own, as with the system's clock)."""
+    """The sandbox's clock: the system's time of day plus whatever the test advanced it by, for the
+    shop and for the guard's shared state in Redis alike."""
 
     def __init__(self, sandbox_state):
         self.state = sandbox_state
@@ -63,33 +62,14 @@ class SandboxClock(SystemClock):
     def time(self) -> float:
         return time.time() + self.state.clock_offset
 
+    def shared_time(self) -> float | None:
+        return self.time()
+
 
 def install_clock(monkeypatch, sandbox) -> None:
     """The shop's clock (shop.clock) is the sandbox's, until the test ends (conftest puts the
     system's back). `monkeypatch` is no longer needed: the clock is the process's, set once."""
     shop_clock.use(SandboxClock(sandbox.sandbox))
-
-
-def age_provider_budget(app, redis, seconds: float) -> None:
-    """`seconds` pass for the provider guard's rate budget as they pass for the shop and the
-    sandbox. The budget measures its waits on Redis's clock, which the test cannot move: without
-    this, a deadline the budget refused (its endpoint's window spent by the interleaving's own
-    calls, or a 429's pause) was rescheduled a second or so ahead, the settle loop moved the clock
-    there and ran it, and the budget, which had seen a few milliseconds pass, refused it again, for
-    as many rounds as the loop had. So the budget's records move `seconds` into the past: the
-    account bucket's last refill and its pause (`at`, `paused_until`), and every grant in each
-    endpoint's window, as if Redis's clock had advanced with the sandbox's."""
-    with app.app_context():
-        provider = guard.get()
-        bucket, windows = provider.bucket_key, provider.budget.endpoint_prefix
-    for name in ("at", "paused_until"):
-        value = redis.hget(bucket, name)
-        if value is not None:
-            redis.hset(bucket, name, repr(float(value) - seconds))
-    for window in redis.scan_iter(match=windows + "*"):
-        grants = redis.zrange(window, 0, -1, withscores=True)
-        if grants:
-            redis.zadd(window, {member: granted - seconds for member, granted in grants})
 
 
 @dataclass
@@ -154,7 +134,6 @@ class SagaModel(RuleBasedStateMachine):
     def advance(self, seconds: float) -> None:
         if seconds > 0:
             self.world.sandbox.advance_clock(seconds)
-            age_provider_budget(self.world.app, self.world.redis, seconds)
             self.collect_events()
 
     def ctx(self):
@@ -742,7 +721,7 @@ class SagaModel(RuleBasedStateMachine):
         """Run every due command and delivery until none is due. Waits (by moving the clock) for
         retry backoffs and for the leases of workers that died; never for a future deadline.
         Every wait is on the one clock: a row the provider's rate budget sent back is due when the
-        clock has passed the budget's wait, and so is the budget (`age_provider_budget`)."""
+        clock has passed the budget's wait, and so is the budget (`SandboxClock.shared_time`)."""
         rescheduled: Counter = Counter()  # rows their own run put back for later, and how often
         for _ in range(rounds):
             now = self.now()

@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from saga_model_support import SagaModel, World, age_provider_budget, install_clock
+from saga_model_support import SagaModel, World, install_clock
 from factories import seed_catalog_rows
 from shop.outbox.runner import RunOutcome
 from shop.payments import guard
@@ -270,13 +270,13 @@ def test_fixed_journey(world, journey):
     journey(Journey(world))
 
 
-def test_the_models_clock_moves_the_provider_budgets_endpoint_windows(make_fresh_app, redis_conn):
+def test_the_models_clock_moves_the_provider_budgets_endpoint_windows(make_fresh_app, fake_clock):
     """Pins the budget the CI failure met: an endpoint's background share, spent within a moment
     (as an interleaving spends it: minutes of the model's time run in milliseconds), is free again
-    once the model's clock has passed its window, though Redis's clock, which the budget counts
-    on, has not (docs/REFERENCE.md, STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND: each endpoint's grants
-    are counted over the last 1.15 s). `SagaModel.advance` moves it with `age_provider_budget`."""
-    app = make_fresh_app(STRIPE_RATE_LIMIT_PER_SECOND=10_000)  # only the endpoint's window can refuse
+    once the shop's clock has passed its window, whatever Redis's own clock says
+    (docs/REFERENCE.md, STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND: each endpoint's grants are counted
+    over the last 1.15 s). The model's clock is such a clock (`SandboxClock.shared_time`)."""
+    app = make_fresh_app(STRIPE_RATE_LIMIT_PER_SECOND=10_000, CLOCK=fake_clock)  # only the endpoint can refuse
     endpoint = "GET /v1/checkout/sessions/{id}"
     with app.app_context(), guard.background_call(0.0):
         provider = guard.get()
@@ -286,5 +286,5 @@ def test_the_models_clock_moves_the_provider_budgets_endpoint_windows(make_fresh
                 provider.take_token(endpoint)
                 granted += 1
         assert granted == provider.limits.endpoint_rate_per_second - provider.limits.endpoint_reserve
-        age_provider_budget(app, redis_conn, 1.2)
+        fake_clock.advance(1.2)
         assert provider.take_token(endpoint).endpoint == endpoint
