@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from shop.payments import checkout_queue, gateway
+from shop.payments import checkout_queue, gateway, provider_probe
 from shop.payments.provider_errors import ProviderFailure
 
 from payment_helpers import Shopper
@@ -109,6 +109,6 @@ def test_the_probe_asks_once_and_takes_a_429_as_no_answer(make_fresh_app, sandbo
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
     sandbox.faults(api_rate_limit_next_calls=1)
     with app.app_context():
-        answered, words = gateway.check()
+        answered, words = provider_probe.check()
     assert answered is False and "429" in words, words
     assert [c["status"] for c in sandbox.requests()] == [429]
