@@ -6,7 +6,6 @@ hosted page, and the gateway's idempotency and error handling."""
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 import stripe
@@ -359,7 +358,9 @@ def test_a_second_device_returning_with_the_orders_own_session_gets_its_page_eve
     assert seen.status_code == 200 and seen.get_json()["reference"] == order["reference"]
 
 
-def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(make_fresh_app, sandbox, monkeypatch):
+def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(
+    make_fresh_app, sandbox, monkeypatch, fake_clock
+):
     """The session was created at the provider but the order's update was lost (its database
     connection died): the order stays PendingPayment with no attempt counted. "Pay now" asks for
     the same attempt with a later expires_at; under a key naming the attempt alone the provider
@@ -374,9 +375,11 @@ def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(make_fr
         STRIPE_WEBHOOK_SECRET="whsec_test_secret",
         UNPAID_ORDER_EXPIRY_SECONDS=60,
         RECONCILIATION_STUCK_AGE_SECONDS=60,
+        CLOCK=fake_clock,
     )
     shopper = Shopper(app, seed_catalog_rows(app))
     real_commit, real_create, lost = uow.commit, gateway.create_checkout_session, []
+    fake_clock.catch_up(0.5)  # never behind the sandbox's clock, which checks a session's minimum life
 
     def create_then_lose_the_save(**kwargs):
         lost.append("armed")  # the commit after the first session's creation is the one lost
@@ -396,7 +399,7 @@ def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(make_fr
     assert shopper.order(ref)["status"] == "PendingPayment"
     assert len(sandbox.sandbox.sessions) == 1  # created, never recorded
 
-    time.sleep(1.1)  # the session's end, now + minimum, moves on by a second
+    fake_clock.advance(1.1)  # the session's end, now + minimum, moves on by a second
     r = shopper.pay(ref)
 
     assert r.status_code == 200, r.get_data(as_text=True)

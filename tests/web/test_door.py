@@ -68,6 +68,7 @@ def test_failed_logins_past_the_account_limit_get_429_in_words_then_the_right_pa
     assert page.status_code == 429 and "Too many failed logins for this account" in page.get_data(as_text=True)
     assert client.get("/console/", headers=JSON).status_code == 401
 
+    # A sleep: Flask-Limiter keeps the window on the real clock, which no test clock moves.
     time.sleep(int(refused.headers["Retry-After"]) + 0.3)
     assert login(client).status_code == 200
     assert client.get("/console/", headers=JSON).status_code == 200
