@@ -172,9 +172,9 @@ def test_storefront_pages_errors_static_files_and_operations_send_the_headers(ma
         ("/static/shop.js", 200),
         ("/metrics", 200),
     ):
-        r = client.get(url, headers=HTML)
-        assert r.status_code == status, url
-        assert_secured(r, url)
+        with client.get(url, headers=HTML) as r:  # closed: a static file's answer holds it open
+            assert r.status_code == status, url
+            assert_secured(r, url)
     assert_secured(client.post("/cart/items", data={}, headers=JSON), "CSRF refusal")
     assert_secured(
         client.post("/cart/items", data="a" * 2_000_001, headers={"Transfer-Encoding": "chunked"}),
