@@ -11,9 +11,9 @@ import pytest
 import stripe
 
 from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, wait_for_status
-from factories import seed_catalog_rows
+from factories import on_hand, seed_catalog_rows
 from shop.extensions import db
-from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WebhookReceipt
+from shop.models import Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WebhookReceipt
 from shop.outbox.dispatch import run_delivery
 from shop.payments import gateway
 from shop.payments.apply import reconcile_order
@@ -30,13 +30,6 @@ def _rows(app, model, **filters) -> list:
 
 def _event_names(app, ref) -> list[str]:
     return [e.name for e in _rows(app, OutboxEvent, order_id=order_id(app, ref))]
-
-
-def _on_hand(app, variant_id) -> int:
-    with app.app_context():
-        value = db.session.get(InventoryItem, variant_id).on_hand
-        db.session.remove()
-        return value
 
 
 def _provider_session(app, session_id) -> gateway.SessionView:
@@ -219,7 +212,7 @@ def test_checkout_with_the_provider_down_lands_on_a_payable_order_page(fresh_pay
         "expire_unpaid_order",
         "offer_payment_link",
     ]
-    assert _on_hand(fresh_paying_app, shopper.skus["MUG-350-SND"]) == 10  # the items are held
+    assert on_hand(shopper.skus["MUG-350-SND"], fresh_paying_app) == 10  # the items are held
     page = shopper.client.get(f"/orders/{ref}").get_data(as_text=True)
     assert "Pay now" in page and "could not reach the payment provider" in page
 
@@ -238,7 +231,7 @@ def test_cancel_is_refused_while_the_session_is_paid_at_the_provider(fresh_payin
     order = shopper.place("NB-A6-DOT", 2)
     ref, sid = order["reference"], order["payment"]["session_id"]
     sandbox.set_outcome(sid, "paid")  # and the webhook has not arrived yet
-    stock = _on_hand(fresh_paying_app, shopper.skus["NB-A6-DOT"])
+    stock = on_hand(shopper.skus["NB-A6-DOT"], fresh_paying_app)
 
     r = shopper.cancel(ref, order["version"])
     assert r.status_code == 409
@@ -246,7 +239,7 @@ def test_cancel_is_refused_while_the_session_is_paid_at_the_provider(fresh_payin
     after = shopper.order(ref)
     assert (after["status"], after["version"]) == ("PaymentInitiated", order["version"])
     assert "OrderCancelled" not in _event_names(fresh_paying_app, ref)
-    assert _on_hand(fresh_paying_app, shopper.skus["NB-A6-DOT"]) == stock
+    assert on_hand(shopper.skus["NB-A6-DOT"], fresh_paying_app) == stock
     assert _provider_session(fresh_paying_app, sid).payment_status == "paid"
 
     post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", sid))
