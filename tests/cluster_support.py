@@ -50,6 +50,7 @@ from pathlib import Path
 import requests
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from support import poll_until
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -318,9 +319,7 @@ class Cluster:
             for p in group:
                 if p.alive:
                     p.signal(signal.SIGTERM)
-            deadline = time.monotonic() + 8
-            while any(p.alive for p in group) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            poll_until(lambda group=group: not any(p.alive for p in group), timeout=8)
             for p in group:
                 p.signal(signal.SIGKILL)  # also any stray member left in the group
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -536,17 +535,17 @@ http {{
         return counts
 
     def _wait(self, what: str, ready, name: str, timeout: float = 40) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+        def answers() -> bool:
             with contextlib.suppress(requests.RequestException, OSError):
                 if ready():
-                    return
+                    return True
             proc = next((p for p in self.procs if p.name == name), None)
             if proc is not None and not proc.alive:
                 raise ClusterError(f"{what} exited ({proc.popen.returncode}):\n{self.tail(name)}")
-            if time.monotonic() > deadline:
-                raise ClusterError(f"{what} did not answer within {timeout:.0f} s:\n{self.tail(name)}")
-            time.sleep(0.2)
+            return False
+
+        if not poll_until(answers, timeout=timeout, interval=0.2):
+            raise ClusterError(f"{what} did not answer within {timeout:.0f} s:\n{self.tail(name)}")
 
     def tail(self, name: str | None = None, chars: int = 3000) -> str:
         parts = []
@@ -738,7 +737,7 @@ class Customers:
             journey.finished = time.time()
             with self.lock:
                 self.journeys.append(journey)
-            time.sleep(rng.uniform(0.0, 0.2))
+            self.stopping.wait(rng.uniform(0.0, 0.2))
 
     def _run(self, shopper, j: Journey, rng: random.Random) -> None:
         sku = rng.choice([s for s in self.skus if s in self._plentiful()])
@@ -777,9 +776,9 @@ class Customers:
             self._cancel(shopper, j)
         elif j.kind == "late_pay":
             self._outcome(j, "async_pending")
-            time.sleep(rng.uniform(0.1, 0.5))
+            self.stopping.wait(rng.uniform(0.1, 0.5))  # the customer's pause; over at once when the load stops
             self._cancel(shopper, j)
-            time.sleep(rng.uniform(0.1, 0.5))
+            self.stopping.wait(rng.uniform(0.1, 0.5))
             self._sandbox_post(j, f"/_sandbox/sessions/{j.session_id}/async", {"result": "succeeded"})
 
     def _plentiful(self) -> set[str]:
@@ -788,20 +787,23 @@ class Customers:
     def _with_session(self, shopper, ref: str, order: dict) -> dict:
         """An order waiting in line (or whose provider call was refused) gets its session a little
         later: the page goes on by itself, as the customer's does."""
-        deadline = time.monotonic() + 10
-        while not (order.get("payment") or {}).get("session_id") and time.monotonic() < deadline:
-            time.sleep(0.3)
-            order = shopper.order(ref)
-        return order
+        latest = [order]
+
+        def has_session():
+            if not (latest[0].get("payment") or {}).get("session_id"):
+                latest[0] = shopper.order(ref)
+            return (latest[0].get("payment") or {}).get("session_id")
+
+        if not (order.get("payment") or {}).get("session_id"):
+            poll_until(has_session, timeout=10, interval=0.3)
+        return latest[0]
 
     def _wait_status(self, shopper, ref: str, status: str, timeout: float) -> dict | None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def in_status() -> dict | None:
             r = shopper.get_order(ref)
-            if r.status_code == 200 and r.get_json()["status"] == status:
-                return r.get_json()
-            time.sleep(0.3)
-        return None
+            return r.get_json() if r.status_code == 200 and r.get_json()["status"] == status else None
+
+        return poll_until(in_status, timeout=timeout, interval=0.3)
 
     def _cancel(self, shopper, j: Journey) -> None:
         for _ in range(3):
@@ -846,23 +848,24 @@ def wait_for_quiet(sql, timeout: float, log_path: str | None = None) -> tuple[bo
     """Until no order is live, no delivery or command is due or claimed, no refund is pending,
     and the counts stayed put for 3 s. Returns (quiet, seconds waited, what was still busy)."""
     started = time.monotonic()
-    last, since = None, time.monotonic()
-    while time.monotonic() - started < timeout:
+    seen = {"last": None, "since": started}
+
+    def quiet() -> bool:
         try:
             with sql.connect() as conn:
                 row = tuple(conn.execute(text(QUIET_SQL)).one())
         except Exception:  # noqa: BLE001 - the database is the truth; ask again
-            time.sleep(1)
-            continue
+            return False
         if log_path:
             with open(log_path, "a") as log:
                 log.write(f"{time.strftime('%H:%M:%S')} {row}\n")
-        if row != last:
-            last, since = row, time.monotonic()
-        if row[:4] == (0, 0, 0, 0) and time.monotonic() - since >= 3:
-            return True, since - started, ""
-        time.sleep(0.5)
-    last = last or (None,) * 6
+        if row != seen["last"]:
+            seen["last"], seen["since"] = row, time.monotonic()
+        return row[:4] == (0, 0, 0, 0) and time.monotonic() - seen["since"] >= 3
+
+    if poll_until(quiet, timeout=timeout, interval=0.5):
+        return True, seen["since"] - started, ""
+    last = seen["last"] or (None,) * 6
     return (
         False,
         time.monotonic() - started,
@@ -918,21 +921,23 @@ def kill_when_busy(cluster: Cluster, node: str, within: float) -> tuple[dt.datet
     (when, what it held at death: read after the kill, when nothing of it can move any more,
     what the moment was)."""
     pids = cluster.nodes[node].pids()
-    deadline = time.monotonic() + within
-    moment = "nothing held when the time was up"
-    seen: set = set()
+    looks = {"seen": set(), "moment": "nothing held when the time was up"}
     with cluster.sql.connect() as conn:
-        while time.monotonic() < deadline:
+
+        def held_twice() -> bool:
             held = _held_by(conn, node, pids)
             conn.rollback()
             now_held = {(k, row["id"]) for k, rows in held.items() for row in rows}
             # Held at two looks in a row (a slow piece of work, a provider call): it will still
             # be held a millisecond from now, when the node dies.
-            if now_held & seen:
-                moment = "while it held " + ", ".join(f"{len(v)} {k}" for k, v in held.items() if v)
-                break
-            seen = now_held
-            time.sleep(0.02)
+            if now_held & looks["seen"]:
+                looks["moment"] = "while it held " + ", ".join(f"{len(v)} {k}" for k, v in held.items() if v)
+                return True
+            looks["seen"] = now_held
+            return False
+
+        poll_until(held_twice, timeout=within, interval=0.02)
+    moment = looks["moment"]
     killed_at = cluster.kill_node(node)
     with cluster.sql.connect() as conn:
         orphaned = _held_by(conn, node, pids)

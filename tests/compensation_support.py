@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from sqlalchemy import select, update
 
-from factories import place_order_for
+from factories import on_hand, place_order_for
 from shop.extensions import db
-from shop.models import InventoryItem, Order, OutboxDelivery, RestoreWarning
+from shop.models import Order, OutboxDelivery, RestoreWarning
 from shop.orders.cancel import cancel_order
 
 
@@ -32,13 +32,6 @@ def restore_delivery(order_id: int) -> OutboxDelivery:
     return db.session.execute(
         select(OutboxDelivery).where(OutboxDelivery.order_id == order_id, OutboxDelivery.handler == "restore_inventory")
     ).scalar_one()
-
-
-def on_hand(variant_id: int) -> int:
-    db.session.expire_all()
-    value = db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).scalar_one()
-    db.session.rollback()
-    return value
 
 
 def stock(variant_ids) -> dict[int, int]:

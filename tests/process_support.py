@@ -70,7 +70,17 @@ class Processes:
                 parts.append(f"--- {name} ---\n{f.read()[-4000:]}")
         return "\n".join(parts)
 
+    def logs_when_stopped(self) -> str:
+        """Stop the processes (as `stop`, the logs kept) and return all they wrote: nothing of
+        their last moments is still on its way to the files."""
+        self._end_children()
+        return self.logs()
+
     def stop(self) -> None:
+        self._end_children()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _end_children(self) -> None:
         for _name, proc in self.children:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -80,7 +90,6 @@ class Processes:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
-        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def process_env(app, window: int = WINDOW, **extra) -> dict:
@@ -108,7 +117,7 @@ def stalled(proc: subprocess.Popen, seconds: float) -> None:
     fault itself, so this waits on the clock."""
     os.kill(proc.pid, signal.SIGSTOP)
     try:
-        time.sleep(seconds)
+        time.sleep(seconds)  # a sleep: the stall's length is the fault itself
     finally:
         os.kill(proc.pid, signal.SIGCONT)
 

@@ -177,18 +177,25 @@ def run_threads(app, jobs, worker):
     return results, errors
 
 
-def wait_until(predicate, timeout: float = 5.0, what: str = "the condition", logs=None, interval: float = 0.05):
-    """Poll `predicate()` until it returns something true, and return that. After `timeout`
-    seconds fail, naming `what` was waited for and what the predicate returned last (and
-    `logs()`, the processes' output, when given). The one polling loop of the tests."""
+def poll_until(predicate, timeout: float = 5.0, interval: float = 0.05):
+    """Poll `predicate()` until it returns something true or `timeout` seconds have passed, and
+    return what it returned last: the wait that may end without its condition, for a caller
+    that decides itself what that means (a process that would not stop, a moment never seen)."""
     deadline = time.monotonic() + timeout
     while True:
         last = predicate()
-        if last:
+        if last or time.monotonic() >= deadline:
             return last
-        if time.monotonic() >= deadline:
-            break
         time.sleep(interval)
+
+
+def wait_until(predicate, timeout: float = 5.0, what: str = "the condition", logs=None, interval: float = 0.05):
+    """Poll `predicate()` until it returns something true, and return that. After `timeout`
+    seconds fail, naming `what` was waited for and what the predicate returned last (and
+    `logs()`, the processes' output, when given). The one failing wait of the tests."""
+    last = poll_until(predicate, timeout, interval)
+    if last:
+        return last
     raise AssertionError(
         f"timed out after {timeout}s waiting for {what}; the last check returned {last!r}"
         + (f"\n{logs()}" if logs else "")
@@ -224,6 +231,12 @@ class FakeClock:
         with self._lock:
             self._now += timedelta(seconds=seconds)
             self._monotonic += seconds
+
+    def catch_up(self, seconds: float = 0.0) -> None:
+        """Move on to the real time of day plus `seconds` (never back): past something written
+        on the real clock (an RQ heartbeat), by as much as a sleep would have let pass."""
+        behind = (datetime.now(timezone.utc) - self.now()).total_seconds() + seconds
+        self.advance(max(0.0, behind))
 
     def shared_time(self) -> float | None:
         return self.time()

@@ -177,12 +177,14 @@ def _run_worker_burst(app) -> None:
             signal.signal(sig, handler)
 
 
-def test_a_checkouts_request_id_is_on_its_lines_and_on_the_workers_lines_for_the_work_it_left(make_shop, captured):
+def test_a_checkouts_request_id_is_on_its_lines_and_on_the_workers_lines_for_the_work_it_left(
+    make_shop, captured, fake_clock
+):
     """The provider is unreachable: the checkout places the order without a payment page, and
     its deadline (the short hold, 1 s here) cancels it; the cancel's deliveries give the stock
     back and write the email. One filter on the checkout's request id finds the web's line, the
     deadline's and the deliveries', each naming its job, its row and the order."""
-    shop = make_shop(UNPAID_HOLD_WITHOUT_SESSION_SECONDS=1)
+    shop = make_shop(UNPAID_HOLD_WITHOUT_SESSION_SECONDS=1, CLOCK=fake_clock)
     lines = captured("json")
     request_id = f"checkout-{uuid.uuid4().hex[:8]}"
     ref = _checkout(Shopper(shop), request_id)
@@ -203,7 +205,7 @@ def test_a_checkouts_request_id_is_on_its_lines_and_on_the_workers_lines_for_the
         assert deadline.kind == "expire_unpaid_order" and deadline.request_id == request_id
         db.session.remove()
 
-    time.sleep(1.2)  # the hold runs out
+    fake_clock.advance(1.2)  # the hold runs out
     with shop.app_context():
         queue.request_drain(kind=queue.Drain.COMMANDS)
     _run_worker_burst(shop)  # runs the deadline; its commit wakes a delivery drain, run too

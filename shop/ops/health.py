@@ -18,12 +18,12 @@ beat.
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timezone
+from datetime import datetime
 
 from flask import current_app
 from sqlalchemy import func, select, text
 
-from .. import queue
+from .. import clock, queue
 from ..domain.deadlines import as_utc
 from ..extensions import db
 from ..models import OutboxDelivery, ScheduledCommand, WorkStatus
@@ -133,7 +133,7 @@ def _with_remembered(seen: list[dict], now: datetime, stale: int) -> list[dict]:
 def snapshot(now: datetime | None = None, *, with_queues: bool = False) -> dict:
     """Everything /healthz, the dashboard and /metrics show about liveness, judged. Redis or the
     database being down is a finding, not an exception."""
-    now = now or datetime.now(timezone.utc)
+    now = now or clock.current().now()  # the process's clock: a test moves it instead of waiting
     stale = current_app.config["HEALTH_STALE_SECONDS"]
     checks: dict[str, str] = {}
     problems: list[str] = []

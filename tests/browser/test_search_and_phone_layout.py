@@ -135,7 +135,8 @@ def test_console_search_csv_and_actions_fit_the_screen(browser, shop, sandbox, s
             page.get_by_role("link", name="Download CSV").click()
         download = downloaded.value
         assert download.suggested_filename.startswith("orders-") and download.suggested_filename.endswith(".csv")
-        rows = list(csv.reader(io.StringIO(open(download.path(), encoding="utf-8").read())))
+        with open(download.path(), encoding="utf-8") as saved:
+            rows = list(csv.reader(io.StringIO(saved.read())))
         assert rows[0][:3] == ["reference", "status", "total"] and [r[0] for r in rows[1:]] == [reference]
 
         # A filter that cannot be read: said whole, beside the form, with what was typed kept.

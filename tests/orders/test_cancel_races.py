@@ -12,9 +12,9 @@ import os
 import threading
 
 from payment_helpers import Shopper, live_shop, order_id
-from factories import seed_catalog_rows
+from factories import on_hand, seed_catalog_rows
 from shop.extensions import db
-from shop.models import InventoryItem, Order, OutboxEvent, ScheduledCommand
+from shop.models import Order, OutboxEvent, ScheduledCommand
 from shop.outbox.dispatch import drain_deliveries, run_command
 from shop.payments import gateway
 from shop.payments.apply import reconcile_order
@@ -26,13 +26,6 @@ def _names(app, ref) -> list[str]:
         names = [e.name for e in db.session.query(OutboxEvent).filter_by(order_id=oid).order_by(OutboxEvent.id)]
         db.session.remove()
         return names
-
-
-def _on_hand(app, variant_id) -> int:
-    with app.app_context():
-        value = db.session.get(InventoryItem, variant_id).on_hand
-        db.session.remove()
-        return value
 
 
 def _settle(app) -> None:
@@ -74,7 +67,7 @@ def test_a_cancel_whose_own_expiry_notice_lands_first_still_cancels_the_order(
         app.instance_path = str(tmp_path)  # this test's mail in a folder of its own
         shopper = Shopper(app, seed_catalog_rows(app))
         variant = shopper.skus["NB-A6-DOT"]
-        stock = _on_hand(app, variant)
+        stock = on_hand(variant, app)
         order = shopper.place("NB-A6-DOT", 2)
         ref = order["reference"]
         # The sandbox delivers the checkout.session.expired event to the shop over HTTP, and the
@@ -90,7 +83,7 @@ def test_a_cancel_whose_own_expiry_notice_lands_first_still_cancels_the_order(
         assert "OrderPaymentFailed" not in _names(app, ref)
         assert _names(app, ref).count("OrderCancelled") == 1
         _settle(app)
-        assert _on_hand(app, variant) == stock
+        assert on_hand(variant, app) == stock
         with app.app_context():
             assert db.session.query(Order).filter_by(reference=ref).one().inventory_restored
             assert not db.session.query(ScheduledCommand).filter_by(kind="send_email").all()  # never "payment failed"
@@ -105,7 +98,7 @@ def test_a_cancel_survives_its_expiry_being_applied_as_a_failed_payment_by_anoth
     fresh_paying_app.instance_path = str(tmp_path)  # this test's mail in a folder of its own
     shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     variant = shopper.skus["NB-A6-DOT"]
-    stock = _on_hand(fresh_paying_app, variant)
+    stock = on_hand(variant, fresh_paying_app)
     order = shopper.place("NB-A6-DOT", 1)
     ref, oid = order["reference"], order_id(fresh_paying_app, order["reference"])
 
@@ -129,7 +122,7 @@ def test_a_cancel_survives_its_expiry_being_applied_as_a_failed_payment_by_anoth
     assert r.get_json()["status"] == "Cancelled"
     assert _names(fresh_paying_app, ref) == ["OrderPlaced", "PaymentInitiated", "OrderPaymentFailed", "OrderCancelled"]
     _settle(fresh_paying_app)
-    assert _on_hand(fresh_paying_app, variant) == stock
+    assert on_hand(variant, fresh_paying_app) == stock
     with fresh_paying_app.app_context():
         emails = db.session.query(ScheduledCommand).filter_by(kind="send_email").order_by(ScheduledCommand.id).all()
         # The failed-payment email was queued by the follow-up but not sent: the order had moved on.

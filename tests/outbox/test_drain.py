@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 import threading
-import time
 from datetime import timedelta
 
 from sqlalchemy import select, update
@@ -185,13 +184,13 @@ def test_a_drain_jobs_threads_split_one_backlog_and_restore_every_order_exactly_
         db.session.remove()
 
 
-def test_a_drain_gives_back_what_it_cannot_run_within_half_its_lease(make_fresh_app, monkeypatch):
-    app = make_fresh_app(OUTBOX_LEASE_SECONDS=1)
+def test_a_drain_gives_back_what_it_cannot_run_within_half_its_lease(make_fresh_app, monkeypatch, fake_clock):
+    app = make_fresh_app(OUTBOX_LEASE_SECONDS=1, CLOCK=fake_clock)
     runs = []
 
     def slow(event, now):
         runs.append(event.order_id)
-        time.sleep(0.6)
+        fake_clock.advance(0.6)  # the handler's slow work, on the clock the drain reads
 
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["slow_followup"])
     monkeypatch.setitem(shop.saga.HANDLERS, "slow_followup", slow)

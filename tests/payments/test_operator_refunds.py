@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from factories import seed_catalog_rows
+from factories import on_hand, seed_catalog_rows
 from payment_helpers import place_and_pay, Shopper, order_id, run_due_commands
 from shop.domain.deadlines import utcnow
 from shop.domain.events import OrderCancelled
 from shop.extensions import db
-from shop.models import InventoryItem, Order, Refund
+from shop.models import Order, Refund
 from shop.orders.cancel import CancelStatus, cancel_order
 from shop.outbox import uow
 from shop.saga.inventory import RestoreOutcome, restore_inventory
@@ -56,13 +56,6 @@ def _at_provider(sandbox, app, oid):
         intent = state.sessions[session_id].payment_intent_id
         charge = state.charges[state.payment_intents[intent].latest_charge]
         return charge.amount_refunded, sorted(r.amount for r in state.refunds.values() if r.payment_intent_id == intent)
-
-
-def _on_hand(app, variant):
-    with app.app_context():
-        value = db.session.get(InventoryItem, variant).on_hand
-        db.session.remove()
-        return value
 
 
 def test_a_double_submitted_refund_refunds_once_at_the_provider(paid, sandbox, tmp_path):
@@ -112,10 +105,10 @@ def test_a_refund_of_an_order_that_is_not_paid_is_refused_and_writes_nothing(fre
 
 def test_restock_with_a_refund_gives_the_stock_back_once_even_when_a_restore_runs_after(paid):
     app, oid, total, sock = paid
-    before = _on_hand(app, sock)
+    before = on_hand(sock, app)
     done = _refund(app, oid, 100, "key-restock-000001", restock=True)
     assert (done.outcome, done.restocked) == (RefundOutcome.DONE, True)
-    assert _on_hand(app, sock) == before + 2
+    assert on_hand(sock, app) == before + 2
     # A second refund cannot put the stock back again...
     again = _refund(app, oid, 100, "key-restock-000002", restock=True)
     assert (again.outcome, again.why) == (RefundOutcome.REFUSED, "already_restocked")
@@ -126,17 +119,17 @@ def test_restock_with_a_refund_gives_the_stock_back_once_even_when_a_restore_run
         # ...and a paid order is not cancelled at all.
         assert cancel_order(oid, None).status is not CancelStatus.CANCELLED
         db.session.remove()
-    assert _on_hand(app, sock) == before + 2
+    assert on_hand(sock, app) == before + 2
     # The double submit of the restocking refund restocks nothing more either.
     assert _refund(app, oid, 100, "key-restock-000001", restock=True).outcome is RefundOutcome.ALREADY
-    assert _on_hand(app, sock) == before + 2
+    assert on_hand(sock, app) == before + 2
 
 
 def test_a_refund_without_restock_leaves_the_stock_and_the_marker_alone(paid):
     app, oid, total, sock = paid
-    before = _on_hand(app, sock)
+    before = on_hand(sock, app)
     assert _refund(app, oid, total, "key-no-restock-0001").outcome is RefundOutcome.DONE
-    assert _on_hand(app, sock) == before
+    assert on_hand(sock, app) == before
     with app.app_context():
         assert db.session.get(Order, oid).inventory_restored is False
         db.session.remove()
@@ -149,7 +142,7 @@ def test_two_submissions_of_one_refund_at_once_refund_once(paid, is_postgres):
     from support import run_threads
 
     app, oid, total, sock = paid
-    before = _on_hand(app, sock)
+    before = on_hand(sock, app)
 
     def submit(_):
         return refund_order(
@@ -160,7 +153,7 @@ def test_two_submissions_of_one_refund_at_once_refund_once(paid, is_postgres):
     assert errors == [None, None, None]
     assert sorted(results) == sorted([RefundOutcome.DONE, RefundOutcome.ALREADY, RefundOutcome.ALREADY])
     assert [r.amount for r in _refunds(app, oid)] == [200]
-    assert _on_hand(app, sock) == before + 2
+    assert on_hand(sock, app) == before + 2
 
 
 def test_a_pending_operator_refund_whose_failure_webhook_is_lost_is_found_failed_by_the_sweep(paid, sandbox):

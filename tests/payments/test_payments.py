@@ -6,15 +6,14 @@ hosted page, and the gateway's idempotency and error handling."""
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 import stripe
 
 from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, wait_for_status
-from factories import seed_catalog_rows
+from factories import on_hand, seed_catalog_rows
 from shop.extensions import db
-from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WebhookReceipt
+from shop.models import Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WebhookReceipt
 from shop.outbox.dispatch import run_delivery
 from shop.payments import gateway
 from shop.payments.apply import reconcile_order
@@ -31,13 +30,6 @@ def _rows(app, model, **filters) -> list:
 
 def _event_names(app, ref) -> list[str]:
     return [e.name for e in _rows(app, OutboxEvent, order_id=order_id(app, ref))]
-
-
-def _on_hand(app, variant_id) -> int:
-    with app.app_context():
-        value = db.session.get(InventoryItem, variant_id).on_hand
-        db.session.remove()
-        return value
 
 
 def _provider_session(app, session_id) -> gateway.SessionView:
@@ -220,7 +212,7 @@ def test_checkout_with_the_provider_down_lands_on_a_payable_order_page(fresh_pay
         "expire_unpaid_order",
         "offer_payment_link",
     ]
-    assert _on_hand(fresh_paying_app, shopper.skus["MUG-350-SND"]) == 10  # the items are held
+    assert on_hand(shopper.skus["MUG-350-SND"], fresh_paying_app) == 10  # the items are held
     page = shopper.client.get(f"/orders/{ref}").get_data(as_text=True)
     assert "Pay now" in page and "could not reach the payment provider" in page
 
@@ -239,7 +231,7 @@ def test_cancel_is_refused_while_the_session_is_paid_at_the_provider(fresh_payin
     order = shopper.place("NB-A6-DOT", 2)
     ref, sid = order["reference"], order["payment"]["session_id"]
     sandbox.set_outcome(sid, "paid")  # and the webhook has not arrived yet
-    stock = _on_hand(fresh_paying_app, shopper.skus["NB-A6-DOT"])
+    stock = on_hand(shopper.skus["NB-A6-DOT"], fresh_paying_app)
 
     r = shopper.cancel(ref, order["version"])
     assert r.status_code == 409
@@ -247,7 +239,7 @@ def test_cancel_is_refused_while_the_session_is_paid_at_the_provider(fresh_payin
     after = shopper.order(ref)
     assert (after["status"], after["version"]) == ("PaymentInitiated", order["version"])
     assert "OrderCancelled" not in _event_names(fresh_paying_app, ref)
-    assert _on_hand(fresh_paying_app, shopper.skus["NB-A6-DOT"]) == stock
+    assert on_hand(shopper.skus["NB-A6-DOT"], fresh_paying_app) == stock
     assert _provider_session(fresh_paying_app, sid).payment_status == "paid"
 
     post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", sid))
@@ -359,7 +351,9 @@ def test_a_second_device_returning_with_the_orders_own_session_gets_its_page_eve
     assert seen.status_code == 200 and seen.get_json()["reference"] == order["reference"]
 
 
-def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(make_fresh_app, sandbox, monkeypatch):
+def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(
+    make_fresh_app, sandbox, monkeypatch, fake_clock
+):
     """The session was created at the provider but the order's update was lost (its database
     connection died): the order stays PendingPayment with no attempt counted. "Pay now" asks for
     the same attempt with a later expires_at; under a key naming the attempt alone the provider
@@ -374,9 +368,11 @@ def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(make_fr
         STRIPE_WEBHOOK_SECRET="whsec_test_secret",
         UNPAID_ORDER_EXPIRY_SECONDS=60,
         RECONCILIATION_STUCK_AGE_SECONDS=60,
+        CLOCK=fake_clock,
     )
     shopper = Shopper(app, seed_catalog_rows(app))
     real_commit, real_create, lost = uow.commit, gateway.create_checkout_session, []
+    fake_clock.catch_up(0.5)  # never behind the sandbox's clock, which checks a session's minimum life
 
     def create_then_lose_the_save(**kwargs):
         lost.append("armed")  # the commit after the first session's creation is the one lost
@@ -396,7 +392,7 @@ def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(make_fr
     assert shopper.order(ref)["status"] == "PendingPayment"
     assert len(sandbox.sandbox.sessions) == 1  # created, never recorded
 
-    time.sleep(1.1)  # the session's end, now + minimum, moves on by a second
+    fake_clock.advance(1.1)  # the session's end, now + minimum, moves on by a second
     r = shopper.pay(ref)
 
     assert r.status_code == 200, r.get_data(as_text=True)

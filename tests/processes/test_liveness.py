@@ -13,7 +13,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from support import leave_heartbeats, log_in, wait_until
+from support import leave_heartbeats, log_in, poll_until, wait_until
 from process_support import Processes, process_env
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
@@ -198,12 +198,15 @@ def _stopped_then_resumed(make_fresh_app, role: str):
             with app.app_context():
                 queue.control_queue().enqueue(queue.COMMAND_JOB, 0, job_timeout=60, result_ttl=0)
         doing = set()
-        quiet_until = time.monotonic() + 2 * STALE + 1
-        while time.monotonic() < quiet_until:
+        quiet_until = time.monotonic() + 2 * STALE + 1  # the busy job's length, and a second more
+
+        def healthy_through_the_busy_job() -> bool:
             health = client.get("/healthz")
             assert health.status_code == 200, (health.get_json(), procs.logs())
             doing.update(p["job"] for p in client.get("/console/", headers=JSON).get_json()["processes"])
-            time.sleep(0.2)
+            return time.monotonic() >= quiet_until
+
+        poll_until(healthy_through_the_busy_job, timeout=2 * STALE + 2, interval=0.2)
         if role == "worker":
             assert "run_command(0)" in doing
         target = children[role]

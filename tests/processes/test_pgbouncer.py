@@ -12,7 +12,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 
 import pytest
 from sqlalchemy import text
@@ -208,8 +207,7 @@ def test_checkout_webhook_compensation_deadline_and_sweep_run_through_pgbouncer(
             assert db.session.get(InventoryItem, variant_id("NB-A5-DOT")).on_hand == stock - 1
             assert db.session.query(Order).filter_by(reference=paid["reference"]).one().status == "Paid"
             db.session.remove()
-        time.sleep(0.5)
-        logs = procs.logs()
+        logs = procs.logs_when_stopped()
     finally:
         procs.stop()
     assert "prepared statement" not in logs and "prepared statement" not in _log(folder)

@@ -233,7 +233,7 @@ def test_the_scheduler_waits_out_a_redis_restart_and_then_rebuilds_what_redis_lo
             wait_until(registered, 20, "the scheduler's periodic jobs", procs.logs)
             redis_server.terminate()
             redis_server.wait(timeout=10)
-            time.sleep(3)  # a few polls against nothing
+            time.sleep(3)  # a sleep: the outage's length (a few polls against nothing) is the fault itself
             assert scheduler.poll() is None, procs.logs()
             redis_server = start_redis()
             wait_until(registered, 20, "the periodic jobs to be registered again", procs.logs)
@@ -275,7 +275,7 @@ def test_a_worker_and_a_scheduler_started_while_redis_is_down_wait_for_it_instea
         worker = procs.start("worker", ["shop", "worker"], env)
         scheduler = procs.start("scheduler", ["shop", "scheduler"], env)
         wait_until(lambda: procs.logs().count("waiting for Redis (REDIS_URL)") >= 2, 30, "both to wait", procs.logs)
-        time.sleep(1)
+        time.sleep(1)  # a sleep: how long they wait for Redis is the fault; they log only every 10 s
         assert worker.poll() is None and scheduler.poll() is None, procs.logs()
         redis_server = start_redis_server(port, str(tmp_path))
         started = Redis(host="127.0.0.1", port=port)
@@ -312,7 +312,7 @@ def test_a_worker_is_back_at_work_within_seconds_of_redis_answering_again_after_
         )
         redis_server.kill()
         redis_server.wait(timeout=5)
-        time.sleep(16)
+        time.sleep(16)  # a sleep: Redis gone past the worker's reconnect attempts is the fault itself
         assert worker.poll() is None, procs.logs()
         redis_server = start_redis_server(port, str(tmp_path))
         wait_until(lambda: _answers(conn), 10, "Redis to answer again")

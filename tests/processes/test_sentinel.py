@@ -195,7 +195,7 @@ def test_a_killed_master_is_followed_by_every_process_and_no_order_is_lost(make_
         wait_until(both_running, 30, "the worker and the scheduler", procs.logs)
         load = threading.Thread(target=customers, daemon=True)
         load.start()
-        time.sleep(2)
+        wait_until(lambda: len(placed) >= 5, 30, "checkouts placed before the failover", procs.logs)
 
         sentinels.kill_master()
         killed = time.monotonic()

@@ -59,7 +59,7 @@ def test_two_nodes_one_dies_and_every_guarantee_holds():
         load_started = time.time()
         customers.start()
         try:
-            time.sleep(BEFORE_KILL)
+            time.sleep(BEFORE_KILL)  # a sleep: the load's length before the kill is the scenario itself
             victim = cluster.scheduler_lock_node() or "node-a"
             before_kill = time.time()
             # A slow provider for the moments around the kill: the node then dies in the middle of
@@ -70,7 +70,7 @@ def test_two_nodes_one_dies_and_every_guarantee_holds():
                 killed_at, orphaned, moment = kill_when_busy(cluster, victim, within=KILL_WATCH)
             finally:
                 cluster.sandbox("POST", "/_sandbox/faults", {"api_latency_seconds": 0})
-            time.sleep(AFTER_KILL)
+            time.sleep(AFTER_KILL)  # a sleep: the survivor's time under load is the scenario itself
         finally:
             customers.stop()
         quiet, waited, busy = wait_for_quiet(

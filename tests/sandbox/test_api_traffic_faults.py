@@ -186,14 +186,33 @@ def test_the_next_n_calls_get_the_rate_limits_429_then_calls_are_served_again(cl
     assert [c["status"] for c in sandbox.requests()] == [429, 429, 200]
 
 
+def admitted(call) -> bool:
+    """Make the call: True if the sandbox served it, False if the rate limit refused it (a
+    refused call costs nothing, so asking again until one is admitted changes no window)."""
+    try:
+        call()
+    except stripe.RateLimitError:
+        return False
+    return True
+
+
+def _quiet_for(sandbox, seconds: float) -> bool:
+    """The last /v1 call the sandbox received arrived more than `seconds` ago."""
+    calls = sandbox.requests()
+    return not calls or time.time() - calls[-1]["at"] > seconds
+
+
 def test_the_rate_limit_window_slides_and_zero_switches_it_off(client, sandbox):
     sandbox.faults(api_rate_limit_per_second=1)
     client.v1.checkout.sessions.list()
     with pytest.raises(stripe.RateLimitError):
         client.v1.checkout.sessions.list()
 
-    time.sleep(1.05)
-    client.v1.checkout.sessions.list()
+    wait_until(
+        lambda: admitted(client.v1.checkout.sessions.list),
+        timeout=2 * traffic.RATE_WINDOW_SECONDS,
+        what="the window to slide past the first call",
+    )
 
     sandbox.faults(api_rate_limit_per_second=0)
     for _ in range(5):
@@ -214,7 +233,8 @@ def test_the_endpoint_limit_counts_each_method_and_path_template_on_its_own(clie
     """Stripe's per-endpoint limit: retrieving two different sessions is one endpoint
     (`GET /v1/checkout/sessions/{id}`), listing them another, creating them a third."""
     first, second = new_session(client), new_session(client)
-    time.sleep(1.05)  # the windows count calls made before a limit is switched on
+    # The windows count calls made before a limit is switched on: these two leave them first.
+    wait_until(lambda: _quiet_for(sandbox, traffic.RATE_WINDOW_SECONDS), what="a window without the sessions' creation")
     sandbox.faults(api_endpoint_rate_limit_per_second=2)
     limited_from = time.time()
     client.v1.checkout.sessions.retrieve(first.id)
@@ -238,8 +258,11 @@ def test_the_endpoint_limit_counts_each_method_and_path_template_on_its_own(clie
     }
     assert [c["status"] for c in logged if c["endpoint"] == "GET /v1/checkout/sessions/{id}"] == [200, 200, 429]
 
-    time.sleep(1.05)
-    client.v1.checkout.sessions.retrieve(first.id)
+    wait_until(
+        lambda: admitted(lambda: client.v1.checkout.sessions.retrieve(first.id)),
+        timeout=2 * traffic.RATE_WINDOW_SECONDS,
+        what="the endpoint's window to slide",
+    )
     sandbox.faults(api_endpoint_rate_limit_per_second=0)
     for _ in range(4):
         client.v1.checkout.sessions.retrieve(first.id)

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 import pytest
 import stripe
 
-from shop.stripe_sandbox.testing import SandboxControlError, WebhookReceiver
+from shop.stripe_sandbox.testing import SandboxControlError, WebhookReceiver, wait_until
 
 
 @pytest.fixture
@@ -38,6 +38,18 @@ def new_session(client):
 
 def event_ids(deliveries):
     return [d.json()["id"] for d in deliveries]
+
+
+def events_settled(sandbox) -> bool:
+    """Some event exists and none of its deliveries is still to be made (each has succeeded, or
+    was never made: an endpoint not subscribed or disabled gets none): nothing more will arrive."""
+    records = sandbox.events()
+    return bool(records) and all(d["status"] != "pending" for r in records for d in r["deliveries"])
+
+
+def _scheduled_not_sent(sandbox) -> bool:
+    deliveries = [d for r in sandbox.events() for d in r["deliveries"]]
+    return bool(deliveries) and all(d["status"] == "pending" and not d["attempts"] for d in deliveries)
 
 
 # -- webhook endpoints ---------------------------------------------------------------
@@ -77,7 +89,7 @@ def test_a_disabled_endpoint_gets_nothing_until_re_enabled(client, sandbox, rece
     disabled = client.v1.webhook_endpoints.update(endpoint.id, params={"disabled": True})
     assert disabled.status == "disabled"
     sandbox.set_outcome(new_session(client).id, "paid")
-    time.sleep(0.3)
+    wait_until(lambda: events_settled(sandbox), what="the paid session's event, sent to no endpoint")
     assert receiver.received == []
 
     assert client.v1.webhook_endpoints.update(endpoint.id, params={"disabled": False}).status == "enabled"
@@ -102,7 +114,7 @@ def test_only_subscribed_event_types_are_delivered(client, sandbox, receiver):
 
     [delivery] = receiver.wait_for(1)
     assert delivery.json()["type"] == "checkout.session.expired"
-    time.sleep(0.2)
+    wait_until(lambda: events_settled(sandbox), what="every delivery settled at the sandbox")
     assert len(receiver.received) == 1
 
 
@@ -134,7 +146,7 @@ def test_duplicate_webhooks_delivers_every_event_twice(client, sandbox, receiver
     assert len(set(event_ids(deliveries))) == 1
     for delivery in deliveries:
         stripe.Webhook.construct_event(delivery.body, delivery.signature, endpoint.secret)
-    time.sleep(0.2)
+    wait_until(lambda: events_settled(sandbox), what="every delivery settled at the sandbox")
     assert len(receiver.received) == 2
 
 
@@ -143,7 +155,7 @@ def test_reorder_holds_events_and_releases_them_newest_first(client, sandbox, re
     paid, expiring = new_session(client), new_session(client)
     sandbox.set_outcome(paid.id, "paid")
     client.v1.checkout.sessions.expire(expiring.id)
-    time.sleep(0.3)
+    wait_until(lambda: len(sandbox.events()) == 2, what="both events, their deliveries held")
     assert receiver.received == []
     assert {d["status"] for r in sandbox.events() for d in r["deliveries"]} == {"held"}
 
@@ -160,7 +172,7 @@ def test_webhook_delay_holds_the_first_attempt(client, sandbox, receiver, endpoi
     sandbox.faults(webhook_delay_seconds=0.6)
     started = time.monotonic()
     sandbox.set_outcome(new_session(client).id, "paid")
-    time.sleep(0.3)
+    wait_until(lambda: _scheduled_not_sent(sandbox), what="the first attempt scheduled, not yet made")
     assert receiver.received == []
     receiver.wait_for(1)
     assert time.monotonic() - started >= 0.55

@@ -11,13 +11,13 @@ import pytest
 from sqlalchemy import event, select
 
 from support import wait_until
-from factories import place_order_for, seed_catalog_rows, transitioned, variant_id
+from factories import on_hand, place_order_for, seed_catalog_rows, transitioned, variant_id
 from shop import SettingsError, create_app
 from shop import queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.domain.order import Transition as T
 from shop.extensions import db
-from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent, ScheduledCommand
+from shop.models import Order, OutboxDelivery, OutboxEvent, ScheduledCommand
 from shop.outbox.dispatch import drain_commands, run_command, run_delivery
 from shop.outbox.relay import relay_once, wake_due_work
 from shop.payments import gateway
@@ -40,12 +40,6 @@ def _checkout(quantity: int = 2, now: datetime | None = None) -> tuple[int, int,
     ).scalar_one()
     db.session.rollback()
     return placed.order_id, variant_id(SKU), deadline_id
-
-
-def _on_hand(variant_id: int) -> int:
-    value = db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).scalar_one()
-    db.session.rollback()
-    return value
 
 
 def _order(order_id: int) -> Order:
@@ -108,7 +102,7 @@ def paying_ctx(fresh_paying_app):
 def test_an_unpaid_order_is_cancelled_at_its_deadline_and_its_stock_comes_back(app_ctx):
     placed_at = utcnow()
     order_id, variant_id, deadline_id = _checkout(quantity=2, now=placed_at)
-    assert _on_hand(variant_id) == 10
+    assert on_hand(variant_id) == 10
     due = as_utc(_command(deadline_id).next_attempt_at)
     assert due == placed_at + timedelta(seconds=HOLD)  # no payment session yet: the short hold
 
@@ -118,7 +112,7 @@ def test_an_unpaid_order_is_cancelled_at_its_deadline_and_its_stock_comes_back(a
     assert order.status == "Cancelled"
     assert _command(deadline_id).status == "done"
     _restore(order_id, now=due)
-    assert _on_hand(variant_id) == 12
+    assert on_hand(variant_id) == 12
     assert _order(order_id).inventory_restored is True
 
 
@@ -143,7 +137,7 @@ def test_a_deadline_that_fires_a_second_early_is_rescheduled_to_its_due_time_and
     assert run_command(deadline_id, now=due) == "done"
     assert _order(order_id).status == "Cancelled"
     _restore(order_id, now=due)
-    assert _on_hand(variant_id) == 12
+    assert on_hand(variant_id) == 12
 
 
 def test_a_deadline_run_long_before_its_time_changes_nothing(app_ctx):
@@ -155,7 +149,7 @@ def test_a_deadline_run_long_before_its_time_changes_nothing(app_ctx):
     order = _order(order_id)
     assert (order.status, order.version) == ("PendingPayment", 1)
     assert _command(deadline_id).status == "pending"
-    assert _on_hand(variant_id) == 10
+    assert on_hand(variant_id) == 10
 
 
 def test_a_payment_that_failed_at_minute_5_gets_a_fresh_full_window_and_the_old_deadline_is_a_noop(paying_ctx):
@@ -189,13 +183,13 @@ def test_a_payment_that_failed_at_minute_5_gets_a_fresh_full_window_and_the_old_
     still = _order(order_id)
     assert (still.status, still.version) == ("PaymentFailed", failed_version)
     assert _deliveries(order_id, "OrderCancelled") == []
-    assert _on_hand(variant_id) == 10
+    assert on_hand(variant_id) == 10
 
     # Minute 35: the fresh deadline cancels and the stock comes back.
     assert run_command(new_id, now=new_due) == "done"
     assert _order(order_id).status == "Cancelled"
     _restore(order_id, now=new_due)
-    assert _on_hand(variant_id) == 12
+    assert on_hand(variant_id) == 12
 
 
 def test_a_deadline_for_an_order_paid_meanwhile_is_a_noop(paying_ctx, sandbox):
@@ -213,7 +207,7 @@ def test_a_deadline_for_an_order_paid_meanwhile_is_a_noop(paying_ctx, sandbox):
     order = _order(order_id)
     assert (order.status, order.version) == ("Paid", paid_version)
     assert _deliveries(order_id, "OrderCancelled") == []
-    assert _on_hand(variant_id) == 10
+    assert on_hand(variant_id) == 10
 
 
 def test_a_deadline_is_armed_in_the_database_only_and_costs_redis_nothing(app_ctx, redis_conn):
@@ -302,7 +296,7 @@ def test_the_deadline_of_an_order_at_the_payment_page_waits_for_its_session_then
     assert event.payload["reason"] == "payment window expired"
     db.session.rollback()
     _restore(order_id, now=at)
-    assert _on_hand(variant_id) == 12
+    assert on_hand(variant_id) == 12
 
 
 def test_a_payment_made_just_before_the_session_expired_wins_over_the_deadline(paying_ctx, sandbox):
@@ -314,7 +308,7 @@ def test_a_payment_made_just_before_the_session_expired_wins_over_the_deadline(p
 
     assert _order(order_id).status == "Paid"
     assert _deliveries(order_id, "OrderCancelled") == []
-    assert _on_hand(variant_id) == 10
+    assert on_hand(variant_id) == 10
 
 
 def test_a_deadline_finding_the_session_still_open_at_the_provider_asks_again_shortly(paying_ctx, sandbox):
@@ -387,7 +381,7 @@ def test_a_deadline_that_loses_a_race_to_a_webhook_completes_without_retrying(ap
     order = _order(order_id)
     assert (order.status, order.payment_session_id) == ("Paid", "cs_race")
     assert _deliveries(order_id, "OrderCancelled") == []
-    assert _on_hand(variant_id) == 10
+    assert on_hand(variant_id) == 10
 
 
 def test_a_deadline_falling_due_after_a_redis_wipe_is_found_by_the_next_poll_and_runs(app_ctx, redis_conn):
@@ -405,7 +399,7 @@ def test_a_deadline_falling_due_after_a_redis_wipe_is_found_by_the_next_poll_and
     order = _order(order_id)
     assert (order.status, order.inventory_restored) == ("Cancelled", True)
     assert _command(deadline_id).status == "done"
-    assert _on_hand(variant_id) == 12
+    assert on_hand(variant_id) == 12
 
 
 def test_a_due_deadline_whose_wake_up_redis_lost_runs_late_but_runs(app_ctx, redis_conn):
@@ -422,7 +416,7 @@ def test_a_due_deadline_whose_wake_up_redis_lost_runs_late_but_runs(app_ctx, red
     order = _order(order_id)
     assert (order.status, order.inventory_restored) == ("Cancelled", True)
     assert _command(deadline_id).status == "done"
-    assert _on_hand(variant_id) == 12
+    assert on_hand(variant_id) == 12
 
 
 def _periodic(prefix: str) -> dict[str, int]:

@@ -871,7 +871,7 @@ def test_a_frozen_lease_holder_blocks_until_its_lease_lapses_then_yields_every_o
             wait_until(cancelled_one, 60, "the child's cycle to cancel an order", interval=0.02)
             os.kill(child.pid, signal.SIGSTOP)
             # A commit the child sent before it stopped may still be landing: no state of ours
-            # says when it has, so the count waits this long for it.
+            # says when it has, so the count waits this long for it (a sleep: nothing to wait on).
             time.sleep(0.2)
             done_by_child = sum(order_state(o) == "Cancelled" for o in ids)
             holder = db.session.execute(select(Lease.holder)).scalar_one()

@@ -11,7 +11,7 @@ import logging
 import time
 
 from payment_helpers import HTML, JSON, Shopper, signature
-from support import OPERATOR_EMAIL, log_in
+from support import OPERATOR_EMAIL, log_in, wait_until
 from sqlalchemy import select, update
 
 from shop.extensions import db
@@ -61,11 +61,13 @@ def test_the_watch_thread_shows_an_outage_and_the_return_within_five_seconds(mak
 
         def seconds_until(ok: bool) -> float:
             started = time.monotonic()
-            while time.monotonic() - started < 10:
-                if card(console, "provider")["ok"] is ok:
-                    return time.monotonic() - started
-                time.sleep(0.1)
-            raise AssertionError(f"the provider card did not turn {'green' if ok else 'red'} within 10 s")
+            wait_until(
+                lambda: card(console, "provider")["ok"] is ok,
+                timeout=10,
+                what=f"the provider card to turn {'green' if ok else 'red'}",
+                interval=0.1,
+            )
+            return time.monotonic() - started
 
         assert seconds_until(True) < 5
         sandbox.faults(api_unavailable=True)
@@ -268,8 +270,10 @@ def test_a_flood_of_noise_is_counted_up_to_a_cap_and_says_so(fresh_paying_app, f
     assert "2+ unsigned or badly signed requests (noise)" in c["words"]
 
 
-def test_an_acknowledged_provider_outage_stays_acknowledged_through_probes_and_not_past_a_recovery(make_shop, sandbox):
-    app = make_shop(sandbox=True, STRIPE_BREAKER_THRESHOLD=1, STRIPE_BREAKER_COOLDOWN_SECONDS=60)
+def test_an_acknowledged_provider_outage_stays_acknowledged_through_probes_and_not_past_a_recovery(
+    make_shop, sandbox, fake_clock
+):
+    app = make_shop(sandbox=True, STRIPE_BREAKER_THRESHOLD=1, STRIPE_BREAKER_COOLDOWN_SECONDS=60, CLOCK=fake_clock)
     console = app.test_client()
     token = log_in(app, console)
     sandbox.faults(api_unavailable=True)
@@ -285,7 +289,7 @@ def test_an_acknowledged_provider_outage_stays_acknowledged_through_probes_and_n
     with app.app_context():
         turn = guard.get().claim_probe()  # the prober's turn: half-open, the same outage
         if not turn.mine:
-            time.sleep(turn.wait + 0.05)
+            fake_clock.advance(turn.wait + 0.05)
             assert guard.get().claim_probe().mine
         assert guard.get().breaker_view()["state"] == guard.HALF_OPEN
         assert watch.check_now() is False
@@ -314,15 +318,14 @@ def test_a_wrong_signing_secret_reddens_the_card_through_the_providers_view_a_sc
     log_in(app, console)
     shopper_order = Shopper(app, app.skus).place()
     sandbox.set_outcome(shopper_order["payment"]["session_id"], "paid")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # the provider's delivery, refused for its signature
+
+    def refused() -> int:  # the provider's delivery, refused for its signature
         with app.app_context():
-            refused = db.session.query(WebhookReceipt).filter_by(outcome="rejected").count()
+            count = db.session.query(WebhookReceipt).filter_by(outcome="rejected").count()
             db.session.remove()
-        if refused:
-            break
-        time.sleep(0.1)
-    assert refused
+        return count
+
+    wait_until(refused, timeout=10, what="the provider's delivery, refused for its signature", interval=0.1)
     c = card(console, "rejected_webhooks")
     assert c["ok"] is True and c["noise"]["count"] >= 1  # at the door, it looks like any scanner
 

@@ -115,17 +115,17 @@ def test_the_processes_card_is_not_green_without_a_beating_worker_and_scheduler(
     assert c["ok"] is False and "worker" in c["words"] and "scheduler" in c["words"]
 
 
-def test_a_stalled_worker_is_named_on_a_red_processes_card_that_asks_for_a_human_not_a_stale_one(make_fresh_app):
+def test_a_stalled_worker_is_named_on_a_red_processes_card_that_asks_for_a_human_not_a_stale_one(
+    make_fresh_app, fake_clock
+):
     """The card's own check (reading the heartbeats) ran: a stalled process is news, not a lack of it."""
-    import time
-
     from support import leave_heartbeats, log_in
 
-    app = make_fresh_app(HEALTH_STALE_SECONDS=1)
+    app = make_fresh_app(HEALTH_STALE_SECONDS=1, CLOCK=fake_clock)
     client = app.test_client()
     log_in(app, client)
-    leave_heartbeats(app)
-    time.sleep(1.5)
+    leave_heartbeats(app)  # beats written on the real clock (RQ's and the scheduler's own)
+    fake_clock.catch_up(1.5)  # the health check's clock: 1.5 s after the beats
     c = card(client.get("/console/", headers=JSON).get_json(), "processes")
     assert c["ok"] is False and c["stale"] is False and "stalled: worker test-worker-" in c["words"]
     assert c["count"] == 2 and c["words"].startswith("2 stalled:")  # each stalled process once, not also as missing

@@ -68,6 +68,7 @@ def test_failed_logins_past_the_account_limit_get_429_in_words_then_the_right_pa
     assert page.status_code == 429 and "Too many failed logins for this account" in page.get_data(as_text=True)
     assert client.get("/console/", headers=JSON).status_code == 401
 
+    # A sleep: Flask-Limiter keeps the window on the real clock, which no test clock moves.
     time.sleep(int(refused.headers["Retry-After"]) + 0.3)
     assert login(client).status_code == 200
     assert client.get("/console/", headers=JSON).status_code == 200
@@ -171,9 +172,9 @@ def test_storefront_pages_errors_static_files_and_operations_send_the_headers(ma
         ("/static/shop.js", 200),
         ("/metrics", 200),
     ):
-        r = client.get(url, headers=HTML)
-        assert r.status_code == status, url
-        assert_secured(r, url)
+        with client.get(url, headers=HTML) as r:  # closed: a static file's answer holds it open
+            assert r.status_code == status, url
+            assert_secured(r, url)
     assert_secured(client.post("/cart/items", data={}, headers=JSON), "CSRF refusal")
     assert_secured(
         client.post("/cart/items", data="a" * 2_000_001, headers={"Transfer-Encoding": "chunked"}),

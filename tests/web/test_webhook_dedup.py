@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import os
 import threading
-import time
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -15,6 +14,7 @@ from sqlalchemy import create_engine, text
 from payment_helpers import paid_at_provider, order_id, post_webhook, stripe_event
 from shop.extensions import db
 from shop.models import OutboxEvent, ProcessedStripeEvent, WebhookReceipt
+from support import wait_until
 
 ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 
@@ -43,17 +43,17 @@ def _post_while_event_is_claimed(app, database_url, event, *, claim_commits: boo
             )
             poster = threading.Thread(target=lambda: answer.setdefault("r", post_webhook(app.test_client(), event)))
             poster.start()
-            deadline = time.monotonic() + 10
-            waiting = 0
-            while time.monotonic() < deadline and not waiting:
-                waiting = other.execute(
+            wait_until(
+                lambda: other.execute(
                     text(
                         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                         "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
                     )
-                ).scalar()
-                time.sleep(0.02)
-            assert waiting, "the delivery never waited for the other claim of its event"
+                ).scalar(),
+                timeout=10,
+                what="the delivery to wait for the other claim of its event",
+                interval=0.02,
+            )
             assert poster.is_alive()
             if claim_commits:
                 other.commit()
