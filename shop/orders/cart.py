@@ -16,7 +16,7 @@ from sqlalchemy import select
 from flask import current_app
 
 from ..extensions import db
-from ..models import Cart, CartItem, InventoryItem, Variant
+from ..models import Cart, CartItem, CartState, InventoryItem, Variant
 from ..outbox import uow
 
 
@@ -63,10 +63,10 @@ def open_cart(browser: str | None, *, create: bool = False) -> Cart | None:
     if browser is None:
         return None
     cart = db.session.execute(
-        select(Cart).where(Cart.browser_id == browser, Cart.status == "open").order_by(Cart.id.desc()).limit(1)
+        select(Cart).where(Cart.browser_id == browser, Cart.status == CartState.OPEN).order_by(Cart.id.desc()).limit(1)
     ).scalar_one_or_none()
     if cart is None and create:
-        cart = Cart(browser_id=browser, status="open")
+        cart = Cart(browser_id=browser, status=CartState.OPEN)
         db.session.add(cart)
         db.session.flush()
     return cart
