@@ -16,6 +16,7 @@ from .payments import checkout_queue
 from .payments import watch as provider_watch
 from .payments.registration import register_webhook
 from .scheduling import retention, takeover
+from .models import CycleStatus
 from .scheduling.sweep import run_cycle
 from .seed import seed_catalog, upsert_operator
 
@@ -118,7 +119,7 @@ def sweep_command():
     result = run_cycle()
     for line in result.report_lines():
         click.echo(line)
-    if result.status == "failed":
+    if result.status == CycleStatus.FAILED:
         sys.exit(1)
 
 

@@ -16,6 +16,7 @@ from flask import render_template
 from sqlalchemy import select
 
 from . import logs, mailer
+from .domain.events import EventName
 from .domain.order import OrderStatus, cancelled_because
 from .domain.refunds import NOT_RETURNED, SUCCEEDED
 from .extensions import db
@@ -63,7 +64,7 @@ def cancellation(order: Order) -> tuple[str, datetime | None]:
     """Why and when the order was cancelled: ("customer" | "expired" | "other", at)."""
     row = db.session.execute(
         select(OutboxEvent.payload, OutboxEvent.created_at)
-        .where(OutboxEvent.order_id == order.id, OutboxEvent.name == "OrderCancelled")
+        .where(OutboxEvent.order_id == order.id, OutboxEvent.name == EventName.ORDER_CANCELLED)
         .order_by(OutboxEvent.id.desc())
         .limit(1)
     ).first()

@@ -26,7 +26,7 @@ from .extensions import csrf, db
 from .models import ReceiptOutcome, WebhookReceipt
 from .payments import gateway
 from .payments.webhook_signature import verify_webhook
-from .payments.apply import apply_session
+from .payments.apply import Outcome, apply_session
 from .payments.declines import note_payment_failure
 from .payments.guard import Priority, request_priority
 from .payments.refunds import apply_refund_report
@@ -219,7 +219,7 @@ def _accept(event: dict):
     by_cancel = event_type == "checkout.session.expired" and gateway.expired_by_a_cancel(event)
 
     def receipt(result) -> tuple:
-        outcome = ReceiptOutcome.DUPLICATE if result.outcome == "duplicate" else ReceiptOutcome.ACCEPTED
+        outcome = ReceiptOutcome.DUPLICATE if result.outcome == Outcome.DUPLICATE else ReceiptOutcome.ACCEPTED
         return (
             outcome,
             result.outcome + (f": {result.detail}" if result.detail else ""),
@@ -330,7 +330,7 @@ def _in_words(exc: Exception) -> str:
 
 
 def _log_unknown(result, event_id, event_type, view) -> None:
-    if result.outcome == "unknown_order":
+    if result.outcome == Outcome.UNKNOWN_ORDER:
         log.warning("webhook event %s (%s) for an unknown order (session %s)", event_id, event_type, view.id)
 
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import defer
 
 from ..domain.deadlines import as_utc
 from ..extensions import db
-from ..models import OutboxDelivery, RestoreWarning, ScheduledCommand, WarningState, WebhookReceipt
+from ..models import OutboxDelivery, ReceiptOutcome, RestoreWarning, ScheduledCommand, WarningState, WebhookReceipt
 from ..models import WorkStatus
 from ..domain.timestamps import iso
 from ..payments import watch
@@ -97,8 +97,9 @@ def _signed_failures():
     """Deliveries that mean a payment update is being lost: signed with the shop's secret and
     still not applied (`failed`) or not usable (`rejected` after verifying), and rejections with
     nothing to verify with or from before the shop told noise apart (`signed` NULL)."""
-    return (WebhookReceipt.outcome == "failed") | (
-        (WebhookReceipt.outcome == "rejected") & ((WebhookReceipt.signed.is_(True)) | WebhookReceipt.signed.is_(None))
+    return (WebhookReceipt.outcome == ReceiptOutcome.FAILED) | (
+        (WebhookReceipt.outcome == ReceiptOutcome.REJECTED)
+        & ((WebhookReceipt.signed.is_(True)) | WebhookReceipt.signed.is_(None))
     )
 
 
@@ -118,7 +119,7 @@ def _webhooks_card(now: datetime) -> dict:
     failing = (
         select(WebhookReceipt)
         .options(defer(WebhookReceipt.body))  # up to a megabyte each; the card needs none
-        .where(WebhookReceipt.outcome.in_(("failed", "rejected")), recent, _signed_failures())
+        .where(WebhookReceipt.outcome.in_((ReceiptOutcome.FAILED, ReceiptOutcome.REJECTED)), recent, _signed_failures())
     )
     (count,) = db.session.execute(
         select(func.count()).select_from(failing.with_only_columns(WebhookReceipt.id).subquery())
@@ -130,7 +131,7 @@ def _webhooks_card(now: datetime) -> dict:
         ).scalar_one()
     # Noise can come by the hundred thousand (a scanner's flood): counted up to NOISE_COUNT_CAP
     # and its addresses taken from the latest NOISE_SAMPLE, so the refresh costs the same.
-    noisy = [WebhookReceipt.outcome == "rejected", recent, WebhookReceipt.signed.is_(False)]
+    noisy = [WebhookReceipt.outcome == ReceiptOutcome.REJECTED, recent, WebhookReceipt.signed.is_(False)]
     newest_first = (WebhookReceipt.received_at.desc(), WebhookReceipt.id.desc())
     (noise_count,) = db.session.execute(
         select(func.count()).select_from(select(WebhookReceipt.id).where(*noisy).limit(NOISE_COUNT_CAP + 1).subquery())
@@ -192,7 +193,12 @@ def _webhooks_card(now: datetime) -> dict:
         count + undelivered,
         words,
         WEBHOOK_CHECK,
-        url_for("console.webhooks", outcome="failed" if latest and latest.outcome == "failed" else "rejected"),
+        url_for(
+            "console.webhooks",
+            outcome=ReceiptOutcome.FAILED
+            if latest and latest.outcome == ReceiptOutcome.FAILED
+            else ReceiptOutcome.REJECTED,
+        ),
         condition=f"{latest.id if latest else 0}:{provider_view['latest_id'] if undelivered else ''}",
     )
     card["provider_undelivered"] = (

@@ -9,10 +9,15 @@ from sqlalchemy import Integer, cast, func, select
 
 from ..extensions import db, per_app
 from ..domain.timestamps import iso
-from ..models import OutboxDelivery, OutboxEvent
+from ..domain.events import EventName
+from ..models import OutboxDelivery, OutboxEvent, WorkStatus
 
 CHART_MINUTES = 60
-SERIES = (("placed", "OrderPlaced"), ("paid", "OrderPaid"), ("cancelled", "OrderCancelled"))
+SERIES = (
+    ("placed", EventName.ORDER_PLACED),
+    ("paid", EventName.ORDER_PAID),
+    ("cancelled", EventName.ORDER_CANCELLED),
+)
 WIDTH, HEIGHT = 300, 60
 
 
@@ -83,7 +88,7 @@ def _per_minute(start: datetime, since: datetime, until: datetime | None) -> tup
         if m is not None and 0 <= m < CHART_MINUTES:
             series[names[name]][m] += n
     dminute = _minute_of(OutboxDelivery.completed_at, start)
-    where = [OutboxDelivery.completed_at >= since, OutboxDelivery.status == "done"]
+    where = [OutboxDelivery.completed_at >= since, OutboxDelivery.status == WorkStatus.DONE]
     if until is not None:
         where.append(OutboxDelivery.completed_at < until)
     lag = [None] * CHART_MINUTES

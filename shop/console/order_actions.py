@@ -12,7 +12,7 @@ from ..extensions import db
 from ..domain.deadlines import utcnow
 from ..models import Order, RestoreWarning, WarningState
 from ..payments import gateway
-from ..payments.apply import reconcile_order
+from ..payments.apply import Outcome, reconcile_order
 from ..saga import warnings
 from . import audit, bp
 from .answers import done, find_order, operator_name, problem
@@ -89,7 +89,9 @@ def reconcile(reference):
             "status": now_status,
         },
         back,
-        "ok" if applied.outcome in ("paid", "noop", "duplicate", "awaiting_async") else "warning",
+        "ok"
+        if applied.outcome in (Outcome.PAID, Outcome.NOOP, Outcome.DUPLICATE, Outcome.AWAITING_ASYNC)
+        else "warning",
     )
 
 

@@ -13,6 +13,7 @@ from ..domain.deadlines import as_utc
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import (
+    CycleStatus,
     Order,
     OutboxDelivery,
     ReconciliationCycle,
@@ -92,7 +93,7 @@ def dashboard(now: datetime) -> dict:
         .limit(1)
     ).scalar_one_or_none()
     last_ok = db.session.execute(
-        select(func.max(ReconciliationCycle.finished_at)).where(ReconciliationCycle.status == "ok")
+        select(func.max(ReconciliationCycle.finished_at)).where(ReconciliationCycle.status == CycleStatus.OK)
     ).scalar()
     return {
         "now": iso(now),

@@ -21,6 +21,7 @@ from ..models import (
     ReconciliationCycle,
     Refund,
     RestoreWarning,
+    UnknownPaymentStatus,
     WebhookReceipt,
 )
 from ..payments import unknown_money
@@ -234,7 +235,7 @@ def unknown_payment_json(row) -> dict:
         "found_via": row.found_via,
         "provider_refund_id": row.provider_refund_id,
         "detail": row.detail,
-        "needs_operator": row.status in ("refund_failed", "not_ours"),
+        "needs_operator": row.status in (UnknownPaymentStatus.REFUND_FAILED, UnknownPaymentStatus.NOT_OURS),
         "created_at": row.created_at.isoformat() if row.created_at else None,
         "updated_at": row.updated_at.isoformat() if row.updated_at else None,
     }

@@ -34,9 +34,9 @@ def _refund_for_action(refund_id: int):
 def _refund_answer(action, reference: str | None, back: str):
     """A refund action's answer: 404 / 409 in words, or what the refund is now (JSON, or back)."""
     facts, words = action.refund or {}, refund_action_words(action)
-    if action.outcome == "missing":
+    if action.outcome == refund_cases.ActionOutcome.MISSING:
         return problem(404, words, title="No such refund", back=back)
-    if action.outcome == "refused":
+    if action.outcome == refund_cases.ActionOutcome.REFUSED:
         return problem(
             409,
             words,
@@ -54,9 +54,9 @@ def _refund_answer(action, reference: str | None, back: str):
         "settled_at": iso(facts["settled_at"]),
         "settled_by": facts["settled_by"],
         "reason": facts["settlement_reason"],
-        "already": action.outcome == "already",
+        "already": action.outcome == refund_cases.ActionOutcome.ALREADY,
     }
-    return done(words, payload, back, "ok" if action.outcome == "done" else "warning")
+    return done(words, payload, back, "ok" if action.outcome == refund_cases.ActionOutcome.DONE else "warning")
 
 
 @bp.post("/refunds/<id:refund_id>/retry")
@@ -78,7 +78,7 @@ def retry_refund(refund_id):
         )
     db.session.rollback()  # the use case reads the refund afresh, locked, in its own transaction
     action = refund_cases.retry_refund(refund_id, seen_attempt=form.attempt.data)
-    if action.outcome == "done":
+    if action.outcome == refund_cases.ActionOutcome.DONE:
         log.warning("operator %s sent refund %s again: %s", operator_name(), refund_id, refund_action_words(action))
     return _refund_answer(action, reference, back)
 
@@ -105,6 +105,6 @@ def settle_refund(refund_id):
     operator = operator_name()
     db.session.rollback()
     action = refund_cases.settle_refund(refund_id, reason=reason, operator=operator)
-    if action.outcome == "done":
+    if action.outcome == refund_cases.ActionOutcome.DONE:
         log.warning("operator %s recorded refund %s as settled outside the shop: %s", operator, refund_id, reason)
     return _refund_answer(action, reference, back)

@@ -17,6 +17,7 @@ from flask import url_for
 from ..domain.deadlines import as_utc
 from ..domain.order import UNPAID, OrderStatus
 from ..domain.timestamps import iso
+from ..models import CycleStatus
 from .format import human_age
 
 # Exception class names of rows recorded before the kind code existed.
@@ -121,7 +122,7 @@ def problems_by_cycle(cycles: list, orders: dict, now: datetime, next_cycle_at: 
     Identical errors of one cycle are one problem with a `count`; `cycles` says for how many
     cycles in a row (skipped and running ones aside) it has been the same, and `repeats_newer`
     marks an occurrence whose next newer cycle had it too, so a page shows it once, at the top."""
-    worked = [c for c in cycles if c.status not in ("skipped", "running")]
+    worked = [c for c in cycles if c.status not in (CycleStatus.SKIPPED, CycleStatus.RUNNING)]
     grouped: dict[int, dict] = {}
     for cycle in worked:
         groups: dict[tuple, dict] = {}

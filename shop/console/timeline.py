@@ -10,9 +10,11 @@ from sqlalchemy import select
 
 from ..domain.deadlines import as_utc
 from ..domain.order import LIVE, OrderStatus
+from ..domain.refunds import RefundStatus
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import (
+    CommandKind,
     WorkStatus,
     OperatorAction,
     Order,
@@ -21,6 +23,7 @@ from ..models import (
     PaymentProofRefusal,
     ProviderRefusal,
     PrunedDetail,
+    RefusalKind,
     Refund,
     RestoreWarning,
     ScheduledCommand,
@@ -216,7 +219,7 @@ def _merged(rows: _OrderRows, names: dict, pruned: PrunedDetail | None = None) -
                 + (f", {d.last_error}" if d.last_error else ""),
             )
             for d in rows.deliveries
-            if d.status in ("done", "dead", "discarded")
+            if d.status in (WorkStatus.DONE, WorkStatus.DEAD, WorkStatus.DISCARDED)
         ]
         + [(w.created_at, "restore_warning", "restore warning", w.reason) for w in rows.warnings]
         + [item for r in rows.refunds for item in _refund_timeline(r)]
@@ -224,9 +227,9 @@ def _merged(rows: _OrderRows, names: dict, pruned: PrunedDetail | None = None) -
         + [
             (
                 p.created_at,
-                "provider_refused" if p.kind == "refused" else "payment_start_failed",
+                "provider_refused" if p.kind == RefusalKind.REFUSED else "payment_start_failed",
                 f"provider refused payment attempt {p.attempt}"
-                if p.kind == "refused"
+                if p.kind == RefusalKind.REFUSED
                 else f"payment attempt {p.attempt} did not start: provider unavailable",
                 p.reason + (f" (code {p.code})" if p.code else ""),
             )
@@ -267,7 +270,7 @@ def _refund_timeline(refund: Refund) -> list[tuple]:
                 refund.last_error or refund.failure_reason or "",
             )
         )
-    if refund.status == "succeeded":
+    if refund.status == RefundStatus.SUCCEEDED:
         items.append(
             (
                 refund.updated_at,
@@ -295,7 +298,7 @@ def _refund_timeline(refund: Refund) -> list[tuple]:
 def _refund_command(refund: Refund, commands) -> str | None:
     """Where the refund's command stands: pending, waiting (for the provider), dead, done..."""
     for command in commands:
-        if command.kind == "refund_payment" and (command.payload or {}).get("refund_id") == refund.id:
+        if command.kind == CommandKind.REFUND_PAYMENT and (command.payload or {}).get("refund_id") == refund.id:
             return WAITING if waiting_for_provider(command) else command.status
     return None
 

@@ -11,7 +11,7 @@ from flask import request, url_for
 
 from ..domain.timestamps import iso
 from ..extensions import db
-from ..models import Order, WebhookReceipt
+from ..models import Order, ReceiptOutcome, WebhookReceipt
 from ..payments import gateway
 from ..payments.replay import NotAnEvent, reapply_event
 from ..web.answers import respond
@@ -37,7 +37,7 @@ def reapplicable(receipt: WebhookReceipt) -> str | None:
         return "Only a delivery whose signature verified can be re-applied: this one's body may be anyone's."
     if not receipt.body:
         return "Its body was not kept (received before the shop kept bodies, or pruned)."
-    if receipt.outcome not in ("accepted", "duplicate", "failed"):
+    if receipt.outcome not in (ReceiptOutcome.ACCEPTED, ReceiptOutcome.DUPLICATE, ReceiptOutcome.FAILED):
         return f"A {receipt.outcome} delivery has nothing to re-apply."
     return None
 

@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, asdict, fields
+from enum import StrEnum
+
+
+class EventName(StrEnum):
+    """An event's name as the outbox stores it (`outbox_events.name`): its class's name."""
+
+    ORDER_PLACED = "OrderPlaced"
+    PAYMENT_INITIATED = "PaymentInitiated"
+    ORDER_PAID = "OrderPaid"
+    ORDER_PAYMENT_FAILED = "OrderPaymentFailed"
+    ORDER_CANCELLED = "OrderCancelled"
 
 
 @dataclass(frozen=True)
@@ -10,8 +21,8 @@ class DomainEvent:
     order_id: int
 
     @property
-    def name(self) -> str:
-        return type(self).__name__
+    def name(self) -> EventName:
+        return EventName(type(self).__name__)
 
     def payload(self) -> dict:
         return asdict(self)
@@ -47,12 +58,13 @@ class OrderCancelled(DomainEvent):
     reason: str
 
 
-EVENT_TYPES = {
-    cls.__name__: cls for cls in (OrderPlaced, PaymentInitiated, OrderPaid, OrderPaymentFailed, OrderCancelled)
+EVENT_TYPES: dict[EventName, type[DomainEvent]] = {
+    EventName(cls.__name__): cls
+    for cls in (OrderPlaced, PaymentInitiated, OrderPaid, OrderPaymentFailed, OrderCancelled)
 }
 
 
 def event_from_payload(name: str, payload: dict) -> DomainEvent:
-    cls = EVENT_TYPES[name]
+    cls = EVENT_TYPES[EventName(name)]
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in payload.items() if k in names})

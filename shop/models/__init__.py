@@ -2,15 +2,16 @@
 is read here and written only by the order store (shop.store.order_store)."""
 
 from .catalog import Product, Variant, InventoryItem
-from .cart import Cart, CartItem
+from .cart import Cart, CartItem, CartState
 from .orders import Order, OrderLine
-from .outbox import OutboxEvent, OutboxDelivery, ScheduledCommand, WorkStatus
+from .outbox import CommandKind, OutboxEvent, OutboxDelivery, ScheduledCommand, WorkStatus
 from .payments import (
     WebhookReceipt,
     ReceiptOutcome,
     ProcessedStripeEvent,
     PaymentProofRefusal,
     ProviderRefusal,
+    RefusalKind,
     Refund,
     KeyValue,
     UnknownPayment,
@@ -37,11 +38,13 @@ __all__ = [
     "InventoryItem",
     "Cart",
     "CartItem",
+    "CartState",
     "Order",
     "OrderLine",
     "OutboxEvent",
     "OutboxDelivery",
     "ScheduledCommand",
+    "CommandKind",
     "WorkStatus",
     "WebhookReceipt",
     "UnknownPayment",
@@ -50,6 +53,7 @@ __all__ = [
     "ProcessedStripeEvent",
     "PaymentProofRefusal",
     "ProviderRefusal",
+    "RefusalKind",
     "Refund",
     "KeyValue",
     "RestoreWarning",

@@ -1,8 +1,17 @@
+from enum import StrEnum
+
 from sqlalchemy import ForeignKey, Integer, String, CheckConstraint, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from ..extensions import Model
 from .types import UTCDateTime, now_utc
+
+
+class CartState(StrEnum):
+    """Where a cart is (`carts.status`): open to changes, or ordered (checkout closed it)."""
+
+    OPEN = "open"
+    ORDERED = "ordered"
 
 
 class Cart(Model):
@@ -12,7 +21,7 @@ class Cart(Model):
     __tablename__ = "carts"
     id: Mapped[int] = mapped_column(primary_key=True)
     browser_id: Mapped[str] = mapped_column(String(64), index=True)
-    status: Mapped[str] = mapped_column(String(16), default="open")
+    status: Mapped[str] = mapped_column(String(16), default=CartState.OPEN.value)
     order_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     items = relationship("CartItem", order_by="CartItem.variant_id", cascade="all, delete-orphan")

@@ -105,6 +105,16 @@ class OutboxDelivery(DurableWork, db.Model):
     )
 
 
+class CommandKind(StrEnum):
+    """What a scheduled command does (`scheduled_commands.kind`); shop.scheduling.commands runs each."""
+
+    EXPIRE_UNPAID_ORDER = "expire_unpaid_order"  # an unpaid order's payment deadline
+    SEND_EMAIL = "send_email"  # payload: the template
+    REFUND_PAYMENT = "refund_payment"  # payload: the refund's row
+    SETTLE_UNKNOWN_PAYMENT = "settle_unknown_payment"  # payload: the unknown payment's row
+    OFFER_PAYMENT_LINK = "offer_payment_link"  # email a payment link while the provider was down
+
+
 class ScheduledCommand(DurableWork, db.Model):
     """Work that must happen at a time (an order's payment deadline, an email, a refund),
     armed in the same transaction as the fact that makes it necessary."""

@@ -64,6 +64,13 @@ class PaymentProofRefusal(Model):
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
 
 
+class RefusalKind(StrEnum):
+    """Why a payment did not start (`provider_refusals.kind`)."""
+
+    REFUSED = "refused"  # a 4xx: the provider said no
+    UNAVAILABLE = "unavailable"  # it could not be reached, failed, or the breaker did not call it
+
+
 class ProviderRefusal(Model):
     """The provider said no to starting a payment (a 4xx on session creation): the reason an
     operator sees on the order's timeline, since the customer is only told that it failed."""
@@ -75,9 +82,10 @@ class ProviderRefusal(Model):
     code: Mapped[str | None] = mapped_column(String(100), nullable=True)
     reason: Mapped[str] = mapped_column(Text)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
-    # `refused` (a 4xx: the provider said no) or `unavailable` (it could not be reached, failed, or
-    # the breaker did not call it): either way the order's payment did not start.
-    kind: Mapped[str] = mapped_column(String(20), default="refused", server_default="refused")
+    # A RefusalKind: either way the order's payment did not start.
+    kind: Mapped[str] = mapped_column(
+        String(20), default=RefusalKind.REFUSED.value, server_default=RefusalKind.REFUSED.value
+    )
 
 
 class Refund(Model):

@@ -14,7 +14,9 @@ from ..domain.order import LIVE, LIVE_STATUSES, OrderStatus
 from ..domain.refunds import NOT_RETURNED
 from ..extensions import db, per_app
 from ..models import (
+    CycleStatus,
     OutboxDelivery,
+    ReceiptOutcome,
     ReconciliationCycle,
     Refund,
     RestoreWarning,
@@ -155,7 +157,7 @@ def _bookkeeping():
     ).scalar()
     yield GaugeMetricFamily("shop_restore_warnings_open", "Restore warnings awaiting an operator", value=open_warnings)
     last_ok = db.session.execute(
-        select(func.max(ReconciliationCycle.finished_at)).where(ReconciliationCycle.status == "ok")
+        select(func.max(ReconciliationCycle.finished_at)).where(ReconciliationCycle.status == CycleStatus.OK)
     ).scalar()
     yield GaugeMetricFamily(
         "shop_reconciliation_last_success_timestamp_seconds",
@@ -245,7 +247,7 @@ def _webhook_rejections():
     )
     # Grouped over a subquery's column: PostgreSQL does not take a CASE with bound parameters in
     # the select list and again in GROUP BY as the same expression.
-    kinds = select(kind.label("kind")).where(WebhookReceipt.outcome == "rejected").subquery()
+    kinds = select(kind.label("kind")).where(WebhookReceipt.outcome == ReceiptOutcome.REJECTED).subquery()
     rows = db.session.execute(select(kinds.c.kind, func.count()).group_by(kinds.c.kind)).all()
     counts = dict.fromkeys(REJECTION_REASONS, 0)
     counts.update(rows)

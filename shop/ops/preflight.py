@@ -253,7 +253,7 @@ def _webhook(endpoints: list | None, database: DatabaseChecks) -> Check:
             f"the provider has no endpoint for {target}{elsewhere}: no payment would be confirmed by its "
             f"webhook (check PUBLIC_BASE_URL, then {REGISTER})",
         )
-    enabled = [ep for ep in mine if ep.status == "enabled"]
+    enabled = [ep for ep in mine if ep.status == gateway.EndpointStatus.ENABLED]
     if not enabled:
         return Check("webhook", FAIL, f"the endpoint for {target} ({mine[0].id}) is disabled: {REGISTER}")
 

@@ -20,12 +20,11 @@ from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderS
 from ..domain.results import Refused
 from ..extensions import db
 from ..outbox import uow
-from ..models import ScheduledCommand
+from ..models import CommandKind, ScheduledCommand
 from ..outbox.claims import count_due
 from ..outbox.failures import Reschedule
-from ..outbox.writer import DEADLINE_KIND
 from ..payments import gateway, guard
-from ..payments.apply import ask_and_apply
+from ..payments.apply import Outcome, ask_and_apply
 from ..payments.start import retire_session_before_cancel
 from ..store import order_store
 from ..store.order_store import LoadedOrder
@@ -206,7 +205,7 @@ PROVIDER_BUDGET_SPREAD_MIN_SECONDS = 1.0
 def _budget_wait(retry_after: float | None, now: datetime) -> float:
     """Seconds until a deadline refused by the provider's budget asks again: the budget's own
     wait, plus a random place among the deadlines due now at the endpoint's rate."""
-    waiting = count_due(ScheduledCommand, "kind", DEADLINE_KIND, now)
+    waiting = count_due(ScheduledCommand, "kind", CommandKind.EXPIRE_UNPAID_ORDER, now)
     spread = max(
         PROVIDER_BUDGET_SPREAD_MIN_SECONDS, waiting / current_app.config["STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND"]
     )
@@ -234,8 +233,8 @@ def _expire_at_the_provider(order: LoadedOrder, now: datetime) -> str:
         raise Reschedule(now + timedelta(seconds=_budget_wait(exc.retry_after, now))) from exc
     view, applied = answer.view, answer.applied
     if (
-        applied.outcome == "noop"
-        and view.status == "open"
+        applied.outcome == Outcome.NOOP
+        and view.status == gateway.SessionStatus.OPEN
         and expires is not None
         and now < as_utc(expires) + PROVIDER_EXPIRY_PATIENCE
     ):

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from flask import current_app
 
 from ..extensions import db
-from ..models import Cart, CartItem, InventoryItem, Variant
+from ..models import Cart, CartItem, CartState, InventoryItem, Variant
 from ..outbox import uow
 
 
@@ -26,7 +26,9 @@ def most_of_one_item() -> int:
     return current_app.config["MAX_LINE_QUANTITY"]
 
 
-class CartStatus(StrEnum):
+class CartChangeOutcome(StrEnum):
+    """What a cart change came to (CartChange.outcome); the cart's own state is models.CartState."""
+
     DONE = "done"
     NOT_FOR_SALE = "not_for_sale"
     NOT_IN_CART = "not_in_cart"
@@ -41,7 +43,7 @@ class CartChange:
     line would hold and `available` how many are on hand (SHORT; 0 is sold out), `limit` the most a
     line may hold (TOO_MANY)."""
 
-    status: CartStatus
+    outcome: CartChangeOutcome
     item: str = ""
     quantity: int = 0
     wanted: int = 0
@@ -50,7 +52,7 @@ class CartChange:
 
     @property
     def ok(self) -> bool:
-        return self.status is CartStatus.DONE
+        return self.outcome is CartChangeOutcome.DONE
 
 
 def item_name(variant: Variant) -> str:
@@ -63,10 +65,10 @@ def open_cart(browser: str | None, *, create: bool = False) -> Cart | None:
     if browser is None:
         return None
     cart = db.session.execute(
-        select(Cart).where(Cart.browser_id == browser, Cart.status == "open").order_by(Cart.id.desc()).limit(1)
+        select(Cart).where(Cart.browser_id == browser, Cart.status == CartState.OPEN).order_by(Cart.id.desc()).limit(1)
     ).scalar_one_or_none()
     if cart is None and create:
-        cart = Cart(browser_id=browser, status="open")
+        cart = Cart(browser_id=browser, status=CartState.OPEN)
         db.session.add(cart)
         db.session.flush()
     return cart
@@ -85,7 +87,7 @@ def _short_of_stock(variant: Variant | None, wanted: int) -> CartChange | None:
     if wanted <= available:
         return None
     name = item_name(variant) if variant is not None else ""
-    return CartChange(CartStatus.SHORT, item=name, wanted=wanted, available=available)
+    return CartChange(CartChangeOutcome.SHORT, item=name, wanted=wanted, available=available)
 
 
 def _too_many(variant: Variant | None, wanted: int) -> CartChange | None:
@@ -95,7 +97,7 @@ def _too_many(variant: Variant | None, wanted: int) -> CartChange | None:
     if wanted <= limit:
         return None
     name = item_name(variant) if variant is not None else ""
-    return CartChange(CartStatus.TOO_MANY, item=name, wanted=wanted, limit=limit)
+    return CartChange(CartChangeOutcome.TOO_MANY, item=name, wanted=wanted, limit=limit)
 
 
 def _refuse(change: CartChange) -> CartChange:
@@ -107,7 +109,7 @@ def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange
     """Add `quantity` of `variant` to the browser's cart (opening one), within the stock on hand
     and at most MAX_LINE_QUANTITY of one item."""
     if variant is None or variant.deleted_at is not None:
-        return _refuse(CartChange(CartStatus.NOT_FOR_SALE))
+        return _refuse(CartChange(CartChangeOutcome.NOT_FOR_SALE))
     try:
         with uow.transaction():  # a refusal raised inside rolls back the cart it may have opened
             cart = open_cart(browser, create=True)
@@ -122,7 +124,7 @@ def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange
                 db.session.add(CartItem(cart_id=cart.id, variant_id=variant.id, quantity=wanted))
     except _Refused as refusal:
         return refusal.change
-    return CartChange(CartStatus.DONE, item=item_name(variant), quantity=quantity, wanted=wanted)
+    return CartChange(CartChangeOutcome.DONE, item=item_name(variant), quantity=quantity, wanted=wanted)
 
 
 def set_quantity(browser: str | None, variant_id: int, quantity: int) -> CartChange:
@@ -130,31 +132,31 @@ def set_quantity(browser: str | None, variant_id: int, quantity: int) -> CartCha
     cart = open_cart(browser)
     item = None if cart is None else _line(cart, variant_id)
     if item is None:
-        return _refuse(CartChange(CartStatus.NOT_IN_CART))
+        return _refuse(CartChange(CartChangeOutcome.NOT_IN_CART))
     variant = db.session.get(Variant, variant_id)
     short = _too_many(variant, quantity) or _short_of_stock(variant, quantity)
     if short is not None:
         return _refuse(short)
     with uow.transaction():
         item.quantity = quantity
-    return CartChange(CartStatus.DONE)
+    return CartChange(CartChangeOutcome.DONE)
 
 
 def remove_item(browser: str | None, variant_id: int) -> CartChange:
     """Remove one line; removing what is not there changes nothing and is not an error."""
     cart = open_cart(browser)
     if cart is None:
-        return CartChange(CartStatus.DONE)
+        return CartChange(CartChangeOutcome.DONE)
     with uow.transaction():
         for item in cart.items:
             if item.variant_id == variant_id:
                 db.session.delete(item)
-    return CartChange(CartStatus.DONE)
+    return CartChange(CartChangeOutcome.DONE)
 
 
 class _Refused(Exception):
     """Leaves add_item's transaction with the refusal it rolled back for."""
 
     def __init__(self, change: CartChange):
-        super().__init__(str(change.status))
+        super().__init__(str(change.outcome))
         self.change = change

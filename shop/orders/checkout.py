@@ -39,7 +39,7 @@ from ..domain.deadlines import utcnow
 from ..domain.events import OrderPlaced
 from ..domain.order import LIVE_STATUSES, OrderStatus
 from ..extensions import db
-from ..models import Product, Cart, CartItem, InventoryItem, Order, Variant
+from ..models import Product, Cart, CartItem, CartState, CommandKind, InventoryItem, Order, Variant
 from ..outbox import schedule_command, write_events
 from ..outbox.uow import transaction
 from ..store import order_store
@@ -133,8 +133,12 @@ _READ_CART = (
 )
 _CLOSE_CART = (
     update(_carts)
-    .where(_carts.c.id == bindparam("cart_id"), _carts.c.browser_id == bindparam("browser"), _carts.c.status == "open")
-    .values(status="ordered", order_id=bindparam("order"))
+    .where(
+        _carts.c.id == bindparam("cart_id"),
+        _carts.c.browser_id == bindparam("browser"),
+        _carts.c.status == CartState.OPEN,
+    )
+    .values(status=CartState.ORDERED, order_id=bindparam("order"))
 )
 _DECREMENT = (
     update(_inventory)
@@ -289,7 +293,7 @@ def _arm_deadline(session, order_id: int, now: datetime) -> None:
     finding the order at the provider, waits for that instead (cancel._expire_at_the_provider)."""
     if current_app.config["UNPAID_ORDER_EXPIRY_ENABLED"]:
         due = now + timedelta(seconds=unpaid_hold(OrderStatus.PENDING_PAYMENT))
-        schedule_command(session, "expire_unpaid_order", due, order_id=order_id, now=now)
+        schedule_command(session, CommandKind.EXPIRE_UNPAID_ORDER, due, order_id=order_id, now=now)
 
 
 def _take_stock(session, lines, now: datetime) -> None:

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from ..domain.deadlines import utcnow
 from ..extensions import db
-from ..models import Cart, Order
+from ..models import Cart, CartState, Order
 from ..store.order_store import by_reference as order_by_reference  # noqa: F401
 
 # How long after a checkout another checkout of the same (now closed) cart is told where its order
@@ -28,7 +28,7 @@ def just_ordered_by(browser_id: str | None, now: datetime | None = None) -> Orde
     return db.session.execute(
         select(Order)
         .join(Cart, Cart.order_id == Order.id)
-        .where(Cart.browser_id == browser_id, Cart.status == "ordered", Order.browser_id == browser_id)
+        .where(Cart.browser_id == browser_id, Cart.status == CartState.ORDERED, Order.browser_id == browser_id)
         .where(Order.created_at >= since)
         .order_by(Cart.id.desc())
         .limit(1)

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from flask import current_app
 from sqlalchemy import and_, bindparam, case, func, or_, select, update
 
-from ..models import WorkStatus
+from ..models import CommandKind, WorkStatus
 from ..extensions import db
 
 
@@ -60,7 +60,7 @@ def _claim_one_returning(t, columns: tuple[str, ...]):
 # Within a rank, oldest due first. By column and name, as the writer stores them.
 CLAIMED_FIRST = {
     "outbox_deliveries": ("handler", ("restore_inventory",)),
-    "scheduled_commands": ("kind", ("expire_unpaid_order",)),
+    "scheduled_commands": ("kind", (CommandKind.EXPIRE_UNPAID_ORDER,)),
 }
 
 

@@ -1,7 +1,9 @@
 """Which handlers listen to which event, as data. One delivery row per (event, handler)."""
 
-SUBSCRIPTIONS: dict[str, list[str]] = {
-    "OrderCancelled": ["restore_inventory", "send_cancellation_email"],
-    "OrderPaymentFailed": ["payment_failed_followups"],
-    "OrderPaid": ["send_order_confirmation"],
+from ..domain.events import EventName
+
+SUBSCRIPTIONS: dict[EventName, list[str]] = {
+    EventName.ORDER_CANCELLED: ["restore_inventory", "send_cancellation_email"],
+    EventName.ORDER_PAYMENT_FAILED: ["payment_failed_followups"],
+    EventName.ORDER_PAID: ["send_order_confirmation"],
 }

@@ -10,7 +10,8 @@ from sqlalchemy import bindparam, insert, literal, select, union_all, update
 
 from .. import logs
 from ..domain.deadlines import utcnow
-from ..models import OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
+from ..domain.events import EventName
+from ..models import CommandKind, OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
 from .subscriptions import SUBSCRIPTIONS
 
 
@@ -26,17 +27,16 @@ _INSERT_COMMAND = insert(_commands).returning(_commands.c.id)
 # retired in the transaction that finished it, so they are never claimed, never run, and never
 # listed as pending work. Here, because every transition's events pass through write_events (the
 # unit of work's commit and the payment fast path alike), so no path to Paid/Cancelled can forget.
-DEADLINE_KIND = "expire_unpaid_order"
 OBSOLETE = WorkStatus.OBSOLETE
 _FINAL_EVENTS = {
-    "OrderPaid": "obsolete: the order was paid before its deadline",
-    "OrderCancelled": "obsolete: the order was cancelled before its deadline",
+    EventName.ORDER_PAID: "obsolete: the order was paid before its deadline",
+    EventName.ORDER_CANCELLED: "obsolete: the order was cancelled before its deadline",
 }
 _RETIRE_DEADLINES = (
     update(_commands)
     .where(
         _commands.c.order_id == bindparam("order"),
-        _commands.c.kind == DEADLINE_KIND,
+        _commands.c.kind == CommandKind.EXPIRE_UNPAID_ORDER,
         _commands.c.status == WorkStatus.PENDING,
     )
     .values(
@@ -180,7 +180,7 @@ def write_events(session, events, now: datetime | None = None) -> list[int]:
 
 def schedule_command(
     session,
-    kind: str,
+    kind: CommandKind,
     due_at: datetime,
     *,
     order_id: int | None = None,

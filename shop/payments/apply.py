@@ -131,7 +131,7 @@ def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
     version-guarded save with the events), without building the mapped Order (~20% of a webhook
     delivery's CPU). Returns None for anything else, which takes the general path below; a
     concurrent writer makes the save miss (LostRace), and the caller's retry re-reads what it did."""
-    if view.payment_status != "paid" or not order_store.usable_id(view.order_id):
+    if view.payment_status != gateway.SessionPaymentStatus.PAID or not order_store.usable_id(view.order_id):
         return None
     order = order_store.read_for_payment(view.order_id)
     if order is None or order.status is not OrderStatus.PAYMENT_INITIATED or order.payment_session_id != view.id:
@@ -170,27 +170,27 @@ def _apply_once(
             view.order_id,
             view.client_reference_id,
         )
-        if view.payment_status == "paid" and view.id:
+        if view.payment_status == gateway.SessionPaymentStatus.PAID and view.id:
             # Money for no order this database knows is never kept: checked with the provider,
             # then applied or refunded (shop.payments.unknown_money).
             record_unknown_payment(view, found_via=source, now=now)
         return Applied(Outcome.UNKNOWN_ORDER, detail=f"session {view.id}")
-    if view.payment_status == "paid":
+    if view.payment_status == gateway.SessionPaymentStatus.PAID:
         return _apply_paid(order, view, source=source, now=now, refunded_as=refunded_as)
     if (
         order.status is OrderStatus.CANCELLED
         and order.payment_session_id == view.id
-        and view.status == "complete"
+        and view.status == gateway.SessionStatus.COMPLETE
         and order.late_money_watch_since is None
     ):
         order_store.note(order.id, Note.WATCH, now)  # money may still come for a cancelled order
     if order.status is not OrderStatus.PAYMENT_INITIATED or order.payment_session_id != view.id:
         return Applied(Outcome.NOOP, order, f"order is {order.status}")
-    if view.status == "expired":
+    if view.status == gateway.SessionStatus.EXPIRED:
         return _apply_expired(order, view, source=source, now=now, expired_by_cancel=expired_by_cancel)
     if failed:
         return _fail(order, "payment failed at the provider", "Your payment did not go through.")
-    if view.status == "complete":
+    if view.status == gateway.SessionStatus.COMPLETE:
         if order.payment_processing_at is None:
             order_store.note(order.id, Note.PROCESSING, now)
         return Applied(Outcome.AWAITING_ASYNC, order)
@@ -344,8 +344,8 @@ def async_failed(view: gateway.SessionView) -> bool:
     """A completed-but-unpaid session whose payment is no longer processing has failed. Asks the
     provider about the payment only for such a session."""
     return (
-        view.status == "complete"
-        and view.payment_status == "unpaid"
+        view.status == gateway.SessionStatus.COMPLETE
+        and view.payment_status == gateway.SessionPaymentStatus.UNPAID
         and view.payment_intent is not None
         and gateway.payment_intent_failed(view.payment_intent)
     )
@@ -385,7 +385,8 @@ def ask_and_apply(
     failed = async_failed(view)
     # The answer says how much of the payment was refunded: only money already (partly) given back
     # costs a second question, which refund it was.
-    refunded_as = refunded_by_shop(view) if view.payment_status == "paid" and view.amount_refunded else None
+    paid_back = view.payment_status == gateway.SessionPaymentStatus.PAID and view.amount_refunded
+    refunded_as = refunded_by_shop(view) if paid_back else None
     if in_transaction:
         return Answer(
             view,

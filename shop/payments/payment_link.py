@@ -19,13 +19,12 @@ from datetime import datetime
 from .. import logs
 from ..domain.order import OrderStatus
 from ..extensions import db
-from ..models import Order
+from ..models import CommandKind, Order
 from ..outbox import schedule_command, uow
 from . import gateway
 
 log = logging.getLogger("shop.payments")
 
-COMMAND = "offer_payment_link"
 TEMPLATE = "payment_link"
 
 
@@ -35,7 +34,7 @@ def offer_payment_link_later(order_id: int, now: datetime) -> None:
     logged and changes nothing the customer is told now (the page still offers "Pay now")."""
     try:
         with uow.transaction() as session:
-            schedule_command(session, COMMAND, now, order_id=order_id, now=now)
+            schedule_command(session, CommandKind.OFFER_PAYMENT_LINK, now, order_id=order_id, now=now)
     except Exception:  # noqa: BLE001 - bookkeeping: the order and its "Pay now" stand without it
         log.exception("order %s: could not schedule its payment-link email", order_id)
 

@@ -7,13 +7,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Literal
+from enum import StrEnum
+
 
 # The provider's own vocabularies, as it documents them (read as sent: a value outside them is
-# passed on as it is, and an absent or malformed one reads as None).
-SessionStatus = Literal["open", "complete", "expired"]
-SessionPaymentStatus = Literal["paid", "unpaid", "no_payment_required"]
-RefundStatus = Literal["pending", "requires_action", "succeeded", "failed", "canceled"]
+# passed on as it is, and an absent or malformed one reads as None). StrEnums: a member equals
+# the provider's spelling, so a view's plain string compares with them as it is.
+class SessionStatus(StrEnum):
+    OPEN = "open"
+    COMPLETE = "complete"
+    EXPIRED = "expired"
+
+
+class SessionPaymentStatus(StrEnum):
+    PAID = "paid"
+    UNPAID = "unpaid"
+    NO_PAYMENT_REQUIRED = "no_payment_required"
+
+
+class RefundStatus(StrEnum):
+    PENDING = "pending"
+    REQUIRES_ACTION = "requires_action"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+class EndpointStatus(StrEnum):
+    ENABLED = "enabled"
+    DISABLED = "disabled"
+
 
 EVENT_TYPES = [
     "checkout.session.completed",
@@ -72,8 +95,8 @@ def payment_failure_view(obj) -> PaymentFailureView:
 @dataclass(frozen=True)
 class SessionView:
     id: str
-    status: SessionStatus | None
-    payment_status: SessionPaymentStatus | None
+    status: SessionStatus | str | None
+    payment_status: SessionPaymentStatus | str | None
     amount_total: int | None
     currency: str | None
     url: str | None
@@ -122,7 +145,7 @@ def shipping_details_of(obj: dict) -> dict | None:
 @dataclass(frozen=True)
 class RefundView:
     id: str | None
-    status: RefundStatus | None  # nullable at the provider
+    status: RefundStatus | str | None  # nullable at the provider
     amount: int | None
     payment_intent: str | None  # nullable at Stripe
     failure_reason: str | None  # only on a failed refund
@@ -263,7 +286,7 @@ class SessionEvent:
 class EndpointView:
     id: str
     url: str
-    status: str
+    status: EndpointStatus | str
     description: str | None
     secret: str | None = None
     enabled_events: tuple[str, ...] = ()

@@ -17,7 +17,7 @@ from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
 from ..domain.refunds import PENDING, SUCCEEDED, needs_operator
 from ..extensions import db
-from ..models import Order, Refund
+from ..models import CommandKind, Order, Refund
 from ..outbox import schedule_command, uow
 from ..store import order_store
 from .refunds import end_watch_when_all_refunded
@@ -110,7 +110,12 @@ def retry_refund(refund_id: int, *, seen_attempt: int | None, now: datetime | No
         refund.provider_refund_id = None
         refund.updated_at = now
         schedule_command(
-            session, "refund_payment", now, order_id=refund.order_id, payload={"refund_id": refund.id}, now=now
+            session,
+            CommandKind.REFUND_PAYMENT,
+            now,
+            order_id=refund.order_id,
+            payload={"refund_id": refund.id},
+            now=now,
         )
         _watch_again(refund, now)
         log.warning(

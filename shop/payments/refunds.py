@@ -38,7 +38,7 @@ from ..domain.refunds import (
     reported_status,
 )
 from ..extensions import db
-from ..models import Refund
+from ..models import CommandKind, Refund
 from ..outbox import schedule_command, uow
 from ..outbox.failures import PermanentFailure
 from ..store import order_store
@@ -58,7 +58,10 @@ def refunded_by_shop(view) -> str | None:
     mine = [
         r
         for r in gateway.refunds_of_payment(view.payment_intent)
-        if r.status not in ("failed", "canceled") and r.refund_id is None and r.session_id == view.id and r.reason
+        if r.status not in (gateway.RefundStatus.FAILED, gateway.RefundStatus.CANCELED)
+        and r.refund_id is None
+        and r.session_id == view.id
+        and r.reason
     ]
     if not mine or sum(r.amount or 0 for r in mine) < view.amount_total:
         return None
@@ -91,7 +94,9 @@ def record_late_payment(order: LoadedOrder, view, reason: str, now: datetime) ->
             session.add(refund)
     except IntegrityError:  # a concurrent notice of the same payment won
         return False
-    schedule_command(session, "refund_payment", now, order_id=order.id, payload={"refund_id": refund.id}, now=now)
+    schedule_command(
+        session, CommandKind.REFUND_PAYMENT, now, order_id=order.id, payload={"refund_id": refund.id}, now=now
+    )
     log.warning(
         "order %s: %s; refunding %s %s (session %s)", order.reference, reason, view.amount_total, view.currency, view.id
     )
@@ -121,7 +126,9 @@ def record_operator_refund(
     )
     db.session.add(refund)
     db.session.flush()  # a second submission of the same key fails here (IntegrityError)
-    schedule_command(db.session, "refund_payment", now, order_id=order.id, payload={"refund_id": refund.id}, now=now)
+    schedule_command(
+        db.session, CommandKind.REFUND_PAYMENT, now, order_id=order.id, payload={"refund_id": refund.id}, now=now
+    )
     log.warning(
         "order %s: %s refunds %s %s (%s)%s",
         order.reference,
@@ -325,7 +332,9 @@ def _take_report(refund: Refund, view: gateway.RefundView, now: datetime, source
 
 
 def _email(refund: Refund, template: str, now: datetime) -> None:
-    schedule_command(db.session, "send_email", now, order_id=refund.order_id, payload={"template": template}, now=now)
+    schedule_command(
+        db.session, CommandKind.SEND_EMAIL, now, order_id=refund.order_id, payload={"template": template}, now=now
+    )
 
 
 # -- the sweep's watch -----------------------------------------------------------------------

@@ -50,7 +50,7 @@ def forget_webhook_secret() -> None:
 def is_stale_own_endpoint(endpoint: gateway.EndpointView, target_url: str) -> bool:
     if not (endpoint.description or "").startswith(MARKER):
         return False
-    return endpoint.url != target_url or endpoint.status != "enabled"
+    return endpoint.url != target_url or endpoint.status != gateway.EndpointStatus.ENABLED
 
 
 def _store(key: str, value: str) -> None:
@@ -75,7 +75,9 @@ def register_webhook() -> list[str]:
     live = [
         ep
         for ep in endpoints
-        if ep.url == target and ep.status == "enabled" and (ep.description or "").startswith(MARKER)
+        if ep.url == target
+        and ep.status == gateway.EndpointStatus.ENABLED
+        and (ep.description or "").startswith(MARKER)
     ]
     if stored_id and stored_secret and any(ep.id == stored_id.value for ep in live):
         [ours] = [ep for ep in live if ep.id == stored_id.value]

@@ -16,7 +16,7 @@ from ..domain.deadlines import session_expires_at, session_pay_by, utcnow
 from ..domain.order import OrderStatus
 from ..domain.results import Refused
 from ..extensions import db
-from ..models import ProviderRefusal
+from ..models import ProviderRefusal, RefusalKind
 from ..outbox import uow
 from ..public_urls import public_url, public_url_for
 from ..store import order_store
@@ -118,7 +118,7 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None, fr
             log.info("order %s joins the line for a payment session: %s", order.reference, exc)
             return StartOutcome(StartCode.IN_LINE)
         log.warning("order %s: payment provider unreachable, order stays %s: %s", order.reference, order.status, exc)
-        _note_refusal(order.id, attempt, exc, kind="unavailable")
+        _note_refusal(order.id, attempt, exc, kind=RefusalKind.UNAVAILABLE)
         if placed is not None:  # the checkout's own start: email the payment link once payments work again
             offer_payment_link_later(order.id, now)
         return StartOutcome(StartCode.UNREACHABLE)
@@ -228,7 +228,7 @@ def _note_refusal(
     exc: gateway.ProviderRefused | gateway.ProviderUnavailable,
     *,
     leave_line: bool = False,
-    kind: str = "refused",
+    kind: RefusalKind = RefusalKind.REFUSED,
 ) -> None:
     """Keep the provider's reason for the order's console timeline, in its own small commit (and
     take the order out of the line: asking again would be refused again). Bookkeeping only:
@@ -241,7 +241,7 @@ def _note_refusal(
         with uow.transaction() as session:
             if leave_line:
                 order_store.note(order_id, "leave_queue")
-            code = getattr(exc, "code", None) if kind == "refused" else getattr(exc, "kind", None)
+            code = getattr(exc, "code", None) if kind == RefusalKind.REFUSED else getattr(exc, "kind", None)
             session.add(
                 ProviderRefusal(
                     order_id=order_id,
@@ -281,10 +281,10 @@ def retire_session_before_cancel(order_id: int, reference: str, sid: str) -> Ref
     except (gateway.ProviderUnavailable, gateway.ProviderRefused) as exc:
         log.warning("cancel of order %s: could not read session %s (%s); cancelling anyway", reference, sid, exc)
         return True
-    if view.payment_status == "paid":
+    if view.payment_status == gateway.SessionPaymentStatus.PAID:
         return paid
-    if view.status != "open":
-        if view.status == "complete":
+    if view.status != gateway.SessionStatus.OPEN:
+        if view.status == gateway.SessionStatus.COMPLETE:
             log.warning(
                 "cancel of order %s: session %s awaits an async payment; a late success will be refunded",
                 reference,
@@ -300,7 +300,7 @@ def retire_session_before_cancel(order_id: int, reference: str, sid: str) -> Ref
             again = gateway.retrieve_session(sid)
         except (gateway.ProviderUnavailable, gateway.ProviderRefused):
             again = None
-        if again is not None and again.payment_status == "paid":
+        if again is not None and again.payment_status == gateway.SessionPaymentStatus.PAID:
             return paid
         log.warning("cancel of order %s: could not expire session %s (%s); cancelling anyway", reference, sid, exc)
         return True

@@ -28,7 +28,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from ..extensions import db
-from ..models import UnknownPayment
+from ..models import CommandKind, UnknownPayment
 from ..models import UnknownPaymentStatus as S
 from ..outbox import schedule_command
 from ..outbox.failures import PermanentFailure
@@ -37,7 +37,6 @@ from .mark import shop_mark
 
 log = logging.getLogger("shop.payments")
 
-COMMAND = "settle_unknown_payment"
 # A refund the provider has not confirmed yet is asked about again after this, doubling up to an hour.
 FIRST_RECHECK = timedelta(seconds=30)
 LAST_RECHECK = timedelta(hours=1)
@@ -66,7 +65,7 @@ def record_unknown_payment(view: gateway.SessionView, *, found_via: str, now: da
             session.add(row)
     except IntegrityError:  # a concurrent sighting of the same session won
         return False
-    schedule_command(session, COMMAND, now, payload={"unknown_payment_id": row.id}, now=now)
+    schedule_command(session, CommandKind.SETTLE_UNKNOWN_PAYMENT, now, payload={"unknown_payment_id": row.id}, now=now)
     log.warning(
         "provider session %s (via %s) took %s %s for no order this shop knows (ref %s); checking it with the provider",
         view.id,
@@ -94,7 +93,7 @@ def settle_unknown_payment(row_id: int, now: datetime) -> datetime | None:
 
     answer = ask_and_apply(row.session_id, source="unknown payment check", now=now, in_transaction=True)
     view = answer.view
-    if view.payment_status != "paid":
+    if view.payment_status != gateway.SessionPaymentStatus.PAID:
         return _settle(row, S.NOT_PAID, f"the provider says the session is {view.status}, {view.payment_status}", now)
     applied = answer.applied
     if applied is not None and applied.outcome is not Outcome.UNKNOWN_ORDER:
@@ -142,7 +141,9 @@ def _after_refund_status(row: UnknownPayment, status: str | None, now: datetime)
     waited = now - row.created_at if row.created_at else FIRST_RECHECK
     _settle(row, S.REFUND_PENDING, f"refund {row.provider_refund_id} is {status or 'pending'} at the provider", now)
     due = now + min(LAST_RECHECK, max(FIRST_RECHECK, waited))
-    schedule_command(db.session, COMMAND, due, payload={"unknown_payment_id": row.id}, now=now)
+    schedule_command(
+        db.session, CommandKind.SETTLE_UNKNOWN_PAYMENT, due, payload={"unknown_payment_id": row.id}, now=now
+    )
     return None
 
 

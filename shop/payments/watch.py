@@ -74,7 +74,7 @@ def check_deliveries(now: datetime | None = None) -> dict | None:
     from sqlalchemy import select
 
     from ..extensions import db
-    from ..models import WebhookReceipt
+    from ..models import ReceiptOutcome, WebhookReceipt
 
     now = now or utcnow()
     try:
@@ -89,7 +89,8 @@ def check_deliveries(now: datetime | None = None) -> dict | None:
         received = set(
             db.session.execute(
                 select(WebhookReceipt.event_id).where(
-                    WebhookReceipt.event_id.in_(ids), WebhookReceipt.outcome.in_(("accepted", "duplicate"))
+                    WebhookReceipt.event_id.in_(ids),
+                    WebhookReceipt.outcome.in_((ReceiptOutcome.ACCEPTED, ReceiptOutcome.DUPLICATE)),
                 )
             ).scalars()
         )

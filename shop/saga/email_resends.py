@@ -23,7 +23,7 @@ from .. import emails
 from ..domain.deadlines import utcnow
 from ..domain.order import cancelled_because
 from ..extensions import db
-from ..models import EmailResend, Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
+from ..models import CommandKind, EmailResend, Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
 from ..outbox import schedule_command, uow
 from .notifications import CANCELLATION_EMAILS
 
@@ -78,7 +78,7 @@ def sent_emails(order_id: int) -> list[SentEmail]:
     commands = session.execute(
         select(ScheduledCommand.id, ScheduledCommand.payload, ScheduledCommand.completed_at).where(
             ScheduledCommand.order_id == order_id,
-            ScheduledCommand.kind == "send_email",
+            ScheduledCommand.kind == CommandKind.SEND_EMAIL,
             ScheduledCommand.status == WorkStatus.DONE,
         )
     ).all()
@@ -142,7 +142,7 @@ def _resend_once(order_id: int, template: str, operator: str, request_key: str, 
             return Resend(ResendOutcome.REFUSED, order_id, template, "no_longer_true")
         command_id = schedule_command(
             session,
-            "send_email",
+            CommandKind.SEND_EMAIL,
             now,
             order_id=order_id,
             payload={"template": template, "resent_by": operator},

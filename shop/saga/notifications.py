@@ -20,7 +20,7 @@ from ..domain.deadlines import as_utc
 from ..domain.events import OrderCancelled, OrderPaid, OrderPaymentFailed
 from ..domain.order import cancelled_because
 from ..extensions import db
-from ..models import Order
+from ..models import CommandKind, Order
 from ..outbox import schedule_command
 
 log = logging.getLogger("shop.saga")
@@ -34,7 +34,7 @@ def payment_failed_followups(event: OrderPaymentFailed, now: datetime) -> None:
     logs.learn(order_ref=order.reference)
     schedule_command(
         session,
-        "send_email",
+        CommandKind.SEND_EMAIL,
         now,
         order_id=order.id,
         payload={"template": "payment_failed", "attempt": order.payment_attempts},
@@ -47,7 +47,7 @@ def payment_failed_followups(event: OrderPaymentFailed, now: datetime) -> None:
         start = max(now, as_utc(order.updated_at))
         schedule_command(
             session,
-            "expire_unpaid_order",
+            CommandKind.EXPIRE_UNPAID_ORDER,
             start + timedelta(seconds=cfg["UNPAID_ORDER_EXPIRY_SECONDS"]),
             order_id=order.id,
             now=now,

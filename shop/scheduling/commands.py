@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Callable
 
 from .. import emails
-from ..models import ScheduledCommand
+from ..models import CommandKind, ScheduledCommand
 from ..orders.cancel import expire_unpaid_order
-from ..payments.payment_link import COMMAND as OFFER_PAYMENT_LINK, TEMPLATE as PAYMENT_LINK, ready_to_offer
+from ..payments.payment_link import TEMPLATE as PAYMENT_LINK, ready_to_offer
 from ..payments.refunds import execute_refund
-from ..payments.unknown_money import COMMAND as SETTLE_UNKNOWN_PAYMENT
 from ..payments.unknown_money import settle_unknown_payment
 
 
@@ -40,10 +40,11 @@ def _settle_unknown_payment(row: ScheduledCommand, now: datetime) -> None:
     settle_unknown_payment(row.payload["unknown_payment_id"], now)
 
 
-COMMANDS = {
-    "expire_unpaid_order": _expire,
-    "send_email": _send_email,
-    "refund_payment": _refund,
-    SETTLE_UNKNOWN_PAYMENT: _settle_unknown_payment,
-    OFFER_PAYMENT_LINK: _payment_link,
+# Keyed by CommandKind; typed by str, as the outbox looks a row's stored kind up in it.
+COMMANDS: dict[str, Callable[[ScheduledCommand, datetime], None]] = {
+    CommandKind.EXPIRE_UNPAID_ORDER: _expire,
+    CommandKind.SEND_EMAIL: _send_email,
+    CommandKind.REFUND_PAYMENT: _refund,
+    CommandKind.SETTLE_UNKNOWN_PAYMENT: _settle_unknown_payment,
+    CommandKind.OFFER_PAYMENT_LINK: _payment_link,
 }

@@ -10,7 +10,7 @@ from sqlalchemy.orm import selectinload
 from ..extensions import db
 from ..models import Cart, InventoryItem, Product, Variant
 from ..orders import cart as carts
-from ..orders.cart import CartStatus
+from ..orders.cart import CartChangeOutcome
 from ..web.answers import at_address, browser_id, respond, wants_json
 from ..web.requests import MAX_ID
 from . import bp
@@ -128,10 +128,10 @@ def cart():
 
 
 _CART_STATUS = {
-    CartStatus.NOT_FOR_SALE: 404,
-    CartStatus.NOT_IN_CART: 404,
-    CartStatus.SHORT: 409,
-    CartStatus.TOO_MANY: 400,
+    CartChangeOutcome.NOT_FOR_SALE: 404,
+    CartChangeOutcome.NOT_IN_CART: 404,
+    CartChangeOutcome.SHORT: 409,
+    CartChangeOutcome.TOO_MANY: 400,
 }
 
 
@@ -146,7 +146,7 @@ def add_to_cart():
     variant = db.session.get(Variant, wanted_id) if 0 < wanted_id <= MAX_ID else None
     change = carts.add_item(browser_id(create=True), variant, form.quantity.data)
     if not change.ok:
-        return render_cart(_CART_STATUS[change.status], cart_words(change))
+        return render_cart(_CART_STATUS[change.outcome], cart_words(change))
     if wants_json():
         return render_cart(201)
     flash(cart_words(change))
@@ -163,9 +163,9 @@ def set_quantity(variant_id: int):
     change = carts.set_quantity(browser_id(), variant_id, form.quantity.data)
     if not change.ok:
         return render_cart(
-            _CART_STATUS[change.status],
+            _CART_STATUS[change.outcome],
             cart_words(change),
-            field=field if change.status in (CartStatus.SHORT, CartStatus.TOO_MANY) else None,
+            field=field if change.outcome in (CartChangeOutcome.SHORT, CartChangeOutcome.TOO_MANY) else None,
         )
     if wants_json():
         return render_cart()

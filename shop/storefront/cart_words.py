@@ -3,23 +3,23 @@ orders.checkout) say what happened as codes and facts, this says it in words."""
 
 from __future__ import annotations
 
-from ..orders.cart import CartChange, CartStatus
+from ..orders.cart import CartChange, CartChangeOutcome
 from ..orders.checkout import CheckoutRefused, Refusal
 
 
 def cart_words(change: CartChange) -> str:
     """The sentence for a cart change: why it was refused, or what an add put in ("" for a change
     that says nothing, such as a quantity set or a line removed)."""
-    status = change.status
-    if status is CartStatus.SHORT:
+    outcome = change.outcome
+    if outcome is CartChangeOutcome.SHORT:
         if change.available == 0:
             return f"Sold out: {change.item or 'this item'} cannot be added until it is back in stock."
         return f"Only {change.available} of {change.item} left; you asked for {change.wanted}."
-    if status is CartStatus.NOT_FOR_SALE:
+    if outcome is CartChangeOutcome.NOT_FOR_SALE:
         return "That item is not for sale."
-    if status is CartStatus.NOT_IN_CART:
+    if outcome is CartChangeOutcome.NOT_IN_CART:
         return "That item is not in your cart."
-    if status is CartStatus.TOO_MANY:
+    if outcome is CartChangeOutcome.TOO_MANY:
         return (
             f"At most {change.limit} of one item per order: you asked for {change.wanted} of "
             f"{change.item or 'this item'}."

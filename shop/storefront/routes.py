@@ -12,13 +12,13 @@ from sqlalchemy import select
 from ..domain.order import LIVE, OrderStatus
 from ..domain.timestamps import iso
 from ..extensions import db
-from ..models import Cart, Order
+from ..models import Cart, CartState, Order
 from ..orders.checkout import Refusal, place_order
 from ..orders.cancel import CancelStatus, cancel_order
 from .. import emails
 from ..orders.lookup import just_ordered_by, order_by_reference
 from ..payments import gateway
-from ..payments.apply import ask_and_apply
+from ..payments.apply import Outcome, ask_and_apply
 from ..payments.checkout_queue import expected_wait_seconds, place_in_line
 from ..payments.start import StartCode, StartOutcome, StartStatus, joined_line, line_is_held, start_payment
 from ..errors import OrderNotFound
@@ -59,7 +59,10 @@ def checkout():
         None
         if bid is None
         else db.session.execute(
-            select(Cart.id).where(Cart.browser_id == bid, Cart.status == "open").order_by(Cart.id.desc()).limit(1)
+            select(Cart.id)
+            .where(Cart.browser_id == bid, Cart.status == CartState.OPEN)
+            .order_by(Cart.id.desc())
+            .limit(1)
         ).scalar()
     )
     if cart_id is None:
@@ -358,7 +361,11 @@ def checkout_return():
     # provider's answer would, so this holds while the provider cannot be asked too.
     if view is None:
         flash("We could not confirm your payment with the provider yet; this page will update once it does.", "warning")
-    elif view.payment_status != "paid" and view.status == "complete" and answer.applied.outcome != "payment_failed":
+    elif (
+        view.payment_status != gateway.SessionPaymentStatus.PAID
+        and view.status == gateway.SessionStatus.COMPLETE
+        and answer.applied.outcome != Outcome.PAYMENT_FAILED
+    ):
         flash("Your payment is being processed; we will email you when it completes.")
     if owner:
         return redirect(url_for("storefront.order_page", reference=reference), 303)

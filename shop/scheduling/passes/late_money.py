@@ -12,12 +12,13 @@ from sqlalchemy import or_, select
 
 from ...domain.deadlines import FAILURE_REFUSED, as_utc
 from ...domain.order import OrderStatus
+from ...domain.refunds import RefundStatus
 from ...extensions import db
-from ...models import Order, Refund, ScheduledCommand, WorkStatus
+from ...models import CommandKind, Order, Refund, ScheduledCommand, WorkStatus
 from ...outbox import dispatch
 from ...payments import apply as payments
 from ...payments import gateway
-from ...payments.refunds import apply_refund_report
+from ...payments.refunds import ReportOutcome, apply_refund_report
 from ...store import order_store
 from ..cycle import ProviderOutcome
 from .provider import Backoff, backoff_provider_checks
@@ -77,7 +78,11 @@ def check_cancelled_payment(order_id: int, now: datetime) -> ProviderOutcome:
     session.rollback()
     if any(r.session_id == session_id for r in refunds):
         return _follow_refunds(
-            order_id, reference, [r for r in refunds if r.status != "succeeded" and r.settled_at is None], since, now
+            order_id,
+            reference,
+            [r for r in refunds if r.status != RefundStatus.SUCCEEDED and r.settled_at is None],
+            since,
+            now,
         )
     try:
         view = gateway.retrieve_session(session_id)
@@ -90,14 +95,14 @@ def check_cancelled_payment(order_id: int, now: datetime) -> ProviderOutcome:
         order_store.note(order_id, order_store.Note.STOP_WATCHING)
         session.commit()
         return P.WATCH_CLOSED
-    if view.payment_status == "paid":
+    if view.payment_status == gateway.SessionPaymentStatus.PAID:
         applied = payments.apply_session(view, source="sweep", now=now)
         backoff_provider_checks(order_id, Backoff.WATCHING, now, since=since)  # until its refund has gone through
-        if applied.outcome == "refund_created":
+        if applied.outcome == payments.Outcome.REFUND_CREATED:
             log.warning("sweep: money arrived for cancelled order %s with no webhook; refund queued", reference)
             return P.LATE_REFUND
         return P.REFUND_UNDER_WAY
-    if failed or view.status == "expired":
+    if failed or view.status == gateway.SessionStatus.EXPIRED:
         order_store.note(order_id, order_store.Note.STOP_WATCHING)
         session.commit()
         return P.WATCH_CLOSED
@@ -127,7 +132,7 @@ def _follow_refunds(
     commands = session.execute(
         select(
             ScheduledCommand.id, ScheduledCommand.status, ScheduledCommand.failure_kind, ScheduledCommand.payload
-        ).where(ScheduledCommand.order_id == order_id, ScheduledCommand.kind == "refund_payment")
+        ).where(ScheduledCommand.order_id == order_id, ScheduledCommand.kind == CommandKind.REFUND_PAYMENT)
     ).all()
     session.rollback()
     dead = [
@@ -182,13 +187,13 @@ def _ask_about_pending_refunds(reference: str, open_refunds: list, now: datetime
             )
             continue
         report = apply_refund_report(view, source="sweep", now=now)
-        if report.outcome in ("refund_failed", "refund_canceled"):
+        if report.outcome in (ReportOutcome.REFUND_FAILED, ReportOutcome.REFUND_CANCELED):
             log.warning(
                 "sweep: refund %s of cancelled order %s did not go through at the provider; it waits for an operator",
                 refund.id,
                 reference,
             )
             outcome = P.REFUND_FAILED
-        elif report.outcome == "refund_succeeded" and outcome is not P.REFUND_FAILED:
+        elif report.outcome == ReportOutcome.REFUND_SUCCEEDED and outcome is not P.REFUND_FAILED:
             outcome = P.REFUND_SUCCEEDED
     return outcome

@@ -19,10 +19,11 @@ from flask import current_app
 from sqlalchemy import select, update
 
 from ...domain.deadlines import as_utc
+from ...domain.refunds import RefundStatus
 from ...extensions import db
 from ...models import Order, Refund
 from ...payments import gateway
-from ...payments.refunds import apply_refund_report
+from ...payments.refunds import ReportOutcome, apply_refund_report
 from ... import logs
 from ...outbox import uow
 from ..cycle import PassName, ProviderOutcome, Tally, error_kind
@@ -72,7 +73,7 @@ def unwatched_pending_refunds(now: datetime, limit: int = PER_CYCLE) -> list:
         select(Refund.id, Refund.provider_refund_id, Order.reference, Refund.created_at, Refund.updated_at)
         .join(Order, Order.id == Refund.order_id)
         .where(
-            Refund.status == "pending",
+            Refund.status == RefundStatus.PENDING,
             Refund.provider_refund_id.is_not(None),
             Refund.settled_at.is_(None),
             Refund.updated_at <= now - interval,
@@ -102,10 +103,10 @@ def follow_pending_refund(row, now: datetime) -> ProviderOutcome:
         _heard(row.id, now)
         return P.CHANGED
     report = apply_refund_report(view, source="sweep", now=now)
-    if report.outcome in ("refund_failed", "refund_canceled"):
+    if report.outcome in (ReportOutcome.REFUND_FAILED, ReportOutcome.REFUND_CANCELED):
         log.warning("sweep: refund %s of order %s did not go through; it waits for an operator", row.id, row.reference)
         return P.REFUND_FAILED
-    if report.outcome == "refund_succeeded":
+    if report.outcome == ReportOutcome.REFUND_SUCCEEDED:
         return P.REFUND_SUCCEEDED
     _heard(row.id, now)
     return P.REFUND_UNDER_WAY
@@ -113,5 +114,7 @@ def follow_pending_refund(row, now: datetime) -> ProviderOutcome:
 
 def _heard(refund_id: int, now: datetime) -> None:
     """Still pending: its `updated_at` says when the shop last heard of it, so the next question waits."""
-    db.session.execute(update(Refund).where(Refund.id == refund_id, Refund.status == "pending").values(updated_at=now))
+    db.session.execute(
+        update(Refund).where(Refund.id == refund_id, Refund.status == RefundStatus.PENDING).values(updated_at=now)
+    )
     db.session.commit()

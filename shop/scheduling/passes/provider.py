@@ -110,13 +110,13 @@ def after_answer(order_id: int, view, applied, now: datetime, stuck_since: datet
     """What applying the provider's answer did, as a provider-pass outcome; an answer that cannot
     change soon backs the order off (see backoff_provider_checks)."""
     session = db.session
-    if applied.outcome == "noop":  # payments.apply's word: nothing to apply
+    if applied.outcome == payments.Outcome.NOOP:  # nothing to apply
         status = session.execute(select(Order.status).where(Order.id == order_id)).scalar()
         session.rollback()
-        if status is not None and S(status) is S.PAYMENT_INITIATED and view.status == "open":
+        if status is not None and S(status) is S.PAYMENT_INITIATED and view.status == gateway.SessionStatus.OPEN:
             return ProviderOutcome.OPEN
         return ProviderOutcome.CHANGED
-    if applied.outcome == "already_refunded":
+    if applied.outcome == payments.Outcome.ALREADY_REFUNDED:
         return ProviderOutcome.CHANGED
     outcome = ProviderOutcome(applied.outcome)
     if outcome is ProviderOutcome.PROOF_REFUSED:

@@ -117,7 +117,7 @@ def _read_window(since: datetime, until: datetime, counts: dict) -> list | None:
     for _ in range(PAGE_CAP):
         page, more = gateway.paid_session_events(since=since, until=until, starting_after=after)
         counts[Tally.MONEY_PAGES] = counts.get(Tally.MONEY_PAGES, 0) + 1
-        found.extend(e for e in page if e.view.payment_status == "paid" and e.view.id)
+        found.extend(e for e in page if e.view.payment_status == gateway.SessionPaymentStatus.PAID and e.view.id)
         if not more or not page:
             return found
         after = page[-1].id
