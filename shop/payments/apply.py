@@ -100,29 +100,26 @@ def apply_session(
     the sweep's scan for a payment no order holds): the machine a restored copy replaces refunded
     it, so the copy does what that machine did, never pays the order with money given back."""
     now = now or utcnow()
-    for attempt in range(4):
-        try:
-            with uow.transaction():
-                result = _apply_once(
-                    view,
-                    source=source,
-                    failed=failed,
-                    event_id=event_id,
-                    now=now,
-                    expired_by_cancel=expired_by_cancel,
-                    refunded_as=refunded_as,
-                )
-                if before_commit is not None:
-                    before_commit(result)
-        except (IntegrityError, StaleDataError):
-            # Another writer got there first (moved the order, or claimed the event where the
-            # dialect has no ON CONFLICT): the next attempt sees what it did, which may make
-            # this notice a duplicate or a no-op. The transaction has rolled back.
-            if attempt == 3:
-                raise
-            continue
+
+    def attempt(_n: int) -> Applied:
+        with uow.transaction():
+            result = _apply_once(
+                view,
+                source=source,
+                failed=failed,
+                event_id=event_id,
+                now=now,
+                expired_by_cancel=expired_by_cancel,
+                refunded_as=refunded_as,
+            )
+            if before_commit is not None:
+                before_commit(result)
         return result
-    raise AssertionError("unreachable")
+
+    # Another writer got there first (moved the order, or claimed the event where the dialect has
+    # no ON CONFLICT): the transaction has rolled back, and the next try sees what it did, which
+    # may make this notice a duplicate or a no-op.
+    return order_store.retry_on_lost_race(4, attempt, also=(IntegrityError, StaleDataError))
 
 
 def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
