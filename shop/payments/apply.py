@@ -235,14 +235,14 @@ def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime, refunde
         return _late_money(order, view, PAID_AFTER_CANCEL, now)
     if refunded_as in (PAID_TWICE, PAID_AFTER_CANCEL):
         return _refunded_elsewhere(order, view, refunded_as, source=source, now=now)
-    transition = "mark_paid"
+    transition, events = "mark_paid", ()
     if state in {OrderStatus.PENDING_PAYMENT, OrderStatus.PAYMENT_FAILED}:
-        order.start_payment(view.id, view.url)  # the money is real: adopt its session first
+        events = order.start_payment(view.id, view.url).events  # the money is real: adopt its session first
         transition = "adopt_and_pay"
-    order.mark_paid(view.id, view.amount_total, view.currency)
+    events += order.mark_paid(view.id, view.amount_total, view.currency).events
     order.ships_to(view.shipping_details)
     # The write's own time, as for every other transition of the general path (`now` may be the caller's).
-    order_store.save(order, transition, tuple(order.pending_events), now=utcnow())
+    order_store.save(order, transition, events, now=utcnow())
     log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
     return Applied(Outcome.PAID, order)
 

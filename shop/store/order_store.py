@@ -184,7 +184,8 @@ def save(
 ) -> None:
     """Write the transition the snapshot has just made, guarded by the version it was read at, and
     its events to the outbox, in the caller's transaction. Raises LostRace when the order moved
-    meanwhile; on success the snapshot is at the new version and its recorded events are spent."""
+    meanwhile; on success the snapshot is at the new version. `events`: the transition's own, as
+    its `Ok` returned them."""
     statement, columns = TRANSITIONS[transition]
     session = db.session
     params = {"order": order.id, "seen": order.version, "now": now, "watch_from": watch_from}
@@ -193,7 +194,6 @@ def save(
         raise LostRace(order, transition)
     _forget_loaded(session, order.id)
     order.version += 1
-    order.pending_events.clear()
     if events:
         write_events(session, list(events), now)
 
