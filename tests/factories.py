@@ -139,7 +139,7 @@ def transitioned(order_id: int, *steps: tuple[Transition, callable], allowed_onl
             result = act(order)
             assert result.ok or not allowed_only, result
             if result.ok:
-                order_store.save(order, transition, tuple(order.pending_events), now=utcnow())
+                order_store.save(order, transition, result.events, now=utcnow())
     return order
 
 

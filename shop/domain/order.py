@@ -3,8 +3,9 @@
 `OrderRules` is a mixin for the order the store hands out for a decision (the store's loaded
 order, a plain dataclass); the mapped row does not carry the rules, so nothing but the store can
 change an order. Each transition checks the current state, changes it only when allowed, and
-returns `Ok(events)` or a `Refused(code)`; it never raises for an expected refusal. The events are
-also kept in `pending_events` until the store saves the transition with them.
+returns `Ok(events)` or a `Refused(code)`; it never raises for an expected refusal. `Ok.events`
+is the one way a transition's events travel: the caller hands them to the store's save, which
+writes them to the outbox with the transition.
 """
 
 from __future__ import annotations
@@ -109,22 +110,13 @@ class OrderRules:
     inventory_restored: bool
     payment_session_id: str | None
 
-    @property
-    def pending_events(self) -> list:
-        events = self.__dict__.get("_pending_events")
-        if events is None:
-            events = []
-            self.__dict__["_pending_events"] = events
-        return events
-
     def _guard(self, transition: Transition) -> Refused | None:
         if self.status not in ALLOWED[transition]:
             return _refusal(transition, self.status)
         return None
 
     def _record(self, *events) -> Ok:
-        self.pending_events.extend(events)
-        return Ok(tuple(events))
+        return Ok(events)
 
     def can(self, transition: Transition) -> bool:
         return self.status in ALLOWED[transition]

@@ -88,30 +88,42 @@ def _save_cancel(
 ) -> CancelOutcome:
     """The cancel's guarded save, once more after a lost race that only this cancel's own expiry
     caused (see `_moved_by_this_cancel`)."""
-    for attempt in range(2):
-        if order.version != seen:
-            moved = _moved_by_this_cancel(order, retired)
+    return order_store.retry_on_lost_race(2, _CancelAttempt(order, seen, reason, retired, money_may_come))
+
+
+@dataclass
+class _CancelAttempt:
+    """One try of the cancel's save (`order_store.retry_on_lost_race`): a retry re-reads the order
+    and, the version the customer saw being gone, cancels only an order this cancel's expiry moved."""
+
+    order: LoadedOrder
+    seen: int
+    reason: str
+    retired: str | None
+    money_may_come: bool
+
+    def __call__(self, attempt: int) -> CancelOutcome:
+        if attempt:
+            self.order = order_store.read(self.order.id)
+        order = self.order
+        if order.version != self.seen:
+            moved = _moved_by_this_cancel(order, self.retired)
             if moved == "done":
                 return CancelOutcome(CancelStatus.CANCELLED, order)
             if moved != "retry" or attempt:
                 return CancelOutcome(CancelStatus.CONFLICT, order, CancelConflict.CHANGED_WHILE_CANCELLING)
-            seen = order.version
-        result = order.cancel(reason)
+            self.seen = order.version
+        result = order.cancel(self.reason)
         if isinstance(result, Refused):
             return CancelOutcome(CancelStatus.REFUSED, order, result.code, result.message)
         # The session could still take money (an async payment settling, or a session the cancel
         # could not read or expire): the sweep watches marked cancelled orders, so a lost
         # late-payment webhook cannot leave that money kept. Bookkeeping, same commit.
-        watch_from = utcnow() if money_may_come else None
-        try:
-            with uow.transaction():
-                order_store.save(order, "cancel", result.events, watch_from=watch_from)
-        except order_store.LostRace:
-            order = order_store.read(order.id)
-            continue
-        log.info("order %s cancelled (%s)", order.reference, reason)
+        watch_from = utcnow() if self.money_may_come else None
+        with uow.transaction():
+            order_store.save(order, "cancel", result.events, watch_from=watch_from)
+        log.info("order %s cancelled (%s)", order.reference, self.reason)
         return CancelOutcome(CancelStatus.CANCELLED, order)
-    raise AssertionError("unreachable")
 
 
 def _moved_by_this_cancel(order: LoadedOrder, retired: str | None) -> Literal["done", "retry", "conflict"]:

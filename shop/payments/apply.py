@@ -100,29 +100,26 @@ def apply_session(
     the sweep's scan for a payment no order holds): the machine a restored copy replaces refunded
     it, so the copy does what that machine did, never pays the order with money given back."""
     now = now or utcnow()
-    for attempt in range(4):
-        try:
-            with uow.transaction():
-                result = _apply_once(
-                    view,
-                    source=source,
-                    failed=failed,
-                    event_id=event_id,
-                    now=now,
-                    expired_by_cancel=expired_by_cancel,
-                    refunded_as=refunded_as,
-                )
-                if before_commit is not None:
-                    before_commit(result)
-        except (IntegrityError, StaleDataError):
-            # Another writer got there first (moved the order, or claimed the event where the
-            # dialect has no ON CONFLICT): the next attempt sees what it did, which may make
-            # this notice a duplicate or a no-op. The transaction has rolled back.
-            if attempt == 3:
-                raise
-            continue
+
+    def attempt(_n: int) -> Applied:
+        with uow.transaction():
+            result = _apply_once(
+                view,
+                source=source,
+                failed=failed,
+                event_id=event_id,
+                now=now,
+                expired_by_cancel=expired_by_cancel,
+                refunded_as=refunded_as,
+            )
+            if before_commit is not None:
+                before_commit(result)
         return result
-    raise AssertionError("unreachable")
+
+    # Another writer got there first (moved the order, or claimed the event where the dialect has
+    # no ON CONFLICT): the transaction has rolled back, and the next try sees what it did, which
+    # may make this notice a duplicate or a no-op.
+    return order_store.retry_on_lost_race(4, attempt, also=(IntegrityError, StaleDataError))
 
 
 def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
@@ -238,14 +235,14 @@ def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime, refunde
         return _late_money(order, view, PAID_AFTER_CANCEL, now)
     if refunded_as in (PAID_TWICE, PAID_AFTER_CANCEL):
         return _refunded_elsewhere(order, view, refunded_as, source=source, now=now)
-    transition = "mark_paid"
+    transition, events = "mark_paid", ()
     if state in {OrderStatus.PENDING_PAYMENT, OrderStatus.PAYMENT_FAILED}:
-        order.start_payment(view.id, view.url)  # the money is real: adopt its session first
+        events = order.start_payment(view.id, view.url).events  # the money is real: adopt its session first
         transition = "adopt_and_pay"
-    order.mark_paid(view.id, view.amount_total, view.currency)
+    events += order.mark_paid(view.id, view.amount_total, view.currency).events
     order.ships_to(view.shipping_details)
     # The write's own time, as for every other transition of the general path (`now` may be the caller's).
-    order_store.save(order, transition, tuple(order.pending_events), now=utcnow())
+    order_store.save(order, transition, events, now=utcnow())
     log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
     return Applied(Outcome.PAID, order)
 

@@ -9,7 +9,7 @@ Everything that writes an order goes through here, with three verbs:
   <the transition's allowed from-states>`, version + 1) plus its events to the outbox, in the
   caller's transaction. A lost race is refused the same way for every transition: `LostRace`
   (a `StaleDataError`, like the ORM's own version check), raised so that the transaction rolls
-  back;
+  back; a use case that tries again after one does so through `retry_on_lost_race`;
 * `note` bookkeeping that is not a state change (`payment_processing_at`, `late_money_watch_since`,
   `provider_next_check_at`): no version bump, `updated_at` untouched, so a transition never loses
   a race to it and the order's age (what the sweep selects by) does not move.
@@ -22,7 +22,9 @@ them all, for the statement-cache test. Commits stay with the caller, through `o
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
+from typing import TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm.exc import StaleDataError
@@ -47,6 +49,28 @@ class LostRace(StaleDataError):
         )
         self.order_id = order.id
         self.transition = transition
+
+
+_Result = TypeVar("_Result")
+
+
+def retry_on_lost_race(
+    attempts: int, attempt: Callable[[int], _Result], *, also: tuple[type[Exception], ...] = ()
+) -> _Result:
+    """A use case's answer after at most `attempts` tries of `attempt(n)` (n counts from 0), each
+    of which reads fresh state and tries once: a try that loses the race (LostRace, or one of the
+    exceptions in `also`), which has rolled its transaction back, is followed by another; what the
+    last try raises reaches the caller. A try after the first must read what the winner wrote (the
+    first may use what the caller has just read)."""
+    if attempts < 1:
+        raise ValueError(f"retry_on_lost_race needs at least one attempt, not {attempts}")
+    retried = (LostRace, *also)
+    for n in range(attempts - 1):
+        try:
+            return attempt(n)
+        except retried:
+            continue
+    return attempt(attempts - 1)
 
 
 # -- reads ---------------------------------------------------------------------------------------
@@ -160,7 +184,8 @@ def save(
 ) -> None:
     """Write the transition the snapshot has just made, guarded by the version it was read at, and
     its events to the outbox, in the caller's transaction. Raises LostRace when the order moved
-    meanwhile; on success the snapshot is at the new version and its recorded events are spent."""
+    meanwhile; on success the snapshot is at the new version. `events`: the transition's own, as
+    its `Ok` returned them."""
     statement, columns = TRANSITIONS[transition]
     session = db.session
     params = {"order": order.id, "seen": order.version, "now": now, "watch_from": watch_from}
@@ -169,7 +194,6 @@ def save(
         raise LostRace(order, transition)
     _forget_loaded(session, order.id)
     order.version += 1
-    order.pending_events.clear()
     if events:
         write_events(session, list(events), now)
 
