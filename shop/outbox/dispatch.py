@@ -9,9 +9,10 @@ import functools
 import threading
 from collections import Counter
 from datetime import datetime, timedelta
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
-from flask import current_app
+from flask import Flask, current_app
+from werkzeug.local import LocalProxy
 
 from sqlalchemy.orm import joinedload
 
@@ -172,9 +173,9 @@ def drain_concurrently(
     )
     if threads <= 1:
         return run()
-    # Flask types current_app as the Flask it stands for; it is a werkzeug LocalProxy, and this is
-    # how a proxy hands over the app itself for the threads (which have no app context of their own).
-    app = current_app._get_current_object()  # pyright: ignore[reportAttributeAccessIssue]
+    # The app itself for the threads, which have no app context of their own (current_app is a
+    # werkzeug LocalProxy, though Flask types it as the Flask it stands for).
+    app = cast("LocalProxy[Flask]", current_app)._get_current_object()
     results: list[dict | None] = [None] * threads
     errors: list[BaseException] = []
 

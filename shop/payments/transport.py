@@ -5,6 +5,8 @@ pages' origins)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import logging
 import re
 import threading
@@ -14,10 +16,12 @@ from contextvars import ContextVar
 from urllib.parse import urlsplit
 
 import requests
+import requests.adapters
 import stripe
 from urllib3 import HTTPConnectionPool, HTTPSConnectionPool, ProxyManager
 from urllib3.connection import HTTPConnection, HTTPSConnection
-from flask import current_app
+from flask import Flask, current_app
+from werkzeug.local import LocalProxy
 
 from .. import clock
 from ..extensions import per_app
@@ -263,8 +267,11 @@ MAX_RETRY_AFTER_SECONDS = 60.0
 
 
 def _retry_after(headers) -> float:
+    value = (headers or {}).get("Retry-After")
+    if value is None:
+        return DEFAULT_RETRY_AFTER_SECONDS
     try:
-        seconds = float((headers or {}).get("Retry-After"))
+        seconds = float(value)
     except (TypeError, ValueError):
         return DEFAULT_RETRY_AFTER_SECONDS
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS) or DEFAULT_RETRY_AFTER_SECONDS
@@ -295,7 +302,7 @@ def endpoint_of(method: str, url: str) -> str:
 _sending = threading.local()
 
 
-class _GrantConfirming:
+class _GrantConfirming(HTTPConnection):
     """A urllib3 connection that confirms the request's grant (guard.Budget.confirm) at the last
     moment: once the connection is made and right before the request's first byte is written. A
     pooled connection is checked for being dropped, and made when there is none, after the
@@ -333,12 +340,14 @@ class _GrantConfirmingHTTPSConnection(_GrantConfirming, HTTPSConnection):
     pass
 
 
+# urllib3 types ConnectionCls as a protocol that its own HTTPConnection and HTTPSConnection do not
+# satisfy (their default_socket_options is Final): the same error for urllib3's own classes.
 class _GrantConfirmingHTTPPool(HTTPConnectionPool):
-    ConnectionCls = _GrantConfirmingHTTPConnection
+    ConnectionCls = _GrantConfirmingHTTPConnection  # pyright: ignore[reportAssignmentType]
 
 
 class _GrantConfirmingHTTPSPool(HTTPSConnectionPool):
-    ConnectionCls = _GrantConfirmingHTTPSConnection
+    ConnectionCls = _GrantConfirmingHTTPSConnection  # pyright: ignore[reportAssignmentType]
 
 
 _GRANT_CONFIRMING_POOLS = {"http": _GrantConfirmingHTTPPool, "https": _GrantConfirmingHTTPSPool}
@@ -395,5 +404,10 @@ def _http_client(base: str, timeout: float) -> GuardedHttpClient:
         scheme: url for scheme, url in requests.utils.get_environ_proxies(base).items() if scheme in ("http", "https")
     }
     return GuardedHttpClient(
-        app=current_app._get_current_object(), background_timeout=timeout, session=session, proxy=proxies or None
+        # The app itself, not the proxy (which only works inside an app context): current_app is a
+        # werkzeug LocalProxy, though Flask types it as the Flask it stands for.
+        app=cast("LocalProxy[Flask]", current_app)._get_current_object(),
+        background_timeout=timeout,
+        session=session,
+        proxy=proxies or None,
     )
