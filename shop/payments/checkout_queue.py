@@ -29,9 +29,8 @@ time passes while it waits is left to its deadline, which cancels it like any un
 
 from __future__ import annotations
 
-from typing import cast
-
 import logging
+from typing import cast
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import datetime, timedelta

@@ -6,9 +6,8 @@ transport.py, it talks to Stripe's SDK."""
 
 from __future__ import annotations
 
-from typing import cast
-
 import logging
+from typing import cast
 import re
 
 import stripe

@@ -5,8 +5,6 @@ pages' origins)."""
 
 from __future__ import annotations
 
-from typing import cast
-
 import logging
 import re
 import threading
@@ -15,13 +13,11 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from urllib.parse import urlsplit
 
-import requests
-import requests.adapters
+import requests.adapters  # binds `requests` too; the adapters submodule named for the checker
 import stripe
 from urllib3 import HTTPConnectionPool, HTTPSConnectionPool, ProxyManager
 from urllib3.connection import HTTPConnection, HTTPSConnection
-from flask import Flask, current_app
-from werkzeug.local import LocalProxy
+from flask import current_app
 
 from .. import clock
 from ..extensions import per_app
@@ -267,11 +263,8 @@ MAX_RETRY_AFTER_SECONDS = 60.0
 
 
 def _retry_after(headers) -> float:
-    value = (headers or {}).get("Retry-After")
-    if value is None:
-        return DEFAULT_RETRY_AFTER_SECONDS
     try:
-        seconds = float(value)
+        seconds = float((headers or {}).get("Retry-After") or "")  # absent: "" is no number either
     except (TypeError, ValueError):
         return DEFAULT_RETRY_AFTER_SECONDS
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS) or DEFAULT_RETRY_AFTER_SECONDS
@@ -340,8 +333,7 @@ class _GrantConfirmingHTTPSConnection(_GrantConfirming, HTTPSConnection):
     pass
 
 
-# urllib3 types ConnectionCls as a protocol that its own HTTPConnection and HTTPSConnection do not
-# satisfy (their default_socket_options is Final): the same error for urllib3's own classes.
+# Ignored: urllib3's own connection classes fail its ConnectionCls protocol (default_socket_options is Final).
 class _GrantConfirmingHTTPPool(HTTPConnectionPool):
     ConnectionCls = _GrantConfirmingHTTPConnection  # pyright: ignore[reportAssignmentType]
 
@@ -403,11 +395,5 @@ def _http_client(base: str, timeout: float) -> GuardedHttpClient:
     proxies = {
         scheme: url for scheme, url in requests.utils.get_environ_proxies(base).items() if scheme in ("http", "https")
     }
-    return GuardedHttpClient(
-        # The app itself, not the proxy (which only works inside an app context): current_app is a
-        # werkzeug LocalProxy, though Flask types it as the Flask it stands for.
-        app=cast("LocalProxy[Flask]", current_app)._get_current_object(),
-        background_timeout=timeout,
-        session=session,
-        proxy=proxies or None,
-    )
+    app = current_app._get_current_object()  # pyright: ignore[reportAttributeAccessIssue]  # Flask types its proxy as Flask
+    return GuardedHttpClient(app=app, background_timeout=timeout, session=session, proxy=proxies or None)
