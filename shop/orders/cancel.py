@@ -16,7 +16,7 @@ from typing import Literal
 from flask import current_app
 
 from ..domain.deadlines import as_utc, utcnow
-from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderStatus, UNPAID
+from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderStatus, Transition, UNPAID
 from ..domain.results import Refused
 from ..extensions import db
 from ..outbox import uow
@@ -68,8 +68,9 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
         return CancelOutcome(CancelStatus.NOT_FOUND)
     if expected_version is not None and order.version != expected_version:
         return CancelOutcome(CancelStatus.CONFLICT, order, CancelConflict.CHANGED_SINCE_SEEN)
-    if not order.can("cancel"):
+    if not order.can(Transition.CANCEL):
         refusal = order.cancel(reason)
+        assert isinstance(refusal, Refused)  # the transition is not allowed: the guard refuses it
         return CancelOutcome(CancelStatus.REFUSED, order, refusal.code, refusal.message)
     seen, retired, money_may_come = order.version, None, False
     if order.status is OrderStatus.PAYMENT_INITIATED and order.payment_session_id:
@@ -80,6 +81,7 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
             return CancelOutcome(CancelStatus.REFUSED, order_store.read(order_id), verdict.code, verdict.message)
         money_may_come = verdict
         order = order_store.read(order_id)
+        assert order is not None  # it was just read, and an order is never deleted before it is final
     return _save_cancel(order, seen, reason, retired, money_may_come)
 
 
@@ -121,7 +123,7 @@ class _CancelAttempt:
         # late-payment webhook cannot leave that money kept. Bookkeeping, same commit.
         watch_from = utcnow() if self.money_may_come else None
         with uow.transaction():
-            order_store.save(order, "cancel", result.events, watch_from=watch_from)
+            order_store.save(order, Transition.CANCEL, result.events, watch_from=watch_from)
         log.info("order %s cancelled (%s)", order.reference, self.reason)
         return CancelOutcome(CancelStatus.CANCELLED, order)
 
@@ -168,6 +170,7 @@ def expire_unpaid_order(order_id: int, now: datetime) -> Expiry | str:
     if status not in UNPAID:
         return Expiry.CHANGED
     due = pay_by(order)  # the short hold while it never had a session, else the window
+    assert due is not None  # an unpaid order always has a pay-by time
     if due > now:
         if (due - now).total_seconds() <= 5:
             raise Reschedule(due)  # the scheduler fired early (1 s resolution)
@@ -189,7 +192,7 @@ def cancel_unpaid(order: LoadedOrder) -> Expiry:
     if isinstance(result, Refused):
         return Expiry.CHANGED
     try:
-        order_store.save(order, "cancel", result.events)
+        order_store.save(order, Transition.CANCEL, result.events)
     except order_store.LostRace:
         # Another writer (a webhook, the customer) moved the order between our read and our save:
         # it won, and retrying would only meet the same conflict. The caller says so in its log.
@@ -236,6 +239,8 @@ def _expire_at_the_provider(order: LoadedOrder, now: datetime) -> str:
         raise Reschedule(as_utc(expires) + PROVIDER_EXPIRY_GRACE)
     # The runner's transaction stays open across this call: it holds the command's claim, which the
     # answer commits with. Unreachable -> raised, and the command is retried with backoff.
+    # A PaymentInitiated order has its session: start_payment sets both in the one write.
+    assert order.payment_session_id is not None
     try:
         with guard.background_call(PROVIDER_BUDGET_PATIENCE_SECONDS):
             answer = ask_and_apply(order.payment_session_id, source="deadline", now=now, in_transaction=True)
@@ -244,6 +249,7 @@ def _expire_at_the_provider(order: LoadedOrder, now: datetime) -> str:
             raise  # the provider is down: the runner's wait for the provider, with its backoff
         raise Reschedule(now + timedelta(seconds=_budget_wait(exc.retry_after, now))) from exc
     view, applied = answer.view, answer.applied
+    assert applied is not None  # without `for_order`, ask_and_apply always applies the answer
     if (
         applied.outcome == Outcome.NOOP
         and view.status == gateway.SessionStatus.OPEN

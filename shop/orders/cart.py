@@ -113,6 +113,7 @@ def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange
     try:
         with uow.transaction():  # a refusal raised inside rolls back the cart it may have opened
             cart = open_cart(browser, create=True)
+            assert cart is not None  # with a browser and `create`, open_cart always gives a cart
             item = _line(cart, variant.id)
             wanted = quantity + (item.quantity if item else 0)
             short = _too_many(variant, wanted) or _short_of_stock(variant, wanted)

@@ -41,6 +41,7 @@ from ..domain.order import LIVE_STATUSES, OrderStatus
 from ..extensions import db
 from ..models import Product, Cart, CartItem, CartState, CommandKind, InventoryItem, Order, Variant
 from ..outbox import schedule_command, write_events
+from ..outbox.tables import rows_matched, table_of
 from ..outbox.uow import transaction
 from ..store import order_store
 from .deadline import unpaid_hold
@@ -106,11 +107,11 @@ class _TooManyUnpaid(Exception):
 # The statements, built once with bound parameters and executed on the tables: building a
 # statement, or sending an INSERT of a mapped class through the ORM's bulk machinery, cost more
 # CPU than running its cached compiled form (checkout is the shop's hottest write).
-_carts, _inventory = Cart.__table__, InventoryItem.__table__
+_carts, _inventory = table_of(Cart), table_of(InventoryItem)
 
 # The cart's lines with their current prices, in the order the stock will be taken. An outer
 # join: a line whose variant row is gone still shows up, and is refused as unavailable.
-_items, _variants, _products = CartItem.__table__, Variant.__table__, Product.__table__
+_items, _variants, _products = table_of(CartItem), table_of(Variant), table_of(Product)
 _READ_CART = (
     select(
         _items.c.variant_id,
@@ -251,7 +252,7 @@ def place_order(
                 ships=ships,
             )
             closed = session.execute(_CLOSE_CART, dict(cart_id=cart_id, browser=browser_id, order=order_id))
-            if closed.rowcount != 1:
+            if rows_matched(closed) != 1:
                 raise _CartClosed()
             write_events(session, [OrderPlaced(order_id, reference, total, currency)], now=now)
             _arm_deadline(session, order_id, now)

@@ -28,10 +28,11 @@ from ..domain.restoration import MAX_ON_HAND
 from ..extensions import db
 from ..models import InventoryItem, StockCorrection, Variant
 from ..outbox import uow
+from ..outbox.tables import table_of
 
 log = logging.getLogger("shop.orders")
 
-_inventory = InventoryItem.__table__
+_inventory = table_of(InventoryItem)
 
 
 class StockMode(StrEnum):

@@ -17,6 +17,7 @@ from sqlalchemy import and_, bindparam, case, func, or_, select, update
 
 from ..models import CommandKind, WorkStatus
 from ..extensions import db
+from .tables import rows_matched
 
 
 def _claimable(t):
@@ -192,7 +193,7 @@ def claim(model, work_id: int, now: datetime, worker: str, early_seconds: float 
         _claim_one(model.__table__), dict(_claim_params(now, worker, early_seconds), work_id=work_id)
     )
     db.session.commit()
-    return result.rowcount == 1
+    return rows_matched(result) == 1
 
 
 def claim_batch(model, now: datetime, worker: str, limit: int, first_only: bool = False) -> list[int]:
@@ -220,7 +221,7 @@ def release(model, work_ids: list[int], worker: str, now: datetime) -> int:
         )
     )
     db.session.commit()
-    return result.rowcount
+    return rows_matched(result)
 
 
 def claim_returning(
@@ -238,4 +239,4 @@ def claim_returning(
 def mark_done(model, work_id: int, worker: str, done_at: datetime) -> bool:
     """Inside the run's transaction: the row is done, if our claim still holds it."""
     marked = db.session.execute(_mark_done(model.__table__), dict(work_id=work_id, worker=worker, done_at=done_at))
-    return marked.rowcount == 1
+    return rows_matched(marked) == 1

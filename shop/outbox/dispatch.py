@@ -5,12 +5,14 @@ operator's verbs on a row (retry a dead one, retry every dead one of a kind, dis
 from __future__ import annotations
 
 import contextvars
+import functools
 import threading
 from collections import Counter
 from datetime import datetime, timedelta
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
-from flask import current_app
+from flask import Flask, current_app
+from werkzeug.local import LocalProxy
 
 from sqlalchemy.orm import joinedload
 
@@ -166,17 +168,21 @@ def drain_concurrently(
     "done") already holds between processes. Returns the summed counts; `more` if any thread
     stopped with rows possibly still due. A thread's unexpected error is re-raised here after
     the others finish (their rows are committed or released, never half-run)."""
-    options = dict(now=now, should_yield=should_yield, batch_size=batch_size, budget_seconds=budget_seconds)
+    run = functools.partial(
+        drain, work, now=now, should_yield=should_yield, batch_size=batch_size, budget_seconds=budget_seconds
+    )
     if threads <= 1:
-        return drain(work, **options)
-    app = current_app._get_current_object()
+        return run()
+    # The app itself for the threads, which have no app context of their own (current_app is a
+    # werkzeug LocalProxy, though Flask types it as the Flask it stands for).
+    app = cast("LocalProxy[Flask]", current_app)._get_current_object()
     results: list[dict | None] = [None] * threads
     errors: list[BaseException] = []
 
     def one(index: int) -> None:
         try:
             with app.app_context():
-                results[index] = drain(work, **options)
+                results[index] = run()
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread below
             errors.append(exc)
 

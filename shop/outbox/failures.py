@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from ..domain.deadlines import FAILURE_ERROR, FAILURE_PROVIDER, FAILURE_REFUSED
+from ..domain.deadlines import FAILURE_ERROR, FAILURE_PROVIDER, FAILURE_REFUSED, FailureKind
 
 
 class PermanentFailure(Exception):
@@ -29,15 +29,16 @@ class Reschedule(Exception):
 WAITING_FOR_PROVIDER = "waiting for the provider"
 
 
-def failure_kind(exc: BaseException) -> str:
+def failure_kind(exc: BaseException) -> FailureKind:
     """How a failed attempt counts (domain.deadlines.retry_decision): an exception declares it
     with a `failure_kind` attribute (PermanentFailure, gateway.ProviderUnavailable), directly or
     as the cause it was raised from; anything else is an ordinary error."""
     seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        kind = getattr(exc, "failure_kind", None)
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        kind = getattr(cause, "failure_kind", None)
         if kind in (FAILURE_REFUSED, FAILURE_PROVIDER):
-            return kind
-        exc = exc.__cause__
+            return FailureKind(kind)
+        cause = cause.__cause__
     return FAILURE_ERROR

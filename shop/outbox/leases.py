@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from ..extensions import db
 from ..models import Lease
 from ..node import is_this_machine, node_name
+from .tables import rows_matched
 
 log = logging.getLogger("shop.leases")
 
@@ -49,7 +50,7 @@ def acquire_lease(name: str, holder: str, now: datetime, seconds: float) -> Acqu
             .values(holder=holder, expires_at=expires)
             .execution_options(synchronize_session=False)
         )
-        if taken.rowcount == 1:
+        if rows_matched(taken) == 1:
             session.commit()
             return Acquired(True)
         current = session.execute(select(Lease.holder).where(Lease.name == name)).first()
@@ -63,7 +64,7 @@ def acquire_lease(name: str, holder: str, now: datetime, seconds: float) -> Acqu
                     .values(holder=holder, expires_at=expires)
                     .execution_options(synchronize_session=False)
                 )
-                if taken.rowcount == 1:
+                if rows_matched(taken) == 1:
                     session.commit()
                     log.warning("%s: took over the lease of %s, a process that no longer exists", name, current.holder)
                     return Acquired(True, taken_from=current.holder)
@@ -98,7 +99,7 @@ def renew_lease(name: str, holder: str, now: datetime, seconds: float) -> bool:
     except BaseException:
         session.rollback()
         raise
-    return renewed.rowcount == 1
+    return rows_matched(renewed) == 1
 
 
 def renew_lease_on(engine, name: str, holder: str, now: datetime, seconds: float) -> bool:

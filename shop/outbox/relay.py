@@ -27,6 +27,7 @@ from ..extensions import db
 from ..models import OutboxDelivery, ScheduledCommand, WorkStatus
 from .claims import any_due
 from .runner import COMMAND_LOOKAHEAD_SECONDS
+from .tables import rows_matched
 
 log = logging.getLogger("shop.outbox")
 
@@ -44,11 +45,10 @@ def _bury_exhausted(model, now) -> int:
         )
         .execution_options(synchronize_session=False)
     )
-    if result.rowcount:
-        log.error(
-            "dead letter: %d %s row(s) lost their worker on the final attempt", result.rowcount, model.__tablename__
-        )
-    return result.rowcount
+    lost = rows_matched(result)
+    if lost:
+        log.error("dead letter: %d %s row(s) lost their worker on the final attempt", lost, model.__tablename__)
+    return lost
 
 
 def _due_ids(model, now, grace, limit) -> list[int]:

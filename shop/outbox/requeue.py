@@ -13,6 +13,7 @@ from sqlalchemy import update
 from ..domain.deadlines import FAILURE_PROVIDER, utcnow
 from ..extensions import db
 from ..models import WorkStatus
+from .tables import rows_matched
 
 
 def _fresh_budget(now: datetime) -> dict:
@@ -41,7 +42,7 @@ def retry_dead(model, work_id: int, now: datetime | None = None) -> bool:
         .execution_options(synchronize_session=False)
     )
     db.session.commit()
-    return result.rowcount == 1
+    return rows_matched(result) == 1
 
 
 def retry_all_dead(model, name_column, name: str, now: datetime | None = None) -> list[int]:
@@ -99,4 +100,4 @@ def discard(model, work_id: int, reason: str, now: datetime | None = None) -> bo
         .execution_options(synchronize_session=False)
     )
     db.session.commit()
-    return result.rowcount == 1
+    return rows_matched(result) == 1

@@ -13,12 +13,13 @@ from ..domain.deadlines import utcnow
 from ..domain.events import EventName
 from ..models import CommandKind, OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
 from .subscriptions import SUBSCRIPTIONS
+from .tables import table_of
 
 
 # Built once: constructing a Core statement costs more than executing its cached compiled form,
 # and these run in every transition. On the tables, not the mapped classes: an INSERT of a mapped
 # class goes through the ORM's bulk-insert machinery, which cost more than the round trip itself.
-_events, _deliveries, _commands = OutboxEvent.__table__, OutboxDelivery.__table__, ScheduledCommand.__table__
+_events, _deliveries, _commands = table_of(OutboxEvent), table_of(OutboxDelivery), table_of(ScheduledCommand)
 _INSERT_EVENT = insert(_events).returning(_events.c.id)
 _INSERT_DELIVERY = insert(_deliveries).returning(_deliveries.c.id)
 _INSERT_COMMAND = insert(_commands).returning(_commands.c.id)

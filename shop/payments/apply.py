@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
 from ..domain.deadlines import as_utc, utcnow
-from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderStatus
+from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderStatus, Transition
 from ..domain.payment import check_payment_proof
 from ..domain.results import Refused
 from ..extensions import db
@@ -142,10 +142,10 @@ def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
     ).accepted:
         return None  # the general path records the refusal
     transition = order.mark_paid(view.id, view.amount_total, view.currency)
-    if not transition.ok:
+    if isinstance(transition, Refused):
         return None
     order.ships_to(view.shipping_details)  # where the paid goods go, saved with the payment
-    order_store.save(order, "mark_paid", transition.events, now=now)
+    order_store.save(order, Transition.MARK_PAID, transition.events, now=now)
     log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
     return Applied(Outcome.PAID, order)
 
@@ -235,10 +235,10 @@ def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime, refunde
         return _late_money(order, view, PAID_AFTER_CANCEL, now)
     if refunded_as in (PAID_TWICE, PAID_AFTER_CANCEL):
         return _refunded_elsewhere(order, view, refunded_as, source=source, now=now)
-    transition, events = "mark_paid", ()
+    transition, events = Transition.MARK_PAID, ()
     if state in {OrderStatus.PENDING_PAYMENT, OrderStatus.PAYMENT_FAILED}:
         events = order.start_payment(view.id, view.url).events  # the money is real: adopt its session first
-        transition = "adopt_and_pay"
+        transition = Transition.ADOPT_AND_PAY
     events += order.mark_paid(view.id, view.amount_total, view.currency).events
     order.ships_to(view.shipping_details)
     # The write's own time, as for every other transition of the general path (`now` may be the caller's).
@@ -257,7 +257,7 @@ def _refunded_elsewhere(order: LoadedOrder, view, reason: str, *, source: str, n
         result = order.cancel(CANCELLED_BEFORE_PAYMENT_REFUNDED)
         if isinstance(result, Refused):
             return Applied(Outcome.NOOP, order, result.message)
-        order_store.save(order, "cancel", result.events)
+        order_store.save(order, Transition.CANCEL, result.events)
         log.warning(
             "order %s cancelled: the provider shows its payment (session %s) refunded by this shop after a "
             "cancel this database never saw (via %s)",
@@ -283,7 +283,7 @@ def _apply_expired(order: LoadedOrder, view, *, source: str, now: datetime, expi
         result = order.cancel(why)
         if isinstance(result, Refused):
             return Applied(Outcome.NOOP, order, result.message)
-        order_store.save(order, "cancel", result.events)
+        order_store.save(order, Transition.CANCEL, result.events)
         log.info("order %s cancelled: its payment session expired (%s, via %s)", order.reference, why, source)
         return Applied(Outcome.CANCELLED, order)
     return _fail(order, "checkout session expired", "The payment page expired before payment.")
@@ -295,7 +295,7 @@ def _fail(order: LoadedOrder, reason: str, words: str) -> Applied:
     if isinstance(result, Refused):
         return Applied(Outcome.NOOP, order, result.message)
     order.failed_because(words)
-    order_store.save(order, "mark_payment_failed", result.events)
+    order_store.save(order, Transition.MARK_PAYMENT_FAILED, result.events)
     return Applied(Outcome.PAYMENT_FAILED, order)
 
 
@@ -334,7 +334,9 @@ def reconcile_order(order_id: int, source: str = "console", now: datetime | None
         return Applied(Outcome.NOOP, order, "no payment session to ask about")
     sid = order.payment_session_id
     db.session.rollback()
-    return ask_and_apply(sid, source=source, now=now).applied
+    applied = ask_and_apply(sid, source=source, now=now).applied
+    assert applied is not None  # without `for_order`, ask_and_apply always applies the answer
+    return applied
 
 
 def async_failed(view: gateway.SessionView) -> bool:

@@ -30,11 +30,13 @@ time passes while it waits is left to its deadline, which cancels it like any un
 from __future__ import annotations
 
 import logging
+from typing import cast
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import datetime, timedelta
 
-from flask import current_app
+from flask import Flask, current_app
+from werkzeug.local import LocalProxy
 from sqlalchemy import and_, func, or_, select
 
 from .. import clock, logs, queue
@@ -236,7 +238,7 @@ class PaymentQueue:
 def serve_now(app=None) -> int:
     """Serve the line once in this process, under the lease, until nobody waits: the sessions
     started, 0 when another process holds the lease (the tests' way to run the queue in-process)."""
-    app = app or current_app._get_current_object()
+    app = app or cast("LocalProxy[Flask]", current_app)._get_current_object()  # the app, not its proxy
     line = PaymentQueue(app)
     if not acquire_lease(LEASE_NAME, line.holder, utcnow(), LEASE_SECONDS):
         return 0

@@ -12,6 +12,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 
 from ..models import ProcessedStripeEvent
+from ..outbox.tables import table_of
 
 
 def claim_event(session, event_id: str, now: datetime) -> bool:
@@ -27,7 +28,7 @@ def claim_event(session, event_id: str, now: datetime) -> bool:
         return session.execute(claim, values).first() is not None
     try:
         with session.begin_nested():
-            session.execute(insert(ProcessedStripeEvent.__table__), values)
+            session.execute(insert(table_of(ProcessedStripeEvent)), values)
     except IntegrityError:
         return False
     return True

@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from typing import TYPE_CHECKING, cast
 
 import stripe
 
 from . import guard
+
+if TYPE_CHECKING:  # the SDK's typed parameters, for the checker only
+    from stripe import RequestOptions
+    from stripe.params import EventListParams, WebhookEndpointCreateParams, WebhookEndpointUpdateParams
+    from stripe.params.checkout import SessionCreateParams
 from .mark import shop_mark
 from .provider_probe import counts_as_failure, watch_for_recovery
 from .provider_errors import (
@@ -143,7 +149,7 @@ def create_checkout_session(
 ) -> SessionView:
     """The hosted Checkout Session of one payment attempt. `ship_to`: the order holds goods to
     ship, so the payment page asks for a shipping address in one of these countries."""
-    params = {
+    params: SessionCreateParams = {
         "mode": "payment",
         "client_reference_id": reference,
         "metadata": {"order_id": str(order_id), "reference": reference, "shop": shop_mark()},
@@ -201,7 +207,7 @@ def retrieve_session(session_id: str) -> SessionView:
 
 
 def expire_session(session_id: str, *, cancelling_order: int | None = None) -> SessionView:
-    options = {}
+    options: RequestOptions = {}
     if cancelling_order is not None:
         options["idempotency_key"] = f"{CANCEL_EXPIRY_KEY_PREFIX}order-{cancelling_order}-session-{session_id}"
     return session_view(
@@ -217,7 +223,7 @@ def undelivered_events(*, since: datetime) -> list[tuple[str, str, int]]:
     that it has not delivered (still retrying, or given up), newest first, at most one page:
     (id, type, created). Stripe counts a 4xx from the shop (a wrong signing secret) as a failed
     delivery, so this sees what the shop's own receipts cannot tell from a scanner."""
-    params = {
+    params: EventListParams = {
         "delivery_success": False,
         "types": list(EVENT_TYPES),
         "created": {"gte": int(since.timestamp())},
@@ -236,7 +242,11 @@ def session_events(*, since: datetime, starting_after: str | None = None) -> tup
     """One page of the provider's Checkout Session events created since `since`, newest first,
     after the event `starting_after` (the last of the previous page); and whether more follow.
     The provider keeps events for 30 days."""
-    params = {"types": list(SESSION_EVENT_TYPES), "created": {"gte": int(since.timestamp())}, "limit": EVENTS_PAGE_SIZE}
+    params: EventListParams = {
+        "types": list(SESSION_EVENT_TYPES),
+        "created": {"gte": int(since.timestamp())},
+        "limit": EVENTS_PAGE_SIZE,
+    }
     if starting_after:
         params["starting_after"] = starting_after
     page = _call("list events", lambda: client().v1.events.list(params=params))
@@ -314,7 +324,7 @@ def refund_unknown_payment(*, session_id: str, payment_intent: str, amount: int)
 def paid_session_events(*, since: datetime, until: datetime, starting_after: str | None = None):
     """One page (newest first) of the provider's events for sessions that took money, created in
     [since, until): what the sweep's scan for unknown money reads. Returns (events, more)."""
-    params = {
+    params: EventListParams = {
         "types": ["checkout.session.completed", "checkout.session.async_payment_succeeded"],
         "created": {"gte": int(since.timestamp()), "lt": int(until.timestamp())},
         "limit": EVENTS_PAGE_SIZE,
@@ -341,6 +351,10 @@ def retrieve_refund(refund_id: str) -> RefundView:
 # Webhook endpoint registration -------------------------------------------------------------
 
 
+# EVENT_TYPES are plain strings (provider_views does not import the SDK), a subset of the event
+# types the SDK spells as one Literal: the endpoint's parameters are cast to its TypedDicts.
+
+
 def list_webhook_endpoints() -> list[EndpointView]:
     page = _call("list webhook endpoints", lambda: client().v1.webhook_endpoints.list(params={"limit": 100}))
     return [endpoint_view(e) for e in page.auto_paging_iter()]
@@ -351,7 +365,10 @@ def create_webhook_endpoint(url: str, description: str) -> EndpointView:
         _call(
             "create webhook endpoint",
             lambda: client().v1.webhook_endpoints.create(
-                params={"url": url, "enabled_events": EVENT_TYPES, "description": description}
+                params=cast(
+                    "WebhookEndpointCreateParams",
+                    {"url": url, "enabled_events": EVENT_TYPES, "description": description},
+                )
             ),
         )
     )
@@ -362,7 +379,9 @@ def subscribe_webhook_endpoint(endpoint_id: str) -> EndpointView:
     return endpoint_view(
         _call(
             "update webhook endpoint",
-            lambda: client().v1.webhook_endpoints.update(endpoint_id, params={"enabled_events": EVENT_TYPES}),
+            lambda: client().v1.webhook_endpoints.update(
+                endpoint_id, params=cast("WebhookEndpointUpdateParams", {"enabled_events": EVENT_TYPES})
+            ),
         )
     )
 

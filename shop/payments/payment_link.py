@@ -57,7 +57,7 @@ def ready_to_offer(order_id: int) -> bool:
     order = db.session.get(Order, order_id)
     if order is not None:
         logs.learn(order_ref=order.reference)  # the probe's line below names the order too
-    if not still_waiting_for_payment(order):
+    if order is None or not still_waiting_for_payment(order):
         return False
     gateway.answers()
     log.info("order %s: payments work again; emailing its payment link", order.reference)

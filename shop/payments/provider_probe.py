@@ -7,10 +7,12 @@ transport.py, it talks to Stripe's SDK."""
 from __future__ import annotations
 
 import logging
+from typing import cast
 import re
 
 import stripe
-from flask import current_app
+from flask import Flask, current_app
+from werkzeug.local import LocalProxy
 
 from ..domain.deadlines import utcnow
 from ..extensions import db, per_app
@@ -35,7 +37,8 @@ PROBE_TIMEOUT_SECONDS = 2.0
 
 
 def watch_for_recovery(provider_guard: guard.ProviderGuard) -> None:
-    provider_guard.watch_for_recovery(current_app._get_current_object(), probe, on_recovered=recovered)
+    app = cast("LocalProxy[Flask]", current_app)._get_current_object()  # the app, not its proxy
+    provider_guard.watch_for_recovery(app, probe, on_recovered=recovered)
 
 
 def probe() -> bool | None:

@@ -54,6 +54,11 @@ REFUND_EVENT_TYPES = ("refund.updated", "refund.failed")
 PAYMENT_FAILURE_EVENT_TYPES = ("payment_intent.payment_failed",)
 
 
+def _object(value) -> dict:
+    """A JSON object of the sender's, or an empty one when the field is absent or not an object."""
+    return value if isinstance(value, dict) else {}
+
+
 @dataclass(frozen=True)
 class PaymentFailureView:
     """A failed attempt to pay, from its PaymentIntent: which order and payment attempt (the
@@ -73,8 +78,7 @@ def payment_failure_view(obj) -> PaymentFailureView:
         obj = obj.to_dict()
     if not isinstance(obj, dict):
         obj = {}
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    error = obj.get("last_payment_error") if isinstance(obj.get("last_payment_error"), dict) else {}
+    metadata, error = _object(obj.get("metadata")), _object(obj.get("last_payment_error"))
 
     def text(value, limit=300):
         return value[:limit] if isinstance(value, str) and value else None
@@ -95,6 +99,7 @@ def payment_failure_view(obj) -> PaymentFailureView:
 @dataclass(frozen=True)
 class SessionView:
     id: str
+    # The provider's vocabularies; a value outside them is passed on as sent (see above).
     status: SessionStatus | str | None
     payment_status: SessionPaymentStatus | str | None
     amount_total: int | None
@@ -128,7 +133,7 @@ def shipping_details_of(obj: dict) -> dict | None:
         details = obj.get("shipping_details")
     if not isinstance(details, dict):
         return None
-    address = details.get("address") if isinstance(details.get("address"), dict) else {}
+    address = _object(details.get("address"))
 
     def text(value, limit=200):
         return value.strip()[:limit] or None if isinstance(value, str) else None
@@ -145,7 +150,7 @@ def shipping_details_of(obj: dict) -> dict | None:
 @dataclass(frozen=True)
 class RefundView:
     id: str | None
-    status: RefundStatus | str | None  # nullable at the provider
+    status: RefundStatus | str | None  # nullable at the provider; outside the vocabulary, as sent
     amount: int | None
     payment_intent: str | None  # nullable at Stripe
     failure_reason: str | None  # only on a failed refund
@@ -163,7 +168,7 @@ def refund_view(obj) -> RefundView:
         obj = obj.to_dict()
     if not isinstance(obj, dict):
         obj = {}
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    metadata = _object(obj.get("metadata"))
 
     def text(value):
         return value if isinstance(value, str) else None

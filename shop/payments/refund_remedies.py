@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
-from ..domain.refunds import PENDING, SUCCEEDED, needs_operator
+from ..domain.refunds import PENDING, SUCCEEDED, RefundStatus, needs_operator
 from ..extensions import db
 from ..models import CommandKind, Order, Refund
 from ..outbox import schedule_command, uow
@@ -99,7 +99,7 @@ def retry_refund(refund_id: int, *, seen_attempt: int | None, now: datetime | No
         seen = refund.attempts if seen_attempt is None else seen_attempt
         if seen_attempt is not None and refund.attempts == seen + 1 and refund.settled_at is None:
             return RefundAction(Remedy.RETRY, ActionOutcome.ALREADY, refund_id, refund_facts(refund), seen=seen)
-        if not needs_operator(refund.status, refund.settled_at is not None) or refund.attempts != seen:
+        if not needs_operator(RefundStatus(refund.status), refund.settled_at is not None) or refund.attempts != seen:
             return RefundAction(
                 Remedy.RETRY, ActionOutcome.REFUSED, refund_id, refund_facts(refund), _why_not(refund), seen
             )
@@ -145,7 +145,7 @@ def settle_refund(refund_id: int, *, reason: str, operator: str, now: datetime |
             if (refund.settlement_reason or "") == reason:
                 return RefundAction(Remedy.SETTLE, ActionOutcome.ALREADY, refund_id, refund_facts(refund))
             return RefundAction(Remedy.SETTLE, ActionOutcome.REFUSED, refund_id, refund_facts(refund), NotNow.SETTLED)
-        if not needs_operator(refund.status, False):
+        if not needs_operator(RefundStatus(refund.status), False):
             return RefundAction(
                 Remedy.SETTLE,
                 ActionOutcome.REFUSED,

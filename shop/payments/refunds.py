@@ -34,6 +34,7 @@ from ..domain.refunds import (
     NOT_RETURNED,
     PENDING,
     SUCCEEDED,
+    RefundStatus,
     after_report,
     reported_status,
 )
@@ -290,10 +291,10 @@ def _reported_refund(view: gateway.RefundView) -> Refund | None:
     return refund
 
 
-def _take_report(refund: Refund, view: gateway.RefundView, now: datetime, source: str) -> str | None:
+def _take_report(refund: Refund, view: gateway.RefundView, now: datetime, source: str) -> RefundStatus | None:
     """Move the refund as the provider's report says (or leave it), with what follows from the
     move in the same transaction: the customer's email, the end of the sweep's watch."""
-    new = after_report(refund.status, reported_status(view.status))
+    new = after_report(RefundStatus(refund.status), reported_status(view.status))  # the column holds its value
     if new is None:
         return None
     refund.status = new

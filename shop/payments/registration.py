@@ -98,6 +98,7 @@ def register_webhook() -> list[str]:
     created = gateway.create_webhook_endpoint(
         target, f"{MARKER} Backstop shop at {current_app.config['PUBLIC_BASE_URL']}"
     )
+    assert created.secret is not None  # the provider gives an endpoint's secret in its create answer
     _store(SECRET_KEY, created.secret)
     forget_webhook_secret()
     _store(ENDPOINT_KEY, created.id)

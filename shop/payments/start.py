@@ -13,14 +13,14 @@ from flask import current_app
 
 from .. import queue
 from ..domain.deadlines import session_expires_at, session_pay_by, utcnow
-from ..domain.order import OrderStatus
+from ..domain.order import OrderStatus, Transition
 from ..domain.results import Refused
 from ..extensions import db
 from ..models import ProviderRefusal, RefusalKind
 from ..outbox import uow
 from ..public_urls import public_url, public_url_for
 from ..store import order_store
-from ..store.order_store import LoadedOrder
+from ..store.order_store import LoadedOrder, Note
 from . import gateway, guard
 from .payment_link import offer_payment_link_later
 
@@ -105,7 +105,7 @@ def start_payment(order_id: int, now: datetime | None = None, *, placed=None, fr
         db.session.rollback()  # no transaction open across the provider call
         if order is None:
             return StartOutcome(StartCode.NO_SUCH_ORDER)
-    if not order.can("start_payment"):
+    if not order.can(Transition.START_PAYMENT):
         return StartOutcome(StartCode.NOT_PAYABLE, order_status=order.status)
     attempt = order.payment_attempts + 1
     try:
@@ -155,6 +155,7 @@ def _create_session(order: LoadedOrder, attempt: int, now: datetime) -> gateway.
     then is its expires_at. An order that had none yet (held only UNPAID_HOLD_WITHOUT_SESSION_SECONDS)
     gets the full window from now: its page exists from now on (domain.deadlines.session_pay_by)."""
     cfg = current_app.config
+    assert order.updated_at is not None  # read from its row, or just placed: it has its last change
     pay_by = session_pay_by(order.status, order.updated_at, now, cfg["UNPAID_ORDER_EXPIRY_SECONDS"])
     return gateway.create_checkout_session(
         order_id=order.id,
@@ -174,13 +175,15 @@ def _create_session(order: LoadedOrder, attempt: int, now: datetime) -> gateway.
 def _save_started(order: LoadedOrder, view: gateway.SessionView, attempt: int) -> StartOutcome:
     """Record the started attempt unless the order moved while the provider was asked."""
     transition = order.start_payment(view.id, view.url)
-    if not transition.ok:  # checked before the provider call on the same snapshot; kept so the rule has one home
+    if isinstance(
+        transition, Refused
+    ):  # checked before the provider call on the same snapshot; kept so the rule has one home
         _expire_quietly(view.id)
         return StartOutcome(StartCode.TRANSITION_REFUSED, detail=transition.message)
     order.attempt(attempt, view.expires_at)
     try:
         with uow.transaction():
-            order_store.save(order, "start_payment", transition.events)
+            order_store.save(order, Transition.START_PAYMENT, transition.events)
     except order_store.LostRace:
         # A concurrent start of the same attempt (a double click on "Pay now") may have won
         # with the same Idempotency-Key, so the provider handed both the same session: that
@@ -200,7 +203,7 @@ def join_line(order_id: int, now: datetime) -> None:
     one), durably: the mark is the order's own (`payment_queued_at`, a store note), committed
     before anything is said; then `joined_line`."""
     with uow.transaction():
-        order_store.note(order_id, "queue", now)
+        order_store.note(order_id, Note.QUEUE, now)
     joined_line(order_id)
 
 
@@ -240,7 +243,7 @@ def _note_refusal(
     try:
         with uow.transaction() as session:
             if leave_line:
-                order_store.note(order_id, "leave_queue")
+                order_store.note(order_id, Note.LEAVE_QUEUE)
             code = getattr(exc, "code", None) if kind == RefusalKind.REFUSED else getattr(exc, "kind", None)
             session.add(
                 ProviderRefusal(

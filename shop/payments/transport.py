@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from urllib.parse import urlsplit
 
-import requests
+import requests.adapters  # binds `requests` too; the adapters submodule named for the checker
 import stripe
 from urllib3 import HTTPConnectionPool, HTTPSConnectionPool, ProxyManager
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -264,7 +264,7 @@ MAX_RETRY_AFTER_SECONDS = 60.0
 
 def _retry_after(headers) -> float:
     try:
-        seconds = float((headers or {}).get("Retry-After"))
+        seconds = float((headers or {}).get("Retry-After") or "")  # absent: "" is no number either
     except (TypeError, ValueError):
         return DEFAULT_RETRY_AFTER_SECONDS
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS) or DEFAULT_RETRY_AFTER_SECONDS
@@ -295,7 +295,7 @@ def endpoint_of(method: str, url: str) -> str:
 _sending = threading.local()
 
 
-class _GrantConfirming:
+class _GrantConfirming(HTTPConnection):
     """A urllib3 connection that confirms the request's grant (guard.Budget.confirm) at the last
     moment: once the connection is made and right before the request's first byte is written. A
     pooled connection is checked for being dropped, and made when there is none, after the
@@ -333,12 +333,13 @@ class _GrantConfirmingHTTPSConnection(_GrantConfirming, HTTPSConnection):
     pass
 
 
+# Ignored: urllib3's own connection classes fail its ConnectionCls protocol (default_socket_options is Final).
 class _GrantConfirmingHTTPPool(HTTPConnectionPool):
-    ConnectionCls = _GrantConfirmingHTTPConnection
+    ConnectionCls = _GrantConfirmingHTTPConnection  # pyright: ignore[reportAssignmentType]
 
 
 class _GrantConfirmingHTTPSPool(HTTPSConnectionPool):
-    ConnectionCls = _GrantConfirmingHTTPSConnection
+    ConnectionCls = _GrantConfirmingHTTPSConnection  # pyright: ignore[reportAssignmentType]
 
 
 _GRANT_CONFIRMING_POOLS = {"http": _GrantConfirmingHTTPPool, "https": _GrantConfirmingHTTPSPool}
@@ -394,6 +395,5 @@ def _http_client(base: str, timeout: float) -> GuardedHttpClient:
     proxies = {
         scheme: url for scheme, url in requests.utils.get_environ_proxies(base).items() if scheme in ("http", "https")
     }
-    return GuardedHttpClient(
-        app=current_app._get_current_object(), background_timeout=timeout, session=session, proxy=proxies or None
-    )
+    app = current_app._get_current_object()  # pyright: ignore[reportAttributeAccessIssue]  # Flask types its proxy as Flask
+    return GuardedHttpClient(app=app, background_timeout=timeout, session=session, proxy=proxies or None)

@@ -85,7 +85,7 @@ def settle_unknown_payment(row_id: int, now: datetime) -> datetime | None:
     if row is None:
         return None
     if row.status == S.REFUND_PENDING and row.provider_refund_id:
-        return _follow_refund(row, now)
+        return _follow_refund(row, row.provider_refund_id, now)
     if row.status != S.CHECKING:
         return None
     # Imported here: apply imports this module (it records what it cannot match).
@@ -128,8 +128,8 @@ def settle_unknown_payment(row_id: int, now: datetime) -> datetime | None:
     return _after_refund_status(row, refund.status, now)
 
 
-def _follow_refund(row: UnknownPayment, now: datetime) -> datetime | None:
-    refund = gateway.retrieve_refund(row.provider_refund_id)
+def _follow_refund(row: UnknownPayment, refund_id: str, now: datetime) -> datetime | None:
+    refund = gateway.retrieve_refund(refund_id)
     return _after_refund_status(row, refund.status, now)
 
 

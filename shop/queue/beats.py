@@ -21,6 +21,7 @@ def iso(ts: datetime | None) -> str:
 
 
 def describe_job(job: Job) -> str:
+    assert job.func_name is not None  # the shop's jobs all name one of its functions
     return f"{job.func_name.rsplit('.', 1)[-1]}({', '.join(map(str, job.args or ()))})"
 
 

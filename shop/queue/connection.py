@@ -105,6 +105,7 @@ def refusal(job: Job) -> str | None:
     names a function that is not one of shop.jobs' entry points, or it asks RQ to call anything
     besides (a method of an object, callbacks, webhooks). Reads only the job's fields and its
     JSON data; imports nothing."""
+    func_name = instance = None  # read below, unless the job's data cannot be read
     try:
         func_name, instance = job.func_name, job.instance
         readable = isinstance(job.meta, dict) and "unserialized" not in job.meta
@@ -165,7 +166,7 @@ def control_queue() -> Queue:
     return ShopQueue(queue_names()[0], connection=redis_conn())
 
 
-def scheduler() -> Scheduler:
+def scheduler() -> ShopScheduler:
     return ShopScheduler(
         queue=work_queue(), connection=redis_conn(), interval=current_app.config["SCHEDULER_POLL_SECONDS"]
     )

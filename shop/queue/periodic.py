@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 from flask import current_app
 from rq import Queue
+from rq.job import Job
 from rq_scheduler import Scheduler
 
 from .connection import (
@@ -45,7 +46,9 @@ def register_periodic_jobs(
         wanted[sweep_id] = (SWEEP_JOB, sweep_seconds)
     if prune_seconds:
         wanted[prune_id] = (PRUNE_JOB, prune_seconds)
-    existing = {job.id: job for job in sched.get_jobs() if job.id.startswith(f"{prefix}-periodic-")}
+    # Without with_times, get_jobs yields the jobs alone.
+    jobs = [job for job in sched.get_jobs() if isinstance(job, Job)]
+    existing = {job.id: job for job in jobs if job.id.startswith(f"{prefix}-periodic-")}
     done = []
     for job_id, job in list(existing.items()):
         why = refusal(job)

@@ -234,6 +234,7 @@ def _let_go(worker: ShopWorker) -> None:
     state)."""
     if worker.pubsub_thread is not None:
         worker.pubsub_thread.stop()
+        assert worker.pubsub is not None  # RQ subscribes before it starts the thread
         try:
             worker.pubsub.close()
         except (RedisError, OSError):

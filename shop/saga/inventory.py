@@ -28,16 +28,18 @@ from ..domain.deadlines import utcnow
 from ..domain.events import OrderCancelled
 from ..domain.order import OrderStatus, Transition
 from ..domain.restoration import plan_restoration
+from ..domain.results import Refused
 from ..extensions import db
 from ..models import InventoryItem, RestoreWarning
 from ..outbox import uow
+from ..outbox.tables import table_of
 from ..store import order_store
 from ..store.order_statements import RESTORE_READ
 from ..store.order_store import LoadedOrder
 
 log = logging.getLogger("shop.saga")
 
-_inventory, _warnings = InventoryItem.__table__, RestoreWarning.__table__
+_inventory, _warnings = table_of(InventoryItem), table_of(RestoreWarning)
 
 _INCREMENT = (
     update(_inventory)
@@ -98,12 +100,12 @@ def restore_inventory(event: OrderCancelled, now: datetime) -> RestoreOutcome:
         _refuse(order, plan, lines, now)
         return RestoreOutcome.REFUSED
     marked = order.mark_inventory_restored()
-    if not marked.ok:
+    if isinstance(marked, Refused):
         log.warning("restore_inventory: order %s: %s", reference, marked.message)
         return RestoreOutcome(marked.code)
     # The marker first: a concurrent delivery that read the same version loses here (LostRace),
     # on the order row, before it touches any stock; its retry finds the marker.
-    order_store.save(order, "mark_inventory_restored", now=now)
+    order_store.save(order, Transition.MARK_INVENTORY_RESTORED, now=now)
     failpoints.hit("restore_inventory.after_marker_flush")
     _give_back(order, plan, now)
     log.info("restore_inventory: order %s restored %s", reference, dict(plan.increases))
@@ -128,7 +130,7 @@ def restock_paid_order(order_id: int, now: datetime) -> tuple[RestoreOutcome, st
     if plan.refused:
         return RestoreOutcome.REFUSED, "; ".join(_refusal_words(r) for r in plan.refusals)
     marked = order.restock_paid()
-    if not marked.ok:
+    if isinstance(marked, Refused):
         return RestoreOutcome(marked.code), marked.message
     order_store.save(order, Transition.RESTOCK_PAID, now=now)
     _give_back(order, plan, now)

@@ -114,9 +114,9 @@ def _refusal(order, amount: int | None, reason: str, restock: bool) -> tuple[str
     """Why the refund may not go ahead (None: it may), the facts its words name, the amount (the
     rest when none was asked) and what is left to refund."""
     if order.status is not OrderStatus.PAID:
-        return "not_paid", {}, amount, 0
+        return "not_paid", {}, amount or 0, 0  # a refusal's amount is not used
     if not order.payment_session_id:
-        return "no_payment", {}, amount, 0
+        return "no_payment", {}, amount or 0, 0
     left = refundable(order.total, refunded_so_far(order.id, order.payment_session_id))
     if amount is None:  # the rest
         amount = left
@@ -143,6 +143,7 @@ def _refund_once(order_id, amount, reason, restock, request_key, operator, now) 
         if earlier is not None:
             return _already(order_id, earlier)
         order = order_store.read(order_id, fresh=True)
+        assert order is not None  # its row is locked above
 
         def refused(why: str, **facts) -> OrderRefund:
             return OrderRefund(

@@ -13,6 +13,7 @@ from sqlalchemy import select, update
 
 from ..extensions import db
 from ..models import Order, RestoreWarning, WarningState
+from ..outbox.tables import rows_matched
 from .inventory import RestoreOutcome, restore_inventory_now
 
 log = logging.getLogger("shop.console")
@@ -29,7 +30,7 @@ def _settle(warning_id: int, state: WarningState, resolution: str, now: datetime
         .execution_options(synchronize_session=False)
     )
     db.session.commit()
-    return result.rowcount == 1
+    return rows_matched(result) == 1
 
 
 def resolve_fixed_by_hand(warning_id: int, stamp: str, note: str, now: datetime) -> bool:
@@ -58,6 +59,7 @@ def retry_restore(warning_id: int, stamp: str, now: datetime) -> RetryResult:
     stock is now restored and what it names can be restored at all; otherwise it stays open
     with what happened."""
     warning = db.session.get(RestoreWarning, warning_id)
+    assert warning is not None, warning_id  # the console retries only a warning it found
     order_id, variant_id = warning.order_id, warning.variant_id
     newest_before = db.session.execute(select(RestoreWarning.id).order_by(RestoreWarning.id.desc()).limit(1)).scalar()
     db.session.rollback()
@@ -132,6 +134,7 @@ def _why_still_open(
     if outcome is RestoreOutcome.REFUSED:
         return "refused again by an inventory invariant; fix the cause first"
     if outcome is RestoreOutcome.NOT_CANCELLED:
+        assert order is not None  # the restore found the order, in another state than Cancelled
         return f"the order is {order.status}, not Cancelled, so there is no stock to give back"
     if outcome is RestoreOutcome.GONE:
         return "the order no longer exists"

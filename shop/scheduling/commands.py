@@ -13,23 +13,28 @@ from ..payments.refunds import execute_refund
 from ..payments.unknown_money import settle_unknown_payment
 
 
+def _order_id(row: ScheduledCommand) -> int:
+    assert row.order_id is not None, row.id  # an order's commands are written with its id
+    return row.order_id
+
+
 def _expire(row: ScheduledCommand, now: datetime) -> None:
-    expire_unpaid_order(row.order_id, now)
+    expire_unpaid_order(_order_id(row), now)
 
 
 def _send_email(row: ScheduledCommand, now: datetime) -> None:
     # An email that would no longer be true (the order moved on since it was queued: "your
     # items are held, try again" after the customer cancelled, say) is not sent.
     emails.send(
-        row.order_id, row.payload.get("template"), key=f"order-{row.order_id}-{row.payload.get('template')}-{row.id}"
+        _order_id(row), row.payload.get("template"), key=f"order-{row.order_id}-{row.payload.get('template')}-{row.id}"
     )
 
 
 def _payment_link(row: ScheduledCommand, now: datetime) -> None:
     # Waits for the provider (ready_to_offer raises while it does not answer); one email per
     # order, under the order's own key, and only while the order still waits for its payment.
-    if ready_to_offer(row.order_id):
-        emails.send(row.order_id, PAYMENT_LINK, key=f"order-{row.order_id}-{PAYMENT_LINK}")
+    if ready_to_offer(_order_id(row)):
+        emails.send(_order_id(row), PAYMENT_LINK, key=f"order-{row.order_id}-{PAYMENT_LINK}")
 
 
 def _refund(row: ScheduledCommand, now: datetime) -> None:

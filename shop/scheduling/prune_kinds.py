@@ -14,6 +14,7 @@ from sqlalchemy import and_, func, or_, select
 from ..domain import refunds as refund_rules
 from ..domain.order import FINAL, OrderStatus
 from ..domain.retention import Cutoffs
+from ..outbox.tables import table_of
 from ..models import (
     CardAcknowledgement,
     CycleStatus,
@@ -87,12 +88,12 @@ def _owes_nothing(table):
 
 
 def _deliveries() -> list:
-    t = OutboxDelivery.__table__
+    t = table_of(OutboxDelivery)
     return [t.c.status.in_((WorkStatus.DONE, WorkStatus.DISCARDED)), _owes_nothing(t)]
 
 
 def _commands() -> list:
-    t = ScheduledCommand.__table__
+    t = table_of(ScheduledCommand)
     return [t.c.status.in_((WorkStatus.DONE, WorkStatus.OBSOLETE)), _owes_nothing(t)]
 
 

@@ -44,6 +44,7 @@ from ..extensions import db
 from ..models.types import UTCDateTime
 from ..models import Order, PrunedDetail
 from ..outbox.leases import acquire_lease, holder_name, release_lease, renew_lease
+from ..outbox.tables import table_of
 from .prune_kinds import KINDS, Kind
 
 log = logging.getLogger("shop.retention")
@@ -302,7 +303,7 @@ def _count_on_orders(session, column: str, per_order: Counter, now: datetime) ->
 
 
 def _upsert(column: str):
-    t = PrunedDetail.__table__
+    t = table_of(PrunedDetail)
     statement = sqlite_insert(t)
     return statement.on_conflict_do_update(
         index_elements=[t.c.order_id],

@@ -8,13 +8,14 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-from sqlalchemy import bindparam, func, insert, literal_column, select, update
+from sqlalchemy import Update, bindparam, func, insert, literal_column, select, update
 
 from ..domain.order import ALLOWED, UNPAID, OrderStatus, Transition
 from ..models import InventoryItem, Order, OrderLine
+from ..outbox.tables import table_of
 
 S, T = OrderStatus, Transition
-_orders, _lines, _inventory = Order.__table__, OrderLine.__table__, InventoryItem.__table__
+_orders, _lines, _inventory = table_of(Order), table_of(OrderLine), table_of(InventoryItem)
 
 # -- reads ---------------------------------------------------------------------------------------
 
@@ -60,7 +61,7 @@ INSERT_LINES = insert(_lines)
 # -- transitions ---------------------------------------------------------------------------------
 
 
-def _guarded(transition: Transition) -> update:
+def _guarded(transition: Transition) -> Update:
     """UPDATE orders ... WHERE id = :order AND version = :seen AND status IN (<from_states>), bumping
     the version: what an ORM flush of the versioned row checks, plus the transition's own rule.
 

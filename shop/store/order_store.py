@@ -33,6 +33,7 @@ from .. import logs
 from ..domain.order import OrderStatus, Transition
 from ..extensions import db
 from ..models import Order
+from ..outbox.tables import rows_matched
 from ..outbox.writer import write_events
 from .loaded_order import Line, LoadedOrder  # noqa: F401  (Line: part of the store's vocabulary)
 from .order_statements import INSERT_LINES, INSERT_ORDER, NOTES, PAYMENT_READ, TRANSITIONS, Note
@@ -190,7 +191,7 @@ def save(
     session = db.session
     params = {"order": order.id, "seen": order.version, "now": now, "watch_from": watch_from}
     params.update((f"v_{c}", getattr(order, c)) for c in columns)
-    if session.execute(statement, params).rowcount != 1:
+    if rows_matched(session.execute(statement, params)) != 1:
         raise LostRace(order, transition)
     _forget_loaded(session, order.id)
     order.version += 1
@@ -226,4 +227,4 @@ def note_declined(order_id: int, attempt: int, words: str, at: datetime) -> bool
     waiting at that attempt's page (paid, cancelled, or a newer attempt): old news then."""
     result = db.session.execute(NOTES[Note.DECLINED], {"order": order_id, "at": at, "attempt": attempt, "words": words})
     _forget_loaded(db.session, order_id)
-    return result.rowcount == 1
+    return rows_matched(result) == 1

@@ -24,7 +24,13 @@ def expire_stranded_order(order_id: int, cutoffs: dict[OrderStatus, datetime]) -
     unpaid and past its state's cutoff (`stuck.expiry_cutoffs`) after a fresh load."""
     session = db.session
     order = order_store.read(order_id, fresh=True)
-    if order is None or order.status not in UNPAID or as_utc(order.updated_at) >= cutoffs[order.status]:
+    # updated_at: NOT NULL on the row it was read from.
+    if (
+        order is None
+        or order.status not in UNPAID
+        or order.updated_at is None
+        or as_utc(order.updated_at) >= cutoffs[order.status]
+    ):
         session.rollback()
         log.info("sweep: order %s changed since it was selected; the expiry pass leaves it", order_id)
         return ExpiryOutcome.CHANGED

@@ -21,6 +21,7 @@ from ...outbox import dispatch
 from ...payments import apply as payments
 from ...payments import gateway, guard
 from ...store import order_store
+from ...store.order_store import Note
 from ..cycle import ProviderOutcome
 from ..stuck import stuck_age
 
@@ -62,7 +63,7 @@ def backoff_provider_checks(order_id: int, why: Backoff, now: datetime, since: d
         due = next_provider_check(now, since, interval, RECHECK_CAP_INTERVALS[why] * interval)
     else:
         return
-    order_store.note(order_id, "next_check", due)
+    order_store.note(order_id, Note.NEXT_CHECK, due)
     db.session.commit()
 
 
