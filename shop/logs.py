@@ -58,7 +58,8 @@ def enter(**fields) -> Token[dict | None]:
     return _context.set({**ctx, **known} if ctx else known)
 
 
-def leave(token: Token[dict | None]) -> None:
+def leave(token) -> None:
+    """Close the scope `enter` opened (`token`: what it returned, which some callers keep as an object)."""
     _context.reset(token)
 
 
