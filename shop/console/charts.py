@@ -86,7 +86,7 @@ def _per_minute(start: datetime, since: datetime, until: datetime | None) -> tup
     where = [OutboxDelivery.completed_at >= since, OutboxDelivery.status == "done"]
     if until is not None:
         where.append(OutboxDelivery.completed_at < until)
-    lag = [None] * CHART_MINUTES
+    lag: list[float | None] = [None] * CHART_MINUTES
     for m, worst in db.session.execute(
         select(dminute, func.max(_seconds_between(OutboxDelivery.completed_at, OutboxDelivery.created_at)))
         .where(*where)
