@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 
 from flask import Flask
 
@@ -20,7 +21,7 @@ __all__ = ["create_app", "SettingsError", "web_connections"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def create_app(test_config: dict | None = None, env: dict | None = None) -> Flask:
+def create_app(test_config: dict | None = None, env: Mapping[str, str] | None = None) -> Flask:
     """Build the app. Settings are read and validated here, never at import time."""
     env = os.environ if env is None else env
     # The process's clock (shop.clock): the system's, or one a test moves by hand (test_config's CLOCK).

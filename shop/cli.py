@@ -11,6 +11,7 @@ from flask.cli import AppGroup
 from sqlalchemy.exc import DBAPIError
 
 from . import queue
+from .extensions import the_app
 from .outbox.relay import relay_once, wake_due_work
 from .payments import checkout_queue
 from .payments import watch as provider_watch
@@ -54,7 +55,7 @@ def worker_command(burst):
     for their payment page; one worker of the shop serves it at a time)."""
     queue.wait_for_redis(click.echo)
     if not burst:
-        checkout_queue.start_in_background(current_app._get_current_object())
+        checkout_queue.start_in_background(the_app())
     queue.run_worker(burst=burst)
 
 
@@ -96,9 +97,9 @@ def scheduler_command(burst):
         click.echo(line)
     click.echo(f"scheduler polling every {cfg['SCHEDULER_POLL_SECONDS']}s")
     if sweep is not None and not burst:
-        takeover.watch_in_background(current_app._get_current_object(), sweep)
+        takeover.watch_in_background(the_app(), sweep)
     if not burst:
-        provider_watch.watch_in_background(current_app._get_current_object())
+        provider_watch.watch_in_background(the_app())
     queue.run_scheduler(
         burst=burst,
         watch=queue.periodic_job_ids(sweep is not None, with_prune=True),

@@ -19,12 +19,15 @@ from typing import Protocol
 class Clock(Protocol):
     def now(self) -> datetime:
         """The time of day, an aware UTC datetime."""
+        ...
 
     def time(self) -> float:
         """The time of day in seconds since the epoch (now() as a timestamp)."""
+        ...
 
     def monotonic(self) -> float:
         """Seconds on a clock that never goes back, for intervals and deadlines within the process."""
+        ...
 
     def sleep(self, seconds: float) -> None:
         """Let `seconds` pass on this clock."""

@@ -6,11 +6,12 @@ process compares the two when it first connects (shop/__init__.py), and `flask s
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from .settings import Settings
 
 
-def engine_options(settings: Settings) -> dict:
+def engine_options(settings: Settings) -> dict[str, Any]:
     if settings.database_url.startswith("sqlite"):
         # Many threads and processes share one file: wait for the write lock instead of failing.
         return {"connect_args": {"timeout": 30, "check_same_thread": False}}
@@ -19,7 +20,7 @@ def engine_options(settings: Settings) -> dict:
     # A connection for every web thread, so no request waits for one (connections are opened on
     # demand: a thread waiting on the provider holds none, see payments.start.start_payment),
     # and overflow for the few threads a process runs besides them (a worker's drain threads).
-    options = {"pool_size": max(10, settings.web_threads), "max_overflow": 10}
+    options: dict[str, Any] = {"pool_size": max(10, settings.web_threads), "max_overflow": 10}
     if settings.database_pooler == "pgbouncer":
         # Transaction pooling hands each transaction whichever server connection is free, so a
         # statement psycopg prepared on one server connection (it does after five executions) is

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from flask import render_template
 from sqlalchemy import select
@@ -78,7 +79,7 @@ def render(template: str, order: Order) -> Email | None:
     wanted = STILL_TRUE_WHILE.get(template)
     if wanted is not None and order.status != wanted:
         return None
-    context = dict(
+    context: dict[str, Any] = dict(
         order=order,
         link=public_url_for("storefront.order_page", reference=order.reference, token=order.access_token),
         shop=public_url_for("storefront.catalog"),

@@ -56,7 +56,8 @@ def _not_found_words(exc) -> tuple[str, str]:
     return "Page not found", MESSAGES[404]
 
 
-def _render(status: int, title: str, message: str):
+def _render(status: int, title: str, message: str | None):
+    # werkzeug types an HTTPException's description as optional; None renders as it always has.
     if wants_json():
         return jsonify({"error": message, "status": status}), status
     return render_template_string(PAGE, title=title, message=message), status

@@ -1,15 +1,16 @@
 """Extensions, created unbound here and bound to the app in `create_app`."""
 
 import threading
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar, cast
 
-from flask import current_app
+from flask import Flask, current_app
 from flask_login import LoginManager
 from flask_migrate import Migrate
 from flask_sqlalchemy import SQLAlchemy
 from flask_wtf import CSRFProtect
 from sqlalchemy import MetaData
 from sqlalchemy.orm import DeclarativeBase
+from werkzeug.local import LocalProxy
 
 # Deterministic constraint names, so Alembic migrations are identical on SQLite and PostgreSQL.
 NAMING = {
@@ -54,3 +55,9 @@ def per_app(name: str, build: Callable[[], T]) -> T:
             if value is None:
                 value = ext[name] = build()
     return value
+
+
+def the_app() -> Flask:
+    """The app behind `current_app`, for a thread that outlives the app context it was started in.
+    Flask declares current_app as a Flask; it is a werkzeug LocalProxy, which unwraps it."""
+    return cast("LocalProxy[Flask]", current_app)._get_current_object()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Iterator
 
 TEXT = "text"
@@ -50,7 +50,7 @@ def request_id() -> str | None:
     return None if ctx is None else ctx.get("request_id")
 
 
-def enter(**fields) -> object:
+def enter(**fields) -> Token[dict | None]:
     """Start a scope with these fields (None values left out) over the enclosing scope's; returns
     the token `leave` takes. For callers whose scope is not one block (a request's hooks)."""
     ctx = _context.get()
@@ -59,6 +59,7 @@ def enter(**fields) -> object:
 
 
 def leave(token) -> None:
+    """Close the scope `enter` opened (`token`: what it returned, which some callers keep as an object)."""
     _context.reset(token)
 
 
@@ -138,18 +139,22 @@ def handler(log_format: str, stream=None) -> logging.Handler:
     return made
 
 
+# The mark configure() leaves on the handler it adds to a stdlib logger, to find it again.
+_OURS = "backstop"
+
+
 def configure(log_format: str) -> None:
     """The process's log lines: a handler of ours on the root logger, at INFO, as
     logging.basicConfig would add one; a later app of another format switches its formatter.
     When something else configured the root logger first (a test runner, a host with its own
     logging), it is left alone, as basicConfig leaves it."""
     root = logging.getLogger()
-    ours = next((h for h in root.handlers if getattr(h, "backstop", False)), None)
+    ours = next((h for h in root.handlers if getattr(h, _OURS, False)), None)
     if ours is None:
         if root.handlers:
             return
         ours = handler(log_format)
-        ours.backstop = True
+        setattr(ours, _OURS, True)
         root.addHandler(ours)
         root.setLevel(logging.INFO)
         return

@@ -37,6 +37,12 @@ def _header(value: str) -> str | Header:
     return value if value.isascii() else Header(value, "utf-8")
 
 
+def _text_part(text: str, subtype: str) -> MIMEText:
+    # MIMEText hands its charset to set_payload, which takes a Charset (ours: quoted-printable);
+    # typeshed types the parameter as str only.
+    return MIMEText(text, subtype, _UTF8)  # pyright: ignore[reportArgumentType]
+
+
 def _message(to: str, subject: str, body: str, key: str, html: str | None = None) -> MIMEText | MIMEMultipart:
     """The message, built with the email package's classic API: its modern one (EmailMessage)
     parses and refolds every header through its header registry, five times the CPU for the same
@@ -44,12 +50,14 @@ def _message(to: str, subject: str, body: str, key: str, html: str | None = None
     multipart/alternative of the plain text first and the HTML last (the part a client prefers
     comes last, RFC 2046): a client that shows no HTML reads the same facts in the text."""
     if html is None:
-        msg = MIMEText(body, "plain", _UTF8)
+        msg = _text_part(body, "plain")
     else:
         msg = MIMEMultipart("alternative")
-        msg.attach(MIMEText(body, "plain", _UTF8))
-        msg.attach(MIMEText(html, "html", _UTF8))
-    msg["From"], msg["To"], msg["Subject"] = SENDER, _header(to), _header(subject)
+        msg.attach(_text_part(body, "plain"))
+        msg.attach(_text_part(html, "html"))
+    # A compat32 message takes a Header as a header's value (the email.header docs); typeshed's
+    # default Message[str, str] admits only str.
+    msg["From"], msg["To"], msg["Subject"] = SENDER, _header(to), _header(subject)  # pyright: ignore[reportArgumentType]
     msg["Date"] = utcnow().strftime("%a, %d %b %Y %H:%M:%S +0000")
     msg["Message-ID"] = f"<{key}@backstop.invalid>"
     return msg
@@ -79,7 +87,7 @@ def _by_smtp(url: str, msg: MIMEText | MIMEMultipart) -> None:
     default_port = 465 if parts.scheme == "smtps" else 25
     server = f"{parts.hostname}:{parts.port or default_port}"
     try:
-        with _connect(parts.scheme, parts.hostname, parts.port) as smtp:
+        with _connect(parts.scheme, parts.hostname or "", parts.port) as smtp:
             if parts.username:
                 smtp.login(parts.username, parts.password or "")
             smtp.send_message(msg)

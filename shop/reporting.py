@@ -10,11 +10,16 @@ leads to the same lines `LOG_FORMAT=json` writes."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import logs
 from .settings import SettingsError
 
+if TYPE_CHECKING:
+    from sentry_sdk._types import Event, Hint
 
-def _tag_with_log_context(event: dict, _hint: dict) -> dict:
+
+def _tag_with_log_context(event: Event, _hint: Hint) -> Event:
     """before_send: runs in the thread that captured the event, where the log context is."""
     exc_info = _hint.get("exc_info") if isinstance(_hint, dict) else None
     # Where the error happened, if it left a scope before being reported; then what is known here.

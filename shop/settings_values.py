@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import ssl
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import NamedTuple, overload
 from urllib.parse import urlsplit
 
 from .logs import FORMATS as LOG_FORMATS, TEXT as LOG_FORMAT_TEXT
@@ -107,7 +108,12 @@ def env_redis_url(env) -> str:
     return url
 
 
-def env_url(env, name, default, schemes):
+@overload
+def env_url(env: Mapping[str, str], name: str, default: str, schemes: list[str]) -> str: ...
+@overload
+def env_url(env: Mapping[str, str], name: str, default: None, schemes: list[str]) -> str | None: ...
+def env_url(env: Mapping[str, str], name: str, default: str | None, schemes: list[str]) -> str | None:
+    """`name`'s URL, checked against `schemes`; `default` when unset (None only when the default is None)."""
     value = (env.get(name) or "").strip() or default
     if value is None:
         return None

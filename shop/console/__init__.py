@@ -22,7 +22,9 @@ def init_app(app) -> None:
     app.register_blueprint(bp)
     throttle.init_app(app)
     sessions.init_app(app)
-    login_manager.login_view = "console.login"
+    # Flask-Login's LoginManager sets login_view to None in __init__ without an annotation, so a
+    # type checker takes None for its type; it is the login endpoint's name.
+    login_manager.login_view = "console.login"  # pyright: ignore[reportAttributeAccessIssue]
     # Ahead of CSRFProtect's own check: a caller who is not logged in learns only "log in",
     # whatever the form carried (a 302 for a browser, a 401 for JSON), never "form expired".
     app.before_request_funcs.setdefault(None, []).insert(0, require_operator)

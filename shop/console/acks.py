@@ -50,9 +50,9 @@ def apply(cards: list[dict], now: datetime) -> dict:
     acks = current(now)
     for card in cards:
         row = acks.get(card["key"])
-        held = not card["ok"] and row is not None and row.condition == card["condition"]
-        card["acknowledged"] = ack_json(row) if held else None
-        card["needs_human"] = not card["ok"] and not held
+        held = row if not card["ok"] and row is not None and row.condition == card["condition"] else None
+        card["acknowledged"] = ack_json(held) if held is not None else None
+        card["needs_human"] = not card["ok"] and held is None
     cards.sort(key=lambda c: (not c["needs_human"], c["acknowledged"] is None))
     red = [c for c in cards if c["needs_human"]]
     acked = [c for c in cards if c["acknowledged"]]

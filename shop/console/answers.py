@@ -3,6 +3,7 @@ number asked for, the operator acting, the order a typed reference names."""
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from flask import flash, jsonify, redirect, render_template, request, url_for
@@ -63,8 +64,9 @@ def find_order(reference: str) -> Order | None:
     return order_by_reference(reference.strip().upper())
 
 
-def order_or_404(reference: str):
-    """The order named in the URL, or the 404 page that says there is none: (order, None) or (None, answer)."""
+def order_or_404(reference: str) -> tuple[Order | None, Any]:
+    """The order named in the URL, or the 404 page that says there is none: (order, None) or (None, answer);
+    callers test the order (`if order is None: return answer`), which narrows it."""
     order = find_order(reference)
     if order is None:
         return None, problem(

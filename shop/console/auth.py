@@ -143,7 +143,9 @@ def login():
         return respond("console/login.html", {"error": error, "csrf_token": generate_csrf()}, 400, form=form)
     email = normalized_email(form.email.data)
     operator = db.session.execute(select(Operator).where(Operator.email == email)).scalar_one_or_none()
-    good = check_password_hash(operator.password_hash if operator else _DUMMY_HASH, form.password.data)
+    password = form.password.data
+    assert password is not None, "the form validated: DataRequired refuses a missing password"
+    good = check_password_hash(operator.password_hash if operator else _DUMMY_HASH, password)
     if operator is None or not good:
         db.session.rollback()
         log.warning("console login refused for %r from %s", email[:80], request.remote_addr)
@@ -163,6 +165,7 @@ def login():
 def _end_sessions() -> str:
     """End every session of the current operator (this one included); returns their email."""
     operator = current_user._get_current_object()
+    assert isinstance(operator, Operator), "the console runs its views for a logged-in operator only"
     email = operator.email
     end_every_session(operator)
     logout_user()

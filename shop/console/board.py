@@ -172,10 +172,11 @@ def _webhooks_card(now: datetime) -> dict:
     if provider_view and now.timestamp() - provider_view["checked_at"] > 3 * watch.DELIVERY_CHECK_SECONDS:
         provider_view = None  # not asked lately: no evidence either way
     undelivered = provider_view["count"] if provider_view else 0
-    if undelivered:
+    reported = provider_view if undelivered else None  # the view, when it reports any
+    if reported is not None:
         words += (
             f" The provider reports {undelivered} event{'' if undelivered == 1 else 's'} of the last hour it has not "
-            f"delivered to the shop (the latest {provider_view['latest_id']}, {provider_view['latest_type']}): it "
+            f"delivered to the shop (the latest {reported['latest_id']}, {reported['latest_type']}): it "
             "is being refused or cannot reach the shop; if the noise below comes from the provider, the signing "
             "secret is wrong."
         )
@@ -199,7 +200,7 @@ def _webhooks_card(now: datetime) -> dict:
             if latest and latest.outcome == ReceiptOutcome.FAILED
             else ReceiptOutcome.REJECTED,
         ),
-        condition=f"{latest.id if latest else 0}:{provider_view['latest_id'] if undelivered else ''}",
+        condition=f"{latest.id if latest else 0}:{reported['latest_id'] if reported is not None else ''}",
     )
     card["provider_undelivered"] = (
         {

@@ -78,7 +78,7 @@ def _per_minute(start: datetime, since: datetime, until: datetime | None) -> tup
     minutes from `start`."""
     minute = _minute_of(OutboxEvent.created_at, start)
     series = {key: [0] * CHART_MINUTES for key, _ in SERIES}
-    names = {name: key for key, name in SERIES}
+    names = {str(name): key for key, name in SERIES}  # the stored event names, as text
     where = [OutboxEvent.name.in_(list(names)), OutboxEvent.created_at >= since]
     if until is not None:
         where.append(OutboxEvent.created_at < until)
@@ -91,7 +91,7 @@ def _per_minute(start: datetime, since: datetime, until: datetime | None) -> tup
     where = [OutboxDelivery.completed_at >= since, OutboxDelivery.status == WorkStatus.DONE]
     if until is not None:
         where.append(OutboxDelivery.completed_at < until)
-    lag = [None] * CHART_MINUTES
+    lag: list[float | None] = [None] * CHART_MINUTES
     for m, worst in db.session.execute(
         select(dminute, func.max(_seconds_between(OutboxDelivery.completed_at, OutboxDelivery.created_at)))
         .where(*where)

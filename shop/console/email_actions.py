@@ -28,7 +28,7 @@ class ResendForm(ConsoleForm):
 def order_emails(reference):
     """Every email the order was sent, each with a link to send it again (after a confirmation)."""
     order, missing = order_or_404(reference)
-    if missing:
+    if order is None:
         return missing
     sent = email_resends.sent_emails(order.id)
     data = {
@@ -54,7 +54,7 @@ def confirm_resend(reference):
     """The confirmation step before an email goes out again: which email, to whom, and that it is
     rendered from the order as it is now. Nothing is sent on a GET."""
     order, missing = order_or_404(reference)
-    if missing:
+    if order is None:
         return missing
     back = url_for("console.order_emails", reference=order.reference)
     template = (request.args.get("template") or "").strip()
@@ -112,6 +112,7 @@ def resend_email(reference):
     db.session.rollback()
     result = email_resends.resend_email(order.id, template, operator=operator_name(), request_key=key, now=utcnow())
     if result.outcome is email_resends.ResendOutcome.REFUSED:
+        assert result.why is not None, "a refused resend says why"
         return problem(409, RESEND_WORDS[result.why].format(name=name), title="Not sent", back=back, why=result.why)
     if result.outcome is email_resends.ResendOutcome.MISSING:
         return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))

@@ -1,3 +1,4 @@
+from werkzeug.utils import cached_property
 from wtforms import EmailField, HiddenField, IntegerField, PasswordField, StringField, TextAreaField
 from wtforms.validators import DataRequired, Length, NumberRange, Optional
 
@@ -8,8 +9,10 @@ class ConsoleForm(Form):
     """CSRFProtect already checked the token (form field or X-CSRFToken header) for every POST
     before the view runs; checking it again here would refuse a header-only JSON client."""
 
-    class Meta:
-        csrf = False
+    class Meta(Form.Meta):
+        @cached_property  # as Flask-WTF's Meta declares it (there: WTF_CSRF_ENABLED)
+        def csrf(self) -> bool:
+            return False
 
 
 class LoginForm(ConsoleForm):

@@ -158,7 +158,7 @@ def refund_form(reference):
     """Refund a paid order: the form (amount, reason, whether to put the stock back), then, with
     the form's values in the query, the confirmation step whose button posts the refund."""
     order, missing = order_or_404(reference)
-    if missing:
+    if order is None:
         return missing
     left = refundable_now(order.id)
     if left is None:
@@ -177,7 +177,7 @@ def refund_form(reference):
         default = major(left, order.currency) if left else ""
         return _refund_page(order, step="form", amount=text[:40] or default, reason=reason, restock=restock)
     amount, error = parse_amount(text, order.currency)
-    if error is None and amount > left:
+    if amount is not None and amount > left:  # parse_amount gives an amount or an error, never both
         why = "nothing_left" if left <= 0 else "over_refundable"
         error = refusal_words(why, order.currency, amount=amount, left=left)
     if error is None and not reason:
@@ -188,6 +188,7 @@ def refund_form(reference):
         return _refund_page(
             order, step="form", status=400, error=error, amount=text[:40], reason=reason, restock=restock
         )
+    assert amount is not None, "parse_amount gives an amount whenever it finds no error"
     return _refund_page(
         order,
         step="confirm",
@@ -248,6 +249,7 @@ def refund(reference):
     if result.outcome is RefundOutcome.MISSING:
         return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
     if result.outcome is RefundOutcome.REFUSED:
+        assert result.why is not None, "a refused refund says why"
         words = refusal_words(
             result.why,
             currency,

@@ -74,7 +74,9 @@ def reconcile(reference):
             order_status=before,
         )
     db.session.rollback()
-    now_status = db.session.get(Order, order_id).status
+    after = db.session.get(Order, order_id)
+    assert after is not None, "the shop deletes no order"
+    now_status = after.status
     message = f"Order {ref}: " + RECONCILE_WORDS.get(applied.outcome, "{detail}").format(detail=applied.detail)
     log.info(
         "operator %s reconciled order %s: %s (%s -> %s)", operator_name(), ref, applied.outcome, before, now_status

@@ -74,7 +74,7 @@ def _discard(kind: str, work_id: int):
         )
     if row.status != WorkStatus.DEAD:
         return _not_dead(row, name, ref, back, "discarded")
-    reason = form.reason.data.strip()
+    reason = (form.reason.data or "").strip()  # the form validated: there is one
     db.session.rollback()
     if not dispatch.discard(kind, work_id, reason):
         return _not_dead(db.session.get(model, work_id), name, ref, back)

@@ -29,7 +29,7 @@ from ..payments.checkout_queue import LEASE_NAME as PAYMENT_QUEUE_LEASE
 from ..scheduling.lease import LEASE_NAME as SWEEP_LEASE
 from ..scheduling.stuck import stuck_cutoff
 from ..payments import guard
-from ..domain.order import LIVE_STATUSES
+from ..domain.order import LIVE, LIVE_STATUSES
 from .format import human_age, human_time
 from .rows import REFUND_NEEDS_OPERATOR, age_seconds, sweep_json
 
@@ -52,11 +52,11 @@ def dashboard(now: datetime) -> dict:
         ).all()
     }
     by_status = {
-        s: {
+        s.value: {
             "count": per_status.get(s, (0, None))[0],
             "oldest_age_seconds": age_seconds(now, per_status.get(s, (0, None))[1]),
         }
-        for s in LIVE_STATUSES
+        for s in LIVE
     }
     oldest_stuck = min((o for _, o in per_status.values() if o is not None), default=None, key=as_utc)
     stuck = {

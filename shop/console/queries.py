@@ -7,7 +7,9 @@ history timeline.py's."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import and_, func, or_, select, union_all
 from sqlalchemy.orm import defer
@@ -50,7 +52,7 @@ WEBHOOK_OUTCOMES = tuple(ReceiptOutcome)
 COUNT_CAP = 10_000
 
 
-def paging(query, page: int, per_page: int | None = None, count_query=None):
+def paging(query, page: int, per_page: int | None = None, count_query=None) -> tuple[Sequence[Any], dict]:
     """(rows, meta) for one page of a select; `page` counts from 1. `total` is exact unless
     `total_capped`, when there are at least that many (and a next page whenever there is one).
     `count_query` counts the rows when `query` only holds enough of them for this page."""

@@ -22,7 +22,8 @@ log = logging.getLogger("shop.console")
 def _refund_for_action(refund_id: int):
     """(refund, its order's reference, where to go back) for a refund action; refund None when absent."""
     refund = db.session.get(Refund, refund_id)
-    reference = db.session.get(Order, refund.order_id).reference if refund is not None else None
+    order = db.session.get(Order, refund.order_id) if refund is not None else None
+    reference = order.reference if order is not None else None
     back = (
         url_for("console.order_detail", reference=reference)
         if reference

@@ -5,13 +5,14 @@ refund, a sweep cycle. The lists (queries.py) and one order's timeline (timeline
 from __future__ import annotations
 
 from datetime import datetime
+from typing import cast
 
 from flask import current_app
 from sqlalchemy import func, select
 
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc
 from ..domain.order import LIVE
-from ..domain.refunds import NOT_RETURNED, needs_operator
+from ..domain.refunds import NOT_RETURNED, RefundStatus, needs_operator
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import (
@@ -178,7 +179,8 @@ def refund_json(refund: Refund, reference: str | None, now: datetime) -> dict:
         "failure_reason": refund.failure_reason,
         "failed_at": iso(refund.failed_at),
         "last_error": refund.last_error,
-        "needs_operator": needs_operator(refund.status, refund.settled_at is not None),
+        # The column holds a RefundStatus's spelling (a str); needs_operator only compares it.
+        "needs_operator": needs_operator(cast(RefundStatus, refund.status), refund.settled_at is not None),
         "settled_at": iso(refund.settled_at),
         "settled_by": refund.settled_by,
         "settlement_reason": refund.settlement_reason,

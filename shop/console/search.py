@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal, InvalidOperation
 
-from sqlalchemy import and_, false, func, not_, or_
+from sqlalchemy import ColumnElement, and_, false, func, not_, or_
 
 from ..money import THREE_DECIMAL, ZERO_DECIMAL, minor_digits
 from ..web.answers import respond
@@ -176,7 +176,7 @@ def in_amount_range(amount_column, currency_column, filters: Filters) -> list:
     branches = []
     for digits, is_kind in kinds:
         scale = Decimal(10) ** digits
-        bounds = [is_kind]
+        bounds: list[ColumnElement[bool]] = [is_kind]
         lowest = math.ceil(low * scale) if low is not None else None
         highest = math.floor(high * scale) if high is not None else None
         if lowest is not None and highest is not None and lowest > highest:

@@ -196,6 +196,7 @@ def adjust_inventory(variant_id):
             back=url_for("console.inventory_list"),
         )
     if result.outcome is CorrectionOutcome.REFUSED:
+        assert result.why is not None, "a refused correction says why"
         words = WHY_WORDS[result.why].format(on_hand=result.on_hand, seen=seen)
         status = 409 if result.why == "changed" else 400
         return problem(status, words, title="Stock not changed", back=back, on_hand=result.on_hand, why=result.why)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 
-from flask import current_app, g, render_template, request
+from flask import Response, current_app, g, jsonify, render_template, request
 from flask_limiter import RequestLimit
 from flask_wtf.csrf import generate_csrf
 
@@ -64,15 +64,13 @@ def _limit(setting: str):
 
 
 def _refusal(whose: str):
-    def on_breach(limit: RequestLimit):
+    def on_breach(limit: RequestLimit) -> Response:
         who = "from this browser" if g.get("login_device") else whose
         wait = max(1.0, limit.reset_at - time.time())
         message = f"Too many failed logins {who}; try again in {_in_words(wait)}."
         current_app.logger.warning("console login throttled (%s) from %s", who, request.remote_addr)
         if wants_json():
-            response = current_app.json.response(
-                {"error": message, "status": 429, "retry_after_seconds": math.ceil(wait)}
-            )
+            response = jsonify({"error": message, "status": 429, "retry_after_seconds": math.ceil(wait)})
         else:
             form = LoginForm()
             form.password.data = ""

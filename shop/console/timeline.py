@@ -3,8 +3,10 @@ own list, and one merged, time-ordered list in words to read top to bottom."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, overload
 
 from sqlalchemy import select
 
@@ -50,21 +52,21 @@ from .rows import (
 class _OrderRows:
     """Every row that names one order, each kind oldest first (one query per kind)."""
 
-    events: list
-    receipts: list
-    deliveries: list
-    commands: list
-    warnings: list
-    refunds: list
-    refusals: list
-    provider_refusals: list
-    actions: list
+    events: Sequence[OutboxEvent]
+    receipts: Sequence[WebhookReceipt]
+    deliveries: Sequence[OutboxDelivery]
+    commands: Sequence[ScheduledCommand]
+    warnings: Sequence[RestoreWarning]
+    refunds: Sequence[Refund]
+    refusals: Sequence[PaymentProofRefusal]
+    provider_refusals: Sequence[ProviderRefusal]
+    actions: Sequence[OperatorAction]
 
 
 def _rows_of(order: Order) -> _OrderRows:
     session = db.session
 
-    def of(model, *order_by):
+    def of(model: Any, *order_by: Any) -> Sequence[Any]:
         return session.execute(select(model).where(model.order_id == order.id).order_by(*order_by)).scalars().all()
 
     return _OrderRows(
@@ -135,6 +137,10 @@ def order_timeline(order: Order, now: datetime) -> dict:
     return data
 
 
+@overload
+def _pruned(row: PrunedDetail) -> dict: ...
+@overload
+def _pruned(row: None) -> None: ...
 def _pruned(row: PrunedDetail | None) -> dict | None:
     """What the prune removed of this order's detail (shop.scheduling.retention), in numbers and
     in words; None when nothing was. Its transitions are never pruned."""

@@ -94,6 +94,7 @@ def reapply_webhook(receipt_id):
             back=back,
         )
     body, event_id = receipt.body, receipt.event_id
+    assert body is not None, "reapplicable() refuses a receipt whose body was not kept"
     db.session.rollback()  # no transaction open across the guarded path (it may ask the provider)
     try:
         result = reapply_event(body)

@@ -53,6 +53,7 @@ def start_redis(plan: Plan, sup: Supervisor, console: Console) -> Child:
     """No persistence and a throwaway directory: the database is the source of truth, and the
     scheduler re-arms everything Redis should know when it starts."""
     port = plan.start_redis_on
+    assert port is not None, "`up` starts Redis only when make_plan chose a port for it"
     console.step(f"Starting Redis (bundled redis-server) on port {port}{ellipsis()}")
     workdir = tempfile.mkdtemp(prefix="backstop-redis-")
     plan.cleanup.append(workdir)

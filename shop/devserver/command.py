@@ -103,7 +103,9 @@ def _run(port: int, console: Console, sup: Supervisor, state: dict, plan_holder:
         wait_until(lambda: redis_answers(plan.env["REDIS_URL"], timeout=0.2), redis, "redis-server")
     start_processes(plan, sup, console)
     if sandbox is not None:
-        wait_until(lambda: http_status(plan.sandbox_url + "/_sandbox/faults") == 200, sandbox, "the Stripe sandbox")
+        sandbox_url = plan.sandbox_url
+        assert sandbox_url is not None, "make_plan gives the sandbox it starts a URL"
+        wait_until(lambda: http_status(sandbox_url + "/_sandbox/faults") == 200, sandbox, "the Stripe sandbox")
     if plan.sandbox_url:
         register_webhook(plan, app, console)
 

@@ -142,7 +142,7 @@ def raise_open_file_limit() -> None:
         pass
 
 
-def gunicorn_argv(bind: str, workers: int, threads: int, *extra: str) -> list[str]:
+def gunicorn_argv(bind: str, workers: int | str, threads: int | str, *extra: str) -> list[str]:
     """gunicorn's threaded workers, as the Procfile's web line always ran them."""
     return [
         sys.executable,

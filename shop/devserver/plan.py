@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -137,6 +138,7 @@ def sandbox_socket(instance: str) -> socket.socket:
             continue
         sock = candidate
         break
+    assert sock is not None, "port 0 lets the system choose a free port"
     sock.listen(128)
     port = sock.getsockname()[1]
     if port != SANDBOX_PORT:
@@ -145,7 +147,7 @@ def sandbox_socket(instance: str) -> socket.socket:
     return sock
 
 
-def make_plan(port: int, environ: dict) -> Plan:
+def make_plan(port: int, environ: Mapping[str, str]) -> Plan:
     """Decide everything the children share, before anything starts."""
     if not 1 <= port <= 65535:
         raise UpError(f"--port must be between 1 and 65535, got {port}")

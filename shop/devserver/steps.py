@@ -61,6 +61,7 @@ def start_sandbox(plan: Plan, sup: Supervisor, console: Console) -> Child:
     # sessions than its provider accepts has every checkout refused.
     state_file = os.path.join(plan.env["BACKSTOP_INSTANCE_PATH"], SANDBOX_STATE_FILE)
     listener = plan.sandbox_socket
+    assert listener is not None, "make_plan binds the sandbox's socket whenever it plans to start one"
     try:
         return sup.start(
             "sandbox",
@@ -92,6 +93,7 @@ def start_sandbox(plan: Plan, sup: Supervisor, console: Console) -> Child:
 def register_webhook(plan: Plan, app, console: Console) -> None:
 
     console.step(f"Registering {plan.env['PUBLIC_BASE_URL']}/webhooks/stripe with the sandbox{ellipsis()}")
+    assert plan.sandbox_url is not None, "`up` registers the webhook only when it has a sandbox URL"
     if http_status(plan.sandbox_url + "/_sandbox/faults") is None:
         raise UpError(f"no Stripe sandbox answers at STRIPE_API_BASE={plan.sandbox_url}")
     with app.app_context():

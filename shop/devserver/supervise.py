@@ -142,13 +142,15 @@ class Supervisor:
         return child
 
     def _pump(self, child: Child) -> None:
-        for raw in iter(child.proc.stdout.readline, b""):
+        stdout = child.proc.stdout
+        assert stdout is not None, "start() opens every child with stdout=PIPE"
+        for raw in iter(stdout.readline, b""):
             text = raw.decode("utf-8", errors="replace").rstrip()
             if not text:
                 continue
             if not any(m in text for m in child.mute):
                 self.console.child(child.name, text)
-        child.proc.stdout.close()
+        stdout.close()
 
     def first_death(self) -> Child | None:
         for child in self.children:

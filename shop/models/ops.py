@@ -4,7 +4,7 @@ from flask_login import UserMixin
 from sqlalchemy import ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from ..extensions import Model, db
+from ..extensions import Model
 from .types import JSONType, UTCDateTime, now_utc
 
 
@@ -65,7 +65,7 @@ class Lease(Model):
     expires_at = mapped_column(UTCDateTime, nullable=False)
 
 
-class Operator(UserMixin, db.Model):
+class Operator(UserMixin, Model):
     __tablename__ = "operators"
     id: Mapped[int] = mapped_column(primary_key=True)
     email: Mapped[str] = mapped_column(String(254), unique=True)

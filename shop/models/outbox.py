@@ -1,9 +1,10 @@
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, declared_attr, mapped_column, relationship
 
-from ..extensions import Model, db
+from ..extensions import Model
 from .types import JSONType, UTCDateTime, now_utc
 
 
@@ -45,6 +46,10 @@ class DurableWork:
     for the provider, not failing, and is never dead-lettered for it.
     An operator may retry a dead row (fresh attempt budget) or discard it (with a reason).
     """
+
+    if TYPE_CHECKING:
+        # Each concrete table names itself; __table_args__ below reads it.
+        __tablename__: str
 
     status: Mapped[str] = mapped_column(String(16), default=WorkStatus.PENDING.value, nullable=False)
     attempts: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
@@ -88,7 +93,7 @@ class DurableWork:
         ) + tuple(getattr(cls, "_extra_table_args", ()))
 
 
-class OutboxDelivery(DurableWork, db.Model):
+class OutboxDelivery(DurableWork, Model):
     """One (event, handler) pair: a failing handler is retried alone, its siblings never re-run."""
 
     __tablename__ = "outbox_deliveries"
@@ -115,7 +120,7 @@ class CommandKind(StrEnum):
     OFFER_PAYMENT_LINK = "offer_payment_link"  # email a payment link while the provider was down
 
 
-class ScheduledCommand(DurableWork, db.Model):
+class ScheduledCommand(DurableWork, Model):
     """Work that must happen at a time (an order's payment deadline, an email, a refund),
     armed in the same transaction as the fact that makes it necessary."""
 

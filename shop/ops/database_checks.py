@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import TYPE_CHECKING, Any
 
 from flask import current_app
 
 from ..connections import engine_options, pooler_client_limit, server_limit, web_connections
 from .checks import FAIL, OK, TIMEOUT_SECONDS, WARN, Check, first_line
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
 
 # Deadlines, leases and heartbeats are written by one machine's clock and read against another's
 # (or the database's): beyond this, a lease looks lapsed early or a deadline late.
@@ -25,13 +29,15 @@ class DatabaseChecks:
         self.settings = current_app.config["SETTINGS"]
         self.url = current_app.config["SQLALCHEMY_DATABASE_URI"]
         self.sqlite = self.url.startswith("sqlite")
-        self.engine = self.conn = None
+        self.engine: Engine | None = None
+        self.conn: Connection | None = None
         self.problem = None  # why the checks after the first are skipped
 
     def _connect(self):
         from sqlalchemy import create_engine
         from sqlalchemy.pool import NullPool
 
+        args: dict[str, Any]
         if self.sqlite:
             args = {"timeout": TIMEOUT_SECONDS}
         else:
@@ -106,8 +112,10 @@ class DatabaseChecks:
         from alembic.runtime.migration import MigrationContext
 
         logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)  # "Context impl ...": noise here
-        at = tuple(sorted(MigrationContext.configure(self.conn).get_current_heads()))
-        self.conn.rollback()
+        conn = self.conn
+        assert conn is not None, "check() reads the revisions right after connecting"
+        at = tuple(sorted(MigrationContext.configure(conn).get_current_heads()))
+        conn.rollback()
         return at, tuple(sorted(self._scripts().get_heads()))
 
     def _skipped(self, name: str) -> Check:
@@ -122,7 +130,7 @@ class DatabaseChecks:
 
         try:
             before = clock()
-            theirs = float(self.conn.execute(text("SELECT extract(epoch FROM clock_timestamp())")).scalar())
+            theirs = float(self.conn.execute(text("SELECT extract(epoch FROM clock_timestamp())")).scalar_one())
             after = clock()
             self.conn.rollback()
         except Exception as error:  # noqa: BLE001

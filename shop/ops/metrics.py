@@ -12,7 +12,7 @@ from sqlalchemy import case, func, select
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc, utcnow
 from ..domain.order import LIVE, LIVE_STATUSES, OrderStatus
 from ..domain.refunds import NOT_RETURNED
-from ..extensions import db, per_app
+from ..extensions import db, per_app, the_app
 from ..models import (
     CycleStatus,
     OutboxDelivery,
@@ -67,7 +67,7 @@ def _orders():
     counts = dict(db.session.execute(select(Order.status, func.count()).group_by(Order.status)).all())
     by_status = GaugeMetricFamily("shop_orders", "Orders by status", labels=["status"])
     for status in OrderStatus:
-        by_status.add_metric([status.value], counts.get(status.value, 0))
+        by_status.add_metric([status.value], counts.get(status, 0))
     yield by_status
     yield CounterMetricFamily(
         "shop_orders_placed", "Orders placed (checkouts that took stock), all time", value=sum(counts.values())
@@ -92,7 +92,7 @@ def _stuck_orders(now):
         ).all()
     )
     for status in LIVE:
-        count, min_ts = rows.get(status.value, (0, None))
+        count, min_ts = rows.get(status, (0, None))
         stuck.add_metric([status.value], count)
         oldest.add_metric([status.value], (now - as_utc(min_ts)).total_seconds() if min_ts else 0)
     yield stuck
@@ -125,7 +125,7 @@ def _outbox(now):
             select(func.count())
             .select_from(model)
             .where(model.status == WorkStatus.PENDING, model.failure_kind == FAILURE_PROVIDER)
-        ).scalar()
+        ).scalar_one()
         for model in (OutboxDelivery, ScheduledCommand)
     )
     yield GaugeMetricFamily(
@@ -219,7 +219,7 @@ def _webhook_undelivered(now):
         "shop_webhook_events_undelivered",
         "Events of the last hour the provider reports it could not deliver to the shop (and the shop never got); "
         "NaN when not asked lately",
-        value=view["count"] if fresh else float("nan"),
+        value=view["count"] if view is not None and fresh else float("nan"),
     )
 
 
@@ -328,7 +328,7 @@ def provider_breaker_metrics(now=None):
 def registry() -> CollectorRegistry:
     def build() -> CollectorRegistry:
         reg = CollectorRegistry(auto_describe=False)
-        reg.register(ShopCollector(current_app._get_current_object()))
+        reg.register(ShopCollector(the_app()))
         return reg
 
     return per_app("metrics_registry", build)

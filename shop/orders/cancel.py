@@ -106,7 +106,9 @@ class _CancelAttempt:
 
     def __call__(self, attempt: int) -> CancelOutcome:
         if attempt:
-            self.order = order_store.read(self.order.id)
+            moved = order_store.read(self.order.id)
+            assert moved is not None  # another writer moved it; no writer deletes a live order
+            self.order = moved
         order = self.order
         if order.version != self.seen:
             moved = _moved_by_this_cancel(order, self.retired)

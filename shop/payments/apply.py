@@ -17,7 +17,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from ..domain.deadlines import as_utc, utcnow
 from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderStatus, Transition
 from ..domain.payment import check_payment_proof
-from ..domain.results import Refused
+from ..domain.results import Ok, Refused
 from ..extensions import db
 from ..models import PaymentProofRefusal
 from ..outbox import uow
@@ -237,9 +237,12 @@ def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime, refunde
         return _refunded_elsewhere(order, view, refunded_as, source=source, now=now)
     transition, events = Transition.MARK_PAID, ()
     if state in {OrderStatus.PENDING_PAYMENT, OrderStatus.PAYMENT_FAILED}:
-        events = order.start_payment(view.id, view.url).events  # the money is real: adopt its session first
-        transition = Transition.ADOPT_AND_PAY
-    events += order.mark_paid(view.id, view.amount_total, view.currency).events
+        adopted = order.start_payment(view.id, view.url)  # the money is real: adopt its session first
+        assert isinstance(adopted, Ok), adopted  # both states start a payment
+        events, transition = adopted.events, Transition.ADOPT_AND_PAY
+    paid = order.mark_paid(view.id, view.amount_total, view.currency)
+    assert isinstance(paid, Ok), paid  # the proof was checked above, and the state allows it
+    events += paid.events
     order.ships_to(view.shipping_details)
     # The write's own time, as for every other transition of the general path (`now` may be the caller's).
     order_store.save(order, transition, events, now=utcnow())

@@ -225,7 +225,7 @@ def session_view(obj) -> SessionView:
         return value if isinstance(value, str) else None
 
     return SessionView(
-        id=text(obj.get("id")),
+        id=text(obj.get("id")) or "",  # absent or malformed: no session has it, so no order is found
         status=text(obj.get("status")),
         payment_status=text(obj.get("payment_status")),
         # Beyond a 32-bit amount no order could match it (and no column could hold it).

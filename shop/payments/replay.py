@@ -48,14 +48,14 @@ def reapply_event(body: str, *, source: str = "console") -> Reapplied:
     obj = event["data"]["object"]
     if event_type in gateway.REFUND_EVENT_TYPES:
         view = gateway.refund_view(obj)
-        if view.id is None:
+        if not view.id:
             return Reapplied("not_used", "the event names no refund")
         report = apply_refund_report(view, source=source)
         return Reapplied(str(report.outcome), report.detail, report.order_id)
     if event_type not in gateway.EVENT_TYPES:
         return Reapplied("not_used", f"event type {event_type} is not used by the shop")
     view = gateway.session_view(obj)
-    if view.id is None:
+    if not view.id:
         return Reapplied("not_used", "the event names no checkout session")
     by_cancel = event_type == "checkout.session.expired" and gateway.expired_by_a_cancel(event)
     if event_type == "checkout.session.expired":

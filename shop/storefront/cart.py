@@ -141,10 +141,11 @@ def add_to_cart():
     form = AddToCartForm()
     if not form.validate():
         return render_cart(400, first_error(form))
-    wanted_id = form.variant_id.data
+    wanted_id, quantity = form.variant_id.data, form.quantity.data
+    assert wanted_id is not None and quantity is not None, "the form validated: DataRequired, LineQuantity"
     # Ids are 32-bit keys: a larger number names no item (and PostgreSQL would refuse to compare).
     variant = db.session.get(Variant, wanted_id) if 0 < wanted_id <= MAX_ID else None
-    change = carts.add_item(browser_id(create=True), variant, form.quantity.data)
+    change = carts.add_item(browser_id(create=True), variant, quantity)
     if not change.ok:
         return render_cart(_CART_STATUS[change.outcome], cart_words(change))
     if wants_json():
@@ -160,7 +161,9 @@ def set_quantity(variant_id: int):
     field = f"quantity-{variant_id}"
     if not form.validate():
         return render_cart(400, first_error(form), field=None if "csrf_token" in form.errors else field)
-    change = carts.set_quantity(browser_id(), variant_id, form.quantity.data)
+    quantity = form.quantity.data
+    assert quantity is not None, "the form validated: LineQuantity refuses no number"
+    change = carts.set_quantity(browser_id(), variant_id, quantity)
     if not change.ok:
         return render_cart(
             _CART_STATUS[change.outcome],

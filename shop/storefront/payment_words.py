@@ -32,6 +32,7 @@ def start_words(outcome: StartOutcome) -> str:
     """The sentence for a payment's start that did not go to the payment page ("" when it did)."""
     code = outcome.code
     if code is StartCode.NOT_PAYABLE:
+        assert outcome.order_status is not None, "a start refused as not payable names the order's status"
         return f"This order is {outcome.order_status.value}; it cannot be paid now."
     if code is StartCode.CHANGED:
         status = outcome.order_status.value if outcome.order_status is not None else "gone"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from typing import TypeGuard
 
 from flask import flash, jsonify, redirect, request, url_for
 from sqlalchemy import select
@@ -13,7 +14,7 @@ from ..domain.order import LIVE, OrderStatus
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import Cart, CartState, Order
-from ..orders.checkout import Refusal, place_order
+from ..orders.checkout import CheckoutRefused, Refusal, place_order
 from ..orders.cancel import CancelStatus, cancel_order
 from .. import emails
 from ..orders.lookup import just_ordered_by, order_by_reference
@@ -65,11 +66,12 @@ def checkout():
             .limit(1)
         ).scalar()
     )
-    if cart_id is None:
+    if cart_id is None or bid is None:  # no browser id, no cart
         return _just_ordered(bid, form) or render_cart(400, EMPTY_CART, form=form, field="empty")
     in_line = line_is_held()  # the provider's budget for new sessions is spent: join the line at once
-    result = place_order(cart_id=cart_id, browser_id=bid, email=form.email.data.strip(), in_line=in_line)
-    if not result.ok:
+    email = (form.email.data or "").strip()  # the form validated: DataRequired
+    result = place_order(cart_id=cart_id, browser_id=bid, email=email, in_line=in_line)
+    if isinstance(result, CheckoutRefused):  # not result.ok
         if result.code is Refusal.CART_CLOSED:
             # The other submit of this cart won: say where its order is (if it was this browser's).
             answer = _just_ordered(bid, form)
@@ -93,6 +95,7 @@ def checkout():
     # docs/REFERENCE.md, Storefront: success is a 303 whatever the client accepts; a JSON client also gets
     # the same facts in the body, so it need not follow the redirect to learn them.
     if started.status is StartStatus.STARTED:
+        assert started.url is not None, "a started payment has its page"
         return _see_other(
             started.url, {"reference": result.reference, "payment_url": started.url, "order_url": order_url}
         )
@@ -214,6 +217,7 @@ def _shown_order_json(order: Order) -> dict:
         data["cancelled_because"], data["cancelled_at"] = why, iso(at)
     if in_line(order):
         ahead = place_in_line(order)
+        assert ahead is not None, "an order in line has a place in it"
         data["line"] = {"ahead": ahead, "wait_seconds": round(expected_wait_seconds(ahead), 1)}
     return data
 
@@ -249,6 +253,7 @@ def pay(reference: str):
         return _render_order(order, 400, first_error(form))
     started = start_payment(order.id)
     if started.status is StartStatus.STARTED:
+        assert started.url is not None, "a started payment has its page"
         if wants_json():
             return {"reference": reference, "payment_url": started.url}, 200
         return redirect(started.url, 303)
@@ -258,7 +263,7 @@ def pay(reference: str):
         return redirect(
             url_for("storefront.order_page", reference=reference, token=request.values.get("token") or None), 303
         )
-    order = db.session.get(Order, order.id)
+    order = _reread(order)
     status = 503 if started.status is StartStatus.UNAVAILABLE else 409
     # The page itself shows the message (no flash too: it would show twice, and again later).
     return _render_order(order, status, start_words(started))
@@ -300,7 +305,7 @@ def cancel(reference: str):
         page = url_for("storefront.order_page", reference=reference, token=request.values.get("token") or None)
         answer_if_later_fails(lambda: _cancelled_answer(reference, page, done))
         if wants_json():
-            return _render_order(db.session.get(Order, order.id))
+            return _render_order(_reread(order))
         flash(done)
         return redirect(page, 303)
     message = (
@@ -324,7 +329,14 @@ def _cancelled_answer(reference: str, page: str, done: str):
 _NO_SESSION = b"\x00no-session"
 
 
-def _is_own_session(order: Order | None, session_id: str) -> bool:
+def _reread(order: Order) -> Order:
+    """The order as it is now, after a use case that committed or rolled back."""
+    now = db.session.get(Order, order.id)
+    assert now is not None, "the shop deletes no order"
+    return now
+
+
+def _is_own_session(order: Order | None, session_id: str) -> TypeGuard[Order]:
     """Whether `session_id` is the order's own current payment session (orders.payment_session_id),
     compared in constant time; False for no order or no recorded session, after the same compare."""
     recorded = order.payment_session_id if order is not None else None
@@ -361,12 +373,14 @@ def checkout_return():
     # provider's answer would, so this holds while the provider cannot be asked too.
     if view is None:
         flash("We could not confirm your payment with the provider yet; this page will update once it does.", "warning")
-    elif (
-        view.payment_status != gateway.SessionPaymentStatus.PAID
-        and view.status == gateway.SessionStatus.COMPLETE
-        and answer.applied.outcome != Outcome.PAYMENT_FAILED
-    ):
-        flash("Your payment is being processed; we will email you when it completes.")
+    else:
+        assert answer is not None and answer.applied is not None, "the view came with an answer, checked above"
+        if (
+            view.payment_status != gateway.SessionPaymentStatus.PAID
+            and view.status == gateway.SessionStatus.COMPLETE
+            and answer.applied.outcome != Outcome.PAYMENT_FAILED
+        ):
+            flash("Your payment is being processed; we will email you when it completes.")
     if owner:
         return redirect(url_for("storefront.order_page", reference=reference), 303)
     return redirect(url_for("storefront.order_page", reference=reference, token=order.access_token), 303)

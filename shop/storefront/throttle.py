@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 
-from flask import current_app, render_template_string, request
+from flask import Response, current_app, jsonify, render_template_string, request
 from flask_limiter import RequestLimit
 
 from ..web.limiting import shop_limiter, wait_in_words
@@ -39,7 +39,7 @@ def _limit() -> str:
     return f"{current_app.config['CHECKOUT_RETURN_PER_MINUTE']} per minute"
 
 
-def _refusal(limit: RequestLimit):
+def _refusal(limit: RequestLimit) -> Response:
     wait = max(1.0, limit.reset_at - time.time())
     message = (
         "Too many requests for the payment return page from your address; "
@@ -47,7 +47,7 @@ def _refusal(limit: RequestLimit):
     )
     current_app.logger.warning("checkout return throttled from %s", request.remote_addr)
     if wants_json():
-        response = current_app.json.response({"error": message, "status": 429, "retry_after_seconds": math.ceil(wait)})
+        response = jsonify({"error": message, "status": 429, "retry_after_seconds": math.ceil(wait)})
     else:
         response = current_app.make_response(render_template_string(PAGE, title="Please wait", message=message))
     response.status_code = 429

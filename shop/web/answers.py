@@ -4,6 +4,7 @@ identity, and the answer that stands when a request fails after its use case com
 from __future__ import annotations
 
 import secrets
+from typing import Literal, overload
 
 from flask import g, jsonify, make_response, render_template, request, session
 
@@ -60,6 +61,10 @@ def keep_private(blueprint, public: tuple[str, ...] = ()) -> None:
         return response
 
 
+@overload
+def browser_id(create: Literal[True] = True) -> str: ...
+@overload
+def browser_id(create: bool) -> str | None: ...
 def browser_id(create: bool = True) -> str | None:
     """An opaque id for this browser, kept in the signed session cookie. Orders and carts
     belong to it; another browser sees them only with the order's access token."""

@@ -94,7 +94,7 @@ class Form(FlaskForm):
     """The base of every form here. Flask-WTF reads a JSON body as the form, and hands whatever it
     parsed to the form unchecked (`[1]` or `true` was a TypeError, a 500)."""
 
-    class Meta:
+    class Meta(FlaskForm.Meta):
         def wrap_formdata(self, form, formdata):
             # formdata not given (Flask-WTF's own sentinel, not None and not a MultiDict): the request's.
             automatic = formdata is not None and not hasattr(formdata, "getlist")

@@ -54,7 +54,8 @@ def badge(data: dict) -> tuple[str, str]:
     elif status is OrderStatus.PENDING_PAYMENT:
         key = "awaiting"
     elif status is OrderStatus.PAYMENT_INITIATED:
-        key = {"processing": "processing", "declined": "declined"}.get(payment, "at-payment-page")
+        at_payment_page: dict[str | None, str] = {"processing": "processing", "declined": "declined"}
+        key = at_payment_page.get(payment, "at-payment-page")
     elif status is OrderStatus.PAYMENT_FAILED:
         key = "failed"
     elif status is OrderStatus.PAID:
