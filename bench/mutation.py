@@ -1,0 +1,287 @@
+"""Mutation testing: does breaking the code fail a test? mutmut over the core packages.
+
+    nice -n 10 .venv/bin/python bench/mutation.py                  # every package, in turn
+    nice -n 10 .venv/bin/python bench/mutation.py --package saga   # one (repeat --package for more)
+    .venv/bin/python bench/mutation.py --report                    # the table from what has run so far
+
+Each package is mutated with its own tests only, on SQLite (no DATABASE_URL), `-x -m "not slow"`:
+
+    domain  shop/domain/                              tests/domain
+    store   shop/store/                               tests/store
+    saga    shop/saga/                                tests/saga
+    outbox  shop/outbox/claims.py, shop/outbox/runner.py  tests/outbox
+
+Why mutmut (3.x) and not cosmic-ray: mutmut records which tests reach each function and runs only
+those for a mutant of it, in a process forked from a warm one, where cosmic-ray rewrites the file
+on disk and runs the whole test command per mutant (about a minute of these tests on a loaded
+machine, times a few thousand mutants). mutmut mutates a copy (`mutants/`), so the tree stays
+untouched while tests are written beside a run.
+
+Resumable: each package works in `.mutation/<package>/` (its `mutants/` and mutmut's cache of every
+verdict); an interrupted run goes on where it stopped, and a finished one only prints.
+`--recheck` runs the survivors again (after new tests), `--fresh` starts the package over (after
+the product changed). The tests need Redis at 127.0.0.1:6379: the run claims a test database the
+way the suite does (tests/support.py) and hands it to every test run as TEST_REDIS_URL, so the
+mutants run one at a time (`--max-children`; more would share that database).
+
+mutmut mutates function bodies only: module-level constants (a prebuilt statement, an enum's
+values) are not mutated. Each mutant runs in a fresh import of the shop (forkserver, no warm-up),
+so a function called while a module is imported (order_store._guarded, which builds the version
+guard) is mutated too.
+
+Per package it prints mutants, killed, survived (with those no test reaches), timed out and the
+score (killed + timed out over all mutants), then every survivor as file:line and the mutation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".mutation"
+# What the copied tree needs besides shop/ and tests/ (the app's templates, its migrations, the docs
+# some tests read).
+ALSO = ("migrations", "templates", "static", "docs", "deploy", "app.py", "README.md")
+PACKAGES = {
+    "domain": (["shop/domain/*"], ["tests/domain"]),
+    "saga": (["shop/saga/*"], ["tests/saga"]),
+    "store": (["shop/store/*"], ["tests/store"]),
+    "outbox": (["shop/outbox/claims.py", "shop/outbox/runner.py"], ["tests/outbox"]),
+}
+KILLED, SURVIVED, NO_TESTS, TIMEOUT, PENDING = "killed", "survived", "no tests", "timeout", "not checked"
+# mutmut's exit codes (mutmut.stats.status_by_exit_code), folded into the table's columns.
+STATUS = {1: KILLED, 3: KILLED, 37: KILLED, 0: SURVIVED, 5: NO_TESTS, 33: NO_TESTS, 34: NO_TESTS}
+STATUS.update({code: TIMEOUT for code in (36, -24, 24, 152, 255)})
+
+LOCKS_URL = "redis://127.0.0.1:6379/15"
+LOCK_SECONDS = 900
+
+
+def mutmut_config(package: str) -> str:
+    mutate, tests = PACKAGES[package]
+    return "\n".join(
+        [
+            "",
+            "[tool.mutmut]",
+            'source_paths = ["shop"]',
+            f"only_mutate = {json.dumps(mutate)}",
+            f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+            'pytest_add_cli_args = ["-m", "not slow", "-p", "no:cacheprovider"]',
+            f"also_copy = {json.dumps(list(ALSO))}",
+            'process_isolation = "forkserver"',
+            'forkserver_warmup = "none"',
+            "use_git_change_detection = false",
+            "",
+        ]
+    )
+
+
+def prepare(package: str, fresh: bool) -> Path:
+    """The package's work folder: links to the tree and a pyproject.toml with its mutmut settings
+    (the tree's own pytest settings kept: markers, warnings)."""
+    folder = WORK / package
+    if fresh and folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("shop", "tests", *ALSO):
+        link = folder / name
+        if not link.is_symlink():
+            link.symlink_to(ROOT / name)
+    text = (ROOT / "pyproject.toml").read_text()
+    (folder / "pyproject.toml").write_text(text + mutmut_config(package))
+    return folder
+
+
+class RedisClaim:
+    """A test database of the shared Redis, claimed like tests/support.py claims one (so no other
+    run uses it meanwhile), renewed while held, flushed and given back at the end."""
+
+    def __init__(self):
+        from redis import Redis
+
+        self.locks, self.token, self.index = Redis.from_url(LOCKS_URL), f"mutation-{uuid.uuid4().hex[:8]}", None
+        self.stop = threading.Event()
+
+    def __enter__(self) -> str:
+        for index in range(1, 15):
+            if self.locks.set(self._key(index), self.token, nx=True, ex=LOCK_SECONDS):
+                self.index = index
+                threading.Thread(target=self._renew, daemon=True).start()
+                return LOCKS_URL.rsplit("/", 1)[0] + f"/{index}"
+        raise SystemExit("every Redis test database 1-14 is claimed by another run; try again later")
+
+    def _key(self, index: int) -> str:
+        return f"backstop-test-run-lock:{index}"
+
+    def _renew(self):
+        while not self.stop.wait(60):
+            self.locks.expire(self._key(self.index), LOCK_SECONDS)
+
+    def __exit__(self, *exc):
+        from redis import Redis
+
+        self.stop.set()
+        if self.locks.get(self._key(self.index)) == self.token.encode():
+            Redis.from_url(LOCKS_URL.rsplit("/", 1)[0] + f"/{self.index}").flushdb()
+            self.locks.delete(self._key(self.index))
+        self.locks.close()
+
+
+def meta_files(folder: Path) -> list[Path]:
+    return sorted((folder / "mutants").glob("shop/**/*.py.meta"))
+
+
+def recheck(folder: Path) -> int:
+    """Forget the survivors' verdicts, so the next run tries them again against today's tests."""
+    count = 0
+    for path in meta_files(folder):
+        meta = json.loads(path.read_text())
+        codes = meta["exit_code_by_key"]
+        for key, code in codes.items():
+            if code is not None and STATUS.get(code) in (SURVIVED, NO_TESTS, TIMEOUT):
+                codes[key] = None
+                count += 1
+        path.write_text(json.dumps(meta, indent=4))
+    return count
+
+
+def run(package: str, folder: Path, max_children: int, redis_url: str) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(TEST_REDIS_URL=redis_url, PYTHONDONTWRITEBYTECODE="1")
+    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
+    print(f"== {package}: {' '.join(command[1:])} (in {folder.relative_to(ROOT)})", flush=True)
+    return subprocess.run(command, cwd=folder, env=env).returncode
+
+
+@dataclass
+class Tally:
+    package: str
+    counts: dict[str, int] = field(default_factory=dict)
+    survivors: list[str] = field(default_factory=list)
+
+    def add(self, status: str) -> None:
+        self.counts[status] = self.counts.get(status, 0) + 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def row(self) -> str:
+        c, total = self.counts.get, self.total
+        detected = c(KILLED, 0) + c(TIMEOUT, 0)
+        score = f"{100 * detected / total:5.1f}%" if total else "    -"
+        return (
+            f"{self.package:<8}{total:>8}{c(KILLED, 0):>8}{c(SURVIVED, 0) + c(NO_TESTS, 0):>10}"
+            f"{c(NO_TESTS, 0):>10}{c(TIMEOUT, 0):>10}{c(PENDING, 0):>9}  {score}"
+        )
+
+
+DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def function_span(tree: ast.Module, mangled: str) -> tuple[int, int]:
+    """(first, last) line of the function mutmut names `x_name` or `xǁClassǁname`."""
+    parts = mangled[1:].lstrip("_").split("ǁ") if "ǁ" in mangled else [mangled[2:]]
+    parts = [p for p in parts if p]
+    scope = tree.body
+    for part in parts:
+        node = next(n for n in scope if isinstance(n, DEFINITIONS) and n.name == part)
+        scope = node.body
+    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    return first, node.end_lineno
+
+
+def describe(folder: Path, source: Path, name: str) -> str:
+    """`file:line: old -> new` for one mutant, from mutmut's own diff of the function."""
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    diff = get_diff_for_mutant(name, path=source).splitlines()
+    removed = [line[1:].strip() for line in diff if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:].strip() for line in diff if line.startswith("+") and not line.startswith("+++")]
+    mangled = name.rpartition(".")[2].rpartition("__mutmut_")[0]
+    lines = (folder / source).read_text().splitlines()
+    first, last = function_span(ast.parse("\n".join(lines)), mangled)
+    where = next((n for n in range(first, last + 1) if removed and lines[n - 1].strip() == removed[0]), first)
+    return f"{source}:{where}: {' / '.join(removed) or '?'}  ->  {' / '.join(added) or '(removed)'}"
+
+
+def tally(package: str, folder: Path) -> Tally:
+    from mutmut.configuration import reset_config
+
+    result = Tally(package)
+    here = Path.cwd()
+    os.chdir(folder)
+    reset_config()
+    try:
+        for meta_path in meta_files(folder):
+            source = meta_path.relative_to(folder / "mutants").with_suffix("")
+            for name, code in sorted(json.loads(meta_path.read_text())["exit_code_by_key"].items()):
+                status = PENDING if code is None else STATUS.get(code, SURVIVED)
+                result.add(status)
+                if status in (SURVIVED, NO_TESTS):
+                    mark = " (no test reaches it)" if status == NO_TESTS else ""
+                    result.survivors.append(describe(folder, source, name) + mark + f"  [{name}]")
+    finally:
+        os.chdir(here)
+    return result
+
+
+COLUMNS = (("package", -8), ("mutants", 8), ("killed", 8), ("survived", 10), ("no tests", 10), ("timed out", 10))
+HEADER = "".join(f"{n:<{-w}}" if w < 0 else f"{n:>{w}}" for n, w in COLUMNS) + f"{'pending':>9}  score"
+
+
+def report(tallies: list[Tally]) -> None:
+    print()
+    print(HEADER)
+    overall = Tally("all")
+    for t in tallies:
+        print(t.row())
+        for status, n in t.counts.items():
+            overall.counts[status] = overall.counts.get(status, 0) + n
+    if len(tallies) > 1:
+        print(overall.row())
+    print("(survived includes 'no tests'; score = (killed + timed out) / mutants)")
+    for t in tallies:
+        if t.survivors:
+            print(f"\n{t.package}: {len(t.survivors)} survivor(s)")
+            for line in t.survivors:
+                print("  " + line)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--package", action="append", choices=list(PACKAGES), help="repeatable; default: all")
+    parser.add_argument("--report", action="store_true", help="print what has run so far; run nothing")
+    parser.add_argument("--recheck", action="store_true", help="try the survivors again (after new tests)")
+    parser.add_argument("--fresh", action="store_true", help="start the package(s) over")
+    parser.add_argument("--max-children", type=int, default=1, help="mutants at once (default 1: one Redis database)")
+    args = parser.parse_args()
+    packages = args.package or list(PACKAGES)
+    failed = []
+    for package in packages:
+        folder = prepare(package, args.fresh and not args.report)
+        if args.report:
+            continue
+        if args.recheck:
+            print(f"== {package}: {recheck(folder)} survivor(s) to try again", flush=True)
+        with RedisClaim() as redis_url:
+            if run(package, folder, args.max_children, redis_url) != 0:
+                failed.append(package)
+    report([tally(p, WORK / p) for p in packages if (WORK / p / "mutants").exists()])
+    if failed:
+        print(f"\nmutmut stopped with an error for: {', '.join(failed)} (its output is above)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
