@@ -3,6 +3,7 @@
     nice -n 10 .venv/bin/python bench/mutation.py                  # every package, in turn
     nice -n 10 .venv/bin/python bench/mutation.py --package saga   # one (repeat --package for more)
     .venv/bin/python bench/mutation.py --report                    # the table from what has run so far
+    nice -n 10 .venv/bin/python bench/mutation.py --tests-at main  # the same, with main's tests: a baseline
 
 Each package is mutated with its own tests only, on SQLite (no DATABASE_URL), `-x -m "not slow"`:
 
@@ -25,9 +26,9 @@ way the suite does (tests/support.py) and hands it to every test run as TEST_RED
 mutants run one at a time (`--max-children`; more would share that database).
 
 mutmut mutates function bodies only: module-level constants (a prebuilt statement, an enum's
-values) are not mutated. Each mutant runs in a fresh import of the shop (forkserver, no warm-up),
-so a function called while a module is imported (order_store._guarded, which builds the version
-guard) is mutated too.
+values) are not mutated. Each mutant runs in a fresh import of the shop (a fork server that
+preloads only the libraries), so a function called while a module is imported
+(order_store._guarded, which builds the version guard) is mutated too.
 
 Per package it prints mutants, killed, survived (with those no test reaches), timed out and the
 score (killed + timed out over all mutants), then every survivor as file:line and the mutation.
@@ -58,6 +59,11 @@ PACKAGES = {
     "store": (["shop/store/*"], ["tests/store"]),
     "outbox": (["shop/outbox/claims.py", "shop/outbox/runner.py"], ["tests/outbox"]),
 }
+# Imported once by mutmut's fork server, before it forks a process per mutant: the libraries the
+# tests import, never the shop itself (each mutant imports the shop afresh, see above).
+PRELOAD = ("pytest", "hypothesis", "flask", "flask_sqlalchemy", "flask_migrate", "alembic", "sqlalchemy", "redis")
+PRELOAD += ("rq", "rq_scheduler", "stripe", "requests", "psycopg", "flask_wtf", "flask_login", "flask_limiter")
+PRELOAD += ("prometheus_client", "babel", "email_validator", "pythonjsonlogger", "werkzeug.test")
 KILLED, SURVIVED, NO_TESTS, TIMEOUT, PENDING = "killed", "survived", "no tests", "timeout", "not checked"
 # mutmut's exit codes (mutmut.stats.status_by_exit_code), folded into the table's columns.
 STATUS = {1: KILLED, 3: KILLED, 37: KILLED, 0: SURVIVED, 5: NO_TESTS, 33: NO_TESTS, 34: NO_TESTS}
@@ -79,24 +85,36 @@ def mutmut_config(package: str) -> str:
             'pytest_add_cli_args = ["-m", "not slow", "-p", "no:cacheprovider"]',
             f"also_copy = {json.dumps(list(ALSO))}",
             'process_isolation = "forkserver"',
-            'forkserver_warmup = "none"',
+            'forkserver_warmup = "import"',
+            'preload_modules_file = "preload.txt"',
             "use_git_change_detection = false",
             "",
         ]
     )
 
 
-def prepare(package: str, fresh: bool) -> Path:
+def folder_of(package: str, tests_at: str | None) -> Path:
+    return WORK / (f"{package}@{tests_at}" if tests_at else package)
+
+
+def prepare(package: str, fresh: bool, tests_at: str | None = None) -> Path:
     """The package's work folder: links to the tree and a pyproject.toml with its mutmut settings
-    (the tree's own pytest settings kept: markers, warnings)."""
-    folder = WORK / package
+    (the tree's own pytest settings kept: markers, warnings). `tests_at`: the tests as they were at
+    that git revision (a copy), against today's code: the score before the tests written since."""
+    folder = folder_of(package, tests_at)
     if fresh and folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("shop", "tests", *ALSO):
+    for name in ("shop", *ALSO) if tests_at else ("shop", "tests", *ALSO):
         link = folder / name
         if not link.is_symlink():
             link.symlink_to(ROOT / name)
+    if tests_at and not (folder / "tests").exists():
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", tests_at, "tests"], capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    (folder / "preload.txt").write_text("\n".join(PRELOAD) + "\n")
     text = (ROOT / "pyproject.toml").read_text()
     (folder / "pyproject.toml").write_text(text + mutmut_config(package))
     return folder
@@ -265,11 +283,12 @@ def main() -> int:
     parser.add_argument("--recheck", action="store_true", help="try the survivors again (after new tests)")
     parser.add_argument("--fresh", action="store_true", help="start the package(s) over")
     parser.add_argument("--max-children", type=int, default=1, help="mutants at once (default 1: one Redis database)")
+    parser.add_argument("--tests-at", metavar="REV", help="use the tests of this git revision (e.g. main): a baseline")
     args = parser.parse_args()
     packages = args.package or list(PACKAGES)
     failed = []
     for package in packages:
-        folder = prepare(package, args.fresh and not args.report)
+        folder = prepare(package, args.fresh and not args.report, args.tests_at)
         if args.report:
             continue
         if args.recheck:
@@ -277,7 +296,8 @@ def main() -> int:
         with RedisClaim() as redis_url:
             if run(package, folder, args.max_children, redis_url) != 0:
                 failed.append(package)
-    report([tally(p, WORK / p) for p in packages if (WORK / p / "mutants").exists()])
+    folders = [(p, folder_of(p, args.tests_at)) for p in packages]
+    report([tally(p, folder) for p, folder in folders if (folder / "mutants").exists()])
     if failed:
         print(f"\nmutmut stopped with an error for: {', '.join(failed)} (its output is above)")
     return 1 if failed else 0

@@ -25,7 +25,14 @@ from shop.domain.events import (
     PaymentInitiated,
     event_from_payload,
 )
-from shop.domain.order import OrderRules, OrderStatus
+from shop.domain.order import (
+    CANCELLED_BY_CUSTOMER,
+    PAYMENT_WINDOW_EXPIRED,
+    CancelledBy,
+    OrderRules,
+    OrderStatus,
+    cancelled_because,
+)
 from shop.domain.payment import check_payment_proof
 from shop.domain.results import Ok, Refused
 
@@ -297,3 +304,21 @@ def test_a_session_expires_at_pay_by_but_never_before_the_providers_minimum(
 )
 def test_retry_delay_doubles_per_attempt_is_capped_and_jittered_into_the_upper_half(attempts, rng, expected):
     assert retry_delay_seconds(attempts, base=2.0, cap=300.0, rng=lambda: rng) == pytest.approx(expected)
+
+
+# -- why an order was cancelled ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reason,who",
+    [
+        (CANCELLED_BY_CUSTOMER, CancelledBy.CUSTOMER),
+        (CANCELLED_BY_CUSTOMER + " (operator's note)", CancelledBy.CUSTOMER),
+        (PAYMENT_WINDOW_EXPIRED, CancelledBy.EXPIRED),
+        (PAYMENT_WINDOW_EXPIRED + ": no session", CancelledBy.EXPIRED),
+        ("operator cancelled it", CancelledBy.OTHER),
+        ("", CancelledBy.OTHER),
+    ],
+)
+def test_cancelled_because_tells_the_customer_apart_from_the_payment_window(reason, who):
+    assert cancelled_because(reason) is who
