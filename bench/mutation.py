@@ -9,7 +9,7 @@ Each package is mutated with its own tests only, on SQLite (no DATABASE_URL), `-
 
     domain  shop/domain/                              tests/domain
     store   shop/store/                               tests/store
-    saga    shop/saga/                                tests/saga
+    saga    shop/saga/                                tests/saga, tests/payments/test_operator_refunds.py
     outbox  shop/outbox/claims.py, shop/outbox/runner.py  tests/outbox
 
 Why mutmut (3.x) and not cosmic-ray: mutmut records which tests reach each function and runs only
@@ -21,7 +21,9 @@ untouched while tests are written beside a run.
 Resumable: each package works in `.mutation/<package>/` (its `mutants/` and mutmut's cache of every
 verdict); an interrupted run goes on where it stopped, and a finished one only prints.
 `--recheck` runs the survivors again (after new tests), `--fresh` starts the package over (after
-the product changed). The tests need Redis at 127.0.0.1:6379: the run claims a test database the
+the product changed), `--only 'shop.saga.inventory.*'` tries just the mutants so named (again, if
+they were tried before): the most important first when time is short. The tests need Redis at
+127.0.0.1:6379: the run claims a test database the
 way the suite does (tests/support.py) and hands it to every test run as TEST_REDIS_URL, so the
 mutants run one at a time (`--max-children`; more would share that database).
 
@@ -55,7 +57,8 @@ WORK = ROOT / ".mutation"
 ALSO = ("migrations", "templates", "static", "docs", "deploy", "app.py", "README.md")
 PACKAGES = {
     "domain": (["shop/domain/*"], ["tests/domain"]),
-    "saga": (["shop/saga/*"], ["tests/saga"]),
+    # shop/saga/operator_refunds.py's own tests sit with the refunds they start (tests/payments).
+    "saga": (["shop/saga/*"], ["tests/saga", "tests/payments/test_operator_refunds.py"]),
     "store": (["shop/store/*"], ["tests/store"]),
     "outbox": (["shop/outbox/claims.py", "shop/outbox/runner.py"], ["tests/outbox"]),
 }
@@ -173,10 +176,10 @@ def recheck(folder: Path) -> int:
     return count
 
 
-def run(package: str, folder: Path, max_children: int, redis_url: str) -> int:
+def run(package: str, folder: Path, max_children: int, redis_url: str, only: list[str]) -> int:
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env.update(TEST_REDIS_URL=redis_url, PYTHONDONTWRITEBYTECODE="1")
-    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
+    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *only]
     print(f"== {package}: {' '.join(command[1:])} (in {folder.relative_to(ROOT)})", flush=True)
     return subprocess.run(command, cwd=folder, env=env).returncode
 
@@ -283,6 +286,13 @@ def main() -> int:
     parser.add_argument("--recheck", action="store_true", help="try the survivors again (after new tests)")
     parser.add_argument("--fresh", action="store_true", help="start the package(s) over")
     parser.add_argument("--max-children", type=int, default=1, help="mutants at once (default 1: one Redis database)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="mutants named so (shop.saga.inventory.*): tried again",
+    )
     parser.add_argument("--tests-at", metavar="REV", help="use the tests of this git revision (e.g. main): a baseline")
     args = parser.parse_args()
     packages = args.package or list(PACKAGES)
@@ -294,7 +304,7 @@ def main() -> int:
         if args.recheck:
             print(f"== {package}: {recheck(folder)} survivor(s) to try again", flush=True)
         with RedisClaim() as redis_url:
-            if run(package, folder, args.max_children, redis_url) != 0:
+            if run(package, folder, args.max_children, redis_url, args.only) != 0:
                 failed.append(package)
     folders = [(p, folder_of(p, args.tests_at)) for p in packages]
     report([tally(p, folder) for p, folder in folders if (folder / "mutants").exists()])

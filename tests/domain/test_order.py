@@ -322,3 +322,14 @@ def test_retry_delay_doubles_per_attempt_is_capped_and_jittered_into_the_upper_h
 )
 def test_cancelled_because_tells_the_customer_apart_from_the_payment_window(reason, who):
     assert cancelled_because(reason) is who
+
+
+def test_the_markers_refusals_say_why_in_the_words_an_operator_reads():
+    assert order_in(S.PAID).mark_inventory_restored() == Refused(
+        "order_not_cancelled", "only a cancelled order's stock can be restored", {"status": "Paid"}
+    )
+    order = order_in(S.CANCELLED)
+    assert order.mark_inventory_restored() == Ok(())
+    assert order.mark_inventory_restored() == Refused(
+        "inventory_already_restored", "this order's stock was already restored"
+    )
