@@ -11,6 +11,7 @@ Each package is mutated with its own tests only, on SQLite (no DATABASE_URL), `-
     store   shop/store/                               tests/store
     saga    shop/saga/                                tests/saga, tests/payments/test_operator_refunds.py
     outbox  shop/outbox/claims.py, shop/outbox/runner.py  tests/outbox
+    checkout  shop/orders/checkout.py                 tests/orders
 
 Why mutmut (3.x) and not cosmic-ray: mutmut records which tests reach each function and runs only
 those for a mutant of it, in a process forked from a warm one, where cosmic-ray rewrites the file
@@ -61,6 +62,8 @@ PACKAGES = {
     "saga": (["shop/saga/*"], ["tests/saga", "tests/payments/test_operator_refunds.py"]),
     "store": (["shop/store/*"], ["tests/store"]),
     "outbox": (["shop/outbox/claims.py", "shop/outbox/runner.py"], ["tests/outbox"]),
+    # The checkout's conditional stock decrement (_take_stock) and the rest of the checkout.
+    "checkout": (["shop/orders/checkout.py"], ["tests/orders"]),
 }
 # Imported once by mutmut's fork server, before it forks a process per mutant: the libraries the
 # tests import, never the shop itself (each mutant imports the shop afresh, see above).
@@ -90,6 +93,9 @@ def mutmut_config(package: str) -> str:
             'process_isolation = "forkserver"',
             'forkserver_warmup = "import"',
             'preload_modules_file = "preload.txt"',
+            # A test run's own setup (imports, the schema through every migration) takes seconds
+            # on a loaded machine: without room for it, slow survivors were counted as timeouts.
+            "timeout_constant = 10.0",
             "use_git_change_detection = false",
             "",
         ]
@@ -202,7 +208,7 @@ class Tally:
         detected = c(KILLED, 0) + c(TIMEOUT, 0)
         score = f"{100 * detected / total:5.1f}%" if total else "    -"
         return (
-            f"{self.package:<8}{total:>8}{c(KILLED, 0):>8}{c(SURVIVED, 0) + c(NO_TESTS, 0):>10}"
+            f"{self.package:<10}{total:>8}{c(KILLED, 0):>8}{c(SURVIVED, 0) + c(NO_TESTS, 0):>10}"
             f"{c(NO_TESTS, 0):>10}{c(TIMEOUT, 0):>10}{c(PENDING, 0):>9}  {score}"
         )
 
@@ -257,7 +263,7 @@ def tally(package: str, folder: Path) -> Tally:
     return result
 
 
-COLUMNS = (("package", -8), ("mutants", 8), ("killed", 8), ("survived", 10), ("no tests", 10), ("timed out", 10))
+COLUMNS = (("package", -10), ("mutants", 8), ("killed", 8), ("survived", 10), ("no tests", 10), ("timed out", 10))
 HEADER = "".join(f"{n:<{-w}}" if w < 0 else f"{n:>{w}}" for n, w in COLUMNS) + f"{'pending':>9}  score"
 
 

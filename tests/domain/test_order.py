@@ -3,6 +3,7 @@ the inventory_restored marker, PaymentProof and the deadline arithmetic."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -333,3 +334,34 @@ def test_the_markers_refusals_say_why_in_the_words_an_operator_reads():
     assert order.mark_inventory_restored() == Refused(
         "inventory_already_restored", "this order's stock was already restored"
     )
+
+
+def test_a_refused_transition_names_it_in_words_and_the_state_it_found():
+    refused = order_in(S.CANCELLED).mark_paid("cs", 1, "usd")
+    assert refused == Refused(
+        "order_already_cancelled",
+        "cannot mark paid an order that is Cancelled",
+        {"transition": "mark_paid", "status": "Cancelled"},
+    )
+
+
+@pytest.fixture
+def local_time_not_utc(monkeypatch):
+    """The process's local zone set to one that is not UTC (and back), so that a naive or aware
+    time read as local time instead of UTC shows."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_as_utc_reads_a_naive_time_as_utc_whatever_the_local_zone(local_time_not_utc):
+    naive = datetime(2026, 11, 30, 12, 0)
+    assert as_utc(naive) == datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    assert as_utc(naive).tzinfo is timezone.utc
+
+
+def test_as_utc_turns_an_aware_time_into_utc_whatever_the_local_zone(local_time_not_utc):
+    aware = datetime(2026, 11, 30, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+    assert (as_utc(aware), as_utc(aware).utcoffset()) == (T0, timedelta(0))
