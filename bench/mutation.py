@@ -79,8 +79,17 @@ LOCKS_URL = "redis://127.0.0.1:6379/15"
 LOCK_SECONDS = 900
 
 
+# Left out of a package's mutant runs: the saga model's random interleavings take 100 s and more a
+# run, for every mutant of the compensation that survives. A mutant only they would catch counts
+# as a survivor here (the score errs low); the fixed journeys of the same model stay in.
+LEFT_OUT = {"saga": ["tests/saga/test_saga_model.py::test_random_interleavings_keep_stock_and_money_right"]}
+
+
 def mutmut_config(package: str) -> str:
     mutate, tests = PACKAGES[package]
+    pytest_args = ["-m", "not slow", "-p", "no:cacheprovider"]
+    for test in LEFT_OUT.get(package, []):
+        pytest_args += ["--deselect", test]
     return "\n".join(
         [
             "",
@@ -88,7 +97,7 @@ def mutmut_config(package: str) -> str:
             'source_paths = ["shop"]',
             f"only_mutate = {json.dumps(mutate)}",
             f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
-            'pytest_add_cli_args = ["-m", "not slow", "-p", "no:cacheprovider"]',
+            f"pytest_add_cli_args = {json.dumps(pytest_args)}",
             f"also_copy = {json.dumps(list(ALSO))}",
             'process_isolation = "forkserver"',
             'forkserver_warmup = "import"',
