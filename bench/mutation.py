@@ -20,13 +20,13 @@ machine, times a few thousand mutants). mutmut mutates a copy (`mutants/`), so t
 untouched while tests are written beside a run.
 
 Resumable: each package works in `.mutation/<package>/` (its `mutants/` and mutmut's cache of every
-verdict); an interrupted run goes on where it stopped, and a finished one only prints.
-`--recheck` runs the survivors again (after new tests), `--fresh` starts the package over (after
-the product changed), `--only 'shop.saga.inventory.*'` tries just the mutants so named (again, if
-they were tried before): the most important first when time is short. The tests need Redis at
-127.0.0.1:6379: the run claims a test database the
-way the suite does (tests/support.py) and hands it to every test run as TEST_REDIS_URL, so the
-mutants run one at a time (`--max-children`; more would share that database).
+verdict); an interrupted run goes on where it stopped, and a finished one only prints. `--only
+'shop.saga.inventory.*'` tries just the mutants so named (again, if tried before): the most
+important first when time is short. `--recheck` tries the survivors again after new tests (with
+`--baseline REV`: those of the `--tests-at REV` run; `--report --baseline REV` prints both tables),
+`--fresh` starts over after the product changed. The tests need Redis at 127.0.0.1:6379: the run
+claims a test database the way the suite does (tests/support.py) and hands it to every test run as
+TEST_REDIS_URL, so the mutants run one at a time (`--max-children`; more would share it).
 
 mutmut mutates function bodies only: module-level constants (a prebuilt statement, an enum's
 values) are not mutated. Each mutant runs in a fresh import of the shop (a fork server that
@@ -53,8 +53,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".mutation"
-# What the copied tree needs besides shop/ and tests/ (the app's templates, its migrations, the docs
-# some tests read).
+# What the copied tree needs besides shop/ and tests/ (templates, migrations, docs some tests read).
 ALSO = ("migrations", "templates", "static", "docs", "deploy", "app.py", "README.md")
 PACKAGES = {
     "domain": (["shop/domain/*"], ["tests/domain"]),
@@ -75,8 +74,7 @@ KILLED, SURVIVED, NO_TESTS, TIMEOUT, PENDING = "killed", "survived", "no tests",
 STATUS = {1: KILLED, 3: KILLED, 37: KILLED, 0: SURVIVED, 5: NO_TESTS, 33: NO_TESTS, 34: NO_TESTS}
 STATUS.update({code: TIMEOUT for code in (36, -24, 24, 152, 255)})
 
-LOCKS_URL = "redis://127.0.0.1:6379/15"
-LOCK_SECONDS = 900
+LOCKS_URL, LOCK_SECONDS = "redis://127.0.0.1:6379/15", 900  # as tests/support.py claims one
 
 
 # Left out of a package's mutant runs: the saga model's random interleavings take 100 s and more a
@@ -222,18 +220,17 @@ def meta_files(folder: Path) -> list[Path]:
     return sorted((folder / "mutants").glob("shop/**/*.py.meta"))
 
 
-def recheck(folder: Path) -> int:
-    """Forget the survivors' verdicts, so the next run tries them again against today's tests."""
-    count = 0
+def verdicts(folder: Path) -> dict[str, int | None]:
+    """mutmut's exit code per mutant name (None: not tried yet)."""
+    codes = {}
     for path in meta_files(folder):
-        meta = json.loads(path.read_text())
-        codes = meta["exit_code_by_key"]
-        for key, code in codes.items():
-            if code is not None and STATUS.get(code) in (SURVIVED, NO_TESTS, TIMEOUT):
-                codes[key] = None
-                count += 1
-        path.write_text(json.dumps(meta, indent=4))
-    return count
+        codes.update(json.loads(path.read_text())["exit_code_by_key"])
+    return codes
+
+
+def survivors(folder: Path) -> list[str]:
+    live = (SURVIVED, NO_TESTS, TIMEOUT)
+    return sorted(n for n, code in verdicts(folder).items() if code is not None and STATUS.get(code, SURVIVED) in live)
 
 
 def run(package: str, folder: Path, max_children: int, redis_url: str, only: list[str]) -> int:
@@ -296,10 +293,12 @@ def describe(folder: Path, source: Path, name: str) -> str:
     return f"{source}:{where}: {' / '.join(removed) or '?'}  ->  {' / '.join(added) or '(removed)'}"
 
 
-def tally(package: str, folder: Path) -> Tally:
+def tally(package: str, folder: Path, newer: dict | None = None) -> Tally:
+    """The package's verdicts in `folder`; `newer`: verdicts from a later run that win over them
+    (the survivors of a baseline tried again with today's tests)."""
     from mutmut.configuration import reset_config
 
-    result = Tally(package)
+    result, newer = Tally(package), {k: v for k, v in (newer or {}).items() if v is not None}
     here = Path.cwd()
     os.chdir(folder)
     reset_config()
@@ -307,6 +306,7 @@ def tally(package: str, folder: Path) -> Tally:
         for meta_path in meta_files(folder):
             source = meta_path.relative_to(folder / "mutants").with_suffix("")
             for name, code in sorted(json.loads(meta_path.read_text())["exit_code_by_key"].items()):
+                code = newer.get(name, code)
                 status = PENDING if code is None else STATUS.get(code, SURVIVED)
                 result.add(status)
                 if status in (SURVIVED, NO_TESTS):
@@ -354,6 +354,12 @@ def main() -> int:
         help="mutants named so (shop.saga.inventory.*): tried again",
     )
     parser.add_argument("--tests-at", metavar="REV", help="use the tests of this git revision (e.g. main): a baseline")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="with --recheck: try the survivors of the --tests-at REV run with today's tests; "
+        "with --report: the table before (REV's tests) and after (its survivors tried again)",
+    )
     args = parser.parse_args()
     packages = args.package or list(PACKAGES)
     failed = []
@@ -361,17 +367,30 @@ def main() -> int:
         folder = prepare(package, args.fresh and not args.report, args.tests_at)
         if args.report:
             continue
-        if args.recheck:
-            print(f"== {package}: {recheck(folder)} survivor(s) to try again", flush=True)
+        names = list(args.only)
+        if args.recheck:  # exactly the survivors, tried again (a name given to mutmut is always run)
+            names += survivors(folder_of(package, args.baseline) if args.baseline else folder)
+            print(f"== {package}: {len(names)} survivor(s) to try again", flush=True)
+            if not names:
+                continue
         with RedisClaim() as redis_url:
             tie_to_every_test(package, folder)
-            code = run(package, folder, args.max_children, redis_url, args.only)
+            code = run(package, folder, args.max_children, redis_url, names)
             if code == 0 and tie_to_every_test(package, folder):  # the stats were new: once more
-                code = run(package, folder, args.max_children, redis_url, args.only)
+                code = run(package, folder, args.max_children, redis_url, names)
             if code != 0:
                 failed.append(package)
-    folders = [(p, folder_of(p, args.tests_at)) for p in packages]
-    report([tally(p, folder) for p, folder in folders if (folder / "mutants").exists()])
+    if args.baseline:
+        for package in packages:
+            before, after = folder_of(package, args.baseline), folder_of(package, None)
+            if (before / "mutants").exists():
+                print(f"\n## {package}: before (the tests at {args.baseline})")
+                report([tally(package, before)])
+                print(f"\n## {package}: after (its survivors tried with today's tests)")
+                report([tally(package, before, verdicts(after))])
+    else:
+        folders = [(p, folder_of(p, args.tests_at)) for p in packages]
+        report([tally(p, folder) for p, folder in folders if (folder / "mutants").exists()])
     if failed:
         print(f"\nmutmut stopped with an error for: {', '.join(failed)} (its output is above)")
     return 1 if failed else 0
