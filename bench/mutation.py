@@ -87,15 +87,8 @@ LEFT_OUT = {"saga": ["tests/saga/test_saga_model.py::test_random_interleavings_k
 # then) or once per process behind a cache (the outbox's claim statements): mutmut ties them to the
 # one test that happened to run them first, so their mutants are tried against every test of the
 # package instead.
-CACHED_CLAIMS = (
-    "_claimable",
-    "_claim_values",
-    "_claim_one",
-    "_claim_one_returning",
-    "_claim_many",
-    "_rank",
-    "_first_kinds",
-)
+CACHED_CLAIMS = ("_claimable", "_claim_values", "_claim_one", "_claim_one_returning", "_claim_many", "_rank")
+CACHED_CLAIMS += ("_first_kinds", "_first_due", "_mark_done", "_next_pending", "_count_due", "_first_due_first")
 EVERY_TEST = {
     "store": ["shop.store.order_store.x__guarded", "shop.store.order_store.x__v"],
     "outbox": [f"shop.outbox.claims.x_{name}" for name in CACHED_CLAIMS],
