@@ -94,3 +94,15 @@ def test_a_mapped_order_the_session_holds_reads_the_saved_row_afterwards(order_i
     # Same transaction, no expire by the caller: the session's mapped order is not left stale.
     assert (mapped.status, mapped.version) == (S.CANCELLED, snapshot.version)
     db.session.rollback()
+
+
+def test_a_transitions_events_are_written_at_the_time_it_was_saved(order_id):
+    snapshot = _in(order_id, S.PAYMENT_INITIATED)
+    when = utcnow() - timedelta(hours=2)
+    order_store.save(snapshot, Transition.CANCEL, snapshot.cancel(CANCELLED_BY_CUSTOMER).events, now=when)
+    db.session.commit()
+    [created] = db.session.execute(
+        select(OutboxEvent.created_at).where(OutboxEvent.order_id == order_id, OutboxEvent.name == "OrderCancelled")
+    ).scalars()
+    db.session.rollback()
+    assert as_utc(created) == when
