@@ -34,7 +34,9 @@ preloads only the libraries), so a function called while a module is imported
 (order_store._guarded, which builds the version guard) is mutated too.
 
 Per package it prints mutants, killed, survived (with those no test reaches), timed out and the
-score (killed + timed out over all mutants), then every survivor as file:line and the mutation.
+score (killed + timed out over the mutants tried), then every survivor as file:line and the
+mutation. A mutant whose test process dies before any test runs (mutmut's exit code 255: code run
+at import broke the import) counts as timed out, so as detected.
 """
 
 from __future__ import annotations
@@ -250,7 +252,8 @@ class Tally:
     def row(self) -> str:
         c, total = self.counts.get, self.total
         detected = c(KILLED, 0) + c(TIMEOUT, 0)
-        score = f"{100 * detected / total:5.1f}%" if total else "    -"
+        tried = total - c(PENDING, 0)
+        score = f"{100 * detected / tried:5.1f}%" if tried else "    -"
         return (
             f"{self.package:<10}{total:>8}{c(KILLED, 0):>8}{c(SURVIVED, 0) + c(NO_TESTS, 0):>10}"
             f"{c(NO_TESTS, 0):>10}{c(TIMEOUT, 0):>10}{c(PENDING, 0):>9}  {score}"
@@ -324,7 +327,7 @@ def report(tallies: list[Tally]) -> None:
             overall.counts[status] = overall.counts.get(status, 0) + n
     if len(tallies) > 1:
         print(overall.row())
-    print("(survived includes 'no tests'; score = (killed + timed out) / mutants)")
+    print("(survived includes 'no tests'; score = (killed + timed out) / mutants tried, pending left out)")
     for t in tallies:
         if t.survivors:
             print(f"\n{t.package}: {len(t.survivors)} survivor(s)")
