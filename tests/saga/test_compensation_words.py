@@ -5,6 +5,7 @@ read), and the warning a refusal leaves, in words with its code."""
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import delete, select, update
@@ -13,10 +14,13 @@ from compensation_support import cancel, on_hand, order, warnings
 from factories import place_order_for, seed_catalog_rows
 from shop import logs
 from shop.domain.deadlines import as_utc, utcnow
+from shop.domain.events import OrderCancelled
+from shop.domain.order import CANCELLED_BY_CUSTOMER
 from shop.domain.restoration import MAX_ON_HAND
 from shop.extensions import db
 from shop.models import InventoryItem
-from shop.saga.inventory import restore_inventory_now
+from shop.outbox import uow
+from shop.saga.inventory import restore_inventory, restore_inventory_now
 
 
 @pytest.fixture
@@ -92,4 +96,20 @@ def test_a_line_without_an_inventory_row_leaves_a_warning_in_words_and_the_rest_
     # The row that came back is stamped with the restore's time.
     row = db.session.execute(select(InventoryItem).where(InventoryItem.variant_id == a5)).scalar_one()
     assert (row.on_hand, started <= as_utc(row.updated_at) <= utcnow()) == (40, True)
+    db.session.rollback()
+
+
+def test_what_a_restore_records_carries_the_time_of_the_delivery_that_ran_it(catalog):
+    a5, sand = catalog["NB-A5-DOT"], catalog["MUG-350-SND"]
+    order_id = place_order_for({a5: 3, sand: 2}).order_id
+    cancel(order_id)
+    db.session.execute(delete(InventoryItem).where(InventoryItem.variant_id == sand))
+    db.session.commit()
+    when = utcnow() - timedelta(hours=1)
+    with uow.transaction():
+        assert restore_inventory(OrderCancelled(order_id, CANCELLED_BY_CUSTOMER), when) == "restored"
+    [warning] = warnings(order_id)
+    assert as_utc(warning.created_at) == when
+    row = db.session.execute(select(InventoryItem).where(InventoryItem.variant_id == a5)).scalar_one()
+    assert (row.on_hand, as_utc(row.updated_at)) == (40, when)
     db.session.rollback()
