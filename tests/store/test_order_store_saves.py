@@ -106,3 +106,14 @@ def test_a_transitions_events_are_written_at_the_time_it_was_saved(order_id):
     ).scalars()
     db.session.rollback()
     assert as_utc(created) == when
+
+
+def test_a_transition_saves_only_its_own_order_not_another_at_the_same_version_and_state(order_id):
+    other = place_order_for({next(iter(sorted(seed_catalog_rows().values()))): 1}).order_id
+    db.session.remove()
+    snapshot, bystander = _in(order_id, S.PAYMENT_INITIATED), _in(other, S.PAYMENT_INITIATED)
+    assert (snapshot.version, bystander.status) == (bystander.version, S.PAYMENT_INITIATED)
+    order_store.save(snapshot, Transition.CANCEL, snapshot.cancel(CANCELLED_BY_CUSTOMER).events, now=utcnow())
+    db.session.commit()
+    assert _column(order_id, Order.status) == S.CANCELLED
+    assert (_column(other, Order.status), _column(other, Order.version)) == (S.PAYMENT_INITIATED, bystander.version)
