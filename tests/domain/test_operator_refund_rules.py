@@ -57,3 +57,16 @@ def test_only_a_paid_order_is_restocked_with_a_refund(state):
     result = order.restock_paid()
     assert isinstance(result, Refused) and result.code == "order_not_paid"
     assert order.inventory_restored is False
+
+
+def test_a_refund_of_the_last_unit_left_is_allowed():
+    assert (refund_amount_problem(1, 1), refund_amount_problem(2, 1)) == (None, "over_refundable")
+
+
+def test_the_restock_markers_answers_are_whole_values_with_their_words():
+    order = PlainOrder(S.PAID)
+    assert order.restock_paid() == Ok(())
+    assert order.restock_paid() == Refused("inventory_already_restored", "this order's stock was already restored")
+    assert PlainOrder(S.CANCELLED).restock_paid() == Refused(
+        "order_not_paid", "only a paid order is restocked with a refund", {"status": "Cancelled"}
+    )

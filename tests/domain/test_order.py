@@ -3,6 +3,7 @@ the inventory_restored marker, PaymentProof and the deadline arithmetic."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -25,7 +26,14 @@ from shop.domain.events import (
     PaymentInitiated,
     event_from_payload,
 )
-from shop.domain.order import OrderRules, OrderStatus
+from shop.domain.order import (
+    CANCELLED_BY_CUSTOMER,
+    PAYMENT_WINDOW_EXPIRED,
+    CancelledBy,
+    OrderRules,
+    OrderStatus,
+    cancelled_because,
+)
 from shop.domain.payment import check_payment_proof
 from shop.domain.results import Ok, Refused
 
@@ -299,3 +307,63 @@ def test_a_session_expires_at_pay_by_but_never_before_the_providers_minimum(
 )
 def test_retry_delay_doubles_per_attempt_is_capped_and_jittered_into_the_upper_half(attempts, rng, expected):
     assert retry_delay_seconds(attempts, base=2.0, cap=300.0, rng=lambda: rng) == pytest.approx(expected)
+
+
+# -- why an order was cancelled ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reason,who",
+    [
+        (CANCELLED_BY_CUSTOMER, CancelledBy.CUSTOMER),
+        (CANCELLED_BY_CUSTOMER + " (operator's note)", CancelledBy.CUSTOMER),
+        (PAYMENT_WINDOW_EXPIRED, CancelledBy.EXPIRED),
+        (PAYMENT_WINDOW_EXPIRED + ": no session", CancelledBy.EXPIRED),
+        ("operator cancelled it", CancelledBy.OTHER),
+        ("", CancelledBy.OTHER),
+    ],
+)
+def test_cancelled_because_tells_the_customer_apart_from_the_payment_window(reason, who):
+    assert cancelled_because(reason) is who
+
+
+def test_the_markers_refusals_say_why_in_the_words_an_operator_reads():
+    assert order_in(S.PAID).mark_inventory_restored() == Refused(
+        "order_not_cancelled", "only a cancelled order's stock can be restored", {"status": "Paid"}
+    )
+    order = order_in(S.CANCELLED)
+    assert order.mark_inventory_restored() == Ok(())
+    assert order.mark_inventory_restored() == Refused(
+        "inventory_already_restored", "this order's stock was already restored"
+    )
+
+
+def test_a_refused_transition_names_it_in_words_and_the_state_it_found():
+    refused = order_in(S.CANCELLED).mark_paid("cs", 1, "usd")
+    assert refused == Refused(
+        "order_already_cancelled",
+        "cannot mark paid an order that is Cancelled",
+        {"transition": "mark_paid", "status": "Cancelled"},
+    )
+
+
+@pytest.fixture
+def local_time_not_utc(monkeypatch):
+    """The process's local zone set to one that is not UTC (and back), so that a naive or aware
+    time read as local time instead of UTC shows."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_as_utc_reads_a_naive_time_as_utc_whatever_the_local_zone(local_time_not_utc):
+    naive = datetime(2026, 11, 30, 12, 0)
+    assert as_utc(naive) == datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    assert as_utc(naive).tzinfo is timezone.utc
+
+
+def test_as_utc_turns_an_aware_time_into_utc_whatever_the_local_zone(local_time_not_utc):
+    aware = datetime(2026, 11, 30, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+    assert (as_utc(aware), as_utc(aware).utcoffset()) == (T0, timedelta(0))

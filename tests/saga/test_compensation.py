@@ -1,6 +1,6 @@
 """The compensation for OrderCancelled (saga.inventory.restore_inventory): a cancelled order's
 stock comes back exactly once, whatever redelivers or races, and what cannot come back is
-recorded instead of lost. Plus the pure restoration arithmetic it relies on."""
+recorded instead of lost. The pure restoration arithmetic it relies on: tests/domain/test_restoration.py."""
 
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ import threading
 from datetime import timedelta
 
 import pytest
-from hypothesis import given, settings, strategies as st
 from sqlalchemy import delete, insert, update
 from sqlalchemy.orm.exc import StaleDataError
 
 from compensation_support import cancel, on_hand, order, placed_and_cancelled, restore_delivery, warnings
 from factories import place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
-from shop.domain.restoration import MAX_ON_HAND, plan_restoration
+from shop.domain.restoration import MAX_ON_HAND
 from shop.extensions import db
 from shop.models import InventoryItem, OutboxDelivery, OutboxEvent
 from shop.outbox.dispatch import run_delivery
@@ -234,47 +233,3 @@ def test_a_failed_restore_commits_nothing_and_its_retry_restores_once(catalog, m
     monkeypatch.delenv("BACKSTOP_FAILPOINTS")
     assert run_delivery(delivery_id, now=started + timedelta(seconds=5)) == "done"
     assert (on_hand(a5), on_hand(sand)) == (40, 12)
-
-
-# --- the pure arithmetic ---------------------------------------------------------------------
-
-lines_strategy = st.lists(st.tuples(st.integers(1, 8), st.integers(1, 50)), max_size=12)
-on_hand_strategy = st.dictionaries(st.integers(1, 8), st.integers(0, MAX_ON_HAND), max_size=8)
-
-
-@settings(max_examples=300, deadline=None)
-@given(lines=lines_strategy, stock=on_hand_strategy)
-def test_plan_restoration_accounts_for_every_unit_and_never_goes_negative(lines, stock):
-    plan = plan_restoration(lines, stock)
-    requested = {}
-    for variant_id, quantity in lines:
-        requested[variant_id] = requested.get(variant_id, 0) + quantity
-    refused = {int(code.rsplit("=", 1)[1]) for code in plan.refusals}
-    # Every requested unit is either restored, reported unmatched, or refused; nothing twice.
-    for variant_id, quantity in requested.items():
-        outcomes = [
-            plan.increases.get(variant_id),
-            plan.unmatched.get(variant_id),
-            quantity if variant_id in refused else None,
-        ]
-        assert [o for o in outcomes if o is not None] == [quantity], (variant_id, plan)
-    assert set(plan.increases) | set(plan.unmatched) | refused == set(requested)
-    assert set(plan.unmatched) == {v for v in requested if v not in stock}
-    # Never negative, never past the column's limit.
-    assert all(q > 0 for q in plan.increases.values()) and all(q > 0 for q in plan.unmatched.values())
-    assert all(0 <= stock[v] + q <= MAX_ON_HAND for v, q in plan.increases.items())
-    assert all(stock[v] + requested[v] > MAX_ON_HAND for v in refused)
-
-
-def test_plan_restoration_refuses_an_increase_that_would_overflow():
-    plan = plan_restoration([(1, 2), (2, 1)], {1: MAX_ON_HAND - 1, 2: 0})
-    assert plan.refused and plan.refusals == ("stock_would_overflow:variant=1",)
-
-
-def test_plan_restoration_refuses_a_non_positive_quantity():
-    assert plan_restoration([(1, 0)], {1: 5}).refusals == ("non_positive_quantity:variant=1",)
-
-
-def test_plan_restoration_merges_repeated_lines_and_reports_unmatched():
-    plan = plan_restoration([(1, 2), (1, 3), (9, 4)], {1: 0})
-    assert (plan.increases, plan.unmatched, plan.refused) == ({1: 5}, {9: 4}, False)
