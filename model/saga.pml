@@ -54,6 +54,19 @@
 #define D_PENDING 1
 #define D_DONE 2
 
+/* What a replay compares after each step (tests/model/test_model_conformance.py): a STEP line's
+   printf also prints `STATE <on hand> <order's state> <marker> <refund rows> <provider refunds>`
+   of the order that moved (only it and the shared on hand can change in one step); printing is
+   part of the step's own statement, so it adds nothing to the state space. */
+#if MAXS > 1
+#define ROWS(o) (refund_row[SI(o, 0)] + refund_row[SI(o, 1)])
+#define REFUNDS(o) (provider_refunds[SI(o, 0)] + provider_refunds[SI(o, 1)])
+#else
+#define ROWS(o) refund_row[SI(o, 0)]
+#define REFUNDS(o) provider_refunds[SI(o, 0)]
+#endif
+#define SHOWN(o) onhand, st[o], restored[o], ROWS(o), REFUNDS(o)
+
 #define LIVE(o) (st[o] == PENDING || st[o] == INITIATED || st[o] == FAILED)
 #define UNPAID(o) (st[o] == PENDING || st[o] == FAILED)
 #define SI(o, k) ((o) * MAXS + (k))
@@ -149,29 +162,29 @@ proctype customer(byte o) {
   atomic {
     if
     :: onhand >= 1 -> onhand--; placed[o] = 1; st[o] = PENDING; deadline[o] = 1;
-         printf("STEP %d checkout\n", o)
-    :: else -> st[o] = REJECTED; printf("STEP %d checkout_refused\n", o)
+         printf("STEP %d checkout\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
+    :: else -> st[o] = REJECTED; printf("STEP %d checkout_refused\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
     fi
   }
 end:
   do
   :: atomic { UNPAID(o) && nsess[o] < MAXS ->
        /* start_payment: read, then the provider creates a session outside any transaction */
-       READ(o, R_CUSTOMER); k = nsess[o]; nsess[o]++; sess[SI(o, k)] = S_OPEN; printf("STEP %d start %d\n", o, k) }
+       READ(o, R_CUSTOMER); k = nsess[o]; nsess[o]++; sess[SI(o, k)] = S_OPEN; printf("STEP %d start %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o)) }
      atomic {
        if
        :: SAVE_GUARD(o, R_CUSTOMER) -> st[o] = INITIATED; psess[o] = k + 1; BUMP(o); shown[SI(o, k)] = 1;
-            printf("STEP %d started %d\n", o, k)
+            printf("STEP %d started %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
        :: else -> /* LostRace: the session it just made is expired, never shown to the customer */
             if
             :: sess[SI(o, k)] == S_OPEN -> sess[SI(o, k)] = S_EXPC; notes[SI(o, k)] = notes[SI(o, k)] | W_EXP
             :: else -> skip
             fi;
-            printf("STEP %d start_lost %d\n", o, k)
+            printf("STEP %d start_lost %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
        fi;
        DONE_READING(o, R_CUSTOMER); k = 0
      }
-  :: atomic { LIVE(o) -> READ(o, R_CUSTOMER); was = st[o]; k = psess[o]; money = 0; printf("STEP %d cancel\n", o) }
+  :: atomic { LIVE(o) -> READ(o, R_CUSTOMER); was = st[o]; k = psess[o]; money = 0; printf("STEP %d cancel\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
      /* An order at the hosted page: its session is retired first, no transaction open. */
      if
      :: was == INITIATED ->
@@ -183,21 +196,22 @@ end:
             :: sess[SI(o, k - 1)] == S_OPEN -> money = 1        /* provider unreachable: cancel, watched */
             :: sess[SI(o, k - 1)] == S_PROC -> money = 1        /* an async payment settling: watched */
             :: else -> skip                                     /* already expired or failed */
-            fi
+            fi;
+            printf("STEP %d cancel_retire %d %d %d %d\nSTATE %d %d %d %d %d\n", o, k - 1, was == PAID, money, sess[SI(o, k - 1)], SHOWN(o))
           }
      :: else -> skip
      fi;
      atomic {
        if
-       :: was == PAID -> printf("STEP %d cancel_refused\n", o)
-       :: was != PAID && SAVE_GUARD(o, R_CUSTOMER) -> t_cancel(o); watch[o] = money; printf("STEP %d cancelled\n", o)
+       :: was == PAID -> printf("STEP %d cancel_refused\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
+       :: was != PAID && SAVE_GUARD(o, R_CUSTOMER) -> t_cancel(o); watch[o] = money; printf("STEP %d cancelled\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
        :: was != PAID && !SAVE_GUARD(o, R_CUSTOMER) ->
             /* _moved_by_this_cancel: a PaymentFailed on the very session it retired is cancelled again */
             if
             :: was == INITIATED && st[o] == FAILED && psess[o] == k -> t_cancel(o); watch[o] = money
             :: else -> skip
             fi;
-            printf("STEP %d cancel_moved\n", o)
+            printf("STEP %d cancel_moved\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
        fi;
        DONE_READING(o, R_CUSTOMER); k = 0; was = 0; money = 0
      }
@@ -209,17 +223,17 @@ inline hosted(o, k) {
   if
   :: sess[SI(o, k)] == S_OPEN && shown[SI(o, k)] ->
        if
-       :: sess[SI(o, k)] = S_PAID; notes[SI(o, k)] = notes[SI(o, k)] | W_PAID; printf("STEP %d pay %d\n", o, k)
-       :: sess[SI(o, k)] = S_PROC; printf("STEP %d async %d\n", o, k)
-       :: sess[SI(o, k)] = S_EXPT; notes[SI(o, k)] = notes[SI(o, k)] | W_EXP; printf("STEP %d expire %d\n", o, k)
-       :: sess[SI(o, k)] = S_EXPE; notes[SI(o, k)] = notes[SI(o, k)] | W_EXP; printf("STEP %d expire_early %d\n", o, k)
+       :: sess[SI(o, k)] = S_PAID; notes[SI(o, k)] = notes[SI(o, k)] | W_PAID; printf("STEP %d pay %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
+       :: sess[SI(o, k)] = S_PROC; printf("STEP %d async %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
+       :: sess[SI(o, k)] = S_EXPT; notes[SI(o, k)] = notes[SI(o, k)] | W_EXP; printf("STEP %d expire %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
+       :: sess[SI(o, k)] = S_EXPE; notes[SI(o, k)] = notes[SI(o, k)] | W_EXP; printf("STEP %d expire_early %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
        fi
   :: sess[SI(o, k)] == S_OPEN && !shown[SI(o, k)] ->   /* a session nobody was sent to runs out */
-       sess[SI(o, k)] = S_EXPT; notes[SI(o, k)] = notes[SI(o, k)] | W_EXP; printf("STEP %d expire %d\n", o, k)
+       sess[SI(o, k)] = S_EXPT; notes[SI(o, k)] = notes[SI(o, k)] | W_EXP; printf("STEP %d expire %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
   :: sess[SI(o, k)] == S_PROC ->
        if
-       :: sess[SI(o, k)] = S_PAID; notes[SI(o, k)] = notes[SI(o, k)] | W_PAID; printf("STEP %d async_ok %d\n", o, k)
-       :: sess[SI(o, k)] = S_AFAIL; notes[SI(o, k)] = notes[SI(o, k)] | W_AFAIL; printf("STEP %d async_fail %d\n", o, k)
+       :: sess[SI(o, k)] = S_PAID; notes[SI(o, k)] = notes[SI(o, k)] | W_PAID; printf("STEP %d async_ok %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
+       :: sess[SI(o, k)] = S_AFAIL; notes[SI(o, k)] = notes[SI(o, k)] | W_AFAIL; printf("STEP %d async_fail %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
        fi
   fi
 }
@@ -244,9 +258,9 @@ inline notice(o, k) {
   :: notes[SI(o, k)] & W_EXP -> w = W_EXP; view = sess[SI(o, k)]   /* the expired snapshot */
   fi;
   if
-  :: true -> apply(o, k, view, 1); notes[SI(o, k)] = notes[SI(o, k)] & ~w; printf("STEP %d webhook %d %d\n", o, k, w)
-  :: true -> apply(o, k, view, 1); printf("STEP %d webhook_again %d %d\n", o, k, w)
-  :: notes[SI(o, k)] = notes[SI(o, k)] & ~w; printf("STEP %d webhook_lost %d %d\n", o, k, w)
+  :: true -> apply(o, k, view, 1); notes[SI(o, k)] = notes[SI(o, k)] & ~w; printf("STEP %d webhook %d %d\nSTATE %d %d %d %d %d\n", o, k, w, SHOWN(o))
+  :: true -> apply(o, k, view, 1); printf("STEP %d webhook_again %d %d\nSTATE %d %d %d %d %d\n", o, k, w, SHOWN(o))
+  :: notes[SI(o, k)] = notes[SI(o, k)] & ~w; printf("STEP %d webhook_lost %d %d\nSTATE %d %d %d %d %d\n", o, k, w, SHOWN(o))
   fi;
   w = 0; view = 0
 }
@@ -266,10 +280,10 @@ end:
 proctype deadline_of(byte o) {
 end:
   do
-  :: atomic { deadline[o] && UNPAID(o) -> t_cancel(o); printf("STEP %d deadline\n", o) }
+  :: atomic { deadline[o] && UNPAID(o) -> t_cancel(o); printf("STEP %d deadline\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
   :: atomic { deadline[o] && st[o] == INITIATED && sess[CUR(o)] != S_OPEN ->
        /* waits for its session's expires_at, asks the provider and applies the answer */
-       apply(o, psess[o] - 1, sess[CUR(o)], 0); deadline[o] = 0; printf("STEP %d deadline_asks\n", o) }
+       apply(o, psess[o] - 1, sess[CUR(o)], 0); deadline[o] = 0; printf("STEP %d deadline_asks\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
   od
 }
 
@@ -278,9 +292,9 @@ end:
 proctype sweep(byte o) {
 end:
   do
-  :: atomic { UNPAID(o) -> t_cancel(o); printf("STEP %d sweep_expires\n", o) }
+  :: atomic { UNPAID(o) -> t_cancel(o); printf("STEP %d sweep_expires\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
   :: atomic { st[o] == INITIATED && sess[CUR(o)] != S_OPEN && sess[CUR(o)] != S_PROC ->
-       apply(o, psess[o] - 1, sess[CUR(o)], 0); printf("STEP %d sweep_asks\n", o) }
+       apply(o, psess[o] - 1, sess[CUR(o)], 0); printf("STEP %d sweep_asks\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
   :: atomic { st[o] == CANCELLED && watch[o] && sess[CUR(o)] != S_OPEN && sess[CUR(o)] != S_PROC ->
        if
        :: sess[CUR(o)] == S_PAID ->
@@ -291,14 +305,14 @@ end:
             fi
        :: else -> watch[o] = 0                                  /* failed or expired: nothing can come */
        fi;
-       printf("STEP %d sweep_watch\n", o) }
+       printf("STEP %d sweep_watch\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
   od
 }
 
 /* refund_payment: the provider refunds once per Idempotency-Key (order, session, attempt). */
 inline refund_at_provider(o, k) {
   if
-  :: provider_refunds[SI(o, k)] == 0 -> provider_refunds[SI(o, k)] = 1; printf("STEP %d refunded %d\n", o, k)
+  :: provider_refunds[SI(o, k)] == 0 -> provider_refunds[SI(o, k)] = 1; printf("STEP %d refunded %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
   :: else -> skip    /* the key replayed */
   fi
 }
@@ -321,12 +335,12 @@ end:
   do
   :: atomic { restore[o] == D_PENDING -> READ(o, r); marker = MARKER_SET(o); was = st[o] }
      if
-     :: r == R_WORKER && !crashed -> crashed = 1; printf("STEP %d restore_crashed\n", o)
+     :: r == R_WORKER && !crashed -> crashed = 1; printf("STEP %d restore_crashed\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
      :: atomic {
           if
           :: marker || was != CANCELLED -> restore[o] = D_DONE      /* nothing to give back */
           :: !marker && was == CANCELLED && SAVE_GUARD(o, r) ->
-               MARK_RESTORED(o); onhand++; gave[o]++; restore[o] = D_DONE; printf("STEP %d restored\n", o)
+               MARK_RESTORED(o); onhand++; gave[o]++; restore[o] = D_DONE; printf("STEP %d restored\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
           :: !marker && was == CANCELLED && !SAVE_GUARD(o, r) -> skip   /* LostRace: retried */
           fi
         }
@@ -351,8 +365,8 @@ end:
        :: !MARKER_SET(o) -> MARK_RESTORED(o); onhand++; gave[o]++    /* restock_paid: the same marker */
        :: else -> skip
        fi;
-       printf("STEP %d operator_restock\n", o) }
-  :: atomic { st[o] == PAID -> op_refunded[o] = 1; printf("STEP %d operator_refund\n", o) }
+       printf("STEP %d operator_restock\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
+  :: atomic { st[o] == PAID -> op_refunded[o] = 1; printf("STEP %d operator_refund\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
   fi
 }
 
