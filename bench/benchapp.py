@@ -70,8 +70,8 @@ def bare_order():
 def bare_webhook():
     from shop.models import WebhookReceipt
     from shop.payments import gateway
-    from shop.payments.webhook_signature import verify_webhook
     from shop.payments.registration import webhook_secret
+    from shop.payments.webhook_signature import verify_webhook
 
     body = request.get_data()
     try:

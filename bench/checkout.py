@@ -510,17 +510,16 @@ def probe(
     mean CPU of 40 more (this thread only: no HTTP server, no load from other clients). With
     `profile` > 0, also cProfile that many checkouts and print the top entries."""
     import cProfile
+    import logging
     import pstats
 
     import redis.connection
     import requests
     import urllib3.connection
+    from benchapp import create_bench_app
     from sqlalchemy import event
 
-    from benchapp import create_bench_app
     from shop.extensions import db
-
-    import logging
 
     saved = dict(os.environ)
     os.environ.update(env)

@@ -52,7 +52,6 @@ stopped at the end, whatever happens.
 
 from __future__ import annotations
 
-from scratchdb import make_database, move_deadline, place_bench_order, seed_bench_variant  # bench/scratchdb.py
 import argparse
 import json
 import os
@@ -66,6 +65,8 @@ import time
 import urllib.request
 import uuid
 from datetime import timedelta
+
+from scratchdb import make_database, move_deadline, place_bench_order, seed_bench_variant  # bench/scratchdb.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)

@@ -54,9 +54,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from sqlalchemy import insert, text  # noqa: E402
-
 from scratchdb import make_database, seed_bench_variant  # noqa: E402  (bench/scratchdb.py)
+from sqlalchemy import insert, text  # noqa: E402
 
 # Every simulated customer is a fresh browser and address, but lift the hoarding limits anyway
 # (docs/REFERENCE.md, Settings), as the other load benches do.

@@ -22,7 +22,6 @@ a SQLite URL uses a temporary file. Redis keys carry a per-run prefix.
 
 from __future__ import annotations
 
-from scratchdb import make_database, place_bench_order, seed_bench_variant  # bench/scratchdb.py
 import argparse
 import os
 import random
@@ -35,6 +34,8 @@ import tempfile
 import time
 import uuid
 from datetime import timedelta
+
+from scratchdb import make_database, place_bench_order, seed_bench_variant  # bench/scratchdb.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)

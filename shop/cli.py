@@ -12,12 +12,12 @@ from sqlalchemy.exc import DBAPIError
 
 from . import queue
 from .extensions import the_app
+from .models import CycleStatus
 from .outbox.relay import relay_once, wake_due_work
 from .payments import checkout_queue
 from .payments import watch as provider_watch
 from .payments.registration import register_webhook
 from .scheduling import retention, takeover
-from .models import CycleStatus
 from .scheduling.sweep import run_cycle
 from .seed import seed_catalog, upsert_operator
 

@@ -1,9 +1,8 @@
 """Errors in words, as HTML or JSON, never a stack trace."""
 
-from flask import got_request_exception, jsonify, make_response, render_template_string
+from flask import got_request_exception, jsonify, make_response, render_template_string, request
 from flask_wtf.csrf import CSRFError
 from sqlalchemy.exc import InterfaceError, OperationalError
-from flask import request
 from werkzeug.exceptions import HTTPException, NotFound
 
 from .extensions import db

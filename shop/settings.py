@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-from dataclasses import dataclass, asdict
+from dataclasses import asdict, dataclass
 
 from .logs import TEXT as LOG_FORMAT_TEXT
 from .settings_values import (

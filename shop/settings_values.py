@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from typing import NamedTuple, overload
 from urllib.parse import urlsplit
 
-from .logs import FORMATS as LOG_FORMATS, TEXT as LOG_FORMAT_TEXT
-from .node import MAX_LENGTH as NODE_NAME_MAX_LENGTH, host_node_name
+from .logs import FORMATS as LOG_FORMATS
+from .logs import TEXT as LOG_FORMAT_TEXT
+from .node import MAX_LENGTH as NODE_NAME_MAX_LENGTH
+from .node import host_node_name
 
 
 class SettingsError(Exception):

@@ -50,6 +50,7 @@ from pathlib import Path
 import requests
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+
 from support import poll_until
 
 ROOT = Path(__file__).resolve().parent.parent

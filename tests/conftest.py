@@ -18,11 +18,11 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from factories import seed_catalog_rows
+from payment_helpers import WEBHOOK_SECRET, Shopper, live_shop
 from shop import clock as shop_clock
 from shop import create_app
 from shop.extensions import db
-from factories import seed_catalog_rows
-from payment_helpers import WEBHOOK_SECRET, Shopper, live_shop
 from support import (
     LOCK_SECONDS,
     LOCKS_URL,

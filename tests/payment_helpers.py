@@ -18,10 +18,10 @@ from werkzeug.serving import make_server
 from werkzeug.test import TestResponse
 
 from factories import DEFAULT_SKU
-from support import csrf_token, wait_until
 from shop.extensions import db
 from shop.models import Order
 from shop.stripe_sandbox.server import QuietRequestHandler
+from support import csrf_token, wait_until
 
 WEBHOOK_SECRET = "whsec_test_secret"
 JSON = {"Accept": "application/json"}
@@ -293,9 +293,8 @@ def run_everything(app, now=None) -> None:
 def place_and_pay(make_fresh_app, sandbox, sku: str = "SOCK-M", quantity: int = 2):
     """A shop on the sandbox with one order of `quantity` x `sku`, paid at the sandbox and applied
     (as the console's reconcile applies it): (app, order id, its total, the catalog's skus)."""
-    from shop.payments.apply import reconcile_order
-
     from factories import seed_catalog_rows
+    from shop.payments.apply import reconcile_order
 
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
     skus = seed_catalog_rows(app)

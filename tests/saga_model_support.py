@@ -23,16 +23,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from sqlalchemy import select, text, update
 
-from payment_helpers import WEBHOOK_SECRET, signature
 from factories import cart_with
+from payment_helpers import WEBHOOK_SECRET, signature
 from shop import clock as shop_clock
 from shop import failpoints  # noqa: F401  (the failpoint below is read from the environment)
 from shop.clock import SystemClock
 from shop.domain.deadlines import as_utc, unpaid_deadline
 from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxDelivery, Refund, ScheduledCommand, Variant, WorkStatus
-from shop.orders.checkout import place_order
 from shop.orders.cancel import PROVIDER_EXPIRY_GRACE, cancel_order
+from shop.orders.checkout import place_order
 from shop.outbox import requeue, runner
 from shop.outbox.dispatch import drain_deliveries, run_command, run_delivery
 from shop.outbox.relay import relay_once

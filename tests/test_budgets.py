@@ -55,7 +55,7 @@ def test_the_lint_selects_the_budgets_and_bugbear():
     import tomllib
 
     lint = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["ruff"]["lint"]
-    assert {"B", "C901", "PLR0915"} <= set(lint["select"])
+    assert {"B", "C901", "PLR0915", "I"} <= set(lint["select"])
     assert lint["pylint"]["max-statements"] == 40
     assert lint["mccabe"]["max-complexity"] == 12
     for ignored in lint["per-file-ignores"].values():

@@ -21,7 +21,7 @@ from sqlalchemy import select
 from payment_helpers import HTML, Shopper
 from shop import logs, node, queue
 from shop.extensions import db
-from shop.models import OutboxDelivery, Order, ScheduledCommand
+from shop.models import Order, OutboxDelivery, ScheduledCommand
 
 
 class Lines:

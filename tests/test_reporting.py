@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from support import wait_until
 from payment_helpers import Shopper
 from shop import create_app
 from shop.settings import SettingsError
+from support import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 

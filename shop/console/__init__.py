@@ -7,10 +7,21 @@ bp = Blueprint("console", __name__, url_prefix="/console")
 
 # After `bp`: the routes register on it.
 from ..extensions import login_manager  # noqa: E402
-from . import acks, order_actions, outbox_actions, refund_actions, routes, sessions, throttle  # noqa: E402,F401
-from . import email_actions, money_actions, stock_pages, webhook_actions  # noqa: E402,F401
-from .auth import require_operator  # noqa: E402
 from ..web.answers import keep_private, negotiates  # noqa: E402
+from . import (  # noqa: E402,F401  # noqa: E402,F401
+    acks,
+    email_actions,
+    money_actions,
+    order_actions,
+    outbox_actions,
+    refund_actions,
+    routes,
+    sessions,
+    stock_pages,
+    throttle,
+    webhook_actions,
+)
+from .auth import require_operator  # noqa: E402
 
 # Every console answer, the login page and the 302/401 in front of the rest included: no-store.
 keep_private(bp)

@@ -16,9 +16,9 @@ from flask import g, request
 from flask_login import current_user
 
 from ..domain.deadlines import utcnow
+from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import OperatorAction
-from ..domain.timestamps import iso
 
 log = logging.getLogger("shop.console")
 

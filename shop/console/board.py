@@ -10,10 +10,17 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import defer
 
 from ..domain.deadlines import as_utc
-from ..extensions import db
-from ..models import OutboxDelivery, ReceiptOutcome, RestoreWarning, ScheduledCommand, WarningState, WebhookReceipt
-from ..models import WorkStatus
 from ..domain.timestamps import iso
+from ..extensions import db
+from ..models import (
+    OutboxDelivery,
+    ReceiptOutcome,
+    RestoreWarning,
+    ScheduledCommand,
+    WarningState,
+    WebhookReceipt,
+    WorkStatus,
+)
 from ..payments import watch
 from .format import human_age
 

@@ -7,9 +7,9 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Integer, cast, func, select
 
-from ..extensions import db, per_app
-from ..domain.timestamps import iso
 from ..domain.events import EventName
+from ..domain.timestamps import iso
+from ..extensions import db, per_app
 from ..models import OutboxDelivery, OutboxEvent, WorkStatus
 
 CHART_MINUTES = 60

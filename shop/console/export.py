@@ -22,6 +22,8 @@ from ..models import (
     ScheduledCommand,
     WebhookReceipt,
 )
+from .csv_stream import csv_response, keyset_rows
+from .outbox_queries import command_conditions, delivery_conditions
 from .queries import (
     audit_conditions,
     order_conditions,
@@ -29,8 +31,6 @@ from .queries import (
     warning_conditions,
     webhook_conditions,
 )
-from .outbox_queries import command_conditions, delivery_conditions
-from .csv_stream import csv_response, keyset_rows
 from .search import major_units
 
 log = logging.getLogger("shop.console")

@@ -8,8 +8,8 @@ import logging
 
 from flask import url_for
 
-from ..extensions import db
 from ..domain.deadlines import utcnow
+from ..extensions import db
 from ..models import Order, RestoreWarning, WarningState
 from ..payments import gateway
 from ..payments.apply import Outcome, reconcile_order

@@ -11,7 +11,7 @@ from sqlalchemy import func, or_, select
 
 from ..domain.deadlines import FAILURE_PROVIDER
 from ..extensions import db
-from ..models import OutboxDelivery, OutboxEvent, Order, ScheduledCommand, WorkStatus
+from ..models import Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
 from .queries import NO_FILTERS, paging
 from .rows import WAITING, command_item, command_json, delivery_detail
 from .search import Filters, contains, in_date_range

@@ -10,6 +10,7 @@ from flask import current_app
 from sqlalchemy import func, select
 
 from ..domain.deadlines import as_utc
+from ..domain.order import LIVE, LIVE_STATUSES
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import (
@@ -25,11 +26,10 @@ from ..models import (
 )
 from ..ops import nodes
 from ..ops.health import snapshot
+from ..payments import guard
 from ..payments.checkout_queue import LEASE_NAME as PAYMENT_QUEUE_LEASE
 from ..scheduling.lease import LEASE_NAME as SWEEP_LEASE
 from ..scheduling.stuck import stuck_cutoff
-from ..payments import guard
-from ..domain.order import LIVE, LIVE_STATUSES
 from .format import human_age, human_time
 from .rows import REFUND_NEEDS_OPERATOR, age_seconds, sweep_json
 

@@ -29,7 +29,6 @@ from ..models import (
 from ..payments import unknown_money
 from ..scheduling.stuck import stuck_cutoff
 from .audit import action_json
-from .search import Filters, contains, in_amount_range, in_date_range
 from .rows import (
     REFUND_NEEDS_OPERATOR,
     order_row,
@@ -39,6 +38,7 @@ from .rows import (
     sweep_problems,
     warning_detail,
 )
+from .search import Filters, contains, in_amount_range, in_date_range
 
 PER_PAGE = 100
 NO_FILTERS = Filters()

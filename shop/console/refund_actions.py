@@ -7,8 +7,8 @@ import logging
 
 from flask import url_for
 
-from ..extensions import db
 from ..domain.timestamps import iso
+from ..extensions import db
 from ..models import Order, Refund
 from ..payments import refund_remedies as refund_cases
 from . import audit, bp

@@ -19,10 +19,9 @@ from ..domain.order import OrderStatus
 from ..web.answers import respond
 from . import acks, audit, auth, board, bp, charts, export, outbox_queries, overview, queries, timeline  # noqa: F401  (auth registers the login routes)
 from .answers import find_order, page_number, problem
-from .search import read_filters, refused
-from .forms import ActionForm, DiscardForm
 from .format import human_age, human_money, human_time
-
+from .forms import ActionForm, DiscardForm
+from .search import read_filters, refused
 
 bp.after_request(audit.record_action)
 

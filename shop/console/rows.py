@@ -16,7 +16,6 @@ from ..domain.refunds import NOT_RETURNED, RefundStatus, needs_operator
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import (
-    WorkStatus,
     Order,
     OutboxDelivery,
     ReconciliationCycle,
@@ -24,6 +23,7 @@ from ..models import (
     RestoreWarning,
     ScheduledCommand,
     WebhookReceipt,
+    WorkStatus,
 )
 from ..web.requests import work_ref
 from . import sweep_words

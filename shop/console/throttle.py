@@ -31,7 +31,8 @@ from flask_limiter import RequestLimit
 from flask_wtf.csrf import generate_csrf
 
 from ..web.answers import wants_json
-from ..web.limiting import shop_limiter, wait_in_words as _in_words
+from ..web.limiting import shop_limiter
+from ..web.limiting import wait_in_words as _in_words
 from .forms import LoginForm
 from .sessions import device_for_login, login_email
 

@@ -17,7 +17,6 @@ from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import (
     CommandKind,
-    WorkStatus,
     OperatorAction,
     Order,
     OutboxDelivery,
@@ -25,11 +24,12 @@ from ..models import (
     PaymentProofRefusal,
     ProviderRefusal,
     PrunedDetail,
-    RefusalKind,
     Refund,
+    RefusalKind,
     RestoreWarning,
     ScheduledCommand,
     WebhookReceipt,
+    WorkStatus,
 )
 from ..payments.links import session_link
 from ..scheduling.stuck import stuck_cutoff

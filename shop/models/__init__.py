@@ -1,34 +1,34 @@
 """Persistence: the mapped tables and the vocabularies their status columns hold. An order's row
 is read here and written only by the order store (shop.store.order_store)."""
 
-from .catalog import Product, Variant, InventoryItem
 from .cart import Cart, CartItem, CartState
-from .orders import Order, OrderLine
-from .outbox import CommandKind, OutboxEvent, OutboxDelivery, ScheduledCommand, WorkStatus
-from .payments import (
-    WebhookReceipt,
-    ReceiptOutcome,
-    ProcessedStripeEvent,
-    PaymentProofRefusal,
-    ProviderRefusal,
-    RefusalKind,
-    Refund,
-    KeyValue,
-    UnknownPayment,
-    UnknownPaymentStatus,
-)
+from .catalog import InventoryItem, Product, Variant
 from .ops import (
-    RestoreWarning,
-    WarningState,
-    ReconciliationCycle,
+    CardAcknowledgement,
     CycleStatus,
+    EmailResend,
     Lease,
     Operator,
     OperatorAction,
     PrunedDetail,
-    EmailResend,
+    ReconciliationCycle,
+    RestoreWarning,
     StockCorrection,
-    CardAcknowledgement,
+    WarningState,
+)
+from .orders import Order, OrderLine
+from .outbox import CommandKind, OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
+from .payments import (
+    KeyValue,
+    PaymentProofRefusal,
+    ProcessedStripeEvent,
+    ProviderRefusal,
+    ReceiptOutcome,
+    Refund,
+    RefusalKind,
+    UnknownPayment,
+    UnknownPaymentStatus,
+    WebhookReceipt,
 )
 
 __all__ = [

@@ -1,8 +1,8 @@
 from sqlalchemy import JSON, Boolean, CheckConstraint, ForeignKey, Index, Integer, String, event, false, func
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
-from ..extensions import Model
 from ..domain.order import OrderStatus
+from ..extensions import Model
 from .types import OrderStatusText, UTCDateTime, now_utc
 
 

@@ -15,6 +15,7 @@ from ..domain.refunds import NOT_RETURNED
 from ..extensions import db, per_app, the_app
 from ..models import (
     CycleStatus,
+    Order,
     OutboxDelivery,
     ReceiptOutcome,
     ReconciliationCycle,
@@ -23,9 +24,8 @@ from ..models import (
     ScheduledCommand,
     UnknownPayment,
     UnknownPaymentStatus,
-    WebhookReceipt,
-    Order,
     WarningState,
+    WebhookReceipt,
     WorkStatus,
 )
 from ..payments import checkout_queue, guard, watch

@@ -16,11 +16,11 @@ from typing import Literal
 from flask import current_app
 
 from ..domain.deadlines import as_utc, utcnow
-from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderStatus, Transition, UNPAID
+from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, UNPAID, OrderStatus, Transition
 from ..domain.results import Refused
 from ..extensions import db
-from ..outbox import uow
 from ..models import CommandKind, ScheduledCommand
+from ..outbox import uow
 from ..outbox.claims import count_due
 from ..outbox.failures import Reschedule
 from ..payments import gateway, guard

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import select
-
 from flask import current_app
+from sqlalchemy import select
 
 from ..extensions import db
 from ..models import Cart, CartItem, CartState, InventoryItem, Variant

@@ -39,7 +39,7 @@ from ..domain.deadlines import utcnow
 from ..domain.events import OrderPlaced
 from ..domain.order import LIVE_STATUSES, OrderStatus
 from ..extensions import db
-from ..models import Product, Cart, CartItem, CartState, CommandKind, InventoryItem, Order, Variant
+from ..models import Cart, CartItem, CartState, CommandKind, InventoryItem, Order, Product, Variant
 from ..outbox import schedule_command, write_events
 from ..outbox.tables import rows_matched, table_of
 from ..outbox.uow import transaction

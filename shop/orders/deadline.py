@@ -8,7 +8,7 @@ from datetime import datetime
 from flask import current_app
 
 from ..domain.deadlines import unpaid_deadline, unpaid_hold_seconds
-from ..domain.order import OrderStatus, UNPAID
+from ..domain.order import UNPAID, OrderStatus
 
 
 def unpaid_hold(status: OrderStatus) -> int:

@@ -2,5 +2,5 @@
 the same commit as the state change that makes them true; Redis only hears about them after
 that commit, and the relay re-announces anything Redis lost."""
 
-from .writer import write_events, schedule_command, after_commit  # noqa: F401
 from .uow import transaction  # noqa: F401
+from .writer import after_commit, schedule_command, write_events  # noqa: F401

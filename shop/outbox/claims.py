@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from flask import current_app
 from sqlalchemy import and_, bindparam, case, func, or_, select, update
 
-from ..models import CommandKind, WorkStatus
 from ..extensions import db
+from ..models import CommandKind, WorkStatus
 from .tables import rows_matched
 
 

@@ -12,9 +12,8 @@ from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping, cast
 
 from flask import Flask, current_app
-from werkzeug.local import LocalProxy
-
 from sqlalchemy.orm import joinedload
+from werkzeug.local import LocalProxy
 
 from .. import queue
 from ..domain.deadlines import utcnow

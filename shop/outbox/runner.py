@@ -48,7 +48,7 @@ from . import uow
 from .claims import claim, claim_batch, claim_returning, mark_done, next_due_within, release
 
 # Raised by handlers and commands; named here too for the callers that catch them.
-from .failures import PermanentFailure, Reschedule, WAITING_FOR_PROVIDER, failure_kind  # noqa: F401
+from .failures import WAITING_FOR_PROVIDER, PermanentFailure, Reschedule, failure_kind  # noqa: F401
 
 log = logging.getLogger("shop.outbox")
 

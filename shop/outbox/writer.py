@@ -15,7 +15,6 @@ from ..models import CommandKind, OutboxDelivery, OutboxEvent, ScheduledCommand,
 from .subscriptions import SUBSCRIPTIONS
 from .tables import table_of
 
-
 # Built once: constructing a Core statement costs more than executing its cached compiled form,
 # and these run in every transition. On the tables, not the mapped classes: an INSERT of a mapped
 # class goes through the ORM's bulk-insert machinery, which cost more than the round trip itself.

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from enum import StrEnum
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Callable
 
 from sqlalchemy.exc import IntegrityError

@@ -30,14 +30,14 @@ time passes while it waits is left to its deadline, which cancels it like any un
 from __future__ import annotations
 
 import logging
-from typing import cast
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import datetime, timedelta
+from typing import cast
 
 from flask import Flask, current_app
-from werkzeug.local import LocalProxy
 from sqlalchemy import and_, func, or_, select
+from werkzeug.local import LocalProxy
 
 from .. import clock, logs, queue
 from ..domain.deadlines import unpaid_hold_seconds, utcnow

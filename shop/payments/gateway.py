@@ -22,7 +22,6 @@ if TYPE_CHECKING:  # the SDK's typed parameters, for the checker only
     from stripe.params import EventListParams, WebhookEndpointCreateParams, WebhookEndpointUpdateParams
     from stripe.params.checkout import SessionCreateParams
 from .mark import shop_mark
-from .provider_probe import counts_as_failure, watch_for_recovery
 from .provider_errors import (
     BUDGET_KINDS,
     ProviderFailure,
@@ -31,6 +30,7 @@ from .provider_errors import (
     SignatureProblem,
     unavailable,
 )
+from .provider_probe import counts_as_failure, watch_for_recovery
 from .provider_views import (
     CANCEL_EXPIRY_KEY_PREFIX,
     EVENT_TYPES,

@@ -7,8 +7,8 @@ transport.py, it talks to Stripe's SDK."""
 from __future__ import annotations
 
 import logging
-from typing import cast
 import re
+from typing import cast
 
 import stripe
 from flask import Flask, current_app

@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 import requests.adapters  # binds `requests` too; the adapters submodule named for the checker
 import stripe
+from flask import current_app
 from urllib3 import HTTPConnectionPool, HTTPSConnectionPool, ProxyManager
 from urllib3.connection import HTTPConnection, HTTPSConnection
-from flask import current_app
 
 from .. import clock
 from ..extensions import per_app

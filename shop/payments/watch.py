@@ -26,7 +26,6 @@ from datetime import datetime, timedelta
 from flask import current_app
 
 from ..domain.deadlines import utcnow
-
 from . import gateway, guard, provider_probe
 from .transport import quiet_calls
 

@@ -15,9 +15,9 @@ from redis.exceptions import RedisError
 from rq import Queue, SimpleWorker, worker_registration
 from rq.job import Job
 
-from .beats import describe_job, heartbeat_seconds, iso
 from .. import failpoints, logs
 from ..node import node_name
+from .beats import describe_job, heartbeat_seconds, iso
 from .connection import SERIALIZER, ShopJob, ShopQueue, queue_names, redis_conn, refusal, wait_for_redis
 
 log = logging.getLogger("shop.queue")

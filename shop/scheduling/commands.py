@@ -8,7 +8,8 @@ from typing import Callable
 from .. import emails
 from ..models import CommandKind, ScheduledCommand
 from ..orders.cancel import expire_unpaid_order
-from ..payments.payment_link import TEMPLATE as PAYMENT_LINK, ready_to_offer
+from ..payments.payment_link import TEMPLATE as PAYMENT_LINK
+from ..payments.payment_link import ready_to_offer
 from ..payments.refunds import execute_refund
 from ..payments.unknown_money import settle_unknown_payment
 

@@ -14,7 +14,6 @@ from sqlalchemy import and_, func, or_, select
 from ..domain import refunds as refund_rules
 from ..domain.order import FINAL, OrderStatus
 from ..domain.retention import Cutoffs
-from ..outbox.tables import table_of
 from ..models import (
     CardAcknowledgement,
     CycleStatus,
@@ -32,6 +31,7 @@ from ..models import (
     WebhookReceipt,
     WorkStatus,
 )
+from ..outbox.tables import table_of
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,8 @@ from .. import clock
 from ..domain.deadlines import utcnow
 from ..domain.retention import Cutoffs, cutoffs
 from ..extensions import db
-from ..models.types import UTCDateTime
 from ..models import Order, PrunedDetail
+from ..models.types import UTCDateTime
 from ..outbox.leases import acquire_lease, holder_name, release_lease, renew_lease
 from ..outbox.tables import table_of
 from .prune_kinds import KINDS, Kind

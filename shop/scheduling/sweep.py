@@ -80,8 +80,8 @@ from .passes.expiry import expire_stranded_order
 from .passes.in_doubt import BULK_MAX_ORDERS, BULK_THRESHOLD, orders_in_doubt, settle_from_events
 from .passes.late_money import check_cancelled_payment, watched_cancelled_ids
 from .passes.pending_refunds import follow_pending_refunds
-from .passes.unknown_money import scan_for_unknown_money
 from .passes.provider import reconcile_stuck_payment, wake_work_waiting_for_the_provider
+from .passes.unknown_money import scan_for_unknown_money
 from .stuck import expiry_cutoffs, stuck_cutoff, stuck_order_ids
 
 log = logging.getLogger("shop.sweep")

@@ -3,7 +3,6 @@ from wtforms.validators import DataRequired, Email, InputRequired, Length, StopV
 
 from ..orders.cart import most_of_one_item
 from ..settings import MOST_OF_ONE_ITEM
-
 from ..web.requests import Form
 
 

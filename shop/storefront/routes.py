@@ -10,19 +10,19 @@ from typing import TypeGuard
 from flask import flash, jsonify, redirect, request, url_for
 from sqlalchemy import select
 
+from .. import emails
 from ..domain.order import LIVE, OrderStatus
 from ..domain.timestamps import iso
+from ..errors import OrderNotFound
 from ..extensions import db
 from ..models import Cart, CartState, Order
-from ..orders.checkout import CheckoutRefused, Refusal, place_order
 from ..orders.cancel import CancelStatus, cancel_order
-from .. import emails
+from ..orders.checkout import CheckoutRefused, Refusal, place_order
 from ..orders.lookup import just_ordered_by, order_by_reference
 from ..payments import gateway
 from ..payments.apply import Outcome, ask_and_apply
 from ..payments.checkout_queue import expected_wait_seconds, place_in_line
 from ..payments.start import StartCode, StartOutcome, StartStatus, joined_line, line_is_held, start_payment
-from ..errors import OrderNotFound
 from ..web.answers import answer_if_later_fails, at_address, browser_id, respond, wants_json
 from ..web.serialize import in_line, keeps_changing, order_json, order_summary_json, watch_state
 from ..web.words import badge, cancel_conflict_words
@@ -31,7 +31,6 @@ from .cart import render_cart
 from .cart_words import EMPTY_CART, JUST_ORDERED, checkout_refusal_words
 from .forms import ActionForm, CancelForm, CheckoutForm, first_error
 from .payment_words import cancel_refusal_words, start_words
-
 
 # A cart that conflicts with the stock, with itself, or with the customer's other orders: 409.
 # Everything else the customer must change in the request (the email, an empty cart) is a 400.

@@ -24,9 +24,9 @@ import time
 from flask import Response, current_app, jsonify, render_template_string, request
 from flask_limiter import RequestLimit
 
-from ..web.limiting import shop_limiter, wait_in_words
 from ..errors import PAGE
 from ..web.answers import wants_json
+from ..web.limiting import shop_limiter, wait_in_words
 
 RETURN_ENDPOINT = "storefront.checkout_return"
 

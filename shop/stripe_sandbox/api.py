@@ -21,6 +21,7 @@ from flask import Blueprint, Response, current_app, g, request
 
 from .errors import StripeError, invalid, missing_param
 from .forms import (
+    merge_metadata,
     param_name,
     parse_form,
     read_bool,
@@ -28,7 +29,6 @@ from .forms import (
     read_int,
     read_list,
     read_metadata,
-    merge_metadata,
     read_str,
     reject_unknown,
 )
@@ -36,8 +36,8 @@ from .objects import (
     API_VERSION,
     LineItem,
     new_id,
-    render_event,
     render_charge,
+    render_event,
     render_payment_intent,
     render_refund,
     render_session,

@@ -14,8 +14,8 @@ until the endpoint is deleted or disabled or the sandbox is reset. Every attempt
 from __future__ import annotations
 
 import hashlib
-import hmac
 import heapq
+import hmac
 import http.client
 import itertools
 import logging

@@ -8,7 +8,6 @@ from typing import Literal, overload
 
 from flask import g, jsonify, make_response, render_template, request, session
 
-
 # Set on the request's environ (not `g`, which outlives a request when a test or a script keeps an
 # app context pushed) once a view or an error handler has looked at Accept.
 NEGOTIATED = "backstop.negotiated"

@@ -3,10 +3,9 @@ views of the storefront and the console."""
 
 from __future__ import annotations
 
-from ..domain.order import OrderStatus, UNPAID
+from ..domain.order import UNPAID, OrderStatus
 from ..domain.timestamps import iso
 from ..orders.deadline import pay_by
-
 
 PAYMENT_STATUS = {
     OrderStatus.PENDING_PAYMENT: "not_started",

@@ -7,7 +7,6 @@ from ..domain.order import OrderStatus
 from ..domain.refunds import NOT_RETURNED, PENDING, SUCCEEDED
 from ..orders.cancel import CancelConflict
 
-
 # What a customer reads for each state (the JSON keeps the state names of docs/REFERENCE.md, Order states).
 STATUS_WORDS = {
     OrderStatus.PENDING_PAYMENT: "Awaiting payment",

@@ -11,11 +11,11 @@ import json
 import pytest
 from sqlalchemy import select
 
-from support import wait_until
 from payment_helpers import Shopper
 from shop.extensions import db
 from shop.models import WebhookReceipt
 from shop.seed import upsert_operator
+from support import wait_until
 
 from .test_console_phone import OVERFLOW
 from .test_storefront_pages import WIDTHS, axe_problems

@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
-from payment_helpers import Shopper
 from factories import force_order
+from payment_helpers import Shopper
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery, ReconciliationCycle, WebhookReceipt

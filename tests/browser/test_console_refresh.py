@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 from playwright.sync_api import expect
 
-from payment_helpers import Shopper
 from factories import force_order
+from payment_helpers import Shopper
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.seed import upsert_operator

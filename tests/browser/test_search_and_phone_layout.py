@@ -19,6 +19,7 @@ from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import InventoryItem, Order, OutboxDelivery, Refund, ScheduledCommand, Variant
 from shop.seed import upsert_operator
+
 from .test_console_phone import OVERFLOW
 from .test_storefront_pages import add_to_cart, axe_problems
 

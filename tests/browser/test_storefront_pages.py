@@ -11,12 +11,11 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
-from support import wait_until
-
 from payment_helpers import run_due_commands
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import InventoryItem, Order, Variant
+from support import wait_until
 
 pytestmark = pytest.mark.shop(served=True)  # over real HTTP, registered with the sandbox
 

@@ -4,10 +4,10 @@ lines the compensation may give back, which have no inventory row, and which it 
 
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shop.domain.restoration import MAX_ON_HAND, RestorationPlan, plan_restoration
-
 
 lines_strategy = st.lists(st.tuples(st.integers(1, 8), st.integers(1, 50)), max_size=12)
 on_hand_strategy = st.dictionaries(st.integers(1, 8), st.integers(0, MAX_ON_HAND), max_size=8)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 import time
 
-from support import wait_until
 from shop import queue
+from support import wait_until
 
 
 def test_a_worker_whose_channel_thread_already_saw_the_unsubscription_stops_within_seconds(fresh_ctx):

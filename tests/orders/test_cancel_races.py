@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import threading
 
-from payment_helpers import Shopper, live_shop, order_id
 from factories import on_hand, seed_catalog_rows
+from payment_helpers import Shopper, live_shop, order_id
 from shop.extensions import db
 from shop.models import Order, OutboxEvent, ScheduledCommand
 from shop.outbox.dispatch import drain_deliveries, run_command

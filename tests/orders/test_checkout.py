@@ -10,14 +10,14 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from factories import cart_with, catalog_rows, transitioned
-from support import run_threads
 from shop.domain.order import LIVE, OrderStatus
 from shop.domain.order import Transition as T
 from shop.extensions import db
 from shop.models import Cart, InventoryItem, Order, OrderLine, OutboxDelivery, OutboxEvent, ScheduledCommand, Variant
-from shop.orders.checkout import place_order
 from shop.orders.cancel import cancel_order
+from shop.orders.checkout import place_order
 from shop.outbox.dispatch import run_delivery
+from support import run_threads
 
 
 def on_hand(variant_id: int) -> int:

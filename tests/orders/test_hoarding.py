@@ -13,10 +13,9 @@ from sqlalchemy import func, select
 
 from factories import cart_with, catalog_rows, transitioned
 from shop.domain.order import Transition as T
-from shop.models import Cart, Order, OrderLine, OutboxEvent, ScheduledCommand
-from shop.orders.checkout import Refusal, place_order
 from shop.extensions import db
-from shop.models import InventoryItem
+from shop.models import Cart, InventoryItem, Order, OrderLine, OutboxEvent, ScheduledCommand
+from shop.orders.checkout import Refusal, place_order
 from support import run_threads
 
 

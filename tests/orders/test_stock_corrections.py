@@ -9,11 +9,11 @@ import pytest
 from sqlalchemy import select
 
 from factories import cart_with, catalog_rows
-from support import run_threads
 from shop.extensions import db
 from shop.models import InventoryItem, StockCorrection
 from shop.orders.checkout import place_order
 from shop.orders.stock import CorrectionOutcome, StockMode, correct_stock
+from support import run_threads
 
 OPERATOR = "night-shift@example.com"
 

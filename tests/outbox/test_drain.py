@@ -5,13 +5,13 @@ a drain to run it (a lost wake-up)."""
 
 from __future__ import annotations
 
-import pytest
-
 import threading
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import select, update
 
+import shop.saga
 from compensation_support import cancel, on_hand, order, restore_delivery
 from factories import place_order_for, seed_catalog_rows
 from shop import jobs, queue
@@ -22,7 +22,6 @@ from shop.outbox import runner
 from shop.outbox.dispatch import drain_deliveries, drain_deliveries_concurrently, drain_threads
 from shop.outbox.relay import relay_once
 from shop.outbox.subscriptions import SUBSCRIPTIONS
-import shop.saga
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
+import shop.saga
 from compensation_support import cancel, on_hand, order, restore_delivery
 from factories import place_order_for, seed_catalog_rows, transitioned
 from shop import queue
@@ -26,7 +27,6 @@ from shop.outbox import requeue, runner
 from shop.outbox.dispatch import run_command, run_delivery
 from shop.outbox.relay import relay_once
 from shop.outbox.subscriptions import SUBSCRIPTIONS
-import shop.saga
 from shop.saga.notifications import send_order_confirmation
 
 ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")

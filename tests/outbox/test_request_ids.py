@@ -5,14 +5,15 @@ a row written outside any request carries none."""
 
 from __future__ import annotations
 
-from sqlalchemy import event as sa_event, select
+from sqlalchemy import event as sa_event
+from sqlalchemy import select
 
+import shop.saga
 from factories import place_order_for, seed_catalog_rows
 from shop import logs
 from shop.extensions import db
 from shop.models import OutboxDelivery, ScheduledCommand
 from shop.outbox.subscriptions import SUBSCRIPTIONS
-import shop.saga
 
 
 def _written(order_id: int) -> tuple[dict, dict]:

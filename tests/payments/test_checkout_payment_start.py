@@ -6,18 +6,16 @@ committed with its outbox event. Real database, Redis and sandbox."""
 from __future__ import annotations
 
 import pytest
-
 from sqlalchemy import select
 
 from factories import force_order, place_order_for, seed_catalog_rows
+from payment_helpers import JSON, Shopper
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
 from shop.models import Order, OutboxEvent, Variant
 from shop.orders.cancel import cancel_order
 from shop.payments import gateway
 from shop.payments.start import start_payment
-
-from payment_helpers import JSON, Shopper
 
 SKU = "MUG-350-SND"
 

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import select
 
 from factories import on_hand, seed_catalog_rows
-from payment_helpers import place_and_pay, Shopper, order_id, run_due_commands
+from payment_helpers import Shopper, order_id, place_and_pay, run_due_commands
 from shop.domain.deadlines import utcnow
 from shop.domain.events import OrderCancelled
 from shop.extensions import db

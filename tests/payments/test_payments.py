@@ -10,8 +10,8 @@ import logging
 import pytest
 import stripe
 
-from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, wait_for_status
 from factories import on_hand, seed_catalog_rows
+from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_event, wait_for_status
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WebhookReceipt
 from shop.outbox.dispatch import run_delivery

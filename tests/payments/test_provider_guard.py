@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 import urllib3
 
-from support import FakeClock, log_in, wait_until
+from payment_helpers import JSON, Shopper
 from shop import clock as shop_clock
 from shop.clock import SystemClock
 from shop.domain.deadlines import utcnow
@@ -21,8 +21,7 @@ from shop.extensions import db
 from shop.models import Order
 from shop.payments import checkout_queue, gateway, guard, watch
 from shop.scheduling.sweep import run_cycle
-
-from payment_helpers import JSON, Shopper
+from support import FakeClock, log_in, wait_until
 
 STALE = "PendingPayment"
 

@@ -11,10 +11,9 @@ import time
 
 import pytest
 
+from payment_helpers import Shopper
 from shop.payments import checkout_queue, gateway, provider_probe
 from shop.payments.provider_errors import ProviderFailure
-
-from payment_helpers import Shopper
 
 SESSION_CREATE = ("POST", "/v1/checkout/sessions")
 

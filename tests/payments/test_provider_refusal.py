@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from support import log_in
-from payment_helpers import JSON, Shopper
 from factories import seed_catalog_rows
+from payment_helpers import JSON, Shopper
+from support import log_in
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from payment_helpers import (
 )
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import Order, OperatorAction, Refund, ScheduledCommand
+from shop.models import OperatorAction, Order, Refund, ScheduledCommand
 from support import OPERATOR_EMAIL, log_in, wait_until
 
 

@@ -8,16 +8,16 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from payment_helpers import JSON, Shopper, live_shop, order_id, post_webhook, sandbox_event
 from factories import force_order, seed_catalog_rows
-from support import wait_until
+from payment_helpers import JSON, Shopper, live_shop, order_id, post_webhook, sandbox_event
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, Refund, ScheduledCommand, WebhookReceipt
 from shop.outbox.dispatch import run_command
 from shop.payments import gateway
-from shop.payments.refunds import execute_refund
 from shop.payments.apply import apply_session, reconcile_order
+from shop.payments.refunds import execute_refund
+from support import wait_until
 
 
 def _rows(app, model, **filters) -> list:
@@ -211,9 +211,8 @@ def test_a_late_money_refund_rides_out_a_provider_outage_longer_than_the_old_bac
     down for longer than the whole old retry budget (5 attempts in ~23 s). The refund must not be
     dead-lettered: it waits for the provider, says so in the console, keeps the order watched, and
     goes through exactly once when the provider is back."""
-    from support import log_in
-
     from shop.scheduling.sweep import run_cycle
+    from support import log_in
 
     app = make_fresh_app(
         STRIPE_API_BASE=sandbox.base_url,

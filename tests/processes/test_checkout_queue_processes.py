@@ -13,14 +13,13 @@ import pytest
 from sqlalchemy import select
 
 from factories import place_order_for, seed_catalog_rows
-from support import wait_until
 from process_support import Processes, process_env
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Lease, Order
 from shop.payments import checkout_queue
 from shop.payments.start import join_line
-
+from support import wait_until
 
 pytestmark = pytest.mark.slow
 

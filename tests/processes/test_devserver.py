@@ -21,8 +21,8 @@ from werkzeug.test import TestResponse
 import shop
 from payment_helpers import Shopper
 from process_support import Tricklers, p99, time_catalog
-from support import wait_until
 from shop.devserver.front import nginx_binary
+from support import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -21,10 +21,10 @@ import pytest
 import requests
 
 from factories import DEFAULT_SKU, seed_catalog_rows
-from support import wait_until
 from payment_helpers import Shopper
 from process_support import Processes, Tricklers, free_port, p99, process_env, start_web, time_catalog
 from shop.devserver.front import nginx_binary
+from support import wait_until
 
 pytestmark = [
     pytest.mark.slow,

@@ -13,16 +13,16 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from support import leave_heartbeats, log_in, poll_until, wait_until
-from process_support import Processes, process_env
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
+from process_support import Processes, process_env
 from shop import queue
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import ScheduledCommand
 from shop.ops.health import judge_outbox, judge_role
+from support import leave_heartbeats, log_in, poll_until, wait_until
 
 JSON = {"Accept": "application/json"}
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)

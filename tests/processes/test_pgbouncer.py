@@ -19,11 +19,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from factories import place_order_for, seed_catalog_rows, variant_id
-from support import wait_until
-from payment_helpers import Shopper, WEBHOOK_SECRET, paid_at_provider, post_webhook
+from payment_helpers import WEBHOOK_SECRET, Shopper, paid_at_provider, post_webhook
 from process_support import Processes, free_port, process_env
 from shop.extensions import db
 from shop.models import CycleStatus, InventoryItem, Order, ReconciliationCycle
+from support import wait_until
 
 pytestmark = pytest.mark.slow
 

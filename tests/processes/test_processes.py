@@ -19,13 +19,6 @@ from rq.job import JobStatus
 from sqlalchemy import select
 
 from factories import place_order_for, seed_catalog_rows, variant_id
-from shop import queue
-from shop.domain.deadlines import as_utc, utcnow
-from shop.extensions import db
-from shop.models import InventoryItem, Order, OutboxEvent, ScheduledCommand
-from shop.orders.cancel import PROVIDER_EXPIRY_GRACE
-from shop.payments.start import start_payment
-from shop.queue.connection import ShopQueue
 from process_support import (
     ROOT,
     WINDOW,
@@ -35,6 +28,13 @@ from process_support import (
     process_env,
     start_redis_server,
 )
+from shop import queue
+from shop.domain.deadlines import as_utc, utcnow
+from shop.extensions import db
+from shop.models import InventoryItem, Order, OutboxEvent, ScheduledCommand
+from shop.orders.cancel import PROVIDER_EXPIRY_GRACE
+from shop.payments.start import start_payment
+from shop.queue.connection import ShopQueue
 from support import UNREACHABLE_PROVIDER, wait_until
 
 pytestmark = pytest.mark.slow

@@ -20,14 +20,13 @@ from sqlalchemy import select, text
 from werkzeug.test import TestResponse
 
 from factories import seed_catalog_rows
-from support import wait_until
 from payment_helpers import JSON, Shopper
 from process_support import ROOT, Processes, free_port, process_env, stalled, start_web
 from shop.extensions import db
 from shop.models import Order
 from shop.payments import guard
 from shop.stripe_sandbox.testing import peak_in_window
-
+from support import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 import pytest
+
 from support import REPO_ROOT
 
 ROOT = str(REPO_ROOT)

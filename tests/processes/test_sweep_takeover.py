@@ -21,13 +21,13 @@ from rq import Worker
 from sqlalchemy import func, select
 
 from factories import force_order, place_order_for, seed_catalog_rows
-from support import wait_until
 from process_support import ROOT, Processes, flask_command, process_env
 from shop import queue
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Lease, Order, OutboxEvent, ReconciliationCycle
 from shop.scheduling.lease import LEASE_NAME
+from support import wait_until
 
 pytestmark = pytest.mark.slow
 

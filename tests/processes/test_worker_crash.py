@@ -13,7 +13,6 @@ import pytest
 
 from compensation_support import cancel, on_hand, order, restore_delivery
 from factories import place_order_for, seed_catalog_rows
-from support import REPO_ROOT, wait_until
 from shop import queue
 from shop.domain.deadlines import as_utc
 from shop.extensions import db
@@ -22,6 +21,7 @@ from shop.outbox import runner
 from shop.outbox.dispatch import run_delivery
 from shop.outbox.relay import relay_once
 from shop.outbox.subscriptions import SUBSCRIPTIONS
+from support import REPO_ROOT, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -29,8 +29,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from saga_model_support import SagaModel, World, install_clock
 from factories import seed_catalog_rows
+from saga_model_support import SagaModel, World, install_clock
 from shop.outbox.runner import RunOutcome
 from shop.payments import guard
 

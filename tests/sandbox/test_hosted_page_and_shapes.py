@@ -5,7 +5,6 @@ import json
 import time
 from urllib.parse import urlencode, urlsplit
 
-
 from shop.stripe_sandbox.testing import WebhookReceiver, wait_until
 
 

@@ -3,7 +3,6 @@ a file it cannot read is set aside with a reason instead of stopping the sandbox
 
 import json
 
-
 from shop.stripe_sandbox.persist import StateFile, snapshot
 from shop.stripe_sandbox.state import Sandbox
 

@@ -8,7 +8,6 @@ from urllib.parse import urlsplit
 import pytest
 import stripe
 
-
 MIN_SESSION_SECONDS = 60
 
 

@@ -7,9 +7,8 @@ import json
 import pytest
 import stripe
 
-from shop.stripe_sandbox.testing import SandboxControlError
-
 from sandbox.test_hosted_page_and_shapes import assert_matches_fixture, browser, new_session
+from shop.stripe_sandbox.testing import SandboxControlError
 
 ADDRESS = {
     "name": "Ada Lovelace",

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 from sqlalchemy import func, select, update
 
+import shop.scheduling.commands
 from factories import place_order_for, seed_catalog_rows
 from shop import queue
 from shop.domain.deadlines import as_utc, utcnow
@@ -19,7 +20,6 @@ from shop.models import Order, ScheduledCommand
 from shop.outbox.dispatch import drain_commands
 from shop.outbox.relay import wake_due_work
 from shop.outbox.writer import schedule_command
-import shop.scheduling.commands
 
 WINDOW = 1800
 

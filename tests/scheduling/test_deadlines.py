@@ -10,10 +10,8 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import event, select
 
-from support import wait_until
 from factories import on_hand, place_order_for, seed_catalog_rows, transitioned, variant_id
-from shop import SettingsError, create_app
-from shop import queue
+from shop import SettingsError, create_app, queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.domain.order import Transition as T
 from shop.extensions import db
@@ -23,6 +21,7 @@ from shop.outbox.relay import relay_once, wake_due_work
 from shop.payments import gateway
 from shop.payments.apply import reconcile_order
 from shop.payments.start import start_payment
+from support import wait_until
 
 WINDOW = 1800  # the default payment window
 HOLD = 600  # the default hold of an order that never had a payment session (PendingPayment)

@@ -21,9 +21,8 @@ from sqlalchemy.exc import OperationalError
 
 from factories import force_order, place_order_for, seed_catalog_rows, variant_id
 from process_support import ROOT, flask_command, process_env
-from shop.domain.deadlines import utcnow
+from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
-from shop.models.ops import CycleStatus
 from shop.models import (
     InventoryItem,
     Lease,
@@ -34,16 +33,15 @@ from shop.models import (
     ReconciliationCycle,
     ScheduledCommand,
 )
+from shop.models.ops import CycleStatus
 from shop.outbox.dispatch import run_delivery
-from shop.payments import gateway
+from shop.payments import gateway, guard
 from shop.payments.apply import reconcile_order
 from shop.payments.start import start_payment
 from shop.scheduling import lease as lease_module
 from shop.scheduling import sweep
 from shop.scheduling.passes.provider import RECHECK_CAP_INTERVALS
 from shop.scheduling.sweep import run_cycle
-from shop.payments import guard
-from shop.domain.deadlines import as_utc
 from shop.store import order_store as store
 from support import log_in, wait_until
 

@@ -12,9 +12,9 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
-from support import base_config
 from shop import create_app
 from shop.extensions import db
+from support import base_config
 
 
 @pytest.fixture

@@ -14,13 +14,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm.exc import StaleDataError
 
 from factories import force_order, place_order_for, seed_catalog_rows
-from support import REPO_ROOT
 from shop.domain.deadlines import as_utc, utcnow
 from shop.domain.order import ALLOWED, CANCELLED_BY_CUSTOMER, OrderStatus, Transition
 from shop.extensions import db
 from shop.models import Order, OutboxEvent
 from shop.models.orders import ReadOnlyOrder
 from shop.store import order_statements, order_store
+from support import REPO_ROOT
 
 S = OrderStatus
 ROOT = REPO_ROOT

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+from shop import webhooks
 from shop.models import OutboxDelivery, ScheduledCommand
 from shop.orders import checkout
 from shop.outbox import claims, dispatch, writer
 from shop.payments import event_claims
 from shop.saga import inventory
-from shop import webhooks
 from shop.store import order_statements
 
 

@@ -11,8 +11,8 @@ import os
 import pytest
 from sqlalchemy import create_engine, text
 
-from payment_helpers import JSON, Shopper
 from factories import seed_catalog_rows
+from payment_helpers import JSON, Shopper
 from shop.extensions import db
 from shop.models import Order
 from shop.storefront import routes

@@ -10,13 +10,13 @@ import json
 import logging
 import time
 
-from payment_helpers import HTML, JSON, Shopper, signature
-from support import OPERATOR_EMAIL, log_in, wait_until
 from sqlalchemy import select, update
 
+from payment_helpers import HTML, JSON, Shopper, signature
 from shop.extensions import db
 from shop.models import CardAcknowledgement, OperatorAction, Order
 from shop.payments import guard, provider_probe, watch
+from support import OPERATOR_EMAIL, log_in, wait_until
 
 
 def card(client, key):

@@ -11,8 +11,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
-from factories import force_order, placed_order_in, variant_id
 from compensation_support import cancel_in, dead_letter
+from factories import force_order, placed_order_in, variant_id
 from shop.domain.deadlines import utcnow
 from shop.domain.restoration import MAX_ON_HAND
 from shop.extensions import db

@@ -6,14 +6,13 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from compensation_support import cancel_in, dead_letter
-from payment_helpers import HTML, JSON
-
-from factories import placed_order_in
-from shop.domain.deadlines import utcnow
-from shop.extensions import db
 from sqlalchemy import select, update
 
+from compensation_support import cancel_in, dead_letter
+from factories import placed_order_in
+from payment_helpers import HTML, JSON
+from shop.domain.deadlines import utcnow
+from shop.extensions import db
 from shop.models import OutboxEvent, ReconciliationCycle, ScheduledCommand, WebhookReceipt
 
 

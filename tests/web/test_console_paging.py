@@ -4,12 +4,11 @@ the next page is still offered."""
 
 from __future__ import annotations
 
-from support import log_in
-
 from shop.console import queries
+from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import ReconciliationCycle
-from shop.domain.deadlines import utcnow
+from support import log_in
 
 JSON = {"Accept": "application/json"}
 

@@ -10,8 +10,8 @@ from datetime import timedelta
 
 import pytest
 
-from payment_helpers import JSON, Shopper, order_id, post_webhook, run_everything, sandbox_event
 from factories import seed_catalog_rows
+from payment_helpers import JSON, Shopper, order_id, post_webhook, run_everything, sandbox_event
 from shop.domain.deadlines import utcnow
 from shop.money import format_money
 

@@ -18,9 +18,9 @@ from payment_helpers import Shopper
 from shop.console.auth import LAST_SEEN, POLL_HEADER
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery
-from support import REPO_ROOT, OPERATOR_EMAIL as EMAIL
+from support import OPERATOR_EMAIL as EMAIL
 from support import OPERATOR_PASSWORD as PASSWORD
-from support import add_operator, csrf_token, log_in
+from support import REPO_ROOT, add_operator, csrf_token, log_in
 
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html"}

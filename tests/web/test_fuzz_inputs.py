@@ -33,17 +33,17 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, urlencode
 
 import pytest
-from support import REPO_ROOT, log_in
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from sqlalchemy import select, text
 
-from payment_helpers import WEBHOOK_SECRET, Shopper, order_id, signature
 from factories import seed_catalog_rows
+from payment_helpers import WEBHOOK_SECRET, Shopper, order_id, signature
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery, OutboxEvent, RestoreWarning, ScheduledCommand, WebhookReceipt
 from shop.payments.gateway import EVENT_TYPES
 from shop.webhooks import MAX_BODY
+from support import REPO_ROOT, log_in
 
 # Stripe's own example checkout.session, event and refund (from its fixtures, kept with the
 # tests so a clean clone has them).

@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import select
 
-from payment_helpers import WEBHOOK_SECRET, Shopper, post_webhook, served, stripe_event
 from factories import seed_catalog_rows
+from payment_helpers import WEBHOOK_SECRET, Shopper, post_webhook, served, stripe_event
 from shop.extensions import db
 from support import UNREACHABLE_PROVIDER, csrf_token, log_in
 

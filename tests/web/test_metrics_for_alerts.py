@@ -9,7 +9,6 @@ import math
 import time
 from datetime import timedelta
 
-
 from factories import force_order, place_order_for, seed_catalog_rows
 from payment_helpers import JSON, WEBHOOK_SECRET, signature
 from shop.domain.deadlines import utcnow

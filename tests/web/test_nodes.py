@@ -10,13 +10,13 @@ import re
 import time
 from datetime import timedelta
 
-
 from shop import queue
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Lease, OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
 from shop.scheduling.lease import LEASE_NAME as SWEEP_LEASE
 from support import log_in
+
 from .test_ops import scrape
 
 JSON = {"Accept": "application/json"}

@@ -9,10 +9,9 @@ from urllib.parse import urlsplit
 
 import pytest
 import requests
-
-from payment_helpers import DEFAULT_SKU, HTML, JSON, Shopper, order_id
 from flask.testing import FlaskClient
 
+from payment_helpers import DEFAULT_SKU, HTML, JSON, Shopper, order_id
 from shop.emails import render
 from shop.extensions import db
 from shop.models import Order

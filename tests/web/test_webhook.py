@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from payment_helpers import paid_at_provider, WEBHOOK_SECRET, order_id, post_webhook, signature, stripe_event
+from payment_helpers import WEBHOOK_SECRET, order_id, paid_at_provider, post_webhook, signature, stripe_event
 from shop.extensions import db
 from shop.models import OutboxEvent, PaymentProofRefusal, ProcessedStripeEvent, WebhookReceipt
 

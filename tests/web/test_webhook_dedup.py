@@ -11,7 +11,7 @@ import threading
 import pytest
 from sqlalchemy import create_engine, text
 
-from payment_helpers import paid_at_provider, order_id, post_webhook, stripe_event
+from payment_helpers import order_id, paid_at_provider, post_webhook, stripe_event
 from shop.extensions import db
 from shop.models import OutboxEvent, ProcessedStripeEvent, WebhookReceipt
 from support import wait_until

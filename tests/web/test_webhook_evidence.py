@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 
-from payment_helpers import HTML, JSON, Shopper, paid_at_provider, post_webhook
-from support import OPERATOR_EMAIL, log_in
 from sqlalchemy import select
 
+from payment_helpers import HTML, JSON, Shopper, paid_at_provider, post_webhook
 from shop.extensions import db
 from shop.models import OperatorAction, ProcessedStripeEvent, WebhookReceipt
+from support import OPERATOR_EMAIL, log_in
 
 
 def _receipt(app, **where) -> WebhookReceipt:

@@ -18,14 +18,14 @@ from datetime import datetime, timedelta
 from flask import current_app
 from sqlalchemy import select, update
 
+from ... import logs
 from ...domain.deadlines import as_utc
 from ...domain.refunds import RefundStatus
 from ...extensions import db
 from ...models import Order, Refund
+from ...outbox import uow
 from ...payments import gateway
 from ...payments.refunds import ReportOutcome, apply_refund_report
-from ... import logs
-from ...outbox import uow
 from ..cycle import PassName, ProviderOutcome, Tally, error_kind
 from ..lease import LeaseLost
 
