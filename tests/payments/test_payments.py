@@ -400,12 +400,20 @@ def test_pay_now_starts_a_payment_after_the_first_attempts_save_was_lost(
     assert order["status"] == "PaymentInitiated" and order["payment"]["url"] == r.get_json()["payment_url"]
 
 
-def test_two_clicks_on_pay_now_at_once_leave_the_winners_session_open(fresh_paying_app, shopper, sandbox, monkeypatch):
+def test_two_clicks_on_pay_now_at_once_leave_the_winners_session_open(
+    fresh_paying_app, shopper, sandbox, monkeypatch, fake_clock
+):
     """Both starts of the same attempt get the same session from the provider (one key); the one
-    that loses the version check must not expire it, since it is the session the winner recorded."""
+    that loses the version check must not expire it, since it is the session the winner recorded.
+    "At once" is one moment of the shop's clock: the key names the session's end, which for an
+    order's first session is now + its window, so on a loaded machine two clicks a second apart
+    asked for two sessions (and the loser rightly expired its own)."""
     import threading
 
+    from shop import clock
     from shop.payments.start import start_payment
+
+    clock.use(fake_clock)  # the test's apps read the process's clock; conftest puts the system's back
 
     sandbox.faults(api_unavailable=True)
     ref = shopper.checkout().headers["Location"].rsplit("/", 1)[-1]
