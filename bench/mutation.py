@@ -1,4 +1,5 @@
-"""Mutation testing: does breaking the code fail a test? mutmut over the core packages.
+"""Mutation testing: does breaking the code fail a test? mutmut over the core packages
+(`.venv/bin/pip install -e '.[dev,mutation]'` first).
 
     nice -n 10 .venv/bin/python bench/mutation.py                  # every package, in turn
     nice -n 10 .venv/bin/python bench/mutation.py --package saga   # one (repeat --package for more)

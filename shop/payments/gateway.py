@@ -1,11 +1,8 @@
 """The payment gateway: every call the shop makes to the provider (this module and its transport,
-`transport.py`, are the only ones that import `stripe`).
-
-Everything the rest of the shop learns from the provider comes out of here as plain values
-(`provider_views`), and every failure as one of `provider_errors`. Every creating call carries an
-Idempotency-Key derived from what the call is for, so a retried request (ours, or the SDK's own
-network retry) never creates a second object.
-"""
+`transport.py`, are the only ones that import `stripe`). What the shop learns from it comes out as
+plain values (`provider_views`), every failure as one of `provider_errors`. Every creating call
+carries an Idempotency-Key derived from what the call is for, so a retried request (ours, or the
+SDK's own network retry) never creates a second object."""
 
 from __future__ import annotations
 

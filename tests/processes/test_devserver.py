@@ -146,8 +146,14 @@ class Up:
         """Ctrl-C, as a terminal sends it to the foreground group, and wait for `up` to finish."""
         os.killpg(self.proc.pid, signal.SIGINT)
         self.proc.wait(timeout=15)
-        self._reader.join(timeout=5)
+        self._close_output()
         assert self.proc.returncode == 0, self.output
+
+    def _close_output(self):
+        """The reader ends at the pipe's end, once `up` and its children are gone."""
+        self._reader.join(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
     def stop(self):
         try:
@@ -166,6 +172,7 @@ class Up:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        self._close_output()
 
 
 @pytest.fixture

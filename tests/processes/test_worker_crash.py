@@ -88,7 +88,10 @@ def _stop(proc):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    return proc.stderr.read() if proc.stderr else ""
+    if proc.stderr is None:
+        return ""
+    with proc.stderr:
+        return proc.stderr.read()
 
 
 def test_a_worker_killed_mid_restore_leaves_nothing_half_done_and_the_delivery_completes_after_its_lease(

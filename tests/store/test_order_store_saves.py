@@ -65,16 +65,15 @@ def test_a_cancel_without_a_settling_payment_starts_the_watch_when_it_is_told(or
     assert as_utc(_column(order_id, Order.late_money_watch_since)) == watch_from
 
 
-def test_a_saved_snapshot_is_at_the_new_version_with_its_events_spent_and_written_once(order_id):
+def test_a_saved_snapshot_is_at_the_new_version_with_its_events_written_once(order_id):
     snapshot = _in(order_id, S.PAYMENT_INITIATED)
     events_before = db.session.execute(
         select(func.count()).select_from(OutboxEvent).where(OutboxEvent.order_id == order_id)
     ).scalar_one()
     result = snapshot.cancel(CANCELLED_BY_CUSTOMER)
-    assert len(snapshot.pending_events) == 1
+    assert len(result.events) == 1  # the transition hands its events to the save, the one way they travel
     order_store.save(snapshot, Transition.CANCEL, result.events, now=utcnow())
     db.session.commit()
-    assert snapshot.pending_events == []
     written = db.session.execute(
         select(OutboxEvent.name).where(OutboxEvent.order_id == order_id).order_by(OutboxEvent.id)
     ).scalars()

@@ -51,11 +51,12 @@ def _rows(app, model, **filters):
 def _mails(folder, template):
     if not os.path.isdir(folder):
         return []
-    return [
-        email.message_from_binary_file(open(os.path.join(folder, n), "rb"))
-        for n in sorted(os.listdir(folder))
-        if f"-{template}-" in n and n.endswith(".eml")
-    ]
+    mails = []
+    for name in sorted(os.listdir(folder)):
+        if f"-{template}-" in name and name.endswith(".eml"):
+            with open(os.path.join(folder, name), "rb") as f:
+                mails.append(email.message_from_binary_file(f))
+    return mails
 
 
 def test_the_new_pages_and_actions_are_behind_the_operators_login(fresh_app, fresh_client):
