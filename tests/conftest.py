@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from factories import seed_catalog_rows
+from factories import place_order_for, seed_catalog_rows
 from payment_helpers import WEBHOOK_SECRET, Shopper, live_shop
 from shop import clock as shop_clock
 from shop import create_app
@@ -234,6 +234,16 @@ def sandbox(sandbox_server):
 
 def _paying_config(sandbox) -> dict:
     return dict(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60, STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET)
+
+
+@pytest.fixture
+def order_id(fresh_ctx):
+    """One order placed (a unit of the catalog's first variant) in fresh_ctx, its session removed:
+    the order store's tests start from it."""
+    skus = seed_catalog_rows()
+    oid = place_order_for({next(iter(sorted(skus.values()))): 1}).order_id
+    db.session.remove()
+    return oid
 
 
 @pytest.fixture

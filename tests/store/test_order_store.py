@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm.exc import StaleDataError
 
-from factories import force_order, place_order_for, seed_catalog_rows
+from factories import force_order
 from shop.domain.deadlines import as_utc, utcnow
 from shop.domain.order import ALLOWED, CANCELLED_BY_CUSTOMER, OrderStatus, Transition
 from shop.extensions import db
@@ -24,14 +24,6 @@ from support import REPO_ROOT
 
 S = OrderStatus
 ROOT = REPO_ROOT
-
-
-@pytest.fixture
-def order_id(fresh_ctx):
-    skus = seed_catalog_rows()
-    oid = place_order_for({next(iter(sorted(skus.values()))): 1}).order_id
-    db.session.remove()
-    return oid
 
 
 def _row(order_id: int):

@@ -20,14 +20,6 @@ from shop.store import order_store
 S = OrderStatus
 
 
-@pytest.fixture
-def order_id(fresh_ctx):
-    skus = seed_catalog_rows()
-    oid = place_order_for({next(iter(sorted(skus.values()))): 1}).order_id
-    db.session.remove()
-    return oid
-
-
 def _in(order_id: int, status: OrderStatus, **values):
     force_order(order_id, status=status.value, payment_session_id="cs_saves", **values)
     snapshot = order_store.read(order_id)
