@@ -237,6 +237,13 @@ def _paying_config(sandbox) -> dict:
 
 
 @pytest.fixture
+def browser(shop):
+    """A customer's browser (payment_helpers.Shopper) on `shop` (tests/browser/ has its own
+    `browser`: a real chromium)."""
+    return Shopper(shop)
+
+
+@pytest.fixture
 def order_id(fresh_ctx):
     """One order placed (a unit of the catalog's first variant) in fresh_ctx, its session removed:
     the order store's tests start from it."""

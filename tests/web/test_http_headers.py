@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from payment_helpers import HTML, JSON, Shopper
+from payment_helpers import HTML, JSON
 from support import log_in
 
 MISSING_ORDER = "/orders/BK-ZZZZZZZZ"
@@ -18,11 +18,6 @@ def vary(response) -> set[str]:
 
 def allowed(response) -> set[str]:
     return {m.strip() for m in response.headers.get("Allow", "").split(",") if m.strip()}
-
-
-@pytest.fixture
-def browser(shop):
-    return Shopper(shop)
 
 
 @pytest.fixture

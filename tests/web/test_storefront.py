@@ -18,11 +18,6 @@ from shop.models import Cart, InventoryItem, Order, OutboxDelivery, OutboxEvent
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 
 
-@pytest.fixture
-def browser(shop):
-    return Shopper(shop)
-
-
 def stock(app, sku):
     with app.app_context():
         try:

@@ -19,11 +19,6 @@ pytestmark = pytest.mark.shop(UNPAID_ORDERS_PER_CLIENT=3, MAX_LINE_QUANTITY=10)
 TOO_MANY_UNPAID = "You already have 3 orders waiting for payment. Pay for or cancel one of them"
 
 
-@pytest.fixture
-def browser(shop):
-    return Shopper(shop)
-
-
 def stock(app, sku):
     with app.app_context():
         try:
