@@ -115,10 +115,11 @@ def demo_secret_key(instance: str) -> str:
 
 
 def sandbox_socket(instance: str) -> socket.socket:
-    """A listening socket for the sandbox, bound here and handed to it (`--fd`): on 12111, or when
-    that is taken the port the sandbox had last time (its sessions' payment links name their port,
-    so a restart on another one would break the links the demo user has), or any free port.
-    Bound now, not merely found free: two `up`s starting at once cannot both pick 12111."""
+    """A listening socket for the sandbox, bound here and handed to it (`--fd`): on the port the
+    sandbox had last time (its sessions' payment links name their port, so a restart on another
+    one would break the links the demo user has: trying 12111 first moved a sandbox that had once
+    found 12111 taken back onto it), else 12111, else any free port. Bound now, not merely found
+    free: two `up`s starting at once cannot both pick 12111."""
     path = os.path.join(instance, SANDBOX_PORT_FILE)
     try:
         with open(path, encoding="ascii") as f:
@@ -126,7 +127,7 @@ def sandbox_socket(instance: str) -> socket.socket:
     except (OSError, ValueError):
         last = None
     sock = None
-    for port in (SANDBOX_PORT, last, 0):
+    for port in (last, SANDBOX_PORT, 0):
         if port is None or not 0 <= port < 65536:
             continue
         candidate = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -141,9 +142,8 @@ def sandbox_socket(instance: str) -> socket.socket:
     assert sock is not None, "port 0 lets the system choose a free port"
     sock.listen(128)
     port = sock.getsockname()[1]
-    if port != SANDBOX_PORT:
-        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="ascii") as f:
-            f.write(f"{port}\n")
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="ascii") as f:
+        f.write(f"{port}\n")
     return sock
 
 
