@@ -6,6 +6,7 @@ scheduler, the one wait for a condition (`wait_until`) and the clock a test move
 
 from __future__ import annotations
 
+import email
 import os
 import re
 import threading
@@ -240,3 +241,16 @@ class FakeClock:
 
     def shared_time(self) -> float | None:
         return self.time()
+
+
+def mails(folder, template: str) -> list:
+    """The emails of `template` that the mailer wrote as .eml files under `folder` (SMTP_URL unset),
+    oldest first, each read whole and its file closed."""
+    if not os.path.isdir(folder):
+        return []
+    found = []
+    for name in sorted(os.listdir(folder)):
+        if f"-{template}-" in name and name.endswith(".eml"):
+            with open(os.path.join(folder, name), "rb") as fh:
+                found.append(email.message_from_binary_file(fh))
+    return found

@@ -8,8 +8,6 @@ settled outside the shop, audited."""
 
 from __future__ import annotations
 
-import email
-import os
 from datetime import timedelta
 
 import pytest
@@ -29,7 +27,7 @@ from payment_helpers import (
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import OperatorAction, Order, Refund, ScheduledCommand
-from support import OPERATOR_EMAIL, log_in, wait_until
+from support import OPERATOR_EMAIL, log_in, mails, wait_until
 
 
 @pytest.fixture
@@ -46,17 +44,6 @@ def _refund(app, oid: int) -> Refund:
         db.session.expunge(refund)
         db.session.remove()
         return refund
-
-
-def _mails(folder, template: str) -> list:
-    if not os.path.isdir(folder):
-        return []
-    found = []
-    for name in sorted(os.listdir(folder)):
-        if f"-{template}-" in name and name.endswith(".eml"):
-            with open(os.path.join(folder, name), "rb") as fh:
-                found.append(email.message_from_binary_file(fh))
-    return found
 
 
 def _charge_at_sandbox(sandbox, payment_intent: str):
@@ -101,7 +88,7 @@ def _assert_the_pending_refund_is_not_shown_as_succeeded(shopper, ref, refund, m
     html = shopper.client.get(f"/orders/{ref}").get_data(as_text=True)
     assert "is on its way" in html and "We refunded" not in html
     assert "Cancelled, refund on its way" in html
-    assert _mails(mail_folder, "refund_issued") == []
+    assert mails(mail_folder, "refund_issued") == []
 
 
 def _assert_the_failure_reached_the_operator_and_the_customer(
@@ -135,7 +122,7 @@ def _assert_the_failure_reached_the_operator_and_the_customer(
     assert "Cancelled, refund did not go through" in html
 
     run_due_commands(app, now or utcnow())  # the customer's email
-    [mail] = _mails(mail_folder, "refund_failed")
+    [mail] = mails(mail_folder, "refund_failed")
     assert mail["To"] == shopper.email and "did not go through" in mail["Subject"]
     body = mail.get_payload()
     assert "we are on it" in mail["Subject"].lower() or "working on" in body
@@ -211,7 +198,7 @@ def test_a_pending_refund_that_fails_by_webhook_is_shown_emailed_and_retried_thr
         assert shopper.order(ref)["refunds"] == [{"id": refund.id, "amount": total, "status": "succeeded"}]
         assert "Cancelled, refunded" in shopper.client.get(f"/orders/{ref}").get_data(as_text=True)
         assert operator.get("/console/", headers=JSON).get_json()["refunds_failed"] == 0
-        assert len(_mails(mail_folder, "refund_issued")) == 1
+        assert len(mails(mail_folder, "refund_issued")) == 1
         with app.app_context():
             assert db.session.get(Order, oid).late_money_watch_since is None  # refunded: the watch ends
             actions = (
@@ -350,7 +337,7 @@ def test_settling_a_failed_refund_outside_the_shop_needs_a_reason_and_is_audited
         html = shopper.client.get(f"/orders/{ref}").get_data(as_text=True)
         assert "we settled it with you directly" in html and "Cancelled, refunded" in html
         run_due_commands(app, utcnow())
-        assert _mails(mail_folder, "refund_failed") == []
+        assert mails(mail_folder, "refund_failed") == []
         with app.app_context():
             assert db.session.get(Order, oid).late_money_watch_since is None  # settled: the watch ends
             db.session.remove()

@@ -3,8 +3,6 @@ login and CSRF, confirmed before the money moves, once per submission, and in th
 
 from __future__ import annotations
 
-import email
-import os
 import re
 
 import pytest
@@ -13,7 +11,7 @@ from factories import catalog_rows, seed_catalog_rows
 from payment_helpers import Shopper, place_and_pay, run_everything
 from shop.extensions import db
 from shop.models import EmailResend, InventoryItem, OperatorAction, Order, Refund, ScheduledCommand, StockCorrection
-from support import csrf_token, log_in
+from support import csrf_token, log_in, mails
 
 HTML, JSON = {"Accept": "text/html"}, {"Accept": "application/json"}
 KEY = re.compile(r'name="request_key" value="([^"]+)"')
@@ -46,17 +44,6 @@ def _rows(app, model, **filters):
         db.session.expunge_all()
         db.session.remove()
         return rows
-
-
-def _mails(folder, template):
-    if not os.path.isdir(folder):
-        return []
-    mails = []
-    for name in sorted(os.listdir(folder)):
-        if f"-{template}-" in name and name.endswith(".eml"):
-            with open(os.path.join(folder, name), "rb") as f:
-                mails.append(email.message_from_binary_file(f))
-    return mails
 
 
 def test_the_new_pages_and_actions_are_behind_the_operators_login(fresh_app, fresh_client):
@@ -161,7 +148,7 @@ def test_a_refund_of_an_unpaid_order_is_refused_on_the_page_and_when_posted(mail
 
 def test_an_email_the_order_was_sent_is_sent_again_once_per_click(paid_order, mail_folder):
     app, client, token, ref, oid, *_ = paid_order
-    assert len(_mails(mail_folder, "order_paid")) == 1
+    assert len(mails(mail_folder, "order_paid")) == 1
     listed = client.get(f"/console/orders/{ref}/emails", headers=JSON).get_json()
     assert [e["template"] for e in listed["emails"]] == ["order_paid"]
     page = client.get(f"/console/orders/{ref}/emails").get_data(as_text=True)
@@ -185,7 +172,7 @@ def test_an_email_the_order_was_sent_is_sent_again_once_per_click(paid_order, ma
     [resend] = _rows(app, EmailResend, order_id=oid)
     assert (resend.template, resend.operator) == ("order_paid", "night-shift@example.com")
     run_everything(app)
-    assert len(_mails(mail_folder, "order_paid")) == 2
+    assert len(mails(mail_folder, "order_paid")) == 2
     [command] = _rows(app, ScheduledCommand, id=resend.command_id)
     assert command.status == "done"
     # The resent email is listed too, with who sent it.
