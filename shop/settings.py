@@ -13,6 +13,8 @@ import secrets
 import sys
 from dataclasses import asdict, dataclass
 
+from .domain.payment import TaxMode
+from .domain.payment_methods import DEFAULT_PAYMENT_METHODS
 from .logs import TEXT as LOG_FORMAT_TEXT
 from .settings_values import (
     SettingsError,
@@ -23,11 +25,13 @@ from .settings_values import (
     env_log_format,
     env_metrics_token,
     env_node_name,
+    env_payment_methods,
     env_pooler,
     env_redis_url,
     env_sentry_dsn,
     env_smtp_ca_file,
     env_smtp_url,
+    env_tax_mode,
     env_url,
     env_web_front,
 )
@@ -128,6 +132,10 @@ class Settings:
     prune_interval_seconds: int = 3600
     # SHIPPING_COUNTRIES: the countries a shipping address may be in (two-letter ISO codes).
     shipping_countries: tuple[str, ...] = DEFAULT_SHIPPING_COUNTRIES
+    # PAYMENT_METHODS: the payment method types a session may offer (shop.domain.payment_methods).
+    payment_methods: tuple[str, ...] = DEFAULT_PAYMENT_METHODS
+    # TAX_MODE: none (no tax, said on every session) or stripe (Stripe Tax adds exclusive tax).
+    tax_mode: TaxMode = TaxMode.NONE
 
     @property
     def uses_sandbox(self) -> bool:
@@ -295,4 +303,6 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         log_format=env_log_format(env),
         sentry_dsn=env_sentry_dsn(env),
         shipping_countries=env_countries(env, "SHIPPING_COUNTRIES", DEFAULT_SHIPPING_COUNTRIES),
+        payment_methods=env_payment_methods(env),
+        tax_mode=env_tax_mode(env),
     )

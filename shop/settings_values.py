@@ -1,9 +1,9 @@
 """One environment variable at a time, read and checked (docs/REFERENCE.md, Settings): the readers
 every setting uses (a whole number in bounds, true or false, a URL of known schemes, country codes),
 and the values with rules of their own (the database's and Redis's URLs, a Sentinel URL, the node
-name, the metrics token, SMTP, the Sentry DSN, the pooler, the web front, the log format). A bad
-value is a SettingsError naming the variable; shop.settings assembles them and checks the settings
-that depend on one another."""
+name, the metrics token, SMTP, the Sentry DSN, the pooler, the web front, the log format, the
+payment methods and tax). A bad value is a SettingsError naming the variable; shop.settings
+assembles them and checks the settings that depend on one another."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from typing import NamedTuple, overload
 from urllib.parse import urlsplit
 
+from .domain import payment_methods
+from .domain.payment import TaxMode
+from .domain.payment_methods import DEFAULT_PAYMENT_METHODS
 from .logs import FORMATS as LOG_FORMATS
 from .logs import TEXT as LOG_FORMAT_TEXT
 from .node import MAX_LENGTH as NODE_NAME_MAX_LENGTH
@@ -245,3 +248,25 @@ def env_pooler(env, database_url: str) -> str:
     if raw != "none" and not database_url.startswith("postgresql"):
         raise SettingsError("DATABASE_POOLER", f"{raw} stands in front of PostgreSQL; DATABASE_URL is not PostgreSQL")
     return raw
+
+
+def env_payment_methods(env) -> tuple[str, ...]:
+    """PAYMENT_METHODS: payment method types separated by commas (`card,link`), each one whose
+    money is confirmed while the customer is on the payment page (shop.domain.payment_methods)."""
+    raw = env.get("PAYMENT_METHODS")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_PAYMENT_METHODS
+    methods = tuple(dict.fromkeys(part.strip().lower() for part in raw.split(",") if part.strip()))
+    if not methods:
+        raise SettingsError("PAYMENT_METHODS", f"must name at least one payment method type, got {raw!r}")
+    refused = [why for why in map(payment_methods.refusal, methods) if why]
+    if refused:
+        raise SettingsError("PAYMENT_METHODS", "; ".join(refused))
+    return methods
+
+
+def env_tax_mode(env) -> TaxMode:
+    raw = (env.get("TAX_MODE") or "").strip().lower() or TaxMode.NONE
+    if raw not in set(TaxMode):
+        raise SettingsError("TAX_MODE", f"must be one of {', '.join(TaxMode)}, got {raw!r}")
+    return TaxMode(raw)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from shop import create_app
+from shop.domain.payment import TaxMode
 from shop.settings import SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +105,12 @@ BAD = [
     ("SENTRY_DSN", "https://sentry.example/1", "must name a key and a host"),
     ("SENTRY_DSN", "https://key@sentry.example", "must end with the project"),
     ("SENTRY_DSN", "https://key@sentry.example:port/1", "is not a URL"),
+    # A method whose money could arrive after an order's pay-by time (docs/REFERENCE.md, Settings).
+    ("PAYMENT_METHODS", "card,oxxo", "oxxo is a voucher, payable for days"),
+    ("PAYMENT_METHODS", "sepa_debit", "sepa_debit is a bank debit, confirmed in days"),
+    ("PAYMENT_METHODS", "card,chequebook", "chequebook is not a payment method type this shop knows"),
+    ("PAYMENT_METHODS", ",", "must name at least one payment method type"),
+    ("TAX_MODE", "vat", "must be one of none, stripe, got 'vat'"),
 ]
 
 
@@ -436,3 +443,27 @@ def test_log_format_is_text_unless_json_is_asked_for_and_sentry_is_off_unless_a_
     with pytest.raises(SettingsError) as refused:
         load_settings({"SENTRY_DSN": "ftp://secretkey@sentry.example/1"}, str(tmp_path), argv=CLI)
     assert "secretkey" not in str(refused.value)
+
+
+def test_payment_methods_and_tax_mode_default_to_card_only_and_no_tax_and_are_read_as_given(tmp_path):
+    default = load_settings({}, str(tmp_path), argv=CLI)
+    assert (default.payment_methods, default.tax_mode) == (("card",), TaxMode.NONE)
+    given = load_settings({"PAYMENT_METHODS": " Card, link,card ", "TAX_MODE": "STRIPE"}, str(tmp_path), argv=CLI)
+    assert (given.payment_methods, given.tax_mode) == (("card", "link"), TaxMode.STRIPE)
+
+
+def test_a_voucher_in_payment_methods_stops_the_worker_with_one_line(tmp_path):
+    proc = subprocess.run(
+        [str(BIN / "flask"), "--app", "app", "shop", "worker", "--burst"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(PAYMENT_METHODS="card,konbini", BACKSTOP_INSTANCE_PATH=str(tmp_path)),
+    )
+    assert proc.returncode != 0
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert lines == [
+        "backstop: configuration error: PAYMENT_METHODS: konbini is a voucher, payable for days: "
+        "its money could arrive after an order's pay-by time"
+    ], proc.stdout + proc.stderr

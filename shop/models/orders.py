@@ -42,6 +42,11 @@ class Order(Model):
     # Where to send it, as the provider collected it with the payment: {"name", "address":
     # {"line1", "line2", "city", "postal_code", "state", "country"}}. Written with the payment.
     shipping_details = mapped_column(JSON(none_as_null=True), nullable=True)
+    # What the accepted payment charged, in minor units, written with it: the tax Stripe Tax added
+    # (0 without TAX_MODE=stripe) and the amount charged (the total plus that tax). None until paid.
+    # Every refund of the payment refunds from `charged`, never from `total` (the goods).
+    tax: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    charged: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # The sweep's own bookkeeping, not a state change (no version bump): when asking the provider
     # again is worth it for an order whose answer cannot change soon (a refused payment proof
     # waits for an operator, an async payment for the bank). Without it such orders, being the

@@ -16,7 +16,6 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from ..domain.deadlines import as_utc, utcnow
 from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED, OrderStatus, Transition
-from ..domain.payment import check_payment_proof
 from ..domain.results import Ok, Refused
 from ..extensions import db
 from ..models import PaymentProofRefusal
@@ -25,6 +24,7 @@ from ..store import order_store
 from ..store.order_store import LoadedOrder, Note
 from . import gateway
 from .event_claims import claim_event
+from .proof import charge_of, proof_of
 from .refunds import record_late_payment, refunded_by_shop
 from .unknown_money import record_unknown_payment
 
@@ -133,18 +133,12 @@ def _apply_usual_payment(view, *, source: str, now: datetime) -> Applied | None:
     order = order_store.read_for_payment(view.order_id)
     if order is None or order.status is not OrderStatus.PAYMENT_INITIATED or order.payment_session_id != view.id:
         return None
-    if not check_payment_proof(
-        order_total=order.total,
-        order_currency=order.currency,
-        amount_total=view.amount_total,
-        currency=view.currency,
-        payment_status=view.payment_status,
-    ).accepted:
+    if not proof_of(order, view).accepted:
         return None  # the general path records the refusal
     transition = order.mark_paid(view.id, view.amount_total, view.currency)
     if isinstance(transition, Refused):
         return None
-    order.ships_to(view.shipping_details)  # where the paid goods go, saved with the payment
+    charge_of(order, view)
     order_store.save(order, Transition.MARK_PAID, transition.events, now=now)
     log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)
     return Applied(Outcome.PAID, order)
@@ -197,13 +191,7 @@ def _apply_once(
 def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime, refunded_as: str | None = None) -> Applied:
     """The provider says the session is paid: check the proof, then pay the order, or refund money
     it can no longer take."""
-    verdict = check_payment_proof(
-        order_total=order.total,
-        order_currency=order.currency,
-        amount_total=view.amount_total,
-        currency=view.currency,
-        payment_status=view.payment_status,
-    )
+    verdict = proof_of(order, view)
     if not verdict.accepted:
         db.session.add(
             PaymentProofRefusal(
@@ -243,7 +231,7 @@ def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime, refunde
     paid = order.mark_paid(view.id, view.amount_total, view.currency)
     assert isinstance(paid, Ok), paid  # the proof was checked above, and the state allows it
     events += paid.events
-    order.ships_to(view.shipping_details)
+    charge_of(order, view)
     # The write's own time, as for every other transition of the general path (`now` may be the caller's).
     order_store.save(order, transition, events, now=utcnow())
     log.info("order %s paid (session %s, via %s)", order.reference, view.id, source)

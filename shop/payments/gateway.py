@@ -17,8 +17,7 @@ from . import guard
 if TYPE_CHECKING:  # the SDK's typed parameters, for the checker only
     from stripe import RequestOptions
     from stripe.params import EventListParams, WebhookEndpointCreateParams, WebhookEndpointUpdateParams
-    from stripe.params.checkout import SessionCreateParams
-from .mark import shop_mark
+from .checkout_params import session_params
 from .provider_errors import (
     BUDGET_KINDS,
     ProviderFailure,
@@ -131,46 +130,11 @@ def _call(what: str, fn):
         raise ProviderRefused(f"{what}: {exc.user_message or exc}", getattr(exc, "code", None)) from exc
 
 
-def create_checkout_session(
-    *,
-    order_id: int,
-    reference: str,
-    attempt: int,
-    lines,
-    currency: str,
-    email: str,
-    success_url: str,
-    cancel_url: str,
-    expires_at: datetime,
-    ship_to: tuple[str, ...] | None = None,
-) -> SessionView:
-    """The hosted Checkout Session of one payment attempt. `ship_to`: the order holds goods to
-    ship, so the payment page asks for a shipping address in one of these countries."""
-    params: SessionCreateParams = {
-        "mode": "payment",
-        "client_reference_id": reference,
-        "metadata": {"order_id": str(order_id), "reference": reference, "shop": shop_mark()},
-        # On the attempt's PaymentIntent too: a declined card's payment_intent.payment_failed names
-        # the order and the attempt it was declined on, so an old attempt's decline is not news.
-        "payment_intent_data": {"metadata": {"order_id": str(order_id), "attempt": str(attempt)}},
-        "customer_email": email,
-        "success_url": success_url,
-        "cancel_url": cancel_url,
-        "expires_at": int(expires_at.timestamp()),
-        "line_items": [
-            {
-                "quantity": line.quantity,
-                "price_data": {
-                    "currency": currency,
-                    "unit_amount": line.unit_price,
-                    "product_data": {"name": f"{line.name} ({line.sku})"},
-                },
-            }
-            for line in lines
-        ],
-    }
-    if ship_to:
-        params["shipping_address_collection"] = {"allowed_countries": list(ship_to)}
+def create_checkout_session(*, order_id: int, attempt: int, expires_at: datetime, **terms) -> SessionView:
+    """The hosted Checkout Session of one payment attempt, asked for as checkout_params.session_params
+    spells it (the terms: reference, lines, currency, email, the return URLs, ship_to, tax_mode,
+    payment_methods)."""
+    params = session_params(order_id=order_id, attempt=attempt, expires_at=expires_at, **terms)
     # The key names the attempt AND the session's end: a network retry of this very call is
     # replayed (same key, same parameters), while a later "Pay now" for an attempt whose save was
     # lost (the session was created, the order's update was not) asks for a later expires_at and

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import StrEnum
 
+from ..domain.payment import NO_TAX_REPORTED, SessionTax
+
 
 # The provider's own vocabularies, as it documents them (read as sent: a value outside them is
 # passed on as it is, and an absent or malformed one reads as None). StrEnums: a member equals
@@ -118,6 +120,27 @@ class SessionView:
     # .amount_refunded`): known only when the answer expanded it (a retrieve does; an event's
     # object does not), else None.
     amount_refunded: int | None = None
+    # What the session says about tax (automatic_tax, amount_subtotal, total_details.amount_tax):
+    # the proof checks it against TAX_MODE (shop.domain.payment).
+    tax: SessionTax = NO_TAX_REPORTED
+
+
+def _amount(value) -> int | None:
+    """A minor-unit amount as an order's column holds one; anything else reads as absent."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else None
+
+
+def session_tax_of(obj: dict) -> SessionTax:
+    """Read the same way in every API version the shop can meet (automatic_tax, amount_subtotal and
+    total_details have kept their shape since 2020): a field of the wrong type reads as absent."""
+    automatic = _object(obj.get("automatic_tax"))
+    enabled, status = automatic.get("enabled"), automatic.get("status")
+    return SessionTax(
+        enabled=enabled if isinstance(enabled, bool) else None,
+        status=status if isinstance(status, str) else None,
+        amount_subtotal=_amount(obj.get("amount_subtotal")),
+        amount_tax=_amount(_object(obj.get("total_details")).get("amount_tax")),
+    )
 
 
 ADDRESS_FIELDS = ("line1", "line2", "city", "postal_code", "state", "country")
@@ -229,9 +252,7 @@ def session_view(obj) -> SessionView:
         status=text(obj.get("status")),
         payment_status=text(obj.get("payment_status")),
         # Beyond a 32-bit amount no order could match it (and no column could hold it).
-        amount_total=amount
-        if isinstance(amount, int) and not isinstance(amount, bool) and 0 <= amount < 2**31
-        else None,
+        amount_total=_amount(amount),
         currency=text(obj.get("currency")),
         url=text(obj.get("url")),
         payment_intent=text(intent),
@@ -244,9 +265,8 @@ def session_view(obj) -> SessionView:
         client_reference_id=text(obj.get("client_reference_id")),
         shop_mark=text(metadata.get("shop")) if isinstance(metadata, dict) else None,
         shipping_details=shipping_details_of(obj),
-        amount_refunded=refunded
-        if isinstance(refunded, int) and not isinstance(refunded, bool) and 0 <= refunded < 2**31
-        else None,
+        amount_refunded=_amount(refunded),
+        tax=session_tax_of(obj),
     )
 
 

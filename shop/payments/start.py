@@ -169,6 +169,8 @@ def _create_session(order: LoadedOrder, attempt: int, now: datetime) -> gateway.
         success_url=public_url(f"/checkout/return?order={order.reference}&session_id={{CHECKOUT_SESSION_ID}}"),
         cancel_url=public_url_for("storefront.order_page", reference=order.reference, token=order.access_token),
         ship_to=cfg["SHIPPING_COUNTRIES"] if order.ships else None,
+        tax_mode=cfg["TAX_MODE"],
+        payment_methods=cfg["PAYMENT_METHODS"],
     )
 
 

@@ -48,6 +48,8 @@ class LoadedOrder(OrderRules):
     lines: tuple[Line, ...] = field(default=())
     ships: bool = False  # physical goods: the payment page collects a shipping address
     shipping_details: dict | None = None  # where to send them, as the provider collected it
+    tax: int | None = None  # what the accepted payment charged: written with it
+    charged: int | None = None
 
     @classmethod
     def of(cls, row: Order, *, lines: bool = False) -> LoadedOrder:
@@ -72,6 +74,8 @@ class LoadedOrder(OrderRules):
             tuple(Line(l.sku, l.name, l.quantity, l.unit_price) for l in row.lines) if lines else (),
             bool(row.ships),
             row.shipping_details,
+            row.tax,
+            row.charged,
         )
 
     @classmethod
@@ -99,6 +103,10 @@ class LoadedOrder(OrderRules):
         """Where the paid goods go, as the provider collected it: saved with the payment."""
         if details:
             self.shipping_details = details
+
+    def charged_with(self, amount_total: int, tax: int) -> None:
+        """What the accepted payment charged (the proof has checked it): saved with the payment."""
+        self.charged, self.tax = amount_total, tax
 
     def failed_because(self, words: str) -> None:
         """What the customer's order page says about a failed payment, saved with the transition."""

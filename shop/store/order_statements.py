@@ -113,9 +113,11 @@ TRANSITIONS = {
             payment_processing_at=None,
             payment_declined_at=None,
             shipping_details=_v("shipping_details"),
+            tax=_v("tax"),
+            charged=_v("charged"),
             updated_at=_NOW,
         ),
-        ("status", "payment_session_id", "shipping_details"),
+        ("status", "payment_session_id", "shipping_details", "tax", "charged"),
     ),
     # Money that is real for an order that had not started (or had failed) its payment: the session
     # is adopted and paid in one transition.
@@ -128,9 +130,11 @@ TRANSITIONS = {
             payment_queued_at=None,
             payment_declined_at=None,
             shipping_details=_v("shipping_details"),
+            tax=_v("tax"),
+            charged=_v("charged"),
             updated_at=_NOW,
         ),
-        ("status", "payment_session_id", "payment_session_url", "shipping_details"),
+        ("status", "payment_session_id", "payment_session_url", "shipping_details", "tax", "charged"),
     ),
     T.MARK_PAYMENT_FAILED: (
         _guarded(T.MARK_PAYMENT_FAILED).values(

@@ -4,7 +4,7 @@ the inventory_restored marker, PaymentProof and the deadline arithmetic."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -34,7 +34,7 @@ from shop.domain.order import (
     OrderStatus,
     cancelled_because,
 )
-from shop.domain.payment import check_payment_proof
+from shop.domain.payment import NO_TAX_REPORTED, SessionTax, TaxMode, charged_tax, check_payment_proof
 from shop.domain.results import Ok, Refused
 
 S = OrderStatus
@@ -234,6 +234,64 @@ def test_payment_proof_needs_paid_status_the_exact_amount_and_the_currency(
     for fragment, problem in zip(problems, verdict.problems, strict=True):
         assert fragment in problem
     assert verdict.describe() == ("accepted" if accepted else "; ".join(verdict.problems))
+
+
+NO_TAX = SessionTax(enabled=False, status=None, amount_subtotal=3600, amount_tax=0)
+TAXED = SessionTax(enabled=True, status="complete", amount_subtotal=3600, amount_tax=288)
+TAXED_PROOFS = [
+    # (what the session says, amount_total, tax mode, the problems' fragments)
+    (NO_TAX, 3600, TaxMode.NONE, []),
+    (NO_TAX_REPORTED, 3600, TaxMode.NONE, []),
+    # An account that calculates tax by default charged more than the order: never Paid.
+    (TAXED, 3888, TaxMode.NONE, ["amount_total 3888 != order total 3600", "calculated tax"]),
+    # Even when the tax came out as zero, a calculation the shop did not ask for is refused.
+    (replace(TAXED, amount_tax=0), 3600, TaxMode.NONE, ["calculated tax"]),
+    (replace(NO_TAX, amount_subtotal=3000), 3600, TaxMode.NONE, ["amount_subtotal 3000 != order total 3600"]),
+    (TAXED, 3888, TaxMode.STRIPE, []),
+    (replace(TAXED, amount_tax=0), 3600, TaxMode.STRIPE, []),  # a country without tax
+    (TAXED, 3600, TaxMode.STRIPE, ["amount_total 3600 != amount_subtotal 3600 + tax 288"]),
+    (TAXED, 3889, TaxMode.STRIPE, ["amount_total 3889 != amount_subtotal 3600 + tax 288"]),
+    (replace(TAXED, amount_subtotal=3599), 3887, TaxMode.STRIPE, ["amount_subtotal 3599 != order total 3600"]),
+    # A calculation that failed, or never had the address, is never payment of another amount.
+    (replace(TAXED, status="failed"), 3888, TaxMode.STRIPE, ["automatic_tax.status is 'failed'"]),
+    (
+        replace(TAXED, status="requires_location_inputs", amount_tax=0),
+        3600,
+        TaxMode.STRIPE,
+        ["automatic_tax.status is 'requires_location_inputs'"],
+    ),
+    (NO_TAX, 3600, TaxMode.STRIPE, ["did not calculate tax", "automatic_tax.status is None"]),
+    (
+        NO_TAX_REPORTED,
+        3600,
+        TaxMode.STRIPE,
+        ["did not calculate", "status is None", "subtotal None", "amount_tax is None"],
+    ),
+]
+
+
+@pytest.mark.parametrize("tax,amount,mode,problems", TAXED_PROOFS)
+def test_payment_proof_takes_tax_only_when_the_shop_charges_it_and_then_exactly_subtotal_plus_tax(
+    tax, amount, mode, problems
+):
+    verdict = check_payment_proof(
+        order_total=3600,
+        order_currency="usd",
+        amount_total=amount,
+        currency="usd",
+        payment_status="paid",
+        tax=tax,
+        tax_mode=mode,
+    )
+    assert verdict.accepted is (not problems)
+    assert len(verdict.problems) == len(problems), verdict.problems
+    for fragment, problem in zip(problems, verdict.problems, strict=True):
+        assert fragment in problem
+
+
+def test_the_tax_an_accepted_payment_carries_is_zero_without_tax_and_the_sessions_with_stripe_tax():
+    assert charged_tax(TaxMode.NONE, TAXED) == 0
+    assert charged_tax(TaxMode.STRIPE, TAXED) == 288
 
 
 # -- deadlines -----------------------------------------------------------------------------------
