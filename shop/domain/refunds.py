@@ -58,6 +58,12 @@ def needs_operator(status: RefundStatus, settled: bool) -> bool:
     return status in NOT_RETURNED and not settled
 
 
+def charged_for(total: int, charged: int | None) -> int:
+    """What an order's payment charged: its `charged` (the total plus any tax), or the total for a
+    payment saved before the charge was (every payment then charged exactly the total)."""
+    return total if charged is None else charged
+
+
 def refundable(paid: int, refunded: list[int]) -> int:
     """What is left of a payment to refund: what was paid less every refund already made of it,
     pending, succeeded, settled outside the shop or failed (a failed one's money waits for an

@@ -272,6 +272,40 @@ def _webhook(endpoints: list | None, database: DatabaseChecks) -> Check:
             f"{len(enabled)} enabled endpoints for this URL ({', '.join(ep.id for ep in enabled)}): every event is "
             "sent to each, and only one's signing secret verifies: delete the others at the provider"
         )
+    found = _signing_secret(complete, target, database, warnings)
+    if isinstance(found, Check):
+        return found
+    held, source = found
+    if held[0].api_version != gateway.SDK_API_VERSION:
+        return Check(
+            "webhook", FAIL, _version_problem(held[0], target, bool(current_app.config.get("STRIPE_WEBHOOK_SECRET")))
+        )
+    detail = (
+        f"endpoint {held[0].id} for {target}, enabled, sends all {len(gateway.EVENT_TYPES)} events; "
+        f"signing secret {source}"
+    )
+    return Check("webhook", WARN if warnings else OK, "; ".join([detail, *warnings]))
+
+
+def _version_problem(endpoint, target: str, configured: bool) -> str:
+    """Our endpoint renders its events in another API version than the SDK reads. `configured`:
+    its secret is STRIPE_WEBHOOK_SECRET, so a person manages the endpoint, not registration."""
+    rendered = f"API version {endpoint.api_version}" if endpoint.api_version else "the account's default API version"
+    remedy = (
+        f"create it again at the provider in API version {gateway.SDK_API_VERSION} and set STRIPE_WEBHOOK_SECRET "
+        "to the new endpoint's secret"
+        if configured
+        else f"{REGISTER} (it replaces the endpoint)"
+    )
+    return (
+        f"endpoint {endpoint.id} for {target} renders events in {rendered}, but this shop reads "
+        f"{gateway.SDK_API_VERSION} (its SDK's): {remedy}"
+    )
+
+
+def _signing_secret(complete: list, target: str, database: DatabaseChecks, warnings: list) -> Check | tuple[list, str]:
+    """Which of the complete endpoints' signing secret the shop holds, and where it comes from; or
+    the check's failure when it holds none of them."""
     configured = current_app.config.get("STRIPE_WEBHOOK_SECRET")
     if configured:
         held, source = complete, "from STRIPE_WEBHOOK_SECRET"
@@ -307,8 +341,4 @@ def _webhook(endpoints: list | None, database: DatabaseChecks) -> Check:
                 f"every delivery would be refused: {REGISTER}",
             )
         source = "stored in the database"
-    detail = (
-        f"endpoint {held[0].id} for {target}, enabled, sends all {len(gateway.EVENT_TYPES)} events; "
-        f"signing secret {source}"
-    )
-    return Check("webhook", WARN if warnings else OK, "; ".join([detail, *warnings]))
+    return held, source

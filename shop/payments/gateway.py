@@ -321,16 +321,17 @@ def list_webhook_endpoints() -> list[EndpointView]:
     return [endpoint_view(e) for e in page.auto_paging_iter()]
 
 
+# The API version the SDK is pinned to: our endpoint renders its events in it, so an event reads
+# as the objects the SDK returns do, whatever the account's default version is.
+SDK_API_VERSION: str = stripe.api_version
+
+
 def create_webhook_endpoint(url: str, description: str) -> EndpointView:
+    params = {"url": url, "enabled_events": EVENT_TYPES, "description": description, "api_version": SDK_API_VERSION}
     return endpoint_view(
         _call(
             "create webhook endpoint",
-            lambda: client().v1.webhook_endpoints.create(
-                params=cast(
-                    "WebhookEndpointCreateParams",
-                    {"url": url, "enabled_events": EVENT_TYPES, "description": description},
-                )
-            ),
+            lambda: client().v1.webhook_endpoints.create(params=cast("WebhookEndpointCreateParams", params)),
         )
     )
 

@@ -315,6 +315,8 @@ class EndpointView:
     description: str | None
     secret: str | None = None
     enabled_events: tuple[str, ...] = ()
+    # The API version its events are rendered in; None: the account's default, whatever it is.
+    api_version: str | None = None
 
 
 def endpoint_view(obj) -> EndpointView:
@@ -326,4 +328,5 @@ def endpoint_view(obj) -> EndpointView:
         data.get("description"),
         data.get("secret"),
         tuple(data.get("enabled_events") or ()),
+        data.get("api_version") or None,
     )

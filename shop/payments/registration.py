@@ -82,6 +82,14 @@ def register_webhook() -> list[str]:
     if stored_id and stored_secret and any(ep.id == stored_id.value for ep in live):
         [ours] = [ep for ep in live if ep.id == stored_id.value]
         db.session.rollback()
+        if ours.api_version != gateway.SDK_API_VERSION:
+            # An endpoint's version cannot be changed: a new one in the SDK's version takes its
+            # place (its secret stored first, so deliveries are verified with it at once).
+            lines.append(_create(target))
+            gateway.delete_webhook_endpoint(ours.id)
+            rendered = ours.api_version or "the account's default version"
+            lines.append(f"deleted endpoint {ours.id}: it rendered events in {rendered}")
+            return lines
         missing = [e for e in gateway.EVENT_TYPES if e not in ours.enabled_events and "*" not in ours.enabled_events]
         if missing:
             # Registered by a release that used fewer events (before refunds were followed): the
@@ -95,6 +103,13 @@ def register_webhook() -> list[str]:
     for ep in live:
         gateway.delete_webhook_endpoint(ep.id)
         lines.append(f"deleted endpoint {ep.id} whose secret this shop does not hold")
+    lines.append(_create(target))
+    return lines
+
+
+def _create(target: str) -> str:
+    """Our endpoint for `target`, created in the SDK's API version, its secret stored for every
+    process; the line that says so."""
     created = gateway.create_webhook_endpoint(
         target, f"{MARKER} Backstop shop at {current_app.config['PUBLIC_BASE_URL']}"
     )
@@ -102,5 +117,7 @@ def register_webhook() -> list[str]:
     _store(SECRET_KEY, created.secret)
     forget_webhook_secret()
     _store(ENDPOINT_KEY, created.id)
-    lines.append(f"registered endpoint {created.id} for {target}; signing secret stored for every process")
-    return lines
+    return (
+        f"registered endpoint {created.id} for {target} (API version {created.api_version}); "
+        "signing secret stored for every process"
+    )

@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
-from ..domain.refunds import refund_amount_problem, refundable
+from ..domain.refunds import charged_for, refund_amount_problem, refundable
 from ..extensions import db
 from ..models import Order, Refund
 from ..outbox import uow
@@ -73,7 +73,7 @@ def refundable_now(order_id: int) -> int | None:
     order = db.session.get(Order, order_id)
     if order is None or order.status is not OrderStatus.PAID or not order.payment_session_id:
         return None
-    return refundable(order.total, refunded_so_far(order_id, order.payment_session_id))
+    return refundable(charged_for(order.total, order.charged), refunded_so_far(order_id, order.payment_session_id))
 
 
 def refund_order(
@@ -117,7 +117,7 @@ def _refusal(order, amount: int | None, reason: str, restock: bool) -> tuple[str
         return "not_paid", {}, amount or 0, 0  # a refusal's amount is not used
     if not order.payment_session_id:
         return "no_payment", {}, amount or 0, 0
-    left = refundable(order.total, refunded_so_far(order.id, order.payment_session_id))
+    left = refundable(charged_for(order.total, order.charged), refunded_so_far(order.id, order.payment_session_id))
     if amount is None:  # the rest
         amount = left
         if left <= 0:
