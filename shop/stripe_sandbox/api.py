@@ -224,10 +224,12 @@ def stripe_view(view: Callable[..., Any]) -> Callable[..., Response]:
                 stored = sandbox.idempotency.get((g.api_key, key))
                 if stored is not None:
                     return _replay(stored, key, method, request.path, fingerprint)
+            locked = sandbox.lock_timeout(_written_object(sandbox, method, params, route_args))
+            if locked is not None:
+                # Stripe asks the client to retry a lock timeout (the SDKs do, with backoff).
+                retry = {"Stripe-Should-Retry": "true", **({"Idempotency-Key": key} if key is not None else {})}
+                return json_response(locked.status, _dump(locked.body()), retry)
             try:
-                locked = sandbox.lock_timeout(_written_object(sandbox, method, params, route_args))
-                if locked is not None:
-                    raise locked
                 status, body, saved = 200, _dump(view(sandbox, params, call, **route_args)), True
             except StripeError as error:
                 status, body, saved = error.status, _dump(error.body()), error.saved
