@@ -59,7 +59,7 @@ def session_params(
             }
             for line in lines
         ],
-        "automatic_tax": {"enabled": tax_mode is TaxMode.STRIPE},
+        "automatic_tax": {"enabled": tax_mode == TaxMode.STRIPE},
         "adaptive_pricing": {"enabled": False},
         # Checked against the SDK's list of types when the settings were read (PAYMENT_METHODS).
         "allowed_payment_method_types": cast("Any", list(payment_methods)),

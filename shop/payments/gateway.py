@@ -24,6 +24,7 @@ from .provider_errors import (
     ProviderRefused,
     ProviderUnavailable,
     SignatureProblem,
+    retry_after_seconds,
     unavailable,
 )
 from .provider_probe import counts_as_failure, watch_for_recovery
@@ -50,7 +51,6 @@ from .provider_views import (
 )
 from .transport import (
     GuardedHttpClient,
-    _retry_after,
     api_base,
     client,
     endpoint_of,
@@ -116,7 +116,7 @@ def _call(what: str, fn):
         limited = isinstance(exc, stripe.RateLimitError)
         raise unavailable(
             f"{what}: {exc.user_message or exc}",
-            _retry_after(exc.headers) if limited else None,
+            retry_after_seconds(exc.headers) if limited else None,
             ProviderFailure.RATE_LIMITED if limited else ProviderFailure.UNREACHABLE,
         ) from exc
     except stripe.StripeError as exc:
@@ -124,7 +124,7 @@ def _call(what: str, fn):
         if status >= 500 or status == 0 or status == 429:
             raise unavailable(
                 f"{what}: provider error {status}: {exc.user_message or exc}",
-                _retry_after(exc.headers) if status == 429 else None,
+                retry_after_seconds(exc.headers) if status == 429 else None,
                 ProviderFailure.RATE_LIMITED if status == 429 else ProviderFailure.UNREACHABLE,
             ) from exc
         raise ProviderRefused(f"{what}: {exc.user_message or exc}", getattr(exc, "code", None)) from exc

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 
 from .guard import ShedKind
@@ -56,3 +57,29 @@ def unavailable(message: str, retry_after: float | None, kind: UnavailableKind) 
     exc.retry_after = retry_after
     exc.kind = kind
     return exc
+
+
+def is_lock_timeout(content) -> bool:
+    """A 429 whose error is `lock_timeout`: another request held the same object (a session being
+    expired while its PaymentIntent is refunded). Not a rate limit: nothing to pause for, and the
+    same request, same idempotency key, is retried at once (the SDK's backoff)."""
+    text = content.decode("utf-8", "replace") if isinstance(content, bytes) else str(content or "")
+    try:
+        error = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, dict) and error.get("code") == "lock_timeout"
+
+
+# A 429 without Retry-After: Stripe's advice is to back off about a second.
+DEFAULT_RETRY_AFTER_SECONDS = 1.0
+MAX_RETRY_AFTER_SECONDS = 60.0
+
+
+def retry_after_seconds(headers) -> float:
+    """A 429's Retry-After, in seconds, within bounds; Stripe's advice when it gives none."""
+    try:
+        seconds = float((headers or {}).get("Retry-After") or "")  # absent: "" is no number either
+    except (TypeError, ValueError):
+        return DEFAULT_RETRY_AFTER_SECONDS
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS) or DEFAULT_RETRY_AFTER_SECONDS

@@ -22,6 +22,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from .. import clock
 from ..extensions import per_app
 from . import guard
+from .provider_errors import is_lock_timeout, retry_after_seconds
 
 log = logging.getLogger("shop.provider")
 
@@ -140,8 +141,8 @@ class GuardedHttpClient(stripe.RequestsClient):
             raise
         finally:
             log_call(method, url, headers, status, rheaders, time.monotonic() - started, failure, sent)
-        if status == 429:
-            guard.get().pause(_retry_after(rheaders))
+        if status == 429 and not is_lock_timeout(content):  # a rate limit: every process waits
+            guard.get().pause(retry_after_seconds(rheaders))
         return content, status, rheaders
 
     def _handle_request_error(self, e):
@@ -153,7 +154,9 @@ class GuardedHttpClient(stripe.RequestsClient):
         if num_retries == 0:  # a new call: none of its retries were a 429's yet
             self._attempt.limited, self._attempt.limited_wait = 0, None
         if response is not None and response[1] == 429:
-            retry = bool(max_network_retries) and self._retry_429(response[2])
+            # A lock_timeout (two requests at one object) is retried the same way, after a short wait.
+            wait = LOCK_RETRY_SECONDS if is_lock_timeout(response[0]) else retry_after_seconds(response[2])
+            retry = bool(max_network_retries) and self._retry_429(response[2], wait)
             self._attempt.limited += retry
         else:
             # A 429's retries are not network retries: they leave the SDK's own count alone.
@@ -163,7 +166,7 @@ class GuardedHttpClient(stripe.RequestsClient):
         self._attempt.retry = retry
         return retry
 
-    def _retry_429(self, rheaders) -> bool:
+    def _retry_429(self, rheaders, wait: float) -> bool:
         """Whether a 429 is retried: not after `Stripe-Should-Retry: false` nor by a client that
         makes no retries (the probe, the preflight); else when its Retry-After (guard.pause has
         stopped every process until then) and one more attempt fit in the caller's time: what is
@@ -178,7 +181,6 @@ class GuardedHttpClient(stripe.RequestsClient):
                 self._attempt.limited_since = now
             patience = ctx.patience if ctx.patience is not None else guard.get().limits.background_wait_seconds
             until = self._attempt.limited_since + patience
-        wait = _retry_after(rheaders)
         if now + wait + MIN_ATTEMPT_SECONDS > until:
             return False
         self._attempt.limited_until, self._attempt.limited_wait = until, wait
@@ -257,17 +259,8 @@ def log_call(method, url, headers, status, rheaders, seconds: float, failure: st
 
 # An attempt with less time than this left in the request's budget could not get an answer.
 MIN_ATTEMPT_SECONDS = 0.3
-# A 429 without Retry-After: Stripe's advice is to back off about a second.
-DEFAULT_RETRY_AFTER_SECONDS = 1.0
-MAX_RETRY_AFTER_SECONDS = 60.0
-
-
-def _retry_after(headers) -> float:
-    try:
-        seconds = float((headers or {}).get("Retry-After") or "")  # absent: "" is no number either
-    except (TypeError, ValueError):
-        return DEFAULT_RETRY_AFTER_SECONDS
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS) or DEFAULT_RETRY_AFTER_SECONDS
+# A lock_timeout's retry waits this long: the other request holding the object is usually done.
+LOCK_RETRY_SECONDS = 0.25
 
 
 # Where new payment sessions are made: the endpoint whose budget the checkout queue shares out.
