@@ -461,6 +461,33 @@ def test_an_endpoint_whose_signing_secret_is_held_nowhere_fails(make_fresh_app, 
     assert lines["webhook"][0] == "ok" and lines["webhook"][1].endswith("signing secret from STRIPE_WEBHOOK_SECRET")
 
 
+def test_an_endpoint_rendering_another_api_version_fails_naming_both_versions(make_fresh_app, sandbox):
+    """A person's endpoint made while the account's default was an older version renders events
+    in it, whatever the SDK reads (docs/REFERENCE.md, flask shop check)."""
+    sandbox.account(default_api_version="2025-03-31.basil")
+    endpoint(sandbox, TARGET, list(EVENT_TYPES))
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_WEBHOOK_SECRET="whsec_copied")
+
+    code, lines, output = check(app)
+
+    assert code == 1, output
+    label, detail = lines["webhook"]
+    assert label == "FAIL"
+    assert f"renders events in API version 2025-03-31.basil, but this shop reads {stripe.api_version}" in detail
+    assert f"create it again at the provider in API version {stripe.api_version}" in detail
+
+
+def test_an_endpoint_registration_made_passes_on_an_account_whose_default_version_is_older(make_fresh_app, sandbox):
+    sandbox.account(default_api_version="2025-03-31.basil")
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_WEBHOOK_SECRET=None)
+    register(app)
+
+    code, lines, output = check(app)
+
+    assert code == 0, output
+    assert lines["webhook"][0] == "ok"
+
+
 def test_the_command_is_documented():
     with open(os.path.join(ROOT, "docs", "REFERENCE.md")) as f:
         reference = f.read()

@@ -9,7 +9,7 @@ import pytest
 from shop.extensions import db
 from shop.models import KeyValue
 from shop.payments import gateway
-from shop.payments.registration import MARKER, register_webhook
+from shop.payments.registration import ENDPOINT_KEY, MARKER, SECRET_KEY, register_webhook
 
 BASE = "https://shop.example.com"
 TARGET = BASE + "/webhooks/stripe"
@@ -142,4 +142,29 @@ def test_an_endpoint_registered_before_refund_events_existed_is_subscribed_to_th
     assert "refund.updated" in endpoint["enabled_events"] and "refund.failed" in endpoint["enabled_events"]
     assert _stored(fresh_app) == stored
     assert any("now also sends refund.updated, refund.failed" in line for line in lines)
+    assert any("already registered" in line for line in _register(fresh_app))
+
+
+def test_our_endpoint_on_another_api_version_is_replaced_by_one_on_the_sdks_with_its_secret_stored(
+    fresh_app, sdk, sandbox
+):
+    """Registered by a release that did not pin the version, on an account whose default is
+    older: events came in the old shape. An endpoint's version cannot be changed, so a new one
+    takes its place, its secret stored, and the old one is deleted."""
+    sandbox.account(default_api_version="2025-03-31.basil")
+    old = sdk.v1.webhook_endpoints.create(
+        params={"url": TARGET, "enabled_events": list(gateway.EVENT_TYPES), "description": f"{MARKER} Backstop"}
+    )
+    assert old["api_version"] == "2025-03-31.basil"
+    with fresh_app.app_context():
+        db.session.add_all([KeyValue(key=SECRET_KEY, value=old["secret"]), KeyValue(key=ENDPOINT_KEY, value=old["id"])])
+        db.session.commit()
+        db.session.remove()
+
+    lines = _register(fresh_app)
+
+    [new] = _endpoints(sdk).values()
+    assert new["id"] != old["id"] and new["api_version"] == gateway.SDK_API_VERSION
+    assert _stored(fresh_app) == {ENDPOINT_KEY: new["id"], SECRET_KEY: _secret_at_sandbox(sandbox, new["id"])}
+    assert any(f"deleted endpoint {old['id']}: it rendered events in 2025-03-31.basil" in line for line in lines)
     assert any("already registered" in line for line in _register(fresh_app))
