@@ -420,11 +420,13 @@ class Sandbox:
         shipping = shipping_details
         if session.collects_shipping and shipping is None:
             shipping = sandbox_shipping_details(session.shipping_countries[0])
-        self._price(session, ((shipping or {}).get("address") or address or {}).get("country") or TEST_CUSTOMER_COUNTRY)
+        ships_to = (shipping or {}).get("address")
+        # Stripe Tax places the customer where the goods go, else at their billing address.
+        self._price(session, (ships_to or address or {}).get("country") or TEST_CUSTOMER_COUNTRY)
         if address is not None or session.automatic_tax:
-            session.customer_address = dict(address or _test_address((shipping or {}).get("address")))
+            session.customer_address = dict(address or _test_address(ships_to))
         pi = self._payment_intent_for(session)
-        pi.amount = session.amount_total
+        pi.amount = session.amount_total  # a retry after a decline may be from elsewhere
         charge = self._new_charge(pi)
         if outcome == "declined":
             charge.status = "failed"

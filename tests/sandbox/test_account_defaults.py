@@ -8,7 +8,7 @@ import json
 import pytest
 import stripe
 
-from sandbox.test_hosted_page_and_shapes import assert_matches_fixture, new_session
+from sandbox.test_hosted_page_and_shapes import assert_matches_fixture, browser, new_session
 from shop.stripe_sandbox.persist import StateFile
 from shop.stripe_sandbox.state import Sandbox
 from shop.stripe_sandbox.testing import SandboxControlError
@@ -137,11 +137,12 @@ def test_the_accounts_tax_default_applies_until_the_address_is_known_then_adds_e
 
 
 def test_tax_rounds_half_up_to_the_smallest_unit_and_a_country_without_a_rate_pays_none(client, sandbox):
-    sandbox.account(tax_rates={"GB": 2000, "DE": 1950})
-    taxed = new_session(client, automatic_tax={"enabled": True}, line_items=[_line(1001)])
+    sandbox.account(tax_rates={"GB": 2000, "DE": 1925})
+    taxed = new_session(client, automatic_tax={"enabled": True}, line_items=[_line(1000)])
     untaxed = new_session(client, automatic_tax={"enabled": True}, line_items=[_line(1001)])
 
-    assert sandbox.set_outcome(taxed.id, "paid", address={"country": "DE"})["total_details"]["amount_tax"] == 195
+    # 1000 x 19.25 % = 192.5: half up, not to even
+    assert sandbox.set_outcome(taxed.id, "paid", address={"country": "DE"})["total_details"]["amount_tax"] == 193
     elsewhere = sandbox.set_outcome(untaxed.id, "paid", address=BOSTON)
     assert elsewhere["automatic_tax"]["status"] == "complete"
     assert elsewhere["total_details"]["amount_tax"] == 0 and elsewhere["amount_total"] == 1001
@@ -194,6 +195,18 @@ def test_a_declined_card_already_prices_the_payment_for_the_address_and_a_retry_
 
     assert paid["amount_total"] == 3000
     assert client.v1.payment_intents.retrieve(paid["payment_intent"]).amount_received == 3000
+
+
+def test_a_session_with_tax_paid_on_the_hosted_page_is_taxed_where_it_ships(client, sandbox):
+    sandbox.account(automatic_tax_default="enabled_when_possible", tax_rates={"GB": 2000, "US": 500})
+    session = new_session(client, shipping_address_collection={"allowed_countries": ["GB"]})
+    form = {"name": "Ada", "line1": "1 High St", "city": "London", "postal_code": "N1 1AA", "country": "GB"}
+
+    assert browser(sandbox, "POST", f"/pay/{session.id}", {**form, "choice": "pay"})[0] == 303
+
+    paid = client.v1.checkout.sessions.retrieve(session.id, params={"expand": ["payment_intent"]})
+    assert paid.automatic_tax.status == "complete" and paid.total_details.amount_tax == 500
+    assert paid.amount_total == 3000 and paid.payment_intent.amount_received == 3000
 
 
 def test_a_session_with_tax_paid_without_an_address_is_taxed_where_the_sandbox_customer_lives(client, sandbox):
