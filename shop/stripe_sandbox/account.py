@@ -95,8 +95,7 @@ class Account:
         return int((Decimal(subtotal) * basis_points / 10_000).quantize(Decimal(1), ROUND_HALF_UP))
 
     def payment_method_types(self, allowed: list[str] | None, excluded: list[str] | None) -> list[str]:
-        """The dynamic list, narrowed as the session asks (the caller has refused both at once
-        and an allowed type the account does not offer)."""
+        """The dynamic list, narrowed as the session asks (the caller has refused both at once)."""
         if allowed is not None:
             return [kind for kind in self.payment_methods if kind in allowed]
         return [kind for kind in self.payment_methods if kind not in (excluded or [])]

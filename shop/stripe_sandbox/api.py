@@ -485,8 +485,9 @@ def _read_type_list(value: Any, param: str) -> list[str] | None:
 
 
 def _read_payment_method_types(params: dict, account: Account) -> list[str]:
-    """The account's dynamic payment methods, narrowed by `allowed_payment_method_types` (each one
-    must be on for the account) or `excluded_payment_method_types`, never both."""
+    """The account's dynamic payment methods, narrowed by `allowed_payment_method_types` (a filter:
+    a type the account does not offer is simply not offered) or `excluded_payment_method_types`,
+    never both; refused when nothing is left to offer."""
     allowed = _read_type_list(params.get("allowed_payment_method_types"), "allowed_payment_method_types")
     excluded = _read_type_list(params.get("excluded_payment_method_types"), "excluded_payment_method_types")
     if allowed is not None and excluded is not None:
@@ -494,18 +495,12 @@ def _read_payment_method_types(params: dict, account: Account) -> list[str]:
             "You cannot use both allowed_payment_method_types and excluded_payment_method_types.",
             "excluded_payment_method_types",
         )
-    for index, kind in enumerate(allowed or []):
-        if kind not in account.payment_methods:
-            raise invalid(
-                f"The payment method type {kind!r} is not activated for this account (it offers "
-                f"{', '.join(account.payment_methods)}).",
-                param_name("allowed_payment_method_types", index),
-            )
     kinds = account.payment_method_types(allowed, excluded)
     if not kinds:
+        narrowed = f"excluding {', '.join(excluded)}" if excluded else f"allowing only {', '.join(allowed or [])}"
         raise invalid(
-            "No payment method types are left for this Checkout Session after "
-            f"excluding {', '.join(excluded or [])}; the account offers {', '.join(account.payment_methods)}.",
+            f"No payment method types are left for this Checkout Session after {narrowed}; "
+            f"the account offers {', '.join(account.payment_methods)}.",
             "excluded_payment_method_types" if excluded else "allowed_payment_method_types",
         )
     return kinds
