@@ -55,7 +55,7 @@ def create_app(test_config: dict | None = None, env: Mapping[str, str] | None = 
     # the one place that wires every layer together.
     from . import errors, web
     from .extensions import db
-    from .payments import guard
+    from .provider import guard
 
     _init_database(app)
     _init_auth(app)
@@ -112,7 +112,7 @@ def _flask_config(settings: Settings) -> dict:
         PRUNE_JOB_SECONDS=20.0,
         STRIPE_TIMEOUT_SECONDS=10,
         STRIPE_MAX_NETWORK_RETRIES=2,
-        # A customer's request (payments.guard): short timeouts, one retry, and an overall budget
+        # A customer's request (provider.guard): short timeouts, one retry, and an overall budget
         # so the page answers within about 10 s however the provider behaves.
         STRIPE_REQUEST_CONNECT_TIMEOUT_SECONDS=2.0,
         STRIPE_REQUEST_READ_TIMEOUT_SECONDS=4.0,

@@ -15,8 +15,8 @@ from .extensions import the_app
 from .models import CycleStatus
 from .outbox.relay import relay_once, wake_due_work
 from .payments import checkout_queue
-from .payments import watch as provider_watch
-from .payments.registration import register_webhook
+from .provider import watch as provider_watch
+from .provider.registration import register_webhook
 from .scheduling import retention, takeover
 from .scheduling.sweep import run_cycle
 from .seed import seed_catalog, upsert_operator
@@ -65,7 +65,7 @@ def scheduler_command(burst):
     """Run rq-scheduler: register periodic jobs, wake drains for due work, then poll (each poll
     also asks the database for due deadlines, commands and deliveries); beside it, watch the
     sweep's lease and queue a cycle when one was left behind mid-cycle, and check the payment
-    provider every few seconds for the console (payments.watch)."""
+    provider every few seconds for the console (provider.watch)."""
     cfg = current_app.config
     sweep = (
         cfg["RECONCILIATION_INTERVAL_SECONDS"]

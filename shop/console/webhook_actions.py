@@ -12,8 +12,8 @@ from flask import request, url_for
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import Order, ReceiptOutcome, WebhookReceipt
-from ..payments import gateway
 from ..payments.replay import NotAnEvent, reapply_event
+from ..provider import gateway
 from ..web.answers import respond
 from . import audit, bp
 from .answers import done, operator_name, problem

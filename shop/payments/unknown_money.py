@@ -11,7 +11,7 @@ already have been answered by the machine that was lost. Such money is never kep
 * the command asks the provider about the session (a webhook's word is checked, not trusted) and
   applies the answer through the same path: an order that turns up after all is paid, or its
   late money refunded, as for any notice; money that still names no order is refunded, once (the
-  Idempotency-Key names the session), if the session carries this shop's mark (shop.payments.mark):
+  Idempotency-Key names the session), if the session carries this shop's mark (shop.provider.mark):
   a payment of another integration sharing the provider account is left alone and shown to an
   operator instead;
 * the refund is followed until the provider says it is done.
@@ -32,8 +32,8 @@ from ..models import CommandKind, UnknownPayment
 from ..models import UnknownPaymentStatus as S
 from ..outbox import schedule_command
 from ..outbox.failures import PermanentFailure
-from . import gateway
-from .mark import shop_mark
+from ..provider import gateway
+from ..provider.mark import shop_mark
 
 log = logging.getLogger("shop.payments")
 

@@ -2,11 +2,11 @@
 
 from flask import Blueprint
 
-from ..payments.guard import Priority, request_priority
+from ..provider.guard import Priority, request_priority
 from ..web.answers import keep_private, negotiates
 
 bp = Blueprint("storefront", __name__)
-# A customer waits on these requests' provider calls: a customer's priority (payments.guard).
+# A customer waits on these requests' provider calls: a customer's priority (provider.guard).
 request_priority(bp, Priority.CUSTOMER)
 # The cart, checkout, orders and the return page are this browser's own: never stored by a cache.
 # The catalog is the same for everyone and keeps caching as before.

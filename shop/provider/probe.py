@@ -18,9 +18,9 @@ from ..domain.deadlines import utcnow
 from ..extensions import db, per_app
 from ..outbox import dispatch
 from . import guard
-from .provider_errors import ProviderFailure, ProviderRefused, unavailable
-from .provider_views import EndpointView, endpoint_view
+from .errors import ProviderFailure, ProviderRefused, unavailable
 from .transport import SANDBOX_API_KEY, STRIPE_API, _http_client, api_base
+from .views import EndpointView, endpoint_view
 
 log = logging.getLogger("shop.payments")
 
