@@ -53,16 +53,18 @@ def create_app(test_config: dict | None = None, env: Mapping[str, str] | None = 
     # shop module, and the domain's tests, the sandbox (`python -m shop.stripe_sandbox`) and the
     # settings check must not load (or depend on) the whole app. This is the composition root:
     # the one place that wires every layer together.
-    from . import errors, web
+    from . import errors, provider, web
     from .extensions import db
-    from .provider import guard
+    from .outbox import dispatch
 
     _init_database(app)
     _init_auth(app)
     errors.init_app(app)
     errors.init_teardown(app, db)
     web.init_app(app)
-    guard.init_app(app)
+    # The provider answering again makes the rows that backed off for it due: the outbox's wake-up,
+    # handed in as the outbox's handlers are, so the provider imports none of the layers above it.
+    provider.init_app(app, wake_waiting_work=dispatch.wake_provider_waiters)
     _register_work(app)
     _register_areas(app)
     return app

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -35,8 +36,42 @@ def test_the_import_contracts_in_pyproject_hold():
         "Layers point one way",
         "No use case imports presentation code",
         "No package cycles between the shop's packages",
+        "Only shop.provider imports stripe",
     ):
         assert contract in result.stdout, f"the contract {contract!r} did not run"
+
+
+def top_level_modules() -> set[str]:
+    """shop's packages and modules, one level down (shop/__init__.py, the app factory, aside)."""
+    shop = ROOT / "shop"
+    found = {f"shop.{p.stem}" for p in shop.glob("*.py") if p.name != "__init__.py"}
+    found |= {f"shop.{p.parent.name}" for p in shop.glob("*/__init__.py")}
+    return found
+
+
+def _contract(name: str) -> dict:
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    [found] = [c for c in contracts if c["name"].startswith(name)]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("contract", "key", "but"),
+    [
+        ("Only shop.provider imports stripe", "source_modules", {"shop.provider"}),
+        ("Only shop.queue knows RQ", "source_modules", {"shop.queue"}),
+        ("The sandbox stands alone", "forbidden_modules", {"shop.stripe_sandbox"}),
+        ("The domain is pure", "forbidden_modules", {"shop.domain", "shop.clock"}),
+    ],
+)
+def test_the_only_and_nothing_else_contracts_name_every_other_package(contract, key, but):
+    # "Only X imports stripe" holds only for the packages the contract lists: a package added to
+    # shop/ and not to the list could import stripe unseen. The lists name packages (and the
+    # top-level modules), never single modules inside a package.
+    listed = {m for m in _contract(contract)[key] if m.startswith("shop")}
+    assert len(top_level_modules()) > 30, "the walk found too few of the shop's packages"
+    wanted = top_level_modules() - but
+    assert listed == wanted, f"missing: {sorted(wanted - listed)}; not a top-level package: {sorted(listed - wanted)}"
 
 
 @pytest.mark.parametrize("layer", ["tests/domain", "tests/sandbox"])
