@@ -164,15 +164,14 @@ def _register_work(app) -> None:
 
 
 def _register_areas(app) -> None:
-    from . import console, storefront, webhooks
-    from .cli import shop_cli
+    from . import cli, console, storefront, webhooks
     from .ops import bp as ops_bp
 
     storefront.init_app(app)
     app.register_blueprint(ops_bp)
     webhooks.init_app(app)
     console.init_app(app)
-    app.cli.add_command(shop_cli)
+    cli.init_app(app, app_factory=create_app)
 
 
 # A pooled connection used this recently is alive (PostgreSQL restarts and idle timeouts act

@@ -25,6 +25,16 @@ log = logging.getLogger("shop.scheduler")
 
 shop_cli = AppGroup("shop", help="Backstop operations.")
 
+# Where the app keeps the factory that built it, for `flask shop up` (see init_app).
+_APP_FACTORY = "backstop_app_factory"
+
+
+def init_app(app, *, app_factory) -> None:
+    """The app factory registers these commands and hands itself in: `flask shop up` builds an app
+    for the environment it plans, and the CLI, which the factory imports, never imports it back."""
+    app.extensions[_APP_FACTORY] = app_factory
+    app.cli.add_command(shop_cli)
+
 
 @shop_cli.command("seed")
 def seed_command():
@@ -211,4 +221,4 @@ def up_command(port):
     # Imported when run, for the same reason: the supervisor is needed by this command only.
     from .devserver.command import up
 
-    up(port=port)
+    up(current_app.extensions[_APP_FACTORY], port=port)

@@ -14,8 +14,9 @@ from ..models import Order, RestoreWarning, WarningState
 from ..payments.apply import Outcome, reconcile_order
 from ..provider import gateway
 from ..saga import warnings
-from . import audit, bp
+from . import audit
 from .answers import done, find_order, operator_name, problem
+from .blueprint import bp
 from .forms import ResolveForm
 
 log = logging.getLogger("shop.console")

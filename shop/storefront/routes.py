@@ -26,7 +26,7 @@ from ..provider import gateway
 from ..web.answers import answer_if_later_fails, at_address, browser_id, respond, wants_json
 from ..web.serialize import in_line, keeps_changing, order_json, order_summary_json, watch_state
 from ..web.words import badge, cancel_conflict_words
-from . import bp
+from .blueprint import bp
 from .cart import render_cart
 from .cart_words import EMPTY_CART, JUST_ORDERED, checkout_refusal_words
 from .forms import ActionForm, CancelForm, CheckoutForm, first_error
