@@ -1,9 +1,8 @@
 """Asking the provider once, outside the breaker: the breaker's probe (a cheap read whose first
-success closes it, then wakes the work that waited for the provider, by what create_app handed in:
-`init_app`), the console's watch of that
-same read (`check`), and the deploy preflight's read of the webhook endpoints
-(`list_webhook_endpoints_once`, within its own timeout and outside the guard). Like gateway.py and
-transport.py, it talks to Stripe's SDK."""
+success closes it, then wakes the work that waited for the provider with what create_app handed
+in: `init_app`), the console's watch of that same read (`check`), and the deploy preflight's read
+of the webhook endpoints (`list_webhook_endpoints_once`, within its own timeout and outside the
+guard). Like gateway.py and transport.py, it talks to Stripe's SDK."""
 
 from __future__ import annotations
 
