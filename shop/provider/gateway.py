@@ -1,8 +1,8 @@
-"""The payment gateway: every call the shop makes to the provider (this package, `shop/provider/`,
-is the only one that imports `stripe`). What the shop learns from it comes out as
-plain values (`views`), every failure as one of `errors`. Every creating call
-carries an Idempotency-Key derived from what the call is for, so a retried request (ours, or the
-SDK's own network retry) never creates a second object."""
+"""The payment gateway: every call the shop makes to the provider (its package, `shop/provider/`,
+is the only one that imports `stripe`). What the shop learns from it comes out as plain values
+(`views`), every failure as one of `errors`. Every creating call carries an Idempotency-Key
+derived from what the call is for, so a retried request (ours, or the SDK's own network retry)
+never creates a second object."""
 
 from __future__ import annotations
 
