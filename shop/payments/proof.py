@@ -7,8 +7,8 @@ from __future__ import annotations
 from flask import current_app
 
 from ..domain.payment import ProofVerdict, TaxMode, charged_tax, check_payment_proof
+from ..provider.views import SessionView
 from ..store.order_store import LoadedOrder
-from .provider_views import SessionView
 
 
 def tax_mode() -> TaxMode:

@@ -13,8 +13,8 @@ from shop.domain.deadlines import utcnow
 from shop.domain.payment import TaxMode
 from shop.extensions import db
 from shop.models import Order, PaymentProofRefusal, Refund
-from shop.payments import guard
 from shop.payments.apply import reconcile_order
+from shop.provider import guard
 from shop.saga.operator_refunds import RefundOutcome, refund_order
 
 GERMANY = {"country": "DE", "line1": "Unter den Linden 1", "city": "Berlin", "postal_code": "10117"}

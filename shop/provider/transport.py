@@ -22,7 +22,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from .. import clock
 from ..extensions import per_app
 from . import guard
-from .provider_errors import is_lock_timeout, retry_after_seconds
+from .errors import is_lock_timeout, retry_after_seconds
 
 log = logging.getLogger("shop.provider")
 
@@ -206,7 +206,7 @@ def outcome_of(status: int | None, sent: bool = True) -> str:
     return "unavailable" if status >= 500 else "refused"
 
 
-# The watch's health checks (payments.watch): every 2 s in each scheduler, so their lines are
+# The watch's health checks (provider.watch): every 2 s in each scheduler, so their lines are
 # DEBUG; the watch itself says when the answer changes.
 _quiet = ContextVar("backstop_quiet_provider_calls", default=False)
 
