@@ -27,6 +27,7 @@ from .. import clock, queue
 from ..domain.deadlines import as_utc
 from ..extensions import db
 from ..models import OutboxDelivery, ScheduledCommand, WorkStatus
+from ..queue.beats import STALL_AFTER_SECONDS
 
 # A due delivery or command that has waited this many times HEALTH_STALE_SECONDS (5 min at the
 # default) means work is not getting done although processes beat: a drain takes a due row
@@ -39,18 +40,35 @@ def _ago(seconds: float) -> str:
     return f"{int(seconds)} s ago"
 
 
-def judge_role(role: str, seen: list[dict], now: datetime, stale: int) -> tuple[bool, str, list[str]]:
-    """(healthy, words, stalled process names) for one role, from its processes' `last_beat`.
-    A process with `in_redis` False is one this web process saw beating but Redis no longer
-    lists (see the module's note on a Redis that lost its data)."""
+def quiet_for(p: dict, now: datetime, stale: int, stall_after: float) -> tuple[float, bool]:
+    """(seconds since the process was last heard from, stalled) for one process. A process that
+    pulses (queue.beats.Pulse) is heard from every second: stalled once its pulse is older than
+    `stall_after`. Without a pulse (or with a full beat already stale), its full beat counts,
+    against `stale` (HEALTH_STALE_SECONDS)."""
+    beat_age = (now - p["last_beat"]).total_seconds()
+    pulse = p.get("pulse_at")
+    if pulse is not None and beat_age <= stale:
+        pulse_age = max(0.0, (now - pulse).total_seconds())
+        return pulse_age, pulse_age > stall_after
+    return beat_age, beat_age > stale
+
+
+def judge_role(
+    role: str, seen: list[dict], now: datetime, stale: int, stall_after: float = STALL_AFTER_SECONDS
+) -> tuple[bool, str, list[str]]:
+    """(healthy, words, stalled process names) for one role, from its processes' `last_beat`
+    and `pulse_at` (quiet_for). A process with `in_redis` False is one this web process saw
+    beating but Redis no longer lists (see the module's note on a Redis that lost its data)."""
     none_words = dict(ROLES)[role]
-    ages = sorted(
-        ((now - p["last_beat"]).total_seconds(), p["name"], p.get("in_redis", True)) for p in seen if p.get("last_beat")
+    judged = sorted(
+        (*quiet_for(p, now, stale, stall_after), p["name"], p.get("in_redis", True), p.get("pulse_at") is not None)
+        for p in seen
+        if p.get("last_beat")
     )
-    fresh = [(a, n, r) for a, n, r in ages if a <= stale]
-    stalled = [n for a, n, _ in ages if a > stale]
+    fresh = [(a, n, r) for a, bad, n, r, _ in judged if not bad]
+    stalled = [n for _, bad, n, _, _ in judged if bad]
     stalled_words = (
-        "; stalled: " + ", ".join(f"{n} (last beat {_ago(a)})" for a, n, _ in ages if a > stale) if stalled else ""
+        "; stalled: " + ", ".join(f"{n} (last beat {_ago(a)})" for a, bad, n, _, _ in judged if bad) if stalled else ""
     )
     if fresh and not any(r for _, _, r in fresh):
         age, name, _ = fresh[0]
@@ -64,13 +82,16 @@ def judge_role(role: str, seen: list[dict], now: datetime, stale: int) -> tuple[
         )
     if fresh:
         return True, f"ok: {len(fresh)} beating, last beat {_ago(fresh[0][0])}{stalled_words}", stalled
-    if ages:
+    if judged:
+        limit = (
+            f"{stall_after:g} s (its pulse)"
+            if any(pulsing and a <= stale for a, _, _, _, pulsing in judged)
+            else f"{stale} s (HEALTH_STALE_SECONDS)"
+        )
         return (
             False,
-            (
-                f"{none_words} has beaten for over {stale} s (HEALTH_STALE_SECONDS): "
-                + ", ".join(f"{n} stalled, last beat {_ago(a)}" for a, n, _ in ages)
-            ),
+            f"{none_words} has beaten for over {limit}: "
+            + ", ".join(f"{n} stalled, last beat {_ago(a)}" for a, _, n, _, _ in judged),
             stalled,
         )
     return False, f"{none_words} seen: none has registered with Redis", stalled
@@ -138,10 +159,11 @@ def snapshot(now: datetime | None = None, *, with_queues: bool = False) -> dict:
     checks: dict[str, str] = {}
     problems: list[str] = []
     due = _ask_database(now, checks, problems)
-    procs, queues, next_sweep = _ask_redis(now, with_queues, checks, problems)
+    procs, queues, next_sweep, pulses = _ask_redis(now, with_queues, checks, problems)
+    stall_after = min(STALL_AFTER_SECONDS, stale)
     stalled: set[str] = set()
     if procs is not None:
-        procs = _with_remembered(procs, now, stale)
+        procs = [{**p, "pulse_at": pulses.get(p["name"])} for p in _with_remembered(procs, now, stale)]
         stalled = _judge_processes(procs, now, stale, checks, problems)
     else:
         checks["workers"] = checks["scheduler"] = "unknown: Redis does not answer"
@@ -154,7 +176,7 @@ def snapshot(now: datetime | None = None, *, with_queues: bool = False) -> dict:
         checks["outbox"] = "unknown: the database does not answer"
 
     for p in procs or ():
-        age = (now - p["last_beat"]).total_seconds() if p.get("last_beat") else None
+        age = quiet_for(p, now, stale, stall_after)[0] if p.get("last_beat") else None
         p["beat_age_seconds"] = round(age, 1) if age is not None else None
         p["stalled"] = p["name"] in stalled or age is None
     return {
@@ -166,6 +188,7 @@ def snapshot(now: datetime | None = None, *, with_queues: bool = False) -> dict:
         "next_sweep_at": next_sweep,
         "oldest_due": due,
         "stale_seconds": stale,
+        "stall_after_seconds": stall_after,
         "outbox_lag_limit_seconds": OUTBOX_LAG_FACTOR * stale,
     }
 
@@ -186,11 +209,14 @@ def _ask_database(now: datetime, checks: dict, problems: list) -> dict | None:
 
 
 def _ask_redis(now: datetime, with_queues: bool, checks: dict, problems: list) -> tuple:
-    """(processes, queues, next sweep) as Redis lists them; processes None when it does not answer."""
+    """(processes, queues, next sweep, pulses) as Redis lists them; processes None when it does
+    not answer."""
     procs = queues = next_sweep = None
+    pulses = {}
     try:
         queue.ping()
         procs = queue.processes()
+        pulses = queue.pulses()
         if with_queues:
             queues = queue.queue_depths(now)
             ids = queue.periodic_job_ids(True)
@@ -199,14 +225,16 @@ def _ask_redis(now: datetime, with_queues: bool, checks: dict, problems: list) -
     except Exception as exc:
         checks["redis"] = f"down: {type(exc).__name__}"
         problems.append(f"Redis does not answer ({type(exc).__name__}): no job runs and no heartbeat can be read")
-    return procs, queues, next_sweep
+    return procs, queues, next_sweep, pulses
 
 
 def _judge_processes(procs: list[dict], now: datetime, stale: int, checks: dict, problems: list) -> set[str]:
     """Each role judged from its processes' beats; returns the names of the stalled ones."""
     stalled: set[str] = set()
     for role, _ in ROLES:
-        ok, words, role_stalled = judge_role(role, [p for p in procs if p["role"] == role], now, stale)
+        ok, words, role_stalled = judge_role(
+            role, [p for p in procs if p["role"] == role], now, stale, min(STALL_AFTER_SECONDS, stale)
+        )
         checks["workers" if role == "worker" else "scheduler"] = words
         stalled.update(role_stalled)
         if not ok:

@@ -11,7 +11,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from .. import queue
 from ..domain.deadlines import as_utc
-from .health import oldest_due
+from ..queue.beats import STALL_AFTER_SECONDS
+from .health import oldest_due, quiet_for
 from .nodes import UP, group, held_work
 
 log = logging.getLogger("shop.ops")
@@ -30,6 +31,7 @@ def liveness(now):
     yield lag
     try:
         processes = queue.processes()
+        pulses = queue.pulses()
         queues = queue.queue_depths(now)
     except Exception as exc:
         log.warning("metrics: Redis unreachable, heartbeats and queue depths left out: %s", exc)
@@ -37,20 +39,24 @@ def liveness(now):
     stale = current_app.config["HEALTH_STALE_SECONDS"]
     ages = GaugeMetricFamily(
         "shop_process_heartbeat_age_seconds",
-        "Seconds since each process's last heartbeat",
+        "Seconds since each process's last heartbeat (its pulse, for a process that pulses)",
         labels=["role", "node", "name"],
     )
     beating = GaugeMetricFamily(
-        "shop_processes_beating", "Processes that beat within HEALTH_STALE_SECONDS", labels=["role"]
+        "shop_processes_beating",
+        "Processes not stalled (pulse within a few seconds, beat within HEALTH_STALE_SECONDS)",
+        labels=["role"],
     )
     counts = {"worker": 0, "scheduler": 0}
+    stall_after = min(STALL_AFTER_SECONDS, stale)
     for p in processes:
-        age = max(0.0, (now - p["last_beat"]).total_seconds()) if p["last_beat"] is not None else None
-        p["beat_age_seconds"] = age
-        if age is None:
+        p["pulse_at"], p["beat_age_seconds"], p["stalled"] = pulses.get(p["name"]), None, True
+        if p["last_beat"] is None:
             continue
+        age, p["stalled"] = quiet_for(p, now, stale, stall_after)
+        p["beat_age_seconds"] = age
         ages.add_metric([p["role"], p["node"], p["name"]], age)
-        counts[p["role"]] += age <= stale
+        counts[p["role"]] += not p["stalled"]
     for role, count in counts.items():
         beating.add_metric([role], count)
     yield ages
@@ -76,12 +82,10 @@ def _nodes(processes, now, stale):
     by role, and the work its identities hold (a node that is not up and holds work is work
     waiting for its claims and leases to lapse)."""
     nodes = group(processes, held_work(now), stale)
-    up = GaugeMetricFamily(
-        "shop_node_up", "1 when at least one process of the node beat within HEALTH_STALE_SECONDS", labels=["node"]
-    )
+    up = GaugeMetricFamily("shop_node_up", "1 when at least one process of the node is not stalled", labels=["node"])
     beating = GaugeMetricFamily(
         "shop_node_processes_beating",
-        "Processes of the node that beat within HEALTH_STALE_SECONDS",
+        "Processes of the node not stalled",
         labels=["node", "role"],
     )
     held = GaugeMetricFamily(
@@ -94,11 +98,7 @@ def _nodes(processes, now, stale):
         for role in ("worker", "scheduler"):
             beating.add_metric(
                 [n["node"], role],
-                sum(
-                    1
-                    for p in n["processes"]
-                    if p["role"] == role and p["beat_age_seconds"] is not None and p["beat_age_seconds"] <= stale
-                ),
+                sum(1 for p in n["processes"] if p["role"] == role and not p["stalled"]),
             )
         h = n["held"]
         for kind, count in (("delivery", h["deliveries"]), ("command", h["commands"]), ("lease", len(h["leases"]))):

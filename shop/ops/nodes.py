@@ -3,7 +3,8 @@ they belong to (BACKSTOP_NODE_NAME), with the work each node's identities hold i
 
 Nodes know each other only through PostgreSQL and Redis: a node is the first part of the names
 its processes beat under and of the identities it claims work with (shop.node). A node is
-  - `up` while at least one of its processes beat within HEALTH_STALE_SECONDS,
+  - `up` while at least one of its processes is not stalled (ops.health: its pulse within a few
+    seconds, its beat within HEALTH_STALE_SECONDS),
   - `gone` when it has processes and every one of them stopped beating longer ago than that,
   - `unseen` when no worker or scheduler of it is known but an identity of it holds work (a
     `flask shop sweep` run there, or a node whose every record has expired).
@@ -72,7 +73,7 @@ def group(processes: list[dict], held: dict[str, dict], stale: int) -> list[dict
         newest = min(ages) if ages else None
         if not procs:
             state = UNSEEN
-        elif newest is not None and newest <= stale:
+        elif any(_beating(p, stale) for p in procs):
             state = UP
         else:
             state = GONE
@@ -86,6 +87,13 @@ def group(processes: list[dict], held: dict[str, dict], stale: int) -> list[dict
             }
         )
     return sorted(nodes, key=lambda n: (n["state"] == UP, n["node"]))
+
+
+def _beating(p: dict, stale: int) -> bool:
+    """Heard from lately: not `stalled` as liveness judged it (its pulse or its beat, ops.health);
+    a process judged by nothing else counts while its beat is within `stale`."""
+    age = p.get("beat_age_seconds")
+    return age is not None and not p.get("stalled", age > stale)
 
 
 def _holds_anything(held: dict) -> bool:

@@ -38,7 +38,7 @@ from .connection import (
 )
 from .drain import DRAIN_SLOTS, Drain, drain_started, other_jobs_waiting, request_drain
 from .enqueue import announce, wake
-from .health import ping, processes, queue_depths
+from .health import ping, processes, pulses, queue_depths
 from .payment_wake import wait_for_payment_queue, wake_payment_queue
 from .periodic import (
     jobs_waiting,
@@ -74,6 +74,7 @@ __all__ = [
     "periodic_job_ids",
     "ping",
     "processes",
+    "pulses",
     "prune_started",
     "queue_depths",
     "queue_names",

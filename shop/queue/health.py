@@ -10,7 +10,7 @@ from rq.job import Job
 from rq_scheduler import Scheduler
 
 from ..node import node_of
-from .beats import scheduler_beats_key
+from .beats import pulses_key, scheduler_beats_key
 from .connection import control_queue, redis_conn, work_queue
 from .worker import WorkerRecord
 
@@ -105,6 +105,15 @@ def processes() -> list[dict]:
             }
         )
     return workers + schedulers
+
+
+def pulses() -> dict[str, datetime]:
+    """Each process's latest pulse (beats.Pulse), by name; entries older than a day are dropped."""
+    with redis_conn().pipeline(transaction=False) as pipe:
+        pipe.zremrangebyscore(pulses_key(), "-inf", time.time() - 86400)
+        pipe.zrange(pulses_key(), 0, -1, withscores=True)
+        _, found = pipe.execute()
+    return {_text(name): datetime.fromtimestamp(score, timezone.utc) for name, score in found}
 
 
 def queue_depths(now: datetime) -> list[dict]:

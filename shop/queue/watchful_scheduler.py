@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..node import node_name
-from .beats import describe_job, iso, scheduler_beats_key
+from .beats import Pulse, describe_job, iso, pulses_key, scheduler_beats_key
 from .connection import ShopScheduler, redis_conn, refusal, work_queue
 
 log = logging.getLogger("shop.queue")
@@ -47,6 +47,7 @@ class _WatchfulScheduler(ShopScheduler):
         self._born = datetime.now(timezone.utc)
         self._last_moved: tuple[str, datetime] | None = None
         self._last_lock_at: datetime | None = None
+        self.pulse = Pulse(self.connection, pulses_key(), self.beat_name)
 
     @staticmethod
     def name_here() -> str:
@@ -97,6 +98,7 @@ class _WatchfulScheduler(ShopScheduler):
 
     def register_death(self):
         """A clean stop is not a stall: the heartbeat goes with the process."""
+        self.pulse.stop()
         super().register_death()
         if self._beat_key:
             with self.connection.pipeline(transaction=False) as pipe:
@@ -108,6 +110,8 @@ class _WatchfulScheduler(ShopScheduler):
         """rq-scheduler's loop, kept alive through a Redis outage: a restart or a network blip
         is waited out (the next poll then finds whatever Redis lost) instead of ending the
         process with a traceback."""
+        if not burst:
+            self.pulse.start()
         while True:
             try:
                 return super().run(burst=burst)

@@ -17,7 +17,7 @@ from rq.job import Job
 
 from .. import failpoints, logs
 from ..node import node_name
-from .beats import describe_job, heartbeat_seconds, iso
+from .beats import Pulse, describe_job, heartbeat_seconds, iso, pulses_key
 from .connection import SERIALIZER, ShopJob, ShopQueue, queue_names, redis_conn, refusal, wait_for_redis
 
 log = logging.getLogger("shop.queue")
@@ -58,6 +58,8 @@ class ShopWorker(SimpleWorker):
         self._job: tuple[str, datetime, float] | None = None  # what, since, vouched for until (monotonic)
         self._last_job: tuple[str, datetime] | None = None
         self._beater: threading.Thread | None = None
+        self.pulse: Pulse | None = None  # started with the work loop (bootstrap), not by a reader
+        self.pulse_key = ""  # make_worker sets it: a worker made elsewhere does not pulse
 
     def register_birth(self):
         """RQ refuses to start under a name whose record says it is alive. This process's name is
@@ -88,7 +90,21 @@ class ShopWorker(SimpleWorker):
 
     def bootstrap(self, *args, **kwargs):
         super().bootstrap(*args, **kwargs)
+        if self.pulse is None and self.pulse_key:
+            self.pulse = Pulse(self.connection, self.pulse_key, self.name, self._vouched)
+            self.pulse.beat()
+            self.pulse.start()
         failpoints.hit("worker.start.listening")
+
+    def _vouched(self) -> bool:
+        """Idle, or running a job within its timeout: a job stuck past that is not vouched for."""
+        job = self._job
+        return job is None or time.monotonic() <= job[2]
+
+    def register_death(self):
+        if self.pulse is not None:
+            self.pulse.stop()
+        super().register_death()
 
     def _record(self) -> dict:
         record = {
@@ -200,6 +216,7 @@ def make_worker(name: str | None = None) -> ShopWorker:
         beat_seconds=heartbeat_seconds(),
     )
     worker.hostname = node
+    worker.pulse_key = pulses_key()
     return worker
 
 
