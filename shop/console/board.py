@@ -23,6 +23,7 @@ from ..models import (
 )
 from ..provider import watch
 from .format import human_age
+from .waiting_card import waiting_card
 
 REJECTED_WINDOW = timedelta(hours=24)
 WEBHOOK_CHECK = (
@@ -53,6 +54,7 @@ def cards(data: dict, now: datetime) -> list[dict]:
     passed recently: a card whose check has not run for too long is `stale` and not green."""
     return [
         _processes_card(data),
+        waiting_card(data, now, _card),
         _webhooks_card(now),
         _sweep_card(data, now),
         *_backlog_cards(data),

@@ -187,6 +187,7 @@ def liveness(now: datetime) -> dict:
             "checks": found["checks"],
             "problems": found["problems"],
             "stale_after_seconds": found["stale_seconds"],
+            "stall_after_seconds": found["stall_after_seconds"],
             "outbox_lag_limit_seconds": found["outbox_lag_limit_seconds"],
         },
         "processes": processes,
