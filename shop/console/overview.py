@@ -222,12 +222,18 @@ def node_json(n: dict) -> dict:
 def node_words(n: dict) -> str:
     """`node web-2: no process has beaten for 2 min; gone. It still holds ...`"""
     name, state, procs, newest = n["node"] or "(unnamed)", n["state"], n["processes"], n["last_beat_age_seconds"]
-    if state == nodes.UP:
+    if state in (nodes.UP, nodes.STALLED):
         beating = [p for p in procs if not p["stalled"]]
         words = f"node {name}: {len(beating)} of {len(procs)} process{'' if len(procs) == 1 else 'es'} beating, "
         words += f"the latest beat {human_age(newest)} ago"
-        stalled = len(procs) - len(beating)
-        return words + (f"; {stalled} stalled." if stalled else ".")
+        if state == nodes.UP:
+            return words + "."
+        stalled = [
+            f"{p['role']} {p['name']} (pid {p['pid']}, last beat {human_age(p['beat_age_seconds'])} ago)"
+            for p in procs
+            if p["stalled"]
+        ]
+        return words + f"; stalled: {', '.join(stalled)}; not up." + held_words(n["held"])
     if state == nodes.GONE:
         words = (
             f"node {name}: no process has beaten for {human_age(newest)}; gone."

@@ -3,8 +3,10 @@ they belong to (BACKSTOP_NODE_NAME), with the work each node's identities hold i
 
 Nodes know each other only through PostgreSQL and Redis: a node is the first part of the names
 its processes beat under and of the identities it claims work with (shop.node). A node is
-  - `up` while at least one of its processes is not stalled (ops.health: its pulse within a few
-    seconds, its beat within HEALTH_STALE_SECONDS),
+  - `up` while none of its processes is stalled (ops.health: each pulse within a few seconds,
+    each beat within HEALTH_STALE_SECONDS),
+  - `stalled` while some of its processes are and others are not (a worker stopped beside a live
+    scheduler): not up, and its stalled processes are named,
   - `gone` when it has processes and every one of them stopped beating longer ago than that,
   - `unseen` when no worker or scheduler of it is known but an identity of it holds work (a
     `flask shop sweep` run there, or a node whose every record has expired).
@@ -25,7 +27,7 @@ from ..extensions import db
 from ..models import Lease, OutboxDelivery, ScheduledCommand, WorkStatus
 from ..node import node_of
 
-UP, GONE, UNSEEN = "up", "gone", "unseen"
+UP, STALLED, GONE, UNSEEN = "up", "stalled", "gone", "unseen"
 
 
 def _empty_held() -> dict:
@@ -73,8 +75,10 @@ def group(processes: list[dict], held: dict[str, dict], stale: int) -> list[dict
         newest = min(ages) if ages else None
         if not procs:
             state = UNSEEN
-        elif any(_beating(p, stale) for p in procs):
+        elif all(_beating(p, stale) for p in procs):
             state = UP
+        elif any(_beating(p, stale) for p in procs):
+            state = STALLED
         else:
             state = GONE
         nodes.append(

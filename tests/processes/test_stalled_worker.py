@@ -1,0 +1,81 @@
+"""A stalled worker is seen within seconds (docs/REFERENCE.md, Console: "Work waiting"; Operations:
+/healthz): a real `flask shop worker` stopped by SIGSTOP while orders are placed turns /healthz 503
+naming it within its pulse's few seconds (HEALTH_STALE_SECONDS left at its default of 60), and the
+"Work waiting" card red naming it once the work behind it has waited over 15 s; SIGCONT brings both
+back."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from factories import place_order_for, seed_catalog_rows
+from process_support import Processes, process_env
+from shop.ops.waiting import WAITING_LIMIT_SECONDS
+from support import log_in, wait_until
+
+JSON = {"Accept": "application/json"}
+
+
+@pytest.mark.slow
+def test_a_stopped_worker_turns_the_waiting_card_red_naming_it_and_healthz_503_and_sigcont_clears_both(
+    make_fresh_app,
+):
+    app = make_fresh_app()
+    assert app.config["HEALTH_STALE_SECONDS"] == 60  # the default: the pulse, not this, finds the stall
+    client = app.test_client()
+    log_in(app, client)
+    procs = Processes()
+    stopped = None
+    try:
+        env = process_env(app, UNPAID_ORDER_EXPIRY_SECONDS="3600", RECONCILIATION_STUCK_AGE_SECONDS="3600")
+        worker = procs.start("worker", ["shop", "worker"], env)
+        procs.start("scheduler", ["shop", "scheduler"], env)
+
+        def dashboard() -> dict:
+            return client.get("/console/", headers=JSON).get_json()
+
+        def waiting() -> dict:
+            return next(c for c in dashboard()["cards"] if c["key"] == "waiting")
+
+        wait_until(lambda: client.get("/healthz").status_code == 200, 60, "a healthy /healthz", procs.logs)
+        [name] = [p["name"] for p in dashboard()["processes"] if p["role"] == "worker" and p["pid"] == worker.pid]
+        with app.app_context():
+            seed_catalog_rows()
+        os.kill(worker.pid, signal.SIGSTOP)
+        stopped = worker
+        with app.app_context():
+            for _ in range(3):
+                place_order_for()
+
+        def healthz_names_it() -> bool:
+            r = client.get("/healthz")
+            return r.status_code == 503 and name in r.get_json()["workers"]
+
+        wait_until(healthz_names_it, 15, "/healthz 503 naming the stopped worker", procs.logs)
+        node = next(n for n in dashboard()["nodes"] if any(p["name"] == name for p in n["processes"]))
+        # Its scheduler beats on: the node is not up, and says which of its processes stalled.
+        assert node["state"] == "stalled" and not node["up"]
+        assert f"stalled: worker {name} (pid {worker.pid}, last beat " in node["words"]
+
+        def card_red_naming_it() -> bool:
+            c = waiting()
+            return c["ok"] is False and f"{name} (node " in c["words"] and f"pid {worker.pid}, stalled" in c["words"]
+
+        wait_until(card_red_naming_it, WAITING_LIMIT_SECONDS + 20, "the waiting card red naming it", procs.logs)
+        c = waiting()
+        assert c["items"][0]["age_seconds"] > WAITING_LIMIT_SECONDS
+
+        os.kill(worker.pid, signal.SIGCONT)
+        stopped = None
+
+        def all_clear() -> bool:
+            return client.get("/healthz").status_code == 200 and waiting()["ok"] is True
+
+        wait_until(all_clear, 30, "/healthz 200 and the waiting card green after SIGCONT", procs.logs)
+    finally:
+        if stopped is not None:
+            os.kill(stopped.pid, signal.SIGCONT)
+        procs.stop()
