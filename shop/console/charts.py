@@ -36,10 +36,13 @@ def _seconds_between(later, earlier):
     return func.extract("epoch", later - earlier)
 
 
-def charts(now: datetime) -> dict:
+def charts(now: datetime, waiting_seconds: float | None = None) -> dict:
     """Per minute of the last hour (the last minute is the current, partial one): orders placed,
     paid and cancelled (their events, ix_outbox_events_name_created_at), and the outbox's lag: the
-    longest a delivery finished in that minute had waited since its event (ix_outbox_deliveries_completed_at).
+    longest a delivery finished in that minute had waited since its event (ix_outbox_deliveries_completed_at)
+    or, when longer, the age of the oldest work still waiting (`waiting_seconds`, ops.waiting) as
+    this process saw it during that minute: a stalled worker finishes nothing, and its pile-up
+    shows here while it grows.
 
     A finished minute cannot change any more (events and deliveries are written at `now`), so each
     process counts it once, the first time it sees it finished, and keeps it with the app; every
@@ -64,6 +67,7 @@ def charts(now: datetime) -> dict:
         for key, n in counts.items():
             series[key][i] += n
         lag[i] = worst
+    _add_waiting(lag, start, current, waiting_seconds)
     return {
         "start": iso(start),
         "minutes": CHART_MINUTES,
@@ -71,6 +75,20 @@ def charts(now: datetime) -> dict:
         "totals": {k: sum(v) for k, v in series.items()},
         "outbox_lag_seconds": lag,
     }
+
+
+def _add_waiting(lag: list, start: datetime, current: datetime, waiting_seconds: float | None) -> None:
+    """Each minute's lag at least the longest wait of work still waiting seen in that minute (kept
+    per process, like the finished minutes)."""
+    seen = per_app("console_chart_waiting", dict)  # minute -> longest wait seen then
+    if waiting_seconds is not None:
+        seen[current] = max(seen.get(current, 0.0), round(float(waiting_seconds), 1))
+    for minute in [m for m in list(seen) if m < start]:
+        seen.pop(minute, None)
+    for minute, waited in seen.items():
+        i = int((minute - start).total_seconds() // 60)
+        if 0 <= i < CHART_MINUTES and waited > (lag[i] or 0):
+            lag[i] = waited
 
 
 def _per_minute(start: datetime, since: datetime, until: datetime | None) -> tuple[dict, list]:
@@ -126,10 +144,10 @@ def svg(values: list, start: datetime | str, what: str, unit: str) -> dict:
         )
     if what == "lag":
         words = (
-            f"Outbox lag: deliveries finished in {len(known)} of the last {len(values)} minutes; the longest "
-            f"wait was {_fmt(top)} seconds."
+            f"Outbox lag: work finished or still waiting in {len(known)} of the last {len(values)} minutes; "
+            f"the longest wait was {_fmt(top)} seconds."
             if known
-            else f"Outbox lag: no delivery finished in the last {len(values)} minutes."
+            else f"Outbox lag: no delivery finished and nothing waited in the last {len(values)} minutes."
         )
     else:
         total = sum(known)

@@ -46,7 +46,8 @@ def dashboard():
     data = {**overview.dashboard(now), **overview.liveness(now)}
     data["cards"] = board.cards(data, now)
     data["summary"] = acks.apply(data["cards"], now)  # red first; one line: how many need a human
-    data["charts"] = charts.charts(now)
+    waiting = next(c for c in data["cards"] if c["key"] == "waiting")
+    data["charts"] = charts.charts(now, waiting["oldest_seconds"])
     return respond("console/dashboard.html", data, svg=charts.svg)
 
 

@@ -63,6 +63,7 @@ def waiting_card(data: dict, now: datetime, card) -> dict:
         condition=",".join(sorted({p["name"] for p in workers if p["stalled"]})) + f":{bool(workers)}",
     )
     result["limit_seconds"] = WAITING_LIMIT_SECONDS
+    result["oldest_seconds"] = items[0]["age_seconds"] if items else None  # the lag chart's current minute
     result["items"] = [
         {k: v for k, v in w.items() if k != "since"} | {"since": w["since"].isoformat() if w["since"] else None}
         for w in items

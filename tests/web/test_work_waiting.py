@@ -122,3 +122,20 @@ def test_the_card_names_the_worker_whose_claim_lapsed(fresh_app, fresh_client, t
     assert c["ok"] is False
     assert "Its claim, held by node-x:4242:1 (node node-x, pid 4242, no longer registered), lapsed" in c["words"]
     assert c["words"].endswith("No worker is registered to take it.")
+
+
+def test_the_lag_chart_counts_work_still_waiting_in_the_minute_it_was_seen(fresh_app, fresh_client, token):
+    from shop.console import charts
+
+    now = utcnow().replace(second=30, microsecond=0)
+    with fresh_app.app_context():
+        assert charts.charts(now)["outbox_lag_seconds"][-1] is None  # nothing finished, nothing waiting
+        assert charts.charts(now, 42.0)["outbox_lag_seconds"][-1] == 42.0
+        assert charts.charts(now + timedelta(seconds=10), 12.0)["outbox_lag_seconds"][-1] == 42.0  # the longest
+        later = charts.charts(now + timedelta(minutes=1))["outbox_lag_seconds"]
+        assert later[-2] == 42.0 and later[-1] is None  # kept for its minute; nothing waits now
+    _set(
+        fresh_app, _one_delivery(fresh_app), status=WorkStatus.PENDING, next_attempt_at=utcnow() - timedelta(seconds=40)
+    )
+    data = fresh_client.get("/console/", headers=JSON).get_json()
+    assert data["charts"]["outbox_lag_seconds"][-1] >= 40
