@@ -116,34 +116,42 @@ def pulses() -> dict[str, datetime]:
     return {_text(name): datetime.fromtimestamp(score, timezone.utc) for name, score in found}
 
 
+AGE_SAMPLE = 50  # jobs read at each end of a queue for its oldest one's age
+
+
 def queue_depths(now: datetime) -> list[dict]:
-    """Each RQ queue's depth and the age of its oldest job, and rq-scheduler's schedule: how
+    """Each RQ queue's depth and the age of its oldest job (among the AGE_SAMPLE at each end), and
+    rq-scheduler's schedule: how
     many jobs it holds, how many are due (should have been moved already) and the oldest due
-    one's age. Two round trips."""
+    one's age. Two round trips (the second reads up to 2 x AGE_SAMPLE job hashes per queue)."""
     queues = [control_queue(), work_queue()]
     conn = redis_conn()
     sched_key = Scheduler.scheduled_jobs_key
     with conn.pipeline(transaction=False) as pipe:
         for q in queues:
             pipe.llen(q.key)
-            pipe.lindex(q.key, 0)
+            pipe.lrange(q.key, 0, AGE_SAMPLE - 1)
+            pipe.lrange(q.key, -AGE_SAMPLE, -1)
         pipe.zcard(sched_key)
         pipe.zcount(sched_key, "-inf", now.timestamp())
         pipe.zrange(sched_key, 0, 0, withscores=True)
         answers = pipe.execute()
-    heads = [_text(answers[2 * i + 1]) for i in range(len(queues))]
+    # A job queued at the front (a takeover, a retry) sits before older ones: the oldest is
+    # looked for among both ends, which is the whole queue up to 2 x AGE_SAMPLE jobs.
+    sampled = [sorted({_text(j) for j in answers[3 * i + 1] + answers[3 * i + 2]}) for i in range(len(queues))]
     with conn.pipeline(transaction=False) as pipe:
-        for head in heads:
-            pipe.hget(Job.key_for(head), "enqueued_at") if head else pipe.echo("")
-        enqueued = pipe.execute()
+        for job_id in (j for ids in sampled for j in ids):
+            pipe.hget(Job.key_for(job_id), "enqueued_at")
+        times = iter(pipe.execute())
+    enqueued = [[_parse(next(times)) for _ in ids] for ids in sampled]
     result = []
     for i, q in enumerate(queues):
-        at = _parse(enqueued[i])
+        at = min(filter(None, enqueued[i]), default=None)
         result.append(
             {
                 "name": q.name,
                 "kind": "rq queue",
-                "depth": int(answers[2 * i]),
+                "depth": int(answers[3 * i]),
                 "oldest_age_seconds": max(0.0, (now - at).total_seconds()) if at else None,
             }
         )

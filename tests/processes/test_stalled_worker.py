@@ -30,7 +30,8 @@ def test_a_stopped_worker_turns_the_waiting_card_red_naming_it_and_healthz_503_a
     procs = Processes()
     stopped = None
     try:
-        env = process_env(app, UNPAID_ORDER_EXPIRY_SECONDS="3600", RECONCILIATION_STUCK_AGE_SECONDS="3600")
+        # Each order's payment window is 3 s (process_env): its deadline falls due while the worker is stopped.
+        env = process_env(app)
         worker = procs.start("worker", ["shop", "worker"], env)
         procs.start("scheduler", ["shop", "scheduler"], env)
 
@@ -64,7 +65,10 @@ def test_a_stopped_worker_turns_the_waiting_card_red_naming_it_and_healthz_503_a
             c = waiting()
             return c["ok"] is False and f"{name} (node " in c["words"] and f"pid {worker.pid}, stalled" in c["words"]
 
-        wait_until(card_red_naming_it, WAITING_LIMIT_SECONDS + 20, "the waiting card red naming it", procs.logs)
+        def logs_and_card() -> str:
+            return procs.logs() + f"\n--- the card ---\n{waiting()}"
+
+        wait_until(card_red_naming_it, WAITING_LIMIT_SECONDS + 20, "the waiting card red naming it", logs_and_card)
         c = waiting()
         assert c["items"][0]["age_seconds"] > WAITING_LIMIT_SECONDS
 
