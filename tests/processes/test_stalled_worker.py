@@ -11,6 +11,7 @@ import signal
 
 import pytest
 
+from compensation_support import cancel_in
 from factories import place_order_for, seed_catalog_rows
 from process_support import Processes, process_env
 from shop.ops.waiting import WAITING_LIMIT_SECONDS
@@ -48,8 +49,9 @@ def test_a_stopped_worker_turns_the_waiting_card_red_naming_it_and_healthz_503_a
         os.kill(worker.pid, signal.SIGSTOP)
         stopped = worker
         with app.app_context():
-            for _ in range(3):
-                place_order_for()
+            placed = [place_order_for().order_id for _ in range(3)]
+        for order_id in placed[:2]:
+            cancel_in(app, order_id)  # a cancel's restore is a delivery due at once
 
         def healthz_names_it() -> bool:
             r = client.get("/healthz")
