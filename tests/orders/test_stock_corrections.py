@@ -8,19 +8,14 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from factories import cart_with, catalog_rows
+from factories import cart_with, catalog_rows, on_hand
 from shop.extensions import db
-from shop.models import InventoryItem, StockCorrection
+from shop.models import StockCorrection
 from shop.orders.checkout import place_order
 from shop.orders.stock import CorrectionOutcome, StockMode, correct_stock
 from support import run_threads
 
 OPERATOR = "night-shift@example.com"
-
-
-def on_hand(variant_id: int) -> int:
-    db.session.rollback()
-    return db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).scalar_one()
 
 
 def history(variant_id: int) -> list[tuple]:

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from factories import catalog_rows, seed_catalog_rows
+from factories import catalog_rows, on_hand, seed_catalog_rows
 from payment_helpers import Shopper, place_and_pay, run_everything
 from shop.extensions import db
-from shop.models import EmailResend, InventoryItem, OperatorAction, Order, Refund, ScheduledCommand, StockCorrection
+from shop.models import EmailResend, OperatorAction, Order, Refund, ScheduledCommand, StockCorrection
 from support import csrf_token, log_in, mails
 
 HTML, JSON = {"Accept": "text/html"}, {"Accept": "application/json"}
@@ -79,7 +79,7 @@ def test_a_refund_is_asked_confirmed_then_made_once_however_often_the_confirmati
     assert confirm.status_code == 200 and "Yes, refund $1.50" in page
     assert _rows(app, Refund) == []  # the confirmation step moved no money
     key = KEY.search(page).group(1)
-    before = _rows(app, InventoryItem, variant_id=sock)[0].on_hand
+    before = on_hand(sock, app)
     assert 'name="amount" value="150"' in page  # posted in the currency's smallest unit
     data = {"csrf_token": token, "request_key": key, "amount": "150", "reason": "one sock torn", "restock": "yes"}
     first = client.post(f"/console/orders/{ref}/refund", data=data)
@@ -93,7 +93,7 @@ def test_a_refund_is_asked_confirmed_then_made_once_however_often_the_confirmati
         True,
         "one sock torn",
     )
-    assert _rows(app, InventoryItem, variant_id=sock)[0].on_hand == before + 2
+    assert on_hand(sock, app) == before + 2
     run_everything(app)
     assert _rows(app, Refund, order_id=oid)[0].status == "succeeded"
     # The order page, its JSON and the refunds list show it; the audit trail has both posts.
