@@ -17,7 +17,6 @@ from datetime import datetime
 from enum import StrEnum
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
 from .. import emails
 from ..domain.deadlines import utcnow
@@ -112,13 +111,9 @@ def resend_email(
     order_id: int, template: str, *, operator: str, request_key: str, now: datetime | None = None
 ) -> Resend:
     now = now or utcnow()
-    try:
-        return _resend_once(order_id, template, operator, request_key, now)
-    except IntegrityError:
-        earlier = _earlier(request_key)
-        if earlier is None:
-            raise
-        return earlier
+    return uow.once_per_key(
+        lambda: _resend_once(order_id, template, operator, request_key, now), lambda: _earlier(request_key)
+    )
 
 
 def _earlier(request_key: str) -> Resend | None:

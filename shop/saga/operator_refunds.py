@@ -17,7 +17,6 @@ from datetime import datetime
 from enum import StrEnum
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
 from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
@@ -88,15 +87,17 @@ def refund_order(
 ) -> OrderRefund:
     """`amount` in minor units, None for all that is left."""
     now = now or utcnow()
-    try:
-        return _refund_once(order_id, amount, (reason or "").strip(), restock, request_key, operator, now)
-    except IntegrityError:
-        # The same key committed meanwhile by a submission that did not wait on the order's lock:
-        # this one rolled back whole (its restock included); the other's refund is the answer.
-        earlier = db.session.execute(select(Refund).where(Refund.request_key == request_key)).scalar_one_or_none()
-        if earlier is None:
-            raise
-        return _already(order_id, earlier)
+    # The same key committed meanwhile by a submission that did not wait on the order's lock:
+    # this one rolled back whole (its restock included); the other's refund is the answer.
+    return uow.once_per_key(
+        lambda: _refund_once(order_id, amount, (reason or "").strip(), restock, request_key, operator, now),
+        lambda: _earlier(order_id, request_key),
+    )
+
+
+def _earlier(order_id: int, request_key: str) -> OrderRefund | None:
+    earlier = db.session.execute(select(Refund).where(Refund.request_key == request_key)).scalar_one_or_none()
+    return None if earlier is None else _already(order_id, earlier)
 
 
 def _already(order_id: int, earlier: Refund) -> OrderRefund:
