@@ -24,6 +24,7 @@ from sqlalchemy import select, update
 
 from ..domain.deadlines import utcnow
 from ..domain.restoration import MAX_ON_HAND
+from ..domain.results import SubmissionOutcome
 from ..extensions import db
 from ..models import InventoryItem, StockCorrection, Variant
 from ..outbox import uow
@@ -39,11 +40,7 @@ class StockMode(StrEnum):
     ADJUST = "adjust"
 
 
-class CorrectionOutcome(StrEnum):
-    DONE = "done"
-    ALREADY = "already"  # this very submission was applied before
-    REFUSED = "refused"
-    MISSING = "missing"  # no such variant, or it has no inventory row
+CorrectionOutcome = SubmissionOutcome  # MISSING: no such variant, or it has no inventory row
 
 
 @dataclass

@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 
 from sqlalchemy import select
 
 from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
 from ..domain.refunds import refund_amount_problem, refundable
+from ..domain.results import SubmissionOutcome
 from ..extensions import db
 from ..models import Order, Refund
 from ..outbox import uow
@@ -31,11 +31,7 @@ from .inventory import RestoreOutcome, restock_paid_order
 log = logging.getLogger("shop.saga")
 
 
-class RefundOutcome(StrEnum):
-    DONE = "done"
-    ALREADY = "already"  # this very submission was refunded before: nothing more
-    REFUSED = "refused"
-    MISSING = "missing"  # no such order
+RefundOutcome = SubmissionOutcome  # MISSING: no such order
 
 
 @dataclass
