@@ -34,6 +34,13 @@ def problem(status: int, message: str, *, title: str = "Cannot do that", back: s
     return render_template("console/problem.html", data={"error": message}, title=title, back=back), status
 
 
+def reason_needed(form, missing: str, back: str, **extra):
+    """The 400 of an action posted without the reason it needs: the form's own words for what is
+    wrong with its reason field, else `missing` (what to say)."""
+    message = form.reason.errors[0] if form.reason.errors else missing
+    return problem(400, message, title="A reason is needed", back=back, **extra)
+
+
 def done(message: str, payload: dict, default_url: str, category: str = "ok", keep=None):
     """An action went through: JSON with what changed, or back to the page the button was on.
     `keep`: the outbox row acted on, which the list back there keeps showing with its new state

@@ -21,10 +21,10 @@ from datetime import datetime
 from enum import StrEnum
 
 from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
 
 from ..domain.deadlines import utcnow
 from ..domain.restoration import MAX_ON_HAND
+from ..domain.results import SubmissionOutcome
 from ..extensions import db
 from ..models import InventoryItem, StockCorrection, Variant
 from ..outbox import uow
@@ -40,11 +40,7 @@ class StockMode(StrEnum):
     ADJUST = "adjust"
 
 
-class CorrectionOutcome(StrEnum):
-    DONE = "done"
-    ALREADY = "already"  # this very submission was applied before
-    REFUSED = "refused"
-    MISSING = "missing"  # no such variant, or it has no inventory row
+CorrectionOutcome = SubmissionOutcome  # MISSING: no such variant, or it has no inventory row
 
 
 @dataclass
@@ -89,14 +85,10 @@ def correct_stock(
     delta (ADJUST, + or -)."""
     now = now or utcnow()
     reason = (reason or "").strip()
-    try:
-        return _correct_once(variant_id, StockMode(mode), value, seen, reason, operator, request_key, now)
-    except IntegrityError:
-        # The same submission committed meanwhile (a double click racing itself): that one counts.
-        earlier = _earlier(request_key)
-        if earlier is None:
-            raise
-        return earlier
+    return uow.once_per_key(
+        lambda: _correct_once(variant_id, StockMode(mode), value, seen, reason, operator, request_key, now),
+        lambda: _earlier(request_key),
+    )
 
 
 def _earlier(request_key: str) -> StockChange | None:

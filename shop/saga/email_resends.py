@@ -14,14 +14,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
 from .. import emails
 from ..domain.deadlines import utcnow
 from ..domain.order import cancelled_because
+from ..domain.results import SubmissionOutcome
 from ..extensions import db
 from ..models import CommandKind, EmailResend, Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
 from ..outbox import schedule_command, uow
@@ -89,11 +88,7 @@ def sent_emails(order_id: int) -> list[SentEmail]:
     return sorted(found, key=lambda e: (e.sent_at is None, e.sent_at or datetime.min, e.work_id))
 
 
-class ResendOutcome(StrEnum):
-    DONE = "done"
-    ALREADY = "already"  # this very submission was sent before: nothing more
-    REFUSED = "refused"
-    MISSING = "missing"  # no such order
+ResendOutcome = SubmissionOutcome  # MISSING: no such order
 
 
 @dataclass
@@ -112,13 +107,9 @@ def resend_email(
     order_id: int, template: str, *, operator: str, request_key: str, now: datetime | None = None
 ) -> Resend:
     now = now or utcnow()
-    try:
-        return _resend_once(order_id, template, operator, request_key, now)
-    except IntegrityError:
-        earlier = _earlier(request_key)
-        if earlier is None:
-            raise
-        return earlier
+    return uow.once_per_key(
+        lambda: _resend_once(order_id, template, operator, request_key, now), lambda: _earlier(request_key)
+    )
 
 
 def _earlier(request_key: str) -> Resend | None:
