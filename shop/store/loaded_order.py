@@ -48,6 +48,7 @@ class LoadedOrder(OrderRules):
     lines: tuple[Line, ...] = field(default=())
     ships: bool = False  # physical goods: the payment page collects a shipping address
     shipping_details: dict | None = None  # where to send them, as the provider collected it
+    cancel_reason: str | None = None  # set by the cancel transition, saved with it
 
     @classmethod
     def of(cls, row: Order, *, lines: bool = False) -> LoadedOrder:

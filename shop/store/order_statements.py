@@ -139,10 +139,14 @@ TRANSITIONS = {
         ("status", "last_payment_error"),
     ),
     # `watch_from` starts the sweep's late-money watch of the order (None: only if an async payment
-    # was settling, which then becomes the watch, since when it settled).
+    # was settling, which then becomes the watch, since when it settled). Why and when it was
+    # cancelled go on the row with it: the reason its OrderCancelled event carries, at that event's
+    # time (`now`), so the order's pages read the row and never the events.
     T.CANCEL: (
         _guarded(T.CANCEL).values(
             status=_v("status"),
+            cancel_reason=_v("cancel_reason"),
+            cancelled_at=bindparam("now", type_=_orders.c.cancelled_at.type),
             payment_queued_at=None,
             payment_processing_at=None,
             late_money_watch_since=func.coalesce(
@@ -151,7 +155,7 @@ TRANSITIONS = {
                 bindparam("watch_from", type_=_orders.c.late_money_watch_since.type),
             ),
         ),
-        ("status",),
+        ("status", "cancel_reason"),
     ),
     T.MARK_INVENTORY_RESTORED: (
         _guarded(T.MARK_INVENTORY_RESTORED).values(inventory_restored=True, updated_at=_NOW),

@@ -30,6 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.orm.exc import StaleDataError
 
 from .. import logs
+from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus, Transition
 from ..extensions import db
 from ..models import Order
@@ -186,9 +187,11 @@ def save(
     """Write the transition the snapshot has just made, guarded by the version it was read at, and
     its events to the outbox, in the caller's transaction. Raises LostRace when the order moved
     meanwhile; on success the snapshot is at the new version. `events`: the transition's own, as
-    its `Ok` returned them."""
+    its `Ok` returned them. `now`, the write's time (the clock's when None), is its events' time,
+    and a cancel's `cancelled_at`."""
     statement, columns = TRANSITIONS[transition]
     session = db.session
+    now = now if now is not None else utcnow()
     params = {"order": order.id, "seen": order.version, "now": now, "watch_from": watch_from}
     params.update((f"v_{c}", getattr(order, c)) for c in columns)
     if rows_matched(session.execute(statement, params)) != 1:
