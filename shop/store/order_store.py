@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import TypeVar
 
 from sqlalchemy import select
+from sqlalchemy.orm import selectinload
 from sqlalchemy.orm.exc import StaleDataError
 
 from .. import logs
@@ -109,6 +110,19 @@ def by_reference(reference: str | None) -> Order | None:
     if not reference or not _REFERENCE.fullmatch(reference):
         return None
     return db.session.execute(select(Order).where(Order.reference == reference)).scalar_one_or_none()
+
+
+def of_browser(browser_id: str) -> list[Order]:
+    """The mapped orders a browser placed, newest first, for display: with their lines and refunds
+    (one query each for all of them, not one per order)."""
+    return list(
+        db.session.execute(
+            select(Order)
+            .where(Order.browser_id == browser_id)
+            .order_by(Order.created_at.desc(), Order.id.desc())
+            .options(selectinload(Order.lines), selectinload(Order.refunds))
+        ).scalars()
+    )
 
 
 def read_by_reference(reference: str | None) -> LoadedOrder | None:
