@@ -23,7 +23,7 @@ from ..payments.checkout_queue import expected_wait_seconds, place_in_line
 from ..payments.start import StartCode, StartOutcome, StartStatus, joined_line, line_is_held, start_payment
 from ..store import order_store
 from ..web.answers import answer_if_later_fails, at_address, browser_id, respond, wants_json
-from ..web.serialize import OrderView
+from ..web.serialize import OrderView, PaymentStatus
 from ..web.words import cancel_conflict_words
 from . import bp
 from .cart import render_cart
@@ -185,7 +185,7 @@ def order_page(reference: str):
         request.args.get("continue")
         and view.status is OrderStatus.PAYMENT_INITIATED
         and view.payment_session_url
-        and view.payment_status != "processing"
+        and view.payment_status is not PaymentStatus.PROCESSING
     ):
         return redirect(view.payment_session_url, 303)
     return _render_order(view)

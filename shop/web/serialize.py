@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 
 from ..domain.order import UNPAID, CancelledBy, OrderStatus, cancelled_because
 from ..domain.refunds import NOT_RETURNED, PENDING, SUCCEEDED
@@ -13,12 +14,27 @@ from ..domain.timestamps import iso
 from ..models import Order
 from ..orders.deadline import pay_by
 
+
+class PaymentStatus(StrEnum):
+    """`payment.status` in the order's JSON (docs/REFERENCE.md, Order states)."""
+
+    QUEUED = "queued"
+    NOT_STARTED = "not_started"
+    OPEN = "open"
+    PROCESSING = "processing"  # checkout finished; the provider settles the payment later
+    DECLINED = "declined"  # a card was refused on the open payment page, which takes another
+    PAID = "paid"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+P = PaymentStatus
 PAYMENT_STATUS = {
-    OrderStatus.PENDING_PAYMENT: "not_started",
-    OrderStatus.PAYMENT_INITIATED: "open",
-    OrderStatus.PAID: "paid",
-    OrderStatus.PAYMENT_FAILED: "failed",
-    OrderStatus.CANCELLED: "cancelled",
+    OrderStatus.PENDING_PAYMENT: P.NOT_STARTED,
+    OrderStatus.PAYMENT_INITIATED: P.OPEN,
+    OrderStatus.PAID: P.PAID,
+    OrderStatus.PAYMENT_FAILED: P.FAILED,
+    OrderStatus.CANCELLED: P.CANCELLED,
 }
 
 # The badge a customer sees for an order, in the words of the page's own text: the state alone
@@ -69,7 +85,7 @@ class RefundView:
 class PaymentView:
     session_id: str | None
     url: str | None
-    status: str  # docs/REFERENCE.md, Order states: the payment statuses, or "declined"
+    status: PaymentStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,14 +170,14 @@ class OrderView:
         )
 
     @property
-    def payment_status(self) -> str | None:
+    def payment_status(self) -> PaymentStatus | None:
         return self.payment.status if self.payment else None
 
     @property
     def payment_error(self) -> str | None:
         """Why the last payment did not go through, in the customer's words, while that is news: a
         card declined on the open payment page, or a failed payment (PaymentFailed)."""
-        if self.status is OrderStatus.PAYMENT_FAILED or self.payment_status == "declined":
+        if self.status is OrderStatus.PAYMENT_FAILED or self.payment_status is P.DECLINED:
             return self.last_payment_error or "Your payment did not go through."
         return None
 
@@ -240,7 +256,7 @@ class OrderView:
             return True
         if status is OrderStatus.CANCELLED:
             pending = any(r.status == PENDING for r in self.refunds)
-            return not self.inventory_restored or self.payment_status == "processing" or pending
+            return not self.inventory_restored or self.payment_status is P.PROCESSING or pending
         return False
 
     @property
@@ -260,25 +276,25 @@ class OrderView:
 
 def _payment(row: Order, status: OrderStatus, in_line: bool) -> PaymentView | None:
     if in_line:
-        return PaymentView(None, None, "queued")
+        return PaymentView(None, None, P.QUEUED)
     if not row.payment_session_id:
         return None
     shown = PAYMENT_STATUS[status]
-    if shown == "open" and row.payment_processing_at is not None:
-        shown = "processing"  # checkout finished; the provider settles the payment later
-    elif shown == "open" and row.payment_declined_at is not None:
-        shown = "declined"  # a card was refused on the payment page, which takes another
+    if shown is P.OPEN and row.payment_processing_at is not None:
+        shown = P.PROCESSING
+    elif shown is P.OPEN and row.payment_declined_at is not None:
+        shown = P.DECLINED
     return PaymentView(row.payment_session_id, row.payment_session_url, shown)
 
 
 def _badge_key(order: OrderView) -> str:
     status, payment = order.status, order.payment_status
-    if payment == "queued":
+    if payment is P.QUEUED:
         return "in-line"
     if status is OrderStatus.PENDING_PAYMENT:
         return "awaiting"
     if status is OrderStatus.PAYMENT_INITIATED:
-        return {"processing": "processing", "declined": "declined"}.get(payment or "", "at-payment-page")
+        return {P.PROCESSING: "processing", P.DECLINED: "declined"}.get(payment or P.OPEN, "at-payment-page")
     if status is OrderStatus.PAYMENT_FAILED:
         return "failed"
     if status is OrderStatus.PAID:
