@@ -157,9 +157,17 @@ TRANSITIONS = {
         ),
         ("status", "cancel_reason"),
     ),
+    # A cancel saved by an older release (an old web still serving during an upgrade's roll) left
+    # why and when empty: the compensation of its OrderCancelled fills them in, the reason from the
+    # event and the time from the cancel's own write (the row's updated_at before this one).
     T.MARK_INVENTORY_RESTORED: (
-        _guarded(T.MARK_INVENTORY_RESTORED).values(inventory_restored=True, updated_at=_NOW),
-        (),
+        _guarded(T.MARK_INVENTORY_RESTORED).values(
+            inventory_restored=True,
+            updated_at=_NOW,
+            cancel_reason=func.coalesce(_orders.c.cancel_reason, _v("cancel_reason")),
+            cancelled_at=func.coalesce(_orders.c.cancelled_at, _orders.c.updated_at),
+        ),
+        ("cancel_reason",),
     ),
     # Not a state change a paid order's age counts from: updated_at stays.
     T.RESTOCK_PAID: (

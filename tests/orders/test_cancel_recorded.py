@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import stripe
 from sqlalchemy import select
 
-from factories import place_order_for, seed_catalog_rows
+from factories import force_order, place_order_for, seed_catalog_rows
 from payment_helpers import JSON, Shopper, order_id, run_everything
 from shop.domain.deadlines import as_utc, utcnow
 from shop.domain.events import EventName
@@ -111,3 +111,29 @@ def test_an_operators_reconcile_of_a_session_that_ran_out_records_the_expiry_and
     assert answer.status_code == 200, answer.get_json()
     assert answer.get_json()["outcome"] == "cancelled"
     assert_recorded(app, oid, PAYMENT_WINDOW_EXPIRED)
+
+
+def test_a_cancel_saved_without_why_and_when_gets_them_from_its_compensation(make_shop, sandbox):
+    """An old web still serving during an upgrade's roll cancels without the columns: the new
+    workers' compensation of that OrderCancelled fills them in, the reason from the event and the
+    time from the cancel's own write, and leaves a recorded cancel as it was."""
+    app = make_shop(sandbox=True)
+    browser = Shopper(app)
+    old_web, new_web = browser.place(), browser.place()
+    for order in (old_web, new_web):
+        assert browser.cancel(order["reference"], order["version"]).status_code == 200
+    old_id, new_id = order_id(app, old_web["reference"]), order_id(app, new_web["reference"])
+    with app.app_context():
+        force_order(old_id, cancel_reason=None, cancelled_at=None)  # as the older release left it
+        cancelled_when = {oid: db.session.get(Order, oid).updated_at for oid in (old_id, new_id)}
+        before = recorded(new_id)[0]
+        db.session.remove()
+
+    run_everything(app)
+
+    with app.app_context():
+        (_, old_reason, old_at), _ = recorded(old_id)
+        assert db.session.get(Order, old_id).inventory_restored is True
+        assert recorded(new_id)[0] == (OrderStatus.CANCELLED, *before[1:])
+        db.session.remove()
+    assert (old_reason, old_at) == (CANCELLED_BY_CUSTOMER, cancelled_when[old_id])
