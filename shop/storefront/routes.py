@@ -191,11 +191,10 @@ def order_page(reference: str):
     return _render_order(view)
 
 
-def _render_order(order: Order | OrderView, status: int = 200, error: str | None = None):
+def _render_order(view: OrderView, status: int = 200, error: str | None = None):
     """The order page (JSON: the order's, with why and when it was cancelled for a cancelled one,
     and its place in line for one waiting for its payment page: `line`, orders ahead and the wait
     the provider's budget implies)."""
-    view = order if isinstance(order, OrderView) else OrderView.of(order)
     data = view.shown_json()
     if view.in_line:
         ahead = place_in_line(view)
@@ -224,7 +223,7 @@ def pay(reference: str):
     order = _owned_order(reference)
     form = ActionForm()
     if not form.validate():
-        return _render_order(order, 400, first_error(form))
+        return _render_order(OrderView.of(order), 400, first_error(form))
     started = start_payment(order.id)
     if started.status is StartStatus.STARTED:
         assert started.url is not None, "a started payment has its page"
@@ -240,7 +239,7 @@ def pay(reference: str):
     order = _reread(order)
     status = 503 if started.status is StartStatus.UNAVAILABLE else 409
     # The page itself shows the message (no flash too: it would show twice, and again later).
-    return _render_order(order, status, start_words(started))
+    return _render_order(OrderView.of(order), status, start_words(started))
 
 
 @bp.get("/orders/<reference>/cancel")
@@ -268,7 +267,7 @@ def cancel(reference: str):
     order = _owned_order(reference)
     form = CancelForm()
     if not form.validate():
-        return _render_order(order, 400, first_error(form))
+        return _render_order(OrderView.of(order), 400, first_error(form))
     outcome = cancel_order(order.id, form.version.data)
     # `order` is the mapped row: a cancel that rolled back (or saved) expired it, so it reads the
     # order as it is now.
@@ -278,7 +277,7 @@ def cancel(reference: str):
         page = url_for("storefront.order_page", reference=reference, token=request.values.get("token") or None)
         answer_if_later_fails(lambda: _cancelled_answer(reference, page, done))
         if wants_json():
-            return _render_order(_reread(order))
+            return _render_order(OrderView.of(_reread(order)))
         flash(done)
         return redirect(page, 303)
     message = (
@@ -286,7 +285,7 @@ def cancel(reference: str):
         if outcome.status is CancelStatus.CONFLICT
         else cancel_refusal_words(outcome.code, outcome.message)
     )
-    return _render_order(order, 409, message)
+    return _render_order(OrderView.of(order), 409, message)
 
 
 def _cancelled_answer(reference: str, page: str, done: str):
