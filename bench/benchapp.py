@@ -69,9 +69,9 @@ def bare_order():
 @bp.post("/bare-webhook")
 def bare_webhook():
     from shop.models import WebhookReceipt
-    from shop.payments import gateway
-    from shop.payments.registration import webhook_secret
-    from shop.payments.webhook_signature import verify_webhook
+    from shop.provider import gateway
+    from shop.provider.registration import webhook_secret
+    from shop.provider.signature import verify_webhook
 
     body = request.get_data()
     try:

@@ -1668,7 +1668,7 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
 
     from shop import create_app
     from shop.extensions import db
-    from shop.payments.registration import register_webhook
+    from shop.provider.registration import register_webhook
     from shop.seed import seed_catalog, upsert_operator
 
     app = create_app(env=env)

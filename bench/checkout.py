@@ -636,7 +636,7 @@ def provider_call_cpu(app, provider_pid: int, calls: int = 40) -> dict:
     from types import SimpleNamespace
 
     from shop.domain.deadlines import utcnow
-    from shop.payments import gateway
+    from shop.provider import gateway
 
     line = SimpleNamespace(quantity=1, unit_price=1000, name="Bench", sku="BENCH-0")
     with app.test_request_context():

@@ -53,16 +53,18 @@ def create_app(test_config: dict | None = None, env: Mapping[str, str] | None = 
     # shop module, and the domain's tests, the sandbox (`python -m shop.stripe_sandbox`) and the
     # settings check must not load (or depend on) the whole app. This is the composition root:
     # the one place that wires every layer together.
-    from . import errors, web
+    from . import errors, provider, web
     from .extensions import db
-    from .payments import guard
+    from .outbox import dispatch
 
     _init_database(app)
     _init_auth(app)
     errors.init_app(app)
     errors.init_teardown(app, db)
     web.init_app(app)
-    guard.init_app(app)
+    # The provider answering again makes the rows that backed off for it due: the outbox's wake-up,
+    # handed in as the outbox's handlers are, so the provider imports none of the layers above it.
+    provider.init_app(app, wake_waiting_work=dispatch.wake_provider_waiters)
     _register_work(app)
     _register_areas(app)
     return app
@@ -112,7 +114,7 @@ def _flask_config(settings: Settings) -> dict:
         PRUNE_JOB_SECONDS=20.0,
         STRIPE_TIMEOUT_SECONDS=10,
         STRIPE_MAX_NETWORK_RETRIES=2,
-        # A customer's request (payments.guard): short timeouts, one retry, and an overall budget
+        # A customer's request (provider.guard): short timeouts, one retry, and an overall budget
         # so the page answers within about 10 s however the provider behaves.
         STRIPE_REQUEST_CONNECT_TIMEOUT_SECONDS=2.0,
         STRIPE_REQUEST_READ_TIMEOUT_SECONDS=4.0,
@@ -162,15 +164,14 @@ def _register_work(app) -> None:
 
 
 def _register_areas(app) -> None:
-    from . import console, storefront, webhooks
-    from .cli import shop_cli
+    from . import cli, console, storefront, webhooks
     from .ops import bp as ops_bp
 
     storefront.init_app(app)
     app.register_blueprint(ops_bp)
     webhooks.init_app(app)
     console.init_app(app)
-    app.cli.add_command(shop_cli)
+    cli.init_app(app, app_factory=create_app)
 
 
 # A pooled connection used this recently is alive (PostgreSQL restarts and idle timeouts act

@@ -15,8 +15,8 @@ from .extensions import the_app
 from .models import CycleStatus
 from .outbox.relay import relay_once, wake_due_work
 from .payments import checkout_queue
-from .payments import watch as provider_watch
-from .payments.registration import register_webhook
+from .provider import watch as provider_watch
+from .provider.registration import register_webhook
 from .scheduling import retention, takeover
 from .scheduling.sweep import run_cycle
 from .seed import seed_catalog, upsert_operator
@@ -24,6 +24,16 @@ from .seed import seed_catalog, upsert_operator
 log = logging.getLogger("shop.scheduler")
 
 shop_cli = AppGroup("shop", help="Backstop operations.")
+
+# Where the app keeps the factory that built it, for `flask shop up` (see init_app).
+_APP_FACTORY = "backstop_app_factory"
+
+
+def init_app(app, *, app_factory) -> None:
+    """The app factory registers these commands and hands itself in: `flask shop up` builds an app
+    for the environment it plans, and the CLI, which the factory imports, never imports it back."""
+    app.extensions[_APP_FACTORY] = app_factory
+    app.cli.add_command(shop_cli)
 
 
 @shop_cli.command("seed")
@@ -65,7 +75,7 @@ def scheduler_command(burst):
     """Run rq-scheduler: register periodic jobs, wake drains for due work, then poll (each poll
     also asks the database for due deadlines, commands and deliveries); beside it, watch the
     sweep's lease and queue a cycle when one was left behind mid-cycle, and check the payment
-    provider every few seconds for the console (payments.watch)."""
+    provider every few seconds for the console (provider.watch)."""
     cfg = current_app.config
     sweep = (
         cfg["RECONCILIATION_INTERVAL_SECONDS"]
@@ -211,4 +221,4 @@ def up_command(port):
     # Imported when run, for the same reason: the supervisor is needed by this command only.
     from .devserver.command import up
 
-    up(port=port)
+    up(current_app.extensions[_APP_FACTORY], port=port)

@@ -35,7 +35,7 @@ class Clock(Protocol):
     def shared_time(self) -> float | None:
         """The time shared state kept in Redis is to take as now (the guard's scripts), or None:
         Redis's own clock (TIME), the system's choice, since callers' clocks read late or run
-        ahead (payments/guard/shared.py). A clock set by hand gives its own time, so that the
+        ahead (provider/guard/shared.py). A clock set by hand gives its own time, so that the
         buckets and the breaker in Redis move with it."""
 
 

@@ -18,7 +18,7 @@ scope's reset undoes. Outside any scope nothing is learned, so a long-lived thre
 one order's reference into the next one's lines.
 
 A provider call's line adds its own fields (`endpoint`, `latency_ms`, `outcome`, `status`,
-`provider_request_id`, `idempotency_key`; payments.transport) as the record's extras."""
+`provider_request_id`, `idempotency_key`; provider.transport) as the record's extras."""
 
 from __future__ import annotations
 

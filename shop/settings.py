@@ -201,7 +201,7 @@ def _web_threads(env) -> tuple[int, int]:
     """(WEB_THREADS, STRIPE_MAX_CONCURRENT_CALLS). Web concurrency (docs/REFERENCE.md, Settings;
     measured by bench/provider.py): threads hide the provider's latency. The bulkhead lets 5/8 of
     them call it (20 of 32: two processes hold 32 clients' calls even when one process accepted
-    20 of them), at most 1/8 more wait briefly for a slot (payments.guard), and at least a quarter
+    20 of them), at most 1/8 more wait briefly for a slot (provider.guard), and at least a quarter
     always serve everything else."""
     web_threads = env_int(env, "WEB_THREADS", DEFAULT_WEB_THREADS, 1, 256)
     most_calls = max(1, web_threads - 1)

@@ -25,13 +25,13 @@ from sqlalchemy import Table, insert
 from .domain.deadlines import utcnow
 from .extensions import csrf, db
 from .models import ReceiptOutcome, WebhookReceipt
-from .payments import gateway
 from .payments.apply import Outcome, apply_session
 from .payments.declines import note_payment_failure
-from .payments.guard import Priority, request_priority
 from .payments.refunds import apply_refund_report
-from .payments.registration import webhook_secret
-from .payments.webhook_signature import verify_webhook
+from .provider import gateway
+from .provider.guard import Priority, request_priority
+from .provider.registration import webhook_secret
+from .provider.signature import verify_webhook
 
 log = logging.getLogger("shop.webhooks")
 bp = Blueprint("webhooks", __name__)

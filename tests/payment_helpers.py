@@ -224,7 +224,7 @@ def live_shop(make_fresh_app, sandbox, **config):
     """The shop served over real HTTP and registered as the sandbox's webhook endpoint, exactly
     as `flask shop stripe-register-webhook` does it: no STRIPE_WEBHOOK_SECRET, so deliveries are
     verified with the secret registration stored. Yields the app."""
-    from shop.payments.registration import register_webhook
+    from shop.provider.registration import register_webhook
 
     def build(base_url):
         settings = dict(

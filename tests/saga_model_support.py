@@ -36,9 +36,9 @@ from shop.orders.checkout import place_order
 from shop.outbox import requeue, runner
 from shop.outbox.dispatch import drain_deliveries, run_command, run_delivery
 from shop.outbox.relay import relay_once
-from shop.payments import gateway
 from shop.payments.apply import reconcile_order
 from shop.payments.start import start_payment
+from shop.provider import gateway
 from shop.scheduling.sweep import run_cycle
 from shop.stripe_sandbox.testing import SandboxControlError
 

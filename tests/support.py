@@ -83,7 +83,7 @@ def base_config(database_url: str, **overrides) -> dict:
         # tests of its throttle set their own limit (tests/web/test_checkout_return.py).
         "CHECKOUT_RETURN_PER_MINUTE": 100_000,
         # A customer's call takes a budget grant only if it can write its request within 0.1 s of
-        # it (payments/guard/budget.py, confirm), else it asks again within this patience, then
+        # it (provider/guard/budget.py, confirm), else it asks again within this patience, then
         # the order joins the line. A loaded test machine misses 0.1 s often enough that 0.2 s of
         # patience sent a lone shopper's checkout to the line (no worker serves it here); the
         # tests of the line and the bulkhead set their own.

@@ -24,7 +24,7 @@ from sqlalchemy.engine import make_url
 from process_support import ROOT, flask_command, free_port, process_env
 from shop.devserver.bundled_redis import redis_server_command
 from shop.ops import database_checks, preflight
-from shop.payments.provider_views import EVENT_TYPES
+from shop.provider.views import EVENT_TYPES
 from support import RUN_ID, UNREACHABLE_PROVIDER, wait_until
 
 TARGET = "http://127.0.0.1:5000/webhooks/stripe"  # base_config's PUBLIC_BASE_URL + the webhook's path

@@ -1,7 +1,7 @@
 """The docs name only what exists, and stay short enough to be read (docs/REFERENCE.md, the
 preamble; docs/ARCHITECTURE.md). Every path README.md and docs/*.md name under the repository's
 own folders (`shop/payments/apply.py`, `shop/outbox/`, `tests/test_layers.py`, `deploy/nginx.conf`)
-and every dotted name of the shop's code (`shop.jobs`, `shop.payments.gateway`,
+and every dotted name of the shop's code (`shop.jobs`, `shop.provider.gateway`,
 `payments.apply.apply_session`) is checked against the tree as it is when the test runs, by reading
 files only: nothing of the shop is imported. So a module renamed or split without its docs fails
 here with the doc and the name."""
@@ -20,7 +20,7 @@ ROOTS = ("shop", "tests", "bench", "deploy", "scripts", "migrations")
 # A path under one of the repository's folders, not inside a URL or another path: `shop/x.py`,
 # `shop/x/`, `deploy/prometheus/alerts.yml`. Placeholders (`shop/...`, `<name>`) are not paths.
 PATH = re.compile(r"(?<![\w./:-])((?:%s)/[\w./-]*)" % "|".join(ROOTS))
-# `shop.jobs`, `shop.payments.gateway.ProviderUnavailable`, `shop.stripe_sandbox.testing.running_sandbox()`.
+# `shop.jobs`, `shop.provider.gateway.ProviderUnavailable`, `shop.stripe_sandbox.testing.running_sandbox()`.
 SHOP_DOTTED = re.compile(r"(?<![\w./])shop(?:\.[A-Za-z_]\w*)+")
 # Inside backticks, a dotted name relative to shop/: `payments.apply.apply_session`.
 BACKTICKED = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\(\))?`")
@@ -142,7 +142,7 @@ def test_every_module_path_and_dotted_name_the_docs_name_exists():
 def test_the_scan_finds_paths_and_names_and_tells_a_missing_one_from_prose():
     text = (
         "`shop/payments/apply.py` and shop/outbox/, tests/test_layers.py. `shop/store/orders.py`; "
-        "see https://example.com/shop/x.py, `shop.jobs`, `shop.payments.gateway.ProviderUnavailable`, "
+        "see https://example.com/shop/x.py, `shop.jobs`, `shop.provider.gateway.ProviderUnavailable`, "
         "`payments.apply.apply_session`, `payments.apply.no_such_function`, `shop.no_such_module`, "
         "`orders.browser_id`, `checkout.session.completed`, `shop/...`, https://shop.example.com, "
         "logger `shop.provider` and e.g. the order."

@@ -1,14 +1,9 @@
 """The operator console: what is stuck, what died, what needs a human, and the buttons that
 fix it through the same use cases the rest of the shop runs (it is not a back door)."""
 
-from flask import Blueprint
-
-bp = Blueprint("console", __name__, url_prefix="/console")
-
-# After `bp`: the routes register on it.
-from ..extensions import login_manager  # noqa: E402
-from ..web.answers import keep_private, negotiates  # noqa: E402
-from . import (  # noqa: E402,F401  # noqa: E402,F401
+from ..extensions import login_manager
+from ..web.answers import keep_private, negotiates
+from . import (  # noqa: F401  (each registers its routes on bp)
     acks,
     email_actions,
     money_actions,
@@ -21,7 +16,8 @@ from . import (  # noqa: E402,F401  # noqa: E402,F401
     throttle,
     webhook_actions,
 )
-from .auth import require_operator  # noqa: E402
+from .auth import require_operator
+from .blueprint import bp
 
 # Every console answer, the login page and the 302/401 in front of the rest included: no-store.
 keep_private(bp)

@@ -15,8 +15,9 @@ from ..domain.deadlines import as_utc, utcnow
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import CardAcknowledgement
-from . import audit, board, bp, overview
+from . import audit, board, overview
 from .answers import done, operator_name, problem
+from .blueprint import bp
 from .format import human_time
 
 # How long an acknowledgement may last at most: a week, so nothing is silenced for good.

@@ -14,7 +14,7 @@ from werkzeug.security import check_password_hash, generate_password_hash
 from ..extensions import db
 from ..models import Operator
 from ..web.answers import respond, wants_json
-from . import bp
+from .blueprint import bp
 from .forms import ActionForm, LoginForm
 from .sessions import (
     GENERATION,

@@ -21,7 +21,7 @@ from ..models import (
     WebhookReceipt,
     WorkStatus,
 )
-from ..payments import watch
+from ..provider import watch
 from .format import human_age
 
 REJECTED_WINDOW = timedelta(hours=24)
@@ -173,7 +173,7 @@ def _webhooks_card(now: datetime) -> dict:
         )
     else:
         words = "No delivery from the provider failed in the last 24 h."
-    # The provider's own view (payments.watch.check_deliveries): what it could not deliver, which
+    # The provider's own view (provider.watch.check_deliveries): what it could not deliver, which
     # a wrong signing secret causes and the shop's receipts alone cannot tell from a scanner.
     provider_view = watch.deliveries_view()
     if provider_view and now.timestamp() - provider_view["checked_at"] > 3 * watch.DELIVERY_CHECK_SECONDS:
@@ -350,7 +350,7 @@ def _refunds_failed_card(data: dict) -> dict:
 
 
 def _provider_card(provider: dict) -> dict:
-    """What the provider watch's latest check found (payments.watch), whether or not anyone paid,
+    """What the provider watch's latest check found (provider.watch), whether or not anyone paid,
     with how long ago; and not green while the breaker is open or the latest calls failed, even
     below the breaker's threshold. A check older than the watch's stale limit is no evidence:
     the card is then not green (no scheduler runs the watch)."""

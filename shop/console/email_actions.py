@@ -12,8 +12,9 @@ from ..domain.timestamps import iso
 from ..extensions import db
 from ..saga import email_resends
 from ..web.answers import respond
-from . import audit, bp
+from . import audit
 from .answers import done, find_order, operator_name, order_or_404, problem
+from .blueprint import bp
 from .forms import ConsoleForm
 from .money_actions import KEY, new_request_key
 

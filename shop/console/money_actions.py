@@ -21,8 +21,9 @@ from ..models import Refund
 from ..money import format_money, minor_digits
 from ..saga.operator_refunds import RefundOutcome, refund_order, refundable_now
 from ..web.answers import respond
-from . import audit, bp
+from . import audit
 from .answers import done, find_order, operator_name, order_or_404, problem
+from .blueprint import bp
 from .forms import ConsoleForm
 
 KEY = re.compile(r"[A-Za-z0-9_-]{16,64}")

@@ -11,11 +11,12 @@ from flask import url_for
 from ..domain.deadlines import utcnow
 from ..extensions import db
 from ..models import Order, RestoreWarning, WarningState
-from ..payments import gateway
 from ..payments.apply import Outcome, reconcile_order
+from ..provider import gateway
 from ..saga import warnings
-from . import audit, bp
+from . import audit
 from .answers import done, find_order, operator_name, problem
+from .blueprint import bp
 from .forms import ResolveForm
 
 log = logging.getLogger("shop.console")

@@ -13,9 +13,10 @@ from ..models import Order, WorkStatus
 from ..outbox import dispatch
 from ..web.answers import respond
 from ..web.requests import work_ref
-from . import audit, bp
+from . import audit
 from .answers import done, operator_name, problem
 from .auth import safe_next
+from .blueprint import bp
 from .forms import ActionForm, DiscardForm
 
 log = logging.getLogger("shop.console")

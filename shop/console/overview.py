@@ -26,8 +26,8 @@ from ..models import (
 )
 from ..ops import nodes
 from ..ops.health import snapshot
-from ..payments import guard
 from ..payments.checkout_queue import LEASE_NAME as PAYMENT_QUEUE_LEASE
+from ..provider import guard
 from ..scheduling.lease import LEASE_NAME as SWEEP_LEASE
 from ..scheduling.stuck import stuck_cutoff
 from .format import human_age, human_time
@@ -109,7 +109,7 @@ def dashboard(now: datetime) -> dict:
 
 
 def provider_state(now: datetime) -> dict:
-    """The payment provider as the circuit breaker sees it (payments.guard), in words."""
+    """The payment provider as the circuit breaker sees it (provider.guard), in words."""
     view = guard.get().breaker_view()
     state, failures = view["state"], int(view.get("failures") or 0)
     opened = view["opened_at"] if state != guard.CLOSED and view["opened_at"] else None
@@ -129,7 +129,7 @@ def provider_state(now: datetime) -> dict:
         "words": words,
         "since_seconds": max(0, int(now.timestamp() - opened)) if opened else None,
         "shared": view["shared"],
-        # The provider watch's latest check (payments.watch): whether or not anyone paid.
+        # The provider watch's latest check (provider.watch): whether or not anyone paid.
         "checked_at": iso(datetime.fromtimestamp(checked, timezone.utc)) if checked else None,
         "checked_ago_seconds": max(0, int(now.timestamp() - checked)) if checked else None,
         "check_ok": view.get("check_ok"),

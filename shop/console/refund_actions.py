@@ -11,8 +11,9 @@ from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import Order, Refund
 from ..payments import refund_remedies as refund_cases
-from . import audit, bp
+from . import audit
 from .answers import done, operator_name, problem
+from .blueprint import bp
 from .forms import RetryRefundForm, SettleRefundForm
 from .refund_words import refund_action_words
 

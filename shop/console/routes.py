@@ -17,8 +17,9 @@ from flask import request, url_for
 from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
 from ..web.answers import respond
-from . import acks, audit, auth, board, bp, charts, export, outbox_queries, overview, queries, timeline  # noqa: F401  (auth registers the login routes)
+from . import acks, audit, auth, board, charts, export, outbox_queries, overview, queries, timeline  # noqa: F401  (auth registers the login routes)
 from .answers import find_order, page_number, problem
+from .blueprint import bp
 from .format import human_age, human_money, human_time
 from .forms import ActionForm, DiscardForm
 from .search import read_filters, refused

@@ -17,8 +17,9 @@ from ..extensions import db
 from ..models import InventoryItem, Order, OrderLine, StockCorrection, Variant
 from ..orders.stock import CorrectionOutcome, StockMode, correct_stock
 from ..web.answers import respond
-from . import audit, bp
+from . import audit
 from .answers import done, operator_name, page_number, problem
+from .blueprint import bp
 from .forms import ConsoleForm
 from .money_actions import KEY, new_request_key
 

@@ -31,7 +31,7 @@ from ..models import (
     WebhookReceipt,
     WorkStatus,
 )
-from ..payments.links import session_link
+from ..provider.links import session_link
 from ..scheduling.stuck import stuck_cutoff
 from ..web.serialize import OrderView
 from .audit import action_json

@@ -12,11 +12,12 @@ from flask import request, url_for
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import Order, ReceiptOutcome, WebhookReceipt
-from ..payments import gateway
 from ..payments.replay import NotAnEvent, reapply_event
+from ..provider import gateway
 from ..web.answers import respond
-from . import audit, bp
+from . import audit
 from .answers import done, operator_name, problem
+from .blueprint import bp
 from .rows import receipt_json
 
 log = logging.getLogger("shop.console")

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
+from .plan import Plan
 from .supervise import LOCAL, Child, Console, Supervisor, UpError, ellipsis
-
-if TYPE_CHECKING:  # plan.py reads redis_url_on from here
-    from .plan import Plan
 
 # redis-server's start-up chatter; the overcommit warning is about background saves, which this
 # Redis never makes.
@@ -41,12 +37,6 @@ def redis_server_command(binary: str, port: int, folder: str) -> list[str]:
     """A throwaway redis-server on loopback: keeps nothing on disk (its data is Redis's part only;
     the database is the truth), its working files in `folder`."""
     return [binary, "--port", str(port), "--bind", LOCAL, "--save", "", "--appendonly", "no", "--dir", folder]
-
-
-def redis_url_on(url: str, port: int) -> str:
-    parts = urlsplit(url)
-    db = parts.path.strip("/") if parts.scheme in ("redis", "rediss") else ""
-    return f"redis://{LOCAL}:{port}/{db or '0'}"
 
 
 def start_redis(plan: Plan, sup: Supervisor, console: Console) -> Child:

@@ -7,10 +7,11 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 
-# `flask shop up` is imported by the CLI once the app factory has run, so the shop's modules are
-# loaded already: importing them here costs nothing and keeps no cycle.
-from .. import SettingsError, create_app
+from flask import Flask
+
+from ..settings import SettingsError
 from .bundled_redis import start_redis
 from .plan import Plan, make_plan
 from .steps import banner, prepare_database, register_webhook, start_processes, start_sandbox
@@ -31,8 +32,10 @@ class _Interrupted(BaseException):
     """SIGINT/SIGTERM/SIGHUP arrived while `up` was still preparing."""
 
 
-def up(port: int = 5000) -> None:
-    """Run the demo in the foreground until Ctrl-C (or SIGTERM); exits non-zero if a child dies."""
+def up(create_app: Callable[..., Flask], port: int = 5000) -> None:
+    """Run the demo in the foreground until Ctrl-C (or SIGTERM); exits non-zero if a child dies.
+    `create_app` is the app factory, handed in by the CLI (the factory registers the CLI, so
+    nothing under it imports the factory back)."""
     # Whatever `up` and its children create (the SQLite file and its -wal/-shm, the sandbox's
     # state, gunicorn's temporary files) is for this user only: the demo's data holds password
     # hashes, the webhook signing secret and order links. Children inherit the mask.
@@ -54,7 +57,7 @@ def up(port: int = 5000) -> None:
     code = 0
     plan_holder: list = []
     try:
-        code = _run(port, console, sup, state, plan_holder)
+        code = _run(create_app, port, console, sup, state, plan_holder)
     except UpError as exc:
         console.error(str(exc))
         code = 1
@@ -85,7 +88,9 @@ def _stop_and_restore(console: Console, sup: Supervisor, previous: dict, previou
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run(port: int, console: Console, sup: Supervisor, state: dict, plan_holder: list) -> int:
+def _run(
+    create_app: Callable[..., Flask], port: int, console: Console, sup: Supervisor, state: dict, plan_holder: list
+) -> int:
     try:
         plan = make_plan(port, os.environ)
         plan_holder.append(plan)

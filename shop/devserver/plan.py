@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from ..settings import instance_path, load_settings, make_private_folder
-from .bundled_redis import redis_url_on
 from .supervise import LOCAL, UpError, free_port, nearby_free_port, port_is_free, redis_answers
 
 SANDBOX_PORT = 12111
@@ -20,6 +19,13 @@ OPERATOR_EMAIL = "operator@example.com"
 SECRET_KEY_FILE = "secret_key"
 SANDBOX_STATE_FILE = "stripe-sandbox.json"
 SANDBOX_PORT_FILE = "stripe-sandbox.port"
+
+
+def redis_url_on(url: str, port: int) -> str:
+    """REDIS_URL for the Redis `up` starts on `port`: the same database number as `url` names."""
+    parts = urlsplit(url)
+    db = parts.path.strip("/") if parts.scheme in ("redis", "rediss") else ""
+    return f"redis://{LOCAL}:{port}/{db or '0'}"
 
 
 @dataclass

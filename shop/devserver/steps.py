@@ -12,8 +12,8 @@ import sys
 from flask_migrate import upgrade
 
 from ..extensions import db
-from ..payments.gateway import ProviderRefused, ProviderUnavailable
-from ..payments.registration import register_webhook as register
+from ..provider.gateway import ProviderRefused, ProviderUnavailable
+from ..provider.registration import register_webhook as register
 from ..seed import create_operator_if_missing, seed_catalog
 from ..settings import DEFAULT_WEB_CONCURRENCY, DEFAULT_WEB_THREADS
 from . import front

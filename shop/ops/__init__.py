@@ -1,7 +1,6 @@
 """Operations: health and Prometheus metrics."""
 
-from flask import Blueprint
+from . import routes  # noqa: F401  (registers the routes on bp)
+from .blueprint import bp
 
-bp = Blueprint("ops", __name__)
-
-from . import routes  # noqa: E402,F401
+__all__ = ["bp"]

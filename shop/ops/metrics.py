@@ -28,7 +28,8 @@ from ..models import (
     WebhookReceipt,
     WorkStatus,
 )
-from ..payments import checkout_queue, guard, watch
+from ..payments import checkout_queue
+from ..provider import guard, watch
 from ..scheduling.stuck import stuck_cutoff
 from .liveness_metrics import liveness
 
@@ -209,7 +210,7 @@ def _unknown_payments():
 
 def _webhook_undelivered(now):
     """The provider's own count of the last hour's events it could not deliver to the shop, less
-    those the shop has received since (shop.payments.watch, asked about every minute by the
+    those the shop has received since (shop.provider.watch, asked about every minute by the
     scheduler's watch): what tells a wrong signing secret from a scanner's noise. NaN when it was
     not asked lately (the provider away, or no scheduler): no evidence either way, and no rule
     comparing it fires."""
@@ -293,7 +294,7 @@ def _payment_queue(now):
 
 
 def provider_breaker_metrics(now=None):
-    """The provider's circuit breaker (payments.guard) as every process sees it: its state, how
+    """The provider's circuit breaker (provider.guard) as every process sees it: its state, how
     long it has been away from closed, and its transitions counted in the shared state, so any
     process answers the same."""
     view = guard.get().breaker_view()

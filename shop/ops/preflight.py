@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 
 from flask import current_app
 
-from ..payments import gateway, provider_probe
-from ..payments.registration import ENDPOINT_KEY, webhook_secret
+from ..provider import gateway, probe
+from ..provider.registration import ENDPOINT_KEY, webhook_secret
 from ..public_urls import public_url_for
 from ..redis_client import redis_client, unprotected_redis_hosts, unprotected_redis_words
 from ..settings_values import parse_sentinel_url
@@ -211,7 +211,7 @@ def _provider() -> tuple[Check, list | None]:
         mode = key_mode(key)
         what = f"{mode} key ({key[:8]}...)" if mode else f"a key starting {key[:3]!r}"
     try:
-        endpoints = provider_probe.list_webhook_endpoints_once(PROVIDER_TIMEOUT_SECONDS)
+        endpoints = probe.list_webhook_endpoints_once(PROVIDER_TIMEOUT_SECONDS)
     except gateway.ProviderRefused as error:
         return Check("provider", FAIL, f"{what}: {at} refused it ({error}): check STRIPE_SECRET_KEY"), None
     except gateway.ProviderUnavailable as error:

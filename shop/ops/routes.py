@@ -8,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..extensions import csrf, db
-from . import bp
+from .blueprint import bp
 from .health import snapshot
 from .metrics import registry
 

@@ -23,9 +23,9 @@ from ..models import CommandKind, ScheduledCommand
 from ..outbox import uow
 from ..outbox.claims import count_due
 from ..outbox.failures import Reschedule
-from ..payments import gateway, guard
 from ..payments.apply import Outcome, ask_and_apply
 from ..payments.start import retire_session_before_cancel
+from ..provider import gateway, guard
 from ..store import order_store
 from ..store.order_store import LoadedOrder
 from .deadline import pay_by

@@ -1,2 +1,3 @@
-"""Payments: the Stripe gateway (the only stripe import), the guarded application of provider
-facts to orders, refunds of late money, and webhook endpoint registration."""
+"""Payments, the money use cases: starting a payment and its line, applying what the provider
+says to orders, refunds of late money, money for unknown orders and replayed events. Every call
+to the provider goes through shop.provider."""

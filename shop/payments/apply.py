@@ -21,12 +21,12 @@ from ..domain.results import Ok, Refused
 from ..extensions import db
 from ..models import PaymentProofRefusal
 from ..outbox import uow
+from ..provider import gateway
 from ..store import order_store
 from ..store.order_store import LoadedOrder, Note
-from . import gateway
 from .event_claims import claim_event
 from .refunds import record_late_payment, refunded_by_shop
-from .unknown_money import record_unknown_payment
+from .unknown_sighting import record_unknown_payment
 
 log = logging.getLogger("shop.payments")
 

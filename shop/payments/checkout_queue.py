@@ -45,7 +45,7 @@ from ..domain.order import OrderStatus
 from ..extensions import db
 from ..models import Order
 from ..outbox.leases import acquire_lease, holder_name, release_lease, renew_lease
-from . import guard
+from ..provider import guard
 from .start import LINE_HOLD_SECONDS, StartOutcome, StartStatus, start_payment
 
 log = logging.getLogger("shop.payments.queue")

@@ -12,8 +12,8 @@ from typing import Callable
 from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
 from ..outbox import uow
+from ..provider import gateway
 from ..store import order_store
-from . import gateway
 
 log = logging.getLogger("shop.payments")
 

@@ -21,7 +21,7 @@ from ..domain.order import OrderStatus
 from ..extensions import db
 from ..models import CommandKind, Order
 from ..outbox import schedule_command, uow
-from . import gateway
+from ..provider import gateway
 
 log = logging.getLogger("shop.payments")
 

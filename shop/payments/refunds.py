@@ -42,9 +42,9 @@ from ..extensions import db
 from ..models import CommandKind, Refund
 from ..outbox import schedule_command, uow
 from ..outbox.failures import PermanentFailure
+from ..provider import gateway
 from ..store import order_store
 from ..store.order_store import LoadedOrder
-from . import gateway
 
 log = logging.getLogger("shop.payments")
 

@@ -12,7 +12,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from . import gateway
+from ..provider import gateway
 from .apply import apply_session
 from .refunds import apply_refund_report
 

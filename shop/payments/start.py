@@ -18,10 +18,10 @@ from ..domain.results import Refused
 from ..extensions import db
 from ..models import ProviderRefusal, RefusalKind
 from ..outbox import uow
+from ..provider import gateway, guard
 from ..public_urls import public_url, public_url_for
 from ..store import order_store
 from ..store.order_store import LoadedOrder, Note
-from . import gateway, guard
 from .payment_link import offer_payment_link_later
 
 log = logging.getLogger("shop.payments")

@@ -11,12 +11,14 @@ already have been answered by the machine that was lost. Such money is never kep
 * the command asks the provider about the session (a webhook's word is checked, not trusted) and
   applies the answer through the same path: an order that turns up after all is paid, or its
   late money refunded, as for any notice; money that still names no order is refunded, once (the
-  Idempotency-Key names the session), if the session carries this shop's mark (shop.payments.mark):
+  Idempotency-Key names the session), if the session carries this shop's mark (shop.provider.mark):
   a payment of another integration sharing the provider account is left alone and shown to an
   operator instead;
 * the refund is followed until the provider says it is done.
 
-This module is the one writer of `unknown_payments`.
+This module and `unknown_sighting.py` (which records a sighting, for `payments.apply`) are the
+writers of `unknown_payments`. The settling sits above apply (it applies what the provider says);
+the recording below it, so the two never import each other.
 """
 
 from __future__ import annotations
@@ -25,56 +27,21 @@ import logging
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
 
 from ..extensions import db
 from ..models import CommandKind, UnknownPayment
 from ..models import UnknownPaymentStatus as S
 from ..outbox import schedule_command
 from ..outbox.failures import PermanentFailure
-from . import gateway
-from .mark import shop_mark
+from ..provider import gateway
+from ..provider.mark import shop_mark
+from .apply import Outcome, ask_and_apply
 
 log = logging.getLogger("shop.payments")
 
 # A refund the provider has not confirmed yet is asked about again after this, doubling up to an hour.
 FIRST_RECHECK = timedelta(seconds=30)
 LAST_RECHECK = timedelta(hours=1)
-
-
-def record_unknown_payment(view: gateway.SessionView, *, found_via: str, now: datetime) -> bool:
-    """Record a paid session that names no order we know, with the command that settles it, in the
-    caller's transaction. False when it was already recorded (a second sighting)."""
-    session = db.session
-    if session.execute(select(UnknownPayment.id).where(UnknownPayment.session_id == view.id)).first():
-        return False
-    try:
-        with session.begin_nested():
-            row = UnknownPayment(
-                session_id=view.id,
-                payment_intent_id=view.payment_intent,
-                amount=view.amount_total,
-                currency=(view.currency or "")[:3] or None,
-                reference=(view.client_reference_id or "")[:255] or None,
-                found_via=found_via[:40],
-                status=S.CHECKING,
-                detail="",
-                created_at=now,
-                updated_at=now,
-            )
-            session.add(row)
-    except IntegrityError:  # a concurrent sighting of the same session won
-        return False
-    schedule_command(session, CommandKind.SETTLE_UNKNOWN_PAYMENT, now, payload={"unknown_payment_id": row.id}, now=now)
-    log.warning(
-        "provider session %s (via %s) took %s %s for no order this shop knows (ref %s); checking it with the provider",
-        view.id,
-        found_via,
-        view.amount_total,
-        view.currency,
-        view.client_reference_id,
-    )
-    return True
 
 
 def settle_unknown_payment(row_id: int, now: datetime) -> datetime | None:
@@ -88,9 +55,6 @@ def settle_unknown_payment(row_id: int, now: datetime) -> datetime | None:
         return _follow_refund(row, row.provider_refund_id, now)
     if row.status != S.CHECKING:
         return None
-    # Imported here: apply imports this module (it records what it cannot match).
-    from .apply import Outcome, ask_and_apply
-
     answer = ask_and_apply(row.session_id, source="unknown payment check", now=now, in_transaction=True)
     view = answer.view
     if view.payment_status != gateway.SessionPaymentStatus.PAID:

@@ -16,7 +16,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from ..extensions import db
 from ..models import CycleStatus, Order, ReconciliationCycle
 from ..outbox import uow
-from ..payments import gateway
+from ..provider import gateway
 
 log = logging.getLogger("shop.sweep")
 

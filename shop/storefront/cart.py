@@ -13,7 +13,7 @@ from ..orders import cart as carts
 from ..orders.cart import CartChangeOutcome
 from ..web.answers import at_address, browser_id, respond, wants_json
 from ..web.requests import MAX_ID
-from . import bp
+from .blueprint import bp
 from .cart_words import cart_words
 from .forms import ActionForm, AddToCartForm, CheckoutForm, QuantityForm, first_error
 

@@ -17,15 +17,15 @@ from ..models import Cart, CartState, Order
 from ..orders.cancel import CancelStatus, cancel_order
 from ..orders.checkout import CheckoutRefused, Refusal, place_order
 from ..orders.lookup import just_ordered_by
-from ..payments import gateway
 from ..payments.apply import Outcome, ask_and_apply
 from ..payments.checkout_queue import expected_wait_seconds, place_in_line
 from ..payments.start import StartCode, StartOutcome, StartStatus, joined_line, line_is_held, start_payment
+from ..provider import gateway
 from ..store import order_store
 from ..web.answers import answer_if_later_fails, at_address, browser_id, respond, wants_json
 from ..web.serialize import OrderView, PaymentStatus
 from ..web.words import cancel_conflict_words
-from . import bp
+from .blueprint import bp
 from .cart import render_cart
 from .cart_words import EMPTY_CART, JUST_ORDERED, checkout_refusal_words
 from .forms import ActionForm, CancelForm, CheckoutForm, first_error

@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from flask import Blueprint, Response, current_app, g, request
 
+from .account import PAYMENT_METHOD_TYPES, VOUCHER_DAYS, Account, is_api_version
 from .errors import StripeError, invalid, missing_param
 from .forms import (
     merge_metadata,
@@ -223,6 +224,11 @@ def stripe_view(view: Callable[..., Any]) -> Callable[..., Response]:
                 stored = sandbox.idempotency.get((g.api_key, key))
                 if stored is not None:
                     return _replay(stored, key, method, request.path, fingerprint)
+            locked = sandbox.lock_timeout(_written_object(sandbox, method, params, route_args))
+            if locked is not None:
+                # Stripe asks the client to retry a lock timeout (the SDKs do, with backoff).
+                retry = {"Stripe-Should-Retry": "true", **({"Idempotency-Key": key} if key is not None else {})}
+                return json_response(locked.status, _dump(locked.body()), retry)
             try:
                 status, body, saved = 200, _dump(view(sandbox, params, call, **route_args)), True
             except StripeError as error:
@@ -235,6 +241,23 @@ def stripe_view(view: Callable[..., Any]) -> Callable[..., Response]:
         return json_response(status, body, headers)
 
     return wrapper
+
+
+def _written_object(sandbox: Sandbox, method: str, params: dict, route_args: dict) -> str | None:
+    """The existing object a write changes, as Stripe locks it: the one in the URL (a session
+    expired, an endpoint updated or deleted), or the payment a refund is taken from (named by
+    `payment_intent`, or by a `charge` of it). None for a read or a create of a new object."""
+    if method not in ("POST", "DELETE"):
+        return None
+    if route_args:
+        return str(next(iter(route_args.values())))
+    if request.path == "/v1/refunds":
+        charge = params.get("charge")
+        if isinstance(charge, str) and charge in sandbox.charges:
+            return sandbox.charges[charge].payment_intent_id
+        target = params.get("payment_intent") or charge
+        return target if isinstance(target, str) and target else None
+    return None
 
 
 def _replay(stored: StoredResponse, key: str, method: str, path: str, fingerprint: str) -> Response:
@@ -350,7 +373,8 @@ SESSION_CREATE_PARAMS = (
     "mode", "line_items", "client_reference_id", "metadata", "success_url", "cancel_url",
     "customer_email", "expires_at", "expand", "payment_method_types", "locale",
     "payment_intent_data", "submit_type", "billing_address_collection", "ui_mode",
-    "customer_creation", "shipping_address_collection",
+    "customer_creation", "shipping_address_collection", "automatic_tax", "adaptive_pricing",
+    "allowed_payment_method_types", "excluded_payment_method_types", "payment_method_options",
 )  # fmt: skip
 
 
@@ -385,8 +409,19 @@ def create_checkout_session(sandbox: Sandbox, params: dict, call: Call) -> dict:
     ui_mode = read_str(params.get("ui_mode"), "ui_mode")
     if ui_mode not in (None, "hosted"):
         raise invalid("The Stripe sandbox supports only ui_mode=hosted.", "ui_mode")
-    read_list(params.get("payment_method_types"), "payment_method_types")
+    if "payment_method_types" in params:
+        # Removed from session create in 2026-09-30.endive: the account's dynamic payment methods
+        # decide, narrowed by allowed_ or excluded_payment_method_types.
+        raise invalid(
+            "payment_method_types is no longer supported when creating a Checkout Session: the "
+            "account's payment methods apply; use allowed_payment_method_types or "
+            "excluded_payment_method_types to narrow them.",
+            "payment_method_types",
+            "payment_method_types_no_longer_supported",
+        )
     line_items = _read_line_items(params.get("line_items"))
+    account = sandbox.account
+    payment_method_types = _read_payment_method_types(params, account)
     customer_email = read_str(params.get("customer_email"), "customer_email", max_length=512)
     if customer_email is not None and not _EMAIL.match(customer_email):
         raise invalid(f"Invalid email address: {customer_email}", "customer_email", "email_invalid")
@@ -403,8 +438,95 @@ def create_checkout_session(sandbox: Sandbox, params: dict, call: Call) -> dict:
         expires_at=read_int(params.get("expires_at"), "expires_at"),
         locale=read_str(params.get("locale"), "locale"),
         shipping_countries=_read_shipping_collection(params.get("shipping_address_collection")),
+        automatic_tax=_read_automatic_tax(params.get("automatic_tax"), account),
+        adaptive_pricing=_read_enabled(
+            params.get("adaptive_pricing"), "adaptive_pricing", account.adaptive_pricing_default
+        ),
+        payment_method_types=payment_method_types,
+        payment_method_options=_read_voucher_options(
+            params.get("payment_method_options"), payment_method_types, account
+        ),
     )
     return _render_session(sandbox, session, expand)
+
+
+def _read_automatic_tax(value: Any, account: Account) -> bool:
+    """`automatic_tax[enabled]` decides when given; else the account's default does."""
+    given = read_dict(value, "automatic_tax") or {}
+    reject_unknown_nested(given, ("enabled", "liability"), ("automatic_tax",))
+    liability = read_dict(given.get("liability"), "automatic_tax[liability]") or {}
+    reject_unknown_nested(liability, ("type",), ("automatic_tax", "liability"))
+    if liability.get("type") not in (None, "", "self"):
+        raise invalid(
+            "The Stripe sandbox supports only automatic_tax[liability][type]=self (no Connect accounts).",
+            "automatic_tax[liability][type]",
+        )
+    return _read_enabled(value, "automatic_tax", account.automatic_tax_default == "enabled_when_possible")
+
+
+def _read_enabled(value: Any, param: str, default: bool) -> bool:
+    given = read_dict(value, param) or {}
+    if param == "adaptive_pricing":
+        reject_unknown_nested(given, ("enabled",), (param,))
+    enabled = read_bool(given.get("enabled"), f"{param}[enabled]")
+    return default if enabled is None else enabled
+
+
+def _read_type_list(value: Any, param: str) -> list[str] | None:
+    kinds = read_list(value, param)
+    if kinds is None:
+        return None
+    for index, kind in enumerate(kinds):
+        if kind not in PAYMENT_METHOD_TYPES:
+            raise invalid(
+                f"Invalid {param_name(param, index)}: {kind!r} is not a payment method type.", param_name(param, index)
+            )
+    return kinds
+
+
+def _read_payment_method_types(params: dict, account: Account) -> list[str]:
+    """The account's dynamic payment methods, narrowed by `allowed_payment_method_types` (each one
+    must be on for the account) or `excluded_payment_method_types`, never both."""
+    allowed = _read_type_list(params.get("allowed_payment_method_types"), "allowed_payment_method_types")
+    excluded = _read_type_list(params.get("excluded_payment_method_types"), "excluded_payment_method_types")
+    if allowed is not None and excluded is not None:
+        raise invalid(
+            "You cannot use both allowed_payment_method_types and excluded_payment_method_types.",
+            "excluded_payment_method_types",
+        )
+    for index, kind in enumerate(allowed or []):
+        if kind not in account.payment_methods:
+            raise invalid(
+                f"The payment method type {kind!r} is not activated for this account (it offers "
+                f"{', '.join(account.payment_methods)}).",
+                param_name("allowed_payment_method_types", index),
+            )
+    kinds = account.payment_method_types(allowed, excluded)
+    if not kinds:
+        raise invalid(
+            "No payment method types are left for this Checkout Session after "
+            f"excluding {', '.join(excluded or [])}; the account offers {', '.join(account.payment_methods)}.",
+            "excluded_payment_method_types" if excluded else "allowed_payment_method_types",
+        )
+    return kinds
+
+
+def _read_voucher_options(value: Any, kinds: list[str], account: Account) -> dict:
+    """`payment_method_options[<voucher>][expires_after_days]` for OXXO, Boleto and Konbini: each
+    voucher type the session offers gets the days given, else the account's default."""
+    given = read_dict(value, "payment_method_options") or {}
+    reject_unknown_nested(given, tuple(VOUCHER_DAYS), ("payment_method_options",))
+    options: dict = {}
+    for kind, (low, high) in VOUCHER_DAYS.items():
+        where = ("payment_method_options", kind)
+        option = read_dict(given.get(kind), param_name(*where)) or {}
+        reject_unknown_nested(option, ("expires_after_days",), where)
+        days = read_int(
+            option.get("expires_after_days"), param_name(*where, "expires_after_days"), minimum=low, maximum=high
+        )
+        if kind in kinds:
+            options[kind] = {"expires_after_days": account.voucher_expires_after_days if days is None else days}
+    return options
 
 
 _COUNTRY = re.compile(r"^[A-Z]{2}$")
@@ -649,10 +771,20 @@ def create_webhook_endpoint(sandbox: Sandbox, params: dict, call: Call) -> dict:
         enabled_events=_read_enabled_events(params.get("enabled_events"), required=True),
         description=read_str(params.get("description"), "description", max_length=5000),
         metadata=read_metadata(params.get("metadata")),
-        api_version=read_str(params.get("api_version"), "api_version"),
+        api_version=_read_api_version(params.get("api_version"), sandbox.account),
     )
     # The signing secret is shown once, in the creation response, as at Stripe.
     return render_webhook_endpoint(endpoint, with_secret=True)
+
+
+def _read_api_version(value: Any, account: Account) -> str:
+    """The version the endpoint's events are rendered in: the one asked for, else the account's."""
+    version = read_str(value, "api_version")
+    if version is None:
+        return account.default_api_version
+    if not is_api_version(version):
+        raise invalid(f"Invalid API version: {version}", "api_version")
+    return version
 
 
 @bp.get("/webhook_endpoints")

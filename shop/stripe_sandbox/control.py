@@ -13,9 +13,22 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, g, request
 
+from .account import ACCOUNT_FIELDS, AccountError, read_changes
 from .api import endpoint
 from .objects import render_delivery, render_event, render_refund, render_session
-from .state import ASYNC_RESULTS, OUTCOMES, REFUND_OUTCOMES, ControlError, Faults, Sandbox, shipping_problems
+from .state import (
+    ADDRESS_FIELDS,
+    ASYNC_RESULTS,
+    OUTCOMES,
+    REFUND_OUTCOMES,
+    SHIPPING_FIELD_MAX,
+    TEST_SHIPPING_NAME,
+    ControlError,
+    Faults,
+    Sandbox,
+    sandbox_shipping_details,
+    shipping_problems,
+)
 from .traffic import MAX_API_HOLD_SECONDS
 
 bp = Blueprint("stripe_sandbox_control", __name__, url_prefix="/_sandbox")
@@ -34,6 +47,7 @@ FAULT_TYPES = {
     "api_rate_limit_per_second": "rate",
     "api_endpoint_rate_limit_per_second": "rate",
     "api_rate_limit_next_calls": "count",
+    "lock_timeout": "count",
 }
 
 
@@ -106,29 +120,64 @@ def _body(*, required: tuple[str, ...] = (), allowed: tuple[str, ...] = ()) -> d
 def set_outcome(session_id: str) -> Response:
     """Same effect as the hosted page's buttons: paid, declined or async_pending. A session that
     collects a shipping address takes `shipping_address` ({"name", "line1", "line2", "city",
-    "postal_code", "state", "country"}, as the hosted page's form), else ships to the sandbox's
-    test address."""
-    body = _body(required=("outcome",), allowed=("outcome", "shipping_address"))
+    "postal_code", "state", "country"}, as the hosted page's form), else ships to `address` (the
+    customer's: {"country", "line1", "line2", "city", "postal_code", "state"}, which tax and
+    Adaptive Pricing also use), else to the sandbox's test address."""
+    body = _body(required=("outcome",), allowed=("outcome", "shipping_address", "address"))
     outcome = body["outcome"]
     if outcome not in OUTCOMES:
         raise ControlError(400, f"outcome must be one of {', '.join(OUTCOMES)}; got {outcome!r}")
     given = body.get("shipping_address")
     if given is not None and not isinstance(given, dict):
         raise ControlError(400, "shipping_address must be a JSON object.")
+    address = _address(body.get("address"))
     sandbox = _sandbox()
     with sandbox.lock:
         sandbox.tick()
         details = None
+        session = sandbox.sessions.get(session_id)
+        if session is None:
+            raise ControlError(404, f"No such checkout.session: '{session_id}'")
+        if given is not None and not session.collects_shipping:
+            raise ControlError(400, "This session does not collect a shipping address.")
+        if given is None and address is not None and session.collects_shipping:
+            given = _shipping_to(address)
         if given is not None:
-            session = sandbox.sessions.get(session_id)
-            if session is None:
-                raise ControlError(404, f"No such checkout.session: '{session_id}'")
-            if not session.collects_shipping:
-                raise ControlError(400, "This session does not collect a shipping address.")
             details, problems = shipping_problems(session, given)
             if problems:
                 raise ControlError(400, " ".join(problems.values()))
-        return _json(render_session(sandbox.apply_outcome(session_id, outcome, details)))
+        return _json(render_session(sandbox.apply_outcome(session_id, outcome, details, address)))
+
+
+def _address(given: Any) -> dict | None:
+    """The customer's address in Stripe's shape (all six fields, absent ones null): a country in
+    two capital letters is required, the rest are optional strings."""
+    if given is None:
+        return None
+    if not isinstance(given, dict):
+        raise ControlError(400, "address must be a JSON object.")
+    unknown = sorted(set(given) - set(ADDRESS_FIELDS))
+    if unknown:
+        raise ControlError(
+            400, f"Unknown address field(s): {', '.join(unknown)}; expected any of {', '.join(ADDRESS_FIELDS)}"
+        )
+    for key, value in given.items():
+        if value is not None and (not isinstance(value, str) or len(value) > SHIPPING_FIELD_MAX):
+            raise ControlError(400, f"address.{key} must be a string of at most {SHIPPING_FIELD_MAX} characters.")
+    country = given.get("country")
+    if not isinstance(country, str) or len(country) != 2 or not country.isalpha() or not country.isascii():
+        raise ControlError(400, f"address.country must be a two-letter country code such as DE; got {country!r}")
+    address = {key: (given.get(key) or "").strip() or None for key in ADDRESS_FIELDS}
+    address["country"] = country.upper()
+    return address
+
+
+def _shipping_to(address: dict) -> dict:
+    """A collecting session given only the customer's address ships there, to the sandbox's test
+    customer, with the test address's fields where the address has none."""
+    fallback = sandbox_shipping_details(address["country"])["address"]
+    fields = {key: address.get(key) or fallback.get(key) for key in ADDRESS_FIELDS}
+    return {**{key: value or "" for key, value in fields.items()}, "name": TEST_SHIPPING_NAME}
 
 
 @bp.post("/sessions/<session_id>/async")
@@ -194,6 +243,24 @@ def _fault_value(key: str, value: Any) -> Any:
     ):
         raise ControlError(400, f"{key} must be a number of seconds from 0 to {top}; got {value!r}")
     return float(value)
+
+
+@bp.get("/account")
+def read_account() -> Response:
+    return _json(_sandbox().account.as_dict())
+
+
+@bp.post("/account")
+def change_account() -> Response:
+    """Change any of the account's settings (account.py); answers all of them."""
+    try:
+        changes = read_changes(_body(allowed=ACCOUNT_FIELDS))
+    except AccountError as error:
+        raise ControlError(400, str(error)) from None
+    sandbox = _sandbox()
+    with sandbox.lock:
+        sandbox.account.update(changes)
+        return _json(sandbox.account.as_dict())
 
 
 @bp.post("/clock")

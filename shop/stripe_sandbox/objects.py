@@ -64,6 +64,21 @@ class Session:
     # What the customer gave, as Stripe renders it under `collected_information.shipping_details`:
     # {"name", "address": {"city", "country", "line1", "line2", "postal_code", "state"}}.
     shipping_details: dict | None = None
+    # Automatic tax (the `automatic_tax[enabled]` param, else the account's default): while on,
+    # `tax_status` is requires_location_inputs until the customer's address is known, then
+    # complete with `amount_tax` (exclusive, from the account's tax rates) added to the total.
+    automatic_tax: bool = False
+    tax_status: str | None = None
+    amount_tax: int = 0
+    # Adaptive Pricing: `presentment` is {"presentment_amount", "presentment_currency"} once a
+    # customer whose country has another currency is known; the session's currency stays ours.
+    adaptive_pricing: bool = False
+    presentment: dict | None = None
+    payment_method_types: list[str] = field(default_factory=lambda: ["card"])
+    # {"oxxo": {"expires_after_days": 3}, ...}: one entry per voucher type the session offers.
+    payment_method_options: dict = field(default_factory=dict)
+    # The customer's (billing) address in Stripe's shape, once given.
+    customer_address: dict | None = None
 
     @property
     def collects_shipping(self) -> bool:
@@ -75,7 +90,7 @@ class Session:
 
     @property
     def amount_total(self) -> int:
-        return self.amount_subtotal
+        return self.amount_subtotal + self.amount_tax
 
 
 @dataclass
@@ -95,6 +110,7 @@ class PaymentIntent:
     canceled_at: int | None = None
     cancellation_reason: str | None = None
     client_secret: str = ""
+    payment_method_types: list[str] = field(default_factory=lambda: ["card"])
 
 
 @dataclass
@@ -188,14 +204,19 @@ class EventRecord:
 
 
 def render_session(s: Session) -> dict[str, Any]:
-    return {
+    body = {
         "id": s.id,
         "object": "checkout.session",
+        "adaptive_pricing": {"enabled": s.adaptive_pricing},
         "after_expiration": None,
         "allow_promotion_codes": None,
         "amount_subtotal": s.amount_subtotal,
         "amount_total": s.amount_total,
-        "automatic_tax": {"enabled": False, "liability": None, "provider": None, "status": None},
+        "automatic_tax": (
+            {"enabled": True, "liability": {"type": "self"}, "provider": "stripe", "status": s.tax_status}
+            if s.automatic_tax
+            else {"enabled": False, "liability": None, "provider": None, "status": None}
+        ),
         "billing_address_collection": None,
         "cancel_url": s.cancel_url,
         "client_reference_id": s.client_reference_id,
@@ -218,7 +239,7 @@ def render_session(s: Session) -> dict[str, Any]:
         },
         "customer": None,
         "customer_creation": None,
-        "customer_details": dict(s.customer_details) if s.customer_details else None,
+        "customer_details": _customer_details(s),
         "customer_email": s.customer_email,
         "discounts": None,
         "expires_at": s.expires_at,
@@ -232,8 +253,8 @@ def render_session(s: Session) -> dict[str, Any]:
         "payment_link": None,
         "payment_method_collection": None,
         "payment_method_configuration_details": None,
-        "payment_method_options": {},
-        "payment_method_types": ["card"],
+        "payment_method_options": {kind: dict(options) for kind, options in s.payment_method_options.items()},
+        "payment_method_types": list(s.payment_method_types),
         "payment_status": s.payment_status,
         "phone_number_collection": {"enabled": False},
         "recovered_from": None,
@@ -248,11 +269,21 @@ def render_session(s: Session) -> dict[str, Any]:
         "submit_type": None,
         "subscription": None,
         "success_url": s.success_url,
-        "total_details": {"amount_discount": 0, "amount_shipping": 0, "amount_tax": 0},
+        "total_details": {"amount_discount": 0, "amount_shipping": 0, "amount_tax": s.amount_tax},
         "ui_mode": None,
         # Stripe only shows the URL while the session can still be paid.
         "url": s.pay_url if s.status == "open" and not s.url_withheld else None,
     }
+    # Stripe adds it only when Adaptive Pricing showed the customer another currency.
+    if s.presentment is not None:
+        body["presentment_details"] = dict(s.presentment)
+    return body
+
+
+def _customer_details(s: Session) -> dict | None:
+    if not s.customer_details:
+        return None
+    return {**s.customer_details, "address": dict(s.customer_address) if s.customer_address else None}
 
 
 def _copy(details: dict) -> dict:
@@ -288,7 +319,7 @@ def render_payment_intent(pi: PaymentIntent) -> dict[str, Any]:
         "payment_method": pi.payment_method,
         "payment_method_configuration_details": None,
         "payment_method_options": {},
-        "payment_method_types": ["card"],
+        "payment_method_types": list(pi.payment_method_types),
         "processing": None,
         "receipt_email": None,
         "review": None,

@@ -1,8 +1,8 @@
 """The sandbox's world in a file, so a demo's restart keeps what its user made.
 
 `flask shop up` runs its sandbox with `--state-file`: sessions, payment intents, charges,
-refunds, webhook endpoints, events (with their deliveries), idempotency records, the clock
-offset and the sequence counter are loaded at start and written back whenever they change (at
+refunds, webhook endpoints, events (with their deliveries), idempotency records, the account's
+settings, the clock offset and the sequence counter are loaded at start and written back whenever they change (at
 most every `WRITE_EVERY` seconds) and on shutdown. Faults are not kept: a restarted sandbox
 behaves, whatever a test or an operator scripted before.
 
@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import asdict
 
+from .account import Account, read_changes
 from .objects import (
     Attempt,
     Charge,
@@ -49,6 +50,7 @@ def snapshot(sandbox: Sandbox) -> dict:
         "format": FORMAT,
         "seq": sandbox._seq,
         "clock_offset": sandbox.clock_offset,
+        "account": sandbox.account.as_dict(),
         "sessions": [asdict(s) for s in sandbox.sessions.values()],
         "payment_intents": [asdict(p) for p in sandbox.payment_intents.values()],
         "charges": [asdict(c) for c in sandbox.charges.values()],
@@ -106,12 +108,16 @@ def restore(sandbox: Sandbox, data: dict) -> None:
         sid: (float(due) + monotonic_minus_wall, str(result)) for sid, (due, result) in data["settlements"].items()
     }
     seq, offset = int(data["seq"]), float(data["clock_offset"])
+    # A file from before the account was kept has none: the defaults, as on a fresh sandbox.
+    account = Account()
+    account.update(read_changes(data.get("account", {})))
 
     with sandbox.lock:
         sandbox.sessions, sandbox.payment_intents, sandbox.charges = sessions, intents, charges
         sandbox.refunds, sandbox.endpoints, sandbox.events = refunds, endpoints, events
         sandbox.idempotency, sandbox._settlements = idempotency, settlements
         sandbox._seq, sandbox.clock_offset = seq, offset
+        sandbox.account = account
         sandbox._open_sessions = {s.id for s in sessions.values() if s.status == "open"}
         sandbox._held = []
         # Deliveries that were still due (or held by a fault that is not kept) go out again at

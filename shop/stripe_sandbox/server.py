@@ -20,11 +20,16 @@ What it models
     `idempotency_error`; a request that failed validation saves nothing).
   * A hosted payment page (`/pay/<id>`) and control routes under `/_sandbox` to script the
     same outcomes, inject webhook/API faults, move the clock and reset.
+  * The account's Dashboard settings (account.py, `/_sandbox/account`): automatic tax from a
+    per-country rate table, Adaptive Pricing at fixed rates, the dynamic payment methods a
+    session offers (`payment_method_types` refused on create, as since 2026-09-30.endive),
+    voucher expiry and the API version new webhook endpoints record.
 
 What it deliberately does not model
-  * Subscriptions, setup mode, Prices/Products/Customers objects, discounts, tax, shipping,
+  * Subscriptions, setup mode, Prices/Products/Customers objects, discounts, shipping rates,
     Connect, disputes, payouts, balance transactions, livemode, currencies' minimum charge
-    amounts, multiple API versions (objects are always rendered one way).
+    amounts, multiple API versions (objects are always rendered one way, whatever version an
+    endpoint records), manual capture.
   * Events other than the four checkout.session ones (no payment_intent.*, charge.*,
     refund.*); refunds are instantly `succeeded`.
   * `/v1/charges` and the line-items endpoint (charges exist only as ids to refund).

@@ -15,9 +15,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
-from .errors import invalid, no_such, state_conflict
+from .account import Account, presentment
+from .errors import StripeError, invalid, no_such, state_conflict
 from .objects import (
-    API_VERSION,
     Charge,
     Delivery,
     EventRecord,
@@ -77,6 +77,14 @@ def format_money(amount: int, currency: str) -> str:
 
 # The address a scripted payment (POST /_sandbox/sessions/<id>/outcome without one) ships to.
 TEST_SHIPPING_NAME = "Sandbox Customer"
+# Where a customer who gave no address and ships nowhere is, for tax and Adaptive Pricing.
+TEST_CUSTOMER_COUNTRY = "US"
+ADDRESS_FIELDS = ("city", "country", "line1", "line2", "postal_code", "state")
+
+LOCK_TIMEOUT_MESSAGE = (
+    "This object cannot be accessed right now because another API request or Stripe process is "
+    "currently accessing it (the sandbox's lock_timeout fault). Retry the request."
+)
 
 
 def sandbox_shipping_details(country: str) -> dict:
@@ -158,6 +166,8 @@ class Faults:
     api_endpoint_rate_limit_per_second: int = 0
     # The next N /v1 calls answer the rate limit's 429, whatever the rates (counted down).
     api_rate_limit_next_calls: int = 0
+    # The next N writes to one object answer Stripe's 429 `lock_timeout` (counted down).
+    lock_timeout: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -203,6 +213,9 @@ class Sandbox:
     def _clear(self) -> None:
         self.clock_offset = 0.0
         self.faults = Faults()
+        self.account = Account()
+        # The object the lock_timeout fault holds, once its first refused write named it.
+        self._locked_object: str | None = None
         self.sessions: dict[str, Session] = {}
         self.payment_intents: dict[str, PaymentIntent] = {}
         self.charges: dict[str, Charge] = {}
@@ -300,6 +313,10 @@ class Sandbox:
         expires_at: int | None,
         locale: str | None = None,
         shipping_countries: list[str] | None = None,
+        automatic_tax: bool = False,
+        adaptive_pricing: bool = False,
+        payment_method_types: list[str] | None = None,
+        payment_method_options: dict | None = None,
     ) -> Session:
         now = self.now()
         if expires_at is None:
@@ -333,6 +350,11 @@ class Sandbox:
             locale=locale,
             url_withheld=self.faults.checkout_url_null,
             shipping_countries=list(shipping_countries) if shipping_countries else None,
+            automatic_tax=automatic_tax,
+            tax_status="requires_location_inputs" if automatic_tax else None,
+            adaptive_pricing=adaptive_pricing,
+            payment_method_types=list(payment_method_types or ["card"]),
+            payment_method_options=dict(payment_method_options or {}),
         )
         self.sessions[session.id] = session
         self._open_sessions.add(session.id)
@@ -367,14 +389,24 @@ class Sandbox:
 
     # -- payment outcomes ------------------------------------------------------------
 
-    def apply_outcome(self, session_id: str, outcome: str, shipping_details: dict | None = None) -> Session:
+    def apply_outcome(
+        self,
+        session_id: str,
+        outcome: str,
+        shipping_details: dict | None = None,
+        address: dict | None = None,
+    ) -> Session:
         """What the customer did on the hosted page: pay, get declined, or pay later.
 
         A session that collects a shipping address keeps the one given (already checked by the
         caller: the hosted page's form, or `shipping_problems` for a control call), or, for a
         scripted outcome that gives none, the sandbox's own test address in its first allowed
-        country. A decline sends `payment_intent.payment_failed`, as Stripe does for every failed
-        attempt; the session stays open for another try and no checkout.session event is sent."""
+        country. The customer's `address` (Stripe's six fields), with the shipping address
+        before it, says where tax and Adaptive Pricing put them; none given, the sandbox's
+        test customer is in its shipping country or else TEST_CUSTOMER_COUNTRY. The payment is
+        for the total with the tax. A decline sends `payment_intent.payment_failed`, as Stripe
+        does for every failed attempt; the session stays open for another try and no
+        checkout.session event is sent."""
         if outcome not in OUTCOMES:
             raise ControlError(400, f"outcome must be one of {', '.join(OUTCOMES)}")
         session = self.sessions.get(session_id)
@@ -385,7 +417,16 @@ class Sandbox:
                 409,
                 f"Checkout Session {session_id} is {session.status}; only an open session can take a payment outcome.",
             )
+        shipping = shipping_details
+        if session.collects_shipping and shipping is None:
+            shipping = sandbox_shipping_details(session.shipping_countries[0])
+        ships_to = (shipping or {}).get("address")
+        # Stripe Tax places the customer where the goods go, else at their billing address.
+        self._price(session, (ships_to or address or {}).get("country") or TEST_CUSTOMER_COUNTRY)
+        if address is not None or session.automatic_tax:
+            session.customer_address = dict(address or _test_address(ships_to))
         pi = self._payment_intent_for(session)
+        pi.amount = session.amount_total  # a retry after a decline may be from elsewhere
         charge = self._new_charge(pi)
         if outcome == "declined":
             charge.status = "failed"
@@ -397,7 +438,7 @@ class Sandbox:
         pi.last_payment_error = None
         session.status = "complete"
         if session.collects_shipping:
-            session.shipping_details = shipping_details or sandbox_shipping_details(session.shipping_countries[0])
+            session.shipping_details = shipping
         session.customer_details = {
             "address": None,
             "email": session.customer_email or "customer@example.com",
@@ -414,6 +455,18 @@ class Sandbox:
             pi.status = "processing"
         self.emit_session("checkout.session.completed", session, RequestRef())
         return session
+
+    def _price(self, session: Session, country: str) -> None:
+        """The customer is in `country`: their tax (when the session calculates it) and the
+        amount Adaptive Pricing shows them in their currency."""
+        if session.automatic_tax:
+            session.amount_tax = self.account.tax_on(session.amount_subtotal, country)
+            session.tax_status = "complete"
+        if session.adaptive_pricing:
+            shown = presentment(session.amount_total, session.currency, country)
+            session.presentment = (
+                {"presentment_amount": shown[0], "presentment_currency": shown[1]} if shown is not None else None
+            )
 
     def schedule_async(self, session_id: str, result: str, delay: float) -> None:
         """Settle an async payment later, as the hosted page's "pay later" buttons do."""
@@ -462,6 +515,7 @@ class Sandbox:
             metadata={**session.metadata, **session.payment_intent_metadata},
             session_id=session.id,
             client_secret=f"{pi_id}_secret_{new_id('', 25)}",
+            payment_method_types=list(session.payment_method_types),
         )
         self.payment_intents[pi.id] = pi
         session.payment_intent_id = pi.id
@@ -653,7 +707,7 @@ class Sandbox:
         payload = {
             "id": new_id("evt_1"),
             "object": "event",
-            "api_version": API_VERSION,
+            "api_version": self.account.default_api_version,
             "created": self.now(),
             "data": {"object": data_object}
             if previous_attributes is None
@@ -709,6 +763,8 @@ class Sandbox:
         was_reordering = self.faults.reorder_webhooks
         for key, value in changes.items():
             setattr(self.faults, key, value)
+        if "lock_timeout" in changes:
+            self._locked_object = None
         if was_reordering and not self.faults.reorder_webhooks:
             self._release_held()
         self.api_gate.wake()
@@ -725,11 +781,35 @@ class Sandbox:
         if chain:
             self.dispatcher.schedule(chain, self.faults.webhook_delay_seconds)
 
+    def lock_timeout(self, target: str | None) -> StripeError | None:
+        """The `lock_timeout` fault's answer to a write to the object `target`, or None to go on.
+        Its first refused write names the object it holds; writes to others go through, and
+        the fault lets go once it has refused its count."""
+        if target is None or self.faults.lock_timeout <= 0 or self._locked_object not in (None, target):
+            return None
+        self.faults.lock_timeout -= 1
+        self._locked_object = target if self.faults.lock_timeout > 0 else None
+        # Not saved for the Idempotency-Key: nothing ran, so a retry with the same key runs.
+        return StripeError(
+            429,
+            LOCK_TIMEOUT_MESSAGE,
+            code="lock_timeout",
+            saved=False,
+            extra={"doc_url": "https://stripe.com/docs/error-codes/lock-timeout"},
+        )
+
     # -- listing helpers -------------------------------------------------------------
 
     @staticmethod
     def newest_first(records: Iterable) -> list:
         return sorted(records, key=lambda r: r.seq, reverse=True)
+
+
+def _test_address(shipping_address: dict | None) -> dict:
+    """The sandbox's test customer lives where they ship to, else in TEST_CUSTOMER_COUNTRY."""
+    if shipping_address:
+        return {key: shipping_address.get(key) for key in ADDRESS_FIELDS}
+    return dict(sandbox_shipping_details(TEST_CUSTOMER_COUNTRY)["address"])
 
 
 def _duration(seconds: int) -> str:

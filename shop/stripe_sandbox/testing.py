@@ -71,12 +71,17 @@ class SandboxHandle:
 
     # -- control routes --------------------------------------------------------------
 
-    def set_outcome(self, session_id: str, outcome: str, shipping_address: dict | None = None) -> dict:
+    def set_outcome(
+        self, session_id: str, outcome: str, shipping_address: dict | None = None, address: dict | None = None
+    ) -> dict:
         """`paid`, `declined` or `async_pending` (with the `shipping_address` a session that collects
-        one ships to, else the sandbox's test address); returns the session as Stripe renders it."""
+        one ships to, else the sandbox's test address; `address`, the customer's, for tax and
+        Adaptive Pricing); returns the session as Stripe renders it."""
         body: dict[str, Any] = {"outcome": outcome}
         if shipping_address is not None:
             body["shipping_address"] = shipping_address
+        if address is not None:
+            body["address"] = address
         return self.request("POST", f"/_sandbox/sessions/{session_id}/outcome", body)
 
     def async_result(self, session_id: str, result: str) -> dict:
@@ -90,12 +95,20 @@ class SandboxHandle:
     def faults(self, **changes: Any) -> dict:
         """Set any of drop_webhooks, duplicate_webhooks, reorder_webhooks,
         webhook_delay_seconds, refunds_pending, checkout_url_null, api_unavailable,
-        api_latency_seconds, api_latency_jitter_seconds, api_hang, api_rate_limit_per_second
-        (0, False or None switches one off); returns all current faults. With no arguments,
+        api_latency_seconds, api_latency_jitter_seconds, api_hang, api_rate_limit_per_second,
+        api_endpoint_rate_limit_per_second, api_rate_limit_next_calls, lock_timeout (0, False or
+        None switches one off); returns all current faults. With no arguments,
         just reads them."""
         if not changes:
             return self.request("GET", "/_sandbox/faults")
         return self.request("POST", "/_sandbox/faults", changes)
+
+    def account(self, **changes: Any) -> dict:
+        """Change any of the account's settings (see account.py); returns them all. With no
+        arguments, just reads them."""
+        if not changes:
+            return self.request("GET", "/_sandbox/account")
+        return self.request("POST", "/_sandbox/account", changes)
 
     @contextlib.contextmanager
     def api_hanging(self) -> Iterator[None]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..emails import refund_failure_words
 from ..money import format_money
-from ..payments.gateway import hosted_page_origins
+from ..provider.gateway import hosted_page_origins
 from ..public_urls import public_url_for
 from . import request_ids
 from .answers import negotiated

@@ -61,8 +61,8 @@ from shop.orders.cancel import _save_cancel
 from shop.orders.checkout import place_order
 from shop.outbox.dispatch import run_command, run_delivery
 from shop.outbox.runner import RunOutcome
-from shop.payments import gateway
 from shop.payments.start import StartCode, _create_session, _save_started, retire_session_before_cancel
+from shop.provider import gateway
 from shop.saga.operator_refunds import refund_order
 from shop.scheduling.passes.expiry import expire_stranded_order
 from shop.scheduling.passes.late_money import check_cancelled_payment

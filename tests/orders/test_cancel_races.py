@@ -16,8 +16,8 @@ from payment_helpers import Shopper, live_shop, order_id
 from shop.extensions import db
 from shop.models import Order, OutboxEvent, ScheduledCommand
 from shop.outbox.dispatch import drain_deliveries, run_command
-from shop.payments import gateway
 from shop.payments.apply import reconcile_order
+from shop.provider import gateway
 
 
 def _names(app, ref) -> list[str]:

@@ -14,8 +14,8 @@ from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
 from shop.models import Order, OutboxEvent, Variant
 from shop.orders.cancel import cancel_order
-from shop.payments import gateway
 from shop.payments.start import start_payment
+from shop.provider import gateway
 
 SKU = "MUG-350-SND"
 

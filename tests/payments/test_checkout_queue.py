@@ -16,7 +16,8 @@ from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, ScheduledCommand
 from shop.outbox import dispatch
-from shop.payments import checkout_queue, guard
+from shop.payments import checkout_queue
+from shop.provider import guard
 
 QUEUED = {"status": "queued", "session_id": None, "url": None}
 

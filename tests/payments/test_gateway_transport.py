@@ -1,12 +1,12 @@
 """The gateway's HTTP transport: proxy settings read from the environment once, when its client is
 built, instead of on every provider call, and still applied; and the endpoint each request counts
-against in the rate budget (shop.payments.gateway: _http_client, endpoint_of)."""
+against in the rate budget (shop.provider.gateway: _http_client, endpoint_of)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shop.payments import gateway, guard
+from shop.provider import gateway, guard
 
 DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, every connection is refused
 

@@ -15,8 +15,8 @@ from payment_helpers import Shopper, live_shop, order_id, post_webhook, sandbox_
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WebhookReceipt
 from shop.outbox.dispatch import run_delivery
-from shop.payments import gateway
 from shop.payments.apply import reconcile_order
+from shop.provider import gateway
 from shop.stripe_sandbox.testing import SandboxControlError
 
 

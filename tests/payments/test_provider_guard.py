@@ -1,4 +1,4 @@
-"""The provider guard in one process (payments.guard, applied in gateway._call): the breaker
+"""The provider guard in one process (provider.guard, applied in gateway._call): the breaker
 shared through Redis, the time budget of a customer's request, the priority of customer calls in
 the rate budget, and a 429 storm. Real database, Redis and sandbox (its request log says which
 calls reached the provider). The process-and-thread behaviour (bulkhead, budget across
@@ -19,7 +19,8 @@ from shop.clock import SystemClock
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order
-from shop.payments import checkout_queue, gateway, guard, watch
+from shop.payments import checkout_queue
+from shop.provider import gateway, guard, watch
 from shop.scheduling.sweep import run_cycle
 from support import FakeClock, log_in, wait_until
 

@@ -1,4 +1,4 @@
-"""The provider's 429 retried within the caller's time (payments.transport.GuardedHttpClient;
+"""The provider's 429 retried within the caller's time (provider.transport.GuardedHttpClient;
 docs/REFERENCE.md, Settings: STRIPE_RATE_LIMIT_PER_SECOND): the sandbox answers the next N calls
 with Stripe's rate-limit 429 (`api_rate_limit_next_calls`, `Stripe-Should-Retry: true`,
 `Retry-After: 1`), and what the caller gets is either its answer, the same request having been
@@ -12,8 +12,9 @@ import time
 import pytest
 
 from payment_helpers import Shopper
-from shop.payments import checkout_queue, gateway, provider_probe
-from shop.payments.provider_errors import ProviderFailure
+from shop.payments import checkout_queue
+from shop.provider import gateway, probe
+from shop.provider.errors import ProviderFailure
 
 SESSION_CREATE = ("POST", "/v1/checkout/sessions")
 
@@ -108,6 +109,6 @@ def test_the_probe_asks_once_and_takes_a_429_as_no_answer(make_fresh_app, sandbo
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
     sandbox.faults(api_rate_limit_next_calls=1)
     with app.app_context():
-        answered, words = provider_probe.check()
+        answered, words = probe.check()
     assert answered is False and "429" in words, words
     assert [c["status"] for c in sandbox.requests()] == [429]

@@ -219,7 +219,7 @@ def test_a_pending_refund_that_fails_by_webhook_is_shown_emailed_and_retried_thr
 
 def _stored_secret(app) -> str:
     from shop.models import KeyValue
-    from shop.payments.registration import SECRET_KEY
+    from shop.provider.registration import SECRET_KEY
 
     with app.app_context():
         value = db.session.get(KeyValue, SECRET_KEY).value
@@ -356,7 +356,7 @@ def test_a_refund_event_with_a_null_status_or_payment_intent_leaves_the_refund_p
         shopper = Shopper(app, seed_catalog_rows(app))
         order, oid, refund = _pending_late_money_refund(app, shopper, sandbox)
         with app.app_context():
-            from shop.payments import gateway
+            from shop.provider import gateway
 
             snapshot = gateway.client().v1.refunds.retrieve(refund.provider_refund_id).to_dict()
             db.session.remove()

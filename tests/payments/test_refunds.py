@@ -14,9 +14,9 @@ from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, Refund, ScheduledCommand, WebhookReceipt
 from shop.outbox.dispatch import run_command
-from shop.payments import gateway
 from shop.payments.apply import apply_session, reconcile_order
 from shop.payments.refunds import execute_refund
+from shop.provider import gateway
 from support import wait_until
 
 

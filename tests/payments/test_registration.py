@@ -8,8 +8,8 @@ import pytest
 
 from shop.extensions import db
 from shop.models import KeyValue
-from shop.payments import gateway
-from shop.payments.registration import MARKER, register_webhook
+from shop.provider import gateway
+from shop.provider.registration import MARKER, register_webhook
 
 BASE = "https://shop.example.com"
 TARGET = BASE + "/webhooks/stripe"

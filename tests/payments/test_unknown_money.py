@@ -18,8 +18,8 @@ from payment_helpers import Shopper, order_id, post_webhook, run_due_commands, r
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, Refund, ScheduledCommand, UnknownPayment
-from shop.payments import gateway
-from shop.payments.mark import shop_mark
+from shop.provider import gateway
+from shop.provider.mark import shop_mark
 
 
 def _session_for(app, sandbox, *, order_id: int, reference: str, amount: int = 2500, marked: bool = True) -> str:

@@ -1,4 +1,4 @@
-"""The provider guard where it is about processes and threads (payments.guard): the Procfile's
+"""The provider guard where it is about processes and threads (provider.guard): the Procfile's
 web command (gunicorn, threaded workers) with the provider hanging, and three processes sharing
 one rate budget. Real processes against the test database, Redis and a real sandbox, whose
 request log says what reached the provider and when."""
@@ -24,7 +24,7 @@ from payment_helpers import JSON, Shopper
 from process_support import ROOT, Processes, free_port, process_env, stalled, start_web
 from shop.extensions import db
 from shop.models import Order
-from shop.payments import guard
+from shop.provider import guard
 from shop.stripe_sandbox.testing import peak_in_window
 from support import wait_until
 
@@ -157,7 +157,7 @@ def _answers(url: str) -> bool:
 CALLER = r"""
 import contextlib, sys, threading, time
 from shop import create_app
-from shop.payments import gateway, guard
+from shop.provider import gateway, guard
 
 app = create_app()
 print("ready", flush=True)
@@ -355,7 +355,7 @@ import json, sys, threading, time
 from collections import namedtuple
 from datetime import datetime, timedelta, timezone
 from shop import create_app
-from shop.payments import gateway, guard
+from shop.provider import gateway, guard
 
 app = create_app()
 # A customer waits for the shop's own budget for the whole of its request, as an order in line

@@ -32,7 +32,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from factories import seed_catalog_rows
 from saga_model_support import SagaModel, World, install_clock
 from shop.outbox.runner import RunOutcome
-from shop.payments import guard
+from shop.provider import guard
 
 LONG_EXAMPLES = int(os.environ.get("BACKSTOP_MODEL_EXAMPLES", "0") or 0)
 

@@ -217,6 +217,7 @@ def test_reset_forgets_objects_faults_and_the_clock(client, sandbox, endpoint):
         "api_rate_limit_per_second": 0,
         "api_endpoint_rate_limit_per_second": 0,
         "api_rate_limit_next_calls": 0,
+        "lock_timeout": 0,
     }
     assert abs(sandbox.get("/_sandbox/clock")["now"] - time.time()) < 5
 

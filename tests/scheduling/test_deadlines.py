@@ -18,9 +18,9 @@ from shop.extensions import db
 from shop.models import Order, OutboxDelivery, OutboxEvent, ScheduledCommand
 from shop.outbox.dispatch import drain_commands, run_command, run_delivery
 from shop.outbox.relay import relay_once, wake_due_work
-from shop.payments import gateway
 from shop.payments.apply import reconcile_order
 from shop.payments.start import start_payment
+from shop.provider import gateway
 from support import wait_until
 
 WINDOW = 1800  # the default payment window

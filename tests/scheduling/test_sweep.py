@@ -35,9 +35,9 @@ from shop.models import (
 )
 from shop.models.ops import CycleStatus
 from shop.outbox.dispatch import run_delivery
-from shop.payments import gateway, guard
 from shop.payments.apply import reconcile_order
 from shop.payments.start import start_payment
+from shop.provider import gateway, guard
 from shop.scheduling import lease as lease_module
 from shop.scheduling import sweep
 from shop.scheduling.passes.provider import RECHECK_CAP_INTERVALS

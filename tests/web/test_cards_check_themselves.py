@@ -1,5 +1,5 @@
 """The dashboard's cards check for themselves (docs/REFERENCE.md, Console): the provider card follows the provider
-watch's own check (shop.payments.watch) with no customer traffic, the webhook card reddens only
+watch's own check (shop.provider.watch) with no customer traffic, the webhook card reddens only
 for the provider's signed deliveries failing (noise from the internet is counted with its
 address), a red card can be acknowledged until its condition changes or the time runs out, and
 the dashboard opens with one line saying how many things need a human."""
@@ -15,7 +15,7 @@ from sqlalchemy import select, update
 from payment_helpers import HTML, JSON, Shopper, signature
 from shop.extensions import db
 from shop.models import CardAcknowledgement, OperatorAction, Order
-from shop.payments import guard, provider_probe, watch
+from shop.provider import guard, probe, watch
 from support import OPERATOR_EMAIL, log_in, wait_until
 
 
@@ -52,7 +52,7 @@ def test_the_provider_card_flips_red_and_green_on_the_watchs_check_without_any_c
 
 def test_the_watch_thread_shows_an_outage_and_the_return_within_five_seconds(make_shop, sandbox):
     """The watch as the scheduler runs it: nobody calls the provider but the watch."""
-    assert watch.CHECK_INTERVAL_SECONDS + provider_probe.PROBE_TIMEOUT_SECONDS < 5
+    assert watch.CHECK_INTERVAL_SECONDS + probe.PROBE_TIMEOUT_SECONDS < 5
     app = make_shop(sandbox=True)
     console = app.test_client()
     log_in(app, console)

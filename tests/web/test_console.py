@@ -27,7 +27,7 @@ from shop.models import (
     WebhookReceipt,
 )
 from shop.outbox import dispatch
-from shop.payments import guard
+from shop.provider import guard
 from shop.seed import upsert_operator
 from support import OPERATOR_EMAIL as EMAIL
 from support import OPERATOR_PASSWORD as PASSWORD
@@ -965,9 +965,9 @@ def test_logging_in_and_out_and_anonymous_posts_are_not_operator_actions(fresh_a
 
 
 def test_a_paid_order_shows_no_stale_error_no_reconcile_button_and_no_pending_deadline(fresh_paying_app, sandbox):
-    from shop.payments import gateway
     from shop.payments.apply import reconcile_order
     from shop.payments.start import start_payment
+    from shop.provider import gateway
 
     app, client = fresh_paying_app, fresh_paying_app.test_client()
     token = log_in(app, client)

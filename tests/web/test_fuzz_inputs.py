@@ -41,7 +41,7 @@ from factories import seed_catalog_rows
 from payment_helpers import WEBHOOK_SECRET, Shopper, order_id, signature
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery, OutboxEvent, RestoreWarning, ScheduledCommand, WebhookReceipt
-from shop.payments.gateway import EVENT_TYPES
+from shop.provider.gateway import EVENT_TYPES
 from shop.webhooks import MAX_BODY
 from support import REPO_ROOT, log_in
 

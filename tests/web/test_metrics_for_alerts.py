@@ -15,7 +15,7 @@ from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Refund, Variant, WebhookReceipt
 from shop.ops.metrics import REJECTION_REASONS
-from shop.payments import guard
+from shop.provider import guard
 from support import log_in, wait_until
 
 from .test_ops import scrape
@@ -199,7 +199,7 @@ def test_payments_for_unknown_orders_are_counted_by_what_became_of_them(fresh_ap
 def test_the_providers_undelivered_events_are_a_metric_only_while_the_watch_has_asked_lately(make_shop, sandbox):
     """What BackstopWebhooksUndelivered pages on: a wrong signing secret shows here, a scanner does not."""
     from payment_helpers import Shopper
-    from shop.payments import watch
+    from shop.provider import watch
 
     app = make_shop(served=True, STRIPE_WEBHOOK_SECRET="whsec_not_the_endpoints_secret")
     assert math.isnan(_value(scrape(app), "shop_webhook_events_undelivered"))  # never asked: no evidence

@@ -136,8 +136,8 @@ def test_a_payment_applied_by_another_writer_between_the_notices_read_and_write_
     confirmation emails)."""
     from sqlalchemy import event as sa_event
 
-    from shop.payments import gateway
     from shop.payments.apply import apply_session
+    from shop.provider import gateway
 
     order, completed = paid_at_provider(shopper, sandbox)
     ref, sid = order["reference"], order["payment"]["session_id"]

@@ -149,7 +149,7 @@ def test_the_order_page_links_to_the_providers_session(make_shop, sandbox):
     html = console.get(f"/console/orders/{order['reference']}", headers=HTML).get_data(as_text=True)
     assert 'id="provider-session-link"' in html
 
-    from shop.payments.links import session_link
+    from shop.provider.links import session_link
 
     sid = order["payment"]["session_id"]
     with app.test_request_context():

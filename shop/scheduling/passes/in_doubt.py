@@ -13,7 +13,7 @@ from ...extensions import db
 from ...models import Order
 from ...outbox import uow
 from ...payments import apply as payments
-from ...payments import gateway
+from ...provider import gateway
 from ..cycle import PassName, ProviderOutcome, Tally, order_error
 from ..lease import LeaseLost
 from ..stuck import stuck_query

@@ -17,8 +17,8 @@ from ...extensions import db
 from ...models import CommandKind, Order, Refund, ScheduledCommand, WorkStatus
 from ...outbox import dispatch
 from ...payments import apply as payments
-from ...payments import gateway
 from ...payments.refunds import ReportOutcome, apply_refund_report
+from ...provider import gateway
 from ...store import order_store
 from ..cycle import ProviderOutcome
 from .provider import Backoff, backoff_provider_checks

@@ -24,8 +24,8 @@ from ...domain.refunds import RefundStatus
 from ...extensions import db
 from ...models import Order, Refund
 from ...outbox import uow
-from ...payments import gateway
 from ...payments.refunds import ReportOutcome, apply_refund_report
+from ...provider import gateway
 from ..cycle import PassName, ProviderOutcome, Tally, error_kind
 from ..lease import LeaseLost
 

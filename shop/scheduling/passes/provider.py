@@ -19,7 +19,7 @@ from ...extensions import db
 from ...models import Order
 from ...outbox import dispatch
 from ...payments import apply as payments
-from ...payments import gateway, guard
+from ...provider import gateway, guard
 from ...store import order_store
 from ...store.order_store import Note
 from ..cycle import ProviderOutcome

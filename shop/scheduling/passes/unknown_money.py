@@ -25,7 +25,8 @@ from ...extensions import db
 from ...models import KeyValue, Order, Refund, UnknownPayment
 from ...outbox import uow
 from ...payments import apply as payments
-from ...payments import gateway, refunds
+from ...payments import refunds
+from ...provider import gateway
 from ..cycle import PassName, ProviderOutcome, Tally, error_kind
 from ..lease import LeaseLost
 from ..stuck import stuck_age

@@ -109,7 +109,7 @@ class SessionView:
     expires_at: datetime | None
     order_id: int | None  # from metadata.order_id
     client_reference_id: str | None
-    shop_mark: str | None = None  # from metadata.shop: which shop made the session (shop.payments.mark)
+    shop_mark: str | None = None  # from metadata.shop: which shop made the session (shop.provider.mark)
     # Where the customer asked for the goods to go, when the session collected it
     # (`collected_information.shipping_details`, or `shipping_details` before Stripe's 2025 API):
     # {"name", "address": {"line1", "line2", "city", "postal_code", "state", "country"}}.

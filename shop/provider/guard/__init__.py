@@ -48,11 +48,12 @@ from .calls import (
     request_priority,
 )
 from .limits import GRANT_FRESH_SECONDS, Limits, limits_from
-from .line import Line, Ticket, Turnstile
+from .line import Line
 from .local import _LocalState
 from .probe import Prober
 from .refusals import Shed, ShedKind
 from .shared import SharedRedis
+from .turns import Ticket, Turnstile
 
 CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 

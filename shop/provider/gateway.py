@@ -1,8 +1,8 @@
-"""The payment gateway: every call the shop makes to the provider (this module and its transport,
-`transport.py`, are the only ones that import `stripe`). What the shop learns from it comes out as
-plain values (`provider_views`), every failure as one of `provider_errors`. Every creating call
-carries an Idempotency-Key derived from what the call is for, so a retried request (ours, or the
-SDK's own network retry) never creates a second object."""
+"""The payment gateway: every call the shop makes to the provider (its package, `shop/provider/`,
+is the only one that imports `stripe`). What the shop learns from it comes out as plain values
+(`views`), every failure as one of `errors`. Every creating call carries an Idempotency-Key
+derived from what the call is for, so a retried request (ours, or the SDK's own network retry)
+never creates a second object."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ if TYPE_CHECKING:  # the SDK's typed parameters, for the checker only
     from stripe import RequestOptions
     from stripe.params import EventListParams, WebhookEndpointCreateParams, WebhookEndpointUpdateParams
     from stripe.params.checkout import SessionCreateParams
-from .mark import shop_mark
-from .provider_errors import (
+from .errors import (
     BUDGET_KINDS,
     ProviderFailure,
     ProviderRefused,
@@ -27,8 +26,17 @@ from .provider_errors import (
     SignatureProblem,
     unavailable,
 )
-from .provider_probe import counts_as_failure, watch_for_recovery
-from .provider_views import (
+from .mark import shop_mark
+from .probe import counts_as_failure, watch_for_recovery
+from .transport import (
+    GuardedHttpClient,
+    _retry_after,
+    api_base,
+    client,
+    endpoint_of,
+    hosted_page_origins,
+)
+from .views import (
     CANCEL_EXPIRY_KEY_PREFIX,
     EVENT_TYPES,
     PAYMENT_FAILURE_EVENT_TYPES,
@@ -48,14 +56,6 @@ from .provider_views import (
     payment_failure_view,
     refund_view,
     session_view,
-)
-from .transport import (
-    GuardedHttpClient,
-    _retry_after,
-    api_base,
-    client,
-    endpoint_of,
-    hosted_page_origins,
 )
 
 __all__ = [
@@ -348,7 +348,7 @@ def retrieve_refund(refund_id: str) -> RefundView:
 # Webhook endpoint registration -------------------------------------------------------------
 
 
-# EVENT_TYPES are plain strings (provider_views does not import the SDK), a subset of the event
+# EVENT_TYPES are plain strings (views does not import the SDK), a subset of the event
 # types the SDK spells as one Literal: the endpoint's parameters are cast to its TypedDicts.
 
 

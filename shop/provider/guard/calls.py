@@ -20,7 +20,7 @@ from flask import current_app, g
 from ... import clock
 
 if TYPE_CHECKING:
-    from .line import Ticket
+    from .turns import Ticket
 
 
 class Priority(StrEnum):

@@ -7,7 +7,7 @@ import json
 
 import stripe
 
-from .provider_errors import SignatureProblem
+from .errors import SignatureProblem
 
 
 def verify_webhook(payload: bytes, signature: str | None, secret: str) -> dict:

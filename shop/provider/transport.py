@@ -204,7 +204,7 @@ def outcome_of(status: int | None, sent: bool = True) -> str:
     return "unavailable" if status >= 500 else "refused"
 
 
-# The watch's health checks (payments.watch): every 2 s in each scheduler, so their lines are
+# The watch's health checks (provider.watch): every 2 s in each scheduler, so their lines are
 # DEBUG; the watch itself says when the answer changes.
 _quiet = ContextVar("backstop_quiet_provider_calls", default=False)
 

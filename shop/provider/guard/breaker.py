@@ -203,7 +203,7 @@ class Breaker:
             self._last_state = state
 
     def note_check(self, ok: bool, words: str, now: float | None = None) -> None:
-        """Keep the outcome of the provider watch's latest check (payments.watch) beside the
+        """Keep the outcome of the provider watch's latest check (provider.watch) beside the
         breaker, for the console: when it ran, whether the provider answered, in words, and since
         when the answer has been the same (the card's condition). This process's copy too, for
         while Redis is away."""

@@ -1,14 +1,14 @@
 """The provider watch: the payment provider checked every CHECK_INTERVAL_SECONDS whether or not
 any customer is paying, so the console's provider card says what is true now.
 
-Why: the breaker (payments.guard) learns only from calls the shop makes. With no customer, a
+Why: the breaker (provider.guard) learns only from calls the shop makes. With no customer, a
 provider that went down looked reachable for as long as nobody paid, and one that came back
-looked down until somebody did. The watch makes the probe's cheap read (`provider_probe.check`) on a
+looked down until somebody did. The watch makes the probe's cheap read (`probe.check`) on a
 clock, keeps its outcome beside the breaker (`Breaker.note_check`: when, whether it answered, in
 words), and feeds the breaker as a call would: failures in a row open it, an answer closes it and
 wakes the work that waited (as the prober's success does). One check per interval across the
 shop (a claim in Redis), run by a thread beside each scheduler (`flask shop scheduler`, `flask
-shop up`); with the check's own timeout (provider_probe.PROBE_TIMEOUT_SECONDS) a change either way shows
+shop up`); with the check's own timeout (probe.PROBE_TIMEOUT_SECONDS) a change either way shows
 within CHECK_INTERVAL_SECONDS + that timeout, under 5 s.
 
 Every DELIVERY_CHECK_SECONDS it also asks the provider which recent events it has not managed
@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from flask import current_app
 
 from ..domain.deadlines import utcnow
-from . import gateway, guard, provider_probe
+from . import gateway, guard, probe
 from .transport import quiet_calls
 
 log = logging.getLogger("shop.payments.watch")
@@ -46,7 +46,7 @@ def check_now() -> bool | None:
     provider_guard = guard.get()
     before = provider_guard.breaker_view().get("check_ok")
     with quiet_calls():  # a line every 2 s per scheduler would drown the log: only changes are said
-        answered, words = provider_probe.check()
+        answered, words = probe.check()
     if answered is None:
         return None
     if answered is False and before is not False:
@@ -57,7 +57,7 @@ def check_now() -> bool | None:
         if view["state"] != guard.CLOSED:
             if provider_guard.probe_result(True) is guard.CLOSED:
                 log.warning("payment provider answers again (the watch's check): the breaker is closed")
-                provider_probe.recovered()
+                probe.recovered()
         elif view.get("failures"):
             provider_guard.record(ok=True)
     elif view["state"] == guard.CLOSED:

@@ -1,6 +1,6 @@
 """The prober: while the breaker is not closed, one thread per process asks for the shop's one
 probe (`Breaker.claim_probe`, at most one per PROBE_SPACING_SECONDS across every process) and, when
-it holds it, makes it (a cheap read, `provider_probe.probe`); its first success closes the breaker for
+it holds it, makes it (a cheap read, `provider.probe.probe`); its first success closes the breaker for
 every process."""
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
 """Asking the provider once, outside the breaker: the breaker's probe (a cheap read whose first
-success closes it, then wakes the work that waited for the provider), the console's watch of that
-same read (`check`), and the deploy preflight's read of the webhook endpoints
-(`list_webhook_endpoints_once`, within its own timeout and outside the guard). Like gateway.py and
-transport.py, it talks to Stripe's SDK."""
+success closes it, then wakes the work that waited for the provider with what create_app handed
+in: `init_app`), the console's watch of that same read (`check`), and the deploy preflight's read
+of the webhook endpoints (`list_webhook_endpoints_once`, within its own timeout and outside the
+guard). Like gateway.py and transport.py, it talks to Stripe's SDK."""
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
+from datetime import datetime
 from typing import cast
 
 import stripe
@@ -16,13 +18,22 @@ from werkzeug.local import LocalProxy
 
 from ..domain.deadlines import utcnow
 from ..extensions import db, per_app
-from ..outbox import dispatch
 from . import guard
-from .provider_errors import ProviderFailure, ProviderRefused, unavailable
-from .provider_views import EndpointView, endpoint_view
+from .errors import ProviderFailure, ProviderRefused, unavailable
 from .transport import SANDBOX_API_KEY, STRIPE_API, _http_client, api_base
+from .views import EndpointView, endpoint_view
 
 log = logging.getLogger("shop.payments")
+
+# Where the app keeps what wakes the work waiting for the provider (see init_app).
+_WAKE_WAITING_WORK = "provider_wake_waiting_work"
+
+
+def init_app(app: Flask, wake_waiting_work: Callable[[datetime], object]) -> None:
+    """The app factory hands in what makes the work that backed off for the provider due again
+    (outbox.dispatch.wake_provider_waiters), as it hands the outbox its handlers: the provider
+    imports no layer that uses it, so it never names the outbox's rows or the use cases."""
+    app.extensions[_WAKE_WAITING_WORK] = wake_waiting_work
 
 
 def counts_as_failure(exc: stripe.StripeError) -> bool:
@@ -85,7 +96,10 @@ def recovered() -> None:
     """The probe closed the breaker: work that backed off for the provider (refunds, deadlines
     asking about a session) runs now, not at its next retry up to minutes away."""
     try:
-        dispatch.wake_provider_waiters(utcnow())
+        wake = current_app.extensions.get(_WAKE_WAITING_WORK)
+        if wake is None:
+            raise RuntimeError("nothing to wake was handed to the provider; build the app with shop.create_app")
+        wake(utcnow())
     except Exception:  # noqa: BLE001 - the sweep wakes them at its next cycle too
         log.exception("could not wake the work that waited for the provider")
     finally:
