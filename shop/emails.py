@@ -17,11 +17,10 @@ from flask import render_template
 from sqlalchemy import select
 
 from . import logs, mailer
-from .domain.events import EventName
-from .domain.order import OrderStatus, cancelled_because
+from .domain.order import OrderStatus
 from .domain.refunds import NOT_RETURNED, SUCCEEDED
 from .extensions import db
-from .models import Order, OutboxEvent, Refund
+from .models import Order, Refund
 from .orders.deadline import pay_by
 from .public_urls import public_url_for
 
@@ -61,19 +60,6 @@ def utc_words(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else ""
 
 
-def cancellation(order: Order) -> tuple[str, datetime | None]:
-    """Why and when the order was cancelled: ("customer" | "expired" | "other", at)."""
-    row = db.session.execute(
-        select(OutboxEvent.payload, OutboxEvent.created_at)
-        .where(OutboxEvent.order_id == order.id, OutboxEvent.name == EventName.ORDER_CANCELLED)
-        .order_by(OutboxEvent.id.desc())
-        .limit(1)
-    ).first()
-    if row is None:
-        return "other", None
-    return cancelled_because((row.payload or {}).get("reason", "")), row.created_at
-
-
 def render(template: str, order: Order) -> Email | None:
     """The email `template` for `order` as things stand now, or None when it is no longer true."""
     wanted = STILL_TRUE_WHILE.get(template)
@@ -87,7 +73,7 @@ def render(template: str, order: Order) -> Email | None:
         when=utc_words,
     )
     if template in ("order_expired", "order_cancelled"):
-        _why, context["cancelled_at"] = cancellation(order)
+        context["cancelled_at"] = order.cancelled_at
     if template == "refund_issued":
         refunds = (
             db.session.execute(

@@ -109,6 +109,7 @@ class OrderRules:
     status: OrderStatus
     inventory_restored: bool
     payment_session_id: str | None
+    cancel_reason: str | None
 
     def _guard(self, transition: Transition) -> Refused | None:
         if self.status not in ALLOWED[transition]:
@@ -150,6 +151,7 @@ class OrderRules:
         if refused:
             return refused
         self.status = S.CANCELLED
+        self.cancel_reason = reason
         return self._record(OrderCancelled(self.id, reason))
 
     def mark_inventory_restored(self):
