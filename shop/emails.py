@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from . import logs, mailer
 from .domain.order import OrderStatus
-from .domain.refunds import NOT_RETURNED, SUCCEEDED
+from .domain.refunds import NOT_RETURNED, SUCCEEDED, charged_for
 from .extensions import db
 from .models import Order, Refund
 from .orders.deadline import pay_by
@@ -135,7 +135,11 @@ def receipt_context(order: Order) -> dict:
         if shipping
         else []
     )
-    return dict(items=lines, ships=bool(order.ships), shipping=shipping, shipping_lines=shipping_lines)
+    # What the payment charged: the goods plus Stripe Tax's tax, when the shop charges tax.
+    tax, paid = order.tax or 0, charged_for(order.total, order.charged)
+    return dict(
+        items=lines, ships=bool(order.ships), shipping=shipping, shipping_lines=shipping_lines, tax=tax, paid=paid
+    )
 
 
 def send(order_id: int, template: str, *, key: str) -> bool:

@@ -120,6 +120,9 @@ class OrderView:
     payment_session_url: str | None
     provider_next_check_at: datetime | None
     late_money_watch_since: datetime | None
+    # What the accepted payment charged: its tax (TAX_MODE=stripe) and the total with it; None until paid.
+    tax: int | None = None
+    charged: int | None = None
 
     @classmethod
     def of(cls, row: Order) -> OrderView:
@@ -167,6 +170,8 @@ class OrderView:
             payment_session_url=row.payment_session_url,
             provider_next_check_at=row.provider_next_check_at,
             late_money_watch_since=row.late_money_watch_since,
+            tax=row.tax,
+            charged=row.charged,
         )
 
     @property
@@ -217,6 +222,8 @@ class OrderView:
             "last_payment_error": self.payment_error,
             "ships": self.ships,
             "shipping": self.shipping,
+            "tax": self.tax,
+            "charged": self.charged,
         }
 
     def shown_json(self) -> dict:

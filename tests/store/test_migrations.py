@@ -198,3 +198,64 @@ def test_upgrading_backfills_why_and_when_each_cancelled_order_was_cancelled_fro
         "MIG-PAID": (None, None),
         "MIG-PENDING": (None, None),
     }
+
+
+def test_the_tax_migration_fills_what_orders_paid_before_it_charged(fresh_database_url):
+    """Before TAX_MODE every accepted payment charged exactly the order's total without tax: a
+    paid order, and a cancelled one whose money was refunded, take tax 0 and their total; an order
+    never paid keeps both empty (null until paid)."""
+    import sqlalchemy as sa
+    from flask_migrate import upgrade
+
+    from shop.models.types import UTCDateTime
+
+    orders = sa.table(
+        "orders",
+        *(sa.column(c) for c in ("id", "reference", "access_token", "browser_id", "email", "status", "total")),
+        *(sa.column(c) for c in ("currency", "inventory_restored", "payment_attempts", "version")),
+        sa.column("created_at", UTCDateTime()),
+        sa.column("updated_at", UTCDateTime()),
+        sa.column("tax"),
+        sa.column("charged"),
+    )
+    refunds = sa.table(
+        "refunds",
+        *(sa.column(c) for c in ("order_id", "session_id", "amount", "currency", "reason", "status")),
+        sa.column("created_at", UTCDateTime()),
+        sa.column("updated_at", UTCDateTime()),
+    )
+    at = datetime(2026, 11, 30, 10, 0, tzinfo=timezone.utc)
+    statuses = {
+        "TAX-PAID": "Paid",
+        "TAX-REFUNDED": "Cancelled",
+        "TAX-CANCELLED": "Cancelled",
+        "TAX-OPEN": "PendingPayment",
+    }
+    app = create_app(base_config(fresh_database_url))
+    with app.app_context():
+        upgrade(revision="b1d3f5a7c9e2")
+        with db.engine.begin() as conn:
+            for n, (reference, status) in enumerate(statuses.items(), start=1):
+                conn.execute(
+                    sa.insert(orders).values(
+                        id=n, reference=reference, access_token="t", browser_id="b", email="a@example.com",
+                        status=status, total=100 * n, currency="usd", inventory_restored=False, payment_attempts=1,
+                        version=2, created_at=at, updated_at=at,
+                    )
+                )  # fmt: skip
+            conn.execute(
+                sa.insert(refunds).values(
+                    order_id=2, session_id="cs_late", amount=200, currency="usd", reason="late money",
+                    status="succeeded", created_at=at, updated_at=at,
+                )
+            )  # fmt: skip
+        upgrade()
+        with db.engine.connect() as conn:
+            rows = {r.reference: (r.tax, r.charged) for r in conn.execute(sa.select(orders))}
+        db.engine.dispose()
+    assert rows == {
+        "TAX-PAID": (0, 100),
+        "TAX-REFUNDED": (0, 200),
+        "TAX-CANCELLED": (None, None),
+        "TAX-OPEN": (None, None),
+    }
