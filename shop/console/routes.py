@@ -107,7 +107,7 @@ def outbox():
     status = request.args.get("status") or None
     if status is not None and status not in outbox_queries.WORK_FILTERS:
         return not_one_of(outbox_queries.WORK_FILTERS, "status", status, "console.outbox")
-    keep = re.fullmatch(r"(cmd-)?([1-9]\d{0,9})", request.args.get("keep") or "")
+    keep = re.fullmatch(r"(cmd-)?([1-9][0-9]{0,9})", request.args.get("keep") or "")
     keep = ("command" if keep.group(1) else "delivery", int(keep.group(2))) if keep else None
     filters = read_filters(request.args)
     context = {"statuses": outbox_queries.WORK_FILTERS, "discard_form": DiscardForm()}
