@@ -189,10 +189,14 @@ def test_shelf_counts_racing_checkouts_lose_no_checkout(fresh_app, is_postgres):
         kind, arg = job
         if kind == "checkout":
             return ("checkout", place_order(cart_id=arg[0], browser_id=arg[1], email=f"{arg[1]}@example.com").ok)
-        seen, seen_held = on_hand(variant), held(variant).total
-        db.session.rollback()
         # The shelf lost one unit per count: each count is one below what the shelf should hold.
-        result = count(variant, seen + seen_held - 1, f"key-race-count-{arg:04d}", seen=seen, seen_held=seen_held)
+        # Refused as changed, the operator sets it anyway against the figures now (the same key).
+        for _ in range(50):
+            seen, seen_held = on_hand(variant), held(variant).total
+            db.session.rollback()
+            result = count(variant, seen + seen_held - 1, f"key-race-count-{arg:04d}", seen=seen, seen_held=seen_held)
+            if result.why != "changed":
+                break
         return ("count", result.outcome, result.why)
 
     results, errors = run_threads(fresh_app, jobs, work)
@@ -201,7 +205,7 @@ def test_shelf_counts_racing_checkouts_lose_no_checkout(fresh_app, is_postgres):
     counted = [r for r in results if r[0] == "count"]
     done = sum(1 for r in counted if r[1] is CorrectionOutcome.DONE)
     assert all(r[1] is CorrectionOutcome.DONE or r[2] == "changed" for r in counted), counted
-    assert done >= 1
+    assert done == 8
     with fresh_app.app_context():
         assert on_hand(variant) + held(variant).total == shelf - done
         corrections = db.session.execute(select(StockCorrection)).scalars().all()
