@@ -106,12 +106,15 @@ def test_a_checkout_after_the_page_brings_the_form_back_with_new_figures_and_set
     assert (again["seen"], again["held"], again["count"], again["reason"]) == ("8", "2", "9", data["reason"])
     assert (again["button"], again["request_key"]) == ("Set it anyway", form["request_key"])
     assert _on_hand(fresh_app, variant) == 8  # the checkout's decrement stands
+    script = client.post(f"/console/inventory/{variant}/adjust", data={**data, "request_key": "j" * 32}, headers=JSON)
+    assert (script.status_code, script.get_json()["why"], script.get_json()["on_hand"]) == (409, "changed", 8)
+    assert script.get_json()["held"] == {"unpaid": 2, "paid": 0, "returning": 0, "total": 2}
     done = client.post(f"/console/inventory/{variant}/adjust", data={**again, "csrf_token": token})
     assert done.status_code == 303
     assert _on_hand(fresh_app, variant) == 7
     with fresh_app.app_context():
         audit = [(a.status, a.reason) for a in db.session.query(OperatorAction).order_by(OperatorAction.id)]
-        assert audit == [(409, data["reason"]), (303, data["reason"])]
+        assert audit == [(409, data["reason"]), (409, data["reason"]), (303, data["reason"])]
 
 
 def test_setting_on_hand_directly_stays_and_says_it_leaves_what_orders_hold_aside(fresh_app):
