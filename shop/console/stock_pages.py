@@ -17,7 +17,7 @@ from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import InventoryItem, Order, OrderLine, StockCorrection, Variant
 from ..orders.stock import CorrectionOutcome, StockChange, StockMode, correct_stock
-from ..orders.stock_held import held_by_orders
+from ..orders.stock_held import Held, held_by_orders, held_by_variants
 from ..web.answers import respond, wants_json
 from . import audit
 from .answers import done, operator_name, page_number, problem
@@ -44,7 +44,8 @@ class StockForm(ConsoleForm):
 
 @bp.get("/inventory")
 def inventory_list():
-    """Every variant with its stock now, and a link to its history and correction form."""
+    """Every variant with its stock now, what its orders hold and so what its shelf should hold, and a
+    link to its history and correction forms."""
     rows = db.session.execute(
         select(Variant.id, Variant.sku, Variant.name, InventoryItem.on_hand, Variant.deleted_at)
         .outerjoin(InventoryItem, InventoryItem.variant_id == Variant.id)
@@ -53,9 +54,18 @@ def inventory_list():
         .offset((page_number() - 1) * 50)
     ).all()
     total = db.session.execute(select(func.count()).select_from(Variant)).scalar_one()
+    held = held_by_variants([r.id for r in rows])
     data = {
         "variants": [
-            {"id": r.id, "sku": r.sku, "name": r.name, "on_hand": r.on_hand, "retired": r.deleted_at is not None}
+            {
+                "id": r.id,
+                "sku": r.sku,
+                "name": r.name,
+                "on_hand": r.on_hand,
+                "held": held.get(r.id, Held()).total,
+                "shelf": r.on_hand + held.get(r.id, Held()).total if r.on_hand is not None else None,
+                "retired": r.deleted_at is not None,
+            }
             for r in rows
         ],
         "page": page_number(),

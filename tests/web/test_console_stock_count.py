@@ -55,6 +55,8 @@ def test_the_page_shows_what_the_shelf_should_hold_and_a_count_becomes_on_hand_l
         {"unpaid": 3, "paid": 0, "returning": 0, "total": 3},
         10,
     )
+    listed = client.get("/console/inventory", headers=JSON).get_json()["variants"]
+    assert [(v["id"], v["on_hand"], v["held"], v["shelf"]) for v in listed] == [(variant, 7, 3, 10)]
     form = _count_form(client.get(f"/console/inventory/{variant}").get_data(as_text=True))
     assert (form["seen"], form["held"], form["count"], form["button"]) == ("7", "3", "", "Set from the count")
     data = {**form, "csrf_token": token, "count": "8", "reason": "shelf count: two missing"}
