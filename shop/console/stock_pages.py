@@ -178,7 +178,10 @@ WHY_WORDS = {
         "your count against these figures and set it anyway if it stands."
     ),
 }
-COUNT_WORDS = "Give one of count (the shelf count), on_hand (the count to set) or delta (the change, like +3 or -2)"
+ONE_FIELD = (
+    "Give exactly one of count (the shelf count), on_hand (the count to set) or delta (the change, like +3 "
+    "or -2), not both."
+)
 NUMBER_WORDS = {
     StockMode.COUNT: "the count on the shelf",
     StockMode.SET: "the count to set",
@@ -191,7 +194,7 @@ def _asked(form: StockForm) -> tuple[StockMode, str, str, str] | str:
     fields = {StockMode.COUNT: form.count, StockMode.SET: form.on_hand, StockMode.ADJUST: form.delta}
     given = [(mode, text) for mode, field in fields.items() if (text := (field.data or "").strip())]
     if len(given) != 1:
-        return f"{COUNT_WORDS}: one, not none and not both."
+        return ONE_FIELD
     (mode, text), seen, held = given[0], (form.seen.data or "").strip(), (form.held.data or "").strip()
     if not all(INTEGER.fullmatch(t) for t in (text, seen or "0", held or "0")):
         return f"Enter {NUMBER_WORDS[mode]} as a whole number."
