@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from . import logs, mailer
 from .domain.events import EventName
-from .domain.order import OrderStatus, cancelled_because
+from .domain.order import LIVE, OrderStatus, cancelled_because
 from .domain.refunds import NOT_RETURNED, SUCCEEDED
 from .extensions import db
 from .models import Order, OutboxEvent, Refund
@@ -29,6 +29,8 @@ from .public_urls import public_url_for
 # sent ("your items are held, try again" after the customer cancelled). The others are about
 # final states.
 STILL_TRUE_WHILE = {"payment_failed": OrderStatus.PAYMENT_FAILED, "payment_link": OrderStatus.PENDING_PAYMENT}
+# The link to an order waiting for payment (orders.links): news only while it still waits.
+WHILE_LIVE = {"order_link"}
 
 
 @dataclass
@@ -78,6 +80,8 @@ def render(template: str, order: Order) -> Email | None:
     """The email `template` for `order` as things stand now, or None when it is no longer true."""
     wanted = STILL_TRUE_WHILE.get(template)
     if wanted is not None and order.status != wanted:
+        return None
+    if template in WHILE_LIVE and order.status not in LIVE:
         return None
     context: dict[str, Any] = dict(
         order=order,

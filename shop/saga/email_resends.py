@@ -37,6 +37,7 @@ EMAIL_NAMES = {
     "payment_failed": "Payment failed",
     "refund_issued": "Refund issued",
     "refund_failed": "Refund did not go through",
+    "order_link": "Link to the order waiting for payment (asked for at checkout)",
 }
 
 

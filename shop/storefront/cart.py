@@ -90,10 +90,12 @@ def render_cart(
     field: str | None = None,
     over=None,
     ordered: tuple[str, str] | None = None,
+    unpaid: dict | None = None,
 ):
     """The cart page. `field` names the input an error concerns ("email", "quantity-<variant id>"):
     the page shows the error beside it instead of in the banner. `ordered`: (reference, order page)
-    of the order this cart has just become, which a second checkout of it points at."""
+    of the order this cart has just become, which a second checkout of it points at. `unpaid`:
+    whose orders filled UNPAID_ORDERS_PER_CLIENT and where to go from there (order_links)."""
     cart = _open_cart()
     data = _cart_data(cart)
     if error:
@@ -102,6 +104,8 @@ def render_cart(
         data["reference"], data["order_url"] = ordered
     if shortages:
         data["shortages"] = shortages
+    if unpaid:
+        data["unpaid_limit"] = unpaid
     if over:
         data["over_limit"] = over  # lines over MAX_LINE_QUANTITY, as a refused checkout found them
     # A line asking for more than is left blocks checkout until it is reduced or removed.
