@@ -57,6 +57,8 @@ def _email_field(missing: str) -> EmailField:
 
 class CheckoutForm(Form):
     email = _email_field("Enter your email so we can send your receipt.")
+    # The address the customer chose to keep over a "did you mean" (email_typos): not asked again.
+    kept_email = HiddenField()
 
 
 class OrderLinksForm(Form):

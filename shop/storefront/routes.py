@@ -29,6 +29,7 @@ from ..web.words import badge, cancel_conflict_words
 from .blueprint import bp
 from .cart import render_cart
 from .cart_words import EMPTY_CART, JUST_ORDERED, checkout_refusal_words
+from .email_typos import typo_hint
 from .forms import ActionForm, CancelForm, CheckoutForm, first_error
 from .order_links import unpaid_limit
 from .payment_words import cancel_refusal_words, start_words
@@ -54,6 +55,9 @@ def checkout():
             form=form,
             field="email" if form.email.errors and "csrf_token" not in form.errors else None,
         )
+    hint = typo_hint(form)  # "did you mean ...@gmail.com?": asked once, before anything is placed
+    if hint is not None:
+        return hint
     # The cart's id only: place_order reads the lines itself and refuses an empty cart.
     bid = browser_id(create=False)
     cart_id = (
