@@ -156,11 +156,12 @@ def receipt_context(order: Order) -> dict:
     return dict(items=lines, ships=bool(order.ships), shipping=shipping, shipping_lines=shipping_lines)
 
 
-def send(order_id: int, template: str, *, key: str) -> bool:
+def send(order_id: int, template: str, *, key: str, to: str | None = None) -> bool:
     """Render `template` for the order as things stand now and hand it to the mailer under `key`
     (a retry under the same key replaces, never duplicates, in the file outbox). False when
     there is nothing to send: the order is gone, or the email would no longer be true. A mail
-    server that does not take it raises (mailer.MailNotSent): the caller's row is retried."""
+    server that does not take it raises (mailer.MailNotSent): the caller's row is retried. `to`:
+    another address than the order's (an operator's "send to another address")."""
     order = db.session.get(Order, order_id)
     if order is None:
         return False
@@ -168,5 +169,5 @@ def send(order_id: int, template: str, *, key: str) -> bool:
     email = render(template, order)
     if email is None:
         return False
-    mailer.send(order.email, email.subject, email.body, key=key, html=email.html)
+    mailer.send(to or order.email, email.subject, email.body, key=key, html=email.html)
     return True
