@@ -56,8 +56,8 @@ def change_email(reference):
         return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
     back = url_for("console.order_detail", reference=order.reference)
     if not form.validate():
-        field, errors = next((f, e) for f, e in form.errors.items() if e)
-        return problem(400, errors[0] if field == "email" else f"Why: {errors[0]}", back=back)
+        words = form.email.errors[0] if form.email.errors else f"Why: {form.reason.errors[0]}"
+        return problem(400, str(words), back=back)
     new = (form.email.data or "").strip()
     if new == order.email:
         return problem(409, f"{new} is already this order's address; nothing changed.", back=back)
