@@ -17,7 +17,7 @@ from flask import render_template
 from sqlalchemy import select
 
 from . import logs, mailer
-from .domain.order import OrderStatus
+from .domain.order import LIVE, OrderStatus
 from .domain.refunds import NOT_RETURNED, SUCCEEDED, charged_for
 from .extensions import db
 from .models import Order, Refund
@@ -28,6 +28,8 @@ from .public_urls import public_url_for
 # sent ("your items are held, try again" after the customer cancelled). The others are about
 # final states.
 STILL_TRUE_WHILE = {"payment_failed": OrderStatus.PAYMENT_FAILED, "payment_link": OrderStatus.PENDING_PAYMENT}
+# The link to an order waiting for payment (orders.links): news only while it still waits.
+WHILE_LIVE = {"order_link"}
 
 
 @dataclass
@@ -64,6 +66,8 @@ def render(template: str, order: Order) -> Email | None:
     """The email `template` for `order` as things stand now, or None when it is no longer true."""
     wanted = STILL_TRUE_WHILE.get(template)
     if wanted is not None and order.status != wanted:
+        return None
+    if template in WHILE_LIVE and order.status not in LIVE:
         return None
     context: dict[str, Any] = dict(
         order=order,
@@ -142,11 +146,12 @@ def receipt_context(order: Order) -> dict:
     )
 
 
-def send(order_id: int, template: str, *, key: str) -> bool:
+def send(order_id: int, template: str, *, key: str, to: str | None = None) -> bool:
     """Render `template` for the order as things stand now and hand it to the mailer under `key`
     (a retry under the same key replaces, never duplicates, in the file outbox). False when
     there is nothing to send: the order is gone, or the email would no longer be true. A mail
-    server that does not take it raises (mailer.MailNotSent): the caller's row is retried."""
+    server that does not take it raises (mailer.MailNotSent): the caller's row is retried. `to`:
+    another address than the order's (an operator's "send to another address")."""
     order = db.session.get(Order, order_id)
     if order is None:
         return False
@@ -154,5 +159,5 @@ def send(order_id: int, template: str, *, key: str) -> bool:
     email = render(template, order)
     if email is None:
         return False
-    mailer.send(order.email, email.subject, email.body, key=key, html=email.html)
+    mailer.send(to or order.email, email.subject, email.body, key=key, html=email.html)
     return True

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import selectinload
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -245,3 +245,15 @@ def note_declined(order_id: int, attempt: int, words: str, at: datetime) -> bool
     result = db.session.execute(NOTES[Note.DECLINED], {"order": order_id, "at": at, "attempt": attempt, "words": words})
     _forget_loaded(db.session, order_id)
     return rows_matched(result) == 1
+
+
+def change_email(order_id: int, email: str) -> str | None:
+    """The order's address replaced (an operator's correction), in the caller's transaction: not a
+    state change, so no version bump. The address it had, or None when there is no such order."""
+    session = db.session
+    old = session.execute(select(Order.email).where(Order.id == order_id).with_for_update()).scalar_one_or_none()
+    if old is None:
+        return None
+    session.execute(update(Order).where(Order.id == order_id).values(email=email))
+    _forget_loaded(session, order_id)
+    return old

@@ -28,7 +28,9 @@ from ..web.words import cancel_conflict_words
 from .blueprint import bp
 from .cart import render_cart
 from .cart_words import EMPTY_CART, JUST_ORDERED, checkout_refusal_words
+from .email_typos import typo_hint
 from .forms import ActionForm, CancelForm, CheckoutForm, first_error
+from .order_links import unpaid_limit
 from .payment_words import cancel_refusal_words, start_words
 
 # A cart that conflicts with the stock, with itself, or with the customer's other orders: 409.
@@ -52,6 +54,9 @@ def checkout():
             form=form,
             field="email" if form.email.errors and "csrf_token" not in form.errors else None,
         )
+    hint = typo_hint(form)  # "did you mean ...@gmail.com?": asked once, before anything is placed
+    if hint is not None:
+        return hint
     # The cart's id only: place_order reads the lines itself and refuses an empty cart.
     bid = browser_id(create=False)
     cart_id = (
@@ -76,11 +81,13 @@ def checkout():
             if answer is not None:
                 return answer
         status = _REFUSAL_STATUS.get(result.code, 400)
-        detail = checkout_refusal_words(result)
+        detail = checkout_refusal_words(result, email)
         field = {Refusal.OUT_OF_STOCK: "stock", Refusal.UNAVAILABLE: "stock", Refusal.EMPTY_CART: "empty"}.get(
             result.code
         )
-        return render_cart(status, detail, result.shortages, form=form, field=field, over=result.over)
+        unpaid = unpaid_limit(result, email)
+        field = "unpaid" if unpaid else field  # the cart page says it with its link or button
+        return render_cart(status, detail, result.shortages, form=form, field=field, over=result.over, unpaid=unpaid)
     order_url = url_for("storefront.order_page", reference=result.reference)
     # The order is placed and this browser owns it: whatever fails from here (the database lost
     # under the payment's start), the customer is sent to the order, which offers "Pay now".
