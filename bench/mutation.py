@@ -96,7 +96,7 @@ EVERY_TEST = {
 
 def tie_to_every_test(package: str, folder: Path) -> int:
     """Give EVERY_TEST's functions all of the package's tests in mutmut's stats, and forget the
-    verdicts their mutants got with fewer; how many were forgotten (to be tried again)."""
+    survivals their mutants got with fewer (a kill stands); how many were forgotten (to try again)."""
     stats_path = folder / "mutants" / "mutmut-stats.json"
     if not stats_path.exists() or not EVERY_TEST.get(package):
         return 0
@@ -113,7 +113,8 @@ def tie_to_every_test(package: str, folder: Path) -> int:
     for path in meta_files(folder):
         meta = json.loads(path.read_text())
         for key in meta["exit_code_by_key"]:
-            if key.rpartition("__mutmut_")[0] in retie and meta["exit_code_by_key"][key] is not None:
+            live = STATUS.get(meta["exit_code_by_key"][key] or 0, SURVIVED) in (SURVIVED, NO_TESTS)
+            if key.rpartition("__mutmut_")[0] in retie and meta["exit_code_by_key"][key] is not None and live:
                 meta["exit_code_by_key"][key] = None
                 count += 1
         path.write_text(json.dumps(meta, indent=4))
