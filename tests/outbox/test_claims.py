@@ -182,3 +182,28 @@ def test_a_reschedule_leaves_alone_a_row_another_worker_took_over_meanwhile(fres
         assert (row.status, row.attempts, row.claimed_by) == ("processing", 2, "worker-b")
         assert as_utc(row.next_attempt_at) == now
         db.session.remove()
+
+
+def test_release_hands_back_only_this_workers_claims_it_names_unspent(fresh_app):
+    with fresh_app.app_context():
+        now = utcnow().replace(microsecond=0)
+        mine, also_mine, not_named, theirs, finished = (_command("counting", now) for _ in range(5))
+        for command_id in (mine, also_mine, not_named, finished):
+            assert claims.claim(ScheduledCommand, command_id, now, "worker-a")
+        assert claims.claim(ScheduledCommand, theirs, now, "worker-b")
+        assert claims.mark_done(ScheduledCommand, finished, "worker-a", now)
+        db.session.commit()
+        later = now + timedelta(seconds=3)
+
+        assert claims.release(ScheduledCommand, [mine, also_mine, theirs, finished], "worker-a", later) == 2
+
+        released = [_row(command_id) for command_id in (mine, also_mine)]
+        assert {(r.status, r.attempts, r.claimed_by, r.claimed_until) for r in released} == {("pending", 0, None, None)}
+        assert {as_utc(r.updated_at) for r in released} == {later}
+        assert [(_row(c).status, _row(c).claimed_by) for c in (not_named, theirs, finished)] == [
+            ("processing", "worker-a"),
+            ("processing", "worker-b"),
+            ("done", "worker-a"),
+        ]
+        assert claims.release(ScheduledCommand, [], "worker-a", later) == 0
+        db.session.remove()
