@@ -141,8 +141,10 @@ def mutmut_config(package: str) -> str:
             'forkserver_warmup = "import"',
             'preload_modules_file = "preload.txt"',
             # A test run's own setup (imports, the schema through every migration) takes seconds
-            # on a loaded machine: without room for it, slow survivors were counted as timeouts.
+            # on a loaded machine: without room for it, slow survivors were counted as timeouts. mutmut's
+            # multiplier (15) let a mutant that loops (a drain that never ends) hold the run for minutes.
             "timeout_constant = 10.0",
+            "timeout_multiplier = 4.0",
             "use_git_change_detection = false",
             "",
         ]

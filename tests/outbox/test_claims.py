@@ -207,3 +207,22 @@ def test_release_hands_back_only_this_workers_claims_it_names_unspent(fresh_app)
         ]
         assert claims.release(ScheduledCommand, [], "worker-a", later) == 0
         db.session.remove()
+
+
+def test_a_command_job_claims_its_row_up_to_the_early_claim_before_its_time_and_no_sooner(fresh_app, monkeypatch):
+    """rq-scheduler keeps whole seconds and may fire a job up to a second early: a command run by
+    id may claim its row EARLY_CLAIM_SECONDS before its time (its handler decides if it is due)."""
+    runs = []
+    monkeypatch.setitem(shop.scheduling.commands.COMMANDS, "counting", lambda row, now: runs.append(row.id))
+    early = timedelta(seconds=runner.EARLY_CLAIM_SECONDS)
+    with fresh_app.app_context():
+        now = utcnow().replace(microsecond=0)
+        on_the_edge = _command("counting", now + early)
+        too_soon = _command("counting", now + early + timedelta(seconds=0.5))
+
+        assert run_command(too_soon, now=now) == runner.RunOutcome.SKIPPED
+        assert run_command(on_the_edge, now=now) == runner.RunOutcome.DONE
+
+        assert runs == [on_the_edge]
+        assert (_row(on_the_edge).status, _row(too_soon).status) == ("done", "pending")
+        db.session.remove()
