@@ -13,7 +13,7 @@ from sqlalchemy import select, update
 import shop.scheduling.commands
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
-from shop.models import ScheduledCommand
+from shop.models import CommandKind, ScheduledCommand
 from shop.outbox import claims, runner
 from shop.outbox.dispatch import run_command
 from shop.outbox.failures import Reschedule
@@ -225,4 +225,46 @@ def test_a_command_job_claims_its_row_up_to_the_early_claim_before_its_time_and_
 
         assert runs == [on_the_edge]
         assert (_row(on_the_edge).status, _row(too_soon).status) == ("done", "pending")
+        db.session.remove()
+
+
+def test_a_claim_takes_a_row_from_its_due_time_and_not_half_a_second_before(fresh_app):
+    with fresh_app.app_context():
+        now = utcnow().replace(microsecond=0)
+        soon = _command("counting", now + timedelta(seconds=0.5))
+
+        assert claims.claim(ScheduledCommand, soon, now, "worker-a") is False
+        assert claims.claim(ScheduledCommand, soon, now + timedelta(seconds=0.5), "worker-a") is True
+        assert (_row(soon).status, _row(soon).claimed_by, _row(soon).attempts) == ("processing", "worker-a", 1)
+        db.session.remove()
+
+
+def test_a_batch_claims_the_deadlines_first_and_with_first_only_nothing_else(fresh_app):
+    """The kinds claimed first (claims.CLAIMED_FIRST: an unpaid order's deadline gives stock back)
+    go before older work of other kinds; `first_only` claims them alone."""
+    with fresh_app.app_context():
+        now = utcnow().replace(microsecond=0)
+        email = _command(CommandKind.SEND_EMAIL, now - timedelta(seconds=30))  # older
+        deadline = _command(CommandKind.EXPIRE_UNPAID_ORDER, now)
+        other_deadline = _command(CommandKind.EXPIRE_UNPAID_ORDER, now)
+
+        assert claims.claim_batch(ScheduledCommand, now, "worker-a", 1) == [deadline]
+        assert claims.claim_batch(ScheduledCommand, now, "worker-a", 10, first_only=True) == [other_deadline]
+        assert claims.claim_batch(ScheduledCommand, now, "worker-a", 10, first_only=True) == []
+        assert claims.claim_batch(ScheduledCommand, now, "worker-a", 10) == [email]
+        db.session.remove()
+
+
+def test_any_claimed_first_due_sees_a_due_deadline_or_one_whose_lease_lapsed_and_no_other_kind(fresh_app):
+    lease = timedelta(seconds=fresh_app.config["OUTBOX_LEASE_SECONDS"])
+    second = timedelta(seconds=1)
+    with fresh_app.app_context():
+        now = utcnow().replace(microsecond=0)
+        _command(CommandKind.SEND_EMAIL, now - timedelta(seconds=30))  # due, but not a kind claimed first
+        deadline = _command(CommandKind.EXPIRE_UNPAID_ORDER, now)
+
+        first_due = lambda by: claims.any_claimed_first_due(ScheduledCommand, by)  # noqa: E731
+        assert (first_due(now - second), first_due(now)) == (False, True)
+        assert claims.claim(ScheduledCommand, deadline, now, "worker-a")
+        assert (first_due(now + lease), first_due(now + lease + second)) == (False, True)
         db.session.remove()
