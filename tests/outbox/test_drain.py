@@ -17,11 +17,12 @@ from factories import place_order_for, seed_catalog_rows
 from shop import jobs, queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
-from shop.models import OutboxDelivery
+from shop.models import CommandKind, OutboxDelivery, ScheduledCommand
 from shop.outbox import runner
 from shop.outbox.dispatch import drain_deliveries, drain_deliveries_concurrently, drain_threads
 from shop.outbox.relay import relay_once
 from shop.outbox.subscriptions import SUBSCRIPTIONS
+from shop.outbox.writer import schedule_command
 
 
 @pytest.fixture(autouse=True)
@@ -336,3 +337,26 @@ def test_a_drain_goes_on_when_redis_cannot_say_whether_other_jobs_wait(make_fres
     app = make_fresh_app(REDIS_URL="redis://127.0.0.1:9/0")  # nothing listens there
     with app.app_context():
         assert other_jobs_waiting() is False
+
+
+def test_while_a_deadline_is_due_a_drain_runs_the_restores_and_holds_the_other_deliveries_back(fresh_app, monkeypatch):
+    """Deadlines give stock back: while one is due, delivery drains run only the restores (the
+    kinds claimed first) and leave the rest for when no deadline waits."""
+    runs = []
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory", "counting_followup"])
+    monkeypatch.setitem(shop.saga.HANDLERS, "counting_followup", lambda event, now: runs.append(event.order_id))
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        orders = _cancelled_orders(2, a5)
+        now = utcnow() + timedelta(seconds=1)
+        schedule_command(db.session, CommandKind.EXPIRE_UNPAID_ORDER, now, now=now)
+        db.session.commit()
+
+        assert drain_deliveries(now=now) == {"done": 2, "more": False}
+
+        assert _statuses(orders) == [("done", 1)] * 2 and runs == []
+        db.session.execute(update(ScheduledCommand).values(status="done"))  # the deadline has run
+        db.session.commit()
+        assert drain_deliveries(now=now) == {"done": 2, "more": False}
+        assert sorted(runs) == sorted(orders)
+        db.session.remove()
