@@ -203,17 +203,19 @@ def test_a_drain_gives_back_what_it_cannot_run_within_half_its_lease(make_fresh_
                 OutboxDelivery.status,  # noqa: E731
                 OutboxDelivery.attempts,
                 OutboxDelivery.claimed_by,
+                OutboxDelivery.updated_at,
             ).order_by(OutboxDelivery.order_id)
         ).all()
+        now = utcnow() + timedelta(seconds=1)
 
-        result = drain_deliveries(now=utcnow() + timedelta(seconds=1))
+        result = drain_deliveries(now=now)
 
         assert (result["done"], result["released"], result["more"]) == (1, 2, True)
         assert runs == orders[:1]
         first, *rest = rows()
         assert first[1:3] == ("done", 1)
-        # Back to pending with the attempt unspent, for the next drain.
-        assert [r[1:] for r in rest] == [("pending", 0, None), ("pending", 0, None)]
+        # Back to pending with the attempt unspent, for the next drain, at the drain's time.
+        assert [(*r[1:4], as_utc(r[4])) for r in rest] == [("pending", 0, None, now), ("pending", 0, None, now)]
         db.session.remove()
 
 
@@ -359,4 +361,33 @@ def test_while_a_deadline_is_due_a_drain_runs_the_restores_and_holds_the_other_d
         db.session.commit()
         assert drain_deliveries(now=now) == {"done": 2, "more": False}
         assert sorted(runs) == sorted(orders)
+        db.session.remove()
+
+
+def test_a_delivery_drain_ends_with_a_short_batch_and_leaves_what_fell_due_meanwhile(
+    make_fresh_app, monkeypatch, fake_clock
+):
+    """Deliveries have no lookahead: a batch shorter than the batch size means nothing more was due
+    when it was claimed, and the drain ends there (the poll wakes the next one)."""
+    app = make_fresh_app(CLOCK=fake_clock)
+    runs = []
+
+    def slow(event, now):
+        runs.append(event.order_id)
+        fake_clock.advance(10)
+
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["slow_followup"])
+    monkeypatch.setitem(shop.saga.HANDLERS, "slow_followup", slow)
+    with app.app_context():
+        first, later = _cancelled_orders(2, seed_catalog_rows()["NB-A5-DOT"])
+        db.session.execute(
+            update(OutboxDelivery)
+            .where(OutboxDelivery.order_id == later)
+            .values(next_attempt_at=utcnow() + timedelta(seconds=5))
+        )
+        db.session.commit()
+
+        assert drain_deliveries() == {"done": 1, "more": False}
+
+        assert runs == [first]
         db.session.remove()
