@@ -177,3 +177,41 @@ def test_a_failure_on_a_row_that_is_no_longer_ours_leaves_it_as_it_is(failing, m
         assert (row.status, row.claimed_by, row.attempts) == (expected["status"], expected["claimed_by"], 1)
         assert (row.last_error, row.failure_kind, as_utc(row.next_attempt_at)) == (None, None, now)
         db.session.remove()
+
+
+def test_a_run_whose_lease_was_taken_over_commits_none_of_its_writes_and_says_so(failing, monkeypatch, caplog):
+    """The command succeeded, but meanwhile its lease lapsed and another worker claimed the row:
+    "done" cannot be written under our claim, so nothing the run wrote commits."""
+    app, _ = failing
+    with app.app_context(), caplog.at_level(logging.WARNING, logger="shop.outbox"):
+        now = utcnow()
+        command_id = _schedule(now)
+        bystander = _schedule(now)
+
+        def overtaken(row, at):
+            with app.app_context():  # the other worker, in its own session
+                db.session.execute(
+                    update(ScheduledCommand).where(ScheduledCommand.id == row.id).values(claimed_by="worker-b")
+                )
+                db.session.commit()
+                db.session.remove()
+            # This run's own write, in its transaction: it must not commit.
+            db.session.execute(
+                update(ScheduledCommand).where(ScheduledCommand.id == bystander).values(payload={"written": True})
+            )
+
+        monkeypatch.setitem(shop.scheduling.commands.COMMANDS, "failing", overtaken)
+
+        assert run_command(command_id, now=now) == RunOutcome.SKIPPED
+
+        row = _row(command_id)
+        assert (row.status, row.claimed_by, row.attempts, row.last_error) == ("processing", "worker-b", 1, None)
+        assert _row(bystander).payload == {}
+        assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+            (
+                logging.WARNING,
+                f"command {command_id} (failing, order None): lease lapsed before commit; "
+                "another worker owns it now, discarding this attempt's writes",
+            )
+        ]
+        db.session.remove()
