@@ -158,15 +158,18 @@ def test_a_rescheduled_command_is_pending_again_at_its_time_without_spending_the
         db.session.remove()
 
 
-def test_a_reschedule_leaves_alone_a_row_another_worker_took_over_meanwhile(fresh_app, monkeypatch):
-    """The command's lease lapsed while it ran and another worker claimed the row: the reschedule
-    must not put that worker's row back to pending."""
+@pytest.mark.parametrize(
+    "meanwhile",
+    [{"claimed_by": "worker-b", "attempts": 2}, {"status": "done", "attempts": 2}],
+    ids=["claimed-by-another", "finished"],
+)
+def test_a_reschedule_leaves_alone_a_row_that_is_no_longer_ours(fresh_app, monkeypatch, meanwhile):
+    """The command's lease lapsed while it ran and another worker claimed the row (or finished it):
+    the reschedule must not put that row back to pending."""
 
     def overtaken(row, now):
         with fresh_app.app_context():  # the other worker, in its own session
-            db.session.execute(
-                update(ScheduledCommand).where(ScheduledCommand.id == row.id).values(claimed_by="worker-b", attempts=2)
-            )
+            db.session.execute(update(ScheduledCommand).where(ScheduledCommand.id == row.id).values(**meanwhile))
             db.session.commit()
             db.session.remove()
         raise Reschedule(now + timedelta(seconds=90))
@@ -179,7 +182,8 @@ def test_a_reschedule_leaves_alone_a_row_another_worker_took_over_meanwhile(fres
         assert run_command(command_id, now=now + timedelta(seconds=1)) == runner.RunOutcome.RESCHEDULED
 
         row = _row(command_id)
-        assert (row.status, row.attempts, row.claimed_by) == ("processing", 2, "worker-b")
+        expected = {"status": "processing", "claimed_by": runner.worker_identity(), **meanwhile}
+        assert (row.status, row.attempts, row.claimed_by) == (expected["status"], 2, expected["claimed_by"])
         assert as_utc(row.next_attempt_at) == now
         db.session.remove()
 
