@@ -14,29 +14,27 @@ Each package is mutated with its own tests only, on SQLite (no DATABASE_URL), `-
     outbox  shop/outbox/claims.py, shop/outbox/runner.py  tests/outbox
     checkout  shop/orders/checkout.py                 tests/orders
 
-Why mutmut (3.x) and not cosmic-ray: mutmut runs only the tests that reach a mutant's function, in a
-process forked from a warm one, where cosmic-ray rewrites the file and runs the whole test command per
-mutant (a minute on a loaded machine, times thousands). mutmut mutates a copy (`mutants/`): the tree
-stays untouched while tests are written beside a run.
+Why mutmut (3.x) and not cosmic-ray: mutmut runs only the tests that reach a mutant's function, in a process forked from
+a warm one, where cosmic-ray rewrites the file and runs the whole test command per mutant (a minute on a loaded machine,
+times thousands). mutmut mutates a copy (`mutants/`): the tree stays untouched while tests are written beside a run.
 
-Resumable: each package works in `.mutation/<package>/` (its `mutants/` and mutmut's cache of every
-verdict); an interrupted run goes on where it stopped, and a finished one only prints. `--only
-'shop.saga.inventory.*'` tries just the mutants so named (again, if tried before): the most important
-first when time is short. `--recheck` tries the survivors again after new tests (with `--baseline REV`:
-those of the `--tests-at REV` run; `--report --baseline REV` prints both tables), `--fresh` starts over
-after the product changed. The tests need Redis at 127.0.0.1:6379: the run claims a test database the
-way the suite does (tests/support.py) and hands it to every test run as TEST_REDIS_URL, so the mutants
-run one at a time (`--max-children`; more would share it).
+Resumable: each package works in `.mutation/<package>/` (its `mutants/` and mutmut's cache of every verdict); an
+interrupted run goes on where it stopped, and a finished one only prints. `--only 'shop.saga.inventory.*'` tries just
+the mutants so named (again, if tried before): the most important first when time is short. `--recheck` tries the
+survivors again after new tests (with `--baseline REV`: those of the `--tests-at REV` run; `--report --baseline REV`
+prints both tables), `--fresh` starts over after the product changed. The tests need Redis at 127.0.0.1:6379: the run
+claims a test database the way the suite does (tests/support.py) and hands it to every test run as TEST_REDIS_URL, so
+the mutants run one at a time (`--max-children`; more would share it).
 
-mutmut mutates function bodies only: module-level constants (a prebuilt statement, an enum's values)
-are not mutated. Each mutant runs in a fresh import of the shop (a fork server that preloads only the
-libraries), so a function called while a module is imported (order_store._guarded) is mutated too.
+mutmut mutates function bodies only: module-level constants (a prebuilt statement, an enum's values) are not
+mutated. Each mutant runs in a fresh import of the shop (a fork server that preloads only the libraries), so a
+function called while a module is imported (order_store._guarded) is mutated too.
 
-Per package it prints mutants, killed, survived (with those no test reaches), timed out and the score
-(killed + timed out over the mutants tried), then every survivor as file:line and the mutation. A mutant
-whose test process dies before any test runs (mutmut's exit code 255: code run at import broke the
-import) counts as timed out, so as detected; when most of a run's mutants end so, the runs themselves
-broke (a pytest setting, the fork server), and the bench says so and fails.
+Per package it prints mutants, killed, survived (with those no test reaches), timed out and the score (killed + timed
+out over the mutants tried), then every survivor as file:line and the mutation. A mutant whose test process dies before
+any test runs (mutmut's exit code 255: code run at import broke the import) counts as timed out, so as detected; when
+most of a run's mutants end so, the runs themselves broke (a pytest setting, the fork server), and the bench says so and
+fails.
 """
 
 from __future__ import annotations
@@ -78,9 +76,9 @@ STATUS.update({code: TIMEOUT for code in (36, -24, 24, 152, 255)})
 
 LOCKS_URL, LOCK_SECONDS = "redis://127.0.0.1:6379/15", 900  # as tests/support.py claims one
 
-# Left out of a package's mutant runs: the saga model's random interleavings take 100 s and more a
-# run, for every mutant of the compensation that survives. A mutant only they would catch counts
-# as a survivor here (the score errs low); the fixed journeys of the same model stay in.
+# Left out of a package's mutant runs: the saga model's random interleavings take 100 s and more a run, for every
+# mutant of the compensation that survives. A mutant only they would catch counts as a survivor here (the score
+# errs low); the fixed journeys of the same model stay in.
 LEFT_OUT = {"saga": ["tests/saga/test_saga_model.py::test_random_interleavings_keep_stock_and_money_right"]}
 
 # Functions the shop calls while a module is imported (the order store builds its guarded UPDATEs then)
@@ -123,8 +121,8 @@ def tie_to_every_test(package: str, folder: Path) -> int:
 
 def mutmut_config(package: str) -> str:
     mutate, tests = PACKAGES[package]
-    # The fork server imports hypothesis (PRELOAD) before pytest reads its settings; pytest's warning that it
-    # cannot rewrite that plugin then failed every run before a test ran (exit 255), "error" in filterwarnings.
+    # The fork server imports hypothesis (PRELOAD) before pytest reads its settings: pytest's warning that it cannot
+    # rewrite that plugin, an error under filterwarnings, failed every run before a test ran (exit 255).
     pytest_args = ["-m", "not slow", "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     for test in LEFT_OUT.get(package, []):
         pytest_args += ["--deselect", test]
@@ -140,9 +138,9 @@ def mutmut_config(package: str) -> str:
             'process_isolation = "forkserver"',
             'forkserver_warmup = "import"',
             'preload_modules_file = "preload.txt"',
-            # A test run's own setup (imports, the schema through every migration) takes seconds
-            # on a loaded machine: without room for it, slow survivors were counted as timeouts. mutmut's
-            # multiplier (15) let a mutant that loops (a drain that never ends) hold the run for minutes.
+            # A test run's setup (imports, the schema) takes seconds on a loaded machine: without room for
+            # it, slow survivors counted as timeouts. mutmut's own multiplier (15) let a looping mutant
+            # (a drain that never ends) hold the run for minutes; 4 gives it (its tests' time + 10 s) x 4.
             "timeout_constant = 10.0",
             "timeout_multiplier = 4.0",
             "use_git_change_detection = false",
