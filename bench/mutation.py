@@ -14,30 +14,27 @@ Each package is mutated with its own tests only, on SQLite (no DATABASE_URL), `-
     outbox  shop/outbox/claims.py, shop/outbox/runner.py  tests/outbox
     checkout  shop/orders/checkout.py                 tests/orders
 
-Why mutmut (3.x) and not cosmic-ray: mutmut records which tests reach each function and runs only
-those for a mutant of it, in a process forked from a warm one, where cosmic-ray rewrites the file
-on disk and runs the whole test command per mutant (about a minute of these tests on a loaded
-machine, times a few thousand mutants). mutmut mutates a copy (`mutants/`), so the tree stays
-untouched while tests are written beside a run.
+Why mutmut (3.x) and not cosmic-ray: mutmut runs only the tests that reach a mutant's function, in a process forked from
+a warm one, where cosmic-ray rewrites the file and runs the whole test command per mutant (a minute on a loaded machine,
+times thousands). mutmut mutates a copy (`mutants/`): the tree stays untouched while tests are written beside a run.
 
-Resumable: each package works in `.mutation/<package>/` (its `mutants/` and mutmut's cache of every
-verdict); an interrupted run goes on where it stopped, and a finished one only prints. `--only
-'shop.saga.inventory.*'` tries just the mutants so named (again, if tried before): the most
-important first when time is short. `--recheck` tries the survivors again after new tests (with
-`--baseline REV`: those of the `--tests-at REV` run; `--report --baseline REV` prints both tables),
-`--fresh` starts over after the product changed. The tests need Redis at 127.0.0.1:6379: the run
-claims a test database the way the suite does (tests/support.py) and hands it to every test run as
-TEST_REDIS_URL, so the mutants run one at a time (`--max-children`; more would share it).
+Resumable: each package works in `.mutation/<package>/` (its `mutants/` and mutmut's cache of every verdict); an
+interrupted run goes on where it stopped, and a finished one only prints. `--only 'shop.saga.inventory.*'` tries just
+the mutants so named (again, if tried before): the most important first when time is short. `--recheck` tries the
+survivors again after new tests (with `--baseline REV`: those of the `--tests-at REV` run; `--report --baseline REV`
+prints both tables), `--fresh` starts over after the product changed. The tests need Redis at 127.0.0.1:6379: the run
+claims a test database the way the suite does (tests/support.py) and hands it to every test run as TEST_REDIS_URL, so
+the mutants run one at a time (`--max-children`; more would share it).
 
-mutmut mutates function bodies only: module-level constants (a prebuilt statement, an enum's
-values) are not mutated. Each mutant runs in a fresh import of the shop (a fork server that
-preloads only the libraries), so a function called while a module is imported
-(order_store._guarded, which builds the version guard) is mutated too.
+mutmut mutates function bodies only: module-level constants (a prebuilt statement, an enum's values) are not
+mutated. Each mutant runs in a fresh import of the shop (a fork server that preloads only the libraries), so a
+function called while a module is imported (order_store._guarded) is mutated too.
 
-Per package it prints mutants, killed, survived (with those no test reaches), timed out and the
-score (killed + timed out over the mutants tried), then every survivor as file:line and the
-mutation. A mutant whose test process dies before any test runs (mutmut's exit code 255: code run
-at import broke the import) counts as timed out, so as detected.
+Per package it prints mutants, killed, survived (with those no test reaches), timed out and the score (killed + timed
+out over the mutants tried), then every survivor as file:line and the mutation. A mutant whose test process dies before
+any test runs (mutmut's exit code 255: code run at import broke the import) counts as timed out, so as detected; when
+most of a run's mutants end so, the runs themselves broke (a pytest setting, the fork server), and the bench says so and
+fails.
 """
 
 from __future__ import annotations
@@ -79,17 +76,14 @@ STATUS.update({code: TIMEOUT for code in (36, -24, 24, 152, 255)})
 
 LOCKS_URL, LOCK_SECONDS = "redis://127.0.0.1:6379/15", 900  # as tests/support.py claims one
 
-
-# Left out of a package's mutant runs: the saga model's random interleavings take 100 s and more a
-# run, for every mutant of the compensation that survives. A mutant only they would catch counts
-# as a survivor here (the score errs low); the fixed journeys of the same model stay in.
+# Left out of a package's mutant runs: the saga model's random interleavings take 100 s and more a run, for every
+# mutant of the compensation that survives. A mutant only they would catch counts as a survivor here (the score
+# errs low); the fixed journeys of the same model stay in.
 LEFT_OUT = {"saga": ["tests/saga/test_saga_model.py::test_random_interleavings_keep_stock_and_money_right"]}
 
-
-# Functions the shop calls while a module is imported (the order store builds its guarded UPDATEs
-# then) or once per process behind a cache (the outbox's claim statements): mutmut ties them to the
-# one test that happened to run them first, so their mutants are tried against every test of the
-# package instead.
+# Functions the shop calls while a module is imported (the order store builds its guarded UPDATEs then)
+# or once per process behind a cache (the outbox's claim statements): mutmut ties them to the one test
+# that happened to run them first, so their mutants are tried against every test of the package instead.
 CACHED_CLAIMS = ("_claimable", "_claim_values", "_claim_one", "_claim_one_returning", "_claim_many", "_rank")
 CACHED_CLAIMS += ("_first_kinds", "_first_due", "_mark_done", "_next_pending", "_count_due", "_first_due_first")
 EVERY_TEST = {
@@ -100,7 +94,7 @@ EVERY_TEST = {
 
 def tie_to_every_test(package: str, folder: Path) -> int:
     """Give EVERY_TEST's functions all of the package's tests in mutmut's stats, and forget the
-    verdicts their mutants got with fewer; how many were forgotten (to be tried again)."""
+    survivals their mutants got with fewer (a kill stands); how many were forgotten (to try again)."""
     stats_path = folder / "mutants" / "mutmut-stats.json"
     if not stats_path.exists() or not EVERY_TEST.get(package):
         return 0
@@ -117,7 +111,8 @@ def tie_to_every_test(package: str, folder: Path) -> int:
     for path in meta_files(folder):
         meta = json.loads(path.read_text())
         for key in meta["exit_code_by_key"]:
-            if key.rpartition("__mutmut_")[0] in retie and meta["exit_code_by_key"][key] is not None:
+            live = STATUS.get(meta["exit_code_by_key"][key] or 0, SURVIVED) in (SURVIVED, NO_TESTS)
+            if key.rpartition("__mutmut_")[0] in retie and meta["exit_code_by_key"][key] is not None and live:
                 meta["exit_code_by_key"][key] = None
                 count += 1
         path.write_text(json.dumps(meta, indent=4))
@@ -126,7 +121,9 @@ def tie_to_every_test(package: str, folder: Path) -> int:
 
 def mutmut_config(package: str) -> str:
     mutate, tests = PACKAGES[package]
-    pytest_args = ["-m", "not slow", "-p", "no:cacheprovider"]
+    # The fork server imports hypothesis (PRELOAD) before pytest reads its settings: pytest's warning that it cannot
+    # rewrite that plugin, an error under filterwarnings, failed every run before a test ran (exit 255).
+    pytest_args = ["-m", "not slow", "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     for test in LEFT_OUT.get(package, []):
         pytest_args += ["--deselect", test]
     return "\n".join(
@@ -141,9 +138,11 @@ def mutmut_config(package: str) -> str:
             'process_isolation = "forkserver"',
             'forkserver_warmup = "import"',
             'preload_modules_file = "preload.txt"',
-            # A test run's own setup (imports, the schema through every migration) takes seconds
-            # on a loaded machine: without room for it, slow survivors were counted as timeouts.
+            # A test run's setup (imports, the schema) takes seconds on a loaded machine: without room for
+            # it, slow survivors counted as timeouts. mutmut's own multiplier (15) let a looping mutant
+            # (a drain that never ends) hold the run for minutes; 4 gives it (its tests' time + 10 s) x 4.
             "timeout_constant = 10.0",
+            "timeout_multiplier = 4.0",
             "use_git_change_detection = false",
             "",
         ]
@@ -375,6 +374,10 @@ def main() -> int:
             code = run(package, folder, args.max_children, redis_url, names)
             if code == 0 and tie_to_every_test(package, folder):  # the stats were new: once more
                 code = run(package, folder, args.max_children, redis_url, names)
+            codes = [code for code in verdicts(folder).values() if code is not None]  # most at 255: the runs broke
+            if code == 0 and len(codes) >= 10 and 2 * codes.count(255) > len(codes):
+                print(f"\n{package}: most test runs died before a test ran (exit 255); fix that, then --fresh")
+                code = 1
             if code != 0:
                 failed.append(package)
     if args.baseline:

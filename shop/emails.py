@@ -17,11 +17,10 @@ from flask import render_template
 from sqlalchemy import select
 
 from . import logs, mailer
-from .domain.events import EventName
-from .domain.order import OrderStatus, cancelled_because
-from .domain.refunds import NOT_RETURNED, SUCCEEDED
+from .domain.order import LIVE, OrderStatus
+from .domain.refunds import NOT_RETURNED, SUCCEEDED, charged_for
 from .extensions import db
-from .models import Order, OutboxEvent, Refund
+from .models import Order, Refund
 from .orders.deadline import pay_by
 from .public_urls import public_url_for
 
@@ -29,6 +28,8 @@ from .public_urls import public_url_for
 # sent ("your items are held, try again" after the customer cancelled). The others are about
 # final states.
 STILL_TRUE_WHILE = {"payment_failed": OrderStatus.PAYMENT_FAILED, "payment_link": OrderStatus.PENDING_PAYMENT}
+# The link to an order waiting for payment (orders.links): news only while it still waits.
+WHILE_LIVE = {"order_link"}
 
 
 @dataclass
@@ -61,23 +62,12 @@ def utc_words(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else ""
 
 
-def cancellation(order: Order) -> tuple[str, datetime | None]:
-    """Why and when the order was cancelled: ("customer" | "expired" | "other", at)."""
-    row = db.session.execute(
-        select(OutboxEvent.payload, OutboxEvent.created_at)
-        .where(OutboxEvent.order_id == order.id, OutboxEvent.name == EventName.ORDER_CANCELLED)
-        .order_by(OutboxEvent.id.desc())
-        .limit(1)
-    ).first()
-    if row is None:
-        return "other", None
-    return cancelled_because((row.payload or {}).get("reason", "")), row.created_at
-
-
 def render(template: str, order: Order) -> Email | None:
     """The email `template` for `order` as things stand now, or None when it is no longer true."""
     wanted = STILL_TRUE_WHILE.get(template)
     if wanted is not None and order.status != wanted:
+        return None
+    if template in WHILE_LIVE and order.status not in LIVE:
         return None
     context: dict[str, Any] = dict(
         order=order,
@@ -87,7 +77,7 @@ def render(template: str, order: Order) -> Email | None:
         when=utc_words,
     )
     if template in ("order_expired", "order_cancelled"):
-        _why, context["cancelled_at"] = cancellation(order)
+        context["cancelled_at"] = order.cancelled_at
     if template == "refund_issued":
         refunds = (
             db.session.execute(
@@ -149,14 +139,19 @@ def receipt_context(order: Order) -> dict:
         if shipping
         else []
     )
-    return dict(items=lines, ships=bool(order.ships), shipping=shipping, shipping_lines=shipping_lines)
+    # What the payment charged: the goods plus Stripe Tax's tax, when the shop charges tax.
+    tax, paid = order.tax or 0, charged_for(order.total, order.charged)
+    return dict(
+        items=lines, ships=bool(order.ships), shipping=shipping, shipping_lines=shipping_lines, tax=tax, paid=paid
+    )
 
 
-def send(order_id: int, template: str, *, key: str) -> bool:
+def send(order_id: int, template: str, *, key: str, to: str | None = None) -> bool:
     """Render `template` for the order as things stand now and hand it to the mailer under `key`
     (a retry under the same key replaces, never duplicates, in the file outbox). False when
     there is nothing to send: the order is gone, or the email would no longer be true. A mail
-    server that does not take it raises (mailer.MailNotSent): the caller's row is retried."""
+    server that does not take it raises (mailer.MailNotSent): the caller's row is retried. `to`:
+    another address than the order's (an operator's "send to another address")."""
     order = db.session.get(Order, order_id)
     if order is None:
         return False
@@ -164,5 +159,5 @@ def send(order_id: int, template: str, *, key: str) -> bool:
     email = render(template, order)
     if email is None:
         return False
-    mailer.send(order.email, email.subject, email.body, key=key, html=email.html)
+    mailer.send(to or order.email, email.subject, email.body, key=key, html=email.html)
     return True

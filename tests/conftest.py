@@ -238,8 +238,8 @@ def _paying_config(sandbox) -> dict:
 
 @pytest.fixture
 def browser(shop):
-    """A customer's browser (payment_helpers.Shopper) on `shop` (tests/browser/ has its own
-    `browser`: a real chromium)."""
+    """A customer's browser (payment_helpers.Shopper) on `shop`: the one `browser` fixture (the
+    real chromium of tests/browser/ is `chromium`, its pages `page` and `new_page`)."""
     return Shopper(shop)
 
 

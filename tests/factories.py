@@ -42,18 +42,19 @@ def seed_catalog_rows(app=None, currency: str = "usd") -> dict[str, int]:
     return skus
 
 
-def on_hand(variant_id: int, app=None) -> int:
-    """A variant's stock as committed: the tests' one stock reader. With `app`, in a context of
-    its own (its session removed after); without, in the current one, read fresh and its
-    transaction ended, so the read never holds a snapshot another writer's commit would miss."""
+def on_hand(variant: int | str, app=None) -> int:
+    """A variant's stock as committed, by its id or sku: the tests' one stock reader. With `app`,
+    in a context of its own (its session removed after); without, in the current one, read fresh
+    and its transaction ended, so the read never holds a snapshot another writer's commit would miss."""
     if app is not None:
         with app.app_context():
             try:
-                return on_hand(variant_id)
+                return on_hand(variant)
             finally:
                 db.session.remove()
     db.session.expire_all()
-    value = db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).scalar_one()
+    vid = variant_id(variant) if isinstance(variant, str) else variant
+    value = db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == vid)).scalar_one()
     db.session.rollback()
     return value
 

@@ -178,6 +178,16 @@ def run_threads(app, jobs, worker):
     return results, errors
 
 
+def rows_in(app, model, **filters) -> list:
+    """Every row of `model` whose columns equal `filters`, in primary-key order, read in an app
+    context of its own and detached from its session (their loaded attributes stay readable)."""
+    with app.app_context():
+        rows = db.session.query(model).filter_by(**filters).order_by(*model.__table__.primary_key.columns).all()
+        db.session.expunge_all()
+        db.session.remove()
+        return rows
+
+
 def poll_until(predicate, timeout: float = 5.0, interval: float = 0.05):
     """Poll `predicate()` until it returns something true or `timeout` seconds have passed, and
     return what it returned last: the wait that may end without its condition, for a caller

@@ -5,7 +5,7 @@ order's total without tax (the proof required it), so a paid order, and a cancel
 money was refunded, is filled with tax 0 and its total
 
 Revision ID: b3d5f7a9c1e2
-Revises: f0a2b4c6d8e1
+Revises: b1d3f5a7c9e2
 Create Date: 2026-12-05 08:00:00
 
 """
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 
 revision = 'b3d5f7a9c1e2'
-down_revision = 'f0a2b4c6d8e1'
+down_revision = 'b1d3f5a7c9e2'
 branch_labels = None
 depends_on = None
 

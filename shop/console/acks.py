@@ -112,7 +112,11 @@ def acknowledge_card(key):
     if len(reason) > 2000:
         return problem(400, "Keep the reason under 2000 characters.", back=back)
     raw_hours = (request.form.get("hours") or str(DEFAULT_HOURS)).strip()
-    if not raw_hours.isdigit() or not 1 <= int(raw_hours) <= MAX_HOURS:
+    # ASCII digits only: str.isdigit() is also true of "²", which int() refuses.
+    if (
+        not (raw_hours.isascii() and raw_hours.isdigit() and len(raw_hours) <= 6)
+        or not 1 <= int(raw_hours) <= MAX_HOURS
+    ):
         return problem(400, f"Hours must be a whole number from 1 to {MAX_HOURS}, not {raw_hours[:20]!r}.", back=back)
     audit.about(f"card {key}", reason=f"{reason} (for {int(raw_hours)} h)")
     if card["ok"]:

@@ -18,10 +18,10 @@ from .auth import safe_next
 
 
 def page_number() -> int:
-    try:
-        return max(1, min(int(request.args.get("page", 1)), 100_000))
-    except ValueError:
+    raw = request.args.get("page", "1")
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6):
         return 1
+    return max(1, min(int(raw), 100_000))
 
 
 def problem(status: int, message: str, *, title: str = "Cannot do that", back: str | None = None, **extra):
@@ -32,6 +32,13 @@ def problem(status: int, message: str, *, title: str = "Cannot do that", back: s
         return jsonify({"error": message, "status": status, **extra}), status
     back = safe_next(request.form.get("next") or back, url_for("console.dashboard"))
     return render_template("console/problem.html", data={"error": message}, title=title, back=back), status
+
+
+def reason_needed(form, missing: str, back: str, **extra):
+    """The 400 of an action posted without the reason it needs: the form's own words for what is
+    wrong with its reason field, else `missing` (what to say)."""
+    message = form.reason.errors[0] if form.reason.errors else missing
+    return problem(400, message, title="A reason is needed", back=back, **extra)
 
 
 def done(message: str, payload: dict, default_url: str, category: str = "ok", keep=None):

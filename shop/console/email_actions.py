@@ -5,7 +5,8 @@ confirmation (`saga.email_resends.resend_email`), once per submission: the form 
 from __future__ import annotations
 
 from flask import request, url_for
-from wtforms import HiddenField
+from wtforms import EmailField, HiddenField
+from wtforms.validators import Email, Length, Optional
 
 from ..domain.deadlines import utcnow
 from ..domain.timestamps import iso
@@ -22,6 +23,15 @@ from .money_actions import KEY, new_request_key
 class ResendForm(ConsoleForm):
     template = HiddenField()
     request_key = HiddenField()
+    # "Send to another address": empty or the order's own sends it to the order's address.
+    to = EmailField(
+        "Send to",
+        validators=[
+            Optional(),
+            Length(max=254, message="An email address is at most 254 characters long."),
+            Email(message="That does not look like an email address.", check_deliverability=False),
+        ],
+    )
     next = HiddenField()
 
 
@@ -93,8 +103,11 @@ def resend_email(reference):
     order = find_order(reference)
     form = ResendForm()
     template = (form.template.data or "").strip()
+    to = (form.to.data or "").strip()
+    to = None if order is None or to.lower() == order.email.lower() else to or None
     audit.about(
-        f"{template or 'email'} email of order {order.reference if order else reference}",
+        f"{template or 'email'} email of order {order.reference if order else reference}"
+        + (f" to another address ({to})" if to else ""),
         order_id=order and order.id,
     )
     if order is None:
@@ -105,13 +118,17 @@ def resend_email(reference):
         return problem(
             400, f"Choose one of the order's emails to send again ({', '.join(email_resends.EMAIL_NAMES)}).", back=back
         )
+    if to and not form.to.validate(form):
+        return problem(400, f"Send to: {form.to.errors[0]}", back=back)
     key = form.request_key.data or ""
     if not KEY.fullmatch(key):
         return problem(
             400, "This form has no valid request key: open the order's emails again and send from there.", back=back
         )
     db.session.rollback()
-    result = email_resends.resend_email(order.id, template, operator=operator_name(), request_key=key, now=utcnow())
+    result = email_resends.resend_email(
+        order.id, template, operator=operator_name(), request_key=key, now=utcnow(), to=to
+    )
     if result.outcome is email_resends.ResendOutcome.REFUSED:
         assert result.why is not None, "a refused resend says why"
         return problem(409, RESEND_WORDS[result.why].format(name=name), title="Not sent", back=back, why=result.why)
@@ -121,7 +138,13 @@ def resend_email(reference):
     message = (
         f"The {name} email was already sent again for this click; it is not sent twice."
         if already
-        else f"The {name} email is on its way to {order.email} again."
+        else f"The {name} email is on its way to {to or order.email} again."
     )
-    payload = {"reference": order.reference, "template": template, "command_id": result.command_id, "already": already}
+    payload = {
+        "reference": order.reference,
+        "template": template,
+        "command_id": result.command_id,
+        "already": already,
+        "to": to or order.email,
+    }
     return done(message, payload, back, "warning" if already else "ok")

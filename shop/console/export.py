@@ -5,7 +5,10 @@ csv_stream.py streams them out in keyset pages and records the download."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from flask import Response
 from sqlalchemy import select
@@ -42,265 +45,193 @@ def wants_csv(args) -> bool:
 
 # -- the lists --------------------------------------------------------------------------------
 # Each exports the rows its page would list with the same filters, every page of them; ordered
-# by id (newest first, or oldest first where the page is), the key the keyset pages walk.
+# by id (newest first, or oldest first where the page is), the key the keyset pages walk. Each
+# names its columns once, header -> what the cell holds (a column, or a _Cell that renders one).
 
 
 def orders_csv(now: datetime, *, stuck: bool, statuses: list[str], filters) -> Response:
-    query = select(
-        Order.id,
-        Order.reference,
-        Order.status,
-        Order.total,
-        Order.currency,
-        Order.email,
-        Order.payment_attempts,
-        Order.created_at,
-        Order.updated_at,
-    ).where(*order_conditions(now, stuck=stuck, statuses=statuses, filters=filters))
-    header = ("reference", "status", "total", "currency", "email", "payment_attempts", "created_at", "updated_at")
-
-    def shape(r):
-        return [
-            r.reference,
-            r.status,
-            major_units(r.total, r.currency),
-            (r.currency or "").upper(),
-            r.email,
-            r.payment_attempts,
-            iso(as_utc(r.created_at)),
-            iso(as_utc(r.updated_at)),
-        ]
-
-    return csv_response("orders", header, keyset_rows(query, Order.id), shape, now)
+    fields = {
+        "reference": Order.reference,
+        "status": Order.status,
+        "total": _money(Order.total, Order.currency),
+        "currency": _upper(Order.currency),
+        "email": Order.email,
+        "payment_attempts": Order.payment_attempts,
+        "created_at": _when(Order.created_at),
+        "updated_at": _when(Order.updated_at),
+    }
+    query = _select(Order.id, fields).where(*order_conditions(now, stuck=stuck, statuses=statuses, filters=filters))
+    return _download("orders", now, query, Order.id, fields)
 
 
 def refunds_csv(now: datetime, *, status: str | None, filters) -> Response:
+    fields = {
+        "id": Refund.id,
+        "order_reference": Order.reference,
+        "amount": _money(Refund.amount, Refund.currency),
+        "currency": _upper(Refund.currency),
+        "status": Refund.status,
+        "reason": Refund.reason,
+        "attempts": Refund.attempts,
+        "provider_refund_id": Refund.provider_refund_id,
+        "failure_reason": Refund.failure_reason,
+        "settled_at": _when(Refund.settled_at),
+        "created_at": _when(Refund.created_at),
+    }
     query = (
-        select(
-            Refund.id,
-            Order.reference,
-            Refund.amount,
-            Refund.currency,
-            Refund.status,
-            Refund.reason,
-            Refund.attempts,
-            Refund.provider_refund_id,
-            Refund.failure_reason,
-            Refund.settled_at,
-            Refund.created_at,
-        )
-        .join(Order, Order.id == Refund.order_id)
-        .where(*refund_conditions(status, filters))
+        _select(Refund.id, fields).join(Order, Order.id == Refund.order_id).where(*refund_conditions(status, filters))
     )
-    header = (
-        "id",
-        "order_reference",
-        "amount",
-        "currency",
-        "status",
-        "reason",
-        "attempts",
-        "provider_refund_id",
-        "failure_reason",
-        "settled_at",
-        "created_at",
-    )
-
-    def shape(r):
-        return [
-            r.id,
-            r.reference,
-            major_units(r.amount, r.currency),
-            (r.currency or "").upper(),
-            r.status,
-            r.reason,
-            r.attempts,
-            r.provider_refund_id,
-            r.failure_reason,
-            iso(as_utc(r.settled_at)) if r.settled_at else "",
-            iso(as_utc(r.created_at)),
-        ]
-
-    return csv_response("refunds", header, keyset_rows(query, Refund.id, descending=False), shape, now)
+    return _download("refunds", now, query, Refund.id, fields, descending=False)
 
 
 def deliveries_csv(now: datetime, *, status: str | None, filters) -> Response:
+    fields = {
+        "id": OutboxDelivery.id,
+        "event": OutboxEvent.name,
+        "handler": OutboxDelivery.handler,
+        "status": OutboxDelivery.status,
+        "attempts": OutboxDelivery.attempts,
+        "last_error": OutboxDelivery.last_error,
+        "order_reference": Order.reference,
+        "created_at": _when(OutboxDelivery.created_at),
+    }
     query = (
-        select(
-            OutboxDelivery.id,
-            OutboxEvent.name,
-            OutboxDelivery.handler,
-            OutboxDelivery.status,
-            OutboxDelivery.attempts,
-            OutboxDelivery.last_error,
-            Order.reference,
-            OutboxDelivery.created_at,
-        )
+        _select(OutboxDelivery.id, fields)
         .join(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id)
         .outerjoin(Order, Order.id == OutboxDelivery.order_id)
         .where(*delivery_conditions(status, filters))
     )
-    header = ("id", "event", "handler", "status", "attempts", "last_error", "order_reference", "created_at")
-
-    def shape(r):
-        return [
-            r.id,
-            r.name,
-            r.handler,
-            r.status,
-            r.attempts,
-            r.last_error,
-            r.reference,
-            iso(as_utc(r.created_at)),
-        ]
-
-    return csv_response(
-        "outbox-deliveries", header, keyset_rows(query, OutboxDelivery.id, descending=False), shape, now
-    )
+    return _download("outbox-deliveries", now, query, OutboxDelivery.id, fields, descending=False)
 
 
 def commands_csv(now: datetime, *, status: str | None, filters) -> Response:
     """The outbox's scheduled commands (deadlines, refunds, emails, ...), oldest first."""
+    fields = {
+        "id": _Cell((ScheduledCommand.id,), lambda id_: f"cmd-{id_}"),
+        "kind": ScheduledCommand.kind,
+        "status": ScheduledCommand.status,
+        "attempts": ScheduledCommand.attempts,
+        "last_error": ScheduledCommand.last_error,
+        "order_reference": Order.reference,
+        "due_at": _when(ScheduledCommand.next_attempt_at),
+        "created_at": _when(ScheduledCommand.created_at),
+    }
     query = (
-        select(
-            ScheduledCommand.id,
-            ScheduledCommand.kind,
-            ScheduledCommand.status,
-            ScheduledCommand.attempts,
-            ScheduledCommand.last_error,
-            Order.reference,
-            ScheduledCommand.next_attempt_at,
-            ScheduledCommand.created_at,
-        )
+        _select(ScheduledCommand.id, fields)
         .outerjoin(Order, Order.id == ScheduledCommand.order_id)
         .where(*command_conditions(status, filters))
     )
-    header = ("id", "kind", "status", "attempts", "last_error", "order_reference", "due_at", "created_at")
-
-    def shape(r):
-        return [
-            f"cmd-{r.id}",
-            r.kind,
-            r.status,
-            r.attempts,
-            r.last_error,
-            r.reference,
-            iso(as_utc(r.next_attempt_at)) if r.next_attempt_at else None,
-            iso(as_utc(r.created_at)),
-        ]
-
-    return csv_response(
-        "outbox-commands", header, keyset_rows(query, ScheduledCommand.id, descending=False), shape, now
-    )
+    return _download("outbox-commands", now, query, ScheduledCommand.id, fields, descending=False)
 
 
 def audit_csv(now: datetime, *, operator: str, filters) -> Response:
     """The audit trail, newest first."""
+    fields = {
+        "id": OperatorAction.id,
+        "at": _when(OperatorAction.created_at),
+        "operator": OperatorAction.operator,
+        "action": OperatorAction.action,
+        "target": OperatorAction.target,
+        "order_reference": Order.reference,
+        "reason": OperatorAction.reason,
+        "status": OperatorAction.status,
+        "outcome": OperatorAction.outcome,
+    }
     query = (
-        select(
-            OperatorAction.id,
-            OperatorAction.created_at,
-            OperatorAction.operator,
-            OperatorAction.action,
-            OperatorAction.target,
-            Order.reference,
-            OperatorAction.reason,
-            OperatorAction.status,
-            OperatorAction.outcome,
-        )
+        _select(OperatorAction.id, fields)
         .outerjoin(Order, Order.id == OperatorAction.order_id)
         .where(*audit_conditions(operator, filters))
     )
-    header = ("id", "at", "operator", "action", "target", "order_reference", "reason", "status", "outcome")
-
-    def shape(r):
-        return [
-            r.id,
-            iso(as_utc(r.created_at)),
-            r.operator,
-            r.action,
-            r.target,
-            r.reference,
-            r.reason,
-            r.status,
-            r.outcome,
-        ]
-
-    return csv_response("audit", header, keyset_rows(query, OperatorAction.id), shape, now)
+    return _download("audit", now, query, OperatorAction.id, fields)
 
 
 def warnings_csv(now: datetime, *, state: str | None, filters) -> Response:
     """The restore warnings, oldest first."""
+    fields = {
+        "id": RestoreWarning.id,
+        "order_reference": Order.reference,
+        "variant_id": RestoreWarning.variant_id,
+        "quantity": RestoreWarning.quantity,
+        "reason": RestoreWarning.reason,
+        "state": RestoreWarning.state,
+        "resolution": RestoreWarning.resolution,
+        "created_at": _when(RestoreWarning.created_at),
+        "resolved_at": _when(RestoreWarning.resolved_at),
+    }
     query = (
-        select(
-            RestoreWarning.id,
-            Order.reference,
-            RestoreWarning.variant_id,
-            RestoreWarning.quantity,
-            RestoreWarning.reason,
-            RestoreWarning.state,
-            RestoreWarning.resolution,
-            RestoreWarning.created_at,
-            RestoreWarning.resolved_at,
-        )
+        _select(RestoreWarning.id, fields)
         .outerjoin(Order, Order.id == RestoreWarning.order_id)
         .where(*warning_conditions(state, filters))
     )
-    header = (
-        "id",
-        "order_reference",
-        "variant_id",
-        "quantity",
-        "reason",
-        "state",
-        "resolution",
-        "created_at",
-        "resolved_at",
-    )
-
-    def shape(r):
-        return [
-            r.id,
-            r.reference,
-            r.variant_id,
-            r.quantity,
-            r.reason,
-            r.state,
-            r.resolution,
-            iso(as_utc(r.created_at)),
-            iso(as_utc(r.resolved_at)) if r.resolved_at else None,
-        ]
-
-    return csv_response("restore-warnings", header, keyset_rows(query, RestoreWarning.id, descending=False), shape, now)
+    return _download("restore-warnings", now, query, RestoreWarning.id, fields, descending=False)
 
 
 def webhooks_csv(now: datetime, *, outcome: str | None, filters, signed: bool | None = None) -> Response:
+    fields = {
+        "id": WebhookReceipt.id,
+        "received_at": _when(WebhookReceipt.received_at),
+        "event_id": WebhookReceipt.event_id,
+        "event_type": WebhookReceipt.event_type,
+        "outcome": WebhookReceipt.outcome,
+        "reason": WebhookReceipt.reason,
+        "http_status": WebhookReceipt.http_status,
+        "order_reference": Order.reference,
+    }
     query = (
-        select(
-            WebhookReceipt.id,
-            WebhookReceipt.received_at,
-            WebhookReceipt.event_id,
-            WebhookReceipt.event_type,
-            WebhookReceipt.outcome,
-            WebhookReceipt.reason,
-            WebhookReceipt.http_status,
-            Order.reference,
-        )
+        _select(WebhookReceipt.id, fields)
         .outerjoin(Order, Order.id == WebhookReceipt.order_id)
         .where(*webhook_conditions(outcome, filters, signed))
     )
-    header = ("id", "received_at", "event_id", "event_type", "outcome", "reason", "http_status", "order_reference")
+    return _download("webhooks", now, query, WebhookReceipt.id, fields)
 
-    def shape(r):
-        return [
-            r.id,
-            iso(as_utc(r.received_at)),
-            r.event_id,
-            r.event_type,
-            r.outcome,
-            r.reason,
-            r.http_status,
-            r.reference,
-        ]
 
-    return csv_response("webhooks", header, keyset_rows(query, WebhookReceipt.id), shape, now)
+# -- the columns ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Cell:
+    """A cell made from one or more columns of the row by `render` (their values, in order)."""
+
+    columns: tuple
+    render: Callable[..., Any]
+
+
+def _as_is(value):
+    return value
+
+
+def _when(column) -> _Cell:
+    """A time as ISO 8601 in UTC, empty when there is none."""
+    return _Cell((column,), lambda value: iso(as_utc(value)) if value else None)
+
+
+def _money(amount, currency) -> _Cell:
+    """An amount in the currency's own units, as the filters take it ("18.00")."""
+    return _Cell((amount, currency), major_units)
+
+
+def _upper(column) -> _Cell:
+    return _Cell((column,), lambda value: (value or "").upper())
+
+
+def _cells(fields: dict) -> list[_Cell]:
+    return [f if isinstance(f, _Cell) else _Cell((f,), _as_is) for f in fields.values()]
+
+
+def _select(key, fields: dict):
+    """The select of the keyset's `key` (read back by its own name) and every column the cells
+    read, each labelled by its place, so a column two cells read (a currency) is selected twice
+    rather than folded into one."""
+    columns = [column for cell in _cells(fields) for column in cell.columns]
+    return select(key, *(column.label(f"c{i}") for i, column in enumerate(columns)))
+
+
+def _download(name: str, now: datetime, query, key, fields: dict, *, descending: bool = True) -> Response:
+    """The CSV of `query` (made by _select from `fields`), its header the fields' names."""
+    cells = _cells(fields)
+
+    def shape(row) -> list:
+        values = iter(row[1:])  # after the key
+        return [cell.render(*(next(values) for _ in cell.columns)) for cell in cells]
+
+    return csv_response(name, tuple(fields), keyset_rows(query, key, descending=descending), shape, now)

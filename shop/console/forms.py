@@ -27,13 +27,16 @@ class ActionForm(ConsoleForm):
     next = HiddenField()
 
 
+def _reason_field(label: str, missing: str) -> TextAreaField:
+    """An action's reason, the only record of the operator's decision: required (`missing` says
+    what to write) and at most 2000 characters."""
+    too_long = Length(max=2000, message="Keep the reason under 2000 characters.")
+    return TextAreaField(label, validators=[DataRequired(message=missing), too_long])
+
+
 class DiscardForm(ConsoleForm):
-    reason = TextAreaField(
-        "Why discard it",
-        validators=[
-            DataRequired(message="Say why this is discarded: the reason is the only record of the decision."),
-            Length(max=2000, message="Keep the reason under 2000 characters."),
-        ],
+    reason = _reason_field(
+        "Why discard it", "Say why this is discarded: the reason is the only record of the decision."
     )
     next = HiddenField()
 
@@ -52,13 +55,7 @@ class RetryRefundForm(ConsoleForm):
 
 
 class SettleRefundForm(ConsoleForm):
-    reason = TextAreaField(
-        "How it was settled",
-        validators=[
-            DataRequired(
-                message="Say how this refund was settled outside the shop: the reason is the only record of it."
-            ),
-            Length(max=2000, message="Keep the reason under 2000 characters."),
-        ],
+    reason = _reason_field(
+        "How it was settled", "Say how this refund was settled outside the shop: the reason is the only record of it."
     )
     next = HiddenField()

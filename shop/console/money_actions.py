@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from flask import request, url_for
 from sqlalchemy import select
@@ -27,7 +27,8 @@ from .blueprint import bp
 from .forms import ConsoleForm
 
 KEY = re.compile(r"[A-Za-z0-9_-]{16,64}")
-MINOR = re.compile(r"\d{1,10}")
+MINOR = re.compile(r"[0-9]{1,10}")
+DECIMAL_AMOUNT = re.compile(r"[0-9]{1,12}(\.[0-9]{0,6})?|\.[0-9]{1,6}")
 YES, NO = ("yes", "y", "1", "on", "true"), ("no", "n", "0", "off", "false", "")
 
 
@@ -67,13 +68,11 @@ def parse_amount(text: str | None, currency: str) -> tuple[int | None, str | Non
     digits = minor_digits(currency)
     if not raw:
         return None, "Enter the amount to refund."
-    try:
-        value = Decimal(raw)
-    except InvalidOperation:
-        return None, f"{text!r} is not an amount: type it like {format_example(currency)}."
-    if not value.is_finite():
-        return None, f"{text!r} is not an amount: type it like {format_example(currency)}."
-    minor = value.scaleb(digits)
+    # ASCII digits and one point only: Decimal would also take "1e999999" (whose scaling
+    # overflows) and other scripts' digits.
+    if not DECIMAL_AMOUNT.fullmatch(raw):
+        return None, f"{(text or '')[:30]!r} is not an amount: type it like {format_example(currency)}."
+    minor = Decimal(raw).scaleb(digits)
     if minor != minor.to_integral_value():
         return None, f"{currency.upper()} amounts have {digits} decimal places at most."
     if minor <= 0:

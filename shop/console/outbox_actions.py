@@ -14,7 +14,7 @@ from ..outbox import dispatch
 from ..web.answers import respond
 from ..web.requests import work_ref
 from . import audit
-from .answers import done, operator_name, problem
+from .answers import done, operator_name, problem, reason_needed
 from .auth import safe_next
 from .blueprint import bp
 from .forms import ActionForm, DiscardForm
@@ -66,13 +66,7 @@ def _discard(kind: str, work_id: int):
     form = DiscardForm()
     audit.about(name, order_id=row.order_id, reason=(form.reason.data or "").strip() or None)
     if not form.validate():
-        return problem(
-            400,
-            form.reason.errors[0] if form.reason.errors else "Say why this is discarded.",
-            title="A reason is needed",
-            back=back,
-            id=ref,
-        )
+        return reason_needed(form, "Say why this is discarded.", back, id=ref)
     if row.status != WorkStatus.DEAD:
         return _not_dead(row, name, ref, back, "discarded")
     reason = (form.reason.data or "").strip()  # the form validated: there is one

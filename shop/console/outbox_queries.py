@@ -26,34 +26,27 @@ WORK_FILTERS = WORK_STATUSES + (WAITING,)
 def delivery_conditions(status: str | None, filters: Filters = NO_FILTERS) -> list:
     """The WHERE of the outbox's deliveries and of their CSV: `q` is part of the order's reference
     or of the handler's name, the dates when the delivery was written."""
-    conditions = []
-    if status == WAITING:
-        conditions += [OutboxDelivery.status == WorkStatus.PENDING, OutboxDelivery.failure_kind == FAILURE_PROVIDER]
-    elif status:
-        conditions.append(OutboxDelivery.status == status)
-    if filters.q:
-        conditions.append(
-            or_(contains(Order.reference, filters.q, upper=True), contains(OutboxDelivery.handler, filters.q))
-        )
-    return conditions + in_date_range(OutboxDelivery.created_at, filters)
+    return _work_conditions(OutboxDelivery, OutboxDelivery.handler, status, filters)
 
 
 def command_conditions(status: str | None, filters: Filters = NO_FILTERS) -> list:
     """The WHERE of the outbox's scheduled commands and of their CSV: `q` is part of the order's
     reference or of the command's kind, the dates when the command was written."""
+    return _work_conditions(ScheduledCommand, ScheduledCommand.kind, status, filters)
+
+
+def _work_conditions(model: type[OutboxDelivery] | type[ScheduledCommand], named, status, filters: Filters) -> list:
+    """The WHERE of one kind of outbox work (`model`, its rows joined to their orders): the status
+    (WAITING: pending for an unavailable provider), `q` in the order's reference or in the column
+    `named`, the dates when the row was written."""
     conditions = []
     if status == WAITING:
-        conditions += [
-            ScheduledCommand.status == WorkStatus.PENDING,
-            ScheduledCommand.failure_kind == FAILURE_PROVIDER,
-        ]
+        conditions += [model.status == WorkStatus.PENDING, model.failure_kind == FAILURE_PROVIDER]
     elif status:
-        conditions.append(ScheduledCommand.status == status)
+        conditions.append(model.status == status)
     if filters.q:
-        conditions.append(
-            or_(contains(Order.reference, filters.q, upper=True), contains(ScheduledCommand.kind, filters.q))
-        )
-    return conditions + in_date_range(ScheduledCommand.created_at, filters)
+        conditions.append(or_(contains(Order.reference, filters.q, upper=True), contains(named, filters.q)))
+    return conditions + in_date_range(model.created_at, filters)
 
 
 def outbox(
@@ -129,20 +122,12 @@ def _one_delivery(work_id: int):
 
 def dead_groups() -> list[dict]:
     """Dead letters by handler / command kind, most first: what the 'retry all' buttons offer."""
-    groups = [
-        {"kind": "delivery", "name": name, "count": n}
-        for name, n in db.session.execute(
-            select(OutboxDelivery.handler, func.count())
-            .where(OutboxDelivery.status == WorkStatus.DEAD)
-            .group_by(OutboxDelivery.handler)
-        ).all()
-    ]
-    groups += [
-        {"kind": "command", "name": name, "count": n}
-        for name, n in db.session.execute(
-            select(ScheduledCommand.kind, func.count())
-            .where(ScheduledCommand.status == WorkStatus.DEAD)
-            .group_by(ScheduledCommand.kind)
-        ).all()
-    ]
+    groups = _dead_by("delivery", OutboxDelivery, OutboxDelivery.handler)
+    groups += _dead_by("command", ScheduledCommand, ScheduledCommand.kind)
     return sorted(groups, key=lambda g: (-g["count"], g["kind"], g["name"]))
+
+
+def _dead_by(kind: str, model: type[OutboxDelivery] | type[ScheduledCommand], named) -> list[dict]:
+    """One kind of outbox work's dead letters counted by the column `named`."""
+    rows = db.session.execute(select(named, func.count()).where(model.status == WorkStatus.DEAD).group_by(named))
+    return [{"kind": kind, "name": name, "count": n} for name, n in rows.all()]

@@ -12,7 +12,7 @@ from ..extensions import db
 from ..models import Order, Refund
 from ..payments import refund_remedies as refund_cases
 from . import audit
-from .answers import done, operator_name, problem
+from .answers import done, operator_name, problem, reason_needed
 from .blueprint import bp
 from .forms import RetryRefundForm, SettleRefundForm
 from .refund_words import refund_action_words
@@ -97,13 +97,7 @@ def settle_refund(refund_id):
         reason=reason or None,
     )
     if not form.validate() or not reason:
-        return problem(
-            400,
-            form.reason.errors[0] if form.reason.errors else "Say how this refund was settled outside the shop.",
-            title="A reason is needed",
-            back=back,
-            id=refund_id,
-        )
+        return reason_needed(form, "Say how this refund was settled outside the shop.", back, id=refund_id)
     operator = operator_name()
     db.session.rollback()
     action = refund_cases.settle_refund(refund_id, reason=reason, operator=operator)

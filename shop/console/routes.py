@@ -34,6 +34,12 @@ def _helpers():
     return {"age": human_age, "money": human_money, "when": human_time, "action_form": ActionForm(formdata=None)}
 
 
+def not_one_of(choices, what: str, value: str, page: str):
+    """The 400 of a list's filter given a value outside its `choices`: says which there are, with
+    a way back to the list (the endpoint `page`) unfiltered."""
+    return problem(400, f"Unknown {what} {value!r}; use one of {', '.join(choices)}.", back=url_for(page))
+
+
 # -- pages -----------------------------------------------------------------------------------
 
 
@@ -61,11 +67,7 @@ def orders():
     known = set(OrderStatus)
     unknown = [s for s in statuses if s not in known]
     if unknown:
-        return problem(
-            400,
-            f"Unknown order status {unknown[0]!r}; use one of {', '.join(sorted(known))}.",
-            back=url_for("console.orders"),
-        )
+        return not_one_of(sorted(known), "order status", unknown[0], "console.orders")
     stuck = request.args.get("stuck", "") in ("1", "true", "yes", "on")
     filters = read_filters(request.args, amounts=True)
     if not filters.ok:
@@ -105,12 +107,8 @@ def outbox():
     `status=waiting` for pending work waiting for an unavailable provider."""
     status = request.args.get("status") or None
     if status is not None and status not in outbox_queries.WORK_FILTERS:
-        return problem(
-            400,
-            f"Unknown status {status!r}; use one of {', '.join(outbox_queries.WORK_FILTERS)}.",
-            back=url_for("console.outbox"),
-        )
-    keep = re.fullmatch(r"(cmd-)?([1-9]\d{0,9})", request.args.get("keep") or "")
+        return not_one_of(outbox_queries.WORK_FILTERS, "status", status, "console.outbox")
+    keep = re.fullmatch(r"(cmd-)?([1-9][0-9]{0,9})", request.args.get("keep") or "")
     keep = ("command" if keep.group(1) else "delivery", int(keep.group(2))) if keep else None
     filters = read_filters(request.args)
     context = {"statuses": outbox_queries.WORK_FILTERS, "discard_form": DiscardForm()}
@@ -140,11 +138,7 @@ def restore_warnings():
     `q`, `from`, `to` search them and `format=csv` downloads them."""
     state = request.args.get("state") or None
     if state is not None and state not in queries.WARNING_STATES:
-        return problem(
-            400,
-            f"Unknown state {state!r}; use one of {', '.join(queries.WARNING_STATES)}.",
-            back=url_for("console.restore_warnings"),
-        )
+        return not_one_of(queries.WARNING_STATES, "state", state, "console.restore_warnings")
     filters = read_filters(request.args)
     if not filters.ok:
         empty = {"state": state, "warnings": []}
@@ -161,11 +155,7 @@ def webhooks():
     came from, newest first; `signed=no` keeps the noise (not signed with the shop's secret)."""
     outcome = request.args.get("outcome") or None
     if outcome is not None and outcome not in queries.WEBHOOK_OUTCOMES:
-        return problem(
-            400,
-            f"Unknown outcome {outcome!r}; use one of {', '.join(queries.WEBHOOK_OUTCOMES)}.",
-            back=url_for("console.webhooks"),
-        )
+        return not_one_of(queries.WEBHOOK_OUTCOMES, "outcome", outcome, "console.webhooks")
     signed = {"yes": True, "no": False, "": None}.get(request.args.get("signed") or "", "bad")
     if signed == "bad":
         return problem(
@@ -189,11 +179,7 @@ def refunds():
     back and that no operator has dealt with (the dashboard's Failed refunds)."""
     status = request.args.get("status") or None
     if status is not None and status not in queries.REFUND_FILTERS:
-        return problem(
-            400,
-            f"Unknown status {status!r}; use one of {', '.join(queries.REFUND_FILTERS)}.",
-            back=url_for("console.refunds"),
-        )
+        return not_one_of(queries.REFUND_FILTERS, "status", status, "console.refunds")
     filters = read_filters(request.args, amounts=True)
     if not filters.ok:
         empty = {"status": status, "refunds": []}

@@ -33,7 +33,7 @@ from ..models import (
 )
 from ..provider.links import session_link
 from ..scheduling.stuck import stuck_cutoff
-from ..web.serialize import order_json
+from ..web.serialize import OrderView
 from .audit import action_json
 from .format import human_money, human_time
 from .rows import (
@@ -75,7 +75,7 @@ def _rows_of(order: Order) -> _OrderRows:
         deliveries=of(OutboxDelivery, OutboxDelivery.id),
         commands=of(ScheduledCommand, ScheduledCommand.id),
         warnings=of(RestoreWarning, RestoreWarning.id),
-        refunds=list(order.refunds),  # the relationship order_json reads too (ordered by id): one query for both
+        refunds=list(order.refunds),  # the relationship the order's view reads too (ordered by id): one query for both
         refusals=of(PaymentProofRefusal, PaymentProofRefusal.id),
         provider_refusals=of(ProviderRefusal, ProviderRefusal.id),
         actions=of(OperatorAction, OperatorAction.id),
@@ -85,11 +85,12 @@ def _rows_of(order: Order) -> _OrderRows:
 def order_timeline(order: Order, now: datetime) -> dict:
     """Everything that happened to one order, each kind in its own list, plus one merged,
     time-ordered list for reading top to bottom."""
-    ref = order.reference
+    view = OrderView.of(order)
+    ref = view.reference
     rows = _rows_of(order)
     names = {e.id: e.name for e in rows.events}
     data = {
-        "order": _order_summary(order, now),
+        "order": _order_summary(view, now),
         "transitions": [
             {"id": e.id, "event": e.name, "at": iso(e.created_at), "payload": e.payload} for e in rows.events
         ],
@@ -132,7 +133,7 @@ def order_timeline(order: Order, now: datetime) -> dict:
     }
     pruned = db.session.get(PrunedDetail, order.id)
     data["pruned"] = _pruned(pruned)
-    data["provider_session_link"] = session_link(order.payment_session_id, order.payment_session_url)
+    data["provider_session_link"] = session_link(view.payment_session_id, view.payment_session_url)
     data["timeline"] = _merged(rows, names, pruned)
     return data
 
@@ -173,10 +174,10 @@ def _pruned(row: PrunedDetail | None) -> dict | None:
     }
 
 
-def _order_summary(order: Order, now: datetime) -> dict:
+def _order_summary(order: OrderView, now: datetime) -> dict:
     status = order.status
     return {
-        **order_json(order),
+        **order.json(),
         "email": order.email,
         "payment_attempts": order.payment_attempts,
         # A paid order's earlier failure is history (the timeline keeps it), not a problem.

@@ -109,6 +109,7 @@ class OrderRules:
     status: OrderStatus
     inventory_restored: bool
     payment_session_id: str | None
+    cancel_reason: str | None
 
     def _guard(self, transition: Transition) -> Refused | None:
         if self.status not in ALLOWED[transition]:
@@ -150,26 +151,23 @@ class OrderRules:
         if refused:
             return refused
         self.status = S.CANCELLED
+        self.cancel_reason = reason
         return self._record(OrderCancelled(self.id, reason))
 
     def mark_inventory_restored(self):
         """The compensation's idempotency marker; it has its own guard."""
-        if self.status is not S.CANCELLED:
-            return Refused(
-                "order_not_cancelled", "only a cancelled order's stock can be restored", {"status": self.status.value}
-            )
-        if self.inventory_restored:
-            return Refused("inventory_already_restored", "this order's stock was already restored")
-        self.inventory_restored = True
-        return Ok(())
+        return self._set_restored(S.CANCELLED, "order_not_cancelled", "only a cancelled order's stock can be restored")
 
     def restock_paid(self):
         """The marker again, for a paid order an operator refunds with its stock given back; it
         is the compensation's own, so a later restore of the order finds it set."""
-        if self.status is not S.PAID:
-            return Refused(
-                "order_not_paid", "only a paid order is restocked with a refund", {"status": self.status.value}
-            )
+        return self._set_restored(S.PAID, "order_not_paid", "only a paid order is restocked with a refund")
+
+    def _set_restored(self, status: S, code: str, words: str):
+        """Sets the stock-restored marker once, for an order in `status` (else refused as `code`,
+        `words`)."""
+        if self.status is not status:
+            return Refused(code, words, {"status": self.status.value})
         if self.inventory_restored:
             return Refused("inventory_already_restored", "this order's stock was already restored")
         self.inventory_restored = True

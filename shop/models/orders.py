@@ -1,4 +1,4 @@
-from sqlalchemy import JSON, Boolean, CheckConstraint, ForeignKey, Index, Integer, String, event, false, func
+from sqlalchemy import JSON, Boolean, CheckConstraint, ForeignKey, Index, Integer, String, Text, event, false, func
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 from ..domain.order import OrderStatus
@@ -68,6 +68,10 @@ class Order(Model):
     # Bookkeeping, like the two above; every transition out of the unpaid states clears it, so
     # only orders waiting in line carry it (the partial index holds just those).
     payment_queued_at = mapped_column(UTCDateTime, nullable=True)
+    # Why and when the order was cancelled (its OrderCancelled event's reason and time), written
+    # by the order store's cancel in the same UPDATE: what the order's pages and JSON read.
+    cancel_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    cancelled_at = mapped_column(UTCDateTime, nullable=True)
     version: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     # The last state change. The deadline and the sweep derive "how long has it been waiting"

@@ -79,16 +79,27 @@ class Refusal(StrEnum):
     TOO_MANY_UNPAID = "too_many_unpaid"  # the browser or the address holds UNPAID_ORDERS_PER_CLIENT live orders
 
 
+class HeldBy(StrEnum):
+    """Whose live unpaid orders reached UNPAID_ORDERS_PER_CLIENT: this browser's (it can see them
+    on "Your orders"), or, when the browser has room, the email address's (placed elsewhere: this
+    browser is never shown them)."""
+
+    BROWSER = "browser"
+    ADDRESS = "address"
+
+
 @dataclass
 class CheckoutRefused:
     """Why the cart did not become an order, as a code (the storefront says it in words,
     storefront/cart_words.py) and, for OUT_OF_STOCK and UNAVAILABLE, the lines at fault; for
-    TOO_MANY_OF_ONE the lines over the limit (`over`) and for both TOO_MANY_ codes the `limit`."""
+    TOO_MANY_OF_ONE the lines over the limit (`over`) and for both TOO_MANY_ codes the `limit`;
+    for TOO_MANY_UNPAID whose orders filled it (`held_by`)."""
 
     code: Refusal
     shortages: list[dict] = field(default_factory=list)
     over: list[dict] = field(default_factory=list)
     limit: int = 0
+    held_by: HeldBy | None = None
     ok = False
 
 
@@ -102,6 +113,10 @@ class _CartClosed(Exception):
 
 class _TooManyUnpaid(Exception):
     """The browser or the address already holds UNPAID_ORDERS_PER_CLIENT live orders."""
+
+    def __init__(self, held_by: HeldBy):
+        super().__init__(held_by)
+        self.held_by = held_by
 
 
 # The statements, built once with bound parameters and executed on the tables: building a
@@ -207,8 +222,11 @@ def _hold_client_slot(session, browser_id: str, email: str) -> None:
             ),
         )
     by_browser, by_email = session.execute(_LIVE_OF_CLIENT, dict(browser=browser_id, email=address)).one()
-    if max(by_browser, by_email) >= current_app.config["UNPAID_ORDERS_PER_CLIENT"]:
-        raise _TooManyUnpaid()
+    limit = current_app.config["UNPAID_ORDERS_PER_CLIENT"]
+    if by_browser >= limit:
+        raise _TooManyUnpaid(HeldBy.BROWSER)
+    if by_email >= limit:
+        raise _TooManyUnpaid(HeldBy.ADDRESS)
 
 
 def place_order(
@@ -259,8 +277,9 @@ def place_order(
             _take_stock(session, lines, now)
     except _CartClosed:
         return CheckoutRefused(Refusal.CART_CLOSED)
-    except _TooManyUnpaid:
-        return CheckoutRefused(Refusal.TOO_MANY_UNPAID, limit=current_app.config["UNPAID_ORDERS_PER_CLIENT"])
+    except _TooManyUnpaid as full:
+        limit = current_app.config["UNPAID_ORDERS_PER_CLIENT"]
+        return CheckoutRefused(Refusal.TOO_MANY_UNPAID, limit=limit, held_by=full.held_by)
     except _Shortfall:
         return CheckoutRefused(Refusal.OUT_OF_STOCK, shortages(lines, variants))
     return Placed(order_id, reference, token, email, total, currency, line_rows, now, ships)

@@ -1,5 +1,5 @@
 """Finding an order by a reference that came from outside (a URL, a form, a provider's event):
-the order store's `by_reference`, under the name the storefront and the console know; and the
+the order store's `by_reference`, under the name the console knows; and the
 order a browser's cart has just become (`just_ordered_by`)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""An operator corrects a variant's stock, with a reason: set it to a count, or adjust it by a
-delta. Checkouts decrement the same row at any moment (`on_hand = on_hand - n WHERE on_hand >= n`),
+"""An operator corrects a variant's stock, with a reason: from a shelf count, set it to a count,
+or adjust it by a delta. Checkouts decrement the same row at any moment (`on_hand = on_hand - n WHERE on_hand >= n`),
 so a correction never reads the count and writes back a number computed from it:
 
 - `adjust` is one UPDATE `on_hand = on_hand + delta WHERE on_hand + delta >= 0`: a checkout that
@@ -7,7 +7,11 @@ so a correction never reads the count and writes back a number computed from it:
 - `set` is a compare-and-set, `on_hand = new WHERE on_hand = <the count the operator saw>`: if a
   checkout took stock since the page was shown the correction is refused (`changed`), with the
   count now, rather than silently undoing that sale. A set that names no count seen (a script)
-  locks the row and replaces what it holds then, recording it as the old count.
+  locks the row and replaces what it holds then, recording it as the old count;
+- `count` is a shelf count: the shelf also holds what orders hold (`stock_held`), so on hand
+  becomes the count less that, read in the same transaction. It is the same compare-and-set,
+  guarded by the count seen and, when given, the held figure seen (a checkout moves units from
+  one to the other); a count below what orders hold is refused (`below_held`).
 
 Each correction is one row of `stock_corrections` (who, when, old -> new, why) in the same
 transaction, named by the submission's key: the same click sent twice corrects once.
@@ -21,14 +25,15 @@ from datetime import datetime
 from enum import StrEnum
 
 from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
 
 from ..domain.deadlines import utcnow
 from ..domain.restoration import MAX_ON_HAND
+from ..domain.results import SubmissionOutcome
 from ..extensions import db
 from ..models import InventoryItem, StockCorrection, Variant
 from ..outbox import uow
 from ..outbox.tables import table_of
+from .stock_held import Held, held_by_orders
 
 log = logging.getLogger("shop.orders")
 
@@ -38,20 +43,19 @@ _inventory = table_of(InventoryItem)
 class StockMode(StrEnum):
     SET = "set"
     ADJUST = "adjust"
+    COUNT = "count"  # a shelf count: on hand becomes it less what orders hold
 
 
-class CorrectionOutcome(StrEnum):
-    DONE = "done"
-    ALREADY = "already"  # this very submission was applied before
-    REFUSED = "refused"
-    MISSING = "missing"  # no such variant, or it has no inventory row
+CorrectionOutcome = SubmissionOutcome  # MISSING: no such variant, or it has no inventory row
 
 
 @dataclass
 class StockChange:
     """What `correct_stock` did. `why` for REFUSED: `no_reason`, `no_change` (a delta of 0, or
     the count it already is), `negative` (the stock would go below zero), `too_large`, `changed`
-    (a set whose seen count is no longer the count). `on_hand` is the count now."""
+    (a set or count whose seen figures are no longer the figures), `below_held` (a shelf count
+    below what orders hold). `on_hand` is the count now; `held` what orders hold (COUNT), read
+    with it; `count` the shelf count a COUNT was given."""
 
     outcome: CorrectionOutcome
     variant_id: int
@@ -60,6 +64,8 @@ class StockChange:
     new: int | None = None
     on_hand: int | None = None
     correction_id: int | None = None
+    held: Held | None = None
+    count: int | None = None
 
 
 def _problem(mode: StockMode, value: int, seen: int | None, reason: str) -> str | None:
@@ -67,9 +73,9 @@ def _problem(mode: StockMode, value: int, seen: int | None, reason: str) -> str 
         return "no_reason"
     if mode is StockMode.ADJUST and value == 0:
         return "no_change"
-    if mode is StockMode.SET and value < 0:
+    if mode is not StockMode.ADJUST and value < 0:
         return "negative"
-    if mode is StockMode.SET and value > MAX_ON_HAND or mode is StockMode.ADJUST and abs(value) > MAX_ON_HAND:
+    if abs(value) > MAX_ON_HAND:
         return "too_large"
     return None
 
@@ -84,19 +90,18 @@ def correct_stock(
     operator: str,
     request_key: str,
     now: datetime | None = None,
+    seen_held: int | None = None,
 ) -> StockChange:
-    """`value` is the new count (SET, guarded by `seen`, the count the operator was shown) or the
-    delta (ADJUST, + or -)."""
+    """`value` is the new count (SET, guarded by `seen`, the count the operator was shown), the
+    delta (ADJUST, + or -) or the shelf count (COUNT, guarded by `seen` and `seen_held`, what
+    orders held when the operator was shown the figures)."""
     now = now or utcnow()
     reason = (reason or "").strip()
-    try:
-        return _correct_once(variant_id, StockMode(mode), value, seen, reason, operator, request_key, now)
-    except IntegrityError:
-        # The same submission committed meanwhile (a double click racing itself): that one counts.
-        earlier = _earlier(request_key)
-        if earlier is None:
-            raise
-        return earlier
+    asked = _Asked(StockMode(mode), value, seen, seen_held, reason)
+    return uow.once_per_key(
+        lambda: _correct_once(variant_id, asked, operator, request_key, now),
+        lambda: _earlier(request_key),
+    )
 
 
 def _earlier(request_key: str) -> StockChange | None:
@@ -116,7 +121,56 @@ def _earlier(request_key: str) -> StockChange | None:
     )
 
 
-def _correct_once(variant_id, mode, value, seen, reason, operator, request_key, now) -> StockChange:
+@dataclass(frozen=True)
+class _Asked:
+    mode: StockMode
+    value: int
+    seen: int | None
+    seen_held: int | None
+    reason: str
+
+
+def _target(asked: _Asked, on_hand: int, seen: int | None, held: Held | None) -> tuple[int, str | None]:
+    """The count on hand should become (SET, COUNT) or the delta (ADJUST), or why not."""
+    mode, value = asked.mode, asked.value
+    problem = _problem(mode, value, seen, asked.reason)
+    if problem is not None or mode is StockMode.ADJUST:
+        return value, problem
+    if on_hand != seen or held is not None and asked.seen_held not in (None, held.total):
+        return value, "changed"
+    target = value
+    if held is not None:
+        if value < held.total:
+            return value, "below_held"
+        target = value - held.total
+    return target, "no_change" if target == seen else None
+
+
+def _update(variant_id: int, asked: _Asked, target: int, seen: int | None, now: datetime):
+    if asked.mode is StockMode.ADJUST:
+        return (
+            update(_inventory)
+            .where(
+                _inventory.c.variant_id == variant_id,
+                _inventory.c.on_hand + target >= 0,
+                _inventory.c.on_hand + target <= MAX_ON_HAND,
+            )
+            .values(on_hand=_inventory.c.on_hand + target, updated_at=now)
+        )
+    return (
+        update(_inventory)
+        .where(_inventory.c.variant_id == variant_id, _inventory.c.on_hand == seen)
+        .values(on_hand=target, updated_at=now)
+    )
+
+
+def _on_hand(session, variant_id: int, *, lock: bool = False) -> int:
+    query = select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)
+    return session.execute(query.with_for_update() if lock else query).scalar_one()
+
+
+def _correct_once(variant_id: int, asked: _Asked, operator, request_key, now) -> StockChange:
+    mode = asked.mode
     with uow.transaction() as session:
         earlier = _earlier(request_key)
         if earlier is not None:
@@ -124,52 +178,46 @@ def _correct_once(variant_id, mode, value, seen, reason, operator, request_key, 
         current = session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).first()
         if current is None or session.get(Variant, variant_id) is None:
             return StockChange(CorrectionOutcome.MISSING, variant_id)
-        if mode is StockMode.SET and seen is None:
+        on_hand, seen = current.on_hand, asked.seen
+        if mode is not StockMode.ADJUST and seen is None:
             # A count set without the count it replaces: the row is locked and the set applies to
             # what it holds now (a checkout that committed first is in the `old` it records).
-            seen = session.execute(
-                select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id).with_for_update()
-            ).scalar_one()
-        problem = _problem(mode, value, seen, reason)
-        if problem is None and mode is StockMode.SET and value == seen:
-            problem = "no_change"
+            on_hand = seen = _on_hand(session, variant_id, lock=True)
+        held = held_by_orders(variant_id) if mode is StockMode.COUNT else None
+        target, problem = _target(asked, on_hand, seen, held)
         if problem is not None:
-            return StockChange(CorrectionOutcome.REFUSED, variant_id, problem, on_hand=current.on_hand)
-        if mode is StockMode.ADJUST:
-            statement = (
-                update(_inventory)
-                .where(
-                    _inventory.c.variant_id == variant_id,
-                    _inventory.c.on_hand + value >= 0,
-                    _inventory.c.on_hand + value <= MAX_ON_HAND,
-                )
-                .values(on_hand=_inventory.c.on_hand + value, updated_at=now)
-            )
-        else:
-            statement = (
-                update(_inventory)
-                .where(_inventory.c.variant_id == variant_id, _inventory.c.on_hand == seen)
-                .values(on_hand=value, updated_at=now)
-            )
-        new = session.execute(statement.returning(_inventory.c.on_hand)).scalar_one_or_none()
+            return StockChange(CorrectionOutcome.REFUSED, variant_id, problem, on_hand=on_hand, held=held)
+        new = session.execute(
+            _update(variant_id, asked, target, seen, now).returning(_inventory.c.on_hand)
+        ).scalar_one_or_none()
         if new is None:
-            now_on_hand = session.execute(
-                select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)
-            ).scalar_one()
-            why = "changed" if mode is StockMode.SET else ("negative" if value < 0 else "too_large")
-            return StockChange(CorrectionOutcome.REFUSED, variant_id, why, on_hand=now_on_hand)
-        old = new - value if mode is StockMode.ADJUST else seen
+            why = "changed" if mode is not StockMode.ADJUST else ("negative" if target < 0 else "too_large")
+            return StockChange(CorrectionOutcome.REFUSED, variant_id, why, on_hand=_on_hand(session, variant_id))
+        old = new - target if mode is StockMode.ADJUST else seen
+        assert old is not None
         row = StockCorrection(
             variant_id=variant_id,
             operator=operator,
             mode=mode.value,
             old_on_hand=old,
             new_on_hand=new,
-            reason=reason,
+            reason=asked.reason,
             request_key=request_key,
             created_at=now,
         )
         session.add(row)
         session.flush()
-        log.warning("variant %s: stock corrected by %s from %s to %s (%s)", variant_id, operator, old, new, reason)
-        return StockChange(CorrectionOutcome.DONE, variant_id, old=old, new=new, on_hand=new, correction_id=row.id)
+        log.warning(
+            "variant %s: stock corrected by %s from %s to %s (%s)", variant_id, operator, old, new, asked.reason
+        )
+        count = asked.value if mode is StockMode.COUNT else None
+        return StockChange(
+            CorrectionOutcome.DONE,
+            variant_id,
+            old=old,
+            new=new,
+            on_hand=new,
+            correction_id=row.id,
+            held=held,
+            count=count,
+        )

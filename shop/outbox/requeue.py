@@ -7,29 +7,19 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from flask import current_app
 from sqlalchemy import update
 
 from ..domain.deadlines import FAILURE_PROVIDER, utcnow
 from ..extensions import db
 from ..models import WorkStatus
 from .tables import rows_matched
+from .writer import fresh_budget
 
 
 def _fresh_budget(now: datetime) -> dict:
-    """A dead row run again by an operator: pending and due now, with a fresh attempt budget."""
-    return dict(
-        status=WorkStatus.PENDING,
-        attempts=0,
-        max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
-        failure_kind=None,
-        provider_waits=0,
-        next_attempt_at=now,
-        enqueued_at=now,
-        claimed_by=None,
-        claimed_until=None,
-        updated_at=now,
-    )
+    """A dead row run again by an operator: pending and due now, with a fresh attempt budget,
+    its failures and its last claim forgotten."""
+    return dict(**fresh_budget(now, now), failure_kind=None, provider_waits=0, claimed_by=None, claimed_until=None)
 
 
 def retry_dead(model, work_id: int, now: datetime | None = None) -> bool:

@@ -1,14 +1,35 @@
 """One use case = one transaction. `transaction()` commits the session (the state changes and
 the outbox rows written beside them, in one commit), and only then tells Redis. Every use case
-commits through it; `commit` and `rollback` are its parts."""
+commits through it; `commit` and `rollback` are its parts. `once_per_key` answers an operator's
+submission that lost the race for its request key with what the winner did."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import TypeVar
+
+from sqlalchemy.exc import IntegrityError
 
 from .. import queue
 from ..extensions import db
 from .announce import announce_or_leave_to_relay
+
+Answer = TypeVar("Answer")
+
+
+def once_per_key(attempt: Callable[[], Answer], earlier: Callable[[], Answer | None]) -> Answer:
+    """An operator's submission done at most once per request key: `attempt()`, and when its
+    commit lost to another with the same key (a double click racing itself: the key's unique
+    index refused this one, which rolled back whole), what `earlier()` says the winner did. An
+    IntegrityError that no earlier submission explains is raised."""
+    try:
+        return attempt()
+    except IntegrityError:
+        found = earlier()
+        if found is None:
+            raise
+        return found
 
 
 def commit(session) -> None:

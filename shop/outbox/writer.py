@@ -153,13 +153,8 @@ def write_events(session, events, now: datetime | None = None) -> list[int]:
                         event_id=event_id,
                         handler=handler,
                         order_id=event.order_id,
-                        status=WorkStatus.PENDING,
-                        attempts=0,
-                        max_attempts=max_attempts,
-                        next_attempt_at=now,
-                        enqueued_at=now,
+                        **fresh_budget(now, now),
                         created_at=now,
-                        updated_at=now,
                         request_id=request_id,
                     ),
                 ).scalar_one()
@@ -178,6 +173,20 @@ def write_events(session, events, now: datetime | None = None) -> list[int]:
     return delivery_ids
 
 
+def fresh_budget(due_at: datetime, now: datetime) -> dict:
+    """The columns of outbox work that is to be done (again) from scratch: pending and due at
+    `due_at`, with none of its OUTBOX_MAX_ATTEMPTS spent, enqueued `now`. A new delivery or
+    command is written with them, and a dead row an operator runs again is set back to them."""
+    return dict(
+        status=WorkStatus.PENDING,
+        attempts=0,
+        max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
+        next_attempt_at=due_at,
+        enqueued_at=now,
+        updated_at=now,
+    )
+
+
 def schedule_command(
     session,
     kind: CommandKind,
@@ -194,13 +203,8 @@ def schedule_command(
             kind=kind,
             order_id=order_id,
             payload=payload or {},
-            status=WorkStatus.PENDING,
-            attempts=0,
-            max_attempts=current_app.config["OUTBOX_MAX_ATTEMPTS"],
-            next_attempt_at=due_at,
-            enqueued_at=now,
+            **fresh_budget(due_at, now),
             created_at=now,
-            updated_at=now,
             request_id=logs.request_id(),
         ),
     ).scalar_one()

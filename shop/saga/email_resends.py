@@ -14,14 +14,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
 from .. import emails
 from ..domain.deadlines import utcnow
 from ..domain.order import cancelled_because
+from ..domain.results import SubmissionOutcome
 from ..extensions import db
 from ..models import CommandKind, EmailResend, Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
 from ..outbox import schedule_command, uow
@@ -37,6 +36,7 @@ EMAIL_NAMES = {
     "payment_failed": "Payment failed",
     "refund_issued": "Refund issued",
     "refund_failed": "Refund did not go through",
+    "order_link": "Link to the order waiting for payment (asked for at checkout)",
 }
 
 
@@ -89,11 +89,7 @@ def sent_emails(order_id: int) -> list[SentEmail]:
     return sorted(found, key=lambda e: (e.sent_at is None, e.sent_at or datetime.min, e.work_id))
 
 
-class ResendOutcome(StrEnum):
-    DONE = "done"
-    ALREADY = "already"  # this very submission was sent before: nothing more
-    REFUSED = "refused"
-    MISSING = "missing"  # no such order
+ResendOutcome = SubmissionOutcome  # MISSING: no such order
 
 
 @dataclass
@@ -109,16 +105,20 @@ class Resend:
 
 
 def resend_email(
-    order_id: int, template: str, *, operator: str, request_key: str, now: datetime | None = None
+    order_id: int,
+    template: str,
+    *,
+    operator: str,
+    request_key: str,
+    now: datetime | None = None,
+    to: str | None = None,
 ) -> Resend:
+    """Send the order's `template` email again, once per `request_key`; to `to` when the operator
+    gave another address than the order's (it is in the command's payload, not on the order)."""
     now = now or utcnow()
-    try:
-        return _resend_once(order_id, template, operator, request_key, now)
-    except IntegrityError:
-        earlier = _earlier(request_key)
-        if earlier is None:
-            raise
-        return earlier
+    return uow.once_per_key(
+        lambda: _resend_once(order_id, template, operator, request_key, now, to), lambda: _earlier(request_key)
+    )
 
 
 def _earlier(request_key: str) -> Resend | None:
@@ -128,7 +128,9 @@ def _earlier(request_key: str) -> Resend | None:
     return Resend(ResendOutcome.ALREADY, row.order_id, row.template, command_id=row.command_id)
 
 
-def _resend_once(order_id: int, template: str, operator: str, request_key: str, now: datetime) -> Resend:
+def _resend_once(
+    order_id: int, template: str, operator: str, request_key: str, now: datetime, to: str | None
+) -> Resend:
     with uow.transaction() as session:
         earlier = _earlier(request_key)
         if earlier is not None:
@@ -145,7 +147,7 @@ def _resend_once(order_id: int, template: str, operator: str, request_key: str, 
             CommandKind.SEND_EMAIL,
             now,
             order_id=order_id,
-            payload={"template": template, "resent_by": operator},
+            payload={"template": template, "resent_by": operator, **({"to": to} if to else {})},
             now=now,
         )
         session.add(
@@ -159,5 +161,12 @@ def _resend_once(order_id: int, template: str, operator: str, request_key: str, 
             )
         )
         session.flush()
-        log.warning("order %s: %s sent the %s email again (cmd-%s)", order.reference, operator, template, command_id)
+        log.warning(
+            "order %s: %s sent the %s email again%s (cmd-%s)",
+            order.reference,
+            operator,
+            template,
+            " to another address" if to else "",
+            command_id,
+        )
         return Resend(ResendOutcome.DONE, order_id, template, command_id=command_id)

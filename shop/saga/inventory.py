@@ -87,7 +87,9 @@ def restore_inventory(event: OrderCancelled, now: datetime) -> RestoreOutcome:
         return RestoreOutcome.GONE
     reference, status, restored, version = rows[0][:4]
     logs.learn(order_ref=reference)
-    order = LoadedOrder(event.order_id, reference, status, version, inventory_restored=bool(restored))
+    order = LoadedOrder(
+        event.order_id, reference, status, version, inventory_restored=bool(restored), cancel_reason=event.reason
+    )
     if order.inventory_restored:
         return RestoreOutcome.ALREADY_RESTORED
     if order.status is not OrderStatus.CANCELLED:

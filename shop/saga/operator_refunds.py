@@ -14,14 +14,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
 from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
 from ..domain.refunds import charged_for, refund_amount_problem, refundable
+from ..domain.results import SubmissionOutcome
 from ..extensions import db
 from ..models import Order, Refund
 from ..outbox import uow
@@ -32,11 +31,7 @@ from .inventory import RestoreOutcome, restock_paid_order
 log = logging.getLogger("shop.saga")
 
 
-class RefundOutcome(StrEnum):
-    DONE = "done"
-    ALREADY = "already"  # this very submission was refunded before: nothing more
-    REFUSED = "refused"
-    MISSING = "missing"  # no such order
+RefundOutcome = SubmissionOutcome  # MISSING: no such order
 
 
 @dataclass
@@ -88,15 +83,17 @@ def refund_order(
 ) -> OrderRefund:
     """`amount` in minor units, None for all that is left."""
     now = now or utcnow()
-    try:
-        return _refund_once(order_id, amount, (reason or "").strip(), restock, request_key, operator, now)
-    except IntegrityError:
-        # The same key committed meanwhile by a submission that did not wait on the order's lock:
-        # this one rolled back whole (its restock included); the other's refund is the answer.
-        earlier = db.session.execute(select(Refund).where(Refund.request_key == request_key)).scalar_one_or_none()
-        if earlier is None:
-            raise
-        return _already(order_id, earlier)
+    # The same key committed meanwhile by a submission that did not wait on the order's lock:
+    # this one rolled back whole (its restock included); the other's refund is the answer.
+    return uow.once_per_key(
+        lambda: _refund_once(order_id, amount, (reason or "").strip(), restock, request_key, operator, now),
+        lambda: _earlier(order_id, request_key),
+    )
+
+
+def _earlier(order_id: int, request_key: str) -> OrderRefund | None:
+    earlier = db.session.execute(select(Refund).where(Refund.request_key == request_key)).scalar_one_or_none()
+    return None if earlier is None else _already(order_id, earlier)
 
 
 def _already(order_id: int, earlier: Refund) -> OrderRefund:

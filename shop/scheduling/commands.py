@@ -26,8 +26,12 @@ def _expire(row: ScheduledCommand, now: datetime) -> None:
 def _send_email(row: ScheduledCommand, now: datetime) -> None:
     # An email that would no longer be true (the order moved on since it was queued: "your
     # items are held, try again" after the customer cancelled, say) is not sent.
+    # `to`: an operator sent it to another address than the order's (saga.email_resends).
     emails.send(
-        _order_id(row), row.payload.get("template"), key=f"order-{row.order_id}-{row.payload.get('template')}-{row.id}"
+        _order_id(row),
+        row.payload.get("template"),
+        key=f"order-{row.order_id}-{row.payload.get('template')}-{row.id}",
+        to=row.payload.get("to"),
     )
 
 

@@ -50,6 +50,7 @@ class LoadedOrder(OrderRules):
     shipping_details: dict | None = None  # where to send them, as the provider collected it
     tax: int | None = None  # what the accepted payment charged: written with it
     charged: int | None = None
+    cancel_reason: str | None = None  # set by the cancel transition, saved with it
 
     @classmethod
     def of(cls, row: Order, *, lines: bool = False) -> LoadedOrder:

@@ -143,10 +143,14 @@ TRANSITIONS = {
         ("status", "last_payment_error"),
     ),
     # `watch_from` starts the sweep's late-money watch of the order (None: only if an async payment
-    # was settling, which then becomes the watch, since when it settled).
+    # was settling, which then becomes the watch, since when it settled). Why and when it was
+    # cancelled go on the row with it: the reason its OrderCancelled event carries, at that event's
+    # time (`now`), so the order's pages read the row and never the events.
     T.CANCEL: (
         _guarded(T.CANCEL).values(
             status=_v("status"),
+            cancel_reason=_v("cancel_reason"),
+            cancelled_at=bindparam("now", type_=_orders.c.cancelled_at.type),
             payment_queued_at=None,
             payment_processing_at=None,
             late_money_watch_since=func.coalesce(
@@ -155,11 +159,19 @@ TRANSITIONS = {
                 bindparam("watch_from", type_=_orders.c.late_money_watch_since.type),
             ),
         ),
-        ("status",),
+        ("status", "cancel_reason"),
     ),
+    # A cancel saved by an older release (an old web still serving during an upgrade's roll) left
+    # why and when empty: the compensation of its OrderCancelled fills them in, the reason from the
+    # event and the time from the cancel's own write (the row's updated_at before this one).
     T.MARK_INVENTORY_RESTORED: (
-        _guarded(T.MARK_INVENTORY_RESTORED).values(inventory_restored=True, updated_at=_NOW),
-        (),
+        _guarded(T.MARK_INVENTORY_RESTORED).values(
+            inventory_restored=True,
+            updated_at=_NOW,
+            cancel_reason=func.coalesce(_orders.c.cancel_reason, _v("cancel_reason")),
+            cancelled_at=func.coalesce(_orders.c.cancelled_at, _orders.c.updated_at),
+        ),
+        ("cancel_reason",),
     ),
     # Not a state change a paid order's age counts from: updated_at stays.
     T.RESTOCK_PAID: (

@@ -26,10 +26,12 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import select, update
+from sqlalchemy.orm import selectinload
 from sqlalchemy.orm.exc import StaleDataError
 
 from .. import logs
+from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus, Transition
 from ..extensions import db
 from ..models import Order
@@ -110,6 +112,19 @@ def by_reference(reference: str | None) -> Order | None:
     return db.session.execute(select(Order).where(Order.reference == reference)).scalar_one_or_none()
 
 
+def of_browser(browser_id: str) -> list[Order]:
+    """The mapped orders a browser placed, newest first, for display: with their lines and refunds
+    (one query each for all of them, not one per order)."""
+    return list(
+        db.session.execute(
+            select(Order)
+            .where(Order.browser_id == browser_id)
+            .order_by(Order.created_at.desc(), Order.id.desc())
+            .options(selectinload(Order.lines), selectinload(Order.refunds))
+        ).scalars()
+    )
+
+
 def read_by_reference(reference: str | None) -> LoadedOrder | None:
     row = by_reference(reference)
     return None if row is None else _known(LoadedOrder.of(row))
@@ -186,9 +201,11 @@ def save(
     """Write the transition the snapshot has just made, guarded by the version it was read at, and
     its events to the outbox, in the caller's transaction. Raises LostRace when the order moved
     meanwhile; on success the snapshot is at the new version. `events`: the transition's own, as
-    its `Ok` returned them."""
+    its `Ok` returned them. `now`, the write's time (the clock's when None), is its events' time,
+    and a cancel's `cancelled_at`."""
     statement, columns = TRANSITIONS[transition]
     session = db.session
+    now = now if now is not None else utcnow()
     params = {"order": order.id, "seen": order.version, "now": now, "watch_from": watch_from}
     params.update((f"v_{c}", getattr(order, c)) for c in columns)
     if rows_matched(session.execute(statement, params)) != 1:
@@ -228,3 +245,15 @@ def note_declined(order_id: int, attempt: int, words: str, at: datetime) -> bool
     result = db.session.execute(NOTES[Note.DECLINED], {"order": order_id, "at": at, "attempt": attempt, "words": words})
     _forget_loaded(db.session, order_id)
     return rows_matched(result) == 1
+
+
+def change_email(order_id: int, email: str) -> str | None:
+    """The order's address replaced (an operator's correction), in the caller's transaction: not a
+    state change, so no version bump. The address it had, or None when there is no such order."""
+    session = db.session
+    old = session.execute(select(Order.email).where(Order.id == order_id).with_for_update()).scalar_one_or_none()
+    if old is None:
+        return None
+    session.execute(update(Order).where(Order.id == order_id).values(email=email))
+    _forget_loaded(session, order_id)
+    return old

@@ -1,6 +1,6 @@
 """The storefront: catalog, cart, checkout, order pages, payment return."""
 
-from . import cart, routes, throttle  # noqa: F401  (cart and routes register on bp)
+from . import cart, order_links, routes, throttle  # noqa: F401  (cart, order_links and routes register on bp)
 from .blueprint import bp
 
 
@@ -8,3 +8,4 @@ def init_app(app) -> None:
     app.register_blueprint(bp)
     # After the blueprint: the throttle wraps the return page's registered view.
     throttle.init_app(app)
+    order_links.init_app(app)

@@ -90,10 +90,14 @@ def render_cart(
     field: str | None = None,
     over=None,
     ordered: tuple[str, str] | None = None,
+    unpaid: dict | None = None,
+    suggestion: dict | None = None,
 ):
     """The cart page. `field` names the input an error concerns ("email", "quantity-<variant id>"):
     the page shows the error beside it instead of in the banner. `ordered`: (reference, order page)
-    of the order this cart has just become, which a second checkout of it points at."""
+    of the order this cart has just become, which a second checkout of it points at. `unpaid`:
+    whose orders filled UNPAID_ORDERS_PER_CLIENT and where to go from there (order_links).
+    `suggestion`: the address as typed and the one probably meant (email_typos)."""
     cart = _open_cart()
     data = _cart_data(cart)
     if error:
@@ -102,6 +106,10 @@ def render_cart(
         data["reference"], data["order_url"] = ordered
     if shortages:
         data["shortages"] = shortages
+    if unpaid:
+        data["unpaid_limit"] = unpaid
+    if suggestion:
+        data["suggested_email"] = suggestion["suggested"]
     if over:
         data["over_limit"] = over  # lines over MAX_LINE_QUANTITY, as a refused checkout found them
     # A line asking for more than is left blocks checkout until it is reduced or removed.
@@ -116,6 +124,7 @@ def render_cart(
         action=ActionForm(),
         error_field=field,
         short=short,
+        suggestion=suggestion,
         address=url_for("storefront.cart"),
     )
     return at_address(response, url_for("storefront.cart"))

@@ -43,16 +43,28 @@ class QuantityForm(Form):
     quantity = QuantityField("Quantity", validators=[LineQuantity()])
 
 
-class CheckoutForm(Form):
-    email = EmailField(
+def _email_field(missing: str) -> EmailField:
+    return EmailField(
         "Email",
         validators=[
-            DataRequired(message="Enter your email so we can send your receipt."),
+            DataRequired(message=missing),
             # The length first: it is the limit the input's maxlength holds, said with its number.
             Length(max=254, message="An email address is at most 254 characters long."),
             Email(message="That does not look like an email address.", check_deliverability=False),
         ],
     )
+
+
+class CheckoutForm(Form):
+    email = _email_field("Enter your email so we can send your receipt.")
+    # The address the customer chose to keep over a "did you mean" (email_typos): not asked again.
+    kept_email = HiddenField()
+
+
+class OrderLinksForm(Form):
+    """The address whose orders waiting for payment get their links emailed (order_links)."""
+
+    email = _email_field("Enter the email address to send the links to.")
 
 
 class CancelForm(Form):

@@ -10,26 +10,27 @@ from typing import TypeGuard
 from flask import flash, jsonify, redirect, request, url_for
 from sqlalchemy import select
 
-from .. import emails
 from ..domain.order import LIVE, OrderStatus
-from ..domain.timestamps import iso
 from ..errors import OrderNotFound
 from ..extensions import db
 from ..models import Cart, CartState, Order
 from ..orders.cancel import CancelStatus, cancel_order
 from ..orders.checkout import CheckoutRefused, Refusal, place_order
-from ..orders.lookup import just_ordered_by, order_by_reference
+from ..orders.lookup import just_ordered_by
 from ..payments.apply import Outcome, ask_and_apply
 from ..payments.checkout_queue import expected_wait_seconds, place_in_line
 from ..payments.start import StartCode, StartOutcome, StartStatus, joined_line, line_is_held, start_payment
 from ..provider import gateway
+from ..store import order_store
 from ..web.answers import answer_if_later_fails, at_address, browser_id, respond, wants_json
-from ..web.serialize import in_line, keeps_changing, order_json, order_summary_json, watch_state
-from ..web.words import badge, cancel_conflict_words
+from ..web.serialize import OrderView, PaymentStatus
+from ..web.words import cancel_conflict_words
 from .blueprint import bp
 from .cart import render_cart
 from .cart_words import EMPTY_CART, JUST_ORDERED, checkout_refusal_words
+from .email_typos import typo_hint
 from .forms import ActionForm, CancelForm, CheckoutForm, first_error
+from .order_links import unpaid_limit
 from .payment_words import cancel_refusal_words, start_words
 
 # A cart that conflicts with the stock, with itself, or with the customer's other orders: 409.
@@ -53,6 +54,9 @@ def checkout():
             form=form,
             field="email" if form.email.errors and "csrf_token" not in form.errors else None,
         )
+    hint = typo_hint(form)  # "did you mean ...@gmail.com?": asked once, before anything is placed
+    if hint is not None:
+        return hint
     # The cart's id only: place_order reads the lines itself and refuses an empty cart.
     bid = browser_id(create=False)
     cart_id = (
@@ -77,11 +81,13 @@ def checkout():
             if answer is not None:
                 return answer
         status = _REFUSAL_STATUS.get(result.code, 400)
-        detail = checkout_refusal_words(result)
+        detail = checkout_refusal_words(result, email)
         field = {Refusal.OUT_OF_STOCK: "stock", Refusal.UNAVAILABLE: "stock", Refusal.EMPTY_CART: "empty"}.get(
             result.code
         )
-        return render_cart(status, detail, result.shortages, form=form, field=field, over=result.over)
+        unpaid = unpaid_limit(result, email)
+        field = "unpaid" if unpaid else field  # the cart page says it with its link or button
+        return render_cart(status, detail, result.shortages, form=form, field=field, over=result.over, unpaid=unpaid)
     order_url = url_for("storefront.order_page", reference=result.reference)
     # The order is placed and this browser owns it: whatever fails from here (the database lost
     # under the payment's start), the customer is sent to the order, which offers "Pay now".
@@ -153,7 +159,7 @@ def _see_other(location: str, data: dict):
 def _owned_order(reference: str) -> Order:
     """The order, if this browser placed it or the request carries its access token; else 404
     (not 403: another browser must not even learn that the reference exists)."""
-    order = order_by_reference(reference)
+    order = order_store.by_reference(reference)
     if order is None:
         raise OrderNotFound()
     token = request.values.get("token") or ""
@@ -169,20 +175,11 @@ def _owned_order(reference: str) -> Order:
 def orders():
     """This browser's orders, newest first."""
     bid = browser_id(create=False)
-    rows = (
-        []
-        if bid is None
-        else db.session.execute(
-            select(Order).where(Order.browser_id == bid).order_by(Order.created_at.desc(), Order.id.desc())
-        )
-        .scalars()
-        .all()
-    )
+    views = [] if bid is None else [OrderView.of(row) for row in order_store.of_browser(bid)]
     if wants_json():
-        return respond("storefront/orders.html", {"orders": [order_summary_json(o) for o in rows]})
+        return respond("storefront/orders.html", {"orders": [v.summary_json() for v in views]})
     # The same badge as each order's own page says (a settling payment, an expired order).
-    shown = [dict(order_summary_json(o), badge=badge(_shown_order_json(o))) for o in rows]
-    return respond("storefront/orders.html", {"orders": shown})
+    return respond("storefront/orders.html", {"orders": [dict(v.summary_json(), badge=v.badge) for v in views]})
 
 
 @bp.get("/orders/<reference>")
@@ -190,54 +187,38 @@ def order_page(reference: str):
     """One order's status, lines, payment and refunds. `?continue=1` (what the page of an order in
     line reloads to when the browser runs no script) goes on to the hosted payment page once the
     order has one."""
-    order = _owned_order(reference)
+    view = OrderView.of(_owned_order(reference))
     if (
         request.args.get("continue")
-        and order.status is OrderStatus.PAYMENT_INITIATED
-        and order.payment_session_url
-        and order.payment_processing_at is None
+        and view.status is OrderStatus.PAYMENT_INITIATED
+        and view.payment_session_url
+        and view.payment_status is not PaymentStatus.PROCESSING
     ):
-        return redirect(order.payment_session_url, 303)
-    return _render_order(order)
+        return redirect(view.payment_session_url, 303)
+    return _render_order(view)
 
 
-def _shown_order_json(order: Order) -> dict:
-    """The order's JSON, with why and when it was cancelled for a cancelled one, and its place in
-    line for one waiting for its payment page (`line`: orders ahead, and the wait the provider's
-    budget implies)."""
-    data = order_json(order)
-    # Refunds the shop settled with the customer outside the payment provider (an operator's
-    # record), for the page's words and badge: the provider still calls them failed.
-    settled = [r.id for r in order.refunds if r.settled_at is not None]
-    if settled:
-        data["refunds_settled"] = settled
-    if order.status is OrderStatus.CANCELLED:
-        why, at = emails.cancellation(order)
-        data["cancelled_because"], data["cancelled_at"] = why, iso(at)
-    if in_line(order):
-        ahead = place_in_line(order)
+def _render_order(view: OrderView, status: int = 200, error: str | None = None):
+    """The order page (JSON: the order's, with why and when it was cancelled for a cancelled one,
+    and its place in line for one waiting for its payment page: `line`, orders ahead and the wait
+    the provider's budget implies)."""
+    data = view.shown_json()
+    if view.in_line:
+        ahead = place_in_line(view)
         assert ahead is not None, "an order in line has a place in it"
         data["line"] = {"ahead": ahead, "wait_seconds": round(expected_wait_seconds(ahead), 1)}
-    return data
-
-
-def _render_order(order: Order, status: int = 200, error: str | None = None):
-    data = _shown_order_json(order)
     if error:
         data["error"] = error
     token = request.values.get("token")
-    address = url_for("storefront.order_page", reference=order.reference, token=token or None)
+    address = url_for("storefront.order_page", reference=view.reference, token=token or None)
     response = respond(
         "storefront/order.html",
         data,
         status,
-        order=order,
-        cancel_form=CancelForm(),
-        action=ActionForm(),
+        order=view,
         token=token,
-        OrderStatus=OrderStatus,
-        badge=badge(data),
-        watch_state=watch_state(data) if keeps_changing(data) else None,
+        badge=view.badge,
+        watch_state=view.watch_state if view.keeps_changing else None,
         address=address,
     )
     return at_address(response, address)
@@ -249,7 +230,7 @@ def pay(reference: str):
     order = _owned_order(reference)
     form = ActionForm()
     if not form.validate():
-        return _render_order(order, 400, first_error(form))
+        return _render_order(OrderView.of(order), 400, first_error(form))
     started = start_payment(order.id)
     if started.status is StartStatus.STARTED:
         assert started.url is not None, "a started payment has its page"
@@ -265,7 +246,7 @@ def pay(reference: str):
     order = _reread(order)
     status = 503 if started.status is StartStatus.UNAVAILABLE else 409
     # The page itself shows the message (no flash too: it would show twice, and again later).
-    return _render_order(order, status, start_words(started))
+    return _render_order(OrderView.of(order), status, start_words(started))
 
 
 @bp.get("/orders/<reference>/cancel")
@@ -278,13 +259,12 @@ def confirm_cancel(reference: str):
     if order.status not in LIVE:
         return redirect(url_for("storefront.order_page", reference=order.reference, token=token), 303)
     version = request.args.get("version", type=int)
-    data = order_json(order)
+    view = OrderView.of(order)
     return respond(
         "storefront/cancel.html",
-        data,
-        order=order,
+        view.json(),
         token=token,
-        version=version if version is not None else order.version,
+        version=version if version is not None else view.version,
     )
 
 
@@ -294,7 +274,7 @@ def cancel(reference: str):
     order = _owned_order(reference)
     form = CancelForm()
     if not form.validate():
-        return _render_order(order, 400, first_error(form))
+        return _render_order(OrderView.of(order), 400, first_error(form))
     outcome = cancel_order(order.id, form.version.data)
     # `order` is the mapped row: a cancel that rolled back (or saved) expired it, so it reads the
     # order as it is now.
@@ -304,7 +284,7 @@ def cancel(reference: str):
         page = url_for("storefront.order_page", reference=reference, token=request.values.get("token") or None)
         answer_if_later_fails(lambda: _cancelled_answer(reference, page, done))
         if wants_json():
-            return _render_order(_reread(order))
+            return _render_order(OrderView.of(_reread(order)))
         flash(done)
         return redirect(page, 303)
     message = (
@@ -312,7 +292,7 @@ def cancel(reference: str):
         if outcome.status is CancelStatus.CONFLICT
         else cancel_refusal_words(outcome.code, outcome.message)
     )
-    return _render_order(order, 409, message)
+    return _render_order(OrderView.of(order), 409, message)
 
 
 def _cancelled_answer(reference: str, page: str, done: str):
@@ -354,7 +334,7 @@ def checkout_return():
     the answer's timing is the visitor's to spend or read (and the throttle bounds the rest)."""
     reference = request.args.get("order", "")
     session_id = request.args.get("session_id", "")
-    order = order_by_reference(reference)
+    order = order_store.by_reference(reference)
     if not _is_own_session(order, session_id):
         raise OrderNotFound()
     owner = order.browser_id == browser_id(create=False)

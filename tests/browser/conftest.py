@@ -31,27 +31,42 @@ ACTION_TIMEOUT_MS = 15_000
 
 
 @pytest.fixture(scope="module")
-def browser():
-    """One chromium per test module (it takes seconds to start), closed before other modules run."""
+def chromium():
+    """One chromium per test module (it takes seconds to start), closed before other modules run.
+    (The `browser` of tests/conftest.py is the shopper over HTTP, not this.)"""
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium); browser tests need it")
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     # expect() has its own 5 s default; a loaded CI machine needs the same bound as actions.
     sync_api.expect.set_options(timeout=ACTION_TIMEOUT_MS)
     with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
 
 
 @pytest.fixture
-def page(browser):
-    """A fresh browser profile (no cookies: a new customer or operator) for each test."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(ACTION_TIMEOUT_MS)
-    page = context.new_page()
-    yield page
-    context.close()
+def new_page(chromium):
+    """Opens a page in a fresh browser profile (no cookies: a new customer or operator) made with
+    playwright's context options (`viewport`, `is_mobile`, `accept_downloads`, ...), its actions
+    bound by ACTION_TIMEOUT_MS; every profile it opened is closed after the test."""
+    contexts = []
+
+    def open_page(**options):
+        context = chromium.new_context(**options)
+        context.set_default_timeout(ACTION_TIMEOUT_MS)
+        contexts.append(context)
+        return context.new_page()
+
+    yield open_page
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture
+def page(new_page):
+    """A fresh browser profile at a desktop size for each test."""
+    return new_page(viewport={"width": 1280, "height": 900})
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ def _paid_order_with_its_webhook(app, sandbox) -> int:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_the_cards_and_the_evidence_pages_work_and_pass_axe(browser, shop, sandbox, width, screenshot_dir):
+def test_the_cards_and_the_evidence_pages_work_and_pass_axe(new_page, shop, sandbox, width, screenshot_dir):
     pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
     app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     with app.app_context():
@@ -77,9 +77,7 @@ def test_the_cards_and_the_evidence_pages_work_and_pass_axe(browser, shop, sandb
         db.session.commit()
         db.session.remove()
 
-    context = browser.new_context(viewport=WIDTHS[width], is_mobile=width == "phone")
-    context.set_default_timeout(15_000)
-    page = context.new_page()
+    page = new_page(viewport=WIDTHS[width], is_mobile=width == "phone")
     found: dict[str, list] = {}
 
     def check(name: str) -> None:
@@ -90,44 +88,41 @@ def test_the_cards_and_the_evidence_pages_work_and_pass_axe(browser, shop, sandb
             fit = page.evaluate(OVERFLOW, WIDTHS[width]["width"])
             assert fit["doc"][0] <= fit["doc"][1] and not fit["out"], (name, fit)
 
-    try:
-        page.goto(f"{base_url}/console/login")
-        page.get_by_label("Email").fill("ops@example.com")
-        page.get_by_label("Password").fill("correct horse battery")
-        page.get_by_role("button", name="Log in").click()
-        page.wait_for_url(f"{base_url}/console/")
+    page.goto(f"{base_url}/console/login")
+    page.get_by_label("Email").fill("ops@example.com")
+    page.get_by_label("Password").fill("correct horse battery")
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(f"{base_url}/console/")
 
-        summary = page.locator("#needs-human")
-        assert "need" in summary.inner_text() and "Webhooks" in summary.inner_text()
-        webhooks = page.locator("#card-rejected_webhooks")
-        assert "needs a human" in webhooks.inner_text() and "198.51.100.23" in webhooks.inner_text()
-        page.locator("#card-rejected_webhooks details.ack summary").click()
-        check("dashboard-ack-form")
-        webhooks.get_by_label("Why (the next operator reads this)").fill("known: a bad deploy, fixing")
-        page.locator("#card-rejected_webhooks").get_by_role("button", name="Acknowledge").click()
-        page.wait_for_url(f"{base_url}/console/")
-        assert "acknowledged until" in page.locator("main").inner_text()
-        acked = page.locator("#card-rejected_webhooks")
-        assert "Acknowledged by ops@example.com" in acked.inner_text() and "known: a bad deploy" in acked.inner_text()
-        assert "Webhooks" not in summary.inner_text().split("acknowledged:")[0]
-        check("dashboard")
+    summary = page.locator("#needs-human")
+    assert "need" in summary.inner_text() and "Webhooks" in summary.inner_text()
+    webhooks = page.locator("#card-rejected_webhooks")
+    assert "needs a human" in webhooks.inner_text() and "198.51.100.23" in webhooks.inner_text()
+    page.locator("#card-rejected_webhooks details.ack summary").click()
+    check("dashboard-ack-form")
+    webhooks.get_by_label("Why (the next operator reads this)").fill("known: a bad deploy, fixing")
+    page.locator("#card-rejected_webhooks").get_by_role("button", name="Acknowledge").click()
+    page.wait_for_url(f"{base_url}/console/")
+    assert "acknowledged until" in page.locator("main").inner_text()
+    acked = page.locator("#card-rejected_webhooks")
+    assert "Acknowledged by ops@example.com" in acked.inner_text() and "known: a bad deploy" in acked.inner_text()
+    assert "Webhooks" not in summary.inner_text().split("acknowledged:")[0]
+    check("dashboard")
 
-        page.goto(f"{base_url}/console/webhooks?outcome=rejected&signed=no")
-        assert "198.51.100.23" in page.locator("main").inner_text()
-        check("webhooks-noise")
+    page.goto(f"{base_url}/console/webhooks?outcome=rejected&signed=no")
+    assert "198.51.100.23" in page.locator("main").inner_text()
+    check("webhooks-noise")
 
-        page.goto(f"{base_url}/console/webhooks/{receipt_id}")
-        assert "checkout.session.completed" in page.locator("pre.webhook-body").inner_text()
-        check("webhook-detail")
-        page.get_by_label("apply this event again").check()
-        page.get_by_role("button", name="Re-apply").click()
-        page.wait_for_url(f"{base_url}/console/webhooks/{receipt_id}")
-        assert "This event was already applied: nothing changed." in page.locator("main").inner_text()
-        check("webhook-reapplied")
+    page.goto(f"{base_url}/console/webhooks/{receipt_id}")
+    assert "checkout.session.completed" in page.locator("pre.webhook-body").inner_text()
+    check("webhook-detail")
+    page.get_by_label("apply this event again").check()
+    page.get_by_role("button", name="Re-apply").click()
+    page.wait_for_url(f"{base_url}/console/webhooks/{receipt_id}")
+    assert "This event was already applied: nothing changed." in page.locator("main").inner_text()
+    check("webhook-reapplied")
 
-        page.goto(f"{base_url}/console/orders/{failed_ref}")
-        assert "did not start: provider unavailable" in page.locator("main").inner_text()
-        check("order-failed-start")
-    finally:
-        context.close()
+    page.goto(f"{base_url}/console/orders/{failed_ref}")
+    assert "did not start: provider unavailable" in page.locator("main").inner_text()
+    check("order-failed-start")
     assert found == {name: [] for name in found}, found

@@ -44,7 +44,7 @@ def _count(app, model, **where) -> int:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_refund_resend_and_stock_pages_work_and_pass_the_checker_at_both_widths(browser, shop, sandbox, width):
+def test_refund_resend_and_stock_pages_work_and_pass_the_checker_at_both_widths(new_page, shop, sandbox, width):
     pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
     app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     with app.app_context():
@@ -53,9 +53,7 @@ def test_refund_resend_and_stock_pages_work_and_pass_the_checker_at_both_widths(
     reference, oid = _paid_order(app, sandbox)
     sock = app.skus["SOCK-M"]
     viewport = WIDTHS[width]
-    context = browser.new_context(viewport=viewport, is_mobile=width == "phone", device_scale_factor=1)
-    context.set_default_timeout(15_000)
-    page = context.new_page()
+    page = new_page(viewport=viewport, is_mobile=width == "phone", device_scale_factor=1)
     found: dict[str, list] = {}
 
     def check(name: str) -> None:
@@ -70,63 +68,60 @@ def test_refund_resend_and_stock_pages_work_and_pass_the_checker_at_both_widths(
             problems += [f"letter-by-letter: {n}" for n in layout["narrow"][:5]]
         found[name] = problems
 
-    try:
-        page.goto(f"{base_url}/console/login")
-        page.get_by_label("Email").fill("ops@example.com")
-        page.get_by_label("Password").fill("correct horse battery")
-        page.get_by_role("button", name="Log in").click()
-        page.wait_for_url(f"{base_url}/console/")
+    page.goto(f"{base_url}/console/login")
+    page.get_by_label("Email").fill("ops@example.com")
+    page.get_by_label("Password").fill("correct horse battery")
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(f"{base_url}/console/")
 
-        # Refund: the order page's link, the form, the confirmation step, then the money moves.
-        page.goto(f"{base_url}/console/orders/{reference}")
-        page.get_by_role("link", name="Refund…").click()
-        check("refund form")
-        page.get_by_label("Amount to refund").fill("9999")
-        page.get_by_label("Why").fill("one sock arrived torn")
-        page.get_by_role("button", name="Review the refund").click()
-        expect(page.get_by_role("alert")).to_contain_text("more than is left to refund")
-        check("refund form with a mistake")
-        page.get_by_label("Amount to refund").fill("1.25")
-        page.get_by_label("Why").fill("one sock arrived torn")
-        page.get_by_label("Put this order's stock back").check()
-        page.get_by_role("button", name="Review the refund").click()
-        expect(page.get_by_role("heading", name="Refund $1.25?")).to_be_visible()
-        check("refund confirmation")
-        assert _count(app, Refund, order_id=oid) == 0
-        page.get_by_role("button", name="Yes, refund $1.25").click()
-        expect(page.locator("p.flash", has_text="Refunding $1.25 to the customer's payment")).to_be_visible()
-        check("order after the refund")
-        assert _count(app, Refund, order_id=oid) == 1
+    # Refund: the order page's link, the form, the confirmation step, then the money moves.
+    page.goto(f"{base_url}/console/orders/{reference}")
+    page.get_by_role("link", name="Refund…").click()
+    check("refund form")
+    page.get_by_label("Amount to refund").fill("9999")
+    page.get_by_label("Why").fill("one sock arrived torn")
+    page.get_by_role("button", name="Review the refund").click()
+    expect(page.get_by_role("alert")).to_contain_text("more than is left to refund")
+    check("refund form with a mistake")
+    page.get_by_label("Amount to refund").fill("1.25")
+    page.get_by_label("Why").fill("one sock arrived torn")
+    page.get_by_label("Put this order's stock back").check()
+    page.get_by_role("button", name="Review the refund").click()
+    expect(page.get_by_role("heading", name="Refund $1.25?")).to_be_visible()
+    check("refund confirmation")
+    assert _count(app, Refund, order_id=oid) == 0
+    page.get_by_role("button", name="Yes, refund $1.25").click()
+    expect(page.locator("p.flash", has_text="Refunding $1.25 to the customer's payment")).to_be_visible()
+    check("order after the refund")
+    assert _count(app, Refund, order_id=oid) == 1
 
-        # Emails: the order page's link, the list, one sent again.
-        page.get_by_role("link", name="Emails sent…").click()
-        check("order emails")
-        page.get_by_role("link", name="Send the Order confirmation (paid) email again…").click()
-        expect(page.get_by_role("heading", name="Send the Order confirmation (paid) email again?")).to_be_visible()
-        check("email resend confirmation")
-        assert _count(app, EmailResend, order_id=oid) == 0
-        page.get_by_role("button", name="Yes, send it again").click()
-        expect(page.locator("p.flash", has_text="is on its way to")).to_be_visible()
-        assert _count(app, EmailResend, order_id=oid) == 1
+    # Emails: the order page's link, the list, one sent again.
+    page.get_by_role("link", name="Emails sent…").click()
+    check("order emails")
+    page.get_by_role("link", name="Send the Order confirmation (paid) email again…").click()
+    expect(page.get_by_role("heading", name="Send the Order confirmation (paid) email again?")).to_be_visible()
+    check("email resend confirmation")
+    assert _count(app, EmailResend, order_id=oid) == 0
+    page.get_by_role("button", name="Yes, send it again").click()
+    expect(page.locator("p.flash", has_text="is on its way to")).to_be_visible()
+    assert _count(app, EmailResend, order_id=oid) == 1
 
-        # Stock: from the order's line to the variant's page, corrected with a reason.
-        page.goto(f"{base_url}/console/orders/{reference}")
-        page.get_by_role("link", name=f"variant {sock}: stock").click()
-        check("stock page")
-        page.get_by_label("Or adjust by a change").fill("-1")
-        page.get_by_label("Why the stock changes").fill("one found damaged")
-        page.get_by_label("Adjust this variant's stock").check()
-        page.get_by_role("button", name="Adjust the stock").click()
-        expect(page.locator("p.flash", has_text=f"Stock of variant {sock} corrected")).to_be_visible()
-        expect(page.get_by_role("cell", name="one found damaged")).to_be_visible()
-        check("stock page after a correction")
-        assert _count(app, StockCorrection, variant_id=sock) == 1
-        page.goto(f"{base_url}/console/inventory")
-        check("stock list")
-        page.goto(f"{base_url}/console/restore-warnings")
-        page.get_by_role("link", name="correct the stock").first.click()
-        expect(page).to_have_url(f"{base_url}/console/inventory")
-    finally:
-        context.close()
+    # Stock: from the order's line to the variant's page, corrected with a reason.
+    page.goto(f"{base_url}/console/orders/{reference}")
+    page.get_by_role("link", name=f"variant {sock}: stock").click()
+    check("stock page")
+    page.get_by_label("Or adjust by a change").fill("-1")
+    page.get_by_label("Why the stock changes").fill("one found damaged")
+    page.get_by_label("Adjust this variant's stock").check()
+    page.get_by_role("button", name="Adjust the stock").click()
+    expect(page.locator("p.flash", has_text=f"Stock of variant {sock} corrected")).to_be_visible()
+    expect(page.get_by_role("cell", name="one found damaged")).to_be_visible()
+    check("stock page after a correction")
+    assert _count(app, StockCorrection, variant_id=sock) == 1
+    page.goto(f"{base_url}/console/inventory")
+    check("stock list")
+    page.goto(f"{base_url}/console/restore-warnings")
+    page.get_by_role("link", name="correct the stock").first.click()
+    expect(page).to_have_url(f"{base_url}/console/inventory")
     problems = {name: problems for name, problems in found.items() if problems}
     assert problems == {}, "\n".join(f"{n}: {p}" for n, ps in problems.items() for p in ps)

@@ -48,7 +48,7 @@ OVERFLOW = """(width) => {
 }"""
 
 
-def test_the_dashboard_an_order_and_the_outbox_fit_a_390px_phone(browser, shop, sandbox, screenshot_dir):
+def test_the_dashboard_an_order_and_the_outbox_fit_a_390px_phone(new_page, shop, sandbox, screenshot_dir):
     app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     with app.app_context():
         upsert_operator("ops@example.com", "correct horse battery")
@@ -87,38 +87,34 @@ def test_the_dashboard_an_order_and_the_outbox_fit_a_390px_phone(browser, shop, 
         db.session.commit()
         db.session.remove()
 
-    context = browser.new_context(viewport={"width": WIDTH, "height": 844}, is_mobile=True, device_scale_factor=1)
-    page = context.new_page()
+    page = new_page(viewport={"width": WIDTH, "height": 844}, is_mobile=True, device_scale_factor=1)
     errors = []  # anything the browser logs as an error (a refused policy, a missing file)
     page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-    try:
-        page.goto(f"{base_url}/console/login")
-        page.get_by_label("Email").fill("ops@example.com")
-        page.get_by_label("Password").fill("correct horse battery")
-        page.get_by_role("button", name="Log in").click()
-        page.wait_for_url(f"{base_url}/console/")
-        for name, path in (
-            ("dashboard", "/console/"),
-            ("order", f"/console/orders/{reference}"),
-            ("outbox", "/console/outbox"),
-            ("dead", "/console/outbox?status=dead"),
-            ("orders", "/console/orders"),
-            ("orders searched", "/console/orders?q=example&from=2026-01-01&amount_min=1&amount_max=500"),
-            ("refunds", "/console/refunds"),
-            ("restore warnings", "/console/restore-warnings"),
-            ("sweeps", "/console/sweeps"),
-            ("webhooks", "/console/webhooks"),
-            ("audit", "/console/audit"),
-        ):
-            page.goto(base_url + path)
-            page.screenshot(path=str(screenshot_dir / f"phone-{name}.png"), full_page=True)
-            found = page.evaluate(OVERFLOW, WIDTH)
-            scroll_width, client_width = found["doc"]
-            assert scroll_width <= client_width, (path, found)
-            assert not found["out"], (path, found["out"][:10])
-            assert not found["narrow"], (path, found["narrow"][:10])
-        page.goto(base_url + "/console/")
-        assert page.locator("#chart-placed svg").count() == 1
-        assert errors == []
-    finally:
-        context.close()
+    page.goto(f"{base_url}/console/login")
+    page.get_by_label("Email").fill("ops@example.com")
+    page.get_by_label("Password").fill("correct horse battery")
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(f"{base_url}/console/")
+    for name, path in (
+        ("dashboard", "/console/"),
+        ("order", f"/console/orders/{reference}"),
+        ("outbox", "/console/outbox"),
+        ("dead", "/console/outbox?status=dead"),
+        ("orders", "/console/orders"),
+        ("orders searched", "/console/orders?q=example&from=2026-01-01&amount_min=1&amount_max=500"),
+        ("refunds", "/console/refunds"),
+        ("restore warnings", "/console/restore-warnings"),
+        ("sweeps", "/console/sweeps"),
+        ("webhooks", "/console/webhooks"),
+        ("audit", "/console/audit"),
+    ):
+        page.goto(base_url + path)
+        page.screenshot(path=str(screenshot_dir / f"phone-{name}.png"), full_page=True)
+        found = page.evaluate(OVERFLOW, WIDTH)
+        scroll_width, client_width = found["doc"]
+        assert scroll_width <= client_width, (path, found)
+        assert not found["out"], (path, found["out"][:10])
+        assert not found["narrow"], (path, found["narrow"][:10])
+    page.goto(base_url + "/console/")
+    assert page.locator("#chart-placed svg").count() == 1
+    assert errors == []

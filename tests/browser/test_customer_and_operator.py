@@ -10,9 +10,10 @@ import re
 import pytest
 from sqlalchemy import func, select
 
+from factories import on_hand
 from payment_helpers import Shopper, wait_for_status
 from shop.extensions import db
-from shop.models import OutboxDelivery, Variant, WebhookReceipt
+from shop.models import OutboxDelivery, WebhookReceipt
 from shop.outbox.dispatch import run_delivery
 from shop.seed import upsert_operator
 
@@ -150,11 +151,7 @@ def test_a_customer_who_leaves_the_hosted_page_cancels_and_the_stock_comes_back(
     expect(page.locator(".lead")).to_contain_text("its items are back on sale")
     page.screenshot(path=screenshot_dir / "customer_cancelled_order.png", full_page=True)
     assert refused == []
-    with app.app_context():
-        assert (
-            db.session.execute(select(Variant).where(Variant.sku == "MUG-350-NVY")).scalar_one().inventory.on_hand == 3
-        )
-        db.session.remove()
+    assert on_hand("MUG-350-NVY", app) == 3
 
 
 def test_an_operator_logs_in_and_reads_a_paid_orders_transitions(page, shop, sandbox, screenshot_dir):

@@ -96,14 +96,12 @@ def log_in(page, base_url: str) -> None:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_console_search_csv_and_actions_fit_the_screen(browser, shop, sandbox, screenshot_dir, width):
+def test_console_search_csv_and_actions_fit_the_screen(new_page, shop, sandbox, screenshot_dir, width):
     pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
     app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     wide = WIDTHS[width]["width"]
     reference = seed_console(app, sandbox)
-    context = browser.new_context(viewport=WIDTHS[width], is_mobile=width == "phone", accept_downloads=True)
-    context.set_default_timeout(15_000)
-    page = context.new_page()
+    page = new_page(viewport=WIDTHS[width], is_mobile=width == "phone", accept_downloads=True)
     found: dict[str, list[str]] = {}
 
     def check(name: str) -> None:
@@ -112,59 +110,56 @@ def test_console_search_csv_and_actions_fit_the_screen(browser, shop, sandbox, s
         fits(page, wide, name)
         found[name] = axe_problems(page)
 
-    try:
-        log_in(page, base_url)
-        # The dashboard: every card that needs a human comes before every green one.
-        tiles = page.locator("section.tile")
-        classes = [tiles.nth(i).get_attribute("class") for i in range(tiles.count())]
-        reds = [i for i, c in enumerate(classes) if "alert" in c.split()]
-        assert reds and reds == list(range(len(reds))), classes
-        check("dashboard")
+    log_in(page, base_url)
+    # The dashboard: every card that needs a human comes before every green one.
+    tiles = page.locator("section.tile")
+    classes = [tiles.nth(i).get_attribute("class") for i in range(tiles.count())]
+    reds = [i for i, c in enumerate(classes) if "alert" in c.split()]
+    assert reds and reds == list(range(len(reds))), classes
+    check("dashboard")
 
-        # Search: part of an email, a date range and an amount, in the form and kept while paging.
-        page.goto(f"{base_url}/console/orders")
-        page.get_by_label("Find").fill("ANN.LEE")
-        today = utcnow().date().isoformat()
-        page.get_by_label("Placed from").fill(today)
-        page.get_by_label("Amount from").fill("1")
-        page.get_by_role("button", name="Show").click()
-        expect(page.locator("table.console-table tbody tr, table.console-table tr:has(td)")).to_have_count(1)
-        expect(page.get_by_role("link", name=reference)).to_be_visible()
-        check("orders found")
+    # Search: part of an email, a date range and an amount, in the form and kept while paging.
+    page.goto(f"{base_url}/console/orders")
+    page.get_by_label("Find").fill("ANN.LEE")
+    today = utcnow().date().isoformat()
+    page.get_by_label("Placed from").fill(today)
+    page.get_by_label("Amount from").fill("1")
+    page.get_by_role("button", name="Show").click()
+    expect(page.locator("table.console-table tbody tr, table.console-table tr:has(td)")).to_have_count(1)
+    expect(page.get_by_role("link", name=reference)).to_be_visible()
+    check("orders found")
 
-        with page.expect_download() as downloaded:
-            page.get_by_role("link", name="Download CSV").click()
-        download = downloaded.value
-        assert download.suggested_filename.startswith("orders-") and download.suggested_filename.endswith(".csv")
-        with open(download.path(), encoding="utf-8") as saved:
-            rows = list(csv.reader(io.StringIO(saved.read())))
-        assert rows[0][:3] == ["reference", "status", "total"] and [r[0] for r in rows[1:]] == [reference]
+    with page.expect_download() as downloaded:
+        page.get_by_role("link", name="Download CSV").click()
+    download = downloaded.value
+    assert download.suggested_filename.startswith("orders-") and download.suggested_filename.endswith(".csv")
+    with open(download.path(), encoding="utf-8") as saved:
+        rows = list(csv.reader(io.StringIO(saved.read())))
+    assert rows[0][:3] == ["reference", "status", "total"] and [r[0] for r in rows[1:]] == [reference]
 
-        # A filter that cannot be read: said whole, beside the form, with what was typed kept.
-        page.goto(f"{base_url}/console/orders?from=2026-13-01&amount_min=-5&q=ann")
-        errors = page.locator("#filter-errors")
-        expect(errors).to_contain_text("The start date “2026-13-01” is not a date")
-        expect(errors).to_contain_text("Lowest amount “-5” is negative")
-        for item in errors.locator("li").all():
-            on_screen(item, wide)
-        expect(page.get_by_label("Find")).to_have_value("ann")
-        check("orders with unreadable filters")
+    # A filter that cannot be read: said whole, beside the form, with what was typed kept.
+    page.goto(f"{base_url}/console/orders?from=2026-13-01&amount_min=-5&q=ann")
+    errors = page.locator("#filter-errors")
+    expect(errors).to_contain_text("The start date “2026-13-01” is not a date")
+    expect(errors).to_contain_text("Lowest amount “-5” is negative")
+    for item in errors.locator("li").all():
+        on_screen(item, wide)
+    expect(page.get_by_label("Find")).to_have_value("ann")
+    check("orders with unreadable filters")
 
-        # Lists with buttons: the buttons are on the screen without scrolling the table sideways.
-        page.goto(f"{base_url}/console/refunds?status=failed")
-        on_screen(page.get_by_role("button", name="Retry"), wide)
-        on_screen(page.get_by_role("button", name="Settled outside the shop"), wide)
-        check("failed refunds")
-        page.goto(f"{base_url}/console/outbox?status=dead")
-        on_screen(page.get_by_role("button", name="Retry").first, wide)
-        on_screen(page.get_by_role("link", name="Discard…").first, wide)
-        check("dead letters")
-        page.goto(f"{base_url}/console/orders/{reference}")
-        check("order")
-        page.goto(f"{base_url}/console/webhooks?q=checkout")
-        check("webhooks searched")
-    finally:
-        context.close()
+    # Lists with buttons: the buttons are on the screen without scrolling the table sideways.
+    page.goto(f"{base_url}/console/refunds?status=failed")
+    on_screen(page.get_by_role("button", name="Retry"), wide)
+    on_screen(page.get_by_role("button", name="Settled outside the shop"), wide)
+    check("failed refunds")
+    page.goto(f"{base_url}/console/outbox?status=dead")
+    on_screen(page.get_by_role("button", name="Retry").first, wide)
+    on_screen(page.get_by_role("link", name="Discard…").first, wide)
+    check("dead letters")
+    page.goto(f"{base_url}/console/orders/{reference}")
+    check("order")
+    page.goto(f"{base_url}/console/webhooks?q=checkout")
+    check("webhooks searched")
 
     problems = {name: issues for name, issues in found.items() if issues}
     assert problems == {}, "\n".join(f"{name}: {issue}" for name, issues in problems.items() for issue in issues)
@@ -172,35 +167,30 @@ def test_console_search_csv_and_actions_fit_the_screen(browser, shop, sandbox, s
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_a_refused_cart_quantity_is_shown_whole_beside_its_box_and_the_totals(browser, shop, screenshot_dir, width):
+def test_a_refused_cart_quantity_is_shown_whole_beside_its_box_and_the_totals(new_page, shop, screenshot_dir, width):
     pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
     app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     wide = WIDTHS[width]["width"]
-    context = browser.new_context(viewport=WIDTHS[width], is_mobile=width == "phone")
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    try:
-        add_to_cart(page, base_url, "MUG-350-NVY", 1)
-        with app.app_context():  # sold elsewhere meanwhile: 2 left, the customer asks for 5
-            variant = db.session.execute(select(Variant.id).where(Variant.sku == "MUG-350-NVY")).scalar_one()
-            db.session.execute(update(InventoryItem).where(InventoryItem.variant_id == variant).values(on_hand=2))
-            db.session.commit()
-            db.session.remove()
-        box = page.get_by_label("Quantity of Enamel Camp Mug – Navy", exact=True)
-        assert box.get_attribute("max") == str(app.config["MAX_LINE_QUANTITY"])
-        box.fill("5")
-        with page.expect_response(lambda r: r.request.method == "POST") as refused:
-            page.get_by_role("button", name="Update the quantity of Enamel Camp Mug – Navy").click()
-        assert refused.value.status == 409
+    page = new_page(viewport=WIDTHS[width], is_mobile=width == "phone")
+    add_to_cart(page, base_url, "MUG-350-NVY", 1)
+    with app.app_context():  # sold elsewhere meanwhile: 2 left, the customer asks for 5
+        variant = db.session.execute(select(Variant.id).where(Variant.sku == "MUG-350-NVY")).scalar_one()
+        db.session.execute(update(InventoryItem).where(InventoryItem.variant_id == variant).values(on_hand=2))
+        db.session.commit()
+        db.session.remove()
+    box = page.get_by_label("Quantity of Enamel Camp Mug – Navy", exact=True)
+    assert box.get_attribute("max") == str(app.config["MAX_LINE_QUANTITY"])
+    box.fill("5")
+    with page.expect_response(lambda r: r.request.method == "POST") as refused:
+        page.get_by_role("button", name="Update the quantity of Enamel Camp Mug – Navy").click()
+    assert refused.value.status == 409
 
-        message = page.locator(f"#quantity-{variant}-error")
-        expect(message).to_have_text("Only 2 of Enamel Camp Mug – Navy left; you asked for 5.")
-        expect(page.get_by_role("alert").filter(has_text="you asked for 5")).to_have_count(1)  # said once
-        page.screenshot(path=str(screenshot_dir / f"cart-{width}-refused-quantity.png"), full_page=True)
-        on_screen(message, wide)
-        on_screen(page.get_by_label("Quantity of Enamel Camp Mug – Navy", exact=True), wide)
-        on_screen(page.locator("table.lines tfoot td.num"), wide)
-        fits(page, wide, "cart")
-        assert axe_problems(page) == []
-    finally:
-        context.close()
+    message = page.locator(f"#quantity-{variant}-error")
+    expect(message).to_have_text("Only 2 of Enamel Camp Mug – Navy left; you asked for 5.")
+    expect(page.get_by_role("alert").filter(has_text="you asked for 5")).to_have_count(1)  # said once
+    page.screenshot(path=str(screenshot_dir / f"cart-{width}-refused-quantity.png"), full_page=True)
+    on_screen(message, wide)
+    on_screen(page.get_by_label("Quantity of Enamel Camp Mug – Navy", exact=True), wide)
+    on_screen(page.locator("table.lines tfoot td.num"), wide)
+    fits(page, wide, "cart")
+    assert axe_problems(page) == []

@@ -19,13 +19,11 @@ expect = pytest.importorskip("playwright.sync_api", reason="the playwright packa
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_the_address_form_the_decline_and_the_shipping_address_read_well_and_pass_axe(
-    browser, shop, sandbox, screenshot_dir, width
+    new_page, shop, sandbox, screenshot_dir, width
 ):
     pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
     base_url = shop.config["PUBLIC_BASE_URL"]
-    context = browser.new_context(viewport=WIDTHS[width])
-    context.set_default_timeout(15_000)
-    page = context.new_page()
+    page = new_page(viewport=WIDTHS[width])
     found: dict[str, list[str]] = {}
 
     def check(name: str) -> None:
@@ -36,51 +34,48 @@ def test_the_address_form_the_decline_and_the_shipping_address_read_well_and_pas
         scroll, client = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
         assert scroll <= client, f"{name}: {scroll}px wide in a {client}px window"
 
-    try:
-        add_to_cart(page, base_url, "MUG-350-SND", 1)
-        check_out(page, "ada@example.com")
-        expect(page).to_have_url(re.compile(re.escape(sandbox.base_url) + r"/pay/cs_"))
-        pay_url = page.url
-        expect(page.get_by_role("group", name="Shipping address")).to_be_visible()
-        check("hosted page with the address form")
+    add_to_cart(page, base_url, "MUG-350-SND", 1)
+    check_out(page, "ada@example.com")
+    expect(page).to_have_url(re.compile(re.escape(sandbox.base_url) + r"/pay/cs_"))
+    pay_url = page.url
+    expect(page.get_by_role("group", name="Shipping address")).to_be_visible()
+    check("hosted page with the address form")
 
-        # An incomplete address is refused beside its fields, keeping what was typed.
-        page.get_by_label("Full name").fill("Ada Lovelace")
-        page.get_by_role("button", name=re.compile(r"^Pay \$")).click()
-        expect(page.locator("#ship-line1-error")).to_have_text("Address line 1 is required.")
-        expect(page.get_by_label("Full name")).to_have_value("Ada Lovelace")
-        expect(page.get_by_label("Address line 1")).to_have_attribute("aria-invalid", "true")
-        check("hosted page refusing an incomplete address")
+    # An incomplete address is refused beside its fields, keeping what was typed.
+    page.get_by_label("Full name").fill("Ada Lovelace")
+    page.get_by_role("button", name=re.compile(r"^Pay \$")).click()
+    expect(page.locator("#ship-line1-error")).to_have_text("Address line 1 is required.")
+    expect(page.get_by_label("Full name")).to_have_value("Ada Lovelace")
+    expect(page.get_by_label("Address line 1")).to_have_attribute("aria-invalid", "true")
+    check("hosted page refusing an incomplete address")
 
-        page.get_by_label("Address line 1").fill("12 St James's Square")
-        page.get_by_label("City").fill("London")
-        page.get_by_label("Postal code").fill("SW1Y 4JH")
-        page.get_by_label("Country").select_option("GB")
+    page.get_by_label("Address line 1").fill("12 St James's Square")
+    page.get_by_label("City").fill("London")
+    page.get_by_label("Postal code").fill("SW1Y 4JH")
+    page.get_by_label("Country").select_option("GB")
 
-        # The card is declined: the hosted page says so, and so does the order page.
-        page.get_by_role("button", name="Decline").click()
-        expect(page.get_by_role("alert")).to_contain_text("Your card was declined")
-        order_url = page.get_by_role("link", name="← Back to the shop").get_attribute("href")
-        page.goto(order_url)
-        expect(page.locator("h1 .badge")).to_have_text("Card declined")
-        expect(page.locator(".payment-error")).to_contain_text("Your card was declined.")
-        expect(page.get_by_role("link", name="Continue to payment")).to_have_attribute("href", pay_url)
-        check("order page after a declined card")
+    # The card is declined: the hosted page says so, and so does the order page.
+    page.get_by_role("button", name="Decline").click()
+    expect(page.get_by_role("alert")).to_contain_text("Your card was declined")
+    order_url = page.get_by_role("link", name="← Back to the shop").get_attribute("href")
+    page.goto(order_url)
+    expect(page.locator("h1 .badge")).to_have_text("Card declined")
+    expect(page.locator(".payment-error")).to_contain_text("Your card was declined.")
+    expect(page.get_by_role("link", name="Continue to payment")).to_have_attribute("href", pay_url)
+    check("order page after a declined card")
 
-        # Trying again on the same page, with the address, pays; the order shows where it ships.
-        page.get_by_role("link", name="Continue to payment").click()
-        page.get_by_label("Full name").fill("Ada Lovelace")
-        page.get_by_label("Address line 1").fill("12 St James's Square")
-        page.get_by_label("City").fill("London")
-        page.get_by_label("Postal code").fill("SW1Y 4JH")
-        page.get_by_label("Country").select_option("GB")
-        page.get_by_role("button", name=re.compile(r"^Pay \$")).click()
-        expect(page.locator("h1 .badge")).to_have_text("Paid")
-        shipping = page.get_by_role("region", name="Shipping to")
-        expect(shipping).to_contain_text("Ada Lovelace")
-        expect(shipping).to_contain_text("SW1Y 4JH London")
-        check("paid order with its shipping address")
-    finally:
-        context.close()
+    # Trying again on the same page, with the address, pays; the order shows where it ships.
+    page.get_by_role("link", name="Continue to payment").click()
+    page.get_by_label("Full name").fill("Ada Lovelace")
+    page.get_by_label("Address line 1").fill("12 St James's Square")
+    page.get_by_label("City").fill("London")
+    page.get_by_label("Postal code").fill("SW1Y 4JH")
+    page.get_by_label("Country").select_option("GB")
+    page.get_by_role("button", name=re.compile(r"^Pay \$")).click()
+    expect(page.locator("h1 .badge")).to_have_text("Paid")
+    shipping = page.get_by_role("region", name="Shipping to")
+    expect(shipping).to_contain_text("Ada Lovelace")
+    expect(shipping).to_contain_text("SW1Y 4JH London")
+    check("paid order with its shipping address")
 
     assert {name: problems for name, problems in found.items() if problems} == {}

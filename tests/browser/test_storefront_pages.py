@@ -170,97 +170,92 @@ def axe_problems(page) -> list[str]:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_every_storefront_page_passes_the_accessibility_checker(browser, shop, sandbox, width):
+def test_every_storefront_page_passes_the_accessibility_checker(new_page, shop, sandbox, width):
     pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
     app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
-    context = browser.new_context(viewport=WIDTHS[width])
-    context.set_default_timeout(15_000)
-    page = context.new_page()
+    page = new_page(viewport=WIDTHS[width])
     found: dict[str, list[str]] = {}
 
     def check(name: str) -> None:
         page.wait_for_load_state()
         found[name] = axe_problems(page)
 
-    try:
-        page.goto(f"{base_url}/")
-        check("catalog")
-        # Keyboard focus shows (axe does not check it): the first Tab lands on a link with an outline.
-        page.keyboard.press("Tab")
-        outline = page.evaluate(
-            "(() => { const s = getComputedStyle(document.activeElement);"
-            " return [document.activeElement.tagName, s.outlineStyle, s.outlineWidth]; })()"
-        )
-        assert outline[0] == "A" and outline[1] != "none" and outline[2] != "0px", outline
-        page.goto(f"{base_url}/cart")
-        check("empty cart")
-        page.goto(f"{base_url}/orders")
-        check("no orders")
-        page.goto(f"{base_url}/no-such-page")
-        check("404 page")
-        page.goto(f"{base_url}/orders/BK-NOSUCH")
-        check("404 order")
+    page.goto(f"{base_url}/")
+    check("catalog")
+    # Keyboard focus shows (axe does not check it): the first Tab lands on a link with an outline.
+    page.keyboard.press("Tab")
+    outline = page.evaluate(
+        "(() => { const s = getComputedStyle(document.activeElement);"
+        " return [document.activeElement.tagName, s.outlineStyle, s.outlineWidth]; })()"
+    )
+    assert outline[0] == "A" and outline[1] != "none" and outline[2] != "0px", outline
+    page.goto(f"{base_url}/cart")
+    check("empty cart")
+    page.goto(f"{base_url}/orders")
+    check("no orders")
+    page.goto(f"{base_url}/no-such-page")
+    check("404 page")
+    page.goto(f"{base_url}/orders/BK-NOSUCH")
+    check("404 order")
 
-        set_stock(app, "MUG-350-SND", 0)
-        page.goto(f"{base_url}/")
-        check("catalog with a sold-out item")
-        add_to_cart(page, base_url, "NB-A5-DOT", 1)
-        check("cart")
-        add_to_cart(page, base_url, "MUG-350-NVY", 2)
-        set_stock(app, "MUG-350-NVY", 1)
-        page.reload()
-        check("cart with a short line")
-        page.get_by_role("button", name="Remove Enamel Camp Mug – Navy").click()
-        check_out(page, "ann@localhost")
-        expect(page.locator("#email-error")).to_be_visible()
-        check("refused checkout")
+    set_stock(app, "MUG-350-SND", 0)
+    page.goto(f"{base_url}/")
+    check("catalog with a sold-out item")
+    add_to_cart(page, base_url, "NB-A5-DOT", 1)
+    check("cart")
+    add_to_cart(page, base_url, "MUG-350-NVY", 2)
+    set_stock(app, "MUG-350-NVY", 1)
+    page.reload()
+    check("cart with a short line")
+    page.get_by_role("button", name="Remove Enamel Camp Mug – Navy").click()
+    check_out(page, "ann@localhost")
+    expect(page.locator("#email-error")).to_be_visible()
+    check("refused checkout")
 
-        # Provider unreachable: the order waits for "Pay now".
-        sandbox.faults(api_unavailable=True)
-        check_out(page, "ann@example.com")
-        expect(page.locator("h1 .badge")).to_have_text("Awaiting payment")
-        check("order awaiting payment")
-        order_url = page.url
-        sandbox.faults(api_unavailable=False)
+    # Provider unreachable: the order waits for "Pay now".
+    sandbox.faults(api_unavailable=True)
+    check_out(page, "ann@example.com")
+    expect(page.locator("h1 .badge")).to_have_text("Awaiting payment")
+    check("order awaiting payment")
+    order_url = page.url
+    sandbox.faults(api_unavailable=False)
 
-        page.get_by_role("button", name="Pay now").click()
-        expect(page).to_have_url(re.compile(re.escape(sandbox.base_url) + r"/pay/cs_"))
-        session_id = re.search(r"/pay/(cs_[A-Za-z0-9_]+)", page.url).group(1)
-        page.goto(order_url)
-        expect(page.locator("h1 .badge")).to_have_text("At the payment page")
-        check("order at the payment page")
+    page.get_by_role("button", name="Pay now").click()
+    expect(page).to_have_url(re.compile(re.escape(sandbox.base_url) + r"/pay/cs_"))
+    session_id = re.search(r"/pay/(cs_[A-Za-z0-9_]+)", page.url).group(1)
+    page.goto(order_url)
+    expect(page.locator("h1 .badge")).to_have_text("At the payment page")
+    check("order at the payment page")
 
-        sandbox.set_outcome(session_id, "async_pending")
-        page.goto(order_url)
-        expect(page.locator("h1 .badge")).to_have_text("Payment processing")
-        check("order with a payment processing")
-        sandbox.async_result(session_id, "failed")
-        expect(page.locator("h1 .badge")).to_have_text("Payment failed")
-        check("order whose payment failed")
+    sandbox.set_outcome(session_id, "async_pending")
+    page.goto(order_url)
+    expect(page.locator("h1 .badge")).to_have_text("Payment processing")
+    check("order with a payment processing")
+    sandbox.async_result(session_id, "failed")
+    expect(page.locator("h1 .badge")).to_have_text("Payment failed")
+    check("order whose payment failed")
 
-        page.get_by_role("button", name="Pay now").click()
-        expect(page).to_have_url(re.compile(re.escape(sandbox.base_url) + r"/pay/cs_"))
-        session_id = re.search(r"/pay/(cs_[A-Za-z0-9_]+)", page.url).group(1)
-        sandbox.set_outcome(session_id, "paid")
-        page.goto(order_url)
-        expect(page.locator("h1 .badge")).to_have_text("Paid")
-        check("paid order")
+    page.get_by_role("button", name="Pay now").click()
+    expect(page).to_have_url(re.compile(re.escape(sandbox.base_url) + r"/pay/cs_"))
+    session_id = re.search(r"/pay/(cs_[A-Za-z0-9_]+)", page.url).group(1)
+    sandbox.set_outcome(session_id, "paid")
+    page.goto(order_url)
+    expect(page.locator("h1 .badge")).to_have_text("Paid")
+    check("paid order")
 
-        add_to_cart(page, base_url, "SOCK-M", 1)
-        check_out(page, "ann@example.com")
-        expect(page).to_have_url(re.compile(re.escape(sandbox.base_url) + r"/pay/cs_"))
-        page.goto(f"{base_url}/orders")
-        page.get_by_role("link", name=re.compile("^BK-")).first.click()
-        page.get_by_role("link", name="Cancel order").click()
-        check("cancel confirmation")
-        page.get_by_role("button", name="Yes, cancel the order").click()
-        expect(page.locator("h1 .badge")).to_have_text("Cancelled")
-        check("cancelled order")
+    add_to_cart(page, base_url, "SOCK-M", 1)
+    check_out(page, "ann@example.com")
+    expect(page).to_have_url(re.compile(re.escape(sandbox.base_url) + r"/pay/cs_"))
+    page.goto(f"{base_url}/orders")
+    page.get_by_role("link", name=re.compile("^BK-")).first.click()
+    page.get_by_role("link", name="Cancel order").click()
+    check("cancel confirmation")
+    page.get_by_role("button", name="Yes, cancel the order").click()
+    expect(page.locator("h1 .badge")).to_have_text("Cancelled")
+    check("cancelled order")
 
-        page.goto(f"{base_url}/orders")
-        check("orders list")
-    finally:
-        context.close()
+    page.goto(f"{base_url}/orders")
+    check("orders list")
 
     problems = {name: issues for name, issues in found.items() if issues}
     assert problems == {}, "\n".join(f"{name}: {issue}" for name, issues in problems.items() for issue in issues)

@@ -9,19 +9,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from factories import cart_with, catalog_rows, transitioned
+from factories import cart_with, catalog_rows, on_hand, transitioned
 from shop.domain.order import LIVE, OrderStatus
 from shop.domain.order import Transition as T
 from shop.extensions import db
-from shop.models import Cart, InventoryItem, Order, OrderLine, OutboxDelivery, OutboxEvent, ScheduledCommand, Variant
+from shop.models import Cart, Order, OrderLine, OutboxDelivery, OutboxEvent, ScheduledCommand, Variant
 from shop.orders.cancel import cancel_order
 from shop.orders.checkout import place_order
 from shop.outbox.dispatch import run_delivery
 from support import run_threads
-
-
-def on_hand(variant_id: int) -> int:
-    return db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).scalar_one()
 
 
 def count(model) -> int:

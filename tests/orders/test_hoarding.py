@@ -11,16 +11,12 @@ from collections import Counter
 import pytest
 from sqlalchemy import func, select
 
-from factories import cart_with, catalog_rows, transitioned
+from factories import cart_with, catalog_rows, on_hand, transitioned
 from shop.domain.order import Transition as T
 from shop.extensions import db
-from shop.models import Cart, InventoryItem, Order, OrderLine, OutboxEvent, ScheduledCommand
+from shop.models import Cart, Order, OrderLine, OutboxEvent, ScheduledCommand
 from shop.orders.checkout import Refusal, place_order
 from support import run_threads
-
-
-def on_hand(variant_id: int) -> int:
-    return db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).scalar_one()
 
 
 def count(model) -> int:

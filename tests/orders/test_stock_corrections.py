@@ -8,19 +8,14 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from factories import cart_with, catalog_rows
+from factories import cart_with, catalog_rows, on_hand, place_order_for
 from shop.extensions import db
-from shop.models import InventoryItem, StockCorrection
+from shop.models import StockCorrection
 from shop.orders.checkout import place_order
 from shop.orders.stock import CorrectionOutcome, StockMode, correct_stock
 from support import run_threads
 
 OPERATOR = "night-shift@example.com"
-
-
-def on_hand(variant_id: int) -> int:
-    db.session.rollback()
-    return db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).scalar_one()
 
 
 def history(variant_id: int) -> list[tuple]:
@@ -37,14 +32,9 @@ def correct(variant, mode, value, key, *, seen=None, reason="shelf count"):
     )
 
 
-def checkout(variant, quantity=1):
-    cart, browser = cart_with([(variant, quantity)])
-    return place_order(cart_id=cart, browser_id=browser, email=f"{browser}@example.com")
-
-
 def test_an_adjustment_applies_on_top_of_a_checkout_made_after_the_page_was_seen(fresh_ctx):
     (variant,) = catalog_rows(10)
-    assert checkout(variant, 3).ok  # the operator's page still says 10
+    place_order_for({variant: 3})  # the operator's page still says 10
     result = correct(variant, "adjust", +5, "key-adjust-000000001", reason="found a box")
     assert (result.outcome, result.old, result.new) == (CorrectionOutcome.DONE, 7, 12)
     assert on_hand(variant) == 12
@@ -53,7 +43,7 @@ def test_an_adjustment_applies_on_top_of_a_checkout_made_after_the_page_was_seen
 
 def test_a_count_set_is_refused_when_a_checkout_moved_the_stock_since_it_was_seen(fresh_ctx):
     (variant,) = catalog_rows(10)
-    assert checkout(variant, 2).ok
+    place_order_for({variant: 2})
     result = correct(variant, "set", 4, "key-set-stale-0000001", seen=10)
     assert (result.outcome, result.why, result.on_hand) == (CorrectionOutcome.REFUSED, "changed", 8)
     assert on_hand(variant) == 8 and history(variant) == []
@@ -64,7 +54,7 @@ def test_a_count_set_is_refused_when_a_checkout_moved_the_stock_since_it_was_see
 
 def test_a_count_set_without_the_count_seen_replaces_what_the_stock_holds_and_records_it(fresh_ctx):
     (variant,) = catalog_rows(10)
-    assert checkout(variant, 2).ok
+    place_order_for({variant: 2})
     result = correct(variant, "set", 4, "key-set-blind-0000001", seen=None, reason="full recount")
     assert (result.outcome, result.old, result.new) == (CorrectionOutcome.DONE, 8, 4)
     assert on_hand(variant) == 4

@@ -17,11 +17,12 @@ from factories import place_order_for, seed_catalog_rows
 from shop import jobs, queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
-from shop.models import OutboxDelivery
+from shop.models import CommandKind, OutboxDelivery, ScheduledCommand
 from shop.outbox import runner
 from shop.outbox.dispatch import drain_deliveries, drain_deliveries_concurrently, drain_threads
 from shop.outbox.relay import relay_once
 from shop.outbox.subscriptions import SUBSCRIPTIONS
+from shop.outbox.writer import schedule_command
 
 
 @pytest.fixture(autouse=True)
@@ -202,17 +203,19 @@ def test_a_drain_gives_back_what_it_cannot_run_within_half_its_lease(make_fresh_
                 OutboxDelivery.status,  # noqa: E731
                 OutboxDelivery.attempts,
                 OutboxDelivery.claimed_by,
+                OutboxDelivery.updated_at,
             ).order_by(OutboxDelivery.order_id)
         ).all()
+        now = utcnow() + timedelta(seconds=1)
 
-        result = drain_deliveries(now=utcnow() + timedelta(seconds=1))
+        result = drain_deliveries(now=now)
 
         assert (result["done"], result["released"], result["more"]) == (1, 2, True)
         assert runs == orders[:1]
         first, *rest = rows()
         assert first[1:3] == ("done", 1)
-        # Back to pending with the attempt unspent, for the next drain.
-        assert [r[1:] for r in rest] == [("pending", 0, None), ("pending", 0, None)]
+        # Back to pending with the attempt unspent, for the next drain, at the drain's time.
+        assert [(*r[1:4], as_utc(r[4])) for r in rest] == [("pending", 0, None, now), ("pending", 0, None, now)]
         db.session.remove()
 
 
@@ -336,3 +339,69 @@ def test_a_drain_goes_on_when_redis_cannot_say_whether_other_jobs_wait(make_fres
     app = make_fresh_app(REDIS_URL="redis://127.0.0.1:9/0")  # nothing listens there
     with app.app_context():
         assert other_jobs_waiting() is False
+
+
+def test_while_a_deadline_is_due_a_drain_runs_the_restores_and_holds_the_other_deliveries_back(fresh_app, monkeypatch):
+    """Deadlines give stock back: while one is due, delivery drains run only the restores (the
+    kinds claimed first) and leave the rest for when no deadline waits."""
+    runs = []
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory", "counting_followup"])
+    monkeypatch.setitem(shop.saga.HANDLERS, "counting_followup", lambda event, now: runs.append(event.order_id))
+    with fresh_app.app_context():
+        a5 = seed_catalog_rows()["NB-A5-DOT"]
+        orders = _cancelled_orders(2, a5)
+        now = utcnow() + timedelta(seconds=1)
+        schedule_command(db.session, CommandKind.EXPIRE_UNPAID_ORDER, now, now=now)
+        db.session.commit()
+
+        assert drain_deliveries(now=now) == {"done": 2, "more": False}
+
+        assert _statuses(orders) == [("done", 1)] * 2 and runs == []
+        db.session.execute(update(ScheduledCommand).values(status="done"))  # the deadline has run
+        db.session.commit()
+        assert drain_deliveries(now=now) == {"done": 2, "more": False}
+        assert sorted(runs) == sorted(orders)
+        db.session.remove()
+
+
+def test_a_delivery_drain_ends_with_a_short_batch_and_leaves_what_fell_due_meanwhile(
+    make_fresh_app, monkeypatch, fake_clock
+):
+    """Deliveries have no lookahead: a batch shorter than the batch size means nothing more was due
+    when it was claimed, and the drain ends there (the poll wakes the next one)."""
+    app = make_fresh_app(CLOCK=fake_clock)
+    runs = []
+
+    def slow(event, now):
+        runs.append(event.order_id)
+        fake_clock.advance(10)
+
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["slow_followup"])
+    monkeypatch.setitem(shop.saga.HANDLERS, "slow_followup", slow)
+    with app.app_context():
+        first, later = _cancelled_orders(2, seed_catalog_rows()["NB-A5-DOT"])
+        db.session.execute(
+            update(OutboxDelivery)
+            .where(OutboxDelivery.order_id == later)
+            .values(next_attempt_at=utcnow() + timedelta(seconds=5))
+        )
+        db.session.commit()
+
+        assert drain_deliveries() == {"done": 1, "more": False}
+
+        assert runs == [first]
+        db.session.remove()
+
+
+def test_a_drain_runs_on_while_under_half_its_lease_has_passed(make_fresh_app, monkeypatch, fake_clock):
+    """0.4 s of a 1 s lease: the next row still runs; at 0.8 s the rest goes back."""
+    app = make_fresh_app(OUTBOX_LEASE_SECONDS=1, CLOCK=fake_clock)
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["slow_followup"])
+    monkeypatch.setitem(shop.saga.HANDLERS, "slow_followup", lambda event, now: fake_clock.advance(0.4))
+    with app.app_context():
+        _cancelled_orders(3, seed_catalog_rows()["NB-A5-DOT"])
+
+        result = drain_deliveries(now=utcnow() + timedelta(seconds=1))
+
+        assert (result["done"], result["released"], result["more"]) == (2, 1, True)
+        db.session.remove()

@@ -5,17 +5,23 @@ Real database, Redis and sandbox (its account set as a Dashboard would set it)."
 
 from __future__ import annotations
 
+import email
+import email.policy
+from pathlib import Path
+
 from sqlalchemy import select
 
 from factories import seed_catalog_rows
-from payment_helpers import Shopper, order_id, run_due_commands
+from payment_helpers import HTML, Shopper, order_id, run_due_commands
 from shop.domain.deadlines import utcnow
 from shop.domain.payment import TaxMode
 from shop.extensions import db
-from shop.models import Order, PaymentProofRefusal, Refund
+from shop.models import Order, OutboxDelivery, PaymentProofRefusal, Refund
+from shop.outbox.dispatch import run_delivery
 from shop.payments.apply import reconcile_order
 from shop.provider import guard
 from shop.saga.operator_refunds import RefundOutcome, refund_order
+from support import log_in
 
 GERMANY = {"country": "DE", "line1": "Unter den Linden 1", "city": "Berlin", "postal_code": "10117"}
 OREGON = {"country": "US", "line1": "1 Main St", "city": "Portland", "postal_code": "97201", "state": "OR"}
@@ -45,6 +51,25 @@ def _pay(app, sandbox, shopper: Shopper, address: dict) -> tuple[dict, dict]:
         reconcile_order(order_id(app, order["reference"]))
         db.session.remove()
     return order, session
+
+
+def _dollars(cents: int) -> str:
+    return f"${cents / 100:,.2f}"
+
+
+def _receipt(app, oid: int) -> str:
+    """The order's receipt, sent as the worker sends it, as the mailer wrote it (no SMTP_URL)."""
+    with app.app_context():
+        [delivery] = db.session.execute(
+            select(OutboxDelivery.id).where(
+                OutboxDelivery.order_id == oid, OutboxDelivery.handler == "send_order_confirmation"
+            )
+        ).scalars()
+        db.session.remove()
+        assert run_delivery(delivery) == "done"
+        db.session.remove()
+    [mail] = Path(app.instance_path, "mail").glob("*order_paid*.eml")
+    return email.message_from_bytes(mail.read_bytes(), policy=email.policy.default).get_body(("plain",)).get_content()
 
 
 def _refunds_at_provider(sandbox) -> list[int]:
@@ -93,12 +118,15 @@ def test_an_account_that_would_tax_a_session_of_a_shop_without_tax_never_has_it_
     assert "calculated tax" in problems and f"!= order total {order['total']}" in problems
 
 
-def test_with_stripe_tax_the_tax_is_charged_proven_saved_and_an_operator_refunds_what_was_charged(
-    make_fresh_app, sandbox
+def test_with_stripe_tax_the_tax_is_charged_proven_saved_shown_emailed_and_an_operator_refunds_what_was_charged(
+    make_fresh_app, sandbox, monkeypatch, tmp_path
 ):
+    monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
+    monkeypatch.delenv("SMTP_URL", raising=False)
     sandbox.account(tax_rates={"US": 800})
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60, TAX_MODE=TaxMode.STRIPE)
     shopper = Shopper(app, seed_catalog_rows(app))
+    assert shopper.place()["tax"] is None  # null until paid
 
     order, session = _pay(app, sandbox, shopper, OREGON)
 
@@ -107,6 +135,19 @@ def test_with_stripe_tax_the_tax_is_charged_proven_saved_and_an_operator_refunds
     assert (session["amount_subtotal"], session["total_details"]["amount_tax"]) == (order["total"], tax)
     row = _row(app, order["reference"])
     assert (row.status, row.tax, row.charged) == ("Paid", tax, order["total"] + tax)
+    shown = shopper.order(order["reference"])
+    assert (shown["total"], shown["tax"], shown["charged"]) == (order["total"], tax, order["total"] + tax)
+    page = shopper.client.get(f"/orders/{order['reference']}", headers=HTML).get_data(as_text=True)
+    assert (
+        f'Tax</th><td class="num">{_dollars(tax)}' in page
+        and f'Total charged</th><th class="num">{_dollars(order["total"] + tax)}' in page
+    )
+    receipt = _receipt(app, row.id)
+    assert f"Tax: {_dollars(tax)}" in receipt and f"Total paid: {_dollars(order['total'] + tax)}" in receipt
+    operator = app.test_client()
+    log_in(app, operator)
+    console = operator.get(f"/console/orders/{order['reference']}", headers=HTML).get_data(as_text=True)
+    assert f"+ tax {_dollars(tax)} = <strong>{_dollars(order['total'] + tax)} charged</strong>" in console
 
     # More than the goods but not more than was charged may be refunded; then nothing is left.
     with app.app_context():

@@ -109,7 +109,7 @@ def test_a_payment_start_refuses_a_state_the_transition_forbids_even_at_the_vers
 def test_paying_a_stored_order_again_reads_it_and_applies_the_same_guarded_transition(fresh_paying_app, sandbox):
     shopper = Shopper(fresh_paying_app, seed_catalog_rows(fresh_paying_app))
     sandbox.faults(api_unavailable=True)
-    ref = shopper.checkout(SKU, 1).headers["Location"].rsplit("/", 1)[-1]
+    ref = shopper.buy(SKU, 1)
     sandbox.faults(api_unavailable=False)
     assert shopper.order(ref)["status"] == "PendingPayment"
 

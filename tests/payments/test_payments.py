@@ -18,18 +18,11 @@ from shop.outbox.dispatch import run_delivery
 from shop.payments.apply import reconcile_order
 from shop.provider import gateway
 from shop.stripe_sandbox.testing import SandboxControlError
-
-
-def _rows(app, model, **filters) -> list:
-    with app.app_context():
-        rows = db.session.query(model).filter_by(**filters).order_by(model.id).all()
-        db.session.expunge_all()
-        db.session.remove()
-        return rows
+from support import rows_in
 
 
 def _event_names(app, ref) -> list[str]:
-    return [e.name for e in _rows(app, OutboxEvent, order_id=order_id(app, ref))]
+    return [e.name for e in rows_in(app, OutboxEvent, order_id=order_id(app, ref))]
 
 
 def _provider_session(app, session_id) -> gateway.SessionView:
@@ -50,11 +43,11 @@ def test_paying_on_the_hosted_page_makes_the_order_paid_through_the_registered_w
         assert paid["payment"]["status"] == "paid"
         [event] = sandbox.wait_for_event("checkout.session.completed")
         assert [d["status"] for d in event["deliveries"]] == ["succeeded"]
-        assert [(r.event_id, r.outcome) for r in _rows(app, WebhookReceipt)] == [(event["id"], "accepted")]
+        assert [(r.event_id, r.outcome) for r in rows_in(app, WebhookReceipt)] == [(event["id"], "accepted")]
         assert _event_names(app, order["reference"]).count("OrderPaid") == 1
         assert [
             d.handler
-            for d in _rows(app, OutboxDelivery, order_id=order_id(app, order["reference"]))
+            for d in rows_in(app, OutboxDelivery, order_id=order_id(app, order["reference"]))
             if d.handler == "send_order_confirmation"
         ]
 
@@ -75,7 +68,7 @@ def test_a_dropped_webhook_is_made_good_by_the_customers_return(make_fresh_app, 
         assert back.status_code == 303
         assert back.headers["Location"].endswith(f"/orders/{order['reference']}")
         assert shopper.order(order["reference"])["status"] == "Paid"
-        assert _rows(app, WebhookReceipt) == []  # nothing came in by webhook: the return did it
+        assert rows_in(app, WebhookReceipt) == []  # nothing came in by webhook: the return did it
 
 
 # -- outcomes at the provider, delivered as signed posts ---------------------------------------
@@ -122,7 +115,7 @@ def test_an_async_payment_that_succeeds_later_pays_the_order(fresh_paying_app, s
     r = post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.async_payment_succeeded", sid))
     assert (r.status_code, r.get_json()["outcome"]) == (200, "paid")
     assert shopper.order(order["reference"])["status"] == "Paid"
-    [paid] = _rows(fresh_paying_app, Order, reference=order["reference"])
+    [paid] = rows_in(fresh_paying_app, Order, reference=order["reference"])
     assert paid.payment_processing_at is None  # settled: the "money may still come" mark is gone
 
 
@@ -139,11 +132,11 @@ def test_an_async_payment_that_fails_notifies_the_customer_and_rearms_the_deadli
 
     oid = order_id(fresh_paying_app, ref)
     [followup] = [
-        d for d in _rows(fresh_paying_app, OutboxDelivery, order_id=oid) if d.handler == "payment_failed_followups"
+        d for d in rows_in(fresh_paying_app, OutboxDelivery, order_id=oid) if d.handler == "payment_failed_followups"
     ]
     with fresh_paying_app.app_context():
         assert run_delivery(followup.id) == "done"
-    commands = _rows(fresh_paying_app, ScheduledCommand, order_id=oid)
+    commands = rows_in(fresh_paying_app, ScheduledCommand, order_id=oid)
     emails = [c for c in commands if c.kind == "send_email"]
     assert [c.payload["template"] for c in emails] == ["payment_failed"]
     deadlines = [c for c in commands if c.kind == "expire_unpaid_order"]
@@ -208,7 +201,7 @@ def test_checkout_with_the_provider_down_lands_on_a_payable_order_page(fresh_pay
     assert order["status"] == "PendingPayment" and order["payment"] is None and order["pay_by"]
     # Its deadline, and its payment link's email for when payments work again
     # (tests/payments/test_payment_link_email.py).
-    assert [c.kind for c in _rows(fresh_paying_app, ScheduledCommand, order_id=order_id(fresh_paying_app, ref))] == [
+    assert [c.kind for c in rows_in(fresh_paying_app, ScheduledCommand, order_id=order_id(fresh_paying_app, ref))] == [
         "expire_unpaid_order",
         "offer_payment_link",
     ]
@@ -298,7 +291,7 @@ def _session_args(app, ref, attempt=1) -> dict:
 
 def test_a_repeated_session_request_for_the_same_attempt_is_replayed_not_duplicated(fresh_paying_app, shopper, sandbox):
     sandbox.faults(api_unavailable=True)
-    ref = shopper.checkout().headers["Location"].rsplit("/", 1)[-1]  # an order with no session yet
+    ref = shopper.buy()  # an order with no session yet
     sandbox.faults(api_unavailable=False)
     with fresh_paying_app.app_context():
         args = _session_args(fresh_paying_app, ref)
@@ -416,7 +409,7 @@ def test_two_clicks_on_pay_now_at_once_leave_the_winners_session_open(
     clock.use(fake_clock)  # the test's apps read the process's clock; conftest puts the system's back
 
     sandbox.faults(api_unavailable=True)
-    ref = shopper.checkout().headers["Location"].rsplit("/", 1)[-1]
+    ref = shopper.buy()
     sandbox.faults(api_unavailable=False)
     oid = order_id(fresh_paying_app, ref)
     real, nested = gateway.create_checkout_session, []

@@ -17,15 +17,7 @@ from shop.outbox.dispatch import run_command
 from shop.payments.apply import apply_session, reconcile_order
 from shop.payments.refunds import execute_refund
 from shop.provider import gateway
-from support import wait_until
-
-
-def _rows(app, model, **filters) -> list:
-    with app.app_context():
-        rows = db.session.query(model).filter_by(**filters).order_by(model.id).all()
-        db.session.expunge_all()
-        db.session.remove()
-        return rows
+from support import rows_in, wait_until
 
 
 def _provider_refunds(app, payment_intent: str) -> list[dict]:
@@ -48,21 +40,21 @@ def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_
         # ...and the customer, still on the open page, pays. Stripe reports it twice.
         sandbox.faults(api_unavailable=False, duplicate_webhooks=True)
         sandbox.set_outcome(sid, "paid")
-        wait_until(lambda: len(_rows(app, WebhookReceipt)) >= 2, what="both deliveries")
+        wait_until(lambda: len(rows_in(app, WebhookReceipt)) >= 2, what="both deliveries")
         # The customer's return and the sweep/console reconcile report it again.
         assert shopper.come_back(ref, sid).status_code == 303
         with app.app_context():
             assert reconcile_order(oid, source="sweep").outcome == "already_refunded"
             db.session.remove()
 
-        assert sorted(r.outcome for r in _rows(app, WebhookReceipt)) == ["accepted", "duplicate"]
+        assert sorted(r.outcome for r in rows_in(app, WebhookReceipt)) == ["accepted", "duplicate"]
         # The cancel could not read the session, so the order was watched for late money; the
         # watch goes on until the refund has gone through, not merely been recorded.
-        [cancelled] = _rows(app, Order, id=oid)
+        [cancelled] = rows_in(app, Order, id=oid)
         assert cancelled.late_money_watch_since is not None
-        [refund] = _rows(app, Refund, order_id=oid)
+        [refund] = rows_in(app, Refund, order_id=oid)
         assert (refund.session_id, refund.amount, refund.status) == (sid, order["total"], "pending")
-        [command] = [c for c in _rows(app, ScheduledCommand, order_id=oid) if c.kind == "refund_payment"]
+        [command] = [c for c in rows_in(app, ScheduledCommand, order_id=oid) if c.kind == "refund_payment"]
         assert command.payload == {"refund_id": refund.id}
 
         # The refund command meets a provider outage first (it waits, its attempt given back),
@@ -70,16 +62,16 @@ def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_
         sandbox.faults(api_unavailable=True)
         with app.app_context():
             assert run_command(command.id) == "waiting"
-        assert _rows(app, Refund, order_id=oid)[0].status == "pending"
+        assert rows_in(app, Refund, order_id=oid)[0].status == "pending"
         sandbox.faults(api_unavailable=False)
         with app.app_context():
             assert run_command(command.id, now=utcnow() + timedelta(seconds=5)) == "done"
             assert run_command(command.id, now=utcnow() + timedelta(seconds=10)) == "skipped"
-        [done] = _rows(app, Refund, order_id=oid)
+        [done] = rows_in(app, Refund, order_id=oid)
         assert done.status == "succeeded" and done.provider_refund_id
-        assert _rows(app, Order, id=oid)[0].late_money_watch_since is None  # refunded: the watch ends
+        assert rows_in(app, Order, id=oid)[0].late_money_watch_since is None  # refunded: the watch ends
         emails = [
-            c.payload.get("template") for c in _rows(app, ScheduledCommand, order_id=oid) if c.kind == "send_email"
+            c.payload.get("template") for c in rows_in(app, ScheduledCommand, order_id=oid) if c.kind == "send_email"
         ]
         assert emails == ["refund_issued"]
 
@@ -138,7 +130,7 @@ def test_a_second_paid_session_for_an_already_paid_order_is_refunded(fresh_payin
         db.session.remove()
 
     assert shopper.order(ref)["status"] == "Paid"
-    [refund] = _rows(fresh_paying_app, Refund, order_id=oid)
+    [refund] = rows_in(fresh_paying_app, Refund, order_id=oid)
     assert refund.session_id == other.id and "paid twice" in refund.reason
 
 
@@ -169,12 +161,12 @@ def test_money_that_settles_after_a_cancel_is_refunded_by_the_sweep_when_its_web
         again = run_cycle()
         assert again.provider["late_refund"] == 0 and again.provider["watch_closed"] == 0  # no longer watched
         db.session.remove()
-    [refund] = _rows(fresh_paying_app, Refund, order_id=oid)
+    [refund] = rows_in(fresh_paying_app, Refund, order_id=oid)
     assert (refund.session_id, refund.amount) == (sid, order["total"])
-    [command] = [c for c in _rows(fresh_paying_app, ScheduledCommand, order_id=oid) if c.kind == "refund_payment"]
+    [command] = [c for c in rows_in(fresh_paying_app, ScheduledCommand, order_id=oid) if c.kind == "refund_payment"]
     with fresh_paying_app.app_context():
         assert run_command(command.id) == "done"
-    [done] = _rows(fresh_paying_app, Refund, order_id=oid)
+    [done] = rows_in(fresh_paying_app, Refund, order_id=oid)
     assert [(r["amount"], r["status"]) for r in _provider_refunds(fresh_paying_app, done.payment_intent_id)] == [
         (order["total"], "succeeded")
     ]
@@ -196,11 +188,11 @@ def test_a_settling_payment_that_fails_after_a_cancel_ends_the_watch_without_a_r
         assert run_cycle().provider["watch_closed"] == 1
         assert db.session.get(Order, oid).late_money_watch_since is None
         db.session.remove()
-    assert _rows(fresh_paying_app, Refund, order_id=oid) == []
+    assert rows_in(fresh_paying_app, Refund, order_id=oid) == []
 
 
 def _refund_command(app, oid: int) -> ScheduledCommand:
-    [command] = [c for c in _rows(app, ScheduledCommand, order_id=oid) if c.kind == "refund_payment"]
+    [command] = [c for c in rows_in(app, ScheduledCommand, order_id=oid) if c.kind == "refund_payment"]
     return command
 
 
@@ -270,18 +262,18 @@ def test_a_late_money_refund_rides_out_a_provider_outage_longer_than_the_old_bac
         cycle = run_cycle(now=utcnow() + timedelta(hours=1))
         assert cycle.provider["refund_under_way"] == 1, cycle.summary()
         db.session.remove()
-    assert _rows(app, Order, id=oid)[0].late_money_watch_since is not None
+    assert rows_in(app, Order, id=oid)[0].late_money_watch_since is not None
 
     sandbox.faults(api_unavailable=False)
     with app.app_context():
         assert run_command(command.id, now=start + timedelta(minutes=10)) == "done"
-    [refund] = _rows(app, Refund, order_id=oid)
+    [refund] = rows_in(app, Refund, order_id=oid)
     assert refund.status == "succeeded"
     assert [(r["amount"], r["status"]) for r in _provider_refunds(app, refund.payment_intent_id)] == [
         (order["total"], "succeeded")
     ]
     assert shopper.order(ref)["refunds"] == [{"id": refund.id, "amount": order["total"], "status": "succeeded"}]
-    assert _rows(app, Order, id=oid)[0].late_money_watch_since is None  # refunded: the watch ends
+    assert rows_in(app, Order, id=oid)[0].late_money_watch_since is None  # refunded: the watch ends
 
 
 def test_the_watch_runs_a_dead_late_money_refund_again_but_leaves_a_refused_one_to_an_operator(
@@ -324,7 +316,7 @@ def test_the_watch_runs_a_dead_late_money_refund_again_but_leaves_a_refused_one_
         assert (row.status, row.attempts) == ("pending", 0)
         db.session.remove()
         assert run_command(command_id, now=utcnow() + timedelta(hours=3, minutes=1)) == "done"
-    [refund] = _rows(fresh_paying_app, Refund, order_id=oid)
+    [refund] = rows_in(fresh_paying_app, Refund, order_id=oid)
     assert refund.status == "succeeded"
     assert len(_provider_refunds(fresh_paying_app, refund.payment_intent_id)) == 1
-    assert _rows(fresh_paying_app, Order, id=oid)[0].late_money_watch_since is None
+    assert rows_in(fresh_paying_app, Order, id=oid)[0].late_money_watch_since is None

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 
-from factories import seed_catalog_rows
+from factories import on_hand, seed_catalog_rows
 from payment_helpers import Shopper, order_id, post_webhook, run_due_commands, run_everything, sandbox_event
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
@@ -310,16 +310,6 @@ def _refund_as_the_lost_machine_did(app, *, order_id: int, sid: str, amount: int
         db.session.remove()
 
 
-def _stock(app, sku: str) -> int:
-    from shop.models import InventoryItem, Variant
-
-    with app.app_context():
-        variant = db.session.query(Variant).filter_by(sku=sku).one()
-        on_hand = db.session.query(InventoryItem).filter_by(variant_id=variant.id).one().on_hand
-        db.session.remove()
-        return on_hand
-
-
 def test_an_unpaid_order_whose_late_payment_the_lost_machine_refunded_is_cancelled_not_paid_by_the_copy(
     fresh_paying_app, sandbox
 ):
@@ -331,7 +321,7 @@ def test_an_unpaid_order_whose_late_payment_the_lost_machine_refunded_is_cancell
 
     app = fresh_paying_app
     shopper, order, oid = _placed_while_the_provider_was_down(app, sandbox)
-    held = _stock(app, "SOCK-M")  # one sock less than seeded: the order holds it
+    held = on_hand("SOCK-M", app)  # one sock less than seeded: the order holds it
     assert order["status"] == "PendingPayment"
     _was_sweeping(app)
     sid = _session_for(app, sandbox, order_id=oid, reference=order["reference"], amount=order["total"])
@@ -351,7 +341,7 @@ def test_an_unpaid_order_whose_late_payment_the_lost_machine_refunded_is_cancell
         assert db.session.query(Refund).filter_by(order_id=oid).one().status == "succeeded"
         db.session.remove()
     assert _provider_refunds(app, sid) == [(order["total"], "succeeded")]  # the lost machine's, replayed
-    assert _stock(app, "SOCK-M") == held + 1  # the compensation gave the cancelled order's sock back
+    assert on_hand("SOCK-M", app) == held + 1  # the compensation gave the cancelled order's sock back
     assert _unknown(app) == []
     # A later cycle changes nothing.
     _sweep(app, minutes_later=5)

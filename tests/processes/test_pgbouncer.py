@@ -18,11 +18,11 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from factories import place_order_for, seed_catalog_rows, variant_id
+from factories import on_hand, place_order_for, seed_catalog_rows
 from payment_helpers import WEBHOOK_SECRET, Shopper, paid_at_provider, post_webhook
 from process_support import Processes, free_port, process_env
 from shop.extensions import db
-from shop.models import CycleStatus, InventoryItem, Order, ReconciliationCycle
+from shop.models import CycleStatus, Order, ReconciliationCycle
 from support import wait_until
 
 pytestmark = pytest.mark.slow
@@ -159,9 +159,7 @@ def test_checkout_webhook_compensation_deadline_and_sweep_run_through_pgbouncer(
     )
     skus = seed_catalog_rows(app)
     shopper = Shopper(app, skus)
-    with app.app_context():
-        stock = db.session.get(InventoryItem, variant_id("NB-A5-DOT")).on_hand
-        db.session.remove()
+    stock = on_hand("NB-A5-DOT", app)
 
     paid, completed = paid_at_provider(shopper, sandbox)  # checkout through the web, paid at the provider
     assert post_webhook(app.test_client(), completed).status_code == 200
@@ -204,7 +202,7 @@ def test_checkout_webhook_compensation_deadline_and_sweep_run_through_pgbouncer(
 
         wait_until(swept, 30, "a sweep cycle that ended ok", procs.logs)
         with app.app_context():
-            assert db.session.get(InventoryItem, variant_id("NB-A5-DOT")).on_hand == stock - 1
+            assert on_hand("NB-A5-DOT") == stock - 1
             assert db.session.query(Order).filter_by(reference=paid["reference"]).one().status == "Paid"
             db.session.remove()
         logs = procs.logs_when_stopped()

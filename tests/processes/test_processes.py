@@ -18,7 +18,7 @@ from rq import Worker
 from rq.job import JobStatus
 from sqlalchemy import select
 
-from factories import place_order_for, seed_catalog_rows, variant_id
+from factories import on_hand, place_order_for, seed_catalog_rows, variant_id
 from process_support import (
     ROOT,
     WINDOW,
@@ -31,7 +31,7 @@ from process_support import (
 from shop import queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
-from shop.models import InventoryItem, Order, OutboxEvent, ScheduledCommand
+from shop.models import Order, OutboxEvent, ScheduledCommand
 from shop.orders.cancel import PROVIDER_EXPIRY_GRACE
 from shop.payments.start import start_payment
 from shop.queue.connection import ShopQueue
@@ -114,13 +114,7 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
                 # the provider a moment to expire the session by its own clock.
                 due = as_utc(db.session.get(Order, order_id).payment_session_expires_at) + PROVIDER_EXPIRY_GRACE
                 db.session.rollback()
-            assert (
-                db.session.execute(
-                    select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)
-                ).scalar_one()
-                == 37
-            )
-            db.session.rollback()
+            assert on_hand(variant_id) == 37
 
             # Bounded: the deadline plus 3 s, polled every 100 ms.
             bound = (due + timedelta(seconds=3) - utcnow()).total_seconds()
@@ -134,12 +128,7 @@ def test_real_scheduler_and_worker_cancel_an_unpaid_order_within_3s_of_its_deadl
             order = db.session.get(Order, order_id)
             lateness = (as_utc(order.updated_at) - due).total_seconds()
             assert lateness <= 3.0, procs.logs()
-            assert (
-                db.session.execute(
-                    select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)
-                ).scalar_one()
-                == 40
-            )
+            assert on_hand(variant_id) == 40
             deadline = db.session.execute(
                 select(ScheduledCommand).where(
                     ScheduledCommand.kind == "expire_unpaid_order", ScheduledCommand.order_id == order_id
@@ -194,12 +183,7 @@ def test_a_running_scheduler_rebuilds_redis_from_the_database_when_redis_loses_e
             wait_until(
                 _cancelled_and_restored(order_id), max(bound, 1), "the lost deadline to cancel the order", procs.logs
             )
-            assert (
-                db.session.execute(
-                    select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)
-                ).scalar_one()
-                == 40
-            )
+            assert on_hand(variant_id) == 40
             db.session.remove()
             assert "rebuilding them from the database" in procs.logs()
             for name, proc in procs.children:

@@ -113,3 +113,28 @@ def test_what_a_restore_records_carries_the_time_of_the_delivery_that_ran_it(cat
     row = db.session.execute(select(InventoryItem).where(InventoryItem.variant_id == a5)).scalar_one()
     assert (row.on_hand, as_utc(row.updated_at)) == (40, when)
     db.session.rollback()
+
+
+def test_a_restore_refused_for_two_lines_names_both_in_one_warning_and_its_log_at_the_deliverys_time(catalog, caplog):
+    a5, sand = catalog["NB-A5-DOT"], catalog["MUG-350-SND"]
+    order_id = place_order_for({a5: 3, sand: 2}).order_id
+    cancel(order_id)
+    reference = order(order_id).reference
+    full = update(InventoryItem).where(InventoryItem.variant_id.in_([a5, sand])).values(on_hand=MAX_ON_HAND - 1)
+    db.session.execute(full)
+    db.session.commit()
+    when = utcnow() - timedelta(hours=1)
+
+    with caplog.at_level(logging.WARNING, logger="shop.saga"), uow.transaction():
+        assert restore_inventory(OrderCancelled(order_id, CANCELLED_BY_CUSTOMER), when) == "refused"
+
+    overflow = "variant {v}'s stock would go over the maximum an inventory row holds (stock_would_overflow:variant={v})"
+    because = "; ".join(overflow.format(v=v) for v in sorted([a5, sand]))
+    reason = (
+        f"nothing given back for this order, because {because}. Fix the stock by hand and resolve, or fix the cause "
+        "and retry the restore."
+    )
+    [warning] = warnings(order_id)
+    assert (warning.reason, warning.variant_id, warning.quantity, as_utc(warning.created_at)) == (reason, None, 5, when)
+    assert said(caplog, logging.WARNING) == [f"restore_inventory: order {reference} (OrderCancelled): {reason}"]
+    assert (on_hand(a5), on_hand(sand), order(order_id).inventory_restored) == (MAX_ON_HAND - 1, MAX_ON_HAND - 1, False)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import delete, update
 
-from compensation_support import on_hand, order
+from compensation_support import on_hand, order, warnings
 from factories import place_order_for, seed_catalog_rows, transitioned
 from shop.domain.deadlines import utcnow
 from shop.domain.order import Transition as T
@@ -50,7 +50,7 @@ def test_a_paid_order_is_restocked_once_and_says_what_came_back(catalog, caplog)
     assert (on_hand(a5), on_hand(sand)) == (40, 12)
     assert order(order_id).inventory_restored is True
     [line] = [r.getMessage() for r in caplog.records if r.name == "shop.saga"]
-    assert line.startswith(f"restock_paid_order: order {reference} restocked")
+    assert line == f"restock_paid_order: order {reference} restocked {{{a5}: 3, {sand}: 2}} with a refund"
 
 
 def test_a_second_restock_of_the_order_is_refused_and_gives_nothing_back(catalog):
@@ -82,3 +82,33 @@ def test_a_restock_that_would_overflow_a_row_is_refused_in_words_and_changes_not
         f"variant {a5}'s stock would go over the maximum an inventory row holds (stock_would_overflow:variant={a5})",
     )
     assert (on_hand(a5), on_hand(sand), order(order_id).inventory_restored) == (MAX_ON_HAND - 1, 10, False)
+
+
+def test_a_restock_refused_for_two_lines_names_both(catalog):
+    a5, sand = catalog["NB-A5-DOT"], catalog["MUG-350-SND"]
+    order_id = paid({a5: 3, sand: 2})
+    full = update(InventoryItem).where(InventoryItem.variant_id.in_([a5, sand])).values(on_hand=MAX_ON_HAND - 1)
+    db.session.execute(full)
+    db.session.commit()
+    overflow = "variant {v}'s stock would go over the maximum an inventory row holds (stock_would_overflow:variant={v})"
+    assert restock(order_id) == (RestoreOutcome.REFUSED, "; ".join(overflow.format(v=v) for v in sorted([a5, sand])))
+    assert order(order_id).inventory_restored is False
+
+
+def test_a_restock_gives_back_the_lines_with_an_inventory_row_and_warns_of_the_one_without(catalog, caplog):
+    a5, sand = catalog["NB-A5-DOT"], catalog["MUG-350-SND"]
+    order_id = paid({a5: 3, sand: 2})
+    reference = order(order_id).reference
+    db.session.execute(delete(InventoryItem).where(InventoryItem.variant_id == sand))
+    db.session.commit()
+
+    with caplog.at_level(logging.WARNING, logger="shop.saga"):
+        assert restock(order_id) == (RestoreOutcome.RESTORED, f"+3 to variant {a5}")
+
+    assert (on_hand(a5), order(order_id).inventory_restored) == (40, True)
+    [warning] = warnings(order_id)
+    assert (warning.variant_id, warning.quantity) == (sand, 2)
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"restore_inventory: order {reference} (OrderCancelled): variant {sand} has no inventory row, "
+        "2 unit(s) not restored"
+    ]

@@ -19,12 +19,11 @@ import pytest
 from sqlalchemy import event, select, update
 from sqlalchemy.exc import OperationalError
 
-from factories import force_order, place_order_for, seed_catalog_rows, variant_id
+from factories import force_order, on_hand, place_order_for, seed_catalog_rows
 from process_support import ROOT, flask_command, process_env
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
 from shop.models import (
-    InventoryItem,
     Lease,
     Order,
     OutboxDelivery,
@@ -71,14 +70,6 @@ def build_app(make_fresh_app, sandbox):
 def later(app, extra: int = 60):
     """An instant at which everything changed during this test is past the stuck age."""
     return utcnow() + timedelta(seconds=app.config["RECONCILIATION_STUCK_AGE_SECONDS"] + extra)
-
-
-def on_hand(sku: str) -> int:
-    value = db.session.execute(
-        select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id(sku))
-    ).scalar_one()
-    db.session.rollback()
-    return value
 
 
 def order_state(order_id: int) -> str:

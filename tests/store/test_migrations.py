@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tempfile
 import uuid
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -121,3 +122,140 @@ def test_the_late_money_watch_moves_out_of_payment_processing_at_for_cancelled_o
             )
         db.engine.dispose()
     assert rows == {"MIG-CANCELLED": (False, True), "MIG-SETTLING": (True, False)}
+
+
+def test_upgrading_backfills_why_and_when_each_cancelled_order_was_cancelled_from_its_last_cancel_event(
+    fresh_database_url,
+):
+    """A database written before the order row said why and when it was cancelled: each cancelled
+    order takes its last OrderCancelled event's reason and time; one with no such event, and every
+    order that is not cancelled, keeps both empty."""
+    import sqlalchemy as sa
+    from flask_migrate import upgrade
+
+    from shop.models.types import UTCDateTime
+
+    orders = sa.table(
+        "orders",
+        *(sa.column(c) for c in ("id", "reference", "access_token", "browser_id", "email", "status", "total")),
+        *(sa.column(c) for c in ("currency", "inventory_restored", "payment_attempts", "version")),
+        sa.column("created_at", UTCDateTime()),
+        sa.column("updated_at", UTCDateTime()),
+        sa.column("cancel_reason"),
+        sa.column("cancelled_at", UTCDateTime()),
+    )
+    events = sa.table(
+        "outbox_events",
+        sa.column("order_id"),
+        sa.column("name"),
+        sa.column("payload", sa.JSON()),
+        sa.column("created_at", UTCDateTime()),
+    )
+    placed = datetime(2026, 11, 30, 10, 0, tzinfo=timezone.utc)
+    at = {n: placed + timedelta(minutes=n) for n in range(1, 6)}
+    # reference: (status, [(event, reason, at)]), events in the order they were written
+    history = {
+        "MIG-CUSTOMER": (
+            "Cancelled",
+            [("OrderPlaced", None, at[1]), ("OrderCancelled", "cancelled by customer", at[2])],
+        ),
+        "MIG-EXPIRED": ("Cancelled", [("OrderCancelled", "payment window expired", at[3])]),
+        # Two cancel events (a replayed one): the last written wins, though its time is earlier.
+        "MIG-TWICE": ("Cancelled", [("OrderCancelled", "first word", at[5]), ("OrderCancelled", "last word", at[4])]),
+        "MIG-NO-REASON": ("Cancelled", [("OrderCancelled", None, at[1])]),
+        "MIG-NO-EVENT": ("Cancelled", []),
+        "MIG-PAID": ("Paid", [("OrderPaid", None, at[2])]),
+        "MIG-PENDING": ("PendingPayment", [("OrderPlaced", None, at[1])]),
+    }
+    app = create_app(base_config(fresh_database_url))
+    with app.app_context():
+        upgrade(revision="f0a2b4c6d8e1")
+        with db.engine.begin() as conn:
+            for n, (reference, (status, written)) in enumerate(history.items(), start=1):
+                conn.execute(
+                    sa.insert(orders).values(
+                        id=n, reference=reference, access_token="t", browser_id="b", email="a@example.com",
+                        status=status, total=100, currency="usd", inventory_restored=False, payment_attempts=1,
+                        version=2, created_at=placed, updated_at=placed,
+                    )
+                )  # fmt: skip
+                for name, reason, when in written:
+                    payload = {"order_id": n} if reason is None else {"order_id": n, "reason": reason}
+                    conn.execute(sa.insert(events).values(order_id=n, name=name, payload=payload, created_at=when))
+        upgrade()
+        with db.engine.connect() as conn:
+            rows = {
+                r.reference: (r.cancel_reason, r.cancelled_at)
+                for r in conn.execute(sa.select(orders.c.reference, orders.c.cancel_reason, orders.c.cancelled_at))
+            }
+        db.engine.dispose()
+    assert rows == {
+        "MIG-CUSTOMER": ("cancelled by customer", at[2]),
+        "MIG-EXPIRED": ("payment window expired", at[3]),
+        "MIG-TWICE": ("last word", at[4]),
+        "MIG-NO-REASON": (None, at[1]),
+        "MIG-NO-EVENT": (None, None),
+        "MIG-PAID": (None, None),
+        "MIG-PENDING": (None, None),
+    }
+
+
+def test_the_tax_migration_fills_what_orders_paid_before_it_charged(fresh_database_url):
+    """Before TAX_MODE every accepted payment charged exactly the order's total without tax: a
+    paid order, and a cancelled one whose money was refunded, take tax 0 and their total; an order
+    never paid keeps both empty (null until paid)."""
+    import sqlalchemy as sa
+    from flask_migrate import upgrade
+
+    from shop.models.types import UTCDateTime
+
+    orders = sa.table(
+        "orders",
+        *(sa.column(c) for c in ("id", "reference", "access_token", "browser_id", "email", "status", "total")),
+        *(sa.column(c) for c in ("currency", "inventory_restored", "payment_attempts", "version")),
+        sa.column("created_at", UTCDateTime()),
+        sa.column("updated_at", UTCDateTime()),
+        sa.column("tax"),
+        sa.column("charged"),
+    )
+    refunds = sa.table(
+        "refunds",
+        *(sa.column(c) for c in ("order_id", "session_id", "amount", "currency", "reason", "status")),
+        sa.column("created_at", UTCDateTime()),
+        sa.column("updated_at", UTCDateTime()),
+    )
+    at = datetime(2026, 11, 30, 10, 0, tzinfo=timezone.utc)
+    statuses = {
+        "TAX-PAID": "Paid",
+        "TAX-REFUNDED": "Cancelled",
+        "TAX-CANCELLED": "Cancelled",
+        "TAX-OPEN": "PendingPayment",
+    }
+    app = create_app(base_config(fresh_database_url))
+    with app.app_context():
+        upgrade(revision="b1d3f5a7c9e2")
+        with db.engine.begin() as conn:
+            for n, (reference, status) in enumerate(statuses.items(), start=1):
+                conn.execute(
+                    sa.insert(orders).values(
+                        id=n, reference=reference, access_token="t", browser_id="b", email="a@example.com",
+                        status=status, total=100 * n, currency="usd", inventory_restored=False, payment_attempts=1,
+                        version=2, created_at=at, updated_at=at,
+                    )
+                )  # fmt: skip
+            conn.execute(
+                sa.insert(refunds).values(
+                    order_id=2, session_id="cs_late", amount=200, currency="usd", reason="late money",
+                    status="succeeded", created_at=at, updated_at=at,
+                )
+            )  # fmt: skip
+        upgrade()
+        with db.engine.connect() as conn:
+            rows = {r.reference: (r.tax, r.charged) for r in conn.execute(sa.select(orders))}
+        db.engine.dispose()
+    assert rows == {
+        "TAX-PAID": (0, 100),
+        "TAX-REFUNDED": (0, 200),
+        "TAX-CANCELLED": (None, None),
+        "TAX-OPEN": (None, None),
+    }

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import io
+import re
+from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import event, select
@@ -15,8 +17,10 @@ from factories import force_order, place_order_for, seed_catalog_rows
 from shop.console import csv_stream
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import Order, Refund, WebhookReceipt
+from shop.models import Order, Refund, RestoreWarning, WebhookReceipt
+from support import OPERATOR_EMAIL
 
+ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 ORDER_HEADER = ["reference", "status", "total", "currency", "email", "payment_attempts", "created_at", "updated_at"]
 
 
@@ -207,3 +211,37 @@ def test_the_outbox_downloads_its_scheduled_commands_with_the_same_filters(fresh
     html = fresh_client.get("/console/outbox?q=expire").get_data(as_text=True)
     link = html.split("Download commands as CSV")[0].rsplit('href="', 1)[1].split('"')[0].replace("&amp;", "&")
     assert "format=csv" in link and "kind=commands" in link and "q=expire" in link
+
+
+def test_the_audit_and_restore_warning_downloads_hold_their_columns_and_times(fresh_app, fresh_client, eight_orders):
+    placed_at = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+    with fresh_app.app_context():
+        order = db.session.execute(select(Order).where(Order.reference == eight_orders[1])).scalar_one()
+        db.session.add(
+            RestoreWarning(order_id=order.id, variant_id=7, quantity=2, reason="=overflow", created_at=placed_at)
+        )
+        db.session.commit()
+    fresh_client.get("/console/orders?format=csv").get_data()  # a download: on the audit trail
+
+    warnings = rows_of(fresh_client.get("/console/restore-warnings?format=csv"))
+    assert warnings == [
+        [
+            "id",
+            "order_reference",
+            "variant_id",
+            "quantity",
+            "reason",
+            "state",
+            "resolution",
+            "created_at",
+            "resolved_at",
+        ],
+        [warnings[1][0], eight_orders[1], "7", "2", "'=overflow", "open", "", "2026-03-04T05:06:07Z", ""],
+    ]
+    audit = rows_of(fresh_client.get("/console/audit?format=csv"))
+    assert audit[0] == ["id", "at", "operator", "action", "target", "order_reference", "reason", "status", "outcome"]
+    download = [r for r in audit[1:] if r[4] == "/console/orders?format=csv"]
+    assert [r[2:] for r in download] == [
+        [OPERATOR_EMAIL, "export_csv", "/console/orders?format=csv", "", "", "200", "downloaded the orders list as CSV"]
+    ]
+    assert ISO.fullmatch(download[0][1]), download[0][1]

@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from factories import catalog_rows, seed_catalog_rows
+from factories import catalog_rows, on_hand, seed_catalog_rows
 from payment_helpers import Shopper, place_and_pay, run_everything
 from shop.extensions import db
-from shop.models import EmailResend, InventoryItem, OperatorAction, Order, Refund, ScheduledCommand, StockCorrection
-from support import csrf_token, log_in, mails
+from shop.models import EmailResend, OperatorAction, Order, Refund, ScheduledCommand, StockCorrection
+from support import csrf_token, log_in, mails, rows_in
 
 HTML, JSON = {"Accept": "text/html"}, {"Accept": "application/json"}
 KEY = re.compile(r'name="request_key" value="([^"]+)"')
@@ -36,14 +36,6 @@ def paid_order(mail_folder, make_fresh_app, sandbox):
         reference = db.session.get(Order, oid).reference
         db.session.remove()
     return app, client, token, reference, oid, total, skus["SOCK-M"]
-
-
-def _rows(app, model, **filters):
-    with app.app_context():
-        rows = db.session.query(model).filter_by(**filters).order_by(*model.__table__.primary_key.columns).all()
-        db.session.expunge_all()
-        db.session.remove()
-        return rows
 
 
 def test_the_new_pages_and_actions_are_behind_the_operators_login(fresh_app, fresh_client):
@@ -77,25 +69,25 @@ def test_a_refund_is_asked_confirmed_then_made_once_however_often_the_confirmati
     )
     page = confirm.get_data(as_text=True)
     assert confirm.status_code == 200 and "Yes, refund $1.50" in page
-    assert _rows(app, Refund) == []  # the confirmation step moved no money
+    assert rows_in(app, Refund) == []  # the confirmation step moved no money
     key = KEY.search(page).group(1)
-    before = _rows(app, InventoryItem, variant_id=sock)[0].on_hand
+    before = on_hand(sock, app)
     assert 'name="amount" value="150"' in page  # posted in the currency's smallest unit
     data = {"csrf_token": token, "request_key": key, "amount": "150", "reason": "one sock torn", "restock": "yes"}
     first = client.post(f"/console/orders/{ref}/refund", data=data)
     assert first.status_code == 303 and first.headers["Location"].endswith(f"/console/orders/{ref}")
     again = client.post(f"/console/orders/{ref}/refund", data=data, headers=JSON)
     assert again.status_code == 200 and again.get_json()["already"] is True
-    [refund] = _rows(app, Refund, order_id=oid)
+    [refund] = rows_in(app, Refund, order_id=oid)
     assert (refund.amount, refund.requested_by, refund.restock, refund.reason) == (
         150,
         "night-shift@example.com",
         True,
         "one sock torn",
     )
-    assert _rows(app, InventoryItem, variant_id=sock)[0].on_hand == before + 2
+    assert on_hand(sock, app) == before + 2
     run_everything(app)
-    assert _rows(app, Refund, order_id=oid)[0].status == "succeeded"
+    assert rows_in(app, Refund, order_id=oid)[0].status == "succeeded"
     # The order page, its JSON and the refunds list show it; the audit trail has both posts.
     detail = client.get(f"/console/orders/{ref}", headers=JSON).get_json()
     assert [(r["amount"], r["requested_by"], r["restock"]) for r in detail["refunds"]] == [
@@ -106,12 +98,12 @@ def test_a_refund_is_asked_confirmed_then_made_once_however_often_the_confirmati
         for t in detail["timeline"]
     )
     # The customer's page says what it is, not "already paid" (a second payment's words).
-    token_of_order = _rows(app, Order, id=oid)[0].access_token
+    token_of_order = rows_in(app, Order, id=oid)[0].access_token
     customer = app.test_client().get(f"/orders/{ref}", query_string={"token": token_of_order}).get_data(as_text=True)
     assert "a refund our team made on this order" in customer and "already paid" not in customer
     listed = client.get("/console/refunds", headers=JSON).get_json()["refunds"]
     assert [(r["order_reference"], r["amount"]) for r in listed] == [(ref, 150)]
-    audit = [(a.action, a.status, a.reason, a.order_id) for a in _rows(app, OperatorAction)]
+    audit = [(a.action, a.status, a.reason, a.order_id) for a in rows_in(app, OperatorAction)]
     assert audit == [("refund", 303, "one sock torn", oid), ("refund", 200, "one sock torn", oid)]
 
 
@@ -120,7 +112,7 @@ def test_a_refund_post_without_the_csrf_token_is_refused_and_moves_no_money(paid
     data = {"request_key": "k" * 32, "amount": "100", "reason": "no token"}
     r = client.post(f"/console/orders/{ref}/refund", data=data, headers=JSON)
     assert r.status_code == 400
-    assert _rows(app, Refund) == []
+    assert rows_in(app, Refund) == []
 
 
 def test_a_refund_over_what_is_left_is_refused_in_words_when_posted(paid_order):
@@ -129,8 +121,8 @@ def test_a_refund_over_what_is_left_is_refused_in_words_when_posted(paid_order):
     r = client.post(f"/console/orders/{ref}/refund", data=data, headers=JSON)
     assert r.status_code == 400 and "more than is left to refund" in r.get_json()["error"]
     assert r.get_json()["why"] == "over_refundable"
-    assert _rows(app, Refund) == []
-    assert [(a.action, a.status) for a in _rows(app, OperatorAction)] == [("refund", 400)]
+    assert rows_in(app, Refund) == []
+    assert [(a.action, a.status) for a in rows_in(app, OperatorAction)] == [("refund", 400)]
 
 
 def test_a_refund_of_an_unpaid_order_is_refused_on_the_page_and_when_posted(mail_folder, fresh_paying_app, sandbox):
@@ -157,7 +149,7 @@ def test_an_email_the_order_was_sent_is_sent_again_once_per_click(paid_order, ma
     confirm = client.get(f"/console/orders/{ref}/emails/resend?template=order_paid")
     text = confirm.get_data(as_text=True)
     assert confirm.status_code == 200 and "Send the Order confirmation (paid) email again?" in text
-    assert _rows(app, EmailResend, order_id=oid) == []
+    assert rows_in(app, EmailResend, order_id=oid) == []
     asked = client.get(f"/console/orders/{ref}/emails/resend?template=order_paid", headers=JSON).get_json()
     assert (asked["step"], asked["template"], asked["times_sent"]) == ("confirm", "order_paid", 1)
     assert asked["email"] and f"It goes to {asked['email']}" in text
@@ -169,11 +161,11 @@ def test_an_email_the_order_was_sent_is_sent_again_once_per_click(paid_order, ma
     data = {"csrf_token": token, "template": "order_paid", "request_key": key}
     assert client.post(f"/console/orders/{ref}/emails/resend", data=data).status_code == 303
     assert client.post(f"/console/orders/{ref}/emails/resend", data=data, headers=JSON).get_json()["already"] is True
-    [resend] = _rows(app, EmailResend, order_id=oid)
+    [resend] = rows_in(app, EmailResend, order_id=oid)
     assert (resend.template, resend.operator) == ("order_paid", "night-shift@example.com")
     run_everything(app)
     assert len(mails(mail_folder, "order_paid")) == 2
-    [command] = _rows(app, ScheduledCommand, id=resend.command_id)
+    [command] = rows_in(app, ScheduledCommand, id=resend.command_id)
     assert command.status == "done"
     # The resent email is listed too, with who sent it.
     emails = client.get(f"/console/orders/{ref}/emails", headers=JSON).get_json()["emails"]
@@ -182,7 +174,7 @@ def test_an_email_the_order_was_sent_is_sent_again_once_per_click(paid_order, ma
     other = {"csrf_token": token, "template": "refund_failed", "request_key": "x" * 32}
     r = client.post(f"/console/orders/{ref}/emails/resend", data=other, headers=JSON)
     assert r.status_code == 409 and "never sent" in r.get_json()["error"]
-    audit = [(a.action, a.status) for a in _rows(app, OperatorAction)]
+    audit = [(a.action, a.status) for a in rows_in(app, OperatorAction)]
     assert audit == [("resend_email", 303), ("resend_email", 200), ("resend_email", 409)]
 
 
@@ -221,8 +213,8 @@ def test_stock_is_corrected_from_its_page_with_a_reason_and_shows_in_its_history
         ("night-shift@example.com", 7, 5, -2, "two broken in the van"),
         ("night-shift@example.com", 10, 7, -3, "shelf count"),
     ]
-    assert [c.new_on_hand for c in _rows(fresh_app, StockCorrection)] == [7, 5]
-    audit = [(a.action, a.status, a.reason) for a in _rows(fresh_app, OperatorAction)]
+    assert [c.new_on_hand for c in rows_in(fresh_app, StockCorrection)] == [7, 5]
+    audit = [(a.action, a.status, a.reason) for a in rows_in(fresh_app, OperatorAction)]
     assert audit == [
         ("adjust_inventory", 303, "shelf count"),
         ("adjust_inventory", 200, "shelf count"),
@@ -244,7 +236,7 @@ def test_a_scripted_refund_in_minor_units_without_an_amount_refunds_the_rest_onc
     rest = {"csrf_token": token, "reason": "customer returned everything", "restock": "yes"}
     answer = client.post(f"/console/orders/{ref}/refund", data=rest, headers=JSON).get_json()
     assert (answer["amount"], answer["refundable"], answer["restocked"]) == (total - 400, 0, True)
-    assert [r.amount for r in _rows(app, Refund, order_id=oid)] == [400, total - 400]
+    assert [r.amount for r in rows_in(app, Refund, order_id=oid)] == [400, total - 400]
     wrong = [
         ({"amount": "1.50"}, "smallest unit"),
         ({"restock": "maybe"}, "restock must be yes or no"),

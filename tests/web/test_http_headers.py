@@ -27,18 +27,11 @@ def operator(shop):
     return client, token
 
 
-def placed(browser) -> str:
-    """An order placed by `browser` (the provider is unreachable: it stays PendingPayment)."""
-    r = browser.checkout()
-    assert r.status_code == 303, r.get_data(as_text=True)
-    return r.headers["Location"].rsplit("/", 1)[-1]
-
-
 # -- Vary: Accept ---------------------------------------------------------------------------------
 
 
 def test_every_answer_of_a_negotiated_url_varies_on_accept_pages_errors_and_redirects(browser):
-    ref = placed(browser)
+    ref = browser.buy()
     client = browser.client
     answers = {}
     for accept in (HTML, JSON):
@@ -89,7 +82,7 @@ def test_answers_that_never_look_at_accept_do_not_vary_on_it(shop):
 
 
 def test_the_customers_own_pages_and_their_json_are_never_stored(browser):
-    ref = placed(browser)
+    ref = browser.buy()
     client = browser.client
     answers = {}
     for accept in (HTML, JSON):

@@ -1,12 +1,13 @@
 """A customer's path through the storefront, over HTTP via the test client."""
 
+from factories import on_hand
 from payment_helpers import HTML, Shopper
 from shop.extensions import db
-from shop.models import InventoryItem, Order, ScheduledCommand
+from shop.models import Order, ScheduledCommand
 
 
 def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_deadline(shop):
-    app, skus = shop, shop.skus
+    app = shop
     customer = Shopper(shop)
     client = customer.client
     r = customer.checkout("MUG-350-NVY", 2)
@@ -18,7 +19,7 @@ def test_checkout_without_a_reachable_provider_leaves_a_payable_order_with_its_d
     assert data["status"] == "PendingPayment"
     assert data["total"] == 3600 and data["lines"][0]["quantity"] == 2
     with app.app_context():
-        assert db.session.get(InventoryItem, skus["MUG-350-NVY"]).on_hand == 1
+        assert on_hand("MUG-350-NVY") == 1
         order = db.session.query(Order).one()
         deadline = db.session.query(ScheduledCommand).filter_by(kind="expire_unpaid_order").one()
         assert deadline.order_id == order.id

@@ -10,20 +10,12 @@ import threading
 import pytest
 from sqlalchemy import func, select
 
-from factories import force_order
+from factories import force_order, on_hand
 from payment_helpers import HTML, JSON, Shopper
 from shop.extensions import db
-from shop.models import Cart, InventoryItem, Order, OutboxDelivery, OutboxEvent
+from shop.models import Cart, Order, OutboxDelivery, OutboxEvent
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
-
-
-def stock(app, sku):
-    with app.app_context():
-        try:
-            return db.session.get(InventoryItem, app.skus[sku]).on_hand
-        finally:
-            db.session.remove()
 
 
 def rows(app, model, *where):
@@ -100,7 +92,7 @@ def test_a_post_without_its_csrf_token_is_a_400_with_a_clear_message_and_changes
     browser.add("NB-A5-DOT")
     r = browser.client.post("/checkout", headers=JSON, data={"email": "ann@example.com", "csrf_token": "forged"})
     assert r.status_code == 400 and "reload the page" in r.get_json()["error"]
-    assert rows(shop, Order) == 0 and stock(shop, "NB-A5-DOT") == 40
+    assert rows(shop, Order) == 0 and on_hand("NB-A5-DOT", shop) == 40
 
 
 # -- checkout --------------------------------------------------------------------------------------
@@ -118,7 +110,7 @@ def test_checking_out_with_a_bad_email_is_a_400_that_keeps_the_cart(shop, browse
     assert r.status_code == 400
     html = r.get_data(as_text=True)
     assert "does not look like an email address" in html and "NB-A5-DOT" in html
-    assert rows(shop, Order) == 0 and stock(shop, "NB-A5-DOT") == 40
+    assert rows(shop, Order) == 0 and on_hand("NB-A5-DOT", shop) == 40
 
 
 def test_checking_out_more_than_is_left_is_a_409_that_re_renders_the_cart_with_the_reason(shop, browser):
@@ -144,7 +136,7 @@ def test_checking_out_more_than_is_left_is_a_409_that_re_renders_the_cart_with_t
         }
     ]
     assert rows(shop, Order) == 1
-    assert (stock(shop, "MUG-350-NVY"), stock(shop, "NB-A6-DOT")) == (1, 25)
+    assert (on_hand("MUG-350-NVY", shop), on_hand("NB-A6-DOT", shop)) == (1, 25)
 
 
 def test_a_double_submitted_checkout_of_one_cart_creates_one_order(shop, browser):
@@ -166,7 +158,7 @@ def test_a_double_submitted_checkout_of_one_cart_creates_one_order(shop, browser
     for t in threads:
         t.join(30)
     assert sorted(a.status_code for a in answers) == [303, 409], [a.get_json() for a in answers]
-    assert rows(shop, Order) == 1 and stock(shop, "NB-A5-DOT") == 38
+    assert rows(shop, Order) == 1 and on_hand("NB-A5-DOT", shop) == 38
     assert rows(shop, Cart, Cart.status == "ordered") == 1
     # The loser, and a later resubmit, point at the order the winner placed
     # (tests/web/test_double_checkout.py follows the link).
@@ -259,7 +251,7 @@ def test_a_stale_version_cancel_gets_409_with_the_current_state_and_changes_noth
     assert _version(shop, reference) == ("PendingPayment", version + 1, order_id)
     assert rows(shop, OutboxEvent, OutboxEvent.name == "OrderCancelled") == 0
     assert rows(shop, OutboxDelivery) == 0
-    assert stock(shop, "MUG-350-NVY") == 1
+    assert on_hand("MUG-350-NVY", shop) == 1
 
 
 def test_a_current_version_cancel_cancels_and_queues_the_stock_restore(shop, browser):
@@ -376,4 +368,4 @@ def test_setting_a_cart_lines_quantity_is_checked_like_an_add(shop, browser):
         == 404
     )
     assert [i["quantity"] for i in browser.client.get("/cart", headers=JSON).get_json()["items"]] == [3]
-    assert stock(shop, "MUG-350-NVY") == 3  # a cart holds nothing: only checkout takes stock
+    assert on_hand("MUG-350-NVY", shop) == 3  # a cart holds nothing: only checkout takes stock

@@ -1,0 +1,68 @@
+"""An order's address corrected by an operator (docs/REFERENCE.md, Console): the new address
+checked as the checkout checks it, the old and the new in the audit trail (the action's outcome),
+and the order's later emails sent to the new one (orders.contact)."""
+
+from __future__ import annotations
+
+from flask import url_for
+from wtforms import EmailField, HiddenField, TextAreaField
+from wtforms.validators import DataRequired, Email, Length, Optional
+
+from ..orders import contact
+from ..web.answers import respond
+from . import audit
+from .answers import done, find_order, order_or_404, problem
+from .blueprint import bp
+from .forms import ConsoleForm
+
+
+class ChangeEmailForm(ConsoleForm):
+    email = EmailField(
+        "New email",
+        validators=[
+            DataRequired(message="Enter the order's new email address."),
+            Length(max=254, message="An email address is at most 254 characters long."),
+            Email(message="That does not look like an email address.", check_deliverability=False),
+        ],
+    )
+    reason = TextAreaField(
+        "Why", validators=[Optional(), Length(max=2000, message="Keep the reason under 2000 characters.")]
+    )
+    next = HiddenField()
+
+
+@bp.get("/orders/<reference>/email")
+def change_email_form(reference):
+    """The form: the order's address now, the new one and why. Nothing changes on a GET."""
+    order, missing = order_or_404(reference)
+    if order is None:
+        return missing
+    data = {"reference": order.reference, "email": order.email}
+    back = url_for("console.order_detail", reference=order.reference)
+    return respond("console/change_email.html", data, form=ChangeEmailForm(), back=back)
+
+
+@bp.post("/orders/<reference>/email")
+def change_email(reference):
+    """Replace the order's address; the outcome, in the audit trail, names the old and the new."""
+    order = find_order(reference)
+    form = ChangeEmailForm()
+    audit.about(
+        f"email of order {order.reference if order else reference}",
+        order_id=order and order.id,
+        reason=(form.reason.data or "").strip() or None,
+    )
+    if order is None:
+        return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
+    back = url_for("console.order_detail", reference=order.reference)
+    if not form.validate():
+        words = form.email.errors[0] if form.email.errors else f"Why: {form.reason.errors[0]}"
+        return problem(400, str(words), back=back)
+    new = (form.email.data or "").strip()
+    if new == order.email:
+        return problem(409, f"{new} is already this order's address; nothing changed.", back=back)
+    changed = contact.change_email(order.id, new)
+    if changed.old is None:
+        return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
+    message = f"Order {order.reference}'s emails now go to {new} (was {changed.old})."
+    return done(message, {"reference": order.reference, "email": new, "previous_email": changed.old}, back)
