@@ -39,7 +39,8 @@ RESTORE_READ = (
         _orders.c.inventory_restored,
         _orders.c.version,
         _lines.c.variant_id,
-        _lines.c.quantity,
+        # What no operator's refund put back already (saga.line_restock): a restore gives the rest.
+        (_lines.c.quantity - _lines.c.restocked).label("quantity"),
         _inventory.c.on_hand,
     )
     .select_from(
