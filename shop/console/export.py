@@ -73,12 +73,12 @@ def orders_csv(now: datetime, *, stuck: bool, statuses: list[str], filters) -> R
         "total": _money(Order.total, Order.currency),
         "currency": _upper(Order.currency),
         "email": Order.email,
-        # A paid order's money: `paid`, `partially_refunded` or `refunded`, and what went back.
-        "payment": _Cell((Order.status, Order.total, Order.charged, _REFUNDED), _money_back),
-        "refunded": _money(_REFUNDED, Order.currency),
         "payment_attempts": Order.payment_attempts,
         "created_at": _when(Order.created_at),
         "updated_at": _when(Order.updated_at),
+        # A paid order's money: `paid`, `partially_refunded` or `refunded`, and what went back.
+        "payment": _Cell((Order.status, Order.total, Order.charged, _REFUNDED), _money_back),
+        "refunded": _money(_REFUNDED, Order.currency),
     }
     query = _select(Order.id, fields).where(*order_conditions(now, stuck=stuck, statuses=statuses, filters=filters))
     return _download("orders", now, query, Order.id, fields)
