@@ -22,20 +22,11 @@ from ..domain.restoration import MAX_ON_HAND
 from ..domain.results import Refused
 from ..extensions import db
 from ..models import InventoryItem, OrderLine, RefundRestock
-from ..outbox.tables import rows_matched, table_of
+from ..outbox.tables import table_of
 from ..store import order_store
 
 _inventory, _lines, _records = table_of(InventoryItem), table_of(OrderLine), table_of(RefundRestock)
 
-_COUNT = (
-    update(_lines)
-    .where(
-        _lines.c.id == bindparam("line"),
-        _lines.c.order_id == bindparam("order"),
-        _lines.c.restocked + bindparam("units") <= _lines.c.quantity,
-    )
-    .values(restocked=_lines.c.restocked + bindparam("units"))
-)
 _INCREMENT = (
     update(_inventory)
     .where(
@@ -111,8 +102,7 @@ def restock_lines(order, refund_id: int, wanted: dict[int, int], now: datetime) 
         if quantity <= 0:
             continue
         line = lines[line_id]
-        counted = db.session.execute(_COUNT, {"line": line_id, "order": order.id, "units": quantity})
-        if rows_matched(counted) != 1:
+        if not order_store.count_restocked(order.id, line_id, quantity):
             raise RestockRefused(
                 f"{quantity} × {line.sku} is more than can go back: "
                 f"{line.quantity} bought, {line.restocked} back already"

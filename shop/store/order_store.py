@@ -38,7 +38,7 @@ from ..models import Order
 from ..outbox.tables import rows_matched
 from ..outbox.writer import write_events
 from .loaded_order import Line, LoadedOrder  # noqa: F401  (Line: part of the store's vocabulary)
-from .order_statements import INSERT_LINES, INSERT_ORDER, NOTES, PAYMENT_READ, TRANSITIONS, Note
+from .order_statements import COUNT_RESTOCKED, INSERT_LINES, INSERT_ORDER, NOTES, PAYMENT_READ, TRANSITIONS, Note
 
 
 class LostRace(StaleDataError):
@@ -245,3 +245,9 @@ def note_declined(order_id: int, attempt: int, words: str, at: datetime) -> bool
     result = db.session.execute(NOTES[Note.DECLINED], {"order": order_id, "at": at, "attempt": attempt, "words": words})
     _forget_loaded(db.session, order_id)
     return rows_matched(result) == 1
+
+
+def count_restocked(order_id: int, line_id: int, units: int) -> bool:
+    """Count `units` of the order's line as put back by a refund; False (nothing counted) when
+    that would pass what the line bought. Bookkeeping beside the order's lock, no version bump."""
+    return rows_matched(db.session.execute(COUNT_RESTOCKED, {"line": line_id, "order": order_id, "units": units})) == 1
