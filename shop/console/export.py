@@ -11,9 +11,11 @@ from datetime import datetime
 from typing import Any
 
 from flask import Response
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from ..domain.deadlines import as_utc
+from ..domain.order import OrderStatus
+from ..domain.refunds import RefundStatus, charged_for, paid_and_refunded
 from ..domain.timestamps import iso
 from ..models import (
     OperatorAction,
@@ -49,6 +51,21 @@ def wants_csv(args) -> bool:
 # names its columns once, header -> what the cell holds (a column, or a _Cell that renders one).
 
 
+# The sum of an order's succeeded refunds, for each row of the orders' file.
+_REFUNDED = (
+    select(func.coalesce(func.sum(Refund.amount), 0))
+    .where(Refund.order_id == Order.id, Refund.status == RefundStatus.SUCCEEDED)
+    .correlate(Order)
+    .scalar_subquery()
+)
+
+
+def _money_back(status, total, charged, refunded) -> str:
+    if OrderStatus(status) is not OrderStatus.PAID:
+        return ""
+    return paid_and_refunded(charged_for(total, charged), refunded or 0)
+
+
 def orders_csv(now: datetime, *, stuck: bool, statuses: list[str], filters) -> Response:
     fields = {
         "reference": Order.reference,
@@ -59,6 +76,9 @@ def orders_csv(now: datetime, *, stuck: bool, statuses: list[str], filters) -> R
         "payment_attempts": Order.payment_attempts,
         "created_at": _when(Order.created_at),
         "updated_at": _when(Order.updated_at),
+        # A paid order's money: `paid`, `partially_refunded` or `refunded`, and what went back.
+        "payment": _Cell((Order.status, Order.total, Order.charged, _REFUNDED), _money_back),
+        "refunded": _money(_REFUNDED, Order.currency),
     }
     query = _select(Order.id, fields).where(*order_conditions(now, stuck=stuck, statuses=statuses, filters=filters))
     return _download("orders", now, query, Order.id, fields)

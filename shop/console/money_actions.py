@@ -19,12 +19,14 @@ from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import Refund
 from ..money import format_money, minor_digits
+from ..saga.line_restock import lines_left
 from ..saga.operator_refunds import RefundOutcome, refund_order, refundable_now
 from ..web.answers import respond
 from . import audit
 from .answers import done, find_order, operator_name, order_or_404, problem
 from .blueprint import bp
 from .forms import ConsoleForm
+from .restock_form import asked_lines, asked_words, field
 
 KEY = re.compile(r"[A-Za-z0-9_-]{16,64}")
 MINOR = re.compile(r"[0-9]{1,10}")
@@ -115,8 +117,24 @@ def refusal_words(why: str, currency: str, *, amount=None, left=None, status=Non
     )
 
 
-def _refund_page(order, *, step: str, status: int = 200, error: str | None = None, **extra):
+def _restock_asked(form, order_id: int) -> tuple[bool | dict[int, int], str | None]:
+    """The units to put back by line (the form's `restock_<line id>`), else `restock` yes/no."""
+    _lines, wanted, error = asked_lines(request.form, order_id)
+    if error is not None or wanted:
+        return wanted, error
+    restock = yes_or_no(form.restock.data)
+    if restock is None:
+        return False, "restock must be yes or no, or give the units of each line (restock_<line id>)."
+    return restock, None
+
+
+def _key_part(restock: bool | dict[int, int]) -> str:
+    return ",".join(f"{line}:{n}" for line, n in sorted(restock.items())) if isinstance(restock, dict) else str(restock)
+
+
+def _refund_page(order, *, step: str, status: int = 200, error: str | None = None, restock=None, **extra):
     left = refundable_now(order.id)
+    restock = restock or {}
     refunds = db.session.execute(select(Refund).where(Refund.order_id == order.id).order_by(Refund.id)).scalars()
     data = {
         "reference": order.reference,
@@ -137,6 +155,18 @@ def _refund_page(order, *, step: str, status: int = 200, error: str | None = Non
             }
             for r in refunds
         ],
+        "lines": [
+            {
+                "id": ln.id,
+                "sku": ln.sku,
+                "name": ln.name,
+                "quantity": ln.quantity,
+                "restocked": ln.restocked,
+                "left": ln.left,
+                "restock": restock.get(ln.id, 0),
+            }
+            for ln in lines_left(order.id)
+        ],
         "step": step,
         "error": error,
         **extra,
@@ -146,8 +176,9 @@ def _refund_page(order, *, step: str, status: int = 200, error: str | None = Non
         data,
         status,
         order=order,
-        lines=order.lines,
         example=format_example(order.currency),
+        field=field,
+        restock_fields={field(line): n for line, n in restock.items()},
         # The form's mistake is said beside the form (the layout's own line stays out).
         error_field="amount" if error and step == "form" else None,
     )
@@ -170,23 +201,24 @@ def refund_form(reference):
                 "not_paid" if order.payment_session_id else "no_payment", order.currency, status=order.status.value
             ),
         )
+    if left <= 0:
+        return _refund_page(order, step="refused", status=409, error=refusal_words("nothing_left", order.currency))
     text, reason = request.args.get("amount", ""), (request.args.get("reason") or "").strip()[:200]
-    restock = yes_or_no(request.args.get("restock")) is True
+    lines, wanted, restock_error = asked_lines(request.args, order.id)
     if "amount" not in request.args or request.args.get("edit"):
         # The form: empty, or again with what the confirmation step showed ("No, change it").
-        default = major(left, order.currency) if left else ""
-        return _refund_page(order, step="form", amount=text[:40] or default, reason=reason, restock=restock)
+        return _refund_page(
+            order, step="form", amount=text[:40] or major(left, order.currency), reason=reason, restock=wanted
+        )
     amount, error = parse_amount(text, order.currency)
+    error = error or restock_error
     if amount is not None and amount > left:  # parse_amount gives an amount or an error, never both
-        why = "nothing_left" if left <= 0 else "over_refundable"
-        error = refusal_words(why, order.currency, amount=amount, left=left)
+        error = refusal_words("over_refundable", order.currency, amount=amount, left=left)
     if error is None and not reason:
         error = refusal_words("no_reason", order.currency)
-    if error is None and restock and order.inventory_restored:
-        error = refusal_words("already_restocked", order.currency)
     if error is not None:
         return _refund_page(
-            order, step="form", status=400, error=error, amount=text[:40], reason=reason, restock=restock
+            order, step="form", status=400, error=error, amount=text[:40], reason=reason, restock=wanted
         )
     assert amount is not None, "parse_amount gives an amount whenever it finds no error"
     return _refund_page(
@@ -195,7 +227,8 @@ def refund_form(reference):
         amount=major(amount, order.currency),
         amount_minor=amount,
         reason=reason,
-        restock=restock,
+        restock=wanted,
+        restock_words=asked_words(lines, wanted),
         left_after=left - amount,
         request_key=new_request_key(),
     )
@@ -233,10 +266,10 @@ def refund(reference):
         return problem(
             400, "Say why the order is refunded, in 200 characters at most.", title="A reason is needed", back=again
         )
-    restock = yes_or_no(form.restock.data)
-    if restock is None:
-        return problem(400, "restock must be yes or no.", title="Put the stock back?", back=again)
-    key = form.request_key.data or submission_key(order.id, amount_text or "rest", reason, restock)
+    restock, restock_error = _restock_asked(form, order.id)
+    if restock_error is not None:
+        return problem(400, restock_error, title="Put the stock back?", back=again)
+    key = form.request_key.data or submission_key(order.id, amount_text or "rest", reason, _key_part(restock))
     if not KEY.fullmatch(key):
         return problem(
             400, "This form has no valid request key: open the refund page again and confirm from there.", back=again
@@ -268,11 +301,11 @@ def refund(reference):
             reference=order.reference,
             why=result.why,
         )
-    stock = " The order's stock was put back." if result.restocked else ""
+    stock = f" Put back in stock: {result.restock_words}." if result.restocked else ""
     if result.outcome is RefundOutcome.ALREADY:
         message = (
             f"This refund of {format_money(result.amount, currency)} was already made (the same submission "
-            "came twice); nothing more was refunded."
+            f"came twice); nothing more was refunded or put back.{stock}"
         )
     else:
         message = (
@@ -287,6 +320,10 @@ def refund(reference):
         "currency": currency,
         "refundable": result.left,
         "restocked": result.restocked,
+        "restocked_lines": [
+            {"sku": g.sku, "quantity": g.quantity, "on_hand_before": g.on_hand_before, "on_hand_after": g.on_hand_after}
+            for g in result.given
+        ],
         "already": result.outcome is RefundOutcome.ALREADY,
     }
     return done(message, payload, back, "ok" if result.outcome is RefundOutcome.DONE else "warning")

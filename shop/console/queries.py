@@ -34,6 +34,7 @@ from .rows import (
     order_row,
     receipt_json,
     refund_json,
+    refunded_by_order,
     sweep_json,
     sweep_problems,
     warning_detail,
@@ -125,8 +126,9 @@ def orders(now: datetime, *, stuck: bool, statuses: list[str], page: int, filter
             rows, meta = paging(counted.order_by(Order.id), page)
     else:
         rows, meta = paging(query.order_by(Order.id.desc()), page)
+    refunded = refunded_by_order([o.id for (o,) in rows])
     return {
-        "orders": [order_row(o, now, cutoff) for (o,) in rows],
+        "orders": [order_row(o, now, cutoff, refunded.get(o.id, 0)) for (o,) in rows],
         "filters": {"stuck": stuck, "status": statuses, **filters.as_json()},
         **meta,
     }

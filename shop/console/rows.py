@@ -11,8 +11,8 @@ from flask import current_app
 from sqlalchemy import func, select
 
 from ..domain.deadlines import FAILURE_PROVIDER, as_utc
-from ..domain.order import LIVE
-from ..domain.refunds import NOT_RETURNED, RefundStatus, needs_operator
+from ..domain.order import LIVE, OrderStatus
+from ..domain.refunds import NOT_RETURNED, PaidAndRefunded, RefundStatus, charged_for, needs_operator, paid_and_refunded
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import (
@@ -46,7 +46,26 @@ def age_seconds(now: datetime, then: datetime | None) -> int | None:
     return max(0, int((now - as_utc(then)).total_seconds()))
 
 
-def order_row(order: Order, now: datetime, cutoff: datetime) -> dict:
+def refunded_by_order(order_ids: list[int]) -> dict[int, int]:
+    """The sum of each order's succeeded refunds (a page of the orders list: one query)."""
+    if not order_ids:
+        return {}
+    rows = db.session.execute(
+        select(Refund.order_id, func.sum(Refund.amount))
+        .where(Refund.order_id.in_(order_ids), Refund.status == RefundStatus.SUCCEEDED)
+        .group_by(Refund.order_id)
+    ).all()
+    return {order_id: int(total or 0) for order_id, total in rows}
+
+
+def money_back(order: Order, refunded: int) -> PaidAndRefunded | None:
+    """How much of a paid order's payment went back (None unless Paid)."""
+    if order.status is not OrderStatus.PAID:
+        return None
+    return paid_and_refunded(charged_for(order.total, order.charged), refunded)
+
+
+def order_row(order: Order, now: datetime, cutoff: datetime, refunded: int = 0) -> dict:
     return {
         "reference": order.reference,
         "status": order.status,
@@ -55,6 +74,9 @@ def order_row(order: Order, now: datetime, cutoff: datetime) -> dict:
         "email": order.email,
         "payment_attempts": order.payment_attempts,
         "inventory_restored": bool(order.inventory_restored),
+        "refunded": refunded,
+        "net": charged_for(order.total, order.charged) - refunded,
+        "money_back": money_back(order, refunded),
         "stuck": order.status in LIVE and as_utc(order.updated_at) < cutoff,
         "age_seconds": age_seconds(now, order.updated_at),
         "created_at": iso(order.created_at),

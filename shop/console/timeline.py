@@ -32,6 +32,7 @@ from ..models import (
     WorkStatus,
 )
 from ..provider.links import session_link
+from ..saga.operator_refunds import refundable_now
 from ..scheduling.stuck import stuck_cutoff
 from ..web.serialize import OrderView
 from .audit import action_json
@@ -191,6 +192,11 @@ def _order_summary(order: OrderView, now: datetime) -> dict:
         # Money may still come for this cancelled order's session, or its refund has not
         # gone through yet: the sweep keeps asking (sweep.check_cancelled_payment).
         "watched_for_late_money": status is OrderStatus.CANCELLED and order.late_money_watch_since is not None,
+        # A paid order's money: how much went back (`paid`, `partially_refunded`, `refunded`), what
+        # the customer paid net, and what is left to refund (None unless Paid).
+        "money_back": order.money_back,
+        "net": order.net,
+        "refundable": refundable_now(order.id),
     }
 
 

@@ -81,3 +81,18 @@ def refund_amount_problem(amount: int | None, left: int) -> str | None:
     if amount > left:
         return "over_refundable"
     return None
+
+
+class PaidAndRefunded(StrEnum):
+    """How much of a paid order's payment went back (docs/REFERENCE.md, Order states)."""
+
+    PAID = "paid"
+    PARTIALLY_REFUNDED = "partially_refunded"
+    REFUNDED = "refunded"
+
+
+def paid_and_refunded(charged: int, refunded: int) -> PaidAndRefunded:
+    """`refunded`: the sum of the payment's succeeded refunds."""
+    if refunded <= 0:
+        return PaidAndRefunded.PAID
+    return PaidAndRefunded.REFUNDED if refunded >= charged else PaidAndRefunded.PARTIALLY_REFUNDED

@@ -112,8 +112,14 @@ class OrderLine(Model):
     name: Mapped[str] = mapped_column(String(400))
     quantity: Mapped[int] = mapped_column(Integer)
     unit_price: Mapped[int] = mapped_column(Integer)
+    # Units of this line an operator's refunds put back in stock (saga.line_restock): never more
+    # than were bought, and a later restore of the order gives back only the rest.
+    restocked: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
 
-    __table_args__ = (CheckConstraint("quantity > 0", name="quantity_positive"),)
+    __table_args__ = (
+        CheckConstraint("quantity > 0", name="quantity_positive"),
+        CheckConstraint("restocked >= 0 AND restocked <= quantity", name="restocked_within_quantity"),
+    )
 
 
 @event.listens_for(Session, "before_flush")

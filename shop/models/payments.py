@@ -1,6 +1,6 @@
 from enum import StrEnum
 
-from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, false, text
+from sqlalchemy import Boolean, CheckConstraint, ForeignKey, Index, Integer, String, Text, UniqueConstraint, false, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ..extensions import Model
@@ -151,6 +151,26 @@ class Refund(Model):
     @property
     def by_operator(self) -> bool:
         return self.request_key is not None
+
+
+class RefundRestock(Model):
+    """What one operator's refund put back in stock, line by line (saga.line_restock): written in
+    the refund's transaction, once per (refund, line), with the stock before and after."""
+
+    __tablename__ = "refund_restocks"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    refund_id: Mapped[int] = mapped_column(ForeignKey("refunds.id"))
+    line_id: Mapped[int] = mapped_column(ForeignKey("order_lines.id"))
+    variant_id: Mapped[int] = mapped_column(Integer)
+    sku: Mapped[str] = mapped_column(String(64))
+    quantity: Mapped[int] = mapped_column(Integer)
+    on_hand_before: Mapped[int] = mapped_column(Integer)
+    on_hand_after: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (
+        UniqueConstraint("refund_id", "line_id"),
+        CheckConstraint("quantity > 0", name="quantity_positive"),
+    )
 
 
 class KeyValue(Model):

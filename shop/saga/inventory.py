@@ -72,6 +72,11 @@ class RestoreOutcome(StrEnum):
     ERROR = "error"  # an operator's retry that raised (saga.warnings); never the handler's own
 
 
+def _lines_left(rows) -> list[tuple[int, int]]:
+    """(variant, units) of each line less what refunds put back; a line all back is left out."""
+    return [(variant_id, quantity) for *_, variant_id, quantity, _ in rows if variant_id is not None and quantity != 0]
+
+
 def _refusal_words(code: str) -> str:
     """`stock_would_overflow:variant=2` -> words an operator can act on (the code stays in them)."""
     name, _, rest = code.partition(":")
@@ -95,7 +100,7 @@ def restore_inventory(event: OrderCancelled, now: datetime) -> RestoreOutcome:
     if order.status is not OrderStatus.CANCELLED:
         log.warning("restore_inventory: order %s is %s, not Cancelled; nothing restored", reference, status)
         return RestoreOutcome.NOT_CANCELLED
-    lines = [(variant_id, quantity) for *_, variant_id, quantity, _ in rows if variant_id is not None]
+    lines = _lines_left(rows)
     on_hand = {variant_id: stock for *_, variant_id, _, stock in rows if variant_id is not None and stock is not None}
     plan = plan_restoration(lines, on_hand)
     if plan.refused:
@@ -126,7 +131,7 @@ def restock_paid_order(order_id: int, now: datetime) -> tuple[RestoreOutcome, st
         return RestoreOutcome.GONE, "the order no longer exists"
     reference, status, restored, version = rows[0][:4]
     order = LoadedOrder(order_id, reference, status, version, inventory_restored=bool(restored))
-    lines = [(variant_id, quantity) for *_, variant_id, quantity, _ in rows if variant_id is not None]
+    lines = _lines_left(rows)
     on_hand = {variant_id: stock for *_, variant_id, _, stock in rows if variant_id is not None and stock is not None}
     plan = plan_restoration(lines, on_hand)
     if plan.refused:

@@ -3,10 +3,10 @@
 One transaction: the order locked (two refunds of one order cannot both take what is left), the
 amount checked against what is left to refund (shop.domain.refunds), the refund row and its
 command written (payments.refunds: the same command, Idempotency-Key, webhook, sweep watch,
-retry and settle as late money), and, when asked, the stock given back by the compensation's own
-path (saga.inventory.restock_paid_order: the order's marker, so it comes back once, never again
-with a later restore). The submission's `request_key` makes a double submit or a retried POST
-refund once: the second finds the first's row and answers ALREADY.
+retry and settle as late money), and, when asked, the chosen units of each line put back
+(saga.line_restock: each unit once, whichever refund or restore asks). The submission's
+`request_key` makes a double submit or a retried POST refund once: the second finds the first's
+row and answers ALREADY.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ..models import Order, Refund
 from ..outbox import uow
 from ..payments.refunds import record_operator_refund
 from ..store import order_store
-from .inventory import RestoreOutcome, restock_paid_order
+from .line_restock import GivenBack, RestockRefused, all_left, given_back, restock_lines
 
 log = logging.getLogger("shop.saga")
 
@@ -52,6 +52,7 @@ class OrderRefund:
     restocked: bool = False
     restock_words: str = ""
     status: OrderStatus | None = None
+    given: tuple[GivenBack, ...] = ()
 
 
 def refunded_so_far(order_id: int, session_id: str | None) -> list[int]:
@@ -76,19 +77,24 @@ def refund_order(
     *,
     amount: int | None,
     reason: str,
-    restock: bool,
+    restock: bool | dict[int, int],
     request_key: str,
     operator: str,
     now: datetime | None = None,
 ) -> OrderRefund:
-    """`amount` in minor units, None for all that is left."""
+    """`amount` in minor units, None for all that is left; `restock` the units to put back by
+    line id, or True for every unit not yet back."""
     now = now or utcnow()
+    wanted = {line: n for line, n in restock.items() if n > 0} if isinstance(restock, dict) else restock
     # The same key committed meanwhile by a submission that did not wait on the order's lock:
     # this one rolled back whole (its restock included); the other's refund is the answer.
-    return uow.once_per_key(
-        lambda: _refund_once(order_id, amount, (reason or "").strip(), restock, request_key, operator, now),
-        lambda: _earlier(order_id, request_key),
-    )
+    try:
+        return uow.once_per_key(
+            lambda: _refund_once(order_id, amount, (reason or "").strip(), wanted, request_key, operator, now),
+            lambda: _earlier(order_id, request_key),
+        )
+    except RestockRefused as refused:  # rolled back whole: nothing refunded, nothing put back
+        return OrderRefund(RefundOutcome.REFUSED, order_id, "restock_refused", restock_words=str(refused))
 
 
 def _earlier(order_id: int, request_key: str) -> OrderRefund | None:
@@ -104,10 +110,13 @@ def _already(order_id: int, earlier: Refund) -> OrderRefund:
         amount=earlier.amount,
         currency=earlier.currency,
         restocked=earlier.restock,
+        given=tuple(given_back(earlier.id)),
     )
 
 
-def _refusal(order, amount: int | None, reason: str, restock: bool) -> tuple[str | None, dict, int, int]:
+def _refusal(
+    order, amount: int | None, reason: str, restock: bool | dict[int, int]
+) -> tuple[str | None, dict, int, int]:
     """Why the refund may not go ahead (None: it may), the facts its words name, the amount (the
     rest when none was asked) and what is left to refund."""
     if order.status is not OrderStatus.PAID:
@@ -150,15 +159,20 @@ def _refund_once(order_id, amount, reason, restock, request_key, operator, now) 
         why, facts, amount, left = _refusal(order, amount, reason, restock)
         if why is not None:
             return refused(why, **facts)
-        words = ""
-        if restock:
-            # Before the refund row: a refused restock leaves nothing written.
-            given, words = restock_paid_order(order_id, now)
-            if given is not RestoreOutcome.RESTORED:
-                return refused("restock_refused", amount=amount, left=left, restock_words=words)
+        wanted = all_left(order_id) if restock is True else restock or {}
+        if restock is True and not wanted:
+            return refused("already_restocked", amount=amount, left=left)
         refund = record_operator_refund(
-            order, amount=amount, reason=reason, request_key=request_key, operator=operator, restock=restock, now=now
+            order,
+            amount=amount,
+            reason=reason,
+            request_key=request_key,
+            operator=operator,
+            restock=bool(wanted),
+            now=now,
         )
+        # In this transaction: a refused restock raises, and the refund above rolls back with it.
+        given = tuple(restock_lines(order, refund.id, wanted, now))
         return OrderRefund(
             RefundOutcome.DONE,
             order_id,
@@ -166,7 +180,8 @@ def _refund_once(order_id, amount, reason, restock, request_key, operator, now) 
             amount=amount,
             currency=order.currency,
             left=left - amount,
-            restocked=restock,
-            restock_words=words,
+            restocked=bool(given),
+            restock_words="; ".join(g.words() for g in given),
             status=order.status,
+            given=given,
         )

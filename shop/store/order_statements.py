@@ -39,7 +39,8 @@ RESTORE_READ = (
         _orders.c.inventory_restored,
         _orders.c.version,
         _lines.c.variant_id,
-        _lines.c.quantity,
+        # What no operator's refund put back already (saga.line_restock): a restore gives the rest.
+        (_lines.c.quantity - _lines.c.restocked).label("quantity"),
         _inventory.c.on_hand,
     )
     .select_from(
@@ -56,6 +57,18 @@ RESTORE_READ = (
 
 INSERT_ORDER = insert(_orders).returning(_orders.c.id)
 INSERT_LINES = insert(_lines)
+
+# An operator's refund puts units of a line back (saga.line_restock): counted only while the
+# line's count stays within what was bought, so no unit is given back twice.
+COUNT_RESTOCKED = (
+    update(_lines)
+    .where(
+        _lines.c.id == bindparam("line"),
+        _lines.c.order_id == bindparam("order"),
+        _lines.c.restocked + bindparam("units") <= _lines.c.quantity,
+    )
+    .values(restocked=_lines.c.restocked + bindparam("units"))
+)
 
 
 # -- transitions ---------------------------------------------------------------------------------
@@ -259,6 +272,7 @@ STATEMENTS = {
     "orders: read for a restore": RESTORE_READ,
     "orders: insert": INSERT_ORDER,
     "orders: insert lines": INSERT_LINES,
+    "orders: count a line's restocked units": COUNT_RESTOCKED,
     **{f"orders: {name}": statement for name, (statement, _) in TRANSITIONS.items()},
     **{f"orders: note {name}": statement for name, statement in NOTES.items()},
 }

@@ -38,7 +38,7 @@ from ..models import Order
 from ..outbox.tables import rows_matched
 from ..outbox.writer import write_events
 from .loaded_order import Line, LoadedOrder  # noqa: F401  (Line: part of the store's vocabulary)
-from .order_statements import INSERT_LINES, INSERT_ORDER, NOTES, PAYMENT_READ, TRANSITIONS, Note
+from .order_statements import COUNT_RESTOCKED, INSERT_LINES, INSERT_ORDER, NOTES, PAYMENT_READ, TRANSITIONS, Note
 
 
 class LostRace(StaleDataError):
@@ -257,3 +257,9 @@ def change_email(order_id: int, email: str) -> str | None:
     session.execute(update(Order).where(Order.id == order_id).values(email=email))
     _forget_loaded(session, order_id)
     return old
+
+
+def count_restocked(order_id: int, line_id: int, units: int) -> bool:
+    """Count `units` of the order's line as put back by a refund; False (nothing counted) when
+    that would pass what the line bought. Bookkeeping beside the order's lock, no version bump."""
+    return rows_matched(db.session.execute(COUNT_RESTOCKED, {"line": line_id, "order": order_id, "units": units})) == 1

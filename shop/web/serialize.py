@@ -9,7 +9,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from ..domain.order import UNPAID, CancelledBy, OrderStatus, cancelled_because
-from ..domain.refunds import NOT_RETURNED, PENDING, SUCCEEDED
+from ..domain.refunds import NOT_RETURNED, PENDING, SUCCEEDED, PaidAndRefunded, charged_for, paid_and_refunded
 from ..domain.timestamps import iso
 from ..models import Order
 from ..orders.deadline import pay_by
@@ -48,11 +48,19 @@ BADGES = {
     "processing": "Payment processing",
     "failed": "Payment failed",
     "paid": "Paid",
+    "partially-refunded": "Partially refunded",
+    "paid-refunded": "Refunded",
     "expired": "Expired",
     "cancelled": "Cancelled",
     "refund-pending": "Cancelled, refund on its way",
     "refund-failed": "Cancelled, refund did not go through",
     "refunded": "Cancelled, refunded",
+}
+
+PAID_BADGES = {
+    PaidAndRefunded.PAID: "paid",
+    PaidAndRefunded.PARTIALLY_REFUNDED: "partially-refunded",
+    PaidAndRefunded.REFUNDED: "paid-refunded",
 }
 
 
@@ -179,6 +187,26 @@ class OrderView:
         return self.payment.status if self.payment else None
 
     @property
+    def refunded(self) -> int:
+        """The sum of the order's succeeded refunds, in minor units."""
+        return sum(r.amount for r in self.refunds if r.status == SUCCEEDED)
+
+    @property
+    def paid(self) -> int:
+        """What the payment charged (the total plus any tax); the total before a payment."""
+        return charged_for(self.total, self.charged)
+
+    @property
+    def net(self) -> int:
+        """What the customer paid less what went back."""
+        return self.paid - self.refunded
+
+    @property
+    def money_back(self) -> PaidAndRefunded | None:
+        """How much of a paid order's payment went back (None unless Paid)."""
+        return paid_and_refunded(self.paid, self.refunded) if self.status is OrderStatus.PAID else None
+
+    @property
     def payment_error(self) -> str | None:
         """Why the last payment did not go through, in the customer's words, while that is news: a
         card declined on the open payment page, or a failed payment (PaymentFailed)."""
@@ -216,6 +244,7 @@ class OrderView:
             if payment is None
             else {"session_id": payment.session_id, "url": payment.url, "status": payment.status},
             "refunds": [{"id": r.id, "amount": r.amount, "status": r.status} for r in self.refunds],
+            "refunded": self.refunded,
             "created_at": iso(self.created_at),
             "updated_at": iso(self.updated_at),
             "pay_by": iso(self.pay_by),
@@ -305,7 +334,7 @@ def _badge_key(order: OrderView) -> str:
     if status is OrderStatus.PAYMENT_FAILED:
         return "failed"
     if status is OrderStatus.PAID:
-        return "paid"
+        return PAID_BADGES[order.money_back or PaidAndRefunded.PAID]
     # A refund an operator settled outside the shop is done, whatever the provider said.
     settled = set(order.settled_refunds)
     refunds = [r.status for r in order.refunds if r.id not in settled]

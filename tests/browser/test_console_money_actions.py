@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from browser.test_console_phone import OVERFLOW
 from browser.test_storefront_pages import axe_problems
+from factories import on_hand
 from payment_helpers import Shopper, order_id, run_everything
 from shop.extensions import db
 from shop.models import EmailResend, Order, Refund, StockCorrection
@@ -85,15 +86,29 @@ def test_refund_resend_and_stock_pages_work_and_pass_the_checker_at_both_widths(
     check("refund form with a mistake")
     page.get_by_label("Amount to refund").fill("1.25")
     page.get_by_label("Why").fill("one sock arrived torn")
-    page.get_by_label("Put this order's stock back").check()
+    page.get_by_label("Units of SOCK-M to put back (at most 2)").fill("1")  # one pair of the two
     page.get_by_role("button", name="Review the refund").click()
     expect(page.get_by_role("heading", name="Refund $1.25?")).to_be_visible()
+    expect(page.get_by_text("Stock: put back: 1 × SOCK-M.")).to_be_visible()
     check("refund confirmation")
     assert _count(app, Refund, order_id=oid) == 0
+    before = on_hand(sock, app)
     page.get_by_role("button", name="Yes, refund $1.25").click()
     expect(page.locator("p.flash", has_text="Refunding $1.25 to the customer's payment")).to_be_visible()
+    expect(page.locator("p.flash")).to_contain_text(f"Put back in stock: 1 × SOCK-M (stock {before} → {before + 1}).")
     check("order after the refund")
-    assert _count(app, Refund, order_id=oid) == 1
+    assert _count(app, Refund, order_id=oid) == 1 and on_hand(sock, app) == before + 1
+    run_everything(app)  # the provider's answer: the refund succeeded
+    page.reload()
+    expect(page.locator(".order-head strong", has_text="Partially refunded")).to_be_visible()
+    check("order partly refunded")
+    with app.app_context():
+        access = db.session.get(Order, oid).access_token
+        db.session.remove()
+    page.goto(f"{base_url}/orders/{reference}?token={access}")
+    expect(page.get_by_text("Partially refunded: $1.25 went back to your payment")).to_be_visible()
+    check("customer's order partly refunded")
+    page.goto(f"{base_url}/console/orders/{reference}")
 
     # Emails: the order page's link, the list, one sent again.
     page.get_by_role("link", name="Emails sent…").click()

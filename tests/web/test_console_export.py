@@ -21,7 +21,18 @@ from shop.models import Order, Refund, RestoreWarning, WebhookReceipt
 from support import OPERATOR_EMAIL
 
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-ORDER_HEADER = ["reference", "status", "total", "currency", "email", "payment_attempts", "created_at", "updated_at"]
+ORDER_HEADER = [
+    "reference",
+    "status",
+    "total",
+    "currency",
+    "email",
+    "payment_attempts",
+    "created_at",
+    "updated_at",
+    "payment",
+    "refunded",
+]
 
 
 def rows_of(response) -> list[list[str]]:

@@ -38,10 +38,18 @@ ORDER_KEYS = {
     "last_payment_error",
     "ships",
     "shipping",
+    # What the payment charged and what went back: null (tax, charged) until paid.
+    "tax",
+    "charged",
+    "refunded",
 }
 CANCELLED_KEYS = ORDER_KEYS | {"cancelled_because", "cancelled_at"}
 CONSOLE_KEYS = ORDER_KEYS | {
     "email",
+    # How much of a paid order's payment went back, what the customer paid net, and what is left.
+    "money_back",
+    "net",
+    "refundable",
     "payment_attempts",
     "age_seconds",
     "stuck",

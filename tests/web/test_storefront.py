@@ -194,6 +194,9 @@ def test_the_orders_list_and_the_order_page_have_the_contract_json_shape(shop, b
         "lines",
         "payment",
         "refunds",
+        "refunded",
+        "tax",
+        "charged",
         "created_at",
         "updated_at",
         "pay_by",
@@ -206,7 +209,8 @@ def test_the_orders_list_and_the_order_page_have_the_contract_json_shape(shop, b
     assert (data["last_payment_error"], data["ships"], data["shipping"]) == (None, True, None)
     assert (data["reference"], data["status"], data["version"]) == (first, "PendingPayment", 1)
     assert (data["total"], data["currency"], data["inventory_restored"]) == (2800, "usd", False)
-    assert data["payment"] is None and data["refunds"] == []
+    assert data["payment"] is None and (data["refunds"], data["refunded"]) == ([], 0)
+    assert (data["tax"], data["charged"]) == (None, None)  # null until paid
     (line,) = data["lines"]
     assert set(line) >= {"variant_id", "sku", "quantity", "unit_price"}
     assert (line["variant_id"], line["sku"], line["quantity"], line["unit_price"]) == (

@@ -1,0 +1,141 @@
+"""An operator's refund puts back a chosen number of each line's units (saga.line_restock,
+docs/REFERENCE.md, *Refunding a paid order*): never more than was bought less what earlier refunds
+put back, each refund's units once (a double submit, a concurrent refund or a restore run after
+give none back again), and its answer names each unit with the stock before and after."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from factories import on_hand
+from payment_helpers import place_and_pay
+from shop.domain.deadlines import utcnow
+from shop.domain.events import OrderCancelled
+from shop.extensions import db
+from shop.models import Order, OrderLine, RefundRestock
+from shop.outbox import uow
+from shop.saga.inventory import RestoreOutcome, restore_inventory
+from shop.saga.operator_refunds import RefundOutcome, refund_order
+
+OPERATOR = "night-shift@example.com"
+
+
+@pytest.fixture
+def two_pairs(monkeypatch, tmp_path, make_fresh_app, sandbox):
+    """A paid order of one line of 2 x SOCK-M: (app, order id, the line's id, the sock's variant)."""
+    monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
+    monkeypatch.delenv("SMTP_URL", raising=False)
+    app, oid, _total, skus = place_and_pay(make_fresh_app, sandbox, "SOCK-M", 2)
+    with app.app_context():
+        line_id = db.session.execute(select(OrderLine.id).where(OrderLine.order_id == oid)).scalar_one()
+        db.session.remove()
+    return app, oid, line_id, skus["SOCK-M"]
+
+
+def _refund(app, oid, key, restock, amount=100):
+    with app.app_context():
+        result = refund_order(
+            oid, amount=amount, reason="one pair came back", restock=restock, request_key=key, operator=OPERATOR
+        )
+        db.session.remove()
+        return result
+
+
+def _counted(app, oid):
+    """(the line's restocked count, the order's marker, [(refund id, units) recorded])."""
+    with app.app_context():
+        restocked = db.session.execute(select(OrderLine.restocked).where(OrderLine.order_id == oid)).scalar_one()
+        marker = db.session.get(Order, oid).inventory_restored
+        records = db.session.execute(select(RefundRestock.refund_id, RefundRestock.quantity)).all()
+        db.session.remove()
+        return restocked, marker, sorted(tuple(r) for r in records)
+
+
+def test_a_partial_restock_puts_back_only_the_units_asked_and_names_them_with_the_stock(two_pairs):
+    app, oid, line, sock = two_pairs
+    before = on_hand(sock, app)
+    done = _refund(app, oid, "key-one-pair-000001", {line: 1})
+    assert (done.outcome, done.restocked) == (RefundOutcome.DONE, True)
+    assert on_hand(sock, app) == before + 1
+    assert done.restock_words == f"1 × SOCK-M (stock {before} → {before + 1})"
+    assert _counted(app, oid) == (1, False, [(done.refund_id, 1)])
+
+
+def test_a_double_submit_puts_the_units_back_once_and_names_them_again(two_pairs):
+    app, oid, line, sock = two_pairs
+    before = on_hand(sock, app)
+    first = _refund(app, oid, "key-one-pair-000002", {line: 1})
+    again = _refund(app, oid, "key-one-pair-000002", {line: 1})
+    assert (first.outcome, again.outcome) == (RefundOutcome.DONE, RefundOutcome.ALREADY)
+    assert [g.words() for g in again.given] == [f"1 × SOCK-M (stock {before} → {before + 1})"]
+    assert on_hand(sock, app) == before + 1
+    assert _counted(app, oid) == (1, False, [(first.refund_id, 1)])
+
+
+def test_no_refund_puts_back_more_than_was_bought_less_what_went_back(two_pairs):
+    app, oid, line, sock = two_pairs
+    before = on_hand(sock, app)
+    first = _refund(app, oid, "key-one-pair-000003", {line: 1})
+    too_many = _refund(app, oid, "key-one-pair-000004", {line: 2})
+    assert (too_many.outcome, too_many.why) == (RefundOutcome.REFUSED, "restock_refused")
+    assert too_many.restock_words == "2 × SOCK-M is more than can go back: 2 bought, 1 back already"
+    # Refused whole: no second refund was written and the stock did not move.
+    assert on_hand(sock, app) == before + 1
+    assert _counted(app, oid) == (1, False, [(first.refund_id, 1)])
+    # The last pair goes back with a later refund, and then the order's marker is set.
+    last = _refund(app, oid, "key-one-pair-000005", True)
+    assert (last.outcome, last.restock_words) == (RefundOutcome.DONE, f"1 × SOCK-M (stock {before + 1} → {before + 2})")
+    assert _counted(app, oid) == (2, True, [(first.refund_id, 1), (last.refund_id, 1)])
+    nothing = _refund(app, oid, "key-one-pair-000006", True)
+    assert (nothing.outcome, nothing.why) == (RefundOutcome.REFUSED, "already_restocked")
+    assert on_hand(sock, app) == before + 2
+
+
+def test_a_line_of_another_order_is_refused_and_nothing_is_refunded(two_pairs):
+    app, oid, line, sock = two_pairs
+    before = on_hand(sock, app)
+    other = _refund(app, oid, "key-one-pair-000007", {line + 1000: 1})
+    assert (other.outcome, other.why) == (RefundOutcome.REFUSED, "restock_refused")
+    assert other.restock_words == f"line {line + 1000} is not a line of this order"
+    assert on_hand(sock, app) == before and _counted(app, oid) == (0, False, [])
+
+
+def test_a_restore_run_after_a_partial_restock_gives_nothing_back(two_pairs):
+    app, oid, line, sock = two_pairs
+    before = on_hand(sock, app)
+    _refund(app, oid, "key-one-pair-000008", {line: 1})
+    with app.app_context():
+        with uow.transaction():
+            assert restore_inventory(OrderCancelled(oid, "redelivered"), utcnow()) is RestoreOutcome.NOT_CANCELLED
+        db.session.remove()
+    assert on_hand(sock, app) == before + 1
+
+
+@pytest.mark.postgres
+def test_concurrent_refunds_and_a_restore_give_each_unit_back_once(two_pairs, is_postgres):
+    if not is_postgres:
+        pytest.skip("concurrency is PostgreSQL's")
+    from support import run_threads
+
+    app, oid, line, sock = two_pairs
+    before = on_hand(sock, app)
+
+    def submit(job):
+        if job == "restore":
+            with uow.transaction():
+                return restore_inventory(OrderCancelled(oid, "redelivered"), utcnow())
+        return refund_order(
+            oid, amount=100, reason="at once", restock={line: 2}, request_key=job, operator=OPERATOR
+        ).outcome
+
+    jobs = ["key-race-line-000001", "key-race-line-000001", "key-race-line-000002", "restore"]
+    results, errors = run_threads(app, jobs, submit)
+    assert errors == [None] * 4
+    # One refund put the pair back; the other key was refused, and its twin was refused or ALREADY.
+    assert results[:3].count(RefundOutcome.DONE) == 1
+    assert set(results[:3]) - {RefundOutcome.DONE} <= {RefundOutcome.ALREADY, RefundOutcome.REFUSED}
+    assert results[3] is RestoreOutcome.NOT_CANCELLED
+    assert on_hand(sock, app) == before + 2
+    restocked, marker, records = _counted(app, oid)
+    assert (restocked, marker, [units for _, units in records]) == (2, True, [2])
