@@ -31,6 +31,7 @@ log = logging.getLogger("shop.saga")
 
 # What each email is, in an operator's words.
 EMAIL_NAMES = {
+    "order_placed": "Order placed (its private link)",
     "order_paid": "Order confirmation (paid)",
     "order_cancelled": "Cancellation notice (cancelled by the customer)",
     "order_expired": "Cancellation notice (payment window ran out)",
@@ -38,6 +39,10 @@ EMAIL_NAMES = {
     "refund_issued": "Refund issued",
     "refund_failed": "Refund did not go through",
 }
+
+
+# The event deliveries that send one email each, by handler (the cancellation's depends on why).
+EVENT_EMAILS = {"send_order_placed_email": "order_placed", "send_order_confirmation": "order_paid"}
 
 
 @dataclass
@@ -60,12 +65,12 @@ def sent_emails(order_id: int) -> list[SentEmail]:
         .where(
             OutboxDelivery.order_id == order_id,
             OutboxDelivery.status == WorkStatus.DONE,
-            OutboxDelivery.handler.in_(("send_order_confirmation", "send_cancellation_email")),
+            OutboxDelivery.handler.in_(tuple(EVENT_EMAILS) + ("send_cancellation_email",)),
         )
     ).all()
     for d in deliveries:
-        if d.handler == "send_order_confirmation":
-            template = "order_paid"
+        if d.handler in EVENT_EMAILS:
+            template = EVENT_EMAILS[d.handler]
         else:
             template = CANCELLATION_EMAILS.get(cancelled_because((d.payload or {}).get("reason", "")))
         if template:
