@@ -12,6 +12,7 @@ import pytest
 
 from factories import seed_catalog_rows
 from payment_helpers import JSON, Shopper, post_webhook, run_everything, sandbox_event
+from shop import emails
 from shop.domain.deadlines import utcnow
 from shop.money import format_money
 
@@ -126,3 +127,46 @@ def test_a_shop_in_yen_shows_whole_yen(make_fresh_app):
     assert "¥1,400" in page and "¥1,400.00" not in page and "14.00" not in page
     variants = [v for p in app.test_client().get("/", headers=JSON).get_json()["products"] for v in p["variants"]]
     assert {v["currency"] for v in variants} == {"jpy"}
+
+
+@pytest.mark.parametrize(
+    "reply_to,contact,reach,footer",
+    [
+        # Replies have somewhere to go: the email says to reply, and names the contact too.
+        ("help@shop.example", "https://shop.example/contact", "reply to this email",
+         "Questions? Reply to this email, or contact us at https://shop.example/contact."),
+        # No Reply-To: never "reply to this email"; the contact instead.
+        (None, "help@shop.example", "write to help@shop.example", "Questions? Write to help@shop.example."),
+        (None, None, "contact us through http", None),
+    ],
+)  # fmt: skip
+def test_an_email_tells_the_customer_to_reply_only_when_replies_go_somewhere_and_names_the_contact(
+    fresh_paying_app, sandbox, reply_to, contact, reach, footer
+):
+    app = fresh_paying_app
+    app.config.update(MAIL_REPLY_TO=reply_to, SHOP_CONTACT=contact)
+    try:
+        shopper = Shopper(app, seed_catalog_rows(app))
+        order = shopper.place()
+        ref = order["reference"]
+        assert shopper.cancel(ref, order["version"]).status_code == 200
+        run_everything(app)
+        message = _mail(app, ref, "order_cancelled")
+        body = _body(message)
+        lines = [line for line in body.splitlines() if line.strip()]
+        if footer:
+            assert lines[-1] == footer
+        else:
+            assert not any(line.startswith("Questions?") for line in lines)
+        assert ("reply to this email" in body.lower()) == bool(reply_to)
+        assert message["Reply-To"] == reply_to
+        with app.test_request_context():
+            assert emails.reaching_the_shop("http://127.0.0.1/")["reach"].startswith(reach)
+        # The storefront's footer names the same contact, and is not there without one.
+        page = shopper.client.get("/").get_data(as_text=True)
+        if contact:
+            assert f'href="{"mailto:" if "@" in contact else ""}{contact}"' in page
+        else:
+            assert 'class="contact"' not in page
+    finally:
+        app.config.update(MAIL_REPLY_TO=None, SHOP_CONTACT=None)
