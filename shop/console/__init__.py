@@ -6,6 +6,7 @@ from ..web.answers import keep_private, negotiates
 from . import (  # noqa: F401  (each registers its routes on bp)
     acks,
     email_actions,
+    mail_pages,
     money_actions,
     order_actions,
     outbox_actions,

@@ -48,6 +48,8 @@ GET_ROUTES = [
     "/console/audit",
     "/console/orders?q=ann@example.com",
     "/console/no-such-page",
+    "/console/mail",
+    "/console/mail/BK-NOSUCH-order_paid-event.eml",
 ]
 POST_ROUTES = [
     "/console/logout",
