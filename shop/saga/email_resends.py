@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from .. import emails
 from ..domain.deadlines import utcnow
+from ..domain.events import EventName
 from ..domain.order import cancelled_because
 from ..extensions import db
 from ..models import CommandKind, EmailResend, Order, OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
@@ -55,6 +56,16 @@ class SentEmail:
     resent_by: str | None = None
 
 
+def _settled_at(order_id: int) -> datetime | None:
+    """When the order was first paid or cancelled (its event), or None while it is neither."""
+    return db.session.execute(
+        select(func.min(OutboxEvent.created_at)).where(
+            OutboxEvent.order_id == order_id,
+            OutboxEvent.name.in_((EventName.ORDER_PAID, EventName.ORDER_CANCELLED)),
+        )
+    ).scalar()
+
+
 def sent_emails(order_id: int) -> list[SentEmail]:
     """Every email the order was sent (its sending work done), oldest first."""
     session = db.session
@@ -68,7 +79,10 @@ def sent_emails(order_id: int) -> list[SentEmail]:
             OutboxDelivery.handler.in_(tuple(EVENT_EMAILS) + ("send_cancellation_email",)),
         )
     ).all()
+    settled_at = _settled_at(order_id)
     for d in deliveries:
+        if d.handler == "send_order_placed_email" and settled_at and d.completed_at and d.completed_at >= settled_at:
+            continue  # ran once the order was paid or cancelled: nothing was sent (emails.STILL_TRUE_WHILE)
         if d.handler in EVENT_EMAILS:
             template = EVENT_EMAILS[d.handler]
         else:

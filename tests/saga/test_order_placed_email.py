@@ -11,6 +11,7 @@ import email
 import pytest
 from sqlalchemy import select
 
+from compensation_support import cancel
 from factories import force_order, place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.domain.events import OrderPlaced
@@ -80,3 +81,13 @@ def test_an_order_paid_or_cancelled_before_its_email_went_is_not_told_it_waits_f
     assert run_delivery(_placed_email_delivery(placed.order_id).id) == "done"
 
     assert _mails(app, tmp_path) == []
+
+
+def test_the_console_does_not_list_an_order_placed_email_that_went_after_a_cancel_as_sent(app, tmp_path):
+    placed = place_order_for()
+    cancel(placed.order_id)  # the customer's own cancel, before the worker ran the email
+
+    assert run_delivery(_placed_email_delivery(placed.order_id).id) == "done"
+
+    assert not any(name.endswith("-order_placed-event.eml") for name in _mails(app, tmp_path))
+    assert "order_placed" not in [e.template for e in sent_emails(placed.order_id)]
