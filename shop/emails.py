@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from flask import render_template
+from flask import current_app, render_template
 from sqlalchemy import select
 
 from . import logs, mailer
@@ -27,7 +27,13 @@ from .public_urls import public_url_for
 # An email about a state the order can leave: once it has, the email would mislead and is not
 # sent ("your items are held, try again" after the customer cancelled). The others are about
 # final states.
-STILL_TRUE_WHILE = {"payment_failed": OrderStatus.PAYMENT_FAILED, "payment_link": OrderStatus.PENDING_PAYMENT}
+# The order-placed email ("your order is waiting for its payment, here is its private link")
+# is not sent once the order is paid or cancelled: the receipt or the notice says so, with the link.
+STILL_TRUE_WHILE = {
+    "payment_failed": {OrderStatus.PAYMENT_FAILED},
+    "payment_link": {OrderStatus.PENDING_PAYMENT},
+    "order_placed": {OrderStatus.PENDING_PAYMENT, OrderStatus.PAYMENT_INITIATED, OrderStatus.PAYMENT_FAILED},
+}
 # The link to an order waiting for payment (orders.links): news only while it still waits.
 WHILE_LIVE = {"order_link"}
 
@@ -62,19 +68,37 @@ def utc_words(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else ""
 
 
+def reaching_the_shop(shop: str) -> dict[str, str]:
+    """How an email tells the customer to reach the shop (MAIL_REPLY_TO, SHOP_CONTACT): `reach`,
+    words that fit "... with your order number" ("reply to this email" only when replies have
+    somewhere to go), and `footer`, the closing line every email ends with ("" when neither is set)."""
+    cfg = current_app.config
+    contact, reply_to = cfg.get("SHOP_CONTACT"), cfg.get("MAIL_REPLY_TO")
+    if contact:
+        where = f"write to {contact}" if "@" in contact and "://" not in contact else f"contact us at {contact}"
+    else:
+        where = f"contact us through {shop}"
+    if reply_to:
+        footer = "Questions? Reply to this email" + (f", or {where}." if contact else ".")
+        return {"reach": "reply to this email", "footer": footer}
+    return {"reach": where, "footer": f"Questions? {where[0].upper()}{where[1:]}." if contact else ""}
+
+
 def render(template: str, order: Order) -> Email | None:
     """The email `template` for `order` as things stand now, or None when it is no longer true."""
     wanted = STILL_TRUE_WHILE.get(template)
-    if wanted is not None and order.status != wanted:
+    if wanted is not None and order.status not in wanted:
         return None
     if template in WHILE_LIVE and order.status not in LIVE:
         return None
+    shop = public_url_for("storefront.catalog")
     context: dict[str, Any] = dict(
         order=order,
         link=public_url_for("storefront.order_page", reference=order.reference, token=order.access_token),
-        shop=public_url_for("storefront.catalog"),
+        shop=shop,
         deadline=utc_words(pay_by(order)),
         when=utc_words,
+        **reaching_the_shop(shop),
     )
     if template in ("order_expired", "order_cancelled"):
         context["cancelled_at"] = order.cancelled_at
@@ -146,9 +170,12 @@ def receipt_context(order: Order) -> dict:
     )
 
 
-def send(order_id: int, template: str, *, key: str, to: str | None = None) -> bool:
-    """Render `template` for the order as things stand now and hand it to the mailer under `key`
-    (a retry under the same key replaces, never duplicates, in the file outbox). False when
+def send(order_id: int, template: str, *, tag: str | None, to: str | None = None) -> bool:
+    """Render `template` for the order as things stand now and hand it to the mailer under the key
+    `<reference>-<template>[-<tag>]` (BK-7KQ2M9XD-order_paid-event: the file's name in the demo's
+    mail folder, so a person finds an order's emails by its reference; a retry under the same key
+    replaces, never duplicates, in the file outbox); to `to` when an operator sent it to another
+    address than the order's (saga.email_resends). False when
     there is nothing to send: the order is gone, or the email would no longer be true. A mail
     server that does not take it raises (mailer.MailNotSent): the caller's row is retried. `to`:
     another address than the order's (an operator's "send to another address")."""
@@ -159,5 +186,6 @@ def send(order_id: int, template: str, *, key: str, to: str | None = None) -> bo
     email = render(template, order)
     if email is None:
         return False
+    key = "-".join(part for part in (order.reference, template, tag) if part)
     mailer.send(to or order.email, email.subject, email.body, key=key, html=email.html)
     return True

@@ -13,6 +13,7 @@ from email.charset import QP, Charset
 from email.header import Header
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
+from email.utils import formataddr, parseaddr
 from urllib.parse import urlparse
 
 from flask import current_app
@@ -21,7 +22,6 @@ from .domain.deadlines import utcnow
 from .settings import make_private_folder
 
 log = logging.getLogger("shop.mailer")
-SENDER = "Backstop shop <shop@backstop.invalid>"
 
 
 class MailNotSent(Exception):
@@ -35,6 +35,11 @@ _UTF8.body_encoding = QP
 
 def _header(value: str) -> str | Header:
     return value if value.isascii() else Header(value, "utf-8")
+
+
+def _address(value: str) -> str:
+    """A From or Reply-To as settings hold it (`Name <a@b>`), its name encoded when not ASCII."""
+    return formataddr(parseaddr(value), "utf-8")
 
 
 def _text_part(text: str, subtype: str) -> MIMEText:
@@ -57,7 +62,10 @@ def _message(to: str, subject: str, body: str, key: str, html: str | None = None
         msg.attach(_text_part(html, "html"))
     # A compat32 message takes a Header as a header's value (the email.header docs); typeshed's
     # default Message[str, str] admits only str.
-    msg["From"], msg["To"], msg["Subject"] = SENDER, _header(to), _header(subject)  # pyright: ignore[reportArgumentType]
+    cfg = current_app.config
+    msg["From"], msg["To"], msg["Subject"] = _address(cfg["MAIL_FROM"]), _header(to), _header(subject)  # pyright: ignore[reportArgumentType]
+    if cfg.get("MAIL_REPLY_TO"):
+        msg["Reply-To"] = _address(cfg["MAIL_REPLY_TO"])
     msg["Date"] = utcnow().strftime("%a, %d %b %Y %H:%M:%S +0000")
     msg["Message-ID"] = f"<{key}@backstop.invalid>"
     return msg

@@ -17,18 +17,21 @@ from .domain.payment import TaxMode
 from .domain.payment_methods import DEFAULT_PAYMENT_METHODS
 from .logs import TEXT as LOG_FORMAT_TEXT
 from .settings_values import (
+    DEFAULT_MAIL_FROM,
     SettingsError,
     env_bool,
     env_countries,
     env_database_url,
     env_int,
     env_log_format,
+    env_mail_address,
     env_metrics_token,
     env_node_name,
     env_payment_methods,
     env_pooler,
     env_redis_url,
     env_sentry_dsn,
+    env_shop_contact,
     env_smtp_ca_file,
     env_smtp_url,
     env_tax_mode,
@@ -136,6 +139,12 @@ class Settings:
     payment_methods: tuple[str, ...] = DEFAULT_PAYMENT_METHODS
     # TAX_MODE: none (no tax, said on every session) or stripe (Stripe Tax adds exclusive tax).
     tax_mode: TaxMode = TaxMode.NONE
+    # MAIL_FROM, MAIL_REPLY_TO: every email's From and, when set, Reply-To; SHOP_CONTACT: how a
+    # customer reaches the shop (an email address or a URL), in the storefront's footer and in
+    # every email (shop.emails).
+    mail_from: str = DEFAULT_MAIL_FROM
+    mail_reply_to: str | None = None
+    shop_contact: str | None = None
 
     @property
     def uses_sandbox(self) -> bool:
@@ -281,6 +290,9 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         # An unknown scheme (a typo of smtps://) would otherwise send in clear text.
         smtp_url=env_smtp_url(env),
         smtp_ca_file=env_smtp_ca_file(env),
+        mail_from=env_mail_address(env, "MAIL_FROM", DEFAULT_MAIL_FROM) or DEFAULT_MAIL_FROM,
+        mail_reply_to=env_mail_address(env, "MAIL_REPLY_TO", None),
+        shop_contact=env_shop_contact(env),
         login_max_failures_per_account=env_int(env, "LOGIN_MAX_FAILURES_PER_ACCOUNT", 5, 1, 1000),
         login_max_failures_per_address=env_int(env, "LOGIN_MAX_FAILURES_PER_ADDRESS", 20, 1, 100_000),
         login_failure_window_seconds=env_int(env, "LOGIN_FAILURE_WINDOW_SECONDS", 900, 1, 24 * 3600),

@@ -1,7 +1,7 @@
 """One environment variable at a time, read and checked (docs/REFERENCE.md, Settings): the readers
 every setting uses (a whole number in bounds, true or false, a URL of known schemes, country codes),
 and the values with rules of their own (the database's and Redis's URLs, a Sentinel URL, the node
-name, the metrics token, SMTP, the Sentry DSN, the pooler, the web front, the log format, the
+name, the metrics token, SMTP and the mail's addresses, the Sentry DSN, the pooler, the web front, the log format, the
 payment methods and tax). A bad value is a SettingsError naming the variable; shop.settings
 assembles them and checks the settings that depend on one another."""
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Mapping
+from email.utils import getaddresses, parseaddr
 from typing import NamedTuple, overload
 from urllib.parse import urlsplit
 
@@ -270,3 +271,55 @@ def env_tax_mode(env) -> TaxMode:
     if raw not in set(TaxMode):
         raise SettingsError("TAX_MODE", f"must be one of {', '.join(TaxMode)}, got {raw!r}")
     return TaxMode(raw)
+
+
+# MAIL_FROM unless set: fine for the demo's files, but a real mail server's recipients would see
+# (and their spam filters judge) a sender at localhost; `flask shop check` warns when SMTP_URL is set.
+DEFAULT_MAIL_FROM = "Backstop shop <shop@localhost>"
+
+
+def mail_address_problem(raw: str) -> str | None:
+    """Why `raw` is not one address as a From or Reply-To header carries it (`Name <a@b>` or
+    `a@b`), or None. Checked at start: a bad sender makes every email fail later, one by one."""
+    if any(c in raw for c in "\r\n\x00"):
+        return "must be one line"
+    found = getaddresses([raw])
+    local, at, domain = found[0][1].rpartition("@") if len(found) == 1 else ("", "", "")
+    if (
+        not at
+        or not local
+        or "@" in local
+        or any(c.isspace() for c in found[0][1])
+        or not (domain == "localhost" or "." in domain.strip("."))
+    ):
+        return f"must be one email address, as `Name <shop@example.com>` or `shop@example.com`, got {raw!r}"
+    return None
+
+
+def env_mail_address(env, name: str, default: str | None) -> str | None:
+    """MAIL_FROM, MAIL_REPLY_TO: one address (`Name <a@b>` or `a@b`); `default` when unset."""
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    problem = mail_address_problem(raw)
+    if problem:
+        raise SettingsError(name, problem)
+    return raw
+
+
+def env_shop_contact(env) -> str | None:
+    """SHOP_CONTACT: how a customer reaches the shop, an email address or an http(s) URL (a contact
+    page); shown in the storefront's footer and in every email."""
+    raw = (env.get("SHOP_CONTACT") or "").strip()
+    if not raw:
+        return None
+    if raw.startswith(("http://", "https://")):
+        parts = urlsplit(raw)
+        if parts.hostname and not any(c.isspace() for c in raw):
+            return raw
+        raise SettingsError("SHOP_CONTACT", f"must be an email address or an http(s):// URL with a host, got {raw!r}")
+    if "@" in raw and mail_address_problem(raw) is None and parseaddr(raw)[1] == raw:
+        return raw
+    raise SettingsError(
+        "SHOP_CONTACT", f"must be an email address (help@shop.example) or an http(s):// URL, got {raw!r}"
+    )

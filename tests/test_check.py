@@ -179,6 +179,32 @@ def test_a_bad_setting_fails_the_settings_check_and_skips_the_rest(make_fresh_ap
     assert {c["status"] for c in report["checks"]} == {"fail"}
 
 
+def test_real_mail_from_the_demos_sender_is_a_warning_naming_mail_from_and_a_bad_one_fails(make_fresh_app, sandbox):
+    demo_sender = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, SMTP_URL="smtp://127.0.0.1:2525")
+    _code, lines, output = check(demo_sender)
+    label, detail = lines["settings"]
+    assert label == "warn", output
+    assert "MAIL_FROM is the demo's Backstop shop <shop@localhost> while SMTP_URL sends real mail" in detail
+
+    # The same sender writing files (no SMTP_URL), or real mail from a real sender: nothing to say.
+    for env in ({}, {"SMTP_URL": "smtp://127.0.0.1:2525", "MAIL_FROM": "Shop <orders@shop.example>"}):
+        _code, lines, output = check(make_fresh_app(STRIPE_API_BASE=sandbox.base_url, **env))
+        assert "MAIL_FROM" not in lines["settings"][1], output
+
+    env = process_env(make_fresh_app(), MAIL_FROM="orders at shop.example")
+    run = subprocess.run(
+        flask_command() + ["--app", "app", "shop", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1
+    label, detail = _lines(run.stdout)["settings"]
+    assert label == "FAIL" and detail.startswith("MAIL_FROM: must be one email address"), run.stdout
+
+
 # -- the database --------------------------------------------------------------------------
 
 

@@ -215,6 +215,7 @@ def test_a_checkouts_request_id_is_on_its_lines_and_on_the_workers_lines_for_the
         written = {d.handler: (d.status, d.request_id) for d in deliveries}
         db.session.remove()
     assert written == {
+        "send_order_placed_email": ("done", request_id),  # written by the checkout itself
         "restore_inventory": ("done", request_id),
         "send_cancellation_email": ("done", request_id),
     }

@@ -111,6 +111,18 @@ BAD = [
     ("PAYMENT_METHODS", "card,chequebook", "chequebook is not a payment method type this shop knows"),
     ("PAYMENT_METHODS", ",", "must name at least one payment method type"),
     ("TAX_MODE", "vat", "must be one of none, stripe, got 'vat'"),
+    # Every email's sender and where answers go: one address each, on one line (no header smuggled in).
+    ("MAIL_FROM", "shop.example", "must be one email address"),
+    ("MAIL_FROM", "Shop <shop@example>", "must be one email address"),  # no dot in the domain
+    ("MAIL_FROM", "a@shop.example, b@shop.example", "must be one email address"),
+    ("MAIL_FROM", "Shop <shop@shop.example>\nBcc: all@elsewhere.example", "must be one line"),
+    ("MAIL_REPLY_TO", "help desk@shop.example", "must be one email address"),
+    ("MAIL_REPLY_TO", "@shop.example", "must be one email address"),
+    # How customers reach the shop: an address or a web page, nothing a customer could not use.
+    ("SHOP_CONTACT", "call us", "must be an email address (help@shop.example) or an http(s):// URL"),
+    ("SHOP_CONTACT", "ftp://shop.example/contact", "or an http(s):// URL"),
+    ("SHOP_CONTACT", "https:///contact", "an http(s):// URL with a host"),
+    ("SHOP_CONTACT", "Help <help@shop.example>", "must be an email address"),
 ]
 
 
@@ -466,4 +478,47 @@ def test_a_voucher_in_payment_methods_stops_the_worker_with_one_line(tmp_path):
     assert lines == [
         "backstop: configuration error: PAYMENT_METHODS: konbini is a voucher, payable for days: "
         "its money could arrive after an order's pay-by time"
+    ], proc.stdout + proc.stderr
+
+
+def test_mail_comes_from_the_demo_sender_unless_mail_from_is_set_and_reply_to_and_contact_are_read_as_given(tmp_path):
+    default = load_settings({}, str(tmp_path), argv=CLI)
+    assert (default.mail_from, default.mail_reply_to, default.shop_contact) == (
+        "Backstop shop <shop@localhost>",
+        None,
+        None,
+    )
+    given = load_settings(
+        {
+            "MAIL_FROM": " Caf\u00e9 Shop <orders@shop.example> ",
+            "MAIL_REPLY_TO": "help@shop.example",
+            "SHOP_CONTACT": " https://shop.example/contact ",
+        },
+        str(tmp_path),
+        argv=CLI,
+    )
+    assert (given.mail_from, given.mail_reply_to, given.shop_contact) == (
+        "Caf\u00e9 Shop <orders@shop.example>",
+        "help@shop.example",
+        "https://shop.example/contact",
+    )
+    assert load_settings({"SHOP_CONTACT": "help@shop.example"}, str(tmp_path), argv=CLI).shop_contact == (
+        "help@shop.example"
+    )
+
+
+def test_a_bad_mail_from_stops_the_worker_with_one_line_naming_the_variable(tmp_path):
+    proc = subprocess.run(
+        [str(BIN / "flask"), "--app", "app", "shop", "worker", "--burst"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_env(MAIL_FROM="the shop", BACKSTOP_INSTANCE_PATH=str(tmp_path)),
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert lines == [
+        "backstop: configuration error: MAIL_FROM: must be one email address, as `Name <shop@example.com>` "
+        "or `shop@example.com`, got 'the shop'"
     ], proc.stdout + proc.stderr

@@ -7,6 +7,7 @@ from . import (  # noqa: F401  (each registers its routes on bp)
     acks,
     email_actions,
     email_change,
+    mail_pages,
     money_actions,
     order_actions,
     outbox_actions,

@@ -9,6 +9,8 @@ from urllib.parse import parse_qsl, urlencode
 
 from gunicorn.glogging import Logger
 
+from .supervise import UP_PROBE
+
 # Query fields whose value opens something private: the order page's access token.
 SECRET_FIELDS = frozenset({"token"})
 HIDDEN = "[hidden]"
@@ -29,7 +31,12 @@ def logged_query(query: str) -> str:
 
 class AccessLog(Logger):
     """gunicorn's logger, its `%(q)s` atom replaced by `logged_query`: the format writes
-    `%(U)s%(q)s` and reads `/orders/BK-1?token=[hidden]`."""
+    `%(U)s%(q)s` and reads `/orders/BK-1?token=[hidden]`; `up`'s own probes are not written."""
+
+    def access(self, resp, req, environ, request_time):
+        if environ.get("HTTP_USER_AGENT") == UP_PROBE:
+            return
+        super().access(resp, req, environ, request_time)
 
     def atoms(self, resp, req, environ, request_time):
         atoms = super().atoms(resp, req, environ, request_time)

@@ -5,9 +5,11 @@ and scheduler started, and the banner that says where everything is."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import secrets
 import sys
+import warnings
 
 from flask_migrate import upgrade
 
@@ -21,15 +23,50 @@ from .plan import OPERATOR_EMAIL, SANDBOX_PORT, SANDBOX_STATE_FILE, Plan, shown_
 from .supervise import LOCAL, Child, Console, Supervisor, UpError, ellipsis, http_status
 
 
+class _Migrations(logging.Filter):
+    """Alembic's lines while `up` migrates, kept instead of printed: one line per migration (23 on
+    a first run) says less than the summary `up` prints from them."""
+
+    def __init__(self):
+        super().__init__()
+        self.applied: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Running upgrade"):
+            self.applied.append(message.split("->", 1)[-1].split(",", 1)[0].strip())
+        return False
+
+
+def _migrate(console: Console) -> None:
+    """The migrations applied, said in one line, and the libraries' warnings meanwhile in one more."""
+    kept = _Migrations()
+    migration_log = logging.getLogger("alembic.runtime.migration")
+    migration_log.addFilter(kept)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            upgrade()
+    except Exception as exc:  # noqa: BLE001 - any failure here is reported as one line
+        raise UpError(f"could not apply the migrations: {_first_line(exc)}") from None
+    finally:
+        migration_log.removeFilter(kept)
+    if kept.applied:
+        console.line(f"    applied {len(kept.applied)} migrations, now at {kept.applied[-1]}")
+    else:
+        console.line("    already up to date")
+    if caught:
+        first = caught[0]
+        more = f" (and {len(caught) - 1} more)" if len(caught) > 1 else ""
+        console.line(f"    library warnings: {first.category.__name__}: {first.message}{more}")
+
+
 def prepare_database(plan: Plan, app, console: Console) -> None:
 
     dots = ellipsis()
     with app.app_context():
         console.step(f"Applying migrations to {shown_url(plan.env['DATABASE_URL'])}{dots}")
-        try:
-            upgrade()
-        except Exception as exc:  # noqa: BLE001 - any failure here is reported as one line
-            raise UpError(f"could not apply the migrations: {_first_line(exc)}") from None
+        _migrate(console)
 
         console.step(f"Seeding the demo catalog{dots}")
         created = seed_catalog()
@@ -215,6 +252,7 @@ def banner(plan: Plan, console: Console) -> None:
         ("Stripe", stripe_line),
         ("Redis", f"{plan.env['REDIS_URL']}  ({redis_note})"),
         ("Database", shown_url(plan.env["DATABASE_URL"])),
+        ("Mail", mail_goes(plan)),
     ]
     console.line()
     console.line("Backstop is up.", bold=True)
@@ -222,6 +260,14 @@ def banner(plan: Plan, console: Console) -> None:
         console.line(f"  {label:<11} {value}")
     console.line("Press Ctrl-C to stop everything.")
     console.line()
+
+
+def mail_goes(plan: Plan) -> str:
+    """Where the shop's emails go: the mail server in SMTP_URL, or files the console lists."""
+    if (plan.env.get("SMTP_URL") or "").strip():
+        return "the mail server in SMTP_URL"
+    folder = os.path.join(plan.env["BACKSTOP_INSTANCE_PATH"], "mail")
+    return f"written to {folder}/ (SMTP_URL is unset), listed at {plan.base_url}/console/mail"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -2,7 +2,8 @@
 (docs/REFERENCE.md, Commands). One `Check` per thing the node needs, each saying what to fix:
 
 - settings: they loaded (a bad value never gets this far: app.py reports it as this check's
-  failure, `settings_failed`), and the one the web needs besides (SECRET_KEY);
+  failure, `settings_failed`), the one the web needs besides (SECRET_KEY), and a warning for
+  real mail (SMTP_URL) still sent from the demo's MAIL_FROM;
 - database: reachable, and its migrations at the head of `migrations/`;
 - redis: reachable, a master, `maxmemory-policy noeviction` (RQ's requirement: an evicted job
   or registry is work lost without a word); redis-auth: the start-up warning about a remote
@@ -32,7 +33,7 @@ from ..provider import gateway, probe
 from ..provider.registration import ENDPOINT_KEY, webhook_secret
 from ..public_urls import public_url_for
 from ..redis_client import redis_client, unprotected_redis_hosts, unprotected_redis_words
-from ..settings_values import parse_sentinel_url
+from ..settings_values import DEFAULT_MAIL_FROM, parse_sentinel_url
 from .checks import FAIL, LABELS, OK, PROVIDER_TIMEOUT_SECONDS, TIMEOUT_SECONDS, WARN, Check, first_line
 from .database_checks import DatabaseChecks
 
@@ -83,13 +84,19 @@ def run_checks(clock=time.time) -> list[Check]:
 def _settings() -> Check:
     settings = current_app.config["SETTINGS"]
     detail = f"loaded; node {settings.node_name}, PUBLIC_BASE_URL {settings.public_base_url}"
+    warnings = []
     if settings.secret_key_ephemeral:
-        return Check(
-            "settings",
-            WARN,
-            detail + "; SECRET_KEY is unset: the worker and the scheduler run without it, the web refuses to "
-            "start (set the same SECRET_KEY for every web process)",
+        warnings.append(
+            "SECRET_KEY is unset: the worker and the scheduler run without it, the web refuses to "
+            "start (set the same SECRET_KEY for every web process)"
         )
+    if settings.smtp_url and settings.mail_from == DEFAULT_MAIL_FROM:
+        warnings.append(
+            f"MAIL_FROM is the demo's {DEFAULT_MAIL_FROM} while SMTP_URL sends real mail: set MAIL_FROM to an "
+            "address of your domain (customers see it, and mail servers refuse or bin mail from localhost)"
+        )
+    if warnings:
+        return Check("settings", WARN, "; ".join([detail, *warnings]))
     return Check("settings", OK, detail)
 
 

@@ -6,11 +6,17 @@ and the delivery's "done" commit together.
 """
 
 from .inventory import restore_inventory
-from .notifications import payment_failed_followups, send_cancellation_email, send_order_confirmation
+from .notifications import (
+    payment_failed_followups,
+    send_cancellation_email,
+    send_order_confirmation,
+    send_order_placed_email,
+)
 
 HANDLERS = {
     "restore_inventory": restore_inventory,
     "payment_failed_followups": payment_failed_followups,
+    "send_order_placed_email": send_order_placed_email,
     "send_order_confirmation": send_order_confirmation,
     "send_cancellation_email": send_cancellation_email,
 }

@@ -15,10 +15,11 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from .. import emails
 from ..domain.deadlines import utcnow
+from ..domain.events import EventName
 from ..domain.order import cancelled_because
 from ..domain.results import SubmissionOutcome
 from ..extensions import db
@@ -30,6 +31,7 @@ log = logging.getLogger("shop.saga")
 
 # What each email is, in an operator's words.
 EMAIL_NAMES = {
+    "order_placed": "Order placed (its private link)",
     "order_paid": "Order confirmation (paid)",
     "order_cancelled": "Cancellation notice (cancelled by the customer)",
     "order_expired": "Cancellation notice (payment window ran out)",
@@ -38,6 +40,10 @@ EMAIL_NAMES = {
     "refund_failed": "Refund did not go through",
     "order_link": "Link to the order waiting for payment (asked for at checkout)",
 }
+
+
+# The event deliveries that send one email each, by handler (the cancellation's depends on why).
+EVENT_EMAILS = {"send_order_placed_email": "order_placed", "send_order_confirmation": "order_paid"}
 
 
 @dataclass
@@ -50,6 +56,16 @@ class SentEmail:
     resent_by: str | None = None
 
 
+def _settled_at(order_id: int) -> datetime | None:
+    """When the order was first paid or cancelled (its event), or None while it is neither."""
+    return db.session.execute(
+        select(func.min(OutboxEvent.created_at)).where(
+            OutboxEvent.order_id == order_id,
+            OutboxEvent.name.in_((EventName.ORDER_PAID, EventName.ORDER_CANCELLED)),
+        )
+    ).scalar()
+
+
 def sent_emails(order_id: int) -> list[SentEmail]:
     """Every email the order was sent (its sending work done), oldest first."""
     session = db.session
@@ -60,12 +76,15 @@ def sent_emails(order_id: int) -> list[SentEmail]:
         .where(
             OutboxDelivery.order_id == order_id,
             OutboxDelivery.status == WorkStatus.DONE,
-            OutboxDelivery.handler.in_(("send_order_confirmation", "send_cancellation_email")),
+            OutboxDelivery.handler.in_(tuple(EVENT_EMAILS) + ("send_cancellation_email",)),
         )
     ).all()
+    settled_at = _settled_at(order_id)
     for d in deliveries:
-        if d.handler == "send_order_confirmation":
-            template = "order_paid"
+        if d.handler == "send_order_placed_email" and settled_at and d.completed_at and d.completed_at >= settled_at:
+            continue  # ran once the order was paid or cancelled: nothing was sent (emails.STILL_TRUE_WHILE)
+        if d.handler in EVENT_EMAILS:
+            template = EVENT_EMAILS[d.handler]
         else:
             template = CANCELLATION_EMAILS.get(cancelled_because((d.payload or {}).get("reason", "")))
         if template:

@@ -17,7 +17,7 @@ from flask import current_app
 
 from .. import emails, logs
 from ..domain.deadlines import as_utc
-from ..domain.events import OrderCancelled, OrderPaid, OrderPaymentFailed
+from ..domain.events import OrderCancelled, OrderPaid, OrderPaymentFailed, OrderPlaced
 from ..domain.order import cancelled_because
 from ..extensions import db
 from ..models import CommandKind, Order
@@ -55,8 +55,15 @@ def payment_failed_followups(event: OrderPaymentFailed, now: datetime) -> None:
     log.info("order %s: payment failed (%s); customer notified and deadline re-armed", order.reference, event.reason)
 
 
+def send_order_placed_email(event: OrderPlaced, now: datetime) -> None:
+    """The customer gets the order's private link as soon as it is placed (a closed tab loses
+    nothing); not sent once the order is paid or cancelled, whose own emails carry the link. An
+    order is placed once, so the key names the message for good: a redelivery replaces it."""
+    emails.send(event.order_id, "order_placed", tag="event")
+
+
 def send_order_confirmation(event: OrderPaid, now: datetime) -> None:
-    emails.send(event.order_id, "order_paid", key=f"order-{event.order_id}-order_paid-event")
+    emails.send(event.order_id, "order_paid", tag="event")
 
 
 CANCELLATION_EMAILS = {"customer": "order_cancelled", "expired": "order_expired"}
@@ -68,4 +75,4 @@ def send_cancellation_email(event: OrderCancelled, now: datetime) -> None:
     paid once and cancelled once, so the key names the message for good: a redelivery replaces it.)"""
     template = CANCELLATION_EMAILS.get(cancelled_because(event.reason))
     if template is not None:
-        emails.send(event.order_id, template, key=f"order-{event.order_id}-{template}-event")
+        emails.send(event.order_id, template, tag="event")

@@ -27,19 +27,14 @@ def _send_email(row: ScheduledCommand, now: datetime) -> None:
     # An email that would no longer be true (the order moved on since it was queued: "your
     # items are held, try again" after the customer cancelled, say) is not sent.
     # `to`: an operator sent it to another address than the order's (saga.email_resends).
-    emails.send(
-        _order_id(row),
-        row.payload.get("template"),
-        key=f"order-{row.order_id}-{row.payload.get('template')}-{row.id}",
-        to=row.payload.get("to"),
-    )
+    emails.send(_order_id(row), row.payload.get("template"), tag=str(row.id), to=row.payload.get("to"))
 
 
 def _payment_link(row: ScheduledCommand, now: datetime) -> None:
     # Waits for the provider (ready_to_offer raises while it does not answer); one email per
-    # order, under the order's own key, and only while the order still waits for its payment.
+    # order, under the order's own name, and only while the order still waits for its payment.
     if ready_to_offer(_order_id(row)):
-        emails.send(_order_id(row), PAYMENT_LINK, key=f"order-{row.order_id}-{PAYMENT_LINK}")
+        emails.send(_order_id(row), PAYMENT_LINK, tag=None)
 
 
 def _refund(row: ScheduledCommand, now: datetime) -> None:

@@ -28,8 +28,11 @@ from shop.outbox.writer import schedule_command
 @pytest.fixture(autouse=True)
 def _only_the_restore_listens_to_cancellations(monkeypatch):
     """These tests use cancelled orders' restores as the sample work; the customer's cancellation
-    email (a second handler of OrderCancelled) would double every count without adding a case."""
+    email (a second handler of OrderCancelled) and the order-placed email would double every count
+    without adding a case."""
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory"])
+    # Nor the order-placed email: one more delivery per order, the same mechanics.
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderPlaced", [])
 
 
 def _cancelled_orders(n: int, variant: int) -> list[int]:

@@ -6,8 +6,10 @@ The server is real (tests/smtp_support.py): a socket, SMTP, and a TLS handshake.
 from __future__ import annotations
 
 import email
+import email.utils
 import os
 import stat
+from email.header import decode_header, make_header
 
 import pytest
 
@@ -85,3 +87,27 @@ def test_without_smtp_a_message_is_a_file_only_the_shops_user_reads(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(app.instance_path).st_mode) == 0o700
+
+
+def test_every_email_is_from_mail_from_and_carries_mail_reply_to_only_when_set(tmp_path):
+    shop = mail_app(
+        tmp_path, MAIL_FROM="Caf\u00e9 Shop <orders@shop.example>", MAIL_REPLY_TO="Help <help@shop.example>"
+    )
+    with shop.app_context():
+        path = send("bob@example.com", "Your order", "Paid, thank you.", key="BK-TEST0001-order_paid-event")
+    with open(path, "rb") as fh:
+        message = email.message_from_binary_file(fh)
+    # A name that is not ASCII travels encoded, and reads back as written.
+    assert email.utils.parseaddr(str(make_header(decode_header(message["From"])))) == (
+        "Caf\u00e9 Shop",
+        "orders@shop.example",
+    )
+    assert email.utils.parseaddr(message["Reply-To"]) == ("Help", "help@shop.example")
+    assert os.path.basename(path) == "BK-TEST0001-order_paid-event.eml"
+
+    demo = mail_app(tmp_path / "demo")
+    with demo.app_context():
+        path = send("bob@example.com", "Your order", "Paid, thank you.", key="BK-TEST0002-order_paid-event")
+    with open(path, "rb") as fh:
+        message = email.message_from_binary_file(fh)
+    assert message["From"] == "Backstop shop <shop@localhost>" and "Reply-To" not in message

@@ -266,6 +266,7 @@ def test_a_worker_that_lost_its_lease_commits_none_of_its_writes(make_fresh_app,
         db.session.remove()
 
 
+@pytest.mark.usefixtures("no_order_placed_email")
 def test_every_delivery_completes_after_redis_loses_everything(make_fresh_app, fake_clock, redis_conn):
     """The relay's grace period is read on the shop's clock, which only this test moves: on a
     loaded machine the wall clock could pass it between the cancels and the first relay, and the
@@ -347,6 +348,7 @@ def test_a_commit_that_fails_announces_nothing_and_keeps_nothing(fresh_app, monk
         db.session.remove()
 
 
+@pytest.mark.usefixtures("no_order_placed_email")
 def test_an_announce_that_fails_loses_nothing_the_relay_announces_it(fresh_app, monkeypatch):
     """Redis down at the moment of the announcement: the cancel still stands (its rows are
     committed), and the relay announces the delivery later, so the stock comes back."""

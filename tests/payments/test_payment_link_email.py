@@ -84,8 +84,8 @@ def test_an_order_placed_while_the_provider_was_down_is_emailed_its_link_once_pa
 
     sandbox.faults(api_unavailable=False)
     assert _run(app, command.id) == "done"
-    assert _mails(app) == [f"order-{oid}-payment_link.eml"]
-    with open(os.path.join(app.instance_path, "mail", f"order-{oid}-payment_link.eml"), "rb") as fh:
+    assert _mails(app) == [f"{ref}-payment_link.eml"]
+    with open(os.path.join(app.instance_path, "mail", f"{ref}-payment_link.eml"), "rb") as fh:
         message = email.message_from_binary_file(fh)
     assert message["To"] == shopper.email
     assert message["Subject"] == f"You can pay for order {ref} now"
@@ -101,7 +101,7 @@ def test_an_order_placed_while_the_provider_was_down_is_emailed_its_link_once_pa
 
     # Sent once: the command is done, and running it again sends nothing more.
     assert _run(app, command.id) == "skipped"
-    assert _mails(app) == [f"order-{oid}-payment_link.eml"] and _commands(app, oid)[0].status == "done"
+    assert _mails(app) == [f"{ref}-payment_link.eml"] and _commands(app, oid)[0].status == "done"
 
 
 def test_an_order_the_customer_paid_for_meanwhile_gets_no_payment_link(app, shopper, sandbox):

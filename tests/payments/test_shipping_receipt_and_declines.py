@@ -95,7 +95,7 @@ def _receipt(app, ref: str) -> email.message.Message:
         assert run_delivery(delivery) == "done"
         db.session.remove()
     folder = os.path.join(app.instance_path, "mail")
-    [name] = [n for n in os.listdir(folder) if n == f"order-{oid}-order_paid-event.eml"]
+    [name] = [n for n in os.listdir(folder) if n == f"{ref}-order_paid-event.eml"]
     with open(os.path.join(folder, name), "rb") as fh:
         return email.message_from_binary_file(fh)
 

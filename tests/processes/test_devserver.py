@@ -276,6 +276,16 @@ def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
     base, sandbox = urls["storefront"], urls["sandbox"]
     assert base == f"http://127.0.0.1:{up.port}"
     assert "Starting Redis (bundled redis-server) on port" in up.output
+    # A quiet first run: the migrations in one line, the libraries' warnings in at most one, and
+    # no access line of up's own probes of /healthz before the banner.
+    before_banner = up.output.split("Backstop is up.", 1)[0]
+    migrations = len([f for f in os.listdir(os.path.join(ROOT, "migrations", "versions")) if f.endswith(".py")])
+    assert re.search(rf"^    applied {migrations} migrations, now at \w+$", before_banner, re.M), before_banner
+    assert "Running upgrade" not in before_banner and "alembic" not in before_banner
+    assert len(re.findall(r"Warning", before_banner)) <= 1, before_banner
+    assert "/healthz" not in before_banner
+    mail_folder = os.path.join(up.instance, "mail")
+    assert re.search(rf"^\s+Mail\s+written to {re.escape(mail_folder)}/ .*{base}/console/mail$", up.output, re.M)
     front = nginx_binary() is not None
     if front:
         served = rf"^\s+served by\s+nginx on 127\.0\.0\.1:{up.port}, reading each request whole"
@@ -330,6 +340,11 @@ def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
     assert link, page
     access_token = link.group(1)
     assert requests.get(f"{base}{link.group(0)}", headers={"Accept": "application/json"}).status_code == 200
+    # The receipt is a file named by the order's reference, and the console's mail page lists it.
+    receipt = f"{reference}-order_paid-event.eml"
+    wait_until(lambda: os.path.exists(os.path.join(mail_folder, receipt)), 30, "the receipt's file", lambda: up.output)
+    listed = browser.get(base + "/console/mail", headers={"Accept": "application/json"}).json()["messages"]
+    assert receipt in [m["name"] for m in listed], listed
 
     assert processes_carrying(up.marker), "the children should be running before Ctrl-C"
     os.killpg(up.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group

@@ -32,8 +32,10 @@ FLASK = os.path.join(os.path.dirname(sys.executable), "flask")
 @pytest.fixture(autouse=True)
 def _only_the_restore_listens_to_cancellations(monkeypatch):
     """These tests use cancelled orders' restores as the sample work; the customer's cancellation
-    email (a second handler of OrderCancelled) would double every count without adding a case."""
+    email (a second handler of OrderCancelled) and the order-placed email would double every count
+    without adding a case."""
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory"])
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderPlaced", [])
 
 
 def _start_worker(app, tmp_path, failpoints: str | None = None) -> subprocess.Popen:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import func, select, update
 
 import shop.scheduling.commands
@@ -20,6 +21,9 @@ from shop.models import Order, ScheduledCommand
 from shop.outbox.dispatch import drain_commands
 from shop.outbox.relay import wake_due_work
 from shop.outbox.writer import schedule_command
+
+pytestmark = pytest.mark.usefixtures("no_order_placed_email")
+
 
 WINDOW = 1800
 

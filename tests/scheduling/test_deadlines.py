@@ -23,6 +23,9 @@ from shop.payments.start import start_payment
 from shop.provider import gateway
 from support import wait_until
 
+pytestmark = pytest.mark.usefixtures("no_order_placed_email")
+
+
 WINDOW = 1800  # the default payment window
 HOLD = 600  # the default hold of an order that never had a payment session (PendingPayment)
 SKU = "MUG-350-SND"  # 12 in stock after seeding

@@ -39,6 +39,9 @@ from shop.queue.connection import refusal
 from shop.scheduling import retention
 from support import base_config, log_in
 
+pytestmark = pytest.mark.usefixtures("no_order_placed_email")
+
+
 ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 DAY = timedelta(days=1)
 

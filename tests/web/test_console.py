@@ -48,6 +48,8 @@ GET_ROUTES = [
     "/console/audit",
     "/console/orders?q=ann@example.com",
     "/console/no-such-page",
+    "/console/mail",
+    "/console/mail/BK-NOSUCH-order_paid-event.eml",
 ]
 POST_ROUTES = [
     "/console/logout",
@@ -994,6 +996,8 @@ def test_a_paid_order_shows_no_stale_error_no_reconcile_button_and_no_pending_de
     assert token
 
 
+# The walk posts to sample work ids (1, cmd-1): the order it places must own none of them.
+@pytest.mark.usefixtures("no_order_placed_email")
 def test_every_console_post_route_from_the_url_map_leaves_an_audit_row_naming_the_operator(
     fresh_app, fresh_client, token
 ):
