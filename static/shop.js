@@ -2,7 +2,8 @@
    Content-Security-Policy allows none) and nothing from a CDN.
 
    <time datetime="ISO" data-local>: the UTC text in the page is replaced by the reader's own
-   local time (to the second with data-seconds). Without this script the UTC text stays.
+   local time (to the second with data-seconds; with data-beside, the console's, local time is
+   added beside the UTC text instead). Without this script the UTC text stays.
 
    <main data-poll="URL" data-state="S">: while the page waits on something (a payment being
    processed, the provider unreachable), ask URL for its JSON every few seconds; when the order's
@@ -27,7 +28,14 @@
       var options = {year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit",
                      timeZoneName: "short"};
       if (el.hasAttribute("data-seconds")) { options.second = "2-digit"; }
-      el.textContent = at.toLocaleString(undefined, options);
+      var local = at.toLocaleString(undefined, options);
+      if (el.hasAttribute("data-beside")) {  /* the console: the UTC text stays, local time beside it */
+        var utc = el.getAttribute("data-utc") || el.textContent;
+        el.setAttribute("data-utc", utc);
+        el.textContent = utc + " (" + local + " here)";
+      } else {
+        el.textContent = local;
+      }
       el.title = el.getAttribute("datetime");
     });
   }

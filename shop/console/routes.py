@@ -20,9 +20,10 @@ from ..web.answers import respond
 from . import acks, audit, auth, board, charts, export, outbox_queries, overview, queries, timeline  # noqa: F401  (auth registers the login routes)
 from .answers import find_order, page_number, problem
 from .blueprint import bp
-from .format import human_age, human_money, human_time
+from .format import human_age, human_money
 from .forms import ActionForm, DiscardForm
 from .search import read_filters, refused
+from .words import TEMPLATE_WORDS
 
 bp.after_request(audit.record_action)
 
@@ -31,7 +32,8 @@ bp.after_request(audit.record_action)
 def _helpers():
     # formdata=None: a button's form needs only its CSRF token, and reading the request here
     # would fail again inside the error page of a request that failed for its body (a 413).
-    return {"age": human_age, "money": human_money, "when": human_time, "action_form": ActionForm(formdata=None)}
+    # The words of shop/console/words.py: the pages say them, the JSON keeps the codes.
+    return {"age": human_age, "money": human_money, "action_form": ActionForm(formdata=None), **TEMPLATE_WORDS}
 
 
 def not_one_of(choices, what: str, value: str, page: str):
@@ -98,7 +100,8 @@ def order_detail(reference):
     order = find_order(reference)
     if order is None:
         return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
-    return respond("console/order.html", timeline.order_timeline(order, utcnow()))
+    data, shown = timeline.order_page(order, utcnow())
+    return respond("console/order.html", data, **shown)
 
 
 @bp.get("/outbox")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, overload
+from typing import Any, Callable, overload
 
 from sqlalchemy import select
 
@@ -47,6 +47,7 @@ from .rows import (
     waiting_for_provider,
     warning_detail,
 )
+from .words import command_words, event_words, handler_words, receipt_words, work_words
 
 
 @dataclass
@@ -83,12 +84,42 @@ def _rows_of(order: Order) -> _OrderRows:
     )
 
 
-def order_timeline(order: Order, now: datetime) -> dict:
+@dataclass(frozen=True)
+class _Say:
+    """How the merged timeline names events, handlers, command kinds, work statuses and webhook
+    outcomes: by their codes (the JSON) or in words (the page)."""
+
+    event: Callable[[str], str]
+    handler: Callable[[str], str]
+    command: Callable[[str], str]
+    work: Callable[[str], str]
+    receipt: Callable[[str], str]
+    armed: str  # "{} armed": a command written
+    retired: str  # a command its order moved past
+
+
+CODES = _Say(str, str, str, str, str, "{} armed", "{} retired")
+WORDS = _Say(
+    event_words, handler_words, command_words, work_words, receipt_words, "{} scheduled", "{}: no longer needed"
+)
+
+
+def order_page(order: Order, now: datetime) -> tuple[dict, dict]:
+    """The console's order page: its data (the JSON too) and what only the HTML shows: the
+    timeline in words and the order's money summary."""
+    rows = _rows_of(order)
+    data = order_timeline(order, now, rows)
+    names = {e.id: e.name for e in rows.events}
+    shown = _merged(rows, names, db.session.get(PrunedDetail, order.id), WORDS)
+    return data, {"timeline_words": shown, "money_summary": OrderView.of(order).money}
+
+
+def order_timeline(order: Order, now: datetime, rows: _OrderRows | None = None) -> dict:
     """Everything that happened to one order, each kind in its own list, plus one merged,
     time-ordered list for reading top to bottom."""
     view = OrderView.of(order)
     ref = view.reference
-    rows = _rows_of(order)
+    rows = rows or _rows_of(order)
     names = {e.id: e.name for e in rows.events}
     data = {
         "order": _order_summary(view, now),
@@ -200,26 +231,31 @@ def _order_summary(order: OrderView, now: datetime) -> dict:
     }
 
 
-def _merged(rows: _OrderRows, names: dict, pruned: PrunedDetail | None = None) -> list[dict]:
+def _merged(rows: _OrderRows, names: dict, pruned: PrunedDetail | None = None, say: _Say = CODES) -> list[dict]:
     """All of it in one list, oldest first: (at, kind, what, detail)."""
     merged = (
-        [(e.created_at, "transition", e.name, _payload_words(e.payload)) for e in rows.events]
+        [(e.created_at, "transition", say.event(e.name), _payload_words(e.payload)) for e in rows.events]
         + [
-            (r.received_at, "webhook", f"{r.event_type or 'webhook'}: {r.outcome}", r.reason or "")
+            (r.received_at, "webhook", f"{r.event_type or 'webhook'}: {say.receipt(r.outcome)}", r.reason or "")
             for r in rows.receipts
         ]
         + [
             (
                 c.created_at,
                 "command",
-                f"{c.kind} armed",
+                say.armed.format(say.command(c.kind)),
                 f"due {human_time(c.next_attempt_at)}, now "
-                + ("waiting for the provider" if waiting_for_provider(c) else c.status),
+                + ("waiting for the provider" if waiting_for_provider(c) else say.work(c.status)),
             )
             for c in rows.commands
         ]
         + [
-            (c.completed_at or c.updated_at, "command", f"{c.kind} retired", c.discard_reason or "obsolete")
+            (
+                c.completed_at or c.updated_at,
+                "command",
+                say.retired.format(say.command(c.kind)),
+                c.discard_reason or say.work(WorkStatus.OBSOLETE),
+            )
             for c in rows.commands
             if c.status == WorkStatus.OBSOLETE
         ]
@@ -227,8 +263,8 @@ def _merged(rows: _OrderRows, names: dict, pruned: PrunedDetail | None = None) -
             (
                 d.completed_at or d.updated_at,
                 "delivery",
-                f"{d.handler}: {d.status}",
-                f"{names.get(d.event_id, '?')}, {d.attempts} attempt(s)"
+                f"{say.handler(d.handler)}: {say.work(d.status)}",
+                f"{say.event(names.get(d.event_id, '?'))}, {d.attempts} attempt(s)"
                 + (f", {d.last_error}" if d.last_error else ""),
             )
             for d in rows.deliveries

@@ -90,6 +90,18 @@ class RefundView:
 
 
 @dataclass(frozen=True, slots=True)
+class MoneyView:
+    """What the order's money came to, in minor units: paid (what the accepted payment charged,
+    tax included), returned to the customer (refunds that succeeded or were settled outside the
+    provider), what the shop keeps, and the tax in the payment (None without tax)."""
+
+    paid: int
+    refunded: int
+    net: int
+    tax: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class PaymentView:
     session_id: str | None
     url: str | None
@@ -213,6 +225,19 @@ class OrderView:
         if self.status is OrderStatus.PAYMENT_FAILED or self.payment_status is P.DECLINED:
             return self.last_payment_error or "Your payment did not go through."
         return None
+
+    @property
+    def money(self) -> MoneyView:
+        """The money summary of the console's order page. Without a recorded charge (an order paid
+        before the shop wrote one, or late money on a cancelled order) the total is what was paid
+        when the order is paid or something was refunded."""
+        returned = [r for r in self.refunds if r.status == SUCCEEDED or r.settled_at is not None]
+        refunded = sum(r.amount for r in returned)
+        if self.charged is not None:
+            paid = self.charged
+        else:
+            paid = self.total if self.status is OrderStatus.PAID or self.refunds else 0
+        return MoneyView(paid, refunded, paid - refunded, self.tax or None)
 
     @property
     def settled_refunds(self) -> list[int]:

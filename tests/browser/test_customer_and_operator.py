@@ -188,6 +188,7 @@ def test_an_operator_logs_in_and_reads_a_paid_orders_transitions(page, shop, san
     expect(page.locator("h1 .badge")).to_have_text("Paid")
     timeline = page.locator("table.timeline")
     transitions = timeline.locator("tr.kind-transition strong").all_inner_texts()
-    assert transitions == ["OrderPlaced", "PaymentInitiated", "OrderPaid"]
-    expect(timeline).to_contain_text("checkout.session.completed: accepted")
+    # In the shop's words (shop/console/words.py); the JSON keeps the event names.
+    assert transitions == ["Order placed", "Payment page opened", "Paid"]
+    expect(timeline).to_contain_text("checkout.session.completed: applied")
     page.screenshot(path=screenshot_dir / "operator_order_timeline.png", full_page=True)

@@ -244,14 +244,14 @@ def test_a_retried_or_discarded_dead_letter_stays_on_the_dead_list_with_its_new_
     assert r.headers["Location"] == f"/console/outbox?status=dead&keep={delivery}"
     html = fresh_client.get(r.headers["Location"], headers=HTML).get_data(as_text=True)
     row = re.search(
-        rf'<tr class="kept">\s*<td><strong>restore_inventory</strong> '
+        rf'<tr class="kept">\s*<td><strong>Put the stock back</strong> <code class="small">restore_inventory</code> '
         rf'<span class="muted small">#{delivery}</span>.*?</tr>',
         html,
         re.S,
     )
     assert row and "just retried" in row.group(0) and "badge pending" in row.group(0)
     # Without keep= the list is the filter's own: the retried row is no longer dead.
-    assert f'restore_inventory</strong> <span class="muted small">#{delivery}</span>' not in fresh_client.get(
+    assert f'restore_inventory</code> <span class="muted small">#{delivery}</span>' not in fresh_client.get(
         "/console/outbox?status=dead", headers=HTML
     ).get_data(as_text=True)
 
@@ -263,7 +263,8 @@ def test_a_retried_or_discarded_dead_letter_stays_on_the_dead_list_with_its_new_
     assert r.headers["Location"] == f"/console/outbox?status=dead&keep=cmd-{command}"
     html = fresh_client.get(r.headers["Location"], headers=HTML).get_data(as_text=True)
     assert re.search(
-        rf'<tr class="kept">\s*<td><strong>\w+</strong> <span class="muted small">#{command}</span>'
+        r'<tr class="kept">\s*<td><strong>[^<]+</strong> <code class="small">\w+</code> '
+        rf'<span class="muted small">#{command}</span>'
         r' <span class="badge kept">just discarded</span>',
         html,
     )

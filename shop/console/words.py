@@ -1,0 +1,167 @@
+"""The console's vocabulary: the shop's codes (order states, events, handlers, command kinds, work
+and refund statuses, audit outcomes, the provider's decline and refund-failure codes) in the words
+an operator reads on the pages. An order's state is said as the customer reads it (shop/web/words.py).
+
+Only the HTML says these: the console's JSON keeps the codes (docs/REFERENCE.md, Console). An
+unknown code is shown as it is, never hidden."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from markupsafe import Markup
+
+from ..domain.events import EventName
+from ..domain.refunds import RefundStatus
+from ..domain.timestamps import iso
+from ..emails import REFUND_FAILURE_WORDS
+from ..models import CommandKind, ReceiptOutcome, WarningState, WorkStatus
+from ..web.words import status_words
+from .format import human_time
+
+EVENT_WORDS = {
+    EventName.ORDER_PLACED: "Order placed",
+    EventName.PAYMENT_INITIATED: "Payment page opened",
+    EventName.ORDER_PAID: "Paid",
+    EventName.ORDER_PAYMENT_FAILED: "Payment failed",
+    EventName.ORDER_CANCELLED: "Cancelled",
+}
+
+# The handlers of shop/saga (HANDLERS), by the name their deliveries carry.
+HANDLER_WORDS = {
+    "restore_inventory": "Put the stock back",
+    "payment_failed_followups": "Follow up the failed payment",
+    "send_order_confirmation": "Email the order confirmation",
+    "send_cancellation_email": "Email the cancellation",
+    "send_order_placed_email": "Email the order's link",
+}
+
+COMMAND_WORDS = {
+    CommandKind.EXPIRE_UNPAID_ORDER: "Payment deadline",
+    CommandKind.SEND_EMAIL: "Email to the customer",
+    CommandKind.REFUND_PAYMENT: "Refund to the customer",
+    CommandKind.SETTLE_UNKNOWN_PAYMENT: "Refund of money for no order",
+    CommandKind.OFFER_PAYMENT_LINK: "Email a payment link",
+}
+
+WORK_WORDS = {
+    WorkStatus.PENDING: "to do",
+    WorkStatus.PROCESSING: "running",
+    WorkStatus.DONE: "done",
+    WorkStatus.DEAD: "gave up: needs an operator",
+    WorkStatus.DISCARDED: "discarded by an operator",
+    WorkStatus.OBSOLETE: "no longer needed",
+    "waiting": "waiting for the provider",  # rows.WAITING: pending work the provider's outage holds back
+}
+
+REFUND_WORDS = {
+    RefundStatus.PENDING: "on its way",
+    RefundStatus.SUCCEEDED: "money returned",
+    RefundStatus.FAILED: "did not go through",
+    RefundStatus.CANCELED: "cancelled at the provider",
+}
+
+RECEIPT_WORDS = {
+    ReceiptOutcome.ACCEPTED: "applied",
+    ReceiptOutcome.DUPLICATE: "already applied",
+    ReceiptOutcome.IGNORED: "nothing to do",
+    ReceiptOutcome.REJECTED: "rejected",
+    ReceiptOutcome.FAILED: "failed, the provider retries",
+}
+
+WARNING_WORDS = {WarningState.OPEN: "open", WarningState.RESOLVED: "resolved"}
+
+
+class AuditOutcome(StrEnum):
+    """How an operator's action went, from its answer's HTTP status (the audit's `status`)."""
+
+    DONE = "done"
+    REFUSED = "refused"
+    FAILED = "failed"
+
+
+AUDIT_WORDS = {
+    AuditOutcome.DONE: "done",
+    AuditOutcome.REFUSED: "refused",
+    AuditOutcome.FAILED: "failed",
+}
+
+
+def audit_outcome(http_status: int) -> AuditOutcome:
+    if http_status < 400:
+        return AuditOutcome.DONE
+    return AuditOutcome.REFUSED if http_status < 500 else AuditOutcome.FAILED
+
+
+def refusal_words(code: str | None) -> str:
+    """The provider's decline or refund-failure code in words (the customer's, where the emails
+    have them); a code without words is shown as it is."""
+    if code in REFUND_FAILURE_WORDS:
+        return REFUND_FAILURE_WORDS[code]
+    return (code or "").replace("_", " ")
+
+
+def _said(table: dict, code) -> str:
+    return table.get(code, str(code) if code is not None else "–")
+
+
+def event_words(name: str) -> str:
+    return _said(EVENT_WORDS, name)
+
+
+def handler_words(name: str) -> str:
+    return _said(HANDLER_WORDS, name)
+
+
+def command_words(kind: str) -> str:
+    return _said(COMMAND_WORDS, kind)
+
+
+def work_words(status: str) -> str:
+    return _said(WORK_WORDS, status)
+
+
+def refund_words(status: str) -> str:
+    return _said(REFUND_WORDS, status)
+
+
+def receipt_words(outcome: str) -> str:
+    return _said(RECEIPT_WORDS, outcome)
+
+
+def warning_words(state: str) -> str:
+    return _said(WARNING_WORDS, state)
+
+
+def action_words(action: str) -> str:
+    """An audited action (its endpoint's name) as a phrase: `retry_delivery` -> "retry delivery"."""
+    return action.replace("_", " ")
+
+
+def when(value: str | datetime | None) -> Markup:
+    """A time for a page: UTC as the text (what a page without scripts shows), in a <time> whose
+    `datetime` static/shop.js reads to add the browser's local time beside it."""
+    text = human_time(value)
+    stamp = iso(value) if isinstance(value, datetime) else value
+    if not stamp or text == stamp:
+        return Markup.escape(text)
+    return Markup('<time datetime="{}" data-local data-seconds data-beside>{}</time>').format(stamp, text)
+
+
+# What the console's templates call (shop/console/routes.py hands them over).
+TEMPLATE_WORDS = {
+    "when": when,
+    "state_words": status_words,
+    "event_words": event_words,
+    "handler_words": handler_words,
+    "command_words": command_words,
+    "work_words": work_words,
+    "refund_words": refund_words,
+    "receipt_words": receipt_words,
+    "warning_words": warning_words,
+    "refusal_words": refusal_words,
+    "action_words": action_words,
+    "audit_outcome": audit_outcome,
+    "audit_words": AUDIT_WORDS,
+}
