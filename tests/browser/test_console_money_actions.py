@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from browser.test_console_phone import OVERFLOW
-from browser.test_storefront_pages import axe_problems
+from browser.layout import log_in_operator, page_problems
 from factories import on_hand
 from payment_helpers import Shopper, order_id, run_everything
 from shop.extensions import db
@@ -58,22 +57,9 @@ def test_refund_resend_and_stock_pages_work_and_pass_the_checker_at_both_widths(
     found: dict[str, list] = {}
 
     def check(name: str) -> None:
-        page.wait_for_load_state()
-        problems = axe_problems(page)
-        if width == "phone":
-            layout = page.evaluate(OVERFLOW, viewport["width"])
-            scroll_width, client_width = layout["doc"]
-            if scroll_width > client_width:
-                problems.append(f"page {scroll_width} px wide on a {client_width} px screen")
-            problems += [f"off screen: {o}" for o in layout["out"][:5]]
-            problems += [f"letter-by-letter: {n}" for n in layout["narrow"][:5]]
-        found[name] = problems
+        found[name] = page_problems(page, viewport["width"] if width == "phone" else None)
 
-    page.goto(f"{base_url}/console/login")
-    page.get_by_label("Email").fill("ops@example.com")
-    page.get_by_label("Password").fill("correct horse battery")
-    page.get_by_role("button", name="Log in").click()
-    page.wait_for_url(f"{base_url}/console/")
+    log_in_operator(page, base_url)
 
     # Refund: the order page's link, the form, the confirmation step, then the money moves.
     page.goto(f"{base_url}/console/orders/{reference}")

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from browser.test_console_phone import OVERFLOW
-from browser.test_storefront_pages import axe_problems
+from browser.layout import log_in_operator, page_problems
 from payment_helpers import Shopper
 from shop.extensions import db
 from shop.models import InventoryItem, StockCorrection
@@ -46,23 +45,10 @@ def test_a_shelf_count_met_by_a_checkout_comes_back_and_is_set_anyway_at_both_wi
     found: dict[str, list] = {}
 
     def check(name: str) -> None:
-        page.wait_for_load_state()
-        problems = axe_problems(page)
-        if width == "phone":
-            layout = page.evaluate(OVERFLOW, viewport["width"])
-            scroll_width, client_width = layout["doc"]
-            if scroll_width > client_width:
-                problems.append(f"page {scroll_width} px wide on a {client_width} px screen")
-            problems += [f"off screen: {o}" for o in layout["out"][:5]]
-            problems += [f"letter-by-letter: {n}" for n in layout["narrow"][:5]]
-        found[name] = problems
+        found[name] = page_problems(page, viewport["width"] if width == "phone" else None)
 
     try:
-        page.goto(f"{base_url}/console/login")
-        page.get_by_label("Email").fill("ops@example.com")
-        page.get_by_label("Password").fill("correct horse battery")
-        page.get_by_role("button", name="Log in").click()
-        page.wait_for_url(f"{base_url}/console/")
+        log_in_operator(page, base_url)
 
         page.goto(f"{base_url}/console/inventory/{sock}")
         on_hand, held = _figures(app, sock)

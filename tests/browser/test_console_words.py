@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from browser.layout import log_in_operator
 from browser.test_console_money_actions import _paid_order
 from browser.test_console_phone import OVERFLOW
 from browser.test_storefront_pages import WIDTHS, axe_problems
@@ -48,11 +49,7 @@ def test_the_order_list_and_audit_pages_say_words_and_pass_axe(new_page, shop, s
         problems += [f"shows the code {code!r}" for code in CODES if code in shown]
         found[name] = problems
 
-    page.goto(f"{base_url}/console/login")
-    page.get_by_label("Email").fill("ops@example.com")
-    page.get_by_label("Password").fill("correct horse battery")
-    page.get_by_role("button", name="Log in").click()
-    page.wait_for_url(f"{base_url}/console/")
+    log_in_operator(page, base_url)
 
     # A refund of $1.25 from the console (its form is used as it is), sent to the provider.
     page.goto(f"{base_url}/console/orders/{reference}")

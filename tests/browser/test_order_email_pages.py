@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from browser.layout import log_in_operator, page_problems
 from browser.test_console_money_actions import WIDTHS, _paid_order
-from browser.test_console_phone import OVERFLOW
-from browser.test_storefront_pages import add_to_cart, axe_problems, check_out, order_row
+from browser.test_storefront_pages import add_to_cart, check_out, order_row
 from payment_helpers import Shopper
 from shop.extensions import db
 from shop.seed import upsert_operator
@@ -28,16 +28,7 @@ class Checked:
         self.page, self.width, self.found = page, width, {}
 
     def __call__(self, name: str) -> None:
-        self.page.wait_for_load_state()
-        problems = axe_problems(self.page)
-        if self.width == "phone":
-            layout = self.page.evaluate(OVERFLOW, WIDTHS["phone"]["width"])
-            scroll_width, client_width = layout["doc"]
-            if scroll_width > client_width:
-                problems.append(f"page {scroll_width} px wide on a {client_width} px screen")
-            problems += [f"off screen: {o}" for o in layout["out"][:5]]
-            problems += [f"letter-by-letter: {n}" for n in layout["narrow"][:5]]
-        self.found[name] = problems
+        self.found[name] = page_problems(self.page, WIDTHS["phone"]["width"] if self.width == "phone" else None)
 
     def assert_clean(self) -> None:
         problems = {name: problems for name, problems in self.found.items() if problems}
@@ -103,11 +94,7 @@ def test_the_consoles_change_of_address_and_send_to_another_work_and_pass_the_ch
     page = context.new_page()
     check = Checked(page, width)
     try:
-        page.goto(f"{base_url}/console/login")
-        page.get_by_label("Email").fill("ops@example.com")
-        page.get_by_label("Password").fill("correct horse battery")
-        page.get_by_role("button", name="Log in").click()
-        page.wait_for_url(f"{base_url}/console/")
+        log_in_operator(page, base_url)
 
         page.goto(f"{base_url}/console/orders/{reference}")
         page.get_by_role("link", name="Change email…").click()
