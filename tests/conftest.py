@@ -237,6 +237,15 @@ def _paying_config(sandbox) -> dict:
 
 
 @pytest.fixture
+def mail_folder(monkeypatch, tmp_path):
+    """Apps built after this write their mail (no SMTP_URL) under this test's own instance folder;
+    the folder it returns."""
+    monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
+    monkeypatch.delenv("SMTP_URL", raising=False)
+    return tmp_path / "instance" / "mail"
+
+
+@pytest.fixture
 def browser(shop):
     """A customer's browser (payment_helpers.Shopper) on `shop`: the one `browser` fixture (the
     real chromium of tests/browser/ is `chromium`, its pages `page` and `new_page`)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
 from sqlalchemy import select
 
 from factories import seed_catalog_rows
@@ -28,14 +27,6 @@ from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import OperatorAction, Order, Refund, ScheduledCommand
 from support import OPERATOR_EMAIL, log_in, mails, wait_until
-
-
-@pytest.fixture
-def mail_folder(monkeypatch, tmp_path):
-    """Apps built after this write their mail (no SMTP_URL) under this test's own instance folder."""
-    monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
-    monkeypatch.delenv("SMTP_URL", raising=False)
-    return tmp_path / "instance" / "mail"
 
 
 def _refund(app, oid: int) -> Refund:

@@ -19,14 +19,6 @@ OPERATOR = "night-shift@example.com"
 
 
 @pytest.fixture
-def mail_folder(monkeypatch, tmp_path):
-    """Apps built after this write their mail (no SMTP_URL) under this test's own folder."""
-    monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
-    monkeypatch.delenv("SMTP_URL", raising=False)
-    return tmp_path / "instance" / "mail"
-
-
-@pytest.fixture
 def failed_payment_email(mail_folder, make_fresh_app):
     """An order in PaymentFailed that was sent its payment-failed email (the command ran): its id."""
     app = make_fresh_app()

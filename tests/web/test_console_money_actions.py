@@ -18,13 +18,6 @@ KEY = re.compile(r'name="request_key" value="([^"]+)"')
 
 
 @pytest.fixture
-def mail_folder(monkeypatch, tmp_path):
-    monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
-    monkeypatch.delenv("SMTP_URL", raising=False)
-    return tmp_path / "instance" / "mail"
-
-
-@pytest.fixture
 def paid_order(mail_folder, make_fresh_app, sandbox):
     """A logged-in client and a paid order of 2 x SOCK-M with its confirmation sent:
     (app, client, csrf token, reference, order id, total, sock variant id)."""
