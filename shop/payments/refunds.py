@@ -56,15 +56,21 @@ def refunded_by_shop(view) -> str | None:
     machine it replaces may have given that money back already."""
     if not view.payment_intent or not view.amount_total:
         return None
+    return late_money_reason(view, gateway.refunds_of_payment(view.payment_intent))
+
+
+def late_money_reason(view, refunds) -> str | None:
+    """Among the provider's `refunds`, this shop's late-money refund of the session's whole
+    payment (not failed or canceled, not an operator's): its reason, else None."""
     mine = [
         r
-        for r in gateway.refunds_of_payment(view.payment_intent)
+        for r in refunds
         if r.status not in (gateway.RefundStatus.FAILED, gateway.RefundStatus.CANCELED)
         and r.refund_id is None
         and r.session_id == view.id
         and r.reason
     ]
-    if not mine or sum(r.amount or 0 for r in mine) < view.amount_total:
+    if not view.amount_total or not mine or sum(r.amount or 0 for r in mine) < view.amount_total:
         return None
     return mine[0].reason
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import stripe
 
@@ -303,6 +303,14 @@ def refunds_of_payment(payment_intent: str) -> list[RefundView]:
         lambda: client().v1.refunds.list(params={"payment_intent": payment_intent, "limit": 100}),
     )
     return [refund_view(r) for r in page.data]
+
+
+def refunds_since(since: datetime) -> list[RefundView]:
+    """Every refund created since `since`, page by page (100 a page): the sweep's one look at what
+    was given back, beside the events it reads in bulk."""
+    params = {"created": {"gte": int(since.timestamp())}, "limit": 100}
+    page = _call("list refunds", lambda: client().v1.refunds.list(params=cast("Any", params)))
+    return [refund_view(r) for r in _call("list refunds", lambda: list(page.auto_paging_iter()))]
 
 
 def retrieve_refund(refund_id: str) -> RefundView:

@@ -37,14 +37,14 @@ _REFUSAL_WORDS = {
     Refusal.CART_CLOSED: "This cart was already checked out.",
     Refusal.TOO_MANY_OF_ONE: "At most {limit} of one item per order; reduce these lines:",
     Refusal.TOO_MANY_UNPAID: (
-        "This browser already has {limit} orders waiting for payment. Pay for or cancel one of them "
+        "This browser already has {orders} waiting for payment. Pay for or cancel one of them "
         "(Your orders) before placing another."
     ),
 }
 # The address's orders, some placed from another browser: this browser is not shown them, it may
 # have their links emailed to the address (storefront.order_links).
 HELD_BY_ADDRESS = (
-    "The address {email} already has {limit} orders waiting for payment, placed from another browser "
+    "The address {email} already has {orders} waiting for payment, placed from another browser "
     "or device. Pay for or cancel one of them before placing another: we can email their links to that address."
 )
 
@@ -53,13 +53,18 @@ EMPTY_CART = _REFUSAL_WORDS[Refusal.EMPTY_CART]
 JUST_ORDERED = "This cart was just ordered: see order {reference}."
 
 
+def orders_words(count: int | None) -> str:
+    """ "1 order", "3 orders"."""
+    return f"{count} order" if count == 1 else f"{count} orders"
+
+
 def checkout_refusal_words(refused: CheckoutRefused, email: str = "") -> str:
     """The sentence for a refused checkout, followed by each short or unavailable line and what
     is left of it. `email`: the address the checkout was for, named when its orders filled the
     unpaid-order limit."""
     if refused.held_by is HeldBy.ADDRESS:
-        return HELD_BY_ADDRESS.format(email=email, limit=refused.limit)
-    words = _REFUSAL_WORDS[refused.code].format(limit=refused.limit)
+        return HELD_BY_ADDRESS.format(email=email, orders=orders_words(refused.limit))
+    words = _REFUSAL_WORDS[refused.code].format(limit=refused.limit, orders=orders_words(refused.limit))
     if refused.code is Refusal.TOO_MANY_OF_ONE:
         return words + " " + "; ".join(f"{s['name'] or s['sku']}: you asked for {s['requested']}" for s in refused.over)
     if refused.shortages:

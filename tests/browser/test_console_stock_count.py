@@ -30,7 +30,7 @@ def _figures(app, variant) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_a_shelf_count_met_by_a_checkout_comes_back_and_is_set_anyway_at_both_widths(browser, shop, sandbox, width):
+def test_a_shelf_count_met_by_a_checkout_comes_back_and_is_set_anyway_at_both_widths(chromium, shop, sandbox, width):
     pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
     app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     with app.app_context():
@@ -39,7 +39,7 @@ def test_a_shelf_count_met_by_a_checkout_comes_back_and_is_set_anyway_at_both_wi
     sock = app.skus["SOCK-M"]
     Shopper(app, app.skus).place("SOCK-M", 2)  # an unpaid order holds two on the shelf
     viewport = WIDTHS[width]
-    context = browser.new_context(viewport=viewport, is_mobile=width == "phone", device_scale_factor=1)
+    context = chromium.new_context(viewport=viewport, is_mobile=width == "phone", device_scale_factor=1)
     context.set_default_timeout(15_000)
     page = context.new_page()
     found: dict[str, list] = {}

@@ -35,18 +35,18 @@ class Checked:
         assert problems == {}, "\n".join(f"{n}: {p}" for n, ps in problems.items() for p in ps)
 
 
-def _context(browser, width: str):
-    context = browser.new_context(viewport=WIDTHS[width], is_mobile=width == "phone", device_scale_factor=1)
+def _context(chromium, width: str):
+    context = chromium.new_context(viewport=WIDTHS[width], is_mobile=width == "phone", device_scale_factor=1)
     context.set_default_timeout(15_000)
     return context
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_the_checkout_hint_and_both_unpaid_refusals_work_and_pass_the_checker(browser, shop, width):
+def test_the_checkout_hint_and_both_unpaid_refusals_work_and_pass_the_checker(chromium, shop, width):
     pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
     base_url = shop.config["PUBLIC_BASE_URL"]
     Shopper(shop, shop.skus).buy("SOCK-M", 1, email="bea@example.com")  # the address's one, from elsewhere
-    context = _context(browser, width)
+    context = _context(chromium, width)
     page = context.new_page()
     check = Checked(page, width)
     try:
@@ -63,7 +63,7 @@ def test_the_checkout_hint_and_both_unpaid_refusals_work_and_pass_the_checker(br
         # This browser's own unpaid order fills its place: the refusal links to it.
         add_to_cart(page, base_url, "SOCK-M", 1)
         check_out(page, "cy@gmail.com")
-        expect(page.locator("#unpaid-limit")).to_contain_text("This browser already has 1 orders waiting for payment")
+        expect(page.locator("#unpaid-limit")).to_contain_text("This browser already has 1 order waiting for payment")
         check("refusal: this browser's orders")
         page.locator("#unpaid-limit").get_by_role("link", name="Your orders").click()
         expect(page).to_have_url(f"{base_url}/orders")
@@ -83,14 +83,14 @@ def test_the_checkout_hint_and_both_unpaid_refusals_work_and_pass_the_checker(br
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_the_consoles_change_of_address_and_send_to_another_work_and_pass_the_checker(browser, shop, sandbox, width):
+def test_the_consoles_change_of_address_and_send_to_another_work_and_pass_the_checker(chromium, shop, sandbox, width):
     pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
     base_url = shop.config["PUBLIC_BASE_URL"]
     with shop.app_context():
         upsert_operator("ops@example.com", "correct horse battery")
         db.session.remove()
     reference, _oid = _paid_order(shop, sandbox)
-    context = _context(browser, width)
+    context = _context(chromium, width)
     page = context.new_page()
     check = Checked(page, width)
     try:

@@ -72,7 +72,10 @@ def test_after_a_webhook_outage_one_cycle_settles_200_orders_from_the_event_list
         calls = _calls(sandbox, since)
         assert result.status == "ok", result.errors
         assert sum(calls.values()) <= 10, calls
-        assert set(calls) == {"GET /v1/events"}, f"asked order by order: {calls}"
+        # The event pages, and one list of the refunds since (a restored copy's check that no paid
+        # session was given back already): nothing asked order by order.
+        assert set(calls) == {"GET /v1/events", "GET /v1/refunds"}, f"asked order by order: {calls}"
+        assert calls["GET /v1/refunds"] == 1, calls
         assert result.provider["event_pages"] == calls["GET /v1/events"]
         assert _statuses(i for i, _ in paid) == {"Paid": 160}
         assert _statuses(i for i, _ in async_failed) == {"PaymentFailed": 20}
@@ -111,3 +114,38 @@ def test_orders_older_than_the_providers_event_retention_are_asked_about_one_by_
         assert calls == {"GET /v1/checkout/sessions/{id}": len(orders)}, calls
         assert _statuses(i for i, _ in orders) == {"Paid": len(orders)}
         db.session.remove()
+
+
+def test_a_paid_session_the_replaced_machine_refunded_as_late_money_is_not_taken_as_payment_in_bulk(
+    fresh_paying_app, sandbox
+):
+    """A restored copy's orders in doubt, settled from the event list: one session's payment was
+    given back as late money by the machine the copy replaces (the copy never saw the cancel). The
+    event still says paid; the refunds listed beside the events say it went back, so the copy
+    cancels that order as the other machine had (its stock back through the compensation) instead
+    of keeping the money as payment."""
+    from shop.payments.apply import PAID_AFTER_CANCEL
+    from shop.provider import gateway
+
+    with fresh_paying_app.app_context():
+        orders = _at_the_payment_page(20)
+        for _, sid in orders:
+            sandbox.set_outcome(sid, "paid")
+        refunded_id, refunded_sid = orders[0]
+        view = gateway.retrieve_session(refunded_sid)
+        assert view.payment_intent and view.amount_total
+        gateway.create_refund(
+            order_id=refunded_id,
+            session_id=refunded_sid,
+            payment_intent=view.payment_intent,
+            amount=view.amount_total,
+            reason=PAID_AFTER_CANCEL,
+        )
+        since = time.time()
+
+        result = run_cycle(now=_a_window_later())
+
+        assert result.status == "ok", result.errors
+        assert "GET /v1/checkout/sessions/{id}" not in _calls(sandbox, since)  # still settled in bulk
+        assert _statuses([refunded_id]) == {"Cancelled": 1}
+        assert _statuses(i for i, _ in orders[1:]) == {"Paid": 19}

@@ -13,6 +13,7 @@ from ...extensions import db
 from ...models import Order
 from ...outbox import uow
 from ...payments import apply as payments
+from ...payments.refunds import late_money_reason
 from ...provider import gateway
 from ..cycle import PassName, ProviderOutcome, Tally, order_error
 from ..lease import LeaseLost
@@ -67,6 +68,9 @@ def settle_from_events(
     counts[Tally.EVENT_PAGES] = counts.get(Tally.EVENT_PAGES, 0) + pages
     if not listed:
         return set()
+    refunds = _refunds_of_paid(latest, since)
+    if refunds is None:
+        return set()  # the per-order pass asks about each, its refunds included
     settled: set[int] = set()
     for sid, order_id in candidates.items():
         event = latest.get(sid)
@@ -79,7 +83,7 @@ def settle_from_events(
             raise LeaseLost(f"the sweep lease lapsed or was taken over before order {order_id} (provider pass)")
         settled.add(order_id)
         try:
-            outcome = _settle_from_event(order_id, event, cutoff, clock())
+            outcome = _settle_from_event(order_id, event, cutoff, clock(), refunds)
         except Exception as exc:
             uow.rollback(db.session)
             log.exception("sweep: applying event %s to order %s failed; continuing with the next", event.id, order_id)
@@ -114,11 +118,31 @@ def _latest_events(candidates: dict, since: datetime, keep_lease) -> tuple[dict,
     return latest, not more, pages, True
 
 
-def _settle_from_event(order_id: int, event: gateway.SessionEvent, cutoff: datetime, now: datetime) -> ProviderOutcome:
+def _refunds_of_paid(latest: dict, since: datetime) -> list | None:
+    """The provider's refunds since `since` when a session in the list was paid: a restored copy
+    must not take as payment money the machine it replaces already gave back as late money (the
+    same question ask_and_apply asks of one session). None when the provider did not answer."""
+    if not any(e.view.payment_status == gateway.SessionPaymentStatus.PAID for e in latest.values()):
+        return []
+    try:
+        return gateway.refunds_since(since)
+    except gateway.ProviderUnavailable as exc:
+        log.info("sweep: could not list the provider's refunds (%s); asking order by order", exc)
+        return None
+
+
+def _settle_from_event(
+    order_id: int, event: gateway.SessionEvent, cutoff: datetime, now: datetime, refunds: list
+) -> ProviderOutcome:
     checked = still_stuck(order_id, cutoff)
     if checked is None or checked[0] != event.view.id:
         return ProviderOutcome.CHANGED
     applied = payments.apply_session(
-        event.view, source="sweep", failed=event.failed, now=now, expired_by_cancel=event.expired_by_cancel
+        event.view,
+        source="sweep",
+        failed=event.failed,
+        now=now,
+        expired_by_cancel=event.expired_by_cancel,
+        refunded_as=late_money_reason(event.view, refunds) if refunds else None,
     )
     return after_answer(order_id, event.view, applied, now, checked[2])
