@@ -72,7 +72,7 @@ def test_the_checkout_hint_and_both_unpaid_refusals_work_and_pass_the_checker(ch
         context.clear_cookies()
         add_to_cart(page, base_url, "SOCK-M", 1)
         check_out(page, "bea@example.com")
-        expect(page.locator("#unpaid-limit")).to_contain_text("The address bea@example.com already has 1 orders")
+        expect(page.locator("#unpaid-limit")).to_contain_text("The address bea@example.com already has 1 order")
         check("refusal: the address's orders")
         page.get_by_role("button", name="Email the links to bea@example.com").click()
         expect(page.locator("p.flash", has_text="If bea@example.com has orders waiting for payment")).to_be_visible()
