@@ -415,13 +415,16 @@ def test_a_cycle_that_outlives_its_lease_stops_before_the_next_order(build_app, 
     """The heartbeat could not renew the lease (its thread stalled, as in a frozen process, or the
     database did not answer it): the lease runs out under the cycle, nobody has taken it yet,
     and the cycle still stops before its next order, because another may take it any moment."""
-    app = build_app(RECONCILIATION_LEASE_SECONDS=0.3)
+    # The lease is long enough for the cycle to reach its first order on a loaded machine (0.3 s
+    # was not, under a loaded CI: the lease lapsed before the first order), and that order
+    # outlasts it.
+    app = build_app(RECONCILIATION_LEASE_SECONDS=1.5)
     with app.app_context():
         first, second = place_order_for().order_id, place_order_for().order_id
         backdate(first, utcnow() - timedelta(seconds=10))
-        failpoints = "sweep.after_order=sleep:0.6"  # one order outlasts the lease
+        failpoints = "sweep.after_order=sleep:2"  # one order outlasts the lease
         if why == "heartbeat_frozen":
-            failpoints += ",sweep.lease_heartbeat=sleep:3"
+            failpoints += ",sweep.lease_heartbeat=sleep:6"
         else:
 
             def unreachable(*args, **kwargs):
