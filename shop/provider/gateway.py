@@ -227,6 +227,7 @@ def _session_events_of(page) -> list[SessionEvent]:
                     int(data.get("created") or 0),
                     session_view(obj),
                     expired_by_a_cancel(data),
+                    obj,
                 )
             )
     return found
