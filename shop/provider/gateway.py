@@ -361,6 +361,13 @@ def delete_webhook_endpoint(endpoint_id: str) -> None:
     _call("delete webhook endpoint", lambda: client().v1.webhook_endpoints.delete(endpoint_id))
 
 
+def answered_last() -> bool:
+    """The breaker's verdict, without a call: closed, with no failure since the provider last
+    answered (the probe that closed it after an outage, or any call since)."""
+    view = guard.get().breaker_view()
+    return view["state"] == guard.BreakerState.CLOSED and view["failures"] == 0
+
+
 def answers() -> None:
     """Does the provider take calls now? One cheap read (the newest event) through the guard:
     raises ProviderUnavailable when it does not (down, or its breaker open), ProviderRefused
