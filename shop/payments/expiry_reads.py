@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import secrets
 from datetime import datetime, timedelta
+from typing import Literal
 
 from flask import current_app
 from redis.exceptions import RedisError
@@ -64,28 +65,40 @@ def known_expiry(session_id: str, session_ends: datetime, now: datetime) -> gate
     Reschedule while another process reads for the group, and the provider's errors of a read."""
     try:
         conn = redis_conn()
-        kept = conn.get(_key(session_id))
-        if kept is not None:
-            return gateway.SessionEvent.from_kept(kept)
+        answered = _answered(conn, session_id, session_ends)
+        if answered is not None:
+            return answered or None
         group = _due_group(now)
         if group is None:
             return None
-        read_at = conn.get(_key("read-at"))
-        if read_at is not None and float(read_at) >= (session_ends + EXPIRY_GRACE).timestamp():
-            return None  # a read after its end did not list it expired: ask alone
         token = secrets.token_hex(8)
         if not conn.set(_key("reader"), token, nx=True, px=CLAIM_MS):
             raise Reschedule(now + WAIT_FOR_READER)
         try:
-            _read(conn, *group, now)
+            # The reader before may have finished between the look above and this claim.
+            answered = _answered(conn, session_id, session_ends)
+            if answered is None:
+                _read(conn, *group, now)
+                answered = _answered(conn, session_id, session_ends)
         finally:
             if conn.get(_key("reader")) == token.encode():
                 conn.delete(_key("reader"))
-        kept = conn.get(_key(session_id))
     except RedisError as exc:
         log.info("deadline: Redis did not answer (%s); asking the provider about session %s alone", exc, session_id)
         return None
-    return gateway.SessionEvent.from_kept(kept) if kept is not None else None
+    return answered or None
+
+
+def _answered(conn, session_id: str, session_ends: datetime) -> gateway.SessionEvent | Literal[False] | None:
+    """What the reads kept say of this session: its expiry event; False when a read made after its
+    end did not list it expired (ask alone); None when no read has looked since its end."""
+    kept = conn.get(_key(session_id))
+    if kept is not None:
+        return gateway.SessionEvent.from_kept(kept)
+    read_at = conn.get(_key("read-at"))
+    if read_at is not None and float(read_at) >= (session_ends + EXPIRY_GRACE).timestamp():
+        return False
+    return None
 
 
 def _due_group(now: datetime) -> tuple[int, datetime] | None:
