@@ -18,7 +18,8 @@ journey. Not counted: the sandbox (the provider's side), nginx, PostgreSQL and t
 printed beside for reference. Target: at most 40 ms of shop CPU per paid journey.
 
 With py-spy on PATH (PyPI's `py-spy`; root, as here), each shop process is sampled during the
-phase (only threads holding the GIL: Python's CPU, not its waits) and the functions with the most samples of their own (self time), and the shop's own
+phase (only threads holding the GIL: Python's CPU, not its waits) and the functions with the
+most samples of their own (self time), and the shop's own
 functions with the most samples beneath them (inclusive), are printed: where to cut.
 """
 
@@ -88,8 +89,8 @@ def start_sampling(cluster: Cluster, seconds: float, folder: str) -> list[tuple[
         if proc.node is None or not proc.alive:
             continue
         out = os.path.join(folder, proc.name.replace("/", "-") + ".txt")
-        argv = [spy, "record", "--pid", str(proc.popen.pid), "--subprocesses", "--format", "raw", "--nonblocking", "--gil"]
-        argv += ["--duration", str(int(seconds)), "--rate", "200", "--output", out]
+        argv = [spy, "record", "--pid", str(proc.popen.pid), "--subprocesses", "--format", "raw", "--gil"]
+        argv += ["--nonblocking", "--duration", str(int(seconds)), "--rate", "200", "--output", out]
         started.append((proc.name, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out))
     return started
 
