@@ -6,9 +6,10 @@ asserts nothing.
 
 One node (tests/cluster_support.py: the Procfile's web under gunicorn, one `flask shop worker`,
 `flask shop scheduler`, behind nginx, the Stripe sandbox as the provider with its budgets lifted)
-serves closed-loop customers over HTTP, first customers who pay (home page, cart, checkout, the
-hosted page, the return page; the webhook, the paid email), then customers who cancel (the same
-up to the hosted page, then the cancel; the expiry at the provider, the restore, the email).
+serves closed-loop customers over HTTP, a new browser for each journey, first customers who pay
+(cart, checkout, the hosted page, the return page; the webhook, the paid email), then customers
+who cancel (the same up to the hosted page, then the cancel; the expiry at the provider, the
+restore, the email).
 
 For each phase: the CPU (utime + stime from /proc, every process of each group: gunicorn's
 workers are in the web's) of the web, the worker and the scheduler per finished journey (the
@@ -133,7 +134,7 @@ def _short(frame: str) -> str:
 
 
 def phase(cluster: Cluster, args, label: str, mix: dict, event: str, folder: str) -> float:
-    customers = Customers(cluster, args.customers, mix=mix, seed=7)
+    customers = Customers(cluster, args.customers, mix=mix, seed=7, one_journey_each=True)
     customers.start()
     try:
         time.sleep(3)  # warm-up: pools filled, first imports done
