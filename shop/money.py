@@ -7,6 +7,7 @@ three. Babel supplies the symbols, grouping and the digits each currency is show
 
 from __future__ import annotations
 
+import functools
 from decimal import Decimal
 
 from babel.numbers import format_currency
@@ -25,6 +26,9 @@ def minor_digits(currency: str) -> int:
     return 0 if code in ZERO_DECIMAL else 3 if code in THREE_DECIMAL else 2
 
 
+# Pure, and called for every amount of every page and email (a receipt's lines, the console's
+# lists): Babel parses the locale and the pattern on each call, a tenth of an email's CPU.
+@functools.lru_cache(maxsize=4096)
 def format_money(amount: int | None, currency: str | None, locale: str = LOCALE) -> str:
     """`amount` in the currency's minor unit -> "$28.00"; "–" for no amount."""
     if amount is None:

@@ -682,8 +682,13 @@ class Customers:
     through nginx, so each request lands on whichever node nginx picks) running journeys from
     `mix` until stopped, and scripting the provider's side through the sandbox."""
 
-    def __init__(self, cluster: Cluster, count: int, *, mix: dict | None = None, seed: int = 0, skus=None):
+    def __init__(
+        self, cluster: Cluster, count: int, *, mix: dict | None = None, seed: int = 0, skus=None, one_journey_each=False
+    ):
         self.cluster, self.count = cluster, count
+        # A new browser for every journey (a bench of what one customer's journey costs: a browser
+        # that kept every earlier order would make its orders page grow through the run).
+        self.one_journey_each = one_journey_each
         self.mix = dict(mix or JOURNEYS)
         self.seed = seed
         self.skus = skus or cluster.skus()
@@ -725,7 +730,7 @@ class Customers:
         while not self.stopping.is_set():
             journey = Journey(rng.choices(kinds, weights)[0], index, time.time())
             try:
-                if shopper is None:
+                if shopper is None or self.one_journey_each:
                     shopper = Shopper.over_http(self.cluster.base_url, self.skus)
                 self._run(shopper, journey, rng)
             except Exception as exc:  # noqa: BLE001 - counted and shown; the customer goes on

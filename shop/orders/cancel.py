@@ -23,7 +23,8 @@ from ..models import CommandKind, ScheduledCommand
 from ..outbox import uow
 from ..outbox.claims import count_due
 from ..outbox.failures import Reschedule
-from ..payments.apply import Outcome, ask_and_apply
+from ..payments.apply import Outcome, apply_event_in_transaction, ask_and_apply
+from ..payments.expiry_reads import EXPIRY_GRACE, known_expiry
 from ..payments.start import retire_session_before_cancel
 from ..provider import gateway, guard
 from ..store import order_store
@@ -206,7 +207,7 @@ def cancel_unpaid(order: LoadedOrder) -> Expiry:
 
 # After its session's expires_at: how long the provider gets to expire it (the sandbox ticks every
 # second; Stripe takes longer) before the deadline asks, and how long it keeps asking.
-PROVIDER_EXPIRY_GRACE = timedelta(seconds=2)
+PROVIDER_EXPIRY_GRACE = EXPIRY_GRACE
 PROVIDER_EXPIRY_PATIENCE = timedelta(minutes=10)
 PROVIDER_EXPIRY_RECHECK = timedelta(seconds=15)
 # A deadline waits this long at most for its turn in the provider's budget; past that it is asked
@@ -245,6 +246,13 @@ def _expire_at_the_provider(order: LoadedOrder, now: datetime) -> str:
     assert order.payment_session_id is not None
     try:
         with guard.background_call(PROVIDER_BUDGET_PATIENCE_SECONDS):
+            # Many deadlines due together take their sessions' expiries from one read of the
+            # provider's events; this one asks alone when that read did not list its session.
+            listed = None if expires is None else known_expiry(order.payment_session_id, as_utc(expires), now)
+            if listed is not None:
+                applied = apply_event_in_transaction(listed, source="deadline", now=now)
+                log.info("deadline for order %s at the provider (expiry listed): %s", order.reference, applied.outcome)
+                return applied.outcome
             answer = ask_and_apply(order.payment_session_id, source="deadline", now=now, in_transaction=True)
     except gateway.ProviderUnavailable as exc:
         if exc.kind not in gateway.BUDGET_KINDS:

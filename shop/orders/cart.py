@@ -109,6 +109,7 @@ def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange
     and at most MAX_LINE_QUANTITY of one item."""
     if variant is None or variant.deleted_at is not None:
         return _refuse(CartChange(CartChangeOutcome.NOT_FOR_SALE))
+    name = item_name(variant)  # read now: the commit expires the variant (two more queries after it)
     try:
         with uow.transaction():  # a refusal raised inside rolls back the cart it may have opened
             cart = open_cart(browser, create=True)
@@ -124,7 +125,7 @@ def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange
                 db.session.add(CartItem(cart_id=cart.id, variant_id=variant.id, quantity=wanted))
     except _Refused as refusal:
         return refusal.change
-    return CartChange(CartChangeOutcome.DONE, item=item_name(variant), quantity=quantity, wanted=wanted)
+    return CartChange(CartChangeOutcome.DONE, item=name, quantity=quantity, wanted=wanted)
 
 
 def set_quantity(browser: str | None, variant_id: int, quantity: int) -> CartChange:

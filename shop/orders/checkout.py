@@ -138,11 +138,12 @@ _READ_CART = (
         _variants.c.currency,
         _variants.c.deleted_at,
         _products.c.ships,
+        _inventory.c.on_hand,
     )
     .select_from(
-        _items.outerjoin(_variants, _variants.c.id == _items.c.variant_id).outerjoin(
-            _products, _products.c.id == _variants.c.product_id
-        )
+        _items.outerjoin(_variants, _variants.c.id == _items.c.variant_id)
+        .outerjoin(_products, _products.c.id == _variants.c.product_id)
+        .outerjoin(_inventory, (_inventory.c.variant_id == _items.c.variant_id) & _inventory.c.deleted_at.is_(None))
     )
     .where(_items.c.cart_id == bindparam("cart_id"))
     .order_by(_items.c.variant_id)
@@ -303,6 +304,13 @@ def _refuse_cart(rows, lines, variants, most_of_one: int) -> CheckoutRefused | N
         return CheckoutRefused(Refusal.TOO_MANY_OF_ONE, over=over, limit=most_of_one)
     if len({r.currency for r in rows}) != 1:
         return CheckoutRefused(Refusal.MIXED_CURRENCY)
+    # Short as last committed: refused here, before any lock or write. A flash sale's buyers are
+    # mostly told "sold out"; each costs this one read instead of a whole checkout (the client's
+    # locks, the order, its events, its deadline) rolled back at the decrement, which stays what
+    # guarantees no oversell.
+    short = _shortage_rows(lines, variants, {r.variant_id: r.on_hand or 0 for r in rows})
+    if short:
+        return CheckoutRefused(Refusal.OUT_OF_STOCK, short)
     return None
 
 
@@ -337,6 +345,10 @@ def shortages(lines, variants) -> list[dict]:
         ).all()
     )
     db.session.rollback()
+    return _shortage_rows(lines, variants, on_hand)
+
+
+def _shortage_rows(lines, variants, on_hand: dict) -> list[dict]:
     return [
         {
             "variant_id": v,

@@ -385,3 +385,9 @@ def ask_and_apply(
             ),
         )
     return Answer(view, apply_session(view, source=source, failed=failed, now=now, refunded_as=refunded_as))
+
+
+def apply_event_in_transaction(event: gateway.SessionEvent, *, source: str, now: datetime) -> Applied:
+    """A listed event's session applied in the caller's transaction, uncommitted (shop.payments.expiry_reads)."""
+    view, by_cancel = event.view, event.expired_by_cancel
+    return _apply_once(view, source=source, failed=event.failed, event_id=None, now=now, expired_by_cancel=by_cancel)

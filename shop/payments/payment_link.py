@@ -6,9 +6,12 @@ UNPAID_HOLD_WITHOUT_SESSION_SECONDS, and its page offers "Pay now"; a customer w
 would not know when to come back. So the checkout's failed start schedules one durable command
 for the order (`offer_payment_link`, committed before the answer). The command asks the provider
 whether it answers: while it does not, the command waits for it (ProviderUnavailable: no
-attempt spent; the breaker's recovery and the sweep wake it the moment it answers again); once
-it answers, the `payment_link` email goes out (scheduling.commands, through shop.emails), once
-(its key is the order's), and only while it is still true: an order the customer paid, started
+attempt spent; the breaker's recovery and the sweep wake it the moment it answers again). The
+breaker's verdict answers for every such order at once: after an outage its one probe closed it,
+and no order asks again; only after a failure the breaker has not yet seen answered does a
+command ask the provider itself. Once it answers, the `payment_link` email goes out
+(scheduling.commands, through shop.emails), once (its key is the order's), and only while it is
+still true: an order the customer paid, started
 paying, cancelled or let expire meanwhile gets nothing."""
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def ready_to_offer(order_id: int) -> bool:
         logs.learn(order_ref=order.reference)  # the probe's line below names the order too
     if order is None or not still_waiting_for_payment(order):
         return False
-    gateway.answers()
+    if not gateway.answered_last():
+        gateway.answers()  # the breaker has not seen the provider answer since a failure: ask once
     log.info("order %s: payments work again; emailing its payment link", order.reference)
     return True

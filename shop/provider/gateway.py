@@ -227,6 +227,7 @@ def _session_events_of(page) -> list[SessionEvent]:
                     int(data.get("created") or 0),
                     session_view(obj),
                     expired_by_a_cancel(data),
+                    obj,
                 )
             )
     return found
@@ -358,6 +359,13 @@ def subscribe_webhook_endpoint(endpoint_id: str) -> EndpointView:
 
 def delete_webhook_endpoint(endpoint_id: str) -> None:
     _call("delete webhook endpoint", lambda: client().v1.webhook_endpoints.delete(endpoint_id))
+
+
+def answered_last() -> bool:
+    """The breaker's verdict, without a call: closed, with no failure since the provider last
+    answered (the probe that closed it after an outage, or any call since)."""
+    view = guard.get().breaker_view()
+    return view["state"] == guard.BreakerState.CLOSED and view["failures"] == 0
 
 
 def answers() -> None:

@@ -5,7 +5,8 @@ dict) leaks into the shop; and the event types the shop listens to."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import StrEnum
 
@@ -301,10 +302,21 @@ class SessionEvent:
     created: int
     view: SessionView
     expired_by_cancel: bool
+    # The session as the event carried it (`data.object`), so the event can be kept and read again.
+    object: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def failed(self) -> bool:
         return self.type == "checkout.session.async_payment_failed"
+
+    def kept(self) -> str:
+        """The event as JSON, for a cache that hands it to another process (`from_kept`)."""
+        return json.dumps([self.id, self.type, self.created, self.object, self.expired_by_cancel])
+
+    @classmethod
+    def from_kept(cls, text: str | bytes) -> SessionEvent:
+        event_id, kind, created, obj, by_cancel = json.loads(text)
+        return cls(str(event_id), str(kind), int(created), session_view(obj), bool(by_cancel), obj)
 
 
 @dataclass(frozen=True)

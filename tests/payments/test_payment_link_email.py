@@ -17,6 +17,7 @@ from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import ScheduledCommand
 from shop.outbox.dispatch import run_command, wake_provider_waiters
+from support import wait_until
 
 
 @pytest.fixture
@@ -131,3 +132,25 @@ def test_a_checkout_whose_payment_started_or_a_failed_pay_now_schedules_no_link(
     ref = _placed_while_down(shopper, sandbox)
     assert shopper.pay(ref).status_code == 503  # still down: "Pay now" fails too
     assert len(_commands(app, order_id(app, ref))) == 1  # only the checkout's
+
+
+def test_after_an_outage_the_links_take_the_breakers_verdict_and_ask_the_provider_nothing(app, shopper, sandbox):
+    """Orders placed while the provider refused every call opened the breaker; once its one probe
+    found the provider answering again, every order's payment-link command sends on that verdict:
+    no command asks the provider again (one call per order before)."""
+    from shop.provider import guard
+
+    # Six customers (more failures than the breaker's threshold), each with a browser of their own.
+    refs = [_placed_while_down(Shopper(app, shopper.skus), sandbox) for _ in range(6)]
+    with app.app_context():
+        assert guard.get().breaker_view()["state"] != "closed"
+    sandbox.faults(api_unavailable=False)
+    with app.app_context():
+        wait_until(lambda: guard.get().breaker_view()["state"] == "closed", 15, "the breaker's probe to close it")
+    before = len(sandbox.requests())
+
+    commands = [command for ref in refs for command in _commands(app, order_id(app, ref))]
+    assert [_run(app, command.id) for command in commands] == ["done"] * len(refs)
+
+    assert sandbox.requests()[before:] == []
+    assert _mails(app) == sorted(f"{ref}-payment_link.eml" for ref in refs)

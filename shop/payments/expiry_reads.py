@@ -1,0 +1,147 @@
+"""Deadlines at the provider falling due together learn their sessions' ends from one read.
+
+An order waiting at the hosted payment page is cancelled by its deadline once the provider has
+expired its session; when the `checkout.session.expired` webhook is lost, the deadline asks the
+provider. One retrieve per order is one call per order on an endpoint limited to 20 a second: 200
+sessions ending at one instant (a sale's checkouts, a provider outage's backlog) would finish their
+deadlines ten seconds late and spend the whole budget the customers' return pages share.
+
+So while at least BULK_THRESHOLD such deadlines are due within BURST_SECONDS, one of them (across
+every process: a claim in Redis) reads the provider's event list from just before the earliest of
+their sessions' ends and keeps every expiry it lists in Redis for a few minutes; each deadline of
+the group then takes its session's expiry from there, and only a session the read left open (not
+expired at the provider yet, paid, or beyond the pages read) is asked about alone, as before.
+
+An expiry is final at the provider (an expired session never takes money), so a kept one cannot
+go stale. Redis is only a cache here: without it every deadline asks alone, as it did."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from datetime import datetime, timedelta
+from typing import Literal
+
+from flask import current_app
+from redis.exceptions import RedisError
+from sqlalchemy import func, select
+
+from ..domain.deadlines import as_utc
+from ..domain.order import OrderStatus
+from ..extensions import db
+from ..models import CommandKind, Order, ScheduledCommand, WorkStatus
+from ..outbox.failures import Reschedule
+from ..provider import gateway
+from ..queue.connection import redis_conn
+
+log = logging.getLogger("shop.payments")
+
+# A group this large reads the event list; below it each deadline asks alone (a retrieve is one
+# call too, and a read may need a page per ORDERS_PER_PAGE orders).
+BULK_THRESHOLD = 20
+ORDERS_PER_PAGE = 20
+# Deadlines due within this many seconds of one another count as one group.
+BURST_SECONDS = 5
+# The read starts this long before the earliest session's end (the provider's clock and ours).
+SLACK = timedelta(minutes=1)
+# How long a kept expiry, and the instant of the last read, stay in Redis.
+KEEP_SECONDS = 600
+# A reader holds its claim at most this long (a reader whose process died is replaced after it).
+CLAIM_MS = 5_000
+# The provider expires a session within this long of its end (the deadline asks after it too).
+EXPIRY_GRACE = timedelta(seconds=2)
+# A deadline that finds another process reading waits this long for its answer.
+WAIT_FOR_READER = timedelta(seconds=0.5)
+
+
+def _key(name: str) -> str:
+    return f"{current_app.config['QUEUE_PREFIX']}:provider-expiries:{name}"
+
+
+def known_expiry(session_id: str, session_ends: datetime, now: datetime) -> gateway.SessionEvent | None:
+    """The provider's expiry event of `session_id` when a read of the event list (this one's or
+    another deadline's) listed it; None when this deadline should ask the provider alone (a small
+    group, Redis away, or a read made after the session's end did not list it expired). Raises
+    Reschedule while another process reads for the group, and the provider's errors of a read."""
+    try:
+        conn = redis_conn()
+        answered = _answered(conn, session_id, session_ends)
+        if answered is not None:
+            return answered or None
+        group = _due_group(now)
+        if group is None:
+            return None
+        token = secrets.token_hex(8)
+        if not conn.set(_key("reader"), token, nx=True, px=CLAIM_MS):
+            raise Reschedule(now + WAIT_FOR_READER)
+        try:
+            # The reader before may have finished between the look above and this claim.
+            answered = _answered(conn, session_id, session_ends)
+            if answered is None:
+                _read(conn, *group, now)
+                answered = _answered(conn, session_id, session_ends)
+        finally:
+            if conn.get(_key("reader")) == token.encode():
+                conn.delete(_key("reader"))
+    except RedisError as exc:
+        log.info("deadline: Redis did not answer (%s); asking the provider about session %s alone", exc, session_id)
+        return None
+    return answered or None
+
+
+def _answered(conn, session_id: str, session_ends: datetime) -> gateway.SessionEvent | Literal[False] | None:
+    """What the reads kept say of this session: its expiry event; False when a read made after its
+    end did not list it expired (ask alone); None when no read has looked since its end."""
+    kept = conn.get(_key(session_id))
+    if kept is not None:
+        return gateway.SessionEvent.from_kept(kept)
+    read_at = conn.get(_key("read-at"))
+    if read_at is not None and float(read_at) >= (session_ends + EXPIRY_GRACE).timestamp():
+        return False
+    return None
+
+
+def _due_group(now: datetime) -> tuple[int, datetime] | None:
+    """(how many, the earliest session end) of the deadlines of orders at the payment page due
+    within BURST_SECONDS, when they are at least BULK_THRESHOLD; else None. The running one is
+    claimed (processing), so it counts too."""
+    query = (
+        select(func.count(), func.min(Order.payment_session_expires_at))
+        .select_from(ScheduledCommand)
+        .join(Order, Order.id == ScheduledCommand.order_id)
+        .where(
+            ScheduledCommand.kind == CommandKind.EXPIRE_UNPAID_ORDER,
+            ScheduledCommand.status.in_([WorkStatus.PENDING, WorkStatus.PROCESSING]),
+            ScheduledCommand.next_attempt_at <= now + timedelta(seconds=BURST_SECONDS),
+            Order.status == OrderStatus.PAYMENT_INITIATED,
+        )
+    )
+    count, earliest = db.session.execute(query).one()
+    if count < BULK_THRESHOLD or earliest is None:
+        return None
+    return count, as_utc(earliest)
+
+
+def _read(conn, count: int, earliest_end: datetime, now: datetime) -> None:
+    """Read the provider's session events since just before `earliest_end`, newest first, at most
+    a page per ORDERS_PER_PAGE deadlines of the group, and keep every expiry listed."""
+    since, after, pages, expiries = earliest_end - SLACK, None, 0, 0
+    while pages < max(1, count // ORDERS_PER_PAGE):
+        events, more = gateway.session_events(since=since, starting_after=after)
+        pages += 1
+        with conn.pipeline(transaction=False) as pipe:
+            for event in events:
+                if event.view.status == gateway.SessionStatus.EXPIRED:
+                    pipe.set(_key(event.view.id), event.kept(), ex=KEEP_SECONDS)
+                    expiries += 1
+            pipe.execute()
+        if not more or not events:
+            break
+        after = events[-1].id
+    conn.set(_key("read-at"), str(now.timestamp()), ex=KEEP_SECONDS)
+    log.info(
+        "deadlines: %d due together at the provider; %d page(s) of its events listed %d expired session(s)",
+        count,
+        pages,
+        expiries,
+    )
