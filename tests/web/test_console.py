@@ -1048,4 +1048,4 @@ def test_webhook_counts_per_outcome_stop_at_the_cap_and_say_so(fresh_app, fresh_
     data = fresh_client.get("/console/webhooks", headers=JSON).get_json()
     assert data["counts"] == {"rejected": 2, "accepted": 1} and data["counts_capped"] == ["rejected"]
     html = fresh_client.get("/console/webhooks", headers=HTML).get_data(as_text=True)
-    assert "rejected (2+)</a>" in html and "accepted (1)</a>" in html
+    assert "rejected (2+)</a>" in html and "applied (1)</a>" in html  # the outcomes in words
