@@ -15,7 +15,7 @@ from shop.console import ops_words, words
 from shop.domain.deadlines import utcnow
 from shop.domain.order import OrderStatus
 from shop.extensions import db
-from shop.models import Order, RestoreWarning, UnknownPaymentStatus, WarningState, WebhookReceipt
+from shop.models import OperatorAction, Order, RestoreWarning, UnknownPaymentStatus, WarningState, WebhookReceipt
 from shop.models.payments import Refund, UnknownPayment
 from shop.provider.views import EVENT_TYPES
 from support import leave_heartbeats
@@ -171,3 +171,37 @@ def test_the_dashboard_says_stuck_states_processes_and_queues_in_words_with_thei
     for code in sorted(codes - {"PaymentInitiated"}):
         assert code in folded, code
     assert data["stuck_orders"]["by_status"]["PaymentInitiated"]["count"] == 1  # the JSON keeps its codes
+
+
+def test_the_order_timeline_names_a_webhook_by_what_it_said_and_an_action_in_words(fresh_app, fresh_client, token):
+    order_id, reference = placed_order_in(fresh_app)
+    with fresh_app.app_context():
+        db.session.add(
+            WebhookReceipt(
+                event_id="evt_timeline",
+                event_type="checkout.session.expired",
+                outcome="accepted",
+                reason="",
+                http_status=200,
+                order_id=order_id,
+            )
+        )
+        db.session.add(
+            OperatorAction(
+                operator="ops@example.com",
+                action="retry_refund",
+                target="refund 1",
+                order_id=order_id,
+                status=303,
+                outcome="sent again",
+                created_at=utcnow(),
+            )
+        )
+        db.session.commit()
+    page = fresh_client.get(f"/console/orders/{reference}").get_data(as_text=True)
+    timeline = page.split('class="console-table timeline"', 1)[1].split("</table>", 1)[0]
+    assert "Payment page expired: applied" in timeline and "retry refund by ops@example.com" in timeline
+    assert "checkout.session.expired" not in timeline and "retry_refund" not in timeline
+    data = fresh_client.get(f"/console/orders/{reference}", headers=JSON).get_json()
+    whats = [t["what"] for t in data["timeline"]]
+    assert "checkout.session.expired: accepted" in whats and "retry_refund by ops@example.com" in whats
