@@ -145,7 +145,7 @@ def test_the_restore_warnings_list_says_states_in_words_with_when_it_was_raised(
     page = fresh_client.get("/console/restore-warnings").get_data(as_text=True)
     shown, folded = shown_and_folded(page)
     assert reference in shown and "variant 7" in shown
-    assert "same as another warning" in shown and "settled: same problem as warning 1" in shown
+    assert "same as another warning" in shown and "same problem as warning 1" in shown
     assert "duplicate" not in shown and "duplicate" in folded
     assert page.count(LOCAL_TIME) >= 3  # each raised, and the duplicate's settling
 
