@@ -10,7 +10,7 @@ import html as entities
 import re
 from datetime import timedelta
 
-from factories import force_order, placed_order_in
+from factories import force_order, placed_order_in, seed_catalog_rows
 from shop.console import ops_words, words
 from shop.domain.deadlines import utcnow
 from shop.domain.order import OrderStatus
@@ -205,3 +205,17 @@ def test_the_order_timeline_names_a_webhook_by_what_it_said_and_an_action_in_wor
     data = fresh_client.get(f"/console/orders/{reference}", headers=JSON).get_json()
     whats = [t["what"] for t in data["timeline"]]
     assert "checkout.session.expired: accepted" in whats and "retry_refund by ops@example.com" in whats
+
+
+def test_a_stock_correction_says_how_it_was_made_in_words(fresh_app, fresh_client, token):
+    variant = seed_catalog_rows(fresh_app)["SOCK-M"]
+    r = fresh_client.post(
+        f"/console/inventory/{variant}/adjust", data={"csrf_token": token, "delta": "+2", "reason": "found two"}
+    )
+    assert r.status_code == 303
+    shown, _ = shown_and_folded(fresh_client.get(f"/console/inventory/{variant}").get_data(as_text=True))
+    assert "(+2, adjusted)" in shown and "(+2, adjust)" not in shown
+    modes = [
+        c["mode"] for c in fresh_client.get(f"/console/inventory/{variant}", headers=JSON).get_json()["corrections"]
+    ]
+    assert modes == ["adjust"]  # the JSON keeps the code
