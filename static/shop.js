@@ -88,7 +88,8 @@
   /* <main data-refresh="N">: the page fetches itself every N seconds and swaps in its <main>,
      so a console page stays current without a reload; "[data-updated]" says how long ago that
      was. Never while the operator is typing in a form on the page (their words would be lost),
-     or has a card's acknowledgement form open, nor while the tab is hidden. */
+     or has a card's acknowledgement form open, nor while the tab is hidden. A <details> with an id
+     that was open stays open. */
   function busy(main) {
     var el = document.activeElement;
     // An open form behind a <details> (a card's "Acknowledge…") is being used even before the
@@ -115,7 +116,10 @@
           var fresh = new DOMParser().parseFromString(html, "text/html").querySelector("main");
           if (!fresh) { return; }
           var flashes = Array.prototype.slice.call(main.querySelectorAll(".flash"));  // shown once, kept
+          // A "Technical detail" the operator opened stays open: the swap would fold it under them.
+          var opened = Array.prototype.map.call(main.querySelectorAll("details[id][open]"), function (d) { return d.id; });
           main.innerHTML = fresh.innerHTML;
+          opened.forEach(function (id) { var d = document.getElementById(id); if (d) { d.open = true; } });
           flashes.reverse().forEach(function (el) { main.insertBefore(el, main.firstChild); });
           last = Date.now();
           localise(main);

@@ -12,6 +12,8 @@ import yaml
 
 from shop.cli import shop_cli
 from shop.ops.preflight import NAMES
+from shop.ops.waiting import WAITING_LIMIT_SECONDS
+from shop.queue.beats import STALL_AFTER_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 OPERATIONS = ROOT / "docs" / "OPERATIONS.md"
@@ -63,6 +65,24 @@ def test_every_shipped_alert_has_a_paragraph_with_its_severity_and_console_page(
             assert _page_pattern(link).search(paragraph), f"{rule['alert']}: its page {link} is not named"
     unknown = sorted(set(paragraphs) - {rule["alert"] for rule in rules})
     assert not unknown, f"docs/OPERATIONS.md describes alerts that do not ship: {', '.join(unknown)}"
+
+
+def test_the_stall_alerts_and_their_runbook_say_the_pulse_and_the_work_waiting_card_come_first():
+    """A stall is seen on the console long before either stall alert fires: the pulse marks a
+    process stalled after STALL_AFTER_SECONDS, the "Work waiting" card turns red past
+    WAITING_LIMIT_SECONDS. Both alerts' descriptions and runbook paragraphs say so, with the
+    code's own figures, not HEALTH_STALE_SECONDS alone."""
+    rules = {rule["alert"]: rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]}
+    paragraphs = _alert_paragraphs(_text())
+    for name in ("BackstopNoProcessBeating", "BackstopProcessStalled"):
+        for where, text in (
+            ("alerts.yml", rules[name]["annotations"]["summary"] + " " + rules[name]["annotations"]["description"]),
+            ("OPERATIONS", paragraphs[name]),
+        ):
+            text = " ".join(text.split())
+            assert "pulse" in text and f"{STALL_AFTER_SECONDS} s" in text, (name, where, text)
+            assert "Work waiting" in text and f"{WAITING_LIMIT_SECONDS} s" in text, (name, where, text)
+            assert "HEALTH_STALE_SECONDS" in text, (name, where, text)
 
 
 def test_every_line_of_flask_shop_check_has_a_row_saying_what_to_do():

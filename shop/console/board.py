@@ -24,6 +24,7 @@ from ..models import (
 from ..provider import watch
 from .format import human_age
 from .waiting_card import waiting_card
+from .words import webhook_event_words
 
 REJECTED_WINDOW = timedelta(hours=24)
 WEBHOOK_CHECK = (
@@ -185,7 +186,8 @@ def _webhooks_card(now: datetime) -> dict:
     if reported is not None:
         words += (
             f" The provider reports {undelivered} event{'' if undelivered == 1 else 's'} of the last hour it has not "
-            f"delivered to the shop (the latest {reported['latest_id']}, {reported['latest_type']}): it "
+            f"delivered to the shop (the latest “{webhook_event_words(reported['latest_type'])}”, "
+            f"{reported['latest_id']}): it "
             "is being refused or cannot reach the shop; if the noise below comes from the provider, the signing "
             "secret is wrong."
         )

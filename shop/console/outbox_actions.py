@@ -18,19 +18,22 @@ from .answers import done, operator_name, problem, reason_needed
 from .auth import safe_next
 from .blueprint import bp
 from .forms import ActionForm, DiscardForm
+from .words import command_words, handler_words, work_words
+
+SAY_KIND = {"delivery": handler_words, "command": command_words}
 
 log = logging.getLogger("shop.console")
 
 
 def _named(kind: str, work_id: int, row=None) -> tuple[int | str, str]:
     """The row's id as the outbox list shows it ("cmd-3" for a command), and words for it that
-    say what it is and whose: "send_email cmd-3 (order BK-…)"."""
+    say what it is and whose: "“Email to the customer” command cmd-3 (order BK-…)"."""
     ref = work_ref(kind, work_id)
     if row is None:
         return ref, f"{kind} {ref}"
-    what = row.handler if kind == "delivery" else row.kind
+    what = SAY_KIND[kind](row.handler if kind == "delivery" else row.kind)
     order = db.session.get(Order, row.order_id) if row.order_id is not None else None
-    return ref, f"{what} {kind} {ref}" + (f" (order {order.reference})" if order is not None else "")
+    return ref, f"“{what}” {kind} {ref}" + (f" (order {order.reference})" if order is not None else "")
 
 
 def _retry(kind: str, work_id: int):
@@ -86,9 +89,9 @@ def _not_dead(row, name: str, ref, back: str, verb: str | None = None):
     """409: the row is not a dead letter. With `verb`, as it was found; without, it changed
     between the look and the write, and nothing was done."""
     if verb:
-        words = f"The {name} is {row.status}, not dead: only a dead letter can be {verb}."
+        words = f"The {name} is not dead (it is {work_words(row.status)}): only a dead letter can be {verb}."
     else:
-        words = f"The {name} changed meanwhile (now {row.status}); nothing done."
+        words = f"The {name} changed meanwhile (now {work_words(row.status)}); nothing done."
     return problem(409, words, back=back, id=ref, current_status=row.status)
 
 
@@ -108,8 +111,8 @@ def retry_all_dead():
     log.info("operator %s retried %d dead %s rows of %s", operator_name(), len(ids), kind, name)
     budget = current_app.config["OUTBOX_MAX_ATTEMPTS"]
     return done(
-        f"{len(ids)} dead {name} {kind}{'s' if len(ids) != 1 else ''} will run again now, each with a "
-        f"fresh budget of {budget} attempts.",
+        f"{len(ids)} dead “{SAY_KIND[kind](name)}” {kind}{'s' if len(ids) != 1 else ''} will run again now, "
+        f"each with a fresh budget of {budget} attempts.",
         {"what": f"{kind}:{name}", "retried": [work_ref(kind, i) for i in ids]},
         back,
     )

@@ -47,7 +47,15 @@ from .rows import (
     waiting_for_provider,
     warning_detail,
 )
-from .words import command_words, event_words, handler_words, receipt_words, work_words
+from .words import (
+    action_words,
+    command_words,
+    event_words,
+    handler_words,
+    receipt_words,
+    webhook_event_words,
+    work_words,
+)
 
 
 @dataclass
@@ -94,13 +102,23 @@ class _Say:
     command: Callable[[str], str]
     work: Callable[[str], str]
     receipt: Callable[[str], str]
+    webhook: Callable[[str], str]  # a webhook's event type
+    action: Callable[[str], str]  # an operator's audited action
     armed: str  # "{} armed": a command written
     retired: str  # a command its order moved past
 
 
-CODES = _Say(str, str, str, str, str, "{} armed", "{} retired")
+CODES = _Say(str, str, str, str, str, str, str, "{} armed", "{} retired")
 WORDS = _Say(
-    event_words, handler_words, command_words, work_words, receipt_words, "{} scheduled", "{}: no longer needed"
+    event_words,
+    handler_words,
+    command_words,
+    work_words,
+    receipt_words,
+    webhook_event_words,
+    action_words,
+    "{} scheduled",
+    "{}: no longer needed",
 )
 
 
@@ -236,7 +254,12 @@ def _merged(rows: _OrderRows, names: dict, pruned: PrunedDetail | None = None, s
     merged = (
         [(e.created_at, "transition", say.event(e.name), _payload_words(e.payload)) for e in rows.events]
         + [
-            (r.received_at, "webhook", f"{r.event_type or 'webhook'}: {say.receipt(r.outcome)}", r.reason or "")
+            (
+                r.received_at,
+                "webhook",
+                f"{say.webhook(r.event_type or 'webhook')}: {say.receipt(r.outcome)}",
+                r.reason or "",
+            )
             for r in rows.receipts
         ]
         + [
@@ -288,7 +311,7 @@ def _merged(rows: _OrderRows, names: dict, pruned: PrunedDetail | None = None, s
             (
                 a.created_at,
                 "operator",
-                f"{a.action} by {a.operator}",
+                f"{say.action(a.action)} by {a.operator}",
                 a.outcome + (f" Reason: {a.reason}" if a.reason else ""),
             )
             for a in rows.actions

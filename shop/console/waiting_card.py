@@ -10,6 +10,20 @@ from flask import url_for
 
 from ..ops.waiting import WAITING_LIMIT_SECONDS, oldest_waiting
 from .format import human_age
+from .ops_words import queue_words
+from .words import command_words, handler_words
+
+KIND_WORDS = {"outbox delivery": handler_words, "scheduled command": command_words}
+
+
+def _what(item: dict) -> str:
+    """An item as the card says it: its handler's or command kind's words, then which row it is
+    (`Put the stock back (outbox delivery 12)`); the code stays in the card's `items`."""
+    say = KIND_WORDS.get(item["kind"])
+    if say is None:  # jobs queued in Redis: `code` is the queue's name
+        n, queue = item["count"], queue_words({"name": item["code"], "kind": "rq queue"})
+        return f"{n} job{'' if n == 1 else 's'} waiting in Redis ({queue})"
+    return f"{say(item['code'])} ({item['kind']} {item['id']})"
 
 
 def _worker_words(p: dict) -> str:
@@ -36,13 +50,13 @@ def waiting_card(data: dict, now: datetime, card) -> dict:
     else:
         first = items[0]
         words = (
-            f"The oldest waiting: {first['what']}, waiting {human_age(first['age_seconds'])}"
+            f"The oldest waiting: {_what(first)}, waiting {human_age(first['age_seconds'])}"
             + (f" (and {first['count'] - 1} more like it)" if first["count"] > 1 and first["id"] is not None else "")
             + "."
         )
         if first["claim_lapsed"]:
             words += _holder_words(first, workers)
-        others = [f"{w['what']} ({human_age(w['age_seconds'])})" for w in items[1:4]]
+        others = [f"{_what(w)}, {human_age(w['age_seconds'])}" for w in items[1:4]]
         if others:
             words += " Also waiting: " + "; ".join(others) + "."
     if late:

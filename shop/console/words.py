@@ -16,9 +16,10 @@ from ..domain.events import EventName
 from ..domain.refunds import RefundStatus
 from ..domain.timestamps import iso
 from ..emails import REFUND_FAILURE_WORDS
-from ..models import CommandKind, ReceiptOutcome, WarningState, WorkStatus
+from ..models import CommandKind, ReceiptOutcome, UnknownPaymentStatus, WarningState, WorkStatus
 from ..web.words import status_words
 from .format import human_time
+from .ops_words import OPS_TEMPLATE_WORDS
 
 EVENT_WORDS = {
     EventName.ORDER_PLACED: "Order placed",
@@ -70,7 +71,51 @@ RECEIPT_WORDS = {
     ReceiptOutcome.FAILED: "failed, the provider retries",
 }
 
-WARNING_WORDS = {WarningState.OPEN: "open", WarningState.RESOLVED: "resolved"}
+WARNING_WORDS = {
+    WarningState.OPEN: "open",
+    WarningState.RESOLVED: "resolved",
+    WarningState.DUPLICATE: "same as another warning",
+}
+
+# The provider's event types the webhook takes (shop.provider.views.EVENT_TYPES).
+WEBHOOK_EVENT_WORDS = {
+    "checkout.session.completed": "Payment page completed",
+    "checkout.session.async_payment_succeeded": "Delayed payment succeeded",
+    "checkout.session.async_payment_failed": "Delayed payment failed",
+    "checkout.session.expired": "Payment page expired",
+    "refund.updated": "Refund updated",
+    "refund.failed": "Refund failed",
+    "payment_intent.payment_failed": "Card refused on the payment page",
+}
+
+# Money for an order this database does not know (docs/REFERENCE.md, GET /console/refunds).
+UNKNOWN_PAYMENT_WORDS = {
+    UnknownPaymentStatus.CHECKING: "being checked with the provider",
+    UnknownPaymentStatus.APPLIED: "applied to its order",
+    UnknownPaymentStatus.NOT_PAID: "no money was taken",
+    UnknownPaymentStatus.REFUND_PENDING: "refund on its way",
+    UnknownPaymentStatus.REFUNDED: "money returned",
+    UnknownPaymentStatus.REFUND_FAILED: "refund did not go through: needs an operator",
+    UnknownPaymentStatus.NOT_OURS: "not this shop's payment page: needs an operator",
+}
+
+# Which path found money for an unknown order (payments.apply's `source`).
+FOUND_VIA_WORDS = {
+    "webhook": "the provider's notification",
+    "sweep": "the reconciliation sweep",
+    "sweep: unknown money": "the sweep's look at the provider's payments",
+    "return": "the customer's return from the payment page",
+    "deadline": "the order's payment deadline",
+    "console": "an operator asking the provider",
+}
+
+# The refunds list's filters (queries.REFUND_FILTERS), as its links read.
+REFUND_FILTER_WORDS = {
+    "failed": "did not go through",
+    "pending": "on their way",
+    "succeeded": "money returned",
+    "settled": "settled outside the shop",
+}
 
 
 class AuditOutcome(StrEnum):
@@ -134,6 +179,18 @@ def warning_words(state: str) -> str:
     return _said(WARNING_WORDS, state)
 
 
+def webhook_event_words(event_type: str | None) -> str:
+    return _said(WEBHOOK_EVENT_WORDS, event_type) if event_type else "no event type"
+
+
+def unknown_payment_words(status: str) -> str:
+    return _said(UNKNOWN_PAYMENT_WORDS, status)
+
+
+def found_via_words(source: str) -> str:
+    return _said(FOUND_VIA_WORDS, source)
+
+
 def action_words(action: str) -> str:
     """An audited action (its endpoint's name) as a phrase: `retry_delivery` -> "retry delivery"."""
     return action.replace("_", " ")
@@ -160,6 +217,11 @@ TEMPLATE_WORDS = {
     "refund_words": refund_words,
     "receipt_words": receipt_words,
     "warning_words": warning_words,
+    "webhook_event_words": webhook_event_words,
+    "unknown_payment_words": unknown_payment_words,
+    "found_via_words": found_via_words,
+    "refund_filter_words": REFUND_FILTER_WORDS,
+    **OPS_TEMPLATE_WORDS,
     "refusal_words": refusal_words,
     "action_words": action_words,
     "audit_outcome": audit_outcome,

@@ -335,6 +335,7 @@ def test_a_wrong_signing_secret_reddens_the_card_through_the_providers_view_a_sc
     c = card(console, "rejected_webhooks")
     assert c["ok"] is False and c["provider_undelivered"]["count"] >= 1
     assert "The provider reports" in c["words"] and "signing secret is wrong" in c["words"]
+    assert "“Payment page completed”" in c["words"] and "checkout.session" not in c["words"]  # its type in words
 
 
 def test_a_scanner_alone_leaves_the_providers_view_empty_and_the_card_green(fresh_paying_app, fresh_client):

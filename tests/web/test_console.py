@@ -410,7 +410,7 @@ def test_dead_scheduled_commands_are_dead_letters_of_the_outbox_in_its_shape_and
     r = fresh_client.post(f"/console/outbox/cmd-{command_id}/retry", data={"csrf_token": token}, headers=JSON)
     assert r.status_code == 200, r.get_json()
     assert r.get_json()["id"] == f"cmd-{command_id}"  # the list's id, not delivery {command_id}
-    assert ref in r.get_json()["message"] and "expire_unpaid_order" in r.get_json()["message"]
+    assert ref in r.get_json()["message"] and "“Payment deadline” command" in r.get_json()["message"]
     with fresh_app.app_context():
         row = db.session.get(ScheduledCommand, command_id)
         assert (row.status, row.attempts) == ("pending", 0)
@@ -493,7 +493,8 @@ def test_retry_and_discard_answer_404_for_an_unknown_row_and_409_for_one_that_is
         r = fresh_client.post(f"/console/outbox/987654/{action}", data={"csrf_token": token, **data}, headers=JSON)
         assert r.status_code == 404
         r = fresh_client.post(f"/console/outbox/{delivery}/{action}", data={"csrf_token": token, **data}, headers=JSON)
-        assert r.status_code == 409 and "pending" in r.get_json()["error"]
+        assert r.status_code == 409 and r.get_json()["current_status"] == "pending"
+        assert "is not dead (it is to do)" in r.get_json()["error"]  # the status in words
     with fresh_app.app_context():
         assert db.session.get(OutboxDelivery, delivery).status == "pending"
 
@@ -837,7 +838,8 @@ def test_retry_all_dead_of_one_kind_after_an_outage_moves_exactly_those(fresh_ap
         mails = sorted(db.session.scalars(select(ScheduledCommand.id).where(ScheduledCommand.kind == "send_email")))
         deadline = db.session.scalar(select(ScheduledCommand.id).where(ScheduledCommand.kind == "expire_unpaid_order"))
     page = fresh_client.get("/console/outbox?status=dead").get_data(as_text=True)
-    assert "Retry all 3 dead send_email" in page and "Retry all 1 dead expire_unpaid_order" in page
+    assert "Retry all 3 dead: Email to the customer</button>" in page  # the kind in words, its code beside
+    assert "Retry all 1 dead: Payment deadline</button>" in page and '<code class="small">send_email</code>' in page
 
     r = fresh_client.post(
         "/console/outbox/retry-dead", data={"csrf_token": token, "what": "command:send_email"}, headers=JSON
@@ -1048,4 +1050,4 @@ def test_webhook_counts_per_outcome_stop_at_the_cap_and_say_so(fresh_app, fresh_
     data = fresh_client.get("/console/webhooks", headers=JSON).get_json()
     assert data["counts"] == {"rejected": 2, "accepted": 1} and data["counts_capped"] == ["rejected"]
     html = fresh_client.get("/console/webhooks", headers=HTML).get_data(as_text=True)
-    assert "rejected (2+)</a>" in html and "accepted (1)</a>" in html
+    assert "rejected (2+)</a>" in html and "applied (1)</a>" in html  # the outcomes in words

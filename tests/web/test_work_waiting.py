@@ -105,7 +105,8 @@ def test_the_card_turns_red_past_fifteen_seconds_naming_the_item_and_the_registe
     _set(fresh_app, delivery, next_attempt_at=utcnow() - timedelta(seconds=40))
     c = _card(fresh_client)
     assert c["ok"] is False and c["count"] == 1
-    assert c["words"].startswith(f"The oldest waiting: outbox delivery {delivery} (restore_inventory), waiting 4")
+    assert c["words"].startswith(f"The oldest waiting: Put the stock back (outbox delivery {delivery}), waiting 4")
+    assert "restore_inventory" not in c["words"] and c["items"][0]["code"] == "restore_inventory"
     [worker] = [p for p in fresh_client.get("/console/", headers=JSON).get_json()["processes"] if p["role"] == "worker"]
     assert f"{worker['name']} (node {worker['node']}, pid {worker['pid']}, beating)" in c["words"]
 
