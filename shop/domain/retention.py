@@ -26,6 +26,7 @@ class Cutoffs:
     provider_events: datetime  # dedup rows of applied provider events
     cycles: datetime  # finished sweep cycles
     audit: datetime  # operator actions
+    answers: datetime  # the first answers of requests sent with an Idempotency-Key (a day)
 
 
 def cutoffs(now: datetime, retention_days: int, audit_retention_days: int) -> Cutoffs:
@@ -37,4 +38,5 @@ def cutoffs(now: datetime, retention_days: int, audit_retention_days: int) -> Cu
         provider_events=now - max(days, timedelta(days=PROVIDER_EVENT_MIN_DAYS)),
         cycles=now - days,
         audit=now - timedelta(days=audit_retention_days),
+        answers=now - timedelta(days=1),
     )

@@ -1,7 +1,7 @@
 """Persistence: the mapped tables and the vocabularies their status columns hold. An order's row
 is read here and written only by the order store (shop.store.order_store)."""
 
-from .cart import Cart, CartItem, CartState
+from .cart import AnswerState, Cart, CartItem, CartState, IdempotentRequest
 from .catalog import InventoryItem, Product, Variant
 from .ops import (
     CardAcknowledgement,
@@ -41,6 +41,8 @@ __all__ = [
     "Cart",
     "CartItem",
     "CartState",
+    "AnswerState",
+    "IdempotentRequest",
     "Order",
     "OrderLine",
     "OutboxEvent",

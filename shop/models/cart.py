@@ -1,10 +1,10 @@
 from enum import StrEnum
 
-from sqlalchemy import CheckConstraint, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import CheckConstraint, ForeignKey, Integer, LargeBinary, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from ..extensions import Model
-from .types import UTCDateTime, now_utc
+from .types import JSONType, UTCDateTime, now_utc
 
 
 class CartState(StrEnum):
@@ -39,3 +39,29 @@ class CartItem(Model):
         UniqueConstraint("cart_id", "variant_id", name="uq_cart_items_cart_variant"),
         CheckConstraint("quantity > 0", name="quantity_positive"),
     )
+
+
+class AnswerState(StrEnum):
+    """Where a request sent with an Idempotency-Key is (`idempotent_requests.state`)."""
+
+    RUNNING = "running"  # its first request has not answered yet
+    DONE = "done"  # answered: a repeat gets the stored answer
+
+
+class IdempotentRequest(Model):
+    """A storefront POST sent with an `Idempotency-Key` and its first answer, kept for a day
+    (shop.web.idempotency): a retry with the same key and body gets that answer again."""
+
+    __tablename__ = "idempotent_requests"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    scope: Mapped[str] = mapped_column(String(64))  # the browser's id (its session cookie)
+    key: Mapped[str] = mapped_column(String(255))
+    fingerprint: Mapped[str] = mapped_column(String(64))  # of the method, path and body
+    state: Mapped[str] = mapped_column(String(16), default=AnswerState.RUNNING)
+    answer_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    answer_headers = mapped_column(JSONType, nullable=True)
+    answer_body: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
+    completed_at = mapped_column(UTCDateTime, nullable=True)
+
+    __table_args__ = (UniqueConstraint("scope", "key", name="uq_idempotent_requests_scope_key"),)

@@ -18,6 +18,7 @@ from ..models import (
     CardAcknowledgement,
     CycleStatus,
     EmailResend,
+    IdempotentRequest,
     OperatorAction,
     Order,
     OutboxDelivery,
@@ -176,6 +177,14 @@ KINDS = (
         StockCorrection,
         "created_at",
         lambda c: c.audit,
+        lambda: [],
+    ),
+    Kind(
+        "idempotent_requests",
+        "first answers kept for retried requests (Idempotency-Key)",
+        IdempotentRequest,
+        "created_at",
+        lambda c: c.answers,
         lambda: [],
     ),
     Kind(

@@ -12,6 +12,7 @@ from ..models import Cart, InventoryItem, Product, Variant
 from ..orders import cart as carts
 from ..orders.cart import CartChangeOutcome
 from ..web.answers import at_address, browser_id, respond, wants_json
+from ..web.idempotency import idempotent
 from ..web.requests import MAX_ID
 from .blueprint import bp
 from .cart_words import cart_words
@@ -145,6 +146,7 @@ _CART_STATUS = {
 
 
 @bp.post("/cart/items")
+@idempotent
 def add_to_cart():
     """Add a variant to the cart (form: variant_id, quantity)."""
     form = AddToCartForm()

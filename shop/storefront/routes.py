@@ -23,6 +23,7 @@ from ..payments.start import StartCode, StartOutcome, StartStatus, joined_line, 
 from ..provider import gateway
 from ..store import order_store
 from ..web.answers import answer_if_later_fails, at_address, browser_id, respond, wants_json
+from ..web.idempotency import idempotent
 from ..web.serialize import OrderView, PaymentStatus
 from ..web.words import cancel_conflict_words
 from .blueprint import bp
@@ -44,6 +45,7 @@ _REFUSAL_STATUS = {
 
 
 @bp.post("/checkout")
+@idempotent
 def checkout():
     """Place the order from the cart, then send the customer to the hosted payment page."""
     form = CheckoutForm()
@@ -225,6 +227,7 @@ def _render_order(view: OrderView, status: int = 200, error: str | None = None):
 
 
 @bp.post("/orders/<reference>/pay")
+@idempotent
 def pay(reference: str):
     """Start or retry payment (PendingPayment / PaymentFailed)."""
     order = _owned_order(reference)
@@ -269,6 +272,7 @@ def confirm_cancel(reference: str):
 
 
 @bp.post("/orders/<reference>/cancel")
+@idempotent
 def cancel(reference: str):
     """Cancel with the version the customer saw; a stale version gets 409 and the current state."""
     order = _owned_order(reference)
