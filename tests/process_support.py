@@ -19,7 +19,7 @@ import time
 
 import requests
 
-from support import REPO_ROOT
+from support import REPO_ROOT, wait_until
 
 ROOT = str(REPO_ROOT)
 # The payment window (and stuck age) a child runs with unless a test says otherwise.
@@ -226,3 +226,58 @@ def p99(times: list[float]) -> float:
     """The 99th percentile (nearest rank)."""
     ordered = sorted(times)
     return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+BALANCER_CONF = """daemon off;
+worker_processes 1;
+pid {run}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 512; }}
+http {{
+  access_log off;
+  client_body_temp_path {run}/body;
+  proxy_temp_path {run}/proxy;
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://127.0.0.1:{upstream};
+      proxy_set_header Host $http_host;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+    }}
+  }}
+}}
+"""
+
+
+def start_balancer(procs: Processes, port: int, upstream: int) -> subprocess.Popen:
+    """A load balancer as the usual ones behave: Debian's nginx on `port`, passing every request
+    to `upstream` from 127.0.0.1 and appending the address that connected to X-Forwarded-For."""
+    from shop.devserver.front import nginx_binary
+
+    run = tempfile.mkdtemp(prefix="balancer-", dir=procs.folder)
+    conf = os.path.join(run, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(BALANCER_CONF.format(run=run, port=port, upstream=upstream))
+    out = open(os.path.join(procs.folder, "balancer.log"), "wb")
+    argv = [str(nginx_binary()), "-p", run, "-e", "stderr", "-c", conf]
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    out.close()
+    procs.children.append(("balancer", proc))
+    return proc
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, headers={"Accept": "application/json"}, timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def web_behind_front(procs: Processes, app, port: int, **extra) -> subprocess.Popen:
+    """The Procfile's web line (nginx before gunicorn) on `port`, serving the catalog."""
+    env = process_env(
+        app, PORT=str(port), UNPAID_ORDER_EXPIRY_SECONDS="1800", RECONCILIATION_STUCK_AGE_SECONDS="1800", **extra
+    )
+    proc = start_web(procs, env)
+    wait_until(lambda: _answers(f"http://127.0.0.1:{port}/"), 40, "the web to serve the catalog", procs.logs)
+    return proc
