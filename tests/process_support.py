@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import select
 import shutil
 import signal
 import socket
@@ -132,14 +133,21 @@ def start_redis_server(port: int, folder: str) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def start_web(procs: Processes, env: dict) -> subprocess.Popen:
-    """The Procfile's web line, run by a shell as a deployment runs it (with PORT in `env`)."""
+def start_web(procs: Processes, env: dict, open_files: int | None = None) -> subprocess.Popen:
+    """The Procfile's web line, run by a shell as a deployment runs it (with PORT in `env`);
+    `open_files`: the open-file limit a small host would give it (ulimit -n)."""
     with open(os.path.join(ROOT, "Procfile")) as f:
         line = next(l.split(":", 1)[1].strip() for l in f if l.startswith("web:"))
+    limit = f"ulimit -n {open_files} && " if open_files is not None else ""
     env = {**env, "PATH": os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")}
     out = open(os.path.join(procs.folder, "web.log"), "wb")
     proc = subprocess.Popen(
-        ["sh", "-c", f"exec {line}"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        ["sh", "-c", f"{limit}exec {line}"],
+        cwd=ROOT,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     out.close()
     procs.children.append(("web", proc))
@@ -273,11 +281,60 @@ def _answers(url: str) -> bool:
         return False
 
 
-def web_behind_front(procs: Processes, app, port: int, **extra) -> subprocess.Popen:
+def web_behind_front(procs: Processes, app, port: int, open_files: int | None = None, **extra) -> subprocess.Popen:
     """The Procfile's web line (nginx before gunicorn) on `port`, serving the catalog."""
     env = process_env(
         app, PORT=str(port), UNPAID_ORDER_EXPIRY_SECONDS="1800", RECONCILIATION_STUCK_AGE_SECONDS="1800", **extra
     )
-    proc = start_web(procs, env)
+    proc = start_web(procs, env, open_files)
     wait_until(lambda: _answers(f"http://127.0.0.1:{port}/"), 40, "the web to serve the catalog", procs.logs)
     return proc
+
+
+class IdleConnections:
+    """`count` connections to host:port from the local address `source` that never send a byte;
+    one the server closes is opened again at once, as a client holding a front's connections
+    does. One thread keeps them; `held` is how many are open now."""
+
+    def __init__(self, host: str, port: int, count: int, source: str):
+        self.address, self.count, self.source = (host, port), count, source
+        self.held = self.reopened = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="idle-connections", daemon=True)
+
+    def __enter__(self) -> IdleConnections:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _open(self) -> socket.socket | None:
+        try:
+            return socket.create_connection(self.address, timeout=2, source_address=(self.source, 0))
+        except OSError:
+            return None
+
+    def _run(self) -> None:
+        socks: list[socket.socket | None] = [None] * self.count
+        try:
+            while not self._stop.is_set():
+                poller = select.poll()  # not select(): hundreds of sockets pass its 1024 descriptors
+                for sock in socks:
+                    if sock is not None:
+                        poller.register(sock, select.POLLIN)
+                closed = {fd for fd, _event in poller.poll(0)}
+                for i, sock in enumerate(socks):
+                    if sock is not None and sock.fileno() not in closed:
+                        continue
+                    if sock is not None:  # readable while we never asked: the server closed it
+                        sock.close()
+                        self.reopened += 1
+                    socks[i] = self._open()
+                self.held = sum(s is not None for s in socks)
+                self._stop.wait(0.05)
+        finally:
+            for sock in socks:
+                if sock is not None:
+                    sock.close()

@@ -32,9 +32,15 @@ from ..settings_values import TrustedProxies
 # is not on an ordinary user's PATH).
 NGINX_PLACES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 TEMPLATE_NAME = os.path.join("deploy", "nginx.conf")
-FIELDS = ("run", "user", "listen", "upstream", "client")
+FIELDS = ("run", "user", "listen", "upstream", "client", "connections")
 # nginx holds two descriptors per client it proxies (the client's and gunicorn's).
 WANTED_OPEN_FILES = 10_000
+# nginx's worker_connections: at most this many, and fewer when the open-file limit is lower
+# (worker_connections); its own other descriptors (listening sockets, logs, temporary files)
+# take at most SPARE_FILES.
+MOST_CONNECTIONS = 4096
+SPARE_FILES = 32
+LEAST_CONNECTIONS = 64
 LOOPBACK = "127.0.0.1"
 NGINX_STOP_GRACE = 10.0  # seconds nginx may take to finish the requests it holds, after SIGQUIT
 GUNICORN_STOP_GRACE = 35.0  # gunicorn's own graceful timeout is 30 s
@@ -136,7 +142,13 @@ class Front:
             os.chmod(run_dir, 0o711)
             os.chmod(os.path.join(run_dir, "tmp"), 0o711)
         conf = render(
-            template, run=run_dir, user=user, listen=listen, upstream=upstream, client=client_directives(trust)
+            template,
+            run=run_dir,
+            user=user,
+            listen=listen,
+            upstream=upstream,
+            client=client_directives(trust),
+            connections=str(worker_connections(open_files_for_nginx())),
         )
         with open(os.path.join(run_dir, "nginx.conf"), "w", encoding="utf-8") as f:
             f.write(conf)
@@ -150,6 +162,33 @@ class Front:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def open_files_for_nginx() -> int:
+    """The open-file limit nginx will run with: this process's, raised by raise_open_file_limit."""
+    try:
+        import resource
+    except ImportError:
+        return WANTED_OPEN_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    raised = WANTED_OPEN_FILES if hard == infinite else min(WANTED_OPEN_FILES, hard)
+    return raised if soft == infinite else max(soft, raised)
+
+
+def worker_connections(open_files: int) -> int:
+    """nginx's worker_connections for this open-file limit. When its connections run out, nginx
+    closes the idle ones (connected and silent, or kept alive between requests) to make room, so
+    a client holding thousands of them crowds out no one; but when the open-file limit comes
+    first, nginx can only stop accepting, and every client waited behind the idle ones (health
+    probes took 25 s). So there are never more connections than files for them."""
+    connections = min(MOST_CONNECTIONS, open_files - SPARE_FILES)
+    if connections < LEAST_CONNECTIONS:
+        raise FrontError(
+            f"the open-file limit ({open_files}) leaves nginx fewer than {LEAST_CONNECTIONS} connections; "
+            "raise it (ulimit -n)"
+        )
+    return connections
 
 
 def raise_open_file_limit() -> None:

@@ -1,6 +1,8 @@
 """The front holds against one client (deploy/nginx.conf; docs/REFERENCE.md, Routes, Conventions:
-the front's limits): a burst on an expensive route from one address is answered 429 by nginx,
-in words, while every other address is served, and behind a load balancer the front and the app
+the front's limits): more idle connections from one address than nginx has room for crowd out
+neither health probes nor other clients (nginx has no more connections than open files, so it
+closes idle ones rather than stop accepting); a burst on an expensive route from one address is
+answered 429 by nginx, in words, while every other address is served; and behind a load balancer the front and the app
 count each client by the address the trusted balancer names (`TRUSTED_PROXIES`), never by the
 balancer's own nor by one a client claims. Real processes: the Procfile's web line (nginx before
 gunicorn), Debian's nginx again as the balancer, the test database and Redis. Clients connect
@@ -13,8 +15,8 @@ import time
 
 import pytest
 
-from process_support import Processes, free_port, start_balancer, web_behind_front
-from shop.devserver.front import nginx_binary
+from process_support import IdleConnections, Processes, free_port, start_balancer, web_behind_front
+from shop.devserver.front import FrontError, nginx_binary, worker_connections
 from support import wait_until
 
 pytestmark = [
@@ -107,3 +109,52 @@ def _answers_via(port: int) -> bool:
         return _status(port, B, "GET", "/healthz") in (200, 503)
     except OSError:
         return False
+
+
+# A small host's open-file limit for the web, and more idle connections from one address than
+# nginx then has: the worker_connections it is given are at most this less SPARE_FILES.
+OPEN_FILES = 512
+IDLE = 700
+PROBING_SECONDS = 12.0  # past two of nginx's 5 s header timeouts: idle connections renewed twice
+
+
+def _timed(port: int, source: str, path: str) -> float:
+    started = time.monotonic()
+    try:
+        status = _status(port, source, "GET", path)
+    except OSError:
+        return float("inf")
+    return time.monotonic() - started if status in (200, 503) else float("inf")
+
+
+def test_more_idle_connections_from_one_address_than_the_front_holds_crowd_out_neither_health_nor_another_client(
+    make_fresh_app,
+):
+    app = make_fresh_app()
+    port = free_port()
+    procs = Processes()
+    health, other = [], []
+    try:
+        web_behind_front(procs, app, port, open_files=OPEN_FILES)
+        with IdleConnections("127.0.0.1", port, count=IDLE, source=A) as idle:
+            wait_until(lambda: idle.held >= IDLE, 20, "the idle connections to open", procs.logs)
+            until = time.monotonic() + PROBING_SECONDS
+            while time.monotonic() < until:
+                health.append(_timed(port, B, "/healthz"))
+                other.append(_timed(port, B, "/"))
+                time.sleep(0.2)  # a probe's pace, not a wait on a condition
+            held, reopened = idle.held, idle.reopened
+        logs = procs.logs()
+    finally:
+        procs.stop()
+    summary = f"{held} idle held, {reopened} reopened; slowest health {max(health):.2f} s, page {max(other):.2f} s"
+    print(summary)
+    assert held >= IDLE * 0.9 and reopened > 0, summary  # the front was really full of them
+    assert max(health) < 1.0 and max(other) < 1.0, f"{summary}\n{logs}"
+
+
+def test_nginx_gets_no_more_connections_than_files_for_them_and_too_few_files_is_refused_in_words():
+    assert worker_connections(100_000) == 4096
+    assert worker_connections(OPEN_FILES) == OPEN_FILES - 32
+    with pytest.raises(FrontError, match=r"the open-file limit \(90\) leaves nginx fewer than 64 connections"):
+        worker_connections(90)
