@@ -78,13 +78,15 @@ def test_a_checkout_burst_from_one_address_is_refused_by_the_front_while_another
     assert other == 400 and health in (200, 503) and took < 2, (other, health, took)
 
 
-def test_behind_a_trusted_balancer_the_front_and_the_app_count_each_client_by_its_own_address(make_fresh_app):
+# The balancer connects to the shop from 127.0.0.1: trusted as that network, or as the one hop
+# before the shop (as a platform's router is).
+@pytest.mark.parametrize("trusted", ["127.0.0.1", "1"])
+def test_behind_a_trusted_balancer_the_front_and_the_app_count_each_client_by_its_own_address(make_fresh_app, trusted):
     app = make_fresh_app()
     port, shop_port = free_port(), free_port()
     procs = Processes()
     try:
-        # The balancer connects to the shop from 127.0.0.1: that is the proxy the shop trusts.
-        web_behind_front(procs, app, shop_port, TRUSTED_PROXIES="127.0.0.1", CHECKOUT_RETURN_PER_MINUTE="3")
+        web_behind_front(procs, app, shop_port, TRUSTED_PROXIES=trusted, CHECKOUT_RETURN_PER_MINUTE="3")
         start_balancer(procs, port, shop_port)
         wait_until(lambda: _answers_via(port), 10, "the balancer to pass requests on", procs.logs)
         a_pages = [_status(port, A, "GET", RETURN) for _ in range(4)]
