@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import os
 import queue
 import re
@@ -61,17 +62,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_BROWSERS = itertools.count()
+
+
 class Browser:
     """One browser: its own cookie jar and CSRF token, one short HTTP connection per request
-    (gunicorn's sync workers close after each response)."""
+    (gunicorn's sync workers close after each response), and its own address: each connects
+    from another loopback address (all of 127/8 is this machine's), as customers come from
+    theirs, so the front's per-address limits (deploy/nginx.conf) see many customers, not one."""
 
     def __init__(self, port: int):
         self.port = port
         self.cookies: dict[str, str] = {}
         self.token = ""
+        n = next(_BROWSERS)
+        self.source = f"127.{1 + (n >> 16) % 254}.{(n >> 8) & 255}.{n & 255}"
 
     def request(self, method, path, form=None, accept="text/html"):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60, source_address=(self.source, 0))
         headers = {"Accept": accept}
         if self.cookies:
             headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())

@@ -211,7 +211,8 @@ def web_command(host, port, server):
     from .devserver.front import serve
 
     cfg = current_app.config
-    sys.exit(serve(host, port, cfg["WEB_CONCURRENCY"], cfg["WEB_THREADS"], cfg["WEB_FRONT"], server=list(server)))
+    workers, threads = cfg["WEB_CONCURRENCY"], cfg["WEB_THREADS"]
+    sys.exit(serve(host, port, workers, threads, cfg["WEB_FRONT"], server=list(server), trust=cfg["TRUSTED_PROXIES"]))
 
 
 @shop_cli.command("up")

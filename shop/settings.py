@@ -19,6 +19,7 @@ from .logs import TEXT as LOG_FORMAT_TEXT
 from .settings_values import (
     DEFAULT_MAIL_FROM,
     SettingsError,
+    TrustedProxies,
     env_bool,
     env_countries,
     env_database_url,
@@ -35,6 +36,7 @@ from .settings_values import (
     env_smtp_ca_file,
     env_smtp_url,
     env_tax_mode,
+    env_trusted_proxies,
     env_url,
     env_web_front,
 )
@@ -120,6 +122,9 @@ class Settings:
     # BACKSTOP_BEHIND_FRONT: set by `flask shop web` and `flask shop up` for the gunicorn behind
     # their nginx: a request from a loopback peer carries the client's address in X-Forwarded-For.
     behind_front: bool = False
+    # TRUSTED_PROXIES: the balancers before the web, whose X-Forwarded-For names the client
+    # (settings_values.TrustedProxies; shop.web.proxies applies it).
+    trusted_proxies: TrustedProxies = TrustedProxies()
     # UNPAID_HOLD_WITHOUT_SESSION_SECONDS: how long an order that never had a payment session
     # holds its stock (at most the payment window; domain.deadlines.unpaid_hold_seconds).
     unpaid_hold_without_session_seconds: int = DEFAULT_HOLD_WITHOUT_SESSION_SECONDS
@@ -312,6 +317,7 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         prune_interval_seconds=env_int(env, "PRUNE_INTERVAL_SECONDS", 3600, 60, 24 * 3600),
         web_front=env_web_front(env),
         behind_front=env_bool(env, "BACKSTOP_BEHIND_FRONT", False),
+        trusted_proxies=env_trusted_proxies(env),
         log_format=env_log_format(env),
         sentry_dsn=env_sentry_dsn(env),
         shipping_countries=env_countries(env, "SHIPPING_COUNTRIES", DEFAULT_SHIPPING_COUNTRIES),

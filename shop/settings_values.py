@@ -7,6 +7,7 @@ assembles them and checks the settings that depend on one another."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import ssl
 from collections.abc import Mapping
@@ -212,6 +213,66 @@ def env_web_front(env) -> str:
     if raw not in WEB_FRONTS:
         raise SettingsError("WEB_FRONT", f"must be one of {', '.join(WEB_FRONTS)}, got {raw!r}")
     return raw
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+MAX_PROXY_HOPS = 5
+
+
+class TrustedProxies(NamedTuple):
+    """TRUSTED_PROXIES: who may say, in X-Forwarded-For, which client a request is for. `hops`: that
+    many proxies always stand in front (a platform's router: 1), whoever connected; `networks`:
+    the proxies are the peers in these networks. Neither (the default): nobody is believed, and a
+    request's client is whatever connected (the shop's own front aside: shop.web.proxies)."""
+
+    hops: int = 0
+    networks: tuple[Network, ...] = ()
+
+    def in_words(self) -> str:
+        if self.hops:
+            return f"the last {self.hops} X-Forwarded-For hop(s) are trusted proxies"
+        if self.networks:
+            return "peers in " + ", ".join(str(n) for n in self.networks) + " are trusted proxies"
+        return "no proxy trusted"
+
+
+TRUSTED_PROXIES_FORM = "a hop count (1) or networks separated by commas (10.0.0.0/8,192.0.2.7)"
+
+
+def parse_trusted_proxies(raw: str | None) -> TrustedProxies:
+    """`2`, or `10.0.0.0/8, 2001:db8::/32, 192.0.2.7` (an address alone is its own network)."""
+    if raw is None or raw.strip() in ("", "0"):
+        return TrustedProxies()
+    parts = [part.strip() for part in raw.split(",")]
+    if len(parts) == 1 and parts[0].isdigit():
+        hops = int(parts[0])
+        if hops > MAX_PROXY_HOPS:
+            raise SettingsError("TRUSTED_PROXIES", f"a hop count must be between 0 and {MAX_PROXY_HOPS}, got {hops}")
+        return TrustedProxies(hops=hops)
+    networks = []
+    for part in parts:
+        if part.isdigit():
+            raise SettingsError("TRUSTED_PROXIES", f"give a hop count or networks, not both, got {raw.strip()!r}")
+        try:
+            networks.append(ipaddress.ip_network(part))
+        except ValueError:
+            networks.append(_network_problem(part))
+    return TrustedProxies(networks=tuple(networks))
+
+
+def _network_problem(part: str) -> Network:
+    """Raises the SettingsError for a part that is not a network, in words."""
+    try:
+        meant = ipaddress.ip_network(part, strict=False)
+    except ValueError:
+        meant = None
+    if meant is None:
+        raise SettingsError("TRUSTED_PROXIES", f"must be {TRUSTED_PROXIES_FORM}, got {part!r}")
+    raise SettingsError("TRUSTED_PROXIES", f"{part} has bits set past its prefix: did you mean {meant}?")
+
+
+def env_trusted_proxies(env) -> TrustedProxies:
+    return parse_trusted_proxies(env.get("TRUSTED_PROXIES"))
 
 
 def env_log_format(env) -> str:

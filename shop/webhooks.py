@@ -74,8 +74,8 @@ def _write_receipt(
             "order_id": order_id,
             "http_status": status,
             "received_at": utcnow(),
-            # The client's address: behind the shop's own front, the one it wrote
-            # (web.requests.ClientAddressFromFront), never a header the client chose.
+            # The client's address as the trusted proxies name it (web.proxies), never a
+            # header the client chose.
             "source_address": _text(request.remote_addr, 64),
             "body": body,
             "signed": signed,

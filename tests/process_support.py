@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import select
 import shutil
 import signal
 import socket
@@ -19,7 +20,7 @@ import time
 
 import requests
 
-from support import REPO_ROOT
+from support import REPO_ROOT, wait_until
 
 ROOT = str(REPO_ROOT)
 # The payment window (and stuck age) a child runs with unless a test says otherwise.
@@ -132,14 +133,21 @@ def start_redis_server(port: int, folder: str) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def start_web(procs: Processes, env: dict) -> subprocess.Popen:
-    """The Procfile's web line, run by a shell as a deployment runs it (with PORT in `env`)."""
+def start_web(procs: Processes, env: dict, open_files: int | None = None) -> subprocess.Popen:
+    """The Procfile's web line, run by a shell as a deployment runs it (with PORT in `env`);
+    `open_files`: the open-file limit a small host would give it (ulimit -n)."""
     with open(os.path.join(ROOT, "Procfile")) as f:
         line = next(l.split(":", 1)[1].strip() for l in f if l.startswith("web:"))
+    limit = f"ulimit -n {open_files} && " if open_files is not None else ""
     env = {**env, "PATH": os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")}
     out = open(os.path.join(procs.folder, "web.log"), "wb")
     proc = subprocess.Popen(
-        ["sh", "-c", f"exec {line}"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        ["sh", "-c", f"{limit}exec {line}"],
+        cwd=ROOT,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     out.close()
     procs.children.append(("web", proc))
@@ -226,3 +234,107 @@ def p99(times: list[float]) -> float:
     """The 99th percentile (nearest rank)."""
     ordered = sorted(times)
     return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+BALANCER_CONF = """daemon off;
+worker_processes 1;
+pid {run}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 512; }}
+http {{
+  access_log off;
+  client_body_temp_path {run}/body;
+  proxy_temp_path {run}/proxy;
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://127.0.0.1:{upstream};
+      proxy_set_header Host $http_host;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+    }}
+  }}
+}}
+"""
+
+
+def start_balancer(procs: Processes, port: int, upstream: int) -> subprocess.Popen:
+    """A load balancer as the usual ones behave: Debian's nginx on `port`, passing every request
+    to `upstream` from 127.0.0.1 and appending the address that connected to X-Forwarded-For."""
+    from shop.devserver.front import nginx_binary
+
+    run = tempfile.mkdtemp(prefix="balancer-", dir=procs.folder)
+    conf = os.path.join(run, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(BALANCER_CONF.format(run=run, port=port, upstream=upstream))
+    out = open(os.path.join(procs.folder, "balancer.log"), "wb")
+    argv = [str(nginx_binary()), "-p", run, "-e", "stderr", "-c", conf]
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    out.close()
+    procs.children.append(("balancer", proc))
+    return proc
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, headers={"Accept": "application/json"}, timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def web_behind_front(procs: Processes, app, port: int, open_files: int | None = None, **extra) -> subprocess.Popen:
+    """The Procfile's web line (nginx before gunicorn) on `port`, serving the catalog."""
+    env = process_env(
+        app, PORT=str(port), UNPAID_ORDER_EXPIRY_SECONDS="1800", RECONCILIATION_STUCK_AGE_SECONDS="1800", **extra
+    )
+    proc = start_web(procs, env, open_files)
+    wait_until(lambda: _answers(f"http://127.0.0.1:{port}/"), 40, "the web to serve the catalog", procs.logs)
+    return proc
+
+
+class IdleConnections:
+    """`count` connections to host:port from the local address `source` that never send a byte;
+    one the server closes is opened again at once, as a client holding a front's connections
+    does. One thread keeps them; `held` is how many are open now."""
+
+    def __init__(self, host: str, port: int, count: int, source: str):
+        self.address, self.count, self.source = (host, port), count, source
+        self.held = self.reopened = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="idle-connections", daemon=True)
+
+    def __enter__(self) -> IdleConnections:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _open(self) -> socket.socket | None:
+        try:
+            return socket.create_connection(self.address, timeout=2, source_address=(self.source, 0))
+        except OSError:
+            return None
+
+    def _run(self) -> None:
+        socks: list[socket.socket | None] = [None] * self.count
+        try:
+            while not self._stop.is_set():
+                poller = select.poll()  # not select(): hundreds of sockets pass its 1024 descriptors
+                for sock in socks:
+                    if sock is not None:
+                        poller.register(sock, select.POLLIN)
+                closed = {fd for fd, _event in poller.poll(0)}
+                for i, sock in enumerate(socks):
+                    if sock is not None and sock.fileno() not in closed:
+                        continue
+                    if sock is not None:  # readable while we never asked: the server closed it
+                        sock.close()
+                        self.reopened += 1
+                    socks[i] = self._open()
+                self.held = sum(s is not None for s in socks)
+                self._stop.wait(0.05)
+        finally:
+            for sock in socks:
+                if sock is not None:
+                    sock.close()

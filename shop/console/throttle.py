@@ -11,9 +11,8 @@ to strangers (themselves included), never to the operator's own browser.
 
 Only failures count (`deduct_when`): an operator who logs in correctly is never locked out by
 their own successes, and a refusal (429) does not extend the window. The per-address limit is
-wider because one address can be many people (an office behind one NAT, a proxy in front of the
-shop: `request.remote_addr` is whatever connected to the app, or behind the shop's own front the
-client that connected to it, web.requests.ClientAddressFromFront).
+wider because one address can be many people (an office behind one NAT, clients a proxy before the shop does not
+name: `request.remote_addr` is the client as the trusted proxies name it, web.proxies).
 
 Redis unreachable: the login still works. Flask-Limiter logs a WARNING ("Rate limit storage
 unreachable - falling back to in-memory storage") and counts in this process's memory until

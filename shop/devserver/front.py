@@ -26,16 +26,25 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..settings_values import TrustedProxies
+
 # Where nginx is looked for when it is not on PATH (Debian's package puts it in /usr/sbin, which
 # is not on an ordinary user's PATH).
 NGINX_PLACES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 TEMPLATE_NAME = os.path.join("deploy", "nginx.conf")
-FIELDS = ("run", "user", "listen", "upstream")
+FIELDS = ("run", "user", "listen", "upstream", "client", "connections")
 # nginx holds two descriptors per client it proxies (the client's and gunicorn's).
 WANTED_OPEN_FILES = 10_000
+# nginx's worker_connections: at most this many, and fewer when the open-file limit is lower
+# (worker_connections); its own other descriptors (listening sockets, logs, temporary files)
+# take at most SPARE_FILES.
+MOST_CONNECTIONS = 4096
+SPARE_FILES = 32
+LEAST_CONNECTIONS = 64
 LOOPBACK = "127.0.0.1"
 NGINX_STOP_GRACE = 10.0  # seconds nginx may take to finish the requests it holds, after SIGQUIT
 GUNICORN_STOP_GRACE = 35.0  # gunicorn's own graceful timeout is 30 s
+NOBODY = TrustedProxies()  # TRUSTED_PROXIES unset: only the connecting address counts
 
 
 class FrontError(Exception):
@@ -84,6 +93,24 @@ def render(template: str, **values: str) -> str:
     return text
 
 
+def client_directives(trust: TrustedProxies) -> str:
+    """nginx's reading of TRUSTED_PROXIES (shop.web.proxies has the app's): `$backstop_client`,
+    the client every per-address limit of the front counts and the X-Forwarded-For it hands
+    gunicorn. Nothing trusted: the connecting address. Networks: nginx's realip walk, the app's
+    own rule. A hop count: the entry that many from the end (werkzeug's ProxyFix), the
+    connecting address when the header has fewer."""
+    lines = []
+    if trust.networks:
+        lines += [f"set_real_ip_from {network};" for network in trust.networks]
+        lines += ["real_ip_header X-Forwarded-For;", "real_ip_recursive on;"]
+    if trust.hops:
+        pattern = r"(?:^|,)\s*([^,\s]+)\s*" + r"(?:,\s*[^,\s]+\s*){%d}$" % (trust.hops - 1)
+        lines.append(f'map $http_x_forwarded_for $backstop_client {{ "~{pattern}" $1; default $remote_addr; }}')
+    else:
+        lines.append("map $remote_addr $backstop_client { default $remote_addr; }")
+    return "\n  ".join(lines)
+
+
 @dataclass
 class Front:
     """nginx listening on `listen` (host:port) for `upstream` (host:port), its configuration,
@@ -95,7 +122,7 @@ class Front:
     run_dir: str
 
     @classmethod
-    def prepare(cls, binary: str, listen: str, upstream: str) -> Front:
+    def prepare(cls, binary: str, listen: str, upstream: str, trust: TrustedProxies = NOBODY) -> Front:
         try:
             with open(template_path(), encoding="utf-8") as f:
                 template = f.read()
@@ -114,7 +141,15 @@ class Front:
             user = f"user nobody {grp.getgrgid(nobody.pw_gid).gr_name};"
             os.chmod(run_dir, 0o711)
             os.chmod(os.path.join(run_dir, "tmp"), 0o711)
-        conf = render(template, run=run_dir, user=user, listen=listen, upstream=upstream)
+        conf = render(
+            template,
+            run=run_dir,
+            user=user,
+            listen=listen,
+            upstream=upstream,
+            client=client_directives(trust),
+            connections=str(worker_connections(open_files_for_nginx())),
+        )
         with open(os.path.join(run_dir, "nginx.conf"), "w", encoding="utf-8") as f:
             f.write(conf)
         return cls(binary, listen, upstream, run_dir)
@@ -127,6 +162,33 @@ class Front:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def open_files_for_nginx() -> int:
+    """The open-file limit nginx will run with: this process's, raised by raise_open_file_limit."""
+    try:
+        import resource
+    except ImportError:
+        return WANTED_OPEN_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    raised = WANTED_OPEN_FILES if hard == infinite else min(WANTED_OPEN_FILES, hard)
+    return raised if soft == infinite else max(soft, raised)
+
+
+def worker_connections(open_files: int) -> int:
+    """nginx's worker_connections for this open-file limit. When its connections run out, nginx
+    closes the idle ones (connected and silent, or kept alive between requests) to make room, so
+    a client holding thousands of them crowds out no one; but when the open-file limit comes
+    first, nginx can only stop accepting, and every client waited behind the idle ones (health
+    probes took 25 s). So there are never more connections than files for them."""
+    connections = min(MOST_CONNECTIONS, open_files - SPARE_FILES)
+    if connections < LEAST_CONNECTIONS:
+        raise FrontError(
+            f"the open-file limit ({open_files}) leaves nginx fewer than {LEAST_CONNECTIONS} connections; "
+            "raise it (ulimit -n)"
+        )
+    return connections
 
 
 def raise_open_file_limit() -> None:
@@ -205,7 +267,15 @@ def given_server(server: list[str], bind: str) -> list[str]:
     return [*head, *server[1:], "--bind", bind]
 
 
-def serve(host: str, port: int, workers: int, threads: int, front: str, server: list[str] | None = None) -> int:
+def serve(
+    host: str,
+    port: int,
+    workers: int,
+    threads: int,
+    front: str,
+    server: list[str] | None = None,
+    trust: TrustedProxies = NOBODY,
+) -> int:
     """`flask shop web`: returns the exit code (see the module's docstring)."""
     public = f"{host}:{port}"
 
@@ -240,7 +310,7 @@ def serve(host: str, port: int, workers: int, threads: int, front: str, server: 
     listener = loopback_listener()
     inner = f"{LOOPBACK}:{listener.getsockname()[1]}"
     try:
-        web = Front.prepare(binary, public, inner)
+        web = Front.prepare(binary, public, inner, trust)
     except FrontError as exc:
         listener.close()
         say(str(exc))

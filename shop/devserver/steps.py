@@ -18,6 +18,7 @@ from ..provider.gateway import ProviderRefused, ProviderUnavailable
 from ..provider.registration import register_webhook as register
 from ..seed import create_operator_if_missing, seed_catalog
 from ..settings import DEFAULT_WEB_CONCURRENCY, DEFAULT_WEB_THREADS
+from ..settings_values import parse_trusted_proxies
 from . import front
 from .plan import OPERATOR_EMAIL, SANDBOX_PORT, SANDBOX_STATE_FILE, Plan, shown_url
 from .supervise import LOCAL, Child, Console, Supervisor, UpError, ellipsis, http_status
@@ -204,7 +205,8 @@ def _start_gunicorn(plan: Plan, sup: Supervisor, console: Console) -> None:
     listener = front.loopback_listener()
     inner = f"{LOCAL}:{listener.getsockname()[1]}"
     try:
-        web_front = front.Front.prepare(binary, public, inner)
+        trust = parse_trusted_proxies(plan.env.get("TRUSTED_PROXIES"))
+        web_front = front.Front.prepare(binary, public, inner, trust)
         plan.cleanup.append(web_front.run_dir)
         plan.web_how = f"nginx on {public}, reading each request whole, in front of gunicorn on {inner}"
         console.step(f"Starting web (nginx in front of gunicorn, threaded workers), worker and scheduler{ellipsis()}")

@@ -28,7 +28,7 @@ class WebhookReceipt(Model):
     http_status: Mapped[int] = mapped_column(Integer)
     received_at = mapped_column(UTCDateTime, default=now_utc, nullable=False, index=True)
     # The evidence (kept as long as the receipt, shop.scheduling.retention): the address the
-    # delivery came from (the client's, behind the shop's front: shop.web.requests), the raw body
+    # delivery came from (as the trusted proxies name it: shop.web.proxies), the raw body
     # as received (a delivery that did not verify keeps only its first NOISE_BODY_CHARS), and
     # whether its signature verified: False is noise from anyone on the internet, True the
     # provider's own delivery, NULL a receipt older than the column or no secret to check with.

@@ -8,9 +8,9 @@ the provider's success URL, anonymous by design (the customer may come back on a
 It asks the provider only about the order's own session (routes.checkout_return); this limit
 bounds what one client can cost the shop's provider budget and database even so, and how many
 timing samples it can take. A customer comes back once or twice per payment: the default leaves
-room for an office behind one NAT. The address is `request.remote_addr`: the connecting one,
-or behind the shop's own front the client's (web.requests.ClientAddressFromFront); behind any
-other proxy every client shares the proxy's, as with the console's login limit.
+room for an office behind one NAT. The address is `request.remote_addr`: the client as the
+trusted proxies name it (web.proxies, TRUSTED_PROXIES), so clients behind one balancer are each
+counted on their own.
 
 Redis unreachable: the page still works, counted in this process's memory until Redis answers
 (Flask-Limiter logs a WARNING); a customer who paid must not be shut out by an outage.

@@ -8,10 +8,9 @@ from ..emails import refund_failure_words
 from ..money import format_money
 from ..provider.gateway import hosted_page_origins
 from ..public_urls import public_url_for
-from . import request_ids
+from . import proxies, request_ids
 from .answers import negotiated
 from .requests import (
-    ClientAddressFromFront,
     IdConverter,
     LimitChunkedBodies,
     WorkConverter,
@@ -50,8 +49,8 @@ def init_app(app) -> None:
     chunked bodies (the webhook reads its own, capped, raw body) and the template filters and
     `public_url_for`; and what every answer leaves with: the security headers, and `Vary: Accept`
     when the answer was chosen by the Accept header; and every request's id (`X-Request-ID`, kept
-    or made, in the log context and echoed: request_ids.py). Behind the shop's own front
-    (`BEHIND_FRONT`), the client's address comes from the header the front wrote."""
+    or made, in the log context and echoed: request_ids.py). The client's address
+    (`request.remote_addr`) is the one the trusted proxies name (proxies.py)."""
     app.url_map.converters.update(id=IdConverter, work=WorkConverter)
     request_ids.init_app(app)
     app.jinja_env.filters["status_words"] = status_words
@@ -83,5 +82,5 @@ def init_app(app) -> None:
     app.wsgi_app = LimitChunkedBodies(
         app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], skip_paths=("/webhooks/stripe",), headers=headers
     )
-    if app.config.get("BEHIND_FRONT"):
-        app.wsgi_app = ClientAddressFromFront(app.wsgi_app)
+    # Outermost: the client's address is settled before anything else reads the request.
+    proxies.install(app)

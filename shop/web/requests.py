@@ -210,32 +210,3 @@ class LimitChunkedBodies:
 def work_ref(kind: str, number: int) -> int | str:
     """How the console names a delivery (its id) or a command ("cmd-<id>") in lists and URLs."""
     return f"{COMMAND_PREFIX}{number}" if kind == "command" else number
-
-
-LOOPBACK_PEERS = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
-
-
-class ClientAddressFromFront:
-    """Behind the shop's own front (`flask shop web`, `flask shop up`: nginx on the public port,
-    gunicorn on a loopback one), every request comes from 127.0.0.1, and the client's address is
-    in the X-Forwarded-For header nginx sets: it overwrites whatever the client sent with the
-    address that connected to it (deploy/nginx.conf), so the header holds one address and nobody
-    can choose it. This puts that address in REMOTE_ADDR, where the per-address limits (the
-    console's login, the payment return page) and the logs read it.
-
-    Only for a loopback peer: a request that reached gunicorn from anywhere else did not come
-    through the front, and its headers say nothing. Only the last address of the header counts
-    (the one the front itself wrote), so a front that appended instead of overwriting would
-    still not let a client pick its address."""
-
-    def __init__(self, wsgi_app):
-        self.wsgi_app = wsgi_app
-
-    def __call__(self, environ, start_response):
-        forwarded = environ.get("HTTP_X_FORWARDED_FOR")
-        if forwarded and environ.get("REMOTE_ADDR") in LOOPBACK_PEERS:
-            client = forwarded.rsplit(",", 1)[-1].strip()
-            if client:
-                environ["backstop.front_addr"] = environ["REMOTE_ADDR"]
-                environ["REMOTE_ADDR"] = client
-        return self.wsgi_app(environ, start_response)

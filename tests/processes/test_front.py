@@ -13,7 +13,6 @@ import http.client
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 
@@ -22,7 +21,16 @@ import requests
 
 from factories import DEFAULT_SKU, seed_catalog_rows
 from payment_helpers import Shopper
-from process_support import Processes, Tricklers, free_port, p99, process_env, start_web, time_catalog
+from process_support import (
+    Processes,
+    Tricklers,
+    free_port,
+    p99,
+    process_env,
+    start_web,
+    time_catalog,
+    web_behind_front,
+)
 from shop.devserver.front import nginx_binary
 from support import wait_until
 
@@ -34,24 +42,6 @@ pytestmark = [
 SLOW_CLIENTS = 200
 TRICKLE_SECONDS = 30.0
 CHECKOUTS = 6
-
-
-def _answers(url: str) -> bool:
-    try:
-        return requests.get(url, headers={"Accept": "application/json"}, timeout=5).status_code == 200
-    except requests.RequestException:
-        return False
-
-
-def _web(procs: Processes, app, port: int, **extra) -> subprocess.Popen:
-    proc = start_web(
-        procs,
-        process_env(
-            app, PORT=str(port), UNPAID_ORDER_EXPIRY_SECONDS="1800", RECONCILIATION_STUCK_AGE_SECONDS="1800", **extra
-        ),
-    )
-    wait_until(lambda: _answers(f"http://127.0.0.1:{port}/"), 40, "the web to serve the catalog", procs.logs)
-    return proc
 
 
 def test_200_slow_clients_for_30s_hold_no_thread_the_catalog_p99_stays_under_200ms_and_every_checkout_answers(
@@ -77,7 +67,7 @@ def test_200_slow_clients_for_30s_hold_no_thread_the_catalog_p99_stays_under_200
 
     try:
         # The Procfile's defaults (2 processes x 32 threads): 200 slow clients outnumber them.
-        _web(procs, app, port, STRIPE_API_BASE=sandbox.base_url)
+        web_behind_front(procs, app, port, STRIPE_API_BASE=sandbox.base_url)
         with Tricklers("127.0.0.1", port, count=SLOW_CLIENTS, gap=3.0) as slow:
             wait_until(lambda: slow.connected == SLOW_CLIENTS, 10, "the slow clients to connect", procs.logs)
             buyer = threading.Thread(target=check_out_now_and_then)
@@ -123,7 +113,7 @@ def test_behind_the_front_each_client_has_its_own_address_and_none_can_claim_ano
     procs = Processes()
     a, b = "127.0.0.2", "127.0.0.3"
     try:
-        _web(procs, app, port, STRIPE_API_BASE=sandbox.base_url, CHECKOUT_RETURN_PER_MINUTE="3")
+        web_behind_front(procs, app, port, STRIPE_API_BASE=sandbox.base_url, CHECKOUT_RETURN_PER_MINUTE="3")
         first_of_b = _return_page(port, b, None)
         # A spends its 3 while claiming to be B, then claims to be someone new.
         a_claiming_b = [_return_page(port, a, b) for _ in range(3)]
@@ -185,7 +175,7 @@ def test_the_web_command_stops_both_servers_on_sigterm_and_when_either_dies(make
     try:
         # SIGTERM to the command alone (as a process manager sends it): both stop, exit 0.
         port = free_port()
-        web = _web(procs, app, port)
+        web = web_behind_front(procs, app, port)
         started = _children(web.pid)
         assert {"nginx", "gunicorn"} <= {w for p in started for w in ("nginx", "gunicorn") if w in _cmdline(p)}
         web.send_signal(signal.SIGTERM)
@@ -195,7 +185,7 @@ def test_the_web_command_stops_both_servers_on_sigterm_and_when_either_dies(make
 
         # gunicorn dies: nginx is stopped and the command exits non-zero, saying so.
         port = free_port()
-        web = _web(procs, app, port)
+        web = web_behind_front(procs, app, port)
         started = _children(web.pid)
         gunicorn = next(p for p in started if "gunicorn" in _cmdline(p))
         os.kill(gunicorn, signal.SIGKILL)

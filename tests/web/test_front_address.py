@@ -1,4 +1,4 @@
-"""The client's address behind the shop's own front (shop/web/requests.py, ClientAddressFromFront;
+"""The client's address behind the shop's own front (shop/web/proxies.py, ClientAddressFromFront;
 docs/REFERENCE.md, `BACKSTOP_BEHIND_FRONT`): taken from X-Forwarded-For only for a request whose
 peer is this machine (the front), and then only its last address (the one the front wrote); never
 otherwise. Seen through the return page's per-address limit, 2 a minute here.

@@ -1,0 +1,162 @@
+"""The front holds against one client (deploy/nginx.conf; docs/REFERENCE.md, Routes, Conventions:
+the front's limits): more idle connections from one address than nginx has room for crowd out
+neither health probes nor other clients (nginx has no more connections than open files, so it
+closes idle ones rather than stop accepting); a burst on an expensive route from one address is
+answered 429 by nginx, in words, while every other address is served; and behind a load balancer the front and the app
+count each client by the address the trusted balancer names (`TRUSTED_PROXIES`), never by the
+balancer's own nor by one a client claims. Real processes: the Procfile's web line (nginx before
+gunicorn), Debian's nginx again as the balancer, the test database and Redis. Clients connect
+from 127.0.0.2 and 127.0.0.3 (every 127/8 address is this machine's)."""
+
+from __future__ import annotations
+
+import http.client
+import time
+
+import pytest
+
+from process_support import IdleConnections, Processes, free_port, start_balancer, web_behind_front
+from shop.devserver.front import FrontError, nginx_binary, worker_connections
+from support import wait_until
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (apt-get install nginx-light)"),
+]
+
+A, B = "127.0.0.2", "127.0.0.3"
+RETURN = "/checkout/return?order=NOPE&session_id=cs_test_nope"
+BURST = 20
+
+
+def _ask(port: int, source: str, method: str, path: str, claimed: str | None = None) -> http.client.HTTPResponse:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(source, 0))
+    headers = {"Accept": "application/json"}
+    if claimed:
+        headers["X-Forwarded-For"] = claimed
+    conn.request(method, path, body=b"" if method == "POST" else None, headers=headers)
+    answer = conn.getresponse()
+    answer.read()
+    conn.close()
+    return answer
+
+
+def _status(port: int, source: str, method: str, path: str, claimed: str | None = None) -> int:
+    return _ask(port, source, method, path, claimed).status
+
+
+def _checkout_burst(port: int, source: str) -> list[int]:
+    """POST /checkout as fast as one client can: without a CSRF token the app refuses each (400),
+    so only the front's limit can answer 429."""
+    return [_status(port, source, "POST", "/checkout") for _ in range(BURST)]
+
+
+def _assert_burst_cut(burst: list[int]) -> None:
+    # 10 at once (the burst), and about one each 5 s after: the rest is refused by the front.
+    assert burst[:10] == [400] * 10, burst
+    assert burst.count(429) >= BURST - 12 and set(burst) == {400, 429}, burst
+
+
+def test_a_checkout_burst_from_one_address_is_refused_by_the_front_while_another_address_is_served(
+    make_fresh_app,
+):
+    app = make_fresh_app()
+    port = free_port()
+    procs = Processes()
+    try:
+        web_behind_front(procs, app, port)
+        burst = _checkout_burst(port, A)
+        refusal = _ask(port, A, "POST", "/checkout")
+        started = time.monotonic()
+        other, health = _status(port, B, "POST", "/checkout"), _status(port, A, "GET", "/healthz")
+        took = time.monotonic() - started
+        logs = procs.logs()
+    finally:
+        procs.stop()
+    _assert_burst_cut(burst)
+    assert refusal.status == 429 and refusal.getheader("Retry-After") == "60", logs
+    assert other == 400 and health in (200, 503) and took < 2, (other, health, took)
+
+
+# The balancer connects to the shop from 127.0.0.1: trusted as that network, or as the one hop
+# before the shop (as a platform's router is).
+@pytest.mark.parametrize("trusted", ["127.0.0.1", "1"])
+def test_behind_a_trusted_balancer_the_front_and_the_app_count_each_client_by_its_own_address(make_fresh_app, trusted):
+    app = make_fresh_app()
+    port, shop_port = free_port(), free_port()
+    procs = Processes()
+    try:
+        web_behind_front(procs, app, shop_port, TRUSTED_PROXIES=trusted, CHECKOUT_RETURN_PER_MINUTE="3")
+        start_balancer(procs, port, shop_port)
+        wait_until(lambda: _answers_via(port), 10, "the balancer to pass requests on", procs.logs)
+        a_pages = [_status(port, A, "GET", RETURN) for _ in range(4)]
+        # A claims to be B: the balancer appends A's address after the claim, and only it counts.
+        a_claiming_b = _status(port, A, "GET", RETURN, claimed=B)
+        b_pages = [_status(port, B, "GET", RETURN) for _ in range(3)]
+        a_burst = _checkout_burst(port, A)
+        b_checkout = _status(port, B, "POST", "/checkout")
+        logs = procs.logs()
+    finally:
+        procs.stop()
+    assert a_pages == [404, 404, 404, 429] and a_claiming_b == 429, (a_pages, a_claiming_b)
+    assert b_pages == [404, 404, 404], b_pages
+    _assert_burst_cut(a_burst)
+    assert b_checkout == 400
+    # The app's words name the client, never the balancer.
+    assert f"checkout return throttled from {A}" in logs and "throttled from 127.0.0.1" not in logs, logs
+
+
+def _answers_via(port: int) -> bool:
+    try:
+        return _status(port, B, "GET", "/healthz") in (200, 503)
+    except OSError:
+        return False
+
+
+# A small host's open-file limit for the web, and more idle connections from one address than
+# nginx then has: the worker_connections it is given are at most this less SPARE_FILES.
+OPEN_FILES = 512
+IDLE = 700
+PROBING_SECONDS = 12.0  # past two of nginx's 5 s header timeouts: idle connections renewed twice
+
+
+def _timed(port: int, source: str, path: str) -> float:
+    started = time.monotonic()
+    try:
+        status = _status(port, source, "GET", path)
+    except OSError:
+        return float("inf")
+    return time.monotonic() - started if status in (200, 503) else float("inf")
+
+
+def test_more_idle_connections_from_one_address_than_the_front_holds_crowd_out_neither_health_nor_another_client(
+    make_fresh_app,
+):
+    app = make_fresh_app()
+    port = free_port()
+    procs = Processes()
+    health, other = [], []
+    try:
+        web_behind_front(procs, app, port, open_files=OPEN_FILES)
+        with IdleConnections("127.0.0.1", port, count=IDLE, source=A) as idle:
+            wait_until(lambda: idle.held >= IDLE, 20, "the idle connections to open", procs.logs)
+            until = time.monotonic() + PROBING_SECONDS
+            while time.monotonic() < until:
+                health.append(_timed(port, B, "/healthz"))
+                other.append(_timed(port, B, "/"))
+                time.sleep(0.2)  # a probe's pace, not a wait on a condition
+            held, reopened = idle.held, idle.reopened
+        logs = procs.logs()
+    finally:
+        procs.stop()
+    summary = f"{held} idle held, {reopened} reopened; slowest health {max(health):.2f} s, page {max(other):.2f} s"
+    print(summary)
+    assert held >= IDLE * 0.9 and reopened > 0, summary  # the front was really full of them
+    assert max(health) < 1.0 and max(other) < 1.0, f"{summary}\n{logs}"
+
+
+def test_nginx_gets_no_more_connections_than_files_for_them_and_too_few_files_is_refused_in_words():
+    assert worker_connections(100_000) == 4096
+    assert worker_connections(OPEN_FILES) == OPEN_FILES - 32
+    with pytest.raises(FrontError, match=r"the open-file limit \(90\) leaves nginx fewer than 64 connections"):
+        worker_connections(90)
