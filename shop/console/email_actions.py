@@ -5,14 +5,15 @@ confirmation (`saga.email_resends.resend_email`), once per submission: the form 
 from __future__ import annotations
 
 from flask import request, url_for
-from wtforms import EmailField, HiddenField
-from wtforms.validators import Email, Length, Optional
+from wtforms import HiddenField
+from wtforms.validators import Optional
 
 from ..domain.deadlines import utcnow
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..saga import email_resends
 from ..web.answers import respond
+from ..web.requests import email_field
 from . import audit
 from .answers import done, find_order, operator_name, order_or_404, problem
 from .blueprint import bp
@@ -24,14 +25,7 @@ class ResendForm(ConsoleForm):
     template = HiddenField()
     request_key = HiddenField()
     # "Send to another address": empty or the order's own sends it to the order's address.
-    to = EmailField(
-        "Send to",
-        validators=[
-            Optional(),
-            Length(max=254, message="An email address is at most 254 characters long."),
-            Email(message="That does not look like an email address.", check_deliverability=False),
-        ],
-    )
+    to = email_field("Send to", Optional())
     next = HiddenField()
 
 

@@ -5,11 +5,12 @@ and the order's later emails sent to the new one (orders.contact)."""
 from __future__ import annotations
 
 from flask import url_for
-from wtforms import EmailField, HiddenField, TextAreaField
-from wtforms.validators import DataRequired, Email, Length, Optional
+from wtforms import HiddenField, TextAreaField
+from wtforms.validators import DataRequired, Length, Optional
 
 from ..orders import contact
 from ..web.answers import respond
+from ..web.requests import email_field
 from . import audit
 from .answers import done, find_order, order_or_404, problem
 from .blueprint import bp
@@ -17,14 +18,7 @@ from .forms import ConsoleForm
 
 
 class ChangeEmailForm(ConsoleForm):
-    email = EmailField(
-        "New email",
-        validators=[
-            DataRequired(message="Enter the order's new email address."),
-            Length(max=254, message="An email address is at most 254 characters long."),
-            Email(message="That does not look like an email address.", check_deliverability=False),
-        ],
-    )
+    email = email_field("New email", DataRequired(message="Enter the order's new email address."))
     reason = TextAreaField(
         "Why", validators=[Optional(), Length(max=2000, message="Keep the reason under 2000 characters.")]
     )
