@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from functools import partial
 
 from markupsafe import Markup
 
@@ -106,32 +107,14 @@ def _said(table: dict, code) -> str:
     return table.get(code, str(code) if code is not None else "–")
 
 
-def event_words(name: str) -> str:
-    return _said(EVENT_WORDS, name)
-
-
-def handler_words(name: str) -> str:
-    return _said(HANDLER_WORDS, name)
-
-
-def command_words(kind: str) -> str:
-    return _said(COMMAND_WORDS, kind)
-
-
-def work_words(status: str) -> str:
-    return _said(WORK_WORDS, status)
-
-
-def refund_words(status: str) -> str:
-    return _said(REFUND_WORDS, status)
-
-
-def receipt_words(outcome: str) -> str:
-    return _said(RECEIPT_WORDS, outcome)
-
-
-def warning_words(state: str) -> str:
-    return _said(WARNING_WORDS, state)
+# Each a code (a str) in its table's words.
+event_words = partial(_said, EVENT_WORDS)
+handler_words = partial(_said, HANDLER_WORDS)
+command_words = partial(_said, COMMAND_WORDS)
+work_words = partial(_said, WORK_WORDS)
+refund_words = partial(_said, REFUND_WORDS)
+receipt_words = partial(_said, RECEIPT_WORDS)
+warning_words = partial(_said, WARNING_WORDS)
 
 
 def action_words(action: str) -> str:
