@@ -15,7 +15,7 @@ from ..saga import email_resends
 from ..web.answers import respond
 from ..web.requests import email_field
 from . import audit
-from .answers import done, find_order, operator_name, order_or_404, problem
+from .answers import done, find_order, no_order, of_order, operator_name, problem
 from .blueprint import bp
 from .forms import ConsoleForm
 from .money_actions import KEY, new_request_key
@@ -30,11 +30,9 @@ class ResendForm(ConsoleForm):
 
 
 @bp.get("/orders/<reference>/emails")
-def order_emails(reference):
+@of_order
+def order_emails(order):
     """Every email the order was sent, each with a link to send it again (after a confirmation)."""
-    order, missing = order_or_404(reference)
-    if order is None:
-        return missing
     sent = email_resends.sent_emails(order.id)
     data = {
         "reference": order.reference,
@@ -55,12 +53,10 @@ def order_emails(reference):
 
 
 @bp.get("/orders/<reference>/emails/resend")
-def confirm_resend(reference):
+@of_order
+def confirm_resend(order):
     """The confirmation step before an email goes out again: which email, to whom, and that it is
     rendered from the order as it is now. Nothing is sent on a GET."""
-    order, missing = order_or_404(reference)
-    if order is None:
-        return missing
     back = url_for("console.order_emails", reference=order.reference)
     template = (request.args.get("template") or "").strip()
     name = email_resends.EMAIL_NAMES.get(template)
@@ -105,7 +101,7 @@ def resend_email(reference):
         order_id=order and order.id,
     )
     if order is None:
-        return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
+        return no_order(reference)
     back = url_for("console.order_emails", reference=order.reference)
     name = email_resends.EMAIL_NAMES.get(template)
     if name is None:
@@ -127,7 +123,7 @@ def resend_email(reference):
         assert result.why is not None, "a refused resend says why"
         return problem(409, RESEND_WORDS[result.why].format(name=name), title="Not sent", back=back, why=result.why)
     if result.outcome is email_resends.ResendOutcome.MISSING:
-        return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
+        return no_order(reference)
     already = result.outcome is email_resends.ResendOutcome.ALREADY
     message = (
         f"The {name} email was already sent again for this click; it is not sent twice."

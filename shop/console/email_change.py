@@ -12,7 +12,7 @@ from ..orders import contact
 from ..web.answers import respond
 from ..web.requests import email_field
 from . import audit
-from .answers import done, find_order, order_or_404, problem
+from .answers import done, find_order, no_order, of_order, problem
 from .blueprint import bp
 from .forms import ConsoleForm
 
@@ -26,11 +26,9 @@ class ChangeEmailForm(ConsoleForm):
 
 
 @bp.get("/orders/<reference>/email")
-def change_email_form(reference):
+@of_order
+def change_email_form(order):
     """The form: the order's address now, the new one and why. Nothing changes on a GET."""
-    order, missing = order_or_404(reference)
-    if order is None:
-        return missing
     data = {"reference": order.reference, "email": order.email}
     back = url_for("console.order_detail", reference=order.reference)
     return respond("console/change_email.html", data, form=ChangeEmailForm(), back=back)
@@ -47,7 +45,7 @@ def change_email(reference):
         reason=(form.reason.data or "").strip() or None,
     )
     if order is None:
-        return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
+        return no_order(reference)
     back = url_for("console.order_detail", reference=order.reference)
     if not form.validate():
         words = form.email.errors[0] if form.email.errors else f"Why: {form.reason.errors[0]}"
@@ -57,6 +55,6 @@ def change_email(reference):
         return problem(409, f"{new} is already this order's address; nothing changed.", back=back)
     changed = contact.change_email(order.id, new)
     if changed.old is None:
-        return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
+        return no_order(reference)
     message = f"Order {order.reference}'s emails now go to {new} (was {changed.old})."
     return done(message, {"reference": order.reference, "email": new, "previous_email": changed.old}, back)
