@@ -7,6 +7,7 @@ keep failing back off, up to the cool-down. A customer's call is never the probe
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -162,15 +163,8 @@ class Breaker:
 
     def record(self, ok: bool) -> BreakerState:
         lim = self.limits
-        reply = self.shared.run(
-            "record",
-            _BREAKER_RECORD,
-            [self.key],
-            [1 if ok else 0, lim.breaker_threshold, PROBE_SPACING_SECONDS],
-        )
-        state = BreakerState(_text(reply)) if reply is not None else self.local.record(clock.current().time(), ok, lim)
-        self._note(state)
-        return state
+        args = [1 if ok else 0, lim.breaker_threshold, PROBE_SPACING_SECONDS]
+        return self._told("record", _BREAKER_RECORD, args, lambda now: self.local.record(now, ok, lim))
 
     def claim_probe(self) -> ProbeTurn:
         lim = self.limits
@@ -183,17 +177,14 @@ class Breaker:
 
     def probe_result(self, ok: bool) -> BreakerState:
         lim = self.limits
-        reply = self.shared.run(
-            "probe_result",
-            _PROBE_RESULT,
-            [self.key],
-            [1 if ok else 0, PROBE_SPACING_SECONDS, PROBE_STEADY, lim.breaker_cooldown_seconds],
-        )
-        state = (
-            BreakerState(_text(reply))
-            if reply is not None
-            else self.local.probe_result(clock.current().time(), ok, lim)
-        )
+        args = [1 if ok else 0, PROBE_SPACING_SECONDS, PROBE_STEADY, lim.breaker_cooldown_seconds]
+        return self._told("probe_result", _PROBE_RESULT, args, lambda now: self.local.probe_result(now, ok, lim))
+
+    def _told(self, name: str, script: str, args: list, local: Callable[[float], BreakerState]) -> BreakerState:
+        """The state a call's outcome leaves the breaker in: Redis's `script` run with `args`, or
+        while Redis is away this process's own view told (`local(now)`)."""
+        reply = self.shared.run(name, script, [self.key], args)
+        state = BreakerState(_text(reply)) if reply is not None else local(clock.current().time())
         self._note(state)
         return state
 
