@@ -74,6 +74,16 @@ RECEIPT_WORDS = {
 WARNING_WORDS = {WarningState.OPEN: "open", WarningState.RESOLVED: "resolved"}
 
 
+# What a re-apply did, in words ({detail}: the guarded path's own).
+REAPPLY_WORDS = {
+    "duplicate": "This event was already applied: nothing changed.",
+    "noop": "Nothing to change: {detail}.",
+    "unknown_order": "The event names no order of this shop ({detail}): nothing changed.",
+    "unknown_refund": "The event names none of this shop's refunds ({detail}): nothing changed.",
+    "not_used": "The shop does not act on this event ({detail}): nothing changed.",
+}
+
+
 class AuditOutcome(StrEnum):
     """How an operator's action went, from its answer's HTTP status (the audit's `status`)."""
 
