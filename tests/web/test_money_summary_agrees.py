@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from payment_helpers import place_and_pay, run_everything
 from shop.domain.deadlines import utcnow
+from shop.domain.refunds import RefundStatus
 from shop.extensions import db
 from shop.models import Order, Refund
 from shop.money import format_money
@@ -80,7 +81,7 @@ def test_the_customer_page_the_json_and_the_console_summary_say_the_same_money(m
     sandbox.refund_outcome(provider_id, "failed")
     with app.app_context():  # the sweep asks the provider about the pending refund
         run_cycle(now=utcnow() + timedelta(hours=3))
-        assert db.session.get(Refund, second_id).status == "failed"
+        assert db.session.get(Refund, second_id).status is RefundStatus.FAILED
         db.session.remove()
     settle = {"csrf_token": token, "reason": "Bank transfer by hand"}
     assert client.post(f"/console/refunds/{second_id}/settle", data=settle, headers=JSON).status_code == 200
