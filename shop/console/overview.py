@@ -31,6 +31,7 @@ from ..scheduling.past_cycles import last_success_at, latest_cycle
 from ..scheduling.stuck import stuck_cutoff
 from .format import human_age, human_time
 from .rows import REFUND_NEEDS_OPERATOR, age_seconds, sweep_json
+from .words import BREAKER_WORDS
 
 
 def _count_and_oldest(query_from, where, column, now):
@@ -106,7 +107,7 @@ def provider_state(now: datetime) -> dict:
     view = guard.get().breaker_view()
     state, failures = view["state"], int(view.get("failures") or 0)
     opened = view["opened_at"] if state != guard.CLOSED and view["opened_at"] else None
-    words = guard.STATE_WORDS.get(state, state)
+    words = BREAKER_WORDS.get(state, state)
     if state == guard.CLOSED and failures:
         # Closed, but the latest calls failed: not "reachable" until one succeeds.
         threshold = current_app.config["STRIPE_BREAKER_THRESHOLD"]

@@ -18,6 +18,7 @@ from ..domain.refunds import RefundStatus
 from ..domain.timestamps import iso
 from ..emails import REFUND_FAILURE_WORDS
 from ..models import CommandKind, ReceiptOutcome, WarningState, WorkStatus
+from ..provider.guard import BreakerState
 from ..web.words import status_words
 from .format import human_time
 
@@ -72,6 +73,15 @@ RECEIPT_WORDS = {
 }
 
 WARNING_WORDS = {WarningState.OPEN: "open", WarningState.RESOLVED: "resolved"}
+
+
+# The payment provider as the circuit breaker sees it (provider.guard), for the dashboard.
+BREAKER_WORDS = {
+    BreakerState.CLOSED: "Reachable: payments start normally.",
+    BreakerState.OPEN: "Unavailable: checkout takes orders and holds their stock; customers pay later with “Pay now”.",
+    BreakerState.HALF_OPEN: "Recovering: the shop is checking whether the provider answers again; payments start as "
+    "soon as it does.",
+}
 
 
 # What a re-apply did, in words ({detail}: the guarded path's own).

@@ -25,13 +25,6 @@ class BreakerState(StrEnum):
     HALF_OPEN = "half_open"
 
 
-STATE_WORDS = {
-    BreakerState.CLOSED: "Reachable: payments start normally.",
-    BreakerState.OPEN: "Unavailable: checkout takes orders and holds their stock; customers pay later with “Pay now”.",
-    BreakerState.HALF_OPEN: "Recovering: the shop is checking whether the provider answers again; payments start as "
-    "soon as it does.",
-}
-
 # Breaker: one hash. `admit` says whether a call may go (1) or not (0): only while closed; a
 # customer's call is never the probe. `record` applies a call's outcome: failures in a row open
 # it, any success closes it. Atomic, so processes that race agree on one transition.
