@@ -61,9 +61,7 @@ def confirm_resend(order):
     template = (request.args.get("template") or "").strip()
     name = email_resends.EMAIL_NAMES.get(template)
     if name is None:
-        return problem(
-            400, f"Choose one of the order's emails to send again ({', '.join(email_resends.EMAIL_NAMES)}).", back=back
-        )
+        return _not_an_email(back)
     sent = [e for e in email_resends.sent_emails(order.id) if e.template == template]
     if not sent:
         return problem(409, RESEND_WORDS["not_sent"].format(name=name), title="Not sent", back=back, why="not_sent")
@@ -105,9 +103,7 @@ def resend_email(reference):
     back = url_for("console.order_emails", reference=order.reference)
     name = email_resends.EMAIL_NAMES.get(template)
     if name is None:
-        return problem(
-            400, f"Choose one of the order's emails to send again ({', '.join(email_resends.EMAIL_NAMES)}).", back=back
-        )
+        return _not_an_email(back)
     if to and not form.to.validate(form):
         return problem(400, f"Send to: {form.to.errors[0]}", back=back)
     key = form.request_key.data or ""
@@ -138,3 +134,9 @@ def resend_email(reference):
         "to": to or order.email,
     }
     return done(message, payload, back, "warning" if already else "ok")
+
+
+def _not_an_email(back: str):
+    """The refusal of a template that names none of the emails an order can be sent again."""
+    names = ", ".join(email_resends.EMAIL_NAMES)
+    return problem(400, f"Choose one of the order's emails to send again ({names}).", back=back)
