@@ -130,3 +130,15 @@ def test_another_address_that_is_no_address_sends_nothing(paid_order, mail_folde
     assert r.status_code == 400 and r.get_json()["error"] == "Send to: That does not look like an email address."
     run_everything(app)
     assert len(mails(mail_folder, "order_paid")) == 1
+
+
+def test_a_resend_of_no_such_email_or_for_no_such_order_is_refused_in_words(paid_order):
+    _app, client, token, ref, _oid, _email = paid_order
+    words = "Choose one of the order's emails to send again (order_placed, order_paid"
+    page = client.get(f"/console/orders/{ref}/emails/resend?template=nope", headers=JSON)
+    assert page.status_code == 400 and words in page.get_json()["error"]
+    data = {"csrf_token": token, "template": "nope", "request_key": "k" * 32}
+    sent = client.post(f"/console/orders/{ref}/emails/resend", data=data, headers=JSON)
+    assert sent.status_code == 400 and words in sent.get_json()["error"]
+    missing = client.get("/console/orders/NO-SUCH/emails/resend?template=order_paid", headers=JSON)
+    assert missing.status_code == 404 and missing.get_json()["error"] == "There is no order NO-SUCH."
