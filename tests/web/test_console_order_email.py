@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from payment_helpers import place_and_pay, run_everything
+from payment_helpers import paid_with_operator, run_everything
 from shop.extensions import db
 from shop.models import OperatorAction, Order
-from support import csrf_token, log_in, mails
+from support import csrf_token, mails
 
 HTML, JSON = {"Accept": "text/html"}, {"Accept": "application/json"}
 KEY = re.compile(r'name="request_key" value="([^"]+)"')
@@ -22,15 +22,8 @@ KEY = re.compile(r'name="request_key" value="([^"]+)"')
 def paid_order(mail_folder, make_fresh_app, sandbox):
     """A logged-in client and a paid order with its confirmation sent: (app, client, csrf token,
     reference, order id, the order's address)."""
-    app, oid, _total, _skus = place_and_pay(make_fresh_app, sandbox, "SOCK-M", 1)
-    run_everything(app)
-    client = app.test_client()
-    token = log_in(app, client)
-    with app.app_context():
-        order = db.session.get(Order, oid)
-        reference, email = order.reference, order.email
-        db.session.remove()
-    return app, client, token, reference, oid, email
+    paid = paid_with_operator(make_fresh_app, sandbox, "SOCK-M", 1)
+    return paid.app, paid.client, paid.token, paid.reference, paid.oid, paid.email
 
 
 def _email_of(app, oid: int) -> str:

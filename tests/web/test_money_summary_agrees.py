@@ -9,14 +9,13 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from payment_helpers import place_and_pay, run_everything
+from payment_helpers import paid_with_operator, run_everything
 from shop.domain.deadlines import utcnow
 from shop.domain.refunds import RefundStatus
 from shop.extensions import db
-from shop.models import Order, Refund
+from shop.models import Refund
 from shop.money import format_money
 from shop.scheduling.sweep import run_cycle
-from support import log_in
 
 JSON = {"Accept": "application/json"}
 
@@ -44,14 +43,9 @@ def _refund(app, client, token, reference, amount: int) -> None:
 
 
 def test_the_customer_page_the_json_and_the_console_summary_say_the_same_money(make_fresh_app, sandbox, mail_folder):
-    app, oid, total, _skus = place_and_pay(make_fresh_app, sandbox, "SOCK-M", 2)
-    run_everything(app)
-    client = app.test_client()
-    token = log_in(app, client)
-    with app.app_context():
-        order = db.session.get(Order, oid)
-        reference, access, currency = order.reference, order.access_token, order.currency
-        db.session.remove()
+    paid = paid_with_operator(make_fresh_app, sandbox, "SOCK-M", 2)
+    app, client, token, oid, total, currency = paid.app, paid.client, paid.token, paid.oid, paid.total, paid.currency
+    reference, access = paid.reference, paid.access_token
 
     def money(amount: int) -> str:
         return format_money(amount, currency)
@@ -81,7 +75,7 @@ def test_the_customer_page_the_json_and_the_console_summary_say_the_same_money(m
     sandbox.refund_outcome(provider_id, "failed")
     with app.app_context():  # the sweep asks the provider about the pending refund
         run_cycle(now=utcnow() + timedelta(hours=3))
-        assert db.session.get(Refund, second_id).status is RefundStatus.FAILED
+        assert db.session.get(Refund, second_id).status == RefundStatus.FAILED
         db.session.remove()
     settle = {"csrf_token": token, "reason": "Bank transfer by hand"}
     assert client.post(f"/console/refunds/{second_id}/settle", data=settle, headers=JSON).status_code == 200
