@@ -11,6 +11,7 @@ import json
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Iterator
 
 import requests
@@ -21,7 +22,7 @@ from factories import DEFAULT_SKU
 from shop.extensions import db
 from shop.models import Order
 from shop.stripe_sandbox.server import QuietRequestHandler
-from support import csrf_token, wait_until
+from support import csrf_token, log_in, wait_until
 
 WEBHOOK_SECRET = "whsec_test_secret"
 JSON = {"Accept": "application/json"}
@@ -306,3 +307,32 @@ def place_and_pay(make_fresh_app, sandbox, sku: str = "SOCK-M", quantity: int = 
         total = db.session.get(Order, oid).total
         db.session.remove()
     return app, oid, total, skus
+
+
+@dataclass(frozen=True)
+class PaidOrder:
+    """A paid order (place_and_pay) and an operator's logged-in console client beside it."""
+
+    app: object
+    client: object
+    token: str  # the console session's CSRF token
+    oid: int
+    reference: str
+    access_token: str
+    email: str
+    currency: str
+    total: int
+    skus: dict
+
+
+def paid_with_operator(make_fresh_app, sandbox, sku: str = "SOCK-M", quantity: int = 2) -> PaidOrder:
+    """place_and_pay, then its work run (the confirmation sent) and an operator logged in."""
+    app, oid, total, skus = place_and_pay(make_fresh_app, sandbox, sku, quantity)
+    run_everything(app)
+    client = app.test_client()
+    token = log_in(app, client)
+    with app.app_context():
+        order = db.session.get(Order, oid)
+        found = (order.reference, order.access_token, order.email, order.currency)
+        db.session.remove()
+    return PaidOrder(app, client, token, oid, *found, total, skus)

@@ -3,6 +3,8 @@ number asked for, the operator acting, the order a typed reference names."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import wraps
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -71,12 +73,20 @@ def find_order(reference: str) -> Order | None:
     return order_by_reference(reference.strip().upper())
 
 
-def order_or_404(reference: str) -> tuple[Order | None, Any]:
-    """The order named in the URL, or the 404 page that says there is none: (order, None) or (None, answer);
-    callers test the order (`if order is None: return answer`), which narrows it."""
-    order = find_order(reference)
-    if order is None:
-        return None, problem(
-            404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders")
-        )
-    return order, None
+def no_order(reference: str, back: str | None = None):
+    """The 404 page that says there is no order `reference`; back to the orders unless `back`."""
+    return problem(
+        404, f"There is no order {reference}.", title="No such order", back=back or url_for("console.orders")
+    )
+
+
+def of_order(view: Callable[[Order], Any]) -> Callable[[str], Any]:
+    """A console page of the order its URL names (`<reference>`): `view(order)`, or the 404 page
+    that says there is none."""
+
+    @wraps(view)
+    def page(reference: str):
+        order = find_order(reference)
+        return no_order(reference) if order is None else view(order)
+
+    return page

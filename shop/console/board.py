@@ -288,40 +288,32 @@ def _backlog_cards(data: dict) -> list[dict]:
         select(func.max(RestoreWarning.id)).where(RestoreWarning.state == WarningState.OPEN)
     ).scalar()
     return [
-        _card(
+        _backlog_card(
             "dead_letters",
             "Dead letters",
-            dead["count"] == 0,
             dead["count"],
-            f"{dead['count']} dead, the oldest {human_age(dead['oldest_age_seconds'])} old."
-            if dead["count"]
-            else "None.",
+            f"{dead['count']} dead, the oldest {human_age(dead['oldest_age_seconds'])} old.",
             "Fix what they died of (the error says), then Retry; Discard with a reason what must not run.",
             url_for("console.outbox", status="dead"),
             condition=f"{dead['count']}:{newest_dead[0]}:{newest_dead[1]}",
         ),
-        _card(
+        _backlog_card(
             "restore_warnings",
             "Restore warnings",
-            warn["count"] == 0,
             warn["count"],
             f"{warn['count']} open, the oldest {human_age(warn['oldest_age_seconds'])} old: stock that "
-            "did not come back."
-            if warn["count"]
-            else "None open.",
+            "did not come back.",
             "Count the shelf, correct the stock, then mark the warning fixed (or retry the restore).",
             url_for("console.restore_warnings", state="open"),
             condition=f"{warn['count']}:{newest_warning}",
+            none="None open.",
         ),
-        _card(
+        _backlog_card(
             "stuck_orders",
             "Stuck orders",
-            stuck["count"] == 0,
             stuck["count"],
             f"{stuck['count']} live and unchanged for over {human_age(stuck['stuck_after_seconds'])}, "
-            f"the oldest {human_age(stuck['oldest_age_seconds'])}."
-            if stuck["count"]
-            else "None.",
+            f"the oldest {human_age(stuck['oldest_age_seconds'])}.",
             "Open the order: its timeline says what it waits for; Reconcile asks the provider now.",
             url_for("console.orders", stuck=1),
             condition=str(stuck["count"]),
@@ -329,23 +321,23 @@ def _backlog_cards(data: dict) -> list[dict]:
     ]
 
 
+def _backlog_card(key, title, count: int, words: str, check, url, *, condition: str, none: str = "None.") -> dict:
+    """A card of things that wait for a person: green with `none` while there are none, else
+    `words` (said of the `count` there are)."""
+    return _card(key, title, count == 0, count, words if count else none, check, url, condition=condition)
+
+
 def _refunds_failed_card(data: dict) -> dict:
     """Refunds whose money did not go back (failed or canceled at the provider) and that no
     operator has dealt with: each is a customer's money kept, so it stays red until retried or
     settled outside the shop."""
     count, oldest = data["refunds_failed"], data["refunds_failed_oldest_age_seconds"]
-    words = (
-        f"{count} refund{'' if count == 1 else 's'} did not go through at the provider, the oldest failed "
-        f"{human_age(oldest)} ago: the customer's money is not back."
-        if count
-        else "None."
-    )
-    return _card(
+    return _backlog_card(
         "refunds_failed",
         "Failed refunds",
-        count == 0,
         count,
-        words,
+        f"{count} refund{'' if count == 1 else 's'} did not go through at the provider, the oldest failed "
+        f"{human_age(oldest)} ago: the customer's money is not back.",
         "Open each one: Retry sends the refund again (a new attempt at the provider); Settle records, "
         "with a reason, that it was settled outside the shop. The customer was emailed that we are on it.",
         url_for("console.refunds", status="failed"),

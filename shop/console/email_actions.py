@@ -5,16 +5,17 @@ confirmation (`saga.email_resends.resend_email`), once per submission: the form 
 from __future__ import annotations
 
 from flask import request, url_for
-from wtforms import EmailField, HiddenField
-from wtforms.validators import Email, Length, Optional
+from wtforms import HiddenField
+from wtforms.validators import Optional
 
 from ..domain.deadlines import utcnow
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..saga import email_resends
 from ..web.answers import respond
+from ..web.requests import email_field
 from . import audit
-from .answers import done, find_order, operator_name, order_or_404, problem
+from .answers import done, find_order, no_order, of_order, operator_name, problem
 from .blueprint import bp
 from .forms import ConsoleForm
 from .money_actions import KEY, new_request_key
@@ -24,23 +25,14 @@ class ResendForm(ConsoleForm):
     template = HiddenField()
     request_key = HiddenField()
     # "Send to another address": empty or the order's own sends it to the order's address.
-    to = EmailField(
-        "Send to",
-        validators=[
-            Optional(),
-            Length(max=254, message="An email address is at most 254 characters long."),
-            Email(message="That does not look like an email address.", check_deliverability=False),
-        ],
-    )
+    to = email_field("Send to", Optional())
     next = HiddenField()
 
 
 @bp.get("/orders/<reference>/emails")
-def order_emails(reference):
+@of_order
+def order_emails(order):
     """Every email the order was sent, each with a link to send it again (after a confirmation)."""
-    order, missing = order_or_404(reference)
-    if order is None:
-        return missing
     sent = email_resends.sent_emails(order.id)
     data = {
         "reference": order.reference,
@@ -61,19 +53,15 @@ def order_emails(reference):
 
 
 @bp.get("/orders/<reference>/emails/resend")
-def confirm_resend(reference):
+@of_order
+def confirm_resend(order):
     """The confirmation step before an email goes out again: which email, to whom, and that it is
     rendered from the order as it is now. Nothing is sent on a GET."""
-    order, missing = order_or_404(reference)
-    if order is None:
-        return missing
     back = url_for("console.order_emails", reference=order.reference)
     template = (request.args.get("template") or "").strip()
     name = email_resends.EMAIL_NAMES.get(template)
     if name is None:
-        return problem(
-            400, f"Choose one of the order's emails to send again ({', '.join(email_resends.EMAIL_NAMES)}).", back=back
-        )
+        return _not_an_email(back)
     sent = [e for e in email_resends.sent_emails(order.id) if e.template == template]
     if not sent:
         return problem(409, RESEND_WORDS["not_sent"].format(name=name), title="Not sent", back=back, why="not_sent")
@@ -111,13 +99,11 @@ def resend_email(reference):
         order_id=order and order.id,
     )
     if order is None:
-        return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
+        return no_order(reference)
     back = url_for("console.order_emails", reference=order.reference)
     name = email_resends.EMAIL_NAMES.get(template)
     if name is None:
-        return problem(
-            400, f"Choose one of the order's emails to send again ({', '.join(email_resends.EMAIL_NAMES)}).", back=back
-        )
+        return _not_an_email(back)
     if to and not form.to.validate(form):
         return problem(400, f"Send to: {form.to.errors[0]}", back=back)
     key = form.request_key.data or ""
@@ -133,7 +119,7 @@ def resend_email(reference):
         assert result.why is not None, "a refused resend says why"
         return problem(409, RESEND_WORDS[result.why].format(name=name), title="Not sent", back=back, why=result.why)
     if result.outcome is email_resends.ResendOutcome.MISSING:
-        return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
+        return no_order(reference)
     already = result.outcome is email_resends.ResendOutcome.ALREADY
     message = (
         f"The {name} email was already sent again for this click; it is not sent twice."
@@ -148,3 +134,9 @@ def resend_email(reference):
         "to": to or order.email,
     }
     return done(message, payload, back, "warning" if already else "ok")
+
+
+def _not_an_email(back: str):
+    """The refusal of a template that names none of the emails an order can be sent again."""
+    names = ", ".join(email_resends.EMAIL_NAMES)
+    return problem(400, f"Choose one of the order's emails to send again ({names}).", back=back)

@@ -5,26 +5,20 @@ and the order's later emails sent to the new one (orders.contact)."""
 from __future__ import annotations
 
 from flask import url_for
-from wtforms import EmailField, HiddenField, TextAreaField
-from wtforms.validators import DataRequired, Email, Length, Optional
+from wtforms import HiddenField, TextAreaField
+from wtforms.validators import DataRequired, Length, Optional
 
 from ..orders import contact
 from ..web.answers import respond
+from ..web.requests import email_field
 from . import audit
-from .answers import done, find_order, order_or_404, problem
+from .answers import done, find_order, no_order, of_order, problem
 from .blueprint import bp
 from .forms import ConsoleForm
 
 
 class ChangeEmailForm(ConsoleForm):
-    email = EmailField(
-        "New email",
-        validators=[
-            DataRequired(message="Enter the order's new email address."),
-            Length(max=254, message="An email address is at most 254 characters long."),
-            Email(message="That does not look like an email address.", check_deliverability=False),
-        ],
-    )
+    email = email_field("New email", DataRequired(message="Enter the order's new email address."))
     reason = TextAreaField(
         "Why", validators=[Optional(), Length(max=2000, message="Keep the reason under 2000 characters.")]
     )
@@ -32,11 +26,9 @@ class ChangeEmailForm(ConsoleForm):
 
 
 @bp.get("/orders/<reference>/email")
-def change_email_form(reference):
+@of_order
+def change_email_form(order):
     """The form: the order's address now, the new one and why. Nothing changes on a GET."""
-    order, missing = order_or_404(reference)
-    if order is None:
-        return missing
     data = {"reference": order.reference, "email": order.email}
     back = url_for("console.order_detail", reference=order.reference)
     return respond("console/change_email.html", data, form=ChangeEmailForm(), back=back)
@@ -53,7 +45,7 @@ def change_email(reference):
         reason=(form.reason.data or "").strip() or None,
     )
     if order is None:
-        return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
+        return no_order(reference)
     back = url_for("console.order_detail", reference=order.reference)
     if not form.validate():
         words = form.email.errors[0] if form.email.errors else f"Why: {form.reason.errors[0]}"
@@ -63,6 +55,6 @@ def change_email(reference):
         return problem(409, f"{new} is already this order's address; nothing changed.", back=back)
     changed = contact.change_email(order.id, new)
     if changed.old is None:
-        return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
+        return no_order(reference)
     message = f"Order {order.reference}'s emails now go to {new} (was {changed.old})."
     return done(message, {"reference": order.reference, "email": new, "previous_email": changed.old}, back)

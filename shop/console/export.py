@@ -68,14 +68,11 @@ def _money_back(status, total, charged, refunded) -> str:
 
 def orders_csv(now: datetime, *, stuck: bool, statuses: list[str], filters) -> Response:
     fields = {
-        "reference": Order.reference,
-        "status": Order.status,
+        **_own(Order, "reference", "status"),
         "total": _money(Order.total, Order.currency),
         "currency": _upper(Order.currency),
-        "email": Order.email,
-        "payment_attempts": Order.payment_attempts,
-        "created_at": _when(Order.created_at),
-        "updated_at": _when(Order.updated_at),
+        **_own(Order, "email", "payment_attempts"),
+        **_times(Order, "created_at", "updated_at"),
         # A paid order's money: `paid`, `partially_refunded` or `refunded`, and what went back.
         "payment": _Cell((Order.status, Order.total, Order.charged, _REFUNDED), _money_back),
         "refunded": _money(_REFUNDED, Order.currency),
@@ -90,13 +87,8 @@ def refunds_csv(now: datetime, *, status: str | None, filters) -> Response:
         "order_reference": Order.reference,
         "amount": _money(Refund.amount, Refund.currency),
         "currency": _upper(Refund.currency),
-        "status": Refund.status,
-        "reason": Refund.reason,
-        "attempts": Refund.attempts,
-        "provider_refund_id": Refund.provider_refund_id,
-        "failure_reason": Refund.failure_reason,
-        "settled_at": _when(Refund.settled_at),
-        "created_at": _when(Refund.created_at),
+        **_own(Refund, "status", "reason", "attempts", "provider_refund_id", "failure_reason"),
+        **_times(Refund, "settled_at", "created_at"),
     }
     query = (
         _select(Refund.id, fields).join(Order, Order.id == Refund.order_id).where(*refund_conditions(status, filters))
@@ -108,40 +100,32 @@ def deliveries_csv(now: datetime, *, status: str | None, filters) -> Response:
     fields = {
         "id": OutboxDelivery.id,
         "event": OutboxEvent.name,
-        "handler": OutboxDelivery.handler,
-        "status": OutboxDelivery.status,
-        "attempts": OutboxDelivery.attempts,
-        "last_error": OutboxDelivery.last_error,
+        **_own(OutboxDelivery, "handler", "status", "attempts", "last_error"),
         "order_reference": Order.reference,
-        "created_at": _when(OutboxDelivery.created_at),
+        **_times(OutboxDelivery, "created_at"),
     }
-    query = (
-        _select(OutboxDelivery.id, fields)
-        .join(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id)
-        .outerjoin(Order, Order.id == OutboxDelivery.order_id)
-        .where(*delivery_conditions(status, filters))
+    return _beside_order(
+        "outbox-deliveries",
+        now,
+        OutboxDelivery,
+        fields,
+        delivery_conditions(status, filters),
+        joined=(OutboxEvent, OutboxEvent.id == OutboxDelivery.event_id),
+        descending=False,
     )
-    return _download("outbox-deliveries", now, query, OutboxDelivery.id, fields, descending=False)
 
 
 def commands_csv(now: datetime, *, status: str | None, filters) -> Response:
     """The outbox's scheduled commands (deadlines, refunds, emails, ...), oldest first."""
     fields = {
         "id": _Cell((ScheduledCommand.id,), lambda id_: f"cmd-{id_}"),
-        "kind": ScheduledCommand.kind,
-        "status": ScheduledCommand.status,
-        "attempts": ScheduledCommand.attempts,
-        "last_error": ScheduledCommand.last_error,
+        **_own(ScheduledCommand, "kind", "status", "attempts", "last_error"),
         "order_reference": Order.reference,
         "due_at": _when(ScheduledCommand.next_attempt_at),
-        "created_at": _when(ScheduledCommand.created_at),
+        **_times(ScheduledCommand, "created_at"),
     }
-    query = (
-        _select(ScheduledCommand.id, fields)
-        .outerjoin(Order, Order.id == ScheduledCommand.order_id)
-        .where(*command_conditions(status, filters))
-    )
-    return _download("outbox-commands", now, query, ScheduledCommand.id, fields, descending=False)
+    conditions = command_conditions(status, filters)
+    return _beside_order("outbox-commands", now, ScheduledCommand, fields, conditions, descending=False)
 
 
 def audit_csv(now: datetime, *, operator: str, filters) -> Response:
@@ -149,20 +133,11 @@ def audit_csv(now: datetime, *, operator: str, filters) -> Response:
     fields = {
         "id": OperatorAction.id,
         "at": _when(OperatorAction.created_at),
-        "operator": OperatorAction.operator,
-        "action": OperatorAction.action,
-        "target": OperatorAction.target,
+        **_own(OperatorAction, "operator", "action", "target"),
         "order_reference": Order.reference,
-        "reason": OperatorAction.reason,
-        "status": OperatorAction.status,
-        "outcome": OperatorAction.outcome,
+        **_own(OperatorAction, "reason", "status", "outcome"),
     }
-    query = (
-        _select(OperatorAction.id, fields)
-        .outerjoin(Order, Order.id == OperatorAction.order_id)
-        .where(*audit_conditions(operator, filters))
-    )
-    return _download("audit", now, query, OperatorAction.id, fields)
+    return _beside_order("audit", now, OperatorAction, fields, audit_conditions(operator, filters))
 
 
 def warnings_csv(now: datetime, *, state: str | None, filters) -> Response:
@@ -170,39 +145,32 @@ def warnings_csv(now: datetime, *, state: str | None, filters) -> Response:
     fields = {
         "id": RestoreWarning.id,
         "order_reference": Order.reference,
-        "variant_id": RestoreWarning.variant_id,
-        "quantity": RestoreWarning.quantity,
-        "reason": RestoreWarning.reason,
-        "state": RestoreWarning.state,
-        "resolution": RestoreWarning.resolution,
-        "created_at": _when(RestoreWarning.created_at),
-        "resolved_at": _when(RestoreWarning.resolved_at),
+        **_own(RestoreWarning, "variant_id", "quantity", "reason", "state", "resolution"),
+        **_times(RestoreWarning, "created_at", "resolved_at"),
     }
-    query = (
-        _select(RestoreWarning.id, fields)
-        .outerjoin(Order, Order.id == RestoreWarning.order_id)
-        .where(*warning_conditions(state, filters))
-    )
-    return _download("restore-warnings", now, query, RestoreWarning.id, fields, descending=False)
+    conditions = warning_conditions(state, filters)
+    return _beside_order("restore-warnings", now, RestoreWarning, fields, conditions, descending=False)
 
 
 def webhooks_csv(now: datetime, *, outcome: str | None, filters, signed: bool | None = None) -> Response:
     fields = {
         "id": WebhookReceipt.id,
-        "received_at": _when(WebhookReceipt.received_at),
-        "event_id": WebhookReceipt.event_id,
-        "event_type": WebhookReceipt.event_type,
-        "outcome": WebhookReceipt.outcome,
-        "reason": WebhookReceipt.reason,
-        "http_status": WebhookReceipt.http_status,
+        **_times(WebhookReceipt, "received_at"),
+        **_own(WebhookReceipt, "event_id", "event_type", "outcome", "reason", "http_status"),
         "order_reference": Order.reference,
     }
-    query = (
-        _select(WebhookReceipt.id, fields)
-        .outerjoin(Order, Order.id == WebhookReceipt.order_id)
-        .where(*webhook_conditions(outcome, filters, signed))
-    )
-    return _download("webhooks", now, query, WebhookReceipt.id, fields)
+    conditions = webhook_conditions(outcome, filters, signed)
+    return _beside_order("webhooks", now, WebhookReceipt, fields, conditions)
+
+
+def _beside_order(name: str, now: datetime, model, fields: dict, conditions, *, joined=None, descending=True):
+    """The CSV of the rows of `model` (keyed by its id) under the list's `conditions`, each beside
+    its order if it has one (the `order_reference` column); `joined` a table and its join's on."""
+    query = _select(model.id, fields)
+    if joined is not None:
+        query = query.join(*joined)
+    query = query.outerjoin(Order, Order.id == model.order_id).where(*conditions)
+    return _download(name, now, query, model.id, fields, descending=descending)
 
 
 # -- the columns ------------------------------------------------------------------------------
@@ -218,6 +186,16 @@ class _Cell:
 
 def _as_is(value):
     return value
+
+
+def _own(model, *names: str) -> dict:
+    """Columns of `model` exported under their own names, as they are stored."""
+    return {name: getattr(model, name) for name in names}
+
+
+def _times(model, *names: str) -> dict:
+    """Times of `model` under their own names (as _when renders them)."""
+    return {name: _when(getattr(model, name)) for name in names}
 
 
 def _when(column) -> _Cell:

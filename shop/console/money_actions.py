@@ -23,7 +23,7 @@ from ..saga.line_restock import lines_left
 from ..saga.operator_refunds import RefundOutcome, refund_order, refundable_now
 from ..web.answers import respond
 from . import audit
-from .answers import done, find_order, operator_name, order_or_404, problem
+from .answers import done, find_order, no_order, of_order, operator_name, problem
 from .blueprint import bp
 from .forms import ConsoleForm
 from .restock_form import asked_lines, asked_words, field
@@ -185,12 +185,10 @@ def _refund_page(order, *, step: str, status: int = 200, error: str | None = Non
 
 
 @bp.get("/orders/<reference>/refund")
-def refund_form(reference):
+@of_order
+def refund_form(order):
     """Refund a paid order: the form (amount, reason, whether to put the stock back), then, with
     the form's values in the query, the confirmation step whose button posts the refund."""
-    order, missing = order_or_404(reference)
-    if order is None:
-        return missing
     left = refundable_now(order.id)
     if left is None:
         return _refund_page(
@@ -248,7 +246,7 @@ def refund(reference):
         reason=reason or None,
     )
     if order is None:
-        return problem(404, f"There is no order {reference}.", title="No such order", back=back)
+        return no_order(reference, back)
     again = url_for("console.refund_form", reference=order.reference)
     amount_text = (form.amount.data or "").strip()
     amount = None  # the rest
@@ -280,7 +278,7 @@ def refund(reference):
     )
     currency = order.currency
     if result.outcome is RefundOutcome.MISSING:
-        return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
+        return no_order(reference)
     if result.outcome is RefundOutcome.REFUSED:
         assert result.why is not None, "a refused refund says why"
         words = refusal_words(

@@ -15,7 +15,7 @@ from ..payments.apply import Outcome, reconcile_order
 from ..provider import gateway
 from ..saga import warnings
 from . import audit
-from .answers import done, find_order, operator_name, problem
+from .answers import done, find_order, no_order, operator_name, problem
 from .blueprint import bp
 from .forms import ResolveForm
 
@@ -48,7 +48,7 @@ def reconcile(reference):
     order = find_order(reference)
     back = url_for("console.order_detail", reference=reference)
     if order is None:
-        return problem(404, f"There is no order {reference}.", title="No such order", back=back)
+        return no_order(reference, back)
     order_id, ref, before = order.id, order.reference, order.status
     audit.about(f"order {ref}", order_id=order_id)
     try:

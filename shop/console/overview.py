@@ -14,10 +14,8 @@ from ..domain.order import LIVE, LIVE_STATUSES
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import (
-    CycleStatus,
     Order,
     OutboxDelivery,
-    ReconciliationCycle,
     Refund,
     RestoreWarning,
     ScheduledCommand,
@@ -29,9 +27,11 @@ from ..ops.health import snapshot
 from ..payments.checkout_queue import LEASE_NAME as PAYMENT_QUEUE_LEASE
 from ..provider import guard
 from ..scheduling.lease import LEASE_NAME as SWEEP_LEASE
+from ..scheduling.past_cycles import last_success_at, latest_cycle
 from ..scheduling.stuck import stuck_cutoff
 from .format import human_age, human_time
 from .rows import REFUND_NEEDS_OPERATOR, age_seconds, sweep_json
+from .words import BREAKER_WORDS
 
 
 def _count_and_oldest(query_from, where, column, now):
@@ -87,14 +87,8 @@ def dashboard(now: datetime) -> dict:
     # Refunds whose money did not go back and that nobody has dealt with: aged from the failure.
     failed_refunds = _count_and_oldest(Refund, REFUND_NEEDS_OPERATOR, Refund.failed_at, now)
 
-    cycle = db.session.execute(
-        select(ReconciliationCycle)
-        .order_by(ReconciliationCycle.started_at.desc(), ReconciliationCycle.id.desc())
-        .limit(1)
-    ).scalar_one_or_none()
-    last_ok = db.session.execute(
-        select(func.max(ReconciliationCycle.finished_at)).where(ReconciliationCycle.status == CycleStatus.OK)
-    ).scalar()
+    cycle = latest_cycle()
+    last_ok = last_success_at()
     return {
         "now": iso(now),
         "stuck_orders": stuck,
@@ -103,7 +97,7 @@ def dashboard(now: datetime) -> dict:
         "refunds_failed": failed_refunds["count"],
         "refunds_failed_oldest_age_seconds": failed_refunds["oldest_age_seconds"],
         "last_sweep": sweep_json(cycle, now) if cycle else None,
-        "last_successful_sweep_at": iso(as_utc(last_ok)) if last_ok else None,
+        "last_successful_sweep_at": iso(last_ok),
         "provider": provider_state(now),
     }
 
@@ -113,7 +107,7 @@ def provider_state(now: datetime) -> dict:
     view = guard.get().breaker_view()
     state, failures = view["state"], int(view.get("failures") or 0)
     opened = view["opened_at"] if state != guard.CLOSED and view["opened_at"] else None
-    words = guard.STATE_WORDS.get(state, state)
+    words = BREAKER_WORDS.get(state, state)
     if state == guard.CLOSED and failures:
         # Closed, but the latest calls failed: not "reachable" until one succeeds.
         threshold = current_app.config["STRIPE_BREAKER_THRESHOLD"]

@@ -27,6 +27,7 @@ from ..models import (
     WebhookReceipt,
 )
 from ..payments import unknown_money
+from ..scheduling.past_cycles import NEWEST_FIRST
 from ..scheduling.stuck import stuck_cutoff
 from .audit import action_json
 from .rows import (
@@ -338,8 +339,7 @@ REPEAT_LOOKBACK = 100
 
 
 def sweeps(now: datetime, *, page: int) -> dict:
-    order = (ReconciliationCycle.started_at.desc(), ReconciliationCycle.id.desc())
-    query = select(ReconciliationCycle).order_by(*order)
+    query = select(ReconciliationCycle).order_by(*NEWEST_FIRST)
     rows, meta = paging(query, page, per_page=50)
     cycles = [c for (c,) in rows]
     history = list(cycles)
@@ -354,7 +354,7 @@ def sweeps(now: datetime, *, page: int) -> dict:
                         and_(ReconciliationCycle.started_at == last.started_at, ReconciliationCycle.id < last.id),
                     )
                 )
-                .order_by(*order)
+                .order_by(*NEWEST_FIRST)
                 .limit(REPEAT_LOOKBACK)
             )
             .scalars()

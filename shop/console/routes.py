@@ -18,7 +18,7 @@ from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
 from ..web.answers import respond
 from . import acks, audit, auth, board, charts, export, outbox_queries, overview, queries, timeline  # noqa: F401  (auth registers the login routes)
-from .answers import find_order, page_number, problem
+from .answers import of_order, page_number, problem
 from .blueprint import bp
 from .format import human_age, human_money
 from .forms import ActionForm, DiscardForm
@@ -95,11 +95,9 @@ def audit_trail():
 
 
 @bp.get("/orders/<reference>")
-def order_detail(reference):
+@of_order
+def order_detail(order):
     """One order's timeline: transitions, webhooks, deliveries, deadlines, warnings, refunds."""
-    order = find_order(reference)
-    if order is None:
-        return problem(404, f"There is no order {reference}.", title="No such order", back=url_for("console.orders"))
     data, shown = timeline.order_page(order, utcnow())
     return respond("console/order.html", data, **shown)
 

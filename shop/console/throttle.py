@@ -22,15 +22,11 @@ of the console during an outage, when it is needed most, would be worse than a p
 
 from __future__ import annotations
 
-import math
-import time
-
-from flask import Response, current_app, g, jsonify, render_template, request
+from flask import Response, current_app, g, render_template, request
 from flask_limiter import RequestLimit
 from flask_wtf.csrf import generate_csrf
 
-from ..web.answers import wants_json
-from ..web.limiting import shop_limiter
+from ..web.limiting import json_or_page, refused, view_limiter
 from ..web.limiting import wait_in_words as _in_words
 from .forms import LoginForm
 from .sessions import device_for_login, login_email
@@ -66,30 +62,27 @@ def _limit(setting: str):
 def _refusal(whose: str):
     def on_breach(limit: RequestLimit) -> Response:
         who = "from this browser" if g.get("login_device") else whose
-        wait = max(1.0, limit.reset_at - time.time())
-        message = f"Too many failed logins {who}; try again in {_in_words(wait)}."
-        current_app.logger.warning("console login throttled (%s) from %s", who, request.remote_addr)
-        if wants_json():
-            response = jsonify({"error": message, "status": 429, "retry_after_seconds": math.ceil(wait)})
-        else:
-            form = LoginForm()
-            form.password.data = ""
-            response = current_app.make_response(
-                render_template("console/login.html", data={"error": message, "csrf_token": generate_csrf()}, form=form)
-            )
-        response.status_code = 429
-        response.headers["Retry-After"] = str(math.ceil(wait))
-        return response
+        return refused(limit, lambda wait: _refusal_of(who, wait))
 
     return on_breach
 
 
+def _refusal_of(who: str, wait: float) -> Response:
+    message = f"Too many failed logins {who}; try again in {_in_words(wait)}."
+    current_app.logger.warning("console login throttled (%s) from %s", who, request.remote_addr)
+
+    def page() -> str:
+        form = LoginForm()
+        form.password.data = ""
+        return render_template("console/login.html", data={"error": message, "csrf_token": generate_csrf()}, form=form)
+
+    return json_or_page(message, wait, page)
+
+
 def init_app(app) -> None:
     """One limiter per app (its Redis and key prefix are the app's), wrapped around the login view."""
-    limiter = shop_limiter(app, _address, "login")
     # Every other request skips the limiter at once: only the login is throttled.
-    limiter.request_filter(lambda: request.endpoint != LOGIN_ENDPOINT)
-    view = app.view_functions[LOGIN_ENDPOINT]
+    limiter, view = view_limiter(app, LOGIN_ENDPOINT, _address, "login")
     by_address = limiter.limit(
         _limit("LOGIN_MAX_FAILURES_PER_ADDRESS"),
         key_func=_address,

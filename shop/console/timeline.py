@@ -243,8 +243,8 @@ def _order_summary(order: OrderView, now: datetime) -> dict:
         "watched_for_late_money": status is OrderStatus.CANCELLED and order.late_money_watch_since is not None,
         # A paid order's money: how much went back (`paid`, `partially_refunded`, `refunded`), what
         # the customer paid net, and what is left to refund (None unless Paid).
-        "money_back": order.money_back,
-        "net": order.net,
+        "money_back": order.money.money_back,
+        "net": order.money.net,
         "refundable": refundable_now(order.id),
     }
 

@@ -19,17 +19,9 @@ from . import audit
 from .answers import done, operator_name, problem
 from .blueprint import bp
 from .rows import receipt_json
+from .words import REAPPLY_WORDS
 
 log = logging.getLogger("shop.console")
-
-# What a re-apply did, in words ({detail}: the guarded path's own).
-REAPPLY_WORDS = {
-    "duplicate": "This event was already applied: nothing changed.",
-    "noop": "Nothing to change: {detail}.",
-    "unknown_order": "The event names no order of this shop ({detail}): nothing changed.",
-    "unknown_refund": "The event names none of this shop's refunds ({detail}): nothing changed.",
-    "not_used": "The shop does not act on this event ({detail}): nothing changed.",
-}
 
 
 def reapplicable(receipt: WebhookReceipt) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from functools import partial
 
 from markupsafe import Markup
 
@@ -17,6 +18,7 @@ from ..domain.refunds import RefundStatus
 from ..domain.timestamps import iso
 from ..emails import REFUND_FAILURE_WORDS
 from ..models import CommandKind, ReceiptOutcome, UnknownPaymentStatus, WarningState, WorkStatus
+from ..provider.guard import BreakerState
 from ..web.words import status_words
 from .format import human_time
 from .ops_words import OPS_TEMPLATE_WORDS
@@ -118,6 +120,25 @@ REFUND_FILTER_WORDS = {
 }
 
 
+# The payment provider as the circuit breaker sees it (provider.guard), for the dashboard.
+BREAKER_WORDS = {
+    BreakerState.CLOSED: "Reachable: payments start normally.",
+    BreakerState.OPEN: "Unavailable: checkout takes orders and holds their stock; customers pay later with “Pay now”.",
+    BreakerState.HALF_OPEN: "Recovering: the shop is checking whether the provider answers again; payments start as "
+    "soon as it does.",
+}
+
+
+# What a re-apply did, in words ({detail}: the guarded path's own).
+REAPPLY_WORDS = {
+    "duplicate": "This event was already applied: nothing changed.",
+    "noop": "Nothing to change: {detail}.",
+    "unknown_order": "The event names no order of this shop ({detail}): nothing changed.",
+    "unknown_refund": "The event names none of this shop's refunds ({detail}): nothing changed.",
+    "not_used": "The shop does not act on this event ({detail}): nothing changed.",
+}
+
+
 class AuditOutcome(StrEnum):
     """How an operator's action went, from its answer's HTTP status (the audit's `status`)."""
 
@@ -151,32 +172,14 @@ def _said(table: dict, code) -> str:
     return table.get(code, str(code) if code is not None else "–")
 
 
-def event_words(name: str) -> str:
-    return _said(EVENT_WORDS, name)
-
-
-def handler_words(name: str) -> str:
-    return _said(HANDLER_WORDS, name)
-
-
-def command_words(kind: str) -> str:
-    return _said(COMMAND_WORDS, kind)
-
-
-def work_words(status: str) -> str:
-    return _said(WORK_WORDS, status)
-
-
-def refund_words(status: str) -> str:
-    return _said(REFUND_WORDS, status)
-
-
-def receipt_words(outcome: str) -> str:
-    return _said(RECEIPT_WORDS, outcome)
-
-
-def warning_words(state: str) -> str:
-    return _said(WARNING_WORDS, state)
+# Each a code (a str) in its table's words.
+event_words = partial(_said, EVENT_WORDS)
+handler_words = partial(_said, HANDLER_WORDS)
+command_words = partial(_said, COMMAND_WORDS)
+work_words = partial(_said, WORK_WORDS)
+refund_words = partial(_said, REFUND_WORDS)
+receipt_words = partial(_said, RECEIPT_WORDS)
+warning_words = partial(_said, WARNING_WORDS)
 
 
 def webhook_event_words(event_type: str | None) -> str:

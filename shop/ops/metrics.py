@@ -14,11 +14,9 @@ from ..domain.order import LIVE, LIVE_STATUSES, OrderStatus
 from ..domain.refunds import NOT_RETURNED
 from ..extensions import db, per_app, the_app
 from ..models import (
-    CycleStatus,
     Order,
     OutboxDelivery,
     ReceiptOutcome,
-    ReconciliationCycle,
     Refund,
     RestoreWarning,
     ScheduledCommand,
@@ -30,6 +28,7 @@ from ..models import (
 )
 from ..payments import checkout_queue
 from ..provider import guard, watch
+from ..scheduling.past_cycles import last_success_at
 from ..scheduling.stuck import stuck_cutoff
 from .liveness_metrics import liveness
 
@@ -157,13 +156,11 @@ def _bookkeeping():
         select(func.count()).select_from(RestoreWarning).where(RestoreWarning.state == WarningState.OPEN)
     ).scalar()
     yield GaugeMetricFamily("shop_restore_warnings_open", "Restore warnings awaiting an operator", value=open_warnings)
-    last_ok = db.session.execute(
-        select(func.max(ReconciliationCycle.finished_at)).where(ReconciliationCycle.status == CycleStatus.OK)
-    ).scalar()
+    last_ok = last_success_at()
     yield GaugeMetricFamily(
         "shop_reconciliation_last_success_timestamp_seconds",
         "When the last reconciliation cycle finished successfully",
-        value=as_utc(last_ok).timestamp() if last_ok else 0,
+        value=last_ok.timestamp() if last_ok else 0,
     )
     webhooks = GaugeMetricFamily(
         "shop_webhook_deliveries", "Webhook deliveries received, by outcome", labels=["outcome"]

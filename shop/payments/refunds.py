@@ -24,7 +24,6 @@ from enum import StrEnum
 from typing import Callable
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
 from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
@@ -45,6 +44,7 @@ from ..outbox.failures import PermanentFailure
 from ..provider import gateway
 from ..store import order_store
 from ..store.order_store import LoadedOrder
+from .first_sighting import add_once
 
 log = logging.getLogger("shop.payments")
 
@@ -79,27 +79,24 @@ def record_late_payment(order: LoadedOrder, view, reason: str, now: datetime) ->
     session = db.session
     # Late money's own rows only (uq_refunds_order_session covers just those): an operator's
     # refund of part of a payment is not the refund of that payment arriving late.
-    existing = session.execute(
-        select(Refund.id).where(Refund.order_id == order.id, Refund.session_id == view.id, Refund.request_key.is_(None))
-    ).first()
-    if existing:
-        return False
-    try:
-        with session.begin_nested():
-            refund = Refund(
-                order_id=order.id,
-                session_id=view.id,
-                payment_intent_id=view.payment_intent,
-                amount=view.amount_total,
-                currency=(view.currency or order.currency),
-                reason=reason,
-                status=PENDING,
-                attempts=1,
-                created_at=now,
-                updated_at=now,
-            )
-            session.add(refund)
-    except IntegrityError:  # a concurrent notice of the same payment won
+    mine = (Refund.order_id == order.id, Refund.session_id == view.id, Refund.request_key.is_(None))
+    refund = add_once(
+        session,
+        select(Refund.id).where(*mine),
+        lambda: Refund(
+            order_id=order.id,
+            session_id=view.id,
+            payment_intent_id=view.payment_intent,
+            amount=view.amount_total,
+            currency=(view.currency or order.currency),
+            reason=reason,
+            status=PENDING,
+            attempts=1,
+            created_at=now,
+            updated_at=now,
+        ),
+    )
+    if refund is None:  # recorded at an earlier notice of the same payment, or a concurrent one
         return False
     schedule_command(
         session, CommandKind.REFUND_PAYMENT, now, order_id=order.id, payload={"refund_id": refund.id}, now=now

@@ -9,13 +9,13 @@ import logging
 from datetime import datetime
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
 from ..extensions import db
 from ..models import CommandKind, UnknownPayment
 from ..models import UnknownPaymentStatus as S
 from ..outbox import schedule_command
 from ..provider import gateway
+from .first_sighting import add_once
 
 log = logging.getLogger("shop.payments")
 
@@ -24,24 +24,23 @@ def record_unknown_payment(view: gateway.SessionView, *, found_via: str, now: da
     """Record a paid session that names no order we know, with the command that settles it, in the
     caller's transaction. False when it was already recorded (a second sighting)."""
     session = db.session
-    if session.execute(select(UnknownPayment.id).where(UnknownPayment.session_id == view.id)).first():
-        return False
-    try:
-        with session.begin_nested():
-            row = UnknownPayment(
-                session_id=view.id,
-                payment_intent_id=view.payment_intent,
-                amount=view.amount_total,
-                currency=(view.currency or "")[:3] or None,
-                reference=(view.client_reference_id or "")[:255] or None,
-                found_via=found_via[:40],
-                status=S.CHECKING,
-                detail="",
-                created_at=now,
-                updated_at=now,
-            )
-            session.add(row)
-    except IntegrityError:  # a concurrent sighting of the same session won
+    row = add_once(
+        session,
+        select(UnknownPayment.id).where(UnknownPayment.session_id == view.id),
+        lambda: UnknownPayment(
+            session_id=view.id,
+            payment_intent_id=view.payment_intent,
+            amount=view.amount_total,
+            currency=(view.currency or "")[:3] or None,
+            reference=(view.client_reference_id or "")[:255] or None,
+            found_via=found_via[:40],
+            status=S.CHECKING,
+            detail="",
+            created_at=now,
+            updated_at=now,
+        ),
+    )
+    if row is None:  # a second sighting, or a concurrent one won
         return False
     schedule_command(session, CommandKind.SETTLE_UNKNOWN_PAYMENT, now, payload={"unknown_payment_id": row.id}, now=now)
     log.warning(

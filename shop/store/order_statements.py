@@ -103,76 +103,51 @@ def _v(column: str):
 
 _NOW = bindparam("now", type_=_orders.c.updated_at.type)
 
+
+def _writes(transition: Transition, bound: tuple[str, ...], **fixed):
+    """The transition's statement, writing each snapshot attribute in `bound` (as v_<column>) and
+    the `fixed` values, with the attributes it binds."""
+    return _guarded(transition).values(**{column: _v(column) for column in bound}, **fixed), bound
+
+
 # Each transition's statement and the snapshot attributes it writes (bound as v_<column>).
 # updated_at: the row's onupdate (the time of the write) unless the statement binds `now`.
+_PAID = ("status", "payment_session_id", "shipping_details", "tax", "charged")
 TRANSITIONS = {
-    T.START_PAYMENT: (
-        _guarded(T.START_PAYMENT).values(
-            status=_v("status"),
-            payment_session_id=_v("payment_session_id"),
-            payment_session_url=_v("payment_session_url"),
-            payment_attempts=_v("payment_attempts"),
-            payment_session_expires_at=_v("payment_session_expires_at"),
-            payment_processing_at=None,
-            payment_queued_at=None,
-            payment_declined_at=None,
-        ),
+    T.START_PAYMENT: _writes(
+        T.START_PAYMENT,
         ("status", "payment_session_id", "payment_session_url", "payment_attempts", "payment_session_expires_at"),
+        payment_processing_at=None,
+        payment_queued_at=None,
+        payment_declined_at=None,
     ),
-    T.MARK_PAID: (
-        _guarded(T.MARK_PAID).values(
-            status=_v("status"),
-            payment_session_id=_v("payment_session_id"),
-            payment_processing_at=None,
-            payment_declined_at=None,
-            shipping_details=_v("shipping_details"),
-            tax=_v("tax"),
-            charged=_v("charged"),
-            updated_at=_NOW,
-        ),
-        ("status", "payment_session_id", "shipping_details", "tax", "charged"),
-    ),
+    T.MARK_PAID: _writes(T.MARK_PAID, _PAID, payment_processing_at=None, payment_declined_at=None, updated_at=_NOW),
     # Money that is real for an order that had not started (or had failed) its payment: the session
     # is adopted and paid in one transition.
-    T.ADOPT_AND_PAY: (
-        _guarded(T.ADOPT_AND_PAY).values(
-            status=_v("status"),
-            payment_session_id=_v("payment_session_id"),
-            payment_session_url=_v("payment_session_url"),
-            payment_processing_at=None,
-            payment_queued_at=None,
-            payment_declined_at=None,
-            shipping_details=_v("shipping_details"),
-            tax=_v("tax"),
-            charged=_v("charged"),
-            updated_at=_NOW,
-        ),
-        ("status", "payment_session_id", "payment_session_url", "shipping_details", "tax", "charged"),
+    T.ADOPT_AND_PAY: _writes(
+        T.ADOPT_AND_PAY,
+        (*_PAID, "payment_session_url"),
+        payment_processing_at=None,
+        payment_queued_at=None,
+        payment_declined_at=None,
+        updated_at=_NOW,
     ),
-    T.MARK_PAYMENT_FAILED: (
-        _guarded(T.MARK_PAYMENT_FAILED).values(
-            status=_v("status"), last_payment_error=_v("last_payment_error"), payment_processing_at=None
-        ),
-        ("status", "last_payment_error"),
-    ),
+    T.MARK_PAYMENT_FAILED: _writes(T.MARK_PAYMENT_FAILED, ("status", "last_payment_error"), payment_processing_at=None),
     # `watch_from` starts the sweep's late-money watch of the order (None: only if an async payment
     # was settling, which then becomes the watch, since when it settled). Why and when it was
     # cancelled go on the row with it: the reason its OrderCancelled event carries, at that event's
     # time (`now`), so the order's pages read the row and never the events.
-    T.CANCEL: (
-        _guarded(T.CANCEL).values(
-            status=_v("status"),
-            cancel_reason=_v("cancel_reason"),
-            cancelled_at=bindparam("now", type_=_orders.c.cancelled_at.type),
-            payment_queued_at=None,
-            payment_processing_at=None,
-            late_money_watch_since=func.coalesce(
-                _orders.c.late_money_watch_since,
-                _orders.c.payment_processing_at,
-                bindparam("watch_from", type_=_orders.c.late_money_watch_since.type),
-            ),
-        ),
+    T.CANCEL: _writes(
+        T.CANCEL,
         ("status", "cancel_reason"),
+        cancelled_at=bindparam("now", type_=_orders.c.cancelled_at.type),
+        payment_queued_at=None,
+        payment_processing_at=None,
+        late_money_watch_since=func.coalesce(
+            _orders.c.late_money_watch_since,
+            _orders.c.payment_processing_at,
+            bindparam("watch_from", type_=_orders.c.late_money_watch_since.type),
+        ),
     ),
     # A cancel saved by an older release (an old web still serving during an upgrade's roll) left
     # why and when empty: the compensation of its OrderCancelled fills them in, the reason from the

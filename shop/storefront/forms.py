@@ -1,9 +1,9 @@
-from wtforms import EmailField, HiddenField, IntegerField
-from wtforms.validators import DataRequired, Email, InputRequired, Length, StopValidation
+from wtforms import HiddenField, IntegerField
+from wtforms.validators import DataRequired, InputRequired, StopValidation
 
 from ..orders.cart import most_of_one_item
 from ..settings import MOST_OF_ONE_ITEM
-from ..web.requests import Form
+from ..web.requests import Form, email_field
 
 
 class QuantityField(IntegerField):
@@ -43,20 +43,8 @@ class QuantityForm(Form):
     quantity = QuantityField("Quantity", validators=[LineQuantity()])
 
 
-def _email_field(missing: str) -> EmailField:
-    return EmailField(
-        "Email",
-        validators=[
-            DataRequired(message=missing),
-            # The length first: it is the limit the input's maxlength holds, said with its number.
-            Length(max=254, message="An email address is at most 254 characters long."),
-            Email(message="That does not look like an email address.", check_deliverability=False),
-        ],
-    )
-
-
 class CheckoutForm(Form):
-    email = _email_field("Enter your email so we can send your receipt.")
+    email = email_field("Email", DataRequired(message="Enter your email so we can send your receipt."))
     # The address the customer chose to keep over a "did you mean" (email_typos): not asked again.
     kept_email = HiddenField()
 
@@ -64,7 +52,7 @@ class CheckoutForm(Form):
 class OrderLinksForm(Form):
     """The address whose orders waiting for payment get their links emailed (order_links)."""
 
-    email = _email_field("Enter the email address to send the links to.")
+    email = email_field("Email", DataRequired(message="Enter the email address to send the links to."))
 
 
 class CancelForm(Form):

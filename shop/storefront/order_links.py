@@ -10,9 +10,6 @@ process's memory while Redis is down), so the form cannot be used to flood someo
 
 from __future__ import annotations
 
-import math
-import time
-
 from flask import Response, current_app, flash, jsonify, redirect, render_template_string, request, url_for
 from flask_limiter import RequestLimit
 
@@ -20,7 +17,7 @@ from ..errors import PAGE
 from ..orders.checkout import CheckoutRefused, HeldBy, normalized_email
 from ..orders.links import email_order_links as schedule_links
 from ..web.answers import wants_json
-from ..web.limiting import shop_limiter, wait_in_words
+from ..web.limiting import refused, view_limiter, wait_in_words
 from .blueprint import bp
 from .forms import OrderLinksForm, first_error
 
@@ -72,17 +69,15 @@ def _address() -> str:
 
 
 def _refusal(limit: RequestLimit) -> Response:
-    wait = max(1.0, limit.reset_at - time.time())
-    response = _answer(429, f"Too many requests for this address's links; try again in {wait_in_words(wait)}.")
-    response.headers["Retry-After"] = str(math.ceil(wait))
-    return response
+    return refused(
+        limit,
+        lambda wait: _answer(429, f"Too many requests for this address's links; try again in {wait_in_words(wait)}."),
+    )
 
 
 def init_app(app) -> None:
     """The form's own limiter, per address, wrapped around its view."""
-    limiter = shop_limiter(app, _address, "order-links")
-    limiter.request_filter(lambda: request.endpoint != LINKS_ENDPOINT)
-    view = app.view_functions[LINKS_ENDPOINT]
+    limiter, view = view_limiter(app, LINKS_ENDPOINT, _address, "order-links")
     per_address = limiter.limit(
         f"{ORDER_LINKS_PER_ADDRESS} per hour", key_func=_address, methods=["POST"], on_breach=_refusal
     )

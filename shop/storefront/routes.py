@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from functools import wraps
 from typing import TypeGuard
 
 from flask import flash, jsonify, redirect, request, url_for
@@ -226,14 +227,29 @@ def _render_order(view: OrderView, status: int = 200, error: str | None = None):
     return at_address(response, address)
 
 
+def _order_action(form_class):
+    """A POST the order's owner makes with a `form_class` form: the view gets the URL's reference,
+    the order and the form, or the order's page answers 400 with the form's first error."""
+
+    def wrap(view):
+        @wraps(view)
+        def action(reference: str):
+            order = _owned_order(reference)
+            form = form_class()
+            if not form.validate():
+                return _render_order(OrderView.of(order), 400, first_error(form))
+            return view(reference, order, form)
+
+        return action
+
+    return wrap
+
+
 @bp.post("/orders/<reference>/pay")
 @idempotent
-def pay(reference: str):
+@_order_action(ActionForm)
+def pay(reference: str, order: Order, form: ActionForm):
     """Start or retry payment (PendingPayment / PaymentFailed)."""
-    order = _owned_order(reference)
-    form = ActionForm()
-    if not form.validate():
-        return _render_order(OrderView.of(order), 400, first_error(form))
     started = start_payment(order.id)
     if started.status is StartStatus.STARTED:
         assert started.url is not None, "a started payment has its page"
@@ -273,12 +289,9 @@ def confirm_cancel(reference: str):
 
 @bp.post("/orders/<reference>/cancel")
 @idempotent
-def cancel(reference: str):
+@_order_action(CancelForm)
+def cancel(reference: str, order: Order, form: CancelForm):
     """Cancel with the version the customer saw; a stale version gets 409 and the current state."""
-    order = _owned_order(reference)
-    form = CancelForm()
-    if not form.validate():
-        return _render_order(OrderView.of(order), 400, first_error(form))
     outcome = cancel_order(order.id, form.version.data)
     # `order` is the mapped row: a cancel that rolled back (or saved) expired it, so it reads the
     # order as it is now.

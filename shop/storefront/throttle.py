@@ -18,15 +18,11 @@ Redis unreachable: the page still works, counted in this process's memory until 
 
 from __future__ import annotations
 
-import math
-import time
-
-from flask import Response, current_app, jsonify, render_template_string, request
+from flask import Response, current_app, render_template_string, request
 from flask_limiter import RequestLimit
 
 from ..errors import PAGE
-from ..web.answers import wants_json
-from ..web.limiting import shop_limiter, wait_in_words
+from ..web.limiting import json_or_page, refused, view_limiter, wait_in_words
 
 RETURN_ENDPOINT = "storefront.checkout_return"
 
@@ -40,25 +36,20 @@ def _limit() -> str:
 
 
 def _refusal(limit: RequestLimit) -> Response:
-    wait = max(1.0, limit.reset_at - time.time())
+    return refused(limit, _refusal_of)
+
+
+def _refusal_of(wait: float) -> Response:
     message = (
         "Too many requests for the payment return page from your address; "
         f"try again in {wait_in_words(wait)}. If you paid, your payment is safe and your order page will show it."
     )
     current_app.logger.warning("checkout return throttled from %s", request.remote_addr)
-    if wants_json():
-        response = jsonify({"error": message, "status": 429, "retry_after_seconds": math.ceil(wait)})
-    else:
-        response = current_app.make_response(render_template_string(PAGE, title="Please wait", message=message))
-    response.status_code = 429
-    response.headers["Retry-After"] = str(math.ceil(wait))
-    return response
+    return json_or_page(message, wait, lambda: render_template_string(PAGE, title="Please wait", message=message))
 
 
 def init_app(app) -> None:
     """The return page's own limiter (its Redis and key prefix the app's), wrapped around its view."""
-    limiter = shop_limiter(app, _address, "checkout-return")
-    limiter.request_filter(lambda: request.endpoint != RETURN_ENDPOINT)
-    view = app.view_functions[RETURN_ENDPOINT]
+    limiter, view = view_limiter(app, RETURN_ENDPOINT, _address, "checkout-return")
     by_address = limiter.limit(_limit, key_func=_address, methods=["GET"], on_breach=_refusal)
     app.view_functions[RETURN_ENDPOINT] = by_address(view)

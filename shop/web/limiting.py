@@ -1,13 +1,18 @@
 """What the shop's Flask-Limiter throttles share (the console's login, the storefront's return
-page): where a limiter keeps its counts, and a wait said in words."""
+page and order links form): where a limiter keeps its counts, a limiter for one view, and the 429
+that refuses a request past a limit, with its wait in words."""
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 
-from flask_limiter import Limiter
+from flask import Response, current_app, jsonify, request
+from flask_limiter import Limiter, RequestLimit
 
 from ..settings_values import parse_sentinel_url
+from .answers import wants_json
 
 
 def wait_in_words(seconds: float) -> str:
@@ -51,3 +56,29 @@ def shop_limiter(app, key_func, name: str) -> Limiter:
     )
     limiter.init_app(app)
     return limiter
+
+
+def view_limiter(app, endpoint: str, key_func, name: str) -> tuple[Limiter, Callable]:
+    """A limiter (shop_limiter) that every request but `endpoint`'s skips at once, and the
+    endpoint's view for its limits to wrap."""
+    limiter = shop_limiter(app, key_func, name)
+    limiter.request_filter(lambda: request.endpoint != endpoint)
+    return limiter, app.view_functions[endpoint]
+
+
+def refused(limit: RequestLimit, answer: Callable[[float], Response]) -> Response:
+    """A 429 with Retry-After for a request past `limit`: `answer(wait)` says it, the wait being
+    the seconds until the limit's window ends (one at least)."""
+    wait = max(1.0, limit.reset_at - time.time())
+    response = answer(wait)
+    response.status_code = 429
+    response.headers["Retry-After"] = str(math.ceil(wait))
+    return response
+
+
+def json_or_page(message: str, wait: float, page: Callable[[], str]) -> Response:
+    """A refusal's body: JSON with the error and the wait in seconds to a client that asks for
+    JSON, else `page()`."""
+    if wants_json():
+        return jsonify({"error": message, "status": 429, "retry_after_seconds": math.ceil(wait)})
+    return current_app.make_response(page())

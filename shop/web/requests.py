@@ -10,6 +10,8 @@ from flask_wtf import FlaskForm
 from werkzeug.datastructures import ImmutableMultiDict
 from werkzeug.exceptions import BadRequest
 from werkzeug.routing import BaseConverter, IntegerConverter, RequestRedirect, ValidationError
+from wtforms import EmailField
+from wtforms.validators import Email, Length
 
 from ..public_urls import relative_location
 
@@ -107,6 +109,20 @@ class Form(FlaskForm):
             ):
                 return json_formdata(request.get_json())
             return super().wrap_formdata(form, formdata)
+
+
+def email_field(label: str, first) -> EmailField:
+    """An email address as checkout checks it: `first` (DataRequired with what to say, or
+    Optional), then its length (the limit the input's maxlength holds, said with its number), then
+    its shape."""
+    return EmailField(
+        label,
+        validators=[
+            first,
+            Length(max=254, message="An email address is at most 254 characters long."),
+            Email(message="That does not look like an email address.", check_deliverability=False),
+        ],
+    )
 
 
 def relative_routing_redirects() -> None:

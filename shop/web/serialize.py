@@ -91,14 +91,43 @@ class RefundView:
 
 @dataclass(frozen=True, slots=True)
 class MoneyView:
-    """What the order's money came to, in minor units: paid (what the accepted payment charged,
-    tax included), returned to the customer (refunds that succeeded or were settled outside the
-    provider), what the shop keeps, and the tax in the payment (None without tax)."""
+    """What the order's money came to, in minor units: the one summary the customer's page, the
+    order's JSON and the console's money summary read. `charged`: what the payment charged, tax
+    included (the total before a payment); `refunded`: refunds that succeeded at the provider;
+    `settled`: refunds an operator settled outside the provider (the provider calls them failed);
+    `taken`: whether money was taken at all (a charge recorded, the order paid, or any refund);
+    `tax`: the tax in the payment (None without tax)."""
 
-    paid: int
+    charged: int
     refunded: int
-    net: int
+    settled: int
+    taken: bool
+    is_paid: bool
     tax: int | None
+
+    @property
+    def net(self) -> int:
+        """What the customer paid less what went back through the provider (the customer's page)."""
+        return self.charged - self.refunded
+
+    @property
+    def money_back(self) -> PaidAndRefunded | None:
+        """How much of a paid order's payment went back (None unless Paid)."""
+        return paid_and_refunded(self.charged, self.refunded) if self.is_paid else None
+
+    # The console's summary: what was paid (nothing until money was taken), returned to the
+    # customer however it went back, and what the shop keeps.
+    @property
+    def paid(self) -> int:
+        return self.charged if self.taken else 0
+
+    @property
+    def returned(self) -> int:
+        return self.refunded + self.settled
+
+    @property
+    def kept(self) -> int:
+        return self.paid - self.returned
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,26 +228,6 @@ class OrderView:
         return self.payment.status if self.payment else None
 
     @property
-    def refunded(self) -> int:
-        """The sum of the order's succeeded refunds, in minor units."""
-        return sum(r.amount for r in self.refunds if r.status == SUCCEEDED)
-
-    @property
-    def paid(self) -> int:
-        """What the payment charged (the total plus any tax); the total before a payment."""
-        return charged_for(self.total, self.charged)
-
-    @property
-    def net(self) -> int:
-        """What the customer paid less what went back."""
-        return self.paid - self.refunded
-
-    @property
-    def money_back(self) -> PaidAndRefunded | None:
-        """How much of a paid order's payment went back (None unless Paid)."""
-        return paid_and_refunded(self.paid, self.refunded) if self.status is OrderStatus.PAID else None
-
-    @property
     def payment_error(self) -> str | None:
         """Why the last payment did not go through, in the customer's words, while that is news: a
         card declined on the open payment page, or a failed payment (PaymentFailed)."""
@@ -228,16 +237,17 @@ class OrderView:
 
     @property
     def money(self) -> MoneyView:
-        """The money summary of the console's order page. Without a recorded charge (an order paid
-        before the shop wrote one, or late money on a cancelled order) the total is what was paid
-        when the order is paid or something was refunded."""
-        returned = [r for r in self.refunds if r.status == SUCCEEDED or r.settled_at is not None]
-        refunded = sum(r.amount for r in returned)
-        if self.charged is not None:
-            paid = self.charged
-        else:
-            paid = self.total if self.status is OrderStatus.PAID or self.refunds else 0
-        return MoneyView(paid, refunded, paid - refunded, self.tax or None)
+        """The order's money summary. Without a recorded charge (an order paid before the shop
+        wrote one, or late money on a cancelled order) the payment charged the total."""
+        is_paid = self.status is OrderStatus.PAID
+        return MoneyView(
+            charged=charged_for(self.total, self.charged),
+            refunded=sum(r.amount for r in self.refunds if r.status == SUCCEEDED),
+            settled=sum(r.amount for r in self.refunds if r.settled_at is not None and r.status != SUCCEEDED),
+            taken=self.charged is not None or is_paid or bool(self.refunds),
+            is_paid=is_paid,
+            tax=self.tax or None,
+        )
 
     @property
     def settled_refunds(self) -> list[int]:
@@ -269,7 +279,7 @@ class OrderView:
             if payment is None
             else {"session_id": payment.session_id, "url": payment.url, "status": payment.status},
             "refunds": [{"id": r.id, "amount": r.amount, "status": r.status} for r in self.refunds],
-            "refunded": self.refunded,
+            "refunded": self.money.refunded,
             "created_at": iso(self.created_at),
             "updated_at": iso(self.updated_at),
             "pay_by": iso(self.pay_by),
@@ -359,7 +369,7 @@ def _badge_key(order: OrderView) -> str:
     if status is OrderStatus.PAYMENT_FAILED:
         return "failed"
     if status is OrderStatus.PAID:
-        return PAID_BADGES[order.money_back or PaidAndRefunded.PAID]
+        return PAID_BADGES[order.money.money_back or PaidAndRefunded.PAID]
     # A refund an operator settled outside the shop is done, whatever the provider said.
     settled = set(order.settled_refunds)
     refunds = [r.status for r in order.refunds if r.id not in settled]

@@ -4,9 +4,15 @@ phone, whether the page fits its screen; and an operator's login through the con
 from __future__ import annotations
 
 from browser.test_console_phone import OVERFLOW
-from browser.test_storefront_pages import axe_problems
+from browser.test_storefront_pages import WIDTHS, axe_problems
 
 OPERATOR = ("ops@example.com", "correct horse battery")
+
+
+def sized_page(new_page, width: str):
+    """A fresh profile's page (the `new_page` fixture) at `width`, a key of WIDTHS: a phone's is a
+    phone's (is_mobile), and a CSS pixel is a screen pixel on both."""
+    return new_page(viewport=WIDTHS[width], is_mobile=width == "phone", device_scale_factor=1)
 
 
 def page_problems(page, phone_width: int | None = None) -> list[str]:

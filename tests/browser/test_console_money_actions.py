@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from browser.layout import log_in_operator, page_problems
+from browser.layout import log_in_operator, page_problems, sized_page
+from browser.test_storefront_pages import WIDTHS
 from factories import on_hand
 from payment_helpers import Shopper, order_id, run_everything
 from shop.extensions import db
@@ -19,8 +20,6 @@ from shop.seed import upsert_operator
 pytestmark = pytest.mark.shop(served=True)  # over real HTTP, registered with the sandbox
 
 expect = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed").expect
-
-WIDTHS = {"desktop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}
 
 
 def _paid_order(app, sandbox) -> tuple[str, int]:
@@ -53,7 +52,7 @@ def test_refund_resend_and_stock_pages_work_and_pass_the_checker_at_both_widths(
     reference, oid = _paid_order(app, sandbox)
     sock = app.skus["SOCK-M"]
     viewport = WIDTHS[width]
-    page = new_page(viewport=viewport, is_mobile=width == "phone", device_scale_factor=1)
+    page = sized_page(new_page, width)
     found: dict[str, list] = {}
 
     def check(name: str) -> None:

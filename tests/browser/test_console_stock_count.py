@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from browser.layout import log_in_operator, page_problems
+from browser.layout import log_in_operator, page_problems, sized_page
+from browser.test_storefront_pages import WIDTHS
 from payment_helpers import Shopper
 from shop.extensions import db
 from shop.models import InventoryItem, StockCorrection
@@ -19,8 +20,6 @@ pytestmark = pytest.mark.shop(served=True)  # over real HTTP, registered with th
 
 expect = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed").expect
 
-WIDTHS = {"desktop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}
-
 
 def _figures(app, variant) -> tuple[int, int]:
     with app.app_context():
@@ -30,7 +29,7 @@ def _figures(app, variant) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_a_shelf_count_met_by_a_checkout_comes_back_and_is_set_anyway_at_both_widths(chromium, shop, sandbox, width):
+def test_a_shelf_count_met_by_a_checkout_comes_back_and_is_set_anyway_at_both_widths(new_page, shop, sandbox, width):
     pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
     app, base_url = shop, shop.config["PUBLIC_BASE_URL"]
     with app.app_context():
@@ -39,9 +38,7 @@ def test_a_shelf_count_met_by_a_checkout_comes_back_and_is_set_anyway_at_both_wi
     sock = app.skus["SOCK-M"]
     Shopper(app, app.skus).place("SOCK-M", 2)  # an unpaid order holds two on the shelf
     viewport = WIDTHS[width]
-    context = chromium.new_context(viewport=viewport, is_mobile=width == "phone", device_scale_factor=1)
-    context.set_default_timeout(15_000)
-    page = context.new_page()
+    page = sized_page(new_page, width)
     found: dict[str, list] = {}
 
     def check(name: str) -> None:
@@ -78,6 +75,6 @@ def test_a_shelf_count_met_by_a_checkout_comes_back_and_is_set_anyway_at_both_wi
             db.session.remove()
         assert modes[-1] == "count"
     finally:
-        context.close()
+        page.close()
     problems = {name: problems for name, problems in found.items() if problems}
     assert problems == {}, "\n".join(f"{n}: {p}" for n, ps in problems.items() for p in ps)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from browser.layout import log_in_operator
+from browser.layout import log_in_operator, sized_page
 from browser.test_console_money_actions import _paid_order
 from browser.test_console_phone import OVERFLOW
 from browser.test_storefront_pages import WIDTHS, axe_problems
@@ -33,7 +33,7 @@ def test_the_order_list_and_audit_pages_say_words_and_pass_axe(new_page, shop, s
         db.session.remove()
     reference, _ = _paid_order(app, sandbox)
     viewport = WIDTHS[width]
-    page = new_page(viewport=viewport, is_mobile=width == "phone", device_scale_factor=1)
+    page = sized_page(new_page, width)
     found: dict[str, list] = {}
 
     def check(name: str) -> None:

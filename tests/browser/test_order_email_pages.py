@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from browser.layout import log_in_operator, page_problems
-from browser.test_console_money_actions import WIDTHS, _paid_order
-from browser.test_storefront_pages import add_to_cart, check_out, order_row
+from browser.layout import log_in_operator, page_problems, sized_page
+from browser.test_console_money_actions import _paid_order
+from browser.test_storefront_pages import WIDTHS, add_to_cart, check_out, order_row
 from payment_helpers import Shopper
 from shop.extensions import db
 from shop.seed import upsert_operator
@@ -35,19 +35,12 @@ class Checked:
         assert problems == {}, "\n".join(f"{n}: {p}" for n, ps in problems.items() for p in ps)
 
 
-def _context(chromium, width: str):
-    context = chromium.new_context(viewport=WIDTHS[width], is_mobile=width == "phone", device_scale_factor=1)
-    context.set_default_timeout(15_000)
-    return context
-
-
 @pytest.mark.parametrize("width", WIDTHS)
-def test_the_checkout_hint_and_both_unpaid_refusals_work_and_pass_the_checker(chromium, shop, width):
+def test_the_checkout_hint_and_both_unpaid_refusals_work_and_pass_the_checker(new_page, shop, width):
     pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
     base_url = shop.config["PUBLIC_BASE_URL"]
     Shopper(shop, shop.skus).buy("SOCK-M", 1, email="bea@example.com")  # the address's one, from elsewhere
-    context = _context(chromium, width)
-    page = context.new_page()
+    page = sized_page(new_page, width)
     check = Checked(page, width)
     try:
         # "Did you mean": both choices shown; the suggested one places the order.
@@ -69,7 +62,7 @@ def test_the_checkout_hint_and_both_unpaid_refusals_work_and_pass_the_checker(ch
         expect(page).to_have_url(f"{base_url}/orders")
 
         # Another browser, the address's order placed elsewhere: its links are offered by email.
-        context.clear_cookies()
+        page.context.clear_cookies()
         add_to_cart(page, base_url, "SOCK-M", 1)
         check_out(page, "bea@example.com")
         expect(page.locator("#unpaid-limit")).to_contain_text("The address bea@example.com already has 1 order")
@@ -78,20 +71,19 @@ def test_the_checkout_hint_and_both_unpaid_refusals_work_and_pass_the_checker(ch
         expect(page.locator("p.flash", has_text="If bea@example.com has orders waiting for payment")).to_be_visible()
         check("cart after asking for the links")
     finally:
-        context.close()
+        page.close()
     check.assert_clean()
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_the_consoles_change_of_address_and_send_to_another_work_and_pass_the_checker(chromium, shop, sandbox, width):
+def test_the_consoles_change_of_address_and_send_to_another_work_and_pass_the_checker(new_page, shop, sandbox, width):
     pytest.importorskip("axe_playwright_python", reason="the axe-playwright-python package is not installed")
     base_url = shop.config["PUBLIC_BASE_URL"]
     with shop.app_context():
         upsert_operator("ops@example.com", "correct horse battery")
         db.session.remove()
     reference, _oid = _paid_order(shop, sandbox)
-    context = _context(chromium, width)
-    page = context.new_page()
+    page = sized_page(new_page, width)
     check = Checked(page, width)
     try:
         log_in_operator(page, base_url)
@@ -114,5 +106,5 @@ def test_the_consoles_change_of_address_and_send_to_another_work_and_pass_the_ch
         expect(page.locator("p.flash", has_text="is on its way to office@example.net")).to_be_visible()
         assert order_row(shop, reference=reference).email == "ann.lee@example.org"
     finally:
-        context.close()
+        page.close()
     check.assert_clean()

@@ -21,13 +21,12 @@ from shop.models import InventoryItem, Order, OutboxDelivery, Refund, ScheduledC
 from shop.seed import upsert_operator
 
 from .test_console_phone import OVERFLOW
-from .test_storefront_pages import add_to_cart, axe_problems
+from .test_storefront_pages import WIDTHS, add_to_cart, axe_problems
 
 pytestmark = pytest.mark.shop(served=True)  # over real HTTP, registered with the sandbox
 
 expect = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed").expect
 
-WIDTHS = {"desktop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}
 
 # The box of an element as the reader sees it: its right edge on the screen, and whether its own
 # text is cut off inside it (text wider than the box, with the overflow hidden or scrolled).

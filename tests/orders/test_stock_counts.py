@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from factories import cart_with, catalog_rows, force_order, transitioned
+from factories import cart_with, catalog_rows, force_order, on_hand, place_order_for, transitioned
 from shop.domain.order import Transition as T
 from shop.extensions import db
-from shop.models import InventoryItem, RestoreWarning, StockCorrection
+from shop.models import RestoreWarning, StockCorrection
 from shop.orders.checkout import place_order
 from shop.orders.stock import CorrectionOutcome, StockMode, correct_stock
 from shop.orders.stock_held import Held, held_by_orders
@@ -21,21 +21,13 @@ from support import run_threads
 OPERATOR = "night-shift@example.com"
 
 
-def on_hand(variant_id: int) -> int:
-    db.session.rollback()
-    return db.session.execute(select(InventoryItem.on_hand).where(InventoryItem.variant_id == variant_id)).scalar_one()
-
-
 def held(variant_id: int) -> Held:
     db.session.rollback()
     return held_by_orders(variant_id)
 
 
 def checkout(variant, quantity=1) -> int:
-    cart, browser = cart_with([(variant, quantity)])
-    placed = place_order(cart_id=cart, browser_id=browser, email=f"{browser}@example.com")
-    assert placed.ok, placed
-    return placed.order_id
+    return place_order_for({variant: quantity}).order_id
 
 
 def count(variant, value, key, *, seen, seen_held, reason="shelf count"):

@@ -16,6 +16,7 @@ import urllib3
 from payment_helpers import JSON, Shopper
 from shop import clock as shop_clock
 from shop.clock import SystemClock
+from shop.console.words import BREAKER_WORDS
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order
@@ -140,7 +141,7 @@ def test_the_console_dashboard_says_the_providers_state_in_words(make_shop, sand
     sandbox.faults(api_unavailable=True)
     Shopper(app).checkout()
     provider = console.get("/console/", headers=JSON).get_json()["provider"]
-    assert provider["state"] == guard.OPEN and provider["words"] == guard.STATE_WORDS[guard.OPEN]
+    assert provider["state"] == guard.OPEN and provider["words"] == BREAKER_WORDS[guard.OPEN]
     page = console.get("/console/", headers={"Accept": "text/html"}).get_data(as_text=True)
     assert "Unavailable: checkout takes orders and holds their stock" in page
 
@@ -157,7 +158,7 @@ def test_the_provider_card_is_not_green_while_the_latest_calls_failed_below_the_
     )
     with app.app_context():
         assert watch.check_now() is True  # the watch's check: without one the card is not green
-    assert card()["ok"] is True and card()["words"].startswith(guard.STATE_WORDS[guard.CLOSED])
+    assert card()["ok"] is True and card()["words"].startswith(BREAKER_WORDS[guard.CLOSED])
     sandbox.faults(api_unavailable=True)
     Shopper(app).checkout()
     provider = console.get("/console/", headers=JSON).get_json()["provider"]

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from payment_helpers import place_and_pay, run_everything
+from payment_helpers import paid_with_operator, run_everything
 from shop.extensions import db
 from shop.models import OperatorAction, Order
-from support import csrf_token, log_in, mails
+from support import csrf_token, mails
 
 HTML, JSON = {"Accept": "text/html"}, {"Accept": "application/json"}
 KEY = re.compile(r'name="request_key" value="([^"]+)"')
@@ -22,15 +22,8 @@ KEY = re.compile(r'name="request_key" value="([^"]+)"')
 def paid_order(mail_folder, make_fresh_app, sandbox):
     """A logged-in client and a paid order with its confirmation sent: (app, client, csrf token,
     reference, order id, the order's address)."""
-    app, oid, _total, _skus = place_and_pay(make_fresh_app, sandbox, "SOCK-M", 1)
-    run_everything(app)
-    client = app.test_client()
-    token = log_in(app, client)
-    with app.app_context():
-        order = db.session.get(Order, oid)
-        reference, email = order.reference, order.email
-        db.session.remove()
-    return app, client, token, reference, oid, email
+    paid = paid_with_operator(make_fresh_app, sandbox, "SOCK-M", 1)
+    return paid.app, paid.client, paid.token, paid.reference, paid.oid, paid.email
 
 
 def _email_of(app, oid: int) -> str:
@@ -130,3 +123,15 @@ def test_another_address_that_is_no_address_sends_nothing(paid_order, mail_folde
     assert r.status_code == 400 and r.get_json()["error"] == "Send to: That does not look like an email address."
     run_everything(app)
     assert len(mails(mail_folder, "order_paid")) == 1
+
+
+def test_a_resend_of_no_such_email_or_for_no_such_order_is_refused_in_words(paid_order):
+    _app, client, token, ref, _oid, _email = paid_order
+    words = "Choose one of the order's emails to send again (order_placed, order_paid"
+    page = client.get(f"/console/orders/{ref}/emails/resend?template=nope", headers=JSON)
+    assert page.status_code == 400 and words in page.get_json()["error"]
+    data = {"csrf_token": token, "template": "nope", "request_key": "k" * 32}
+    sent = client.post(f"/console/orders/{ref}/emails/resend", data=data, headers=JSON)
+    assert sent.status_code == 400 and words in sent.get_json()["error"]
+    missing = client.get("/console/orders/NO-SUCH/emails/resend?template=order_paid", headers=JSON)
+    assert missing.status_code == 404 and missing.get_json()["error"] == "There is no order NO-SUCH."

@@ -8,10 +8,9 @@ from __future__ import annotations
 import html
 import re
 
-from factories import cart_with, catalog_rows
+from factories import catalog_rows, on_hand, place_order_for
 from shop.extensions import db
-from shop.models import InventoryItem, OperatorAction, StockCorrection
-from shop.orders.checkout import place_order
+from shop.models import OperatorAction, StockCorrection
 from support import log_in
 
 HTML, JSON = {"Accept": "text/html"}, {"Accept": "application/json"}
@@ -19,8 +18,7 @@ HTML, JSON = {"Accept": "text/html"}, {"Accept": "application/json"}
 
 def _checkout(app, variant, quantity):
     with app.app_context():
-        cart, browser = cart_with([(variant, quantity)])
-        assert place_order(cart_id=cart, browser_id=browser, email=f"{browser}@example.com").ok
+        place_order_for({variant: quantity})
         db.session.remove()
 
 
@@ -34,13 +32,6 @@ def _count_form(page: str) -> dict[str, str]:
     values["reason"] = html.unescape(reason.group(1)) if reason else ""
     values["button"] = re.search(r"<button[^>]*>([^<]*)</button>", text).group(1)
     return values
-
-
-def _on_hand(app, variant) -> int:
-    with app.app_context():
-        value = db.session.get(InventoryItem, variant).on_hand
-        db.session.remove()
-        return value
 
 
 def test_the_page_shows_what_the_shelf_should_hold_and_a_count_becomes_on_hand_less_what_orders_hold(fresh_app):
@@ -64,7 +55,7 @@ def test_the_page_shows_what_the_shelf_should_hold_and_a_count_becomes_on_hand_l
     assert answer.status_code == 200, answer.get_json()
     body = answer.get_json()
     assert (body["old"], body["new"], body["count"], body["held"]["total"]) == (7, 5, 8, 3)
-    assert _on_hand(fresh_app, variant) == 5
+    assert on_hand(variant, fresh_app) == 5
     with fresh_app.app_context():
         (row,) = db.session.query(OperatorAction).all()
         (correction,) = db.session.query(StockCorrection).all()
@@ -86,7 +77,7 @@ def test_a_count_below_what_orders_hold_is_refused_in_words_with_the_count_kept(
     assert answer.status_code == 400
     page = html.unescape(answer.get_data(as_text=True))
     assert "The shelf count 3 is below the 4 units orders hold of this variant" in page
-    assert (_count_form(answer.get_data(as_text=True))["count"], _on_hand(fresh_app, variant)) == ("3", 6)
+    assert (_count_form(answer.get_data(as_text=True))["count"], on_hand(variant, fresh_app)) == ("3", 6)
     r = client.post(f"/console/inventory/{variant}/adjust", data=data, headers=JSON)
     assert (r.status_code, r.get_json()["why"], r.get_json()["held"]["total"]) == (400, "below_held", 4)
 
@@ -107,13 +98,13 @@ def test_a_checkout_after_the_page_brings_the_form_back_with_new_figures_and_set
     again = _count_form(text)
     assert (again["seen"], again["held"], again["count"], again["reason"]) == ("8", "2", "9", data["reason"])
     assert (again["button"], again["request_key"]) == ("Set it anyway", form["request_key"])
-    assert _on_hand(fresh_app, variant) == 8  # the checkout's decrement stands
+    assert on_hand(variant, fresh_app) == 8  # the checkout's decrement stands
     script = client.post(f"/console/inventory/{variant}/adjust", data={**data, "request_key": "j" * 32}, headers=JSON)
     assert (script.status_code, script.get_json()["why"], script.get_json()["on_hand"]) == (409, "changed", 8)
     assert script.get_json()["held"] == {"unpaid": 2, "paid": 0, "returning": 0, "total": 2}
     done = client.post(f"/console/inventory/{variant}/adjust", data={**again, "csrf_token": token})
     assert done.status_code == 303
-    assert _on_hand(fresh_app, variant) == 7
+    assert on_hand(variant, fresh_app) == 7
     with fresh_app.app_context():
         audit = [(a.status, a.reason) for a in db.session.query(OperatorAction).order_by(OperatorAction.id)]
         assert audit == [(409, data["reason"]), (409, data["reason"]), (303, data["reason"])]
@@ -129,7 +120,7 @@ def test_setting_on_hand_directly_stays_and_says_it_leaves_what_orders_hold_asid
     assert "On hand is what is free to sell now, not counting the 3 held by orders" in page
     data = {"csrf_token": token, "on_hand": "4", "seen": "7", "reason": "direct", "request_key": "d" * 32}
     assert client.post(f"/console/inventory/{variant}/adjust", data=data).status_code == 303
-    assert _on_hand(fresh_app, variant) == 4
+    assert on_hand(variant, fresh_app) == 4
     both = {"csrf_token": token, "count": "4", "on_hand": "4", "reason": "both"}
     r = client.post(f"/console/inventory/{variant}/adjust", data=both, headers=JSON)
     assert r.status_code == 400 and "not both" in r.get_json()["error"]

@@ -10,10 +10,7 @@ import io
 
 import pytest
 
-from payment_helpers import place_and_pay, run_everything
-from shop.extensions import db
-from shop.models import Order
-from support import log_in
+from payment_helpers import paid_with_operator, run_everything
 
 JSON = {"Accept": "application/json"}
 
@@ -24,15 +21,8 @@ def shop(monkeypatch, tmp_path, make_fresh_app, sandbox):
     the order's access token, its total)."""
     monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
     monkeypatch.delenv("SMTP_URL", raising=False)
-    app, oid, total, _skus = place_and_pay(make_fresh_app, sandbox, "SOCK-M", 2)
-    run_everything(app)
-    client = app.test_client()
-    token = log_in(app, client)
-    with app.app_context():
-        order = db.session.get(Order, oid)
-        reference, access = order.reference, order.access_token
-        db.session.remove()
-    return app, client, token, reference, access, total
+    paid = paid_with_operator(make_fresh_app, sandbox, "SOCK-M", 2)
+    return paid.app, paid.client, paid.token, paid.reference, paid.access_token, paid.total
 
 
 def _refund(app, client, token, reference, amount: int | None):

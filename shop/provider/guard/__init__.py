@@ -33,7 +33,7 @@ from __future__ import annotations
 from flask import current_app
 
 from ...extensions import per_app
-from .breaker import PROBE_SPACING_SECONDS, STATE_WORDS, Breaker, BreakerState, ProbeTurn
+from .breaker import PROBE_SPACING_SECONDS, Breaker, BreakerState, ProbeTurn
 from .budget import _BUCKET_TAKE, Budget, Grant, Held
 from .bulkhead import Bulkhead
 from .calls import (
@@ -63,7 +63,6 @@ __all__ = [
     "HALF_OPEN",
     "OPEN",
     "PROBE_SPACING_SECONDS",
-    "STATE_WORDS",
     "_BUCKET_TAKE",
     "BreakerState",
     "CallContext",

@@ -7,6 +7,7 @@ keep failing back off, up to the cool-down. A customer's call is never the probe
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -23,13 +24,6 @@ class BreakerState(StrEnum):
     OPEN = "open"
     HALF_OPEN = "half_open"
 
-
-STATE_WORDS = {
-    BreakerState.CLOSED: "Reachable: payments start normally.",
-    BreakerState.OPEN: "Unavailable: checkout takes orders and holds their stock; customers pay later with “Pay now”.",
-    BreakerState.HALF_OPEN: "Recovering: the shop is checking whether the provider answers again; payments start as "
-    "soon as it does.",
-}
 
 # Breaker: one hash. `admit` says whether a call may go (1) or not (0): only while closed; a
 # customer's call is never the probe. `record` applies a call's outcome: failures in a row open
@@ -162,15 +156,8 @@ class Breaker:
 
     def record(self, ok: bool) -> BreakerState:
         lim = self.limits
-        reply = self.shared.run(
-            "record",
-            _BREAKER_RECORD,
-            [self.key],
-            [1 if ok else 0, lim.breaker_threshold, PROBE_SPACING_SECONDS],
-        )
-        state = BreakerState(_text(reply)) if reply is not None else self.local.record(clock.current().time(), ok, lim)
-        self._note(state)
-        return state
+        args = [1 if ok else 0, lim.breaker_threshold, PROBE_SPACING_SECONDS]
+        return self._told("record", _BREAKER_RECORD, args, lambda now: self.local.record(now, ok, lim))
 
     def claim_probe(self) -> ProbeTurn:
         lim = self.limits
@@ -183,17 +170,14 @@ class Breaker:
 
     def probe_result(self, ok: bool) -> BreakerState:
         lim = self.limits
-        reply = self.shared.run(
-            "probe_result",
-            _PROBE_RESULT,
-            [self.key],
-            [1 if ok else 0, PROBE_SPACING_SECONDS, PROBE_STEADY, lim.breaker_cooldown_seconds],
-        )
-        state = (
-            BreakerState(_text(reply))
-            if reply is not None
-            else self.local.probe_result(clock.current().time(), ok, lim)
-        )
+        args = [1 if ok else 0, PROBE_SPACING_SECONDS, PROBE_STEADY, lim.breaker_cooldown_seconds]
+        return self._told("probe_result", _PROBE_RESULT, args, lambda now: self.local.probe_result(now, ok, lim))
+
+    def _told(self, name: str, script: str, args: list, local: Callable[[float], BreakerState]) -> BreakerState:
+        """The state a call's outcome leaves the breaker in: Redis's `script` run with `args`, or
+        while Redis is away this process's own view told (`local(now)`)."""
+        reply = self.shared.run(name, script, [self.key], args)
+        state = BreakerState(_text(reply)) if reply is not None else local(clock.current().time())
         self._note(state)
         return state
 
