@@ -22,6 +22,7 @@ from payment_helpers import HTML, Shopper
 from shop import logs, node, queue
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery, ScheduledCommand
+from shop.web.request_ids import request_id_of
 
 
 class Lines:
@@ -136,6 +137,16 @@ def test_configure_installs_one_handler_switches_its_format_and_leaves_a_configu
 
 
 # -- the request id ---------------------------------------------------------------------------
+
+
+def test_a_client_chosen_request_id_that_could_forge_a_log_line_or_markup_is_replaced(fresh_client):
+    for forged in ('a" 200 "b', "<script>x</script>", "id\x1b[31mred", "a%0aforged", "back\\slash", "semi;colon"):
+        answer = fresh_client.get("/cart", headers={"X-Request-ID": forged})
+        assert re.fullmatch(r"[0-9a-f]{32}", answer.headers["X-Request-ID"]), forged
+    # What a header cannot carry through a test client, the rule refuses as well.
+    for forged in ("a\nforged line", "a\rb", "nul\x00"):
+        assert request_id_of(forged) != forged
+    assert request_id_of("lb-7f3a9c/2:1.x+y=z@n_") == "lb-7f3a9c/2:1.x+y=z@n_"
 
 
 def test_an_incoming_request_id_is_kept_and_echoed_and_otherwise_one_is_made(fresh_client):
