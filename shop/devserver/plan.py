@@ -169,6 +169,8 @@ def make_plan(port: int, environ: Mapping[str, str]) -> Plan:
     env["FLASK_APP"] = "app"
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("SCHEDULER_POLL_SECONDS", "1")
+    # The demo's /metrics stays open to whoever runs it, whatever PUBLIC_BASE_URL says.
+    env.setdefault("METRICS_PUBLIC", "1")
     if not (env.get("SECRET_KEY") or "").strip():
         env["SECRET_KEY"] = demo_secret_key(env["BACKSTOP_INSTANCE_PATH"])
     if not (env.get("PUBLIC_BASE_URL") or "").strip():
