@@ -19,10 +19,11 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+from typing import cast
 
 from flask import current_app
 from redis.exceptions import RedisError
-from sqlalchemy import delete, select
+from sqlalchemy import CursorResult, delete, select
 
 from .. import clock
 from ..extensions import db
@@ -99,7 +100,8 @@ def trim() -> int:
     ).scalar()
     if cutoff is None:
         return 0
-    gone = db.session.execute(delete(WebhookReceipt).where(is_noise(), WebhookReceipt.id <= cutoff)).rowcount
+    result = db.session.execute(delete(WebhookReceipt).where(is_noise(), WebhookReceipt.id <= cutoff))
+    gone = cast(CursorResult, result).rowcount  # a DELETE's result is a cursor's
     db.session.commit()
     if gone:
         try:
