@@ -125,7 +125,7 @@ def test_configure_installs_one_handler_switches_its_format_and_leaves_a_configu
         assert ours.backstop and root.level == logging.INFO
         assert type(ours.formatter).__name__ == "JsonFormatter"
         logs.configure("text")
-        assert root.handlers == [ours] and type(ours.formatter) is logging.Formatter
+        assert root.handlers == [ours] and type(ours.formatter).__name__ == "_OneLine"
 
         other = logging.NullHandler()
         root.handlers = [other]
@@ -134,6 +134,15 @@ def test_configure_installs_one_handler_switches_its_format_and_leaves_a_configu
     finally:
         root.handlers = saved
         root.setLevel(level)
+
+
+def test_a_clients_newline_or_escape_in_a_message_forges_no_line_in_either_format(captured):
+    text, as_json = captured("text"), captured("json")
+    logging.getLogger("shop.webhooks").warning("refused %s", "evt_1\n[node] CRITICAL forged\x1b[2J")
+    (line,) = text.text()
+    assert "evt_1\\x0a[node] CRITICAL forged\\x1b[2J" in line
+    (record,) = as_json.json()
+    assert record["message"] == "refused evt_1\n[node] CRITICAL forged\x1b[2J"  # JSON escapes it itself
 
 
 # -- the request id ---------------------------------------------------------------------------
