@@ -113,10 +113,8 @@ class Settings:
     # METRICS_TOKEN: when set, /metrics answers only with `Authorization: Bearer <it>`.
     metrics_token: str | None = None
     # METRICS_PUBLIC: /metrics open without METRICS_TOKEN although PUBLIC_BASE_URL is not this
-    # machine (shop.ops.routes); `flask shop up` sets it. Not read: how long one process reuses
-    # a scrape's text, so that scrapes in a row run the database's aggregates once.
+    # machine (shop.ops.routes); `flask shop up` sets it.
     metrics_public: bool = False
-    metrics_cache_seconds: float = 5.0
     # SMTP_CA_FILE: a PEM bundle trusted instead of the system's CAs when the mailer checks the
     # mail server's certificate (smtp+starttls://, smtps://).
     smtp_ca_file: str | None = None

@@ -18,6 +18,11 @@ from .metrics import registry
 
 log = logging.getLogger("shop.ops")
 
+# How long one process reuses a scrape's text, so that scrapes in a row (several Prometheus
+# servers, a dashboard) run the database's aggregates once. Not a setting: a test app sets its own
+# (config METRICS_CACHE_SECONDS).
+CACHE_SECONDS = 5.0
+
 CLOSED = (
     "forbidden: /metrics is closed on a shop whose PUBLIC_BASE_URL is not this machine and that has no "
     "METRICS_TOKEN; set METRICS_TOKEN and give it to the scraper, or METRICS_PUBLIC=1 to open it to anyone\n"
@@ -73,7 +78,7 @@ class _Cached:
 
 
 def _scrape() -> bytes:
-    keep = float(current_app.config.get("METRICS_CACHE_SECONDS") or 0)
+    keep = float(current_app.config.get("METRICS_CACHE_SECONDS", CACHE_SECONDS))
     if keep <= 0:
         return generate_latest(registry())
     cached = per_app("metrics_cache", _Cached)
