@@ -23,6 +23,7 @@ A provider call's line adds its own fields (`endpoint`, `latency_ms`, `outcome`,
 from __future__ import annotations
 
 import logging
+import re
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
@@ -111,13 +112,38 @@ class ContextFilter(logging.Filter):
         return True
 
 
+# C0 and C1 controls, DEL, and the line and paragraph separators: anything that ends a line
+# somewhere or rewrites a terminal.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escape(match: re.Match) -> str:
+    n = ord(match.group())
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}"
+
+
+def escaped(text: str) -> str:
+    """`text` with every control character written as its escape (a newline as `\\x0a`) and `\\`
+    as `\\\\`: a line read back says what was sent, and a client's `%0a` starts no line of its own."""
+    return _CONTROL.sub(_escape, text.replace("\\", "\\\\"))
+
+
+class _OneLine(logging.Formatter):
+    """The text format with the message's control characters escaped (a traceback, added after
+    it, keeps its lines). The JSON format needs none: JSON escapes them."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escaped(record.message)
+        return super().formatMessage(record)
+
+
 def formatter(log_format: str) -> logging.Formatter:
     """The formatter of LOG_FORMAT. JSON: python-json-logger, with every extra on the record (the
     node, the context's fields, a provider call's fields) as a key of its own."""
     from .node import LOG_FORMAT_TEXT
 
     if log_format != JSON:
-        return logging.Formatter(LOG_FORMAT_TEXT)
+        return _OneLine(LOG_FORMAT_TEXT)
     from pythonjsonlogger.json import JsonFormatter
 
     made = JsonFormatter(

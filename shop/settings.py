@@ -114,6 +114,9 @@ class Settings:
     max_line_quantity: int = 10
     # METRICS_TOKEN: when set, /metrics answers only with `Authorization: Bearer <it>`.
     metrics_token: str | None = None
+    # METRICS_PUBLIC: /metrics open without METRICS_TOKEN although PUBLIC_BASE_URL is not this
+    # machine (shop.ops.routes); `flask shop up` sets it.
+    metrics_public: bool = False
     # SMTP_CA_FILE: a PEM bundle trusted instead of the system's CAs when the mailer checks the
     # mail server's certificate (smtp+starttls://, smtps://).
     smtp_ca_file: str | None = None
@@ -310,6 +313,7 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         # when it lapses, and the sweep must be taken over within 30 s (docs/REFERENCE.md).
         reconciliation_lease_seconds=env_int(env, "BACKSTOP_RECONCILIATION_LEASE_SECONDS", 20, 2, 25),
         metrics_token=env_metrics_token(env),
+        metrics_public=env_bool(env, "METRICS_PUBLIC", False),
         # Whole days, at least one; webhook receipts are kept 7 days at least whatever is set
         # (shop.domain.retention).
         retention_days=env_int(env, "RETENTION_DAYS", 30, 1, 3650),

@@ -12,6 +12,7 @@ came from (the console's Webhooks card counts them but never turns red for them 
 logged at CRITICAL, and reddens the card, is what means payment updates are being lost: no
 signing secret to check with, or a delivery whose signature verified and that still could not be
 used. Every receipt keeps its raw body (a rejected one only its beginning) for the console.
+Noise is bounded per address and in all (web.webhook_noise); a delivery that verified never is.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .provider import gateway
 from .provider.guard import Priority, request_priority
 from .provider.registration import webhook_secret
 from .provider.signature import verify_webhook
+from .web import webhook_noise
 
 log = logging.getLogger("shop.webhooks")
 bp = Blueprint("webhooks", __name__)
@@ -108,15 +110,30 @@ def _reject(reason: str, status: int = 400, *, lost: bool = False):
             "(check STRIPE_WEBHOOK_SECRET / the registered endpoint).",
             reason,
         )
-    else:
-        log.warning(
-            "webhook delivery from %s refused (%s): not signed with this shop's secret; noise unless it is the "
-            "provider's (then STRIPE_WEBHOOK_SECRET is wrong)",
-            request.remote_addr,
-            reason,
-        )
+        _record(ReceiptOutcome.REJECTED, reason, status)
+        return jsonify({"error": reason}), status
+    if not webhook_noise.may_record(request.remote_addr):
+        return _throttled()
+    log.warning(
+        "webhook delivery from %s refused (%s): not signed with this shop's secret; noise unless it is the "
+        "provider's (then STRIPE_WEBHOOK_SECRET is wrong)",
+        request.remote_addr,
+        reason,
+    )
     _record(ReceiptOutcome.REJECTED, reason, status)
+    webhook_noise.after_written()
     return jsonify({"error": reason}), status
+
+
+def _throttled():
+    """Noise past its address's limit (web.webhook_noise): answered, not written anywhere."""
+    return jsonify({"error": THROTTLED}), 429
+
+
+THROTTLED = (
+    "too many deliveries that are not signed with this shop's secret from your address; "
+    "they are not recorded for the rest of this minute"
+)
 
 
 def _read_body() -> bytes | None:
@@ -151,12 +168,15 @@ def stripe_webhook():
     if body is None:
         # Not verified (too big to read): noise unless it is the provider's, which never sends one.
         g.webhook_signed = False
+        if not webhook_noise.may_record(request.remote_addr):
+            return _throttled()
         log.warning(
             "webhook delivery from %s refused: body over %d bytes; if this is Stripe, that event is being lost",
             request.remote_addr,
             MAX_BODY,
         )
         _record(ReceiptOutcome.REJECTED, f"body over {MAX_BODY} bytes", 413)
+        webhook_noise.after_written()
         return jsonify({"error": "payload too large"}), 413
     g.webhook_body = body
     secret = webhook_secret()

@@ -79,6 +79,9 @@ def base_config(database_url: str, **overrides) -> dict:
         "STRIPE_TIMEOUT_SECONDS": 5,
         # Scraped without a token throughout; the tests of METRICS_TOKEN set it themselves.
         "METRICS_TOKEN": None,
+        # Each scrape reads the database afresh, as tests change it between scrapes; the test of
+        # the scrape cache sets its own (tests/web/test_metrics_guard.py).
+        "METRICS_CACHE_SECONDS": 0,
         # Tests and models come back to the return page far more often than a customer does; the
         # tests of its throttle set their own limit (tests/web/test_checkout_return.py).
         "CHECKOUT_RETURN_PER_MINUTE": 100_000,

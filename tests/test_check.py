@@ -24,11 +24,12 @@ from sqlalchemy.engine import make_url
 from process_support import ROOT, flask_command, free_port, process_env
 from shop.devserver.bundled_redis import redis_server_command
 from shop.ops import database_checks, preflight
+from shop.ops.redis_version import lua_fix_missing
 from shop.provider.views import EVENT_TYPES
-from support import RUN_ID, UNREACHABLE_PROVIDER, wait_until
+from support import RUN_ID, UNREACHABLE_PROVIDER, redis_url, wait_until
 
 TARGET = "http://127.0.0.1:5000/webhooks/stripe"  # base_config's PUBLIC_BASE_URL + the webhook's path
-NAMES = ["settings", "database", "redis", "redis-auth", "provider", "webhook", "clock", "pools"]
+NAMES = ["settings", "database", "redis", "redis-auth", "redis-version", "provider", "webhook", "clock", "pools"]
 
 
 def check(app, *args):
@@ -121,6 +122,9 @@ def test_a_ready_node_passes_every_check_and_exits_0(make_fresh_app, sandbox, is
     assert run.returncode == 0, run.stdout + run.stderr
     lines = _lines(run.stdout)
     assert list(lines) == NAMES
+    # Ready whatever Redis's version: an old one is a warning (redis-version, below), never a stop.
+    version = lines.pop("redis-version")
+    assert version[0] == ("warn" if lua_fix_missing(_server_version()) else "ok"), version
     assert all(label == "ok" for label, _ in lines.values()), run.stdout
     assert run.stdout.splitlines()[-1] == "ready"
     assert "migrations at head (" in lines["database"][1]
@@ -145,7 +149,8 @@ def test_json_gives_ok_and_every_check_with_its_status_and_detail(make_fresh_app
     assert set(report) == {"ok", "checks"} and report["ok"] is True
     assert [c["name"] for c in report["checks"]] == NAMES
     for c in report["checks"]:
-        assert set(c) == {"name", "status", "detail"} and c["status"] == "ok" and c["detail"]
+        assert set(c) == {"name", "status", "detail"} and c["detail"]
+        assert c["status"] == "ok" or (c["name"] == "redis-version" and lua_fix_missing(_server_version()))
 
     # Not ready: ok is false, and the check that failed says so.
     unready = make_fresh_app(STRIPE_API_BASE=UNREACHABLE_PROVIDER)
@@ -382,6 +387,47 @@ def test_a_remote_redis_without_a_password_is_a_warning_and_a_dead_one_does_not_
     assert lines["redis"][0] == "FAIL"
     label, detail = lines["redis-auth"]
     assert label == "warn" and detail.startswith("REDIS_URL reaches Redis at 192.0.2.1:6379, not on this machine")
+
+
+def _server_version() -> str:
+    with Redis.from_url(redis_url()) as conn:
+        return conn.info("server")["redis_version"]
+
+
+@pytest.mark.parametrize(
+    ("version", "fixed"),
+    [
+        ("6.2.19", False),
+        ("6.2.20", True),
+        ("7.0.15", False),  # a line that never had a fixed release
+        ("7.2.10", False),
+        ("7.2.11", True),
+        ("7.4.5", False),
+        ("7.4.6", True),
+        ("8.0.3", False),
+        ("8.0.4", True),
+        ("8.2.1", False),
+        ("8.2.2", True),
+        ("8.4.0", True),  # released after the fixes
+        ("5.0.14", False),
+    ],
+)
+def test_the_lua_fix_rule_is_the_minimum_patch_release_of_each_line(version, fixed):
+    assert (lua_fix_missing(version) is None) is fixed
+
+
+def test_a_redis_without_the_lua_fixes_is_a_warning_naming_the_releases_that_have_them(make_fresh_app, sandbox):
+    """This machine's Redis, asked for its version as the check asks it: an old one (7.0.15 here,
+    a line that never got the fixes) warns, in words, with the release of each line to upgrade to."""
+    version = _server_version()
+    if lua_fix_missing(version) is None:
+        pytest.skip(f"this machine's Redis {version} has the fixes; the rule's own test covers the warning")
+    code, lines, output = check(make_fresh_app(STRIPE_API_BASE=sandbox.base_url))
+    label, detail = lines["redis-version"]
+    assert label == "warn", output
+    assert detail.startswith(f"Redis {version} at ") and "CVE-2025-49844" in detail
+    assert "6.2.20, 7.2.11, 7.4.6, 8.0.4 or 8.2.2" in detail
+    assert lines["redis"][0] == "ok"  # a warning beside a reachable master, not a failure of it
 
 
 # -- the provider and the webhook ---------------------------------------------------------

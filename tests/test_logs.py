@@ -22,6 +22,7 @@ from payment_helpers import HTML, Shopper
 from shop import logs, node, queue
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery, ScheduledCommand
+from shop.web.request_ids import request_id_of
 
 
 class Lines:
@@ -124,7 +125,7 @@ def test_configure_installs_one_handler_switches_its_format_and_leaves_a_configu
         assert ours.backstop and root.level == logging.INFO
         assert type(ours.formatter).__name__ == "JsonFormatter"
         logs.configure("text")
-        assert root.handlers == [ours] and type(ours.formatter) is logging.Formatter
+        assert root.handlers == [ours] and type(ours.formatter).__name__ == "_OneLine"
 
         other = logging.NullHandler()
         root.handlers = [other]
@@ -135,7 +136,26 @@ def test_configure_installs_one_handler_switches_its_format_and_leaves_a_configu
         root.setLevel(level)
 
 
+def test_a_clients_newline_or_escape_in_a_message_forges_no_line_in_either_format(captured):
+    text, as_json = captured("text"), captured("json")
+    logging.getLogger("shop.webhooks").warning("refused %s", "evt_1\n[node] CRITICAL forged\x1b[2J")
+    (line,) = text.text()
+    assert "evt_1\\x0a[node] CRITICAL forged\\x1b[2J" in line
+    (record,) = as_json.json()
+    assert record["message"] == "refused evt_1\n[node] CRITICAL forged\x1b[2J"  # JSON escapes it itself
+
+
 # -- the request id ---------------------------------------------------------------------------
+
+
+def test_a_client_chosen_request_id_that_could_forge_a_log_line_or_markup_is_replaced(fresh_client):
+    for forged in ('a" 200 "b', "<script>x</script>", "id\x1b[31mred", "a%0aforged", "back\\slash", "semi;colon"):
+        answer = fresh_client.get("/cart", headers={"X-Request-ID": forged})
+        assert re.fullmatch(r"[0-9a-f]{32}", answer.headers["X-Request-ID"]), forged
+    # What a header cannot carry through a test client, the rule refuses as well.
+    for forged in ("a\nforged line", "a\rb", "nul\x00"):
+        assert request_id_of(forged) != forged
+    assert request_id_of("lb-7f3a9c/2:1.x+y=z@n_") == "lb-7f3a9c/2:1.x+y=z@n_"
 
 
 def test_an_incoming_request_id_is_kept_and_echoed_and_otherwise_one_is_made(fresh_client):

@@ -158,3 +158,47 @@ def test_a_worker_jobs_error_reaches_sentry_through_the_rq_integration_tagged_wi
     assert event["tags"]["order_ref"] == "BK-JQBBRQKE"
     assert event["extra"]["rq-job"]["job_id"] == job.id  # the RQ integration's own account of the job
     queue.delete(delete_jobs=True)
+
+
+def test_a_report_carries_no_body_local_variable_cookie_authorization_or_secret_of_the_query(make_shop, sentry_server):
+    import sentry_sdk
+    from flask import request
+
+    dsn = f"http://publickey@127.0.0.1:{sentry_server.server_address[1]}/1"
+    shop = make_shop(SENTRY_DSN=dsn)
+
+    def broken():
+        held_in_a_local = "-".join(("local", "secret", "9f3a"))  # built, so not in the source shown
+        request.get_data()  # the view read its body, as a form or a webhook does
+        raise RuntimeError(f"broke holding {len(held_in_a_local)} characters")
+
+    from shop.extensions import csrf
+
+    shop.add_url_rule("/test-leaky", "test_leaky", csrf.exempt(broken), methods=["POST"])
+    client = shop.test_client()
+    client.set_cookie("session", "cookie-secret-77c1")
+    answer = client.post(
+        "/test-leaky?token=token-secret-1b2c&session_id=cs_test_sessionsecret42&page=2&note=sk_test_keysecret99",
+        data={"password": "body-secret-5e6f"},
+        headers={"Authorization": "Bearer auth-secret-0d9e", "X-Request-ID": "leaky-1"},
+    )
+    assert answer.status_code == 500
+    sentry_sdk.flush(timeout=5)
+
+    (event,) = wait_until(
+        lambda: [item for item in _Collector.received if item.get("exception")], 5, "an error report with its exception"
+    )
+    sent = json.dumps(event)
+    secrets = (
+        "local-secret",
+        "body-secret",
+        "cookie-secret",
+        "auth-secret",
+        "token-secret",
+        "sessionsecret",
+        "keysecret",
+    )
+    for secret in secrets:
+        assert secret not in sent, f"{secret} reached Sentry"
+    assert event["tags"]["request_id"] == "leaky-1"  # the report still says which request it was
+    assert "page=2" in event["request"]["query_string"]  # and what is not secret of its query

@@ -22,6 +22,7 @@ from ..models import (
     WorkStatus,
 )
 from ..provider import watch
+from ..web import webhook_noise
 from .format import human_age
 from .waiting_card import waiting_card
 from .words import webhook_event_words
@@ -233,6 +234,7 @@ def _webhooks_card(now: datetime) -> dict:
         "latest_reason": noise_latest.reason if noise_latest else None,
         "addresses": addresses,
         "words": NOISE_WORDS,
+        "dropped": webhook_noise.dropped(),
         "url": url_for("console.webhooks", outcome="rejected", signed="no"),
     }
     return card

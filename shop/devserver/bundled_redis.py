@@ -33,15 +33,24 @@ def bundled_redis_server() -> str:
     return path
 
 
-def redis_server_command(binary: str, port: int, folder: str) -> list[str]:
+def redis_server_command(binary: str, port: int, folder: str, password: str | None = None) -> list[str]:
     """A throwaway redis-server on loopback: keeps nothing on disk (its data is Redis's part only;
-    the database is the truth), its working files in `folder`."""
-    return [binary, "--port", str(port), "--bind", LOCAL, "--save", "", "--appendonly", "no", "--dir", folder]
+    the database is the truth), its working files in `folder`. With `password`, clients must
+    AUTH with it: it goes in a file of `folder` (owner only), never on the command line, which
+    every user of the machine can read."""
+    command = [binary]
+    if password is not None:
+        conf = os.path.join(folder, "redis.conf")
+        with os.fdopen(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="ascii") as f:
+            f.write(f"requirepass {password}\n")
+        command.append(conf)
+    return [*command, "--port", str(port), "--bind", LOCAL, "--save", "", "--appendonly", "no", "--dir", folder]
 
 
 def start_redis(plan: Plan, sup: Supervisor, console: Console) -> Child:
     """No persistence and a throwaway directory: the database is the source of truth, and the
-    scheduler re-arms everything Redis should know when it starts."""
+    scheduler re-arms everything Redis should know when it starts. Loopback only, with the
+    password make_plan made for this run, which the web, worker and scheduler get in REDIS_URL."""
     port = plan.start_redis_on
     assert port is not None, "`up` starts Redis only when make_plan chose a port for it"
     console.step(f"Starting Redis (bundled redis-server) on port {port}{ellipsis()}")
@@ -49,7 +58,7 @@ def start_redis(plan: Plan, sup: Supervisor, console: Console) -> Child:
     plan.cleanup.append(workdir)
     return sup.start(
         "redis",
-        [*redis_server_command(bundled_redis_server(), port, workdir), "--loglevel", "warning"],
+        [*redis_server_command(bundled_redis_server(), port, workdir, plan.redis_password), "--loglevel", "warning"],
         plan.env,
         workdir,
         role="service",

@@ -5,6 +5,7 @@ run starts Redis and the Stripe sandbox itself."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 from collections.abc import Mapping
@@ -21,11 +22,13 @@ SANDBOX_STATE_FILE = "stripe-sandbox.json"
 SANDBOX_PORT_FILE = "stripe-sandbox.port"
 
 
-def redis_url_on(url: str, port: int) -> str:
-    """REDIS_URL for the Redis `up` starts on `port`: the same database number as `url` names."""
+def redis_url_on(url: str, port: int, password: str | None = None) -> str:
+    """REDIS_URL for the Redis `up` starts on `port`: the same database number as `url` names,
+    with the password made for this run."""
     parts = urlsplit(url)
     db = parts.path.strip("/") if parts.scheme in ("redis", "rediss") else ""
-    return f"redis://{LOCAL}:{port}/{db or '0'}"
+    auth = f":{password}@" if password else ""
+    return f"redis://{auth}{LOCAL}:{port}/{db or '0'}"
 
 
 @dataclass
@@ -35,6 +38,9 @@ class Plan:
     root: str
     password: str | None = None  # set only when this run created the operator
     start_redis_on: int | None = None
+    # The bundled Redis's password, made for each run (bundled_redis.py): another user of this
+    # machine can reach a loopback port, and a Redis without one runs whatever it is sent.
+    redis_password: str | None = None
     start_sandbox_on: int | None = None
     sandbox_socket: socket.socket | None = None  # bound and listening, handed to the sandbox
     sandbox_url: str | None = None
@@ -87,6 +93,11 @@ def private_sqlite_file(url: str) -> None:
         os.close(os.open(parsed.database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError:
         pass  # there already; or no such folder, which the migrations report in their own words
+
+
+def shown_redis_url(url: str) -> str:
+    """A Redis URL as `up` prints it: its password, if any, as `***`."""
+    return re.sub(r"(//[^:@/]*:)[^@/]+@", r"\1***@", url)
 
 
 def shown_url(url: str) -> str:
@@ -169,6 +180,8 @@ def make_plan(port: int, environ: Mapping[str, str]) -> Plan:
     env["FLASK_APP"] = "app"
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("SCHEDULER_POLL_SECONDS", "1")
+    # The demo's /metrics stays open to whoever runs it, whatever PUBLIC_BASE_URL says.
+    env.setdefault("METRICS_PUBLIC", "1")
     if not (env.get("SECRET_KEY") or "").strip():
         env["SECRET_KEY"] = demo_secret_key(env["BACKSTOP_INSTANCE_PATH"])
     if not (env.get("PUBLIC_BASE_URL") or "").strip():
@@ -179,16 +192,7 @@ def make_plan(port: int, environ: Mapping[str, str]) -> Plan:
     private_sqlite_file(env["DATABASE_URL"])
     plan = Plan(port=port, env=env, root=root, session_min_seconds=settings.stripe_session_min_seconds)
 
-    env["REDIS_URL"] = settings.redis_url
-    if not redis_answers(settings.redis_url):
-        wanted = urlsplit(settings.redis_url).port if settings.redis_url.startswith("redis") else None
-        plan.start_redis_on = wanted if wanted and port_is_free(wanted) else free_port()
-        env["REDIS_URL"] = redis_url_on(settings.redis_url, plan.start_redis_on)
-        if env["REDIS_URL"] != settings.redis_url:
-            plan.notes.append(
-                f"Nothing answers at REDIS_URL={settings.redis_url} and its port is not free "
-                f"here; the bundled Redis will serve {env['REDIS_URL']} instead"
-            )
+    _plan_redis(plan, settings.redis_url)
 
     if settings.stripe_secret_key:
         plan.notes.append(
@@ -209,3 +213,19 @@ def make_plan(port: int, environ: Mapping[str, str]) -> Plan:
             plan.sandbox_url = f"http://{LOCAL}:{plan.start_sandbox_on}"
             env["STRIPE_API_BASE"] = plan.sandbox_url
     return plan
+
+
+def _plan_redis(plan: Plan, redis_url: str) -> None:
+    """REDIS_URL as it is, when something answers there; else the bundled Redis's, on its port
+    when free, with a password made for this run."""
+    plan.env["REDIS_URL"] = redis_url
+    if not redis_answers(redis_url):
+        wanted = urlsplit(redis_url).port if redis_url.startswith("redis") else None
+        plan.start_redis_on = wanted if wanted and port_is_free(wanted) else free_port()
+        plan.redis_password = secrets.token_urlsafe(24)
+        plan.env["REDIS_URL"] = redis_url_on(redis_url, plan.start_redis_on, plan.redis_password)
+        if redis_url_on(redis_url, plan.start_redis_on) != shown_redis_url(redis_url):
+            plan.notes.append(
+                f"Nothing answers at REDIS_URL={shown_redis_url(redis_url)} and its port is not free "
+                f"here; the bundled Redis will serve {shown_redis_url(plan.env['REDIS_URL'])} instead"
+            )

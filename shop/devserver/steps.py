@@ -20,7 +20,7 @@ from ..seed import create_operator_if_missing, seed_catalog
 from ..settings import DEFAULT_WEB_CONCURRENCY, DEFAULT_WEB_THREADS
 from ..settings_values import parse_trusted_proxies
 from . import front
-from .plan import OPERATOR_EMAIL, SANDBOX_PORT, SANDBOX_STATE_FILE, Plan, shown_url
+from .plan import OPERATOR_EMAIL, SANDBOX_PORT, SANDBOX_STATE_FILE, Plan, shown_redis_url, shown_url
 from .supervise import LOCAL, Child, Console, Supervisor, UpError, ellipsis, http_status
 
 
@@ -252,7 +252,7 @@ def banner(plan: Plan, console: Console) -> None:
             else f"{OPERATOR_EMAIL} (password as first printed; reset: flask shop create-operator {OPERATOR_EMAIL})",
         ),
         ("Stripe", stripe_line),
-        ("Redis", f"{plan.env['REDIS_URL']}  ({redis_note})"),
+        ("Redis", f"{shown_redis_url(plan.env['REDIS_URL'])}  ({redis_note})"),
         ("Database", shown_url(plan.env["DATABASE_URL"])),
         ("Mail", mail_goes(plan)),
     ]

@@ -30,6 +30,7 @@ from ..payments import checkout_queue
 from ..provider import guard, watch
 from ..scheduling.past_cycles import last_success_at
 from ..scheduling.stuck import stuck_cutoff
+from ..web import webhook_noise
 from .liveness_metrics import liveness
 
 
@@ -54,6 +55,7 @@ class ShopCollector:
         yield from _unknown_payments()
         yield from _webhook_rejections()
         yield from _webhook_undelivered(now)
+        yield from _webhook_noise_dropped()
         yield from _settings()
         yield from provider_breaker_metrics(now)
         yield from _payment_queue(now)
@@ -254,6 +256,18 @@ def _webhook_rejections():
     )
     for name, count in counts.items():
         family.add_metric([name], count)
+    yield family
+
+
+def _webhook_noise_dropped():
+    """Unsigned webhook deliveries not kept (web.webhook_noise): refused past an address's limit,
+    or trimmed past the cap; NaN when Redis, which counts them, does not answer."""
+    counts = webhook_noise.dropped()
+    family = CounterMetricFamily(
+        "shop_webhook_noise_dropped", "Unsigned webhook deliveries not kept, by how", labels=["how"]
+    )
+    for how in webhook_noise.DROP_KINDS:
+        family.add_metric([how], counts[how] if counts is not None else float("nan"))
     yield family
 
 

@@ -7,7 +7,8 @@
 - database: reachable, and its migrations at the head of `migrations/`;
 - redis: reachable, a master, `maxmemory-policy noeviction` (RQ's requirement: an evicted job
   or registry is work lost without a word); redis-auth: the start-up warning about a remote
-  Redis without a password;
+  Redis without a password; redis-version: one without the fixes of its known Lua flaws
+  (redis_version.py);
 - provider: the key's mode (live/test, from its prefix) and that the provider answers it;
 - webhook: an enabled endpoint at the provider for PUBLIC_BASE_URL + /webhooks/stripe sending
   every event the shop uses, and its signing secret held;
@@ -36,8 +37,9 @@ from ..redis_client import redis_client, unprotected_redis_hosts, unprotected_re
 from ..settings_values import DEFAULT_MAIL_FROM, parse_sentinel_url
 from .checks import FAIL, LABELS, OK, PROVIDER_TIMEOUT_SECONDS, TIMEOUT_SECONDS, WARN, Check, first_line
 from .database_checks import DatabaseChecks
+from .redis_version import redis_version_check
 
-NAMES = ("settings", "database", "redis", "redis-auth", "provider", "webhook", "clock", "pools")
+NAMES = ("settings", "database", "redis", "redis-auth", "redis-version", "provider", "webhook", "clock", "pools")
 REGISTER = "run `flask shop stripe-register-webhook`"
 
 
@@ -123,11 +125,13 @@ def _redis() -> list[Check]:
         if hosts
         else Check("redis-auth", OK, "a password in REDIS_URL, TLS or a socket, or Redis on this machine")
     )
+    found = [auth]  # beside the server's own check; its version's once it answers
     client = redis_client(
         url, socket_connect_timeout=TIMEOUT_SECONDS, socket_timeout=TIMEOUT_SECONDS, decode_responses=True
     )
     try:
         client.ping()
+        found.append(redis_version_check(client.info("server").get("redis_version"), where))
         replication = client.info("replication")
         role = replication.get("role")
         if role != "master":
@@ -140,7 +144,7 @@ def _redis() -> list[Check]:
                     f"{where} is a {role} (of {master}), read-only: point REDIS_URL at the master, or at "
                     "its Sentinels (redis+sentinel://) to follow a failover",
                 ),
-                auth,
+                *found,
             ]
         try:
             policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
@@ -152,9 +156,11 @@ def _redis() -> list[Check]:
                     f"reachable at {where}, a master; its maxmemory-policy could not be read ({first_line(error)}): "
                     "RQ needs noeviction, make sure it is set",
                 ),
-                auth,
+                *found,
             ]
     except RedisError as error:
+        if len(found) == 1:
+            found.append(Check("redis-version", WARN, "skipped: Redis did not answer (see redis)"))
         return [
             Check(
                 "redis",
@@ -162,7 +168,7 @@ def _redis() -> list[Check]:
                 f"{where} not reachable within {TIMEOUT_SECONDS:g} s: {first_line(error)} (check REDIS_URL, the "
                 "server, and the network between them)",
             ),
-            auth,
+            *found,
         ]
     finally:
         client.close()
@@ -174,9 +180,9 @@ def _redis() -> list[Check]:
                 f"{where}: maxmemory-policy is {policy}; RQ needs noeviction, or a full Redis drops queued jobs "
                 "and registries without a word (CONFIG SET maxmemory-policy noeviction, and in redis.conf)",
             ),
-            auth,
+            *found,
         ]
-    return [Check("redis", OK, f"reachable at {where}, a master, maxmemory-policy noeviction"), auth]
+    return [Check("redis", OK, f"reachable at {where}, a master, maxmemory-policy noeviction"), *found]
 
 
 # -- the provider and the webhook -------------------------------------------------------------

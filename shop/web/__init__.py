@@ -43,6 +43,15 @@ def security_headers(config) -> dict[str, str]:
     return headers
 
 
+def short_id(value: str | None) -> str:
+    """A provider id as an operator's page shows it beside the order's reference: its start,
+    enough to tell it apart and find it at the provider, not enough to open the customer's
+    order with (a session id does, on the payment return page)."""
+    if not value or len(value) <= 16:
+        return value or ""
+    return value[:14] + "\u2026"
+
+
 def init_app(app) -> None:
     """What every request meets before a view: the URL converters, routing redirects made
     relative (never built from the request's Host), the refusal of NUL bytes in text, the cap on
@@ -56,6 +65,7 @@ def init_app(app) -> None:
     app.jinja_env.filters["status_words"] = status_words
     app.jinja_env.filters["refund_failure"] = refund_failure_words
     app.jinja_env.filters["money"] = format_money
+    app.jinja_env.filters["short_id"] = short_id
     # A page that shows an absolute address of the shop (the order's private link) takes it from
     # PUBLIC_BASE_URL, never from the request's Host (url_for's _external).
     app.jinja_env.globals["public_url_for"] = public_url_for

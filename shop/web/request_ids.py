@@ -13,9 +13,12 @@ from flask import g, request
 from .. import logs
 
 HEADER = "X-Request-ID"
-# What is kept of an incoming id: printable ASCII without spaces, as long as the outbox's
-# `request_id` column holds. Anything else is replaced, not trimmed: half an id links nothing.
-_KEPT = re.compile(r"[\x21-\x7e]{1,64}")
+# What is kept of an incoming id: letters, digits and `-._:/+=@`, as long as the outbox's
+# `request_id` column holds. The client chose it and it is written into every log line and shown
+# in the console, so nothing that could end a line or a quoted field, open markup or escape
+# (control characters, quotes, `\\`, `<>`, `%`, spaces) is kept. Anything else is replaced, not
+# trimmed: half an id links nothing.
+_KEPT = re.compile(r"[A-Za-z0-9._:/+=@-]{1,64}")
 
 
 def request_id_of(incoming: str | None) -> str:

@@ -340,6 +340,8 @@ def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
     assert link, page
     access_token = link.group(1)
     assert requests.get(f"{base}{link.group(0)}", headers={"Accept": "application/json"}).status_code == 200
+    # The return page's link names the session, which shows the order: the access log hides it too.
+    browser.get(f"{base}/checkout/return", params={"session_id": session_id}, headers={"Accept": "text/html"})
     # The receipt is a file named by the order's reference, and the console's mail page lists it.
     receipt = f"{reference}-order_paid-event.eml"
     wait_until(lambda: os.path.exists(os.path.join(mail_folder, receipt)), 30, "the receipt's file", lambda: up.output)
@@ -358,6 +360,9 @@ def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
     assert "Traceback" not in up.output
     assert f"/orders/{reference}?token=[hidden]" in up.output, up.output  # complete once up has ended
     assert access_token not in up.output
+    assert "/checkout/return?session_id=[hidden]" in up.output and f"session_id={session_id}" not in up.output
+    # The bundled Redis has a password for this run, which up never prints.
+    assert re.search(r"^\s+Redis\s+redis://:\*\*\*@127\.0\.0\.1:\d+/0 ", up.output, re.M), up.output
 
 
 @pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (apt-get install nginx-light)")
