@@ -81,13 +81,13 @@ LOCKS_URL, LOCK_SECONDS = "redis://127.0.0.1:6379/15", 900  # as tests/support.p
 # errs low); the fixed journeys of the same model stay in.
 LEFT_OUT = {"saga": ["tests/saga/test_saga_model.py::test_random_interleavings_keep_stock_and_money_right"]}
 
-# Functions the shop calls while a module is imported (the order store builds its guarded UPDATEs then)
+# Functions the shop calls while a module is imported (the order statements build the guarded UPDATEs then)
 # or once per process behind a cache (the outbox's claim statements): mutmut ties them to the one test
 # that happened to run them first, so their mutants are tried against every test of the package instead.
 CACHED_CLAIMS = ("_claimable", "_claim_values", "_claim_one", "_claim_one_returning", "_claim_many", "_rank")
 CACHED_CLAIMS += ("_first_kinds", "_first_due", "_mark_done", "_next_pending", "_count_due", "_first_due_first")
 EVERY_TEST = {
-    "store": ["shop.store.order_store.x__guarded", "shop.store.order_store.x__v"],
+    "store": ["shop.store.order_statements.x__guarded", "shop.store.order_statements.x__v"],
     "outbox": [f"shop.outbox.claims.x_{name}" for name in CACHED_CLAIMS],
 }
 
@@ -98,6 +98,9 @@ def tie_to_every_test(package: str, folder: Path) -> int:
     stats_path = folder / "mutants" / "mutmut-stats.json"
     if not stats_path.exists() or not EVERY_TEST.get(package):
         return 0
+    mutated = {key.rpartition("__mutmut_")[0] for key in verdicts(folder)}
+    if unknown := sorted(set(EVERY_TEST[package]) - mutated):  # a function moved: its mutants would keep one test
+        raise SystemExit(f"EVERY_TEST names functions with no mutants (moved or renamed?): {', '.join(unknown)}")
     stats = json.loads(stats_path.read_text())
     every, retie = sorted(stats["duration_by_test"]), set()
     for function in EVERY_TEST[package]:
