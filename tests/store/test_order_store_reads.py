@@ -43,6 +43,33 @@ def test_the_payment_read_hands_out_the_order_at_its_version_as_the_full_read_se
     assert order_store.read_for_payment(order_id + 1000) is None
 
 
+def test_a_read_hands_out_every_column_a_decision_may_use_as_the_row_holds_it(order_id):
+    at = utcnow() - timedelta(minutes=30)
+    held = dict(
+        payment_session_id="cs_all",
+        payment_session_url="https://pay.example/cs_all",
+        payment_session_expires_at=at + timedelta(hours=1),
+        payment_attempts=2,
+        inventory_restored=True,
+        payment_processing_at=at,
+        late_money_watch_since=at - timedelta(minutes=1),
+        last_payment_error="Declined.",
+        updated_at=at - timedelta(minutes=2),
+        ships=True,
+        shipping_details={"name": "Ann"},
+        tax=40,
+        charged=1040,
+    )
+    force_order(order_id, **held)
+    order, row = order_store.read(order_id), db.session.get(Order, order_id)
+    fixed = ("id", "reference", "status", "version", "total", "currency", "email", "access_token")
+    assert [getattr(order, f) for f in fixed] == [getattr(row, f) for f in fixed]
+    assert order.reference.startswith("BK-") and "@" in order.email and order.access_token and order.total > 0
+    when = {"payment_session_expires_at", "payment_processing_at", "late_money_watch_since", "updated_at"}
+    assert {f: as_utc(getattr(order, f)) if f in when else getattr(order, f) for f in held} == held
+    db.session.rollback()
+
+
 def test_a_read_loads_the_lines_only_when_asked_and_fresh_sees_another_writers_commit(order_id):
     bare, with_lines = order_store.read(order_id), order_store.read(order_id, lines=True)
     assert bare.lines == ()
@@ -155,6 +182,14 @@ def test_a_note_of_a_queue_place_keeps_an_earlier_one_and_leaves_a_paid_order_al
     order_store.note(order_id, Note.QUEUE, first)
     db.session.commit()
     assert db.session.get(Order, order_id).payment_queued_at is None
+    db.session.rollback()
+
+
+def test_a_note_leaves_no_stale_mapped_order_in_the_session(order_id):
+    mapped, at = db.session.get(Order, order_id), utcnow() - timedelta(minutes=3)
+    assert mapped.payment_processing_at is None
+    order_store.note(order_id, order_store.Note.PROCESSING, at)
+    assert as_utc(mapped.payment_processing_at) == at  # same transaction, no expire by the caller
     db.session.rollback()
 
 
