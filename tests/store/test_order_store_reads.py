@@ -299,3 +299,37 @@ def test_an_order_just_placed_is_handed_out_as_committed_without_reading_it_back
     assert (order.status, order.version, order.payment_attempts) == (S.PENDING_PAYMENT, 1, 0)
     assert order.updated_at == placed.placed_at and order.lines[0].quantity == 2
     db.session.rollback()
+
+
+# -- new orders ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("in_line,ships", [(False, False), (True, True)])
+def test_a_new_order_is_pending_at_version_one_stamped_with_its_time_and_holds_its_lines(fresh_ctx, in_line, ships):
+    placed_at = utcnow() - timedelta(hours=5)
+    line = dict(variant_id=7, sku="MUG-1", name="Mug", quantity=2, unit_price=450)
+    flags = dict(in_line=True, ships=True) if in_line else {}  # the defaults: not in line, nothing to ship
+    with logs.scope():
+        order_id = order_store.insert_order(
+            db.session,
+            reference="BK-NEW00001",
+            access_token="token-new",
+            browser_id="browser-new",
+            email="new@example.com",
+            total=900,
+            currency="usd",
+            now=placed_at,
+            lines=[line],
+            **flags,
+        )
+        assert logs.current() == {"order_ref": "BK-NEW00001", "order_id": order_id}
+    db.session.commit()
+    row = db.session.get(Order, order_id)
+    assert (row.status, row.version, row.payment_attempts, row.inventory_restored) == (S.PENDING_PAYMENT, 1, 0, False)
+    assert as_utc(row.created_at) == as_utc(row.updated_at) == placed_at
+    assert (row.payment_queued_at and as_utc(row.payment_queued_at), row.ships) == (
+        placed_at if in_line else None,
+        ships,
+    )
+    assert [(x.order_id, x.sku, x.quantity, x.unit_price) for x in row.lines] == [(order_id, "MUG-1", 2, 450)]
+    db.session.rollback()
