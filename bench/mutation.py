@@ -28,13 +28,14 @@ the mutants run one at a time (`--max-children`; more would share it).
 
 mutmut mutates function bodies only: module-level constants (a prebuilt statement, an enum's values) are not
 mutated. Each mutant runs in a fresh import of the shop (a fork server that preloads only the libraries), so a
-function called while a module is imported (order_store._guarded) is mutated too.
+function called while a module is imported (order_statements._guarded) is mutated too.
 
 Per package it prints mutants, killed, survived (with those no test reaches), timed out and the score (killed + timed
-out over the mutants tried), then every survivor as file:line and the mutation. A mutant whose test process dies before
-any test runs (mutmut's exit code 255: code run at import broke the import) counts as timed out, so as detected; when
-most of a run's mutants end so, the runs themselves broke (a pytest setting, the fork server), and the bench says so and
-fails.
+out over the mutants tried), then every survivor as file:line and the mutation, with why it is equivalent (no test
+can kill it) when bench/mutation_equivalents.txt says so (the score still counts it). A mutant whose test process dies
+before any test runs (mutmut's exit code 255: code run at import broke the import) counts as timed out, so as
+detected; when most of a run's mutants end so, the runs themselves broke (a pytest setting, the fork server), and the
+bench says so and fails.
 """
 
 from __future__ import annotations
@@ -244,6 +245,7 @@ class Tally:
     package: str
     counts: dict[str, int] = field(default_factory=dict)
     survivors: list[str] = field(default_factory=list)
+    explained: int = 0  # survivors EQUIVALENTS explains
 
     def add(self, status: str) -> None:
         self.counts[status] = self.counts.get(status, 0) + 1
@@ -292,12 +294,25 @@ def describe(folder: Path, source: Path, name: str) -> str:
     return f"{source}:{where}: {' / '.join(removed) or '?'}  ->  {' / '.join(added) or '(removed)'}"
 
 
+# Survivors no test can kill, each with why: `<mutant name>: <why>` a line. A name holds while its
+# function's text does; a survivor of a changed function shows up unexplained, to be looked at again.
+EQUIVALENTS = ROOT / "bench" / "mutation_equivalents.txt"
+
+
+def explained_equivalents() -> dict[str, str]:
+    if not EQUIVALENTS.exists():
+        return {}
+    lines = [line.strip() for line in EQUIVALENTS.read_text().splitlines()]
+    return dict(line.split(": ", 1) for line in lines if line and not line.startswith("#"))
+
+
 def tally(package: str, folder: Path, newer: dict | None = None) -> Tally:
     """The package's verdicts in `folder`; `newer`: verdicts from a later run that win over them
     (the survivors of a baseline tried again with today's tests)."""
     from mutmut.configuration import reset_config
 
     result, newer = Tally(package), {k: v for k, v in (newer or {}).items() if v is not None}
+    equivalent = explained_equivalents()
     here = Path.cwd()
     os.chdir(folder)
     reset_config()
@@ -310,7 +325,9 @@ def tally(package: str, folder: Path, newer: dict | None = None) -> Tally:
                 result.add(status)
                 if status in (SURVIVED, NO_TESTS):
                     mark = " (no test reaches it)" if status == NO_TESTS else ""
-                    result.survivors.append(describe(folder, source, name) + mark + f"  [{name}]")
+                    why = f"\n      equivalent: {equivalent[name]}" if name in equivalent else ""
+                    result.explained += bool(why)
+                    result.survivors.append(describe(folder, source, name) + mark + f"  [{name}]" + why)
     finally:
         os.chdir(here)
     return result
@@ -333,7 +350,8 @@ def report(tallies: list[Tally]) -> None:
     print("(survived includes 'no tests'; score = (killed + timed out) / mutants tried, pending left out)")
     for t in tallies:
         if t.survivors:
-            print(f"\n{t.package}: {len(t.survivors)} survivor(s)")
+            explained = f", {t.explained} explained as equivalent ({EQUIVALENTS.name})" if t.explained else ""
+            print(f"\n{t.package}: {len(t.survivors)} survivor(s){explained}")
             for line in t.survivors:
                 print("  " + line)
 
