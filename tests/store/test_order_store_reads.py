@@ -62,7 +62,8 @@ def test_a_read_hands_out_every_column_a_decision_may_use_as_the_row_holds_it(or
         charged=1040,
     )
     force_order(order_id, **held)
-    order, row = order_store.read(order_id), db.session.get(Order, order_id)
+    order = order_store.read(order_id)
+    row = db.session.get(Order, order_id)
     fixed = ("id", "reference", "status", "version", "total", "currency", "email", "access_token")
     assert [getattr(order, f) for f in fixed] == [getattr(row, f) for f in fixed]
     assert order.reference.startswith("BK-") and "@" in order.email and order.access_token and order.total > 0
