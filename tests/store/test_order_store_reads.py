@@ -4,6 +4,7 @@ the notes that answer whether they wrote (a decline, a line's restocked units, a
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -80,21 +81,28 @@ def test_a_read_loads_the_lines_only_when_asked(order_id):
     db.session.rollback()
 
 
-def test_a_read_of_a_row_this_transaction_holds_asks_the_database_nothing_unless_asked_to_read_afresh(order_id):
+@contextmanager
+def _statements():
+    """The SQL statements run inside the block (a list, filled as they run)."""
     statements = []
 
     def record(conn, cursor, statement, *args):
         statements.append(statement)
 
-    held = db.session.get(Order, order_id)  # a row this transaction has loaded (and still holds)
     sa_event.listen(db.engine, "before_cursor_execute", record)
     try:
+        yield statements
+    finally:
+        sa_event.remove(db.engine, "before_cursor_execute", record)
+
+
+def test_a_read_of_a_row_this_transaction_holds_asks_the_database_nothing_unless_asked_to_read_afresh(order_id):
+    held = db.session.get(Order, order_id)  # a row this transaction has loaded (and still holds)
+    with _statements() as statements:
         assert order_store.read(order_id).version == held.version
         assert statements == []
         assert order_store.read(order_id, fresh=True).version == held.version
         assert len(statements) == 1
-    finally:
-        sa_event.remove(db.engine, "before_cursor_execute", record)
     db.session.rollback()
 
 
@@ -141,14 +149,16 @@ def test_text_that_cannot_be_a_reference_finds_nothing_without_asking_the_databa
     db.session.rollback()
 
 
-def test_a_browsers_orders_are_its_own_newest_first_with_their_lines(fresh_ctx):
+def test_a_browsers_orders_are_its_own_newest_first_with_their_lines_and_refunds_loaded(fresh_ctx):
     start = utcnow() - timedelta(hours=3)
-    first = _another_order("browser-mine", now=start)
-    second = _another_order("browser-mine", now=start + timedelta(hours=1))
+    later = _another_order("browser-mine", now=start + timedelta(hours=1))  # placed first, yet newer
+    same_time = [_another_order("browser-mine", now=start) for _ in range(2)]  # (a browser holds 3 unpaid at most)
     _another_order("browser-other", now=start + timedelta(hours=2))
     orders = order_store.of_browser("browser-mine")
-    assert [o.id for o in orders] == [second, first]
-    assert all(len(o.lines) == 1 and o.refunds == [] for o in orders)
+    assert [o.id for o in orders] == [later, max(same_time), min(same_time)]  # a tie: the last placed first
+    with _statements() as statements:  # loaded with the orders, one query each, not one per order
+        assert all(len(o.lines) == 1 and o.refunds == [] for o in orders)
+    assert statements == []
     assert order_store.of_browser("browser-nobody") == []
     db.session.rollback()
 
@@ -214,6 +224,12 @@ def test_a_note_leaves_no_stale_mapped_order_in_the_session(order_id):
     assert mapped.payment_processing_at is None
     order_store.note(order_id, order_store.Note.PROCESSING, at)
     assert as_utc(mapped.payment_processing_at) == at  # same transaction, no expire by the caller
+    db.session.rollback()
+    force_order(order_id, status=S.PAYMENT_INITIATED.value, payment_attempts=1)
+    mapped = db.session.get(Order, order_id)
+    assert mapped.last_payment_error is None
+    assert order_store.note_declined(order_id, 1, "Declined.", at)
+    assert mapped.last_payment_error == "Declined."
     db.session.rollback()
 
 
