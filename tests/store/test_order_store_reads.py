@@ -137,6 +137,7 @@ def test_an_order_is_found_by_its_reference(order_id):
     assert order_store.by_reference(reference).id == order_id
     loaded = order_store.read_by_reference(reference)
     assert (loaded.id, loaded.reference, loaded.status) == (order_id, reference, S.PENDING_PAYMENT)
+    assert loaded.lines == ()  # a payment notice's read: the lines are not its business (nor a query)
     assert order_store.by_reference(reference + "X") is None and order_store.read_by_reference(reference + "X") is None
     db.session.rollback()
 
