@@ -220,7 +220,7 @@ def test_a_note_of_a_queue_place_keeps_an_earlier_one_and_leaves_a_paid_order_al
     db.session.rollback()
 
 
-def test_a_note_leaves_no_stale_mapped_order_in_the_session(order_id):
+def test_a_note_or_a_noted_decline_leaves_no_stale_mapped_order_in_the_session(order_id):
     mapped, at = db.session.get(Order, order_id), utcnow() - timedelta(minutes=3)
     assert mapped.payment_processing_at is None
     order_store.note(order_id, order_store.Note.PROCESSING, at)
