@@ -28,13 +28,14 @@ the mutants run one at a time (`--max-children`; more would share it).
 
 mutmut mutates function bodies only: module-level constants (a prebuilt statement, an enum's values) are not
 mutated. Each mutant runs in a fresh import of the shop (a fork server that preloads only the libraries), so a
-function called while a module is imported (order_store._guarded) is mutated too.
+function called while a module is imported (order_statements._guarded) is mutated too.
 
 Per package it prints mutants, killed, survived (with those no test reaches), timed out and the score (killed + timed
-out over the mutants tried), then every survivor as file:line and the mutation. A mutant whose test process dies before
-any test runs (mutmut's exit code 255: code run at import broke the import) counts as timed out, so as detected; when
-most of a run's mutants end so, the runs themselves broke (a pytest setting, the fork server), and the bench says so and
-fails.
+out over the mutants tried), then every survivor as file:line and the mutation, with why it is equivalent (no test
+can kill it) when bench/mutation_equivalents.txt says so (the score still counts it). A mutant whose test process dies
+before any test runs (mutmut's exit code 255: code run at import broke the import) counts as timed out, so as
+detected; when most of a run's mutants end so, the runs themselves broke (a pytest setting, the fork server), and the
+bench says so and fails.
 """
 
 from __future__ import annotations
@@ -81,13 +82,13 @@ LOCKS_URL, LOCK_SECONDS = "redis://127.0.0.1:6379/15", 900  # as tests/support.p
 # errs low); the fixed journeys of the same model stay in.
 LEFT_OUT = {"saga": ["tests/saga/test_saga_model.py::test_random_interleavings_keep_stock_and_money_right"]}
 
-# Functions the shop calls while a module is imported (the order store builds its guarded UPDATEs then)
+# Functions the shop calls while a module is imported (the order statements build the guarded UPDATEs then)
 # or once per process behind a cache (the outbox's claim statements): mutmut ties them to the one test
 # that happened to run them first, so their mutants are tried against every test of the package instead.
 CACHED_CLAIMS = ("_claimable", "_claim_values", "_claim_one", "_claim_one_returning", "_claim_many", "_rank")
 CACHED_CLAIMS += ("_first_kinds", "_first_due", "_mark_done", "_next_pending", "_count_due", "_first_due_first")
 EVERY_TEST = {
-    "store": ["shop.store.order_store.x__guarded", "shop.store.order_store.x__v"],
+    "store": ["shop.store.order_statements.x__guarded", "shop.store.order_statements.x__v"],
     "outbox": [f"shop.outbox.claims.x_{name}" for name in CACHED_CLAIMS],
 }
 
@@ -98,6 +99,9 @@ def tie_to_every_test(package: str, folder: Path) -> int:
     stats_path = folder / "mutants" / "mutmut-stats.json"
     if not stats_path.exists() or not EVERY_TEST.get(package):
         return 0
+    mutated = {key.rpartition("__mutmut_")[0] for key in verdicts(folder)}
+    if unknown := sorted(set(EVERY_TEST[package]) - mutated):  # a function moved: its mutants would keep one test
+        raise SystemExit(f"EVERY_TEST names functions with no mutants (moved or renamed?): {', '.join(unknown)}")
     stats = json.loads(stats_path.read_text())
     every, retie = sorted(stats["duration_by_test"]), set()
     for function in EVERY_TEST[package]:
@@ -241,6 +245,7 @@ class Tally:
     package: str
     counts: dict[str, int] = field(default_factory=dict)
     survivors: list[str] = field(default_factory=list)
+    explained: int = 0  # survivors EQUIVALENTS explains
 
     def add(self, status: str) -> None:
         self.counts[status] = self.counts.get(status, 0) + 1
@@ -289,12 +294,25 @@ def describe(folder: Path, source: Path, name: str) -> str:
     return f"{source}:{where}: {' / '.join(removed) or '?'}  ->  {' / '.join(added) or '(removed)'}"
 
 
+# Survivors no test can kill, each with why: `<mutant name>: <why>` a line. A name holds while its
+# function's text does; a survivor of a changed function shows up unexplained, to be looked at again.
+EQUIVALENTS = ROOT / "bench" / "mutation_equivalents.txt"
+
+
+def explained_equivalents() -> dict[str, str]:
+    if not EQUIVALENTS.exists():
+        return {}
+    lines = [line.strip() for line in EQUIVALENTS.read_text().splitlines()]
+    return dict(line.split(": ", 1) for line in lines if line and not line.startswith("#"))
+
+
 def tally(package: str, folder: Path, newer: dict | None = None) -> Tally:
     """The package's verdicts in `folder`; `newer`: verdicts from a later run that win over them
     (the survivors of a baseline tried again with today's tests)."""
     from mutmut.configuration import reset_config
 
     result, newer = Tally(package), {k: v for k, v in (newer or {}).items() if v is not None}
+    equivalent = explained_equivalents()
     here = Path.cwd()
     os.chdir(folder)
     reset_config()
@@ -307,7 +325,9 @@ def tally(package: str, folder: Path, newer: dict | None = None) -> Tally:
                 result.add(status)
                 if status in (SURVIVED, NO_TESTS):
                     mark = " (no test reaches it)" if status == NO_TESTS else ""
-                    result.survivors.append(describe(folder, source, name) + mark + f"  [{name}]")
+                    why = f"\n      equivalent: {equivalent[name]}" if name in equivalent else ""
+                    result.explained += bool(why)
+                    result.survivors.append(describe(folder, source, name) + mark + f"  [{name}]" + why)
     finally:
         os.chdir(here)
     return result
@@ -330,7 +350,8 @@ def report(tallies: list[Tally]) -> None:
     print("(survived includes 'no tests'; score = (killed + timed out) / mutants tried, pending left out)")
     for t in tallies:
         if t.survivors:
-            print(f"\n{t.package}: {len(t.survivors)} survivor(s)")
+            explained = f", {t.explained} explained as equivalent ({EQUIVALENTS.name})" if t.explained else ""
+            print(f"\n{t.package}: {len(t.survivors)} survivor(s){explained}")
             for line in t.survivors:
                 print("  " + line)
 

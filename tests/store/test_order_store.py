@@ -87,6 +87,8 @@ def test_a_transition_saved_from_a_stale_version_is_refused_as_a_lost_race_and_w
     db.session.rollback()
     assert isinstance(lost.value, StaleDataError)  # what the callers' retries already catch
     assert (lost.value.order_id, lost.value.transition) == (order_id, transition)
+    words = str(lost.value)  # what the log says of the lost race
+    assert f"order {snapshot.reference} changed" in words and f"({transition} from version {snapshot.version})" in words
     assert _row(order_id) == moved and _events(order_id) == events
 
 

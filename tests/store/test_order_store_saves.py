@@ -11,11 +11,13 @@ import pytest
 from sqlalchemy import func, select
 
 from factories import force_order, place_order_for, seed_catalog_rows
+from shop import clock as shop_clock
 from shop.domain.deadlines import as_utc, utcnow
 from shop.domain.order import CANCELLED_BY_CUSTOMER, OrderStatus, Transition
 from shop.extensions import db
 from shop.models import Order, OutboxEvent
 from shop.store import order_store
+from support import FakeClock
 
 S = OrderStatus
 
@@ -108,3 +110,16 @@ def test_a_transition_saves_only_its_own_order_not_another_at_the_same_version_a
     db.session.commit()
     assert _column(order_id, Order.status) == S.CANCELLED
     assert (_column(other, Order.status), _column(other, Order.version)) == (S.PAYMENT_INITIATED, bystander.version)
+
+
+def test_a_transition_saved_without_a_time_is_stamped_with_the_clocks(order_id):
+    snapshot = _in(order_id, S.PAYMENT_INITIATED)
+    clock = FakeClock(utcnow() - timedelta(days=2))
+    shop_clock.use(clock)
+    order_store.save(snapshot, Transition.MARK_PAID, snapshot.mark_paid("cs_saves", 1, "usd").events)
+    db.session.commit()
+    [created] = db.session.execute(
+        select(OutboxEvent.created_at).where(OutboxEvent.order_id == order_id, OutboxEvent.name == "OrderPaid")
+    ).scalars()
+    db.session.rollback()
+    assert as_utc(_column(order_id, Order.updated_at)) == as_utc(created) == clock.now()
