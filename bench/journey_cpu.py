@@ -40,9 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import text  # noqa: E402
 
-from cluster_support import Cluster, Customers, cpu_seconds, why_no_cluster  # noqa: E402
+from cluster_support import Cluster, Customers, why_no_cluster  # noqa: E402
 
 # The simulated customers place many unpaid orders from few browsers: lift the hoarding limits
 # (docs/REFERENCE.md, Settings) for this process and the shop processes it starts.
@@ -61,23 +60,8 @@ def shop_cpu(cluster: Cluster) -> dict[str, float]:
         if proc.node is not None and proc.alive:
             role = proc.name.split("/", 1)[1].rstrip("0123456789")
             found[role] += sum(proc.cpu().values())
-    with cluster.sql.connect() as conn:
-        backends = conn.execute(
-            text("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        ).scalars()
-        found["postgres (backends)"] = sum(cpu_seconds(pid) for pid in backends)
+    found["postgres (backends)"] = cluster.backends_cpu()
     return found
-
-
-def finished(cluster: Cluster, event: str, since: float, until: float) -> int:
-    with cluster.sql.connect() as conn:
-        return conn.execute(
-            text(
-                "SELECT count(*) FROM outbox_events WHERE name = :name "
-                "AND created_at >= to_timestamp(:a) AND created_at < to_timestamp(:b)"
-            ),
-            {"name": event, "a": since, "b": until},
-        ).scalar()
 
 
 def start_sampling(cluster: Cluster, seconds: float, folder: str) -> list[tuple[str, subprocess.Popen, str]]:
@@ -144,7 +128,7 @@ def phase(cluster: Cluster, args, label: str, mix: dict, event: str, folder: str
         after, t1 = shop_cpu(cluster), time.time()
     finally:
         customers.stop()
-    done = finished(cluster, event, t0, t1)
+    done = cluster.events_between(event, t0, t1)
     rate = done / args.seconds
     print(f"\n{label}: {args.customers} customers for {args.seconds:.0f} s: {done} journeys ({rate:.1f}/s)")
     shop = 0.0

@@ -42,13 +42,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import text  # noqa: E402
 
 from cluster_support import (  # noqa: E402
     JOURNEYS,
     Cluster,
     Customers,
-    cpu_seconds,
     kill_when_busy,
     measure_takeover,
     takeover_checks,
@@ -70,23 +68,8 @@ def group_cpu(cluster: Cluster) -> dict[str, float]:
     """CPU seconds so far of every live process group of the cluster, by name, and of the
     PostgreSQL backends serving the cluster's database (those alive now)."""
     found = {p.name: sum(p.cpu().values()) for p in cluster.procs if p.alive}
-    with cluster.sql.connect() as conn:
-        backends = conn.execute(
-            text("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        ).scalars()
-        found["postgres (backends)"] = sum(cpu_seconds(pid) for pid in backends)
+    found["postgres (backends)"] = cluster.backends_cpu()
     return found
-
-
-def events_between(cluster: Cluster, name: str, since: float, until: float) -> int:
-    with cluster.sql.connect() as conn:
-        return conn.execute(
-            text(
-                "SELECT count(*) FROM outbox_events WHERE name = :name "
-                "AND created_at >= to_timestamp(:a) AND created_at < to_timestamp(:b)"
-            ),
-            {"name": name, "a": since, "b": until},
-        ).scalar()
 
 
 def capacity(cluster: Cluster, customers_count: int, seconds: float, label: str) -> dict:
@@ -97,8 +80,8 @@ def capacity(cluster: Cluster, customers_count: int, seconds: float, label: str)
     time.sleep(seconds)
     after, me_after, t1 = group_cpu(cluster), os.times(), time.time()
     customers.stop()
-    paid = events_between(cluster, "OrderPaid", t0, t1)
-    placed = events_between(cluster, "OrderPlaced", t0, t1)
+    paid = cluster.events_between("OrderPaid", t0, t1)
+    placed = cluster.events_between("OrderPlaced", t0, t1)
     per_node = cluster.requests_per_node(t0, t1)
     print(f"\n{label}: {customers_count} customers for {seconds:.0f} s")
     print(f"  orders placed {placed} ({placed / seconds:.1f}/s), paid {paid} ({paid / seconds:.1f}/s)")

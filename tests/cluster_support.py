@@ -367,6 +367,9 @@ class Cluster:
             # Each simulated customer is one long-lived browser and address whose abandoned orders
             # stay unpaid for the window: the hoarding limit would refuse the load being measured.
             UNPAID_ORDERS_PER_CLIENT="1000",
+            # The cluster's nginx is the balancer in front of every node: its X-Forwarded-For names
+            # the customer (each connects from its own address, Customers).
+            TRUSTED_PROXIES="127.0.0.1",
             WEB_CONCURRENCY=str(self.web_concurrency),
             WEB_THREADS=str(self.web_threads),
             BACKSTOP_INSTANCE_PATH=os.path.join(self.workdir, node or "setup", "instance"),
@@ -577,6 +580,25 @@ http {{
                 )
         return self.stock()
 
+    def backends_cpu(self) -> float:
+        """CPU seconds so far of the PostgreSQL backends serving the cluster's database (those alive now)."""
+        with self.sql.connect() as conn:
+            backends = conn.execute(
+                text("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            ).scalars()
+            return sum(cpu_seconds(pid) for pid in backends)
+
+    def events_between(self, name: str, since: float, until: float) -> int:
+        """How many outbox events named `name` were committed between two epoch times."""
+        with self.sql.connect() as conn:
+            return conn.execute(
+                text(
+                    "SELECT count(*) FROM outbox_events WHERE name = :name "
+                    "AND created_at >= to_timestamp(:a) AND created_at < to_timestamp(:b)"
+                ),
+                {"name": name, "a": since, "b": until},
+            ).scalar()
+
     def stock(self) -> dict[str, int]:
         with self.sql.connect() as conn:
             rows = conn.execute(text("SELECT v.sku, i.on_hand FROM inventory i JOIN variants v ON v.id = i.variant_id"))
@@ -677,6 +699,27 @@ class Journey:
     error: str | None = None
 
 
+class _FromAddress(requests.adapters.HTTPAdapter):
+    """Connections from one local address (every 127/8 address is this machine's)."""
+
+    def __init__(self, source: str):
+        self.source = source
+        super().__init__()
+
+    def init_poolmanager(self, *args, **kwargs):
+        kwargs["source_address"] = (self.source, 0)
+        return super().init_poolmanager(*args, **kwargs)
+
+
+def from_address(index: int) -> requests.Session:
+    """A browser's session connecting from a loopback address of its own (127.1.x.y), as customers
+    come from theirs: the fronts' per-address limits (deploy/nginx.conf) and the app's see many
+    customers, not one client bursting (the cluster's balancer is a trusted proxy)."""
+    session = requests.Session()
+    session.mount("http://", _FromAddress(f"127.1.{(index >> 8) & 255}.{1 + (index & 255) % 254}"))
+    return session
+
+
 class Customers:
     """Concurrent customers (threads), each a browser (payment_helpers.Shopper over real HTTP,
     through nginx, so each request lands on whichever node nginx picks) running journeys from
@@ -731,7 +774,7 @@ class Customers:
             journey = Journey(rng.choices(kinds, weights)[0], index, time.time())
             try:
                 if shopper is None or self.one_journey_each:
-                    shopper = Shopper.over_http(self.cluster.base_url, self.skus)
+                    shopper = Shopper.over_http(self.cluster.base_url, self.skus, session=from_address(index))
                 self._run(shopper, journey, rng)
             except Exception as exc:  # noqa: BLE001 - counted and shown; the customer goes on
                 journey.error = f"{type(exc).__name__}: {exc}"[:300]
