@@ -367,6 +367,7 @@ class Cluster:
             # Each simulated customer is one long-lived browser and address whose abandoned orders
             # stay unpaid for the window: the hoarding limit would refuse the load being measured.
             UNPAID_ORDERS_PER_CLIENT="1000",
+            UNPAID_ORDERS_PER_ADDRESS="100000",
             WEB_CONCURRENCY=str(self.web_concurrency),
             WEB_THREADS=str(self.web_threads),
             BACKSTOP_INSTANCE_PATH=os.path.join(self.workdir, node or "setup", "instance"),
