@@ -8,12 +8,14 @@ only PostgreSQL fails on them, so run this there as well."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from factories import catalog_rows, on_hand
+from factories import catalog_rows, on_hand, place_order_for
 from payment_helpers import place_and_pay
+from shop.domain.deadlines import utcnow
+from shop.domain.refunds import RefundStatus
 from shop.extensions import db
 from shop.models import CardAcknowledgement, Order, Refund, StockCorrection
 from support import log_in
@@ -36,7 +38,7 @@ def hostile(*, signed: bool = False, empty: bool = False) -> st.SearchStrategy[s
         st.builds(lambda a, b, c: f"{a}{b}{c}", st.sampled_from(["", "1"]), _OTHER_DIGITS, st.sampled_from(["", "2"])),
         st.floats(allow_nan=True, allow_infinity=True).map(repr),
         st.builds(lambda m, e: f"{m}e{e}", st.integers(0, 99), st.integers(0, 999_999)),
-        st.sampled_from(["1.5", "0x10", "1_000", "12 3", "١٢", "²", "Infinity", "--1", "+-1", "1,000"]),
+        st.sampled_from(["1.5", "0x10", "1_000", "12 3", "١٢", "١", "１", "²", "Infinity", "--1", "+-1", "1,000"]),
     ]
     if not signed:
         cases.append(st.integers(max_value=-1).map(str))
@@ -154,3 +156,49 @@ def test_a_card_acknowledgement_for_hours_it_cannot_hold_is_refused_in_words(ack
     _refused_in_words(client.post("/console/cards/rejected_webhooks/acknowledge", data=data, headers=JSON))
 
     assert _count(app, CardAcknowledgement) == 0
+
+
+@pytest.fixture
+def failed_refund_console(fresh_app):
+    """A failed refund (its first attempt), as the provider's report left it, and an operator."""
+    with fresh_app.app_context():
+        placed = place_order_for({catalog_rows(5)[0]: 1}, email="late@example.com")
+        refund = Refund(
+            order_id=placed.order_id,
+            session_id="cs_test_fuzz",
+            amount=500,
+            currency="usd",
+            reason="late money",
+            status=RefundStatus.FAILED,
+            failed_at=utcnow(),
+        )
+        db.session.add(refund)
+        db.session.commit()
+        refund_id = refund.id
+        db.session.remove()
+    client = fresh_app.test_client()
+    return fresh_app, client, log_in(fresh_app, client), refund_id
+
+
+@FUZZ
+@given(attempt=hostile())
+@example(attempt="١")  # Arabic-Indic 1: int() reads it as the attempt the refund is at
+def test_a_refund_retry_for_an_attempt_that_is_no_number_it_holds_is_refused_in_words(failed_refund_console, attempt):
+    app, client, token, refund_id = failed_refund_console
+
+    r = client.post(f"/console/refunds/{refund_id}/retry", data={"csrf_token": token, "attempt": attempt}, headers=JSON)
+
+    _refused_in_words(r)
+    with app.app_context():
+        refund = db.session.get(Refund, refund_id)
+        assert refund is not None and refund.status == RefundStatus.FAILED and refund.attempts == 1
+        db.session.remove()
+
+
+@FUZZ
+@given(bound=st.sampled_from(["amount", "amount_min", "amount_max"]), typed=hostile(signed=True))
+def test_a_console_amount_filter_that_is_no_number_answers_in_words_not_500(stock_console, bound, typed):
+    _app, client, _token, _variant = stock_console
+    for listing in ("/console/orders", "/console/refunds"):
+        r = client.get(listing, query_string={bound: typed}, headers=JSON)
+        assert r.status_code in (200, 400), r.get_data(as_text=True)[:500]
