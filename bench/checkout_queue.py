@@ -52,6 +52,7 @@ from scratchdb import make_database  # noqa: E402
 # with up to the form's 99 of one item: lift the hoarding limits (docs/REFERENCE.md, Settings)
 # for this process and the shop processes it starts, unless the caller set them.
 os.environ.setdefault("UNPAID_ORDERS_PER_CLIENT", "1000")
+os.environ.setdefault("UNPAID_ORDERS_PER_ADDRESS", "100000")
 os.environ.setdefault("MAX_LINE_QUANTITY", "99")
 
 sys.path.insert(0, str(ROOT))

@@ -30,6 +30,7 @@ from sqlalchemy.engine import make_url  # noqa: E402
 # with up to the form's 99 of one item: lift the hoarding limits (docs/REFERENCE.md, Settings)
 # for this process and the shop processes it starts, unless the caller set them.
 os.environ.setdefault("UNPAID_ORDERS_PER_CLIENT", "1000")
+os.environ.setdefault("UNPAID_ORDERS_PER_ADDRESS", "100000")
 os.environ.setdefault("MAX_LINE_QUANTITY", "99")
 
 FLASK = os.path.join(os.path.dirname(sys.executable), "flask")

@@ -60,6 +60,7 @@ from sqlalchemy import insert, text  # noqa: E402
 # Every simulated customer is a fresh browser and address, but lift the hoarding limits anyway
 # (docs/REFERENCE.md, Settings), as the other load benches do.
 os.environ.setdefault("UNPAID_ORDERS_PER_CLIENT", "1000")
+os.environ.setdefault("UNPAID_ORDERS_PER_ADDRESS", "100000")
 os.environ.setdefault("MAX_LINE_QUANTITY", "99")
 
 FLASK = os.path.join(os.path.dirname(sys.executable), "flask")

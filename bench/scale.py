@@ -58,6 +58,7 @@ from cluster_support import (  # noqa: E402
 # with up to the form's 99 of one item: lift the hoarding limits (docs/REFERENCE.md, Settings)
 # for this process and the shop processes it starts, unless the caller set them.
 os.environ.setdefault("UNPAID_ORDERS_PER_CLIENT", "1000")
+os.environ.setdefault("UNPAID_ORDERS_PER_ADDRESS", "100000")
 os.environ.setdefault("MAX_LINE_QUANTITY", "99")
 
 STOCK = {"NB-A5-DOT": 100_000, "NB-A6-DOT": 100_000, "MUG-350-SND": 100_000, "SOCK-M": 100_000}

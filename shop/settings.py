@@ -111,6 +111,13 @@ class Settings:
     # Hoarding limits (docs/REFERENCE.md, Settings): live unpaid orders one browser or one email
     # may hold at once, and units of one item per cart line; beyond them checkout refuses.
     unpaid_orders_per_client: int = 3
+    # UNPAID_ORDERS_PER_ADDRESS: live unpaid orders placed from one client address (an office
+    # behind one NAT shares it, hence generous): bounds fresh cookies with fresh emails.
+    unpaid_orders_per_address: int = 20
+    # Customer emails about placing or ending an order (saga.mail_caps), per hour: to one
+    # recipient, and about orders placed from one client address.
+    order_emails_per_recipient: int = 5
+    order_emails_per_address: int = 20
     max_line_quantity: int = 10
     # METRICS_TOKEN: when set, /metrics answers only with `Authorization: Bearer <it>`.
     metrics_token: str | None = None
@@ -293,6 +300,9 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         scheduler_poll_seconds=poll,
         health_stale_seconds=stale,
         unpaid_orders_per_client=env_int(env, "UNPAID_ORDERS_PER_CLIENT", 3, 1, 1000),
+        unpaid_orders_per_address=env_int(env, "UNPAID_ORDERS_PER_ADDRESS", 20, 1, 100_000),
+        order_emails_per_recipient=env_int(env, "ORDER_EMAILS_PER_RECIPIENT", 5, 1, 1000),
+        order_emails_per_address=env_int(env, "ORDER_EMAILS_PER_ADDRESS", 20, 1, 100_000),
         # At most the form's own bound (orders.cart.MOST_OF_ONE_ITEM): a larger limit would never bind.
         max_line_quantity=env_int(env, "MAX_LINE_QUANTITY", 10, 1, MOST_OF_ONE_ITEM),
         # An unknown scheme (a typo of smtps://) would otherwise send in clear text.

@@ -367,6 +367,7 @@ class Cluster:
             # Each simulated customer is one long-lived browser and address whose abandoned orders
             # stay unpaid for the window: the hoarding limit would refuse the load being measured.
             UNPAID_ORDERS_PER_CLIENT="1000",
+            UNPAID_ORDERS_PER_ADDRESS="100000",
             # The cluster's nginx is the balancer in front of every node: its X-Forwarded-For names
             # the customer (each connects from its own address, Customers).
             TRUSTED_PROXIES="127.0.0.1",

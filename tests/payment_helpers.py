@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import random
 import threading
 import time
 import uuid
@@ -44,6 +45,10 @@ class Shopper:
         # Each shopper is its own customer, with its own address: UNPAID_ORDERS_PER_CLIENT counts
         # live orders per address too, and tests with many shoppers are not about that limit.
         self.email = f"ann.{uuid.uuid4().hex[:10]}@example.com"
+        # And its own client address (UNPAID_ORDERS_PER_ADDRESS), over the test client.
+        if client is None:
+            octets = (random.randrange(256), random.randrange(256), random.randrange(1, 255))
+            self.client.environ_base["REMOTE_ADDR"] = "10.{}.{}.{}".format(*octets)
 
     @classmethod
     def over_http(cls, base_url: str, skus: dict[str, int], session: requests.Session | None = None) -> Shopper:

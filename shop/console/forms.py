@@ -1,6 +1,6 @@
 from werkzeug.utils import cached_property
-from wtforms import EmailField, HiddenField, IntegerField, PasswordField, StringField, TextAreaField
-from wtforms.validators import DataRequired, Length, NumberRange, Optional
+from wtforms import EmailField, HiddenField, PasswordField, StringField, TextAreaField
+from wtforms.validators import DataRequired, Length, Optional
 
 from ..web.requests import Form
 
@@ -50,7 +50,8 @@ class ResolveForm(ConsoleForm):
 
 class RetryRefundForm(ConsoleForm):
     # The attempt the operator was looking at: the same submission sent twice retries once.
-    attempt = IntegerField("Attempt", validators=[Optional(), NumberRange(min=1, max=1000)])
+    # Read in the view with web.numbers.whole_number: IntegerField's int() takes other scripts' digits.
+    attempt = StringField("Attempt")
     next = HiddenField()
 
 

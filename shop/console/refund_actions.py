@@ -11,6 +11,7 @@ from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import Order, Refund
 from ..payments import refund_remedies as refund_cases
+from ..web.numbers import whole_number
 from . import audit
 from .answers import done, operator_name, problem, reason_needed
 from .blueprint import bp
@@ -71,7 +72,9 @@ def retry_refund(refund_id):
         order_id=refund.order_id if refund is not None else None,
     )
     form = RetryRefundForm()
-    if not form.validate():
+    typed = (form.attempt.data or "").strip()
+    attempt = whole_number(typed, 1, 1000) if typed else None
+    if not form.validate() or typed and attempt is None:
         return problem(
             400,
             "attempt must be the attempt number the refund showed (a whole number from 1).",
@@ -79,7 +82,7 @@ def retry_refund(refund_id):
             id=refund_id,
         )
     db.session.rollback()  # the use case reads the refund afresh, locked, in its own transaction
-    action = refund_cases.retry_refund(refund_id, seen_attempt=form.attempt.data)
+    action = refund_cases.retry_refund(refund_id, seen_attempt=attempt)
     if action.outcome == refund_cases.ActionOutcome.DONE:
         log.warning("operator %s sent refund %s again: %s", operator_name(), refund_id, refund_action_words(action))
     return _refund_answer(action, reference, back)

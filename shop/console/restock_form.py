@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from ..saga.line_restock import LineLeft, lines_left
 
-UNITS = re.compile(r"\d{1,6}")
+UNITS = re.compile(r"[0-9]{1,6}")  # ASCII digits: \d takes every script's (web.numbers)
 YES = ("yes", "y", "1", "on", "true")
 
 

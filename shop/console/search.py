@@ -20,6 +20,7 @@ from sqlalchemy import ColumnElement, and_, false, func, not_, or_
 
 from ..money import THREE_DECIMAL, ZERO_DECIMAL, minor_digits
 from ..web.answers import respond
+from ..web.numbers import INT4_MAX
 
 # Digits an amount may have before its decimal point: a trillion is more than any order, and
 # keeps the minor-unit bounds inside a 64-bit integer (SQLite refuses larger ones outright).
@@ -28,7 +29,7 @@ MOST_WHOLE_DIGITS = 12
 # is taken only as the pages write it, between groups of three digits: "18,50" is not guessed to
 # be 18.50 (nor 1850).
 _AMOUNT_DECORATION = re.compile(r"[\s$€£¥]")
-_GROUPED = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?")
+_GROUPED = re.compile(r"[+-]?[0-9]{1,3}(,[0-9]{3})+(\.[0-9]*)?")  # ASCII digits only, as every number typed
 TEXT_LIMIT = 254
 
 
@@ -123,7 +124,7 @@ def _amount(text: str, what: str, errors: list[str]) -> Decimal | None:
             return None
         cleaned = cleaned.replace(",", "")
     try:
-        value = Decimal(cleaned) if re.fullmatch(r"[+-]?(\d+(\.\d*)?|\.\d+)", cleaned) else None
+        value = Decimal(cleaned) if re.fullmatch(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)", cleaned) else None
     except InvalidOperation:
         value = None
     if value is None:
@@ -178,9 +179,12 @@ def in_amount_range(amount_column, currency_column, filters: Filters) -> list:
         scale = Decimal(10) ** digits
         bounds: list[ColumnElement[bool]] = [is_kind]
         lowest = math.ceil(low * scale) if low is not None else None
-        highest = math.floor(high * scale) if high is not None else None
-        if lowest is not None and highest is not None and lowest > highest:
+        # No amount column holds more than int4 (web.numbers): a bound past it is the column's
+        # end, never a parameter PostgreSQL refuses.
+        highest = min(math.floor(high * scale), INT4_MAX) if high is not None else None
+        if lowest is not None and (lowest > INT4_MAX or highest is not None and lowest > highest):
             bounds.append(false())
+            lowest = None
         if lowest is not None:
             bounds.append(amount_column >= lowest)
         if highest is not None:

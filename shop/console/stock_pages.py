@@ -6,7 +6,6 @@ safe against checkouts running meanwhile)."""
 from __future__ import annotations
 
 import hashlib
-import re
 
 from flask import url_for
 from sqlalchemy import func, select
@@ -19,6 +18,7 @@ from ..models import InventoryItem, Order, OrderLine, StockCorrection, Variant
 from ..orders.stock import CorrectionOutcome, StockChange, StockMode, correct_stock
 from ..orders.stock_held import Held, held_by_orders, held_by_variants
 from ..web.answers import respond, wants_json
+from ..web.numbers import INT4_MAX, whole_number
 from . import audit
 from .answers import done, operator_name, page_number, problem
 from .blueprint import bp
@@ -27,7 +27,6 @@ from .money_actions import KEY, new_request_key
 
 HISTORY = 50
 RECENT_ORDERS = 5_000
-INTEGER = re.compile(r"[+-]?\d{1,10}")
 
 
 class StockForm(ConsoleForm):
@@ -189,18 +188,23 @@ NUMBER_WORDS = {
 }
 
 
-def _asked(form: StockForm) -> tuple[StockMode, str, str, str] | str:
-    """(mode, value, seen, held seen) from the form, or the words of what is wrong with it."""
+def _asked(form: StockForm) -> tuple[StockMode, int, int | None, int | None] | str:
+    """(mode, value, seen, held seen) from the form, or the words of what is wrong with it: each
+    ASCII digits within an int4 column (web.numbers), the value signed, the figures not."""
     fields = {StockMode.COUNT: form.count, StockMode.SET: form.on_hand, StockMode.ADJUST: form.delta}
     given = [(mode, text) for mode, field in fields.items() if (text := (field.data or "").strip())]
     if len(given) != 1:
         return ONE_FIELD
     (mode, text), seen, held = given[0], (form.seen.data or "").strip(), (form.held.data or "").strip()
-    if not all(INTEGER.fullmatch(t) for t in (text, seen or "0", held or "0")):
-        return f"Enter {NUMBER_WORDS[mode]} as a whole number."
+    value = whole_number(text, -INT4_MAX, INT4_MAX)
+    if value is None:
+        return f"Enter {NUMBER_WORDS[mode]} as a whole number from -{INT4_MAX} to {INT4_MAX}."
+    figures = [whole_number(t) if t else None for t in (seen, held)]
+    if any(f is None for f, t in zip(figures, (seen, held), strict=True) if t):
+        return "The page's figures are not whole numbers from 0 to 2147483647: open the stock page again."
     if mode is not StockMode.ADJUST:
-        return mode, text, seen, held if mode is StockMode.COUNT else ""
-    return mode, text, "", ""
+        return mode, value, figures[0], figures[1] if mode is StockMode.COUNT else None
+    return mode, value, None, None
 
 
 @bp.post("/inventory/<id:variant_id>/adjust")
@@ -217,21 +221,22 @@ def adjust_inventory(variant_id):
     if isinstance(asked, str):
         title = "Check the number" if "whole number" in asked else "Cannot do that"
         return problem(400, asked, title=title, back=back)
-    mode, text, seen, held = asked
+    mode, value, seen, held = asked
+    text = str(value)
     if not reason or len(reason) > 2000:
         return problem(
             400, WHY_WORDS["no_reason"] + " (2000 characters at most)", title="A reason is needed", back=back
         )
-    key = form.request_key.data or _submission_key(variant_id, mode, text, seen, held, reason)
+    key = form.request_key.data or _submission_key(variant_id, mode, text, _typed(seen), _typed(held), reason)
     if not KEY.fullmatch(key):
         return problem(400, "This form has no valid request key: open the stock page again.", back=back)
     db.session.rollback()
     result = correct_stock(
         variant_id,
         mode=mode,
-        value=int(text),
-        seen=int(seen) if seen else None,
-        seen_held=int(held) if held else None,
+        value=value,
+        seen=seen,
+        seen_held=held,
         reason=reason,
         operator=operator_name(),
         request_key=key,
@@ -246,7 +251,7 @@ def adjust_inventory(variant_id):
         )
     if result.outcome is CorrectionOutcome.REFUSED:
         typed = {"mode": mode.value, "value": text, "reason": reason, "request_key": form.request_key.data}
-        return _refused(variant_id, result, seen, typed, back)
+        return _refused(variant_id, result, _typed(seen), typed, back)
     return _corrected(variant_id, result, back)
 
 
@@ -295,6 +300,11 @@ def _corrected(variant_id: int, result: StockChange, back: str):
         "held": result.held.as_json() if result.held is not None else None,
     }
     return done(message, payload, back, "warning" if already else "ok")
+
+
+def _typed(figure: int | None) -> str:
+    """A figure as the form carried it ("" for none)."""
+    return "" if figure is None else str(figure)
 
 
 def _submission_key(*parts) -> str:

@@ -70,6 +70,9 @@ LIVE_STATUSES = tuple(s.value for s in LIVE)
 # apart: they asked for one, the other happened to them (the payment window ran out).
 CANCELLED_BY_CUSTOMER = "cancelled by customer"
 PAYMENT_WINDOW_EXPIRED = "payment window expired"
+# A newer checkout for the same email address, from another browser, took this order's place
+# under UNPAID_ORDERS_PER_CLIENT (orders.release). No email: the address gets the newer order's.
+RELEASED_FOR_NEWER = "released for a newer order of the same email address"
 
 
 class CancelledBy(StrEnum):

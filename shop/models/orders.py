@@ -23,6 +23,9 @@ class Order(Model):
     access_token: Mapped[str] = mapped_column(String(64))
     browser_id: Mapped[str] = mapped_column(String(64), index=True)
     email: Mapped[str] = mapped_column(String(254))
+    # The address the checkout came from (request.remote_addr): UNPAID_ORDERS_PER_ADDRESS counts
+    # live orders by it, and customer emails are capped by it. None for orders placed otherwise.
+    client_address: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     status: Mapped[OrderStatus] = mapped_column(OrderStatusText)
     total: Mapped[int] = mapped_column(Integer)
     currency: Mapped[str] = mapped_column(String(3))

@@ -2,11 +2,13 @@
 
 Inside ONE transaction, in this order:
   0. FIRST, hold the customer's place: on PostgreSQL a transaction-scoped advisory lock on the
-     browser, then one on the email address (every checkout takes them in that order, in their
-     own lock spaces, so they never wait on each other in a cycle; SQLite's BEGIN IMMEDIATE
-     already serializes every writer), then count the live unpaid orders of each and refuse at
-     UNPAID_ORDERS_PER_CLIENT. Counting after the locks is what keeps concurrent checkouts from
-     one browser, or of one address from many browsers, from all seeing room for one more;
+     browser, then one on the email address, then one on the client address the request came
+     from (every checkout takes them in that order, in their own lock spaces, so they never wait
+     on each other in a cycle; SQLite's BEGIN IMMEDIATE already serializes every writer), then
+     count the live unpaid orders of each and refuse at UNPAID_ORDERS_PER_CLIENT (browser, email)
+     or UNPAID_ORDERS_PER_ADDRESS (client address: a fresh cookie and a fresh email per checkout
+     still come from one address). Counting after the locks is what keeps concurrent checkouts
+     from one browser, or of one address from many browsers, from all seeing room for one more;
   1. insert the order and its lines (the order store's `insert_order`), with prices read from
      the database (never from a form);
   2. close the cart with a conditional update (open -> ordered), so a double submit cannot
@@ -76,7 +78,7 @@ class Refusal(StrEnum):
     MIXED_CURRENCY = "mixed_currency"
     CART_CLOSED = "cart_closed"  # another checkout of this cart committed first
     TOO_MANY_OF_ONE = "too_many_of_one"  # a line holds more than MAX_LINE_QUANTITY
-    TOO_MANY_UNPAID = "too_many_unpaid"  # the browser or the address holds UNPAID_ORDERS_PER_CLIENT live orders
+    TOO_MANY_UNPAID = "too_many_unpaid"  # the browser, the email or the client address is at its limit
 
 
 class HeldBy(StrEnum):
@@ -86,6 +88,9 @@ class HeldBy(StrEnum):
 
     BROWSER = "browser"
     ADDRESS = "address"
+    # The client address the checkout came from (request.remote_addr) holds
+    # UNPAID_ORDERS_PER_ADDRESS live orders, whatever their browsers and emails.
+    CLIENT_ADDRESS = "client_address"
 
 
 @dataclass
@@ -112,11 +117,11 @@ class _CartClosed(Exception):
 
 
 class _TooManyUnpaid(Exception):
-    """The browser or the address already holds UNPAID_ORDERS_PER_CLIENT live orders."""
+    """The browser, the email or the client address already holds its limit of live orders."""
 
-    def __init__(self, held_by: HeldBy):
+    def __init__(self, held_by: HeldBy, limit: int):
         super().__init__(held_by)
-        self.held_by = held_by
+        self.held_by, self.limit = held_by, limit
 
 
 # The statements, built once with bound parameters and executed on the tables: building a
@@ -185,6 +190,10 @@ _LIVE_OF_CLIENT = select(
     .select_from(Order)
     .where(func.lower(Order.email) == bindparam("email"), Order.status.in_(LIVE_STATUSES))
     .scalar_subquery(),
+    select(func.count())
+    .select_from(Order)
+    .where(Order.client_address == bindparam("client"), Order.status.in_(LIVE_STATUSES))
+    .scalar_subquery(),
 )
 # Transaction-scoped (released by COMMIT or ROLLBACK, so PgBouncer's transaction pooling keeps
 # nothing between transactions), one lock space for browsers and one for addresses, both taken by
@@ -192,7 +201,13 @@ _LIVE_OF_CLIENT = select(
 _LOCK_CLIENT = text(
     "SELECT pg_advisory_xact_lock(:browser_space, :browser), pg_advisory_xact_lock(:email_space, :email)"
 )
-_BROWSER_LOCKS, _EMAIL_LOCKS = 0x42534B01, 0x42534B02  # "BSK" + 1, 2: no other advisory lock uses these
+# The same, and the client address last (a checkout with no client address, as a use case run
+# outside a request, takes only the first two).
+_LOCK_CLIENT_AT = text(
+    "SELECT pg_advisory_xact_lock(:browser_space, :browser), pg_advisory_xact_lock(:email_space, :email), "
+    "pg_advisory_xact_lock(:client_space, :client)"
+)
+_BROWSER_LOCKS, _EMAIL_LOCKS, _CLIENT_LOCKS = 0x42534B01, 0x42534B02, 0x42534B03  # "BSK" + 1..3: no other uses these
 
 
 def _lock_key(value: str) -> int:
@@ -206,36 +221,42 @@ def normalized_email(email: str) -> str:
     return email.strip().lower()
 
 
-def _hold_client_slot(session, browser_id: str, email: str) -> None:
-    """Step 0 (see the module's docstring): lock this browser and this address for the rest of the
-    transaction, then raise _TooManyUnpaid if either already has UNPAID_ORDERS_PER_CLIENT live
-    orders. Under READ COMMITTED the count, run after the locks, sees every order committed by
-    the checkouts that held them before."""
+def _hold_client_slot(session, browser_id: str, email: str, client: str | None) -> None:
+    """Step 0 (see the module's docstring): lock this browser, this email and this client address
+    for the rest of the transaction, then raise _TooManyUnpaid if one already holds its limit of
+    live orders. Under READ COMMITTED the count, run after the locks, sees every order committed
+    by the checkouts that held them before."""
     address = normalized_email(email)
     if session.get_bind().dialect.name == "postgresql":
-        session.execute(
-            _LOCK_CLIENT,
-            dict(
-                browser_space=_BROWSER_LOCKS,
-                browser=_lock_key(browser_id),
-                email_space=_EMAIL_LOCKS,
-                email=_lock_key(address),
-            ),
-        )
-    by_browser, by_email = session.execute(_LIVE_OF_CLIENT, dict(browser=browser_id, email=address)).one()
-    limit = current_app.config["UNPAID_ORDERS_PER_CLIENT"]
-    if by_browser >= limit:
-        raise _TooManyUnpaid(HeldBy.BROWSER)
-    if by_email >= limit:
-        raise _TooManyUnpaid(HeldBy.ADDRESS)
+        keys = dict(browser_space=_BROWSER_LOCKS, browser=_lock_key(browser_id))
+        keys.update(email_space=_EMAIL_LOCKS, email=_lock_key(address))
+        if client is None:
+            session.execute(_LOCK_CLIENT, keys)
+        else:
+            session.execute(_LOCK_CLIENT_AT, dict(keys, client_space=_CLIENT_LOCKS, client=_lock_key(client)))
+    counts = session.execute(_LIVE_OF_CLIENT, dict(browser=browser_id, email=address, client=client)).one()
+    cfg = current_app.config
+    per_client, per_address = cfg["UNPAID_ORDERS_PER_CLIENT"], cfg["UNPAID_ORDERS_PER_ADDRESS"]
+    limits = (per_client, per_client, per_address)
+    whose = (HeldBy.BROWSER, HeldBy.ADDRESS, HeldBy.CLIENT_ADDRESS)
+    for held, limit, held_by in zip(counts, limits, whose, strict=True):
+        if held >= limit:
+            raise _TooManyUnpaid(held_by, limit)
 
 
 def place_order(
-    *, cart_id: int, browser_id: str, email: str, now: datetime | None = None, in_line: bool = False
+    *,
+    cart_id: int,
+    browser_id: str,
+    email: str,
+    now: datetime | None = None,
+    in_line: bool = False,
+    client_address: str | None = None,
 ) -> Placed | CheckoutRefused:
     """The checkout transaction (see the module's docstring). `in_line`: the order joins the line
     for its payment page in this same transaction (the caller knows the provider's budget for
-    new sessions is spent), instead of a second one after a refused provider call."""
+    new sessions is spent), instead of a second one after a refused provider call.
+    `client_address`: the address the request came from, counted against UNPAID_ORDERS_PER_ADDRESS."""
     now = now or utcnow()
     session = db.session
     rows = session.execute(_READ_CART, {"cart_id": cart_id}).all()
@@ -256,7 +277,7 @@ def place_order(
     ]
     try:
         with transaction():
-            _hold_client_slot(session, browser_id, email)
+            _hold_client_slot(session, browser_id, email, client_address)
             order_id = order_store.insert_order(
                 session,
                 reference=reference,
@@ -269,6 +290,7 @@ def place_order(
                 lines=line_rows,
                 in_line=in_line,
                 ships=ships,
+                client_address=client_address,
             )
             closed = session.execute(_CLOSE_CART, dict(cart_id=cart_id, browser=browser_id, order=order_id))
             if rows_matched(closed) != 1:
@@ -279,8 +301,7 @@ def place_order(
     except _CartClosed:
         return CheckoutRefused(Refusal.CART_CLOSED)
     except _TooManyUnpaid as full:
-        limit = current_app.config["UNPAID_ORDERS_PER_CLIENT"]
-        return CheckoutRefused(Refusal.TOO_MANY_UNPAID, limit=limit, held_by=full.held_by)
+        return CheckoutRefused(Refusal.TOO_MANY_UNPAID, limit=full.limit, held_by=full.held_by)
     except _Shortfall:
         return CheckoutRefused(Refusal.OUT_OF_STOCK, shortages(lines, variants))
     return Placed(order_id, reference, token, email, total, currency, line_rows, now, ships)

@@ -2,7 +2,8 @@
 or adjust it by a delta. Checkouts decrement the same row at any moment (`on_hand = on_hand - n WHERE on_hand >= n`),
 so a correction never reads the count and writes back a number computed from it:
 
-- `adjust` is one UPDATE `on_hand = on_hand + delta WHERE on_hand + delta >= 0`: a checkout that
+- `adjust` is one UPDATE `on_hand = on_hand + delta WHERE on_hand >= -delta` (and the result
+  fits the column): a checkout that
   commits first is kept, and the correction applies on top of what it left;
 - `set` is a compare-and-set, `on_hand = new WHERE on_hand = <the count the operator saw>`: if a
   checkout took stock since the page was shown the correction is refused (`changed`), with the
@@ -152,8 +153,9 @@ def _update(variant_id: int, asked: _Asked, target: int, seen: int | None, now: 
             update(_inventory)
             .where(
                 _inventory.c.variant_id == variant_id,
-                _inventory.c.on_hand + target >= 0,
-                _inventory.c.on_hand + target <= MAX_ON_HAND,
+                # The bound on the constant's side, within the column's range: on_hand + target
+                # itself would overflow PostgreSQL's integer before the comparison could refuse it.
+                _inventory.c.on_hand >= -target if target < 0 else _inventory.c.on_hand <= MAX_ON_HAND - target,
             )
             .values(on_hand=_inventory.c.on_hand + target, updated_at=now)
         )

@@ -22,6 +22,7 @@ from ..domain.order import cancelled_because
 from ..extensions import db
 from ..models import CommandKind, Order
 from ..outbox import schedule_command
+from .mail_caps import may_email
 
 log = logging.getLogger("shop.saga")
 
@@ -58,8 +59,11 @@ def payment_failed_followups(event: OrderPaymentFailed, now: datetime) -> None:
 def send_order_placed_email(event: OrderPlaced, now: datetime) -> None:
     """The customer gets the order's private link as soon as it is placed (a closed tab loses
     nothing); not sent once the order is paid or cancelled, whose own emails carry the link. An
-    order is placed once, so the key names the message for good: a redelivery replaces it."""
-    emails.send(event.order_id, "order_placed", tag="event")
+    order is placed once, so the key names the message for good: a redelivery replaces it.
+    Within the hourly caps only (saga.mail_caps)."""
+    order = db.session.get(Order, event.order_id)
+    if order is not None and may_email(order, order.created_at):
+        emails.send(event.order_id, "order_placed", tag="event")
 
 
 def send_order_confirmation(event: OrderPaid, now: datetime) -> None:
@@ -74,5 +78,8 @@ def send_cancellation_email(event: OrderCancelled, now: datetime) -> None:
     (they did not cancel, and may not know). Other cancellations send nothing. (An order is
     paid once and cancelled once, so the key names the message for good: a redelivery replaces it.)"""
     template = CANCELLATION_EMAILS.get(cancelled_because(event.reason))
-    if template is not None:
+    if template is None:
+        return
+    order = db.session.get(Order, event.order_id)
+    if order is not None and may_email(order, order.cancelled_at):
         emails.send(event.order_id, template, tag="event")

@@ -157,6 +157,7 @@ def insert_order(
     lines: list[dict],
     in_line: bool = False,
     ships: bool = False,
+    client_address: str | None = None,
 ) -> int:
     """A new order (PendingPayment, version 1) and its lines, in the caller's transaction; its id.
     `lines` are dicts of variant_id, sku, name, quantity and unit_price; each gets the order's id.
@@ -178,6 +179,7 @@ def insert_order(
             updated_at=now,
             payment_queued_at=now if in_line else None,
             ships=ships,
+            client_address=client_address,
         ),
     ).scalar_one()
     for line in lines:

@@ -48,6 +48,12 @@ HELD_BY_ADDRESS = (
     "or device. Pay for or cancel one of them before placing another: we can email their links to that address."
 )
 
+# The client address's orders (an office or a mobile network shares one): nothing to show or email.
+HELD_BY_CLIENT_ADDRESS = (
+    "Your network address already has {orders} waiting for payment, the most one address may hold. "
+    "Pay for or cancel one of yours, or try again once others are paid or expire."
+)
+
 EMPTY_CART = _REFUSAL_WORDS[Refusal.EMPTY_CART]
 # A second checkout of a cart that has just become an order points at it (storefront.routes).
 JUST_ORDERED = "This cart was just ordered: see order {reference}."
@@ -64,6 +70,8 @@ def checkout_refusal_words(refused: CheckoutRefused, email: str = "") -> str:
     unpaid-order limit."""
     if refused.held_by is HeldBy.ADDRESS:
         return HELD_BY_ADDRESS.format(email=email, orders=orders_words(refused.limit))
+    if refused.held_by is HeldBy.CLIENT_ADDRESS:
+        return HELD_BY_CLIENT_ADDRESS.format(orders=orders_words(refused.limit))
     words = _REFUSAL_WORDS[refused.code].format(limit=refused.limit, orders=orders_words(refused.limit))
     if refused.code is Refusal.TOO_MANY_OF_ONE:
         return words + " " + "; ".join(f"{s['name'] or s['sku']}: you asked for {s['requested']}" for s in refused.over)

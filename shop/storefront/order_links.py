@@ -35,6 +35,8 @@ def unpaid_limit(refused: CheckoutRefused, email: str) -> dict | None:
     browser is not shown) the form that emails their links to the address. None for other refusals."""
     if refused.held_by is None:
         return None
+    if refused.held_by is HeldBy.CLIENT_ADDRESS:
+        return {"held_by": refused.held_by, "limit": refused.limit}
     if refused.held_by is HeldBy.BROWSER:
         return {"held_by": refused.held_by, "limit": refused.limit, "orders_url": url_for("storefront.orders")}
     return {"held_by": refused.held_by, "limit": refused.limit, "email": email, "links_url": url_for(LINKS_ENDPOINT)}

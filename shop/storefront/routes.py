@@ -16,8 +16,9 @@ from ..errors import OrderNotFound
 from ..extensions import db
 from ..models import Cart, CartState, Order
 from ..orders.cancel import CancelStatus, cancel_order
-from ..orders.checkout import CheckoutRefused, Refusal, place_order
+from ..orders.checkout import CheckoutRefused, Refusal
 from ..orders.lookup import just_ordered_by
+from ..orders.release import place_order_releasing
 from ..payments.apply import Outcome, ask_and_apply
 from ..payments.checkout_queue import expected_wait_seconds, place_in_line
 from ..payments.start import StartCode, StartOutcome, StartStatus, joined_line, line_is_held, start_payment
@@ -76,7 +77,9 @@ def checkout():
         return _just_ordered(bid, form) or render_cart(400, EMPTY_CART, form=form, field="empty")
     in_line = line_is_held()  # the provider's budget for new sessions is spent: join the line at once
     email = (form.email.data or "").strip()  # the form validated: DataRequired
-    result = place_order(cart_id=cart_id, browser_id=bid, email=email, in_line=in_line)
+    result = place_order_releasing(
+        cart_id=cart_id, browser_id=bid, email=email, in_line=in_line, client_address=request.remote_addr
+    )
     if isinstance(result, CheckoutRefused):  # not result.ok
         if result.code is Refusal.CART_CLOSED:
             # The other submit of this cart won: say where its order is (if it was this browser's).

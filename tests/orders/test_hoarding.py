@@ -15,7 +15,7 @@ from factories import cart_with, catalog_rows, on_hand, transitioned
 from shop.domain.order import Transition as T
 from shop.extensions import db
 from shop.models import Cart, Order, OrderLine, OutboxEvent, ScheduledCommand
-from shop.orders.checkout import Refusal, place_order
+from shop.orders.checkout import HeldBy, Refusal, place_order
 from support import run_threads
 
 
@@ -151,3 +151,29 @@ def test_concurrent_checkouts_of_one_address_from_many_browsers_place_at_most_th
     assert outcomes == {"placed": LIMIT, Refusal.TOO_MANY_UNPAID: clients - LIMIT}
     with limited_app.app_context():
         assert count(Order) == LIMIT and on_hand(variant) == 100 - LIMIT
+
+
+def test_concurrent_checkouts_from_one_client_address_with_fresh_browsers_and_emails_place_at_most_its_limit(
+    make_fresh_app, monkeypatch
+):
+    # A fresh cookie and a fresh email per checkout pass the browser and email limits; only the
+    # client address (UNPAID_ORDERS_PER_ADDRESS, its own lock) holds them.
+    monkeypatch.setenv("BACKSTOP_FAILPOINTS", "place_order.after_decrement=sleep:0.05")
+    app, clients, per_address = make_fresh_app(UNPAID_ORDERS_PER_ADDRESS=4), 8, 4
+    with app.app_context():
+        (variant,) = catalog_rows(100)
+        carts = [cart_with([(variant, 1)]) for _ in range(clients)]
+
+    results, errors = run_threads(
+        app,
+        list(enumerate(carts)),
+        lambda job: place_order(
+            cart_id=job[1][0], browser_id=job[1][1], email=f"fresh{job[0]}@example.com", client_address="203.0.113.5"
+        ),
+    )
+
+    assert errors == [None] * clients, [repr(e) for e in errors if e]
+    outcomes = Counter("placed" if r.ok else r.held_by for r in results)
+    assert outcomes == {"placed": per_address, HeldBy.CLIENT_ADDRESS: clients - per_address}
+    with app.app_context():
+        assert count(Order) == per_address and on_hand(variant) == 100 - per_address

@@ -1,7 +1,7 @@
 """Where a checkout refused by UNPAID_ORDERS_PER_CLIENT leads (docs/REFERENCE.md, Storefront):
 the refusal says whose orders filled the limit; this browser's are a link away ("Your orders"),
 an address's placed from another browser are never shown, only their private links emailed to
-the address on request (POST /orders/links), with one answer whether or not the address has
+the address on request (POST /orders/links) when they cannot be released, with one answer whether or not the address has
 such orders, and a few requests an hour per address."""
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from shop.outbox.dispatch import run_command
 
 @pytest.fixture
 def shop(make_shop, monkeypatch, tmp_path):
-    """The shop with a limit of 3, writing its mail under this test's own instance folder."""
+    """The shop with a limit of 3, on the sandbox (no webhook reaches it), writing its mail under
+    this test's own instance folder."""
     monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
     monkeypatch.delenv("SMTP_URL", raising=False)
-    return make_shop(UNPAID_ORDERS_PER_CLIENT=3, MAX_LINE_QUANTITY=10)
+    return make_shop(sandbox=True, UNPAID_ORDERS_PER_CLIENT=3, MAX_LINE_QUANTITY=10)
 
 
 def _order_link_commands(app) -> list[ScheduledCommand]:
@@ -59,9 +60,18 @@ def _send(app) -> list[email.message.Message]:
     return found
 
 
-def _fill_the_address(app, address: str) -> list[str]:
-    """Three orders for `address`, each from a browser of its own (not the test's)."""
-    return [Shopper(app).buy("NB-A6-DOT", 1, email=address) for _ in range(3)]
+def _fill_the_address(app, sandbox, address: str) -> list[str]:
+    """Three orders for `address`, each from a browser of its own (not the test's), each paid at
+    the provider with the news not here yet: a checkout of the address cannot release them
+    (orders.release: a paid session refuses the cancel), so it is refused."""
+    references = []
+    for _ in range(3):
+        shopper = Shopper(app)
+        assert shopper.checkout("NB-A6-DOT", 1, email=address).status_code == 303
+        order = shopper.latest()
+        sandbox.set_outcome(order["payment"]["session_id"], "paid")
+        references.append(order["reference"])
+    return references
 
 
 def test_a_browser_at_the_limit_is_told_it_is_this_browsers_orders_with_a_link_to_them(shop, browser):
@@ -79,8 +89,8 @@ def test_a_browser_at_the_limit_is_told_it_is_this_browsers_orders_with_a_link_t
     assert "/orders/links" not in page  # nothing to email: they are this browser's own
 
 
-def test_an_address_filled_from_other_browsers_is_named_and_offered_its_links_not_its_orders(shop, browser):
-    references = _fill_the_address(shop, "bea@example.com")
+def test_an_address_filled_from_other_browsers_is_named_and_offered_its_links_not_its_orders(shop, sandbox, browser):
+    references = _fill_the_address(shop, sandbox, "bea@example.com")
     assert browser.add("NB-A5-DOT", 1).status_code == 303
 
     r = browser.checkout_cart("Bea@Example.com", headers=JSON)
@@ -101,8 +111,8 @@ def test_an_address_filled_from_other_browsers_is_named_and_offered_its_links_no
     assert browser.client.get("/orders", headers=JSON).get_json()["orders"] == []
 
 
-def test_asking_for_the_links_emails_each_waiting_order_of_the_address_its_private_link(shop, browser):
-    references = _fill_the_address(shop, "cy@example.com")
+def test_asking_for_the_links_emails_each_waiting_order_of_the_address_its_private_link(shop, sandbox, browser):
+    references = _fill_the_address(shop, sandbox, "cy@example.com")
     stranger_order = Shopper(shop).buy("NB-A6-DOT", 1, email="someone.else@example.com")
 
     r = browser.post("/orders/links", email="CY@example.com")
@@ -125,8 +135,8 @@ def test_asking_for_the_links_emails_each_waiting_order_of_the_address_its_priva
         assert stranger_order not in body
 
 
-def test_the_answer_is_the_same_for_an_address_without_orders_and_nothing_is_sent(shop, browser):
-    _fill_the_address(shop, "dee@example.com")
+def test_the_answer_is_the_same_for_an_address_without_orders_and_nothing_is_sent(shop, sandbox, browser):
+    _fill_the_address(shop, sandbox, "dee@example.com")
 
     with_orders = browser.post("/orders/links", headers=JSON, email="dee@example.com")
     without = browser.post("/orders/links", headers=JSON, email="nobody@example.com")
@@ -139,7 +149,8 @@ def test_the_answer_is_the_same_for_an_address_without_orders_and_nothing_is_sen
 
 def test_an_order_no_longer_waiting_when_its_link_email_runs_is_not_sent(shop):
     owner = Shopper(shop)
-    ref = owner.buy("NB-A6-DOT", 1, email="eve@example.com")
+    assert owner.checkout("NB-A6-DOT", 1, email="eve@example.com").status_code == 303
+    ref = owner.latest()["reference"]
     assert Shopper(shop).post("/orders/links", email="eve@example.com").status_code == 303
     assert owner.cancel(ref, owner.order(ref)["version"]).status_code == 200
 

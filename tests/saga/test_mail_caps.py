@@ -1,0 +1,83 @@
+"""Order emails are no free mailer (docs/REFERENCE.md, Security; saga.mail_caps): a place-then-
+cancel loop aimed at a typed address stops producing emails after ORDER_EMAILS_PER_RECIPIENT in
+an hour, and the orders of one client address after ORDER_EMAILS_PER_ADDRESS, while every order
+is still placed and cancelled. A redelivery decides the same, and the next hour sends again."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from factories import force_order
+from payment_helpers import Shopper, run_everything
+from shop.domain.order import OrderStatus
+from shop.extensions import db
+from shop.models import Order
+from support import mails
+
+VICTIM = "victim@example.com"
+
+
+def _place_and_cancel(shopper: Shopper, email: str) -> None:
+    """One turn of the loop: a checkout for `email`, then its cancel, both through the storefront,
+    each followed by the worker's deliveries (its email goes out meanwhile, as a worker sends it)."""
+    assert shopper.checkout("NB-A6-DOT", 1, email=email).status_code == 303
+    run_everything(shopper.app)
+    order = shopper.latest()
+    assert shopper.cancel(order["reference"], order["version"]).status_code == 200
+    run_everything(shopper.app)
+
+
+def _to(folder, address: str) -> list:
+    sent = mails(folder, "order_placed") + mails(folder, "order_cancelled")
+    return [m for m in sent if m["To"] == address]
+
+
+def test_a_place_then_cancel_loop_at_a_typed_address_stops_emailing_it_at_the_cap(make_shop, mail_folder):
+    shop = make_shop(ORDER_EMAILS_PER_RECIPIENT=4, ORDER_EMAILS_PER_ADDRESS=1000)
+    for _ in range(5):  # a fresh browser (and client address) each turn: only the recipient is the same
+        _place_and_cancel(Shopper(shop), VICTIM)
+
+    run_everything(shop)
+    run_everything(shop)  # redelivered events decide the same
+
+    assert len(_to(mail_folder, VICTIM)) == 4  # two turns' placed and cancelled emails, then nothing
+    with shop.app_context():
+        cancelled = db.session.query(Order).filter(Order.status == OrderStatus.CANCELLED).count()
+        db.session.remove()
+    assert cancelled == 5  # the orders themselves went through
+    Shopper(shop).checkout("NB-A6-DOT", 1, email="someone@example.com")
+    run_everything(shop)
+    assert len(_to(mail_folder, "someone@example.com")) == 1  # another recipient is not capped by it
+
+
+def test_one_client_address_emailing_many_typed_addresses_stops_at_its_own_cap(make_shop, mail_folder):
+    shop = make_shop(ORDER_EMAILS_PER_RECIPIENT=1000, ORDER_EMAILS_PER_ADDRESS=6)
+    for n in range(5):  # the same address each turn, a fresh browser and a fresh victim
+        shopper = Shopper(shop)
+        shopper.client.environ_base["REMOTE_ADDR"] = "198.51.100.20"
+        _place_and_cancel(shopper, f"victim{n}@example.com")
+
+    run_everything(shop)
+
+    sent = mails(mail_folder, "order_placed") + mails(mail_folder, "order_cancelled")
+    assert len(sent) == 6
+
+
+@pytest.mark.parametrize("hours_later, expected", [(0.5, 0), (1.01, 2)])
+def test_the_recipient_cap_is_per_hour(make_shop, mail_folder, hours_later, expected):
+    shop = make_shop(ORDER_EMAILS_PER_RECIPIENT=2, ORDER_EMAILS_PER_ADDRESS=1000)
+    _place_and_cancel(Shopper(shop), VICTIM)
+    run_everything(shop)
+    assert len(_to(mail_folder, VICTIM)) == 2
+    with shop.app_context():  # those two emails were sent `hours_later` ago
+        shift = timedelta(hours=hours_later)
+        for order in db.session.query(Order).all():
+            force_order(order.id, created_at=order.created_at - shift, cancelled_at=order.cancelled_at - shift)
+        db.session.remove()
+
+    _place_and_cancel(Shopper(shop), VICTIM)
+    run_everything(shop)
+
+    assert len(_to(mail_folder, VICTIM)) == 2 + expected
