@@ -80,16 +80,13 @@ def retry_restore(warning_id: int, stamp: str, now: datetime) -> RetryResult:
     # the order's marker was committed with the other lines.
     cause_remains = variant_id is not None and outcome is RestoreOutcome.ALREADY_RESTORED
     if restored and not cause_remains:
-        words = {
-            RestoreOutcome.RESTORED: "stock restored",
-            RestoreOutcome.ALREADY_RESTORED: "the stock had already been restored",
-        }.get(outcome) or _said(outcome, error)
+        words = _said(outcome, error)
         words += "".join(
             f"; still missing: {w.quantity} unit(s) of variant {w.variant_id} (warning {w.id})" for w in fresh
         )
         settled = _settle(warning_id, WarningState.RESOLVED, f"retried ({stamp}): {words}", now)
         return RetryResult(outcome, words, resolved=settled, lost=not settled, fresh=bool(fresh), error=error)
-    what = _why_still_open(outcome, error, variant_id, cause_remains, order)
+    what = _why_still_open(outcome, error, variant_id, cause_remains)
     # The retry's own copy of the same problem would count it twice: it is folded into this one.
     for w in fresh:
         if w.variant_id == variant_id and w.state == WarningState.OPEN:
@@ -118,14 +115,27 @@ def _restore(warning_id: int, order_id: int) -> tuple[RestoreOutcome, str]:
     return outcome, error
 
 
+# What the resolution (an operator reads it on the console) says of each outcome.
+_OUTCOME_WORDS = {
+    RestoreOutcome.RESTORED: "stock restored",
+    RestoreOutcome.ALREADY_RESTORED: "the stock had already been restored",
+    RestoreOutcome.NOT_CANCELLED: "the order is not cancelled, so there is no stock to give back",
+    RestoreOutcome.REFUSED: "refused by an inventory invariant",
+    RestoreOutcome.GONE: "the order no longer exists",
+    RestoreOutcome.ORDER_NOT_CANCELLED: "the order is not cancelled, so there is no stock to give back",
+    RestoreOutcome.ORDER_NOT_PAID: "the order is not paid",
+    RestoreOutcome.INVENTORY_ALREADY_RESTORED: "the stock had already been restored",
+    RestoreOutcome.ERROR: "the retry failed",
+}
+
+
 def _said(outcome: RestoreOutcome, error: str) -> str:
-    """An outcome as the resolution words it: its code, or for an error what went wrong."""
-    return f"{outcome} ({error})" if outcome is RestoreOutcome.ERROR else str(outcome)
+    """An outcome in the resolution's words, and for an error what went wrong."""
+    words = _OUTCOME_WORDS[outcome]
+    return f"{words} ({error})" if outcome is RestoreOutcome.ERROR else words
 
 
-def _why_still_open(
-    outcome: RestoreOutcome, error: str, variant_id: int | None, cause_remains: bool, order: Order | None
-) -> str:
+def _why_still_open(outcome: RestoreOutcome, error: str, variant_id: int | None, cause_remains: bool) -> str:
     if cause_remains:
         return (
             f"the order's other lines were restored earlier; variant {variant_id} has no inventory row, so a "
@@ -133,9 +143,4 @@ def _why_still_open(
         )
     if outcome is RestoreOutcome.REFUSED:
         return "refused again by an inventory invariant; fix the cause first"
-    if outcome is RestoreOutcome.NOT_CANCELLED:
-        assert order is not None  # the restore found the order, in another state than Cancelled
-        return f"the order is {order.status}, not Cancelled, so there is no stock to give back"
-    if outcome is RestoreOutcome.GONE:
-        return "the order no longer exists"
     return _said(outcome, error)
