@@ -211,8 +211,11 @@ def _world(make_fresh_app, sandbox) -> World:
     # Generated logins fail by the hundred: the login throttle (tests/web/test_door.py pins it) would
     # answer the operator's own login 429 before the generated inputs are done. Likewise a paid
     # order is replaced by a fresh checkout at the inputs' pace, which may outrun the provider's
-    # session budget (the line then takes the order: tests/payments/test_checkout_queue.py).
+    # session budget (the line then takes the order: tests/payments/test_checkout_queue.py). And
+    # unsigned deliveries come by the hundred from one address: the webhook's noise throttle
+    # (tests/web/test_webhook_noise.py pins it) would turn a replayed input's 400 into a 429.
     app = make_fresh_app(
+        WEBHOOK_NOISE_PER_MINUTE=1_000_000,
         STRIPE_API_BASE=sandbox.base_url,
         STRIPE_SESSION_MIN_SECONDS=60,
         STRIPE_WEBHOOK_SECRET=WEBHOOK_SECRET,
