@@ -45,17 +45,22 @@ def _status(port: int, source: str, method: str, path: str, claimed: str | None 
     return _ask(port, source, method, path, claimed).status
 
 
-def _checkout_burst(port: int, source: str) -> list[int]:
+def _checkout_burst(port: int, source: str) -> tuple[list[int], float]:
     """POST /checkout as fast as one client can: without a CSRF token the app refuses each (400),
-    so only the front's limit can answer 429."""
-    return [_status(port, source, "POST", "/checkout") for _ in range(BURST)]
+    so only the front's limit can answer 429. With the seconds the burst took."""
+    started = time.monotonic()
+    statuses = [_status(port, source, "POST", "/checkout") for _ in range(BURST)]
+    return statuses, time.monotonic() - started
 
 
-def _assert_burst_cut(burst: list[int]) -> None:
-    # 30 at once (the burst: an office behind one address checking out together), and about one
-    # a second after: the rest is refused by the front.
-    assert burst[:30] == [400] * 30, burst
-    assert burst.count(429) >= BURST - 35 and set(burst) == {400, 429}, burst
+def _assert_burst_cut(burst: tuple[list[int], float]) -> None:
+    # 30 at once (the burst: an office behind one address checking out together), and one a
+    # second after (60 a minute), however long the burst took on a loaded machine: the rest is
+    # refused by the front.
+    statuses, seconds = burst
+    admitted = 30 + int(seconds) + 1
+    assert statuses[:30] == [400] * 30, statuses
+    assert statuses.count(400) <= admitted and set(statuses) == {400, 429}, (statuses, seconds)
 
 
 def test_a_checkout_burst_from_one_address_is_refused_by_the_front_while_another_address_is_served(
