@@ -112,9 +112,9 @@ def known_expiry(session_id: str, session_ends: datetime, now: datetime) -> gate
     return _kept_answer(kept)
 
 
-def _kept_answer(kept: bytes) -> gateway.SessionEvent | None:
+def _kept_answer(kept: bytes | str) -> gateway.SessionEvent | None:
     """A kept expiry; None for a session listed paid or paying: its own answer is asked for now."""
-    return None if kept == _ASK_ALONE else gateway.SessionEvent.from_kept(kept)
+    return None if kept in (_ASK_ALONE, _ASK_ALONE.decode()) else gateway.SessionEvent.from_kept(kept)
 
 
 def _alone_after_grace(session_ends: datetime, now: datetime) -> None:
