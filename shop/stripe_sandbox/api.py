@@ -700,8 +700,14 @@ def expire_checkout_session(sandbox: Sandbox, params: dict, call: Call, session_
 @stripe_view
 def retrieve_payment_intent(sandbox: Sandbox, params: dict, call: Call, pi_id: str) -> dict:
     reject_unknown(params, ("expand", "client_secret"))
-    _expand(params, set())
-    return render_payment_intent(sandbox.get_payment_intent(pi_id))
+    return _render_intent(sandbox, sandbox.get_payment_intent(pi_id), _expand(params, {"latest_charge"}))
+
+
+def _render_intent(sandbox: Sandbox, intent, expand: set[str]) -> dict:
+    body = render_payment_intent(intent)
+    if "latest_charge" in expand and intent.latest_charge in sandbox.charges:
+        body["latest_charge"] = render_charge(sandbox.charges[intent.latest_charge])
+    return body
 
 
 CANCELLATION_REASONS = ("abandoned", "duplicate", "fraudulent", "requested_by_customer")
@@ -711,23 +717,23 @@ CANCELLATION_REASONS = ("abandoned", "duplicate", "fraudulent", "requested_by_cu
 @stripe_view
 def capture_payment_intent(sandbox: Sandbox, params: dict, call: Call, pi_id: str) -> dict:
     reject_unknown(params, ("amount_to_capture", "expand"))
-    _expand(params, set())
+    expand = _expand(params, {"latest_charge"})
     amount = read_int(params.get("amount_to_capture"), "amount_to_capture", minimum=1)
-    return render_payment_intent(sandbox.capture_payment_intent(pi_id, amount, call.ref))
+    return _render_intent(sandbox, sandbox.capture_payment_intent(pi_id, amount, call.ref), expand)
 
 
 @bp.post("/payment_intents/<pi_id>/cancel")
 @stripe_view
 def cancel_payment_intent(sandbox: Sandbox, params: dict, call: Call, pi_id: str) -> dict:
     reject_unknown(params, ("cancellation_reason", "expand"))
-    _expand(params, set())
+    expand = _expand(params, {"latest_charge"})
     reason = read_str(params.get("cancellation_reason"), "cancellation_reason")
     if reason is not None and reason not in CANCELLATION_REASONS:
         raise invalid(
             f"Invalid cancellation_reason: must be one of {', '.join(CANCELLATION_REASONS)}",
             "cancellation_reason",
         )
-    return render_payment_intent(sandbox.cancel_payment_intent(pi_id, reason, call.ref))
+    return _render_intent(sandbox, sandbox.cancel_payment_intent(pi_id, reason, call.ref), expand)
 
 
 # ---------------------------------------------------------------------------------------
