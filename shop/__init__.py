@@ -45,6 +45,7 @@ def create_app(test_config: dict | None = None, env: Mapping[str, str] | None = 
         from .reporting import init_error_reporting
 
         init_error_reporting(app)
+    _init_tracing(app, env)
     from .redis_client import warn_when_redis_is_unprotected
 
     warn_when_redis_is_unprotected(app.config["REDIS_URL"])
@@ -68,6 +69,24 @@ def create_app(test_config: dict | None = None, env: Mapping[str, str] | None = 
     _register_work(app)
     _register_areas(app)
     return app
+
+
+def _init_tracing(app, env: Mapping[str, str]) -> None:
+    """Spans, when the OTEL_* variables ask for them and the `otel` extra is installed (shop.tracing,
+    imported only then: otherwise nothing of OpenTelemetry is loaded and nothing changes)."""
+    from . import traces
+
+    if not traces.wanted(env):
+        return
+    if not traces.installed():
+        logging.getLogger("shop").warning(
+            "OTEL_* variables ask for traces but the otel extra is not installed: no spans "
+            "(pip install 'backstop[otel]')"
+        )
+        return
+    from .tracing import init_tracing
+
+    init_tracing(app, env)
 
 
 def _settings(env, instance: str, test_config: dict | None) -> Settings:
