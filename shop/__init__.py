@@ -73,19 +73,22 @@ def create_app(test_config: dict | None = None, env: Mapping[str, str] | None = 
 
 def _init_tracing(app, env: Mapping[str, str]) -> None:
     """Spans, when the OTEL_* variables ask for them and the `otel` extra is installed (shop.tracing,
-    imported only then: otherwise nothing of OpenTelemetry is loaded and nothing changes)."""
+    imported only then: otherwise the shop imports nothing of OpenTelemetry and nothing changes)."""
     from . import traces
 
     if not traces.wanted(env):
         return
-    if not traces.installed():
+    try:
+        if not traces.installed():
+            raise ImportError("opentelemetry-sdk is not installed")
+        from .tracing import init_tracing
+    except ImportError as exc:
         logging.getLogger("shop").warning(
-            "OTEL_* variables ask for traces but the otel extra is not installed: no spans "
-            "(pip install 'backstop[otel]')"
+            "OTEL_* variables ask for traces but the otel extra cannot be loaded (%s): no spans "
+            "(pip install 'backstop[otel]')",
+            exc,
         )
         return
-    from .tracing import init_tracing
-
     init_tracing(app, env)
 
 
