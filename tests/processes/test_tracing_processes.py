@@ -192,14 +192,18 @@ def test_one_order_is_followed_from_the_web_through_the_scheduler_to_the_worker_
             assert delivered.attributes["messaging.destination.name"] == "send_order_placed_email"
             assert delivered.attributes["backstop.outcome"] == "done"
             # ... run in a drain batch whose span links to every row's writer, the checkout among them.
-            batch = [
-                s
-                for s in receiver.of("worker", "drain outbox_deliveries")
-                if (s.trace_id, s.span_id) in delivered.links
-            ]
-            assert batch and checkout.trace_id in {t for t, _ in batch[0].links}
+            batch = wait_until(
+                lambda: [
+                    s
+                    for s in receiver.of("worker", "drain outbox_deliveries")
+                    if (s.trace_id, s.span_id) in delivered.links
+                ],
+                20,
+                "the drain batch's span",
+            )[0]
+            assert checkout.trace_id in {t for t, _ in batch.links}
             # The confirmation, written by the return page's request, joins that request's trace.
-            returned = receiver.of("web", "GET /checkout/return")[0]
+            returned = wait_until(lambda: receiver.of("web", "GET /checkout/return"), 20, "the return page's span")[0]
             confirmed = wait_until(
                 lambda: receiver.of("worker", "process send_order_confirmation", trace_id=returned.trace_id),
                 30,
@@ -213,6 +217,6 @@ def test_one_order_is_followed_from_the_web_through_the_scheduler_to_the_worker_
 
 def _answers(base: str) -> bool:
     try:
-        return requests.get(base + "/healthz", timeout=2).status_code < 500
+        return requests.get(base + "/", timeout=2).status_code == 200
     except requests.RequestException:
         return False
