@@ -116,8 +116,16 @@ def describe(env: Mapping[str, str]) -> tuple[bool, str]:
     """For `flask shop check`: (a warning?, one line saying whether tracing is on and where it exports)."""
     if _tracer is not None:
         return False, _tracer.describe()
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False, "off (OTEL_SDK_DISABLED=true)"
     if not wanted(env):
-        return False, "off (no OTEL_TRACES_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT set)"
+        said = env.get("OTEL_TRACES_EXPORTER", "").strip()
+        return (
+            False,
+            f"off (OTEL_TRACES_EXPORTER={said})"
+            if said
+            else "off (no OTEL_TRACES_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT set)",
+        )
     if not installed():
         return True, "off: OTEL_* variables are set but the otel extra is not installed (pip install 'backstop[otel]')"
     return False, "off in this process"

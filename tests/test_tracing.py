@@ -199,3 +199,27 @@ def test_an_exporter_the_extra_does_not_ship_stops_the_process_naming_the_variab
     )
     assert run.returncode != 0
     assert "OTEL_EXPORTER_OTLP_PROTOCOL" in run.stderr and "http/protobuf" in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "wanted", "line"),
+    [
+        ({}, False, "off (no OTEL_TRACES_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT set)"),
+        ({"OTEL_SERVICE_NAME": "web"}, False, "off (no OTEL_TRACES_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT set)"),
+        ({"OTEL_TRACES_EXPORTER": "none"}, False, "off (OTEL_TRACES_EXPORTER=none)"),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"},
+            False,
+            "off (OTEL_SDK_DISABLED=true)",
+        ),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, True, None),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, True, None),
+        ({"OTEL_TRACES_EXPORTER": "console, none"}, True, None),
+    ],
+)
+def test_which_variables_turn_tracing_on_and_what_the_check_says_when_it_is_off(env, wanted, line):
+    from shop import traces
+
+    assert traces.wanted(env) is wanted
+    if line is not None:
+        assert traces.describe(env) == (False, line)
