@@ -103,7 +103,8 @@ def learn(**fields) -> None:
     ctx = _context.get()
     if ctx is not None:
         _context.set({**ctx, **{k: v for k, v in fields.items() if v is not None}})
-    traces.note(**{k: v for k, v in fields.items() if k in ("order_ref", "order_id")})
+    if traces.on():
+        traces.note(**{k: v for k, v in fields.items() if k in ("order_ref", "order_id")})
 
 
 class ContextFilter(logging.Filter):

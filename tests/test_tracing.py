@@ -99,11 +99,11 @@ def test_a_row_written_in_a_span_keeps_its_traceparent_and_its_delivery_runs_as_
     }
     run = _run(
         """
-        import json, logging
+        import io, json, logging
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
         from opentelemetry import trace
-        from shop import create_app, traces
+        from shop import create_app, logs, traces
         from shop.extensions import db
         from shop.models import ScheduledCommand
         from shop.outbox import dispatch, uow
@@ -120,6 +120,10 @@ def test_a_row_written_in_a_span_keeps_its_traceparent_and_its_delivery_runs_as_
                 with uow.transaction() as session:
                     command = schedule_command(session, CommandKind.SEND_EMAIL, utcnow(), payload={"template": "x"})
                 logging.getLogger("shop").warning("written in the writer's span")
+                text = io.StringIO()
+                as_text = logging.getLogger("tracing-test.text")
+                as_text.addHandler(logs.handler("text", text))
+                as_text.warning("and in text")
             stored = db.session.get(ScheduledCommand, command).traceparent
             db.session.remove()
             returned = dispatch.run_command(command)
@@ -133,6 +137,7 @@ def test_a_row_written_in_a_span_keeps_its_traceparent_and_its_delivery_runs_as_
             "writer": [f"{writer.context.trace_id:032x}", f"{writer.context.span_id:016x}"],
             "ran": [f"{ran.context.trace_id:032x}", f"{ran.parent.span_id:016x}", ran.kind.name],
             "outcome": ran.attributes.get("backstop.outcome"),
+            "text": text.getvalue(),
         }))
         """,
         env,
@@ -147,6 +152,7 @@ def test_a_row_written_in_a_span_keeps_its_traceparent_and_its_delivery_runs_as_
     # The line logged inside the span carries the trace's id.
     line = next(json.loads(l) for l in run.stderr.splitlines() if "written in the writer's span" in l)
     assert line["trace_id"] == trace_id
+    assert found["text"].rstrip().endswith(f"and in text trace={trace_id}")
 
 
 @NEEDS_OTEL
