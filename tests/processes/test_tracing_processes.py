@@ -7,7 +7,8 @@ The order is placed and paid while no worker runs, as when every worker is busy 
 deliveries wait, and every scheduler poll wakes a drain for them. Then a worker starts and runs
 them. The checkout's trace holds the web's request, its SQL, Redis and provider calls, and the
 worker's span for the delivery the checkout wrote (a child of the request's span, through the
-traceparent stored on the row); the scheduler's poll that woke a drain for it is linked to it."""
+traceparent stored on the row); the scheduler's poll that woke a drain for it is linked to it, and
+the drain job that ran it is linked to what queued it."""
 
 from __future__ import annotations
 
@@ -202,6 +203,15 @@ def test_one_order_is_followed_from_the_web_through_the_scheduler_to_the_worker_
                 "the drain batch's span",
             )[0]
             assert checkout.trace_id in {t for t, _ in batch.links}
+            # ... inside the drain job that ran it, linked to what queued the job: a commit's request
+            # in the web (the checkout's or the return page's) or a poll of the scheduler.
+            job = wait_until(
+                lambda: [s for s in receiver.of("worker", "drain deliveries job") if s.span_id == batch.parent_span_id],
+                20,
+                "the drain job's span",
+            )[0]
+            wakers = {(s.trace_id, s.span_id) for s in receiver.of("web") + receiver.of("scheduler", "wake drains")}
+            assert job.links and set(job.links) <= wakers, (job.links, wakers)
             # The confirmation, written by the return page's request, joins that request's trace.
             returned = wait_until(lambda: receiver.of("web", "GET /checkout/return"), 20, "the return page's span")[0]
             confirmed = wait_until(
