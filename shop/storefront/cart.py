@@ -4,8 +4,7 @@ browser's cart with its lines checked against the stock."""
 from __future__ import annotations
 
 from flask import flash, redirect, url_for
-from sqlalchemy import select
-from sqlalchemy.orm import selectinload
+from sqlalchemy import and_, case, select
 
 from ..extensions import db
 from ..models import Cart, InventoryItem, Product, Variant
@@ -18,31 +17,46 @@ from .blueprint import bp
 from .cart_words import cart_words
 from .forms import ActionForm, AddToCartForm, CheckoutForm, QuantityForm, first_error
 
+# The catalog in one prebuilt statement of plain rows (no mapped objects): every request's first
+# page, where three ORM queries (products, their variants, their stock) cost 2.3 ms of CPU.
+_CATALOG = (
+    select(
+        Product.id.label("product_id"),
+        Product.name.label("product_name"),
+        Product.description,
+        Variant.id,
+        Variant.sku,
+        Variant.name,
+        Variant.price,
+        Variant.currency,
+        case(
+            (and_(InventoryItem.variant_id.is_not(None), InventoryItem.deleted_at.is_(None)), InventoryItem.on_hand),
+            else_=0,
+        ).label("available"),
+    )
+    .join(Variant, Variant.product_id == Product.id)
+    .outerjoin(InventoryItem, InventoryItem.variant_id == Variant.id)
+    .where(Variant.deleted_at.is_(None))
+    .order_by(Product.id, Variant.id)
+)
+
 
 def _catalog() -> list[dict]:
-    products = (
-        db.session.execute(
-            select(Product).options(selectinload(Product.variants).selectinload(Variant.inventory)).order_by(Product.id)
-        )
-        .scalars()
-        .all()
-    )
-    out = []
-    for p in products:
-        variants = [
+    """Products with at least one variant for sale, in id order, each with its variants and stock."""
+    out: list[dict] = []
+    for row in db.session.execute(_CATALOG):
+        if not out or out[-1]["id"] != row.product_id:
+            out.append({"id": row.product_id, "name": row.product_name, "description": row.description, "variants": []})
+        out[-1]["variants"].append(
             {
-                "id": v.id,
-                "sku": v.sku,
-                "name": v.name,
-                "price": v.price,
-                "currency": v.currency,
-                "available": (v.inventory.on_hand if v.inventory and v.inventory.deleted_at is None else 0),
+                "id": row.id,
+                "sku": row.sku,
+                "name": row.name,
+                "price": row.price,
+                "currency": row.currency,
+                "available": row.available,
             }
-            for v in p.variants
-            if v.deleted_at is None
-        ]
-        if variants:
-            out.append({"id": p.id, "name": p.name, "description": p.description, "variants": variants})
+        )
     return out
 
 

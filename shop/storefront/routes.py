@@ -358,6 +358,18 @@ def checkout_return():
     if not _is_own_session(order, session_id):
         raise OrderNotFound()
     owner = order.browser_id == browser_id(create=False)
+    # Paid by this session already (the webhook came first): the provider has nothing to add. A
+    # cancelled order still asks: money that arrived after the cancel is late money to refund.
+    if order.status != OrderStatus.PAID:
+        _confirm_with_the_provider(order, session_id)
+    if owner:
+        return redirect(url_for("storefront.order_page", reference=reference), 303)
+    return redirect(url_for("storefront.order_page", reference=reference, token=order.access_token), 303)
+
+
+def _confirm_with_the_provider(order: Order, session_id: str) -> None:
+    """Ask the provider about the order's own session and apply its answer as the webhook would;
+    flash what the customer should know. 404 when the provider says it is not this order's."""
     try:
         answer = ask_and_apply(session_id, source="return", for_order=order.id)
     except gateway.ProviderRefused:
@@ -367,19 +379,13 @@ def checkout_return():
     if answer is not None and answer.applied is None:  # the provider says it is another order's session
         raise OrderNotFound()
     view = answer.view if answer is not None else None
-    # Another browser (the customer paid on a second device) is sent on with the order's access
-    # token: the session is the one the order itself recorded, which proves as much as the
-    # provider's answer would, so this holds while the provider cannot be asked too.
     if view is None:
         flash("We could not confirm your payment with the provider yet; this page will update once it does.", "warning")
-    else:
-        assert answer is not None and answer.applied is not None, "the view came with an answer, checked above"
-        if (
-            view.payment_status != gateway.SessionPaymentStatus.PAID
-            and view.status == gateway.SessionStatus.COMPLETE
-            and answer.applied.outcome != Outcome.PAYMENT_FAILED
-        ):
-            flash("Your payment is being processed; we will email you when it completes.")
-    if owner:
-        return redirect(url_for("storefront.order_page", reference=reference), 303)
-    return redirect(url_for("storefront.order_page", reference=reference, token=order.access_token), 303)
+        return
+    assert answer is not None and answer.applied is not None, "the view came with an answer, checked above"
+    if (
+        view.payment_status != gateway.SessionPaymentStatus.PAID
+        and view.status == gateway.SessionStatus.COMPLETE
+        and answer.applied.outcome != Outcome.PAYMENT_FAILED
+    ):
+        flash("Your payment is being processed; we will email you when it completes.")

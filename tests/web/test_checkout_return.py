@@ -97,6 +97,23 @@ def test_the_orders_own_session_still_confirms_the_payment_with_one_provider_cal
     assert there.status_code == 303 and "token=" in there.headers["Location"]
 
 
+def test_an_order_the_webhook_already_made_paid_returns_without_asking_the_provider(fresh_paying_app, shopper, sandbox):
+    order = shopper.place()
+    reference, sid = order["reference"], order["payment"]["session_id"]
+    sandbox.set_outcome(sid, "paid")
+    assert shopper.come_back(reference, sid).status_code == 303
+    assert shopper.order(reference)["status"] == "Paid"
+    before = _session_reads(sandbox)
+
+    for client in (shopper.client, fresh_paying_app.test_client()):  # its browser, and a second device
+        back = client.get(f"/checkout/return?order={reference}&session_id={sid}")
+        assert back.status_code == 303 and f"/orders/{reference}" in back.headers["Location"]
+    page = shopper.client.get(back.headers["Location"].split("localhost", 1)[-1], headers=HTML).get_data(as_text=True)
+
+    assert _session_reads(sandbox) == before  # what the provider would say is already applied
+    assert "could not confirm" not in page
+
+
 def test_past_the_limit_the_return_page_is_a_429_in_words_with_retry_after_and_no_provider_call(make_shop, sandbox):
     app = make_shop(sandbox=True, CHECKOUT_RETURN_PER_MINUTE=3)
     shopper = Shopper(app, app.skus)
