@@ -45,6 +45,7 @@ def create_app(test_config: dict | None = None, env: Mapping[str, str] | None = 
         from .reporting import init_error_reporting
 
         init_error_reporting(app)
+    _init_tracing(app, env)
     from .redis_client import warn_when_redis_is_unprotected
 
     warn_when_redis_is_unprotected(app.config["REDIS_URL"])
@@ -68,6 +69,27 @@ def create_app(test_config: dict | None = None, env: Mapping[str, str] | None = 
     _register_work(app)
     _register_areas(app)
     return app
+
+
+def _init_tracing(app, env: Mapping[str, str]) -> None:
+    """Spans, when the OTEL_* variables ask for them and the `otel` extra is installed (shop.tracing,
+    imported only then: otherwise the shop imports nothing of OpenTelemetry and nothing changes)."""
+    from . import traces
+
+    if not traces.wanted(env):
+        return
+    try:
+        if not traces.installed():
+            raise ImportError("opentelemetry-sdk is not installed")
+        from .tracing import init_tracing
+    except ImportError as exc:
+        logging.getLogger("shop").warning(
+            "OTEL_* variables ask for traces but the otel extra cannot be loaded (%s): no spans "
+            "(pip install 'backstop[otel]')",
+            exc,
+        )
+        return
+    init_tracing(app, env)
 
 
 def _settings(env, instance: str, test_config: dict | None) -> Settings:

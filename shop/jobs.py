@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 from flask import current_app, has_app_context
 
-from . import create_app, failpoints, queue
+from . import create_app, failpoints, queue, traces
 from .extensions import db
 from .outbox import dispatch
 from .outbox.relay import relay_once
@@ -34,11 +34,22 @@ def run_delivery(delivery_id: int) -> RunOutcome:
         return dispatch.run_delivery(delivery_id)
 
 
+def _drain_span(kind: queue.Drain):
+    """A drain job's span (with tracing on): linked to the span that woke it (a commit's request, a
+    scheduler's poll), its batches inside it."""
+    return traces.span(
+        f"drain {kind} job",
+        kind=traces.CONSUMER,
+        links=[queue.waker()] if traces.on() else (),
+        attributes={"messaging.system": "rq", "messaging.operation.type": "process"},
+    )
+
+
 def drain(slot: int | None = None) -> dict:
     """Run due deliveries in batches (see queue.DRAIN_SLOTS): free our slot FIRST, so work
     announced while we run wakes another drain; hand the worker back to queued jobs between
     batches; ask for another drain if rows may still be due when we stop."""
-    with _app_context():
+    with _app_context(), _drain_span(queue.Drain.DELIVERIES):
         queue.drain_started(slot)
         result = dispatch.drain_deliveries_concurrently(dispatch.drain_threads(), should_yield=queue.other_jobs_waiting)
         if result["more"]:
@@ -55,7 +66,7 @@ RESTORE_PATIENCE_SECONDS = 3.0
 def drain_commands(slot: int | None = None) -> dict:
     """Run due scheduled commands (deadlines, emails, refunds) in batches, as `drain` runs
     deliveries: the scheduler's poll and a commit that made a command due wake one."""
-    with _app_context():
+    with _app_context(), _drain_span(queue.Drain.COMMANDS):
         queue.drain_started(slot, queue.Drain.COMMANDS)
         result = dispatch.drain_commands_concurrently(dispatch.drain_threads(), should_yield=queue.other_jobs_waiting)
         if result["more"]:

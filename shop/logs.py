@@ -17,6 +17,10 @@ One set and one reset per scope; a field learned inside a scope (`learn`) is a s
 scope's reset undoes. Outside any scope nothing is learned, so a long-lived thread never carries
 one order's reference into the next one's lines.
 
+With tracing on (shop.traces), every line logged inside a span carries its trace's id: the JSON
+format's `trace_id`, the text format's ` trace=<id>` at the end of the message; an order's
+reference or id learned in a scope is put on the current span too.
+
 A provider call's line adds its own fields (`endpoint`, `latency_ms`, `outcome`, `status`,
 `provider_request_id`, `idempotency_key`; provider.transport) as the record's extras."""
 
@@ -28,6 +32,8 @@ import time
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from typing import Iterator
+
+from . import traces
 
 TEXT = "text"
 JSON = "json"
@@ -97,6 +103,8 @@ def learn(**fields) -> None:
     ctx = _context.get()
     if ctx is not None:
         _context.set({**ctx, **{k: v for k, v in fields.items() if v is not None}})
+    if traces.on():
+        traces.note(**{k: v for k, v in fields.items() if k in ("order_ref", "order_id")})
 
 
 class ContextFilter(logging.Filter):
@@ -109,6 +117,9 @@ class ContextFilter(logging.Filter):
             attrs = record.__dict__
             for key, value in ctx.items():
                 attrs.setdefault(key, value)
+        trace_id = traces.trace_id()
+        if trace_id is not None:
+            record.__dict__.setdefault("trace_id", trace_id)
         return True
 
 
@@ -134,6 +145,9 @@ class _OneLine(logging.Formatter):
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = escaped(record.message)
+        trace_id = getattr(record, "trace_id", None)
+        if isinstance(trace_id, str):
+            record.message += f" trace={trace_id}"
         return super().formatMessage(record)
 
 

@@ -29,7 +29,18 @@ from shop.provider.views import EVENT_TYPES
 from support import RUN_ID, UNREACHABLE_PROVIDER, redis_url, wait_until
 
 TARGET = "http://127.0.0.1:5000/webhooks/stripe"  # base_config's PUBLIC_BASE_URL + the webhook's path
-NAMES = ["settings", "database", "redis", "redis-auth", "redis-version", "provider", "webhook", "clock", "pools"]
+NAMES = [
+    "settings",
+    "database",
+    "redis",
+    "redis-auth",
+    "redis-version",
+    "provider",
+    "webhook",
+    "clock",
+    "pools",
+    "tracing",
+]
 
 
 def check(app, *args):
@@ -130,6 +141,7 @@ def test_a_ready_node_passes_every_check_and_exits_0(make_fresh_app, sandbox, is
     assert "migrations at head (" in lines["database"][1]
     assert "a master, maxmemory-policy noeviction" in lines["redis"][1]
     assert "the sandbox's test key" in lines["provider"][1]
+    assert lines["tracing"][1] == "off (no OTEL_TRACES_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT set)"
     assert f"for {TARGET}, enabled, sends all {len(EVENT_TYPES)} events; signing secret stored" in lines["webhook"][1]
     if is_postgres:
         assert "PostgreSQL allows" in lines["pools"][1]

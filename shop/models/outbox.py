@@ -73,6 +73,9 @@ class DurableWork:
     # whose run wrote it), for the log lines of whoever runs it (shop.logs); null when no request
     # was behind it (the sweep, the CLI).
     request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Beside it, with tracing on (shop.traces): the W3C traceparent of the span whose commit wrote
+    # the row, so the span that runs it is that span's child, in the same trace; null otherwise.
+    traceparent: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     updated_at = mapped_column(UTCDateTime, default=now_utc, onupdate=now_utc, nullable=False)
     completed_at = mapped_column(UTCDateTime, nullable=True)

@@ -14,7 +14,9 @@
   every event the shop uses, and its signing secret held;
 - clock: this machine's clock within CLOCK_TOLERANCE_SECONDS of the database's;
 - pools: what the web's pools may open against PostgreSQL's max_connections (or PgBouncer's
-  max_client_conn), the comparison every process makes when it first connects.
+  max_client_conn), the comparison every process makes when it first connects;
+- tracing: whether spans are on and where they are exported (OTEL_*; a warning when the variables
+  ask for them and the `otel` extra is not installed), never a failure.
 
 Every service is asked with a short timeout, so a dead one fails its line instead of hanging the
 deploy; a check that needs one that failed says "skipped" and why, never a traceback. The database,
@@ -24,12 +26,14 @@ clock and pools lines are database_checks.py's; a line (`Check`) is checks.py's.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict
 from urllib.parse import urlsplit
 
 from flask import current_app
 
+from .. import traces
 from ..provider import gateway, probe
 from ..provider.registration import ENDPOINT_KEY, webhook_secret
 from ..public_urls import public_url_for
@@ -39,7 +43,18 @@ from .checks import FAIL, LABELS, OK, PROVIDER_TIMEOUT_SECONDS, TIMEOUT_SECONDS,
 from .database_checks import DatabaseChecks
 from .redis_version import redis_version_check
 
-NAMES = ("settings", "database", "redis", "redis-auth", "redis-version", "provider", "webhook", "clock", "pools")
+NAMES = (
+    "settings",
+    "database",
+    "redis",
+    "redis-auth",
+    "redis-version",
+    "provider",
+    "webhook",
+    "clock",
+    "pools",
+    "tracing",
+)
 REGISTER = "run `flask shop stripe-register-webhook`"
 
 
@@ -76,6 +91,8 @@ def run_checks(clock=time.time) -> list[Check]:
     provider, endpoints = _provider()
     checks += [provider, _webhook(endpoints, database), database.clock(clock), database.pools()]
     database.close()
+    warning, tracing = traces.describe(os.environ)
+    checks.append(Check("tracing", WARN if warning else OK, tracing))
     # One line each, whatever a driver's or the SDK's message held.
     return [Check(c.name, c.status, " ".join(c.detail.split())) for c in checks]
 

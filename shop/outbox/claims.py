@@ -188,6 +188,20 @@ def any_due(model, now: datetime) -> bool:
         db.session.rollback()
 
 
+@functools.cache
+def _due_writers(t):
+    return select(t.c.traceparent).where(_claimable(t), t.c.traceparent.is_not(None)).limit(bindparam("most"))
+
+
+def due_writers(model, now: datetime, most: int) -> list[str]:
+    """The traceparents stored on up to `most` rows claimable by `now` (with tracing on, the poll
+    that wakes a drain for them links its span to their writers). Ends its own transaction."""
+    try:
+        return list(db.session.execute(_due_writers(model.__table__), dict(due_by=now, at=now, most=most)).scalars())
+    finally:
+        db.session.rollback()
+
+
 def claim(model, work_id: int, now: datetime, worker: str, early_seconds: float = 0) -> bool:
     result = db.session.execute(
         _claim_one(model.__table__), dict(_claim_params(now, worker, early_seconds), work_id=work_id)

@@ -106,6 +106,7 @@ DELIVERIES = runner.Work(
     # scheduler's next poll wakes a drain for them): a flash sale's deadlines get the cores.
     hold_back_the_rest=_deadlines_due,
     log_key="delivery_id",
+    destination="handler",
 )
 # A command reads only these (commands/handlers load what else they need themselves; the runner
 # reads the request id for the log context).
@@ -114,9 +115,10 @@ COMMANDS = runner.Work(
     _execute_command,
     _describe_command,
     early_claim_seconds=runner.EARLY_CLAIM_SECONDS,
-    claim_returns=("id", "kind", "order_id", "payload", "request_id"),
+    claim_returns=("id", "kind", "order_id", "payload", "request_id", "traceparent"),
     lookahead_seconds=runner.COMMAND_LOOKAHEAD_SECONDS,
     log_key="command_id",
+    destination="kind",
 )
 
 

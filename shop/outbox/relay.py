@@ -21,11 +21,11 @@ from datetime import datetime, timedelta
 from flask import current_app
 from sqlalchemy import and_, or_, select, update
 
-from .. import queue
+from .. import queue, traces
 from ..domain.deadlines import utcnow
 from ..extensions import db
 from ..models import OutboxDelivery, ScheduledCommand, WorkStatus
-from .claims import any_due
+from .claims import any_due, due_writers
 from .runner import COMMAND_LOOKAHEAD_SECONDS
 from .tables import rows_matched
 
@@ -110,15 +110,26 @@ def wake_due_work(now: datetime | None = None) -> dict:
     commands, also one falling due within a command drain's lookahead (runner), which the
     drain waits for: the first deadlines of a burst run at their instant, not up to a poll late."""
     now = now or utcnow()
-    soon = now + timedelta(seconds=COMMAND_LOOKAHEAD_SECONDS)
-    kinds = [
-        kind
-        for kind, model, by in (
-            (queue.Drain.COMMANDS, ScheduledCommand, soon),
-            (queue.Drain.DELIVERIES, OutboxDelivery, now),
-        )
-        if any_due(model, by)
-    ]
+    kinds = [kind for kind, model, by in _DUE if any_due(model, by(now))]
     if kinds:
-        queue.wake(*kinds)
+        # With tracing on, a span linked to the writers of the rows found due (a few of each kind):
+        # the trace of a checkout whose work waited (no worker free, a wake-up lost) shows the poll
+        # that woke a drain for it.
+        writers = (
+            [w for kind, model, by in _DUE if kind in kinds for w in due_writers(model, by(now), LINKED_WRITERS)]
+            if traces.on()
+            else []
+        )
+        woke = {"backstop.woke": ",".join(kinds)}
+        with traces.span("wake drains", kind=traces.PRODUCER, links=writers, attributes=woke):
+            queue.wake(*kinds)
     return {"woke": [str(kind) for kind in kinds]}
+
+
+# The poll's kinds: the drain each wakes, its table, and the time by which its rows count as due.
+_DUE = (
+    (queue.Drain.COMMANDS, ScheduledCommand, lambda now: now + timedelta(seconds=COMMAND_LOOKAHEAD_SECONDS)),
+    (queue.Drain.DELIVERIES, OutboxDelivery, lambda now: now),
+)
+# The writers a poll's span links to, at most, per kind.
+LINKED_WRITERS = 8

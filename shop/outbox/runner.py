@@ -34,12 +34,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from flask import current_app
 from sqlalchemy import select, update
 
-from .. import clock, logs
+from .. import clock, logs, traces
 from ..domain.deadlines import FAILURE_PROVIDER, retry_decision, utcnow
 from ..extensions import db
 from ..models import WorkStatus
@@ -110,6 +110,8 @@ class Work:
     claim_returns: tuple[str, ...] = field(default=())
     # The log context's key for a row's id: `delivery_id`, `command_id` (shop.logs).
     log_key: str = "work_id"
+    # The column naming what a row is for (a delivery's handler, a command's kind): its span's name.
+    destination: str = "id"
 
 
 def _log_scope(work: Work, work_id: int, row) -> object:
@@ -123,11 +125,51 @@ def _log_scope(work: Work, work_id: int, row) -> object:
     )
 
 
+def _span(work: Work, work_id: int, row):
+    """The row's span (with tracing on): a child of the span whose commit wrote the row, from the
+    traceparent stored beside its request id, and linked to the drain batch running it, if any
+    (docs/ARCHITECTURE.md, Tracing). Named as OpenTelemetry's messaging conventions name a
+    message's processing: `process <handler or kind>`."""
+    if not traces.on():
+        return traces.span("")
+    if row is None:
+        table = work.model.__table__
+        found = db.session.execute(
+            select(table.c.traceparent, table.c[work.destination]).where(table.c.id == work_id)
+        ).first()
+        parent, destination = (found[0], found[1]) if found is not None else (None, None)
+    else:
+        parent, destination = getattr(row, "traceparent", None), getattr(row, work.destination, None)
+    return traces.span(
+        f"process {destination or work.model.__tablename__}",
+        kind=traces.CONSUMER,
+        parent=parent,
+        links=[traces.traceparent()] if parent else (),
+        attributes={
+            "messaging.system": "backstop.outbox",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": destination or work.model.__tablename__,
+            "messaging.message.id": str(work_id),
+            "backstop.order_id": getattr(row, "order_id", None),
+        },
+    )
+
+
 def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) -> RunOutcome:
-    """Run a row this worker has claimed: execute + mark done in one transaction, or record the
-    failure in its own."""
-    model = work.model
+    """Run a row this worker has claimed, in its span: execute + mark done in one transaction, or
+    record the failure in its own."""
     scope = _log_scope(work, work_id, row)
+    try:
+        with _span(work, work_id, row):
+            outcome = _run_claimed(work, work_id, now, worker, row)
+            traces.note(outcome=str(outcome))
+            return outcome
+    finally:
+        logs.leave(scope)
+
+
+def _run_claimed(work: Work, work_id: int, now: datetime, worker: str, row) -> RunOutcome:
+    model = work.model
     try:
         with uow.transaction():
             if row is None:
@@ -145,9 +187,8 @@ def run_claimed(work: Work, work_id: int, now: datetime, worker: str, row=None) 
         log.warning("%s; another worker owns it now, discarding this attempt's writes", exc)
         return RunOutcome.SKIPPED
     except Exception as exc:
+        traces.note(error=f"{type(exc).__name__}: {exc}"[:500])
         return record_failure(model, work_id, worker, exc, now, work.describe)
-    finally:
-        logs.leave(scope)
 
 
 def run(work: Work, work_id: int, now: datetime | None = None) -> RunOutcome:
@@ -209,17 +250,7 @@ def drain(
             # (Expunged before the rollback, which would expire them.)
             session.expunge_all()
             session.rollback()
-            for index, row in enumerate(rows):
-                # A batch never outlives half its lease: the rest goes back, unspent, for the
-                # next drain, instead of running with a lease someone else may be about to take.
-                if index and clock.current().monotonic() - claimed_mono > lease / 2:
-                    counts[RunOutcome.RELEASED] += release(
-                        work.model, [r.id for r in rows[index:]], worker, now or utcnow()
-                    )
-                    more = True
-                    break
-                counts[run_claimed(work, row.id, now or utcnow(), worker, row=row)] += 1
-                session.expunge_all()  # nothing one row loaded leaks into the next
+            more = _run_batch(work, rows, now, worker, claimed_mono + lease / 2, counts)
             uow.publish_gathered(session)  # what the batch's commits made due, in one wake-up
             if more or (len(ids) < batch_size and not work.lookahead_seconds):
                 break  # (work with a lookahead claims again: more may have fallen due meanwhile)
@@ -230,6 +261,27 @@ def drain(
         uow.publish_gathered(session)
         db.session.remove()
     return {**counts, "more": more}
+
+
+def _run_batch(work: Work, rows: Sequence, now: datetime | None, worker: str, until: float, counts: Counter) -> bool:
+    """Run a claimed batch's rows in turn, in the batch's span (linked to each row's writer, as the
+    messaging conventions link a batch to its messages). A batch never outlives half its lease
+    (`until`, monotonic): the rest goes back, unspent, for the next drain, instead of running with
+    a lease someone else may be about to take. True when rows were handed back."""
+    with traces.span(
+        f"drain {work.model.__tablename__}",
+        kind=traces.CONSUMER,
+        links=[getattr(row, "traceparent", None) for row in rows],
+        attributes={"messaging.system": "backstop.outbox", "messaging.batch.message_count": len(rows)},
+    ):
+        for index, row in enumerate(rows):
+            if index and clock.current().monotonic() > until:
+                left = [r.id for r in rows[index:]]
+                counts[RunOutcome.RELEASED] += release(work.model, left, worker, now or utcnow())
+                return True
+            counts[run_claimed(work, row.id, now or utcnow(), worker, row=row)] += 1
+            db.session.expunge_all()  # nothing one row loaded leaks into the next
+    return False
 
 
 def _waited_for_next(work: Work, started: float, budget_seconds: float, should_yield) -> bool:

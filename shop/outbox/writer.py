@@ -8,7 +8,7 @@ from datetime import datetime
 from flask import current_app
 from sqlalchemy import bindparam, insert, literal, select, union_all, update
 
-from .. import logs
+from .. import logs, traces
 from ..domain.deadlines import utcnow
 from ..domain.events import EventName
 from ..models import CommandKind, OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
@@ -74,6 +74,7 @@ def _insert_event_with_deliveries(handlers: tuple[str, ...]):
     )
     now = bindparam("now", type_=_deliveries.c.created_at.type)
     request_id = bindparam("request_id", type_=_deliveries.c.request_id.type)
+    traceparent = bindparam("traceparent", type_=_deliveries.c.traceparent.type)
 
     def row(handler: str):
         return select(
@@ -88,6 +89,7 @@ def _insert_event_with_deliveries(handlers: tuple[str, ...]):
             now,
             now,
             request_id,
+            traceparent,
         )
 
     # One SELECT per handler (not a VALUES list: SQLAlchemy cannot cache a statement holding
@@ -108,6 +110,7 @@ def _insert_event_with_deliveries(handlers: tuple[str, ...]):
                 "created_at",
                 "updated_at",
                 "request_id",
+                "traceparent",
             ],
             rows,
         )
@@ -117,12 +120,13 @@ def _insert_event_with_deliveries(handlers: tuple[str, ...]):
 
 def write_events(session, events, now: datetime | None = None) -> list[int]:
     """Insert each event and one pending delivery per subscribed handler. Returns delivery ids.
-    Each delivery carries the current request id (shop.logs), a bound parameter like the others."""
+    Each delivery carries the current request id (shop.logs) and, with tracing on, the current
+    span's traceparent (shop.traces), bound parameters like the others."""
     if not events:
         return []
     now = now or utcnow()
     max_attempts = current_app.config["OUTBOX_MAX_ATTEMPTS"]
-    request_id = logs.request_id()
+    request_id, traceparent = logs.request_id(), traces.traceparent()
     delivery_ids: list[int] = []
     one_statement = session.get_bind().dialect.name == "postgresql"
     for event in events:
@@ -138,6 +142,7 @@ def write_events(session, events, now: datetime | None = None) -> list[int]:
                         now=now,
                         max_attempts=max_attempts,
                         request_id=request_id,
+                        traceparent=traceparent,
                     ),
                 ).scalars()
             )
@@ -156,6 +161,7 @@ def write_events(session, events, now: datetime | None = None) -> list[int]:
                         **fresh_budget(now, now),
                         created_at=now,
                         request_id=request_id,
+                        traceparent=traceparent,
                     ),
                 ).scalar_one()
             )
@@ -206,6 +212,7 @@ def schedule_command(
             **fresh_budget(due_at, now),
             created_at=now,
             request_id=logs.request_id(),
+            traceparent=traces.traceparent(),
         ),
     ).scalar_one()
     after_commit(session)["commands"].append((command_id, due_at))

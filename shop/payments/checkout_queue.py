@@ -39,7 +39,7 @@ from flask import Flask, current_app
 from sqlalchemy import and_, func, or_, select
 from werkzeug.local import LocalProxy
 
-from .. import clock, logs, queue
+from .. import clock, logs, queue, traces
 from ..domain.deadlines import unpaid_hold_seconds, utcnow
 from ..domain.order import OrderStatus
 from ..extensions import db
@@ -212,8 +212,13 @@ class PaymentQueue:
         return started
 
     def _start(self, order_id: int, turn: guard.Ticket) -> StartOutcome:
-        # The order's lines (its provider call's among them) name it: shop.logs.
-        with self.app.app_context(), logs.scope(order_id=order_id), guard.queue_call(PATIENCE_SECONDS, turn):
+        # The order's lines (its provider call's among them) name it: shop.logs; so does its span.
+        with (
+            self.app.app_context(),
+            logs.scope(order_id=order_id),
+            traces.span("payment queue start", attributes={"backstop.order_id": order_id}),
+            guard.queue_call(PATIENCE_SECONDS, turn),
+        ):
             try:
                 return start_payment(order_id, from_line=True)
             finally:

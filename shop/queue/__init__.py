@@ -36,7 +36,7 @@ from .connection import (
     wait_for_redis,
     work_queue,
 )
-from .drain import DRAIN_SLOTS, Drain, drain_started, other_jobs_waiting, request_drain
+from .drain import DRAIN_SLOTS, Drain, drain_started, other_jobs_waiting, request_drain, waker
 from .enqueue import announce, wake
 from .health import ping, processes, pulses, queue_depths
 from .payment_wake import wait_for_payment_queue, wake_payment_queue
@@ -90,5 +90,6 @@ __all__ = [
     "wait_for_redis",
     "wake",
     "wake_payment_queue",
+    "waker",
     "work_queue",
 ]

@@ -14,8 +14,9 @@ from enum import StrEnum
 
 from flask import current_app
 from redis.exceptions import RedisError
-from rq import Queue, Worker
+from rq import Queue, Worker, get_current_job
 
+from .. import traces
 from ..extensions import per_app
 from .connection import COMMAND_DRAIN_JOB, DRAIN_JOB, queue_names, redis_conn, work_queue
 
@@ -73,7 +74,12 @@ def _drain_job_prefix() -> str:
     return f"{current_app.config['QUEUE_PREFIX']}-drain-"
 
 
+# The drain job's meta key for the traceparent of the span that woke it (with tracing on).
+WAKER = "traceparent"
+
+
 def drain_job(slot: int | None, kind: Drain = Drain.DELIVERIES, at_front: bool = False):
+    woken_by = traces.traceparent()
     return Queue.prepare_data(
         _JOB[kind],
         args=(slot,),
@@ -82,7 +88,17 @@ def drain_job(slot: int | None, kind: Drain = Drain.DELIVERIES, at_front: bool =
         timeout=300,
         job_id=f"{_drain_job_prefix()}{uuid.uuid4().hex}",
         at_front=at_front,
+        meta={WAKER: woken_by} if woken_by else None,
     )
+
+
+def waker() -> str | None:
+    """The traceparent of the span that woke the running drain job (a commit's request, a
+    scheduler's poll), kept in the job's meta; None outside a job or without one."""
+    job = get_current_job()
+    meta = job.meta if job is not None else None
+    found = meta.get(WAKER) if isinstance(meta, dict) else None
+    return found if isinstance(found, str) else None
 
 
 def drain_jobs(*kinds: Drain) -> list:

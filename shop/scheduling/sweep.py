@@ -44,7 +44,7 @@ from datetime import datetime, timedelta
 
 from flask import current_app
 
-from .. import failpoints, logs
+from .. import failpoints, logs, traces
 from ..domain.order import UNPAID
 from ..extensions import db
 from ..outbox import uow
@@ -131,7 +131,8 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
     ).start()
     try:
         result.cycle_id = record_start(result, holder)
-        _run_passes(result, cfg["RECONCILIATION_BATCH_SIZE"], clock, LeaseKeeper(heartbeat))
+        with traces.span("sweep cycle", attributes={"backstop.cycle_id": result.cycle_id}):
+            _run_passes(result, cfg["RECONCILIATION_BATCH_SIZE"], clock, LeaseKeeper(heartbeat))
     except Exception as exc:
         _cycle_failed(result, exc)
     finally:
@@ -225,6 +226,12 @@ def _run_passes(result: CycleResult, batch: int, clock, keep_lease) -> None:
 
 
 def _run_pass(name: PassName, ids: list[int], work, counts: dict, errors: list, keep_lease) -> None:
+    """One pass over `ids`, in its span (with tracing on), each order in a span of its own."""
+    with traces.span(f"sweep {name} pass", attributes={"backstop.orders": len(ids)}):
+        _run_pass_orders(name, ids, work, counts, errors, keep_lease)
+
+
+def _run_pass_orders(name: PassName, ids: list[int], work, counts: dict, errors: list, keep_lease) -> None:
     unavailable_streak = 0
     for position, order_id in enumerate(ids):
         if not keep_lease():
@@ -243,7 +250,8 @@ def _run_pass(name: PassName, ids: list[int], work, counts: dict, errors: list, 
             )
             return
         # Each order's lines name it, and the next order's do not (shop.logs).
-        with logs.scope(order_id=order_id):
+        this_order = {"backstop.order_id": order_id}
+        with logs.scope(order_id=order_id), traces.span(f"sweep {name} order", attributes=this_order):
             try:
                 outcome = work(order_id)
             except Exception as exc:
