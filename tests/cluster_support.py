@@ -36,7 +36,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,7 @@ import requests
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from port_support import free_port
 from support import poll_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,12 +91,6 @@ def why_no_cluster() -> str | None:
 
 
 # -- processes -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOCAL, 0))
-        return s.getsockname()[1]
 
 
 def procfile(root: Path = ROOT) -> dict[str, str]:

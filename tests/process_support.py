@@ -20,6 +20,7 @@ import time
 
 import requests
 
+from port_support import free_port as free_port  # the processes' tests take it from here
 from support import REPO_ROOT, wait_until
 
 ROOT = str(REPO_ROOT)
@@ -30,12 +31,6 @@ WINDOW = 3
 def flask_command() -> list[str]:
     script = os.path.join(os.path.dirname(sys.executable), "flask")
     return [script] if os.path.exists(script) else [sys.executable, "-m", "flask"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Processes:

@@ -30,10 +30,12 @@ CHROMIUM_ARGS = [
 ACTION_TIMEOUT_MS = 15_000
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def chromium():
-    """One chromium per test module (it takes seconds to start), closed before other modules run.
-    (The `browser` of tests/conftest.py is the shopper over HTTP, not this.)"""
+    """One chromium for tests/browser (it takes about 3 s to start, once per module cost most of a
+    minute a run), closed before the tests outside it run. Each test still has profiles of its
+    own (new_page): no cookie or storage crosses tests. (The `browser` of tests/conftest.py is
+    the shopper over HTTP, not this.)"""
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium); browser tests need it")
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")

@@ -20,6 +20,7 @@ from werkzeug.test import TestResponse
 
 import shop
 from payment_helpers import Shopper
+from port_support import free_port
 from process_support import Tricklers, p99, time_catalog
 from shop.devserver.front import nginx_binary
 from support import wait_until
@@ -28,12 +29,6 @@ pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(shop.__file__)))
 CSRF = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def answers(port: int) -> bool:
