@@ -159,6 +159,12 @@ def test_a_failed_payment_can_be_retried_and_then_paid_recording_every_event_in_
     assert order.status == "Paid"
 
 
+def test_a_cancelled_order_keeps_the_reason_it_was_cancelled_for():
+    order = order_in(S.PAYMENT_FAILED)
+    assert order.cancel("payment window expired").ok
+    assert order.cancel_reason == "payment window expired"
+
+
 def test_an_order_is_never_both_paid_and_cancelled():
     paid = order_in(S.PAYMENT_INITIATED)
     assert paid.mark_paid("cs", 1, "usd").ok and paid.cancel("late").code == "order_already_paid"
@@ -289,9 +295,47 @@ def test_payment_proof_takes_tax_only_when_the_shop_charges_it_and_then_exactly_
         assert fragment in problem
 
 
+def test_a_stripe_tax_session_that_was_not_paid_is_refused_for_that_too():
+    verdict = check_payment_proof(
+        order_total=3600,
+        order_currency="usd",
+        amount_total=3888,
+        currency="usd",
+        payment_status="unpaid",
+        tax=TAXED,
+        tax_mode=TaxMode.STRIPE,
+    )
+    assert not verdict.accepted
+    assert verdict.problems == ("payment_status is 'unpaid', not 'paid'",)
+
+
+@pytest.mark.parametrize(
+    "tax, amount, mode, said",
+    [
+        (TAXED, 3888, TaxMode.NONE, "the session calculated tax, which this shop does not charge (TAX_MODE=none)"),
+        (NO_TAX, 3600, TaxMode.STRIPE, "the session did not calculate tax (TAX_MODE=stripe)"),
+    ],
+)
+def test_a_tax_mismatch_names_the_setting_as_the_operator_writes_it(tax, amount, mode, said):
+    verdict = check_payment_proof(
+        order_total=3600,
+        order_currency="usd",
+        amount_total=amount,
+        currency="usd",
+        payment_status="paid",
+        tax=tax,
+        tax_mode=mode,
+    )
+    assert said in verdict.problems
+
+
 def test_the_tax_an_accepted_payment_carries_is_zero_without_tax_and_the_sessions_with_stripe_tax():
     assert charged_tax(TaxMode.NONE, TAXED) == 0
     assert charged_tax(TaxMode.STRIPE, TAXED) == 288
+
+
+def test_a_stripe_tax_session_that_reports_no_tax_amount_carries_zero_tax():
+    assert charged_tax(TaxMode.STRIPE, SessionTax(enabled=True, status="complete", amount_subtotal=2400)) == 0
 
 
 # -- deadlines -----------------------------------------------------------------------------------
@@ -365,6 +409,16 @@ def test_a_session_expires_at_pay_by_but_never_before_the_providers_minimum(
 )
 def test_retry_delay_doubles_per_attempt_is_capped_and_jittered_into_the_upper_half(attempts, rng, expected):
     assert retry_delay_seconds(attempts, base=2.0, cap=300.0, rng=lambda: rng) == pytest.approx(expected)
+
+
+def test_retry_delay_defaults_to_a_two_second_base_and_a_five_minute_cap():
+    assert retry_delay_seconds(1, rng=lambda: 1.0) == 2.0
+    assert retry_delay_seconds(50, rng=lambda: 1.0) == 300.0
+
+
+def test_retry_delay_stops_doubling_after_thirty_doublings_whatever_the_cap():
+    # The exponent's own bound keeps 2**n a float can hold however many attempts a row has.
+    assert retry_delay_seconds(10_000, base=1.0, cap=1e12, rng=lambda: 1.0) == 2.0**30
 
 
 # -- why an order was cancelled ------------------------------------------------------------------

@@ -7,7 +7,18 @@ import itertools
 
 import pytest
 
-from shop.domain.refunds import CANCELED, FAILED, PENDING, SUCCEEDED, after_report, needs_operator, reported_status
+from shop.domain.refunds import (
+    CANCELED,
+    FAILED,
+    PENDING,
+    SUCCEEDED,
+    PaidAndRefunded,
+    after_report,
+    charged_for,
+    needs_operator,
+    paid_and_refunded,
+    reported_status,
+)
 
 
 @pytest.mark.parametrize(
@@ -62,3 +73,24 @@ def test_only_money_that_did_not_go_back_and_was_not_settled_needs_an_operator()
     assert needs_operator(FAILED, settled=False) and needs_operator(CANCELED, settled=False)
     assert not needs_operator(FAILED, settled=True)
     assert not any(needs_operator(s, settled=False) for s in (PENDING, SUCCEEDED))
+
+
+def test_a_payment_charged_what_it_recorded_or_the_total_when_it_recorded_nothing():
+    assert charged_for(2400, 2688) == 2688  # the total plus its tax
+    assert charged_for(2400, None) == 2400  # saved before the charge was recorded
+    assert charged_for(2400, 0) == 0  # a recorded zero is a charge, not a missing one
+
+
+@pytest.mark.parametrize(
+    "refunded, shown",
+    [
+        (-5, PaidAndRefunded.PAID),  # nothing went back (a negative sum is no refund)
+        (0, PaidAndRefunded.PAID),
+        (1, PaidAndRefunded.PARTIALLY_REFUNDED),  # one cent back is a partial refund
+        (2687, PaidAndRefunded.PARTIALLY_REFUNDED),
+        (2688, PaidAndRefunded.REFUNDED),  # exactly the charge: all of it
+        (3000, PaidAndRefunded.REFUNDED),
+    ],
+)
+def test_a_paid_order_shows_paid_partially_refunded_or_refunded_by_what_went_back(refunded, shown):
+    assert paid_and_refunded(2688, refunded) is shown

@@ -28,3 +28,8 @@ def test_a_long_retention_holds_receipts_and_dedup_rows_as_long_as_the_work():
     c = cutoffs(NOW, 90, 30)
     assert c.receipts == c.provider_events == c.work == NOW - 90 * DAY
     assert c.audit == NOW - 30 * DAY  # the audit has its own setting, shorter or longer
+
+
+def test_the_first_answers_of_idempotent_requests_are_kept_one_day_whatever_the_settings_say():
+    for retention, audit in ((1, 1), (30, 400), (90, 30)):
+        assert cutoffs(NOW, retention, audit).answers == NOW - DAY

@@ -8,7 +8,14 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from shop.domain.deadlines import FAILURE_ERROR, FAILURE_PROVIDER, FAILURE_REFUSED, next_provider_check, retry_decision
+from shop.domain.deadlines import (
+    FAILURE_ERROR,
+    FAILURE_PROVIDER,
+    FAILURE_REFUSED,
+    RetryDecision,
+    next_provider_check,
+    retry_decision,
+)
 
 POLICY = dict(base=2.0, cap=300.0, provider_base=2.0, provider_cap=300.0)
 TOP = lambda: 0.999  # noqa: E731  (the jitter at its largest)
@@ -107,3 +114,21 @@ def test_a_cap_below_one_interval_still_waits_one_interval():
 def test_an_anchor_in_the_future_counts_as_no_wait_and_naive_times_are_utc():
     now = T0.replace(tzinfo=None)
     assert next_provider_check(now, T0 + timedelta(hours=1), INTERVAL, CAP) == T0 + timedelta(seconds=300)
+
+
+def test_the_decisions_are_whole_values_with_plain_booleans():
+    # What the runner reads (dead, spends_attempt) is a bool, never a falsy stand-in.
+    assert decide(FAILURE_PROVIDER, attempts=5) == RetryDecision(
+        dead=False, delay_seconds=2.0 * 0.9995, spends_attempt=False
+    )
+    assert decide(FAILURE_ERROR, attempts=1) == RetryDecision(
+        dead=False, delay_seconds=2.0 * 0.9995, spends_attempt=True
+    )
+    assert decide(FAILURE_ERROR, attempts=5) == RetryDecision(dead=True)
+    assert decide(FAILURE_REFUSED, attempts=1) == RetryDecision(dead=True)
+
+
+def test_a_sub_second_interval_is_checked_again_after_half_of_it_when_nothing_was_waited():
+    # Nothing waited yet (or a `since` a clock put ahead of now): one interval, due half of it early.
+    assert next_provider_check(T0, T0, 0.5, 10) == T0 + timedelta(seconds=0.25)
+    assert next_provider_check(T0, T0 + timedelta(seconds=5), 0.5, 10) == T0 + timedelta(seconds=0.25)

@@ -272,3 +272,32 @@ def test_any_claimed_first_due_sees_a_due_deadline_or_one_whose_lease_lapsed_and
         assert claims.claim(ScheduledCommand, deadline, now, "worker-a")
         assert (first_due(now + lease), first_due(now + lease + second)) == (False, True)
         db.session.remove()
+
+
+def test_a_claim_stamps_the_row_with_its_worker_its_lease_and_its_own_time(fresh_app):
+    lease = timedelta(seconds=fresh_app.config["OUTBOX_LEASE_SECONDS"])
+    with fresh_app.app_context():
+        due = utcnow().replace(microsecond=0)
+        command_id = _command("counting", due)
+        at = due + timedelta(seconds=5)
+        assert claims.claim(ScheduledCommand, command_id, at, "worker-a")
+        row = _row(command_id)
+        assert (row.status, row.claimed_by, row.attempts) == ("processing", "worker-a", 1)
+        assert as_utc(row.claimed_until) == at + lease
+        assert as_utc(row.updated_at) == at
+        db.session.remove()
+
+
+@pytest.mark.parametrize("status", ["done", "dead", "discarded", "obsolete"])
+def test_a_finished_row_is_never_claimed_again_even_with_a_lapsed_lease_left_on_it(fresh_app, status):
+    # Only a row still processing is taken over when its lease lapses: a finished one whose lease
+    # column some writer left set must not run twice.
+    with fresh_app.app_context():
+        due = utcnow().replace(microsecond=0)
+        finished = _command("counting", due, status=status, claimed_by="gone", claimed_until=due)
+        later = due + timedelta(hours=1)
+        assert claims.any_due(ScheduledCommand, later) is False
+        assert claims.claim(ScheduledCommand, finished, later, "worker-a") is False
+        assert claims.claim_batch(ScheduledCommand, later, "worker-a", 10) == []
+        assert _row(finished).status == status
+        db.session.remove()

@@ -18,7 +18,7 @@ from factories import place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.domain.restoration import MAX_ON_HAND
 from shop.extensions import db
-from shop.models import InventoryItem, OutboxDelivery, OutboxEvent
+from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent
 from shop.outbox.dispatch import run_delivery
 from shop.saga.inventory import restore_inventory_now
 
@@ -100,6 +100,19 @@ def test_restore_inventory_called_twice_restores_once(catalog):
     assert restore_inventory_now(order_id) == "already_restored"
     assert on_hand(a5) == 40
     assert order(order_id).inventory_restored is True
+
+
+def test_an_operators_retry_of_a_cancel_saved_without_a_reason_says_so_in_the_reason(catalog):
+    # A cancel saved by an older release left why empty: the compensation fills it in from its
+    # event, and an operator's retry has only its own words to give.
+    a5 = catalog["NB-A5-DOT"]
+    order_id = place_order_for({a5: 4}).order_id
+    cancel(order_id)
+    db.session.execute(update(Order).where(Order.id == order_id).values(cancel_reason=None))
+    db.session.commit()
+    assert restore_inventory_now(order_id) == "restored"
+    assert order(order_id).cancel_reason == "operator retry"
+    assert on_hand(a5) == 40
 
 
 def test_restore_of_an_order_that_is_not_cancelled_changes_nothing(catalog):

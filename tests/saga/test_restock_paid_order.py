@@ -6,13 +6,14 @@ in words."""
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 import pytest
-from sqlalchemy import delete, update
+from sqlalchemy import delete, select, update
 
 from compensation_support import on_hand, order, warnings
 from factories import place_order_for, seed_catalog_rows, transitioned
-from shop.domain.deadlines import utcnow
+from shop.domain.deadlines import as_utc, utcnow
 from shop.domain.order import Transition as T
 from shop.domain.restoration import MAX_ON_HAND
 from shop.extensions import db
@@ -112,3 +113,16 @@ def test_a_restock_gives_back_the_lines_with_an_inventory_row_and_warns_of_the_o
         f"restore_inventory: order {reference} (OrderCancelled): variant {sand} has no inventory row, "
         "2 unit(s) not restored"
     ]
+
+
+def test_a_restock_stamps_the_stock_with_the_refunds_time_and_leaves_the_paid_orders_age(catalog):
+    a5 = catalog["NB-A5-DOT"]
+    order_id = paid({a5: 3})
+    paid_at = as_utc(order(order_id).updated_at)
+    when = utcnow() - timedelta(hours=1)
+    with uow.transaction():
+        assert restock_paid_order(order_id, when)[0] is RestoreOutcome.RESTORED
+    assert as_utc(order(order_id).updated_at) == paid_at  # not a state change: its age counts from the payment
+    row = db.session.execute(select(InventoryItem).where(InventoryItem.variant_id == a5)).scalar_one()
+    assert (row.on_hand, as_utc(row.updated_at)) == (40, when)
+    db.session.rollback()
