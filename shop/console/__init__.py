@@ -14,6 +14,7 @@ from . import (  # noqa: F401  (each registers its routes on bp)
     refund_actions,
     routes,
     sessions,
+    ship_actions,
     stock_pages,
     throttle,
     webhook_actions,

@@ -14,6 +14,7 @@ class EventName(StrEnum):
     ORDER_PAID = "OrderPaid"
     ORDER_PAYMENT_FAILED = "OrderPaymentFailed"
     ORDER_CANCELLED = "OrderCancelled"
+    ORDER_SHIPPED = "OrderShipped"
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,14 @@ class OrderCancelled(DomainEvent):
     reason: str
 
 
+@dataclass(frozen=True)
+class OrderShipped(DomainEvent):
+    tracking: str | None
+
+
 EVENT_TYPES: dict[EventName, type[DomainEvent]] = {
     EventName(cls.__name__): cls
-    for cls in (OrderPlaced, PaymentInitiated, OrderPaid, OrderPaymentFailed, OrderCancelled)
+    for cls in (OrderPlaced, PaymentInitiated, OrderPaid, OrderPaymentFailed, OrderCancelled, OrderShipped)
 }
 
 

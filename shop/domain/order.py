@@ -10,9 +10,10 @@ writes them to the outbox with the transition.
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 
-from .events import OrderCancelled, OrderPaid, OrderPaymentFailed, PaymentInitiated
+from .events import OrderCancelled, OrderPaid, OrderPaymentFailed, OrderShipped, PaymentInitiated
 from .results import Ok, Refused
 
 
@@ -43,6 +44,8 @@ class Transition(StrEnum):
     # A paid order's stock given back with an operator's refund: the same marker as the
     # compensation's, so the stock comes back once whichever path gives it.
     RESTOCK_PAID = "restock_paid"
+    # An operator shipped a paid order: its fulfilment, not a payment state (once).
+    SHIP = "ship"
 
 
 T = Transition
@@ -56,6 +59,7 @@ ALLOWED = {
     T.CANCEL: frozenset({S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED}),
     T.MARK_INVENTORY_RESTORED: frozenset({S.CANCELLED}),
     T.RESTOCK_PAID: frozenset({S.PAID}),
+    T.SHIP: frozenset({S.PAID}),
 }
 
 # States in which an order still holds stock and waits for money; LIVE adds the one in which
@@ -113,6 +117,8 @@ class OrderRules:
     inventory_restored: bool
     payment_session_id: str | None
     cancel_reason: str | None
+    shipped_at: datetime | None
+    tracking: str | None
 
     def _guard(self, transition: Transition) -> Refused | None:
         if self.status not in ALLOWED[transition]:
@@ -156,6 +162,18 @@ class OrderRules:
         self.status = S.CANCELLED
         self.cancel_reason = reason
         return self._record(OrderCancelled(self.id, reason))
+
+    def ship(self, tracking: str | None, at: datetime):
+        """The order's goods left (`tracking`: the carrier's number, if any): once, and only for
+        a paid order; a second ship is refused, so a second click changes nothing."""
+        refused = self._guard(T.SHIP)
+        if refused:
+            return refused
+        if self.shipped_at is not None:
+            return Refused("order_already_shipped", "this order was already shipped", {"status": self.status.value})
+        self.shipped_at = at
+        self.tracking = tracking
+        return self._record(OrderShipped(self.id, tracking))
 
     def mark_inventory_restored(self):
         """The compensation's idempotency marker; it has its own guard."""

@@ -51,6 +51,8 @@ class LoadedOrder(OrderRules):
     tax: int | None = None  # what the accepted payment charged: written with it
     charged: int | None = None
     cancel_reason: str | None = None  # set by the cancel transition, saved with it
+    shipped_at: datetime | None = None  # the fulfilment: set by the ship transition, saved with it
+    tracking: str | None = None
 
     @classmethod
     def of(cls, row: Order, *, lines: bool = False) -> LoadedOrder:
@@ -77,6 +79,8 @@ class LoadedOrder(OrderRules):
             row.shipping_details,
             row.tax,
             row.charged,
+            shipped_at=row.shipped_at,
+            tracking=row.tracking,
         )
 
     @classmethod

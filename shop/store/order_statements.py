@@ -166,6 +166,9 @@ TRANSITIONS = {
         _guarded(T.RESTOCK_PAID).values(inventory_restored=True, updated_at=_orders.c.updated_at),
         (),
     ),
+    # The order's fulfilment, once (the snapshot's rule refuses a second): when and the tracking
+    # number. Not a payment change: updated_at stays the time of the payment (the receipt's).
+    T.SHIP: _writes(T.SHIP, ("shipped_at", "tracking"), updated_at=_orders.c.updated_at),
 }
 
 

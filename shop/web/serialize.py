@@ -172,6 +172,8 @@ class OrderView:
     # What the accepted payment charged: its tax (TAX_MODE=stripe) and the total with it; None until paid.
     tax: int | None = None
     charged: int | None = None
+    shipped_at: datetime | None = None  # the fulfilment: None while unfulfilled
+    tracking: str | None = None
 
     @classmethod
     def of(cls, row: Order) -> OrderView:
@@ -221,6 +223,8 @@ class OrderView:
             late_money_watch_since=row.late_money_watch_since,
             tax=row.tax,
             charged=row.charged,
+            shipped_at=row.shipped_at,
+            tracking=row.tracking,
         )
 
     @property
@@ -288,6 +292,11 @@ class OrderView:
             "shipping": self.shipping,
             "tax": self.tax,
             "charged": self.charged,
+            "fulfilment": {
+                "status": "shipped" if self.shipped_at else "unfulfilled",
+                "shipped_at": iso(self.shipped_at),
+                "tracking": self.tracking,
+            },
         }
 
     def shown_json(self) -> dict:

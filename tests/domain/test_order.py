@@ -23,6 +23,7 @@ from shop.domain.events import (
     OrderPaid,
     OrderPaymentFailed,
     OrderPlaced,
+    OrderShipped,
     PaymentInitiated,
     event_from_payload,
 )
@@ -50,6 +51,8 @@ class PlainOrder(OrderRules):
     inventory_restored: bool = False
     payment_session_id: str | None = None
     payment_session_url: str | None = None
+    shipped_at: datetime | None = None
+    tracking: str | None = None
 
 
 def order_in(state: OrderStatus, session_id: str | None = "cs_old") -> PlainOrder:
@@ -425,3 +428,25 @@ def test_as_utc_reads_a_naive_time_as_utc_whatever_the_local_zone(local_time_not
 def test_as_utc_turns_an_aware_time_into_utc_whatever_the_local_zone(local_time_not_utc):
     aware = datetime(2026, 11, 30, 14, 0, tzinfo=timezone(timedelta(hours=2)))
     assert (as_utc(aware), as_utc(aware).utcoffset()) == (T0, timedelta(0))
+
+
+WHEN = datetime(2026, 12, 5, 16, 0, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("state", ALL_STATES)
+def test_only_a_paid_order_ships_and_only_once(state):
+    order = order_in(state)
+    result = order.ship("1Z999", WHEN)
+    if state is not S.PAID:
+        assert isinstance(result, Refused) and order.shipped_at is None
+        return
+    assert result == Ok((OrderShipped(7, "1Z999"),))
+    assert (order.status, order.shipped_at, order.tracking) == (S.PAID, WHEN, "1Z999")
+    again = order.ship("OTHER", WHEN + timedelta(hours=1))
+    assert isinstance(again, Refused) and again.code == "order_already_shipped"
+    assert (order.shipped_at, order.tracking) == (WHEN, "1Z999")
+
+
+def test_a_shipped_event_survives_the_outbox_round_trip():
+    event = OrderShipped(7, None)
+    assert event_from_payload(event.name, event.payload()) == event

@@ -1,0 +1,31 @@
+"""orders.shipped_at and orders.tracking: an order's fulfilment (when an operator shipped it, and
+the carrier's tracking number when one was given). Older orders are unfulfilled
+
+Revision ID: ba90e3581f47
+Revises: e6b8d0f2a4c7
+Create Date: 2026-12-05 16:30:00
+
+"""
+
+from alembic import op
+import sqlalchemy as sa
+
+import shop.models.types
+
+
+revision = "ba90e3581f47"
+down_revision = "e6b8d0f2a4c7"
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    with op.batch_alter_table("orders") as batch:
+        batch.add_column(sa.Column("shipped_at", shop.models.types.UTCDateTime(timezone=True), nullable=True))
+        batch.add_column(sa.Column("tracking", sa.String(length=100), nullable=True))
+
+
+def downgrade():
+    with op.batch_alter_table("orders") as batch:
+        batch.drop_column("tracking")
+        batch.drop_column("shipped_at")
