@@ -24,10 +24,11 @@ from .errors import (
     ProviderRefused,
     ProviderUnavailable,
     SignatureProblem,
-    retry_after_seconds,
     unavailable,
 )
-from .probe import counts_as_failure, watch_for_recovery
+from .guarded import guarded_call as _call
+from .holds import capture_payment, retrieve_payment, void_payment
+from .payment_view import CaptureMethod, Hold, PaymentIntentStatus, PaymentView
 from .transport import (
     GuardedHttpClient,
     api_base,
@@ -65,6 +66,13 @@ __all__ = [
     "PAYMENT_FAILURE_EVENT_TYPES",
     "PaymentFailureView",
     "payment_failure_view",
+    "CaptureMethod",
+    "Hold",
+    "PaymentIntentStatus",
+    "PaymentView",
+    "capture_payment",
+    "retrieve_payment",
+    "void_payment",
     "REFUND_EVENT_TYPES",
     "EndpointStatus",
     "EndpointView",
@@ -89,45 +97,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("shop.payments")
-
-
-def _call(what: str, fn):
-    """Every SDK call goes through here: the bulkhead, the breaker, then the call (whose attempts
-    meet the rate budget in GuardedHttpClient). A refusal by the guard is ProviderUnavailable
-    with no call made; a failure or timeout of the provider counts toward the breaker, and while
-    the breaker is open this process makes sure a prober watches for the provider's return."""
-    provider_guard = guard.get()
-    try:
-        with provider_guard.slot():
-            provider_guard.admit()
-            try:
-                result = fn()
-            except stripe.StripeError as exc:
-                if provider_guard.record(ok=not counts_as_failure(exc)) is not guard.BreakerState.CLOSED:
-                    watch_for_recovery(provider_guard)
-                raise
-            provider_guard.record(ok=True)
-            return result
-    except guard.Shed as exc:
-        if exc.kind == guard.ShedKind.BREAKER:
-            watch_for_recovery(provider_guard)
-        raise unavailable(f"{what}: not called: {exc}", exc.retry_after, exc.kind) from exc
-    except (stripe.APIConnectionError, stripe.RateLimitError) as exc:
-        limited = isinstance(exc, stripe.RateLimitError)
-        raise unavailable(
-            f"{what}: {exc.user_message or exc}",
-            retry_after_seconds(exc.headers) if limited else None,
-            ProviderFailure.RATE_LIMITED if limited else ProviderFailure.UNREACHABLE,
-        ) from exc
-    except stripe.StripeError as exc:
-        status = getattr(exc, "http_status", None) or 0
-        if status >= 500 or status == 0 or status == 429:
-            raise unavailable(
-                f"{what}: provider error {status}: {exc.user_message or exc}",
-                retry_after_seconds(exc.headers) if status == 429 else None,
-                ProviderFailure.RATE_LIMITED if status == 429 else ProviderFailure.UNREACHABLE,
-            ) from exc
-        raise ProviderRefused(f"{what}: {exc.user_message or exc}", getattr(exc, "code", None)) from exc
 
 
 def create_checkout_session(*, order_id: int, attempt: int, expires_at: datetime, **terms) -> SessionView:

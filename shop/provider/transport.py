@@ -359,7 +359,7 @@ class _BudgetedAdapter(requests.adapters.HTTPAdapter):
 
     def send(self, request, *args, **kwargs):
         endpoint = endpoint_of(request.method, request.url)
-        # The SDK runs inside gateway._call, in the app's context.
+        # The SDK runs inside guarded.guarded_call, in the app's context.
         provider_guard = guard.get()
         grant = provider_guard.take_token(endpoint, behind_line=endpoint == SESSION_CREATE)
         _sending.pending = (provider_guard, grant)

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from enum import StrEnum
 
 from ..domain.payment import NO_TAX_REPORTED, SessionTax
+from .payment_view import NO_HOLD, Hold, hold_of
 
 
 # The provider's own vocabularies, as it documents them (read as sent: a value outside them is
@@ -124,6 +125,9 @@ class SessionView:
     # What the session says about tax (automatic_tax, amount_subtotal, total_details.amount_tax):
     # the proof checks it against TAX_MODE (shop.domain.payment).
     tax: SessionTax = NO_TAX_REPORTED
+    # A payment held for a later capture (shop.provider.payment_view.Hold), when the answer
+    # expanded the payment (a retrieve does; an event's object does not), else NO_HOLD.
+    hold: Hold = NO_HOLD
 
 
 def _amount(value) -> int | None:
@@ -236,8 +240,9 @@ def session_view(obj) -> SessionView:
         else None
     )
     intent = obj.get("payment_intent")
-    refunded = None
+    refunded, hold = None, NO_HOLD
     if isinstance(intent, dict):
+        hold = hold_of(intent)
         charge = intent.get("latest_charge")
         if isinstance(charge, dict):
             refunded = charge.get("amount_refunded")
@@ -268,6 +273,7 @@ def session_view(obj) -> SessionView:
         shipping_details=shipping_details_of(obj),
         amount_refunded=_amount(refunded),
         tax=session_tax_of(obj),
+        hold=hold,
     )
 
 

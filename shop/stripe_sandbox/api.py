@@ -446,6 +446,7 @@ def create_checkout_session(sandbox: Sandbox, params: dict, call: Call) -> dict:
         payment_method_options=_read_voucher_options(
             params.get("payment_method_options"), payment_method_types, account
         ),
+        capture_method=_read_capture_method(intent_data),
     )
     return _render_session(sandbox, session, expand)
 
@@ -506,12 +507,39 @@ def _read_payment_method_types(params: dict, account: Account) -> list[str]:
     return kinds
 
 
+CAPTURE_METHODS = ("automatic", "automatic_async", "manual")
+
+
+def _read_capture_method(intent_data: dict) -> str:
+    """`payment_intent_data[capture_method]`: manual holds the payment for a later capture
+    whatever the method; automatic_async captures at once, as automatic does."""
+    capture = read_str(intent_data.get("capture_method"), "payment_intent_data[capture_method]")
+    if capture is None:
+        return "automatic"
+    if capture not in CAPTURE_METHODS:
+        raise invalid(
+            f"Invalid payment_intent_data[capture_method]: must be one of {', '.join(CAPTURE_METHODS)}",
+            "payment_intent_data[capture_method]",
+        )
+    return capture
+
+
 def _read_voucher_options(value: Any, kinds: list[str], account: Account) -> dict:
     """`payment_method_options[<voucher>][expires_after_days]` for OXXO, Boleto and Konbini: each
     voucher type the session offers gets the days given, else the account's default."""
     given = read_dict(value, "payment_method_options") or {}
-    reject_unknown_nested(given, tuple(VOUCHER_DAYS), ("payment_method_options",))
+    reject_unknown_nested(given, (*VOUCHER_DAYS, "card"), ("payment_method_options",))
     options: dict = {}
+    card = read_dict(given.get("card"), "payment_method_options[card]") or {}
+    reject_unknown_nested(card, ("capture_method",), ("payment_method_options", "card"))
+    capture = read_str(card.get("capture_method"), "payment_method_options[card][capture_method]")
+    if capture not in (None, "manual"):
+        raise invalid(
+            "Invalid payment_method_options[card][capture_method]: must be manual",
+            "payment_method_options[card][capture_method]",
+        )
+    if capture is not None and "card" in kinds:
+        options["card"] = {"capture_method": capture}
     for kind, (low, high) in VOUCHER_DAYS.items():
         where = ("payment_method_options", kind)
         option = read_dict(given.get(kind), param_name(*where)) or {}
@@ -672,8 +700,40 @@ def expire_checkout_session(sandbox: Sandbox, params: dict, call: Call, session_
 @stripe_view
 def retrieve_payment_intent(sandbox: Sandbox, params: dict, call: Call, pi_id: str) -> dict:
     reject_unknown(params, ("expand", "client_secret"))
-    _expand(params, set())
-    return render_payment_intent(sandbox.get_payment_intent(pi_id))
+    return _render_intent(sandbox, sandbox.get_payment_intent(pi_id), _expand(params, {"latest_charge"}))
+
+
+def _render_intent(sandbox: Sandbox, intent, expand: set[str]) -> dict:
+    body = render_payment_intent(intent)
+    if "latest_charge" in expand and intent.latest_charge in sandbox.charges:
+        body["latest_charge"] = render_charge(sandbox.charges[intent.latest_charge])
+    return body
+
+
+CANCELLATION_REASONS = ("abandoned", "duplicate", "fraudulent", "requested_by_customer")
+
+
+@bp.post("/payment_intents/<pi_id>/capture")
+@stripe_view
+def capture_payment_intent(sandbox: Sandbox, params: dict, call: Call, pi_id: str) -> dict:
+    reject_unknown(params, ("amount_to_capture", "expand"))
+    expand = _expand(params, {"latest_charge"})
+    amount = read_int(params.get("amount_to_capture"), "amount_to_capture", minimum=1)
+    return _render_intent(sandbox, sandbox.capture_payment_intent(pi_id, amount, call.ref), expand)
+
+
+@bp.post("/payment_intents/<pi_id>/cancel")
+@stripe_view
+def cancel_payment_intent(sandbox: Sandbox, params: dict, call: Call, pi_id: str) -> dict:
+    reject_unknown(params, ("cancellation_reason", "expand"))
+    expand = _expand(params, {"latest_charge"})
+    reason = read_str(params.get("cancellation_reason"), "cancellation_reason")
+    if reason is not None and reason not in CANCELLATION_REASONS:
+        raise invalid(
+            f"Invalid cancellation_reason: must be one of {', '.join(CANCELLATION_REASONS)}",
+            "cancellation_reason",
+        )
+    return _render_intent(sandbox, sandbox.cancel_payment_intent(pi_id, reason, call.ref), expand)
 
 
 # ---------------------------------------------------------------------------------------

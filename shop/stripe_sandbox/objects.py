@@ -79,6 +79,8 @@ class Session:
     payment_method_options: dict = field(default_factory=dict)
     # The customer's (billing) address in Stripe's shape, once given.
     customer_address: dict | None = None
+    # `payment_intent_data[capture_method]`: manual holds every payment for a later capture.
+    capture_method: str = "automatic"
 
     @property
     def collects_shipping(self) -> bool:
@@ -111,6 +113,15 @@ class PaymentIntent:
     cancellation_reason: str | None = None
     client_secret: str = ""
     payment_method_types: list[str] = field(default_factory=lambda: ["card"])
+    # `capture_method` for every method, and the card's own (`payment_method_options[card]`)
+    # when the session asked for it per method; `amount_capturable` while a hold awaits capture.
+    capture_method: str = "automatic"
+    card_capture_method: str | None = None
+    amount_capturable: int = 0
+
+    @property
+    def card_captures_manually(self) -> bool:
+        return (self.card_capture_method or self.capture_method) == "manual"
 
 
 @dataclass
@@ -122,6 +133,11 @@ class Charge:
     created: int
     status: str  # pending | succeeded | failed
     amount_refunded: int = 0
+    # An authorization held for a later capture is `succeeded` but not `captured` until then;
+    # `capture_before` is when the hold lapses. `amount_captured` None means all of `amount`.
+    captured: bool = True
+    amount_captured: int | None = None
+    capture_before: int | None = None
 
 
 @dataclass
@@ -295,7 +311,7 @@ def render_payment_intent(pi: PaymentIntent) -> dict[str, Any]:
         "id": pi.id,
         "object": "payment_intent",
         "amount": pi.amount,
-        "amount_capturable": 0,
+        "amount_capturable": pi.amount_capturable,
         "amount_details": {"tip": {}},
         "amount_received": pi.amount_received,
         "application": None,
@@ -303,7 +319,7 @@ def render_payment_intent(pi: PaymentIntent) -> dict[str, Any]:
         "automatic_payment_methods": None,
         "canceled_at": pi.canceled_at,
         "cancellation_reason": pi.cancellation_reason,
-        "capture_method": "automatic",
+        "capture_method": pi.capture_method,
         "client_secret": pi.client_secret,
         "confirmation_method": "automatic",
         "created": pi.created,
@@ -318,7 +334,9 @@ def render_payment_intent(pi: PaymentIntent) -> dict[str, Any]:
         "on_behalf_of": None,
         "payment_method": pi.payment_method,
         "payment_method_configuration_details": None,
-        "payment_method_options": {},
+        "payment_method_options": (
+            {"card": {"capture_method": pi.card_capture_method}} if pi.card_capture_method else {}
+        ),
         "payment_method_types": list(pi.payment_method_types),
         "processing": None,
         "receipt_email": None,
@@ -338,13 +356,14 @@ def render_charge(c: Charge) -> dict[str, Any]:
     """A Charge as `payment_intent.latest_charge` expands to (the fields a shop reads: how much of
     it was refunded), in Stripe's shape."""
     succeeded = c.status == "succeeded"
+    captured = succeeded and c.captured
     return {
         "id": c.id,
         "object": "charge",
         "amount": c.amount,
-        "amount_captured": c.amount if succeeded else 0,
+        "amount_captured": (c.amount if c.amount_captured is None else c.amount_captured) if captured else 0,
         "amount_refunded": c.amount_refunded,
-        "captured": succeeded,
+        "captured": captured,
         "created": c.created,
         "currency": c.currency,
         "description": None,
@@ -355,6 +374,10 @@ def render_charge(c: Charge) -> dict[str, Any]:
         "metadata": {},
         "paid": succeeded,
         "payment_intent": c.payment_intent_id,
+        "payment_method_details": {
+            "card": {"brand": "visa", "capture_before": c.capture_before, "last4": "4242", "network": "visa"},
+            "type": "card",
+        },
         "receipt_email": None,
         "refunded": succeeded and c.amount_refunded >= c.amount,
         "status": c.status,

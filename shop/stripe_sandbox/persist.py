@@ -119,6 +119,7 @@ def restore(sandbox: Sandbox, data: dict) -> None:
         sandbox._seq, sandbox.clock_offset = seq, offset
         sandbox.account = account
         sandbox._open_sessions = {s.id for s in sessions.values() if s.status == "open"}
+        sandbox._holds = {p.id for p in intents.values() if p.status == "requires_capture"}
         sandbox._held = []
         # Deliveries that were still due (or held by a fault that is not kept) go out again at
         # their time: a receiver dedups by event id, as it must for Stripe's own retries.

@@ -27,6 +27,7 @@ from .objects import (
     Session,
     WebhookEndpoint,
     new_id,
+    render_charge,
     render_payment_intent,
     render_refund,
     render_session,
@@ -54,6 +55,9 @@ DECLINE_ERROR = {
     "decline_code": "generic_decline",
     "message": "Your card was declined.",
 }
+# What a PaymentIntent can be canceled from (Stripe's list); one of a Checkout Session only from
+# requires_capture (an open session is expired instead).
+CANCELLABLE = ("requires_payment_method", "requires_capture", "requires_confirmation", "requires_action")
 ASYNC_FAILURE_ERROR = {
     "type": "card_error",
     "code": "payment_intent_payment_attempt_failed",
@@ -224,6 +228,8 @@ class Sandbox:
         self.events: dict[str, EventRecord] = {}
         self.idempotency: dict[tuple[str, str], StoredResponse] = {}
         self._open_sessions: set[str] = set()
+        # PaymentIntents holding an authorization (requires_capture), watched for its lapse.
+        self._holds: set[str] = set()
         self._settlements: dict[str, tuple[float, str]] = {}  # session -> (monotonic due, result)
         self._held: list[EventRecord] = []
 
@@ -292,6 +298,10 @@ class Sandbox:
                 session = self.sessions.get(session_id)
                 if session is not None and self.is_async_pending(session):
                     self.settle_async(session_id, result)
+            for pi_id in sorted(self._holds, key=lambda i: self.payment_intents[i].seq):
+                pi = self.payment_intents[pi_id]
+                if now >= (self.charges[pi.latest_charge or ""].capture_before or now):
+                    self._release_hold(pi, "automatic", RequestRef(), lapsed=True)
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -317,6 +327,7 @@ class Sandbox:
         adaptive_pricing: bool = False,
         payment_method_types: list[str] | None = None,
         payment_method_options: dict | None = None,
+        capture_method: str = "automatic",
     ) -> Session:
         now = self.now()
         if expires_at is None:
@@ -355,6 +366,7 @@ class Sandbox:
             adaptive_pricing=adaptive_pricing,
             payment_method_types=list(payment_method_types or ["card"]),
             payment_method_options=dict(payment_method_options or {}),
+            capture_method=capture_method,
         )
         self.sessions[session.id] = session
         self._open_sessions.add(session.id)
@@ -448,7 +460,9 @@ class Sandbox:
             "tax_ids": [],
         }
         self._open_sessions.discard(session.id)
-        if outcome == "paid":
+        if outcome == "paid" and pi.card_captures_manually:
+            self._hold(pi, charge, RequestRef(), session_id=session.id)
+        elif outcome == "paid":
             self._succeed(session, pi, charge)
         else:
             charge.status = "pending"
@@ -516,6 +530,8 @@ class Sandbox:
             session_id=session.id,
             client_secret=f"{pi_id}_secret_{new_id('', 25)}",
             payment_method_types=list(session.payment_method_types),
+            capture_method=session.capture_method,
+            card_capture_method=(session.payment_method_options.get("card") or {}).get("capture_method"),
         )
         self.payment_intents[pi.id] = pi
         session.payment_intent_id = pi.id
@@ -542,6 +558,79 @@ class Sandbox:
         pi.amount_received = pi.amount
         pi.last_payment_error = None
         session.payment_status = "paid"
+
+    # -- manual capture --------------------------------------------------------------
+
+    def _hold(self, pi: PaymentIntent, charge: Charge, request: RequestRef, *, session_id: str) -> None:
+        """A card payment authorized for a later capture: the charge succeeded uncaptured and
+        lapses after the account's `authorization_validity_seconds`; the session stays unpaid,
+        as Stripe reports a held payment."""
+        charge.status, charge.captured = "succeeded", False
+        charge.capture_before = self.now() + self.account.authorization_validity_seconds
+        pi.status, pi.amount_capturable = "requires_capture", pi.amount
+        self._holds.add(pi.id)
+        self.emit("payment_intent.amount_capturable_updated", render_payment_intent(pi), request, session_id=session_id)
+
+    def capture_payment_intent(self, pi_id: str, amount_to_capture: int | None, request: RequestRef) -> PaymentIntent:
+        """Take held money: all of it, or `amount_to_capture` (the rest is released, as Stripe
+        refunds it to the card). A lapsed hold was canceled by `tick` already."""
+        pi = self.get_payment_intent(pi_id)
+        if pi.status != "requires_capture":
+            raise _unexpected_state(
+                pi,
+                f"This PaymentIntent could not be captured because it has a status of {pi.status}. "
+                "Only a PaymentIntent with one of the following statuses may be captured: requires_capture.",
+            )
+        amount = pi.amount_capturable if amount_to_capture is None else amount_to_capture
+        if amount > pi.amount_capturable:
+            raise invalid(
+                f"The amount_to_capture ({amount}) must be less than or equal to the PaymentIntent's "
+                f"amount_capturable ({pi.amount_capturable}).",
+                "amount_to_capture",
+                "amount_too_large",
+            )
+        charge = self.charges[pi.latest_charge or ""]
+        charge.captured, charge.amount_captured = True, amount
+        charge.amount_refunded = charge.amount - amount
+        pi.status, pi.amount_received, pi.amount_capturable = "succeeded", amount, 0
+        self._holds.discard(pi.id)
+        session = self.sessions.get(pi.session_id)
+        if session is not None:
+            session.payment_status = "paid"
+        self.emit("charge.captured", render_charge(charge), request, session_id=pi.session_id)
+        self.emit("payment_intent.succeeded", render_payment_intent(pi), request, session_id=pi.session_id)
+        return pi
+
+    def cancel_payment_intent(self, pi_id: str, reason: str | None, request: RequestRef) -> PaymentIntent:
+        pi = self.get_payment_intent(pi_id)
+        if pi.status not in CANCELLABLE:
+            raise _unexpected_state(
+                pi,
+                f"You cannot cancel this PaymentIntent because it has a status of {pi.status}. Only a "
+                f"PaymentIntent with one of the following statuses may be canceled: {', '.join(CANCELLABLE)}.",
+            )
+        if pi.status != "requires_capture":
+            raise _unexpected_state(
+                pi,
+                "You can only cancel the PaymentIntent of a Checkout Session when it has a status of "
+                f"requires_capture; this one is {pi.status}. Expire the Checkout Session "
+                f"{pi.session_id} instead.",
+            )
+        self._release_hold(pi, reason, request, lapsed=False)
+        return pi
+
+    def _release_hold(self, pi: PaymentIntent, reason: str | None, request: RequestRef, *, lapsed: bool) -> None:
+        """End a hold uncaptured: canceled (`reason` given or None) or lapsed (`automatic`, with
+        `charge.expired` first). The uncaptured amount goes back to the card, which Stripe shows
+        as the charge refunded."""
+        charge = self.charges[pi.latest_charge or ""]
+        charge.amount_refunded = charge.amount
+        pi.status, pi.amount_capturable = "canceled", 0
+        pi.canceled_at, pi.cancellation_reason = self.now(), reason
+        self._holds.discard(pi.id)
+        if lapsed:
+            self.emit("charge.expired", render_charge(charge), request, session_id=pi.session_id)
+        self.emit("payment_intent.canceled", render_payment_intent(pi), request, session_id=pi.session_id)
 
     def get_payment_intent(self, pi_id: str) -> PaymentIntent:
         pi = self.payment_intents.get(pi_id)
@@ -582,6 +671,12 @@ class Sandbox:
                     f"This PaymentIntent ({pi.id}) does not have a successful charge to refund.",
                     "payment_intent",
                 )
+        if not charge.captured:
+            raise state_conflict(
+                f"Charge {charge.id} is an uncaptured authorization: capture it, or cancel PaymentIntent "
+                f"{pi.id} to release it, instead of refunding it.",
+                "charge" if charge_id is not None else "payment_intent",
+            )
         remaining = charge.amount - charge.amount_refunded
         if remaining <= 0:
             raise state_conflict(f"Charge {charge.id} has already been refunded.", code="charge_already_refunded")
@@ -803,6 +898,20 @@ class Sandbox:
     @staticmethod
     def newest_first(records: Iterable) -> list:
         return sorted(records, key=lambda r: r.seq, reverse=True)
+
+
+def _unexpected_state(pi: PaymentIntent, message: str) -> StripeError:
+    """Stripe's refusal of an action the intent's status does not allow; the error carries the
+    intent as it is, as Stripe's does."""
+    return StripeError(
+        400,
+        message,
+        code="payment_intent_unexpected_state",
+        extra={
+            "doc_url": "https://stripe.com/docs/error-codes/payment-intent-unexpected-state",
+            "payment_intent": render_payment_intent(pi),
+        },
+    )
 
 
 def _test_address(shipping_address: dict | None) -> dict:

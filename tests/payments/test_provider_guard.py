@@ -1,4 +1,4 @@
-"""The provider guard in one process (provider.guard, applied in gateway._call): the breaker
+"""The provider guard in one process (provider.guard, applied in guarded.guarded_call): the breaker
 shared through Redis, the time budget of a customer's request, the priority of customer calls in
 the rate budget, and a 429 storm. Real database, Redis and sandbox (its request log says which
 calls reached the provider). The process-and-thread behaviour (bulkhead, budget across

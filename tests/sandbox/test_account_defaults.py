@@ -318,7 +318,10 @@ def test_a_session_offers_the_accounts_dynamic_payment_methods_narrowed_as_asked
             {"payment_method_options": {"oxxo": {"expires_after_days": 8}}},
             "payment_method_options[oxxo][expires_after_days]",
         ),
-        ({"payment_method_options": {"card": {"request_three_d_secure": "any"}}}, "payment_method_options[card]"),
+        (
+            {"payment_method_options": {"card": {"request_three_d_secure": "any"}}},
+            "payment_method_options[card][request_three_d_secure]",
+        ),
     ],
 )
 def test_a_payment_method_choice_the_account_cannot_meet_is_refused_naming_the_param(client, sandbox, params, param):
