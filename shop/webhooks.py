@@ -20,10 +20,11 @@ from __future__ import annotations
 import logging
 from typing import cast
 
-from flask import Blueprint, g, jsonify, request
+from flask import Blueprint, current_app, g, jsonify, request
 from sqlalchemy import Table, insert
 
 from .domain.deadlines import utcnow
+from .domain.payment import CaptureMode
 from .extensions import csrf, db
 from .models import ReceiptOutcome, WebhookReceipt
 from .payments.apply import Outcome, apply_session
@@ -251,7 +252,7 @@ def _accept(event: dict):
         )
 
     try:
-        if event_type == "checkout.session.expired":
+        if event_type == "checkout.session.expired" or _maybe_held(view):
             view = _trust_provider_now(view)
         # The receipt rides in the transaction that dedups and applies the event: one commit.
         result = apply_session(
@@ -353,6 +354,16 @@ def _in_words(exc: Exception) -> str:
 def _log_unknown(result, event_id, event_type, view) -> None:
     if result.outcome == Outcome.UNKNOWN_ORDER:
         log.warning("webhook event %s (%s) for an unknown order (session %s)", event_id, event_type, view.id)
+
+
+def _maybe_held(view) -> bool:
+    """CAPTURE_MODE=dispatch: a completed session reporting `unpaid` may hold a card payment for a
+    later capture; only the session read with its payment says (the event's copy does not)."""
+    return (
+        current_app.config["CAPTURE_MODE"] == CaptureMode.DISPATCH
+        and view.status == gateway.SessionStatus.COMPLETE
+        and view.payment_status == gateway.SessionPaymentStatus.UNPAID
+    )
 
 
 def _trust_provider_now(view):

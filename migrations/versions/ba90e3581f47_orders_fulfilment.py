@@ -1,5 +1,7 @@
 """orders.shipped_at and orders.tracking: an order's fulfilment (when an operator shipped it, and
-the carrier's tracking number when one was given). Older orders are unfulfilled
+the carrier's tracking number when one was given). Older orders are unfulfilled. With
+CAPTURE_MODE=dispatch, orders.hold_expires_at (when the provider's hold on an Authorized order's
+payment lapses) and orders.capture_requested_at (the ship that captures it was asked, since when)
 
 Revision ID: ba90e3581f47
 Revises: e6b8d0f2a4c7
@@ -23,9 +25,13 @@ def upgrade():
     with op.batch_alter_table("orders") as batch:
         batch.add_column(sa.Column("shipped_at", shop.models.types.UTCDateTime(timezone=True), nullable=True))
         batch.add_column(sa.Column("tracking", sa.String(length=100), nullable=True))
+        batch.add_column(sa.Column("hold_expires_at", shop.models.types.UTCDateTime(timezone=True), nullable=True))
+        batch.add_column(sa.Column("capture_requested_at", shop.models.types.UTCDateTime(timezone=True), nullable=True))
 
 
 def downgrade():
     with op.batch_alter_table("orders") as batch:
+        batch.drop_column("capture_requested_at")
+        batch.drop_column("hold_expires_at")
         batch.drop_column("tracking")
         batch.drop_column("shipped_at")

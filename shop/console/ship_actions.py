@@ -37,7 +37,7 @@ class ShipForm(ConsoleForm):
 def _not_shippable(ref: str, status: OrderStatus, why: str) -> str:
     if why in REFUSED_WORDS:
         return REFUSED_WORDS[why].format(ref=ref)
-    return f"Only a paid order can be shipped; order {ref} is {status.value}. Nothing changed."
+    return f"Only a paid (or authorized) order can be shipped; order {ref} is {status.value}. Nothing changed."
 
 
 def _shipped_json(order: Order) -> dict:
@@ -50,7 +50,12 @@ def to_ship():
     """The paid orders with goods to send and not yet shipped, the longest waiting first."""
     rows = db.session.execute(
         select(Order)
-        .where(Order.status == OrderStatus.PAID, Order.ships.is_(True), Order.shipped_at.is_(None))
+        .where(
+            Order.status.in_((OrderStatus.PAID, OrderStatus.AUTHORIZED)),
+            Order.ships.is_(True),
+            Order.shipped_at.is_(None),
+            Order.capture_requested_at.is_(None),
+        )
         .order_by(Order.updated_at, Order.id)
         .limit(TO_SHIP_SHOWN)
     ).scalars()
@@ -74,6 +79,7 @@ def ship_form(order):
         "shipping": order.shipping_details,
         "lines": [{"sku": ln.sku, "name": ln.name, "quantity": ln.quantity} for ln in order.lines],
         "fulfilment": _shipped_json(order),
+        "capturing": order.capture_requested_at is not None and order.shipped_at is None,
     }
     back = url_for("console.order_detail", reference=order.reference)
     return respond("console/ship_order.html", data, form=ShipForm(), back=back, tracking_max=TRACKING_MAX)
@@ -107,6 +113,8 @@ def ship(reference):
         words = _not_shippable(ref, result.status, result.why)
         return problem(409, words, title="Not shipped", back=back, reference=ref, order_status=result.status.value,
                        why=result.why)  # fmt: skip
+    if result.capturing:
+        return _capturing(ref, payload, back, already=result.outcome is SubmissionOutcome.ALREADY)
     fulfilment = {"status": "shipped", "shipped_at": iso(result.shipped_at), "tracking": result.tracking}
     if result.outcome is SubmissionOutcome.ALREADY:
         message = f"Order {ref} was already shipped on {result.shipped_at:%Y-%m-%d %H:%M} UTC; nothing changed."
@@ -114,3 +122,17 @@ def ship(reference):
     with_tracking = f" with tracking number {tracking}" if tracking else ""
     message = f"Order {ref} shipped{with_tracking}; the customer is emailed."
     return done(message, {**payload, "fulfilment": fulfilment, "already": False}, back)
+
+
+def _capturing(ref: str, payload: dict, back: str, *, already: bool):
+    """An Authorized order: shipped once the capture of its held payment goes through."""
+    fulfilment = {"status": "unfulfilled", "shipped_at": None, "tracking": None}
+    if already:
+        message = f"Order {ref}'s payment is already being captured for its shipment; nothing more was asked."
+    else:
+        message = (
+            f"Capturing order {ref}'s held payment: it is marked shipped, and the customer emailed, as soon as "
+            "the provider takes it. A capture the provider refuses shows under dead letters."
+        )
+    body = {**payload, "fulfilment": fulfilment, "already": already, "capturing": True}
+    return done(message, body, back, "warning" if already else "ok")

@@ -48,6 +48,8 @@ COMMAND_WORDS = {
     CommandKind.REFUND_PAYMENT: "Refund to the customer",
     CommandKind.SETTLE_UNKNOWN_PAYMENT: "Refund of money for no order",
     CommandKind.OFFER_PAYMENT_LINK: "Email a payment link",
+    CommandKind.CAPTURE_PAYMENT: "Capture the held payment and ship",
+    CommandKind.VOID_PAYMENT: "Void the held payment",
 }
 
 WORK_WORDS = {

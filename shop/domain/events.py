@@ -15,6 +15,7 @@ class EventName(StrEnum):
     ORDER_PAYMENT_FAILED = "OrderPaymentFailed"
     ORDER_CANCELLED = "OrderCancelled"
     ORDER_SHIPPED = "OrderShipped"
+    ORDER_AUTHORIZED = "OrderAuthorized"
 
 
 @dataclass(frozen=True)
@@ -60,13 +61,28 @@ class OrderCancelled(DomainEvent):
 
 
 @dataclass(frozen=True)
+class OrderAuthorized(DomainEvent):
+    session_id: str
+    amount: int
+    currency: str
+
+
+@dataclass(frozen=True)
 class OrderShipped(DomainEvent):
     tracking: str | None
 
 
 EVENT_TYPES: dict[EventName, type[DomainEvent]] = {
     EventName(cls.__name__): cls
-    for cls in (OrderPlaced, PaymentInitiated, OrderPaid, OrderPaymentFailed, OrderCancelled, OrderShipped)
+    for cls in (
+        OrderPlaced,
+        PaymentInitiated,
+        OrderPaid,
+        OrderPaymentFailed,
+        OrderCancelled,
+        OrderShipped,
+        OrderAuthorized,
+    )
 }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
-from .events import OrderCancelled, OrderPaid, OrderPaymentFailed, OrderShipped, PaymentInitiated
+from .events import OrderAuthorized, OrderCancelled, OrderPaid, OrderPaymentFailed, OrderShipped, PaymentInitiated
 from .results import Ok, Refused
 
 
@@ -24,6 +24,8 @@ class OrderStatus(StrEnum):
     PENDING_PAYMENT = "PendingPayment"
     PAYMENT_INITIATED = "PaymentInitiated"
     PAID = "Paid"
+    # CAPTURE_MODE=dispatch: the provider holds the customer's money until the order ships.
+    AUTHORIZED = "Authorized"
     PAYMENT_FAILED = "PaymentFailed"
     CANCELLED = "Cancelled"
 
@@ -37,6 +39,7 @@ class Transition(StrEnum):
 
     START_PAYMENT = "start_payment"
     MARK_PAID = "mark_paid"
+    MARK_AUTHORIZED = "mark_authorized"
     ADOPT_AND_PAY = "adopt_and_pay"
     MARK_PAYMENT_FAILED = "mark_payment_failed"
     CANCEL = "cancel"
@@ -53,10 +56,13 @@ T = Transition
 # docs/REFERENCE.md, Order states, as data: the states each transition may leave from.
 ALLOWED = {
     T.START_PAYMENT: frozenset({S.PENDING_PAYMENT, S.PAYMENT_FAILED}),
-    T.MARK_PAID: frozenset({S.PAYMENT_INITIATED}),
+    # From Authorized: the hold captured when the order ships.
+    T.MARK_PAID: frozenset({S.PAYMENT_INITIATED, S.AUTHORIZED}),
+    T.MARK_AUTHORIZED: frozenset({S.PAYMENT_INITIATED}),
     T.ADOPT_AND_PAY: frozenset({S.PENDING_PAYMENT, S.PAYMENT_FAILED}),
     T.MARK_PAYMENT_FAILED: frozenset({S.PAYMENT_INITIATED}),
-    T.CANCEL: frozenset({S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED}),
+    # An Authorized order's hold is voided with its cancel, never refunded (payments.holds).
+    T.CANCEL: frozenset({S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED, S.AUTHORIZED}),
     T.MARK_INVENTORY_RESTORED: frozenset({S.CANCELLED}),
     T.RESTOCK_PAID: frozenset({S.PAID}),
     T.SHIP: frozenset({S.PAID}),
@@ -147,6 +153,15 @@ class OrderRules:
         self.status = S.PAID
         self.payment_session_id = session_id
         return self._record(OrderPaid(self.id, session_id, amount, currency))
+
+    def mark_authorized(self, session_id: str, amount: int, currency: str):
+        """The provider holds the payment (CAPTURE_MODE=dispatch): captured when the order ships."""
+        refused = self._guard(T.MARK_AUTHORIZED)
+        if refused:
+            return refused
+        self.status = S.AUTHORIZED
+        self.payment_session_id = session_id
+        return self._record(OrderAuthorized(self.id, session_id, amount, currency))
 
     def mark_payment_failed(self, reason: str):
         refused = self._guard(T.MARK_PAYMENT_FAILED)

@@ -64,7 +64,7 @@ def held_by_variants(variant_ids: list[int]) -> dict[int, Held]:
     return {
         variant_id: Held(
             unpaid=sum(by_status.get(s, 0) for s in LIVE),
-            paid=by_status.get(OrderStatus.PAID, 0),
+            paid=by_status.get(OrderStatus.PAID, 0) + by_status.get(OrderStatus.AUTHORIZED, 0),
             returning=by_status.get(OrderStatus.CANCELLED, 0),
         )
         for variant_id, by_status in by_variant.items()

@@ -19,6 +19,7 @@ from shop.domain.deadlines import (
     unpaid_hold_seconds,
 )
 from shop.domain.events import (
+    OrderAuthorized,
     OrderCancelled,
     OrderPaid,
     OrderPaymentFailed,
@@ -67,6 +68,7 @@ TRANSITIONS = {
             S.PENDING_PAYMENT: (S.PAYMENT_INITIATED, PaymentInitiated(7, "cs_new")),
             S.PAYMENT_FAILED: (S.PAYMENT_INITIATED, PaymentInitiated(7, "cs_new")),
             S.PAYMENT_INITIATED: "invalid_transition",
+            S.AUTHORIZED: "invalid_transition",
             S.PAID: "order_already_paid",
             S.CANCELLED: "order_already_cancelled",
         },
@@ -75,8 +77,21 @@ TRANSITIONS = {
         lambda o: o.mark_paid("cs_new", 3600, "usd"),
         {
             S.PAYMENT_INITIATED: (S.PAID, OrderPaid(7, "cs_new", 3600, "usd")),
+            # CAPTURE_MODE=dispatch: the hold captured when the order ships.
+            S.AUTHORIZED: (S.PAID, OrderPaid(7, "cs_new", 3600, "usd")),
             S.PENDING_PAYMENT: "invalid_transition",
             S.PAYMENT_FAILED: "invalid_transition",
+            S.PAID: "order_already_paid",
+            S.CANCELLED: "order_already_cancelled",
+        },
+    ),
+    "mark_authorized": (
+        lambda o: o.mark_authorized("cs_new", 3600, "usd"),
+        {
+            S.PAYMENT_INITIATED: (S.AUTHORIZED, OrderAuthorized(7, "cs_new", 3600, "usd")),
+            S.PENDING_PAYMENT: "invalid_transition",
+            S.PAYMENT_FAILED: "invalid_transition",
+            S.AUTHORIZED: "invalid_transition",
             S.PAID: "order_already_paid",
             S.CANCELLED: "order_already_cancelled",
         },
@@ -85,6 +100,7 @@ TRANSITIONS = {
         lambda o: o.mark_payment_failed("card_declined"),
         {
             S.PAYMENT_INITIATED: (S.PAYMENT_FAILED, OrderPaymentFailed(7, "cs_old", "card_declined")),
+            S.AUTHORIZED: "invalid_transition",
             S.PENDING_PAYMENT: "invalid_transition",
             S.PAYMENT_FAILED: "invalid_transition",
             S.PAID: "order_already_paid",
@@ -97,6 +113,8 @@ TRANSITIONS = {
             S.PENDING_PAYMENT: (S.CANCELLED, OrderCancelled(7, "customer asked")),
             S.PAYMENT_INITIATED: (S.CANCELLED, OrderCancelled(7, "customer asked")),
             S.PAYMENT_FAILED: (S.CANCELLED, OrderCancelled(7, "customer asked")),
+            # Its hold is voided, never refunded (payments.holds).
+            S.AUTHORIZED: (S.CANCELLED, OrderCancelled(7, "customer asked")),
             S.PAID: "order_already_paid",
             S.CANCELLED: "order_already_cancelled",
         },
@@ -123,7 +141,9 @@ def test_a_transition_moves_the_order_and_records_its_event_only_where_the_contr
         assert result.events == (event,)
         assert order.status is to_state
         assert order.can(name) is False  # no transition applies twice in a row
-        assert name == "start_payment" or order.payment_session_id == ("cs_new" if name == "mark_paid" else "cs_old")
+        assert name == "start_payment" or order.payment_session_id == (
+            "cs_new" if name in ("mark_paid", "mark_authorized") else "cs_old"
+        )
     else:
         assert isinstance(result, Refused) and not result.ok
         assert result.code == expected

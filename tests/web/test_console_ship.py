@@ -92,7 +92,7 @@ def test_an_unpaid_order_an_unknown_one_and_a_bad_tracking_number_are_refused_in
         f"/console/orders/{ref}/ship", data={"csrf_token": paid.token, **form}, headers=JSON
     )
     r = post(unpaid)
-    assert r.status_code == 409 and "Only a paid order can be shipped" in r.get_json()["error"]
+    assert r.status_code == 409 and "Only a paid (or authorized) order can be shipped" in r.get_json()["error"]
     assert post("BK-NOSUCH0").status_code == 404
     long = post(paid.reference, tracking="9" * 101)
     assert long.status_code == 400 and "at most 100" in long.get_json()["error"]
