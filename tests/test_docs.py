@@ -184,6 +184,39 @@ def test_no_doc_has_a_line_over_1200_characters():
     assert not found, f"lines over {DOC_MAX_LINE} characters: {', '.join(found)}"
 
 
+def json_in_table_cells(text: str) -> list[str]:
+    """Table rows (outside fenced blocks) with a JSON object shape in a cell: `{"` opens one, as
+    in `{"id", "kind"}` or `[{"method", "path"}]`. A shape belongs in a fenced json block under
+    the table, where it can be read whole; the cell says what the route does."""
+    found, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.lstrip().startswith("|") and '{"' in line:
+            found.append(f"line {number}: {line.strip()[:80]}")
+    return found
+
+
+def test_no_reference_table_cell_holds_a_json_shape():
+    reference = (ROOT / "docs" / "REFERENCE.md").read_text(encoding="utf-8")
+    assert reference.count("```json") >= 5, "docs/REFERENCE.md has lost its fenced JSON shapes"
+    found = json_in_table_cells(reference)
+    assert not found, "JSON shapes in docs/REFERENCE.md table cells (move them to a ```json block): " + "; ".join(found)
+
+
+def test_the_table_check_tells_a_shape_in_a_cell_from_one_in_a_fenced_block():
+    text = (
+        "| route | answer |\n| --- | --- |\n"
+        "| `GET /a` | JSON (below) |\n"
+        '| `GET /b` | JSON `[{"id", "name"}]` |\n'
+        "\n```json\n"
+        '| `GET /c` | {"id"} |\n'
+        "```\n"
+        'Prose with `{"id"}` is not a table.\n'
+    )
+    assert json_in_table_cells(text) == ['line 4: | `GET /b` | JSON `[{"id", "name"}]` |']
+
+
 def test_the_line_check_catches_a_line_one_character_over(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("a" * DOC_MAX_LINE + "\n" + "b" * (DOC_MAX_LINE + 1) + "\n", encoding="utf-8")

@@ -118,10 +118,12 @@ def ship(reference):
     fulfilment = {"status": "shipped", "shipped_at": iso(result.shipped_at), "tracking": result.tracking}
     if result.outcome is SubmissionOutcome.ALREADY:
         message = f"Order {ref} was already shipped on {result.shipped_at:%Y-%m-%d %H:%M} UTC; nothing changed."
-        return done(message, {**payload, "fulfilment": fulfilment, "already": True}, back, "warning")
+        return done(
+            message, {**payload, "fulfilment": fulfilment, "already": True, "capturing": False}, back, "warning"
+        )
     with_tracking = f" with tracking number {tracking}" if tracking else ""
     message = f"Order {ref} shipped{with_tracking}; the customer is emailed."
-    return done(message, {**payload, "fulfilment": fulfilment, "already": False}, back)
+    return done(message, {**payload, "fulfilment": fulfilment, "already": False, "capturing": False}, back)
 
 
 def _capturing(ref: str, payload: dict, back: str, *, already: bool):

@@ -25,7 +25,7 @@ from ..outbox.claims import count_due
 from ..outbox.failures import Reschedule
 from ..payments import holds
 from ..payments.apply import Outcome, apply_event_in_transaction, ask_and_apply
-from ..payments.expiry_reads import EXPIRY_GRACE, known_expiry
+from ..payments.expiry_reads import EXPIRY_GRACE, FIRST_LOOK, known_expiry
 from ..payments.start import retire_session_before_cancel
 from ..provider import gateway, guard
 from ..store import order_store
@@ -226,8 +226,10 @@ def cancel_unpaid(order: LoadedOrder) -> Expiry:
     return Expiry.CANCELLED
 
 
-# After its session's expires_at: how long the provider gets to expire it (the sandbox ticks every
-# second; Stripe takes longer) before the deadline asks, and how long it keeps asking.
+# After its session's expires_at: when the deadline first looks (a group of them reads the
+# provider's events from then on), how long the provider gets to expire it before a lone deadline
+# asks (the sandbox ticks every second; Stripe takes longer), and how long it keeps asking.
+PROVIDER_FIRST_LOOK = FIRST_LOOK
 PROVIDER_EXPIRY_GRACE = EXPIRY_GRACE
 PROVIDER_EXPIRY_PATIENCE = timedelta(minutes=10)
 PROVIDER_EXPIRY_RECHECK = timedelta(seconds=15)
@@ -259,8 +261,8 @@ def _expire_at_the_provider(order: LoadedOrder, now: datetime) -> str:
     webhook usually got there first and this is a no-op; this is what keeps the deadline
     punctual when that webhook is lost (the sweep would only find the order a cycle later)."""
     expires = order.payment_session_expires_at
-    if expires is not None and now < as_utc(expires) + PROVIDER_EXPIRY_GRACE:
-        raise Reschedule(as_utc(expires) + PROVIDER_EXPIRY_GRACE)
+    if expires is not None and now < as_utc(expires) + PROVIDER_FIRST_LOOK:
+        raise Reschedule(as_utc(expires) + PROVIDER_FIRST_LOOK)
     # The runner's transaction stays open across this call: it holds the command's claim, which the
     # answer commits with. Unreachable -> raised, and the command is retried with backoff.
     # A PaymentInitiated order has its session: start_payment sets both in the one write.

@@ -12,6 +12,13 @@ their sessions' ends and keeps every expiry it lists in Redis for a few minutes;
 the group then takes its session's expiry from there, and only a session the read left open (not
 expired at the provider yet, paid, or beyond the pages read) is asked about alone, as before.
 
+A group does not wait a fixed grace for the provider's own expiry: its deadlines first look
+FIRST_LOOK after their sessions' end, and while the provider has not listed a session expired
+they read again every REREAD (one reader at a time), so each order is cancelled about as soon as
+the provider expires its session. A session a read lists in any other way (paid, still paying)
+is asked about alone at once; one never listed is asked alone after GROUP_PATIENCE. A lone
+deadline waits EXPIRY_GRACE, then asks.
+
 An expiry is final at the provider (an expired session never takes money), so a kept one cannot
 go stale. Redis is only a cache here: without it every deadline asks alone, as it did."""
 
@@ -19,8 +26,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from datetime import datetime, timedelta
-from typing import Literal
+from datetime import UTC, datetime, timedelta
 
 from flask import current_app
 from redis.exceptions import RedisError
@@ -48,10 +54,18 @@ SLACK = timedelta(minutes=1)
 KEEP_SECONDS = 600
 # A reader holds its claim at most this long (a reader whose process died is replaced after it).
 CLAIM_MS = 5_000
-# The provider expires a session within this long of its end (the deadline asks after it too).
+# A deadline at the provider first looks this long after its session's end (a group reads then).
+FIRST_LOOK = timedelta(seconds=0.5)
+# The provider expires a session within this long of its end: a lone deadline asks after it.
 EXPIRY_GRACE = timedelta(seconds=2)
+# A group reads the event list again this often while sessions it waits for are not listed ...
+REREAD = timedelta(seconds=0.5)
+# ... for this long after their end; then each asks alone (the provider is slow to expire them).
+GROUP_PATIENCE = timedelta(seconds=10)
+# What a read keeps for a session it listed in another way than expired: ask about it alone now.
+_ASK_ALONE = b"ask"
 # A deadline that finds another process reading waits this long for its answer.
-WAIT_FOR_READER = timedelta(seconds=0.5)
+WAIT_FOR_READER = timedelta(seconds=0.2)
 
 
 def _key(name: str) -> str:
@@ -60,45 +74,59 @@ def _key(name: str) -> str:
 
 def known_expiry(session_id: str, session_ends: datetime, now: datetime) -> gateway.SessionEvent | None:
     """The provider's expiry event of `session_id` when a read of the event list (this one's or
-    another deadline's) listed it; None when this deadline should ask the provider alone (a small
-    group, Redis away, or a read made after the session's end did not list it expired). Raises
-    Reschedule while another process reads for the group, and the provider's errors of a read."""
+    another deadline's) listed it; None when this deadline should ask the provider alone now (a
+    small group past EXPIRY_GRACE, Redis away, a session listed paid or paying, or one the reads
+    did not list within GROUP_PATIENCE). Raises Reschedule for the instant to look again: before
+    a lone deadline's grace, while another process reads, or until the group's next read. Raises
+    the provider's errors of a read."""
     try:
         conn = redis_conn()
-        answered = _answered(conn, session_id, session_ends)
-        if answered is not None:
-            return answered or None
+        kept = conn.get(_key(session_id))
+        if kept is not None:
+            return _kept_answer(kept)
         group = _due_group(now)
         if group is None:
+            return _alone_after_grace(session_ends, now)
+        if now >= session_ends + GROUP_PATIENCE:
             return None
+        read_at = _last_read(conn)
+        if read_at is not None and read_at >= session_ends and now < read_at + REREAD:
+            raise Reschedule(read_at + REREAD)  # a read made since the end found it open: wait for the next
         token = secrets.token_hex(8)
         if not conn.set(_key("reader"), token, nx=True, px=CLAIM_MS):
             raise Reschedule(now + WAIT_FOR_READER)
         try:
             # The reader before may have finished between the look above and this claim.
-            answered = _answered(conn, session_id, session_ends)
-            if answered is None:
+            kept = conn.get(_key(session_id))
+            if kept is None:
                 _read(conn, *group, now)
-                answered = _answered(conn, session_id, session_ends)
+                kept = conn.get(_key(session_id))
         finally:
             if conn.get(_key("reader")) == token.encode():
                 conn.delete(_key("reader"))
     except RedisError as exc:
         log.info("deadline: Redis did not answer (%s); asking the provider about session %s alone", exc, session_id)
-        return None
-    return answered or None
+        return _alone_after_grace(session_ends, now)
+    if kept is None:
+        raise Reschedule(now + REREAD)  # not expired at the provider yet: the group's next read
+    return _kept_answer(kept)
 
 
-def _answered(conn, session_id: str, session_ends: datetime) -> gateway.SessionEvent | Literal[False] | None:
-    """What the reads kept say of this session: its expiry event; False when a read made after its
-    end did not list it expired (ask alone); None when no read has looked since its end."""
-    kept = conn.get(_key(session_id))
-    if kept is not None:
-        return gateway.SessionEvent.from_kept(kept)
-    read_at = conn.get(_key("read-at"))
-    if read_at is not None and float(read_at) >= (session_ends + EXPIRY_GRACE).timestamp():
-        return False
+def _kept_answer(kept: bytes | str) -> gateway.SessionEvent | None:
+    """A kept expiry; None for a session listed paid or paying: its own answer is asked for now."""
+    return None if kept in (_ASK_ALONE, _ASK_ALONE.decode()) else gateway.SessionEvent.from_kept(kept)
+
+
+def _alone_after_grace(session_ends: datetime, now: datetime) -> None:
+    """None (ask the provider alone) once the provider's grace to expire the session has passed."""
+    if now < session_ends + EXPIRY_GRACE:
+        raise Reschedule(session_ends + EXPIRY_GRACE)
     return None
+
+
+def _last_read(conn) -> datetime | None:
+    read_at = conn.get(_key("read-at"))
+    return None if read_at is None else datetime.fromtimestamp(float(read_at), tz=UTC)
 
 
 def _due_group(now: datetime) -> tuple[int, datetime] | None:
@@ -134,6 +162,8 @@ def _read(conn, count: int, earliest_end: datetime, now: datetime) -> None:
                 if event.view.status == gateway.SessionStatus.EXPIRED:
                     pipe.set(_key(event.view.id), event.kept(), ex=KEEP_SECONDS)
                     expiries += 1
+                else:  # paid or paying (an expiry, final, overwrites this): its deadline asks alone
+                    pipe.set(_key(event.view.id), _ASK_ALONE, ex=KEEP_SECONDS, nx=True)
             pipe.execute()
         if not more or not events:
             break

@@ -17,7 +17,7 @@ import logging
 from datetime import datetime, timedelta
 
 from flask import current_app
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, bindparam, func, or_, select
 
 from ..domain.deadlines import as_utc
 from ..domain.order import CANCELLED_BY_CUSTOMER, PAYMENT_WINDOW_EXPIRED
@@ -33,17 +33,28 @@ _EMAILED_CANCEL = or_(
 )
 
 
-def _before(column, at: datetime, order_id: int):
-    """Within the hour before `at`, and before the order `order_id`'s own event at `at`."""
-    return and_(column >= at - WINDOW, or_(column < at, and_(column == at, Order.id < order_id)))
+# One prebuilt statement counts both caps' emails (its cache key is made once, not per email):
+# orders placed, and orders cancelled in a way that emails, within the hour before `at` and
+# before the order `order_id`'s own event at `at`, of one recipient and of one client address.
+_SINCE = bindparam("since", type_=Order.created_at.type)
+_AT = bindparam("at", type_=Order.created_at.type)
+_ORDER_ID = bindparam("order_id", type_=Order.id.type)
 
 
-def _emails_before(whose, at: datetime, order_id: int) -> int:
-    placed = select(func.count()).select_from(Order).where(whose, _before(Order.created_at, at, order_id))
-    cancelled = (
-        select(func.count()).select_from(Order).where(whose, _EMAILED_CANCEL, _before(Order.cancelled_at, at, order_id))
-    )
-    return db.session.execute(select(placed.scalar_subquery() + cancelled.scalar_subquery())).scalar_one()
+def _before(column):
+    return and_(column >= _SINCE, or_(column < _AT, and_(column == _AT, Order.id < _ORDER_ID)))
+
+
+def _emails(whose):
+    placed = select(func.count()).select_from(Order).where(whose, _before(Order.created_at))
+    cancelled = select(func.count()).select_from(Order).where(whose, _EMAILED_CANCEL, _before(Order.cancelled_at))
+    return placed.scalar_subquery() + cancelled.scalar_subquery()
+
+
+_EMAILS_BEFORE = select(
+    _emails(func.lower(Order.email) == bindparam("recipient", type_=Order.email.type)).label("recipient"),
+    _emails(Order.client_address == bindparam("address", type_=Order.client_address.type)).label("address"),
+)
 
 
 def may_email(order: Order, at: datetime | None) -> bool:
@@ -52,11 +63,19 @@ def may_email(order: Order, at: datetime | None) -> bool:
     if at is None:
         return True
     at, cfg = as_utc(at), current_app.config
-    caps = [("recipient", func.lower(Order.email) == order.email.strip().lower(), cfg["ORDER_EMAILS_PER_RECIPIENT"])]
+    params = {
+        "since": at - WINDOW,
+        "at": at,
+        "order_id": order.id,
+        "recipient": order.email.strip().lower(),
+        "address": order.client_address,
+    }
+    counts = db.session.execute(_EMAILS_BEFORE, params).one()
+    caps = [("recipient", counts.recipient, cfg["ORDER_EMAILS_PER_RECIPIENT"])]
     if order.client_address:
-        caps.append(("client address", Order.client_address == order.client_address, cfg["ORDER_EMAILS_PER_ADDRESS"]))
-    for name, whose, cap in caps:
-        if _emails_before(whose, at, order.id) >= cap:
+        caps.append(("client address", counts.address, cfg["ORDER_EMAILS_PER_ADDRESS"]))
+    for name, emails, cap in caps:
+        if emails >= cap:
             log.warning("order %s: email left out, its %s had %d order emails this hour", order.reference, name, cap)
             return False
     return True

@@ -165,6 +165,11 @@ def _closed_message(sandbox: Sandbox, session) -> str:
         return "This order is paid. Thank you!"
     if sandbox.is_async_pending(session):
         return "Your payment is processing. You will hear from the shop once it clears."
+    intent = sandbox.payment_intents.get(session.payment_intent_id or "")
+    if intent is not None and intent.status == "requires_capture":
+        return "Your card is authorized. You are charged when the shop takes the payment."
+    if intent is not None and intent.latest_charge and intent.status == "canceled":
+        return "The authorization on your card was released. Nothing was charged."
     return "This payment did not go through. Return to the shop to try again."
 
 

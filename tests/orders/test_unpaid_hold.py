@@ -15,7 +15,7 @@ from payment_helpers import DEFAULT_SKU, Shopper, order_id, run_everything
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
 from shop.models import Order, ScheduledCommand
-from shop.orders.cancel import PROVIDER_EXPIRY_GRACE
+from shop.orders.cancel import PROVIDER_FIRST_LOOK
 from shop.scheduling.sweep import run_cycle
 
 WINDOW = 1800  # UNPAID_ORDER_EXPIRY_SECONDS, the default
@@ -92,7 +92,7 @@ def test_pay_now_before_the_hold_ends_gives_the_order_the_whole_window_from_its_
     # ... and finding the order at the payment page it waits for the session's own expiry.
     assert browser.order(ref)["status"] == "PaymentInitiated"
     assert available(browser) == before - 2
-    assert deadline_due(app, ref) == pay_by + PROVIDER_EXPIRY_GRACE
+    assert deadline_due(app, ref) == pay_by + PROVIDER_FIRST_LOOK
 
 
 def test_an_order_whose_session_was_made_at_checkout_keeps_the_whole_window(make_shop, sandbox):
@@ -107,7 +107,7 @@ def test_an_order_whose_session_was_made_at_checkout_keeps_the_whole_window(make
     again = browser.order(order["reference"])
     assert (again["status"], at(again["pay_by"])) == ("PaymentInitiated", pay_by)
     assert available(browser) == before - 1
-    assert deadline_due(app, order["reference"]) == pay_by + PROVIDER_EXPIRY_GRACE
+    assert deadline_due(app, order["reference"]) == pay_by + PROVIDER_FIRST_LOOK
 
 
 def test_the_sweep_expires_an_order_without_a_session_at_the_end_of_its_hold_not_of_the_window(fresh_ctx):

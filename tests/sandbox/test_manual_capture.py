@@ -2,6 +2,7 @@
 the hold lapsing on the sandbox's clock; with the faults and the state file."""
 
 import json
+from urllib.parse import urlsplit
 
 import pytest
 import stripe
@@ -9,6 +10,7 @@ import stripe
 from shop.stripe_sandbox.persist import StateFile, snapshot
 from shop.stripe_sandbox.state import Sandbox
 
+from .test_hosted_page_and_shapes import browser
 from .test_idempotency_and_refunds import session_params
 
 WEEK = 7 * 24 * 3600
@@ -248,3 +250,16 @@ def test_a_restarted_sandbox_keeps_the_hold_and_lets_it_lapse(client, sandbox, t
     restarted.advance_clock(3600)
     assert (pi.status, pi.cancellation_reason) == ("canceled", "automatic")
     restarted.close()
+
+
+def test_the_hosted_page_holds_a_payment_and_then_says_it_was_authorized_or_released(client, sandbox):
+    session = client.v1.checkout.sessions.create(params={**session_params(), **CARD_MANUAL})
+    path = urlsplit(session.url).path
+    status, location, _ = browser(sandbox, "POST", path, {"choice": "pay"})
+    assert status == 303 and location.startswith("http://shop.test/ok")
+    pi_id = client.v1.checkout.sessions.retrieve(session.id).payment_intent
+    assert client.v1.payment_intents.retrieve(pi_id).status == "requires_capture"
+    assert "Your card is authorized" in browser(sandbox, "GET", path)[2]
+
+    client.v1.payment_intents.cancel(pi_id)
+    assert "was released. Nothing was charged" in browser(sandbox, "GET", path)[2]

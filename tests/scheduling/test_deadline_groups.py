@@ -132,3 +132,46 @@ def test_a_deadline_waits_briefly_for_the_read_another_process_is_making_instead
     assert (row.status, as_utc(row.next_attempt_at)) == ("pending", at + expiry_reads.WAIT_FOR_READER)
     db.session.rollback()
     assert sandbox.requests()[len(before) :] == []
+
+
+def _pending_at(deadline_id: int):
+    db.session.expire_all()
+    row = db.session.get(ScheduledCommand, deadline_id)
+    found = (row.status, as_utc(row.next_attempt_at))
+    db.session.rollback()
+    return found
+
+
+def test_a_group_reads_again_until_the_provider_expires_its_sessions_instead_of_waiting_out_a_fixed_grace(
+    paying_ctx, sandbox
+):
+    placed = _orders_at_the_payment_page(GROUP, utcnow())
+    ends = _session_ends(placed[0][0])
+    before = sandbox.requests()
+
+    # First look: the provider has not expired the sessions yet (its clock is still before their end).
+    first = ends + expiry_reads.FIRST_LOOK
+    assert [run_command(deadline_id, now=first) for _, deadline_id, _ in placed] == ["rescheduled"] * GROUP
+    assert {_pending_at(deadline_id) for _, deadline_id, _ in placed} == {("pending", first + expiry_reads.REREAD)}
+    assert [c["path"] for c in sandbox.requests()[len(before) :]] == ["/v1/events"]  # one read for all of them
+
+    sandbox.advance_clock((ends - utcnow()).total_seconds() + 1)  # now the provider expires them
+    again = first + expiry_reads.REREAD
+    assert again < ends + expiry_reads.EXPIRY_GRACE  # sooner than a lone deadline would ask
+    assert [run_command(deadline_id, now=again) for _, deadline_id, _ in placed] == ["done"] * GROUP
+
+    assert _statuses(placed) == ["Cancelled"] * GROUP
+    assert [c["path"] for c in sandbox.requests()[len(before) :]] == ["/v1/events", "/v1/events"]
+
+
+def test_a_session_the_group_reads_never_list_is_asked_about_alone_after_the_groups_patience(paying_ctx, sandbox):
+    placed = _orders_at_the_payment_page(GROUP, utcnow())
+    order_id, deadline_id, session_id = placed[0]
+    ends = _session_ends(order_id)
+    before = sandbox.requests()
+
+    # The provider still has the session open long after its end: no read lists it, so it asks alone.
+    assert run_command(deadline_id, now=ends + expiry_reads.GROUP_PATIENCE) == "rescheduled"
+
+    assert [c["path"] for c in sandbox.requests()[len(before) :]] == [f"/v1/checkout/sessions/{session_id}"]
+    assert _statuses(placed[:1]) == ["PaymentInitiated"]

@@ -16,6 +16,7 @@ from shop.domain.deadlines import as_utc, utcnow
 from shop.domain.order import Transition as T
 from shop.extensions import db
 from shop.models import Order, OutboxDelivery, OutboxEvent, ScheduledCommand
+from shop.orders.cancel import PROVIDER_EXPIRY_GRACE, PROVIDER_FIRST_LOOK
 from shop.outbox.dispatch import drain_commands, run_command, run_delivery
 from shop.outbox.relay import relay_once, wake_due_work
 from shop.payments.apply import reconcile_order
@@ -279,9 +280,16 @@ def test_the_deadline_of_an_order_at_the_payment_page_waits_for_its_session_then
     order_id, variant_id, deadline_id, sid, expires = _at_the_payment_page(placed_at)
     assert abs((expires - (placed_at + timedelta(seconds=WINDOW))).total_seconds()) <= 1  # pay-by = session end
 
-    assert run_command(deadline_id, now=placed_at + timedelta(seconds=WINDOW)) == "rescheduled"
+    # At the session's end (its expires_at is whole seconds, up to one before the window's end).
+    assert run_command(deadline_id, now=expires) == "rescheduled"
     row = _command(deadline_id)
-    assert (row.status, row.attempts, as_utc(row.next_attempt_at)) == ("pending", 0, expires + timedelta(seconds=2))
+    assert (row.status, row.attempts, as_utc(row.next_attempt_at)) == ("pending", 0, expires + PROVIDER_FIRST_LOOK)
+    # Alone (no group of deadlines due with it), it gives the provider its grace before asking.
+    before = sandbox.requests()
+    assert run_command(deadline_id, now=expires + PROVIDER_FIRST_LOOK) == "rescheduled"
+    row = _command(deadline_id)
+    assert (row.status, row.attempts, as_utc(row.next_attempt_at)) == ("pending", 0, expires + PROVIDER_EXPIRY_GRACE)
+    assert sandbox.requests()[len(before) :] == []
     assert _order(order_id).status == "PaymentInitiated"
 
     sandbox.advance_clock((expires - utcnow()).total_seconds() + 1)  # the provider expires it at its time
