@@ -5,6 +5,7 @@ from ..extensions import login_manager
 from ..web.answers import keep_private, negotiates
 from . import (  # noqa: F401  (each registers its routes on bp)
     acks,
+    cancel_actions,
     email_actions,
     email_change,
     mail_pages,

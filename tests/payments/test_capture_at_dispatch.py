@@ -183,3 +183,21 @@ def test_only_dispatch_mode_asks_the_provider_to_hold_card_payments(fresh_app):
     assert "payment_method_options" not in plain
     assert held.get("payment_method_options") == {"card": {"capture_method": "manual"}}
     assert "capture_method" not in held.get("payment_intent_data", {})  # other methods capture at once
+
+
+def test_an_operator_cancels_an_authorized_order_with_a_reason_and_its_hold_is_voided(dispatch_shop, sandbox):
+    _shopper, order = _authorized(dispatch_shop, sandbox)
+    ref = order["reference"]
+    client = dispatch_shop.test_client()
+    token = log_in(dispatch_shop, client)
+    page = client.get(f"/console/orders/{ref}/cancel").get_data(as_text=True)
+    assert "nothing is taken, nothing refunded" in page
+    without = client.post(f"/console/orders/{ref}/cancel", data={"csrf_token": token}, headers=JSON)
+    assert without.status_code == 400 and _row(dispatch_shop, ref)["status"] is S.AUTHORIZED
+    r = client.post(f"/console/orders/{ref}/cancel", data={"csrf_token": token, "reason": "fraud check"}, headers=JSON)
+    assert r.status_code == 200 and r.get_json()["voided"] is True, r.get_data(as_text=True)
+    run_everything(dispatch_shop)
+    assert _row(dispatch_shop, ref)["status"] is S.CANCELLED
+    assert _intent(dispatch_shop, ref).status == gateway.PaymentIntentStatus.CANCELED
+    again = client.post(f"/console/orders/{ref}/cancel", data={"csrf_token": token, "reason": "again"}, headers=JSON)
+    assert again.status_code == 409 and "not cancelled" in again.get_json()["error"]

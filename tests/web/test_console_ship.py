@@ -138,3 +138,16 @@ def test_the_ship_pages_are_behind_the_operators_login(fresh_app, fresh_client):
     anonymous = csrf_token(fresh_client, "/console/login")
     r = fresh_client.post("/console/orders/BK-X/ship", data={"csrf_token": anonymous}, headers=HTML)
     assert r.status_code == 302 and r.headers["Location"].startswith("/console/login")
+
+
+def test_an_operator_cancels_a_live_order_but_not_a_paid_one(paid, sandbox):
+    live = Shopper(paid.app, paid.skus).place("SOCK-M", 1)["reference"]
+    url = "/console/orders/{}/cancel"
+    r = paid.client.post(url.format(live), data={"csrf_token": paid.token, "reason": "customer phoned"}, headers=JSON)
+    assert r.status_code == 200 and r.get_json()["voided"] is False
+    refused = paid.client.post(url.format(paid.reference), data={"csrf_token": paid.token, "reason": "x"}, headers=JSON)
+    assert refused.status_code == 409
+    with paid.app.app_context():
+        assert db.session.query(Order).filter_by(reference=live).one().status is OrderStatus.CANCELLED
+        assert db.session.get(Order, paid.oid).status is OrderStatus.PAID
+        db.session.remove()
