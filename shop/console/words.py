@@ -50,6 +50,7 @@ COMMAND_WORDS = {
     CommandKind.OFFER_PAYMENT_LINK: "Email a payment link",
     CommandKind.CAPTURE_PAYMENT: "Capture the held payment and ship",
     CommandKind.VOID_PAYMENT: "Void the held payment",
+    CommandKind.END_HOLD: "Hold's deadline: void and cancel if not shipped",
 }
 
 WORK_WORDS = {

@@ -83,11 +83,15 @@ PAYMENT_WINDOW_EXPIRED = "payment window expired"
 # A newer checkout for the same email address, from another browser, took this order's place
 # under UNPAID_ORDERS_PER_CLIENT (orders.release). No email: the address gets the newer order's.
 RELEASED_FOR_NEWER = "released for a newer order of the same email address"
+# CAPTURE_MODE=dispatch: an Authorized order not shipped by AUTHORIZATION_MARGIN_SECONDS before its
+# hold lapses is cancelled and its hold voided (payments.holds.end_hold). The customer is told.
+HOLD_LAPSING = "payment hold about to lapse before the order shipped"
 
 
 class CancelledBy(StrEnum):
     CUSTOMER = "customer"
     EXPIRED = "expired"
+    HOLD = "hold"
     OTHER = "other"
 
 
@@ -97,6 +101,8 @@ def cancelled_because(reason: str) -> CancelledBy:
         return CancelledBy.CUSTOMER
     if reason.startswith(PAYMENT_WINDOW_EXPIRED):
         return CancelledBy.EXPIRED
+    if reason.startswith(HOLD_LAPSING):
+        return CancelledBy.HOLD
     return CancelledBy.OTHER
 
 

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from ..domain.order import OrderStatus, Transition
+from flask import current_app
+
+from ..domain.deadlines import as_utc
+from ..domain.order import HOLD_LAPSING, OrderStatus, Transition
 from ..domain.results import Refused
 from ..extensions import db
 from ..models import CommandKind, PaymentProofRefusal, ScheduledCommand
 from ..outbox import schedule_command
-from ..outbox.failures import PermanentFailure
+from ..outbox.failures import PermanentFailure, Reschedule
 from ..provider import gateway
 from ..store import order_store
 from ..store.order_store import LoadedOrder
@@ -80,6 +83,7 @@ def apply_held(order: LoadedOrder, view: gateway.SessionView, *, source: str, no
         charge_of(order, view)
         order.held_until(view.hold.capture_before)
         order_store.save(order, Transition.MARK_AUTHORIZED, result.events, now=now)
+        _arm_deadline(order, now)
         log.info("order %s authorized: held until it ships (session %s, via %s)", order.reference, view.id, source)
         return "authorized", ""
     if order.status is OrderStatus.AUTHORIZED and order.payment_session_id == view.id:
@@ -141,3 +145,37 @@ def execute_void(order_id: int, payload: dict, now: datetime) -> None:
             f"{now_there.status}: check the payment at the provider and refund it by hand if it was taken"
         ) from exc
     log.info("order %s: hold on payment %s voided", order_id, intent)
+
+
+def _margin() -> timedelta:
+    return timedelta(seconds=current_app.config["AUTHORIZATION_MARGIN_SECONDS"])
+
+
+def _arm_deadline(order: LoadedOrder, now: datetime) -> None:
+    """The hold's own deadline (END_HOLD), AUTHORIZATION_MARGIN_SECONDS before it lapses, in the
+    Authorized transition's transaction. A hold whose lapse the provider did not say has none."""
+    if order.hold_expires_at is None:
+        log.warning("order %s authorized with no capture_before: its hold has no deadline", order.reference)
+        return
+    due = max(now, as_utc(order.hold_expires_at) - _margin())
+    schedule_command(db.session, CommandKind.END_HOLD, due, order_id=order.id, now=now)
+
+
+def end_hold(order_id: int, now: datetime) -> str:
+    """The END_HOLD command, in the runner's transaction: an order still Authorized, and not being
+    captured, is cancelled and its hold voided before the hold lapses unseen (the customer gets
+    the notice; the compensation gives the stock back). Anything else is left alone."""
+    order = order_store.read(order_id)
+    if order is None or order.status is not OrderStatus.AUTHORIZED:
+        return "changed"
+    if order.capture_requested_at is not None:
+        return "being_captured"
+    if order.hold_expires_at is not None:
+        due = as_utc(order.hold_expires_at) - _margin()
+        if due > now + timedelta(seconds=5):
+            raise Reschedule(due)  # fired early
+    refused = cancel_held(order, HOLD_LAPSING, now)
+    if refused is not None:
+        return refused.code
+    log.warning("order %s: not shipped before its payment hold lapses; cancelled and its hold voided", order.reference)
+    return "cancelled"

@@ -39,6 +39,7 @@ EMAIL_NAMES = {
     "refund_issued": "Refund issued",
     "refund_failed": "Refund did not go through",
     "order_link": "Link to the order waiting for payment (asked for at checkout)",
+    "order_hold_ended": "Cancellation notice (not shipped before its payment hold lapsed)",
     "order_shipped": "Shipment notice (with the tracking number when given)",
 }
 

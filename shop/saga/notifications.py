@@ -76,7 +76,7 @@ def send_shipment_email(event: OrderShipped, now: datetime) -> None:
     emails.send(event.order_id, "order_shipped", tag="event")
 
 
-CANCELLATION_EMAILS = {"customer": "order_cancelled", "expired": "order_expired"}
+CANCELLATION_EMAILS = {"customer": "order_cancelled", "expired": "order_expired", "hold": "order_hold_ended"}
 
 
 def send_cancellation_email(event: OrderCancelled, now: datetime) -> None:

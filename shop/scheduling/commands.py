@@ -9,7 +9,7 @@ from .. import emails
 from ..models import CommandKind, ScheduledCommand
 from ..orders.cancel import expire_unpaid_order
 from ..orders.fulfilment import execute_capture
-from ..payments.holds import execute_void
+from ..payments.holds import end_hold, execute_void
 from ..payments.payment_link import TEMPLATE as PAYMENT_LINK
 from ..payments.payment_link import ready_to_offer
 from ..payments.refunds import execute_refund
@@ -51,6 +51,10 @@ def _capture(row: ScheduledCommand, now: datetime) -> None:
     execute_capture(_order_id(row), row.payload or {}, now)
 
 
+def _end_hold(row: ScheduledCommand, now: datetime) -> None:
+    end_hold(_order_id(row), now)
+
+
 def _void(row: ScheduledCommand, now: datetime) -> None:
     execute_void(_order_id(row), row.payload or {}, now)
 
@@ -64,4 +68,5 @@ COMMANDS: dict[str, Callable[[ScheduledCommand, datetime], None]] = {
     CommandKind.OFFER_PAYMENT_LINK: _payment_link,
     CommandKind.CAPTURE_PAYMENT: _capture,
     CommandKind.VOID_PAYMENT: _void,
+    CommandKind.END_HOLD: _end_hold,
 }

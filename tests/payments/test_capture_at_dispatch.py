@@ -7,7 +7,7 @@ ask for no manual capture."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -18,6 +18,7 @@ from shop.extensions import db
 from shop.models import CommandKind, Order, Refund, ScheduledCommand, WorkStatus
 from shop.orders.stock_held import held_by_orders
 from shop.payments.apply import reconcile_order
+from shop.payments.holds import end_hold
 from shop.provider import gateway
 from shop.provider.checkout_params import session_params
 from support import log_in, mails
@@ -201,3 +202,34 @@ def test_an_operator_cancels_an_authorized_order_with_a_reason_and_its_hold_is_v
     assert _intent(dispatch_shop, ref).status == gateway.PaymentIntentStatus.CANCELED
     again = client.post(f"/console/orders/{ref}/cancel", data={"csrf_token": token, "reason": "again"}, headers=JSON)
     assert again.status_code == 409 and "not cancelled" in again.get_json()["error"]
+
+
+def test_an_unshipped_order_is_voided_and_cancelled_a_margin_before_its_hold_lapses(
+    dispatch_shop, sandbox, mail_folder
+):
+    _shopper, order = _authorized(dispatch_shop, sandbox)
+    ref = order["reference"]
+    lapses = _row(dispatch_shop, ref)["hold_expires_at"]
+    sock = dispatch_shop.skus["SOCK-M"]
+    before = on_hand(sock, dispatch_shop)
+    run_everything(dispatch_shop, now=lapses - timedelta(hours=2))  # before the margin: nothing moves
+    assert _row(dispatch_shop, ref)["status"] is S.AUTHORIZED
+    run_everything(dispatch_shop, now=lapses - timedelta(minutes=59))  # within the hour's margin
+    assert _row(dispatch_shop, ref)["status"] is S.CANCELLED
+    assert _intent(dispatch_shop, ref).status == gateway.PaymentIntentStatus.CANCELED
+    assert on_hand(sock, dispatch_shop) == before + 1
+    [notice] = mails(mail_folder, "order_hold_ended")
+    assert "Nothing was charged" in notice.as_string()
+
+
+def test_the_holds_deadline_leaves_an_order_whose_capture_is_under_way(dispatch_shop, sandbox):
+    _shopper, order = _authorized(dispatch_shop, sandbox)
+    ref = order["reference"]
+    lapses = _row(dispatch_shop, ref)["hold_expires_at"]
+    with dispatch_shop.app_context():
+        force_order(ref, capture_requested_at=lapses - timedelta(hours=3))
+        db.session.remove()
+    with dispatch_shop.app_context():
+        assert end_hold(order_id(dispatch_shop, ref), lapses - timedelta(minutes=30)) == "being_captured"
+        db.session.remove()
+    assert _row(dispatch_shop, ref)["status"] is S.AUTHORIZED
