@@ -233,3 +233,17 @@ def test_the_holds_deadline_leaves_an_order_whose_capture_is_under_way(dispatch_
         assert end_hold(order_id(dispatch_shop, ref), lapses - timedelta(minutes=30)) == "being_captured"
         db.session.remove()
     assert _row(dispatch_shop, ref)["status"] is S.AUTHORIZED
+
+
+def test_the_dashboard_shows_a_hold_lapsing_within_the_warning_as_needing_a_human(dispatch_shop, sandbox):
+    client = dispatch_shop.test_client()
+    log_in(dispatch_shop, client)
+    calm = next(c for c in client.get("/console/", headers=JSON).get_json()["cards"] if c["key"] == "holds")
+    assert calm["ok"] is True and calm["count"] == 0
+    _shopper, order = _authorized(dispatch_shop, sandbox)
+    with dispatch_shop.app_context():
+        force_order(order["reference"], hold_expires_at=datetime.now(timezone.utc) + timedelta(hours=5))
+        db.session.remove()
+    card = next(c for c in client.get("/console/", headers=JSON).get_json()["cards"] if c["key"] == "holds")
+    assert card["ok"] is False and card["count"] == 1 and "lapse within" in card["words"]
+    assert card["url"] == "/console/shipping"
