@@ -29,6 +29,7 @@ from .extensions import csrf, db
 from .models import ReceiptOutcome, WebhookReceipt
 from .payments.apply import Outcome, apply_session
 from .payments.declines import note_payment_failure
+from .payments.holds import hold_ended
 from .payments.refunds import apply_refund_report
 from .provider import gateway
 from .provider.guard import Priority, request_priority
@@ -231,6 +232,11 @@ def _accept(event: dict):
         return _accept_refund(event, event_id, event_type)
     if event_type in gateway.PAYMENT_FAILURE_EVENT_TYPES:
         return _accept_payment_failure(event, event_id, event_type)
+    if event_type in gateway.HOLD_END_EVENT_TYPES:  # a held payment voided or lapsed
+        view = gateway.payment_view(event["data"]["object"])
+        return _applied_with_receipt(
+            lambda receipt: hold_ended(view, before_commit=receipt), event_id, event_type, view.order_id
+        )
     view = gateway.session_view(event["data"]["object"])
     if view.id is None or not _usable_id(view.id):
         # Every Checkout Session event names its session; without one there is nothing to

@@ -11,17 +11,17 @@ cancelling an uncaptured payment costs nothing, a refund costs the provider's fe
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from flask import current_app
 
-from ..domain.deadlines import as_utc
+from ..domain.deadlines import as_utc, utcnow
 from ..domain.order import HOLD_LAPSING, OrderStatus, Transition
 from ..domain.results import Refused
 from ..extensions import db
 from ..models import CommandKind, PaymentProofRefusal, ScheduledCommand
-from ..outbox import schedule_command
+from ..outbox import schedule_command, uow
 from ..outbox.failures import PermanentFailure, Reschedule
 from ..provider import gateway
 from ..store import order_store
@@ -179,3 +179,33 @@ def end_hold(order_id: int, now: datetime) -> str:
         return refused.code
     log.warning("order %s: not shipped before its payment hold lapses; cancelled and its hold voided", order.reference)
     return "cancelled"
+
+
+@dataclass
+class HoldNews:
+    """What a hold's end at the provider did (the webhook's receipt says it)."""
+
+    outcome: str
+    order_id: int | None
+    detail: str = ""
+
+
+def hold_ended(view: gateway.PaymentView, *, before_commit, now: datetime | None = None) -> HoldNews:
+    """The provider says a held payment ended uncaptured (`payment_intent.canceled`: voided, or the
+    hold lapsed): an order still Authorized and not being captured ends as at the hold's deadline
+    (cancelled, stock back, customer told). One being captured is left: its capture is refused and
+    dead-letters for an operator. `before_commit(news)` runs in the same transaction."""
+    now = now or utcnow()
+    with uow.transaction():
+        order = order_store.read(view.order_id) if view.order_id is not None else None
+        if order is None:
+            news = HoldNews("unknown_order", view.order_id)
+        elif order.status is not OrderStatus.AUTHORIZED or view.status != gateway.PaymentIntentStatus.CANCELED:
+            news = HoldNews("noop", order.id, f"order is {order.status.value}")
+        elif order.capture_requested_at is not None:
+            news = HoldNews("noop", order.id, "its capture is under way and will be refused")
+        else:
+            refused = cancel_held(order, HOLD_LAPSING, now)
+            news = HoldNews("cancelled" if refused is None else "noop", order.id, refused.message if refused else "")
+        before_commit(news)
+    return news

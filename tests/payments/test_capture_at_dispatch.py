@@ -247,3 +247,19 @@ def test_the_dashboard_shows_a_hold_lapsing_within_the_warning_as_needing_a_huma
     card = next(c for c in client.get("/console/", headers=JSON).get_json()["cards"] if c["key"] == "holds")
     assert card["ok"] is False and card["count"] == 1 and "lapse within" in card["words"]
     assert card["url"] == "/console/shipping"
+
+
+def test_a_hold_that_lapsed_at_the_provider_ends_the_order_as_the_deadline_would(dispatch_shop, sandbox, mail_folder):
+    shopper, order = _authorized(dispatch_shop, sandbox)
+    sandbox.advance_clock(8 * 24 * 3600)  # the hold lapses on the sandbox's clock
+    [lapsed] = [
+        r["event"]
+        for r in sandbox.events("payment_intent.canceled")
+        if r["event"]["data"]["object"]["metadata"].get("order_id") == str(order_id(dispatch_shop, order["reference"]))
+    ]
+    r = post_webhook(shopper.client, lapsed)
+    assert r.get_json()["outcome"] == "cancelled", r.get_json()
+    assert post_webhook(shopper.client, lapsed).get_json()["outcome"] in ("noop", "duplicate")
+    run_everything(dispatch_shop)
+    assert _row(dispatch_shop, order["reference"])["status"] is S.CANCELLED
+    assert len(mails(mail_folder, "order_hold_ended")) == 1
