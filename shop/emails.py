@@ -100,7 +100,9 @@ def render(template: str, order: Order) -> Email | None:
         when=utc_words,
         **reaching_the_shop(shop),
     )
-    if template in ("order_expired", "order_cancelled"):
+    if template == "order_shipped" and order.shipped_at is None:
+        return None
+    if template in ("order_expired", "order_cancelled", "order_hold_ended"):
         context["cancelled_at"] = order.cancelled_at
     if template == "refund_issued":
         refunds = (

@@ -13,7 +13,7 @@ import secrets
 import sys
 from dataclasses import asdict, dataclass
 
-from .domain.payment import TaxMode
+from .domain.payment import CaptureMode, TaxMode
 from .domain.payment_methods import DEFAULT_PAYMENT_METHODS
 from .logs import TEXT as LOG_FORMAT_TEXT
 from .settings_values import (
@@ -21,6 +21,7 @@ from .settings_values import (
     SettingsError,
     TrustedProxies,
     env_bool,
+    env_capture_mode,
     env_countries,
     env_database_url,
     env_int,
@@ -154,6 +155,12 @@ class Settings:
     payment_methods: tuple[str, ...] = DEFAULT_PAYMENT_METHODS
     # TAX_MODE: none (no tax, said on every session) or stripe (Stripe Tax adds exclusive tax).
     tax_mode: TaxMode = TaxMode.NONE
+    # CAPTURE_MODE: checkout (money taken at payment) or dispatch (held, captured when shipped);
+    # a hold lapsing within AUTHORIZATION_WARNING_SECONDS is shown to operators, and an unshipped
+    # order is voided and cancelled AUTHORIZATION_MARGIN_SECONDS before it lapses.
+    capture_mode: CaptureMode = CaptureMode.CHECKOUT
+    authorization_warning_seconds: int = 86400
+    authorization_margin_seconds: int = 3600
     # MAIL_FROM, MAIL_REPLY_TO: every email's From and, when set, Reply-To; SHOP_CONTACT: how a
     # customer reaches the shop (an email address or a URL), in the storefront's footer and in
     # every email (shop.emails).
@@ -260,6 +267,20 @@ def _liveness(env) -> tuple[int, int]:
     return poll, stale
 
 
+def _authorization(env) -> tuple[int, int]:
+    """AUTHORIZATION_WARNING_SECONDS and AUTHORIZATION_MARGIN_SECONDS: the margin is within a
+    card hold's shortest life (a day), and the warning comes before the void."""
+    warning = env_int(env, "AUTHORIZATION_WARNING_SECONDS", 86400, 60, 30 * 86400)
+    margin = env_int(env, "AUTHORIZATION_MARGIN_SECONDS", 3600, 60, 86400)
+    if margin >= warning:
+        raise SettingsError(
+            "AUTHORIZATION_MARGIN_SECONDS",
+            f"must be less than AUTHORIZATION_WARNING_SECONDS ({warning}), got {margin}: operators are "
+            "warned about a hold before it is voided",
+        )
+    return warning, margin
+
+
 def load_settings(env=None, instance_path: str = "instance", argv=None) -> Settings:
     """Every setting read from `env` and checked, in the order a bad value is reported."""
     env = os.environ if env is None else env
@@ -268,6 +289,7 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
     expiry, stuck, hold = _payment_window(env)
     web_threads, max_calls = _web_threads(env)
     poll, stale = _liveness(env)
+    warning, margin = _authorization(env)
 
     return Settings(
         web_concurrency=env_int(env, "WEB_CONCURRENCY", DEFAULT_WEB_CONCURRENCY, 1, 64),
@@ -337,4 +359,7 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         shipping_countries=env_countries(env, "SHIPPING_COUNTRIES", DEFAULT_SHIPPING_COUNTRIES),
         payment_methods=env_payment_methods(env),
         tax_mode=env_tax_mode(env),
+        capture_mode=env_capture_mode(env),
+        authorization_warning_seconds=warning,
+        authorization_margin_seconds=margin,
     )

@@ -16,7 +16,7 @@ from typing import NamedTuple, overload
 from urllib.parse import urlsplit
 
 from .domain import payment_methods
-from .domain.payment import TaxMode
+from .domain.payment import CaptureMode, TaxMode
 from .domain.payment_methods import DEFAULT_PAYMENT_METHODS
 from .logs import FORMATS as LOG_FORMATS
 from .logs import TEXT as LOG_FORMAT_TEXT
@@ -325,6 +325,13 @@ def env_payment_methods(env) -> tuple[str, ...]:
     if refused:
         raise SettingsError("PAYMENT_METHODS", "; ".join(refused))
     return methods
+
+
+def env_capture_mode(env) -> CaptureMode:
+    raw = (env.get("CAPTURE_MODE") or "").strip().lower() or CaptureMode.CHECKOUT
+    if raw not in set(CaptureMode):
+        raise SettingsError("CAPTURE_MODE", f"must be one of {', '.join(CaptureMode)}, got {raw!r}")
+    return CaptureMode(raw)
 
 
 def env_tax_mode(env) -> TaxMode:

@@ -20,14 +20,16 @@ from __future__ import annotations
 import logging
 from typing import cast
 
-from flask import Blueprint, g, jsonify, request
+from flask import Blueprint, current_app, g, jsonify, request
 from sqlalchemy import Table, insert
 
 from .domain.deadlines import utcnow
+from .domain.payment import CaptureMode
 from .extensions import csrf, db
 from .models import ReceiptOutcome, WebhookReceipt
 from .payments.apply import Outcome, apply_session
 from .payments.declines import note_payment_failure
+from .payments.holds import hold_ended
 from .payments.refunds import apply_refund_report
 from .provider import gateway
 from .provider.guard import Priority, request_priority
@@ -230,6 +232,11 @@ def _accept(event: dict):
         return _accept_refund(event, event_id, event_type)
     if event_type in gateway.PAYMENT_FAILURE_EVENT_TYPES:
         return _accept_payment_failure(event, event_id, event_type)
+    if event_type in gateway.HOLD_END_EVENT_TYPES:  # a held payment voided or lapsed
+        view = gateway.payment_view(event["data"]["object"])
+        return _applied_with_receipt(
+            lambda receipt: hold_ended(view, before_commit=receipt), event_id, event_type, view.order_id
+        )
     view = gateway.session_view(event["data"]["object"])
     if view.id is None or not _usable_id(view.id):
         # Every Checkout Session event names its session; without one there is nothing to
@@ -251,7 +258,7 @@ def _accept(event: dict):
         )
 
     try:
-        if event_type == "checkout.session.expired":
+        if event_type == "checkout.session.expired" or _maybe_held(view):
             view = _trust_provider_now(view)
         # The receipt rides in the transaction that dedups and applies the event: one commit.
         result = apply_session(
@@ -353,6 +360,16 @@ def _in_words(exc: Exception) -> str:
 def _log_unknown(result, event_id, event_type, view) -> None:
     if result.outcome == Outcome.UNKNOWN_ORDER:
         log.warning("webhook event %s (%s) for an unknown order (session %s)", event_id, event_type, view.id)
+
+
+def _maybe_held(view) -> bool:
+    """CAPTURE_MODE=dispatch: a completed session reporting `unpaid` may hold a card payment for a
+    later capture; only the session read with its payment says (the event's copy does not)."""
+    return (
+        current_app.config["CAPTURE_MODE"] == CaptureMode.DISPATCH
+        and view.status == gateway.SessionStatus.COMPLETE
+        and view.payment_status == gateway.SessionPaymentStatus.UNPAID
+    )
 
 
 def _trust_provider_now(view):

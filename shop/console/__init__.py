@@ -5,6 +5,7 @@ from ..extensions import login_manager
 from ..web.answers import keep_private, negotiates
 from . import (  # noqa: F401  (each registers its routes on bp)
     acks,
+    cancel_actions,
     email_actions,
     email_change,
     mail_pages,
@@ -14,6 +15,7 @@ from . import (  # noqa: F401  (each registers its routes on bp)
     refund_actions,
     routes,
     sessions,
+    ship_actions,
     stock_pages,
     throttle,
     webhook_actions,

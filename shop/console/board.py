@@ -24,6 +24,7 @@ from ..models import (
 from ..provider import watch
 from ..web import webhook_noise
 from .format import human_age
+from .holds_card import holds_cards
 from .waiting_card import waiting_card
 from .words import webhook_event_words
 
@@ -61,6 +62,7 @@ def cards(data: dict, now: datetime) -> list[dict]:
         _sweep_card(data, now),
         *_backlog_cards(data),
         _refunds_failed_card(data),
+        *holds_cards(now, _card),
         _provider_card(data["provider"]),
     ]
 

@@ -35,10 +35,15 @@ RECONCILE_WORDS = {
     "Nothing to change yet; the webhook or the sweep will settle it.",
     "proof_refused": "The provider's payment does not match this order ({detail}); the order was left as it "
     "was. Check the payment at the provider.",
+    "authorized": "The provider holds the payment: the order is now Authorized; it is captured when it ships.",
+    "void_created": "The provider holds money this order cannot take ({detail}); a void of the hold is queued.",
     "noop": "Nothing to change: {detail}.",
     "duplicate": "Already applied; nothing to change.",
     "unknown_order": "The provider's session does not name this order ({detail}); nothing changed.",
 }
+
+
+CALM = (Outcome.NOOP, Outcome.DUPLICATE, Outcome.AWAITING_ASYNC)
 
 
 @bp.post("/orders/<reference>/reconcile")
@@ -92,9 +97,7 @@ def reconcile(reference):
             "status": now_status,
         },
         back,
-        "ok"
-        if applied.outcome in (Outcome.PAID, Outcome.NOOP, Outcome.DUPLICATE, Outcome.AWAITING_ASYNC)
-        else "warning",
+        "ok" if applied.outcome in (Outcome.PAID, Outcome.AUTHORIZED, *CALM) else "warning",
     )
 
 

@@ -29,6 +29,7 @@ EVENT_WORDS = {
     EventName.ORDER_PAID: "Paid",
     EventName.ORDER_PAYMENT_FAILED: "Payment failed",
     EventName.ORDER_CANCELLED: "Cancelled",
+    EventName.ORDER_SHIPPED: "Shipped",
 }
 
 # The handlers of shop/saga (HANDLERS), by the name their deliveries carry.
@@ -38,6 +39,7 @@ HANDLER_WORDS = {
     "send_order_confirmation": "Email the order confirmation",
     "send_cancellation_email": "Email the cancellation",
     "send_order_placed_email": "Email the order's link",
+    "send_shipment_email": "Email the shipment notice",
 }
 
 COMMAND_WORDS = {
@@ -46,6 +48,9 @@ COMMAND_WORDS = {
     CommandKind.REFUND_PAYMENT: "Refund to the customer",
     CommandKind.SETTLE_UNKNOWN_PAYMENT: "Refund of money for no order",
     CommandKind.OFFER_PAYMENT_LINK: "Email a payment link",
+    CommandKind.CAPTURE_PAYMENT: "Capture the held payment and ship",
+    CommandKind.VOID_PAYMENT: "Void the held payment",
+    CommandKind.END_HOLD: "Hold's deadline: void and cancel if not shipped",
 }
 
 WORK_WORDS = {

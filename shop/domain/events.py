@@ -14,6 +14,8 @@ class EventName(StrEnum):
     ORDER_PAID = "OrderPaid"
     ORDER_PAYMENT_FAILED = "OrderPaymentFailed"
     ORDER_CANCELLED = "OrderCancelled"
+    ORDER_SHIPPED = "OrderShipped"
+    ORDER_AUTHORIZED = "OrderAuthorized"
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,29 @@ class OrderCancelled(DomainEvent):
     reason: str
 
 
+@dataclass(frozen=True)
+class OrderAuthorized(DomainEvent):
+    session_id: str
+    amount: int
+    currency: str
+
+
+@dataclass(frozen=True)
+class OrderShipped(DomainEvent):
+    tracking: str | None
+
+
 EVENT_TYPES: dict[EventName, type[DomainEvent]] = {
     EventName(cls.__name__): cls
-    for cls in (OrderPlaced, PaymentInitiated, OrderPaid, OrderPaymentFailed, OrderCancelled)
+    for cls in (
+        OrderPlaced,
+        PaymentInitiated,
+        OrderPaid,
+        OrderPaymentFailed,
+        OrderCancelled,
+        OrderShipped,
+        OrderAuthorized,
+    )
 }
 
 

@@ -10,9 +10,10 @@ writes them to the outbox with the transition.
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 
-from .events import OrderCancelled, OrderPaid, OrderPaymentFailed, PaymentInitiated
+from .events import OrderAuthorized, OrderCancelled, OrderPaid, OrderPaymentFailed, OrderShipped, PaymentInitiated
 from .results import Ok, Refused
 
 
@@ -23,6 +24,8 @@ class OrderStatus(StrEnum):
     PENDING_PAYMENT = "PendingPayment"
     PAYMENT_INITIATED = "PaymentInitiated"
     PAID = "Paid"
+    # CAPTURE_MODE=dispatch: the provider holds the customer's money until the order ships.
+    AUTHORIZED = "Authorized"
     PAYMENT_FAILED = "PaymentFailed"
     CANCELLED = "Cancelled"
 
@@ -36,6 +39,7 @@ class Transition(StrEnum):
 
     START_PAYMENT = "start_payment"
     MARK_PAID = "mark_paid"
+    MARK_AUTHORIZED = "mark_authorized"
     ADOPT_AND_PAY = "adopt_and_pay"
     MARK_PAYMENT_FAILED = "mark_payment_failed"
     CANCEL = "cancel"
@@ -43,6 +47,8 @@ class Transition(StrEnum):
     # A paid order's stock given back with an operator's refund: the same marker as the
     # compensation's, so the stock comes back once whichever path gives it.
     RESTOCK_PAID = "restock_paid"
+    # An operator shipped a paid order: its fulfilment, not a payment state (once).
+    SHIP = "ship"
 
 
 T = Transition
@@ -50,12 +56,16 @@ T = Transition
 # docs/REFERENCE.md, Order states, as data: the states each transition may leave from.
 ALLOWED = {
     T.START_PAYMENT: frozenset({S.PENDING_PAYMENT, S.PAYMENT_FAILED}),
-    T.MARK_PAID: frozenset({S.PAYMENT_INITIATED}),
+    # From Authorized: the hold captured when the order ships.
+    T.MARK_PAID: frozenset({S.PAYMENT_INITIATED, S.AUTHORIZED}),
+    T.MARK_AUTHORIZED: frozenset({S.PAYMENT_INITIATED}),
     T.ADOPT_AND_PAY: frozenset({S.PENDING_PAYMENT, S.PAYMENT_FAILED}),
     T.MARK_PAYMENT_FAILED: frozenset({S.PAYMENT_INITIATED}),
-    T.CANCEL: frozenset({S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED}),
+    # An Authorized order's hold is voided with its cancel, never refunded (payments.holds).
+    T.CANCEL: frozenset({S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED, S.AUTHORIZED}),
     T.MARK_INVENTORY_RESTORED: frozenset({S.CANCELLED}),
     T.RESTOCK_PAID: frozenset({S.PAID}),
+    T.SHIP: frozenset({S.PAID}),
 }
 
 # States in which an order still holds stock and waits for money; LIVE adds the one in which
@@ -73,11 +83,15 @@ PAYMENT_WINDOW_EXPIRED = "payment window expired"
 # A newer checkout for the same email address, from another browser, took this order's place
 # under UNPAID_ORDERS_PER_CLIENT (orders.release). No email: the address gets the newer order's.
 RELEASED_FOR_NEWER = "released for a newer order of the same email address"
+# CAPTURE_MODE=dispatch: an Authorized order not shipped by AUTHORIZATION_MARGIN_SECONDS before its
+# hold lapses is cancelled and its hold voided (payments.holds.end_hold). The customer is told.
+HOLD_LAPSING = "payment hold about to lapse before the order shipped"
 
 
 class CancelledBy(StrEnum):
     CUSTOMER = "customer"
     EXPIRED = "expired"
+    HOLD = "hold"
     OTHER = "other"
 
 
@@ -87,6 +101,8 @@ def cancelled_because(reason: str) -> CancelledBy:
         return CancelledBy.CUSTOMER
     if reason.startswith(PAYMENT_WINDOW_EXPIRED):
         return CancelledBy.EXPIRED
+    if reason.startswith(HOLD_LAPSING):
+        return CancelledBy.HOLD
     return CancelledBy.OTHER
 
 
@@ -113,6 +129,8 @@ class OrderRules:
     inventory_restored: bool
     payment_session_id: str | None
     cancel_reason: str | None
+    shipped_at: datetime | None
+    tracking: str | None
 
     def _guard(self, transition: Transition) -> Refused | None:
         if self.status not in ALLOWED[transition]:
@@ -142,6 +160,15 @@ class OrderRules:
         self.payment_session_id = session_id
         return self._record(OrderPaid(self.id, session_id, amount, currency))
 
+    def mark_authorized(self, session_id: str, amount: int, currency: str):
+        """The provider holds the payment (CAPTURE_MODE=dispatch): captured when the order ships."""
+        refused = self._guard(T.MARK_AUTHORIZED)
+        if refused:
+            return refused
+        self.status = S.AUTHORIZED
+        self.payment_session_id = session_id
+        return self._record(OrderAuthorized(self.id, session_id, amount, currency))
+
     def mark_payment_failed(self, reason: str):
         refused = self._guard(T.MARK_PAYMENT_FAILED)
         if refused:
@@ -156,6 +183,18 @@ class OrderRules:
         self.status = S.CANCELLED
         self.cancel_reason = reason
         return self._record(OrderCancelled(self.id, reason))
+
+    def ship(self, tracking: str | None, at: datetime):
+        """The order's goods left (`tracking`: the carrier's number, if any): once, and only for
+        a paid order; a second ship is refused, so a second click changes nothing."""
+        refused = self._guard(T.SHIP)
+        if refused:
+            return refused
+        if self.shipped_at is not None:
+            return Refused("order_already_shipped", "this order was already shipped", {"status": self.status.value})
+        self.shipped_at = at
+        self.tracking = tracking
+        return self._record(OrderShipped(self.id, tracking))
 
     def mark_inventory_restored(self):
         """The compensation's idempotency marker; it has its own guard."""

@@ -95,3 +95,11 @@ def charged_tax(tax_mode: TaxMode, tax: SessionTax) -> int:
     """The tax an accepted payment carries: 0 without tax, the session's own with Stripe Tax (the
     proof has checked it is there)."""
     return (tax.amount_tax or 0) if tax_mode is TaxMode.STRIPE else 0
+
+
+class CaptureMode(StrEnum):
+    """CAPTURE_MODE: when the customer's money is taken. `checkout`: at payment. `dispatch`: held
+    at payment (the order is Authorized) and captured when the order ships."""
+
+    CHECKOUT = "checkout"
+    DISPATCH = "dispatch"

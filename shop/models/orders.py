@@ -75,6 +75,15 @@ class Order(Model):
     # by the order store's cancel in the same UPDATE: what the order's pages and JSON read.
     cancel_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     cancelled_at = mapped_column(UTCDateTime, nullable=True)
+    # The order's fulfilment: when an operator shipped it (None: unfulfilled) and the carrier's
+    # tracking number when one was given, written by the order store's ship, once.
+    shipped_at = mapped_column(UTCDateTime, nullable=True)
+    tracking: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    # CAPTURE_MODE=dispatch: when the provider's hold on the payment lapses (the charge's
+    # capture_before), written with the Authorized transition; and since when a ship asked for the
+    # capture (bookkeeping: the capture command runs once, and no deadline voids the hold meanwhile).
+    hold_expires_at = mapped_column(UTCDateTime, nullable=True)
+    capture_requested_at = mapped_column(UTCDateTime, nullable=True)
     version: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
     created_at = mapped_column(UTCDateTime, default=now_utc, nullable=False)
     # The last state change. The deadline and the sweep derive "how long has it been waiting"

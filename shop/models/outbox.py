@@ -121,6 +121,9 @@ class CommandKind(StrEnum):
     REFUND_PAYMENT = "refund_payment"  # payload: the refund's row
     SETTLE_UNKNOWN_PAYMENT = "settle_unknown_payment"  # payload: the unknown payment's row
     OFFER_PAYMENT_LINK = "offer_payment_link"  # email a payment link while the provider was down
+    CAPTURE_PAYMENT = "capture_payment"  # an Authorized order shipped: payload the tracking number
+    END_HOLD = "end_hold"  # an unshipped Authorized order's hold about to lapse: void and cancel
+    VOID_PAYMENT = "void_payment"  # a hold the order will not take: payload its session (and payment)
 
 
 class ScheduledCommand(DurableWork, Model):

@@ -23,6 +23,7 @@ from ..models import CommandKind, ScheduledCommand
 from ..outbox import uow
 from ..outbox.claims import count_due
 from ..outbox.failures import Reschedule
+from ..payments import holds
 from ..payments.apply import Outcome, apply_event_in_transaction, ask_and_apply
 from ..payments.expiry_reads import EXPIRY_GRACE, FIRST_LOOK, known_expiry
 from ..payments.start import retire_session_before_cancel
@@ -73,6 +74,8 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
         refusal = order.cancel(reason)
         assert isinstance(refusal, Refused)  # the transition is not allowed: the guard refuses it
         return CancelOutcome(CancelStatus.REFUSED, order, refusal.code, refusal.message)
+    if order.status is OrderStatus.AUTHORIZED:
+        return cancel_authorized(order, reason)
     seen, retired, money_may_come = order.version, None, False
     if order.status is OrderStatus.PAYMENT_INITIATED and order.payment_session_id:
         retired = order.payment_session_id
@@ -84,6 +87,24 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
         order = order_store.read(order_id)
         assert order is not None  # it was just read, and an order is never deleted before it is final
     return _save_cancel(order, seen, reason, retired, money_may_come)
+
+
+def cancel_authorized(order: LoadedOrder, reason: str) -> CancelOutcome:
+    """An Authorized order cancelled before it ships: its hold is voided (a command, after the
+    commit), never captured and refunded; its stock comes back through the compensation."""
+
+    def attempt(n: int) -> CancelOutcome:
+        current = order_store.read(order.id, fresh=True) if n else order
+        assert current is not None  # no writer deletes an order that is not final
+        if current.status is not OrderStatus.AUTHORIZED:
+            return CancelOutcome(CancelStatus.CONFLICT, current, CancelConflict.CHANGED_WHILE_CANCELLING)
+        with uow.transaction():
+            refused = holds.cancel_held(current, reason, utcnow())
+        if refused is not None:
+            return CancelOutcome(CancelStatus.REFUSED, current, refused.code, refused.message)
+        return CancelOutcome(CancelStatus.CANCELLED, current)
+
+    return order_store.retry_on_lost_race(2, attempt)
 
 
 def _save_cancel(

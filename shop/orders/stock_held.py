@@ -3,8 +3,8 @@
 is on hand plus what orders hold (docs/REFERENCE.md, the console's "Correcting stock"):
 
 - `unpaid`: orders waiting for money (PendingPayment, PaymentInitiated, PaymentFailed);
-- `paid`: paid orders not yet shipped. The shop has no shipped state, so every Paid order whose
-  stock was not put back (a refund with restock) counts as not shipped;
+- `paid`: paid orders not yet shipped (no `shipped_at`) whose stock was not put back (a refund
+  with restock); a shipped order's goods have left the shelf;
 - `returning`: cancelled orders whose stock the compensation has not given back yet (it adds
   the units to `on_hand` shortly). One with a restore warning is left out: its stock is the
   operator's to settle (the warning), and no compensation will add it back by itself.
@@ -53,6 +53,7 @@ def held_by_variants(variant_ids: list[int]) -> dict[int, Held]:
         .where(
             OrderLine.variant_id.in_(variant_ids),
             Order.inventory_restored.is_(False),
+            Order.shipped_at.is_(None),  # shipped: its goods left the shelf
             or_(Order.status != OrderStatus.CANCELLED, ~warned),
         )
         .group_by(OrderLine.variant_id, Order.status)
@@ -63,7 +64,7 @@ def held_by_variants(variant_ids: list[int]) -> dict[int, Held]:
     return {
         variant_id: Held(
             unpaid=sum(by_status.get(s, 0) for s in LIVE),
-            paid=by_status.get(OrderStatus.PAID, 0),
+            paid=by_status.get(OrderStatus.PAID, 0) + by_status.get(OrderStatus.AUTHORIZED, 0),
             returning=by_status.get(OrderStatus.CANCELLED, 0),
         )
         for variant_id, by_status in by_variant.items()

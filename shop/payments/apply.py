@@ -23,6 +23,7 @@ from ..outbox import uow
 from ..provider import gateway
 from ..store import order_store
 from ..store.order_store import LoadedOrder, Note
+from . import holds
 from .event_claims import claim_event
 from .proof import charge_of, proof_of
 from .refunds import record_late_payment, refunded_by_shop
@@ -52,6 +53,8 @@ class Outcome(StrEnum):
     UNKNOWN_ORDER = "unknown_order"
     PROOF_REFUSED = "proof_refused"
     AWAITING_ASYNC = "awaiting_async"
+    AUTHORIZED = "authorized"  # the payment is held until the order ships (payments.holds)
+    VOID_CREATED = "void_created"  # money held for an order that cannot take it: voided
 
 
 @dataclass
@@ -166,7 +169,7 @@ def _apply_once(
             # then applied or refunded (shop.payments.unknown_money).
             record_unknown_payment(view, found_via=source, now=now)
         return Applied(Outcome.UNKNOWN_ORDER, detail=f"session {view.id}")
-    if view.payment_status == gateway.SessionPaymentStatus.PAID:
+    if view.payment_status == gateway.SessionPaymentStatus.PAID or holds.is_held(view):
         return _apply_paid(order, view, source=source, now=now, refunded_as=refunded_as)
     if (
         order.status is OrderStatus.CANCELLED
@@ -190,7 +193,10 @@ def _apply_once(
 
 def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime, refunded_as: str | None = None) -> Applied:
     """The provider says the session is paid: check the proof, then pay the order, or refund money
-    it can no longer take."""
+    it can no longer take. A held payment (CAPTURE_MODE=dispatch) is payments.holds'."""
+    if holds.is_held(view):
+        word, detail = holds.apply_held(order, view, source=source, now=now)
+        return Applied(Outcome(word), order, detail)
     verdict = proof_of(order, view)
     if not verdict.accepted:
         db.session.add(

@@ -14,6 +14,7 @@ from flask import current_app
 from .. import queue
 from ..domain.deadlines import session_expires_at, session_pay_by, utcnow
 from ..domain.order import OrderStatus, Transition
+from ..domain.payment import CaptureMode
 from ..domain.results import Refused
 from ..extensions import db
 from ..models import ProviderRefusal, RefusalKind
@@ -171,6 +172,7 @@ def _create_session(order: LoadedOrder, attempt: int, now: datetime) -> gateway.
         ship_to=cfg["SHIPPING_COUNTRIES"] if order.ships else None,
         tax_mode=cfg["TAX_MODE"],
         payment_methods=cfg["PAYMENT_METHODS"],
+        hold_cards=cfg["CAPTURE_MODE"] == CaptureMode.DISPATCH,
     )
 
 

@@ -34,9 +34,12 @@ def session_params(
     ship_to: tuple[str, ...] | None = None,
     tax_mode: TaxMode = TaxMode.NONE,
     payment_methods: tuple[str, ...] = DEFAULT_PAYMENT_METHODS,
+    hold_cards: bool = False,
 ) -> SessionCreateParams:
     """`ship_to`: the order holds goods to ship, so the payment page asks for a shipping address
-    in one of these countries (with Stripe Tax, that address is the one taxed)."""
+    in one of these countries (with Stripe Tax, that address is the one taxed). `hold_cards`
+    (CAPTURE_MODE=dispatch): a card payment is only authorized, captured when the order ships;
+    asked per method, so a method without manual capture still captures at once."""
     params: SessionCreateParams = {
         "mode": "payment",
         "client_reference_id": reference,
@@ -64,6 +67,8 @@ def session_params(
         # Checked against the SDK's list of types when the settings were read (PAYMENT_METHODS).
         "allowed_payment_method_types": cast("Any", list(payment_methods)),
     }
+    if hold_cards:
+        params["payment_method_options"] = {"card": {"capture_method": "manual"}}
     if ship_to:
         params["shipping_address_collection"] = {"allowed_countries": cast("Any", list(ship_to))}
     return params

@@ -28,7 +28,7 @@ from .errors import (
 )
 from .guarded import guarded_call as _call
 from .holds import capture_payment, retrieve_payment, void_payment
-from .payment_view import CaptureMethod, Hold, PaymentIntentStatus, PaymentView
+from .payment_view import CaptureMethod, Hold, PaymentIntentStatus, PaymentView, payment_view
 from .transport import (
     GuardedHttpClient,
     api_base,
@@ -39,6 +39,7 @@ from .transport import (
 from .views import (
     CANCEL_EXPIRY_KEY_PREFIX,
     EVENT_TYPES,
+    HOLD_END_EVENT_TYPES,
     PAYMENT_FAILURE_EVENT_TYPES,
     REFUND_EVENT_TYPES,
     SESSION_EVENT_TYPES,
@@ -64,6 +65,8 @@ __all__ = [
     "CANCEL_EXPIRY_KEY_PREFIX",
     "EVENT_TYPES",
     "PAYMENT_FAILURE_EVENT_TYPES",
+    "HOLD_END_EVENT_TYPES",
+    "payment_view",
     "PaymentFailureView",
     "payment_failure_view",
     "CaptureMethod",

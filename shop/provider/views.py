@@ -50,12 +50,16 @@ EVENT_TYPES = [
     "refund.updated",
     "refund.failed",
     "payment_intent.payment_failed",
+    "payment_intent.canceled",
 ]
 # A refund's news (docs/REFERENCE.md, Webhook): its object is the refund, not a session.
 REFUND_EVENT_TYPES = ("refund.updated", "refund.failed")
 # A card refused on the payment page (docs/REFERENCE.md, Webhook): its object is the payment
 # attempt's PaymentIntent; the session stays open for another card, so no session event comes.
 PAYMENT_FAILURE_EVENT_TYPES = ("payment_intent.payment_failed",)
+# A held payment ended uncaptured (CAPTURE_MODE=dispatch): voided, or its hold lapsed. Its object is
+# the PaymentIntent (payments.holds.hold_ended).
+HOLD_END_EVENT_TYPES = ("payment_intent.canceled",)
 
 
 def _object(value) -> dict:

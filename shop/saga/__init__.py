@@ -11,6 +11,7 @@ from .notifications import (
     send_cancellation_email,
     send_order_confirmation,
     send_order_placed_email,
+    send_shipment_email,
 )
 
 HANDLERS = {
@@ -19,4 +20,5 @@ HANDLERS = {
     "send_order_placed_email": send_order_placed_email,
     "send_order_confirmation": send_order_confirmation,
     "send_cancellation_email": send_cancellation_email,
+    "send_shipment_email": send_shipment_email,
 }

@@ -39,11 +39,17 @@ EMAIL_NAMES = {
     "refund_issued": "Refund issued",
     "refund_failed": "Refund did not go through",
     "order_link": "Link to the order waiting for payment (asked for at checkout)",
+    "order_hold_ended": "Cancellation notice (not shipped before its payment hold lapsed)",
+    "order_shipped": "Shipment notice (with the tracking number when given)",
 }
 
 
 # The event deliveries that send one email each, by handler (the cancellation's depends on why).
-EVENT_EMAILS = {"send_order_placed_email": "order_placed", "send_order_confirmation": "order_paid"}
+EVENT_EMAILS = {
+    "send_order_placed_email": "order_placed",
+    "send_order_confirmation": "order_paid",
+    "send_shipment_email": "order_shipped",
+}
 
 
 @dataclass

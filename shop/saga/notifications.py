@@ -17,7 +17,7 @@ from flask import current_app
 
 from .. import emails, logs
 from ..domain.deadlines import as_utc
-from ..domain.events import OrderCancelled, OrderPaid, OrderPaymentFailed, OrderPlaced
+from ..domain.events import OrderCancelled, OrderPaid, OrderPaymentFailed, OrderPlaced, OrderShipped
 from ..domain.order import cancelled_because
 from ..extensions import db
 from ..models import CommandKind, Order
@@ -70,7 +70,13 @@ def send_order_confirmation(event: OrderPaid, now: datetime) -> None:
     emails.send(event.order_id, "order_paid", tag="event")
 
 
-CANCELLATION_EMAILS = {"customer": "order_cancelled", "expired": "order_expired"}
+def send_shipment_email(event: OrderShipped, now: datetime) -> None:
+    """The customer hears their goods left, with the tracking number when the operator gave one.
+    An order ships once, so the key names the message for good: a redelivery replaces it."""
+    emails.send(event.order_id, "order_shipped", tag="event")
+
+
+CANCELLATION_EMAILS = {"customer": "order_cancelled", "expired": "order_expired", "hold": "order_hold_ended"}
 
 
 def send_cancellation_email(event: OrderCancelled, now: datetime) -> None:

@@ -8,6 +8,8 @@ from typing import Callable
 from .. import emails
 from ..models import CommandKind, ScheduledCommand
 from ..orders.cancel import expire_unpaid_order
+from ..orders.fulfilment import execute_capture
+from ..payments.holds import end_hold, execute_void
 from ..payments.payment_link import TEMPLATE as PAYMENT_LINK
 from ..payments.payment_link import ready_to_offer
 from ..payments.refunds import execute_refund
@@ -45,6 +47,18 @@ def _settle_unknown_payment(row: ScheduledCommand, now: datetime) -> None:
     settle_unknown_payment(row.payload["unknown_payment_id"], now)
 
 
+def _capture(row: ScheduledCommand, now: datetime) -> None:
+    execute_capture(_order_id(row), row.payload or {}, now)
+
+
+def _end_hold(row: ScheduledCommand, now: datetime) -> None:
+    end_hold(_order_id(row), now)
+
+
+def _void(row: ScheduledCommand, now: datetime) -> None:
+    execute_void(_order_id(row), row.payload or {}, now)
+
+
 # Keyed by CommandKind; typed by str, as the outbox looks a row's stored kind up in it.
 COMMANDS: dict[str, Callable[[ScheduledCommand, datetime], None]] = {
     CommandKind.EXPIRE_UNPAID_ORDER: _expire,
@@ -52,4 +66,7 @@ COMMANDS: dict[str, Callable[[ScheduledCommand, datetime], None]] = {
     CommandKind.REFUND_PAYMENT: _refund,
     CommandKind.SETTLE_UNKNOWN_PAYMENT: _settle_unknown_payment,
     CommandKind.OFFER_PAYMENT_LINK: _payment_link,
+    CommandKind.CAPTURE_PAYMENT: _capture,
+    CommandKind.VOID_PAYMENT: _void,
+    CommandKind.END_HOLD: _end_hold,
 }

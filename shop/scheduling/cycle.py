@@ -60,6 +60,8 @@ class ProviderOutcome(StrEnum):
     # Answers the payment path can give that no cycle expects; counted as they come, not zeroed.
     DUPLICATE = "duplicate"
     UNKNOWN_ORDER = "unknown_order"
+    AUTHORIZED = "authorized"  # CAPTURE_MODE=dispatch: the payment is held (payments.holds)
+    VOID_CREATED = "void_created"
 
 
 class Tally(StrEnum):

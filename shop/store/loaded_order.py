@@ -51,6 +51,10 @@ class LoadedOrder(OrderRules):
     tax: int | None = None  # what the accepted payment charged: written with it
     charged: int | None = None
     cancel_reason: str | None = None  # set by the cancel transition, saved with it
+    shipped_at: datetime | None = None  # the fulfilment: set by the ship transition, saved with it
+    tracking: str | None = None
+    hold_expires_at: datetime | None = None  # CAPTURE_MODE=dispatch: saved with the Authorized transition
+    capture_requested_at: datetime | None = None
 
     @classmethod
     def of(cls, row: Order, *, lines: bool = False) -> LoadedOrder:
@@ -77,6 +81,10 @@ class LoadedOrder(OrderRules):
             row.shipping_details,
             row.tax,
             row.charged,
+            shipped_at=row.shipped_at,
+            tracking=row.tracking,
+            hold_expires_at=row.hold_expires_at,
+            capture_requested_at=row.capture_requested_at,
         )
 
     @classmethod
@@ -108,6 +116,10 @@ class LoadedOrder(OrderRules):
     def charged_with(self, amount_total: int, tax: int) -> None:
         """What the accepted payment charged (the proof has checked it): saved with the payment."""
         self.charged, self.tax = amount_total, tax
+
+    def held_until(self, capture_before: datetime | None) -> None:
+        """When the provider's hold on the payment lapses: saved with the Authorized transition."""
+        self.hold_expires_at = capture_before
 
     def failed_because(self, words: str) -> None:
         """What the customer's order page says about a failed payment, saved with the transition."""

@@ -122,6 +122,14 @@ TRANSITIONS = {
         payment_declined_at=None,
     ),
     T.MARK_PAID: _writes(T.MARK_PAID, _PAID, payment_processing_at=None, payment_declined_at=None, updated_at=_NOW),
+    # The provider holds the money until the order ships (CAPTURE_MODE=dispatch).
+    T.MARK_AUTHORIZED: _writes(
+        T.MARK_AUTHORIZED,
+        (*_PAID, "hold_expires_at"),
+        payment_processing_at=None,
+        payment_declined_at=None,
+        updated_at=_NOW,
+    ),
     # Money that is real for an order that had not started (or had failed) its payment: the session
     # is adopted and paid in one transition.
     T.ADOPT_AND_PAY: _writes(
@@ -166,6 +174,9 @@ TRANSITIONS = {
         _guarded(T.RESTOCK_PAID).values(inventory_restored=True, updated_at=_orders.c.updated_at),
         (),
     ),
+    # The order's fulfilment, once (the snapshot's rule refuses a second): when and the tracking
+    # number. Not a payment change: updated_at stays the time of the payment (the receipt's).
+    T.SHIP: _writes(T.SHIP, ("shipped_at", "tracking"), updated_at=_orders.c.updated_at),
 }
 
 
@@ -184,6 +195,7 @@ class Note(StrEnum):
     LEAVE_QUEUE = "leave_queue"
     NEXT_CHECK = "next_check"
     DECLINED = "declined"
+    CAPTURE = "capture"
 
 
 NOTES = {
@@ -235,6 +247,14 @@ NOTES = {
         last_payment_error=bindparam("words", type_=_orders.c.last_payment_error.type),
         **_KEEP_AGE,
     ),
+    # A ship asked for the capture of an Authorized order's hold: once (the first ask wins).
+    Note.CAPTURE: update(_orders)
+    .where(
+        _orders.c.id == bindparam("order"),
+        _orders.c.status == literal_column(f"'{S.AUTHORIZED.value}'"),
+        _orders.c.capture_requested_at.is_(None),
+    )
+    .values(capture_requested_at=bindparam("at", type_=_orders.c.capture_requested_at.type), **_KEEP_AGE),
     # The sweep leaves the order out of its provider pass until then.
     Note.NEXT_CHECK: update(_orders)
     .where(_orders.c.id == bindparam("order"))

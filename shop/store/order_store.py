@@ -240,6 +240,14 @@ def note(order_id: int, what: Note, at: datetime | None = None, **values) -> Non
     _forget_loaded(db.session, order_id)
 
 
+def note_capture(order_id: int, at: datetime) -> bool:
+    """A ship asked for the capture of the Authorized order's hold (CAPTURE): False when one was
+    asked already, or the order is no longer Authorized. In the caller's transaction."""
+    result = db.session.execute(NOTES[Note.CAPTURE], {"order": order_id, "at": at, "attempt": None, "words": None})
+    _forget_loaded(db.session, order_id)
+    return rows_matched(result) == 1
+
+
 def note_declined(order_id: int, attempt: int, words: str, at: datetime) -> bool:
     """A card was declined on the payment page of the order's attempt `attempt`: its words and
     when, on the row (DECLINED), in the caller's transaction. False when the order is no longer

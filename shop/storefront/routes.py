@@ -278,7 +278,8 @@ def confirm_cancel(reference: str):
     is the one the order page showed: if the order changed since, the POST says so (409)."""
     order = _owned_order(reference)
     token = request.args.get("token") or None
-    if order.status not in LIVE:
+    held = order.status is OrderStatus.AUTHORIZED and order.capture_requested_at is None  # until it ships
+    if order.status not in LIVE and not held:
         return redirect(url_for("storefront.order_page", reference=order.reference, token=token), 303)
     version = request.args.get("version", type=int)
     view = OrderView.of(order)

@@ -24,6 +24,7 @@ class PaymentStatus(StrEnum):
     PROCESSING = "processing"  # checkout finished; the provider settles the payment later
     DECLINED = "declined"  # a card was refused on the open payment page, which takes another
     PAID = "paid"
+    AUTHORIZED = "authorized"  # CAPTURE_MODE=dispatch: held, taken when the order ships
     FAILED = "failed"
     CANCELLED = "cancelled"
 
@@ -33,6 +34,7 @@ PAYMENT_STATUS = {
     OrderStatus.PENDING_PAYMENT: P.NOT_STARTED,
     OrderStatus.PAYMENT_INITIATED: P.OPEN,
     OrderStatus.PAID: P.PAID,
+    OrderStatus.AUTHORIZED: P.AUTHORIZED,
     OrderStatus.PAYMENT_FAILED: P.FAILED,
     OrderStatus.CANCELLED: P.CANCELLED,
 }
@@ -48,6 +50,7 @@ BADGES = {
     "processing": "Payment processing",
     "failed": "Payment failed",
     "paid": "Paid",
+    "authorized": "Payment authorized",
     "partially-refunded": "Partially refunded",
     "paid-refunded": "Refunded",
     "expired": "Expired",
@@ -172,6 +175,8 @@ class OrderView:
     # What the accepted payment charged: its tax (TAX_MODE=stripe) and the total with it; None until paid.
     tax: int | None = None
     charged: int | None = None
+    shipped_at: datetime | None = None  # the fulfilment: None while unfulfilled
+    tracking: str | None = None
 
     @classmethod
     def of(cls, row: Order) -> OrderView:
@@ -221,6 +226,8 @@ class OrderView:
             late_money_watch_since=row.late_money_watch_since,
             tax=row.tax,
             charged=row.charged,
+            shipped_at=row.shipped_at,
+            tracking=row.tracking,
         )
 
     @property
@@ -288,6 +295,11 @@ class OrderView:
             "shipping": self.shipping,
             "tax": self.tax,
             "charged": self.charged,
+            "fulfilment": {
+                "status": "shipped" if self.shipped_at else "unfulfilled",
+                "shipped_at": iso(self.shipped_at),
+                "tracking": self.tracking,
+            },
         }
 
     def shown_json(self) -> dict:
@@ -366,8 +378,8 @@ def _badge_key(order: OrderView) -> str:
         return "awaiting"
     if status is OrderStatus.PAYMENT_INITIATED:
         return {P.PROCESSING: "processing", P.DECLINED: "declined"}.get(payment or P.OPEN, "at-payment-page")
-    if status is OrderStatus.PAYMENT_FAILED:
-        return "failed"
+    if status in (OrderStatus.PAYMENT_FAILED, OrderStatus.AUTHORIZED):
+        return "failed" if status is OrderStatus.PAYMENT_FAILED else "authorized"
     if status is OrderStatus.PAID:
         return PAID_BADGES[order.money.money_back or PaidAndRefunded.PAID]
     # A refund an operator settled outside the shop is done, whatever the provider said.

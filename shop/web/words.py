@@ -13,6 +13,7 @@ STATUS_WORDS = {
     OrderStatus.PAYMENT_INITIATED: "At the payment page",
     OrderStatus.PAYMENT_FAILED: "Payment failed",
     OrderStatus.PAID: "Paid",
+    OrderStatus.AUTHORIZED: "Payment authorized",
     OrderStatus.CANCELLED: "Cancelled",
 }
 

@@ -19,10 +19,12 @@ from shop.domain.deadlines import (
     unpaid_hold_seconds,
 )
 from shop.domain.events import (
+    OrderAuthorized,
     OrderCancelled,
     OrderPaid,
     OrderPaymentFailed,
     OrderPlaced,
+    OrderShipped,
     PaymentInitiated,
     event_from_payload,
 )
@@ -50,6 +52,8 @@ class PlainOrder(OrderRules):
     inventory_restored: bool = False
     payment_session_id: str | None = None
     payment_session_url: str | None = None
+    shipped_at: datetime | None = None
+    tracking: str | None = None
 
 
 def order_in(state: OrderStatus, session_id: str | None = "cs_old") -> PlainOrder:
@@ -64,6 +68,7 @@ TRANSITIONS = {
             S.PENDING_PAYMENT: (S.PAYMENT_INITIATED, PaymentInitiated(7, "cs_new")),
             S.PAYMENT_FAILED: (S.PAYMENT_INITIATED, PaymentInitiated(7, "cs_new")),
             S.PAYMENT_INITIATED: "invalid_transition",
+            S.AUTHORIZED: "invalid_transition",
             S.PAID: "order_already_paid",
             S.CANCELLED: "order_already_cancelled",
         },
@@ -72,8 +77,21 @@ TRANSITIONS = {
         lambda o: o.mark_paid("cs_new", 3600, "usd"),
         {
             S.PAYMENT_INITIATED: (S.PAID, OrderPaid(7, "cs_new", 3600, "usd")),
+            # CAPTURE_MODE=dispatch: the hold captured when the order ships.
+            S.AUTHORIZED: (S.PAID, OrderPaid(7, "cs_new", 3600, "usd")),
             S.PENDING_PAYMENT: "invalid_transition",
             S.PAYMENT_FAILED: "invalid_transition",
+            S.PAID: "order_already_paid",
+            S.CANCELLED: "order_already_cancelled",
+        },
+    ),
+    "mark_authorized": (
+        lambda o: o.mark_authorized("cs_new", 3600, "usd"),
+        {
+            S.PAYMENT_INITIATED: (S.AUTHORIZED, OrderAuthorized(7, "cs_new", 3600, "usd")),
+            S.PENDING_PAYMENT: "invalid_transition",
+            S.PAYMENT_FAILED: "invalid_transition",
+            S.AUTHORIZED: "invalid_transition",
             S.PAID: "order_already_paid",
             S.CANCELLED: "order_already_cancelled",
         },
@@ -82,6 +100,7 @@ TRANSITIONS = {
         lambda o: o.mark_payment_failed("card_declined"),
         {
             S.PAYMENT_INITIATED: (S.PAYMENT_FAILED, OrderPaymentFailed(7, "cs_old", "card_declined")),
+            S.AUTHORIZED: "invalid_transition",
             S.PENDING_PAYMENT: "invalid_transition",
             S.PAYMENT_FAILED: "invalid_transition",
             S.PAID: "order_already_paid",
@@ -94,6 +113,8 @@ TRANSITIONS = {
             S.PENDING_PAYMENT: (S.CANCELLED, OrderCancelled(7, "customer asked")),
             S.PAYMENT_INITIATED: (S.CANCELLED, OrderCancelled(7, "customer asked")),
             S.PAYMENT_FAILED: (S.CANCELLED, OrderCancelled(7, "customer asked")),
+            # Its hold is voided, never refunded (payments.holds).
+            S.AUTHORIZED: (S.CANCELLED, OrderCancelled(7, "customer asked")),
             S.PAID: "order_already_paid",
             S.CANCELLED: "order_already_cancelled",
         },
@@ -120,7 +141,9 @@ def test_a_transition_moves_the_order_and_records_its_event_only_where_the_contr
         assert result.events == (event,)
         assert order.status is to_state
         assert order.can(name) is False  # no transition applies twice in a row
-        assert name == "start_payment" or order.payment_session_id == ("cs_new" if name == "mark_paid" else "cs_old")
+        assert name == "start_payment" or order.payment_session_id == (
+            "cs_new" if name in ("mark_paid", "mark_authorized") else "cs_old"
+        )
     else:
         assert isinstance(result, Refused) and not result.ok
         assert result.code == expected
@@ -479,3 +502,25 @@ def test_as_utc_reads_a_naive_time_as_utc_whatever_the_local_zone(local_time_not
 def test_as_utc_turns_an_aware_time_into_utc_whatever_the_local_zone(local_time_not_utc):
     aware = datetime(2026, 11, 30, 14, 0, tzinfo=timezone(timedelta(hours=2)))
     assert (as_utc(aware), as_utc(aware).utcoffset()) == (T0, timedelta(0))
+
+
+WHEN = datetime(2026, 12, 5, 16, 0, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("state", ALL_STATES)
+def test_only_a_paid_order_ships_and_only_once(state):
+    order = order_in(state)
+    result = order.ship("1Z999", WHEN)
+    if state is not S.PAID:
+        assert isinstance(result, Refused) and order.shipped_at is None
+        return
+    assert result == Ok((OrderShipped(7, "1Z999"),))
+    assert (order.status, order.shipped_at, order.tracking) == (S.PAID, WHEN, "1Z999")
+    again = order.ship("OTHER", WHEN + timedelta(hours=1))
+    assert isinstance(again, Refused) and again.code == "order_already_shipped"
+    assert (order.shipped_at, order.tracking) == (WHEN, "1Z999")
+
+
+def test_a_shipped_event_survives_the_outbox_round_trip():
+    event = OrderShipped(7, None)
+    assert event_from_payload(event.name, event.payload()) == event

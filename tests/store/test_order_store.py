@@ -60,6 +60,8 @@ TRANSITIONS = {
     "cancel": (S.PAYMENT_INITIATED, lambda o: o.cancel(CANCELLED_BY_CUSTOMER)),
     "mark_inventory_restored": (S.CANCELLED, lambda o: o.mark_inventory_restored()),
     "restock_paid": (S.PAID, lambda o: o.restock_paid()),
+    "mark_authorized": (S.PAYMENT_INITIATED, lambda o: o.mark_authorized("cs_race", 1, "usd")),
+    "ship": (S.PAID, lambda o: o.ship("1Z999", utcnow())),
 }
 
 

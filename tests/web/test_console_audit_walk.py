@@ -103,11 +103,14 @@ def test_every_console_post_route_that_succeeds_writes_one_audit_row_saying_so(
         dead_letter(app, confirmation)
         return post(f"/console/outbox/{confirmation}/discard", reason="sent by hand")
 
+    live = shopper.place()  # a second order, still at the payment page: one an operator may cancel
     r1, r2 = rows["refunds"]
     succeed = {
         "console.reconcile": lambda: post(f"/console/orders/{ref}/reconcile"),
         "console.reapply_webhook": lambda: post(f"/console/webhooks/{rows['receipt']}/reapply", confirm="yes"),
         "console.refund": lambda: post(f"/console/orders/{ref}/refund", amount="100", reason="one sock torn"),
+        "console.ship": lambda: post(f"/console/orders/{ref}/ship", tracking="1Z 999 AA1"),
+        "console.cancel_order_now": lambda: post(f"/console/orders/{live['reference']}/cancel", reason="duplicate"),
         "console.resend_email": resend,
         "console.change_email": lambda: post(f"/console/orders/{ref}/email", email="new@example.com", reason="typo"),
         "console.retry_work": lambda: post(f"/console/outbox/cmd-{rows['command']}/retry"),

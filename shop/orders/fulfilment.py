@@ -1,0 +1,108 @@
+"""An order's fulfilment (docs/REFERENCE.md, Console: POST /console/orders/<ref>/ship): an
+operator ships a paid order, with the carrier's tracking number when there is one. One guarded
+transition, once: a second ship of the same order (a double click, two operators) changes
+nothing and says when it shipped. Its OrderShipped event sends the customer's shipment email
+through the outbox, like every other email.
+
+With CAPTURE_MODE=dispatch an Authorized order ships through its capture: the ship asks for it
+once (the order's `capture_requested_at`) and schedules the capture command, which takes the
+held payment under its own idempotency key (retried with backoff, dead-lettered to an operator
+with the provider's answer), then saves the order Paid and shipped in one transaction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from ..domain.order import OrderStatus, Transition
+from ..domain.results import Refused, SubmissionOutcome
+from ..extensions import db
+from ..models import CommandKind
+from ..outbox import schedule_command, uow
+from ..outbox.failures import PermanentFailure
+from ..payments.holds import CAPTURE_KEY
+from ..provider import gateway
+from ..store import order_store
+from ..store.order_store import LoadedOrder
+
+TRACKING_MAX = 100
+ALREADY_SHIPPED = "order_already_shipped"
+NOTHING_TO_SHIP = "nothing_to_ship"
+
+
+@dataclass
+class Shipment:
+    outcome: SubmissionOutcome
+    status: OrderStatus | None = None
+    shipped_at: datetime | None = None
+    tracking: str | None = None
+    why: str = ""  # a refusal's code: ALREADY_SHIPPED, NOTHING_TO_SHIP or the transition's own
+    capturing: bool = False  # an Authorized order: shipped once its capture goes through
+
+
+def ship_order(order_id: int, tracking: str | None, now: datetime) -> Shipment:
+    """Ship the paid order `order_id` now, in one transaction (retried once when it loses a race
+    to another writer of the order, reading what the winner wrote)."""
+
+    def attempt(n: int) -> Shipment:
+        with uow.transaction():
+            order = order_store.read(order_id, fresh=n > 0)
+            if order is None:
+                return Shipment(SubmissionOutcome.MISSING)
+            if order.shipped_at is not None:
+                return Shipment(SubmissionOutcome.ALREADY, order.status, order.shipped_at, order.tracking)
+            if order.status is OrderStatus.AUTHORIZED:
+                return _capture_then_ship(order, tracking, now)
+            if not order.ships and order.status is OrderStatus.PAID:
+                return Shipment(SubmissionOutcome.REFUSED, order.status, why=NOTHING_TO_SHIP)
+            result = order.ship(tracking, now)
+            if isinstance(result, Refused):
+                return Shipment(SubmissionOutcome.REFUSED, order.status, why=result.code)
+            order_store.save(order, Transition.SHIP, result.events, now=now)
+            return Shipment(SubmissionOutcome.DONE, order.status, now, tracking)
+
+    return order_store.retry_on_lost_race(3, attempt)
+
+
+def _capture_then_ship(order: LoadedOrder, tracking: str | None, now: datetime) -> Shipment:
+    """Ask for the capture of the order's hold, once: a second ask finds it asked."""
+    if not order_store.note_capture(order.id, now):
+        return Shipment(SubmissionOutcome.ALREADY, order.status, tracking=order.tracking, capturing=True)
+    payload = {"tracking": tracking}
+    schedule_command(db.session, CommandKind.CAPTURE_PAYMENT, now, order_id=order.id, payload=payload, now=now)
+    return Shipment(SubmissionOutcome.DONE, order.status, tracking=tracking, capturing=True)
+
+
+def execute_capture(order_id: int, payload: dict, now: datetime) -> None:
+    """The CAPTURE_PAYMENT command, in the runner's transaction: capture the Authorized order's
+    hold (the same key on every retry, so it is taken once), then save it Paid and shipped. A
+    capture the provider refuses (the hold lapsed or was voided) is a dead letter for an operator
+    that says so; nothing was taken and the order stays Authorized, not shipped."""
+    order = order_store.read(order_id)
+    if order is None:
+        return
+    tracking = payload.get("tracking")
+    if order.status is OrderStatus.AUTHORIZED:
+        session_id = order.payment_session_id
+        assert session_id is not None  # an Authorized order was authorized through its session
+        intent = gateway.retrieve_session(session_id).payment_intent
+        if not intent:
+            raise LookupError(f"the provider names no payment for session {session_id} of order {order.reference}")
+        try:
+            gateway.capture_payment(intent, None, CAPTURE_KEY.format(order=order.id, intent=intent))
+        except gateway.ProviderRefused as exc:
+            raise PermanentFailure(
+                f"the provider refused to capture the held payment of order {order.reference} ({exc}): the hold "
+                "has probably lapsed or been voided, so nothing was taken and the order was not shipped. Ask "
+                "the customer to pay again, or cancel the order (its stock then comes back)"
+            ) from exc
+        order = order_store.read(order_id, fresh=True)
+        assert order is not None
+        paid = order.mark_paid(session_id, order.charged or order.total, order.currency)
+        if isinstance(paid, Refused):
+            raise PermanentFailure(f"order {order.reference}'s payment was captured but it is {order.status}")
+        order_store.save(order, Transition.MARK_PAID, paid.events, now=now)
+    if order.status is OrderStatus.PAID and order.shipped_at is None:
+        shipped = order.ship(tracking, now)
+        if not isinstance(shipped, Refused):
+            order_store.save(order, Transition.SHIP, shipped.events, now=now)

@@ -1,0 +1,211 @@
+"""Payments the provider holds until the order ships (CAPTURE_MODE=dispatch; docs/REFERENCE.md,
+Order states): the proof of a hold, the Authorized transition, and what settles a hold.
+
+A session whose card payment is held reports `payment_status: "unpaid"` even when complete, as
+Stripe's does; the proof is its PaymentIntent: `requires_capture` with `amount_capturable` equal
+to what the session charges (the answer must expand the payment, as `gateway.retrieve_session`
+does). A hold is taken at most once, by the capture command a ship schedules (its own
+idempotency key), and a hold the order cannot take is voided, never captured and refunded:
+cancelling an uncaptured payment costs nothing, a refund costs the provider's fee."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from flask import current_app
+
+from ..domain.deadlines import as_utc, utcnow
+from ..domain.order import HOLD_LAPSING, OrderStatus, Transition
+from ..domain.results import Refused
+from ..extensions import db
+from ..models import CommandKind, PaymentProofRefusal, ScheduledCommand
+from ..outbox import schedule_command, uow
+from ..outbox.failures import PermanentFailure, Reschedule
+from ..provider import gateway
+from ..store import order_store
+from ..store.order_store import LoadedOrder
+from .proof import charge_of, proof_of
+
+log = logging.getLogger("shop.payments")
+
+CAPTURE_KEY = "capture-order-{order}-{intent}"
+VOID_KEY = "void-{intent}"
+# Why an order's cancel was refused while its capture is under way.
+BEING_SHIPPED = "order_being_shipped"
+
+
+def is_held(view: gateway.SessionView) -> bool:
+    """The provider holds this session's payment for a later capture (the answer expanded it)."""
+    capturable = view.hold.amount_capturable
+    return (
+        view.status == gateway.SessionStatus.COMPLETE
+        and view.payment_status == gateway.SessionPaymentStatus.UNPAID
+        and capturable is not None
+        and capturable > 0
+    )
+
+
+def hold_problems(order: LoadedOrder, view: gateway.SessionView) -> str:
+    """ "" when the hold pays this order (the payment proof, as for a paid session, and the amount
+    capturable all that the session charges), else what is wrong, in words."""
+    verdict = proof_of(order, replace(view, payment_status=gateway.SessionPaymentStatus.PAID))
+    problems = list(verdict.problems)
+    if view.hold.amount_capturable != view.amount_total:
+        problems.append(f"amount_capturable {view.hold.amount_capturable} != amount_total {view.amount_total}")
+    return "; ".join(problems)
+
+
+def apply_held(order: LoadedOrder, view: gateway.SessionView, *, source: str, now: datetime):
+    """The provider holds money for `order` through `view`'s session: the order becomes
+    Authorized when it waits for exactly this payment, and a hold it cannot take (cancelled, or
+    paid through another session) is voided. Returns (outcome word, detail)."""
+    if order.status is OrderStatus.PAYMENT_INITIATED and order.payment_session_id == view.id:
+        problems = hold_problems(order, view)
+        if problems:
+            db.session.add(
+                PaymentProofRefusal(
+                    order_id=order.id,
+                    session_id=view.id,
+                    source=source,
+                    problems=problems,
+                    amount_total=view.amount_total,
+                    currency=(view.currency or "")[:3] or None,
+                    created_at=now,
+                )
+            )
+            log.warning("held payment refused for order %s (session %s): %s", order.reference, view.id, problems)
+            return "proof_refused", problems
+        assert view.amount_total is not None and view.currency is not None  # the proof checked both
+        result = order.mark_authorized(view.id, view.amount_total, view.currency)
+        assert not isinstance(result, Refused), result  # PaymentInitiated may be authorized
+        charge_of(order, view)
+        order.held_until(view.hold.capture_before)
+        order_store.save(order, Transition.MARK_AUTHORIZED, result.events, now=now)
+        _arm_deadline(order, now)
+        log.info("order %s authorized: held until it ships (session %s, via %s)", order.reference, view.id, source)
+        return "authorized", ""
+    if order.status is OrderStatus.AUTHORIZED and order.payment_session_id == view.id:
+        return "noop", "already authorized"
+    if order.status in (OrderStatus.CANCELLED, OrderStatus.PAID, OrderStatus.AUTHORIZED):
+        created = schedule_void(order.id, view.id, view.payment_intent, now)
+        return ("void_created" if created else "noop"), f"money held for an order that is {order.status.value}"
+    return "noop", f"order is {order.status.value}"
+
+
+def schedule_void(order_id: int, session_id: str | None, intent: str | None, now: datetime) -> bool:
+    """Void the hold on the session's payment, once per session: False when it was asked before."""
+    earlier = db.session.execute(
+        db.select(ScheduledCommand.payload).where(
+            ScheduledCommand.order_id == order_id, ScheduledCommand.kind == CommandKind.VOID_PAYMENT
+        )
+    ).scalars()
+    if any((payload or {}).get("session_id") == session_id for payload in earlier):
+        return False
+    payload = {"session_id": session_id, "payment_intent": intent}
+    schedule_command(db.session, CommandKind.VOID_PAYMENT, now, order_id=order_id, payload=payload, now=now)
+    return True
+
+
+def cancel_held(order: LoadedOrder, reason: str, now: datetime) -> Refused | None:
+    """Cancel an Authorized order and void its hold, in the caller's transaction: the cancel's
+    compensation gives the stock back as for any cancel. Refused while a ship is capturing it."""
+    if order.capture_requested_at is not None:
+        return Refused(BEING_SHIPPED, "this order is being shipped: its payment is being taken")
+    result = order.cancel(reason)
+    if isinstance(result, Refused):
+        return result
+    order_store.save(order, Transition.CANCEL, result.events, now=now)
+    schedule_void(order.id, order.payment_session_id, None, now)
+    log.info("order %s cancelled before its capture (%s): its hold is voided", order.reference, reason)
+    return None
+
+
+def execute_void(order_id: int, payload: dict, now: datetime) -> None:
+    """The VOID_PAYMENT command, in the runner's transaction (raising retries it with backoff,
+    then dead-letters it to an operator with the provider's answer). A payment already voided,
+    or lapsed, is done; one that was captured meanwhile cannot be voided: an operator's task."""
+    intent = payload.get("payment_intent")
+    if not intent:
+        session_id = payload.get("session_id")
+        if not session_id:
+            raise PermanentFailure(f"void for order {order_id} names no payment session")
+        intent = gateway.retrieve_session(session_id).payment_intent
+        if not intent:
+            return  # no payment was ever made through the session: nothing is held
+    try:
+        gateway.void_payment(intent, VOID_KEY.format(intent=intent))
+    except gateway.ProviderRefused as exc:
+        now_there = gateway.retrieve_payment(intent)
+        if now_there.status == gateway.PaymentIntentStatus.CANCELED:
+            return  # voided already, or the hold lapsed: nothing is held
+        raise PermanentFailure(
+            f"the provider would not void payment {intent} of order {order_id} ({exc}); it is "
+            f"{now_there.status}: check the payment at the provider and refund it by hand if it was taken"
+        ) from exc
+    log.info("order %s: hold on payment %s voided", order_id, intent)
+
+
+def _margin() -> timedelta:
+    return timedelta(seconds=current_app.config["AUTHORIZATION_MARGIN_SECONDS"])
+
+
+def _arm_deadline(order: LoadedOrder, now: datetime) -> None:
+    """The hold's own deadline (END_HOLD), AUTHORIZATION_MARGIN_SECONDS before it lapses, in the
+    Authorized transition's transaction. A hold whose lapse the provider did not say has none."""
+    if order.hold_expires_at is None:
+        log.warning("order %s authorized with no capture_before: its hold has no deadline", order.reference)
+        return
+    due = max(now, as_utc(order.hold_expires_at) - _margin())
+    schedule_command(db.session, CommandKind.END_HOLD, due, order_id=order.id, now=now)
+
+
+def end_hold(order_id: int, now: datetime) -> str:
+    """The END_HOLD command, in the runner's transaction: an order still Authorized, and not being
+    captured, is cancelled and its hold voided before the hold lapses unseen (the customer gets
+    the notice; the compensation gives the stock back). Anything else is left alone."""
+    order = order_store.read(order_id)
+    if order is None or order.status is not OrderStatus.AUTHORIZED:
+        return "changed"
+    if order.capture_requested_at is not None:
+        return "being_captured"
+    if order.hold_expires_at is not None:
+        due = as_utc(order.hold_expires_at) - _margin()
+        if due > now + timedelta(seconds=5):
+            raise Reschedule(due)  # fired early
+    refused = cancel_held(order, HOLD_LAPSING, now)
+    if refused is not None:
+        return refused.code
+    log.warning("order %s: not shipped before its payment hold lapses; cancelled and its hold voided", order.reference)
+    return "cancelled"
+
+
+@dataclass
+class HoldNews:
+    """What a hold's end at the provider did (the webhook's receipt says it)."""
+
+    outcome: str
+    order_id: int | None
+    detail: str = ""
+
+
+def hold_ended(view: gateway.PaymentView, *, before_commit, now: datetime | None = None) -> HoldNews:
+    """The provider says a held payment ended uncaptured (`payment_intent.canceled`: voided, or the
+    hold lapsed): an order still Authorized and not being captured ends as at the hold's deadline
+    (cancelled, stock back, customer told). One being captured is left: its capture is refused and
+    dead-letters for an operator. `before_commit(news)` runs in the same transaction."""
+    now = now or utcnow()
+    with uow.transaction():
+        order = order_store.read(view.order_id) if view.order_id is not None else None
+        if order is None:
+            news = HoldNews("unknown_order", view.order_id)
+        elif order.status is not OrderStatus.AUTHORIZED or view.status != gateway.PaymentIntentStatus.CANCELED:
+            news = HoldNews("noop", order.id, f"order is {order.status.value}")
+        elif order.capture_requested_at is not None:
+            news = HoldNews("noop", order.id, "its capture is under way and will be refused")
+        else:
+            refused = cancel_held(order, HOLD_LAPSING, now)
+            news = HoldNews("cancelled" if refused is None else "noop", order.id, refused.message if refused else "")
+        before_commit(news)
+    return news
