@@ -4,7 +4,7 @@ CAPTURE_MODE=dispatch, orders.hold_expires_at (when the provider's hold on an Au
 payment lapses) and orders.capture_requested_at (the ship that captures it was asked, since when)
 
 Revision ID: ba90e3581f47
-Revises: e6b8d0f2a4c7
+Revises: b0cb6899d406
 Create Date: 2026-12-05 16:30:00
 
 """
@@ -16,7 +16,7 @@ import shop.models.types
 
 
 revision = "ba90e3581f47"
-down_revision = "e6b8d0f2a4c7"
+down_revision = "b0cb6899d406"
 branch_labels = None
 depends_on = None
 
