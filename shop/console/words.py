@@ -26,6 +26,7 @@ from .ops_words import OPS_TEMPLATE_WORDS
 EVENT_WORDS = {
     EventName.ORDER_PLACED: "Order placed",
     EventName.PAYMENT_INITIATED: "Payment page opened",
+    EventName.ORDER_AUTHORIZED: "Payment held, to be taken when shipped",
     EventName.ORDER_PAID: "Paid",
     EventName.ORDER_PAYMENT_FAILED: "Payment failed",
     EventName.ORDER_CANCELLED: "Cancelled",

@@ -1001,7 +1001,8 @@ def test_a_paid_order_shows_no_stale_error_no_reconcile_button_and_no_pending_de
     assert token
 
 
-# The walk posts to sample work ids (1, cmd-1): the order it places must own none of them.
+# The walk posts to sample work ids that no row has: the order it places (and cancels, through the
+# console's cancel) owns none of them.
 @pytest.mark.usefixtures("no_order_placed_email")
 def test_every_console_post_route_from_the_url_map_leaves_an_audit_row_naming_the_operator(
     fresh_app, fresh_client, token
@@ -1010,7 +1011,7 @@ def test_every_console_post_route_from_the_url_map_leaves_an_audit_row_naming_th
     refused or not found alike) adds exactly one row with the operator's email and the action's
     name, and the one on a real order shows on that order's timeline."""
     order_id, ref = placed_order_in(fresh_app)
-    samples = {"work": "1", "id": "1", "default": ref}
+    samples = {"work": "999999", "id": "999999", "default": ref}
     actions = [
         (
             rule.endpoint.removeprefix("console."),

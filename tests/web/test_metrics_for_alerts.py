@@ -30,6 +30,7 @@ def test_orders_are_counted_by_every_status_and_placed_orders_only_grow(fresh_ap
     assert {dict(key[1])["status"] for key in samples if key[0] == "shop_orders"} == {
         "PendingPayment",
         "PaymentInitiated",
+        "Authorized",
         "Paid",
         "PaymentFailed",
         "Cancelled",

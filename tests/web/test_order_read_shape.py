@@ -42,6 +42,8 @@ ORDER_KEYS = {
     "tax",
     "charged",
     "refunded",
+    # How the goods left: {"status": "unfulfilled" | "shipped", "shipped_at", "tracking"}.
+    "fulfilment",
 }
 CANCELLED_KEYS = ORDER_KEYS | {"cancelled_because", "cancelled_at"}
 CONSOLE_KEYS = ORDER_KEYS | {

@@ -197,6 +197,7 @@ def test_the_orders_list_and_the_order_page_have_the_contract_json_shape(shop, b
         "refunded",
         "tax",
         "charged",
+        "fulfilment",
         "created_at",
         "updated_at",
         "pay_by",
