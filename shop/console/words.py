@@ -94,6 +94,7 @@ WEBHOOK_EVENT_WORDS = {
     "refund.updated": "Refund updated",
     "refund.failed": "Refund failed",
     "payment_intent.payment_failed": "Card refused on the payment page",
+    "payment_intent.canceled": "Held payment released",
 }
 
 # Money for an order this database does not know (docs/REFERENCE.md, GET /console/refunds).

@@ -14,11 +14,11 @@ from sqlalchemy import delete, insert, update
 from sqlalchemy.orm.exc import StaleDataError
 
 from compensation_support import cancel, on_hand, order, placed_and_cancelled, restore_delivery, warnings
-from factories import place_order_for, seed_catalog_rows
+from factories import force_order, place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.domain.restoration import MAX_ON_HAND
 from shop.extensions import db
-from shop.models import InventoryItem, Order, OutboxDelivery, OutboxEvent
+from shop.models import InventoryItem, OutboxDelivery, OutboxEvent
 from shop.outbox.dispatch import run_delivery
 from shop.saga.inventory import restore_inventory_now
 
@@ -108,8 +108,7 @@ def test_an_operators_retry_of_a_cancel_saved_without_a_reason_says_so_in_the_re
     a5 = catalog["NB-A5-DOT"]
     order_id = place_order_for({a5: 4}).order_id
     cancel(order_id)
-    db.session.execute(update(Order).where(Order.id == order_id).values(cancel_reason=None))
-    db.session.commit()
+    force_order(order_id, cancel_reason=None)
     assert restore_inventory_now(order_id) == "restored"
     assert order(order_id).cancel_reason == "operator retry"
     assert on_hand(a5) == 40
