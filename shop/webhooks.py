@@ -29,7 +29,7 @@ from .extensions import csrf, db
 from .models import ReceiptOutcome, WebhookReceipt
 from .payments.apply import Outcome, apply_session
 from .payments.declines import note_payment_failure
-from .payments.holds import hold_ended
+from .payments.holds import hold_ended, hold_lapsed
 from .payments.refunds import apply_refund_report
 from .provider import gateway
 from .provider.guard import Priority, request_priority
@@ -237,6 +237,8 @@ def _accept(event: dict):
         return _applied_with_receipt(
             lambda receipt: hold_ended(view, before_commit=receipt), event_id, event_type, view.order_id
         )
+    if event_type in gateway.HOLD_LAPSE_EVENT_TYPES:  # a held payment's charge lapsed
+        return _accept_hold_lapse(event["data"]["object"], event_id, event_type)
     view = gateway.session_view(event["data"]["object"])
     if view.id is None or not _usable_id(view.id):
         # Every Checkout Session event names its session; without one there is nothing to
@@ -296,6 +298,19 @@ def _accept_refund(event: dict, event_id, event_type):
         event_id,
         event_type,
         view.order_id,
+    )
+
+
+def _accept_hold_lapse(charge: dict, event_id, event_type):
+    """`charge.expired`: the charge names its payment, whose metadata names the order; the payment
+    is read from the provider and the order ended as for `payment_intent.canceled`. Unanswered, it
+    is recorded `failed`: that notice, or the hold's own deadline, ends the order instead."""
+    intent, charge_id = charge.get("payment_intent"), charge.get("id")
+    if not isinstance(intent, str) or not intent or not _usable_id(intent):
+        _record(ReceiptOutcome.IGNORED, "the charge names no payment", 200, event_id, event_type)
+        return jsonify({"received": True, "outcome": "ignored"}), 200
+    return _applied_with_receipt(
+        lambda receipt: hold_lapsed(intent, str(charge_id or ""), before_commit=receipt), event_id, event_type, None
     )
 
 

@@ -95,6 +95,7 @@ WEBHOOK_EVENT_WORDS = {
     "refund.failed": "Refund failed",
     "payment_intent.payment_failed": "Card refused on the payment page",
     "payment_intent.canceled": "Held payment released",
+    "charge.expired": "Held payment lapsed",
 }
 
 # Money for an order this database does not know (docs/REFERENCE.md, GET /console/refunds).

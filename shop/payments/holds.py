@@ -190,22 +190,53 @@ class HoldNews:
     detail: str = ""
 
 
-def hold_ended(view: gateway.PaymentView, *, before_commit, now: datetime | None = None) -> HoldNews:
+def hold_ended(
+    view: gateway.PaymentView, *, before_commit, now: datetime | None = None, lapsed_charge: str | None = None
+) -> HoldNews:
     """The provider says a held payment ended uncaptured (`payment_intent.canceled`: voided, or the
-    hold lapsed): an order still Authorized and not being captured ends as at the hold's deadline
-    (cancelled, stock back, customer told). One being captured is left: its capture is refused and
-    dead-letters for an operator. `before_commit(news)` runs in the same transaction."""
+    hold lapsed; or `lapsed_charge`, its latest charge, expired): an order still Authorized and
+    not being captured ends as at the hold's deadline (cancelled, stock back, customer told). One
+    being captured is left: its capture is refused and dead-letters for an operator. Whichever of
+    the two notices comes first ends it; the other, or a repeat, finds it ended and changes
+    nothing. `before_commit(news)` runs in the same transaction."""
     now = now or utcnow()
-    with uow.transaction():
-        order = order_store.read(view.order_id) if view.order_id is not None else None
-        if order is None:
-            news = HoldNews("unknown_order", view.order_id)
-        elif order.status is not OrderStatus.AUTHORIZED or view.status != gateway.PaymentIntentStatus.CANCELED:
-            news = HoldNews("noop", order.id, f"order is {order.status.value}")
-        elif order.capture_requested_at is not None:
-            news = HoldNews("noop", order.id, "its capture is under way and will be refused")
-        else:
-            refused = cancel_held(order, HOLD_LAPSING, now)
-            news = HoldNews("cancelled" if refused is None else "noop", order.id, refused.message if refused else "")
-        before_commit(news)
-    return news
+
+    def attempt(_n: int) -> HoldNews:
+        with uow.transaction():
+            order = order_store.read(view.order_id) if view.order_id is not None else None
+            if order is None:
+                news = HoldNews("unknown_order", view.order_id)
+            elif order.status is not OrderStatus.AUTHORIZED or not _ended(view, lapsed_charge):
+                news = HoldNews("noop", order.id, f"order is {order.status.value}")
+            elif order.capture_requested_at is not None:
+                news = HoldNews("noop", order.id, "its capture is under way and will be refused")
+            else:
+                refused = cancel_held(order, HOLD_LAPSING, now)
+                news = HoldNews(
+                    "cancelled" if refused is None else "noop", order.id, refused.message if refused else ""
+                )
+            before_commit(news)
+        return news
+
+    # Both notices of one lapse may arrive at once: the loser's retry finds the order ended.
+    return order_store.retry_on_lost_race(4, attempt)
+
+
+def _ended(view: gateway.PaymentView, lapsed_charge: str | None) -> bool:
+    """The payment can no longer be captured: cancelled, or the charge that held it expired (the
+    payment was not captured meanwhile)."""
+    if view.status == gateway.PaymentIntentStatus.CANCELED:
+        return True
+    return (
+        lapsed_charge is not None
+        and view.latest_charge == lapsed_charge
+        and view.status != gateway.PaymentIntentStatus.SUCCEEDED
+    )
+
+
+def hold_lapsed(intent_id: str, charge_id: str | None, *, before_commit, now: datetime | None = None) -> HoldNews:
+    """`charge.expired`: a held payment's charge lapsed uncaptured. The charge does not name the
+    order; its payment does, so the provider is asked for it (no transaction open meanwhile), then
+    the order ends exactly as for `payment_intent.canceled` (`hold_ended`)."""
+    view = gateway.retrieve_payment(intent_id)
+    return hold_ended(view, before_commit=before_commit, now=now, lapsed_charge=charge_id)

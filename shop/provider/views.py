@@ -51,6 +51,7 @@ EVENT_TYPES = [
     "refund.failed",
     "payment_intent.payment_failed",
     "payment_intent.canceled",
+    "charge.expired",
 ]
 # A refund's news (docs/REFERENCE.md, Webhook): its object is the refund, not a session.
 REFUND_EVENT_TYPES = ("refund.updated", "refund.failed")
@@ -60,6 +61,9 @@ PAYMENT_FAILURE_EVENT_TYPES = ("payment_intent.payment_failed",)
 # A held payment ended uncaptured (CAPTURE_MODE=dispatch): voided, or its hold lapsed. Its object is
 # the PaymentIntent (payments.holds.hold_ended).
 HOLD_END_EVENT_TYPES = ("payment_intent.canceled",)
+# A held payment's charge lapsed uncaptured: its object is the charge, which names its PaymentIntent
+# but not the order (payments.holds.hold_lapsed asks for the payment).
+HOLD_LAPSE_EVENT_TYPES = ("charge.expired",)
 
 
 def _object(value) -> dict:
