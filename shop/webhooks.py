@@ -20,16 +20,15 @@ from __future__ import annotations
 import logging
 from typing import cast
 
-from flask import Blueprint, current_app, g, jsonify, request
+from flask import Blueprint, g, jsonify, request
 from sqlalchemy import Table, insert
 
 from .domain.deadlines import utcnow
-from .domain.payment import CaptureMode
 from .extensions import csrf, db
 from .models import ReceiptOutcome, WebhookReceipt
 from .payments.apply import Outcome, apply_session
 from .payments.declines import note_payment_failure
-from .payments.holds import hold_ended, hold_lapsed
+from .payments.holds import hold_ended, hold_lapsed, may_be_held
 from .payments.refunds import apply_refund_report
 from .provider import gateway
 from .provider.guard import Priority, request_priority
@@ -260,7 +259,7 @@ def _accept(event: dict):
         )
 
     try:
-        if event_type == "checkout.session.expired" or _maybe_held(view):
+        if event_type == "checkout.session.expired" or may_be_held(view):
             view = _trust_provider_now(view)
         # The receipt rides in the transaction that dedups and applies the event: one commit.
         result = apply_session(
@@ -375,16 +374,6 @@ def _in_words(exc: Exception) -> str:
 def _log_unknown(result, event_id, event_type, view) -> None:
     if result.outcome == Outcome.UNKNOWN_ORDER:
         log.warning("webhook event %s (%s) for an unknown order (session %s)", event_id, event_type, view.id)
-
-
-def _maybe_held(view) -> bool:
-    """CAPTURE_MODE=dispatch: a completed session reporting `unpaid` may hold a card payment for a
-    later capture; only the session read with its payment says (the event's copy does not)."""
-    return (
-        current_app.config["CAPTURE_MODE"] == CaptureMode.DISPATCH
-        and view.status == gateway.SessionStatus.COMPLETE
-        and view.payment_status == gateway.SessionPaymentStatus.UNPAID
-    )
 
 
 def _trust_provider_now(view):

@@ -107,6 +107,7 @@ UNKNOWN_PAYMENT_WORDS = {
     UnknownPaymentStatus.REFUNDED: "money returned",
     UnknownPaymentStatus.REFUND_FAILED: "refund did not go through: needs an operator",
     UnknownPaymentStatus.NOT_OURS: "not this shop's payment page: needs an operator",
+    UnknownPaymentStatus.VOIDED: "only held, released: nothing was taken",
 }
 
 # Which path found money for an unknown order (payments.apply's `source`).

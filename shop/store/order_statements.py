@@ -140,6 +140,14 @@ TRANSITIONS = {
         payment_declined_at=None,
         updated_at=_NOW,
     ),
+    T.ADOPT_AND_AUTHORIZE: _writes(
+        T.ADOPT_AND_AUTHORIZE,
+        (*_PAID, "payment_session_url", "hold_expires_at"),
+        payment_processing_at=None,
+        payment_queued_at=None,
+        payment_declined_at=None,
+        updated_at=_NOW,
+    ),
     T.MARK_PAYMENT_FAILED: _writes(T.MARK_PAYMENT_FAILED, ("status", "last_payment_error"), payment_processing_at=None),
     # `watch_from` starts the sweep's late-money watch of the order (None: only if an async payment
     # was settling, which then becomes the watch, since when it settled). Why and when it was
