@@ -18,7 +18,7 @@ from shop.domain.deadlines import as_utc, utcnow
 from shop.domain.order import OrderStatus
 from shop.extensions import db
 from shop.models import CommandKind, Order, PaymentProofRefusal, Refund, ScheduledCommand, UnknownPayment
-from shop.payments.apply import reconcile_order
+from shop.payments.apply import ask_and_apply, reconcile_order
 from shop.payments.start import start_payment
 from shop.provider import gateway
 from shop.provider.mark import shop_mark
@@ -81,6 +81,19 @@ def test_held_money_for_an_order_no_longer_at_its_payment_page_is_adopted_as_aut
     assert row.hold_expires_at is not None and row.charged == order["total"]
     assert end_hold_armed(dispatch_shop, oid)  # the adopted hold has its deadline like any other
     assert intent_status(dispatch_shop, order["payment"]["session_id"]) == gateway.PaymentIntentStatus.REQUIRES_CAPTURE
+
+
+def test_held_money_for_an_order_waiting_at_another_payment_page_is_taken_as_its_payment(dispatch_shop, sandbox):
+    """As paid money is: the order waits for a payment, and this one is real (the other page, if
+    ever paid too, is money for an Authorized order through another session: voided)."""
+    _shopper, order = held_at_the_provider(dispatch_shop, sandbox)
+    ref, sid = order["reference"], order["payment"]["session_id"]
+    with dispatch_shop.app_context():
+        force_order(ref, payment_session_id="cs_test_a_newer_page")
+        assert ask_and_apply(sid, source="console").applied.outcome == "authorized"
+        db.session.remove()
+    row = row_of(dispatch_shop, ref)
+    assert row.status is S.AUTHORIZED and row.payment_session_id == sid
 
 
 def test_held_money_that_does_not_pay_the_order_exactly_is_refused_for_an_operator_not_adopted(dispatch_shop, sandbox):
