@@ -49,13 +49,18 @@ def is_held(view: gateway.SessionView) -> bool:
 
 
 def may_be_held(view: gateway.SessionView) -> bool:
-    """CAPTURE_MODE=dispatch: a completed session reporting `unpaid` may hold a card payment for a
-    later capture; only the session read with its payment says (an event's copy, or a listed
-    event, names its payment without it). Every path that has only such a copy asks first."""
+    """A completed session reporting `unpaid` that asked for card payments to be held (or any,
+    under CAPTURE_MODE=dispatch) may hold one for a later capture; only the session read with its
+    payment says (an event's copy, or a listed event, names its payment without it). Every path
+    that has only such a copy asks first. The session's own word covers sessions made before
+    the mode was switched back to `checkout`."""
     return (
-        current_app.config["CAPTURE_MODE"] == CaptureMode.DISPATCH
-        and view.status == gateway.SessionStatus.COMPLETE
+        view.status == gateway.SessionStatus.COMPLETE
         and view.payment_status == gateway.SessionPaymentStatus.UNPAID
+        and (
+            view.hold.capture_method == gateway.CaptureMethod.MANUAL
+            or current_app.config["CAPTURE_MODE"] == CaptureMode.DISPATCH
+        )
     )
 
 

@@ -248,7 +248,9 @@ def session_view(obj) -> SessionView:
         else None
     )
     intent = obj.get("payment_intent")
-    refunded, hold = None, NO_HOLD
+    # Unexpanded, the payment says nothing; the session still says whether it asked for card
+    # payments to be held (`payment_method_options.card.capture_method`).
+    refunded, hold = None, Hold(capture_method=_card_capture(obj))
     if isinstance(intent, dict):
         hold = hold_of(intent)
         charge = intent.get("latest_charge")
@@ -283,6 +285,13 @@ def session_view(obj) -> SessionView:
         tax=session_tax_of(obj),
         hold=hold,
     )
+
+
+def _card_capture(session: dict) -> str | None:
+    options = session.get("payment_method_options")
+    card = options.get("card") if isinstance(options, dict) else None
+    method = card.get("capture_method") if isinstance(card, dict) else None
+    return method if isinstance(method, str) else None
 
 
 # The Idempotency-Key of the expire call a customer's cancel makes. Stripe copies a request's key

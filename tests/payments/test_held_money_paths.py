@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from factories import catalog_rows, force_order, place_order_for
-from payment_helpers import Shopper, order_id, run_due_commands, run_everything
+from payment_helpers import Shopper, order_id, post_webhook, run_due_commands, run_everything, sandbox_event
 from shop.domain.deadlines import as_utc, utcnow
 from shop.domain.order import OrderStatus
 from shop.extensions import db
@@ -106,6 +106,17 @@ def test_held_money_that_does_not_pay_the_order_exactly_is_refused_for_an_operat
         db.session.remove()
     assert applied.outcome == "proof_refused" and "!= order total" in applied.detail
     assert row_of(dispatch_shop, ref).status is S.PAYMENT_FAILED and refusals == 1
+
+
+def test_a_hold_made_before_the_mode_went_back_to_checkout_is_still_authorized_by_the_webhook(dispatch_shop, sandbox):
+    """The session itself asked for the card payment to be held: its notice is read with its
+    payment whatever CAPTURE_MODE says now, so the order does not wait as if a bank were paying."""
+    shopper, order = held_at_the_provider(dispatch_shop, sandbox)
+    dispatch_shop.config["CAPTURE_MODE"] = "checkout"  # switched back; this session was made before
+    event = sandbox_event(sandbox, "checkout.session.completed", order["payment"]["session_id"])
+    r = post_webhook(shopper.client, event)
+    assert r.get_json()["outcome"] == "authorized", r.get_json()
+    assert row_of(dispatch_shop, order["reference"]).status is S.AUTHORIZED
 
 
 def test_the_return_page_authorizes_a_held_payment_and_does_not_say_it_is_being_processed(dispatch_shop, sandbox):
