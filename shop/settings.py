@@ -14,8 +14,6 @@ import sys
 from dataclasses import asdict, dataclass
 
 from .domain.payment import CaptureMode, TaxMode
-from .domain.payment_methods import DEFAULT_PAYMENT_METHODS
-from .logs import TEXT as LOG_FORMAT_TEXT
 from .settings_values import (
     DEFAULT_MAIL_FROM,
     SettingsError,
@@ -68,6 +66,8 @@ def default_max_concurrent_calls(web_threads: int) -> int:
 
 @dataclass(frozen=True)
 class Settings:
+    """Every setting as load_settings read and checked it; each default is stated where it is read."""
+
     database_url: str
     redis_url: str
     # What stands between the shop and PostgreSQL: "none", or "pgbouncer" (transaction pooling).
@@ -100,73 +100,73 @@ class Settings:
     queue_prefix: str
     outbox_lease_seconds: int
     # BACKSTOP_NODE_NAME: the node this process belongs to (shop.node), default the host name.
-    node_name: str = ""
-    reconciliation_lease_seconds: int = 20
-    web_concurrency: int = 2
-    web_threads: int = 32
-    stripe_max_concurrent_calls: int = 16
-    stripe_rate_limit_per_second: int = 80
-    stripe_endpoint_rate_limit_per_second: int = 20
-    stripe_breaker_threshold: int = 5
-    stripe_breaker_cooldown_seconds: int = 30
+    node_name: str
+    reconciliation_lease_seconds: int
+    web_concurrency: int
+    web_threads: int
+    stripe_max_concurrent_calls: int
+    stripe_rate_limit_per_second: int
+    stripe_endpoint_rate_limit_per_second: int
+    stripe_breaker_threshold: int
+    stripe_breaker_cooldown_seconds: int
     # Hoarding limits (docs/REFERENCE.md, Settings): live unpaid orders one browser or one email
     # may hold at once, and units of one item per cart line; beyond them checkout refuses.
-    unpaid_orders_per_client: int = 3
+    unpaid_orders_per_client: int
     # UNPAID_ORDERS_PER_ADDRESS: live unpaid orders placed from one client address (an office
     # behind one NAT shares it, hence generous): bounds fresh cookies with fresh emails.
-    unpaid_orders_per_address: int = 20
+    unpaid_orders_per_address: int
     # Customer emails about placing or ending an order (saga.mail_caps), per hour: to one
     # recipient, and about orders placed from one client address.
-    order_emails_per_recipient: int = 5
-    order_emails_per_address: int = 20
-    max_line_quantity: int = 10
+    order_emails_per_recipient: int
+    order_emails_per_address: int
+    max_line_quantity: int
     # METRICS_TOKEN: when set, /metrics answers only with `Authorization: Bearer <it>`.
-    metrics_token: str | None = None
+    metrics_token: str | None
     # METRICS_PUBLIC: /metrics open without METRICS_TOKEN although PUBLIC_BASE_URL is not this
     # machine (shop.ops.routes); `flask shop up` sets it.
-    metrics_public: bool = False
+    metrics_public: bool
     # SMTP_CA_FILE: a PEM bundle trusted instead of the system's CAs when the mailer checks the
     # mail server's certificate (smtp+starttls://, smtps://).
-    smtp_ca_file: str | None = None
+    smtp_ca_file: str | None
     # WEB_FRONT: what `flask shop web` puts before gunicorn ("nginx", or "none" to run it bare).
-    web_front: str = "nginx"
+    web_front: str
     # BACKSTOP_BEHIND_FRONT: set by `flask shop web` and `flask shop up` for the gunicorn behind
     # their nginx: a request from a loopback peer carries the client's address in X-Forwarded-For.
-    behind_front: bool = False
+    behind_front: bool
     # TRUSTED_PROXIES: the balancers before the web, whose X-Forwarded-For names the client
     # (settings_values.TrustedProxies; shop.web.proxies applies it).
-    trusted_proxies: TrustedProxies = TrustedProxies()
+    trusted_proxies: TrustedProxies
     # UNPAID_HOLD_WITHOUT_SESSION_SECONDS: how long an order that never had a payment session
     # holds its stock (at most the payment window; domain.deadlines.unpaid_hold_seconds).
-    unpaid_hold_without_session_seconds: int = DEFAULT_HOLD_WITHOUT_SESSION_SECONDS
+    unpaid_hold_without_session_seconds: int
     # LOG_FORMAT: "text" (one line for people, the default) or "json" (one object per line; shop.logs).
-    log_format: str = LOG_FORMAT_TEXT
+    log_format: str
     # SENTRY_DSN: when set, errors of the web and the workers go to Sentry (shop.reporting).
-    sentry_dsn: str | None = None
+    sentry_dsn: str | None
     # Retention (docs/REFERENCE.md, Settings): finished work, receipts and sweep cycles are pruned
     # after RETENTION_DAYS, operator actions after AUDIT_RETENTION_DAYS, by a periodic job that
     # runs every PRUNE_INTERVAL_SECONDS (shop.scheduling.retention).
-    retention_days: int = 30
-    audit_retention_days: int = 400
-    prune_interval_seconds: int = 3600
+    retention_days: int
+    audit_retention_days: int
+    prune_interval_seconds: int
     # SHIPPING_COUNTRIES: the countries a shipping address may be in (two-letter ISO codes).
-    shipping_countries: tuple[str, ...] = DEFAULT_SHIPPING_COUNTRIES
+    shipping_countries: tuple[str, ...]
     # PAYMENT_METHODS: the payment method types a session may offer (shop.domain.payment_methods).
-    payment_methods: tuple[str, ...] = DEFAULT_PAYMENT_METHODS
+    payment_methods: tuple[str, ...]
     # TAX_MODE: none (no tax, said on every session) or stripe (Stripe Tax adds exclusive tax).
-    tax_mode: TaxMode = TaxMode.NONE
+    tax_mode: TaxMode
     # CAPTURE_MODE: checkout (money taken at payment) or dispatch (held, captured when shipped);
     # a hold lapsing within AUTHORIZATION_WARNING_SECONDS is shown to operators, and an unshipped
     # order is voided and cancelled AUTHORIZATION_MARGIN_SECONDS before it lapses.
-    capture_mode: CaptureMode = CaptureMode.CHECKOUT
-    authorization_warning_seconds: int = 86400
-    authorization_margin_seconds: int = 3600
+    capture_mode: CaptureMode
+    authorization_warning_seconds: int
+    authorization_margin_seconds: int
     # MAIL_FROM, MAIL_REPLY_TO: every email's From and, when set, Reply-To; SHOP_CONTACT: how a
     # customer reaches the shop (an email address or a URL), in the storefront's footer and in
     # every email (shop.emails).
-    mail_from: str = DEFAULT_MAIL_FROM
-    mail_reply_to: str | None = None
-    shop_contact: str | None = None
+    mail_from: str
+    mail_reply_to: str | None
+    shop_contact: str | None
 
     @property
     def uses_sandbox(self) -> bool:
@@ -281,8 +281,46 @@ def _authorization(env) -> tuple[int, int]:
     return warning, margin
 
 
+# The settings that are one whole number each and nothing more, in the order they are checked:
+# the field, its variable, its default and its bounds (docs/REFERENCE.md, Settings).
+_WHOLE_NUMBERS = (
+    ("web_concurrency", "WEB_CONCURRENCY", DEFAULT_WEB_CONCURRENCY, 1, 64),
+    # Stripe allows 100/s in live mode: stay below it with room for the dashboard and other tools.
+    ("stripe_rate_limit_per_second", "STRIPE_RATE_LIMIT_PER_SECOND", 80, 2, 10_000),
+    # Stripe also limits each endpoint (method + path template) to 25/s by default.
+    ("stripe_endpoint_rate_limit_per_second", "STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND", 20, 1, 10_000),
+    ("stripe_breaker_threshold", "BACKSTOP_STRIPE_BREAKER_THRESHOLD", 5, 1, 1_000_000),
+    ("stripe_breaker_cooldown_seconds", "BACKSTOP_STRIPE_BREAKER_COOLDOWN_SECONDS", 30, 1, 3600),
+    ("stripe_session_min_seconds", "STRIPE_SESSION_MIN_SECONDS", 1800, 0, 24 * 3600),
+    ("reconciliation_interval_seconds", "RECONCILIATION_INTERVAL_SECONDS", 600, 1, 24 * 3600),
+    ("reconciliation_batch_size", "RECONCILIATION_BATCH_SIZE", 50, 1, 1000),
+    ("outbox_max_attempts", "OUTBOX_MAX_ATTEMPTS", 5, 1, 100),
+    ("unpaid_orders_per_client", "UNPAID_ORDERS_PER_CLIENT", 3, 1, 1000),
+    ("unpaid_orders_per_address", "UNPAID_ORDERS_PER_ADDRESS", 20, 1, 100_000),
+    ("order_emails_per_recipient", "ORDER_EMAILS_PER_RECIPIENT", 5, 1, 1000),
+    ("order_emails_per_address", "ORDER_EMAILS_PER_ADDRESS", 20, 1, 100_000),
+    # At most the form's own bound (orders.cart.MOST_OF_ONE_ITEM): a larger limit would never bind.
+    ("max_line_quantity", "MAX_LINE_QUANTITY", 10, 1, MOST_OF_ONE_ITEM),
+    ("login_max_failures_per_account", "LOGIN_MAX_FAILURES_PER_ACCOUNT", 5, 1, 1000),
+    ("login_max_failures_per_address", "LOGIN_MAX_FAILURES_PER_ADDRESS", 20, 1, 100_000),
+    ("login_failure_window_seconds", "LOGIN_FAILURE_WINDOW_SECONDS", 900, 1, 24 * 3600),
+    ("console_idle_timeout_seconds", "CONSOLE_IDLE_TIMEOUT_SECONDS", 1800, 60, 7 * 24 * 3600),
+    ("checkout_return_per_minute", "CHECKOUT_RETURN_PER_MINUTE", 30, 1, 100_000),
+    ("outbox_lease_seconds", "BACKSTOP_OUTBOX_LEASE_SECONDS", 25, 1, 3600),
+    # Short and renewed by the cycle's heartbeat: a holder lost with its machine is taken over
+    # when it lapses, and the sweep must be taken over within 30 s (docs/REFERENCE.md).
+    ("reconciliation_lease_seconds", "BACKSTOP_RECONCILIATION_LEASE_SECONDS", 20, 2, 25),
+    # Whole days, at least one; webhook receipts are kept 7 days at least whatever is set
+    # (shop.domain.retention).
+    ("retention_days", "RETENTION_DAYS", 30, 1, 3650),
+    ("audit_retention_days", "AUDIT_RETENTION_DAYS", 400, 1, 36500),
+    ("prune_interval_seconds", "PRUNE_INTERVAL_SECONDS", 3600, 60, 24 * 3600),
+)
+
+
 def load_settings(env=None, instance_path: str = "instance", argv=None) -> Settings:
-    """Every setting read from `env` and checked, in the order a bad value is reported."""
+    """Every setting read from `env` and checked, in the order a bad value is reported: those
+    checked against one another, the whole numbers, then the rest."""
     env = os.environ if env is None else env
     database_url = env_database_url(env, instance_path)
     secret_key, ephemeral = _secret_key(env, argv)
@@ -291,16 +329,11 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
     poll, stale = _liveness(env)
     warning, margin = _authorization(env)
 
+    whole = {field: env_int(env, name, default, lo, hi) for field, name, default, lo, hi in _WHOLE_NUMBERS}
     return Settings(
-        web_concurrency=env_int(env, "WEB_CONCURRENCY", DEFAULT_WEB_CONCURRENCY, 1, 64),
+        **whole,
         web_threads=web_threads,
         stripe_max_concurrent_calls=max_calls,
-        # Stripe allows 100/s in live mode: stay below it with room for the dashboard and other tools.
-        stripe_rate_limit_per_second=env_int(env, "STRIPE_RATE_LIMIT_PER_SECOND", 80, 2, 10_000),
-        # Stripe also limits each endpoint (method + path template) to 25/s by default.
-        stripe_endpoint_rate_limit_per_second=env_int(env, "STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND", 20, 1, 10_000),
-        stripe_breaker_threshold=env_int(env, "BACKSTOP_STRIPE_BREAKER_THRESHOLD", 5, 1, 1_000_000),
-        stripe_breaker_cooldown_seconds=env_int(env, "BACKSTOP_STRIPE_BREAKER_COOLDOWN_SECONDS", 30, 1, 3600),
         database_url=database_url,
         database_pooler=env_pooler(env, database_url),
         redis_url=env_redis_url(env),
@@ -312,45 +345,21 @@ def load_settings(env=None, instance_path: str = "instance", argv=None) -> Setti
         stripe_api_base=env_url(env, "STRIPE_API_BASE", None, ["http://", "https://"]),
         unpaid_order_expiry_seconds=expiry,
         unpaid_hold_without_session_seconds=hold,
-        stripe_session_min_seconds=env_int(env, "STRIPE_SESSION_MIN_SECONDS", 1800, 0, 24 * 3600),
-        reconciliation_interval_seconds=env_int(env, "RECONCILIATION_INTERVAL_SECONDS", 600, 1, 24 * 3600),
         reconciliation_stuck_age_seconds=stuck,
-        reconciliation_batch_size=env_int(env, "RECONCILIATION_BATCH_SIZE", 50, 1, 1000),
         reconciliation_enabled=env_bool(env, "RECONCILIATION_ENABLED", True),
         unpaid_order_expiry_enabled=env_bool(env, "UNPAID_ORDER_EXPIRY_ENABLED", True),
-        outbox_max_attempts=env_int(env, "OUTBOX_MAX_ATTEMPTS", 5, 1, 100),
         scheduler_poll_seconds=poll,
         health_stale_seconds=stale,
-        unpaid_orders_per_client=env_int(env, "UNPAID_ORDERS_PER_CLIENT", 3, 1, 1000),
-        unpaid_orders_per_address=env_int(env, "UNPAID_ORDERS_PER_ADDRESS", 20, 1, 100_000),
-        order_emails_per_recipient=env_int(env, "ORDER_EMAILS_PER_RECIPIENT", 5, 1, 1000),
-        order_emails_per_address=env_int(env, "ORDER_EMAILS_PER_ADDRESS", 20, 1, 100_000),
-        # At most the form's own bound (orders.cart.MOST_OF_ONE_ITEM): a larger limit would never bind.
-        max_line_quantity=env_int(env, "MAX_LINE_QUANTITY", 10, 1, MOST_OF_ONE_ITEM),
         # An unknown scheme (a typo of smtps://) would otherwise send in clear text.
         smtp_url=env_smtp_url(env),
         smtp_ca_file=env_smtp_ca_file(env),
         mail_from=env_mail_address(env, "MAIL_FROM", DEFAULT_MAIL_FROM) or DEFAULT_MAIL_FROM,
         mail_reply_to=env_mail_address(env, "MAIL_REPLY_TO", None),
         shop_contact=env_shop_contact(env),
-        login_max_failures_per_account=env_int(env, "LOGIN_MAX_FAILURES_PER_ACCOUNT", 5, 1, 1000),
-        login_max_failures_per_address=env_int(env, "LOGIN_MAX_FAILURES_PER_ADDRESS", 20, 1, 100_000),
-        login_failure_window_seconds=env_int(env, "LOGIN_FAILURE_WINDOW_SECONDS", 900, 1, 24 * 3600),
-        console_idle_timeout_seconds=env_int(env, "CONSOLE_IDLE_TIMEOUT_SECONDS", 1800, 60, 7 * 24 * 3600),
-        checkout_return_per_minute=env_int(env, "CHECKOUT_RETURN_PER_MINUTE", 30, 1, 100_000),
         queue_prefix=(env.get("BACKSTOP_QUEUE_PREFIX") or "").strip() or "backstop",
         node_name=env_node_name(env),
-        outbox_lease_seconds=env_int(env, "BACKSTOP_OUTBOX_LEASE_SECONDS", 25, 1, 3600),
-        # Short and renewed by the cycle's heartbeat: a holder lost with its machine is taken over
-        # when it lapses, and the sweep must be taken over within 30 s (docs/REFERENCE.md).
-        reconciliation_lease_seconds=env_int(env, "BACKSTOP_RECONCILIATION_LEASE_SECONDS", 20, 2, 25),
         metrics_token=env_metrics_token(env),
         metrics_public=env_bool(env, "METRICS_PUBLIC", False),
-        # Whole days, at least one; webhook receipts are kept 7 days at least whatever is set
-        # (shop.domain.retention).
-        retention_days=env_int(env, "RETENTION_DAYS", 30, 1, 3650),
-        audit_retention_days=env_int(env, "AUDIT_RETENTION_DAYS", 400, 1, 36500),
-        prune_interval_seconds=env_int(env, "PRUNE_INTERVAL_SECONDS", 3600, 60, 24 * 3600),
         web_front=env_web_front(env),
         behind_front=env_bool(env, "BACKSTOP_BEHIND_FRONT", False),
         trusted_proxies=env_trusted_proxies(env),

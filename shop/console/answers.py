@@ -73,6 +73,19 @@ def find_order(reference: str) -> Order | None:
     return order_by_reference(reference.strip().upper())
 
 
+def audited_order(reference: str, what: str, reason: str | None = None) -> Order | None:
+    """The order an action's URL names (None: there is none), told to the audit trail as what the
+    action is about (`what` and the reference) with the operator's `reason`."""
+    order = find_order(reference)
+    audit.about(f"{what} {order.reference if order else reference}", order_id=order and order.id, reason=reason)
+    return order
+
+
+def order_page(order: Order) -> str:
+    """The order's own console page: where an action on it goes back to."""
+    return url_for("console.order_detail", reference=order.reference)
+
+
 def no_order(reference: str, back: str | None = None):
     """The 404 page that says there is no order `reference`; back to the orders unless `back`."""
     return problem(

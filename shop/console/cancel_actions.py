@@ -5,14 +5,12 @@ the compensation gives the stock back as for any cancel."""
 
 from __future__ import annotations
 
-from flask import url_for
 from wtforms import HiddenField
 
 from ..domain.order import LIVE, OrderStatus
 from ..orders.cancel import CancelStatus, cancel_order
 from ..web.answers import respond
-from . import audit
-from .answers import done, find_order, no_order, of_order, problem, reason_needed
+from .answers import audited_order, done, no_order, of_order, order_page, problem, reason_needed
 from .blueprint import bp
 from .forms import ConsoleForm, _reason_field
 
@@ -34,20 +32,18 @@ def _cancellable(order) -> bool:
 def cancel_order_form(order):
     """The confirmation step, with the reason to give. Nothing changes on a GET."""
     data = {"reference": order.reference, "status": order.status.value, "cancellable": _cancellable(order)}
-    back = url_for("console.order_detail", reference=order.reference)
-    return respond("console/cancel_order.html", data, form=CancelOrderForm(), back=back)
+    return respond("console/cancel_order.html", data, form=CancelOrderForm(), back=order_page(order))
 
 
 @bp.post("/orders/<reference>/cancel")
 def cancel_order_now(reference):
     """Cancel a live or Authorized order with the operator's reason."""
-    order = find_order(reference)
     form = CancelOrderForm()
     reason = (form.reason.data or "").strip()
-    audit.about(f"order {order.reference if order else reference}", order_id=order and order.id, reason=reason or None)
+    order = audited_order(reference, "order", reason or None)
     if order is None:
         return no_order(reference)
-    ref, back = order.reference, url_for("console.order_detail", reference=order.reference)
+    ref, back = order.reference, order_page(order)
     if not form.validate():
         return reason_needed(form, "Say why the order is cancelled.", back)
     held = order.status is OrderStatus.AUTHORIZED

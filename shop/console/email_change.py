@@ -4,15 +4,13 @@ and the order's later emails sent to the new one (orders.contact)."""
 
 from __future__ import annotations
 
-from flask import url_for
 from wtforms import HiddenField, TextAreaField
 from wtforms.validators import DataRequired, Length, Optional
 
 from ..orders import contact
 from ..web.answers import respond
 from ..web.requests import email_field
-from . import audit
-from .answers import done, find_order, no_order, of_order, problem
+from .answers import audited_order, done, no_order, of_order, order_page, problem
 from .blueprint import bp
 from .forms import ConsoleForm
 
@@ -30,23 +28,17 @@ class ChangeEmailForm(ConsoleForm):
 def change_email_form(order):
     """The form: the order's address now, the new one and why. Nothing changes on a GET."""
     data = {"reference": order.reference, "email": order.email}
-    back = url_for("console.order_detail", reference=order.reference)
-    return respond("console/change_email.html", data, form=ChangeEmailForm(), back=back)
+    return respond("console/change_email.html", data, form=ChangeEmailForm(), back=order_page(order))
 
 
 @bp.post("/orders/<reference>/email")
 def change_email(reference):
     """Replace the order's address; the outcome, in the audit trail, names the old and the new."""
-    order = find_order(reference)
     form = ChangeEmailForm()
-    audit.about(
-        f"email of order {order.reference if order else reference}",
-        order_id=order and order.id,
-        reason=(form.reason.data or "").strip() or None,
-    )
+    order = audited_order(reference, "email of order", (form.reason.data or "").strip() or None)
     if order is None:
         return no_order(reference)
-    back = url_for("console.order_detail", reference=order.reference)
+    back = order_page(order)
     if not form.validate():
         words = form.email.errors[0] if form.email.errors else f"Why: {form.reason.errors[0]}"
         return problem(400, str(words), back=back)

@@ -43,10 +43,22 @@ class PaymentInitiated(DomainEvent):
 
 
 @dataclass(frozen=True)
-class OrderPaid(DomainEvent):
+class PaymentTaken(DomainEvent):
+    """The provider has the customer's money for the order: its session, what it charged, in what."""
+
     session_id: str
     amount: int
     currency: str
+
+
+@dataclass(frozen=True)
+class OrderPaid(PaymentTaken):
+    """The money is taken."""
+
+
+@dataclass(frozen=True)
+class OrderAuthorized(PaymentTaken):
+    """The money is held, and taken when the order ships (CAPTURE_MODE=dispatch)."""
 
 
 @dataclass(frozen=True)
@@ -58,13 +70,6 @@ class OrderPaymentFailed(DomainEvent):
 @dataclass(frozen=True)
 class OrderCancelled(DomainEvent):
     reason: str
-
-
-@dataclass(frozen=True)
-class OrderAuthorized(DomainEvent):
-    session_id: str
-    amount: int
-    currency: str
 
 
 @dataclass(frozen=True)

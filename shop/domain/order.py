@@ -13,7 +13,15 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
-from .events import OrderAuthorized, OrderCancelled, OrderPaid, OrderPaymentFailed, OrderShipped, PaymentInitiated
+from .events import (
+    OrderAuthorized,
+    OrderCancelled,
+    OrderPaid,
+    OrderPaymentFailed,
+    OrderShipped,
+    PaymentInitiated,
+    PaymentTaken,
+)
 from .results import Ok, Refused
 
 
@@ -157,21 +165,22 @@ class OrderRules:
         return self._record(PaymentInitiated(self.id, session_id))
 
     def mark_paid(self, session_id: str, amount: int, currency: str):
-        refused = self._guard(T.MARK_PAID)
-        if refused:
-            return refused
-        self.status = S.PAID
-        self.payment_session_id = session_id
-        return self._record(OrderPaid(self.id, session_id, amount, currency))
+        return self._take_payment(T.MARK_PAID, S.PAID, OrderPaid(self.id, session_id, amount, currency))
 
     def mark_authorized(self, session_id: str, amount: int, currency: str):
         """The provider holds the payment (CAPTURE_MODE=dispatch): captured when the order ships."""
-        refused = self._guard(T.MARK_AUTHORIZED)
+        return self._take_payment(
+            T.MARK_AUTHORIZED, S.AUTHORIZED, OrderAuthorized(self.id, session_id, amount, currency)
+        )
+
+    def _take_payment(self, transition: Transition, status: OrderStatus, event: PaymentTaken):
+        """The provider has the money (`event`): the order is in `status`, paid by the event's session."""
+        refused = self._guard(transition)
         if refused:
             return refused
-        self.status = S.AUTHORIZED
-        self.payment_session_id = session_id
-        return self._record(OrderAuthorized(self.id, session_id, amount, currency))
+        self.status = status
+        self.payment_session_id = event.session_id
+        return self._record(event)
 
     def mark_payment_failed(self, reason: str):
         refused = self._guard(T.MARK_PAYMENT_FAILED)

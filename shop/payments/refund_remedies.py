@@ -16,6 +16,7 @@ from sqlalchemy import select
 from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
 from ..domain.refunds import PENDING, SUCCEEDED, RefundStatus, needs_operator
+from ..domain.results import SubmissionOutcome
 from ..extensions import db
 from ..models import CommandKind, Order, Refund
 from ..outbox import schedule_command, uow
@@ -32,14 +33,8 @@ class Remedy(StrEnum):
     SETTLE = "settle"  # settle_refund
 
 
-class ActionOutcome(StrEnum):
-    """What an operator's remedy did: done, already (this very submission was done before),
-    refused, or missing (no such refund)."""
-
-    DONE = "done"
-    ALREADY = "already"
-    REFUSED = "refused"
-    MISSING = "missing"
+# What an operator's remedy did, as any operator's submission: MISSING is no such refund.
+ActionOutcome = SubmissionOutcome
 
 
 class NotNow(StrEnum):

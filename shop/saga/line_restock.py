@@ -12,7 +12,7 @@ gives nothing back again, and one that runs before it gives back only what no re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from sqlalchemy import bindparam, insert, select, update
@@ -63,7 +63,8 @@ class LineLeft:
 
 @dataclass(frozen=True)
 class GivenBack:
-    """Units of one line a refund put back, with the variant's stock before and after."""
+    """Units of one line a refund put back, with the variant's stock before and after: the record
+    kept of it, but for the refund and the variant (its fields are the record's columns)."""
 
     line_id: int
     sku: str
@@ -115,7 +116,7 @@ def restock_lines(order, refund_id: int, wanted: dict[int, int], now: datetime) 
         record = GivenBack(line_id, line.sku, quantity, after - quantity, after)
         db.session.execute(
             insert(_records),
-            {"refund_id": refund_id, "line_id": line_id, "variant_id": line.variant_id, **_facts(record)},
+            {"refund_id": refund_id, "variant_id": line.variant_id, **asdict(record)},
         )
         given.append(record)
     if given and all(lines[i].left - wanted.get(i, 0) <= 0 for i in lines):
@@ -128,15 +129,6 @@ def _variant(lines: dict[int, LineLeft], line_id: int) -> int:
     if line_id not in lines:
         raise RestockRefused(f"line {line_id} is not a line of this order")
     return lines[line_id].variant_id
-
-
-def _facts(record: GivenBack) -> dict:
-    return {
-        "sku": record.sku,
-        "quantity": record.quantity,
-        "on_hand_before": record.on_hand_before,
-        "on_hand_after": record.on_hand_after,
-    }
 
 
 def _mark_all_back(order, now: datetime) -> None:

@@ -113,6 +113,9 @@ def _writes(transition: Transition, bound: tuple[str, ...], **fixed):
 # Each transition's statement and the snapshot attributes it writes (bound as v_<column>).
 # updated_at: the row's onupdate (the time of the write) unless the statement binds `now`.
 _PAID = ("status", "payment_session_id", "shipping_details", "tax", "charged")
+# What a payment that went through (paid or held) also writes: nothing is settling or declined any
+# more, and the order's age counts from the payment (`now`).
+_PAID_CLEARS = {"payment_processing_at": None, "payment_declined_at": None, "updated_at": _NOW}
 TRANSITIONS = {
     T.START_PAYMENT: _writes(
         T.START_PAYMENT,
@@ -121,32 +124,18 @@ TRANSITIONS = {
         payment_queued_at=None,
         payment_declined_at=None,
     ),
-    T.MARK_PAID: _writes(T.MARK_PAID, _PAID, payment_processing_at=None, payment_declined_at=None, updated_at=_NOW),
+    T.MARK_PAID: _writes(T.MARK_PAID, _PAID, **_PAID_CLEARS),
     # The provider holds the money until the order ships (CAPTURE_MODE=dispatch).
-    T.MARK_AUTHORIZED: _writes(
-        T.MARK_AUTHORIZED,
-        (*_PAID, "hold_expires_at"),
-        payment_processing_at=None,
-        payment_declined_at=None,
-        updated_at=_NOW,
-    ),
+    T.MARK_AUTHORIZED: _writes(T.MARK_AUTHORIZED, (*_PAID, "hold_expires_at"), **_PAID_CLEARS),
     # Money that is real for an order that had not started (or had failed) its payment: the session
     # is adopted and paid in one transition.
-    T.ADOPT_AND_PAY: _writes(
-        T.ADOPT_AND_PAY,
-        (*_PAID, "payment_session_url"),
-        payment_processing_at=None,
-        payment_queued_at=None,
-        payment_declined_at=None,
-        updated_at=_NOW,
-    ),
+    T.ADOPT_AND_PAY: _writes(T.ADOPT_AND_PAY, (*_PAID, "payment_session_url"), payment_queued_at=None, **_PAID_CLEARS),
+    # The same for money the provider holds (CAPTURE_MODE=dispatch): adopted and authorized.
     T.ADOPT_AND_AUTHORIZE: _writes(
         T.ADOPT_AND_AUTHORIZE,
         (*_PAID, "payment_session_url", "hold_expires_at"),
-        payment_processing_at=None,
         payment_queued_at=None,
-        payment_declined_at=None,
-        updated_at=_NOW,
+        **_PAID_CLEARS,
     ),
     T.MARK_PAYMENT_FAILED: _writes(T.MARK_PAYMENT_FAILED, ("status", "last_payment_error"), payment_processing_at=None),
     # `watch_from` starts the sweep's late-money watch of the order (None: only if an async payment
