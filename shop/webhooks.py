@@ -20,16 +20,15 @@ from __future__ import annotations
 import logging
 from typing import cast
 
-from flask import Blueprint, current_app, g, jsonify, request
+from flask import Blueprint, g, jsonify, request
 from sqlalchemy import Table, insert
 
 from .domain.deadlines import utcnow
-from .domain.payment import CaptureMode
 from .extensions import csrf, db
 from .models import ReceiptOutcome, WebhookReceipt
 from .payments.apply import Outcome, apply_session
 from .payments.declines import note_payment_failure
-from .payments.holds import hold_ended
+from .payments.holds import hold_ended, hold_lapsed, may_be_held
 from .payments.refunds import apply_refund_report
 from .provider import gateway
 from .provider.guard import Priority, request_priority
@@ -237,6 +236,8 @@ def _accept(event: dict):
         return _applied_with_receipt(
             lambda receipt: hold_ended(view, before_commit=receipt), event_id, event_type, view.order_id
         )
+    if event_type in gateway.HOLD_LAPSE_EVENT_TYPES:  # a held payment's charge lapsed
+        return _accept_hold_lapse(event["data"]["object"], event_id, event_type)
     view = gateway.session_view(event["data"]["object"])
     if view.id is None or not _usable_id(view.id):
         # Every Checkout Session event names its session; without one there is nothing to
@@ -258,7 +259,7 @@ def _accept(event: dict):
         )
 
     try:
-        if event_type == "checkout.session.expired" or _maybe_held(view):
+        if event_type == "checkout.session.expired" or may_be_held(view):
             view = _trust_provider_now(view)
         # The receipt rides in the transaction that dedups and applies the event: one commit.
         result = apply_session(
@@ -296,6 +297,19 @@ def _accept_refund(event: dict, event_id, event_type):
         event_id,
         event_type,
         view.order_id,
+    )
+
+
+def _accept_hold_lapse(charge: dict, event_id, event_type):
+    """`charge.expired`: the charge names its payment, whose metadata names the order; the payment
+    is read from the provider and the order ended as for `payment_intent.canceled`. Unanswered, it
+    is recorded `failed`: that notice, or the hold's own deadline, ends the order instead."""
+    intent, charge_id = charge.get("payment_intent"), charge.get("id")
+    if not isinstance(intent, str) or not intent or not _usable_id(intent):
+        _record(ReceiptOutcome.IGNORED, "the charge names no payment", 200, event_id, event_type)
+        return jsonify({"received": True, "outcome": "ignored"}), 200
+    return _applied_with_receipt(
+        lambda receipt: hold_lapsed(intent, str(charge_id or ""), before_commit=receipt), event_id, event_type, None
     )
 
 
@@ -360,16 +374,6 @@ def _in_words(exc: Exception) -> str:
 def _log_unknown(result, event_id, event_type, view) -> None:
     if result.outcome == Outcome.UNKNOWN_ORDER:
         log.warning("webhook event %s (%s) for an unknown order (session %s)", event_id, event_type, view.id)
-
-
-def _maybe_held(view) -> bool:
-    """CAPTURE_MODE=dispatch: a completed session reporting `unpaid` may hold a card payment for a
-    later capture; only the session read with its payment says (the event's copy does not)."""
-    return (
-        current_app.config["CAPTURE_MODE"] == CaptureMode.DISPATCH
-        and view.status == gateway.SessionStatus.COMPLETE
-        and view.payment_status == gateway.SessionPaymentStatus.UNPAID
-    )
 
 
 def _trust_provider_now(view):

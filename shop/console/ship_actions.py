@@ -5,7 +5,7 @@ first, and the ship action (asked, then confirmed, then done once by
 from __future__ import annotations
 
 from flask import url_for
-from sqlalchemy import select
+from sqlalchemy import select, text
 from wtforms import HiddenField, StringField
 
 from ..domain.deadlines import utcnow
@@ -14,6 +14,7 @@ from ..domain.results import SubmissionOutcome
 from ..domain.timestamps import iso
 from ..extensions import db
 from ..models import Order
+from ..models.orders import TO_SHIP
 from ..orders.fulfilment import ALREADY_SHIPPED, NOTHING_TO_SHIP, TRACKING_MAX, ship_order
 from ..web.answers import respond
 from . import audit
@@ -45,20 +46,15 @@ def _shipped_json(order: Order) -> dict:
             "tracking": order.tracking}  # fmt: skip
 
 
+def to_ship_query():
+    """The to-ship list's query: ix_orders_to_ship's own predicate and order, a scan of that index."""
+    return select(Order).where(text(TO_SHIP)).order_by(Order.updated_at, Order.id).limit(TO_SHIP_SHOWN)
+
+
 @bp.get("/shipping")
 def to_ship():
     """The paid orders with goods to send and not yet shipped, the longest waiting first."""
-    rows = db.session.execute(
-        select(Order)
-        .where(
-            Order.status.in_((OrderStatus.PAID, OrderStatus.AUTHORIZED)),
-            Order.ships.is_(True),
-            Order.shipped_at.is_(None),
-            Order.capture_requested_at.is_(None),
-        )
-        .order_by(Order.updated_at, Order.id)
-        .limit(TO_SHIP_SHOWN)
-    ).scalars()
+    rows = db.session.execute(to_ship_query()).scalars()
     orders = [
         {"reference": o.reference, "email": o.email, "total": o.total, "currency": o.currency,
          "paid_at": iso(o.updated_at), "created_at": iso(o.created_at)}

@@ -95,6 +95,7 @@ WEBHOOK_EVENT_WORDS = {
     "refund.failed": "Refund failed",
     "payment_intent.payment_failed": "Card refused on the payment page",
     "payment_intent.canceled": "Held payment released",
+    "charge.expired": "Held payment lapsed",
 }
 
 # Money for an order this database does not know (docs/REFERENCE.md, GET /console/refunds).
@@ -106,6 +107,7 @@ UNKNOWN_PAYMENT_WORDS = {
     UnknownPaymentStatus.REFUNDED: "money returned",
     UnknownPaymentStatus.REFUND_FAILED: "refund did not go through: needs an operator",
     UnknownPaymentStatus.NOT_OURS: "not this shop's payment page: needs an operator",
+    UnknownPaymentStatus.VOIDED: "only held, released: nothing was taken",
 }
 
 # Which path found money for an unknown order (payments.apply's `source`).

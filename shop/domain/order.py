@@ -42,13 +42,16 @@ S = OrderStatus
 
 
 class Transition(StrEnum):
-    """What the store can save: the aggregate's transitions, plus `adopt_and_pay` (money that is
-    real for an order that had not started its payment: start and pay in one write)."""
+    """What the store can save: the aggregate's transitions, plus `adopt_and_pay` and
+    `adopt_and_authorize` (money that is real, or held, for an order that had not started its
+    payment: start and pay, or authorize, in one write)."""
 
     START_PAYMENT = "start_payment"
     MARK_PAID = "mark_paid"
     MARK_AUTHORIZED = "mark_authorized"
     ADOPT_AND_PAY = "adopt_and_pay"
+    # The same for money the provider holds (CAPTURE_MODE=dispatch): start and authorize in one write.
+    ADOPT_AND_AUTHORIZE = "adopt_and_authorize"
     MARK_PAYMENT_FAILED = "mark_payment_failed"
     CANCEL = "cancel"
     MARK_INVENTORY_RESTORED = "mark_inventory_restored"
@@ -68,6 +71,7 @@ ALLOWED = {
     T.MARK_PAID: frozenset({S.PAYMENT_INITIATED, S.AUTHORIZED}),
     T.MARK_AUTHORIZED: frozenset({S.PAYMENT_INITIATED}),
     T.ADOPT_AND_PAY: frozenset({S.PENDING_PAYMENT, S.PAYMENT_FAILED}),
+    T.ADOPT_AND_AUTHORIZE: frozenset({S.PENDING_PAYMENT, S.PAYMENT_FAILED}),
     T.MARK_PAYMENT_FAILED: frozenset({S.PAYMENT_INITIATED}),
     # An Authorized order's hold is voided with its cancel, never refunded (payments.holds).
     T.CANCEL: frozenset({S.PENDING_PAYMENT, S.PAYMENT_INITIATED, S.PAYMENT_FAILED, S.AUTHORIZED}),

@@ -1,9 +1,30 @@
-from sqlalchemy import JSON, Boolean, CheckConstraint, ForeignKey, Index, Integer, String, Text, event, false, func
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    event,
+    false,
+    func,
+    text,
+)
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 from ..domain.order import OrderStatus
 from ..extensions import Model
 from .types import OrderStatusText, UTCDateTime, now_utc
+
+# The console's to-ship list (GET /console/shipping): paid or authorized orders with goods not yet
+# shipped nor being captured. One text for the partial index's predicate and for the query, so that
+# both databases see the very terms the index was built on (each proves "implied" only by matching).
+TO_SHIP = (
+    "ships = true AND shipped_at IS NULL AND capture_requested_at IS NULL "
+    f"AND status IN ('{OrderStatus.PAID.value}', '{OrderStatus.AUTHORIZED.value}')"
+)
 
 
 class ReadOnlyOrder(RuntimeError):
@@ -112,6 +133,8 @@ class Order(Model):
             postgresql_where=payment_queued_at.is_not(None),
             sqlite_where=payment_queued_at.is_not(None),
         ),
+        # The to-ship list, oldest first: only the orders on it (shipped and cancelled ones leave it).
+        Index("ix_orders_to_ship", "updated_at", "id", postgresql_where=text(TO_SHIP), sqlite_where=text(TO_SHIP)),
     )
 
 

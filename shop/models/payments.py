@@ -190,6 +190,7 @@ class UnknownPaymentStatus(StrEnum):
     REFUNDED = "refunded"
     REFUND_FAILED = "refund_failed"  # the provider could not give it back: an operator acts
     NOT_OURS = "not_ours"  # paid, but not marked as this shop's session: never refunded automatically
+    VOIDED = "voided"  # only held (CAPTURE_MODE=dispatch), never taken: the hold was released
 
 
 class UnknownPayment(Model):

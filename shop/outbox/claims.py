@@ -56,12 +56,17 @@ def _claim_one_returning(t, columns: tuple[str, ...]):
 
 
 # What a drain claims first among the rows due: the work that gives stock back (a cancelled
-# order's restore, an unpaid order's deadline) before the work that only tells someone (emails).
-# Under a backlog, stock is back on sale in the time the restores alone take; the emails follow.
-# Within a rank, oldest due first. By column and name, as the writer stores them.
+# order's restore, an unpaid order's deadline) or moves held money (a ship's capture, a cancel's
+# void, a hold's own deadline, which must run before the hold lapses) before the work that only
+# tells someone (emails). Under a backlog, stock is back on sale and held money taken or released
+# in the time that work alone takes; the emails follow. Within a rank, oldest due first. By
+# column and name, as the writer stores them.
 CLAIMED_FIRST = {
     "outbox_deliveries": ("handler", ("restore_inventory",)),
-    "scheduled_commands": ("kind", (CommandKind.EXPIRE_UNPAID_ORDER,)),
+    "scheduled_commands": (
+        "kind",
+        (CommandKind.EXPIRE_UNPAID_ORDER, CommandKind.CAPTURE_PAYMENT, CommandKind.VOID_PAYMENT, CommandKind.END_HOLD),
+    ),
 }
 
 

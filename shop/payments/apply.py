@@ -164,7 +164,7 @@ def _apply_once(
             view.order_id,
             view.client_reference_id,
         )
-        if view.payment_status == gateway.SessionPaymentStatus.PAID and view.id:
+        if (view.payment_status == gateway.SessionPaymentStatus.PAID or holds.is_held(view)) and view.id:
             # Money for no order this database knows is never kept: checked with the provider,
             # then applied or refunded (shop.payments.unknown_money).
             record_unknown_payment(view, found_via=source, now=now)
@@ -338,11 +338,12 @@ def reconcile_order(order_id: int, source: str = "console", now: datetime | None
 
 def async_failed(view: gateway.SessionView) -> bool:
     """A completed-but-unpaid session whose payment is no longer processing has failed. Asks the
-    provider about the payment only for such a session."""
+    provider about the payment only for such a session, and not for one whose answer shows it held."""
     return (
         view.status == gateway.SessionStatus.COMPLETE
         and view.payment_status == gateway.SessionPaymentStatus.UNPAID
         and view.payment_intent is not None
+        and not holds.is_held(view)
         and gateway.payment_intent_failed(view.payment_intent)
     )
 

@@ -18,6 +18,7 @@ from flask import current_app
 
 from ..domain.deadlines import as_utc, utcnow
 from ..domain.order import HOLD_LAPSING, OrderStatus, Transition
+from ..domain.payment import CaptureMode
 from ..domain.results import Refused
 from ..extensions import db
 from ..models import CommandKind, PaymentProofRefusal, ScheduledCommand
@@ -47,6 +48,22 @@ def is_held(view: gateway.SessionView) -> bool:
     )
 
 
+def may_be_held(view: gateway.SessionView) -> bool:
+    """A completed session reporting `unpaid` that asked for card payments to be held (or any,
+    under CAPTURE_MODE=dispatch) may hold one for a later capture; only the session read with its
+    payment says (an event's copy, or a listed event, names its payment without it). Every path
+    that has only such a copy asks first. The session's own word covers sessions made before
+    the mode was switched back to `checkout`."""
+    return (
+        view.status == gateway.SessionStatus.COMPLETE
+        and view.payment_status == gateway.SessionPaymentStatus.UNPAID
+        and (
+            view.hold.capture_method == gateway.CaptureMethod.MANUAL
+            or current_app.config["CAPTURE_MODE"] == CaptureMode.DISPATCH
+        )
+    )
+
+
 def hold_problems(order: LoadedOrder, view: gateway.SessionView) -> str:
     """ "" when the hold pays this order (the payment proof, as for a paid session, and the amount
     capturable all that the session charges), else what is wrong, in words."""
@@ -57,41 +74,61 @@ def hold_problems(order: LoadedOrder, view: gateway.SessionView) -> str:
     return "; ".join(problems)
 
 
+# The states in which an order can still take a hold: waiting at the payment page (through this
+# session or another), or not (or no longer) at one; the session is adopted then, as money is.
+TAKES_A_HOLD = (OrderStatus.PAYMENT_INITIATED, OrderStatus.PENDING_PAYMENT, OrderStatus.PAYMENT_FAILED)
+
+
 def apply_held(order: LoadedOrder, view: gateway.SessionView, *, source: str, now: datetime):
-    """The provider holds money for `order` through `view`'s session: the order becomes
-    Authorized when it waits for exactly this payment, and a hold it cannot take (cancelled, or
-    paid through another session) is voided. Returns (outcome word, detail)."""
-    if order.status is OrderStatus.PAYMENT_INITIATED and order.payment_session_id == view.id:
+    """The provider holds money for `order` through `view`'s session: an order that can still
+    take it (TAKES_A_HOLD) becomes Authorized when the hold pays it exactly (else the refusal is
+    recorded for an operator, as for a paid session); a hold it cannot take (cancelled, or paid or
+    authorized through another session) is voided, never captured and refunded. Returns
+    (outcome word, detail)."""
+    if order.status in TAKES_A_HOLD:
         problems = hold_problems(order, view)
         if problems:
-            db.session.add(
-                PaymentProofRefusal(
-                    order_id=order.id,
-                    session_id=view.id,
-                    source=source,
-                    problems=problems,
-                    amount_total=view.amount_total,
-                    currency=(view.currency or "")[:3] or None,
-                    created_at=now,
-                )
-            )
-            log.warning("held payment refused for order %s (session %s): %s", order.reference, view.id, problems)
+            _refuse(order, view, problems, source=source, now=now)
             return "proof_refused", problems
-        assert view.amount_total is not None and view.currency is not None  # the proof checked both
-        result = order.mark_authorized(view.id, view.amount_total, view.currency)
-        assert not isinstance(result, Refused), result  # PaymentInitiated may be authorized
-        charge_of(order, view)
-        order.held_until(view.hold.capture_before)
-        order_store.save(order, Transition.MARK_AUTHORIZED, result.events, now=now)
-        _arm_deadline(order, now)
+        _authorize(order, view, now=now)
         log.info("order %s authorized: held until it ships (session %s, via %s)", order.reference, view.id, source)
         return "authorized", ""
     if order.status is OrderStatus.AUTHORIZED and order.payment_session_id == view.id:
         return "noop", "already authorized"
-    if order.status in (OrderStatus.CANCELLED, OrderStatus.PAID, OrderStatus.AUTHORIZED):
-        created = schedule_void(order.id, view.id, view.payment_intent, now)
-        return ("void_created" if created else "noop"), f"money held for an order that is {order.status.value}"
-    return "noop", f"order is {order.status.value}"
+    created = schedule_void(order.id, view.id, view.payment_intent, now)
+    return ("void_created" if created else "noop"), f"money held for an order that is {order.status.value}"
+
+
+def _refuse(order: LoadedOrder, view: gateway.SessionView, problems: str, *, source: str, now: datetime) -> None:
+    db.session.add(
+        PaymentProofRefusal(
+            order_id=order.id,
+            session_id=view.id,
+            source=source,
+            problems=problems,
+            amount_total=view.amount_total,
+            currency=(view.currency or "")[:3] or None,
+            created_at=now,
+        )
+    )
+    log.warning("held payment refused for order %s (session %s): %s", order.reference, view.id, problems)
+
+
+def _authorize(order: LoadedOrder, view: gateway.SessionView, *, now: datetime) -> None:
+    """Authorized through `view`'s session, with the hold's deadline armed; an order that had not
+    started (or had failed) its payment adopts the session first, in the same write."""
+    assert view.amount_total is not None and view.currency is not None  # the proof checked both
+    transition, events = Transition.MARK_AUTHORIZED, ()
+    if order.status is not OrderStatus.PAYMENT_INITIATED:
+        adopted = order.start_payment(view.id, view.url)
+        assert not isinstance(adopted, Refused), adopted  # both unpaid states start a payment
+        transition, events = Transition.ADOPT_AND_AUTHORIZE, adopted.events
+    result = order.mark_authorized(view.id, view.amount_total, view.currency)
+    assert not isinstance(result, Refused), result  # PaymentInitiated may be authorized
+    charge_of(order, view)
+    order.held_until(view.hold.capture_before)
+    order_store.save(order, transition, events + result.events, now=now)
+    _arm_deadline(order, now)
 
 
 def schedule_void(order_id: int, session_id: str | None, intent: str | None, now: datetime) -> bool:
@@ -190,22 +227,53 @@ class HoldNews:
     detail: str = ""
 
 
-def hold_ended(view: gateway.PaymentView, *, before_commit, now: datetime | None = None) -> HoldNews:
+def hold_ended(
+    view: gateway.PaymentView, *, before_commit, now: datetime | None = None, lapsed_charge: str | None = None
+) -> HoldNews:
     """The provider says a held payment ended uncaptured (`payment_intent.canceled`: voided, or the
-    hold lapsed): an order still Authorized and not being captured ends as at the hold's deadline
-    (cancelled, stock back, customer told). One being captured is left: its capture is refused and
-    dead-letters for an operator. `before_commit(news)` runs in the same transaction."""
+    hold lapsed; or `lapsed_charge`, its latest charge, expired): an order still Authorized and
+    not being captured ends as at the hold's deadline (cancelled, stock back, customer told). One
+    being captured is left: its capture is refused and dead-letters for an operator. Whichever of
+    the two notices comes first ends it; the other, or a repeat, finds it ended and changes
+    nothing. `before_commit(news)` runs in the same transaction."""
     now = now or utcnow()
-    with uow.transaction():
-        order = order_store.read(view.order_id) if view.order_id is not None else None
-        if order is None:
-            news = HoldNews("unknown_order", view.order_id)
-        elif order.status is not OrderStatus.AUTHORIZED or view.status != gateway.PaymentIntentStatus.CANCELED:
-            news = HoldNews("noop", order.id, f"order is {order.status.value}")
-        elif order.capture_requested_at is not None:
-            news = HoldNews("noop", order.id, "its capture is under way and will be refused")
-        else:
-            refused = cancel_held(order, HOLD_LAPSING, now)
-            news = HoldNews("cancelled" if refused is None else "noop", order.id, refused.message if refused else "")
-        before_commit(news)
-    return news
+
+    def attempt(_n: int) -> HoldNews:
+        with uow.transaction():
+            order = order_store.read(view.order_id) if view.order_id is not None else None
+            if order is None:
+                news = HoldNews("unknown_order", view.order_id)
+            elif order.status is not OrderStatus.AUTHORIZED or not _ended(view, lapsed_charge):
+                news = HoldNews("noop", order.id, f"order is {order.status.value}")
+            elif order.capture_requested_at is not None:
+                news = HoldNews("noop", order.id, "its capture is under way and will be refused")
+            else:
+                refused = cancel_held(order, HOLD_LAPSING, now)
+                news = HoldNews(
+                    "cancelled" if refused is None else "noop", order.id, refused.message if refused else ""
+                )
+            before_commit(news)
+        return news
+
+    # Both notices of one lapse may arrive at once: the loser's retry finds the order ended.
+    return order_store.retry_on_lost_race(4, attempt)
+
+
+def _ended(view: gateway.PaymentView, lapsed_charge: str | None) -> bool:
+    """The payment can no longer be captured: cancelled, or the charge that held it expired (the
+    payment was not captured meanwhile)."""
+    if view.status == gateway.PaymentIntentStatus.CANCELED:
+        return True
+    return (
+        lapsed_charge is not None
+        and view.latest_charge == lapsed_charge
+        and view.status != gateway.PaymentIntentStatus.SUCCEEDED
+    )
+
+
+def hold_lapsed(intent_id: str, charge_id: str | None, *, before_commit, now: datetime | None = None) -> HoldNews:
+    """`charge.expired`: a held payment's charge lapsed uncaptured. The charge does not name the
+    order; its payment does, so the provider is asked for it (no transaction open meanwhile), then
+    the order ends exactly as for `payment_intent.canceled` (`hold_ended`)."""
+    view = gateway.retrieve_payment(intent_id)
+    return hold_ended(view, before_commit=before_commit, now=now, lapsed_charge=charge_id)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..provider import gateway
 from .apply import apply_session
+from .holds import hold_ended, hold_lapsed
 from .refunds import apply_refund_report
 
 log = logging.getLogger("shop.payments")
@@ -54,6 +55,8 @@ def reapply_event(body: str, *, source: str = "console") -> Reapplied:
         return Reapplied(str(report.outcome), report.detail, report.order_id)
     if event_type not in gateway.EVENT_TYPES:
         return Reapplied("not_used", f"event type {event_type} is not used by the shop")
+    if event_type in gateway.HOLD_END_EVENT_TYPES or event_type in gateway.HOLD_LAPSE_EVENT_TYPES:
+        return _reapply_hold_end(event_type, obj)
     view = gateway.session_view(obj)
     if not view.id:
         return Reapplied("not_used", "the event names no checkout session")
@@ -71,3 +74,16 @@ def reapply_event(body: str, *, source: str = "console") -> Reapplied:
         expired_by_cancel=by_cancel,
     )
     return Reapplied(str(result.outcome), result.detail, result.order.id if result.order is not None else view.order_id)
+
+
+def _reapply_hold_end(event_type: str, obj: dict) -> Reapplied:
+    """A held payment's end, as the webhook applies it (`holds.hold_ended`, `holds.hold_lapsed`):
+    an order it already ended changes nothing."""
+    if event_type in gateway.HOLD_LAPSE_EVENT_TYPES:
+        intent = obj.get("payment_intent")
+        if not isinstance(intent, str) or not intent:
+            return Reapplied("not_used", "the charge names no payment")
+        news = hold_lapsed(intent, str(obj.get("id") or ""), before_commit=lambda _news: None)
+    else:
+        news = hold_ended(gateway.payment_view(obj), before_commit=lambda _news: None)
+    return Reapplied(news.outcome, news.detail, news.order_id)

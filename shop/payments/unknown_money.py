@@ -14,7 +14,8 @@ already have been answered by the machine that was lost. Such money is never kep
   Idempotency-Key names the session), if the session carries this shop's mark (shop.provider.mark):
   a payment of another integration sharing the provider account is left alone and shown to an
   operator instead;
-* the refund is followed until the provider says it is done.
+* the refund is followed until the provider says it is done;
+* money only held (CAPTURE_MODE=dispatch) is voided instead, never captured and refunded.
 
 This module and `unknown_sighting.py` (which records a sighting, for `payments.apply`) are the
 writers of `unknown_payments`. The settling sits above apply (it applies what the provider says);
@@ -35,6 +36,7 @@ from ..outbox import schedule_command
 from ..outbox.failures import PermanentFailure
 from ..provider import gateway
 from ..provider.mark import shop_mark
+from . import holds
 from .apply import Outcome, ask_and_apply
 
 log = logging.getLogger("shop.payments")
@@ -57,7 +59,8 @@ def settle_unknown_payment(row_id: int, now: datetime) -> datetime | None:
         return None
     answer = ask_and_apply(row.session_id, source="unknown payment check", now=now, in_transaction=True)
     view = answer.view
-    if view.payment_status != gateway.SessionPaymentStatus.PAID:
+    held = holds.is_held(view)
+    if view.payment_status != gateway.SessionPaymentStatus.PAID and not held:
         return _settle(row, S.NOT_PAID, f"the provider says the session is {view.status}, {view.payment_status}", now)
     applied = answer.applied
     if applied is not None and applied.outcome is not Outcome.UNKNOWN_ORDER:
@@ -74,6 +77,8 @@ def settle_unknown_payment(row_id: int, now: datetime) -> datetime | None:
             now,
         )
     intent = view.payment_intent or row.payment_intent_id
+    if held and intent:
+        return _void(row, intent, now)
     if not intent or not view.amount_total:
         raise LookupError(f"the provider names no payment to refund for session {row.session_id} yet")
     row.payment_intent_id, row.amount, row.currency = intent, view.amount_total, (view.currency or row.currency)
@@ -90,6 +95,19 @@ def settle_unknown_payment(row_id: int, now: datetime) -> datetime | None:
         "refunded %s %s paid through session %s for no order this shop knows", row.amount, row.currency, row.session_id
     )
     return _after_refund_status(row, refund.status, now)
+
+
+def _void(row: UnknownPayment, intent: str, now: datetime) -> None:
+    """Money only held for no order: the hold is released (holds.VOID_KEY, as for an order's void),
+    never captured and refunded; one voided or lapsed already is settled the same."""
+    try:
+        gateway.void_payment(intent, holds.VOID_KEY.format(intent=intent))
+    except gateway.ProviderRefused as exc:
+        if gateway.retrieve_payment(intent).status != gateway.PaymentIntentStatus.CANCELED:
+            raise PermanentFailure(f"the provider refused to void payment {intent} of {row.session_id}: {exc}") from exc
+    row.payment_intent_id = intent
+    log.warning("released the hold on payment %s (session %s) for no order this shop knows", intent, row.session_id)
+    return _settle(row, S.VOIDED, f"only held, never taken: hold on {intent} released", now)
 
 
 def _follow_refund(row: UnknownPayment, refund_id: str, now: datetime) -> datetime | None:

@@ -51,6 +51,7 @@ EVENT_TYPES = [
     "refund.failed",
     "payment_intent.payment_failed",
     "payment_intent.canceled",
+    "charge.expired",
 ]
 # A refund's news (docs/REFERENCE.md, Webhook): its object is the refund, not a session.
 REFUND_EVENT_TYPES = ("refund.updated", "refund.failed")
@@ -60,6 +61,9 @@ PAYMENT_FAILURE_EVENT_TYPES = ("payment_intent.payment_failed",)
 # A held payment ended uncaptured (CAPTURE_MODE=dispatch): voided, or its hold lapsed. Its object is
 # the PaymentIntent (payments.holds.hold_ended).
 HOLD_END_EVENT_TYPES = ("payment_intent.canceled",)
+# A held payment's charge lapsed uncaptured: its object is the charge, which names its PaymentIntent
+# but not the order (payments.holds.hold_lapsed asks for the payment).
+HOLD_LAPSE_EVENT_TYPES = ("charge.expired",)
 
 
 def _object(value) -> dict:
@@ -244,7 +248,9 @@ def session_view(obj) -> SessionView:
         else None
     )
     intent = obj.get("payment_intent")
-    refunded, hold = None, NO_HOLD
+    # Unexpanded, the payment says nothing; the session still says whether it asked for card
+    # payments to be held (`payment_method_options.card.capture_method`).
+    refunded, hold = None, Hold(capture_method=_card_capture(obj))
     if isinstance(intent, dict):
         hold = hold_of(intent)
         charge = intent.get("latest_charge")
@@ -279,6 +285,13 @@ def session_view(obj) -> SessionView:
         tax=session_tax_of(obj),
         hold=hold,
     )
+
+
+def _card_capture(session: dict) -> str | None:
+    options = session.get("payment_method_options")
+    card = options.get("card") if isinstance(options, dict) else None
+    method = card.get("capture_method") if isinstance(card, dict) else None
+    return method if isinstance(method, str) else None
 
 
 # The Idempotency-Key of the expire call a customer's cancel makes. Stripe copies a request's key

@@ -130,6 +130,13 @@ TRANSITIONS = {
     # Money that is real for an order that had not started (or had failed) its payment: the session
     # is adopted and paid in one transition.
     T.ADOPT_AND_PAY: _writes(T.ADOPT_AND_PAY, (*_PAID, "payment_session_url"), payment_queued_at=None, **_PAID_CLEARS),
+    # The same for money the provider holds (CAPTURE_MODE=dispatch): adopted and authorized.
+    T.ADOPT_AND_AUTHORIZE: _writes(
+        T.ADOPT_AND_AUTHORIZE,
+        (*_PAID, "payment_session_url", "hold_expires_at"),
+        payment_queued_at=None,
+        **_PAID_CLEARS,
+    ),
     T.MARK_PAYMENT_FAILED: _writes(T.MARK_PAYMENT_FAILED, ("status", "last_payment_error"), payment_processing_at=None),
     # `watch_from` starts the sweep's late-money watch of the order (None: only if an async payment
     # was settling, which then becomes the watch, since when it settled). Why and when it was

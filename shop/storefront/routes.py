@@ -21,6 +21,7 @@ from ..orders.lookup import just_ordered_by
 from ..orders.release import place_order_releasing
 from ..payments.apply import Outcome, ask_and_apply
 from ..payments.checkout_queue import expected_wait_seconds, place_in_line
+from ..payments.holds import is_held
 from ..payments.start import StartCode, StartOutcome, StartStatus, joined_line, line_is_held, start_payment
 from ..provider import gateway
 from ..store import order_store
@@ -388,5 +389,6 @@ def _confirm_with_the_provider(order: Order, session_id: str) -> None:
         view.payment_status != gateway.SessionPaymentStatus.PAID
         and view.status == gateway.SessionStatus.COMPLETE
         and answer.applied.outcome != Outcome.PAYMENT_FAILED
+        and not is_held(view)  # held until it ships: the order page says so
     ):
         flash("Your payment is being processed; we will email you when it completes.")

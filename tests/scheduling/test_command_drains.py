@@ -17,7 +17,7 @@ from factories import place_order_for, seed_catalog_rows
 from shop import queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
-from shop.models import Order, ScheduledCommand
+from shop.models import CommandKind, Order, ScheduledCommand
 from shop.outbox.dispatch import drain_commands
 from shop.outbox.relay import wake_due_work
 from shop.outbox.writer import schedule_command
@@ -230,6 +230,34 @@ def test_a_drain_runs_the_deadlines_due_before_older_emails(fresh_app, monkeypat
         drain_commands(now=now, batch_size=5)
     assert ran[:5] == ["deadline"] * 5  # the first batch: the deadlines, not the oldest emails
     assert ran.count("email") == 30  # and nothing is left behind
+
+
+def test_a_drain_runs_the_held_money_work_due_before_older_emails(fresh_app, monkeypatch):
+    """A ship's capture, a cancel's void and a hold's own deadline are money work: claimed first
+    too (outbox.claims.CLAIMED_FIRST), so a backlog of emails never makes a hold lapse unseen."""
+    ran, lock = [], threading.Lock()
+    money = (CommandKind.CAPTURE_PAYMENT, CommandKind.VOID_PAYMENT, CommandKind.END_HOLD)
+
+    def note(kind):
+        def command(row, now):
+            with lock:
+                ran.append(kind)
+
+        return command
+
+    for kind in (CommandKind.SEND_EMAIL, *money):
+        monkeypatch.setitem(shop.scheduling.commands.COMMANDS, kind, note(kind))
+    now = utcnow()
+    with fresh_app.app_context():
+        for n in range(30):  # the emails fell due first, a minute ago
+            schedule_command(db.session, CommandKind.SEND_EMAIL, now - timedelta(seconds=60), payload={"n": n}, now=now)
+        for kind in money:
+            schedule_command(db.session, kind, now, payload={}, now=now)
+        db.session.commit()
+        db.session.remove()
+        drain_commands(now=now, batch_size=3)
+    assert sorted(ran[:3]) == sorted(money)  # the first batch: the money work, not the oldest emails
+    assert ran.count(CommandKind.SEND_EMAIL) == 30
 
 
 def test_a_drain_wakes_redis_once_per_batch_not_once_per_deadline(fresh_app, monkeypatch):

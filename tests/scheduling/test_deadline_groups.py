@@ -102,6 +102,29 @@ def test_a_session_the_read_did_not_list_as_expired_is_asked_about_alone_and_a_p
     assert [p for p in paths if p.startswith("/v1/checkout/sessions")] == [f"/v1/checkout/sessions/{paid_session}"]
 
 
+def test_a_card_payment_held_in_time_is_asked_about_alone_and_authorizes_its_order(make_fresh_app, sandbox):
+    """CAPTURE_MODE=dispatch: the read lists the held session completed and unpaid, with no payment
+    to tell a hold from a bank still paying; its deadline asks alone, and the order is Authorized."""
+    app = make_fresh_app(
+        STRIPE_API_BASE=sandbox.base_url,
+        STRIPE_SESSION_MIN_SECONDS=60,
+        STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1000,
+        CAPTURE_MODE="dispatch",
+    )
+    with app.app_context():
+        placed = _orders_at_the_payment_page(GROUP, utcnow())
+        held_order, _, held_session = placed[-1]
+        assert sandbox.set_outcome(held_session, "paid")["payment_status"] == "unpaid"
+        ends = _session_ends(held_order)
+        sandbox.advance_clock((ends - utcnow()).total_seconds() + 1)
+
+        at = ends + expiry_reads.EXPIRY_GRACE
+        assert [run_command(deadline_id, now=at) for _, deadline_id, _ in placed] == ["done"] * GROUP
+
+        assert _statuses(placed) == ["Cancelled"] * (GROUP - 1) + ["Authorized"]
+        db.session.remove()
+
+
 def test_fewer_deadlines_than_a_group_each_ask_the_provider_alone(paying_ctx, sandbox):
     placed = _orders_at_the_payment_page(expiry_reads.BULK_THRESHOLD - 1, utcnow())
     ends = _session_ends(placed[0][0])

@@ -56,6 +56,10 @@ TRANSITIONS = {
     "start_payment": (S.PENDING_PAYMENT, lambda o: o.start_payment("cs_race", "https://pay.example/cs_race")),
     "mark_paid": (S.PAYMENT_INITIATED, lambda o: o.mark_paid("cs_race", 1, "usd")),
     "adopt_and_pay": (S.PAYMENT_FAILED, lambda o: (o.start_payment("cs_race"), o.mark_paid("cs_race", 1, "usd"))[1]),
+    "adopt_and_authorize": (
+        S.PENDING_PAYMENT,
+        lambda o: (o.start_payment("cs_race"), o.mark_authorized("cs_race", 1, "usd"))[1],
+    ),
     "mark_payment_failed": (S.PAYMENT_INITIATED, lambda o: o.mark_payment_failed("declined")),
     "cancel": (S.PAYMENT_INITIATED, lambda o: o.cancel(CANCELLED_BY_CUSTOMER)),
     "mark_inventory_restored": (S.CANCELLED, lambda o: o.mark_inventory_restored()),
@@ -114,7 +118,7 @@ def test_a_transition_saved_from_a_state_it_does_not_leave_is_refused_the_same_w
     before, move = TRANSITIONS[transition]
     snapshot = _snapshot_in(order_id, before)
     allowed = ALLOWED.get(transition, {S.CANCELLED}) | (
-        {S.PAYMENT_INITIATED} if transition == "adopt_and_pay" else set()
+        {S.PAYMENT_INITIATED} if transition in ("adopt_and_pay", "adopt_and_authorize") else set()
     )
     other = next(s for s in (S.PAID, S.CANCELLED, S.PENDING_PAYMENT) if s not in allowed)
     force_order(order_id, status=other.value)

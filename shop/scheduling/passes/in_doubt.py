@@ -13,6 +13,7 @@ from ...extensions import db
 from ...models import Order
 from ...outbox import uow
 from ...payments import apply as payments
+from ...payments import holds
 from ...payments.refunds import late_money_reason
 from ...provider import gateway
 from ..cycle import PassName, ProviderOutcome, Tally, order_error
@@ -56,8 +57,10 @@ def settle_from_events(
 ) -> set[int]:
     """Learn what happened to the sessions of the orders in doubt from the provider's event list
     and apply it: each session's latest event (completed, async succeeded or failed, expired)
-    through the same guarded path as the webhook. A session with no event since its order
-    started paying is still open, when the list was read to its end. Returns the orders settled
+    through the same guarded path as the webhook; a completed unpaid one that may hold a card
+    payment (holds.may_be_held) is left to the per-order pass, whose answer shows the payment. A
+    session with no event since its order started paying is still open, when the list was read
+    to its end. Returns the orders settled
     this way (the per-order pass leaves them); counts the pages read as `event_pages`."""
     now = clock()
     candidates = {sid: oid for oid, sid, updated in doubt if updated > now - EVENTS_KEPT}
@@ -79,6 +82,8 @@ def settle_from_events(
                 settled.add(order_id)
                 counts[ProviderOutcome.OPEN] = counts.get(ProviderOutcome.OPEN, 0) + 1
             continue
+        if holds.may_be_held(event.view):
+            continue  # the event does not say whether the payment is held: the per-order pass asks
         if not keep_lease():
             raise LeaseLost(f"the sweep lease lapsed or was taken over before order {order_id} (provider pass)")
         settled.add(order_id)

@@ -25,7 +25,7 @@ from ...extensions import db
 from ...models import KeyValue, Order, Refund, UnknownPayment
 from ...outbox import uow
 from ...payments import apply as payments
-from ...payments import refunds
+from ...payments import holds, refunds
 from ...provider import gateway
 from ..cycle import PassName, ProviderOutcome, Tally, error_kind
 from ..lease import LeaseLost
@@ -118,22 +118,34 @@ def _read_window(since: datetime, until: datetime, counts: dict) -> list | None:
     for _ in range(PAGE_CAP):
         page, more = gateway.paid_session_events(since=since, until=until, starting_after=after)
         counts[Tally.MONEY_PAGES] = counts.get(Tally.MONEY_PAGES, 0) + 1
-        found.extend(e for e in page if e.view.payment_status == gateway.SessionPaymentStatus.PAID and e.view.id)
+        found.extend(e for e in page if _took_money(e.view) and e.view.id)
         if not more or not page:
             return found
         after = page[-1].id
     return None
 
 
+def _took_money(view: gateway.SessionView) -> bool:
+    """Paid, or (CAPTURE_MODE=dispatch) completed unpaid: perhaps a card payment held, which only
+    the session read with its payment tells."""
+    return view.payment_status == gateway.SessionPaymentStatus.PAID or holds.may_be_held(view)
+
+
 def _apply_unless_held(event: gateway.SessionEvent, counts: dict, errors: list, clock) -> None:
     sid = event.view.id
     if _held(sid):
         return
-    refunded_as = refunds.refunded_by_shop(event.view)
+    refunded_as = None if holds.may_be_held(event.view) else refunds.refunded_by_shop(event.view)
     try:
-        applied = payments.apply_session(
-            event.view, source="sweep: unknown money", now=clock(), refunded_as=refunded_as
-        )
+        if holds.may_be_held(event.view):  # the event's copy does not say whether it is held: asked
+            applied = payments.ask_and_apply(sid, source="sweep: unknown money", now=clock()).applied
+            assert applied is not None  # without `for_order`, ask_and_apply always applies the answer
+        else:
+            applied = payments.apply_session(
+                event.view, source="sweep: unknown money", now=clock(), refunded_as=refunded_as
+            )
+    except gateway.ProviderUnavailable:
+        raise  # the caller reads the window again next cycle
     except Exception as exc:
         uow.rollback(db.session)
         log.exception("sweep: applying the provider's payment %s failed; the next cycle does not retry it", sid)
@@ -153,13 +165,12 @@ def _apply_unless_held(event: gateway.SessionEvent, counts: dict, errors: list, 
 
 
 def _held(session_id: str) -> bool:
-    """Is this payment already accounted for: an order paid through it, or a refund or unknown-money
-    row for it?"""
+    """Is this payment already accounted for: an order paid (or authorized) through it, or a refund
+    or unknown-money row for it?"""
     session = db.session
+    taken = (OrderStatus.PAID, OrderStatus.AUTHORIZED)
     held = (
-        session.execute(
-            select(Order.id).where(Order.payment_session_id == session_id, Order.status == OrderStatus.PAID)
-        ).first()
+        session.execute(select(Order.id).where(Order.payment_session_id == session_id, Order.status.in_(taken))).first()
         or session.execute(select(Refund.id).where(Refund.session_id == session_id)).first()
         or session.execute(select(UnknownPayment.id).where(UnknownPayment.session_id == session_id)).first()
     )
