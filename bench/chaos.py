@@ -52,6 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import chaos_holds  # noqa: E402  (bench/chaos_holds.py: the held journey, --capture dispatch)
 import requests  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
@@ -419,6 +420,14 @@ class Run:
         self.stock_samples = 0
         self.latency_supported = True
         self.converge_seconds = None
+        self.password = ""  # the console operator's, for the held journey's operators
+        self.operators = {}  # customer name -> its logged-in console browser (the held journey)
+
+    def operator_for(self, b: "Browser") -> "Browser":
+        """The console browser that ships and cancels `b`'s held orders, logged in once."""
+        if b.name not in self.operators:
+            self.operators[b.name] = console_login(self, self.password)
+        return self.operators[b.name]
 
     # -- sandbox --------------------------------------------------------------------------------
     def sb(self, method: str, path: str, body: dict | None = None):
@@ -542,6 +551,13 @@ def journey(run: Run, b: Browser, kind: str, rng: random.Random) -> None:
 def steps(run: Run, b: Browser, kind: str, rng: random.Random, ref: str, sid: str | None) -> None:
     if kind == "abandon":
         return
+    if kind in chaos_holds.HELD_JOURNEYS:
+        sid = ensure_session(run, b, ref, sid)
+        if sid is None:
+            run.stats.note("pay_now_never_started_a_payment")
+            return
+        chaos_holds.held_steps(run, b, run.operator_for(b), kind, rng, ref, sid)
+        return
     if kind == "cancel_before_pay":
         run.stats.note("cancel_before_pay:" + ("pending" if sid is None else "initiated"))
         run.stats.note("cancel_before_pay:" + b.cancel_current(ref))
@@ -633,7 +649,8 @@ def steps(run: Run, b: Browser, kind: str, rng: random.Random, ref: str, sid: st
 def customer(run: Run, index: int) -> None:
     rng = random.Random(run.args.seed * 1000 + index)
     b = Browser(run, f"customer{index}")
-    kinds, weights = zip(*JOURNEYS.items(), strict=True)
+    mix = {**JOURNEYS, **(chaos_holds.HELD_JOURNEYS if run.args.capture == "dispatch" else {})}
+    kinds, weights = zip(*mix.items(), strict=True)
     while not run.stopping.is_set():
         kind = rng.choices(kinds, weights)[0]
         try:
@@ -1028,7 +1045,7 @@ def _libpq_url(url) -> str:
 
 QUIET_SQL = """
 SELECT
- (SELECT count(*) FROM orders WHERE status IN ('PendingPayment', 'PaymentInitiated', 'PaymentFailed')
+ (SELECT count(*) FROM orders WHERE status IN ('PendingPayment', 'PaymentInitiated', 'PaymentFailed', 'Authorized')
      -- a cancelled order the sweep still watches: money may still come for its session (an async
      -- payment settling after the cancel, its webhook possibly dropped); the sweep finds it
      OR (status = 'Cancelled' AND late_money_watch_since IS NOT NULL)),
@@ -1358,6 +1375,8 @@ def _check_all(run: Run, sql, op: Browser, checks: Checks, refs: list, views: li
         f"{len(dead_refunds)} are refunds: known issue b)",
         [d["order_reference"] for d in dead if d.get("order_reference")],
     )
+    if run.args.capture == "dispatch":
+        chaos_holds.check_holds(run, checks, orders, API_KEY)
     return {
         "orders": orders,
         "timeline": timeline,
@@ -1502,6 +1521,13 @@ def parse_args(argv=None):
     p.add_argument("--lease", type=int, default=20, help="BACKSTOP_OUTBOX_LEASE_SECONDS for the run")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument(
+        "--capture",
+        choices=("checkout", "dispatch"),
+        default="checkout",
+        help="dispatch: CAPTURE_MODE=dispatch, card payments held, the held journeys mixed in (bench/chaos_holds.py)",
+    )
+    p.add_argument("--hold-seconds", type=int, default=90, help="a card hold's lifetime at the sandbox (dispatch)")
+    p.add_argument(
         "--database-url",
         default=os.environ.get("CHAOS_DATABASE_URL") or "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
         help="any database on the PostgreSQL server to use; a fresh one is created beside it",
@@ -1520,6 +1546,7 @@ def parse_args(argv=None):
         args.kill_every, args.scheduler_kill_every, args.wipe_every, args.pg_kill_every = 5, 14, 12, 11
         args.outage_every, args.outage_seconds, args.latency_every, args.latency_stretch = 13, 3, 16, 4
         args.reorder_every, args.delay_every = 9, 11
+        args.hold_seconds = 75  # the hold's deadline 15 s after authorization, its lapse a minute later
     if args.restore_drill:
         # Room for the three phases: traffic, more traffic after the copy, traffic on the copy.
         args.duration = max(args.duration, 40)
@@ -1639,6 +1666,9 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
             "BACKSTOP_OUTBOX_LEASE_SECONDS": str(args.lease),
         }
     )
+    run.password = password
+    if args.capture == "dispatch":
+        env.update(chaos_holds.shop_settings(args.hold_seconds))
     stack = Stack(workdir, env)
     holder["stack"] = stack
     flask = [sys.executable, "-m", "flask", "--app", "app"]
@@ -1696,6 +1726,8 @@ def drive(run: Run, args, workdir: str, database_url: str, sql, t0: float, holde
     run.initial = {sku: n for _, sku, n in rows}
     run.variants = [(vid, sku) for vid, sku, n in rows if n > 0]
     wait_for("the sandbox", lambda: requests.get(run.sandbox + "/_sandbox/faults", timeout=1).ok, stack, "sandbox")
+    if args.capture == "dispatch":
+        chaos_holds.hold_for(run.sandbox, args.hold_seconds)
     with app.app_context():
         register_webhook()
         db.session.remove()

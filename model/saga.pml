@@ -24,6 +24,9 @@
 #ifndef MAXS
 #define MAXS 2
 #endif
+#ifndef HOLD
+#define HOLD 0         /* 1: CAPTURE_MODE=dispatch, a card payment held until the order ships */
+#endif
 
 /* Order states (shop.domain.order.OrderStatus); REJECTED: the checkout was refused (out of stock). */
 #define NONE 0
@@ -33,6 +36,7 @@
 #define FAILED 4
 #define CANCELLED 5
 #define REJECTED 6
+#define AUTHORIZED 7   /* the card payment held, captured when an operator ships the order */
 
 /* A Checkout Session at the provider. */
 #define S_NONE 0
@@ -43,11 +47,16 @@
 #define S_EXPT 5       /* expired at its expires_at: the order's payment window ran out */
 #define S_EXPE 6       /* expired early, by hand at the provider */
 #define S_EXPC 7       /* expired by the shop: a cancel retiring it, or a start that lost its race */
+#define S_HELD 8       /* complete, the card payment held (requires_capture) */
+#define S_CAPT 9       /* the hold captured: the money taken */
+#define S_VOID 10      /* the hold ended uncaptured: voided by the shop, or lapsed at its capture_before */
 
 /* Webhook notices waiting per session, one bit per event type; each carries its snapshot. */
 #define W_PAID 1       /* checkout.session.completed (paid) or async_payment_succeeded */
+#define W_HELD 2       /* checkout.session.completed (unpaid, the payment held) */
 #define W_AFAIL 4      /* checkout.session.async_payment_failed */
 #define W_EXP 8        /* checkout.session.expired */
+#define W_CANCELED 16  /* payment_intent.canceled: the hold voided or lapsed */
 
 /* Compensation delivery (outbox_deliveries of restore_inventory). */
 #define D_NONE 0
@@ -87,6 +96,9 @@
 #define MARK_RESTORED(o) restored[o] = 1; BUMP(o)
 /* SEEDED (c): money for an order that can no longer take it (payments.apply._apply_paid). */
 #define LATE_MONEY(o, k) (st[o] == CANCELLED || (st[o] == PAID && psess[o] != k + 1))
+/* SEEDED (f): a ship's note of the capture (order_store.note_capture) moves the order's version,
+   so a cancel that read the order before it loses its race. */
+#define NOTE_CAPTURE(o) capreq[o] = 1; BUMP(o)
 
 short onhand = STOCK;
 byte st[N], psess[N], nsess[N], restore[N], reading[N], stale[N];
@@ -97,12 +109,49 @@ bit shown[N * MAXS], refund_row[N * MAXS], refund_cmd[N * MAXS];
 byte gave[N];                   /* times the order's stock was given back */
 byte provider_refunds[N * MAXS]; /* late-money refunds the provider made of each session */
 bit was_paid[N], was_cancelled[N];
+/* Capture at dispatch: the ship's note (capture_requested_at), shipped, the hold's deadline
+   (END_HOLD), the capture command (C_*), a void command per session and whether one was asked. */
+#define C_NONE 0
+#define C_PENDING 1
+#define C_DONE 2
+#define C_DEAD 3       /* the provider refused: a dead letter for an operator */
+bit capreq[N], shipped[N], hold_dl[N], voidcmd[N * MAXS], voidasked[N * MAXS];
+byte capcmd[N];
+/* Ghosts: holds taken at the provider, holds the shop voided, sessions that were ever held. */
+byte captures[N * MAXS];
+bit voided[N * MAXS], was_held[N * MAXS];
 
 /* --- the guarded transitions' effects (shop.domain.order), each inside its writer's atomic step --- */
 
 /* cancel: OrderCancelled to the outbox (the compensation's delivery), the deadline obsolete. */
 inline t_cancel(o) {
-  st[o] = CANCELLED; BUMP(o); was_cancelled[o] = 1; deadline[o] = 0; restore[o] = D_PENDING
+  st[o] = CANCELLED; BUMP(o); was_cancelled[o] = 1; deadline[o] = 0; hold_dl[o] = 0; restore[o] = D_PENDING
+}
+/* mark_authorized: held through session k; the hold's own deadline armed in the same commit. */
+inline t_authorized(o, k) {
+  st[o] = AUTHORIZED; psess[o] = k + 1; BUMP(o); deadline[o] = 0; hold_dl[o] = 1
+}
+/* payments.holds.schedule_void: once per session. */
+inline schedule_void(o, k) {
+  if
+  :: !voidasked[SI(o, k)] -> voidasked[SI(o, k)] = 1; voidcmd[SI(o, k)] = 1
+  :: else -> skip
+  fi
+}
+/* SEEDED (e): a held order's cancel voids its hold, never refunds it. */
+#define HELD_CANCEL(o) schedule_void(o, psess[o] - 1)
+/* payments.holds.cancel_held, its save: the cancel, and the void of the order's own hold. */
+inline t_cancel_held(o) {
+  t_cancel(o); HELD_CANCEL(o)
+}
+/* payments.holds.apply_held for session k's hold. */
+inline apply_held(o, k) {
+  if
+  :: st[o] == INITIATED && psess[o] == k + 1 -> t_authorized(o, k)
+  :: st[o] == AUTHORIZED && psess[o] == k + 1 -> skip              /* already authorized */
+  :: st[o] == CANCELLED || st[o] == PAID || (st[o] == AUTHORIZED && psess[o] != k + 1) -> schedule_void(o, k)
+  :: else -> skip                                                  /* an order not waiting: noop */
+  fi
 }
 /* mark_paid / adopt_and_pay: paid through session k. */
 inline t_paid(o, k) {
@@ -129,6 +178,7 @@ inline late_money(o, k) {
    session state); `hook`: it came by webhook (only the webhook knows an expiry was a cancel's). */
 inline apply(o, k, view, hook) {
   if
+  :: view == S_HELD -> apply_held(o, k)
   :: view == S_PAID ->
        if
        :: st[o] == PAID && psess[o] == k + 1 -> skip          /* already paid: a duplicate */
@@ -156,7 +206,7 @@ inline apply(o, k, view, hook) {
    orders.cancel) --- */
 proctype customer(byte o) {
   byte k, was;
-  bit money;
+  bit money, asked;
   /* Checkout: one transaction, the conditional decrement (on_hand >= n) last; a shortfall rolls
      the whole order back. The deadline is armed in the same commit. */
   atomic {
@@ -184,7 +234,8 @@ end:
        fi;
        DONE_READING(o, R_CUSTOMER); k = 0
      }
-  :: atomic { LIVE(o) -> READ(o, R_CUSTOMER); was = st[o]; k = psess[o]; money = 0; printf("STEP %d cancel\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
+  :: atomic { (LIVE(o) || st[o] == AUTHORIZED) -> READ(o, R_CUSTOMER); was = st[o]; k = psess[o]; money = 0; asked = capreq[o];
+       printf("STEP %d cancel\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
      /* An order at the hosted page: its session is retired first, no transaction open. */
      if
      :: was == INITIATED ->
@@ -203,9 +254,20 @@ end:
      fi;
      atomic {
        if
-       :: was == PAID -> printf("STEP %d cancel_refused\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
-       :: was != PAID && SAVE_GUARD(o, R_CUSTOMER) -> t_cancel(o); watch[o] = money; printf("STEP %d cancelled\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
-       :: was != PAID && !SAVE_GUARD(o, R_CUSTOMER) ->
+       :: was == PAID || (was == AUTHORIZED && asked) ->    /* paid, or a ship is capturing the hold */
+            printf("STEP %d cancel_refused\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
+       :: was == AUTHORIZED && !asked && SAVE_GUARD(o, R_CUSTOMER) ->
+            /* orders.cancel.cancel_authorized: cancel_held with the order it read, its save guarded */
+            t_cancel_held(o); printf("STEP %d cancelled\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
+       :: was == AUTHORIZED && !asked && !SAVE_GUARD(o, R_CUSTOMER) ->
+            /* LostRace: once more with the order read afresh */
+            if
+            :: st[o] == AUTHORIZED && !capreq[o] -> t_cancel_held(o)
+            :: else -> skip
+            fi;
+            printf("STEP %d cancel_moved\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
+       :: was != PAID && was != AUTHORIZED && SAVE_GUARD(o, R_CUSTOMER) -> t_cancel(o); watch[o] = money; printf("STEP %d cancelled\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
+       :: was != PAID && was != AUTHORIZED && !SAVE_GUARD(o, R_CUSTOMER) ->
             /* _moved_by_this_cancel: a PaymentFailed on the very session it retired is cancelled again */
             if
             :: was == INITIATED && st[o] == FAILED && psess[o] == k -> t_cancel(o); watch[o] = money
@@ -213,23 +275,36 @@ end:
             fi;
             printf("STEP %d cancel_moved\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
        fi;
-       DONE_READING(o, R_CUSTOMER); k = 0; was = 0; money = 0
+       DONE_READING(o, R_CUSTOMER); k = 0; was = 0; money = 0; asked = 0
      }
   od
 }
 
 /* --- the provider: the customer at the hosted page, async settlement, expiry --- */
+/* A hold lasts days (authorization_validity_seconds); the sweep asks about an order waiting at its
+   page within minutes: a hold lapses only once its order no longer waits for it. */
+#define LAPSES(o, k) (sess[SI(o, k)] == S_HELD && !(st[o] == INITIATED && psess[o] == k + 1))
 inline hosted(o, k) {
   if
   :: sess[SI(o, k)] == S_OPEN && shown[SI(o, k)] ->
        if
+#if HOLD
+       /* a card payment held (asynchronous methods capture at once: the checkout mode's journey) */
+       :: sess[SI(o, k)] = S_HELD; was_held[SI(o, k)] = 1; notes[SI(o, k)] = notes[SI(o, k)] | W_HELD;
+          printf("STEP %d held %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
+#else
        :: sess[SI(o, k)] = S_PAID; notes[SI(o, k)] = notes[SI(o, k)] | W_PAID; printf("STEP %d pay %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
        :: sess[SI(o, k)] = S_PROC; printf("STEP %d async %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
+#endif
        :: sess[SI(o, k)] = S_EXPT; notes[SI(o, k)] = notes[SI(o, k)] | W_EXP; printf("STEP %d expire %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
+#if !HOLD
        :: sess[SI(o, k)] = S_EXPE; notes[SI(o, k)] = notes[SI(o, k)] | W_EXP; printf("STEP %d expire_early %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
+#endif
        fi
   :: sess[SI(o, k)] == S_OPEN && !shown[SI(o, k)] ->   /* a session nobody was sent to runs out */
        sess[SI(o, k)] = S_EXPT; notes[SI(o, k)] = notes[SI(o, k)] | W_EXP; printf("STEP %d expire %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
+  :: LAPSES(o, k) ->    /* the hold's capture_before passed: the provider ends it */
+       sess[SI(o, k)] = S_VOID; notes[SI(o, k)] = notes[SI(o, k)] | W_CANCELED; printf("STEP %d lapse %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
   :: sess[SI(o, k)] == S_PROC ->
        if
        :: sess[SI(o, k)] = S_PAID; notes[SI(o, k)] = notes[SI(o, k)] | W_PAID; printf("STEP %d async_ok %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
@@ -237,7 +312,7 @@ inline hosted(o, k) {
        fi
   fi
 }
-#define PROVIDER_MAY(o, k) (sess[SI(o, k)] == S_OPEN || sess[SI(o, k)] == S_PROC)
+#define PROVIDER_MAY(o, k) (sess[SI(o, k)] == S_OPEN || sess[SI(o, k)] == S_PROC || LAPSES(o, k))
 
 proctype provider(byte o) {
 end:
@@ -249,6 +324,21 @@ end:
   od
 }
 
+/* payments.holds.hold_ended (payment_intent.canceled): an Authorized order not being captured
+   ends as at its hold's deadline. */
+inline hold_ended(o, k) {
+  if
+  :: st[o] == AUTHORIZED && psess[o] == k + 1 && !capreq[o] -> t_cancel_held(o)
+  :: else -> skip
+  fi
+}
+inline deliver(o, k, w, view) {
+  if
+  :: w == W_CANCELED -> hold_ended(o, k)
+  :: else -> apply(o, k, view, 1)
+  fi
+}
+
 /* --- the webhook endpoint: any waiting notice (so reordered), applied and dropped, applied and
    kept for another delivery (duplicated), or lost --- */
 inline notice(o, k) {
@@ -256,10 +346,14 @@ inline notice(o, k) {
   :: notes[SI(o, k)] & W_PAID -> w = W_PAID; view = S_PAID
   :: notes[SI(o, k)] & W_AFAIL -> w = W_AFAIL; view = S_AFAIL
   :: notes[SI(o, k)] & W_EXP -> w = W_EXP; view = sess[SI(o, k)]   /* the expired snapshot */
+#if HOLD
+  :: notes[SI(o, k)] & W_HELD -> w = W_HELD; view = S_HELD
+  :: notes[SI(o, k)] & W_CANCELED -> w = W_CANCELED; view = S_VOID
+#endif
   fi;
   if
-  :: true -> apply(o, k, view, 1); notes[SI(o, k)] = notes[SI(o, k)] & ~w; printf("STEP %d webhook %d %d\nSTATE %d %d %d %d %d\n", o, k, w, SHOWN(o))
-  :: true -> apply(o, k, view, 1); printf("STEP %d webhook_again %d %d\nSTATE %d %d %d %d %d\n", o, k, w, SHOWN(o))
+  :: true -> deliver(o, k, w, view); notes[SI(o, k)] = notes[SI(o, k)] & ~w; printf("STEP %d webhook %d %d\nSTATE %d %d %d %d %d\n", o, k, w, SHOWN(o))
+  :: true -> deliver(o, k, w, view); printf("STEP %d webhook_again %d %d\nSTATE %d %d %d %d %d\n", o, k, w, SHOWN(o))
   :: notes[SI(o, k)] = notes[SI(o, k)] & ~w; printf("STEP %d webhook_lost %d %d\nSTATE %d %d %d %d %d\n", o, k, w, SHOWN(o))
   fi;
   w = 0; view = 0
@@ -284,8 +378,20 @@ end:
   :: atomic { deadline[o] && st[o] == INITIATED && sess[CUR(o)] != S_OPEN ->
        /* waits for its session's expires_at, asks the provider and applies the answer */
        apply(o, psess[o] - 1, sess[CUR(o)], 0); deadline[o] = 0; printf("STEP %d deadline_asks\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
+#if HOLD
+  /* the hold's own (payments.holds.end_hold), a margin before it lapses: leaves an order being captured */
+  :: atomic { hold_dl[o] && st[o] == AUTHORIZED ->
+       if
+       :: !capreq[o] -> t_cancel_held(o)
+       :: else -> skip
+       fi;
+       hold_dl[o] = 0; printf("STEP %d hold_deadline\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
+#endif
   od
 }
+
+/* A complete session not paid: the late-money pass asks again later (a hold, or one that ended). */
+#define SETTLING(o) (sess[CUR(o)] == S_HELD || sess[CUR(o)] == S_VOID || sess[CUR(o)] == S_CAPT)
 
 /* --- the reconciliation sweep (scheduling.sweep): expiry pass, provider pass, the watch of a
    cancelled order's late money --- */
@@ -295,7 +401,7 @@ end:
   :: atomic { UNPAID(o) -> t_cancel(o); printf("STEP %d sweep_expires\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
   :: atomic { st[o] == INITIATED && sess[CUR(o)] != S_OPEN && sess[CUR(o)] != S_PROC ->
        apply(o, psess[o] - 1, sess[CUR(o)], 0); printf("STEP %d sweep_asks\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
-  :: atomic { st[o] == CANCELLED && watch[o] && sess[CUR(o)] != S_OPEN && sess[CUR(o)] != S_PROC ->
+  :: atomic { st[o] == CANCELLED && watch[o] && sess[CUR(o)] != S_OPEN && sess[CUR(o)] != S_PROC && !SETTLING(o) ->
        if
        :: sess[CUR(o)] == S_PAID ->
             apply(o, psess[o] - 1, S_PAID, 0);
@@ -325,6 +431,42 @@ inline refund_done(o, k) {
   k = 0
 }
 
+/* The capture command (orders.fulfilment.execute_capture): the hold taken under its own
+   idempotency key (once, however often it runs), then, in the runner's commit, the order Paid and
+   shipped; a capture the provider refuses (the hold ended) is a dead letter, the order left
+   Authorized; money taken for an order that moved meanwhile is a dead letter too. */
+inline capture_at_provider(o) {
+  was = st[o];
+  if
+  :: was == AUTHORIZED && sess[CUR(o)] == S_HELD -> sess[CUR(o)] = S_CAPT; captures[CUR(o)]++
+  :: was == AUTHORIZED && sess[CUR(o)] == S_CAPT -> skip      /* the key replayed */
+  :: was == AUTHORIZED && sess[CUR(o)] == S_VOID -> capcmd[o] = C_DEAD
+  :: was != AUTHORIZED -> skip
+  fi;
+  printf("STEP %d capture\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
+}
+inline capture_commit(o) {
+  if
+  :: capcmd[o] == C_DEAD -> skip
+  :: capcmd[o] != C_DEAD && !crashed -> crashed = 1; printf("STEP %d capture_crashed\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
+  :: capcmd[o] != C_DEAD && st[o] == AUTHORIZED ->
+       st[o] = PAID; BUMP(o); was_paid[o] = 1; shipped[o] = 1; hold_dl[o] = 0; capcmd[o] = C_DONE;
+       printf("STEP %d captured\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
+  :: capcmd[o] != C_DEAD && st[o] != AUTHORIZED && was == AUTHORIZED -> capcmd[o] = C_DEAD   /* taken, the order moved */
+  :: capcmd[o] != C_DEAD && st[o] != AUTHORIZED && was != AUTHORIZED -> capcmd[o] = C_DONE
+  fi;
+  was = 0
+}
+/* The void command (payments.holds.execute_void): a hold still held is voided; one that ended
+   or was captured is done, or a dead letter. */
+inline void_at_provider(o, k) {
+  if
+  :: sess[SI(o, k)] == S_HELD -> sess[SI(o, k)] = S_VOID; voided[SI(o, k)] = 1; notes[SI(o, k)] = notes[SI(o, k)] | W_CANCELED
+  :: else -> skip
+  fi;
+  voidcmd[SI(o, k)] = 0; printf("STEP %d voided %d\nSTATE %d %d %d %d %d\n", o, k, SHOWN(o))
+}
+
 /* --- an outbox worker: the compensation (saga.inventory.restore_inventory) and the late-money
    refund command, each delivered at least once; a crash between the read and the commit leaves
    the delivery to be retried, and a lapsed lease lets the other worker run it concurrently --- */
@@ -352,11 +494,28 @@ end:
   :: atomic { r == R_WORKER && refund_cmd[SI(o, 1)] -> k = 1; refund_at_provider(o, 1) }
      refund_done(o, k)
 #endif
+#if HOLD
+  :: atomic { r == R_WORKER && capcmd[o] == C_PENDING -> capture_at_provider(o) }
+     atomic { capture_commit(o) }
+  :: atomic { r == R_WORKER && voidcmd[SI(o, 0)] -> void_at_provider(o, 0) }
+#if MAXS > 1
+  :: atomic { r == R_WORKER && voidcmd[SI(o, 1)] -> void_at_provider(o, 1) }
+#endif
+#endif
   od
 }
 
 /* --- an operator refunds a paid order, with or without its stock back (saga.operator_refunds) --- */
 proctype operator(byte o) {
+#if HOLD
+  /* ships a held order (the capture asked once: orders.fulfilment), or cancels it (the console's
+     cancel: cancel_held in one transaction) */
+end_held:
+  if
+  :: atomic { st[o] == AUTHORIZED && !capreq[o] -> NOTE_CAPTURE(o); capcmd[o] = C_PENDING; printf("STEP %d ship\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
+  :: atomic { st[o] == AUTHORIZED && !capreq[o] -> t_cancel_held(o); printf("STEP %d operator_cancel\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
+  fi
+#else
 end:
   if
   :: atomic { st[o] == PAID ->
@@ -368,6 +527,7 @@ end:
        printf("STEP %d operator_restock\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
   :: atomic { st[o] == PAID -> op_refunded[o] = 1; printf("STEP %d operator_refund\nSTATE %d %d %d %d %d\n", o, SHOWN(o)) }
   fi
+#endif
 }
 
 /* --- the guarantees (docs/REFERENCE.md, Guarantees) --- */
@@ -391,8 +551,23 @@ end:
 #define REFUNDS_OK(o) REFUND_OK(o, 0)
 #define REFUNDED(o) (!LATE(o, 0) || provider_refunds[SI(o, 0)] == 1)
 #endif
-#define ORDER_OK(o) (gave[o] <= 1 && !(was_paid[o] && was_cancelled[o]) && REFUNDS_OK(o))
-#define FINAL(o) (st[o] == PAID || st[o] == CANCELLED || st[o] == REJECTED)
+/* A hold: taken at most once, never both taken and voided, never refunded (voided instead),
+   never taken for a cancelled order; a shipped order's hold was taken. */
+#define HOLD_OK(o, k) (captures[SI(o, k)] <= 1 && !(captures[SI(o, k)] > 0 && voided[SI(o, k)]) && \
+  !(was_held[SI(o, k)] && (refund_row[SI(o, k)] || provider_refunds[SI(o, k)] > 0)) && \
+  !(captures[SI(o, k)] > 0 && st[o] == CANCELLED))
+#if MAXS > 1
+#define HOLDS_OK(o) (HOLD_OK(o, 0) && HOLD_OK(o, 1))
+#else
+#define HOLDS_OK(o) HOLD_OK(o, 0)
+#endif
+#define SHIP_OK(o) (!shipped[o] || sess[CUR(o)] == S_CAPT)
+#define ORDER_OK(o) (gave[o] <= 1 && !(was_paid[o] && was_cancelled[o]) && REFUNDS_OK(o) && HOLDS_OK(o) && SHIP_OK(o))
+/* Final: Paid, Cancelled or rejected; or Authorized with its capture refused (a dead letter: an
+   operator's). */
+#define FINAL(o) (st[o] == PAID || st[o] == CANCELLED || st[o] == REJECTED || (st[o] == AUTHORIZED && capcmd[o] == C_DEAD))
+/* With holds, every Paid order was paid by its capture at a ship. */
+#define SHIPPED(o) (!HOLD || st[o] != PAID || shipped[o])
 #define RESTOCKED(o) (st[o] != CANCELLED || (restored[o] && gave[o] == 1))
 
 #if N == 1
@@ -414,7 +589,7 @@ end:
 /* Once nothing can move: every order final, a cancelled order's stock back once, late money
    refunded once. */
 active proctype quiet() {
-  timeout -> assert(ALL(FINAL) && ALL(RESTOCKED) && ALL(REFUNDED))
+  timeout -> assert(ALL(FINAL) && ALL(RESTOCKED) && ALL(REFUNDED) && ALL(SHIPPED))
 }
 
 init {
@@ -422,7 +597,11 @@ init {
   atomic {
     for (o : 0 .. N - 1) {
       run customer(o); run provider(o); run webhooks(o); run deadline_of(o); run sweep(o);
-      run worker(o, R_WORKER); run worker(o, R_TWIN); run operator(o)
+      run worker(o, R_WORKER);
+#if !HOLD
+      run worker(o, R_TWIN);    /* the compensation's second delivery: the checkout mode's runs */
+#endif
+      run operator(o)
     }
   }
 }

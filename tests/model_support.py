@@ -24,9 +24,18 @@ DEPTH_LIMIT = 1_000_000
 # each, and one order through a failed payment and a second session ("Pay now").
 TWO_ORDERS = {"N": 2, "STOCK": 1, "MAXS": 1}
 ONE_ORDER_TWO_SESSIONS = {"N": 1, "STOCK": 1, "MAXS": 2}
+# The same with capture at dispatch (HOLD: card payments held, captured at a ship, voided at a
+# cancel, lapsing): two orders for one unit, and one order for the seeded bugs.
+TWO_ORDERS_HELD = {"N": 2, "STOCK": 1, "MAXS": 1, "HOLD": 1}
+ONE_ORDER_HELD = {"N": 1, "STOCK": 1, "MAXS": 1, "HOLD": 1}
 # Beyond them, by random simulation.
 LARGER = {"N": 3, "STOCK": 2, "MAXS": 2}
+LARGER_HELD = {"N": 3, "STOCK": 2, "MAXS": 1, "HOLD": 1}  # no second session: no failed card payment
 LIVENESS = ("final", "restock", "refund")
+# The steps only the held journey prints (HOLD=1): not in the conformance test's traces.
+HELD_ACTIONS = frozenset(
+    {"held", "lapse", "hold_deadline", "ship", "capture", "capture_crashed", "captured", "voided", "operator_cancel"}
+)
 
 
 @dataclass(frozen=True)

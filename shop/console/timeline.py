@@ -124,12 +124,14 @@ WORDS = _Say(
 
 def order_page(order: Order, now: datetime) -> tuple[dict, dict]:
     """The console's order page: its data (the JSON too) and what only the HTML shows: the
-    timeline in words and the order's money summary."""
+    timeline in words, the order's money summary and whether a ship is capturing its hold (no
+    cancel, no second ship to offer meanwhile)."""
     rows = _rows_of(order)
     data = order_timeline(order, now, rows)
     names = {e.id: e.name for e in rows.events}
     shown = _merged(rows, names, db.session.get(PrunedDetail, order.id), WORDS)
-    return data, {"timeline_words": shown, "money_summary": OrderView.of(order).money}
+    capturing = order.capture_requested_at is not None and order.shipped_at is None
+    return data, {"timeline_words": shown, "money_summary": OrderView.of(order).money, "capturing": capturing}
 
 
 def order_timeline(order: Order, now: datetime, rows: _OrderRows | None = None) -> dict:

@@ -68,6 +68,9 @@ def cancel_order(order_id: int, expected_version: int | None, *, reason: str = C
     order = order_store.read(order_id)
     if order is None:
         return CancelOutcome(CancelStatus.NOT_FOUND)
+    shipping = holds.being_shipped(order)  # said before "changed": the ship's ask moved the version
+    if shipping is not None:
+        return CancelOutcome(CancelStatus.REFUSED, order, shipping.code, shipping.message)
     if expected_version is not None and order.version != expected_version:
         return CancelOutcome(CancelStatus.CONFLICT, order, CancelConflict.CHANGED_SINCE_SEEN)
     if not order.can(Transition.CANCEL):

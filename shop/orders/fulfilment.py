@@ -65,9 +65,13 @@ def ship_order(order_id: int, tracking: str | None, now: datetime) -> Shipment:
 
 
 def _capture_then_ship(order: LoadedOrder, tracking: str | None, now: datetime) -> Shipment:
-    """Ask for the capture of the order's hold, once: a second ask finds it asked."""
-    if not order_store.note_capture(order.id, now):
+    """Ask for the capture of the order's hold, once: a second ask finds it asked. An order that
+    moved since it was read (cancelled, or asked by another ship) is read afresh, so a ship never
+    says it is capturing the hold of an order cancelled meanwhile."""
+    if order.capture_requested_at is not None:
         return Shipment(SubmissionOutcome.ALREADY, order.status, tracking=order.tracking, capturing=True)
+    if not order_store.note_capture(order.id, now):
+        raise order_store.LostRace(order, Transition.SHIP)
     payload = {"tracking": tracking}
     schedule_command(db.session, CommandKind.CAPTURE_PAYMENT, now, order_id=order.id, payload=payload, now=now)
     return Shipment(SubmissionOutcome.DONE, order.status, tracking=tracking, capturing=True)

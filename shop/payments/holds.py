@@ -145,11 +145,19 @@ def schedule_void(order_id: int, session_id: str | None, intent: str | None, now
     return True
 
 
+def being_shipped(order: LoadedOrder) -> Refused | None:
+    """The refusal of any cancel of an Authorized order a ship is capturing, else None."""
+    if order.status is OrderStatus.AUTHORIZED and order.capture_requested_at is not None:
+        return Refused(BEING_SHIPPED, "this order is being shipped: its payment is being taken")
+    return None
+
+
 def cancel_held(order: LoadedOrder, reason: str, now: datetime) -> Refused | None:
     """Cancel an Authorized order and void its hold, in the caller's transaction: the cancel's
     compensation gives the stock back as for any cancel. Refused while a ship is capturing it."""
-    if order.capture_requested_at is not None:
-        return Refused(BEING_SHIPPED, "this order is being shipped: its payment is being taken")
+    shipping = being_shipped(order)
+    if shipping is not None:
+        return shipping
     result = order.cancel(reason)
     if isinstance(result, Refused):
         return result

@@ -244,14 +244,20 @@ NOTES = {
         last_payment_error=bindparam("words", type_=_orders.c.last_payment_error.type),
         **_KEEP_AGE,
     ),
-    # A ship asked for the capture of an Authorized order's hold: once (the first ask wins).
+    # A ship asked for the capture of an Authorized order's hold: once (the first ask wins). It
+    # moves the version: a cancel that read the order before it must lose its race, or it could
+    # save Cancelled over a hold the capture has just taken (model/saga.pml).
     Note.CAPTURE: update(_orders)
     .where(
         _orders.c.id == bindparam("order"),
         _orders.c.status == literal_column(f"'{S.AUTHORIZED.value}'"),
         _orders.c.capture_requested_at.is_(None),
     )
-    .values(capture_requested_at=bindparam("at", type_=_orders.c.capture_requested_at.type), **_KEEP_AGE),
+    .values(
+        capture_requested_at=bindparam("at", type_=_orders.c.capture_requested_at.type),
+        version=_orders.c.version + 1,
+        **_KEEP_AGE,
+    ),
     # The sweep leaves the order out of its provider pass until then.
     Note.NEXT_CHECK: update(_orders)
     .where(_orders.c.id == bindparam("order"))

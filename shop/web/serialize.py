@@ -98,7 +98,8 @@ class MoneyView:
     order's JSON and the console's money summary read. `charged`: what the payment charged, tax
     included (the total before a payment); `refunded`: refunds that succeeded at the provider;
     `settled`: refunds an operator settled outside the provider (the provider calls them failed);
-    `taken`: whether money was taken at all (a charge recorded, the order paid, or any refund);
+    `taken`: whether money was taken at all (the order paid, or any refund: a hold's charge,
+    recorded while Authorized and kept when its cancel voids it, took nothing);
     `tax`: the tax in the payment (None without tax)."""
 
     charged: int
@@ -251,7 +252,7 @@ class OrderView:
             charged=charged_for(self.total, self.charged),
             refunded=sum(r.amount for r in self.refunds if r.status == SUCCEEDED),
             settled=sum(r.amount for r in self.refunds if r.settled_at is not None and r.status != SUCCEEDED),
-            taken=self.charged is not None or is_paid or bool(self.refunds),
+            taken=is_paid or bool(self.refunds),
             is_paid=is_paid,
             tax=self.tax or None,
         )

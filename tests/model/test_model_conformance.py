@@ -49,7 +49,7 @@ import pytest
 from sqlalchemy import select, update
 
 from factories import cart_with, force_order, seed_catalog_rows
-from model_support import TOOLS_MISSING, model_text
+from model_support import HELD_ACTIONS, TOOLS_MISSING, model_text
 from model_trace import ORDERS, Step, trace_of
 from payment_helpers import signature
 from saga_model_support import CRASH, SagaModel, World, install_clock
@@ -386,7 +386,8 @@ def test_the_traces_take_every_action_of_the_model(tmp_path):
     taken = set()
     for stock, seed in TRACES:
         taken |= {s.action for s in trace_of(stock, seed, tmp_path / f"{stock}-{seed}")}
-    printed = set(re.findall(r'printf\("STEP %d (\w+)', model_text()))
+    printed = set(re.findall(r'printf\("STEP %d (\w+)', model_text())) - HELD_ACTIONS
     # Late money refunded at the provider needs a payment after a cancel and the worker's command:
-    # no simulation of the first 400 seeds at these sizes reaches it.
+    # no simulation of the first 400 seeds at these sizes reaches it. The held journey's steps
+    # (HOLD=1) are tests/model/test_saga_spin.py's, not replayed here.
     assert printed - taken == {"refunded"}, f"no trace takes {sorted(printed - taken)}"
