@@ -28,6 +28,7 @@ from typing import TypeVar
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import selectinload
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.exc import StaleDataError
 
 from .. import logs
@@ -112,17 +113,19 @@ def by_reference(reference: str | None) -> Order | None:
     return db.session.execute(select(Order).where(Order.reference == reference)).scalar_one_or_none()
 
 
-def of_browser(browser_id: str) -> list[Order]:
+def of_browser(browser_id: str, *, details: bool = True) -> list[Order]:
     """The mapped orders a browser placed, newest first, for display: with their lines and refunds
-    (one query each for all of them, not one per order)."""
-    return list(
-        db.session.execute(
-            select(Order)
-            .where(Order.browser_id == browser_id)
-            .order_by(Order.created_at.desc(), Order.id.desc())
-            .options(selectinload(Order.lines), selectinload(Order.refunds))
-        ).scalars()
-    )
+    (one query each for all of them, not one per order). Without `details`, for what shows
+    neither (the list's JSON), those two queries are not made and the orders hold none."""
+    query = select(Order).where(Order.browser_id == browser_id).order_by(Order.created_at.desc(), Order.id.desc())
+    if details:
+        query = query.options(selectinload(Order.lines), selectinload(Order.refunds))
+    orders = list(db.session.execute(query).scalars())
+    if not details:
+        for order in orders:
+            set_committed_value(order, "lines", [])
+            set_committed_value(order, "refunds", [])
+    return orders
 
 
 def read_by_reference(reference: str | None) -> LoadedOrder | None:
