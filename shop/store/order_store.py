@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import TypeVar
 
 from sqlalchemy import select, update
-from sqlalchemy.orm import selectinload
+from sqlalchemy.orm import joinedload, selectinload
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -106,11 +106,16 @@ def _known(order: LoadedOrder) -> LoadedOrder:
     return order
 
 
-def by_reference(reference: str | None) -> Order | None:
-    """The mapped order named by text from outside (a URL, a form, a provider's event), for display."""
+def by_reference(reference: str | None, *, details: bool = False) -> Order | None:
+    """The mapped order named by text from outside (a URL, a form, a provider's event), for display;
+    with `details`, its lines and refunds read in the same statement (an order's page shows both:
+    one query, not three)."""
     if not reference or not _REFERENCE.fullmatch(reference):
         return None
-    return db.session.execute(select(Order).where(Order.reference == reference)).scalar_one_or_none()
+    query = select(Order).where(Order.reference == reference)
+    if details:
+        query = query.options(joinedload(Order.lines), joinedload(Order.refunds))
+    return db.session.execute(query).unique().scalar_one_or_none()
 
 
 def of_browser(browser_id: str, *, details: bool = True) -> list[Order]:

@@ -165,7 +165,7 @@ def _see_other(location: str, data: dict):
 def _owned_order(reference: str) -> Order:
     """The order, if this browser placed it or the request carries its access token; else 404
     (not 403: another browser must not even learn that the reference exists)."""
-    order = order_store.by_reference(reference)
+    order = order_store.by_reference(reference, details=True)
     if order is None:
         raise OrderNotFound()
     token = request.values.get("token") or ""
