@@ -1,7 +1,7 @@
 """What the shop's own processes spend on one customer's journey, and where. Prints figures,
 asserts nothing.
 
-    python bench/journey_cpu.py [--seconds 20] [--customers 8] [--no-profile]
+    python bench/journey_cpu.py [--seconds 20] [--customers 8] [--no-profile] [--only paid|cancelled]
                                 [--database-url postgresql+psycopg://postgres@127.0.0.1:5432/postgres]
 
 One node (tests/cluster_support.py: the Procfile's web under gunicorn, one `flask shop worker`,
@@ -64,8 +64,11 @@ def shop_cpu(cluster: Cluster) -> dict[str, float]:
     return found
 
 
-def start_sampling(cluster: Cluster, seconds: float, folder: str) -> list[tuple[str, subprocess.Popen, str]]:
-    """py-spy on each shop process group's leader (with its children: gunicorn's workers)."""
+def start_sampling(
+    cluster: Cluster, seconds: float, folder: str, label: str
+) -> list[tuple[str, subprocess.Popen, str]]:
+    """py-spy on each shop process group's leader (with its children: gunicorn's workers), into a
+    file of the phase's own (kept after the run: the folder is printed at the end)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not os.path.exists(spy):
         return []
@@ -73,7 +76,7 @@ def start_sampling(cluster: Cluster, seconds: float, folder: str) -> list[tuple[
     for proc in cluster.procs:
         if proc.node is None or not proc.alive:
             continue
-        out = os.path.join(folder, proc.name.replace("/", "-") + ".txt")
+        out = os.path.join(folder, f"{label}-{proc.name.replace('/', '-')}.txt")
         argv = [spy, "record", "--pid", str(proc.popen.pid), "--subprocesses", "--format", "raw", "--gil"]
         argv += ["--nonblocking", "--duration", str(int(seconds)), "--rate", "200", "--output", out]
         started.append((proc.name, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out))
@@ -122,7 +125,7 @@ def phase(cluster: Cluster, args, label: str, mix: dict, event: str, folder: str
     customers.start()
     try:
         time.sleep(3)  # warm-up: pools filled, first imports done
-        samples = [] if args.no_profile else start_sampling(cluster, args.seconds, folder)
+        samples = [] if args.no_profile else start_sampling(cluster, args.seconds, folder, label)
         before, t0 = shop_cpu(cluster), time.time()
         time.sleep(args.seconds)
         after, t1 = shop_cpu(cluster), time.time()
@@ -130,7 +133,10 @@ def phase(cluster: Cluster, args, label: str, mix: dict, event: str, folder: str
         customers.stop()
     done = cluster.events_between(event, t0, t1)
     rate = done / args.seconds
-    print(f"\n{label}: {args.customers} customers for {args.seconds:.0f} s: {done} journeys ({rate:.1f}/s)")
+    print(
+        f"\n{label}: {args.customers} customers for {args.seconds:.0f} s: {done} journeys ({rate:.1f}/s), "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     shop = 0.0
     for role in sorted(after):
         used = after[role] - before.get(role, 0.0)
@@ -152,6 +158,7 @@ def main(argv=None) -> int:
     p.add_argument("--customers", type=int, default=8, help="closed-loop customers")
     p.add_argument("--top", type=int, default=12, help="functions listed per process")
     p.add_argument("--no-profile", action="store_true", help="do not sample with py-spy")
+    p.add_argument("--only", choices=[label for label, _, _ in PHASES], help="run this phase alone")
     p.add_argument(
         "--database-url",
         default=os.environ.get("DATABASE_URL") or "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
@@ -166,11 +173,14 @@ def main(argv=None) -> int:
     with Cluster(("node-a",), server_url=args.database_url, env=BUDGETS, label="journey") as cluster:
         cluster.set_stock(STOCK)
         for label, mix, event in PHASES:
-            figures[label] = phase(cluster, args, label, mix, event, folder)
-    verdict = "OK" if figures["paid"] <= TARGET_PAID_MS else "MISSED"
+            if args.only in (None, label):
+                figures[label] = phase(cluster, args, label, mix, event, folder)
+    said = [f"per {label} journey {per:.1f} ms" for label, per in figures.items()]
+    if "paid" in figures:
+        said[0] += f" (target {TARGET_PAID_MS:.0f} ms: {'OK' if figures['paid'] <= TARGET_PAID_MS else 'MISSED'})"
     print(
-        f"\nshop CPU per paid journey {figures['paid']:.1f} ms (target {TARGET_PAID_MS:.0f} ms: {verdict}), "
-        f"per cancelled journey {figures['cancelled']:.1f} ms; {os.cpu_count()} CPUs"
+        f"\nshop CPU {', '.join(said)}; {os.cpu_count()} CPUs; "
+        f"load average {os.getloadavg()[0]:.1f}; raw profiles in {folder}"
     )
     return 0
 

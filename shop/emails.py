@@ -15,6 +15,7 @@ from typing import Any
 
 from flask import current_app, render_template
 from sqlalchemy import select
+from sqlalchemy.orm import joinedload
 
 from . import logs, mailer
 from .domain.order import LIVE, OrderStatus
@@ -48,6 +49,8 @@ class Email:
 # The emails sent as HTML too (templates/email/<name>.html next to <name>.txt): the receipt,
 # whose items read best as a table.
 HTML_TEMPLATES = {"order_paid"}
+# The emails that list the order's lines (receipt_context): read with the order, one statement.
+LISTS_LINES = {"order_paid"}
 
 
 # Why a refund did not go through, in the customer's words, by the provider's `failure_reason`
@@ -181,7 +184,7 @@ def send(order_id: int, template: str, *, tag: str | None, to: str | None = None
     there is nothing to send: the order is gone, or the email would no longer be true. A mail
     server that does not take it raises (mailer.MailNotSent): the caller's row is retried. `to`:
     another address than the order's (an operator's "send to another address")."""
-    order = db.session.get(Order, order_id)
+    order = db.session.get(Order, order_id, options=[joinedload(Order.lines)] if template in LISTS_LINES else ())
     if order is None:
         return False
     logs.learn(order_ref=order.reference)

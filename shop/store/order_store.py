@@ -27,7 +27,8 @@ from datetime import datetime
 from typing import TypeVar
 
 from sqlalchemy import select, update
-from sqlalchemy.orm import selectinload
+from sqlalchemy.orm import joinedload, selectinload
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.exc import StaleDataError
 
 from .. import logs
@@ -105,24 +106,31 @@ def _known(order: LoadedOrder) -> LoadedOrder:
     return order
 
 
-def by_reference(reference: str | None) -> Order | None:
-    """The mapped order named by text from outside (a URL, a form, a provider's event), for display."""
+def by_reference(reference: str | None, *, details: bool = False) -> Order | None:
+    """The mapped order named by text from outside (a URL, a form, a provider's event), for display;
+    with `details`, its lines and refunds read in the same statement (an order's page shows both:
+    one query, not three)."""
     if not reference or not _REFERENCE.fullmatch(reference):
         return None
-    return db.session.execute(select(Order).where(Order.reference == reference)).scalar_one_or_none()
+    query = select(Order).where(Order.reference == reference)
+    if details:
+        query = query.options(joinedload(Order.lines), joinedload(Order.refunds))
+    return db.session.execute(query).unique().scalar_one_or_none()
 
 
-def of_browser(browser_id: str) -> list[Order]:
+def of_browser(browser_id: str, *, details: bool = True) -> list[Order]:
     """The mapped orders a browser placed, newest first, for display: with their lines and refunds
-    (one query each for all of them, not one per order)."""
-    return list(
-        db.session.execute(
-            select(Order)
-            .where(Order.browser_id == browser_id)
-            .order_by(Order.created_at.desc(), Order.id.desc())
-            .options(selectinload(Order.lines), selectinload(Order.refunds))
-        ).scalars()
-    )
+    (one query each for all of them, not one per order). Without `details`, for what shows
+    neither (the list's JSON), those two queries are not made and the orders hold none."""
+    query = select(Order).where(Order.browser_id == browser_id).order_by(Order.created_at.desc(), Order.id.desc())
+    if details:
+        query = query.options(selectinload(Order.lines), selectinload(Order.refunds))
+    orders = list(db.session.execute(query).scalars())
+    if not details:
+        for order in orders:
+            set_committed_value(order, "lines", [])
+            set_committed_value(order, "refunds", [])
+    return orders
 
 
 def read_by_reference(reference: str | None) -> LoadedOrder | None:

@@ -166,7 +166,7 @@ def _see_other(location: str, data: dict):
 def _owned_order(reference: str) -> Order:
     """The order, if this browser placed it or the request carries its access token; else 404
     (not 403: another browser must not even learn that the reference exists)."""
-    order = order_store.by_reference(reference)
+    order = order_store.by_reference(reference, details=True)
     if order is None:
         raise OrderNotFound()
     token = request.values.get("token") or ""
@@ -182,8 +182,9 @@ def _owned_order(reference: str) -> Order:
 def orders():
     """This browser's orders, newest first."""
     bid = browser_id(create=False)
-    views = [] if bid is None else [OrderView.of(row) for row in order_store.of_browser(bid)]
-    if wants_json():
+    as_json = wants_json()  # the summaries alone: no order's lines or refunds are read for them
+    views = [] if bid is None else [OrderView.of(row) for row in order_store.of_browser(bid, details=not as_json)]
+    if as_json:
         return respond("storefront/orders.html", {"orders": [v.summary_json() for v in views]})
     # The same badge as each order's own page says (a settling payment, an expired order).
     return respond("storefront/orders.html", {"orders": [dict(v.summary_json(), badge=v.badge) for v in views]})

@@ -14,7 +14,7 @@ from email.header import decode_header, make_header
 import pytest
 
 from shop import create_app
-from shop.mailer import MailNotSent, send
+from shop.mailer import MailNotSent, _message, send
 from smtp_support import SMTPServer, make_certificate
 
 
@@ -111,3 +111,18 @@ def test_every_email_is_from_mail_from_and_carries_mail_reply_to_only_when_set(t
     with open(path, "rb") as fh:
         message = email.message_from_binary_file(fh)
     assert message["From"] == "Backstop shop <shop@localhost>" and "Reply-To" not in message
+
+
+def test_a_text_and_html_email_carries_its_boundary_before_it_is_flattened_and_no_part_can_hold_it(tmp_path):
+    """The boundary is the mailer's (the generator would compile a regular expression per message
+    to choose one); the parts are quoted-printable, so even text made of boundary lines reads back
+    whole, in two parts."""
+    trap = "--===============1234567890123456789==\n==== a = b ====\n"
+    with mail_app(tmp_path).app_context():
+        msg = _message("bob@example.com", "Your receipt", trap + "text", key="k", html=trap + "<p>html</p>")
+        boundary = msg.get_boundary()
+        parsed = email.message_from_bytes(msg.as_bytes())
+    assert boundary is not None and boundary.startswith("=" * 15) and boundary.endswith("==")
+    assert parsed.get_boundary() == boundary
+    parts = [part.get_payload(decode=True).decode() for part in parsed.get_payload()]
+    assert parts == [trap + "text", trap + "<p>html</p>"]

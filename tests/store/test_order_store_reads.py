@@ -164,6 +164,32 @@ def test_a_browsers_orders_are_its_own_newest_first_with_their_lines_and_refunds
     db.session.rollback()
 
 
+def test_a_browsers_orders_without_details_are_one_statement_and_hold_no_lines_or_refunds(fresh_ctx):
+    """The list's JSON gives each order's reference, status, total and time only: its read makes
+    neither the lines' query nor the refunds'."""
+    seed_catalog_rows()
+    mine = [_another_order("browser-list") for _ in range(2)]
+    with _statements() as statements:
+        orders = order_store.of_browser("browser-list", details=False)
+        assert sorted(o.id for o in orders) == sorted(mine)
+        assert all(o.lines == [] and o.refunds == [] for o in orders)
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]  # (SQLite's BEGIN aside)
+    assert len(reads) == 1 and "FROM orders" in reads[0]
+    db.session.rollback()
+
+
+def test_an_order_read_by_reference_with_details_comes_with_its_lines_and_refunds_in_one_statement(fresh_ctx):
+    """An order's page shows its lines and refunds: read with the order, not one query each after."""
+    seed_catalog_rows()
+    reference = _reference(_another_order("browser-page"))
+    with _statements() as statements:
+        order = order_store.by_reference(reference, details=True)
+        assert order is not None and len(order.lines) == 1 and order.refunds == []
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]  # (SQLite's BEGIN aside)
+    assert len(reads) == 1 and "order_lines" in reads[0] and "refunds" in reads[0]
+    db.session.rollback()
+
+
 def test_the_current_state_is_what_is_committed_now_not_what_was_read(order_id):
     read = order_store.read(order_id)
     force_order(order_id, status=S.PAYMENT_INITIATED.value, payment_session_id="cs_now")
