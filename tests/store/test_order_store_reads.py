@@ -183,8 +183,8 @@ def test_an_order_read_by_reference_with_details_comes_with_its_lines_and_refund
     seed_catalog_rows()
     reference = _reference(_another_order("browser-page"))
     with _statements() as statements:
-        order = order_store.by_reference(reference, details=True)
-        assert order is not None and len(order.lines) == 1 and order.refunds == []
+        page = order_store.by_reference(reference, details=True)
+        assert page is not None and len(page.lines) == 1 and page.refunds == []
     reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]  # (SQLite's BEGIN aside)
     assert len(reads) == 1 and "order_lines" in reads[0] and "refunds" in reads[0]
     db.session.rollback()
