@@ -10,9 +10,10 @@ from sqlalchemy import select
 from factories import force_order, place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import EmailResend, ScheduledCommand
+from shop.models import EmailResend, Order, ScheduledCommand
 from shop.outbox import schedule_command, uow
 from shop.outbox.dispatch import run_command
+from shop.saga import email_resends
 from shop.saga.email_resends import ResendOutcome, resend_email, sent_emails
 
 OPERATOR = "night-shift@example.com"
@@ -75,3 +76,39 @@ def test_an_email_that_is_no_longer_true_is_not_sent_again(failed_payment_email)
     result = resend_email(failed_payment_email, "payment_failed", operator=OPERATOR, request_key="key-resend-000000003")
     assert (result.outcome, result.why) == (ResendOutcome.REFUSED, "no_longer_true")
     assert _resends(failed_payment_email) == []
+
+
+def test_a_resend_to_another_address_names_it_in_the_command_and_not_on_the_order(failed_payment_email):
+    order_email = db.session.get(Order, failed_payment_email).email
+    result = resend_email(
+        failed_payment_email,
+        "payment_failed",
+        operator=OPERATOR,
+        request_key="key-resend-000000004",
+        to="x@example.org",
+    )
+    assert result.outcome == ResendOutcome.DONE
+    command = db.session.get(ScheduledCommand, result.command_id)
+    assert command.payload == {"template": "payment_failed", "resent_by": OPERATOR, "to": "x@example.org"}
+    assert db.session.get(Order, failed_payment_email).email == order_email
+
+
+def test_a_resend_whose_key_another_submission_committed_after_its_check_answers_with_that_one(
+    failed_payment_email, monkeypatch
+):
+    # The winner commits between the loser's look for an earlier resend and its insert: the insert is
+    # refused by the key's unique index, and the loser answers with the winner's resend, sending nothing more.
+    oid, key = failed_payment_email, "key-resend-000000005"
+    winner = resend_email(oid, "payment_failed", operator=OPERATOR, request_key=key)
+    looks = []
+    real = email_resends._earlier
+
+    def not_yet_committed(request_key):
+        looks.append(request_key)
+        return None if len(looks) == 1 else real(request_key)
+
+    monkeypatch.setattr(email_resends, "_earlier", not_yet_committed)
+    loser = resend_email(oid, "payment_failed", operator=OPERATOR, request_key=key)
+
+    assert (loser.outcome, loser.command_id, looks) == (ResendOutcome.ALREADY, winner.command_id, [key, key])
+    assert [r.command_id for r in _resends(oid)] == [winner.command_id]
