@@ -67,8 +67,20 @@ def test_an_email_the_order_had_is_sent_again_once_per_submission(failed_payment
 
 def test_an_email_the_order_never_had_is_not_sent(failed_payment_email):
     result = resend_email(failed_payment_email, "order_paid", operator=OPERATOR, request_key="key-resend-000000002")
-    assert (result.outcome, result.why) == (ResendOutcome.REFUSED, "not_sent")
+    assert (result.outcome, result.why, result.template) == (ResendOutcome.REFUSED, "not_sent", "order_paid")
     assert _resends(failed_payment_email) == []
+
+
+def test_a_resend_for_an_order_that_does_not_exist_is_answered_missing_and_names_the_email(failed_payment_email):
+    gone = failed_payment_email + 1000
+    result = resend_email(gone, "payment_failed", operator=OPERATOR, request_key="key-resend-000000006")
+    assert (result.outcome, result.order_id, result.template, result.command_id) == (
+        ResendOutcome.MISSING,
+        gone,
+        "payment_failed",
+        None,
+    )
+    assert _resends(gone) == []
 
 
 def test_an_email_that_is_no_longer_true_is_not_sent_again(failed_payment_email):
