@@ -216,6 +216,10 @@ def test_what_is_left_to_refund_is_the_charge_less_its_refunds_and_nothing_for_a
     assert _refund(app, oid, 150, "key-left-0000000001").outcome is RefundOutcome.DONE
     with app.app_context():
         assert refundable_now(oid) == total - 150
+        force_order(oid, charged=total + 40)  # the charge with tax on top: what can go back
+        assert refundable_now(oid) == total + 40 - 150
+        force_order(oid, charged=None)  # a payment saved before the charge was: it charged the total
+        assert refundable_now(oid) == total - 150
         session_id = db.session.get(Order, oid).payment_session_id
         force_order(oid, payment_session_id=None)
         assert refundable_now(oid) is None  # paid, but with no payment to refund

@@ -4,6 +4,8 @@ has moved past (a payment-failed email for an order back at the payment page).""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from sqlalchemy import select
 
@@ -90,16 +92,19 @@ def test_an_email_that_is_no_longer_true_is_not_sent_again(failed_payment_email)
     assert _resends(failed_payment_email) == []
 
 
-def test_a_resend_to_another_address_names_it_in_the_command_and_not_on_the_order(failed_payment_email):
+def test_a_resend_to_another_address_names_it_in_the_command_and_not_on_the_order(failed_payment_email, caplog):
     order_email = db.session.get(Order, failed_payment_email).email
-    result = resend_email(
-        failed_payment_email,
-        "payment_failed",
-        operator=OPERATOR,
-        request_key="key-resend-000000004",
-        to="x@example.org",
-    )
-    assert result.outcome == ResendOutcome.DONE
+    with caplog.at_level(logging.WARNING, logger="shop.saga"):
+        result = resend_email(
+            failed_payment_email,
+            "payment_failed",
+            operator=OPERATOR,
+            request_key="key-resend-000000004",
+            to="x@example.org",
+        )
+    assert (result.outcome, result.template) == (ResendOutcome.DONE, "payment_failed")
+    [line] = [r.getMessage() for r in caplog.records if r.name == "shop.saga"]
+    assert f"{OPERATOR} sent the payment_failed email again to another address (cmd-{result.command_id})" in line
     command = db.session.get(ScheduledCommand, result.command_id)
     assert command.payload == {"template": "payment_failed", "resent_by": OPERATOR, "to": "x@example.org"}
     assert db.session.get(Order, failed_payment_email).email == order_email
