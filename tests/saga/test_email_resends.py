@@ -9,12 +9,13 @@ import logging
 import pytest
 from sqlalchemy import select
 
+from compensation_support import cancel
 from factories import force_order, place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import EmailResend, Order, ScheduledCommand
+from shop.models import EmailResend, Order, OutboxDelivery, ScheduledCommand
 from shop.outbox import schedule_command, uow
-from shop.outbox.dispatch import run_command
+from shop.outbox.dispatch import run_command, run_delivery
 from shop.saga import email_resends
 from shop.saga.email_resends import ResendOutcome, resend_email, sent_emails
 
@@ -129,3 +130,21 @@ def test_a_resend_whose_key_another_submission_committed_after_its_check_answers
 
     assert (loser.outcome, loser.command_id, looks) == (ResendOutcome.ALREADY, winner.command_id, [key, key])
     assert [r.command_id for r in _resends(oid)] == [winner.command_id]
+
+
+def test_a_cancellation_notice_sent_by_its_delivery_is_listed_under_why_the_order_ended(fresh_app, tmp_path):
+    fresh_app.instance_path = str(tmp_path)  # its mail in this test's own folder
+    with fresh_app.app_context():
+        seed_catalog_rows()
+        order_id = place_order_for().order_id
+        cancel(order_id)  # the customer's own: the notice is "order_cancelled"
+        delivery_id = db.session.execute(
+            select(OutboxDelivery.id).where(
+                OutboxDelivery.order_id == order_id, OutboxDelivery.handler == "send_cancellation_email"
+            )
+        ).scalar_one()
+        assert run_delivery(delivery_id) == "done"
+        assert [(e.template, e.via, e.work_id) for e in sent_emails(order_id)] == [
+            ("order_cancelled", "event", delivery_id)
+        ]
+        db.session.remove()
