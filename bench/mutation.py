@@ -24,7 +24,10 @@ the mutants so named (again, if tried before): the most important first when tim
 survivors again after new tests (with `--baseline REV`: those of the `--tests-at REV` run; `--report --baseline REV`
 prints both tables), `--fresh` starts over after the product changed. The tests need Redis at 127.0.0.1:6379: the run
 claims a test database the way the suite does (tests/support.py) and hands it to every test run as TEST_REDIS_URL, so
-the mutants run one at a time (`--max-children`; more would share it).
+the mutants run one at a time (`--max-children`; more would share it). A mutant costs a fresh import and its tests'
+setup (half a minute and more on a shared machine), so a full run of a package takes hours: `--sample 0.1 --seed 1`
+tries a random tenth of each module's untried mutants (the same share of every module; the report's `pending` column
+is what was left out), and `--recheck` together with it tries the survivors as well.
 
 mutmut mutates function bodies only: module-level constants (a prebuilt statement, an enum's values) are not
 mutated. Each mutant runs in a fresh import of the shop (a fork server that preloads only the libraries), so a
