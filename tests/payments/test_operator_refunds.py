@@ -226,3 +226,13 @@ def test_what_is_left_to_refund_is_the_charge_less_its_refunds_and_nothing_for_a
         force_order(oid, payment_session_id=session_id, status="Cancelled")
         assert refundable_now(oid) is None
         db.session.remove()
+
+
+def test_a_paid_order_with_no_payment_to_refund_is_refused_as_such(paid):
+    app, oid, _, _ = paid
+    with app.app_context():
+        force_order(oid, payment_session_id=None)
+        db.session.remove()
+    refused = _refund(app, oid, 100, "key-no-payment-0001")
+    assert (refused.outcome, refused.why, refused.status) == (RefundOutcome.REFUSED, "no_payment", "Paid")
+    assert _refunds(app, oid) == []

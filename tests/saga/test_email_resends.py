@@ -65,7 +65,7 @@ def test_an_email_the_order_had_is_sent_again_once_per_submission(failed_payment
     assert (command.kind, command.payload["template"], command.status) == ("send_email", "payment_failed", "pending")
     assert run_command(command.id, now=utcnow()) == "done"
     assert len(mails(mail_folder)) == 2 and all("payment_failed" in name for name in mails(mail_folder))
-    assert [e.resent_by for e in sent_emails(oid)] == [None, OPERATOR]
+    assert [(e.via, e.resent_by) for e in sent_emails(oid)] == [("command", None), ("command", OPERATOR)]
 
 
 def test_an_email_the_order_never_had_is_not_sent(failed_payment_email):

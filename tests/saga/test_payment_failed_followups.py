@@ -5,6 +5,7 @@ delivery's runner: tests/outbox/test_outbox.py."""
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -40,15 +41,19 @@ def _followed_up(order_id: int, now) -> list[tuple]:
     return [(r.kind, r.order_id, r.payload, as_utc(r.next_attempt_at)) for r in rows]
 
 
-def test_a_failed_payment_emails_the_customer_and_gives_a_full_window_from_the_failure(app):
-    order_id = place_order_for().order_id
+def test_a_failed_payment_emails_the_customer_and_gives_a_full_window_from_the_failure(app, caplog):
+    placed = place_order_for()
+    order_id = placed.order_id
     force_order(order_id, payment_attempts=2, updated_at=utcnow() - timedelta(minutes=5))
     now = utcnow().replace(microsecond=0) + timedelta(seconds=1)
 
-    assert _followed_up(order_id, now) == [
-        ("send_email", order_id, {"template": "payment_failed", "attempt": 2}, now),
-        ("expire_unpaid_order", order_id, {}, now + timedelta(seconds=WINDOW)),
-    ]
+    with caplog.at_level(logging.INFO, logger="shop.saga"):
+        assert _followed_up(order_id, now) == [
+            ("send_email", order_id, {"template": "payment_failed", "attempt": 2}, now),
+            ("expire_unpaid_order", order_id, {}, now + timedelta(seconds=WINDOW)),
+        ]
+    said = f"order {placed.reference}: payment failed (card_declined); customer notified and deadline re-armed"
+    assert said in [r.getMessage() for r in caplog.records if r.name == "shop.saga"]
 
 
 def test_the_fresh_window_starts_no_earlier_than_the_orders_last_change(app):
