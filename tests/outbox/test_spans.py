@@ -99,3 +99,23 @@ def test_a_command_and_a_delivery_run_in_a_child_span_of_their_writer_linked_to_
         }
         assert recorder.notes.count({"outcome": "done"}) == 2
         db.session.remove()
+
+
+def test_a_row_that_fails_tells_its_span_the_error_and_the_outcome(fresh_app, monkeypatch):
+    recorder = Recorder()
+    monkeypatch.setattr(traces, "_tracer", recorder)
+
+    def failing(command, now):
+        raise RuntimeError("the mail server said no " + "x" * 600)
+
+    monkeypatch.setitem(shop.scheduling.commands.COMMANDS, "failing", failing)
+    with fresh_app.app_context():
+        now = utcnow()
+        command_id = schedule_command(db.session, "failing", now, now=now)
+        db.session.commit()
+
+        assert run_command(command_id, now=now + timedelta(seconds=1)) == RunOutcome.RETRY
+
+        error = ("RuntimeError: the mail server said no " + "x" * 600)[:500]
+        assert recorder.notes == [{"error": error}, {"outcome": "retry"}]
+        db.session.remove()
