@@ -10,7 +10,7 @@ Each package is mutated with its own tests only, on SQLite (no DATABASE_URL), `-
 
     domain  shop/domain/                              tests/domain
     store   shop/store/                               tests/store
-    saga    shop/saga/                                tests/saga, tests/payments/test_operator_refunds.py
+    saga    shop/saga/                                tests/saga, tests/payments/test_{operator_refunds,line_restocks}
     outbox  shop/outbox/claims.py, shop/outbox/runner.py  tests/outbox
     checkout  shop/orders/checkout.py                 tests/orders
 
@@ -24,7 +24,10 @@ the mutants so named (again, if tried before): the most important first when tim
 survivors again after new tests (with `--baseline REV`: those of the `--tests-at REV` run; `--report --baseline REV`
 prints both tables), `--fresh` starts over after the product changed. The tests need Redis at 127.0.0.1:6379: the run
 claims a test database the way the suite does (tests/support.py) and hands it to every test run as TEST_REDIS_URL, so
-the mutants run one at a time (`--max-children`; more would share it).
+the mutants run one at a time (`--max-children`; more would share it). A mutant costs a fresh import and its tests'
+setup (half a minute and more on a shared machine), so a full run of a package takes hours: `--sample 0.1 --seed 1`
+tries a random tenth of each module's untried mutants (the same share of every module; the report's `pending` column
+is what was left out), and `--recheck` together with it tries the survivors as well.
 
 mutmut mutates function bodies only: module-level constants (a prebuilt statement, an enum's values) are not
 mutated. Each mutant runs in a fresh import of the shop (a fork server that preloads only the libraries), so a
@@ -44,6 +47,7 @@ import argparse
 import ast
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -58,8 +62,11 @@ WORK = ROOT / ".mutation"
 ALSO = ("migrations", "templates", "static", "docs", "deploy", "app.py", "README.md")
 PACKAGES = {
     "domain": (["shop/domain/*"], ["tests/domain"]),
-    # shop/saga/operator_refunds.py's own tests sit with the refunds they start (tests/payments).
-    "saga": (["shop/saga/*"], ["tests/saga", "tests/payments/test_operator_refunds.py"]),
+    # shop/saga/operator_refunds.py's and line_restock.py's own tests sit with the refunds they start (tests/payments).
+    "saga": (
+        ["shop/saga/*"],
+        ["tests/saga", "tests/payments/test_operator_refunds.py", "tests/payments/test_line_restocks.py"],
+    ),
     "store": (["shop/store/*"], ["tests/store"]),
     "outbox": (["shop/outbox/claims.py", "shop/outbox/runner.py"], ["tests/outbox"]),
     # The checkout's conditional stock decrement (_take_stock) and the rest of the checkout.
@@ -85,28 +92,34 @@ LEFT_OUT = {"saga": ["tests/saga/test_saga_model.py::test_random_interleavings_k
 # Functions the shop calls while a module is imported (the order statements build the guarded UPDATEs then)
 # or once per process behind a cache (the outbox's claim statements): mutmut ties them to the one test
 # that happened to run them first, so their mutants are tried against every test of the package instead.
-CACHED_CLAIMS = ("_claimable", "_claim_values", "_claim_one", "_claim_one_returning", "_claim_many", "_rank")
-CACHED_CLAIMS += ("_first_kinds", "_first_due", "_mark_done", "_next_pending", "_count_due", "_first_due_first")
+# mutmut (3.8) mutates no decorated function, so the @functools.cache builders themselves (_claim_one, _claim_many,
+# _mark_done, ...) have no mutants: their statements are tried through the mutants of what they call.
+CACHED_CLAIMS = ("_claimable", "_claim_values", "_rank", "_first_kinds")
 EVERY_TEST = {
     "store": ["shop.store.order_statements.x__guarded", "shop.store.order_statements.x__v"],
     "outbox": [f"shop.outbox.claims.x_{name}" for name in CACHED_CLAIMS],
+    # `function@tests`: only the tests whose id starts so. The mail caps' one counting statement is built at import
+    # (_emails, _before): tried against the caps' own tests, not every saga test (minutes a mutant).
+    "saga": [f"shop.saga.mail_caps.x_{name}@tests/saga/test_mail_caps.py" for name in ("_emails", "_before")],
 }
 
 
 def tie_to_every_test(package: str, folder: Path) -> int:
-    """Give EVERY_TEST's functions all of the package's tests in mutmut's stats, and forget the
+    """Give EVERY_TEST's functions all of the package's tests (or those named) in mutmut's stats, and forget the
     survivals their mutants got with fewer (a kill stands); how many were forgotten (to try again)."""
     stats_path = folder / "mutants" / "mutmut-stats.json"
     if not stats_path.exists() or not EVERY_TEST.get(package):
         return 0
     mutated = {key.rpartition("__mutmut_")[0] for key in verdicts(folder)}
-    if unknown := sorted(set(EVERY_TEST[package]) - mutated):  # a function moved: its mutants would keep one test
+    tied = dict(entry.partition("@")[::2] for entry in EVERY_TEST[package])  # function: tests' prefix ("": all)
+    if unknown := sorted(set(tied) - mutated):  # a function moved: its mutants would keep one test
         raise SystemExit(f"EVERY_TEST names functions with no mutants (moved or renamed?): {', '.join(unknown)}")
     stats = json.loads(stats_path.read_text())
     every, retie = sorted(stats["duration_by_test"]), set()
-    for function in EVERY_TEST[package]:
-        if sorted(stats["tests_by_mangled_function_name"].get(function, [])) != every:
-            stats["tests_by_mangled_function_name"][function] = every
+    for function, prefix in tied.items():
+        tests = [test for test in every if test.startswith(prefix)]
+        if sorted(stats["tests_by_mangled_function_name"].get(function, [])) != tests:
+            stats["tests_by_mangled_function_name"][function] = tests
             retie.add(function)
     if not retie:
         return 0
@@ -230,6 +243,17 @@ def verdicts(folder: Path) -> dict[str, int | None]:
 def survivors(folder: Path) -> list[str]:
     live = (SURVIVED, NO_TESTS, TIMEOUT)
     return sorted(n for n, code in verdicts(folder).items() if code is not None and STATUS.get(code, SURVIVED) in live)
+
+
+def sample(folder: Path, fraction: float, seed: int) -> list[str]:
+    """A random `fraction` of each module's mutants not tried yet (or that no test reached: new tests may), drawn
+    per module so every module is sampled alike, and seeded so the same draw can be made again."""
+    draw, names = random.Random(seed), []
+    for path in meta_files(folder):
+        codes = json.loads(path.read_text())["exit_code_by_key"]
+        left = sorted(k for k, code in codes.items() if code is None or STATUS.get(code) == NO_TESTS)
+        names += draw.sample(left, round(len(left) * fraction))
+    return names
 
 
 def run(package: str, folder: Path, max_children: int, redis_url: str, only: list[str]) -> int:
@@ -370,6 +394,8 @@ def main() -> int:
         metavar="GLOB",
         help="mutants named so (shop.saga.inventory.*): tried again",
     )
+    parser.add_argument("--sample", type=float, metavar="FRACTION", help="try this share of each module's untried")
+    parser.add_argument("--seed", type=int, default=0, help="with --sample: which random draw")
     parser.add_argument("--tests-at", metavar="REV", help="use the tests of this git revision (e.g. main): a baseline")
     parser.add_argument(
         "--baseline",
@@ -385,6 +411,9 @@ def main() -> int:
         if args.report:
             continue
         names = list(args.only)
+        if args.sample:  # when a full run cannot finish in the time: a fair share of every module
+            names += sample(folder, args.sample, args.seed)
+            print(f"== {package}: a sample of {len(names)} mutant(s) (seed {args.seed})", flush=True)
         if args.recheck:  # exactly the survivors, tried again (a name given to mutmut is always run)
             names += survivors(folder_of(package, args.baseline) if args.baseline else folder)
             print(f"== {package}: {len(names)} survivor(s) to try again", flush=True)

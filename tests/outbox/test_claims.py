@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import event as sa_event
 from sqlalchemy import select, update
 
 import shop.scheduling.commands
@@ -300,4 +301,44 @@ def test_a_finished_row_is_never_claimed_again_even_with_a_lapsed_lease_left_on_
         assert claims.claim(ScheduledCommand, finished, later, "worker-a") is False
         assert claims.claim_batch(ScheduledCommand, later, "worker-a", 10) == []
         assert _row(finished).status == status
+        db.session.remove()
+
+
+def test_a_command_run_by_id_runs_the_row_its_claim_returned_without_reading_it_again(fresh_app, monkeypatch):
+    # The claim's UPDATE ... RETURNING hands the row over (Work.claim_returns): one statement fewer per command.
+    ran = []
+    monkeypatch.setitem(shop.scheduling.commands.COMMANDS, "noting", lambda command, now: ran.append(command.id))
+    with fresh_app.app_context():
+        due = utcnow().replace(microsecond=0)
+        command_id = _command("noting", due)
+        statements: list[str] = []
+
+        def record(_conn, _cursor, statement, *_args):
+            if "scheduled_commands" in statement:
+                statements.append(statement.lstrip().split()[0].upper())
+
+        sa_event.listen(db.engine, "before_cursor_execute", record)
+        try:
+            assert run_command(command_id, now=due + timedelta(seconds=1)) == runner.RunOutcome.DONE
+        finally:
+            sa_event.remove(db.engine, "before_cursor_execute", record)
+        assert ran == [command_id]
+        assert statements == ["UPDATE", "UPDATE"]  # the claim, then the guarded "done": no SELECT of the row
+        db.session.remove()
+
+
+def test_due_writers_names_the_traceparents_of_rows_claimable_now_and_at_most_as_many_as_asked(fresh_app):
+    # What the poll that wakes a drain links its span to (with tracing on): the writers of the work it wakes for.
+    tp = [f"00-{n:032x}-{n:016x}-01" for n in range(1, 6)]
+    with fresh_app.app_context():
+        now = utcnow().replace(microsecond=0)
+        _command("counting", now, traceparent=tp[0])  # due
+        _command("counting", now)  # due, written outside any span
+        _command("counting", now + timedelta(seconds=1), traceparent=tp[1])  # not due yet
+        _command("counting", now, traceparent=tp[2], status="processing", claimed_until=now - timedelta(seconds=1))
+        _command("counting", now, traceparent=tp[3], status="processing", claimed_until=now + timedelta(seconds=9))
+        _command("counting", now, traceparent=tp[4], status="done")
+        assert sorted(claims.due_writers(ScheduledCommand, now, 10)) == [tp[0], tp[2]]
+        [one] = claims.due_writers(ScheduledCommand, now, 1)
+        assert one in (tp[0], tp[2])
         db.session.remove()

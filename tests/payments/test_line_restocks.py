@@ -13,7 +13,7 @@ from payment_helpers import place_and_pay
 from shop.domain.deadlines import utcnow
 from shop.domain.events import OrderCancelled
 from shop.extensions import db
-from shop.models import Order, OrderLine, RefundRestock
+from shop.models import Order, OrderLine, Refund, RefundRestock
 from shop.outbox import uow
 from shop.saga.inventory import RestoreOutcome, restore_inventory
 from shop.saga.operator_refunds import RefundOutcome, refund_order
@@ -139,3 +139,16 @@ def test_concurrent_refunds_and_a_restore_give_each_unit_back_once(two_pairs, is
     assert on_hand(sock, app) == before + 2
     restocked, marker, records = _counted(app, oid)
     assert (restocked, marker, [units for _, units in records]) == (2, True, [2])
+
+
+def test_a_restock_of_no_units_is_a_refund_without_a_restock(two_pairs):
+    # The form sends every line, most with 0: those ask for nothing, and the refund is not a restocking one.
+    app, oid, line, sock = two_pairs
+    before = on_hand(sock, app)
+    done = _refund(app, oid, "key-no-units-000001", {line: 0})
+    assert (done.outcome, done.restocked, done.given) == (RefundOutcome.DONE, False, ())
+    with app.app_context():
+        assert db.session.get(Refund, done.refund_id).restock is False
+        db.session.remove()
+    assert on_hand(sock, app) == before
+    assert _counted(app, oid) == (0, False, [])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from factories import on_hand, seed_catalog_rows
+from factories import force_order, on_hand, seed_catalog_rows
 from payment_helpers import Shopper, order_id, place_and_pay, run_due_commands
 from shop.domain.deadlines import utcnow
 from shop.domain.events import OrderCancelled
@@ -16,7 +16,7 @@ from shop.models import Order, Refund
 from shop.orders.cancel import CancelStatus, cancel_order
 from shop.outbox import uow
 from shop.saga.inventory import RestoreOutcome, restore_inventory
-from shop.saga.operator_refunds import RefundOutcome, refund_order
+from shop.saga.operator_refunds import RefundOutcome, refund_order, refundable_now
 
 OPERATOR = "night-shift@example.com"
 
@@ -205,3 +205,34 @@ def test_a_still_pending_operator_refund_is_asked_about_at_growing_intervals_not
         run_cycle(now=start + timedelta(hours=3))
         assert asked() == 2
         db.session.remove()
+
+
+def test_what_is_left_to_refund_is_the_charge_less_its_refunds_and_nothing_for_an_order_not_paid(paid):
+    # What the refund form offers (operator_refunds.refundable_now).
+    app, oid, total, _ = paid
+    with app.app_context():
+        assert (refundable_now(oid), refundable_now(oid + 1000)) == (total, None)
+        db.session.remove()
+    assert _refund(app, oid, 150, "key-left-0000000001").outcome is RefundOutcome.DONE
+    with app.app_context():
+        assert refundable_now(oid) == total - 150
+        force_order(oid, charged=total + 40)  # the charge with tax on top: what can go back
+        assert refundable_now(oid) == total + 40 - 150
+        force_order(oid, charged=None)  # a payment saved before the charge was: it charged the total
+        assert refundable_now(oid) == total - 150
+        session_id = db.session.get(Order, oid).payment_session_id
+        force_order(oid, payment_session_id=None)
+        assert refundable_now(oid) is None  # paid, but with no payment to refund
+        force_order(oid, payment_session_id=session_id, status="Cancelled")
+        assert refundable_now(oid) is None
+        db.session.remove()
+
+
+def test_a_paid_order_with_no_payment_to_refund_is_refused_as_such(paid):
+    app, oid, _, _ = paid
+    with app.app_context():
+        force_order(oid, payment_session_id=None)
+        db.session.remove()
+    refused = _refund(app, oid, 100, "key-no-payment-0001")
+    assert (refused.outcome, refused.why, refused.status) == (RefundOutcome.REFUSED, "no_payment", "Paid")
+    assert _refunds(app, oid) == []

@@ -4,15 +4,19 @@ has moved past (a payment-failed email for an order back at the payment page).""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from sqlalchemy import select
 
+from compensation_support import cancel
 from factories import force_order, place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
-from shop.models import EmailResend, ScheduledCommand
+from shop.models import EmailResend, Order, OutboxDelivery, ScheduledCommand
 from shop.outbox import schedule_command, uow
-from shop.outbox.dispatch import run_command
+from shop.outbox.dispatch import run_command, run_delivery
+from shop.saga import email_resends
 from shop.saga.email_resends import ResendOutcome, resend_email, sent_emails
 
 OPERATOR = "night-shift@example.com"
@@ -61,13 +65,25 @@ def test_an_email_the_order_had_is_sent_again_once_per_submission(failed_payment
     assert (command.kind, command.payload["template"], command.status) == ("send_email", "payment_failed", "pending")
     assert run_command(command.id, now=utcnow()) == "done"
     assert len(mails(mail_folder)) == 2 and all("payment_failed" in name for name in mails(mail_folder))
-    assert [e.resent_by for e in sent_emails(oid)] == [None, OPERATOR]
+    assert [(e.via, e.resent_by) for e in sent_emails(oid)] == [("command", None), ("command", OPERATOR)]
 
 
 def test_an_email_the_order_never_had_is_not_sent(failed_payment_email):
     result = resend_email(failed_payment_email, "order_paid", operator=OPERATOR, request_key="key-resend-000000002")
-    assert (result.outcome, result.why) == (ResendOutcome.REFUSED, "not_sent")
+    assert (result.outcome, result.why, result.template) == (ResendOutcome.REFUSED, "not_sent", "order_paid")
     assert _resends(failed_payment_email) == []
+
+
+def test_a_resend_for_an_order_that_does_not_exist_is_answered_missing_and_names_the_email(failed_payment_email):
+    gone = failed_payment_email + 1000
+    result = resend_email(gone, "payment_failed", operator=OPERATOR, request_key="key-resend-000000006")
+    assert (result.outcome, result.order_id, result.template, result.command_id) == (
+        ResendOutcome.MISSING,
+        gone,
+        "payment_failed",
+        None,
+    )
+    assert _resends(gone) == []
 
 
 def test_an_email_that_is_no_longer_true_is_not_sent_again(failed_payment_email):
@@ -75,3 +91,60 @@ def test_an_email_that_is_no_longer_true_is_not_sent_again(failed_payment_email)
     result = resend_email(failed_payment_email, "payment_failed", operator=OPERATOR, request_key="key-resend-000000003")
     assert (result.outcome, result.why) == (ResendOutcome.REFUSED, "no_longer_true")
     assert _resends(failed_payment_email) == []
+
+
+def test_a_resend_to_another_address_names_it_in_the_command_and_not_on_the_order(failed_payment_email, caplog):
+    order_email = db.session.get(Order, failed_payment_email).email
+    with caplog.at_level(logging.WARNING, logger="shop.saga"):
+        result = resend_email(
+            failed_payment_email,
+            "payment_failed",
+            operator=OPERATOR,
+            request_key="key-resend-000000004",
+            to="x@example.org",
+        )
+    assert (result.outcome, result.template) == (ResendOutcome.DONE, "payment_failed")
+    [line] = [r.getMessage() for r in caplog.records if r.name == "shop.saga"]
+    assert f"{OPERATOR} sent the payment_failed email again to another address (cmd-{result.command_id})" in line
+    command = db.session.get(ScheduledCommand, result.command_id)
+    assert command.payload == {"template": "payment_failed", "resent_by": OPERATOR, "to": "x@example.org"}
+    assert db.session.get(Order, failed_payment_email).email == order_email
+
+
+def test_a_resend_whose_key_another_submission_committed_after_its_check_answers_with_that_one(
+    failed_payment_email, monkeypatch
+):
+    # The winner commits between the loser's look for an earlier resend and its insert: the insert is
+    # refused by the key's unique index, and the loser answers with the winner's resend, sending nothing more.
+    oid, key = failed_payment_email, "key-resend-000000005"
+    winner = resend_email(oid, "payment_failed", operator=OPERATOR, request_key=key)
+    looks = []
+    real = email_resends._earlier
+
+    def not_yet_committed(request_key):
+        looks.append(request_key)
+        return None if len(looks) == 1 else real(request_key)
+
+    monkeypatch.setattr(email_resends, "_earlier", not_yet_committed)
+    loser = resend_email(oid, "payment_failed", operator=OPERATOR, request_key=key)
+
+    assert (loser.outcome, loser.command_id, looks) == (ResendOutcome.ALREADY, winner.command_id, [key, key])
+    assert [r.command_id for r in _resends(oid)] == [winner.command_id]
+
+
+def test_a_cancellation_notice_sent_by_its_delivery_is_listed_under_why_the_order_ended(fresh_app, tmp_path):
+    fresh_app.instance_path = str(tmp_path)  # its mail in this test's own folder
+    with fresh_app.app_context():
+        seed_catalog_rows()
+        order_id = place_order_for().order_id
+        cancel(order_id)  # the customer's own: the notice is "order_cancelled"
+        delivery_id = db.session.execute(
+            select(OutboxDelivery.id).where(
+                OutboxDelivery.order_id == order_id, OutboxDelivery.handler == "send_cancellation_email"
+            )
+        ).scalar_one()
+        assert run_delivery(delivery_id) == "done"
+        assert [(e.template, e.via, e.work_id) for e in sent_emails(order_id)] == [
+            ("order_cancelled", "event", delivery_id)
+        ]
+        db.session.remove()

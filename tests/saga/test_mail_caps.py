@@ -9,11 +9,13 @@ from datetime import timedelta
 
 import pytest
 
-from factories import force_order
+from factories import force_order, place_order_for, seed_catalog_rows
 from payment_helpers import Shopper, run_everything
+from shop.domain.deadlines import utcnow
 from shop.domain.order import OrderStatus
 from shop.extensions import db
 from shop.models import Order
+from shop.saga.mail_caps import may_email
 from support import mails
 
 VICTIM = "victim@example.com"
@@ -81,3 +83,17 @@ def test_the_recipient_cap_is_per_hour(make_shop, mail_folder, hours_later, expe
     run_everything(shop)
 
     assert len(_to(mail_folder, VICTIM)) == 2 + expected
+
+
+def test_of_two_orders_placed_at_the_same_instant_the_later_one_counts_the_earlier(fresh_app):
+    # Same created_at to the microsecond: the order ids break the tie, so one of the two is within a cap of 1, and
+    # which one does not depend on the order the emails are decided in (nor does an order ever count itself).
+    fresh_app.config.update(ORDER_EMAILS_PER_RECIPIENT=1, ORDER_EMAILS_PER_ADDRESS=1000)
+    with fresh_app.app_context():
+        seed_catalog_rows()
+        at = utcnow().replace(microsecond=500)
+        first, second = (place_order_for(email=VICTIM).order_id for _ in range(2))
+        force_order(None, created_at=at)
+        later, earlier = db.session.get(Order, second), db.session.get(Order, first)
+        assert (may_email(later, at), may_email(earlier, at), may_email(later, at)) == (False, True, False)
+        db.session.remove()

@@ -14,12 +14,12 @@ from sqlalchemy import select
 from compensation_support import cancel
 from factories import force_order, place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
-from shop.domain.events import OrderPlaced
+from shop.domain.events import OrderPlaced, OrderShipped
 from shop.extensions import db
 from shop.models import OutboxDelivery
 from shop.outbox.dispatch import run_delivery
 from shop.saga.email_resends import sent_emails
-from shop.saga.notifications import send_order_placed_email
+from shop.saga.notifications import send_order_placed_email, send_shipment_email
 
 
 @pytest.fixture
@@ -91,3 +91,17 @@ def test_the_console_does_not_list_an_order_placed_email_that_went_after_a_cance
 
     assert not any(name.endswith("-order_placed-event.eml") for name in _mails(app, tmp_path))
     assert "order_placed" not in [e.template for e in sent_emails(placed.order_id)]
+
+
+def test_a_shipped_order_is_emailed_its_tracking_number_under_the_events_own_name(app, tmp_path):
+    # The shipment notice (saga.notifications.send_shipment_email) rides the same event delivery path.
+    placed = place_order_for()
+    force_order(placed.order_id, status="Paid", shipped_at=utcnow(), tracking="1Z999AA10123456784")
+
+    send_shipment_email(OrderShipped(placed.order_id, "1Z999AA10123456784"), utcnow())
+
+    name = f"{placed.reference}-order_shipped-event.eml"
+    assert _mails(app, tmp_path) == [name]
+    message = email.message_from_bytes((tmp_path / "mail" / name).read_bytes())
+    assert (message["To"], message["Subject"]) == (placed.email, f"Order {placed.reference} is on its way")
+    assert "Tracking number: 1Z999AA10123456784" in message.get_payload(decode=True).decode()
