@@ -58,7 +58,7 @@ class ShopWorker(SimpleWorker):
         self._job: tuple[str, datetime, float] | None = None  # what, since, vouched for until (monotonic)
         self._last_job: tuple[str, datetime] | None = None
         self._beater: threading.Thread | None = None
-        self.pulse: Pulse | None = None  # started with the work loop (bootstrap), not by a reader
+        self.pulse: Pulse | None = None  # started once registered (register_birth), not by a reader
         self.pulse_key = ""  # make_worker sets it: a worker made elsewhere does not pulse
 
     def register_birth(self):
@@ -72,6 +72,7 @@ class ShopWorker(SimpleWorker):
             log.warning("worker %s: replacing the record a failed start of this process left in Redis", self.name)
             self.connection.delete(self.key)
         super().register_birth()
+        self._start_pulse()
 
     def subscribe(self):
         """RQ's subscription to its control channel, with the listening thread waking every
@@ -88,12 +89,18 @@ class ShopWorker(SimpleWorker):
         )
         failpoints.hit("worker.start.set_state")  # RQ's next step writes the first state
 
+    def _start_pulse(self) -> None:
+        """From the moment the worker is registered (and so counted as alive), it pulses: a worker
+        stopped later in its start (subscribing, writing its first state) is then seen as stalled
+        within the pulse's seconds, not only once its full beat is HEALTH_STALE_SECONDS old."""
+        if self.pulse is None and self.pulse_key:
+            pulse = Pulse(self.connection, self.pulse_key, self.name, self._vouched)
+            pulse.beat()  # Redis failing here fails this try at starting; the next makes its own
+            pulse.start()
+            self.pulse = pulse
+
     def bootstrap(self, *args, **kwargs):
         super().bootstrap(*args, **kwargs)
-        if self.pulse is None and self.pulse_key:
-            self.pulse = Pulse(self.connection, self.pulse_key, self.name, self._vouched)
-            self.pulse.beat()
-            self.pulse.start()
         failpoints.hit("worker.start.listening")
 
     def _vouched(self) -> bool:

@@ -14,6 +14,7 @@ import pytest
 from compensation_support import cancel_in
 from factories import place_order_for, seed_catalog_rows
 from process_support import Processes, process_env
+from shop import queue
 from shop.ops.waiting import WAITING_LIMIT_SECONDS
 from support import log_in, wait_until
 
@@ -84,4 +85,42 @@ def test_a_stopped_worker_turns_the_waiting_card_red_naming_it_and_healthz_503_a
     finally:
         if stopped is not None:
             os.kill(stopped.pid, signal.SIGCONT)
+        procs.stop()
+
+
+@pytest.mark.slow
+def test_a_worker_stopped_in_its_start_after_registering_is_named_by_its_pulse_not_60_s_later(make_fresh_app, tmp_path):
+    """Registered means counted as alive, so the pulse starts there: a worker stopped between its
+    registration and its first listen (here held at its subscription, then SIGSTOP) already has a
+    pulse, and /healthz names it stalled within the pulse's seconds, long before its full beat is
+    HEALTH_STALE_SECONDS (60 s) old."""
+    app = make_fresh_app()
+    client = app.test_client()
+    log_in(app, client)
+    procs = Processes()
+    hold = str(tmp_path / "hold")
+    stopped = None
+    try:
+        env = process_env(app, BACKSTOP_FAILPOINTS=f"worker.start.subscribe=hold:{hold}")
+        worker = procs.start("worker", ["shop", "worker"], env)
+        wait_until(lambda: os.path.exists(hold + ".held"), 60, "the worker to reach its subscription", procs.logs)
+        [name] = [
+            p["name"]
+            for p in client.get("/console/", headers=JSON).get_json()["processes"]
+            if p["role"] == "worker" and p["pid"] == worker.pid
+        ]
+        with app.app_context():
+            assert name in queue.pulses(), "a registered worker has no pulse yet"
+        os.kill(worker.pid, signal.SIGSTOP)
+        stopped = worker
+
+        def healthz_names_it() -> bool:
+            r = client.get("/healthz")
+            return r.status_code == 503 and name in r.get_json()["workers"]
+
+        wait_until(healthz_names_it, app.config["HEALTH_STALE_SECONDS"] * 0.75, "/healthz 503 naming it", procs.logs)
+    finally:
+        if stopped is not None:
+            os.kill(stopped.pid, signal.SIGCONT)
+        open(hold, "w").close()
         procs.stop()
