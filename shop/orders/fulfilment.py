@@ -20,7 +20,7 @@ from ..extensions import db
 from ..models import CommandKind
 from ..outbox import schedule_command, uow
 from ..outbox.failures import PermanentFailure
-from ..payments.holds import CAPTURE_KEY
+from ..payments.holds import CAPTURE_KEY, schedule_void
 from ..provider import gateway
 from ..store import order_store
 from ..store.order_store import LoadedOrder
@@ -72,41 +72,64 @@ def _capture_then_ship(order: LoadedOrder, tracking: str | None, now: datetime) 
         return Shipment(SubmissionOutcome.ALREADY, order.status, tracking=order.tracking, capturing=True)
     if not order_store.note_capture(order.id, now):
         raise order_store.LostRace(order, Transition.SHIP)
-    payload = {"tracking": tracking}
+    payload = {"tracking": tracking, "session_id": order.payment_session_id}
     schedule_command(db.session, CommandKind.CAPTURE_PAYMENT, now, order_id=order.id, payload=payload, now=now)
     return Shipment(SubmissionOutcome.DONE, order.status, tracking=tracking, capturing=True)
 
 
 def execute_capture(order_id: int, payload: dict, now: datetime) -> None:
-    """The CAPTURE_PAYMENT command, in the runner's transaction: capture the Authorized order's
-    hold (the same key on every retry, so it is taken once), then save it Paid and shipped. A
-    capture the provider refuses (the hold lapsed or was voided) is a dead letter for an operator
-    that says so; nothing was taken and the order stays Authorized, not shipped."""
+    """The CAPTURE_PAYMENT command, in the runner's transaction: capture the hold the ship asked
+    for (the payload's session; an older command's: the order's), only while it is still the
+    payment of the order, Authorized and being shipped (the same key on every retry, so it is
+    taken once), then save it Paid and shipped. A hold the order no longer owns (it was paid
+    through another session meanwhile) is voided instead, never captured. A capture the provider
+    refuses (the hold lapsed or was voided) is a dead letter for an operator that says so; nothing
+    was taken and the order stays Authorized, not shipped."""
     order = order_store.read(order_id)
     if order is None:
         return
-    tracking = payload.get("tracking")
-    if order.status is OrderStatus.AUTHORIZED:
-        session_id = order.payment_session_id
-        assert session_id is not None  # an Authorized order was authorized through its session
-        intent = gateway.retrieve_session(session_id).payment_intent
-        if not intent:
-            raise LookupError(f"the provider names no payment for session {session_id} of order {order.reference}")
-        try:
-            gateway.capture_payment(intent, None, CAPTURE_KEY.format(order=order.id, intent=intent))
-        except gateway.ProviderRefused as exc:
-            raise PermanentFailure(
-                f"the provider refused to capture the held payment of order {order.reference} ({exc}): the hold "
-                "has probably lapsed or been voided, so nothing was taken and the order was not shipped. Ask "
-                "the customer to pay again, or cancel the order (its stock then comes back)"
-            ) from exc
-        order = order_store.read(order_id, fresh=True)
-        assert order is not None
-        paid = order.mark_paid(session_id, order.charged or order.total, order.currency)
-        if isinstance(paid, Refused):
-            raise PermanentFailure(f"order {order.reference}'s payment was captured but it is {order.status}")
-        order_store.save(order, Transition.MARK_PAID, paid.events, now=now)
+    asked = payload.get("session_id") or (order.payment_session_id if order.status is OrderStatus.AUTHORIZED else None)
+    if (
+        asked
+        and order.status is OrderStatus.AUTHORIZED
+        and order.payment_session_id == asked
+        and order.capture_requested_at is not None
+    ):
+        order = _capture(order, asked, now)
+    elif asked and asked != order.payment_session_id:
+        schedule_void(order.id, asked, None, now)  # not the order's payment any more: given back
     if order.status is OrderStatus.PAID and order.shipped_at is None:
-        shipped = order.ship(tracking, now)
+        shipped = order.ship(payload.get("tracking"), now)
         if not isinstance(shipped, Refused):
             order_store.save(order, Transition.SHIP, shipped.events, now=now)
+
+
+def _capture(order: LoadedOrder, session_id: str, now: datetime) -> LoadedOrder:
+    """Take the order's hold through `session_id`, then the order as it is now: Paid by it, or
+    (paid through another session while the capture was under way) with the hold's money to give
+    back: its void finds it taken and refunds it once."""
+    intent = gateway.retrieve_session(session_id).payment_intent
+    if not intent:
+        raise LookupError(f"the provider names no payment for session {session_id} of order {order.reference}")
+    try:
+        gateway.capture_payment(intent, None, CAPTURE_KEY.format(order=order.id, intent=intent))
+    except gateway.ProviderRefused as exc:
+        fresh = order_store.read(order.id, fresh=True)
+        if fresh is not None and fresh.status is OrderStatus.PAID:
+            return fresh  # paid through another session meanwhile, this hold voided: nothing to take
+        raise PermanentFailure(
+            f"the provider refused to capture the held payment of order {order.reference} ({exc}): the hold "
+            "has probably lapsed or been voided, so nothing was taken and the order was not shipped. Ask "
+            "the customer to pay again, or cancel the order (its stock then comes back)"
+        ) from exc
+    fresh = order_store.read(order.id, fresh=True)
+    assert fresh is not None
+    if fresh.status is OrderStatus.PAID:
+        if fresh.payment_session_id != session_id:
+            schedule_void(fresh.id, session_id, intent, now)
+        return fresh
+    paid = fresh.mark_paid(session_id, fresh.charged or fresh.total, fresh.currency)
+    if isinstance(paid, Refused):
+        raise PermanentFailure(f"order {fresh.reference}'s payment was captured but it is {fresh.status}")
+    order_store.save(fresh, Transition.MARK_PAID, paid.events, now=now)
+    return fresh

@@ -26,16 +26,11 @@ from ..store.order_store import LoadedOrder, Note
 from . import holds
 from .event_claims import claim_event
 from .proof import charge_of, proof_of
-from .refunds import record_late_payment, refunded_by_shop
+from .refunds import PAID_AFTER_CANCEL, PAID_TWICE, record_late_payment, refunded_by_shop
 from .unknown_sighting import record_unknown_payment
 
 log = logging.getLogger("shop.payments")
 
-# Why late money is refunded: the reason is the refund's metadata at the provider (and part of
-# what its Idempotency-Key replays), so a restored copy that finds a payment the lost machine
-# refunded records the same refund and not a second one.
-PAID_TWICE = "paid twice: order already paid through another session"
-PAID_AFTER_CANCEL = "payment arrived after the order was cancelled"
 # The OrderCancelled reason when a restored copy learns of such a cancel from the refund.
 CANCELLED_BEFORE_PAYMENT_REFUNDED = "cancelled before its payment arrived; the payment was refunded"
 
@@ -193,7 +188,8 @@ def _apply_once(
 
 def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime, refunded_as: str | None = None) -> Applied:
     """The provider says the session is paid: check the proof, then pay the order, or refund money
-    it can no longer take. A held payment (CAPTURE_MODE=dispatch) is payments.holds'."""
+    it can no longer take. A held payment (CAPTURE_MODE=dispatch) is payments.holds'; money taken
+    at once for an order Authorized through another session pays it, and that hold is voided."""
     if holds.is_held(view):
         word, detail = holds.apply_held(order, view, source=source, now=now)
         return Applied(Outcome(word), order, detail)
@@ -234,6 +230,9 @@ def _apply_paid(order: LoadedOrder, view, *, source: str, now: datetime, refunde
         adopted = order.start_payment(view.id, view.url)  # the money is real: adopt its session first
         assert isinstance(adopted, Ok), adopted  # both states start a payment
         events, transition = adopted.events, Transition.ADOPT_AND_PAY
+    if state is OrderStatus.AUTHORIZED and order.payment_session_id != view.id:
+        # Money taken at once through another session pays it: the hold is given back (voided).
+        holds.schedule_void(order.id, order.payment_session_id, None, now)
     paid = order.mark_paid(view.id, view.amount_total, view.currency)
     assert isinstance(paid, Ok), paid  # the proof was checked above, and the state allows it
     events += paid.events

@@ -28,6 +28,7 @@ from ..provider import gateway
 from ..store import order_store
 from ..store.order_store import LoadedOrder
 from .proof import charge_of, proof_of
+from .refunds import PAID_TWICE, record_late_payment
 
 log = logging.getLogger("shop.payments")
 
@@ -170,7 +171,8 @@ def cancel_held(order: LoadedOrder, reason: str, now: datetime) -> Refused | Non
 def execute_void(order_id: int, payload: dict, now: datetime) -> None:
     """The VOID_PAYMENT command, in the runner's transaction (raising retries it with backoff,
     then dead-letters it to an operator with the provider's answer). A payment already voided,
-    or lapsed, is done; one that was captured meanwhile cannot be voided: an operator's task."""
+    or lapsed, is done. One captured meanwhile for an order paid through another session is
+    money taken twice: refunded once, as late money. Any other captured one is an operator's."""
     intent = payload.get("payment_intent")
     if not intent:
         session_id = payload.get("session_id")
@@ -185,11 +187,26 @@ def execute_void(order_id: int, payload: dict, now: datetime) -> None:
         now_there = gateway.retrieve_payment(intent)
         if now_there.status == gateway.PaymentIntentStatus.CANCELED:
             return  # voided already, or the hold lapsed: nothing is held
+        if now_there.status == gateway.PaymentIntentStatus.SUCCEEDED and _taken_twice(order_id, payload, now):
+            return
         raise PermanentFailure(
             f"the provider would not void payment {intent} of order {order_id} ({exc}); it is "
             f"{now_there.status}: check the payment at the provider and refund it by hand if it was taken"
         ) from exc
     log.info("order %s: hold on payment %s voided", order_id, intent)
+
+
+def _taken_twice(order_id: int, payload: dict, now: datetime) -> bool:
+    """The void's session was captured while its order is paid through another: its money is
+    refunded once (the late-money refund, keyed by order and session). False for anything else."""
+    session_id = payload.get("session_id")
+    order = order_store.read(order_id)
+    if not session_id or order is None or order.status is not OrderStatus.PAID:
+        return False
+    if order.payment_session_id == session_id:
+        return False
+    record_late_payment(order, gateway.retrieve_session(session_id), PAID_TWICE, now)
+    return True
 
 
 def _margin() -> timedelta:

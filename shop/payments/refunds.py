@@ -48,6 +48,12 @@ from .first_sighting import add_once
 
 log = logging.getLogger("shop.payments")
 
+# Why late money is refunded: the reason is the refund's metadata at the provider (and part of
+# what its Idempotency-Key replays), so a restored copy that finds a payment the lost machine
+# refunded records the same refund and not a second one.
+PAID_TWICE = "paid twice: order already paid through another session"
+PAID_AFTER_CANCEL = "payment arrived after the order was cancelled"
+
 
 def refunded_by_shop(view) -> str | None:
     """The reason of this shop's own late-money refund of a paid session's whole payment, when the
