@@ -6,8 +6,8 @@ through the outbox, like every other email.
 
 With CAPTURE_MODE=dispatch an Authorized order ships through its capture: the ship asks for it
 once (the order's `capture_requested_at`) and schedules the capture command, which takes the
-held payment under its own idempotency key (retried with backoff, dead-lettered to an operator
-with the provider's answer), then saves the order Paid and shipped in one transaction."""
+held payment under its own idempotency key (retried with backoff; a refusal is a dead letter for
+an operator with the provider's answer), then saves the order Paid and shipped in one transaction."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ..extensions import db
 from ..models import CommandKind
 from ..outbox import schedule_command, uow
 from ..outbox.failures import PermanentFailure
-from ..payments.holds import CAPTURE_KEY
+from ..payments.holds import CAPTURE_KEY, capture_refused
 from ..provider import gateway
 from ..store import order_store
 from ..store.order_store import LoadedOrder
@@ -80,33 +80,46 @@ def _capture_then_ship(order: LoadedOrder, tracking: str | None, now: datetime) 
 def execute_capture(order_id: int, payload: dict, now: datetime) -> None:
     """The CAPTURE_PAYMENT command, in the runner's transaction: capture the Authorized order's
     hold (the same key on every retry, so it is taken once), then save it Paid and shipped. A
-    capture the provider refuses (the hold lapsed or was voided) is a dead letter for an operator
-    that says so; nothing was taken and the order stays Authorized, not shipped."""
+    capture the provider refuses is a dead letter in words for an operator (holds.capture_refused:
+    a hold that ended cancels the order as its lapse does; any other refusal withdraws the ask, so
+    the order can be shipped again or cancelled). An order whose hold ended while its capture
+    waited (cancelled by the lapse's notice) was not shipped: a dead letter says so."""
     order = order_store.read(order_id)
     if order is None:
         return
-    tracking = payload.get("tracking")
+    if order.status is OrderStatus.CANCELLED and order.capture_requested_at is not None:
+        raise PermanentFailure(
+            f"order {order.reference} was not shipped: it was cancelled before its capture because its payment "
+            "hold ended at the provider. Nothing was taken; its stock comes back and its customer is told."
+        )
     if order.status is OrderStatus.AUTHORIZED:
-        session_id = order.payment_session_id
-        assert session_id is not None  # an Authorized order was authorized through its session
-        intent = gateway.retrieve_session(session_id).payment_intent
-        if not intent:
-            raise LookupError(f"the provider names no payment for session {session_id} of order {order.reference}")
-        try:
-            gateway.capture_payment(intent, None, CAPTURE_KEY.format(order=order.id, intent=intent))
-        except gateway.ProviderRefused as exc:
-            raise PermanentFailure(
-                f"the provider refused to capture the held payment of order {order.reference} ({exc}): the hold "
-                "has probably lapsed or been voided, so nothing was taken and the order was not shipped. Ask "
-                "the customer to pay again, or cancel the order (its stock then comes back)"
-            ) from exc
-        order = order_store.read(order_id, fresh=True)
-        assert order is not None
-        paid = order.mark_paid(session_id, order.charged or order.total, order.currency)
-        if isinstance(paid, Refused):
-            raise PermanentFailure(f"order {order.reference}'s payment was captured but it is {order.status}")
-        order_store.save(order, Transition.MARK_PAID, paid.events, now=now)
+        order = _capture(order, now)
     if order.status is OrderStatus.PAID and order.shipped_at is None:
-        shipped = order.ship(tracking, now)
+        shipped = order.ship(payload.get("tracking"), now)
         if not isinstance(shipped, Refused):
             order_store.save(order, Transition.SHIP, shipped.events, now=now)
+
+
+def _capture(order: LoadedOrder, now: datetime) -> LoadedOrder:
+    """Take the Authorized order's hold and save it Paid: the order as saved. A retried dead
+    letter whose ask was withdrawn asks again first (moving the version, as a ship's ask does)."""
+    if order.capture_requested_at is None:
+        if not order_store.note_capture(order.id, now):
+            raise order_store.LostRace(order, Transition.SHIP)
+        order = order_store.read(order.id, fresh=True) or order
+    session_id = order.payment_session_id
+    assert session_id is not None  # an Authorized order was authorized through its session
+    intent = gateway.retrieve_session(session_id).payment_intent
+    if not intent:
+        raise LookupError(f"the provider names no payment for session {session_id} of order {order.reference}")
+    try:
+        gateway.capture_payment(intent, None, CAPTURE_KEY.format(order=order.id, intent=intent))
+    except gateway.ProviderRefused as exc:
+        capture_refused(order, intent, exc, now)
+    captured = order_store.read(order.id, fresh=True)
+    assert captured is not None
+    paid = captured.mark_paid(session_id, captured.charged or captured.total, captured.currency)
+    if isinstance(paid, Refused):
+        raise PermanentFailure(f"order {captured.reference}'s payment was captured but it is {captured.status}")
+    order_store.save(captured, Transition.MARK_PAID, paid.events, now=now)
+    return captured
