@@ -158,3 +158,17 @@ def test_any_other_refused_capture_is_a_dead_letter_and_the_operator_can_then_ca
     assert _state(dispatch_shop, ref)["status"] is OrderStatus.CANCELLED
     assert provider.v1.payment_intents.retrieve(intent).status == "canceled"
     assert on_hand(sock, dispatch_shop) == before + 1
+
+
+def test_the_customers_page_says_an_order_being_captured_is_being_shipped_and_offers_no_cancel(dispatch_shop, sandbox):
+    shopper, ref, _oid, _intent = _authorized(dispatch_shop, sandbox)
+    page = shopper.client.get(f"/orders/{ref}").get_data(as_text=True)
+    assert "you may cancel" in page and "Cancel order" in page  # held, not yet shipping
+    assert shopper.order(ref)["fulfilment"]["status"] == "unfulfilled"
+
+    _ship(dispatch_shop, ref)
+    data = shopper.order(ref)
+    assert (data["status"], data["fulfilment"]["status"]) == ("Authorized", "shipping")
+    page = shopper.client.get(f"/orders/{ref}").get_data(as_text=True)
+    assert "being shipped" in page and "Being shipped" in page
+    assert "may cancel" not in page and "Cancel order" not in page and "/cancel" not in page
