@@ -85,9 +85,10 @@ def test_a_capture_refused_because_the_hold_lapsed_cancels_the_order_once_and_te
     shopper, ref, _oid, intent = _authorized(dispatch_shop, sandbox)
     sock = dispatch_shop.skus["SOCK-M"]
     before = on_hand(sock, dispatch_shop)
-    _ship(dispatch_shop, ref)
+    console, _token = _ship(dispatch_shop, ref)
     sandbox.advance_clock(WEEK_AND_A_DAY)  # the hold lapses before the capture runs
     run_everything(dispatch_shop)
+    assert "being shipped" not in console.get(f"/console/orders/{ref}").get_data(as_text=True)
 
     state = _state(dispatch_shop, ref)
     assert state["status"] is OrderStatus.CANCELLED and state["shipped_at"] is None and state["restored"]
