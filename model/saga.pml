@@ -324,11 +324,11 @@ end:
   od
 }
 
-/* payments.holds.hold_ended (payment_intent.canceled): an Authorized order not being captured
-   ends as at its hold's deadline. */
+/* payments.holds.hold_ended (payment_intent.canceled): an Authorized order ends as at its hold's
+   deadline, even one being captured: that capture cannot succeed now. */
 inline hold_ended(o, k) {
   if
-  :: st[o] == AUTHORIZED && psess[o] == k + 1 && !capreq[o] -> t_cancel_held(o)
+  :: st[o] == AUTHORIZED && psess[o] == k + 1 -> t_cancel_held(o)
   :: else -> skip
   fi
 }
@@ -433,8 +433,9 @@ inline refund_done(o, k) {
 
 /* The capture command (orders.fulfilment.execute_capture): the hold taken under its own
    idempotency key (once, however often it runs), then, in the runner's commit, the order Paid and
-   shipped; a capture the provider refuses (the hold ended) is a dead letter, the order left
-   Authorized; money taken for an order that moved meanwhile is a dead letter too. */
+   shipped; a capture the provider refuses (the hold ended) is a dead letter whose commit cancels
+   the order as its lapse does (payments.holds.capture_refused); money taken for an order that
+   moved meanwhile is a dead letter too. */
 inline capture_at_provider(o) {
   was = st[o];
   if
@@ -447,7 +448,8 @@ inline capture_at_provider(o) {
 }
 inline capture_commit(o) {
   if
-  :: capcmd[o] == C_DEAD -> skip
+  :: capcmd[o] == C_DEAD && st[o] == AUTHORIZED -> t_cancel_held(o)
+  :: capcmd[o] == C_DEAD && st[o] != AUTHORIZED -> skip     /* the lapse's notice cancelled it first */
   :: capcmd[o] != C_DEAD && !crashed -> crashed = 1; printf("STEP %d capture_crashed\nSTATE %d %d %d %d %d\n", o, SHOWN(o))
   :: capcmd[o] != C_DEAD && st[o] == AUTHORIZED ->
        st[o] = PAID; BUMP(o); was_paid[o] = 1; shipped[o] = 1; hold_dl[o] = 0; capcmd[o] = C_DONE;
@@ -563,9 +565,8 @@ end:
 #endif
 #define SHIP_OK(o) (!shipped[o] || sess[CUR(o)] == S_CAPT)
 #define ORDER_OK(o) (gave[o] <= 1 && !(was_paid[o] && was_cancelled[o]) && REFUNDS_OK(o) && HOLDS_OK(o) && SHIP_OK(o))
-/* Final: Paid, Cancelled or rejected; or Authorized with its capture refused (a dead letter: an
-   operator's). */
-#define FINAL(o) (st[o] == PAID || st[o] == CANCELLED || st[o] == REJECTED || (st[o] == AUTHORIZED && capcmd[o] == C_DEAD))
+/* Final: Paid, Cancelled or rejected; a held order whose capture was refused too (its hold ended). */
+#define FINAL(o) (st[o] == PAID || st[o] == CANCELLED || st[o] == REJECTED)
 /* With holds, every Paid order was paid by its capture at a ship. */
 #define SHIPPED(o) (!HOLD || st[o] != PAID || shipped[o])
 #define RESTOCKED(o) (st[o] != CANCELLED || (restored[o] && gave[o] == 1))

@@ -75,7 +75,7 @@ def ship_form(order):
         "shipping": order.shipping_details,
         "lines": [{"sku": ln.sku, "name": ln.name, "quantity": ln.quantity} for ln in order.lines],
         "fulfilment": _shipped_json(order),
-        "capturing": order.capture_requested_at is not None and order.shipped_at is None,
+        "capturing": order.status == OrderStatus.AUTHORIZED and order.capture_requested_at is not None,
     }
     back = url_for("console.order_detail", reference=order.reference)
     return respond("console/ship_order.html", data, form=ShipForm(), back=back, tracking_max=TRACKING_MAX)

@@ -130,7 +130,7 @@ def order_page(order: Order, now: datetime) -> tuple[dict, dict]:
     data = order_timeline(order, now, rows)
     names = {e.id: e.name for e in rows.events}
     shown = _merged(rows, names, db.session.get(PrunedDetail, order.id), WORDS)
-    capturing = order.capture_requested_at is not None and order.shipped_at is None
+    capturing = order.status == OrderStatus.AUTHORIZED and order.capture_requested_at is not None  # not yet Paid
     return data, {"timeline_words": shown, "money_summary": OrderView.of(order).money, "capturing": capturing}
 
 

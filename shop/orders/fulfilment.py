@@ -6,8 +6,8 @@ through the outbox, like every other email.
 
 With CAPTURE_MODE=dispatch an Authorized order ships through its capture: the ship asks for it
 once (the order's `capture_requested_at`) and schedules the capture command, which takes the
-held payment under its own idempotency key (retried with backoff, dead-lettered to an operator
-with the provider's answer), then saves the order Paid and shipped in one transaction."""
+held payment under its own idempotency key (retried with backoff; a refusal is a dead letter for
+an operator with the provider's answer), then saves the order Paid and shipped in one transaction."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ..extensions import db
 from ..models import CommandKind
 from ..outbox import schedule_command, uow
 from ..outbox.failures import PermanentFailure
-from ..payments.holds import CAPTURE_KEY, schedule_void
+from ..payments.holds import CAPTURE_KEY, capture_refused, schedule_void
 from ..provider import gateway
 from ..store import order_store
 from ..store.order_store import LoadedOrder
@@ -80,21 +80,23 @@ def _capture_then_ship(order: LoadedOrder, tracking: str | None, now: datetime) 
 def execute_capture(order_id: int, payload: dict, now: datetime) -> None:
     """The CAPTURE_PAYMENT command, in the runner's transaction: capture the hold the ship asked
     for (the payload's session; an older command's: the order's), only while it is still the
-    payment of the order, Authorized and being shipped (the same key on every retry, so it is
-    taken once), then save it Paid and shipped. A hold the order no longer owns (it was paid
-    through another session meanwhile) is voided instead, never captured. A capture the provider
-    refuses (the hold lapsed or was voided) is a dead letter for an operator that says so; nothing
-    was taken and the order stays Authorized, not shipped."""
+    payment of the Authorized order (the same key on every retry, so it is taken once), then save
+    it Paid and shipped. A hold the order no longer owns (it was paid through another session
+    meanwhile) is voided instead, never captured. A capture the provider refuses is a dead letter
+    in words for an operator (holds.capture_refused: a hold that ended cancels the order as its
+    lapse does; any other refusal withdraws the ask, so the order can be shipped again or
+    cancelled). An order whose hold ended while its capture waited (cancelled by the lapse's
+    notice) was not shipped: a dead letter says so."""
     order = order_store.read(order_id)
     if order is None:
         return
+    if order.status is OrderStatus.CANCELLED and order.capture_requested_at is not None:
+        raise PermanentFailure(
+            f"order {order.reference} was not shipped: it was cancelled before its capture because its payment "
+            "hold ended at the provider. Nothing was taken; its stock comes back and its customer is told."
+        )
     asked = payload.get("session_id") or (order.payment_session_id if order.status is OrderStatus.AUTHORIZED else None)
-    if (
-        asked
-        and order.status is OrderStatus.AUTHORIZED
-        and order.payment_session_id == asked
-        and order.capture_requested_at is not None
-    ):
+    if asked and order.status is OrderStatus.AUTHORIZED and order.payment_session_id == asked:
         order = _capture(order, asked, now)
     elif asked and asked != order.payment_session_id:
         schedule_void(order.id, asked, None, now)  # not the order's payment any more: given back
@@ -107,7 +109,12 @@ def execute_capture(order_id: int, payload: dict, now: datetime) -> None:
 def _capture(order: LoadedOrder, session_id: str, now: datetime) -> LoadedOrder:
     """Take the order's hold through `session_id`, then the order as it is now: Paid by it, or
     (paid through another session while the capture was under way) with the hold's money to give
-    back: its void finds it taken and refunds it once."""
+    back: its void finds it taken and refunds it once. A retried dead letter whose ask was
+    withdrawn asks again first (moving the version, as a ship's ask does)."""
+    if order.capture_requested_at is None:
+        if not order_store.note_capture(order.id, now):
+            raise order_store.LostRace(order, Transition.SHIP)
+        order = order_store.read(order.id, fresh=True) or order
     intent = gateway.retrieve_session(session_id).payment_intent
     if not intent:
         raise LookupError(f"the provider names no payment for session {session_id} of order {order.reference}")
@@ -117,11 +124,7 @@ def _capture(order: LoadedOrder, session_id: str, now: datetime) -> LoadedOrder:
         fresh = order_store.read(order.id, fresh=True)
         if fresh is not None and fresh.status is OrderStatus.PAID:
             return fresh  # paid through another session meanwhile, this hold voided: nothing to take
-        raise PermanentFailure(
-            f"the provider refused to capture the held payment of order {order.reference} ({exc}): the hold "
-            "has probably lapsed or been voided, so nothing was taken and the order was not shipped. Ask "
-            "the customer to pay again, or cancel the order (its stock then comes back)"
-        ) from exc
+        capture_refused(order, intent, exc, now)
     fresh = order_store.read(order.id, fresh=True)
     assert fresh is not None
     if fresh.status is OrderStatus.PAID:

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from flask import current_app
 from sqlalchemy import and_, bindparam, case, func, or_, select, update
 
+from ..domain.deadlines import FAILURE_REFUSED
 from ..extensions import db
 from ..models import CommandKind, WorkStatus
 from .tables import rows_matched
@@ -258,4 +259,22 @@ def claim_returning(
 def mark_done(model, work_id: int, worker: str, done_at: datetime) -> bool:
     """Inside the run's transaction: the row is done, if our claim still holds it."""
     marked = db.session.execute(_mark_done(model.__table__), dict(work_id=work_id, worker=worker, done_at=done_at))
+    return rows_matched(marked) == 1
+
+
+def mark_dead(model, work_id: int, worker: str, error: str, at: datetime) -> bool:
+    """Inside the run's transaction: the row is a dead letter saying `error` (a DeadEnd: the run's
+    writes commit with it), if our claim still holds it."""
+    t = model.__table__
+    marked = db.session.execute(
+        update(t)
+        .where(t.c.id == work_id, t.c.claimed_by == worker, t.c.status == WorkStatus.PROCESSING)
+        .values(
+            status=WorkStatus.DEAD,
+            last_error=error[:4000],
+            failure_kind=FAILURE_REFUSED,
+            claimed_until=None,
+            updated_at=at,
+        )
+    )
     return rows_matched(marked) == 1

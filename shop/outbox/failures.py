@@ -16,6 +16,12 @@ class PermanentFailure(Exception):
     failure_kind = FAILURE_REFUSED
 
 
+class DeadEnd(PermanentFailure):
+    """Retrying cannot help, and what the handler wrote because of it stands (a capture refused
+    because the hold lapsed cancels the order): its writes commit with the row marked dead, in
+    one transaction, and the message is the dead letter's words for an operator."""
+
+
 class Reschedule(Exception):
     """Not due yet (a scheduler may fire up to a second early): run again at `due`, without
     spending an attempt."""

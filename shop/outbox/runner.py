@@ -15,7 +15,8 @@ The sequence for one row:
      A provider that is unavailable (down, timing out, rate-limiting) is not the row's failure:
      the attempt is given back and the row waits for the provider, backing off up to a cap, for
      as long as it takes; a refusal (PermanentFailure) is dead at once
-     (domain.deadlines.retry_decision).
+     (domain.deadlines.retry_decision). A DeadEnd is a refusal whose writes stand: they commit
+     with the row marked dead in step 2's transaction.
 
 `drain` claims due rows in batches and runs each (a delivery drain or a command drain: the
 scheduler's poll wakes one whenever due rows wait, a commit wakes one for what it made due);
@@ -45,10 +46,10 @@ from ..extensions import db
 from ..models import WorkStatus
 from ..node import node_name
 from . import uow
-from .claims import claim, claim_batch, claim_returning, mark_done, next_due_within, release
+from .claims import claim, claim_batch, claim_returning, mark_dead, mark_done, next_due_within, release
 
 # Raised by handlers and commands; named here too for the callers that catch them.
-from .failures import WAITING_FOR_PROVIDER, PermanentFailure, Reschedule, failure_kind  # noqa: F401
+from .failures import WAITING_FOR_PROVIDER, DeadEnd, PermanentFailure, Reschedule, failure_kind  # noqa: F401
 
 log = logging.getLogger("shop.outbox")
 
@@ -176,9 +177,17 @@ def _run_claimed(work: Work, work_id: int, now: datetime, worker: str, row) -> R
                 row = db.session.get(model, work_id, options=list(work.load_options))
                 if row is not None:
                     logs.learn(order_id=row.order_id, request_id=row.request_id)
-            work.execute(row, now)
-            if not mark_done(model, work_id, worker, utcnow()):
+            dead_end = _execute(work, row, now)
+            error = f"{type(dead_end).__name__}: {dead_end}" if dead_end else ""
+            if not (
+                mark_dead(model, work_id, worker, error, utcnow())
+                if dead_end
+                else mark_done(model, work_id, worker, utcnow())
+            ):
                 raise LeaseLost(f"{work.describe(row)}: lease lapsed before commit")
+        if dead_end is not None:
+            log.error("dead letter: %s, its writes kept: %s", work.describe(row), error)
+            return RunOutcome.DEAD
         return RunOutcome.DONE
     except Reschedule as exc:  # the transaction has rolled back, as for every exception below
         _reschedule(model, work_id, worker, exc.due, now)
@@ -189,6 +198,15 @@ def _run_claimed(work: Work, work_id: int, now: datetime, worker: str, row) -> R
     except Exception as exc:
         traces.note(error=f"{type(exc).__name__}: {exc}"[:500])
         return record_failure(model, work_id, worker, exc, now, work.describe)
+
+
+def _execute(work: Work, row, now: datetime) -> DeadEnd | None:
+    """Run the row's handler; a DeadEnd it raises is returned, its writes kept for the commit."""
+    try:
+        work.execute(row, now)
+    except DeadEnd as exc:
+        return exc
+    return None
 
 
 def run(work: Work, work_id: int, now: datetime | None = None) -> RunOutcome:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import NoReturn
 
 from flask import current_app
 
@@ -23,7 +24,7 @@ from ..domain.results import Refused
 from ..extensions import db
 from ..models import CommandKind, PaymentProofRefusal, ScheduledCommand
 from ..outbox import schedule_command, uow
-from ..outbox.failures import PermanentFailure, Reschedule
+from ..outbox.failures import DeadEnd, PermanentFailure, Reschedule
 from ..provider import gateway
 from ..store import order_store
 from ..store.order_store import LoadedOrder
@@ -153,10 +154,12 @@ def being_shipped(order: LoadedOrder) -> Refused | None:
     return None
 
 
-def cancel_held(order: LoadedOrder, reason: str, now: datetime) -> Refused | None:
+def cancel_held(order: LoadedOrder, reason: str, now: datetime, *, ended: bool = False) -> Refused | None:
     """Cancel an Authorized order and void its hold, in the caller's transaction: the cancel's
-    compensation gives the stock back as for any cancel. Refused while a ship is capturing it."""
-    shipping = being_shipped(order)
+    compensation gives the stock back as for any cancel. Refused while a ship is capturing it,
+    unless the hold `ended` at the provider: then that capture cannot succeed (a void of an ended
+    hold finds nothing held)."""
+    shipping = None if ended else being_shipped(order)
     if shipping is not None:
         return shipping
     result = order.cancel(reason)
@@ -256,11 +259,11 @@ def hold_ended(
     view: gateway.PaymentView, *, before_commit, now: datetime | None = None, lapsed_charge: str | None = None
 ) -> HoldNews:
     """The provider says a held payment ended uncaptured (`payment_intent.canceled`: voided, or the
-    hold lapsed; or `lapsed_charge`, its latest charge, expired): an order still Authorized and
-    not being captured ends as at the hold's deadline (cancelled, stock back, customer told). One
-    being captured is left: its capture is refused and dead-letters for an operator. Whichever of
-    the two notices comes first ends it; the other, or a repeat, finds it ended and changes
-    nothing. `before_commit(news)` runs in the same transaction."""
+    hold lapsed; or `lapsed_charge`, its latest charge, expired): an order still Authorized ends
+    as at the hold's deadline (cancelled, stock back, customer told), even one being captured:
+    that capture cannot succeed now, and finding the order cancelled it tells an operator so.
+    Whichever of the two notices comes first ends it; the other, or a repeat, finds it ended and
+    changes nothing. `before_commit(news)` runs in the same transaction."""
     now = now or utcnow()
 
     def attempt(_n: int) -> HoldNews:
@@ -270,10 +273,8 @@ def hold_ended(
                 news = HoldNews("unknown_order", view.order_id)
             elif order.status is not OrderStatus.AUTHORIZED or not _ended(view, lapsed_charge):
                 news = HoldNews("noop", order.id, f"order is {order.status.value}")
-            elif order.capture_requested_at is not None:
-                news = HoldNews("noop", order.id, "its capture is under way and will be refused")
             else:
-                refused = cancel_held(order, HOLD_LAPSING, now)
+                refused = cancel_held(order, HOLD_LAPSING, now, ended=True)
                 news = HoldNews(
                     "cancelled" if refused is None else "noop", order.id, refused.message if refused else ""
                 )
@@ -302,3 +303,32 @@ def hold_lapsed(intent_id: str, charge_id: str | None, *, before_commit, now: da
     the order ends exactly as for `payment_intent.canceled` (`hold_ended`)."""
     view = gateway.retrieve_payment(intent_id)
     return hold_ended(view, before_commit=before_commit, now=now, lapsed_charge=charge_id)
+
+
+def capture_refused(order: LoadedOrder, intent: str, exc: gateway.ProviderRefused, now: datetime) -> NoReturn:
+    """The capture of `order`'s hold was refused, in the capture command's transaction; always a
+    dead letter in words for an operator (DeadEnd), naming the order and the provider's answer,
+    with what it wrote. A hold that ended (the payment canceled: lapsed or voided; or the
+    authorization expired) ends the order as a lapsed hold does: cancelled, stock back through the
+    compensation, customer told. Any other refusal leaves the hold: the ask is withdrawn, so the
+    order can be shipped again or cancelled (its hold voided), and the hold's deadline is armed
+    again in case it already ran."""
+    payment = gateway.retrieve_payment(intent)
+    answer = f"the provider said: {exc} ({exc.code or 'no code'}); the payment is {payment.status}"
+    ref = order.reference
+    if payment.status == gateway.PaymentIntentStatus.CANCELED or exc.code == gateway.CHARGE_EXPIRED_FOR_CAPTURE:
+        refused = cancel_held(order, HOLD_LAPSING, now, ended=True)
+        assert refused is None, refused  # an Authorized order may be cancelled
+        raise DeadEnd(
+            f"order {ref} was not shipped: its payment hold ended before the capture ({answer}). Nothing was "
+            "taken; the order is cancelled as a lapsed hold is (its stock comes back, its customer is told). "
+            "Discard this once read."
+        )
+    if not order_store.note_capture_refused(order.id):
+        raise order_store.LostRace(order, Transition.SHIP)
+    _arm_deadline(order, now)
+    raise DeadEnd(
+        f"the provider refused to capture the held payment of order {ref} ({answer}): it was not shipped, "
+        "and it is no longer being shipped. Ship it again (or retry this), or cancel it: its hold is voided "
+        "and its stock comes back."
+    )

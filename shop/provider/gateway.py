@@ -27,7 +27,7 @@ from .errors import (
     unavailable,
 )
 from .guarded import guarded_call as _call
-from .holds import capture_payment, retrieve_payment, void_payment
+from .holds import CHARGE_EXPIRED_FOR_CAPTURE, capture_payment, retrieve_payment, void_payment
 from .payment_view import CaptureMethod, Hold, PaymentIntentStatus, PaymentView, payment_view
 from .transport import (
     GuardedHttpClient,
@@ -75,6 +75,7 @@ __all__ = [
     "Hold",
     "PaymentIntentStatus",
     "PaymentView",
+    "CHARGE_EXPIRED_FOR_CAPTURE",
     "capture_payment",
     "retrieve_payment",
     "void_payment",

@@ -20,6 +20,8 @@ CancellationReason = Literal["abandoned", "duplicate", "fraudulent", "requested_
 
 # The error code of a capture or void the payment's status does not allow.
 UNEXPECTED_STATE = "payment_intent_unexpected_state"
+# Stripe's error code of a capture refused because the authorization lapsed.
+CHARGE_EXPIRED_FOR_CAPTURE = "charge_expired_for_capture"
 
 
 def capture_payment(intent_id: str, amount: int | None, idempotency_key: str) -> PaymentView:

@@ -193,6 +193,7 @@ class Note(StrEnum):
     NEXT_CHECK = "next_check"
     DECLINED = "declined"
     CAPTURE = "capture"
+    CAPTURE_REFUSED = "capture_refused"
 
 
 NOTES = {
@@ -258,6 +259,15 @@ NOTES = {
         version=_orders.c.version + 1,
         **_KEEP_AGE,
     ),
+    # The provider refused that capture, the hold still standing: the order is no longer being
+    # shipped, so it can be shipped again or cancelled. It moves the version, as the ask did.
+    Note.CAPTURE_REFUSED: update(_orders)
+    .where(
+        _orders.c.id == bindparam("order"),
+        _orders.c.status == literal_column(f"'{S.AUTHORIZED.value}'"),
+        _orders.c.capture_requested_at.is_not(None),
+    )
+    .values(capture_requested_at=None, version=_orders.c.version + 1, **_KEEP_AGE),
     # The sweep leaves the order out of its provider pass until then.
     Note.NEXT_CHECK: update(_orders)
     .where(_orders.c.id == bindparam("order"))

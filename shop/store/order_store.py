@@ -256,6 +256,14 @@ def note_capture(order_id: int, at: datetime) -> bool:
     return rows_matched(result) == 1
 
 
+def note_capture_refused(order_id: int) -> bool:
+    """The provider refused the capture a ship asked for, and the hold stands (CAPTURE_REFUSED):
+    the ask is withdrawn. False when the order is no longer Authorized and being captured."""
+    result = db.session.execute(NOTES[Note.CAPTURE_REFUSED], {"order": order_id})
+    _forget_loaded(db.session, order_id)
+    return rows_matched(result) == 1
+
+
 def note_declined(order_id: int, attempt: int, words: str, at: datetime) -> bool:
     """A card was declined on the payment page of the order's attempt `attempt`: its words and
     when, on the row (DECLINED), in the caller's transaction. False when the order is no longer

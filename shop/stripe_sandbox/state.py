@@ -216,6 +216,8 @@ class Sandbox:
 
     def _clear(self) -> None:
         self.clock_offset = 0.0
+        # Real time stands still at this instant while set (`freeze_clock`; a reset thaws it).
+        self._frozen_at: float | None = None
         self.faults = Faults()
         self.account = Account()
         # The object the lock_timeout fault holds, once its first refused write named it.
@@ -274,7 +276,16 @@ class Sandbox:
 
     def now(self) -> int:
         """The sandbox clock (real time plus every /_sandbox/clock advance), whole seconds."""
-        return int(time.time() + self.clock_offset)
+        real = time.time() if self._frozen_at is None else self._frozen_at
+        return int(real + self.clock_offset)
+
+    def freeze_clock(self) -> int:
+        """Stop real time's share of the clock (in-process tests): from now on only an advance
+        moves it, so a test can stand one second before a hold's lapse without racing the wall
+        clock to the next second. Until `reset`."""
+        with self.lock:
+            self._frozen_at = time.time()
+            return self.now()
 
     def advance_clock(self, seconds: float) -> int:
         with self.lock:

@@ -51,6 +51,7 @@ BADGES = {
     "failed": "Payment failed",
     "paid": "Paid",
     "authorized": "Payment authorized",
+    "shipping": "Being shipped",
     "partially-refunded": "Partially refunded",
     "paid-refunded": "Refunded",
     "expired": "Expired",
@@ -178,6 +179,8 @@ class OrderView:
     charged: int | None = None
     shipped_at: datetime | None = None  # the fulfilment: None while unfulfilled
     tracking: str | None = None
+    # CAPTURE_MODE=dispatch: a ship is capturing the Authorized order's hold; it can no longer be cancelled.
+    being_shipped: bool = False
 
     @classmethod
     def of(cls, row: Order) -> OrderView:
@@ -229,6 +232,7 @@ class OrderView:
             charged=row.charged,
             shipped_at=row.shipped_at,
             tracking=row.tracking,
+            being_shipped=status is OrderStatus.AUTHORIZED and row.capture_requested_at is not None,
         )
 
     @property
@@ -297,7 +301,7 @@ class OrderView:
             "tax": self.tax,
             "charged": self.charged,
             "fulfilment": {
-                "status": "shipped" if self.shipped_at else "unfulfilled",
+                "status": "shipped" if self.shipped_at else "shipping" if self.being_shipped else "unfulfilled",
                 "shipped_at": iso(self.shipped_at),
                 "tracking": self.tracking,
             },
@@ -336,7 +340,7 @@ class OrderView:
         """Whether something other than the customer can still change what the order page says: a
         payment to make or settling, the deadline, the stock coming back, a refund on its way."""
         status = self.status
-        if status in UNPAID or status is OrderStatus.PAYMENT_INITIATED:
+        if status in UNPAID or status is OrderStatus.PAYMENT_INITIATED or self.being_shipped:
             return True
         if status is OrderStatus.CANCELLED:
             pending = any(r.status == PENDING for r in self.refunds)
@@ -380,7 +384,7 @@ def _badge_key(order: OrderView) -> str:
     if status is OrderStatus.PAYMENT_INITIATED:
         return {P.PROCESSING: "processing", P.DECLINED: "declined"}.get(payment or P.OPEN, "at-payment-page")
     if status in (OrderStatus.PAYMENT_FAILED, OrderStatus.AUTHORIZED):
-        return "failed" if status is OrderStatus.PAYMENT_FAILED else "authorized"
+        return "failed" if status is OrderStatus.PAYMENT_FAILED else "shipping" if order.being_shipped else "authorized"
     if status is OrderStatus.PAID:
         return PAID_BADGES[order.money.money_back or PaidAndRefunded.PAID]
     # A refund an operator settled outside the shop is done, whatever the provider said.

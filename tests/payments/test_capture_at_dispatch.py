@@ -1,9 +1,8 @@
 """CAPTURE_MODE=dispatch against the bundled sandbox (docs/REFERENCE.md, Order states): a card
 payment is only held at checkout (the order is Authorized), the console's ship captures it once
 and then the order is Paid and shipped; a cancel before the capture voids the hold (no refund)
-and gives the stock back; money held for a cancelled order is voided; a capture the provider
-refuses (the hold lapsed) is an operator's dead letter in words. CAPTURE_MODE=checkout sessions
-ask for no manual capture."""
+and gives the stock back; money held for a cancelled order is voided (a refused capture:
+test_capture_refusals.py). CAPTURE_MODE=checkout sessions ask for no manual capture."""
 
 from __future__ import annotations
 
@@ -148,23 +147,6 @@ def test_money_held_for_a_cancelled_order_is_voided_not_refunded(dispatch_shop, 
     with dispatch_shop.app_context():
         assert db.session.query(Refund).count() == 0
         db.session.remove()
-
-
-def test_a_capture_refused_because_the_hold_lapsed_is_a_dead_letter_in_words(dispatch_shop, sandbox):
-    _shopper, order = _authorized(dispatch_shop, sandbox)
-    ref = order["reference"]
-    sandbox.advance_clock(8 * 24 * 3600)  # past the card's seven days
-    client = dispatch_shop.test_client()
-    token = log_in(dispatch_shop, client)
-    client.post(f"/console/orders/{ref}/ship", data={"csrf_token": token}, headers=JSON)
-    run_everything(dispatch_shop)
-    with dispatch_shop.app_context():
-        [capture] = db.session.query(ScheduledCommand).filter_by(kind=CommandKind.CAPTURE_PAYMENT).all()
-        assert capture.status == WorkStatus.DEAD
-        assert "refused to capture the held payment" in capture.last_error and "lapsed" in capture.last_error
-        db.session.remove()
-    row = _row(dispatch_shop, ref)
-    assert row["status"] is S.AUTHORIZED and row["shipped_at"] is None
 
 
 def test_only_dispatch_mode_asks_the_provider_to_hold_card_payments(fresh_app):
