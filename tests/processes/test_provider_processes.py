@@ -61,7 +61,7 @@ def _signed_webhook(base: str) -> requests.Response:
     )
 
 
-def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the_webhook_answer_within_1s(
+def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the_webhook_answer_on_the_free_thread(
     make_fresh_app, sandbox
 ):
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
@@ -111,16 +111,18 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
                 return count == 9  # the owner's and each of the eight checkouts' (its order comes first)
 
             wait_until(orders_placed, 10, "every checkout's order placed", procs.logs)
+            # The bulkhead refused the checkouts past its 2 calls and 1 wait (each offered "Pay
+            # now"): only the 2 at the provider are still waiting, and a thread is free.
+            wait_until(lambda: len(answers) == 6, 10, "the checkouts past the bulkhead answered", procs.logs)
             for what, ask in (
                 ("catalog", lambda: requests.get(base + "/", headers=JSON, timeout=10)),
                 ("order page", lambda: owner.client.get(order_page, headers=JSON)),
                 ("webhook", lambda: _signed_webhook(base)),
             ):
-                started = time.monotonic()
                 answer = ask()
-                took = time.monotonic() - started
                 assert answer.status_code == 200, (what, answer.status_code, answer.text)
-                assert took < 1.0, f"the {what} took {took:.2f} s while the provider hung\n{procs.logs()}"
+                # Answered on the free thread, not on one a held checkout gave back: both still wait.
+                assert len(answers) == 6, f"the {what} was answered after a held checkout\n{procs.logs()}"
             held = len(sandbox.requests(since=since))
             # A thread waiting on the provider holds no database connection: a transaction left
             # open across the call would keep a pooled connection per waiting checkout, and the
