@@ -58,16 +58,7 @@ _DURATION_NAME = re.compile(r"(^|_)(took|elapsed|duration|seconds|secs|waited|la
 _CLOCKS = {"monotonic", "time", "perf_counter", "monotonic_ns", "perf_counter_ns"}
 
 # The few timed assertions left, each for its reason ("path:function" -> why). At most a few.
-_SLOW_CLIENTS = (
-    "the catalog's p99 while hundreds of slow clients trickle their requests: what nginx's request "
-    "buffering buys (docs/REFERENCE.md: a slow client holds no gunicorn thread) is the latency "
-    "itself, and a p99 over hundreds of answers rides out a moment's load"
-)
-TIMED_ASSERTIONS_ALLOWED: dict[str, str] = {
-    "processes/test_devserver.py:test_up_puts_nginx_before_gunicorn_so_200_slow_clients_hold_no_thread": _SLOW_CLIENTS,
-    "processes/test_front.py:test_200_slow_clients_for_30s_hold_no_thread_the_catalog_p99_stays_under_200ms_"
-    "and_every_checkout_answers": _SLOW_CLIENTS,
-}
+TIMED_ASSERTIONS_ALLOWED: dict[str, str] = {}
 MOST_TIMED_ASSERTIONS_ALLOWED = 3
 
 
