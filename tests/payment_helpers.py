@@ -20,8 +20,10 @@ from werkzeug.serving import make_server
 from werkzeug.test import TestResponse
 
 from factories import DEFAULT_SKU
+from shop import clock
 from shop.extensions import db
 from shop.models import Order
+from shop.provider import guard, transport
 from shop.stripe_sandbox.server import QuietRequestHandler
 from support import csrf_token, log_in, wait_until
 
@@ -341,3 +343,67 @@ def paid_with_operator(make_fresh_app, sandbox, sku: str = "SOCK-M", quantity: i
         found = (order.reference, order.access_token, order.email, order.currency)
         db.session.remove()
     return PaidOrder(app, client, token, oid, *found, total, skus)
+
+
+@dataclass(frozen=True)
+class Timeout:
+    """A timeout the transport gave one request: (connect, read) in seconds, the clock's
+    monotonic() read just before, and the deadline of the calls made then (None: none)."""
+
+    connect: float
+    read: float
+    at: float
+    deadline: float | None
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    """Whether a 429 was retried: the wait it asked for, the clock before deciding, the deadline."""
+
+    wait: float
+    at: float
+    deadline: float | None
+    retried: bool
+
+
+class ProviderTransportLog:
+    """What the provider's transport decided in this thread (shop.provider.transport), read where
+    it decides it: the timeout of each request it sent, and each 429's retry or not. For tests
+    that pin how a call is kept within its caller's time instead of timing it. The clock is read
+    before the transport reads it, so what was left by the deadline is never overstated."""
+
+    def __init__(self, monkeypatch):
+        self.timeouts: list[Timeout] = []
+        self.retries: list[RetryDecision] = []
+        mine = threading.get_ident()
+        client = transport.GuardedHttpClient
+        timeout, retry_429 = client._timeout, client._retry_429
+
+        def timeout_given(self_):
+            at, deadline = clock.current().monotonic(), guard.current().deadline
+            value = timeout.fget(self_)
+            if threading.get_ident() == mine:
+                connect, read = value if isinstance(value, tuple) else (value, value)
+                self.timeouts.append(Timeout(connect, read, at, deadline))
+            return value
+
+        def retry_decided(self_, rheaders, wait):
+            at, deadline = clock.current().monotonic(), guard.current().deadline
+            retried = retry_429(self_, rheaders, wait)
+            if threading.get_ident() == mine:
+                self.retries.append(RetryDecision(wait, at, deadline, retried))
+            return retried
+
+        monkeypatch.setattr(client, "_timeout", property(timeout_given, timeout.fset))
+        monkeypatch.setattr(client, "_retry_429", retry_decided)
+
+    def assert_within_deadline(self) -> None:
+        """Every request's answer was waited for no longer than its deadline left, and every 429
+        retried only when its wait and one more attempt fit before the deadline."""
+        for t in self.timeouts:
+            assert t.deadline is not None, f"a request was sent without a deadline: {self.timeouts}"
+            assert t.read <= max(0.05, t.deadline - t.at) and t.connect <= t.read, f"a timeout past the deadline: {t}"
+        for r in self.retries:
+            assert r.deadline is not None, f"a 429 retried without a deadline: {self.retries}"
+            fits = r.at + r.wait + transport.MIN_ATTEMPT_SECONDS <= r.deadline
+            assert not r.retried or fits, f"a 429 retried past the deadline: {r}"

@@ -2,11 +2,11 @@
 environment, a free port, a set of
 child processes that is always stopped, the environment a child runs the shop with, the
 Procfile's web line started as a deployment starts it, a process stalled by SIGSTOP (`stalled`),
-and slow clients (`Tricklers`) with a probe that times the catalog meanwhile (`time_catalog`)."""
+and slow clients (`Tricklers`) with a probe that asks for the catalog meanwhile (`catalog_answers`) and
+the connections a server was holding (`ConnectionsTo`)."""
 
 from __future__ import annotations
 
-import math
 import os
 import select
 import shutil
@@ -208,27 +208,47 @@ class Tricklers:
                     sock.close()
 
 
-def time_catalog(base: str, seconds: float, interval: float = 0.05, timeout: float = 10.0) -> list[float]:
-    """GET / (JSON) one after another for `seconds`: each answer's time in seconds; one that
-    failed or was not a 200 counts as `timeout`."""
-    times = []
+def catalog_answers(base: str, seconds: float, interval: float = 0.05, timeout: float = 10.0) -> list[bool]:
+    """GET / (JSON) one after another for `seconds`: whether each was answered 200."""
+    answers = []
     session = requests.Session()
     until = time.monotonic() + seconds
     while time.monotonic() < until:
-        started = time.monotonic()
         try:
             ok = session.get(base + "/", headers={"Accept": "application/json"}, timeout=timeout).status_code == 200
         except requests.RequestException:
             ok = False
-        times.append(time.monotonic() - started if ok else timeout)
+        answers.append(ok)
         time.sleep(interval)
-    return times
+    return answers
 
 
-def p99(times: list[float]) -> float:
-    """The 99th percentile (nearest rank)."""
-    ordered = sorted(times)
-    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+class ConnectionsTo:
+    """The most TCP connections (IPv4, established) this machine held to `port` at once, looked at
+    every `interval` while the block runs: how many of a server's connections were taken."""
+
+    def __init__(self, port: int, interval: float = 0.1):
+        self.port, self.interval, self.most = port, interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="connections-to", daemon=True)
+
+    def __enter__(self) -> ConnectionsTo:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def now(self) -> int:
+        with open("/proc/net/tcp") as table:
+            rows = [line.split() for line in table.readlines()[1:]]
+        return sum(1 for row in rows if int(row[1].rsplit(":", 1)[1], 16) == self.port and row[3] == "01")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.most = max(self.most, self.now())
+            self._stop.wait(self.interval)
 
 
 BALANCER_CONF = """daemon off;

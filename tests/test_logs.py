@@ -259,13 +259,14 @@ def test_a_provider_call_is_one_line_with_endpoint_latency_outcome_and_the_provi
     lines = captured("json")
     before = time.time()
     ref = _checkout(Shopper(shop), "checkout-with-payment")
+    elapsed_ms = (time.time() - before) * 1000  # the checkout's, around the call: in the same unit
 
     calls = [line for line in lines.json() if line["logger"] == "shop.provider"]
     assert len(calls) == 1, calls
     (call,) = calls
     assert call["endpoint"] == "POST /v1/checkout/sessions"
     assert call["outcome"] == "ok" and call["status"] == 200 and call["level"] == "INFO"
-    assert isinstance(call["latency_ms"], float) and 0 < call["latency_ms"] < 10_000
+    assert isinstance(call["latency_ms"], float) and 0 < call["latency_ms"] <= elapsed_ms, (call, elapsed_ms)
     assert call["provider_request_id"].startswith("req_")
     assert call["request_id"] == "checkout-with-payment" and call["order_ref"] == ref
     assert call["message"].startswith("provider call POST /v1/checkout/sessions: ok 200 in ")

@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 import urllib3
 
-from payment_helpers import JSON, Shopper
+from payment_helpers import JSON, ProviderTransportLog, Shopper
 from shop import clock as shop_clock
 from shop.clock import SystemClock
 from shop.console.words import BREAKER_WORDS
@@ -39,22 +39,32 @@ def _pay_later_page(shopper: Shopper, response) -> dict:
 
 
 def test_with_30s_of_provider_latency_checkout_answers_within_the_request_budget_with_the_order_placed(
-    make_shop, sandbox
+    make_shop, sandbox, monkeypatch
 ):
-    # Background calls keep the production defaults (10 s x 3 attempts): only the request's own
-    # budget can bring the answer under ~10 s.
+    # Background calls keep the production defaults (10 s x 3 attempts): only the customer's own
+    # timeouts, one retry and the request's budget keep the answer within that budget
+    # (docs/REFERENCE.md, Guarantees: 2 s to connect, 4 s to answer, one retry, 9 s in all).
     app = make_shop(sandbox=True, STRIPE_TIMEOUT_SECONDS=10, STRIPE_MAX_NETWORK_RETRIES=2)
     shopper = Shopper(app)
+    transport = ProviderTransportLog(monkeypatch)
     sandbox.faults(api_latency_seconds=30)
     try:
-        started = time.monotonic()
         response = shopper.checkout()
-        took = time.monotonic() - started
     finally:
         sandbox.faults(api_latency_seconds=0)
-    assert took < 11, f"checkout took {took:.1f} s"
     order = _pay_later_page(shopper, response)
     assert order["status"] == STALE and order["pay_by"]
+    # What the customer waited on: the attempts the provider never answered, each cut by the
+    # customer's timeouts and by what was left of the request's deadline.
+    cfg = app.config
+    attempts = [(t.connect, t.read) for t in transport.timeouts]
+    assert 1 <= len(attempts) <= 1 + cfg["STRIPE_REQUEST_MAX_NETWORK_RETRIES"], transport.timeouts
+    assert all(
+        connect <= cfg["STRIPE_REQUEST_CONNECT_TIMEOUT_SECONDS"] and read <= cfg["STRIPE_REQUEST_READ_TIMEOUT_SECONDS"]
+        for connect, read in attempts
+    ), (attempts, "the background timeouts, not the customer's")
+    assert len({t.deadline for t in transport.timeouts}) == 1, "one request, one deadline"
+    transport.assert_within_deadline()
 
 
 def _breaker(app) -> dict:
@@ -63,7 +73,7 @@ def _breaker(app) -> dict:
 
 
 def test_after_the_threshold_the_breaker_opens_for_every_process_and_a_probe_closes_it_soon_after_the_return(
-    make_shop, sandbox, fake_clock
+    make_shop, sandbox, fake_clock, monkeypatch
 ):
     app = make_shop(sandbox=True, STRIPE_BREAKER_THRESHOLD=3, CLOCK=fake_clock)
     other_process = make_shop(sandbox=True, STRIPE_BREAKER_THRESHOLD=3, CLOCK=fake_clock)
@@ -75,12 +85,14 @@ def test_after_the_threshold_the_breaker_opens_for_every_process_and_a_probe_clo
     sessions = lambda: sandbox.request_count(method="POST")  # noqa: E731 - checkouts' session creates
     probes = lambda: sandbox.request_count(method="GET")  # noqa: E731 - the probers' reads
     created = sessions()
+    transport = ProviderTransportLog(monkeypatch)
     for instance in (app, other_process):  # the other app has its own guard: the state is in Redis
         shopper = Shopper(instance)
-        started = time.monotonic()
         response = shopper.checkout()
-        assert time.monotonic() - started < 1.0
         assert _pay_later_page(shopper, response)["status"] == STALE
+        # Answered at once: the open breaker refused the call before any request was made, so
+        # nothing waited on the provider that does not answer.
+        assert transport.timeouts == [] and sessions() == created, (transport.timeouts, sessions(), created)
     # While the provider stays down, both processes' probers share one probe per spacing of the
     # clock: each time it moves on by one (and a millisecond, past the float's rounding), one
     # more probe, and none can be claimed until it moves.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import signal
 import socket
 import threading
@@ -22,13 +23,13 @@ import requests
 from factories import DEFAULT_SKU, seed_catalog_rows
 from payment_helpers import Shopper
 from process_support import (
+    ConnectionsTo,
     Processes,
     Tricklers,
+    catalog_answers,
     free_port,
-    p99,
     process_env,
     start_web,
-    time_catalog,
     web_behind_front,
 )
 from shop.devserver.front import nginx_binary
@@ -41,10 +42,12 @@ pytestmark = [
 
 SLOW_CLIENTS = 200
 TRICKLE_SECONDS = 30.0
+GUNICORN_THREADS = 64  # the Procfile's defaults: 2 processes x 32 threads
+GUNICORN_AT = re.compile(r"hands it to gunicorn on 127\.0\.0\.1:(\d+)")
 CHECKOUTS = 6
 
 
-def test_200_slow_clients_for_30s_hold_no_thread_the_catalog_p99_stays_under_200ms_and_every_checkout_answers(
+def test_200_slow_clients_for_30s_hold_no_gunicorn_connection_the_catalog_and_every_checkout_answer(
     make_fresh_app, sandbox
 ):
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
@@ -68,24 +71,29 @@ def test_200_slow_clients_for_30s_hold_no_thread_the_catalog_p99_stays_under_200
     try:
         # The Procfile's defaults (2 processes x 32 threads): 200 slow clients outnumber them.
         web_behind_front(procs, app, port, STRIPE_API_BASE=sandbox.base_url)
+        gunicorn = int(GUNICORN_AT.search(procs.logs()).group(1))  # pyright: ignore[reportOptionalMemberAccess]
         with Tricklers("127.0.0.1", port, count=SLOW_CLIENTS, gap=3.0) as slow:
             wait_until(lambda: slow.connected == SLOW_CLIENTS, 10, "the slow clients to connect", procs.logs)
-            buyer = threading.Thread(target=check_out_now_and_then)
-            buyer.start()
-            times = time_catalog(base, TRICKLE_SECONDS)
-            buyer.join(timeout=120)
+            with ConnectionsTo(gunicorn) as to_gunicorn:
+                buyer = threading.Thread(target=check_out_now_and_then)
+                buyer.start()
+                answers = catalog_answers(base, TRICKLE_SECONDS)
+                buyer.join(timeout=120)
             held, dropped = slow.connected, slow.dropped
     finally:
         procs.stop()
 
     summary = (
-        f"{len(times)} catalog requests, p99 {p99(times) * 1000:.0f} ms, slowest {max(times) * 1000:.0f} ms; "
-        f"{held} slow clients connected at the end ({dropped} dropped and reconnected)"
+        f"{sum(answers)} of {len(answers)} catalog requests answered; at most {to_gunicorn.most} connections to "
+        f"gunicorn; {held} slow clients connected at the end ({dropped} dropped and reconnected)"
     )
     print(summary)
     assert held >= SLOW_CLIENTS * 0.9, summary
-    assert len(times) >= 200, summary
-    assert p99(times) < 0.2, summary
+    assert len(answers) >= 100 and all(answers), summary
+    # What keeps the threads free: nginx hands gunicorn a request only once it has all of it, so
+    # the slow clients' connections end at nginx, and gunicorn sees the few whole requests at a
+    # time, never one connection per slow client (its threads: 2 processes x 32).
+    assert to_gunicorn.most < GUNICORN_THREADS, summary
     assert len(checkouts) == CHECKOUTS, checkouts
     assert all(status == 303 and "/pay/" in where for status, where in checkouts), checkouts
 

@@ -73,15 +73,15 @@ def test_a_checkout_burst_from_one_address_is_refused_by_the_front_while_another
         web_behind_front(procs, app, port)
         burst = _checkout_burst(port, A)
         refusal = _ask(port, A, "POST", "/checkout")
-        started = time.monotonic()
         other, health = _status(port, B, "POST", "/checkout"), _status(port, A, "GET", "/healthz")
-        took = time.monotonic() - started
         logs = procs.logs()
     finally:
         procs.stop()
     _assert_burst_cut(burst)
     assert refusal.status == 429 and refusal.getheader("Retry-After") == "60", logs
-    assert other == 400 and health in (200, 503) and took < 2, (other, health, took)
+    # Served, not held back: the app's own answers (its 400 for a checkout without a token, the
+    # health page), past a front that refuses a burst's excess at once (a 429, never a delay).
+    assert other == 400 and health in (200, 503), (other, health)
 
 
 # The balancer connects to the shop from 127.0.0.1: trusted as that network, or as the one hop
@@ -123,16 +123,18 @@ def _answers_via(port: int) -> bool:
 # nginx then has: the worker_connections it is given are at most this less SPARE_FILES.
 OPEN_FILES = 512
 IDLE = 700
+# nginx's words when it closes idle connections to make room (ngx_drain_connections), and the
+# accept failure it would meet with more connections than open files.
+REUSING = "worker_connections are not enough, reusing connections"
+OUT_OF_FILES = "Too many open files"
 PROBING_SECONDS = 12.0  # past two of nginx's 5 s header timeouts: idle connections renewed twice
 
 
-def _timed(port: int, source: str, path: str) -> float:
-    started = time.monotonic()
+def _answered(port: int, source: str, path: str) -> bool:
     try:
-        status = _status(port, source, "GET", path)
+        return _status(port, source, "GET", path) in (200, 503)
     except OSError:
-        return float("inf")
-    return time.monotonic() - started if status in (200, 503) else float("inf")
+        return False
 
 
 def test_more_idle_connections_from_one_address_than_the_front_holds_crowd_out_neither_health_nor_another_client(
@@ -148,17 +150,21 @@ def test_more_idle_connections_from_one_address_than_the_front_holds_crowd_out_n
             wait_until(lambda: idle.held >= IDLE, 20, "the idle connections to open", procs.logs)
             until = time.monotonic() + PROBING_SECONDS
             while time.monotonic() < until:
-                health.append(_timed(port, B, "/healthz"))
-                other.append(_timed(port, B, "/"))
+                health.append(_answered(port, B, "/healthz"))
+                other.append(_answered(port, B, "/"))
                 time.sleep(0.2)  # a probe's pace, not a wait on a condition
             held, reopened = idle.held, idle.reopened
         logs = procs.logs()
     finally:
         procs.stop()
-    summary = f"{held} idle held, {reopened} reopened; slowest health {max(health):.2f} s, page {max(other):.2f} s"
+    answered = f"health answered {sum(health)} of {len(health)}, the page {sum(other)} of {len(other)}"
+    summary = f"{held} idle held, {reopened} reopened; {answered}"
     print(summary)
     assert held >= IDLE * 0.9 and reopened > 0, summary  # the front was really full of them
-    assert max(health) < 1.0 and max(other) < 1.0, f"{summary}\n{logs}"
+    assert all(health) and all(other), f"{summary}\n{logs}"
+    # Room made at once, not after an idle one's header timeout: nginx closed idle connections for
+    # the new ones (its warning) and never ran out of files to accept them with.
+    assert REUSING in logs and OUT_OF_FILES not in logs, logs
 
 
 def test_nginx_gets_no_more_connections_than_files_for_them_and_too_few_files_is_refused_in_words():

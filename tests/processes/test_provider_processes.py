@@ -61,7 +61,7 @@ def _signed_webhook(base: str) -> requests.Response:
     )
 
 
-def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the_webhook_answer_within_1s(
+def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the_webhook_answer_on_the_free_thread(
     make_fresh_app, sandbox
 ):
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
@@ -111,16 +111,18 @@ def test_with_the_provider_hanging_and_more_checkouts_than_threads_pages_and_the
                 return count == 9  # the owner's and each of the eight checkouts' (its order comes first)
 
             wait_until(orders_placed, 10, "every checkout's order placed", procs.logs)
+            # The bulkhead refused the checkouts past its 2 calls and 1 wait (each offered "Pay
+            # now"): only the 2 at the provider are still waiting, and a thread is free.
+            wait_until(lambda: len(answers) == 6, 10, "the checkouts past the bulkhead answered", procs.logs)
             for what, ask in (
                 ("catalog", lambda: requests.get(base + "/", headers=JSON, timeout=10)),
                 ("order page", lambda: owner.client.get(order_page, headers=JSON)),
                 ("webhook", lambda: _signed_webhook(base)),
             ):
-                started = time.monotonic()
                 answer = ask()
-                took = time.monotonic() - started
                 assert answer.status_code == 200, (what, answer.status_code, answer.text)
-                assert took < 1.0, f"the {what} took {took:.2f} s while the provider hung\n{procs.logs()}"
+                # Answered on the free thread, not on one a held checkout gave back: both still wait.
+                assert len(answers) == 6, f"the {what} was answered after a held checkout\n{procs.logs()}"
             held = len(sandbox.requests(since=since))
             # A thread waiting on the provider holds no database connection: a transaction left
             # open across the call would keep a pooled connection per waiting checkout, and the
@@ -261,7 +263,7 @@ def _finish(children, timeout: float = 120) -> list[str]:
                 child.wait()
 
 
-def test_with_three_processes_one_probe_a_second_finds_the_provider_back_and_closes_the_breaker_within_2s(
+def test_with_three_processes_one_probe_a_second_finds_the_provider_back_and_its_first_answer_closes_the_breaker(
     make_fresh_app, sandbox
 ):
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url)
@@ -281,10 +283,12 @@ def test_with_three_processes_one_probe_a_second_finds_the_provider_back_and_clo
         sandbox.faults(api_unavailable=False)
         with app.app_context():
             provider_guard = guard.get()
+            # Within 2 s of the return because a probe goes every second and the first that finds
+            # the provider answering closes the breaker (asserted below): not timed here.
             wait_until(
                 lambda: provider_guard.breaker_view()["state"] == guard.CLOSED,
-                timeout=2.0,
-                what="the breaker to close within 2 s of the provider's return",
+                timeout=15,
+                what="the breaker to close after the provider's return",
             )
             closed = time.time()
             view = provider_guard.breaker_view()
@@ -296,6 +300,7 @@ def test_with_three_processes_one_probe_a_second_finds_the_provider_back_and_clo
     assert len(probes) >= 3, f"{len(probes)} probes during a {outage} s outage"
     assert peak_in_window(probes, 1.0) == 1, f"probes less than a second apart: {probes}"
     answered = min(c["at"] for c in calls if c["path"] == "/v1/events" and c["status"] == 200)
+    assert not [p for p in probes if answered < p], f"probes after the first that was answered: {probes}"
     assert not [c for c in customers if probes[0] < c["at"] < answered], "a customer's call was made while probing"
     assert any(c["at"] > closed and c["status"] == 404 for c in customers), "customers' calls did not resume"
     assert view["transitions"][guard.CLOSED] == 1 and view["transitions"][guard.OPEN] >= 1

@@ -25,14 +25,19 @@ def card(client, key):
 # -- the provider card -------------------------------------------------------------------------
 
 
-def test_the_provider_card_flips_red_and_green_on_the_watchs_check_without_any_customer(make_shop, sandbox):
-    app = make_shop(sandbox=True)
+def test_the_provider_card_flips_red_and_green_on_the_watchs_check_without_any_customer(make_shop, sandbox, fake_clock):
+    # On a clock moved by hand: the card shows the check just made, 0 s ago however slow the
+    # machine, and 7 s ago once the clock has moved on by 7.
+    app = make_shop(sandbox=True, CLOCK=fake_clock)
     console = app.test_client()
     log_in(app, console)
     with app.app_context():
         assert watch.check_now() is True
     c = card(console, "provider")
-    assert c["ok"] is True and c["checked_ago_seconds"] <= 1 and "last checked 0 s ago" in c["words"]
+    assert c["ok"] is True and c["checked_ago_seconds"] == 0 and "last checked 0 s ago" in c["words"], c
+    fake_clock.advance(7)
+    c = card(console, "provider")
+    assert c["checked_ago_seconds"] == 7 and "last checked 7 s ago" in c["words"], c
 
     sandbox.faults(api_unavailable=True)
     with app.app_context():
