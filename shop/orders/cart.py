@@ -13,9 +13,10 @@ from enum import StrEnum
 
 from flask import current_app
 from sqlalchemy import select
+from sqlalchemy.orm import joinedload
 
 from ..extensions import db
-from ..models import Cart, CartItem, CartState, InventoryItem, Variant
+from ..models import Cart, CartItem, CartState, Variant
 from ..outbox import uow
 
 
@@ -59,18 +60,35 @@ def item_name(variant: Variant) -> str:
     return f"{variant.product.name} – {variant.name}"
 
 
-def open_cart(browser: str | None, *, create: bool = False) -> Cart | None:
-    """This browser's open cart; with `create`, a new one (flushed, not committed) when it has none."""
+# What an add reads of the item: the variant with its product (the item's name) and its stock row
+# (the early warning), in one statement instead of three.
+_NAMED_WITH_STOCK = (joinedload(Variant.product), joinedload(Variant.inventory))
+
+
+def variant_to_add(variant_id: int) -> Variant | None:
+    """The variant `variant_id` as add_item reads it (its product and stock row with it), or None."""
+    return db.session.get(Variant, variant_id, options=_NAMED_WITH_STOCK)
+
+
+def open_cart(browser: str | None) -> Cart | None:
+    """This browser's open cart, or None."""
     if browser is None:
         return None
-    cart = db.session.execute(
+    return db.session.execute(
         select(Cart).where(Cart.browser_id == browser, Cart.status == CartState.OPEN).order_by(Cart.id.desc()).limit(1)
     ).scalar_one_or_none()
-    if cart is None and create:
-        cart = Cart(browser_id=browser, status=CartState.OPEN)
-        db.session.add(cart)
-        db.session.flush()
-    return cart
+
+
+def _cart_to_add_to(browser: str, new_browser: bool) -> tuple[Cart, bool]:
+    """The browser's open cart, or a new one (flushed, not committed) and True. A browser whose id
+    this very request made has no cart to look for."""
+    cart = None if new_browser else open_cart(browser)
+    if cart is not None:
+        return cart, False
+    cart = Cart(browser_id=browser, status=CartState.OPEN)
+    db.session.add(cart)
+    db.session.flush()
+    return cart, True
 
 
 def _line(cart: Cart, variant_id: int) -> CartItem | None:
@@ -81,7 +99,7 @@ def _line(cart: Cart, variant_id: int) -> CartItem | None:
 
 def _short_of_stock(variant: Variant | None, wanted: int) -> CartChange | None:
     """A refusal when fewer than `wanted` are on hand (a soft-deleted row holds none)."""
-    inv = db.session.get(InventoryItem, variant.id) if variant is not None else None
+    inv = variant.inventory if variant is not None else None
     available = inv.on_hand if inv is not None and inv.deleted_at is None else 0
     if wanted <= available:
         return None
@@ -104,17 +122,18 @@ def _refuse(change: CartChange) -> CartChange:
     return change
 
 
-def add_item(browser: str, variant: Variant | None, quantity: int) -> CartChange:
+def add_item(browser: str, variant: Variant | None, quantity: int, *, new_browser: bool = False) -> CartChange:
     """Add `quantity` of `variant` to the browser's cart (opening one), within the stock on hand
-    and at most MAX_LINE_QUANTITY of one item."""
+    and at most MAX_LINE_QUANTITY of one item. `new_browser`: the browser's id was made by this
+    request (it has no cart yet). Read `variant` with variant_to_add: its name and stock come
+    with it."""
     if variant is None or variant.deleted_at is not None:
         return _refuse(CartChange(CartChangeOutcome.NOT_FOR_SALE))
     name = item_name(variant)  # read now: the commit expires the variant (two more queries after it)
     try:
         with uow.transaction():  # a refusal raised inside rolls back the cart it may have opened
-            cart = open_cart(browser, create=True)
-            assert cart is not None  # with a browser and `create`, open_cart always gives a cart
-            item = _line(cart, variant.id)
+            cart, opened = _cart_to_add_to(browser, new_browser)
+            item = None if opened else _line(cart, variant.id)  # a cart opened now holds no line
             wanted = quantity + (item.quantity if item else 0)
             short = _too_many(variant, wanted) or _short_of_stock(variant, wanted)
             if short is not None:

@@ -68,8 +68,8 @@ def catalog():
     return respond("storefront/catalog.html", data, products=products, form=AddToCartForm())
 
 
-def _open_cart(create: bool = False) -> Cart | None:
-    return carts.open_cart(browser_id(create=create), create=create)
+def _open_cart() -> Cart | None:
+    return carts.open_cart(browser_id(create=False))
 
 
 def _cart_data(cart: Cart | None) -> dict:
@@ -169,8 +169,9 @@ def add_to_cart():
     wanted_id, quantity = form.variant_id.data, form.quantity.data
     assert wanted_id is not None and quantity is not None, "the form validated: DataRequired, LineQuantity"
     # Ids are 32-bit keys: a larger number names no item (and PostgreSQL would refuse to compare).
-    variant = db.session.get(Variant, wanted_id) if 0 < wanted_id <= MAX_ID else None
-    change = carts.add_item(browser_id(create=True), variant, quantity)
+    variant = carts.variant_to_add(wanted_id) if 0 < wanted_id <= MAX_ID else None
+    new_browser = browser_id(create=False) is None  # then no cart of its own to look for
+    change = carts.add_item(browser_id(create=True), variant, quantity, new_browser=new_browser)
     if not change.ok:
         return render_cart(_CART_STATUS[change.outcome], cart_words(change))
     if wants_json():

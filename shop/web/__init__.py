@@ -52,6 +52,28 @@ def short_id(value: str | None) -> str:
     return value[:14] + "\u2026"
 
 
+def ask_once_if_async(app) -> None:
+    """Flask asks of each hook and view it calls, on every request, whether it is a coroutine
+    function (`ensure_sync`, meant to be overridden): about 30 times a request here. A plain
+    function's answer never changes, so it is kept (for the functions of the app's lifetime, at
+    most 4,096); anything else is asked as before."""
+    ensure_sync = app.ensure_sync
+    plain: dict = {}
+
+    def ensure_sync_once(func):
+        try:
+            if func in plain:
+                return func
+        except TypeError:  # unhashable: asked every time
+            return ensure_sync(func)
+        made = ensure_sync(func)
+        if made is func and len(plain) < 4096:
+            plain[func] = True
+        return made
+
+    app.ensure_sync = ensure_sync_once
+
+
 def init_app(app) -> None:
     """What every request meets before a view: the URL converters, routing redirects made
     relative (never built from the request's Host), the refusal of NUL bytes in text, the cap on
@@ -61,6 +83,7 @@ def init_app(app) -> None:
     or made, in the log context and echoed: request_ids.py). The client's address
     (`request.remote_addr`) is the one the trusted proxies name (proxies.py)."""
     app.url_map.converters.update(id=IdConverter, work=WorkConverter)
+    ask_once_if_async(app)
     request_ids.init_app(app)
     app.jinja_env.filters["status_words"] = status_words
     app.jinja_env.filters["refund_failure"] = refund_failure_words

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 
 from flask import Response, current_app, jsonify, request
 from flask_limiter import Limiter, RequestLimit
@@ -63,7 +64,34 @@ def view_limiter(app, endpoint: str, key_func, name: str) -> tuple[Limiter, Call
     endpoint's view for its limits to wrap."""
     limiter = shop_limiter(app, key_func, name)
     limiter.request_filter(lambda: request.endpoint != endpoint)
+    _hooks_only_for(app, limiter, endpoint)
     return limiter, app.view_functions[endpoint]
+
+
+def _hooks_only_for(app, limiter: Limiter, endpoint: str) -> None:
+    """Flask-Limiter hooks every request of the app (before, after, teardown) for limits of the
+    whole app, which the shop's limiters have none of: for any request but `endpoint`'s, the
+    filter made them do nothing, at a cost (each limiter, on every request). They now run for
+    `endpoint`'s requests alone."""
+
+    def ours(hook) -> bool:
+        return getattr(hook, "__self__", None) is limiter or (isinstance(hook, partial) and limiter in hook.args)
+
+    def gated(hook, passes_on: bool):
+        def for_endpoint(*args):
+            if request.endpoint == endpoint:
+                return hook(*args)
+            return args[0] if passes_on else None  # an after_request hook hands the response on
+
+        return for_endpoint
+
+    for registry, passes_on in (
+        (app.before_request_funcs, False),
+        (app.after_request_funcs, True),
+        (app.teardown_request_funcs, False),
+    ):
+        hooks = registry.get(None, [])
+        hooks[:] = [gated(hook, passes_on) if ours(hook) else hook for hook in hooks]
 
 
 def refused(limit: RequestLimit, answer: Callable[[float], Response]) -> Response:

@@ -4,6 +4,7 @@ an unknown reference after the same database read, and is throttled per client a
 
 from __future__ import annotations
 
+from flask import request
 from sqlalchemy import event
 
 from payment_helpers import Shopper
@@ -140,3 +141,28 @@ def test_past_the_limit_the_return_page_is_a_429_in_words_with_retry_after_and_n
     assert other.status_code == 303
     # Other storefront pages are not counted.
     assert attacker.get(f"/orders/{reference}", headers=JSON).status_code == 404
+
+
+def test_the_throttles_check_their_own_pages_and_no_other(make_shop, monkeypatch):
+    """The return page's, the order links form's and the console login's limiters look at their own
+    endpoint's requests only: a catalog, cart or orders request runs none of their checks."""
+    import flask_limiter
+
+    checked: list[str | None] = []
+    check = flask_limiter.Limiter._check_request_limit
+
+    def counting(self, *args, **kwargs):
+        checked.append(request.endpoint)
+        return check(self, *args, **kwargs)
+
+    monkeypatch.setattr(flask_limiter.Limiter, "_check_request_limit", counting)
+    app = make_shop(CHECKOUT_RETURN_PER_MINUTE=3)
+    client = app.test_client()
+    for path in ("/", "/cart", "/orders"):
+        assert client.get(path, headers=JSON).status_code == 200
+    assert checked == []
+
+    for _ in range(4):
+        last = client.get("/checkout/return?order=BK-NONE&session_id=cs_test_x", headers=JSON)
+    assert last.status_code == 429  # the return page's own limit still counts
+    assert set(checked) == {"storefront.checkout_return"}
