@@ -7,6 +7,7 @@ ProviderRefused with code `payment_intent_unexpected_state`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from .guarded import guarded_call
@@ -14,6 +15,7 @@ from .payment_view import PaymentView, payment_view
 from .transport import client
 
 if TYPE_CHECKING:
+    from stripe import PaymentIntent, RequestOptions
     from stripe.params import PaymentIntentCancelParams, PaymentIntentCaptureParams
 
 CancellationReason = Literal["abandoned", "duplicate", "fraudulent", "requested_by_customer"]
@@ -30,13 +32,10 @@ def capture_payment(intent_id: str, amount: int | None, idempotency_key: str) ->
     params: PaymentIntentCaptureParams = {"expand": ["latest_charge"]}
     if amount is not None:
         params["amount_to_capture"] = amount
-    return payment_view(
-        guarded_call(
-            "capture payment",
-            lambda: client().v1.payment_intents.capture(
-                intent_id, params=params, options={"idempotency_key": idempotency_key}
-            ),
-        )
+    return _keyed(
+        "capture payment",
+        lambda options: client().v1.payment_intents.capture(intent_id, params=params, options=options),
+        idempotency_key,
     )
 
 
@@ -44,17 +43,18 @@ def void_payment(intent_id: str, idempotency_key: str, *, reason: CancellationRe
     """Cancel a held payment: the hold is released, nothing was taken, so nothing is refunded.
     `reason` is Stripe's `cancellation_reason` (abandoned, duplicate, fraudulent,
     requested_by_customer), sent only when given."""
-    params: PaymentIntentCancelParams = {"expand": ["latest_charge"]}
-    if reason is not None:
-        params["cancellation_reason"] = reason
-    return payment_view(
-        guarded_call(
-            "void payment",
-            lambda: client().v1.payment_intents.cancel(
-                intent_id, params=params, options={"idempotency_key": idempotency_key}
-            ),
-        )
+    params: PaymentIntentCancelParams = (
+        {"expand": ["latest_charge"]}
+        if reason is None
+        else {"expand": ["latest_charge"], "cancellation_reason": reason}
     )
+    void = client().v1.payment_intents.cancel
+    return _keyed("void payment", lambda options: void(intent_id, params=params, options=options), idempotency_key)
+
+
+def _keyed(what: str, call: Callable[[RequestOptions], PaymentIntent], idempotency_key: str) -> PaymentView:
+    """One guarded call about a held payment, under its idempotency key, as a PaymentView."""
+    return payment_view(guarded_call(what, lambda: call({"idempotency_key": idempotency_key})))
 
 
 def retrieve_payment(intent_id: str) -> PaymentView:
