@@ -150,10 +150,22 @@ def leave_heartbeats(app) -> None:
     from shop import queue
 
     with app.app_context():
-        worker = queue.make_worker(name=f"test-worker-{uuid.uuid4().hex[:8]}")
-        worker.register_birth()
+        worker = registered_worker(f"test-worker-{uuid.uuid4().hex[:8]}")
         worker.heartbeat()
         queue.make_scheduler().heartbeat()
+
+
+def registered_worker(name: str | None = None):
+    """A worker of the current app registered with RQ by its own code, as its process's start
+    does, but without the pulse thread a real worker starts there: a test that wants only the
+    record must not leave a thread in the test process beating into Redis after it. Judged by
+    its full beat (HEALTH_STALE_SECONDS), as a worker that does not pulse is."""
+    from shop import queue
+
+    worker = queue.make_worker(name=name)
+    worker.pulse_key = ""
+    worker.register_birth()
+    return worker
 
 
 def run_threads(app, jobs, worker):

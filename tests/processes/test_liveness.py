@@ -22,7 +22,7 @@ from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import ScheduledCommand
 from shop.ops.health import judge_outbox, judge_role
-from support import leave_heartbeats, log_in, poll_until, wait_until
+from support import leave_heartbeats, log_in, poll_until, registered_worker, wait_until
 
 JSON = {"Accept": "application/json"}
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -83,8 +83,7 @@ def test_a_worker_writes_its_record_again_at_its_next_beat_after_redis_lost_its_
     """RQ registers a worker only at birth: without the re-registration on every beat, a worker
     would keep working after a FLUSHALL but never be seen again, and /healthz would say 503."""
     with fresh_app.app_context():
-        worker = queue.make_worker(name="wiped-worker")
-        worker.register_birth()
+        worker = registered_worker("wiped-worker")
         scheduler = queue.make_scheduler()
         scheduler.heartbeat()
         assert {p["name"] for p in queue.processes()} == {"wiped-worker", scheduler.beat_name}

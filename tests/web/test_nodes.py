@@ -15,7 +15,7 @@ from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Lease, OutboxDelivery, OutboxEvent, ScheduledCommand, WorkStatus
 from shop.scheduling.lease import LEASE_NAME as SWEEP_LEASE
-from support import log_in
+from support import log_in, registered_worker
 
 from .test_ops import scrape
 
@@ -26,8 +26,7 @@ HTML = {"Accept": "text/html"}
 def beat_as(app):
     """A worker and a scheduler of `app`'s node leave their heartbeats; returns them to beat again."""
     with app.app_context():
-        worker = queue.make_worker()
-        worker.register_birth()
+        worker = registered_worker()
         worker.heartbeat()
         scheduler = queue.make_scheduler()
         scheduler.heartbeat()
