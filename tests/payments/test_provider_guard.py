@@ -222,15 +222,16 @@ def test_background_calls_leave_the_last_of_the_rate_budget_to_customers(make_fr
             provider_guard.take_token()  # a checkout still gets the last one
 
 
-def test_each_of_the_sdks_own_retries_takes_a_token_of_the_rate_budget(make_fresh_app, sandbox):
-    # 2/s: a burst of 1 token, refilled at 1.4/s. The SDK's retry comes about 0.4 s after the
-    # first attempt, when no whole token is back: it must not go out (with the SDK's retries
-    # outside the budget, the provider would have seen 3 requests).
+def test_each_of_the_sdks_own_retries_takes_a_token_of_the_rate_budget(make_fresh_app, sandbox, fake_clock):
+    # 2/s: a burst of 1 token. The buckets read a clock that stands still, so no token comes back
+    # whenever the SDK's retry goes (about 0.4 s later, or seconds on a loaded machine): it must
+    # not go out (with the SDK's retries outside the budget, the provider would have seen 3).
     app = make_fresh_app(
         STRIPE_API_BASE=sandbox.base_url,
         STRIPE_RATE_LIMIT_PER_SECOND=2,
         STRIPE_MAX_NETWORK_RETRIES=2,
         STRIPE_BACKGROUND_WAIT_SECONDS=0.0,
+        CLOCK=fake_clock,
     )
     sandbox.faults(api_unavailable=True)
     with app.app_context():

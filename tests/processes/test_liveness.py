@@ -196,18 +196,22 @@ def _stopped_then_resumed(make_fresh_app, role: str):
             # unless something beats for it.
             with app.app_context():
                 queue.control_queue().enqueue(queue.COMMAND_JOB, 0, job_timeout=60, result_ttl=0)
-        doing = set()
-        quiet_until = time.monotonic() + 2 * STALE + 1  # the busy job's length, and a second more
 
-        def healthy_through_the_busy_job() -> bool:
+        def healthy_doing() -> set:
             health = client.get("/healthz")
             assert health.status_code == 200, (health.get_json(), procs.logs())
-            doing.update(p["job"] for p in client.get("/console/", headers=JSON).get_json()["processes"])
-            return time.monotonic() >= quiet_until
+            return {p["job"] for p in client.get("/console/", headers=JSON).get_json()["processes"]}
 
-        poll_until(healthy_through_the_busy_job, timeout=2 * STALE + 2, interval=0.2)
         if role == "worker":
-            assert "run_command(0)" in doing
+            # Healthy from the busy job's start to its end (twice the limit), however late the
+            # worker took it on a loaded machine: waited for by what the worker says it does.
+            wait_until(lambda: "run_command(0)" in healthy_doing(), 60, "the worker to take the busy job", procs.logs)
+            wait_until(
+                lambda: "run_command(0)" not in healthy_doing(), 2 * STALE + 30, "the busy job to end", procs.logs
+            )
+        else:
+            quiet_until = time.monotonic() + 2 * STALE + 1  # twice the limit, and a second more
+            poll_until(lambda: healthy_doing() is not None and time.monotonic() >= quiet_until, 2 * STALE + 2, 0.2)
         target = children[role]
         [name] = [
             p["name"]
