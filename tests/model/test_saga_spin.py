@@ -78,6 +78,20 @@ def liveness_verifier(tmp_path_factory):
     return build(model_text(), ONE_ORDER_TWO_SESSIONS, tmp_path_factory.mktemp("liveness"), liveness=True)
 
 
+# Built once for the module, as liveness_verifier is: each property and each seeded bug's test
+# runs the same verifier, and compiling one takes seconds of CPU.
+@pytest.fixture(scope="module")
+def held_liveness_verifier(tmp_path_factory):
+    return build(model_text(), ONE_ORDER_HELD, tmp_path_factory.mktemp("held-liveness"), liveness=True)
+
+
+@pytest.fixture(scope="module")
+def held_safety_verdict(tmp_path_factory):
+    """The unseeded held model's safety search at one order, which each held seeded bug's test
+    sets beside its own."""
+    return verify(build(model_text(), ONE_ORDER_HELD, tmp_path_factory.mktemp("held-right")))
+
+
 def test_two_orders_racing_for_one_unit_break_no_safety_guarantee_in_any_interleaving(tmp_path):
     result = verify(build(model_text(), TWO_ORDERS, tmp_path))
     assert result.errors == 0, result.output
@@ -132,8 +146,8 @@ def test_two_orders_with_held_payments_racing_for_one_unit_break_no_guarantee_in
 
 
 @pytest.mark.parametrize("ltl", LIVENESS)
-def test_an_order_with_a_held_payment_settles_under_weak_fairness(tmp_path, ltl):
-    result = verify(build(model_text(), ONE_ORDER_HELD, tmp_path, liveness=True), ltl)
+def test_an_order_with_a_held_payment_settles_under_weak_fairness(held_liveness_verifier, ltl):
+    result = verify(held_liveness_verifier, ltl)
     assert result.errors == 0, result.output
     assert f"ltl formula {ltl}" in result.output
 
@@ -150,9 +164,9 @@ def test_random_runs_of_held_payments_take_every_held_step_and_violate_no_assert
 
 
 @pytest.mark.parametrize("bug", sorted(HELD_BUGS))
-def test_spin_catches_the_seeded_bug_of_the_held_journey(tmp_path, bug):
+def test_spin_catches_the_seeded_bug_of_the_held_journey(held_safety_verdict, tmp_path, bug):
     old, new = HELD_BUGS[bug]
-    assert verify(build(model_text(), ONE_ORDER_HELD, tmp_path / "right")).errors == 0
+    assert held_safety_verdict.errors == 0, held_safety_verdict.output
     result = verify(build(seeded(old, new), ONE_ORDER_HELD, tmp_path / "seeded"))
     assert result.errors > 0, f"spin missed the seeded bug {bug}:\n{result.output}"
     assert "assertion violated" in result.output, result.output
