@@ -301,7 +301,7 @@ class OrderView:
             "tax": self.tax,
             "charged": self.charged,
             "fulfilment": {
-                "status": "shipped" if self.shipped_at else "shipping" if self.being_shipped else "unfulfilled",
+                "status": "shipped" if self.shipped_at else "unfulfilled",
                 "shipped_at": iso(self.shipped_at),
                 "tracking": self.tracking,
             },
