@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-import pytest
-
 from factories import force_order, on_hand
-from payment_helpers import JSON, Shopper, order_id, post_webhook, run_everything, sandbox_event
+from held_payments import held_order
+from payment_helpers import JSON, Shopper, order_id, post_webhook, run_everything
 from shop.domain.order import OrderStatus
 from shop.extensions import db
 from shop.models import CommandKind, Order, Refund, ScheduledCommand, WorkStatus
@@ -23,22 +22,6 @@ from shop.provider.checkout_params import session_params
 from support import log_in, mails
 
 S = OrderStatus
-
-
-@pytest.fixture
-def dispatch_shop(mail_folder, make_shop):
-    return make_shop(sandbox=True, CAPTURE_MODE="dispatch")
-
-
-def _authorized(app, sandbox) -> tuple[Shopper, dict]:
-    """One order of a SOCK-M, its card payment held at the sandbox and the webhook applied."""
-    shopper = Shopper(app, app.skus)
-    order = shopper.place("SOCK-M", 1)
-    sid = order["payment"]["session_id"]
-    assert sandbox.set_outcome(sid, "paid")["payment_status"] == "unpaid"  # held: as Stripe reports it
-    r = post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", sid))
-    assert r.get_json()["outcome"] == "authorized", r.get_json()
-    return shopper, shopper.order(order["reference"])
 
 
 def _row(app, ref: str) -> dict:
@@ -58,7 +41,7 @@ def _intent(app, ref: str) -> gateway.PaymentView:
 
 
 def test_a_held_card_payment_makes_the_order_authorized_with_its_hold_deadline(dispatch_shop, sandbox):
-    _shopper, order = _authorized(dispatch_shop, sandbox)
+    _shopper, order, _sid = held_order(dispatch_shop, sandbox)
     assert order["status"] == "Authorized" and order["payment"]["status"] == "authorized"
     assert order["charged"] == order["total"] and order["fulfilment"]["status"] == "unfulfilled"
     row = _row(dispatch_shop, order["reference"])
@@ -83,7 +66,7 @@ def test_the_return_page_and_a_reconcile_recognise_the_hold_too(dispatch_shop, s
 def test_shipping_captures_the_hold_once_then_the_order_is_paid_shipped_and_emailed(
     dispatch_shop, sandbox, mail_folder
 ):
-    _shopper, order = _authorized(dispatch_shop, sandbox)
+    _shopper, order, _sid = held_order(dispatch_shop, sandbox)
     ref = order["reference"]
     client = dispatch_shop.test_client()
     token = log_in(dispatch_shop, client)
@@ -109,7 +92,7 @@ def test_shipping_captures_the_hold_once_then_the_order_is_paid_shipped_and_emai
 def test_a_customer_cancel_before_shipping_voids_the_hold_refunds_nothing_and_gives_the_stock_back(
     dispatch_shop, sandbox
 ):
-    shopper, order = _authorized(dispatch_shop, sandbox)
+    shopper, order, _sid = held_order(dispatch_shop, sandbox)
     sock = dispatch_shop.skus["SOCK-M"]
     before = on_hand(sock, dispatch_shop)
     r = shopper.cancel(order["reference"], order["version"])
@@ -123,7 +106,7 @@ def test_a_customer_cancel_before_shipping_voids_the_hold_refunds_nothing_and_gi
 
 
 def test_a_cancel_is_refused_in_words_once_the_ship_asked_for_the_capture(dispatch_shop, sandbox):
-    shopper, order = _authorized(dispatch_shop, sandbox)
+    shopper, order, _sid = held_order(dispatch_shop, sandbox)
     client = dispatch_shop.test_client()
     token = log_in(dispatch_shop, client)
     client.post(f"/console/orders/{order['reference']}/ship", data={"csrf_token": token}, headers=JSON)
@@ -169,7 +152,7 @@ def test_only_dispatch_mode_asks_the_provider_to_hold_card_payments(fresh_app):
 
 
 def test_an_operator_cancels_an_authorized_order_with_a_reason_and_its_hold_is_voided(dispatch_shop, sandbox):
-    _shopper, order = _authorized(dispatch_shop, sandbox)
+    _shopper, order, _sid = held_order(dispatch_shop, sandbox)
     ref = order["reference"]
     client = dispatch_shop.test_client()
     token = log_in(dispatch_shop, client)
@@ -189,7 +172,7 @@ def test_an_operator_cancels_an_authorized_order_with_a_reason_and_its_hold_is_v
 def test_an_unshipped_order_is_voided_and_cancelled_a_margin_before_its_hold_lapses(
     dispatch_shop, sandbox, mail_folder
 ):
-    _shopper, order = _authorized(dispatch_shop, sandbox)
+    _shopper, order, _sid = held_order(dispatch_shop, sandbox)
     ref = order["reference"]
     lapses = _row(dispatch_shop, ref)["hold_expires_at"]
     sock = dispatch_shop.skus["SOCK-M"]
@@ -205,7 +188,7 @@ def test_an_unshipped_order_is_voided_and_cancelled_a_margin_before_its_hold_lap
 
 
 def test_the_holds_deadline_leaves_an_order_whose_capture_is_under_way(dispatch_shop, sandbox):
-    _shopper, order = _authorized(dispatch_shop, sandbox)
+    _shopper, order, _sid = held_order(dispatch_shop, sandbox)
     ref = order["reference"]
     lapses = _row(dispatch_shop, ref)["hold_expires_at"]
     with dispatch_shop.app_context():
@@ -222,7 +205,7 @@ def test_the_dashboard_shows_a_hold_lapsing_within_the_warning_as_needing_a_huma
     log_in(dispatch_shop, client)
     calm = next(c for c in client.get("/console/", headers=JSON).get_json()["cards"] if c["key"] == "holds")
     assert calm["ok"] is True and calm["count"] == 0
-    _shopper, order = _authorized(dispatch_shop, sandbox)
+    _shopper, order, _sid = held_order(dispatch_shop, sandbox)
     with dispatch_shop.app_context():
         force_order(order["reference"], hold_expires_at=datetime.now(timezone.utc) + timedelta(hours=5))
         db.session.remove()
@@ -232,7 +215,7 @@ def test_the_dashboard_shows_a_hold_lapsing_within_the_warning_as_needing_a_huma
 
 
 def test_a_hold_that_lapsed_at_the_provider_ends_the_order_as_the_deadline_would(dispatch_shop, sandbox, mail_folder):
-    shopper, order = _authorized(dispatch_shop, sandbox)
+    shopper, order, _sid = held_order(dispatch_shop, sandbox)
     sandbox.advance_clock(8 * 24 * 3600)  # the hold lapses on the sandbox's clock
     [lapsed] = [
         r["event"]

@@ -11,11 +11,11 @@ import pytest
 import stripe
 
 from factories import on_hand
-from payment_helpers import JSON, Shopper, post_webhook, run_everything, sandbox_event
+from held_payments import held_order, payment_intent_of
+from payment_helpers import JSON, Shopper, order_id, post_webhook, run_everything
 from shop.domain.order import OrderStatus
 from shop.extensions import db
 from shop.models import CommandKind, Order, ScheduledCommand, WorkStatus
-from shop.provider import gateway
 from shop.provider.transport import SANDBOX_API_KEY
 from support import log_in, mails
 
@@ -24,26 +24,10 @@ CANCELED = "payment_intent.canceled"
 WEEK_AND_A_DAY = 8 * 24 * 3600  # past the card's seven days
 
 
-@pytest.fixture
-def dispatch_shop(mail_folder, make_shop):
-    return make_shop(sandbox=True, CAPTURE_MODE="dispatch")
-
-
 def _authorized(app, sandbox) -> tuple[Shopper, str, int, str]:
-    """One order of a SOCK-M whose card payment the sandbox holds, applied by the signed webhook:
-    (the shopper, its reference, its id, its PaymentIntent)."""
-    shopper = Shopper(app, app.skus)
-    order = shopper.place("SOCK-M", 1)
-    sid = order["payment"]["session_id"]
-    sandbox.set_outcome(sid, "paid")
-    r = post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", sid))
-    assert r.get_json()["outcome"] == "authorized", r.get_json()
-    with app.app_context():
-        row = db.session.query(Order).filter_by(reference=order["reference"]).one()
-        found = (row.id, gateway.retrieve_session(sid).payment_intent)
-        db.session.remove()
-    assert found[1]
-    return shopper, order["reference"], *found
+    """One held order: (the shopper, its reference, its id, its PaymentIntent)."""
+    shopper, order, sid = held_order(app, sandbox)
+    return shopper, order["reference"], order_id(app, order["reference"]), payment_intent_of(app, sid)
 
 
 def _ship(app, ref: str):

@@ -28,11 +28,6 @@ from shop.scheduling.sweep import run_cycle
 S = OrderStatus
 
 
-@pytest.fixture
-def dispatch_shop(mail_folder, make_shop):
-    return make_shop(sandbox=True, CAPTURE_MODE="dispatch")
-
-
 def held_at_the_provider(app, sandbox) -> tuple[Shopper, dict]:
     """An order at its payment page whose card payment the sandbox now holds; no webhook applied."""
     shopper = Shopper(app, app.skus)

@@ -9,37 +9,22 @@ import json
 import pytest
 
 from factories import on_hand
-from payment_helpers import Shopper, post_webhook, run_everything, sandbox_event
+from held_payments import held_order, payment_intent_of
+from payment_helpers import Shopper, post_webhook, run_everything
 from shop.domain.order import OrderStatus
 from shop.extensions import db
 from shop.models import Order, Refund
 from shop.payments.replay import reapply_event
-from shop.provider import gateway
 from support import mails
 
 LAPSE = "charge.expired"
 CANCELED = "payment_intent.canceled"
 
 
-@pytest.fixture
-def dispatch_shop(mail_folder, make_shop):
-    return make_shop(sandbox=True, CAPTURE_MODE="dispatch")
-
-
 def authorized_order(app, sandbox) -> tuple[Shopper, dict, str]:
-    """One order of a SOCK-M whose card payment the sandbox holds, applied by the webhook:
-    (the shopper, the order JSON, its PaymentIntent's id)."""
-    shopper = Shopper(app, app.skus)
-    order = shopper.place("SOCK-M", 1)
-    sid = order["payment"]["session_id"]
-    sandbox.set_outcome(sid, "paid")
-    r = post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", sid))
-    assert r.get_json()["outcome"] == "authorized", r.get_json()
-    with app.app_context():
-        intent = gateway.retrieve_session(sid).payment_intent
-        db.session.remove()
-    assert intent
-    return shopper, order, intent
+    """One held order: (the shopper, the order's JSON, its PaymentIntent)."""
+    shopper, order, sid = held_order(app, sandbox)
+    return shopper, order, payment_intent_of(app, sid)
 
 
 def lapse_notices(sandbox, intent: str) -> dict[str, dict]:

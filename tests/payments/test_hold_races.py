@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from payment_helpers import JSON, Shopper, order_id, post_webhook, run_everything, sandbox_event
+from held_payments import held_order
+from payment_helpers import JSON, order_id, run_everything
 from shop.domain.deadlines import utcnow
 from shop.domain.order import CANCELLED_BY_CUSTOMER, OrderStatus
 from shop.domain.results import SubmissionOutcome
@@ -26,27 +27,12 @@ from shop.store.order_store import LostRace
 from support import log_in
 
 
-@pytest.fixture
-def dispatch_shop(mail_folder, make_shop):
-    return make_shop(sandbox=True, CAPTURE_MODE="dispatch")
-
-
-def _authorized(app, sandbox) -> tuple[Shopper, dict]:
-    """One order of a SOCK-M, its card payment held at the sandbox and the webhook applied."""
-    shopper = Shopper(app, app.skus)
-    placed = shopper.place("SOCK-M", 1)
-    sid = placed["payment"]["session_id"]
-    sandbox.set_outcome(sid, "paid")
-    assert post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", sid)).status_code == 200
-    return shopper, shopper.order(placed["reference"])
-
-
 def test_a_ship_that_read_the_order_before_its_cancel_committed_captures_nothing_and_says_so(dispatch_shop, sandbox):
     """The other order of the two (found by bench/chaos.py --capture dispatch): the ship read the
     order Authorized, the cancel committed, then the ship asked for the capture. Its ask finds the
     order moved, the ship reads it afresh and refuses; it used to answer "capturing"."""
     app = dispatch_shop
-    shopper, order = _authorized(app, sandbox)
+    shopper, order, _sid = held_order(app, sandbox)
     oid = order_id(app, order["reference"])
     with app.app_context():
         seen = order_store.read(oid)  # the ship's read
@@ -71,7 +57,7 @@ def test_a_cancel_that_read_the_order_before_its_ship_asked_the_capture_loses_an
     dispatch_shop, sandbox
 ):
     app = dispatch_shop
-    _shopper, placed = _authorized(app, sandbox)
+    _shopper, placed, _sid = held_order(app, sandbox)
     sid, ref = placed["payment"]["session_id"], placed["reference"]
     oid = order_id(app, ref)
     with app.app_context():

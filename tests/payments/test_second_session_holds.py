@@ -14,7 +14,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from payment_helpers import JSON, Shopper, order_id, post_webhook, run_everything, sandbox_event
+from held_payments import held_order
+from payment_helpers import JSON, order_id, post_webhook, run_everything, sandbox_event
 from shop.domain.deadlines import utcnow
 from shop.domain.order import OrderStatus
 from shop.extensions import db
@@ -27,22 +28,6 @@ from support import log_in, wait_until
 
 S = OrderStatus
 PI = gateway.PaymentIntentStatus
-
-
-@pytest.fixture
-def dispatch_shop(mail_folder, make_shop):
-    return make_shop(sandbox=True, CAPTURE_MODE="dispatch")
-
-
-def _authorized(app, sandbox) -> tuple[Shopper, dict]:
-    """One order of a SOCK-M, its card payment held through its session and the webhook applied."""
-    shopper = Shopper(app, app.skus)
-    placed = shopper.place("SOCK-M", 1)
-    sid = placed["payment"]["session_id"]
-    sandbox.set_outcome(sid, "paid")
-    r = post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", sid))
-    assert r.get_json()["outcome"] == "authorized", r.get_json()
-    return shopper, shopper.order(placed["reference"])
 
 
 def _paid_through_another_session(app, sandbox, ref: str, *, held: bool) -> str:
@@ -116,7 +101,7 @@ def _ship(app, ref: str) -> None:
 def test_a_second_hold_for_an_authorized_order_is_voided_and_only_its_own_is_captured_at_the_ship(
     dispatch_shop, sandbox
 ):
-    shopper, order = _authorized(dispatch_shop, sandbox)
+    shopper, order, _sid = held_order(dispatch_shop, sandbox)
     ref, first = order["reference"], order["payment"]["session_id"]
     second = _paid_through_another_session(dispatch_shop, sandbox, ref, held=True)
     r = post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", second))
@@ -134,7 +119,7 @@ def test_a_second_hold_for_an_authorized_order_is_voided_and_only_its_own_is_cap
 def test_money_taken_at_once_through_another_session_pays_an_authorized_order_and_voids_its_hold(
     dispatch_shop, sandbox
 ):
-    shopper, order = _authorized(dispatch_shop, sandbox)
+    shopper, order, _sid = held_order(dispatch_shop, sandbox)
     ref, first = order["reference"], order["payment"]["session_id"]
     second = _paid_through_another_session(dispatch_shop, sandbox, ref, held=False)
     r = post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", second))
@@ -150,7 +135,7 @@ def test_a_queued_capture_takes_no_hold_of_an_order_paid_through_another_session
     """The ship queued the capture of the first hold; before it ran, the order was paid at once
     through another session: the capture takes nothing, the hold is voided, and the order ships
     on the money it has."""
-    shopper, order = _authorized(dispatch_shop, sandbox)
+    shopper, order, _sid = held_order(dispatch_shop, sandbox)
     ref, first = order["reference"], order["payment"]["session_id"]
     _ship(dispatch_shop, ref)
     second = _paid_through_another_session(dispatch_shop, sandbox, ref, held=False)
@@ -167,7 +152,7 @@ def test_a_hold_captured_for_an_order_paid_through_another_session_is_refunded_o
     """Both taken all the same: the capture's first attempt took the hold at the provider and
     died before its commit; meanwhile the order was paid through another session. Its retry
     takes nothing more, the void finds the hold taken, and that money goes back once."""
-    shopper, order = _authorized(dispatch_shop, sandbox)
+    shopper, order, _sid = held_order(dispatch_shop, sandbox)
     ref, first = order["reference"], order["payment"]["session_id"]
     oid = order_id(dispatch_shop, ref)
     _ship(dispatch_shop, ref)
@@ -197,7 +182,7 @@ def test_a_capture_under_way_when_the_order_is_paid_through_another_session_ship
     letter. (SQLite serialises the two writers, so only PostgreSQL lets them overlap.)"""
     if not is_postgres:
         pytest.skip("SQLite's one writer at a time cannot interleave a capture with a webhook")
-    shopper, order = _authorized(dispatch_shop, sandbox)
+    shopper, order, _sid = held_order(dispatch_shop, sandbox)
     ref, first = order["reference"], order["payment"]["session_id"]
     _ship(dispatch_shop, ref)
     second = _paid_through_another_session(dispatch_shop, sandbox, ref, held=False)
