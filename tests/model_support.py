@@ -9,7 +9,9 @@ is not a verdict either."""
 from __future__ import annotations
 
 import re
+import resource
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +51,36 @@ def _defines(sizes: dict) -> list[str]:
     return [f"-D{name}={value}" for name, value in sorted(sizes.items())]
 
 
-def _run(args: list, cwd: Path, timeout: float) -> str:
-    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+# Each tool is bounded by the CPU it may spend, not by the wall clock: in a lane niced below
+# the rest on a busy machine a search gets a small share of a core, so seconds of wall time say
+# nothing of its work. The wall clock only ends a run that is not being scheduled at all.
+WALL_BACKSTOP = 3600
+
+
+def _cpu_limited(seconds: int):
+    def limit():
+        resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 5))
+
+    return limit
+
+
+def _run_limited(args: list, cwd: Path, cpu_seconds: int) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        args,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=WALL_BACKSTOP,
+        preexec_fn=_cpu_limited(cpu_seconds),
+    )
+    if done.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
+        command = " ".join(map(str, args))
+        raise AssertionError(f"{command} spent its {cpu_seconds} s of CPU:\n{done.stdout}{done.stderr}")
+    return done
+
+
+def _run(args: list, cwd: Path, cpu_seconds: int) -> str:
+    done = _run_limited(args, cwd, cpu_seconds)
     if done.returncode != 0 and args[0] != "./pan":
         raise AssertionError(f"{' '.join(map(str, args))} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
     return done.stdout + done.stderr
@@ -79,26 +109,20 @@ def verdict(output: str) -> Verdict:
     return Verdict(errors, int(stored.group(1)), output)
 
 
-def verify(workdir: Path, ltl: str | None = None, *, fairness: bool = True, timeout: float = 240) -> Verdict:
+def verify(workdir: Path, ltl: str | None = None, *, fairness: bool = True, cpu_seconds: int = 240) -> Verdict:
     """Run a built verifier: the safety search, or the named LTL property (acceptance cycles),
     with weak fairness unless told otherwise."""
     args = ["./pan", f"-m{DEPTH_LIMIT}"]
     if ltl is not None:
         args += ["-a", *(["-f"] if fairness else []), "-N", ltl]
-    return verdict(_run(args, workdir, timeout))
+    return verdict(_run(args, workdir, cpu_seconds))
 
 
 def simulate(text: str, sizes: dict, seed: int, steps: int, workdir: Path) -> str:
     """One random simulation (spin -n<seed> -u<steps>); its output, the model's STEP lines included."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "saga.pml").write_text(text)
-    done = subprocess.run(
-        ["spin", "-T", *_defines(sizes), f"-n{seed}", f"-u{steps}", "saga.pml"],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _run_limited(["spin", "-T", *_defines(sizes), f"-n{seed}", f"-u{steps}", "saga.pml"], workdir, 120)
     return done.stdout + done.stderr
 
 
