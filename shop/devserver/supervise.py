@@ -28,6 +28,14 @@ LOCAL = "127.0.0.1"
 START_TIMEOUT = 30.0  # seconds a child may take to answer before `up` gives up
 APP_STOP_GRACE = 6.0  # web/worker/scheduler, after SIGTERM
 SERVICE_STOP_GRACE = 3.0  # sandbox and Redis, after SIGTERM
+REAP_WAIT = 2.0  # per child, after its SIGKILL
+READER_JOIN = 1.0  # per child, for its output's last lines
+
+
+def stop_bound(children: int) -> float:
+    """The longest `up` spends stopping `children` children after Ctrl-C: both graces, then a
+    reap and a last read of each (stop_all)."""
+    return APP_STOP_GRACE + SERVICE_STOP_GRACE + children * (REAP_WAIT + READER_JOIN)
 
 
 class UpError(Exception):
@@ -188,12 +196,12 @@ class Supervisor:
         stopped, stuck = [], []
         for child in self.stop_order():
             try:
-                child.proc.wait(timeout=2)
+                child.proc.wait(timeout=REAP_WAIT)
                 stopped.append(child.name)
             except subprocess.TimeoutExpired:
                 stuck.append(f"{child.name} (pid {child.proc.pid})")
             if child.reader is not None:
-                child.reader.join(timeout=1)
+                child.reader.join(timeout=READER_JOIN)
         return stopped, stuck
 
 

@@ -23,7 +23,13 @@ from payment_helpers import Shopper
 from port_support import free_port
 from process_support import ConnectionsTo, Tricklers, catalog_answers
 from shop.devserver.front import nginx_binary
+from shop.devserver.supervise import stop_bound
 from support import wait_until
+
+# How long `up` may take to end once told to stop or once a child died: the product's own bound
+# for its six children at most (the graces, then a reap and a last read of each), then the
+# interpreter's own exit on a busy machine.
+UP_STOPS_WITHIN = stop_bound(6) + 10
 
 pytestmark = pytest.mark.slow
 
@@ -140,7 +146,7 @@ class Up:
     def interrupt(self):
         """Ctrl-C, as a terminal sends it to the foreground group, and wait for `up` to finish."""
         os.killpg(self.proc.pid, signal.SIGINT)
-        self.proc.wait(timeout=15)
+        self.proc.wait(timeout=UP_STOPS_WITHIN)
         self._close_output()
         assert self.proc.returncode == 0, self.output
 
@@ -345,7 +351,7 @@ def test_up_serves_a_whole_purchase_and_ctrl_c_stops_every_child(run_up):
 
     assert processes_carrying(up.marker), "the children should be running before Ctrl-C"
     os.killpg(up.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group
-    up.proc.wait(timeout=10)
+    up.proc.wait(timeout=UP_STOPS_WITHIN)
     assert up.proc.returncode == 0, up.output
     # up itself saw every child exit (not merely the parent-death signal after it was gone).
     stopped = "web, front, worker, scheduler" if front else "web, worker, scheduler"
@@ -408,7 +414,7 @@ def test_a_child_that_dies_stops_the_others_and_up_exits_non_zero_naming_it(run_
     assert len(workers) == 1, processes_carrying(up.marker)
     os.kill(workers[0], signal.SIGKILL)
 
-    up.proc.wait(timeout=15)
+    up.proc.wait(timeout=UP_STOPS_WITHIN)
     assert up.proc.returncode != 0
     assert re.search(r"backstop up: worker exited unexpectedly", up.output), up.output
     _assert_all_children_gone(up)
