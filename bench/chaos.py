@@ -73,6 +73,9 @@ CSRF_RE = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')
 VERSION_RE = re.compile(r'name="version"[^>]*value="(\d+)"')
 SESSION_RE = re.compile(r"/pay/([^/?#]+)")
 HTTP_TIMEOUT = 30.0
+# How long the restore drill waits for one of its own orders to reach its payment page, through
+# the faults and their restarts: it needs them, where a journey's customer gives up after 15 s.
+DRILL_PATIENCE = 120.0
 # Stock for the demo catalog's variants: most plentiful, a few scarce so that checkouts compete.
 STOCK = {"NB-A5-DOT": 4000, "NB-A6-DOT": 4000, "MUG-350-SND": 3000, "MUG-350-NVY": 12, "SOCK-M": 40}
 
@@ -476,10 +479,11 @@ class Run:
 # Journeys --------------------------------------------------------------------------------------
 
 
-def shop_and_checkout(run: Run, b: Browser, rng: random.Random):
-    """Fill the cart and check out. Returns (reference, session id or None) or None when refused."""
+def shop_and_checkout(run: Run, b: Browser, rng: random.Random, scarce: float = 0.15):
+    """Fill the cart and check out. Returns (reference, session id or None) or None when refused.
+    `scarce` weighs the scarce items against the plentiful ones (0: never a scarce one)."""
     # Mostly the plentiful items; now and then a scarce one, so that checkouts compete for it.
-    weights = [1 if STOCK.get(sku, 0) >= 1000 else 0.15 for _, sku in run.variants]
+    weights = [1 if STOCK.get(sku, 0) >= 1000 else scarce for _, sku in run.variants]
     picks = {vid for vid, _ in rng.choices(run.variants, weights, k=rng.choice((1, 1, 2)))}
     added = 0
     for variant_id in picks:
@@ -514,12 +518,12 @@ def shop_and_checkout(run: Run, b: Browser, rng: random.Random):
     return ref, (m.group(1) if m else None)
 
 
-def ensure_session(run: Run, b: Browser, ref: str, sid: str | None) -> str | None:
+def ensure_session(run: Run, b: Browser, ref: str, sid: str | None, patience: float = 15) -> str | None:
     """A checkout made while the provider was down leaves the order PendingPayment: press
-    "Pay now" until the provider answers (bounded). One that waits in line for its payment page
-    (the provider's session budget was spent) is not pressed: its page goes on by itself once
-    the payment queue has made its session, as a customer's does."""
-    deadline = time.monotonic() + 15
+    "Pay now" until the provider answers, for `patience` seconds (a customer's). One that waits
+    in line for its payment page (the provider's session budget was spent) is not pressed: its
+    page goes on by itself once the payment queue has made its session, as a customer's does."""
+    deadline = time.monotonic() + patience
     while sid is None and time.monotonic() < deadline and not run.stopping.is_set():
         payment = (b.order(ref) or {}).get("payment") or {}
         if payment.get("status") == "open" and payment.get("session_id"):
@@ -861,17 +865,19 @@ class RestoreDrill:
         run.latency_held.set()
         run.faults(api_latency_seconds=0, api_latency_jitter_seconds=0)
         late_browser = Browser(run, "drill-late")
-        late = shop_and_checkout(run, late_browser, random.Random(8))
-        late_sid = ensure_session(run, late_browser, late[0], late[1]) if late else None
+        late = shop_and_checkout(run, late_browser, random.Random(8), scarce=0)
+        late_sid = self._ensure_session(late_browser, *late) if late else None
         if late is None or late_sid is None:
-            raise StackError("the drill's late-money order could not be placed and given its payment page")
+            raise StackError("the drill's late-money order " + self._unplaced(late_browser, late))
         run.outcome(late_sid, "async_pending")
         # The drill slows the provider itself while it copies; a latency stretch ending then would
         # let the waiting checkout finish before the snapshot.
         run.faults(api_latency_seconds=3, api_latency_jitter_seconds=0)
         b = Browser(run, "drill")
         placed: dict = {}
-        waiting = threading.Thread(target=lambda: placed.update(r=shop_and_checkout(run, b, random.Random(7))))
+        waiting = threading.Thread(
+            target=lambda: placed.update(r=shop_and_checkout(run, b, random.Random(7), scarce=0))
+        )
         waiting.start()
         # The order is committed before the provider is asked for its page: copy the database then.
         deadline = time.monotonic() + 20
@@ -898,9 +904,9 @@ class RestoreDrill:
         run.latency_held.clear()
         ref, sid = placed.get("r") or (None, None)
         if ref is not None:
-            sid = ensure_session(run, b, ref, sid)
+            sid = self._ensure_session(b, ref, sid)
         if ref is None or sid is None:
-            raise StackError("the drill's order could not be placed and given its payment page")
+            raise StackError("the drill's order " + self._unplaced(b, placed.get("r")))
         run.outcome(sid, "paid")  # its customer pays on the page the old shop made
         paid = self._wait_order(b, ref, lambda o: o["status"] == "Paid", 20)
         run.stats.note("drill: the waiting order was " + (paid or {}).get("status", "unreadable") + " on the old shop")
@@ -919,6 +925,22 @@ class RestoreDrill:
             )
         self.late = (late[0], late_sid)
         print(f"chaos: database copied with pg_dump while {ref}'s checkout waited on the provider", flush=True)
+
+    def _ensure_session(self, browser: "Browser", ref: str, sid: str | None) -> str | None:
+        """ensure_session, restarting the processes the faults killed meanwhile (as _wait_order):
+        the drill's orders must reach their payment pages, however long a loaded machine takes."""
+        deadline = time.monotonic() + DRILL_PATIENCE
+        while sid is None and time.monotonic() < deadline and not self.run.stopping.is_set():
+            self.stack.restart_due()
+            sid = ensure_session(self.run, browser, ref, sid, patience=2)
+        return sid
+
+    def _unplaced(self, browser: "Browser", placed) -> str:
+        """Why a drill order is missing, for the harness's error."""
+        if placed is None:
+            return f"was refused at checkout (the run's notes: {dict(self.run.stats.notes)})"
+        payment = (browser.order(placed[0]) or {}).get("payment")
+        return f"{placed[0]} got no payment page within {DRILL_PATIENCE:.0f} s (its payment: {payment})"
 
     def _wait_order(self, browser: "Browser", ref: str, predicate, timeout: float) -> dict | None:
         """Browser.wait_order, restarting the processes the faults killed meanwhile: the drill
