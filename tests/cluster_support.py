@@ -765,11 +765,16 @@ class Customers:
         rng = random.Random(self.seed * 1000 + index)
         kinds, weights = zip(*self.mix.items(), strict=True)
         shopper = None
+        browsers = 0
         while not self.stopping.is_set():
             journey = Journey(rng.choices(kinds, weights)[0], index, time.time())
             try:
                 if shopper is None or self.one_journey_each:
-                    shopper = Shopper.over_http(self.cluster.base_url, self.skus, session=from_address(index))
+                    # A new browser per journey is a new customer, from an address of its own:
+                    # one address making every journey would meet the per-address checkout limit.
+                    address = index + self.count * browsers if self.one_journey_each else index
+                    browsers += 1
+                    shopper = Shopper.over_http(self.cluster.base_url, self.skus, session=from_address(address))
                 self._run(shopper, journey, rng)
             except Exception as exc:  # noqa: BLE001 - counted and shown; the customer goes on
                 journey.error = f"{type(exc).__name__}: {exc}"[:300]
