@@ -461,10 +461,11 @@ class Run:
         r = self.sb("POST", "/_sandbox/faults", changes)
         return r is not None and r.status_code == 200
 
-    def v1_list(self, path: str) -> list:
+    def v1_list(self, path: str, **query) -> list:
+        """Every object of a sandbox list, page after page (`query`: more parameters, an expand)."""
         items, after = [], None
         while True:
-            params = {"limit": 100, **({"starting_after": after} if after else {})}
+            params = {"limit": 100, **query, **({"starting_after": after} if after else {})}
             r = requests.get(
                 self.sandbox + path, params=params, timeout=HTTP_TIMEOUT, headers={"Authorization": f"Bearer {API_KEY}"}
             )
@@ -1398,7 +1399,7 @@ def _check_all(run: Run, sql, op: Browser, checks: Checks, refs: list, views: li
         [d["order_reference"] for d in dead if d.get("order_reference")],
     )
     if run.args.capture == "dispatch":
-        chaos_holds.check_holds(run, checks, orders, API_KEY)
+        chaos_holds.check_holds(run, checks, orders)
     return {
         "orders": orders,
         "timeline": timeline,

@@ -125,25 +125,6 @@ def race(run, b, operator, rng, ref: str, version: int) -> None:
 # Checks -----------------------------------------------------------------------------------------
 
 
-def _sessions(run, api_key: str) -> list:
-    """Every session at the sandbox, its payment expanded."""
-    items, after = [], None
-    while True:
-        params = {"limit": 100, "expand[]": "data.payment_intent", **({"starting_after": after} if after else {})}
-        r = requests.get(
-            f"{run.sandbox}/v1/checkout/sessions",
-            params=params,
-            timeout=60,
-            headers={"Authorization": f"Bearer {api_key}"},
-        )
-        r.raise_for_status()
-        page = r.json()
-        items.extend(page["data"])
-        if not page.get("has_more") or not page["data"]:
-            return items
-        after = page["data"][-1]["id"]
-
-
 def _was_held(intent: dict, captures: int) -> bool:
     """A payment the sandbox held for a later capture: asked to (the card's capture_method), and
     captured, still held or ended uncaptured (an asynchronous method was taken at once)."""
@@ -152,7 +133,7 @@ def _was_held(intent: dict, captures: int) -> bool:
     return manual and (captures > 0 or intent["status"] in ("requires_capture", "canceled"))
 
 
-def check_holds(run, checks, orders: dict, api_key: str) -> None:
+def check_holds(run, checks, orders: dict) -> None:
     """The guarantees of a hold (docs/REFERENCE.md, Guarantees), from the sandbox's objects and
     events and the orders' JSON (`orders`: reference -> the console's order)."""
     events = requests.get(f"{run.sandbox}/_sandbox/events", timeout=60).json()["data"]
@@ -161,7 +142,7 @@ def check_holds(run, checks, orders: dict, api_key: str) -> None:
     )
     refunds = collections.Counter(rf["payment_intent"] for rf in run.v1_list("/v1/refunds"))
     held = {}  # payment intent id -> (order reference, the intent), for card payments that were held
-    for s in _sessions(run, api_key):
+    for s in run.v1_list("/v1/checkout/sessions", **{"expand[]": "data.payment_intent"}):
         intent = s.get("payment_intent")
         if isinstance(intent, dict) and _was_held(intent, captures[intent["id"]]):
             held[intent["id"]] = (s["client_reference_id"], intent)
