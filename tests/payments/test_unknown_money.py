@@ -12,9 +12,18 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import event
 
 from factories import on_hand, seed_catalog_rows
-from payment_helpers import Shopper, order_id, post_webhook, run_due_commands, run_everything, sandbox_event
+from payment_helpers import (
+    Shopper,
+    order_id,
+    paid_at_provider,
+    post_webhook,
+    run_due_commands,
+    run_everything,
+    sandbox_event,
+)
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import Order, Refund, ScheduledCommand, UnknownPayment
@@ -397,3 +406,32 @@ def test_the_deadline_of_an_order_whose_payment_the_lost_machine_refunded_cancel
     assert seen["status"] == "Cancelled", seen
     assert [(r["amount"], r["status"]) for r in seen["refunds"]] == [(order["total"], "succeeded")]
     assert _provider_refunds(app, sid) == [(order["total"], "succeeded")]
+
+
+def test_the_scan_asks_which_payments_of_a_window_are_held_in_one_read_not_one_per_payment(fresh_paying_app, sandbox):
+    """In steady state every payment the scan reads is already its order's: which are held is one
+    read for the window's payments (in chunks of HELD_CHUNK), not a read per payment (docs/SCALING.md,
+    a journey's CPU)."""
+    app = fresh_paying_app
+    skus = seed_catalog_rows(app)
+    _was_sweeping(app)
+    for _ in range(12):
+        shopper = Shopper(app, skus)
+        _order, completed = paid_at_provider(shopper, sandbox)
+        assert post_webhook(shopper.client, completed).status_code == 200
+    reads: list[str] = []
+
+    def seen(_conn, _cursor, statement, _parameters, _context, _executemany):
+        if "payment_session_id" in statement and statement.lstrip().upper().startswith("SELECT"):
+            reads.append(statement)
+
+    with app.app_context():
+        engine = db.engine
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        result = _sweep(app)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert result.provider.get("paid", 0) == 0 and _unknown(app) == []  # all twelve were their orders' already
+    assert len([s for s in reads if "IN (" in s.upper()]) == 1, reads
+    assert not [s for s in reads if "payment_session_id =" in s], reads

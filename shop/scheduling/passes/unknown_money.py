@@ -47,6 +47,8 @@ MIN_WINDOW = timedelta(seconds=1)
 PAGE_CAP = 20
 # At most this many windows per cycle: a copy days behind catches up over several cycles.
 WINDOWS_PER_CYCLE = 24
+# Payments looked up at once when checking which of a window's are already held.
+HELD_CHUNK = 500
 
 
 def read_mark() -> datetime | None:
@@ -97,8 +99,10 @@ def scan_for_unknown_money(counts: dict, errors: list, keep_lease, clock) -> Non
             window = max(MIN_WINDOW, window / 4)  # too many payments in it: a smaller window, same start
             continue
         try:
+            held = _held_sessions([event.view.id for event in events or []])
             for event in events or []:
-                _apply_unless_held(event, counts, errors, clock)
+                if event.view.id not in held:
+                    _apply(event, counts, errors, clock)
         except gateway.ProviderUnavailable as exc:
             # What was applied stays applied (held: the next read skips it); the rest is read again.
             log.info(
@@ -131,10 +135,8 @@ def _took_money(view: gateway.SessionView) -> bool:
     return view.payment_status == gateway.SessionPaymentStatus.PAID or holds.may_be_held(view)
 
 
-def _apply_unless_held(event: gateway.SessionEvent, counts: dict, errors: list, clock) -> None:
+def _apply(event: gateway.SessionEvent, counts: dict, errors: list, clock) -> None:
     sid = event.view.id
-    if _held(sid):
-        return
     refunded_as = None if holds.may_be_held(event.view) else refunds.refunded_by_shop(event.view)
     try:
         if holds.may_be_held(event.view):  # the event's copy does not say whether it is held: asked
@@ -164,15 +166,21 @@ def _apply_unless_held(event: gateway.SessionEvent, counts: dict, errors: list, 
     log.info("sweep: the provider's payment %s (ref %s): %s", sid, event.view.client_reference_id, applied.outcome)
 
 
-def _held(session_id: str) -> bool:
-    """Is this payment already accounted for: an order paid (or authorized) through it, or a refund
-    or unknown-money row for it?"""
+def _held_sessions(session_ids: list[str]) -> set[str]:
+    """Which of these payments are already accounted for: an order paid (or authorized) through
+    it, or a refund or unknown-money row for it. One read of each table per chunk of a window,
+    not three reads per payment: in steady state every payment of a window is its order's."""
     session = db.session
     taken = (OrderStatus.PAID, OrderStatus.AUTHORIZED)
-    held = (
-        session.execute(select(Order.id).where(Order.payment_session_id == session_id, Order.status.in_(taken))).first()
-        or session.execute(select(Refund.id).where(Refund.session_id == session_id)).first()
-        or session.execute(select(UnknownPayment.id).where(UnknownPayment.session_id == session_id)).first()
-    )
+    held: set[str | None] = set()
+    for start in range(0, len(session_ids), HELD_CHUNK):
+        chunk = session_ids[start : start + HELD_CHUNK]
+        held.update(
+            session.scalars(
+                select(Order.payment_session_id).where(Order.payment_session_id.in_(chunk), Order.status.in_(taken))
+            )
+        )
+        held.update(session.scalars(select(Refund.session_id).where(Refund.session_id.in_(chunk))))
+        held.update(session.scalars(select(UnknownPayment.session_id).where(UnknownPayment.session_id.in_(chunk))))
     session.rollback()
-    return held is not None
+    return {sid for sid in held if sid is not None}
