@@ -5,6 +5,7 @@ request log says what reached the provider and when."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -165,11 +166,21 @@ app = create_app()
 print("ready", flush=True)
 start_at, seconds = float(sys.stdin.readline()), float(sys.argv[1])
 customers, background = int(sys.argv[2]), int(sys.argv[3])
+stop = threading.Event()  # a line "stop" ends the callers before their seconds are over
+
+def told_to_stop():
+    if sys.stdin.readline().strip() == "stop":
+        stop.set()
+
+threading.Thread(target=told_to_stop, daemon=True).start()
+
+def going():
+    return time.time() < start_at + seconds and not stop.is_set()
 
 def work(kind):
     with app.app_context(), (guard.customer_call() if kind == "customer" else contextlib.nullcontext()):
         time.sleep(max(0.0, start_at - time.time()))
-        while time.time() < start_at + seconds:
+        while going():
             try:
                 gateway.retrieve_session(f"cs_test_{kind}")
             except (gateway.ProviderRefused, gateway.ProviderUnavailable):  # no such session / not called
@@ -178,7 +189,7 @@ def work(kind):
 
 def busy():  # the rest of a web process: pages rendering, holding the GIL between provider calls
     time.sleep(max(0.0, start_at - time.time()))
-    while time.time() < start_at + seconds:
+    while going():
         sum(i * i for i in range(2000))
 
 kinds = ["customer"] * customers + ["background"] * background
@@ -247,6 +258,14 @@ def _callers(script: str, env: dict, args: list[str], count: int = 3) -> tuple[l
     return children, start_at
 
 
+def _stop(children) -> None:
+    """Tell CALLER children to end now."""
+    for child in children:
+        with contextlib.suppress(OSError):
+            child.stdin.write("stop\n")
+            child.stdin.flush()
+
+
 def _finish(children, timeout: float = 120) -> list[str]:
     """Wait for every child to end, each successfully; returns what each printed after "ready"."""
     outputs = []
@@ -273,11 +292,14 @@ def test_with_three_processes_one_probe_a_second_finds_the_provider_back_and_its
         BACKSTOP_STRIPE_BREAKER_THRESHOLD="3",
         PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
-    outage, after = 5.0, 3.0
+    outage = 5.0
     sandbox.faults(api_unavailable=True)
     # Three processes whose customers keep asking (every 50 ms each): each sees the breaker open
-    # and starts a prober; the shared claim lets one probe go a second, whoever holds it.
-    children, start_at = _callers(CALLER, env, [repr(outage + after), "4", "0", "0"])
+    # and starts a prober; the shared claim lets one probe go a second, whoever holds it. They go
+    # on until the breaker has closed and a customer's call followed (then told to stop; the
+    # minute is only a backstop): a prober lives as long as its process, so processes that ended
+    # at a fixed time could leave the breaker open with no one left to probe on a loaded machine.
+    children, start_at = _callers(CALLER, env, [repr(outage + 60), "4", "0", "0"])
     try:
         time.sleep(max(0.0, start_at + outage - time.time()))  # a sleep: the outage's length is the fault
         sandbox.faults(api_unavailable=False)
@@ -292,7 +314,16 @@ def test_with_three_processes_one_probe_a_second_finds_the_provider_back_and_its
             )
             closed = time.time()
             view = provider_guard.breaker_view()
+        wait_until(
+            lambda: any(
+                c["path"].startswith("/v1/checkout/sessions/") and c["at"] > closed
+                for c in sandbox.requests(since=closed - 1)
+            ),
+            timeout=15,
+            what="a customer's call after the breaker closed",
+        )
     finally:
+        _stop(children)
         _finish(children)
     calls = sandbox.requests(since=start_at - 1)
     probes = sorted(c["at"] for c in calls if c["path"] == "/v1/events" and c["at"] <= closed)
@@ -397,7 +428,7 @@ def work(thread):
 
 def busy():
     time.sleep(max(0.0, start_at - time.time()))
-    while time.time() < start_at + seconds:
+    while going():
         sum(i * i for i in range(2000))
 
 threads = [threading.Thread(target=work, args=(t,)) for t in range(int(sys.argv[2]))]
