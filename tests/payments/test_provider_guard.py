@@ -95,12 +95,18 @@ def test_after_the_threshold_the_breaker_opens_for_every_process_and_a_probe_clo
         assert transport.timeouts == [] and sessions() == created, (transport.timeouts, sessions(), created)
     # While the provider stays down, both processes' probers share one probe per spacing of the
     # clock: each time it moves on by one (and a millisecond, past the float's rounding), one
-    # more probe, and none can be claimed until it moves.
+    # more probe, and none can be claimed until it moves. The clock moves again only once the
+    # probe's failure is recorded (the breaker open again, not half-open): the next spacing is
+    # counted from that record, so a record made after the move would wait for a move that never came.
     for probe in range(1, 4):
         with app.app_context():
             assert not guard.get().claim_probe().mine, "a probe could be claimed before its spacing had passed"
         fake_clock.advance(guard.PROBE_SPACING_SECONDS + 0.001)
-        wait_until(lambda probe=probe: probes() >= probe, 10, f"probe {probe} of the two processes' probers")
+        wait_until(
+            lambda probe=probe: probes() >= probe and _breaker(app)["state"] == guard.OPEN,
+            10,
+            f"probe {probe} of the two processes' probers, its failure recorded",
+        )
         assert probes() == probe
     assert sessions() == created, "a customer's checkout called the provider while the breaker was open"
     assert {c["path"] for c in sandbox.requests(method="GET")} == {"/v1/events"}
