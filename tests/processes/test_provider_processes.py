@@ -329,7 +329,13 @@ def test_with_three_processes_one_probe_a_second_finds_the_provider_back_and_its
     probes = sorted(c["at"] for c in calls if c["path"] == "/v1/events" and c["at"] <= closed)
     customers = [c for c in calls if c["path"].startswith("/v1/checkout/sessions/")]
     assert len(probes) >= 3, f"{len(probes)} probes during a {outage} s outage"
-    assert peak_in_window(probes, 1.0) == 1, f"probes less than a second apart: {probes}"
+    # One probe a second for the three processes together, claimed in Redis: counted, not spaced
+    # pairwise, since each claimed probe reaches the provider after a delay a loaded machine
+    # varies (two claimed 1.0 s apart arrived 0.96 s apart); one spacing of slack for the first's
+    # and the last's delays. Each process probing on its own would make about three times as many.
+    spacing = guard.PROBE_SPACING_SECONDS
+    allowed = (probes[-1] - probes[0] + spacing) / spacing + 1
+    assert len(probes) <= allowed, f"more than one probe a second: {probes}"
     answered = min(c["at"] for c in calls if c["path"] == "/v1/events" and c["status"] == 200)
     assert not [p for p in probes if answered < p], f"probes after the first that was answered: {probes}"
     assert not [c for c in customers if probes[0] < c["at"] < answered], "a customer's call was made while probing"
