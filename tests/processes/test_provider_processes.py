@@ -434,7 +434,7 @@ def work(thread):
 
 def busy():
     time.sleep(max(0.0, start_at - time.time()))
-    while going():
+    while time.time() < start_at + seconds:
         sum(i * i for i in range(2000))
 
 threads = [threading.Thread(target=work, args=(t,)) for t in range(int(sys.argv[2]))]
