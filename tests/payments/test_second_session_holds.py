@@ -202,9 +202,7 @@ def test_a_capture_under_way_when_the_order_is_paid_through_another_session_ship
         capturing.start()
         # A call the hang holds (no status yet) is the capture's: it read the order Authorized
         # first. (The calls before it all have their answers.)
-        wait_until(
-            lambda: any(c["status"] is None for c in sandbox.requests()), 10, "the capture to ask the provider"
-        )
+        wait_until(lambda: any(c["status"] is None for c in sandbox.requests()), 10, "the capture to ask the provider")
         r = post_webhook(shopper.client, sandbox_event(sandbox, "checkout.session.completed", second))
         assert r.get_json()["outcome"] == "paid", r.get_json()
     capturing.join(30)
