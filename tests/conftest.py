@@ -195,7 +195,12 @@ def make_fresh_app(flushed_redis, truncated_db):
             provider_guard.close()  # its prober, if the breaker was left open, stops probing the sandbox
         with app.app_context():
             db.session.remove()
+            held = db.engine.pool.checkedout()
             db.engine.dispose()
+        # A connection still out when the test is over belongs to something that outlived it (a
+        # thread, a session never removed): disposing leaves it to the garbage collector, which
+        # reports psycopg's open connection during whichever later test it runs in.
+        assert held == 0, f"{held} database connection(s) still checked out of the app's pool after the test"
 
 
 @pytest.fixture
