@@ -18,6 +18,7 @@ from typing import Iterator
 import requests
 from werkzeug.serving import make_server
 from werkzeug.test import TestResponse
+from werkzeug.wsgi import ClosingIterator
 
 from factories import DEFAULT_SKU
 from shop import clock
@@ -206,15 +207,28 @@ def stripe_event(type: str, session: dict, event_id: str = "evt_test_1") -> dict
 @contextlib.contextmanager
 def served(build_app) -> Iterator[tuple]:
     """Serve the app `build_app(base_url)` returns on a free 127.0.0.1 port in a thread, so its
-    PUBLIC_BASE_URL can be its real address; yields (app, base_url)."""
+    PUBLIC_BASE_URL can be its real address; yields (app, base_url). On the way out it waits for
+    the requests already in the app to end (a page's poll the browser left mid-flight): each holds
+    a database connection until then, and the app's engine is disposed right after."""
     holder = []
-    server = make_server(
-        "127.0.0.1",
-        0,
-        lambda environ, start: holder[0](environ, start),
-        threaded=True,
-        request_handler=QuietRequestHandler,
-    )
+    in_flight = [0]
+    changed = threading.Condition()
+
+    def ended():
+        with changed:
+            in_flight[0] -= 1
+            changed.notify_all()
+
+    def app(environ, start):
+        with changed:
+            in_flight[0] += 1
+        try:
+            return ClosingIterator(holder[0](environ, start), ended)  # a streamed body ends at its close
+        except BaseException:
+            ended()
+            raise
+
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=QuietRequestHandler)
     base_url = f"http://127.0.0.1:{server.port}"
     holder.append(build_app(base_url))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -225,6 +239,8 @@ def served(build_app) -> Iterator[tuple]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+        with changed:  # one that never ends is left to make_fresh_app's check of the pool
+            changed.wait_for(lambda: in_flight[0] == 0, timeout=30)
 
 
 @contextlib.contextmanager
