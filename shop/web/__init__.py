@@ -10,6 +10,7 @@ from ..provider.gateway import hosted_page_origins
 from ..public_urls import public_url_for
 from . import proxies, request_ids
 from .answers import negotiated
+from .cookies import DailyRefreshSessionInterface
 from .requests import (
     IdConverter,
     LimitChunkedBodies,
@@ -80,9 +81,11 @@ def init_app(app) -> None:
     chunked bodies (the webhook reads its own, capped, raw body) and the template filters and
     `public_url_for`; and what every answer leaves with: the security headers, and `Vary: Accept`
     when the answer was chosen by the Accept header; and every request's id (`X-Request-ID`, kept
-    or made, in the log context and echoed: request_ids.py). The client's address
+    or made, in the log context and echoed: request_ids.py); the session cookie, sent again only
+    when it changed or is a day old (cookies.py). The client's address
     (`request.remote_addr`) is the one the trusted proxies name (proxies.py)."""
     app.url_map.converters.update(id=IdConverter, work=WorkConverter)
+    app.session_interface = DailyRefreshSessionInterface()
     ask_once_if_async(app)
     request_ids.init_app(app)
     app.jinja_env.filters["status_words"] = status_words
