@@ -8,7 +8,7 @@ recorded before the reference and the kind were, from rows in the old shape."""
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -144,10 +144,24 @@ def test_old_rows_render_in_words_and_identical_errors_collapse_with_a_count(swe
     [problem] = cycles[0]["problems"]
     assert problem["count"] == 2 and problem["order_reference"] == reference
     assert problem["kind"] == "provider_refused" and "No such checkout session" in problem["what"]
-    assert re.search(r"asks again at \d\d:\d\d UTC \(in 10 min\)", problem["next"]), problem["next"]
+    # The time of day, with the date before it when that is tomorrow (a run just before midnight).
+    assert re.search(r"asks again at (\d{4}-\d\d-\d\d )?\d\d:\d\d UTC \(in 10 min\)", problem["next"]), problem["next"]
     assert cycles[0]["outcome_words"] == "ok with 2 problems"
     assert cycles[1]["outcome"] == "failed" and "provider unreachable" in cycles[1]["problems"][0]["what"]
 
     html = fresh_client.get("/console/sweeps").get_data(as_text=True)
     assert f'<a href="/console/orders/{reference}">' in html and "2 times" in html
     assert html.count("No such checkout session") == 1
+
+
+@pytest.mark.parametrize(
+    ("when", "said"),
+    [
+        (datetime(2026, 12, 6, 23, 59, tzinfo=timezone.utc), "23:59 UTC (in 9 min)"),
+        (datetime(2026, 12, 7, 0, 5, tzinfo=timezone.utc), "2026-12-07 00:05 UTC (in 15 min)"),
+    ],
+)
+def test_a_time_the_sweep_names_carries_its_date_only_when_that_is_not_today(when, said):
+    from shop.console.sweep_words import _at
+
+    assert _at(when, datetime(2026, 12, 6, 23, 50, tzinfo=timezone.utc)) == said
