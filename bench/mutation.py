@@ -27,7 +27,8 @@ claims a test database the way the suite does (tests/support.py) and hands it to
 the mutants run one at a time (`--max-children`; more would share it). A mutant costs a fresh import and its tests'
 setup (half a minute and more on a shared machine), so a full run of a package takes hours: `--sample 0.1 --seed 1`
 tries a random tenth of each module's untried mutants (the same share of every module; the report's `pending` column
-is what was left out), and `--recheck` together with it tries the survivors as well.
+is what was left out; mutmut makes the mutants in a package's first run, so there is nothing to draw from before
+it, and that first run tries them all), and `--recheck` together with it tries the survivors as well.
 
 mutmut mutates function bodies only: module-level constants (a prebuilt statement, an enum's values) are not
 mutated. Each mutant runs in a fresh import of the shop (a fork server that preloads only the libraries), so a
@@ -412,6 +413,8 @@ def main() -> int:
             continue
         names = list(args.only)
         if args.sample:  # when a full run cannot finish in the time: a fair share of every module
+            if not meta_files(folder):  # mutmut makes the mutants in its first run: nothing to draw from yet
+                print(f"== {package}: no mutants made here yet, none to sample: this run tries them all", flush=True)
             names += sample(folder, args.sample, args.seed)
             print(f"== {package}: a sample of {len(names)} mutant(s) (seed {args.seed})", flush=True)
         if args.recheck:  # exactly the survivors, tried again (a name given to mutmut is always run)
