@@ -204,6 +204,11 @@ def stripe_event(type: str, session: dict, event_id: str = "evt_test_1") -> dict
 # -- the app over real HTTP ------------------------------------------------------------------
 
 
+def _then(body, ended) -> Iterator[bytes]:
+    yield from body
+    ended()
+
+
 @contextlib.contextmanager
 def served(build_app) -> Iterator[tuple]:
     """Serve the app `build_app(base_url)` returns on a free 127.0.0.1 port in a thread, so its
@@ -214,19 +219,27 @@ def served(build_app) -> Iterator[tuple]:
     in_flight = [0]
     changed = threading.Condition()
 
-    def ended():
-        with changed:
-            in_flight[0] -= 1
-            changed.notify_all()
-
     def app(environ, start):
         with changed:
             in_flight[0] += 1
+        done = []
+
+        def ended():
+            with changed:
+                if not done:
+                    done.append(True)
+                    in_flight[0] -= 1
+                    changed.notify_all()
+
         try:
-            return ClosingIterator(holder[0](environ, start), ended)  # a streamed body ends at its close
+            body = holder[0](environ, start)
         except BaseException:
             ended()
             raise
+        # Ended when its body has been read to the end (a streamed one holds its app context until
+        # then), or closed early. Not only at close: werkzeug closes it only after draining the
+        # socket, which waits for a keep-alive client to hang up.
+        return ClosingIterator(_then(body, ended), [getattr(body, "close", lambda: None), ended])
 
     server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=QuietRequestHandler)
     base_url = f"http://127.0.0.1:{server.port}"
