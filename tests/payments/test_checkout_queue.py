@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import select, update
 
 from factories import force_order
@@ -17,14 +18,18 @@ from shop.extensions import db
 from shop.models import Order, ScheduledCommand
 from shop.outbox import dispatch
 from shop.payments import checkout_queue
+from shop.payments.start import LINE_HOLD_SECONDS
 from shop.provider import guard
 
 QUEUED = {"status": "queued", "session_id": None, "url": None}
 
 
 # One session a second, and a customer waits no time for the budget: the second checkout within a
-# second finds it spent.
+# second finds it spent. Every test here runs the shop on a clock it moves by hand (`fake_clock`):
+# the budget and the line's hold then move with it, and a loaded machine's slow second (which
+# refills Redis's real clock) cannot give a checkout the session the test spent.
 ONE_SESSION_A_SECOND = dict(STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1, STRIPE_CUSTOMER_WAIT_SECONDS=0.0)
+SESSIONS = "POST /v1/checkout/sessions"
 
 
 def _queued(shopper: Shopper) -> dict:
@@ -119,8 +124,8 @@ def test_pay_now_with_the_budget_spent_puts_the_order_in_line_instead_of_refusin
     assert again["status"] == "PaymentInitiated" and again["payment"]["session_id"] != order["payment"]["session_id"]
 
 
-def test_the_queue_pauses_while_the_breaker_is_open_and_the_orders_keep_their_place(make_shop, sandbox):
-    app = make_shop(sandbox=True, **ONE_SESSION_A_SECOND)
+def test_the_queue_pauses_while_the_breaker_is_open_and_the_orders_keep_their_place(make_shop, sandbox, fake_clock):
+    app = make_shop(sandbox=True, CLOCK=fake_clock, **ONE_SESSION_A_SECOND)
     Shopper(app).checkout()
     waiting = _queued(shopper := Shopper(app))
     with app.app_context():
@@ -139,8 +144,10 @@ def test_the_queue_pauses_while_the_breaker_is_open_and_the_orders_keep_their_pl
     assert shopper.order(waiting["reference"])["status"] == "PaymentInitiated"
 
 
-def test_an_order_whose_pay_by_passes_in_line_is_expired_by_its_deadline_like_any_unpaid_order(make_shop, sandbox):
-    app = make_shop(sandbox=True, **ONE_SESSION_A_SECOND)
+def test_an_order_whose_pay_by_passes_in_line_is_expired_by_its_deadline_like_any_unpaid_order(
+    make_shop, sandbox, fake_clock
+):
+    app = make_shop(sandbox=True, CLOCK=fake_clock, **ONE_SESSION_A_SECOND)
     Shopper(app).checkout()
     waiting = _queued(shopper := Shopper(app))
     window = app.config["UNPAID_ORDER_EXPIRY_SECONDS"]
@@ -186,3 +193,21 @@ def test_once_a_process_met_the_line_held_its_next_checkouts_join_it_without_ask
     assert [s.order(o["reference"])["status"] for s, o in zip(shoppers, joined, strict=True)] == [
         "PaymentInitiated"
     ] * 3
+
+
+def test_the_lines_hold_lapses_by_the_clock_the_budget_runs_on_not_by_its_keys_expiry(make_fresh_app, fake_clock):
+    # The hold is a time on the budget's own clock (Redis's, or one set by hand), compared with the
+    # budget's `now`: with a key that merely expired after the hold on Redis's wall clock, a shop on
+    # a hand-set clock would find the line still held after its clock passed the hold, and a test's
+    # slow real second could open it under a clock that had not moved.
+    app = make_fresh_app(CLOCK=fake_clock)
+    with app.app_context(), guard.customer_call():
+        provider_guard = guard.get()
+        provider_guard.hold_line(LINE_HOLD_SECONDS)
+        fake_clock.advance(LINE_HOLD_SECONDS - 0.1)
+        with pytest.raises(guard.Shed) as refused:
+            provider_guard.take_token(SESSIONS, behind_line=True)
+        assert refused.value.kind is guard.ShedKind.LINE
+        assert provider_guard.take_token(SESSIONS).endpoint == SESSIONS  # the line holds back new sessions only
+        fake_clock.advance(0.2)
+        assert provider_guard.take_token(SESSIONS, behind_line=True).endpoint == SESSIONS

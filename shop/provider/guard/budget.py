@@ -36,9 +36,10 @@ class Held(StrEnum):
 # grant times, its own limit of `ep_limit` in any `ep_window` seconds less `ep_reserve` for
 # background callers) must have room too. Both or neither are taken. Otherwise the reply says
 # how many milliseconds until the call could go, and which budget held it. `paused_until` (a
-# 429's Retry-After) stops everyone until then; KEYS[3] existing (orders waiting in line for a
-# session) refuses the calls that must not pass them (`respect_line`). With callers' clocks,
-# dozens of busy threads polling let more calls through than the budget (see shared.py).
+# 429's Retry-After) stops everyone until then; KEYS[3] holding a time still ahead (orders waiting
+# in line for a session, `line.Line`) refuses the calls that must not pass them (`respect_line`).
+# With callers' clocks, dozens of busy threads polling let more calls through than the budget (see
+# shared.py).
 _BUCKET_TAKE = (
     _REDIS_NOW
     + """
@@ -56,7 +57,7 @@ end
 redis.call('HSET', k, 'tokens', tostring(tokens), 'at', tostring(at))
 redis.call('EXPIRE', k, 3600)
 if paused > now then return {0, math.ceil((paused - now) * 1000), 'paused', ''} end
-if respect_line == 1 and redis.call('EXISTS', KEYS[3]) == 1 then return {0, 0, 'line', ''} end
+if respect_line == 1 and (tonumber(redis.call('GET', KEYS[3]) or '0') or 0) > now then return {0, 0, 'line', ''} end
 local wait, held = 0, ''
 if tokens - 1 < floor then wait, held = (floor + 1 - tokens) / rate, 'account' end
 if ep_limit > 0 then
