@@ -1140,19 +1140,30 @@ class Checks:
         return all(ok for _, ok, _ in self.results)
 
 
+LOGIN_RETRY_SECONDS = 60.0  # an operator tries again while the shop says its database is away
+
+
 def console_login(run: Run, password: str) -> Browser:
+    """A logged-in console browser. Like a person, the operator tries again (fresh form, fresh
+    token) while the shop answers 503 in words: under the database faults a login whose connection
+    was killed is refused that way, and that is the shop's designed answer, not a broken login."""
     op = Browser(run, "operator")
-    r = op.request("GET", "/console/login", json_accept=False)
-    m = CSRF_RE.search(r.text if r is not None else "")
-    r = op.request(
-        "POST",
-        "/console/login",
-        json_accept=False,
-        data={"email": OPERATOR, "password": password, "csrf_token": m.group(1) if m else ""},
-    )
-    if r is None or r.status_code not in (302, 303):
-        raise StackError(f"the operator could not log in (HTTP {getattr(r, 'status_code', None)})")
-    return op
+    deadline = time.monotonic() + LOGIN_RETRY_SECONDS
+    while True:
+        r = op.request("GET", "/console/login", json_accept=False)
+        m = CSRF_RE.search(r.text if r is not None and r.status_code == 200 else "")
+        if m:
+            r = op.request(
+                "POST",
+                "/console/login",
+                json_accept=False,
+                data={"email": OPERATOR, "password": password, "csrf_token": m.group(1)},
+            )
+            if r is not None and r.status_code in (302, 303):
+                return op
+        if r is None or r.status_code != 503 or time.monotonic() > deadline:
+            raise StackError(f"the operator could not log in (HTTP {getattr(r, 'status_code', None)})")
+        time.sleep(0.5)
 
 
 def console_pages(op: Browser, path: str, key: str) -> list:
