@@ -336,12 +336,19 @@ def test_a_deadline_finding_the_session_still_open_at_the_provider_asks_again_sh
     assert _order(order_id).status == "PaymentInitiated"
 
 
-def test_a_deadline_whose_provider_budget_is_spent_is_asked_again_at_its_turn_not_waited_for(make_fresh_app, sandbox):
+def test_a_deadline_whose_provider_budget_is_spent_is_asked_again_at_its_turn_not_waited_for(
+    make_fresh_app, sandbox, fake_clock
+):
     """A deadline that must ask the provider, when the endpoint's budget is spent, goes back to
     pending for when the budget frees up (no attempt spent, no provider failure counted) instead
-    of holding the drain's thread, and the sessionless deadlines behind it, until then."""
+    of holding the drain's thread, and the sessionless deadlines behind it, until then. The budget
+    runs on a clock that stands still: on Redis's own, a loaded second between the call that
+    spends it and the deadline's refills it, and the deadline asks the provider after all."""
     app = make_fresh_app(
-        STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60, STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1
+        STRIPE_API_BASE=sandbox.base_url,
+        STRIPE_SESSION_MIN_SECONDS=60,
+        STRIPE_ENDPOINT_RATE_LIMIT_PER_SECOND=1,
+        CLOCK=fake_clock,
     )
     with app.app_context():
         placed_at = utcnow()
