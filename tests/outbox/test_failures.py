@@ -7,6 +7,7 @@ row and the log say it in."""
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import select, update
@@ -16,8 +17,8 @@ from shop.domain.deadlines import FAILURE_PROVIDER, as_utc, utcnow
 from shop.extensions import db
 from shop.models import ScheduledCommand
 from shop.outbox.dispatch import run_command
-from shop.outbox.failures import PermanentFailure
-from shop.outbox.runner import RunOutcome
+from shop.outbox.failures import DeadEnd, PermanentFailure
+from shop.outbox.runner import RunOutcome, worker_identity
 from shop.outbox.writer import schedule_command
 
 BASE, PROVIDER_BASE = 1.0, 10.0
@@ -214,4 +215,68 @@ def test_a_run_whose_lease_was_taken_over_commits_none_of_its_writes_and_says_so
                 "another worker owns it now, discarding this attempt's writes",
             )
         ]
+        db.session.remove()
+
+
+def test_a_dead_end_is_a_dead_letter_with_its_words_and_the_writes_of_its_run_commit_with_it(failing):
+    """A handler's DeadEnd (retrying cannot help, and what it wrote because of that stands): the
+    row is dead under our claim, refused, its claim released, its error kept to 4000 characters,
+    in the same commit as the run's own writes; another row this worker holds is left alone."""
+    app, _ = failing
+    with app.app_context():
+        placed = utcnow() - timedelta(hours=1)  # scheduled and claimed an hour ago (the run's `now`)
+        command_id = _schedule(placed)
+        bystander = _schedule(placed)
+
+        def dead_end(row, at):
+            # This run's own write, and a second row held by this same worker meanwhile.
+            db.session.execute(
+                update(ScheduledCommand)
+                .where(ScheduledCommand.id == bystander)
+                .values(payload={"written": True}, status="processing", claimed_by=worker_identity())
+            )
+            raise DeadEnd("x" * 5000)
+
+        shop.scheduling.commands.COMMANDS["failing"] = dead_end
+        started = utcnow()
+
+        assert run_command(command_id, now=placed) == RunOutcome.DEAD
+
+        row = _row(command_id)
+        assert (row.status, row.attempts, row.failure_kind, row.claimed_until) == ("dead", 1, "refused", None)
+        assert row.last_error == ("DeadEnd: " + "x" * 5000)[:4000]
+        assert as_utc(row.updated_at) >= started  # marked when it died, not when it was claimed
+        other = _row(bystander)
+        assert (other.payload, other.status, other.last_error) == ({"written": True}, "processing", None)
+        db.session.remove()
+
+
+@pytest.mark.parametrize(
+    "meanwhile", [{"claimed_by": "worker-b"}, {"status": "done"}], ids=["claimed-by-another", "finished"]
+)
+def test_a_dead_end_on_a_row_that_is_no_longer_ours_marks_nothing_and_commits_none_of_its_writes(failing, meanwhile):
+    app, _ = failing
+    with app.app_context():
+        now = utcnow()
+        command_id = _schedule(now)
+        bystander = _schedule(now)
+
+        def too_late(row, at):
+            with app.app_context():  # the other worker, in its own session
+                db.session.execute(update(ScheduledCommand).where(ScheduledCommand.id == row.id).values(**meanwhile))
+                db.session.commit()
+                db.session.remove()
+            db.session.execute(
+                update(ScheduledCommand).where(ScheduledCommand.id == bystander).values(payload={"written": True})
+            )
+            raise DeadEnd("the hold lapsed")
+
+        shop.scheduling.commands.COMMANDS["failing"] = too_late
+
+        assert run_command(command_id, now=now) == RunOutcome.SKIPPED
+
+        row = _row(command_id)
+        expected = {"status": "processing", **meanwhile}
+        assert (row.status, row.last_error, row.failure_kind) == (expected["status"], None, None)
+        assert _row(bystander).payload == {}
         db.session.remove()
