@@ -145,11 +145,8 @@ def next_due_within(model, now: datetime, seconds: float) -> datetime | None:
         due = db.session.execute(_next_pending(model.__table__), {"after": now}).scalar()
     finally:
         db.session.rollback()
-    if due is None:
-        return None
-    if due.tzinfo is None:  # SQLite keeps naive UTC
-        due = due.replace(tzinfo=now.tzinfo)
-    return due if due <= now + timedelta(seconds=seconds) else None
+    # Aware on every backend: next_attempt_at is a UTCDateTime, which gives SQLite's naive text its UTC.
+    return due if due is not None and due <= now + timedelta(seconds=seconds) else None
 
 
 @functools.cache
