@@ -342,3 +342,19 @@ def test_due_writers_names_the_traceparents_of_rows_claimable_now_and_at_most_as
         [one] = claims.due_writers(ScheduledCommand, now, 1)
         assert one in (tp[0], tp[2])
         db.session.remove()
+
+
+@pytest.mark.parametrize("status", ["pending", "done", "dead"])
+def test_a_lapsed_lease_makes_only_a_processing_row_claimable_again(fresh_app, status):
+    """Every way out of `processing` clears claimed_until, so only a claim that died holds a lapsed
+    one; a row that is not due yet, or finished, whose column still holds a past lease (an older
+    release's retry, an operator's hand-fix) is not taken by it: not early, and not twice."""
+    with fresh_app.app_context():
+        now = utcnow().replace(microsecond=0)
+        later = _command("counting", now + timedelta(hours=1), status=status, claimed_until=now - timedelta(hours=1))
+        died = _command("counting", now, status="processing", claimed_until=now - timedelta(seconds=1), attempts=1)
+
+        assert claims.claim(ScheduledCommand, later, now, "worker-a") is False
+        assert claims.claim_batch(ScheduledCommand, now, "worker-a", 10) == [died]
+        assert (_row(later).status, _row(later).attempts) == (status, 0)
+        db.session.remove()
