@@ -181,13 +181,17 @@ def undelivered_events(*, since: datetime) -> list[tuple[str, str, int]]:
         "created": {"gte": int(since.timestamp())},
         "limit": EVENTS_PAGE_SIZE,
     }
-    page = _call("list undelivered events", lambda: client().v1.events.list(params=params))
-    found = []
-    for event in page.data:
-        data = event.to_dict() if hasattr(event, "to_dict") else dict(event)
-        if isinstance(data.get("id"), str):
-            found.append((data["id"], str(data.get("type")), int(data.get("created") or 0)))
-    return found
+    events, _ = _events_page("list undelivered events", params)
+    return [(e["id"], str(e.get("type")), int(e.get("created") or 0)) for e in events if isinstance(e.get("id"), str)]
+
+
+def _events_page(what: str, params: EventListParams) -> tuple[list[dict], bool]:
+    """One page of the events list, as the provider's JSON (see SESSIONS: a page is up to a hundred
+    events, each carrying a whole session, which the SDK's typed list would build into objects
+    only to have them read back as dicts), and whether more follow."""
+    page = _call(what, lambda: _plain(client().raw_request("get", "/v1/events", **cast(dict[str, Any], params))))
+    data = page.get("data")
+    return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else [], page.get("has_more") is True
 
 
 def session_events(*, since: datetime, starting_after: str | None = None) -> tuple[list[SessionEvent], bool]:
@@ -201,14 +205,13 @@ def session_events(*, since: datetime, starting_after: str | None = None) -> tup
     }
     if starting_after:
         params["starting_after"] = starting_after
-    page = _call("list events", lambda: client().v1.events.list(params=params))
-    return _session_events_of(page), bool(page.has_more)
+    events, more = _events_page("list events", params)
+    return _session_events_of(events), more
 
 
-def _session_events_of(page) -> list[SessionEvent]:
+def _session_events_of(events: list[dict]) -> list[SessionEvent]:
     found = []
-    for event in page.data:
-        data = event.to_dict() if hasattr(event, "to_dict") else dict(event)
+    for data in events:
         obj = (data.get("data") or {}).get("object")
         if isinstance(obj, dict) and isinstance(data.get("id"), str):
             found.append(
@@ -284,8 +287,8 @@ def paid_session_events(*, since: datetime, until: datetime, starting_after: str
     }
     if starting_after:
         params["starting_after"] = starting_after
-    page = _call("list events", lambda: client().v1.events.list(params=params))
-    return _session_events_of(page), bool(page.has_more)
+    events, more = _events_page("list events", params)
+    return _session_events_of(events), more
 
 
 def refunds_of_payment(payment_intent: str) -> list[RefundView]:
