@@ -17,13 +17,14 @@ from shop import traces
 from shop.domain.deadlines import utcnow
 from shop.extensions import db
 from shop.models import OutboxDelivery
-from shop.outbox.dispatch import run_command, run_delivery
+from shop.outbox.dispatch import drain_commands, run_command, run_delivery
 from shop.outbox.runner import RunOutcome
 from shop.outbox.subscriptions import SUBSCRIPTIONS
 from shop.outbox.writer import schedule_command
 
 WRITER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 RUNNER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+OTHER_WRITER = "00-5c2e8a1f9b3d4e6f8a0b1c2d3e4f5a6b-1a2b3c4d5e6f7a8b-01"
 
 
 class Recorder:
@@ -118,4 +119,38 @@ def test_a_row_that_fails_tells_its_span_the_error_and_the_outcome(fresh_app, mo
 
         error = ("RuntimeError: the mail server said no " + "x" * 600)[:500]
         assert recorder.notes == [{"error": error}, {"outcome": "retry"}]
+        db.session.remove()
+
+
+def test_a_drains_batch_runs_in_one_span_linked_to_every_rows_writer_that_parents_each_rows_span(
+    fresh_app, monkeypatch
+):
+    """As the messaging conventions link a batch to its messages: one consumer span per batch,
+    named for the table, counting its rows, linked to the span that wrote each row."""
+    recorder = Recorder()
+    monkeypatch.setattr(traces, "_tracer", recorder)
+    monkeypatch.setitem(shop.scheduling.commands.COMMANDS, "noting", lambda *_: None)
+    with fresh_app.app_context():
+        now = utcnow()
+        schedule_command(db.session, "noting", now, now=now)  # written under WRITER
+        db.session.commit()
+        recorder.current = OTHER_WRITER
+        schedule_command(db.session, "noting", now, now=now)
+        db.session.commit()
+        recorder.current = RUNNER
+
+        assert drain_commands(now=now + timedelta(seconds=1))[RunOutcome.DONE] == 2
+
+        assert _process(recorder.spans, "drain scheduled_commands") == [
+            (
+                "drain scheduled_commands",
+                traces.CONSUMER,
+                None,
+                [WRITER, OTHER_WRITER],
+                {"messaging.system": "backstop.outbox", "messaging.batch.message_count": 2},
+            )
+        ]
+        assert [s[1:3] for s in _process(recorder.spans, "process noting")] == [(traces.CONSUMER, WRITER)] + [
+            (traces.CONSUMER, OTHER_WRITER)
+        ]
         db.session.remove()
