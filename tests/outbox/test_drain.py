@@ -396,11 +396,11 @@ def test_a_delivery_drain_ends_with_a_short_batch_and_leaves_what_fell_due_meanw
         db.session.remove()
 
 
-def test_a_drain_runs_on_while_under_half_its_lease_has_passed(make_fresh_app, monkeypatch, fake_clock):
-    """0.4 s of a 1 s lease: the next row still runs; at 0.8 s the rest goes back."""
+def test_a_drain_runs_on_until_past_half_its_lease(make_fresh_app, monkeypatch, fake_clock):
+    """Exactly half of a 1 s lease gone (0.5 s): the next row still runs; at 1 s the rest goes back."""
     app = make_fresh_app(OUTBOX_LEASE_SECONDS=1, CLOCK=fake_clock)
     monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["slow_followup"])
-    monkeypatch.setitem(shop.saga.HANDLERS, "slow_followup", lambda event, now: fake_clock.advance(0.4))
+    monkeypatch.setitem(shop.saga.HANDLERS, "slow_followup", lambda event, now: fake_clock.advance(0.5))
     with app.app_context():
         _cancelled_orders(3, seed_catalog_rows()["NB-A5-DOT"])
 
