@@ -152,22 +152,29 @@ def test_a_long_error_is_kept_to_its_first_4000_characters_and_its_traceback_to_
         db.session.remove()
 
 
+@pytest.mark.parametrize("error", [RuntimeError("too late"), DeadEnd("the hold lapsed")], ids=["failure", "dead-end"])
 @pytest.mark.parametrize(
     "meanwhile", [{"claimed_by": "worker-b"}, {"status": "done"}], ids=["claimed-by-another", "finished"]
 )
-def test_a_failure_on_a_row_that_is_no_longer_ours_leaves_it_as_it_is(failing, meanwhile):
-    """Our lease lapsed while the command ran, and another worker took the row (or finished it)."""
+def test_a_failure_on_a_row_that_is_no_longer_ours_leaves_it_as_it_is(failing, meanwhile, error):
+    """Our lease lapsed while the command ran, and another worker took the row (or finished it):
+    neither a failure nor a dead end is recorded on it, and (a dead end's writes would commit with
+    it) nothing the run wrote commits."""
     app, command = failing
     with app.app_context():
         now = utcnow()
         command_id = _schedule(now)
+        bystander = _schedule(now)
 
         def taken_over(row, at):
             with app.app_context():  # the other worker, in its own session
                 db.session.execute(update(ScheduledCommand).where(ScheduledCommand.id == row.id).values(**meanwhile))
                 db.session.commit()
                 db.session.remove()
-            raise RuntimeError("too late")
+            db.session.execute(
+                update(ScheduledCommand).where(ScheduledCommand.id == bystander).values(payload={"written": True})
+            )
+            raise error
 
         shop.scheduling.commands.COMMANDS["failing"] = taken_over
 
@@ -177,6 +184,7 @@ def test_a_failure_on_a_row_that_is_no_longer_ours_leaves_it_as_it_is(failing, m
         expected = {"status": "processing", "claimed_by": row.claimed_by, **meanwhile}
         assert (row.status, row.claimed_by, row.attempts) == (expected["status"], expected["claimed_by"], 1)
         assert (row.last_error, row.failure_kind, as_utc(row.next_attempt_at)) == (None, None, now)
+        assert _row(bystander).payload == {}
         db.session.remove()
 
 
@@ -248,35 +256,4 @@ def test_a_dead_end_is_a_dead_letter_with_its_words_and_the_writes_of_its_run_co
         assert as_utc(row.updated_at) >= started  # marked when it died, not when it was claimed
         other = _row(bystander)
         assert (other.payload, other.status, other.last_error) == ({"written": True}, "processing", None)
-        db.session.remove()
-
-
-@pytest.mark.parametrize(
-    "meanwhile", [{"claimed_by": "worker-b"}, {"status": "done"}], ids=["claimed-by-another", "finished"]
-)
-def test_a_dead_end_on_a_row_that_is_no_longer_ours_marks_nothing_and_commits_none_of_its_writes(failing, meanwhile):
-    app, _ = failing
-    with app.app_context():
-        now = utcnow()
-        command_id = _schedule(now)
-        bystander = _schedule(now)
-
-        def too_late(row, at):
-            with app.app_context():  # the other worker, in its own session
-                db.session.execute(update(ScheduledCommand).where(ScheduledCommand.id == row.id).values(**meanwhile))
-                db.session.commit()
-                db.session.remove()
-            db.session.execute(
-                update(ScheduledCommand).where(ScheduledCommand.id == bystander).values(payload={"written": True})
-            )
-            raise DeadEnd("the hold lapsed")
-
-        shop.scheduling.commands.COMMANDS["failing"] = too_late
-
-        assert run_command(command_id, now=now) == RunOutcome.SKIPPED
-
-        row = _row(command_id)
-        expected = {"status": "processing", **meanwhile}
-        assert (row.status, row.last_error, row.failure_kind) == (expected["status"], None, None)
-        assert _row(bystander).payload == {}
         db.session.remove()
