@@ -78,6 +78,12 @@ def _rank(t):
     return case((t.c[column].in_(names), 0), else_=1)
 
 
+def claim_order(t) -> tuple:
+    """The order a batch is claimed in, and runs in (runner.drain): the kinds claimed first, then
+    oldest due, then by id."""
+    return tuple(key for key in (_rank(t), t.c.next_attempt_at, t.c.id) if key is not None)
+
+
 def _first_kinds(t):
     column, names = CLAIMED_FIRST[t.name]
     return t.c[column].in_(names)
@@ -90,7 +96,7 @@ def _claim_many(t, first_only: bool = False):
     due = (
         select(t.c.id)
         .where(_claimable(t), *((_first_kinds(t),) if first_only else ()))
-        .order_by(*(key for key in (_rank(t), t.c.next_attempt_at, t.c.id) if key is not None))
+        .order_by(*claim_order(t))
         .limit(bindparam("batch"))
         .with_for_update(skip_locked=True)
         .cte("due")

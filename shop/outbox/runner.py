@@ -46,7 +46,7 @@ from ..extensions import db
 from ..models import WorkStatus
 from ..node import node_name
 from . import uow
-from .claims import claim, claim_batch, claim_returning, mark_dead, mark_done, next_due_within, release
+from .claims import claim, claim_batch, claim_order, claim_returning, mark_dead, mark_done, next_due_within, release
 
 # Raised by handlers and commands; named here too for the callers that catch them.
 from .failures import WAITING_FOR_PROVIDER, DeadEnd, PermanentFailure, Reschedule, failure_kind  # noqa: F401
@@ -257,7 +257,10 @@ def drain(
                 break
             rows = (
                 session.execute(
-                    select(work.model).options(*work.load_options).where(work.model.id.in_(ids)).order_by(work.model.id)
+                    select(work.model)
+                    .options(*work.load_options)
+                    .where(work.model.id.in_(ids))
+                    .order_by(*claim_order(work.model.__table__))
                 )
                 .unique()
                 .scalars()

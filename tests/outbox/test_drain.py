@@ -408,3 +408,20 @@ def test_a_drain_runs_on_until_past_half_its_lease(make_fresh_app, monkeypatch, 
 
         assert (result["done"], result["released"], result["more"]) == (2, 1, True)
         db.session.remove()
+
+
+def test_a_batch_runs_in_the_order_it_was_claimed_in_the_restores_before_older_emails(fresh_app, monkeypatch):
+    """The batch is claimed restores first (claims.CLAIMED_FIRST), and runs in that order, not by
+    id: a batch cut at half its lease gives back the emails, never a restore behind them."""
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderPlaced", ["send_order_placed_email"])
+    monkeypatch.setitem(SUBSCRIPTIONS, "OrderCancelled", ["restore_inventory", "send_cancellation_email"])
+    ran = []
+    for name in ("send_order_placed_email", "restore_inventory", "send_cancellation_email"):
+        monkeypatch.setitem(shop.saga.HANDLERS, name, lambda event, now, name=name: ran.append(name))
+    with fresh_app.app_context():
+        _cancelled_orders(1, seed_catalog_rows()["NB-A5-DOT"])  # placed (its email), then cancelled
+
+        assert drain_deliveries(now=utcnow() + timedelta(seconds=1))["done"] == 3
+
+        assert ran == ["restore_inventory", "send_order_placed_email", "send_cancellation_email"]
+        db.session.remove()
