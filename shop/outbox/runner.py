@@ -229,8 +229,8 @@ def run(work: Work, work_id: int, now: datetime | None = None) -> RunOutcome:
 def drain(
     work: Work,
     *,
-    batch_size: int = 20,
-    budget_seconds: float = 2.0,
+    batch_size: int,
+    budget_seconds: float,
     now: datetime | None = None,
     should_yield: Callable[[], bool] | None = None,
 ) -> dict:

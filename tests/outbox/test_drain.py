@@ -9,6 +9,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import event as sa_event
 from sqlalchemy import select, update
 
 import shop.saga
@@ -424,4 +425,25 @@ def test_a_batch_runs_in_the_order_it_was_claimed_in_the_restores_before_older_e
         assert drain_deliveries(now=utcnow() + timedelta(seconds=1))["done"] == 3
 
         assert ran == ["restore_inventory", "send_order_placed_email", "send_cancellation_email"]
+        db.session.remove()
+
+
+def test_a_drain_reads_its_batch_once_and_no_row_again_by_id(fresh_app, monkeypatch):
+    """The claimed rows are read in one statement and handed to each run: re-reading a row by id
+    before running it (what a run by id does) would cost a statement per row."""
+    monkeypatch.setitem(shop.saga.HANDLERS, "restore_inventory", lambda event, now: None)
+    with fresh_app.app_context():
+        _cancelled_orders(3, seed_catalog_rows()["NB-A5-DOT"])
+        reads = []
+
+        def count(conn, cursor, statement, *_):
+            if statement.lstrip().upper().startswith("SELECT") and "FROM outbox_deliveries" in statement:
+                reads.append(statement)
+
+        sa_event.listen(db.engine, "before_cursor_execute", count)
+        try:
+            assert drain_deliveries(now=utcnow() + timedelta(seconds=1))["done"] == 3
+        finally:
+            sa_event.remove(db.engine, "before_cursor_execute", count)
+        assert len(reads) == 1, reads
         db.session.remove()
