@@ -447,3 +447,17 @@ def test_a_drain_reads_its_batch_once_and_no_row_again_by_id(fresh_app, monkeypa
             sa_event.remove(db.engine, "before_cursor_execute", count)
         assert len(reads) == 1, reads
         db.session.remove()
+
+
+def test_a_drain_ends_once_its_time_budget_is_spent_to_the_instant(make_fresh_app, monkeypatch, fake_clock):
+    """Batches of one, each taking half a second of a one-second budget: after the second batch the
+    budget is spent exactly, and the drain hands the worker back, saying more may be due."""
+    app = make_fresh_app(CLOCK=fake_clock)
+    monkeypatch.setitem(shop.saga.HANDLERS, "restore_inventory", lambda event, now: fake_clock.advance(0.5))
+    with app.app_context():
+        _cancelled_orders(3, seed_catalog_rows()["NB-A5-DOT"])
+
+        result = drain_deliveries(now=utcnow() + timedelta(seconds=1), batch_size=1, budget_seconds=1.0)
+
+        assert (result["done"], result["more"]) == (2, True)
+        db.session.remove()
