@@ -44,7 +44,9 @@ def test_with_30s_of_provider_latency_checkout_answers_within_the_request_budget
     # Background calls keep the production defaults (10 s x 3 attempts): only the customer's own
     # timeouts, one retry and the request's budget keep the answer within that budget
     # (docs/REFERENCE.md, Guarantees: 2 s to connect, 4 s to answer, one retry, 9 s in all).
-    app = make_shop(sandbox=True, STRIPE_TIMEOUT_SECONDS=10, STRIPE_MAX_NETWORK_RETRIES=2)
+    app = make_shop(
+        sandbox=True, STRIPE_TIMEOUT_SECONDS=10, STRIPE_MAX_NETWORK_RETRIES=2, STRIPE_REQUEST_BUDGET_SECONDS=9.0
+    )
     shopper = Shopper(app)
     transport = ProviderTransportLog(monkeypatch)
     sandbox.faults(api_latency_seconds=30)
