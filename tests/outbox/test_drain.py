@@ -20,7 +20,7 @@ from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
 from shop.models import CommandKind, OutboxDelivery, ScheduledCommand
 from shop.outbox import runner
-from shop.outbox.dispatch import drain_deliveries, drain_deliveries_concurrently, drain_threads
+from shop.outbox.dispatch import drain_deliveries, drain_deliveries_concurrently, drain_threads, run_delivery
 from shop.outbox.relay import relay_once
 from shop.outbox.subscriptions import SUBSCRIPTIONS
 from shop.outbox.writer import schedule_command
@@ -428,24 +428,45 @@ def test_a_batch_runs_in_the_order_it_was_claimed_in_the_restores_before_older_e
         db.session.remove()
 
 
+def _delivery_reads(run) -> list[str]:
+    """The SELECTs of deliveries or their events that `run()` made."""
+    reads = []
+
+    def count(conn, cursor, statement, *_):
+        if statement.lstrip().upper().startswith("SELECT") and (
+            "outbox_deliveries" in statement or "outbox_events" in statement
+        ):
+            reads.append(statement)
+
+    sa_event.listen(db.engine, "before_cursor_execute", count)
+    try:
+        run()
+    finally:
+        sa_event.remove(db.engine, "before_cursor_execute", count)
+    return reads
+
+
 def test_a_drain_reads_its_batch_once_and_no_row_again_by_id(fresh_app, monkeypatch):
-    """The claimed rows are read in one statement and handed to each run: re-reading a row by id
-    before running it (what a run by id does) would cost a statement per row."""
+    """The claimed rows are read in one statement, with their events, and handed to each run:
+    re-reading a row by id before running it (what a run by id does) would cost a statement per row;
+    and a run by id reads its row with its event in one."""
     monkeypatch.setitem(shop.saga.HANDLERS, "restore_inventory", lambda event, now: None)
     with fresh_app.app_context():
-        _cancelled_orders(3, seed_catalog_rows()["NB-A5-DOT"])
-        reads = []
+        orders = _cancelled_orders(4, seed_catalog_rows()["NB-A5-DOT"])
+        last = orders.pop()
+        by_id = restore_delivery(last).id
+        db.session.execute(
+            update(OutboxDelivery)
+            .where(OutboxDelivery.id == by_id)
+            .values(next_attempt_at=utcnow() + timedelta(hours=1))
+        )
+        db.session.commit()
+        later = utcnow() + timedelta(seconds=1)
 
-        def count(conn, cursor, statement, *_):
-            if statement.lstrip().upper().startswith("SELECT") and "FROM outbox_deliveries" in statement:
-                reads.append(statement)
-
-        sa_event.listen(db.engine, "before_cursor_execute", count)
-        try:
-            assert drain_deliveries(now=utcnow() + timedelta(seconds=1))["done"] == 3
-        finally:
-            sa_event.remove(db.engine, "before_cursor_execute", count)
-        assert len(reads) == 1, reads
+        reads = _delivery_reads(lambda: drain_deliveries(now=later))
+        assert len(reads) == 1 and _statuses(orders) == [("done", 1)] * 3, reads
+        reads = _delivery_reads(lambda: run_delivery(by_id, now=later + timedelta(hours=1)))
+        assert len(reads) == 1 and restore_delivery(last).status == "done", reads
         db.session.remove()
 
 

@@ -226,12 +226,13 @@ def test_a_run_whose_lease_was_taken_over_commits_none_of_its_writes_and_says_so
         db.session.remove()
 
 
-def test_a_dead_end_is_a_dead_letter_with_its_words_and_the_writes_of_its_run_commit_with_it(failing):
+def test_a_dead_end_is_a_dead_letter_with_its_words_and_the_writes_of_its_run_commit_with_it(failing, caplog):
     """A handler's DeadEnd (retrying cannot help, and what it wrote because of that stands): the
     row is dead under our claim, refused, its claim released, its error kept to 4000 characters,
-    in the same commit as the run's own writes; another row this worker holds is left alone."""
+    in the same commit as the run's own writes, and the log says so; another row this worker
+    holds is left alone."""
     app, _ = failing
-    with app.app_context():
+    with app.app_context(), caplog.at_level(logging.WARNING, logger="shop.outbox"):
         placed = utcnow() - timedelta(hours=1)  # scheduled and claimed an hour ago (the run's `now`)
         command_id = _schedule(placed)
         bystander = _schedule(placed)
@@ -256,4 +257,11 @@ def test_a_dead_end_is_a_dead_letter_with_its_words_and_the_writes_of_its_run_co
         assert as_utc(row.updated_at) >= started  # marked when it died, not when it was claimed
         other = _row(bystander)
         assert (other.payload, other.status, other.last_error) == ({"written": True}, "processing", None)
+        assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+            (
+                logging.ERROR,
+                f"dead letter: command {command_id} (failing, order None), its writes kept: "
+                + ("DeadEnd: " + "x" * 5000),
+            )
+        ]
         db.session.remove()

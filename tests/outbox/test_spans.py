@@ -154,3 +154,23 @@ def test_a_drains_batch_runs_in_one_span_linked_to_every_rows_writer_that_parent
             (traces.CONSUMER, OTHER_WRITER)
         ]
         db.session.remove()
+
+
+def test_a_row_written_outside_any_span_runs_in_a_child_of_its_runner_with_no_link(fresh_app, monkeypatch):
+    """Without a writer's span to be the child of, the row's span is simply its runner's child: a
+    link to that same span would say nothing."""
+    recorder = Recorder()
+    monkeypatch.setattr(traces, "_tracer", recorder)
+    monkeypatch.setitem(shop.scheduling.commands.COMMANDS, "noting", lambda *_: None)
+    with fresh_app.app_context():
+        now = utcnow()
+        recorder.current = None  # written by no traced request (a CLI, tracing off at the time)
+        command_id = schedule_command(db.session, "noting", now, now=now)
+        db.session.commit()
+        recorder.current = RUNNER
+
+        assert run_command(command_id, now=now + timedelta(seconds=1)) == RunOutcome.DONE
+
+        [(_, kind, parent, links, _)] = _process(recorder.spans, "process noting")
+        assert (kind, parent, links) == (traces.CONSUMER, None, [])
+        db.session.remove()
