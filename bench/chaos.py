@@ -311,6 +311,7 @@ class Browser:
         self.http = requests.Session()
         self.csrf = None
         self.orders: list[str] = []
+        self.refused: int | None = None  # the status of its last refused checkout
 
     def request(self, method: str, path: str, *, json_accept: bool = True, **kw):
         stats = self.run.stats
@@ -484,6 +485,7 @@ def shop_and_checkout(run: Run, b: Browser, rng: random.Random, scarce: float = 
     """Fill the cart and check out. Returns (reference, session id or None) or None when refused.
     `scarce` weighs the scarce items against the plentiful ones (0: never a scarce one)."""
     # Mostly the plentiful items; now and then a scarce one, so that checkouts compete for it.
+    b.refused = None
     weights = [1 if STOCK.get(sku, 0) >= 1000 else scarce for _, sku in run.variants]
     picks = {vid for vid, _ in rng.choices(run.variants, weights, k=rng.choice((1, 1, 2)))}
     added = 0
@@ -500,6 +502,7 @@ def shop_and_checkout(run: Run, b: Browser, rng: random.Random, scarce: float = 
     if r is None:
         run.stats.note("checkout_no_answer")
         return None
+    b.refused = None if r.status_code == 303 else r.status_code
     if r.status_code != 303:
         reason = ""
         if r.headers.get("Content-Type", "").startswith("application/json"):
@@ -866,7 +869,7 @@ class RestoreDrill:
         run.latency_held.set()
         run.faults(api_latency_seconds=0, api_latency_jitter_seconds=0)
         late_browser = Browser(run, "drill-late")
-        late = shop_and_checkout(run, late_browser, random.Random(8), scarce=0)
+        late = self._checkout(late_browser, random.Random(8))
         late_sid = self._ensure_session(late_browser, *late) if late else None
         if late is None or late_sid is None:
             raise StackError("the drill's late-money order " + self._unplaced(late_browser, late))
@@ -876,9 +879,7 @@ class RestoreDrill:
         run.faults(api_latency_seconds=3, api_latency_jitter_seconds=0)
         b = Browser(run, "drill")
         placed: dict = {}
-        waiting = threading.Thread(
-            target=lambda: placed.update(r=shop_and_checkout(run, b, random.Random(7), scarce=0))
-        )
+        waiting = threading.Thread(target=lambda: placed.update(r=self._checkout(b, random.Random(7))))
         waiting.start()
         # The order is committed before the provider is asked for its page: copy the database then.
         deadline = time.monotonic() + 20
@@ -926,6 +927,17 @@ class RestoreDrill:
             )
         self.late = (late[0], late_sid)
         print(f"chaos: database copied with pg_dump while {ref}'s checkout waited on the provider", flush=True)
+
+    def _checkout(self, browser: "Browser", rng: random.Random):
+        """shop_and_checkout for a drill order, pressed again while the shop answers 503 (a
+        database connection the faults killed: nothing was committed, and the shop says to try
+        again), as its customer would: the drill needs its orders, the run's faults go on."""
+        deadline = time.monotonic() + DRILL_PATIENCE
+        placed = shop_and_checkout(self.run, browser, rng, scarce=0)
+        while placed is None and browser.refused == 503 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            placed = shop_and_checkout(self.run, browser, rng, scarce=0)
+        return placed
 
     def _ensure_session(self, browser: "Browser", ref: str, sid: str | None) -> str | None:
         """ensure_session, restarting the processes the faults killed meanwhile (as _wait_order):
