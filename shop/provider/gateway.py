@@ -106,6 +106,19 @@ __all__ = [
 log = logging.getLogger("shop.payments")
 
 
+# The two calls of every checkout and every return from the hosted page go through the SDK's
+# raw_request (the same requestor, transport, retries, options and error classes as its typed
+# services) and are read from the answer's JSON: views.session_view reads a plain dict, and the
+# typed services would build a StripeObject tree of the session that session_view only turns
+# back into one (about 6% of the web's CPU per paid order, bench/journey_cpu.py).
+SESSIONS = "/v1/checkout/sessions"
+
+
+def _plain(answer: stripe.StripeResponse) -> dict:
+    data = answer.data
+    return data if isinstance(data, dict) else {}
+
+
 def create_checkout_session(*, order_id: int, attempt: int, expires_at: datetime, **terms) -> SessionView:
     """The hosted Checkout Session of one payment attempt, asked for as checkout_params.session_params
     spells it (the terms: reference, lines, currency, email, the return URLs, ship_to, tax_mode,
@@ -143,19 +156,6 @@ def retrieve_session(session_id: str) -> SessionView:
             ),
         )
     )
-
-
-# The two calls of every checkout and every return from the hosted page go through the SDK's
-# raw_request (the same requestor, transport, retries, options and error classes as its typed
-# services) and are read from the answer's JSON: views.session_view reads a plain dict, and the
-# typed services would build a StripeObject tree of the session that session_view only turns
-# back into one (about 6% of the web's CPU per paid order, bench/journey_cpu.py).
-SESSIONS = "/v1/checkout/sessions"
-
-
-def _plain(answer: stripe.StripeResponse) -> dict:
-    data = answer.data
-    return data if isinstance(data, dict) else {}
 
 
 def expire_session(session_id: str, *, cancelling_order: int | None = None) -> SessionView:
