@@ -211,3 +211,18 @@ def test_the_lines_hold_lapses_by_the_clock_the_budget_runs_on_not_by_its_keys_e
         assert provider_guard.take_token(SESSIONS).endpoint == SESSIONS  # the line holds back new sessions only
         fake_clock.advance(0.2)
         assert provider_guard.take_token(SESSIONS, behind_line=True).endpoint == SESSIONS
+
+
+def test_a_hold_the_release_before_wrote_still_holds_the_line_until_its_key_expires(make_fresh_app, redis_conn):
+    # During a rolling deploy the release before still holds the line its way: the marker 1 in the
+    # key, lapsing by the key's own expiry. Read as a time (1 s after 1970) it would be long past,
+    # and a new release's checkout would create its session ahead of the orders in line.
+    app = make_fresh_app()
+    with app.app_context(), guard.customer_call():
+        provider_guard = guard.get()
+        redis_conn.set(provider_guard.line.key, 1, px=3000)  # exactly what that release's hold wrote
+        with pytest.raises(guard.Shed) as refused:
+            provider_guard.take_token(SESSIONS, behind_line=True)
+        assert refused.value.kind is guard.ShedKind.LINE
+        redis_conn.delete(provider_guard.line.key)  # its expiry, come
+        assert provider_guard.take_token(SESSIONS, behind_line=True).endpoint == SESSIONS

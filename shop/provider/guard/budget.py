@@ -38,6 +38,8 @@ class Held(StrEnum):
 # how many milliseconds until the call could go, and which budget held it. `paused_until` (a
 # 429's Retry-After) stops everyone until then; KEYS[3] holding a time still ahead (orders waiting
 # in line for a session, `line.Line`) refuses the calls that must not pass them (`respect_line`).
+# A hold written by the release before (the marker 1, lapsing by the key's own 3 s expiry; no
+# clock reads a time below 10^9 s, in 2001) holds too: a rolling deploy does not open the line.
 # With callers' clocks, dozens of busy threads polling let more calls through than the budget (see
 # shared.py).
 _BUCKET_TAKE = (
@@ -57,7 +59,8 @@ end
 redis.call('HSET', k, 'tokens', tostring(tokens), 'at', tostring(at))
 redis.call('EXPIRE', k, 3600)
 if paused > now then return {0, math.ceil((paused - now) * 1000), 'paused', ''} end
-if respect_line == 1 and (tonumber(redis.call('GET', KEYS[3]) or '0') or 0) > now then return {0, 0, 'line', ''} end
+local line = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+if respect_line == 1 and (line > now or (line > 0 and line < 1000000000)) then return {0, 0, 'line', ''} end
 local wait, held = 0, ''
 if tokens - 1 < floor then wait, held = (floor + 1 - tokens) / rate, 'account' end
 if ep_limit > 0 then
