@@ -27,7 +27,7 @@ from ..provider import gateway
 from ..store import order_store
 from ..web.answers import answer_if_later_fails, at_address, browser_id, respond, wants_json
 from ..web.idempotency import idempotent
-from ..web.serialize import OrderView, PaymentStatus
+from ..web.serialize import OrderView, PaymentStatus, summary_json
 from ..web.words import cancel_conflict_words
 from .blueprint import bp
 from .cart import render_cart
@@ -182,12 +182,12 @@ def _owned_order(reference: str) -> Order:
 def orders():
     """This browser's orders, newest first."""
     bid = browser_id(create=False)
-    as_json = wants_json()  # the summaries alone: no order's lines or refunds are read for them
-    views = [] if bid is None else [OrderView.of(row) for row in order_store.of_browser(bid, details=not as_json)]
-    if as_json:
-        return respond("storefront/orders.html", {"orders": [v.summary_json() for v in views]})
+    if wants_json():  # the summaries alone, read as such
+        rows = [] if bid is None else order_store.summaries_of_browser(bid)
+        return respond("storefront/orders.html", {"orders": [summary_json(row) for row in rows]})
+    views = [] if bid is None else [OrderView.of(row) for row in order_store.of_browser(bid)]
     # The same badge as each order's own page says (a settling payment, an expired order).
-    return respond("storefront/orders.html", {"orders": [dict(v.summary_json(), badge=v.badge) for v in views]})
+    return respond("storefront/orders.html", {"orders": [dict(summary_json(v), badge=v.badge) for v in views]})
 
 
 @bp.get("/orders/<reference>")

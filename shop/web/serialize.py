@@ -318,16 +318,6 @@ class OrderView:
             data["cancelled_because"], data["cancelled_at"] = self.cancelled_because, iso(self.cancelled_at)
         return data
 
-    def summary_json(self) -> dict:
-        """The order as the customer's list of orders gives it."""
-        return {
-            "reference": self.reference,
-            "status": self.status,
-            "total": self.total,
-            "currency": self.currency,
-            "created_at": iso(self.created_at),
-        }
-
     @property
     def badge(self) -> tuple[str, str]:
         """(key, words): the badge of the order's page and of the customer's list. The key is also
@@ -397,3 +387,10 @@ def _badge_key(order: OrderView) -> str:
     if SUCCEEDED in refunds or settled:
         return "refunded"
     return "expired" if order.cancelled_because is CancelledBy.EXPIRED else "cancelled"
+
+
+def summary_json(order) -> dict:
+    """An order as the customer's list of orders gives it: of an OrderView, or of a row of those
+    columns (order_store.summaries_of_browser)."""
+    keys = ("reference", "status", "total", "currency")
+    return {**{key: getattr(order, key) for key in keys}, "created_at": iso(order.created_at)}

@@ -164,17 +164,22 @@ def test_a_browsers_orders_are_its_own_newest_first_with_their_lines_and_refunds
     db.session.rollback()
 
 
-def test_a_browsers_orders_without_details_are_one_statement_and_hold_no_lines_or_refunds(fresh_ctx):
-    """The list's JSON gives each order's reference, status, total and time only: its read makes
-    neither the lines' query nor the refunds'."""
+def test_a_browsers_order_summaries_are_one_statement_of_their_columns_newest_first(fresh_ctx):
+    """The list's JSON gives each order's reference, status, total, currency and time only: its read
+    is one statement of those columns (neither the lines' query nor the refunds', no order built)."""
     seed_catalog_rows()
-    mine = [_another_order("browser-list") for _ in range(2)]
+    start = utcnow() - timedelta(hours=3)
+    older = _another_order("browser-list", now=start)
+    newer = _another_order("browser-list", now=start + timedelta(hours=1))
+    _another_order("browser-other", now=start + timedelta(hours=2))
     with _statements() as statements:
-        orders = order_store.of_browser("browser-list", details=False)
-        assert sorted(o.id for o in orders) == sorted(mine)
-        assert all(o.lines == [] and o.refunds == [] for o in orders)
+        rows = order_store.summaries_of_browser("browser-list")
+    references = {o.id: o.reference for o in db.session.execute(select(Order)).scalars()}
+    assert [row.reference for row in rows] == [references[newer], references[older]]
+    assert rows[0]._fields == ("reference", "status", "total", "currency", "created_at")
+    assert rows[0].status is OrderStatus.PENDING_PAYMENT
     reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]  # (SQLite's BEGIN aside)
-    assert len(reads) == 1 and "FROM orders" in reads[0]
+    assert len(reads) == 1 and "FROM orders" in reads[0] and "access_token" not in reads[0]
     db.session.rollback()
 
 
