@@ -67,7 +67,6 @@ class RestoreOutcome(StrEnum):
     GONE = "gone"  # the order no longer exists
     # The marker's own refusals (OrderRules.mark_inventory_restored), by their codes.
     ORDER_NOT_CANCELLED = "order_not_cancelled"
-    ORDER_NOT_PAID = "order_not_paid"  # restock_paid_order's own refusal
     INVENTORY_ALREADY_RESTORED = "inventory_already_restored"
     ERROR = "error"  # an operator's retry that raised (saga.warnings); never the handler's own
 
@@ -117,32 +116,6 @@ def restore_inventory(event: OrderCancelled, now: datetime) -> RestoreOutcome:
     _give_back(order, plan, now)
     log.info("restore_inventory: order %s restored %s", reference, dict(plan.increases))
     return RestoreOutcome.RESTORED
-
-
-def restock_paid_order(order_id: int, now: datetime) -> tuple[RestoreOutcome, str]:
-    """A paid order's stock given back because an operator refunds it with a restock
-    (saga.operator_refunds), in the caller's transaction: the compensation's own read, plan,
-    marker and increments, so the stock comes back once, and a restore of the order that ever
-    runs after (a redelivered OrderCancelled) finds the marker set and gives nothing back.
-    Answers (outcome, words): a refusal writes nothing, not even a warning (the operator is told
-    at once)."""
-    rows = db.session.execute(RESTORE_READ, {"order_id": order_id}).all()
-    if not rows:
-        return RestoreOutcome.GONE, "the order no longer exists"
-    reference, status, restored, version = rows[0][:4]
-    order = LoadedOrder(order_id, reference, status, version, inventory_restored=bool(restored))
-    lines = _lines_left(rows)
-    on_hand = {variant_id: stock for *_, variant_id, _, stock in rows if variant_id is not None and stock is not None}
-    plan = plan_restoration(lines, on_hand)
-    if plan.refused:
-        return RestoreOutcome.REFUSED, "; ".join(_refusal_words(r) for r in plan.refusals)
-    marked = order.restock_paid()
-    if isinstance(marked, Refused):
-        return RestoreOutcome(marked.code), marked.message
-    order_store.save(order, Transition.RESTOCK_PAID, now=now)
-    _give_back(order, plan, now)
-    log.info("restock_paid_order: order %s restocked %s with a refund", reference, dict(plan.increases))
-    return RestoreOutcome.RESTORED, ", ".join(f"+{q} to variant {v}" for v, q in sorted(plan.increases.items()))
 
 
 def _refuse(order: LoadedOrder, plan, lines, now: datetime) -> None:

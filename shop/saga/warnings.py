@@ -123,7 +123,6 @@ _OUTCOME_WORDS = {
     RestoreOutcome.REFUSED: "refused by an inventory invariant",
     RestoreOutcome.GONE: "the order no longer exists",
     RestoreOutcome.ORDER_NOT_CANCELLED: "the order is not cancelled, so there is no stock to give back",
-    RestoreOutcome.ORDER_NOT_PAID: "the order is not paid",
     RestoreOutcome.INVENTORY_ALREADY_RESTORED: "the stock had already been restored",
     RestoreOutcome.ERROR: "the retry failed",
 }
