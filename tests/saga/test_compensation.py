@@ -15,12 +15,14 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from compensation_support import cancel, on_hand, order, placed_and_cancelled, restore_delivery, warnings
 from factories import force_order, place_order_for, seed_catalog_rows
-from shop.domain.deadlines import utcnow
+from shop.domain.deadlines import as_utc, utcnow
+from shop.domain.events import OrderCancelled
 from shop.domain.restoration import MAX_ON_HAND
 from shop.extensions import db
 from shop.models import InventoryItem, OutboxDelivery, OutboxEvent
+from shop.outbox import uow
 from shop.outbox.dispatch import run_delivery
-from shop.saga.inventory import restore_inventory_now
+from shop.saga.inventory import RestoreOutcome, restore_inventory, restore_inventory_now
 
 ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 
@@ -100,6 +102,20 @@ def test_restore_inventory_called_twice_restores_once(catalog):
     assert restore_inventory_now(order_id) == "already_restored"
     assert on_hand(a5) == 40
     assert order(order_id).inventory_restored is True
+
+
+def test_the_marker_is_stamped_with_the_time_the_restore_ran_at(catalog):
+    # The order's updated_at says when its stock came back: the time its delivery ran at (a drain's
+    # claim time, a clock set by hand), not whenever the statement happened to be sent.
+    a5 = catalog["NB-A5-DOT"]
+    order_id = place_order_for({a5: 4}).order_id
+    cancel(order_id)
+    ran_at = utcnow() - timedelta(minutes=7)
+    with uow.transaction():
+        assert restore_inventory(OrderCancelled(order_id, "customer"), ran_at) is RestoreOutcome.RESTORED
+    restored = order(order_id)
+    assert restored.inventory_restored is True
+    assert as_utc(restored.updated_at) == ran_at
 
 
 def test_an_operators_retry_of_a_cancel_saved_without_a_reason_says_so_in_the_reason(catalog):
