@@ -271,6 +271,7 @@ class Tally:
     counts: dict[str, int] = field(default_factory=dict)
     survivors: list[str] = field(default_factory=list)
     explained: int = 0  # survivors EQUIVALENTS explains
+    gone: int = 0  # mutants of functions the tree no longer has: left out of every count
 
     def add(self, status: str) -> None:
         self.counts[status] = self.counts.get(status, 0) + 1
@@ -293,14 +294,18 @@ class Tally:
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
-def function_span(tree: ast.Module, mangled: str) -> tuple[int, int]:
-    """(first, last) line of the function mutmut names `x_name` or `xǁClassǁname`."""
+def function_span(tree: ast.Module, mangled: str) -> tuple[int, int] | None:
+    """(first, last) line of the function mutmut names `x_name` or `xǁClassǁname`; None when the
+    tree no longer has it (removed since its mutants were made)."""
     parts = mangled[1:].lstrip("_").split("ǁ") if "ǁ" in mangled else [mangled[2:]]
     parts = [p for p in parts if p]
-    scope = tree.body
+    scope, node = tree.body, None
     for part in parts:
-        node = next(n for n in scope if isinstance(n, DEFINITIONS) and n.name == part)
+        node = next((n for n in scope if isinstance(n, DEFINITIONS) and n.name == part), None)
+        if node is None:
+            return None
         scope = node.body
+    assert node is not None
     first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
     return first, node.end_lineno
 
@@ -314,7 +319,9 @@ def describe(folder: Path, source: Path, name: str) -> str:
     added = [line[1:].strip() for line in diff if line.startswith("+") and not line.startswith("+++")]
     mangled = name.rpartition(".")[2].rpartition("__mutmut_")[0]
     lines = (folder / source).read_text().splitlines()
-    first, last = function_span(ast.parse("\n".join(lines)), mangled)
+    span = function_span(ast.parse("\n".join(lines)), mangled)
+    assert span is not None, f"{name}: its function is gone (tally leaves such mutants out)"
+    first, last = span
     where = next((n for n in range(first, last + 1) if removed and lines[n - 1].strip() == removed[0]), first)
     return f"{source}:{where}: {' / '.join(removed) or '?'}  ->  {' / '.join(added) or '(removed)'}"
 
@@ -344,7 +351,11 @@ def tally(package: str, folder: Path, newer: dict | None = None) -> Tally:
     try:
         for meta_path in meta_files(folder):
             source = meta_path.relative_to(folder / "mutants").with_suffix("")
+            tree = ast.parse((folder / source).read_text())
             for name, code in sorted(json.loads(meta_path.read_text())["exit_code_by_key"].items()):
+                if function_span(tree, name.rpartition(".")[2].rpartition("__mutmut_")[0]) is None:
+                    result.gone += 1  # a function removed since: its mutants no longer exist
+                    continue
                 code = newer.get(name, code)
                 status = PENDING if code is None else STATUS.get(code, SURVIVED)
                 result.add(status)
@@ -374,6 +385,8 @@ def report(tallies: list[Tally]) -> None:
         print(overall.row())
     print("(survived includes 'no tests'; score = (killed + timed out) / mutants tried, pending left out)")
     for t in tallies:
+        if t.gone:
+            print(f"{t.package}: {t.gone} mutant(s) of functions removed since left out")
         if t.survivors:
             explained = f", {t.explained} explained as equivalent ({EQUIVALENTS.name})" if t.explained else ""
             print(f"\n{t.package}: {len(t.survivors)} survivor(s){explained}")
