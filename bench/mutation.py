@@ -171,6 +171,16 @@ def folder_of(package: str, tests_at: str | None) -> Path:
     return WORK / (f"{package}@{tests_at}" if tests_at else package)
 
 
+def _drop_removed_copies(folder: Path) -> None:
+    """mutmut copies the tree into `mutants/` and never deletes from it: a test file removed from
+    the tree since would still be collected there (importing what is gone, failing every run)."""
+    copies = folder / "mutants"
+    for copy in copies.glob("**/*.py") if copies.exists() else ():
+        relative = copy.relative_to(copies)
+        if not (folder / relative).exists():
+            copy.unlink()
+
+
 def prepare(package: str, fresh: bool, tests_at: str | None = None) -> Path:
     """The package's work folder: links to the tree and a pyproject.toml with its mutmut settings
     (the tree's own pytest settings kept: markers, warnings). `tests_at`: the tests as they were at
@@ -188,6 +198,7 @@ def prepare(package: str, fresh: bool, tests_at: str | None = None) -> Path:
             ["git", "-C", str(ROOT), "archive", tests_at, "tests"], capture_output=True, check=True
         )
         subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    _drop_removed_copies(folder)
     (folder / "preload.txt").write_text("\n".join(PRELOAD) + "\n")
     text = (ROOT / "pyproject.toml").read_text()
     (folder / "pyproject.toml").write_text(text + mutmut_config(package))

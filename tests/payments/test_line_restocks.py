@@ -152,3 +152,36 @@ def test_a_restock_of_no_units_is_a_refund_without_a_restock(two_pairs):
         db.session.remove()
     assert on_hand(sock, app) == before
     assert _counted(app, oid) == (0, False, [])
+
+
+def test_a_line_put_back_in_full_leaves_the_order_unmarked_while_another_line_has_units_left(
+    monkeypatch, tmp_path, make_fresh_app, sandbox
+):
+    # Two lines: 2 x SOCK-M and 1 x MUG-350-SND. Putting the socks back leaves the mug's unit to
+    # come: the order's marker (every unit back) waits for it, and is set by the refund that takes it.
+    from factories import seed_catalog_rows
+    from payment_helpers import Shopper, order_id
+    from shop.payments.apply import reconcile_order
+
+    monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
+    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
+    skus = seed_catalog_rows(app)
+    shopper = Shopper(app, skus)
+    assert shopper.add("MUG-350-SND", 1).status_code == 303
+    placed = shopper.place("SOCK-M", 2)
+    sandbox.set_outcome(placed["payment"]["session_id"], "paid")
+    oid = order_id(app, placed["reference"])
+    with app.app_context():
+        assert reconcile_order(oid).outcome == "paid"
+        lines = dict(db.session.execute(select(OrderLine.sku, OrderLine.id).where(OrderLine.order_id == oid)).all())
+        db.session.remove()
+    socks = _refund(app, oid, "key-two-lines-00001", {lines["SOCK-M"]: 2})
+    assert (socks.outcome, socks.restocked) == (RefundOutcome.DONE, True)
+    with app.app_context():
+        assert db.session.get(Order, oid).inventory_restored is False  # the mug's unit is still out
+        db.session.remove()
+    mug = _refund(app, oid, "key-two-lines-00002", {lines["MUG-350-SND"]: 1})
+    assert (mug.outcome, mug.restocked) == (RefundOutcome.DONE, True)
+    with app.app_context():
+        assert db.session.get(Order, oid).inventory_restored is True
+        db.session.remove()
