@@ -6,14 +6,14 @@ give none back again), and its answer names each unit with the stock before and 
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from factories import on_hand
 from payment_helpers import place_and_pay
 from shop.domain.deadlines import utcnow
 from shop.domain.events import OrderCancelled
 from shop.extensions import db
-from shop.models import Order, OrderLine, Refund, RefundRestock
+from shop.models import InventoryItem, Order, OrderLine, Refund, RefundRestock
 from shop.outbox import uow
 from shop.saga.inventory import RestoreOutcome, restore_inventory
 from shop.saga.operator_refunds import RefundOutcome, refund_order
@@ -175,8 +175,12 @@ def test_a_line_put_back_in_full_leaves_the_order_unmarked_while_another_line_ha
         assert reconcile_order(oid).outcome == "paid"
         lines = dict(db.session.execute(select(OrderLine.sku, OrderLine.id).where(OrderLine.order_id == oid)).all())
         db.session.remove()
-    socks = _refund(app, oid, "key-two-lines-00001", {lines["SOCK-M"]: 2})
+    before = on_hand(skus["SOCK-M"], app)
+    # The mug's line asked for 0 units, and it comes first (its variant is the lower): it is passed
+    # over, the socks still go back, and the answer names only what went back.
+    socks = _refund(app, oid, "key-two-lines-00001", {lines["MUG-350-SND"]: 0, lines["SOCK-M"]: 2})
     assert (socks.outcome, socks.restocked) == (RefundOutcome.DONE, True)
+    assert socks.restock_words == f"2 × SOCK-M (stock {before} → {before + 2})"
     with app.app_context():
         assert db.session.get(Order, oid).inventory_restored is False  # the mug's unit is still out
         db.session.remove()
@@ -185,3 +189,14 @@ def test_a_line_put_back_in_full_leaves_the_order_unmarked_while_another_line_ha
     with app.app_context():
         assert db.session.get(Order, oid).inventory_restored is True
         db.session.remove()
+
+
+def test_a_restock_of_a_variant_without_a_stock_row_is_refused_in_words_and_nothing_is_refunded(two_pairs):
+    app, oid, line, sock = two_pairs
+    with app.app_context():
+        db.session.execute(delete(InventoryItem).where(InventoryItem.variant_id == sock))
+        db.session.commit()
+    refused = _refund(app, oid, "key-no-stock-row-01", {line: 1})
+    assert (refused.outcome, refused.why) == (RefundOutcome.REFUSED, "restock_refused")
+    assert refused.restock_words == "SOCK-M has no stock row, or its stock would go over the maximum a row holds"
+    assert _counted(app, oid) == (0, False, [])
