@@ -327,15 +327,19 @@ def run_everything(app, now=None) -> None:
         run_due_commands(app, now)
 
 
-def place_and_pay(make_fresh_app, sandbox, sku: str = "SOCK-M", quantity: int = 2):
-    """A shop on the sandbox with one order of `quantity` x `sku`, paid at the sandbox and applied
-    (as the console's reconcile applies it): (app, order id, its total, the catalog's skus)."""
+def place_and_pay(make_fresh_app, sandbox, sku: str = "SOCK-M", quantity: int = 2, also: dict[str, int] | None = None):
+    """A shop on the sandbox with one order of `quantity` x `sku` (and `also`, sku -> quantity, in
+    the cart first), paid at the sandbox and applied (as the console's reconcile applies it):
+    (app, order id, its total, the catalog's skus)."""
     from factories import seed_catalog_rows
     from shop.payments.apply import reconcile_order
 
     app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
     skus = seed_catalog_rows(app)
-    order = Shopper(app, skus).place(sku, quantity)
+    shopper = Shopper(app, skus)
+    for other, units in (also or {}).items():
+        assert shopper.add(other, units).status_code == 303
+    order = shopper.place(sku, quantity)
     sandbox.set_outcome(order["payment"]["session_id"], "paid")
     oid = order_id(app, order["reference"])
     with app.app_context():

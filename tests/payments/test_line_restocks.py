@@ -159,20 +159,9 @@ def test_a_line_put_back_in_full_leaves_the_order_unmarked_while_another_line_ha
 ):
     # Two lines: 2 x SOCK-M and 1 x MUG-350-SND. Putting the socks back leaves the mug's unit to
     # come: the order's marker (every unit back) waits for it, and is set by the refund that takes it.
-    from factories import seed_catalog_rows
-    from payment_helpers import Shopper, order_id
-    from shop.payments.apply import reconcile_order
-
     monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
-    app = make_fresh_app(STRIPE_API_BASE=sandbox.base_url, STRIPE_SESSION_MIN_SECONDS=60)
-    skus = seed_catalog_rows(app)
-    shopper = Shopper(app, skus)
-    assert shopper.add("MUG-350-SND", 1).status_code == 303
-    placed = shopper.place("SOCK-M", 2)
-    sandbox.set_outcome(placed["payment"]["session_id"], "paid")
-    oid = order_id(app, placed["reference"])
+    app, oid, _total, skus = place_and_pay(make_fresh_app, sandbox, "SOCK-M", 2, also={"MUG-350-SND": 1})
     with app.app_context():
-        assert reconcile_order(oid).outcome == "paid"
         lines = dict(db.session.execute(select(OrderLine.sku, OrderLine.id).where(OrderLine.order_id == oid)).all())
         db.session.remove()
     before = on_hand(skus["SOCK-M"], app)
@@ -200,3 +189,6 @@ def test_a_restock_of_a_variant_without_a_stock_row_is_refused_in_words_and_noth
     assert (refused.outcome, refused.why) == (RefundOutcome.REFUSED, "restock_refused")
     assert refused.restock_words == "SOCK-M has no stock row, or its stock would go over the maximum a row holds"
     assert _counted(app, oid) == (0, False, [])
+    with app.app_context():
+        assert db.session.execute(select(Refund.id)).first() is None  # the refund rolled back with it
+        db.session.remove()
