@@ -43,11 +43,9 @@ class OrderRefund:
     back, or why it could not."""
 
     outcome: RefundOutcome
-    order_id: int
     why: str | None = None
     refund_id: int | None = None
     amount: int | None = None
-    currency: str | None = None
     left: int | None = None
     restocked: bool = False
     restock_words: str = ""
@@ -91,51 +89,50 @@ def refund_order(
     try:
         return uow.once_per_key(
             lambda: _refund_once(order_id, amount, (reason or "").strip(), wanted, request_key, operator, now),
-            lambda: _earlier(order_id, request_key),
+            lambda: _earlier(request_key),
         )
     except RestockRefused as refused:  # rolled back whole: nothing refunded, nothing put back
-        return OrderRefund(RefundOutcome.REFUSED, order_id, "restock_refused", restock_words=str(refused))
+        return OrderRefund(RefundOutcome.REFUSED, "restock_refused", restock_words=str(refused))
 
 
-def _earlier(order_id: int, request_key: str) -> OrderRefund | None:
+def _earlier(request_key: str) -> OrderRefund | None:
     earlier = db.session.execute(select(Refund).where(Refund.request_key == request_key)).scalar_one_or_none()
-    return None if earlier is None else _already(order_id, earlier)
+    return None if earlier is None else _already(earlier)
 
 
-def _already(order_id: int, earlier: Refund) -> OrderRefund:
+def _already(earlier: Refund) -> OrderRefund:
     return OrderRefund(
         RefundOutcome.ALREADY,
-        order_id,
         refund_id=earlier.id,
         amount=earlier.amount,
-        currency=earlier.currency,
         restocked=earlier.restock,
         given=tuple(given_back(earlier.id)),
     )
 
 
-def _refusal(
-    order, amount: int | None, reason: str, restock: bool | dict[int, int]
-) -> tuple[str | None, dict, int, int]:
-    """Why the refund may not go ahead (None: it may), the facts its words name, the amount (the
-    rest when none was asked) and what is left to refund."""
+def _unpaid(order) -> str | None:
+    """Why the order has no payment to refund (None: it has one)."""
     if order.status is not OrderStatus.PAID:
-        return "not_paid", {}, amount or 0, 0  # a refusal's amount is not used
-    if not order.payment_session_id:
-        return "no_payment", {}, amount or 0, 0
+        return "not_paid"
+    return None if order.payment_session_id else "no_payment"
+
+
+def _refusal(order, amount: int | None, reason: str, restock: bool | dict[int, int]) -> tuple[str | None, int, int]:
+    """Why a refund of this paid order may not go ahead (None: it may), the amount (the rest when
+    none was asked) and what is left to refund: the facts a refusal's words name."""
     left = refundable(charged_for(order.total, order.charged), refunded_so_far(order.id, order.payment_session_id))
     if amount is None:  # the rest
         amount = left
         if left <= 0:
-            return "nothing_left", {"left": left}, amount, left
+            return "nothing_left", amount, left
     problem = refund_amount_problem(amount, left)
     if problem is not None:
-        return problem, {"amount": amount, "left": left}, amount, left
+        return problem, amount, left
     if not reason:
-        return "no_reason", {"amount": amount, "left": left}, amount, left
+        return "no_reason", amount, left
     if restock and order.inventory_restored:
-        return "already_restocked", {"amount": amount, "left": left}, amount, left
-    return None, {}, amount, left
+        return "already_restocked", amount, left
+    return None, amount, left
 
 
 def _refund_once(order_id, amount, reason, restock, request_key, operator, now) -> OrderRefund:
@@ -144,21 +141,22 @@ def _refund_once(order_id, amount, reason, restock, request_key, operator, now) 
         # a concurrent submission of the same key waits here, then finds the row written below.
         locked = session.execute(select(Order.id).where(Order.id == order_id).with_for_update()).first()
         if locked is None:
-            return OrderRefund(RefundOutcome.MISSING, order_id)
+            return OrderRefund(RefundOutcome.MISSING)
         earlier = session.execute(select(Refund).where(Refund.request_key == request_key)).scalar_one_or_none()
         if earlier is not None:
-            return _already(order_id, earlier)
+            return _already(earlier)
         order = order_store.read(order_id, fresh=True)
         assert order is not None  # its row is locked above
 
         def refused(why: str, **facts) -> OrderRefund:
-            return OrderRefund(
-                RefundOutcome.REFUSED, order_id, why, currency=order.currency, status=order.status, **facts
-            )
+            return OrderRefund(RefundOutcome.REFUSED, why, status=order.status, **facts)
 
-        why, facts, amount, left = _refusal(order, amount, reason, restock)
+        unpaid = _unpaid(order)
+        if unpaid is not None:
+            return refused(unpaid)
+        why, amount, left = _refusal(order, amount, reason, restock)
         if why is not None:
-            return refused(why, **facts)
+            return refused(why, amount=amount, left=left)
         wanted = all_left(order_id) if restock is True else restock or {}
         if restock is True and not wanted:
             return refused("already_restocked", amount=amount, left=left)
@@ -175,10 +173,8 @@ def _refund_once(order_id, amount, reason, restock, request_key, operator, now) 
         given = tuple(restock_lines(order, refund.id, wanted, now))
         return OrderRefund(
             RefundOutcome.DONE,
-            order_id,
             refund_id=refund.id,
             amount=amount,
-            currency=order.currency,
             left=left - amount,
             restocked=bool(given),
             restock_words="; ".join(g.words() for g in given),

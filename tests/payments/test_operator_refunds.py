@@ -5,7 +5,7 @@ the stock an operator puts back with a refund comes back once, whatever restore 
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from factories import force_order, on_hand, seed_catalog_rows
 from payment_helpers import Shopper, order_id, place_and_pay, run_due_commands
@@ -63,7 +63,8 @@ def test_a_double_submitted_refund_refunds_once_at_the_provider(paid, sandbox, t
     first = _refund(app, oid, 300, "key-double-submit-0001")
     again = _refund(app, oid, 300, "key-double-submit-0001")
     assert (first.outcome, again.outcome) == (RefundOutcome.DONE, RefundOutcome.ALREADY)
-    assert again.refund_id == first.refund_id
+    # The second is answered with what the first did: its refund, its amount, no stock put back.
+    assert (again.refund_id, again.amount, again.restocked, again.given) == (first.refund_id, 300, False, ())
     run_due_commands(app, utcnow())
     run_due_commands(app, utcnow())  # a re-run of the command replays under its Idempotency-Key
     [refund] = _refunds(app, oid)
@@ -103,6 +104,80 @@ def test_a_refund_of_an_order_that_is_not_paid_is_refused_and_writes_nothing(fre
     assert _refunds(app, oid) == []
 
 
+def test_a_refund_of_no_such_order_is_missing_and_writes_nothing(paid):
+    app, oid, total, _ = paid
+    assert _refund(app, oid + 1000, 100, "key-missing-000001").outcome is RefundOutcome.MISSING
+    assert _refunds(app, oid + 1000) == [] and _refunds(app, oid) == []
+
+
+def test_a_refund_without_an_amount_takes_all_that_is_left_and_then_finds_nothing_left(paid):
+    app, oid, total, _ = paid
+    assert _refund(app, oid, total - 1, "key-rest-00000001").left == 1
+    rest = _refund(app, oid, None, "key-rest-00000002")  # a single minor unit is still something left
+    assert (rest.outcome, rest.amount, rest.left) == (RefundOutcome.DONE, 1, 0)
+    nothing = _refund(app, oid, None, "key-rest-00000003")
+    assert (nothing.outcome, nothing.why, nothing.left) == (RefundOutcome.REFUSED, "nothing_left", 0)
+    assert [r.amount for r in _refunds(app, oid)] == [total - 1, 1]
+
+
+def test_what_is_left_to_refund_is_what_the_payment_charged_or_the_total_for_an_older_payment(paid):
+    """`charged` is the total plus any tax the provider added; a payment saved before the column
+    existed has none and charged exactly the total."""
+    app, oid, total, _ = paid
+    with app.app_context():
+        force_order(oid, charged=None)
+        db.session.remove()
+    older = _refund(app, oid, total + 1, "key-charged-000001")
+    assert (older.outcome, older.why, older.left) == (RefundOutcome.REFUSED, "over_refundable", total)
+    with app.app_context():
+        force_order(oid, charged=total + 150)
+        db.session.remove()
+    taxed = _refund(app, oid, None, "key-charged-000002")
+    assert (taxed.outcome, taxed.amount, taxed.left) == (RefundOutcome.DONE, total + 150, 0)
+
+
+def test_a_refund_of_an_earlier_payment_attempt_leaves_what_the_paid_one_can_refund(paid):
+    """Late money of an earlier session of the order, refunded on its own row, is not part of
+    the payment that paid the order: it takes nothing from what is left of that one."""
+    app, oid, total, _ = paid
+    with app.app_context():
+        order = db.session.get(Order, oid)
+        db.session.add(
+            Refund(
+                order_id=oid,
+                session_id="cs_test_an_earlier_attempt",
+                amount=500,
+                currency=order.currency,
+                reason="late",
+            )
+        )
+        db.session.commit()
+        assert refundable_now(oid) == total
+        db.session.remove()
+    assert _refund(app, oid, None, "key-attempts-000001").amount == total
+
+
+@pytest.mark.postgres
+def test_a_refund_decides_on_the_order_as_committed_not_as_the_callers_session_last_read_it(paid, is_postgres):
+    """The caller read the order in its transaction; meanwhile another writer put its stock back.
+    The refund reads the row again after locking it and refuses to put the stock back twice.
+    (SQLite's transaction holds the write lock from its first statement: no writer comes between.)"""
+    if not is_postgres:
+        pytest.skip("a writer between a transaction's read and its lock is PostgreSQL's")
+    app, oid, total, _ = paid
+    with app.app_context():
+        loaded = db.session.get(Order, oid)  # held: the session's identity map keeps it
+        assert loaded.inventory_restored is False
+        with db.engine.begin() as other:
+            other.execute(update(Order).where(Order.id == oid).values(inventory_restored=True))
+        result = refund_order(
+            oid, amount=100, reason="kept one", restock=True, request_key="key-stale-00000001", operator=OPERATOR
+        )
+        db.session.remove()
+    assert (result.outcome, result.why) == (RefundOutcome.REFUSED, "already_restocked")
+    assert _refunds(app, oid) == []
+
+
 def test_restock_with_a_refund_gives_the_stock_back_once_even_when_a_restore_runs_after(paid):
     app, oid, total, sock = paid
     before = on_hand(sock, app)
@@ -120,8 +195,11 @@ def test_restock_with_a_refund_gives_the_stock_back_once_even_when_a_restore_run
         assert cancel_order(oid, None).status is not CancelStatus.CANCELLED
         db.session.remove()
     assert on_hand(sock, app) == before + 2
-    # The double submit of the restocking refund restocks nothing more either.
-    assert _refund(app, oid, 100, "key-restock-000001", restock=True).outcome is RefundOutcome.ALREADY
+    # The double submit of the restocking refund restocks nothing more either; its answer says
+    # what the first put back.
+    twice = _refund(app, oid, 100, "key-restock-000001", restock=True)
+    assert (twice.outcome, twice.amount, twice.restocked) == (RefundOutcome.ALREADY, 100, True)
+    assert [(g.quantity, g.on_hand_after - g.on_hand_before) for g in twice.given] == [(2, 2)]
     assert on_hand(sock, app) == before + 2
 
 
