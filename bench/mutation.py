@@ -58,7 +58,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-WORK = ROOT / ".mutation"
+# BACKSTOP_MUTATION_WORK: another folder, for a second run beside the first on other modules of a package (its own
+# Redis database); its `<file>.py.meta` verdicts can be copied into the first's mutants/ for one report.
+WORK = Path(os.environ.get("BACKSTOP_MUTATION_WORK", ROOT / ".mutation"))
 # What the copied tree needs besides shop/ and tests/ (templates, migrations, docs some tests read).
 ALSO = ("migrations", "templates", "static", "docs", "deploy", "app.py", "README.md")
 PACKAGES = {
