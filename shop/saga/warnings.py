@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from ..extensions import db
 from ..models import Order, RestoreWarning, WarningState
@@ -19,14 +19,12 @@ from .inventory import RestoreOutcome, restore_inventory_now
 log = logging.getLogger("shop.console")
 
 
-def _settle(warning_id: int, state: WarningState, resolution: str, now: datetime) -> bool:
-    values = {"state": state, "resolution": resolution[:4000]}
-    if state is not WarningState.OPEN:
-        values["resolved_at"] = now
+def _settle(warning_id: int, state: WarningState, resolution: str, resolved_at: datetime | None) -> bool:
+    """Write the warning's state and resolution, if it is still open (None: it stays open)."""
     result = db.session.execute(
         update(RestoreWarning)
         .where(RestoreWarning.id == warning_id, RestoreWarning.state == WarningState.OPEN)
-        .values(**values)
+        .values(state=state, resolution=resolution[:4000], resolved_at=resolved_at)
         .execution_options(synchronize_session=False)
     )
     db.session.commit()
@@ -61,7 +59,8 @@ def retry_restore(warning_id: int, stamp: str, now: datetime) -> RetryResult:
     warning = db.session.get(RestoreWarning, warning_id)
     assert warning is not None, warning_id  # the console retries only a warning it found
     order_id, variant_id = warning.order_id, warning.variant_id
-    newest_before = db.session.execute(select(RestoreWarning.id).order_by(RestoreWarning.id.desc()).limit(1)).scalar()
+    # The newest warning now (this one at the least): what the retry writes comes after it.
+    newest_before = db.session.execute(select(func.max(RestoreWarning.id))).scalar_one()
     db.session.rollback()
     outcome, error = _restore(warning_id, order_id)
     order = db.session.get(Order, order_id)
@@ -70,7 +69,7 @@ def retry_restore(warning_id: int, stamp: str, now: datetime) -> RetryResult:
     fresh = (
         db.session.execute(
             select(RestoreWarning)
-            .where(RestoreWarning.order_id == order_id, RestoreWarning.id > (newest_before or 0))
+            .where(RestoreWarning.order_id == order_id, RestoreWarning.id > newest_before)
             .order_by(RestoreWarning.id)
         )
         .scalars()
@@ -98,7 +97,7 @@ def retry_restore(warning_id: int, stamp: str, now: datetime) -> RetryResult:
                 )
             )
     db.session.commit()
-    _settle(warning_id, WarningState.OPEN, f"retry ({stamp}): {what}", now)
+    _settle(warning_id, WarningState.OPEN, f"retry ({stamp}): {what}", None)
     return RetryResult(outcome, what, fresh=bool(fresh), error=error)
 
 

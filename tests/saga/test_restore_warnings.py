@@ -5,6 +5,7 @@ into it), saying why in the resolution. The console's route around them: tests/w
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -17,7 +18,7 @@ from shop.domain.restoration import MAX_ON_HAND
 from shop.extensions import db
 from shop.models import InventoryItem, RestoreWarning
 from shop.outbox.dispatch import run_delivery
-from shop.saga.inventory import RestoreOutcome
+from shop.saga.inventory import RestoreOutcome, restore_inventory_now
 from shop.saga.warnings import resolve_fixed_by_hand, retry_restore
 
 STAMP = "night-shift@example.com at 03:00"
@@ -139,14 +140,19 @@ def test_a_retry_of_a_warning_settled_meanwhile_restores_but_says_it_lost(catalo
     assert on_hand(a5) == 13 and order(order_id).inventory_restored is True
 
 
-def test_a_retry_that_raises_keeps_the_warning_open_with_the_error(catalog, monkeypatch):
+def test_a_retry_that_raises_keeps_the_warning_open_with_the_error(catalog, monkeypatch, caplog):
     order_id, warning_id, a5 = _refused(catalog)
     _stock(a5, 10)
     monkeypatch.setenv("BACKSTOP_FAILPOINTS", "restore_inventory.after_marker_flush=raise")
 
-    result = retry_restore(warning_id, STAMP, utcnow())
+    with caplog.at_level(logging.WARNING, logger="shop.console"):
+        result = retry_restore(warning_id, STAMP, utcnow())
 
     error = "RuntimeError: failpoint restore_inventory.after_marker_flush"
+    # The log names the warning and what went wrong, for whoever reads the logs rather than the console.
+    assert [r.getMessage() for r in caplog.records if r.name == "shop.console"] == [
+        f"operator retry of restore for warning {warning_id} failed: failpoint restore_inventory.after_marker_flush"
+    ]
     assert (result.outcome, result.error, result.resolved, result.fresh) == (RestoreOutcome.ERROR, error, False, False)
     assert result.words == f"the retry failed ({error})"
     kept = _warning(warning_id)
@@ -170,3 +176,61 @@ def test_a_retry_of_an_unmatched_variant_warning_stays_open_and_says_to_add_the_
         "retry cannot bring these units back. Add the stock by hand, then choose “fixed”"
     )
     assert _warning(warning.id).state == "open" and on_hand(a5) == 40
+
+
+def test_a_retry_of_a_warning_whose_order_was_restored_since_closes_it_saying_so(catalog):
+    """The cause was fixed and a restore ran meanwhile (a redelivery, another operator): nothing is
+    left to give back, and the warning names no variant, so the retry closes it."""
+    order_id, warning_id, a5 = _refused(catalog)
+    _stock(a5, 10)
+    assert restore_inventory_now(order_id) is RestoreOutcome.RESTORED
+
+    result = retry_restore(warning_id, STAMP, utcnow())
+
+    words = "the stock had already been restored"
+    assert (result.outcome, result.words, result.resolved, result.fresh) == (
+        RestoreOutcome.ALREADY_RESTORED,
+        words,
+        True,
+        False,
+    )
+    assert _warning(warning_id).resolution == f"retried ({STAMP}): {words}" and on_hand(a5) == 13
+
+
+def test_a_retry_that_restores_names_each_variant_still_missing_in_turn(catalog):
+    a5, sand, navy = catalog["NB-A5-DOT"], catalog["MUG-350-SND"], catalog["MUG-350-NVY"]
+    order_id, delivery_id = placed_and_cancelled({a5: 3, sand: 2, navy: 1})
+    _stock(a5, MAX_ON_HAND - 1)
+    assert run_delivery(delivery_id) == "done"
+    [warning] = warnings(order_id)
+    _stock(a5, 10)
+    db.session.execute(delete(InventoryItem).where(InventoryItem.variant_id.in_([sand, navy])))
+    db.session.commit()
+
+    result = retry_restore(warning.id, STAMP, utcnow())
+
+    missing = {w.variant_id: w.id for w in warnings(order_id)[1:]}
+    assert sorted(missing) == sorted([sand, navy])
+    first, second = sorted([(sand, 2), (navy, 1)])
+    assert result.words == (
+        f"stock restored; still missing: {first[1]} unit(s) of variant {first[0]} (warning {missing[first[0]]})"
+        f"; still missing: {second[1]} unit(s) of variant {second[0]} (warning {missing[second[0]]})"
+    )
+    assert result.resolved is True
+
+
+def test_a_retry_folds_only_its_copy_of_the_same_problem_not_a_new_problem_it_finds(catalog):
+    """A warning of a variant with no stock row is retried while an invariant refuses the order's
+    restore: the refusal is another problem, and stays open beside it."""
+    order_id, refusal_id, a5 = _refused(catalog)
+    sand = catalog["MUG-350-SND"]
+    db.session.add(RestoreWarning(order_id=order_id, variant_id=sand, quantity=2, reason="no inventory row"))
+    db.session.commit()
+    sand_warning = warnings(order_id)[-1]
+
+    result = retry_restore(sand_warning.id, STAMP, utcnow())
+
+    assert (result.outcome, result.resolved, result.fresh) == (RestoreOutcome.REFUSED, False, True)
+    refused_again = warnings(order_id)[-1]
+    assert (refused_again.variant_id, refused_again.state) == (None, "open")
+    assert _warning(sand_warning.id).state == "open" and _warning(refusal_id).state == "open"
