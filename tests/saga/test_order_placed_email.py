@@ -14,12 +14,18 @@ from sqlalchemy import select
 from compensation_support import cancel
 from factories import force_order, place_order_for, seed_catalog_rows
 from shop.domain.deadlines import utcnow
-from shop.domain.events import OrderPlaced, OrderShipped
+from shop.domain.events import OrderCancelled, OrderPaid, OrderPlaced, OrderShipped
+from shop.domain.order import CANCELLED_BY_CUSTOMER
 from shop.extensions import db
 from shop.models import OutboxDelivery
 from shop.outbox.dispatch import run_delivery
 from shop.saga.email_resends import sent_emails
-from shop.saga.notifications import send_order_placed_email, send_shipment_email
+from shop.saga.notifications import (
+    send_cancellation_email,
+    send_order_confirmation,
+    send_order_placed_email,
+    send_shipment_email,
+)
 
 
 @pytest.fixture
@@ -105,3 +111,31 @@ def test_a_shipped_order_is_emailed_its_tracking_number_under_the_events_own_nam
     message = email.message_from_bytes((tmp_path / "mail" / name).read_bytes())
     assert (message["To"], message["Subject"]) == (placed.email, f"Order {placed.reference} is on its way")
     assert "Tracking number: 1Z999AA10123456784" in message.get_payload(decode=True).decode()
+
+
+def test_a_paid_order_is_emailed_its_receipt_under_the_events_own_name(app, tmp_path):
+    """The confirmation (saga.notifications.send_order_confirmation): a redelivery of OrderPaid
+    replaces the message under the same name instead of sending another."""
+    placed = place_order_for()
+    force_order(placed.order_id, status="Paid")
+    paid = OrderPaid(placed.order_id, "cs_test_paid", placed.total, placed.currency)
+
+    send_order_confirmation(paid, utcnow())
+    send_order_confirmation(paid, utcnow())
+
+    name = f"{placed.reference}-order_paid-event.eml"
+    assert _mails(app, tmp_path) == [name]
+    message = email.message_from_bytes((tmp_path / "mail" / name).read_bytes())
+    assert message["To"] == placed.email and placed.reference in message["Subject"]
+
+
+def test_a_customers_cancel_is_emailed_under_the_events_own_name(app, tmp_path):
+    placed = place_order_for()
+    cancel(placed.order_id)
+    cancelled = OrderCancelled(placed.order_id, CANCELLED_BY_CUSTOMER)
+
+    send_cancellation_email(cancelled, utcnow())
+    send_cancellation_email(cancelled, utcnow())
+
+    assert f"{placed.reference}-order_cancelled-event.eml" in _mails(app, tmp_path)
+    assert not any("order_cancelled" in name and not name.endswith("-event.eml") for name in _mails(app, tmp_path))

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from factories import force_order, place_order_for, seed_catalog_rows
+from shop import logs
 from shop.domain.deadlines import as_utc, utcnow
 from shop.domain.events import OrderPaymentFailed
 from shop.extensions import db
@@ -74,3 +75,10 @@ def test_without_expiry_only_the_email_is_scheduled_and_an_order_gone_gets_nothi
 
     assert [kind for kind, *_ in _followed_up(order_id, now)] == ["send_email"]
     assert _followed_up(order_id + 1000, now + timedelta(seconds=1)) == []
+
+
+def test_the_lines_logged_after_the_followups_name_the_order_they_are_about(app):
+    placed = place_order_for()
+    with logs.scope(delivery_id=7):
+        _followed_up(placed.order_id, utcnow())
+        assert logs.current() == {"delivery_id": 7, "order_ref": placed.reference}
