@@ -92,7 +92,7 @@ def sent_emails(order_id: int) -> list[SentEmail]:
         if d.handler in EVENT_EMAILS:
             template = EVENT_EMAILS[d.handler]
         else:
-            template = CANCELLATION_EMAILS.get(cancelled_because((d.payload or {}).get("reason", "")))
+            template = CANCELLATION_EMAILS.get(cancelled_because(d.payload["reason"]))  # an OrderCancelled's
         if template:
             found.append(SentEmail(template, EMAIL_NAMES[template], d.completed_at, "event", d.id))
     resent = dict(
@@ -123,8 +123,6 @@ class Resend:
     now say something the order has moved past)."""
 
     outcome: ResendOutcome
-    order_id: int
-    template: str
     why: str | None = None
     command_id: int | None = None
 
@@ -150,7 +148,7 @@ def _earlier(request_key: str) -> Resend | None:
     row = db.session.execute(select(EmailResend).where(EmailResend.request_key == request_key)).scalar_one_or_none()
     if row is None:
         return None
-    return Resend(ResendOutcome.ALREADY, row.order_id, row.template, command_id=row.command_id)
+    return Resend(ResendOutcome.ALREADY, command_id=row.command_id)
 
 
 def _resend_once(
@@ -162,11 +160,11 @@ def _resend_once(
             return earlier
         order = session.get(Order, order_id)
         if order is None:
-            return Resend(ResendOutcome.MISSING, order_id, template)
+            return Resend(ResendOutcome.MISSING)
         if template not in {e.template for e in sent_emails(order_id)}:
-            return Resend(ResendOutcome.REFUSED, order_id, template, "not_sent")
+            return Resend(ResendOutcome.REFUSED, "not_sent")
         if emails.render(template, order) is None:
-            return Resend(ResendOutcome.REFUSED, order_id, template, "no_longer_true")
+            return Resend(ResendOutcome.REFUSED, "no_longer_true")
         command_id = schedule_command(
             session,
             CommandKind.SEND_EMAIL,
@@ -194,4 +192,4 @@ def _resend_once(
             " to another address" if to else "",
             command_id,
         )
-        return Resend(ResendOutcome.DONE, order_id, template, command_id=command_id)
+        return Resend(ResendOutcome.DONE, command_id=command_id)

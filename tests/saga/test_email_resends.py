@@ -5,15 +5,16 @@ has moved past (a payment-failed email for an order back at the payment page).""
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import select
 
 from compensation_support import cancel
 from factories import force_order, place_order_for, seed_catalog_rows
-from shop.domain.deadlines import utcnow
+from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
-from shop.models import EmailResend, Order, OutboxDelivery, ScheduledCommand
+from shop.models import EmailResend, Order, OutboxDelivery, ScheduledCommand, WorkStatus
 from shop.outbox import schedule_command, uow
 from shop.outbox.dispatch import run_command, run_delivery
 from shop.saga import email_resends
@@ -52,17 +53,28 @@ def _resends(order_id):
     return db.session.execute(select(EmailResend).where(EmailResend.order_id == order_id)).scalars().all()
 
 
-def test_an_email_the_order_had_is_sent_again_once_per_submission(failed_payment_email, mail_folder):
+def test_an_email_the_order_had_is_sent_again_once_per_submission(failed_payment_email, mail_folder, caplog):
     oid = failed_payment_email
+    reference = db.session.get(Order, oid).reference
     assert len(mails(mail_folder)) == 1
     assert [e.template for e in sent_emails(oid)] == ["payment_failed"]
-    first = resend_email(oid, "payment_failed", operator=OPERATOR, request_key="key-resend-000000001")
+    asked_at = utcnow().replace(microsecond=0) - timedelta(minutes=3)
+    with caplog.at_level(logging.WARNING, logger="shop.saga"):
+        first = resend_email(oid, "payment_failed", operator=OPERATOR, request_key="key-resend-000000001", now=asked_at)
     again = resend_email(oid, "payment_failed", operator=OPERATOR, request_key="key-resend-000000001")
     assert (first.outcome, again.outcome) == (ResendOutcome.DONE, ResendOutcome.ALREADY)
     assert again.command_id == first.command_id
+    said = f"order {reference}: {OPERATOR} sent the payment_failed email again (cmd-{first.command_id})"
+    assert [r.getMessage() for r in caplog.records if r.name == "shop.saga"] == [said]
     [resend] = _resends(oid)
     command = db.session.get(ScheduledCommand, resend.command_id)
-    assert (command.kind, command.payload["template"], command.status) == ("send_email", "payment_failed", "pending")
+    assert (command.kind, command.payload, command.status) == (
+        "send_email",
+        {"template": "payment_failed", "resent_by": OPERATOR},
+        "pending",
+    )
+    # Both rows carry the time of the operator's submission, which the console shows.
+    assert (as_utc(resend.created_at), as_utc(command.created_at)) == (asked_at, asked_at)
     assert run_command(command.id, now=utcnow()) == "done"
     assert len(mails(mail_folder)) == 2 and all("payment_failed" in name for name in mails(mail_folder))
     assert [(e.via, e.resent_by) for e in sent_emails(oid)] == [("command", None), ("command", OPERATOR)]
@@ -70,19 +82,14 @@ def test_an_email_the_order_had_is_sent_again_once_per_submission(failed_payment
 
 def test_an_email_the_order_never_had_is_not_sent(failed_payment_email):
     result = resend_email(failed_payment_email, "order_paid", operator=OPERATOR, request_key="key-resend-000000002")
-    assert (result.outcome, result.why, result.template) == (ResendOutcome.REFUSED, "not_sent", "order_paid")
+    assert (result.outcome, result.why, result.command_id) == (ResendOutcome.REFUSED, "not_sent", None)
     assert _resends(failed_payment_email) == []
 
 
-def test_a_resend_for_an_order_that_does_not_exist_is_answered_missing_and_names_the_email(failed_payment_email):
+def test_a_resend_for_an_order_that_does_not_exist_is_answered_missing_and_sends_nothing(failed_payment_email):
     gone = failed_payment_email + 1000
     result = resend_email(gone, "payment_failed", operator=OPERATOR, request_key="key-resend-000000006")
-    assert (result.outcome, result.order_id, result.template, result.command_id) == (
-        ResendOutcome.MISSING,
-        gone,
-        "payment_failed",
-        None,
-    )
+    assert (result.outcome, result.command_id) == (ResendOutcome.MISSING, None)
     assert _resends(gone) == []
 
 
@@ -103,9 +110,11 @@ def test_a_resend_to_another_address_names_it_in_the_command_and_not_on_the_orde
             request_key="key-resend-000000004",
             to="x@example.org",
         )
-    assert (result.outcome, result.template) == (ResendOutcome.DONE, "payment_failed")
+    assert result.outcome is ResendOutcome.DONE
     [line] = [r.getMessage() for r in caplog.records if r.name == "shop.saga"]
-    assert f"{OPERATOR} sent the payment_failed email again to another address (cmd-{result.command_id})" in line
+    reference = db.session.get(Order, failed_payment_email).reference
+    said = f"{OPERATOR} sent the payment_failed email again to another address (cmd-{result.command_id})"
+    assert line == f"order {reference}: {said}"
     command = db.session.get(ScheduledCommand, result.command_id)
     assert command.payload == {"template": "payment_failed", "resent_by": OPERATOR, "to": "x@example.org"}
     assert db.session.get(Order, failed_payment_email).email == order_email
@@ -147,4 +156,46 @@ def test_a_cancellation_notice_sent_by_its_delivery_is_listed_under_why_the_orde
         assert [(e.template, e.via, e.work_id) for e in sent_emails(order_id)] == [
             ("order_cancelled", "event", delivery_id)
         ]
+        db.session.remove()
+
+
+def _run_deliveries(order_id: int) -> None:
+    """Every pending delivery of the order's events, run now (as a worker would)."""
+    db.session.rollback()
+    pending = select(OutboxDelivery.id).where(
+        OutboxDelivery.order_id == order_id, OutboxDelivery.status == WorkStatus.PENDING
+    )
+    for delivery_id in db.session.execute(pending.order_by(OutboxDelivery.id)).scalars().all():
+        assert run_delivery(delivery_id) == "done"
+
+
+def _placed_email(order_id: int) -> int:
+    return db.session.execute(
+        select(OutboxDelivery.id).where(
+            OutboxDelivery.order_id == order_id, OutboxDelivery.handler == "send_order_placed_email"
+        )
+    ).scalar_one()
+
+
+def test_each_order_lists_its_own_emails_once_and_only_those_that_went(fresh_app, tmp_path):
+    """Another order's emails and settling are not this one's; the work of an event that sends no
+    email (the restore) is not an email; a placed email run after the order ended sent nothing and
+    hides nothing after it."""
+    fresh_app.instance_path = str(tmp_path)
+    with fresh_app.app_context():
+        seed_catalog_rows()
+        first, second, late = (place_order_for().order_id for _ in range(3))
+        assert run_delivery(_placed_email(first)) == "done"
+        cancel(first)
+        _run_deliveries(first)  # its restore and its cancellation notice
+        _run_deliveries(second)  # its placed email, after the first order was cancelled
+        cancel(late)  # before its placed email ran: that one sends nothing
+        _run_deliveries(late)
+
+        assert [(e.template, e.via) for e in sent_emails(first)] == [
+            ("order_placed", "event"),
+            ("order_cancelled", "event"),
+        ]
+        assert [e.template for e in sent_emails(second)] == ["order_placed"]
+        assert [e.template for e in sent_emails(late)] == ["order_cancelled"]
         db.session.remove()
