@@ -142,9 +142,9 @@ def _refund_once(order_id, amount, reason, restock, request_key, operator, now) 
         locked = session.execute(select(Order.id).where(Order.id == order_id).with_for_update()).first()
         if locked is None:
             return OrderRefund(RefundOutcome.MISSING)
-        earlier = session.execute(select(Refund).where(Refund.request_key == request_key)).scalar_one_or_none()
+        earlier = _earlier(request_key)
         if earlier is not None:
-            return _already(earlier)
+            return earlier
         order = order_store.read(order_id, fresh=True)
         assert order is not None  # its row is locked above
 

@@ -213,6 +213,34 @@ def test_a_refund_without_restock_leaves_the_stock_and_the_marker_alone(paid):
         db.session.remove()
 
 
+def test_a_refund_whose_key_another_submission_committed_after_its_check_answers_with_that_one(paid, monkeypatch):
+    """The winner commits between the loser's look for an earlier refund and its insert (a race
+    PostgreSQL allows, made here on purpose): the key's unique index refuses the loser's row, which
+    rolls back whole, and the loser answers with the winner's refund."""
+    from shop.saga import operator_refunds
+
+    app, oid, total, _ = paid
+    key = "key-late-check-0001"
+    winner = _refund(app, oid, 300, key)
+    looks = []
+    real = operator_refunds._earlier
+
+    def not_yet_committed(request_key):
+        looks.append(request_key)
+        return None if len(looks) == 1 else real(request_key)
+
+    monkeypatch.setattr(operator_refunds, "_earlier", not_yet_committed)
+    loser = _refund(app, oid, 300, key)
+
+    assert (loser.outcome, loser.refund_id, loser.amount, looks) == (
+        RefundOutcome.ALREADY,
+        winner.refund_id,
+        300,
+        [key, key],
+    )
+    assert [r.amount for r in _refunds(app, oid)] == [300]
+
+
 @pytest.mark.postgres
 def test_two_submissions_of_one_refund_at_once_refund_once(paid, is_postgres):
     if not is_postgres:
