@@ -5,6 +5,7 @@ is still placed and cancelled. A redelivery decides the same, and the next hour 
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from factories import force_order, place_order_for, seed_catalog_rows
 from payment_helpers import Shopper, run_everything
 from shop.domain.deadlines import utcnow
-from shop.domain.order import OrderStatus
+from shop.domain.order import CANCELLED_BY_CUSTOMER, OrderStatus
 from shop.extensions import db
 from shop.models import Order
 from shop.saga.mail_caps import may_email
@@ -97,3 +98,60 @@ def test_of_two_orders_placed_at_the_same_instant_the_later_one_counts_the_earli
         later, earlier = db.session.get(Order, second), db.session.get(Order, first)
         assert (may_email(later, at), may_email(earlier, at), may_email(later, at)) == (False, True, False)
         db.session.remove()
+
+
+@pytest.fixture
+def capped(fresh_app):
+    """An app with a recipient cap of 1 and an address cap of 1, in its context, the catalog seeded."""
+    fresh_app.config.update(ORDER_EMAILS_PER_RECIPIENT=1, ORDER_EMAILS_PER_ADDRESS=1)
+    with fresh_app.app_context():
+        seed_catalog_rows()
+        yield fresh_app
+        db.session.remove()
+
+
+def _order(email: str, address: str | None, at) -> Order:
+    order_id = place_order_for(email=email).order_id
+    force_order(order_id, created_at=at, client_address=address)
+    found = db.session.get(Order, order_id)
+    assert found is not None
+    return found
+
+
+def test_an_email_exactly_an_hour_before_still_counts_and_a_later_order_never_does(capped):
+    at = utcnow().replace(microsecond=0)
+    later = _order(VICTIM, None, at + timedelta(seconds=5))  # placed after this one's event: an earlier id
+    this = _order(VICTIM, None, at)
+    assert may_email(this, at) is True  # the later order is not before it, whatever its id
+    force_order(later.id, created_at=at - timedelta(hours=1))  # now exactly an hour before
+    assert may_email(this, at) is False
+
+
+def test_a_cancellation_that_sends_no_notice_is_not_counted(capped):
+    at = utcnow().replace(microsecond=0)
+    other = _order(VICTIM, None, at - timedelta(hours=2))  # placed long ago: only its cancel is in the hour
+    this = _order(VICTIM, None, at)
+    force_order(
+        other.id, status=OrderStatus.CANCELLED, cancelled_at=at - timedelta(minutes=5), cancel_reason="duplicate"
+    )
+    assert may_email(this, at) is True
+    force_order(other.id, cancel_reason=CANCELLED_BY_CUSTOMER)
+    assert may_email(this, at) is False
+
+
+def test_an_event_without_a_time_is_not_capped(capped):
+    this = _order(VICTIM, None, utcnow())
+    _order(VICTIM, None, utcnow() - timedelta(minutes=1))
+    assert may_email(this, None) is True
+
+
+@pytest.mark.parametrize("address, cap", [(None, "recipient"), ("198.51.100.7", "client address")])
+def test_an_email_left_out_is_logged_with_the_order_and_the_cap_that_stopped_it(capped, caplog, address, cap):
+    at = utcnow().replace(microsecond=0)
+    recipients = (VICTIM, VICTIM) if cap == "recipient" else ("one@example.com", "two@example.com")
+    _order(recipients[0], address, at - timedelta(minutes=1))
+    this = _order(recipients[1], address, at)
+    with caplog.at_level(logging.WARNING, logger="shop.saga"):
+        assert may_email(this, at) is False
+    said = f"order {this.reference}: email left out, its {cap} had 1 order emails this hour"
+    assert [r.getMessage() for r in caplog.records if r.name == "shop.saga"] == [said]
