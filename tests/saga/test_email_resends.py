@@ -8,7 +8,7 @@ import logging
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from compensation_support import cancel
 from factories import force_order, place_order_for, seed_catalog_rows
@@ -153,8 +153,9 @@ def test_a_cancellation_notice_sent_by_its_delivery_is_listed_under_why_the_orde
             )
         ).scalar_one()
         assert run_delivery(delivery_id) == "done"
-        assert [(e.template, e.via, e.work_id) for e in sent_emails(order_id)] == [
-            ("order_cancelled", "event", delivery_id)
+        went = db.session.get(OutboxDelivery, delivery_id).completed_at
+        assert [(e.template, e.name, e.sent_at, e.via, e.work_id) for e in sent_emails(order_id)] == [
+            ("order_cancelled", email_resends.EMAIL_NAMES["order_cancelled"], went, "event", delivery_id)
         ]
         db.session.remove()
 
@@ -199,3 +200,33 @@ def test_each_order_lists_its_own_emails_once_and_only_those_that_went(fresh_app
         assert [e.template for e in sent_emails(second)] == ["order_placed"]
         assert [e.template for e in sent_emails(late)] == ["order_cancelled"]
         db.session.remove()
+
+
+def test_the_emails_list_names_each_email_when_it_went_and_the_work_that_sent_it(failed_payment_email):
+    """Only the order's own send_email commands that ran are emails it had, each with its name, the
+    time it went and the command that sent it, oldest first whatever the commands' ids."""
+    oid = failed_payment_email
+    [first] = sent_emails(oid)
+    other = place_order_for().order_id
+    with uow.transaction() as session:
+        waiting = schedule_command(
+            session, "send_email", utcnow(), order_id=oid, payload={"template": "payment_failed"}
+        )
+        later = schedule_command(session, "send_email", utcnow(), order_id=oid, payload={"template": "payment_failed"})
+        elsewhere = schedule_command(
+            session, "send_email", utcnow(), order_id=other, payload={"template": "payment_failed"}
+        )
+    assert run_command(later, now=utcnow()) == "done" and run_command(elsewhere, now=utcnow()) == "done"
+    went = {first.work_id: utcnow() - timedelta(minutes=1), later: utcnow() - timedelta(minutes=2)}
+    for command_id, at in went.items():  # the later command (a higher id) went first
+        db.session.execute(update(ScheduledCommand).where(ScheduledCommand.id == command_id).values(completed_at=at))
+    db.session.commit()
+
+    listed = [(e.template, e.name, as_utc(e.sent_at), e.via, e.work_id, e.resent_by) for e in sent_emails(oid)]
+
+    name = email_resends.EMAIL_NAMES["payment_failed"]
+    assert listed == [
+        ("payment_failed", name, went[later], "command", later, None),
+        ("payment_failed", name, went[first.work_id], "command", first.work_id, None),
+    ]
+    assert waiting not in [e.work_id for e in sent_emails(oid)]
