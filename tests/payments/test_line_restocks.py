@@ -16,6 +16,7 @@ from shop.extensions import db
 from shop.models import InventoryItem, Order, OrderLine, Refund, RefundRestock
 from shop.outbox import uow
 from shop.saga.inventory import RestoreOutcome, restore_inventory
+from shop.saga.line_restock import lines_left
 from shop.saga.operator_refunds import RefundOutcome, refund_order
 
 OPERATOR = "night-shift@example.com"
@@ -192,3 +193,31 @@ def test_a_restock_of_a_variant_without_a_stock_row_is_refused_in_words_and_noth
     with app.app_context():
         assert db.session.execute(select(Refund.id)).first() is None  # the refund rolled back with it
         db.session.remove()
+
+
+def test_a_restock_of_two_lines_names_both_and_the_form_lists_each_line_by_name(
+    monkeypatch, tmp_path, make_fresh_app, sandbox
+):
+    monkeypatch.setenv("BACKSTOP_INSTANCE_PATH", str(tmp_path / "instance"))
+    app, oid, _total, skus = place_and_pay(make_fresh_app, sandbox, "SOCK-M", 2, also={"MUG-350-SND": 1})
+    with app.app_context():
+        bought = db.session.execute(
+            select(OrderLine.id, OrderLine.sku, OrderLine.name).where(OrderLine.order_id == oid).order_by(OrderLine.id)
+        ).all()
+        assert [(ln.id, ln.sku, ln.name, ln.quantity, ln.restocked) for ln in lines_left(oid)] == [
+            (line_id, sku, name, 2 if sku == "SOCK-M" else 1, 0) for line_id, sku, name in bought
+        ]
+        db.session.remove()
+    mug, sock = on_hand(skus["MUG-350-SND"], app), on_hand(skus["SOCK-M"], app)
+
+    both = _refund(app, oid, "key-both-lines-0001", True)
+
+    assert both.restock_words == f"1 × MUG-350-SND (stock {mug} → {mug + 1}); 2 × SOCK-M (stock {sock} → {sock + 2})"
+    assert [(g.sku, g.quantity) for g in both.given] == [("MUG-350-SND", 1), ("SOCK-M", 2)]
+
+
+def test_a_restock_of_chosen_units_once_all_are_back_is_refused_as_already_restocked(two_pairs):
+    app, oid, line, _sock = two_pairs
+    assert _refund(app, oid, "key-all-back-000001", True).restocked is True
+    again = _refund(app, oid, "key-all-back-000002", {line: 1})
+    assert (again.outcome, again.why, again.amount) == (RefundOutcome.REFUSED, "already_restocked", 100)

@@ -81,7 +81,12 @@ def test_partial_refunds_never_take_more_than_is_left(paid, sandbox):
     app, oid, total, _ = paid
     assert _refund(app, oid, total - 100, "key-partial-000001").outcome is RefundOutcome.DONE
     too_much = _refund(app, oid, 101, "key-partial-000002")
-    assert (too_much.outcome, too_much.why, too_much.left) == (RefundOutcome.REFUSED, "over_refundable", 100)
+    assert (too_much.outcome, too_much.why, too_much.amount, too_much.left) == (
+        RefundOutcome.REFUSED,
+        "over_refundable",
+        101,
+        100,
+    )
     zero = _refund(app, oid, 0, "key-partial-000003")
     assert (zero.outcome, zero.why) == (RefundOutcome.REFUSED, "not_positive")
     no_reason = _refund(app, oid, 50, "key-partial-000004", reason="  ")
