@@ -49,7 +49,7 @@ class OrderRefund:
     left: int | None = None
     restocked: bool = False
     restock_words: str = ""
-    status: OrderStatus | None = None
+    status: OrderStatus | None = None  # a refusal's: the order's state then
     given: tuple[GivenBack, ...] = ()
 
 
@@ -178,6 +178,5 @@ def _refund_once(order_id, amount, reason, restock, request_key, operator, now) 
             left=left - amount,
             restocked=bool(given),
             restock_words="; ".join(g.words() for g in given),
-            status=order.status,
             given=given,
         )
