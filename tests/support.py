@@ -220,6 +220,21 @@ def poll_until(predicate, timeout: float = 5.0, interval: float = 0.05):
         time.sleep(interval)
 
 
+def first_look_misses(monkeypatch, module) -> list[str]:
+    """Make `module._earlier` (an operator submission's look for an earlier one of its key) miss
+    once, as when the winner commits between the loser's look and its insert; returns the keys
+    looked for, in order."""
+    looks: list[str] = []
+    real = module._earlier
+
+    def not_yet_committed(request_key):
+        looks.append(request_key)
+        return None if len(looks) == 1 else real(request_key)
+
+    monkeypatch.setattr(module, "_earlier", not_yet_committed)
+    return looks
+
+
 def wait_until(predicate, timeout: float = 5.0, what: str = "the condition", logs=None, interval: float = 0.05):
     """Poll `predicate()` until it returns something true, and return that. After `timeout`
     seconds fail, naming `what` was waited for and what the predicate returned last (and

@@ -223,18 +223,12 @@ def test_a_refund_whose_key_another_submission_committed_after_its_check_answers
     PostgreSQL allows, made here on purpose): the key's unique index refuses the loser's row, which
     rolls back whole, and the loser answers with the winner's refund."""
     from shop.saga import operator_refunds
+    from support import first_look_misses
 
     app, oid, total, _ = paid
     key = "key-late-check-0001"
     winner = _refund(app, oid, 300, key)
-    looks = []
-    real = operator_refunds._earlier
-
-    def not_yet_committed(request_key):
-        looks.append(request_key)
-        return None if len(looks) == 1 else real(request_key)
-
-    monkeypatch.setattr(operator_refunds, "_earlier", not_yet_committed)
+    looks = first_look_misses(monkeypatch, operator_refunds)
     loser = _refund(app, oid, 300, key)
 
     assert (loser.outcome, loser.refund_id, loser.amount, looks) == (

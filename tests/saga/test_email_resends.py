@@ -19,6 +19,7 @@ from shop.outbox import schedule_command, uow
 from shop.outbox.dispatch import run_command, run_delivery
 from shop.saga import email_resends
 from shop.saga.email_resends import ResendOutcome, resend_email, sent_emails
+from support import first_look_misses
 
 OPERATOR = "night-shift@example.com"
 
@@ -127,14 +128,7 @@ def test_a_resend_whose_key_another_submission_committed_after_its_check_answers
     # refused by the key's unique index, and the loser answers with the winner's resend, sending nothing more.
     oid, key = failed_payment_email, "key-resend-000000005"
     winner = resend_email(oid, "payment_failed", operator=OPERATOR, request_key=key)
-    looks = []
-    real = email_resends._earlier
-
-    def not_yet_committed(request_key):
-        looks.append(request_key)
-        return None if len(looks) == 1 else real(request_key)
-
-    monkeypatch.setattr(email_resends, "_earlier", not_yet_committed)
+    looks = first_look_misses(monkeypatch, email_resends)
     loser = resend_email(oid, "payment_failed", operator=OPERATOR, request_key=key)
 
     assert (loser.outcome, loser.command_id, looks) == (ResendOutcome.ALREADY, winner.command_id, [key, key])
