@@ -144,15 +144,20 @@ def transitioned(order_id: int, *steps: tuple[Transition, callable], allowed_onl
     return order
 
 
-def force_order(order: int | str | None, **values) -> None:
+def force_order(order: int | str | None, *, elsewhere: bool = False, **values) -> None:
     """The tests' one hand on an order's row outside the order store: set columns the way time,
     another writer or a bug would have left them (an older `updated_at`, a bumped `version`, a
     changed `total`), and commit. `order` is an id or a reference; None forces every order.
-    Values may be SQL expressions (`version=Order.version + 1`)."""
+    Values may be SQL expressions (`version=Order.version + 1`). `elsewhere`: on a connection of
+    its own, as another process would, leaving the session's transaction as it is."""
     statement = update(Order).values(**values).execution_options(synchronize_session=False)
     if isinstance(order, int):
         statement = statement.where(Order.id == order)
     elif order is not None:
         statement = statement.where(Order.reference == order)
+    if elsewhere:
+        with db.engine.begin() as other:
+            other.execute(statement)
+        return
     db.session.execute(statement)
     db.session.commit()

@@ -5,7 +5,7 @@ the stock an operator puts back with a refund comes back once, whatever restore 
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from factories import force_order, on_hand, seed_catalog_rows
 from payment_helpers import Shopper, order_id, place_and_pay, run_due_commands
@@ -173,8 +173,7 @@ def test_a_refund_decides_on_the_order_as_committed_not_as_the_callers_session_l
     with app.app_context():
         loaded = db.session.get(Order, oid)  # held: the session's identity map keeps it
         assert loaded.inventory_restored is False
-        with db.engine.begin() as other:
-            other.execute(update(Order).where(Order.id == oid).values(inventory_restored=True))
+        force_order(oid, elsewhere=True, inventory_restored=True)
         result = refund_order(
             oid, amount=100, reason="kept one", restock=True, request_key="key-stale-00000001", operator=OPERATOR
         )
