@@ -27,6 +27,15 @@ def _provider_refunds(app, payment_intent: str) -> list[dict]:
         return [r.to_dict() for r in page.auto_paging_iter()]
 
 
+def _attempts(sandbox) -> str:
+    """The sandbox's webhook deliveries and each attempt (status, error, duration), for a failed wait."""
+    from shop.stripe_sandbox.objects import render_delivery
+
+    with sandbox.sandbox.lock:
+        found = [render_delivery(d) for event in sandbox.sandbox.events.values() for d in event.deliveries]
+    return "\n".join(repr(d) for d in found)
+
+
 def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_is_reported(make_fresh_app, sandbox):
     with live_shop(make_fresh_app, sandbox) as app:
         shopper = Shopper(app, seed_catalog_rows(app))
@@ -40,7 +49,9 @@ def test_a_payment_after_cancellation_is_refunded_exactly_once_however_often_it_
         # ...and the customer, still on the open page, pays. Stripe reports it twice.
         sandbox.faults(api_unavailable=False, duplicate_webhooks=True)
         sandbox.set_outcome(sid, "paid")
-        wait_until(lambda: len(rows_in(app, WebhookReceipt)) >= 2, what="both deliveries")
+        wait_until(
+            lambda: len(rows_in(app, WebhookReceipt)) >= 2, what="both deliveries", logs=lambda: _attempts(sandbox)
+        )
         # The customer's return and the sweep/console reconcile report it again.
         assert shopper.come_back(ref, sid).status_code == 303
         with app.app_context():
