@@ -86,7 +86,14 @@ def test_the_watch_thread_shows_an_outage_and_the_return_at_its_next_check(make_
                 what=f"the provider card to turn {'green' if ok else 'red'}",
                 interval=0.1,
             )
-            first = next(verdict for under, verdict in list(checks) if under == change[0] and verdict is not None)
+            # The card may turn on a check that started just before the change (its call met the
+            # change), or before the first check after the change is written down here: wait for it.
+            [first] = wait_until(
+                lambda: next(((v,) for under, v in list(checks) if under == change[0] and v is not None), None),
+                timeout=30,
+                what=f"a check started after change {change[0]} to give its verdict",
+                interval=0.05,
+            )
             assert first is ok, f"the first check after change {change[0]} said {first}: {checks}"
 
         shown_by_the_next_check(True)
