@@ -172,6 +172,7 @@ class Budget:
         respect_line = 1 if behind_line and customer and not ctx.in_line else 0
         limit = lim.endpoint_rate_per_second if endpoint else 0
         keys = [self.bucket_key, self.endpoint_prefix + endpoint, self.line.key]
+        stale = False  # a grant came back too late to be used (this process was held up)
         while True:
             asked = clock.current().monotonic()
             reply = self.shared.run(
@@ -203,14 +204,18 @@ class Budget:
                 if grant.fresh():
                     return grant
                 # Granted somewhere in [asked, now], too long ago to be sent with the calls
-                # granted after it (see GRANT_FRESH_SECONDS): given back, and asked again at once,
-                # within the same patience.
+                # granted after it (see GRANT_FRESH_SECONDS): given back, and asked again at once.
+                # The budget had room: the time went to this process being held up (a pause, a
+                # starved core), not to waiting for the budget. So the first grant that comes back
+                # stale is asked for again even when that one stall outlasted the caller's
+                # patience (never past its deadline); a process held up again is refused.
                 self._give_back(grant)
-                wait = 0.0
+                wait, first_stale, stale = 0.0, not stale, True
+                if first_stale and (ctx.deadline is None or clock.current().monotonic() < ctx.deadline):
+                    continue
             if clock.current().monotonic() + wait > give_up:
-                raise Shed(
-                    self._spent(held, endpoint, wait, customer), retry_after=max(wait, 0.1), kind=ShedKind.BUDGET
-                )
+                why = _held_up(customer) if stale and granted else self._spent(held, endpoint, wait, customer)
+                raise Shed(why, retry_after=max(wait, 0.1), kind=ShedKind.BUDGET)
             if wait > 0:
                 # Spread the wake-ups: every waiting thread was told the same time. A call that
                 # holds its turn (the payment queue's) is the only one waiting: it wakes on time.
@@ -244,3 +249,12 @@ class Budget:
         """The provider said 429: nobody calls it again until Retry-After has passed."""
         self.local.pause(clock.current().time() + seconds)
         self.shared.run("pause", _BUCKET_PAUSE, [self.bucket_key], [repr(seconds)])
+
+
+def _held_up(customer: bool) -> str:
+    """Why a call is refused whose grants all came back too late to be used (see _take_token)."""
+    budget = "the provider rate budget" + ("" if customer else " for background work")
+    return (
+        f"this process was held up past each grant of {budget}: they came back more than "
+        f"{GRANT_FRESH_SECONDS} s old, too late to be sent"
+    )
