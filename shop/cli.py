@@ -10,7 +10,7 @@ from flask import current_app
 from flask.cli import AppGroup
 from sqlalchemy.exc import DBAPIError
 
-from . import queue
+from . import failpoints, queue
 from .extensions import the_app
 from .models import CycleStatus
 from .outbox.relay import relay_once, wake_due_work
@@ -85,8 +85,10 @@ def scheduler_command(burst):
 
     def rebuild() -> list[str]:
         """Redis's part, from the database: the periodic jobs, then a drain for what is due."""
+        failpoints.hit("scheduler.rebuild.register")
         periodic = queue.register_periodic_jobs(cfg["RELAY_INTERVAL_SECONDS"], sweep, cfg["PRUNE_INTERVAL_SECONDS"])
         lines = [f"periodic job {line}" for line in periodic]
+        failpoints.hit("scheduler.rebuild.relay")
         counts = relay_once()
         lines.append(
             f"due in the database: {counts['deliveries']} deliveries, {counts['commands']} commands "
@@ -102,8 +104,7 @@ def scheduler_command(burst):
         for line in rebuild():
             log.warning(line)
 
-    queue.wait_for_redis(click.echo)
-    for line in rebuild():
+    for line in queue.once_redis_holds(rebuild, click.echo):
         click.echo(line)
     click.echo(f"scheduler polling every {cfg['SCHEDULER_POLL_SECONDS']}s")
     if sweep is not None and not burst:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from itertools import repeat
+from typing import TypeVar
 
 from flask import current_app
 from redis import Redis
@@ -150,6 +152,24 @@ def wait_for_redis(say, *, every: float = 10.0) -> None:
                 said = time.monotonic()
         time.sleep(delay)
         delay = min(delay * 2, 2.0)
+
+
+T = TypeVar("T")
+
+
+def once_redis_holds(step: Callable[[], T], say) -> T:
+    """Run `step` (a process's start: what it writes to Redis) once Redis answers (wait_for_redis),
+    and from the beginning again, once Redis answers again, when Redis fails during it. The start
+    must be safe to repeat. A scheduler whose Redis goes away while it registers its periodic jobs
+    waits for it, as it does once running, instead of exiting."""
+    from redis.exceptions import RedisError
+
+    while True:
+        wait_for_redis(say)
+        try:
+            return step()
+        except RedisError as exc:
+            say(f"Redis failed during the start ({exc}); starting again once it answers")
 
 
 def queue_names() -> tuple[str, str]:

@@ -112,18 +112,22 @@ class _WatchfulScheduler(ShopScheduler):
         process with a traceback."""
         if not burst:
             self.pulse.start()
+        resuming = False
         while True:
             try:
+                if resuming:
+                    # Our birth record may have outlived a blip (Redis kept its data): it is ours,
+                    # and run() refuses to start while a live-looking scheduler of our name exists.
+                    # Inside the try: Redis can go away again right after it answered.
+                    self.connection.delete(self.key)
+                    log.warning("scheduler: Redis answers again; resuming")
                 return super().run(burst=burst)
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 if burst:
                     raise
                 log.warning("scheduler: Redis unreachable (%s); waiting for it", exc)
                 self._wait_for_redis()
-                # Our birth record may have outlived a blip (Redis kept its data): it is ours,
-                # and run() refuses to start while a live-looking scheduler of our name exists.
-                self.connection.delete(self.key)
-                log.warning("scheduler: Redis answers again; resuming")
+                resuming = True
 
     def _wait_for_redis(self, pause: float = 1.0) -> None:
         while True:

@@ -17,7 +17,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 from rq import Worker
 from rq.job import JobStatus
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from factories import on_hand, place_order_for, seed_catalog_rows, variant_id
 from process_support import (
@@ -32,7 +32,7 @@ from process_support import (
 from shop import queue
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
-from shop.models import Order, OutboxEvent, ScheduledCommand
+from shop.models import Order, OutboxDelivery, OutboxEvent, ScheduledCommand
 from shop.orders.cancel import PROVIDER_EXPIRY_GRACE
 from shop.payments.start import start_payment
 from shop.queue.connection import ShopQueue
@@ -370,6 +370,60 @@ def test_a_worker_whose_redis_goes_away_at_any_step_of_its_start_waits_and_comes
             lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 30, "the worker to run a job", procs.logs
         )
         assert worker.poll() is None, procs.logs()
+    finally:
+        procs.stop()
+        redis_server.kill()
+        redis_server.wait(timeout=5)
+
+
+@pytest.mark.parametrize("step", ["register", "relay"])
+def test_a_scheduler_whose_redis_goes_away_while_it_rebuilds_at_its_start_waits_and_registers_its_jobs(
+    make_fresh_app, tmp_path, step
+):
+    """The scheduler's start writes Redis's part from the database (its periodic jobs, then a drain
+    for what is due) after Redis first answered. Held at a step of that (a failpoint, no clock),
+    Redis goes away there: the scheduler once exited with code 1 (a loaded run saw it, Redis taken
+    away while the periodic jobs were still being registered). It must wait and then register."""
+    port = free_port()
+    app = make_fresh_app(REDIS_URL=f"redis://127.0.0.1:{port}/0")
+    procs = Processes()
+    hold = str(tmp_path / "hold")
+    redis_dir = tmp_path / "redis"
+    redis_dir.mkdir()
+    with app.app_context():
+        # An order whose deliveries were never announced (a crash before the commit's hook):
+        # the start's drain for what is due has work to announce, so it writes to Redis.
+        place_order_for({next(iter(sorted(seed_catalog_rows().values()))): 1})
+        db.session.execute(update(OutboxDelivery).values(enqueued_at=None))
+        db.session.commit()
+        db.session.remove()
+    redis_server = start_redis_server(port, str(redis_dir))
+    conn = Redis(host="127.0.0.1", port=port)
+    try:
+        wait_until(lambda: _answers(conn), 10, "the throwaway Redis to answer")
+        env = process_env(app, BACKSTOP_FAILPOINTS=f"scheduler.rebuild.{step}=hold:{hold}")
+        scheduler = procs.start("scheduler", ["shop", "scheduler"], env)
+        wait_until(lambda: os.path.exists(hold + ".held"), 60, f"the scheduler to reach {step}", procs.logs)
+        redis_server.kill()
+        redis_server.wait(timeout=5)
+        open(hold, "w").close()  # the scheduler goes on, into the failure
+        wait_until(lambda: "waiting for Redis (REDIS_URL)" in procs.logs(), 30, "the scheduler to wait", procs.logs)
+        assert scheduler.poll() is None, procs.logs()
+        redis_server = start_redis_server(port, str(redis_dir))
+        with app.app_context():
+            prefix = app.config["QUEUE_PREFIX"]
+            wanted = {f"{prefix}-periodic-relay", f"{prefix}-periodic-reconcile", f"{prefix}-periodic-prune"}
+
+            def registered():
+                try:
+                    return wanted <= {job.id for job in queue.scheduler().get_jobs()}
+                except RedisError:
+                    return False
+
+            wait_until(registered, 30, "the periodic jobs in the Redis that came back", procs.logs)
+        wait_until(lambda: "scheduler polling every" in procs.logs(), 30, "the scheduler to poll", procs.logs)
+        assert scheduler.poll() is None, procs.logs()
+        assert "Traceback" not in procs.logs()
     finally:
         procs.stop()
         redis_server.kill()
