@@ -15,6 +15,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from shop.clock import SystemClock
 from shop.extensions import db
 
 RUN_ID = uuid.uuid4().hex[:8]
@@ -286,6 +287,17 @@ class FakeClock:
 
     def shared_time(self) -> float | None:
         return self.time()
+
+
+class SleepingClock(FakeClock):
+    """A FakeClock on which only the product's own sleeps let time pass, and they take real time
+    as well: its waits (a 429's Retry-After, the rate budget's) reach the provider as real gaps,
+    while the work between them, however slow a loaded machine makes it, takes none of a
+    request's budget. For tests that pin which waits fit in a deadline."""
+
+    def sleep(self, seconds: float) -> None:
+        SystemClock().sleep(max(0.0, seconds))  # the product's own wait, as it sleeps in production
+        self.advance(max(0.0, seconds))
 
 
 def mails(folder, template: str) -> list:
