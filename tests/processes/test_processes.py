@@ -349,14 +349,8 @@ def test_a_worker_whose_redis_goes_away_at_any_step_of_its_start_waits_and_comes
             app, REDIS_URL=f"redis://127.0.0.1:{port}/0", BACKSTOP_FAILPOINTS=f"worker.start.{step}=hold:{hold}"
         )
         worker = procs.start("worker", ["shop", "worker"], env)
-        wait_until(lambda: os.path.exists(hold + ".held"), 60, f"the worker to reach {step}", procs.logs)
-        if kept:
-            conn.save()  # the restarted Redis loads it: what a promoted replica already had
-        redis_server.kill()
-        redis_server.wait(timeout=5)
-        open(hold, "w").close()  # the worker goes on, into the failure
-        wait_until(lambda: "waiting for Redis (REDIS_URL)" in procs.logs(), 30, "the worker to wait", procs.logs)
-        assert worker.poll() is None, procs.logs()
+        # With `kept`, the restarted Redis loads what it had: what a promoted replica already had.
+        _redis_goes_away_at_the_hold(procs, worker, "worker", step, hold, redis_server, conn if kept else None)
         redis_server = start_redis_server(port, str(redis_dir))
         wait_until(lambda: _answers(conn), 10, "Redis to answer again")
         wait_until(
@@ -403,12 +397,7 @@ def test_a_scheduler_whose_redis_goes_away_while_it_rebuilds_at_its_start_waits_
         wait_until(lambda: _answers(conn), 10, "the throwaway Redis to answer")
         env = process_env(app, BACKSTOP_FAILPOINTS=f"scheduler.rebuild.{step}=hold:{hold}")
         scheduler = procs.start("scheduler", ["shop", "scheduler"], env)
-        wait_until(lambda: os.path.exists(hold + ".held"), 60, f"the scheduler to reach {step}", procs.logs)
-        redis_server.kill()
-        redis_server.wait(timeout=5)
-        open(hold, "w").close()  # the scheduler goes on, into the failure
-        wait_until(lambda: "waiting for Redis (REDIS_URL)" in procs.logs(), 30, "the scheduler to wait", procs.logs)
-        assert scheduler.poll() is None, procs.logs()
+        _redis_goes_away_at_the_hold(procs, scheduler, "scheduler", step, hold, redis_server)
         redis_server = start_redis_server(port, str(redis_dir))
         with app.app_context():
             prefix = app.config["QUEUE_PREFIX"]
@@ -428,6 +417,20 @@ def test_a_scheduler_whose_redis_goes_away_while_it_rebuilds_at_its_start_waits_
         procs.stop()
         redis_server.kill()
         redis_server.wait(timeout=5)
+
+
+def _redis_goes_away_at_the_hold(procs, proc, role: str, step: str, hold: str, redis_server, saved=None) -> None:
+    """`proc`, held at `step` of its start (a `hold:` failpoint at `hold`), meets Redis gone there:
+    Redis is killed (after `saved`, a connection to it, has it write its data for the restart),
+    the process goes on into the failure, and must stay up saying that it waits for Redis."""
+    wait_until(lambda: os.path.exists(hold + ".held"), 60, f"the {role} to reach {step}", procs.logs)
+    if saved is not None:
+        saved.save()
+    redis_server.kill()
+    redis_server.wait(timeout=5)
+    open(hold, "w").close()
+    wait_until(lambda: "waiting for Redis (REDIS_URL)" in procs.logs(), 30, f"the {role} to wait", procs.logs)
+    assert proc.poll() is None, procs.logs()
 
 
 def queue_names_for(app) -> tuple[str, str]:
