@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from flask import Flask
 
-from . import clock, logs, node
+from . import clock, connections, logs, node
 from .connections import engine_options as _engine_options
 from .connections import pooler_client_limit as _pooler_client_limit
 from .connections import server_limit as _server_limit
@@ -164,7 +164,7 @@ def _init_database(app) -> None:
 
     db.init_app(app)
     migrate.init_app(app, db, directory=os.path.join(ROOT, "migrations"), render_as_batch=True)
-    _configure_sqlite(app)
+    connections.configure_sqlite(app)
     _configure_idle_ping(app)
 
 
@@ -271,30 +271,3 @@ def _warn_when_the_web_may_outgrow_the_server(app, engine) -> None:
             settings.web_threads,
             remedy,
         )
-
-
-def _configure_sqlite(app) -> None:
-    """SQLite as a multi-process demo database: WAL so readers do not block the writer, and
-    BEGIN IMMEDIATE so a transaction takes the write lock up front and waits for it (busy
-    timeout) instead of failing halfway when two writers meet."""
-    from sqlalchemy import event
-
-    from .extensions import db
-
-    if not app.config["SQLALCHEMY_DATABASE_URI"].startswith("sqlite"):
-        return
-    with app.app_context():
-        engine = db.engine
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):
-        dbapi_conn.isolation_level = None  # let SQLAlchemy's begin event issue BEGIN itself
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute("PRAGMA busy_timeout=30000")
-        cur.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn):
-        conn.exec_driver_sql("BEGIN IMMEDIATE")

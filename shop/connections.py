@@ -1,14 +1,19 @@
-"""The database connections a process opens (the pool of every app's engine) and the limits of
-the server in front of them: PostgreSQL's max_connections, or PgBouncer's max_client_conn. Every
-process compares the two when it first connects (shop/__init__.py), and `flask shop check` in its
-`pools` line (shop/ops/preflight.py)."""
+"""The database connections a process opens (the pool of every app's engine), how a transaction
+begins on SQLite, and the limits of the server in front of them: PostgreSQL's max_connections,
+or PgBouncer's max_client_conn. Every process compares the two when it first connects
+(shop/__init__.py), and `flask shop check` in its `pools` line (shop/ops/preflight.py)."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from flask import current_app, has_request_context, request
+
 from .settings import Settings
+
+# The attribute `reads_only` sets on a view function.
+READS_ONLY = "backstop_reads_only"
 
 
 def engine_options(settings: Settings) -> dict[str, Any]:
@@ -28,6 +33,53 @@ def engine_options(settings: Settings) -> dict[str, Any]:
         # server-side prepared statements: every statement goes as a plain query.
         options["connect_args"] = {"prepare_threshold": None}
     return options
+
+
+def reads_only(view):
+    """Marks a view that only reads (/healthz, /metrics, the console's dashboard): on SQLite its
+    GET begins without asking for the write lock, so a process frozen inside its write
+    transaction (SIGSTOP, a debugger) does not hold up the pages that show it, and a write from
+    it is refused at once ("attempt to write a readonly database") instead of waiting for the
+    lock. PostgreSQL's readers never wait for a writer: there it changes nothing."""
+    setattr(view, READS_ONLY, True)
+    return view
+
+
+def _request_reads_only() -> bool:
+    if not has_request_context() or request.method not in ("GET", "HEAD"):
+        return False
+    return getattr(current_app.view_functions.get(request.endpoint or ""), READS_ONLY, False)
+
+
+def configure_sqlite(app) -> None:
+    """SQLite as a multi-process demo database: WAL so readers do not block the writer, and
+    BEGIN IMMEDIATE so a transaction takes the write lock up front and waits for it (busy
+    timeout) instead of failing halfway when two writers meet; a view marked `reads_only`
+    begins a plain, read-only transaction instead, which waits for no writer."""
+    from sqlalchemy import event
+
+    from .extensions import db
+
+    if not app.config["SQLALCHEMY_DATABASE_URI"].startswith("sqlite"):
+        return
+    with app.app_context():
+        engine = db.engine
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None  # let SQLAlchemy's begin event issue BEGIN itself
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        # Set on every begin: a pooled connection keeps the pragma from its last transaction.
+        reading = _request_reads_only()
+        conn.exec_driver_sql(f"PRAGMA query_only={int(reading)}")
+        conn.exec_driver_sql("BEGIN" if reading else "BEGIN IMMEDIATE")
 
 
 def web_connections(settings: Settings) -> int:

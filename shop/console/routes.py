@@ -14,6 +14,7 @@ import re
 
 from flask import request, url_for
 
+from ..connections import reads_only
 from ..domain.deadlines import utcnow
 from ..domain.order import OrderStatus
 from ..web.answers import respond
@@ -46,6 +47,7 @@ def not_one_of(choices, what: str, value: str, page: str):
 
 
 @bp.get("/")
+@reads_only
 def dashboard():
     """Counts and oldest ages of what needs a human: stuck orders, dead letters, open restore
     warnings, and when the reconciliation sweep last ran; every process with its heartbeat's

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import SQLAlchemyError
 
 from .. import clock
+from ..connections import reads_only
 from ..extensions import csrf, db, per_app
 from .blueprint import bp
 from .health import snapshot
@@ -30,6 +31,7 @@ CLOSED = (
 
 
 @bp.get("/healthz")
+@reads_only
 def healthz():
     """200 when the database and Redis answer, a worker and the scheduler beat within
     HEALTH_STALE_SECONDS and no due outbox item waits too long; otherwise 503 with each reason in
@@ -41,6 +43,7 @@ def healthz():
 
 @bp.get("/metrics")
 @csrf.exempt
+@reads_only
 def metrics():
     """Prometheus text, computed from the database at scrape time (reused by this process for
     METRICS_CACHE_SECONDS: the aggregates scan whole tables). With the database down the scrape
