@@ -16,6 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
+from compensation_support import cancel, order
+from factories import place_order_for, seed_catalog_rows
 from process_support import Processes, process_env
 from shop import queue
 from shop.domain.deadlines import utcnow
@@ -170,6 +172,14 @@ def test_dashboard_and_metrics_show_processes_queues_and_lag(fresh_app):
 STALE = 4
 
 
+def _stalled_and_named(client, role: str, name: str) -> bool:
+    """/healthz is 503 naming the process, and the dashboard lists it stalled."""
+    health = client.get("/healthz")
+    listed = {p["name"]: p for p in client.get("/console/", headers=JSON).get_json()["processes"]}
+    key = "workers" if role == "worker" else "scheduler"
+    return health.status_code == 503 and name in health.get_json()[key] and listed.get(name, {}).get("stalled") is True
+
+
 def _stopped_then_resumed(make_fresh_app, role: str):
     """Start a real worker and scheduler with HEALTH_STALE_SECONDS=4: idle, they stay healthy
     (an idle RQ worker beats only every 405 s by default). SIGSTOP the one of `role`: /healthz
@@ -219,20 +229,11 @@ def _stopped_then_resumed(make_fresh_app, role: str):
             if p["role"] == role and p["pid"] == target.pid
         ]
 
-        def stalled_and_named():
-            health = client.get("/healthz")
-            listed = {p["name"]: p for p in client.get("/console/", headers=JSON).get_json()["processes"]}
-            key = "workers" if role == "worker" else "scheduler"
-            return (
-                health.status_code == 503
-                and name in health.get_json()[key]
-                and listed.get(name, {}).get("stalled") is True
-            )
-
         os.kill(target.pid, signal.SIGSTOP)
         stopped = target
         started = time.monotonic()
-        wait_until(stalled_and_named, STALE + 5, f"/healthz 503 naming the stopped {role}", procs.logs)
+        named = f"/healthz 503 naming the stopped {role}"
+        wait_until(lambda: _stalled_and_named(client, role, name), STALE + 5, named, procs.logs)
         assert time.monotonic() - started > STALE - 1  # not before it could have been stale
 
         os.kill(target.pid, signal.SIGCONT)
@@ -310,4 +311,55 @@ def test_real_processes_of_two_nodes_are_grouped_and_a_killed_node_is_shown_gone
         # Their log lines name the node (rq-scheduler's own line at start, through the shop's format).
         assert " INFO [node-b] rq_scheduler.scheduler Registering birth" in procs.log_of("scheduler-b")
     finally:
+        procs.stop()
+
+
+@pytest.mark.slow
+def test_a_worker_stopped_inside_its_write_transaction_is_still_named_by_healthz_and_the_dashboard(
+    make_fresh_app, tmp_path
+):
+    """SIGSTOP lands wherever the worker is: here inside a restore's transaction, after the marker
+    is flushed (on SQLite the database's one write lock, on PostgreSQL the rows' locks). /healthz
+    and the dashboard, which only read, still answer and name it; SIGCONT lets the restore finish."""
+    app = make_fresh_app(HEALTH_STALE_SECONDS=STALE)
+    client = app.test_client()
+    log_in(app, client)
+    with app.app_context():
+        skus = seed_catalog_rows()
+        order_id = place_order_for({skus["NB-A5-DOT"]: 2}).order_id
+        cancel(order_id)
+    gate = tmp_path / "go"
+    procs = Processes()
+    stopped = None
+    try:
+        held = f"restore_inventory.after_marker_flush=hold:{gate}"
+        env = process_env(app, HEALTH_STALE_SECONDS=str(STALE), BACKSTOP_FAILPOINTS=held)
+        worker = procs.start("worker", ["shop", "worker"], env)
+        procs.start("scheduler", ["shop", "scheduler"], env)  # its poll wakes a drain for the due restore
+        inside = "the worker inside the restore's transaction"
+        wait_until(lambda: os.path.exists(f"{gate}.held"), 60, inside, procs.logs)
+        [name] = [
+            p["name"]
+            for p in client.get("/console/", headers=JSON).get_json()["processes"]
+            if p["role"] == "worker" and p["pid"] == worker.pid
+        ]
+        os.kill(worker.pid, signal.SIGSTOP)
+        stopped = worker
+        wait_until(
+            lambda: _stalled_and_named(client, "worker", name), STALE + 5, "/healthz 503 naming the worker", procs.logs
+        )
+        gate.touch()
+        os.kill(worker.pid, signal.SIGCONT)
+        stopped = None
+
+        def restored() -> bool:
+            with app.app_context():
+                done = order(order_id).inventory_restored
+                db.session.remove()
+            return done
+
+        wait_until(restored, 60, "the restore to finish after SIGCONT", procs.logs)
+    finally:
+        if stopped is not None:
+            os.kill(stopped.pid, signal.SIGCONT)
         procs.stop()
