@@ -16,14 +16,16 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import requests
+from sqlalchemy import select
 from werkzeug.serving import make_server
 from werkzeug.test import TestResponse
 from werkzeug.wsgi import ClosingIterator
 
-from factories import DEFAULT_SKU
+from factories import DEFAULT_SKU, place_order_for
 from shop import clock
 from shop.extensions import db
 from shop.models import Order
+from shop.payments.start import start_payment
 from shop.provider import guard, transport
 from shop.stripe_sandbox.server import QuietRequestHandler
 from support import csrf_token, log_in, wait_until
@@ -440,3 +442,17 @@ class ProviderTransportLog:
             assert r.deadline is not None, f"a 429 retried without a deadline: {self.retries}"
             fits = r.at + r.wait + transport.MIN_ATTEMPT_SECONDS <= r.deadline
             assert not r.retried or fits, f"a 429 retried past the deadline: {r}"
+
+
+def session_of(order_id: int) -> str:
+    sid = db.session.execute(select(Order.payment_session_id).where(Order.id == order_id)).scalar_one()
+    db.session.rollback()
+    return sid
+
+
+def awaiting_provider() -> tuple[int, str]:
+    """A PaymentInitiated order with its hosted session at the sandbox (in an app context; the
+    catalog seeded)."""
+    order_id = place_order_for().order_id
+    assert start_payment(order_id).status == "started"
+    return order_id, session_of(order_id)

@@ -208,6 +208,7 @@ SWEEP_WORDS = {
     "open": "still open at the provider",
     "awaiting_async": "awaiting an async payment",
     "unavailable": "provider unreachable",
+    "held_back": "not asked (the provider's rate budget was spent)",
     "cancelled": "cancelled",
     "payment_failed": "payment failed",
     "proof_refused": "payment proof refused",

@@ -56,7 +56,8 @@ class ProviderOutcome(StrEnum):
     REFUND_FAILED = "refund_failed"
     WATCH_CLOSED = "watch_closed"
     CHANGED = "changed"
-    UNAVAILABLE = "unavailable"
+    UNAVAILABLE = "unavailable"  # the provider did not answer, or its breaker is open
+    HELD_BACK = "held_back"  # not asked: the provider's rate budget (or this process's slots) spent
     # Answers the payment path can give that no cycle expects; counted as they come, not zeroed.
     DUPLICATE = "duplicate"
     UNKNOWN_ORDER = "unknown_order"
@@ -105,8 +106,11 @@ PROVIDER_OUTCOMES = (
     P.WATCH_CLOSED,
     P.CHANGED,
     P.UNAVAILABLE,
+    P.HELD_BACK,
     Tally.ERRORS,
 )
+# Outcomes of a call that could not be made or answered: the order is asked again next cycle.
+NOT_ASKED = frozenset({P.UNAVAILABLE, P.HELD_BACK})
 
 
 def zeros(keys) -> dict:
@@ -184,6 +188,7 @@ def provider_line(counts: dict | None) -> str:
         {
             P.OPEN: "still open",
             P.CHANGED: "changed meanwhile",
+            P.HELD_BACK: "not asked (the provider's rate budget was spent)",
             P.AWAITING_ASYNC: "awaiting an async payment",
             P.CANCELLED: "cancelled (session expired at the end of the window)",
             P.LATE_REFUND: "refunds for money that reached a cancelled order",
@@ -200,6 +205,17 @@ def provider_line(counts: dict | None) -> str:
         },
     )
     return "provider pass: " + ", ".join(parts)
+
+
+def not_answered(exc: gateway.ProviderUnavailable, about: str) -> ProviderOutcome:
+    """The count of a provider call about `about` that could not be made or answered, logged:
+    held back when the shop's guard or the provider's 429 said the rate budget (or this
+    process's slots) was spent, as the provider itself may be fine; unavailable otherwise."""
+    if exc.kind in gateway.BUDGET_KINDS:
+        log.info("sweep: not asked about %s, the provider's rate budget is spent: %s; asked next cycle", about, exc)
+        return P.HELD_BACK
+    log.info("sweep: provider unreachable about %s: %s; asked next cycle", about, exc)
+    return P.UNAVAILABLE
 
 
 def error_kind(exc: BaseException) -> ErrorKind:

@@ -51,6 +51,7 @@ from ..outbox import uow
 from ..outbox.leases import acquire_lease, holder_name, release_lease
 from .cycle import (
     EXPIRY_OUTCOMES,
+    NOT_ASKED,
     PROVIDER_OUTCOMES,
     CycleResult,
     CycleStatus,
@@ -86,8 +87,9 @@ from .stuck import expiry_cutoffs, stuck_cutoff, stuck_order_ids
 
 log = logging.getLogger("shop.sweep")
 
-# After this many provider-unreachable answers in a row the provider pass stops asking: each
-# costs a timeout plus retries, and a down provider would otherwise eat the whole lease.
+# After this many provider calls in a row not answered (or not made: the rate budget spent) the
+# provider pass stops asking: each costs a timeout plus retries, or waits for the budget, and a
+# down or busy provider would otherwise eat the whole lease.
 UNAVAILABLE_STREAK_LIMIT = 3
 
 
@@ -232,22 +234,15 @@ def _run_pass(name: PassName, ids: list[int], work, counts: dict, errors: list, 
 
 
 def _run_pass_orders(name: PassName, ids: list[int], work, counts: dict, errors: list, keep_lease) -> None:
-    unavailable_streak = 0
+    streak: list[ProviderOutcome] = []  # the provider calls not made or not answered, in a row
     for position, order_id in enumerate(ids):
         if not keep_lease():
             raise LeaseLost(
                 f"the sweep lease lapsed or was taken over before order {order_id} "
                 f"({name} pass); stopped with {len(ids) - position} order(s) left"
             )
-        if name is PassName.PROVIDER and unavailable_streak >= UNAVAILABLE_STREAK_LIMIT:
-            left = len(ids) - position
-            counts[ProviderOutcome.UNAVAILABLE] += left
-            log.warning(
-                "sweep: the payment provider did not answer %d times in a row; %d more order(s) wait "
-                "for the next cycle",
-                unavailable_streak,
-                left,
-            )
+        if name is PassName.PROVIDER and len(streak) >= UNAVAILABLE_STREAK_LIMIT:
+            _stop_asking(counts, streak[-1], len(streak), len(ids) - position)
             return
         # Each order's lines name it, and the next order's do not (shop.logs).
         this_order = {"backstop.order_id": order_id}
@@ -261,10 +256,35 @@ def _run_pass_orders(name: PassName, ids: list[int], work, counts: dict, errors:
                 errors.append(order_error(name, order_id, exc))
                 continue
         counts[outcome] = counts.get(outcome, 0) + 1
-        unavailable_streak = unavailable_streak + 1 if outcome is ProviderOutcome.UNAVAILABLE else 0
+        streak = [*streak, outcome] if outcome in NOT_ASKED else []
         failpoints.hit("sweep.after_order")
-    if name is PassName.PROVIDER and counts.get(ProviderOutcome.UNAVAILABLE):
+    if name is PassName.PROVIDER:
+        _warn_not_asked(counts)
+
+
+# Why a pass asked no more, by the last of the calls in a row that were not made or answered.
+_STOPPED_BECAUSE = {
+    ProviderOutcome.UNAVAILABLE: "the payment provider did not answer",
+    ProviderOutcome.HELD_BACK: "the provider's rate budget was spent",
+}
+
+
+def _stop_asking(counts: dict, last: ProviderOutcome, in_a_row: int, left: int) -> None:
+    counts[last] = counts.get(last, 0) + left
+    log.warning(
+        "sweep: %s %d times in a row; %d more order(s) wait for the next cycle", _STOPPED_BECAUSE[last], in_a_row, left
+    )
+
+
+def _warn_not_asked(counts: dict) -> None:
+    if counts.get(ProviderOutcome.UNAVAILABLE):
         log.warning(
             "sweep: the payment provider was unreachable for %d order(s); they are retried next cycle",
             counts[ProviderOutcome.UNAVAILABLE],
+        )
+    if counts.get(ProviderOutcome.HELD_BACK):
+        log.warning(
+            "sweep: %d order(s) not asked about: the provider's rate budget was spent (the provider may be "
+            "fine); they are asked next cycle",
+            counts[ProviderOutcome.HELD_BACK],
         )

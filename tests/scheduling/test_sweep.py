@@ -20,7 +20,8 @@ from sqlalchemy import event, select, update
 from sqlalchemy.exc import OperationalError
 
 from factories import force_order, on_hand, place_order_for, seed_catalog_rows
-from process_support import ROOT, flask_command, process_env
+from payment_helpers import awaiting_provider, session_of
+from process_support import ROOT, flask_command, process_env, stop_between_writes
 from shop.domain.deadlines import as_utc, utcnow
 from shop.extensions import db
 from shop.models import (
@@ -76,19 +77,6 @@ def order_state(order_id: int) -> str:
     status = db.session.execute(select(Order.status).where(Order.id == order_id)).scalar_one()
     db.session.rollback()
     return status
-
-
-def session_of(order_id: int) -> str:
-    sid = db.session.execute(select(Order.payment_session_id).where(Order.id == order_id)).scalar_one()
-    db.session.rollback()
-    return sid
-
-
-def awaiting_provider() -> tuple[int, str]:
-    """A PaymentInitiated order with its hosted session at the sandbox."""
-    order_id = place_order_for().order_id
-    assert start_payment(order_id).status == "started"
-    return order_id, session_of(order_id)
 
 
 def backdate(order_id: int, when) -> None:
@@ -864,7 +852,7 @@ def test_a_frozen_lease_holder_blocks_until_its_lease_lapses_then_yields_every_o
                 return sum(order_state(o) == "Cancelled" for o in ids)
 
             wait_until(cancelled_one, 60, "the child's cycle to cancel an order", interval=0.02)
-            os.kill(child.pid, signal.SIGSTOP)
+            stop_between_writes(child, app.config["SQLALCHEMY_DATABASE_URI"])  # the test writes next
             # A commit the child sent before it stopped may still be landing: no state of ours
             # says when it has, so the count waits this long for it (a sleep: nothing to wait on).
             time.sleep(0.2)

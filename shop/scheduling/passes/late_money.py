@@ -20,7 +20,7 @@ from ...payments import apply as payments
 from ...payments.refunds import ReportOutcome, apply_refund_report
 from ...provider import gateway
 from ...store import order_store
-from ..cycle import ProviderOutcome
+from ..cycle import NOT_ASKED, ProviderOutcome, not_answered
 from .provider import Backoff, backoff_provider_checks
 
 log = logging.getLogger("shop.sweep")
@@ -88,8 +88,7 @@ def check_cancelled_payment(order_id: int, now: datetime) -> ProviderOutcome:
         view = gateway.retrieve_session(session_id)
         failed = payments.async_failed(view)
     except gateway.ProviderUnavailable as exc:
-        log.info("sweep: provider unreachable about cancelled order %s (session %s): %s", reference, session_id, exc)
-        return P.UNAVAILABLE
+        return not_answered(exc, f"cancelled order {reference} (session {session_id})")
     except gateway.ProviderRefused as exc:  # the session is gone at the provider: nothing can come
         log.info("sweep: session %s of cancelled order %s is gone (%s); no longer watched", session_id, reference, exc)
         order_store.note(order_id, order_store.Note.STOP_WATCHING)
@@ -139,7 +138,7 @@ def _follow_refunds(
         c for c in commands if c.status == WorkStatus.DEAD and (c.payload or {}).get("refund_id") in open_refund_ids
     ]
     outcome = _ask_about_pending_refunds(reference, open_refunds, now)
-    if outcome is P.UNAVAILABLE:
+    if outcome in NOT_ASKED:
         return outcome
     if not session.execute(select(Order.late_money_watch_since).where(Order.id == order_id)).scalar():
         session.rollback()
@@ -167,7 +166,7 @@ def _follow_refunds(
 def _ask_about_pending_refunds(reference: str, open_refunds: list, now: datetime) -> ProviderOutcome:
     """What the provider says now about each refund it holds as pending, applied (payments.refunds);
     the cycle's count for the order: refund_failed, refund_succeeded, refund_under_way, or
-    unavailable when the provider could not be asked."""
+    unavailable or held_back when the provider could not be asked (cycle.not_answered)."""
     outcome = P.REFUND_UNDER_WAY
     for refund in open_refunds:
         if refund.status != WorkStatus.PENDING or not refund.provider_refund_id:
@@ -175,8 +174,7 @@ def _ask_about_pending_refunds(reference: str, open_refunds: list, now: datetime
         try:
             view = gateway.retrieve_refund(refund.provider_refund_id)
         except gateway.ProviderUnavailable as exc:
-            log.info("sweep: provider unreachable about refund %s of cancelled order %s: %s", refund.id, reference, exc)
-            return P.UNAVAILABLE
+            return not_answered(exc, f"refund {refund.id} of cancelled order {reference}")
         except gateway.ProviderRefused as exc:
             log.warning(
                 "sweep: the provider refused to say how refund %s (%s) of cancelled order %s stands: %s",

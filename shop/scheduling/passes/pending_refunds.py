@@ -26,7 +26,7 @@ from ...models import Order, Refund
 from ...outbox import uow
 from ...payments.refunds import ReportOutcome, apply_refund_report
 from ...provider import gateway
-from ..cycle import PassName, ProviderOutcome, Tally, error_kind
+from ..cycle import NOT_ASKED, PassName, ProviderOutcome, Tally, error_kind, not_answered
 from ..lease import LeaseLost
 
 log = logging.getLogger("shop.sweep")
@@ -62,7 +62,7 @@ def follow_pending_refunds(counts: dict, errors: list, keep_lease, clock) -> Non
                 )
                 continue
         counts[outcome] = counts.get(outcome, 0) + 1
-        unavailable = unavailable + 1 if outcome is P.UNAVAILABLE else 0
+        unavailable = unavailable + 1 if outcome in NOT_ASKED else 0
 
 
 def unwatched_pending_refunds(now: datetime, limit: int = PER_CYCLE) -> list:
@@ -96,8 +96,7 @@ def follow_pending_refund(row, now: datetime) -> ProviderOutcome:
     try:
         view = gateway.retrieve_refund(row.provider_refund_id)
     except gateway.ProviderUnavailable as exc:
-        log.info("sweep: provider unreachable about refund %s of order %s: %s", row.id, row.reference, exc)
-        return P.UNAVAILABLE
+        return not_answered(exc, f"refund {row.id} of order {row.reference}")
     except gateway.ProviderRefused as exc:
         log.warning("sweep: the provider would not say how refund %s of %s stands: %s", row.id, row.reference, exc)
         _heard(row.id, now)

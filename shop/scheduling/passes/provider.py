@@ -22,7 +22,7 @@ from ...payments import apply as payments
 from ...provider import gateway, guard
 from ...store import order_store
 from ...store.order_store import Note
-from ..cycle import ProviderOutcome
+from ..cycle import ProviderOutcome, not_answered
 from ..stuck import stuck_age
 
 log = logging.getLogger("shop.sweep")
@@ -78,10 +78,7 @@ def reconcile_stuck_payment(order_id: int, cutoff: datetime, now: datetime) -> P
     try:
         answer = payments.ask_and_apply(session_id, source="sweep", now=now)
     except gateway.ProviderUnavailable as exc:
-        log.info(
-            "sweep: provider unreachable for order %s (session %s): %s; retried next cycle", reference, session_id, exc
-        )
-        return ProviderOutcome.UNAVAILABLE
+        return not_answered(exc, f"order {reference} (session {session_id})")
     return after_answer(order_id, answer.view, answer.applied, now, stuck_since)
 
 
