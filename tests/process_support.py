@@ -107,6 +107,37 @@ def process_env(app, window: int = WINDOW, **extra) -> dict:
     return env
 
 
+def stop_between_writes(proc: subprocess.Popen, database_url: str) -> None:
+    """SIGSTOP `proc` at a moment it holds no write transaction. On SQLite a process frozen inside
+    one keeps the database's one write lock, and every writer, the test's own too, waits for it
+    (the pages that only read do not: test_liveness pins that case); PostgreSQL's writers wait only
+    for the rows it was changing. For a test whose stopped process should be between its writes."""
+    path = database_url.removeprefix("sqlite:///") if database_url.startswith("sqlite:///") else None
+    for _ in range(200):
+        os.kill(proc.pid, signal.SIGSTOP)
+        if path is None or not _write_lock_held(path):
+            return
+        os.kill(proc.pid, signal.SIGCONT)  # stopped inside a write: let it finish, then again
+        time.sleep(0.05)
+    raise AssertionError(f"pid {proc.pid} held SQLite's write lock at each of 200 stops")
+
+
+def _write_lock_held(path: str) -> bool:
+    import sqlite3
+
+    probe = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc):
+            raise
+        return True
+    finally:
+        probe.close()
+
+
 def stalled(proc: subprocess.Popen, seconds: float) -> None:
     """Stop `proc` (SIGSTOP) for `seconds`, as a loaded machine or a paused VM stalls a process,
     then let it go on (SIGCONT, also when the wait is interrupted). The stall's length is the

@@ -13,7 +13,7 @@ import pytest
 
 from compensation_support import cancel_in
 from factories import place_order_for, seed_catalog_rows
-from process_support import Processes, process_env
+from process_support import Processes, process_env, stop_between_writes
 from shop import queue
 from shop.ops.waiting import WAITING_LIMIT_SECONDS
 from support import log_in, wait_until
@@ -47,7 +47,7 @@ def test_a_stopped_worker_turns_the_waiting_card_red_naming_it_and_healthz_503_a
         [name] = [p["name"] for p in dashboard()["processes"] if p["role"] == "worker" and p["pid"] == worker.pid]
         with app.app_context():
             seed_catalog_rows()
-        os.kill(worker.pid, signal.SIGSTOP)
+        stop_between_writes(worker, app.config["SQLALCHEMY_DATABASE_URI"])  # it is idle: the orders come next
         stopped = worker
         with app.app_context():
             placed = [place_order_for().order_id for _ in range(3)]
