@@ -207,15 +207,21 @@ def provider_line(counts: dict | None) -> str:
     return "provider pass: " + ", ".join(parts)
 
 
+def not_asked(exc: gateway.ProviderUnavailable) -> ProviderOutcome:
+    """The count of a provider call that could not be made or answered: held back when the
+    shop's guard or the provider's 429 said the rate budget (or this process's slots) was spent,
+    as the provider itself may be fine; unavailable otherwise."""
+    return P.HELD_BACK if exc.kind in gateway.BUDGET_KINDS else P.UNAVAILABLE
+
+
 def not_answered(exc: gateway.ProviderUnavailable, about: str) -> ProviderOutcome:
-    """The count of a provider call about `about` that could not be made or answered, logged:
-    held back when the shop's guard or the provider's 429 said the rate budget (or this
-    process's slots) was spent, as the provider itself may be fine; unavailable otherwise."""
-    if exc.kind in gateway.BUDGET_KINDS:
+    """`not_asked`, logged with what the call was `about`."""
+    outcome = not_asked(exc)
+    if outcome is P.HELD_BACK:
         log.info("sweep: not asked about %s, the provider's rate budget is spent: %s; asked next cycle", about, exc)
-        return P.HELD_BACK
-    log.info("sweep: provider unreachable about %s: %s; asked next cycle", about, exc)
-    return P.UNAVAILABLE
+    else:
+        log.info("sweep: provider unreachable about %s: %s; asked next cycle", about, exc)
+    return outcome
 
 
 def error_kind(exc: BaseException) -> ErrorKind:

@@ -83,3 +83,20 @@ def test_orders_the_sweep_could_not_ask_about_for_a_spent_rate_budget_are_held_b
         assert again.provider["paid"] == 2, again.provider
         assert {db.session.get(Order, order_id).status for order_id, _ in orders} == {"Paid"}
         db.session.remove()
+
+
+def test_a_scan_for_unknown_money_the_spent_rate_budget_held_back_is_counted_held_back(
+    make_fresh_app, sandbox, fake_clock
+):
+    app = make_fresh_app(
+        STRIPE_API_BASE=sandbox.base_url,
+        STRIPE_BACKGROUND_WAIT_SECONDS=0.0,
+        STRIPE_CUSTOMER_WAIT_SECONDS=0.0,
+        CLOCK=fake_clock,
+    )
+    with app.app_context():
+        run_cycle(now=utcnow())  # the first cycle of a database only marks where the scan starts
+        _spend_the_rate_budget()
+        held = run_cycle(now=utcnow() + timedelta(hours=1))  # an hour of the provider's payments to list
+        assert (held.provider["held_back"], held.provider["unavailable"]) == (1, 0), held.provider
+        db.session.remove()

@@ -27,7 +27,7 @@ from ...outbox import uow
 from ...payments import apply as payments
 from ...payments import holds, refunds
 from ...provider import gateway
-from ..cycle import PassName, ProviderOutcome, Tally, error_kind
+from ..cycle import PassName, Tally, error_kind, not_asked
 from ..lease import LeaseLost
 from ..stuck import stuck_age
 
@@ -93,7 +93,7 @@ def scan_for_unknown_money(counts: dict, errors: list, keep_lease, clock) -> Non
             events = _read_window(mark, end, counts)
         except gateway.ProviderUnavailable as exc:
             log.info("sweep: could not list the provider's payments (%s); the next cycle reads from the same mark", exc)
-            counts[ProviderOutcome.UNAVAILABLE] = counts.get(ProviderOutcome.UNAVAILABLE, 0) + 1
+            counts[not_asked(exc)] = counts.get(not_asked(exc), 0) + 1
             return
         if events is None and window > MIN_WINDOW:
             window = max(MIN_WINDOW, window / 4)  # too many payments in it: a smaller window, same start
@@ -108,7 +108,7 @@ def scan_for_unknown_money(counts: dict, errors: list, keep_lease, clock) -> Non
             log.info(
                 "sweep: could not ask the provider about a payment's refunds (%s); the next cycle reads again", exc
             )
-            counts[ProviderOutcome.UNAVAILABLE] = counts.get(ProviderOutcome.UNAVAILABLE, 0) + 1
+            counts[not_asked(exc)] = counts.get(not_asked(exc), 0) + 1
             return
         _write_mark(end)
         mark = end
