@@ -118,7 +118,7 @@ def stop_between_writes(proc: subprocess.Popen, database_url: str) -> None:
         if path is None or not _write_lock_held(path):
             return
         os.kill(proc.pid, signal.SIGCONT)  # stopped inside a write: let it finish, then again
-        time.sleep(0.05)
+        wait_until(lambda: not _write_lock_held(path), 60, f"pid {proc.pid} to end its write transaction")
     raise AssertionError(f"pid {proc.pid} held SQLite's write lock at each of 200 stops")
 
 

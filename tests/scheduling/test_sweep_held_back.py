@@ -20,6 +20,18 @@ from support import log_in
 JSON = {"Accept": "application/json"}
 
 
+def _shop_on_a_clock_that_stands_still(make_fresh_app, sandbox, fake_clock, **config):
+    """Provider calls that do not wait for the rate budget, whose tokens never come back unless
+    the test moves its clock."""
+    return make_fresh_app(
+        STRIPE_API_BASE=sandbox.base_url,
+        STRIPE_BACKGROUND_WAIT_SECONDS=0.0,
+        STRIPE_CUSTOMER_WAIT_SECONDS=0.0,
+        CLOCK=fake_clock,
+        **config,
+    )
+
+
 def _spend_the_rate_budget() -> None:
     """Take every token, the customers' reserve too; the test's clock stands still, so none comes back."""
     provider_guard = guard.get()
@@ -43,13 +55,7 @@ def _sessions_read(sandbox) -> int:
 def test_orders_the_sweep_could_not_ask_about_for_a_spent_rate_budget_are_held_back_not_unreachable(
     make_fresh_app, sandbox, fake_clock, caplog
 ):
-    app = make_fresh_app(
-        STRIPE_API_BASE=sandbox.base_url,
-        STRIPE_SESSION_MIN_SECONDS=60,
-        STRIPE_BACKGROUND_WAIT_SECONDS=0.0,
-        STRIPE_CUSTOMER_WAIT_SECONDS=0.0,
-        CLOCK=fake_clock,
-    )
+    app = _shop_on_a_clock_that_stands_still(make_fresh_app, sandbox, fake_clock, STRIPE_SESSION_MIN_SECONDS=60)
     seed_catalog_rows(app)
     client = app.test_client()
     log_in(app, client)
@@ -88,12 +94,7 @@ def test_orders_the_sweep_could_not_ask_about_for_a_spent_rate_budget_are_held_b
 def test_a_scan_for_unknown_money_the_spent_rate_budget_held_back_is_counted_held_back(
     make_fresh_app, sandbox, fake_clock
 ):
-    app = make_fresh_app(
-        STRIPE_API_BASE=sandbox.base_url,
-        STRIPE_BACKGROUND_WAIT_SECONDS=0.0,
-        STRIPE_CUSTOMER_WAIT_SECONDS=0.0,
-        CLOCK=fake_clock,
-    )
+    app = _shop_on_a_clock_that_stands_still(make_fresh_app, sandbox, fake_clock)
     with app.app_context():
         run_cycle(now=utcnow())  # the first cycle of a database only marks where the scan starts
         _spend_the_rate_budget()
