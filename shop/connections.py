@@ -76,9 +76,12 @@ def configure_sqlite(app) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn):
-        # Set on every begin: a pooled connection keeps the pragma from its last transaction.
         reading = _request_reads_only()
-        conn.exec_driver_sql(f"PRAGMA query_only={int(reading)}")
+        # A pooled connection keeps the pragma from its last transaction (noted in its info):
+        # set only when it changes, so a transaction that writes sends nothing more than before.
+        if conn.info.get(READS_ONLY, False) != reading:
+            conn.exec_driver_sql(f"PRAGMA query_only={int(reading)}")
+            conn.info[READS_ONLY] = reading
         conn.exec_driver_sql("BEGIN" if reading else "BEGIN IMMEDIATE")
 
 

@@ -80,3 +80,10 @@ def test_a_page_that_reads_only_is_refused_a_write_on_sqlite(make_fresh_app, is_
     # The database's refusal, answered as every database error is (a 503 in words) and logged.
     assert r.status_code == 503, r.get_data(as_text=True)
     assert any("attempt to write a readonly database" in rec.getMessage() for rec in caplog.records)
+    # The connection a reading page leaves in the pool writes again for the next transaction.
+    with app.app_context():
+        db.engine.dispose()
+        assert app.test_client().get("/healthz").status_code in (200, 503)
+        assert db.engine.pool.checkedin() == 1  # the one connection the page used, back in the pool
+        db.session.execute(db.text("UPDATE variants SET price = price"))
+        db.session.commit()
