@@ -23,6 +23,7 @@ from payment_helpers import Shopper
 from port_support import free_port
 from process_support import ConnectionsTo, Tricklers, catalog_answers
 from shop.devserver.front import nginx_binary
+from shop.devserver.plan import SANDBOX_PORT_FILE
 from shop.devserver.supervise import stop_bound
 from support import wait_until
 
@@ -91,6 +92,7 @@ class Up:
         self.redis_port = free_port()  # nothing listens there, so `up` must start redis-server
         self.marker = f"up-test-{uuid.uuid4().hex}"
         self.instance = tmp_path / "instance"
+        self._reserve_a_sandbox_port()
         env = {
             k: v
             for k, v in os.environ.items()
@@ -117,6 +119,18 @@ class Up:
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+
+    def _reserve_a_sandbox_port(self) -> None:
+        """The sandbox's port, reserved like every port a test starts something on, written where
+        `up` keeps it across restarts (created 0700 and 0600, as `up` makes them). Left to `up`
+        it would be 12111 when free, and the process lanes' `up`s side by side would race for
+        it: a restart that found it taken meanwhile moved its sandbox to another port."""
+        port_file = self.instance / SANDBOX_PORT_FILE
+        if port_file.exists():
+            return
+        self.instance.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with os.fdopen(os.open(port_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(f"{free_port()}\n")
 
     def _read(self):
         for raw in iter(self.proc.stdout.readline, b""):
