@@ -77,12 +77,19 @@ def configure_sqlite(app) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn):
         reading = _request_reads_only()
-        # A pooled connection keeps the pragma from its last transaction (noted in its info):
-        # set only when it changes, so a transaction that writes sends nothing more than before.
+        # The connection's mode is noted in its info: a transaction that writes on one at rest
+        # (writable, see _on_checkin) sends nothing more than it ever did.
         if conn.info.get(READS_ONLY, False) != reading:
             conn.exec_driver_sql(f"PRAGMA query_only={int(reading)}")
             conn.info[READS_ONLY] = reading
         conn.exec_driver_sql("BEGIN" if reading else "BEGIN IMMEDIATE")
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(dbapi_conn, record):
+        # Back in the pool writable: what a transaction sends never depends on which pooled
+        # connection it gets.
+        if record.info.pop(READS_ONLY, False) and dbapi_conn is not None:
+            dbapi_conn.execute("PRAGMA query_only=0")
 
 
 def web_connections(settings: Settings) -> int:
