@@ -234,15 +234,15 @@ def _run_pass(name: PassName, ids: list[int], work, counts: dict, errors: list, 
 
 
 def _run_pass_orders(name: PassName, ids: list[int], work, counts: dict, errors: list, keep_lease) -> None:
-    streak: list[ProviderOutcome] = []  # the provider calls not made or not answered, in a row
+    in_a_row, last = 0, ProviderOutcome.UNAVAILABLE  # provider calls not made or not answered, the latest
     for position, order_id in enumerate(ids):
         if not keep_lease():
             raise LeaseLost(
                 f"the sweep lease lapsed or was taken over before order {order_id} "
                 f"({name} pass); stopped with {len(ids) - position} order(s) left"
             )
-        if name is PassName.PROVIDER and len(streak) >= UNAVAILABLE_STREAK_LIMIT:
-            _stop_asking(counts, streak[-1], len(streak), len(ids) - position)
+        if name is PassName.PROVIDER and in_a_row >= UNAVAILABLE_STREAK_LIMIT:
+            _stop_asking(counts, last, in_a_row, len(ids) - position)
             return
         # Each order's lines name it, and the next order's do not (shop.logs).
         this_order = {"backstop.order_id": order_id}
@@ -256,7 +256,7 @@ def _run_pass_orders(name: PassName, ids: list[int], work, counts: dict, errors:
                 errors.append(order_error(name, order_id, exc))
                 continue
         counts[outcome] = counts.get(outcome, 0) + 1
-        streak = [*streak, outcome] if outcome in NOT_ASKED else []
+        in_a_row, last = (in_a_row + 1, outcome) if outcome in NOT_ASKED else (0, last)
         failpoints.hit("sweep.after_order")
     if name is PassName.PROVIDER:
         _warn_not_asked(counts)

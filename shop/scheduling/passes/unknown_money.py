@@ -70,6 +70,10 @@ def _whole_second(at: datetime) -> datetime:
     return at.replace(microsecond=0)
 
 
+def _count(counts: dict, outcome) -> None:
+    counts[outcome] = counts.get(outcome, 0) + 1
+
+
 def scan_for_unknown_money(counts: dict, errors: list, keep_lease, clock) -> None:
     """Read the provider's completed payments from the mark up to a minute ago, window by window,
     applying each no order already holds; the mark moves past a window once it was read whole."""
@@ -93,7 +97,7 @@ def scan_for_unknown_money(counts: dict, errors: list, keep_lease, clock) -> Non
             events = _read_window(mark, end, counts)
         except gateway.ProviderUnavailable as exc:
             log.info("sweep: could not list the provider's payments (%s); the next cycle reads from the same mark", exc)
-            counts[not_asked(exc)] = counts.get(not_asked(exc), 0) + 1
+            _count(counts, not_asked(exc))
             return
         if events is None and window > MIN_WINDOW:
             window = max(MIN_WINDOW, window / 4)  # too many payments in it: a smaller window, same start
@@ -108,7 +112,7 @@ def scan_for_unknown_money(counts: dict, errors: list, keep_lease, clock) -> Non
             log.info(
                 "sweep: could not ask the provider about a payment's refunds (%s); the next cycle reads again", exc
             )
-            counts[not_asked(exc)] = counts.get(not_asked(exc), 0) + 1
+            _count(counts, not_asked(exc))
             return
         _write_mark(end)
         mark = end
