@@ -19,6 +19,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from factories import place_order_for, seed_catalog_rows
+from lane_priority import serving, step_down_from_environment
 from payment_helpers import WEBHOOK_SECRET, Shopper, live_shop
 from shop import clock as shop_clock
 from shop import create_app
@@ -37,6 +38,7 @@ from support import (
 
 
 def pytest_configure(config):
+    step_down_from_environment()
     config.addinivalue_line("markers", "shop(**config): how the `shop` fixture builds the shop (see make_shop)")
 
 
@@ -233,7 +235,7 @@ def token(fresh_app, fresh_client):
 def sandbox_server():
     from shop.stripe_sandbox.testing import running_sandbox
 
-    with running_sandbox(min_session_seconds=60) as handle:
+    with serving(lambda: running_sandbox(min_session_seconds=60)) as handle:
         yield handle
 
 

@@ -22,6 +22,7 @@ from werkzeug.test import TestResponse
 from werkzeug.wsgi import ClosingIterator
 
 from factories import DEFAULT_SKU, place_order_for
+from lane_priority import start_thread
 from shop import clock
 from shop.extensions import db
 from shop.models import Order
@@ -246,8 +247,7 @@ def served(build_app) -> Iterator[tuple]:
     server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=QuietRequestHandler)
     base_url = f"http://127.0.0.1:{server.port}"
     holder.append(build_app(base_url))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
+    thread = start_thread(server.serve_forever, poll_interval=0.05)
     try:
         yield holder[0], base_url
     finally:

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lane_priority import start_thread
 from support import wait_until
 
 
@@ -58,8 +59,7 @@ class SMTPServer:
         self._listener.settimeout(0.2)
         self.port = self._listener.getsockname()[1]
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True, name="test-smtp")
-        self._thread.start()
+        self._thread = start_thread(self._serve)
 
     def wait_for(self, condition, timeout: float = 5.0) -> bool:
         """The server notices a client's hang-up a moment after the client has moved on."""

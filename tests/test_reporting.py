@@ -10,12 +10,12 @@ import json
 import subprocess
 import sys
 import textwrap
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from lane_priority import start_thread
 from payment_helpers import Shopper
 from shop import create_app
 from shop.settings import SettingsError
@@ -85,8 +85,7 @@ def sentry_server():
 
     _Collector.received = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    start_thread(server.serve_forever)
     try:
         yield server
     finally:

@@ -3,6 +3,7 @@
 import pytest
 import stripe
 
+from lane_priority import serving
 from shop.stripe_sandbox.testing import running_sandbox
 
 MIN_SESSION_SECONDS = 60
@@ -10,7 +11,7 @@ MIN_SESSION_SECONDS = 60
 
 @pytest.fixture(scope="module")
 def server():
-    with running_sandbox(min_session_seconds=MIN_SESSION_SECONDS) as handle:
+    with serving(lambda: running_sandbox(min_session_seconds=MIN_SESSION_SECONDS)) as handle:
         yield handle
 
 

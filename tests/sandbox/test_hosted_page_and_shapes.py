@@ -5,6 +5,7 @@ import json
 import time
 from urllib.parse import urlencode, urlsplit
 
+from lane_priority import serving
 from shop.stripe_sandbox.testing import WebhookReceiver, wait_until
 
 
@@ -75,8 +76,7 @@ def test_decline_rerenders_with_the_card_error_and_stays_payable(client, sandbox
 
 
 def test_pay_later_succeeds_by_itself_a_couple_of_seconds_later(client, sandbox):
-    receiver = WebhookReceiver()
-    try:
+    with serving(WebhookReceiver) as receiver:
         client.v1.webhook_endpoints.create(params={"url": receiver.url, "enabled_events": ["*"]})
         session = new_session(client)
         status, location, _ = browser(sandbox, "POST", f"/pay/{session.id}", {"choice": "async_succeeds"})
@@ -89,8 +89,6 @@ def test_pay_later_succeeds_by_itself_a_couple_of_seconds_later(client, sandbox)
             "checkout.session.async_payment_succeeded",
         ]
         assert client.v1.checkout.sessions.retrieve(session.id).payment_status == "paid"
-    finally:
-        receiver.close()
 
 
 def test_an_expired_session_shows_a_message_instead_of_buttons(client, sandbox):
@@ -184,8 +182,7 @@ def raw(obj):
 
 
 def test_every_object_uses_stripe_field_names_and_types(client, sandbox):
-    receiver = WebhookReceiver()
-    try:
+    with serving(WebhookReceiver) as receiver:
         created = client.v1.webhook_endpoints.create(params={"url": receiver.url, "enabled_events": ["*"]})
         assert_matches_fixture("webhook_endpoint", raw(created), extra=("secret",))
         assert_matches_fixture("webhook_endpoint", raw(client.v1.webhook_endpoints.retrieve(created.id)))
@@ -210,8 +207,6 @@ def test_every_object_uses_stripe_field_names_and_types(client, sandbox):
         canceled = raw(client.v1.payment_intents.retrieve(pi))
         assert canceled["status"] == "canceled"
         assert_matches_fixture("payment_intent", canceled)
-    finally:
-        receiver.close()
 
 
 def test_lists_have_stripe_list_shape(client, sandbox):

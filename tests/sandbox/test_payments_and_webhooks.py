@@ -5,6 +5,7 @@ import time
 import pytest
 import stripe
 
+from lane_priority import serving
 from shop.stripe_sandbox.testing import WebhookReceiver, wait_until
 
 CHECKOUT_EVENTS = [
@@ -17,7 +18,7 @@ CHECKOUT_EVENTS = [
 
 @pytest.fixture
 def receiver():
-    with WebhookReceiver() as r:
+    with serving(WebhookReceiver) as r:
         yield r
 
 

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import pytest
 import stripe
 
+from lane_priority import serving
 from shop.stripe_sandbox.persist import StateFile, snapshot
 from shop.stripe_sandbox.state import Sandbox
 from shop.stripe_sandbox.testing import SandboxControlError, WebhookReceiver
@@ -25,7 +26,7 @@ JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int
 
 @pytest.fixture
 def receiver():
-    with WebhookReceiver() as r:
+    with serving(WebhookReceiver) as r:
         yield r
 
 

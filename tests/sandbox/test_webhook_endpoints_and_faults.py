@@ -7,12 +7,13 @@ from urllib.parse import urlsplit
 import pytest
 import stripe
 
+from lane_priority import serving
 from shop.stripe_sandbox.testing import SandboxControlError, WebhookReceiver, wait_until
 
 
 @pytest.fixture
 def receiver():
-    with WebhookReceiver() as r:
+    with serving(WebhookReceiver) as r:
         yield r
 
 
