@@ -82,9 +82,16 @@ class LeaseHeartbeat:
 
     def stop(self) -> None:
         """No renewal starts after this. One already under way may still land: before the cycle
-        releases the lease it is deleted with it, after, it matches no row. Not waited for: on
-        SQLite it may be waiting for the write lock that this thread's session holds."""
+        releases the lease it is deleted with it, after, it matches no row. Not waited for here:
+        on SQLite it may be waiting for the write lock that the cycle's session holds (`join`)."""
         self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        """Wait for the thread to end, once the cycle's own transactions have: a renewal still
+        under way holds a connection of the pool until it lands, and the cycle returns only once
+        it has (or after `timeout`, for a renewal that hangs)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def holds(self) -> bool:
         """Is the lease still ours, as far as the database last confirmed it?"""

@@ -144,6 +144,7 @@ def run_cycle(now: datetime | None = None) -> CycleResult:
             record_finish(result)
         finally:
             release_lease(LEASE_NAME, holder)
+            heartbeat.join(timeout=lease_seconds)
     log.info(
         "sweep: cycle %s %s; %s; %s",
         result.cycle_id,

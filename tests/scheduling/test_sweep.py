@@ -489,6 +489,26 @@ def test_a_cycle_longer_than_several_leases_keeps_its_lease_by_its_heartbeat_and
         assert db.session.query(Lease).count() == 0  # released at the end
 
 
+def test_a_cycle_returns_only_once_its_heartbeat_has_ended_and_given_its_connection_back(build_app, monkeypatch):
+    """A renewal under way when the cycle ends holds a connection of the app's pool until it lands
+    (on SQLite it waits for the write lock of the cycle's last transaction). A cycle that returned
+    before it left the connection out for whatever ran next: a loaded run's check of the pool
+    after a test once found it there. Here the heartbeat's first beat (at 1 s) is held in a
+    failpoint until 3 s, and the cycle's only order is done at 1.5 s: the cycle waits for the
+    beat to end before it returns."""
+    app = build_app(RECONCILIATION_LEASE_SECONDS=4.0)  # a beat a second; the lease outlasts the cycle
+    with app.app_context():
+        backdate(place_order_for().order_id, utcnow() - timedelta(hours=1))
+        monkeypatch.setenv("BACKSTOP_FAILPOINTS", "sweep.after_order=sleep:1.5,sweep.lease_heartbeat=sleep:2")
+
+        run_cycle()
+
+        beating = [t.name for t in threading.enumerate() if t.name.startswith("lease-heartbeat-")]
+        assert beating == []
+        db.session.remove()
+        assert db.engine.pool.checkedout() == 0
+
+
 def test_a_cycle_whose_lease_was_taken_over_stops_at_the_heartbeat_s_refusal(build_app, monkeypatch):
     """Another holder has the lease (an operator's hand here; a takeover after a stall in life):
     the heartbeat's conditional renewal is refused, and the cycle stops before its next order
