@@ -70,8 +70,8 @@ def _whole_second(at: datetime) -> datetime:
     return at.replace(microsecond=0)
 
 
-def _count(counts: dict, outcome) -> None:
-    counts[outcome] = counts.get(outcome, 0) + 1
+def _count(counts: dict, key) -> None:
+    counts[key] = counts.get(key, 0) + 1
 
 
 def scan_for_unknown_money(counts: dict, errors: list, keep_lease, clock) -> None:
@@ -125,7 +125,7 @@ def _read_window(since: datetime, until: datetime, counts: dict) -> list | None:
     found, after = [], None
     for _ in range(PAGE_CAP):
         page, more = gateway.paid_session_events(since=since, until=until, starting_after=after)
-        counts[Tally.MONEY_PAGES] = counts.get(Tally.MONEY_PAGES, 0) + 1
+        _count(counts, Tally.MONEY_PAGES)
         found.extend(e for e in page if _took_money(e.view) and e.view.id)
         if not more or not page:
             return found
@@ -155,7 +155,7 @@ def _apply(event: gateway.SessionEvent, counts: dict, errors: list, clock) -> No
     except Exception as exc:
         uow.rollback(db.session)
         log.exception("sweep: applying the provider's payment %s failed; the next cycle does not retry it", sid)
-        counts[Tally.ERRORS] = counts.get(Tally.ERRORS, 0) + 1
+        _count(counts, Tally.ERRORS)
         errors.append(
             {
                 "pass": PassName.PROVIDER,
@@ -166,7 +166,7 @@ def _apply(event: gateway.SessionEvent, counts: dict, errors: list, clock) -> No
         )
         return
     if applied.outcome not in (payments.Outcome.NOOP, payments.Outcome.DUPLICATE):
-        counts[applied.outcome] = counts.get(applied.outcome, 0) + 1
+        _count(counts, applied.outcome)
     log.info("sweep: the provider's payment %s (ref %s): %s", sid, event.view.client_reference_id, applied.outcome)
 
 
